@@ -1,0 +1,46 @@
+# Kiln native CPU kernels (Node-API addon). The same kernel source (native/kernels-impl.inc)
+# is compiled once per ISA as a static library with its own flags; native/addon.cc picks one
+# at run time with __builtin_cpu_supports (override: KILN_NATIVE_ISA=avx512|avx2|scalar).
+# Never -march=native: the build must run on any x86-64 machine.
+{
+  "target_defaults": {
+    "cflags_cc": ["-O3", "-std=c++17", "-fPIC", "-fno-math-errno"],
+    "cflags_cc!": ["-fno-exceptions", "-O2"],
+    "cflags!": ["-fno-exceptions", "-O2"],
+    "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+    "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"]
+  },
+  "conditions": [
+    ["target_arch=='x64'", {
+      "targets": [
+        {
+          "target_name": "kiln_kernels_avx512",
+          "type": "static_library",
+          "sources": ["native/kernels-avx512.cc"],
+          "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
+                        "-mavx512vnni", "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512"]
+        },
+        {
+          "target_name": "kiln_kernels_avx2",
+          "type": "static_library",
+          "sources": ["native/kernels-avx2.cc"],
+          "cflags_cc": ["-mavx2", "-mfma", "-mf16c"]
+        },
+        {
+          "target_name": "kiln_native",
+          "sources": ["native/addon.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
+          "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx2"],
+          "libraries": ["-lpthread"]
+        }
+      ]
+    }, {
+      "targets": [
+        {
+          "target_name": "kiln_native",
+          "sources": ["native/addon.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
+          "libraries": ["-lpthread"]
+        }
+      ]
+    }]
+  ]
+}

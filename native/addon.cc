@@ -1,0 +1,359 @@
+// Node-API glue: argument validation, ISA selection and the exported functions.
+// Typed arrays are used in place (data pointer + byteOffset); sizes are element counts and
+// every array is checked to be long enough before a kernel touches it.
+#include <napi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels.h"
+#include "thread-pool.h"
+
+namespace kiln {
+namespace {
+
+struct Features {
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512bf16 = false,
+       avx512vnni = false, avx2 = false, fma = false;
+};
+
+Features detectFeatures() {
+  Features f;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+#endif
+#endif
+  return f;
+}
+
+const Features kFeatures = detectFeatures();
+
+bool supportsAvx512() {
+  return kFeatures.avx512f && kFeatures.avx512bw && kFeatures.avx512vl && kFeatures.avx512dq &&
+         kFeatures.fma;
+}
+
+// KILN_NATIVE_ISA=avx512|avx2|scalar (read once) forces a path; an unsupported request
+// falls back to the best available one below it.
+const KernelTable* chooseKernels() {
+  const char* env = getenv("KILN_NATIVE_ISA");
+  std::string want = env ? env : "";
+#if defined(__x86_64__)
+  if ((want.empty() || want == "avx512") && supportsAvx512()) return &kAvx512Kernels;
+  if ((want.empty() || want == "avx512" || want == "avx2") && kFeatures.avx2 && kFeatures.fma)
+    return &kAvx2Kernels;
+#endif
+  return &kScalarKernels;
+}
+
+const KernelTable* gK = chooseKernels();
+
+// ---------------------------------------------------------------- argument helpers
+template <typename T>
+struct ArrayKind;
+template <>
+struct ArrayKind<float> {
+  static constexpr napi_typedarray_type type = napi_float32_array;
+  static constexpr const char* name = "Float32Array";
+};
+template <>
+struct ArrayKind<uint16_t> {
+  static constexpr napi_typedarray_type type = napi_uint16_array;
+  static constexpr const char* name = "Uint16Array";
+};
+template <>
+struct ArrayKind<int32_t> {
+  static constexpr napi_typedarray_type type = napi_int32_array;
+  static constexpr const char* name = "Int32Array";
+};
+
+[[noreturn]] void fail(Napi::Env env, const std::string& op, const std::string& msg) {
+  throw Napi::TypeError::New(env, "[" + op + "] " + msg);
+}
+
+template <typename T>
+T* array(const Napi::CallbackInfo& info, size_t i, int64_t need, const char* op, const char* arg) {
+  Napi::Env env = info.Env();
+  if (i >= info.Length() || !info[i].IsTypedArray())
+    fail(env, op, std::string(arg) + " must be a " + ArrayKind<T>::name);
+  Napi::TypedArray ta = info[i].As<Napi::TypedArray>();
+  if (ta.TypedArrayType() != ArrayKind<T>::type)
+    fail(env, op, std::string(arg) + " must be a " + ArrayKind<T>::name);
+  if (need < 0 || static_cast<int64_t>(ta.ElementLength()) < need)
+    throw Napi::RangeError::New(env, "[" + std::string(op) + "] " + arg + " has " +
+                                         std::to_string(ta.ElementLength()) + " elements, needs " +
+                                         std::to_string(need));
+  auto* base = static_cast<uint8_t*>(ta.ArrayBuffer().Data());
+  return reinterpret_cast<T*>(base + ta.ByteOffset());
+}
+
+int64_t integer(const Napi::CallbackInfo& info, size_t i, const char* op, const char* arg,
+                int64_t min = 0) {
+  if (i >= info.Length() || !info[i].IsNumber()) fail(info.Env(), op, std::string(arg) + " must be a number");
+  double d = info[i].As<Napi::Number>().DoubleValue();
+  if (!(d >= static_cast<double>(min)) || d != static_cast<double>(static_cast<int64_t>(d)) || d > 9.0e15)
+    throw Napi::RangeError::New(info.Env(), "[" + std::string(op) + "] " + arg +
+                                                " must be an integer >= " + std::to_string(min));
+  return static_cast<int64_t>(d);
+}
+double number(const Napi::CallbackInfo& info, size_t i, const char* op, const char* arg) {
+  if (i >= info.Length() || !info[i].IsNumber()) fail(info.Env(), op, std::string(arg) + " must be a number");
+  return info[i].As<Napi::Number>().DoubleValue();
+}
+bool boolean(const Napi::CallbackInfo& info, size_t i) { return i < info.Length() && info[i].ToBoolean().Value(); }
+
+// Elements needed by `batch` items of `size` elements each, `stride` apart.
+int64_t spanOf(int64_t batch, int64_t stride, int64_t size) {
+  return size == 0 ? 0 : (batch - 1) * stride + size;
+}
+
+// ---------------------------------------------------------------- exported functions
+Napi::Value Matmul(const Napi::CallbackInfo& info) {
+  const char* op = "matmul";
+  const int64_t M = integer(info, 3, op, "M"), N = integer(info, 4, op, "N"), K = integer(info, 5, op, "K");
+  const bool bT = boolean(info, 6);
+  const int64_t bDtype = integer(info, 7, op, "bDtype");
+  const int64_t batch = integer(info, 8, op, "batch", 1);
+  const int64_t sA = integer(info, 9, op, "strideA"), sB = integer(info, 10, op, "strideB"),
+                sO = integer(info, 11, op, "strideOut");
+  if (bDtype > 1) fail(info.Env(), op, "bDtype must be 0 (f32) or 1 (bf16)");
+  if (batch > 1 && sO < M * N) fail(info.Env(), op, "strideOut must be >= M*N when batch > 1");
+  MatmulArgs a{};
+  a.a = array<float>(info, 0, spanOf(batch, sA, M * K), op, "a");
+  a.b = bDtype == 1 ? static_cast<const void*>(array<uint16_t>(info, 1, spanOf(batch, sB, N * K), op, "b"))
+                    : static_cast<const void*>(array<float>(info, 1, spanOf(batch, sB, N * K), op, "b"));
+  a.out = array<float>(info, 2, spanOf(batch, sO, M * N), op, "out");
+  a.M = M; a.N = N; a.K = K; a.bTransposed = bT; a.bDtype = static_cast<int>(bDtype);
+  a.batch = batch; a.strideA = sA; a.strideB = sB; a.strideOut = sO;
+  if (M > 0 && N > 0) gK->matmul(a);
+  return info.Env().Undefined();
+}
+
+Napi::Value Unary(const Napi::CallbackInfo& info) {
+  const int64_t opc = integer(info, 0, "unary", "op"), n = integer(info, 3, "unary", "n");
+  if (opc > 15) fail(info.Env(), "unary", "unknown op code " + std::to_string(opc));
+  const float* x = array<float>(info, 1, n, "unary", "x");
+  float* out = array<float>(info, 2, n, "unary", "out");
+  gK->unary(static_cast<int>(opc), x, out, n);
+  return info.Env().Undefined();
+}
+
+Napi::Value Binary(const Napi::CallbackInfo& info) {
+  const char* op = "binary";
+  const int64_t opc = integer(info, 0, op, "op"), n = integer(info, 4, op, "n"), bn = integer(info, 5, op, "bn", 1);
+  if (opc > 6) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
+  if (n % bn != 0) throw Napi::RangeError::New(info.Env(), "[binary] bn must divide n");
+  const float* a = array<float>(info, 1, n, op, "a");
+  const float* b = array<float>(info, 2, bn, op, "b");
+  float* out = array<float>(info, 3, n, op, "out");
+  gK->binary(static_cast<int>(opc), a, b, out, n, bn);
+  return info.Env().Undefined();
+}
+
+Napi::Value SiluMul(const Napi::CallbackInfo& info) {
+  const int64_t n = integer(info, 3, "siluMul", "n");
+  gK->siluMul(array<float>(info, 0, n, "siluMul", "gate"), array<float>(info, 1, n, "siluMul", "up"),
+             array<float>(info, 2, n, "siluMul", "out"), n);
+  return info.Env().Undefined();
+}
+
+Napi::Value RmsNorm(const Napi::CallbackInfo& info) {
+  const char* op = "rmsNorm";
+  const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  const double eps = number(info, 5, op, "eps");
+  gK->rmsNorm(array<float>(info, 0, rows * n, op, "x"), array<float>(info, 1, n, op, "weight"),
+             array<float>(info, 2, rows * n, op, "out"), rows, n, static_cast<float>(eps));
+  return info.Env().Undefined();
+}
+
+Napi::Value Softmax(const Napi::CallbackInfo& info) {
+  const char* op = "softmax";
+  const int64_t rows = integer(info, 2, op, "rows"), n = integer(info, 3, op, "n");
+  gK->softmax(array<float>(info, 0, rows * n, op, "x"), array<float>(info, 1, rows * n, op, "out"), rows, n,
+             boolean(info, 4));
+  return info.Env().Undefined();
+}
+
+Napi::Value Reduce(const Napi::CallbackInfo& info) {
+  const char* op = "reduce";
+  const int64_t opc = integer(info, 0, op, "op"), rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  if (opc > 2) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
+  gK->reduce(static_cast<int>(opc), array<float>(info, 1, rows * n, op, "x"), array<float>(info, 2, rows, op, "out"),
+            rows, n);
+  return info.Env().Undefined();
+}
+
+Napi::Value Argmax(const Napi::CallbackInfo& info) {
+  const char* op = "argmax";
+  const int64_t rows = integer(info, 2, op, "rows"), n = integer(info, 3, op, "n", 1);
+  gK->argmax(array<float>(info, 0, rows * n, op, "x"), array<int32_t>(info, 1, rows, op, "out"), rows, n);
+  return info.Env().Undefined();
+}
+
+Napi::Value Rotary(const Napi::CallbackInfo& info) {
+  const char* op = "rotary";
+  const int64_t T = integer(info, 5, op, "T"), H = integer(info, 6, op, "H"), D = integer(info, 7, op, "D"),
+                rd = integer(info, 8, op, "rotaryDim");
+  if (rd % 2 != 0 || rd > D) fail(info.Env(), op, "rotaryDim must be even and <= D");
+  const float* x = array<float>(info, 0, T * H * D, op, "x");
+  const int32_t* pos = array<int32_t>(info, 1, T, op, "positions");
+  Napi::TypedArray cosArr = info[2].As<Napi::TypedArray>();
+  const float* c = array<float>(info, 2, 0, op, "cos");
+  const float* s = array<float>(info, 3, static_cast<int64_t>(cosArr.ElementLength()), op, "sin");
+  const int64_t maxPos = rd == 0 ? 0 : static_cast<int64_t>(cosArr.ElementLength()) / (rd / 2);
+  for (int64_t t = 0; t < T; ++t)
+    if (rd > 0 && (pos[t] < 0 || pos[t] >= maxPos))
+      throw Napi::RangeError::New(info.Env(), "[rotary] position " + std::to_string(pos[t]) +
+                                                  " outside the cos/sin table (" + std::to_string(maxPos) + ")");
+  float* out = array<float>(info, 4, T * H * D, op, "out");
+  if (rd > 0) gK->rotary(x, pos, c, s, out, T, H, D, rd, boolean(info, 9));
+  else if (out != x) memmove(out, x, sizeof(float) * T * H * D);
+  return info.Env().Undefined();
+}
+
+Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
+  const char* op = "pagedAttention";
+  PagedAttentionArgs p{};
+  p.numSeqs = integer(info, 10, op, "numSeqs");
+  p.Hq = integer(info, 11, op, "Hq", 1);
+  p.Hkv = integer(info, 12, op, "Hkv", 1);
+  p.D = integer(info, 13, op, "D", 1);
+  p.blockSize = integer(info, 14, op, "blockSize", 1);
+  p.maxBlocksPerSeq = integer(info, 15, op, "maxBlocksPerSeq");
+  p.scale = static_cast<float>(number(info, 16, op, "scale"));
+  p.slidingWindow = integer(info, 17, op, "slidingWindow");
+  Napi::Env env = info.Env();
+  if (p.Hq % p.Hkv != 0) fail(env, op, "Hq must be a multiple of Hkv");
+  if (p.D > 1024) fail(env, op, "head dim above 1024 is not supported");
+  p.queryStart = array<int32_t>(info, 7, p.numSeqs + 1, op, "queryStart");
+  const int64_t T = p.queryStart[p.numSeqs];
+  p.seqLens = array<int32_t>(info, 8, p.numSeqs, op, "seqLens");
+  p.blockTables = array<int32_t>(info, 6, p.numSeqs * p.maxBlocksPerSeq, op, "blockTables");
+  p.slotMapping = array<int32_t>(info, 5, T, op, "slotMapping");
+  p.q = array<float>(info, 0, T * p.Hq * p.D, op, "q");
+  p.kNew = array<float>(info, 1, T * p.Hkv * p.D, op, "kNew");
+  p.vNew = array<float>(info, 2, T * p.Hkv * p.D, op, "vNew");
+  p.kCache = array<float>(info, 3, 0, op, "kCache");
+  const int64_t cacheLen = static_cast<int64_t>(info[3].As<Napi::TypedArray>().ElementLength());
+  p.vCache = array<float>(info, 4, cacheLen, op, "vCache");
+  p.out = array<float>(info, 9, T * p.Hq * p.D, op, "out");
+  const int64_t slotSize = p.Hkv * p.D;
+  const int64_t numBlocks = cacheLen / (p.blockSize * slotSize);
+  // Validate indices so a bad table can never read or write outside the cache.
+  if (p.queryStart[0] != 0) fail(env, op, "queryStart[0] must be 0");
+  for (int64_t s = 0; s < p.numSeqs; ++s) {
+    const int64_t qlen = p.queryStart[s + 1] - p.queryStart[s];
+    if (qlen < 0) fail(env, op, "queryStart must be non-decreasing");
+    if (p.seqLens[s] < qlen) fail(env, op, "seqLens[" + std::to_string(s) + "] is shorter than its query");
+    const int64_t blocks = (static_cast<int64_t>(p.seqLens[s]) + p.blockSize - 1) / p.blockSize;
+    if (blocks > p.maxBlocksPerSeq) fail(env, op, "seqLens[" + std::to_string(s) + "] exceeds maxBlocksPerSeq");
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int32_t id = p.blockTables[s * p.maxBlocksPerSeq + b];
+      if (id < 0 || id >= numBlocks)
+        throw Napi::RangeError::New(env, "[pagedAttention] block id " + std::to_string(id) + " out of range");
+    }
+  }
+  for (int64_t t = 0; t < T; ++t)
+    if (p.slotMapping[t] >= numBlocks * p.blockSize)
+      throw Napi::RangeError::New(env, "[pagedAttention] slot " + std::to_string(p.slotMapping[t]) + " out of range");
+  if (T > 0) gK->pagedAttention(p);
+  return env.Undefined();
+}
+
+Napi::Value Embedding(const Napi::CallbackInfo& info) {
+  const char* op = "embedding";
+  const int64_t dtype = integer(info, 1, op, "tableDtype"), numIds = integer(info, 4, op, "numIds"),
+                dim = integer(info, 5, op, "dim");
+  if (dtype > 1) fail(info.Env(), op, "tableDtype must be 0 (f32) or 1 (bf16)");
+  const void* table = dtype == 1 ? static_cast<const void*>(array<uint16_t>(info, 0, 0, op, "table"))
+                                 : static_cast<const void*>(array<float>(info, 0, 0, op, "table"));
+  const int64_t rows = dim == 0 ? 0 : static_cast<int64_t>(info[0].As<Napi::TypedArray>().ElementLength()) / dim;
+  const int32_t* ids = array<int32_t>(info, 2, numIds, op, "ids");
+  for (int64_t i = 0; i < numIds; ++i)
+    if (ids[i] < 0 || ids[i] >= rows)
+      throw Napi::RangeError::New(info.Env(), "[embedding] id " + std::to_string(ids[i]) + " out of range [0, " +
+                                                  std::to_string(rows) + ")");
+  gK->embedding(table, static_cast<int>(dtype), ids, array<float>(info, 3, numIds * dim, op, "out"), numIds, dim);
+  return info.Env().Undefined();
+}
+
+template <typename S, typename D, void (*KernelTable::*Fn)(const S*, D*, int64_t)>
+Napi::Value Convert(const Napi::CallbackInfo& info) {
+  const int64_t n = integer(info, 2, "convert", "n");
+  (gK->*Fn)(array<S>(info, 0, n, "convert", "src"), array<D>(info, 1, n, "convert", "dst"), n);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemoryReadBandwidth(const Napi::CallbackInfo& info) {
+  const char* op = "memoryReadBandwidth";
+  Napi::TypedArray ta = info[0].As<Napi::TypedArray>();
+  const float* buf = array<float>(info, 0, 0, op, "buf");
+  const int64_t it = integer(info, 1, op, "iterations", 1), threads = integer(info, 2, op, "threads", 1);
+  if (threads > 64) fail(info.Env(), op, "threads must be <= 64");
+  return Napi::Number::New(info.Env(), gK->memoryReadBandwidth(buf, static_cast<int64_t>(ta.ElementLength()),
+                                                               static_cast<int>(it), static_cast<int>(threads)));
+}
+
+Napi::Value FmaPeak(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), gK->fmaPeak(integer(info, 0, "fmaPeak", "iterations", 1)));
+}
+
+Napi::Value SetNumThreads(const Napi::CallbackInfo& info) {
+  const int64_t n = integer(info, 0, "setNumThreads", "n", 1);
+  poolSetNumThreads(static_cast<int>(n > 256 ? 256 : n));
+  return info.Env().Undefined();
+}
+Napi::Value GetNumThreads(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), poolGetNumThreads());
+}
+
+Napi::Value FeaturesFn(const Napi::CallbackInfo& info) {
+  Napi::Object o = Napi::Object::New(info.Env());
+  o.Set("avx512f", kFeatures.avx512f);
+  o.Set("avx512bf16", kFeatures.avx512bf16);
+  o.Set("avx512vnni", kFeatures.avx512vnni);
+  o.Set("avx2", kFeatures.avx2);
+  o.Set("fma", kFeatures.fma);
+  return o;
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("isa", Napi::String::New(env, gK->name));
+  exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
+  exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
+  exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
+  exports.Set("matmul", Napi::Function::New(env, Matmul, "matmul"));
+  exports.Set("unary", Napi::Function::New(env, Unary, "unary"));
+  exports.Set("binary", Napi::Function::New(env, Binary, "binary"));
+  exports.Set("siluMul", Napi::Function::New(env, SiluMul, "siluMul"));
+  exports.Set("rmsNorm", Napi::Function::New(env, RmsNorm, "rmsNorm"));
+  exports.Set("softmax", Napi::Function::New(env, Softmax, "softmax"));
+  exports.Set("reduce", Napi::Function::New(env, Reduce, "reduce"));
+  exports.Set("argmax", Napi::Function::New(env, Argmax, "argmax"));
+  exports.Set("rotary", Napi::Function::New(env, Rotary, "rotary"));
+  exports.Set("pagedAttention", Napi::Function::New(env, PagedAttention, "pagedAttention"));
+  exports.Set("embedding", Napi::Function::New(env, Embedding, "embedding"));
+  exports.Set("f32ToBf16", Napi::Function::New(env, Convert<float, uint16_t, &KernelTable::f32ToBf16>, "f32ToBf16"));
+  exports.Set("bf16ToF32", Napi::Function::New(env, Convert<uint16_t, float, &KernelTable::bf16ToF32>, "bf16ToF32"));
+  exports.Set("f16ToF32", Napi::Function::New(env, Convert<uint16_t, float, &KernelTable::f16ToF32>, "f16ToF32"));
+  exports.Set("f32ToF16", Napi::Function::New(env, Convert<float, uint16_t, &KernelTable::f32ToF16>, "f32ToF16"));
+  exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
+  exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
+  return exports;
+}
+
+}  // namespace
+}  // namespace kiln
+
+static Napi::Object InitKiln(Napi::Env env, Napi::Object exports) { return kiln::Init(env, exports); }
+NODE_API_MODULE(kiln_native, InitKiln)

@@ -1,0 +1,63 @@
+// Kernel table: one instance per ISA (scalar / AVX2+FMA / AVX-512), all compiled from
+// kernels-impl.inc with different compiler flags and chosen at run time (see dispatch.cc).
+#pragma once
+#include <cstdint>
+
+namespace kiln {
+
+struct MatmulArgs {
+  const float* a;       // [batch][M,K] f32
+  const void* b;        // bTransposed ? [N,K] : [K,N]; f32 or bf16 (uint16)
+  float* out;           // [batch][M,N]
+  int64_t M, N, K;
+  bool bTransposed;
+  int bDtype;           // 0 f32, 1 bf16
+  int64_t batch, strideA, strideB, strideOut;  // elements per batch item (0 = broadcast)
+};
+
+struct PagedAttentionArgs {
+  const float* q;        // [T, Hq, D]
+  const float* kNew;     // [T, Hkv, D]
+  const float* vNew;     // [T, Hkv, D]
+  float* kCache;         // [numBlocks, blockSize, Hkv, D]
+  float* vCache;
+  const int32_t* slotMapping;  // [T]
+  const int32_t* blockTables;  // [numSeqs, maxBlocksPerSeq]
+  const int32_t* queryStart;   // [numSeqs + 1]
+  const int32_t* seqLens;      // [numSeqs]
+  float* out;                  // [T, Hq, D]
+  int64_t numSeqs, Hq, Hkv, D, blockSize, maxBlocksPerSeq;
+  float scale;
+  int64_t slidingWindow;
+};
+
+struct KernelTable {
+  const char* name;
+  void (*matmul)(const MatmulArgs&);
+  void (*unary)(int op, const float* x, float* out, int64_t n);
+  void (*binary)(int op, const float* a, const float* b, float* out, int64_t n, int64_t bn);
+  void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);
+  void (*rmsNorm)(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
+  void (*softmax)(const float* x, float* out, int64_t rows, int64_t n, bool log);
+  void (*reduce)(int op, const float* x, float* out, int64_t rows, int64_t n);
+  void (*argmax)(const float* x, int32_t* out, int64_t rows, int64_t n);
+  void (*rotary)(const float* x, const int32_t* pos, const float* cos, const float* sin, float* out,
+                 int64_t T, int64_t H, int64_t D, int64_t rotaryDim, bool neox);
+  void (*pagedAttention)(const PagedAttentionArgs&);
+  void (*embedding)(const void* table, int dtype, const int32_t* ids, float* out, int64_t numIds,
+                    int64_t dim);
+  void (*f32ToBf16)(const float* src, uint16_t* dst, int64_t n);
+  void (*bf16ToF32)(const uint16_t* src, float* dst, int64_t n);
+  void (*f16ToF32)(const uint16_t* src, float* dst, int64_t n);
+  void (*f32ToF16)(const float* src, uint16_t* dst, int64_t n);
+  double (*memoryReadBandwidth)(const float* buf, int64_t n, int iterations, int threads);
+  double (*fmaPeak)(int64_t iterations);
+};
+
+extern const KernelTable kScalarKernels;
+#if defined(__x86_64__)
+extern const KernelTable kAvx2Kernels;
+extern const KernelTable kAvx512Kernels;
+#endif
+
+}  // namespace kiln

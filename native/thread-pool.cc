@@ -1,0 +1,193 @@
+// Spin-then-sleep worker pool (see thread-pool.h). Protocol:
+//  - `gen_` is a sequence: odd while the caller writes a job, even when published.
+//  - a worker that sees a new even generation increments `inflight_`, re-checks `gen_`, then
+//    claims chunks; the caller waits for inflight_ == 0 before rewriting job fields, so a
+//    worker never reads a half-written job. Chunks are claimed with fetch_add on `next_`.
+//  - idle workers spin ~kSpinMicros then sleep on a condition variable; the caller only
+//    takes the mutex to notify when some worker is asleep.
+#include "thread-pool.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+constexpr int kSpinMicros = 150;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+class Pool {
+ public:
+  Pool() { start(defaultThreads()); }
+  ~Pool() { stop(); }
+
+  static int defaultThreads() {
+    unsigned hc = std::thread::hardware_concurrency();
+    return hc == 0 ? 1 : static_cast<int>(hc);
+  }
+
+  int numThreads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void setNumThreads(int n) {
+    if (n < 1) n = 1;
+    std::lock_guard<std::mutex> g(runMutex_);
+    if (n == numThreads()) return;
+    stop();
+    start(n);
+  }
+
+  void run(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
+    // Concurrent callers (e.g. worker_threads) or a busy pool: run inline.
+    std::unique_lock<std::mutex> lk(runMutex_, std::try_to_lock);
+    if (!lk.owns_lock() || workers_.empty() || maxThreads == 1) {
+      for (int64_t c = 0; c < numChunks; ++c) fn(ctx, c);
+      return;
+    }
+    int helpers = static_cast<int>(workers_.size());
+    if (maxThreads > 0 && maxThreads - 1 < helpers) helpers = maxThreads - 1;
+    if (helpers > numChunks - 1) helpers = static_cast<int>(numChunks - 1);
+
+    uint64_t g = gen_.load(std::memory_order_relaxed);
+    gen_.store(g + 1, std::memory_order_seq_cst);  // odd: writing
+    while (inflight_.load(std::memory_order_seq_cst) != 0) cpuRelax();
+    fn_ = fn;
+    ctx_ = ctx;
+    numChunks_ = numChunks;
+    maxHelpers_ = helpers;
+    helperSlots_.store(0, std::memory_order_relaxed);
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    gen_.store(g + 2, std::memory_order_seq_cst);  // even: published
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> sg(sleepMutex_);
+      sleepCv_.notify_all();
+    }
+    int64_t mine = 0;
+    for (;;) {
+      int64_t c = next_.fetch_add(1, std::memory_order_relaxed);
+      if (c >= numChunks) break;
+      fn(ctx, c);
+      ++mine;
+    }
+    done_.fetch_add(mine, std::memory_order_acq_rel);
+    while (done_.load(std::memory_order_acquire) < numChunks) cpuRelax();
+  }
+
+ private:
+  void start(int n) {
+    quit_.store(false);
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { workerLoop(); });
+  }
+
+  void stop() {
+    quit_.store(true, std::memory_order_seq_cst);
+    {
+      std::lock_guard<std::mutex> sg(sleepMutex_);
+      sleepCv_.notify_all();
+    }
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void workerLoop() {
+    uint64_t seen = gen_.load(std::memory_order_acquire) & ~uint64_t(1);
+    for (;;) {
+      uint64_t g = waitForJob(seen);
+      if (g == 0) return;  // quit
+      inflight_.fetch_add(1, std::memory_order_seq_cst);
+      if (gen_.load(std::memory_order_seq_cst) != g) {
+        inflight_.fetch_sub(1, std::memory_order_seq_cst);
+        continue;  // job being rewritten; look again
+      }
+      seen = g;
+      // Cap the number of helpers (e.g. a job asked for fewer threads).
+      if (helperSlots_.fetch_add(1, std::memory_order_relaxed) < maxHelpers_) {
+        int64_t mine = 0;
+        const int64_t n = numChunks_;
+        for (;;) {
+          int64_t c = next_.fetch_add(1, std::memory_order_relaxed);
+          if (c >= n) break;
+          fn_(ctx_, c);
+          ++mine;
+        }
+        if (mine) done_.fetch_add(mine, std::memory_order_acq_rel);
+      }
+      inflight_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  // Returns the new even generation to work on, or 0 on quit.
+  uint64_t waitForJob(uint64_t seen) {
+    auto ready = [&](uint64_t g) { return g != seen && (g & 1) == 0; };
+    auto t0 = std::chrono::steady_clock::now();
+    for (int iter = 0;; ++iter) {
+      if (quit_.load(std::memory_order_relaxed)) return 0;
+      uint64_t g = gen_.load(std::memory_order_acquire);
+      if (ready(g)) return g;
+      cpuRelax();
+      if ((iter & 63) == 63 &&
+          std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros))
+        break;
+    }
+    std::unique_lock<std::mutex> lk(sleepMutex_);
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    for (;;) {
+      if (quit_.load(std::memory_order_seq_cst)) {
+        sleepers_.fetch_sub(1);
+        return 0;
+      }
+      uint64_t g = gen_.load(std::memory_order_seq_cst);
+      if (ready(g)) {
+        sleepers_.fetch_sub(1);
+        return g;
+      }
+      if (g & 1) {  // caller is mid-publish: spin briefly outside the lock
+        lk.unlock();
+        cpuRelax();
+        lk.lock();
+        continue;
+      }
+      sleepCv_.wait(lk);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex runMutex_;
+  std::mutex sleepMutex_;
+  std::condition_variable sleepCv_;
+  alignas(64) std::atomic<uint64_t> gen_{0};
+  alignas(64) std::atomic<int> inflight_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> quit_{false};
+  alignas(64) std::atomic<int64_t> next_{0};
+  alignas(64) std::atomic<int64_t> done_{0};
+  std::atomic<int> helperSlots_{0};
+  ChunkFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int64_t numChunks_ = 0;
+  int maxHelpers_ = 0;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool();  // leaked on purpose: no join at process exit
+  return *p;
+}
+
+}  // namespace
+
+void poolRun(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
+  pool().run(numChunks, fn, ctx, maxThreads);
+}
+void poolSetNumThreads(int n) { pool().setNumThreads(n); }
+int poolGetNumThreads() { return pool().numThreads(); }
+
+}  // namespace kiln

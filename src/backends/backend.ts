@@ -1,0 +1,139 @@
+// The device back-end interface: allocate, free, copy in/out, run a kernel, synchronize.
+// Every op of the tensor layer lowers to one of the primitive kernels below; a back end implements
+// them all (the TS reference does) or delegates the ones it lacks to the reference.
+import type { DType } from "./dtype.js";
+
+/** An allocation on a device. Host back ends keep an ArrayBuffer; others keep a handle. */
+export interface DeviceBuffer {
+  readonly byteLength: number;
+  /** Host-visible memory for host back ends (cpu, reference); undefined on devices without it. */
+  readonly host?: ArrayBuffer;
+}
+
+/** A strided window on a buffer: what a kernel reads or writes. Offsets and strides are in elements. */
+export interface BufferView {
+  readonly buffer: DeviceBuffer;
+  readonly dtype: DType;
+  readonly shape: readonly number[];
+  readonly strides: readonly number[];
+  readonly offset: number;
+}
+
+// ---- the primitive op set (one grouped enum, STYLE.md 6) ----
+
+/** Elementwise unary math; inputs are read as float. */
+export type UnaryOp =
+  | "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "tanh" | "sigmoid" | "silu" | "gelu" | "gelu_tanh"
+  | "abs" | "reciprocal" | "sin" | "cos" | "square" | "relu" | "floor" | "ceil" | "round" | "sign"
+  | "logical_not";
+
+/** Elementwise binary ops; comparisons produce bool. */
+export type BinaryOp =
+  | "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "remainder"
+  | "eq" | "ne" | "lt" | "le" | "gt" | "ge" | "logical_and" | "logical_or";
+
+export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
+
+export type KernelCall =
+  // elementwise: inputs are already broadcast to the output's shape (stride 0 on broadcast dims)
+  | { op: "unary"; fn: UnaryOp; x: BufferView; out: BufferView }
+  | { op: "binary"; fn: BinaryOp; a: BufferView; b: BufferView; out: BufferView }
+  | { op: "where"; cond: BufferView; a: BufferView; b: BufferView; out: BufferView }
+  // strided copy with dtype conversion: contiguous(), cast, copy_, expand materialisation
+  | { op: "copy"; x: BufferView; out: BufferView }
+  | { op: "fill"; out: BufferView; value: number }
+  // row-wise ops over contiguous [rows, n] input
+  | { op: "reduce"; fn: ReduceOp; x: BufferView; out: BufferView; rows: number; n: number }
+  | { op: "softmax"; log: boolean; x: BufferView; out: BufferView; rows: number; n: number }
+  | { op: "cumsum"; x: BufferView; out: BufferView; rows: number; n: number }
+  // sorts each row; values and int32 indices out. Stable; descending puts the largest first.
+  | { op: "sort"; x: BufferView; values: BufferView; indices: BufferView; rows: number; n: number; descending: boolean }
+  | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number }
+  // out[b] = a[b] @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K], b [batch, K, N] or [batch, N, K]; contiguous rows
+  | {
+      op: "matmul";
+      a: BufferView;
+      b: BufferView;
+      out: BufferView;
+      batch: number;
+      m: number;
+      n: number;
+      k: number;
+      bTransposed: boolean;
+      strideA: number;
+      strideB: number;
+      strideOut: number;
+    }
+  // out[i, :] = table[ids[i], :], table [rows, dim] contiguous
+  | { op: "gather_rows"; table: BufferView; ids: BufferView; out: BufferView; numIds: number; dim: number; rows: number }
+  // torch.gather / scatter along the last dim of contiguous [rows, n] (index [rows, m])
+  | { op: "gather"; x: BufferView; index: BufferView; out: BufferView; rows: number; n: number; m: number }
+  | { op: "scatter"; out: BufferView; index: BufferView; src: BufferView; rows: number; n: number; m: number; accumulate: boolean }
+  // out[ids[i], :] = src[i, :] on a contiguous [rows, dim] destination (index_copy_ along dim 0)
+  | { op: "index_copy_rows"; out: BufferView; ids: BufferView; src: BufferView; numIds: number; dim: number; rows: number }
+  // rotary embedding on [T, H, D] with cos/sin tables [maxPos, rotaryDim/2]
+  | {
+      op: "rotary";
+      x: BufferView;
+      positions: BufferView;
+      cos: BufferView;
+      sin: BufferView;
+      out: BufferView;
+      tokens: number;
+      heads: number;
+      headDim: number;
+      rotaryDim: number;
+      neox: boolean;
+    }
+  // ragged paged attention; see PagedAttentionArgs
+  | ({ op: "paged_attention" } & PagedAttentionArgs)
+  // random fill from a counter-based generator: reproducible per (seed, offset)
+  | { op: "random"; dist: "uniform" | "normal"; out: BufferView; seed: number; counter: number; a: number; b: number };
+
+/**
+ * Ragged paged attention. Writes kNew/vNew into the paged cache at slotMapping, then attends causally.
+ * q [T, Hq, D]; kNew, vNew [T, Hkv, D]; kCache, vCache [numBlocks, blockSize, Hkv, D];
+ * blockTables [numSeqs, maxBlocksPerSeq]; queryStart [numSeqs+1]; seqLens [numSeqs] include the new tokens.
+ */
+export interface PagedAttentionArgs {
+  q: BufferView;
+  kNew: BufferView;
+  vNew: BufferView;
+  kCache: BufferView;
+  vCache: BufferView;
+  slotMapping: BufferView;
+  blockTables: BufferView;
+  queryStart: BufferView;
+  seqLens: BufferView;
+  out: BufferView;
+  numSeqs: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  blockSize: number;
+  maxBlocksPerSeq: number;
+  scale: number;
+  slidingWindow: number; // 0 = unlimited
+}
+
+export type KernelName = KernelCall["op"];
+
+/** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
+export interface Backend {
+  readonly name: string;
+  /** Human-readable description (ISA, threads) for logs and benchmarks. */
+  describe(): string;
+  allocate(byteLength: number): DeviceBuffer;
+  free(buffer: DeviceBuffer): void;
+  /** Copies host bytes into the buffer at byteOffset. */
+  write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
+  /** Copies bytes out of the buffer (after all queued work on it has finished). */
+  read(buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array;
+  /** Enqueues one kernel on the device's in-order stream. */
+  run(call: KernelCall): void;
+  /** Resolves when every kernel enqueued so far has finished. */
+  synchronize(): Promise<void>;
+  /** Buffers allocated and not yet freed (leak tests). */
+  liveBuffers(): number;
+  liveBytes(): number;
+}

@@ -1,0 +1,265 @@
+// The cpu back end: host memory, native SIMD kernels for the hot dtype/layout combinations,
+// and the TS reference for everything else.
+import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, UnaryOp } from "../backend.js";
+import { BackendUnavailableError } from "../../util/errors.js";
+import { env } from "../../util/env.js";
+import { hostOf, isContiguous, numel } from "../reference/host-memory.js";
+import { HostAllocator } from "../reference/reference-backend.js";
+import { runReference } from "../reference/reference-kernels.js";
+import { tryLoadNativeKernels, nativeLoadError, type NativeKernels } from "./native.js";
+
+const UNARY_CODES: Partial<Record<UnaryOp, number>> = {
+  neg: 0, exp: 1, log: 2, sqrt: 3, rsqrt: 4, tanh: 5, sigmoid: 6, silu: 7, gelu: 8, gelu_tanh: 9,
+  abs: 10, reciprocal: 11, sin: 12, cos: 13, square: 14, relu: 15,
+};
+const BINARY_CODES: Partial<Record<BinaryOp, number>> = { add: 0, sub: 1, mul: 2, div: 3, maximum: 4, minimum: 5, pow: 6 };
+const REDUCE_CODES = { sum: 0, max: 1, min: 2 } as const;
+
+function f32(v: BufferView): Float32Array | null {
+  if (v.dtype !== "float32" || !isContiguous(v.shape, v.strides)) return null;
+  return new Float32Array(hostOf(v.buffer), v.offset * 4, numel(v.shape));
+}
+function u16(v: BufferView): Uint16Array | null {
+  if ((v.dtype !== "bfloat16" && v.dtype !== "float16") || !isContiguous(v.shape, v.strides)) return null;
+  return new Uint16Array(hostOf(v.buffer), v.offset * 2, numel(v.shape));
+}
+function i32(v: BufferView): Int32Array | null {
+  if (v.dtype !== "int32" || !isContiguous(v.shape, v.strides)) return null;
+  return new Int32Array(hostOf(v.buffer), v.offset * 4, numel(v.shape));
+}
+/** A float32 array starting at the view's offset spanning `length` elements (for kernels given explicit sizes). */
+function f32Span(v: BufferView, length: number): Float32Array | null {
+  if (v.dtype !== "float32") return null;
+  return new Float32Array(hostOf(v.buffer), v.offset * 4, length);
+}
+function u16Span(v: BufferView, length: number): Uint16Array | null {
+  if (v.dtype !== "bfloat16") return null;
+  return new Uint16Array(hostOf(v.buffer), v.offset * 2, length);
+}
+
+/**
+ * For a broadcast operand b (same shape as out, stride 0 on broadcast dims) returns how many trailing
+ * elements repeat (bn, so out[i] = a[i] op b[i % bn]) and the dense source, or null if b is not of that form.
+ */
+function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null {
+  if (b.dtype !== "float32") return null;
+  const { shape, strides } = b;
+  let d = shape.length - 1;
+  let expected = 1;
+  while (d >= 0 && (shape[d] === 1 || strides[d] === expected) && strides[d] !== 0) {
+    expected *= shape[d]!;
+    d--;
+  }
+  for (let e = d; e >= 0; e--) if (strides[e] !== 0 && shape[e] !== 1) return null;
+  return { data: new Float32Array(hostOf(b.buffer), b.offset * 4, expected), bn: expected };
+}
+
+export class CpuBackend implements Backend {
+  readonly name = "cpu";
+  readonly native: NativeKernels;
+  private readonly memory = new HostAllocator();
+
+  constructor() {
+    const native = tryLoadNativeKernels();
+    if (!native) throw new BackendUnavailableError("cpu", `native kernels did not load (${nativeLoadError()}); run \`npm run build\`, or use device "reference"`);
+    this.native = native;
+    const threads = env.numThreads;
+    if (threads !== undefined) native.setNumThreads(threads);
+  }
+
+  describe(): string {
+    return `cpu (native ${this.native.isa}, ${this.native.getNumThreads()} threads)`;
+  }
+  allocate(byteLength: number): DeviceBuffer {
+    return this.memory.allocate(byteLength);
+  }
+  free(buffer: DeviceBuffer): void {
+    this.memory.free(buffer);
+  }
+  write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
+    this.memory.write(buffer, byteOffset, src);
+  }
+  read(buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array {
+    return this.memory.read(buffer, byteOffset, byteLength);
+  }
+  synchronize(): Promise<void> {
+    return Promise.resolve();
+  }
+  liveBuffers(): number {
+    return this.memory.liveBuffers();
+  }
+  liveBytes(): number {
+    return this.memory.liveBytes();
+  }
+
+  run(call: KernelCall): void {
+    if (!this.runNative(call)) runReference(call);
+  }
+
+  /** Runs the call natively when the dtypes and layouts have a native kernel; returns false otherwise. */
+  private runNative(call: KernelCall): boolean {
+    const k = this.native;
+    switch (call.op) {
+      case "unary": {
+        const code = UNARY_CODES[call.fn];
+        const x = f32(call.x);
+        const out = f32(call.out);
+        if (code === undefined || !x || !out) return false;
+        k.unary(code, x, out, out.length);
+        return true;
+      }
+      case "binary": {
+        const code = BINARY_CODES[call.fn];
+        const a = f32(call.a);
+        const out = f32(call.out);
+        if (code === undefined || !a || !out) return false;
+        const b = broadcastRow(call.b);
+        if (!b || out.length % b.bn !== 0) return false;
+        k.binary(code, a, b.data, out, out.length, b.bn);
+        return true;
+      }
+      case "copy": {
+        const n = numel(call.out.shape);
+        const xf = f32(call.x);
+        const of = f32(call.out);
+        if (xf && of) {
+          of.set(xf);
+          return true;
+        }
+        const xh = u16(call.x);
+        const oh = u16(call.out);
+        if (xf && oh) {
+          if (call.out.dtype === "bfloat16") k.f32ToBf16(xf, oh, n);
+          else k.f32ToF16(xf, oh, n);
+          return true;
+        }
+        if (xh && of) {
+          if (call.x.dtype === "bfloat16") k.bf16ToF32(xh, of, n);
+          else k.f16ToF32(xh, of, n);
+          return true;
+        }
+        return false;
+      }
+      case "reduce": {
+        const x = f32(call.x);
+        if (!x) return false;
+        if (call.fn === "argmax") {
+          const out = i32(call.out);
+          if (!out) return false;
+          k.argmax(x, out, call.rows, call.n);
+          return true;
+        }
+        const code = (REDUCE_CODES as Record<string, number | undefined>)[call.fn];
+        const out = f32(call.out);
+        if (code === undefined || !out) return false;
+        k.reduce(code, x, out, call.rows, call.n);
+        return true;
+      }
+      case "softmax": {
+        const x = f32(call.x);
+        const out = f32(call.out);
+        if (!x || !out) return false;
+        k.softmax(x, out, call.rows, call.n, call.log);
+        return true;
+      }
+      case "rms_norm": {
+        const x = f32(call.x);
+        const w = f32(call.weight);
+        const out = f32(call.out);
+        if (!x || !w || !out) return false;
+        k.rmsNorm(x, w, out, call.rows, call.n, call.eps);
+        return true;
+      }
+      case "matmul": {
+        const { batch, m, n, k: kk, strideA, strideB, strideOut, bTransposed } = call;
+        const a = f32Span(call.a, (batch - 1) * strideA + m * kk);
+        const out = f32Span(call.out, (batch - 1) * strideOut + m * n);
+        const bLen = (batch - 1) * strideB + n * kk;
+        const b = call.b.dtype === "bfloat16" ? u16Span(call.b, bLen) : f32Span(call.b, bLen);
+        if (!a || !out || !b) return false;
+        k.matmul(a, b, out, m, n, kk, bTransposed, call.b.dtype === "bfloat16" ? 1 : 0, batch, strideA, strideB, strideOut);
+        return true;
+      }
+      case "gather_rows": {
+        const ids = i32(call.ids);
+        const out = f32(call.out);
+        const tableLen = call.rows * call.dim;
+        const table = call.table.dtype === "bfloat16" ? u16Span(call.table, tableLen) : f32Span(call.table, tableLen);
+        if (!ids || !out || !table) return false;
+        for (let i = 0; i < ids.length; i++) {
+          const id = ids[i]!;
+          // memory safety: native code trusts the ids
+          if (id < 0 || id >= call.rows) throw new RangeError(`index ${id} out of range for ${call.rows} rows`);
+        }
+        k.embedding(table, call.table.dtype === "bfloat16" ? 1 : 0, ids, out, call.numIds, call.dim);
+        return true;
+      }
+      case "rotary": {
+        const x = f32(call.x);
+        const pos = i32(call.positions);
+        const cos = f32(call.cos);
+        const sin = f32(call.sin);
+        const out = f32(call.out);
+        if (!x || !pos || !cos || !sin || !out) return false;
+        const maxPos = cos.length / (call.rotaryDim / 2);
+        for (let i = 0; i < pos.length; i++) {
+          const p = pos[i]!;
+          if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
+        }
+        k.rotary(x, pos, cos, sin, out, call.tokens, call.heads, call.headDim, call.rotaryDim, call.neox);
+        return true;
+      }
+      case "paged_attention": {
+        const q = f32(call.q);
+        const kNew = f32(call.kNew);
+        const vNew = f32(call.vNew);
+        const kCache = f32(call.kCache);
+        const vCache = f32(call.vCache);
+        const slots = i32(call.slotMapping);
+        const tables = i32(call.blockTables);
+        const qStart = i32(call.queryStart);
+        const seqLens = i32(call.seqLens);
+        const out = f32(call.out);
+        if (!q || !kNew || !vNew || !kCache || !vCache || !slots || !tables || !qStart || !seqLens || !out) return false;
+        checkPagedAttentionIndices(call, kCache.length, slots, tables, qStart, seqLens);
+        k.pagedAttention(
+          q, kNew, vNew, kCache, vCache, slots, tables, qStart, seqLens, out,
+          call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
+          call.scale, call.slidingWindow,
+        );
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+}
+
+/** Bounds checks before native paged attention: the kernel trusts its metadata. O(tokens + seqs), cheap. */
+function checkPagedAttentionIndices(
+  call: Extract<KernelCall, { op: "paged_attention" }>,
+  cacheLen: number,
+  slots: Int32Array,
+  tables: Int32Array,
+  qStart: Int32Array,
+  seqLens: Int32Array,
+): void {
+  const slotElems = call.numKvHeads * call.headDim;
+  const numSlots = cacheLen / slotElems;
+  const numBlocks = numSlots / call.blockSize;
+  for (let i = 0; i < slots.length; i++)
+    if (slots[i]! >= numSlots) throw new RangeError(`slot ${slots[i]} out of range for ${numSlots} KV slots`);
+  const totalTokens = call.q.shape[0]!;
+  if (qStart[0] !== 0 || qStart[call.numSeqs] !== totalTokens) throw new RangeError("queryStart must run from 0 to the token count");
+  for (let s = 0; s < call.numSeqs; s++) {
+    const qlen = qStart[s + 1]! - qStart[s]!;
+    const len = seqLens[s]!;
+    if (qlen < 0 || len < qlen) throw new RangeError(`sequence ${s}: seqLen ${len} shorter than its ${qlen} new tokens`);
+    const blocks = Math.ceil(len / call.blockSize);
+    if (blocks > call.maxBlocksPerSeq) throw new RangeError(`sequence ${s} needs ${blocks} blocks > maxBlocksPerSeq ${call.maxBlocksPerSeq}`);
+    for (let b = 0; b < blocks; b++) {
+      const id = tables[s * call.maxBlocksPerSeq + b]!;
+      if (id < 0 || id >= numBlocks) throw new RangeError(`block id ${id} out of range for ${numBlocks} blocks`);
+    }
+  }
+}

@@ -1,0 +1,409 @@
+// The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
+// Native kernels are tested against these (STYLE.md 9).
+import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, ReduceOp, UnaryOp } from "../backend.js";
+import { forEachIndex, getter, numel, readF64, setter, writeDense } from "./host-memory.js";
+
+function erf(x: number): number {
+  // Abramowitz-Stegun 7.1.26 is only 1.5e-7 accurate; use a series/continued fraction split for ~1e-15.
+  const ax = Math.abs(x);
+  if (ax < 2.5) {
+    // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
+    let term = ax;
+    let sum = ax;
+    const x2 = ax * ax;
+    for (let n = 1; n < 80; n++) {
+      term *= -x2 / n;
+      const add = term / (2 * n + 1);
+      sum += add;
+      if (Math.abs(add) < 1e-17 * Math.abs(sum)) break;
+    }
+    const r = (2 / Math.sqrt(Math.PI)) * sum;
+    return x < 0 ? -r : r;
+  }
+  // erfc continued fraction (Lentz) for large |x|
+  let f = ax;
+  let c = ax;
+  let d = 0;
+  for (let i = 1; i < 200; i++) {
+    const an = i / 2;
+    d = ax + an * d;
+    d = 1 / d;
+    c = ax + an / c;
+    const delta = c * d;
+    f *= delta;
+    if (Math.abs(delta - 1) < 1e-16) break;
+  }
+  const erfc = Math.exp(-ax * ax) / (f * Math.sqrt(Math.PI));
+  const r = 1 - erfc;
+  return x < 0 ? -r : r;
+}
+
+export const UNARY: Record<UnaryOp, (x: number) => number> = {
+  neg: (x) => -x,
+  exp: Math.exp,
+  log: Math.log,
+  sqrt: Math.sqrt,
+  rsqrt: (x) => 1 / Math.sqrt(x),
+  tanh: Math.tanh,
+  sigmoid: (x) => 1 / (1 + Math.exp(-x)),
+  silu: (x) => x / (1 + Math.exp(-x)),
+  gelu: (x) => 0.5 * x * (1 + erf(x / Math.SQRT2)),
+  gelu_tanh: (x) => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x * x * x))),
+  abs: Math.abs,
+  reciprocal: (x) => 1 / x,
+  sin: Math.sin,
+  cos: Math.cos,
+  square: (x) => x * x,
+  relu: (x) => (x > 0 ? x : 0),
+  floor: Math.floor,
+  ceil: Math.ceil,
+  round: (x) => {
+    // round half to even, as torch.round
+    const r = Math.round(x);
+    return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+  },
+  sign: Math.sign,
+  logical_not: (x) => (x ? 0 : 1),
+};
+
+export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
+  add: (a, b) => a + b,
+  sub: (a, b) => a - b,
+  mul: (a, b) => a * b,
+  div: (a, b) => a / b,
+  pow: Math.pow,
+  maximum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.max(a, b)),
+  minimum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.min(a, b)),
+  remainder: (a, b) => a - Math.floor(a / b) * b, // Python/torch semantics: sign of divisor
+  eq: (a, b) => (a === b ? 1 : 0),
+  ne: (a, b) => (a !== b ? 1 : 0),
+  lt: (a, b) => (a < b ? 1 : 0),
+  le: (a, b) => (a <= b ? 1 : 0),
+  gt: (a, b) => (a > b ? 1 : 0),
+  ge: (a, b) => (a >= b ? 1 : 0),
+  logical_and: (a, b) => (a && b ? 1 : 0),
+  logical_or: (a, b) => (a || b ? 1 : 0),
+};
+
+function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): number {
+  switch (fn) {
+    case "sum": {
+      let s = 0;
+      for (let i = 0; i < n; i++) s += x[start + i]!;
+      return s;
+    }
+    case "prod": {
+      let s = 1;
+      for (let i = 0; i < n; i++) s *= x[start + i]!;
+      return s;
+    }
+    case "max":
+    case "min": {
+      let m = x[start]!;
+      for (let i = 1; i < n; i++) {
+        const v = x[start + i]!;
+        if (Number.isNaN(v)) return NaN;
+        if (fn === "max" ? v > m : v < m) m = v;
+      }
+      return m;
+    }
+    case "argmax":
+    case "argmin": {
+      let best = 0;
+      let m = x[start]!;
+      for (let i = 1; i < n; i++) {
+        const v = x[start + i]!;
+        if (Number.isNaN(m)) break;
+        if (Number.isNaN(v) || (fn === "argmax" ? v > m : v < m)) {
+          m = v;
+          best = i;
+        }
+      }
+      return best;
+    }
+  }
+}
+
+/** splitmix64-style mixing of (seed, counter) into a uniform double in [0, 1). Counter-based: any slice reproducible. */
+export function counterUniform(seed: number, counter: number): number {
+  let h = Math.imul((seed ^ 0x9e3779b9) >>> 0, 0x85ebca6b) ^ Math.imul(counter >>> 0, 0xc2b2ae35);
+  h ^= Math.floor(counter / 4294967296) * 0x27d4eb2f;
+  h = Math.imul(h ^ (h >>> 16), 0x7feb352d);
+  h = Math.imul(h ^ (h >>> 15), 0x846ca68b);
+  h ^= h >>> 16;
+  let g = Math.imul((h ^ seed) >>> 0, 0x9e3779b1) ^ 0x6a09e667;
+  g = Math.imul(g ^ (g >>> 16), 0x21f0aaad);
+  g = Math.imul(g ^ (g >>> 15), 0x735a2d97);
+  g ^= g >>> 15;
+  // 53 random bits from two 32-bit words
+  return ((h >>> 0) * 2097152 + ((g >>> 0) >>> 11)) / 9007199254740992;
+}
+
+export function pagedAttentionReference(p: PagedAttentionArgs): void {
+  const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow } = p;
+  const q = readF64(p.q);
+  const kNew = readF64(p.kNew);
+  const vNew = readF64(p.vNew);
+  const slots = readF64(p.slotMapping);
+  const tables = readF64(p.blockTables);
+  const qStart = readF64(p.queryStart);
+  const seqLens = readF64(p.seqLens);
+  const kGet = getter(p.kCache.buffer, p.kCache.dtype);
+  const kSet = setter(p.kCache.buffer, p.kCache.dtype);
+  const vGet = getter(p.vCache.buffer, p.vCache.dtype);
+  const vSet = setter(p.vCache.buffer, p.vCache.dtype);
+  const kvRow = numKvHeads * D; // elements per slot
+  // 1. write the new K/V into their slots
+  for (let t = 0; t < slots.length; t++) {
+    const slot = slots[t]!;
+    if (slot < 0) continue;
+    for (let i = 0; i < kvRow; i++) {
+      kSet(p.kCache.offset + slot * kvRow + i, kNew[t * kvRow + i]!);
+      vSet(p.vCache.offset + slot * kvRow + i, vNew[t * kvRow + i]!);
+    }
+  }
+  // 2. attend: query j of sequence s sits at position seqLen - qlen + j
+  const out = new Float64Array(numel(p.out.shape));
+  const group = numHeads / numKvHeads;
+  for (let s = 0; s < numSeqs; s++) {
+    const q0 = qStart[s]!;
+    const qlen = qStart[s + 1]! - q0;
+    const seqLen = seqLens[s]!;
+    for (let j = 0; j < qlen; j++) {
+      const pos = seqLen - qlen + j;
+      const lo = slidingWindow > 0 ? Math.max(0, pos - slidingWindow + 1) : 0;
+      for (let h = 0; h < numHeads; h++) {
+        const kvh = Math.floor(h / group);
+        const qOff = ((q0 + j) * numHeads + h) * D;
+        const scores: number[] = [];
+        let max = -Infinity;
+        for (let c = lo; c <= pos; c++) {
+          const block = tables[s * maxBlocksPerSeq + Math.floor(c / blockSize)]!;
+          const base = p.kCache.offset + (block * blockSize + (c % blockSize)) * kvRow + kvh * D;
+          let dot = 0;
+          for (let d = 0; d < D; d++) dot += q[qOff + d]! * kGet(base + d);
+          const sc = dot * scale;
+          scores.push(sc);
+          if (sc > max) max = sc;
+        }
+        let denom = 0;
+        for (let i = 0; i < scores.length; i++) denom += scores[i] = Math.exp(scores[i]! - max);
+        for (let c = lo; c <= pos; c++) {
+          const w = scores[c - lo]! / denom;
+          const block = tables[s * maxBlocksPerSeq + Math.floor(c / blockSize)]!;
+          const base = p.vCache.offset + (block * blockSize + (c % blockSize)) * kvRow + kvh * D;
+          for (let d = 0; d < D; d++) out[qOff + d] += w * vGet(base + d);
+        }
+      }
+    }
+  }
+  writeDense(p.out, out);
+}
+
+/** Runs one kernel call with float64 math. */
+export function runReference(call: KernelCall): void {
+  switch (call.op) {
+    case "unary": {
+      const f = UNARY[call.fn];
+      const x = readF64(call.x);
+      for (let i = 0; i < x.length; i++) x[i] = f(x[i]!);
+      return writeDense(call.out, x);
+    }
+    case "binary": {
+      const f = BINARY[call.fn];
+      const a = readF64(call.a);
+      const b = readF64(call.b);
+      for (let i = 0; i < a.length; i++) a[i] = f(a[i]!, b[i]!);
+      return writeDense(call.out, a);
+    }
+    case "where": {
+      const c = readF64(call.cond);
+      const a = readF64(call.a);
+      const b = readF64(call.b);
+      for (let i = 0; i < a.length; i++) a[i] = c[i] ? a[i]! : b[i]!;
+      return writeDense(call.out, a);
+    }
+    case "copy":
+      return writeDense(call.out, readF64(call.x));
+    case "fill": {
+      const set = setter(call.out.buffer, call.out.dtype);
+      return forEachIndex(call.out, (s) => set(s, call.value));
+    }
+    case "reduce": {
+      const x = readF64(call.x);
+      const out = new Float64Array(call.rows);
+      for (let r = 0; r < call.rows; r++) out[r] = reduceRow(call.fn, x, r * call.n, call.n);
+      return writeDense(call.out, out);
+    }
+    case "softmax": {
+      const x = readF64(call.x);
+      const { rows, n } = call;
+      for (let r = 0; r < rows; r++) {
+        const o = r * n;
+        let m = -Infinity;
+        for (let i = 0; i < n; i++) m = Math.max(m, x[o + i]!);
+        let s = 0;
+        for (let i = 0; i < n; i++) s += Math.exp(x[o + i]! - m);
+        for (let i = 0; i < n; i++) x[o + i] = call.log ? x[o + i]! - m - Math.log(s) : Math.exp(x[o + i]! - m) / s;
+      }
+      return writeDense(call.out, x);
+    }
+    case "cumsum": {
+      const x = readF64(call.x);
+      for (let r = 0; r < call.rows; r++) for (let i = 1; i < call.n; i++) x[r * call.n + i] += x[r * call.n + i - 1]!;
+      return writeDense(call.out, x);
+    }
+    case "sort": {
+      const x = readF64(call.x);
+      const { rows, n, descending } = call;
+      const vals = new Float64Array(rows * n);
+      const idx = new Float64Array(rows * n);
+      const order = Array.from({ length: n }, (_, i) => i);
+      for (let r = 0; r < rows; r++) {
+        const o = r * n;
+        for (let i = 0; i < n; i++) order[i] = i;
+        // NaN sorts as the largest value, as in torch
+        const key = (i: number) => (Number.isNaN(x[o + i]!) ? Infinity : x[o + i]!);
+        order.sort((i, j) => {
+          const d = descending ? key(j) - key(i) : key(i) - key(j);
+          return d !== 0 && !Number.isNaN(d) ? d : i - j;
+        });
+        for (let i = 0; i < n; i++) {
+          vals[o + i] = x[o + order[i]!]!;
+          idx[o + i] = order[i]!;
+        }
+      }
+      writeDense(call.values, vals);
+      return writeDense(call.indices, idx);
+    }
+    case "rms_norm": {
+      const x = readF64(call.x);
+      const w = readF64(call.weight);
+      const { rows, n, eps } = call;
+      for (let r = 0; r < rows; r++) {
+        const o = r * n;
+        let ss = 0;
+        for (let i = 0; i < n; i++) ss += x[o + i]! * x[o + i]!;
+        const inv = 1 / Math.sqrt(ss / n + eps);
+        for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
+      }
+      return writeDense(call.out, x);
+    }
+    case "matmul": {
+      const { batch, m, n, k, bTransposed, strideA, strideB, strideOut } = call;
+      const aGet = getter(call.a.buffer, call.a.dtype);
+      const bGet = getter(call.b.buffer, call.b.dtype);
+      const oSet = setter(call.out.buffer, call.out.dtype);
+      for (let bi = 0; bi < batch; bi++) {
+        const aBase = call.a.offset + bi * strideA;
+        const bBase = call.b.offset + bi * strideB;
+        const oBase = call.out.offset + bi * strideOut;
+        for (let i = 0; i < m; i++) {
+          for (let j = 0; j < n; j++) {
+            let s = 0;
+            for (let p = 0; p < k; p++) s += aGet(aBase + i * k + p) * bGet(bBase + (bTransposed ? j * k + p : p * n + j));
+            oSet(oBase + i * n + j, s);
+          }
+        }
+      }
+      return;
+    }
+    case "gather_rows": {
+      const ids = readF64(call.ids);
+      const get = getter(call.table.buffer, call.table.dtype);
+      const out = new Float64Array(call.numIds * call.dim);
+      for (let i = 0; i < call.numIds; i++) {
+        const row = ids[i]!;
+        if (row < 0 || row >= call.rows) throw new RangeError(`index ${row} out of range for ${call.rows} rows`);
+        for (let d = 0; d < call.dim; d++) out[i * call.dim + d] = get(call.table.offset + row * call.dim + d);
+      }
+      return writeDense(call.out, out);
+    }
+    case "gather": {
+      const x = readF64(call.x);
+      const index = readF64(call.index);
+      const { rows, n, m } = call;
+      const out = new Float64Array(rows * m);
+      for (let r = 0; r < rows; r++)
+        for (let j = 0; j < m; j++) {
+          const i = index[r * m + j]!;
+          if (i < 0 || i >= n) throw new RangeError(`index ${i} out of range for size ${n}`);
+          out[r * m + j] = x[r * n + i]!;
+        }
+      return writeDense(call.out, out);
+    }
+    case "scatter": {
+      const out = readF64(call.out);
+      const index = readF64(call.index);
+      const src = readF64(call.src);
+      const { rows, n, m } = call;
+      for (let r = 0; r < rows; r++)
+        for (let j = 0; j < m; j++) {
+          const i = index[r * m + j]!;
+          if (i < 0 || i >= n) throw new RangeError(`index ${i} out of range for size ${n}`);
+          if (call.accumulate) out[r * n + i] += src[r * m + j]!;
+          else out[r * n + i] = src[r * m + j]!;
+        }
+      return writeDense(call.out, out);
+    }
+    case "index_copy_rows": {
+      const ids = readF64(call.ids);
+      const src = readF64(call.src);
+      const set = setter(call.out.buffer, call.out.dtype);
+      for (let i = 0; i < call.numIds; i++) {
+        const row = ids[i]!;
+        if (row < 0 || row >= call.rows) throw new RangeError(`index ${row} out of range for ${call.rows} rows`);
+        for (let d = 0; d < call.dim; d++) set(call.out.offset + row * call.dim + d, src[i * call.dim + d]!);
+      }
+      return;
+    }
+    case "rotary": {
+      const x = readF64(call.x);
+      const pos = readF64(call.positions);
+      const cos = readF64(call.cos);
+      const sin = readF64(call.sin);
+      const { tokens, heads, headDim, rotaryDim, neox } = call;
+      const half = rotaryDim / 2;
+      const maxPos = cos.length / half;
+      for (let t = 0; t < tokens; t++) {
+        const p = pos[t]!;
+        if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
+        for (let h = 0; h < heads; h++) {
+          const base = (t * heads + h) * headDim;
+          for (let i = 0; i < half; i++) {
+            const c = cos[p * half + i]!;
+            const s = sin[p * half + i]!;
+            const i0 = neox ? base + i : base + 2 * i;
+            const i1 = neox ? base + i + half : base + 2 * i + 1;
+            const x0 = x[i0]!;
+            const x1 = x[i1]!;
+            x[i0] = x0 * c - x1 * s;
+            x[i1] = x1 * c + x0 * s;
+          }
+        }
+      }
+      return writeDense(call.out, x);
+    }
+    case "paged_attention":
+      return pagedAttentionReference(call);
+    case "random": {
+      const n = numel(call.out.shape);
+      const vals = new Float64Array(n);
+      if (call.dist === "uniform") {
+        for (let i = 0; i < n; i++) vals[i] = call.a + (call.b - call.a) * counterUniform(call.seed, call.counter + i);
+      } else {
+        // Box-Muller on counter pairs: element i uses counters (2i, 2i+1) so any prefix is reproducible
+        for (let i = 0; i < n; i++) {
+          const u1 = Math.max(counterUniform(call.seed, call.counter + 2 * i), 1e-300);
+          const u2 = counterUniform(call.seed, call.counter + 2 * i + 1);
+          vals[i] = call.a + call.b * Math.sqrt(-2 * Math.log(u1)) * Math.cos(2 * Math.PI * u2);
+        }
+      }
+      return writeDense(call.out, vals);
+    }
+  }
+}
+
+export function viewNumel(v: BufferView): number {
+  return numel(v.shape);
+}

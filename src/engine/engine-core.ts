@@ -1,0 +1,278 @@
+// EngineCore: the serving loop in one place. step() = scheduler.schedule() -> runner.execute() ->
+// sampler.sample() -> scheduler.update(). A plain synchronous class with no I/O, so it can later run
+// inside a worker thread with AsyncLLM talking to it by messages.
+import type { TokenizerLike, IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
+import { IncrementalDetokenizer } from "./detokenizer.js";
+import { EngineInputError, EngineRequestIdError } from "./errors.js";
+import { KvCacheManager } from "./kv-cache-manager.js";
+import type { ModelRunner } from "./model-runner.js";
+import { Request, finishReasonOf } from "./request.js";
+import { Rng } from "./rng.js";
+import { Sampler, type SamplingRow } from "./sampler.js";
+import { normalizeSamplingParams } from "./sampling-params.js";
+import { Scheduler, type RequestUpdate, type SchedulingPolicy } from "./scheduler.js";
+import { stopHoldback } from "./stop-checker.js";
+import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
+
+/** Engine arguments, vLLM's names in camelCase. */
+export interface EngineArgs {
+  maxModelLen: number;
+  /** KV blocks in the pool, including the reserved null block 0 (the lead derives it from kvCacheMemory). */
+  numGpuBlocks: number;
+  blockSize?: number; // 16
+  maxNumSeqs?: number; // 256
+  maxNumBatchedTokens?: number; // 2048
+  enablePrefixCaching?: boolean; // true
+  enableChunkedPrefill?: boolean; // true
+  longPrefillTokenThreshold?: number; // 0 = off
+  schedulingPolicy?: SchedulingPolicy; // "fcfs"
+  seed?: number; // 0: the generator of unseeded requests
+  maxLogprobs?: number; // 20
+  /** EOS ids when no tokenizer is given (otherwise tokenizer.eosTokenIds). */
+  eosTokenIds?: number[];
+}
+
+export type ResolvedEngineArgs = Required<EngineArgs>;
+
+export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
+  const r: ResolvedEngineArgs = {
+    blockSize: 16,
+    maxNumSeqs: 256,
+    maxNumBatchedTokens: 2048,
+    enablePrefixCaching: true,
+    enableChunkedPrefill: true,
+    longPrefillTokenThreshold: 0,
+    schedulingPolicy: "fcfs",
+    seed: 0,
+    maxLogprobs: 20,
+    eosTokenIds: [],
+    ...Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined)),
+  } as unknown as ResolvedEngineArgs;
+  const posInt = (k: keyof ResolvedEngineArgs, min = 1): void => {
+    const v = r[k];
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min) throw new Error(`[engine] ${k} must be an integer >= ${min}, got ${String(v)}`);
+  };
+  posInt("maxModelLen");
+  posInt("numGpuBlocks", 2);
+  posInt("blockSize");
+  posInt("maxNumSeqs");
+  posInt("maxNumBatchedTokens");
+  posInt("longPrefillTokenThreshold", 0);
+  if (r.schedulingPolicy !== "fcfs" && r.schedulingPolicy !== "priority") throw new Error(`[engine] schedulingPolicy must be fcfs or priority, got ${String(r.schedulingPolicy)}`);
+  return r;
+}
+
+/** One request as the engine accepts it. */
+export interface EngineRequestInput {
+  requestId: string;
+  promptTokenIds: number[];
+  prompt?: string | null;
+  params?: Partial<SamplingParams>;
+  priority?: number;
+  cacheSalt?: string | null;
+  loraId?: number | null;
+  arrivalTime?: number;
+}
+
+/** A user request: n > 1 fans out into n child Requests. */
+interface ParentRequest {
+  requestId: string;
+  prompt: string | null;
+  promptTokenIds: number[];
+  children: Request[];
+}
+
+export interface EngineCoreOptions {
+  tokenizer?: TokenizerLike | null;
+  /** Detokenizer factory (default: IncrementalDetokenizer over the tokenizer). */
+  createDetokenizer?: (promptTokenIds: readonly number[], params: SamplingParams) => IncrementalDetokenizerLike;
+}
+
+export class EngineCore {
+  readonly args: ResolvedEngineArgs;
+  readonly kv: KvCacheManager;
+  readonly scheduler: Scheduler;
+  readonly sampler: Sampler;
+  private readonly parents = new Map<string, ParentRequest>();
+  private readonly tokenizer: TokenizerLike | null;
+  private readonly createDetokenizer: EngineCoreOptions["createDetokenizer"];
+  private readonly eosTokenIds: number[];
+  numSteps = 0;
+
+  constructor(
+    args: EngineArgs,
+    readonly runner: ModelRunner,
+    options: EngineCoreOptions = {},
+  ) {
+    this.args = resolveEngineArgs(args);
+    this.tokenizer = options.tokenizer ?? null;
+    const tok = this.tokenizer;
+    this.createDetokenizer = options.createDetokenizer ?? (tok === null ? undefined : (ids, p) => new IncrementalDetokenizer(tok, ids, p));
+    this.eosTokenIds = tok?.eosTokenIds ?? this.args.eosTokenIds;
+    this.kv = new KvCacheManager({ numBlocks: this.args.numGpuBlocks, blockSize: this.args.blockSize, enablePrefixCaching: this.args.enablePrefixCaching });
+    const a = this.args;
+    const decodeToken = tok === null ? String : (id: number) => tok.idToToken(id) ?? tok.decode([id]);
+    this.scheduler = new Scheduler(
+      { maxNumSeqs: a.maxNumSeqs, maxNumBatchedTokens: a.maxNumBatchedTokens, maxModelLen: a.maxModelLen, longPrefillTokenThreshold: a.longPrefillTokenThreshold, schedulingPolicy: a.schedulingPolicy, enableChunkedPrefill: a.enableChunkedPrefill },
+      this.kv,
+      decodeToken,
+    );
+    this.sampler = new Sampler(runner.vocabSize, new Rng(a.seed));
+  }
+
+  get maxModelLen(): number {
+    return this.args.maxModelLen;
+  }
+
+  /**
+   * Validates and queues a request. Throws {@link EngineInputError} (naming the parameter) for bad input;
+   * nothing is queued then and other requests are unaffected.
+   */
+  addRequest(input: EngineRequestInput): void {
+    const id = input.requestId;
+    if (typeof id !== "string" || id.length === 0) throw new EngineInputError("request_id", "must be a non-empty string");
+    if (this.parents.has(id)) throw new EngineRequestIdError(id, "is already in use");
+    const vocab = this.runner.vocabSize;
+    const params = normalizeSamplingParams(input.params ?? {}, { maxLogprobs: this.args.maxLogprobs, vocabSize: vocab });
+    let prompt = input.promptTokenIds;
+    if (!Array.isArray(prompt) || prompt.length === 0) throw new EngineInputError("prompt", "the prompt is empty");
+    for (const t of prompt) if (!Number.isInteger(t) || t < 0 || t >= vocab) throw new EngineInputError("prompt_token_ids", `token id ${t} is out of vocabulary range [0, ${vocab})`);
+    if (params.truncatePromptTokens !== null && prompt.length > params.truncatePromptTokens) prompt = prompt.slice(prompt.length - params.truncatePromptTokens);
+    const maxLen = this.args.maxModelLen;
+    if (prompt.length > maxLen) throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) is longer than the maximum model length of ${maxLen}`);
+    const maxTokens = Math.max(1, Math.min(params.maxTokens ?? maxLen, maxLen - prompt.length));
+    // Every request must be able to finish alone, or preemption would livelock: its K/V (all tokens but the
+    // last sampled one) must fit the pool.
+    const usable = this.kv.pool.numUsableBlocks;
+    if (this.kv.blocksFor(prompt.length) > usable) throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) needs ${this.kv.blocksFor(prompt.length)} KV blocks, the pool has ${usable}`);
+    if (this.kv.blocksFor(prompt.length + maxTokens - 1) > usable) throw new EngineInputError("max_tokens", `prompt + max_tokens (${prompt.length + maxTokens}) can never fit the KV cache (${usable} blocks of ${this.kv.blockSize})`);
+    if (params.badWords !== null && this.tokenizer === null) throw new EngineInputError("bad_words", "bad words need a tokenizer");
+    if (params.stop.length > 0 && this.createDetokenizer === undefined) throw new EngineInputError("stop", "stop strings need a tokenizer");
+    const badWordsTokenIds = this.tokenizeBadWords(params.badWords);
+
+    const parent: ParentRequest = { requestId: id, prompt: input.prompt ?? null, promptTokenIds: prompt, children: [] };
+    const arrivalTime = input.arrivalTime ?? Date.now();
+    for (let i = 0; i < params.n; i++) {
+      // vLLM ParentRequest: child i samples with seed + i so the n samples differ but stay reproducible.
+      const childParams = params.n === 1 ? params : { ...params, n: 1, seed: params.seed === null ? null : params.seed + i };
+      parent.children.push(
+        new Request({
+          requestId: params.n === 1 ? id : `${i}_${id}`,
+          parentId: id,
+          index: i,
+          prompt: parent.prompt,
+          promptTokenIds: prompt,
+          params: childParams,
+          eosTokenIds: this.eosTokenIds,
+          maxTokens,
+          arrivalTime,
+          priority: input.priority ?? 0,
+          cacheSalt: input.cacheSalt ?? null,
+          loraId: input.loraId ?? null,
+          badWordsTokenIds,
+          detokenizer: this.createDetokenizer?.(prompt, childParams) ?? null,
+        }),
+      );
+    }
+    this.parents.set(id, parent);
+    for (const c of parent.children) this.scheduler.addRequest(c);
+  }
+
+  private tokenizeBadWords(words: string[] | null): number[][] {
+    if (words === null || this.tokenizer === null) return [];
+    const seqs = new Map<string, number[]>();
+    for (const w of words) {
+      // As vLLM: the word alone and with a leading space (how it appears mid-sentence).
+      for (const text of [w, " " + w.trimStart()]) {
+        const ids = this.tokenizer.encode(text, { addSpecialTokens: false });
+        if (ids.length > 0) seqs.set(ids.join(","), ids);
+      }
+    }
+    return [...seqs.values()];
+  }
+
+  /** Aborts user requests (all their samples) now: their blocks are freed at once. Returns their final outputs. */
+  abortRequest(requestIds: Iterable<string>): RequestOutput[] {
+    const outs: RequestOutput[] = [];
+    for (const id of requestIds) {
+      const parent = this.parents.get(id);
+      if (parent === undefined) continue;
+      this.scheduler.finishRequests(parent.children.map((c) => c.requestId));
+      this.parents.delete(id);
+      outs.push(this.makeOutput(parent));
+    }
+    return outs;
+  }
+
+  hasUnfinishedRequests(): boolean {
+    return this.scheduler.hasUnfinishedRequests();
+  }
+
+  /** One engine iteration. Returns an output for every user request that got tokens or finished. */
+  step(): RequestOutput[] {
+    const schedulerOutput = this.scheduler.schedule();
+    if (schedulerOutput.scheduled.length === 0) return [];
+    const runnerOutput = this.runner.execute(Scheduler.toBatch(schedulerOutput, this.args.blockSize));
+    const rows: SamplingRow[] = [];
+    for (const s of schedulerOutput.scheduled) if (s.needsLogits) rows.push(s.request);
+    const sampled = this.sampler.sample(runnerOutput.logits, rows);
+    const updates = this.scheduler.update(schedulerOutput, sampled, runnerOutput.promptLogits);
+    this.numSteps++;
+    return this.collectOutputs(updates);
+  }
+
+  private collectOutputs(updates: RequestUpdate[]): RequestOutput[] {
+    const touched = new Set<ParentRequest>();
+    for (const u of updates) {
+      const parent = this.parents.get(u.request.parentId);
+      if (parent !== undefined) touched.add(parent);
+    }
+    const outs: RequestOutput[] = [];
+    for (const parent of touched) {
+      const out = this.makeOutput(parent);
+      if (out.finished) this.parents.delete(parent.requestId);
+      outs.push(out);
+    }
+    return outs;
+  }
+
+  /** Cumulative RequestOutput of a user request (text held back while a stop string may be forming). */
+  private makeOutput(parent: ParentRequest): RequestOutput {
+    const first = parent.children[0]!;
+    const outputs: CompletionOutput[] = parent.children.map((c) => {
+      const hold = c.isFinished ? 0 : stopHoldback(c);
+      return {
+        index: c.index,
+        text: hold > 0 ? c.outputText.slice(0, Math.max(0, c.outputText.length - hold)) : c.outputText,
+        tokenIds: [...c.outputTokenIds],
+        cumulativeLogprob: c.logprobs === null ? null : c.cumulativeLogprob,
+        logprobs: c.logprobs === null ? null : [...c.logprobs],
+        finishReason: finishReasonOf(c.status),
+        stopReason: c.stopReason,
+      };
+    });
+    return {
+      requestId: parent.requestId,
+      prompt: parent.prompt,
+      promptTokenIds: parent.promptTokenIds,
+      promptLogprobs: first.promptLogprobs === null ? null : [...first.promptLogprobs],
+      outputs,
+      finished: parent.children.every((c) => c.isFinished),
+      numCachedTokens: Math.max(0, first.numCachedTokens),
+      metrics: { ...first.metrics },
+    };
+  }
+
+  stats(): EngineStats {
+    return {
+      numRunning: this.scheduler.numRunning,
+      numWaiting: this.scheduler.numWaiting,
+      kvCacheUsage: this.kv.usage,
+      numFreeBlocks: this.kv.numFreeBlocks,
+      numTotalBlocks: this.kv.pool.numUsableBlocks,
+      prefixCacheQueries: this.kv.prefixCacheStats.queries,
+      prefixCacheHits: this.kv.prefixCacheStats.hits,
+      numPreemptions: this.scheduler.numPreemptions,
+    };
+  }
+}

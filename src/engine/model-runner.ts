@@ -1,0 +1,43 @@
+// The contract between the engine and a model: the engine schedules, the runner computes logits.
+// The runner never decides anything about blocks: it writes the K/V of each new token into the slot the
+// scheduler gives it and reads earlier tokens' K/V through the block table.
+
+/** One request's share of a step. Positions of `tokenIds` are startPosition .. startPosition+tokenIds.length-1. */
+export interface ScheduledSequence {
+  requestId: string;
+  /** Tokens whose K/V this step computes (a prefill chunk, or the one last-sampled token of a decode). */
+  tokenIds: readonly number[];
+  /** Position of tokenIds[0] = tokens whose K/V is already cached for this request. */
+  startPosition: number;
+  /** The request's whole block table, block ids in sequence order (token at position p lives in blockTable[p / blockSize]). */
+  blockTable: readonly number[];
+  /** Flat KV slot per new token: blockTable[p / blockSize] * blockSize + p % blockSize. [tokenIds.length] */
+  slotMapping: Int32Array;
+  /** The step reaches the request's last known token: return one logits row (for the last token) to sample from. */
+  needsLogits: boolean;
+  /** Return a logits row for every new token (prompt logprobs). */
+  needsPromptLogits: boolean;
+}
+
+export interface ScheduledBatch {
+  /** Requests in scheduling order; the K/V of a sequence must be written before later sequences read it. */
+  sequences: ScheduledSequence[];
+  blockSize: number;
+  /** Sum of tokenIds.length over sequences (<= max_num_batched_tokens). */
+  numTokens: number;
+  /** Requests finished or preempted since the previous step: the runner may drop any per-request state. */
+  finishedRequestIds: string[];
+}
+
+export interface RunnerOutput {
+  /** [numSequencesWithNeedsLogits, vocabSize], rows in sequence order. The engine may edit it in place. */
+  logits: Float32Array;
+  /** requestId -> [tokenIds.length, vocabSize] for sequences with needsPromptLogits. */
+  promptLogits: Map<string, Float32Array>;
+}
+
+/** What the engine calls each step. The lead's real implementation wraps the model and the paged KV cache. */
+export interface ModelRunner {
+  readonly vocabSize: number;
+  execute(batch: ScheduledBatch): RunnerOutput;
+}

@@ -1,0 +1,134 @@
+// Engine-side state of one sequence (vLLM v1 Request). A user request with n > 1 fans out into n child
+// Requests (ids `${index}_${parentId}`, as vLLM's ParentRequest) that share the prompt's KV blocks through
+// the prefix cache: the first child caches the prompt's full blocks when it allocates them, the others hit.
+import type { IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
+import type { BlockHash } from "./block-pool.js";
+import type { FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
+import { Rng } from "./rng.js";
+
+export type RequestStatus =
+  | "WAITING"
+  | "RUNNING"
+  | "PREEMPTED"
+  | "FINISHED_STOPPED" // eos, stop token or stop string
+  | "FINISHED_LENGTH_CAPPED" // max_tokens or max_model_len
+  | "FINISHED_ABORTED";
+
+export const isFinished = (s: RequestStatus): boolean => s.startsWith("FINISHED_");
+
+export function finishReasonOf(s: RequestStatus): FinishReason {
+  switch (s) {
+    case "FINISHED_STOPPED":
+      return "stop";
+    case "FINISHED_LENGTH_CAPPED":
+      return "length";
+    case "FINISHED_ABORTED":
+      return "abort";
+    default:
+      return null;
+  }
+}
+
+export interface RequestInit {
+  requestId: string;
+  prompt: string | null;
+  promptTokenIds: readonly number[];
+  params: SamplingParams;
+  eosTokenIds: readonly number[];
+  /** max_tokens resolved against max_model_len. */
+  maxTokens: number;
+  arrivalTime?: number;
+  priority?: number;
+  cacheSalt?: string | null;
+  loraId?: number | null;
+  /** For n > 1 children: the user's request id and this sample's index. */
+  parentId?: string;
+  index?: number;
+  /** bad_words already tokenized: each entry a token sequence. */
+  badWordsTokenIds?: number[][];
+  detokenizer?: IncrementalDetokenizerLike | null;
+}
+
+export class Request {
+  readonly requestId: string;
+  readonly parentId: string;
+  readonly index: number;
+  readonly prompt: string | null;
+  readonly promptTokenIds: readonly number[];
+  /** prompt ++ output; KV positions index into it. */
+  readonly allTokenIds: number[];
+  readonly outputTokenIds: number[] = [];
+  readonly params: SamplingParams;
+  readonly eosTokenIds: readonly number[];
+  readonly maxTokens: number;
+  readonly priority: number;
+  readonly arrivalTime: number;
+  readonly cacheSalt: string | null;
+  readonly loraId: number | null;
+  readonly badWordsTokenIds: number[][];
+  /** Per-request generator when seeded; null = the engine's shared generator. */
+  readonly generator: Rng | null;
+
+  status: RequestStatus = "WAITING";
+  /** Tokens whose KV is in the cache (advanced by the scheduler when it schedules them). */
+  numComputedTokens = 0;
+  /** Prompt tokens served from the prefix cache the first time it was scheduled; -1 before that. */
+  numCachedTokens = -1;
+  numPreemptions = 0;
+  /** Chain hashes of the full blocks of allTokenIds (filled lazily by the KV cache manager). */
+  readonly blockHashes: BlockHash[] = [];
+
+  readonly detokenizer: IncrementalDetokenizerLike | null;
+  /** Output text, truncated at a stop string once one is found. */
+  outputText = "";
+  stopReason: string | number | null = null;
+  readonly logprobs: TokenLogprobs[] | null;
+  cumulativeLogprob = 0;
+  /** One entry per prompt token (null for the first), filled chunk by chunk. */
+  readonly promptLogprobs: (TokenLogprobs | null)[] | null;
+  readonly metrics: RequestMetrics;
+
+  constructor(init: RequestInit) {
+    this.requestId = init.requestId;
+    this.parentId = init.parentId ?? init.requestId;
+    this.index = init.index ?? 0;
+    this.prompt = init.prompt;
+    this.promptTokenIds = init.promptTokenIds;
+    this.allTokenIds = [...init.promptTokenIds];
+    this.params = init.params;
+    this.eosTokenIds = init.eosTokenIds;
+    this.maxTokens = init.maxTokens;
+    this.priority = init.priority ?? 0;
+    this.arrivalTime = init.arrivalTime ?? Date.now();
+    this.cacheSalt = init.cacheSalt ?? null;
+    this.loraId = init.loraId ?? null;
+    this.badWordsTokenIds = init.badWordsTokenIds ?? [];
+    this.generator = init.params.seed === null ? null : new Rng(init.params.seed);
+    this.detokenizer = init.detokenizer ?? null;
+    this.logprobs = init.params.logprobs === null ? null : [];
+    this.promptLogprobs = init.params.promptLogprobs === null ? null : [null];
+    this.metrics = { arrivalTime: this.arrivalTime, firstScheduledTime: null, firstTokenTime: null, lastTokenTime: null, finishedTime: null };
+  }
+
+  get numPromptTokens(): number {
+    return this.promptTokenIds.length;
+  }
+
+  /** Known tokens (prompt + sampled); the KV of all but the last sampled one is computed while decoding. */
+  get numTokens(): number {
+    return this.allTokenIds.length;
+  }
+
+  get numOutputTokens(): number {
+    return this.outputTokenIds.length;
+  }
+
+  get isFinished(): boolean {
+    return isFinished(this.status);
+  }
+
+  appendOutputToken(tokenId: number): void {
+    this.outputTokenIds.push(tokenId);
+    this.allTokenIds.push(tokenId);
+  }
+}

@@ -1,0 +1,124 @@
+// vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
+import { EngineInputError } from "./errors.js";
+import type { SamplingParams } from "./types.js";
+
+/** Below this temperature a request is greedy (vLLM's _SAMPLING_EPS). */
+export const SAMPLING_EPS = 1e-5;
+
+/** vLLM's default `max_logprobs` (model config): the largest `logprobs` / `prompt_logprobs` accepted. */
+export const DEFAULT_MAX_LOGPROBS = 20;
+
+/** vLLM's SamplingParams defaults (max_tokens=16 as in vLLM's Python class; the server passes its own). */
+export function defaultSamplingParams(): SamplingParams {
+  return {
+    n: 1,
+    temperature: 1.0,
+    topP: 1.0,
+    topK: 0,
+    minP: 0.0,
+    presencePenalty: 0.0,
+    frequencyPenalty: 0.0,
+    repetitionPenalty: 1.0,
+    seed: null,
+    stop: [],
+    stopTokenIds: [],
+    ignoreEos: false,
+    maxTokens: 16,
+    minTokens: 0,
+    logprobs: null,
+    promptLogprobs: null,
+    logitBias: null,
+    allowedTokenIds: null,
+    badWords: null,
+    includeStopStrInOutput: false,
+    skipSpecialTokens: true,
+    spacesBetweenSpecialTokens: true,
+    truncatePromptTokens: null,
+    logitsProcessors: [],
+  };
+}
+
+export interface NormalizeOptions {
+  /** Largest accepted `logprobs` / `prompt_logprobs` (vLLM `--max-logprobs`, default 20). */
+  maxLogprobs?: number;
+  /** When known, token ids in stop_token_ids / logit_bias / allowed_token_ids are checked against it. */
+  vocabSize?: number;
+}
+
+const isInt = (x: unknown): x is number => typeof x === "number" && Number.isInteger(x);
+const isNum = (x: unknown): x is number => typeof x === "number" && Number.isFinite(x);
+
+function need(cond: boolean, param: string, message: string): void {
+  if (!cond) throw new EngineInputError(param, message);
+}
+
+/**
+ * Fills vLLM defaults into a partial SamplingParams and validates every field with vLLM's rules.
+ * Throws {@link EngineInputError} naming the parameter (snake_case, as on the wire).
+ *
+ * @example
+ * const p = normalizeSamplingParams({ temperature: 0, maxTokens: 8 }); // p.topP === 1, p.n === 1
+ */
+export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, options: NormalizeOptions = {}): SamplingParams {
+  const p: SamplingParams = { ...defaultSamplingParams() };
+  for (const [k, v] of Object.entries(partial)) if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
+  // Copy arrays so later edits by the caller don't reach a running request.
+  p.stop = typeof p.stop === "string" ? [p.stop] : [...(p.stop ?? [])];
+  p.stopTokenIds = [...(p.stopTokenIds ?? [])];
+  p.logitsProcessors = [...(p.logitsProcessors ?? [])];
+  const maxLogprobs = options.maxLogprobs ?? DEFAULT_MAX_LOGPROBS;
+  const vocab = options.vocabSize;
+  const tokenOk = (t: unknown): boolean => isInt(t) && t >= 0 && (vocab === undefined || t < vocab);
+
+  need(isInt(p.n) && p.n >= 1, "n", `must be an integer >= 1, got ${p.n}`);
+  need(isNum(p.presencePenalty) && p.presencePenalty >= -2 && p.presencePenalty <= 2, "presence_penalty", `must be in [-2, 2], got ${p.presencePenalty}`);
+  need(isNum(p.frequencyPenalty) && p.frequencyPenalty >= -2 && p.frequencyPenalty <= 2, "frequency_penalty", `must be in [-2, 2], got ${p.frequencyPenalty}`);
+  need(isNum(p.repetitionPenalty) && p.repetitionPenalty > 0, "repetition_penalty", `must be > 0, got ${p.repetitionPenalty}`);
+  need(isNum(p.temperature) && p.temperature >= 0, "temperature", `must be a finite number >= 0, got ${p.temperature}`);
+  need(isNum(p.topP) && p.topP > 0 && p.topP <= 1, "top_p", `must be in (0, 1], got ${p.topP}`);
+  need(isInt(p.topK) && (p.topK === -1 || p.topK >= 0), "top_k", `must be 0 or -1 (disable), or at least 1, got ${p.topK}`);
+  if (p.topK === -1) p.topK = 0; // vLLM normalizes -1 to 0 (disabled)
+  need(isNum(p.minP) && p.minP >= 0 && p.minP <= 1, "min_p", `must be in [0, 1], got ${p.minP}`);
+  need(p.seed === null || (isInt(p.seed) && Number.isSafeInteger(p.seed)), "seed", `must be an integer or null, got ${p.seed}`);
+  need(p.maxTokens === null || (isInt(p.maxTokens) && p.maxTokens >= 1), "max_tokens", `must be an integer >= 1, got ${p.maxTokens}`);
+  need(isInt(p.minTokens) && p.minTokens >= 0, "min_tokens", `must be an integer >= 0, got ${p.minTokens}`);
+  need(p.maxTokens === null || p.minTokens <= p.maxTokens, "min_tokens", `must be <= max_tokens=${p.maxTokens}, got ${p.minTokens}`);
+  need(p.logprobs === null || (isInt(p.logprobs) && p.logprobs >= 0), "logprobs", `must be an integer >= 0, got ${p.logprobs}`);
+  need(p.logprobs === null || p.logprobs <= maxLogprobs, "logprobs", `requested ${p.logprobs}, more than max_logprobs=${maxLogprobs}`);
+  need(p.promptLogprobs === null || (isInt(p.promptLogprobs) && p.promptLogprobs >= 0), "prompt_logprobs", `must be an integer >= 0, got ${p.promptLogprobs}`);
+  need(p.promptLogprobs === null || p.promptLogprobs <= maxLogprobs, "prompt_logprobs", `requested ${p.promptLogprobs}, more than max_logprobs=${maxLogprobs}`);
+  need(p.truncatePromptTokens === null || (isInt(p.truncatePromptTokens) && p.truncatePromptTokens >= 1), "truncate_prompt_tokens", `must be an integer >= 1, got ${p.truncatePromptTokens}`);
+  need(Array.isArray(p.stop) && p.stop.every((s) => typeof s === "string"), "stop", "must be a string or a list of strings");
+  need(p.stop.every((s) => s.length > 0), "stop", "cannot contain an empty string");
+  need(p.stopTokenIds.every(tokenOk), "stop_token_ids", `must be token ids in [0, ${vocab ?? "vocab"}), got ${JSON.stringify(p.stopTokenIds)}`);
+  if (p.logitBias !== null) {
+    need(typeof p.logitBias === "object", "logit_bias", "must be a map of token id -> bias");
+    for (const [k, v] of Object.entries(p.logitBias)) {
+      need(tokenOk(Number(k)), "logit_bias", `token id ${k} is out of vocabulary range`);
+      need(isNum(v), "logit_bias", `bias for token ${k} must be a finite number, got ${v}`);
+    }
+  }
+  if (p.allowedTokenIds !== null) {
+    need(Array.isArray(p.allowedTokenIds) && p.allowedTokenIds.length > 0, "allowed_token_ids", "must be a non-empty list of token ids");
+    need(p.allowedTokenIds.every(tokenOk), "allowed_token_ids", "contains a token id out of vocabulary range");
+    p.allowedTokenIds = [...p.allowedTokenIds];
+  }
+  if (p.badWords !== null) {
+    need(Array.isArray(p.badWords) && p.badWords.every((w) => typeof w === "string" && w.length > 0), "bad_words", "must be a list of non-empty strings");
+    p.badWords = [...p.badWords];
+  }
+  need(p.logitsProcessors.every((f) => typeof f === "function"), "logits_processors", "must be functions");
+  for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens"] as const) {
+    need(typeof p[k] === "boolean", k.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()), "must be a boolean");
+  }
+  if (p.temperature < SAMPLING_EPS) {
+    // Greedy: vLLM resets the truncation knobs so they cannot change the argmax.
+    p.topP = 1.0;
+    p.topK = 0;
+    p.minP = 0.0;
+  }
+  return p;
+}
+
+/** True when the request samples greedily (argmax). */
+export const isGreedy = (p: SamplingParams): boolean => p.temperature < SAMPLING_EPS;

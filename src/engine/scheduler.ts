@@ -1,0 +1,317 @@
+// vLLM v1 scheduler: no prefill/decode phases. Each step gives each request a number of tokens within a token
+// budget: running requests first (a decode gets 1, a chunked prefill what is left of the budget), then waiting
+// requests in policy order. When the KV pool cannot fit a running request, the lowest-priority (fcfs: latest)
+// running request is preempted by recompute: its blocks are freed and it goes back to the front of waiting.
+import { KvBlocks, type KvCacheManager } from "./kv-cache-manager.js";
+import type { ScheduledBatch, ScheduledSequence } from "./model-runner.js";
+import type { Request, RequestStatus } from "./request.js";
+import { computeLogprobs, type LogprobsEntry, type SampledToken } from "./sampler.js";
+import { checkTokenStop, findStopString } from "./stop-checker.js";
+import type { TokenLogprobs } from "./types.js";
+
+export type SchedulingPolicy = "fcfs" | "priority";
+
+export interface SchedulerConfig {
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxModelLen: number;
+  /** A prefill chunk is capped at this many tokens per step (0 = off), so long prompts don't hog the budget. */
+  longPrefillTokenThreshold: number;
+  schedulingPolicy: SchedulingPolicy;
+  /** When false, a waiting request is only admitted if its whole remaining prompt fits the budget. */
+  enableChunkedPrefill: boolean;
+}
+
+/** One request's share of a step, as the scheduler decided it. */
+export interface ScheduledRequest extends ScheduledSequence {
+  request: Request;
+  /** Blocks allocated by this step (ids), for runners that track block tables incrementally. */
+  newBlockIds: number[];
+}
+
+export interface SchedulerOutput {
+  scheduled: ScheduledRequest[];
+  numScheduledTokens: number;
+  /** Requests preempted (blocks freed, back in waiting) during this schedule() call. */
+  preemptedRequestIds: string[];
+  /** Requests finished or preempted since the previous schedule(), for the runner to forget. */
+  finishedRequestIds: string[];
+}
+
+/** What changed for one request in update(). */
+export interface RequestUpdate {
+  request: Request;
+  newTokenIds: number[];
+  finished: boolean;
+}
+
+export class Scheduler {
+  /** FCFS order (preempted requests are put back at the front); the priority policy scans it by key. */
+  readonly waiting: Request[] = [];
+  /** Scheduling order of running requests; preemption takes from the end (fcfs). */
+  readonly running: Request[] = [];
+  readonly requests = new Map<string, Request>();
+  numPreemptions = 0;
+  private finishedSinceLastStep: string[] = [];
+
+  /**
+   * @param decodeToken spells a token for logprobs (tokenizer.idToToken); defaults to String(id).
+   */
+  constructor(
+    readonly config: SchedulerConfig,
+    readonly kv: KvCacheManager,
+    private readonly decodeToken: (id: number) => string = String,
+  ) {}
+
+  addRequest(req: Request): void {
+    this.requests.set(req.requestId, req);
+    req.status = "WAITING";
+    this.waiting.push(req);
+  }
+
+  get numWaiting(): number {
+    return this.waiting.length;
+  }
+  get numRunning(): number {
+    return this.running.length;
+  }
+  hasUnfinishedRequests(): boolean {
+    return this.waiting.length + this.running.length > 0;
+  }
+
+  /** Decides this step's batch. Advances numComputedTokens of every scheduled request. */
+  schedule(now = Date.now()): SchedulerOutput {
+    const cfg = this.config;
+    let budget = cfg.maxNumBatchedTokens;
+    const scheduled: ScheduledRequest[] = [];
+    const preempted: string[] = [];
+    const numNewOf = new Map<Request, number>();
+
+    // 1. Running requests, in order.
+    let i = 0;
+    while (i < this.running.length && budget > 0) {
+      const req = this.running[i]!;
+      let numNew = req.numTokens - req.numComputedTokens;
+      if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
+      numNew = Math.min(numNew, budget);
+      if (numNew <= 0) {
+        i++;
+        continue;
+      }
+      let newBlocks: KvBlocks | null = null;
+      let selfPreempted = false;
+      while ((newBlocks = this.kv.allocateSlots(req, numNew)) === null) {
+        const victim = this.pickVictim();
+        const vIndex = this.running.indexOf(victim);
+        this.running.splice(vIndex, 1);
+        if (numNewOf.has(victim)) {
+          // Already scheduled this step (priority policy): take back its tokens.
+          budget += numNewOf.get(victim)!;
+          numNewOf.delete(victim);
+          scheduled.splice(scheduled.findIndex((s) => s.request === victim), 1);
+        }
+        if (vIndex < i) i--;
+        this.preempt(victim);
+        preempted.push(victim.requestId);
+        if (victim === req) {
+          selfPreempted = true;
+          break;
+        }
+      }
+      if (selfPreempted || newBlocks === null) break;
+      scheduled.push(this.describe(req, numNew, newBlocks));
+      numNewOf.set(req, numNew);
+      budget -= numNew;
+      i++;
+    }
+
+    // 2. Waiting requests, unless this step had to preempt (the pool is full: admitting more would thrash).
+    if (preempted.length === 0) {
+      while (this.waiting.length > 0 && budget > 0 && this.running.length < cfg.maxNumSeqs) {
+        const wIndex = this.pickWaiting();
+        const req = this.waiting[wIndex]!;
+        const hit = req.numComputedTokens === 0 ? this.kv.getComputedBlocks(req) : { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
+        let numNew = req.numTokens - req.numComputedTokens - hit.numComputedTokens;
+        if (!cfg.enableChunkedPrefill && numNew > budget) break;
+        if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
+        numNew = Math.min(numNew, budget);
+        const newBlocks = this.kv.allocateSlots(req, numNew, hit.blocks, hit.numComputedTokens);
+        if (newBlocks === null) break; // head-of-line: wait for blocks rather than reorder
+        this.waiting.splice(wIndex, 1);
+        this.running.push(req);
+        req.status = "RUNNING";
+        req.numComputedTokens += hit.numComputedTokens;
+        if (req.numCachedTokens < 0) req.numCachedTokens = hit.numComputedTokens;
+        if (req.metrics.firstScheduledTime === null) req.metrics.firstScheduledTime = now;
+        scheduled.push(this.describe(req, numNew, newBlocks));
+        numNewOf.set(req, numNew);
+        budget -= numNew;
+      }
+    }
+
+    let total = 0;
+    for (const s of scheduled) {
+      s.request.numComputedTokens += s.tokenIds.length;
+      total += s.tokenIds.length;
+    }
+    const finishedRequestIds = this.finishedSinceLastStep;
+    this.finishedSinceLastStep = [];
+    return { scheduled, numScheduledTokens: total, preemptedRequestIds: preempted, finishedRequestIds };
+  }
+
+  /** Shape of the step for the model runner. */
+  static toBatch(out: SchedulerOutput, blockSize: number): ScheduledBatch {
+    return {
+      sequences: out.scheduled,
+      blockSize,
+      numTokens: out.numScheduledTokens,
+      finishedRequestIds: [...out.finishedRequestIds, ...out.preemptedRequestIds],
+    };
+  }
+
+  private describe(req: Request, numNew: number, newBlocks: KvBlocks): ScheduledRequest {
+    const start = req.numComputedTokens;
+    const bs = this.kv.blockSize;
+    const blockTable = this.kv.getBlockIds(req.requestId);
+    const slotMapping = new Int32Array(numNew);
+    for (let j = 0; j < numNew; j++) {
+      const p = start + j;
+      slotMapping[j] = blockTable[Math.floor(p / bs)]! * bs + (p % bs);
+    }
+    return {
+      request: req,
+      requestId: req.requestId,
+      tokenIds: req.allTokenIds.slice(start, start + numNew),
+      startPosition: start,
+      blockTable,
+      slotMapping,
+      needsLogits: start + numNew === req.numTokens,
+      needsPromptLogits: req.promptLogprobs !== null && start < req.numPromptTokens - 1,
+      newBlockIds: newBlocks.getBlockIds(),
+    };
+  }
+
+  /** fcfs: the last running request; priority: the largest (priority, arrival) among running. */
+  private pickVictim(): Request {
+    if (this.config.schedulingPolicy === "fcfs") return this.running[this.running.length - 1]!;
+    let v = this.running[0]!;
+    for (const r of this.running) if (r.priority > v.priority || (r.priority === v.priority && r.arrivalTime > v.arrivalTime)) v = r;
+    return v;
+  }
+
+  /** fcfs: the front; priority: the smallest (priority, arrival), first in queue order on ties. */
+  private pickWaiting(): number {
+    if (this.config.schedulingPolicy === "fcfs") return 0;
+    let best = 0;
+    for (let k = 1; k < this.waiting.length; k++) {
+      const r = this.waiting[k]!;
+      const b = this.waiting[best]!;
+      if (r.priority < b.priority || (r.priority === b.priority && r.arrivalTime < b.arrivalTime)) best = k;
+    }
+    return best;
+  }
+
+  private preempt(req: Request): void {
+    this.kv.free(req);
+    req.status = "PREEMPTED";
+    req.numComputedTokens = 0;
+    req.numPreemptions++;
+    this.numPreemptions++;
+    this.waiting.unshift(req);
+  }
+
+  /**
+   * Applies a step's results: appends sampled tokens (one per scheduled request with needsLogits, in order),
+   * records logprobs and prompt logprobs, detokenizes, checks stops, frees finished requests.
+   */
+  update(out: SchedulerOutput, sampled: readonly SampledToken[], promptLogits: Map<string, Float32Array> = new Map(), now = Date.now()): RequestUpdate[] {
+    const updates: RequestUpdate[] = [];
+    let row = 0;
+    for (const s of out.scheduled) {
+      const req = s.request;
+      if (s.needsPromptLogits) this.recordPromptLogprobs(req, s, promptLogits.get(req.requestId));
+      if (!s.needsLogits) continue;
+      const tok = sampled[row++];
+      if (tok === undefined) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
+      if (req.isFinished) continue; // aborted between schedule() and update()
+      this.appendToken(req, tok, now);
+      updates.push({ request: req, newTokenIds: [tok.tokenId], finished: req.isFinished });
+      if (req.isFinished) this.removeFinished(req, now);
+    }
+    return updates;
+  }
+
+  private appendToken(req: Request, tok: SampledToken, now: number): void {
+    req.appendOutputToken(tok.tokenId);
+    if (req.metrics.firstTokenTime === null) req.metrics.firstTokenTime = now;
+    req.metrics.lastTokenTime = now;
+    if (tok.logprobs !== null && req.logprobs !== null) {
+      req.logprobs.push(this.toTokenLogprobs(tok.logprobs));
+      req.cumulativeLogprob += tok.logprobs.logprobs[0]!;
+    }
+    const tokenStopped = checkTokenStop(req, tok.tokenId, this.config.maxModelLen);
+    const det = req.detokenizer;
+    if (det === null) return;
+    const p = req.params;
+    const stoppedByToken = tokenStopped && req.status === "FINISHED_STOPPED";
+    let delta = stoppedByToken && !p.includeStopStrInOutput ? "" : det.push([tok.tokenId]);
+    if (req.isFinished) delta += det.finish();
+    req.outputText += delta;
+    if (!stoppedByToken && req.numOutputTokens >= p.minTokens) {
+      const hit = findStopString(req.outputText, delta.length, p.stop, p.includeStopStrInOutput);
+      if (hit !== null) {
+        req.outputText = hit.text;
+        req.status = "FINISHED_STOPPED";
+        req.stopReason = hit.stop;
+      }
+    }
+  }
+
+  private recordPromptLogprobs(req: Request, s: ScheduledRequest, rows: Float32Array | undefined): void {
+    if (req.promptLogprobs === null) return;
+    const V = rows === undefined ? 0 : rows.length / s.tokenIds.length;
+    if (rows === undefined || !Number.isInteger(V)) throw new Error(`[scheduler] missing prompt logits for ${req.requestId}`);
+    const n = req.params.promptLogprobs!;
+    // Row j (position start+j) scores the token at position start+j+1; skip already-recorded positions.
+    for (let j = 0; j < s.tokenIds.length; j++) {
+      const target = s.startPosition + j + 1;
+      if (target >= req.numPromptTokens) break;
+      if (target < req.promptLogprobs.length) continue;
+      const entry = computeLogprobs(rows.subarray(j * V, (j + 1) * V), req.promptTokenIds[target]!, n);
+      req.promptLogprobs.push(this.toTokenLogprobs(entry));
+    }
+  }
+
+  private toTokenLogprobs(e: LogprobsEntry): TokenLogprobs {
+    const m: TokenLogprobs = new Map();
+    for (let k = 0; k < e.tokenIds.length; k++) {
+      const id = e.tokenIds[k]!;
+      if (!m.has(id)) m.set(id, { logprob: e.logprobs[k]!, rank: e.ranks[k]!, decodedToken: this.decodeToken(id) });
+    }
+    return m;
+  }
+
+  private removeFinished(req: Request, now: number): void {
+    const k = this.running.indexOf(req);
+    if (k >= 0) this.running.splice(k, 1);
+    const w = this.waiting.indexOf(req);
+    if (w >= 0) this.waiting.splice(w, 1);
+    this.kv.free(req);
+    this.requests.delete(req.requestId);
+    req.metrics.finishedTime = now;
+    this.finishedSinceLastStep.push(req.requestId);
+  }
+
+  /** Finishes requests from outside (abort): frees their blocks at once. Unknown ids are ignored. */
+  finishRequests(requestIds: Iterable<string>, status: RequestStatus = "FINISHED_ABORTED", now = Date.now()): Request[] {
+    const done: Request[] = [];
+    for (const id of requestIds) {
+      const req = this.requests.get(id);
+      if (req === undefined || req.isFinished) continue;
+      req.status = status;
+      this.removeFinished(req, now);
+      done.push(req);
+    }
+    return done;
+  }
+}

@@ -1,0 +1,99 @@
+// Public types of the serving engine, shared by the engine, the offline LLM API and the server.
+// Field names follow vLLM's SamplingParams / RequestOutput (camelCase here, snake_case on the wire).
+
+/** A per-request logits processor: gets the generated token ids so far and the logits row, edits it in place. */
+export type LogitsProcessor = (outputTokenIds: readonly number[], logits: Float32Array) => void;
+
+/** vLLM SamplingParams. Every field is optional on input; `normalizeSamplingParams` fills defaults and validates. */
+export interface SamplingParams {
+  n: number; // samples per prompt (>= 1)
+  temperature: number; // 0 = greedy
+  topP: number; // (0, 1]
+  topK: number; // -1 or 0 = off
+  minP: number; // [0, 1]
+  presencePenalty: number; // [-2, 2]
+  frequencyPenalty: number; // [-2, 2]
+  repetitionPenalty: number; // > 0, 1 = off
+  seed: number | null; // per-request generator seed
+  stop: string[]; // stop strings
+  stopTokenIds: number[];
+  ignoreEos: boolean;
+  maxTokens: number | null; // null = until max_model_len
+  minTokens: number;
+  logprobs: number | null; // number of top logprobs per generated token (plus the sampled one)
+  promptLogprobs: number | null;
+  logitBias: Record<number, number> | null;
+  allowedTokenIds: number[] | null;
+  badWords: string[] | null;
+  includeStopStrInOutput: boolean;
+  skipSpecialTokens: boolean;
+  spacesBetweenSpecialTokens: boolean;
+  truncatePromptTokens: number | null;
+  logitsProcessors: LogitsProcessor[];
+}
+
+/** One entry of a logprobs list: token id -> {logprob, rank, decoded token}. */
+export interface Logprob {
+  logprob: number;
+  rank: number; // 1 = most likely
+  decodedToken: string;
+}
+export type TokenLogprobs = Map<number, Logprob>;
+
+export type FinishReason = "stop" | "length" | "abort" | null;
+
+/** vLLM CompletionOutput: one sample of a request. */
+export interface CompletionOutput {
+  index: number;
+  text: string; // full text so far (or delta, when the request asked for deltas)
+  tokenIds: number[];
+  cumulativeLogprob: number | null;
+  logprobs: TokenLogprobs[] | null;
+  finishReason: FinishReason;
+  stopReason: string | number | null; // the stop string or stop token id that ended it
+}
+
+/** vLLM RequestOutput. */
+export interface RequestOutput {
+  requestId: string;
+  prompt: string | null;
+  promptTokenIds: number[];
+  promptLogprobs: (TokenLogprobs | null)[] | null;
+  outputs: CompletionOutput[];
+  finished: boolean;
+  numCachedTokens: number;
+  metrics?: RequestMetrics;
+}
+
+export interface RequestMetrics {
+  arrivalTime: number; // ms since epoch
+  firstScheduledTime: number | null;
+  firstTokenTime: number | null;
+  lastTokenTime: number | null;
+  finishedTime: number | null;
+}
+
+/** Engine-wide statistics (exported by the server as vllm:* metrics). */
+export interface EngineStats {
+  numRunning: number;
+  numWaiting: number;
+  kvCacheUsage: number; // fraction of blocks in use, [0, 1]
+  numFreeBlocks: number;
+  numTotalBlocks: number;
+  prefixCacheQueries: number; // tokens queried
+  prefixCacheHits: number; // tokens hit
+  numPreemptions: number;
+}
+
+/** What the server needs from an engine: implemented by AsyncLLM. */
+export interface EngineClient {
+  /** Streams outputs for one request. With `delta`, each output carries only new text/tokens. */
+  generate(
+    prompt: { promptTokenIds: number[]; prompt?: string },
+    params: Partial<SamplingParams>,
+    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
+  ): AsyncIterable<RequestOutput>;
+  abort(requestId: string): void;
+  stats(): EngineStats;
+  readonly maxModelLen: number;
+}

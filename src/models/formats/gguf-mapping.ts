@@ -1,0 +1,270 @@
+// HF <-> GGUF conventions: tensor names, llama.cpp's Q/K row permutation, and config <-> metadata keys.
+
+import { gguf, GgufValueType, type GgufTypedValue, type GgufValue } from "./gguf.js";
+import { ModelFormatError } from "./model-format-error.js";
+
+// ---------------------------------------------------------------- tensor names
+
+const GLOBAL_NAMES: [string, string][] = [
+  ["model.embed_tokens.weight", "token_embd.weight"],
+  ["model.norm.weight", "output_norm.weight"],
+  ["lm_head.weight", "output.weight"],
+];
+/** Per-layer suffixes: HF (after `model.layers.N.`) <-> GGUF (after `blk.N.`), without .weight/.bias. */
+const LAYER_NAMES: [string, string][] = [
+  ["self_attn.q_proj", "attn_q"],
+  ["self_attn.k_proj", "attn_k"],
+  ["self_attn.v_proj", "attn_v"],
+  ["self_attn.o_proj", "attn_output"],
+  ["self_attn.q_norm", "attn_q_norm"],
+  ["self_attn.k_norm", "attn_k_norm"],
+  ["mlp.gate_proj", "ffn_gate"],
+  ["mlp.up_proj", "ffn_up"],
+  ["mlp.down_proj", "ffn_down"],
+  ["input_layernorm", "attn_norm"],
+  ["post_attention_layernorm", "ffn_norm"],
+  ["mlp.gate", "ffn_gate_inp"], // Qwen3-MoE router
+  ["block_sparse_moe.gate", "ffn_gate_inp"], // Mixtral router
+];
+/** Expert weights: GGUF stacks all experts of a layer into one 3-D tensor [n_expert, out, in]. */
+const EXPERT_NAMES: [RegExp, string][] = [
+  [/^mlp\.experts\.(\d+)\.gate_proj$/, "ffn_gate_exps"],
+  [/^mlp\.experts\.(\d+)\.up_proj$/, "ffn_up_exps"],
+  [/^mlp\.experts\.(\d+)\.down_proj$/, "ffn_down_exps"],
+  [/^block_sparse_moe\.experts\.(\d+)\.w1$/, "ffn_gate_exps"],
+  [/^block_sparse_moe\.experts\.(\d+)\.w3$/, "ffn_up_exps"],
+  [/^block_sparse_moe\.experts\.(\d+)\.w2$/, "ffn_down_exps"],
+];
+
+export interface GgufNameMapping {
+  name: string;
+  /** Set for a per-expert HF tensor: its index in the stacked GGUF tensor. */
+  expert?: number;
+}
+
+/** HF tensor name -> GGUF name (null if it has no GGUF counterpart, e.g. rotary inv_freq). */
+export function hfToGgufTensorName(hf: string): GgufNameMapping | null {
+  for (const [h, g] of GLOBAL_NAMES) if (hf === h) return { name: g };
+  const m = /^model\.layers\.(\d+)\.(.+)\.(weight|bias)$/.exec(hf);
+  if (!m) return null;
+  const [, layer, body, kind] = m;
+  for (const [h, g] of LAYER_NAMES) if (body === h) return { name: `blk.${layer}.${g}.${kind}` };
+  for (const [re, g] of EXPERT_NAMES) {
+    const e = re.exec(body!);
+    if (e) return { name: `blk.${layer}.${g}.${kind}`, expert: Number(e[1]) };
+  }
+  return null;
+}
+
+/**
+ * GGUF tensor name -> HF name. For stacked expert tensors the result contains `{expert}` to be
+ * substituted per expert (family decides Mixtral's w1/w2/w3 vs Qwen3-MoE's gate/up/down_proj).
+ */
+export function ggufToHfTensorName(name: string, family: "mixtral" | "default" = "default"): string | null {
+  for (const [h, g] of GLOBAL_NAMES) if (name === g) return h;
+  const m = /^blk\.(\d+)\.(.+)\.(weight|bias)$/.exec(name);
+  if (!m) return null;
+  const [, layer, body, kind] = m;
+  if (body === "ffn_gate_inp") return `model.layers.${layer}.${family === "mixtral" ? "block_sparse_moe.gate" : "mlp.gate"}.${kind}`;
+  for (const [h, g] of LAYER_NAMES) if (body === g) return `model.layers.${layer}.${h}.${kind}`;
+  const experts: Record<string, [string, string]> = {
+    ffn_gate_exps: ["block_sparse_moe.experts.{expert}.w1", "mlp.experts.{expert}.gate_proj"],
+    ffn_up_exps: ["block_sparse_moe.experts.{expert}.w3", "mlp.experts.{expert}.up_proj"],
+    ffn_down_exps: ["block_sparse_moe.experts.{expert}.w2", "mlp.experts.{expert}.down_proj"],
+  };
+  const e = experts[body!];
+  if (e) return `model.layers.${layer}.${family === "mixtral" ? e[0] : e[1]}.${kind}`;
+  return null;
+}
+
+// ---------------------------------------------------------------- Q/K permutation
+
+type RowArray = Float32Array | Uint16Array | Uint8Array | Int8Array | Float64Array | Int32Array | Uint32Array;
+
+function permuteRows<T extends RowArray>(w: T, rows: number, nHead: number, nHeadKv: number | undefined, inverse: boolean): T {
+  const heads = nHeadKv !== undefined && nHeadKv !== nHead ? nHeadKv : nHead;
+  if (rows % (heads * 2) !== 0 || w.length % rows !== 0) {
+    throw new ModelFormatError(`[permuteQK] ${rows} rows (${w.length} elements) do not split into ${heads} heads of an even size`);
+  }
+  const cols = w.length / rows;
+  const half = rows / heads / 2;
+  const out = new (w.constructor as new (n: number) => T)(w.length);
+  // convert_hf_to_gguf: reshape(heads, 2, half, cols).swapaxes(1, 2): new row (h, i, t) <- old row (h, t, i)
+  for (let h = 0; h < heads; h++) {
+    for (let i = 0; i < half; i++) {
+      for (let t = 0; t < 2; t++) {
+        const hfRow = h * 2 * half + t * half + i;
+        const ggRow = h * 2 * half + i * 2 + t;
+        const [dst, src] = inverse ? [hfRow, ggRow] : [ggRow, hfRow];
+        out.set(w.subarray(src * cols, (src + 1) * cols), dst * cols);
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * llama.cpp's `permute(weights, n_head, n_head_kv)` for llama-arch q_proj/k_proj (rows = output
+ * features; works on any element type, or on raw rows of quantized blocks). For k_proj pass
+ * nHeadKv. Interleaves the two rotary halves of each head: HF rotate-half -> GGUF adjacent pairs.
+ */
+export function permuteQK<T extends RowArray>(w: T, rows: number, nHead: number, nHeadKv?: number): T {
+  return permuteRows(w, rows, nHead, nHeadKv, false);
+}
+
+/** Inverse of permuteQK (GGUF -> HF). */
+export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: number, nHeadKv?: number): T {
+  return permuteRows(w, rows, nHead, nHeadKv, true);
+}
+
+// ---------------------------------------------------------------- config <-> metadata
+
+const ARCH_TO_GGUF: Record<string, string> = {
+  LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
+  Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe",
+};
+const GGUF_TO_HF: Record<string, [string, string]> = {
+  llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
+  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"],
+};
+
+/** Does llama.cpp permute q/k rows for this GGUF architecture? (llama yes; qwen2/qwen3 use NEOX rope, no) */
+export function ggufArchPermutesQK(ggufArch: string): boolean {
+  return ggufArch === "llama";
+}
+
+/**
+ * HF config.json -> GGUF `general.*` and `<arch>.*` metadata, typed as llama.cpp expects.
+ * llama3 rope scaling is not metadata in GGUF: write `llama3RopeFreqs(config)` as `rope_freqs.weight`.
+ */
+export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<string, GgufTypedValue> {
+  const archName = Array.isArray(config.architectures) ? String(config.architectures[0]) : "";
+  const arch = ARCH_TO_GGUF[archName];
+  if (!arch) throw new ModelFormatError(`[gguf] no GGUF architecture for "${archName}"`);
+  const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
+  const heads = num("num_attention_heads")!;
+  const hidden = num("hidden_size")!;
+  const headDim = num("head_dim") ?? hidden / heads;
+  const md: Record<string, GgufTypedValue> = {
+    "general.architecture": gguf.str(arch),
+    [`${arch}.context_length`]: gguf.u32(num("max_position_embeddings") ?? 2048),
+    [`${arch}.embedding_length`]: gguf.u32(hidden),
+    [`${arch}.block_count`]: gguf.u32(num("num_hidden_layers")!),
+    [`${arch}.feed_forward_length`]: gguf.u32(num("intermediate_size")!),
+    [`${arch}.attention.head_count`]: gguf.u32(heads),
+    [`${arch}.attention.head_count_kv`]: gguf.u32(num("num_key_value_heads") ?? heads),
+    [`${arch}.rope.freq_base`]: gguf.f32(num("rope_theta") ?? 10000),
+    [`${arch}.attention.layer_norm_rms_epsilon`]: gguf.f32(num("rms_norm_eps") ?? 1e-6),
+    [`${arch}.attention.key_length`]: gguf.u32(headDim),
+    [`${arch}.attention.value_length`]: gguf.u32(headDim),
+    [`${arch}.rope.dimension_count`]: gguf.u32(headDim),
+  };
+  if (num("vocab_size") !== undefined) md[`${arch}.vocab_size`] = gguf.u32(num("vocab_size")!);
+  const experts = num("num_local_experts") ?? num("num_experts");
+  if (experts) {
+    md[`${arch}.expert_count`] = gguf.u32(experts);
+    md[`${arch}.expert_used_count`] = gguf.u32(num("num_experts_per_tok") ?? 2);
+    if (num("moe_intermediate_size") !== undefined) md[`${arch}.expert_feed_forward_length`] = gguf.u32(num("moe_intermediate_size")!);
+    if (typeof config.norm_topk_prob === "boolean") md[`${arch}.expert_weights_norm`] = gguf.bool(config.norm_topk_prob);
+  }
+  const rs = config.rope_scaling as Record<string, unknown> | null | undefined;
+  if (rs && typeof rs === "object") {
+    const type = String(rs.rope_type ?? rs.type ?? "default");
+    if (type === "linear" || type === "yarn") {
+      md[`${arch}.rope.scaling.type`] = gguf.str(type);
+      md[`${arch}.rope.scaling.factor`] = gguf.f32(Number(rs.factor));
+      if (typeof rs.original_max_position_embeddings === "number") md[`${arch}.rope.scaling.original_context_length`] = gguf.u32(rs.original_max_position_embeddings);
+      if (typeof rs.attention_factor === "number") md[`${arch}.rope.scaling.attn_factor`] = gguf.f32(rs.attention_factor);
+    }
+  }
+  if (typeof config.sliding_window === "number" && archName === "MistralForCausalLM") md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
+  return md;
+}
+
+/**
+ * GGUF metadata -> an HF-style config.json object (feed it to parseHfConfig). Pass the tensor names
+ * to detect tied embeddings (no `output.weight`) and Qwen2 biases.
+ */
+export function ggufToHfConfig(metadata: Readonly<Record<string, GgufValue>>, tensorNames?: readonly string[]): Record<string, unknown> {
+  const arch = metadata["general.architecture"];
+  if (typeof arch !== "string" || !GGUF_TO_HF[arch]) throw new ModelFormatError(`[gguf] unsupported general.architecture ${JSON.stringify(arch)}`);
+  const get = (k: string): number | undefined => {
+    const v = metadata[`${arch}.${k}`];
+    return typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : undefined;
+  };
+  const need = (k: string): number => {
+    const v = get(k);
+    if (v === undefined) throw new ModelFormatError(`[gguf] missing metadata key "${arch}.${k}"`);
+    return v;
+  };
+  let [architecture, modelType] = GGUF_TO_HF[arch]!;
+  const heads = need("attention.head_count");
+  const hidden = need("embedding_length");
+  const experts = get("expert_count") ?? 0;
+  if (arch === "llama" && experts > 0) [architecture, modelType] = ["MixtralForCausalLM", "mixtral"];
+  const tokens = metadata["tokenizer.ggml.tokens"];
+  const cfg: Record<string, unknown> = {
+    architectures: [architecture],
+    model_type: modelType,
+    vocab_size: get("vocab_size") ?? (Array.isArray(tokens) ? tokens.length : undefined),
+    hidden_size: hidden,
+    intermediate_size: need("feed_forward_length"),
+    num_hidden_layers: need("block_count"),
+    num_attention_heads: heads,
+    num_key_value_heads: get("attention.head_count_kv") ?? heads,
+    head_dim: get("attention.key_length") ?? hidden / heads,
+    max_position_embeddings: get("context_length") ?? 2048,
+    rms_norm_eps: get("attention.layer_norm_rms_epsilon") ?? 1e-6,
+    rope_theta: get("rope.freq_base") ?? 10000,
+    hidden_act: "silu",
+  };
+  if (tensorNames) cfg.tie_word_embeddings = !tensorNames.includes("output.weight");
+  if (experts > 0) {
+    if (arch === "llama") cfg.num_local_experts = experts;
+    else cfg.num_experts = experts;
+    cfg.num_experts_per_tok = get("expert_used_count") ?? 2;
+    if (get("expert_feed_forward_length") !== undefined) cfg.moe_intermediate_size = get("expert_feed_forward_length");
+    const norm = metadata[`${arch}.expert_weights_norm`];
+    cfg.norm_topk_prob = typeof norm === "boolean" ? norm : arch === "qwen3moe";
+  }
+  const scalingType = metadata[`${arch}.rope.scaling.type`];
+  if (scalingType === "linear" || scalingType === "yarn") {
+    const rs: Record<string, unknown> = { rope_type: scalingType, factor: get("rope.scaling.factor") ?? 1 };
+    if (get("rope.scaling.original_context_length") !== undefined) rs.original_max_position_embeddings = get("rope.scaling.original_context_length");
+    if (get("rope.scaling.attn_factor") !== undefined) rs.attention_factor = get("rope.scaling.attn_factor");
+    cfg.rope_scaling = rs;
+  }
+  if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
+  const bos = metadata["tokenizer.ggml.bos_token_id"];
+  const eos = metadata["tokenizer.ggml.eos_token_id"];
+  if (typeof bos === "number") cfg.bos_token_id = bos;
+  if (typeof eos === "number") cfg.eos_token_id = eos;
+  return cfg;
+}
+
+/**
+ * The `rope_freqs.weight` tensor convert_hf_to_gguf writes for llama3 rope scaling: per rotary
+ * frequency pair, the divisor applied to the base frequency (length head_dim / 2).
+ */
+export function llama3RopeFreqs(config: Record<string, unknown>): Float32Array {
+  const rs = config.rope_scaling as Record<string, number>;
+  const base = (config.rope_theta as number) ?? 10000;
+  const dim = (config.head_dim as number) ?? (config.hidden_size as number) / (config.num_attention_heads as number);
+  const factor = rs.factor ?? 8, low = rs.low_freq_factor ?? 1, high = rs.high_freq_factor ?? 4;
+  const oldLen = rs.original_max_position_embeddings ?? 8192;
+  const lowWavelen = oldLen / low, highWavelen = oldLen / high;
+  const out = new Float32Array(dim / 2);
+  for (let i = 0; i < dim / 2; i++) {
+    const freq = 1 / base ** ((2 * i) / dim);
+    const wavelen = (2 * Math.PI) / freq;
+    if (wavelen < highWavelen) out[i] = 1;
+    else if (wavelen > lowWavelen) out[i] = factor;
+    else {
+      const smooth = (oldLen / wavelen - low) / (high - low);
+      out[i] = 1 / ((1 - smooth) / factor + smooth);
+    }
+  }
+  return out;
+}
+
+export { GgufValueType };

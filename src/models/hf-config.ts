@@ -1,0 +1,243 @@
+// Typed, validated model configuration parsed from a Hugging Face config.json.
+// Anything that would change numerics and that Kiln does not implement is rejected by name.
+
+export class ModelConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ModelConfigError";
+  }
+}
+
+export const SUPPORTED_ARCHITECTURES = [
+  "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+] as const;
+export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
+
+export type RopeScaling =
+  | { type: "linear"; factor: number }
+  | { type: "dynamic"; factor: number; originalMaxPositionEmbeddings: number | null }
+  | { type: "llama3"; factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number }
+  | {
+      type: "yarn";
+      factor: number;
+      originalMaxPositionEmbeddings: number;
+      betaFast: number;
+      betaSlow: number;
+      /** Scales attention logits' softmax temperature; null = 0.1 * ln(factor) + 1 (HF default). */
+      attentionFactor: number | null;
+      mscale: number | null;
+      mscaleAllDim: number | null;
+    };
+
+export interface MoeConfig {
+  numExperts: number;
+  numExpertsPerTok: number;
+  /** Hidden size of each expert's MLP. */
+  moeIntermediateSize: number;
+  /** Renormalize the top-k routing weights to sum to 1 (Mixtral always does). */
+  normTopkProb: boolean;
+  /** Qwen3-MoE: layer i is sparse iff !mlpOnlyLayers.includes(i) && (i + 1) % decoderSparseStep == 0. */
+  decoderSparseStep: number;
+  mlpOnlyLayers: number[];
+}
+
+export interface ModelConfig {
+  architecture: Architecture;
+  modelType: string;
+  vocabSize: number;
+  hiddenSize: number;
+  /** Dense MLP hidden size (for Mixtral, the expert size). */
+  intermediateSize: number;
+  numHiddenLayers: number;
+  numAttentionHeads: number;
+  numKeyValueHeads: number;
+  headDim: number;
+  rmsNormEps: number;
+  ropeTheta: number;
+  ropeScaling: RopeScaling | null;
+  maxPositionEmbeddings: number;
+  tieWordEmbeddings: boolean;
+  hiddenAct: "silu";
+  /** Bias on q/k/v projections (always for Qwen2, `attention_bias` for Llama/Qwen3). */
+  qkvBias: boolean;
+  /** Bias on the output projection (`attention_bias` for Llama/Qwen3; never for Qwen2). */
+  oBias: boolean;
+  mlpBias: boolean;
+  /** Qwen3: RMSNorm over each head of q and k before rotary. */
+  qkNorm: boolean;
+  /** Sliding attention window size in tokens, or null. */
+  slidingWindow: number | null;
+  /** Per layer: does it use the sliding window? (all false when slidingWindow is null) */
+  slidingWindowLayers: boolean[];
+  moe: MoeConfig | null;
+  /** Per layer: is the MLP a sparse MoE block? */
+  moeLayers: boolean[];
+  torchDtype: string | null;
+  bosTokenId: number | null;
+  eosTokenIds: number[];
+  /** The original JSON, for fields the model code may want to inspect. */
+  raw: Readonly<Record<string, unknown>>;
+}
+
+type Json = Record<string, unknown>;
+
+function req(cfg: Json, key: string, arch: string): number {
+  const v = cfg[key];
+  if (typeof v !== "number" || !Number.isInteger(v) || v <= 0) throw new ModelConfigError(`[config] ${arch}: "${key}" must be a positive integer, got ${JSON.stringify(v)}`);
+  return v;
+}
+function optInt(cfg: Json, key: string, arch: string, dflt: number): number {
+  return cfg[key] === undefined || cfg[key] === null ? dflt : req(cfg, key, arch);
+}
+function optNum(cfg: Json, key: string, arch: string, dflt: number): number {
+  const v = cfg[key];
+  if (v === undefined || v === null) return dflt;
+  if (typeof v !== "number" || !Number.isFinite(v)) throw new ModelConfigError(`[config] ${arch}: "${key}" must be a number, got ${JSON.stringify(v)}`);
+  return v;
+}
+function optBool(cfg: Json, key: string, dflt: boolean): boolean {
+  const v = cfg[key];
+  return typeof v === "boolean" ? v : dflt;
+}
+function idList(v: unknown): number[] {
+  if (typeof v === "number") return [v];
+  if (Array.isArray(v)) return v.filter((x): x is number => typeof x === "number");
+  return [];
+}
+
+function parseRopeScaling(raw: unknown, arch: string, maxPos: number): RopeScaling | null {
+  if (raw === undefined || raw === null) return null;
+  if (typeof raw !== "object") throw new ModelConfigError(`[config] ${arch}: rope_scaling must be an object`);
+  const r = raw as Json;
+  const type = (r.rope_type ?? r.type ?? "default") as string;
+  const num = (k: string, d?: number): number => {
+    const v = r[k];
+    if (typeof v === "number" && Number.isFinite(v)) return v;
+    if ((v === undefined || v === null) && d !== undefined) return d;
+    throw new ModelConfigError(`[config] ${arch}: rope_scaling (${type}) needs numeric "${k}", got ${JSON.stringify(v)}`);
+  };
+  const nullable = (k: string): number | null => (typeof r[k] === "number" ? (r[k] as number) : null);
+  switch (type) {
+    case "default": return null;
+    case "linear": return { type, factor: num("factor") };
+    case "dynamic": return { type, factor: num("factor"), originalMaxPositionEmbeddings: nullable("original_max_position_embeddings") };
+    case "llama3":
+      return {
+        type, factor: num("factor"), lowFreqFactor: num("low_freq_factor"), highFreqFactor: num("high_freq_factor"),
+        originalMaxPositionEmbeddings: num("original_max_position_embeddings"),
+      };
+    case "yarn": {
+      const factor = num("factor");
+      return {
+        type, factor, originalMaxPositionEmbeddings: num("original_max_position_embeddings", maxPos / factor),
+        betaFast: num("beta_fast", 32), betaSlow: num("beta_slow", 1),
+        attentionFactor: nullable("attention_factor"), mscale: nullable("mscale"), mscaleAllDim: nullable("mscale_all_dim"),
+      };
+    }
+    default:
+      throw new ModelConfigError(`[config] ${arch}: unsupported rope_scaling type "${type}" (supported: default, linear, dynamic, llama3, yarn)`);
+  }
+}
+
+/**
+ * Parses and validates a config.json object.
+ * @example const cfg = parseHfConfig(JSON.parse(fs.readFileSync("config.json", "utf8")));
+ */
+export function parseHfConfig(json: unknown): ModelConfig {
+  if (json === null || typeof json !== "object" || Array.isArray(json)) throw new ModelConfigError("[config] config.json is not an object");
+  const cfg = json as Json;
+  const archs = cfg.architectures;
+  const arch = Array.isArray(archs) && typeof archs[0] === "string" ? (archs[0] as string) : undefined;
+  if (!arch) throw new ModelConfigError('[config] missing "architectures"');
+  if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(arch)) {
+    throw new ModelConfigError(`[config] unsupported architecture "${arch}" (supported: ${SUPPORTED_ARCHITECTURES.join(", ")})`);
+  }
+  const architecture = arch as Architecture;
+
+  const act = cfg.hidden_act ?? cfg.hidden_activation ?? "silu";
+  if (act !== "silu" && act !== "swish") throw new ModelConfigError(`[config] ${arch}: unsupported hidden_act "${String(act)}" (only silu)`);
+  for (const key of ["attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"]) {
+    if (cfg[key] !== undefined && cfg[key] !== null) throw new ModelConfigError(`[config] ${arch}: unsupported field "${key}" = ${JSON.stringify(cfg[key])}`);
+  }
+  if (cfg.pretraining_tp !== undefined && cfg.pretraining_tp !== 1 && cfg.pretraining_tp !== null) {
+    throw new ModelConfigError(`[config] ${arch}: unsupported pretraining_tp ${JSON.stringify(cfg.pretraining_tp)}`);
+  }
+
+  const hiddenSize = req(cfg, "hidden_size", arch);
+  const numAttentionHeads = req(cfg, "num_attention_heads", arch);
+  const numKeyValueHeads = optInt(cfg, "num_key_value_heads", arch, numAttentionHeads);
+  if (numAttentionHeads % numKeyValueHeads !== 0) {
+    throw new ModelConfigError(`[config] ${arch}: num_attention_heads ${numAttentionHeads} is not a multiple of num_key_value_heads ${numKeyValueHeads}`);
+  }
+  const headDimDefault = hiddenSize / numAttentionHeads;
+  const headDim = optInt(cfg, "head_dim", arch, Number.isInteger(headDimDefault) ? headDimDefault : 0);
+  if (!headDim) throw new ModelConfigError(`[config] ${arch}: hidden_size ${hiddenSize} is not divisible by num_attention_heads and head_dim is absent`);
+  const numHiddenLayers = req(cfg, "num_hidden_layers", arch);
+  const maxPositionEmbeddings = optInt(cfg, "max_position_embeddings", arch, 2048);
+
+  // transformers v5 moved rope settings into rope_parameters.
+  const ropeParams = (cfg.rope_parameters ?? null) as Json | null;
+  const ropeTheta = optNum(ropeParams ?? {}, "rope_theta", arch, optNum(cfg, "rope_theta", arch, 10000));
+  const ropeScaling = parseRopeScaling(cfg.rope_scaling ?? ropeParams ?? null, arch, maxPositionEmbeddings);
+
+  const isQwen = architecture.startsWith("Qwen");
+  let slidingWindow: number | null = typeof cfg.sliding_window === "number" && cfg.sliding_window > 0 ? cfg.sliding_window : null;
+  let slidingWindowLayers: boolean[];
+  if (Array.isArray(cfg.layer_types)) {
+    slidingWindowLayers = (cfg.layer_types as unknown[]).map((t) => t === "sliding_attention");
+    if (slidingWindowLayers.length !== numHiddenLayers) throw new ModelConfigError(`[config] ${arch}: layer_types has ${slidingWindowLayers.length} entries for ${numHiddenLayers} layers`);
+    if (!slidingWindowLayers.some(Boolean)) slidingWindow = null;
+  } else if (isQwen) {
+    // Qwen: the window applies only with use_sliding_window, and only to layers >= max_window_layers.
+    if (!optBool(cfg, "use_sliding_window", false)) slidingWindow = null;
+    const maxWindowLayers = typeof cfg.max_window_layers === "number" ? cfg.max_window_layers : numHiddenLayers;
+    slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && i >= maxWindowLayers);
+  } else {
+    if (architecture === "LlamaForCausalLM") slidingWindow = null;
+    slidingWindowLayers = Array.from({ length: numHiddenLayers }, () => slidingWindow !== null);
+  }
+  if (slidingWindow !== null && !slidingWindowLayers.some(Boolean)) slidingWindow = null;
+
+  let moe: MoeConfig | null = null;
+  let moeLayers = Array.from({ length: numHiddenLayers }, () => false);
+  const intermediateSize = req(cfg, "intermediate_size", arch);
+  if (architecture === "MixtralForCausalLM") {
+    moe = {
+      numExperts: optInt(cfg, "num_local_experts", arch, 8), numExpertsPerTok: optInt(cfg, "num_experts_per_tok", arch, 2),
+      moeIntermediateSize: intermediateSize, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
+    };
+    moeLayers = moeLayers.map(() => true);
+  } else if (architecture === "Qwen3MoeForCausalLM") {
+    const mlpOnlyLayers = Array.isArray(cfg.mlp_only_layers) ? (cfg.mlp_only_layers as unknown[]).filter((x): x is number => typeof x === "number") : [];
+    moe = {
+      numExperts: req(cfg, "num_experts", arch), numExpertsPerTok: req(cfg, "num_experts_per_tok", arch),
+      moeIntermediateSize: req(cfg, "moe_intermediate_size", arch), normTopkProb: optBool(cfg, "norm_topk_prob", false),
+      decoderSparseStep: optInt(cfg, "decoder_sparse_step", arch, 1), mlpOnlyLayers,
+    };
+    const m = moe;
+    moeLayers = moeLayers.map((_, i) => !m.mlpOnlyLayers.includes(i) && (i + 1) % m.decoderSparseStep === 0);
+  }
+  if (moe && (moe.numExpertsPerTok > moe.numExperts)) throw new ModelConfigError(`[config] ${arch}: num_experts_per_tok ${moe.numExpertsPerTok} > experts ${moe.numExperts}`);
+
+  const attentionBias = optBool(cfg, "attention_bias", false);
+  const eos = idList(cfg.eos_token_id);
+  return {
+    architecture,
+    modelType: typeof cfg.model_type === "string" ? cfg.model_type : architecture,
+    vocabSize: req(cfg, "vocab_size", arch),
+    hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, headDim,
+    rmsNormEps: optNum(cfg, "rms_norm_eps", arch, 1e-6),
+    ropeTheta, ropeScaling, maxPositionEmbeddings,
+    tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", false),
+    hiddenAct: "silu",
+    qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
+    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" ? attentionBias : false,
+    mlpBias: optBool(cfg, "mlp_bias", false),
+    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM",
+    slidingWindow, slidingWindowLayers, moe, moeLayers,
+    torchDtype: typeof (cfg.torch_dtype ?? cfg.dtype) === "string" ? ((cfg.torch_dtype ?? cfg.dtype) as string) : null,
+    bosTokenId: typeof cfg.bos_token_id === "number" ? cfg.bos_token_id : null,
+    eosTokenIds: eos,
+    raw: cfg,
+  };
+}

@@ -1,0 +1,38 @@
+// The tokenizer surface that the engine and the server rely on (implemented by models/tokenizer.ts).
+
+export interface ChatMessage {
+  role: "system" | "user" | "assistant" | "tool" | string;
+  content: string | null;
+  name?: string;
+  tool_calls?: unknown[];
+  tool_call_id?: string;
+}
+
+export interface ChatTemplateOptions {
+  addGenerationPrompt?: boolean; // default true
+  continueFinalMessage?: boolean;
+  tools?: unknown[];
+  chatTemplate?: string; // overrides the tokenizer's template
+  chatTemplateKwargs?: Record<string, unknown>;
+}
+
+export interface TokenizerLike {
+  readonly vocabSize: number;
+  readonly eosTokenIds: number[];
+  readonly bosTokenId: number | null;
+  encode(text: string, options?: { addSpecialTokens?: boolean }): number[];
+  decode(ids: readonly number[], options?: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean }): string;
+  /** The token's text as the model's vocabulary spells it, decoded to a string (used for logprobs). */
+  idToToken(id: number): string | undefined;
+  isSpecial(id: number): boolean;
+  applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string;
+}
+
+/** Streams text out of a growing token list without ever emitting a partial UTF-8 character. */
+export interface IncrementalDetokenizerLike {
+  /** Adds tokens and returns the newly completed text (possibly ""). */
+  push(ids: readonly number[]): string;
+  /** Flushes what is left (e.g. at end of stream), returning any remaining text. */
+  finish(): string;
+  readonly text: string;
+}

@@ -1,0 +1,112 @@
+// One engine request as seen by the server: abort wiring, metrics, and merging several prompts' streams.
+import type { EngineClient, RequestOutput, SamplingParams } from "../engine/types.js";
+import type { ServerMetrics } from "./metrics.js";
+
+export interface EngineRequest {
+  requestId: string;
+  promptTokenIds: number[];
+  prompt?: string;
+  params: Partial<SamplingParams>;
+  priority: number;
+  cacheSalt?: string;
+}
+
+/** Live engine request ids, so that shutdown can abort whatever is left after the drain timeout. */
+export type InflightSet = Set<string>;
+
+/**
+ * Streams delta outputs for one request. Aborts the engine request when `signal` fires, and also when the
+ * consumer stops early or an error escapes, so that KV blocks are freed at once in every case.
+ */
+export async function* streamEngineRequest(
+  engine: EngineClient,
+  metrics: ServerMetrics,
+  inflight: InflightSet,
+  req: EngineRequest,
+  signal: AbortSignal,
+): AsyncGenerator<RequestOutput> {
+  if (signal.aborted) return;
+  const tracker = metrics.track(req.promptTokenIds.length);
+  let finished = false;
+  let queueSeconds: number | null = null;
+  const onAbort = (): void => engine.abort(req.requestId);
+  inflight.add(req.requestId);
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    const prompt = req.prompt === undefined ? { promptTokenIds: req.promptTokenIds } : { promptTokenIds: req.promptTokenIds, prompt: req.prompt };
+    const options = { requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}) };
+    for await (const out of engine.generate(prompt, req.params, options)) {
+      if (signal.aborted) break;
+      tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0));
+      const m = out.metrics;
+      if (queueSeconds === null && m?.firstScheduledTime != null) queueSeconds = (m.firstScheduledTime - m.arrivalTime) / 1000;
+      if (out.finished) {
+        finished = true;
+        const reasons = out.outputs.map((o) => o.finishReason);
+        tracker.finish(reasons.includes("abort") ? "abort" : (reasons.find((r) => r !== null) ?? "stop"), queueSeconds);
+      }
+      yield out;
+      if (finished) break;
+    }
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+    inflight.delete(req.requestId);
+    if (!finished) {
+      engine.abort(req.requestId);
+      tracker.finish("abort", queueSeconds);
+    }
+  }
+}
+
+/** Interleaves several async streams, tagging each value with its stream's index. */
+export async function* mergeStreams<T>(streams: AsyncIterable<T>[]): AsyncGenerator<[number, T]> {
+  const iters = streams.map((s) => s[Symbol.asyncIterator]());
+  const pending = new Map<number, Promise<{ i: number; r: IteratorResult<T> }>>();
+  const pull = (i: number): void => {
+    const p = iters[i]!.next().then((r) => ({ i, r }));
+    p.catch(() => undefined); // a stream failing after we stopped listening must not become an unhandled rejection
+    pending.set(i, p);
+  };
+  iters.forEach((_, i) => pull(i));
+  try {
+    while (pending.size > 0) {
+      const { i, r } = await Promise.race(pending.values());
+      if (r.done) {
+        pending.delete(i);
+        continue;
+      }
+      pull(i);
+      yield [i, r.value];
+    }
+  } finally {
+    // Early exit or error: close every stream still open. Not awaited: a generator parked on the engine only
+    // returns after its next output; the caller's AbortSignal is what aborts the engine request at once.
+    iters.forEach((it, i) => {
+      if (pending.has(i)) void it.return?.()?.catch(() => undefined);
+    });
+  }
+}
+
+/**
+ * Awaits a stream's first value before anything is sent, so that an engine that rejects the request
+ * (e.g. an input error with a `param`) still gets a proper HTTP status instead of an error event.
+ */
+export async function primeStream<T>(stream: AsyncIterable<T>): Promise<AsyncIterable<T>> {
+  const it = stream[Symbol.asyncIterator]();
+  const first = await it.next();
+  return {
+    [Symbol.asyncIterator]: () => {
+      let replayed = false;
+      return {
+        next: async () => {
+          if (!replayed) {
+            replayed = true;
+            return first;
+          }
+          return it.next();
+        },
+        return: async (value?: unknown) => (it.return ? it.return(value) : { done: true as const, value: undefined as T }),
+      };
+    },
+  };
+}

@@ -1,0 +1,111 @@
+// Prometheus metrics with vLLM's names (`vllm:*`, label model_name), on a per-server Registry.
+// Gauges are read from engine.stats() at scrape time; latencies are measured here, around each request's stream.
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { EngineClient, FinishReason } from "../engine/types.js";
+
+// Bucket edges as in vLLM's v1 metrics loggers (seconds).
+const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560];
+const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80];
+const LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680];
+
+export class ServerMetrics {
+  readonly registry = new Registry();
+  private readonly labels: { model_name: string };
+  private readonly promptTokens: Counter<"model_name">;
+  private readonly generationTokens: Counter<"model_name">;
+  private readonly requestSuccess: Counter<"model_name" | "finished_reason">;
+  private readonly ttft: Histogram<"model_name">;
+  private readonly itl: Histogram<"model_name">;
+  private readonly e2e: Histogram<"model_name">;
+  private readonly queueTime: Histogram<"model_name">;
+
+  constructor(engine: EngineClient, modelName: string) {
+    const registers = [this.registry];
+    const labelNames = ["model_name"] as const;
+    this.labels = { model_name: modelName };
+    const labels = this.labels;
+    const gauge = (name: string, help: string, read: () => number): void => {
+      new Gauge({ name, help, labelNames, registers, collect() { this.set(labels, read()); } });
+    };
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", () => engine.stats().numRunning);
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", () => engine.stats().numWaiting);
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", () => engine.stats().kvCacheUsage);
+    gauge("kiln:kv_cache_free_blocks", "Free blocks in the KV cache pool.", () => engine.stats().numFreeBlocks);
+    gauge("kiln:kv_cache_total_blocks", "Total blocks in the KV cache pool.", () => engine.stats().numTotalBlocks);
+
+    // Cumulative engine counters: each scrape adds the growth since the previous scrape.
+    const counterFromStats = (name: string, help: string, read: () => number): void => {
+      let last = 0;
+      new Counter({
+        name, help, labelNames, registers,
+        collect() {
+          const now = read();
+          if (now > last) this.inc(labels, now - last);
+          last = Math.max(last, now);
+        },
+      });
+    };
+    counterFromStats("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", () => engine.stats().prefixCacheQueries);
+    counterFromStats("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", () => engine.stats().prefixCacheHits);
+    counterFromStats("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", () => engine.stats().numPreemptions);
+
+    this.promptTokens = new Counter({ name: "vllm:prompt_tokens_total", help: "Number of prefill tokens processed.", labelNames, registers });
+    this.generationTokens = new Counter({ name: "vllm:generation_tokens_total", help: "Number of generation tokens processed.", labelNames, registers });
+    this.requestSuccess = new Counter({
+      name: "vllm:request_success_total", help: "Count of successfully processed requests.",
+      labelNames: ["model_name", "finished_reason"] as const, registers,
+    });
+    const histogram = (name: string, help: string, buckets: number[]) => new Histogram({ name, help, buckets, labelNames, registers });
+    this.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS);
+    this.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS);
+    this.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS);
+    this.queueTime = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS);
+    for (const r of ["stop", "length", "abort"]) this.requestSuccess.inc({ ...labels, finished_reason: r }, 0);
+  }
+
+  /** Starts timing one engine request (one prompt); call the returned tracker as outputs arrive. */
+  track(promptTokens: number): RequestTracker {
+    this.promptTokens.inc(this.labels, promptTokens);
+    return new RequestTracker(this);
+  }
+
+  /** @internal */ recordTokens(n: number, sinceLastS: number | null, firstS: number | null): void {
+    if (n > 0) this.generationTokens.inc(this.labels, n);
+    if (firstS !== null) this.ttft.observe(this.labels, firstS);
+    if (sinceLastS !== null) this.itl.observe(this.labels, sinceLastS);
+  }
+
+  /** @internal */ recordFinish(reason: FinishReason | "error", e2eS: number, queueS: number | null): void {
+    this.requestSuccess.inc({ ...this.labels, finished_reason: reason ?? "abort" });
+    this.e2e.observe(this.labels, e2eS);
+    if (queueS !== null && queueS >= 0) this.queueTime.observe(this.labels, queueS);
+  }
+
+  async render(): Promise<string> {
+    return this.registry.metrics();
+  }
+}
+
+/** Per-request latency bookkeeping (TTFT from server arrival, ITL between token-bearing outputs). */
+export class RequestTracker {
+  private readonly start = performance.now();
+  private lastTokenAt: number | null = null;
+  private done = false;
+
+  constructor(private readonly metrics: ServerMetrics) {}
+
+  onTokens(n: number): void {
+    if (n <= 0) return;
+    const now = performance.now();
+    const first = this.lastTokenAt === null ? (now - this.start) / 1000 : null;
+    const gap = this.lastTokenAt !== null ? (now - this.lastTokenAt) / 1000 : null;
+    this.metrics.recordTokens(n, gap, first);
+    this.lastTokenAt = now;
+  }
+
+  finish(reason: FinishReason | "error", queueSeconds: number | null = null): void {
+    if (this.done) return;
+    this.done = true;
+    this.metrics.recordFinish(reason, (performance.now() - this.start) / 1000, queueSeconds);
+  }
+}

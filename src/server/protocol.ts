@@ -1,0 +1,217 @@
+// Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
+import type { SamplingParams } from "../engine/types.js";
+import type { ChatMessage } from "../models/tokenizer-types.js";
+import { badRequest } from "./errors.js";
+import {
+  type Json,
+  optBool,
+  optInt,
+  optIntArray,
+  optLogitBias,
+  optNumber,
+  optObject,
+  optStop,
+  optString,
+  optStringArray,
+} from "./fields.js";
+
+export const MAX_LOGPROBS = 20; // vLLM's default --max-logprobs
+export const MAX_N = 128;
+
+/** Fields shared by chat and completions requests, already validated. */
+export interface CommonRequest {
+  model: string | undefined;
+  stream: boolean;
+  includeUsage: boolean;
+  continuousUsageStats: boolean;
+  maxTokens: number | undefined; // as requested; the server fills the default from the prompt length
+  priority: number;
+  cacheSalt: string | undefined;
+  echo: boolean;
+  /** Sampling params without maxTokens (decided once the prompt length is known). */
+  params: Partial<SamplingParams>;
+}
+
+export interface ChatRequest extends CommonRequest {
+  messages: ChatMessage[];
+  addGenerationPrompt: boolean;
+  continueFinalMessage: boolean;
+  chatTemplate: string | undefined;
+  chatTemplateKwargs: Record<string, unknown> | undefined;
+  tools: unknown[] | undefined;
+  topLogprobs: number | null; // null = no logprobs
+}
+
+export type PromptInput = { text: string } | { tokenIds: number[] };
+
+export interface CompletionRequest extends CommonRequest {
+  prompts: PromptInput[];
+  logprobs: number | null;
+  addSpecialTokens: boolean;
+}
+
+export function asJsonBody(body: unknown): Json {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) throw badRequest("Request body must be a JSON object");
+  return body as Json;
+}
+
+function parseCommon(body: Json, vocabSize: number): CommonRequest {
+  const model = optString(body, "model");
+  const stream = optBool(body, "stream") ?? false;
+  const streamOptions = optObject(body, "stream_options");
+  if (streamOptions && !stream) throw badRequest("Stream options can only be defined when `stream=True`.", "stream_options");
+  const includeUsage = streamOptions ? (optBool(streamOptions, "include_usage") ?? false) : false;
+  const continuousUsageStats = streamOptions ? (optBool(streamOptions, "continuous_usage_stats") ?? false) : false;
+
+  const maxTokens = optInt(body, "max_completion_tokens", { min: 1 }) ?? optInt(body, "max_tokens", { min: 1 });
+  const n = optInt(body, "n", { min: 1, max: MAX_N });
+  const bestOf = optInt(body, "best_of", { min: 1 });
+  if (bestOf !== undefined && bestOf !== (n ?? 1)) throw badRequest("'best_of' other than n is not supported", "best_of");
+  const minTokens = optInt(body, "min_tokens", { min: 0 });
+  if (minTokens !== undefined && maxTokens !== undefined && minTokens > maxTokens) {
+    throw badRequest(`'min_tokens' (${minTokens}) must be <= max_tokens (${maxTokens})`, "min_tokens");
+  }
+  const promptLogprobs = optInt(body, "prompt_logprobs", { min: -1, max: MAX_LOGPROBS });
+  const stopTokenIds = optIntArray(body, "stop_token_ids");
+  const allowedTokenIds = optIntArray(body, "allowed_token_ids");
+  for (const [name, ids] of [["stop_token_ids", stopTokenIds], ["allowed_token_ids", allowedTokenIds]] as const) {
+    if (ids?.some((id) => id < 0 || id >= vocabSize)) throw badRequest(`'${name}' contains a token id outside the vocabulary`, name);
+  }
+  const cacheSalt = optString(body, "cache_salt", { nonEmpty: true });
+  optString(body, "user"); // accepted and ignored, as in vLLM
+  const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
+
+  const params: Partial<SamplingParams> = {};
+  const set = <K extends keyof SamplingParams>(key: K, value: SamplingParams[K] | undefined): void => {
+    if (value !== undefined) params[key] = value;
+  };
+  set("n", n);
+  set("temperature", optNumber(body, "temperature", { min: 0 }));
+  set("topP", optNumber(body, "top_p", { min: 0, minExclusive: true, max: 1 }));
+  set("topK", optInt(body, "top_k", { min: -1 }));
+  set("minP", optNumber(body, "min_p", { min: 0, max: 1 }));
+  set("presencePenalty", optNumber(body, "presence_penalty", { min: -2, max: 2 }));
+  set("frequencyPenalty", optNumber(body, "frequency_penalty", { min: -2, max: 2 }));
+  set("repetitionPenalty", optNumber(body, "repetition_penalty", { min: 0, minExclusive: true }));
+  set("seed", optInt(body, "seed"));
+  set("stop", optStop(body));
+  set("stopTokenIds", stopTokenIds);
+  set("ignoreEos", optBool(body, "ignore_eos"));
+  set("minTokens", minTokens);
+  set("promptLogprobs", promptLogprobs === -1 ? vocabSize : promptLogprobs);
+  set("logitBias", optLogitBias(body, vocabSize));
+  set("allowedTokenIds", allowedTokenIds);
+  set("badWords", optStringArray(body, "bad_words"));
+  set("includeStopStrInOutput", optBool(body, "include_stop_str_in_output"));
+  set("skipSpecialTokens", optBool(body, "skip_special_tokens"));
+  set("spacesBetweenSpecialTokens", optBool(body, "spaces_between_special_tokens"));
+  set("truncatePromptTokens", truncate);
+
+  return {
+    model,
+    stream,
+    includeUsage,
+    continuousUsageStats,
+    maxTokens,
+    priority: optInt(body, "priority") ?? 0,
+    cacheSalt,
+    echo: optBool(body, "echo") ?? false,
+    params,
+  };
+}
+
+function parseMessages(body: Json): ChatMessage[] {
+  const raw = body.messages;
+  if (!Array.isArray(raw) || raw.length === 0) throw badRequest("'messages' must be a non-empty list", "messages");
+  return raw.map((m, i) => {
+    const param = `messages[${i}]`;
+    if (typeof m !== "object" || m === null) throw badRequest(`'${param}' must be an object`, param);
+    const msg = m as Json;
+    if (typeof msg.role !== "string" || !msg.role) throw badRequest(`'${param}.role' must be a string`, `${param}.role`);
+    const out: ChatMessage = { role: msg.role, content: messageContent(msg.content, `${param}.content`) };
+    if (typeof msg.name === "string") out.name = msg.name;
+    if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls;
+    if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
+    return out;
+  });
+}
+
+/** String content, null, or a list of {type: "text", text} parts (joined with newlines, as vLLM does). */
+function messageContent(content: unknown, param: string): string | null {
+  if (content === undefined || content === null) return null;
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) throw badRequest(`'${param}' must be a string or a list of content parts`, param);
+  const texts = content.map((part, j) => {
+    const p = part as Json | null;
+    if (typeof p !== "object" || p === null) throw badRequest(`'${param}[${j}]' must be an object`, param);
+    if (p.type !== "text") throw badRequest(`content part type ${JSON.stringify(p.type)} is not supported (only "text")`, param);
+    if (typeof p.text !== "string") throw badRequest(`'${param}[${j}].text' must be a string`, param);
+    return p.text;
+  });
+  return texts.join("\n");
+}
+
+export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
+  const body = asJsonBody(raw);
+  const messages = parseMessages(body);
+  const common = parseCommon(body, vocabSize);
+  const wantLogprobs = optBool(body, "logprobs") ?? false;
+  const topLogprobs = optInt(body, "top_logprobs", { min: 0, max: MAX_LOGPROBS });
+  if (topLogprobs !== undefined && topLogprobs > 0 && !wantLogprobs) {
+    throw badRequest("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs");
+  }
+  const addGenerationPrompt = optBool(body, "add_generation_prompt") ?? true;
+  const continueFinalMessage = optBool(body, "continue_final_message") ?? false;
+  if (addGenerationPrompt && continueFinalMessage) {
+    throw badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "continue_final_message");
+  }
+  const tools = body.tools;
+  if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw badRequest("'tools' must be a list", "tools");
+  const chatTemplateKwargs = optObject(body, "chat_template_kwargs");
+  const topLp = wantLogprobs ? (topLogprobs ?? 0) : null;
+  if (topLp !== null) common.params.logprobs = topLp;
+  return {
+    ...common,
+    messages,
+    addGenerationPrompt,
+    continueFinalMessage,
+    chatTemplate: optString(body, "chat_template"),
+    chatTemplateKwargs,
+    tools: (tools as unknown[] | null | undefined) ?? undefined,
+    topLogprobs: topLp,
+  };
+}
+
+function parsePrompts(body: Json, vocabSize: number): PromptInput[] {
+  const p = body.prompt;
+  const bad = () => badRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of token id lists", "prompt");
+  const checkIds = (ids: unknown[]): number[] => {
+    for (const id of ids) {
+      if (!Number.isInteger(id)) throw bad();
+      if ((id as number) < 0 || (id as number) >= vocabSize) throw badRequest(`Token id ${id} is out of vocabulary`, "prompt");
+    }
+    return ids as number[];
+  };
+  if (typeof p === "string") return [{ text: p }];
+  if (!Array.isArray(p) || p.length === 0) throw p === undefined ? badRequest("'prompt' is required", "prompt") : bad();
+  if (p.every((x) => typeof x === "string")) return (p as string[]).map((text) => ({ text }));
+  if (p.every((x) => typeof x === "number")) return [{ tokenIds: checkIds(p) }];
+  if (p.every((x) => Array.isArray(x))) {
+    return (p as unknown[][]).map((ids) => {
+      if (ids.length === 0) throw badRequest("'prompt' token lists must not be empty", "prompt");
+      return { tokenIds: checkIds(ids) };
+    });
+  }
+  throw bad();
+}
+
+export function parseCompletionRequest(raw: unknown, vocabSize: number): CompletionRequest {
+  const body = asJsonBody(raw);
+  const prompts = parsePrompts(body, vocabSize);
+  if (body.suffix !== undefined && body.suffix !== null) throw badRequest("'suffix' is not currently supported", "suffix");
+  const common = parseCommon(body, vocabSize);
+  const logprobs = optInt(body, "logprobs", { min: 0, max: MAX_LOGPROBS }) ?? null;
+  if (logprobs !== null) common.params.logprobs = logprobs;
+  if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
+  return { ...common, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
+}

@@ -1,0 +1,141 @@
+// createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
+import { timingSafeEqual } from "node:crypto";
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import type { EngineClient, SamplingParams } from "../engine/types.js";
+import type { TokenizerLike } from "../models/tokenizer-types.js";
+import { ApiError, toApiError } from "./errors.js";
+import { ServerMetrics } from "./metrics.js";
+import { handleChat } from "./serving-chat.js";
+import { handleCompletion } from "./serving-completions.js";
+import type { ServingContext } from "./serving-context.js";
+import { registerTokenizeRoutes } from "./tokenize.js";
+
+export interface ServerOptions {
+  engine: EngineClient;
+  tokenizer: TokenizerLike;
+  servedModelNames: string[];
+  apiKey?: string;
+  maxModelLen: number;
+  /** 503 once the engine's waiting queue holds this many requests. */
+  maxWaitingRequests?: number;
+  /** CORS origins ("*" for any); no CORS headers when absent or empty. */
+  allowedOrigins?: string[];
+  logRequests?: boolean;
+  version: string;
+  generationDefaults?: Partial<SamplingParams>;
+  chatTemplate?: string;
+  /** Largest accepted request body in bytes (default 32 MiB); larger gets 413. */
+  bodyLimit?: number;
+}
+
+/** Routes that stay open when an API key is set (as in vLLM). */
+const OPEN_ROUTES = new Set(["/health", "/metrics", "/version", "/ping"]);
+export const DEFAULT_BODY_LIMIT = 32 * 1024 * 1024;
+
+declare module "fastify" {
+  interface FastifyInstance {
+    /** Aborts every request still running in the engine (used when a shutdown drain times out). */
+    kilnAbortAll(): void;
+    /** Number of engine requests currently streaming. */
+    kilnInflight(): number;
+  }
+}
+
+/**
+ * Builds (but does not start) the server.
+ * @example
+ * const app = createServer({ engine, tokenizer, servedModelNames: ["kiln"], maxModelLen: 4096, version: "0.1.0" });
+ * await app.listen({ port: 8000, host: "127.0.0.1" });
+ */
+export function createServer(options: ServerOptions): FastifyInstance {
+  if (options.servedModelNames.length === 0) throw new Error("createServer: servedModelNames must not be empty");
+  const app = Fastify({
+    logger: options.logRequests ? { level: "info" } : false,
+    disableRequestLogging: !options.logRequests,
+    bodyLimit: options.bodyLimit ?? DEFAULT_BODY_LIMIT,
+    return503OnClosing: true,
+  });
+  const metrics = new ServerMetrics(options.engine, options.servedModelNames[0]!);
+  const ctx: ServingContext = {
+    engine: options.engine,
+    tokenizer: options.tokenizer,
+    metrics,
+    servedModelNames: options.servedModelNames,
+    maxModelLen: options.maxModelLen,
+    maxWaitingRequests: options.maxWaitingRequests,
+    generationDefaults: options.generationDefaults ?? {},
+    chatTemplate: options.chatTemplate,
+    inflight: new Set(),
+  };
+  app.decorate("kilnAbortAll", () => {
+    for (const id of [...ctx.inflight]) options.engine.abort(id);
+  });
+  app.decorate("kilnInflight", () => ctx.inflight.size);
+
+  installCors(app, options.allowedOrigins ?? []);
+  if (options.apiKey) installAuth(app, options.apiKey);
+
+  app.setErrorHandler((err, request, reply) => {
+    const apiErr = toApiError(err);
+    if (apiErr.status >= 500) request.log.error({ err }, "request failed");
+    void reply.code(apiErr.status).send(apiErr.toBody());
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const err = new ApiError(404, `Route ${request.method} ${request.url.split("?")[0]} not found`, null, "not_found_error");
+    void reply.code(404).send(err.toBody());
+  });
+
+  app.get("/health", async (_req, reply) => reply.code(200).send());
+  app.get("/ping", async (_req, reply) => reply.code(200).send());
+  app.get("/version", async () => ({ version: options.version }));
+  app.get("/metrics", async (_req, reply) => reply.type(metrics.registry.contentType).send(await metrics.render()));
+  app.get("/v1/models", async () => ({
+    object: "list",
+    data: options.servedModelNames.map((id) => ({
+      id,
+      object: "model",
+      created: Math.floor(Date.now() / 1000),
+      owned_by: "kiln",
+      root: options.servedModelNames[0],
+      parent: null,
+      max_model_len: options.maxModelLen,
+      permission: [],
+    })),
+  }));
+  app.post("/v1/chat/completions", (request: FastifyRequest, reply: FastifyReply) => handleChat(ctx, request, reply));
+  app.post("/v1/completions", (request: FastifyRequest, reply: FastifyReply) => handleCompletion(ctx, request, reply));
+  registerTokenizeRoutes(app, ctx);
+  return app;
+}
+
+function installAuth(app: FastifyInstance, apiKey: string): void {
+  const expected = Buffer.from(`Bearer ${apiKey}`);
+  app.addHook("onRequest", async (request, reply) => {
+    const path = request.url.split("?")[0]!;
+    if (request.method === "OPTIONS" || OPEN_ROUTES.has(path)) return;
+    const got = Buffer.from(request.headers.authorization ?? "");
+    if (got.length !== expected.length || !timingSafeEqual(got, expected)) {
+      const err = new ApiError(401, "Invalid or missing API key (send it as 'Authorization: Bearer <key>').", null,
+        "authentication_error", "invalid_api_key");
+      return reply.code(401).send(err.toBody());
+    }
+  });
+}
+
+function installCors(app: FastifyInstance, origins: string[]): void {
+  if (origins.length === 0) return;
+  const any = origins.includes("*");
+  app.addHook("onRequest", async (request, reply) => {
+    const origin = request.headers.origin;
+    if (!origin || (!any && !origins.includes(origin))) return;
+    // Set on the raw response so that hijacked (SSE) replies carry them too.
+    reply.raw.setHeader("access-control-allow-origin", any ? "*" : origin);
+    if (!any) reply.raw.setHeader("vary", "Origin");
+    if (request.method === "OPTIONS") {
+      reply.raw.setHeader("access-control-allow-methods", "GET, POST, OPTIONS");
+      reply.raw.setHeader("access-control-allow-headers", request.headers["access-control-request-headers"] ?? "*");
+      reply.raw.setHeader("access-control-max-age", "600");
+      return reply.code(204).send();
+    }
+  });
+}

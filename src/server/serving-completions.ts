@@ -1,0 +1,186 @@
+// POST /v1/completions: one engine request per prompt; choice index = promptIndex * n + sampleIndex (as vLLM).
+import type { FastifyReply, FastifyRequest } from "fastify";
+import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
+import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
+import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
+import {
+  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, randomId, resolveModel, samplingParamsFor,
+  SseWriter, tokenText, type ServingContext,
+} from "./serving-context.js";
+
+/** OpenAI legacy logprobs: parallel lists plus character offsets into the choice text. */
+interface CompletionLogprobs {
+  tokens: string[];
+  token_logprobs: (number | null)[];
+  top_logprobs: (Record<string, number> | null)[];
+  text_offset: number[];
+}
+
+const emptyLogprobs = (): CompletionLogprobs => ({ tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] });
+
+/** Appends entries for `ids` (with per-token logprob maps, null for a prompt's first token) to `into`. */
+function appendLogprobs(
+  ctx: ServingContext, into: CompletionLogprobs, ids: readonly number[], lps: readonly (TokenLogprobs | null | undefined)[],
+  top: number, offset: number,
+): number {
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    const lp = lps[i];
+    const token = tokenText(ctx, id, lp);
+    into.tokens.push(token);
+    into.text_offset.push(offset);
+    offset += token.length;
+    if (!lp) {
+      into.token_logprobs.push(null);
+      into.top_logprobs.push(null);
+      continue;
+    }
+    into.token_logprobs.push(clampLogprob(lp.get(id)?.logprob ?? -9999));
+    const ranked = [...lp.entries()].sort((a, b) => a[1].rank - b[1].rank);
+    const topMap: Record<string, number> = {};
+    for (const [tid, l] of ranked.slice(0, top)) topMap[tokenText(ctx, tid, lp)] = clampLogprob(l.logprob);
+    topMap[token] = clampLogprob(lp.get(id)?.logprob ?? -9999); // the sampled token is always listed
+    into.top_logprobs.push(topMap);
+  }
+  return offset;
+}
+
+interface Prepared {
+  promptTokenIds: number[];
+  promptText: string;
+}
+
+interface Choice {
+  text: string;
+  numTokens: number;
+  logprobs: CompletionLogprobs;
+  offset: number;
+  started: boolean;
+  finishReason: FinishReason;
+  stopReason: string | number | null;
+}
+
+export async function handleCompletion(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  const req = parseCompletionRequest(request.body, ctx.tokenizer.vocabSize);
+  const model = resolveModel(ctx, req.model);
+  const prepared: Prepared[] = req.prompts.map((p) =>
+    "text" in p
+      ? { promptText: p.text, promptTokenIds: ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens }) }
+      : { promptTokenIds: p.tokenIds, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
+  );
+  const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
+  checkQueue(ctx);
+
+  const id = randomId("cmpl");
+  const created = nowSeconds();
+  const n = params[0]!.n ?? 1;
+  const controller = new AbortController();
+  abortOnDisconnect(request, reply, controller);
+  const streams = prepared.map((p, i) =>
+    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, {
+      requestId: `${id}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
+      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
+    }, controller.signal));
+  const choices: Choice[] = [];
+  for (let pi = 0; pi < prepared.length; pi++) {
+    for (let s = 0; s < n; s++) {
+      choices.push({ text: "", numTokens: 0, logprobs: emptyLogprobs(), offset: 0, started: false, finishReason: null, stopReason: null });
+    }
+  }
+  try {
+    const merged = await primeStream(mergeStreams(streams));
+    const info = { id, created, model, n, prepared, choices };
+    if (req.stream) return await streamCompletion(ctx, req, reply, merged, info);
+    return await collectCompletion(ctx, req, merged, info);
+  } finally {
+    controller.abort();
+  }
+}
+
+interface Info {
+  id: string;
+  created: number;
+  model: string;
+  n: number;
+  prepared: Prepared[];
+  choices: Choice[];
+}
+
+/** Applies one delta output to its choice; returns the text and logprobs added by it (echo included). */
+function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, promptIndex: number, out: RequestOutput, o: CompletionOutput) {
+  const c = info.choices[promptIndex * info.n + o.index]!;
+  let text = "";
+  const lp = emptyLogprobs();
+  if (!c.started) {
+    c.started = true;
+    if (req.echo) {
+      const p = info.prepared[promptIndex]!;
+      text += p.promptText;
+      if (req.logprobs !== null) {
+        c.offset = appendLogprobs(ctx, lp, p.promptTokenIds, out.promptLogprobs ?? [], req.logprobs, c.offset);
+      }
+      c.offset = p.promptText.length;
+    }
+  }
+  text += o.text;
+  if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset);
+  c.text += text;
+  c.numTokens += o.tokenIds.length;
+  for (const k of ["tokens", "token_logprobs", "top_logprobs", "text_offset"] as const) (c.logprobs[k] as unknown[]).push(...lp[k]);
+  if (o.finishReason !== null) {
+    c.finishReason = o.finishReason;
+    c.stopReason = o.stopReason;
+  }
+  return { index: promptIndex * info.n + o.index, text, logprobs: lp };
+}
+
+function usageOf(info: Info) {
+  const prompt = info.prepared.reduce((s, p) => s + p.promptTokenIds.length, 0);
+  const completion = info.choices.reduce((s, c) => s + c.numTokens, 0);
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+async function collectCompletion(ctx: ServingContext, req: CompletionRequest, merged: AsyncIterable<[number, RequestOutput]>, info: Info) {
+  for await (const [pi, out] of merged) for (const o of out.outputs) applyOutput(ctx, req, info, pi, out, o);
+  return {
+    id: info.id,
+    object: "text_completion",
+    created: info.created,
+    model: info.model,
+    choices: info.choices.map((c, index) => ({
+      index,
+      text: c.text,
+      logprobs: req.logprobs !== null ? c.logprobs : null,
+      finish_reason: c.finishReason ?? "abort",
+      stop_reason: c.stopReason,
+    })),
+    usage: usageOf(info),
+  };
+}
+
+async function streamCompletion(
+  ctx: ServingContext, req: CompletionRequest, reply: FastifyReply, merged: AsyncIterable<[number, RequestOutput]>, info: Info,
+): Promise<FastifyReply> {
+  const sse = new SseWriter(reply);
+  const base = { id: info.id, object: "text_completion", created: info.created, model: info.model };
+  const usageField = req.includeUsage ? { usage: null } : {};
+  try {
+    for await (const [pi, out] of merged) {
+      for (const o of out.outputs) {
+        const { index, text, logprobs } = applyOutput(ctx, req, info, pi, out, o);
+        if (text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
+        const choice = {
+          index, text, logprobs: req.logprobs !== null ? logprobs : null, finish_reason: o.finishReason,
+          ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
+        };
+        await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usageOf(info) } : usageField) });
+      }
+      if (sse.closed) break;
+    }
+    if (req.includeUsage) await sse.send({ ...base, choices: [], usage: usageOf(info) });
+    await sse.end();
+  } catch (err) {
+    await sse.end(err);
+  }
+  return reply;
+}

@@ -1,0 +1,135 @@
+// State and checks shared by the chat and completions handlers.
+import { randomBytes } from "node:crypto";
+import type { FastifyReply, FastifyRequest } from "fastify";
+import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
+import type { TokenizerLike } from "../models/tokenizer-types.js";
+import { ApiError, badRequest, toApiError } from "./errors.js";
+import type { InflightSet } from "./engine-stream.js";
+import type { ServerMetrics } from "./metrics.js";
+import type { CommonRequest } from "./protocol.js";
+
+export interface ServingContext {
+  engine: EngineClient;
+  tokenizer: TokenizerLike;
+  metrics: ServerMetrics;
+  servedModelNames: string[];
+  maxModelLen: number;
+  maxWaitingRequests: number | undefined;
+  generationDefaults: Partial<SamplingParams>;
+  chatTemplate: string | undefined;
+  inflight: InflightSet;
+}
+
+export const randomId = (prefix: string): string => `${prefix}-${randomBytes(16).toString("hex")}`;
+export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
+
+/** The model name to answer with; 404 for a name that is not served (absent means the first served name). */
+export function resolveModel(ctx: ServingContext, model: string | undefined): string {
+  if (model === undefined || model === "") return ctx.servedModelNames[0]!;
+  if (!ctx.servedModelNames.includes(model)) {
+    throw new ApiError(404, `The model \`${model}\` does not exist.`, "model", "not_found_error", "model_not_found");
+  }
+  return model;
+}
+
+/** 503 when the engine's waiting queue is already at --max-waiting-requests. */
+export function checkQueue(ctx: ServingContext): void {
+  if (ctx.maxWaitingRequests === undefined) return;
+  const waiting = ctx.engine.stats().numWaiting;
+  if (waiting >= ctx.maxWaitingRequests) {
+    throw new ApiError(503, `The server is overloaded: ${waiting} requests are waiting (max ${ctx.maxWaitingRequests}). Retry later.`,
+      null, "service_unavailable_error", "queue_full");
+  }
+}
+
+/**
+ * Final sampling params for one prompt: generation defaults under the request's values, and max_tokens
+ * checked against max_model_len (default: whatever room the prompt leaves).
+ */
+export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promptLen: number, promptParam: string): Partial<SamplingParams> {
+  const room = ctx.maxModelLen - promptLen;
+  if (room <= 0) {
+    throw badRequest(
+      `This model's maximum context length is ${ctx.maxModelLen} tokens. However, your request has ${promptLen} input tokens. ` +
+        "Please reduce the length of the input.", promptParam);
+  }
+  if (req.maxTokens !== undefined && req.maxTokens > room) {
+    throw badRequest(
+      `This model's maximum context length is ${ctx.maxModelLen} tokens. However, you requested ${promptLen + req.maxTokens} tokens ` +
+        `(${promptLen} in the input, ${req.maxTokens} in the completion). Please reduce the length of the input or completion.`,
+      "max_tokens");
+  }
+  const defaultMax = ctx.generationDefaults.maxTokens ?? null;
+  const maxTokens = req.maxTokens ?? (defaultMax !== null ? Math.min(defaultMax, room) : room);
+  const params = { ...ctx.generationDefaults, ...req.params, maxTokens };
+  if ((params.minTokens ?? 0) > maxTokens) throw badRequest(`'min_tokens' must be <= max_tokens (${maxTokens})`, "min_tokens");
+  return params;
+}
+
+/** Token text for logprobs: the engine's decoded token, else the tokenizer's. */
+export function tokenText(ctx: ServingContext, id: number, lp: TokenLogprobs | null | undefined): string {
+  const own = lp?.get(id)?.decodedToken;
+  if (own !== undefined) return own;
+  return ctx.tokenizer.decode([id], { skipSpecialTokens: false });
+}
+
+/** vLLM clamps -inf logprobs so that JSON can carry them. */
+export const clampLogprob = (x: number): number => (Number.isFinite(x) ? x : -9999);
+
+/** Aborts `controller` when the client goes away before the response is complete. */
+export function abortOnDisconnect(request: FastifyRequest, reply: FastifyReply, controller: AbortController): void {
+  const res = reply.raw;
+  const onClose = (): void => {
+    if (!res.writableFinished) controller.abort();
+  };
+  res.once("close", onClose);
+  request.raw.once("aborted", () => controller.abort());
+}
+
+/** Server-sent events on the raw response (the reply is hijacked: fastify no longer touches it). */
+export class SseWriter {
+  private started = false;
+  constructor(private readonly reply: FastifyReply) {}
+
+  get closed(): boolean {
+    return this.reply.raw.destroyed || this.reply.raw.writableEnded;
+  }
+
+  private start(): void {
+    if (this.started) return;
+    this.started = true;
+    this.reply.hijack();
+    this.reply.raw.writeHead(200, {
+      "content-type": "text/event-stream; charset=utf-8",
+      "cache-control": "no-cache",
+      connection: "keep-alive",
+      "x-accel-buffering": "no",
+    });
+  }
+
+  /** Writes one `data:` event, waiting for the socket to drain when it is backed up. */
+  async send(payload: unknown): Promise<void> {
+    this.start();
+    if (this.closed) return;
+    const ok = this.reply.raw.write(`data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`);
+    if (!ok && !this.closed) {
+      await new Promise<void>((resolve) => {
+        const done = (): void => {
+          this.reply.raw.off("drain", done);
+          this.reply.raw.off("close", done);
+          resolve();
+        };
+        this.reply.raw.once("drain", done);
+        this.reply.raw.once("close", done);
+      });
+    }
+  }
+
+  /** Ends the stream; an error becomes one `data: {"error": ...}` event, as vLLM sends it. */
+  async end(err?: unknown): Promise<void> {
+    this.start();
+    if (err !== undefined) await this.send(toApiError(err).toBody());
+    await this.send("[DONE]");
+    if (!this.closed) this.reply.raw.end();
+  }
+}

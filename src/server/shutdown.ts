@@ -1,0 +1,53 @@
+// Graceful shutdown: on SIGTERM/SIGINT stop accepting, let in-flight requests finish, then exit.
+import type { FastifyInstance } from "fastify";
+
+export interface ServeUntilSignalOptions {
+  signals?: NodeJS.Signals[];
+  /** After this long, still-running requests are aborted (their streams end) so the drain can finish. */
+  drainTimeoutMs?: number;
+  /** Runs after the server has closed (e.g. engine shutdown). */
+  onClosed?: () => Promise<void> | void;
+  /** Exit the process when done (default true); tests pass false. */
+  exit?: boolean;
+  log?: (line: string) => void;
+}
+
+/**
+ * Resolves with the signal name once the server has drained and closed.
+ * @example await serveUntilSignal(app, { onClosed: () => engine.close() });
+ */
+export function serveUntilSignal(server: FastifyInstance, options: ServeUntilSignalOptions = {}): Promise<NodeJS.Signals> {
+  const signals = options.signals ?? ["SIGTERM", "SIGINT"];
+  const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
+  return new Promise((resolve) => {
+    let closing = false;
+    const onSignal = (signal: NodeJS.Signals): void => {
+      if (closing) {
+        log(`Received ${signal} again: exiting now`);
+        process.exit(1);
+      }
+      closing = true;
+      log(`Received ${signal}: draining ${server.kilnInflight()} in-flight request(s)`);
+      const timer = setTimeout(() => {
+        log("Drain timeout: aborting the remaining requests");
+        server.kilnAbortAll();
+      }, options.drainTimeoutMs ?? 30_000);
+      timer.unref();
+      void (async () => {
+        try {
+          await server.close();
+          await options.onClosed?.();
+        } catch (err) {
+          log(`Error during shutdown: ${(err as Error).message}`);
+        } finally {
+          clearTimeout(timer);
+          for (const s of signals) process.off(s, onSignal);
+          log("Server stopped");
+          resolve(signal);
+          if (options.exit ?? true) process.exit(0);
+        }
+      })();
+    };
+    for (const s of signals) process.on(s, onSignal);
+  });
+}

@@ -1,0 +1,38 @@
+// POST /tokenize and POST /detokenize (vLLM's extra endpoints).
+import type { FastifyInstance } from "fastify";
+import { badRequest } from "./errors.js";
+import { optBool, optObject } from "./fields.js";
+import { asJsonBody, parseChatRequest } from "./protocol.js";
+import { resolveModel, type ServingContext } from "./serving-context.js";
+
+export function registerTokenizeRoutes(app: FastifyInstance, ctx: ServingContext): void {
+  app.post("/tokenize", async (request) => {
+    const body = asJsonBody(request.body);
+    resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
+    let tokens: number[];
+    if (body.messages !== undefined) {
+      const chat = parseChatRequest(body, ctx.tokenizer.vocabSize);
+      const text = ctx.tokenizer.applyChatTemplate(chat.messages, {
+        addGenerationPrompt: chat.addGenerationPrompt,
+        continueFinalMessage: chat.continueFinalMessage,
+        ...(chat.chatTemplate ?? ctx.chatTemplate ? { chatTemplate: chat.chatTemplate ?? ctx.chatTemplate } : {}),
+        ...(optObject(body, "chat_template_kwargs") ? { chatTemplateKwargs: optObject(body, "chat_template_kwargs") } : {}),
+      });
+      tokens = ctx.tokenizer.encode(text, { addSpecialTokens: optBool(body, "add_special_tokens") ?? false });
+    } else if (typeof body.prompt === "string") {
+      tokens = ctx.tokenizer.encode(body.prompt, { addSpecialTokens: optBool(body, "add_special_tokens") ?? true });
+    } else {
+      throw badRequest("'prompt' (a string) or 'messages' is required", "prompt");
+    }
+    return { count: tokens.length, max_model_len: ctx.maxModelLen, tokens, token_strs: null };
+  });
+
+  app.post("/detokenize", async (request) => {
+    const body = asJsonBody(request.body);
+    resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
+    const tokens = body.tokens;
+    if (!Array.isArray(tokens) || !tokens.every((t) => Number.isInteger(t))) throw badRequest("'tokens' must be a list of integers", "tokens");
+    for (const t of tokens as number[]) if (t < 0 || t >= ctx.tokenizer.vocabSize) throw badRequest(`Token id ${t} is out of vocabulary`, "tokens");
+    return { prompt: ctx.tokenizer.decode(tokens as number[], { skipSpecialTokens: false }) };
+  });
+}

@@ -1,0 +1,53 @@
+// Devices by name. A Device wraps a back end from the registry; core code never names a concrete back end.
+import type { Backend } from "../backends/backend.js";
+import { getBackend, isBackendAvailable } from "../backends/registry.js";
+import { env } from "../util/env.js";
+
+export class Device {
+  constructor(
+    readonly name: string,
+    readonly backend: Backend,
+  ) {}
+  toString(): string {
+    return this.name;
+  }
+}
+
+const devices = new Map<string, Device>();
+let defaultName: string | undefined;
+
+/** `device("cpu")`: the device for a back-end name. Throws BackendUnavailableError when it cannot load. */
+export function device(name: string): Device {
+  let d = devices.get(name);
+  if (!d) {
+    d = new Device(name, getBackend(name));
+    devices.set(name, d);
+  }
+  return d;
+}
+
+/** The process default: KILN_DEVICE, else cpu when its native kernels load, else the TS reference (with a warning). */
+export function defaultDevice(): Device {
+  if (defaultName === undefined) {
+    const wanted = env.device;
+    if (wanted) defaultName = wanted;
+    else if (isBackendAvailable("cpu")) defaultName = "cpu";
+    else {
+      defaultName = "reference";
+      process.emitWarning("Kiln: native cpu kernels unavailable, using the slow TS reference back end", "KilnWarning");
+    }
+  }
+  return device(defaultName);
+}
+
+export function setDefaultDevice(name: string): void {
+  device(name); // validate now
+  defaultName = name;
+}
+
+export type DeviceLike = Device | string | undefined;
+
+export function resolveDevice(d: DeviceLike): Device {
+  if (d === undefined) return defaultDevice();
+  return typeof d === "string" ? device(d) : d;
+}

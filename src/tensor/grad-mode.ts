@@ -1,0 +1,48 @@
+// Whether ops record autograd history, and the hook through which they record it.
+// The autograd engine (tensor/autograd.ts) installs the recorder; ops only describe what they did.
+import type { Tensor } from "./tensor.js";
+
+let enabled = true;
+
+export function isGradEnabled(): boolean {
+  return enabled;
+}
+
+/** Runs fn without recording autograd history (torch.no_grad). */
+export function noGrad<T>(fn: () => T): T {
+  const prev = enabled;
+  enabled = false;
+  try {
+    return fn();
+  } finally {
+    enabled = prev;
+  }
+}
+
+export function setGradEnabled(on: boolean): void {
+  enabled = on;
+}
+
+/** What an op saves for its backward: its name, inputs, and op-specific attributes. */
+export interface OpRecord {
+  op: string;
+  inputs: (Tensor | null)[];
+  output: Tensor;
+  attrs: Record<string, unknown>;
+}
+
+type Recorder = (record: OpRecord) => void;
+let recorder: Recorder | null = null;
+
+export function setGradRecorder(r: Recorder | null): void {
+  recorder = r;
+}
+
+/** Called by every differentiable op after it computed `output`. Cheap when nothing requires grad. */
+export function recordOp(op: string, inputs: (Tensor | null)[], output: Tensor, attrs: Record<string, unknown> = {}): void {
+  if (!enabled || recorder === null) return;
+  let needs = false;
+  for (const t of inputs) if (t && t.requiresGrad) needs = true;
+  if (!needs) return;
+  recorder({ op, inputs, output, attrs });
+}

@@ -1,0 +1,15 @@
+// The tensor runtime's public surface (import * as kiln from "kiln/tensor").
+export { Tensor, tensor, empty, zeros, ones, full, zerosLike, onesLike, fullLike, arange, fromBytes, numel, contiguousStrides } from "./tensor.js";
+export type { Shape, Scalar, TensorOrScalar, TensorOptions, GradNode } from "./tensor.js";
+export { device, defaultDevice, setDefaultDevice, Device } from "./device.js";
+export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.js";
+export { noGrad, isGradEnabled, setGradEnabled } from "./grad-mode.js";
+export { kernelsDispatched } from "./dispatch.js";
+export * from "./ops/elementwise.js";
+export { sum, prod, max, min, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";
+export { matmul, bmm, linear } from "./ops/linalg.js";
+export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, split, chunk } from "./ops/indexing.js";
+export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
+export { rmsNorm, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy } from "./ops/nn-functional.js";
+export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
+export type { DType } from "../backends/dtype.js";

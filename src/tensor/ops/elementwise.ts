@@ -1,0 +1,167 @@
+// Broadcasting elementwise arithmetic, math, comparisons, where, and the in-place forms.
+import type { BinaryOp, UnaryOp } from "../../backends/backend.js";
+import { isFloating, promoteTypes, type DType } from "../../backends/dtype.js";
+import { OpError } from "../../util/errors.js";
+import { runKernel, sameDevice } from "../dispatch.js";
+import { recordOp } from "../grad-mode.js";
+import { empty, full, Tensor, type TensorOrScalar } from "../tensor.js";
+import { broadcastShapes, broadcastView } from "./shape.js";
+
+const COMPARISONS = new Set<BinaryOp>(["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"]);
+
+function scalarDtype(t: Tensor, s: number | boolean, op: BinaryOp): DType {
+  if (typeof s === "boolean") return t.dtype;
+  if (!Number.isInteger(s) && !isFloating(t.dtype)) return "float32";
+  if (op === "div" && !isFloating(t.dtype)) return "float32";
+  return t.dtype;
+}
+
+/** Result dtype of a binary op following torch's promotion (true division of ints gives float32). */
+function resultDtype(op: BinaryOp, a: DType, b: DType): DType {
+  if (COMPARISONS.has(op)) return "bool";
+  const p = promoteTypes(a, b);
+  if ((op === "div" || op === "pow") && !isFloating(p)) return op === "div" ? "float32" : p;
+  return p;
+}
+
+function asTensor(x: TensorOrScalar, like: Tensor, op: BinaryOp): Tensor {
+  if (x instanceof Tensor) return x;
+  return full([], typeof x === "boolean" ? (x ? 1 : 0) : x, { dtype: scalarDtype(like, x, op), device: like.device });
+}
+
+export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tensor {
+  if (!(a instanceof Tensor) && !(b instanceof Tensor)) throw new OpError(op, "needs at least one tensor");
+  const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
+  const tb = asTensor(b, ta, op);
+  const dev = sameDevice(op, ta, tb);
+  let dtype = resultDtype(op, ta.dtype, tb.dtype);
+  // a Python-style scalar does not widen a tensor's float dtype (bf16 * 2.0 stays bf16)
+  if (!(a instanceof Tensor) && isFloating(tb.dtype) && !COMPARISONS.has(op)) dtype = tb.dtype;
+  if (!(b instanceof Tensor) && isFloating(ta.dtype) && !COMPARISONS.has(op)) dtype = ta.dtype;
+  const shape = broadcastShapes(op, ta.shape, tb.shape);
+  const out = empty(shape, { dtype, device: dev });
+  const va = broadcastView(ta, shape);
+  const vb = broadcastView(tb, shape);
+  runKernel(op, dev, { op: "binary", fn: op, a: va.view_(op), b: vb.view_(op), out: out.view_(op) }, [out]);
+  va.dispose();
+  vb.dispose();
+  recordOp(op, [a instanceof Tensor ? ta : null, b instanceof Tensor ? tb : null], out, {
+    aScalar: a instanceof Tensor ? undefined : a,
+    bScalar: b instanceof Tensor ? undefined : b,
+  });
+  if (!(a instanceof Tensor)) ta.dispose();
+  if (!(b instanceof Tensor)) tb.dispose();
+  return out;
+}
+
+export function unary(op: UnaryOp, x: Tensor, recordName: string = op): Tensor {
+  const dtype: DType = op === "logical_not" ? "bool" : isFloating(x.dtype) ? x.dtype : "float32";
+  const keepInt = op === "neg" || op === "abs" || op === "square" || op === "relu" || op === "sign";
+  const out = empty(x.shape, { dtype: keepInt && !isFloating(x.dtype) ? x.dtype : dtype, device: x.device });
+  runKernel(op, x.device, { op: "unary", fn: op, x: x.view_(op), out: out.view_(op) }, [out]);
+  recordOp(recordName, [x], out);
+  return out;
+}
+
+export const add = (a: TensorOrScalar, b: TensorOrScalar, alpha?: number): Tensor => {
+  if (alpha === undefined || alpha === 1) return binary("add", a, b);
+  const scaled = binary("mul", b, alpha);
+  const out = binary("add", a, scaled);
+  scaled.dispose();
+  return out;
+};
+export const sub = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("sub", a, b);
+export const mul = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("mul", a, b);
+export const div = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("div", a, b);
+export const pow = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("pow", a, b);
+export const maximum = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("maximum", a, b);
+export const minimum = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("minimum", a, b);
+export const remainder = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("remainder", a, b);
+export const eq = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("eq", a, b);
+export const ne = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("ne", a, b);
+export const lt = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("lt", a, b);
+export const le = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("le", a, b);
+export const gt = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("gt", a, b);
+export const ge = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("ge", a, b);
+export const logicalAnd = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("logical_and", a, b);
+export const logicalOr = (a: TensorOrScalar, b: TensorOrScalar): Tensor => binary("logical_or", a, b);
+
+export const neg = (x: Tensor): Tensor => unary("neg", x);
+export const exp = (x: Tensor): Tensor => unary("exp", x);
+export const log = (x: Tensor): Tensor => unary("log", x);
+export const sqrt = (x: Tensor): Tensor => unary("sqrt", x);
+export const rsqrt = (x: Tensor): Tensor => unary("rsqrt", x);
+export const tanh = (x: Tensor): Tensor => unary("tanh", x);
+export const sigmoid = (x: Tensor): Tensor => unary("sigmoid", x);
+export const silu = (x: Tensor): Tensor => unary("silu", x);
+export const gelu = (x: Tensor, approximate: "none" | "tanh" = "none"): Tensor =>
+  unary(approximate === "tanh" ? "gelu_tanh" : "gelu", x);
+export const relu = (x: Tensor): Tensor => unary("relu", x);
+export const abs = (x: Tensor): Tensor => unary("abs", x);
+export const square = (x: Tensor): Tensor => unary("square", x);
+export const reciprocal = (x: Tensor): Tensor => unary("reciprocal", x);
+export const sin = (x: Tensor): Tensor => unary("sin", x);
+export const cos = (x: Tensor): Tensor => unary("cos", x);
+export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
+
+/** where(cond, a, b): elementwise select with broadcasting. */
+export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
+  const like = a instanceof Tensor ? a : b instanceof Tensor ? b : cond;
+  const ta = a instanceof Tensor ? a : full([], Number(a), { dtype: isFloating(like.dtype) ? like.dtype : "float32", device: cond.device });
+  const tb = b instanceof Tensor ? b : full([], Number(b), { dtype: ta.dtype, device: cond.device });
+  const dev = sameDevice("where", cond, ta, tb);
+  const shape = broadcastShapes("where", broadcastShapes("where", cond.shape, ta.shape), tb.shape);
+  const out = empty(shape, { dtype: promoteTypes(ta.dtype, tb.dtype), device: dev });
+  const vc = broadcastView(cond, shape);
+  const va = broadcastView(ta, shape);
+  const vb = broadcastView(tb, shape);
+  runKernel("where", dev, { op: "where", cond: vc.view_("where"), a: va.view_("where"), b: vb.view_("where"), out: out.view_("where") }, [out]);
+  for (const v of [vc, va, vb]) v.dispose();
+  recordOp("where", [null, a instanceof Tensor ? ta : null, b instanceof Tensor ? tb : null], out, { cond });
+  if (!(a instanceof Tensor)) ta.dispose();
+  if (!(b instanceof Tensor)) tb.dispose();
+  return out;
+}
+
+export function maskedFill(x: Tensor, mask: Tensor, value: number): Tensor {
+  if (mask.dtype !== "bool") throw new OpError("masked_fill", `mask must be bool, got ${mask.dtype}`);
+  return where(mask, value, x);
+}
+
+export function clamp(x: Tensor, min?: number, max?: number): Tensor {
+  let cur = x;
+  if (min !== undefined) cur = maximum(cur, min);
+  if (max !== undefined) {
+    const next = minimum(cur, max);
+    if (cur !== x) cur.dispose();
+    cur = next;
+  }
+  return cur === x ? x.clone() : cur;
+}
+
+/** Writes `result` into `target` (through views) and disposes result: the in-place form of an op. */
+export function inPlace(target: Tensor, result: Tensor): void {
+  if (target.requiresGrad && target.gradFn === null && target.grad !== undefined && isLeafRequiringGrad(target))
+    throw new OpError("in-place", "a leaf tensor that requires grad cannot be modified in place");
+  copyInto(target, result);
+  result.dispose();
+}
+
+function isLeafRequiringGrad(t: Tensor): boolean {
+  return t.requiresGrad && t.gradFn === null;
+}
+
+/** copy_: broadcasts src to dst's shape and converts dtype. */
+export function copyInto(dst: Tensor, src: Tensor): void {
+  const dev = sameDevice("copy_", dst, src);
+  const shape = broadcastShapes("copy_", dst.shape, src.shape);
+  if (shape.length !== dst.ndim || shape.some((s, i) => s !== dst.shape[i]))
+    throw new OpError("copy_", `cannot copy [${src.shape.join(", ")}] into [${dst.shape.join(", ")}]`);
+  const v = broadcastView(src, dst.shape);
+  runKernel("copy_", dev, { op: "copy", x: v.view_("copy_"), out: dst.view_("copy_") }, [dst]);
+  v.dispose();
+}
+
+export function fillInto(dst: Tensor, value: number): void {
+  runKernel("fill_", dst.device, { op: "fill", out: dst.view_("fill_"), value }, []);
+}

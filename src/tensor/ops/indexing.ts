@@ -1,0 +1,208 @@
+// Indexing ops: embedding / index_select, gather / scatter, index_copy_, and cat / stack / split.
+import { OpError } from "../../util/errors.js";
+import { runKernel, sameDevice } from "../dispatch.js";
+import { recordOp } from "../grad-mode.js";
+import { empty, numel, Tensor } from "../tensor.js";
+import { contiguous, normDim } from "./shape.js";
+import { copyInto } from "./elementwise.js";
+
+function asIndex(op: string, index: Tensor): Tensor {
+  if (index.dtype !== "int32" && index.dtype !== "int64" && index.dtype !== "uint8" && index.dtype !== "int8")
+    throw new OpError(op, `index must be an integer tensor, got ${index.dtype}`);
+  return index.dtype === "int32" ? contiguous(index) : index.to("int32");
+}
+
+/** Moves dim to the front and returns a contiguous [size, rest] view. */
+function dimFirst(t: Tensor, d: number): Tensor {
+  const p = d === 0 ? t : t.transpose(0, d);
+  const c = contiguous(p);
+  if (p !== t && p !== c) p.dispose();
+  return c;
+}
+
+/** index_select(t, dim, index): rows of dim picked by a 1-d index. embedding = indexSelect(weight, 0, ids). */
+export function indexSelect(t: Tensor, dim: number, index: Tensor): Tensor {
+  const d = normDim(dim, t.ndim, "index_select");
+  if (index.ndim > 1) throw new OpError("index_select", "index must be 0-d or 1-d");
+  const dev = sameDevice("index_select", t, index);
+  const idx = asIndex("index_select", index);
+  const src = dimFirst(t, d);
+  const rows = src.shape[0]!;
+  const dim_ = numel(src.shape) / Math.max(rows, 1);
+  const outFirst = empty([idx.numel, ...src.shape.slice(1)], { dtype: t.dtype === "bfloat16" ? "float32" : t.dtype, device: dev });
+  runKernel("index_select", dev, {
+    op: "gather_rows",
+    table: src.view_("index_select"),
+    ids: idx.view_("index_select"),
+    out: outFirst.view_("index_select"),
+    numIds: idx.numel,
+    dim: dim_,
+    rows,
+  });
+  if (src !== t) src.dispose();
+  if (idx !== index) idx.dispose();
+  let out = outFirst;
+  if (d !== 0) {
+    const back = outFirst.transpose(0, d);
+    out = contiguous(back);
+    if (back !== out) back.dispose();
+    outFirst.dispose();
+  }
+  recordOp("index_select", [t, null], out, { dim: d, index, inputShape: t.shape });
+  return out;
+}
+
+/** embedding(ids, weight): weight rows for each id; output shape [...ids.shape, dim]. */
+export function embedding(ids: Tensor, weight: Tensor): Tensor {
+  const flat = ids.reshape(-1);
+  const rows = indexSelect(weight, 0, flat);
+  flat.dispose();
+  const out = rows.view(...ids.shape, weight.shape[1]!);
+  rows.dispose();
+  return out;
+}
+
+/** torch.gather along dim: out[i][j] = t[i][index[i][j]] (for dim = last). */
+export function gather(t: Tensor, dim: number, index: Tensor): Tensor {
+  const d = normDim(dim, t.ndim, "gather");
+  if (index.ndim !== t.ndim) throw new OpError("gather", "index must have the same rank as the input");
+  const last = t.ndim - 1;
+  const tt = d === last ? t : t.transpose(d, last);
+  const it = d === last ? index : index.transpose(d, last);
+  const x = contiguous(tt);
+  const idx = asIndex("gather", it);
+  for (let i = 0; i < last; i++)
+    if (idx.shape[i]! > x.shape[i]!) throw new OpError("gather", `index size ${idx.shape[i]} exceeds input size ${x.shape[i]} at dim ${i}`);
+  // rows must line up: narrow x's leading dims to index's
+  let xr = x;
+  for (let i = 0; i < last; i++) if (idx.shape[i] !== x.shape[i]) xr = xr.narrow(i, 0, idx.shape[i]!);
+  const xc = contiguous(xr);
+  const n = xc.shape[last]!;
+  const m = idx.shape[last]!;
+  const out = empty(idx.shape, { dtype: t.dtype, device: t.device });
+  runKernel("gather", t.device, {
+    op: "gather",
+    x: xc.view_("gather"),
+    index: idx.view_("gather"),
+    out: out.view_("gather"),
+    rows: numel(idx.shape) / Math.max(m, 1),
+    n,
+    m,
+  });
+  let res = out;
+  if (d !== last) {
+    const b = out.transpose(d, last);
+    res = contiguous(b);
+    out.dispose();
+  }
+  recordOp("gather", [t, null], res, { dim: d, index, inputShape: t.shape });
+  return res;
+}
+
+/** Out-of-place scatter (or scatter_add with accumulate): a copy of t with src values placed at index along dim. */
+export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accumulate = false): Tensor {
+  const d = normDim(dim, t.ndim, "scatter");
+  const last = t.ndim - 1;
+  if (index.ndim !== t.ndim || src.ndim !== t.ndim) throw new OpError("scatter", "index and src must have the input's rank");
+  const moved = d === last ? t : t.transpose(d, last);
+  const base = moved.clone();
+  const idx = asIndex("scatter", d === last ? index : index.transpose(d, last));
+  const s = contiguous(d === last ? src : src.transpose(d, last));
+  for (let i = 0; i < last; i++)
+    if (idx.shape[i] !== base.shape[i]) throw new OpError("scatter", "index must match the input in every dim but the scatter dim");
+  const m = idx.shape[last]!;
+  const sv = s.shape[last] === m ? s : contiguous(s.narrow(last, 0, m));
+  runKernel("scatter", t.device, {
+    op: "scatter",
+    out: base.view_("scatter"),
+    index: idx.view_("scatter"),
+    src: sv.view_("scatter"),
+    rows: numel(idx.shape) / Math.max(m, 1),
+    n: base.shape[last]!,
+    m,
+    accumulate,
+  });
+  let res = base;
+  if (d !== last) {
+    const b = base.transpose(d, last);
+    res = contiguous(b);
+    base.dispose();
+  }
+  recordOp(accumulate ? "scatter_add" : "scatter", [t, null, src], res, { dim: d, index });
+  return res;
+}
+
+/** index_copy_ along dim: t[..., index[i], ...] = src[..., i, ...], writing through views of t. */
+export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor): void {
+  const d = normDim(dim, t.ndim, "index_copy_");
+  const idx = asIndex("index_copy_", index);
+  if (idx.ndim !== 1 || src.shape[d] !== idx.numel) throw new OpError("index_copy_", "index must be 1-d with one entry per src slice");
+  const ids = idx.dataSync() as Int32Array;
+  for (let i = 0; i < ids.length; i++) {
+    const row = ids[i]!;
+    if (row < 0 || row >= t.shape[d]!) throw new OpError("index_copy_", `index ${row} out of range for size ${t.shape[d]}`);
+    const dst = t.select(d, row);
+    const s = src.select(d, i);
+    copyInto(dst, s);
+    dst.dispose();
+    s.dispose();
+  }
+  if (idx !== index) idx.dispose();
+}
+
+export function cat(tensors: Tensor[], dim = 0): Tensor {
+  if (tensors.length === 0) throw new OpError("cat", "expects a non-empty list");
+  const first = tensors[0]!;
+  const d = normDim(dim, first.ndim, "cat");
+  const dev = sameDevice("cat", ...tensors);
+  for (const t of tensors) {
+    if (t.ndim !== first.ndim || t.shape.some((s, i) => i !== d && s !== first.shape[i]))
+      throw new OpError("cat", `shapes [${first.shape.join(", ")}] and [${t.shape.join(", ")}] differ outside dim ${d}`);
+  }
+  const shape = [...first.shape];
+  shape[d] = tensors.reduce((s, t) => s + t.shape[d]!, 0);
+  const out = empty(shape, { dtype: first.dtype, device: dev });
+  let at = 0;
+  for (const t of tensors) {
+    const dst = out.narrow(d, at, t.shape[d]!);
+    copyInto(dst, t.dtype === first.dtype ? t : t.to(first.dtype));
+    dst.dispose();
+    at += t.shape[d]!;
+  }
+  recordOp("cat", tensors, out, { dim: d, sizes: tensors.map((t) => t.shape[d]!) });
+  return out;
+}
+
+export function stack(tensors: Tensor[], dim = 0): Tensor {
+  if (tensors.length === 0) throw new OpError("stack", "expects a non-empty list");
+  const d = dim < 0 ? dim + tensors[0]!.ndim + 1 : dim;
+  const us = tensors.map((t) => t.unsqueeze(d));
+  const out = cat(us, d);
+  return out;
+}
+
+/** Splits into chunks of `size` (number) or the given sizes (array) along dim; results are views. */
+export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tensor[] {
+  const d = normDim(dim, t.ndim, "split");
+  const total = t.shape[d]!;
+  const sizes: number[] = [];
+  if (Array.isArray(sizeOrSizes)) {
+    if (sizeOrSizes.reduce((a, b) => a + b, 0) !== total) throw new OpError("split", `sizes do not sum to ${total}`);
+    sizes.push(...sizeOrSizes);
+  } else {
+    if (sizeOrSizes <= 0) throw new OpError("split", "split size must be positive");
+    for (let at = 0; at < total; at += sizeOrSizes) sizes.push(Math.min(sizeOrSizes, total - at));
+  }
+  const out: Tensor[] = [];
+  let at = 0;
+  for (const s of sizes) {
+    out.push(t.narrow(d, at, s));
+    at += s;
+  }
+  return out;
+}
+
+export function chunk(t: Tensor, chunks: number, dim = 0): Tensor[] {
+  const d = normDim(dim, t.ndim, "chunk");
+  return split(t, Math.ceil(t.shape[d]! / chunks), d);
+}

@@ -1,0 +1,160 @@
+// Fused neural-network ops: rms_norm, rotary embedding, attention (reference causal and ragged paged),
+// silu-gated MLP activation and cross-entropy.
+import { OpError } from "../../util/errors.js";
+import { runKernel, sameDevice } from "../dispatch.js";
+import { recordOp } from "../grad-mode.js";
+import { empty, numel, Tensor, full } from "../tensor.js";
+import { contiguous } from "./shape.js";
+import { matmul } from "./linalg.js";
+import { softmax, logSoftmax, mean } from "./reduce.js";
+import { gather } from "./indexing.js";
+import { mul, silu, where } from "./elementwise.js";
+
+function f32Contiguous(t: Tensor): Tensor {
+  return contiguous(t.dtype === "float32" ? t : t.to("float32"));
+}
+
+/** rms_norm(x, weight, eps) over the last dim: x * rsqrt(mean(x^2) + eps) * weight. */
+export function rmsNorm(x: Tensor, weight: Tensor, eps: number): Tensor {
+  const n = x.shape[x.ndim - 1]!;
+  if (weight.ndim !== 1 || weight.shape[0] !== n) throw new OpError("rms_norm", `weight [${weight.shape.join(", ")}] does not match last dim ${n}`);
+  const dev = sameDevice("rms_norm", x, weight);
+  const xc = f32Contiguous(x);
+  const wc = f32Contiguous(weight);
+  const out = empty(x.shape, { dtype: "float32", device: dev });
+  runKernel("rms_norm", dev, { op: "rms_norm", x: xc.view_("rms_norm"), weight: wc.view_("rms_norm"), out: out.view_("rms_norm"), rows: numel(x.shape) / n, n, eps }, [out]);
+  if (xc !== x) xc.dispose();
+  if (wc !== weight) wc.dispose();
+  recordOp("rms_norm", [x, weight], out, { eps });
+  return out;
+}
+
+/**
+ * Rotary embedding on x [T, H, D] at integer positions [T], with cos/sin tables [maxPos, rotaryDim/2].
+ * neox=true rotates (i, i + rotaryDim/2) pairs (HF Llama's rotate_half); false rotates (2i, 2i+1).
+ */
+export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, neox = true): Tensor {
+  if (x.ndim !== 3) throw new OpError("rotary", `x must be [tokens, heads, head_dim], got [${x.shape.join(", ")}]`);
+  const [T, H, D] = x.shape as [number, number, number];
+  const rotaryDim = cos.shape[1]! * 2;
+  if (rotaryDim > D) throw new OpError("rotary", `rotary dim ${rotaryDim} exceeds head dim ${D}`);
+  if (positions.numel !== T) throw new OpError("rotary", `expected ${T} positions, got ${positions.numel}`);
+  const dev = sameDevice("rotary", x, positions, cos, sin);
+  const xc = f32Contiguous(x);
+  const pos = positions.dtype === "int32" ? contiguous(positions) : positions.to("int32");
+  const out = empty(x.shape, { dtype: "float32", device: dev });
+  runKernel("rotary", dev, {
+    op: "rotary",
+    x: xc.view_("rotary"),
+    positions: pos.view_("rotary"),
+    cos: cos.view_("rotary"),
+    sin: sin.view_("rotary"),
+    out: out.view_("rotary"),
+    tokens: T,
+    heads: H,
+    headDim: D,
+    rotaryDim,
+    neox,
+  }, [out]);
+  if (xc !== x) xc.dispose();
+  if (pos !== positions) pos.dispose();
+  recordOp("rotary", [x], out, { positions, cos, sin, neox });
+  return out;
+}
+
+/**
+ * Reference causal attention (scaled_dot_product_attention with is_causal), built from ops so autograd
+ * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D].
+ */
+export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number): Tensor {
+  if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
+  const [B, Hq, S, D] = q.shape as [number, number, number, number];
+  const Hkv = k.shape[1]!;
+  if (Hq % Hkv !== 0) throw new OpError("attention", `query heads ${Hq} not a multiple of kv heads ${Hkv}`);
+  const Sk = k.shape[2]!;
+  const s = scale ?? 1 / Math.sqrt(D);
+  const rep = (t: Tensor) => (Hkv === Hq ? t : t.unsqueeze(2).expand(B, Hkv, Hq / Hkv, Sk, D).reshape(B, Hq, Sk, D));
+  const kr = rep(k);
+  const vr = rep(v);
+  const scores = matmul(q, kr.transpose(-2, -1)).mul(s);
+  // causal mask: query i (aligned to the end of the keys) sees keys j <= i + (Sk - S)
+  const maskData = new Uint8Array(S * Sk);
+  for (let i = 0; i < S; i++) for (let j = 0; j < Sk; j++) maskData[i * Sk + j] = j > i + (Sk - S) ? 1 : 0;
+  const mask = empty([S, Sk], { dtype: "bool", device: q.device });
+  q.device.backend.write(mask.storage.buffer, 0, maskData);
+  const masked = where(mask, -Infinity, scores);
+  const probs = softmax(masked, -1);
+  return matmul(probs, vr);
+}
+
+/** Ragged paged attention (see PagedAttentionArgs); writes k/v into the caches, returns [T, Hq, D]. */
+export function pagedAttention(args: {
+  q: Tensor; k: Tensor; v: Tensor; kCache: Tensor; vCache: Tensor;
+  slotMapping: Tensor; blockTables: Tensor; queryStart: Tensor; seqLens: Tensor;
+  scale: number; slidingWindow?: number;
+}): Tensor {
+  const { q, k, v, kCache, vCache } = args;
+  const [T, Hq, D] = q.shape as [number, number, number];
+  const Hkv = k.shape[1]!;
+  const blockSize = kCache.shape[1]!;
+  const numSeqs = args.seqLens.numel;
+  const maxBlocksPerSeq = args.blockTables.shape[1]!;
+  const dev = sameDevice("paged_attention", q, k, v, kCache, vCache);
+  const qc = f32Contiguous(q);
+  const kc = f32Contiguous(k);
+  const vc = f32Contiguous(v);
+  const out = empty([T, Hq, D], { dtype: "float32", device: dev });
+  runKernel("paged_attention", dev, {
+    op: "paged_attention",
+    q: qc.view_("paged_attention"),
+    kNew: kc.view_("paged_attention"),
+    vNew: vc.view_("paged_attention"),
+    kCache: kCache.view_("paged_attention"),
+    vCache: vCache.view_("paged_attention"),
+    slotMapping: args.slotMapping.view_("paged_attention"),
+    blockTables: args.blockTables.view_("paged_attention"),
+    queryStart: args.queryStart.view_("paged_attention"),
+    seqLens: args.seqLens.view_("paged_attention"),
+    out: out.view_("paged_attention"),
+    numSeqs,
+    numHeads: Hq,
+    numKvHeads: Hkv,
+    headDim: D,
+    blockSize,
+    maxBlocksPerSeq,
+    scale: args.scale,
+    slidingWindow: args.slidingWindow ?? 0,
+  }, [out]);
+  for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c.dispose();
+  return out;
+}
+
+/** silu(gate) * up: the SwiGLU activation of Llama-family MLPs. */
+export function siluMul(gate: Tensor, up: Tensor): Tensor {
+  const g = silu(gate);
+  const out = mul(g, up);
+  g.dispose();
+  return out;
+}
+
+/** Mean cross-entropy of logits [N, V] against int targets [N]; targets equal to ignoreIndex are skipped. */
+export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100): Tensor {
+  if (logits.ndim !== 2 || targets.ndim !== 1 || targets.shape[0] !== logits.shape[0])
+    throw new OpError("cross_entropy", `expects logits [N, V] and targets [N], got [${logits.shape.join(", ")}] and [${targets.shape.join(", ")}]`);
+  const lsm = logSoftmax(logits, -1);
+  const tgt = targets.to("int32").dataSync() as Int32Array;
+  const safe = Int32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : t));
+  const keep = Float32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : 1));
+  const count = keep.reduce((a, b) => a + b, 0);
+  if (count === 0) return full([], 0, { device: logits.device });
+  const idx = empty([safe.length, 1], { dtype: "int32", device: logits.device });
+  logits.device.backend.write(idx.storage.buffer, 0, new Uint8Array(safe.buffer));
+  const picked = gather(lsm, 1, idx).reshape(-1);
+  const w = empty([keep.length], { dtype: "float32", device: logits.device });
+  logits.device.backend.write(w.storage.buffer, 0, new Uint8Array(keep.buffer));
+  const weighted = mul(picked, w);
+  const m = mean(weighted);
+  const loss = m.mul(-keep.length / count);
+  for (const t of [lsm, idx, picked, w, weighted, m]) t.dispose();
+  return loss;
+}

@@ -1,0 +1,168 @@
+// Reductions and row-wise normalisations. Each moves the reduced dims last, makes the input a dense
+// [rows, n] matrix, and runs one row kernel.
+import type { ReduceOp } from "../../backends/backend.js";
+import { isFloating, type DType } from "../../backends/dtype.js";
+import { OpError } from "../../util/errors.js";
+import { runKernel } from "../dispatch.js";
+import { recordOp } from "../grad-mode.js";
+import { empty, numel, Tensor } from "../tensor.js";
+import { contiguous, normDim, permute } from "./shape.js";
+import { add, log, sub } from "./elementwise.js";
+
+function reducedDims(t: Tensor, dim: number | number[] | undefined, op: string): number[] {
+  if (dim === undefined) return t.shape.map((_, i) => i);
+  const dims = (Array.isArray(dim) ? dim : [dim]).map((d) => normDim(d, t.ndim, op));
+  return [...new Set(dims)].sort((a, b) => a - b);
+}
+
+/** Returns t as a dense [rows, n] matrix with `dims` last, plus the output shape. */
+function asRows(t: Tensor, dims: number[], keepdim: boolean): { rows: Tensor; n: number; outShape: number[] } {
+  const kept = t.shape.map((_, i) => i).filter((i) => !dims.includes(i));
+  const order = [...kept, ...dims];
+  const p = order.every((d, i) => d === i) ? t : permute(t, order);
+  const c = contiguous(p);
+  if (p !== t && p !== c) p.dispose();
+  const n = numel(dims.map((d) => t.shape[d]!));
+  const outShape = keepdim ? t.shape.map((s, i) => (dims.includes(i) ? 1 : s)) : kept.map((d) => t.shape[d]!);
+  return { rows: c, n, outShape };
+}
+
+function reduce(fn: ReduceOp, t: Tensor, dim: number | number[] | undefined, keepdim: boolean, op: string): Tensor {
+  const dims = reducedDims(t, dim, op);
+  if (t.ndim === 0) dims.length = 0;
+  const { rows, n, outShape } = asRows(t, dims, keepdim);
+  if (n === 0 && fn !== "sum" && fn !== "prod") throw new OpError(op, "cannot reduce an empty dimension");
+  const isArg = fn === "argmax" || fn === "argmin";
+  const dtype: DType = isArg ? "int32" : fn === "sum" || fn === "prod" ? (isFloating(t.dtype) ? t.dtype : t.dtype === "bool" ? "int32" : t.dtype) : t.dtype;
+  const out = empty(outShape, { dtype, device: t.device });
+  const numRows = numel(outShape);
+  runKernel(op, t.device, { op: "reduce", fn, x: rows.view_(op), out: out.view_(op), rows: numRows, n }, isArg ? [] : [out]);
+  if (rows !== t) rows.dispose();
+  if (!isArg) recordOp(op, [t], out, { dims, keepdim, inputShape: t.shape });
+  return out;
+}
+
+export const sum = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("sum", t, dim, keepdim, "sum");
+export const prod = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("prod", t, dim, keepdim, "prod");
+export const max = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("max", t, dim, keepdim, "max");
+export const min = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("min", t, dim, keepdim, "min");
+export const argmax = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmax", t, dim, keepdim, "argmax");
+export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmin", t, dim, keepdim, "argmin");
+
+export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tensor {
+  const dims = reducedDims(t, dim, "mean");
+  const count = numel(dims.map((d) => t.shape[d]!));
+  const src = isFloating(t.dtype) ? t : t.to("float32");
+  const s = sum(src, dims, keepdim);
+  const out = s.div(count);
+  s.dispose();
+  if (src !== t) src.dispose();
+  return out;
+}
+
+/** Applies a row kernel along `dim`, returning a tensor of t's shape. */
+function alongDim(t: Tensor, dim: number, op: string, make: (rows: Tensor, out: Tensor, numRows: number, n: number) => void): Tensor {
+  const d = normDim(dim, Math.max(t.ndim, 1), op);
+  const last = t.ndim - 1;
+  if (t.ndim === 0) {
+    const r = t.reshape(1);
+    const o = alongDim(r, 0, op, make);
+    r.dispose();
+    const out = o.reshape();
+    o.dispose();
+    return out;
+  }
+  const moved = d === last ? t : t.transpose(d, last);
+  const rows = contiguous(moved);
+  const n = t.shape[d]!;
+  const out = empty(rows.shape, { dtype: isFloating(t.dtype) ? t.dtype : "float32", device: t.device });
+  make(rows, out, numel(rows.shape) / Math.max(n, 1), n);
+  if (rows !== t) rows.dispose();
+  if (moved !== t && moved !== rows) moved.dispose();
+  if (d === last) return out;
+  const back = out.transpose(d, last);
+  const res = contiguous(back);
+  back.dispose();
+  out.dispose();
+  return res;
+}
+
+function softmaxImpl(t: Tensor, dim: number, logOut: boolean): Tensor {
+  const op = logOut ? "log_softmax" : "softmax";
+  const out = alongDim(t, dim, op, (rows, o, numRows, n) =>
+    runKernel(op, t.device, { op: "softmax", log: logOut, x: rows.view_(op), out: o.view_(op), rows: numRows, n }, [o]),
+  );
+  recordOp(op, [t], out, { dim: normDim(dim, Math.max(t.ndim, 1), op) });
+  return out;
+}
+
+export const softmax = (t: Tensor, dim = -1): Tensor => softmaxImpl(t, dim, false);
+export const logSoftmax = (t: Tensor, dim = -1): Tensor => softmaxImpl(t, dim, true);
+
+/** log(sum(exp(x))) along dim, computed stably as max + log(sum(exp(x - max))). */
+export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
+  const m = max(t, dim, true);
+  const mDetached = m.detach();
+  const shifted = sub(t, mDetached);
+  const e = shifted.exp();
+  const s = sum(e, dim, true);
+  const l = log(s);
+  const r = add(l, mDetached);
+  for (const x of [shifted, e, s, l]) x.dispose();
+  mDetached.dispose();
+  m.dispose();
+  if (keepdim) return r;
+  const out = r.squeeze(normDim(dim, t.ndim, "logsumexp"));
+  return out;
+}
+
+export function cumsum(t: Tensor, dim: number): Tensor {
+  const out = alongDim(t, dim, "cumsum", (rows, o, numRows, n) =>
+    runKernel("cumsum", t.device, { op: "cumsum", x: rows.view_("cumsum"), out: o.view_("cumsum"), rows: numRows, n }, [o]),
+  );
+  recordOp("cumsum", [t], out, { dim: normDim(dim, Math.max(t.ndim, 1), "cumsum") });
+  return out;
+}
+
+/** Sorts along dim; returns values and int32 indices. Stable. */
+export function sort(t: Tensor, dim = -1, descending = false): { values: Tensor; indices: Tensor } {
+  const d = normDim(dim, Math.max(t.ndim, 1), "sort");
+  const last = t.ndim - 1;
+  const moved = d === last ? t : t.transpose(d, last);
+  const rows = contiguous(moved);
+  const n = t.shape[d] ?? 1;
+  const values = empty(rows.shape, { dtype: t.dtype, device: t.device });
+  const indices = empty(rows.shape, { dtype: "int32", device: t.device });
+  runKernel("sort", t.device, {
+    op: "sort",
+    x: rows.view_("sort"),
+    values: values.view_("sort"),
+    indices: indices.view_("sort"),
+    rows: numel(rows.shape) / Math.max(n, 1),
+    n,
+    descending,
+  });
+  if (rows !== t) rows.dispose();
+  if (moved !== t && moved !== rows) moved.dispose();
+  if (d === last) return { values, indices };
+  const fix = (x: Tensor) => {
+    const b = x.transpose(d, last);
+    const c = contiguous(b);
+    b.dispose();
+    x.dispose();
+    return c;
+  };
+  return { values: fix(values), indices: fix(indices) };
+}
+
+/** The k largest (or smallest) entries along dim, sorted. */
+export function topk(t: Tensor, k: number, dim = -1, largest = true): { values: Tensor; indices: Tensor } {
+  const d = normDim(dim, Math.max(t.ndim, 1), "topk");
+  if (k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
+  const s = sort(t, d, largest);
+  const values = s.values.narrow(d, 0, k).contiguous();
+  const indices = s.indices.narrow(d, 0, k).contiguous();
+  s.values.dispose();
+  s.indices.dispose();
+  return { values, indices };
+}

@@ -1,0 +1,38 @@
+// A device buffer shared by a tensor and all its views. Reference-counted by the tensors that use it;
+// freed when the last one is disposed or garbage-collected (FinalizationRegistry safety net).
+import type { DeviceBuffer } from "../backends/backend.js";
+import type { Device } from "./device.js";
+
+export class Storage {
+  private refs = 0;
+  private freed = false;
+
+  constructor(
+    readonly device: Device,
+    readonly buffer: DeviceBuffer,
+  ) {}
+
+  get isFreed(): boolean {
+    return this.freed;
+  }
+
+  retain(): void {
+    this.refs++;
+  }
+
+  release(): void {
+    if (this.freed) return;
+    if (--this.refs <= 0) {
+      this.freed = true;
+      this.device.backend.free(this.buffer);
+    }
+  }
+
+  static allocate(device: Device, byteLength: number): Storage {
+    // zero-size tensors still get a (1-byte) buffer so every tensor has storage
+    return new Storage(device, device.backend.allocate(Math.max(byteLength, 1)));
+  }
+}
+
+/** Releases storage of tensors that were dropped without dispose(). The held value is the storage. */
+export const storageFinalizer = new FinalizationRegistry<Storage>((storage) => storage.release());

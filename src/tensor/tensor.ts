@@ -1,0 +1,534 @@
+// Tensor: dtype, shape, strides, offset and a shared device storage. Views share storage (PyTorch semantics).
+import type { BufferView } from "../backends/backend.js";
+import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
+import { DisposedTensorError, OpError } from "../util/errors.js";
+import { resolveDevice, type Device, type DeviceLike } from "./device.js";
+import { Storage, storageFinalizer } from "./storage.js";
+import * as ew from "./ops/elementwise.js";
+import * as sh from "./ops/shape.js";
+import * as rd from "./ops/reduce.js";
+import * as la from "./ops/linalg.js";
+import * as ix from "./ops/indexing.js";
+
+export type Shape = readonly number[];
+export type Scalar = number | boolean;
+export type TensorOrScalar = Tensor | Scalar;
+
+export function numel(shape: Shape): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}
+
+export function contiguousStrides(shape: Shape): number[] {
+  const strides = new Array<number>(shape.length);
+  let s = 1;
+  for (let d = shape.length - 1; d >= 0; d--) {
+    strides[d] = s;
+    s *= shape[d]!;
+  }
+  return strides;
+}
+
+let nextId = 1;
+
+/** Autograd node attached to a tensor produced by a differentiable op (filled by tensor/autograd.ts). */
+export interface GradNode {
+  readonly op: string;
+  readonly inputs: (Tensor | null)[];
+  readonly attrs: Record<string, unknown>;
+}
+
+export class Tensor {
+  readonly id = nextId++;
+  requiresGrad = false;
+  grad: Tensor | null = null;
+  gradFn: GradNode | null = null;
+  /** Set by retainGrad() for non-leaf tensors whose grad should be kept. */
+  retainsGrad = false;
+  private disposed = false;
+
+  constructor(
+    readonly storage: Storage,
+    readonly dtype: DType,
+    readonly shape: Shape,
+    readonly strides: Shape,
+    readonly offset: number,
+  ) {
+    storage.retain();
+    storageFinalizer.register(this, storage, this);
+  }
+
+  get device(): Device {
+    return this.storage.device;
+  }
+  get ndim(): number {
+    return this.shape.length;
+  }
+  get numel(): number {
+    return numel(this.shape);
+  }
+  get isDisposed(): boolean {
+    return this.disposed;
+  }
+  size(dim?: number): number | Shape {
+    return dim === undefined ? this.shape : this.shape[sh.normDim(dim, this.ndim, "size")]!;
+  }
+  /** True when the elements are laid out densely in row-major order. */
+  get isContiguous(): boolean {
+    let expected = 1;
+    for (let d = this.shape.length - 1; d >= 0; d--) {
+      if (this.shape[d] !== 1 && this.strides[d] !== expected) return false;
+      expected *= this.shape[d]!;
+    }
+    return true;
+  }
+
+  /** The kernel-facing view; throws if the tensor was disposed. */
+  view_(op: string): BufferView {
+    if (this.disposed || this.storage.isFreed) throw new DisposedTensorError(op, `tensor #${this.id} was disposed`);
+    return { buffer: this.storage.buffer, dtype: this.dtype, shape: this.shape, strides: this.strides, offset: this.offset };
+  }
+
+  /** Frees this tensor's hold on its storage now (the storage is freed when no view holds it). */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    storageFinalizer.unregister(this);
+    this.storage.release();
+  }
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  // ---- reading values ----
+
+  /** Waits for pending work and returns the elements in row-major order (float types as Float32Array). */
+  async toArray(): Promise<Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array> {
+    await this.device.backend.synchronize();
+    return this.dataSync();
+  }
+
+  /** Synchronous read for host back ends (used internally and by tests). */
+  dataSync(): Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array {
+    const t = this.isContiguous && !isReducedFloat(this.dtype) ? this : this.contiguous().to(readDtype(this.dtype));
+    const bytes = t.device.backend.read(t.storage.buffer, t.offset * DTYPE_BYTES[t.dtype], t.numel * DTYPE_BYTES[t.dtype]);
+    if (t !== this) t.dispose();
+    const buf = bytes.buffer;
+    switch (readDtype(this.dtype)) {
+      case "float32":
+        return new Float32Array(buf, bytes.byteOffset, this.numel);
+      case "int32":
+        return new Int32Array(buf, bytes.byteOffset, this.numel);
+      case "int8":
+        return new Int8Array(buf, bytes.byteOffset, this.numel);
+      case "int64":
+        return new BigInt64Array(buf, bytes.byteOffset, this.numel);
+      default:
+        return new Uint8Array(buf, bytes.byteOffset, this.numel);
+    }
+  }
+
+  /** Elements as plain numbers (row-major). */
+  toList(): number[] {
+    return Array.from(this.dataSync() as ArrayLike<number | bigint>, Number);
+  }
+
+  /** The value of a one-element tensor. */
+  item(): number {
+    if (this.numel !== 1) throw new OpError("item", `a tensor with ${this.numel} elements cannot be converted to a scalar`);
+    return Number(this.dataSync()[0]!);
+  }
+
+  toString(): string {
+    return `Tensor(shape=[${this.shape.join(", ")}], dtype=${this.dtype}, device=${this.device.name})`;
+  }
+
+  // ---- views and shape ops ----
+  view(...shape: number[]): Tensor {
+    return sh.view(this, shape);
+  }
+  reshape(...shape: number[]): Tensor {
+    return sh.reshape(this, shape);
+  }
+  permute(...dims: number[]): Tensor {
+    return sh.permute(this, dims);
+  }
+  transpose(d0: number, d1: number): Tensor {
+    return sh.transpose(this, d0, d1);
+  }
+  get T(): Tensor {
+    return sh.transpose(this, -2, -1);
+  }
+  narrow(dim: number, start: number, length: number): Tensor {
+    return sh.narrow(this, dim, start, length);
+  }
+  slice(dim: number, start?: number, end?: number, step = 1): Tensor {
+    return sh.slice(this, dim, start, end, step);
+  }
+  select(dim: number, index: number): Tensor {
+    return sh.select(this, dim, index);
+  }
+  expand(...shape: number[]): Tensor {
+    return sh.expand(this, shape);
+  }
+  squeeze(dim?: number): Tensor {
+    return sh.squeeze(this, dim);
+  }
+  unsqueeze(dim: number): Tensor {
+    return sh.unsqueeze(this, dim);
+  }
+  flatten(startDim = 0, endDim = -1): Tensor {
+    return sh.flatten(this, startDim, endDim);
+  }
+  contiguous(): Tensor {
+    return sh.contiguous(this);
+  }
+  clone(): Tensor {
+    return sh.clone(this);
+  }
+  /** Casts to a dtype and/or moves to a device (a no-op returns this). */
+  to(dtypeOrDevice: DType | Device, dtype?: DType): Tensor {
+    return sh.to(this, dtypeOrDevice, dtype);
+  }
+  detach(): Tensor {
+    return sh.detach(this);
+  }
+
+  // ---- elementwise ----
+  add(o: TensorOrScalar, alpha?: number): Tensor {
+    return ew.add(this, o, alpha);
+  }
+  sub(o: TensorOrScalar): Tensor {
+    return ew.sub(this, o);
+  }
+  mul(o: TensorOrScalar): Tensor {
+    return ew.mul(this, o);
+  }
+  div(o: TensorOrScalar): Tensor {
+    return ew.div(this, o);
+  }
+  pow(o: TensorOrScalar): Tensor {
+    return ew.pow(this, o);
+  }
+  maximum(o: TensorOrScalar): Tensor {
+    return ew.maximum(this, o);
+  }
+  minimum(o: TensorOrScalar): Tensor {
+    return ew.minimum(this, o);
+  }
+  eq(o: TensorOrScalar): Tensor {
+    return ew.eq(this, o);
+  }
+  ne(o: TensorOrScalar): Tensor {
+    return ew.ne(this, o);
+  }
+  lt(o: TensorOrScalar): Tensor {
+    return ew.lt(this, o);
+  }
+  le(o: TensorOrScalar): Tensor {
+    return ew.le(this, o);
+  }
+  gt(o: TensorOrScalar): Tensor {
+    return ew.gt(this, o);
+  }
+  ge(o: TensorOrScalar): Tensor {
+    return ew.ge(this, o);
+  }
+  neg(): Tensor {
+    return ew.neg(this);
+  }
+  exp(): Tensor {
+    return ew.exp(this);
+  }
+  log(): Tensor {
+    return ew.log(this);
+  }
+  sqrt(): Tensor {
+    return ew.sqrt(this);
+  }
+  rsqrt(): Tensor {
+    return ew.rsqrt(this);
+  }
+  tanh(): Tensor {
+    return ew.tanh(this);
+  }
+  sigmoid(): Tensor {
+    return ew.sigmoid(this);
+  }
+  silu(): Tensor {
+    return ew.silu(this);
+  }
+  gelu(approximate: "none" | "tanh" = "none"): Tensor {
+    return ew.gelu(this, approximate);
+  }
+  relu(): Tensor {
+    return ew.relu(this);
+  }
+  abs(): Tensor {
+    return ew.abs(this);
+  }
+  square(): Tensor {
+    return ew.square(this);
+  }
+  clamp(min?: number, max?: number): Tensor {
+    return ew.clamp(this, min, max);
+  }
+  where(cond: Tensor, other: TensorOrScalar): Tensor {
+    return ew.where(cond, this, other);
+  }
+  maskedFill(mask: Tensor, value: number): Tensor {
+    return ew.maskedFill(this, mask, value);
+  }
+
+  // ---- in place (mutate through views) ----
+  add_(o: TensorOrScalar, alpha?: number): this {
+    ew.inPlace(this, ew.add(this, o, alpha));
+    return this;
+  }
+  sub_(o: TensorOrScalar): this {
+    ew.inPlace(this, ew.sub(this, o));
+    return this;
+  }
+  mul_(o: TensorOrScalar): this {
+    ew.inPlace(this, ew.mul(this, o));
+    return this;
+  }
+  div_(o: TensorOrScalar): this {
+    ew.inPlace(this, ew.div(this, o));
+    return this;
+  }
+  copy_(src: Tensor): this {
+    ew.copyInto(this, src);
+    return this;
+  }
+  fill_(value: number): this {
+    ew.fillInto(this, value);
+    return this;
+  }
+  maskedFill_(mask: Tensor, value: number): this {
+    ew.inPlace(this, ew.maskedFill(this, mask, value));
+    return this;
+  }
+  indexCopy_(dim: number, index: Tensor, src: Tensor): this {
+    ix.indexCopyInto(this, dim, index, src);
+    return this;
+  }
+
+  // ---- reductions ----
+  sum(dim?: number | number[], keepdim = false): Tensor {
+    return rd.sum(this, dim, keepdim);
+  }
+  mean(dim?: number | number[], keepdim = false): Tensor {
+    return rd.mean(this, dim, keepdim);
+  }
+  max(dim?: number, keepdim = false): Tensor {
+    return rd.max(this, dim, keepdim);
+  }
+  min(dim?: number, keepdim = false): Tensor {
+    return rd.min(this, dim, keepdim);
+  }
+  argmax(dim?: number, keepdim = false): Tensor {
+    return rd.argmax(this, dim, keepdim);
+  }
+  argmin(dim?: number, keepdim = false): Tensor {
+    return rd.argmin(this, dim, keepdim);
+  }
+  softmax(dim = -1): Tensor {
+    return rd.softmax(this, dim);
+  }
+  logSoftmax(dim = -1): Tensor {
+    return rd.logSoftmax(this, dim);
+  }
+  logsumexp(dim: number, keepdim = false): Tensor {
+    return rd.logsumexp(this, dim, keepdim);
+  }
+  cumsum(dim: number): Tensor {
+    return rd.cumsum(this, dim);
+  }
+
+  // ---- linear algebra and indexing ----
+  matmul(o: Tensor): Tensor {
+    return la.matmul(this, o);
+  }
+  indexSelect(dim: number, index: Tensor): Tensor {
+    return ix.indexSelect(this, dim, index);
+  }
+  gather(dim: number, index: Tensor): Tensor {
+    return ix.gather(this, dim, index);
+  }
+}
+
+function isReducedFloat(d: DType): boolean {
+  return d === "float16" || d === "bfloat16" || d === "float8_e4m3fn" || d === "float8_e5m2";
+}
+
+/** The dtype dataSync() returns values in: reduced floats widen to float32, bool/uint8 stay bytes. */
+function readDtype(d: DType): DType {
+  return isReducedFloat(d) ? "float32" : d;
+}
+
+// ---- construction ----
+
+export interface TensorOptions {
+  dtype?: DType;
+  device?: DeviceLike;
+  requiresGrad?: boolean;
+}
+
+/** Allocates an uninitialised contiguous tensor. */
+export function empty(shape: Shape, options: TensorOptions = {}): Tensor {
+  for (const d of shape) {
+    if (!Number.isInteger(d) || d < 0) throw new OpError("empty", `invalid shape [${shape.join(", ")}]`);
+  }
+  const dev = resolveDevice(options.device);
+  const dtype = options.dtype ?? "float32";
+  const t = new Tensor(Storage.allocate(dev, numel(shape) * DTYPE_BYTES[dtype]), dtype, [...shape], contiguousStrides(shape), 0);
+  if (options.requiresGrad) t.requiresGrad = true;
+  return t;
+}
+
+type NestedArray = number | boolean | NestedArray[];
+
+function inferShape(data: NestedArray): number[] {
+  const shape: number[] = [];
+  let cur: NestedArray = data;
+  while (Array.isArray(cur)) {
+    shape.push(cur.length);
+    cur = cur[0] as NestedArray;
+  }
+  return shape;
+}
+
+function flattenNested(data: NestedArray, shape: number[], out: number[], depth = 0): void {
+  if (depth === shape.length) {
+    if (Array.isArray(data)) throw new OpError("tensor", "ragged nested array");
+    out.push(typeof data === "boolean" ? (data ? 1 : 0) : data);
+    return;
+  }
+  if (!Array.isArray(data) || data.length !== shape[depth]) throw new OpError("tensor", "ragged nested array");
+  for (const x of data) flattenNested(x, shape, out, depth + 1);
+}
+
+type TypedData = Float32Array | Float64Array | Int32Array | Int8Array | Uint8Array | Uint16Array | BigInt64Array;
+
+/**
+ * Creates a tensor from nested arrays, a flat typed array (with options.shape) or a scalar.
+ * @example tensor([[1, 2], [3, 4]]).sum().item() // 10
+ */
+export function tensor(data: NestedArray | TypedData, options: TensorOptions & { shape?: Shape } = {}): Tensor {
+  let shape: number[];
+  let values: ArrayLike<number> | TypedData;
+  if (ArrayBuffer.isView(data)) {
+    shape = options.shape ? [...options.shape] : [data.length];
+    values = data;
+  } else {
+    shape = options.shape ? [...options.shape] : inferShape(data);
+    const flat: number[] = [];
+    flattenNested(data, inferShape(data), flat);
+    values = flat;
+  }
+  if (numel(shape) !== values.length) throw new OpError("tensor", `shape [${shape.join(", ")}] does not match ${values.length} values`);
+  const dtype = options.dtype ?? defaultDtypeFor(data);
+  const t = empty(shape, { ...options, dtype });
+  writeValues(t, values);
+  return t;
+}
+
+function defaultDtypeFor(data: NestedArray | TypedData): DType {
+  if (data instanceof Int32Array) return "int32";
+  if (data instanceof BigInt64Array) return "int64";
+  if (data instanceof Uint8Array) return "uint8";
+  if (data instanceof Int8Array) return "int8";
+  if (typeof data === "boolean") return "bool";
+  if (Array.isArray(data)) {
+    let cur: NestedArray = data;
+    while (Array.isArray(cur) && cur.length > 0) cur = cur[0] as NestedArray;
+    if (typeof cur === "boolean") return "bool";
+  }
+  return "float32";
+}
+
+/** Writes raw element values (already in the tensor's dtype encoding when the typed array matches it). */
+function writeValues(t: Tensor, values: ArrayLike<number> | TypedData): void {
+  const backend = t.device.backend;
+  const bytesPer = DTYPE_BYTES[t.dtype];
+  // Exact byte-level match: copy bytes as they are (bf16/f16 bits in a Uint16Array, f32, i32...).
+  const sameEncoding =
+    (t.dtype === "float32" && values instanceof Float32Array) ||
+    (t.dtype === "int32" && values instanceof Int32Array) ||
+    (t.dtype === "int64" && values instanceof BigInt64Array) ||
+    ((t.dtype === "bfloat16" || t.dtype === "float16") && values instanceof Uint16Array) ||
+    ((t.dtype === "uint8" || t.dtype === "bool" || t.dtype === "float8_e4m3fn" || t.dtype === "float8_e5m2") && values instanceof Uint8Array) ||
+    (t.dtype === "int8" && values instanceof Int8Array);
+  if (sameEncoding) {
+    const v = values as TypedData;
+    backend.write(t.storage.buffer, 0, new Uint8Array(v.buffer, v.byteOffset, t.numel * bytesPer));
+    return;
+  }
+  if (values instanceof BigInt64Array) values = Float64Array.from(values, Number);
+  // Otherwise go through a float32/int32 staging tensor and the copy kernel (which converts dtypes).
+  const isInt = t.dtype === "int32" || t.dtype === "int64" || t.dtype === "int8" || t.dtype === "uint8" || t.dtype === "bool";
+  const stagingDtype: DType = isInt ? "int32" : "float32";
+  const staging = empty(t.shape, { dtype: stagingDtype, device: t.device });
+  const arr = isInt ? Int32Array.from(values as ArrayLike<number>) : Float32Array.from(values as ArrayLike<number>);
+  backend.write(staging.storage.buffer, 0, new Uint8Array(arr.buffer));
+  backend.run({ op: "copy", x: staging.view_("tensor"), out: t.view_("tensor") });
+  staging.dispose();
+}
+
+export function full(shape: Shape, value: number, options: TensorOptions = {}): Tensor {
+  const t = empty(shape, options);
+  t.device.backend.run({ op: "fill", out: t.view_("full"), value });
+  return t;
+}
+
+export function zeros(shape: Shape, options: TensorOptions = {}): Tensor {
+  return full(shape, 0, options);
+}
+
+export function ones(shape: Shape, options: TensorOptions = {}): Tensor {
+  return full(shape, 1, options);
+}
+
+export function zerosLike(t: Tensor, options: TensorOptions = {}): Tensor {
+  return zeros(t.shape, { dtype: t.dtype, device: t.device, ...options });
+}
+
+export function onesLike(t: Tensor, options: TensorOptions = {}): Tensor {
+  return ones(t.shape, { dtype: t.dtype, device: t.device, ...options });
+}
+
+export function fullLike(t: Tensor, value: number, options: TensorOptions = {}): Tensor {
+  return full(t.shape, value, { dtype: t.dtype, device: t.device, ...options });
+}
+
+/** arange(end) or arange(start, end, step); int32 unless a float dtype is asked for or a bound is fractional. */
+export function arange(start: number, end?: number, step = 1, options: TensorOptions = {}): Tensor {
+  if (end === undefined) {
+    end = start;
+    start = 0;
+  }
+  if (step === 0) throw new OpError("arange", "step must be non-zero");
+  const n = Math.max(0, Math.ceil((end - start) / step));
+  const integral = Number.isInteger(start) && Number.isInteger(step);
+  const dtype = options.dtype ?? (integral ? "int32" : "float32");
+  const vals = new Float64Array(n);
+  for (let i = 0; i < n; i++) vals[i] = start + i * step;
+  return tensor(vals, { ...options, dtype, shape: [n] });
+}
+
+/** Wraps existing bytes of a given dtype as a new tensor (one copy into device memory). */
+export function fromBytes(bytes: Uint8Array, dtype: DType, shape: Shape, options: TensorOptions = {}): Tensor {
+  const t = empty(shape, { ...options, dtype });
+  if (bytes.byteLength !== t.numel * DTYPE_BYTES[dtype])
+    throw new OpError("fromBytes", `${bytes.byteLength} bytes do not hold ${dtype}[${shape.join(", ")}]`);
+  t.device.backend.write(t.storage.buffer, 0, bytes);
+  return t;
+}
+
+/** Makes a tensor view over existing storage (used by view ops). */
+export function makeView(base: Tensor, shape: Shape, strides: Shape, offset: number): Tensor {
+  base.view_("view"); // disposed check
+  return new Tensor(base.storage, base.dtype, [...shape], [...strides], offset);
+}

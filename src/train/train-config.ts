@@ -1,0 +1,383 @@
+// `kiln train --config FILE.toml`: TorchTitan-style sections, parsed with smol-toml, validated
+// against one schema table (types, ranges, enums, defaults, aliases), and returned as a typed
+// TrainConfig. Unknown sections and keys are errors that name them and suggest the closest key.
+import { readFileSync } from "node:fs";
+import { parse as parseToml } from "smol-toml";
+import { KilnError } from "../util/errors.js";
+
+export class TrainConfigError extends KilnError {
+  override name = "TrainConfigError";
+}
+
+export interface JobConfig {
+  dump_folder: string;
+  description: string;
+  seed: number;
+}
+
+export interface ModelConfig {
+  name: "llama";
+  flavor: string | null;
+  dim: number;
+  n_layers: number;
+  n_heads: number;
+  n_kv_heads: number;
+  /** null: take the trained/loaded tokenizer's vocabulary size. */
+  vocab_size: number | null;
+  ffn_dim: number;
+  norm_eps: number;
+  rope_theta: number;
+  max_seq_len: number;
+  /** A tokenizer.json file or a directory holding one; null: train one on the dataset. */
+  tokenizer_path: string | null;
+  tokenizer_vocab_size: number;
+  tokenizer_min_frequency: number;
+  tokenizer_special_tokens: string[];
+}
+
+export interface OptimizerConfig {
+  name: "AdamW" | "SGD";
+  lr: number;
+  eps: number;
+  beta1: number;
+  beta2: number;
+  weight_decay: number;
+  momentum: number;
+}
+
+export interface LrSchedulerConfig {
+  warmup_steps: number;
+  decay_type: "linear" | "cosine";
+  lr_min: number;
+}
+
+export interface TrainingConfig {
+  local_batch_size: number;
+  seq_len: number;
+  steps: number;
+  max_norm: number;
+  gradient_accumulation_steps: number;
+  /** "brown", "nlp-corpus", or a path to a text file or directory. */
+  dataset: string;
+  mixed_precision_param: "bfloat16" | "float32";
+}
+
+export interface CheckpointConfig {
+  enable: boolean;
+  folder: string;
+  interval: number;
+  keep_latest_k: number;
+  export_dtype: "float32" | "bfloat16" | "float16";
+}
+
+export interface MetricsConfig {
+  log_freq: number;
+  enable_tensorboard: boolean; // accepted for TorchTitan compatibility, ignored
+  /** SVG loss curve, relative to dump_folder unless absolute; "" disables. */
+  loss_curve: string;
+}
+
+export interface ValidationConfig {
+  enable: boolean;
+  freq: number;
+  steps: number;
+  /** Fraction of documents held out for validation. */
+  fraction: number;
+}
+
+export interface TrainConfig {
+  job: JobConfig;
+  model: ModelConfig;
+  optimizer: OptimizerConfig;
+  lr_scheduler: LrSchedulerConfig;
+  training: TrainingConfig;
+  checkpoint: CheckpointConfig;
+  metrics: MetricsConfig;
+  validation: ValidationConfig;
+}
+
+/** Llama flavors sized for CPU training (explicit dims in [model] override them). */
+export const LLAMA_FLAVORS: Record<string, Partial<ModelConfig>> = {
+  debugmodel: { dim: 256, n_layers: 6, n_heads: 16, n_kv_heads: 16 }, // TorchTitan's debugmodel
+  tiny: { dim: 128, n_layers: 4, n_heads: 4, n_kv_heads: 2 },
+  small: { dim: 384, n_layers: 6, n_heads: 6, n_kv_heads: 2 },
+  medium: { dim: 512, n_layers: 8, n_heads: 8, n_kv_heads: 4 },
+};
+
+// ---------------------------------------------------------------- schema
+
+type FieldType =
+  | { kind: "int"; min?: number }
+  | { kind: "float"; min?: number }
+  | { kind: "bool" }
+  | { kind: "string" }
+  | { kind: "enum"; values: readonly string[] }
+  | { kind: "strings" };
+
+interface Field {
+  type: FieldType;
+  /** undefined: required after flavor/derivation; null allowed where the type says so. */
+  def: unknown;
+  nullable?: boolean;
+  aliases?: string[];
+}
+
+const int = (def: unknown, min?: number, nullable = false): Field => ({ type: { kind: "int", min }, def, nullable });
+const float = (def: number, min?: number): Field => ({ type: { kind: "float", min }, def });
+const bool = (def: boolean): Field => ({ type: { kind: "bool" }, def });
+const str = (def: unknown, nullable = false): Field => ({ type: { kind: "string" }, def, nullable });
+const oneOf = (values: readonly string[], def: string): Field => ({ type: { kind: "enum", values }, def });
+
+const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
+  job: {
+    dump_folder: str("./outputs"),
+    description: str(""),
+    seed: int(0, 0),
+  },
+  model: {
+    name: { ...oneOf(["llama"], "llama"), aliases: ["architecture"] },
+    flavor: str(null, true),
+    dim: { ...int(null, 1, true), aliases: ["hidden_size"] },
+    n_layers: { ...int(null, 1, true), aliases: ["num_hidden_layers"] },
+    n_heads: { ...int(null, 1, true), aliases: ["num_attention_heads"] },
+    n_kv_heads: { ...int(null, 1, true), aliases: ["num_key_value_heads"] },
+    vocab_size: int(null, 1, true),
+    ffn_dim: { ...int(null, 1, true), aliases: ["intermediate_size"] },
+    norm_eps: { ...float(1e-5, 0), aliases: ["rms_norm_eps"] },
+    rope_theta: float(10000, 0),
+    max_seq_len: { ...int(null, 1, true), aliases: ["max_position_embeddings"] },
+    tokenizer_path: str(null, true),
+    tokenizer_vocab_size: int(4096, 257),
+    tokenizer_min_frequency: int(2, 0),
+    tokenizer_special_tokens: { type: { kind: "strings" }, def: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] },
+  },
+  optimizer: {
+    name: oneOf(["AdamW", "SGD"], "AdamW"),
+    lr: float(8e-4, 0),
+    eps: float(1e-8, 0),
+    beta1: float(0.9, 0),
+    beta2: float(0.95, 0),
+    weight_decay: float(0.1, 0),
+    momentum: float(0.9, 0),
+  },
+  lr_scheduler: {
+    warmup_steps: int(100, 0),
+    decay_type: oneOf(["linear", "cosine"], "cosine"),
+    lr_min: float(0, 0),
+  },
+  training: {
+    local_batch_size: { ...int(8, 1), aliases: ["batch_size"] },
+    seq_len: int(256, 1),
+    steps: int(1000, 1),
+    max_norm: float(1.0, 0),
+    gradient_accumulation_steps: int(1, 1),
+    dataset: str("brown"),
+    mixed_precision_param: oneOf(["bfloat16", "float32"], "float32"),
+    seed: int(null, 0, true), // TorchTitan keeps the seed here; moved to job.seed
+  },
+  checkpoint: {
+    enable: bool(false),
+    folder: str("checkpoint"),
+    interval: int(500, 1),
+    keep_latest_k: int(0, 0),
+    export_dtype: oneOf(["float32", "bfloat16", "float16"], "float32"),
+  },
+  metrics: {
+    log_freq: int(10, 1),
+    enable_tensorboard: bool(false),
+    loss_curve: { ...str("loss_curve.svg"), aliases: ["save_loss_curve"] },
+  },
+  validation: {
+    enable: bool(true),
+    freq: int(100, 1),
+    steps: int(10, 1),
+    fraction: float(0.05, 0),
+  },
+};
+
+// ---------------------------------------------------------------- parsing
+
+/** Reads and validates a TOML config file. `overrides` are "section.key" -> value (CLI flags). */
+export function loadTrainConfig(path: string, overrides: Record<string, unknown> = {}): TrainConfig {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new TrainConfigError(`cannot read config ${path}: ${(e as Error).message}`);
+  }
+  return parseTrainConfig(text, overrides, path);
+}
+
+/**
+ * Parses TOML text into a validated TrainConfig with every default filled in.
+ * @example
+ *   const cfg = parseTrainConfig('[model]\nflavor = "tiny"\n[training]\nsteps = 50\n');
+ *   cfg.model.dim === 128 && cfg.training.steps === 50;
+ */
+export function parseTrainConfig(text: string, overrides: Record<string, unknown> = {}, source = "config"): TrainConfig {
+  let raw: Record<string, unknown>;
+  try {
+    raw = parseToml(text) as Record<string, unknown>;
+  } catch (e) {
+    throw new TrainConfigError(`${source}: invalid TOML: ${(e as Error).message}`);
+  }
+  for (const [path, value] of Object.entries(overrides)) {
+    const dot = path.indexOf(".");
+    if (dot < 0) throw new TrainConfigError(`override "${path}" must be section.key`);
+    const section = path.slice(0, dot);
+    const table = (raw[section] ??= {}) as Record<string, unknown>;
+    if (typeof table !== "object" || table === null || Array.isArray(table))
+      throw new TrainConfigError(`${source}: [${section}] is not a table`);
+    table[path.slice(dot + 1)] = value;
+  }
+  return validate(raw, source);
+}
+
+function validate(raw: Record<string, unknown>, source: string): TrainConfig {
+  const sections = Object.keys(SCHEMA);
+  for (const name of Object.keys(raw)) {
+    if (!(name in SCHEMA)) throw new TrainConfigError(`${source}: unknown section [${name}]${suggest(name, sections)} (known: ${sections.join(", ")})`);
+  }
+  const out: Record<string, Record<string, unknown>> = {};
+  for (const [section, fields] of Object.entries(SCHEMA)) {
+    const table = raw[section] ?? {};
+    if (typeof table !== "object" || table === null || Array.isArray(table))
+      throw new TrainConfigError(`${source}: [${section}] must be a table`);
+    out[section] = validateSection(section, table as Record<string, unknown>, fields, source);
+  }
+  const cfg = out as unknown as TrainConfig & { training: { seed?: number | null } };
+  // TorchTitan's [training] seed: accept it, keep one seed in [job].
+  const tseed = cfg.training.seed;
+  delete cfg.training.seed;
+  if (tseed !== null && tseed !== undefined) {
+    if ("seed" in ((raw.job as object | undefined) ?? {}) && cfg.job.seed !== tseed)
+      throw new TrainConfigError(`${source}: [job] seed = ${cfg.job.seed} and [training] seed = ${tseed} disagree`);
+    cfg.job.seed = tseed;
+  }
+  resolveModel(cfg, source);
+  crossCheck(cfg, source);
+  return cfg;
+}
+
+function validateSection(section: string, table: Record<string, unknown>, fields: Record<string, Field>, source: string): Record<string, unknown> {
+  const canonical = new Map<string, string>();
+  for (const [k, f] of Object.entries(fields)) {
+    canonical.set(k, k);
+    for (const a of f.aliases ?? []) canonical.set(a, k);
+  }
+  const out: Record<string, unknown> = {};
+  const seen = new Map<string, string>();
+  for (const [key, value] of Object.entries(table)) {
+    const name = canonical.get(key);
+    if (name === undefined)
+      throw new TrainConfigError(
+        `${source}: unknown key "${key}" in [${section}]${suggest(key, [...canonical.keys()])} (known: ${Object.keys(fields).join(", ")})`,
+      );
+    const prev = seen.get(name);
+    if (prev !== undefined) throw new TrainConfigError(`${source}: [${section}] sets ${name} twice ("${prev}" and "${key}")`);
+    seen.set(name, key);
+    out[name] = coerce(`[${section}] ${key}`, value, fields[name]!, source);
+  }
+  for (const [k, f] of Object.entries(fields)) if (!(k in out)) out[k] = Array.isArray(f.def) ? [...(f.def as unknown[])] : f.def;
+  return out;
+}
+
+function coerce(where: string, v: unknown, f: Field, source: string): unknown {
+  const fail = (want: string): never => {
+    throw new TrainConfigError(`${source}: ${where}: expected ${want}, got ${JSON.stringify(v)}`);
+  };
+  if (v === null || v === "none" || v === "None") {
+    if (f.nullable) return null;
+  }
+  const t = f.type;
+  switch (t.kind) {
+    case "int": {
+      const n = typeof v === "string" && v.trim() !== "" ? Number(v) : v;
+      if (typeof n !== "number" || !Number.isInteger(n)) return fail("an integer");
+      if (t.min !== undefined && n < t.min) return fail(`an integer >= ${t.min}`);
+      return n;
+    }
+    case "float": {
+      const n = typeof v === "string" && v.trim() !== "" ? Number(v) : v;
+      if (typeof n !== "number" || !Number.isFinite(n)) return fail("a number");
+      if (t.min !== undefined && n < t.min) return fail(`a number >= ${t.min}`);
+      return n;
+    }
+    case "bool":
+      if (typeof v === "boolean") return v;
+      if (v === "true" || v === "false") return v === "true";
+      return fail("true or false");
+    case "string":
+      return typeof v === "string" ? v : fail("a string");
+    case "enum": {
+      const hit = typeof v === "string" ? t.values.find((x) => x.toLowerCase() === v.toLowerCase()) : undefined;
+      return hit ?? fail(`one of ${t.values.map((x) => `"${x}"`).join(", ")}`);
+    }
+    case "strings":
+      if (typeof v === "string") return v.split(",").map((s) => s.trim()).filter((s) => s.length > 0);
+      if (Array.isArray(v) && v.every((x) => typeof x === "string")) return [...(v as string[])];
+      return fail("a list of strings");
+  }
+}
+
+/** Fills model dims from the flavor, derives ffn_dim (Llama's 2/3 * 4 * dim rounded up to 64) and max_seq_len. */
+function resolveModel(cfg: TrainConfig, source: string): void {
+  const m = cfg.model;
+  if (m.flavor !== null) {
+    const fl = LLAMA_FLAVORS[m.flavor];
+    if (!fl) throw new TrainConfigError(`${source}: unknown [model] flavor "${m.flavor}" (known: ${Object.keys(LLAMA_FLAVORS).join(", ")})`);
+    for (const [k, v] of Object.entries(fl)) {
+      const rec = m as unknown as Record<string, unknown>;
+      if (rec[k] === null) rec[k] = v;
+    }
+  }
+  const missing = (["dim", "n_layers", "n_heads"] as const).filter((k) => m[k] === null);
+  if (missing.length > 0)
+    throw new TrainConfigError(`${source}: [model] needs a flavor (${Object.keys(LLAMA_FLAVORS).join(", ")}) or explicit ${missing.join(", ")}`);
+  if (m.n_kv_heads === null) m.n_kv_heads = m.n_heads;
+  if (m.ffn_dim === null) m.ffn_dim = Math.ceil((2 * 4 * m.dim) / 3 / 64) * 64;
+  if (m.max_seq_len === null) m.max_seq_len = Math.max(cfg.training.seq_len, 2048);
+}
+
+function crossCheck(cfg: TrainConfig, source: string): void {
+  const m = cfg.model;
+  const err = (msg: string): never => {
+    throw new TrainConfigError(`${source}: ${msg}`);
+  };
+  if (m.dim % m.n_heads !== 0) err(`[model] dim ${m.dim} is not divisible by n_heads ${m.n_heads}`);
+  if ((m.dim / m.n_heads) % 2 !== 0) err(`[model] head dim ${m.dim / m.n_heads} must be even for rotary embeddings`);
+  if (m.n_heads % m.n_kv_heads !== 0) err(`[model] n_heads ${m.n_heads} is not a multiple of n_kv_heads ${m.n_kv_heads}`);
+  if (cfg.training.seq_len > m.max_seq_len) err(`[training] seq_len ${cfg.training.seq_len} > [model] max_seq_len ${m.max_seq_len}`);
+  if (m.vocab_size !== null && m.tokenizer_path === null && m.vocab_size < m.tokenizer_vocab_size)
+    err(`[model] vocab_size ${m.vocab_size} < tokenizer_vocab_size ${m.tokenizer_vocab_size}`);
+  if (cfg.optimizer.beta1 >= 1 || cfg.optimizer.beta2 >= 1) err(`[optimizer] beta1 and beta2 must be < 1`);
+  if (cfg.lr_scheduler.lr_min > cfg.optimizer.lr) err(`[lr_scheduler] lr_min ${cfg.lr_scheduler.lr_min} > [optimizer] lr ${cfg.optimizer.lr}`);
+  if (cfg.validation.fraction >= 1) err(`[validation] fraction must be < 1`);
+  if (cfg.training.mixed_precision_param === "bfloat16" && cfg.checkpoint.export_dtype === "float16")
+    err(`[checkpoint] export_dtype float16 from bfloat16 params loses range; export float32 or bfloat16`);
+}
+
+/** " (did you mean "x"?)" when a known name is within edit distance 2. */
+function suggest(name: string, known: string[]): string {
+  let best = "";
+  let bestD = 3;
+  for (const k of known) {
+    const d = editDistance(name.toLowerCase(), k.toLowerCase());
+    if (d < bestD) {
+      bestD = d;
+      best = k;
+    }
+  }
+  return best ? ` (did you mean "${best}"?)` : "";
+}
+
+function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const cur = [i];
+    for (let j = 1; j <= b.length; j++)
+      cur[j] = Math.min(prev[j]! + 1, cur[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    prev = cur;
+  }
+  return prev[b.length]!;
+}

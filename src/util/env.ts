@@ -1,0 +1,44 @@
+// Every environment variable Kiln reads, in one place (STYLE.md 15).
+import { homedir } from "node:os";
+import { join } from "node:path";
+
+function str(name: string): string | undefined {
+  const v = process.env[name];
+  return v === undefined || v === "" ? undefined : v;
+}
+
+function int(name: string): number | undefined {
+  const v = str(name);
+  if (v === undefined) return undefined;
+  const n = Number.parseInt(v, 10);
+  if (!Number.isFinite(n)) throw new Error(`environment variable ${name}=${v} is not an integer`);
+  return n;
+}
+
+export const env = {
+  /** Default device name ("cpu", "reference"). */
+  get device(): string | undefined {
+    return str("KILN_DEVICE");
+  },
+  /** Eager mode for the process: strict (default), debug, defer-and-fuse. */
+  get eagerMode(): string | undefined {
+    return str("KILN_EAGER_MODE");
+  },
+  /** Native kernel threads (default: all cores). */
+  get numThreads(): number | undefined {
+    return int("KILN_NUM_THREADS");
+  },
+  /** Compile cache directory. */
+  get cacheDir(): string {
+    return str("KILN_CACHE_DIR") ?? join(homedir(), ".cache", "kiln");
+  },
+  get logRecompiles(): boolean {
+    return str("KILN_LOG_RECOMPILES") === "1";
+  },
+  get apiKey(): string | undefined {
+    return str("KILN_API_KEY");
+  },
+  get hfHome(): string {
+    return str("HF_HOME") ?? join(homedir(), ".cache", "huggingface");
+  },
+};

@@ -1,0 +1,156 @@
+// Every error path answers with OpenAI's error object and the right status, and the server stays up.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import OpenAI from "openai";
+import { MODEL, startTestServer, type TestServer } from "./helpers.js";
+
+async function post(url: string, body: string | object, headers: Record<string, string> = {}) {
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  return { status: res.status, text, json: text ? (JSON.parse(text) as any) : null };
+}
+
+function assertError(r: { status: number; json: any; text: string }, status: number, param?: string | null): void {
+  assert.equal(r.status, status, r.text);
+  assert.equal(typeof r.json.error.message, "string");
+  assert.equal(typeof r.json.error.type, "string");
+  assert.ok("param" in r.json.error && "code" in r.json.error);
+  if (param !== undefined) assert.equal(r.json.error.param, param);
+  assert.ok(!r.text.includes("    at "), "no stack traces");
+}
+
+describe("errors", () => {
+  let s: TestServer;
+  const chat = () => `${s.url}/v1/chat/completions`;
+  const completions = () => `${s.url}/v1/completions`;
+  const msgs = [{ role: "user", content: "hi" }];
+  before(async () => {
+    s = await startTestServer({ bodyLimit: 64 * 1024, maxWaitingRequests: 4 });
+  });
+  after(() => s.close());
+
+  const badFields: [string, object, string][] = [
+    ["temperature", { temperature: -1 }, "temperature"],
+    ["temperature type", { temperature: "hot" }, "temperature"],
+    ["top_p", { top_p: 0 }, "top_p"],
+    ["n", { n: 0 }, "n"],
+    ["max_tokens", { max_tokens: 0 }, "max_tokens"],
+    ["max_tokens float", { max_tokens: 1.5 }, "max_tokens"],
+    ["stop", { stop: 5 }, "stop"],
+    ["presence_penalty", { presence_penalty: 3 }, "presence_penalty"],
+    ["logit_bias", { logit_bias: { "99999": 1 } }, "logit_bias"],
+    ["top_logprobs without logprobs", { top_logprobs: 2 }, "top_logprobs"],
+    ["top_logprobs range", { logprobs: true, top_logprobs: 50 }, "top_logprobs"],
+    ["stream_options without stream", { stream_options: { include_usage: true } }, "stream_options"],
+    ["min_p", { min_p: 2 }, "min_p"],
+    ["repetition_penalty", { repetition_penalty: 0 }, "repetition_penalty"],
+    ["stop_token_ids", { stop_token_ids: [1e9] }, "stop_token_ids"],
+    ["both template flags", { add_generation_prompt: true, continue_final_message: true }, "continue_final_message"],
+    ["max_tokens beyond context", { max_tokens: 1000 }, "max_tokens"],
+  ];
+  for (const [name, extra, param] of badFields) {
+    it(`400 for bad ${name}`, async () => assertError(await post(chat(), { model: MODEL, messages: msgs, ...extra }), 400, param));
+  }
+
+  it("400 for bad messages and prompts", async () => {
+    assertError(await post(chat(), { model: MODEL, messages: [] }), 400, "messages");
+    assertError(await post(chat(), { model: MODEL, messages: [{ role: "user", content: [{ type: "image_url" }] }] }), 400);
+    assertError(await post(completions(), { model: MODEL }), 400, "prompt");
+    assertError(await post(completions(), { model: MODEL, prompt: [1, "a"] }), 400, "prompt");
+    assertError(await post(completions(), { model: MODEL, prompt: [100000] }), 400, "prompt");
+    assertError(await post(completions(), { model: MODEL, prompt: "x", logprobs: 99 }), 400, "logprobs");
+    assertError(await post(chat(), { model: MODEL, messages: msgs, chat_template: "broken" }), 400, "messages");
+  });
+
+  it("400 when the prompt is longer than max_model_len", async () => {
+    assertError(await post(completions(), { model: MODEL, prompt: "x".repeat(300) }), 400, "prompt");
+    const client = s.client;
+    await assert.rejects(
+      client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "y".repeat(400) }] }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && /maximum context length/.test(e.message),
+    );
+  });
+
+  it("400 for malformed JSON and non-object bodies", async () => {
+    assertError(await post(chat(), "{not json"), 400);
+    assertError(await post(chat(), "[1,2]"), 400);
+  });
+
+  it("404 for an unknown model and an unknown route", async () => {
+    await assert.rejects(s.client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] }), OpenAI.NotFoundError);
+    const r = await post(completions(), { model: "nope", prompt: "x" });
+    assertError(r, 404, "model");
+    assertError(await post(`${s.url}/v1/nothing`, {}), 404);
+    const g = await fetch(`${s.url}/nowhere`);
+    assert.equal(g.status, 404);
+    assert.equal(((await g.json()) as any).error.type, "not_found_error");
+  });
+
+  it("413 for a body over the limit", async () => {
+    assertError(await post(completions(), { model: MODEL, prompt: "x".repeat(100 * 1024) }), 413);
+  });
+
+  it("503 when the waiting queue is full", async () => {
+    s.engine.forcedWaiting = 4;
+    try {
+      const r = await post(chat(), { model: MODEL, messages: msgs });
+      assertError(r, 503);
+      assert.equal(r.json.error.code, "queue_full");
+    } finally {
+      s.engine.forcedWaiting = 0;
+    }
+  });
+
+  it("an engine failing mid-stream ends the stream with an error event; the server lives on", async () => {
+    const res = await fetch(chat(), {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "FAIL_MID_STREAM" }], stream: true, ignore_eos: true }),
+    });
+    assert.equal(res.status, 200);
+    const text = await res.text();
+    assert.match(text, /data: \{"error":\{"message":"Internal server error: fake engine exploded"/);
+    assert.ok(text.trimEnd().endsWith("data: [DONE]"));
+    const ok = await post(chat(), { model: MODEL, messages: msgs, max_tokens: 2 });
+    assert.equal(ok.status, 200);
+  });
+
+  it("a non-streaming engine failure is a 500 error object", async () => {
+    assertError(await post(chat(), { model: MODEL, messages: [{ role: "user", content: "FAIL_MID_STREAM" }], ignore_eos: true }), 500);
+  });
+});
+
+describe("auth and CORS", () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer({ apiKey: "sekret", allowedOrigins: ["http://ok.example"] });
+  });
+  after(() => s.close());
+
+  it("401 without or with a wrong key; open routes stay open", async () => {
+    const bad = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: "wrong", maxRetries: 0 });
+    await assert.rejects(bad.models.list(), OpenAI.AuthenticationError);
+    const none = await fetch(`${s.url}/v1/models`);
+    assert.equal(none.status, 401);
+    assert.equal(((await none.json()) as any).error.code, "invalid_api_key");
+    assert.equal((await s.client.models.list()).data.length, 2);
+    for (const path of ["/health", "/metrics", "/version"]) assert.equal((await fetch(`${s.url}${path}`)).status, 200, path);
+  });
+
+  it("CORS headers for allowed origins and preflight", async () => {
+    const pre = await fetch(`${s.url}/v1/chat/completions`, {
+      method: "OPTIONS",
+      headers: { origin: "http://ok.example", "access-control-request-method": "POST", "access-control-request-headers": "authorization" },
+    });
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers.get("access-control-allow-origin"), "http://ok.example");
+    const other = await fetch(`${s.url}/health`, { headers: { origin: "http://evil.example" } });
+    assert.equal(other.headers.get("access-control-allow-origin"), null);
+    const ok = await fetch(`${s.url}/health`, { headers: { origin: "http://ok.example" } });
+    assert.equal(ok.headers.get("access-control-allow-origin"), "http://ok.example");
+  });
+});

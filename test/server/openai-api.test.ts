@@ -1,0 +1,185 @@
+// The OpenAI-compatible endpoints, driven by the official `openai` client against the fake engine.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import { MODEL, startTestServer, type TestServer } from "./helpers.js";
+
+describe("OpenAI API", () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer();
+  });
+  after(() => s.close());
+
+  it("lists models with max_model_len", async () => {
+    const page = await s.client.models.list();
+    assert.deepEqual(page.data.map((m) => m.id), [MODEL, "alias"]);
+    const m = page.data[0] as unknown as Record<string, unknown>;
+    assert.equal(m.object, "model");
+    assert.equal(m.max_model_len, 256);
+  });
+
+  it("chat completion, non-streaming", async () => {
+    const r = await s.client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hello" }], max_tokens: 8, seed: 1 });
+    assert.match(r.id, /^chatcmpl-/);
+    assert.equal(r.object, "chat.completion");
+    assert.equal(r.model, MODEL);
+    assert.equal(r.choices.length, 1);
+    const c = r.choices[0]!;
+    assert.equal(c.index, 0);
+    assert.equal(c.message.role, "assistant");
+    assert.equal(typeof c.message.content, "string");
+    assert.ok(c.finish_reason === "length" || c.finish_reason === "stop");
+    assert.equal(c.logprobs, null);
+    assert.equal(r.usage!.prompt_tokens, "user: hello\nassistant:".length);
+    assert.ok(r.usage!.completion_tokens <= 8);
+    assert.equal(r.usage!.total_tokens, r.usage!.prompt_tokens + r.usage!.completion_tokens);
+  });
+
+  it("accepts content-part arrays and max_completion_tokens", async () => {
+    const r = await s.client.chat.completions.create({
+      model: MODEL, messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }], max_completion_tokens: 3, ignore_eos: true,
+    } as never);
+    assert.equal(r.usage!.completion_tokens, 3);
+    assert.equal(r.choices[0]!.finish_reason, "length");
+  });
+
+  it("chat streaming with include_usage", async () => {
+    const stream = await s.client.chat.completions.create({
+      model: MODEL, messages: [{ role: "user", content: "stream" }], max_tokens: 6, stream: true, stream_options: { include_usage: true },
+      ignore_eos: true,
+    } as never) as unknown as AsyncIterable<Record<string, any>>;
+    const chunks: Record<string, any>[] = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    assert.equal(chunks[0]!.object, "chat.completion.chunk");
+    assert.equal(chunks[0]!.choices[0].delta.role, "assistant");
+    const content = chunks.filter((c) => c.choices.length > 0);
+    const last = content[content.length - 1]!;
+    assert.equal(last.choices[0].finish_reason, "length");
+    assert.ok(content.slice(0, -1).every((c) => c.choices[0].finish_reason === null));
+    const usageChunk = chunks[chunks.length - 1]!;
+    assert.deepEqual(usageChunk.choices, []);
+    assert.equal(usageChunk.usage.completion_tokens, 6);
+    const text = content.map((c) => c.choices[0].delta.content ?? "").join("");
+    assert.equal(text.length, 6);
+  });
+
+  it("completions with n=2 and several prompts map to choice indices", async () => {
+    const r = await s.client.completions.create({ model: MODEL, prompt: ["one", "two"], n: 2, max_tokens: 4, seed: 3, ignore_eos: true } as never);
+    assert.match(r.id, /^cmpl-/);
+    assert.equal(r.object, "text_completion");
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);
+    assert.ok(r.choices.every((c) => c.text.length === 4));
+    assert.notEqual(r.choices[0]!.text, r.choices[1]!.text); // different samples of one prompt
+    assert.equal(r.usage!.prompt_tokens, 4 + 4); // BOS + 3 chars each
+    assert.equal(r.usage!.completion_tokens, 16);
+  });
+
+  it("completions streaming with include_usage and n=2", async () => {
+    const stream = await s.client.completions.create({
+      model: MODEL, prompt: "abc", n: 2, max_tokens: 5, stream: true, stream_options: { include_usage: true }, ignore_eos: true,
+    } as never) as unknown as AsyncIterable<Record<string, any>>;
+    const texts = ["", ""];
+    const finishes: (string | null)[] = [null, null];
+    let usage: any = null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, "text_completion");
+      for (const c of chunk.choices) {
+        texts[c.index] += c.text;
+        if (c.finish_reason) finishes[c.index] = c.finish_reason;
+      }
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.deepEqual(finishes, ["length", "length"]);
+    assert.deepEqual(texts.map((t) => t.length), [5, 5]);
+    assert.equal(usage.completion_tokens, 10);
+    assert.equal(usage.prompt_tokens, 4);
+  });
+
+  it("stop strings end the text before the stop string", async () => {
+    const base = await s.client.completions.create({ model: MODEL, prompt: "stop test", max_tokens: 40, seed: 7, ignore_eos: true } as never);
+    const text = base.choices[0]!.text;
+    const stop = text.slice(10, 12);
+    const r = await s.client.completions.create({ model: MODEL, prompt: "stop test", max_tokens: 40, seed: 7, ignore_eos: true, stop: [stop] } as never);
+    const c = r.choices[0]! as any;
+    assert.equal(c.finish_reason, "stop");
+    assert.equal(c.stop_reason, stop);
+    assert.equal(c.text, text.slice(0, text.indexOf(stop)));
+  });
+
+  it("same seed gives the same output, different seeds differ", async () => {
+    const run = (seed: number) =>
+      s.client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "seed" }], max_tokens: 16, seed, temperature: 1, ignore_eos: true } as never);
+    const [a, b, c] = await Promise.all([run(11), run(11), run(12)]);
+    assert.equal(a.choices[0]!.message.content, b.choices[0]!.message.content);
+    assert.notEqual(a.choices[0]!.message.content, c.choices[0]!.message.content);
+  });
+
+  it("chat logprobs have OpenAI's shape", async () => {
+    const r = await s.client.chat.completions.create({
+      model: MODEL, messages: [{ role: "user", content: "lp" }], max_tokens: 4, logprobs: true, top_logprobs: 3, ignore_eos: true,
+    } as never);
+    const content = r.choices[0]!.logprobs!.content!;
+    assert.equal(content.length, 4);
+    for (const e of content) {
+      assert.equal(typeof e.token, "string");
+      assert.ok(e.logprob <= 0);
+      assert.deepEqual(e.bytes, [...Buffer.from(e.token)]);
+      assert.equal(e.top_logprobs.length, 3);
+      assert.ok(e.top_logprobs[0]!.logprob >= e.top_logprobs[1]!.logprob);
+    }
+    assert.equal(content.map((e) => e.token).join(""), r.choices[0]!.message.content);
+  });
+
+  it("completion logprobs have the legacy shape", async () => {
+    const r = await s.client.completions.create({ model: MODEL, prompt: "lp", max_tokens: 3, logprobs: 2, ignore_eos: true } as never);
+    const lp = r.choices[0]!.logprobs!;
+    assert.equal(lp.tokens!.length, 3);
+    assert.equal(lp.token_logprobs!.length, 3);
+    assert.equal(lp.top_logprobs!.length, 3);
+    assert.deepEqual(lp.text_offset, [0, 1, 2]);
+    assert.ok(Object.keys(lp.top_logprobs![0]!).length >= 2);
+  });
+
+  it("accepts prompts as token ids and token id lists, with echo", async () => {
+    const ids = s.engine.tokenizer.encode("xyz");
+    const r = await s.client.completions.create({ model: MODEL, prompt: ids, max_tokens: 2, echo: true } as never);
+    assert.ok(r.choices[0]!.text.startsWith("<s>xyz"));
+    const r2 = await s.client.completions.create({ model: MODEL, prompt: [ids, ids], max_tokens: 2 } as never);
+    assert.equal(r2.choices.length, 2);
+    assert.equal(r2.usage!.prompt_tokens, 8);
+  });
+
+  it("tokenize and detokenize", async () => {
+    const post = (path: string, body: unknown) =>
+      fetch(`${s.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then((r) => r.json() as Promise<any>);
+    const t = await post("/tokenize", { model: MODEL, prompt: "hey" });
+    assert.equal(t.count, 4);
+    assert.equal(t.max_model_len, 256);
+    assert.deepEqual(t.tokens, s.engine.tokenizer.encode("hey"));
+    const d = await post("/detokenize", { tokens: t.tokens.slice(1) });
+    assert.equal(d.prompt, "hey");
+    const chat = await post("/tokenize", { messages: [{ role: "user", content: "x" }], add_generation_prompt: true });
+    assert.equal(chat.count, "user: x\nassistant:".length);
+  });
+
+  it("health, version", async () => {
+    const h = await fetch(`${s.url}/health`);
+    assert.equal(h.status, 200);
+    assert.equal(await h.text(), "");
+    assert.deepEqual(await (await fetch(`${s.url}/version`)).json(), { version: "0.1.0-test" });
+  });
+
+  it("metrics use vLLM names with model_name", async () => {
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    for (const name of [
+      "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries",
+      "vllm:prefix_cache_hits", "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+      "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+      "vllm:request_queue_time_seconds_bucket", "kiln:kv_cache_free_blocks", "kiln:kv_cache_total_blocks",
+    ]) {
+      assert.ok(text.includes(name), `missing ${name}`);
+    }
+    assert.match(text, /vllm:generation_tokens_total\{model_name="kiln-test"\} [1-9]/);
+    assert.match(text, /vllm:request_success_total\{model_name="kiln-test",finished_reason="length"\} [1-9]/);
+  });
+});
