@@ -157,12 +157,35 @@ export function f32ToF8e4m3Bits(x: number): number {
   return sign | a;
 }
 
+/** float32 -> e5m2 bits (f16's exponent, 2 mantissa bits), round to nearest even straight from f32 (no double rounding). */
 export function f32ToF8e5m2Bits(x: number): number {
-  const h = f32ToF16Bits(x);
-  // round the 16-bit half to its top 8 bits, ties to even
-  const low = h & 0xff;
-  let top = h >>> 8;
-  if ((h & 0x7c00) === 0x7c00) return top | (h & 0x3ff ? 0x02 : 0);
-  if (low > 0x80 || (low === 0x80 && (top & 1))) top++;
-  return top & 0xff;
+  f32[0] = x;
+  const bits = u32[0]!;
+  const sign = (bits >>> 24) & 0x80;
+  const exp = (bits >>> 23) & 0xff;
+  let mant = bits & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c | (mant ? 0x02 : 0);
+  let e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c;
+  if (e <= 0) {
+    if (e < -2) return sign;
+    mant |= 0x800000;
+    const shift = 22 - e;
+    const half = 1 << (shift - 1);
+    let r = mant >>> shift;
+    const rem = mant & ((1 << shift) - 1);
+    if (rem > half || (rem === half && (r & 1))) r++;
+    return sign | r;
+  }
+  let r = mant >>> 21;
+  const rem = mant & 0x1fffff;
+  if (rem > 0x100000 || (rem === 0x100000 && (r & 1))) {
+    r++;
+    if (r === 0x4) {
+      r = 0;
+      e++;
+      if (e >= 0x1f) return sign | 0x7c;
+    }
+  }
+  return sign | (e << 2) | r;
 }

@@ -21,7 +21,10 @@ export class IncrementalDetokenizer implements IncrementalDetokenizerLike {
   ) {
     this.tokens = promptTokenIds.slice(Math.max(0, promptTokenIds.length - PROMPT_CONTEXT_TOKENS));
     this.readOffset = this.tokens.length;
-    this.opts = { skipSpecialTokens: options.skipSpecialTokens ?? true, spacesBetweenSpecialTokens: options.spacesBetweenSpecialTokens ?? true };
+    this.opts = {
+      skipSpecialTokens: options.skipSpecialTokens ?? true,
+      spacesBetweenSpecialTokens: options.spacesBetweenSpecialTokens ?? true,
+    };
   }
 
   get text(): string {

@@ -50,7 +50,8 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   } as unknown as ResolvedEngineArgs;
   const posInt = (k: keyof ResolvedEngineArgs, min = 1): void => {
     const v = r[k];
-    if (typeof v !== "number" || !Number.isInteger(v) || v < min) throw new Error(`[engine] ${k} must be an integer >= ${min}, got ${String(v)}`);
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min)
+      throw new Error(`[engine] ${k} must be an integer >= ${min}, got ${String(v)}`);
   };
   posInt("maxModelLen");
   posInt("numGpuBlocks", 2);
@@ -58,7 +59,8 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   posInt("maxNumSeqs");
   posInt("maxNumBatchedTokens");
   posInt("longPrefillTokenThreshold", 0);
-  if (r.schedulingPolicy !== "fcfs" && r.schedulingPolicy !== "priority") throw new Error(`[engine] schedulingPolicy must be fcfs or priority, got ${String(r.schedulingPolicy)}`);
+  if (r.schedulingPolicy !== "fcfs" && r.schedulingPolicy !== "priority")
+    throw new Error(`[engine] schedulingPolicy must be fcfs or priority, got ${String(r.schedulingPolicy)}`);
   return r;
 }
 
@@ -109,11 +111,22 @@ export class EngineCore {
     const tok = this.tokenizer;
     this.createDetokenizer = options.createDetokenizer ?? (tok === null ? undefined : (ids, p) => new IncrementalDetokenizer(tok, ids, p));
     this.eosTokenIds = tok?.eosTokenIds ?? this.args.eosTokenIds;
-    this.kv = new KvCacheManager({ numBlocks: this.args.numGpuBlocks, blockSize: this.args.blockSize, enablePrefixCaching: this.args.enablePrefixCaching });
+    this.kv = new KvCacheManager({
+      numBlocks: this.args.numGpuBlocks,
+      blockSize: this.args.blockSize,
+      enablePrefixCaching: this.args.enablePrefixCaching,
+    });
     const a = this.args;
     const decodeToken = tok === null ? String : (id: number) => tok.idToToken(id) ?? tok.decode([id]);
     this.scheduler = new Scheduler(
-      { maxNumSeqs: a.maxNumSeqs, maxNumBatchedTokens: a.maxNumBatchedTokens, maxModelLen: a.maxModelLen, longPrefillTokenThreshold: a.longPrefillTokenThreshold, schedulingPolicy: a.schedulingPolicy, enableChunkedPrefill: a.enableChunkedPrefill },
+      {
+        maxNumSeqs: a.maxNumSeqs,
+        maxNumBatchedTokens: a.maxNumBatchedTokens,
+        maxModelLen: a.maxModelLen,
+        longPrefillTokenThreshold: a.longPrefillTokenThreshold,
+        schedulingPolicy: a.schedulingPolicy,
+        enableChunkedPrefill: a.enableChunkedPrefill,
+      },
       this.kv,
       decodeToken,
     );
@@ -136,16 +149,28 @@ export class EngineCore {
     const params = normalizeSamplingParams(input.params ?? {}, { maxLogprobs: this.args.maxLogprobs, vocabSize: vocab });
     let prompt = input.promptTokenIds;
     if (!Array.isArray(prompt) || prompt.length === 0) throw new EngineInputError("prompt", "the prompt is empty");
-    for (const t of prompt) if (!Number.isInteger(t) || t < 0 || t >= vocab) throw new EngineInputError("prompt_token_ids", `token id ${t} is out of vocabulary range [0, ${vocab})`);
-    if (params.truncatePromptTokens !== null && prompt.length > params.truncatePromptTokens) prompt = prompt.slice(prompt.length - params.truncatePromptTokens);
+    for (const t of prompt)
+      if (!Number.isInteger(t) || t < 0 || t >= vocab)
+        throw new EngineInputError("prompt_token_ids", `token id ${t} is out of vocabulary range [0, ${vocab})`);
+    if (params.truncatePromptTokens !== null && prompt.length > params.truncatePromptTokens)
+      prompt = prompt.slice(prompt.length - params.truncatePromptTokens);
     const maxLen = this.args.maxModelLen;
-    if (prompt.length > maxLen) throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) is longer than the maximum model length of ${maxLen}`);
+    if (prompt.length > maxLen)
+      throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) is longer than the maximum model length of ${maxLen}`);
     const maxTokens = Math.max(1, Math.min(params.maxTokens ?? maxLen, maxLen - prompt.length));
     // Every request must be able to finish alone, or preemption would livelock: its K/V (all tokens but the
     // last sampled one) must fit the pool.
     const usable = this.kv.pool.numUsableBlocks;
-    if (this.kv.blocksFor(prompt.length) > usable) throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) needs ${this.kv.blocksFor(prompt.length)} KV blocks, the pool has ${usable}`);
-    if (this.kv.blocksFor(prompt.length + maxTokens - 1) > usable) throw new EngineInputError("max_tokens", `prompt + max_tokens (${prompt.length + maxTokens}) can never fit the KV cache (${usable} blocks of ${this.kv.blockSize})`);
+    if (this.kv.blocksFor(prompt.length) > usable)
+      throw new EngineInputError(
+        "prompt",
+        `the prompt (length ${prompt.length}) needs ${this.kv.blocksFor(prompt.length)} KV blocks, the pool has ${usable}`,
+      );
+    if (this.kv.blocksFor(prompt.length + maxTokens - 1) > usable)
+      throw new EngineInputError(
+        "max_tokens",
+        `prompt + max_tokens (${prompt.length + maxTokens}) can never fit the KV cache (${usable} blocks of ${this.kv.blockSize})`,
+      );
     if (params.badWords !== null && this.tokenizer === null) throw new EngineInputError("bad_words", "bad words need a tokenizer");
     if (params.stop.length > 0 && this.createDetokenizer === undefined) throw new EngineInputError("stop", "stop strings need a tokenizer");
     const badWordsTokenIds = this.tokenizeBadWords(params.badWords);

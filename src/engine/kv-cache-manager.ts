@@ -59,7 +59,8 @@ export class KvCacheManager {
   readonly prefixCacheStats: PrefixCacheStats = { queries: 0, hits: 0 };
 
   constructor(config: KvCacheManagerConfig) {
-    if (!Number.isInteger(config.blockSize) || config.blockSize < 1) throw new Error(`[kv-cache] blockSize must be >= 1, got ${config.blockSize}`);
+    if (!Number.isInteger(config.blockSize) || config.blockSize < 1)
+      throw new Error(`[kv-cache] blockSize must be >= 1, got ${config.blockSize}`);
     this.blockSize = config.blockSize;
     this.enablePrefixCaching = config.enablePrefixCaching;
     this.pool = new BlockPool(config.numBlocks, config.enablePrefixCaching);

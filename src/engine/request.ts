@@ -107,7 +107,13 @@ export class Request {
     this.detokenizer = init.detokenizer ?? null;
     this.logprobs = init.params.logprobs === null ? null : [];
     this.promptLogprobs = init.params.promptLogprobs === null ? null : [null];
-    this.metrics = { arrivalTime: this.arrivalTime, firstScheduledTime: null, firstTokenTime: null, lastTokenTime: null, finishedTime: null };
+    this.metrics = {
+      arrivalTime: this.arrivalTime,
+      firstScheduledTime: null,
+      firstTokenTime: null,
+      lastTokenTime: null,
+      finishedTime: null,
+    };
   }
 
   get numPromptTokens(): number {

@@ -171,7 +171,11 @@ export class Sampler {
 export function argmax(l: Float32Array): number {
   let best = 0;
   let bv = l[0]!;
-  for (let v = 1; v < l.length; v++) if (l[v]! > bv) (bv = l[v]!), (best = v);
+  for (let v = 1; v < l.length; v++)
+    if (l[v]! > bv) {
+      bv = l[v]!;
+      best = v;
+    }
   return best;
 }
 
@@ -233,7 +237,10 @@ export function computeLogprobs(l: Float32Array, tokenId: number, n: number): Lo
       while (i > 0 && y > vals[i - 1]!) i--;
       ids.splice(i, 0, v);
       vals.splice(i, 0, y);
-      if (ids.length > n) (ids.pop(), vals.pop());
+      if (ids.length > n) {
+        ids.pop();
+        vals.pop();
+      }
     }
     for (let i = 0; i < ids.length; i++) {
       entry.tokenIds.push(ids[i]!);

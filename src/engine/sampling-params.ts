@@ -71,8 +71,16 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   const tokenOk = (t: unknown): boolean => isInt(t) && t >= 0 && (vocab === undefined || t < vocab);
 
   need(isInt(p.n) && p.n >= 1, "n", `must be an integer >= 1, got ${p.n}`);
-  need(isNum(p.presencePenalty) && p.presencePenalty >= -2 && p.presencePenalty <= 2, "presence_penalty", `must be in [-2, 2], got ${p.presencePenalty}`);
-  need(isNum(p.frequencyPenalty) && p.frequencyPenalty >= -2 && p.frequencyPenalty <= 2, "frequency_penalty", `must be in [-2, 2], got ${p.frequencyPenalty}`);
+  need(
+    isNum(p.presencePenalty) && p.presencePenalty >= -2 && p.presencePenalty <= 2,
+    "presence_penalty",
+    `must be in [-2, 2], got ${p.presencePenalty}`,
+  );
+  need(
+    isNum(p.frequencyPenalty) && p.frequencyPenalty >= -2 && p.frequencyPenalty <= 2,
+    "frequency_penalty",
+    `must be in [-2, 2], got ${p.frequencyPenalty}`,
+  );
   need(isNum(p.repetitionPenalty) && p.repetitionPenalty > 0, "repetition_penalty", `must be > 0, got ${p.repetitionPenalty}`);
   need(isNum(p.temperature) && p.temperature >= 0, "temperature", `must be a finite number >= 0, got ${p.temperature}`);
   need(isNum(p.topP) && p.topP > 0 && p.topP <= 1, "top_p", `must be in (0, 1], got ${p.topP}`);
@@ -85,12 +93,32 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   need(p.maxTokens === null || p.minTokens <= p.maxTokens, "min_tokens", `must be <= max_tokens=${p.maxTokens}, got ${p.minTokens}`);
   need(p.logprobs === null || (isInt(p.logprobs) && p.logprobs >= 0), "logprobs", `must be an integer >= 0, got ${p.logprobs}`);
   need(p.logprobs === null || p.logprobs <= maxLogprobs, "logprobs", `requested ${p.logprobs}, more than max_logprobs=${maxLogprobs}`);
-  need(p.promptLogprobs === null || (isInt(p.promptLogprobs) && p.promptLogprobs >= 0), "prompt_logprobs", `must be an integer >= 0, got ${p.promptLogprobs}`);
-  need(p.promptLogprobs === null || p.promptLogprobs <= maxLogprobs, "prompt_logprobs", `requested ${p.promptLogprobs}, more than max_logprobs=${maxLogprobs}`);
-  need(p.truncatePromptTokens === null || (isInt(p.truncatePromptTokens) && p.truncatePromptTokens >= 1), "truncate_prompt_tokens", `must be an integer >= 1, got ${p.truncatePromptTokens}`);
+  need(
+    p.promptLogprobs === null || (isInt(p.promptLogprobs) && p.promptLogprobs >= 0),
+    "prompt_logprobs",
+    `must be an integer >= 0, got ${p.promptLogprobs}`,
+  );
+  need(
+    p.promptLogprobs === null || p.promptLogprobs <= maxLogprobs,
+    "prompt_logprobs",
+    `requested ${p.promptLogprobs}, more than max_logprobs=${maxLogprobs}`,
+  );
+  need(
+    p.truncatePromptTokens === null || (isInt(p.truncatePromptTokens) && p.truncatePromptTokens >= 1),
+    "truncate_prompt_tokens",
+    `must be an integer >= 1, got ${p.truncatePromptTokens}`,
+  );
   need(Array.isArray(p.stop) && p.stop.every((s) => typeof s === "string"), "stop", "must be a string or a list of strings");
-  need(p.stop.every((s) => s.length > 0), "stop", "cannot contain an empty string");
-  need(p.stopTokenIds.every(tokenOk), "stop_token_ids", `must be token ids in [0, ${vocab ?? "vocab"}), got ${JSON.stringify(p.stopTokenIds)}`);
+  need(
+    p.stop.every((s) => s.length > 0),
+    "stop",
+    "cannot contain an empty string",
+  );
+  need(
+    p.stopTokenIds.every(tokenOk),
+    "stop_token_ids",
+    `must be token ids in [0, ${vocab ?? "vocab"}), got ${JSON.stringify(p.stopTokenIds)}`,
+  );
   if (p.logitBias !== null) {
     need(typeof p.logitBias === "object", "logit_bias", "must be a map of token id -> bias");
     for (const [k, v] of Object.entries(p.logitBias)) {
@@ -104,12 +132,24 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     p.allowedTokenIds = [...p.allowedTokenIds];
   }
   if (p.badWords !== null) {
-    need(Array.isArray(p.badWords) && p.badWords.every((w) => typeof w === "string" && w.length > 0), "bad_words", "must be a list of non-empty strings");
+    need(
+      Array.isArray(p.badWords) && p.badWords.every((w) => typeof w === "string" && w.length > 0),
+      "bad_words",
+      "must be a list of non-empty strings",
+    );
     p.badWords = [...p.badWords];
   }
-  need(p.logitsProcessors.every((f) => typeof f === "function"), "logits_processors", "must be functions");
+  need(
+    p.logitsProcessors.every((f) => typeof f === "function"),
+    "logits_processors",
+    "must be functions",
+  );
   for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens"] as const) {
-    need(typeof p[k] === "boolean", k.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()), "must be a boolean");
+    need(
+      typeof p[k] === "boolean",
+      k.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()),
+      "must be a boolean",
+    );
   }
   if (p.temperature < SAMPLING_EPS) {
     // Greedy: vLLM resets the truncation knobs so they cannot change the argmax.

@@ -108,7 +108,10 @@ export class Scheduler {
           // Already scheduled this step (priority policy): take back its tokens.
           budget += numNewOf.get(victim)!;
           numNewOf.delete(victim);
-          scheduled.splice(scheduled.findIndex((s) => s.request === victim), 1);
+          scheduled.splice(
+            scheduled.findIndex((s) => s.request === victim),
+            1,
+          );
         }
         if (vIndex < i) i--;
         this.preempt(victim);
@@ -224,7 +227,12 @@ export class Scheduler {
    * Applies a step's results: appends sampled tokens (one per scheduled request with needsLogits, in order),
    * records logprobs and prompt logprobs, detokenizes, checks stops, frees finished requests.
    */
-  update(out: SchedulerOutput, sampled: readonly SampledToken[], promptLogits: Map<string, Float32Array> = new Map(), now = Date.now()): RequestUpdate[] {
+  update(
+    out: SchedulerOutput,
+    sampled: readonly SampledToken[],
+    promptLogits: Map<string, Float32Array> = new Map(),
+    now = Date.now(),
+  ): RequestUpdate[] {
     const updates: RequestUpdate[] = [];
     let row = 0;
     for (const s of out.scheduled) {

@@ -30,7 +30,12 @@ export function checkTokenStop(req: Request, tokenId: number, maxModelLen: numbe
  * token boundary is found once its last character arrives). Returns the earliest match, with the text
  * truncated before it (or after it with includeStopStr), or null.
  */
-export function findStopString(text: string, newChars: number, stops: readonly string[], includeStopStr: boolean): { stop: string; text: string } | null {
+export function findStopString(
+  text: string,
+  newChars: number,
+  stops: readonly string[],
+  includeStopStr: boolean,
+): { stop: string; text: string } | null {
   if (newChars <= 0 || stops.length === 0) return null;
   let best: { stop: string; index: number } | null = null;
   for (const s of stops) {

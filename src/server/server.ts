@@ -51,7 +51,6 @@ export function createServer(options: ServerOptions): FastifyInstance {
   if (options.servedModelNames.length === 0) throw new Error("createServer: servedModelNames must not be empty");
   const app = Fastify({
     logger: options.logRequests ? { level: "info" } : false,
-    disableRequestLogging: !options.logRequests,
     bodyLimit: options.bodyLimit ?? DEFAULT_BODY_LIMIT,
     return503OnClosing: true,
   });

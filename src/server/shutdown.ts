@@ -33,6 +33,11 @@ export function serveUntilSignal(server: FastifyInstance, options: ServeUntilSig
         server.kilnAbortAll();
       }, options.drainTimeoutMs ?? 30_000);
       timer.unref();
+      // Once nothing is streaming, drop the remaining (idle or request-less) sockets so close() can finish.
+      const sweeper = setInterval(() => {
+        if (server.kilnInflight() === 0) server.server.closeAllConnections();
+      }, 100);
+      sweeper.unref();
       void (async () => {
         try {
           await server.close();
@@ -41,6 +46,7 @@ export function serveUntilSignal(server: FastifyInstance, options: ServeUntilSig
           log(`Error during shutdown: ${(err as Error).message}`);
         } finally {
           clearTimeout(timer);
+          clearInterval(sweeper);
           for (const s of signals) process.off(s, onSignal);
           log("Server stopped");
           resolve(signal);

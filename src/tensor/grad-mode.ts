@@ -46,3 +46,22 @@ export function recordOp(op: string, inputs: (Tensor | null)[], output: Tensor, 
   if (!needs) return;
   recorder({ op, inputs, output, attrs });
 }
+
+/** Options of Tensor.backward(). */
+export interface BackwardOptions {
+  /** Keep the saved tensors so backward can run through this graph again (torch's retain_graph). */
+  retainGraph?: boolean;
+}
+
+type BackwardFn = (root: Tensor, grad: Tensor | undefined, options: BackwardOptions) => void;
+let backwardFn: BackwardFn | null = null;
+
+/** Installed by tensor/autograd.ts; late-bound so tensor.ts need not import the engine. */
+export function setBackwardHook(fn: BackwardFn | null): void {
+  backwardFn = fn;
+}
+
+export function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOptions = {}): void {
+  if (backwardFn === null) throw new Error("[backward] autograd is not loaded: import the tensor package (src/tensor/index.ts)");
+  backwardFn(root, grad, options);
+}

@@ -1,9 +1,11 @@
 // The tensor runtime's public surface (import * as kiln from "kiln/tensor").
 export { Tensor, tensor, empty, zeros, ones, full, zerosLike, onesLike, fullLike, arange, fromBytes, numel, contiguousStrides } from "./tensor.js";
 export type { Shape, Scalar, TensorOrScalar, TensorOptions, GradNode } from "./tensor.js";
-export { device, defaultDevice, setDefaultDevice, Device } from "./device.js";
+export { device, defaultDevice, setDefaultDevice, Device, type DeviceLike } from "./device.js";
 export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.js";
 export { noGrad, isGradEnabled, setGradEnabled } from "./grad-mode.js";
+export { backward, enableAutograd, registerBackward, sumToShape, AutogradNode, type BackwardRule, type BackwardContext } from "./autograd.js";
+export type { BackwardOptions } from "./grad-mode.js";
 export { kernelsDispatched } from "./dispatch.js";
 export * from "./ops/elementwise.js";
 export { sum, prod, max, min, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";

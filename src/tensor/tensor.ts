@@ -4,6 +4,9 @@ import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import { DisposedTensorError, OpError } from "../util/errors.js";
 import { resolveDevice, type Device, type DeviceLike } from "./device.js";
 import { Storage, storageFinalizer } from "./storage.js";
+import { runBackward, type BackwardOptions } from "./grad-mode.js";
+// installs the autograd recorder and backward engine (its module body touches only grad-mode.ts)
+import "./autograd.js";
 import * as ew from "./ops/elementwise.js";
 import * as sh from "./ops/shape.js";
 import * as rd from "./ops/reduce.js";
@@ -92,7 +95,8 @@ export class Tensor {
 
   /** Frees this tensor's hold on its storage now (the storage is freed when no view holds it). */
   dispose(): void {
-    if (this.disposed) return;
+    // A tensor in an autograd graph may still be needed by backward(): it is left to the GC safety net.
+    if (this.disposed || this.requiresGrad) return;
     this.disposed = true;
     storageFinalizer.unregister(this);
     this.storage.release();
@@ -193,6 +197,25 @@ export class Tensor {
   }
   detach(): Tensor {
     return sh.detach(this);
+  }
+
+  // ---- autograd (engine in tensor/autograd.ts) ----
+  /**
+   * Accumulates d(this)/d(leaf) into every leaf's .grad (grad defaults to 1 for a one-element tensor).
+   * @example const w = randn([3], { requiresGrad: true }); w.square().sum().backward(); w.grad // 2w
+   */
+  backward(grad?: Tensor, options?: BackwardOptions): void {
+    runBackward(this, grad, options);
+  }
+  /** Keeps .grad on this non-leaf tensor after backward (leaves always keep theirs). */
+  retainGrad(): this {
+    if (this.gradFn !== null) this.retainsGrad = true;
+    return this;
+  }
+  /** Marks a leaf as requiring grad (in place), as torch's requires_grad_(). */
+  requiresGrad_(on = true): this {
+    this.requiresGrad = on;
+    return this;
   }
 
   // ---- elementwise ----

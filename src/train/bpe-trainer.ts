@@ -266,7 +266,7 @@ class PairHeap {
   push(count: number, key: number): void {
     this.counts.push(count);
     this.keys.push(key);
-    for (let i = this.counts.length - 1; i > 0; ) {
+    for (let i = this.counts.length - 1; i > 0;) {
       const p = (i - 1) >> 1;
       if (!this.above(i, p)) break;
       this.swap(i, p);
@@ -281,7 +281,7 @@ class PairHeap {
     if (n > 0) {
       this.counts[0] = lastC;
       this.keys[0] = lastK;
-      for (let i = 0; ; ) {
+      for (let i = 0; ;) {
         const l = 2 * i + 1;
         const r = l + 1;
         let m = i;
@@ -357,8 +357,8 @@ export class ByteLevelBpe {
       this.byteId[b] = id;
     }
     this.mergeResult = new Int32Array(json.model.merges.length);
-    json.model.merges.forEach((m, rank) => {
-      const [l, r] = m.split(" ");
+    (json.model.merges as (string | [string, string])[]).forEach((m, rank) => {
+      const [l, r] = typeof m === "string" ? m.split(" ") : m; // tokenizers >= 0.20 writes [left, right]
       const li = vocab[l!];
       const ri = vocab[r!];
       const to = vocab[l! + r!];

@@ -99,11 +99,9 @@ function loadBrown(gran: "document" | "paragraph", maxDocs?: number): string[] {
 export function brownParagraphs(raw: string): string[] {
   const out: string[] = [];
   for (const block of raw.split(/\n\s*\n/)) {
-    const sentences = block
-      .split("\n")
-      .map((line) => detokenize(stripPosTags(line)))
-      .filter((s) => s.length > 0);
-    if (sentences.length > 0) out.push(sentences.join(" "));
+    // Detokenize the paragraph as one token list: a ")" may open the next sentence line.
+    const text = detokenize(block.split("\n").flatMap(stripPosTags));
+    if (text.length > 0) out.push(text);
   }
   return out;
 }

@@ -59,7 +59,9 @@ export function renderLossCurveSvg(points: LossPoint[], opts: LossCurveOptions =
 
   const out: string[] = [];
   out.push(`<?xml version="1.0" encoding="UTF-8"?>`);
-  out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="12">`);
+  out.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="12">`,
+  );
   out.push(`<rect x="0" y="0" width="${W}" height="${H}" fill="#ffffff"/>`);
   if (opts.title) out.push(`<text x="${W / 2}" y="24" text-anchor="middle" font-size="16" font-weight="bold">${esc(opts.title)}</text>`);
   // Grid and ticks.
@@ -82,7 +84,9 @@ export function renderLossCurveSvg(points: LossPoint[], opts: LossCurveOptions =
   const path = (s: readonly (readonly [number, number])[]): string =>
     s.map(([x, y], i) => `${i === 0 ? "M" : "L"}${f(sx(x))},${f(sy(y))}`).join(" ");
   if (train.length > 0)
-    out.push(`<path d="${path(train)}" fill="none" stroke="${TRAIN_COLOR}" stroke-width="1.5" stroke-opacity="${smooth.length ? 0.45 : 1}"/>`);
+    out.push(
+      `<path d="${path(train)}" fill="none" stroke="${TRAIN_COLOR}" stroke-width="1.5" stroke-opacity="${smooth.length ? 0.45 : 1}"/>`,
+    );
   if (smooth.length > 0) out.push(`<path d="${path(smooth)}" fill="none" stroke="${SMOOTH_COLOR}" stroke-width="2"/>`);
   if (val.length > 0) {
     out.push(`<path d="${path(val)}" fill="none" stroke="${VAL_COLOR}" stroke-width="2"/>`);
@@ -100,7 +104,9 @@ export function renderLossCurveSvg(points: LossPoint[], opts: LossCurveOptions =
     const lx = m.left + pw - lw - 10;
     const ly = m.top + 10;
     out.push(`<g>`);
-    out.push(`<rect x="${lx}" y="${ly}" width="${lw}" height="${entries.length * 20 + 10}" fill="#ffffff" fill-opacity="0.9" stroke="#999999"/>`);
+    out.push(
+      `<rect x="${lx}" y="${ly}" width="${lw}" height="${entries.length * 20 + 10}" fill="#ffffff" fill-opacity="0.9" stroke="#999999"/>`,
+    );
     entries.forEach(([label, color], i) => {
       const y = ly + 20 + i * 20;
       out.push(`<line x1="${lx + 10}" y1="${y - 4}" x2="${lx + 40}" y2="${y - 4}" stroke="${color}" stroke-width="2"/>`);

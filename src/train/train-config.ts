@@ -236,7 +236,8 @@ export function parseTrainConfig(text: string, overrides: Record<string, unknown
 function validate(raw: Record<string, unknown>, source: string): TrainConfig {
   const sections = Object.keys(SCHEMA);
   for (const name of Object.keys(raw)) {
-    if (!(name in SCHEMA)) throw new TrainConfigError(`${source}: unknown section [${name}]${suggest(name, sections)} (known: ${sections.join(", ")})`);
+    if (!(name in SCHEMA))
+      throw new TrainConfigError(`${source}: unknown section [${name}]${suggest(name, sections)} (known: ${sections.join(", ")})`);
   }
   const out: Record<string, Record<string, unknown>> = {};
   for (const [section, fields] of Object.entries(SCHEMA)) {
@@ -259,7 +260,12 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
   return cfg;
 }
 
-function validateSection(section: string, table: Record<string, unknown>, fields: Record<string, Field>, source: string): Record<string, unknown> {
+function validateSection(
+  section: string,
+  table: Record<string, unknown>,
+  fields: Record<string, Field>,
+  source: string,
+): Record<string, unknown> {
   const canonical = new Map<string, string>();
   for (const [k, f] of Object.entries(fields)) {
     canonical.set(k, k);
@@ -314,7 +320,11 @@ function coerce(where: string, v: unknown, f: Field, source: string): unknown {
       return hit ?? fail(`one of ${t.values.map((x) => `"${x}"`).join(", ")}`);
     }
     case "strings":
-      if (typeof v === "string") return v.split(",").map((s) => s.trim()).filter((s) => s.length > 0);
+      if (typeof v === "string")
+        return v
+          .split(",")
+          .map((s) => s.trim())
+          .filter((s) => s.length > 0);
       if (Array.isArray(v) && v.every((x) => typeof x === "string")) return [...(v as string[])];
       return fail("a list of strings");
   }
@@ -325,7 +335,8 @@ function resolveModel(cfg: TrainConfig, source: string): void {
   const m = cfg.model;
   if (m.flavor !== null) {
     const fl = LLAMA_FLAVORS[m.flavor];
-    if (!fl) throw new TrainConfigError(`${source}: unknown [model] flavor "${m.flavor}" (known: ${Object.keys(LLAMA_FLAVORS).join(", ")})`);
+    if (!fl)
+      throw new TrainConfigError(`${source}: unknown [model] flavor "${m.flavor}" (known: ${Object.keys(LLAMA_FLAVORS).join(", ")})`);
     for (const [k, v] of Object.entries(fl)) {
       const rec = m as unknown as Record<string, unknown>;
       if (rec[k] === null) rec[k] = v;
@@ -333,7 +344,9 @@ function resolveModel(cfg: TrainConfig, source: string): void {
   }
   const missing = (["dim", "n_layers", "n_heads"] as const).filter((k) => m[k] === null);
   if (missing.length > 0)
-    throw new TrainConfigError(`${source}: [model] needs a flavor (${Object.keys(LLAMA_FLAVORS).join(", ")}) or explicit ${missing.join(", ")}`);
+    throw new TrainConfigError(
+      `${source}: [model] needs a flavor (${Object.keys(LLAMA_FLAVORS).join(", ")}) or explicit ${missing.join(", ")}`,
+    );
   if (m.n_kv_heads === null) m.n_kv_heads = m.n_heads;
   if (m.ffn_dim === null) m.ffn_dim = Math.ceil((2 * 4 * m.dim) / 3 / 64) * 64;
   if (m.max_seq_len === null) m.max_seq_len = Math.max(cfg.training.seq_len, 2048);
@@ -351,7 +364,8 @@ function crossCheck(cfg: TrainConfig, source: string): void {
   if (m.vocab_size !== null && m.tokenizer_path === null && m.vocab_size < m.tokenizer_vocab_size)
     err(`[model] vocab_size ${m.vocab_size} < tokenizer_vocab_size ${m.tokenizer_vocab_size}`);
   if (cfg.optimizer.beta1 >= 1 || cfg.optimizer.beta2 >= 1) err(`[optimizer] beta1 and beta2 must be < 1`);
-  if (cfg.lr_scheduler.lr_min > cfg.optimizer.lr) err(`[lr_scheduler] lr_min ${cfg.lr_scheduler.lr_min} > [optimizer] lr ${cfg.optimizer.lr}`);
+  if (cfg.lr_scheduler.lr_min > cfg.optimizer.lr)
+    err(`[lr_scheduler] lr_min ${cfg.lr_scheduler.lr_min} > [optimizer] lr ${cfg.optimizer.lr}`);
   if (cfg.validation.fraction >= 1) err(`[validation] fraction must be < 1`);
   if (cfg.training.mixed_precision_param === "bfloat16" && cfg.checkpoint.export_dtype === "float16")
     err(`[checkpoint] export_dtype float16 from bfloat16 params loses range; export float32 or bfloat16`);
@@ -375,8 +389,7 @@ function editDistance(a: string, b: string): number {
   let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
   for (let i = 1; i <= a.length; i++) {
     const cur = [i];
-    for (let j = 1; j <= b.length; j++)
-      cur[j] = Math.min(prev[j]! + 1, cur[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    for (let j = 1; j <= b.length; j++) cur[j] = Math.min(prev[j]! + 1, cur[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
     prev = cur;
   }
   return prev[b.length]!;

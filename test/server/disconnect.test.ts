@@ -14,13 +14,17 @@ describe("disconnects", () => {
     const start = await freeBlocks(s.url);
     const controller = new AbortController();
     const stream = await s.client.chat.completions.create(
-      { model: MODEL, messages: [{ role: "user", content: "long story" }], stream: true, ignore_eos: true, max_tokens: 200 },
+      { model: MODEL, messages: [{ role: "user", content: "long story" }], stream: true, ignore_eos: true, max_tokens: 200 } as never,
       { signal: controller.signal },
     );
     let n = 0;
-    await assert.rejects(async () => {
-      for await (const _chunk of stream) if (++n === 5) controller.abort();
-    });
+    // The openai client ends an aborted stream quietly (or throws an AbortError, depending on timing).
+    try {
+      for await (const _chunk of stream as unknown as AsyncIterable<unknown>) if (++n === 5) controller.abort();
+    } catch (err) {
+      assert.equal((err as Error).name, "APIUserAbortError");
+    }
+    assert.equal(n, 5);
     await waitFor(async () => (await freeBlocks(s.url)) === start);
     assert.equal(s.engine.aborted.length, 1);
   });
@@ -61,9 +65,11 @@ describe("disconnects", () => {
         }
       } catch (err) {
         if (abortAt < 0) throw err;
+      }
+      if (abortAt > 0) {
+        assert.equal(finish, null, "an aborted client should not see the end");
         return "aborted";
       }
-      assert.equal(abortAt, -1, "an aborted client should not complete");
       assert.equal(text.length, 20);
       assert.equal(finish, "length");
       return "done";

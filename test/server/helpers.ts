@@ -27,7 +27,12 @@ export async function startTestServer(
   if (addr === null || typeof addr === "string") throw new Error("no port");
   const url = `http://127.0.0.1:${addr.port}`;
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: overrides.apiKey ?? "unused", maxRetries: 0 });
-  return { app, engine, url, client, close: () => app.close() };
+  const close = async (): Promise<void> => {
+    const closing = app.close();
+    app.server.closeAllConnections(); // undici may hold a fresh, request-less socket open for its 4 s keep-alive
+    await closing;
+  };
+  return { app, engine, url, client, close };
 }
 
 /** Reads one sample of a metric from Prometheus text (first match of name + optional label substring). */

@@ -102,6 +102,11 @@ export const square = (x: Tensor): Tensor => unary("square", x);
 export const reciprocal = (x: Tensor): Tensor => unary("reciprocal", x);
 export const sin = (x: Tensor): Tensor => unary("sin", x);
 export const cos = (x: Tensor): Tensor => unary("cos", x);
+export const floor = (x: Tensor): Tensor => unary("floor", x);
+export const ceil = (x: Tensor): Tensor => unary("ceil", x);
+/** Rounds half to even, as torch.round. */
+export const round = (x: Tensor): Tensor => unary("round", x);
+export const sign = (x: Tensor): Tensor => unary("sign", x);
 export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
 
 /** where(cond, a, b): elementwise select with broadcasting. */

@@ -1,0 +1,136 @@
+/**
+ * Loader and typed interface of the native CPU kernel addon (native/*.cc, built by
+ * `node-gyp rebuild` into build/Release/kiln_native.node).
+ *
+ * The addon picks AVX-512, AVX2+FMA or a portable scalar path at load time
+ * (`KILN_NATIVE_ISA=avx512|avx2|scalar` forces one; it is read once per process).
+ * All arrays are typed-array views used in place (their byteOffset is honoured); sizes are
+ * element counts; float math is f32. bf16 and f16 data travel as Uint16Array.
+ *
+ * @example
+ * const k = loadNativeKernels();
+ * const out = new Float32Array(4096);
+ * k.matmul(x, weight, out, 1, 4096, 4096, true, 0, 1, 0, 0, 0); // out = x @ weight^T
+ */
+import { createRequire } from "node:module";
+import { existsSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export type NativeIsa = "avx512" | "avx2" | "scalar";
+
+/** Op codes of `unary`. */
+export const UnaryOp = {
+  neg: 0, exp: 1, log: 2, sqrt: 3, rsqrt: 4, tanh: 5, sigmoid: 6, silu: 7, gelu: 8,
+  geluTanh: 9, abs: 10, reciprocal: 11, sin: 12, cos: 13, square: 14, relu: 15,
+} as const;
+/** Op codes of `binary`. */
+export const BinaryOp = { add: 0, sub: 1, mul: 2, div: 3, maximum: 4, minimum: 5, pow: 6 } as const;
+/** Op codes of `reduce`. */
+export const ReduceOp = { sum: 0, max: 1, min: 2 } as const;
+
+export interface NativeKernels {
+  isa: NativeIsa;
+  features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
+  setNumThreads(n: number): void;
+  getNumThreads(): number;
+  /**
+   * out[b] = a[b] @ B[b]. a: [M,K] row-major f32. bTransposed: B is [N,K] (nn.Linear weight,
+   * out = a @ B^T), else [K,N]. bDtype 0 = f32, 1 = bf16. Strides in elements per batch item (0 = broadcast).
+   */
+  matmul(
+    a: Float32Array, b: Float32Array | Uint16Array, out: Float32Array, M: number, N: number, K: number,
+    bTransposed: boolean, bDtype: 0 | 1, batch: number, strideA: number, strideB: number, strideOut: number,
+  ): void;
+  /** See {@link UnaryOp} for op codes. */
+  unary(op: number, x: Float32Array, out: Float32Array, n: number): void;
+  /** out[i] = a[i] op b[i % bn]; bn divides n. See {@link BinaryOp}. */
+  binary(op: number, a: Float32Array, b: Float32Array, out: Float32Array, n: number, bn: number): void;
+  /** out = silu(gate) * up */
+  siluMul(gate: Float32Array, up: Float32Array, out: Float32Array, n: number): void;
+  /** out = x * rsqrt(mean(x^2) + eps) * weight, per row of n. */
+  rmsNorm(x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number): void;
+  softmax(x: Float32Array, out: Float32Array, rows: number, n: number, log: boolean): void;
+  /** See {@link ReduceOp}. */
+  reduce(op: number, x: Float32Array, out: Float32Array, rows: number, n: number): void;
+  /** First index of the max of each row. */
+  argmax(x: Float32Array, out: Int32Array, rows: number, n: number): void;
+  /** x: [T,H,D] (out may be x); cos/sin: [maxPos, rotaryDim/2]; neox pairs (i, i+rd/2), else (2i, 2i+1). */
+  rotary(
+    x: Float32Array, positions: Int32Array, cos: Float32Array, sin: Float32Array, out: Float32Array,
+    T: number, H: number, D: number, rotaryDim: number, neox: boolean,
+  ): void;
+  /**
+   * Ragged paged attention: writes kNew/vNew into the cache at slotMapping, then each query token
+   * attends causally (optionally within slidingWindow) over its sequence's cached positions.
+   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D].
+   */
+  pagedAttention(
+    q: Float32Array, kNew: Float32Array, vNew: Float32Array, kCache: Float32Array, vCache: Float32Array,
+    slotMapping: Int32Array, blockTables: Int32Array, queryStart: Int32Array, seqLens: Int32Array,
+    out: Float32Array, numSeqs: number, Hq: number, Hkv: number, D: number, blockSize: number,
+    maxBlocksPerSeq: number, scale: number, slidingWindow: number,
+  ): void;
+  embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
+  f32ToBf16(src: Float32Array, dst: Uint16Array, n: number): void;
+  bf16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
+  f16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
+  f32ToF16(src: Float32Array, dst: Uint16Array, n: number): void;
+  /** STREAM-like read bandwidth over buf in GB/s using `threads` threads. */
+  memoryReadBandwidth(buf: Float32Array, iterations: number, threads: number): number;
+  /** FMA peak of one core in GFLOP/s for the selected ISA. */
+  fmaPeak(iterations: number): number;
+}
+
+/** The native addon could not be loaded; `reason` says why (missing build, ABI mismatch...). */
+export class NativeUnavailableError extends Error {
+  override readonly name = "NativeUnavailableError";
+  constructor(readonly reason: string, readonly path: string) {
+    super(`[cpu] native kernels unavailable: ${reason} (looked for ${path}; build with \`npx node-gyp rebuild\`)`);
+  }
+}
+
+/** Package root: the nearest ancestor of this file holding package.json (dist/src/backends/cpu -> root). */
+function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(join(dir, "package.json")) && existsSync(join(dir, "binding.gyp"))) return dir;
+    const parent = dirname(dir);
+    if (parent === dir) return join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
+    dir = parent;
+  }
+}
+
+let cached: NativeKernels | undefined;
+let lastError: NativeUnavailableError | undefined;
+
+/** Why the last load attempt failed ("" when it has not failed). */
+export function nativeLoadError(): string {
+  return lastError?.reason ?? "";
+}
+
+/** Loads the addon once per process; throws {@link NativeUnavailableError} if it cannot. */
+export function loadNativeKernels(): NativeKernels {
+  if (cached) return cached;
+  const root = packageRoot();
+  const path = join(root, "build", "Release", "kiln_native.node");
+  if (!existsSync(path)) throw (lastError = new NativeUnavailableError("addon not built", path));
+  const require = createRequire(join(root, "package.json"));
+  try {
+    cached = require(path) as NativeKernels;
+  } catch (err) {
+    throw (lastError = new NativeUnavailableError(err instanceof Error ? err.message : String(err), path));
+  }
+  lastError = undefined;
+  return cached;
+}
+
+/** Like {@link loadNativeKernels} but returns null when the addon is unavailable. */
+export function tryLoadNativeKernels(): NativeKernels | null {
+  try {
+    return loadNativeKernels();
+  } catch (err) {
+    if (err instanceof NativeUnavailableError) return null;
+    throw err;
+  }
+}

@@ -1,0 +1,12 @@
+// HOOK for commands owned by other areas: `train`, `init-model`, `convert` register themselves here.
+// Each entry receives the root program and adds one subcommand, e.g.
+//   (program) => program.command("train").argument("<recipe>").action(async (recipe) => { ... })
+import type { Command } from "commander";
+
+export type CommandRegistrar = (program: Command) => void;
+
+export const extraCommands: CommandRegistrar[] = [
+  // registerTrainCommand,      (src/train/...)
+  // registerInitModelCommand,  (src/models/...)
+  // registerConvertCommand,    (src/models/...)
+];

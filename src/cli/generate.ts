@@ -1,0 +1,95 @@
+// `kiln generate` (one completion) and `kiln chat` (interactive REPL with history), straight on the engine.
+import { randomUUID } from "node:crypto";
+import { createInterface } from "node:readline/promises";
+import type { SamplingParams } from "../engine/types.js";
+import type { ChatMessage } from "../models/tokenizer-types.js";
+import type { EngineFactory, LoadedEngine } from "./engine-factory.js";
+import { createProgress } from "./progress.js";
+import type { ServeArgs } from "./serve-args.js";
+
+export interface GenerateOptions {
+  prompt: string;
+  maxTokens: number | null;
+  temperature: number;
+  topP: number;
+  seed: number | null;
+  stream: boolean;
+  chat: boolean;
+}
+
+async function load(args: ServeArgs, factory: EngineFactory): Promise<LoadedEngine> {
+  const progress = createProgress();
+  const loaded = await factory(args, progress);
+  progress.done();
+  return loaded;
+}
+
+/** Runs one request and writes its text (as it streams, when `stream`); returns the full text. */
+async function complete(
+  loaded: LoadedEngine, promptText: string, params: Partial<SamplingParams>, write: ((s: string) => void) | null, templated: boolean,
+): Promise<string> {
+  // A chat template already spells out BOS and friends.
+  const ids = loaded.tokenizer.encode(promptText, { addSpecialTokens: !templated });
+  let text = "";
+  for await (const out of loaded.engine.generate({ promptTokenIds: ids, prompt: promptText }, params, { requestId: randomUUID(), delta: true })) {
+    const delta = out.outputs[0]?.text ?? "";
+    text += delta;
+    if (write && delta) write(delta);
+  }
+  return text;
+}
+
+function paramsOf(o: Pick<GenerateOptions, "maxTokens" | "temperature" | "topP" | "seed">): Partial<SamplingParams> {
+  return { temperature: o.temperature, topP: o.topP, ...(o.maxTokens !== null ? { maxTokens: o.maxTokens } : {}), ...(o.seed !== null ? { seed: o.seed } : {}) };
+}
+
+export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
+  const loaded = await load(args, factory);
+  try {
+    const prompt = o.chat
+      ? loaded.tokenizer.applyChatTemplate([{ role: "user", content: o.prompt }], {
+          addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
+        })
+      : o.prompt;
+    const text = await complete(loaded, prompt, paramsOf(o), o.stream ? (s) => out.write(s) : null, o.chat);
+    out.write(o.stream ? "\n" : `${text}\n`);
+  } finally {
+    await loaded.close();
+  }
+}
+
+export async function runChat(
+  args: ServeArgs, o: Omit<GenerateOptions, "prompt" | "chat" | "stream"> & { system: string | null }, factory: EngineFactory,
+): Promise<void> {
+  const loaded = await load(args, factory);
+  const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: Boolean(process.stdin.isTTY) });
+  const history: ChatMessage[] = o.system ? [{ role: "system", content: o.system }] : [];
+  process.stdout.write("Kiln chat: type a message; /reset clears the history, /exit quits.\n");
+  try {
+    for (;;) {
+      let line: string;
+      try {
+        line = await rl.question("> ");
+      } catch {
+        break; // stdin closed
+      }
+      const input = line.trim();
+      if (input === "/exit" || input === "/quit") break;
+      if (input === "/reset") {
+        history.length = o.system ? 1 : 0;
+        continue;
+      }
+      if (!input) continue;
+      history.push({ role: "user", content: input });
+      const prompt = loaded.tokenizer.applyChatTemplate(history, {
+        addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
+      });
+      const reply = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
+      process.stdout.write("\n");
+      history.push({ role: "assistant", content: reply });
+    }
+  } finally {
+    rl.close();
+    await loaded.close();
+  }
+}

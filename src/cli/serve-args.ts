@@ -1,0 +1,171 @@
+// `kiln serve` flags (vLLM's names and meanings), parsed into one typed, validated ServeArgs.
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { Command, Option } from "commander";
+import { DEFAULT_MODEL_DIR } from "./engine-factory.js";
+
+export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
+export type SchedulingPolicy = "fcfs" | "priority";
+export type LogLevel = "debug" | "info" | "warning" | "error" | "critical";
+
+export const QUANTIZATION_METHODS = ["fp8", "int8", "int4", "gguf", "awq", "gptq"] as const;
+
+export interface ServeArgs {
+  model: string; // model directory (or GGUF file)
+  host: string; // "0.0.0.0" = all interfaces (vLLM's default of None)
+  port: number;
+  apiKey: string | null;
+  servedModelName: string[] | null; // null = the model argument
+  maxModelLen: number | null; // null = from the model config
+  maxNumSeqs: number | null;
+  maxNumBatchedTokens: number | null;
+  blockSize: number | null;
+  kvCacheMemoryBytes: number | null; // overrides gpuMemoryUtilization when set
+  gpuMemoryUtilization: number; // fraction of device memory for weights + KV cache
+  enablePrefixCaching: boolean | null; // null = engine default (on)
+  dtype: Dtype;
+  seed: number;
+  chatTemplate: string | null; // template text (read from the file when a path was given)
+  generationConfig: string; // "auto" | "vllm" | a directory
+  enforceEager: boolean;
+  tensorParallelSize: number;
+  logLevel: LogLevel;
+  logRequests: boolean;
+  allowedOrigins: string[];
+  maxWaitingRequests: number | null;
+  quantization: string | null;
+  schedulingPolicy: SchedulingPolicy;
+}
+
+export class CliUsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "CliUsageError";
+  }
+}
+
+/** Declares every serve flag on `cmd` (also used by generate/chat for the engine-shaping subset). */
+export function addEngineOptions(cmd: Command): Command {
+  return cmd
+    .option("--max-model-len <n>", "model context length (default: from the model config)")
+    .option("--max-num-seqs <n>", "maximum number of sequences per iteration")
+    .option("--max-num-batched-tokens <n>", "maximum number of batched tokens per iteration")
+    .option("--block-size <n>", "KV cache block size in tokens")
+    .option("--kv-cache-memory <bytes>", "KV cache size in bytes (suffixes K, M, G, KiB, MiB, GiB); overrides --gpu-memory-utilization")
+    .option("--gpu-memory-utilization <fraction>", "fraction of device memory for the model and KV cache", "0.9")
+    .option("--enable-prefix-caching", "enable automatic prefix caching")
+    .option("--no-enable-prefix-caching", "disable automatic prefix caching")
+    .addOption(new Option("--dtype <dtype>", "weight and activation dtype").choices(["auto", "float32", "bfloat16", "float16"]).default("auto"))
+    .option("--seed <n>", "random seed", "0")
+    .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
+    .option("--enforce-eager", "never compile; always run eagerly", false)
+    .option("-tp, --tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
+    .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
+    .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"));
+}
+
+export function addServeOptions(cmd: Command): Command {
+  addEngineOptions(cmd)
+    .option("--host <host>", "host name to listen on (default: all interfaces)")
+    .option("--port <port>", "port to listen on", "8000")
+    .option("--api-key <key>", "require this key in 'Authorization: Bearer' (env KILN_API_KEY)")
+    .option("--served-model-name <names...>", "model name(s) used in the API (default: the model argument)")
+    .option("--chat-template <file-or-template>", "chat template file or inline Jinja template")
+    .addOption(new Option("--log-level <level>", "log level").choices(["debug", "info", "warning", "error", "critical"]).default("info"))
+    .option("--enable-log-requests", "log every request", false)
+    .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
+    .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
+    .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting");
+  return cmd;
+}
+
+function int(value: unknown, flag: string, min: number): number {
+  const n = Number(value);
+  if (typeof value !== "string" || !/^-?\d+$/.test(value.trim()) || n < min) {
+    throw new CliUsageError(`${flag} must be an integer >= ${min}, got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
+const optInt = (value: unknown, flag: string, min: number): number | null => (value === undefined ? null : int(value, flag, min));
+
+const SIZE_UNITS: Record<string, number> = { "": 1, k: 1e3, m: 1e6, g: 1e9, t: 1e12, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40 };
+
+export function parseBytes(value: string, flag: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(value);
+  const unit = m ? SIZE_UNITS[m[2]!.toLowerCase().replace(/b$/, "").replace(/^(.)i$/, "$1ib")] : undefined;
+  if (!m || unit === undefined) throw new CliUsageError(`${flag} must be a byte count such as 4294967296, 4G or 4GiB, got ${JSON.stringify(value)}`);
+  return Math.floor(Number(m[1]) * unit);
+}
+
+/** Validates commander's raw option values (all strings) into ServeArgs. */
+export function parseServeArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): ServeArgs {
+  const tp = int(o.tensorParallelSize ?? "1", "--tensor-parallel-size", 1);
+  if (tp > 1) {
+    throw new CliUsageError(`--tensor-parallel-size ${tp} is not supported until distributed lands (only 1 is supported today)`);
+  }
+  const gmu = Number(o.gpuMemoryUtilization ?? "0.9");
+  if (!(gmu > 0 && gmu <= 1)) throw new CliUsageError(`--gpu-memory-utilization must be a fraction in (0, 1], got ${JSON.stringify(o.gpuMemoryUtilization)}`);
+
+  let allowedOrigins: string[] = ["*"];
+  if (o.allowedOrigins !== undefined) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(String(o.allowedOrigins));
+    } catch {
+      parsed = undefined;
+    }
+    if (!Array.isArray(parsed) || !parsed.every((x) => typeof x === "string")) {
+      throw new CliUsageError(`--allowed-origins must be a JSON list of strings such as '["http://localhost:3000"]', got ${String(o.allowedOrigins)}`);
+    }
+    allowedOrigins = parsed;
+  }
+
+  const quantization = (o.quantization as string | undefined) ?? null;
+  if (quantization !== null && !(QUANTIZATION_METHODS as readonly string[]).includes(quantization)) {
+    throw new CliUsageError(`--quantization must be one of ${QUANTIZATION_METHODS.join(", ")}, got ${JSON.stringify(quantization)}`);
+  }
+
+  const generationConfig = String(o.generationConfig ?? "auto");
+  if (generationConfig !== "auto" && generationConfig !== "vllm" && !(existsSync(generationConfig) && statSync(generationConfig).isDirectory())) {
+    throw new CliUsageError(`--generation-config must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(generationConfig)}`);
+  }
+
+  let chatTemplate: string | null = null;
+  if (typeof o.chatTemplate === "string") {
+    const t = o.chatTemplate;
+    chatTemplate = existsSync(t) && statSync(t).isFile() ? readFileSync(t, "utf8") : t;
+  }
+
+  const port = int(o.port ?? "8000", "--port", 0);
+  if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
+  const modelPath = model ?? DEFAULT_MODEL_DIR;
+  const blockSize = optInt(o.blockSize, "--block-size", 1);
+  if (blockSize !== null && (blockSize & (blockSize - 1)) !== 0) throw new CliUsageError(`--block-size must be a power of two, got ${blockSize}`);
+
+  return {
+    model: modelPath,
+    host: (o.host as string | undefined) ?? "0.0.0.0",
+    port,
+    apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
+    servedModelName: (o.servedModelName as string[] | undefined) ?? null,
+    maxModelLen: optInt(o.maxModelLen, "--max-model-len", 1),
+    maxNumSeqs: optInt(o.maxNumSeqs, "--max-num-seqs", 1),
+    maxNumBatchedTokens: optInt(o.maxNumBatchedTokens, "--max-num-batched-tokens", 1),
+    blockSize,
+    kvCacheMemoryBytes: o.kvCacheMemory === undefined ? null : parseBytes(String(o.kvCacheMemory), "--kv-cache-memory"),
+    gpuMemoryUtilization: gmu,
+    enablePrefixCaching: (o.enablePrefixCaching as boolean | undefined) ?? null,
+    dtype: (o.dtype as Dtype | undefined) ?? "auto",
+    seed: int(o.seed ?? "0", "--seed", 0),
+    chatTemplate,
+    generationConfig,
+    enforceEager: Boolean(o.enforceEager),
+    tensorParallelSize: tp,
+    logLevel: (o.logLevel as LogLevel | undefined) ?? "info",
+    logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
+    allowedOrigins,
+    maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
+    quantization,
+    schedulingPolicy: (o.schedulingPolicy as SchedulingPolicy | undefined) ?? "fcfs",
+  };
+}

@@ -1,0 +1,37 @@
+// `kiln serve`: build the engine through the injected factory, start the HTTP server, drain on SIGTERM.
+import { createServer } from "../server/index.js";
+import { serveUntilSignal } from "../server/shutdown.js";
+import type { EngineFactory } from "./engine-factory.js";
+import { createProgress } from "./progress.js";
+import type { ServeArgs } from "./serve-args.js";
+import { KILN_VERSION } from "./version.js";
+
+export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
+  const progress = createProgress();
+  const loaded = await factory(args, progress);
+  progress.done();
+  const names = args.servedModelName ?? [loaded.modelName];
+  const app = createServer({
+    engine: loaded.engine,
+    tokenizer: loaded.tokenizer,
+    servedModelNames: names,
+    maxModelLen: loaded.maxModelLen,
+    version: KILN_VERSION,
+    allowedOrigins: args.allowedOrigins,
+    logRequests: args.logRequests,
+    ...(args.apiKey ? { apiKey: args.apiKey } : {}),
+    ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
+    ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
+    ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
+  });
+  try {
+    await app.listen({ host: args.host, port: args.port });
+  } catch (err) {
+    await loaded.close();
+    throw err;
+  }
+  const addr = app.server.address();
+  const port = addr && typeof addr === "object" ? addr.port : args.port;
+  out.write(`Kiln serving ${names[0]} at http://${args.host}:${port}/v1\n`);
+  await serveUntilSignal(app, { onClosed: () => loaded.close() });
+}

@@ -1,0 +1,140 @@
+// Streaming engine client (vLLM's AsyncLLM): requests stream RequestOutputs while one loop drives
+// EngineCore.step(), yielding to the event loop between steps. EngineCore is a plain class so this loop can
+// later move to a worker thread with the same EngineClient surface.
+import type { TokenizerLike } from "../models/tokenizer-types.js";
+import { EngineCore, type EngineArgs } from "./engine-core.js";
+import type { ModelRunner } from "./model-runner.js";
+import type { EngineClient, EngineStats, RequestOutput, SamplingParams } from "./types.js";
+
+interface Stream {
+  queue: RequestOutput[];
+  wake: (() => void) | null;
+  done: boolean;
+  error: unknown;
+}
+
+const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+export interface AsyncLLMOptions {
+  runner: ModelRunner;
+  tokenizer: TokenizerLike | null;
+  engineArgs: EngineArgs;
+}
+
+/**
+ * @example
+ * const llm = new AsyncLLM({ runner, tokenizer, engineArgs: { maxModelLen: 2048, numGpuBlocks: 512 } });
+ * for await (const out of llm.generate({ promptTokenIds: [1, 2, 3] }, { maxTokens: 8 }, { requestId: "a", delta: true }))
+ *   process.stdout.write(out.outputs[0]!.text);
+ */
+export class AsyncLLM implements EngineClient {
+  readonly engine: EngineCore;
+  private readonly streams = new Map<string, Stream>();
+  private looping = false;
+
+  constructor(options: AsyncLLMOptions) {
+    this.engine = new EngineCore(options.engineArgs, options.runner, { tokenizer: options.tokenizer });
+  }
+
+  get maxModelLen(): number {
+    return this.engine.maxModelLen;
+  }
+
+  /**
+   * Adds the request at once (throwing EngineInputError synchronously if it is invalid) and streams its
+   * outputs. Leaving the loop early aborts the request.
+   */
+  generate(
+    prompt: { promptTokenIds: number[]; prompt?: string },
+    params: Partial<SamplingParams>,
+    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
+  ): AsyncIterable<RequestOutput> {
+    const { requestId } = options;
+    this.engine.addRequest({
+      requestId,
+      promptTokenIds: prompt.promptTokenIds,
+      prompt: prompt.prompt ?? null,
+      params,
+      priority: options.priority,
+      cacheSalt: options.cacheSalt ?? null,
+    });
+    const stream: Stream = { queue: [], wake: null, done: false, error: null };
+    this.streams.set(requestId, stream);
+    this.startLoop();
+    return this.iterate(requestId, stream, options.delta ?? false);
+  }
+
+  private async *iterate(requestId: string, stream: Stream, delta: boolean): AsyncGenerator<RequestOutput> {
+    const sentTokens: number[] = [];
+    const sentChars: number[] = [];
+    let finished = false;
+    try {
+      for (;;) {
+        while (stream.queue.length === 0 && !stream.done) await new Promise<void>((resolve) => (stream.wake = resolve));
+        if (stream.error !== null) throw stream.error;
+        const out = stream.queue.shift();
+        if (out === undefined) return;
+        finished = out.finished;
+        yield delta ? toDelta(out, sentTokens, sentChars) : out;
+        if (finished) return;
+      }
+    } finally {
+      if (!finished) this.abort(requestId);
+      this.streams.delete(requestId);
+    }
+  }
+
+  private deliver(out: RequestOutput): void {
+    const s = this.streams.get(out.requestId);
+    if (s === undefined || s.done) return;
+    s.queue.push(out);
+    if (out.finished) s.done = true;
+    s.wake?.();
+    s.wake = null;
+  }
+
+  private startLoop(): void {
+    if (this.looping) return;
+    this.looping = true;
+    void (async () => {
+      try {
+        while (this.engine.hasUnfinishedRequests()) {
+          for (const out of this.engine.step()) this.deliver(out);
+          await yieldToEventLoop();
+        }
+      } catch (err) {
+        // A failed step takes every stream down with it (the engine state is not trustworthy anymore).
+        for (const s of this.streams.values()) {
+          s.error = err;
+          s.done = true;
+          s.wake?.();
+        }
+      } finally {
+        this.looping = false;
+      }
+    })();
+  }
+
+  /** Aborts a request: its blocks are freed now and its stream ends with finishReason "abort". */
+  abort(requestId: string): void {
+    for (const out of this.engine.abortRequest([requestId])) this.deliver(out);
+  }
+
+  stats(): EngineStats {
+    return this.engine.stats();
+  }
+}
+
+/** Turns a cumulative output into a delta (new tokens and text only), tracking what was sent per sample. */
+function toDelta(out: RequestOutput, sentTokens: number[], sentChars: number[]): RequestOutput {
+  return {
+    ...out,
+    outputs: out.outputs.map((o) => {
+      const t = sentTokens[o.index] ?? 0;
+      const c = sentChars[o.index] ?? 0;
+      sentTokens[o.index] = o.tokenIds.length;
+      sentChars[o.index] = o.text.length;
+      return { ...o, tokenIds: o.tokenIds.slice(t), text: o.text.slice(c), logprobs: o.logprobs === null ? null : o.logprobs.slice(t) };
+    }),
+  };
+}

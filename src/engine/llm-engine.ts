@@ -1,0 +1,93 @@
+// The offline API (vLLM's `LLM`): add every prompt, run engine steps until all finish, return the final
+// outputs in input order.
+import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
+import { EngineCore, type EngineArgs } from "./engine-core.js";
+import type { ModelRunner } from "./model-runner.js";
+import type { RequestOutput, SamplingParams } from "./types.js";
+
+/** A prompt as text (tokenized with special tokens) or as token ids. */
+export type PromptInput = string | { promptTokenIds: number[]; prompt?: string };
+
+export interface LLMOptions {
+  runner: ModelRunner;
+  tokenizer: TokenizerLike | null;
+  engineArgs: EngineArgs;
+}
+
+/**
+ * Offline batched generation.
+ *
+ * @example
+ * const llm = new LLM({ runner, tokenizer, engineArgs: { maxModelLen: 2048, numGpuBlocks: 512 } });
+ * const [out] = llm.generate(["Hello"], { temperature: 0, maxTokens: 8 });
+ * console.log(out!.outputs[0]!.text);
+ */
+export class LLM {
+  readonly engine: EngineCore;
+  private readonly tokenizer: TokenizerLike | null;
+  private nextId = 0;
+
+  constructor(options: LLMOptions) {
+    this.tokenizer = options.tokenizer;
+    this.engine = new EngineCore(options.engineArgs, options.runner, { tokenizer: options.tokenizer });
+  }
+
+  /**
+   * Generates for every prompt. `params` is one set for all prompts or one per prompt. Throws an
+   * EngineInputError for an invalid prompt or parameter before running anything.
+   */
+  generate(
+    prompts: PromptInput[],
+    params: Partial<SamplingParams> | Partial<SamplingParams>[] = {},
+    options: { priority?: number[] } = {},
+  ): RequestOutput[] {
+    if (Array.isArray(params) && params.length !== prompts.length)
+      throw new Error(`[LLM.generate] got ${params.length} SamplingParams for ${prompts.length} prompts`);
+    const ids: string[] = [];
+    try {
+      prompts.forEach((p, i) => {
+        const requestId = String(this.nextId++);
+        const input =
+          typeof p === "string"
+            ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
+            : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds };
+        this.engine.addRequest({
+          requestId,
+          ...input,
+          params: Array.isArray(params) ? params[i]! : params,
+          priority: options.priority?.[i] ?? 0,
+        });
+        ids.push(requestId);
+      });
+    } catch (e) {
+      this.engine.abortRequest(ids);
+      throw e;
+    }
+    const final = new Map<string, RequestOutput>();
+    while (this.engine.hasUnfinishedRequests()) {
+      for (const out of this.engine.step()) if (out.finished) final.set(out.requestId, out);
+    }
+    return ids.map((id) => final.get(id)!);
+  }
+
+  /** Chat: one conversation or a list of them, rendered with the tokenizer's chat template. */
+  chat(
+    messages: ChatMessage[] | ChatMessage[][],
+    params: Partial<SamplingParams> = {},
+    chatOptions: ChatTemplateOptions = {},
+  ): RequestOutput[] {
+    const tok = this.requireTokenizer();
+    const conversations = (messages.length > 0 && Array.isArray(messages[0]) ? messages : [messages]) as ChatMessage[][];
+    const prompts = conversations.map((conv) => {
+      const text = tok.applyChatTemplate(conv, { addGenerationPrompt: true, ...chatOptions });
+      // The template already carries BOS and friends.
+      return { prompt: text, promptTokenIds: tok.encode(text, { addSpecialTokens: false }) };
+    });
+    return this.generate(prompts, params);
+  }
+
+  private requireTokenizer(): TokenizerLike {
+    if (this.tokenizer === null) throw new Error("[LLM] text prompts and chat need a tokenizer");
+    return this.tokenizer;
+  }
+}

@@ -1,0 +1,105 @@
+// The real ModelRunner: turns a scheduled batch into one ragged forward pass over the paged KV cache.
+// Builds the flat metadata (token ids, positions, slot mapping, query starts, sequence lengths, block tables),
+// runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
+import type { CausalLM } from "../models/causal-lm.js";
+import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
+import type { ModelRunner, RunnerOutput, ScheduledBatch } from "./model-runner.js";
+
+export interface KvCacheSpec {
+  numBlocks: number;
+  blockSize: number;
+}
+
+/** Bytes of K+V cache one block takes for this model (float32 cache). */
+export function kvBytesPerBlock(model: CausalLM, blockSize: number): number {
+  const c = model.config;
+  return 2 * c.numHiddenLayers * blockSize * c.numKeyValueHeads * c.headDim * 4;
+}
+
+export class PagedModelRunner implements ModelRunner {
+  readonly vocabSize: number;
+  private readonly kvCaches: { k: Tensor; v: Tensor }[] = [];
+
+  constructor(
+    readonly model: CausalLM,
+    readonly spec: KvCacheSpec,
+  ) {
+    const c = model.config;
+    this.vocabSize = c.vocabSize;
+    for (let i = 0; i < c.numHiddenLayers; i++) {
+      const shape = [spec.numBlocks, spec.blockSize, c.numKeyValueHeads, c.headDim];
+      this.kvCaches.push({ k: empty(shape, { device: model.device }), v: empty(shape, { device: model.device }) });
+    }
+  }
+
+  execute(batch: ScheduledBatch): RunnerOutput {
+    const seqs = batch.sequences;
+    const T = batch.numTokens;
+    const ids = new Int32Array(T);
+    const positions = new Int32Array(T);
+    const slots = new Int32Array(T);
+    const queryStart = new Int32Array(seqs.length + 1);
+    const seqLens = new Int32Array(seqs.length);
+    let maxBlocks = 1;
+    for (const s of seqs) maxBlocks = Math.max(maxBlocks, s.blockTable.length);
+    const tables = new Int32Array(seqs.length * maxBlocks);
+    const rows: number[] = [];
+    const promptRows = new Map<string, [number, number]>();
+    let at = 0;
+    seqs.forEach((s, i) => {
+      const n = s.tokenIds.length;
+      for (let j = 0; j < n; j++) {
+        ids[at + j] = s.tokenIds[j]!;
+        positions[at + j] = s.startPosition + j;
+      }
+      slots.set(s.slotMapping, at);
+      queryStart[i] = at;
+      seqLens[i] = s.startPosition + n;
+      tables.set(s.blockTable, i * maxBlocks);
+      if (s.needsPromptLogits) promptRows.set(s.requestId, [at, n]);
+      if (s.needsLogits) rows.push(at + n - 1);
+      at += n;
+    });
+    queryStart[seqs.length] = at;
+    if (at !== T) throw new Error(`batch.numTokens ${T} != sum of sequence tokens ${at}`);
+
+    return noGrad(() => {
+      const dev = this.model.device;
+      const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
+      const ctxTensors = {
+        positions: t(positions),
+        slotMapping: t(slots),
+        blockTables: t(tables, [seqs.length, maxBlocks]),
+        queryStart: t(queryStart),
+        seqLens: t(seqLens),
+      };
+      const idsT = t(ids);
+      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
+      idsT.dispose();
+      for (const x of Object.values(ctxTensors)) x.dispose();
+      let logits: Float32Array = new Float32Array(0);
+      if (rows.length > 0) {
+        const l = this.model.logits(hidden, Int32Array.from(rows));
+        logits = l.dataSync() as Float32Array;
+        l.dispose();
+      }
+      const promptLogits = new Map<string, Float32Array>();
+      for (const [id, [start, n]] of promptRows) {
+        const r = Int32Array.from({ length: n }, (_, j) => start + j);
+        const l = this.model.logits(hidden, r);
+        promptLogits.set(id, l.dataSync() as Float32Array);
+        l.dispose();
+      }
+      hidden.dispose();
+      return { logits, promptLogits };
+    });
+  }
+
+  /** Frees the KV cache tensors. */
+  dispose(): void {
+    for (const c of this.kvCaches) {
+      c.k.dispose();
+      c.v.dispose();
+    }
+  }
+}

@@ -1,0 +1,167 @@
+// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE).
+// Each family file (llama.ts, qwen3.ts, ...) states what differs; parameter names match Hugging Face's.
+import { Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, type ForwardContext, type LayerOptions } from "../nn/index.js";
+import type { DType } from "../backends/dtype.js";
+import { add, crossEntropy, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
+import type { ModelConfig } from "./hf-config.js";
+
+/** What a family changes in the shared decoder. */
+export interface FamilySpec {
+  /** Name of the MLP submodule of a sparse layer ("block_sparse_moe" for Mixtral, "mlp" for Qwen3-MoE). */
+  moeModuleName: string;
+  /** Expert projection names: [gate, up, down]. */
+  expertNames: readonly [string, string, string];
+}
+
+export const DEFAULT_FAMILY: FamilySpec = { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] };
+
+class DecoderLayer extends Module {
+  readonly selfAttn: Attention;
+  readonly mlp: GatedMLP | MoE;
+  readonly inputNorm: RMSNorm;
+  readonly postAttnNorm: RMSNorm;
+
+  constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions) {
+    super();
+    this.selfAttn = this.module(
+      "self_attn",
+      new Attention(
+        {
+          hiddenSize: cfg.hiddenSize,
+          numHeads: cfg.numAttentionHeads,
+          numKvHeads: cfg.numKeyValueHeads,
+          headDim: cfg.headDim,
+          qkvBias: cfg.qkvBias,
+          oBias: cfg.oBias,
+          qkNorm: cfg.qkNorm,
+          rmsNormEps: cfg.rmsNormEps,
+          slidingWindow: cfg.slidingWindowLayers[i] ? cfg.slidingWindow : null,
+        },
+        i,
+        rotary,
+        options,
+      ),
+    );
+    if (cfg.moe && cfg.moeLayers[i]) {
+      this.mlp = this.module(
+        family.moeModuleName,
+        new MoE(
+          {
+            hidden: cfg.hiddenSize,
+            expertIntermediate: cfg.moe.moeIntermediateSize,
+            numExperts: cfg.moe.numExperts,
+            topK: cfg.moe.numExpertsPerTok,
+            normTopkProb: cfg.moe.normTopkProb,
+            expertNames: family.expertNames,
+          },
+          options,
+        ),
+      );
+    } else {
+      this.mlp = this.module("mlp", new GatedMLP(cfg.hiddenSize, cfg.intermediateSize, cfg.mlpBias, options));
+    }
+    this.inputNorm = this.module("input_layernorm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options));
+    this.postAttnNorm = this.module("post_attention_layernorm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options));
+  }
+
+  forward(h: Tensor, ctx: ForwardContext): Tensor {
+    const n1 = this.inputNorm.forward(h);
+    const a = this.selfAttn.forward(n1, ctx);
+    n1.dispose();
+    const h2 = add(h, a);
+    a.dispose();
+    const n2 = this.postAttnNorm.forward(h2);
+    const m = this.mlp.forward(n2);
+    n2.dispose();
+    const out = add(h2, m);
+    h2.dispose();
+    m.dispose();
+    return out;
+  }
+}
+
+class DecoderBody extends Module {
+  readonly embedTokens: Embedding;
+  readonly layers: DecoderLayer[] = [];
+  readonly norm: RMSNorm;
+
+  constructor(cfg: ModelConfig, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions) {
+    super();
+    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options));
+    const holder = this.module("layers", new Module());
+    for (let i = 0; i < cfg.numHiddenLayers; i++) this.layers.push(holder.addModule(String(i), new DecoderLayer(cfg, i, rotary, family, options)));
+    this.norm = this.module("norm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options));
+  }
+}
+
+export interface CausalLMOptions {
+  /** Dtype of the large matrices (projections, embeddings); norms stay float32. */
+  dtype?: DType;
+  device?: DeviceLike;
+  family?: FamilySpec;
+}
+
+export class CausalLM extends Module {
+  readonly model: DecoderBody;
+  readonly lmHead: Linear | null; // null when tied to the embeddings
+  readonly rotary: RotaryEmbedding;
+
+  constructor(
+    readonly config: ModelConfig,
+    options: CausalLMOptions = {},
+  ) {
+    super();
+    const layerOptions: LayerOptions = { dtype: options.dtype ?? "float32", device: options.device };
+    this.rotary = new RotaryEmbedding(
+      { rotaryDim: config.headDim, theta: config.ropeTheta, maxPositions: config.maxPositionEmbeddings, scaling: config.ropeScaling },
+      options.device,
+    );
+    this.model = this.module("model", new DecoderBody(config, this.rotary, options.family ?? DEFAULT_FAMILY, layerOptions));
+    this.lmHead = config.tieWordEmbeddings ? null : this.module("lm_head", new Linear(config.hiddenSize, config.vocabSize, false, layerOptions));
+  }
+
+  get device() {
+    return this.model.embedTokens.weight.device;
+  }
+
+  /** Token ids [T] (int32) with their context -> final hidden states [T, hidden]. */
+  forward(ids: Tensor, ctx: ForwardContext): Tensor {
+    let h = this.model.embedTokens.forward(ids);
+    for (const layer of this.model.layers) {
+      const next = layer.forward(h, ctx);
+      h.dispose();
+      h = next;
+    }
+    const out = this.model.norm.forward(h);
+    h.dispose();
+    return out;
+  }
+
+  /** Logits [rows, vocab] for the given rows of hidden [T, hidden] (all rows when omitted). */
+  logits(hidden: Tensor, rows?: Int32Array): Tensor {
+    let h = hidden;
+    if (rows && rows.length !== hidden.shape[0]) {
+      const idx = tensor(rows, { device: hidden.device });
+      h = hidden.indexSelect(0, idx);
+      idx.dispose();
+    }
+    const w = this.lmHead ? this.lmHead.weight : this.model.embedTokens.weight;
+    const out = linear(h, w);
+    if (h !== hidden) h.dispose();
+    return out;
+  }
+
+  /** Mean next-token cross-entropy for a dense batch: inputs/targets [batch * seqLen]. Differentiable. */
+  loss(inputs: Int32Array, targets: Int32Array, batch: number, seqLen: number): Tensor {
+    const dev = this.device;
+    const ids = tensor(inputs, { device: dev });
+    const pos = new Int32Array(batch * seqLen);
+    for (let b = 0; b < batch; b++) for (let s = 0; s < seqLen; s++) pos[b * seqLen + s] = s;
+    const positions = tensor(pos, { device: dev });
+    const hidden = this.forward(ids, { kind: "dense", batch, seqLen, positions });
+    const logits = this.logits(hidden);
+    const tgt = tensor(targets, { device: dev });
+    const loss = crossEntropy(logits, tgt);
+    return loss;
+  }
+}

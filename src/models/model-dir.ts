@@ -1,0 +1,60 @@
+// Finds the files of a model directory (HF layout) or a single GGUF file.
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { ModelFormatError } from "./formats/model-format-error.js";
+
+export type ModelWeights =
+  | { format: "safetensors"; files: string[]; indexPath: string | null }
+  | { format: "gguf"; files: string[] };
+
+export interface ModelDirInfo {
+  dir: string;
+  configPath: string | null;
+  generationConfigPath: string | null;
+  weights: ModelWeights | null;
+  tokenizerJsonPath: string | null;
+  tokenizerConfigPath: string | null;
+  /** chat_template.jinja or chat_template.json, when present. */
+  chatTemplatePath: string | null;
+  specialTokensMapPath: string | null;
+}
+
+/**
+ * Lists what a model directory holds. A path to a .gguf file is treated as a directory with just it.
+ * @example const info = inspectModelDir("/models/Qwen3-0.6B"); // info.weights?.format === "safetensors"
+ */
+export function inspectModelDir(p: string): ModelDirInfo {
+  const stat = fs.statSync(p, { throwIfNoEntry: false });
+  if (!stat) throw new ModelFormatError(`[model-dir] ${p}: no such file or directory`, p);
+  if (stat.isFile()) {
+    if (!p.endsWith(".gguf")) throw new ModelFormatError(`[model-dir] ${p}: a model path must be a directory or a .gguf file`, p);
+    return {
+      dir: path.dirname(p), configPath: null, generationConfigPath: null, weights: { format: "gguf", files: [path.resolve(p)] },
+      tokenizerJsonPath: null, tokenizerConfigPath: null, chatTemplatePath: null, specialTokensMapPath: null,
+    };
+  }
+  const dir = path.resolve(p);
+  const names = new Set(fs.readdirSync(dir));
+  const has = (n: string) => (names.has(n) ? path.join(dir, n) : null);
+  let weights: ModelWeights | null = null;
+  const index = has("model.safetensors.index.json");
+  const safetensors = [...names].filter((n) => n.endsWith(".safetensors")).sort();
+  const ggufs = [...names].filter((n) => n.endsWith(".gguf")).sort();
+  if (index) {
+    const map = (JSON.parse(fs.readFileSync(index, "utf8")) as { weight_map?: Record<string, string> }).weight_map ?? {};
+    weights = { format: "safetensors", files: [...new Set(Object.values(map))].sort().map((f) => path.join(dir, f)), indexPath: index };
+  } else if (names.has("model.safetensors")) weights = { format: "safetensors", files: [path.join(dir, "model.safetensors")], indexPath: null };
+  else if (safetensors.length) weights = { format: "safetensors", files: safetensors.map((f) => path.join(dir, f)), indexPath: null };
+  else if (ggufs.length) weights = { format: "gguf", files: ggufs.map((f) => path.join(dir, f)) };
+  return {
+    dir,
+    configPath: has("config.json"),
+    generationConfigPath: has("generation_config.json"),
+    weights,
+    tokenizerJsonPath: has("tokenizer.json"),
+    tokenizerConfigPath: has("tokenizer_config.json"),
+    chatTemplatePath: has("chat_template.jinja") ?? has("chat_template.json"),
+    specialTokensMapPath: has("special_tokens_map.json"),
+  };
+}

@@ -1,0 +1,254 @@
+// Tokenizer over @huggingface/tokenizers (tokenizer.json) with chat templates rendered by
+// @huggingface/jinja, plus generation_config.json loading.
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
+import { Template } from "@huggingface/jinja";
+import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "./tokenizer-types.js";
+
+export class TokenizerError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "TokenizerError";
+  }
+}
+
+type Json = Record<string, unknown>;
+
+/** A special-token entry in tokenizer_config.json: a string or an AddedToken dict. */
+function tokenContent(v: unknown): string | null {
+  if (typeof v === "string") return v;
+  if (v && typeof v === "object" && typeof (v as Json).content === "string") return (v as Json).content as string;
+  return null;
+}
+
+export interface GenerationConfig {
+  eosTokenIds: number[];
+  bosTokenId: number | null;
+  padTokenId: number | null;
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  minP?: number;
+  repetitionPenalty?: number;
+  maxNewTokens?: number;
+  doSample?: boolean;
+  raw: Json;
+}
+
+/** Parses a generation_config.json object. */
+export function parseGenerationConfig(raw: Json): GenerationConfig {
+  const num = (k: string) => (typeof raw[k] === "number" ? (raw[k] as number) : undefined);
+  const ids = (v: unknown) => (typeof v === "number" ? [v] : Array.isArray(v) ? v.filter((x): x is number => typeof x === "number") : []);
+  const out: GenerationConfig = {
+    eosTokenIds: ids(raw.eos_token_id),
+    bosTokenId: num("bos_token_id") ?? null,
+    padTokenId: num("pad_token_id") ?? null,
+    raw,
+  };
+  const opt: [keyof GenerationConfig, string][] = [
+    ["temperature", "temperature"], ["topP", "top_p"], ["topK", "top_k"], ["minP", "min_p"],
+    ["repetitionPenalty", "repetition_penalty"], ["maxNewTokens", "max_new_tokens"],
+  ];
+  for (const [k, j] of opt) if (num(j) !== undefined) (out as unknown as Json)[k] = num(j);
+  if (typeof raw.do_sample === "boolean") out.doSample = raw.do_sample;
+  return out;
+}
+
+/** Reads `dir/generation_config.json`; null when absent. */
+export function loadGenerationConfig(dir: string): GenerationConfig | null {
+  const p = path.join(dir, "generation_config.json");
+  if (!fs.existsSync(p)) return null;
+  return parseGenerationConfig(JSON.parse(fs.readFileSync(p, "utf8")) as Json);
+}
+
+function readJson(p: string): Json {
+  try {
+    return JSON.parse(fs.readFileSync(p, "utf8")) as Json;
+  } catch (e) {
+    throw new TokenizerError(`[tokenizer] cannot read ${p}: ${(e as Error).message}`);
+  }
+}
+
+/** strftime subset used by chat templates (e.g. Llama 3's "%d %b %Y"). */
+function strftime(fmt: string, d = new Date()): string {
+  const months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+  const days = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+  const p2 = (n: number) => String(n).padStart(2, "0");
+  const map: Record<string, string> = {
+    d: p2(d.getDate()), m: p2(d.getMonth() + 1), Y: String(d.getFullYear()), y: p2(d.getFullYear() % 100),
+    H: p2(d.getHours()), M: p2(d.getMinutes()), S: p2(d.getSeconds()), b: months[d.getMonth()]!.slice(0, 3),
+    B: months[d.getMonth()]!, a: days[d.getDay()]!.slice(0, 3), A: days[d.getDay()]!, j: String(d.getDate()), "%": "%",
+  };
+  return fmt.replace(/%([a-zA-Z%])/g, (m, c: string) => map[c] ?? m);
+}
+
+export interface TokenizerOptions {
+  /** generation_config.json contents: its eos ids are added to eosTokenIds. */
+  generationConfig?: Json | null;
+  /** A chat template that overrides tokenizer_config's (e.g. chat_template.jinja). */
+  chatTemplate?: string | null;
+}
+
+/**
+ * A loaded tokenizer: encode/decode, special tokens, chat templates.
+ * @example
+ *   const tok = Tokenizer.fromDir("/models/Qwen3-0.6B");
+ *   const prompt = tok.applyChatTemplate([{ role: "user", content: "Hi" }]);
+ *   const ids = tok.encode(prompt, { addSpecialTokens: false });
+ */
+export class Tokenizer implements TokenizerLike {
+  readonly vocabSize: number;
+  readonly eosTokenIds: number[];
+  readonly bosTokenId: number | null;
+  readonly bosToken: string | null;
+  readonly eosToken: string | null;
+  readonly chatTemplate: string | null;
+  private readonly hf: HfTokenizer;
+  private readonly specialIds = new Set<number>();
+  private readonly namedTemplates: Map<string, string>;
+  private readonly config: Json;
+  private compiled = new Map<string, Template>();
+
+  private constructor(tokenizerJson: Json, config: Json, options: TokenizerOptions) {
+    this.config = config;
+    try {
+      this.hf = new HfTokenizer(tokenizerJson, config);
+    } catch (e) {
+      throw new TokenizerError(`[tokenizer] cannot build tokenizer: ${(e as Error).message}`);
+    }
+    const vocab = this.hf.get_vocab(true);
+    let maxId = -1;
+    for (const id of vocab.values()) if (id > maxId) maxId = id;
+    this.vocabSize = maxId + 1;
+    for (const [id, t] of this.hf.get_added_tokens_decoder()) if (t.special) this.specialIds.add(id);
+
+    this.bosToken = tokenContent(config.bos_token);
+    this.eosToken = tokenContent(config.eos_token);
+    this.bosTokenId = this.bosToken !== null ? (this.hf.token_to_id(this.bosToken) ?? null) : null;
+    const eos = new Set<number>();
+    const eosId = this.eosToken !== null ? this.hf.token_to_id(this.eosToken) : undefined;
+    if (eosId !== undefined) eos.add(eosId);
+    const gen = options.generationConfig ? parseGenerationConfig(options.generationConfig) : null;
+    for (const id of gen?.eosTokenIds ?? []) eos.add(id);
+    this.eosTokenIds = [...eos];
+
+    this.namedTemplates = new Map();
+    const tpl = config.chat_template;
+    if (typeof tpl === "string") this.namedTemplates.set("default", tpl);
+    else if (Array.isArray(tpl)) {
+      for (const t of tpl as Json[]) if (typeof t.name === "string" && typeof t.template === "string") this.namedTemplates.set(t.name, t.template);
+    }
+    if (options.chatTemplate) this.namedTemplates.set("default", options.chatTemplate);
+    this.chatTemplate = this.namedTemplates.get("default") ?? null;
+  }
+
+  /** Builds from parsed tokenizer.json and tokenizer_config.json objects. */
+  static fromJson(tokenizerJson: Json, config: Json = {}, options: TokenizerOptions = {}): Tokenizer {
+    return new Tokenizer(tokenizerJson, config, options);
+  }
+
+  /** Loads tokenizer.json, tokenizer_config.json, chat_template.jinja/.json and generation_config.json from `dir`. */
+  static fromDir(dir: string): Tokenizer {
+    const tj = path.join(dir, "tokenizer.json");
+    if (!fs.existsSync(tj)) throw new TokenizerError(`[tokenizer] ${dir}: no tokenizer.json`);
+    const cfgPath = path.join(dir, "tokenizer_config.json");
+    const config = fs.existsSync(cfgPath) ? readJson(cfgPath) : {};
+    let chatTemplate: string | null = null;
+    const jinja = path.join(dir, "chat_template.jinja");
+    const jsonTpl = path.join(dir, "chat_template.json");
+    if (fs.existsSync(jinja)) chatTemplate = fs.readFileSync(jinja, "utf8");
+    else if (fs.existsSync(jsonTpl)) {
+      const t = readJson(jsonTpl).chat_template;
+      if (typeof t === "string") chatTemplate = t;
+    }
+    const genPath = path.join(dir, "generation_config.json");
+    const generationConfig = fs.existsSync(genPath) ? readJson(genPath) : null;
+    return new Tokenizer(readJson(tj), config, { chatTemplate, generationConfig });
+  }
+
+  encode(text: string, options: { addSpecialTokens?: boolean } = {}): number[] {
+    return this.hf.encode(text, { add_special_tokens: options.addSpecialTokens ?? true }).ids;
+  }
+
+  decode(ids: readonly number[], options: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean } = {}): string {
+    return this.hf.decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false });
+  }
+
+  idToToken(id: number): string | undefined {
+    if (this.hf.id_to_token(id) === undefined) return undefined;
+    return this.hf.decode([id], { skip_special_tokens: false });
+  }
+
+  /** The vocabulary spelling of a token (e.g. "Ġhello"), as in tokenizer.json. */
+  idToRawToken(id: number): string | undefined {
+    return this.hf.id_to_token(id);
+  }
+
+  tokenToId(token: string): number | undefined {
+    return this.hf.token_to_id(token);
+  }
+
+  isSpecial(id: number): boolean {
+    return this.specialIds.has(id);
+  }
+
+  /**
+   * Renders the chat template as transformers' apply_chat_template(tokenize=False) does. The result
+   * already holds any BOS the template writes: encode it with addSpecialTokens=false.
+   */
+  applyChatTemplate(messages: ChatMessage[], options: ChatTemplateOptions = {}): string {
+    const continueFinal = options.continueFinalMessage ?? false;
+    const addGenerationPrompt = continueFinal ? false : (options.addGenerationPrompt ?? true);
+    if (continueFinal && options.addGenerationPrompt === true) {
+      throw new TokenizerError("[chat_template] continueFinalMessage and addGenerationPrompt cannot both be set");
+    }
+    let source = options.chatTemplate;
+    if (!source && options.tools?.length && this.namedTemplates.has("tool_use")) source = this.namedTemplates.get("tool_use");
+    source ??= this.chatTemplate ?? undefined;
+    if (!source) throw new TokenizerError("[chat_template] this tokenizer has no chat template; pass one with chatTemplate");
+    let template = this.compiled.get(source);
+    if (!template) {
+      try {
+        template = new Template(source);
+      } catch (e) {
+        throw new TokenizerError(`[chat_template] cannot parse template: ${(e as Error).message}`);
+      }
+      this.compiled.set(source, template);
+    }
+    const specials: Json = {};
+    for (const k of ["bos_token", "eos_token", "pad_token", "unk_token"]) specials[k] = tokenContent(this.config[k]) ?? "";
+    let rendered: string;
+    try {
+      rendered = template.render({
+        ...specials,
+        messages,
+        add_generation_prompt: addGenerationPrompt,
+        tools: options.tools ?? null,
+        continue_final_message: continueFinal,
+        raise_exception: (msg: string) => {
+          throw new TokenizerError(`[chat_template] ${msg}`);
+        },
+        strftime_now: (fmt: string) => strftime(fmt),
+        ...(options.chatTemplateKwargs ?? {}),
+      });
+    } catch (e) {
+      if (e instanceof TokenizerError) throw e;
+      throw new TokenizerError(`[chat_template] render failed: ${(e as Error).message}`);
+    }
+    if (continueFinal) rendered = cutAfterFinalMessage(rendered, messages);
+    return rendered;
+  }
+}
+
+/** transformers' continue_final_message: end the prompt right after the last message's content. */
+function cutAfterFinalMessage(rendered: string, messages: ChatMessage[]): string {
+  const final = messages.at(-1)?.content ?? "";
+  if (!rendered.includes(final.trim())) {
+    throw new TokenizerError("[chat_template] continueFinalMessage is set but the final message does not appear in the rendered chat");
+  }
+  const loc = rendered.lastIndexOf(final.trim());
+  if (rendered.slice(loc, loc + final.trimStart().length) === final) return rendered.slice(0, loc + final.trimStart().length);
+  return rendered.slice(0, loc + final.trim().length);
+}

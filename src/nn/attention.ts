@@ -1,0 +1,114 @@
+// Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2) and sliding windows.
+// Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
+// (training: [batch, seq] with a causal mask, differentiable).
+import { causalAttention, pagedAttention, type Tensor } from "../tensor/index.js";
+import { Linear, RMSNorm, type LayerOptions } from "./layers.js";
+import { Module } from "./module.js";
+import type { RotaryEmbedding } from "./rotary.js";
+
+/** Per-step metadata of a ragged serving batch (built by the engine's model runner). */
+export interface PagedContext {
+  kind: "paged";
+  positions: Tensor; // int32 [T]
+  slotMapping: Tensor; // int32 [T]
+  blockTables: Tensor; // int32 [numSeqs, maxBlocksPerSeq]
+  queryStart: Tensor; // int32 [numSeqs + 1]
+  seqLens: Tensor; // int32 [numSeqs], context length including the new tokens
+  kvCaches: { k: Tensor; v: Tensor }[]; // per layer, [numBlocks, blockSize, Hkv, D]
+}
+
+/** A dense [batch, seq] batch of token rows (training, scoring). */
+export interface DenseContext {
+  kind: "dense";
+  batch: number;
+  seqLen: number;
+  positions: Tensor; // int32 [batch * seqLen]
+}
+
+export type ForwardContext = PagedContext | DenseContext;
+
+export interface AttentionConfig {
+  hiddenSize: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  qkvBias: boolean;
+  oBias: boolean;
+  qkNorm: boolean;
+  rmsNormEps: number;
+  slidingWindow: number | null;
+}
+
+export class Attention extends Module {
+  readonly qProj: Linear;
+  readonly kProj: Linear;
+  readonly vProj: Linear;
+  readonly oProj: Linear;
+  readonly qNorm: RMSNorm | null;
+  readonly kNorm: RMSNorm | null;
+
+  constructor(
+    readonly cfg: AttentionConfig,
+    readonly layerIndex: number,
+    readonly rotary: RotaryEmbedding,
+    options: LayerOptions = {},
+  ) {
+    super();
+    const { hiddenSize, numHeads, numKvHeads, headDim } = cfg;
+    this.qProj = this.module("q_proj", new Linear(hiddenSize, numHeads * headDim, cfg.qkvBias, options));
+    this.kProj = this.module("k_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
+    this.vProj = this.module("v_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
+    this.oProj = this.module("o_proj", new Linear(numHeads * headDim, hiddenSize, cfg.oBias, options));
+    this.qNorm = cfg.qkNorm ? this.module("q_norm", new RMSNorm(headDim, cfg.rmsNormEps, options)) : null;
+    this.kNorm = cfg.qkNorm ? this.module("k_norm", new RMSNorm(headDim, cfg.rmsNormEps, options)) : null;
+  }
+
+  /** x [T, hidden] -> [T, hidden]. */
+  forward(x: Tensor, ctx: ForwardContext): Tensor {
+    const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
+    const T = x.shape[0]!;
+    const heads = (proj: Linear, n: number, norm: RMSNorm | null): Tensor => {
+      const flat = proj.forward(x);
+      const v = flat.view(T, n, D);
+      flat.dispose();
+      if (!norm) return v;
+      const normed = norm.forward(v);
+      v.dispose();
+      return normed;
+    };
+    const q0 = heads(this.qProj, H, this.qNorm);
+    const k0 = heads(this.kProj, Hkv, this.kNorm);
+    const v = heads(this.vProj, Hkv, null);
+    const q = this.rotary.apply(q0, ctx.positions);
+    const k = this.rotary.apply(k0, ctx.positions);
+    q0.dispose();
+    k0.dispose();
+    let attn: Tensor;
+    if (ctx.kind === "paged") {
+      const cache = ctx.kvCaches[this.layerIndex]!;
+      attn = pagedAttention({
+        q, k, v, kCache: cache.k, vCache: cache.v,
+        slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
+        scale: 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0,
+      });
+    } else {
+      attn = this.denseAttention(q, k, v, ctx);
+    }
+    for (const t of [q, k, v]) t.dispose();
+    const flat = attn.reshape(T, H * D);
+    attn.dispose();
+    const out = this.oProj.forward(flat);
+    flat.dispose();
+    return out;
+  }
+
+  private denseAttention(q: Tensor, k: Tensor, v: Tensor, ctx: DenseContext): Tensor {
+    const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
+    if (this.cfg.slidingWindow !== null && this.cfg.slidingWindow < ctx.seqLen)
+      throw new Error(`dense attention with a sliding window shorter than the sequence (${this.cfg.slidingWindow} < ${ctx.seqLen}) is not implemented`);
+    const { batch: B, seqLen: S } = ctx;
+    const toHeads = (t: Tensor, n: number) => t.view(B, S, n, D).transpose(1, 2); // [B, n, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv)); // [B, H, S, D]
+    return o.transpose(1, 2).reshape(B * S, H, D);
+  }
+}

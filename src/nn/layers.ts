@@ -1,0 +1,76 @@
+// Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
+import type { DType } from "../backends/dtype.js";
+import { embedding, empty, linear, rmsNorm, type Tensor, type DeviceLike } from "../tensor/index.js";
+import { Module } from "./module.js";
+
+export interface LayerOptions {
+  dtype?: DType;
+  device?: DeviceLike;
+}
+
+export class Linear extends Module {
+  weight: Tensor; // [outFeatures, inFeatures]
+  bias: Tensor | null; // [outFeatures]
+
+  constructor(
+    readonly inFeatures: number,
+    readonly outFeatures: number,
+    bias = false,
+    options: LayerOptions = {},
+  ) {
+    super();
+    this.weight = this.param("weight", empty([outFeatures, inFeatures], options))!;
+    this.bias = bias ? this.param("bias", empty([outFeatures], { ...options, dtype: "float32" })) : null;
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "weight") this.weight = value;
+    else if (local === "bias") this.bias = value;
+  }
+
+  forward(x: Tensor): Tensor {
+    return linear(x, this.weight, this.bias);
+  }
+}
+
+export class Embedding extends Module {
+  weight: Tensor; // [numEmbeddings, dim]
+
+  constructor(
+    readonly numEmbeddings: number,
+    readonly dim: number,
+    options: LayerOptions = {},
+  ) {
+    super();
+    this.weight = this.param("weight", empty([numEmbeddings, dim], options))!;
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "weight") this.weight = value;
+  }
+
+  forward(ids: Tensor): Tensor {
+    return embedding(ids, this.weight);
+  }
+}
+
+export class RMSNorm extends Module {
+  weight: Tensor; // [dim], kept in float32
+
+  constructor(
+    readonly dim: number,
+    readonly eps: number,
+    options: LayerOptions = {},
+  ) {
+    super();
+    this.weight = this.param("weight", empty([dim], { ...options, dtype: "float32" }))!;
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "weight") this.weight = value;
+  }
+
+  forward(x: Tensor): Tensor {
+    return rmsNorm(x, this.weight, this.eps);
+  }
+}

@@ -1,0 +1,108 @@
+// Feed-forward blocks: the SiLU-gated MLP of Llama-family models and a top-k routed mixture of experts.
+import { empty, linear, siluMul, softmax, tensor, topk, type Tensor } from "../tensor/index.js";
+import { Linear, type LayerOptions } from "./layers.js";
+import { Module } from "./module.js";
+
+/** down(silu(gate(x)) * up(x)); HF names gate_proj / up_proj / down_proj. */
+export class GatedMLP extends Module {
+  readonly gateProj: Linear;
+  readonly upProj: Linear;
+  readonly downProj: Linear;
+
+  constructor(hidden: number, intermediate: number, bias = false, options: LayerOptions = {}, names = ["gate_proj", "up_proj", "down_proj"] as const) {
+    super();
+    this.gateProj = this.module(names[0], new Linear(hidden, intermediate, bias, options));
+    this.upProj = this.module(names[1], new Linear(hidden, intermediate, bias, options));
+    this.downProj = this.module(names[2], new Linear(intermediate, hidden, bias, options));
+  }
+
+  forward(x: Tensor): Tensor {
+    const g = this.gateProj.forward(x);
+    const u = this.upProj.forward(x);
+    const h = siluMul(g, u);
+    g.dispose();
+    u.dispose();
+    const out = this.downProj.forward(h);
+    h.dispose();
+    return out;
+  }
+}
+
+export interface MoeOptions {
+  hidden: number;
+  expertIntermediate: number;
+  numExperts: number;
+  topK: number;
+  normTopkProb: boolean;
+  /** Mixtral names experts' projections w1 (gate), w3 (up), w2 (down); Qwen3-MoE uses gate/up/down_proj. */
+  expertNames: readonly [string, string, string];
+}
+
+/** Top-k routed mixture of experts: softmax router, k experts per token, weighted sum of their outputs. */
+export class MoE extends Module {
+  readonly gate: Linear; // router [numExperts, hidden]
+  readonly experts: GatedMLP[] = [];
+
+  constructor(
+    readonly opts: MoeOptions,
+    options: LayerOptions = {},
+  ) {
+    super();
+    this.gate = this.module("gate", new Linear(opts.hidden, opts.numExperts, false, options));
+    const holder = this.module("experts", new Module());
+    for (let e = 0; e < opts.numExperts; e++) {
+      const names = opts.expertNames as unknown as readonly ["gate_proj", "up_proj", "down_proj"];
+      const mlp = new GatedMLP(opts.hidden, opts.expertIntermediate, false, options, names);
+      holder.addModule(String(e), mlp);
+      this.experts.push(mlp);
+    }
+  }
+
+  /** x [T, hidden] -> [T, hidden]. Routing is read back to the host; each expert runs on its tokens only. */
+  forward(x: Tensor): Tensor {
+    const T = x.shape[0]!;
+    const H = this.opts.hidden;
+    const k = this.opts.topK;
+    const logits = linear(x, this.gate.weight);
+    const probs = softmax(logits, -1);
+    logits.dispose();
+    const { values, indices } = topk(probs, k, -1);
+    probs.dispose();
+    const w = values.dataSync() as Float32Array;
+    const ids = indices.dataSync() as Int32Array;
+    values.dispose();
+    indices.dispose();
+    const out = new Float32Array(T * H);
+    const byExpert = new Map<number, { rows: number[]; weights: number[] }>();
+    for (let t = 0; t < T; t++) {
+      let norm = 1;
+      if (this.opts.normTopkProb) {
+        norm = 0;
+        for (let j = 0; j < k; j++) norm += w[t * k + j]!;
+      }
+      for (let j = 0; j < k; j++) {
+        const e = ids[t * k + j]!;
+        const entry = byExpert.get(e) ?? { rows: [], weights: [] };
+        entry.rows.push(t);
+        entry.weights.push(w[t * k + j]! / norm);
+        byExpert.set(e, entry);
+      }
+    }
+    for (const [e, { rows, weights }] of byExpert) {
+      const idx = tensor(Int32Array.from(rows), { device: x.device });
+      const xe = x.indexSelect(0, idx);
+      const ye = this.experts[e]!.forward(xe);
+      const y = ye.dataSync() as Float32Array;
+      for (let r = 0; r < rows.length; r++) {
+        const dst = rows[r]! * H;
+        const wt = weights[r]!;
+        for (let i = 0; i < H; i++) out[dst + i] += wt * y[r * H + i]!;
+      }
+      for (const t of [idx, xe, ye]) t.dispose();
+    }
+    const res = empty([T, H], { device: x.device });
+    res.device.backend.write(res.storage.buffer, 0, new Uint8Array(out.buffer));
+    return res;
+  }
+}
+

@@ -1,0 +1,114 @@
+// Rotary position embedding tables (cos/sin [maxPositions, rotaryDim/2]) with Hugging Face's scaling
+// variants: default, linear, dynamic NTK, llama3 and YaRN (transformers' modeling_rope_utils semantics).
+import { rotaryEmbedding, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
+
+/** HF rope_scaling variants (models/hf-config.ts parses config.json into this shape). */
+export type RopeScaling =
+  | { type: "linear"; factor: number }
+  | { type: "dynamic"; factor: number; originalMaxPositionEmbeddings: number | null }
+  | { type: "llama3"; factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number }
+  | {
+      type: "yarn";
+      factor: number;
+      originalMaxPositionEmbeddings: number;
+      betaFast: number;
+      betaSlow: number;
+      attentionFactor: number | null;
+      mscale: number | null;
+      mscaleAllDim: number | null;
+    };
+
+export interface RotaryConfig {
+  rotaryDim: number;
+  theta: number;
+  maxPositions: number;
+  scaling: RopeScaling | null;
+}
+
+/** Inverse frequencies and the attention scale factor YaRN applies to cos/sin. */
+export function rotaryInvFreq(cfg: RotaryConfig): { invFreq: Float64Array; attentionFactor: number; tablePositions: number } {
+  const { rotaryDim: dim, scaling } = cfg;
+  let base = cfg.theta;
+  const half = dim / 2;
+  let tablePositions = cfg.maxPositions;
+  const plain = (b: number) => Float64Array.from({ length: half }, (_, i) => 1 / Math.pow(b, (2 * i) / dim));
+  if (!scaling) return { invFreq: plain(base), attentionFactor: 1, tablePositions };
+  switch (scaling.type) {
+    case "linear":
+      return { invFreq: plain(base).map((f) => f / scaling.factor), attentionFactor: 1, tablePositions };
+    case "dynamic": {
+      // vLLM's static form of dynamic NTK: the base is stretched for max_position * factor positions at once.
+      const orig = scaling.originalMaxPositionEmbeddings ?? cfg.maxPositions;
+      const seqLen = orig * scaling.factor;
+      base = base * Math.pow((scaling.factor * seqLen) / orig - (scaling.factor - 1), dim / (dim - 2));
+      tablePositions = Math.max(tablePositions, seqLen);
+      return { invFreq: plain(base), attentionFactor: 1, tablePositions };
+    }
+    case "llama3": {
+      const { factor, lowFreqFactor, highFreqFactor, originalMaxPositionEmbeddings: old } = scaling;
+      const lowWavelen = old / lowFreqFactor;
+      const highWavelen = old / highFreqFactor;
+      const inv = plain(base).map((f) => {
+        const wavelen = (2 * Math.PI) / f;
+        if (wavelen < highWavelen) return f;
+        if (wavelen > lowWavelen) return f / factor;
+        const smooth = (old / wavelen - lowFreqFactor) / (highFreqFactor - lowFreqFactor);
+        return (1 - smooth) * (f / factor) + smooth * f;
+      });
+      return { invFreq: inv, attentionFactor: 1, tablePositions };
+    }
+    case "yarn": {
+      const { factor, betaFast, betaSlow, originalMaxPositionEmbeddings: orig } = scaling;
+      const getMscale = (scale: number, m = 1) => (scale <= 1 ? 1 : 0.1 * m * Math.log(scale) + 1);
+      let attentionFactor = scaling.attentionFactor ?? getMscale(factor);
+      if (scaling.attentionFactor === null && scaling.mscale !== null && scaling.mscaleAllDim !== null)
+        attentionFactor = getMscale(factor, scaling.mscale) / getMscale(factor, scaling.mscaleAllDim);
+      const correctionDim = (rot: number) => (dim * Math.log(orig / (rot * 2 * Math.PI))) / (2 * Math.log(base));
+      const low = Math.max(Math.floor(correctionDim(betaFast)), 0);
+      const high = Math.min(Math.ceil(correctionDim(betaSlow)), dim - 1);
+      const hi = low === high ? high + 0.001 : high;
+      const inv = new Float64Array(half);
+      for (let i = 0; i < half; i++) {
+        const posFreq = Math.pow(base, (2 * i) / dim);
+        const extrap = 1 / posFreq;
+        const interp = 1 / (factor * posFreq);
+        const ramp = Math.min(Math.max((i - low) / (hi - low), 0), 1);
+        const extrapFactor = 1 - ramp;
+        inv[i] = interp * (1 - extrapFactor) + extrap * extrapFactor;
+      }
+      return { invFreq: inv, attentionFactor, tablePositions };
+    }
+  }
+}
+
+/** Precomputed cos/sin tables and the rotation itself. */
+export class RotaryEmbedding {
+  readonly cos: Tensor; // [positions, rotaryDim/2]
+  readonly sin: Tensor;
+  readonly maxPositions: number;
+
+  constructor(
+    readonly config: RotaryConfig,
+    device?: DeviceLike,
+    readonly neox = true,
+  ) {
+    const { invFreq, attentionFactor, tablePositions } = rotaryInvFreq(config);
+    const half = invFreq.length;
+    this.maxPositions = tablePositions;
+    const cos = new Float32Array(tablePositions * half);
+    const sin = new Float32Array(tablePositions * half);
+    for (let p = 0; p < tablePositions; p++)
+      for (let i = 0; i < half; i++) {
+        const a = p * invFreq[i]!;
+        cos[p * half + i] = Math.cos(a) * attentionFactor;
+        sin[p * half + i] = Math.sin(a) * attentionFactor;
+      }
+    this.cos = tensor(cos, { shape: [tablePositions, half], device });
+    this.sin = tensor(sin, { shape: [tablePositions, half], device });
+  }
+
+  /** x [T, H, D] at positions [T] (int32). */
+  apply(x: Tensor, positions: Tensor): Tensor {
+    return rotaryEmbedding(x, positions, this.cos, this.sin, this.neox);
+  }
+}

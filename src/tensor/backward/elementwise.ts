@@ -1,0 +1,215 @@
+// Backward formulas of elementwise ops: binary arithmetic (grads in the broadcast output shape; the engine
+// sum-reduces them), unary math, and where.
+import * as ew from "../ops/elementwise.js";
+import { tensor, Tensor, type TensorOrScalar } from "../tensor.js";
+import type { BackwardContext, BackwardRule, RuleTable } from "./types.js";
+
+/** The saved operand i, or its scalar value when the op was called with a plain number. */
+function operand(ctx: BackwardContext, i: 0 | 1): Tensor | number {
+  const t = ctx.inputs[i];
+  if (t) return t;
+  const s = ctx.attrs[i === 0 ? "aScalar" : "bScalar"];
+  return typeof s === "boolean" ? (s ? 1 : 0) : (s as number);
+}
+
+/** Elementwise product of tensors/scalars, disposing the intermediates. */
+function prod(...xs: TensorOrScalar[]): Tensor {
+  let acc = ew.mul(xs[0]!, xs[1]!);
+  for (let i = 2; i < xs.length; i++) {
+    const next = ew.mul(acc, xs[i]!);
+    acc.dispose();
+    acc = next;
+  }
+  return acc;
+}
+
+/** Share of the gradient that flows to `a` for maximum/minimum: 1 where a wins, 1/2 on ties, else 0. */
+function winnerWeight(a: TensorOrScalar, b: TensorOrScalar, isMax: boolean): Tensor {
+  const wins = isMax ? ew.gt(a, b) : ew.lt(a, b);
+  const ties = ew.eq(a, b);
+  const half = ew.where(ties, 0.5, 0);
+  const w = ew.where(wins, 1, half);
+  for (const t of [wins, ties, half]) t.dispose();
+  return w;
+}
+
+const binary: RuleTable = {
+  add: { saves: "none", grad: (g) => [g, g] },
+  sub: { saves: "none", grad: (g, c) => [g, c.needsGrad[1] ? ew.neg(g) : null] },
+  mul: {
+    saves: "inputs",
+    grad: (g, c) => [c.needsGrad[0] ? ew.mul(g, operand(c, 1)) : null, c.needsGrad[1] ? ew.mul(g, operand(c, 0)) : null],
+  },
+  div: {
+    saves: "inputs",
+    grad: (g, c) => {
+      const a = operand(c, 0);
+      const b = operand(c, 1);
+      const ga = c.needsGrad[0] ? ew.div(g, b) : null;
+      let gb: Tensor | null = null;
+      if (c.needsGrad[1]) {
+        // d(a/b)/db = -a / b^2
+        const num = prod(g, a, -1);
+        const b2 = ew.mul(b, b);
+        gb = ew.div(num, b2);
+        num.dispose();
+        b2.dispose();
+      }
+      return [ga, gb];
+    },
+  },
+  pow: {
+    saves: "both",
+    grad: (g, c) => {
+      const a = operand(c, 0);
+      const b = operand(c, 1);
+      let ga: Tensor | null = null;
+      let gb: Tensor | null = null;
+      if (c.needsGrad[0]) {
+        // b * a^(b-1)
+        const bm1 = typeof b === "number" ? b - 1 : ew.sub(b, 1);
+        const p = ew.pow(a, bm1);
+        ga = prod(g, b, p);
+        p.dispose();
+        if (bm1 instanceof Tensor) bm1.dispose();
+      }
+      if (c.needsGrad[1]) {
+        // out * ln(a)
+        const la = typeof a === "number" ? Math.log(a) : ew.log(a);
+        gb = prod(g, c.output!, la);
+        if (la instanceof Tensor) la.dispose();
+      }
+      return [ga, gb];
+    },
+  },
+  maximum: { saves: "inputs", grad: (g, c) => minMaxGrad(g, c, true) },
+  minimum: { saves: "inputs", grad: (g, c) => minMaxGrad(g, c, false) },
+  remainder: { saves: "none", grad: (g) => [g, null] },
+};
+
+function minMaxGrad(g: Tensor, c: BackwardContext, isMax: boolean): (Tensor | null)[] {
+  const w = winnerWeight(operand(c, 0), operand(c, 1), isMax);
+  const ga = c.needsGrad[0] ? ew.mul(g, w) : null;
+  let gb: Tensor | null = null;
+  if (c.needsGrad[1]) {
+    const rest = ew.sub(1, w);
+    gb = ew.mul(g, rest);
+    rest.dispose();
+  }
+  w.dispose();
+  return [ga, gb];
+}
+
+/** A unary rule whose derivative is computed from the saved input x or output y by `dfn`, times g. */
+function unaryRule(saves: "inputs" | "output", dfn: (v: Tensor) => Tensor): BackwardRule {
+  return {
+    saves,
+    grad: (g, c) => {
+      const d = dfn(saves === "inputs" ? c.inputs[0]! : c.output!);
+      const out = ew.mul(g, d);
+      d.dispose();
+      return [out];
+    },
+  };
+}
+
+/** 1 - v^2 and v * (1 - v) style helpers that dispose their temporaries. */
+function oneMinus(v: Tensor): Tensor {
+  return ew.sub(1, v);
+}
+
+const unary: RuleTable = {
+  neg: { saves: "none", grad: (g) => [ew.neg(g)] },
+  exp: unaryRule("output", (y) => y.clone()),
+  log: unaryRule("inputs", (x) => ew.reciprocal(x)),
+  sqrt: unaryRule("output", (y) => ew.div(0.5, y)),
+  rsqrt: unaryRule("output", (y) => prod(y, y, y, -0.5)),
+  reciprocal: unaryRule("output", (y) => prod(y, y, -1)),
+  tanh: unaryRule("output", (y) => {
+    const y2 = ew.mul(y, y);
+    const d = oneMinus(y2);
+    y2.dispose();
+    return d;
+  }),
+  sigmoid: unaryRule("output", (y) => {
+    const r = oneMinus(y);
+    const d = ew.mul(y, r);
+    r.dispose();
+    return d;
+  }),
+  // silu'(x) = s * (1 + x * (1 - s)), s = sigmoid(x)
+  silu: unaryRule("inputs", (x) => {
+    const s = ew.sigmoid(x);
+    const r = oneMinus(s);
+    const xr = ew.mul(x, r);
+    const onePlus = ew.add(xr, 1);
+    const d = ew.mul(s, onePlus);
+    for (const t of [s, r, xr, onePlus]) t.dispose();
+    return d;
+  }),
+  gelu: unaryRule("inputs", (x) => hostMap(x, geluExactGrad)),
+  gelu_tanh: unaryRule("inputs", (x) => hostMap(x, geluTanhGrad)),
+  relu: unaryRule("inputs", (x) => {
+    const pos = ew.gt(x, 0);
+    const d = ew.where(pos, 1, 0);
+    pos.dispose();
+    return d;
+  }),
+  abs: unaryRule("inputs", (x) => ew.unary("sign", x)),
+  square: unaryRule("inputs", (x) => ew.mul(x, 2)),
+  sin: unaryRule("inputs", (x) => ew.cos(x)),
+  cos: unaryRule("inputs", (x) => {
+    const s = ew.sin(x);
+    const d = ew.neg(s);
+    s.dispose();
+    return d;
+  }),
+  // piecewise-constant functions: zero gradient almost everywhere
+  floor: { saves: "none", grad: () => [null] },
+  ceil: { saves: "none", grad: () => [null] },
+  round: { saves: "none", grad: () => [null] },
+  sign: { saves: "none", grad: () => [null] },
+};
+
+/** where(cond, a, b): inputs are [null, a, b] and attrs.cond the (bool) condition. */
+const selection: RuleTable = {
+  where: {
+    saves: "none",
+    grad: (g, c) => {
+      const cond = c.attrs.cond as Tensor;
+      return [null, c.needsGrad[1] ? ew.where(cond, g, 0) : null, c.needsGrad[2] ? ew.where(cond, 0, g) : null];
+    },
+  },
+};
+
+export const elementwiseRules: RuleTable = { ...binary, ...unary, ...selection };
+
+// ---- host-evaluated derivatives (no erf kernel in the primitive set) ----
+
+function hostMap(x: Tensor, f: (v: number) => number): Tensor {
+  const src = x.dataSync() as Float32Array;
+  const out = new Float32Array(src.length);
+  for (let i = 0; i < src.length; i++) out[i] = f(src[i]!);
+  return tensor(out, { shape: x.shape, device: x.device });
+}
+
+/** erf via Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, below float32 resolution of the result). */
+function erf(x: number): number {
+  const s = x < 0 ? -1 : 1;
+  const a = Math.abs(x);
+  const t = 1 / (1 + 0.3275911 * a);
+  const y = 1 - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * Math.exp(-a * a);
+  return s * y;
+}
+
+// d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
+function geluExactGrad(x: number): number {
+  return 0.5 * (1 + erf(x / Math.SQRT2)) + (x * Math.exp(-0.5 * x * x)) / Math.sqrt(2 * Math.PI);
+}
+
+// d/dx [0.5 x (1 + tanh(k (x + 0.044715 x^3)))]
+function geluTanhGrad(x: number): number {
+  const k = Math.sqrt(2 / Math.PI);
+  const t = Math.tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}

@@ -1,0 +1,57 @@
+// Backward formulas of the fused nn ops: rms_norm (closed form, one host pass), rotary (the inverse
+// rotation) and the fused cross-entropy (softmax - onehot).
+import * as ew from "../ops/elementwise.js";
+import { rotaryEmbedding } from "../ops/nn-functional.js";
+import { tensor, Tensor } from "../tensor.js";
+import type { RuleTable } from "./types.js";
+
+export const nnRules: RuleTable = {
+  // y = x * r * w with r = (mean(x^2) + eps)^-1/2 per row:
+  // dx = r * g*w - x * r^3 * mean(g*w*x);  dw = sum_rows g * x * r
+  rms_norm: {
+    saves: "inputs",
+    grad: (g, c) => {
+      const x = c.inputs[0]!;
+      const w = c.inputs[1]!;
+      const eps = c.attrs.eps as number;
+      const n = x.shape[x.ndim - 1]!;
+      const xs = x.dataSync() as Float32Array;
+      const ws = w.dataSync() as Float32Array;
+      const gs = g.dataSync() as Float32Array;
+      const rows = xs.length / n;
+      const dx = c.needsGrad[0] ? new Float32Array(xs.length) : null;
+      const dw = c.needsGrad[1] ? new Float64Array(n) : null;
+      for (let r = 0; r < rows; r++) {
+        const o = r * n;
+        let ss = 0;
+        let dot = 0;
+        for (let i = 0; i < n; i++) {
+          const xi = xs[o + i]!;
+          ss += xi * xi;
+          dot += gs[o + i]! * ws[i]! * xi;
+        }
+        const inv = 1 / Math.sqrt(ss / n + eps);
+        if (dx) {
+          const k = (inv * inv * inv * dot) / n;
+          for (let i = 0; i < n; i++) dx[o + i] = inv * gs[o + i]! * ws[i]! - xs[o + i]! * k;
+        }
+        if (dw) for (let i = 0; i < n; i++) dw[i] += gs[o + i]! * xs[o + i]! * inv;
+      }
+      return [
+        dx ? tensor(dx, { shape: x.shape, device: x.device }) : null,
+        dw ? tensor(Float32Array.from(dw), { shape: w.shape, device: w.device }) : null,
+      ];
+    },
+  },
+  // rotation by -theta: the same kernel with sin negated (pass-through dims stay identity)
+  rotary: {
+    saves: "none",
+    grad: (g, c) => {
+      const { positions, cos, sin, neox } = c.attrs as { positions: Tensor; cos: Tensor; sin: Tensor; neox: boolean };
+      const negSin = ew.neg(sin);
+      const out = rotaryEmbedding(g, positions, cos, negSin, neox);
+      negSin.dispose();
+      return [out];
+    },
+  },
+};

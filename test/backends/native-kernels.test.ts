@@ -1,0 +1,405 @@
+// Native CPU kernels vs straightforward JS references, on random inputs with odd sizes and tails.
+// The parent process runs the suite once per ISA the machine supports, each in a child process
+// with KILN_NATIVE_ISA set (the addon reads it once at load).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
+
+const k = tryLoadNativeKernels();
+const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
+
+// ---------------------------------------------------------------- helpers
+let seed = 12345;
+function rand(): number {
+  // xorshift32: deterministic inputs so failures reproduce
+  seed ^= seed << 13;
+  seed ^= seed >>> 17;
+  seed ^= seed << 5;
+  return (seed >>> 0) / 4294967296;
+}
+function randArray(n: number, lo = -1, hi = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = lo + (hi - lo) * rand();
+  return a;
+}
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+function bf16Round(x: number): number {
+  // round-to-nearest-even to the upper 16 bits
+  f32[0] = x;
+  const u = u32[0]!;
+  if ((u & 0x7fffffff) > 0x7f800000) return ((u >>> 16) | 0x40) & 0xffff;
+  return ((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) & 0xffff;
+}
+function bf16Value(h: number): number {
+  u32[0] = (h << 16) >>> 0;
+  return f32[0]!;
+}
+function f16Value(h: number): number {
+  const s = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return s * m * 2 ** -24;
+  if (e === 31) return m ? NaN : s * Infinity;
+  return s * (1 + m / 1024) * 2 ** (e - 15);
+}
+function close(got: ArrayLike<number>, want: ArrayLike<number>, tol: (i: number) => number, what: string): void {
+  assert.equal(got.length >= want.length, true, `${what}: length`);
+  for (let i = 0; i < want.length; i++) {
+    const g = got[i]!, w = want[i]!;
+    if (Number.isNaN(w) && Number.isNaN(g)) continue;
+    if (g === w) continue;
+    const err = Math.abs(g - w);
+    if (!(err <= tol(i))) assert.fail(`${what}: index ${i}: got ${g}, want ${w} (|err| ${err} > ${tol(i)})`);
+  }
+}
+function erf(x: number): number {
+  // Maclaurin series in double precision; exact to ~1e-10 for |x| <= 4, and erf = ±1 to 1.6e-8 beyond.
+  if (Math.abs(x) > 4) return Math.sign(x);
+  let sum = 0, term = x;
+  for (let n = 0; n < 200; n++) {
+    const t = term / (2 * n + 1);
+    sum += t;
+    term *= (-x * x) / (n + 1);
+    if (Math.abs(t) < 1e-17) break;
+  }
+  return (2 / Math.sqrt(Math.PI)) * sum;
+}
+
+// ---------------------------------------------------------------- parent: one child per ISA
+if (!childIsa) {
+  test("native kernels: every supported ISA", { skip: k ? false : "native addon not built" }, () => {
+    const f = k!.features();
+    const isas = ["scalar", ...(f.avx2 && f.fma ? ["avx2"] : []), ...(f.avx512f ? ["avx512"] : [])];
+    for (const isa of isas) {
+      // NODE_TEST_CONTEXT would make the child report to our runner instead of setting its exit code
+      const { NODE_TEST_CONTEXT: _ctx, ...env } = process.env;
+      const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url)], {
+        env: { ...env, KILN_NATIVE_ISA: isa, KILN_NATIVE_TEST_CHILD: "1" },
+        encoding: "utf8",
+      });
+      assert.equal(r.status, 0, `ISA ${isa} failed:\n${r.stdout}\n${r.stderr}`);
+    }
+  });
+} else {
+  runSuite(k!, childIsa);
+}
+
+function runSuite(k: NativeKernels, isa: string): void {
+  test(`[${isa}] selected ISA`, () => assert.equal(k.isa, isa));
+
+  for (const threads of [1, 2]) {
+    test(`[${isa}] matmul, ${threads} thread(s)`, () => {
+      k.setNumThreads(threads);
+      assert.equal(k.getNumThreads(), threads);
+      const cases: [number, number, number][] = [
+        [1, 1, 1], [1, 33, 17], [1, 67, 300], [2, 50, 129], [3, 17, 64], [4, 31, 33], [5, 100, 257],
+        [7, 64, 40], [8, 129, 515], [9, 33, 100], [13, 65, 31], [17, 130, 300], [29, 97, 513], [70, 300, 515],
+      ];
+      for (const [M, N, K] of cases)
+        for (const bT of [true, false])
+          for (const dtype of [0, 1] as const) checkMatmul(k, M, N, K, bT, dtype, 1);
+      // batched, including a broadcast B (strideB = 0) and padded output strides
+      checkMatmul(k, 3, 20, 24, true, 0, 4);
+      checkMatmul(k, 6, 17, 9, false, 1, 3, true);
+      checkMatmul(k, 40, 70, 33, true, 0, 3, true);
+    });
+  }
+
+  test(`[${isa}] unary ops`, () => {
+    k.setNumThreads(2);
+    const n = 70001; // above the parallel threshold, with a tail
+    const x = randArray(n, -10, 10);
+    x[0] = 0; x[1] = -0.01; x[2] = 0.03; x[3] = 90; x[4] = -90; x[5] = 1e-8;
+    const pos = randArray(n, 1e-3, 50);
+    const refs: [number, (v: number) => number, Float32Array, number][] = [
+      // [op, reference, input, tolerance relative to max(1,|ref|)]; the fast exp is ~2 ulp, tanh/sigmoid
+      // derive from it (abs error ~2e-7), gelu uses an erf approximation with |error| <= 1.5e-7.
+      [0, (v) => -v, x, 0],
+      [1, Math.exp, x, 1e-6],
+      [2, Math.log, pos, 1e-6],
+      [3, Math.sqrt, pos, 1e-6],
+      [4, (v) => 1 / Math.sqrt(v), pos, 1e-6],
+      [5, Math.tanh, x, 1e-6],
+      [6, (v) => 1 / (1 + Math.exp(-v)), x, 1e-6],
+      [7, (v) => v / (1 + Math.exp(-v)), x, 2e-6],
+      [8, (v) => 0.5 * v * (1 + erf(v / Math.SQRT2)), x, 2e-6],
+      [9, (v) => 0.5 * v * (1 + Math.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))), x, 2e-6],
+      [10, Math.abs, x, 0],
+      [11, (v) => 1 / v, pos, 1e-6],
+      [12, Math.sin, x, 1e-6],
+      [13, Math.cos, x, 1e-6],
+      [14, (v) => v * v, x, 1e-6],
+      [15, (v) => Math.max(v, 0), x, 0],
+    ];
+    for (const [op, ref, input, tol] of refs) {
+      for (const len of [n, 1, 15, 37]) {
+        const out = new Float32Array(len);
+        k.unary(op, input.subarray(0, len), out, len);
+        const want = Array.from(input.subarray(0, len), (v) => Math.fround(ref(v))); // f32 overflow -> inf
+        close(out, want, (i) => tol * Math.max(1, Math.abs(want[i]!)) + 1e-30, `unary ${op} n=${len}`);
+      }
+    }
+  });
+
+  test(`[${isa}] binary ops with broadcasting`, () => {
+    const n = 3 * 40007;
+    const a = randArray(n, 0.1, 5);
+    const refs: ((x: number, y: number) => number)[] = [
+      (x, y) => x + y, (x, y) => x - y, (x, y) => x * y, (x, y) => x / y,
+      Math.max, Math.min, (x, y) => x ** y,
+    ];
+    for (const bn of [1, n, 40007, 3]) {
+      const b = randArray(bn, -3, 3);
+      for (let op = 0; op < refs.length; op++) {
+        const out = new Float32Array(n);
+        k.binary(op, a, b, out, n, bn);
+        const want = Array.from(a, (v, i) => Math.fround(refs[op]!(v, b[i % bn]!)));
+        // + - * / max min are correctly rounded f32 ops; powf is within a few ulp.
+        close(out, want, (i) => (op === 6 ? 4e-7 * Math.abs(want[i]!) : 0), `binary ${op} bn=${bn}`);
+      }
+    }
+    assert.throws(() => k.binary(0, a, a, new Float32Array(n), n, 7), /bn must divide n/);
+  });
+
+  test(`[${isa}] siluMul, rmsNorm, softmax, reduce, argmax`, () => {
+    const rows = 37, n = 1003;
+    const x = randArray(rows * n, -4, 4);
+    const up = randArray(rows * n);
+    const out = new Float32Array(rows * n);
+    k.siluMul(x, up, out, rows * n);
+    close(out, Array.from(x, (v, i) => (v / (1 + Math.exp(-v))) * up[i]!), () => 2e-6, "siluMul");
+
+    const w = randArray(n, 0.5, 1.5);
+    k.rmsNorm(x, w, out, rows, n, 1e-5);
+    const wantNorm: number[] = [];
+    for (let r = 0; r < rows; r++) {
+      let ss = 0;
+      for (let i = 0; i < n; i++) ss += x[r * n + i]! ** 2;
+      const inv = 1 / Math.sqrt(ss / n + 1e-5);
+      for (let i = 0; i < n; i++) wantNorm.push(x[r * n + i]! * inv * w[i]!);
+    }
+    // sum of squares in f32 over n=1003 terms: relative error ~ sqrt(n) * 2^-24
+    close(out, wantNorm, (i) => 1e-5 * Math.max(1, Math.abs(wantNorm[i]!)), "rmsNorm");
+
+    for (const log of [false, true]) {
+      k.softmax(x, out, rows, n, log);
+      const want: number[] = [];
+      for (let r = 0; r < rows; r++) {
+        const row = Array.from(x.subarray(r * n, (r + 1) * n));
+        const m = Math.max(...row);
+        const s = row.reduce((acc, v) => acc + Math.exp(v - m), 0);
+        for (const v of row) want.push(log ? v - m - Math.log(s) : Math.exp(v - m) / s);
+      }
+      close(out, want, (i) => 2e-6 * Math.max(log ? 1 : 1e-3, Math.abs(want[i]!)), `softmax log=${log}`);
+    }
+
+    const red = new Float32Array(rows);
+    for (const [op, f] of [[0, (r: number[]) => r.reduce((a, b) => a + b, 0)], [1, (r: number[]) => Math.max(...r)], [2, (r: number[]) => Math.min(...r)]] as const) {
+      k.reduce(op, x, red, rows, n);
+      const want = Array.from({ length: rows }, (_, r) => f(Array.from(x.subarray(r * n, (r + 1) * n))));
+      // f32 sum of 1003 terms in [-4,4]: error well under 1e-4 absolute
+      close(red, want, () => (op === 0 ? 1e-4 : 0), `reduce ${op}`);
+    }
+
+    const xa = x.slice();
+    for (let r = 0; r < rows; r++) { xa[r * n + 5] = 10; xa[r * n + (r % 2 ? 700 : 6)] = 10; } // ties: first index wins
+    const am = new Int32Array(rows);
+    k.argmax(xa, am, rows, n);
+    for (let r = 0; r < rows; r++) assert.equal(am[r], 5, `argmax row ${r}`);
+    k.argmax(x.subarray(0, 13), am, 1, 13);
+    const row = Array.from(x.subarray(0, 13));
+    assert.equal(am[0], row.indexOf(Math.max(...row)));
+  });
+
+  test(`[${isa}] rotary (neox and GPT-J, partial rotary dim, in place)`, () => {
+    const T = 7, H = 3, D = 40, maxPos = 50;
+    for (const [rd, neox] of [[40, true], [40, false], [24, true], [16, false]] as const) {
+      const half = rd / 2;
+      const cos = new Float32Array(maxPos * half), sin = new Float32Array(maxPos * half);
+      for (let p = 0; p < maxPos; p++)
+        for (let i = 0; i < half; i++) {
+          const ang = p / 10000 ** ((2 * i) / rd);
+          cos[p * half + i] = Math.cos(ang);
+          sin[p * half + i] = Math.sin(ang);
+        }
+      const x = randArray(T * H * D);
+      const positions = Int32Array.from({ length: T }, (_, t) => (t * 7) % maxPos);
+      const want = Array.from(x);
+      for (let t = 0; t < T; t++)
+        for (let h = 0; h < H; h++)
+          for (let i = 0; i < half; i++) {
+            const base = (t * H + h) * D;
+            const [i1, i2] = neox ? [i, i + half] : [2 * i, 2 * i + 1];
+            const c = cos[positions[t]! * half + i]!, s = sin[positions[t]! * half + i]!;
+            want[base + i1] = x[base + i1]! * c - x[base + i2]! * s;
+            want[base + i2] = x[base + i2]! * c + x[base + i1]! * s;
+          }
+      const out = new Float32Array(T * H * D);
+      k.rotary(x, positions, cos, sin, out, T, H, D, rd, neox);
+      close(out, want, () => 1e-6, `rotary rd=${rd} neox=${neox}`);
+      k.rotary(x, positions, cos, sin, x, T, H, D, rd, neox); // in place
+      close(x, want, () => 1e-6, `rotary in place rd=${rd}`);
+    }
+  });
+
+  for (const slidingWindow of [0, 9]) {
+    test(`[${isa}] paged attention (GQA, mixed decode/prefill, window ${slidingWindow})`, () => {
+      k.setNumThreads(2);
+      const Hq = 6, Hkv = 2, D = 40, blockSize = 16, numBlocks = 20, maxBlocksPerSeq = 6;
+      // seq0: decode (1 new token, context 37); seq1: fresh prefill of 20; seq2: chunked prefill 5 of 70
+      const qlens = [1, 20, 5], seqLens = Int32Array.from([37, 20, 70]);
+      const queryStart = Int32Array.from([0, 1, 21, 26]);
+      const T = 26;
+      const blockTables = new Int32Array(3 * maxBlocksPerSeq).fill(-1);
+      const ids = Array.from({ length: numBlocks }, (_, i) => i).sort(() => rand() - 0.5);
+      let next = 0;
+      for (let s = 0; s < 3; s++)
+        for (let b = 0; b < Math.ceil(seqLens[s]! / blockSize); b++) blockTables[s * maxBlocksPerSeq + b] = ids[next++]!;
+      const slotSize = Hkv * D;
+      const kCache = randArray(numBlocks * blockSize * slotSize), vCache = randArray(numBlocks * blockSize * slotSize);
+      const q = randArray(T * Hq * D), kNew = randArray(T * slotSize), vNew = randArray(T * slotSize);
+      const slotOf = (s: number, p: number): number => blockTables[s * maxBlocksPerSeq + Math.floor(p / blockSize)]! * blockSize + (p % blockSize);
+      const slotMapping = new Int32Array(T);
+      for (let s = 0; s < 3; s++)
+        for (let j = 0; j < qlens[s]!; j++) slotMapping[queryStart[s]! + j] = slotOf(s, seqLens[s]! - qlens[s]! + j);
+      slotMapping[3] = -1; // skipped write: attention then reads whatever the cache holds there
+      const kRef = kCache.slice(), vRef = vCache.slice();
+      for (let t = 0; t < T; t++) {
+        if (slotMapping[t]! < 0) continue;
+        kRef.set(kNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
+        vRef.set(vNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
+      }
+      const scale = 1 / Math.sqrt(D);
+      const want = new Float64Array(T * Hq * D);
+      for (let s = 0; s < 3; s++)
+        for (let j = 0; j < qlens[s]!; j++) {
+          const t = queryStart[s]! + j, p = seqLens[s]! - qlens[s]! + j;
+          const lo = slidingWindow ? Math.max(0, p - slidingWindow + 1) : 0;
+          for (let h = 0; h < Hq; h++) {
+            const kvh = Math.floor(h / (Hq / Hkv));
+            const scores: number[] = [];
+            for (let c = lo; c <= p; c++) {
+              let dot = 0;
+              for (let d = 0; d < D; d++) dot += q[(t * Hq + h) * D + d]! * kRef[slotOf(s, c) * slotSize + kvh * D + d]!;
+              scores.push(dot * scale);
+            }
+            const m = Math.max(...scores);
+            const e = scores.map((v) => Math.exp(v - m));
+            const sum = e.reduce((a, b) => a + b, 0);
+            for (let c = lo; c <= p; c++)
+              for (let d = 0; d < D; d++)
+                want[(t * Hq + h) * D + d] += (e[c - lo]! / sum) * vRef[slotOf(s, c) * slotSize + kvh * D + d]!;
+          }
+        }
+      const out = new Float32Array(T * Hq * D);
+      k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, blockTables, queryStart, seqLens, out,
+        3, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow);
+      close(kCache, kRef, () => 0, "kCache written");
+      close(vCache, vRef, () => 0, "vCache written");
+      // outputs are convex combinations of values in [-1,1]; f32 dot/exp error stays ~1e-6
+      close(out, want, () => 2e-6, "attention output");
+      const bad = blockTables.slice();
+      bad[0] = numBlocks;
+      assert.throws(() => k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, bad, queryStart, seqLens, out,
+        3, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow), /out of range/);
+    });
+  }
+
+  test(`[${isa}] embedding and dtype conversions`, () => {
+    const rows = 50, dim = 37, numIds = 11;
+    const table = randArray(rows * dim);
+    const ids = Int32Array.from({ length: numIds }, () => Math.floor(rand() * rows));
+    const out = new Float32Array(numIds * dim);
+    k.embedding(table, 0, ids, out, numIds, dim);
+    close(out, Array.from(out, (_, i) => table[ids[Math.floor(i / dim)]! * dim + (i % dim)]!), () => 0, "embedding f32");
+    const tb = new Uint16Array(rows * dim);
+    k.f32ToBf16(table, tb, rows * dim);
+    k.embedding(tb, 1, ids, out, numIds, dim);
+    close(out, Array.from(out, (_, i) => bf16Value(tb[ids[Math.floor(i / dim)]! * dim + (i % dim)]!)), () => 0, "embedding bf16");
+    assert.throws(() => k.embedding(table, 0, Int32Array.of(rows), out, 1, dim), /out of range/);
+
+    // bf16: bit-exact round-to-nearest-even, including ties, NaN and infinities
+    const n = 100003;
+    const src = randArray(n, -1e4, 1e4);
+    const srcBits = new Uint32Array(src.buffer);
+    srcBits[0] = 0x3f808000; // exact tie, even -> round down
+    srcBits[1] = 0x3f818000; // exact tie, odd -> round up
+    src[2] = NaN; src[3] = Infinity; src[4] = -Infinity; src[5] = 3.4e38;
+    const bf = new Uint16Array(n);
+    k.f32ToBf16(src, bf, n);
+    for (let i = 0; i < n; i++) if (bf[i] !== bf16Round(src[i]!)) assert.fail(`f32ToBf16 index ${i}: ${bf[i]} vs ${bf16Round(src[i]!)}`);
+    const back = new Float32Array(n);
+    k.bf16ToF32(bf, back, n);
+    close(back, Array.from(bf, bf16Value), () => 0, "bf16ToF32");
+
+    // f16: decode every half exactly; encode must pick the nearest half (ties to even)
+    const all = Uint16Array.from({ length: 65536 }, (_, i) => i);
+    const dec = new Float32Array(65536);
+    k.f16ToF32(all, dec, 65536);
+    close(dec, Array.from(all, f16Value), () => 0, "f16ToF32");
+    const vals = randArray(n, -70000, 70000);
+    for (let i = 0; i < 2000; i++) vals[i] = (rand() - 0.5) * 2 ** (-30 + Math.floor(rand() * 20)); // subnormals
+    vals[2000] = NaN; vals[2001] = 65519; vals[2002] = 65520; vals[2003] = 2 ** -25; vals[2004] = 3 * 2 ** -25;
+    const h = new Uint16Array(n);
+    k.f32ToF16(vals, h, n);
+    for (let i = 0; i < n; i++) {
+      const x = vals[i]!, got = f16Value(h[i]!);
+      if (Number.isNaN(x)) { assert.ok(Number.isNaN(got)); continue; }
+      if (Math.abs(x) >= 65520) { assert.equal(got, Math.sign(x) * Infinity, `f32ToF16 overflow ${x}`); continue; }
+      const err = Math.abs(got - x);
+      for (const nb of [h[i]! - 1, h[i]! + 1]) {
+        if ((nb & 0x7c00) === 0x7c00 || nb < 0 || ((nb ^ h[i]!) & 0x8000)) continue;
+        const e2 = Math.abs(f16Value(nb) - x);
+        if (e2 < err || (e2 === err && (h[i]! & 1))) assert.fail(`f32ToF16(${x}) = ${got}, neighbour ${f16Value(nb)} is nearer/even`);
+      }
+    }
+  });
+
+  test(`[${isa}] argument validation`, () => {
+    assert.throws(() => k.matmul(new Float32Array(3), new Float32Array(4), new Float32Array(4), 2, 2, 2, true, 0, 1, 0, 0, 0), RangeError);
+    assert.throws(() => k.unary(0, new Float64Array(4) as unknown as Float32Array, new Float32Array(4), 4), TypeError);
+    // byteOffset of views is honoured
+    const buf = new Float32Array(10).fill(2);
+    buf[3] = 5;
+    const out = new Float32Array(2);
+    k.unary(14, buf.subarray(3, 5), out, 2);
+    assert.deepEqual(Array.from(out), [25, 4]);
+    assert.ok(k.memoryReadBandwidth(new Float32Array(1 << 16), 2, 1) > 0);
+    assert.ok(k.fmaPeak(1000) > 0);
+  });
+}
+
+function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: boolean, dtype: 0 | 1, batch: number, broadcastB = false): void {
+  const strideA = M * K, strideB = broadcastB ? 0 : N * K, strideOut = M * N + 3;
+  const a = randArray((batch - 1) * strideA + M * K);
+  const bf = randArray((batch - 1) * strideB + N * K);
+  let b: Float32Array | Uint16Array = bf;
+  const bVal = new Float32Array(bf.length);
+  if (dtype === 1) {
+    const bh = new Uint16Array(bf.length);
+    for (let i = 0; i < bf.length; i++) { bh[i] = bf16Round(bf[i]!); bVal[i] = bf16Value(bh[i]!); }
+    b = bh;
+  } else bVal.set(bf);
+  const out = new Float32Array((batch - 1) * strideOut + M * N).fill(NaN);
+  k.matmul(a, b, out, M, N, K, bT, dtype, batch, strideA, strideB, strideOut);
+  for (let bi = 0; bi < batch; bi++)
+    for (let m = 0; m < M; m++)
+      for (let n = 0; n < N; n++) {
+        let dot = 0, abs = 0;
+        for (let kk = 0; kk < K; kk++) {
+          const w = bVal[bi * strideB + (bT ? n * K + kk : kk * N + n)]!;
+          const p = a[bi * strideA + m * K + kk]! * w;
+          dot += p;
+          abs += Math.abs(p);
+        }
+        // The reference uses the same (bf16-decoded) weights, so bf16 needs no extra slack. f32
+        // accumulation in any order errs ~sqrt(K)*2^-24*sum|a*b| typically: allow 1e-5*sqrt(K)*sum|a*b|.
+        const got = out[bi * strideOut + m * N + n]!;
+        const tol = 1e-5 * Math.sqrt(K) * abs + 1e-30;
+        if (!(Math.abs(got - dot) <= tol))
+          assert.fail(`matmul M=${M} N=${N} K=${K} bT=${bT} dtype=${dtype} batch=${batch} at [${bi},${m},${n}]: got ${got}, want ${dot}`);
+      }
+}

@@ -1,0 +1,88 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { add, makeEngine, prompt, runToCompletion } from "./helpers.js";
+
+const greedy = { temperature: 0, ignoreEos: true };
+type Entry = { requestId: string; numTokens: number; start: number };
+const fmt = (steps: Entry[][]): string[] => steps.map((s) => s.map((e) => `${e.requestId}:${e.start}+${e.numTokens}`).join(" "));
+
+test("scheduler: chunked prefill splits, running first, then waiting with the rest of the budget", () => {
+  const { core, runner } = makeEngine({ maxNumBatchedTokens: 8 });
+  add(core, "A", prompt(1, 20), { ...greedy, maxTokens: 3 });
+  add(core, "B", prompt(2, 5), { ...greedy, maxTokens: 3 });
+  runToCompletion(core);
+  assert.deepEqual(fmt(runner.log), [
+    "A:0+8",
+    "A:8+8",
+    "A:16+4 B:0+4", // A's last chunk samples; B gets what is left
+    "A:20+1 B:4+1",
+    "A:21+1 B:5+1",
+    "B:6+1",
+  ]);
+});
+
+test("scheduler: decodes are not starved by a long prefill; long_prefill_token_threshold caps chunks", () => {
+  const { core, runner } = makeEngine({ maxNumBatchedTokens: 10, longPrefillTokenThreshold: 6 });
+  add(core, "A", prompt(1, 3), { ...greedy, maxTokens: 5 });
+  core.step();
+  add(core, "C", prompt(3, 30), { ...greedy, maxTokens: 1 });
+  for (let i = 0; i < 4; i++) core.step();
+  assert.deepEqual(fmt(runner.log), ["A:0+3", "A:3+1 C:0+6", "A:4+1 C:6+6", "A:5+1 C:12+6", "A:6+1 C:18+6"]);
+});
+
+test("scheduler: max_num_seqs caps the running set", () => {
+  const { core, runner } = makeEngine({ maxNumSeqs: 2 });
+  for (const id of ["A", "B", "C"]) add(core, id, prompt(id.charCodeAt(0), 4), { ...greedy, maxTokens: 2 });
+  runToCompletion(core);
+  assert.deepEqual(fmt(runner.log), ["A:0+4 B:0+4", "A:4+1 B:4+1", "C:0+4", "C:4+1"]);
+});
+
+test("scheduler: priority policy admits lower values first, then earlier arrivals", () => {
+  const { core, runner } = makeEngine({ maxNumSeqs: 1, schedulingPolicy: "priority" });
+  let t = 1000;
+  for (const [id, prio] of [
+    ["A", 2],
+    ["B", 0],
+    ["C", 1],
+    ["D", 0],
+  ] as const)
+    core.addRequest({ requestId: id, promptTokenIds: prompt(1, 3), params: { ...greedy, maxTokens: 1 }, priority: prio, arrivalTime: t++ });
+  runToCompletion(core);
+  assert.deepEqual(
+    runner.log.map((s) => s[0]!.requestId),
+    ["B", "D", "C", "A"],
+  );
+});
+
+test("scheduler: a prefix-cache hit recomputes only the last prompt token", () => {
+  const { core, runner } = makeEngine();
+  const p = prompt(5, 13);
+  add(core, "A", p, { ...greedy, maxTokens: 2 });
+  const a = runToCompletion(core).get("A")!;
+  add(core, "B", p, { ...greedy, maxTokens: 2 });
+  const b = runToCompletion(core).get("B")!;
+  assert.deepEqual(fmt(runner.log).slice(2), ["B:12+1", "B:13+1"]);
+  assert.equal(b.numCachedTokens, 12);
+  assert.deepEqual(b.outputs[0]!.tokenIds, a.outputs[0]!.tokenIds);
+  const s = core.stats();
+  assert.equal(s.prefixCacheHits, 12);
+  assert.equal(s.prefixCacheQueries, 26);
+});
+
+test("scheduler: a tiny pool preempts the latest running request (fcfs) and recomputes it", () => {
+  // 6 usable blocks of 4 = 24 token slots; two requests of 8 prompt + 8 output tokens need 4 blocks each at the end.
+  const { core, runner } = makeEngine({ numGpuBlocks: 7, enablePrefixCaching: false });
+  add(core, "A", prompt(1, 8), { ...greedy, maxTokens: 8 });
+  add(core, "B", prompt(2, 8), { ...greedy, maxTokens: 8 });
+  const out = runToCompletion(core);
+  assert.ok(core.stats().numPreemptions >= 1);
+  const log = fmt(runner.log);
+  // B was the victim: it restarts from position 0 later, after A has progressed.
+  const restart = log.findIndex((s, i) => i > 0 && s.includes("B:0+"));
+  assert.ok(restart > 0, log.join("\n"));
+  assert.ok(!log[restart]!.includes("A:0+"));
+  const { core: alone } = makeEngine();
+  add(alone, "B", prompt(2, 8), { ...greedy, maxTokens: 8 });
+  assert.deepEqual(out.get("B")!.outputs[0]!.tokenIds, runToCompletion(alone).get("B")!.outputs[0]!.tokenIds);
+  assert.equal(core.stats().numFreeBlocks, 6);
+});
