@@ -79,7 +79,12 @@ class Pool {
       ++mine;
     }
     done_.fetch_add(mine, std::memory_order_acq_rel);
-    while (done_.load(std::memory_order_acquire) < numChunks) cpuRelax();
+    // A worker still holds a chunk. If it was descheduled (oversubscribed machine), yield
+    // the core to it instead of spinning for a whole scheduler quantum.
+    for (int iter = 0; done_.load(std::memory_order_acquire) < numChunks; ++iter) {
+      if (iter < 20000) cpuRelax();
+      else std::this_thread::yield();
+    }
   }
 
  private:

@@ -71,19 +71,6 @@ function readJson(p: string): Json {
   }
 }
 
-/** strftime subset used by chat templates (e.g. Llama 3's "%d %b %Y"). */
-function strftime(fmt: string, d = new Date()): string {
-  const months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-  const days = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
-  const p2 = (n: number) => String(n).padStart(2, "0");
-  const map: Record<string, string> = {
-    d: p2(d.getDate()), m: p2(d.getMonth() + 1), Y: String(d.getFullYear()), y: p2(d.getFullYear() % 100),
-    H: p2(d.getHours()), M: p2(d.getMinutes()), S: p2(d.getSeconds()), b: months[d.getMonth()]!.slice(0, 3),
-    B: months[d.getMonth()]!, a: days[d.getDay()]!.slice(0, 3), A: days[d.getDay()]!, j: String(d.getDate()), "%": "%",
-  };
-  return fmt.replace(/%([a-zA-Z%])/g, (m, c: string) => map[c] ?? m);
-}
-
 export interface TokenizerOptions {
   /** generation_config.json contents: its eos ids are added to eosTokenIds. */
   generationConfig?: Json | null;
@@ -227,15 +214,11 @@ export class Tokenizer implements TokenizerLike {
         add_generation_prompt: addGenerationPrompt,
         tools: options.tools ?? null,
         continue_final_message: continueFinal,
-        raise_exception: (msg: string) => {
-          throw new TokenizerError(`[chat_template] ${msg}`);
-        },
-        strftime_now: (fmt: string) => strftime(fmt),
+        // raise_exception and strftime_now are globals of @huggingface/jinja.
         ...(options.chatTemplateKwargs ?? {}),
       });
     } catch (e) {
-      if (e instanceof TokenizerError) throw e;
-      throw new TokenizerError(`[chat_template] render failed: ${(e as Error).message}`);
+      throw new TokenizerError(`[chat_template] ${(e as Error).message}`);
     }
     if (continueFinal) rendered = cutAfterFinalMessage(rendered, messages);
     return rendered;

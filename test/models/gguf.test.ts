@@ -92,7 +92,7 @@ test("Q8_0 and Q4_0 quantization match hand-computed values", () => {
   y.set([-8, 7, 7.6, 0.4, 0.5, -0.5, 3.2, -3.7]);
   const q4 = quantizeQ4_0(y);
   assert.equal(q4[0]! | (q4[1]! << 8), 0x3c00);
-  assert.deepEqual(Array.from(dequantize("Q4_0", q4, 32)!.subarray(0, 8)), [-8, 7, 7, 0, 1, 0, 3, -3]);
+  assert.deepEqual(Array.from(dequantize("Q4_0", q4, 32)!.subarray(0, 8)), [-8, 7, 7, 0, 1, 0, 3, -4]); // -3.7 + 8.5 = 4.8 -> 4 -> -4
   // element j sits in the low nibble of byte j, element j+16 in the high nibble
   y.fill(0); y[16] = -8; y[0] = 1;
   const q4b = quantizeQ4_0(y);

@@ -1,0 +1,147 @@
+// The `kiln` command line: serve | generate | chat | bench serve, plus hooks for train / init-model / convert.
+import { Command, CommanderError } from "commander";
+import { runBenchServe, type BenchServeArgs } from "./bench-serve.js";
+import { createEngineFromArgs, type EngineFactory } from "./engine-factory.js";
+import { extraCommands } from "./extra-commands.js";
+import { runChat, runGenerate } from "./generate.js";
+import { runServe } from "./serve.js";
+import { addEngineOptions, addServeOptions, CliUsageError, parseServeArgs } from "./serve-args.js";
+import { KILN_VERSION } from "./version.js";
+
+export interface CliDeps {
+  engineFactory: EngineFactory;
+}
+
+function num(value: unknown, flag: string, { min = 0, int = false } = {}): number {
+  const n = Number(value);
+  if (typeof value !== "string" || value.trim() === "" || !Number.isFinite(n) || n < min || (int && !Number.isInteger(n))) {
+    throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} >= ${min}, got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
+function addSamplingOptions(cmd: Command): Command {
+  return cmd
+    .option("--max-tokens <n>", "maximum tokens to generate", "256")
+    .option("--temperature <t>", "sampling temperature (0 = greedy)", "0.7")
+    .option("--top-p <p>", "nucleus sampling probability", "1")
+    .option("--seed <n>", "sampling seed");
+}
+
+export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromArgs }): Command {
+  const program = new Command("kiln")
+    .description("Kiln: vLLM-compatible LLM serving, tensor runtime and training recipes in TypeScript")
+    .version(KILN_VERSION)
+    .showHelpAfterError("(run with --help for usage)");
+
+  addServeOptions(
+    program.command("serve").description("start the OpenAI-compatible server").argument("[model]", "model directory (default: the built-in model)"),
+  ).action(async (model: string | undefined, opts: Record<string, unknown>) => {
+    await runServe(parseServeArgs(model, opts), deps.engineFactory);
+  });
+
+  addSamplingOptions(addEngineOptions(program.command("generate").description("generate one completion")))
+    .requiredOption("--model <dir>", "model directory")
+    .requiredOption("--prompt <text>", "prompt text")
+    .option("--stream", "print tokens as they are generated", false)
+    .option("--chat", "wrap the prompt in the chat template as a user message", false)
+    .option("--chat-template <file-or-template>", "chat template file or inline template")
+    .action(async (opts: Record<string, unknown>) => {
+      const args = parseServeArgs(opts.model as string, { ...opts, seed: opts.seed ?? "0" });
+      await runGenerate(args, {
+        prompt: opts.prompt as string,
+        maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
+        temperature: num(opts.temperature, "--temperature"),
+        topP: num(opts.topP, "--top-p"),
+        seed: opts.seed === undefined ? null : num(opts.seed, "--seed", { int: true }),
+        stream: Boolean(opts.stream),
+        chat: Boolean(opts.chat),
+      }, deps.engineFactory);
+    });
+
+  addSamplingOptions(addEngineOptions(program.command("chat").description("interactive chat in the terminal")))
+    .requiredOption("--model <dir>", "model directory")
+    .option("--system <text>", "system prompt")
+    .option("--chat-template <file-or-template>", "chat template file or inline template")
+    .action(async (opts: Record<string, unknown>) => {
+      const args = parseServeArgs(opts.model as string, { ...opts, seed: opts.seed ?? "0" });
+      await runChat(args, {
+        maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
+        temperature: num(opts.temperature, "--temperature"),
+        topP: num(opts.topP, "--top-p"),
+        seed: opts.seed === undefined ? null : num(opts.seed, "--seed", { int: true }),
+        system: (opts.system as string | undefined) ?? null,
+      }, deps.engineFactory);
+    });
+
+  const bench = program.command("bench").description("benchmarks");
+  bench.command("serve").description("benchmark a running server (as `vllm bench serve`)")
+    .option("--base-url <url>", "server URL", "http://127.0.0.1:8000")
+    .option("--model <name>", "model name (default: the server's first model)")
+    .option("--dataset-name <name>", "random | prefix-repetition", "random")
+    .option("--random-input-len <n>", "input tokens per request", "1024")
+    .option("--random-output-len <n>", "output tokens per request", "128")
+    .option("--random-prefix-len <n>", "shared prefix tokens before each random input", "0")
+    .option("--prefix-repetition-prefix-len <n>", "prefix tokens", "256")
+    .option("--prefix-repetition-suffix-len <n>", "suffix tokens", "256")
+    .option("--prefix-repetition-num-prefixes <n>", "distinct prefixes", "10")
+    .option("--prefix-repetition-output-len <n>", "output tokens per request", "128")
+    .option("--num-prompts <n>", "number of requests", "1000")
+    .option("--request-rate <r>", "requests per second (Poisson arrivals) or inf", "inf")
+    .option("--max-concurrency <n>", "maximum concurrent requests")
+    .option("--ignore-eos", "ask the server to ignore EOS", false)
+    .option("--seed <n>", "random seed", "0")
+    .option("--api-key <key>", "API key (env KILN_API_KEY)")
+    .option("--metric-percentiles <list>", "comma-separated percentiles", "99")
+    .option("--save-result", "write the JSON result to a file", false)
+    .option("--result-filename <file>", "JSON result file name")
+    .action(async (o: Record<string, string | boolean | undefined>) => {
+      const dataset = o.datasetName as string;
+      if (dataset !== "random" && dataset !== "prefix-repetition") throw new CliUsageError(`--dataset-name must be random or prefix-repetition, got ${dataset}`);
+      const i = (flag: string, key: string, min = 0) => num(o[key], flag, { min, int: true });
+      const args: BenchServeArgs = {
+        baseUrl: String(o.baseUrl).replace(/\/+$/, "").replace(/\/v1$/, ""),
+        model: (o.model as string | undefined) ?? null,
+        datasetName: dataset,
+        randomInputLen: i("--random-input-len", "randomInputLen", 1),
+        randomOutputLen: i("--random-output-len", "randomOutputLen", 1),
+        randomPrefixLen: i("--random-prefix-len", "randomPrefixLen"),
+        prefixRepetitionPrefixLen: i("--prefix-repetition-prefix-len", "prefixRepetitionPrefixLen"),
+        prefixRepetitionSuffixLen: i("--prefix-repetition-suffix-len", "prefixRepetitionSuffixLen"),
+        prefixRepetitionNumPrefixes: i("--prefix-repetition-num-prefixes", "prefixRepetitionNumPrefixes", 1),
+        prefixRepetitionOutputLen: i("--prefix-repetition-output-len", "prefixRepetitionOutputLen", 1),
+        numPrompts: i("--num-prompts", "numPrompts", 1),
+        requestRate: o.requestRate === "inf" ? Infinity : num(o.requestRate, "--request-rate"),
+        maxConcurrency: o.maxConcurrency === undefined ? null : i("--max-concurrency", "maxConcurrency", 1),
+        ignoreEos: Boolean(o.ignoreEos),
+        seed: i("--seed", "seed"),
+        apiKey: (o.apiKey as string | undefined) ?? process.env.KILN_API_KEY ?? null,
+        percentiles: String(o.metricPercentiles).split(",").map((p) => num(p.trim(), "--metric-percentiles")),
+        saveResult: Boolean(o.saveResult),
+        resultFilename: (o.resultFilename as string | undefined) ?? null,
+        quiet: false,
+      };
+      if (args.requestRate === 0) throw new CliUsageError("--request-rate must be > 0 or inf");
+      const result = await runBenchServe(args);
+      if (result.completed === 0) throw new Error("every request failed");
+    });
+
+  // Hook: train, init-model, convert (and later commands) are registered from src/cli/extra-commands.ts.
+  for (const register of extraCommands) register(program);
+  return program;
+}
+
+/** Runs the CLI; resolves with the process exit code. */
+export async function main(argv: string[] = process.argv, deps?: CliDeps): Promise<number> {
+  const program = buildProgram(deps);
+  program.exitOverride();
+  try {
+    await program.parseAsync(argv);
+    return 0;
+  } catch (err) {
+    if (err instanceof CommanderError) return err.exitCode; // commander already printed the message
+    const prefix = err instanceof CliUsageError ? "error" : "error";
+    process.stderr.write(`kiln: ${prefix}: ${(err as Error).message}\n`);
+    return err instanceof CliUsageError ? 2 : 1;
+  }
+}
