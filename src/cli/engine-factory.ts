@@ -1,11 +1,14 @@
 // The seam between the CLI and model loading: turns ServeArgs into a running engine + tokenizer.
-// OWNED BY THE LEAD: implement createEngineFromArgs (load config/weights/tokenizer, size the KV cache, warm up).
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
+import { AsyncLLM } from "../engine/async-llm.js";
+import { createServingSetup } from "../engine/serving.js";
+import type { DtypeArg } from "../models/loader.js";
+import type { GenerationConfig } from "../models/tokenizer.js";
 
 /** `<package root>/models/kiln-default`: the model `kiln serve` uses when none is given. */
 export const DEFAULT_MODEL_DIR = join(packageRoot(), "models", "kiln-default");
@@ -32,6 +35,50 @@ export interface LoadedEngine {
 
 export type EngineFactory = (args: ServeArgs, progress: ProgressFn) => Promise<LoadedEngine>;
 
-export const createEngineFromArgs: EngineFactory = async () => {
-  throw new Error("engine construction is not wired yet (src/cli/engine-factory.ts: createEngineFromArgs)");
+/** Loads the model, sizes the paged KV cache, warms the step up and returns the streaming engine. */
+export const createEngineFromArgs: EngineFactory = async (args, progress) => {
+  if (args.quantization) throw new Error(`--quantization ${args.quantization} is not supported yet (weights run as ${args.dtype})`);
+  progress("loading weights", 0);
+  const setup = await createServingSetup({
+    model: args.model,
+    dtype: args.dtype as DtypeArg,
+    maxModelLen: args.maxModelLen ?? undefined,
+    maxNumSeqs: args.maxNumSeqs ?? undefined,
+    maxNumBatchedTokens: args.maxNumBatchedTokens ?? undefined,
+    blockSize: args.blockSize ?? undefined,
+    kvCacheMemory: args.kvCacheMemoryBytes ?? undefined,
+    gpuMemoryUtilization: args.kvCacheMemoryBytes === null ? Math.min(args.gpuMemoryUtilization, 0.25) : undefined,
+    enablePrefixCaching: args.enablePrefixCaching ?? undefined,
+    seed: args.seed,
+    schedulingPolicy: args.schedulingPolicy,
+    enforceEager: args.enforceEager,
+    onProgress: (stage, f) => progress(stage, f),
+  });
+  const { loaded, runner, engineArgs, kvTokens } = setup;
+  progress(`KV cache: ${engineArgs.numGpuBlocks - 1} blocks of ${engineArgs.blockSize} tokens = ${kvTokens} tokens`, 1);
+  const engine = new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs });
+  progress("warm-up", 0);
+  for await (const _ of engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" })) void _;
+  progress("warm-up", 1);
+  return {
+    engine,
+    tokenizer: loaded.tokenizer,
+    maxModelLen: engineArgs.maxModelLen,
+    modelName: args.model,
+    generationDefaults: generationDefaults(args.generationConfig, loaded.generationConfig),
+    close: async () => runner.dispose(),
+  };
 };
+
+/** vLLM's --generation-config: "auto" applies generation_config.json's sampling defaults, "vllm" ignores them. */
+function generationDefaults(mode: string, gen: GenerationConfig | null): Partial<SamplingParams> | undefined {
+  if (mode === "vllm" || !gen) return undefined;
+  const out: Partial<SamplingParams> = {};
+  if (gen.temperature !== undefined) out.temperature = gen.temperature;
+  if (gen.topP !== undefined) out.topP = gen.topP;
+  if (gen.topK !== undefined) out.topK = gen.topK;
+  if (gen.minP !== undefined) out.minP = gen.minP;
+  if (gen.repetitionPenalty !== undefined) out.repetitionPenalty = gen.repetitionPenalty;
+  if (gen.maxNewTokens !== undefined) out.maxTokens = gen.maxNewTokens;
+  return Object.keys(out).length ? out : undefined;
+}

@@ -24,8 +24,7 @@ function addSamplingOptions(cmd: Command): Command {
   return cmd
     .option("--max-tokens <n>", "maximum tokens to generate", "256")
     .option("--temperature <t>", "sampling temperature (0 = greedy)", "0.7")
-    .option("--top-p <p>", "nucleus sampling probability", "1")
-    .option("--seed <n>", "sampling seed");
+    .option("--top-p <p>", "nucleus sampling probability", "1"); // --seed comes with the engine options
 }
 
 export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromArgs }): Command {
@@ -47,13 +46,13 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
     .option("--chat", "wrap the prompt in the chat template as a user message", false)
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = parseServeArgs(opts.model as string, { ...opts, seed: opts.seed ?? "0" });
+      const args = parseServeArgs(opts.model as string, opts);
       await runGenerate(args, {
         prompt: opts.prompt as string,
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
         temperature: num(opts.temperature, "--temperature"),
         topP: num(opts.topP, "--top-p"),
-        seed: opts.seed === undefined ? null : num(opts.seed, "--seed", { int: true }),
+        seed: num(opts.seed, "--seed", { int: true }),
         stream: Boolean(opts.stream),
         chat: Boolean(opts.chat),
       }, deps.engineFactory);
@@ -64,12 +63,12 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
     .option("--system <text>", "system prompt")
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = parseServeArgs(opts.model as string, { ...opts, seed: opts.seed ?? "0" });
+      const args = parseServeArgs(opts.model as string, opts);
       await runChat(args, {
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
         temperature: num(opts.temperature, "--temperature"),
         topP: num(opts.topP, "--top-p"),
-        seed: opts.seed === undefined ? null : num(opts.seed, "--seed", { int: true }),
+        seed: num(opts.seed, "--seed", { int: true }),
         system: (opts.system as string | undefined) ?? null,
       }, deps.engineFactory);
     });
@@ -140,8 +139,7 @@ export async function main(argv: string[] = process.argv, deps?: CliDeps): Promi
     return 0;
   } catch (err) {
     if (err instanceof CommanderError) return err.exitCode; // commander already printed the message
-    const prefix = err instanceof CliUsageError ? "error" : "error";
-    process.stderr.write(`kiln: ${prefix}: ${(err as Error).message}\n`);
+    process.stderr.write(`kiln: error: ${(err as Error).message}\n`);
     return err instanceof CliUsageError ? 2 : 1;
   }
 }

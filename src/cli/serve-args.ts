@@ -58,7 +58,7 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--seed <n>", "random seed", "0")
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
     .option("--enforce-eager", "never compile; always run eagerly", false)
-    .option("-tp, --tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
+    .option("--tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
     .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"));
 }

@@ -3,16 +3,14 @@
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import type { ModelRunner } from "./model-runner.js";
+import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
 
 /** A prompt as text (tokenized with special tokens) or as token ids. */
 export type PromptInput = string | { promptTokenIds: number[]; prompt?: string };
 
-export interface LLMOptions {
-  runner: ModelRunner;
-  tokenizer: TokenizerLike | null;
-  engineArgs: EngineArgs;
-}
+/** Either a model path with vLLM-named engine arguments, or pre-built parts (tests, custom runners). */
+export type LLMOptions = ServingArgs | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs };
 
 /**
  * Offline batched generation.
@@ -28,6 +26,13 @@ export class LLM {
   private nextId = 0;
 
   constructor(options: LLMOptions) {
+    if ("model" in options) {
+      // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
+      const s = createServingSetupSync(options);
+      this.tokenizer = s.loaded.tokenizer;
+      this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer });
+      return;
+    }
     this.tokenizer = options.tokenizer;
     this.engine = new EngineCore(options.engineArgs, options.runner, { tokenizer: options.tokenizer });
   }

@@ -94,6 +94,13 @@ export async function loadModel(idOrPath: string, options: LoadOptions = {}): Pr
   return resolved.kind === "gguf" ? loadGguf(resolved.path, options) : loadHfDir(resolved.path, options);
 }
 
+/** Loads a local directory or .gguf file synchronously (vLLM's `LLM(model=...)` is synchronous too). */
+export function loadLocalModel(p: string, options: LoadOptions = {}): LoadedModel {
+  const stat = fs.statSync(p, { throwIfNoEntry: false });
+  if (!stat) throw new ModelLoadError(`model path ${path.resolve(p)} does not exist`);
+  return stat.isFile() ? loadGguf(p, options) : loadHfDir(p, options);
+}
+
 function readJson(file: string): Record<string, unknown> {
   try {
     return JSON.parse(fs.readFileSync(file, "utf8")) as Record<string, unknown>;

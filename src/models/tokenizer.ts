@@ -160,6 +160,7 @@ export class Tokenizer implements TokenizerLike {
   }
 
   decode(ids: readonly number[], options: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean } = {}): string {
+    if (ids.length === 0) return "";
     return this.hf.decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false });
   }
 

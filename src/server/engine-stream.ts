@@ -26,6 +26,10 @@ export async function* streamEngineRequest(
   signal: AbortSignal,
 ): AsyncGenerator<RequestOutput> {
   if (signal.aborted) return;
+  const prompt = req.prompt === undefined ? { promptTokenIds: req.promptTokenIds } : { promptTokenIds: req.promptTokenIds, prompt: req.prompt };
+  const options = { requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}) };
+  // An engine may reject the request synchronously (EngineInputError): nothing to abort or count then.
+  const outputs = engine.generate(prompt, req.params, options);
   const tracker = metrics.track(req.promptTokenIds.length);
   let finished = false;
   let queueSeconds: number | null = null;
@@ -33,9 +37,7 @@ export async function* streamEngineRequest(
   inflight.add(req.requestId);
   signal.addEventListener("abort", onAbort, { once: true });
   try {
-    const prompt = req.prompt === undefined ? { promptTokenIds: req.promptTokenIds } : { promptTokenIds: req.promptTokenIds, prompt: req.prompt };
-    const options = { requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}) };
-    for await (const out of engine.generate(prompt, req.params, options)) {
+    for await (const out of outputs) {
       if (signal.aborted) break;
       tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0));
       const m = out.metrics;

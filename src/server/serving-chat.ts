@@ -99,6 +99,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
   for await (const out of outputs) {
     for (const o of out.outputs) {
       const c = choices[o.index]!;
+      if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
       c.text += o.text;
       c.numTokens += o.tokenIds.length;
       if (req.topLogprobs !== null) c.logprobs.push(...chatLogprobs(ctx, o, req.topLogprobs));
@@ -138,8 +139,11 @@ async function streamChat(
       const delta = { role: "assistant", content: info.echoText };
       await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...usageField });
     }
+    const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     for await (const out of outputs) {
       for (const o of out.outputs) {
+        if (done.has(o.index)) continue;
+        if (o.finishReason !== null) done.add(o.index);
         completionTokens += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
         const choice = {

@@ -109,6 +109,7 @@ interface Info {
 /** Applies one delta output to its choice; returns the text and logprobs added by it (echo included). */
 function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, promptIndex: number, out: RequestOutput, o: CompletionOutput) {
   const c = info.choices[promptIndex * info.n + o.index]!;
+  if (c.finishReason !== null) return null; // finished samples may be listed again with empty deltas
   let text = "";
   const lp = emptyLogprobs();
   if (!c.started) {
@@ -167,7 +168,9 @@ async function streamCompletion(
   try {
     for await (const [pi, out] of merged) {
       for (const o of out.outputs) {
-        const { index, text, logprobs } = applyOutput(ctx, req, info, pi, out, o);
+ const applied = applyOutput(ctx, req, info, pi, out, o);
+        if (applied === null) continue;
+        const { index, text, logprobs } = applied;
         if (text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
         const choice = {
           index, text, logprobs: req.logprobs !== null ? logprobs : null, finish_reason: o.finishReason,

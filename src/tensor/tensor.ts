@@ -115,9 +115,12 @@ export class Tensor {
 
   /** Synchronous read for host back ends (used internally and by tests). */
   dataSync(): Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array {
-    const t = this.isContiguous && !isReducedFloat(this.dtype) ? this : this.contiguous().to(readDtype(this.dtype));
+    this.view_("dataSync"); // disposed check
+    const c = this.isContiguous ? this : this.contiguous();
+    const t = isReducedFloat(this.dtype) ? c.to(readDtype(this.dtype)) : c;
     const bytes = t.device.backend.read(t.storage.buffer, t.offset * DTYPE_BYTES[t.dtype], t.numel * DTYPE_BYTES[t.dtype]);
     if (t !== this) t.dispose();
+    if (c !== this) c.dispose();
     const buf = bytes.buffer;
     switch (readDtype(this.dtype)) {
       case "float32":
@@ -551,7 +554,7 @@ export function fromBytes(bytes: Uint8Array, dtype: DType, shape: Shape, options
 }
 
 /** Makes a tensor view over existing storage (used by view ops). */
-export function makeView(base: Tensor, shape: Shape, strides: Shape, offset: number): Tensor {
-  base.view_("view"); // disposed check
+export function makeView(base: Tensor, shape: Shape, strides: Shape, offset: number, op = "view"): Tensor {
+  base.view_(op); // disposed check
   return new Tensor(base.storage, base.dtype, [...shape], [...strides], offset);
 }

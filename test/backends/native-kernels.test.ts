@@ -358,6 +358,21 @@ function runSuite(k: NativeKernels, isa: string): void {
     }
   });
 
+  test(`[${isa}] thread pool: many back-to-back jobs, then idle without spinning`, async () => {
+    k.setNumThreads(2);
+    const n = 40000; // above the inline threshold: split into chunks shared by both threads
+    const a = randArray(n), out = new Float32Array(n);
+    for (let it = 0; it < 2000; it++) {
+      k.binary(0, a, Float32Array.of(it), out, n, 1);
+      if (out[it % n] !== Math.fround(a[it % n]! + it) || out[n - 1] !== Math.fround(a[n - 1]! + it)) assert.fail(`job ${it} incomplete`);
+    }
+    // workers spin ~150 us after a job, then sleep: an idle 300 ms must cost far less CPU than that
+    const before = process.cpuUsage();
+    await new Promise((r) => setTimeout(r, 300));
+    const used = process.cpuUsage(before);
+    assert.ok(used.user + used.system < 60_000, `idle pool used ${used.user + used.system} us of CPU`);
+  });
+
   test(`[${isa}] argument validation`, () => {
     assert.throws(() => k.matmul(new Float32Array(3), new Float32Array(4), new Float32Array(4), 2, 2, 2, true, 0, 1, 0, 0, 0), RangeError);
     assert.throws(() => k.unary(0, new Float64Array(4) as unknown as Float32Array, new Float32Array(4), 4), TypeError);

@@ -189,7 +189,7 @@ function parseGguf(fd: number, file: string): GgufFile {
   if (magic !== MAGIC) c.fail(`bad magic 0x${magic.toString(16).padStart(8, "0")} (expected "GGUF")`);
   const version = c.u32("version");
   if (version !== 2 && version !== 3) c.fail(`unsupported GGUF version ${version} (only 2 and 3)`);
-  const tensorCount = c.boundedCount("tensor count", 8 + 4 + 8 + 4 + 8);
+  const tensorCount = c.boundedCount("tensor count", 8 + 4 + 4 + 8); // name length, n_dims, type, offset
   const kvCount = c.boundedCount("metadata kv count", 8 + 4 + 1);
 
   const metadata: Record<string, GgufValue> = {};
@@ -360,8 +360,9 @@ function typed(v: GgufValue | GgufTypedValue): GgufTypedValue {
     return GgufValueType.FLOAT32;
   };
   if (Array.isArray(v)) {
-    const allInts = v.every((x) => typeof x === "number" && Number.isInteger(x));
-    const arrayType = v.length === 0 ? GgufValueType.INT32 : allInts ? GgufValueType.INT32 : infer(v[0]!);
+    const allNumbers = v.every((x) => typeof x === "number");
+    const allInts = allNumbers && v.every((x) => Number.isInteger(x));
+    const arrayType = v.length === 0 || allInts ? GgufValueType.INT32 : allNumbers ? GgufValueType.FLOAT32 : infer(v[0]!);
     return { type: GgufValueType.ARRAY, arrayType, value: v };
   }
   return { type: infer(v), value: v };

@@ -2,6 +2,7 @@
 // rotation) and the fused cross-entropy (softmax - onehot).
 import * as ew from "../ops/elementwise.js";
 import { rotaryEmbedding } from "../ops/nn-functional.js";
+import { softmax } from "../ops/reduce.js";
 import { tensor, Tensor } from "../tensor.js";
 import type { RuleTable } from "./types.js";
 
@@ -53,5 +54,30 @@ export const nnRules: RuleTable = {
       negSin.dispose();
       return [out];
     },
+  },
+};
+
+/** cross_entropy(logits [N, V], targets): d/dlogits = g * (softmax(logits) - onehot(targets)) / count, 0 on ignored rows. */
+nnRules.cross_entropy = {
+  saves: "inputs",
+  grad: (g, c) => {
+    const logits = c.inputs[0]!;
+    const { targets, ignoreIndex, count } = c.attrs as { targets: Int32Array; ignoreIndex: number; count: number };
+    const [N, V] = logits.shape as [number, number];
+    const p = softmax(logits, -1);
+    const probs = Float32Array.from(p.dataSync() as Float32Array);
+    p.dispose();
+    const scale = g.item() / count;
+    for (let i = 0; i < N; i++) {
+      const o = i * V;
+      const t = targets[i]!;
+      if (t === ignoreIndex) {
+        probs.fill(0, o, o + V);
+        continue;
+      }
+      probs[o + t] = probs[o + t]! - 1;
+      for (let j = 0; j < V; j++) probs[o + j] = probs[o + j]! * scale;
+    }
+    return [tensor(probs, { shape: logits.shape, device: logits.device })];
   },
 };

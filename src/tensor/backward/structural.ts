@@ -136,7 +136,7 @@ const linalg: RuleTable = {
       const A = c.inputs[0]!;
       const B = c.inputs[1]!;
       let gg = g;
-      if (A.ndim === 1) gg = gg.unsqueeze(-2);
+      if (A.ndim === 1) gg = gg.unsqueeze(Math.max(gg.ndim - 1, 0)); // g [..., N] -> [..., 1, N]
       if (B.ndim === 1) gg = gg.unsqueeze(-1);
       const a = A.ndim === 1 ? A.unsqueeze(0) : A;
       const b = B.ndim === 1 ? B.unsqueeze(1) : B;

@@ -31,6 +31,7 @@ function asTensor(x: TensorOrScalar, like: Tensor, op: BinaryOp): Tensor {
 
 export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   if (!(a instanceof Tensor) && !(b instanceof Tensor)) throw new OpError(op, "needs at least one tensor");
+  for (const x of [a, b]) if (x instanceof Tensor) x.view_(op); // disposed check before allocating
   const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
   const tb = asTensor(b, ta, op);
   const dev = sameDevice(op, ta, tb);
@@ -40,8 +41,8 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   if (!(b instanceof Tensor) && isFloating(ta.dtype) && !COMPARISONS.has(op)) dtype = ta.dtype;
   const shape = broadcastShapes(op, ta.shape, tb.shape);
   const out = empty(shape, { dtype, device: dev });
-  const va = broadcastView(ta, shape);
-  const vb = broadcastView(tb, shape);
+  const va = broadcastView(ta, shape, op);
+  const vb = broadcastView(tb, shape, op);
   runKernel(op, dev, { op: "binary", fn: op, a: va.view_(op), b: vb.view_(op), out: out.view_(op) }, [out]);
   va.dispose();
   vb.dispose();
@@ -111,16 +112,18 @@ export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
 
 /** where(cond, a, b): elementwise select with broadcasting. */
 export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
+  for (const x of [cond, a, b]) if (x instanceof Tensor) x.view_("where");
   const like = a instanceof Tensor ? a : b instanceof Tensor ? b : cond;
   const ta = a instanceof Tensor ? a : full([], Number(a), { dtype: isFloating(like.dtype) ? like.dtype : "float32", device: cond.device });
   const tb = b instanceof Tensor ? b : full([], Number(b), { dtype: ta.dtype, device: cond.device });
   const dev = sameDevice("where", cond, ta, tb);
   const shape = broadcastShapes("where", broadcastShapes("where", cond.shape, ta.shape), tb.shape);
   const out = empty(shape, { dtype: promoteTypes(ta.dtype, tb.dtype), device: dev });
-  const vc = broadcastView(cond, shape);
-  const va = broadcastView(ta, shape);
-  const vb = broadcastView(tb, shape);
-  runKernel("where", dev, { op: "where", cond: vc.view_("where"), a: va.view_("where"), b: vb.view_("where"), out: out.view_("where") }, [out]);
+  const vc = broadcastView(cond, shape, "where");
+  const va = broadcastView(ta, shape, "where");
+  const vb = broadcastView(tb, shape, "where");
+  // no debug NaN/Inf check: where only selects existing values (masking with -inf is its normal use)
+  runKernel("where", dev, { op: "where", cond: vc.view_("where"), a: va.view_("where"), b: vb.view_("where"), out: out.view_("where") }, []);
   for (const v of [vc, va, vb]) v.dispose();
   recordOp("where", [null, a instanceof Tensor ? ta : null, b instanceof Tensor ? tb : null], out, { cond });
   if (!(a instanceof Tensor)) ta.dispose();
@@ -159,10 +162,12 @@ function isLeafRequiringGrad(t: Tensor): boolean {
 /** copy_: broadcasts src to dst's shape and converts dtype. */
 export function copyInto(dst: Tensor, src: Tensor): void {
   const dev = sameDevice("copy_", dst, src);
+  dst.view_("copy_");
+  src.view_("copy_");
   const shape = broadcastShapes("copy_", dst.shape, src.shape);
   if (shape.length !== dst.ndim || shape.some((s, i) => s !== dst.shape[i]))
     throw new OpError("copy_", `cannot copy [${src.shape.join(", ")}] into [${dst.shape.join(", ")}]`);
-  const v = broadcastView(src, dst.shape);
+  const v = broadcastView(src, dst.shape, "copy_");
   runKernel("copy_", dev, { op: "copy", x: v.view_("copy_"), out: dst.view_("copy_") }, [dst]);
   v.dispose();
 }

@@ -1,5 +1,5 @@
 // Indexing ops: embedding / index_select, gather / scatter, index_copy_, and cat / stack / split.
-import { OpError } from "../../util/errors.js";
+import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
@@ -20,34 +20,42 @@ function dimFirst(t: Tensor, d: number): Tensor {
   return c;
 }
 
+/** Swaps dim d back from the last position into a new contiguous tensor; disposes x. */
+function backFromLast(x: Tensor, d: number, last: number): Tensor {
+  const b = x.transpose(d, last);
+  const res = contiguous(b);
+  if (b !== res) b.dispose();
+  x.dispose();
+  return res;
+}
+
 /** index_select(t, dim, index): rows of dim picked by a 1-d index. embedding = indexSelect(weight, 0, ids). */
 export function indexSelect(t: Tensor, dim: number, index: Tensor): Tensor {
-  const d = normDim(dim, t.ndim, "index_select");
-  if (index.ndim > 1) throw new OpError("index_select", "index must be 0-d or 1-d");
-  const dev = sameDevice("index_select", t, index);
-  const idx = asIndex("index_select", index);
+  return indexSelectAs("index_select", t, dim, index);
+}
+
+/** index_select under the name of the op the caller exposes (embedding), so errors name it. */
+function indexSelectAs(op: string, t: Tensor, dim: number, index: Tensor): Tensor {
+  const d = normDim(dim, t.ndim, op);
+  if (index.ndim > 1) throw new OpError(op, "index must be 0-d or 1-d");
+  const dev = sameDevice(op, t, index);
+  const idx = asIndex(op, index);
   const src = dimFirst(t, d);
   const rows = src.shape[0]!;
   const dim_ = numel(src.shape) / Math.max(rows, 1);
   const outFirst = empty([idx.numel, ...src.shape.slice(1)], { dtype: t.dtype === "bfloat16" ? "float32" : t.dtype, device: dev });
-  runKernel("index_select", dev, {
+  runKernel(op, dev, {
     op: "gather_rows",
-    table: src.view_("index_select"),
-    ids: idx.view_("index_select"),
-    out: outFirst.view_("index_select"),
+    table: src.view_(op),
+    ids: idx.view_(op),
+    out: outFirst.view_(op),
     numIds: idx.numel,
     dim: dim_,
     rows,
   });
   if (src !== t) src.dispose();
   if (idx !== index) idx.dispose();
-  let out = outFirst;
-  if (d !== 0) {
-    const back = outFirst.transpose(0, d);
-    out = contiguous(back);
-    if (back !== out) back.dispose();
-    outFirst.dispose();
-  }
+  const out = d === 0 ? outFirst : backFromLast(outFirst, 0, d);
   recordOp("index_select", [t, null], out, { dim: d, index, inputShape: t.shape });
   return out;
 }
@@ -55,7 +63,7 @@ export function indexSelect(t: Tensor, dim: number, index: Tensor): Tensor {
 /** embedding(ids, weight): weight rows for each id; output shape [...ids.shape, dim]. */
 export function embedding(ids: Tensor, weight: Tensor): Tensor {
   const flat = ids.reshape(-1);
-  const rows = indexSelect(weight, 0, flat);
+  const rows = indexSelectAs("embedding", weight, 0, flat);
   flat.dispose();
   const out = rows.view(...ids.shape, weight.shape[1]!);
   rows.dispose();
@@ -75,7 +83,12 @@ export function gather(t: Tensor, dim: number, index: Tensor): Tensor {
     if (idx.shape[i]! > x.shape[i]!) throw new OpError("gather", `index size ${idx.shape[i]} exceeds input size ${x.shape[i]} at dim ${i}`);
   // rows must line up: narrow x's leading dims to index's
   let xr = x;
-  for (let i = 0; i < last; i++) if (idx.shape[i] !== x.shape[i]) xr = xr.narrow(i, 0, idx.shape[i]!);
+  for (let i = 0; i < last; i++) {
+    if (idx.shape[i] === x.shape[i]) continue;
+    const nx = xr.narrow(i, 0, idx.shape[i]!);
+    if (xr !== x) xr.dispose();
+    xr = nx;
+  }
   const xc = contiguous(xr);
   const n = xc.shape[last]!;
   const m = idx.shape[last]!;
@@ -89,12 +102,8 @@ export function gather(t: Tensor, dim: number, index: Tensor): Tensor {
     n,
     m,
   });
-  let res = out;
-  if (d !== last) {
-    const b = out.transpose(d, last);
-    res = contiguous(b);
-    out.dispose();
-  }
+  for (const tmp of new Set([tt, it, x, xr, xc, idx])) if (tmp !== t && tmp !== index) tmp.dispose();
+  const res = d === last ? out : backFromLast(out, d, last);
   recordOp("gather", [t, null], res, { dim: d, index, inputShape: t.shape });
   return res;
 }
@@ -106,12 +115,15 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
   if (index.ndim !== t.ndim || src.ndim !== t.ndim) throw new OpError("scatter", "index and src must have the input's rank");
   const moved = d === last ? t : t.transpose(d, last);
   const base = moved.clone();
-  const idx = asIndex("scatter", d === last ? index : index.transpose(d, last));
-  const s = contiguous(d === last ? src : src.transpose(d, last));
+  const it = d === last ? index : index.transpose(d, last);
+  const idx = asIndex("scatter", it);
+  const st = d === last ? src : src.transpose(d, last);
+  const s = contiguous(st);
   for (let i = 0; i < last; i++)
     if (idx.shape[i] !== base.shape[i]) throw new OpError("scatter", "index must match the input in every dim but the scatter dim");
   const m = idx.shape[last]!;
-  const sv = s.shape[last] === m ? s : contiguous(s.narrow(last, 0, m));
+  const sn = s.shape[last] === m ? s : s.narrow(last, 0, m);
+  const sv = contiguous(sn);
   runKernel("scatter", t.device, {
     op: "scatter",
     out: base.view_("scatter"),
@@ -122,12 +134,8 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
     m,
     accumulate,
   });
-  let res = base;
-  if (d !== last) {
-    const b = base.transpose(d, last);
-    res = contiguous(b);
-    base.dispose();
-  }
+  for (const tmp of new Set([moved, it, idx, st, s, sn, sv])) if (tmp !== t && tmp !== index && tmp !== src) tmp.dispose();
+  const res = d === last ? base : backFromLast(base, d, last);
   recordOp(accumulate ? "scatter_add" : "scatter", [t, null, src], res, { dim: d, index });
   return res;
 }
@@ -140,7 +148,7 @@ export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor
   const ids = idx.dataSync() as Int32Array;
   for (let i = 0; i < ids.length; i++) {
     const row = ids[i]!;
-    if (row < 0 || row >= t.shape[d]!) throw new OpError("index_copy_", `index ${row} out of range for size ${t.shape[d]}`);
+    if (row < 0 || row >= t.shape[d]!) throw new IndexOutOfRangeError("index_copy_", `index ${row} out of range for size ${t.shape[d]}`);
     const dst = t.select(d, row);
     const s = src.select(d, i);
     copyInto(dst, s);
@@ -165,7 +173,9 @@ export function cat(tensors: Tensor[], dim = 0): Tensor {
   let at = 0;
   for (const t of tensors) {
     const dst = out.narrow(d, at, t.shape[d]!);
-    copyInto(dst, t.dtype === first.dtype ? t : t.to(first.dtype));
+    const src = t.dtype === first.dtype ? t : t.to(first.dtype);
+    copyInto(dst, src);
+    if (src !== t) src.dispose();
     dst.dispose();
     at += t.shape[d]!;
   }
@@ -178,6 +188,7 @@ export function stack(tensors: Tensor[], dim = 0): Tensor {
   const d = dim < 0 ? dim + tensors[0]!.ndim + 1 : dim;
   const us = tensors.map((t) => t.unsqueeze(d));
   const out = cat(us, d);
+  for (const u of us) u.dispose();
   return out;
 }
 

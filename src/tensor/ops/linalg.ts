@@ -28,11 +28,12 @@ function batchedMatmul(op: string, a: Tensor, b: Tensor, bTransposed: boolean): 
   const sB = strideFor(batchB, K * N);
   if (sA < 0 || sB < 0) {
     // general broadcast: materialise both sides at the full batch
-    const ea = ca.expand(...batch, M, K).contiguous();
-    const eb = cb.expand(...batch, ...cb.shape.slice(-2)).contiguous();
+    const xa = ca.expand(...batch, M, K);
+    const xb = cb.expand(...batch, ...cb.shape.slice(-2));
+    const ea = xa.contiguous();
+    const eb = xb.contiguous();
     const r = batchedMatmul(op, ea, eb, bTransposed);
-    ea.dispose();
-    eb.dispose();
+    for (const x of new Set([xa, xb, ea, eb, ca, cb])) if (x !== a && x !== b) x.dispose();
     out.dispose();
     return r;
   }
@@ -61,8 +62,15 @@ export function matmul(a: Tensor, b: Tensor): Tensor {
   const a2 = a.ndim === 1 ? a.unsqueeze(0) : a;
   const b2 = b.ndim === 1 ? b.unsqueeze(1) : b;
   let out = batchedMatmul("matmul", a2, b2, false);
-  if (a.ndim === 1) out = out.squeeze(-2);
-  if (b.ndim === 1) out = out.squeeze(-1);
+  if (a2 !== a) a2.dispose();
+  if (b2 !== b) b2.dispose();
+  const squeezeOut = (dim: number) => {
+    const s = out.squeeze(dim);
+    out.dispose();
+    out = s;
+  };
+  if (a.ndim === 1) squeezeOut(-2);
+  if (b.ndim === 1) squeezeOut(-1);
   recordOp("matmul", [a, b], out);
   return out;
 }

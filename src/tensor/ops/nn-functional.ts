@@ -2,7 +2,7 @@
 // silu-gated MLP activation and cross-entropy.
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { recordOp } from "../grad-mode.js";
+import { noGrad, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor, full } from "../tensor.js";
 import { contiguous } from "./shape.js";
 import { matmul } from "./linalg.js";
@@ -73,10 +73,20 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number)
   if (Hq % Hkv !== 0) throw new OpError("attention", `query heads ${Hq} not a multiple of kv heads ${Hkv}`);
   const Sk = k.shape[2]!;
   const s = scale ?? 1 / Math.sqrt(D);
-  const rep = (t: Tensor) => (Hkv === Hq ? t : t.unsqueeze(2).expand(B, Hkv, Hq / Hkv, Sk, D).reshape(B, Hq, Sk, D));
+  const rep = (t: Tensor) => {
+    if (Hkv === Hq) return t;
+    const u = t.unsqueeze(2);
+    const e = u.expand(B, Hkv, Hq / Hkv, Sk, D);
+    const r = e.reshape(B, Hq, Sk, D);
+    u.dispose();
+    e.dispose();
+    return r;
+  };
   const kr = rep(k);
   const vr = rep(v);
-  const scores = matmul(q, kr.transpose(-2, -1)).mul(s);
+  const kt = kr.transpose(-2, -1);
+  const raw = matmul(q, kt);
+  const scores = raw.mul(s);
   // causal mask: query i (aligned to the end of the keys) sees keys j <= i + (Sk - S)
   const maskData = new Uint8Array(S * Sk);
   for (let i = 0; i < S; i++) for (let j = 0; j < Sk; j++) maskData[i * Sk + j] = j > i + (Sk - S) ? 1 : 0;
@@ -84,7 +94,11 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number)
   q.device.backend.write(mask.storage.buffer, 0, maskData);
   const masked = where(mask, -Infinity, scores);
   const probs = softmax(masked, -1);
-  return matmul(probs, vr);
+  const out = matmul(probs, vr);
+  for (const t of [kt, raw, scores, mask, masked, probs]) t.dispose();
+  if (kr !== k) kr.dispose();
+  if (vr !== v) vr.dispose();
+  return out;
 }
 
 /** Ragged paged attention (see PagedAttentionArgs); writes k/v into the caches, returns [T, Hq, D]. */
@@ -141,20 +155,25 @@ export function siluMul(gate: Tensor, up: Tensor): Tensor {
 export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100): Tensor {
   if (logits.ndim !== 2 || targets.ndim !== 1 || targets.shape[0] !== logits.shape[0])
     throw new OpError("cross_entropy", `expects logits [N, V] and targets [N], got [${logits.shape.join(", ")}] and [${targets.shape.join(", ")}]`);
-  const lsm = logSoftmax(logits, -1);
-  const tgt = targets.to("int32").dataSync() as Int32Array;
+  const t32 = targets.to("int32");
+  const tgt = t32.dataSync() as Int32Array;
+  if (t32 !== targets) t32.dispose();
   const safe = Int32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : t));
   const keep = Float32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : 1));
   const count = keep.reduce((a, b) => a + b, 0);
   if (count === 0) return full([], 0, { device: logits.device });
+  // fused for autograd: the forward records one "cross_entropy" op whose backward is (softmax - onehot) / count
+  const lsm = noGrad(() => logSoftmax(logits, -1));
   const idx = empty([safe.length, 1], { dtype: "int32", device: logits.device });
   logits.device.backend.write(idx.storage.buffer, 0, new Uint8Array(safe.buffer));
-  const picked = gather(lsm, 1, idx).reshape(-1);
+  const gathered = gather(lsm, 1, idx);
+  const picked = gathered.reshape(-1);
   const w = empty([keep.length], { dtype: "float32", device: logits.device });
   logits.device.backend.write(w.storage.buffer, 0, new Uint8Array(keep.buffer));
   const weighted = mul(picked, w);
   const m = mean(weighted);
   const loss = m.mul(-keep.length / count);
-  for (const t of [lsm, idx, picked, w, weighted, m]) t.dispose();
+  for (const t of [lsm, idx, gathered, picked, w, weighted, m]) t.dispose();
+  recordOp("cross_entropy", [logits], loss, { targets: tgt, ignoreIndex, count });
   return loss;
 }

@@ -82,7 +82,7 @@ function alongDim(t: Tensor, dim: number, op: string, make: (rows: Tensor, out: 
   if (d === last) return out;
   const back = out.transpose(d, last);
   const res = contiguous(back);
-  back.dispose();
+  if (back !== res) back.dispose(); // a transpose over size-1 dims is already contiguous: then it is the result
   out.dispose();
   return res;
 }
@@ -113,6 +113,7 @@ export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
   m.dispose();
   if (keepdim) return r;
   const out = r.squeeze(normDim(dim, t.ndim, "logsumexp"));
+  r.dispose();
   return out;
 }
 
@@ -148,7 +149,7 @@ export function sort(t: Tensor, dim = -1, descending = false): { values: Tensor;
   const fix = (x: Tensor) => {
     const b = x.transpose(d, last);
     const c = contiguous(b);
-    b.dispose();
+    if (b !== c) b.dispose();
     x.dispose();
     return c;
   };
@@ -160,9 +161,12 @@ export function topk(t: Tensor, k: number, dim = -1, largest = true): { values: 
   const d = normDim(dim, Math.max(t.ndim, 1), "topk");
   if (k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
   const s = sort(t, d, largest);
-  const values = s.values.narrow(d, 0, k).contiguous();
-  const indices = s.indices.narrow(d, 0, k).contiguous();
-  s.values.dispose();
-  s.indices.dispose();
-  return { values, indices };
+  const take = (x: Tensor) => {
+    const n = x.narrow(d, 0, k);
+    const c = n.contiguous();
+    if (c !== n) n.dispose();
+    x.dispose();
+    return c;
+  };
+  return { values: take(s.values), indices: take(s.indices) };
 }

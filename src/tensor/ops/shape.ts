@@ -1,6 +1,6 @@
 // View and layout ops. Views share storage; contiguous()/clone() copy through the copy kernel.
 import type { DType } from "../../backends/dtype.js";
-import { OpError } from "../../util/errors.js";
+import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import type { Device } from "../device.js";
 import { runKernel } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
@@ -79,12 +79,13 @@ export function permute(t: Tensor, dims: number[]): Tensor {
   if (dims.length !== t.ndim) throw new OpError("permute", `expected ${t.ndim} dims, got ${dims.length}`);
   const nd = dims.map((d) => normDim(d, t.ndim, "permute"));
   if (new Set(nd).size !== nd.length) throw new OpError("permute", "repeated dimension");
-  const out = makeView(t, nd.map((d) => t.shape[d]!), nd.map((d) => t.strides[d]!), t.offset);
+  const out = makeView(t, nd.map((d) => t.shape[d]!), nd.map((d) => t.strides[d]!), t.offset, "permute");
   recordOp("permute", [t], out, { dims: nd });
   return out;
 }
 
 export function transpose(t: Tensor, d0: number, d1: number): Tensor {
+  t.view_("transpose"); // disposed check under this op's name
   const dims = Array.from({ length: t.ndim }, (_, i) => i);
   const a = normDim(d0, t.ndim, "transpose");
   const b = normDim(d1, t.ndim, "transpose");
@@ -95,6 +96,7 @@ export function transpose(t: Tensor, d0: number, d1: number): Tensor {
 
 export function narrow(t: Tensor, dim: number, start: number, length: number): Tensor {
   const d = normDim(dim, t.ndim, "narrow");
+  t.view_("narrow");
   if (start < 0) start += t.shape[d]!;
   if (start < 0 || length < 0 || start + length > t.shape[d]!)
     throw new OpError("narrow", `range [${start}, ${start + length}) out of bounds for size ${t.shape[d]}`);
@@ -112,16 +114,17 @@ export function slice(t: Tensor, dim: number, start = 0, end?: number, step = 1)
   shape[d] = Math.ceil((e - s) / step);
   const strides = [...t.strides];
   strides[d] = t.strides[d]! * step;
-  const out = makeView(t, shape, strides, t.offset + s * t.strides[d]!);
+  const out = makeView(t, shape, strides, t.offset + s * t.strides[d]!, "slice");
   recordOp("slice", [t], out, { dim: d, start: s, step, inputShape: t.shape });
   return out;
 }
 
 export function select(t: Tensor, dim: number, index: number): Tensor {
   const d = normDim(dim, t.ndim, "select");
+  t.view_("select");
   const size = t.shape[d]!;
   const i = index < 0 ? index + size : index;
-  if (i < 0 || i >= size) throw new OpError("select", `index ${index} out of range for size ${size}`);
+  if (i < 0 || i >= size) throw new IndexOutOfRangeError("select", `index ${index} out of range for size ${size}`);
   const s = slice(t, d, i, i + 1);
   const out = squeeze(s, d);
   s.dispose();
@@ -151,7 +154,7 @@ export function expand(t: Tensor, shape: number[]): Tensor {
       strides.push(0);
     } else throw new OpError("expand", `cannot expand [${t.shape.join(", ")}] to [${shape.join(", ")}]`);
   }
-  const r = makeView(t, out, strides, t.offset);
+  const r = makeView(t, out, strides, t.offset, "expand");
   recordOp("expand", [t], r, { inputShape: t.shape });
   return r;
 }
@@ -163,7 +166,7 @@ export function squeeze(t: Tensor, dim?: number): Tensor {
     const d = normDim(dim, t.ndim, "squeeze");
     keep = t.shape.map((_, i) => i).filter((i) => i !== d || t.shape[i] !== 1);
   }
-  const out = makeView(t, keep.map((i) => t.shape[i]!), keep.map((i) => t.strides[i]!), t.offset);
+  const out = makeView(t, keep.map((i) => t.shape[i]!), keep.map((i) => t.strides[i]!), t.offset, "squeeze");
   recordOp("view", [t], out, { shape: t.shape });
   return out;
 }
@@ -175,7 +178,7 @@ export function unsqueeze(t: Tensor, dim: number): Tensor {
   const strides = [...t.strides];
   shape.splice(d, 0, 1);
   strides.splice(d, 0, d < t.ndim ? t.strides[d]! * t.shape[d]! : 1);
-  const out = makeView(t, shape, strides, t.offset);
+  const out = makeView(t, shape, strides, t.offset, "unsqueeze");
   recordOp("view", [t], out, { shape: t.shape });
   return out;
 }
@@ -238,7 +241,7 @@ export function to(t: Tensor, dtypeOrDevice: DType | Device, dtype?: DType): Ten
 }
 
 export function detach(t: Tensor): Tensor {
-  return makeView(t, t.shape, t.strides, t.offset);
+  return makeView(t, t.shape, t.strides, t.offset, "detach");
 }
 
 /** Broadcast shape of two shapes (numpy rules). */
@@ -256,12 +259,12 @@ export function broadcastShapes(op: string, a: Shape, b: Shape): number[] {
 }
 
 /** A stride-0 view of t broadcast to shape (no autograd record: callers record the op that used it). */
-export function broadcastView(t: Tensor, shape: Shape): Tensor {
+export function broadcastView(t: Tensor, shape: Shape, op = "broadcast"): Tensor {
   const lead = shape.length - t.ndim;
   const strides = shape.map((s, i) => {
     const src = i - lead;
     if (src < 0) return 0;
     return t.shape[src] === 1 && s !== 1 ? 0 : t.strides[src]!;
   });
-  return makeView(t, shape, strides, t.offset);
+  return makeView(t, shape, strides, t.offset, op);
 }

@@ -1,0 +1,89 @@
+// Builds a serving engine from a model path and vLLM-named engine arguments: loads the model, sizes the
+// paged KV cache from --kv-cache-memory (or a share of free memory), and wires runner + tokenizer + engine.
+import * as os from "node:os";
+import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel } from "../models/loader.js";
+import { EngineInputError } from "./errors.js";
+import type { EngineArgs } from "./engine-core.js";
+import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
+
+/** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
+export interface ServingArgs {
+  model: string;
+  dtype?: DtypeArg;
+  maxModelLen?: number;
+  maxNumSeqs?: number;
+  maxNumBatchedTokens?: number;
+  blockSize?: number;
+  /** KV cache size in bytes; default: min(4 GiB, gpuMemoryUtilization of free memory). */
+  kvCacheMemory?: number;
+  /** Share of free host memory the KV cache may take when kvCacheMemory is not given (default 0.25 on cpu). */
+  gpuMemoryUtilization?: number;
+  enablePrefixCaching?: boolean;
+  seed?: number;
+  schedulingPolicy?: "fcfs" | "priority";
+  enforceEager?: boolean;
+  revision?: string;
+  onProgress?: (stage: string, fraction: number) => void;
+}
+
+export interface ServingSetup {
+  loaded: LoadedModel;
+  runner: PagedModelRunner;
+  engineArgs: EngineArgs;
+  /** KV capacity in tokens (reported at start-up, as vLLM does). */
+  kvTokens: number;
+}
+
+const DEFAULT_KV_CAP = 4 * 1024 ** 3;
+
+export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks: number; maxModelLen: number; blockSize: number } {
+  const blockSize = args.blockSize ?? 16;
+  if (!Number.isInteger(blockSize) || blockSize <= 0 || blockSize > 1024) throw new EngineInputError("block_size", `block_size must be an integer in [1, 1024], got ${blockSize}`);
+  const maxModelLen = args.maxModelLen ?? loaded.config.maxPositionEmbeddings;
+  if (maxModelLen > loaded.config.maxPositionEmbeddings)
+    throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`);
+  const perBlock = kvBytesPerBlock(loaded.model, blockSize);
+  const budget = args.kvCacheMemory ?? Math.min(DEFAULT_KV_CAP, os.freemem() * (args.gpuMemoryUtilization ?? 0.25));
+  const maxNumSeqs = args.maxNumSeqs ?? 256;
+  // never more than every sequence at full length needs (+1: block 0 is the engine's null block)
+  const needed = maxNumSeqs * Math.ceil(maxModelLen / blockSize) + 1;
+  const numBlocks = Math.min(Math.floor(budget / perBlock), needed);
+  if (numBlocks < 2 || (numBlocks - 1) * blockSize < maxModelLen) {
+    throw new EngineInputError(
+      "kv_cache_memory",
+      `the KV cache (${(budget / 2 ** 20).toFixed(1)} MiB, ${Math.max(numBlocks - 1, 0) * blockSize} tokens) cannot hold one sequence of max_model_len ${maxModelLen}; raise --kv-cache-memory or lower --max-model-len`,
+    );
+  }
+  return { numBlocks, maxModelLen, blockSize };
+}
+
+function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
+  args.onProgress?.("sizing KV cache", 0);
+  const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
+  const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });
+  args.onProgress?.("sizing KV cache", 1);
+  const engineArgs: EngineArgs = {
+    maxModelLen,
+    numGpuBlocks: numBlocks,
+    blockSize,
+    maxNumSeqs: args.maxNumSeqs,
+    maxNumBatchedTokens: args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192)),
+    enablePrefixCaching: args.enablePrefixCaching ?? true,
+    seed: args.seed,
+    schedulingPolicy: args.schedulingPolicy,
+    eosTokenIds: loaded.tokenizer.eosTokenIds,
+  };
+  return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize };
+}
+
+/** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
+export function createServingSetupSync(args: ServingArgs): ServingSetup {
+  const loaded = loadLocalModel(args.model, { dtype: args.dtype, onProgress: args.onProgress });
+  return setup(loaded, args);
+}
+
+/** Like createServingSetupSync, but also resolves hub ids through the local HF cache (or a download). */
+export async function createServingSetup(args: ServingArgs): Promise<ServingSetup> {
+  const loaded = await loadModel(args.model, { dtype: args.dtype, revision: args.revision, onProgress: args.onProgress });
+  return setup(loaded, args);
+}

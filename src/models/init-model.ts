@@ -1,0 +1,185 @@
+// Writes random-initialised Hugging Face model directories (config.json, model.safetensors, tokenizer files,
+// generation_config.json) for tests and benchmarks, and exports model directories to GGUF for llama.cpp.
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { f32ToBf16 } from "./formats/dtype-convert.js";
+import { readSafetensors, writeSafetensors, type SafetensorsWriteTensor } from "./formats/safetensors.js";
+import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
+import { hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
+import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
+import { CausalLM } from "./causal-lm.js";
+import { parseHfConfig, type Architecture } from "./hf-config.js";
+import { FAMILIES, ModelLoadError } from "./loader.js";
+
+type Json = Record<string, unknown>;
+
+/** Shape presets: tiny/small for tests, SmolLM-135M- and Llama-3.2-1B-shaped for benchmarks. */
+export const PRESETS: Record<string, Json> = {
+  tiny: { hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 512 },
+  small: { hidden_size: 256, intermediate_size: 768, num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4, max_position_embeddings: 2048 },
+  "smollm-135m": {
+    hidden_size: 576, intermediate_size: 1536, num_hidden_layers: 30, num_attention_heads: 9, num_key_value_heads: 3,
+    max_position_embeddings: 2048, vocab_size: 49152, tie_word_embeddings: true, rope_theta: 10000, rms_norm_eps: 1e-5,
+  },
+  "llama-1b": {
+    hidden_size: 2048, intermediate_size: 8192, num_hidden_layers: 16, num_attention_heads: 32, num_key_value_heads: 8,
+    max_position_embeddings: 4096, vocab_size: 128256, tie_word_embeddings: true, rope_theta: 500000, rms_norm_eps: 1e-5,
+  },
+};
+
+/** Per-architecture config fields that make the family what it is. */
+function archExtras(arch: Architecture): Json {
+  switch (arch) {
+    case "Qwen2ForCausalLM":
+      return { model_type: "qwen2", use_sliding_window: false };
+    case "Qwen3ForCausalLM":
+      return { model_type: "qwen3", head_dim: 16 };
+    case "MistralForCausalLM":
+      return { model_type: "mistral", sliding_window: 64 };
+    case "MixtralForCausalLM":
+      return { model_type: "mixtral", num_local_experts: 4, num_experts_per_tok: 2 };
+    case "Qwen3MoeForCausalLM":
+      return { model_type: "qwen3_moe", num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 64, norm_topk_prob: true, head_dim: 16 };
+    default:
+      return { model_type: "llama" };
+  }
+}
+
+/** A deterministic PRNG (mulberry32) with Box-Muller normals: the same seed always writes the same weights. */
+function normalStream(seed: number): () => number {
+  let a = seed >>> 0;
+  const u = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  return () => Math.sqrt(-2 * Math.log(Math.max(u(), 1e-12))) * Math.cos(2 * Math.PI * u());
+}
+
+export interface InitModelOptions {
+  architecture: Architecture;
+  preset?: string;
+  /** Extra/override config.json fields. */
+  overrides?: Json;
+  dtype?: "float32" | "bfloat16";
+  /** Directory holding tokenizer.json and tokenizer_config.json to copy. */
+  tokenizerDir: string;
+  seed?: number;
+  /** Standard deviation of the random weights. */
+  std?: number;
+}
+
+/** Writes a random model directory; returns its config.json object. */
+export function initModel(out: string, options: InitModelOptions): Json {
+  const preset = PRESETS[options.preset ?? "tiny"];
+  if (!preset) throw new ModelLoadError(`unknown preset "${options.preset}" (known: ${Object.keys(PRESETS).join(", ")})`);
+  const tokJson = JSON.parse(fs.readFileSync(path.join(options.tokenizerDir, "tokenizer.json"), "utf8")) as Json;
+  const tokConfigPath = path.join(options.tokenizerDir, "tokenizer_config.json");
+  const tokConfig = fs.existsSync(tokConfigPath) ? (JSON.parse(fs.readFileSync(tokConfigPath, "utf8")) as Json) : {};
+  const tokVocab = tokenizerVocabSize(tokJson);
+  const dtype = options.dtype ?? "float32";
+  const config: Json = {
+    architectures: [options.architecture],
+    vocab_size: Math.max(tokVocab, 1),
+    rms_norm_eps: 1e-6,
+    rope_theta: 10000,
+    tie_word_embeddings: false,
+    torch_dtype: dtype,
+    hidden_act: "silu",
+    ...preset,
+    ...archExtras(options.architecture),
+    ...options.overrides,
+  };
+  if (Number(config.vocab_size) < tokVocab) config.vocab_size = tokVocab;
+  const eosName = typeof tokConfig.eos_token === "string" ? tokConfig.eos_token : null;
+  const eosId = eosName !== null ? tokenId(tokJson, eosName) : null;
+  if (eosId !== null) config.eos_token_id = eosId;
+  const cfg = parseHfConfig(config);
+  // Build the module tree only to enumerate names and shapes (no weights are allocated twice).
+  const model = new CausalLM(cfg, { family: FAMILIES[cfg.architecture] });
+  const normal = normalStream(options.seed ?? 0);
+  const std = options.std ?? 0.02;
+  const tensors: SafetensorsWriteTensor[] = model.namedParameters().map(([name, t]) => {
+    const n = t.numel;
+    const v = new Float32Array(n);
+    // norms start at 1 (as HF initialises them); everything else, biases included, is N(0, std)
+    if (name.endsWith("norm.weight")) v.fill(1);
+    else for (let i = 0; i < n; i++) v[i] = normal() * std;
+    const keepF32 = name.endsWith("norm.weight") || name.endsWith(".bias") || dtype === "float32";
+    return keepF32
+      ? { name, dtype: "F32" as const, shape: [...t.shape], data: v }
+      : { name, dtype: "BF16" as const, shape: [...t.shape], data: f32ToBf16(v) };
+  });
+  for (const [, t] of model.namedParameters()) t.dispose();
+  fs.mkdirSync(out, { recursive: true });
+  fs.writeFileSync(path.join(out, "config.json"), JSON.stringify(config, null, 2));
+  writeSafetensors(path.join(out, "model.safetensors"), tensors, { format: "pt" });
+  fs.copyFileSync(path.join(options.tokenizerDir, "tokenizer.json"), path.join(out, "tokenizer.json"));
+  fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify(tokConfig, null, 2));
+  fs.writeFileSync(path.join(out, "generation_config.json"), JSON.stringify({ eos_token_id: eosId ?? undefined, do_sample: false }, null, 2));
+  return config;
+}
+
+function tokenizerVocabSize(tok: Json): number {
+  const model = tok.model as { vocab?: Record<string, number> | [string, number][] } | undefined;
+  let max = -1;
+  const vocab = model?.vocab;
+  if (Array.isArray(vocab)) max = vocab.length - 1;
+  else if (vocab) for (const id of Object.values(vocab)) max = Math.max(max, id);
+  for (const a of (tok.added_tokens ?? []) as { id: number }[]) max = Math.max(max, a.id);
+  return max + 1;
+}
+
+function tokenId(tok: Json, content: string): number | null {
+  for (const a of (tok.added_tokens ?? []) as { id: number; content: string }[]) if (a.content === content) return a.id;
+  const vocab = (tok.model as { vocab?: Record<string, number> } | undefined)?.vocab;
+  return vocab && !Array.isArray(vocab) && content in vocab ? vocab[content]! : null;
+}
+
+/**
+ * Exports an HF model directory (safetensors + byte-level BPE tokenizer) to one GGUF file that llama.cpp loads.
+ * Q/K rows are permuted for llama-arch as convert_hf_to_gguf does.
+ */
+export function exportGguf(dir: string, outFile: string, type: "F32" | "F16" | "Q8_0" = "F32"): void {
+  const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Json;
+  const cfg = parseHfConfig(config);
+  const tokJson = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8")) as Json;
+  const tokCfgPath = path.join(dir, "tokenizer_config.json");
+  const tokCfg = fs.existsSync(tokCfgPath) ? (JSON.parse(fs.readFileSync(tokCfgPath, "utf8")) as Json) : {};
+  const metadata = { ...hfConfigToGgufMetadata(config), ...tokenizerJsonToGgufMetadata(tokJson, tokCfg) };
+  const st = readSafetensors(path.join(dir, "model.safetensors"));
+  const permutes = cfg.architecture === "LlamaForCausalLM" || cfg.architecture === "MistralForCausalLM" || cfg.architecture === "MixtralForCausalLM";
+  const stacked = new Map<string, { shape: number[]; parts: Float32Array[] }>();
+  const tensors: GgufWriteTensor[] = [];
+  try {
+    for (const info of st.tensors) {
+      const m = hfToGgufTensorName(info.name);
+      if (!m) throw new ModelLoadError(`${dir}: tensor ${info.name} has no GGUF name`);
+      let data = st.loadAsFloat32(info.name);
+      if (permutes && /self_attn\.(q|k)_proj\.weight$/.test(info.name)) {
+        const isK = info.name.includes("k_proj");
+        data = permuteQK(data, info.shape[0]!, cfg.numAttentionHeads, isK ? cfg.numKeyValueHeads : undefined);
+      }
+      // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them
+      const tType = info.shape.length === 1 ? "F32" : type;
+      if (m.expert !== undefined) {
+        const s = stacked.get(m.name) ?? { shape: info.shape, parts: [] };
+        s.parts[m.expert] = data;
+        stacked.set(m.name, s);
+        continue;
+      }
+      tensors.push({ name: m.name, shape: info.shape, type: tType, data });
+    }
+    for (const [name, s] of stacked) {
+      const per = s.parts[0]!.length;
+      const all = new Float32Array(per * s.parts.length);
+      s.parts.forEach((p, e) => all.set(p, e * per));
+      tensors.push({ name, shape: [s.parts.length, ...s.shape], type, data: all });
+    }
+  } finally {
+    st.close();
+  }
+  writeGguf(outFile, metadata, tensors);
+}

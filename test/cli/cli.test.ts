@@ -1,0 +1,72 @@
+// The `kiln` command line: flag errors, and `serve` end to end (progress, banner, graceful SIGTERM drain).
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { parseBytes, parseServeArgs } from "../../src/cli/serve-args.js";
+
+const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
+const kiln = (...args: string[]) => spawnSync(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 10_000 });
+
+describe("kiln CLI", () => {
+  it("rejects unknown flags, naming the flag", () => {
+    const r = kiln("serve", "--bogus-flag");
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /--bogus-flag/);
+  });
+
+  it("rejects --tensor-parallel-size > 1 clearly", () => {
+    const r = kiln("serve", "--tensor-parallel-size", "2");
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /not supported until distributed lands/);
+  });
+
+  it("validates serve args", () => {
+    const a = parseServeArgs("m", { port: "9000", servedModelName: ["a", "b"], kvCacheMemory: "2GiB", allowedOrigins: '["http://x"]' }, {});
+    assert.equal(a.port, 9000);
+    assert.equal(a.kvCacheMemoryBytes, 2 * 2 ** 30);
+    assert.deepEqual(a.servedModelName, ["a", "b"]);
+    assert.deepEqual(a.allowedOrigins, ["http://x"]);
+    assert.equal(a.host, "0.0.0.0");
+    assert.equal(parseServeArgs(undefined, {}, { KILN_API_KEY: "k" }).apiKey, "k");
+    assert.match(parseServeArgs(undefined, {}, {}).model, /models\/kiln-default$/);
+    assert.equal(parseBytes("4G", "x"), 4e9);
+    assert.throws(() => parseServeArgs("m", { gpuMemoryUtilization: "1.5" }), /--gpu-memory-utilization/);
+    assert.throws(() => parseServeArgs("m", { allowedOrigins: "*" }), /--allowed-origins/);
+    assert.throws(() => parseServeArgs("m", { maxModelLen: "abc" }), /--max-model-len/);
+    assert.throws(() => parseServeArgs("m", { quantization: "q9" }), /--quantization/);
+    assert.throws(() => parseServeArgs("m", { blockSize: "12" }), /--block-size/);
+  });
+
+  it("serve starts, answers, and drains in-flight streams on SIGTERM", async () => {
+    const child = spawn(process.execPath, [`${root}/dist/test/cli/serve-fixture.js`, "serve", "--host", "127.0.0.1", "--port", "0", "--served-model-name", "m1"], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stderr.on("data", (d) => (stderr += d));
+    const url = await new Promise<string>((resolve, reject) => {
+      child.stdout.on("data", (d) => {
+        stdout += d;
+        const m = /Kiln serving m1 at (http:\/\/\S+)\/v1/.exec(stdout);
+        if (m) resolve(m[1]!);
+      });
+      child.on("exit", () => reject(new Error(`exited early: ${stderr}`)));
+    });
+    assert.match(stderr, /loading weights/);
+    assert.match(stderr, /warm-up/);
+    const res = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "m1", prompt: "drain", max_tokens: 30, stream: true, ignore_eos: true }),
+    });
+    assert.equal(res.status, 200);
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+    child.kill("SIGTERM");
+    const body = await res.text(); // the in-flight stream still completes
+    assert.match(body, /"finish_reason":"length"/);
+    assert.ok(body.trimEnd().endsWith("data: [DONE]"));
+    assert.equal(await exited, 0);
+    assert.match(stderr, /draining 1 in-flight/);
+  });
+});

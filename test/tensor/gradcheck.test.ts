@@ -1,0 +1,363 @@
+// Gradient checks: every differentiable op's analytical gradient (autograd) against central finite
+// differences, on small random shapes including non-contiguous views and broadcasting.
+//
+// Tolerance: the forward runs in float32. The scalar probed is L = sum(out * R) with a fixed random R,
+// accumulated in float64 on the host. Central differences with step h have truncation error
+// O(h^2 * f''') ~ 1e-4 for h = 1e-2 and O(1) inputs, and rounding error ~ 1e-7 * |L| / h ~ 1e-5 * |L|;
+// so an element passes when |analytic - numeric| <= 3e-3 + 2e-2 * |numeric|.
+// Non-smooth ops (relu, abs, max, maximum) get inputs at least 0.1 away from kinks and ties (> h).
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import * as k from "../../src/tensor/index.js";
+import type { Tensor } from "../../src/tensor/index.js";
+
+const H = 1e-2;
+const ATOL = 3e-3;
+const RTOL = 2e-2;
+/** At most this many elements per input are probed numerically (all of them are checked for shape). */
+const MAX_PROBES = 48;
+
+/** Deterministic uniform numbers (mulberry32) so failures reproduce. */
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface Input {
+  shape: number[];
+  /** How values are drawn: normal-ish in [-1.5, 1.5] by default. */
+  kind?: "any" | "positive" | "awayFromZero" | "distinct";
+}
+
+function values(spec: Input, r: () => number): Float32Array {
+  const n = spec.shape.reduce((a, b) => a * b, 1);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    const u = r() * 2 - 1;
+    switch (spec.kind ?? "any") {
+      case "any":
+        out[i] = 1.5 * u;
+        break;
+      case "positive":
+        out[i] = 0.5 + 1.5 * r();
+        break;
+      case "awayFromZero":
+        out[i] = (u < 0 ? -1 : 1) * (0.15 + 1.2 * Math.abs(u));
+        break;
+      case "distinct":
+        out[i] = 0;
+        break;
+    }
+  }
+  if (spec.kind === "distinct") {
+    // a shuffled ladder with spacing 0.1 (> 2h): no ties within h of each other
+    const idx = Array.from({ length: n }, (_, i) => i);
+    for (let i = n - 1; i > 0; i--) {
+      const j = Math.floor(r() * (i + 1));
+      [idx[i], idx[j]] = [idx[j]!, idx[i]!];
+    }
+    idx.forEach((v, i) => (out[i] = (v - n / 2) * 0.1));
+  }
+  return out;
+}
+
+/** L = sum(out * R) in float64. */
+function probe(out: Tensor, weights: Float64Array): number {
+  const d = out.dataSync() as Float32Array;
+  let s = 0;
+  for (let i = 0; i < d.length; i++) s += d[i]! * weights[i]!;
+  return s;
+}
+
+function gradcheck(name: string, specs: Input[], fn: (...xs: Tensor[]) => Tensor, seed = 1): void {
+  const r = rng(seed);
+  const data = specs.map((s) => values(s, r));
+  const leaves = data.map((d, i) => k.tensor(d, { shape: specs[i]!.shape, requiresGrad: true }));
+  const out = fn(...leaves);
+  const weights = Float64Array.from({ length: out.numel }, () => r() * 2 - 1);
+  const wt = k.tensor(Float32Array.from(weights), { shape: out.shape });
+  out.mul(wt).sum().backward();
+  const evalAt = (i: number, j: number, delta: number) =>
+    k.noGrad(() => {
+      const xs = data.map((d, m) => {
+        const copy = Float32Array.from(d);
+        if (m === i) copy[j] = copy[j]! + delta;
+        return k.tensor(copy, { shape: specs[m]!.shape });
+      });
+      return probe(fn(...xs), weights);
+    });
+  leaves.forEach((leaf, i) => {
+    assert.ok(leaf.grad, `${name}: input ${i} got no gradient`);
+    assert.deepEqual([...leaf.grad.shape], specs[i]!.shape, `${name}: grad shape of input ${i}`);
+    const analytic = leaf.grad.dataSync() as Float32Array;
+    const n = data[i]!.length;
+    const probes = n <= MAX_PROBES ? Array.from({ length: n }, (_, j) => j) : Array.from({ length: MAX_PROBES }, () => Math.floor(r() * n));
+    for (const j of probes) {
+      const numeric = (evalAt(i, j, H) - evalAt(i, j, -H)) / (2 * H);
+      const a = analytic[j]!;
+      assert.ok(
+        Math.abs(a - numeric) <= ATOL + RTOL * Math.abs(numeric),
+        `${name}: d/dx${i}[${j}] analytic ${a} vs numeric ${numeric}`,
+      );
+    }
+  });
+}
+
+describe("gradcheck: elementwise", () => {
+  test("add/sub/mul/div with broadcasting", () => {
+    gradcheck("add", [{ shape: [2, 3] }, { shape: [3] }], (a, b) => a.add(b));
+    gradcheck("add alpha", [{ shape: [2, 3] }, { shape: [2, 1] }], (a, b) => k.add(a, b, 0.5));
+    gradcheck("sub", [{ shape: [2, 1, 3] }, { shape: [4, 1] }], (a, b) => a.sub(b));
+    gradcheck("mul", [{ shape: [3, 4] }, { shape: [1, 4] }], (a, b) => a.mul(b));
+    gradcheck("div", [{ shape: [3, 4] }, { shape: [4], kind: "positive" }], (a, b) => a.div(b));
+    gradcheck("scalar ops", [{ shape: [5], kind: "positive" }], (a) => k.div(2, a).add(3).mul(0.5).sub(1));
+  });
+  test("pow, maximum, minimum, clamp", () => {
+    gradcheck("pow scalar", [{ shape: [2, 3], kind: "positive" }], (a) => a.pow(3));
+    gradcheck("pow tensor", [{ shape: [2, 3], kind: "positive" }, { shape: [3] }], (a, b) => a.pow(b));
+    gradcheck("rpow", [{ shape: [4] }], (a) => k.pow(2, a));
+    gradcheck("maximum", [{ shape: [8], kind: "distinct" }, { shape: [8], kind: "distinct" }], (a, b) => a.maximum(b.add(0.05)), 3);
+    gradcheck("minimum", [{ shape: [8], kind: "distinct" }, { shape: [8], kind: "distinct" }], (a, b) => a.minimum(b.add(0.05)), 4);
+    gradcheck("clamp", [{ shape: [10], kind: "distinct" }], (a) => a.clamp(-0.22, 0.33));
+  });
+  test("unary math", () => {
+    const any = [{ shape: [2, 5] }];
+    const pos = [{ shape: [2, 5], kind: "positive" as const }];
+    const away = [{ shape: [2, 5], kind: "awayFromZero" as const }];
+    gradcheck("neg", any, (a) => a.neg());
+    gradcheck("exp", any, (a) => a.exp());
+    gradcheck("log", pos, (a) => a.log());
+    gradcheck("sqrt", pos, (a) => a.sqrt());
+    gradcheck("rsqrt", pos, (a) => a.rsqrt());
+    gradcheck("reciprocal", pos, (a) => k.reciprocal(a));
+    gradcheck("tanh", any, (a) => a.tanh());
+    gradcheck("sigmoid", any, (a) => a.sigmoid());
+    gradcheck("silu", any, (a) => a.silu());
+    gradcheck("gelu", any, (a) => a.gelu());
+    gradcheck("gelu tanh", any, (a) => a.gelu("tanh"));
+    gradcheck("relu", away, (a) => a.relu());
+    gradcheck("abs", away, (a) => a.abs());
+    gradcheck("square", any, (a) => a.square());
+    gradcheck("sin cos", any, (a) => k.sin(a).add(k.cos(a)));
+  });
+  test("where and masked fill", () => {
+    const cond = k.tensor([[true, false, true], [false, false, true]]);
+    gradcheck("where", [{ shape: [2, 3] }, { shape: [3] }], (a, b) => k.where(cond, a, b));
+    gradcheck("masked fill", [{ shape: [2, 3] }], (a) => a.maskedFill(cond, -2));
+  });
+});
+
+describe("gradcheck: views on non-contiguous inputs", () => {
+  test("transpose, permute, slice, narrow, select, expand, squeeze, unsqueeze, reshape", () => {
+    gradcheck("transpose", [{ shape: [3, 4] }], (a) => a.T.mul(a.T));
+    gradcheck("permute", [{ shape: [2, 3, 4] }], (a) => a.permute(2, 0, 1).exp());
+    gradcheck("slice step", [{ shape: [6, 3] }], (a) => a.slice(0, 1, 6, 2).square());
+    gradcheck("narrow of transpose", [{ shape: [4, 5] }], (a) => a.T.narrow(0, 1, 3).tanh());
+    gradcheck("select", [{ shape: [3, 4] }], (a) => a.select(1, 2).mul(a.select(0, 1).narrow(0, 0, 3)));
+    gradcheck("expand", [{ shape: [3, 1] }], (a) => a.expand(2, 3, 4).sigmoid());
+    gradcheck("squeeze unsqueeze", [{ shape: [3, 1, 2] }], (a) => a.squeeze(1).unsqueeze(0).square());
+    gradcheck("reshape of transposed", [{ shape: [3, 4] }], (a) => a.T.reshape(2, 6).exp());
+    gradcheck("contiguous clone flatten", [{ shape: [2, 3, 2] }], (a) => a.transpose(0, 2).contiguous().clone().flatten().square());
+  });
+});
+
+describe("gradcheck: reductions and normalisations", () => {
+  test("sum, mean, max, min, prod", () => {
+    gradcheck("sum all", [{ shape: [2, 3] }], (a) => a.square().sum());
+    gradcheck("sum dims", [{ shape: [2, 3, 4] }], (a) => a.sum([0, 2]));
+    gradcheck("sum keepdim transposed", [{ shape: [3, 4] }], (a) => a.T.sum(1, true).square());
+    gradcheck("mean", [{ shape: [2, 3, 4] }], (a) => a.mean(-1).square());
+    gradcheck("max dim", [{ shape: [3, 5], kind: "distinct" }], (a) => a.max(1));
+    gradcheck("min keepdim", [{ shape: [3, 5], kind: "distinct" }], (a) => a.min(0, true));
+    gradcheck("max all", [{ shape: [4, 3], kind: "distinct" }], (a) => a.max());
+    gradcheck("prod", [{ shape: [2, 3], kind: "positive" }], (a) => k.prod(a, 1));
+  });
+  test("softmax, log_softmax, logsumexp, cumsum", () => {
+    gradcheck("softmax", [{ shape: [3, 5] }], (a) => a.softmax(-1));
+    gradcheck("softmax dim0 of transposed", [{ shape: [4, 3] }], (a) => a.T.softmax(0));
+    gradcheck("log_softmax", [{ shape: [3, 5] }], (a) => a.logSoftmax(1));
+    gradcheck("logsumexp", [{ shape: [3, 5] }], (a) => a.logsumexp(1));
+    gradcheck("cumsum", [{ shape: [3, 4] }], (a) => a.cumsum(1));
+    gradcheck("cumsum dim0 transposed", [{ shape: [3, 4] }], (a) => a.T.cumsum(0));
+  });
+  test("rms_norm", () => {
+    gradcheck("rms_norm", [{ shape: [3, 8] }, { shape: [8] }], (x, w) => k.rmsNorm(x, w, 1e-5));
+    gradcheck("rms_norm 3-d transposed", [{ shape: [8, 2, 3] }, { shape: [8] }], (x, w) => k.rmsNorm(x.permute(1, 2, 0), w, 1e-5));
+  });
+});
+
+describe("gradcheck: linear algebra", () => {
+  test("matmul: 2-d, batched, broadcast, 1-d", () => {
+    gradcheck("matmul 2d", [{ shape: [3, 4] }, { shape: [4, 2] }], (a, b) => a.matmul(b));
+    gradcheck("matmul transposed inputs", [{ shape: [4, 3] }, { shape: [2, 4] }], (a, b) => a.T.matmul(b.T));
+    gradcheck("matmul batched", [{ shape: [2, 3, 4] }, { shape: [2, 4, 2] }], (a, b) => a.matmul(b));
+    gradcheck("matmul broadcast batch", [{ shape: [2, 3, 4] }, { shape: [4, 2] }], (a, b) => a.matmul(b));
+    gradcheck("matmul broadcast 1 vs 2", [{ shape: [1, 3, 4] }, { shape: [2, 4, 2] }], (a, b) => a.matmul(b));
+    gradcheck("matmul vec-mat", [{ shape: [4] }, { shape: [4, 3] }], (a, b) => a.matmul(b));
+    gradcheck("matmul mat-vec", [{ shape: [2, 3, 4] }, { shape: [4] }], (a, b) => a.matmul(b));
+    gradcheck("matmul dot", [{ shape: [4] }, { shape: [4] }], (a, b) => a.matmul(b));
+  });
+  test("linear with bias, 3-d input", () => {
+    gradcheck("linear", [{ shape: [2, 3, 4] }, { shape: [5, 4] }, { shape: [5] }], (x, w, b) => k.linear(x, w, b));
+    gradcheck("linear transposed x", [{ shape: [4, 3] }, { shape: [2, 4] }], (x, w) => k.linear(x.T, w));
+  });
+});
+
+describe("gradcheck: indexing", () => {
+  test("index_select and embedding (repeated ids)", () => {
+    const ids = k.tensor(new Int32Array([2, 0, 2, 3, 1, 2]), { shape: [2, 3] });
+    gradcheck("embedding", [{ shape: [5, 3] }], (w) => k.embedding(ids, w));
+    const idx = k.tensor(new Int32Array([1, 1, 0]));
+    gradcheck("index_select dim1", [{ shape: [2, 3, 2] }], (t) => k.indexSelect(t, 1, idx));
+  });
+  test("gather, scatter, scatter_add", () => {
+    const index = k.tensor(new Int32Array([0, 2, 2, 1, 0, 0]), { shape: [2, 3] });
+    gradcheck("gather dim1", [{ shape: [2, 4] }], (t) => k.gather(t, 1, index));
+    gradcheck("gather dim0", [{ shape: [3, 3] }], (t) => k.gather(t, 0, index));
+    const perm = k.tensor(new Int32Array([2, 0, 1, 3, 1, 0]), { shape: [2, 3] });
+    gradcheck("scatter", [{ shape: [2, 4] }, { shape: [2, 3] }], (t, s) => k.scatter(t, 1, perm, s));
+    gradcheck("scatter_add", [{ shape: [2, 4] }, { shape: [2, 3] }], (t, s) => k.scatter(t, 1, index, s, true));
+  });
+  test("cat, stack, split, chunk", () => {
+    gradcheck("cat", [{ shape: [2, 3] }, { shape: [2, 1] }, { shape: [2, 2] }], (a, b, c) => k.cat([a, b.exp(), c], 1));
+    gradcheck("stack", [{ shape: [3] }, { shape: [3] }], (a, b) => k.stack([a, b.square()], 0));
+    gradcheck("split", [{ shape: [5, 2] }], (a) => {
+      const [x, y, z] = k.split(a, [2, 2, 1], 0);
+      return k.cat([x!.mul(2), y!.square(), z!.exp()], 0);
+    });
+    gradcheck("chunk", [{ shape: [2, 4] }], (a) => {
+      const [x, y] = k.chunk(a, 2, 1);
+      return x!.mul(y!);
+    });
+  });
+});
+
+/** cos/sin tables [maxPos, half] for rotary with base 10000. */
+function ropeTables(maxPos: number, rotaryDim: number): { cos: Tensor; sin: Tensor } {
+  const half = rotaryDim / 2;
+  const c = new Float32Array(maxPos * half);
+  const s = new Float32Array(maxPos * half);
+  for (let p = 0; p < maxPos; p++)
+    for (let i = 0; i < half; i++) {
+      const theta = p / Math.pow(10000, (2 * i) / rotaryDim);
+      c[p * half + i] = Math.cos(theta);
+      s[p * half + i] = Math.sin(theta);
+    }
+  return { cos: k.tensor(c, { shape: [maxPos, half] }), sin: k.tensor(s, { shape: [maxPos, half] }) };
+}
+
+describe("gradcheck: fused nn ops", () => {
+  test("rotary (neox, interleaved, partial)", () => {
+    const pos = k.tensor(new Int32Array([0, 3, 5]));
+    const full = ropeTables(8, 4);
+    gradcheck("rotary neox", [{ shape: [3, 2, 4] }], (x) => k.rotaryEmbedding(x, pos, full.cos, full.sin, true));
+    gradcheck("rotary gptj", [{ shape: [3, 2, 4] }], (x) => k.rotaryEmbedding(x, pos, full.cos, full.sin, false));
+    const partial = ropeTables(8, 2);
+    gradcheck("rotary partial of transposed", [{ shape: [2, 3, 4] }], (x) => k.rotaryEmbedding(x.transpose(0, 1), pos, partial.cos, partial.sin, true));
+  });
+  test("causal attention (MHA and GQA)", () => {
+    gradcheck("attention", [{ shape: [1, 2, 3, 4] }, { shape: [1, 2, 3, 4] }, { shape: [1, 2, 3, 4] }], (q, kk, v) => k.causalAttention(q, kk, v));
+    gradcheck("attention gqa", [{ shape: [1, 4, 3, 2] }, { shape: [1, 2, 3, 2] }, { shape: [1, 2, 3, 2] }], (q, kk, v) => k.causalAttention(q, kk, v));
+  });
+  test("cross entropy with ignore_index", () => {
+    const targets = k.tensor(new Int32Array([1, -100, 4, 0]));
+    gradcheck("cross_entropy", [{ shape: [4, 5] }], (l) => k.crossEntropy(l, targets));
+    gradcheck("siluMul", [{ shape: [2, 3] }, { shape: [2, 3] }], (a, b) => k.siluMul(a, b));
+  });
+});
+
+describe("gradcheck: a tiny transformer block end to end", () => {
+  test("rms_norm -> q,k,v -> rotary -> causal attention -> o -> residual -> rms_norm -> silu MLP -> residual", () => {
+    const [S, D, Hn, Hd, F] = [4, 8, 2, 4, 12];
+    const pos = k.tensor(new Int32Array([0, 1, 2, 3]));
+    const rope = ropeTables(S, Hd);
+    const specs: Input[] = [
+      { shape: [S, D] }, // x
+      { shape: [D] }, // attention norm
+      { shape: [D, D] }, // wq
+      { shape: [D, D] }, // wk
+      { shape: [D, D] }, // wv
+      { shape: [D, D] }, // wo
+      { shape: [D] }, // mlp norm
+      { shape: [F, D] }, // w1 (gate)
+      { shape: [F, D] }, // w3 (up)
+      { shape: [D, F] }, // w2 (down)
+    ];
+    const scale = (t: Tensor, s: number) => t.mul(s);
+    gradcheck("transformer block", specs, (x, n1, wq, wk, wv, wo, n2, w1, w3, w2) => {
+      const h = k.rmsNorm(x, n1, 1e-5);
+      const heads = (w: Tensor) => k.linear(h, scale(w, 0.5)).view(S, Hn, Hd);
+      const q = k.rotaryEmbedding(heads(wq), pos, rope.cos, rope.sin);
+      const kk = k.rotaryEmbedding(heads(wk), pos, rope.cos, rope.sin);
+      const v = heads(wv);
+      const toBHSD = (t: Tensor) => t.permute(1, 0, 2).unsqueeze(0);
+      const attn = k.causalAttention(toBHSD(q), toBHSD(kk), toBHSD(v)); // [1, H, S, Hd]
+      const merged = attn.squeeze(0).permute(1, 0, 2).reshape(S, D);
+      const x1 = x.add(k.linear(merged, scale(wo, 0.5)));
+      const h2 = k.rmsNorm(x1, n2, 1e-5);
+      const mlp = k.linear(k.siluMul(k.linear(h2, scale(w1, 0.5)), k.linear(h2, scale(w3, 0.5))), scale(w2, 0.5));
+      return x1.add(mlp);
+    });
+  });
+});
+
+describe("autograd engine", () => {
+  test("gradients accumulate across backward calls; zero by resetting .grad", () => {
+    const w = k.tensor([1, 2, 3], { requiresGrad: true });
+    w.mul(2).sum().backward();
+    w.mul(3).sum().backward();
+    assert.deepEqual(w.grad!.toList(), [5, 5, 5]);
+  });
+  test("retainGrad keeps a non-leaf gradient; noGrad records nothing", () => {
+    const w = k.tensor([1, 2], { requiresGrad: true });
+    const y = w.mul(3).retainGrad();
+    y.square().sum().backward();
+    assert.deepEqual(y.grad!.toList(), [6, 12]);
+    assert.deepEqual(w.grad!.toList(), [18, 36]);
+    const z = k.noGrad(() => w.mul(2));
+    assert.equal(z.requiresGrad, false);
+    assert.equal(z.gradFn, null);
+  });
+  test("a reused intermediate sums its gradients; comparisons do not require grad", () => {
+    const a = k.tensor([0.5, -1], { requiresGrad: true });
+    const b = a.exp();
+    b.add(b).mul(b).sum().backward(); // d/da 2 e^{2a} = 4 e^{2a}
+    const g = a.grad!.toList();
+    assert.ok(Math.abs(g[0]! - 4 * Math.exp(1)) < 1e-4 && Math.abs(g[1]! - 4 * Math.exp(-2)) < 1e-5);
+    assert.equal(a.gt(0).requiresGrad, false);
+  });
+  test("second backward through a freed graph fails; retainGraph allows it", () => {
+    const a = k.tensor([1, 2], { requiresGrad: true });
+    const y = a.exp().sum();
+    y.backward(undefined, { retainGraph: true });
+    y.backward();
+    assert.throws(() => y.backward(), /already freed/);
+    const e = Math.exp(1);
+    assert.ok(Math.abs(a.grad!.toList()[0]! - 2 * e) < 1e-4);
+  });
+  test("non-scalar backward needs an explicit grad; bf16 leaves get bf16 grads", () => {
+    const a = k.tensor([1, 2], { requiresGrad: true });
+    assert.throws(() => a.mul(2).backward(), /one-element/);
+    a.mul(2).backward(k.tensor([1, 10]));
+    assert.deepEqual(a.grad!.toList(), [2, 20]);
+    const b = k.tensor([1, 2], { dtype: "bfloat16", requiresGrad: true });
+    b.to("float32").square().sum().backward();
+    assert.equal(b.grad!.dtype, "bfloat16");
+    assert.deepEqual(b.grad!.toList(), [2, 4]);
+  });
+  test("embedding backward scatter-adds a 4096 x 256 table quickly", () => {
+    const w = k.zeros([4096, 256], { requiresGrad: true });
+    const ids = k.tensor(Int32Array.from({ length: 512 }, (_, i) => (i * 37) % 4096));
+    const t0 = performance.now();
+    k.embedding(ids, w).sum().backward();
+    const ms = performance.now() - t0;
+    assert.equal(w.grad!.sum().item(), 512 * 256);
+    assert.ok(ms < 2000, `took ${ms} ms`);
+  });
+});
