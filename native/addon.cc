@@ -72,6 +72,11 @@ struct ArrayKind<uint16_t> {
   static constexpr const char* name = "Uint16Array";
 };
 template <>
+struct ArrayKind<uint8_t> {
+  static constexpr napi_typedarray_type type = napi_uint8_array;
+  static constexpr const char* name = "Uint8Array";
+};
+template <>
 struct ArrayKind<int32_t> {
   static constexpr napi_typedarray_type type = napi_int32_array;
   static constexpr const char* name = "Int32Array";
@@ -134,8 +139,153 @@ Napi::Value Matmul(const Napi::CallbackInfo& info) {
                     : static_cast<const void*>(array<float>(info, 1, spanOf(batch, sB, N * K), op, "b"));
   a.out = array<float>(info, 2, spanOf(batch, sO, M * N), op, "out");
   a.M = M; a.N = N; a.K = K; a.bTransposed = bT; a.bDtype = static_cast<int>(bDtype);
+  a.aTransposed = boolean(info, 12);  // optional: A stored [K,M], out = A^T @ B
   a.batch = batch; a.strideA = sA; a.strideB = sB; a.strideOut = sO;
   if (M > 0 && N > 0) gK->matmul(a);
+  return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------- strided kernels
+constexpr int kMaxRank = 8;
+
+// A strided operand: up to 8 dims of element strides read from an Int32Array (>= 0).
+struct Dims {
+  int rank = 0;
+  int64_t v[kMaxRank] = {};
+};
+Dims dims(const Napi::CallbackInfo& info, size_t i, const char* op, const char* arg, int rank = -1) {
+  if (i >= info.Length() || !info[i].IsTypedArray() ||
+      info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    fail(info.Env(), op, std::string(arg) + " must be an Int32Array");
+  Napi::Int32Array a = info[i].As<Napi::Int32Array>();
+  Dims d;
+  d.rank = static_cast<int>(a.ElementLength());
+  if (d.rank > kMaxRank) fail(info.Env(), op, std::string(arg) + ": rank above 8 is not supported");
+  if (rank >= 0 && d.rank != rank) fail(info.Env(), op, std::string(arg) + " must have one entry per dim");
+  for (int k = 0; k < d.rank; ++k) {
+    if (a[k] < 0) fail(info.Env(), op, std::string(arg) + " entries must be >= 0");
+    d.v[k] = a[k];
+  }
+  return d;
+}
+// Elements an operand spans: 1 + the largest offset (0 when the shape is empty).
+int64_t spanOfStrided(const Dims& shape, const Dims& strides) {
+  int64_t last = 0;
+  for (int d = 0; d < shape.rank; ++d) {
+    if (shape.v[d] == 0) return 0;
+    last += (shape.v[d] - 1) * strides.v[d];
+  }
+  return last + 1;
+}
+int64_t numelOf(const Dims& shape) {
+  int64_t n = 1;
+  for (int d = 0; d < shape.rank; ++d) n *= shape.v[d];
+  return n;
+}
+Dims contiguousStrides(const Dims& shape) {
+  Dims s;
+  s.rank = shape.rank;
+  int64_t acc = 1;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    s.v[d] = acc;
+    acc *= shape.v[d];
+  }
+  return s;
+}
+// Drops size-1 dims and merges dim d into d-1 when every operand has stride[d-1] == stride[d]*shape[d].
+// Leaves rank >= 1 (a single element becomes shape [1], unit strides).
+void coalesce(Dims& shape, Dims* const* ops, int nops) {
+  int r = 0;
+  for (int d = 0; d < shape.rank; ++d) {
+    if (shape.v[d] == 1) continue;
+    bool merge = r > 0;
+    for (int o = 0; o < nops && merge; ++o) merge = ops[o]->v[r - 1] == ops[o]->v[d] * shape.v[d];
+    if (merge) {
+      shape.v[r - 1] *= shape.v[d];
+      for (int o = 0; o < nops; ++o) ops[o]->v[r - 1] = ops[o]->v[d];
+      continue;
+    }
+    shape.v[r] = shape.v[d];
+    for (int o = 0; o < nops; ++o) ops[o]->v[r] = ops[o]->v[d];
+    ++r;
+  }
+  if (r == 0) {
+    shape.v[0] = 1;
+    for (int o = 0; o < nops; ++o) ops[o]->v[0] = 1;
+    r = 1;
+  }
+  shape.rank = r;
+  for (int o = 0; o < nops; ++o) ops[o]->rank = r;
+}
+
+// Any typed array viewed as elements of elemBytes from its byteOffset; returns base and element count.
+uint8_t* bytesOf(const Napi::CallbackInfo& info, size_t i, int64_t elemBytes, int64_t need, const char* op,
+                 const char* arg) {
+  if (i >= info.Length() || !info[i].IsTypedArray()) fail(info.Env(), op, std::string(arg) + " must be a typed array");
+  Napi::TypedArray ta = info[i].As<Napi::TypedArray>();
+  if (ta.ByteOffset() % elemBytes != 0) fail(info.Env(), op, std::string(arg) + " is not aligned to elemBytes");
+  const int64_t have = static_cast<int64_t>(ta.ByteLength()) / elemBytes;
+  if (have < need)
+    throw Napi::RangeError::New(info.Env(), "[" + std::string(op) + "] " + arg + " has " + std::to_string(have) +
+                                                " elements, needs " + std::to_string(need));
+  return static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
+}
+
+void checkNoOverlap(const Napi::CallbackInfo& info, const Dims& shape, const Dims& strides, const char* op) {
+  for (int d = 0; d < shape.rank; ++d)
+    if (shape.v[d] > 1 && strides.v[d] == 0) fail(info.Env(), op, "destination strides must not be 0 (broadcast)");
+}
+
+// copyStrided(src, dst, shape, srcStrides, dstStrides, elemBytes): a byte copy of any 1/2/4/8-byte dtype.
+Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
+  const char* op = "copyStrided";
+  Dims shape = dims(info, 2, op, "shape");
+  Dims ss = dims(info, 3, op, "srcStrides", shape.rank), ds = dims(info, 4, op, "dstStrides", shape.rank);
+  const int64_t eb = integer(info, 5, op, "elemBytes", 1);
+  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) fail(info.Env(), op, "elemBytes must be 1, 2, 4 or 8");
+  checkNoOverlap(info, shape, ds, op);
+  const void* src = bytesOf(info, 0, eb, spanOfStrided(shape, ss), op, "src");
+  void* dst = bytesOf(info, 1, eb, spanOfStrided(shape, ds), op, "dst");
+  if (numelOf(shape) == 0) return info.Env().Undefined();
+  Dims* ops[2] = {&ss, &ds};
+  coalesce(shape, ops, 2);
+  gK->copyStrided(src, dst, shape.rank, shape.v, ss.v, ds.v, static_cast<int>(eb));
+  return info.Env().Undefined();
+}
+
+// binaryStrided(op, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
+Napi::Value BinaryStrided(const Napi::CallbackInfo& info) {
+  const char* op = "binaryStrided";
+  const int64_t opc = integer(info, 0, op, "op");
+  if (opc > 6) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
+  Dims shape = dims(info, 6, op, "shape");
+  Dims as = dims(info, 2, op, "aStrides", shape.rank), bs = dims(info, 4, op, "bStrides", shape.rank);
+  Dims os = contiguousStrides(shape);
+  const float* a = array<float>(info, 1, spanOfStrided(shape, as), op, "a");
+  const float* b = array<float>(info, 3, spanOfStrided(shape, bs), op, "b");
+  float* out = array<float>(info, 5, numelOf(shape), op, "out");
+  if (numelOf(shape) == 0) return info.Env().Undefined();
+  Dims* ops[3] = {&as, &bs, &os};
+  coalesce(shape, ops, 3);
+  gK->binaryStrided(static_cast<int>(opc), a, as.v, b, bs.v, out, shape.rank, shape.v);
+  return info.Env().Undefined();
+}
+
+// whereStrided(cond: Uint8Array, condStrides, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
+Napi::Value WhereStrided(const Napi::CallbackInfo& info) {
+  const char* op = "whereStrided";
+  Dims shape = dims(info, 7, op, "shape");
+  Dims cs = dims(info, 1, op, "condStrides", shape.rank), as = dims(info, 3, op, "aStrides", shape.rank),
+       bs = dims(info, 5, op, "bStrides", shape.rank);
+  Dims os = contiguousStrides(shape);
+  const uint8_t* c = array<uint8_t>(info, 0, spanOfStrided(shape, cs), op, "cond");
+  const float* a = array<float>(info, 2, spanOfStrided(shape, as), op, "a");
+  const float* b = array<float>(info, 4, spanOfStrided(shape, bs), op, "b");
+  float* out = array<float>(info, 6, numelOf(shape), op, "out");
+  if (numelOf(shape) == 0) return info.Env().Undefined();
+  Dims* ops[4] = {&cs, &as, &bs, &os};
+  coalesce(shape, ops, 4);
+  gK->whereStrided(c, cs.v, a, as.v, b, bs.v, out, shape.rank, shape.v);
   return info.Env().Undefined();
 }
 
@@ -347,6 +497,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("bf16ToF32", Napi::Function::New(env, Convert<uint16_t, float, &KernelTable::bf16ToF32>, "bf16ToF32"));
   exports.Set("f16ToF32", Napi::Function::New(env, Convert<uint16_t, float, &KernelTable::f16ToF32>, "f16ToF32"));
   exports.Set("f32ToF16", Napi::Function::New(env, Convert<float, uint16_t, &KernelTable::f32ToF16>, "f32ToF16"));
+  exports.Set("copyStrided", Napi::Function::New(env, CopyStrided, "copyStrided"));
+  exports.Set("binaryStrided", Napi::Function::New(env, BinaryStrided, "binaryStrided"));
+  exports.Set("whereStrided", Napi::Function::New(env, WhereStrided, "whereStrided"));
   exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
   exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
   return exports;

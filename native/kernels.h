@@ -6,11 +6,12 @@
 namespace kiln {
 
 struct MatmulArgs {
-  const float* a;       // [batch][M,K] f32
+  const float* a;       // [batch][M,K] f32, or [batch][K,M] when aTransposed
   const void* b;        // bTransposed ? [N,K] : [K,N]; f32 or bf16 (uint16)
   float* out;           // [batch][M,N]
   int64_t M, N, K;
   bool bTransposed;
+  bool aTransposed;     // out = A^T @ B with A stored [K,M] row-major
   int bDtype;           // 0 f32, 1 bf16
   int64_t batch, strideA, strideB, strideOut;  // elements per batch item (0 = broadcast)
 };
@@ -50,6 +51,14 @@ struct KernelTable {
   void (*bf16ToF32)(const uint16_t* src, float* dst, int64_t n);
   void (*f16ToF32)(const uint16_t* src, float* dst, int64_t n);
   void (*f32ToF16)(const float* src, uint16_t* dst, int64_t n);
+  // Strided kernels: shapes coalesced by addon.cc (rank 1..8, no size-1 dims), strides in
+  // elements >= 0; the stride arrays may be permuted in place. out of binary/where is contiguous.
+  void (*copyStrided)(const void* src, void* dst, int rank, int64_t* shape, int64_t* srcStrides,
+                      int64_t* dstStrides, int elemBytes);
+  void (*binaryStrided)(int op, const float* a, int64_t* aStrides, const float* b, int64_t* bStrides,
+                        float* out, int rank, const int64_t* shape);
+  void (*whereStrided)(const uint8_t* cond, int64_t* condStrides, const float* a, int64_t* aStrides,
+                       const float* b, int64_t* bStrides, float* out, int rank, const int64_t* shape);
   double (*memoryReadBandwidth)(const float* buf, int64_t n, int iterations, int threads);
   double (*fmaPeak)(int64_t iterations);
 };

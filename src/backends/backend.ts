@@ -49,7 +49,8 @@ export type KernelCall =
   // sorts each row; values and int32 indices out. Stable; descending puts the largest first.
   | { op: "sort"; x: BufferView; values: BufferView; indices: BufferView; rows: number; n: number; descending: boolean }
   | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number }
-  // out[b] = a[b] @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K], b [batch, K, N] or [batch, N, K]; contiguous rows
+  // out[b] = (aTransposed ? a[b]^T : a[b]) @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K] or [batch, K, M],
+  // b [batch, K, N] or [batch, N, K]; contiguous rows
   | {
       op: "matmul";
       a: BufferView;
@@ -60,6 +61,8 @@ export type KernelCall =
       n: number;
       k: number;
       bTransposed: boolean;
+      /** a is stored [K, M] (e.g. dW = g^T @ x without materialising g^T); default false. */
+      aTransposed?: boolean;
       strideA: number;
       strideB: number;
       strideOut: number;

@@ -2,11 +2,8 @@
 // Each entry receives the root program and adds one subcommand, e.g.
 //   (program) => program.command("train").argument("<recipe>").action(async (recipe) => { ... })
 import type { Command } from "commander";
+import { registerTrainCommands } from "./train-commands.js";
 
 export type CommandRegistrar = (program: Command) => void;
 
-export const extraCommands: CommandRegistrar[] = [
-  // registerTrainCommand,      (src/train/...)
-  // registerInitModelCommand,  (src/models/...)
-  // registerConvertCommand,    (src/models/...)
-];
+export const extraCommands: CommandRegistrar[] = [registerTrainCommands];

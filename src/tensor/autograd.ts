@@ -122,14 +122,22 @@ export function sumToShape(g: Tensor, shape: Shape): Tensor {
   return out;
 }
 
-/** Adds g into t.grad (a fresh contiguous tensor of t's dtype the first time; in place afterwards). */
-function accumulateGrad(t: Tensor, g: Tensor): void {
+/**
+ * Adds g into t.grad (a fresh contiguous tensor of t's dtype the first time; in place afterwards).
+ * `exclusive`: g is held by nothing else, so it may become t.grad without a copy; returns true if it did.
+ */
+function accumulateGrad(t: Tensor, g: Tensor, exclusive: boolean): boolean {
   const dtype = isFloating(t.dtype) ? t.dtype : "float32";
   if (t.grad === null) {
+    if (exclusive && g.dtype === dtype && g.isContiguous && g.storage.refCount === 1 && g.shape.length === t.shape.length) {
+      t.grad = g;
+      return true;
+    }
     t.grad = g.dtype === dtype ? g.clone() : g.to(dtype);
-    return;
+    return false;
   }
   t.grad.add_(g);
+  return false;
 }
 
 function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOptions): void {
@@ -161,7 +169,14 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
       if (!g) continue;
       pending.delete(t);
       const node = t.gradFn as AutogradNode | null;
-      if (node === null || t.retainsGrad) accumulateGrad(t, g);
+      if (node === null || t.retainsGrad) {
+        // a leaf's gradient nobody else holds becomes its .grad as is (saves a copy per parameter)
+        const exclusive = node === null && g !== grad && refs.get(g) === 1;
+        if (accumulateGrad(t, g, exclusive)) {
+          refs.delete(g);
+          continue;
+        }
+      }
       if (node !== null) {
         const grads = node.backward(g);
         node.inputs.forEach((input, j) => {

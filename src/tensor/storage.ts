@@ -15,6 +15,10 @@ export class Storage {
   get isFreed(): boolean {
     return this.freed;
   }
+  /** Tensors (views included) holding this storage; autograd takes a gradient without copying when it is 1. */
+  get refCount(): number {
+    return this.refs;
+  }
 
   retain(): void {
     this.refs++;

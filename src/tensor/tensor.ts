@@ -95,8 +95,9 @@ export class Tensor {
 
   /** Frees this tensor's hold on its storage now (the storage is freed when no view holds it). */
   dispose(): void {
-    // A tensor in an autograd graph may still be needed by backward(): it is left to the GC safety net.
-    if (this.disposed || this.requiresGrad) return;
+    // Safe inside autograd graphs: nodes keep their own detached views of every value backward needs
+    // (tensor/autograd.ts), so disposing an activation frees it as soon as backward has run.
+    if (this.disposed) return;
     this.disposed = true;
     storageFinalizer.unregister(this);
     this.storage.release();

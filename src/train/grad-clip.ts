@@ -20,7 +20,8 @@ export function clipGradNorm(params: readonly Tensor[], maxNorm: number, normTyp
     let acc = 0;
     for (const g of grads) {
       const d = g.dataSync() as Float32Array;
-      for (let i = 0; i < d.length; i++) acc += Math.pow(Math.abs(d[i]!), normType);
+      if (normType === 2) for (let i = 0; i < d.length; i++) acc += d[i]! * d[i]!;
+      else for (let i = 0; i < d.length; i++) acc += Math.pow(Math.abs(d[i]!), normType);
     }
     total = Math.pow(acc, 1 / normType);
   }

@@ -60,6 +60,8 @@ export interface TrainingConfig {
   /** "brown", "nlp-corpus", or a path to a text file or directory. */
   dataset: string;
   mixed_precision_param: "bfloat16" | "float32";
+  /** Share of documents rewritten as ChatML turns (user: the opening, assistant: the continuation). */
+  chat_format_fraction: number;
 }
 
 export interface CheckpointConfig {
@@ -173,6 +175,7 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     gradient_accumulation_steps: int(1, 1),
     dataset: str("brown"),
     mixed_precision_param: oneOf(["bfloat16", "float32"], "float32"),
+    chat_format_fraction: float(0, 0),
     seed: int(null, 0, true), // TorchTitan keeps the seed here; moved to job.seed
   },
   checkpoint: {

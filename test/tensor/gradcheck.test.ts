@@ -351,6 +351,16 @@ describe("autograd engine", () => {
     assert.equal(b.grad!.dtype, "bfloat16");
     assert.deepEqual(b.grad!.toList(), [2, 4]);
   });
+  test("disposing activations before backward is safe: nodes hold what backward needs", () => {
+    const a = k.tensor([0.5, -1, 2], { requiresGrad: true });
+    const e = a.exp();
+    const s = e.mul(e);
+    const loss = s.sum();
+    e.dispose();
+    s.dispose();
+    loss.backward(); // d/da sum(e^{2a}) = 2 e^{2a}
+    a.grad!.toList().forEach((g, i) => assert.ok(Math.abs(g - 2 * Math.exp(2 * [0.5, -1, 2][i]!)) < 1e-3));
+  });
   test("embedding backward scatter-adds a 4096 x 256 table quickly", () => {
     const w = k.zeros([4096, 256], { requiresGrad: true });
     const ids = k.tensor(Int32Array.from({ length: 512 }, (_, i) => (i * 37) % 4096));

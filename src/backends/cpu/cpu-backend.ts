@@ -3,9 +3,11 @@
 import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, UnaryOp } from "../backend.js";
 import { BackendUnavailableError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
+import { DTYPE_BYTES } from "../dtype.js";
 import { hostOf, isContiguous, numel } from "../reference/host-memory.js";
 import { HostAllocator } from "../reference/reference-backend.js";
 import { runReference } from "../reference/reference-kernels.js";
+import { binaryStrided, copyStrided, fillStrided, gatherRows, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type NativeKernels } from "./native.js";
 
 const UNARY_CODES: Partial<Record<UnaryOp, number>> = {
@@ -35,6 +37,22 @@ function f32Span(v: BufferView, length: number): Float32Array | null {
 function u16Span(v: BufferView, length: number): Uint16Array | null {
   if (v.dtype !== "bfloat16") return null;
   return new Uint16Array(hostOf(v.buffer), v.offset * 2, length);
+}
+
+/** Shape or strides for the native strided kernels, or null when a stride is negative / rank > 8. */
+function dims(xs: readonly number[]): Int32Array | null {
+  if (xs.length > 8) return null;
+  for (const x of xs) if (x < 0 || x > 0x7fffffff) return null;
+  return Int32Array.from(xs);
+}
+/** The buffer's bytes from the view's offset on (the native strided kernels bounds-check each view). */
+function bytesFrom(v: BufferView, elemBytes: number): Uint8Array {
+  return new Uint8Array(hostOf(v.buffer), v.offset * elemBytes);
+}
+function f32From(v: BufferView): Float32Array | null {
+  if (v.dtype !== "float32") return null;
+  const host = hostOf(v.buffer);
+  return new Float32Array(host, v.offset * 4, Math.max(0, (host.byteLength >>> 2) - v.offset));
 }
 
 /**
@@ -93,7 +111,7 @@ export class CpuBackend implements Backend {
   }
 
   run(call: KernelCall): void {
-    if (!this.runNative(call)) runReference(call);
+    if (!this.runNative(call) && !runHostFast(call)) runReference(call);
   }
 
   /** Runs the call natively when the dtypes and layouts have a native kernel; returns false otherwise. */
@@ -110,12 +128,36 @@ export class CpuBackend implements Backend {
       }
       case "binary": {
         const code = BINARY_CODES[call.fn];
-        const a = f32(call.a);
         const out = f32(call.out);
-        if (code === undefined || !a || !out) return false;
-        const b = broadcastRow(call.b);
-        if (!b || out.length % b.bn !== 0) return false;
-        k.binary(code, a, b.data, out, out.length, b.bn);
+        if (code === undefined || !out) return false;
+        const a = f32(call.a);
+        const b = a ? broadcastRow(call.b) : null;
+        if (a && b && out.length % b.bn === 0) {
+          k.binary(code, a, b.data, out, out.length, b.bn);
+          return true;
+        }
+        // general broadcasting / strided operands (scalar - x, column broadcasts, transposed inputs)
+        const shape = dims(call.out.shape);
+        const as = dims(call.a.strides);
+        const bs = dims(call.b.strides);
+        const af = f32From(call.a);
+        const bf = f32From(call.b);
+        if (!shape || !as || !bs || !af || !bf) return false;
+        k.binaryStrided(code, af, as, bf, bs, out, shape);
+        return true;
+      }
+      case "where": {
+        const out = f32(call.out);
+        const cd = call.cond.dtype;
+        if (!out || (cd !== "bool" && cd !== "uint8")) return false;
+        const shape = dims(call.out.shape);
+        const cs = dims(call.cond.strides);
+        const as = dims(call.a.strides);
+        const bs = dims(call.b.strides);
+        const af = f32From(call.a);
+        const bf = f32From(call.b);
+        if (!shape || !cs || !as || !bs || !af || !bf) return false;
+        k.whereStrided(bytesFrom(call.cond, 1), cs, af, as, bf, bs, out, shape);
         return true;
       }
       case "copy": {
@@ -138,7 +180,16 @@ export class CpuBackend implements Backend {
           else k.f16ToF32(xh, of, n);
           return true;
         }
-        return false;
+        // same dtype, any layout: a strided byte copy (transposes, expand materialisation, slices)
+        const eb = DTYPE_BYTES[call.x.dtype];
+        if (call.x.dtype !== call.out.dtype || (eb !== 1 && eb !== 2 && eb !== 4 && eb !== 8)) return false;
+        const shape = dims(call.out.shape);
+        const xs = dims(call.x.strides);
+        const os = dims(call.out.strides);
+        if (!shape || !xs || !os) return false;
+        for (let d = 0; d < shape.length; d++) if (os[d] === 0 && shape[d]! > 1) return false; // overlapping dst
+        k.copyStrided(bytesFrom(call.x, eb), bytesFrom(call.out, eb), shape, xs, os, eb);
+        return true;
       }
       case "reduce": {
         const x = f32(call.x);
@@ -172,12 +223,13 @@ export class CpuBackend implements Backend {
       }
       case "matmul": {
         const { batch, m, n, k: kk, strideA, strideB, strideOut, bTransposed } = call;
+        const aTransposed = call.aTransposed ?? false;
         const a = f32Span(call.a, (batch - 1) * strideA + m * kk);
         const out = f32Span(call.out, (batch - 1) * strideOut + m * n);
         const bLen = (batch - 1) * strideB + n * kk;
         const b = call.b.dtype === "bfloat16" ? u16Span(call.b, bLen) : f32Span(call.b, bLen);
         if (!a || !out || !b) return false;
-        k.matmul(a, b, out, m, n, kk, bTransposed, call.b.dtype === "bfloat16" ? 1 : 0, batch, strideA, strideB, strideOut);
+        k.matmul(a, b, out, m, n, kk, bTransposed, call.b.dtype === "bfloat16" ? 1 : 0, batch, strideA, strideB, strideOut, aTransposed);
         return true;
       }
       case "gather_rows": {
@@ -232,6 +284,28 @@ export class CpuBackend implements Backend {
       default:
         return false;
     }
+  }
+}
+
+/** Strided TS loops for direct dtypes: faster than the float64 reference, used where no native kernel fits. */
+function runHostFast(call: KernelCall): boolean {
+  switch (call.op) {
+    case "copy":
+      return copyStrided(call.x, call.out);
+    case "unary":
+      return unaryStrided(call.fn, call.x, call.out);
+    case "binary":
+      return binaryStrided(call.fn, call.a, call.b, call.out);
+    case "where":
+      return whereStrided(call.cond, call.a, call.b, call.out);
+    case "fill":
+      return fillStrided(call.out, call.value);
+    case "gather":
+      return gatherRows(call.x, call.index, call.out, call.rows, call.n, call.m);
+    case "scatter":
+      return scatterRows(call.out, call.index, call.src, call.rows, call.n, call.m, call.accumulate);
+    default:
+      return false;
   }
 }
 

@@ -35,17 +35,38 @@ export interface NativeKernels {
   setNumThreads(n: number): void;
   getNumThreads(): number;
   /**
-   * out[b] = a[b] @ B[b]. a: [M,K] row-major f32. bTransposed: B is [N,K] (nn.Linear weight,
+   * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
+   * linear weight gradient g^T @ x with no transposed copy). bTransposed: B is [N,K] (nn.Linear weight,
    * out = a @ B^T), else [K,N]. bDtype 0 = f32, 1 = bf16. Strides in elements per batch item (0 = broadcast).
    */
   matmul(
     a: Float32Array, b: Float32Array | Uint16Array, out: Float32Array, M: number, N: number, K: number,
     bTransposed: boolean, bDtype: 0 | 1, batch: number, strideA: number, strideB: number, strideOut: number,
+    aTransposed?: boolean,
   ): void;
   /** See {@link UnaryOp} for op codes. */
   unary(op: number, x: Float32Array, out: Float32Array, n: number): void;
   /** out[i] = a[i] op b[i % bn]; bn divides n. See {@link BinaryOp}. */
   binary(op: number, a: Float32Array, b: Float32Array, out: Float32Array, n: number, bn: number): void;
+  /**
+   * dst[i] = src[i] over a strided [shape] window, as a byte copy of `elemBytes`-wide elements (any dtype).
+   * Arrays are positioned at each view's offset; strides are in elements, >= 0 (0 on src = broadcast,
+   * never 0 on dst); rank <= 8. Transposes, row copies and broadcasts have fast paths.
+   */
+  copyStrided(
+    src: ArrayBufferView, dst: ArrayBufferView, shape: Int32Array, srcStrides: Int32Array, dstStrides: Int32Array,
+    elemBytes: 1 | 2 | 4 | 8,
+  ): void;
+  /** out = a op b over [shape], out contiguous, a/b read through element strides >= 0 (0 = broadcast). See {@link BinaryOp}. */
+  binaryStrided(
+    op: number, a: Float32Array, aStrides: Int32Array, b: Float32Array, bStrides: Int32Array, out: Float32Array,
+    shape: Int32Array,
+  ): void;
+  /** out = cond ? a : b over [shape] (cond bytes nonzero = true), out contiguous, strided inputs as binaryStrided. */
+  whereStrided(
+    cond: Uint8Array, condStrides: Int32Array, a: Float32Array, aStrides: Int32Array, b: Float32Array,
+    bStrides: Int32Array, out: Float32Array, shape: Int32Array,
+  ): void;
   /** out = silu(gate) * up */
   siluMul(gate: Float32Array, up: Float32Array, out: Float32Array, n: number): void;
   /** out = x * rsqrt(mean(x^2) + eps) * weight, per row of n. */

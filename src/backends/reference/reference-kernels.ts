@@ -291,6 +291,7 @@ export function runReference(call: KernelCall): void {
     }
     case "matmul": {
       const { batch, m, n, k, bTransposed, strideA, strideB, strideOut } = call;
+      const aTransposed = call.aTransposed ?? false;
       const aGet = getter(call.a.buffer, call.a.dtype);
       const bGet = getter(call.b.buffer, call.b.dtype);
       const oSet = setter(call.out.buffer, call.out.dtype);
@@ -301,7 +302,7 @@ export function runReference(call: KernelCall): void {
         for (let i = 0; i < m; i++) {
           for (let j = 0; j < n; j++) {
             let s = 0;
-            for (let p = 0; p < k; p++) s += aGet(aBase + i * k + p) * bGet(bBase + (bTransposed ? j * k + p : p * n + j));
+            for (let p = 0; p < k; p++) s += aGet(aBase + (aTransposed ? p * m + i : i * k + p)) * bGet(bBase + (bTransposed ? j * k + p : p * n + j));
             oSet(oBase + i * n + j, s);
           }
         }

@@ -113,12 +113,31 @@ function unaryRule(saves: "inputs" | "output", dfn: (v: Tensor) => Tensor): Back
   };
 }
 
+/**
+ * g * f(v) in one host pass when g and v have the same shape (the common case: far fewer passes than
+ * the op chain on host back ends); otherwise the op-composed `fallback` rule.
+ */
+function fusedRule(saves: "inputs" | "output", f: (v: number) => number, fallback: BackwardRule): BackwardRule {
+  return {
+    saves,
+    grad: (g, c) => {
+      const v = saves === "inputs" ? c.inputs[0]! : c.output!;
+      if (g.ndim !== v.ndim || g.shape.some((s, i) => s !== v.shape[i])) return fallback.grad(g, c);
+      const gs = g.dataSync() as Float32Array;
+      const vs = v.dataSync() as Float32Array;
+      const out = new Float32Array(gs.length);
+      for (let i = 0; i < out.length; i++) out[i] = gs[i]! * f(vs[i]!);
+      return [tensor(out, { shape: g.shape, device: g.device })];
+    },
+  };
+}
+
 /** 1 - v^2 and v * (1 - v) style helpers that dispose their temporaries. */
 function oneMinus(v: Tensor): Tensor {
   return ew.sub(1, v);
 }
 
-const unary: RuleTable = {
+const composed: RuleTable = {
   neg: { saves: "none", grad: (g) => [ew.neg(g)] },
   exp: unaryRule("output", (y) => y.clone()),
   log: unaryRule("inputs", (x) => ew.reciprocal(x)),
@@ -169,6 +188,17 @@ const unary: RuleTable = {
   ceil: { saves: "none", grad: () => [null] },
   round: { saves: "none", grad: () => [null] },
   sign: { saves: "none", grad: () => [null] },
+};
+
+const sigmoidOf = (x: number) => 1 / (1 + Math.exp(-x));
+const unary: RuleTable = {
+  ...composed,
+  tanh: fusedRule("output", (y) => 1 - y * y, composed.tanh!),
+  sigmoid: fusedRule("output", (y) => y * (1 - y), composed.sigmoid!),
+  silu: fusedRule("inputs", (x) => {
+    const s = sigmoidOf(x);
+    return s * (1 + x * (1 - s));
+  }, composed.silu!),
 };
 
 /** where(cond, a, b): inputs are [null, a, b] and attrs.cond the (bool) condition. */

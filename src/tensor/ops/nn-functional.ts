@@ -8,7 +8,7 @@ import { contiguous } from "./shape.js";
 import { matmul } from "./linalg.js";
 import { softmax, logSoftmax, mean } from "./reduce.js";
 import { gather } from "./indexing.js";
-import { mul, silu, where } from "./elementwise.js";
+import { add, mul, silu } from "./elementwise.js";
 
 function f32Contiguous(t: Tensor): Tensor {
   return contiguous(t.dtype === "float32" ? t : t.to("float32"));
@@ -87,12 +87,14 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number)
   const kt = kr.transpose(-2, -1);
   const raw = matmul(q, kt);
   const scores = raw.mul(s);
-  // causal mask: query i (aligned to the end of the keys) sees keys j <= i + (Sk - S)
-  const maskData = new Uint8Array(S * Sk);
-  for (let i = 0; i < S; i++) for (let j = 0; j < Sk; j++) maskData[i * Sk + j] = j > i + (Sk - S) ? 1 : 0;
-  const mask = empty([S, Sk], { dtype: "bool", device: q.device });
-  q.device.backend.write(mask.storage.buffer, 0, maskData);
-  const masked = where(mask, -Infinity, scores);
+  // causal mask as an additive bias (a native row-broadcast add; its backward passes the gradient through):
+  // query i (aligned to the end of the keys) sees keys j <= i + (Sk - S). -1e30 is finite (debug mode stays
+  // quiet) and still gives exactly zero probability after the max-subtracted exp.
+  const biasData = new Float32Array(S * Sk);
+  for (let i = 0; i < S; i++) for (let j = i + (Sk - S) + 1; j < Sk; j++) biasData[i * Sk + j] = -1e30;
+  const mask = empty([S, Sk], { dtype: "float32", device: q.device });
+  q.device.backend.write(mask.storage.buffer, 0, new Uint8Array(biasData.buffer));
+  const masked = add(scores, mask);
   const probs = softmax(masked, -1);
   const out = matmul(probs, vr);
   for (const t of [kt, raw, scores, mask, masked, probs]) t.dispose();

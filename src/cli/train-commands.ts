@@ -1,0 +1,116 @@
+// `kiln train`, `kiln init-model` and `kiln convert`: the training and model-file commands.
+import * as fs from "node:fs";
+import * as os from "node:os";
+import { getBackend } from "../backends/registry.js";
+import type { Command } from "commander";
+import cliProgress from "cli-progress";
+import { loadTrainConfig } from "../train/train-config.js";
+import { runRecipe } from "../train/recipe.js";
+import { exportGguf, initModel, PRESETS } from "../models/init-model.js";
+import { SUPPORTED_ARCHITECTURES, type Architecture } from "../models/hf-config.js";
+import { CliUsageError } from "./serve-args.js";
+import { DEFAULT_MODEL_DIR } from "./engine-factory.js";
+
+/** This machine's FMA peak over all native threads (for MFU), or 117 GFLOP/s per core when no native probe. */
+function measurePeakFlops(): number {
+  try {
+    const cpu = getBackend("cpu") as unknown as { native?: { fmaPeak(iterations: number): number; getNumThreads(): number } };
+    if (cpu.native) return cpu.native.fmaPeak(2e7) * 1e9 * cpu.native.getNumThreads();
+  } catch {
+    // no native back end: fall through
+  }
+  return 117e9 * os.cpus().length;
+}
+
+/** key=value overrides, e.g. --set training.steps=20 */
+function parseOverrides(pairs: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const p of pairs) {
+    const eq = p.indexOf("=");
+    if (eq <= 0) throw new CliUsageError(`--set expects section.key=value, got ${JSON.stringify(p)}`);
+    out[p.slice(0, eq)] = p.slice(eq + 1);
+  }
+  return out;
+}
+
+export function registerTrainCommands(program: Command): void {
+  program
+    .command("train")
+    .description("train a model from a TorchTitan-style TOML recipe and export a Hugging Face directory")
+    .requiredOption("--config <file>", "recipe TOML file (sections job, model, optimizer, lr_scheduler, training, checkpoint, metrics, validation)")
+    .option("--set <key=value...>", "override recipe values, e.g. --set training.steps=20", [])
+    .option("--no-resume", "start from scratch even if checkpoints exist")
+    .action(async (opts: { config: string; set: string[]; resume: boolean }) => {
+      const cfg = loadTrainConfig(opts.config, parseOverrides(opts.set));
+      const tty = process.stderr.isTTY;
+      const bar = tty ? new cliProgress.SingleBar({ format: "train [{bar}] {value}/{total} steps | loss {loss} | {tps} tok/s | ETA {eta_formatted}", stream: process.stderr }, cliProgress.Presets.shades_classic) : null;
+      let started = false;
+      const result = await runRecipe(cfg, {
+        resume: opts.resume,
+        peakFlops: measurePeakFlops(),
+        log: (line) => (bar && started ? bar.updateETA() : undefined, tty && started ? process.stderr.write(`\r\x1b[2K${line}\n`) : console.log(line)),
+        onStep: (m, total) => {
+          if (!bar) return;
+          if (!started) {
+            bar.start(total, m.step - 1, { loss: "-", tps: "-" });
+            started = true;
+          }
+          bar.update(m.step, { loss: m.loss.toFixed(3), tps: m.tokensPerSecond.toFixed(0) });
+        },
+      });
+      bar?.stop();
+      console.log(
+        JSON.stringify({
+          export_dir: result.exportDir,
+          params: result.numParams,
+          final_loss: result.finalLoss,
+          val_loss: result.valLoss,
+          val_perplexity: result.valPerplexity,
+          tokens_per_second: Math.round(result.tokensPerSecond),
+          mfu: Number(result.mfu.toFixed(4)),
+          seconds: Math.round(result.seconds),
+        }),
+      );
+    });
+
+  program
+    .command("init-model")
+    .description("write a random-initialised Hugging Face model directory (for tests and benchmarks)")
+    .requiredOption("--out <dir>", "output directory")
+    .option("--arch <architecture>", `one of ${SUPPORTED_ARCHITECTURES.join(", ")}`, "LlamaForCausalLM")
+    .option("--preset <name>", `shape preset: ${Object.keys(PRESETS).join(", ")}`, "tiny")
+    .option("--dtype <dtype>", "float32 or bfloat16", "float32")
+    .option("--tokenizer <dir>", "directory with tokenizer.json + tokenizer_config.json (default: the built-in model's)")
+    .option("--seed <n>", "weight seed", "0")
+    .option("--set <key=value...>", "override config.json fields, e.g. --set num_hidden_layers=4", [])
+    .action((opts: { out: string; arch: string; preset: string; dtype: string; tokenizer?: string; seed: string; set: string[] }) => {
+      if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(opts.arch)) throw new CliUsageError(`--arch must be one of ${SUPPORTED_ARCHITECTURES.join(", ")}`);
+      if (opts.dtype !== "float32" && opts.dtype !== "bfloat16") throw new CliUsageError("--dtype must be float32 or bfloat16");
+      const tokenizerDir = opts.tokenizer ?? DEFAULT_MODEL_DIR;
+      if (!fs.existsSync(`${tokenizerDir}/tokenizer.json`)) throw new CliUsageError(`no tokenizer.json in ${tokenizerDir}; pass --tokenizer DIR`);
+      const overrides: Record<string, unknown> = {};
+      for (const [k, v] of Object.entries(parseOverrides(opts.set))) overrides[k] = Number.isFinite(Number(v)) ? Number(v) : v === "true" ? true : v === "false" ? false : v;
+      const config = initModel(opts.out, {
+        architecture: opts.arch as Architecture,
+        preset: opts.preset,
+        dtype: opts.dtype,
+        tokenizerDir,
+        seed: Number(opts.seed),
+        overrides,
+      });
+      console.log(`wrote ${opts.out} (${opts.arch}, hidden ${config.hidden_size}, ${config.num_hidden_layers} layers, vocab ${config.vocab_size})`);
+    });
+
+  program
+    .command("convert")
+    .description("convert a Hugging Face model directory to GGUF (for llama.cpp)")
+    .argument("<model-dir>", "Hugging Face model directory")
+    .requiredOption("--out <file.gguf>", "output GGUF file")
+    .option("--outtype <type>", "F32, F16 or Q8_0", "F32")
+    .action((dir: string, opts: { out: string; outtype: string }) => {
+      const t = opts.outtype.toUpperCase();
+      if (t !== "F32" && t !== "F16" && t !== "Q8_0") throw new CliUsageError("--outtype must be F32, F16 or Q8_0");
+      exportGguf(dir, opts.out, t);
+      console.log(`wrote ${opts.out}`);
+    });
+}

@@ -1,0 +1,271 @@
+// `kiln train --config FILE.toml`: the TorchTitan-style recipe. Loads text, trains (or loads) a byte-level BPE
+// tokenizer, packs the corpus, builds a Llama-architecture model, trains it with AdamW + warmup/decay, logs
+// loss / grad norm / tokens/s / MFU, validates, checkpoints and resumes, draws the loss curve, and exports a
+// Hugging Face model directory that `kiln serve` loads.
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { CausalLM } from "../models/causal-lm.js";
+import { parseHfConfig } from "../models/hf-config.js";
+import { writeSafetensors, type SafetensorsWriteTensor } from "../models/formats/safetensors.js";
+import { f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
+import { defaultDevice, manualSeed, noGrad, ones, randn, type Tensor } from "../tensor/index.js";
+import { ByteLevelBpe, makeTokenizerConfig, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
+import { loadCorpus } from "./corpus.js";
+import { buildDatasets, DataLoader } from "./data-loader.js";
+import { renderLossCurveSvg } from "./loss-curve.js";
+import { AdamW, SGD, type Optimizer } from "./optim.js";
+import { LrSchedule } from "./lr-schedule.js";
+import { train, type StepMetrics } from "./trainer.js";
+import type { TrainConfig } from "./train-config.js";
+
+export interface RecipeHooks {
+  log?: (line: string) => void;
+  /** Called after each step (progress bars). */
+  onStep?: (m: StepMetrics & { mfu: number; valLoss?: number }, totalSteps: number) => void;
+  /** Resume from the newest checkpoint under the checkpoint folder. */
+  resume?: boolean;
+  /** Peak FLOP/s of this machine (for MFU); measured by the caller, default 117 GFLOP/s per core. */
+  peakFlops?: number;
+}
+
+export interface RecipeResult {
+  exportDir: string;
+  finalLoss: number;
+  valLoss: number | null;
+  valPerplexity: number | null;
+  numParams: number;
+  tokensPerSecond: number;
+  mfu: number;
+  seconds: number;
+}
+
+const SPECIAL_CHAT_TEMPLATE =
+  "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/** "brown", "nlp-corpus", a path, or several joined with "+". */
+function loadDataset(dataset: string): string[] {
+  return dataset.split("+").flatMap((part) =>
+    part === "brown" ? loadCorpus({ source: "brown", granularity: "paragraph" }) : part === "nlp-corpus" ? loadCorpus({ source: part }) : loadCorpus({ source: "files", paths: [part] }),
+  );
+}
+
+/**
+ * Rewrites a deterministic share of documents as one ChatML exchange, so the model learns the chat format:
+ * the user turn asks to continue the opening sentence(s), the assistant turn is the continuation.
+ */
+export function chatFormat(docs: string[], fraction: number, seed: number): string[] {
+  if (fraction <= 0) return docs;
+  let state = seed >>> 0 || 1;
+  const rand = () => ((state = (Math.imul(state, 1664525) + 1013904223) >>> 0) / 4294967296);
+  const prompts = ["Continue the text:", "Please continue:", "Write what comes next:", "Go on:"];
+  return docs.map((doc) => {
+    if (rand() >= fraction) return doc;
+    const sentences = doc.match(/[^.!?]+[.!?]+["')]*\s*/g);
+    if (!sentences || sentences.length < 2) return doc;
+    const cut = Math.max(1, Math.min(sentences.length - 1, 1 + Math.floor(rand() * 2)));
+    const opening = sentences.slice(0, cut).join("").trim();
+    const rest = sentences.slice(cut, cut + 4).join("").trim();
+    const ask = prompts[Math.floor(rand() * prompts.length)]!;
+    return `<|im_start|>user\n${ask} ${opening}<|im_end|>\n<|im_start|>assistant\n${rest}<|im_end|>\n`;
+  });
+}
+
+/** HF config.json for the recipe's Llama model. */
+export function recipeHfConfig(cfg: TrainConfig, vocabSize: number, eosId: number): Record<string, unknown> {
+  const m = cfg.model;
+  return {
+    architectures: ["LlamaForCausalLM"],
+    model_type: "llama",
+    hidden_size: m.dim,
+    intermediate_size: m.ffn_dim,
+    num_hidden_layers: m.n_layers,
+    num_attention_heads: m.n_heads,
+    num_key_value_heads: m.n_kv_heads,
+    vocab_size: vocabSize,
+    max_position_embeddings: m.max_seq_len,
+    rms_norm_eps: m.norm_eps,
+    rope_theta: m.rope_theta,
+    tie_word_embeddings: true,
+    hidden_act: "silu",
+    torch_dtype: cfg.checkpoint.export_dtype,
+    eos_token_id: eosId,
+    bos_token_id: null,
+  };
+}
+
+/**
+ * FLOPs per token as TorchTitan counts them: 6 * (non-embedding params) + 12 * layers * heads * head_dim * seq
+ * (the attention score and value matmuls, forward + backward).
+ */
+export function flopsPerToken(model: CausalLM, seqLen: number): number {
+  const c = model.config;
+  const embed = c.vocabSize * c.hiddenSize;
+  const nonEmbedding = model.numParameters() - (c.tieWordEmbeddings ? embed : 2 * embed) + embed; // the tied head still multiplies
+  return 6 * nonEmbedding + 12 * c.numHiddenLayers * c.numAttentionHeads * c.headDim * seqLen;
+}
+
+function initWeights(model: CausalLM, seed: number, layers: number): void {
+  manualSeed(seed);
+  for (const [name, p] of model.namedParameters()) {
+    // GPT-2/Llama-style init: N(0, 0.02); residual output projections scaled by 1/sqrt(2 * layers)
+    const std = /o_proj|down_proj/.test(name) ? 0.02 / Math.sqrt(2 * layers) : 0.02;
+    const t = name.endsWith("norm.weight") ? ones(p.shape) : randn(p.shape, { std });
+    const cast = p.dtype === "float32" ? t : t.to(p.dtype);
+    if (cast !== t) t.dispose();
+    cast.requiresGrad = true;
+    model.setParameter(name, cast);
+  }
+}
+
+function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unknown>, tok: ByteLevelBpe, dtype: string): void {
+  fs.mkdirSync(dir, { recursive: true });
+  const tensors: SafetensorsWriteTensor[] = model.namedParameters().map(([name, p]) => {
+    const f = (p.dtype === "float32" ? p : p.to("float32")).dataSync() as Float32Array;
+    const keep32 = dtype === "float32" || name.endsWith("norm.weight");
+    if (keep32) return { name, dtype: "F32", shape: [...p.shape], data: f };
+    return dtype === "bfloat16" ? { name, dtype: "BF16", shape: [...p.shape], data: f32ToBf16(f) } : { name, dtype: "F16", shape: [...p.shape], data: f32ToF16(f) };
+  });
+  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfig, null, 2) + "\n");
+  writeSafetensors(path.join(dir, "model.safetensors"), tensors, { format: "pt" });
+  saveTokenizer(dir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE, modelMaxLength: Number(hfConfig.max_position_embeddings) });
+  const eos = [tok.tokenToId("<|im_end|>"), tok.tokenToId("<|endoftext|>")].filter((x): x is number => x !== undefined);
+  fs.writeFileSync(
+    path.join(dir, "generation_config.json"),
+    JSON.stringify({ eos_token_id: eos, temperature: 0.8, top_p: 0.95, top_k: 50, repetition_penalty: 1.1, max_new_tokens: 128 }, null, 2) + "\n",
+  );
+}
+
+/** Runs the whole recipe. */
+export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Promise<RecipeResult> {
+  const log = hooks.log ?? ((l: string) => console.log(l));
+  const t0 = performance.now();
+  const dump = cfg.job.dump_folder;
+  fs.mkdirSync(dump, { recursive: true });
+
+  // 1. data and tokenizer
+  const docs = chatFormat(loadDataset(cfg.training.dataset), cfg.training.chat_format_fraction, cfg.job.seed);
+  log(`[data] ${docs.length} documents, ${docs.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
+  let tok: ByteLevelBpe;
+  const tokDir = path.join(dump, "tokenizer");
+  if (cfg.model.tokenizer_path) {
+    const p = fs.statSync(cfg.model.tokenizer_path).isDirectory() ? path.join(cfg.model.tokenizer_path, "tokenizer.json") : cfg.model.tokenizer_path;
+    tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(p, "utf8")));
+  } else if (fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
+    tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(path.join(tokDir, "tokenizer.json"), "utf8")));
+  } else {
+    tok = trainBpeTokenizer(docs, { vocabSize: cfg.model.tokenizer_vocab_size, specialTokens: cfg.model.tokenizer_special_tokens, minFrequency: cfg.model.tokenizer_min_frequency });
+    saveTokenizer(tokDir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE });
+    log(`[tokenizer] trained byte-level BPE, vocab ${tok.vocabSize}`);
+  }
+  const eosId = tok.tokenToId("<|endoftext|>") ?? 0;
+  const data = buildDatasets({
+    docs,
+    tokenizer: tok,
+    eosId,
+    valFraction: cfg.validation.enable ? cfg.validation.fraction : 0,
+    seed: cfg.job.seed,
+    cachePath: path.join(dump, "tokens.bin"),
+    tokenizerKey: JSON.stringify(tok.json.model),
+  });
+  log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens`);
+
+  // 2. model
+  const vocabSize = cfg.model.vocab_size ?? tok.vocabSize;
+  const hfConfig = recipeHfConfig(cfg, vocabSize, tok.tokenToId("<|im_end|>") ?? eosId);
+  const paramDtype = cfg.training.mixed_precision_param;
+  const model = new CausalLM(parseHfConfig(hfConfig), { dtype: paramDtype });
+  initWeights(model, cfg.job.seed, cfg.model.n_layers);
+  model.train();
+  const numParams = model.numParameters();
+  const B = cfg.training.local_batch_size;
+  const S = cfg.training.seq_len;
+  const fpt = flopsPerToken(model, S);
+  const peak = hooks.peakFlops ?? 117e9;
+  log(`[model] llama ${numParams} parameters (dim ${cfg.model.dim}, ${cfg.model.n_layers} layers, vocab ${vocabSize}), ${(fpt / 1e6).toFixed(1)} MFLOP/token; ${defaultDevice().backend.describe()}`);
+
+  // 3. optimizer, schedule, loop
+  const o = cfg.optimizer;
+  const optimizer: Optimizer =
+    o.name === "AdamW"
+      ? new AdamW(model.parameters(), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
+      : new SGD(model.parameters(), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
+  const schedule = new LrSchedule({ lr: o.lr, warmupSteps: cfg.lr_scheduler.warmup_steps, totalSteps: cfg.training.steps, decayType: cfg.lr_scheduler.decay_type, lrMin: cfg.lr_scheduler.lr_min });
+  const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed });
+  const validate = (): number | null => {
+    if (!cfg.validation.enable || data.val.length < S + 1) return null;
+    const vl = new DataLoader(data.val, { batchSize: B, seqLen: S, seed: 0, shuffle: false });
+    const n = Math.min(cfg.validation.steps, vl.batchesPerEpoch);
+    let total = 0;
+    for (let i = 0; i < n; i++) {
+      const b = vl.next();
+      total += noGrad(() => {
+        const l = model.loss(b.inputs, b.targets, B, S);
+        const v = l.item();
+        l.dispose();
+        return v;
+      });
+    }
+    return n > 0 ? total / n : null;
+  };
+  const curve: { step: number; loss?: number; valLoss?: number }[] = [];
+  const curvePath = cfg.metrics.loss_curve ? (path.isAbsolute(cfg.metrics.loss_curve) ? cfg.metrics.loss_curve : path.join(dump, cfg.metrics.loss_curve)) : null;
+  let last: StepMetrics | null = null;
+  let lastVal: number | null = null;
+  let tokSum = 0;
+  let msSum = 0;
+  const trainable = {
+    parameters: () => model.parameters(),
+    namedParameters: () => model.namedParameters(),
+    loss: (inputs: Int32Array, targets: Int32Array): Tensor => model.loss(inputs, targets, B, S),
+  };
+  await train({
+    model: trainable,
+    optimizer,
+    schedule,
+    dataLoader: loader,
+    steps: cfg.training.steps,
+    gradAccumulationSteps: cfg.training.gradient_accumulation_steps,
+    maxNorm: cfg.training.max_norm,
+    checkpoint: cfg.checkpoint.enable
+      ? { dir: path.join(dump, cfg.checkpoint.folder), interval: cfg.checkpoint.interval, keepLatest: cfg.checkpoint.keep_latest_k, resume: hooks.resume ?? true, atEnd: true }
+      : undefined,
+    onStep: (m) => {
+      last = m;
+      tokSum += m.tokens;
+      msSum += m.tokens / Math.max(m.tokensPerSecond, 1e-9) * 1000;
+      const mfu = (m.tokensPerSecond * fpt) / peak;
+      let valLoss: number | undefined;
+      if (cfg.validation.enable && (m.step % cfg.validation.freq === 0 || m.step === cfg.training.steps)) {
+        valLoss = validate() ?? undefined;
+        if (valLoss !== undefined) lastVal = valLoss;
+      }
+      curve.push({ step: m.step, loss: m.loss, ...(valLoss !== undefined ? { valLoss } : {}) });
+      if (m.step % cfg.metrics.log_freq === 0 || valLoss !== undefined) {
+        log(
+          `step ${String(m.step).padStart(5)}  loss ${m.loss.toFixed(4)}  grad_norm ${m.gradNorm.toFixed(3)}  lr ${m.lr.toExponential(2)}  ` +
+            `tok/s ${m.tokensPerSecond.toFixed(0)}  mfu ${(mfu * 100).toFixed(1)}%` + (valLoss !== undefined ? `  val_loss ${valLoss.toFixed(4)} (ppl ${Math.exp(valLoss).toFixed(1)})` : ""),
+        );
+        if (curvePath) fs.writeFileSync(curvePath, renderLossCurveSvg(curve, { title: `${cfg.job.description || "training"}: loss` }));
+      }
+      hooks.onStep?.({ ...m, mfu, valLoss }, cfg.training.steps);
+    },
+  });
+  if (curvePath) fs.writeFileSync(curvePath, renderLossCurveSvg(curve, { title: `${cfg.job.description || "training"}: loss` }));
+  const exportDir = path.join(dump, "hf");
+  model.eval();
+  exportModel(exportDir, model, hfConfig, tok, cfg.checkpoint.export_dtype);
+  const finalLoss = (last as StepMetrics | null)?.loss ?? NaN;
+  const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
+  log(`[export] Hugging Face model directory: ${exportDir}`);
+  return {
+    exportDir,
+    finalLoss,
+    valLoss: lastVal,
+    valPerplexity: lastVal === null ? null : Math.exp(lastVal),
+    numParams,
+    tokensPerSecond: tps,
+    mfu: (tps * fpt) / peak,
+    seconds: (performance.now() - t0) / 1000,
+  };
+}
