@@ -162,9 +162,10 @@ Dims dims(const Napi::CallbackInfo& info, size_t i, const char* op, const char* 
   d.rank = static_cast<int>(a.ElementLength());
   if (d.rank > kMaxRank) fail(info.Env(), op, std::string(arg) + ": rank above 8 is not supported");
   if (rank >= 0 && d.rank != rank) fail(info.Env(), op, std::string(arg) + " must have one entry per dim");
+  const int32_t* p = a.Data();
   for (int k = 0; k < d.rank; ++k) {
-    if (a[k] < 0) fail(info.Env(), op, std::string(arg) + " entries must be >= 0");
-    d.v[k] = a[k];
+    if (p[k] < 0) fail(info.Env(), op, std::string(arg) + " entries must be >= 0");
+    d.v[k] = p[k];
   }
   return d;
 }

@@ -112,7 +112,9 @@ async function sendRequest(args: BenchServeArgs, model: string, req: BenchReques
         const msg = JSON.parse(data) as { choices?: { text?: string }[]; usage?: { completion_tokens: number } | null; error?: { message: string } };
         if (msg.error) throw new Error(msg.error.message);
         const now = performance.now();
-        if (msg.choices && msg.choices.length > 0 && (msg.choices[0]!.text ?? "") !== "") {
+        // Any chunk with a choice carries tokens, even when their text is empty (a partial UTF-8 character, or an
+        // id the tokenizer cannot decode); only the final usage chunk has none. As vLLM's benchmark client.
+        if (msg.choices && msg.choices.length > 0) {
           if (chunks === 0) result.ttft = (now - start) / 1000;
           else result.itl.push((now - last) / 1000);
           chunks++;
@@ -164,7 +166,7 @@ export async function runBenchServe(args: BenchServeArgs, log: (line: string) =>
     else active--;
   };
 
-  if (!args.quiet) log(`Traffic request rate: ${args.requestRate}\nMaximum request concurrency: ${args.maxConcurrency ?? "None"}`);
+  if (!args.quiet) log(`Traffic request rate: ${Number.isFinite(args.requestRate) ? args.requestRate : "inf"}\nMaximum request concurrency: ${args.maxConcurrency ?? "None"}`);
   const start = performance.now();
   const tasks: Promise<RequestResult>[] = [];
   for (const req of requests) {

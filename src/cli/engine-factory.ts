@@ -6,7 +6,9 @@ import type { EngineClient, SamplingParams } from "../engine/types.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
 import { AsyncLLM } from "../engine/async-llm.js";
-import { createServingSetup } from "../engine/serving.js";
+import { createServingSetup, type ServingArgs } from "../engine/serving.js";
+import { WorkerEngine } from "../engine/worker-engine.js";
+import { env } from "../util/env.js";
 import type { DtypeArg } from "../models/loader.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 
@@ -35,11 +37,14 @@ export interface LoadedEngine {
 
 export type EngineFactory = (args: ServeArgs, progress: ProgressFn) => Promise<LoadedEngine>;
 
-/** Loads the model, sizes the paged KV cache, warms the step up and returns the streaming engine. */
+/**
+ * Loads the model, sizes the paged KV cache, warms the step up and returns the streaming engine: a
+ * WorkerEngine (the engine core in a worker thread), or the in-process AsyncLLM with KILN_ENGINE_IN_PROCESS=1.
+ */
 export const createEngineFromArgs: EngineFactory = async (args, progress) => {
   if (args.quantization) throw new Error(`--quantization ${args.quantization} is not supported yet (weights run as ${args.dtype})`);
   progress("loading weights", 0);
-  const setup = await createServingSetup({
+  const servingArgs: ServingArgs = {
     model: args.model,
     dtype: args.dtype as DtypeArg,
     maxModelLen: args.maxModelLen ?? undefined,
@@ -53,22 +58,51 @@ export const createEngineFromArgs: EngineFactory = async (args, progress) => {
     schedulingPolicy: args.schedulingPolicy,
     enforceEager: args.enforceEager,
     onProgress: (stage, f) => progress(stage, f),
-  });
-  const { loaded, runner, engineArgs, kvTokens } = setup;
-  progress(`KV cache: ${engineArgs.numGpuBlocks - 1} blocks of ${engineArgs.blockSize} tokens = ${kvTokens} tokens`, 1);
-  const engine = new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs });
+  };
+  const loaded = env.engineInProcess ? await inProcessEngine(servingArgs) : await workerEngine(servingArgs);
+  progress(`KV cache: ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
   progress("warm-up", 0);
-  for await (const _ of engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" })) void _;
+  const warmup = loaded.engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
+  for await (const _ of warmup) void _;
   progress("warm-up", 1);
   return {
-    engine,
+    engine: loaded.engine,
     tokenizer: loaded.tokenizer,
-    maxModelLen: engineArgs.maxModelLen,
+    maxModelLen: loaded.engine.maxModelLen,
     modelName: args.model,
     generationDefaults: generationDefaults(args.generationConfig, loaded.generationConfig),
-    close: async () => runner.dispose(),
+    close: loaded.close,
   };
 };
+
+interface StartedEngine {
+  engine: EngineClient;
+  tokenizer: TokenizerLike;
+  generationConfig: GenerationConfig | null;
+  numBlocks: number;
+  blockSize: number;
+  kvTokens: number;
+  close(): Promise<void>;
+}
+
+async function workerEngine(servingArgs: ServingArgs): Promise<StartedEngine> {
+  const engine = await WorkerEngine.create(servingArgs);
+  const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens } = engine;
+  return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, close: () => engine.close() };
+}
+
+async function inProcessEngine(servingArgs: ServingArgs): Promise<StartedEngine> {
+  const { loaded, runner, engineArgs, kvTokens } = await createServingSetup(servingArgs);
+  return {
+    engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs }),
+    tokenizer: loaded.tokenizer,
+    generationConfig: loaded.generationConfig,
+    numBlocks: engineArgs.numGpuBlocks,
+    blockSize: engineArgs.blockSize ?? 16,
+    kvTokens,
+    close: async () => runner.dispose(),
+  };
+}
 
 /** vLLM's --generation-config: "auto" applies generation_config.json's sampling defaults, "vllm" ignores them. */
 function generationDefaults(mode: string, gen: GenerationConfig | null): Partial<SamplingParams> | undefined {

@@ -8,7 +8,7 @@ import { fromBytes, tensor, type DeviceLike, type Tensor } from "../tensor/index
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { inspectModelDir } from "./model-dir.js";
-import { resolveModel } from "./hub.js";
+import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
@@ -97,7 +97,7 @@ export async function loadModel(idOrPath: string, options: LoadOptions = {}): Pr
 /** Loads a local directory or .gguf file synchronously (vLLM's `LLM(model=...)` is synchronous too). */
 export function loadLocalModel(p: string, options: LoadOptions = {}): LoadedModel {
   const stat = fs.statSync(p, { throwIfNoEntry: false });
-  if (!stat) throw new ModelLoadError(`model path ${path.resolve(p)} does not exist`);
+  if (!stat) throw new ModelNotFoundError(`model path ${path.resolve(p)} does not exist`, path.resolve(p));
   return stat.isFile() ? loadGguf(p, options) : loadHfDir(p, options);
 }
 
@@ -114,6 +114,8 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   if (!info.configPath) throw new ModelLoadError(`${dir}: no config.json`);
   if (!info.weights) throw new ModelLoadError(`${dir}: no model.safetensors (or shards) found`);
   if (info.weights.format === "gguf") return loadGguf(info.weights.files[0]!, options, dir);
+  // before reading any weights: a model without its tokenizer fails fast
+  if (!info.tokenizerJsonPath) throw new ModelLoadError(`${dir}: no tokenizer.json`);
   const config = parseHfConfig(readJson(info.configPath));
   const dtype = resolveDtype(options.dtype ?? "auto", config);
   const handle = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
@@ -127,7 +129,6 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
       model.setParameter(n, t);
       options.onProgress?.("loading weights", (i + 1) / names.length);
     });
-    if (!info.tokenizerJsonPath) throw new ModelLoadError(`${dir}: no tokenizer.json`);
     const tokenizer = Tokenizer.fromDir(dir);
     return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype };
   } finally {

@@ -73,13 +73,11 @@ export class Module {
   protected onParameterReplaced(_local: string, _value: Tensor): void {}
 
   submodule(path: string): Module {
-    let m: Module = this;
-    for (const part of path.split(".")) {
+    return path.split(".").reduce<Module>((m, part) => {
       const c = m.children.get(part);
       if (!c) throw new StateDictError(`no submodule "${path}"`);
-      m = c;
-    }
-    return m;
+      return c;
+    }, this);
   }
 
   getParameter(name: string): Tensor | null {

@@ -15,6 +15,12 @@ export interface EngineRequest {
 export type InflightSet = Set<string>;
 
 /**
+ * Engine request ids submitted but without a first output yet: the server's own count of waiting requests,
+ * because the engine's stats lag behind a burst of arrivals when the engine runs in a worker thread.
+ */
+export type UnstartedSet = Set<string>;
+
+/**
  * Streams delta outputs for one request. Aborts the engine request when `signal` fires, and also when the
  * consumer stops early or an error escapes, so that KV blocks are freed at once in every case.
  */
@@ -22,6 +28,7 @@ export async function* streamEngineRequest(
   engine: EngineClient,
   metrics: ServerMetrics,
   inflight: InflightSet,
+  unstarted: UnstartedSet,
   req: EngineRequest,
   signal: AbortSignal,
 ): AsyncGenerator<RequestOutput> {
@@ -35,9 +42,11 @@ export async function* streamEngineRequest(
   let queueSeconds: number | null = null;
   const onAbort = (): void => engine.abort(req.requestId);
   inflight.add(req.requestId);
+  unstarted.add(req.requestId);
   signal.addEventListener("abort", onAbort, { once: true });
   try {
     for await (const out of outputs) {
+      unstarted.delete(req.requestId);
       if (signal.aborted) break;
       tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0));
       const m = out.metrics;
@@ -53,6 +62,7 @@ export async function* streamEngineRequest(
   } finally {
     signal.removeEventListener("abort", onAbort);
     inflight.delete(req.requestId);
+    unstarted.delete(req.requestId);
     if (!finished) {
       engine.abort(req.requestId);
       tracker.finish("abort", queueSeconds);

@@ -1,5 +1,6 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
 import { timingSafeEqual } from "node:crypto";
+import type { IncomingMessage } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -49,9 +50,10 @@ declare module "fastify" {
  */
 export function createServer(options: ServerOptions): FastifyInstance {
   if (options.servedModelNames.length === 0) throw new Error("createServer: servedModelNames must not be empty");
+  const bodyLimit = options.bodyLimit ?? DEFAULT_BODY_LIMIT;
   const app = Fastify({
     logger: options.logRequests ? { level: "info" } : false,
-    bodyLimit: options.bodyLimit ?? DEFAULT_BODY_LIMIT,
+    bodyLimit,
     return503OnClosing: true,
   });
   const metrics = new ServerMetrics(options.engine, options.servedModelNames[0]!);
@@ -65,6 +67,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     generationDefaults: options.generationDefaults ?? {},
     chatTemplate: options.chatTemplate,
     inflight: new Set(),
+    unstarted: new Set(),
   };
   app.decorate("kilnAbortAll", () => {
     for (const id of [...ctx.inflight]) options.engine.abort(id);
@@ -74,10 +77,12 @@ export function createServer(options: ServerOptions): FastifyInstance {
   installCors(app, options.allowedOrigins ?? []);
   if (options.apiKey) installAuth(app, options.apiKey);
 
-  app.setErrorHandler((err, request, reply) => {
+  app.setErrorHandler(async (err, request, reply) => {
     const apiErr = toApiError(err);
     if (apiErr.status >= 500) request.log.error({ err }, "request failed");
-    void reply.code(apiErr.status).send(apiErr.toBody());
+    // A body rejected before it was read (413, 415): a client still uploading would get EPIPE, not the error.
+    if (!request.raw.complete) await discardBody(request.raw, 4 * bodyLimit, 10_000);
+    return reply.code(apiErr.status).send(apiErr.toBody());
   });
   app.setNotFoundHandler((request, reply) => {
     const err = new ApiError(404, `Route ${request.method} ${request.url.split("?")[0]} not found`, null, "not_found_error");
@@ -105,6 +110,25 @@ export function createServer(options: ServerOptions): FastifyInstance {
   app.post("/v1/completions", (request: FastifyRequest, reply: FastifyReply) => handleCompletion(ctx, request, reply));
   registerTokenizeRoutes(app, ctx);
   return app;
+}
+
+/** Reads and drops the rest of a request body, up to `maxBytes` or `timeoutMs`, then resolves. */
+function discardBody(raw: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<void> {
+  return new Promise((resolve) => {
+    let seen = 0;
+    const done = (): void => {
+      clearTimeout(timer);
+      raw.off("data", onData).off("end", done).off("error", done).off("close", done);
+      resolve();
+    };
+    const onData = (chunk: Buffer): void => {
+      seen += chunk.length;
+      if (seen > maxBytes) done();
+    };
+    const timer = setTimeout(done, timeoutMs);
+    raw.on("data", onData).once("end", done).once("error", done).once("close", done);
+    raw.resume();
+  });
 }
 
 function installAuth(app: FastifyInstance, apiKey: string): void {

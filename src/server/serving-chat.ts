@@ -69,7 +69,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const n = params.n ?? 1;
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
-  const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight,
+  const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     { requestId: id, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}) },
     controller.signal);
   // echo: repeat the final message's content when the model continues it (vLLM semantics).

@@ -77,7 +77,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const streams = prepared.map((p, i) =>
-    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, {
+    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
       requestId: `${id}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
       priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
     }, controller.signal));

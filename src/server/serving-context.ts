@@ -4,7 +4,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { ApiError, badRequest, toApiError } from "./errors.js";
-import type { InflightSet } from "./engine-stream.js";
+import type { InflightSet, UnstartedSet } from "./engine-stream.js";
 import type { ServerMetrics } from "./metrics.js";
 import type { CommonRequest } from "./protocol.js";
 
@@ -18,6 +18,7 @@ export interface ServingContext {
   generationDefaults: Partial<SamplingParams>;
   chatTemplate: string | undefined;
   inflight: InflightSet;
+  unstarted: UnstartedSet;
 }
 
 export const randomId = (prefix: string): string => `${prefix}-${randomBytes(16).toString("hex")}`;
@@ -32,10 +33,13 @@ export function resolveModel(ctx: ServingContext, model: string | undefined): st
   return model;
 }
 
-/** 503 when the engine's waiting queue is already at --max-waiting-requests. */
+/**
+ * 503 when --max-waiting-requests are already waiting. Call it in the same tick as the engine requests are
+ * streamed, so that concurrent arrivals see each other in `ctx.unstarted`.
+ */
 export function checkQueue(ctx: ServingContext): void {
   if (ctx.maxWaitingRequests === undefined) return;
-  const waiting = ctx.engine.stats().numWaiting;
+  const waiting = Math.max(ctx.engine.stats().numWaiting, ctx.unstarted.size); // the engine's count may lag
   if (waiting >= ctx.maxWaitingRequests) {
     throw new ApiError(503, `The server is overloaded: ${waiting} requests are waiting (max ${ctx.maxWaitingRequests}). Retry later.`,
       null, "service_unavailable_error", "queue_full");

@@ -9,7 +9,7 @@ import { parseHfConfig } from "../models/hf-config.js";
 import { writeSafetensors, type SafetensorsWriteTensor } from "../models/formats/safetensors.js";
 import { f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
 import { defaultDevice, manualSeed, noGrad, ones, randn, type Tensor } from "../tensor/index.js";
-import { ByteLevelBpe, makeTokenizerConfig, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
+import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
 import { loadCorpus } from "./corpus.js";
 import { buildDatasets, DataLoader } from "./data-loader.js";
 import { renderLossCurveSvg } from "./loss-curve.js";

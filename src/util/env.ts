@@ -35,6 +35,10 @@ export const env = {
   get logRecompiles(): boolean {
     return str("KILN_LOG_RECOMPILES") === "1";
   },
+  /** `kiln serve` runs the engine on the server's thread (AsyncLLM) instead of a worker (WorkerEngine). */
+  get engineInProcess(): boolean {
+    return str("KILN_ENGINE_IN_PROCESS") === "1";
+  },
   get apiKey(): string | undefined {
     return str("KILN_API_KEY");
   },

@@ -54,7 +54,11 @@ test("last-position logits match llama.cpp on the same weights", { skip: hasLlam
           if (p < 1e-7) continue; // log of a denormal-ish probability is not a logit comparison
           maxDiff = Math.max(maxDiff, Math.abs(Math.log(p) - ours[tok]!));
         }
-        for (const x of ours) if (Number.isFinite(x)) ((lo = Math.min(lo, x)), (hi = Math.max(hi, x)));
+        for (const x of ours) {
+          if (!Number.isFinite(x)) continue;
+          lo = Math.min(lo, x);
+          hi = Math.max(hi, x);
+        }
         const scale = hi - lo;
         t.diagnostic(`${arch}: max |logprob diff| = ${maxDiff.toExponential(2)} (logit range ${scale.toFixed(1)})`);
         assert.ok(maxDiff < 1e-3 * scale, `${arch}: max diff ${maxDiff} exceeds ${1e-3 * scale}`);

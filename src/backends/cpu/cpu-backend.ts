@@ -7,7 +7,7 @@ import { DTYPE_BYTES } from "../dtype.js";
 import { hostOf, isContiguous, numel } from "../reference/host-memory.js";
 import { HostAllocator } from "../reference/reference-backend.js";
 import { runReference } from "../reference/reference-kernels.js";
-import { binaryStrided, copyStrided, fillStrided, gatherRows, scatterRows, unaryStrided, whereStrided } from "./strided.js";
+import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type NativeKernels } from "./native.js";
 
 const UNARY_CODES: Partial<Record<UnaryOp, number>> = {
@@ -38,6 +38,9 @@ function u16Span(v: BufferView, length: number): Uint16Array | null {
   if (v.dtype !== "bfloat16") return null;
   return new Uint16Array(hostOf(v.buffer), v.offset * 2, length);
 }
+
+/** Below this many elements the TS strided loops beat a native call's fixed cost (~1-2 us). */
+const NATIVE_STRIDED_MIN = 512;
 
 /** Shape or strides for the native strided kernels, or null when a stride is negative / rank > 8. */
 function dims(xs: readonly number[]): Int32Array | null {
@@ -137,6 +140,7 @@ export class CpuBackend implements Backend {
           return true;
         }
         // general broadcasting / strided operands (scalar - x, column broadcasts, transposed inputs)
+        if (out.length < NATIVE_STRIDED_MIN) return false;
         const shape = dims(call.out.shape);
         const as = dims(call.a.strides);
         const bs = dims(call.b.strides);
@@ -149,7 +153,7 @@ export class CpuBackend implements Backend {
       case "where": {
         const out = f32(call.out);
         const cd = call.cond.dtype;
-        if (!out || (cd !== "bool" && cd !== "uint8")) return false;
+        if (!out || (cd !== "bool" && cd !== "uint8") || out.length < NATIVE_STRIDED_MIN) return false;
         const shape = dims(call.out.shape);
         const cs = dims(call.cond.strides);
         const as = dims(call.a.strides);
@@ -183,6 +187,7 @@ export class CpuBackend implements Backend {
         // same dtype, any layout: a strided byte copy (transposes, expand materialisation, slices)
         const eb = DTYPE_BYTES[call.x.dtype];
         if (call.x.dtype !== call.out.dtype || (eb !== 1 && eb !== 2 && eb !== 4 && eb !== 8)) return false;
+        if (n < NATIVE_STRIDED_MIN && isDirect(call.x.dtype)) return false; // tiny: the TS loop is cheaper
         const shape = dims(call.out.shape);
         const xs = dims(call.x.strides);
         const os = dims(call.out.strides);

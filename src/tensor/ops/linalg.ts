@@ -19,6 +19,14 @@ function batchedMatmul(op: string, a: Tensor, b: Tensor, bTransposed: boolean): 
   const batch = broadcastShapes(op, batchA, batchB);
   const nb = numel(batch);
   const out = empty([...batch, M, N], { dtype: "float32", device: dev });
+  if (a.ndim === 2 && b.ndim === 2 && a.dtype === "float32" && !a.isContiguous && a.strides[0] === 1 && a.strides[1] === M) {
+    // a is the transpose of a dense [K, M] matrix (x.T @ y, as in a weight gradient): no transposed copy
+    const cb2 = contiguous(b.dtype === "float32" || b.dtype === "bfloat16" ? b : b.to("float32"));
+    const av = { ...a.view_(op), shape: [K, M], strides: [M, 1] };
+    runKernel(op, dev, { op: "matmul", a: av, b: cb2.view_(op), out: out.view_(op), batch: 1, m: M, n: N, k: K, bTransposed, aTransposed: true, strideA: 0, strideB: 0, strideOut: 0 }, [out]);
+    if (cb2 !== b) cb2.dispose();
+    return out;
+  }
   const ca = contiguous(a.dtype === "float32" ? a : a.to("float32"));
   // weights may stay bf16 (native bf16 GEMM); anything else is widened
   const cb = contiguous(b.dtype === "float32" || b.dtype === "bfloat16" ? b : b.to("float32"));

@@ -1,0 +1,176 @@
+// Engine throughput bench: a SmolLM-135M-shaped random model (30 layers, hidden 576, vocab 49152) served by
+// the in-process LLM with 1, 8 and 32 concurrent requests of ~128 random prompt tokens and 64 output tokens
+// each (ignore_eos). Reports output tokens/s (generated tokens / wall time, prefill included, as vLLM's
+// `bench throughput`) and the 32-vs-1 ratio: how much continuous batching buys. `--engines llm,worker` also
+// runs each concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it).
+// The model and tokenizer are written once under <tmpdir>/kiln-bench-models and reused.
+// Usage: npm run bench:engine [-- --dtype float32|bfloat16] [--engines llm,worker] [--concurrency 1,8,32]
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
+import { LLM } from "../src/engine/llm-engine.js";
+import type { ServingArgs } from "../src/engine/serving.js";
+import type { SamplingParams } from "../src/engine/types.js";
+import { WorkerEngine } from "../src/engine/worker-engine.js";
+import { initModel } from "../src/models/init-model.js";
+import { loadCorpus } from "../src/train/corpus.js";
+import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
+
+const PROMPT_LEN = 128;
+const OUTPUT_LEN = 64;
+const TOKENIZER_VOCAB = 4096; // the tokenizer's; the model keeps the preset's 49152 (LM head cost as SmolLM's)
+
+function option(name: string): string | undefined {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? process.argv[i + 1] : undefined;
+}
+
+/** Writes (once) the BPE tokenizer and the random model; returns the model directory. */
+function benchModelDir(dtype: "float32" | "bfloat16"): string {
+  const root = path.join(os.tmpdir(), "kiln-bench-models");
+  const tokDir = path.join(root, `brown-bpe-${TOKENIZER_VOCAB}`);
+  if (!fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
+    process.stdout.write(`training a ${TOKENIZER_VOCAB}-token BPE tokenizer on Brown... `);
+    const docs = loadCorpus({ source: "brown", maxDocs: 200 });
+    saveTokenizer(
+      tokDir,
+      trainBpeTokenizer(docs, { vocabSize: TOKENIZER_VOCAB, specialTokens: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] }),
+    );
+    console.log("done");
+  }
+  const dir = path.join(root, `smollm-135m-random-${dtype}`);
+  if (!fs.existsSync(path.join(dir, "model.safetensors"))) {
+    process.stdout.write(`writing a random SmolLM-135M-shaped model (${dtype}) to ${dir}... `);
+    initModel(dir, { architecture: "LlamaForCausalLM", preset: "smollm-135m", tokenizerDir: tokDir, seed: 1, dtype });
+    console.log("done");
+  }
+  return dir;
+}
+
+/** Deterministic random prompts of PROMPT_LEN ± 8 token ids drawn from the tokenizer's range. */
+function randomPrompts(n: number, seed: number): number[][] {
+  let s = seed >>> 0;
+  const next = (): number => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return s / 2 ** 32;
+  };
+  return Array.from({ length: n }, () =>
+    Array.from({ length: PROMPT_LEN - 8 + Math.floor(next() * 17) }, () => 3 + Math.floor(next() * (TOKENIZER_VOCAB - 3))),
+  );
+}
+
+interface Row {
+  engine: string;
+  concurrency: number;
+  seconds: number;
+  promptTokens: number;
+  outputTokens: number;
+}
+
+const PARAMS: Partial<SamplingParams> = { temperature: 0, maxTokens: OUTPUT_LEN, ignoreEos: true };
+
+function runInProcess(llm: LLM, prompts: number[][]): Row {
+  const t0 = performance.now();
+  const outs = llm.generate(
+    prompts.map((promptTokenIds) => ({ promptTokenIds })),
+    PARAMS,
+  );
+  const seconds = (performance.now() - t0) / 1000;
+  const outputTokens = outs.reduce((a, o) => a + o.outputs[0]!.tokenIds.length, 0);
+  return {
+    engine: "LLM (in-process)",
+    concurrency: prompts.length,
+    seconds,
+    promptTokens: prompts.reduce((a, p) => a + p.length, 0),
+    outputTokens,
+  };
+}
+
+async function runWorker(engine: WorkerEngine, prompts: number[][], tag: string): Promise<Row> {
+  const t0 = performance.now();
+  const counts = await Promise.all(
+    prompts.map(async (promptTokenIds, i) => {
+      let n = 0;
+      for await (const out of engine.generate({ promptTokenIds }, PARAMS, { requestId: `${tag}-${i}`, delta: true }))
+        n += out.outputs[0]!.tokenIds.length;
+      return n;
+    }),
+  );
+  const seconds = (performance.now() - t0) / 1000;
+  const outputTokens = counts.reduce((a, b) => a + b, 0);
+  return {
+    engine: "WorkerEngine",
+    concurrency: prompts.length,
+    seconds,
+    promptTokens: prompts.reduce((a, p) => a + p.length, 0),
+    outputTokens,
+  };
+}
+
+async function main(): Promise<void> {
+  const dtype = (option("--dtype") ?? "bfloat16") as "float32" | "bfloat16";
+  const concurrencies = (option("--concurrency") ?? "1,8,32").split(",").map(Number);
+  const engines = (option("--engines") ?? "llm").split(",");
+  const model = benchModelDir(dtype);
+  // f32 KV cache: 30 layers x 3 KV heads x 64 dims x (K, V) x 4 B = 45 KiB per token; room for every request
+  // at once, so that no run is limited by preemption.
+  const maxConc = Math.max(...concurrencies);
+  const args: ServingArgs = { model, maxModelLen: 256, maxNumSeqs: maxConc, kvCacheMemory: (maxConc + 2) * 14 * 16 * 46080 };
+  const native = tryLoadNativeKernels();
+  const backend = native === null ? "cpu (TS reference: native addon not built)" : `cpu native (${native.isa})`;
+  console.log(
+    `${backend}; ${os.cpus().length} cores; model ${path.basename(model)}; prompts ~${PROMPT_LEN} tokens, ${OUTPUT_LEN} output tokens each, greedy, ignore_eos`,
+  );
+
+  const rows: Row[] = [];
+  if (engines.includes("llm")) {
+    const llm = new LLM(args);
+    runInProcess(llm, randomPrompts(2, 99)); // warm-up (first-touch of weights, compile caches)
+    for (const c of concurrencies) rows.push(runInProcess(llm, randomPrompts(c, c)));
+  }
+  if (engines.includes("worker")) {
+    const engine = await WorkerEngine.create(args);
+    try {
+      await runWorker(engine, randomPrompts(2, 99), "warm");
+      for (const c of concurrencies) rows.push(await runWorker(engine, randomPrompts(c, c), `c${c}`));
+    } finally {
+      await engine.close();
+    }
+  }
+
+  console.log(
+    [
+      "engine".padEnd(18),
+      "conc",
+      "wall s".padStart(8),
+      "prompt tok".padStart(10),
+      "out tok".padStart(8),
+      "out tok/s".padStart(10),
+      "total tok/s".padStart(11),
+    ].join(" "),
+  );
+  for (const r of rows) {
+    console.log(
+      [
+        r.engine.padEnd(18),
+        String(r.concurrency).padStart(4),
+        r.seconds.toFixed(2).padStart(8),
+        String(r.promptTokens).padStart(10),
+        String(r.outputTokens).padStart(8),
+        (r.outputTokens / r.seconds).toFixed(1).padStart(10),
+        ((r.promptTokens + r.outputTokens) / r.seconds).toFixed(1).padStart(11),
+      ].join(" "),
+    );
+  }
+  for (const engine of new Set(rows.map((r) => r.engine))) {
+    const one = rows.find((r) => r.engine === engine && r.concurrency === 1);
+    const max = rows.filter((r) => r.engine === engine).at(-1)!;
+    if (one !== undefined && max !== one)
+      console.log(
+        `${engine}: output tok/s at ${max.concurrency} concurrent vs 1 = ${(max.outputTokens / max.seconds / (one.outputTokens / one.seconds)).toFixed(2)}x`,
+      );
+  }
+}
+
+await main();

@@ -1,0 +1,316 @@
+// In-order stream (see stream.h). Protocol:
+//  - the JS thread pushes jobs under `mu_` and notifies only when the stream thread is asleep;
+//  - the stream thread pops, runs, counts `completed_`; when the queue drains it wakes blocking
+//    waiters (`drained_`) and, if a Promise is waiting, pings the JS thread through an unref'd
+//    threadsafe function (ref'd only while a Promise is pending, so an idle stream never keeps the
+//    event loop alive);
+//  - after draining it spins briefly (a host dispatching back-to-back small kernels refills the queue
+//    within microseconds; waking a sleeping thread costs far more), then sleeps on a condition variable.
+//  - an env cleanup hook (Worker exit, main-thread teardown) drops queued jobs, lets the running one
+//    finish and joins the thread before the environment's ArrayBuffers go away.
+#include "stream.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+constexpr int kSpinMicros = 50;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+class Stream {
+ public:
+  explicit Stream(std::function<void()> onDrained) : onDrained_(std::move(onDrained)), thread_([this] { loop(); }) {}
+
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      quit_ = true;
+      queue_.clear();
+    }
+    cv_.notify_all();
+    drained_.notify_all();
+    thread_.join();
+  }
+
+  uint64_t submit(Job&& job) {
+    bool wake;
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(job));
+      seq = submitted_.fetch_add(1, std::memory_order_release) + 1;
+      wake = sleeping_;
+    }
+    if (wake) cv_.notify_one();
+    return seq;
+  }
+
+  void sync() {
+    std::unique_lock<std::mutex> lk(mu_);
+    drained_.wait(lk, [&] { return quit_ || completed_.load() == submitted_.load(); });
+  }
+
+  uint64_t submitted() const { return submitted_.load(std::memory_order_acquire); }
+  uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+
+  /** Moves the first recorded kernel error into *out; false when there is none. */
+  bool takeError(std::string* out) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty()) return false;
+    *out = std::move(error_);
+    error_.clear();
+    return true;
+  }
+  bool hasError() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return !error_.empty();
+  }
+
+  /** Registers a Promise waiter for everything submitted so far; false (no waiter) when already drained. */
+  bool addAsyncWaiter(uint64_t* target) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (completed_.load() == submitted_.load()) return false;
+    *target = submitted_.load();
+    ++asyncWaiters_;
+    return true;
+  }
+  void removeAsyncWaiters(int n) {
+    std::lock_guard<std::mutex> lk(mu_);
+    asyncWaiters_ -= n;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (queue_.empty() && !quit_) {
+          lk.unlock();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; submitted_.load(std::memory_order_acquire) == completed_.load(std::memory_order_relaxed); ++i) {
+            cpuRelax();
+            if ((i & 63) == 63 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros)) break;
+          }
+          lk.lock();
+        }
+        while (queue_.empty() && !quit_) {
+          sleeping_ = true;
+          cv_.wait(lk);
+          sleeping_ = false;
+        }
+        if (quit_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        job.run();
+      } catch (const std::exception& e) {
+        record(job.op, e.what());
+      } catch (...) {
+        record(job.op, "unknown native error");
+      }
+      job.run = nullptr;  // release captures before signalling completion
+      bool notify;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        const uint64_t done = completed_.fetch_add(1, std::memory_order_release) + 1;
+        const bool empty = done == submitted_.load();
+        if (empty) drained_.notify_all();
+        notify = empty && asyncWaiters_ > 0;
+      }
+      if (notify) onDrained_();
+    }
+  }
+
+  void record(const char* op, const std::string& msg) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty()) error_ = "[" + std::string(op) + "] " + msg + " (on the cpu stream)";
+  }
+
+  std::function<void()> onDrained_;
+  std::mutex mu_;
+  std::condition_variable cv_;       // stream thread sleeps here
+  std::condition_variable drained_;  // blocking sync() waits here
+  std::deque<Job> queue_;
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<uint64_t> completed_{0};
+  bool sleeping_ = false;
+  bool quit_ = false;
+  int asyncWaiters_ = 0;
+  std::string error_;
+  std::thread thread_;  // last: starts after every other member is constructed
+};
+
+// ---------------------------------------------------------------- per-environment state
+struct Waiter {
+  napi_deferred deferred;
+  uint64_t target;
+};
+
+struct EnvStream {
+  napi_env env = nullptr;
+  napi_threadsafe_function tsfn = nullptr;
+  bool tsfnRefd = false;
+  std::vector<Waiter> waiters;  // JS thread only
+  Stream* stream = nullptr;
+};
+
+EnvStream* lookup(napi_env env) {
+  void* data = nullptr;
+  if (napi_get_instance_data(env, &data) != napi_ok) return nullptr;
+  return static_cast<EnvStream*>(data);
+}
+
+napi_value errorValue(napi_env env, const std::string& msg) {
+  return Napi::Error::New(env, msg).Value();
+}
+
+// JS thread: settles every Promise whose target has completed (rejecting them with a recorded error).
+void settle(EnvStream* es) {
+  if (es->waiters.empty()) return;
+  const uint64_t done = es->stream->completed();
+  std::string err;
+  bool failed = false;
+  int settled = 0;
+  std::vector<Waiter> keep;
+  for (const Waiter& w : es->waiters) {
+    if (w.target > done) {
+      keep.push_back(w);
+      continue;
+    }
+    if (settled == 0) failed = es->stream->takeError(&err);
+    ++settled;
+    if (failed) napi_reject_deferred(es->env, w.deferred, errorValue(es->env, err));
+    else {
+      napi_value undef;
+      napi_get_undefined(es->env, &undef);
+      napi_resolve_deferred(es->env, w.deferred, undef);
+    }
+  }
+  es->waiters.swap(keep);
+  if (settled) es->stream->removeAsyncWaiters(settled);
+  if (es->waiters.empty() && es->tsfnRefd) {
+    napi_unref_threadsafe_function(es->env, es->tsfn);
+    es->tsfnRefd = false;
+  }
+}
+
+void callJs(napi_env env, napi_value /*cb*/, void* context, void* /*data*/) {
+  if (env == nullptr) return;  // environment tearing down
+  Napi::HandleScope scope(env);
+  settle(static_cast<EnvStream*>(context));
+}
+
+void cleanup(void* arg) {
+  auto* es = static_cast<EnvStream*>(arg);
+  delete es->stream;  // joins: no kernel touches this environment's memory afterwards
+  es->stream = nullptr;
+  napi_set_instance_data(es->env, nullptr, nullptr, nullptr);
+  // the threadsafe function is finalized by Node's own cleanup of this environment
+  delete es;
+}
+
+// Created on first use; the tsfn exists before the cleanup hook is added so that hook runs first (LIFO).
+EnvStream* ensure(napi_env env) {
+  if (EnvStream* es = lookup(env)) return es;
+  auto* es = new EnvStream();
+  es->env = env;
+  napi_value name;
+  napi_create_string_utf8(env, "kiln.cpuStream", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_threadsafe_function(env, nullptr, nullptr, name, 0, 1, nullptr, nullptr, es, callJs, &es->tsfn) !=
+      napi_ok) {
+    delete es;
+    throw Napi::Error::New(env, "[stream] could not create the completion callback");
+  }
+  napi_unref_threadsafe_function(env, es->tsfn);
+  napi_threadsafe_function tsfn = es->tsfn;
+  es->stream = new Stream([tsfn] { napi_call_threadsafe_function(tsfn, nullptr, napi_tsfn_nonblocking); });
+  napi_add_env_cleanup_hook(env, cleanup, es);
+  napi_set_instance_data(env, es, nullptr, nullptr);
+  return es;
+}
+
+void throwIfFailed(Napi::Env env, EnvStream* es) {
+  std::string err;
+  if (es->stream->takeError(&err)) throw Napi::Error::New(env, err);
+}
+
+Napi::Value StreamSync(const Napi::CallbackInfo& info) {
+  EnvStream* es = lookup(info.Env());
+  if (!es) return info.Env().Undefined();
+  es->stream->sync();
+  throwIfFailed(info.Env(), es);
+  settle(es);
+  return info.Env().Undefined();
+}
+
+Napi::Value StreamSyncAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  napi_deferred deferred;
+  napi_value promise;
+  napi_create_promise(env, &promise, &deferred);
+  EnvStream* es = lookup(env);
+  uint64_t target = 0;
+  if (!es || !es->stream->addAsyncWaiter(&target)) {  // already drained: settle now
+    std::string err;
+    if (es && es->stream->takeError(&err)) napi_reject_deferred(env, deferred, errorValue(env, err));
+    else napi_resolve_deferred(env, deferred, env.Undefined());
+    return Napi::Value(env, promise);
+  }
+  es->waiters.push_back({deferred, target});
+  if (!es->tsfnRefd) {  // keep the loop alive only while someone awaits
+    napi_ref_threadsafe_function(env, es->tsfn);
+    es->tsfnRefd = true;
+  }
+  return Napi::Value(env, promise);
+}
+
+Napi::Value StreamPending(const Napi::CallbackInfo& info) {
+  EnvStream* es = lookup(info.Env());
+  const double n = es ? static_cast<double>(es->stream->submitted() - es->stream->completed()) : 0.0;
+  return Napi::Number::New(info.Env(), n);
+}
+
+Napi::Value StreamCompleted(const Napi::CallbackInfo& info) {
+  EnvStream* es = lookup(info.Env());
+  return Napi::Number::New(info.Env(), es ? static_cast<double>(es->stream->completed()) : 0.0);
+}
+
+}  // namespace
+
+void streamDrainForSyncCall(Napi::Env env) {
+  EnvStream* es = lookup(env);
+  if (!es) return;
+  if (es->stream->submitted() != es->stream->completed()) es->stream->sync();
+  throwIfFailed(env, es);
+}
+
+Napi::Value streamSubmit(Napi::Env env, Job job) {
+  EnvStream* es = ensure(env);
+  if (!job.run) return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));
+  return Napi::Number::New(env, static_cast<double>(es->stream->submit(std::move(job))));
+}
+
+void addStreamExports(Napi::Env env, Napi::Object exports) {
+  exports.Set("streamSync", Napi::Function::New(env, StreamSync, "streamSync"));
+  exports.Set("streamSyncAsync", Napi::Function::New(env, StreamSyncAsync, "streamSyncAsync"));
+  exports.Set("streamPending", Napi::Function::New(env, StreamPending, "streamPending"));
+  exports.Set("streamCompleted", Napi::Function::New(env, StreamCompleted, "streamCompleted"));
+}
+
+}  // namespace kiln

@@ -1,0 +1,31 @@
+// The cpu device's in-order stream: one dedicated native thread per JS environment (main thread or
+// worker_threads Worker) popping kernel jobs from a FIFO. Arguments are validated on the JS thread when a
+// job is made (so errors still throw at dispatch, naming the op); the stream thread only runs kernels,
+// acting as the thread pool's caller. The JS side keeps every typed array of a pending job alive.
+#pragma once
+#include <napi.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace kiln {
+
+/** A validated kernel launch: raw pointers and sizes captured by value. An empty `run` is a no-op. */
+struct Job {
+  const char* op = "";
+  std::function<void()> run;
+};
+
+/**
+ * Drains the environment's stream (if it has one) before a synchronous kernel runs, so direct native
+ * calls keep stream order; rethrows a recorded stream error as a JS exception.
+ */
+void streamDrainForSyncCall(Napi::Env env);
+
+/** Enqueues the job on the environment's stream (created on first use); returns its sequence number. */
+Napi::Value streamSubmit(Napi::Env env, Job job);
+
+/** Adds streamSync, streamSyncAsync, streamPending and streamCompleted to the exports. */
+void addStreamExports(Napi::Env env, Napi::Object exports);
+
+}  // namespace kiln

@@ -1,0 +1,179 @@
+// The engine worker thread (spawned by WorkerEngine): loads the model, then runs the EngineCore step loop
+// (schedule -> execute -> sample -> update, detokenization included) off the caller's thread. One "update"
+// message per step carries every request's new tokens and text plus a stats snapshot. Idle, it waits for
+// messages without spinning: steps are chained with setImmediate only while requests are unfinished, and
+// messages (adds, aborts) are handled between steps.
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { parentPort, workerData, type MessagePort } from "node:worker_threads";
+import { EngineCore, resolveEngineArgs } from "./engine-core.js";
+import { createServingSetup } from "./serving.js";
+import {
+  toWireError,
+  type FromWorker,
+  type TokenizerSource,
+  type ToWorker,
+  type WireError,
+  type WireOutput,
+  type WorkerServingArgs,
+} from "./engine-worker-protocol.js";
+import type { RequestOutput } from "./types.js";
+
+/** What was already sent of one request, to turn EngineCore's cumulative outputs into deltas. */
+interface Sent {
+  seq: number;
+  requestId: string;
+  tokens: number[]; // per sample index
+  chars: number[];
+  promptLogprobs: number;
+  promptSent: boolean;
+}
+
+const port: MessagePort = (() => {
+  if (parentPort === null) throw new Error("[engine-worker] must run in a worker thread (spawned by WorkerEngine)");
+  return parentPort;
+})();
+const post = (m: FromWorker): void => port.postMessage(m);
+
+function tokenizerSource(loadedPath: string, model: string): TokenizerSource {
+  if (fs.statSync(loadedPath).isDirectory()) return { kind: "dir", dir: loadedPath };
+  // A GGUF file inside a model directory takes that directory's tokenizer.json, as the loader does.
+  const dir = fs.statSync(model, { throwIfNoEntry: false })?.isDirectory() ? model : null;
+  if (dir !== null && path.resolve(path.dirname(loadedPath)) === path.resolve(dir) && fs.existsSync(path.join(dir, "tokenizer.json")))
+    return { kind: "dir", dir };
+  return { kind: "gguf", file: loadedPath };
+}
+
+function toWire(out: RequestOutput, sent: Sent): WireOutput {
+  const w: WireOutput = {
+    seq: sent.seq,
+    finished: out.finished,
+    numCachedTokens: out.numCachedTokens,
+    metrics: out.metrics,
+    promptLogprobs: null,
+    outputs: out.outputs.map((o) => {
+      const t = sent.tokens[o.index] ?? 0;
+      const c = sent.chars[o.index] ?? 0;
+      sent.tokens[o.index] = o.tokenIds.length;
+      sent.chars[o.index] = o.text.length;
+      return {
+        index: o.index,
+        text: o.text.slice(c),
+        tokenIds: o.tokenIds.slice(t),
+        logprobs: o.logprobs === null ? null : o.logprobs.slice(t),
+        cumulativeLogprob: o.cumulativeLogprob,
+        finishReason: o.finishReason,
+        stopReason: o.stopReason,
+      };
+    }),
+  };
+  if (!sent.promptSent) {
+    w.promptTokenIds = out.promptTokenIds;
+    sent.promptSent = true;
+  }
+  if (out.promptLogprobs !== null) {
+    w.promptLogprobs = out.promptLogprobs.slice(sent.promptLogprobs);
+    sent.promptLogprobs = out.promptLogprobs.length;
+  }
+  return w;
+}
+
+async function main(): Promise<void> {
+  const args = workerData as WorkerServingArgs;
+  const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) });
+  const { loaded, runner, engineArgs, kvTokens } = setup;
+  const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer });
+  const resolved = resolveEngineArgs(engineArgs);
+
+  const sentBySeq = new Map<number, Sent>();
+  const seqOfRequest = new Map<string, number>(); // live engine request id -> seq
+  let pendingOutputs: WireOutput[] = [];
+  let pendingErrors: { seq: number; error: WireError }[] = [];
+  let pendingSyncs: number[] = [];
+  let scheduled = false;
+
+  const wire = (outs: RequestOutput[]): void => {
+    for (const out of outs) {
+      const seq = seqOfRequest.get(out.requestId);
+      const sent = seq === undefined ? undefined : sentBySeq.get(seq);
+      if (sent === undefined) continue;
+      pendingOutputs.push(toWire(out, sent));
+      if (out.finished) {
+        sentBySeq.delete(sent.seq);
+        seqOfRequest.delete(out.requestId);
+      }
+    }
+  };
+
+  const tick = (): void => {
+    scheduled = false;
+    try {
+      if (core.hasUnfinishedRequests()) wire(core.step());
+    } catch (err) {
+      // A failed step leaves the engine state untrustworthy: fail every stream (as AsyncLLM does) and stop.
+      post({ type: "fatal", error: toWireError(err) });
+      port.close();
+      return;
+    }
+    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, stats: core.stats() });
+    pendingOutputs = [];
+    pendingErrors = [];
+    pendingSyncs = [];
+    if (core.hasUnfinishedRequests()) kick();
+  };
+  const kick = (): void => {
+    if (scheduled) return;
+    scheduled = true;
+    setImmediate(tick);
+  };
+
+  port.on("message", (m: ToWorker) => {
+    switch (m.type) {
+      case "add": {
+        try {
+          core.addRequest({
+            requestId: m.requestId,
+            promptTokenIds: m.promptTokenIds,
+            params: m.params,
+            priority: m.priority,
+            cacheSalt: m.cacheSalt,
+            arrivalTime: m.arrivalTime,
+          });
+          seqOfRequest.set(m.requestId, m.seq);
+          sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false });
+        } catch (err) {
+          pendingErrors.push({ seq: m.seq, error: toWireError(err) });
+        }
+        break;
+      }
+      case "abort": {
+        const sent = sentBySeq.get(m.seq);
+        if (sent === undefined) break; // it finished (or was rejected) before the abort arrived
+        wire(core.abortRequest([sent.requestId])); // its blocks are freed now
+        break;
+      }
+      case "sync":
+        pendingSyncs.push(m.id);
+        break;
+    }
+    kick();
+  });
+
+  post({
+    type: "ready",
+    maxModelLen: engineArgs.maxModelLen,
+    kvTokens,
+    numBlocks: resolved.numGpuBlocks,
+    blockSize: resolved.blockSize,
+    vocabSize: runner.vocabSize,
+    maxLogprobs: resolved.maxLogprobs,
+    tokenizer: tokenizerSource(loaded.path, args.model),
+    generationConfig: loaded.generationConfig,
+    stats: core.stats(),
+  });
+}
+
+main().catch((err: unknown) => {
+  post({ type: "fatal", error: toWireError(err) });
+  port.close();
+});

@@ -1,0 +1,103 @@
+// Messages between WorkerEngine (the caller's thread) and engine-worker-main (the worker thread running
+// EngineCore). Everything here is structured-clone data: no functions, no class instances except Error-free
+// plain objects and Maps (TokenLogprobs).
+import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
+import type { GenerationConfig } from "../models/tokenizer.js";
+import type { ServingArgs } from "./serving.js";
+import { EngineInputError, EngineRequestIdError } from "./errors.js";
+
+/** workerData: the serving arguments without the progress callback (functions cannot cross threads). */
+export type WorkerServingArgs = Omit<ServingArgs, "onProgress">;
+
+/** Main -> worker. `seq` is the caller-side stream id, unique per generate() call (request ids can be reused). */
+export type ToWorker =
+  | {
+      type: "add";
+      seq: number;
+      requestId: string;
+      promptTokenIds: number[];
+      params: SamplingParams; // already normalized on the caller's thread, logitsProcessors empty
+      priority: number;
+      cacheSalt: string | null;
+      arrivalTime: number;
+    }
+  | { type: "abort"; seq: number }
+  | { type: "sync"; id: number };
+
+/** An error as it crosses the thread boundary; rebuilt into the same class on the caller's side. */
+export interface WireError {
+  name: string;
+  message: string;
+  stack?: string;
+  param?: string; // EngineInputError
+  requestId?: string; // EngineRequestIdError
+}
+
+/** One sample's new tokens and text since the last update of its request. */
+export interface WireCompletionDelta {
+  index: number;
+  text: string;
+  tokenIds: number[];
+  logprobs: TokenLogprobs[] | null;
+  cumulativeLogprob: number | null;
+  finishReason: FinishReason;
+  stopReason: string | number | null;
+}
+
+/** One request's progress in one step: deltas only, so a step's message stays O(batch), not O(batch x length). */
+export interface WireOutput {
+  seq: number;
+  finished: boolean;
+  numCachedTokens: number;
+  metrics?: RequestMetrics;
+  /** Sent with the first update only (the prompt after truncate_prompt_tokens). */
+  promptTokenIds?: number[];
+  /** New prompt logprobs since the last update (null when the request did not ask for them). */
+  promptLogprobs: (TokenLogprobs | null)[] | null;
+  outputs: WireCompletionDelta[];
+}
+
+/** Where the caller's thread loads its own tokenizer from (the worker loads the model). */
+export type TokenizerSource = { kind: "dir"; dir: string } | { kind: "gguf"; file: string };
+
+/** Worker -> main. */
+export type FromWorker =
+  | { type: "progress"; stage: string; fraction: number }
+  | {
+      type: "ready";
+      maxModelLen: number;
+      kvTokens: number;
+      numBlocks: number;
+      blockSize: number;
+      vocabSize: number;
+      maxLogprobs: number;
+      tokenizer: TokenizerSource;
+      generationConfig: GenerationConfig | null;
+      stats: EngineStats;
+    }
+  /** One per engine step (plus one after add errors / aborts / syncs that came in between steps). */
+  | { type: "update"; outputs: WireOutput[]; errors: { seq: number; error: WireError }[]; syncIds: number[]; stats: EngineStats }
+  /** The model failed to load or a step threw: every stream ends with this error. */
+  | { type: "fatal"; error: WireError };
+
+export function toWireError(e: unknown): WireError {
+  if (!(e instanceof Error)) return { name: "Error", message: String(e) };
+  const w: WireError = { name: e.name, message: e.message, stack: e.stack };
+  if (e instanceof EngineInputError) w.param = e.param;
+  if (e instanceof EngineRequestIdError) w.requestId = e.requestId;
+  return w;
+}
+
+/** Rebuilds the error class (EngineInputError keeps its `param`, so the server still answers 400). */
+export function fromWireError(w: WireError): Error {
+  let e: Error;
+  if (w.name === "EngineInputError" && w.param !== undefined) e = new EngineInputError(w.param, "");
+  else if (w.name === "EngineRequestIdError" && w.requestId !== undefined) e = new EngineRequestIdError(w.requestId, "");
+  else {
+    e = new Error();
+    e.name = w.name;
+  }
+  e.message = w.message;
+  if (w.stack !== undefined) e.stack = `${w.stack}\n    --- in the engine worker, rethrown on the caller's thread ---`;
+  return e;
+}

@@ -1,0 +1,325 @@
+// EngineClient whose EngineCore runs in a worker thread (engine-worker-main.ts), so the caller's event loop
+// (an HTTP server's) is never blocked by scheduling, the forward pass, sampling or detokenization. The
+// caller's thread keeps only the tokenizer (for /tokenize and chat templates) and per-request streams; the
+// worker sends one batched message per engine step with every request's new tokens and text.
+import { Worker } from "node:worker_threads";
+import { readGguf } from "../models/formats/gguf.js";
+import { ggufToTokenizerJson } from "../models/formats/gguf-tokenizer.js";
+import { parseGenerationConfig, Tokenizer, type GenerationConfig } from "../models/tokenizer.js";
+import { EngineInputError, EngineRequestIdError } from "./errors.js";
+import { fromWireError, type FromWorker, type TokenizerSource, type ToWorker, type WireOutput } from "./engine-worker-protocol.js";
+import { normalizeSamplingParams } from "./sampling-params.js";
+import type { ServingArgs } from "./serving.js";
+import type { CompletionOutput, EngineClient, EngineStats, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
+
+type ReadyMessage = Extract<FromWorker, { type: "ready" }>;
+
+/** One generate() call on this side: its queue of outputs and, for cumulative streams, what came so far. */
+interface Stream {
+  seq: number;
+  requestId: string;
+  prompt: string | null;
+  delta: boolean;
+  promptTokenIds: number[];
+  promptLogprobs: (TokenLogprobs | null)[] | null;
+  texts: string[]; // per sample, cumulative (unused for delta streams)
+  tokenIds: number[][];
+  logprobs: (TokenLogprobs[] | null)[];
+  queue: RequestOutput[];
+  wake: (() => void) | null;
+  done: boolean;
+  error: Error | null;
+}
+
+/**
+ * @example
+ * const engine = await WorkerEngine.create({ model: "models/kiln-default", maxModelLen: 2048 });
+ * const ids = engine.tokenizer.encode("Hello");
+ * for await (const out of engine.generate({ promptTokenIds: ids }, { maxTokens: 8 }, { requestId: "a", delta: true }))
+ *   process.stdout.write(out.outputs[0]!.text);
+ * await engine.close();
+ */
+export class WorkerEngine implements EngineClient {
+  readonly tokenizer: Tokenizer;
+  readonly generationConfig: GenerationConfig | null;
+  readonly maxModelLen: number;
+  /** KV capacity in tokens, and the pool's shape (block 0 is the engine's null block). */
+  readonly kvTokens: number;
+  readonly numBlocks: number;
+  readonly blockSize: number;
+  readonly vocabSize: number;
+  private readonly maxLogprobs: number;
+  private snapshot: EngineStats;
+  private readonly streams = new Map<number, Stream>(); // seq -> stream, until its final output or error
+  private readonly live = new Map<string, number>(); // request id -> seq, until finished or aborted
+  private readonly syncs = new Map<number, (s: EngineStats) => void>();
+  private nextSeq = 1;
+  private fatal: Error | null = null;
+  private closed = false;
+
+  private constructor(
+    private readonly worker: Worker,
+    ready: ReadyMessage,
+  ) {
+    this.tokenizer = loadTokenizer(ready.tokenizer);
+    this.generationConfig = ready.generationConfig;
+    this.maxModelLen = ready.maxModelLen;
+    this.kvTokens = ready.kvTokens;
+    this.numBlocks = ready.numBlocks;
+    this.blockSize = ready.blockSize;
+    this.vocabSize = ready.vocabSize;
+    this.maxLogprobs = ready.maxLogprobs;
+    this.snapshot = ready.stats;
+    worker.on("message", (m: FromWorker) => this.onMessage(m));
+    worker.on("error", (err) => this.failAll(err));
+    worker.on("exit", (code) => {
+      if (!this.closed) this.failAll(new Error(`[engine] the engine worker exited (code ${code})`));
+    });
+  }
+
+  /**
+   * Spawns the worker, which loads the model and sizes the KV cache (createServingSetup); resolves once it
+   * is ready to serve. Loading progress is forwarded to `onProgress` (or `args.onProgress`).
+   */
+  static create(args: ServingArgs, onProgress?: (stage: string, fraction: number) => void): Promise<WorkerEngine> {
+    const { onProgress: argsProgress, ...workerArgs } = args;
+    const progress = onProgress ?? argsProgress;
+    const worker = new Worker(new URL("./engine-worker-main.js", import.meta.url), { workerData: workerArgs });
+    return new Promise((resolve, reject) => {
+      const fail = (err: Error): void => {
+        worker.off("message", onMessage);
+        void worker.terminate();
+        reject(err);
+      };
+      const onMessage = (m: FromWorker): void => {
+        if (m.type === "progress") progress?.(m.stage, m.fraction);
+        else if (m.type === "fatal") fail(fromWireError(m.error));
+        else if (m.type === "ready") {
+          worker.off("message", onMessage);
+          worker.off("error", fail);
+          worker.off("exit", onExit);
+          try {
+            resolve(new WorkerEngine(worker, m));
+          } catch (err) {
+            fail(err as Error);
+          }
+        }
+      };
+      const onExit = (code: number): void => fail(new Error(`[engine] the engine worker exited during start-up (code ${code})`));
+      worker.on("message", onMessage);
+      worker.on("error", fail);
+      worker.on("exit", onExit);
+    });
+  }
+
+  /**
+   * Validates on this thread what it can (sampling params, prompt ids and length), throwing EngineInputError
+   * synchronously; the worker checks the rest (KV pool fit, bad words), and then the stream's first
+   * iteration throws. Leaving the loop early aborts the request.
+   */
+  generate(
+    prompt: { promptTokenIds: number[]; prompt?: string },
+    params: Partial<SamplingParams>,
+    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
+  ): AsyncIterable<RequestOutput> {
+    if (this.fatal !== null) throw this.fatal;
+    if (this.closed) throw new Error("[engine] the engine is closed");
+    const { requestId } = options;
+    if (typeof requestId !== "string" || requestId.length === 0) throw new EngineInputError("request_id", "must be a non-empty string");
+    if (this.live.has(requestId)) throw new EngineRequestIdError(requestId, "is already in use");
+    if ((params.logitsProcessors?.length ?? 0) > 0)
+      throw new EngineInputError(
+        "logits_processors",
+        "logits processors are functions and cannot cross to the engine worker; use the in-process engine (KILN_ENGINE_IN_PROCESS=1) or the offline LLM",
+      );
+    const p = normalizeSamplingParams(params, { maxLogprobs: this.maxLogprobs, vocabSize: this.vocabSize });
+    const ids = prompt.promptTokenIds;
+    if (!Array.isArray(ids) || ids.length === 0) throw new EngineInputError("prompt", "the prompt is empty");
+    for (const t of ids)
+      if (!Number.isInteger(t) || t < 0 || t >= this.vocabSize)
+        throw new EngineInputError("prompt_token_ids", `token id ${t} is out of vocabulary range [0, ${this.vocabSize})`);
+    const promptLen = p.truncatePromptTokens === null ? ids.length : Math.min(ids.length, p.truncatePromptTokens);
+    if (promptLen > this.maxModelLen)
+      throw new EngineInputError(
+        "prompt",
+        `the prompt (length ${promptLen}) is longer than the maximum model length of ${this.maxModelLen}`,
+      );
+
+    const seq = this.nextSeq++;
+    const stream: Stream = {
+      seq,
+      requestId,
+      prompt: prompt.prompt ?? null,
+      delta: options.delta ?? false,
+      promptTokenIds: ids,
+      promptLogprobs: null,
+      texts: [],
+      tokenIds: [],
+      logprobs: [],
+      queue: [],
+      wake: null,
+      done: false,
+      error: null,
+    };
+    this.streams.set(seq, stream);
+    this.live.set(requestId, seq);
+    this.send({
+      type: "add",
+      seq,
+      requestId,
+      promptTokenIds: [...ids],
+      params: p,
+      priority: options.priority ?? 0,
+      cacheSalt: options.cacheSalt ?? null,
+      arrivalTime: Date.now(),
+    });
+    return this.iterate(stream);
+  }
+
+  private async *iterate(stream: Stream): AsyncGenerator<RequestOutput> {
+    let finished = false;
+    try {
+      for (;;) {
+        while (stream.queue.length === 0 && !stream.done) await new Promise<void>((resolve) => (stream.wake = resolve));
+        const out = stream.queue.shift();
+        if (out === undefined) {
+          if (stream.error !== null) throw stream.error;
+          return;
+        }
+        finished = out.finished;
+        yield out;
+        if (finished) return;
+      }
+    } finally {
+      if (!finished && stream.error === null) this.abortSeq(stream);
+    }
+  }
+
+  /** Aborts a request: the worker frees its blocks as soon as it reads the message; its stream ends with "abort". */
+  abort(requestId: string): void {
+    const seq = this.live.get(requestId);
+    const stream = seq === undefined ? undefined : this.streams.get(seq);
+    if (stream !== undefined) this.abortSeq(stream);
+  }
+
+  private abortSeq(stream: Stream): void {
+    if (this.live.get(stream.requestId) !== stream.seq) return; // already finished or aborted
+    this.live.delete(stream.requestId); // the id is free again: the worker reads this abort before any re-add
+    this.send({ type: "abort", seq: stream.seq });
+  }
+
+  /** The stats snapshot the worker pushed after its last step (synchronous, as the server's metrics need). */
+  stats(): EngineStats {
+    return { ...this.snapshot };
+  }
+
+  /** Fresh stats after every message sent so far was handled by the worker (e.g. after an abort). */
+  refreshStats(): Promise<EngineStats> {
+    if (this.fatal !== null) return Promise.reject(this.fatal);
+    const id = this.nextSeq++;
+    return new Promise((resolve) => {
+      this.syncs.set(id, resolve);
+      this.send({ type: "sync", id });
+    });
+  }
+
+  /** Ends every stream and terminates the worker (the model and KV cache go with it). */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.failAll(new Error("[engine] the engine was closed"));
+    await this.worker.terminate();
+  }
+
+  private send(m: ToWorker): void {
+    this.worker.postMessage(m);
+  }
+
+  private onMessage(m: FromWorker): void {
+    switch (m.type) {
+      case "update":
+        this.snapshot = m.stats;
+        for (const { seq, error } of m.errors) {
+          const s = this.streams.get(seq);
+          if (s !== undefined) this.end(s, fromWireError(error));
+        }
+        for (const w of m.outputs) this.deliver(w);
+        for (const id of m.syncIds) {
+          this.syncs.get(id)?.(m.stats);
+          this.syncs.delete(id);
+        }
+        break;
+      case "fatal":
+        this.failAll(fromWireError(m.error));
+        break;
+      default:
+        break; // late progress messages
+    }
+  }
+
+  private deliver(w: WireOutput): void {
+    const s = this.streams.get(w.seq);
+    if (s === undefined) return;
+    if (w.promptTokenIds !== undefined) s.promptTokenIds = w.promptTokenIds;
+    if (w.promptLogprobs !== null) s.promptLogprobs = [...(s.promptLogprobs ?? []), ...w.promptLogprobs];
+    const outputs: CompletionOutput[] = s.delta ? w.outputs : w.outputs.map((o) => accumulate(s, o));
+    s.queue.push({
+      requestId: s.requestId,
+      prompt: s.prompt,
+      promptTokenIds: s.promptTokenIds,
+      promptLogprobs: s.promptLogprobs === null ? null : [...s.promptLogprobs],
+      outputs,
+      finished: w.finished,
+      numCachedTokens: w.numCachedTokens,
+      metrics: w.metrics,
+    });
+    if (w.finished) this.end(s, null);
+    else this.wake(s);
+  }
+
+  private end(s: Stream, error: Error | null): void {
+    s.done = true;
+    s.error = error;
+    this.streams.delete(s.seq);
+    if (this.live.get(s.requestId) === s.seq) this.live.delete(s.requestId);
+    this.wake(s);
+  }
+
+  private wake(s: Stream): void {
+    s.wake?.();
+    s.wake = null;
+  }
+
+  private failAll(err: Error): void {
+    this.fatal ??= err;
+    for (const s of [...this.streams.values()]) this.end(s, err);
+  }
+}
+
+/** Appends one update to a cumulative stream and returns the sample's full output so far. */
+function accumulate(s: Stream, o: WireOutput["outputs"][number]): CompletionOutput {
+  const i = o.index;
+  s.texts[i] = (s.texts[i] ?? "") + o.text;
+  const ids = (s.tokenIds[i] ??= []);
+  for (const t of o.tokenIds) ids.push(t);
+  if (o.logprobs !== null) {
+    const lp = (s.logprobs[i] ??= []);
+    for (const l of o.logprobs) lp.push(l);
+  }
+  const lp = s.logprobs[i] ?? null;
+  return { ...o, text: s.texts[i], tokenIds: [...ids], logprobs: lp === null || o.logprobs === null ? null : [...lp] };
+}
+
+/** The caller's thread's own tokenizer, from the same files the worker's loader used. */
+function loadTokenizer(src: TokenizerSource): Tokenizer {
+  if (src.kind === "dir") return Tokenizer.fromDir(src.dir);
+  const g = readGguf(src.file);
+  try {
+    const files = ggufToTokenizerJson(g.metadata);
+    const eos = (files.tokenizerConfig as { eos_token_id?: number }).eos_token_id;
+    const gen = eos !== undefined ? parseGenerationConfig({ eos_token_id: eos }) : null;
+    return Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, { generationConfig: gen?.raw ?? null });
+  } finally {
+    g.close();
+  }
+}

@@ -1,0 +1,101 @@
+// A real `kiln serve` child process on a tiny random model, for end-to-end tests through the `openai` client.
+import assert from "node:assert/strict";
+import { spawn, type ChildProcessByStdio } from "node:child_process";
+import type { Readable } from "node:stream";
+import { fileURLToPath } from "node:url";
+import OpenAI from "openai";
+import { tinyModelDir } from "../helpers/tiny-model.js";
+
+const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/e2e -> package root
+const live = new Set<ChildProcessByStdio<null, Readable, Readable>>();
+process.on("exit", () => live.forEach((c) => c.kill("SIGKILL"))); // never leave a server behind a failed test file
+
+export interface KilnServer {
+  /** e.g. http://127.0.0.1:41234 (no /v1). */
+  url: string;
+  pid: number;
+  /** The served model name (the model directory, as `kiln serve` names it by default). */
+  model: string;
+  /** Everything the process wrote to stdout and stderr so far. */
+  log(): string;
+  /** Resolves with the exit code once the process has exited. */
+  exited: Promise<number | null>;
+  client(options?: { apiKey?: string }): OpenAI;
+  /** Reads one sample from /metrics: the first line of `name` whose labels contain `labels` (e.g. 'finished_reason="abort"'). */
+  metric(name: string, labels?: string): Promise<number>;
+  /** SIGTERM, then the exit code (SIGKILL after 15 s). */
+  stop(): Promise<number | null>;
+}
+
+/**
+ * Starts `bin/kiln serve <tiny Llama> --host 127.0.0.1 --port 0 ...extraArgs` and waits for its banner.
+ * @example const server = await startKiln(["--max-model-len", "64"]); const models = await server.client().models.list();
+ */
+export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDir("LlamaForCausalLM")): Promise<KilnServer> {
+  const child = spawn(process.execPath, [`${root}/bin/kiln`, "serve", modelDir, "--host", "127.0.0.1", "--port", "0", ...extraArgs], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  live.add(child);
+  let output = "";
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => { live.delete(child); resolve(code); }));
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`kiln serve did not start within 30 s:\n${output}`)), 30_000);
+    const onData = (d: Buffer): void => {
+      output += d.toString();
+      const m = /Kiln serving \S+ at (http:\/\/\S+)\/v1/.exec(output);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m[1]!);
+      }
+    };
+    child.stdout.on("data", onData);
+    child.stderr.on("data", onData);
+    void exited.then((code) => { clearTimeout(timer); reject(new Error(`kiln serve exited early (${code}):\n${output}`)); });
+  });
+  const server: KilnServer = {
+    url,
+    pid: child.pid!,
+    model: modelDir,
+    log: () => output,
+    exited,
+    client: ({ apiKey = "unused" } = {}) => new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0, timeout: 60_000 }),
+    metric: async (name, labels = "") => {
+      const text = await (await fetch(`${url}/metrics`)).text();
+      const line = text.split("\n").find((l) => (l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(labels));
+      assert.ok(line, `metric ${name}{${labels}} missing from /metrics`);
+      return Number(line.slice(line.lastIndexOf(" ") + 1));
+    },
+    stop: async () => {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
+      const kill = setTimeout(() => child.kill("SIGKILL"), 15_000);
+      const code = await exited;
+      clearTimeout(kill);
+      return code;
+    },
+  };
+  return server;
+}
+
+/** POSTs raw JSON (or a raw string) and returns status + parsed body: for requests the typed client refuses to send. */
+export async function postRaw(url: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: unknown }> {
+  const res = await fetch(`${url}${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  return { status: res.status, body: text ? JSON.parse(text) : null };
+}
+
+/** Asserts OpenAI's error object {error: {message, type, param, code}} with exactly those four keys. */
+export function assertErrorBody(body: unknown, expect: { type: string; param?: string | null; code?: string | null; message?: RegExp }): void {
+  const err = (body as { error?: Record<string, unknown> }).error;
+  assert.ok(err, `expected an error object, got ${JSON.stringify(body)}`);
+  assert.deepEqual(Object.keys(err).sort(), ["code", "message", "param", "type"]);
+  assert.equal(typeof err.message, "string");
+  assert.ok((err.message as string).length > 0);
+  assert.equal(err.type, expect.type);
+  if (expect.param !== undefined) assert.equal(err.param, expect.param);
+  if (expect.code !== undefined) assert.equal(err.code, expect.code);
+  if (expect.message) assert.match(err.message as string, expect.message);
+}

@@ -1,0 +1,222 @@
+// End to end through the official `openai` client against a real `kiln serve` on a tiny random Llama:
+// models, chat, completions, streaming usage, n, stop strings, seeds, logprobs, token-id prompts, greedy.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import type OpenAI from "openai";
+import { postRaw, startKiln, type KilnServer } from "./kiln-process.js";
+
+let server: KilnServer;
+let client: OpenAI;
+// vLLM extensions the typed client does not know; it passes unknown body fields through.
+type Extra<T> = T & { ignore_eos?: boolean; include_stop_str_in_output?: boolean };
+const USER = [{ role: "user" as const, content: "Tell me a story about the river." }];
+
+async function tokenize(prompt: string): Promise<number[]> {
+  const r = await postRaw(server.url, "/tokenize", { prompt });
+  assert.equal(r.status, 200);
+  return (r.body as { tokens: number[] }).tokens;
+}
+
+async function complete(prompt: string | string[] | number[] | number[][], extra: Record<string, unknown> = {}) {
+  return client.completions.create({ model: server.model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true, ...extra } as Extra<OpenAI.CompletionCreateParamsNonStreaming>);
+}
+
+before(async () => {
+  server = await startKiln();
+  client = server.client();
+});
+after(async () => {
+  assert.equal(await server.stop(), 0);
+});
+
+describe("kiln serve + openai client (e2e)", () => {
+  it("lists the served model", async () => {
+    const page = await client.models.list();
+    assert.equal(page.data.length, 1);
+    const m = page.data[0]! as OpenAI.Model & { max_model_len: number };
+    assert.equal(m.id, server.model);
+    assert.equal(m.object, "model");
+    assert.equal(m.owned_by, "kiln");
+    assert.equal(m.max_model_len, 512); // max_position_embeddings of the tiny config
+  });
+
+  it("chat completion: shape, usage and greedy determinism", async () => {
+    const req = { model: server.model, messages: USER, max_tokens: 10, temperature: 0, ignore_eos: true } as Extra<OpenAI.ChatCompletionCreateParamsNonStreaming>;
+    const [a, b] = [await client.chat.completions.create(req), await client.chat.completions.create(req)];
+    assert.match(a.id, /^chatcmpl-[0-9a-f]{32}$/);
+    assert.equal(a.object, "chat.completion");
+    assert.equal(a.model, server.model);
+    assert.equal(a.choices.length, 1);
+    assert.equal(a.choices[0]!.index, 0);
+    assert.equal(a.choices[0]!.message.role, "assistant");
+    assert.equal(a.choices[0]!.finish_reason, "length");
+    const promptTokens = (await postRaw(server.url, "/tokenize", { messages: USER, add_generation_prompt: true })).body as { count: number };
+    assert.deepEqual(a.usage, { prompt_tokens: promptTokens.count, completion_tokens: 10, total_tokens: promptTokens.count + 10 });
+    assert.equal(b.choices[0]!.message.content, a.choices[0]!.message.content);
+    assert.notEqual(a.id, b.id);
+  });
+
+  it("text completion: shape, usage, and greedy equals greedy", async () => {
+    const ids = await tokenize("The river ran");
+    const a = await complete("The river ran");
+    const b = await complete("The river ran");
+    assert.match(a.id, /^cmpl-[0-9a-f]{32}$/);
+    assert.equal(a.object, "text_completion");
+    assert.equal(a.choices.length, 1);
+    assert.equal(a.choices[0]!.finish_reason, "length");
+    assert.equal(a.choices[0]!.logprobs, null);
+    assert.deepEqual(a.usage, { prompt_tokens: ids.length, completion_tokens: 12, total_tokens: ids.length + 12 });
+    assert.equal(b.choices[0]!.text, a.choices[0]!.text);
+    assert.ok(a.choices[0]!.text.length > 0);
+  });
+
+  it("chat streaming with include_usage: role first, same text as non-streaming, usage chunk last", async () => {
+    const base = { model: server.model, messages: USER, max_tokens: 9, temperature: 0, ignore_eos: true };
+    const whole = await client.chat.completions.create(base as Extra<OpenAI.ChatCompletionCreateParamsNonStreaming>);
+    const stream = await client.chat.completions.create({ ...base, stream: true, stream_options: { include_usage: true } } as Extra<OpenAI.ChatCompletionCreateParamsStreaming>);
+    const chunks: OpenAI.ChatCompletionChunk[] = [];
+    for await (const c of stream) chunks.push(c);
+    assert.ok(chunks.length >= 3);
+    assert.equal(chunks[0]!.choices[0]!.delta.role, "assistant");
+    assert.equal(new Set(chunks.map((c) => c.id)).size, 1);
+    for (const c of chunks) assert.equal(c.object, "chat.completion.chunk");
+    const last = chunks.at(-1)!;
+    assert.deepEqual(last.choices, []);
+    assert.deepEqual(last.usage, whole.usage);
+    for (const c of chunks.slice(0, -1)) assert.equal(c.usage, null);
+    const finishes = chunks.flatMap((c) => c.choices.map((ch) => ch.finish_reason)).filter((r) => r !== null);
+    assert.deepEqual(finishes, ["length"]);
+    assert.equal(chunks.map((c) => c.choices[0]?.delta.content ?? "").join(""), whole.choices[0]!.message.content);
+  });
+
+  it("completions streaming on the wire: usage chunk, then data: [DONE]", async () => {
+    const res = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: server.model, prompt: "The river ran", max_tokens: 7, temperature: 0, ignore_eos: true, stream: true, stream_options: { include_usage: true } }),
+    });
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get("content-type")!, /^text\/event-stream/);
+    const events = (await res.text()).split("\n\n").filter((e) => e.length > 0);
+    for (const e of events) assert.ok(e.startsWith("data: "), e);
+    assert.equal(events.at(-1), "data: [DONE]");
+    const chunks = events.slice(0, -1).map((e) => JSON.parse(e.slice(6)) as OpenAI.Completion);
+    const usage = chunks.at(-1)!;
+    assert.deepEqual(usage.choices, []);
+    const promptLen = (await tokenize("The river ran")).length;
+    assert.deepEqual(usage.usage, { prompt_tokens: promptLen, completion_tokens: 7, total_tokens: promptLen + 7 });
+    const text = chunks.slice(0, -1).map((c) => c.choices[0]!.text).join("");
+    assert.equal(text, (await complete("The river ran", { max_tokens: 7 })).choices[0]!.text);
+    assert.equal(chunks.at(-2)!.choices[0]!.finish_reason, "length");
+  });
+
+  it("n=2: two indexed choices, seeded samples differ, usage counts both", async () => {
+    const r = await complete("Once upon a time", { n: 2, temperature: 1, seed: 11, max_tokens: 10 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+    assert.deepEqual(r.choices.map((c) => c.finish_reason), ["length", "length"]);
+    assert.equal(r.usage!.completion_tokens, 20);
+    assert.notEqual(r.choices[0]!.text, r.choices[1]!.text);
+    const again = await complete("Once upon a time", { n: 2, temperature: 1, seed: 11, max_tokens: 10 });
+    assert.deepEqual(again.choices.map((c) => c.text), r.choices.map((c) => c.text));
+
+    const chat = await client.chat.completions.create({ model: server.model, messages: USER, n: 2, max_tokens: 5, temperature: 1, seed: 3, ignore_eos: true } as Extra<OpenAI.ChatCompletionCreateParamsNonStreaming>);
+    assert.deepEqual(chat.choices.map((c) => [c.index, c.message.role, c.finish_reason]), [[0, "assistant", "length"], [1, "assistant", "length"]]);
+    assert.equal(chat.usage!.completion_tokens, 10);
+  });
+
+  it("stop strings cut the text before the stop (or include it on request)", async () => {
+    const full = (await complete("The river ran", { max_tokens: 24 })).choices[0]!.text;
+    // An ASCII 2-character stop well inside the text, so that byte-level partial characters cannot blur it.
+    let at = -1;
+    for (let k = 3; k + 2 <= full.length; k++) {
+      if (/^[ -~]{2}$/.test(full.slice(k, k + 2)) && full.indexOf(full.slice(k, k + 2)) === k && !full.slice(0, k).includes("\uFFFD")) {
+        at = k;
+        break;
+      }
+    }
+    assert.ok(at > 0, `no usable stop string in ${JSON.stringify(full)}`);
+    const stop = full.slice(at, at + 2);
+    const cut = await complete("The river ran", { max_tokens: 24, stop });
+    assert.equal(cut.choices[0]!.text, full.slice(0, at));
+    assert.equal(cut.choices[0]!.finish_reason, "stop");
+    assert.equal((cut.choices[0] as { stop_reason?: unknown }).stop_reason, stop);
+    assert.ok(cut.usage!.completion_tokens < 24);
+    const kept = await complete("The river ran", { max_tokens: 24, stop: ["\u0000never", stop], include_stop_str_in_output: true });
+    assert.equal(kept.choices[0]!.text, full.slice(0, at + 2));
+    assert.equal(kept.choices[0]!.finish_reason, "stop");
+  });
+
+  it("seed: same seed gives the same text at temperature 1 (also under concurrency); other seeds differ", async () => {
+    const seeded = (seed: number) => complete("Once upon a time", { temperature: 1, seed, max_tokens: 16 }).then((r) => r.choices[0]!.text);
+    const first = await seeded(42);
+    // The same seed while other requests share the batch.
+    const [again, , , other1, other2, other3] = await Promise.all([seeded(42), complete("noise", { temperature: 1 }), complete("more noise", { temperature: 1 }), seeded(1), seeded(2), seeded(3)]);
+    assert.equal(again, first);
+    assert.equal(await seeded(42), first);
+    const distinct = new Set([first, other1, other2, other3]);
+    assert.ok(distinct.size >= 2, `four seeds gave ${distinct.size} distinct texts`);
+  });
+
+  it("chat logprobs: one entry per token, sorted top_logprobs, all <= 0, greedy picks the top", async () => {
+    const r = await client.chat.completions.create({ model: server.model, messages: USER, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3, ignore_eos: true } as Extra<OpenAI.ChatCompletionCreateParamsNonStreaming>);
+    const content = r.choices[0]!.logprobs!.content!;
+    assert.equal(content.length, 6);
+    assert.equal(r.usage!.completion_tokens, 6);
+    for (const e of content) {
+      assert.ok(e.logprob <= 0 && e.logprob > -9999, `logprob ${e.logprob}`);
+      assert.deepEqual(e.bytes, [...Buffer.from(e.token, "utf8")]);
+      assert.equal(e.top_logprobs.length, 3);
+      const lps = e.top_logprobs.map((t) => t.logprob);
+      assert.deepEqual(lps, [...lps].sort((x, y) => y - x), "top_logprobs sorted, most likely first");
+      for (const t of e.top_logprobs) assert.ok(t.logprob <= 0);
+      assert.ok(Math.abs(e.logprob - lps[0]!) < 1e-9, "greedy samples the most likely token");
+      assert.ok(Math.exp(lps[0]!) + Math.exp(lps[1]!) + Math.exp(lps[2]!) <= 1 + 1e-9);
+    }
+    const sampled = await client.chat.completions.create({ model: server.model, messages: USER, max_tokens: 6, temperature: 1, seed: 5, logprobs: true });
+    for (const e of sampled.choices[0]!.logprobs!.content!) {
+      assert.ok(e.logprob <= 0);
+      assert.deepEqual(e.top_logprobs, []);
+    }
+  });
+
+  it("completions logprobs: parallel lists, offsets into the text, sampled token listed", async () => {
+    const r = await complete("The river ran", { max_tokens: 6, logprobs: 2 });
+    const lp = r.choices[0]!.logprobs!;
+    assert.equal(lp.tokens!.length, 6);
+    assert.equal(lp.token_logprobs!.length, 6);
+    assert.equal(lp.top_logprobs!.length, 6);
+    assert.equal(lp.text_offset!.length, 6);
+    assert.equal(lp.text_offset![0], 0);
+    for (let i = 0; i < 6; i++) {
+      const own = lp.token_logprobs![i]!;
+      const top = lp.top_logprobs![i]!;
+      assert.ok(own <= 0);
+      if (i > 0) assert.equal(lp.text_offset![i], lp.text_offset![i - 1]! + lp.tokens![i - 1]!.length);
+      const values = Object.values(top);
+      // 2 ranked entries plus the sampled one, fewer when token texts coincide (byte-level pieces decode to U+FFFD).
+      assert.ok(values.length >= 1 && values.length <= 3, JSON.stringify(top));
+      for (const v of values) assert.ok(v <= 0);
+      assert.equal(top[lp.tokens![i]!], own);
+      assert.ok(Math.abs(Math.max(...values) - own) < 1e-9, "greedy samples the most likely token");
+    }
+  });
+
+  it("prompt as token ids and as a list of token id lists", async () => {
+    const [a, b] = [await tokenize("The river ran"), await tokenize("Once upon a time")];
+    const [textA, textB] = [(await complete("The river ran")).choices[0]!.text, (await complete("Once upon a time")).choices[0]!.text];
+    const single = await complete(a);
+    assert.equal(single.choices[0]!.text, textA);
+    assert.equal(single.usage!.prompt_tokens, a.length);
+    const batch = await complete([a, b]);
+    assert.deepEqual(batch.choices.map((c) => [c.index, c.text]), [[0, textA], [1, textB]]);
+    assert.deepEqual(batch.usage, { prompt_tokens: a.length + b.length, completion_tokens: 24, total_tokens: a.length + b.length + 24 });
+    const strings = await complete(["The river ran", "Once upon a time"]);
+    assert.deepEqual(strings.choices.map((c) => c.text), [textA, textB]);
+  });
+
+  it("/health and /version answer", async () => {
+    assert.equal((await fetch(`${server.url}/health`)).status, 200);
+    const v = (await (await fetch(`${server.url}/version`)).json()) as { version: string };
+    assert.match(v.version, /^\d+\.\d+\.\d+/);
+  });
+});
