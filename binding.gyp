@@ -2,6 +2,8 @@
 # is compiled once per ISA as a static library with its own flags; native/addon.cc picks one
 # at run time with __builtin_cpu_supports (override: KILN_NATIVE_ISA=avx512|avx2|scalar).
 # Never -march=native: the build must run on any x86-64 machine.
+# -z nodelete: a worker_threads Worker that loads the addon dlclose()s it at exit; the process-wide
+# thread pool's workers (and their code) must outlive that, so the library is never unmapped.
 {
   "target_defaults": {
     "cflags_cc": ["-O3", "-std=c++17", "-fPIC", "-fno-math-errno"],
@@ -27,18 +29,30 @@
           "cflags_cc": ["-mavx2", "-mfma", "-mf16c"]
         },
         {
+          "target_name": "kiln_jit",
+          "sources": ["native/jit.cc"],
+          "libraries": ["-ldl"]
+        },
+        {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
           "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx2"],
-          "libraries": ["-lpthread"]
+          "libraries": ["-lpthread"],
+          "ldflags": ["-Wl,-z,nodelete"]
         }
       ]
     }, {
       "targets": [
         {
+          "target_name": "kiln_jit",
+          "sources": ["native/jit.cc"],
+          "libraries": ["-ldl"]
+        },
+        {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
-          "libraries": ["-lpthread"]
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
+          "libraries": ["-lpthread"],
+          "ldflags": ["-Wl,-z,nodelete"]
         }
       ]
     }]

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels.h"
+#include "stream.h"
 #include "thread-pool.h"
 
 namespace kiln {
@@ -123,7 +124,7 @@ int64_t spanOf(int64_t batch, int64_t stride, int64_t size) {
 }
 
 // ---------------------------------------------------------------- exported functions
-Napi::Value Matmul(const Napi::CallbackInfo& info) {
+Job Matmul(const Napi::CallbackInfo& info) {
   const char* op = "matmul";
   const int64_t M = integer(info, 3, op, "M"), N = integer(info, 4, op, "N"), K = integer(info, 5, op, "K");
   const bool bT = boolean(info, 6);
@@ -141,8 +142,8 @@ Napi::Value Matmul(const Napi::CallbackInfo& info) {
   a.M = M; a.N = N; a.K = K; a.bTransposed = bT; a.bDtype = static_cast<int>(bDtype);
   a.aTransposed = boolean(info, 12);  // optional: A stored [K,M], out = A^T @ B
   a.batch = batch; a.strideA = sA; a.strideB = sB; a.strideOut = sO;
-  if (M > 0 && N > 0) gK->matmul(a);
-  return info.Env().Undefined();
+  if (M == 0 || N == 0) return {op, nullptr};
+  return {op, [a] { gK->matmul(a); }};
 }
 
 // ---------------------------------------------------------------- strided kernels
@@ -238,7 +239,7 @@ void checkNoOverlap(const Napi::CallbackInfo& info, const Dims& shape, const Dim
 }
 
 // copyStrided(src, dst, shape, srcStrides, dstStrides, elemBytes): a byte copy of any 1/2/4/8-byte dtype.
-Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
+Job CopyStrided(const Napi::CallbackInfo& info) {
   const char* op = "copyStrided";
   Dims shape = dims(info, 2, op, "shape");
   Dims ss = dims(info, 3, op, "srcStrides", shape.rank), ds = dims(info, 4, op, "dstStrides", shape.rank);
@@ -247,15 +248,14 @@ Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
   checkNoOverlap(info, shape, ds, op);
   const void* src = bytesOf(info, 0, eb, spanOfStrided(shape, ss), op, "src");
   void* dst = bytesOf(info, 1, eb, spanOfStrided(shape, ds), op, "dst");
-  if (numelOf(shape) == 0) return info.Env().Undefined();
+  if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[2] = {&ss, &ds};
   coalesce(shape, ops, 2);
-  gK->copyStrided(src, dst, shape.rank, shape.v, ss.v, ds.v, static_cast<int>(eb));
-  return info.Env().Undefined();
+  return {op, [=]() mutable { gK->copyStrided(src, dst, shape.rank, shape.v, ss.v, ds.v, static_cast<int>(eb)); }};
 }
 
 // binaryStrided(op, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
-Napi::Value BinaryStrided(const Napi::CallbackInfo& info) {
+Job BinaryStrided(const Napi::CallbackInfo& info) {
   const char* op = "binaryStrided";
   const int64_t opc = integer(info, 0, op, "op");
   if (opc > 6) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
@@ -265,15 +265,14 @@ Napi::Value BinaryStrided(const Napi::CallbackInfo& info) {
   const float* a = array<float>(info, 1, spanOfStrided(shape, as), op, "a");
   const float* b = array<float>(info, 3, spanOfStrided(shape, bs), op, "b");
   float* out = array<float>(info, 5, numelOf(shape), op, "out");
-  if (numelOf(shape) == 0) return info.Env().Undefined();
+  if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[3] = {&as, &bs, &os};
   coalesce(shape, ops, 3);
-  gK->binaryStrided(static_cast<int>(opc), a, as.v, b, bs.v, out, shape.rank, shape.v);
-  return info.Env().Undefined();
+  return {op, [=]() mutable { gK->binaryStrided(static_cast<int>(opc), a, as.v, b, bs.v, out, shape.rank, shape.v); }};
 }
 
 // whereStrided(cond: Uint8Array, condStrides, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
-Napi::Value WhereStrided(const Napi::CallbackInfo& info) {
+Job WhereStrided(const Napi::CallbackInfo& info) {
   const char* op = "whereStrided";
   Dims shape = dims(info, 7, op, "shape");
   Dims cs = dims(info, 1, op, "condStrides", shape.rank), as = dims(info, 3, op, "aStrides", shape.rank),
@@ -283,23 +282,21 @@ Napi::Value WhereStrided(const Napi::CallbackInfo& info) {
   const float* a = array<float>(info, 2, spanOfStrided(shape, as), op, "a");
   const float* b = array<float>(info, 4, spanOfStrided(shape, bs), op, "b");
   float* out = array<float>(info, 6, numelOf(shape), op, "out");
-  if (numelOf(shape) == 0) return info.Env().Undefined();
+  if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[4] = {&cs, &as, &bs, &os};
   coalesce(shape, ops, 4);
-  gK->whereStrided(c, cs.v, a, as.v, b, bs.v, out, shape.rank, shape.v);
-  return info.Env().Undefined();
+  return {op, [=]() mutable { gK->whereStrided(c, cs.v, a, as.v, b, bs.v, out, shape.rank, shape.v); }};
 }
 
-Napi::Value Unary(const Napi::CallbackInfo& info) {
+Job Unary(const Napi::CallbackInfo& info) {
   const int64_t opc = integer(info, 0, "unary", "op"), n = integer(info, 3, "unary", "n");
   if (opc > 15) fail(info.Env(), "unary", "unknown op code " + std::to_string(opc));
   const float* x = array<float>(info, 1, n, "unary", "x");
   float* out = array<float>(info, 2, n, "unary", "out");
-  gK->unary(static_cast<int>(opc), x, out, n);
-  return info.Env().Undefined();
+  return {"unary", [=] { gK->unary(static_cast<int>(opc), x, out, n); }};
 }
 
-Napi::Value Binary(const Napi::CallbackInfo& info) {
+Job Binary(const Napi::CallbackInfo& info) {
   const char* op = "binary";
   const int64_t opc = integer(info, 0, op, "op"), n = integer(info, 4, op, "n"), bn = integer(info, 5, op, "bn", 1);
   if (opc > 6) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
@@ -307,51 +304,54 @@ Napi::Value Binary(const Napi::CallbackInfo& info) {
   const float* a = array<float>(info, 1, n, op, "a");
   const float* b = array<float>(info, 2, bn, op, "b");
   float* out = array<float>(info, 3, n, op, "out");
-  gK->binary(static_cast<int>(opc), a, b, out, n, bn);
-  return info.Env().Undefined();
+  return {op, [=] { gK->binary(static_cast<int>(opc), a, b, out, n, bn); }};
 }
 
-Napi::Value SiluMul(const Napi::CallbackInfo& info) {
+Job SiluMul(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 3, "siluMul", "n");
-  gK->siluMul(array<float>(info, 0, n, "siluMul", "gate"), array<float>(info, 1, n, "siluMul", "up"),
-             array<float>(info, 2, n, "siluMul", "out"), n);
-  return info.Env().Undefined();
+  const float* gate = array<float>(info, 0, n, "siluMul", "gate");
+  const float* up = array<float>(info, 1, n, "siluMul", "up");
+  float* out = array<float>(info, 2, n, "siluMul", "out");
+  return {"siluMul", [=] { gK->siluMul(gate, up, out, n); }};
 }
 
-Napi::Value RmsNorm(const Napi::CallbackInfo& info) {
+Job RmsNorm(const Napi::CallbackInfo& info) {
   const char* op = "rmsNorm";
   const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
-  const double eps = number(info, 5, op, "eps");
-  gK->rmsNorm(array<float>(info, 0, rows * n, op, "x"), array<float>(info, 1, n, op, "weight"),
-             array<float>(info, 2, rows * n, op, "out"), rows, n, static_cast<float>(eps));
-  return info.Env().Undefined();
+  const float eps = static_cast<float>(number(info, 5, op, "eps"));
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  const float* w = array<float>(info, 1, n, op, "weight");
+  float* out = array<float>(info, 2, rows * n, op, "out");
+  return {op, [=] { gK->rmsNorm(x, w, out, rows, n, eps); }};
 }
 
-Napi::Value Softmax(const Napi::CallbackInfo& info) {
+Job Softmax(const Napi::CallbackInfo& info) {
   const char* op = "softmax";
   const int64_t rows = integer(info, 2, op, "rows"), n = integer(info, 3, op, "n");
-  gK->softmax(array<float>(info, 0, rows * n, op, "x"), array<float>(info, 1, rows * n, op, "out"), rows, n,
-             boolean(info, 4));
-  return info.Env().Undefined();
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  float* out = array<float>(info, 1, rows * n, op, "out");
+  const bool log = boolean(info, 4);
+  return {op, [=] { gK->softmax(x, out, rows, n, log); }};
 }
 
-Napi::Value Reduce(const Napi::CallbackInfo& info) {
+Job Reduce(const Napi::CallbackInfo& info) {
   const char* op = "reduce";
   const int64_t opc = integer(info, 0, op, "op"), rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
   if (opc > 2) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
-  gK->reduce(static_cast<int>(opc), array<float>(info, 1, rows * n, op, "x"), array<float>(info, 2, rows, op, "out"),
-            rows, n);
-  return info.Env().Undefined();
+  const float* x = array<float>(info, 1, rows * n, op, "x");
+  float* out = array<float>(info, 2, rows, op, "out");
+  return {op, [=] { gK->reduce(static_cast<int>(opc), x, out, rows, n); }};
 }
 
-Napi::Value Argmax(const Napi::CallbackInfo& info) {
+Job Argmax(const Napi::CallbackInfo& info) {
   const char* op = "argmax";
   const int64_t rows = integer(info, 2, op, "rows"), n = integer(info, 3, op, "n", 1);
-  gK->argmax(array<float>(info, 0, rows * n, op, "x"), array<int32_t>(info, 1, rows, op, "out"), rows, n);
-  return info.Env().Undefined();
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  int32_t* out = array<int32_t>(info, 1, rows, op, "out");
+  return {op, [=] { gK->argmax(x, out, rows, n); }};
 }
 
-Napi::Value Rotary(const Napi::CallbackInfo& info) {
+Job Rotary(const Napi::CallbackInfo& info) {
   const char* op = "rotary";
   const int64_t T = integer(info, 5, op, "T"), H = integer(info, 6, op, "H"), D = integer(info, 7, op, "D"),
                 rd = integer(info, 8, op, "rotaryDim");
@@ -367,12 +367,13 @@ Napi::Value Rotary(const Napi::CallbackInfo& info) {
       throw Napi::RangeError::New(info.Env(), "[rotary] position " + std::to_string(pos[t]) +
                                                   " outside the cos/sin table (" + std::to_string(maxPos) + ")");
   float* out = array<float>(info, 4, T * H * D, op, "out");
-  if (rd > 0) gK->rotary(x, pos, c, s, out, T, H, D, rd, boolean(info, 9));
-  else if (out != x) memmove(out, x, sizeof(float) * T * H * D);
-  return info.Env().Undefined();
+  const bool neox = boolean(info, 9);
+  if (rd > 0) return {op, [=] { gK->rotary(x, pos, c, s, out, T, H, D, rd, neox); }};
+  if (out == x) return {op, nullptr};
+  return {op, [=] { memmove(out, x, sizeof(float) * T * H * D); }};
 }
 
-Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
+Job PagedAttention(const Napi::CallbackInfo& info) {
   const char* op = "pagedAttention";
   PagedAttentionArgs p{};
   p.numSeqs = integer(info, 10, op, "numSeqs");
@@ -417,11 +418,11 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   for (int64_t t = 0; t < T; ++t)
     if (p.slotMapping[t] >= numBlocks * p.blockSize)
       throw Napi::RangeError::New(env, "[pagedAttention] slot " + std::to_string(p.slotMapping[t]) + " out of range");
-  if (T > 0) gK->pagedAttention(p);
-  return env.Undefined();
+  if (T == 0) return {op, nullptr};
+  return {op, [p] { gK->pagedAttention(p); }};
 }
 
-Napi::Value Embedding(const Napi::CallbackInfo& info) {
+Job Embedding(const Napi::CallbackInfo& info) {
   const char* op = "embedding";
   const int64_t dtype = integer(info, 1, op, "tableDtype"), numIds = integer(info, 4, op, "numIds"),
                 dim = integer(info, 5, op, "dim");
@@ -434,15 +435,32 @@ Napi::Value Embedding(const Napi::CallbackInfo& info) {
     if (ids[i] < 0 || ids[i] >= rows)
       throw Napi::RangeError::New(info.Env(), "[embedding] id " + std::to_string(ids[i]) + " out of range [0, " +
                                                   std::to_string(rows) + ")");
-  gK->embedding(table, static_cast<int>(dtype), ids, array<float>(info, 3, numIds * dim, op, "out"), numIds, dim);
-  return info.Env().Undefined();
+  float* out = array<float>(info, 3, numIds * dim, op, "out");
+  const int dt = static_cast<int>(dtype);
+  return {op, [=] { gK->embedding(table, dt, ids, out, numIds, dim); }};
 }
 
 template <typename S, typename D, void (*KernelTable::*Fn)(const S*, D*, int64_t)>
-Napi::Value Convert(const Napi::CallbackInfo& info) {
+Job Convert(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 2, "convert", "n");
-  (gK->*Fn)(array<S>(info, 0, n, "convert", "src"), array<D>(info, 1, n, "convert", "dst"), n);
+  const S* src = array<S>(info, 0, n, "convert", "src");
+  D* dst = array<D>(info, 1, n, "convert", "dst");
+  return {"convert", [=] { (gK->*Fn)(src, dst, n); }};
+}
+
+// The same validation feeds both entry points: `k.matmul(...)` runs now (after draining the stream, to
+// keep order), `k.stream.matmul(...)` enqueues and returns the job's sequence number.
+using Prepare = Job (*)(const Napi::CallbackInfo&);
+template <Prepare P>
+Napi::Value RunNow(const Napi::CallbackInfo& info) {
+  streamDrainForSyncCall(info.Env());  // first: validation may read index data a pending job writes
+  Job job = P(info);
+  if (job.run) job.run();
   return info.Env().Undefined();
+}
+template <Prepare P>
+Napi::Value Submit(const Napi::CallbackInfo& info) {
+  return streamSubmit(info.Env(), P(info));
 }
 
 Napi::Value MemoryReadBandwidth(const Napi::CallbackInfo& info) {
@@ -461,6 +479,7 @@ Napi::Value FmaPeak(const Napi::CallbackInfo& info) {
 
 Napi::Value SetNumThreads(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 0, "setNumThreads", "n", 1);
+  streamDrainForSyncCall(info.Env());  // the stream thread may be inside a pool job
   poolSetNumThreads(static_cast<int>(n > 256 ? 256 : n));
   return info.Env().Undefined();
 }
@@ -483,24 +502,41 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
-  exports.Set("matmul", Napi::Function::New(env, Matmul, "matmul"));
-  exports.Set("unary", Napi::Function::New(env, Unary, "unary"));
-  exports.Set("binary", Napi::Function::New(env, Binary, "binary"));
-  exports.Set("siluMul", Napi::Function::New(env, SiluMul, "siluMul"));
-  exports.Set("rmsNorm", Napi::Function::New(env, RmsNorm, "rmsNorm"));
-  exports.Set("softmax", Napi::Function::New(env, Softmax, "softmax"));
-  exports.Set("reduce", Napi::Function::New(env, Reduce, "reduce"));
-  exports.Set("argmax", Napi::Function::New(env, Argmax, "argmax"));
-  exports.Set("rotary", Napi::Function::New(env, Rotary, "rotary"));
-  exports.Set("pagedAttention", Napi::Function::New(env, PagedAttention, "pagedAttention"));
-  exports.Set("embedding", Napi::Function::New(env, Embedding, "embedding"));
-  exports.Set("f32ToBf16", Napi::Function::New(env, Convert<float, uint16_t, &KernelTable::f32ToBf16>, "f32ToBf16"));
-  exports.Set("bf16ToF32", Napi::Function::New(env, Convert<uint16_t, float, &KernelTable::bf16ToF32>, "bf16ToF32"));
-  exports.Set("f16ToF32", Napi::Function::New(env, Convert<uint16_t, float, &KernelTable::f16ToF32>, "f16ToF32"));
-  exports.Set("f32ToF16", Napi::Function::New(env, Convert<float, uint16_t, &KernelTable::f32ToF16>, "f32ToF16"));
-  exports.Set("copyStrided", Napi::Function::New(env, CopyStrided, "copyStrided"));
-  exports.Set("binaryStrided", Napi::Function::New(env, BinaryStrided, "binaryStrided"));
-  exports.Set("whereStrided", Napi::Function::New(env, WhereStrided, "whereStrided"));
+  struct Entry {
+    const char* name;
+    Napi::Function::Callback now, submit;
+  };
+  const Entry kernels[] = {
+      {"matmul", RunNow<Matmul>, Submit<Matmul>},
+      {"unary", RunNow<Unary>, Submit<Unary>},
+      {"binary", RunNow<Binary>, Submit<Binary>},
+      {"siluMul", RunNow<SiluMul>, Submit<SiluMul>},
+      {"rmsNorm", RunNow<RmsNorm>, Submit<RmsNorm>},
+      {"softmax", RunNow<Softmax>, Submit<Softmax>},
+      {"reduce", RunNow<Reduce>, Submit<Reduce>},
+      {"argmax", RunNow<Argmax>, Submit<Argmax>},
+      {"rotary", RunNow<Rotary>, Submit<Rotary>},
+      {"pagedAttention", RunNow<PagedAttention>, Submit<PagedAttention>},
+      {"embedding", RunNow<Embedding>, Submit<Embedding>},
+      {"f32ToBf16", RunNow<Convert<float, uint16_t, &KernelTable::f32ToBf16>>,
+       Submit<Convert<float, uint16_t, &KernelTable::f32ToBf16>>},
+      {"bf16ToF32", RunNow<Convert<uint16_t, float, &KernelTable::bf16ToF32>>,
+       Submit<Convert<uint16_t, float, &KernelTable::bf16ToF32>>},
+      {"f16ToF32", RunNow<Convert<uint16_t, float, &KernelTable::f16ToF32>>,
+       Submit<Convert<uint16_t, float, &KernelTable::f16ToF32>>},
+      {"f32ToF16", RunNow<Convert<float, uint16_t, &KernelTable::f32ToF16>>,
+       Submit<Convert<float, uint16_t, &KernelTable::f32ToF16>>},
+      {"copyStrided", RunNow<CopyStrided>, Submit<CopyStrided>},
+      {"binaryStrided", RunNow<BinaryStrided>, Submit<BinaryStrided>},
+      {"whereStrided", RunNow<WhereStrided>, Submit<WhereStrided>},
+  };
+  Napi::Object stream = Napi::Object::New(env);
+  for (const Entry& e : kernels) {
+    exports.Set(e.name, Napi::Function::New(env, e.now, e.name));
+    stream.Set(e.name, Napi::Function::New(env, e.submit, e.name));
+  }
+  exports.Set("stream", stream);
+  addStreamExports(env, exports);
   exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
   exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
   return exports;

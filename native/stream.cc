@@ -75,10 +75,6 @@ class Stream {
     error_.clear();
     return true;
   }
-  bool hasError() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return !error_.empty();
-  }
 
   /** Registers a Promise waiter for everything submitted so far; false (no waiter) when already drained. */
   bool addAsyncWaiter(uint64_t* target) {
@@ -263,7 +259,7 @@ Napi::Value StreamSyncAsync(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   napi_deferred deferred;
   napi_value promise;
-  napi_create_promise(env, &promise, &deferred);
+  napi_create_promise(env, &deferred, &promise);
   EnvStream* es = lookup(env);
   uint64_t target = 0;
   if (!es || !es->stream->addAsyncWaiter(&target)) {  // already drained: settle now

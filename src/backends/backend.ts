@@ -121,6 +121,11 @@ export interface PagedAttentionArgs {
 
 export type KernelName = KernelCall["op"];
 
+export interface RunOptions {
+  /** Finish the kernel before returning (debug mode); default false: enqueue it. */
+  readonly blocking?: boolean;
+}
+
 /** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
 export interface Backend {
   readonly name: string;
@@ -132,8 +137,11 @@ export interface Backend {
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
   /** Copies bytes out of the buffer (after all queued work on it has finished). */
   read(buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array;
-  /** Enqueues one kernel on the device's in-order stream. */
-  run(call: KernelCall): void;
+  /**
+   * Enqueues one kernel on the device's in-order stream (strict mode) and returns; argument and index
+   * errors still throw here. `blocking` (debug mode) runs it to completion before returning.
+   */
+  run(call: KernelCall, options?: RunOptions): void;
   /** Resolves when every kernel enqueued so far has finished. */
   synchronize(): Promise<void>;
   /** Buffers allocated and not yet freed (leak tests). */

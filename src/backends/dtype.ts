@@ -62,130 +62,120 @@ export function promoteTypes(a: DType, b: DType): DType {
   return rank[a]! >= rank[b]! ? a : b;
 }
 
-// ---- scalar conversions (f32 <-> 16-bit and 8-bit floats) ----
+// ---- scalar conversions (f32 <-> bf16, f16 and the fp8 formats; round to nearest, ties to even) ----
 
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 
-/** float32 -> bfloat16 bits, round to nearest even; NaN stays NaN. */
-export function f32ToBf16Bits(x: number): number {
-  f32[0] = x;
-  const bits = u32[0]!;
-  if ((bits & 0x7fffffff) > 0x7f800000) return ((bits >>> 16) | 0x40) & 0xffff;
-  return ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16) & 0xffff;
-}
-
-export function bf16BitsToF32(h: number): number {
-  u32[0] = h << 16;
+/** bf16 bits -> f32 value. */
+export function bf16BitsToF32(bits: number): number {
+  u32[0] = (bits & 0xffff) << 16;
   return f32[0]!;
 }
 
-/** float32 -> IEEE half bits, round to nearest even. */
-export function f32ToF16Bits(x: number): number {
+/** f32 value -> bf16 bits, round-to-nearest-even; NaN stays a quiet NaN. */
+export function f32ToBf16Bits(x: number): number {
   f32[0] = x;
-  const bits = u32[0]!;
-  const sign = (bits >>> 16) & 0x8000;
-  const exp = (bits >>> 23) & 0xff;
-  let mant = bits & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
-  let e = exp - 127 + 15;
-  if (e >= 0x1f) return sign | 0x7c00;
-  if (e <= 0) {
-    if (e < -10) return sign;
-    mant |= 0x800000;
-    const shift = 14 - e;
-    const half = 1 << (shift - 1);
-    let r = mant >>> shift;
-    const rem = mant & ((1 << shift) - 1);
-    if (rem > half || (rem === half && (r & 1))) r++;
-    return sign | r;
-  }
-  let r = mant >>> 13;
-  const rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem === 0x1000 && (r & 1))) {
-    r++;
-    if (r === 0x400) {
-      r = 0;
-      e++;
-      if (e >= 0x1f) return sign | 0x7c00;
-    }
-  }
-  return sign | (e << 10) | r;
+  const b = u32[0]!;
+  if ((b & 0x7fffffff) > 0x7f800000) return ((b >>> 16) | 0x40) & 0xffff;
+  return ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
 }
 
+/** f16 bits -> f32 value (subnormals, inf and NaN included). */
 export function f16BitsToF32(h: number): number {
   const sign = h & 0x8000 ? -1 : 1;
-  const exp = (h >>> 10) & 0x1f;
-  const mant = h & 0x3ff;
-  if (exp === 0) return sign * mant * 2 ** -24;
-  if (exp === 0x1f) return mant ? NaN : sign * Infinity;
-  return sign * (1 + mant / 1024) * 2 ** (exp - 15);
+  const e = (h >>> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return sign * m * 2 ** -24;
+  if (e === 31) return m ? NaN : sign * Infinity;
+  return sign * (1024 + m) * 2 ** (e - 25);
 }
 
-/** OCP float8 e4m3fn: no infinities, 0x7f/0xff are NaN, max 448. */
-export function f8e4m3BitsToF32(b: number): number {
-  const sign = b & 0x80 ? -1 : 1;
-  const exp = (b >>> 3) & 0xf;
-  const mant = b & 0x7;
-  if (exp === 0xf && mant === 0x7) return NaN;
-  if (exp === 0) return sign * mant * 2 ** -9;
-  return sign * (1 + mant / 8) * 2 ** (exp - 7);
-}
-
-export function f8e5m2BitsToF32(b: number): number {
-  return f16BitsToF32(b << 8);
-}
-
-/** Rounds to the nearest representable value (ties to even), saturating to +-448. */
-export function f32ToF8e4m3Bits(x: number): number {
-  if (Number.isNaN(x)) return 0x7f;
-  const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
-  let a = Math.abs(x);
-  if (a >= 448) return sign | 0x7e;
-  let best = 0;
-  let bestErr = Infinity;
-  // 127 finite magnitudes: a direct search is exact and fast enough for a storage-only dtype.
-  for (let code = 0; code < 0x7f; code++) {
-    const v = f8e4m3BitsToF32(code);
-    const err = Math.abs(v - a);
-    if (err < bestErr || (err === bestErr && (code & 1) === 0)) {
-      best = code;
-      bestErr = err;
-    }
-  }
-  a = best;
-  return sign | a;
-}
-
-/** float32 -> e5m2 bits (f16's exponent, 2 mantissa bits), round to nearest even straight from f32 (no double rounding). */
-export function f32ToF8e5m2Bits(x: number): number {
+/** f32 value -> f16 bits, round-to-nearest-even; overflow gives inf. */
+export function f32ToF16Bits(x: number): number {
   f32[0] = x;
-  const bits = u32[0]!;
-  const sign = (bits >>> 24) & 0x80;
-  const exp = (bits >>> 23) & 0xff;
-  let mant = bits & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c | (mant ? 0x02 : 0);
-  let e = exp - 127 + 15;
-  if (e >= 0x1f) return sign | 0x7c;
+  const b = u32[0]!;
+  const sign = (b >>> 16) & 0x8000;
+  const exp = (b >>> 23) & 0xff;
+  let mant = b & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 | (mant >>> 13) : 0);
+  const e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
   if (e <= 0) {
-    if (e < -2) return sign;
+    if (e < -10) return sign; // below half the smallest subnormal
     mant |= 0x800000;
-    const shift = 22 - e;
-    const half = 1 << (shift - 1);
-    let r = mant >>> shift;
-    const rem = mant & ((1 << shift) - 1);
-    if (rem > half || (rem === half && (r & 1))) r++;
+    const shift = 14 - e; // 14..24: f16 subnormal = value * 2^24
+    const half = 2 ** (shift - 1);
+    let r = Math.floor(mant / 2 ** shift);
+    const rem = mant - r * 2 ** shift;
+    if (rem > half || (rem === half && r & 1)) r++;
     return sign | r;
   }
-  let r = mant >>> 21;
-  const rem = mant & 0x1fffff;
-  if (rem > 0x100000 || (rem === 0x100000 && (r & 1))) {
-    r++;
-    if (r === 0x4) {
-      r = 0;
-      e++;
-      if (e >= 0x1f) return sign | 0x7c;
-    }
-  }
-  return sign | (e << 2) | r;
+  let r = (e << 10) | (mant >>> 13);
+  const rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem === 0x1000 && r & 1)) r++; // a carry into the exponent is correct (max -> inf)
+  return sign | r;
 }
+
+// fp8 formats: decoded with a 256-entry table; encoded by nearest search over the non-negative codes.
+export type Fp8Format = "e4m3fn" | "e5m2";
+
+function buildFp8Table(format: Fp8Format): Float32Array {
+  const t = new Float32Array(256);
+  const [eBits, mBits, bias] = format === "e4m3fn" ? [4, 3, 7] : [5, 2, 15];
+  for (let code = 0; code < 256; code++) {
+    const sign = code & 0x80 ? -1 : 1;
+    const e = (code >>> mBits) & ((1 << eBits) - 1);
+    const m = code & ((1 << mBits) - 1);
+    let v: number;
+    if (format === "e4m3fn" && e === 15 && m === 7) v = NaN; // e4m3fn: no inf, one NaN pattern per sign
+    else if (format === "e5m2" && e === 31) v = m ? NaN : Infinity;
+    else if (e === 0) v = m * 2 ** (1 - bias - mBits);
+    else v = (1 + m / (1 << mBits)) * 2 ** (e - bias);
+    t[code] = sign * v;
+  }
+  return t;
+}
+
+const FP8_TABLES: Record<Fp8Format, Float32Array> = { e4m3fn: buildFp8Table("e4m3fn"), e5m2: buildFp8Table("e5m2") };
+/** Largest finite magnitude: 448 for e4m3fn, 57344 for e5m2. */
+export const FP8_MAX: Record<Fp8Format, number> = { e4m3fn: 448, e5m2: 57344 };
+
+export function fp8BitsToF32(bits: number, format: Fp8Format): number {
+  return FP8_TABLES[format][bits & 0xff]!;
+}
+
+/**
+ * f32 -> fp8 bits, round-to-nearest-even. Out-of-range values saturate to ±max (as quantizers clamp
+ * before casting); NaN maps to NaN, and for e5m2 ±inf stays inf.
+ */
+export function f32ToFp8Bits(x: number, format: Fp8Format): number {
+  const table = FP8_TABLES[format];
+  if (Number.isNaN(x)) return 0x7f;
+  const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
+  const a = Math.abs(x);
+  if (format === "e5m2" && a === Infinity) return sign | 0x7c;
+  const maxCode = format === "e4m3fn" ? 0x7e : 0x7b;
+  if (a >= FP8_MAX[format]) return sign | maxCode;
+  // Codes 0..maxCode are increasing in value: binary search for the first code with value >= a.
+  let lo = 0;
+  let hi = maxCode;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (table[mid]! < a) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo > 0) {
+    const below = table[lo - 1]!;
+    const above = table[lo]!;
+    if (a - below < above - a || (a - below === above - a && (lo - 1) % 2 === 0)) lo -= 1;
+  }
+  return sign | lo;
+}
+
+
+export const f8e4m3BitsToF32 = (b: number): number => fp8BitsToF32(b, "e4m3fn");
+export const f8e5m2BitsToF32 = (b: number): number => fp8BitsToF32(b, "e5m2");
+export const f32ToF8e4m3Bits = (x: number): number => f32ToFp8Bits(x, "e4m3fn");
+/** Tensor casts to e5m2 overflow to inf as torch does (57344 + half an ulp rounds up to inf); quantizers saturate. */
+export const f32ToF8e5m2Bits = (x: number): number => (Math.abs(x) >= 61440 && Number.isFinite(x) ? (x < 0 ? 0xfc : 0x7c) : f32ToFp8Bits(x, "e5m2"));

@@ -1,6 +1,8 @@
 // Typed, validated model configuration parsed from a Hugging Face config.json.
 // Anything that would change numerics and that Kiln does not implement is rejected by name.
 
+import type { RopeScaling } from "../nn/rotary.js";
+
 export class ModelConfigError extends Error {
   constructor(message: string) {
     super(message);
@@ -13,21 +15,8 @@ export const SUPPORTED_ARCHITECTURES = [
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
-export type RopeScaling =
-  | { type: "linear"; factor: number }
-  | { type: "dynamic"; factor: number; originalMaxPositionEmbeddings: number | null }
-  | { type: "llama3"; factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number }
-  | {
-      type: "yarn";
-      factor: number;
-      originalMaxPositionEmbeddings: number;
-      betaFast: number;
-      betaSlow: number;
-      /** Scales attention logits' softmax temperature; null = 0.1 * ln(factor) + 1 (HF default). */
-      attentionFactor: number | null;
-      mscale: number | null;
-      mscaleAllDim: number | null;
-    };
+/** HF rope_scaling variants; the rotary tables are built from it in nn/rotary.ts. */
+export type { RopeScaling };
 
 export interface MoeConfig {
   numExperts: number;

@@ -1,6 +1,7 @@
 // Runs a kernel on a tensor's device under the current eager mode, turning back-end failures into
-// typed errors that name the op. In debug mode, float outputs are checked for NaN/Inf.
-import type { KernelCall } from "../backends/backend.js";
+// typed errors that name the op. strict enqueues on the device's in-order stream and returns (reads wait);
+// debug runs synchronously and checks float outputs for NaN/Inf.
+import type { KernelCall, RunOptions } from "../backends/backend.js";
 import { isFloating } from "../backends/dtype.js";
 import { IndexOutOfRangeError, KilnError, NonFiniteError, OpError } from "../util/errors.js";
 import type { Device } from "./device.js";
@@ -8,6 +9,10 @@ import { eagerMode } from "./mode.js";
 import type { Tensor } from "./tensor.js";
 
 let kernelCount = 0;
+
+// strict / defer-and-fuse enqueue on the device stream; debug runs each kernel to completion
+const ENQUEUE: RunOptions = { blocking: false };
+const BLOCKING: RunOptions = { blocking: true };
 
 /** Kernels dispatched so far in this process (defer-and-fuse and the compiler report savings with it). */
 export function kernelsDispatched(): number {
@@ -17,7 +22,7 @@ export function kernelsDispatched(): number {
 export function runKernel(op: string, device: Device, call: KernelCall, outputs: Tensor[] = []): void {
   kernelCount++;
   try {
-    device.backend.run(call);
+    device.backend.run(call, eagerMode() === "debug" ? BLOCKING : ENQUEUE);
   } catch (e) {
     if (e instanceof KilnError) throw e;
     if (e instanceof RangeError) throw new IndexOutOfRangeError(op, `${e.message} (on ${device.name})`);

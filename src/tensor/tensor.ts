@@ -114,7 +114,11 @@ export class Tensor {
     return this.dataSync();
   }
 
-  /** Synchronous read for host back ends (used internally and by tests). */
+  /**
+   * Synchronous read for host back ends (used internally and by tests): blocks the JS thread until the
+   * device stream has finished the work this tensor depends on (backend.read waits), then copies out.
+   * Prefer `await toArray()` off the hot path: it waits without blocking the event loop.
+   */
   dataSync(): Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array {
     this.view_("dataSync"); // disposed check
     const c = this.isContiguous ? this : this.contiguous();

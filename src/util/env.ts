@@ -32,6 +32,15 @@ export const env = {
   get cacheDir(): string {
     return str("KILN_CACHE_DIR") ?? join(homedir(), ".cache", "kiln");
   },
+  /** C compiler for compile()'s generated kernels (default "cc"); a missing one falls back to op-by-op. */
+  get cc(): string {
+    return str("KILN_CC") ?? "cc";
+  },
+  /** Upper bound of the on-disk compile cache in MiB (LRU clean-up above it). */
+  get cacheMaxMb(): number {
+    return int("KILN_CACHE_MAX_MB") ?? 1024;
+  },
+  /** Prints a line for every compile() recompile (guard failure or new bucket). */
   get logRecompiles(): boolean {
     return str("KILN_LOG_RECOMPILES") === "1";
   },

@@ -146,13 +146,11 @@ test("WorkerEngine: invalid input is an EngineInputError naming the param", { ti
 test("WorkerEngine: the caller's event loop stays responsive during a long generation", { timeout: 120_000 }, async (t) => {
   const ids = engine.tokenizer.encode(PROMPTS[2]!);
   let last = performance.now();
-  let maxGap = 0;
-  let ticks = 0;
+  const gaps: number[] = [];
   const timer = setInterval(() => {
     const now = performance.now();
-    maxGap = Math.max(maxGap, now - last);
+    gaps.push(now - last);
     last = now;
-    ticks++;
   }, 1);
   const t0 = performance.now();
   let steps = 0;
@@ -166,8 +164,22 @@ test("WorkerEngine: the caller's event loop stays responsive during a long gener
     clearInterval(timer);
   }
   const elapsed = performance.now() - t0;
-  t.diagnostic(`${steps} steps in ${elapsed.toFixed(0)} ms; 1 ms interval fired ${ticks} times, max gap ${maxGap.toFixed(1)} ms`);
+  gaps.sort((a, b) => b - a);
+  const ticks = gaps.length;
+  const maxGap = gaps[0] ?? 0;
+  const p95Gap = gaps[Math.floor(ticks * 0.05)] ?? 0;
+  t.diagnostic(
+    `${steps} steps in ${elapsed.toFixed(0)} ms; 1 ms interval fired ${ticks} times, gap p95 ${p95Gap.toFixed(1)} ms, max ${maxGap.toFixed(1)} ms`,
+  );
   assert.ok(steps >= 100, `expected >= 100 steps, got ${steps}`);
-  assert.ok(ticks > elapsed / 50, `the interval fired only ${ticks} times in ${elapsed.toFixed(0)} ms`);
-  assert.ok(maxGap < 50, `the event loop stalled for ${maxGap.toFixed(1)} ms (${steps} steps in ${elapsed.toFixed(0)} ms)`);
+  // Percentiles, not the max: on 2 shared cores the OS alone can deschedule this thread for ~100 ms (seen
+  // under a background training job); a loop blocked by engine steps would stall at every step instead.
+  assert.ok(elapsed / ticks < 10, `the interval fired only ${ticks} times in ${elapsed.toFixed(0)} ms`);
+  assert.ok(
+    p95Gap < 50,
+    `the event loop stalled: largest gaps ${gaps
+      .slice(0, 5)
+      .map((g) => g.toFixed(1))
+      .join(", ")} ms`,
+  );
 });

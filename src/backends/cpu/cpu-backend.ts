@@ -1,14 +1,31 @@
 // The cpu back end: host memory, native SIMD kernels for the hot dtype/layout combinations,
-// and the TS reference for everything else.
-import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, UnaryOp } from "../backend.js";
+// and the TS reference for everything else. Unless a call is blocking (debug mode), native kernels are
+// enqueued on the in-order native stream (./stream.ts) and run() returns at once; host-side kernels and
+// reads wait for the pending work on the buffers they touch.
+import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, RunOptions, UnaryOp } from "../backend.js";
 import { BackendUnavailableError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
 import { DTYPE_BYTES } from "../dtype.js";
-import { hostOf, isContiguous, numel } from "../reference/host-memory.js";
+import { isContiguous, numel } from "../reference/host-memory.js";
 import { HostAllocator } from "../reference/reference-backend.js";
 import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
-import { tryLoadNativeKernels, nativeLoadError, type NativeKernels } from "./native.js";
+import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamKernelName } from "./native.js";
+import { CpuBuffer, CpuStream, rawOf } from "./stream.js";
+
+/** The kernels as run now (k) or enqueued (k.stream): same arguments. */
+type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
+
+/** KernelCall fields a kernel writes; every other BufferView field is read. */
+const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache"]);
+function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[] } {
+  const reads: BufferView[] = [];
+  const writes: BufferView[] = [];
+  for (const [key, v] of Object.entries(call)) {
+    if (typeof v === "object" && v !== null && "buffer" in v) (WRITTEN_FIELDS.has(key) ? writes : reads).push(v as BufferView);
+  }
+  return { reads, writes };
+}
 
 const UNARY_CODES: Partial<Record<UnaryOp, number>> = {
   neg: 0, exp: 1, log: 2, sqrt: 3, rsqrt: 4, tanh: 5, sigmoid: 6, silu: 7, gelu: 8, gelu_tanh: 9,
@@ -19,24 +36,24 @@ const REDUCE_CODES = { sum: 0, max: 1, min: 2 } as const;
 
 function f32(v: BufferView): Float32Array | null {
   if (v.dtype !== "float32" || !isContiguous(v.shape, v.strides)) return null;
-  return new Float32Array(hostOf(v.buffer), v.offset * 4, numel(v.shape));
+  return new Float32Array(rawOf(v.buffer), v.offset * 4, numel(v.shape));
 }
 function u16(v: BufferView): Uint16Array | null {
   if ((v.dtype !== "bfloat16" && v.dtype !== "float16") || !isContiguous(v.shape, v.strides)) return null;
-  return new Uint16Array(hostOf(v.buffer), v.offset * 2, numel(v.shape));
+  return new Uint16Array(rawOf(v.buffer), v.offset * 2, numel(v.shape));
 }
 function i32(v: BufferView): Int32Array | null {
   if (v.dtype !== "int32" || !isContiguous(v.shape, v.strides)) return null;
-  return new Int32Array(hostOf(v.buffer), v.offset * 4, numel(v.shape));
+  return new Int32Array(rawOf(v.buffer), v.offset * 4, numel(v.shape));
 }
 /** A float32 array starting at the view's offset spanning `length` elements (for kernels given explicit sizes). */
 function f32Span(v: BufferView, length: number): Float32Array | null {
   if (v.dtype !== "float32") return null;
-  return new Float32Array(hostOf(v.buffer), v.offset * 4, length);
+  return new Float32Array(rawOf(v.buffer), v.offset * 4, length);
 }
 function u16Span(v: BufferView, length: number): Uint16Array | null {
   if (v.dtype !== "bfloat16") return null;
-  return new Uint16Array(hostOf(v.buffer), v.offset * 2, length);
+  return new Uint16Array(rawOf(v.buffer), v.offset * 2, length);
 }
 
 /** Below this many elements the TS strided loops beat a native call's fixed cost (~1-2 us). */
@@ -50,11 +67,11 @@ function dims(xs: readonly number[]): Int32Array | null {
 }
 /** The buffer's bytes from the view's offset on (the native strided kernels bounds-check each view). */
 function bytesFrom(v: BufferView, elemBytes: number): Uint8Array {
-  return new Uint8Array(hostOf(v.buffer), v.offset * elemBytes);
+  return new Uint8Array(rawOf(v.buffer), v.offset * elemBytes);
 }
 function f32From(v: BufferView): Float32Array | null {
   if (v.dtype !== "float32") return null;
-  const host = hostOf(v.buffer);
+  const host = rawOf(v.buffer);
   return new Float32Array(host, v.offset * 4, Math.max(0, (host.byteLength >>> 2) - v.offset));
 }
 
@@ -72,18 +89,22 @@ function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null 
     d--;
   }
   for (let e = d; e >= 0; e--) if (strides[e] !== 0 && shape[e] !== 1) return null;
-  return { data: new Float32Array(hostOf(b.buffer), b.offset * 4, expected), bn: expected };
+  return { data: new Float32Array(rawOf(b.buffer), b.offset * 4, expected), bn: expected };
 }
 
 export class CpuBackend implements Backend {
   readonly name = "cpu";
   readonly native: NativeKernels;
-  private readonly memory = new HostAllocator();
+  private readonly stream: CpuStream;
+  private readonly memory: HostAllocator;
 
   constructor() {
     const native = tryLoadNativeKernels();
     if (!native) throw new BackendUnavailableError("cpu", `native kernels did not load (${nativeLoadError()}); run \`npm run build\`, or use device "reference"`);
     this.native = native;
+    this.stream = new CpuStream(native);
+    const stream = this.stream;
+    this.memory = new HostAllocator((m) => new CpuBuffer(m, stream));
     const threads = env.numThreads;
     if (threads !== undefined) native.setNumThreads(threads);
   }
@@ -104,7 +125,7 @@ export class CpuBackend implements Backend {
     return this.memory.read(buffer, byteOffset, byteLength);
   }
   synchronize(): Promise<void> {
-    return Promise.resolve();
+    return this.stream.synchronize();
   }
   liveBuffers(): number {
     return this.memory.liveBuffers();
@@ -113,13 +134,31 @@ export class CpuBackend implements Backend {
     return this.memory.liveBytes();
   }
 
-  run(call: KernelCall): void {
-    if (!this.runNative(call) && !runHostFast(call)) runReference(call);
+  run(call: KernelCall, options?: RunOptions): void {
+    const blocking = options?.blocking ?? false;
+    if (blocking) this.stream.drainIfTracked();
+    if (this.runNative(call, blocking)) {
+      if (!blocking) {
+        const { reads, writes } = operands(call);
+        this.stream.track(reads, writes);
+      }
+      return;
+    }
+    // host kernels reach memory through CpuBuffer.host, which waits for pending work on that buffer
+    if (!runHostFast(call)) runReference(call);
   }
 
-  /** Runs the call natively when the dtypes and layouts have a native kernel; returns false otherwise. */
-  private runNative(call: KernelCall): boolean {
-    const k = this.native;
+  /** A small strided op runs on the host unless that would wait for the stream. */
+  private preferHost(n: number, blocking: boolean, views: readonly BufferView[]): boolean {
+    return n < NATIVE_STRIDED_MIN && (blocking || !this.stream.touches(views));
+  }
+
+  /**
+   * Runs (blocking) or enqueues the call natively when the dtypes and layouts have a native kernel;
+   * returns false otherwise. Index data read here for bounds checks is waited for first.
+   */
+  private runNative(call: KernelCall, blocking: boolean): boolean {
+    const k: Launcher = blocking ? this.native : this.native.stream;
     switch (call.op) {
       case "unary": {
         const code = UNARY_CODES[call.fn];
@@ -140,7 +179,7 @@ export class CpuBackend implements Backend {
           return true;
         }
         // general broadcasting / strided operands (scalar - x, column broadcasts, transposed inputs)
-        if (out.length < NATIVE_STRIDED_MIN) return false;
+        if (this.preferHost(out.length, blocking, [call.a, call.b, call.out])) return false;
         const shape = dims(call.out.shape);
         const as = dims(call.a.strides);
         const bs = dims(call.b.strides);
@@ -153,7 +192,8 @@ export class CpuBackend implements Backend {
       case "where": {
         const out = f32(call.out);
         const cd = call.cond.dtype;
-        if (!out || (cd !== "bool" && cd !== "uint8") || out.length < NATIVE_STRIDED_MIN) return false;
+        if (!out || (cd !== "bool" && cd !== "uint8")) return false;
+        if (this.preferHost(out.length, blocking, [call.cond, call.a, call.b, call.out])) return false;
         const shape = dims(call.out.shape);
         const cs = dims(call.cond.strides);
         const as = dims(call.a.strides);
@@ -169,7 +209,8 @@ export class CpuBackend implements Backend {
         const xf = f32(call.x);
         const of = f32(call.out);
         if (xf && of) {
-          of.set(xf);
+          if (blocking) of.set(xf);
+          else k.copyStrided(xf, of, Int32Array.of(n), Int32Array.of(1), Int32Array.of(1), 4);
           return true;
         }
         const xh = u16(call.x);
@@ -187,7 +228,7 @@ export class CpuBackend implements Backend {
         // same dtype, any layout: a strided byte copy (transposes, expand materialisation, slices)
         const eb = DTYPE_BYTES[call.x.dtype];
         if (call.x.dtype !== call.out.dtype || (eb !== 1 && eb !== 2 && eb !== 4 && eb !== 8)) return false;
-        if (n < NATIVE_STRIDED_MIN && isDirect(call.x.dtype)) return false; // tiny: the TS loop is cheaper
+        if (isDirect(call.x.dtype) && this.preferHost(n, blocking, [call.x, call.out])) return false; // tiny: the TS loop is cheaper
         const shape = dims(call.out.shape);
         const xs = dims(call.x.strides);
         const os = dims(call.out.strides);
@@ -243,6 +284,7 @@ export class CpuBackend implements Backend {
         const tableLen = call.rows * call.dim;
         const table = call.table.dtype === "bfloat16" ? u16Span(call.table, tableLen) : f32Span(call.table, tableLen);
         if (!ids || !out || !table) return false;
+        this.stream.awaitWrites([call.ids]);
         for (let i = 0; i < ids.length; i++) {
           const id = ids[i]!;
           // memory safety: native code trusts the ids
@@ -258,6 +300,7 @@ export class CpuBackend implements Backend {
         const sin = f32(call.sin);
         const out = f32(call.out);
         if (!x || !pos || !cos || !sin || !out) return false;
+        this.stream.awaitWrites([call.positions]);
         const maxPos = cos.length / (call.rotaryDim / 2);
         for (let i = 0; i < pos.length; i++) {
           const p = pos[i]!;
@@ -278,6 +321,7 @@ export class CpuBackend implements Backend {
         const seqLens = i32(call.seqLens);
         const out = f32(call.out);
         if (!q || !kNew || !vNew || !kCache || !vCache || !slots || !tables || !qStart || !seqLens || !out) return false;
+        this.stream.awaitWrites([call.slotMapping, call.blockTables, call.queryStart, call.seqLens]);
         checkPagedAttentionIndices(call, kCache.length, slots, tables, qStart, seqLens);
         k.pagedAttention(
           q, kNew, vNew, kCache, vCache, slots, tables, qStart, seqLens, out,

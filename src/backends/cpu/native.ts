@@ -6,6 +6,8 @@
  * (`KILN_NATIVE_ISA=avx512|avx2|scalar` forces one; it is read once per process).
  * All arrays are typed-array views used in place (their byteOffset is honoured); sizes are
  * element counts; float math is f32. bf16 and f16 data travel as Uint16Array.
+ * Each kernel also has an enqueue variant on `k.stream` (one in-order native stream thread per JS
+ * thread); a synchronous call first drains that stream, so direct calls stay in order.
  *
  * @example
  * const k = loadNativeKernels();
@@ -29,7 +31,7 @@ export const BinaryOp = { add: 0, sub: 1, mul: 2, div: 3, maximum: 4, minimum: 5
 /** Op codes of `reduce`. */
 export const ReduceOp = { sum: 0, max: 1, min: 2 } as const;
 
-export interface NativeKernels {
+export interface NativeKernels extends NativeStream {
   isa: NativeIsa;
   features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
   setNumThreads(n: number): void;
@@ -101,6 +103,32 @@ export interface NativeKernels {
   memoryReadBandwidth(buf: Float32Array, iterations: number, threads: number): number;
   /** FMA peak of one core in GFLOP/s for the selected ISA. */
   fmaPeak(iterations: number): number;
+}
+
+/** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
+export type StreamKernelName =
+  | "matmul" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
+  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "f16ToF32" | "f32ToF16";
+
+/**
+ * Enqueue variants of the kernels on this thread's in-order native stream. Arguments are validated (and
+ * index arrays bounds-checked) at the call, which throws like the synchronous kernel; the kernel runs later
+ * on the stream thread. Returns the job's sequence number. The caller must keep every array alive (and
+ * leave it unread/unwritten) until the stream has completed that job.
+ */
+export type NativeStreamKernels = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => number };
+
+export interface NativeStream {
+  readonly stream: NativeStreamKernels;
+  /** Blocks until every enqueued job has run; rethrows the first kernel error recorded on the stream. */
+  streamSync(): void;
+  /** Resolves when every job enqueued so far has run (rejects with a recorded error); never keeps an idle loop alive. */
+  streamSyncAsync(): Promise<void>;
+  /** Jobs enqueued and not yet finished. */
+  streamPending(): number;
+  /** Jobs finished since the stream started (sequence numbers up to this have run). */
+  streamCompleted(): number;
 }
 
 /** The native addon could not be loaded; `reason` says why (missing build, ABI mismatch...). */

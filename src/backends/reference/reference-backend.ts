@@ -8,14 +8,17 @@ export class HostAllocator {
   private live = 0;
   private bytes = 0;
 
-  allocate(byteLength: number): HostBuffer {
+  /** `wrap` lets a back end hand out its own buffer type over the ArrayBuffer (the cpu stream's guard). */
+  constructor(private readonly wrap: (memory: ArrayBuffer) => DeviceBuffer & { freed: boolean } = (m) => new HostBuffer(m)) {}
+
+  allocate(byteLength: number): DeviceBuffer {
     this.live++;
     this.bytes += byteLength;
-    return new HostBuffer(new ArrayBuffer(byteLength));
+    return this.wrap(new ArrayBuffer(byteLength));
   }
 
   free(buffer: DeviceBuffer): void {
-    const b = buffer as HostBuffer;
+    const b = buffer as DeviceBuffer & { freed: boolean };
     if (b.freed) return;
     b.freed = true;
     this.live--;

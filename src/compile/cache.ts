@@ -1,0 +1,169 @@
+// On-disk compile cache (STYLE.md 8: a kernel is data with a cache key). One directory per key under
+// <cacheDir>/compile/<key>/ holding source.c, lib-<sha>.so and meta.json (written last: its presence
+// marks a complete entry). Writes go to a temp name and rename() into place, so concurrent processes
+// never see partial files; the library's sha256 is stored in meta.json and verified before loading, so
+// a truncated or corrupt entry is rebuilt. The library file name carries its checksum because dlopen()
+// returns an already-loaded library by name. An LRU sweep (by mtime, touched on every hit) bounds size.
+import { createHash, randomBytes } from "node:crypto";
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { env } from "../util/env.js";
+import { compileC, compilerFlags, JitLibrary, kilnVersion, probeCompiler } from "./jit.js";
+
+export interface CacheStats {
+  /** Libraries found on disk (or already loaded in this process). */
+  hits: number;
+  /** Libraries compiled by this process. */
+  misses: number;
+  /** Entries found corrupt and rebuilt. */
+  corrupt: number;
+  /** Milliseconds spent in the C compiler. */
+  compileMs: number;
+}
+
+const stats: CacheStats = { hits: 0, misses: 0, corrupt: 0, compileMs: 0 };
+const loaded = new Map<string, JitLibrary>();
+
+export function compileCacheStats(): CacheStats {
+  return { ...stats };
+}
+
+interface Meta {
+  key: string;
+  lib: string;
+  sha256: string;
+  bytes: number;
+  flags: string[];
+  cc: string;
+  version: string;
+}
+
+function sha256(data: string | Buffer): string {
+  return createHash("sha256").update(data).digest("hex");
+}
+
+function cacheRoot(): string {
+  return join(env.cacheDir, "compile");
+}
+
+/** The cache key: the program's identity (IR, shapes, dtypes, buckets) plus back end, compiler, flags and version. */
+export function cacheKey(identity: string, backend: string): string {
+  const cc = probeCompiler();
+  return sha256(JSON.stringify({ identity, backend, cc: cc.version, flags: compilerFlags(), version: kilnVersion() }));
+}
+
+function writeAtomic(path: string, data: string | Buffer): void {
+  const tmp = `${path}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`;
+  writeFileSync(tmp, data);
+  renameSync(tmp, path);
+}
+
+function readEntry(dir: string, key: string): Meta | null {
+  let meta: Meta;
+  try {
+    meta = JSON.parse(readFileSync(join(dir, "meta.json"), "utf8")) as Meta;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return null;
+    stats.corrupt++;
+    return null; // unreadable metadata: rebuild
+  }
+  try {
+    if (meta.key !== key || typeof meta.lib !== "string") throw new Error("mismatch");
+    const bytes = readFileSync(join(dir, meta.lib));
+    if (bytes.length !== meta.bytes || sha256(bytes) !== meta.sha256) throw new Error("checksum");
+    return meta;
+  } catch {
+    stats.corrupt++;
+    return null;
+  }
+}
+
+/**
+ * The loaded library for `source` under `key`: from this process, from disk, or compiled now.
+ * `onCompile` is told when a compile happens (compile()'s recompile accounting).
+ */
+export function getLibrary(key: string, source: string): { lib: JitLibrary; hit: boolean } {
+  const mem = loaded.get(key);
+  if (mem) {
+    stats.hits++;
+    return { lib: mem, hit: true };
+  }
+  const dir = join(cacheRoot(), key);
+  const meta = readEntry(dir, key);
+  if (meta) {
+    const now = new Date();
+    try {
+      utimesSync(join(dir, "meta.json"), now, now); // LRU recency
+    } catch {
+      /* racing clean-up: the loaded copy is still valid */
+    }
+    const lib = JitLibrary.load(join(dir, meta.lib));
+    loaded.set(key, lib);
+    stats.hits++;
+    return { lib, hit: true };
+  }
+  mkdirSync(dir, { recursive: true });
+  const flags = compilerFlags();
+  const srcPath = join(dir, `source-${process.pid}-${randomBytes(4).toString("hex")}.c`);
+  writeFileSync(srcPath, source);
+  const tmpLib = join(dir, `build-${process.pid}-${randomBytes(4).toString("hex")}.so`);
+  const t0 = performance.now();
+  try {
+    compileC(srcPath, tmpLib, flags);
+  } finally {
+    stats.compileMs += performance.now() - t0;
+  }
+  const bytes = readFileSync(tmpLib);
+  const sum = sha256(bytes);
+  const libName = `lib-${sum.slice(0, 16)}.so`;
+  renameSync(tmpLib, join(dir, libName));
+  renameSync(srcPath, join(dir, "source.c"));
+  const m: Meta = { key, lib: libName, sha256: sum, bytes: bytes.length, flags, cc: probeCompiler().version, version: kilnVersion() };
+  writeAtomic(join(dir, "meta.json"), JSON.stringify(m, null, 1));
+  stats.misses++;
+  const lib = JitLibrary.load(join(dir, libName));
+  loaded.set(key, lib);
+  sweep();
+  return { lib, hit: false };
+}
+
+/** Deletes least recently used entries until the cache fits in maxBytes (default KILN_CACHE_MAX_MB). */
+export function sweep(maxBytes = env.cacheMaxMb * 1024 * 1024): number {
+  let entries: { dir: string; bytes: number; used: number }[];
+  try {
+    entries = readdirSync(cacheRoot()).map((name) => {
+      const dir = join(cacheRoot(), name);
+      let bytes = 0;
+      let used = 0;
+      for (const f of readdirSync(dir)) {
+        const st = statSync(join(dir, f));
+        bytes += st.size;
+        if (f === "meta.json") used = st.mtimeMs;
+      }
+      return { dir, bytes, used };
+    });
+  } catch {
+    return 0;
+  }
+  let total = entries.reduce((s, e) => s + e.bytes, 0);
+  let removed = 0;
+  entries.sort((a, b) => a.used - b.used);
+  for (const e of entries) {
+    if (total <= maxBytes) break;
+    if (e.used === 0) continue; // being written by someone
+    rmSync(e.dir, { recursive: true, force: true });
+    total -= e.bytes;
+    removed++;
+  }
+  return removed;
+}
+
+/** The entry directory of a key (tests corrupt entries through it). */
+export function entryDir(key: string): string {
+  return join(cacheRoot(), key);
+}
+
+/** Forgets libraries loaded by this process (tests: force the next lookup to go to disk). */
+export function forgetLoaded(): void {
+  loaded.clear();
+}

@@ -1,0 +1,296 @@
+// The C renderer: each fused step becomes a loop nest over its kernel shape; consecutive fused steps form
+// one segment function `void seg_k(void** b, const int64_t* s)` so the whole run between two back-end
+// kernels is one native call. Buffers are addressed by slot (b[slot]); every materialized buffer is
+// dense row-major. Row ops (softmax, rms_norm, reductions) compute their per-row statistics in extra
+// passes over the last dim before the output pass. Written to be vectorised by gcc -O3.
+import { contiguousStrides } from "../tensor/index.js";
+import { operands, type DType, type Graph, type Node, type NodeId } from "./ir.js";
+import type { Schedule, Step } from "./passes/fusion.js";
+import { baseOf } from "./passes/memory-plan.js";
+import { promoteTypes } from "../backends/dtype.js";
+
+const CTYPE: Partial<Record<DType, string>> = { float32: "float", int32: "int32_t", int64: "int64_t", int8: "int8_t", uint8: "uint8_t", bool: "uint8_t" };
+
+/** Dtypes the renderer handles; graphs with others run op by op. */
+export function renderable(dtype: DType): boolean {
+  return CTYPE[dtype] !== undefined;
+}
+
+const PRELUDE = `#include <stdint.h>
+#include <math.h>
+static inline float k_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float k_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+static inline float k_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+static inline float k_remf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
+static inline int64_t k_remi(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+`;
+
+function conv(v: string, from: DType, to: DType): string {
+  if (from === to) return v;
+  if (to === "bool") return `(uint8_t)(${v} != 0)`;
+  return `(${CTYPE[to]})(${v})`;
+}
+
+function isFloat(d: DType): boolean {
+  return d === "float32";
+}
+
+function unaryExpr(fn: string, x: string, t: DType): string {
+  if (!isFloat(t)) {
+    switch (fn) {
+      case "neg": return `-${x}`;
+      case "abs": return `(${x} < 0 ? -${x} : ${x})`;
+      case "square": return `${x} * ${x}`;
+      case "relu": return `(${x} > 0 ? ${x} : 0)`;
+      case "sign": return `((${x} > 0) - (${x} < 0))`;
+      case "logical_not": return `(${x} == 0)`;
+    }
+  }
+  switch (fn) {
+    case "neg": return `-${x}`;
+    case "exp": return `expf(${x})`;
+    case "log": return `logf(${x})`;
+    case "sqrt": return `sqrtf(${x})`;
+    case "rsqrt": return `1.0f / sqrtf(${x})`;
+    case "tanh": return `tanhf(${x})`;
+    case "sigmoid": return `k_sigmoid(${x})`;
+    case "silu": return `${x} * k_sigmoid(${x})`;
+    case "gelu": return `k_gelu(${x})`;
+    case "gelu_tanh": return `k_gelu_tanh(${x})`;
+    case "abs": return `fabsf(${x})`;
+    case "reciprocal": return `1.0f / ${x}`;
+    case "sin": return `sinf(${x})`;
+    case "cos": return `cosf(${x})`;
+    case "square": return `${x} * ${x}`;
+    case "relu": return `(${x} > 0.0f ? ${x} : 0.0f)`;
+    case "floor": return `floorf(${x})`;
+    case "ceil": return `ceilf(${x})`;
+    case "round": return `nearbyintf(${x})`;
+    case "sign": return `(float)((${x} > 0.0f) - (${x} < 0.0f))`;
+    case "logical_not": return `(${x} == 0)`;
+  }
+  throw new Error(`no C for unary ${fn}`);
+}
+
+function binaryExpr(fn: string, a: string, b: string, t: DType): string {
+  const f = isFloat(t);
+  switch (fn) {
+    case "add": return `${a} + ${b}`;
+    case "sub": return `${a} - ${b}`;
+    case "mul": return `${a} * ${b}`;
+    case "div": return `${a} / ${b}`;
+    case "pow": return f ? `powf(${a}, ${b})` : `(${CTYPE[t]})pow(${a}, ${b})`;
+    case "maximum": return `(${a} > ${b} ? ${a} : ${b})`;
+    case "minimum": return `(${a} < ${b} ? ${a} : ${b})`;
+    case "remainder": return f ? `k_remf(${a}, ${b})` : `(${CTYPE[t]})k_remi(${a}, ${b})`;
+    case "eq": return `(${a} == ${b})`;
+    case "ne": return `(${a} != ${b})`;
+    case "lt": return `(${a} < ${b})`;
+    case "le": return `(${a} <= ${b})`;
+    case "gt": return `(${a} > ${b})`;
+    case "ge": return `(${a} >= ${b})`;
+    case "logical_and": return `(${a} != 0 && ${b} != 0)`;
+    case "logical_or": return `(${a} != 0 || ${b} != 0)`;
+  }
+  throw new Error(`no C for binary ${fn}`);
+}
+
+function literal(v: number, t: DType): string {
+  if (isFloat(t)) {
+    if (Number.isNaN(v)) return "NAN";
+    if (!Number.isFinite(v)) return v > 0 ? "INFINITY" : "-INFINITY";
+    return `${Math.fround(v).toPrecision(9)}f`;
+  }
+  return `(${CTYPE[t]})${Math.trunc(v)}`;
+}
+
+export interface RenderContext {
+  g: Graph;
+  s: Schedule;
+  /** Buffer slot of a materialized node (its base). */
+  slot: (base: NodeId) => number;
+}
+
+/** Renders the fused steps grouped into segments; returns the C source and each segment's step indices. */
+export function renderProgram(ctx: RenderContext): { source: string; segments: number[][] } {
+  const segments: number[][] = [];
+  let cur: number[] | null = null;
+  ctx.s.steps.forEach((step, i) => {
+    if (step.kind === "fused") {
+      if (!cur) segments.push((cur = []));
+      cur.push(i);
+    } else cur = null;
+  });
+  const fns = segments.map((seg, k) => {
+    const body = seg.map((i) => renderStep(ctx, ctx.s.steps[i] as Extract<Step, { kind: "fused" }>)).join("\n");
+    return `void seg_${k}(void** b, const int64_t* s) {\n  (void)s;\n${body}}\n`;
+  });
+  return { source: PRELUDE + "\n" + fns.join("\n"), segments };
+}
+
+function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>): string {
+  const { g } = ctx;
+  const root = g.nodes[step.root]!;
+  const members = new Set(step.members);
+  const K = root.op.kind === "reduce" ? g.nodes[root.op.x]!.shape : root.shape;
+  const r = K.length;
+  const iv = (d: number) => `i${d}`;
+  const lines: string[] = [];
+  let indent = "  ";
+  const emit = (l: string) => lines.push(indent + l);
+  let tmp = 0;
+
+  /** Index into a materialized buffer read as logical `shape`/`strides`, broadcast into K. */
+  const indexExpr = (shape: readonly number[], strides: readonly number[]) => {
+    const terms: string[] = [];
+    shape.forEach((dim, d) => {
+      const kd = d + r - shape.length;
+      if (dim !== 1 && strides[d] !== 0) terms.push(strides[d] === 1 ? iv(kd) : `${iv(kd)} * ${strides[d]}`);
+    });
+    return terms.length ? terms.join(" + ") : "0";
+  };
+  /** C expression reading leaf `id` (materialized, alias or permute accessor) at the current indices. */
+  const readLeaf = (id: NodeId): string => {
+    const n = g.nodes[id]!;
+    if (n.op.kind === "const") return literal(n.op.value, n.dtype);
+    if (n.op.kind === "permute" && (ctx.s.home[id] === "inline" || members.has(id))) {
+      // a strided read of the permute's (materialized) input
+      const src = g.nodes[n.op.x]!;
+      const cs = contiguousStrides(src.shape);
+      const strides = n.op.dims.map((d) => cs[d]!);
+      return `((const ${CTYPE[n.dtype]}*)b[${ctx.slot(baseOf(ctx.s, g, n.op.x))}])[${indexExpr(n.shape, strides)}]`;
+    }
+    return `((const ${CTYPE[n.dtype]}*)b[${ctx.slot(baseOf(ctx.s, g, id))}])[${indexExpr(n.shape, contiguousStrides(n.shape))}]`;
+  };
+
+  // value of node id inside the current loop body; memo maps node -> C variable
+  let memo = new Map<NodeId, string>();
+  const value = (id: NodeId): string => {
+    const known = memo.get(id);
+    if (known) return known;
+    if (!members.has(id)) return readLeaf(id);
+    const n: Node = g.nodes[id]!;
+    const t = n.dtype;
+    const ct = CTYPE[t]!;
+    const dt = (x: NodeId) => g.nodes[x]!.dtype;
+    let e: string;
+    switch (n.op.kind) {
+      case "unary": {
+        const keepInt = !isFloat(t) && n.op.fn !== "logical_not";
+        e = unaryExpr(n.op.fn, conv(value(n.op.x), dt(n.op.x), keepInt ? t : n.op.fn === "logical_not" ? dt(n.op.x) : "float32"), keepInt ? t : n.op.fn === "logical_not" ? "bool" : "float32");
+        e = conv(`(${e})`, n.op.fn === "logical_not" ? "bool" : keepInt ? t : "float32", t);
+        break;
+      }
+      case "binary": {
+        const cmp = t === "bool";
+        const ctyp = cmp ? promoteTypes(dt(n.op.a), dt(n.op.b)) : t;
+        e = binaryExpr(n.op.fn, conv(value(n.op.a), dt(n.op.a), ctyp), conv(value(n.op.b), dt(n.op.b), ctyp), ctyp);
+        break;
+      }
+      case "where":
+        e = `(${value(n.op.cond)} ? ${conv(value(n.op.a), dt(n.op.a), t)} : ${conv(value(n.op.b), dt(n.op.b), t)})`;
+        break;
+      case "cast":
+        e = conv(value(n.op.x), dt(n.op.x), t);
+        break;
+      case "rms_norm":
+        e = `${conv(value(n.op.x), dt(n.op.x), "float32")} * r${id} * ${conv(value(n.op.weight), dt(n.op.weight), "float32")}`;
+        break;
+      case "softmax": {
+        const x = conv(value(n.op.x), dt(n.op.x), "float32");
+        e = n.op.log ? `${x} - m${id} - logf(s${id})` : `expf(${x} - m${id}) * inv${id}`;
+        break;
+      }
+      case "const":
+        return literal(n.op.value, t);
+      case "permute":
+        return readLeaf(id);
+      default:
+        throw new Error(`cannot render ${n.op.kind} inside a fused kernel`);
+    }
+    const v = `v${id}_${tmp++}`;
+    emit(`${ct} ${v} = ${e};`);
+    memo.set(id, v);
+    return v;
+  };
+
+  const last = r - 1;
+  const loop = (d: number) => {
+    emit(`for (int64_t ${iv(d)} = 0; ${iv(d)} < ${K[d]}; ${iv(d)}++) {`);
+    indent += "  ";
+  };
+  const close = () => {
+    indent = indent.slice(2);
+    emit("}");
+  };
+  const innerLoop = (bodyFn: () => void) => {
+    emit("#pragma GCC ivdep");
+    loop(last);
+    memo = new Map();
+    bodyFn();
+    close();
+  };
+
+  emit(`{ /* %${root.id} ${root.op.kind} -> ${root.dtype}[${root.shape.join(",")}] */`);
+  indent += "  ";
+  emit(`${CTYPE[root.dtype]}* out = (${CTYPE[root.dtype]}*)b[${ctx.slot(root.id)}];`);
+  for (let d = 0; d < last; d++) loop(d);
+  // per-row statistics of the row ops computed inside this kernel, inner ones first
+  for (const m of step.members) {
+    const op = g.nodes[m]!.op;
+    if (m === step.root && op.kind === "reduce") continue;
+    if (op.kind === "rms_norm") {
+      emit(`float ss${m} = 0.0f;`);
+      innerLoop(() => {
+        const x = conv(value(op.x), g.nodes[op.x]!.dtype, "float32");
+        emit(`ss${m} += ${x} * ${x};`);
+      });
+      emit(`float r${m} = 1.0f / sqrtf(ss${m} / ${K[last]} + ${literal(op.eps, "float32")});`);
+    } else if (op.kind === "softmax") {
+      emit(`float m${m} = -INFINITY, s${m} = 0.0f;`);
+      innerLoop(() => {
+        const x = conv(value(op.x), g.nodes[op.x]!.dtype, "float32");
+        emit(`m${m} = ${x} > m${m} ? ${x} : m${m};`);
+      });
+      innerLoop(() => emit(`s${m} += expf(${conv(value(op.x), g.nodes[op.x]!.dtype, "float32")} - m${m});`));
+      emit(`float inv${m} = 1.0f / s${m};`);
+    }
+  }
+  const rowIndex = () => {
+    const cs = contiguousStrides(K.slice(0, last));
+    return K.slice(0, last).map((_, d) => `${iv(d)} * ${cs[d]}`).join(" + ") || "0";
+  };
+  if (root.op.kind === "reduce") {
+    const rop = root.op;
+    const at = isFloat(root.dtype) ? "float" : "int64_t";
+    const init = rop.fn === "max" ? (at === "float" ? "-INFINITY" : "INT64_MIN") : rop.fn === "min" ? (at === "float" ? "INFINITY" : "INT64_MAX") : "0";
+    emit(`${at} acc = ${init};`);
+    innerLoop(() => {
+      const x = conv(value(rop.x), g.nodes[rop.x]!.dtype, isFloat(root.dtype) ? "float32" : "int64");
+      if (rop.fn === "max") emit(`acc = ${x} > acc ? ${x} : acc;`);
+      else if (rop.fn === "min") emit(`acc = ${x} < acc ? ${x} : acc;`);
+      else emit(`acc += ${x};`);
+    });
+    emit(`out[${rowIndex()}] = (${CTYPE[root.dtype]})(acc${rop.fn === "mean" ? ` / ${K[last]}.0f` : ""});`);
+  } else if (r === 0) {
+    memo = new Map();
+    emit(`out[0] = ${value(root.id)};`);
+  } else {
+    innerLoop(() => {
+      const cs = contiguousStrides(K);
+      emit(`out[${K.map((_, d) => `${iv(d)} * ${cs[d]}`).join(" + ")}] = ${value(root.id)};`);
+    });
+  }
+  for (let d = 0; d < last; d++) close();
+  indent = indent.slice(2);
+  emit("}");
+  return lines.join("\n") + "\n";
+}
+
+/** Operands read by a fused step from outside it (for liveness and binding). */
+export function stepReads(g: Graph, step: Extract<Step, { kind: "fused" }>): NodeId[] {
+  const mem = new Set(step.members);
+  const out: NodeId[] = [];
+  for (const m of step.members) for (const o of operands(g.nodes[m]!.op)) if (!mem.has(o)) out.push(o);
+  return out;
+}

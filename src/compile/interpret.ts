@@ -1,0 +1,69 @@
+// Op-by-op execution of the IR through the eager tensor ops: the slow, readable reference of every
+// compiled program (STYLE.md 9) and the fallback when no C compiler or JIT addon is available.
+import * as k from "../tensor/index.js";
+import type { Tensor } from "../tensor/index.js";
+import type { Graph, NodeId } from "./ir.js";
+import { customOp } from "./custom-op-registry.js";
+
+export function interpret(g: Graph, inputs: Tensor[], params: Tensor[]): Tensor[] {
+  const vals: Tensor[] = [];
+  const owned = new Set<NodeId>();
+  const dev = (inputs[0] ?? params[0])?.device;
+  for (const n of g.nodes) {
+    const op = n.op;
+    const v = (id: NodeId) => vals[id]!;
+    let out: Tensor;
+    switch (op.kind) {
+      case "input":
+        out = inputs[op.index]!;
+        break;
+      case "param":
+        out = params[op.index]!;
+        break;
+      case "const":
+        out = k.full(n.shape, op.value, { dtype: n.dtype, device: dev });
+        break;
+      case "unary":
+        out = k.unary(op.fn, v(op.x));
+        break;
+      case "binary":
+        out = k.binary(op.fn, v(op.a), v(op.b));
+        break;
+      case "where":
+        out = k.where(v(op.cond), v(op.a), v(op.b));
+        break;
+      case "cast":
+        out = v(op.x).dtype === n.dtype ? v(op.x).clone() : v(op.x).to(n.dtype);
+        break;
+      case "reduce":
+        out = op.fn === "sum" ? k.sum(v(op.x), -1, op.keepdim) : op.fn === "mean" ? k.mean(v(op.x), -1, op.keepdim) : op.fn === "max" ? k.max(v(op.x), -1, op.keepdim) : k.min(v(op.x), -1, op.keepdim);
+        break;
+      case "softmax":
+        out = op.log ? k.logSoftmax(v(op.x), -1) : k.softmax(v(op.x), -1);
+        break;
+      case "rms_norm":
+        out = k.rmsNorm(v(op.x), v(op.weight), op.eps);
+        break;
+      case "matmul":
+        out = op.bTransposed ? k.linear(v(op.a), v(op.b)) : k.matmul(v(op.a), v(op.b));
+        break;
+      case "rotary":
+        out = k.rotaryEmbedding(v(op.x), v(op.positions), v(op.cos), v(op.sin), op.neox);
+        break;
+      case "custom":
+        out = customOp(op.name).eager(op.inputs.map(v));
+        break;
+      case "reshape":
+        out = k.reshape(v(op.x), [...n.shape]);
+        break;
+      case "permute":
+        out = k.permute(v(op.x), op.dims);
+        break;
+    }
+    vals.push(out);
+    if (op.kind !== "input" && op.kind !== "param") owned.add(n.id);
+  }
+  const results = g.outputs.map((o) => (owned.has(o) ? vals[o]!.contiguous() : vals[o]!.clone()));
+  for (const id of owned) if (!results.includes(vals[id]!)) vals[id]!.dispose();
+  return results;
+}

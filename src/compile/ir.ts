@@ -1,0 +1,143 @@
+// The compiler's one IR (STYLE.md 6-7): a graph of typed nodes, each with a static shape and dtype.
+// Nodes are in topological order (an input's id is always smaller than its user's). Passes rewrite
+// this structure; the renderer (codegen-c.ts) and the interpreter (interpret.ts) consume it.
+import type { BinaryOp, UnaryOp } from "../backends/backend.js";
+import type { DType } from "../backends/dtype.js";
+
+export type { BinaryOp, UnaryOp, DType };
+
+/** Row reductions over the last dim (mean = sum / n, folded into the kernel). */
+export type ReduceFn = "sum" | "mean" | "max" | "min";
+
+/** The op set, grouped. Every op's operands are node ids (`NodeId`), attributes are plain data. */
+export type Op =
+  // ---- leaves ----
+  | { kind: "input"; index: number } // argument `index` of the compiled function
+  | { kind: "param"; index: number } // a tensor captured by closure (weights), bound by reference
+  | { kind: "const"; value: number } // a scalar broadcast to the node's shape
+  // ---- elementwise (fusable: one output element reads one element of each operand, after broadcasting) ----
+  | { kind: "unary"; fn: UnaryOp; x: NodeId }
+  | { kind: "binary"; fn: BinaryOp; a: NodeId; b: NodeId }
+  | { kind: "where"; cond: NodeId; a: NodeId; b: NodeId }
+  | { kind: "cast"; x: NodeId } // to the node's dtype (same dtype: an explicit copy)
+  // ---- row ops over the last dim (fusable with an elementwise prologue; rms_norm/softmax also an epilogue) ----
+  | { kind: "reduce"; fn: ReduceFn; x: NodeId; keepdim: boolean }
+  | { kind: "softmax"; x: NodeId; log: boolean }
+  | { kind: "rms_norm"; x: NodeId; weight: NodeId; eps: number }
+  // ---- opaque kernels (run through the back end's kernels, never fused) ----
+  | { kind: "matmul"; a: NodeId; b: NodeId; bTransposed: boolean } // a [..., M, K] @ b [K, N] (or [N, K])
+  | { kind: "rotary"; x: NodeId; positions: NodeId; cos: NodeId; sin: NodeId; neox: boolean }
+  | { kind: "custom"; name: string; inputs: NodeId[] } // a user op from defineOp()
+  // ---- views (no compute: reshape aliases its contiguous input; permute is a strided read) ----
+  | { kind: "reshape"; x: NodeId }
+  | { kind: "permute"; x: NodeId; dims: number[] };
+
+export type NodeId = number;
+export type OpKind = Op["kind"];
+
+export interface Node {
+  readonly id: NodeId;
+  readonly op: Op;
+  readonly shape: readonly number[];
+  readonly dtype: DType;
+}
+
+export interface Graph {
+  nodes: Node[]; // topological order; nodes[i].id === i until a pass compacts ids
+  outputs: NodeId[];
+  numInputs: number;
+  numParams: number;
+}
+
+export const ELEMENTWISE: ReadonlySet<OpKind> = new Set(["unary", "binary", "where", "cast"]);
+export const ROW_OPS: ReadonlySet<OpKind> = new Set(["reduce", "softmax", "rms_norm"]);
+export const OPAQUE: ReadonlySet<OpKind> = new Set(["matmul", "rotary", "custom"]);
+
+/** Operand ids of an op, in a fixed order. */
+export function operands(op: Op): NodeId[] {
+  switch (op.kind) {
+    case "input":
+    case "param":
+    case "const":
+      return [];
+    case "unary":
+    case "cast":
+    case "reduce":
+    case "softmax":
+    case "reshape":
+    case "permute":
+      return [op.x];
+    case "binary":
+    case "matmul":
+      return [op.a, op.b];
+    case "where":
+      return [op.cond, op.a, op.b];
+    case "rms_norm":
+      return [op.x, op.weight];
+    case "rotary":
+      return [op.x, op.positions, op.cos, op.sin];
+    case "custom":
+      return [...op.inputs];
+  }
+}
+
+/** The op with every operand id mapped through f. */
+export function mapOperands(op: Op, f: (id: NodeId) => NodeId): Op {
+  switch (op.kind) {
+    case "input":
+    case "param":
+    case "const":
+      return op;
+    case "unary":
+    case "cast":
+    case "reduce":
+    case "softmax":
+    case "reshape":
+    case "permute":
+      return { ...op, x: f(op.x) };
+    case "binary":
+    case "matmul":
+      return { ...op, a: f(op.a), b: f(op.b) };
+    case "where":
+      return { ...op, cond: f(op.cond), a: f(op.a), b: f(op.b) };
+    case "rms_norm":
+      return { ...op, x: f(op.x), weight: f(op.weight) };
+    case "rotary":
+      return { ...op, x: f(op.x), positions: f(op.positions), cos: f(op.cos), sin: f(op.sin) };
+    case "custom":
+      return { ...op, inputs: op.inputs.map(f) };
+  }
+}
+
+/** Users of each node (graph outputs are not counted). */
+export function users(g: Graph): NodeId[][] {
+  const u: NodeId[][] = g.nodes.map(() => []);
+  for (const n of g.nodes) for (const o of operands(n.op)) u[o]!.push(n.id);
+  return u;
+}
+
+/** Renumbers nodes 0..n-1 keeping order (after passes drop nodes). */
+export function compact(g: Graph, keep: (n: Node) => boolean): Graph {
+  const remap = new Map<NodeId, NodeId>();
+  const nodes: Node[] = [];
+  for (const n of g.nodes) {
+    if (!keep(n)) continue;
+    const id = nodes.length;
+    remap.set(n.id, id);
+    nodes.push({ ...n, id, op: mapOperands(n.op, (o) => remap.get(o)!) });
+  }
+  return { ...g, nodes, outputs: g.outputs.map((o) => remap.get(o)!) };
+}
+
+/** A stable text form: the part of the cache key that identifies the computation. */
+export function serialize(g: Graph): string {
+  const lines = g.nodes.map((n) => `%${n.id} = ${JSON.stringify(n.op)} : ${n.dtype}[${n.shape.join(",")}]`);
+  lines.push(`return ${g.outputs.map((o) => `%${o}`).join(", ")}`);
+  return lines.join("\n");
+}
+
+export function numelOf(shape: readonly number[]): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}

@@ -1,0 +1,244 @@
+// An executable compiled graph: the pass pipeline (outputs materialized -> constant folding -> DCE ->
+// fusion -> memory planning -> C rendering -> cache) and the runner. A run binds inputs, params and fresh
+// output tensors to buffer slots, keeps intermediates in one planned arena, calls each generated segment
+// once through kiln_jit and enqueues back-end kernels (matmul, rotary) between segments. Host memory is
+// read through DeviceBuffer.host, which waits for pending stream work on that buffer.
+import type { BufferView, DeviceBuffer, KernelCall } from "../backends/backend.js";
+import { DTYPE_BYTES } from "../backends/dtype.js";
+import { runKernel } from "../tensor/dispatch.js";
+import * as k from "../tensor/index.js";
+import { contiguousStrides, type Device, type Tensor } from "../tensor/index.js";
+import { cacheKey, getLibrary } from "./cache.js";
+import { renderable, renderProgram } from "./codegen-c.js";
+import { customOp } from "./custom-op-registry.js";
+import { interpret } from "./interpret.js";
+import { numelOf, serialize, type Graph, type NodeId } from "./ir.js";
+import type { JitLibrary } from "./jit.js";
+import { foldConstants } from "./passes/const-fold.js";
+import { eliminateDeadCode } from "./passes/dce.js";
+import { fuse, type Schedule } from "./passes/fusion.js";
+import { baseOf, planMemory, type MemoryPlan } from "./passes/memory-plan.js";
+
+let launches = 0;
+/** Generated-kernel segments and custom ops launched by compiled programs (kernelsDispatched() counts the rest). */
+export function compiledLaunches(): number {
+  return launches;
+}
+
+/** Outputs must be written by a step: a leaf/view output gets an explicit copy (a same-dtype cast). */
+function materializeOutputs(g: Graph): Graph {
+  const nodes = [...g.nodes];
+  const outputs = g.outputs.map((o) => {
+    const kind = nodes[o]!.op.kind;
+    if (kind !== "input" && kind !== "param" && kind !== "reshape" && kind !== "permute" && kind !== "const") return o;
+    const n = nodes[o]!;
+    nodes.push({ id: nodes.length, op: { kind: "cast", x: o }, shape: n.shape, dtype: n.dtype });
+    return nodes.length - 1;
+  });
+  return { ...g, nodes, outputs };
+}
+
+export function optimize(g: Graph): Graph {
+  return eliminateDeadCode(foldConstants(materializeOutputs(g)));
+}
+
+export interface ProgramInfo {
+  /** Fused kernels (loop nests) and opaque back-end kernels per run. */
+  fusedKernels: number;
+  opaqueKernels: number;
+  /** Native calls per run into generated code (one per segment). */
+  segments: number;
+  arenaBytes: number;
+  naiveBytes: number;
+  /** True when the program runs generated code; false: op by op (fallback). */
+  jit: boolean;
+  cacheHit: boolean;
+  source: string;
+}
+
+interface Bound {
+  buffer: DeviceBuffer;
+  byteOffset: number;
+}
+
+export class Program {
+  readonly info: ProgramInfo;
+  private readonly slots: NodeId[] = [];
+  private readonly slotOf = new Map<NodeId, number>();
+  private arena: DeviceBuffer | null = null;
+  private readonly segmentFns: ((bufs: Uint8Array[]) => void)[] = [];
+  private readonly segmentOfStep = new Map<number, number>();
+
+  constructor(
+    readonly graph: Graph,
+    private readonly schedule: Schedule,
+    private readonly plan: MemoryPlan,
+    private readonly device: Device,
+    lib: JitLibrary | null,
+    segments: number[][],
+    source: string,
+    cacheHit: boolean,
+  ) {
+    for (const n of graph.nodes) {
+      const h = schedule.home[n.id];
+      if (h === "self") {
+        this.slotOf.set(n.id, this.slots.length);
+        this.slots.push(n.id);
+      }
+    }
+    if (lib) {
+      segments.forEach((seg, i) => {
+        const fn = lib.entry(`seg_${i}`);
+        this.segmentFns.push((bufs) => fn(bufs));
+        this.segmentOfStep.set(seg[0]!, i);
+      });
+    }
+    this.info = {
+      fusedKernels: schedule.steps.filter((s) => s.kind === "fused").length,
+      opaqueKernels: schedule.steps.filter((s) => s.kind === "opaque").length,
+      segments: segments.length,
+      arenaBytes: plan.arenaBytes,
+      naiveBytes: plan.naiveBytes,
+      jit: lib !== null,
+      cacheHit,
+      source,
+    };
+  }
+
+  slot(base: NodeId): number {
+    const s = this.slotOf.get(base);
+    if (s === undefined) throw new Error(`node %${base} has no buffer`);
+    return s;
+  }
+
+  /** Runs on inputs/params whose shapes and dtypes match the graph (compile() pads and guards). */
+  run(inputs: Tensor[], params: Tensor[]): Tensor[] {
+    const g = this.graph;
+    if (!this.info.jit) return interpret(g, inputs, params);
+    const temps: Tensor[] = [];
+    const bound = new Map<NodeId, Bound>();
+    const bindTensor = (id: NodeId, t: Tensor) => {
+      const d = t.isContiguous ? t : t.contiguous();
+      if (d !== t) temps.push(d);
+      bound.set(id, { buffer: d.storage.buffer, byteOffset: d.offset * DTYPE_BYTES[d.dtype] });
+    };
+    const outputs = new Map<NodeId, Tensor>();
+    for (const n of g.nodes) {
+      if (n.op.kind === "input") bindTensor(n.id, inputs[n.op.index]!);
+      else if (n.op.kind === "param") bindTensor(n.id, params[n.op.index]!);
+    }
+    for (const o of g.outputs) {
+      if (outputs.has(o)) continue;
+      const t = k.empty(g.nodes[o]!.shape, { dtype: g.nodes[o]!.dtype, device: this.device });
+      outputs.set(o, t);
+      bound.set(o, { buffer: t.storage.buffer, byteOffset: 0 });
+    }
+    if (!this.arena) this.arena = this.device.backend.allocate(this.plan.arenaBytes);
+    for (const [id, off] of this.plan.offsets) if (!bound.has(id)) bound.set(id, { buffer: this.arena, byteOffset: off });
+
+    const views = (): Uint8Array[] =>
+      this.slots.map((id) => {
+        const b = bound.get(id)!;
+        return new Uint8Array(b.buffer.host!, b.byteOffset);
+      });
+    const view = (id: NodeId): BufferView => {
+      const n = g.nodes[id]!;
+      const b = bound.get(baseOf(this.schedule, g, id))!;
+      return { buffer: b.buffer, dtype: n.dtype, shape: n.shape, strides: contiguousStrides(n.shape), offset: b.byteOffset / DTYPE_BYTES[n.dtype] };
+    };
+    this.schedule.steps.forEach((step, i) => {
+      if (step.kind === "fused") {
+        const seg = this.segmentOfStep.get(i);
+        if (seg !== undefined) {
+          this.segmentFns[seg]!(views());
+          launches++;
+        }
+        return;
+      }
+      const n = g.nodes[step.node]!;
+      const op = n.op;
+      if (op.kind === "matmul") {
+        const a = view(op.a);
+        const K = a.shape[a.shape.length - 1]!;
+        const M = numelOf(a.shape) / K;
+        const b = view(op.b);
+        const N = op.bTransposed ? b.shape[0]! : b.shape[1]!;
+        const out = view(n.id);
+        const call: KernelCall = {
+          op: "matmul",
+          a: { ...a, shape: [M, K], strides: [K, 1] },
+          b,
+          out: { ...out, shape: [M, N], strides: [N, 1] },
+          batch: 1, m: M, n: N, k: K, bTransposed: op.bTransposed, strideA: 0, strideB: 0, strideOut: 0,
+        };
+        runKernel("matmul", this.device, call, []);
+      } else if (op.kind === "rotary") {
+        const [T, H, D] = n.shape as [number, number, number];
+        const cos = view(op.cos);
+        runKernel("rotary", this.device, {
+          op: "rotary", x: view(op.x), positions: view(op.positions), cos, sin: view(op.sin), out: view(n.id),
+          tokens: T, heads: H, headDim: D, rotaryDim: cos.shape[1]! * 2, neox: op.neox,
+        }, []);
+      } else if (op.kind === "custom") {
+        const host = (id: NodeId) => {
+          const v = view(id);
+          return { host: v.buffer.host!, byteOffset: v.offset * DTYPE_BYTES[v.dtype], shape: v.shape };
+        };
+        customOp(op.name).runHost(op.inputs.map(host), host(n.id));
+        launches++;
+      }
+    });
+    for (const t of temps) t.dispose();
+    return g.outputs.map((o) => outputs.get(o)!);
+  }
+}
+
+function hostMemoryReason(device: Device): string | null {
+  const probe = device.backend.allocate(1);
+  const ok = probe.host !== undefined;
+  device.backend.free(probe);
+  return ok ? null : `device ${device.name} has no host memory`;
+}
+
+/** Why a graph cannot be rendered to C (a dtype the renderer lacks), or null. */
+function unrenderable(g: Graph, s: Schedule): string | null {
+  for (const step of s.steps) {
+    if (step.kind !== "fused") continue;
+    for (const m of step.members) if (!renderable(g.nodes[m]!.dtype)) return `dtype ${g.nodes[m]!.dtype} in %${m}`;
+  }
+  return null;
+}
+
+/**
+ * Optimizes and builds a program. `jit`: null to run op by op, else the back end name for the cache key.
+ * `identity` adds what the IR does not show (buckets) to the cache key.
+ */
+export function buildProgram(graph: Graph, device: Device, jitReason: string | null, identity: string): { program: Program; fallbackReason: string | null } {
+  const g = optimize(graph);
+  const s = fuse(g);
+  const isBound = (id: NodeId) => {
+    const kind = g.nodes[id]!.op.kind;
+    return kind === "input" || kind === "param" || g.outputs.includes(id);
+  };
+  const plan = planMemory(g, s, (id) => s.home[id] === "self" && !isBound(id));
+  let reason = jitReason ?? unrenderable(g, s) ?? hostMemoryReason(device);
+  let lib: JitLibrary | null = null;
+  let hit = false;
+  let source = "";
+  let segments: number[][] = [];
+  const slotIndex = new Map<NodeId, number>();
+  g.nodes.forEach((n) => {
+    if (s.home[n.id] === "self") slotIndex.set(n.id, slotIndex.size);
+  });
+  if (reason === null) {
+    ({ source, segments } = renderProgram({ g, s, slot: (b) => slotIndex.get(b)! }));
+    try {
+      const r = getLibrary(cacheKey(serialize(g) + "\n" + identity, device.backend.name), source);
+      lib = r.lib;
+      hit = r.hit;
+    } catch (e) {
+      reason = (e as Error).message;
+    }
+  }
+  return { program: new Program(g, s, plan, device, lib, segments, source, hit), fallbackReason: reason };
+}

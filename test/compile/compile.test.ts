@@ -1,0 +1,185 @@
+// compile(): compiled results equal eager ones; bucketed dynamic dims bound recompiles; the on-disk cache
+// is shared across processes and rebuilds corrupt entries; no C compiler falls back op by op.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import * as k from "../../src/tensor/index.js";
+import { compile, compileCacheStats, jitUnavailableReason } from "../../src/compile/index.js";
+import { forgetLoaded } from "../../src/compile/cache.js";
+import { assertClose } from "../tensor/suite.js";
+import { chain, gatedMlp, normScale } from "./fixtures.js";
+
+const cacheDir = mkdtempSync(join(tmpdir(), "kiln-compile-test-"));
+process.env.KILN_CACHE_DIR = cacheDir;
+const hasJit = jitUnavailableReason() === null;
+
+const rand = (shape: number[], seed: number) => {
+  let s = seed;
+  const n = shape.reduce((a, b) => a * b, 1);
+  return k.tensor(Float32Array.from({ length: n }, () => ((s = (s * 1103515245 + 12345) % 2147483648) / 2147483648) * 2 - 1), { shape });
+};
+
+describe("compile: compiled equals eager", () => {
+  it("fuses an elementwise chain with broadcasting into one kernel", () => {
+    const x = rand([16, 33], 1);
+    const y = rand([33], 2);
+    const f = compile((a, b) => chain(a, b));
+    assertClose(f(x, y) as k.Tensor, chain(x, y).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-6 });
+    if (hasJit) {
+      assert.equal(f.lastInfo!.jit, true);
+      assert.equal(f.lastInfo!.fusedKernels, 1);
+      assert.equal(f.lastInfo!.segments, 1);
+    }
+  });
+
+  it("fuses residual add -> rms_norm -> scale", () => {
+    const x = rand([5, 64], 3);
+    const w = rand([64], 4);
+    const r = rand([5, 64], 5);
+    const f = compile((a, b, c) => normScale(a, b, c) as never);
+    assertClose(f(x, w, r) as k.Tensor, (normScale(x, w, r) as k.Tensor).dataSync() as Float32Array, { rtol: 1e-4, atol: 1e-5 });
+    if (hasJit) assert.equal(f.lastInfo!.fusedKernels, 1);
+  });
+
+  it("runs a gated MLP (matmuls through the back end, silu*mul and residual fused)", () => {
+    const D = 32;
+    const F = 48;
+    const x = rand([6, D], 6);
+    const wg = rand([F, D], 7);
+    const wu = rand([F, D], 8);
+    const wd = rand([D, F], 9);
+    const wn = rand([D], 10);
+    // weights captured by closure become params
+    const f = compile((a) => gatedMlp(a, wg, wu, wd, wn));
+    assertClose(f(x) as k.Tensor, gatedMlp(x, wg, wu, wd, wn).dataSync() as Float32Array, { rtol: 1e-4, atol: 1e-4 });
+    if (hasJit) {
+      assert.equal(f.lastInfo!.opaqueKernels, 3);
+      assert.ok(f.lastInfo!.fusedKernels <= 3, `fused kernels ${f.lastInfo!.fusedKernels}`);
+      assert.ok(f.lastInfo!.arenaBytes <= f.lastInfo!.naiveBytes);
+    }
+  });
+
+  it("handles reductions, softmax and transposed reads", () => {
+    const x = rand([4, 10], 11);
+    const f = compile((a: any) => [a.mul(2).softmax(-1), a.exp().sum(-1), a.T.add(1), a.max(-1, true).sub(a.mean())]);
+    const got = f(x) as k.Tensor[];
+    assertClose(got[0]!, x.mul(2).softmax(-1).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-6 });
+    assertClose(got[1]!, x.exp().sum(-1).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-5 });
+    assertClose(got[2]!, x.T.add(1).dataSync() as Float32Array);
+    assert.deepEqual(got[2]!.shape, [10, 4]);
+    assertClose(got[3]!, x.max(-1, true).sub(x.mean()).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-5 });
+  });
+});
+
+describe("compile: buckets and guards", () => {
+  it("reuses a program within a bucket and recompiles for a new bucket or dtype", () => {
+    const f = compile((a: any) => a.mul(3).add(1).relu(), { dynamic: { argIndex: 0, dim: 0, max: 64 } });
+    for (const n of [5, 7, 8]) {
+      const x = rand([n, 4], n);
+      const y = f(x) as k.Tensor;
+      assert.deepEqual(y.shape, [n, 4]);
+      assertClose(y, x.mul(3).add(1).relu().dataSync() as Float32Array);
+    }
+    assert.equal(f.stats.compiles, 1);
+    assert.equal(f.stats.recompiles, 0);
+    f(rand([9, 4], 9)); // bucket 16
+    assert.equal(f.stats.recompiles, 1);
+    f(rand([12, 4], 12)); // still bucket 16
+    assert.equal(f.stats.recompiles, 1);
+    f(k.ones([3, 4], { dtype: "int32" })); // dtype guard
+    assert.equal(f.stats.recompiles, 2);
+    f(rand([3, 5], 3)); // non-bucketed dim guard
+    assert.equal(f.stats.recompiles, 3);
+  });
+
+  it("guards captured scalars", () => {
+    const f = compile((a: any, s) => a.mul(s));
+    const x = rand([4], 1);
+    assertClose(f(x, 2) as k.Tensor, x.mul(2).dataSync() as Float32Array);
+    f(x, 2);
+    assert.equal(f.stats.compiles, 1);
+    assertClose(f(x, 3) as k.Tensor, x.mul(3).dataSync() as Float32Array);
+    assert.equal(f.stats.recompiles, 1);
+  });
+});
+
+describe("compile: disk cache", { skip: hasJit ? false : "no C compiler / kiln_jit" }, () => {
+  const child = fileURLToPath(new URL("./cache-child.js", import.meta.url));
+  const runChild = (env: NodeJS.ProcessEnv) => {
+    const r = spawnSync(process.execPath, [child], { env: { ...process.env, ...env }, encoding: "utf8" });
+    assert.equal(r.status, 0, r.stderr);
+    return JSON.parse(r.stdout.trim().split("\n").pop()!) as { stats: { cacheHits: number }; cache: { hits: number; misses: number; corrupt: number }; jit: boolean; sum: number };
+  };
+
+  it("a second process hits the cache and does not compile", () => {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-cache-x-"));
+    const first = runChild({ KILN_CACHE_DIR: dir });
+    assert.equal(first.cache.misses, 1);
+    const second = runChild({ KILN_CACHE_DIR: dir });
+    assert.equal(second.jit, true);
+    assert.equal(second.cache.misses, 0);
+    assert.equal(second.cache.hits, 1);
+    assert.equal(second.stats.cacheHits, 1);
+    assert.equal(second.sum, first.sum);
+  });
+
+  it("rebuilds a truncated library and bad metadata", () => {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-cache-c-"));
+    runChild({ KILN_CACHE_DIR: dir });
+    const entry = join(dir, "compile", readdirSync(join(dir, "compile"))[0]!);
+    const lib = readdirSync(entry).find((f) => f.endsWith(".so"))!;
+    const bytes = readFileSync(join(entry, lib));
+    writeFileSync(join(entry, lib), bytes.subarray(0, bytes.length >> 1));
+    const afterTruncate = runChild({ KILN_CACHE_DIR: dir });
+    assert.equal(afterTruncate.cache.corrupt, 1);
+    assert.equal(afterTruncate.cache.misses, 1);
+    writeFileSync(join(entry, "meta.json"), "{ not json");
+    const afterMeta = runChild({ KILN_CACHE_DIR: dir });
+    assert.equal(afterMeta.cache.corrupt, 1);
+    assert.equal(afterMeta.cache.misses, 1);
+    const healthy = runChild({ KILN_CACHE_DIR: dir });
+    assert.equal(healthy.cache.misses, 0);
+    assert.equal(healthy.sum, afterMeta.sum);
+  });
+
+  it("counts in-process hits", () => {
+    const before = compileCacheStats();
+    forgetLoaded();
+    const f = compile((a, b) => chain(a, b));
+    f(rand([8, 12], 1), rand([12], 2));
+    const after = compileCacheStats();
+    assert.equal(after.hits + after.misses, before.hits + before.misses + 1);
+  });
+});
+
+describe("compile: no C compiler", () => {
+  it("runs op by op with a warning, never an error", () => {
+    const prev = process.env.KILN_CC;
+    process.env.KILN_CC = "/nonexistent";
+    const warnings: string[] = [];
+    const onWarn = (w: Error) => warnings.push(w.message);
+    process.on("warning", onWarn);
+    try {
+      const x = rand([4, 16], 1);
+      const y = rand([16], 2);
+      const f = compile((a, b) => chain(a, b).mul(2));
+      assertClose(f(x, y) as k.Tensor, chain(x, y).mul(2).dataSync() as Float32Array);
+      assert.equal(f.lastInfo!.jit, false);
+      assert.equal(f.stats.fallbackCalls, 1);
+    } finally {
+      if (prev === undefined) delete process.env.KILN_CC;
+      else process.env.KILN_CC = prev;
+    }
+    return new Promise<void>((resolve) =>
+      setImmediate(() => {
+        process.off("warning", onWarn);
+        assert.ok(warnings.some((w) => w.includes("op by op")), `warnings: ${warnings.join("; ")}`);
+        resolve();
+      }),
+    );
+  });
+});
