@@ -18,7 +18,7 @@
         {
           "target_name": "kiln_kernels_avx512",
           "type": "static_library",
-          "sources": ["native/kernels-avx512.cc"],
+          "sources": ["native/kernels-avx512.cc", "native/quant-avx512.cc"],
           "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
                         "-mavx512vnni", "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512"]
         },
@@ -35,7 +35,7 @@
         },
         {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc"],
           "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx2"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
@@ -50,7 +50,7 @@
         },
         {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
         }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels.h"
+#include "quant.h"
 #include "stream.h"
 #include "thread-pool.h"
 
@@ -58,6 +59,15 @@ const KernelTable* chooseKernels() {
 }
 
 const KernelTable* gK = chooseKernels();
+
+// Quantized kernels: VNNI path with the AVX-512 table (when the CPU has VNNI), else portable loops.
+const QuantTable* chooseQuant() {
+#if defined(__x86_64__)
+  if (gK == &kAvx512Kernels && kFeatures.avx512vnni) return &kQuantAvx512;
+#endif
+  return &kQuantScalar;
+}
+const QuantTable* gQ = chooseQuant();
 
 // ---------------------------------------------------------------- argument helpers
 template <typename T>
@@ -144,6 +154,40 @@ Job Matmul(const Napi::CallbackInfo& info) {
   a.batch = batch; a.strideA = sA; a.strideB = sB; a.strideOut = sO;
   if (M == 0 || N == 0) return {op, nullptr};
   return {op, [a] { gK->matmul(a); }};
+}
+
+// quantMatmul(x, w, scales, rowSums, out, M, N, K, scheme): out = x @ dequant(W)^T, layouts in quant.h.
+Job QuantMatmul(const Napi::CallbackInfo& info) {
+  const char* op = "quantMatmul";
+  const int64_t M = integer(info, 5, op, "M"), N = integer(info, 6, op, "N"), K = integer(info, 7, op, "K");
+  const int64_t scheme = integer(info, 8, op, "scheme");
+  if (scheme > 2) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4) or 2 (fp8)");
+  if (scheme == kQuantInt4 && K % 64 != 0) fail(info.Env(), op, "int4 needs K to be a multiple of 64");
+  QuantMatmulArgs a{};
+  a.x = array<float>(info, 0, M * K, op, "x");
+  a.w = array<uint8_t>(info, 1, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "w");
+  a.scales = scheme == kQuantInt4 ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
+                                  : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
+  a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
+  a.out = array<float>(info, 4, M * N, op, "out");
+  a.M = M; a.N = N; a.K = K; a.scheme = static_cast<int>(scheme);
+  if (M == 0 || N == 0) return {op, nullptr};
+  return {op, [a] { gQ->matmul(a); }};
+}
+
+// quantizeWeights(w, N, K, scheme, data, scales, rowSums): f32 [N, K] -> the layout of quant.h.
+Job QuantizeWeights(const Napi::CallbackInfo& info) {
+  const char* op = "quantizeWeights";
+  const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
+  if (scheme > 2) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4) or 2 (fp8)");
+  if (scheme == kQuantInt4 && K % 64 != 0) fail(info.Env(), op, "int4 needs K to be a multiple of 64");
+  const float* w = array<float>(info, 0, N * K, op, "w");
+  uint8_t* data = array<uint8_t>(info, 4, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "data");
+  void* scales = scheme == kQuantInt4 ? static_cast<void*>(array<uint16_t>(info, 5, N * K / 32, op, "scales"))
+                                      : static_cast<void*>(array<float>(info, 5, N, op, "scales"));
+  int32_t* rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 6, N, op, "rowSums") : nullptr;
+  const int sch = static_cast<int>(scheme);
+  return {op, [=] { gQ->quantize(sch, w, N, K, data, scales, rowSums); }};
 }
 
 // ---------------------------------------------------------------- strided kernels
@@ -499,6 +543,7 @@ Napi::Value FeaturesFn(const Napi::CallbackInfo& info) {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("isa", Napi::String::New(env, gK->name));
+  exports.Set("quantIsa", Napi::String::New(env, gQ->name));
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
@@ -508,6 +553,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   };
   const Entry kernels[] = {
       {"matmul", RunNow<Matmul>, Submit<Matmul>},
+      {"quantMatmul", RunNow<QuantMatmul>, Submit<QuantMatmul>},
+      {"quantizeWeights", RunNow<QuantizeWeights>, Submit<QuantizeWeights>},
       {"unary", RunNow<Unary>, Submit<Unary>},
       {"binary", RunNow<Binary>, Submit<Binary>},
       {"siluMul", RunNow<SiluMul>, Submit<SiluMul>},

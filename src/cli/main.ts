@@ -40,13 +40,13 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
   });
 
   addSamplingOptions(addEngineOptions(program.command("generate").description("generate one completion")))
-    .requiredOption("--model <dir>", "model directory")
+    .option("--model <dir>", "model directory or GGUF file (default: the built-in model)")
     .requiredOption("--prompt <text>", "prompt text")
     .option("--stream", "print tokens as they are generated", false)
     .option("--chat", "wrap the prompt in the chat template as a user message", false)
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = parseServeArgs(opts.model as string, opts);
+      const args = parseServeArgs(opts.model as string | undefined, opts);
       await runGenerate(args, {
         prompt: opts.prompt as string,
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
@@ -59,11 +59,11 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
     });
 
   addSamplingOptions(addEngineOptions(program.command("chat").description("interactive chat in the terminal")))
-    .requiredOption("--model <dir>", "model directory")
+    .option("--model <dir>", "model directory or GGUF file (default: the built-in model)")
     .option("--system <text>", "system prompt")
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = parseServeArgs(opts.model as string, opts);
+      const args = parseServeArgs(opts.model as string | undefined, opts);
       await runChat(args, {
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
         temperature: num(opts.temperature, "--temperature"),

@@ -147,7 +147,8 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     host: (o.host as string | undefined) ?? "0.0.0.0",
     port,
     apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
-    servedModelName: (o.servedModelName as string[] | undefined) ?? null,
+    // the built-in model is served as "kiln-default" (vLLM serves a model under the name it was given)
+    servedModelName: (o.servedModelName as string[] | undefined) ?? (model === undefined ? ["kiln-default"] : null),
     maxModelLen: optInt(o.maxModelLen, "--max-model-len", 1),
     maxNumSeqs: optInt(o.maxNumSeqs, "--max-num-seqs", 1),
     maxNumBatchedTokens: optInt(o.maxNumBatchedTokens, "--max-num-batched-tokens", 1),

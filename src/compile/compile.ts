@@ -79,7 +79,8 @@ let warnedFallback = false;
  * const f = compile((x, w) => rmsNorm(x, w, 1e-6).mul(2), { dynamic: { argIndex: 0, dim: 0, max: 256 } });
  * const y = f(x, w) as Tensor;
  */
-export function compile(fn: (...args: TraceArg[]) => TraceResult, options: CompileOptions = {}): CompiledFunction {
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- traced args are Syms or scalars, typed by the caller
+export function compile(fn: (...args: any[]) => TraceResult, options: CompileOptions = {}): CompiledFunction {
   const dyn = options.dynamic === undefined ? [] : Array.isArray(options.dynamic) ? options.dynamic : [options.dynamic];
   const programs = new Map<string, Entry>();
   const stats: CompileStats = { calls: 0, compiles: 0, recompiles: 0, cacheHits: 0, fallbackCalls: 0 };

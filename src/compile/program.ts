@@ -233,7 +233,8 @@ export function buildProgram(graph: Graph, device: Device, jitReason: string | n
   if (reason === null) {
     ({ source, segments } = renderProgram({ g, s, slot: (b) => slotIndex.get(b)! }));
     try {
-      const r = getLibrary(cacheKey(serialize(g) + "\n" + identity, device.backend.name), source);
+      // the source is in the key too: a change to fusion or rendering must never load a stale library
+      const r = getLibrary(cacheKey(serialize(g) + "\n" + identity + "\n" + source, device.backend.name), source);
       lib = r.lib;
       hit = r.hit;
     } catch (e) {

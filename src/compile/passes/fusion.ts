@@ -31,27 +31,38 @@ export function fuse(g: Graph): Schedule {
     if (uop.kind === "reduce" || uop.kind === "softmax" || uop.kind === "rms_norm") return uop.x === id;
     return false;
   };
-  for (const node of g.nodes) {
+  // Reverse topological order: a node joins its users' kernel when all of them are in one kernel and
+  // each takes it as a fusable operand (multi-use values inside one kernel are recomputed per use site).
+  const group: NodeId[] = new Array(n).fill(-1);
+  for (let id = n - 1; id >= 0; id--) {
+    const node = g.nodes[id]!;
     const kind = node.op.kind;
-    const us = u[node.id]!;
+    const us = u[id]!;
     if (kind === "input" || kind === "param") continue;
     if (kind === "reshape") {
-      home[node.id] = { alias: node.op.kind === "reshape" ? node.op.x : node.id };
+      home[id] = { alias: node.op.kind === "reshape" ? node.op.x : id };
       continue;
     }
-    if (isOutput.has(node.id)) continue;
+    group[id] = id;
+    if (isOutput.has(id)) continue;
     if (kind === "const") {
-      if (us.every((x) => fusableUser(node.id, x) || ELEMENTWISE.has(g.nodes[x]!.op.kind) || g.nodes[x]!.op.kind === "rms_norm")) home[node.id] = "inline";
+      if (us.every((x) => ELEMENTWISE.has(g.nodes[x]!.op.kind) || g.nodes[x]!.op.kind === "rms_norm")) home[id] = "inline";
       continue;
     }
     if (kind === "permute") {
-      if (us.every((x) => ELEMENTWISE.has(g.nodes[x]!.op.kind) || g.nodes[x]!.op.kind === "reduce" || g.nodes[x]!.op.kind === "softmax" || g.nodes[x]!.op.kind === "rms_norm")) home[node.id] = "inline";
+      if (us.every((x) => ELEMENTWISE.has(g.nodes[x]!.op.kind) || g.nodes[x]!.op.kind === "reduce" || g.nodes[x]!.op.kind === "softmax" || g.nodes[x]!.op.kind === "rms_norm")) home[id] = "inline";
       continue;
     }
-    if (us.length !== 1) continue;
-    const user = us[0]!;
-    if (ELEMENTWISE.has(kind) && fusableUser(node.id, user)) inlineInto[node.id] = user;
-    else if ((kind === "softmax" || kind === "rms_norm") && ELEMENTWISE.has(g.nodes[user]!.op.kind) && sameShape(node.id, user)) inlineInto[node.id] = user;
+    if (us.length === 0) continue;
+    const g0 = group[us[0]!]!;
+    if (g0 < 0 || !us.every((x) => group[x] === g0)) continue;
+    const ok = ELEMENTWISE.has(kind)
+      ? us.every((x) => fusableUser(id, x))
+      : (kind === "softmax" || kind === "rms_norm") && us.every((x) => ELEMENTWISE.has(g.nodes[x]!.op.kind) && sameShape(id, x));
+    if (ok) {
+      inlineInto[id] = us[0]!;
+      group[id] = g0;
+    }
   }
   for (let i = 0; i < n; i++) if (inlineInto[i] !== null) home[i] = "inline";
   // resolve reshape chains to their materialized base

@@ -1,0 +1,38 @@
+// Weight-only quantized matmul kernels (out = x @ W^T with W quantized, x f32), one table per ISA:
+// quant-impl.inc compiled by quant-scalar.cc (portable loops) and quant-avx512.cc (AVX-512 BW + VNNI).
+// addon.cc picks the table at run time. Layouts (W is nn.Linear's [N, K]):
+//   int8: data int8 [N][K], scales f32 [N] (w = q * scale), rowSums int32 [N] = sum_k q[n][k].
+//   int4: data uint8 [N][K/2]; each 64-element chunk c of a row is 32 bytes, byte j holding
+//         element 64c+j in its low nibble and 64c+32+j in its high nibble, as q+8 (q in [-8, 7]);
+//         scales f16 [N][K/32] (one per group of 32). K must be a multiple of 64.
+//   fp8:  data e4m3fn [N][K], scales f32 [N].
+#pragma once
+#include <cstdint>
+
+namespace kiln {
+
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2 };
+
+struct QuantMatmulArgs {
+  const float* x;          // [M, K] f32
+  const void* w;           // see the layouts above
+  const void* scales;      // f32 [N] (int8, fp8) or f16 [N][K/32] (int4)
+  const int32_t* rowSums;  // int8 only: [N]
+  float* out;              // [M, N]
+  int64_t M, N, K;
+  int scheme;
+};
+
+struct QuantTable {
+  const char* name;
+  void (*matmul)(const QuantMatmulArgs&);
+  // Quantizes an f32 [N, K] weight into data/scales(/rowSums for int8) in the layout of `scheme`.
+  void (*quantize)(int scheme, const float* w, int64_t N, int64_t K, void* data, void* scales, int32_t* rowSums);
+};
+
+extern const QuantTable kQuantScalar;
+#if defined(__x86_64__)
+extern const QuantTable kQuantAvx512;
+#endif
+
+}  // namespace kiln

@@ -1,0 +1,84 @@
+// defineOp() user kernels in eager and compiled mode; withDeferAndFuse() matches strict with fewer kernels.
+import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+import * as k from "../../src/tensor/index.js";
+import { compile, compiledLaunches, defineOp, jitUnavailableReason, withDeferAndFuse } from "../../src/compile/index.js";
+import { assertClose } from "../tensor/suite.js";
+
+process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-custom-test-"));
+const hasJit = jitUnavailableReason() === null;
+
+// softplus in C (compiled + cached like generated code) with a TS reference
+const softplus = defineOp({
+  name: "test_softplus",
+  shape: ([s]) => s!,
+  kernels: {
+    cpu: `#include <stdint.h>
+#include <math.h>
+void test_softplus(void** b, const int64_t* n) {
+  const float* x = (const float*)b[0]; float* out = (float*)b[1];
+  for (int64_t i = 0; i < n[1]; i++) out[i] = log1pf(expf(x[i]));
+}`,
+    reference: ([x], out) => x!.forEach((v, i) => (out[i] = Math.log1p(Math.exp(v)))),
+  },
+});
+// a TS-only custom op taking two inputs
+const scaledAdd = defineOp({
+  name: "test_scaled_add",
+  shape: ([a]) => a!,
+  kernels: { reference: ([a, b], out) => a!.forEach((v, i) => (out[i] = v + 2 * b![i]!)) },
+});
+
+const xs = Float32Array.from({ length: 24 }, (_, i) => Math.sin(i) * 3);
+const expectSoftplus = Array.from(xs, (v) => Math.log1p(Math.exp(v)));
+
+describe("custom ops", () => {
+  it("run eagerly (C kernel when a compiler exists)", () => {
+    const x = k.tensor(xs, { shape: [4, 6] });
+    assertClose(softplus(x), expectSoftplus, { rtol: 1e-5, atol: 1e-6 });
+    const y = k.ones([4, 6]);
+    assertClose(scaledAdd(x, y), Array.from(xs, (v) => v + 2));
+  });
+
+  it("run inside compiled graphs, between fused kernels", () => {
+    const x = k.tensor(xs, { shape: [4, 6] });
+    const f = compile((a) => scaledAdd(softplus(a.mul(1)).add(1), a).mul(0.5));
+    const expected = expectSoftplus.map((v, i) => (v + 1 + 2 * xs[i]!) * 0.5);
+    assertClose(f(x) as k.Tensor, expected, { rtol: 1e-5, atol: 1e-5 });
+    if (hasJit) assert.equal(f.lastInfo!.opaqueKernels, 2);
+  });
+});
+
+describe("defer-and-fuse scope", () => {
+  const chain = (t: any) => t.mul(2).add(1).silu().mul(t).sub(0.5).tanh(); // eslint-disable-line @typescript-eslint/no-explicit-any
+
+  it("gives the strict result with fewer kernels", () => {
+    const x = k.tensor(Float32Array.from({ length: 4096 }, (_, i) => Math.cos(i)), { shape: [64, 64] });
+    const k0 = k.kernelsDispatched();
+    const strict = chain(x) as k.Tensor;
+    const strictKernels = k.kernelsDispatched() - k0;
+    const expected = strict.dataSync() as Float32Array;
+
+    const d0 = k.kernelsDispatched();
+    const l0 = compiledLaunches();
+    const lazy = withDeferAndFuse((lazy) => chain(lazy(x)).toTensor() as k.Tensor);
+    const deferredKernels = k.kernelsDispatched() - d0 + (compiledLaunches() - l0);
+    assertClose(lazy, expected, { rtol: 1e-5, atol: 1e-6 });
+    assert.ok(strictKernels >= 6, `strict ran ${strictKernels} kernels`);
+    if (hasJit) assert.ok(deferredKernels <= 1, `defer-and-fuse ran ${deferredKernels} kernels`);
+  });
+
+  it("reuses realized values and flushes only what a read needs", () => {
+    const x = k.tensor([1, 2, 3, 4]);
+    withDeferAndFuse((lazy) => {
+      const a = lazy(x).mul(3);
+      assert.deepEqual(a.toList(), [3, 6, 9, 12]);
+      const b = a.add(1).sum();
+      assert.equal(b.item(), 34);
+      assert.deepEqual(a.toList(), [3, 6, 9, 12]);
+    });
+  });
+});
