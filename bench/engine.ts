@@ -5,7 +5,6 @@
 // runs each concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it).
 // The model and tokenizer are written once under <tmpdir>/kiln-bench-models and reused.
 // Usage: npm run bench:engine [-- --dtype float32|bfloat16] [--engines llm,worker] [--concurrency 1,8,32]
-import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
@@ -13,39 +12,14 @@ import { LLM } from "../src/engine/llm-engine.js";
 import type { ServingArgs } from "../src/engine/serving.js";
 import type { SamplingParams } from "../src/engine/types.js";
 import { WorkerEngine } from "../src/engine/worker-engine.js";
-import { initModel } from "../src/models/init-model.js";
-import { loadCorpus } from "../src/train/corpus.js";
-import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
+import { TOKENIZER_VOCAB, benchModelDir } from "./bench-models.js";
 
 const PROMPT_LEN = 128;
 const OUTPUT_LEN = 64;
-const TOKENIZER_VOCAB = 4096; // the tokenizer's; the model keeps the preset's 49152 (LM head cost as SmolLM's)
 
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(name);
   return i >= 0 ? process.argv[i + 1] : undefined;
-}
-
-/** Writes (once) the BPE tokenizer and the random model; returns the model directory. */
-function benchModelDir(dtype: "float32" | "bfloat16"): string {
-  const root = path.join(os.tmpdir(), "kiln-bench-models");
-  const tokDir = path.join(root, `brown-bpe-${TOKENIZER_VOCAB}`);
-  if (!fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
-    process.stdout.write(`training a ${TOKENIZER_VOCAB}-token BPE tokenizer on Brown... `);
-    const docs = loadCorpus({ source: "brown", maxDocs: 200 });
-    saveTokenizer(
-      tokDir,
-      trainBpeTokenizer(docs, { vocabSize: TOKENIZER_VOCAB, specialTokens: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] }),
-    );
-    console.log("done");
-  }
-  const dir = path.join(root, `smollm-135m-random-${dtype}`);
-  if (!fs.existsSync(path.join(dir, "model.safetensors"))) {
-    process.stdout.write(`writing a random SmolLM-135M-shaped model (${dtype}) to ${dir}... `);
-    initModel(dir, { architecture: "LlamaForCausalLM", preset: "smollm-135m", tokenizerDir: tokDir, seed: 1, dtype });
-    console.log("done");
-  }
-  return dir;
 }
 
 /** Deterministic random prompts of PROMPT_LEN ± 8 token ids drawn from the tokenizer's range. */

@@ -32,6 +32,9 @@ export type BinaryOp =
   | "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "remainder"
   | "eq" | "ne" | "lt" | "le" | "gt" | "ge" | "logical_and" | "logical_or";
 
+/** Weight-only quantization schemes of quant_matmul (vLLM's --quantization names map onto these). */
+export type QuantScheme = "int8" | "int4" | "fp8";
+
 export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
 
 export type KernelCall =
@@ -67,6 +70,12 @@ export type KernelCall =
       strideB: number;
       strideOut: number;
     }
+  // weight-only quantized linear: out [m, n] = x [m, k] @ dequant(w)^T, layouts per scheme in native/quant.h
+  // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
+  // fp8: w e4m3fn bytes [n, k], scales f32 [n]). x and out contiguous f32.
+  | { op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null; out: BufferView; m: number; n: number; k: number }
+  // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)
+  | { op: "quantize_weight"; scheme: QuantScheme; w: BufferView; data: BufferView; scales: BufferView; rowSums: BufferView | null; n: number; k: number }
   // out[i, :] = table[ids[i], :], table [rows, dim] contiguous
   | { op: "gather_rows"; table: BufferView; ids: BufferView; out: BufferView; numIds: number; dim: number; rows: number }
   // torch.gather / scatter along the last dim of contiguous [rows, n] (index [rows, m])

@@ -9,7 +9,7 @@ import { AsyncLLM } from "../engine/async-llm.js";
 import { createServingSetup, type ServingArgs } from "../engine/serving.js";
 import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
-import type { DtypeArg } from "../models/loader.js";
+import { resolveQuantization, type DtypeArg } from "../models/loader.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 
 /** `<package root>/models/kiln-default`: the model `kiln serve` uses when none is given. */
@@ -42,11 +42,12 @@ export type EngineFactory = (args: ServeArgs, progress: ProgressFn) => Promise<L
  * WorkerEngine (the engine core in a worker thread), or the in-process AsyncLLM with KILN_ENGINE_IN_PROCESS=1.
  */
 export const createEngineFromArgs: EngineFactory = async (args, progress) => {
-  if (args.quantization) throw new Error(`--quantization ${args.quantization} is not supported yet (weights run as ${args.dtype})`);
+  resolveQuantization(args.quantization); // unsupported methods fail before any weight is read
   progress("loading weights", 0);
   const servingArgs: ServingArgs = {
     model: args.model,
     dtype: args.dtype as DtypeArg,
+    quantization: args.quantization,
     maxModelLen: args.maxModelLen ?? undefined,
     maxNumSeqs: args.maxNumSeqs ?? undefined,
     maxNumBatchedTokens: args.maxNumBatchedTokens ?? undefined,

@@ -18,9 +18,31 @@ export function renderable(dtype: DType): boolean {
 
 const PRELUDE = `#include <stdint.h>
 #include <math.h>
-static inline float k_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+#include <string.h>
+/* exp with Cephes' range reduction and polynomial (~1 ulp): straight-line float code that gcc vectorises,
+   unlike libm's expf. Overflow gives +inf, underflow 0, NaN propagates. */
+static inline float k_exp(float x) {
+  float c = x > 88.3762626647949f ? 88.3762626647949f : (x < -87.3365447504f ? -87.3365447504f : x);
+  float n = floorf(c * 1.44269504088896341f + 0.5f);
+  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale; memcpy(&scale, &bits, 4);
+  float out = y * scale;
+  return x > 88.7228391f ? INFINITY : (x < -103.972084f ? 0.0f : out);
+}
+static inline float k_tanh(float x) {
+  float big = 1.0f - 2.0f / (k_exp(2.0f * x) + 1.0f);
+  float x2 = x * x;
+  float small = x * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * -0.0539682540f)));
+  return fabsf(x) < 0.0625f ? small : big;
+}
+static inline float k_sigmoid(float x) { return 1.0f / (1.0f + k_exp(-x)); }
 static inline float k_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-static inline float k_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+static inline float k_gelu_tanh(float x) { return 0.5f * x * (1.0f + k_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
 static inline float k_remf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
 static inline int64_t k_remi(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 `;
@@ -48,11 +70,11 @@ function unaryExpr(fn: string, x: string, t: DType): string {
   }
   switch (fn) {
     case "neg": return `-${x}`;
-    case "exp": return `expf(${x})`;
+    case "exp": return `k_exp(${x})`;
     case "log": return `logf(${x})`;
     case "sqrt": return `sqrtf(${x})`;
     case "rsqrt": return `1.0f / sqrtf(${x})`;
-    case "tanh": return `tanhf(${x})`;
+    case "tanh": return `k_tanh(${x})`;
     case "sigmoid": return `k_sigmoid(${x})`;
     case "silu": return `${x} * k_sigmoid(${x})`;
     case "gelu": return `k_gelu(${x})`;
@@ -149,6 +171,18 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
     });
     return terms.length ? terms.join(" + ") : "0";
   };
+  // buffer pointers hoisted into restrict locals: without them gcc reloads b[k] after every store and
+  // does not vectorise
+  const ptrs = new Map<string, string>();
+  const ptr = (base: NodeId, dtype: DType): string => {
+    const key = `${ctx.slot(base)}:${dtype}`;
+    let name = ptrs.get(key);
+    if (!name) {
+      name = `p${ctx.slot(base)}_${CTYPE[dtype]!.replace("_t", "")}`;
+      ptrs.set(key, name);
+    }
+    return name;
+  };
   /** C expression reading leaf `id` (materialized, alias or permute accessor) at the current indices. */
   const readLeaf = (id: NodeId): string => {
     const n = g.nodes[id]!;
@@ -158,9 +192,9 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
       const src = g.nodes[n.op.x]!;
       const cs = contiguousStrides(src.shape);
       const strides = n.op.dims.map((d) => cs[d]!);
-      return `((const ${CTYPE[n.dtype]}*)b[${ctx.slot(baseOf(ctx.s, g, n.op.x))}])[${indexExpr(n.shape, strides)}]`;
+      return `${ptr(baseOf(ctx.s, g, n.op.x), n.dtype)}[${indexExpr(n.shape, strides)}]`;
     }
-    return `((const ${CTYPE[n.dtype]}*)b[${ctx.slot(baseOf(ctx.s, g, id))}])[${indexExpr(n.shape, contiguousStrides(n.shape))}]`;
+    return `${ptr(baseOf(ctx.s, g, id), n.dtype)}[${indexExpr(n.shape, contiguousStrides(n.shape))}]`;
   };
 
   // value of node id inside the current loop body; memo maps node -> C variable
@@ -198,7 +232,7 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
         break;
       case "softmax": {
         const x = conv(value(n.op.x), dt(n.op.x), "float32");
-        e = n.op.log ? `${x} - m${id} - logf(s${id})` : `expf(${x} - m${id}) * inv${id}`;
+        e = n.op.log ? `${x} - m${id} - logf(s${id})` : `k_exp(${x} - m${id}) * inv${id}`;
         break;
       }
       case "const":
@@ -233,7 +267,8 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
 
   emit(`{ /* %${root.id} ${root.op.kind} -> ${root.dtype}[${root.shape.join(",")}] */`);
   indent += "  ";
-  emit(`${CTYPE[root.dtype]}* out = (${CTYPE[root.dtype]}*)b[${ctx.slot(root.id)}];`);
+  emit(`${CTYPE[root.dtype]}* restrict out = (${CTYPE[root.dtype]}*)b[${ctx.slot(root.id)}];`);
+  const declAt = lines.length;
   for (let d = 0; d < last; d++) loop(d);
   // per-row statistics of the row ops computed inside this kernel, inner ones first
   for (const m of step.members) {
@@ -252,7 +287,7 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
         const x = conv(value(op.x), g.nodes[op.x]!.dtype, "float32");
         emit(`m${m} = ${x} > m${m} ? ${x} : m${m};`);
       });
-      innerLoop(() => emit(`s${m} += expf(${conv(value(op.x), g.nodes[op.x]!.dtype, "float32")} - m${m});`));
+      innerLoop(() => emit(`s${m} += k_exp(${conv(value(op.x), g.nodes[op.x]!.dtype, "float32")} - m${m});`));
       emit(`float inv${m} = 1.0f / s${m};`);
     }
   }
@@ -284,6 +319,12 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
   for (let d = 0; d < last; d++) close();
   indent = indent.slice(2);
   emit("}");
+  const decls = [...ptrs].map(([key, name]) => {
+    const [slot, ctype] = key.split(":") as [string, string];
+    const t = CTYPE[ctype as DType]!;
+    return `    const ${t}* restrict ${name} = (const ${t}*)b[${slot}];`;
+  });
+  lines.splice(declAt, 0, ...decls);
   return lines.join("\n") + "\n";
 }
 

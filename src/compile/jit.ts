@@ -63,7 +63,8 @@ export function jitUnavailableReason(): string | null {
 
 /** Flags for generated code: x86-64-v3 (AVX2+FMA) when the CPU has it; never -march=native (see binding.gyp). */
 export function compilerFlags(): string[] {
-  const flags = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-std=c11"];
+  // -fno-trapping-math lets gcc if-convert (and so vectorise) the selects in k_exp/k_tanh/where
+  const flags = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-std=c11"];
   let cpu = "";
   try {
     cpu = readFileSync("/proc/cpuinfo", "utf8");

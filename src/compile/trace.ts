@@ -239,10 +239,9 @@ export class Sym {
     return this.unary("cos");
   }
   clamp(min?: number, max?: number): Sym {
-    let cur: Sym = this;
-    if (min !== undefined) cur = cur.maximum(min);
-    if (max !== undefined) cur = cur.minimum(max);
-    return cur === this ? this.to(this.dtype) : cur;
+    if (min === undefined && max === undefined) return this.to(this.dtype);
+    const lo = min === undefined ? undefined : this.maximum(min);
+    return max === undefined ? lo! : (lo ?? this).minimum(max);
   }
   /** this where cond else other (Tensor.where's argument order). */
   where(cond: SymOrScalar, other: SymOrScalar): Sym {

@@ -10,6 +10,8 @@ import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
 export interface ServingArgs {
   model: string;
   dtype?: DtypeArg;
+  /** vLLM's --quantization: "int8" | "int4" | "fp8" weight-only quantization of the linear layers on load. */
+  quantization?: string | null;
   maxModelLen?: number;
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
@@ -78,12 +80,12 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
 
 /** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
 export function createServingSetupSync(args: ServingArgs): ServingSetup {
-  const loaded = loadLocalModel(args.model, { dtype: args.dtype, onProgress: args.onProgress });
+  const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, onProgress: args.onProgress });
   return setup(loaded, args);
 }
 
 /** Like createServingSetupSync, but also resolves hub ids through the local HF cache (or a download). */
 export async function createServingSetup(args: ServingArgs): Promise<ServingSetup> {
-  const loaded = await loadModel(args.model, { dtype: args.dtype, revision: args.revision, onProgress: args.onProgress });
+  const loaded = await loadModel(args.model, { dtype: args.dtype, quantization: args.quantization, revision: args.revision, onProgress: args.onProgress });
   return setup(loaded, args);
 }

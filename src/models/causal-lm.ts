@@ -162,6 +162,7 @@ export class CausalLM extends Module {
     const logits = this.logits(hidden);
     const tgt = tensor(targets, { device: dev });
     const loss = crossEntropy(logits, tgt);
+    for (const t of [ids, positions, hidden, logits, tgt]) t.dispose();
     return loss;
   }
 }

@@ -3,6 +3,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import type { DType } from "../backends/dtype.js";
+import type { QuantScheme } from "../backends/backend.js";
 import { KilnError, UnsupportedError } from "../util/errors.js";
 import { fromBytes, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
@@ -13,6 +14,7 @@ import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.j
 import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
+import { quantizeLinears } from "../nn/quantized-linear.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 
 export class ModelLoadError extends KilnError {
@@ -35,12 +37,19 @@ export interface LoadOptions {
   dtype?: DtypeArg;
   device?: DeviceLike;
   revision?: string;
+  /**
+   * vLLM's --quantization: weight-only int8 (per channel), int4 (groups of 32) or fp8 (e4m3, per channel) for
+   * the decoder's linear layers, quantized on load; embeddings, norms and lm_head keep the model dtype.
+   */
+  quantization?: string | null;
   /** Progress callback: (stage, fraction in [0, 1]). */
   onProgress?: (stage: string, fraction: number) => void;
 }
 
 export interface LoadedModel {
   model: CausalLM;
+  /** Weight quantization applied on load (null: none). */
+  quantization?: QuantScheme | null;
   config: ModelConfig;
   tokenizer: Tokenizer;
   generationConfig: GenerationConfig | null;
@@ -71,6 +80,23 @@ export function resolveDtype(arg: DtypeArg, config: ModelConfig): DType {
   }
 }
 
+const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8"];
+
+/** Validates --quantization: null/undefined = none; int8, int4 and fp8 run on cpu; other vLLM methods throw. */
+export function resolveQuantization(arg: string | null | undefined): QuantScheme | null {
+  if (arg === null || arg === undefined || arg === "" || arg === "none") return null;
+  if ((QUANT_SCHEMES as readonly string[]).includes(arg)) return arg as QuantScheme;
+  throw new UnsupportedError("load", `--quantization ${arg} is not supported on cpu (supported: ${QUANT_SCHEMES.join(", ")})`);
+}
+
+/** Applies --quantization to a loaded model in place. */
+function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedModel {
+  const scheme = resolveQuantization(options.quantization);
+  if (!scheme) return { ...loaded, quantization: null };
+  quantizeLinears(loaded.model, scheme, { onProgress: (d, t) => options.onProgress?.(`quantizing weights (${scheme})`, d / t) });
+  return { ...loaded, quantization: scheme };
+}
+
 /** Norms, biases and rotary tables stay float32; matrices take the model dtype. */
 function paramDtype(name: string, modelDtype: DType): DType {
   return name.endsWith("norm.weight") || name.endsWith(".bias") ? "float32" : modelDtype;
@@ -90,15 +116,17 @@ function tensorFromSafetensors(h: SafetensorsHandle, name: string, want: DType, 
 
 /** Loads a model from a local directory, a .gguf file, or a hub id in the local cache. */
 export async function loadModel(idOrPath: string, options: LoadOptions = {}): Promise<LoadedModel> {
+  resolveQuantization(options.quantization); // fail before reading weights
   const resolved = await resolveModel(idOrPath, { revision: options.revision });
-  return resolved.kind === "gguf" ? loadGguf(resolved.path, options) : loadHfDir(resolved.path, options);
+  return applyQuantization(resolved.kind === "gguf" ? loadGguf(resolved.path, options) : loadHfDir(resolved.path, options), options);
 }
 
 /** Loads a local directory or .gguf file synchronously (vLLM's `LLM(model=...)` is synchronous too). */
 export function loadLocalModel(p: string, options: LoadOptions = {}): LoadedModel {
   const stat = fs.statSync(p, { throwIfNoEntry: false });
   if (!stat) throw new ModelNotFoundError(`model path ${path.resolve(p)} does not exist`, path.resolve(p));
-  return stat.isFile() ? loadGguf(p, options) : loadHfDir(p, options);
+  resolveQuantization(options.quantization);
+  return applyQuantization(stat.isFile() ? loadGguf(p, options) : loadHfDir(p, options), options);
 }
 
 function readJson(file: string): Record<string, unknown> {

@@ -107,8 +107,17 @@ export class Attention extends Module {
     if (this.cfg.slidingWindow !== null && this.cfg.slidingWindow < ctx.seqLen)
       throw new Error(`dense attention with a sliding window shorter than the sequence (${this.cfg.slidingWindow} < ${ctx.seqLen}) is not implemented`);
     const { batch: B, seqLen: S } = ctx;
-    const toHeads = (t: Tensor, n: number) => t.view(B, S, n, D).transpose(1, 2); // [B, n, S, D]
+    const views: Tensor[] = [];
+    const toHeads = (t: Tensor, n: number) => {
+      const v4 = t.view(B, S, n, D);
+      const th = v4.transpose(1, 2); // [B, n, S, D]
+      views.push(v4, th);
+      return th;
+    };
     const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv)); // [B, H, S, D]
-    return o.transpose(1, 2).reshape(B * S, H, D);
+    const ot = o.transpose(1, 2);
+    const out = ot.reshape(B * S, H, D);
+    for (const t of [...views, o, ot]) t.dispose();
+    return out;
   }
 }

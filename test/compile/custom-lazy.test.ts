@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import * as k from "../../src/tensor/index.js";
-import { compile, compiledLaunches, defineOp, jitUnavailableReason, withDeferAndFuse } from "../../src/compile/index.js";
+import { compile, compiledLaunches, defineOp, jitUnavailableReason, withDeferAndFuse, type Sym } from "../../src/compile/index.js";
 import { assertClose } from "../tensor/suite.js";
 
 process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-custom-test-"));
@@ -45,7 +45,7 @@ describe("custom ops", () => {
 
   it("run inside compiled graphs, between fused kernels", () => {
     const x = k.tensor(xs, { shape: [4, 6] });
-    const f = compile((a) => scaledAdd(softplus(a.mul(1)).add(1), a).mul(0.5));
+    const f = compile((a: Sym) => scaledAdd(softplus(a.mul(1)).add(1), a).mul(0.5));
     const expected = expectSoftplus.map((v, i) => (v + 1 + 2 * xs[i]!) * 0.5);
     assertClose(f(x) as k.Tensor, expected, { rtol: 1e-5, atol: 1e-5 });
     if (hasJit) assert.equal(f.lastInfo!.opaqueKernels, 2);
@@ -53,7 +53,7 @@ describe("custom ops", () => {
 });
 
 describe("defer-and-fuse scope", () => {
-  const chain = (t: any) => t.mul(2).add(1).silu().mul(t).sub(0.5).tanh(); // eslint-disable-line @typescript-eslint/no-explicit-any
+  const chain = (t: any) => t.mul(2).add(1).silu().mul(t).sub(0.5).tanh();  
 
   it("gives the strict result with fewer kernels", () => {
     const x = k.tensor(Float32Array.from({ length: 4096 }, (_, i) => Math.cos(i)), { shape: [64, 64] });

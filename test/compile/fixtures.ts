@@ -3,7 +3,7 @@
 import type { AnyTensor } from "../../src/compile/index.js";
 import { linear, rmsNorm, siluMul } from "../../src/compile/index.js";
 
-type T = any; // eslint-disable-line @typescript-eslint/no-explicit-any -- runs on Tensor and Sym alike
+type T = any;  
 
 /** A long elementwise chain with broadcasting, a comparison/where and a cast. */
 export function chain(x: T, y: T): T {

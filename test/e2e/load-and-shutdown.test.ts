@@ -38,6 +38,12 @@ async function pollUntil(read: () => Promise<number>, want: number, timeoutMs = 
   return got;
 }
 
+function withDeadline<T>(p: Promise<T>, ms: number, describe: () => string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(describe())), ms)));
+  return Promise.race([p, deadline]).finally(() => clearTimeout(timer));
+}
+
 interface StreamResult {
   text: string;
   finish: string | null;
@@ -70,11 +76,13 @@ describe("kiln serve under load, and graceful shutdown (e2e)", () => {
       const afterMs = Math.floor(random() * 40);
       return { prompt, maxTokens, abort, byTimer: abort && i % 2 === 0, afterChunks, afterMs };
     });
-    const run = async (job: (typeof jobs)[number]): Promise<StreamResult> => {
+    const stages: string[] = jobs.map(() => "queued");
+    const run = async (job: (typeof jobs)[number], i: number): Promise<StreamResult> => {
       const controller = new AbortController();
       const result: StreamResult = { text: "", finish: null, usage: null, aborted: false, chunks: 0 };
       if (job.byTimer) setTimeout(() => controller.abort(), job.afterMs);
       try {
+        stages[i] = "requesting";
         const stream = await client.completions.create(
           { model: server.model, prompt: job.prompt, max_tokens: job.maxTokens, temperature: 0, ignore_eos: true, stream: true, stream_options: { include_usage: true } } as Streaming,
           { signal: controller.signal },
@@ -82,6 +90,7 @@ describe("kiln serve under load, and graceful shutdown (e2e)", () => {
         for await (const chunk of stream) {
           if (job.abort && !job.byTimer && result.chunks === job.afterChunks) controller.abort();
           result.chunks++;
+          stages[i] = `read ${result.chunks} chunks, aborted=${controller.signal.aborted}`;
           if (chunk.usage) result.usage = chunk.usage;
           for (const c of chunk.choices) {
             result.text += c.text;
@@ -96,7 +105,8 @@ describe("kiln serve under load, and graceful shutdown (e2e)", () => {
       assert.ok(job.abort || !controller.signal.aborted);
       return result;
     };
-    const results = await Promise.all(jobs.map(run));
+    // A stuck client fails the test (naming the job and how far it got) instead of hanging the file.
+    const results = await Promise.all(jobs.map((job, i) => withDeadline(run(job, i), 30_000, () => `stream ${i} ${JSON.stringify(job)} stuck: ${stages[i]}`)));
 
     let completed = 0;
     results.forEach((r, i) => {

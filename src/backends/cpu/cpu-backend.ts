@@ -2,7 +2,7 @@
 // and the TS reference for everything else. Unless a call is blocking (debug mode), native kernels are
 // enqueued on the in-order native stream (./stream.ts) and run() returns at once; host-side kernels and
 // reads wait for the pending work on the buffers they touch.
-import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, RunOptions, UnaryOp } from "../backend.js";
+import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantScheme, RunOptions, UnaryOp } from "../backend.js";
 import { BackendUnavailableError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
 import { DTYPE_BYTES } from "../dtype.js";
@@ -12,17 +12,20 @@ import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamKernelName } from "./native.js";
 import { CpuBuffer, CpuStream, rawOf } from "./stream.js";
+import { QUANT_SCHEME_CODE, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeWeightsRef } from "./quant-reference.js";
 
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
 
 /** KernelCall fields a kernel writes; every other BufferView field is read. */
 const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache"]);
+const QUANTIZE_WRITES = new Set(["data", "scales", "rowSums"]);
 function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[] } {
   const reads: BufferView[] = [];
   const writes: BufferView[] = [];
+  const written = call.op === "quantize_weight" ? QUANTIZE_WRITES : WRITTEN_FIELDS;
   for (const [key, v] of Object.entries(call)) {
-    if (typeof v === "object" && v !== null && "buffer" in v) (WRITTEN_FIELDS.has(key) ? writes : reads).push(v as BufferView);
+    if (typeof v === "object" && v !== null && "buffer" in v) (written.has(key) ? writes : reads).push(v as BufferView);
   }
   return { reads, writes };
 }
@@ -92,6 +95,42 @@ function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null 
   return { data: new Float32Array(rawOf(b.buffer), b.offset * 4, expected), bn: expected };
 }
 
+/** Typed views of a quantized weight's data, scales (f16 bits for int4) and rowSums (int8 only; else empty). */
+function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, rowSums: BufferView | null, n: number, k: number) {
+  if (data.dtype !== "int8" && data.dtype !== "uint8") return null;
+  const raw = rawOf(data.buffer);
+  const bytes = new Uint8Array(raw, data.offset, quantDataBytes(scheme, n, k));
+  const ns = quantScaleCount(scheme, n, k);
+  const sc = scheme === "int4" ? (scales.dtype === "float16" ? new Uint16Array(rawOf(scales.buffer), scales.offset * 2, ns) : null) : f32Span(scales, ns);
+  let rs = new Int32Array(0);
+  if (scheme === "int8") {
+    if (!rowSums || rowSums.dtype !== "int32") return null;
+    rs = new Int32Array(rawOf(rowSums.buffer), rowSums.offset * 4, n);
+  }
+  return sc ? { data: bytes, scales: sc, rowSums: rs } : null;
+}
+
+/** Host (TS reference) path of the quantized ops, for layouts the native kernels do not take. */
+function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" }>): void {
+  const hostF32 = (v: BufferView, len: number) => new Float32Array(v.buffer.host!, v.offset * 4, len);
+  const hostBytes = (v: BufferView, len: number, bytes: number) => new Uint8Array(v.buffer.host!, v.offset * bytes, len * bytes);
+  const scaleBytes = call.scheme === "int4" ? 2 : 4;
+  const ns = quantScaleCount(call.scheme, call.n, call.k);
+  if (call.op === "quantize_weight") {
+    const q = quantizeWeightsRef(call.scheme, hostF32(call.w, call.n * call.k).slice(), call.n, call.k);
+    hostBytes(call.data, q.data.length, 1).set(q.data);
+    hostBytes(call.scales, ns, scaleBytes).set(new Uint8Array(q.scales.buffer));
+    if (call.rowSums) hostBytes(call.rowSums, q.rowSums.length, 4).set(new Uint8Array(q.rowSums.buffer));
+    return;
+  }
+  const data = hostBytes(call.w, quantDataBytes(call.scheme, call.n, call.k), 1).slice();
+  const sb = hostBytes(call.scales, ns, scaleBytes).slice();
+  const scales = call.scheme === "int4" ? new Uint16Array(sb.buffer) : new Float32Array(sb.buffer);
+  const rowSums = call.rowSums ? new Int32Array(hostBytes(call.rowSums, call.n, 4).slice().buffer) : new Int32Array(0);
+  const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k);
+  hostF32(call.out, call.m * call.n).set(out);
+}
+
 export class CpuBackend implements Backend {
   readonly name = "cpu";
   readonly native: NativeKernels;
@@ -145,6 +184,7 @@ export class CpuBackend implements Backend {
       return;
     }
     // host kernels reach memory through CpuBuffer.host, which waits for pending work on that buffer
+    if (call.op === "quant_matmul" || call.op === "quantize_weight") return runQuantHost(call);
     if (!runHostFast(call)) runReference(call);
   }
 
@@ -276,6 +316,21 @@ export class CpuBackend implements Backend {
         const b = call.b.dtype === "bfloat16" ? u16Span(call.b, bLen) : f32Span(call.b, bLen);
         if (!a || !out || !b) return false;
         k.matmul(a, b, out, m, n, kk, bTransposed, call.b.dtype === "bfloat16" ? 1 : 0, batch, strideA, strideB, strideOut, aTransposed);
+        return true;
+      }
+      case "quant_matmul": {
+        const q = quantArrays(call.scheme, call.w, call.scales, call.rowSums, call.n, call.k);
+        const x = f32Span(call.x, call.m * call.k);
+        const out = f32Span(call.out, call.m * call.n);
+        if (!q || !x || !out || (call.scheme === "int4" && call.k % 64 !== 0)) return false;
+        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, QUANT_SCHEME_CODE[call.scheme]);
+        return true;
+      }
+      case "quantize_weight": {
+        const q = quantArrays(call.scheme, call.data, call.scales, call.rowSums, call.n, call.k);
+        const w = f32Span(call.w, call.n * call.k);
+        if (!q || !w || (call.scheme === "int4" && call.k % 64 !== 0)) return false;
+        k.quantizeWeights(w, call.n, call.k, QUANT_SCHEME_CODE[call.scheme], q.data, q.scales, q.rowSums);
         return true;
       }
       case "gather_rows": {

@@ -33,6 +33,8 @@ export const ReduceOp = { sum: 0, max: 1, min: 2 } as const;
 
 export interface NativeKernels extends NativeStream {
   isa: NativeIsa;
+  /** Table of the quantized kernels: "avx512-vnni" or "scalar". */
+  quantIsa: string;
   features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
   setNumThreads(n: number): void;
   getNumThreads(): number;
@@ -45,6 +47,20 @@ export interface NativeKernels extends NativeStream {
     a: Float32Array, b: Float32Array | Uint16Array, out: Float32Array, M: number, N: number, K: number,
     bTransposed: boolean, bDtype: 0 | 1, batch: number, strideA: number, strideB: number, strideOut: number,
     aTransposed?: boolean,
+  ): void;
+  /**
+   * out [M,N] = x [M,K] @ dequant(W)^T for a weight-only quantized W (scheme 0 int8, 1 int4, 2 fp8; layouts in
+   * native/quant.h). x rows are quantized to int8 on the fly (per-row scale) and dotted with VNNI when available.
+   * rowSums is read for int8 only (pass an empty Int32Array otherwise); scales are f16 bits for int4.
+   */
+  quantMatmul(
+    x: Float32Array, w: Uint8Array, scales: Float32Array | Uint16Array, rowSums: Int32Array, out: Float32Array,
+    M: number, N: number, K: number, scheme: 0 | 1 | 2,
+  ): void;
+  /** Quantizes f32 W [N,K] into data/scales(/rowSums for int8) in the layout of quantMatmul's scheme. */
+  quantizeWeights(
+    w: Float32Array, N: number, K: number, scheme: 0 | 1 | 2, data: Uint8Array, scales: Float32Array | Uint16Array,
+    rowSums: Int32Array,
   ): void;
   /** See {@link UnaryOp} for op codes. */
   unary(op: number, x: Float32Array, out: Float32Array, n: number): void;
@@ -107,7 +123,7 @@ export interface NativeKernels extends NativeStream {
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
-  | "matmul" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
+  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
   | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "f16ToF32" | "f32ToF16";
 

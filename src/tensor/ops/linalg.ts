@@ -1,5 +1,6 @@
 // matmul with torch's broadcasting rules, bmm, and linear (x @ W^T + b, W in nn.Linear's [out, in] layout).
-import { OpError } from "../../util/errors.js";
+import type { QuantScheme } from "../../backends/backend.js";
+import { OpError, UnsupportedError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
@@ -105,4 +106,71 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   const out = add(y, bias);
   y.dispose();
   return out;
+}
+
+// ---- weight-only quantized linear (int8 / int4 / fp8 weights, f32 activations) ----
+
+/**
+ * A weight-only quantized nn.Linear weight [outFeatures, inFeatures] in the back end's quant_matmul layout:
+ * int8 data int8 [out, in] + f32 scales [out] + int32 rowSums [out]; int4 data uint8 [out, in/2] + f16 scales
+ * [out, in/32] (groups of 32, in % 64 == 0); fp8 data uint8 (e4m3fn codes) [out, in] + f32 scales [out].
+ */
+export interface QuantizedWeight {
+  readonly scheme: QuantScheme;
+  readonly outFeatures: number;
+  readonly inFeatures: number;
+  readonly data: Tensor;
+  readonly scales: Tensor;
+  readonly rowSums: Tensor | null;
+}
+
+/** Whether `scheme` can hold an [out, in] weight (int4 packs 64-element chunks). */
+export function canQuantize(scheme: QuantScheme, inFeatures: number): boolean {
+  return scheme !== "int4" || inFeatures % 64 === 0;
+}
+
+/** Quantizes a 2-d float weight [out, in] (per output channel; int4 per group of 32). */
+export function quantizeWeight(weight: Tensor, scheme: QuantScheme): QuantizedWeight {
+  const op = "quantize";
+  if (weight.ndim !== 2) throw new OpError(op, `weight must be 2-d, got [${weight.shape.join(", ")}]`);
+  const [n, k] = weight.shape as [number, number];
+  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % 64 == 0, got ${k}`);
+  const dev = weight.device;
+  if (dev.backend.name !== "cpu") throw new UnsupportedError(op, `${scheme} weights are not supported on ${dev.name}`);
+  const w = contiguous(weight.dtype === "float32" ? weight : weight.to("float32"));
+  const data = empty(scheme === "int4" ? [n, k / 2] : [n, k], { dtype: scheme === "int8" ? "int8" : "uint8", device: dev });
+  const scales = empty(scheme === "int4" ? [n, k / 32] : [n], { dtype: scheme === "int4" ? "float16" : "float32", device: dev });
+  const rowSums = scheme === "int8" ? empty([n], { dtype: "int32", device: dev }) : null;
+  runKernel(op, dev, { op: "quantize_weight", scheme, w: w.view_(op), data: data.view_(op), scales: scales.view_(op), rowSums: rowSums?.view_(op) ?? null, n, k });
+  if (w !== weight) w.dispose();
+  return { scheme, outFeatures: n, inFeatures: k, data, scales, rowSums };
+}
+
+/** linear(x, W, b) with a quantized W: x [..., in] f32 (activations are quantized per row inside the kernel). */
+export function quantizedLinear(x: Tensor, weight: QuantizedWeight, bias?: Tensor | null): Tensor {
+  const op = "quantized_linear";
+  const { inFeatures: k, outFeatures: n } = weight;
+  if (x.shape[x.ndim - 1] !== k) throw new OpError(op, `input features ${x.shape[x.ndim - 1]} != weight in_features ${k}`);
+  const dev = sameDevice(op, x, weight.data);
+  const lead = x.shape.slice(0, -1);
+  const m = numel(lead);
+  const cx = contiguous(x.dtype === "float32" ? x : x.to("float32"));
+  const y = empty([...lead, n], { dtype: "float32", device: dev });
+  if (m > 0)
+    runKernel(op, dev, {
+      op: "quant_matmul", scheme: weight.scheme, x: cx.view_(op), w: weight.data.view_(op), scales: weight.scales.view_(op),
+      rowSums: weight.rowSums?.view_(op) ?? null, out: y.view_(op), m, n, k,
+    }, [y]);
+  if (cx !== x) cx.dispose();
+  if (!bias) return y;
+  const out = add(y, bias);
+  y.dispose();
+  return out;
+}
+
+/** Frees a quantized weight's tensors. */
+export function disposeQuantizedWeight(w: QuantizedWeight): void {
+  w.data.dispose();
+  w.scales.dispose();
+  w.rowSums?.dispose();
 }

@@ -1,0 +1,48 @@
+// Benchmark models shared by the benches: a BPE tokenizer trained on Brown and random Llama models of real
+// shapes (SmolLM-135M, Llama-3.2-1B), written once under <tmpdir>/kiln-bench-models and reused; plus GGUF
+// exports of them for llama.cpp comparisons.
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { exportGguf, initModel } from "../src/models/init-model.js";
+import { loadCorpus } from "../src/train/corpus.js";
+import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
+
+export const TOKENIZER_VOCAB = 4096; // the tokenizer's; the model keeps its preset's vocabulary (LM head cost as the real one)
+export const BENCH_ROOT = path.join(os.tmpdir(), "kiln-bench-models");
+
+/** Writes (once) the 4096-token BPE tokenizer; returns its directory. */
+export function benchTokenizerDir(): string {
+  const tokDir = path.join(BENCH_ROOT, `brown-bpe-${TOKENIZER_VOCAB}`);
+  if (!fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
+    process.stdout.write(`training a ${TOKENIZER_VOCAB}-token BPE tokenizer on Brown... `);
+    const docs = loadCorpus({ source: "brown", maxDocs: 200 });
+    saveTokenizer(tokDir, trainBpeTokenizer(docs, { vocabSize: TOKENIZER_VOCAB, specialTokens: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] }));
+    console.log("done");
+  }
+  return tokDir;
+}
+
+/** Writes (once) a random model of a preset ("smollm-135m", "llama-1b") in a dtype; returns the directory. */
+export function benchModelDir(dtype: "float32" | "bfloat16", preset = "smollm-135m"): string {
+  const tokDir = benchTokenizerDir();
+  const name = preset === "smollm-135m" ? "smollm-135m" : preset;
+  const dir = path.join(BENCH_ROOT, `${name}-random-${dtype}`);
+  if (!fs.existsSync(path.join(dir, "model.safetensors"))) {
+    process.stdout.write(`writing a random ${preset}-shaped model (${dtype}) to ${dir}... `);
+    initModel(dir, { architecture: "LlamaForCausalLM", preset, tokenizerDir: tokDir, seed: 1, dtype });
+    console.log("done");
+  }
+  return dir;
+}
+
+/** Exports (once) a bench model to GGUF of the given type next to it; returns the file. */
+export function benchGguf(dir: string, type: "F32" | "F16" | "Q8_0"): string {
+  const file = path.join(dir, `model-${type}.gguf`);
+  if (!fs.existsSync(file)) {
+    process.stdout.write(`exporting ${path.basename(dir)} to GGUF ${type}... `);
+    exportGguf(dir, file, type);
+    console.log("done");
+  }
+  return file;
+}

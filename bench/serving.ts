@@ -1,0 +1,180 @@
+// Serving bench per weight format (f32, bf16, int8, int4) on random Llama models of real shapes: prefill tokens/s
+// (one 512-token prompt), single-stream decode tokens/s, and aggregate decode tokens/s with 8 and 32 concurrent
+// requests. Decode is timed apart from prefill: each run is repeated with max_tokens = 1, and decode time is the
+// difference (so it starts when every request has prefilled). Next to each figure: the bandwidth roofline
+// (this run's measured read bandwidth / weight bytes read per decode step) and llama.cpp (node-llama-cpp, CPU)
+// on a GGUF export of the same weights (f32 -> F32, bf16 -> F16, int8 -> Q8_0; int4 has no pair here).
+// Usage: npm run bench [-- --models smollm,1b] [--formats f32,bf16,int8,int4] [--conc 8,32] [--decode 32]
+//                      [--no-llama-cpp] [--threads 2]
+import * as os from "node:os";
+import * as path from "node:path";
+import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
+import { LLM } from "../src/engine/llm-engine.js";
+import { createServingSetupSync } from "../src/engine/serving.js";
+import { DTYPE_BYTES } from "../src/backends/dtype.js";
+import { Linear } from "../src/nn/layers.js";
+import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
+import type { CausalLM } from "../src/models/causal-lm.js";
+import { benchGguf, benchModelDir, TOKENIZER_VOCAB } from "./bench-models.js";
+
+const PREFILL_LEN = 512;
+const DECODE_PROMPT_LEN = 16;
+
+function option(name: string, fallback: string): string {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? process.argv[i + 1]! : fallback;
+}
+const flag = (name: string) => process.argv.includes(name);
+
+type Format = "f32" | "bf16" | "int8" | "int4";
+const PRESETS: Record<string, string> = { smollm: "smollm-135m", "1b": "llama-1b" };
+const GGUF_PAIR: Partial<Record<Format, "F32" | "F16" | "Q8_0">> = { f32: "F32", bf16: "F16", int8: "Q8_0" };
+
+function prompts(n: number, len: number, seed: number): number[][] {
+  let s = seed >>> 0;
+  const next = () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32);
+  return Array.from({ length: n }, () => Array.from({ length: len }, () => 3 + Math.floor(next() * (TOKENIZER_VOCAB - 3))));
+}
+
+/** Bytes of weights one decode step reads: every matrix once (quantized data + scales), the tied LM head once. */
+function decodeBytes(model: CausalLM): number {
+  let bytes = 0;
+  const skip = new Set<string>();
+  for (const [name, m] of model.namedModules()) {
+    if (!(m instanceof Linear)) continue;
+    const q = quantizedWeightOf(m);
+    if (!q) continue;
+    skip.add(name ? `${name}.weight` : "weight");
+    for (const t of [q.data, q.scales, q.rowSums]) if (t) bytes += t.numel * DTYPE_BYTES[t.dtype];
+  }
+  for (const [name, t] of model.namedParameters()) if (!skip.has(name)) bytes += t.numel * DTYPE_BYTES[t.dtype];
+  return bytes;
+}
+
+interface Figures {
+  prefill: number; // prompt tokens/s
+  decode: Map<number, number>; // concurrency -> generated tokens/s (decode only)
+}
+
+function best<T>(runs: number, f: () => T, key: (t: T) => number): T {
+  let out = f();
+  for (let i = 1; i < runs; i++) {
+    const r = f();
+    if (key(r) < key(out)) out = r;
+  }
+  return out;
+}
+
+function kilnFigures(llm: LLM, concs: number[], decodeTokens: number): Figures {
+  const gen = (ps: number[][], maxTokens: number) => {
+    const t0 = performance.now();
+    llm.generate(ps.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens, ignoreEos: true });
+    return (performance.now() - t0) / 1000;
+  };
+  gen(prompts(2, 32, 1), 4); // warm-up
+  const prefillS = best(2, () => gen(prompts(1, PREFILL_LEN, 7), 1), (s) => s);
+  const decode = new Map<number, number>();
+  for (const c of concurrency(concs)) {
+    const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
+    const t1 = best(2, () => gen(ps, 1), (s) => s);
+    const tn = best(2, () => gen(ps, 1 + decodeTokens), (s) => s);
+    decode.set(c, (c * decodeTokens) / Math.max(1e-9, tn - t1));
+  }
+  return { prefill: PREFILL_LEN / prefillS, decode };
+}
+const concurrency = (concs: number[]) => [1, ...concs.filter((c) => c !== 1)];
+
+async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: number, threads: number): Promise<Figures | string> {
+  let mod: typeof import("node-llama-cpp");
+  try {
+    mod = await import("node-llama-cpp");
+  } catch {
+    return "node-llama-cpp not installed";
+  }
+  const llama = await mod.getLlama({ gpu: false, build: "never", logLevel: "error" as never });
+  const model = await llama.loadModel({ modelPath: gguf });
+  try {
+    const maxC = Math.max(1, ...concs);
+    const ctx = await model.createContext({ contextSize: Math.max(1024, maxC * (DECODE_PROMPT_LEN + decodeTokens + 8)), sequences: maxC, batchSize: 512, threads });
+    const seqs = Array.from({ length: maxC }, () => ctx.getSequence());
+    const prefillOnce = async () => {
+      await seqs[0]!.clearHistory();
+      const t0 = performance.now();
+      await seqs[0]!.evaluateWithoutGeneratingNewTokens(prompts(1, PREFILL_LEN, 7)[0]!);
+      return (performance.now() - t0) / 1000;
+    };
+    await prefillOnce();
+    const prefillS = Math.min(await prefillOnce(), await prefillOnce());
+    const decode = new Map<number, number>();
+    for (const c of concurrency(concs)) {
+      let bestS = Infinity;
+      for (let rep = 0; rep < 2; rep++) {
+        const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
+        await Promise.all(seqs.slice(0, c).map(async (s) => s.clearHistory()));
+        // prefill every sequence (all but the last prompt token), then time the concurrent decode
+        await Promise.all(seqs.slice(0, c).map((s, i) => s.evaluateWithoutGeneratingNewTokens(ps[i]!.slice(0, -1))));
+        const t0 = performance.now();
+        await Promise.all(
+          seqs.slice(0, c).map(async (s, i) => {
+            let n = 0;
+            for await (const _ of s.evaluate([ps[i]!.at(-1)!], { temperature: 0 })) if (++n >= decodeTokens) break;
+          }),
+        );
+        bestS = Math.min(bestS, (performance.now() - t0) / 1000);
+      }
+      decode.set(c, (c * decodeTokens) / bestS);
+    }
+    await ctx.dispose();
+    return { prefill: PREFILL_LEN / prefillS, decode };
+  } finally {
+    await model.dispose();
+  }
+}
+
+async function main(): Promise<void> {
+  const models = option("--models", "smollm").split(",");
+  const formats = option("--formats", "f32,bf16,int8,int4").split(",") as Format[];
+  const concs = option("--conc", "8,32").split(",").map(Number);
+  const decodeTokens = Number(option("--decode", "32"));
+  const threads = Number(option("--threads", String(Math.min(2, os.cpus().length))));
+  const native = tryLoadNativeKernels();
+  if (!native) throw new Error("bench/serving needs the native addon (npm run build)");
+  native.setNumThreads(threads);
+  const probe = new Float32Array(64 << 20); // 256 MiB: far past the caches
+  const bandwidth = native.memoryReadBandwidth(probe, 5, threads); // GB/s
+  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; measured read bandwidth ${bandwidth.toFixed(1)} GB/s`);
+  console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
+
+  for (const key of models) {
+    const preset = PRESETS[key] ?? key;
+    const lines: string[] = [];
+    for (const format of formats) {
+      const dir = benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset);
+      const maxC = Math.max(1, ...concs);
+      const setup = createServingSetupSync({
+        model: dir, quantization: format === "int8" || format === "int4" ? format : null, maxModelLen: 1024, maxNumSeqs: maxC,
+        maxNumBatchedTokens: 1024, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20,
+      });
+      const llm = new LLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+      const bytes = decodeBytes(setup.loaded.model);
+      const kiln = kilnFigures(llm, concs, decodeTokens);
+      const pair = GGUF_PAIR[format];
+      const lc = pair && !flag("--no-llama-cpp") ? await llamaCppFigures(benchGguf(benchModelDir("float32", preset), pair), concs, decodeTokens, threads) : "no GGUF pair";
+      const roof = (bandwidth * 1e9) / bytes;
+      const ratio = (a: number, b: number | undefined) => (b ? `${(a / b).toFixed(2)}x` : "-");
+      const lcf = typeof lc === "string" ? null : lc;
+      lines.push(
+        `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB | prefill ${kiln.prefill.toFixed(0).padStart(6)} tok/s (llama.cpp${pair ? " " + pair : ""} ${lcf ? lcf.prefill.toFixed(0) : "-"}, ${ratio(kiln.prefill, lcf?.prefill)})`,
+      );
+      for (const [c, tps] of kiln.decode) {
+        const extra = c === 1 ? ` roofline ${roof.toFixed(1)} tok/s (${((100 * tps) / roof).toFixed(0)}%)` : ` (${(tps / roof).toFixed(2)}x single-stream roofline)`;
+        lines.push(`        decode x${String(c).padEnd(2)} ${tps.toFixed(1).padStart(7)} tok/s${extra}; llama.cpp ${lcf?.decode.get(c)?.toFixed(1) ?? "-"} (${ratio(tps, lcf?.decode.get(c))})`);
+      }
+      if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);
+      console.log(`[${preset}] ${lines.slice(-1 - kiln.decode.size - (typeof lc === "string" ? 1 : 0)).join("\n")}`);
+    }
+    console.log(`\n== ${preset} (${path.basename(benchModelDir("float32", preset))}) ==\n${lines.join("\n")}\n`);
+  }
+}
+
+await main();

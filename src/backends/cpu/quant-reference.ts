@@ -1,0 +1,206 @@
+// Readable TS twins of the quantized kernels (native/quant-impl.inc): weight quantization, dequantization and
+// the quantized matmul with the same per-row int8 activation quantization, so tests can compare exactly what
+// the native code computes. Layouts are documented in native/quant.h.
+import type { QuantScheme } from "../backend.js";
+
+/** Native scheme codes of quantMatmul / quantizeWeights. */
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2> = { int8: 0, int4: 1, fp8: 2 };
+
+/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, or f16 bits for int4), rowSums (int8). */
+export interface QuantizedArrays {
+  data: Uint8Array;
+  scales: Float32Array | Uint16Array;
+  rowSums: Int32Array;
+}
+
+/** Bytes of quantized data for an [n, k] weight. */
+export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
+  return scheme === "int4" ? (n * k) / 2 : n * k;
+}
+/** Scale count for an [n, k] weight (per row, or per group of 32 for int4). */
+export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
+  return scheme === "int4" ? (n * k) / 32 : n;
+}
+
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+/** f16 bits -> number. */
+export function halfToFloat(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return sign * m * 2 ** -24;
+  if (e === 31) return m ? NaN : sign * Infinity;
+  return sign * (1 + m / 1024) * 2 ** (e - 15);
+}
+/** number -> f16 bits, round to nearest even (as native floatToHalf). */
+export function floatToHalf(x: number): number {
+  f32[0] = x;
+  const sign = (u32[0]! >>> 16) & 0x8000;
+  const a = Math.abs(Math.fround(x));
+  if (!(a < 65520)) return sign | 0x7c00;
+  if (a < 6.103515625e-5) return sign | Math.round(roundHalfEven(a * 16777216));
+  f32[0] = a;
+  const bits = u32[0]!;
+  const mant = bits & 0x7fffff;
+  const exp = (bits >>> 23) - 112;
+  let h = (exp << 10) | (mant >>> 13);
+  const rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && h & 1)) h++;
+  return sign | h;
+}
+/** C's nearbyint under the default rounding mode (ties to even). */
+export function roundHalfEven(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/** e4m3fn code -> value (no infinities; 0x7f / 0xff are NaN). */
+export const FP8_E4M3: Float32Array = (() => {
+  const t = new Float32Array(256);
+  for (let i = 0; i < 256; i++) {
+    const e = (i >> 3) & 15;
+    const m = i & 7;
+    let v = e === 0 ? m * 2 ** -9 : (1 + m / 8) * 2 ** (e - 7);
+    if (e === 15 && m === 7) v = NaN;
+    t[i] = i & 0x80 ? -v : v;
+  }
+  return t;
+})();
+function floatToFp8(x: number): number {
+  const sign = x < 0 ? 0x80 : 0;
+  const a = Math.abs(x);
+  let best = 0;
+  let bestErr = a;
+  for (let c = 1; c < 127; c++) {
+    const err = Math.abs(FP8_E4M3[c]! - a);
+    if (err < bestErr || (err === bestErr && (c & 1) === 0)) {
+      best = c;
+      bestErr = err;
+    }
+    if (FP8_E4M3[c]! > a) break;
+  }
+  return sign | best;
+}
+
+/** Quantizes f32 w [n, k] (reference for the native quantizeWeights). */
+export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: number, k: number): QuantizedArrays {
+  const data = new Uint8Array(quantDataBytes(scheme, n, k));
+  const rowSums = new Int32Array(scheme === "int8" ? n : 0);
+  if (scheme === "int4") {
+    if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
+    const scales = new Uint16Array((n * k) / 32);
+    const v = new Uint8Array(64);
+    for (let r = 0; r < n; r++) {
+      for (let c = 0; c < k / 64; c++) {
+        for (let g = 0; g < 2; g++) {
+          const base = r * k + c * 64 + g * 32;
+          let amax = 0;
+          let mx = 0;
+          for (let i = 0; i < 32; i++) if (Math.abs(w[base + i]!) > amax) (amax = Math.abs(w[base + i]!)), (mx = w[base + i]!);
+          const dh = floatToHalf(Math.fround(mx / -8));
+          const dq = halfToFloat(dh);
+          const id = dq !== 0 ? Math.fround(1 / dq) : 0;
+          scales[(r * k) / 32 + c * 2 + g] = dh;
+          for (let i = 0; i < 32; i++) {
+            const q = Math.min(7, Math.max(-8, roundHalfEven(Math.fround(w[base + i]! * id))));
+            v[g * 32 + i] = q + 8;
+          }
+        }
+        for (let j = 0; j < 32; j++) data[(r * k) / 2 + c * 32 + j] = v[j]! | (v[j + 32]! << 4);
+      }
+    }
+    return { data, scales, rowSums };
+  }
+  const scales = new Float32Array(n);
+  const limit = scheme === "int8" ? 127 : 448;
+  for (let r = 0; r < n; r++) {
+    let amax = 0;
+    for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(w[r * k + i]!));
+    scales[r] = Math.fround(amax / limit);
+    const inv = amax > 0 ? Math.fround(limit / amax) : 0;
+    let sum = 0;
+    for (let i = 0; i < k; i++) {
+      const x = Math.fround(w[r * k + i]! * inv);
+      if (scheme === "int8") {
+        const q = Math.min(127, Math.max(-127, roundHalfEven(x)));
+        data[r * k + i] = q & 0xff;
+        sum += q;
+      } else data[r * k + i] = floatToFp8(x);
+    }
+    if (scheme === "int8") rowSums[r] = sum;
+  }
+  return { data, scales, rowSums };
+}
+
+/** The f32 [n, k] weight a quantized one stands for. */
+export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number, k: number): Float32Array {
+  const out = new Float32Array(n * k);
+  for (let r = 0; r < n; r++) {
+    for (let i = 0; i < k; i++) {
+      let v: number;
+      if (scheme === "int8") v = ((q.data[r * k + i]! << 24) >> 24) * q.scales[r]!;
+      else if (scheme === "fp8") v = FP8_E4M3[q.data[r * k + i]!]! * q.scales[r]!;
+      else {
+        const c = Math.floor(i / 64);
+        const j = i % 64;
+        const byte = q.data[(r * k) / 2 + c * 32 + (j % 32)]!;
+        const u = j < 32 ? byte & 15 : byte >> 4;
+        v = (u - 8) * halfToFloat(q.scales[(r * k) / 32 + Math.floor(i / 32)]!);
+      }
+      out[r * k + i] = v;
+    }
+  }
+  return out;
+}
+
+/** Per-row symmetric int8 activation quantization as the kernel does it: xq [m, k] and scales [m]. */
+export function quantizeActivationsRef(x: Float32Array, m: number, k: number): { xq: Int8Array; xs: Float32Array } {
+  const xq = new Int8Array(m * k);
+  const xs = new Float32Array(m);
+  for (let r = 0; r < m; r++) {
+    let amax = 0;
+    for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(x[r * k + i]!));
+    xs[r] = Math.fround(amax / 127);
+    const inv = amax > 0 ? Math.fround(127 / amax) : 0;
+    for (let i = 0; i < k; i++) xq[r * k + i] = roundHalfEven(Math.fround(x[r * k + i]! * inv));
+  }
+  return { xq, xs };
+}
+
+/**
+ * out [m, n] = x @ dequant(W)^T computed like the kernel: int8/int4 quantize x per row and take exact integer
+ * dots (per group for int4); fp8 dots f32 x with the decoded weights.
+ */
+export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number): Float32Array {
+  const out = new Float32Array(m * n);
+  if (scheme === "fp8") {
+    const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);
+    for (let r = 0; r < m; r++)
+      for (let c = 0; c < n; c++) {
+        let s = 0;
+        for (let i = 0; i < k; i++) s += x[r * k + i]! * w[c * k + i]!;
+        out[r * n + c] = s * q.scales[c]!;
+      }
+    return out;
+  }
+  const { xq, xs } = quantizeActivationsRef(x, m, k);
+  if (scheme === "int8") {
+    for (let r = 0; r < m; r++)
+      for (let c = 0; c < n; c++) {
+        let dot = 0;
+        for (let i = 0; i < k; i++) dot += xq[r * k + i]! * ((q.data[c * k + i]! << 24) >> 24);
+        out[r * n + c] = Math.fround(xs[r]! * q.scales[c]!) * dot;
+      }
+    return out;
+  }
+  const w = dequantizeRef(scheme, q, n, k); // (u - 8) * d per element; group sums stay exact in f64
+  for (let r = 0; r < m; r++)
+    for (let c = 0; c < n; c++) {
+      let s = 0;
+      for (let i = 0; i < k; i++) s += xq[r * k + i]! * w[c * k + i]!;
+      out[r * n + c] = xs[r]! * s;
+    }
+  return out;
+}

@@ -1,0 +1,53 @@
+// Weight-only quantization of a model's Linear layers (vLLM's --quantization): each selected Linear keeps its
+// module and parameter name, but its forward runs the quantized kernel and its float weight is released.
+import type { QuantScheme } from "../backends/backend.js";
+import { empty } from "../tensor/index.js";
+import { canQuantize, quantizedLinear, quantizeWeight, type QuantizedWeight } from "../tensor/ops/linalg.js";
+import { Linear } from "./layers.js";
+import type { Module } from "./module.js";
+
+export interface QuantizeOptions {
+  /** Which Linear layers (by dotted module name) to quantize; default: all but lm_head and MoE routers. */
+  filter?: (name: string, layer: Linear) => boolean;
+  /** Called after each layer. */
+  onProgress?: (done: number, total: number) => void;
+}
+
+/** The default selection: projections only (lm_head and MoE routers stay in the model dtype, as in vLLM). */
+export function defaultQuantFilter(name: string): boolean {
+  return name !== "lm_head" && !/(^|\.)gate$/.test(name);
+}
+
+const quantized = new WeakMap<Linear, QuantizedWeight>();
+
+/** The quantized weight behind a Linear, if it was quantized. */
+export function quantizedWeightOf(layer: Linear): QuantizedWeight | undefined {
+  return quantized.get(layer);
+}
+
+/**
+ * Quantizes the selected Linear layers in place; returns the number quantized. int4 layers whose in_features is
+ * not a multiple of 64 fall back to int8. The layer's "weight" parameter becomes the quantized data when it has
+ * the weight's shape (int8, fp8), else a zero-stride placeholder of that shape (int4).
+ *
+ * @example
+ * quantizeLinears(model, "int8"); // model.forward now runs int8 x f32 GEMV/GEMM kernels
+ */
+export function quantizeLinears(model: Module, scheme: QuantScheme, options: QuantizeOptions = {}): number {
+  const filter = options.filter ?? defaultQuantFilter;
+  const layers = model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear && !quantized.has(e[1]) && filter(e[0], e[1]));
+  layers.forEach(([name, layer], i) => {
+    const s: QuantScheme = canQuantize(scheme, layer.inFeatures) ? scheme : "int8";
+    const q = quantizeWeight(layer.weight, s);
+    quantized.set(layer, q);
+    const pname = name ? `${name}.weight` : "weight";
+    if (q.data.shape.length === 2 && q.data.shape[1] === layer.inFeatures) model.setParameter(pname, q.data);
+    else {
+      const z = empty([1, 1], { dtype: "int8", device: q.data.device });
+      model.setParameter(pname, z.expand(layer.outFeatures, layer.inFeatures));
+    }
+    layer.forward = (x) => quantizedLinear(x, q, layer.bias);
+    options.onProgress?.(i + 1, layers.length);
+  });
+  return layers.length;
+}

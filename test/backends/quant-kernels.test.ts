@@ -1,0 +1,121 @@
+// Quantized matmul kernels (native/quant-impl.inc) vs the TS reference (src/backends/cpu/quant-reference.ts).
+// Bound: the kernel rounds each activation row to xq * xs with |x - xq*xs| <= xs/2, so against the dequantized
+// weight Wdq its error is at most (xs/2) * sum_k |Wdq[n,k]| (+ f32 rounding). The parent runs the suite per ISA
+// (scalar loops, AVX-512 VNNI) in child processes with KILN_NATIVE_ISA set.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import type { QuantScheme } from "../../src/backends/backend.js";
+import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
+import {
+  QUANT_SCHEME_CODE, dequantizeRef, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeActivationsRef, quantizeWeightsRef,
+} from "../../src/backends/cpu/quant-reference.js";
+
+const k = tryLoadNativeKernels();
+const childIsa = process.env.KILN_QUANT_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
+
+let seed = 4242;
+function rand(): number {
+  seed ^= seed << 13;
+  seed ^= seed >>> 17;
+  seed ^= seed << 5;
+  return (seed >>> 0) / 4294967296;
+}
+function randn(n: number, scale = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = scale * Math.sqrt(-2 * Math.log(Math.max(rand(), 1e-12))) * Math.cos(2 * Math.PI * rand());
+  return a;
+}
+
+function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, n: number, kk: number) {
+  const data = new Uint8Array(quantDataBytes(scheme, n, kk));
+  const ns = quantScaleCount(scheme, n, kk);
+  const scales = scheme === "int4" ? new Uint16Array(ns) : new Float32Array(ns);
+  const rowSums = new Int32Array(scheme === "int8" ? n : 0);
+  k.quantizeWeights(w, n, kk, QUANT_SCHEME_CODE[scheme], data, scales, rowSums);
+  return { data, scales, rowSums };
+}
+
+if (!childIsa) {
+  test("quantized kernels: every supported ISA", { skip: k ? false : "native addon not built", timeout: 120_000 }, () => {
+    const isas = ["scalar", ...(k!.features().avx512f ? ["avx512"] : [])];
+    for (const isa of isas) {
+      const { NODE_TEST_CONTEXT: _ctx, ...env } = process.env;
+      const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url)], { env: { ...env, KILN_NATIVE_ISA: isa, KILN_QUANT_TEST_CHILD: "1" }, encoding: "utf8" });
+      assert.equal(r.status, 0, `ISA ${isa} failed:\n${r.stdout}\n${r.stderr}`);
+    }
+  });
+} else {
+  runSuite(k!, childIsa);
+}
+
+function runSuite(k: NativeKernels, isa: string): void {
+  test(`[${isa}] quant table`, () => assert.equal(k.quantIsa, isa === "avx512" && k.features().avx512vnni ? "avx512-vnni" : "scalar"));
+
+  for (const scheme of ["int8", "int4", "fp8"] as const) {
+    test(`[${isa}] ${scheme} weight quantization matches the reference`, () => {
+      const n = 37;
+      const kk = 192;
+      const w = randn(n * kk, 0.05);
+      const a = nativeQuantize(k, scheme, w, n, kk);
+      const b = quantizeWeightsRef(scheme, w, n, kk);
+      assert.deepEqual(a.data, b.data);
+      assert.deepEqual(a.scales, b.scales);
+      assert.deepEqual(a.rowSums, b.rowSums);
+      // the dequantized weight is close to the original: |w - wdq| <= step/2 per element
+      const dq = dequantizeRef(scheme, b, n, kk);
+      let maxErr = 0;
+      for (let i = 0; i < w.length; i++) maxErr = Math.max(maxErr, Math.abs(w[i]! - dq[i]!));
+      assert.ok(maxErr < (scheme === "int8" ? 0.003 : scheme === "fp8" ? 0.02 : 0.03), `${scheme} weight error ${maxErr}`);
+    });
+  }
+
+  for (const threads of [1, 2]) {
+    for (const scheme of ["int8", "int4", "fp8"] as const) {
+      test(`[${isa}] ${scheme} quantMatmul, M = 1..70, ${threads} thread(s)`, () => {
+        k.setNumThreads(threads);
+        const shapes: [number, number][] = scheme === "int4"
+          ? [[33, 64], [8, 128], [67, 576], [13, 320]]
+          : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000]];
+        const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 33, 64, 65, 70];
+        for (const [n, kk] of shapes) {
+          const w = randn(n * kk, 0.05);
+          const q = nativeQuantize(k, scheme, w, n, kk);
+          const wdq = dequantizeRef(scheme, q, n, kk);
+          for (const m of ms) {
+            const x = randn(m * kk);
+            const out = new Float32Array(m * n);
+            k.quantMatmul(x, q.data, q.scales, q.rowSums, out, m, n, kk, QUANT_SCHEME_CODE[scheme]);
+            const ref = quantMatmulRef(scheme, x, q, m, n, kk);
+            const { xs } = quantizeActivationsRef(x, m, kk);
+            for (let r = 0; r < m; r++)
+              for (let c = 0; c < n; c++) {
+                let exact = 0;
+                let absSum = 0;
+                let wAbs = 0;
+                for (let i = 0; i < kk; i++) {
+                  exact += x[r * kk + i]! * wdq[c * kk + i]!;
+                  absSum += Math.abs(x[r * kk + i]! * wdq[c * kk + i]!);
+                  wAbs += Math.abs(wdq[c * kk + i]!);
+                }
+                const got = out[r * n + c]!;
+                const fp = 2e-6 * absSum + 1e-7;
+                // same arithmetic as the reference, up to f32 rounding
+                assert.ok(Math.abs(got - ref[r * n + c]!) <= fp, `${scheme} M=${m} N=${n} K=${kk} [${r},${c}]: ${got} vs reference ${ref[r * n + c]}`);
+                // the derived activation-quantization bound against the dequantized weight (0 for fp8: f32 x)
+                const bound = (scheme === "fp8" ? 0 : (xs[r]! / 2) * wAbs) + fp;
+                assert.ok(Math.abs(got - exact) <= bound, `${scheme} M=${m} [${r},${c}]: |${got} - ${exact}| > ${bound}`);
+              }
+          }
+        }
+      });
+    }
+  }
+
+  test(`[${isa}] argument checks`, () => {
+    const x = new Float32Array(64);
+    assert.throws(() => k.quantMatmul(x, new Uint8Array(10), new Uint16Array(2), new Int32Array(0), new Float32Array(1), 1, 1, 48, 1), /multiple of 64/);
+    assert.throws(() => k.quantMatmul(x, new Uint8Array(10), new Float32Array(1), new Int32Array(1), new Float32Array(1), 1, 1, 64, 0), /RangeError|needs/);
+  });
+}
