@@ -4,7 +4,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { exportGguf, initModel } from "../src/models/init-model.js";
+import { exportGguf, initModel, PRESETS } from "../src/models/init-model.js";
 import { loadCorpus } from "../src/train/corpus.js";
 import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
 
@@ -23,11 +23,31 @@ export function benchTokenizerDir(): string {
   return tokDir;
 }
 
-/** Writes (once) a random model of a preset ("smollm-135m", "llama-1b") in a dtype; returns the directory. */
+/**
+ * The tokenizer with its vocabulary padded by never-produced tokens to `size` entries, so that its GGUF export
+ * has one token per embedding row (llama.cpp requires n_vocab == rows of token_embd).
+ */
+export function paddedTokenizerDir(size: number): string {
+  const src = benchTokenizerDir();
+  const dir = path.join(BENCH_ROOT, `brown-bpe-${TOKENIZER_VOCAB}-pad${size}`);
+  if (!fs.existsSync(path.join(dir, "tokenizer.json"))) {
+    const tok = JSON.parse(fs.readFileSync(path.join(src, "tokenizer.json"), "utf8")) as { model: { vocab: Record<string, number> } };
+    for (let id = Object.keys(tok.model.vocab).length; id < size; id++) tok.model.vocab[`<unused_${id}>`] = id;
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "tokenizer.json"), JSON.stringify(tok));
+    fs.copyFileSync(path.join(src, "tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+  }
+  return dir;
+}
+
+/**
+ * Writes (once) a random model of a preset ("smollm-135m", "llama-1b") in a dtype; returns the directory.
+ * The tokenizer is the 4096-token BPE padded to the preset's vocabulary (so llama.cpp loads the GGUF export).
+ */
 export function benchModelDir(dtype: "float32" | "bfloat16", preset = "smollm-135m"): string {
-  const tokDir = benchTokenizerDir();
-  const name = preset === "smollm-135m" ? "smollm-135m" : preset;
-  const dir = path.join(BENCH_ROOT, `${name}-random-${dtype}`);
+  const vocab = (PRESETS[preset]?.vocab_size as number | undefined) ?? TOKENIZER_VOCAB;
+  const tokDir = paddedTokenizerDir(vocab);
+  const dir = path.join(BENCH_ROOT, `${preset}-random-${dtype}-v${vocab}`);
   if (!fs.existsSync(path.join(dir, "model.safetensors"))) {
     process.stdout.write(`writing a random ${preset}-shaped model (${dtype}) to ${dir}... `);
     initModel(dir, { architecture: "LlamaForCausalLM", preset, tokenizerDir: tokDir, seed: 1, dtype });

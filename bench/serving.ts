@@ -14,6 +14,7 @@ import { createServingSetupSync } from "../src/engine/serving.js";
 import { DTYPE_BYTES } from "../src/backends/dtype.js";
 import { Linear } from "../src/nn/layers.js";
 import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
+import { quantizedShadowOf } from "../src/tensor/ops/linalg.js";
 import type { CausalLM } from "../src/models/causal-lm.js";
 import { benchGguf, benchModelDir, TOKENIZER_VOCAB } from "./bench-models.js";
 
@@ -47,7 +48,12 @@ function decodeBytes(model: CausalLM): number {
     skip.add(name ? `${name}.weight` : "weight");
     for (const t of [q.data, q.scales, q.rowSums]) if (t) bytes += t.numel * DTYPE_BYTES[t.dtype];
   }
-  for (const [name, t] of model.namedParameters()) if (!skip.has(name)) bytes += t.numel * DTYPE_BYTES[t.dtype];
+  for (const [name, t] of model.namedParameters()) {
+    if (skip.has(name)) continue;
+    const shadow = quantizedShadowOf(t); // a tied LM head read through its quantized copy
+    const parts = shadow ? [shadow.data, shadow.scales, shadow.rowSums] : [t];
+    for (const p of parts) if (p) bytes += p.numel * DTYPE_BYTES[p.dtype];
+  }
   return bytes;
 }
 
@@ -84,6 +90,9 @@ function kilnFigures(llm: LLM, concs: number[], decodeTokens: number): Figures {
 }
 const concurrency = (concs: number[]) => [1, ...concs.filter((c) => c !== 1)];
 
+/** node-llama-cpp's branded token ids. */
+const tokens = (ids: number[]) => ids as unknown as import("node-llama-cpp").Token[];
+
 async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: number, threads: number): Promise<Figures | string> {
   let mod: typeof import("node-llama-cpp");
   try {
@@ -100,7 +109,7 @@ async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: numb
     const prefillOnce = async () => {
       await seqs[0]!.clearHistory();
       const t0 = performance.now();
-      await seqs[0]!.evaluateWithoutGeneratingNewTokens(prompts(1, PREFILL_LEN, 7)[0]!);
+      await seqs[0]!.evaluateWithoutGeneratingNewTokens(tokens(prompts(1, PREFILL_LEN, 7)[0]!));
       return (performance.now() - t0) / 1000;
     };
     await prefillOnce();
@@ -112,12 +121,12 @@ async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: numb
         const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
         await Promise.all(seqs.slice(0, c).map(async (s) => s.clearHistory()));
         // prefill every sequence (all but the last prompt token), then time the concurrent decode
-        await Promise.all(seqs.slice(0, c).map((s, i) => s.evaluateWithoutGeneratingNewTokens(ps[i]!.slice(0, -1))));
+        await Promise.all(seqs.slice(0, c).map((s, i) => s.evaluateWithoutGeneratingNewTokens(tokens(ps[i]!.slice(0, -1)))));
         const t0 = performance.now();
         await Promise.all(
           seqs.slice(0, c).map(async (s, i) => {
             let n = 0;
-            for await (const _ of s.evaluate([ps[i]!.at(-1)!], { temperature: 0 })) if (++n >= decodeTokens) break;
+            for await (const _ of s.evaluate(tokens([ps[i]!.at(-1)!]), { temperature: 0 })) if (++n >= decodeTokens) break;
           }),
         );
         bestS = Math.min(bestS, (performance.now() - t0) / 1000);
@@ -140,7 +149,7 @@ async function main(): Promise<void> {
   const native = tryLoadNativeKernels();
   if (!native) throw new Error("bench/serving needs the native addon (npm run build)");
   native.setNumThreads(threads);
-  const probe = new Float32Array(64 << 20); // 256 MiB: far past the caches
+  const probe = new Float32Array(64 << 20).fill(1); // 256 MiB, far past the caches (written: untouched pages read as the zero page)
   const bandwidth = native.memoryReadBandwidth(probe, 5, threads); // GB/s
   console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; measured read bandwidth ${bandwidth.toFixed(1)} GB/s`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);

@@ -64,6 +64,7 @@ export class CustomOpEntry {
   eager(inputs: Tensor[]): Tensor {
     const dense = inputs.map((t) => (t.dtype === "float32" && t.isContiguous ? t : t.to("float32").contiguous()));
     const out = k.empty(this.def.shape(dense.map((t) => [...t.shape])), { dtype: this.def.dtype ?? "float32", device: inputs[0]?.device });
+    k.flushDeferred();
     const host = (t: Tensor): HostOperand => {
       const h = t.storage.buffer.host;
       if (!h) throw new OpError(this.def.name, `custom ops need a host back end (got ${t.device.name})`);

@@ -56,7 +56,8 @@ export interface ProgramInfo {
   source: string;
 }
 
-interface Bound {
+/** A buffer slot's binding: caller-owned memory at a byte offset. */
+export interface Bound {
   buffer: DeviceBuffer;
   byteOffset: number;
 }
@@ -114,6 +115,7 @@ export class Program {
   /** Runs on inputs/params whose shapes and dtypes match the graph (compile() pads and guards). */
   run(inputs: Tensor[], params: Tensor[]): Tensor[] {
     const g = this.graph;
+    k.flushDeferred(); // inputs may be outputs of deferred eager kernels
     if (!this.info.jit) return interpret(g, inputs, params);
     const temps: Tensor[] = [];
     const bound = new Map<NodeId, Bound>();
@@ -133,6 +135,31 @@ export class Program {
       outputs.set(o, t);
       bound.set(o, { buffer: t.storage.buffer, byteOffset: 0 });
     }
+    this.execute(bound);
+    for (const t of temps) t.dispose();
+    return g.outputs.map((o) => outputs.get(o)!);
+  }
+
+  /**
+   * Runs generated code (jit programs only) with params and outputs bound to caller-owned dense buffers:
+   * the global defer-and-fuse mode writes results straight into the eager tensors' storage.
+   */
+  runBound(params: Bound[], outputs: Bound[]): void {
+    if (!this.info.jit) throw new Error("runBound needs a jit-compiled program");
+    const bound = new Map<NodeId, Bound>();
+    for (const n of this.graph.nodes) if (n.op.kind === "param") bound.set(n.id, params[n.op.index]!);
+    this.graph.outputs.forEach((o, i) => bound.set(o, outputs[i]!));
+    this.execute(bound);
+  }
+
+  /** Frees the arena (a dropped cached program). */
+  dispose(): void {
+    if (this.arena) this.device.backend.free(this.arena);
+    this.arena = null;
+  }
+
+  private execute(bound: Map<NodeId, Bound>): void {
+    const g = this.graph;
     if (!this.arena) this.arena = this.device.backend.allocate(this.plan.arenaBytes);
     for (const [id, off] of this.plan.offsets) if (!bound.has(id)) bound.set(id, { buffer: this.arena, byteOffset: off });
 
@@ -188,8 +215,6 @@ export class Program {
         launches++;
       }
     });
-    for (const t of temps) t.dispose();
-    return g.outputs.map((o) => outputs.get(o)!);
   }
 }
 

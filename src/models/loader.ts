@@ -14,7 +14,7 @@ import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.j
 import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
-import { quantizeLinears } from "../nn/quantized-linear.js";
+import { defaultQuantFilter, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 
 export class ModelLoadError extends KilnError {
@@ -42,6 +42,11 @@ export interface LoadOptions {
    * the decoder's linear layers, quantized on load; embeddings, norms and lm_head keep the model dtype.
    */
   quantization?: string | null;
+  /**
+   * With --quantization, also quantize the LM head (tied or not) per channel: int8 for int8/int4, fp8 for fp8
+   * (as llama.cpp's Q8_0/Q4_0 exports do). Default true; false keeps it in the model dtype, as vLLM does.
+   */
+  quantizeLmHead?: boolean;
   /** Progress callback: (stage, fraction in [0, 1]). */
   onProgress?: (stage: string, fraction: number) => void;
 }
@@ -93,7 +98,14 @@ export function resolveQuantization(arg: string | null | undefined): QuantScheme
 function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedModel {
   const scheme = resolveQuantization(options.quantization);
   if (!scheme) return { ...loaded, quantization: null };
-  quantizeLinears(loaded.model, scheme, { onProgress: (d, t) => options.onProgress?.(`quantizing weights (${scheme})`, d / t) });
+  const headScheme: QuantScheme = scheme === "fp8" ? "fp8" : "int8";
+  const withHead = options.quantizeLmHead ?? true;
+  quantizeLinears(loaded.model, scheme, {
+    filter: (name) => (name === "lm_head" ? withHead : defaultQuantFilter(name)),
+    schemeFor: (name) => (name === "lm_head" ? headScheme : scheme),
+    onProgress: (d, t) => options.onProgress?.(`quantizing weights (${scheme})`, d / t),
+  });
+  if (withHead && loaded.model.lmHead === null) quantizeTiedHead(loaded.model.model.embedTokens.weight, headScheme);
   return { ...loaded, quantization: scheme };
 }
 

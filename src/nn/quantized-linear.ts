@@ -1,14 +1,16 @@
 // Weight-only quantization of a model's Linear layers (vLLM's --quantization): each selected Linear keeps its
 // module and parameter name, but its forward runs the quantized kernel and its float weight is released.
 import type { QuantScheme } from "../backends/backend.js";
-import { empty } from "../tensor/index.js";
-import { canQuantize, quantizedLinear, quantizeWeight, type QuantizedWeight } from "../tensor/ops/linalg.js";
+import { empty, type Tensor } from "../tensor/index.js";
+import { canQuantize, quantizedLinear, quantizedShadowOf, quantizeWeight, setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
 import { Linear } from "./layers.js";
 import type { Module } from "./module.js";
 
 export interface QuantizeOptions {
   /** Which Linear layers (by dotted module name) to quantize; default: all but lm_head and MoE routers. */
   filter?: (name: string, layer: Linear) => boolean;
+  /** Scheme per layer (default: the scheme argument). */
+  schemeFor?: (name: string, layer: Linear) => QuantScheme;
   /** Called after each layer. */
   onProgress?: (done: number, total: number) => void;
 }
@@ -37,7 +39,8 @@ export function quantizeLinears(model: Module, scheme: QuantScheme, options: Qua
   const filter = options.filter ?? defaultQuantFilter;
   const layers = model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear && !quantized.has(e[1]) && filter(e[0], e[1]));
   layers.forEach(([name, layer], i) => {
-    const s: QuantScheme = canQuantize(scheme, layer.inFeatures) ? scheme : "int8";
+    const want = options.schemeFor?.(name, layer) ?? scheme;
+    const s: QuantScheme = canQuantize(want, layer.inFeatures) ? want : "int8";
     const q = quantizeWeight(layer.weight, s);
     quantized.set(layer, q);
     const pname = name ? `${name}.weight` : "weight";
@@ -50,4 +53,12 @@ export function quantizeLinears(model: Module, scheme: QuantScheme, options: Qua
     options.onProgress?.(i + 1, layers.length);
   });
   return layers.length;
+}
+
+/**
+ * Quantizes a tied LM head (the embedding table read by linear() for logits): linear() then reads an int8/fp8
+ * copy while the embedding lookup keeps the float table (+1 byte per element of memory).
+ */
+export function quantizeTiedHead(embedding: Tensor, scheme: QuantScheme): void {
+  if (!quantizedShadowOf(embedding)) setQuantizedShadow(embedding, quantizeWeight(embedding, scheme));
 }

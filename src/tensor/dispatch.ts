@@ -1,7 +1,9 @@
 // Runs a kernel on a tensor's device under the current eager mode, turning back-end failures into
 // typed errors that name the op. strict enqueues on the device's in-order stream and returns (reads wait);
-// debug runs synchronously and checks float outputs for NaN/Inf.
-import type { KernelCall, RunOptions } from "../backends/backend.js";
+// debug runs synchronously and checks float outputs for NaN/Inf. defer-and-fuse hands kernels to a hook
+// that the compile layer installs (tensor/ cannot import compile/): it records the ones it can fuse and
+// runs them at the next sync point (flushDeferred: host reads, a kernel it does not defer, a mode change).
+import type { DeviceBuffer, KernelCall, RunOptions } from "../backends/backend.js";
 import { isFloating } from "../backends/dtype.js";
 import { IndexOutOfRangeError, KilnError, NonFiniteError, OpError } from "../util/errors.js";
 import type { Device } from "./device.js";
@@ -9,6 +11,42 @@ import { eagerMode } from "./mode.js";
 import type { Tensor } from "./tensor.js";
 
 let kernelCount = 0;
+
+/**
+ * The defer-and-fuse recorder (src/compile/defer.ts). `record` returns true when it took the kernel (its
+ * outputs are then written at the next flush); `flush` runs everything recorded; `adoptFree` returns true
+ * when pending work uses the buffer, the hook then frees it once that work has run.
+ */
+export interface DeferHook {
+  record(op: string, device: Device, call: KernelCall, outputs: Tensor[]): boolean;
+  flush(): void;
+  hasPending(): boolean;
+  adoptFree(device: Device, buffer: DeviceBuffer): boolean;
+}
+
+let deferHook: DeferHook | null = null;
+let warnedNoHook = false;
+
+/** Installs (or removes, with null) the defer-and-fuse recorder; pending work of the old one runs first. */
+export function setDeferHook(hook: DeferHook | null): void {
+  if (deferHook && deferHook !== hook) deferHook.flush();
+  deferHook = hook;
+}
+
+/** Runs deferred kernels now (a sync point). Cheap when nothing is pending. */
+export function flushDeferred(): void {
+  if (deferHook?.hasPending()) deferHook.flush();
+}
+
+/** Storage.release: true when the hook keeps the buffer until pending work that uses it has run. */
+export function deferFree(device: Device, buffer: DeviceBuffer): boolean {
+  return deferHook !== null && deferHook.hasPending() && deferHook.adoptFree(device, buffer);
+}
+
+/** Counts launches that ran outside runKernel (fused deferred kernels). */
+export function countLaunches(n: number): void {
+  kernelCount += n;
+}
 
 // strict / defer-and-fuse enqueue on the device stream; debug runs each kernel to completion
 const ENQUEUE: RunOptions = { blocking: false };
@@ -20,6 +58,14 @@ export function kernelsDispatched(): number {
 }
 
 export function runKernel(op: string, device: Device, call: KernelCall, outputs: Tensor[] = []): void {
+  if (eagerMode() === "defer-and-fuse") {
+    if (deferHook?.record(op, device, call, outputs)) return;
+    if (!deferHook && !warnedNoHook) {
+      warnedNoHook = true;
+      process.emitWarning('eager mode "defer-and-fuse" needs the compiler: import "kiln/compile" (or call enableDeferAndFuse()); running ops eagerly', "KilnWarning");
+    }
+  }
+  flushDeferred(); // in-order: work recorded before this kernel runs first
   kernelCount++;
   try {
     device.backend.run(call, eagerMode() === "debug" ? BLOCKING : ENQUEUE);

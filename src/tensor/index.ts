@@ -6,7 +6,7 @@ export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.j
 export { noGrad, isGradEnabled, setGradEnabled } from "./grad-mode.js";
 export { backward, enableAutograd, registerBackward, sumToShape, AutogradNode, type BackwardRule, type BackwardContext } from "./autograd.js";
 export type { BackwardOptions } from "./grad-mode.js";
-export { kernelsDispatched } from "./dispatch.js";
+export { kernelsDispatched, flushDeferred, setDeferHook, type DeferHook } from "./dispatch.js";
 export * from "./ops/elementwise.js";
 export { sum, prod, max, min, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";
 export { matmul, bmm, linear } from "./ops/linalg.js";

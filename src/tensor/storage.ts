@@ -2,6 +2,7 @@
 // freed when the last one is disposed or garbage-collected (FinalizationRegistry safety net).
 import type { DeviceBuffer } from "../backends/backend.js";
 import type { Device } from "./device.js";
+import { deferFree } from "./dispatch.js";
 
 export class Storage {
   private refs = 0;
@@ -28,7 +29,8 @@ export class Storage {
     if (this.freed) return;
     if (--this.refs <= 0) {
       this.freed = true;
-      this.device.backend.free(this.buffer);
+      // defer-and-fuse: pending work that reads or writes the buffer keeps it until the flush
+      if (!deferFree(this.device, this.buffer)) this.device.backend.free(this.buffer);
     }
   }
 

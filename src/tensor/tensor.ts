@@ -4,6 +4,7 @@ import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import { DisposedTensorError, OpError } from "../util/errors.js";
 import { resolveDevice, type Device, type DeviceLike } from "./device.js";
 import { Storage, storageFinalizer } from "./storage.js";
+import { flushDeferred } from "./dispatch.js";
 import { runBackward, type BackwardOptions } from "./grad-mode.js";
 // installs the autograd recorder and backward engine (its module body touches only grad-mode.ts)
 import "./autograd.js";
@@ -110,6 +111,7 @@ export class Tensor {
 
   /** Waits for pending work and returns the elements in row-major order (float types as Float32Array). */
   async toArray(): Promise<Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array> {
+    flushDeferred();
     await this.device.backend.synchronize();
     return this.dataSync();
   }
@@ -121,6 +123,7 @@ export class Tensor {
    */
   dataSync(): Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array {
     this.view_("dataSync"); // disposed check
+    flushDeferred(); // a sync point of defer-and-fuse
     const c = this.isContiguous ? this : this.contiguous();
     const t = isReducedFloat(this.dtype) ? c.to(readDtype(this.dtype)) : c;
     const bytes = t.device.backend.read(t.storage.buffer, t.offset * DTYPE_BYTES[t.dtype], t.numel * DTYPE_BYTES[t.dtype]);

@@ -7,7 +7,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import { readSafetensors, writeSafetensors, type SafetensorsDtype } from "../models/formats/safetensors.js";
-import { fromBytes, type Tensor } from "../tensor/index.js";
+import { flushDeferred, fromBytes, type Tensor } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
 import type { OptimizerStateDict } from "./optim.js";
 
@@ -32,6 +32,7 @@ export interface CheckpointState {
 /** Raw bytes of a tensor in its own dtype (row-major). */
 function rawBytes(t: Tensor): Uint8Array {
   const c = t.contiguous();
+  flushDeferred();
   const bytes = c.device.backend.read(c.storage.buffer, c.offset * DTYPE_BYTES[c.dtype], c.numel * DTYPE_BYTES[c.dtype]);
   if (c !== t) c.dispose();
   return bytes.slice();

@@ -2,10 +2,11 @@
 // float32 are updated in place through a Float32Array over `tensor.storage.buffer.host` at
 // `tensor.offset` (kernels run synchronously on host back ends, so no sync is needed); any other
 // param (bf16, non-host device, strided) is read with dataSync() and written back with copy_().
-import { tensor, type Tensor } from "../tensor/index.js";
+import { flushDeferred, tensor, type Tensor } from "../tensor/index.js";
 
 /** A live float32 view of the tensor's elements, or null when the tensor is not host float32 contiguous. */
 export function hostFloat32(t: Tensor): Float32Array | null {
+  flushDeferred(); // defer-and-fuse: recorded kernels may read or write this param
   const host = t.storage.buffer.host;
   if (!host || t.dtype !== "float32" || !t.isContiguous) return null;
   return new Float32Array(host, t.offset * 4, t.numel);

@@ -92,6 +92,8 @@ export function bmm(a: Tensor, b: Tensor): Tensor {
 
 /** linear(x, W, b) = x @ W^T + b with W [out, in]; x [..., in]. W may be bfloat16. */
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  const shadow = quantizedShadows.get(weight);
+  if (shadow) return quantizedLinear(x, shadow, bias);
   if (weight.ndim !== 2) throw new OpError("linear", `weight must be 2-d, got [${weight.shape.join(", ")}]`);
   const inF = weight.shape[1]!;
   if (x.shape[x.ndim - 1] !== inF) throw new OpError("linear", `input features ${x.shape[x.ndim - 1]} != weight in_features ${inF}`);
@@ -166,6 +168,21 @@ export function quantizedLinear(x: Tensor, weight: QuantizedWeight, bias?: Tenso
   const out = add(y, bias);
   y.dispose();
   return out;
+}
+
+// A float weight that linear() should read through a quantized copy (e.g. a tied LM head whose float table the
+// embedding lookup still needs). Inference only: the quantized path records no autograd op.
+const quantizedShadows = new WeakMap<Tensor, QuantizedWeight>();
+
+/** Makes linear(x, weight) use `q` (a quantization of weight) from now on; null removes it. */
+export function setQuantizedShadow(weight: Tensor, q: QuantizedWeight | null): void {
+  const old = quantizedShadows.get(weight);
+  if (old && old !== q) disposeQuantizedWeight(old);
+  if (q) quantizedShadows.set(weight, q);
+  else quantizedShadows.delete(weight);
+}
+export function quantizedShadowOf(weight: Tensor): QuantizedWeight | undefined {
+  return quantizedShadows.get(weight);
 }
 
 /** Frees a quantized weight's tensors. */

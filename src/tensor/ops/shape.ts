@@ -2,7 +2,7 @@
 import type { DType } from "../../backends/dtype.js";
 import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import type { Device } from "../device.js";
-import { runKernel } from "../dispatch.js";
+import { flushDeferred, runKernel } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
 import { contiguousStrides, empty, makeView, numel, Tensor, type Shape } from "../tensor.js";
 
@@ -197,6 +197,7 @@ function copyTo(t: Tensor, dtype: DType, device: Device): Tensor {
     // Cross-device: stage through host bytes of a contiguous copy.
     const src = t.isContiguous && t.offset === 0 ? t : copyTo(t, t.dtype, t.device);
     const out = empty(t.shape, { dtype: t.dtype, device });
+    flushDeferred();
     const bytes = t.device.backend.read(src.storage.buffer, 0, out.storage.buffer.byteLength);
     device.backend.write(out.storage.buffer, 0, bytes.subarray(0, out.storage.buffer.byteLength));
     if (src !== t) src.dispose();
