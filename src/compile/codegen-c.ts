@@ -221,9 +221,16 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
         e = binaryExpr(n.op.fn, conv(value(n.op.a), dt(n.op.a), ctyp), conv(value(n.op.b), dt(n.op.b), ctyp), ctyp);
         break;
       }
-      case "where":
-        e = `(${value(n.op.cond)} ? ${conv(value(n.op.a), dt(n.op.a), t)} : ${conv(value(n.op.b), dt(n.op.b), t)})`;
+      case "where": {
+        // both operands loaded unconditionally first: gcc 12 -O3 -march=x86-64-v3 miscompiles the masked
+        // loads it makes of `c[i] ? a[i] : b[i]` with a uint8 condition (wrong lanes; found by defer-and-fuse)
+        const wa = `w${id}a_${tmp++}`;
+        const wb = `w${id}b_${tmp++}`;
+        emit(`${ct} ${wa} = ${conv(value(n.op.a), dt(n.op.a), t)};`);
+        emit(`${ct} ${wb} = ${conv(value(n.op.b), dt(n.op.b), t)};`);
+        e = `(${value(n.op.cond)} ? ${wa} : ${wb})`;
         break;
+      }
       case "cast":
         e = conv(value(n.op.x), dt(n.op.x), t);
         break;

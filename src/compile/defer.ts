@@ -283,7 +283,6 @@ function flush(): void {
       programs.delete(key); // most recently used last
       programs.set(key, program);
     }
-    if (process.env.KILN_DEFER_DEBUG) console.log(key, program.info.source.slice(program.info.source.indexOf("void seg_")));
     const before = compiledLaunches();
     program.runBound(b.params, outBinds);
     countLaunches(compiledLaunches() - before);

@@ -1,8 +1,7 @@
 // defer-and-fuse as a scope: inside withDeferAndFuse(), lazy(t) wraps a Tensor as a deferred value whose
 // ops are only recorded; reading one (toTensor/dataSync/toArray/item) cuts the graph it needs, compiles
 // it (fusing elementwise chains; programs cached by graph text) and runs it, and the value is rebound
-// to its result so later reads reuse it. The global mode needs a hook in tensor/ (see the report in
-// src/compile/README.md): until then this is the API.
+// to its result so later reads reuse it. The global mode (setEagerMode("defer-and-fuse")) is defer.ts.
 import type { Tensor } from "../tensor/index.js";
 import { serialize, operands, type Graph, type Node, type NodeId } from "./ir.js";
 import { jitUnavailableReason } from "./jit.js";

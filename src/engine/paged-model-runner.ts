@@ -18,6 +18,8 @@ export function kvBytesPerBlock(model: CausalLM, blockSize: number): number {
 
 export class PagedModelRunner implements ModelRunner {
   readonly vocabSize: number;
+  /** Bytes of K+V cache per block (float32 cache). */
+  readonly bytesPerBlock: number;
   private readonly kvCaches: { k: Tensor; v: Tensor }[] = [];
 
   constructor(
@@ -26,6 +28,7 @@ export class PagedModelRunner implements ModelRunner {
   ) {
     const c = model.config;
     this.vocabSize = c.vocabSize;
+    this.bytesPerBlock = kvBytesPerBlock(model, spec.blockSize);
     for (let i = 0; i < c.numHiddenLayers; i++) {
       const shape = [spec.numBlocks, spec.blockSize, c.numKeyValueHeads, c.headDim];
       this.kvCaches.push({ k: empty(shape, { device: model.device }), v: empty(shape, { device: model.device }) });

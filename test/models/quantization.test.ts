@@ -1,6 +1,10 @@
 // --quantization on load: a tiny random Llama quantized to int8 / int4 / fp8 must greedily generate mostly the
 // same tokens as float32, and unsupported methods must fail with a typed error before loading weights.
 import { test } from "node:test";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import * as path from "node:path";
+import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { loadLocalModel } from "../../src/models/loader.js";
@@ -67,4 +71,13 @@ test("loader quantizes the projections (lm_head unless quantizeLmHead: false) an
 test("unsupported --quantization methods fail before loading", { skip }, () => {
   const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05 });
   assert.throws(() => loadLocalModel(dir, { quantization: "awq" }), /--quantization awq is not supported on cpu/);
+});
+
+test("kiln generate --quantization int8 prints what LLM({quantization: int8}) generates", { skip, timeout: 60_000 }, async () => {
+  const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: { tie_word_embeddings: true } });
+  const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
+  const args = ["generate", "--model", dir, "--prompt", PROMPTS[0]!, "--max-tokens", "12", "--temperature", "0", "--quantization", "int8"];
+  const { stdout } = await promisify(execFile)(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 50_000 });
+  const [ref] = new LLM({ model: dir, maxModelLen: 256, quantization: "int8" }).generate([PROMPTS[0]!], { temperature: 0, maxTokens: 12 });
+  assert.equal(stdout, `${ref!.outputs[0]!.text}\n`);
 });
