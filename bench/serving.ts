@@ -140,6 +140,41 @@ async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: numb
   }
 }
 
+/**
+ * Accuracy vs f32 on the same weights: teacher-forced greedy agreement (at each position of f32's greedy
+ * continuation, does the quantized model pick the same next token?) and the error of the log-probability it gives
+ * f32's token (|logprob_q - logprob_f32|, logits minus logsumexp) over the positions where it is in its top 20.
+ */
+function accuracy(f32: LLM, q: LLM, n = 4, len = 24): { agree: number; meanLp: number; maxLp: number } {
+  const ps = prompts(n, 32, 4242);
+  const ref = f32.generate(ps.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens: len, ignoreEos: true });
+  const prefixes: number[][] = [];
+  const want: { token: number; lp: number }[] = [];
+  ref.forEach((o, i) => {
+    const ids = o.outputs[0]!.tokenIds;
+    ids.forEach((t, j) => {
+      prefixes.push([...ps[i]!, ...ids.slice(0, j)]);
+      want.push({ token: t, lp: NaN });
+    });
+  });
+  const params = { temperature: 0, maxTokens: 1, logprobs: 20 };
+  const refLp = f32.generate(prefixes.map((promptTokenIds) => ({ promptTokenIds })), params);
+  const got = q.generate(prefixes.map((promptTokenIds) => ({ promptTokenIds })), params);
+  let agree = 0, sum = 0, count = 0, max = 0;
+  got.forEach((o, i) => {
+    const w = want[i]!;
+    if (o.outputs[0]!.tokenIds[0] === w.token) agree++;
+    const a = refLp[i]!.outputs[0]!.logprobs?.[0]?.get(w.token)?.logprob;
+    const b = o.outputs[0]!.logprobs?.[0]?.get(w.token)?.logprob;
+    if (a === undefined || b === undefined) return;
+    const e = Math.abs(a - b);
+    sum += e;
+    count++;
+    max = Math.max(max, e);
+  });
+  return { agree: agree / want.length, meanLp: count ? sum / count : NaN, maxLp: max };
+}
+
 async function main(): Promise<void> {
   const models = option("--models", "smollm").split(",");
   const formats = option("--formats", "f32,bf16,int8,int4").split(",") as Format[];
@@ -157,6 +192,7 @@ async function main(): Promise<void> {
   for (const key of models) {
     const preset = PRESETS[key] ?? key;
     const lines: string[] = [];
+    let f32Llm: LLM | null = null;
     for (const format of formats) {
       const dir = benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset);
       const maxC = Math.max(1, ...concs);
@@ -166,6 +202,13 @@ async function main(): Promise<void> {
       });
       const llm = new LLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
       const bytes = decodeBytes(setup.loaded.model);
+      if (format === "f32") f32Llm = llm;
+      if (!flag("--no-accuracy") && format !== "f32" && format !== "bf16") {
+        f32Llm ??= new LLM({ model: benchModelDir("float32", preset), maxModelLen: 1024, maxNumSeqs: 128, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20 });
+        const a = accuracy(f32Llm, llm);
+        lines.push(`${format.padEnd(5)} accuracy vs f32: teacher-forced greedy agreement ${(100 * a.agree).toFixed(1)}%, |logprob error| of f32's token mean ${a.meanLp.toFixed(4)} max ${a.maxLp.toFixed(4)}`);
+        console.log(lines.at(-1));
+      }
       const kiln = kilnFigures(llm, concs, decodeTokens);
       const pair = GGUF_PAIR[format];
       const lc = pair && !flag("--no-llama-cpp") ? await llamaCppFigures(benchGguf(benchModelDir("float32", preset), pair), concs, decodeTokens, threads) : "no GGUF pair";
