@@ -1,14 +1,20 @@
 // compile() benchmark: eager vs compiled for a fused elementwise chain on 1M elements and a tiny gated
-// MLP, and cold (C compiler) vs warm (disk cache) program build time.
-// Run: npx tsc -p . && node dist/bench/compile.js
-import { mkdtempSync } from "node:fs";
+// MLP, cold (C compiler) vs warm (disk cache) program build time, in-process and in fresh child
+// processes, and a SmolLM-135M-shaped decode step in strict vs defer-and-fuse eager mode.
+// Run: npx tsc -p . && node dist/bench/compile.js   (KILN_BENCH_DECODE=0 skips the 135M-parameter model)
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k from "../src/tensor/index.js";
 import { compile, compileCacheStats, jitUnavailableReason, linear, rmsNorm, siluMul } from "../src/compile/index.js";
 import { forgetLoaded } from "../src/compile/cache.js";
+import { CausalLM } from "../src/models/causal-lm.js";
+import { parseHfConfig } from "../src/models/hf-config.js";
+import { PRESETS } from "../src/models/init-model.js";
 
-process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-bench-compile-"));
+const STARTUP_CHILD = process.argv.includes("--startup-child");
+if (!STARTUP_CHILD) process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-bench-compile-"));
 
 type T = any; // eslint-disable-line @typescript-eslint/no-explicit-any -- runs on Tensor and Sym alike
 const chain = (x: T, y: T): T => x.mul(1.5).add(y).sub(0.25).tanh().mul(x).add(1).relu().mul(0.5).sigmoid();
@@ -27,6 +33,27 @@ function time(fn: () => k.Tensor, iters: number): number {
 
 function disposeAll(f: () => k.Tensor): () => k.Tensor {
   return f;
+}
+
+/** Child mode: compile + first run of a decoder-MLP-sized block in this fresh process; prints ms and cache stats. */
+function startupChild(): void {
+  const t0 = performance.now();
+  const Dm = 576;
+  const Fm = 1536;
+  const g = new k.Generator(1);
+  const w = (shape: number[]) => k.randn(shape, { std: 0.02, generator: g });
+  const [wgm, wum, wdm, wnm] = [w([Fm, Dm]), w([Fm, Dm]), w([Dm, Fm]), w([Dm])];
+  const block = compile((a) => mlp(a, wgm, wum, wdm, wnm), { dynamic: { argIndex: 0, dim: 0, max: 64 } });
+  const tBuild = performance.now();
+  const out = block(w([4, Dm])) as k.Tensor;
+  out.dataSync();
+  const ms = performance.now() - tBuild;
+  process.stdout.write(JSON.stringify({ ms, setupMs: tBuild - t0, cache: compileCacheStats() }) + "\n");
+}
+
+if (STARTUP_CHILD) {
+  startupChild();
+  process.exit(0);
 }
 
 const N = 1 << 20;
@@ -62,3 +89,82 @@ const tWarm0 = performance.now();
 warm(x, y);
 const warmMs = performance.now() - tWarm0;
 console.log(`program build incl. first run: cold ${coldMs.toFixed(1)} ms (C compile ${compileCacheStats().compileMs.toFixed(1)} ms total), warm from disk cache ${warmMs.toFixed(1)} ms; cache ${JSON.stringify(compileCacheStats())}`);
+
+// cold vs warm start-up in fresh processes: compile + first run with an empty cache dir, then with the
+// directory the cold run populated (nothing loaded in-process: the real start-up of a served model)
+{
+  const self = new URL(import.meta.url).pathname;
+  const runChild = (dir: string) => {
+    const t0 = performance.now();
+    const r = spawnSync(process.execPath, [self, "--startup-child"], { env: { ...process.env, KILN_CACHE_DIR: dir }, encoding: "utf8" });
+    const wallMs = performance.now() - t0;
+    if (r.status !== 0) throw new Error(`startup child failed: ${r.stderr}`);
+    const res = JSON.parse(r.stdout.trim().split("\n").pop()!) as { ms: number; cache: { hits: number; misses: number } };
+    return { ...res, wallMs };
+  };
+  const cold: number[] = [];
+  const warm: number[] = [];
+  const coldWall: number[] = [];
+  const warmWall: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-bench-startup-"));
+    const c = runChild(dir);
+    const w = runChild(dir);
+    if (c.cache.misses === 0 || w.cache.misses !== 0) throw new Error(`unexpected cache behaviour: cold ${JSON.stringify(c.cache)}, warm ${JSON.stringify(w.cache)}`);
+    cold.push(c.ms);
+    warm.push(w.ms);
+    coldWall.push(c.wallMs);
+    warmWall.push(w.wallMs);
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+  console.log(
+    `fresh-process start-up, MLP block [576 -> 1536 -> 576] compile + first run (median of 3): cold ${med(cold).toFixed(1)} ms, warm ${med(warm).toFixed(1)} ms ` +
+      `(${(med(cold) / med(warm)).toFixed(1)}x); whole child process cold ${med(coldWall).toFixed(0)} ms, warm ${med(warmWall).toFixed(0)} ms (${(med(coldWall) / med(warmWall)).toFixed(2)}x)`,
+  );
+}
+
+// a SmolLM-135M-shaped decode step (batch 1, one token, dense context: the per-layer elementwise work of a
+// step without KV history) in strict vs defer-and-fuse eager mode; final hidden states read back each step
+if (process.env.KILN_BENCH_DECODE !== "0") {
+  const cfg = parseHfConfig({ architectures: ["LlamaForCausalLM"], ...PRESETS["smollm-135m"] });
+  const model = new CausalLM(cfg);
+  const g = new k.Generator(3);
+  for (const [n, p] of model.namedParameters()) {
+    model.setParameter(n, n.endsWith("norm.weight") ? k.ones(p.shape) : k.randn(p.shape, { std: 0.02, generator: g }));
+  }
+  const ids = k.tensor(Int32Array.from([17]));
+  const positions = k.tensor(Int32Array.from([0]));
+  const step = () =>
+    k.noGrad(() => {
+      const h = model.forward(ids, { kind: "dense", batch: 1, seqLen: 1, positions });
+      h.dataSync();
+      return h;
+    });
+  // rounds alternate between the modes (the machine may be shared): medians of 7 rounds of 10 steps each
+  const round = (mode: k.EagerMode) =>
+    k.withEagerMode(mode, () => {
+      const iters = 10;
+      const kernels0 = k.kernelsDispatched();
+      const t0 = performance.now();
+      let last: number[] = [];
+      for (let i = 0; i < iters; i++) {
+        const h = step();
+        if (i === iters - 1) last = h.toList();
+        h.dispose();
+      }
+      return { ms: (performance.now() - t0) / iters, kernels: (k.kernelsDispatched() - kernels0) / iters, last };
+    });
+  for (const mode of ["strict", "defer-and-fuse"] as const) k.withEagerMode(mode, () => step().dispose()); // deferred programs are built here
+  const rounds: Record<"strict" | "defer-and-fuse", ReturnType<typeof round>[]> = { strict: [], "defer-and-fuse": [] };
+  for (let r = 0; r < 7; r++) for (const mode of ["strict", "defer-and-fuse"] as const) rounds[mode].push(round(mode));
+  const median = (rs: ReturnType<typeof round>[]) => ({ ...rs[0]!, ms: rs.map((x) => x.ms).sort((a, b) => a - b)[rs.length >> 1]! });
+  const strict = median(rounds.strict);
+  const deferred = median(rounds["defer-and-fuse"]);
+  let maxDiff = 0;
+  strict.last.forEach((v, i) => (maxDiff = Math.max(maxDiff, Math.abs(v - deferred.last[i]!))));
+  console.log(
+    `SmolLM-135M-shaped decode step (30 layers, hidden 576, f32, batch 1 x 1 token, no lm_head): strict ${strict.ms.toFixed(2)} ms / ${strict.kernels} kernels, ` +
+      `defer-and-fuse ${deferred.ms.toFixed(2)} ms / ${deferred.kernels} kernels per step (${(strict.ms / deferred.ms).toFixed(2)}x); max |diff| ${maxDiff.toExponential(1)}`,
+  );
+}

@@ -1,7 +1,8 @@
 // On-disk compile cache (STYLE.md 8: a kernel is data with a cache key). One directory per key under
 // <cacheDir>/compile/<key>/ holding source.c, lib-<sha>.so and meta.json (written last: its presence
 // marks a complete entry). Writes go to a temp name and rename() into place, so concurrent processes
-// never see partial files; the library's sha256 is stored in meta.json and verified before loading, so
+// never see partial files; the compiler runs in a private build directory on fixed relative names, so
+// racing builds of one key produce byte-identical libraries under one lib-<sha>.so name; the library's sha256 is stored in meta.json and verified before loading, so
 // a truncated or corrupt entry is rebuilt. The library file name carries its checksum because dlopen()
 // returns an already-loaded library by name. An LRU sweep (by mtime, touched on every hit) bounds size.
 import { createHash, randomBytes } from "node:crypto";
@@ -102,22 +103,29 @@ export function getLibrary(key: string, source: string): { lib: JitLibrary; hit:
     stats.hits++;
     return { lib, hit: true };
   }
-  mkdirSync(dir, { recursive: true });
+  // Build in a private directory under fixed relative names so the library's bytes depend only on the
+  // source: processes racing on one key then produce the same lib-<sha>.so and rename onto each other.
+  const build = join(dir, `build-${process.pid}-${randomBytes(4).toString("hex")}`);
+  mkdirSync(build, { recursive: true });
   const flags = compilerFlags();
-  const srcPath = join(dir, `source-${process.pid}-${randomBytes(4).toString("hex")}.c`);
-  writeFileSync(srcPath, source);
-  const tmpLib = join(dir, `build-${process.pid}-${randomBytes(4).toString("hex")}.so`);
+  writeFileSync(join(build, "source.c"), source);
   const t0 = performance.now();
+  let bytes: Buffer;
+  let libName: string;
   try {
-    compileC(srcPath, tmpLib, flags);
+    try {
+      compileC("source.c", "lib.so", flags, build);
+    } finally {
+      stats.compileMs += performance.now() - t0;
+    }
+    bytes = readFileSync(join(build, "lib.so"));
+    libName = `lib-${sha256(bytes).slice(0, 16)}.so`;
+    renameSync(join(build, "lib.so"), join(dir, libName));
+    renameSync(join(build, "source.c"), join(dir, "source.c"));
   } finally {
-    stats.compileMs += performance.now() - t0;
+    rmSync(build, { recursive: true, force: true });
   }
-  const bytes = readFileSync(tmpLib);
   const sum = sha256(bytes);
-  const libName = `lib-${sum.slice(0, 16)}.so`;
-  renameSync(tmpLib, join(dir, libName));
-  renameSync(srcPath, join(dir, "source.c"));
   const m: Meta = { key, lib: libName, sha256: sum, bytes: bytes.length, flags, cc: probeCompiler().version, version: kilnVersion() };
   writeAtomic(join(dir, "meta.json"), JSON.stringify(m, null, 1));
   stats.misses++;
@@ -136,7 +144,8 @@ export function sweep(maxBytes = env.cacheMaxMb * 1024 * 1024): number {
       let bytes = 0;
       let used = 0;
       for (const f of readdirSync(dir)) {
-        const st = statSync(join(dir, f));
+        const st = statSync(join(dir, f), { throwIfNoEntry: false });
+        if (!st) continue; // a racing build directory or temp file just went away
         bytes += st.size;
         if (f === "meta.json") used = st.mtimeMs;
       }

@@ -102,8 +102,9 @@ function binaryExpr(fn: string, a: string, b: string, t: DType): string {
     case "mul": return `${a} * ${b}`;
     case "div": return `${a} / ${b}`;
     case "pow": return f ? `powf(${a}, ${b})` : `(${CTYPE[t]})pow(${a}, ${b})`;
-    case "maximum": return `(${a} > ${b} ? ${a} : ${b})`;
-    case "minimum": return `(${a} < ${b} ? ${a} : ${b})`;
+    // NaN propagates from either side, as torch and the eager kernels (a NaN `a` is picked by a != a)
+    case "maximum": return `((${a} != ${a} || ${a} > ${b}) ? ${a} : ${b})`;
+    case "minimum": return `((${a} != ${a} || ${a} < ${b}) ? ${a} : ${b})`;
     case "remainder": return f ? `k_remf(${a}, ${b})` : `(${CTYPE[t]})k_remi(${a}, ${b})`;
     case "eq": return `(${a} == ${b})`;
     case "ne": return `(${a} != ${b})`;

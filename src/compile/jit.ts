@@ -75,9 +75,12 @@ export function compilerFlags(): string[] {
   return flags;
 }
 
-/** Compiles C source at srcPath into a shared library at outPath; throws with the compiler's stderr. */
-export function compileC(srcPath: string, outPath: string, flags: string[]): void {
-  const r = spawnSync(env.cc, [...flags, "-o", outPath, srcPath, "-lm"], { encoding: "utf8" });
+/**
+ * Compiles C source at srcPath into a shared library at outPath; throws with the compiler's stderr.
+ * Paths are relative to `cwd` when given (the source name is recorded in the library's symbol table).
+ */
+export function compileC(srcPath: string, outPath: string, flags: string[], cwd?: string): void {
+  const r = spawnSync(env.cc, [...flags, "-o", outPath, srcPath, "-lm"], { encoding: "utf8", ...(cwd ? { cwd } : {}) });
   if (r.error || r.status !== 0) throw new Error(`C compile failed (${env.cc}): ${r.error?.message ?? r.stderr}`);
 }
 

@@ -123,9 +123,9 @@ export class Tensor {
    */
   dataSync(): Float32Array | Int32Array | Uint8Array | Int8Array | BigInt64Array {
     this.view_("dataSync"); // disposed check
-    flushDeferred(); // a sync point of defer-and-fuse
     const c = this.isContiguous ? this : this.contiguous();
     const t = isReducedFloat(this.dtype) ? c.to(readDtype(this.dtype)) : c;
+    flushDeferred(); // a sync point of defer-and-fuse (after the copies above, which may be deferred too)
     const bytes = t.device.backend.read(t.storage.buffer, t.offset * DTYPE_BYTES[t.dtype], t.numel * DTYPE_BYTES[t.dtype]);
     if (t !== this) t.dispose();
     if (c !== this) c.dispose();

@@ -1,7 +1,8 @@
 // compile(): compiled results equal eager ones; bucketed dynamic dims bound recompiles; the on-disk cache
 // is shared across processes and rebuilds corrupt entries; no C compiler falls back op by op.
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -144,6 +145,44 @@ describe("compile: disk cache", { skip: hasJit ? false : "no C compiler / kiln_j
     const healthy = runChild({ KILN_CACHE_DIR: dir });
     assert.equal(healthy.cache.misses, 0);
     assert.equal(healthy.sum, afterMeta.sum);
+  });
+
+  it("two processes compiling the same graph at once both succeed and leave one valid entry", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-cache-race-"));
+    const startAt = String(Date.now() + 1500); // both children are loaded by then and start compiling together
+    const race = () =>
+      new Promise<{ cache: { misses: number; hits: number }; jit: boolean; values: number[] }>((resolve, reject) => {
+        const p = spawn(process.execPath, [child], { env: { ...process.env, KILN_CACHE_DIR: dir, KILN_TEST_START_AT: startAt } });
+        let out = "";
+        let err = "";
+        p.stdout.on("data", (d: Buffer) => (out += d.toString()));
+        p.stderr.on("data", (d: Buffer) => (err += d.toString()));
+        p.on("error", reject);
+        p.on("close", (code) => (code === 0 ? resolve(JSON.parse(out.trim().split("\n").pop()!)) : reject(new Error(`child exited ${code}: ${err}`))));
+      });
+    const [a, b] = await Promise.all([race(), race()]);
+    // the eager value of the same chain on the same inputs
+    const x = k.tensor(Float32Array.from({ length: 96 }, (_, i) => Math.sin(i)), { shape: [8, 12] });
+    const y = k.tensor(Float32Array.from({ length: 12 }, (_, i) => Math.cos(i)), { shape: [12] });
+    const eager = chain(x, y).dataSync() as Float32Array;
+    for (const r of [a, b]) {
+      assert.equal(r.jit, true);
+      assertClose(r.values, eager, { rtol: 1e-5, atol: 1e-6 });
+    }
+    assert.ok(a.cache.misses + b.cache.misses >= 1);
+    const entries = readdirSync(join(dir, "compile"));
+    assert.equal(entries.length, 1, `one entry, got ${entries.join(", ")}`);
+    const entry = join(dir, "compile", entries[0]!);
+    const files = readdirSync(entry).sort();
+    const meta = JSON.parse(readFileSync(join(entry, "meta.json"), "utf8")) as { key: string; lib: string; sha256: string; bytes: number };
+    assert.equal(meta.key, entries[0]);
+    assert.deepEqual(files, ["meta.json", meta.lib, "source.c"].sort(), "no temp files or orphan libraries left");
+    const lib = readFileSync(join(entry, meta.lib));
+    assert.equal(lib.length, meta.bytes);
+    assert.equal(createHash("sha256").update(lib).digest("hex"), meta.sha256, "checksum verified");
+    const after = runChild({ KILN_CACHE_DIR: dir });
+    assert.equal(after.cache.misses, 0);
+    assert.equal(after.cache.hits, 1);
   });
 
   it("counts in-process hits", () => {

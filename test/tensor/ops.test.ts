@@ -597,7 +597,7 @@ forEachBackend((dev) => {
       assert.throws(() => k.multinomial(probs, 5, false), /without replacement/);
     });
   });
-});
+}, { modes: true });
 
 describe("random streams agree across back ends", () => {
   it("same seed, same numbers on reference and cpu", { skip: false }, async () => {
@@ -608,4 +608,3 @@ describe("random streams agree across back ends", () => {
     assert.deepEqual(a, b);
   });
 });
-

@@ -1,17 +1,48 @@
 // Shared helpers of the tensor tests: one suite per back end (STYLE.md 11), value comparison with tolerances.
-import { describe } from "node:test";
+import { afterEach, beforeEach, describe } from "node:test";
 import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { isBackendAvailable } from "../../src/backends/registry.js";
-import type { Tensor } from "../../src/tensor/index.js";
+import { jitUnavailableReason } from "../../src/compile/index.js"; // installs the defer-and-fuse hook
+import { flushDeferred, setEagerMode, type Tensor } from "../../src/tensor/index.js";
 
 /** Back-end names the suites run on, in order; unavailable ones are reported as skipped. */
 export const BACKENDS = ["reference", "cpu"] as const;
 
-/** Runs `fn(deviceName)` inside one describe block per back end; skips back ends that cannot load here. */
-export function forEachBackend(fn: (device: string) => void): void {
+/** Extra suite variants: a back end run under a non-default eager mode. */
+const MODE_VARIANTS = [{ device: "cpu", mode: "defer-and-fuse" }] as const;
+
+/**
+ * Runs `fn(deviceName)` inside one describe block per back end; skips back ends that cannot load here.
+ * With `modes: true` (the op suites) it runs once more per MODE_VARIANTS entry, e.g. "[cpu+defer-and-fuse]"
+ * with every test body under that eager mode, so each op test also runs deferred and must match strict.
+ * `fn` learns the variant's mode through its second argument (to skip cases deferral cannot express).
+ */
+export function forEachBackend(fn: (device: string, mode?: "defer-and-fuse") => void, options: { modes?: boolean } = {}): void {
   for (const name of BACKENDS) {
     if (isBackendAvailable(name)) describe(`[${name}]`, () => fn(name));
     else describe(`[${name}]`, { skip: `back end "${name}" is unavailable on this machine` }, () => {});
+  }
+  if (!options.modes) return;
+  for (const { device, mode } of MODE_VARIANTS) {
+    const title = `[${device}+${mode}]`;
+    const why = !isBackendAvailable(device) ? `back end "${device}" is unavailable on this machine` : jitUnavailableReason();
+    if (why) {
+      describe(title, { skip: why }, () => {});
+      continue;
+    }
+    describe(title, () => {
+      // private compile cache: deferred batches build C libraries on disk
+      process.env.KILN_CACHE_DIR ??= mkdtempSync(join(tmpdir(), "kiln-suite-defer-"));
+      beforeEach(() => setEagerMode(mode));
+      afterEach(() => {
+        flushDeferred();
+        setEagerMode("strict");
+      });
+      fn(device, mode);
+    });
   }
 }
 

@@ -161,4 +161,4 @@ forEachBackend((dev) => {
       assert.deepEqual(values(base), [5, 5, 9, 9, 1, 1]);
     });
   });
-});
+}, { modes: true });

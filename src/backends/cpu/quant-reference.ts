@@ -98,7 +98,11 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
           const base = r * k + c * 64 + g * 32;
           let amax = 0;
           let mx = 0;
-          for (let i = 0; i < 32; i++) if (Math.abs(w[base + i]!) > amax) (amax = Math.abs(w[base + i]!)), (mx = w[base + i]!);
+          for (let i = 0; i < 32; i++) {
+            if (Math.abs(w[base + i]!) <= amax) continue;
+            amax = Math.abs(w[base + i]!);
+            mx = w[base + i]!;
+          }
           const dh = floatToHalf(Math.fround(mx / -8));
           const dq = halfToFloat(dh);
           const id = dq !== 0 ? Math.fround(1 / dq) : 0;
