@@ -3,6 +3,7 @@
 // gemv [1536,576] f32 is 3.5 MB: it fits in L3, so it can exceed the DRAM read bandwidth.
 // Usage: npm run bench:kernels   (KILN_NATIVE_ISA=avx2|scalar to bench another path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
+import { timeIt } from "./timing.js";
 
 interface Case { name: string; M: number; N: number; K: number }
 const cases: Case[] = [
@@ -14,21 +15,6 @@ const cases: Case[] = [
   { name: "gemm M=512 K=N=2048", M: 512, N: 2048, K: 2048 },
 ];
 
-/** Best mean time (ms) over a few batches of calls sized to ~targetMs: robust to noisy neighbours. */
-function timeIt(f: () => void, targetMs = 250, batches = 4): number {
-  f();
-  const t0 = performance.now();
-  f();
-  const once = Math.max(performance.now() - t0, 1e-3);
-  const reps = Math.max(1, Math.min(2000, Math.round(targetMs / batches / once)));
-  let best = Infinity;
-  for (let b = 0; b < batches; b++) {
-    const s = performance.now();
-    for (let i = 0; i < reps; i++) f();
-    best = Math.min(best, (performance.now() - s) / reps);
-  }
-  return best;
-}
 
 function fill(n: number): Float32Array {
   const a = new Float32Array(n);

@@ -4,6 +4,7 @@
 import { loadNativeKernels } from "../src/backends/cpu/native.js";
 import { QUANT_SCHEME_CODE, quantDataBytes, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
+import { timeIt } from "./timing.js";
 
 const cases = [
   { name: "gemv [1536,576]", M: 1, N: 1536, K: 576 },
@@ -14,20 +15,6 @@ const cases = [
   { name: "gemm M=512 [2048,2048]", M: 512, N: 2048, K: 2048 },
 ];
 
-function timeIt(f: () => void, targetMs = 200, batches = 4): number {
-  f();
-  const t0 = performance.now();
-  f();
-  const once = Math.max(performance.now() - t0, 1e-3);
-  const reps = Math.max(1, Math.min(2000, Math.round(targetMs / batches / once)));
-  let best = Infinity;
-  for (let b = 0; b < batches; b++) {
-    const s = performance.now();
-    for (let i = 0; i < reps; i++) f();
-    best = Math.min(best, (performance.now() - s) / reps);
-  }
-  return best;
-}
 const fill = (n: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37) * 0.5);
 
 const k = loadNativeKernels();

@@ -1,6 +1,7 @@
 // Element access for optimizer updates. Params on host back ends (cpu, reference) that are contiguous
 // float32 are updated in place through a Float32Array over `tensor.storage.buffer.host` at
-// `tensor.offset` (kernels run synchronously on host back ends, so no sync is needed); any other
+// `tensor.offset` (reading `.host` waits for queued stream work on that buffer, and deferred kernels are
+// flushed first); any other
 // param (bf16, non-host device, strided) is read with dataSync() and written back with copy_().
 import { flushDeferred, tensor, type Tensor } from "../tensor/index.js";
 
