@@ -2,6 +2,7 @@
 // Random prompts are token id lists sent to /v1/completions with streaming; reports throughput and
 // TTFT / TPOT / ITL / E2EL statistics as a table and JSON (vLLM's result keys).
 import { writeFileSync } from "node:fs";
+import { mulberry32 } from "../util/random.js";
 
 export interface BenchServeArgs {
   baseUrl: string; // e.g. http://127.0.0.1:8000
@@ -41,17 +42,7 @@ interface RequestResult {
   latency: number; // seconds
 }
 
-/** Mulberry32: small, seedable. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+
 
 function headers(args: BenchServeArgs): Record<string, string> {
   return { "content-type": "application/json", ...(args.apiKey ? { authorization: `Bearer ${args.apiKey}` } : {}) };
@@ -70,7 +61,7 @@ async function tokenPool(args: BenchServeArgs, model: string): Promise<number[]>
 }
 
 export function buildRequests(args: BenchServeArgs, pool: number[]): BenchRequest[] {
-  const rand = rng(args.seed);
+  const rand = mulberry32(args.seed);
   const randomIds = (n: number): number[] => Array.from({ length: n }, () => pool[Math.floor(rand() * pool.length)]!);
   if (args.datasetName === "prefix-repetition") {
     const prefixes = Array.from({ length: args.prefixRepetitionNumPrefixes }, () => randomIds(args.prefixRepetitionPrefixLen));
@@ -150,7 +141,7 @@ export async function runBenchServe(args: BenchServeArgs, log: (line: string) =>
     model = ((await res.json()) as { data: { id: string }[] }).data[0]!.id;
   }
   const requests = buildRequests(args, await tokenPool(args, model));
-  const rand = rng(args.seed + 1);
+  const rand = mulberry32(args.seed + 1);
   let active = 0;
   const waiters: (() => void)[] = [];
   const acquire = async (): Promise<void> => {

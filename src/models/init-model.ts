@@ -3,6 +3,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { f32ToBf16 } from "./formats/dtype-convert.js";
+import { mulberry32 } from "../util/random.js";
 import { readSafetensors, writeSafetensors, type SafetensorsWriteTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
 import { hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
@@ -45,16 +46,9 @@ function archExtras(arch: Architecture): Json {
   }
 }
 
-/** A deterministic PRNG (mulberry32) with Box-Muller normals: the same seed always writes the same weights. */
+/** Box-Muller normals over mulberry32: the same seed always writes the same weights. */
 function normalStream(seed: number): () => number {
-  let a = seed >>> 0;
-  const u = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const u = mulberry32(seed);
   return () => Math.sqrt(-2 * Math.log(Math.max(u(), 1e-12))) * Math.cos(2 * Math.PI * u());
 }
 

@@ -3,9 +3,8 @@
 // with KILN_NATIVE_ISA set (the addon reads it once at load).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { fileURLToPath } from "node:url";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
+import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
@@ -71,17 +70,7 @@ function erf(x: number): number {
 // ---------------------------------------------------------------- parent: one child per ISA
 if (!childIsa) {
   test("native kernels: every supported ISA", { skip: k ? false : "native addon not built" }, () => {
-    const f = k!.features();
-    const isas = ["scalar", ...(f.avx2 && f.fma ? ["avx2"] : []), ...(f.avx512f ? ["avx512"] : [])];
-    for (const isa of isas) {
-      // NODE_TEST_CONTEXT would make the child report to our runner instead of setting its exit code
-      const { NODE_TEST_CONTEXT: _ctx, ...env } = process.env;
-      const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url)], {
-        env: { ...env, KILN_NATIVE_ISA: isa, KILN_NATIVE_TEST_CHILD: "1" },
-        encoding: "utf8",
-      });
-      assert.equal(r.status, 0, `ISA ${isa} failed:\n${r.stdout}\n${r.stderr}`);
-    }
+    runIsaChildren(import.meta.url, supportedIsas(k!), "KILN_NATIVE_TEST_CHILD");
   });
 } else {
   runSuite(k!, childIsa);

@@ -3,12 +3,11 @@
 // broadcasts, offsets. Like native-kernels.test.ts, the parent runs the suite once per ISA in a child.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { fileURLToPath } from "node:url";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import { CpuBackend } from "../../src/backends/cpu/cpu-backend.js";
 import { runReference } from "../../src/backends/reference/reference-kernels.js";
 import type { BufferView, KernelCall } from "../../src/backends/backend.js";
+import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
@@ -180,16 +179,7 @@ function checkMatmulAT(k: NativeKernels, M: number, N: number, K: number, bT: bo
 
 if (!childIsa) {
   test("native strided kernels: every supported ISA", { skip: k ? false : "native addon not built" }, () => {
-    const f = k!.features();
-    const isas = ["scalar", ...(f.avx2 && f.fma ? ["avx2"] : []), ...(f.avx512f ? ["avx512"] : [])];
-    for (const isa of isas) {
-      const { NODE_TEST_CONTEXT: _ctx, ...env } = process.env;
-      const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url)], {
-        env: { ...env, KILN_NATIVE_ISA: isa, KILN_NATIVE_TEST_CHILD: "1" },
-        encoding: "utf8",
-      });
-      assert.equal(r.status, 0, `ISA ${isa} failed:\n${r.stdout}\n${r.stderr}`);
-    }
+    runIsaChildren(import.meta.url, supportedIsas(k!), "KILN_NATIVE_TEST_CHILD");
   });
   test("cpu backend routes strided copy / binary / where / aTransposed matmul like the reference", { skip: k ? false : "native addon not built" }, () => {
     checkBackendRouting();

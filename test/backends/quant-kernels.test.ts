@@ -4,13 +4,12 @@
 // (scalar loops, AVX-512 VNNI) in child processes with KILN_NATIVE_ISA set.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { fileURLToPath } from "node:url";
 import type { QuantScheme } from "../../src/backends/backend.js";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import {
   QUANT_SCHEME_CODE, dequantizeRef, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeActivationsRef, quantizeWeightsRef,
 } from "../../src/backends/cpu/quant-reference.js";
+import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_QUANT_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
@@ -39,12 +38,7 @@ function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, 
 
 if (!childIsa) {
   test("quantized kernels: every supported ISA", { skip: k ? false : "native addon not built", timeout: 120_000 }, () => {
-    const isas = ["scalar", ...(k!.features().avx512f ? ["avx512"] : [])];
-    for (const isa of isas) {
-      const { NODE_TEST_CONTEXT: _ctx, ...env } = process.env;
-      const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url)], { env: { ...env, KILN_NATIVE_ISA: isa, KILN_QUANT_TEST_CHILD: "1" }, encoding: "utf8" });
-      assert.equal(r.status, 0, `ISA ${isa} failed:\n${r.stdout}\n${r.stderr}`);
-    }
+    runIsaChildren(import.meta.url, supportedIsas(k!, { avx2: false }), "KILN_QUANT_TEST_CHILD");
   });
 } else {
   runSuite(k!, childIsa);

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { isBackendAvailable } from "../../src/backends/registry.js";
 import { jitUnavailableReason } from "../../src/compile/index.js"; // installs the defer-and-fuse hook
 import { flushDeferred, setEagerMode, type Tensor } from "../../src/tensor/index.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 /** Back-end names the suites run on, in order; unavailable ones are reported as skipped. */
 export const BACKENDS = ["reference", "cpu"] as const;
@@ -80,13 +81,4 @@ export function assertClose(actual: Tensor | ArrayLike<number>, expected: ArrayL
 }
 
 /** mulberry32: a tiny seeded PRNG so property tests are reproducible. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export const prng = mulberry32;

@@ -4,7 +4,7 @@
 // (transposes, broadcasts, gradient reductions).
 import type { BinaryOp, BufferView, UnaryOp } from "../backend.js";
 import type { DType } from "../dtype.js";
-import { hostOf, isContiguous, numel } from "../reference/host-memory.js";
+import { hostOf, isContiguous, numel, offsets } from "../reference/host-memory.js";
 import { BINARY, UNARY } from "../reference/reference-kernels.js";
 
 type Direct = Float32Array | Int32Array | Uint8Array | Int8Array;
@@ -25,56 +25,6 @@ export function directArray(v: BufferView): Direct {
       return new Int8Array(host);
     default:
       return new Uint8Array(host);
-  }
-}
-
-/** Merges adjacent dims that are contiguous with each other (fewer, longer loops). */
-function coalesce(shape: readonly number[], strides: readonly number[]): { shape: number[]; strides: number[] } {
-  const s: number[] = [];
-  const st: number[] = [];
-  for (let d = 0; d < shape.length; d++) {
-    if (shape[d] === 1) continue;
-    const last = s.length - 1;
-    if (last >= 0 && st[last] === strides[d]! * shape[d]!) {
-      s[last] *= shape[d]!;
-      st[last] = strides[d]!;
-    } else {
-      s.push(shape[d]!);
-      st.push(strides[d]!);
-    }
-  }
-  return { shape: s, strides: st };
-}
-
-/** Storage offset of every element of the view, in row-major logical order. */
-export function offsets(v: BufferView): Int32Array {
-  const n = numel(v.shape);
-  const out = new Int32Array(n);
-  if (n === 0) return out;
-  const { shape, strides } = coalesce(v.shape, v.strides);
-  const base = v.offset;
-  const r = shape.length;
-  if (r === 0) {
-    out.fill(base);
-    return out;
-  }
-  const inner = shape[r - 1]!;
-  const innerStride = strides[r - 1]!;
-  const idx = new Int32Array(r);
-  let pos = base;
-  let k = 0;
-  for (;;) {
-    for (let j = 0, p = pos; j < inner; j++, p += innerStride) out[k++] = p;
-    let d = r - 2;
-    while (d >= 0) {
-      idx[d]!++;
-      pos += strides[d]!;
-      if (idx[d]! < shape[d]!) break;
-      pos -= strides[d]! * shape[d]!;
-      idx[d] = 0;
-      d--;
-    }
-    if (d < 0) return out;
   }
 }
 

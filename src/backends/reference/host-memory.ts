@@ -145,30 +145,44 @@ export function isContiguous(shape: readonly number[], strides: readonly number[
   return true;
 }
 
-/** Calls fn(storageIndex, logicalIndex) for each element of the view in row-major order. */
-export function forEachIndex(view: BufferView, fn: (storageIndex: number, logical: number) => void): void {
-  const { shape, strides, offset } = view;
-  const n = numel(shape);
-  if (n === 0) return;
-  const rank = shape.length;
-  if (rank === 0) {
-    fn(offset, 0);
-    return;
+/** Merges adjacent dims that are contiguous with each other (fewer, longer loops). */
+function coalesce(shape: readonly number[], strides: readonly number[]): { shape: number[]; strides: number[] } {
+  const s: number[] = [];
+  const st: number[] = [];
+  for (let d = 0; d < shape.length; d++) {
+    if (shape[d] === 1) continue;
+    const last = s.length - 1;
+    if (last >= 0 && st[last] === strides[d]! * shape[d]!) {
+      s[last] *= shape[d]!;
+      st[last] = strides[d]!;
+    } else {
+      s.push(shape[d]!);
+      st.push(strides[d]!);
+    }
   }
-  if (isContiguous(shape, strides)) {
-    for (let i = 0; i < n; i++) fn(offset + i, i);
-    return;
+  return { shape: s, strides: st };
+}
+
+/** Storage offset of every element of the view, in row-major logical order. */
+export function offsets(v: BufferView): Int32Array {
+  const n = numel(v.shape);
+  const out = new Int32Array(n);
+  if (n === 0) return out;
+  const { shape, strides } = coalesce(v.shape, v.strides);
+  const base = v.offset;
+  const r = shape.length;
+  if (r === 0) {
+    out.fill(base);
+    return out;
   }
-  const idx = new Array<number>(rank).fill(0);
-  let pos = offset;
-  const last = rank - 1;
-  const lastStride = strides[last]!;
-  const lastDim = shape[last]!;
-  let logical = 0;
+  const inner = shape[r - 1]!;
+  const innerStride = strides[r - 1]!;
+  const idx = new Int32Array(r);
+  let pos = base;
+  let k = 0;
   for (;;) {
-    for (let j = 0; j < lastDim; j++) fn(pos + j * lastStride, logical++);
-    // carry into higher dims
-    let d = last - 1;
+    for (let j = 0, p = pos; j < inner; j++, p += innerStride) out[k++] = p;
+    let d = r - 2;
     while (d >= 0) {
       idx[d]!++;
       pos += strides[d]!;
@@ -177,8 +191,19 @@ export function forEachIndex(view: BufferView, fn: (storageIndex: number, logica
       idx[d] = 0;
       d--;
     }
-    if (d < 0) return;
+    if (d < 0) return out;
   }
+}
+
+/** Calls fn(storageIndex, logicalIndex) for each element of the view in row-major order. */
+export function forEachIndex(view: BufferView, fn: (storageIndex: number, logical: number) => void): void {
+  if (isContiguous(view.shape, view.strides)) {
+    const n = numel(view.shape);
+    for (let i = 0; i < n; i++) fn(view.offset + i, i);
+    return;
+  }
+  const idx = offsets(view);
+  for (let i = 0; i < idx.length; i++) fn(idx[i]!, i);
 }
 
 /** Reads a view into a dense Float64Array in row-major order (exact for every dtype but huge int64). */
