@@ -1,16 +1,22 @@
 // EngineCore: the serving loop in one place. step() = scheduler.schedule() -> runner.execute() ->
-// sampler.sample() -> scheduler.update(). A plain synchronous class with no I/O, so it can later run
-// inside a worker thread with AsyncLLM talking to it by messages.
+// sampler.sample() -> scheduler.update(). A plain synchronous class with no I/O (it runs inside a worker
+// thread with AsyncLLM talking to it by messages).
+//
+// Async scheduling (vLLM's --async-scheduling; on by default when the runner can dispatch): step N is
+// queued on the device, step N+1 is scheduled while N computes (requests sampled by N get an output
+// placeholder), then N's logits are read, sampled and applied, N+1's placeholders are filled with the
+// sampled ids and N+1 is dispatched before step() returns N's outputs. Outputs are identical to the
+// synchronous loop; requests that finish in N are dropped from N+1 before it runs.
 import type { TokenizerLike, IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import { IncrementalDetokenizer } from "./detokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
-import type { ModelRunner } from "./model-runner.js";
+import type { ModelRunner, PendingRunnerOutput, RunnerOutput } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
 import { Sampler, type SamplingRow } from "./sampler.js";
 import { normalizeSamplingParams } from "./sampling-params.js";
-import { Scheduler, type RequestUpdate, type SchedulingPolicy } from "./scheduler.js";
+import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
@@ -30,9 +36,11 @@ export interface EngineArgs {
   maxLogprobs?: number; // 20
   /** EOS ids when no tokenizer is given (otherwise tokenizer.eosTokenIds). */
   eosTokenIds?: number[];
+  /** Schedule the next step while the current one computes (default: when the runner has dispatch()). */
+  asyncScheduling?: boolean;
 }
 
-export type ResolvedEngineArgs = Required<EngineArgs>;
+export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling">> & { asyncScheduling: boolean | null };
 
 export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   const r: ResolvedEngineArgs = {
@@ -46,6 +54,7 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     seed: 0,
     maxLogprobs: 20,
     eosTokenIds: [],
+    asyncScheduling: null,
     ...Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined)),
   } as unknown as ResolvedEngineArgs;
   const posInt = (k: keyof ResolvedEngineArgs, min = 1): void => {
@@ -99,6 +108,10 @@ export class EngineCore {
   private readonly tokenizer: TokenizerLike | null;
   private readonly createDetokenizer: EngineCoreOptions["createDetokenizer"];
   private readonly eosTokenIds: number[];
+  /** Whether step() pipelines scheduling with the runner's compute (see the file comment). */
+  readonly asyncScheduling: boolean;
+  /** Async scheduling: the step queued on the device, whose outputs the next step() collects. */
+  private inflight: { out: SchedulerOutput; pending: PendingRunnerOutput } | null = null;
   numSteps = 0;
 
   constructor(
@@ -117,6 +130,9 @@ export class EngineCore {
       enablePrefixCaching: this.args.enablePrefixCaching,
     });
     const a = this.args;
+    if (a.asyncScheduling === true && runner.dispatch === undefined)
+      throw new Error("[engine] asyncScheduling needs a model runner with dispatch()");
+    this.asyncScheduling = a.asyncScheduling ?? runner.dispatch !== undefined;
     const decodeToken = tok === null ? String : (id: number) => tok.idToToken(id) ?? tok.decode([id]);
     this.scheduler = new Scheduler(
       {
@@ -126,6 +142,7 @@ export class EngineCore {
         longPrefillTokenThreshold: a.longPrefillTokenThreshold,
         schedulingPolicy: a.schedulingPolicy,
         enableChunkedPrefill: a.enableChunkedPrefill,
+        asyncScheduling: this.asyncScheduling,
       },
       this.kv,
       decodeToken,
@@ -230,18 +247,41 @@ export class EngineCore {
   }
 
   hasUnfinishedRequests(): boolean {
-    return this.scheduler.hasUnfinishedRequests();
+    return this.scheduler.hasUnfinishedRequests() || this.inflight !== null;
   }
 
   /** One engine iteration. Returns an output for every user request that got tokens or finished. */
   step(): RequestOutput[] {
-    const schedulerOutput = this.scheduler.schedule();
-    if (schedulerOutput.scheduled.length === 0) return [];
-    const runnerOutput = this.runner.execute(Scheduler.toBatch(schedulerOutput, this.args.blockSize));
+    if (!this.asyncScheduling) {
+      const schedulerOutput = this.scheduler.schedule();
+      if (schedulerOutput.scheduled.length === 0) return [];
+      return this.finishStep(schedulerOutput, this.runner.execute(Scheduler.toBatch(schedulerOutput, this.args.blockSize)));
+    }
+    let current = this.inflight;
+    this.inflight = null;
+    if (current === null) {
+      const out = this.scheduler.schedule();
+      if (out.scheduled.length === 0) return [];
+      current = { out, pending: this.dispatch(out) };
+    }
+    // Scheduled while `current` computes; its placeholders are filled once current's tokens are sampled.
+    const next = this.scheduler.schedule();
+    const outputs = this.finishStep(current.out, current.pending.wait());
+    const ready = this.scheduler.fillPlaceholders(next);
+    if (ready.scheduled.length > 0) this.inflight = { out: ready, pending: this.dispatch(ready) };
+    return outputs;
+  }
+
+  private dispatch(out: SchedulerOutput): PendingRunnerOutput {
+    return this.runner.dispatch!(Scheduler.toBatch(out, this.args.blockSize));
+  }
+
+  /** Samples a computed step's logits and applies the tokens. */
+  private finishStep(out: SchedulerOutput, runnerOutput: RunnerOutput): RequestOutput[] {
     const rows: SamplingRow[] = [];
-    for (const s of schedulerOutput.scheduled) if (s.needsLogits) rows.push(s.request);
+    for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
     const sampled = this.sampler.sample(runnerOutput.logits, rows);
-    const updates = this.scheduler.update(schedulerOutput, sampled, runnerOutput.promptLogits);
+    const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits);
     this.numSteps++;
     return this.collectOutputs(updates);
   }

@@ -36,8 +36,18 @@ export interface RunnerOutput {
   promptLogits: Map<string, Float32Array>;
 }
 
-/** What the engine calls each step. The lead's real implementation wraps the model and the paged KV cache. */
+/** A step whose kernels are queued on the device: `wait()` blocks until its logits are on the host. */
+export interface PendingRunnerOutput {
+  wait(): RunnerOutput;
+}
+
+/** What the engine calls each step. The real implementation wraps the model and the paged KV cache. */
 export interface ModelRunner {
   readonly vocabSize: number;
   execute(batch: ScheduledBatch): RunnerOutput;
+  /**
+   * Queues the step's work and returns before it has run (async scheduling: the engine schedules the next
+   * step meanwhile). Runners without it are driven synchronously through execute().
+   */
+  dispatch?(batch: ScheduledBatch): PendingRunnerOutput;
 }

@@ -3,7 +3,7 @@
 // runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
 import type { CausalLM } from "../models/causal-lm.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
-import type { ModelRunner, RunnerOutput, ScheduledBatch } from "./model-runner.js";
+import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 
 export interface KvCacheSpec {
   numBlocks: number;
@@ -36,6 +36,14 @@ export class PagedModelRunner implements ModelRunner {
   }
 
   execute(batch: ScheduledBatch): RunnerOutput {
+    return this.dispatch(batch).wait();
+  }
+
+  /**
+   * Queues the forward pass and the logits of the sampled rows (in strict mode the kernels run on the
+   * device's stream while this returns); wait() reads the logits back.
+   */
+  dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     const seqs = batch.sequences;
     const T = batch.numTokens;
     const ids = new Int32Array(T);
@@ -80,21 +88,26 @@ export class PagedModelRunner implements ModelRunner {
       const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
       idsT.dispose();
       for (const x of Object.values(ctxTensors)) x.dispose();
-      let logits: Float32Array = new Float32Array(0);
-      if (rows.length > 0) {
-        const l = this.model.logits(hidden, Int32Array.from(rows));
-        logits = l.dataSync() as Float32Array;
-        l.dispose();
-      }
-      const promptLogits = new Map<string, Float32Array>();
-      for (const [id, [start, n]] of promptRows) {
-        const r = Int32Array.from({ length: n }, (_, j) => start + j);
-        const l = this.model.logits(hidden, r);
-        promptLogits.set(id, l.dataSync() as Float32Array);
-        l.dispose();
-      }
+      const logitsT = rows.length > 0 ? this.model.logits(hidden, Int32Array.from(rows)) : null;
+      const promptT = new Map<string, Tensor>();
+      for (const [id, [start, n]] of promptRows)
+        promptT.set(id, this.model.logits(hidden, Int32Array.from({ length: n }, (_, j) => start + j)));
       hidden.dispose();
-      return { logits, promptLogits };
+      return {
+        wait: (): RunnerOutput => {
+          let logits: Float32Array = new Float32Array(0);
+          if (logitsT !== null) {
+            logits = logitsT.dataSync() as Float32Array;
+            logitsT.dispose();
+          }
+          const promptLogits = new Map<string, Float32Array>();
+          for (const [id, l] of promptT) {
+            promptLogits.set(id, l.dataSync() as Float32Array);
+            l.dispose();
+          }
+          return { logits, promptLogits };
+        },
+      };
     });
   }
 

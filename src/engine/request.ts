@@ -72,6 +72,11 @@ export class Request {
   status: RequestStatus = "WAITING";
   /** Tokens whose KV is in the cache (advanced by the scheduler when it schedules them). */
   numComputedTokens = 0;
+  /**
+   * Async scheduling: tokens scheduled before they are sampled (the step that samples them is still
+   * computing). The next step's input for such a position is filled in once the token is known.
+   */
+  numOutputPlaceholders = 0;
   /** Prompt tokens served from the prefix cache the first time it was scheduled; -1 before that. */
   numCachedTokens = -1;
   numPreemptions = 0;

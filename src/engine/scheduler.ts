@@ -20,6 +20,12 @@ export interface SchedulerConfig {
   schedulingPolicy: SchedulingPolicy;
   /** When false, a waiting request is only admitted if its whole remaining prompt fits the budget. */
   enableChunkedPrefill: boolean;
+  /**
+   * vLLM's async scheduling: schedule() may run while the previous step is still computing. A request whose
+   * token that step samples gets an output placeholder, so the next step already computes its K/V; the
+   * caller fills the placeholder's token id in (fillPlaceholders) before running the step.
+   */
+  asyncScheduling?: boolean;
 }
 
 /** One request's share of a step, as the scheduler decided it. */
@@ -91,7 +97,7 @@ export class Scheduler {
     let i = 0;
     while (i < this.running.length && budget > 0) {
       const req = this.running[i]!;
-      let numNew = req.numTokens - req.numComputedTokens;
+      let numNew = req.numTokens + req.numOutputPlaceholders - req.numComputedTokens;
       if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
       numNew = Math.min(numNew, budget);
       if (numNew <= 0) {
@@ -155,11 +161,34 @@ export class Scheduler {
     let total = 0;
     for (const s of scheduled) {
       s.request.numComputedTokens += s.tokenIds.length;
+      if (cfg.asyncScheduling === true && s.needsLogits) s.request.numOutputPlaceholders++;
       total += s.tokenIds.length;
     }
     const finishedRequestIds = this.finishedSinceLastStep;
     this.finishedSinceLastStep = [];
     return { scheduled, numScheduledTokens: total, preemptedRequestIds: preempted, finishedRequestIds };
+  }
+
+  /**
+   * Async scheduling: after update() of the step that was computing while `out` was scheduled, drops the
+   * requests of `out` that have finished since (their blocks are already free) and writes the now-known
+   * sampled token ids over their placeholders. Returns `out` with the survivors.
+   */
+  fillPlaceholders(out: SchedulerOutput): SchedulerOutput {
+    const scheduled: ScheduledRequest[] = [];
+    let total = 0;
+    for (const s of out.scheduled) {
+      const req = s.request;
+      if (req.isFinished || req.status !== "RUNNING") continue;
+      if (s.tokenIds.includes(-1)) {
+        const n = s.tokenIds.length;
+        if (req.numTokens < s.startPosition + n) throw new Error(`[scheduler] placeholder of ${req.requestId} was never sampled`);
+        s.tokenIds = req.allTokenIds.slice(s.startPosition, s.startPosition + n);
+      }
+      scheduled.push(s);
+      total += s.tokenIds.length;
+    }
+    return { ...out, scheduled, numScheduledTokens: total };
   }
 
   /** Shape of the step for the model runner. */
@@ -181,14 +210,17 @@ export class Scheduler {
       const p = start + j;
       slotMapping[j] = blockTable[Math.floor(p / bs)]! * bs + (p % bs);
     }
+    // Positions past the known tokens are output placeholders (async scheduling): -1 until filled.
+    const tokenIds = req.allTokenIds.slice(start, start + numNew);
+    while (tokenIds.length < numNew) tokenIds.push(-1);
     return {
       request: req,
       requestId: req.requestId,
-      tokenIds: req.allTokenIds.slice(start, start + numNew),
+      tokenIds,
       startPosition: start,
       blockTable,
       slotMapping,
-      needsLogits: start + numNew === req.numTokens,
+      needsLogits: start + numNew === req.numTokens + req.numOutputPlaceholders,
       needsPromptLogits: req.promptLogprobs !== null && start < req.numPromptTokens - 1,
       newBlockIds: newBlocks.getBlockIds(),
     };
@@ -241,6 +273,7 @@ export class Scheduler {
       if (!s.needsLogits) continue;
       const tok = sampled[row++];
       if (tok === undefined) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
+      if (req.numOutputPlaceholders > 0) req.numOutputPlaceholders--;
       if (req.isFinished) continue; // aborted between schedule() and update()
       this.appendToken(req, tok, now);
       updates.push({ request: req, newTokenIds: [tok.tokenId], finished: req.isFinished });

@@ -1,0 +1,123 @@
+// Async scheduling: step N+1 is scheduled while step N computes. The fake runner's dispatch() defers the
+// work to wait(), as a device stream does, and checks the paged KV chain on every step; outputs must equal
+// the synchronous engine's, whatever finishes, is preempted or aborted while a step is in flight.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { EngineCore, type EngineArgs } from "../../src/engine/engine-core.js";
+import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
+import type { PendingRunnerOutput, ScheduledBatch } from "../../src/engine/model-runner.js";
+import type { SamplingParams } from "../../src/engine/types.js";
+import { add, prompt, runToCompletion, tokenizer, VOCAB } from "./helpers.js";
+
+/** A fake runner whose work runs at wait() time, logging dispatch/wait; the engine's schedule() is logged too. */
+class DeferredFakeRunner extends FakeModelRunner {
+  readonly events: string[] = [];
+  private dispatched = 0;
+  dispatch(batch: ScheduledBatch): PendingRunnerOutput {
+    const n = this.dispatched++;
+    this.events.push(`dispatch ${n}`);
+    for (const s of batch.sequences) assert.ok(!s.tokenIds.includes(-1), `step ${n} dispatched with a placeholder token`);
+    // The engine may not touch the batch after dispatch: copy what a device would have captured.
+    const frozen: ScheduledBatch = { ...batch, sequences: batch.sequences.map((s) => ({ ...s, tokenIds: [...s.tokenIds] })) };
+    return {
+      wait: () => {
+        this.events.push(`wait ${n}`);
+        return this.execute(frozen);
+      },
+    };
+  }
+}
+
+function engines(args: Partial<EngineArgs>): { sync: EngineCore; async: EngineCore; runner: DeferredFakeRunner } {
+  const base = { maxModelLen: 256, numGpuBlocks: 128, blockSize: 4, ...args };
+  const runner = new DeferredFakeRunner(VOCAB);
+  const asyncCore = new EngineCore(base, runner, { tokenizer });
+  const schedule = asyncCore.scheduler.schedule.bind(asyncCore.scheduler);
+  asyncCore.scheduler.schedule = (now?: number) => {
+    runner.events.push("schedule");
+    return schedule(now);
+  };
+  return { sync: new EngineCore(base, new FakeModelRunner(VOCAB), { tokenizer }), async: asyncCore, runner };
+}
+
+const shared = prompt(5, 9);
+const PROMPTS = Array.from({ length: 16 }, (_, i) => (i % 4 === 0 ? [...shared, ...prompt(i, 2 + i)] : prompt(i + 40, 3 + ((i * 5) % 23))));
+
+test("async scheduling: on by default when the runner can dispatch; the next step is scheduled before the current one is waited for", () => {
+  const { async: core, runner } = engines({});
+  assert.equal(core.asyncScheduling, true);
+  assert.equal(new EngineCore({ maxModelLen: 64, numGpuBlocks: 16 }, new FakeModelRunner(VOCAB)).asyncScheduling, false);
+  add(core, "a", prompt(1, 6), { temperature: 0, maxTokens: 5, ignoreEos: true });
+  add(core, "b", prompt(2, 3), { temperature: 0, maxTokens: 3, ignoreEos: true });
+  runToCompletion(core);
+  // Every wait(N) is preceded, after dispatch(N), by the schedule() of the following step.
+  const ev = runner.events;
+  for (let i = 0; i < ev.length; i++) {
+    if (!ev[i]!.startsWith("wait")) continue;
+    const n = ev[i]!.split(" ")[1];
+    const d = ev.indexOf(`dispatch ${n}`);
+    assert.ok(d >= 0 && d < i, `dispatch ${n} before wait ${n}`);
+    assert.ok(ev.slice(d + 1, i).includes("schedule"), `a schedule() ran while step ${n} was in flight: ${ev.join(", ")}`);
+  }
+  assert.equal(core.stats().numFreeBlocks, core.stats().numTotalBlocks);
+});
+
+test("async scheduling: outputs equal the synchronous engine's across caching, chunking, preemption, stops and n > 1", () => {
+  const cases: [string, Partial<EngineArgs>, Partial<SamplingParams>][] = [
+    ["greedy", {}, { temperature: 0, maxTokens: 9 }],
+    ["seeded, no caching", { enablePrefixCaching: false }, { temperature: 0.9, topK: 30, seed: 11, maxTokens: 9 }],
+    ["small chunks", { maxNumBatchedTokens: 5 }, { temperature: 0, maxTokens: 7 }],
+    ["tiny pool", { numGpuBlocks: 20, maxNumBatchedTokens: 64 }, { temperature: 0, maxTokens: 10 }],
+    ["tiny pool priority", { numGpuBlocks: 20, schedulingPolicy: "priority" }, { temperature: 0.7, seed: 2, maxTokens: 10 }],
+    ["stop tokens and strings", {}, { temperature: 0, maxTokens: 12, stopTokenIds: [7, 8, 9, 10, 11], stop: ["e"] }],
+    ["n=2", {}, { temperature: 1, n: 2, seed: 4, maxTokens: 6 }],
+    ["min/max tokens", { maxNumSeqs: 3 }, { temperature: 0, minTokens: 2, maxTokens: 3 }],
+  ];
+  for (const [name, args, params] of cases) {
+    const { sync, async: core } = engines(args);
+    PROMPTS.forEach((p, i) => {
+      add(sync, `r${i}`, p, params, i % 3);
+      add(core, `r${i}`, p, params, i % 3);
+    });
+    const want = runToCompletion(sync);
+    const got = runToCompletion(core);
+    for (let i = 0; i < PROMPTS.length; i++) {
+      const w = want.get(`r${i}`)!;
+      const g = got.get(`r${i}`)!;
+      assert.deepEqual(
+        g.outputs.map((o) => [o.tokenIds, o.text, o.finishReason]),
+        w.outputs.map((o) => [o.tokenIds, o.text, o.finishReason]),
+        `${name}: r${i}`,
+      );
+    }
+    const s = core.stats();
+    assert.equal(s.numFreeBlocks, s.numTotalBlocks, `${name}: every block is free at the end`);
+    if (name.startsWith("tiny")) assert.ok(s.numPreemptions > 0, `${name}: expected preemption`);
+  }
+});
+
+test("async scheduling: a request that finishes in step N never runs in step N+1; abort with a step in flight frees its blocks", () => {
+  const { async: core, runner } = engines({ enablePrefixCaching: false });
+  const start = core.stats().numFreeBlocks;
+  add(core, "short", prompt(3, 4), { temperature: 0, maxTokens: 2, ignoreEos: true });
+  add(core, "long", prompt(4, 4), { temperature: 0, maxTokens: 40, ignoreEos: true });
+  add(core, "gone", prompt(6, 5), { temperature: 0, maxTokens: 40, ignoreEos: true });
+  const seen: string[] = [];
+  for (let i = 0; i < 4; i++) for (const o of core.step()) if (o.finished) seen.push(o.requestId);
+  assert.deepEqual(seen, ["short"]);
+  // "short": 4 prompt tokens + 1 decode computed; its second sampled token ends it, so no third step for it.
+  const shortSteps = runner.log.flat().filter((s) => s.requestId === "short");
+  assert.deepEqual(
+    shortSteps.map((s) => [s.start, s.numTokens]),
+    [
+      [0, 4],
+      [4, 1],
+    ],
+  );
+  const [out] = core.abortRequest(["gone"]);
+  assert.equal(out!.outputs[0]!.finishReason, "abort");
+  runToCompletion(core);
+  assert.equal(core.stats().numFreeBlocks, start);
+  const gone = runner.log.flat().filter((s) => s.requestId === "gone");
+  assert.ok(gone.length <= 5, "no step after the abort's in-flight one runs the aborted request");
+});
