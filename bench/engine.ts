@@ -1,10 +1,12 @@
 // Engine throughput bench: a SmolLM-135M-shaped random model (30 layers, hidden 576, vocab 49152) served by
-// the in-process LLM with 1, 8 and 32 concurrent requests of ~128 random prompt tokens and 64 output tokens
-// each (ignore_eos). Reports output tokens/s (generated tokens / wall time, prefill included, as vLLM's
-// `bench throughput`) and the 32-vs-1 ratio: how much continuous batching buys. `--engines llm,worker` also
-// runs each concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it).
+// the in-process LLM with 1, 8 and 32 concurrent requests of random prompts (ignore_eos). Two request shapes
+// by default: decode-heavy (~32 prompt tokens, 128 output tokens) and prefill-heavy (~128 prompt, 64 output).
+// Reports output tokens/s (generated tokens / wall time, prefill included, as vLLM's `bench throughput`)
+// and the 32-vs-1 ratio: how much continuous batching buys. `--engines llm,worker` also runs each
+// concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it).
 // The model and tokenizer are written once under <tmpdir>/kiln-bench-models and reused.
 // Usage: npm run bench:engine [-- --dtype float32|bfloat16] [--engines llm,worker] [--concurrency 1,8,32]
+//        [--shapes 32x128,128x64]   (prompt tokens x output tokens)
 import * as os from "node:os";
 import * as path from "node:path";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
@@ -14,15 +16,15 @@ import type { SamplingParams } from "../src/engine/types.js";
 import { WorkerEngine } from "../src/engine/worker-engine.js";
 import { TOKENIZER_VOCAB, benchModelDir } from "./bench-models.js";
 
-const PROMPT_LEN = 128;
-const OUTPUT_LEN = 64;
+let PROMPT_LEN = 128;
+let OUTPUT_LEN = 64;
 
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(name);
   return i >= 0 ? process.argv[i + 1] : undefined;
 }
 
-/** Deterministic random prompts of PROMPT_LEN ± 8 token ids drawn from the tokenizer's range. */
+/** Deterministic random prompts of PROMPT_LEN ± PROMPT_LEN/16 token ids drawn from the tokenizer's range. */
 function randomPrompts(n: number, seed: number): number[][] {
   let s = seed >>> 0;
   const next = (): number => {
@@ -30,11 +32,12 @@ function randomPrompts(n: number, seed: number): number[][] {
     return s / 2 ** 32;
   };
   return Array.from({ length: n }, () =>
-    Array.from({ length: PROMPT_LEN - 8 + Math.floor(next() * 17) }, () => 3 + Math.floor(next() * (TOKENIZER_VOCAB - 3))),
+    Array.from({ length: PROMPT_LEN - (PROMPT_LEN >> 4) + Math.floor(next() * ((PROMPT_LEN >> 3) + 1)) }, () => 3 + Math.floor(next() * (TOKENIZER_VOCAB - 3))),
   );
 }
 
 interface Row {
+  shape: string;
   engine: string;
   concurrency: number;
   seconds: number;
@@ -42,17 +45,19 @@ interface Row {
   outputTokens: number;
 }
 
-const PARAMS: Partial<SamplingParams> = { temperature: 0, maxTokens: OUTPUT_LEN, ignoreEos: true };
+const params = (): Partial<SamplingParams> => ({ temperature: 0, maxTokens: OUTPUT_LEN, ignoreEos: true });
+const shapeName = (): string => `${PROMPT_LEN}x${OUTPUT_LEN}`;
 
 function runInProcess(llm: LLM, prompts: number[][]): Row {
   const t0 = performance.now();
   const outs = llm.generate(
     prompts.map((promptTokenIds) => ({ promptTokenIds })),
-    PARAMS,
+    params(),
   );
   const seconds = (performance.now() - t0) / 1000;
   const outputTokens = outs.reduce((a, o) => a + o.outputs[0]!.tokenIds.length, 0);
   return {
+    shape: shapeName(),
     engine: "LLM (in-process)",
     concurrency: prompts.length,
     seconds,
@@ -66,7 +71,7 @@ async function runWorker(engine: WorkerEngine, prompts: number[][], tag: string)
   const counts = await Promise.all(
     prompts.map(async (promptTokenIds, i) => {
       let n = 0;
-      for await (const out of engine.generate({ promptTokenIds }, PARAMS, { requestId: `${tag}-${i}`, delta: true }))
+      for await (const out of engine.generate({ promptTokenIds }, params(), { requestId: `${tag}-${i}`, delta: true }))
         n += out.outputs[0]!.tokenIds.length;
       return n;
     }),
@@ -74,6 +79,7 @@ async function runWorker(engine: WorkerEngine, prompts: number[][], tag: string)
   const seconds = (performance.now() - t0) / 1000;
   const outputTokens = counts.reduce((a, b) => a + b, 0);
   return {
+    shape: shapeName(),
     engine: "WorkerEngine",
     concurrency: prompts.length,
     seconds,
@@ -86,28 +92,35 @@ async function main(): Promise<void> {
   const dtype = (option("--dtype") ?? "bfloat16") as "float32" | "bfloat16";
   const concurrencies = (option("--concurrency") ?? "1,8,32").split(",").map(Number);
   const engines = (option("--engines") ?? "llm").split(",");
+  const shapes = (option("--shapes") ?? "32x128,128x64").split(",").map((x) => x.split("x").map(Number) as [number, number]);
   const model = benchModelDir(dtype);
   // f32 KV cache: 30 layers x 3 KV heads x 64 dims x (K, V) x 4 B = 45 KiB per token; room for every request
   // at once, so that no run is limited by preemption.
   const maxConc = Math.max(...concurrencies);
-  const args: ServingArgs = { model, maxModelLen: 256, maxNumSeqs: maxConc, kvCacheMemory: (maxConc + 2) * 14 * 16 * 46080 };
+  const args: ServingArgs = { model, maxModelLen: 224, maxNumSeqs: maxConc, kvCacheMemory: (maxConc + 2) * 14 * 16 * 46080 };
   const native = tryLoadNativeKernels();
   const backend = native === null ? "cpu (TS reference: native addon not built)" : `cpu native (${native.isa})`;
   console.log(
-    `${backend}; ${os.cpus().length} cores; model ${path.basename(model)}; prompts ~${PROMPT_LEN} tokens, ${OUTPUT_LEN} output tokens each, greedy, ignore_eos`,
+    `${backend}; ${os.cpus().length} cores; model ${path.basename(model)}; shapes (prompt x output tokens) ${shapes.map((s) => s.join("x")).join(", ")}; greedy, ignore_eos`,
   );
 
   const rows: Row[] = [];
   if (engines.includes("llm")) {
     const llm = new LLM(args);
     runInProcess(llm, randomPrompts(2, 99)); // warm-up (first-touch of weights, compile caches)
-    for (const c of concurrencies) rows.push(runInProcess(llm, randomPrompts(c, c)));
+    for (const [p, o] of shapes) {
+      [PROMPT_LEN, OUTPUT_LEN] = [p, o];
+      for (const c of concurrencies) rows.push(runInProcess(llm, randomPrompts(c, c)));
+    }
   }
   if (engines.includes("worker")) {
     const engine = await WorkerEngine.create(args);
     try {
       await runWorker(engine, randomPrompts(2, 99), "warm");
-      for (const c of concurrencies) rows.push(await runWorker(engine, randomPrompts(c, c), `c${c}`));
+      for (const [p, o] of shapes) {
+        [PROMPT_LEN, OUTPUT_LEN] = [p, o];
+        for (const c of concurrencies) rows.push(await runWorker(engine, randomPrompts(c, c), `${p}x${o}c${c}`));
+      }
     } finally {
       await engine.close();
     }
@@ -115,6 +128,7 @@ async function main(): Promise<void> {
 
   console.log(
     [
+      "shape".padEnd(7),
       "engine".padEnd(18),
       "conc",
       "wall s".padStart(8),
@@ -127,6 +141,7 @@ async function main(): Promise<void> {
   for (const r of rows) {
     console.log(
       [
+        r.shape.padEnd(7),
         r.engine.padEnd(18),
         String(r.concurrency).padStart(4),
         r.seconds.toFixed(2).padStart(8),
@@ -137,12 +152,13 @@ async function main(): Promise<void> {
       ].join(" "),
     );
   }
-  for (const engine of new Set(rows.map((r) => r.engine))) {
-    const one = rows.find((r) => r.engine === engine && r.concurrency === 1);
-    const max = rows.filter((r) => r.engine === engine).at(-1)!;
+  for (const key of new Set(rows.map((r) => `${r.shape} ${r.engine}`))) {
+    const mine = rows.filter((r) => `${r.shape} ${r.engine}` === key);
+    const one = mine.find((r) => r.concurrency === 1);
+    const max = mine.at(-1)!;
     if (one !== undefined && max !== one)
       console.log(
-        `${engine}: output tok/s at ${max.concurrency} concurrent vs 1 = ${(max.outputTokens / max.seconds / (one.outputTokens / one.seconds)).toFixed(2)}x`,
+        `${key}: output tok/s at ${max.concurrency} concurrent vs 1 = ${(max.outputTokens / max.seconds / (one.outputTokens / one.seconds)).toFixed(2)}x`,
       );
   }
 }

@@ -295,7 +295,11 @@ Job CopyStrided(const Napi::CallbackInfo& info) {
   if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[2] = {&ss, &ds};
   coalesce(shape, ops, 2);
-  return {op, [=]() mutable { gK->copyStrided(src, dst, shape.rank, shape.v, ss.v, ds.v, static_cast<int>(eb)); }};
+  // the kernel permutes its dim arrays in place: work on copies so the job can be replayed (step graphs)
+  return {op, [=] {
+            Dims sh = shape, s = ss, d = ds;
+            gK->copyStrided(src, dst, sh.rank, sh.v, s.v, d.v, static_cast<int>(eb));
+          }};
 }
 
 // binaryStrided(op, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
@@ -312,7 +316,10 @@ Job BinaryStrided(const Napi::CallbackInfo& info) {
   if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[3] = {&as, &bs, &os};
   coalesce(shape, ops, 3);
-  return {op, [=]() mutable { gK->binaryStrided(static_cast<int>(opc), a, as.v, b, bs.v, out, shape.rank, shape.v); }};
+  return {op, [=] {  // copies: the kernel takes non-const stride arrays and the job may be replayed
+            Dims sa = as, sb = bs;
+            gK->binaryStrided(static_cast<int>(opc), a, sa.v, b, sb.v, out, shape.rank, shape.v);
+          }};
 }
 
 // whereStrided(cond: Uint8Array, condStrides, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
@@ -329,7 +336,10 @@ Job WhereStrided(const Napi::CallbackInfo& info) {
   if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[4] = {&cs, &as, &bs, &os};
   coalesce(shape, ops, 4);
-  return {op, [=]() mutable { gK->whereStrided(c, cs.v, a, as.v, b, bs.v, out, shape.rank, shape.v); }};
+  return {op, [=] {  // copies: the kernel takes non-const stride arrays and the job may be replayed
+            Dims sc = cs, sa = as, sb = bs;
+            gK->whereStrided(c, sc.v, a, sa.v, b, sb.v, out, shape.rank, shape.v);
+          }};
 }
 
 Job Unary(const Napi::CallbackInfo& info) {
@@ -541,6 +551,67 @@ Napi::Value FeaturesFn(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// ---------------------------------------------------------------- compiled-program segments (src/compile)
+// streamCallFn(address: bigint, buffers: (ArrayBuffer|TypedArray)[], byteOffsets?: BigInt64Array,
+//              sizes?: BigInt64Array) -> sequence number
+// Enqueues a call of generated code `void f(void** bufs, const int64_t* sizes)` (a kiln_jit entry's
+// address; jit libraries are never dlclosed, so the code outlives the job). Pointers and sizes are copied
+// into the job; the caller keeps the buffers alive and tracked until the stream has run it. Goes through
+// streamSubmit, so a step-graph capture records it like any kernel.
+typedef void (*JitEntry)(void** bufs, const int64_t* sizes);
+
+Napi::Value StreamCallFn(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const char* op = "streamCallFn";
+  if (info.Length() < 2 || !info[0].IsBigInt() || !info[1].IsArray()) fail(env, op, "expected (address: bigint, buffers: array, ...)");
+  bool lossless = false;
+  const uint64_t address = info[0].As<Napi::BigInt>().Uint64Value(&lossless);
+  if (!lossless || address == 0) fail(env, op, "bad function address");
+  const int64_t* offsets = nullptr;
+  size_t numOffsets = 0;
+  if (info.Length() > 2 && info[2].IsTypedArray()) {
+    Napi::TypedArray ta = info[2].As<Napi::TypedArray>();
+    if (ta.TypedArrayType() != napi_bigint64_array) fail(env, op, "byteOffsets must be a BigInt64Array");
+    offsets = reinterpret_cast<const int64_t*>(static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+    numOffsets = ta.ElementLength();
+  }
+  Napi::Array arr = info[1].As<Napi::Array>();
+  const uint32_t n = arr.Length();
+  std::vector<void*> bufs(n);
+  for (uint32_t i = 0; i < n; i++) {
+    Napi::Value v = arr.Get(i);
+    uint8_t* data;
+    size_t len;
+    if (v.IsTypedArray()) {
+      Napi::TypedArray ta = v.As<Napi::TypedArray>();
+      data = static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
+      len = ta.ByteLength();
+    } else if (v.IsArrayBuffer()) {
+      Napi::ArrayBuffer ab = v.As<Napi::ArrayBuffer>();
+      data = static_cast<uint8_t*>(ab.Data());
+      len = ab.ByteLength();
+    } else {
+      fail(env, op, "buffers must be typed arrays or ArrayBuffers");
+    }
+    const int64_t off = i < numOffsets ? offsets[i] : 0;
+    if (off < 0 || static_cast<size_t>(off) > len) fail(env, op, "byte offset " + std::to_string(off) + " outside buffer " + std::to_string(i));
+    bufs[i] = data + off;
+  }
+  std::vector<int64_t> sizes;
+  if (info.Length() > 3 && info[3].IsTypedArray()) {
+    Napi::TypedArray ta = info[3].As<Napi::TypedArray>();
+    if (ta.TypedArrayType() != napi_bigint64_array) fail(env, op, "sizes must be a BigInt64Array");
+    const int64_t* s = reinterpret_cast<const int64_t*>(static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+    sizes.assign(s, s + ta.ElementLength());
+  }
+  JitEntry fn = reinterpret_cast<JitEntry>(static_cast<uintptr_t>(address));
+  // re-runnable (step-graph replay): the captured pointer array is never modified, generated code only reads it
+  return streamSubmit(env, {op, [fn, bufs = std::move(bufs), sizes = std::move(sizes)] {
+                              fn(const_cast<void**>(bufs.data()), sizes.empty() ? nullptr : sizes.data());
+                            }});
+}
+// ---------------------------------------------------------------- end compiled-program segments
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("isa", Napi::String::New(env, gK->name));
   exports.Set("quantIsa", Napi::String::New(env, gQ->name));
@@ -586,6 +657,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   addStreamExports(env, exports);
   exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
   exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
+  exports.Set("streamCallFn", Napi::Function::New(env, StreamCallFn, "streamCallFn"));  // compiled programs
   return exports;
 }
 

@@ -8,6 +8,10 @@
 //    within microseconds; waking a sleeping thread costs far more), then sleeps on a condition variable.
 //  - an env cleanup hook (Worker exit, main-thread teardown) drops queued jobs, lets the running one
 //    finish and joins the thread before the environment's ArrayBuffers go away.
+// Step graphs: streamBeginCapture drains the stream, then submissions append to `EnvStream::capture`
+// (nothing runs, no sequence numbers are taken) until streamEndCapture moves the list into a type-tagged
+// External. streamLaunchGraph enqueues one job holding a shared_ptr to that list, so releasing the handle
+// while a replay is queued is safe; the JS side keeps the ArrayBuffers the jobs point into alive.
 #include "stream.h"
 
 #include <atomic>
@@ -15,7 +19,9 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -164,7 +170,17 @@ struct EnvStream {
   bool tsfnRefd = false;
   std::vector<Waiter> waiters;  // JS thread only
   Stream* stream = nullptr;
+  std::shared_ptr<std::vector<Job>> capture;  // non-null while capturing (JS thread only)
 };
+
+using JobList = std::vector<Job>;
+
+/** What a step-graph External holds; `jobs` is null once released. */
+struct GraphHandle {
+  std::shared_ptr<const JobList> jobs;
+};
+
+const napi_type_tag kGraphTag = {0x6b696c6e53746570ULL, 0x4772617068763031ULL};  // "kilnStep" "Graphv01"
 
 EnvStream* lookup(napi_env env) {
   void* data = nullptr;
@@ -246,9 +262,14 @@ void throwIfFailed(Napi::Env env, EnvStream* es) {
   if (es->stream->takeError(&err)) throw Napi::Error::New(env, err);
 }
 
+[[noreturn]] void throwCapturing(Napi::Env env, const char* what) {
+  throw Napi::Error::New(env, std::string("[stream] ") + what + " while a step graph is being captured");
+}
+
 Napi::Value StreamSync(const Napi::CallbackInfo& info) {
   EnvStream* es = lookup(info.Env());
   if (!es) return info.Env().Undefined();
+  if (es->capture) throwCapturing(info.Env(), "streamSync");
   es->stream->sync();
   throwIfFailed(info.Env(), es);
   settle(es);
@@ -261,6 +282,7 @@ Napi::Value StreamSyncAsync(const Napi::CallbackInfo& info) {
   napi_value promise;
   napi_create_promise(env, &deferred, &promise);
   EnvStream* es = lookup(env);
+  if (es && es->capture) throwCapturing(env, "streamSyncAsync");
   uint64_t target = 0;
   if (!es || !es->stream->addAsyncWaiter(&target)) {  // already drained: settle now
     std::string err;
@@ -287,11 +309,81 @@ Napi::Value StreamCompleted(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), es ? static_cast<double>(es->stream->completed()) : 0.0);
 }
 
+// ---------------------------------------------------------------- step graphs
+// streamBeginCapture(): drains the stream (rethrowing a recorded error), then records submissions.
+Napi::Value StreamBeginCapture(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  EnvStream* es = ensure(env);
+  if (es->capture) throwCapturing(env, "streamBeginCapture");
+  es->stream->sync();
+  throwIfFailed(env, es);
+  settle(es);
+  es->capture = std::make_shared<JobList>();
+  return env.Undefined();
+}
+
+// streamEndCapture() -> handle: the recorded jobs, in order; capture mode ends.
+Napi::Value StreamEndCapture(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  EnvStream* es = lookup(env);
+  if (!es || !es->capture) throw Napi::Error::New(env, "[stream] streamEndCapture without streamBeginCapture");
+  auto* handle = new GraphHandle{std::move(es->capture)};
+  es->capture.reset();
+  auto ext = Napi::External<GraphHandle>::New(env, handle, [](Napi::Env, GraphHandle* h) { delete h; });
+  ext.TypeTag(&kGraphTag);
+  return ext;
+}
+
+Napi::Value StreamCapturing(const Napi::CallbackInfo& info) {
+  EnvStream* es = lookup(info.Env());
+  return Napi::Boolean::New(info.Env(), es != nullptr && es->capture != nullptr);
+}
+
+GraphHandle* graphArg(const Napi::CallbackInfo& info, const char* fn) {
+  if (info.Length() < 1 || !info[0].IsExternal() || !info[0].As<Napi::External<GraphHandle>>().CheckTypeTag(&kGraphTag))
+    throw Napi::TypeError::New(info.Env(), std::string("[") + fn + "] expected a step-graph handle from streamEndCapture");
+  return info[0].As<Napi::External<GraphHandle>>().Data();
+}
+
+// streamLaunchGraph(handle) -> sequence number: ONE stream job that runs every recorded job in order and
+// stops at the first failure (recorded like any kernel error, rethrown at the next sync).
+Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  GraphHandle* h = graphArg(info, "streamLaunchGraph");
+  if (!h->jobs) throw Napi::Error::New(env, "[streamLaunchGraph] the step graph was released");
+  EnvStream* es = ensure(env);
+  if (es->capture) throwCapturing(env, "streamLaunchGraph");
+  if (h->jobs->empty()) return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));
+  std::shared_ptr<const JobList> jobs = h->jobs;
+  Job replay{"stepGraph", [jobs] {
+               for (const Job& j : *jobs) {
+                 try {
+                   j.run();
+                 } catch (const std::exception& e) {
+                   throw std::runtime_error(std::string("[") + j.op + "] " + e.what());
+                 }
+               }
+             }};
+  return Napi::Number::New(env, static_cast<double>(es->stream->submit(std::move(replay))));
+}
+
+Napi::Value StreamGraphKernels(const Napi::CallbackInfo& info) {
+  GraphHandle* h = graphArg(info, "streamGraphKernels");
+  return Napi::Number::New(info.Env(), h->jobs ? static_cast<double>(h->jobs->size()) : 0.0);
+}
+
+// streamReleaseGraph(handle): drops the jobs now (a queued replay keeps its own reference until it has run).
+Napi::Value StreamReleaseGraph(const Napi::CallbackInfo& info) {
+  graphArg(info, "streamReleaseGraph")->jobs.reset();
+  return info.Env().Undefined();
+}
+
 }  // namespace
 
 void streamDrainForSyncCall(Napi::Env env) {
   EnvStream* es = lookup(env);
   if (!es) return;
+  if (es->capture) throwCapturing(env, "a synchronous native call");
   if (es->stream->submitted() != es->stream->completed()) es->stream->sync();
   throwIfFailed(env, es);
 }
@@ -299,6 +391,10 @@ void streamDrainForSyncCall(Napi::Env env) {
 Napi::Value streamSubmit(Napi::Env env, Job job) {
   EnvStream* es = ensure(env);
   if (!job.run) return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));
+  if (es->capture) {
+    es->capture->push_back(std::move(job));
+    return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));
+  }
   return Napi::Number::New(env, static_cast<double>(es->stream->submit(std::move(job))));
 }
 
@@ -307,6 +403,12 @@ void addStreamExports(Napi::Env env, Napi::Object exports) {
   exports.Set("streamSyncAsync", Napi::Function::New(env, StreamSyncAsync, "streamSyncAsync"));
   exports.Set("streamPending", Napi::Function::New(env, StreamPending, "streamPending"));
   exports.Set("streamCompleted", Napi::Function::New(env, StreamCompleted, "streamCompleted"));
+  exports.Set("streamBeginCapture", Napi::Function::New(env, StreamBeginCapture, "streamBeginCapture"));
+  exports.Set("streamEndCapture", Napi::Function::New(env, StreamEndCapture, "streamEndCapture"));
+  exports.Set("streamCapturing", Napi::Function::New(env, StreamCapturing, "streamCapturing"));
+  exports.Set("streamLaunchGraph", Napi::Function::New(env, StreamLaunchGraph, "streamLaunchGraph"));
+  exports.Set("streamGraphKernels", Napi::Function::New(env, StreamGraphKernels, "streamGraphKernels"));
+  exports.Set("streamReleaseGraph", Napi::Function::New(env, StreamReleaseGraph, "streamReleaseGraph"));
 }
 
 }  // namespace kiln

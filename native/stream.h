@@ -2,6 +2,9 @@
 // worker_threads Worker) popping kernel jobs from a FIFO. Arguments are validated on the JS thread when a
 // job is made (so errors still throw at dispatch, naming the op); the stream thread only runs kernels,
 // acting as the thread pool's caller. The JS side keeps every typed array of a pending job alive.
+// Step graphs (CUDA-graph style): between streamBeginCapture and streamEndCapture every submitted job is
+// recorded instead of run; streamLaunchGraph enqueues one job that replays them all in order. A Job must
+// therefore be re-runnable: it captures raw pointers and sizes by value and never mutates its captures.
 #pragma once
 #include <napi.h>
 
@@ -10,7 +13,10 @@
 
 namespace kiln {
 
-/** A validated kernel launch: raw pointers and sizes captured by value. An empty `run` is a no-op. */
+/**
+ * A validated kernel launch: raw pointers and sizes captured by value. An empty `run` is a no-op. `run` may be
+ * called more than once (step-graph replay), so it must not move, free or permute its captured state.
+ */
 struct Job {
   const char* op = "";
   std::function<void()> run;
@@ -18,14 +24,21 @@ struct Job {
 
 /**
  * Drains the environment's stream (if it has one) before a synchronous kernel runs, so direct native
- * calls keep stream order; rethrows a recorded stream error as a JS exception.
+ * calls keep stream order; rethrows a recorded stream error as a JS exception. Throws during a capture.
  */
 void streamDrainForSyncCall(Napi::Env env);
 
-/** Enqueues the job on the environment's stream (created on first use); returns its sequence number. */
+/**
+ * Enqueues the job on the environment's stream (created on first use); returns its sequence number. While
+ * capturing, appends it to the capture instead (returns the last sequence number; nothing runs).
+ */
 Napi::Value streamSubmit(Napi::Env env, Job job);
 
-/** Adds streamSync, streamSyncAsync, streamPending and streamCompleted to the exports. */
+/**
+ * Adds streamSync, streamSyncAsync, streamPending, streamCompleted and the step-graph calls
+ * (streamBeginCapture, streamEndCapture, streamCapturing, streamLaunchGraph, streamGraphKernels,
+ * streamReleaseGraph) to the exports.
+ */
 void addStreamExports(Napi::Env env, Napi::Object exports);
 
 }  // namespace kiln

@@ -135,6 +135,19 @@ export interface RunOptions {
   readonly blocking?: boolean;
 }
 
+/**
+ * A recorded kernel sequence replayed with one launch (vLLM's CUDA graphs): it reads and writes the same
+ * buffers every replay, so per-step inputs go into persistent tensors before launch().
+ */
+export interface StepGraph {
+  /** Kernels recorded. */
+  readonly kernels: number;
+  /** Enqueues one replay of every recorded kernel, in order, and returns; host reads of its buffers wait for it. */
+  launch(): void;
+  /** Releases the recording and the memory it pins (a replay already enqueued still runs). Idempotent. */
+  dispose(): void;
+}
+
 /** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
 export interface Backend {
   readonly name: string;
@@ -156,4 +169,30 @@ export interface Backend {
   /** Buffers allocated and not yet freed (leak tests). */
   liveBuffers(): number;
   liveBytes(): number;
+
+  // ---- optional: step graphs (capture once, replay per step); back ends without them omit these ----
+
+  /**
+   * Finishes pending work, then records every kernel run() enqueues instead of running it, until endCapture().
+   * Kernels that would run on the host, blocking calls and host reads/writes throw CaptureError meanwhile.
+   * Index checks (gather ids, rotary positions, paged-attention metadata) see the values the buffers hold
+   * now: replays trust their metadata, so the caller validates it before writing step inputs.
+   *
+   * @example
+   * backend.write(ids.buffer, 0, sampleIds);   // persistent inputs hold real sample metadata
+   * backend.beginCapture();
+   * try { logits = forward(ids, ctx); } catch (e) { backend.abortCapture?.(); throw e; }
+   * const graph = backend.endCapture();
+   * backend.writeAsync?.(ids.buffer, 0, nextIds); graph.launch(); backend.read(logits.buffer, 0, n);
+   */
+  beginCapture?(): void;
+  /** Ends the capture begun by beginCapture() and returns its recording. */
+  endCapture?(): StepGraph;
+  /** Ends a capture (if one is open) and drops what it recorded: after a failed capture. */
+  abortCapture?(): void;
+  /**
+   * Like write(), but ordered on the device stream instead of waiting for it: the bytes are copied now and
+   * land after the work already enqueued (e.g. write step N+1's inputs while replay N still runs).
+   */
+  writeAsync?(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
 }

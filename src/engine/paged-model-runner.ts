@@ -3,6 +3,8 @@
 // runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
 import type { CausalLM } from "../models/causal-lm.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
+import { CaptureError } from "../util/errors.js";
+import { DecodeGraphs, decodeBuckets, type CaptureProgress } from "./step-graphs.js";
 import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 
 export interface KvCacheSpec {
@@ -21,6 +23,10 @@ export class PagedModelRunner implements ModelRunner {
   /** Bytes of K+V cache per block (float32 cache). */
   readonly bytesPerBlock: number;
   private readonly kvCaches: { k: Tensor; v: Tensor }[] = [];
+  /** Captured decode graphs (captureDecodeGraphs), or null: every step runs eagerly. */
+  graphs: DecodeGraphs | null = null;
+  /** Why the last captureDecodeGraphs() fell back to eager execution, or null. */
+  captureFailure: string | null = null;
 
   constructor(
     readonly model: CausalLM,
@@ -40,10 +46,40 @@ export class PagedModelRunner implements ModelRunner {
   }
 
   /**
+   * Captures the decode forward once per batch-size bucket (see step-graphs.ts). Returns false, capturing
+   * nothing, when the device cannot capture.
+   */
+  captureDecodeGraphs(
+    maxNumSeqs: number,
+    maxModelLen: number,
+    options: { onProgress?: (p: CaptureProgress) => void; cap?: number; fuse?: boolean } = {},
+  ): boolean {
+    if (!DecodeGraphs.supported(this.model)) return false;
+    this.graphs?.dispose();
+    this.graphs = null;
+    const maxBlocks = Math.ceil(maxModelLen / this.spec.blockSize);
+    try {
+      this.graphs = DecodeGraphs.capture(this.model, this.kvCaches, decodeBuckets(maxNumSeqs, options.cap), maxBlocks, options);
+    } catch (e) {
+      // e.g. MoE routing reads the router's choice on the host: such a model runs eagerly, as vLLM falls back
+      // when a model cannot be captured.
+      if (!(e instanceof CaptureError)) throw e;
+      this.captureFailure = e.message;
+      process.emitWarning(`Kiln: decode step graphs are unavailable for this model, running eagerly: ${e.message}`, "KilnWarning");
+      return false;
+    }
+    return true;
+  }
+
+  /**
    * Queues the forward pass and the logits of the sampled rows (in strict mode the kernels run on the
    * device's stream while this returns); wait() reads the logits back.
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
+    if (this.graphs !== null && this.graphs.bucketFor(batch) !== null) {
+      const pending = this.graphs.launch(batch);
+      return { wait: () => ({ logits: pending.wait(), promptLogits: new Map() }) };
+    }
     const seqs = batch.sequences;
     const T = batch.numTokens;
     const ids = new Int32Array(T);
@@ -113,6 +149,8 @@ export class PagedModelRunner implements ModelRunner {
 
   /** Frees the KV cache tensors. */
   dispose(): void {
+    this.graphs?.dispose();
+    this.graphs = null;
     for (const c of this.kvCaches) {
       c.k.dispose();
       c.v.dispose();

@@ -23,7 +23,10 @@ export interface ServingArgs {
   enablePrefixCaching?: boolean;
   seed?: number;
   schedulingPolicy?: "fcfs" | "priority";
+  /** Skip capturing the decode step graphs at start-up: every step runs op by op (vLLM's --enforce-eager). */
   enforceEager?: boolean;
+  /** Largest decode batch captured as a step graph (vLLM's max_cudagraph_capture_size); default min(maxNumSeqs, 32). */
+  maxCaptureSize?: number;
   revision?: string;
   onProgress?: (stage: string, fraction: number) => void;
 }
@@ -64,6 +67,14 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
   const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });
   args.onProgress?.("sizing KV cache", 1);
+  if (args.enforceEager !== true) {
+    args.onProgress?.("capturing decode step graphs", 0);
+    runner.captureDecodeGraphs(args.maxNumSeqs ?? 256, maxModelLen, {
+      onProgress: (p) => args.onProgress?.("capturing decode step graphs", p.done / p.total),
+      cap: args.maxCaptureSize,
+      fuse: false,
+    });
+  }
   const engineArgs: EngineArgs = {
     maxModelLen,
     numGpuBlocks: numBlocks,

@@ -37,6 +37,14 @@ export class DisposedTensorError extends OpError {
   override name = "DisposedTensorError";
 }
 
+/**
+ * An op or host access that cannot be recorded into a step graph (a captured device stream): a host-side
+ * kernel, a blocking call, or reading/writing captured memory on the host while capturing.
+ */
+export class CaptureError extends OpError {
+  override name = "CaptureError";
+}
+
 /** A back end that is unknown or cannot load on this machine. */
 export class BackendUnavailableError extends KilnError {
   override name = "BackendUnavailableError";

@@ -1,17 +1,18 @@
 // The cpu back end: host memory, native SIMD kernels for the hot dtype/layout combinations,
 // and the TS reference for everything else. Unless a call is blocking (debug mode), native kernels are
 // enqueued on the in-order native stream (./stream.ts) and run() returns at once; host-side kernels and
-// reads wait for the pending work on the buffers they touch.
-import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantScheme, RunOptions, UnaryOp } from "../backend.js";
-import { BackendUnavailableError } from "../../util/errors.js";
+// reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
+// the enqueued kernels for replay; while capturing, every kernel must take a native path.
+import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantScheme, RunOptions, StepGraph, UnaryOp } from "../backend.js";
+import { BackendUnavailableError, CaptureError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
-import { DTYPE_BYTES } from "../dtype.js";
+import { DTYPE_BYTES, type DType } from "../dtype.js";
 import { isContiguous, numel } from "../reference/host-memory.js";
 import { HostAllocator } from "../reference/reference-backend.js";
 import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamKernelName } from "./native.js";
-import { CpuBuffer, CpuStream, rawOf } from "./stream.js";
+import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
 import { QUANT_SCHEME_CODE, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeWeightsRef } from "./quant-reference.js";
 
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
@@ -71,6 +72,17 @@ function dims(xs: readonly number[]): Int32Array | null {
 /** The buffer's bytes from the view's offset on (the native strided kernels bounds-check each view). */
 function bytesFrom(v: BufferView, elemBytes: number): Uint8Array {
   return new Uint8Array(rawOf(v.buffer), v.offset * elemBytes);
+}
+/** One element of `dtype` holding `value`, encoded by the reference fill (any dtype, incl. bf16/f16/int64). */
+function elementBytes(dtype: DType, value: number, elemBytes: number): ArrayBuffer {
+  const host = new ArrayBuffer(elemBytes);
+  runReference({ op: "fill", out: { buffer: { byteLength: elemBytes, host }, dtype, shape: [1], strides: [1], offset: 0 }, value });
+  return host;
+}
+/** The widest copy element (8/4/2/1 bytes) that divides both the byte offset and the length. */
+function copyElemBytes(byteOffset: number, byteLength: number): 1 | 2 | 4 | 8 {
+  for (const eb of [8, 4, 2] as const) if (byteOffset % eb === 0 && byteLength % eb === 0) return eb;
+  return 1;
 }
 function f32From(v: BufferView): Float32Array | null {
   if (v.dtype !== "float32") return null;
@@ -158,13 +170,49 @@ export class CpuBackend implements Backend {
     this.memory.free(buffer);
   }
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
+    if (this.stream.capturing) throw new CaptureError("write", "host writes cannot be captured: write step inputs before launch(), outside the capture (on cpu)");
     this.memory.write(buffer, byteOffset, src);
   }
   read(buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array {
+    if (this.stream.capturing) throw new CaptureError("read", "host reads cannot be captured: read outputs after launch() (on cpu)");
     return this.memory.read(buffer, byteOffset, byteLength);
   }
   synchronize(): Promise<void> {
     return this.stream.synchronize();
+  }
+
+  /**
+   * Enqueues a copy of `src` (taken now, so the caller may reuse it) into the buffer behind the work already
+   * enqueued; writes at once when no pending work uses the buffer. Not capturable.
+   */
+  writeAsync(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
+    if (this.stream.capturing) throw new CaptureError("write_async", "step inputs are written before launch(), outside the capture (on cpu)");
+    const raw = rawOf(buffer);
+    const n = src.byteLength;
+    if (!Number.isInteger(byteOffset) || byteOffset < 0 || byteOffset + n > raw.byteLength)
+      throw new RangeError(`[write_async] ${n} bytes at offset ${byteOffset} outside a ${raw.byteLength}-byte buffer`);
+    if (n === 0) return;
+    if (!this.stream.isTouched(raw)) {
+      new Uint8Array(raw, byteOffset, n).set(src);
+      return;
+    }
+    const copy = src.slice(); // private: the job reads it later
+    const eb = copyElemBytes(byteOffset, n);
+    const len = Int32Array.of(n / eb);
+    const one = Int32Array.of(1);
+    this.native.stream.copyStrided(copy, new Uint8Array(raw, byteOffset, n), len, one, one, eb);
+    this.stream.trackRaw([copy.buffer], [raw]);
+  }
+
+  /** Drains the stream, then records the kernels run() enqueues (see Backend.beginCapture). */
+  beginCapture(): void {
+    this.stream.beginCapture();
+  }
+  endCapture(): StepGraph {
+    return new CpuStepGraph(this.native, this.stream, this.stream.endCapture());
+  }
+  abortCapture(): void {
+    if (this.stream.capturing) this.native.streamReleaseGraph(this.stream.endCapture().handle);
   }
   liveBuffers(): number {
     return this.memory.liveBuffers();
@@ -175,6 +223,8 @@ export class CpuBackend implements Backend {
 
   run(call: KernelCall, options?: RunOptions): void {
     const blocking = options?.blocking ?? false;
+    const capturing = this.stream.capturing;
+    if (capturing && blocking) throw new CaptureError(call.op, "blocking (debug-mode) kernels cannot be captured; capture in strict mode (on cpu)");
     if (blocking) this.stream.drainIfTracked();
     if (this.runNative(call, blocking)) {
       if (!blocking) {
@@ -183,19 +233,22 @@ export class CpuBackend implements Backend {
       }
       return;
     }
+    if (capturing) throw new CaptureError(call.op, `no native kernel for ${describeOperands(call)}; it would run on the host, which cannot be captured (on cpu)`);
     // host kernels reach memory through CpuBuffer.host, which waits for pending work on that buffer
     if (call.op === "quant_matmul" || call.op === "quantize_weight") return runQuantHost(call);
     if (!runHostFast(call)) runReference(call);
   }
 
-  /** A small strided op runs on the host unless that would wait for the stream. */
+  /** A small strided op runs on the host unless that would wait for the stream (or is being captured). */
   private preferHost(n: number, blocking: boolean, views: readonly BufferView[]): boolean {
+    if (this.stream.capturing) return false;
     return n < NATIVE_STRIDED_MIN && (blocking || !this.stream.touches(views));
   }
 
   /**
    * Runs (blocking) or enqueues the call natively when the dtypes and layouts have a native kernel;
-   * returns false otherwise. Index data read here for bounds checks is waited for first.
+   * returns false otherwise. Index data read here for bounds checks is waited for first; while capturing
+   * the checks see the values written before the capture (replays trust their metadata).
    */
   private runNative(call: KernelCall, blocking: boolean): boolean {
     const k: Launcher = blocking ? this.native : this.native.stream;
@@ -275,6 +328,20 @@ export class CpuBackend implements Backend {
         if (!shape || !xs || !os) return false;
         for (let d = 0; d < shape.length; d++) if (os[d] === 0 && shape[d]! > 1) return false; // overlapping dst
         k.copyStrided(bytesFrom(call.x, eb), bytesFrom(call.out, eb), shape, xs, os, eb);
+        return true;
+      }
+      case "fill": {
+        // a broadcast byte copy from one encoded element: keeps fills on the stream (and capturable)
+        const eb = DTYPE_BYTES[call.out.dtype];
+        const n = numel(call.out.shape);
+        if ((eb !== 1 && eb !== 2 && eb !== 4 && eb !== 8) || this.preferHost(n, blocking, [call.out])) return false;
+        const shape = dims(call.out.shape);
+        const os = dims(call.out.strides);
+        if (!shape || !os) return false;
+        for (let d = 0; d < shape.length; d++) if (os[d] === 0 && shape[d]! > 1) return false; // overlapping dst
+        const value = elementBytes(call.out.dtype, call.value, eb);
+        k.copyStrided(new Uint8Array(value), bytesFrom(call.out, eb), shape, new Int32Array(shape.length), os, eb);
+        if (!blocking) this.stream.trackRaw([value], []);
         return true;
       }
       case "reduce": {
@@ -389,6 +456,14 @@ export class CpuBackend implements Backend {
         return false;
     }
   }
+}
+
+/** "float32[4, 8] (strided), int32[4]" for CaptureError messages. */
+function describeOperands(call: KernelCall): string {
+  const { reads, writes } = operands(call);
+  const fn = "fn" in call ? ` ${call.fn}` : "";
+  const views = [...reads, ...writes].map((v) => `${v.dtype}[${v.shape.join(", ")}]${isContiguous(v.shape, v.strides) ? "" : " (strided)"}`);
+  return `${call.op}${fn} on ${views.join(", ")}`;
 }
 
 /** Strided TS loops for direct dtypes: faster than the float64 reference, used where no native kernel fits. */

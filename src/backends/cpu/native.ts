@@ -145,6 +145,30 @@ export interface NativeStream {
   streamPending(): number;
   /** Jobs finished since the stream started (sequence numbers up to this have run). */
   streamCompleted(): number;
+  /**
+   * Drains the stream (rethrowing a recorded error), then records every enqueued job instead of running it
+   * until streamEndCapture. Meanwhile synchronous kernels, streamSync(Async) and graph launches throw.
+   */
+  streamBeginCapture(): void;
+  /** Ends the capture; the handle holds the recorded jobs (freed by streamReleaseGraph or garbage collection). */
+  streamEndCapture(): NativeGraphHandle;
+  /** Whether this thread's stream is capturing. */
+  streamCapturing(): boolean;
+  /**
+   * Enqueues ONE job that re-runs the recorded jobs in order (stopping at the first failure, which is recorded
+   * like any kernel error); returns its sequence number. The caller keeps every array the jobs use alive.
+   */
+  streamLaunchGraph(graph: NativeGraphHandle): number;
+  /** Jobs recorded in the graph (0 once released). */
+  streamGraphKernels(graph: NativeGraphHandle): number;
+  /** Drops the recorded jobs now; a replay already enqueued keeps its own reference until it has run. */
+  streamReleaseGraph(graph: NativeGraphHandle): void;
+}
+
+declare const nativeGraph: unique symbol;
+/** Opaque (type-tagged External) handle of a captured job list. */
+export interface NativeGraphHandle {
+  readonly [nativeGraph]: true;
 }
 
 /** The native addon could not be loaded; `reason` says why (missing build, ABI mismatch...). */

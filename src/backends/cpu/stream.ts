@@ -1,15 +1,20 @@
 // The host side of the cpu device's in-order stream (native/stream.cc): which buffers pending native
-// jobs touch, so that host access waits for exactly the work it depends on.
+// jobs touch, so that host access waits for exactly the work it depends on; and step graphs, the
+// stream captured once and replayed with one native call per step.
 //
 // Invariants:
 //  - every ArrayBuffer a pending job reads or writes is in `touched` (this also keeps it alive: the
-//    stream thread holds raw pointers into it); the jobs' outputs are also in `written`;
+//    stream thread holds raw pointers into it); the jobs' outputs are also in `written`; a launched step
+//    graph's pins count as touched (and its outputs as written) through `launched`;
 //  - the sets are cleared only when the stream is observed empty (pending === 0 on this thread, the only
 //    submitter), so they over-approximate: host code may wait more than needed, never less;
 //  - host code (TS kernels, read/write, param updates through `buffer.host`) reaches memory through
-//    CpuBuffer.host, which drains the stream first when that buffer is touched.
-import type { BufferView, DeviceBuffer } from "../backend.js";
-import type { NativeKernels } from "./native.js";
+//    CpuBuffer.host, which drains the stream first when that buffer is touched;
+//  - while capturing, nothing runs: jobs' buffers go to `capture` instead (the graph's pins), and host
+//    access to one of them throws CaptureError (it would see memory the replays rewrite).
+import type { BufferView, DeviceBuffer, StepGraph } from "../backend.js";
+import { CaptureError, OpError } from "../../util/errors.js";
+import type { NativeGraphHandle, NativeKernels } from "./native.js";
 
 /** Check the stream for emptiness (and cap its depth) once per this many submissions. */
 const CHECK_EVERY = 256;
@@ -37,25 +42,57 @@ export function rawOf(buffer: DeviceBuffer): ArrayBuffer {
   return host;
 }
 
+/** Memory a step graph's jobs point into: kept alive by the graph, waited for after each launch. */
+export interface GraphPins {
+  /** Every ArrayBuffer a recorded job reads or writes (device buffers and private helper arrays). */
+  readonly all: ReadonlySet<ArrayBuffer>;
+  /** Those a recorded job writes. */
+  readonly written: ReadonlySet<ArrayBuffer>;
+}
+
 export class CpuStream {
   private readonly touched = new Set<ArrayBuffer>();
   private readonly written = new Set<ArrayBuffer>();
+  /** Step graphs launched since the stream was last seen empty (their pins are touched). */
+  private readonly launched = new Set<GraphPins>();
+  private capture: { all: Set<ArrayBuffer>; written: Set<ArrayBuffer> } | null = null;
   private sinceCheck = 0;
 
   constructor(private readonly native: NativeKernels) {}
 
-  /** Whether any of the views' buffers is used by a pending job. */
-  touches(views: readonly BufferView[]): boolean {
-    if (this.touched.size === 0) return false;
-    for (const v of views) if (this.touched.has(rawOf(v.buffer))) return true;
+  get capturing(): boolean {
+    return this.capture !== null;
+  }
+
+  /** Whether a pending job (or launched graph) uses this memory. */
+  isTouched(raw: ArrayBuffer): boolean {
+    if (this.touched.has(raw)) return true;
+    for (const g of this.launched) if (g.all.has(raw)) return true;
     return false;
   }
 
-  /** Before the host reads index data of these views (bounds checks): wait if a pending job writes them. */
+  private isWritten(raw: ArrayBuffer): boolean {
+    if (this.written.has(raw)) return true;
+    for (const g of this.launched) if (g.written.has(raw)) return true;
+    return false;
+  }
+
+  /** Whether any of the views' buffers is used by a pending job. */
+  touches(views: readonly BufferView[]): boolean {
+    if (this.touched.size === 0 && this.launched.size === 0) return false;
+    for (const v of views) if (this.isTouched(rawOf(v.buffer))) return true;
+    return false;
+  }
+
+  /**
+   * Before the host reads index data of these views (bounds checks): wait if a pending job writes them.
+   * While capturing nothing is pending (nor waited for): the checks see the values written before the
+   * capture, and replays trust whatever metadata the caller writes later.
+   */
   awaitWrites(views: readonly BufferView[]): void {
-    if (this.written.size === 0) return;
+    if (this.capture || (this.written.size === 0 && this.launched.size === 0)) return;
     for (const v of views) {
-      if (this.written.has(rawOf(v.buffer))) {
+      if (this.isWritten(rawOf(v.buffer))) {
         this.drain();
         return;
       }
@@ -64,21 +101,48 @@ export class CpuStream {
 
   /** Before a blocking (debug-mode) call: finish everything this back end enqueued. */
   drainIfTracked(): void {
-    if (this.touched.size > 0) this.drain();
+    if (this.touched.size > 0 || this.launched.size > 0) this.drain();
   }
 
   beforeHostAccess(raw: ArrayBuffer): void {
-    if (this.touched.has(raw)) this.drain();
+    if (this.capture?.all.has(raw)) {
+      throw new CaptureError("host access", "a buffer used by a captured kernel cannot be read or written on the host while capturing (on cpu)");
+    }
+    if (this.isTouched(raw)) this.drain();
   }
 
   /** Records a job just enqueued: its inputs and outputs stay pinned until the stream is seen empty. */
   track(reads: readonly BufferView[], writes: readonly BufferView[]): void {
-    for (const v of reads) this.touched.add(rawOf(v.buffer));
+    const all = this.capture?.all ?? this.touched;
+    const written = this.capture?.written ?? this.written;
+    for (const v of reads) all.add(rawOf(v.buffer));
     for (const v of writes) {
       const raw = rawOf(v.buffer);
-      this.touched.add(raw);
-      this.written.add(raw);
+      all.add(raw);
+      written.add(raw);
     }
+    if (!this.capture) this.counted();
+  }
+
+  /** track() for raw memory (private arrays a job points into, such as writeAsync's copy of its source). */
+  trackRaw(reads: readonly ArrayBuffer[], writes: readonly ArrayBuffer[]): void {
+    const all = this.capture?.all ?? this.touched;
+    const written = this.capture?.written ?? this.written;
+    for (const raw of reads) all.add(raw);
+    for (const raw of writes) {
+      all.add(raw);
+      written.add(raw);
+    }
+    if (!this.capture) this.counted();
+  }
+
+  /** Records a graph replay just enqueued: its pins count as touched until the stream is seen empty. */
+  trackLaunch(pins: GraphPins): void {
+    this.launched.add(pins);
+    this.counted();
+  }
+
+  private counted(): void {
     if (++this.sinceCheck < CHECK_EVERY) return;
     this.sinceCheck = 0;
     const pending = this.native.streamPending();
@@ -88,6 +152,7 @@ export class CpuStream {
 
   /** Blocks the JS thread until the stream is empty; rethrows a kernel error recorded on it. */
   drain(): void {
+    if (this.capture) throw new CaptureError("synchronize", "cannot wait for the stream while capturing (on cpu)");
     try {
       this.native.streamSync();
     } finally {
@@ -97,7 +162,8 @@ export class CpuStream {
 
   /** Resolves when everything enqueued so far has run. */
   async synchronize(): Promise<void> {
-    if (this.touched.size === 0 && this.native.streamPending() === 0) return;
+    if (this.capture) throw new CaptureError("synchronize", "cannot wait for the stream while capturing (on cpu)");
+    if (this.touched.size === 0 && this.launched.size === 0 && this.native.streamPending() === 0) return;
     try {
       await this.native.streamSyncAsync();
     } finally {
@@ -105,9 +171,72 @@ export class CpuStream {
     }
   }
 
+  /** Drains the stream, then records jobs instead of running them. */
+  beginCapture(): void {
+    if (this.capture) throw new CaptureError("begin_capture", "a capture is already open (on cpu)");
+    try {
+      this.native.streamBeginCapture(); // drains first (rethrowing a recorded error)
+    } finally {
+      this.clear();
+    }
+    this.capture = { all: new Set(), written: new Set() };
+  }
+
+  /** Ends the capture: the native job list and the memory its jobs point into. */
+  endCapture(): { handle: NativeGraphHandle; pins: GraphPins } {
+    const pins = this.capture;
+    if (!pins) throw new CaptureError("end_capture", "no capture is open (on cpu)");
+    this.capture = null;
+    return { handle: this.native.streamEndCapture(), pins };
+  }
+
   private clear(): void {
     this.touched.clear();
     this.written.clear();
+    this.launched.clear();
     this.sinceCheck = 0;
+  }
+}
+
+/**
+ * A captured cpu stream. Holds the recorded native jobs and every ArrayBuffer they point into (weights, KV
+ * caches, persistent inputs/outputs, and intermediates freed during the capture, which only the graph
+ * references now), so replays never touch freed memory. Host access waits for launched replays.
+ */
+export class CpuStepGraph implements StepGraph {
+  readonly kernels: number;
+  private handle: NativeGraphHandle | null;
+  private pins: GraphPins | null;
+
+  constructor(
+    private readonly native: NativeKernels,
+    private readonly stream: CpuStream,
+    captured: { handle: NativeGraphHandle; pins: GraphPins },
+  ) {
+    this.handle = captured.handle;
+    this.pins = captured.pins;
+    this.kernels = native.streamGraphKernels(captured.handle);
+  }
+
+  /** Bytes of memory the graph keeps alive (shared with live tensors where they are the same buffers). */
+  get pinnedBytes(): number {
+    let n = 0;
+    for (const raw of this.pins?.all ?? []) n += raw.byteLength;
+    return n;
+  }
+
+  launch(): void {
+    if (!this.handle || !this.pins) throw new OpError("step_graph", "launch() after dispose() (on cpu)");
+    if (this.stream.capturing) throw new CaptureError("step_graph", "a step graph cannot be launched while capturing (on cpu)");
+    this.native.streamLaunchGraph(this.handle);
+    this.stream.trackLaunch(this.pins);
+  }
+
+  dispose(): void {
+    if (!this.handle) return;
+    this.native.streamReleaseGraph(this.handle);
+    this.handle = null;
+    // the stream's `launched` set keeps these pins while a replay is still queued
+    this.pins = null;
   }
 }

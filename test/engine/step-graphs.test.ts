@@ -1,0 +1,88 @@
+// Decode step graphs through the engine: outputs with captured-and-replayed decode steps equal those of
+// --enforce-eager (every op dispatched from JS), on real tiny models, with batches padded up to a bucket,
+// sequences joining and finishing mid-way, seeded sampling and logprobs. MoE models (host-side routing)
+// fall back to eager execution with the reason recorded.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { LLM } from "../../src/engine/llm-engine.js";
+import { decodeBuckets } from "../../src/engine/step-graphs.js";
+import { PagedModelRunner } from "../../src/engine/paged-model-runner.js";
+import type { RequestOutput, SamplingParams } from "../../src/engine/types.js";
+import { tinyModelDir } from "../helpers/tiny-model.js";
+
+const PROMPTS = [
+  "The jury said that",
+  "In the morning, the",
+  "He was not sure whether the committee",
+  "A",
+  "The results of the election were announced on",
+];
+
+const pagedRunner = (llm: LLM): PagedModelRunner => {
+  const r = llm.engine.runner;
+  assert.ok(r instanceof PagedModelRunner);
+  return r;
+};
+
+function run(model: string, enforceEager: boolean, params: Partial<SamplingParams>): { outs: RequestOutput[]; llm: LLM } {
+  const llm = new LLM({ model, maxModelLen: 96, kvCacheMemory: 4 << 20, maxNumSeqs: 8, enforceEager });
+  // Different max_tokens: sequences finish at different steps, so buckets 8, 4, 2 and 1 all serve steps.
+  const outs = PROMPTS.map((p, i) => ({ p, params: { ...params, maxTokens: 6 + 5 * i } }));
+  return { outs: outs.flatMap(({ p, params: sp }) => llm.generate([p], sp)).concat(llm.generate(PROMPTS, { ...params, maxTokens: 24 })), llm };
+}
+
+test("decode buckets: powers of two up to the cap, and the cap itself", () => {
+  assert.deepEqual(decodeBuckets(256), [1, 2, 4, 8, 16, 32]);
+  assert.deepEqual(decodeBuckets(6), [1, 2, 4, 6]);
+  assert.deepEqual(decodeBuckets(1), [1]);
+  assert.deepEqual(decodeBuckets(100, 48), [1, 2, 4, 8, 16, 32, 48]);
+});
+
+for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
+  test(`step graphs (${arch}): replayed decode steps give the eager engine's tokens and logprobs`, { timeout: 60_000 }, () => {
+    const model = tinyModelDir(arch);
+    for (const params of [
+      { temperature: 0, ignoreEos: true, logprobs: 2 },
+      { temperature: 0.9, topP: 0.9, seed: 7, ignoreEos: true, logprobs: 1 },
+    ] as Partial<SamplingParams>[]) {
+      const eager = run(model, true, params);
+      const graphs = run(model, false, params);
+      assert.equal(pagedRunner(eager.llm).graphs, null);
+      const replays = pagedRunner(graphs.llm).graphs?.replays ?? 0;
+      assert.ok(replays > 20, `decode steps were replayed (${replays})`);
+      assert.equal(graphs.outs.length, eager.outs.length);
+      graphs.outs.forEach((o, i) => {
+        const e = eager.outs[i]!;
+        assert.deepEqual(o.outputs[0]!.tokenIds, e.outputs[0]!.tokenIds, `request ${i}`);
+        const lp = (r: RequestOutput) => r.outputs[0]!.logprobs!.map((m) => [...m.values()].map((v) => v.logprob));
+        const a = lp(o).flat();
+        const b = lp(e).flat();
+        assert.equal(a.length, b.length);
+        a.forEach((x, j) => assert.ok(Math.abs(x - b[j]!) < 1e-4, `request ${i} logprob ${j}: ${x} vs ${b[j]}`));
+      });
+      // Every block is back in the pool (graphs never hold KV blocks).
+      const s = graphs.llm.engine.stats();
+      assert.equal(s.numFreeBlocks, s.numTotalBlocks);
+    }
+  });
+}
+
+test("step graphs: an MoE model (router read on the host) falls back to eager with the reason recorded", { timeout: 60_000 }, () => {
+  const model = tinyModelDir("Qwen3MoeForCausalLM");
+  const warnings: string[] = [];
+  const onWarning = (w: Error) => warnings.push(w.message);
+  process.on("warning", onWarning);
+  try {
+    const graphs = new LLM({ model, maxModelLen: 64, kvCacheMemory: 2 << 20, maxNumSeqs: 4 });
+    const eager = new LLM({ model, maxModelLen: 64, kvCacheMemory: 2 << 20, maxNumSeqs: 4, enforceEager: true });
+    assert.equal(pagedRunner(graphs).graphs, null);
+    assert.match(pagedRunner(graphs).captureFailure ?? "", /cannot be captured/);
+    const p = { temperature: 0, maxTokens: 8, ignoreEos: true };
+    assert.deepEqual(
+      graphs.generate(PROMPTS, p).map((o) => o.outputs[0]!.tokenIds),
+      eager.generate(PROMPTS, p).map((o) => o.outputs[0]!.tokenIds),
+    );
+  } finally {
+    process.off("warning", onWarning);
+  }
+});
