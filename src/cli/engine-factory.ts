@@ -7,6 +7,7 @@ import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
 import { AsyncLLM } from "../engine/async-llm.js";
 import { createServingSetup, type ServingArgs } from "../engine/serving.js";
+import { instantiateLogitsProcessors, loadLogitsProcessors } from "../engine/logits-processors.js";
 import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
 import { resolveQuantization, type DtypeArg } from "../models/loader.js";
@@ -60,7 +61,8 @@ export const createEngineFromArgs: EngineFactory = async (args, progress) => {
     enforceEager: args.enforceEager,
     onProgress: (stage, f) => progress(stage, f),
   };
-  const loaded = env.engineInProcess ? await inProcessEngine(servingArgs) : await workerEngine(servingArgs);
+  const specs = args.logitsProcessors;
+  const loaded = env.engineInProcess ? await inProcessEngine(servingArgs, specs) : await workerEngine(servingArgs, specs);
   progress(`KV cache: ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
   progress("warm-up", 0);
   const warmup = loaded.engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
@@ -86,16 +88,18 @@ interface StartedEngine {
   close(): Promise<void>;
 }
 
-async function workerEngine(servingArgs: ServingArgs): Promise<StartedEngine> {
-  const engine = await WorkerEngine.create(servingArgs);
+async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[]): Promise<StartedEngine> {
+  const engine = await WorkerEngine.create({ ...servingArgs, logitsProcessors });
   const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens } = engine;
   return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, close: () => engine.close() };
 }
 
-async function inProcessEngine(servingArgs: ServingArgs): Promise<StartedEngine> {
+async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promise<StartedEngine> {
+  const exports = await loadLogitsProcessors(specs); // before the model, as the worker does
   const { loaded, runner, engineArgs, kvTokens } = await createServingSetup(servingArgs);
+  const logitsProcessors = instantiateLogitsProcessors(exports, { vocabSize: runner.vocabSize }, specs);
   return {
-    engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs }),
+    engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs, logitsProcessors }),
     tokenizer: loaded.tokenizer,
     generationConfig: loaded.generationConfig,
     numBlocks: engineArgs.numGpuBlocks,

@@ -34,6 +34,8 @@ export interface ServeArgs {
   maxWaitingRequests: number | null;
   quantization: string | null;
   schedulingPolicy: SchedulingPolicy;
+  /** Engine-level logits processors: module specifiers "path/or/package[:ExportName]" (vLLM --logits-processors). */
+  logitsProcessors: string[];
 }
 
 export class CliUsageError extends Error {
@@ -60,7 +62,12 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--enforce-eager", "never compile; always run eagerly", false)
     .option("--tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
     .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
-    .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"));
+    .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"))
+    .option(
+      "--logits-processors <specs...>",
+      "engine-level logits processors, each a module path (relative to the current directory) or package, " +
+        "with ':ExportName' (default export otherwise); requests steer them with vllm_xargs",
+    );
 }
 
 export function addServeOptions(cmd: Command): Command {
@@ -95,6 +102,16 @@ export function parseBytes(value: string, flag: string): number {
   const unit = m ? SIZE_UNITS[m[2]!.toLowerCase().replace(/b$/, "").replace(/^(.)i$/, "$1ib")] : undefined;
   if (!m || unit === undefined) throw new CliUsageError(`${flag} must be a byte count such as 4294967296, 4G or 4GiB, got ${JSON.stringify(value)}`);
   return Math.floor(Number(m[1]) * unit);
+}
+
+/** --logits-processors: a list of non-empty specifiers (commander gives an array, or undefined when absent). */
+function parseLogitsProcessors(value: unknown): string[] {
+  if (value === undefined) return [];
+  const specs = Array.isArray(value) ? value : [value];
+  if (specs.length === 0 || !specs.every((x) => typeof x === "string" && x.trim().length > 0)) {
+    throw new CliUsageError(`--logits-processors takes module specifiers such as ./my-proc.mjs:MyProc, got ${JSON.stringify(value)}`);
+  }
+  return specs as string[];
 }
 
 /** Validates commander's raw option values (all strings) into ServeArgs. */
@@ -168,5 +185,6 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
     quantization,
     schedulingPolicy: (o.schedulingPolicy as SchedulingPolicy | undefined) ?? "fcfs",
+    logitsProcessors: parseLogitsProcessors(o.logitsProcessors),
   };
 }

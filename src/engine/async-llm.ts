@@ -3,6 +3,7 @@
 // later move to a worker thread with the same EngineClient surface.
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
+import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import type { EngineClient, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
@@ -19,6 +20,8 @@ export interface AsyncLLMOptions {
   runner: ModelRunner;
   tokenizer: TokenizerLike | null;
   engineArgs: EngineArgs;
+  /** Engine-level logits processors (vLLM `logits_processors`): instances, or classes built with {vocabSize}. */
+  logitsProcessors?: readonly LogitsProcessorInput[];
 }
 
 /**
@@ -33,7 +36,10 @@ export class AsyncLLM implements EngineClient {
   private looping = false;
 
   constructor(options: AsyncLLMOptions) {
-    this.engine = new EngineCore(options.engineArgs, options.runner, { tokenizer: options.tokenizer });
+    this.engine = new EngineCore(options.engineArgs, options.runner, {
+      tokenizer: options.tokenizer,
+      logitsProcessors: options.logitsProcessors,
+    });
   }
 
   get maxModelLen(): number {
@@ -50,6 +56,7 @@ export class AsyncLLM implements EngineClient {
     options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
   ): AsyncIterable<RequestOutput> {
     const { requestId } = options;
+    this.engine.sampler.validateParams(params);
     this.engine.addRequest({
       requestId,
       promptTokenIds: prompt.promptTokenIds,

@@ -14,7 +14,7 @@ import { KvCacheManager } from "./kv-cache-manager.js";
 import type { ModelRunner, PendingRunnerOutput, RunnerOutput } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
-import { Sampler, type SamplingRow } from "./sampler.js";
+import { Sampler, type LogitsProcessorInput, type SamplingRow } from "./sampler.js";
 import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
@@ -97,6 +97,8 @@ export interface EngineCoreOptions {
   tokenizer?: TokenizerLike | null;
   /** Detokenizer factory (default: IncrementalDetokenizer over the tokenizer). */
   createDetokenizer?: (promptTokenIds: readonly number[], params: SamplingParams) => IncrementalDetokenizerLike;
+  /** Engine-level logits processors (vLLM `logits_processors`): instances, or classes built with {vocabSize}. */
+  logitsProcessors?: readonly LogitsProcessorInput[];
 }
 
 export class EngineCore {
@@ -147,7 +149,7 @@ export class EngineCore {
       this.kv,
       decodeToken,
     );
-    this.sampler = new Sampler(runner.vocabSize, new Rng(a.seed));
+    this.sampler = new Sampler(runner.vocabSize, new Rng(a.seed), options.logitsProcessors);
   }
 
   get maxModelLen(): number {

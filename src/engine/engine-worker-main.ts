@@ -7,6 +7,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { parentPort, workerData, type MessagePort } from "node:worker_threads";
 import { EngineCore, resolveEngineArgs } from "./engine-core.js";
+import { instantiateLogitsProcessors, loadLogitsProcessors } from "./logits-processors.js";
 import { createServingSetup } from "./serving.js";
 import {
   toWireError,
@@ -79,10 +80,13 @@ function toWire(out: RequestOutput, sent: Sent): WireOutput {
 }
 
 async function main(): Promise<void> {
-  const args = workerData as WorkerServingArgs;
+  const { logitsProcessors: specifiers = [], ...args } = workerData as WorkerServingArgs;
+  // Before the model: a bad specifier fails start-up at once (LogitsProcessorLoadError, sent as "fatal").
+  const processorExports = await loadLogitsProcessors(specifiers);
   const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) });
   const { loaded, runner, engineArgs, kvTokens } = setup;
-  const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer });
+  const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
+  const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
   const resolved = resolveEngineArgs(engineArgs);
 
   const sentBySeq = new Map<number, Sent>();
@@ -131,6 +135,7 @@ async function main(): Promise<void> {
     switch (m.type) {
       case "add": {
         try {
+          core.sampler.validateParams(m.params);
           core.addRequest({
             requestId: m.requestId,
             promptTokenIds: m.promptTokenIds,

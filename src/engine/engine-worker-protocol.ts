@@ -5,9 +5,13 @@ import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLo
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ServingArgs } from "./serving.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
+import { LogitsProcessorLoadError } from "./logits-processors.js";
 
-/** workerData: the serving arguments without the progress callback (functions cannot cross threads). */
-export type WorkerServingArgs = Omit<ServingArgs, "onProgress">;
+/**
+ * workerData: the serving arguments without the progress callback (functions cannot cross threads), plus
+ * the engine-level logits processors as module specifiers, which the worker imports at start-up.
+ */
+export type WorkerServingArgs = Omit<ServingArgs, "onProgress"> & { logitsProcessors?: string[] };
 
 /** Main -> worker. `seq` is the caller-side stream id, unique per generate() call (request ids can be reused). */
 export type ToWorker =
@@ -16,7 +20,7 @@ export type ToWorker =
       seq: number;
       requestId: string;
       promptTokenIds: number[];
-      params: SamplingParams; // already normalized on the caller's thread, logitsProcessors empty
+      params: SamplingParams; // already normalized on the caller's thread, logitsProcessors empty (extraArgs is data)
       priority: number;
       cacheSalt: string | null;
       arrivalTime: number;
@@ -31,6 +35,7 @@ export interface WireError {
   stack?: string;
   param?: string; // EngineInputError
   requestId?: string; // EngineRequestIdError
+  specifier?: string; // LogitsProcessorLoadError
 }
 
 /** One sample's new tokens and text since the last update of its request. */
@@ -85,14 +90,16 @@ export function toWireError(e: unknown): WireError {
   const w: WireError = { name: e.name, message: e.message, stack: e.stack };
   if (e instanceof EngineInputError) w.param = e.param;
   if (e instanceof EngineRequestIdError) w.requestId = e.requestId;
+  if (e instanceof LogitsProcessorLoadError) w.specifier = e.specifier;
   return w;
 }
 
-/** Rebuilds the error class (EngineInputError keeps its `param`, so the server still answers 400). */
+/** Rebuilds the error class (EngineInputError keeps its `param`, so the server still answers 400; LogitsProcessorLoadError its `specifier`). */
 export function fromWireError(w: WireError): Error {
   let e: Error;
   if (w.name === "EngineInputError" && w.param !== undefined) e = new EngineInputError(w.param, "");
   else if (w.name === "EngineRequestIdError" && w.requestId !== undefined) e = new EngineRequestIdError(w.requestId, "");
+  else if (w.name === "LogitsProcessorLoadError" && w.specifier !== undefined) e = new LogitsProcessorLoadError(w.specifier, "");
   else {
     e = new Error();
     e.name = w.name;

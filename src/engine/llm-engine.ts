@@ -2,6 +2,7 @@
 // outputs in input order.
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
+import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
@@ -9,8 +10,14 @@ import type { RequestOutput, SamplingParams } from "./types.js";
 /** A prompt as text (tokenized with special tokens) or as token ids. */
 export type PromptInput = string | { promptTokenIds: number[]; prompt?: string };
 
-/** Either a model path with vLLM-named engine arguments, or pre-built parts (tests, custom runners). */
-export type LLMOptions = ServingArgs | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs };
+/**
+ * Either a model path with vLLM-named engine arguments, or pre-built parts (tests, custom runners); both take
+ * engine-level `logitsProcessors` (vLLM `logits_processors`): instances or classes (load module specifiers
+ * with `await loadLogitsProcessors([...])`).
+ */
+export type LLMOptions = (ServingArgs | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs }) & {
+  logitsProcessors?: readonly LogitsProcessorInput[];
+};
 
 /**
  * Offline batched generation.
@@ -30,11 +37,14 @@ export class LLM {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
       const s = createServingSetupSync(options);
       this.tokenizer = s.loaded.tokenizer;
-      this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer });
+      this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors });
       return;
     }
     this.tokenizer = options.tokenizer;
-    this.engine = new EngineCore(options.engineArgs, options.runner, { tokenizer: options.tokenizer });
+    this.engine = new EngineCore(options.engineArgs, options.runner, {
+      tokenizer: options.tokenizer,
+      logitsProcessors: options.logitsProcessors,
+    });
   }
 
   /**
@@ -56,10 +66,12 @@ export class LLM {
           typeof p === "string"
             ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
             : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds };
+        const sp = Array.isArray(params) ? params[i]! : params;
+        this.engine.sampler.validateParams(sp);
         this.engine.addRequest({
           requestId,
           ...input,
-          params: Array.isArray(params) ? params[i]! : params,
+          params: sp,
           priority: options.priority?.[i] ?? 0,
         });
         ids.push(requestId);

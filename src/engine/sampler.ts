@@ -1,16 +1,26 @@
 // Batched sampling over a [numRows, vocab] logits buffer, in vLLM v1's order:
-//   allowed_token_ids -> bad_words -> logit_bias -> min_tokens -> penalties (repetition, frequency, presence)
-//   -> per-request logits processors -> [greedy: argmax] | [temperature -> min_p -> top_k -> top_p -> draw]
+//   allowed_token_ids -> bad_words -> logit_bias -> min_tokens -> engine logits processors (non-argmax-invariant)
+//   -> per-request logits processor functions -> penalties (repetition, frequency, presence)
+//   -> [greedy: argmax] | [temperature -> engine processors (argmax-invariant) -> min_p -> top_k -> top_p -> draw]
 // Logprobs are "processed" logprobs (vLLM logprobs_mode=processed_logprobs): log_softmax of the logits after
 // every step above (after temperature and the top-k/top-p/min-p masks for random rows; masked tokens get
 // -Infinity). vLLM's default is raw logprobs of the model; prompt logprobs here are raw (unprocessed), as in vLLM.
 // Scratch buffers are allocated once per vocab size and reused for every row and step.
+import {
+  LogitsProcessorSet,
+  instantiateLogitsProcessors,
+  type LogitsProcessorInput,
+  type LogitsProcessorRow,
+  type ProcessorRequestSource,
+} from "./logits-processors.js";
 import { isGreedy } from "./sampling-params.js";
 import type { Rng } from "./rng.js";
 import type { SamplingParams } from "./types.js";
 
-/** What the sampler needs to know about one row's request. */
-export interface SamplingRow {
+export type { LogitsProcessorInput } from "./logits-processors.js";
+
+/** What the sampler needs to know about one row's request (the engine's Request satisfies it). */
+export interface SamplingRow extends ProcessorRequestSource {
   params: SamplingParams;
   promptTokenIds: readonly number[];
   outputTokenIds: readonly number[];
@@ -34,54 +44,85 @@ export interface SampledToken {
 }
 
 export class Sampler {
+  /** The engine-level logits processors (vLLM `logits_processors`). */
+  readonly logitsProcessors: LogitsProcessorSet;
   private readonly banned: Uint8Array; // allowed_token_ids mask scratch
   private readonly seen: Uint8Array; // token occurs in prompt or output
   private readonly counts: Int32Array; // occurrences in output
-  private readonly sorted: Float32Array; // sort scratch for top-k / top-p
+  private readonly candidates: Float32Array; // top-k / top-p selection scratch
 
   /**
    * @param vocabSize row width of the logits buffers.
    * @param generator the engine generator used by unseeded rows (engine `seed` arg).
+   * @param logitsProcessors engine-level processors: instances, or classes constructed here with {vocabSize}.
    */
   constructor(
     readonly vocabSize: number,
     private readonly generator: Rng,
+    logitsProcessors: readonly LogitsProcessorInput[] = [],
   ) {
+    this.logitsProcessors = new LogitsProcessorSet(instantiateLogitsProcessors(logitsProcessors, { vocabSize }));
     this.banned = new Uint8Array(vocabSize);
     this.seen = new Uint8Array(vocabSize);
     this.counts = new Int32Array(vocabSize);
-    this.sorted = new Float32Array(vocabSize);
+    this.candidates = new Float32Array(vocabSize);
+  }
+
+  /**
+   * Runs the engine processors' validateParams on a request's params; throws EngineInputError (`extra_args`).
+   * Call it before adding the request to the engine.
+   */
+  validateParams(params: Partial<SamplingParams>): void {
+    this.logitsProcessors.validateParams(params);
   }
 
   /** Samples one token per row. Edits `logits` in place (it ends up holding the processed logits). */
   sample(logits: Float32Array, rows: readonly SamplingRow[]): SampledToken[] {
     const V = this.vocabSize;
     if (logits.length !== rows.length * V) throw new Error(`[sampler] logits has ${logits.length} values, expected ${rows.length} x ${V}`);
-    const out: SampledToken[] = [];
+    const procs = this.logitsProcessors;
+    const procRows: LogitsProcessorRow[] | null = procs.size > 0 ? procs.rowsFor(rows) : null;
+    const row = (r: number): Float32Array => logits.subarray(r * V, (r + 1) * V);
+
+    for (let r = 0; r < rows.length; r++) this.applyMasksAndBias(row(r), rows[r]!);
+    if (procRows !== null) for (const p of procs.nonArgmaxInvariant) p.apply(logits, procRows, V);
+    const out: SampledToken[] = new Array<SampledToken>(rows.length);
+    let anyRandom = false;
     for (let r = 0; r < rows.length; r++) {
-      const row = rows[r]!;
-      const l = logits.subarray(r * V, (r + 1) * V);
-      this.applyLogitsProcessing(l, row);
-      const p = row.params;
-      let tokenId: number;
+      const sr = rows[r]!;
+      const l = row(r);
+      const p = sr.params;
+      for (const f of p.logitsProcessors) f(sr.outputTokenIds, l);
+      if (p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0) this.applyPenalties(l, sr);
       if (isGreedy(p)) {
-        tokenId = argmax(l);
+        const tokenId = argmax(l);
+        out[r] = { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) };
       } else {
+        anyRandom = true;
         if (p.temperature !== 1) {
           const inv = 1 / p.temperature;
           for (let v = 0; v < V; v++) l[v]! *= inv;
         }
-        if (p.minP > 0) applyMinP(l, p.minP);
-        if (p.topK > 0 || p.topP < 1) this.applyTopKTopP(l, p.topK, p.topP);
-        tokenId = drawFromLogits(l, (row.generator ?? this.generator).nextFloat());
       }
-      out.push({ tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) });
+    }
+    if (!anyRandom) return out;
+    // Argmax-invariant processors see the whole batch, as in vLLM; greedy rows are already decided.
+    if (procRows !== null) for (const p of procs.argmaxInvariant) p.apply(logits, procRows, V);
+    for (let r = 0; r < rows.length; r++) {
+      const sr = rows[r]!;
+      const p = sr.params;
+      if (isGreedy(p)) continue;
+      const l = row(r);
+      if (p.minP > 0) applyMinP(l, p.minP);
+      if (p.topK > 0 || p.topP < 1) applyTopKTopP(l, p.topK, p.topP, this.candidates);
+      const tokenId = drawFromLogits(l, (sr.generator ?? this.generator).nextFloat());
+      out[r] = { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) };
     }
     return out;
   }
 
-  /** Everything before temperature: masks, bias, penalties and custom processors. Exposed for tests. */
-  applyLogitsProcessing(l: Float32Array, row: SamplingRow): void {
+  /** allowed_token_ids, bad_words, logit_bias and min_tokens: the built-in steps before the processors. */
+  private applyMasksAndBias(l: Float32Array, row: SamplingRow): void {
     const p = row.params;
     const V = this.vocabSize;
     if (p.allowedTokenIds !== null) {
@@ -104,8 +145,6 @@ export class Sampler {
       for (const t of p.stopTokenIds) l[t] = -Infinity;
       if (!p.ignoreEos) for (const t of row.eosTokenIds) l[t] = -Infinity;
     }
-    if (p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0) this.applyPenalties(l, row);
-    for (const f of p.logitsProcessors) f(out, l);
   }
 
   /** vLLM apply_penalties: repetition over prompt+output (divide positive, multiply negative), then frequency and presence over output. */
@@ -136,34 +175,129 @@ export class Sampler {
       }
     }
   }
+}
 
-  /** Masks all but the top-k logits (ties with the k-th kept), then the smallest set with cumulative prob >= top_p. */
-  private applyTopKTopP(l: Float32Array, topK: number, topP: number): void {
-    let n = 0;
-    const s = this.sorted;
-    for (let v = 0; v < l.length; v++) if (l[v]! > -Infinity) s[n++] = l[v]!;
-    const vals = s.subarray(0, n);
-    vals.sort(); // ascending, native
-    let lo = 0; // vals[lo..n) survive
-    if (topK > 0 && topK < n) lo = n - topK;
-    if (topP < 1) {
-      const max = vals[n - 1]!;
-      let sum = 0;
-      for (let i = lo; i < n; i++) sum += Math.exp(vals[i]! - max);
-      // Ascending cumulative mass; drop entries while it stays <= 1 - p, always keeping the largest.
-      let cum = 0;
-      const limit = (1 - topP) * sum;
-      let i = lo;
-      while (i < n - 1) {
-        cum += Math.exp(vals[i]! - max);
-        if (cum > limit) break;
-        i++;
-      }
-      lo = i;
+/**
+ * top-k then top-p on one row, masking dropped tokens to -Infinity, without sorting the vocabulary.
+ * top-k keeps every token >= the k-th largest finite logit (ties kept, as vLLM). top-p over those
+ * candidates: walking them in descending order, a token is kept while the mass walked before it is
+ * < top_p x S, where S = sum of exp(l - max) over the candidates in token-id order; every token >= the last
+ * kept one survives (ties kept). Candidates are selected in growing chunks (64, then doubling the total) by
+ * quickselect and only each chunk is sorted, since the nucleus is usually a small part of the vocabulary.
+ * `topKTopPReference` (below) is the full-sort definition that tests compare against.
+ *
+ * @param scratch at least l.length floats.
+ */
+export function applyTopKTopP(l: Float32Array, topK: number, topP: number, scratch: Float32Array): void {
+  const s = scratch;
+  let n = 0;
+  let max = -Infinity;
+  for (let v = 0; v < l.length; v++) {
+    const x = l[v]!;
+    if (x > -Infinity) {
+      s[n++] = x;
+      if (x > max) max = x;
     }
-    if (lo === 0) return;
-    const cut = vals[lo]!;
-    for (let v = 0; v < l.length; v++) if (l[v]! < cut) l[v] = -Infinity;
+  }
+  if (n === 0) return;
+  let m = n; // candidates: s[0, m) after the top-k partition
+  let kth = -Infinity;
+  if (topK > 0 && topK < n) {
+    selectLargest(s, 0, n, topK);
+    m = topK;
+    kth = minOf(s, 0, m);
+  }
+  if (topP >= 1) {
+    if (kth > -Infinity) maskBelow(l, kth);
+    return;
+  }
+  let total = 0; // token-id order, so the sum does not depend on how candidates were selected
+  for (let v = 0; v < l.length; v++) {
+    const x = l[v]!;
+    if (x >= kth) total += Math.exp(x - max);
+  }
+  const target = topP * total;
+  let cum = 0;
+  let cut = s[0]!; // overwritten: the first chunk is non-empty and its largest entry is always kept
+  let done = 0;
+  for (let chunk = Math.min(64, m); ; chunk = done) {
+    const hi = Math.min(m, done + chunk);
+    if (hi < m) selectLargest(s, done, m, hi - done);
+    const part = s.subarray(done, hi).sort(); // ascending; walked from its end
+    for (let j = part.length - 1; j >= 0; j--) {
+      if (cum >= target) {
+        maskBelow(l, cut);
+        return;
+      }
+      cut = part[j]!;
+      cum += Math.exp(cut - max);
+    }
+    done = hi;
+    if (done === m) break;
+  }
+  maskBelow(l, cut);
+}
+
+/**
+ * The full-sort definition of {@link applyTopKTopP}: slow and plain, kept for tests (STYLE.md 9). Its
+ * descending walk adds the same values in the same order as the fast path (ties are equal addends), so the
+ * two agree exactly; walking the top-k ties past the k-th entry cannot move the cut below the k-th value.
+ */
+export function topKTopPReference(l: Float32Array, topK: number, topP: number): void {
+  const desc = Array.from(l)
+    .filter((x) => x > -Infinity)
+    .sort((a, b) => b - a);
+  if (desc.length === 0) return;
+  const max = desc[0]!;
+  const kth = topK > 0 && topK < desc.length ? desc[topK - 1]! : -Infinity;
+  if (topP >= 1) {
+    for (let v = 0; v < l.length; v++) if (l[v]! < kth) l[v] = -Infinity;
+    return;
+  }
+  let total = 0;
+  for (let v = 0; v < l.length; v++) if (l[v]! >= kth) total += Math.exp(l[v]! - max);
+  let cum = 0;
+  let cut = max;
+  for (const x of desc) {
+    if (x < kth || cum >= topP * total) break;
+    cut = x;
+    cum += Math.exp(x - max);
+  }
+  for (let v = 0; v < l.length; v++) if (l[v]! < cut) l[v] = -Infinity;
+}
+
+function maskBelow(l: Float32Array, cut: number): void {
+  for (let v = 0; v < l.length; v++) if (l[v]! < cut) l[v] = -Infinity;
+}
+
+function minOf(a: Float32Array, lo: number, hi: number): number {
+  let m = Infinity;
+  for (let i = lo; i < hi; i++) if (a[i]! < m) m = a[i]!;
+  return m;
+}
+
+/** Quickselect (Wirth): rearranges a[lo, hi) so that a[lo, lo + k) holds its k largest values, in no order. */
+function selectLargest(a: Float32Array, lo: number, hi: number, k: number): void {
+  const target = lo + k - 1; // the k-th largest lands here
+  let left = lo;
+  let right = hi - 1;
+  while (left < right) {
+    const pivot = a[target]!;
+    let i = left;
+    let j = right;
+    do {
+      while (a[i]! > pivot) i++;
+      while (pivot > a[j]!) j--;
+      if (i <= j) {
+        const t = a[i]!;
+        a[i] = a[j]!;
+        a[j] = t;
+        i++;
+        j--;
+      }
+    } while (i <= j);
+    if (j < target) left = i;
+    if (target < i) right = j;
   }
 }
 

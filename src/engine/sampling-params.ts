@@ -1,6 +1,6 @@
 // vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
 import { EngineInputError } from "./errors.js";
-import type { SamplingParams } from "./types.js";
+import type { ExtraArgs, SamplingParams } from "./types.js";
 
 /** Below this temperature a request is greedy (vLLM's _SAMPLING_EPS). */
 export const SAMPLING_EPS = 1e-5;
@@ -35,6 +35,7 @@ export function defaultSamplingParams(): SamplingParams {
     spacesBetweenSpecialTokens: true,
     truncatePromptTokens: null,
     logitsProcessors: [],
+    extraArgs: null,
   };
 }
 
@@ -144,6 +145,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     "logits_processors",
     "must be functions",
   );
+  if (p.extraArgs !== null) p.extraArgs = copyExtraArgs(p.extraArgs);
   for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens"] as const) {
     need(
       typeof p[k] === "boolean",
@@ -158,6 +160,26 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     p.minP = 0.0;
   }
   return p;
+}
+
+const isPlainObject = (x: unknown): x is Record<string, unknown> =>
+  typeof x === "object" && x !== null && !Array.isArray(x) && [Object.prototype, null].includes(Object.getPrototypeOf(x) as object | null);
+
+/** Deep copy of extra_args, checking it is JSON-like data (strings, numbers, booleans, null, lists, objects). */
+function copyExtraArgs(x: unknown): ExtraArgs {
+  need(isPlainObject(x), "extra_args", "must be an object of key -> JSON value");
+  const copy = (v: unknown, where: string, depth: number): unknown => {
+    need(depth <= 32, "extra_args", `is nested too deeply at ${where}`);
+    if (v === null || typeof v === "string" || typeof v === "boolean") return v;
+    if (typeof v === "number") {
+      need(Number.isFinite(v), "extra_args", `${where} must be a finite number, got ${v}`);
+      return v;
+    }
+    if (Array.isArray(v)) return v.map((e, i) => copy(e, `${where}[${i}]`, depth + 1));
+    need(isPlainObject(v), "extra_args", `${where} must be a string, number, boolean, null, list or object, got ${typeof v}`);
+    return Object.fromEntries(Object.entries(v as Record<string, unknown>).map(([k, e]) => [k, copy(e, `${where}.${k}`, depth + 1)]));
+  };
+  return copy(x, "extra_args", 0) as ExtraArgs;
 }
 
 /** True when the request samples greedily (argmax). */

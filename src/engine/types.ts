@@ -1,8 +1,17 @@
 // Public types of the serving engine, shared by the engine, the offline LLM API and the server.
 // Field names follow vLLM's SamplingParams / RequestOutput (camelCase here, snake_case on the wire).
 
-/** A per-request logits processor: gets the generated token ids so far and the logits row, edits it in place. */
-export type LogitsProcessor = (outputTokenIds: readonly number[], logits: Float32Array) => void;
+/**
+ * A per-request logits processor (vLLM v0 style): gets the generated token ids so far and the logits row and
+ * edits it in place. Functions cannot cross to the engine worker: there, use engine-level processors
+ * (logits-processors.ts, `--logits-processors`) steered per request by `extraArgs`.
+ */
+export type RequestLogitsProcessor = (outputTokenIds: readonly number[], logits: Float32Array) => void;
+
+/** A value of SamplingParams.extraArgs: JSON-like data (it is structured-cloned to the engine worker). */
+export type ExtraArgValue = string | number | boolean | null | ExtraArgValue[] | { [key: string]: ExtraArgValue };
+/** vLLM `extra_args` (the server's `vllm_xargs`): free-form per-request arguments for engine-level logits processors. */
+export type ExtraArgs = { [key: string]: ExtraArgValue };
 
 /** vLLM SamplingParams. Every field is optional on input; `normalizeSamplingParams` fills defaults and validates. */
 export interface SamplingParams {
@@ -29,7 +38,8 @@ export interface SamplingParams {
   skipSpecialTokens: boolean;
   spacesBetweenSpecialTokens: boolean;
   truncatePromptTokens: number | null;
-  logitsProcessors: LogitsProcessor[];
+  logitsProcessors: RequestLogitsProcessor[]; // in-process engines only
+  extraArgs: ExtraArgs | null;
 }
 
 /** One entry of a logprobs list: token id -> {logprob, rank, decoded token}. */

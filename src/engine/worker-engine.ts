@@ -7,12 +7,27 @@ import { readGguf } from "../models/formats/gguf.js";
 import { ggufToTokenizerJson } from "../models/formats/gguf-tokenizer.js";
 import { parseGenerationConfig, Tokenizer, type GenerationConfig } from "../models/tokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
-import { fromWireError, type FromWorker, type TokenizerSource, type ToWorker, type WireOutput } from "./engine-worker-protocol.js";
+import {
+  fromWireError,
+  type FromWorker,
+  type TokenizerSource,
+  type ToWorker,
+  type WireOutput,
+  type WorkerServingArgs,
+} from "./engine-worker-protocol.js";
 import { normalizeSamplingParams } from "./sampling-params.js";
 import type { ServingArgs } from "./serving.js";
 import type { CompletionOutput, EngineClient, EngineStats, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
 
 type ReadyMessage = Extract<FromWorker, { type: "ready" }>;
+
+/**
+ * Serving arguments plus engine-level logits processors as module specifiers ("path/or/package[:Export]",
+ * relative paths against the cwd), imported inside the worker at start-up (vLLM `logits_processors`).
+ */
+export interface WorkerEngineArgs extends ServingArgs {
+  logitsProcessors?: readonly string[];
+}
 
 /** One generate() call on this side: its queue of outputs and, for cumulative streams, what came so far. */
 interface Stream {
@@ -78,12 +93,15 @@ export class WorkerEngine implements EngineClient {
   }
 
   /**
-   * Spawns the worker, which loads the model and sizes the KV cache (createServingSetup); resolves once it
-   * is ready to serve. Loading progress is forwarded to `onProgress` (or `args.onProgress`).
+   * Spawns the worker, which imports the logits processors, loads the model and sizes the KV cache
+   * (createServingSetup); resolves once it is ready to serve, or rejects with the worker's error (a
+   * LogitsProcessorLoadError naming the specifier that failed). Loading progress is forwarded to
+   * `onProgress` (or `args.onProgress`).
    */
-  static create(args: ServingArgs, onProgress?: (stage: string, fraction: number) => void): Promise<WorkerEngine> {
-    const { onProgress: argsProgress, ...workerArgs } = args;
+  static create(args: WorkerEngineArgs, onProgress?: (stage: string, fraction: number) => void): Promise<WorkerEngine> {
+    const { onProgress: argsProgress, logitsProcessors, ...servingArgs } = args;
     const progress = onProgress ?? argsProgress;
+    const workerArgs: WorkerServingArgs = { ...servingArgs, logitsProcessors: [...(logitsProcessors ?? [])] };
     const worker = new Worker(new URL("./engine-worker-main.js", import.meta.url), { workerData: workerArgs });
     return new Promise((resolve, reject) => {
       const fail = (err: Error): void => {
@@ -130,7 +148,10 @@ export class WorkerEngine implements EngineClient {
     if ((params.logitsProcessors?.length ?? 0) > 0)
       throw new EngineInputError(
         "logits_processors",
-        "logits processors are functions and cannot cross to the engine worker; use the in-process engine (KILN_ENGINE_IN_PROCESS=1) or the offline LLM",
+        "per-request logits processors are functions and cannot cross to the engine worker; load an engine-level " +
+          "processor at start-up instead (`kiln serve --logits-processors ./my-proc.mjs:MyProc`, engine arg " +
+          "logitsProcessors) and steer it per request with extraArgs (`vllm_xargs` over HTTP), or use the " +
+          "in-process engine (KILN_ENGINE_IN_PROCESS=1) or the offline LLM",
       );
     const p = normalizeSamplingParams(params, { maxLogprobs: this.maxLogprobs, vocabSize: this.vocabSize });
     const ids = prompt.promptTokenIds;

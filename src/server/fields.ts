@@ -93,3 +93,17 @@ export function optLogitBias(body: Json, vocabSize: number): Record<number, numb
   }
   return out;
 }
+
+/** `vllm_xargs` (vLLM's extra_args for custom logits processors): {key: string | number | boolean | list of those}. */
+export function optExtraArgs(body: Json, name: string): Record<string, string | number | boolean | (string | number | boolean)[]> | undefined {
+  const obj = optObject(body, name);
+  if (!obj) return undefined;
+  const scalar = (x: unknown): x is string | number | boolean =>
+    typeof x === "string" || typeof x === "boolean" || (typeof x === "number" && Number.isFinite(x));
+  for (const [key, value] of Object.entries(obj)) {
+    if (!scalar(value) && !(Array.isArray(value) && value.every(scalar))) {
+      throw badRequest(`'${name}.${key}' must be a string, number, boolean or a list of them`, name);
+    }
+  }
+  return obj as Record<string, string | number | boolean | (string | number | boolean)[]>;
+}

@@ -5,6 +5,7 @@ import { badRequest } from "./errors.js";
 import {
   type Json,
   optBool,
+  optExtraArgs,
   optInt,
   optIntArray,
   optLogitBias,
@@ -106,6 +107,7 @@ function parseCommon(body: Json, vocabSize: number): CommonRequest {
   set("skipSpecialTokens", optBool(body, "skip_special_tokens"));
   set("spacesBetweenSpecialTokens", optBool(body, "spaces_between_special_tokens"));
   set("truncatePromptTokens", truncate);
+  set("extraArgs", optExtraArgs(body, "vllm_xargs"));
 
   return {
     model,

@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { EngineInputError } from "../../src/engine/errors.js";
+import { applyTopKTopP, topKTopPReference } from "../../src/engine/sampler.js";
 import { normalizeSamplingParams } from "../../src/engine/sampling-params.js";
 import type { SamplingParams } from "../../src/engine/types.js";
 import { add, makeEngine, prompt, runToCompletion } from "./helpers.js";
@@ -152,4 +153,68 @@ test("sampler: a multi-token bad word bans its last token only after its prefix"
   const out = runToCompletion(core);
   assert.deepEqual(out.get("free")!.outputs[0]!.tokenIds, [3, 4, 3, 4]);
   assert.deepEqual(out.get("bad")!.outputs[0]!.tokenIds, [3, 5, 3, 5]);
+});
+
+test("sampler: top-k/top-p by partial selection equals the full-sort reference (ties, top_p=1, tiny top_p, min_p, -inf)", () => {
+  let seed = 12345;
+  const rand = (): number => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
+  const scratch = new Float32Array(5000);
+  const topPs = [1, 0.999, 0.95, 0.9, 0.5, 0.1, 1e-6];
+  const topKs = [0, 1, 2, 7, 50, 64, 65, 300, 4999, 5000, 6000];
+  let cases = 0;
+  for (const V of [1, 3, 64, 65, 200, 5000]) {
+    for (let trial = 0; trial < 6; trial++) {
+      const raw = new Float32Array(V);
+      const kind = trial % 3;
+      for (let v = 0; v < V; v++) {
+        if (kind === 0)
+          raw[v] = rand() * 16 - 8; // distinct
+        else if (kind === 1)
+          raw[v] = Math.floor(rand() * 6) - 3; // heavy ties
+        else raw[v] = (rand() - 0.5) * 0.02; // nearly flat: the nucleus is most of the vocabulary
+      }
+      if (V > 3 && trial >= 3) for (let v = 0; v < V; v += 5) raw[v] = -Infinity; // already masked tokens
+      for (const topP of topPs) {
+        for (const topK of topKs) {
+          for (const minP of [0, 0.05]) {
+            if (!(topK > 0 || topP < 1)) continue;
+            const base = Float32Array.from(raw);
+            if (minP > 0) {
+              // min_p runs before top-k/top-p in the sampler; any masking pattern is a valid input here
+              const cut = Math.max(...base) + Math.log(minP);
+              for (let v = 0; v < V; v++) if (base[v]! < cut) base[v] = -Infinity;
+            }
+            const fast = Float32Array.from(base);
+            const ref = Float32Array.from(base);
+            applyTopKTopP(fast, topK, topP, scratch);
+            topKTopPReference(ref, topK, topP);
+            assert.deepEqual(fast, ref, `V=${V} trial=${trial} topK=${topK} topP=${topP} minP=${minP}`);
+            cases++;
+          }
+        }
+      }
+    }
+  }
+  assert.ok(cases > 2000);
+  // Spot checks of the definition: top_p=1 with top_k keeps ties of the k-th value; tiny top_p keeps the maximum and its ties.
+  const l = Float32Array.from([1, 3, 3, 2, 3, -1]);
+  applyTopKTopP(l, 2, 1, scratch);
+  assert.deepEqual([...l], [-Infinity, 3, 3, -Infinity, 3, -Infinity]);
+  const t = Float32Array.from([5, 1, 5, 4]);
+  applyTopKTopP(t, 0, 1e-9, scratch);
+  assert.deepEqual([...t], [5, -Infinity, 5, -Infinity]);
+  // the nucleus: probabilities 0.5, 0.3, 0.2 -> top_p 0.6 keeps two, 0.5 keeps one (mass before the 2nd is 0.5, not < 0.5)
+  const probs = (): Float32Array => Float32Array.from([Math.log(0.2), Math.log(0.5), Math.log(0.3)]);
+  const a = probs();
+  applyTopKTopP(a, 0, 0.6, scratch);
+  assert.deepEqual(
+    a.map((x) => (x === -Infinity ? 0 : 1)),
+    Float32Array.from([0, 1, 1]),
+  );
+  const b = probs();
+  applyTopKTopP(b, 0, 0.5, scratch);
+  assert.deepEqual(
+    b.map((x) => (x === -Infinity ? 0 : 1)),
+    Float32Array.from([0, 1, 0]),
+  );
 });
