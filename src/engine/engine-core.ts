@@ -11,7 +11,7 @@ import type { TokenizerLike, IncrementalDetokenizerLike } from "../models/tokeni
 import { IncrementalDetokenizer } from "./detokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
-import type { ModelRunner, PendingRunnerOutput, RunnerOutput } from "./model-runner.js";
+import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
 import { Sampler, type LogitsProcessorInput, type SamplingRow } from "./sampler.js";
@@ -257,7 +257,7 @@ export class EngineCore {
     if (!this.asyncScheduling) {
       const schedulerOutput = this.scheduler.schedule();
       if (schedulerOutput.scheduled.length === 0) return [];
-      return this.finishStep(schedulerOutput, this.runner.execute(Scheduler.toBatch(schedulerOutput, this.args.blockSize)));
+      return this.finishStep(schedulerOutput, this.runner.execute(this.toBatch(schedulerOutput)));
     }
     let current = this.inflight;
     this.inflight = null;
@@ -275,14 +275,22 @@ export class EngineCore {
   }
 
   private dispatch(out: SchedulerOutput): PendingRunnerOutput {
-    return this.runner.dispatch!(Scheduler.toBatch(out, this.args.blockSize));
+    return this.runner.dispatch!(this.toBatch(out));
+  }
+
+  private toBatch(out: SchedulerOutput): ScheduledBatch {
+    const batch = Scheduler.toBatch(out, this.args.blockSize);
+    batch.sampleOnDevice = out.scheduled.every((s) => !s.needsLogits || this.sampler.isPlainGreedy(s.request));
+    return batch;
   }
 
   /** Samples a computed step's logits and applies the tokens. */
   private finishStep(out: SchedulerOutput, runnerOutput: RunnerOutput): RequestOutput[] {
     const rows: SamplingRow[] = [];
     for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
-    const sampled = this.sampler.sample(runnerOutput.logits, rows);
+    const ids = runnerOutput.tokenIds;
+    const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
+    if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits);
     this.numSteps++;
     return this.collectOutputs(updates);

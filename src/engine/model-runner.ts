@@ -27,6 +27,11 @@ export interface ScheduledBatch {
   numTokens: number;
   /** Requests finished or preempted since the previous step: the runner may drop any per-request state. */
   finishedRequestIds: string[];
+  /**
+   * Every sampled row is plain greedy (no logprobs, masks, penalties or processors): the runner may pick
+   * the tokens on the device and return only their ids (RunnerOutput.tokenIds).
+   */
+  sampleOnDevice?: boolean;
 }
 
 export interface RunnerOutput {
@@ -34,6 +39,8 @@ export interface RunnerOutput {
   logits: Float32Array;
   /** requestId -> [tokenIds.length, vocabSize] for sequences with needsPromptLogits. */
   promptLogits: Map<string, Float32Array>;
+  /** With batch.sampleOnDevice: the argmax token of each sampled row, in row order (logits may be empty). */
+  tokenIds?: Int32Array;
 }
 
 /** A step whose kernels are queued on the device: `wait()` blocks until its logits are on the host. */

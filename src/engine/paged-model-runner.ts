@@ -78,7 +78,7 @@ export class PagedModelRunner implements ModelRunner {
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     if (this.graphs !== null && this.graphs.bucketFor(batch) !== null) {
       const pending = this.graphs.launch(batch);
-      return { wait: () => ({ logits: pending.wait(), promptLogits: new Map() }) };
+      return { wait: () => ({ ...pending.wait(), promptLogits: new Map() }) };
     }
     const seqs = batch.sequences;
     const T = batch.numTokens;

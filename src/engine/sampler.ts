@@ -77,6 +77,27 @@ export class Sampler {
   }
 
   /** Samples one token per row. Edits `logits` in place (it ends up holding the processed logits). */
+  /**
+   * Whether the row's token is the plain argmax of its raw logits (greedy, no logprobs, masks, bias,
+   * penalties, pending min_tokens or processors): then the device may sample it.
+   */
+  isPlainGreedy(row: SamplingRow): boolean {
+    const p = row.params;
+    return (
+      isGreedy(p) &&
+      p.logprobs === null &&
+      p.allowedTokenIds === null &&
+      p.logitBias === null &&
+      row.badWordsTokenIds.length === 0 &&
+      row.outputTokenIds.length >= p.minTokens &&
+      p.repetitionPenalty === 1 &&
+      p.frequencyPenalty === 0 &&
+      p.presencePenalty === 0 &&
+      p.logitsProcessors.length === 0 &&
+      this.logitsProcessors.size === 0
+    );
+  }
+
   sample(logits: Float32Array, rows: readonly SamplingRow[]): SampledToken[] {
     const V = this.vocabSize;
     if (logits.length !== rows.length * V) throw new Error(`[sampler] logits has ${logits.length} values, expected ${rows.length} x ${V}`);

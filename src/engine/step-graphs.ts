@@ -30,6 +30,8 @@ interface Bucket {
   seqLens: Tensor;
   tables: Tensor;
   logits: Tensor;
+  /** argmax of each logits row (int32), for batches sampled on the device. */
+  argmax: Tensor;
   graph: StepGraph;
 }
 
@@ -41,8 +43,9 @@ export interface CaptureProgress {
 
 export class DecodeGraphs {
   private readonly buckets: Bucket[] = [];
-  /** Steps served by a replay (for tests and stats). */
+  /** Steps served by a replay, and those of them sampled on the device (for tests and stats). */
   replays = 0;
+  deviceSampled = 0;
 
   private readonly vocabSize: number;
   private readonly numBlocks: number;
@@ -107,22 +110,24 @@ export class DecodeGraphs {
     const seqLens = tensor(new Int32Array(size).fill(1), { device: dev });
     const tables = i32(size * this.maxBlocksPerSeq, [size, this.maxBlocksPerSeq]);
     let logits: Tensor | null = null;
+    let argmax: Tensor | null = null;
     backend.beginCapture!();
     try {
       const run = (): void => {
         const hidden = this.model.forward(ids, { kind: "paged", positions, slotMapping: slots, blockTables: tables, queryStart, seqLens, kvCaches });
         logits = this.model.logits(hidden);
+        argmax = logits.argmax(-1);
         hidden.dispose();
       };
       noGrad(() => (fuse ? withEagerMode("defer-and-fuse", run) : run()));
       flushDeferred();
     } catch (e) {
       backend.abortCapture?.();
-      for (const t of [ids, positions, slots, queryStart, seqLens, tables, logits]) t?.dispose();
+      for (const t of [ids, positions, slots, queryStart, seqLens, tables, logits, argmax]) t?.dispose();
       throw e;
     }
     const graph: StepGraph = backend.endCapture!();
-    return { size, ids, positions, slots, queryStart, seqLens, tables, logits: logits!, graph };
+    return { size, ids, positions, slots, queryStart, seqLens, tables, logits: logits!, argmax: argmax!, graph };
   }
 
   /** The smallest captured bucket for a decode-only batch, or null when the batch must run eagerly. */
@@ -134,8 +139,11 @@ export class DecodeGraphs {
     return b === undefined ? null : b.size;
   }
 
-  /** Enqueues the step (metadata copies, then the replay); wait() returns the logits of the real rows. */
-  launch(batch: ScheduledBatch): { wait(): Float32Array } {
+  /**
+   * Enqueues the step (metadata copies, then the replay); wait() returns the logits of the real rows, or
+   * with batch.sampleOnDevice only their argmax ids.
+   */
+  launch(batch: ScheduledBatch): { wait(): { logits: Float32Array; tokenIds?: Int32Array } } {
     const n = batch.sequences.length;
     const b = this.buckets.find((x) => x.size >= n)!;
     const S = b.size;
@@ -174,13 +182,17 @@ export class DecodeGraphs {
     b.graph.launch();
     this.replays++;
     const V = b.logits.shape[1]!;
-    return { wait: () => (b.logits.dataSync() as Float32Array).slice(0, n * V) };
+    if (batch.sampleOnDevice === true) {
+      this.deviceSampled++;
+      return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, n) }) };
+    }
+    return { wait: () => ({ logits: (b.logits.dataSync() as Float32Array).slice(0, n * V) }) };
   }
 
   dispose(): void {
     for (const b of this.buckets) {
       b.graph.dispose();
-      for (const t of [b.ids, b.positions, b.slots, b.queryStart, b.seqLens, b.tables, b.logits]) t.dispose();
+      for (const t of [b.ids, b.positions, b.slots, b.queryStart, b.seqLens, b.tables, b.logits, b.argmax]) t.dispose();
     }
     this.buckets.length = 0;
   }

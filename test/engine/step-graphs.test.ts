@@ -42,6 +42,7 @@ for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
   test(`step graphs (${arch}): replayed decode steps give the eager engine's tokens and logprobs`, { timeout: 60_000 }, () => {
     const model = tinyModelDir(arch);
     for (const params of [
+      { temperature: 0, ignoreEos: true }, // plain greedy: the token ids come from the graph's argmax
       { temperature: 0, ignoreEos: true, logprobs: 2 },
       { temperature: 0.9, topP: 0.9, seed: 7, ignoreEos: true, logprobs: 1 },
     ] as Partial<SamplingParams>[]) {
@@ -50,11 +51,15 @@ for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
       assert.equal(pagedRunner(eager.llm).graphs, null);
       const replays = pagedRunner(graphs.llm).graphs?.replays ?? 0;
       assert.ok(replays > 20, `decode steps were replayed (${replays})`);
+      const onDevice = pagedRunner(graphs.llm).graphs!.deviceSampled;
+      if (params.temperature === 0 && params.logprobs === undefined) assert.equal(onDevice, replays, "plain greedy steps sample on the device");
+      else assert.equal(onDevice, 0, "steps needing logits read them back");
       assert.equal(graphs.outs.length, eager.outs.length);
       graphs.outs.forEach((o, i) => {
         const e = eager.outs[i]!;
         assert.deepEqual(o.outputs[0]!.tokenIds, e.outputs[0]!.tokenIds, `request ${i}`);
         const lp = (r: RequestOutput) => r.outputs[0]!.logprobs!.map((m) => [...m.values()].map((v) => v.logprob));
+        if (params.logprobs === undefined) return;
         const a = lp(o).flat();
         const b = lp(e).flat();
         assert.equal(a.length, b.length);
