@@ -1,6 +1,7 @@
 // compile() benchmark: eager vs compiled for a fused elementwise chain on 1M elements and a tiny gated
 // MLP, cold (C compiler) vs warm (disk cache) program build time, in-process and in fresh child
-// processes, and a SmolLM-135M-shaped decode step in strict vs defer-and-fuse eager mode.
+// processes, a SmolLM-135M-shaped decode step in strict vs defer-and-fuse eager mode, and its paged (serving)
+// form eager vs compile(model.forward).
 // Run: npx tsc -p . && node dist/bench/compile.js   (KILN_BENCH_DECODE=0 skips the 135M-parameter model)
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -166,5 +167,46 @@ if (process.env.KILN_BENCH_DECODE !== "0") {
   console.log(
     `SmolLM-135M-shaped decode step (30 layers, hidden 576, f32, batch 1 x 1 token, no lm_head): strict ${strict.ms.toFixed(2)} ms / ${strict.kernels} kernels, ` +
       `defer-and-fuse ${deferred.ms.toFixed(2)} ms / ${deferred.kernels} kernels per step (${(strict.ms / deferred.ms).toFixed(2)}x); max |diff| ${maxDiff.toExponential(1)}`,
+  );
+
+  // the serving path: a paged decode step (one sequence, 32 cached positions) eager vs compile(model.forward)
+  // (dispatch capture: the whole forward, paged attention included, as one program of segments and kernels)
+  const BS = 16;
+  const kv = model.model.layers.map(() => ({
+    k: k.zeros([4, BS, cfg.numKeyValueHeads, cfg.headDim]),
+    v: k.zeros([4, BS, cfg.numKeyValueHeads, cfg.headDim]),
+  }));
+  const pos = 32;
+  const meta = {
+    positions: k.tensor(Int32Array.of(pos)),
+    slotMapping: k.tensor(Int32Array.of(3 * BS + (pos % BS))),
+    blockTables: k.tensor(Int32Array.of(1, 2, 3), { shape: [1, 3] }),
+    queryStart: k.tensor(Int32Array.of(0, 1)),
+    seqLens: k.tensor(Int32Array.of(pos + 1)),
+  };
+  const paged = (x: k.Tensor, p: k.Tensor, s: k.Tensor, bt: k.Tensor, qs: k.Tensor, sl: k.Tensor) =>
+    model.forward(x, { kind: "paged", positions: p, slotMapping: s, blockTables: bt, queryStart: qs, seqLens: sl, kvCaches: kv });
+  const compiled = compile(paged, { dynamic: [0, 1, 2].map((argIndex) => ({ argIndex, dim: 0, max: 256 })), name: "smollm-forward" });
+  const args = [ids, meta.positions, meta.slotMapping, meta.blockTables, meta.queryStart, meta.seqLens] as const;
+  const pagedStep = (f: typeof paged) => k.noGrad(() => f(...args));
+  const runs: Record<"eager" | "compiled", number[]> = { eager: [], compiled: [] };
+  const fns = { eager: paged, compiled: compiled as unknown as typeof paged };
+  for (const f of Object.values(fns)) pagedStep(f).dispose(); // builds the program
+  for (let r = 0; r < 7; r++) {
+    for (const name of ["eager", "compiled"] as const) {
+      const t0 = performance.now();
+      for (let i = 0; i < 10; i++) {
+        const h = pagedStep(fns[name]);
+        h.dataSync();
+        h.dispose();
+      }
+      runs[name].push((performance.now() - t0) / 10);
+    }
+  }
+  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+  const info = compiled.lastInfo!;
+  console.log(
+    `paged decode step (same model, 32 cached positions), strict mode: eager ${med(runs.eager).toFixed(2)} ms, compile(model.forward) ${med(runs.compiled).toFixed(2)} ms ` +
+      `(${(med(runs.eager) / med(runs.compiled)).toFixed(2)}x); ${info.fusedKernels} fused + ${info.opaqueKernels} back-end kernels in ${info.segments} segments`,
   );
 }

@@ -11,7 +11,7 @@ namespace {
 
 typedef void (*Entry)(void** bufs, const int64_t* sizes);
 
-std::vector<void*> g_libs;    // handles by id (never dlclosed: entries may be cached in JS)
+std::vector<void*> g_libs;    // handles by id (never dlclosed: entries may be cached in JS or queued on the cpu stream)
 std::vector<Entry> g_entries; // entries by id
 
 // load(path) -> library id
@@ -68,10 +68,20 @@ Napi::Value Call(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// address(entryId) -> bigint: the entry's code address, for enqueueing calls on the cpu stream
+// (kiln_native's streamCallFn). Valid for the process lifetime: libraries are never dlclosed.
+Napi::Value Address(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint32_t id = info[0].As<Napi::Number>().Uint32Value();
+  if (id >= g_entries.size()) throw Napi::Error::New(env, "bad entry id");
+  return Napi::BigInt::New(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(g_entries[id])));
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("load", Napi::Function::New(env, Load));
   exports.Set("entry", Napi::Function::New(env, Sym));
   exports.Set("call", Napi::Function::New(env, Call));
+  exports.Set("address", Napi::Function::New(env, Address));
   return exports;
 }
 

@@ -134,8 +134,11 @@ export interface RenderContext {
   slot: (base: NodeId) => number;
 }
 
-/** Renders the fused steps grouped into segments; returns the C source and each segment's step indices. */
-export function renderProgram(ctx: RenderContext): { source: string; segments: number[][] } {
+/**
+ * Renders the fused steps grouped into segments; returns the C source, each segment's step indices and the
+ * buffer slots each segment reads or writes: segment k's b[j] is slot `slots[k][j]` (a call passes only those).
+ */
+export function renderProgram(ctx: RenderContext): { source: string; segments: number[][]; slots: number[][] } {
   const segments: number[][] = [];
   let cur: number[] | null = null;
   ctx.s.steps.forEach((step, i) => {
@@ -144,11 +147,23 @@ export function renderProgram(ctx: RenderContext): { source: string; segments: n
       cur.push(i);
     } else cur = null;
   });
+  const slots: number[][] = [];
   const fns = segments.map((seg, k) => {
-    const body = seg.map((i) => renderStep(ctx, ctx.s.steps[i] as Extract<Step, { kind: "fused" }>)).join("\n");
+    const local = new Map<number, number>(); // program slot -> this segment's b[] index, by first use
+    const segCtx: RenderContext = {
+      ...ctx,
+      slot: (base) => {
+        const global = ctx.slot(base);
+        let j = local.get(global);
+        if (j === undefined) local.set(global, (j = local.size));
+        return j;
+      },
+    };
+    const body = seg.map((i) => renderStep(segCtx, ctx.s.steps[i] as Extract<Step, { kind: "fused" }>)).join("\n");
+    slots.push([...local.keys()]);
     return `void seg_${k}(void** b, const int64_t* s) {\n  (void)s;\n${body}}\n`;
   });
-  return { source: PRELUDE + "\n" + fns.join("\n"), segments };
+  return { source: PRELUDE + "\n" + fns.join("\n"), segments, slots };
 }
 
 function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>): string {

@@ -1,14 +1,16 @@
-// compile(fn, options): captures fn into the IR by calling it once with symbolic tensors (trace.ts),
-// builds a program per guard signature and runs it. Guards: each tensor argument's dtype, rank and
+// compile(fn, options): captures fn into the IR by calling it once with symbolic tensors (trace.ts) or, for
+// functions written against eager Tensors (model forwards), on placeholder tensors with the dispatcher's
+// kernels recorded (capture.ts); builds a program per guard signature and runs it. Guards: each tensor argument's dtype, rank and
 // non-dynamic dims, each scalar argument's value. A dynamic dim is padded up to its bucket (powers of
 // two by default) so any size within a bucket reuses one program; outputs are narrowed back.
-import { OpError } from "../util/errors.js";
+import { KilnError, OpError } from "../util/errors.js";
 import { env } from "../util/env.js";
 import * as k from "../tensor/index.js";
 import { Tensor, defaultDevice } from "../tensor/index.js";
-import type { DType } from "./ir.js";
+import { captureDispatch, type OpaqueFn, type OpaqueModule } from "./capture.js";
+import type { DType, Graph } from "./ir.js";
 import { jitUnavailableReason } from "./jit.js";
-import { buildProgram, type Program, type ProgramInfo } from "./program.js";
+import { buildProgram, type ParamBinding, type Program, type ProgramInfo } from "./program.js";
 import { GraphBuilder, Sym } from "./trace.js";
 
 export interface DynamicDim {
@@ -25,11 +27,23 @@ export interface CompileOptions {
   dynamic?: DynamicDim | DynamicDim[];
   /** Name used in recompile logs. */
   name?: string;
+  /**
+   * How fn is captured. "symbolic": called with Sym tensors (the Tensor-method subset and compile/functional.ts).
+   * "dispatch": called with placeholder Tensors while the dispatcher records their kernels (any eager code whose
+   * kernels the IR has: whole model forwards, paged attention included). "auto" (default): symbolic, and dispatch
+   * when fn does not run on Syms.
+   */
+  capture?: "auto" | "symbolic" | "dispatch";
+  /**
+   * Modules whose forward(x) runs eagerly as one opaque step (dispatch capture): data-dependent code such as MoE
+   * routing, which reads values on the host. The output has x's shape (float32).
+   */
+  opaque?: readonly OpaqueModule[];
 }
 
 export type CompileArg = Tensor | number | boolean;
 type TraceArg = Sym | number | boolean;
-type TraceResult = Sym | Sym[];
+type TraceResult = Sym | Sym[] | Tensor | Tensor[]; // Tensors: dispatch capture
 
 export interface CompileStats {
   calls: number;
@@ -52,7 +66,7 @@ export interface CompiledFunction {
 
 interface Entry {
   program: Program;
-  params: Tensor[];
+  params: readonly ParamBinding[];
   outDyn: number[][];
   multi: boolean;
   fallbackReason: string | null;
@@ -78,6 +92,10 @@ let warnedFallback = false;
  * @example
  * const f = compile((x, w) => rmsNorm(x, w, 1e-6).mul(2), { dynamic: { argIndex: 0, dim: 0, max: 256 } });
  * const y = f(x, w) as Tensor;
+ * // a whole paged model forward (dispatch capture; MoE layers run eagerly as opaque steps):
+ * const fwd = compile((ids, pos, slots, tables, qStart, lens) => model.forward(ids, { kind: "paged", positions: pos,
+ *   slotMapping: slots, blockTables: tables, queryStart: qStart, seqLens: lens, kvCaches }),
+ *   { dynamic: [0, 1, 2].map((argIndex) => ({ argIndex, dim: 0, max: 512 })), opaque: moeLayers });
  */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- traced args are Syms or scalars, typed by the caller
 export function compile(fn: (...args: any[]) => TraceResult, options: CompileOptions = {}): CompiledFunction {
@@ -104,23 +122,57 @@ export function compile(fn: (...args: any[]) => TraceResult, options: CompileOpt
     return { key, shapes, actual };
   };
 
-  const build = (args: CompileArg[], shapes: (number[] | null)[], key: string): Entry => {
+  let mode: "symbolic" | "dispatch" | "auto" = options.capture ?? (options.opaque?.length ? "dispatch" : "auto");
+  const dynAxesOf = (i: number) => dyn.filter((d) => d.argIndex === i).map((d) => d.dim);
+
+  interface Traced {
+    graph: Graph;
+    params: readonly ParamBinding[];
+    outDyn: number[][];
+    multi: boolean;
+    calls: OpaqueFn[];
+  }
+  const traceSymbolic = (args: CompileArg[], shapes: (number[] | null)[]): Traced => {
     const b = new GraphBuilder();
-    const traceArgs: TraceArg[] = args.map((a, i) => {
-      if (!(a instanceof Tensor)) return a;
-      const dims = dyn.filter((d) => d.argIndex === i).map((d) => d.dim);
-      return b.input(shapes[i]!, a.dtype as DType, dims);
-    });
+    const traceArgs: TraceArg[] = args.map((a, i) => (a instanceof Tensor ? b.input(shapes[i]!, a.dtype as DType, dynAxesOf(i)) : a));
     const res = fn(...traceArgs);
     const outs = Array.isArray(res) ? res : [res];
     for (const o of outs) if (!(o instanceof Sym) || o.builder !== b) throw new OpError("compile", "the compiled function must return traced tensors");
+    const ids = outs.map((o) => o.id);
+    return { graph: b.graph(ids), params: b.params, outDyn: ids.map((id) => b.dyn[id]!), multi: Array.isArray(res), calls: [] };
+  };
+  const traceDispatch = (args: CompileArg[], shapes: (number[] | null)[]): Traced =>
+    captureDispatch(fn, args, shapes, args.map((_, i) => dynAxesOf(i)), options.opaque ?? []);
+
+  /** auto: symbolic first; a function that fails on Syms for a reason other than a trace limit is captured at dispatch. */
+  const trace = (args: CompileArg[], shapes: (number[] | null)[]): Traced => {
+    if (mode === "symbolic") return traceSymbolic(args, shapes);
+    if (mode === "dispatch") return traceDispatch(args, shapes);
+    try {
+      const t = traceSymbolic(args, shapes);
+      mode = "symbolic";
+      return t;
+    } catch (symbolicError) {
+      let t: Traced;
+      try {
+        t = traceDispatch(args, shapes);
+      } catch (dispatchError) {
+        throw symbolicError instanceof KilnError ? symbolicError : dispatchError;
+      }
+      mode = "dispatch";
+      return t;
+    }
+  };
+
+  const build = (args: CompileArg[], shapes: (number[] | null)[], key: string): Entry => {
+    const t = trace(args, shapes);
     const device = args.find((a): a is Tensor => a instanceof Tensor)?.device ?? defaultDevice();
-    const { program, fallbackReason } = buildProgram(b.graph(outs.map((o) => o.id)), device, jitUnavailableReason(), `buckets:${key}`);
+    const { program, fallbackReason } = buildProgram(t.graph, device, jitUnavailableReason(), `buckets:${key}`, t.calls);
     if (fallbackReason && !warnedFallback) {
       warnedFallback = true;
       process.emitWarning(`compile(): running op by op (${fallbackReason})`, { code: "KILN_COMPILE_FALLBACK" });
     }
-    return { program, params: b.params, outDyn: outs.map((o) => b.dyn[o.id]!), multi: Array.isArray(res), fallbackReason };
+    return { program, params: t.params, outDyn: t.outDyn, multi: t.multi, fallbackReason };
   };
 
   const call = (...args: CompileArg[]): Tensor | Tensor[] => {
@@ -158,7 +210,7 @@ export function compile(fn: (...args: any[]) => TraceResult, options: CompileOpt
       temps.push(padded);
       return padded;
     });
-    const outs = entry.program.run(inputs, entry.params);
+    const outs = entry.program.run(inputs, entry.params, actual);
     for (const t of temps) t.dispose();
     lastInfo = entry.program.info;
     const narrowed = outs.map((o, i) => {

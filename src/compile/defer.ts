@@ -9,10 +9,11 @@
 // after a flush, so results always equal strict mode's.
 import type { BufferView, DeviceBuffer, KernelCall, UnaryOp, BinaryOp } from "../backends/backend.js";
 import { countLaunches } from "../tensor/dispatch.js";
-import { contiguousStrides, setDeferHook, setEagerMode, type DeferHook, type Device } from "../tensor/index.js";
+import { setDeferHook, setEagerMode, type DeferHook, type Device } from "../tensor/index.js";
 import { numelOf, serialize, type Graph, type Node, type NodeId, type Op } from "./ir.js";
 import { jitUnavailableReason } from "./jit.js";
 import { buildProgram, compiledLaunches, type Bound, type Program } from "./program.js";
+import { analyzeRead, isDense, strip, type ReadPlan } from "./buffer-views.js";
 
 const FLOAT_UNARY: ReadonlySet<UnaryOp> = new Set<UnaryOp>([
   "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "abs", "reciprocal",
@@ -23,45 +24,6 @@ const FLOAT_BINARY: ReadonlySet<BinaryOp> = new Set<BinaryOp>(["add", "sub", "mu
 const MAX_CALLS = 256;
 /** Programs kept in memory (each holds an arena); the oldest is dropped beyond this. */
 const MAX_PROGRAMS = 512;
-
-/** How an elementwise input view reads memory: a dense block at `offset`, as `shape` (1 on broadcast dims)
- *  or, for a transposed read, as the dense `memShape` permuted by `dims`. */
-interface ReadPlan {
-  offset: number;
-  numel: number;
-  shape: number[];
-  perm: { memShape: number[]; dims: number[] } | null;
-}
-
-function analyzeRead(v: BufferView): ReadPlan | null {
-  const r = v.shape.length;
-  const live: number[] = [];
-  for (let d = 0; d < r; d++) if (v.shape[d]! > 1 && v.strides[d] !== 0) live.push(d);
-  const byStride = [...live].sort((a, b) => v.strides[b]! - v.strides[a]!);
-  let expect = 1;
-  for (let i = byStride.length - 1; i >= 0; i--) {
-    const d = byStride[i]!;
-    if (v.strides[d] !== expect) return null;
-    expect *= v.shape[d]!;
-  }
-  const numel = expect;
-  const shape = v.shape.map((s, d) => (live.includes(d) ? s : 1));
-  const inOrder = live.every((d, i) => d === byStride[i]);
-  if (inOrder) return { offset: v.offset, numel, shape, perm: null };
-  if (live.length !== v.shape.filter((s) => s > 1).length) return null; // transposed and broadcast: eager
-  // memory order: all dims sorted by stride (size-1 dims anywhere), output dim i = memory dim dims[i]
-  const all = v.shape.map((_, d) => d).sort((a, b) => (v.shape[b]! > 1 ? v.strides[b]! : 0) - (v.shape[a]! > 1 ? v.strides[a]! : 0));
-  const memShape = all.map((d) => v.shape[d]!);
-  const dims = v.shape.map((_, d) => all.indexOf(d));
-  return { offset: v.offset, numel, shape: [...v.shape], perm: { memShape, dims } };
-}
-
-function isDense(v: BufferView): boolean {
-  const cs = contiguousStrides(v.shape);
-  return v.shape.every((s, d) => s === 1 || v.strides[d] === cs[d]);
-}
-
-const strip = (s: readonly number[]) => s.slice(s.findIndex((x) => x !== 1) < 0 ? s.length : s.findIndex((x) => x !== 1)).join();
 
 interface Written {
   offset: number;

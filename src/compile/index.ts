@@ -1,6 +1,7 @@
 // The compiler's public surface: compile(), the traced-op helpers, defer-and-fuse, custom ops, cache stats.
 export { compile, type CompileOptions, type CompiledFunction, type CompileStats, type DynamicDim, type CompileArg } from "./compile.js";
 export { Sym, GraphBuilder } from "./trace.js";
+export type { OpaqueModule } from "./capture.js";
 export { rmsNorm, linear, siluMul, where, rotaryEmbedding, type AnyTensor } from "./functional.js";
 export { withDeferAndFuse, deferStats } from "./lazy.js";
 // importing this module installs the global defer-and-fuse recorder (setEagerMode("defer-and-fuse"))

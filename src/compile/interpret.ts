@@ -1,11 +1,28 @@
 // Op-by-op execution of the IR through the eager tensor ops: the slow, readable reference of every
 // compiled program (STYLE.md 9) and the fallback when no C compiler or JIT addon is available.
+import type { BufferView } from "../backends/backend.js";
 import * as k from "../tensor/index.js";
-import type { Tensor } from "../tensor/index.js";
+import { Tensor, type Device } from "../tensor/index.js";
+import { Storage } from "../tensor/storage.js";
+import type { OpaqueFn } from "./capture.js";
 import type { Graph, NodeId } from "./ir.js";
 import { customOp } from "./custom-op-registry.js";
 
-export function interpret(g: Graph, inputs: Tensor[], params: Tensor[]): Tensor[] {
+/** A tensor over memory someone else owns (a program's arena or bound buffer): disposing it never frees that. */
+export function aliasOf(device: Device, v: BufferView): Tensor {
+  const storage = new Storage(device, v.buffer);
+  storage.retain(); // the owner's reference: release by the alias never reaches zero
+  return new Tensor(storage, v.dtype, v.shape, v.strides, v.offset);
+}
+
+export interface InterpretOptions {
+  /** Bodies of `call` nodes. */
+  calls?: readonly OpaqueFn[];
+  /** Real size of the bucketed dim (paged attention runs on that many tokens); null: the full shape. */
+  dynSize?: number | null;
+}
+
+export function interpret(g: Graph, inputs: Tensor[], params: Tensor[], options: InterpretOptions = {}): Tensor[] {
   const vals: Tensor[] = [];
   const owned = new Set<NodeId>();
   const dev = (inputs[0] ?? params[0])?.device;
@@ -53,6 +70,33 @@ export function interpret(g: Graph, inputs: Tensor[], params: Tensor[]): Tensor[
       case "custom":
         out = customOp(op.name).eager(op.inputs.map(v));
         break;
+      case "gather_rows":
+        out = k.embedding(v(op.ids), v(op.table));
+        break;
+      case "paged_attention": {
+        const T = n.shape[0]!;
+        const rows = op.dynamicTokens && options.dynSize != null ? options.dynSize : T;
+        const head = (t: Tensor) => (rows === T ? t : t.narrow(0, 0, rows));
+        const [q, kk, vv, slots] = [v(op.q), v(op.k), v(op.v), v(op.slotMapping)].map(head) as [Tensor, Tensor, Tensor, Tensor];
+        const r = k.pagedAttention({
+          q, k: kk, v: vv, kCache: v(op.kCache), vCache: v(op.vCache), slotMapping: slots, blockTables: v(op.blockTables),
+          queryStart: v(op.queryStart), seqLens: v(op.seqLens), scale: op.scale, slidingWindow: op.slidingWindow,
+        });
+        if (rows === T) out = r;
+        else {
+          out = k.zeros(n.shape, { device: dev });
+          const region = out.narrow(0, 0, rows);
+          region.copy_(r);
+          for (const t of [region, r, q, kk, vv, slots]) t.dispose();
+        }
+        break;
+      }
+      case "call": {
+        const body = options.calls?.[op.index];
+        if (!body) throw new Error(`opaque call #${op.index} has no body`);
+        out = body(op.inputs.map(v));
+        break;
+      }
       case "reshape":
         out = k.reshape(v(op.x), [...n.shape]);
         break;

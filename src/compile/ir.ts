@@ -28,6 +28,18 @@ export type Op =
   | { kind: "matmul"; a: NodeId; b: NodeId; bTransposed: boolean } // a [..., M, K] @ b [K, N] (or [N, K])
   | { kind: "rotary"; x: NodeId; positions: NodeId; cos: NodeId; sin: NodeId; neox: boolean }
   | { kind: "custom"; name: string; inputs: NodeId[] } // a user op from defineOp()
+  | { kind: "gather_rows"; table: NodeId; ids: NodeId } // table [rows, dim] (f32/bf16), ids int32 [n] -> [n, dim]
+  // ragged paged attention (q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]); also writes k/v into the kCache/vCache
+  // leaves (in/out buffers) at slotMapping. `dynamicTokens`: T is the bucketed dim, narrowed to the real
+  // token count at run time so padded rows never touch the cache.
+  | {
+      kind: "paged_attention";
+      q: NodeId; k: NodeId; v: NodeId; kCache: NodeId; vCache: NodeId;
+      slotMapping: NodeId; blockTables: NodeId; queryStart: NodeId; seqLens: NodeId;
+      scale: number; slidingWindow: number; dynamicTokens: boolean;
+    }
+  // an eager callable run as one opaque step (compile()'s `opaque` option: data-dependent code such as MoE routing)
+  | { kind: "call"; index: number; inputs: NodeId[] }
   // ---- views (no compute: reshape aliases its contiguous input; permute is a strided read) ----
   | { kind: "reshape"; x: NodeId }
   | { kind: "permute"; x: NodeId; dims: number[] };
@@ -51,7 +63,11 @@ export interface Graph {
 
 export const ELEMENTWISE: ReadonlySet<OpKind> = new Set(["unary", "binary", "where", "cast"]);
 export const ROW_OPS: ReadonlySet<OpKind> = new Set(["reduce", "softmax", "rms_norm"]);
-export const OPAQUE: ReadonlySet<OpKind> = new Set(["matmul", "rotary", "custom"]);
+export const OPAQUE: ReadonlySet<OpKind> = new Set(["matmul", "rotary", "custom", "gather_rows", "paged_attention", "call"]);
+/** Ops with effects beyond their output (in-place cache writes, arbitrary eager code): never dropped. */
+export const SIDE_EFFECTS: ReadonlySet<OpKind> = new Set(["paged_attention", "call"]);
+
+const PAGED_OPERANDS = ["q", "k", "v", "kCache", "vCache", "slotMapping", "blockTables", "queryStart", "seqLens"] as const;
 
 /** Operand ids of an op, in a fixed order. */
 export function operands(op: Op): NodeId[] {
@@ -77,7 +93,12 @@ export function operands(op: Op): NodeId[] {
     case "rotary":
       return [op.x, op.positions, op.cos, op.sin];
     case "custom":
+    case "call":
       return [...op.inputs];
+    case "gather_rows":
+      return [op.table, op.ids];
+    case "paged_attention":
+      return PAGED_OPERANDS.map((f) => op[f]);
   }
 }
 
@@ -105,7 +126,15 @@ export function mapOperands(op: Op, f: (id: NodeId) => NodeId): Op {
     case "rotary":
       return { ...op, x: f(op.x), positions: f(op.positions), cos: f(op.cos), sin: f(op.sin) };
     case "custom":
+    case "call":
       return { ...op, inputs: op.inputs.map(f) };
+    case "gather_rows":
+      return { ...op, table: f(op.table), ids: f(op.ids) };
+    case "paged_attention": {
+      const out = { ...op };
+      for (const k of PAGED_OPERANDS) out[k] = f(op[k]);
+      return out;
+    }
   }
 }
 

@@ -13,6 +13,8 @@ interface JitAddon {
   load(path: string): number;
   entry(lib: number, name: string): number;
   call(entry: number, bufs: (ArrayBufferView | ArrayBuffer)[], sizes?: BigInt64Array): void;
+  /** The entry's code address (for enqueueing on the cpu stream); valid for the process lifetime. */
+  address(entry: number): bigint;
 }
 
 function packageRoot(): string {
@@ -96,14 +98,21 @@ export class JitLibrary {
     if (!a) throw new Error(addonError);
     return new JitLibrary(a, a.load(path));
   }
-  entry(name: string): (bufs: (ArrayBufferView | ArrayBuffer)[], sizes?: BigInt64Array) => void {
+  private entryId(name: string): number {
     let id = this.entries.get(name);
     if (id === undefined) {
       id = this.jit.entry(this.lib, name);
       this.entries.set(name, id);
     }
+    return id;
+  }
+  entry(name: string): (bufs: (ArrayBufferView | ArrayBuffer)[], sizes?: BigInt64Array) => void {
     const jit = this.jit;
-    const eid = id;
+    const eid = this.entryId(name);
     return (bufs, sizes) => jit.call(eid, bufs, sizes);
+  }
+  /** The entry's code address: libraries are never unloaded, so queued calls may outlive every JS reference. */
+  address(name: string): bigint {
+    return this.jit.address(this.entryId(name));
   }
 }

@@ -3,7 +3,7 @@
 // it (fusing elementwise chains; programs cached by graph text) and runs it, and the value is rebound
 // to its result so later reads reuse it. The global mode (setEagerMode("defer-and-fuse")) is defer.ts.
 import type { Tensor } from "../tensor/index.js";
-import { serialize, operands, type Graph, type Node, type NodeId } from "./ir.js";
+import { mapOperands, serialize, operands, type Graph, type Node, type NodeId } from "./ir.js";
 import { jitUnavailableReason } from "./jit.js";
 import { buildProgram, type Program } from "./program.js";
 import { GraphBuilder, Sym } from "./trace.js";
@@ -29,30 +29,9 @@ function extract(b: GraphBuilder, out: NodeId): { graph: Graph; params: Tensor[]
       params.push(b.params[n.op.index]!);
       return { ...n, id: j, op: { kind: "param", index: params.length - 1 } };
     }
-    const op = { ...n.op } as Node["op"];
-    return { ...n, id: j, op: remapOps(op, remap) };
+    return { ...n, id: j, op: mapOperands(n.op, (x) => remap.get(x)!) };
   });
   return { graph: { nodes, outputs: [remap.get(out)!], numInputs: 0, numParams: params.length }, params };
-}
-
-function remapOps(op: Node["op"], remap: Map<NodeId, NodeId>): Node["op"] {
-  const r = (x: NodeId) => remap.get(x)!;
-  switch (op.kind) {
-    case "unary": case "cast": case "reduce": case "softmax": case "reshape": case "permute":
-      return { ...op, x: r(op.x) };
-    case "binary": case "matmul":
-      return { ...op, a: r(op.a), b: r(op.b) };
-    case "where":
-      return { ...op, cond: r(op.cond), a: r(op.a), b: r(op.b) };
-    case "rms_norm":
-      return { ...op, x: r(op.x), weight: r(op.weight) };
-    case "rotary":
-      return { ...op, x: r(op.x), positions: r(op.positions), cos: r(op.cos), sin: r(op.sin) };
-    case "custom":
-      return { ...op, inputs: op.inputs.map(r) };
-    default:
-      return op;
-  }
 }
 
 function realize(b: GraphBuilder, s: Sym): Tensor {

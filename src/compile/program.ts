@@ -1,22 +1,26 @@
 // An executable compiled graph: the pass pipeline (outputs materialized -> constant folding -> DCE ->
 // fusion -> memory planning -> C rendering -> cache) and the runner. A run binds inputs, params and fresh
 // output tensors to buffer slots, keeps intermediates in one planned arena, calls each generated segment
-// once through kiln_jit and enqueues back-end kernels (matmul, rotary) between segments. Host memory is
-// read through DeviceBuffer.host, which waits for pending stream work on that buffer.
+// once and enqueues back-end kernels (matmul, rotary) between segments. On a back end with a stream (cpu,
+// not debug mode) each segment is a stream job too (streamCall: raw memory, buffers tracked), so segments
+// and kernels run in stream order with no JS wait; otherwise segments run now through kiln_jit on
+// DeviceBuffer.host, which waits for pending stream work on that buffer.
 import type { BufferView, DeviceBuffer, KernelCall } from "../backends/backend.js";
 import { DTYPE_BYTES } from "../backends/dtype.js";
+import { canStreamCall, streamCall } from "../backends/cpu/stream-call.js";
 import { runKernel } from "../tensor/dispatch.js";
 import * as k from "../tensor/index.js";
-import { contiguousStrides, type Device, type Tensor } from "../tensor/index.js";
+import { contiguousStrides, eagerMode, Tensor, type Device } from "../tensor/index.js";
 import { cacheKey, getLibrary } from "./cache.js";
 import { renderable, renderProgram } from "./codegen-c.js";
 import { customOp } from "./custom-op-registry.js";
-import { interpret } from "./interpret.js";
+import type { OpaqueFn } from "./capture.js";
+import { aliasOf, interpret } from "./interpret.js";
 import { numelOf, serialize, type Graph, type NodeId } from "./ir.js";
 import type { JitLibrary } from "./jit.js";
 import { foldConstants } from "./passes/const-fold.js";
 import { eliminateDeadCode } from "./passes/dce.js";
-import { fuse, type Schedule } from "./passes/fusion.js";
+import { fuse, type Schedule, type Step } from "./passes/fusion.js";
 import { baseOf, planMemory, type MemoryPlan } from "./passes/memory-plan.js";
 
 let launches = 0;
@@ -62,13 +66,21 @@ export interface Bound {
   byteOffset: number;
 }
 
+/** A param: a tensor (Sym traces) or a buffer region (dispatch capture, defer-and-fuse). */
+export type ParamBinding = Tensor | Bound;
+
 export class Program {
   readonly info: ProgramInfo;
   private readonly slots: NodeId[] = [];
   private readonly slotOf = new Map<NodeId, number>();
   private arena: DeviceBuffer | null = null;
   private readonly segmentFns: ((bufs: Uint8Array[]) => void)[] = [];
+  /** Code addresses of the segments (stream submission). */
+  private readonly segmentAddresses: bigint[] = [];
   private readonly segmentOfStep = new Map<number, number>();
+  /** Per segment: the slots it addresses (its b[j] is slot segmentSlots[k][j]) and those it writes. */
+  private readonly segmentSlots: number[][];
+  private readonly segmentWrites: Set<number>[];
 
   constructor(
     readonly graph: Graph,
@@ -77,9 +89,12 @@ export class Program {
     private readonly device: Device,
     lib: JitLibrary | null,
     segments: number[][],
+    segmentSlots: number[][],
     source: string,
     cacheHit: boolean,
+    private readonly calls: readonly OpaqueFn[] = [],
   ) {
+    this.segmentSlots = segmentSlots;
     for (const n of graph.nodes) {
       const h = schedule.home[n.id];
       if (h === "self") {
@@ -87,10 +102,12 @@ export class Program {
         this.slots.push(n.id);
       }
     }
+    this.segmentWrites = segments.map((seg) => new Set(seg.map((i) => this.slotOf.get((schedule.steps[i] as Extract<Step, { kind: "fused" }>).root)!)));
     if (lib) {
       segments.forEach((seg, i) => {
         const fn = lib.entry(`seg_${i}`);
         this.segmentFns.push((bufs) => fn(bufs));
+        this.segmentAddresses.push(lib.address(`seg_${i}`));
         this.segmentOfStep.set(seg[0]!, i);
       });
     }
@@ -112,11 +129,25 @@ export class Program {
     return s;
   }
 
-  /** Runs on inputs/params whose shapes and dtypes match the graph (compile() pads and guards). */
-  run(inputs: Tensor[], params: Tensor[]): Tensor[] {
+  /**
+   * Runs on inputs/params whose shapes and dtypes match the graph (compile() pads and guards). `dynSize`: the
+   * real size of the bucketed dim (paged attention then runs on that many tokens).
+   */
+  run(inputs: Tensor[], params: readonly ParamBinding[], dynSize: number | null = null): Tensor[] {
     const g = this.graph;
     k.flushDeferred(); // inputs may be outputs of deferred eager kernels
-    if (!this.info.jit) return interpret(g, inputs, params);
+    if (!this.info.jit) {
+      const ps = params.map((p, i) => {
+        if (p instanceof Tensor) return p;
+        const n = g.nodes.find((x) => x.op.kind === "param" && x.op.index === i)!;
+        return aliasOf(this.device, { buffer: p.buffer, dtype: n.dtype, shape: n.shape, strides: contiguousStrides(n.shape), offset: p.byteOffset / DTYPE_BYTES[n.dtype] });
+      });
+      const outs = interpret(g, inputs, ps, { calls: this.calls, dynSize });
+      ps.forEach((p, i) => {
+        if (p !== params[i] && !outs.includes(p)) p.dispose();
+      });
+      return outs;
+    }
     const temps: Tensor[] = [];
     const bound = new Map<NodeId, Bound>();
     const bindTensor = (id: NodeId, t: Tensor) => {
@@ -127,7 +158,11 @@ export class Program {
     const outputs = new Map<NodeId, Tensor>();
     for (const n of g.nodes) {
       if (n.op.kind === "input") bindTensor(n.id, inputs[n.op.index]!);
-      else if (n.op.kind === "param") bindTensor(n.id, params[n.op.index]!);
+      else if (n.op.kind === "param") {
+        const p = params[n.op.index]!;
+        if (p instanceof Tensor) bindTensor(n.id, p);
+        else bound.set(n.id, p);
+      }
     }
     for (const o of g.outputs) {
       if (outputs.has(o)) continue;
@@ -135,7 +170,7 @@ export class Program {
       outputs.set(o, t);
       bound.set(o, { buffer: t.storage.buffer, byteOffset: 0 });
     }
-    this.execute(bound);
+    this.execute(bound, dynSize);
     for (const t of temps) t.dispose();
     return g.outputs.map((o) => outputs.get(o)!);
   }
@@ -149,7 +184,7 @@ export class Program {
     const bound = new Map<NodeId, Bound>();
     for (const n of this.graph.nodes) if (n.op.kind === "param") bound.set(n.id, params[n.op.index]!);
     this.graph.outputs.forEach((o, i) => bound.set(o, outputs[i]!));
-    this.execute(bound);
+    this.execute(bound, null);
   }
 
   /** Frees the arena (a dropped cached program). */
@@ -158,16 +193,27 @@ export class Program {
     this.arena = null;
   }
 
-  private execute(bound: Map<NodeId, Bound>): void {
+  private execute(bound: Map<NodeId, Bound>, dynSize: number | null): void {
     const g = this.graph;
     if (!this.arena) this.arena = this.device.backend.allocate(this.plan.arenaBytes);
     for (const [id, off] of this.plan.offsets) if (!bound.has(id)) bound.set(id, { buffer: this.arena, byteOffset: off });
 
-    const views = (): Uint8Array[] =>
-      this.slots.map((id) => {
-        const b = bound.get(id)!;
-        return new Uint8Array(b.buffer.host!, b.byteOffset);
-      });
+    // enqueue segments on the back end's stream when it has one (never in debug mode: it runs blocking)
+    const streamed = eagerMode() !== "debug" && canStreamCall(this.device.backend);
+    const binding = (slot: number) => bound.get(this.slots[slot]!)!;
+    const runSegment = (seg: number) => {
+      const slots = this.segmentSlots[seg]!;
+      if (streamed) {
+        const written = this.segmentWrites[seg]!;
+        const buffers = slots.map((sl) => binding(sl).buffer);
+        const byteOffsets = BigInt64Array.from(slots, (sl) => BigInt(binding(sl).byteOffset));
+        const reads = buffers.filter((_, j) => !written.has(slots[j]!));
+        const writes = buffers.filter((_, j) => written.has(slots[j]!));
+        streamCall(this.device.backend, { address: this.segmentAddresses[seg]!, buffers, byteOffsets, reads, writes });
+      } else {
+        this.segmentFns[seg]!(slots.map((sl) => new Uint8Array(binding(sl).buffer.host!, binding(sl).byteOffset)));
+      }
+    };
     const view = (id: NodeId): BufferView => {
       const n = g.nodes[id]!;
       const b = bound.get(baseOf(this.schedule, g, id))!;
@@ -177,7 +223,7 @@ export class Program {
       if (step.kind === "fused") {
         const seg = this.segmentOfStep.get(i);
         if (seg !== undefined) {
-          this.segmentFns[seg]!(views());
+          runSegment(seg);
           launches++;
         }
         return;
@@ -206,6 +252,35 @@ export class Program {
           op: "rotary", x: view(op.x), positions: view(op.positions), cos, sin: view(op.sin), out: view(n.id),
           tokens: T, heads: H, headDim: D, rotaryDim: cos.shape[1]! * 2, neox: op.neox,
         }, []);
+      } else if (op.kind === "gather_rows") {
+        const table = view(op.table);
+        const ids = view(op.ids);
+        runKernel("embedding", this.device, {
+          op: "gather_rows", table, ids, out: view(n.id), numIds: numelOf(ids.shape), dim: table.shape[1]!, rows: table.shape[0]!,
+        }, []);
+      } else if (op.kind === "paged_attention") {
+        // padded tokens (beyond the real count) are left out: they never write the cache
+        const T = n.shape[0]!;
+        const rows = op.dynamicTokens && dynSize !== null ? dynSize : T;
+        const head = (v: BufferView): BufferView => (rows === T || v.shape[0] !== T ? v : { ...v, shape: [rows, ...v.shape.slice(1)] });
+        const q = head(view(op.q));
+        const kCache = view(op.kCache);
+        const blockTables = view(op.blockTables);
+        runKernel("paged_attention", this.device, {
+          op: "paged_attention", q, kNew: head(view(op.k)), vNew: head(view(op.v)), kCache, vCache: view(op.vCache),
+          slotMapping: head(view(op.slotMapping)), blockTables, queryStart: view(op.queryStart), seqLens: view(op.seqLens),
+          out: head(view(n.id)), numSeqs: numelOf(view(op.seqLens).shape), numHeads: q.shape[1]!, numKvHeads: kCache.shape[2]!,
+          headDim: q.shape[2]!, blockSize: kCache.shape[1]!, maxBlocksPerSeq: blockTables.shape[1]!, scale: op.scale, slidingWindow: op.slidingWindow,
+        }, []);
+      } else if (op.kind === "call") {
+        // eager code (data-dependent routing): reads the program's buffers through aliases, writes the node's slot
+        const ins = op.inputs.map((id) => aliasOf(this.device, view(id)));
+        const res = k.noGrad(() => this.calls[op.index]!(ins));
+        const out = aliasOf(this.device, view(n.id));
+        out.copy_(res);
+        for (const t of [...ins, res, out]) t.dispose();
+        k.flushDeferred(); // defer-and-fuse may hold the body's kernels: generated segments below read their results
+        launches++;
       } else if (op.kind === "custom") {
         const host = (id: NodeId) => {
           const v = view(id);
@@ -238,7 +313,13 @@ function unrenderable(g: Graph, s: Schedule): string | null {
  * Optimizes and builds a program. `jit`: null to run op by op, else the back end name for the cache key.
  * `identity` adds what the IR does not show (buckets) to the cache key.
  */
-export function buildProgram(graph: Graph, device: Device, jitReason: string | null, identity: string): { program: Program; fallbackReason: string | null } {
+export function buildProgram(
+  graph: Graph,
+  device: Device,
+  jitReason: string | null,
+  identity: string,
+  calls: readonly OpaqueFn[] = [],
+): { program: Program; fallbackReason: string | null } {
   const g = optimize(graph);
   const s = fuse(g);
   const isBound = (id: NodeId) => {
@@ -251,12 +332,13 @@ export function buildProgram(graph: Graph, device: Device, jitReason: string | n
   let hit = false;
   let source = "";
   let segments: number[][] = [];
+  let segmentSlots: number[][] = [];
   const slotIndex = new Map<NodeId, number>();
   g.nodes.forEach((n) => {
     if (s.home[n.id] === "self") slotIndex.set(n.id, slotIndex.size);
   });
   if (reason === null) {
-    ({ source, segments } = renderProgram({ g, s, slot: (b) => slotIndex.get(b)! }));
+    ({ source, segments, slots: segmentSlots } = renderProgram({ g, s, slot: (b) => slotIndex.get(b)! }));
     try {
       // the source is in the key too: a change to fusion or rendering must never load a stale library
       const r = getLibrary(cacheKey(serialize(g) + "\n" + identity + "\n" + source, device.backend.name), source);
@@ -266,5 +348,5 @@ export function buildProgram(graph: Graph, device: Device, jitReason: string | n
       reason = (e as Error).message;
     }
   }
-  return { program: new Program(g, s, plan, device, lib, segments, source, hit), fallbackReason: reason };
+  return { program: new Program(g, s, plan, device, lib, segments, segmentSlots, source, hit, calls), fallbackReason: reason };
 }
