@@ -72,8 +72,14 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
     runner.captureDecodeGraphs(args.maxNumSeqs ?? 256, maxModelLen, {
       onProgress: (p) => args.onProgress?.("capturing decode step graphs", p.done / p.total),
       cap: args.maxCaptureSize,
-      fuse: false,
+      fuse: true,
     });
+    const info = runner.graphs?.info;
+    if (info)
+      args.onProgress?.(
+        `decode step graphs: batch sizes ${info.buckets.join(",")}, ${info.kernels} kernels, ${info.programsCompiled} fused programs compiled + ${info.programsFromCache} from the compile cache in ${info.seconds.toFixed(1)} s`,
+        1,
+      );
   }
   const engineArgs: EngineArgs = {
     maxModelLen,

@@ -6,6 +6,7 @@
 // Prefill and mixed batches, prompt logprobs and batches above the largest bucket run eagerly.
 import type { StepGraph } from "../backends/backend.js";
 import type { CausalLM } from "../models/causal-lm.js";
+import { compileCacheStats } from "../compile/cache.js";
 import { enableDeferAndFuse } from "../compile/defer.js";
 import { flushDeferred } from "../tensor/dispatch.js";
 import { withEagerMode } from "../tensor/mode.js";
@@ -41,11 +42,24 @@ export interface CaptureProgress {
   bucket: number;
 }
 
+/** What a start-up capture did: reported by `kiln serve`, checked by tests and bench/startup. */
+export interface CaptureInfo {
+  buckets: number[];
+  /** Kernels recorded over all buckets. */
+  kernels: number;
+  /** Fused-kernel libraries built by the C compiler during the capture, and those loaded from the compile cache. */
+  programsCompiled: number;
+  programsFromCache: number;
+  compileMs: number;
+  seconds: number;
+}
+
 export class DecodeGraphs {
   private readonly buckets: Bucket[] = [];
   /** Steps served by a replay, and those of them sampled on the device (for tests and stats). */
   replays = 0;
   deviceSampled = 0;
+  info: CaptureInfo | null = null;
 
   private readonly vocabSize: number;
   private readonly numBlocks: number;
@@ -82,6 +96,8 @@ export class DecodeGraphs {
     const graphs = new DecodeGraphs(model, kvCaches, maxBlocksPerSeq);
     const onProgress = options.onProgress;
     if (options.fuse === true) enableDeferAndFuse({ setMode: false });
+    const t0 = performance.now();
+    const before = compileCacheStats();
     try {
       buckets.forEach((size, i) => {
         graphs.buckets.push(graphs.captureOne(size, kvCaches, options.fuse === true));
@@ -91,6 +107,15 @@ export class DecodeGraphs {
       graphs.dispose();
       throw e;
     }
+    const after = compileCacheStats();
+    graphs.info = {
+      buckets: [...buckets],
+      kernels: graphs.buckets.reduce((a, b) => a + b.graph.kernels, 0),
+      programsCompiled: after.misses - before.misses,
+      programsFromCache: after.hits - before.hits,
+      compileMs: after.compileMs - before.compileMs,
+      seconds: (performance.now() - t0) / 1000,
+    };
     return graphs;
   }
 
@@ -187,6 +212,13 @@ export class DecodeGraphs {
       return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, n) }) };
     }
     return { wait: () => ({ logits: (b.logits.dataSync() as Float32Array).slice(0, n * V) }) };
+  }
+
+  /** Bytes the graphs pin (CpuStepGraph.pinnedBytes), summed: buffers every graph uses (weights, KV caches) count once per graph. */
+  get pinnedBytes(): number {
+    let n = 0;
+    for (const b of this.buckets) n += (b.graph as { pinnedBytes?: number }).pinnedBytes ?? 0;
+    return n;
   }
 
   dispose(): void {
