@@ -1,10 +1,11 @@
 // Benchmark models shared by the benches: a BPE tokenizer trained on Brown and random Llama models of real
 // shapes (SmolLM-135M, Llama-3.2-1B), written once under <tmpdir>/kiln-bench-models and reused; plus GGUF
-// exports of them for llama.cpp comparisons.
+// exports of them for llama.cpp comparisons. Writing and exporting stream tensor by tensor, so the 1B model
+// (5 GB in f32) never sits in memory whole.
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { exportGguf, initModel, PRESETS } from "../src/models/init-model.js";
+import { exportGguf, initModel, PRESETS, type GgufExportType } from "../src/models/init-model.js";
 import { loadCorpus } from "../src/train/corpus.js";
 import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
 
@@ -57,7 +58,7 @@ export function benchModelDir(dtype: "float32" | "bfloat16", preset = "smollm-13
 }
 
 /** Exports (once) a bench model to GGUF of the given type next to it; returns the file. */
-export function benchGguf(dir: string, type: "F32" | "F16" | "Q8_0"): string {
+export function benchGguf(dir: string, type: GgufExportType): string {
   const file = path.join(dir, `model-${type}.gguf`);
   if (!fs.existsSync(file)) {
     process.stdout.write(`exporting ${path.basename(dir)} to GGUF ${type}... `);

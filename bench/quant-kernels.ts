@@ -1,8 +1,8 @@
-// Quantized kernel roofline bench: int8 / int4 / fp8 weight GEMV/GEMM (native/quant-impl.inc) next to bf16 on the
+// Quantized kernel roofline bench: int8 / int4 / fp8 / int8_g32 (Q8_0) weight GEMV/GEMM (native/quant-impl.inc) next to bf16 on the
 // same shapes, 1 and 2 threads, against this run's read bandwidth (re-probed per row: neighbours' load drifts).
 // Usage: node dist/bench/quant-kernels.js   (KILN_NATIVE_ISA=scalar to bench the portable path)
 import { loadNativeKernels } from "../src/backends/cpu/native.js";
-import { QUANT_SCHEME_CODE, quantDataBytes, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
+import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
 import { timeIt } from "./timing.js";
 
@@ -31,12 +31,12 @@ for (const c of cases) {
     k.setNumThreads(t);
     const bfMs = timeIt(() => k.matmul(x, bf, out, c.M, c.N, c.K, true, 1, 1, 0, 0, 0));
     const rows: [string, number, number][] = [["bf16", bfMs, bf.byteLength]];
-    for (const scheme of ["int8", "int4", "fp8"] as QuantScheme[]) {
+    for (const scheme of (["int8", "int4", "fp8", "int8_g32"] as QuantScheme[]).filter((s) => nativeTakesScheme(k, s) && (!isGroupScheme(s) || c.K % 64 === 0))) {
       const data = new Uint8Array(quantDataBytes(scheme, c.N, c.K));
       const ns = quantScaleCount(scheme, c.N, c.K);
-      const scales = scheme === "int4" ? new Uint16Array(ns) : new Float32Array(ns);
+      const scales = isGroupScheme(scheme) ? new Uint16Array(ns) : new Float32Array(ns);
       const rs = new Int32Array(c.N);
-      const code = QUANT_SCHEME_CODE[scheme];
+      const code = nativeQuantCode(scheme);
       k.quantizeWeights(w, c.N, c.K, code, data, scales, rs);
       const ms = timeIt(() => k.quantMatmul(x, data, scales, rs, out, c.M, c.N, c.K, code));
       rows.push([scheme, ms, data.byteLength + scales.byteLength + (scheme === "int8" ? rs.byteLength : 0)]);

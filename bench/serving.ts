@@ -3,12 +3,16 @@
 // requests. Decode is timed apart from prefill: each run is repeated with max_tokens = 1, and decode time is the
 // difference (so it starts when every request has prefilled). Next to each figure: the bandwidth roofline
 // (this run's measured read bandwidth / weight bytes read per decode step) and llama.cpp (node-llama-cpp, CPU)
-// on a GGUF export of the same weights (f32 -> F32, bf16 -> F16, int8 -> Q8_0; int4 has no pair here).
-// Usage: npm run bench [-- --models smollm,1b] [--formats f32,bf16,int8,int4] [--conc 8,32] [--decode 32]
-//                      [--no-llama-cpp] [--threads 2]
+// on a GGUF export of the same weights (f32 -> F32, bf16 -> BF16, int8 -> Q8_0, int4 -> Q4_0). The int4 and int8
+// rows are one file for both engines: Kiln loads the Q4_0 / Q8_0 export straight into its int4 / int8_g32 kernels
+// (no dequantization; token_embd's blocks serve the tied LM head too), so both run bit-identical weights. With an
+// addon that lacks int8_g32, Kiln's int8 row falls back to per-row int8 (--quantization int8; close, not identical).
+// Usage: npm run bench [-- --model smollm|1b] [--models smollm,1b] [--formats f32,bf16,int8,int4] [--conc 8,32]
+//                      [--decode 32] [--prefill 512] [--no-llama-cpp] [--no-accuracy] [--threads 2]
 import * as os from "node:os";
 import * as path from "node:path";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
+import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { LLM } from "../src/engine/llm-engine.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
 import { DTYPE_BYTES } from "../src/backends/dtype.js";
@@ -16,9 +20,9 @@ import { Linear } from "../src/nn/layers.js";
 import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
 import { quantizedShadowOf } from "../src/tensor/ops/linalg.js";
 import type { CausalLM } from "../src/models/causal-lm.js";
+import type { GgufExportType } from "../src/models/init-model.js";
 import { benchGguf, benchModelDir, TOKENIZER_VOCAB } from "./bench-models.js";
 
-const PREFILL_LEN = 512;
 const DECODE_PROMPT_LEN = 16;
 
 function option(name: string, fallback: string): string {
@@ -26,10 +30,11 @@ function option(name: string, fallback: string): string {
   return i >= 0 ? process.argv[i + 1]! : fallback;
 }
 const flag = (name: string) => process.argv.includes(name);
+const PREFILL_LEN = Number(option("--prefill", "512")); // one prompt of this many tokens (small for smoke runs)
 
 type Format = "f32" | "bf16" | "int8" | "int4";
 const PRESETS: Record<string, string> = { smollm: "smollm-135m", "1b": "llama-1b" };
-const GGUF_PAIR: Partial<Record<Format, "F32" | "F16" | "Q8_0">> = { f32: "F32", bf16: "F16", int8: "Q8_0" };
+const GGUF_PAIR: Record<Format, GgufExportType> = { f32: "F32", bf16: "BF16", int8: "Q8_0", int4: "Q4_0" };
 
 function prompts(n: number, len: number, seed: number): number[][] {
   let s = seed >>> 0;
@@ -140,43 +145,51 @@ async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: numb
   }
 }
 
-/**
- * Accuracy vs f32 on the same weights: teacher-forced greedy agreement (at each position of f32's greedy
- * continuation, does the quantized model pick the same next token?) and the error of the log-probability it gives
- * f32's token (|logprob_q - logprob_f32|, logits minus logsumexp) over the positions where it is in its top 20.
- */
-function accuracy(f32: LLM, q: LLM, n = 4, len = 24): { agree: number; meanLp: number; maxLp: number } {
+/** f32's greedy continuations of fixed prompts, and at every position the log-probability f32 gives its token. */
+interface F32Reference {
+  prefixes: number[][];
+  want: { token: number; lp: number | undefined }[];
+}
+function f32Reference(f32: LLM, n = 4, len = 24): F32Reference {
   const ps = prompts(n, 32, 4242);
   const ref = f32.generate(ps.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens: len, ignoreEos: true });
   const prefixes: number[][] = [];
-  const want: { token: number; lp: number }[] = [];
+  const tokens: number[] = [];
   ref.forEach((o, i) => {
     const ids = o.outputs[0]!.tokenIds;
     ids.forEach((t, j) => {
       prefixes.push([...ps[i]!, ...ids.slice(0, j)]);
-      want.push({ token: t, lp: NaN });
+      tokens.push(t);
     });
   });
-  const params = { temperature: 0, maxTokens: 1, logprobs: 20 };
-  const refLp = f32.generate(prefixes.map((promptTokenIds) => ({ promptTokenIds })), params);
-  const got = q.generate(prefixes.map((promptTokenIds) => ({ promptTokenIds })), params);
+  const refLp = f32.generate(prefixes.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens: 1, logprobs: 20 });
+  return { prefixes, want: tokens.map((token, i) => ({ token, lp: refLp[i]!.outputs[0]!.logprobs?.[0]?.get(token)?.logprob })) };
+}
+
+/**
+ * Accuracy vs f32 on the same weights: teacher-forced greedy agreement (at each position of f32's greedy
+ * continuation, does the quantized model pick the same next token?) and the error of the log-probability it gives
+ * f32's token (|logprob_q - logprob_f32|, logits minus logsumexp) over the positions where it is in its top 20.
+ * The f32 reference is computed once, so the f32 model need not stay resident (a 1B f32 model is 5 GB).
+ */
+function accuracy(ref: F32Reference, q: LLM): { agree: number; meanLp: number; maxLp: number } {
+  const got = q.generate(ref.prefixes.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens: 1, logprobs: 20 });
   let agree = 0, sum = 0, count = 0, max = 0;
   got.forEach((o, i) => {
-    const w = want[i]!;
+    const w = ref.want[i]!;
     if (o.outputs[0]!.tokenIds[0] === w.token) agree++;
-    const a = refLp[i]!.outputs[0]!.logprobs?.[0]?.get(w.token)?.logprob;
     const b = o.outputs[0]!.logprobs?.[0]?.get(w.token)?.logprob;
-    if (a === undefined || b === undefined) return;
-    const e = Math.abs(a - b);
+    if (w.lp === undefined || b === undefined) return;
+    const e = Math.abs(w.lp - b);
     sum += e;
     count++;
     max = Math.max(max, e);
   });
-  return { agree: agree / want.length, meanLp: count ? sum / count : NaN, maxLp: max };
+  return { agree: agree / ref.want.length, meanLp: count ? sum / count : NaN, maxLp: max };
 }
 
 async function main(): Promise<void> {
-  const models = option("--models", "smollm").split(",");
+  const models = option("--models", option("--model", "smollm")).split(",");
   const formats = option("--formats", "f32,bf16,int8,int4").split(",") as Format[];
   const concs = option("--conc", "8,32").split(",").map(Number);
   const decodeTokens = Number(option("--decode", "32"));
@@ -192,31 +205,40 @@ async function main(): Promise<void> {
   for (const key of models) {
     const preset = PRESETS[key] ?? key;
     const lines: string[] = [];
-    let f32Llm: LLM | null = null;
+    const quantized = (f: Format) => f === "int8" || f === "int4";
+    const withAccuracy = !flag("--no-accuracy") && formats.some(quantized);
+    let reference: F32Reference | null = null;
+    const engineOptions = { maxModelLen: 1024, maxNumSeqs: 128, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20 };
     for (const format of formats) {
+      (globalThis as { gc?: () => void }).gc?.(); // with node --expose-gc: free the previous format's model now
       const dir = benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset);
       const maxC = Math.max(1, ...concs);
+      // without an f32 row first, the reference comes from a transient f32 model (dropped before this one loads)
+      if (withAccuracy && !reference && quantized(format)) reference = f32Reference(new LLM({ model: benchModelDir("float32", preset), ...engineOptions }));
+      // int4 / int8: the Q4_0 / Q8_0 GGUF llama.cpp reads (linears and the tied head stay quantized, as loaded)
+      const sameFile = format === "int4" || (format === "int8" && nativeTakesScheme(native, "int8_g32"));
+      const model = sameFile ? benchGguf(benchModelDir("float32", preset), GGUF_PAIR[format]) : dir;
       const setup = createServingSetupSync({
-        model: dir, quantization: format === "int8" || format === "int4" ? format : null, maxModelLen: 1024, maxNumSeqs: maxC,
+        model, quantization: format === "int8" && !sameFile ? format : null, maxModelLen: 1024, maxNumSeqs: maxC,
         maxNumBatchedTokens: 1024, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20,
       });
       const llm = new LLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
       const bytes = decodeBytes(setup.loaded.model);
-      if (format === "f32") f32Llm = llm;
-      if (!flag("--no-accuracy") && format !== "f32" && format !== "bf16") {
-        f32Llm ??= new LLM({ model: benchModelDir("float32", preset), maxModelLen: 1024, maxNumSeqs: 128, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20 });
-        const a = accuracy(f32Llm, llm);
+      if (withAccuracy && !reference && format === "f32") reference = f32Reference(llm);
+      if (reference && quantized(format)) {
+        const a = accuracy(reference, llm);
         lines.push(`${format.padEnd(5)} accuracy vs f32: teacher-forced greedy agreement ${(100 * a.agree).toFixed(1)}%, |logprob error| of f32's token mean ${a.meanLp.toFixed(4)} max ${a.maxLp.toFixed(4)}`);
         console.log(lines.at(-1));
       }
       const kiln = kilnFigures(llm, concs, decodeTokens);
+      const kilnWeights = sameFile ? `${setup.loaded.quantization} from the ${GGUF_PAIR[format]} file` : (setup.loaded.quantization ?? format);
       const pair = GGUF_PAIR[format];
-      const lc = pair && !flag("--no-llama-cpp") ? await llamaCppFigures(benchGguf(benchModelDir("float32", preset), pair), concs, decodeTokens, threads) : "no GGUF pair";
+      const lc = flag("--no-llama-cpp") ? "skipped (--no-llama-cpp)" : await llamaCppFigures(benchGguf(benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset), pair), concs, decodeTokens, threads);
       const roof = (bandwidth * 1e9) / bytes;
       const ratio = (a: number, b: number | undefined) => (b ? `${(a / b).toFixed(2)}x` : "-");
       const lcf = typeof lc === "string" ? null : lc;
       lines.push(
-        `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB | prefill ${kiln.prefill.toFixed(0).padStart(6)} tok/s (llama.cpp${pair ? " " + pair : ""} ${lcf ? lcf.prefill.toFixed(0) : "-"}, ${ratio(kiln.prefill, lcf?.prefill)})`,
+        `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${kiln.prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcf ? lcf.prefill.toFixed(0) : "-"}, ${ratio(kiln.prefill, lcf?.prefill)})`,
       );
       for (const [c, tps] of kiln.decode) {
         const extra = c === 1 ? ` roofline ${roof.toFixed(1)} tok/s (${((100 * tps) / roof).toFixed(0)}%)` : ` (${(tps / roof).toFixed(2)}x single-stream roofline)`;

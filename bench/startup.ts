@@ -29,7 +29,7 @@ interface Run {
 
 async function startToFirstToken(label: string, model: string, cacheDir: string, extra: string[]): Promise<Run> {
   const t0 = performance.now();
-  const child = spawn(process.execPath, [path.join(root, "bin/kiln"), "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", ...extra], {
+  const child = spawn(process.execPath, [path.join(root, "bin/kiln"), "serve", model, "--host", "127.0.0.1", "--port", "0", ...extra], {
     env: { ...process.env, KILN_CACHE_DIR: cacheDir },
     stdio: ["ignore", "pipe", "pipe"],
   });
@@ -41,7 +41,7 @@ async function startToFirstToken(label: string, model: string, cacheDir: string,
       child.stdout.on("data", (d: Buffer) => {
         out += d.toString();
         const m = /(http:\/\/[^\s]+)/.exec(out);
-        if (m) resolve(m[1]!.replace(/\/+$/, ""));
+        if (m) resolve(m[1]!.replace(/\/+$/, "").replace(/\/v1$/, ""));
       });
       child.on("exit", (code) => reject(new Error(`kiln serve exited with ${code}: ${stderr.slice(-2000)}`)));
     });
@@ -63,8 +63,11 @@ async function startToFirstToken(label: string, model: string, cacheDir: string,
     }
     return { label, readySeconds, firstTokenSeconds };
   } finally {
-    child.kill("SIGTERM");
-    await new Promise((r) => child.once("exit", r));
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGTERM");
+      await exited;
+    }
   }
 }
 

@@ -161,12 +161,13 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
   const char* op = "quantMatmul";
   const int64_t M = integer(info, 5, op, "M"), N = integer(info, 6, op, "N"), K = integer(info, 7, op, "K");
   const int64_t scheme = integer(info, 8, op, "scheme");
-  if (scheme > 2) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4) or 2 (fp8)");
-  if (scheme == kQuantInt4 && K % 64 != 0) fail(info.Env(), op, "int4 needs K to be a multiple of 64");
+  if (scheme > 3) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8) or 3 (int8 group-32)");
+  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;  // f16 scales per 32, K % 64 == 0
+  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4 and int8 group-32 need K to be a multiple of 64");
   QuantMatmulArgs a{};
   a.x = array<float>(info, 0, M * K, op, "x");
   a.w = array<uint8_t>(info, 1, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "w");
-  a.scales = scheme == kQuantInt4 ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
+  a.scales = grouped ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
                                   : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
   a.out = array<float>(info, 4, M * N, op, "out");
@@ -179,11 +180,12 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
 Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const char* op = "quantizeWeights";
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
-  if (scheme > 2) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4) or 2 (fp8)");
-  if (scheme == kQuantInt4 && K % 64 != 0) fail(info.Env(), op, "int4 needs K to be a multiple of 64");
+  if (scheme > 3) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8) or 3 (int8 group-32)");
+  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;
+  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4 and int8 group-32 need K to be a multiple of 64");
   const float* w = array<float>(info, 0, N * K, op, "w");
   uint8_t* data = array<uint8_t>(info, 4, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "data");
-  void* scales = scheme == kQuantInt4 ? static_cast<void*>(array<uint16_t>(info, 5, N * K / 32, op, "scales"))
+  void* scales = grouped ? static_cast<void*>(array<uint16_t>(info, 5, N * K / 32, op, "scales"))
                                       : static_cast<void*>(array<float>(info, 5, N, op, "scales"));
   int32_t* rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 6, N, op, "rowSums") : nullptr;
   const int sch = static_cast<int>(scheme);

@@ -6,17 +6,19 @@
 //         element 64c+j in its low nibble and 64c+32+j in its high nibble, as q+8 (q in [-8, 7]);
 //         scales f16 [N][K/32] (one per group of 32). K must be a multiple of 64.
 //   fp8:  data e4m3fn [N][K], scales f32 [N].
+//   int8 group-32 (GGUF Q8_0's blocks, scales and codes side by side): data int8 [N][K], scales f16 [N][K/32]
+//         (w = q * scale of its group of 32). K must be a multiple of 64.
 #pragma once
 #include <cstdint>
 
 namespace kiln {
 
-enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2 };
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3 };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
   const void* w;           // see the layouts above
-  const void* scales;      // f32 [N] (int8, fp8) or f16 [N][K/32] (int4)
+  const void* scales;      // f32 [N] (int8, fp8) or f16 [N][K/32] (int4, int8 group-32)
   const int32_t* rowSums;  // int8 only: [N]
   float* out;              // [M, N]
   int64_t M, N, K;

@@ -33,7 +33,8 @@ export type BinaryOp =
   | "eq" | "ne" | "lt" | "le" | "gt" | "ge" | "logical_and" | "logical_or";
 
 /** Weight-only quantization schemes of quant_matmul (vLLM's --quantization names map onto these). */
-export type QuantScheme = "int8" | "int4" | "fp8";
+// int8_g32: group-32 int8 with f16 scales (GGUF Q8_0's blocks, loaded without dequantizing); not an on-load option.
+export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32";
 
 export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
 

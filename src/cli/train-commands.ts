@@ -6,7 +6,7 @@ import type { Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadTrainConfig } from "../train/train-config.js";
 import { runRecipe } from "../train/recipe.js";
-import { exportGguf, initModel, PRESETS } from "../models/init-model.js";
+import { exportGguf, GGUF_EXPORT_TYPES, initModel, PRESETS, type GgufExportType } from "../models/init-model.js";
 import { SUPPORTED_ARCHITECTURES, type Architecture } from "../models/hf-config.js";
 import { CliUsageError } from "./serve-args.js";
 import { DEFAULT_MODEL_DIR } from "./engine-factory.js";
@@ -106,10 +106,10 @@ export function registerTrainCommands(program: Command): void {
     .description("convert a Hugging Face model directory to GGUF (for llama.cpp)")
     .argument("<model-dir>", "Hugging Face model directory")
     .requiredOption("--out <file.gguf>", "output GGUF file")
-    .option("--outtype <type>", "F32, F16 or Q8_0", "F32")
+    .option("--outtype <type>", GGUF_EXPORT_TYPES.join(", "), "F32")
     .action((dir: string, opts: { out: string; outtype: string }) => {
-      const t = opts.outtype.toUpperCase();
-      if (t !== "F32" && t !== "F16" && t !== "Q8_0") throw new CliUsageError("--outtype must be F32, F16 or Q8_0");
+      const t = opts.outtype.toUpperCase() as GgufExportType;
+      if (!GGUF_EXPORT_TYPES.includes(t)) throw new CliUsageError(`--outtype must be one of ${GGUF_EXPORT_TYPES.join(", ")}`);
       exportGguf(dir, opts.out, t);
       console.log(`wrote ${opts.out}`);
     });

@@ -4,7 +4,7 @@
 import type { CausalLM } from "../models/causal-lm.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
-import { DecodeGraphs, decodeBuckets, type CaptureProgress } from "./step-graphs.js";
+import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
 import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 
 export interface KvCacheSpec {
@@ -23,9 +23,9 @@ export class PagedModelRunner implements ModelRunner {
   /** Bytes of K+V cache per block (float32 cache). */
   readonly bytesPerBlock: number;
   private readonly kvCaches: { k: Tensor; v: Tensor }[] = [];
-  /** Captured decode graphs (captureDecodeGraphs), or null: every step runs eagerly. */
-  graphs: DecodeGraphs | null = null;
-  /** Why the last captureDecodeGraphs() fell back to eager execution, or null. */
+  /** Captured step graphs (captureStepGraphs), or null: every step runs eagerly. */
+  graphs: StepGraphs | null = null;
+  /** Why the last captureStepGraphs() fell back to eager execution, or null. */
   captureFailure: string | null = null;
 
   constructor(
@@ -46,20 +46,16 @@ export class PagedModelRunner implements ModelRunner {
   }
 
   /**
-   * Captures the decode forward once per batch-size bucket (see step-graphs.ts). Returns false, capturing
-   * nothing, when the device cannot capture.
+   * Captures the forward once per decode and mixed bucket (see step-graphs.ts). Returns false, capturing
+   * nothing, when the device or the model cannot capture.
    */
-  captureDecodeGraphs(
-    maxNumSeqs: number,
-    maxModelLen: number,
-    options: { onProgress?: (p: CaptureProgress) => void; cap?: number; fuse?: boolean } = {},
-  ): boolean {
-    if (!DecodeGraphs.supported(this.model)) return false;
+  captureStepGraphs(maxModelLen: number, options: Omit<StepGraphOptions, "onProgress"> & { onProgress?: (p: CaptureProgress) => void }): boolean {
+    if (!StepGraphs.supported(this.model)) return false;
     this.graphs?.dispose();
     this.graphs = null;
     const maxBlocks = Math.ceil(maxModelLen / this.spec.blockSize);
     try {
-      this.graphs = DecodeGraphs.capture(this.model, this.kvCaches, decodeBuckets(maxNumSeqs, options.cap), maxBlocks, options);
+      this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, options);
     } catch (e) {
       // e.g. MoE routing reads the router's choice on the host: such a model runs eagerly, as vLLM falls back
       // when a model cannot be captured.
@@ -76,7 +72,7 @@ export class PagedModelRunner implements ModelRunner {
    * device's stream while this returns); wait() reads the logits back.
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
-    if (this.graphs !== null && this.graphs.bucketFor(batch) !== null) {
+    if (this.graphs !== null && this.graphs.canRun(batch)) {
       const pending = this.graphs.launch(batch);
       return { wait: () => ({ ...pending.wait(), promptLogits: new Map() }) };
     }

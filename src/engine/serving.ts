@@ -5,6 +5,7 @@ import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel } from "../m
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs } from "./engine-core.js";
 import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
+import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
 export interface ServingArgs {
@@ -25,8 +26,10 @@ export interface ServingArgs {
   schedulingPolicy?: "fcfs" | "priority";
   /** Skip capturing the decode step graphs at start-up: every step runs op by op (vLLM's --enforce-eager). */
   enforceEager?: boolean;
-  /** Largest decode batch captured as a step graph (vLLM's max_cudagraph_capture_size); default min(maxNumSeqs, 32). */
+  /** Largest decode batch captured as a step graph; default min(maxNumSeqs, 32). */
   maxCaptureSize?: number;
+  /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
+  maxCaptureTokens?: number;
   revision?: string;
   onProgress?: (stage: string, fraction: number) => void;
 }
@@ -67,17 +70,21 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
   const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });
   args.onProgress?.("sizing KV cache", 1);
+  const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));
   if (args.enforceEager !== true) {
-    args.onProgress?.("capturing decode step graphs", 0);
-    runner.captureDecodeGraphs(args.maxNumSeqs ?? 256, maxModelLen, {
-      onProgress: (p) => args.onProgress?.("capturing decode step graphs", p.done / p.total),
-      cap: args.maxCaptureSize,
+    const stage = "compiling step graphs";
+    args.onProgress?.(stage, 0);
+    runner.captureStepGraphs(maxModelLen, {
+      decodeBuckets: decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize),
+      mixedBuckets: mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens),
+      onProgress: (p) => args.onProgress?.(stage, p.done / p.total),
       fuse: true,
     });
     const info = runner.graphs?.info;
     if (info)
       args.onProgress?.(
-        `decode step graphs: batch sizes ${info.buckets.join(",")}, ${info.kernels} kernels, ${info.programsCompiled} fused programs compiled + ${info.programsFromCache} from the compile cache in ${info.seconds.toFixed(1)} s`,
+        `step graphs: decode batch sizes ${info.decodeBuckets.join(",")}, mixed token counts ${info.mixedBuckets.join(",") || "none"}; ` +
+          `${info.kernels} kernels, ${info.programsCompiled} fused programs compiled + ${info.programsFromCache} from the compile cache in ${info.seconds.toFixed(1)} s`,
         1,
       );
   }
@@ -86,7 +93,7 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
     numGpuBlocks: numBlocks,
     blockSize,
     maxNumSeqs: args.maxNumSeqs,
-    maxNumBatchedTokens: args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192)),
+    maxNumBatchedTokens,
     enablePrefixCaching: args.enablePrefixCaching ?? true,
     seed: args.seed,
     schedulingPolicy: args.schedulingPolicy,

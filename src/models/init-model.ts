@@ -4,7 +4,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { f32ToBf16 } from "./formats/dtype-convert.js";
 import { mulberry32 } from "../util/random.js";
-import { readSafetensors, writeSafetensors, type SafetensorsWriteTensor } from "./formats/safetensors.js";
+import { readSafetensors, writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
 import { hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
@@ -95,16 +95,18 @@ export function initModel(out: string, options: InitModelOptions): Json {
   const model = new CausalLM(cfg, { family: FAMILIES[cfg.architecture] });
   const normal = normalStream(options.seed ?? 0);
   const std = options.std ?? 0.02;
-  const tensors: SafetensorsWriteTensor[] = model.namedParameters().map(([name, t]) => {
+  // values are drawn when each tensor is written, in parameter order (a 1B model never sits in memory at once)
+  const tensors: SafetensorsLazyTensor[] = model.namedParameters().map(([name, t]) => {
     const n = t.numel;
-    const v = new Float32Array(n);
-    // norms start at 1 (as HF initialises them); everything else, biases included, is N(0, std)
-    if (name.endsWith("norm.weight")) v.fill(1);
-    else for (let i = 0; i < n; i++) v[i] = normal() * std;
     const keepF32 = name.endsWith("norm.weight") || name.endsWith(".bias") || dtype === "float32";
-    return keepF32
-      ? { name, dtype: "F32" as const, shape: [...t.shape], data: v }
-      : { name, dtype: "BF16" as const, shape: [...t.shape], data: f32ToBf16(v) };
+    const values = () => {
+      const v = new Float32Array(n);
+      // norms start at 1 (as HF initialises them); everything else, biases included, is N(0, std)
+      if (name.endsWith("norm.weight")) v.fill(1);
+      else for (let i = 0; i < n; i++) v[i] = normal() * std;
+      return keepF32 ? v : f32ToBf16(v);
+    };
+    return { name, dtype: keepF32 ? ("F32" as const) : ("BF16" as const), shape: [...t.shape], data: values };
   });
   for (const [, t] of model.namedParameters()) t.dispose();
   fs.mkdirSync(out, { recursive: true });
@@ -132,11 +134,18 @@ function tokenId(tok: Json, content: string): number | null {
   return vocab && !Array.isArray(vocab) && content in vocab ? vocab[content]! : null;
 }
 
+/** GGUF tensor types exportGguf writes (`kiln convert --outtype`). */
+export const GGUF_EXPORT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0"] as const;
+export type GgufExportType = (typeof GGUF_EXPORT_TYPES)[number];
+
 /**
  * Exports an HF model directory (safetensors + byte-level BPE tokenizer) to one GGUF file that llama.cpp loads.
- * Q/K rows are permuted for llama-arch as convert_hf_to_gguf does.
+ * Q/K rows are permuted for llama-arch as convert_hf_to_gguf does. `type` applies to every matrix (token_embd
+ * too); 1-d tensors stay F32, and so do matrices whose rows are not whole 32-element blocks. Q4_0 rounds as
+ * llama.cpp's quantize_row_q4_0_ref, which is also what `--quantization int4` computes, so a Q4_0 export holds
+ * exactly the int4 weights Kiln runs. Tensors are read and encoded one at a time.
  */
-export function exportGguf(dir: string, outFile: string, type: "F32" | "F16" | "Q8_0" = "F32"): void {
+export function exportGguf(dir: string, outFile: string, type: GgufExportType = "F32"): void {
   const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Json;
   const cfg = parseHfConfig(config);
   const tokJson = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8")) as Json;
@@ -145,35 +154,39 @@ export function exportGguf(dir: string, outFile: string, type: "F32" | "F16" | "
   const metadata = { ...hfConfigToGgufMetadata(config), ...tokenizerJsonToGgufMetadata(tokJson, tokCfg) };
   const st = readSafetensors(path.join(dir, "model.safetensors"));
   const permutes = cfg.architecture === "LlamaForCausalLM" || cfg.architecture === "MistralForCausalLM" || cfg.architecture === "MixtralForCausalLM";
-  const stacked = new Map<string, { shape: number[]; parts: Float32Array[] }>();
+  const load = (name: string, rows: number): Float32Array => {
+    const data = st.loadAsFloat32(name);
+    if (!permutes || !/self_attn\.(q|k)_proj\.weight$/.test(name)) return data;
+    return permuteQK(data, rows, cfg.numAttentionHeads, name.includes("k_proj") ? cfg.numKeyValueHeads : undefined);
+  };
+  // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them; so do rows of partial blocks
+  const typeFor = (shape: readonly number[]): GgufExportType => (shape.length === 1 || (type.startsWith("Q") && shape.at(-1)! % 32 !== 0) ? "F32" : type);
+  // (BF16 of a bfloat16 checkpoint is lossless: its values come back through f32 unchanged)
+  const stacked = new Map<string, { shape: number[]; parts: string[] }>();
   const tensors: GgufWriteTensor[] = [];
   try {
     for (const info of st.tensors) {
       const m = hfToGgufTensorName(info.name);
       if (!m) throw new ModelLoadError(`${dir}: tensor ${info.name} has no GGUF name`);
-      let data = st.loadAsFloat32(info.name);
-      if (permutes && /self_attn\.(q|k)_proj\.weight$/.test(info.name)) {
-        const isK = info.name.includes("k_proj");
-        data = permuteQK(data, info.shape[0]!, cfg.numAttentionHeads, isK ? cfg.numKeyValueHeads : undefined);
-      }
-      // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them
-      const tType = info.shape.length === 1 ? "F32" : type;
       if (m.expert !== undefined) {
         const s = stacked.get(m.name) ?? { shape: info.shape, parts: [] };
-        s.parts[m.expert] = data;
+        s.parts[m.expert] = info.name;
         stacked.set(m.name, s);
         continue;
       }
-      tensors.push({ name: m.name, shape: info.shape, type: tType, data });
+      tensors.push({ name: m.name, shape: info.shape, type: typeFor(info.shape), load: () => load(info.name, info.shape[0]!) });
     }
     for (const [name, s] of stacked) {
-      const per = s.parts[0]!.length;
-      const all = new Float32Array(per * s.parts.length);
-      s.parts.forEach((p, e) => all.set(p, e * per));
-      tensors.push({ name, shape: [s.parts.length, ...s.shape], type, data: all });
+      const per = s.shape.reduce((a, b) => a * b, 1);
+      const all = () => {
+        const out = new Float32Array(per * s.parts.length);
+        s.parts.forEach((p, e) => out.set(load(p, s.shape[0]!), e * per));
+        return out;
+      };
+      tensors.push({ name, shape: [s.parts.length, ...s.shape], type: typeFor(s.shape), load: all });
     }
+    writeGguf(outFile, metadata, tensors);
   } finally {
     st.close();
   }
-  writeGguf(outFile, metadata, tensors);
 }

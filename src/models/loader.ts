@@ -6,6 +6,7 @@ import type { DType } from "../backends/dtype.js";
 import type { QuantScheme } from "../backends/backend.js";
 import { KilnError, UnsupportedError } from "../util/errors.js";
 import { fromBytes, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
+import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { inspectModelDir } from "./model-dir.js";
@@ -14,7 +15,12 @@ import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.j
 import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
-import { defaultQuantFilter, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
+import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
+import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
+import { Linear } from "../nn/layers.js";
+import { fitsGroupKernels, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
+import { tryLoadNativeKernels } from "../backends/cpu/native.js";
+import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 
 export class ModelLoadError extends KilnError {
@@ -47,13 +53,20 @@ export interface LoadOptions {
    * (as llama.cpp's Q8_0/Q4_0 exports do). Default true; false keeps it in the model dtype, as vLLM does.
    */
   quantizeLmHead?: boolean;
+  /**
+   * GGUF Q4_0 / Q8_0 tensors of linear layers (and of a tied LM head) load straight into the int4 / int8_g32
+   * kernels' layouts, bit for bit, as llama.cpp runs them. Default true; false dequantizes every tensor.
+   */
+  ggufKeepQuantized?: boolean;
   /** Progress callback: (stage, fraction in [0, 1]). */
   onProgress?: (stage: string, fraction: number) => void;
+  /** Notes about how weights were loaded (e.g. a quantized tensor that had to be dequantized); default console.warn. */
+  onNote?: (message: string) => void;
 }
 
 export interface LoadedModel {
   model: CausalLM;
-  /** Weight quantization applied on load (null: none). */
+  /** Weight quantization applied on load, or kept from a quantized GGUF (null: none). */
   quantization?: QuantScheme | null;
   config: ModelConfig;
   tokenizer: Tokenizer;
@@ -97,7 +110,7 @@ export function resolveQuantization(arg: string | null | undefined): QuantScheme
 /** Applies --quantization to a loaded model in place. */
 function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedModel {
   const scheme = resolveQuantization(options.quantization);
-  if (!scheme) return { ...loaded, quantization: null };
+  if (!scheme) return { ...loaded, quantization: loaded.quantization ?? null };
   const headScheme: QuantScheme = scheme === "fp8" ? "fp8" : "int8";
   const withHead = options.quantizeLmHead ?? true;
   quantizeLinears(loaded.model, scheme, {
@@ -187,15 +200,23 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture] });
     const wanted = new Set(model.namedParameters().map(([n]) => n));
     const loaded = new Set<string>();
+    const direct = directQuantLoader(model, options);
+    const tiedHead = config.tieWordEmbeddings && !g.get("output.weight");
     g.tensors.forEach((info, i) => {
       const hfName = ggufToHfTensorName(info.name, family);
       if (hfName === null) return; // e.g. rope_freqs: recomputed from the config
-      let data = g.loadAsFloat32(info.name);
       const rows = info.shape[0]!;
-      if (ggufArchPermutesQK(arch) && /self_attn\.(q|k)_proj\.weight$/.test(hfName)) {
-        const isK = hfName.includes("k_proj");
-        data = unpermuteQK(data, rows, config.numAttentionHeads, isK ? config.numKeyValueHeads : undefined);
+      const permutes = ggufArchPermutesQK(arch) && /self_attn\.(q|k)_proj\.weight$/.test(hfName);
+      const unpermute = <T extends Float32Array | Uint8Array>(d: T, r = rows): T =>
+        permutes ? unpermuteQK(d, r, config.numAttentionHeads, hfName.includes("k_proj") ? config.numKeyValueHeads : undefined) : d;
+      const experts = hfName.includes("{expert}") ? info.shape[0]! : 0;
+      const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : [hfName];
+      if (direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g)) {
+        names.forEach((n) => loaded.add(n));
+        options.onProgress?.("loading weights", (i + 1) / g.tensors.length);
+        return;
       }
+      const data = unpermute(g.loadAsFloat32(info.name));
       const put = (name: string, values: Float32Array, shape: number[]) => {
         if (!wanted.has(name)) {
           if (name === "lm_head.weight" && config.tieWordEmbeddings) return;
@@ -207,14 +228,17 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
         if (want !== "float32") f.dispose();
         loaded.add(name);
       };
-      if (hfName.includes("{expert}")) {
+      if (experts) {
         // stacked experts [E, out, in] -> one matrix per expert
-        const [E, ...rest] = info.shape as [number, ...number[]];
+        const rest = info.shape.slice(1);
         const per = rest.reduce((a, b) => a * b, 1);
-        for (let e = 0; e < E; e++) put(hfName.replace("{expert}", String(e)), data.slice(e * per, (e + 1) * per), rest);
+        names.forEach((n, e) => put(n, data.slice(e * per, (e + 1) * per), rest));
       } else put(hfName, data, info.shape);
+      // a tied LM head reads the token embedding's own quantized blocks, as llama.cpp does
+      if (tiedHead && hfName === "model.embed_tokens.weight") direct.tiedHead(info, model.model.embedTokens.weight, g);
       options.onProgress?.("loading weights", (i + 1) / g.tensors.length);
     });
+    direct.finish(file);
     const missing = [...wanted].filter((n) => !loaded.has(n));
     if (missing.length) throw new ModelLoadError(`${file}: GGUF lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
     let tokenizer: Tokenizer;
@@ -228,8 +252,74 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
       generationConfig = eos !== undefined ? parseGenerationConfig({ eos_token_id: eos }) : null;
       tokenizer = Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, { generationConfig: generationConfig?.raw ?? null });
     }
-    return { model, config, tokenizer, generationConfig, path: file, dtype };
+    return { model, config, tokenizer, generationConfig, path: file, dtype, quantization: direct.scheme() };
   } finally {
     g.close();
   }
+}
+
+/**
+ * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32; bits
+ * moved, never dequantized). Tensors it declines load as floats: other types, in_features % 64 != 0 (the
+ * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
+ */
+function directQuantLoader(model: CausalLM, options: LoadOptions) {
+  const dev = resolveDevice(options.device);
+  const native = dev.backend.name === "cpu" ? tryLoadNativeKernels() : null; // quant_matmul is cpu-only
+  const enabled = (options.ggufKeepQuantized ?? true) && native !== null;
+  const linears = new Map<string, [string, Linear]>();
+  for (const [name, m] of model.namedModules()) if (m instanceof Linear) linears.set(name ? `${name}.weight` : "weight", [name, m]);
+  const declined = new Map<string, string[]>(); // reason -> GGUF tensor names
+  const counts = new Map<QuantScheme, number>();
+  type Info = { type: string; shape: number[]; name: string };
+  const quantized = (type: GgufDirectType, raw: Uint8Array, n: number, k: number): QuantizedWeight => {
+    const scheme = GGUF_DIRECT_SCHEME[type];
+    const q = repackGgufBlocks(type, raw, n, k);
+    const data = fromBytes(q.data, "uint8", [n, q.data.length / n], { device: dev });
+    const scales = fromBytes(new Uint8Array(q.scales.buffer), "float16", [n, k / 32], { device: dev });
+    counts.set(scheme, (counts.get(scheme) ?? 0) + 1);
+    return { scheme, outFeatures: n, inFeatures: k, data, scales, rowSums: null };
+  };
+  /** The direct type of `info` when it loads quantized; null (and why, noted) when it loads as floats. */
+  const directType = (info: Info): GgufDirectType | null => {
+    if (!enabled || !(info.type in GGUF_DIRECT_SCHEME) || info.shape.length < 2) return null;
+    const type = info.type as GgufDirectType;
+    const decline = (why: string) => {
+      declined.set(why, [...(declined.get(why) ?? []), info.name]);
+      return null;
+    };
+    if (!fitsGroupKernels(info.shape.at(-1)!)) return decline(`${type} with in_features % 64 != 0 (the kernels take 64-element chunks)`);
+    if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);
+    return type;
+  };
+  return {
+    /** Loads `info` (one matrix, or stacked experts) into the Linear layers `names` if it can; false otherwise. */
+    take(info: Info, names: string[], unpermute: (raw: Uint8Array, rows: number) => Uint8Array, g: GgufFile): boolean {
+      const layers = names.map((n) => linears.get(n));
+      const type = layers.some((l) => l === undefined) ? null : directType(info);
+      if (!type) return false;
+      const [n, k] = info.shape.slice(-2) as [number, number];
+      const raw = g.load(info.name);
+      const per = n * ggufDirectRowBytes(type, k);
+      layers.forEach((l, e) => {
+        const [name, layer] = l!;
+        installQuantizedWeight(model, name, layer, quantized(type, unpermute(raw.subarray(e * per, (e + 1) * per), n), n, k));
+      });
+      return true;
+    },
+    /** Gives a tied embedding's float table a quantized copy of its own blocks for the LM head. */
+    tiedHead(info: Info, embedding: Tensor, g: GgufFile): void {
+      const type = directType(info);
+      if (!type) return;
+      const [n, k] = info.shape as [number, number];
+      setQuantizedShadow(embedding, quantized(type, g.load(info.name), n, k));
+    },
+    finish(file: string): void {
+      const note = options.onNote ?? ((m: string) => console.warn(m));
+      for (const [why, names] of declined)
+        note(`[load] ${file}: ${names.length} tensor(s) ${why}; dequantized to float: ${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""}`);
+    },
+    /** The scheme most tensors were loaded in (null: none quantized). */
+    scheme: (): QuantScheme | null => [...counts].sort((a, b) => b[1] - a[1])[0]?.[0] ?? null,
+  };
 }

@@ -41,18 +41,31 @@ export function quantizeLinears(model: Module, scheme: QuantScheme, options: Qua
   layers.forEach(([name, layer], i) => {
     const want = options.schemeFor?.(name, layer) ?? scheme;
     const s: QuantScheme = canQuantize(want, layer.inFeatures) ? want : "int8";
-    const q = quantizeWeight(layer.weight, s);
-    quantized.set(layer, q);
-    const pname = name ? `${name}.weight` : "weight";
-    if (q.data.shape.length === 2 && q.data.shape[1] === layer.inFeatures) model.setParameter(pname, q.data);
-    else {
-      const z = empty([1, 1], { dtype: "int8", device: q.data.device });
-      model.setParameter(pname, z.expand(layer.outFeatures, layer.inFeatures));
-    }
-    layer.forward = (x) => quantizedLinear(x, q, layer.bias);
+    installQuantizedWeight(model, name, layer, quantizeWeight(layer.weight, s));
     options.onProgress?.(i + 1, layers.length);
   });
   return layers.length;
+}
+
+/**
+ * Makes the Linear `name` of `model` run on an already quantized weight (e.g. GGUF Q4_0 blocks repacked to int4
+ * on load): its forward runs quant_matmul and its "weight" parameter becomes the quantized data (or a zero-stride
+ * placeholder of the weight's shape when the data is packed, as for int4).
+ */
+export function installQuantizedWeight(model: Module, name: string, layer: Linear, q: QuantizedWeight): void {
+  if (q.outFeatures !== layer.outFeatures || q.inFeatures !== layer.inFeatures)
+    throw new RangeError(`[quantize] ${name}: quantized weight is [${q.outFeatures}, ${q.inFeatures}], layer is [${layer.outFeatures}, ${layer.inFeatures}]`);
+  quantized.set(layer, q);
+  const pname = name ? `${name}.weight` : "weight";
+  let param = q.data;
+  if (q.data.shape.length !== 2 || q.data.shape[1] !== layer.inFeatures) {
+    const z = empty([1, 1], { dtype: "int8", device: q.data.device });
+    param = z.expand(layer.outFeatures, layer.inFeatures);
+  }
+  model.setParameter(pname, param);
+  // code that calls linear(x, layer.weight) itself (CausalLM.logits with an untied lm_head) reads q too
+  setQuantizedShadow(param, q);
+  layer.forward = (x) => quantizedLinear(x, q, layer.bias);
 }
 
 /**

@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import type { QuantScheme } from "../../src/backends/backend.js";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import {
-  QUANT_SCHEME_CODE, dequantizeRef, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeActivationsRef, quantizeWeightsRef,
+  dequantizeRef, isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeActivationsRef,
+  quantizeWeightsRef,
 } from "../../src/backends/cpu/quant-reference.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
 
@@ -30,9 +31,9 @@ function randn(n: number, scale = 1): Float32Array {
 function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, n: number, kk: number) {
   const data = new Uint8Array(quantDataBytes(scheme, n, kk));
   const ns = quantScaleCount(scheme, n, kk);
-  const scales = scheme === "int4" ? new Uint16Array(ns) : new Float32Array(ns);
+  const scales = isGroupScheme(scheme) ? new Uint16Array(ns) : new Float32Array(ns);
   const rowSums = new Int32Array(scheme === "int8" ? n : 0);
-  k.quantizeWeights(w, n, kk, QUANT_SCHEME_CODE[scheme], data, scales, rowSums);
+  k.quantizeWeights(w, n, kk, nativeQuantCode(scheme), data, scales, rowSums);
   return { data, scales, rowSums };
 }
 
@@ -47,8 +48,10 @@ if (!childIsa) {
 function runSuite(k: NativeKernels, isa: string): void {
   test(`[${isa}] quant table`, () => assert.equal(k.quantIsa, isa === "avx512" && k.features().avx512vnni ? "avx512-vnni" : "scalar"));
 
-  for (const scheme of ["int8", "int4", "fp8"] as const) {
-    test(`[${isa}] ${scheme} weight quantization matches the reference`, () => {
+  // int8_g32 (GGUF Q8_0 blocks) needs an addon that takes scheme code 3
+  const skipScheme = (s: QuantScheme) => (nativeTakesScheme(k, s) ? false : "addon rejects this scheme code");
+  for (const scheme of ["int8", "int4", "fp8", "int8_g32"] as const) {
+    test(`[${isa}] ${scheme} weight quantization matches the reference`, { skip: skipScheme(scheme) }, () => {
       const n = 37;
       const kk = 192;
       const w = randn(n * kk, 0.05);
@@ -61,15 +64,15 @@ function runSuite(k: NativeKernels, isa: string): void {
       const dq = dequantizeRef(scheme, b, n, kk);
       let maxErr = 0;
       for (let i = 0; i < w.length; i++) maxErr = Math.max(maxErr, Math.abs(w[i]! - dq[i]!));
-      assert.ok(maxErr < (scheme === "int8" ? 0.003 : scheme === "fp8" ? 0.02 : 0.03), `${scheme} weight error ${maxErr}`);
+      assert.ok(maxErr < (scheme === "int8" || scheme === "int8_g32" ? 0.003 : scheme === "fp8" ? 0.02 : 0.03), `${scheme} weight error ${maxErr}`);
     });
   }
 
   for (const threads of [1, 2]) {
-    for (const scheme of ["int8", "int4", "fp8"] as const) {
-      test(`[${isa}] ${scheme} quantMatmul, M = 1..70, ${threads} thread(s)`, () => {
+    for (const scheme of ["int8", "int4", "fp8", "int8_g32"] as const) {
+      test(`[${isa}] ${scheme} quantMatmul, M = 1..70, ${threads} thread(s)`, { skip: skipScheme(scheme) }, () => {
         k.setNumThreads(threads);
-        const shapes: [number, number][] = scheme === "int4"
+        const shapes: [number, number][] = isGroupScheme(scheme)
           ? [[33, 64], [8, 128], [67, 576], [13, 320]]
           : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000]];
         const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 33, 64, 65, 70];
@@ -80,7 +83,7 @@ function runSuite(k: NativeKernels, isa: string): void {
           for (const m of ms) {
             const x = randn(m * kk);
             const out = new Float32Array(m * n);
-            k.quantMatmul(x, q.data, q.scales, q.rowSums, out, m, n, kk, QUANT_SCHEME_CODE[scheme]);
+            k.quantMatmul(x, q.data, q.scales, q.rowSums, out, m, n, kk, nativeQuantCode(scheme));
             const ref = quantMatmulRef(scheme, x, q, m, n, kk);
             const { xs } = quantizeActivationsRef(x, m, kk);
             for (let r = 0; r < m; r++)

@@ -1,11 +1,11 @@
-// Decode step graphs through the engine: outputs with captured-and-replayed decode steps equal those of
+// Step graphs through the engine: outputs with captured-and-replayed decode and prefill steps equal those of
 // --enforce-eager (every op dispatched from JS), on real tiny models, with batches padded up to a bucket,
 // sequences joining and finishing mid-way, seeded sampling and logprobs. MoE models (host-side routing)
 // fall back to eager execution with the reason recorded.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { LLM } from "../../src/engine/llm-engine.js";
-import { decodeBuckets } from "../../src/engine/step-graphs.js";
+import { decodeBuckets, mixedBuckets } from "../../src/engine/step-graphs.js";
 import { PagedModelRunner } from "../../src/engine/paged-model-runner.js";
 import type { RequestOutput, SamplingParams } from "../../src/engine/types.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
@@ -36,6 +36,9 @@ test("decode buckets: powers of two up to the cap, and the cap itself", () => {
   assert.deepEqual(decodeBuckets(6), [1, 2, 4, 6]);
   assert.deepEqual(decodeBuckets(1), [1]);
   assert.deepEqual(decodeBuckets(100, 48), [1, 2, 4, 8, 16, 32, 48]);
+  assert.deepEqual(mixedBuckets(2048), [16, 32, 64, 128, 256, 512]);
+  assert.deepEqual(mixedBuckets(100), [16, 32, 64, 100]);
+  assert.deepEqual(mixedBuckets(8), []);
 });
 
 for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
@@ -50,7 +53,9 @@ for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
       const graphs = run(model, false, params);
       assert.equal(pagedRunner(eager.llm).graphs, null);
       const replays = pagedRunner(graphs.llm).graphs?.replays ?? 0;
-      assert.ok(replays > 20, `decode steps were replayed (${replays})`);
+      assert.ok(replays > 20, `steps were replayed (${replays})`);
+      const mixed = pagedRunner(graphs.llm).graphs!.mixedReplays;
+      assert.ok(mixed >= PROMPTS.length, `prefill steps were replayed (${mixed})`);
       const onDevice = pagedRunner(graphs.llm).graphs!.deviceSampled;
       if (params.temperature === 0 && params.logprobs === undefined) assert.equal(onDevice, replays, "plain greedy steps sample on the device");
       else assert.equal(onDevice, 0, "steps needing logits read them back");

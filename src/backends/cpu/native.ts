@@ -55,11 +55,11 @@ export interface NativeKernels extends NativeStream {
    */
   quantMatmul(
     x: Float32Array, w: Uint8Array, scales: Float32Array | Uint16Array, rowSums: Int32Array, out: Float32Array,
-    M: number, N: number, K: number, scheme: 0 | 1 | 2,
+    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3,
   ): void;
   /** Quantizes f32 W [N,K] into data/scales(/rowSums for int8) in the layout of quantMatmul's scheme. */
   quantizeWeights(
-    w: Float32Array, N: number, K: number, scheme: 0 | 1 | 2, data: Uint8Array, scales: Float32Array | Uint16Array,
+    w: Float32Array, N: number, K: number, scheme: 0 | 1 | 2 | 3, data: Uint8Array, scales: Float32Array | Uint16Array,
     rowSums: Int32Array,
   ): void;
   /** See {@link UnaryOp} for op codes. */

@@ -2,11 +2,45 @@
 // the quantized matmul with the same per-row int8 activation quantization, so tests can compare exactly what
 // the native code computes. Layouts are documented in native/quant.h.
 import type { QuantScheme } from "../backend.js";
+import type { NativeKernels } from "./native.js";
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2> = { int8: 0, int4: 1, fp8: 2 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3 };
 
-/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, or f16 bits for int4), rowSums (int8). */
+/** QUANT_SCHEME_CODE as native.ts types the scheme argument (its `0 | 1 | 2` predates int8_g32's code 3). */
+export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
+  return QUANT_SCHEME_CODE[scheme] as Parameters<NativeKernels["quantMatmul"]>[8];
+}
+
+const nativeSchemes = new WeakMap<object, Map<QuantScheme, boolean>>();
+/**
+ * Whether this build of the native addon takes `scheme` (an addon older than quant.h's int8_g32 rejects code 3):
+ * probed once with a 1x64 call. Without it, the host path (this file's reference) runs instead.
+ */
+export function nativeTakesScheme(k: Pick<NativeKernels, "quantMatmul">, scheme: QuantScheme): boolean {
+  let known = nativeSchemes.get(k);
+  if (!known) nativeSchemes.set(k, (known = new Map()));
+  let ok = known.get(scheme);
+  if (ok === undefined) {
+    try {
+      const group = isGroupScheme(scheme);
+      const scales = group ? new Uint16Array(2) : new Float32Array(1);
+      k.quantMatmul(new Float32Array(64), new Uint8Array(64), scales, new Int32Array(1), new Float32Array(1), 1, 1, 64, nativeQuantCode(scheme));
+      ok = true;
+    } catch {
+      ok = false;
+    }
+    known.set(scheme, ok);
+  }
+  return ok;
+}
+
+/** Schemes with f16 scales per group of 32 (and in_features % 64 == 0); the others scale per row in f32. */
+export function isGroupScheme(scheme: QuantScheme): boolean {
+  return scheme === "int4" || scheme === "int8_g32";
+}
+
+/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, or f16 bits per group), rowSums (int8). */
 export interface QuantizedArrays {
   data: Uint8Array;
   scales: Float32Array | Uint16Array;
@@ -17,9 +51,9 @@ export interface QuantizedArrays {
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
   return scheme === "int4" ? (n * k) / 2 : n * k;
 }
-/** Scale count for an [n, k] weight (per row, or per group of 32 for int4). */
+/** Scale count for an [n, k] weight (per row, or per group of 32 for int4 / int8_g32). */
 export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
-  return scheme === "int4" ? (n * k) / 32 : n;
+  return isGroupScheme(scheme) ? (n * k) / 32 : n;
 }
 
 const f32 = new Float32Array(1);
@@ -103,16 +137,31 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
             amax = Math.abs(w[base + i]!);
             mx = w[base + i]!;
           }
-          const dh = floatToHalf(Math.fround(mx / -8));
-          const dq = halfToFloat(dh);
-          const id = dq !== 0 ? Math.fround(1 / dq) : 0;
-          scales[(r * k) / 32 + c * 2 + g] = dh;
-          for (let i = 0; i < 32; i++) {
-            const q = Math.min(7, Math.max(-8, roundHalfEven(Math.fround(w[base + i]! * id))));
-            v[g * 32 + i] = q + 8;
-          }
+          // llama.cpp's quantize_row_q4_0_ref, step for step (so a Q4_0 export holds these exact bits):
+          // d = max / -8 in f32, id = 1/d from the unrounded d, u = min(15, trunc(x * id + 8.5)), d stored as f16
+          const d = Math.fround(mx / -8);
+          const id = d !== 0 ? Math.fround(1 / d) : 0;
+          scales[(r * k) / 32 + c * 2 + g] = floatToHalf(d);
+          for (let i = 0; i < 32; i++) v[g * 32 + i] = Math.min(15, Math.trunc(Math.fround(Math.fround(w[base + i]! * id) + 8.5)));
         }
         for (let j = 0; j < 32; j++) data[(r * k) / 2 + c * 32 + j] = v[j]! | (v[j + 32]! << 4);
+      }
+    }
+    return { data, scales, rowSums };
+  }
+  if (scheme === "int8_g32") {
+    // llama.cpp's quantize_row_q8_0_ref: d = amax / 127 in f32, id = 1/d, q = roundf(x * id) (half away from 0)
+    if (k % 64 !== 0) throw new RangeError(`[quantize] int8_g32 needs in_features % 64 == 0, got ${k}`);
+    const scales = new Uint16Array((n * k) / 32);
+    for (let g = 0; g < (n * k) / 32; g++) {
+      let amax = 0;
+      for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(w[g * 32 + i]!));
+      const d = Math.fround(amax / 127);
+      const id = d !== 0 ? Math.fround(1 / d) : 0;
+      scales[g] = floatToHalf(d);
+      for (let i = 0; i < 32; i++) {
+        const x = Math.fround(w[g * 32 + i]! * id);
+        data[g * 32 + i] = (Math.sign(x) * Math.round(Math.abs(x))) & 0xff;
       }
     }
     return { data, scales, rowSums };
@@ -145,6 +194,7 @@ export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number
     for (let i = 0; i < k; i++) {
       let v: number;
       if (scheme === "int8") v = ((q.data[r * k + i]! << 24) >> 24) * q.scales[r]!;
+      else if (scheme === "int8_g32") v = ((q.data[r * k + i]! << 24) >> 24) * halfToFloat(q.scales[(r * k + i) >> 5]!);
       else if (scheme === "fp8") v = FP8_E4M3[q.data[r * k + i]!]! * q.scales[r]!;
       else {
         const c = Math.floor(i / 64);
@@ -174,8 +224,8 @@ export function quantizeActivationsRef(x: Float32Array, m: number, k: number): {
 }
 
 /**
- * out [m, n] = x @ dequant(W)^T computed like the kernel: int8/int4 quantize x per row and take exact integer
- * dots (per group for int4); fp8 dots f32 x with the decoded weights.
+ * out [m, n] = x @ dequant(W)^T computed like the kernel: int8/int4/int8_g32 quantize x per row and take exact
+ * integer dots (per group for int4 and int8_g32); fp8 dots f32 x with the decoded weights.
  */
 export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number): Float32Array {
   const out = new Float32Array(m * n);
@@ -199,7 +249,7 @@ export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: Quantize
       }
     return out;
   }
-  const w = dequantizeRef(scheme, q, n, k); // (u - 8) * d per element; group sums stay exact in f64
+  const w = dequantizeRef(scheme, q, n, k); // q * d per element (int4, int8_g32); group sums stay exact in f64
   for (let r = 0; r < m; r++)
     for (let c = 0; c < n; c++) {
       let s = 0;

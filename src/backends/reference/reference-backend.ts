@@ -3,10 +3,24 @@ import type { Backend, DeviceBuffer, KernelCall } from "../backend.js";
 import { HostBuffer, hostOf } from "./host-memory.js";
 import { runReference } from "./reference-kernels.js";
 
+/**
+ * Buffers below this size are not recycled: no memory to gain, and 1-byte allocations are host-memory probes
+ * that read `.host`, which throws for memory a capture's kernels use.
+ */
+const POOL_MIN_BYTES = 64;
+
+interface PrivatePool {
+  /** Buffers allocated while the pool is open and not yet freed, with their memory. */
+  readonly owned: WeakMap<DeviceBuffer, ArrayBuffer>;
+  /** Memory freed from those, by byte size (exact: DeviceBuffer.byteLength is the memory's length). */
+  readonly free: Map<number, ArrayBuffer[]>;
+}
+
 /** Host allocation bookkeeping shared by host back ends. */
 export class HostAllocator {
   private live = 0;
   private bytes = 0;
+  private pool: PrivatePool | null = null;
 
   /** `wrap` lets a back end hand out its own buffer type over the ArrayBuffer (the cpu stream's guard). */
   constructor(private readonly wrap: (memory: ArrayBuffer) => DeviceBuffer & { freed: boolean } = (m) => new HostBuffer(m)) {}
@@ -14,7 +28,12 @@ export class HostAllocator {
   allocate(byteLength: number): DeviceBuffer {
     this.live++;
     this.bytes += byteLength;
-    return this.wrap(new ArrayBuffer(byteLength));
+    const pool = this.pool;
+    if (!pool) return this.wrap(new ArrayBuffer(byteLength));
+    const memory = pool.free.get(byteLength)?.pop() ?? new ArrayBuffer(byteLength);
+    const buffer = this.wrap(memory); // a fresh wrapper: a stale handle to the previous owner stays freed
+    pool.owned.set(buffer, memory);
+    return buffer;
   }
 
   free(buffer: DeviceBuffer): void {
@@ -23,6 +42,31 @@ export class HostAllocator {
     b.freed = true;
     this.live--;
     this.bytes -= b.byteLength;
+    const pool = this.pool;
+    const memory = pool?.owned.get(b);
+    if (!pool || memory === undefined) return;
+    pool.owned.delete(b);
+    if (memory.byteLength < POOL_MIN_BYTES) return;
+    const list = pool.free.get(memory.byteLength);
+    if (list) list.push(memory);
+    else pool.free.set(memory.byteLength, [memory]);
+  }
+
+  /**
+   * Opens a private pool (CUDA graphs' private memory pool): until closePool(), memory freed from buffers
+   * allocated since openPool() is handed out again by allocate() of the same byte size. Only for a caller
+   * whose every use of the memory is ordered behind the previous owner's (a step-graph capture: replays run
+   * the recorded jobs in capture order on an in-order stream). Buffers from before, or live at close, never
+   * enter it.
+   */
+  openPool(): void {
+    if (this.pool) throw new Error("a private memory pool is already open");
+    this.pool = { owned: new WeakMap(), free: new Map() };
+  }
+
+  /** Closes the pool: its free memory is dropped (whoever recorded jobs on it keeps it alive). */
+  closePool(): void {
+    this.pool = null;
   }
 
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {

@@ -316,36 +316,50 @@ export interface GgufWriteTensor {
   name: string;
   /** Row-major (HF) shape; written as ggml dims reversed. */
   shape: readonly number[];
-  /** Storage type. With `data`, F32/F16/BF16/Q8_0/Q4_0 are encoded here. */
+  /** Storage type. With `data` (or `load`), F32/F16/BF16/Q8_0/Q4_0 are encoded here. */
   type: GgmlTypeName;
   /** f32 values to convert / quantize. */
   data?: Float32Array;
+  /** f32 values produced only when the tensor is written (one tensor in memory at a time). */
+  load?: () => Float32Array;
   /** Bytes already encoded in `type`. */
   raw?: Uint8Array;
 }
 
-function encodeTensor(t: GgufWriteTensor, file: string): Uint8Array {
+/** Encoded byte size of `t` (shape and type checked). */
+function encodedSize(t: GgufWriteTensor, file: string): number {
   const numel = t.shape.reduce((a, b) => a * b, 1);
   const [bs, ts] = GGML_BLOCK_LAYOUT[t.type] ?? [0, 0];
   if (!bs) throw formatError("gguf", file, `unknown ggml type ${String(t.type)}`, t.name);
   const rowLen = t.shape.length ? t.shape[t.shape.length - 1]! : 1;
   if (rowLen % bs !== 0) throw formatError("gguf", file, `row length ${rowLen} is not a multiple of the ${t.type} block size ${bs}`, t.name);
-  const expected = (numel / bs) * ts;
+  return (numel / bs) * ts;
+}
+
+function encodeTensor(t: GgufWriteTensor, file: string): Uint8Array {
+  const numel = t.shape.reduce((a, b) => a * b, 1);
+  const expected = encodedSize(t, file);
   let bytes: Uint8Array;
+  const data = t.raw ? undefined : (t.data ?? t.load?.());
   if (t.raw) bytes = t.raw;
-  else if (t.data) {
-    if (t.data.length !== numel) throw formatError("gguf", file, `data has ${t.data.length} values, shape needs ${numel}`, t.name);
+  else if (data) {
+    if (data.length !== numel) throw formatError("gguf", file, `data has ${data.length} values, shape needs ${numel}`, t.name);
     switch (t.type) {
-      case "F32": bytes = bytesOf(t.data); break;
-      case "F16": bytes = bytesOf(f32ToF16(t.data)); break;
-      case "BF16": bytes = bytesOf(f32ToBf16(t.data)); break;
-      case "Q8_0": bytes = quantizeQ8_0(t.data); break;
-      case "Q4_0": bytes = quantizeQ4_0(t.data); break;
+      case "F32": bytes = bytesOf(data); break;
+      case "F16": bytes = bytesOf(f32ToF16(data)); break;
+      case "BF16": bytes = bytesOf(f32ToBf16(data)); break;
+      case "Q8_0": bytes = quantizeQ8_0(data); break;
+      case "Q4_0": bytes = quantizeQ4_0(data); break;
       default: throw formatError("gguf", file, `cannot encode ${t.type} from f32 (pass raw bytes)`, t.name);
     }
-  } else throw formatError("gguf", file, "tensor has neither data nor raw", t.name);
+  } else throw formatError("gguf", file, "tensor has neither data, load nor raw", t.name);
   if (bytes.byteLength !== expected) throw formatError("gguf", file, `encoded size ${bytes.byteLength} != ${expected}`, t.name);
   return bytes;
+}
+
+/** fs.writeSync may write fewer bytes than asked (large buffers): loop until all are out. */
+function writeAll(fd: number, bytes: Uint8Array): void {
+  for (let done = 0; done < bytes.byteLength; ) done += fs.writeSync(fd, bytes, done, bytes.byteLength - done);
 }
 
 /** Plain values get a default type: integer -> UINT32 (INT32 if negative), non-integer -> FLOAT32. */
@@ -436,7 +450,7 @@ export function writeGguf(file: string, metadata: Record<string, GgufValue | Ggu
     sink.u32(t.type);
     sink.value(t.type, t.value, t.arrayType);
   }
-  const encoded = tensors.map((t) => encodeTensor(t, file));
+  const sizes = tensors.map((t) => encodedSize(t, file));
   let offset = 0;
   tensors.forEach((t, i) => {
     sink.string(t.name);
@@ -444,15 +458,17 @@ export function writeGguf(file: string, metadata: Record<string, GgufValue | Ggu
     for (const d of [...t.shape].reverse()) sink.u64(d);
     sink.u32(GgmlType[t.type]);
     sink.u64(offset);
-    offset += Math.ceil(encoded[i]!.byteLength / alignment) * alignment;
+    offset += Math.ceil(sizes[i]! / alignment) * alignment;
   });
   const pad = (n: number) => (alignment - (n % alignment)) % alignment;
   sink.bytes(new Uint8Array(pad(sink.len)));
   const fd = fs.openSync(file, "w");
   try {
-    fs.writeSync(fd, sink.buf, 0, sink.len);
-    for (const bytes of encoded) {
-      fs.writeSync(fd, bytes);
+    writeAll(fd, sink.buf.subarray(0, sink.len));
+    for (const t of tensors) {
+      // encoded one at a time (a 1B-parameter export never holds every tensor at once)
+      const bytes = encodeTensor(t, file);
+      writeAll(fd, bytes);
       const p = pad(bytes.byteLength);
       if (p) fs.writeSync(fd, new Uint8Array(p));
     }

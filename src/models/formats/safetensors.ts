@@ -259,11 +259,16 @@ export interface SafetensorsWriteTensor {
   data: Uint8Array | ArrayBufferView;
 }
 
+/** A tensor whose bytes are produced only when it is written (one tensor in memory at a time). */
+export interface SafetensorsLazyTensor extends Omit<SafetensorsWriteTensor, "data"> {
+  data: () => ArrayBufferView;
+}
+
 /**
  * Writes a safetensors file: tensors in the given order, header padded with spaces to 8 bytes.
  * @example writeSafetensors("/tmp/m.safetensors", [{ name: "w", dtype: "F32", shape: [2], data: new Float32Array([1, 2]) }]);
  */
-export function writeSafetensors(file: string, tensors: readonly SafetensorsWriteTensor[], metadata?: Record<string, string>): void {
+export function writeSafetensors(file: string, tensors: readonly (SafetensorsWriteTensor | SafetensorsLazyTensor)[], metadata?: Record<string, string>): void {
   const header: Record<string, unknown> = {};
   if (metadata && Object.keys(metadata).length > 0) header.__metadata__ = metadata;
   let offset = 0;
@@ -273,7 +278,7 @@ export function writeSafetensors(file: string, tensors: readonly SafetensorsWrit
     seen.add(t.name);
     if (!isDtype(t.dtype)) throw formatError("safetensors", file, `unknown dtype ${JSON.stringify(t.dtype)}`, t.name);
     const expected = t.shape.reduce((a, b) => a * b, 1) * SAFETENSORS_DTYPE_SIZE[t.dtype];
-    if (t.data.byteLength !== expected) throw formatError("safetensors", file, `data is ${t.data.byteLength} bytes, expected ${expected} for ${t.dtype}${JSON.stringify(t.shape)}`, t.name);
+    if (typeof t.data !== "function") checkSize(file, t, t.data, expected);
     header[t.name] = { dtype: t.dtype, shape: [...t.shape], data_offsets: [offset, offset + expected] };
     offset += expected;
   }
@@ -288,13 +293,19 @@ export function writeSafetensors(file: string, tensors: readonly SafetensorsWrit
     fs.writeSync(fd, prefix);
     fs.writeSync(fd, headerBytes);
     for (const t of tensors) {
-      const bytes = bytesOf(t.data);
+      const data = typeof t.data === "function" ? t.data() : t.data;
+      checkSize(file, t, data, t.shape.reduce((a, b) => a * b, 1) * SAFETENSORS_DTYPE_SIZE[t.dtype]);
+      const bytes = bytesOf(data);
       let done = 0;
       while (done < bytes.length) done += fs.writeSync(fd, bytes, done, bytes.length - done);
     }
   } finally {
     fs.closeSync(fd);
   }
+}
+
+function checkSize(file: string, t: { name: string; dtype: string; shape: readonly number[] }, data: ArrayBufferView, expected: number): void {
+  if (data.byteLength !== expected) throw formatError("safetensors", file, `data is ${data.byteLength} bytes, expected ${expected} for ${t.dtype}${JSON.stringify(t.shape)}`, t.name);
 }
 
 /** Writes `model.safetensors.index.json` for shards already written into `dir`. */

@@ -1,0 +1,109 @@
+// GGUF quantized blocks <-> Kiln's quant_matmul layouts (native/quant.h), moving bits only: no float round trip,
+// so a repacked weight dequantizes to exactly what gguf-quant.ts's dequantize gives.
+//   Q4_0 block (18 bytes, 32 elements): f16 d, u8 qs[16]; element j is qs[j] & 15 (j < 16) or qs[j-16] >> 4,
+//        value (u - 8) * d.
+//   Kiln int4 row: per 64-element chunk, 32 bytes with element j in the low nibble and 32 + j in the high nibble
+//        (u = q + 8 as in Q4_0), and f16 scales [K/32], one per group of 32 = one Q4_0 block's d.
+// So a chunk is two consecutive Q4_0 blocks: their nibbles are interleaved, their d's copied.
+//   Q8_0 block (34 bytes, 32 elements): f16 d, int8 qs[32], value q * d.
+//   Kiln int8_g32 row: int8 codes [K] as they are, f16 scales [K/32]: the blocks' two fields pulled apart.
+
+/** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
+export interface Int4Arrays {
+  data: Uint8Array;
+  scales: Uint16Array;
+}
+
+/** Whether rows of k elements fit the group-32 kernels (int4, int8_g32): they take whole 64-element chunks. */
+export function fitsGroupKernels(k: number): boolean {
+  return k % 64 === 0;
+}
+
+/** Q4_0 bytes of an [n, k] tensor (k % 64 == 0) -> Kiln int4 data and scales. */
+export function q4_0ToInt4(src: Uint8Array, n: number, k: number): Int4Arrays {
+  if (!fitsGroupKernels(k)) throw new RangeError(`[q4_0ToInt4] int4 needs k % 64 == 0, got ${k}`);
+  if (src.byteLength !== (n * k * 18) / 32) throw new RangeError(`[q4_0ToInt4] ${src.byteLength} bytes are not Q4_0 [${n}, ${k}]`);
+  const data = new Uint8Array((n * k) / 2);
+  const scales = new Uint16Array((n * k) / 32);
+  const blocks = (n * k) / 64; // pairs of Q4_0 blocks, i.e. Kiln chunks (rows are whole chunks)
+  for (let c = 0; c < blocks; c++) {
+    const a = c * 36; // block 2c: elements 0..31 of the chunk
+    const b = a + 18; // block 2c + 1: elements 32..63
+    scales[2 * c] = src[a]! | (src[a + 1]! << 8);
+    scales[2 * c + 1] = src[b]! | (src[b + 1]! << 8);
+    const o = c * 32;
+    for (let j = 0; j < 16; j++) {
+      const qa = src[a + 2 + j]!;
+      const qb = src[b + 2 + j]!;
+      data[o + j] = (qa & 15) | ((qb & 15) << 4); // elements j and 32 + j
+      data[o + 16 + j] = (qa >> 4) | (qb & 0xf0); // elements 16 + j and 48 + j
+    }
+  }
+  return { data, scales };
+}
+
+/** Kiln int4 data and scales of an [n, k] weight -> Q4_0 bytes (the inverse of q4_0ToInt4). */
+export function int4ToQ4_0(q: Int4Arrays, n: number, k: number): Uint8Array {
+  if (!fitsGroupKernels(k)) throw new RangeError(`[int4ToQ4_0] int4 needs k % 64 == 0, got ${k}`);
+  const out = new Uint8Array((n * k * 18) / 32);
+  for (let c = 0; c < (n * k) / 64; c++) {
+    const a = c * 36;
+    const b = a + 18;
+    out[a] = q.scales[2 * c]! & 0xff;
+    out[a + 1] = q.scales[2 * c]! >> 8;
+    out[b] = q.scales[2 * c + 1]! & 0xff;
+    out[b + 1] = q.scales[2 * c + 1]! >> 8;
+    const o = c * 32;
+    for (let j = 0; j < 16; j++) {
+      const lo = q.data[o + j]!; // elements j | 32 + j
+      const hi = q.data[o + 16 + j]!; // elements 16 + j | 48 + j
+      out[a + 2 + j] = (lo & 15) | ((hi & 15) << 4);
+      out[b + 2 + j] = (lo >> 4) | (hi & 0xf0);
+    }
+  }
+  return out;
+}
+
+/** Kiln int8_g32 weight [n, k]: int8 codes [n, k] (as bytes), scales [n, k/32] f16 bits. */
+export interface Int8G32Arrays {
+  data: Uint8Array;
+  scales: Uint16Array;
+}
+
+/** Q8_0 bytes of an [n, k] tensor (k % 64 == 0, as the kernel takes 64-element chunks) -> int8_g32 arrays. */
+export function q8_0ToInt8G32(src: Uint8Array, n: number, k: number): Int8G32Arrays {
+  if (k % 64 !== 0) throw new RangeError(`[q8_0ToInt8G32] int8_g32 needs k % 64 == 0, got ${k}`);
+  if (src.byteLength !== (n * k * 34) / 32) throw new RangeError(`[q8_0ToInt8G32] ${src.byteLength} bytes are not Q8_0 [${n}, ${k}]`);
+  const data = new Uint8Array(n * k);
+  const scales = new Uint16Array((n * k) / 32);
+  for (let b = 0; b < (n * k) / 32; b++) {
+    scales[b] = src[b * 34]! | (src[b * 34 + 1]! << 8);
+    data.set(src.subarray(b * 34 + 2, b * 34 + 34), b * 32);
+  }
+  return { data, scales };
+}
+
+/** int8_g32 arrays of an [n, k] weight -> Q8_0 bytes (the inverse of q8_0ToInt8G32). */
+export function int8G32ToQ8_0(q: Int8G32Arrays, n: number, k: number): Uint8Array {
+  const out = new Uint8Array((n * k * 34) / 32);
+  for (let b = 0; b < (n * k) / 32; b++) {
+    out[b * 34] = q.scales[b]! & 0xff;
+    out[b * 34 + 1] = q.scales[b]! >> 8;
+    out.set(q.data.subarray(b * 32, b * 32 + 32), b * 34 + 2);
+  }
+  return out;
+}
+
+/** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32" } as const;
+export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
+
+/** Bytes per row of an [n, k] tensor of a direct type (Q4_0: 18 per 32 elements, Q8_0: 34). */
+export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
+  return (k / 32) * (type === "Q4_0" ? 18 : 34);
+}
+
+/** GGUF blocks of an [n, k] tensor -> the data and f16 scales of its Kiln scheme (int4 data is [n, k/2]). */
+export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays {
+  return type === "Q4_0" ? q4_0ToInt4(src, n, k) : q8_0ToInt8G32(src, n, k);
+}
