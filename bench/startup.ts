@@ -25,6 +25,10 @@ interface Run {
   readySeconds: number;
   /** Spawn -> the first streamed token arrives. */
   firstTokenSeconds: number;
+  /** The step-graph phase as the server reports it (capture + compile or cache loads), and programs compiled / loaded. */
+  graphSeconds: number;
+  compiled: number;
+  fromCache: number;
 }
 
 async function startToFirstToken(label: string, model: string, cacheDir: string, extra: string[]): Promise<Run> {
@@ -34,12 +38,17 @@ async function startToFirstToken(label: string, model: string, cacheDir: string,
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stderr = "";
-  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  let log = "";
+  child.stderr.on("data", (d: Buffer) => {
+    stderr += d.toString();
+    log += d.toString();
+  });
   try {
     const url = await new Promise<string>((resolve, reject) => {
       let out = "";
       child.stdout.on("data", (d: Buffer) => {
         out += d.toString();
+        log += d.toString();
         const m = /(http:\/\/[^\s]+)/.exec(out);
         if (m) resolve(m[1]!.replace(/\/+$/, "").replace(/\/v1$/, ""));
       });
@@ -61,7 +70,8 @@ async function startToFirstToken(label: string, model: string, cacheDir: string,
       text += new TextDecoder().decode(value);
       if (Number.isNaN(firstTokenSeconds) && text.includes('"text"')) firstTokenSeconds = (performance.now() - t0) / 1000;
     }
-    return { label, readySeconds, firstTokenSeconds };
+    const g = /(\d+) fused programs compiled \+ (\d+) from the compile cache in ([\d.]+) s/.exec(log);
+    return { label, readySeconds, firstTokenSeconds, graphSeconds: g ? Number(g[3]) : 0, compiled: g ? Number(g[1]) : 0, fromCache: g ? Number(g[2]) : 0 };
   } finally {
     if (child.exitCode === null && child.signalCode === null) {
       const exited = new Promise((r) => child.once("exit", r));
@@ -92,13 +102,26 @@ async function main(): Promise<void> {
   rows.push(await startToFirstToken("--enforce-eager", model, eagerCache, [...common, "--enforce-eager"]));
   fs.rmSync(eagerCache, { recursive: true, force: true });
 
-  console.log(["run".padEnd(16), "ready s".padStart(8), "first token s".padStart(14)].join(" "));
-  for (const r of rows) console.log([r.label.padEnd(16), r.readySeconds.toFixed(2).padStart(8), r.firstTokenSeconds.toFixed(2).padStart(14)].join(" "));
-  const mean = (p: string) => {
-    const xs = rows.filter((r) => r.label.startsWith(p)).map((r) => r.firstTokenSeconds);
+  console.log(
+    ["run".padEnd(16), "ready s".padStart(8), "first token s".padStart(14), "step graphs s".padStart(14), "compiled".padStart(9), "from cache".padStart(11)].join(" "),
+  );
+  for (const r of rows)
+    console.log(
+      [
+        r.label.padEnd(16),
+        r.readySeconds.toFixed(2).padStart(8),
+        r.firstTokenSeconds.toFixed(2).padStart(14),
+        r.graphSeconds.toFixed(2).padStart(14),
+        String(r.compiled).padStart(9),
+        String(r.fromCache).padStart(11),
+      ].join(" "),
+    );
+  const mean = (p: string, f: (r: Run) => number) => {
+    const xs = rows.filter((r) => r.label.startsWith(p)).map(f);
     return xs.reduce((a, b) => a + b, 0) / xs.length;
   };
-  console.log(`warm / cold start-to-first-token = ${(mean("warm") / mean("cold")).toFixed(3)} (mean of ${runs} pairs)`);
+  console.log(`warm / cold start-to-first-token = ${(mean("warm", (r) => r.firstTokenSeconds) / mean("cold", (r) => r.firstTokenSeconds)).toFixed(3)} (mean of ${runs} pairs)`);
+  console.log(`warm / cold step-graph phase     = ${(mean("warm", (r) => r.graphSeconds) / mean("cold", (r) => r.graphSeconds)).toFixed(3)}`);
 }
 
 await main();
