@@ -15,6 +15,17 @@ import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamK
 import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
 import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeWeightsRef } from "./quant-reference.js";
 
+/** One raw call of generated code: bufs[i] = buffers[i] memory + byteOffsets[i]; reads/writes name what it touches. */
+export interface RawStreamCall {
+  /** Code address (kiln_jit `address(entry)`); the library must never be unloaded. */
+  address: bigint;
+  buffers: readonly DeviceBuffer[];
+  byteOffsets: BigInt64Array;
+  sizes?: BigInt64Array;
+  reads: readonly DeviceBuffer[];
+  writes: readonly DeviceBuffer[];
+}
+
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
 
@@ -228,6 +239,22 @@ export class CpuBackend implements Backend {
   }
   liveBytes(): number {
     return this.memory.liveBytes();
+  }
+
+  /** Whether submitRaw() can enqueue generated code (the addon has streamCallFn). */
+  get takesRawCalls(): boolean {
+    return typeof this.native.streamCallFn === "function";
+  }
+
+  /**
+   * Enqueues generated code on the stream, in order with this back end's kernels (step-graph captures record
+   * it like any kernel), and tracks its buffers so later host access waits for it.
+   */
+  submitRaw(call: RawStreamCall): void {
+    if (!this.native.streamCallFn) throw new BackendUnavailableError("cpu", "the native addon predates raw stream calls; rebuild it");
+    const asView = (buffer: DeviceBuffer) => ({ buffer }) as BufferView; // track() looks at the buffer only
+    this.native.streamCallFn(call.address, call.buffers.map(rawOf), call.byteOffsets, call.sizes);
+    this.stream.track(call.reads.map(asView), call.writes.map(asView));
   }
 
   run(call: KernelCall, options?: RunOptions): void {

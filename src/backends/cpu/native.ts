@@ -137,6 +137,11 @@ export type NativeStreamKernels = { [K in StreamKernelName]: (...args: Parameter
 
 export interface NativeStream {
   readonly stream: NativeStreamKernels;
+  /**
+   * Enqueues one call `void f(void** bufs, const int64_t* sizes)` of generated code at `address` (kiln_jit),
+   * bufs[i] = buffers[i] + byteOffsets[i]. Absent in an addon older than the compiler's stream calls.
+   */
+  streamCallFn?(address: bigint, buffers: ArrayBuffer[], byteOffsets: BigInt64Array, sizes?: BigInt64Array): number;
   /** Blocks until every enqueued job has run; rethrows the first kernel error recorded on the stream. */
   streamSync(): void;
   /** Resolves when every job enqueued so far has run (rejects with a recorded error); never keeps an idle loop alive. */
