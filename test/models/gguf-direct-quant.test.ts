@@ -3,7 +3,6 @@
 // bits. Oracles: an element-wise repack written here from the layouts' definitions, gguf-quant.ts's dequantizer,
 // the f32 matmul on the dequantized weight, and llama.cpp on the same file.
 import assert from "node:assert/strict";
-import { createRequire } from "node:module";
 import { test } from "node:test";
 import { dequantizeRef, nativeQuantCode, nativeTakesScheme, quantizeWeightsRef } from "../../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
@@ -18,6 +17,7 @@ import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { fromBytes, linear, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
 import { quantizedShadowOf, quantizeWeight, quantizedLinear, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
+import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
 const native = tryLoadNativeKernels();
@@ -264,14 +264,6 @@ test("an untied lm_head quantized on load is what CausalLM.logits reads (not its
   assert.ok(maxAbsDiff(q8, f32) <= 0.03 * maxAbs(f32), `int8 head: max logit error ${maxAbsDiff(q8, f32)} vs range ${maxAbs(f32)}`);
 });
 
-const hasLlamaCpp = (() => {
-  try {
-    createRequire(import.meta.url).resolve("node-llama-cpp");
-    return true;
-  } catch {
-    return false;
-  }
-})();
 
 test("Q4_0 / Q8_0 loaded as int4 / int8_g32 match llama.cpp on the same file (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 60_000 }, async (t) => {
   const { getLlama } = await import("node-llama-cpp");

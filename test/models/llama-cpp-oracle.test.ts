@@ -4,21 +4,13 @@
 // for logits of scale ~10 (std 0.2 weights). We assert < 1e-3 * logit scale (the bound).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { createRequire } from "node:module";
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { arange, noGrad, tensor } from "../../src/tensor/index.js";
+import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 
-const hasLlamaCpp = (() => {
-  try {
-    createRequire(import.meta.url).resolve("node-llama-cpp");
-    return true;
-  } catch {
-    return false;
-  }
-})();
 
 const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"];
 const PROMPT = "The jury said that the city of Atlanta";
