@@ -6,7 +6,7 @@
 // concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it).
 // The model and tokenizer are written once under <tmpdir>/kiln-bench-models and reused.
 // Usage: npm run bench:engine [-- --dtype float32|bfloat16] [--engines llm,worker] [--concurrency 1,8,32]
-//        [--shapes 32x128,128x64]   (prompt tokens x output tokens)
+//        [--shapes 32x128,128x64]   (prompt tokens x output tokens)  [--enforce-eager]  (no step graphs)
 import * as os from "node:os";
 import * as path from "node:path";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
@@ -97,11 +97,11 @@ async function main(): Promise<void> {
   // f32 KV cache: 30 layers x 3 KV heads x 64 dims x (K, V) x 4 B = 45 KiB per token; room for every request
   // at once, so that no run is limited by preemption.
   const maxConc = Math.max(...concurrencies);
-  const args: ServingArgs = { model, maxModelLen: 224, maxNumSeqs: maxConc, kvCacheMemory: (maxConc + 2) * 14 * 16 * 46080 };
+  const args: ServingArgs = { model, enforceEager: process.argv.includes("--enforce-eager"), maxModelLen: 224, maxNumSeqs: maxConc, kvCacheMemory: (maxConc + 2) * 14 * 16 * 46080 };
   const native = tryLoadNativeKernels();
   const backend = native === null ? "cpu (TS reference: native addon not built)" : `cpu native (${native.isa})`;
   console.log(
-    `${backend}; ${os.cpus().length} cores; model ${path.basename(model)}; shapes (prompt x output tokens) ${shapes.map((s) => s.join("x")).join(", ")}; greedy, ignore_eos`,
+    `${backend}; ${os.cpus().length} cores; model ${path.basename(model)}${args.enforceEager === true ? " (--enforce-eager)" : ""}; shapes (prompt x output tokens) ${shapes.map((s) => s.join("x")).join(", ")}; greedy, ignore_eos`,
   );
 
   const rows: Row[] = [];
