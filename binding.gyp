@@ -35,7 +35,7 @@
         },
         {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc"],
           "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx2"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
@@ -50,7 +50,7 @@
         },
         {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
         }

@@ -9,6 +9,7 @@
 
 #include "kernels.h"
 #include "quant.h"
+#include "sampling.h"  // sampleRows
 #include "stream.h"
 #include "thread-pool.h"
 
@@ -504,6 +505,46 @@ Job Convert(const Napi::CallbackInfo& info) {
   return {"convert", [=] { (gK->*Fn)(src, dst, n); }};
 }
 
+// ---------------------------------------------------------------- batched sampling (native/sampling.h)
+// sampleRows(logits, rows, vocab, temperature, topK, topP, minP, uniform, out, stages = 3): per row, greedy
+// argmax (temperature 0) or temperature -> min_p -> top-k/top-p -> draw, as src/engine/sampler.ts.
+// temperature/topP/minP/uniform are Float64Array so 1/T, log(min_p) and top_p * total match the JS doubles.
+template <>
+struct ArrayKind<double> {
+  static constexpr napi_typedarray_type type = napi_float64_array;
+  static constexpr const char* name = "Float64Array";
+};
+
+Job SampleRows(const Napi::CallbackInfo& info) {
+  const char* op = "sampleRows";
+  SampleRowsArgs a{};
+  a.rows = integer(info, 1, op, "rows");
+  a.vocab = integer(info, 2, op, "vocab", 1);
+  a.logits = array<float>(info, 0, a.rows * a.vocab, op, "logits");
+  a.temperature = array<double>(info, 3, a.rows, op, "temperature");
+  a.topK = array<int32_t>(info, 4, a.rows, op, "topK");
+  a.topP = array<double>(info, 5, a.rows, op, "topP");
+  a.minP = array<double>(info, 6, a.rows, op, "minP");
+  a.uniform = array<double>(info, 7, a.rows, op, "uniform");
+  a.out = array<int32_t>(info, 8, a.rows, op, "out");
+  const int64_t stages = info.Length() > 9 && !info[9].IsUndefined() ? integer(info, 9, op, "stages", 1)
+                                                                      : static_cast<int64_t>(kSampleAll);
+  if (stages > kSampleAll) fail(info.Env(), op, "stages must be 1 (scale), 2 (draw) or 3 (both)");
+  a.stages = static_cast<int>(stages);
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const char* bad = nullptr;
+    if (!(a.temperature[r] >= 0)) bad = "temperature must be >= 0";
+    else if (a.topK[r] < 0) bad = "topK must be >= 0";
+    else if (!(a.topP[r] > 0)) bad = "topP must be > 0";
+    else if (!(a.minP[r] >= 0 && a.minP[r] <= 1)) bad = "minP must be in [0, 1]";
+    else if (!(a.uniform[r] >= 0 && a.uniform[r] < 1)) bad = "uniform must be in [0, 1)";
+    if (bad) fail(info.Env(), op, std::string(bad) + " (row " + std::to_string(r) + ")");
+  }
+  if (a.rows == 0) return {op, nullptr};
+  return {op, [a] { sampleRows(a); }};
+}
+// ---------------------------------------------------------------- end batched sampling
+
 // The same validation feeds both entry points: `k.matmul(...)` runs now (after draining the stream, to
 // keep order), `k.stream.matmul(...)` enqueues and returns the job's sequence number.
 using Prepare = Job (*)(const Napi::CallbackInfo&);
@@ -659,6 +700,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   addStreamExports(env, exports);
   exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
   exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
+  exports.Set("sampleRows", Napi::Function::New(env, RunNow<SampleRows>, "sampleRows"));  // batched sampling
   exports.Set("streamCallFn", Napi::Function::New(env, StreamCallFn, "streamCallFn"));  // compiled programs
   return exports;
 }

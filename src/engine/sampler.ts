@@ -6,6 +6,9 @@
 // every step above (after temperature and the top-k/top-p/min-p masks for random rows; masked tokens get
 // -Infinity). vLLM's default is raw logprobs of the model; prompt logprobs here are raw (unprocessed), as in vLLM.
 // Scratch buffers are allocated once per vocab size and reused for every row and step.
+// When the native addon is loaded, temperature, greedy argmax, min_p, top-k/top-p and the draw run as one
+// batched kernel over all rows (native/sampling.cc); the JS functions below are its reference and fallback.
+import { tryLoadNativeKernels, type NativeKernels } from "../backends/cpu/native.js";
 import {
   LogitsProcessorSet,
   instantiateLogitsProcessors,
@@ -43,6 +46,37 @@ export interface SampledToken {
   logprobs: LogprobsEntry | null;
 }
 
+/** The native batched sampling kernel (native/sampling.h), or null to sample in JS. */
+export type SampleRowsKernel = NonNullable<NativeKernels["sampleRows"]>;
+
+/** `stages` of {@link SampleRowsKernel}. */
+const Stage = { scale: 1, draw: 2, all: 3 } as const;
+
+/** The addon's kernel when the addon is built and has it, else null. */
+export function nativeSampleRows(): SampleRowsKernel | null {
+  const k = tryLoadNativeKernels();
+  return typeof k?.sampleRows === "function" ? k.sampleRows.bind(k) : null;
+}
+
+/** Per-row arguments of the native kernel for up to `capacity` rows. */
+class RowParams {
+  readonly temperature: Float64Array; // 0 = greedy
+  readonly topK: Int32Array;
+  readonly topP: Float64Array;
+  readonly minP: Float64Array;
+  readonly uniform: Float64Array;
+  readonly tokenIds: Int32Array; // the kernel's output
+
+  constructor(readonly capacity: number) {
+    this.temperature = new Float64Array(capacity);
+    this.topK = new Int32Array(capacity);
+    this.topP = new Float64Array(capacity);
+    this.minP = new Float64Array(capacity);
+    this.uniform = new Float64Array(capacity);
+    this.tokenIds = new Int32Array(capacity);
+  }
+}
+
 export class Sampler {
   /** The engine-level logits processors (vLLM `logits_processors`). */
   readonly logitsProcessors: LogitsProcessorSet;
@@ -50,16 +84,19 @@ export class Sampler {
   private readonly seen: Uint8Array; // token occurs in prompt or output
   private readonly counts: Int32Array; // occurrences in output
   private readonly candidates: Float32Array; // top-k / top-p selection scratch
+  private rowParams = new RowParams(0); // native kernel arguments, grown to the largest batch
 
   /**
    * @param vocabSize row width of the logits buffers.
    * @param generator the engine generator used by unseeded rows (engine `seed` arg).
    * @param logitsProcessors engine-level processors: instances, or classes constructed here with {vocabSize}.
+   * @param native the batched sampling kernel (default: the addon's when loaded); null samples in JS.
    */
   constructor(
     readonly vocabSize: number,
     private readonly generator: Rng,
     logitsProcessors: readonly LogitsProcessorInput[] = [],
+    readonly native: SampleRowsKernel | null = nativeSampleRows(),
   ) {
     this.logitsProcessors = new LogitsProcessorSet(instantiateLogitsProcessors(logitsProcessors, { vocabSize }));
     this.banned = new Uint8Array(vocabSize);
@@ -76,7 +113,6 @@ export class Sampler {
     this.logitsProcessors.validateParams(params);
   }
 
-  /** Samples one token per row. Edits `logits` in place (it ends up holding the processed logits). */
   /**
    * Whether the row's token is the plain argmax of its raw logits (greedy, no logprobs, masks, bias,
    * penalties, pending min_tokens or processors): then the device may sample it.
@@ -98,26 +134,35 @@ export class Sampler {
     );
   }
 
+  /** Samples one token per row. Edits `logits` in place (it ends up holding the processed logits). */
   sample(logits: Float32Array, rows: readonly SamplingRow[]): SampledToken[] {
     const V = this.vocabSize;
     if (logits.length !== rows.length * V) throw new Error(`[sampler] logits has ${logits.length} values, expected ${rows.length} x ${V}`);
     const procs = this.logitsProcessors;
     const procRows: LogitsProcessorRow[] | null = procs.size > 0 ? procs.rowsFor(rows) : null;
-    const row = (r: number): Float32Array => logits.subarray(r * V, (r + 1) * V);
-
-    for (let r = 0; r < rows.length; r++) this.applyMasksAndBias(row(r), rows[r]!);
+    for (let r = 0; r < rows.length; r++) this.applyMasksAndBias(logits.subarray(r * V, (r + 1) * V), rows[r]!);
     if (procRows !== null) for (const p of procs.nonArgmaxInvariant) p.apply(logits, procRows, V);
-    const out: SampledToken[] = new Array<SampledToken>(rows.length);
-    let anyRandom = false;
     for (let r = 0; r < rows.length; r++) {
       const sr = rows[r]!;
-      const l = row(r);
+      const l = logits.subarray(r * V, (r + 1) * V);
       const p = sr.params;
       for (const f of p.logitsProcessors) f(sr.outputTokenIds, l);
       if (p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0) this.applyPenalties(l, sr);
+    }
+    return this.native === null ? this.sampleJs(logits, rows, procRows) : this.sampleNative(this.native, logits, rows, procRows);
+  }
+
+  /** The reference path: [greedy: argmax] | [temperature -> argmax-invariant processors -> min_p -> top-k/p -> draw]. */
+  private sampleJs(logits: Float32Array, rows: readonly SamplingRow[], procRows: LogitsProcessorRow[] | null): SampledToken[] {
+    const V = this.vocabSize;
+    const row = (r: number): Float32Array => logits.subarray(r * V, (r + 1) * V);
+    const out: SampledToken[] = new Array<SampledToken>(rows.length);
+    let anyRandom = false;
+    for (let r = 0; r < rows.length; r++) {
+      const p = rows[r]!.params;
+      const l = row(r);
       if (isGreedy(p)) {
-        const tokenId = argmax(l);
-        out[r] = { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) };
+        out[r] = this.token(l, argmax(l), p);
       } else {
         anyRandom = true;
         if (p.temperature !== 1) {
@@ -128,7 +173,7 @@ export class Sampler {
     }
     if (!anyRandom) return out;
     // Argmax-invariant processors see the whole batch, as in vLLM; greedy rows are already decided.
-    if (procRows !== null) for (const p of procs.argmaxInvariant) p.apply(logits, procRows, V);
+    if (procRows !== null) for (const p of this.logitsProcessors.argmaxInvariant) p.apply(logits, procRows, V);
     for (let r = 0; r < rows.length; r++) {
       const sr = rows[r]!;
       const p = sr.params;
@@ -136,10 +181,61 @@ export class Sampler {
       const l = row(r);
       if (p.minP > 0) applyMinP(l, p.minP);
       if (p.topK > 0 || p.topP < 1) applyTopKTopP(l, p.topK, p.topP, this.candidates);
-      const tokenId = drawFromLogits(l, (sr.generator ?? this.generator).nextFloat());
-      out[r] = { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) };
+      out[r] = this.token(l, drawFromLogits(l, (sr.generator ?? this.generator).nextFloat()), p);
     }
     return out;
+  }
+
+  /**
+   * The same steps as {@link sampleJs} as one kernel call over the batch, or two (scale; draw) when
+   * argmax-invariant processors must run between them. Uniforms are drawn in row order, as the JS path does.
+   */
+  private sampleNative(
+    kernel: SampleRowsKernel,
+    logits: Float32Array,
+    rows: readonly SamplingRow[],
+    procRows: LogitsProcessorRow[] | null,
+  ): SampledToken[] {
+    const V = this.vocabSize;
+    const n = rows.length;
+    if (this.rowParams.capacity < n) this.rowParams = new RowParams(Math.max(n, 2 * this.rowParams.capacity));
+    const a = this.rowParams;
+    let anyRandom = false;
+    for (let r = 0; r < n; r++) {
+      const p = rows[r]!.params;
+      const greedy = isGreedy(p);
+      anyRandom ||= !greedy;
+      a.temperature[r] = greedy ? 0 : p.temperature;
+      a.topK[r] = Math.min(p.topK, V); // top_k >= vocab keeps everything, as 0 does
+      a.topP[r] = p.topP;
+      a.minP[r] = p.minP;
+    }
+    const invariant = procRows !== null && anyRandom ? this.logitsProcessors.argmaxInvariant : [];
+    const call = (stages: (typeof Stage)[keyof typeof Stage]): void =>
+      kernel(logits, n, V, a.temperature, a.topK, a.topP, a.minP, a.uniform, a.tokenIds, stages);
+    const out: SampledToken[] = new Array<SampledToken>(n);
+    const finish = (greedy: boolean): void => {
+      for (let r = 0; r < n; r++)
+        if (isGreedy(rows[r]!.params) === greedy) out[r] = this.token(logits.subarray(r * V, (r + 1) * V), a.tokenIds[r]!, rows[r]!.params);
+    };
+    if (invariant.length > 0) {
+      call(Stage.scale);
+      finish(true); // greedy logprobs before the processors edit the batch
+      for (const p of invariant) p.apply(logits, procRows!, V);
+    }
+    for (let r = 0; r < n; r++) {
+      const sr = rows[r]!;
+      a.uniform[r] = isGreedy(sr.params) ? 0 : (sr.generator ?? this.generator).nextFloat();
+    }
+    call(invariant.length > 0 ? Stage.draw : Stage.all);
+    if (invariant.length === 0) finish(true);
+    finish(false);
+    return out;
+  }
+
+  /** The sampled token of a processed row, with logprobs when the request asked for them. */
+  private token(l: Float32Array, tokenId: number, p: SamplingParams): SampledToken {
+    return { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) };
   }
 
   /** allowed_token_ids, bad_words, logit_bias and min_tokens: the built-in steps before the processors. */

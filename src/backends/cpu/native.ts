@@ -115,6 +115,18 @@ export interface NativeKernels extends NativeStream {
   bf16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
   f16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
   f32ToF16(src: Float32Array, dst: Uint16Array, n: number): void;
+  /**
+   * One token per row of logits [rows, vocab], rows in parallel, with the semantics of src/engine/sampler.ts:
+   * temperature[r] 0 = greedy (argmax, lowest id on ties); else logits *= 1/T, min_p, top-k/top-p masks
+   * (topK 0 / topP 1 / minP 0 = off), then an inverse-CDF draw in token-id order with uniform[r] in [0, 1).
+   * The logits end up holding the processed (scaled, masked) values. stages: 1 = greedy argmax + temperature
+   * only, 2 = masks + draw of the non-greedy rows only, 3 (default) = both. Synchronous (drains the stream
+   * first). Absent in an addon built before it.
+   */
+  sampleRows?(
+    logits: Float32Array, rows: number, vocab: number, temperature: Float64Array, topK: Int32Array, topP: Float64Array,
+    minP: Float64Array, uniform: Float64Array, out: Int32Array, stages?: 1 | 2 | 3,
+  ): void;
   /** STREAM-like read bandwidth over buf in GB/s using `threads` threads. */
   memoryReadBandwidth(buf: Float32Array, iterations: number, threads: number): number;
   /** FMA peak of one core in GFLOP/s for the selected ISA. */
