@@ -59,6 +59,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress) => {
     seed: args.seed,
     schedulingPolicy: args.schedulingPolicy,
     enforceEager: args.enforceEager,
+    asyncScheduling: args.asyncScheduling ?? undefined,
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;

@@ -27,6 +27,7 @@ export interface ServeArgs {
   chatTemplate: string | null; // template text (read from the file when a path was given)
   generationConfig: string; // "auto" | "vllm" | a directory
   enforceEager: boolean;
+  asyncScheduling: boolean | null; // null = engine default (on when the runner can dispatch)
   tensorParallelSize: number;
   logLevel: LogLevel;
   logRequests: boolean;
@@ -59,7 +60,9 @@ export function addEngineOptions(cmd: Command): Command {
     .addOption(new Option("--dtype <dtype>", "weight and activation dtype").choices(["auto", "float32", "bfloat16", "float16"]).default("auto"))
     .option("--seed <n>", "random seed", "0")
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
-    .option("--enforce-eager", "never compile; always run eagerly", false)
+    .option("--enforce-eager", "no step graphs: every step runs op by op from JS (nothing compiled at start-up)", false)
+    .option("--async-scheduling", "schedule the next step while the current one computes (the default)")
+    .option("--no-async-scheduling", "schedule each step after the previous one has finished")
     .option("--tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
     .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"))
@@ -178,6 +181,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     chatTemplate,
     generationConfig,
     enforceEager: Boolean(o.enforceEager),
+    asyncScheduling: (o.asyncScheduling as boolean | undefined) ?? null,
     tensorParallelSize: tp,
     logLevel: (o.logLevel as LogLevel | undefined) ?? "info",
     logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,

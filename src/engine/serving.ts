@@ -26,6 +26,8 @@ export interface ServingArgs {
   schedulingPolicy?: "fcfs" | "priority";
   /** Skip capturing the decode step graphs at start-up: every step runs op by op (vLLM's --enforce-eager). */
   enforceEager?: boolean;
+  /** vLLM's --async-scheduling: schedule step N+1 while step N computes (default on). */
+  asyncScheduling?: boolean;
   /** Largest decode batch captured as a step graph; default min(maxNumSeqs, 32). */
   maxCaptureSize?: number;
   /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
@@ -97,6 +99,7 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
     enablePrefixCaching: args.enablePrefixCaching ?? true,
     seed: args.seed,
     schedulingPolicy: args.schedulingPolicy,
+    asyncScheduling: args.asyncScheduling,
     eosTokenIds: loaded.tokenizer.eosTokenIds,
   };
   return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize };

@@ -28,6 +28,11 @@ describe("kiln CLI", () => {
     assert.deepEqual(a.servedModelName, ["a", "b"]);
     assert.deepEqual(a.allowedOrigins, ["http://x"]);
     assert.equal(a.host, "0.0.0.0");
+    assert.equal(a.asyncScheduling, null);
+    assert.equal(a.enforceEager, false);
+    const b = parseServeArgs("m", { asyncScheduling: false, enforceEager: true }, {});
+    assert.equal(b.asyncScheduling, false);
+    assert.equal(b.enforceEager, true);
     assert.equal(parseServeArgs(undefined, {}, { KILN_API_KEY: "k" }).apiKey, "k");
     assert.match(parseServeArgs(undefined, {}, {}).model, /models\/kiln-default$/);
     assert.equal(parseBytes("4G", "x"), 4e9);
