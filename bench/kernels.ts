@@ -1,7 +1,9 @@
 // Kernel roofline bench: GEMV/GEMM in f32 and bf16 with 1 and 2 threads, compared with this
 // run's measured read bandwidth (per thread count) and single-core FMA peak (x threads).
 // gemv [1536,576] f32 is 3.5 MB: it fits in L3, so it can exceed the DRAM read bandwidth.
-// Usage: npm run bench:kernels   (KILN_NATIVE_ISA=avx2|scalar to bench another path)
+// The "decode batch" rows are x[M,K] @ W[N,K]^T on one SmolLM-135M layer's shapes at continuous-batching
+// M, 2 threads; %peak is against 2x this run's single-core FMA peak.
+// Usage: npm run bench:kernels [-- --decode-only]   (KILN_NATIVE_ISA=avx2|scalar to bench another path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
 import { timeIt } from "./timing.js";
 
@@ -15,6 +17,14 @@ const cases: Case[] = [
   { name: "gemm M=512 K=N=2048", M: 512, N: 2048, K: 2048 },
 ];
 
+// SmolLM-135M weights [N,K]: q/o proj, gate/up proj, down proj, LM head (tied embedding).
+const decodeShapes: { name: string; N: number; K: number }[] = [
+  { name: "[576,576]", N: 576, K: 576 },
+  { name: "[1536,576]", N: 1536, K: 576 },
+  { name: "[576,1536]", N: 576, K: 1536 },
+  { name: "[49152,576]", N: 49152, K: 576 },
+];
+const decodeMs = [1, 8, 32, 64];
 
 function fill(n: number): Float32Array {
   const a = new Float32Array(n);
@@ -22,8 +32,39 @@ function fill(n: number): Float32Array {
   return a;
 }
 
+function decodeBatch(k: NativeKernels, fma: number): void {
+  const threads = 2;
+  k.setNumThreads(threads);
+  console.log(`\ndecode batch: x[M,K] @ W[N,K]^T, ${threads} threads`);
+  console.log(["shape [N,K]".padEnd(13), "M".padStart(3), "dtype", "ms".padStart(9), "GFLOP/s".padStart(8), " %peak"].join(" "));
+  for (const s of decodeShapes) {
+    const wF32 = fill(s.N * s.K);
+    const wBf16 = new Uint16Array(s.N * s.K);
+    k.f32ToBf16(wF32, wBf16, wF32.length);
+    for (const M of decodeMs) {
+      const a = fill(M * s.K);
+      const out = new Float32Array(M * s.N);
+      for (const [dtype, w] of [[1, wBf16], [0, wF32]] as const) {
+        const fmaNow = Math.max(fma, k.fmaPeak(1e7));
+        // best of 3 spaced-out timings: a neighbour's burst on a shared 2-core machine halves a 2-thread row
+        const run = (): void => k.matmul(a, w, out, M, s.N, s.K, true, dtype, 1, 0, 0, 0);
+        const ms = Math.min(timeIt(run, 100), timeIt(run, 100), timeIt(run, 100));
+        const gflops = (2 * M * s.N * s.K / 1e9) / (ms / 1e3);
+        console.log([s.name.padEnd(13), String(M).padStart(3), (dtype ? "bf16" : "f32").padEnd(5), ms.toFixed(3).padStart(9),
+          gflops.toFixed(1).padStart(8), `${(100 * gflops / (fmaNow * threads)).toFixed(0)}%`.padStart(6)].join(" "));
+      }
+    }
+  }
+}
+
 function main(): void {
   const k: NativeKernels = loadNativeKernels();
+  if (process.argv.includes("--decode-only")) {
+    const fma = Math.max(k.fmaPeak(3e7), k.fmaPeak(3e7));
+    console.log(`isa ${k.isa}; FMA peak (1 core) ${fma.toFixed(1)} GFLOP/s`);
+    decodeBatch(k, fma);
+    return;
+  }
   const pct = (x: number): string => `${(100 * x).toFixed(0)}%`.padStart(5);
   const probe = fill(64 << 20); // 256 MiB: far beyond the caches
   const fma = Math.max(k.fmaPeak(3e7), k.fmaPeak(3e7));
@@ -57,6 +98,7 @@ function main(): void {
       }
     }
   }
+  decodeBatch(k, fma);
 }
 
 main();
