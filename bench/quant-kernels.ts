@@ -1,51 +1,65 @@
-// Quantized kernel roofline bench: int8 / int4 / fp8 / int8_g32 (Q8_0) weight GEMV/GEMM (native/quant-impl.inc) next to bf16 on the
-// same shapes, 1 and 2 threads, against this run's read bandwidth (re-probed per row: neighbours' load drifts).
-// Usage: node dist/bench/quant-kernels.js   (KILN_NATIVE_ISA=scalar to bench the portable path)
-import { loadNativeKernels } from "../src/backends/cpu/native.js";
+// Quantized matmul bench (native/quant-impl.inc, quant-tiles.inc): int8 / int4 / int8_g32 (Q8_0) weights x f32
+// activations on SmolLM-135M's layer shapes, for M = 1 (decode GEMV), 8 / 32 (batched decode) and 128 / 512
+// (prefill). GOP/s = 2 * M * N * K / time, against this run's measured vpdpbusd peak on the same threads
+// (k.quantDotPeak), and for M = 1 the weight read rate against the measured read bandwidth (the smaller shapes stay
+// in L2/L3 across calls, so only the 28 MB LM head reads DRAM). A busy neighbour core shows as a lower peak
+// measured after the rows (reported); compare runs whose peaks agree.
+// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,fp8] [--ms=1,8,32,128,512]
+//        (KILN_NATIVE_ISA=scalar to bench the portable path)
+import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
 import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
 import { timeIt } from "./timing.js";
 
-const cases = [
-  { name: "gemv [1536,576]", M: 1, N: 1536, K: 576 },
-  { name: "gemv [4096,4096]", M: 1, N: 4096, K: 4096 },
-  { name: "gemv [8192,2048]", M: 1, N: 8192, K: 2048 },
-  { name: "gemm M=8 [2048,2048]", M: 8, N: 2048, K: 2048 },
-  { name: "gemm M=32 [2048,2048]", M: 32, N: 2048, K: 2048 },
-  { name: "gemm M=512 [2048,2048]", M: 512, N: 2048, K: 2048 },
+const shapes = [
+  { name: "q/o [576,576]", N: 576, K: 576 },
+  { name: "gate/up [1536,576]", N: 1536, K: 576 },
+  { name: "down [576,1536]", N: 576, K: 1536 },
+  { name: "lm_head [49152,576]", N: 49152, K: 576 },
 ];
 
-const fill = (n: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37) * 0.5);
+const arg = (name: string, dflt: string) => (process.argv.find((a) => a.startsWith(`--${name}=`))?.split("=")[1] ?? dflt).split(",");
+const threadsList = arg("threads", "1,2").map(Number);
+const schemes = arg("schemes", "int8,int4,int8_g32") as QuantScheme[];
+const ms = arg("ms", "1,8,32,128,512").map(Number);
 
-const k = loadNativeKernels();
+// quantDotPeak is the quant table's vpdpbusd peak (native/quant.h)
+const k = loadNativeKernels() as NativeKernels & { quantDotPeak?: (iterations: number, threads: number) => number };
+const fill = (n: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37) * 0.5);
 const probe = fill(64 << 20);
+const pad = (s: string | number, n: number) => String(s).padStart(n);
+
 console.log(`isa ${k.isa}, quant ${k.quantIsa}`);
-console.log(["case".padEnd(24), "dtype", "thr", "ms".padStart(8), "GB/s".padStart(7), "GOP/s".padStart(7), " %BW", "vs bf16"].join(" "));
-for (const c of cases) {
-  const x = fill(c.M * c.K);
-  const w = fill(c.N * c.K);
-  const out = new Float32Array(c.M * c.N);
-  const bf = new Uint16Array(c.N * c.K);
-  k.f32ToBf16(w, bf, w.length);
-  for (const t of [1, 2]) {
-    k.setNumThreads(t);
-    const bfMs = timeIt(() => k.matmul(x, bf, out, c.M, c.N, c.K, true, 1, 1, 0, 0, 0));
-    const rows: [string, number, number][] = [["bf16", bfMs, bf.byteLength]];
-    for (const scheme of (["int8", "int4", "fp8", "int8_g32"] as QuantScheme[]).filter((s) => nativeTakesScheme(k, s) && (!isGroupScheme(s) || c.K % 64 === 0))) {
-      const data = new Uint8Array(quantDataBytes(scheme, c.N, c.K));
-      const ns = quantScaleCount(scheme, c.N, c.K);
+for (const t of threadsList) {
+  k.setNumThreads(t);
+  const peak = k.quantDotPeak ? Math.max(...[0, 1, 2].map(() => k.quantDotPeak!(1e7, t))) : 0;  // first call wakes the pool
+  const bw = k.memoryReadBandwidth(probe, 2, t);
+  console.log(`\n${t} thread(s): vpdpbusd peak ${peak.toFixed(0)} GOP/s, read bandwidth ${bw.toFixed(1)} GB/s; GOP/s (% of peak), M = 1 also GB/s (% of bandwidth)`);
+  console.log(["shape".padEnd(20), "scheme".padEnd(8), ...ms.map((m) => pad(`M=${m}`, m === 1 ? 25 : 12))].join(" "));
+  for (const s of shapes) {
+    const w = fill(s.N * s.K);
+    for (const scheme of schemes.filter((sc) => nativeTakesScheme(k, sc) && (!isGroupScheme(sc) || s.K % 64 === 0))) {
+      const data = new Uint8Array(quantDataBytes(scheme, s.N, s.K));
+      const ns = quantScaleCount(scheme, s.N, s.K);
       const scales = isGroupScheme(scheme) ? new Uint16Array(ns) : new Float32Array(ns);
-      const rs = new Int32Array(c.N);
+      const rs = new Int32Array(s.N);
       const code = nativeQuantCode(scheme);
-      k.quantizeWeights(w, c.N, c.K, code, data, scales, rs);
-      const ms = timeIt(() => k.quantMatmul(x, data, scales, rs, out, c.M, c.N, c.K, code));
-      rows.push([scheme, ms, data.byteLength + scales.byteLength + (scheme === "int8" ? rs.byteLength : 0)]);
-    }
-    const bw = k.memoryReadBandwidth(probe, 2, t);
-    for (const [dtype, ms, bytes] of rows) {
-      const gbs = bytes / 1e6 / ms;
-      console.log([c.name.padEnd(24), dtype.padEnd(5), String(t).padStart(3), ms.toFixed(3).padStart(8), gbs.toFixed(1).padStart(7),
-        ((2 * c.M * c.N * c.K) / 1e6 / ms).toFixed(0).padStart(7), `${((100 * gbs) / bw).toFixed(0)}%`.padStart(4), `${(bfMs / ms).toFixed(2)}x`.padStart(7)].join(" "));
+      k.quantizeWeights(w, s.N, s.K, code, data, scales, rs);
+      const bytes = data.byteLength + scales.byteLength + (scheme === "int8" ? rs.byteLength : 0);
+      const cells = ms.map((m) => {
+        const x = fill(m * s.K);
+        const out = new Float32Array(m * s.N);
+        const ms_ = timeIt(() => k.quantMatmul(x, data, scales, rs, out, m, s.N, s.K, code));
+        const gops = (2 * m * s.N * s.K) / 1e6 / ms_;
+        const cell = `${pad(gops.toFixed(0), 5)} ${peak > 0 ? pad(`(${((100 * gops) / peak).toFixed(0)}%)`, 6) : ""}`;
+        if (m !== 1) return pad(cell, 12);
+        const gbs = bytes / 1e6 / ms_;
+        return pad(`${cell} ${pad(gbs.toFixed(1), 5)} ${pad(`(${((100 * gbs) / bw).toFixed(0)}%)`, 6)}`, 25);
+      });
+      console.log([s.name.padEnd(20), scheme.padEnd(8), ...cells].join(" "));
     }
   }
+  // a neighbour that took a core meanwhile shows as a lower peak now: rerun then
+  const after = k.quantDotPeak ? Math.max(k.quantDotPeak(1e7, t), k.quantDotPeak(1e7, t)) : 0;
+  if (after < 0.9 * peak) console.log(`(peak now ${after.toFixed(0)} GOP/s: the machine got busier, numbers above are low)`);
 }

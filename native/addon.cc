@@ -573,6 +573,13 @@ Napi::Value MemoryReadBandwidth(const Napi::CallbackInfo& info) {
 Napi::Value FmaPeak(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), gK->fmaPeak(integer(info, 0, "fmaPeak", "iterations", 1)));
 }
+// quantDotPeak(iterations, threads): measured VNNI vpdpbusd peak in GOP/s (0 on the portable quant table).
+Napi::Value QuantDotPeak(const Napi::CallbackInfo& info) {
+  const int64_t it = integer(info, 0, "quantDotPeak", "iterations", 1);
+  const int64_t t = integer(info, 1, "quantDotPeak", "threads", 1);
+  streamDrainForSyncCall(info.Env());  // the pool may be inside a stream job
+  return Napi::Number::New(info.Env(), gQ->dotPeak(it, static_cast<int>(t > 256 ? 256 : t)));
+}
 
 Napi::Value SetNumThreads(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 0, "setNumThreads", "n", 1);
@@ -700,6 +707,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   addStreamExports(env, exports);
   exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
   exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
+  exports.Set("quantDotPeak", Napi::Function::New(env, QuantDotPeak, "quantDotPeak"));
   exports.Set("sampleRows", Napi::Function::New(env, RunNow<SampleRows>, "sampleRows"));  // batched sampling
   exports.Set("streamCallFn", Napi::Function::New(env, StreamCallFn, "streamCallFn"));  // compiled programs
   return exports;

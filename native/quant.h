@@ -30,6 +30,8 @@ struct QuantTable {
   void (*matmul)(const QuantMatmulArgs&);
   // Quantizes an f32 [N, K] weight into data/scales(/rowSums for int8) in the layout of `scheme`.
   void (*quantize)(int scheme, const float* w, int64_t N, int64_t K, void* data, void* scales, int32_t* rowSums);
+  // Measured vpdpbusd (u8 x s8 -> s32) peak of `threads` pool threads in GOP/s (2 ops per product); 0 without VNNI.
+  double (*dotPeak)(int64_t iterations, int threads);
 };
 
 extern const QuantTable kQuantScalar;

@@ -70,12 +70,15 @@ function runSuite(k: NativeKernels, isa: string): void {
 
   for (const threads of [1, 2]) {
     for (const scheme of ["int8", "int4", "fp8", "int8_g32"] as const) {
-      test(`[${isa}] ${scheme} quantMatmul, M = 1..70, ${threads} thread(s)`, { skip: skipScheme(scheme) }, () => {
+      test(`[${isa}] ${scheme} quantMatmul, M = 1..130, ${threads} thread(s)`, { skip: skipScheme(scheme) }, () => {
         k.setNumThreads(threads);
+        // VNNI batched tiles (native/quant-tiles.inc): rows of x in blocks of 16 (a last block of <= 4 / <= 8 rows
+        // reads 16 / 8 bytes of k per row and step), 12 (int8) or 6 / 12 (groups) weight rows per tile, then 4s and
+        // 1s; K = 1536 / 2050 with M >= 64 takes several passes over x. N = 67, 29, 13 leave partial tiles.
         const shapes: [number, number][] = isGroupScheme(scheme)
-          ? [[33, 64], [8, 128], [67, 576], [13, 320]]
-          : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000]];
-        const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 33, 64, 65, 70];
+          ? [[33, 64], [8, 128], [67, 576], [13, 320], [29, 1536]]
+          : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000], [29, 2050]];
+        const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 32, 33, 64, 65, 70, 130];
         for (const [n, kk] of shapes) {
           const w = randn(n * kk, 0.05);
           const q = nativeQuantize(k, scheme, w, n, kk);
