@@ -26,6 +26,8 @@ export interface RawStreamCall {
   writes: readonly DeviceBuffer[];
 }
 
+const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32"];
+
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
 
@@ -158,6 +160,7 @@ export class CpuBackend implements Backend {
   readonly name = "cpu";
   readonly native: NativeKernels;
   private readonly stream: CpuStream;
+  private readonly quantSchemes = new Set<QuantScheme>();
   private readonly memory: HostAllocator;
 
   constructor() {
@@ -167,6 +170,9 @@ export class CpuBackend implements Backend {
     this.stream = new CpuStream(native);
     const stream = this.stream;
     this.memory = new HostAllocator((m) => new CpuBuffer(m, stream));
+    // Which quant schemes this addon's kernels take, probed now with synchronous calls on scratch arrays: a
+    // probe through the stream launcher would enqueue a job writing arrays nobody keeps alive.
+    for (const scheme of QUANT_SCHEMES) if (nativeTakesScheme(native, scheme)) this.quantSchemes.add(scheme);
     const threads = env.numThreads;
     if (threads !== undefined) native.setNumThreads(threads);
   }
@@ -425,14 +431,14 @@ export class CpuBackend implements Backend {
         const q = quantArrays(call.scheme, call.w, call.scales, call.rowSums, call.n, call.k);
         const x = f32Span(call.x, call.m * call.k);
         const out = f32Span(call.out, call.m * call.n);
-        if (!q || !x || !out || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !nativeTakesScheme(k, call.scheme)) return false;
+        if (!q || !x || !out || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !this.quantSchemes.has(call.scheme)) return false;
         k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, nativeQuantCode(call.scheme));
         return true;
       }
       case "quantize_weight": {
         const q = quantArrays(call.scheme, call.data, call.scales, call.rowSums, call.n, call.k);
         const w = f32Span(call.w, call.n * call.k);
-        if (!q || !w || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !nativeTakesScheme(k, call.scheme)) return false;
+        if (!q || !w || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !this.quantSchemes.has(call.scheme)) return false;
         k.quantizeWeights(w, call.n, call.k, nativeQuantCode(call.scheme), q.data, q.scales, q.rowSums);
         return true;
       }

@@ -15,7 +15,9 @@ export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["
 const nativeSchemes = new WeakMap<object, Map<QuantScheme, boolean>>();
 /**
  * Whether this build of the native addon takes `scheme` (an addon older than quant.h's int8_g32 rejects code 3):
- * probed once with a 1x64 call. Without it, the host path (this file's reference) runs instead.
+ * probed once per kernels object with a 1x64 call; without it, the host path (this file's reference) runs.
+ * `k` must be the synchronous kernels (tryLoadNativeKernels()), never the stream launcher: a queued probe would
+ * write its scratch arrays after they may have been garbage-collected (heap corruption).
  */
 export function nativeTakesScheme(k: Pick<NativeKernels, "quantMatmul">, scheme: QuantScheme): boolean {
   let known = nativeSchemes.get(k);
