@@ -5,19 +5,13 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
 
 // ---------------------------------------------------------------- helpers
-let seed = 12345;
-function rand(): number {
-  // xorshift32: deterministic inputs so failures reproduce
-  seed ^= seed << 13;
-  seed ^= seed >>> 17;
-  seed ^= seed << 5;
-  return (seed >>> 0) / 4294967296;
-}
+const rand = mulberry32(12345); // deterministic inputs so failures reproduce
 function randArray(n: number, lo = -1, hi = 1): Float32Array {
   const a = new Float32Array(n);
   for (let i = 0; i < n; i++) a[i] = lo + (hi - lo) * rand();

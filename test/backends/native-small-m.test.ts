@@ -6,18 +6,12 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
 
-let seed = 987654321;
-function rand(): number {
-  // xorshift32: deterministic inputs so failures reproduce
-  seed ^= seed << 13;
-  seed ^= seed >>> 17;
-  seed ^= seed << 5;
-  return (seed >>> 0) / 4294967296;
-}
+const rand = mulberry32(987654321); // deterministic inputs so failures reproduce
 function randArray(n: number): Float32Array {
   const a = new Float32Array(n);
   for (let i = 0; i < n; i++) a[i] = 2 * rand() - 1;

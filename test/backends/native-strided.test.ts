@@ -8,17 +8,12 @@ import { CpuBackend } from "../../src/backends/cpu/cpu-backend.js";
 import { runReference } from "../../src/backends/reference/reference-kernels.js";
 import type { BufferView, KernelCall } from "../../src/backends/backend.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
 
-let seed = 987654321;
-function rand(): number {
-  seed ^= seed << 13;
-  seed ^= seed >>> 17;
-  seed ^= seed << 5;
-  return (seed >>> 0) / 4294967296;
-}
+const rand = mulberry32(987654321); // deterministic inputs so failures reproduce
 const randInt = (lo: number, hi: number): number => lo + Math.floor(rand() * (hi - lo + 1)); // inclusive
 const numel = (shape: readonly number[]): number => shape.reduce((a, b) => a * b, 1);
 

@@ -11,17 +11,12 @@ import {
   quantizeWeightsRef,
 } from "../../src/backends/cpu/quant-reference.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_QUANT_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
 
-let seed = 4242;
-function rand(): number {
-  seed ^= seed << 13;
-  seed ^= seed >>> 17;
-  seed ^= seed << 5;
-  return (seed >>> 0) / 4294967296;
-}
+const rand = mulberry32(4242); // deterministic inputs so failures reproduce
 function randn(n: number, scale = 1): Float32Array {
   const a = new Float32Array(n);
   for (let i = 0; i < n; i++) a[i] = scale * Math.sqrt(-2 * Math.log(Math.max(rand(), 1e-12))) * Math.cos(2 * Math.PI * rand());
