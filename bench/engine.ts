@@ -54,13 +54,17 @@ function runInProcess(llm: LLM, prompts: number[][]): Row {
     prompts.map((promptTokenIds) => ({ promptTokenIds })),
     params(),
   );
-  const seconds = (performance.now() - t0) / 1000;
   const outputTokens = outs.reduce((a, o) => a + o.outputs[0]!.tokenIds.length, 0);
+  return row("LLM (in-process)", prompts, t0, outputTokens);
+}
+
+/** One result row, timed from t0 to now. */
+function row(engine: string, prompts: number[][], t0: number, outputTokens: number): Row {
   return {
     shape: shapeName(),
-    engine: "LLM (in-process)",
+    engine,
     concurrency: prompts.length,
-    seconds,
+    seconds: (performance.now() - t0) / 1000,
     promptTokens: prompts.reduce((a, p) => a + p.length, 0),
     outputTokens,
   };
@@ -76,16 +80,7 @@ async function runWorker(engine: WorkerEngine, prompts: number[][], tag: string)
       return n;
     }),
   );
-  const seconds = (performance.now() - t0) / 1000;
-  const outputTokens = counts.reduce((a, b) => a + b, 0);
-  return {
-    shape: shapeName(),
-    engine: "WorkerEngine",
-    concurrency: prompts.length,
-    seconds,
-    promptTokens: prompts.reduce((a, p) => a + p.length, 0),
-    outputTokens,
-  };
+  return row("WorkerEngine", prompts, t0, counts.reduce((a, b) => a + b, 0));
 }
 
 async function main(): Promise<void> {

@@ -72,10 +72,8 @@ export class PagedModelRunner implements ModelRunner {
    * device's stream while this returns); wait() reads the logits back.
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
-    if (this.graphs !== null && this.graphs.canRun(batch)) {
-      const pending = this.graphs.launch(batch);
-      return { wait: () => ({ ...pending.wait(), promptLogits: new Map() }) };
-    }
+    const replay = this.graphs?.launch(batch) ?? null;
+    if (replay !== null) return { wait: () => ({ ...replay.wait(), promptLogits: new Map() }) };
     const seqs = batch.sequences;
     const T = batch.numTokens;
     const ids = new Int32Array(T);

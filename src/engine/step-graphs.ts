@@ -212,18 +212,15 @@ export class StepGraphs {
     return this.mixed.find((x) => x.tokens >= batch.numTokens && x.rows >= sampled) ?? null;
   }
 
-  /** Whether launch() can take this batch. */
-  canRun(batch: ScheduledBatch): boolean {
-    return this.bucketFor(batch) !== null;
-  }
-
   /**
    * Enqueues the step (metadata copies, then the replay); wait() returns the logits of the sampled rows, or
-   * with batch.sampleOnDevice only their argmax ids.
+   * with batch.sampleOnDevice only their argmax ids. Null (nothing enqueued) when no captured bucket fits:
+   * the caller runs the step eagerly.
    */
-  launch(batch: ScheduledBatch): { wait(): { logits: Float32Array; tokenIds?: Int32Array } } {
+  launch(batch: ScheduledBatch): { wait(): { logits: Float32Array; tokenIds?: Int32Array } } | null {
     const b = this.bucketFor(batch);
-    if (b === null) throw new Error("[step graphs] no captured bucket fits this batch");
+    if (b === null) return null;
+    const numSlots = this.numBlocks * this.blockSize;
     const T = b.tokens;
     const W = this.maxBlocksPerSeq;
     const bs = this.blockSize;
@@ -241,11 +238,17 @@ export class StepGraphs {
       const len = s.tokenIds.length;
       queryStart[seq] = at;
       seqLens[seq] = s.startPosition + len;
+      // replays trust their metadata: check what the kernels' index checks would have (padding is in range)
+      for (const id of s.blockTable) if (id < 0 || id >= this.numBlocks) throw new RangeError(`block id ${id} out of range`);
       tables.set(s.blockTable, seq * W);
       for (let j = 0; j < len; j++) {
-        ids[at + j] = s.tokenIds[j]!;
+        const id = s.tokenIds[j]!;
+        const slot = s.slotMapping[j]!;
+        if (id < 0 || id >= this.vocabSize) throw new RangeError(`token id ${id} out of range`);
+        if (slot < 0 || slot >= numSlots) throw new RangeError(`KV slot ${slot} out of range`);
+        ids[at + j] = id;
         positions[at + j] = s.startPosition + j;
-        slots[at + j] = s.slotMapping[j]!;
+        slots[at + j] = slot;
       }
       at += len;
       if (s.needsLogits) rowIndex[row++] = at - 1;
@@ -259,13 +262,6 @@ export class StepGraphs {
     }
     // Unused sequence slots (mixed buckets): empty.
     for (; seq <= T; seq++) queryStart[seq] = T;
-    const numSlots = this.numBlocks * bs;
-    for (let i = 0; i < T; i++) {
-      // replays trust their metadata: check what the kernels would have checked
-      if (ids[i]! < 0 || ids[i]! >= this.vocabSize) throw new RangeError(`token id ${ids[i]} out of range`);
-      if (slots[i]! < 0 || slots[i]! >= numSlots) throw new RangeError(`KV slot ${slots[i]} out of range`);
-    }
-    for (const id of tables) if (id < 0 || id >= this.numBlocks) throw new RangeError(`block id ${id} out of range`);
     const backend = this.model.device.backend;
     const put = (t: Tensor, a: Int32Array): void => {
       const v = t.view_("step graph input");

@@ -19,7 +19,7 @@ const nativeSchemes = new WeakMap<object, Map<QuantScheme, boolean>>();
  * `k` must be the synchronous kernels (tryLoadNativeKernels()), never the stream launcher: a queued probe would
  * write its scratch arrays after they may have been garbage-collected (heap corruption).
  */
-export function nativeTakesScheme(k: Pick<NativeKernels, "quantMatmul">, scheme: QuantScheme): boolean {
+export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolean {
   let known = nativeSchemes.get(k);
   if (!known) nativeSchemes.set(k, (known = new Map()));
   let ok = known.get(scheme);
