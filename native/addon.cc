@@ -3,6 +3,12 @@
 // every array is checked to be long enough before a kernel touches it.
 #include <napi.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -591,6 +597,50 @@ Napi::Value GetNumThreads(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), poolGetNumThreads());
 }
 
+// mapFile(path, byteOffset, byteLength): the file range as an ArrayBuffer over a private (copy-on-write) memory
+// map, llama.cpp's mmap loading: no read, no copy; the pages are the page cache's until someone writes one.
+// The pages are faulted in read-only now (MAP_POPULATE on a read-only map) and the map then made writable, so a
+// write copies just its page. Unmapped when the ArrayBuffer is garbage-collected.
+struct Mapping {
+  void* base;
+  size_t span;
+};
+Napi::Value MapFile(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) fail(env, "mapFile", "path must be a string");
+  const std::string path = info[0].As<Napi::String>().Utf8Value();
+  const int64_t offset = integer(info, 1, "mapFile", "byteOffset", 0);
+  const int64_t length = integer(info, 2, "mapFile", "byteLength", 1);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Napi::Error::New(env, "[mapFile] " + path + ": " + strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || offset + length > st.st_size) {
+    close(fd);
+    throw Napi::RangeError::New(env, "[mapFile] " + path + ": bytes [" + std::to_string(offset) + ", " +
+                                         std::to_string(offset + length) + ") lie past the end of the file");
+  }
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t start = offset / page * page;
+  const size_t span = static_cast<size_t>(offset - start + length);
+  void* base = mmap(nullptr, span, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, static_cast<off_t>(start));
+  const int mapErr = errno;
+  close(fd);
+  if (base == MAP_FAILED) throw Napi::Error::New(env, "[mapFile] " + path + ": " + strerror(mapErr));
+  if (mprotect(base, span, PROT_READ | PROT_WRITE) != 0) {
+    const int protErr = errno;
+    munmap(base, span);
+    throw Napi::Error::New(env, "[mapFile] " + path + ": " + strerror(protErr));
+  }
+  auto* m = new Mapping{base, span};
+  return Napi::ArrayBuffer::New(
+      env, static_cast<uint8_t*>(base) + (offset - start), static_cast<size_t>(length),
+      [](Napi::Env, void*, Mapping* hint) {
+        munmap(hint->base, hint->span);
+        delete hint;
+      },
+      m);
+}
+
 Napi::Value FeaturesFn(const Napi::CallbackInfo& info) {
   Napi::Object o = Napi::Object::New(info.Env());
   o.Set("avx512f", kFeatures.avx512f);
@@ -668,6 +718,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
+  exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
   struct Entry {
     const char* name;
     Napi::Function::Callback now, submit;

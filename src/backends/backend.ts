@@ -196,4 +196,12 @@ export interface Backend {
    * land after the work already enqueued (e.g. write step N+1's inputs while replay N still runs).
    */
   writeAsync?(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
+
+  // ---- optional: host back ends ----
+
+  /**
+   * A buffer over a file's bytes [byteOffset, byteOffset + byteLength) without reading or copying them: a
+   * private, copy-on-write memory map (weights load in place; a write copies only the page it touches).
+   */
+  mapFile?(path: string, byteOffset: number, byteLength: number): DeviceBuffer;
 }

@@ -1,27 +1,18 @@
 // The seam between the CLI and model loading: turns ServeArgs into a running engine + tokenizer.
-import { existsSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+// The worker path imports only what the main thread needs (WorkerEngine, the tokenizer): the model, tensor and
+// engine-core modules load in the worker, so start-up does not pay for them twice. The in-process path imports
+// them when it runs.
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
-import { AsyncLLM } from "../engine/async-llm.js";
-import { createServingSetup, type ServingArgs } from "../engine/serving.js";
-import { instantiateLogitsProcessors, loadLogitsProcessors } from "../engine/logits-processors.js";
+import type { ServingArgs } from "../engine/serving.js";
 import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
-import { resolveQuantization, type DtypeArg } from "../models/loader.js";
+import type { DtypeArg } from "../models/loader.js";
+import { resolveQuantization } from "../models/quantization-args.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 
-/** `<package root>/models/kiln-default`: the model `kiln serve` uses when none is given. */
-export const DEFAULT_MODEL_DIR = join(packageRoot(), "models", "kiln-default");
-
-/** The nearest directory above this file holding package.json (works from src/ and from dist/src/). */
-function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, "package.json")) && dirname(dir) !== dir) dir = dirname(dir);
-  return dir;
-}
+export { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 /** Reports start-up stages ("loading weights", "sizing KV cache", "warm-up") and optional progress in [0, 1]. */
 export type ProgressFn = (stage: string, fraction?: number) => void;
@@ -96,6 +87,11 @@ async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[]
 }
 
 async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promise<StartedEngine> {
+  const [{ AsyncLLM }, { createServingSetup }, { instantiateLogitsProcessors, loadLogitsProcessors }] = await Promise.all([
+    import("../engine/async-llm.js"),
+    import("../engine/serving.js"),
+    import("../engine/logits-processors.js"),
+  ]);
   const exports = await loadLogitsProcessors(specs); // before the model, as the worker does
   const { loaded, runner, engineArgs, kvTokens } = await createServingSetup(servingArgs);
   const logitsProcessors = instantiateLogitsProcessors(exports, { vocabSize: runner.vocabSize }, specs);

@@ -1,16 +1,18 @@
 // The `kiln` command line: serve | generate | chat | bench serve, plus hooks for train / init-model / convert.
 import { Command, CommanderError } from "commander";
-import { runBenchServe, type BenchServeArgs } from "./bench-serve.js";
-import { createEngineFromArgs, type EngineFactory } from "./engine-factory.js";
+import type { BenchServeArgs } from "./bench-serve.js";
+import type { EngineFactory } from "./engine-factory.js";
 import { extraCommands } from "./extra-commands.js";
-import { runChat, runGenerate } from "./generate.js";
-import { runServe } from "./serve.js";
 import { addEngineOptions, addServeOptions, CliUsageError, parseServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
 
 export interface CliDeps {
   engineFactory: EngineFactory;
 }
+
+// Commands import their modules when they run: `kiln serve` starts its engine worker before the server and
+// model code would have loaded on the main thread.
+const lazyEngineFactory: EngineFactory = async (args, progress) => (await import("./engine-factory.js")).createEngineFromArgs(args, progress);
 
 function num(value: unknown, flag: string, { min = 0, int = false } = {}): number {
   const n = Number(value);
@@ -27,7 +29,7 @@ function addSamplingOptions(cmd: Command): Command {
     .option("--top-p <p>", "nucleus sampling probability", "1"); // --seed comes with the engine options
 }
 
-export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromArgs }): Command {
+export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory }): Command {
   const program = new Command("kiln")
     .description("Kiln: vLLM-compatible LLM serving, tensor runtime and training recipes in TypeScript")
     .version(KILN_VERSION)
@@ -36,6 +38,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
   addServeOptions(
     program.command("serve").description("start the OpenAI-compatible server").argument("[model]", "model directory (default: the built-in model)"),
   ).action(async (model: string | undefined, opts: Record<string, unknown>) => {
+    const { runServe } = await import("./serve.js");
     await runServe(parseServeArgs(model, opts), deps.engineFactory);
   });
 
@@ -47,6 +50,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
       const args = parseServeArgs(opts.model as string | undefined, opts);
+      const { runGenerate } = await import("./generate.js");
       await runGenerate(args, {
         prompt: opts.prompt as string,
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
@@ -64,6 +68,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
       const args = parseServeArgs(opts.model as string | undefined, opts);
+      const { runChat } = await import("./generate.js");
       await runChat(args, {
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
         temperature: num(opts.temperature, "--temperature"),
@@ -121,6 +126,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: createEngineFromAr
         quiet: false,
       };
       if (args.requestRate === 0) throw new CliUsageError("--request-rate must be > 0 or inf");
+      const { runBenchServe } = await import("./bench-serve.js");
       const result = await runBenchServe(args);
       if (result.completed === 0) throw new Error("every request failed");
     });

@@ -1,7 +1,7 @@
 // `kiln serve` flags (vLLM's names and meanings), parsed into one typed, validated ServeArgs.
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
-import { DEFAULT_MODEL_DIR } from "./engine-factory.js";
+import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type SchedulingPolicy = "fcfs" | "priority";

@@ -1,6 +1,4 @@
 // `kiln serve`: build the engine through the injected factory, start the HTTP server, drain on SIGTERM.
-import { createServer } from "../server/index.js";
-import { serveUntilSignal } from "../server/shutdown.js";
 import type { EngineFactory } from "./engine-factory.js";
 import { createProgress } from "./progress.js";
 import type { ServeArgs } from "./serve-args.js";
@@ -8,7 +6,11 @@ import { KILN_VERSION } from "./version.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
   const progress = createProgress();
+  // The server's modules load on this thread while the engine worker loads the model.
+  const serverModules = Promise.all([import("../server/index.js"), import("../server/shutdown.js")]);
+  serverModules.catch(() => undefined); // awaited below; a failing factory must not leave it unhandled
   const loaded = await factory(args, progress);
+  const [{ createServer }, { serveUntilSignal }] = await serverModules;
   progress.done();
   const names = args.servedModelName ?? [loaded.modelName];
   const app = createServer({

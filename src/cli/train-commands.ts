@@ -1,19 +1,16 @@
 // `kiln train`, `kiln init-model` and `kiln convert`: the training and model-file commands.
 import * as fs from "node:fs";
 import * as os from "node:os";
-import { getBackend } from "../backends/registry.js";
 import type { Command } from "commander";
-import cliProgress from "cli-progress";
-import { loadTrainConfig } from "../train/train-config.js";
-import { runRecipe } from "../train/recipe.js";
-import { exportGguf, GGUF_EXPORT_TYPES, initModel, PRESETS, type GgufExportType } from "../models/init-model.js";
+import { GGUF_EXPORT_TYPES, PRESETS, type GgufExportType } from "../models/model-presets.js";
 import { SUPPORTED_ARCHITECTURES, type Architecture } from "../models/hf-config.js";
 import { CliUsageError } from "./serve-args.js";
-import { DEFAULT_MODEL_DIR } from "./engine-factory.js";
+import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 /** This machine's FMA peak over all native threads (for MFU), or 117 GFLOP/s per core when no native probe. */
-function measurePeakFlops(): number {
+async function measurePeakFlops(): Promise<number> {
   try {
+    const { getBackend } = await import("../backends/registry.js");
     const cpu = getBackend("cpu") as unknown as { native?: { fmaPeak(iterations: number): number; getNumThreads(): number } };
     if (cpu.native) return cpu.native.fmaPeak(2e7) * 1e9 * cpu.native.getNumThreads();
   } catch {
@@ -41,13 +38,18 @@ export function registerTrainCommands(program: Command): void {
     .option("--set <key=value...>", "override recipe values, e.g. --set training.steps=20", [])
     .option("--no-resume", "start from scratch even if checkpoints exist")
     .action(async (opts: { config: string; set: string[]; resume: boolean }) => {
+      const [{ default: cliProgress }, { loadTrainConfig }, { runRecipe }] = await Promise.all([
+        import("cli-progress"),
+        import("../train/train-config.js"),
+        import("../train/recipe.js"),
+      ]);
       const cfg = loadTrainConfig(opts.config, parseOverrides(opts.set));
       const tty = process.stderr.isTTY;
       const bar = tty ? new cliProgress.SingleBar({ format: "train [{bar}] {value}/{total} steps | loss {loss} | {tps} tok/s | ETA {eta_formatted}", stream: process.stderr }, cliProgress.Presets.shades_classic) : null;
       let started = false;
       const result = await runRecipe(cfg, {
         resume: opts.resume,
-        peakFlops: measurePeakFlops(),
+        peakFlops: await measurePeakFlops(),
         log: (line) => (bar && started ? bar.updateETA() : undefined, tty && started ? process.stderr.write(`\r\x1b[2K${line}\n`) : console.log(line)),
         onStep: (m, total) => {
           if (!bar) return;
@@ -83,13 +85,14 @@ export function registerTrainCommands(program: Command): void {
     .option("--tokenizer <dir>", "directory with tokenizer.json + tokenizer_config.json (default: the built-in model's)")
     .option("--seed <n>", "weight seed", "0")
     .option("--set <key=value...>", "override config.json fields, e.g. --set num_hidden_layers=4", [])
-    .action((opts: { out: string; arch: string; preset: string; dtype: string; tokenizer?: string; seed: string; set: string[] }) => {
+    .action(async (opts: { out: string; arch: string; preset: string; dtype: string; tokenizer?: string; seed: string; set: string[] }) => {
       if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(opts.arch)) throw new CliUsageError(`--arch must be one of ${SUPPORTED_ARCHITECTURES.join(", ")}`);
       if (opts.dtype !== "float32" && opts.dtype !== "bfloat16") throw new CliUsageError("--dtype must be float32 or bfloat16");
       const tokenizerDir = opts.tokenizer ?? DEFAULT_MODEL_DIR;
       if (!fs.existsSync(`${tokenizerDir}/tokenizer.json`)) throw new CliUsageError(`no tokenizer.json in ${tokenizerDir}; pass --tokenizer DIR`);
       const overrides: Record<string, unknown> = {};
       for (const [k, v] of Object.entries(parseOverrides(opts.set))) overrides[k] = Number.isFinite(Number(v)) ? Number(v) : v === "true" ? true : v === "false" ? false : v;
+      const { initModel } = await import("../models/init-model.js");
       const config = initModel(opts.out, {
         architecture: opts.arch as Architecture,
         preset: opts.preset,
@@ -107,9 +110,10 @@ export function registerTrainCommands(program: Command): void {
     .argument("<model-dir>", "Hugging Face model directory")
     .requiredOption("--out <file.gguf>", "output GGUF file")
     .option("--outtype <type>", GGUF_EXPORT_TYPES.join(", "), "F32")
-    .action((dir: string, opts: { out: string; outtype: string }) => {
+    .action(async (dir: string, opts: { out: string; outtype: string }) => {
       const t = opts.outtype.toUpperCase() as GgufExportType;
       if (!GGUF_EXPORT_TYPES.includes(t)) throw new CliUsageError(`--outtype must be one of ${GGUF_EXPORT_TYPES.join(", ")}`);
+      const { exportGguf } = await import("../models/init-model.js");
       exportGguf(dir, opts.out, t);
       console.log(`wrote ${opts.out}`);
     });

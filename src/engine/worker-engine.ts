@@ -2,6 +2,8 @@
 // (an HTTP server's) is never blocked by scheduling, the forward pass, sampling or detokenization. The
 // caller's thread keeps only the tokenizer (for /tokenize and chat templates) and per-request streams; the
 // worker sends one batched message per engine step with every request's new tokens and text.
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { Worker } from "node:worker_threads";
 import { readGguf } from "../models/formats/gguf.js";
 import { ggufToTokenizerJson } from "../models/formats/gguf-tokenizer.js";
@@ -75,8 +77,10 @@ export class WorkerEngine implements EngineClient {
   private constructor(
     private readonly worker: Worker,
     ready: ReadyMessage,
+    early: EarlyTokenizer | null,
   ) {
-    this.tokenizer = loadTokenizer(ready.tokenizer);
+    const src = ready.tokenizer;
+    this.tokenizer = early !== null && src.kind === "dir" && path.resolve(src.dir) === early.dir ? early.tokenizer : loadTokenizer(src);
     this.generationConfig = ready.generationConfig;
     this.maxModelLen = ready.maxModelLen;
     this.kvTokens = ready.kvTokens;
@@ -103,6 +107,16 @@ export class WorkerEngine implements EngineClient {
     const progress = onProgress ?? argsProgress;
     const workerArgs: WorkerServingArgs = { ...servingArgs, logitsProcessors: [...(logitsProcessors ?? [])] };
     const worker = new Worker(new URL("./engine-worker-main.js", import.meta.url), { workerData: workerArgs });
+    // While the worker loads the model on its thread, this one reads the tokenizer it will most likely name.
+    let early: EarlyTokenizer | null = null;
+    const dir = path.resolve(servingArgs.model);
+    if (fs.existsSync(path.join(dir, "tokenizer.json"))) {
+      try {
+        early = { dir, tokenizer: Tokenizer.fromDir(dir) };
+      } catch {
+        // the worker reports what is wrong with the model directory
+      }
+    }
     return new Promise((resolve, reject) => {
       const fail = (err: Error): void => {
         worker.off("message", onMessage);
@@ -117,7 +131,7 @@ export class WorkerEngine implements EngineClient {
           worker.off("error", fail);
           worker.off("exit", onExit);
           try {
-            resolve(new WorkerEngine(worker, m));
+            resolve(new WorkerEngine(worker, m, early));
           } catch (err) {
             fail(err as Error);
           }
@@ -332,6 +346,12 @@ function accumulate(s: Stream, o: WireOutput["outputs"][number]): CompletionOutp
 }
 
 /** The caller's thread's own tokenizer, from the same files the worker's loader used. */
+/** A tokenizer this thread loaded from a model directory while the worker started. */
+interface EarlyTokenizer {
+  dir: string;
+  tokenizer: Tokenizer;
+}
+
 function loadTokenizer(src: TokenizerSource): Tokenizer {
   if (src.kind === "dir") return Tokenizer.fromDir(src.dir);
   const g = readGguf(src.file);

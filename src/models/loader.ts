@@ -5,7 +5,7 @@ import * as path from "node:path";
 import type { DType } from "../backends/dtype.js";
 import type { QuantScheme } from "../backends/backend.js";
 import { KilnError, UnsupportedError } from "../util/errors.js";
-import { fromBytes, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
+import { fromBytes, mapFromFile, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
 import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { parseHfConfig, type ModelConfig } from "./hf-config.js";
@@ -22,6 +22,7 @@ import { fitsGroupKernels, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlo
 import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
+import { resolveQuantization } from "./quantization-args.js";
 
 export class ModelLoadError extends KilnError {
   override name = "ModelLoadError";
@@ -98,14 +99,7 @@ export function resolveDtype(arg: DtypeArg, config: ModelConfig): DType {
   }
 }
 
-const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8"];
-
-/** Validates --quantization: null/undefined = none; int8, int4 and fp8 run on cpu; other vLLM methods throw. */
-export function resolveQuantization(arg: string | null | undefined): QuantScheme | null {
-  if (arg === null || arg === undefined || arg === "" || arg === "none") return null;
-  if ((QUANT_SCHEMES as readonly string[]).includes(arg)) return arg as QuantScheme;
-  throw new UnsupportedError("load", `--quantization ${arg} is not supported on cpu (supported: ${QUANT_SCHEMES.join(", ")})`);
-}
+export { resolveQuantization };
 
 /** Applies --quantization to a loaded model in place. */
 function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedModel {
@@ -131,7 +125,8 @@ const SAFETENSORS_TO_DTYPE: Record<string, DType | undefined> = { F32: "float32"
 
 function tensorFromSafetensors(h: SafetensorsHandle, name: string, want: DType, device: DeviceLike): Tensor {
   const info = h.get(name)!;
-  if (SAFETENSORS_TO_DTYPE[info.dtype] === want) return fromBytes(h.load(name), want, info.shape, { device });
+  if (SAFETENSORS_TO_DTYPE[info.dtype] === want)
+    return mapFromFile(info.file, info.byteOffset, want, info.shape, { device }) ?? fromBytes(h.load(name), want, info.shape, { device });
   const f = tensor(h.loadAsFloat32(name), { shape: info.shape, device });
   if (want === "float32") return f;
   const cast = f.to(want);

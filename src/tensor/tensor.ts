@@ -2,6 +2,7 @@
 import type { BufferView } from "../backends/backend.js";
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import { DisposedTensorError, OpError } from "../util/errors.js";
+import { env } from "../util/env.js";
 import { resolveDevice, type Device, type DeviceLike } from "./device.js";
 import { Storage, storageFinalizer } from "./storage.js";
 import { flushDeferred } from "./dispatch.js";
@@ -559,6 +560,19 @@ export function fromBytes(bytes: Uint8Array, dtype: DType, shape: Shape, options
     throw new OpError("fromBytes", `${bytes.byteLength} bytes do not hold ${dtype}[${shape.join(", ")}]`);
   t.device.backend.write(t.storage.buffer, 0, bytes);
   return t;
+}
+
+/**
+ * A tensor over a file's raw little-endian bytes at byteOffset, memory-mapped in place (no read, no copy;
+ * copy-on-write) on back ends that map files. Null when the device cannot map, KILN_NO_MMAP=1, or the offset
+ * is not a multiple of the element size: the caller reads the bytes instead.
+ */
+export function mapFromFile(path: string, byteOffset: number, dtype: DType, shape: Shape, options: TensorOptions = {}): Tensor | null {
+  const dev = resolveDevice(options.device);
+  const byteLength = numel(shape) * DTYPE_BYTES[dtype];
+  const backend = dev.backend;
+  if (backend.mapFile === undefined || env.noMmap || byteLength === 0 || byteOffset % DTYPE_BYTES[dtype] !== 0) return null;
+  return new Tensor(new Storage(dev, backend.mapFile(path, byteOffset, byteLength)), dtype, [...shape], contiguousStrides(shape), 0);
 }
 
 /** Makes a tensor view over existing storage (used by view ops). */

@@ -48,6 +48,10 @@ export const env = {
   get engineInProcess(): boolean {
     return str("KILN_ENGINE_IN_PROCESS") === "1";
   },
+  /** Read weights into fresh memory instead of memory-mapping checkpoint files (llama.cpp's --no-mmap). */
+  get noMmap(): boolean {
+    return str("KILN_NO_MMAP") === "1";
+  },
   get apiKey(): string | undefined {
     return str("KILN_API_KEY");
   },

@@ -186,6 +186,9 @@ export class CpuBackend implements Backend {
   free(buffer: DeviceBuffer): void {
     this.memory.free(buffer);
   }
+  mapFile(path: string, byteOffset: number, byteLength: number): DeviceBuffer {
+    return this.memory.adopt(this.native.mapFile(path, byteOffset, byteLength));
+  }
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
     if (this.stream.capturing) throw new CaptureError("write", "host writes cannot be captured: write step inputs before launch(), outside the capture (on cpu)");
     this.memory.write(buffer, byteOffset, src);

@@ -38,6 +38,8 @@ export interface NativeKernels extends NativeStream {
   features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
   setNumThreads(n: number): void;
   getNumThreads(): number;
+  /** The file's bytes [byteOffset, byteOffset + byteLength) as an ArrayBuffer over a private copy-on-write map. */
+  mapFile(path: string, byteOffset: number, byteLength: number): ArrayBuffer;
   /**
    * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
    * linear weight gradient g^T @ x with no transposed copy). bTransposed: B is [N,K] (nn.Linear weight,

@@ -36,6 +36,13 @@ export class HostAllocator {
     return buffer;
   }
 
+  /** Takes host memory someone else allocated (a memory-mapped file) as a buffer, counted like allocate()'s. */
+  adopt(memory: ArrayBuffer): DeviceBuffer {
+    this.live++;
+    this.bytes += memory.byteLength;
+    return this.wrap(memory);
+  }
+
   free(buffer: DeviceBuffer): void {
     const b = buffer as DeviceBuffer & { freed: boolean };
     if (b.freed) return;
