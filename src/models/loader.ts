@@ -23,6 +23,7 @@ import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 import { resolveQuantization } from "./quantization-args.js";
+import { fp8CheckpointFormat, fp8WeightLoader } from "./fp8-checkpoint.js";
 
 export class ModelLoadError extends KilnError {
   override name = "ModelLoadError";
@@ -164,21 +165,27 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   if (info.weights.format === "gguf") return loadGguf(info.weights.files[0]!, options, dir);
   // before reading any weights: a model without its tokenizer fails fast
   if (!info.tokenizerJsonPath) throw new ModelLoadError(`${dir}: no tokenizer.json`);
-  const config = parseHfConfig(readJson(info.configPath));
+  const rawConfig = readJson(info.configPath);
+  const config = parseHfConfig(rawConfig);
   const dtype = resolveDtype(options.dtype ?? "auto", config);
+  const fp8Format = fp8CheckpointFormat(rawConfig);
+  const requested = resolveQuantization(options.quantization);
+  if (fp8Format !== null && requested !== null && requested !== "fp8")
+    throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
   const handle = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
   try {
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture] });
     const names = model.namedParameters().map(([n]) => n);
     const missing = names.filter((n) => !handle.has(n));
     if (missing.length) throw new ModelLoadError(`${dir}: checkpoint lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
+    const fp8 = fp8Format ? fp8WeightLoader(handle, model, fp8Format, dtype, options.device, options.onNote ?? ((m) => console.warn(m))) : null;
     names.forEach((n, i) => {
-      const t = tensorFromSafetensors(handle, n, paramDtype(n, dtype), options.device);
-      model.setParameter(n, t);
+      if (fp8?.take(n) !== true) model.setParameter(n, tensorFromSafetensors(handle, n, paramDtype(n, dtype), options.device));
       options.onProgress?.("loading weights", (i + 1) / names.length);
     });
+    fp8?.finish(dir);
     const tokenizer = Tokenizer.fromDir(dir);
-    return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype };
+    return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? null };
   } finally {
     handle.close();
   }
