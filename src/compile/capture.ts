@@ -224,6 +224,15 @@ class Recorder {
         this.write(call.out, this.push({ kind: "matmul", a, b, bTransposed: call.bTransposed }, [call.batch * call.m, call.n], "float32", this.dyn(a)), op);
         return;
       }
+      case "quant_matmul": {
+        const x = this.reshape(this.read({ ...call.x, shape: [call.m, call.k], strides: [call.k, 1] }, op), [call.m, call.k]);
+        if (this.dyn(x).includes(1)) throw new UnsupportedError(op, "the contracted dim cannot be dynamic");
+        const w = this.read(call.w, op);
+        const scales = this.read(call.scales, op);
+        const rowSums = call.rowSums === null ? null : this.read(call.rowSums, op);
+        this.write(call.out, this.push({ kind: "quant_matmul", scheme: call.scheme, x, w, scales, rowSums }, [call.m, call.n], "float32", this.dyn(x)), op);
+        return;
+      }
       case "rotary": {
         const x = this.read(call.x, op);
         const positions = this.read(call.positions, op);

@@ -7,6 +7,7 @@ import { Storage } from "../tensor/storage.js";
 import type { OpaqueFn } from "./capture.js";
 import type { Graph, NodeId } from "./ir.js";
 import { customOp } from "./custom-op-registry.js";
+import { quantizedLinear, type QuantizedWeight } from "../tensor/ops/linalg.js";
 
 /** A tensor over memory someone else owns (a program's arena or bound buffer): disposing it never frees that. */
 export function aliasOf(device: Device, v: BufferView): Tensor {
@@ -73,6 +74,12 @@ export function interpret(g: Graph, inputs: Tensor[], params: Tensor[], options:
       case "gather_rows":
         out = k.embedding(v(op.ids), v(op.table));
         break;
+      case "quant_matmul": {
+        const [N, K] = [n.shape[1]!, v(op.x).shape[1]!];
+        const weight: QuantizedWeight = { scheme: op.scheme, outFeatures: N, inFeatures: K, data: v(op.w), scales: v(op.scales), rowSums: op.rowSums === null ? null : v(op.rowSums) };
+        out = quantizedLinear(v(op.x), weight);
+        break;
+      }
       case "paged_attention": {
         const T = n.shape[0]!;
         const rows = op.dynamicTokens && options.dynSize != null ? options.dynSize : T;

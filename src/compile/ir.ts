@@ -1,7 +1,7 @@
 // The compiler's one IR (STYLE.md 6-7): a graph of typed nodes, each with a static shape and dtype.
 // Nodes are in topological order (an input's id is always smaller than its user's). Passes rewrite
 // this structure; the renderer (codegen-c.ts) and the interpreter (interpret.ts) consume it.
-import type { BinaryOp, UnaryOp } from "../backends/backend.js";
+import type { BinaryOp, QuantScheme, UnaryOp } from "../backends/backend.js";
 import type { DType } from "../backends/dtype.js";
 
 export type { BinaryOp, UnaryOp, DType };
@@ -29,6 +29,8 @@ export type Op =
   | { kind: "rotary"; x: NodeId; positions: NodeId; cos: NodeId; sin: NodeId; neox: boolean }
   | { kind: "custom"; name: string; inputs: NodeId[] } // a user op from defineOp()
   | { kind: "gather_rows"; table: NodeId; ids: NodeId } // table [rows, dim] (f32/bf16), ids int32 [n] -> [n, dim]
+  // x [M, K] f32 @ a weight-only quantized [N, K] (data, scales, rowSums as the scheme's layout: backend.ts)
+  | { kind: "quant_matmul"; scheme: QuantScheme; x: NodeId; w: NodeId; scales: NodeId; rowSums: NodeId | null }
   // ragged paged attention (q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]); also writes k/v into the kCache/vCache
   // leaves (in/out buffers) at slotMapping. `dynamicTokens`: T is the bucketed dim, narrowed to the real
   // token count at run time so padded rows never touch the cache.
@@ -63,7 +65,7 @@ export interface Graph {
 
 export const ELEMENTWISE: ReadonlySet<OpKind> = new Set(["unary", "binary", "where", "cast"]);
 export const ROW_OPS: ReadonlySet<OpKind> = new Set(["reduce", "softmax", "rms_norm"]);
-export const OPAQUE: ReadonlySet<OpKind> = new Set(["matmul", "rotary", "custom", "gather_rows", "paged_attention", "call"]);
+export const OPAQUE: ReadonlySet<OpKind> = new Set(["matmul", "quant_matmul", "rotary", "custom", "gather_rows", "paged_attention", "call"]);
 /** Ops with effects beyond their output (in-place cache writes, arbitrary eager code): never dropped. */
 export const SIDE_EFFECTS: ReadonlySet<OpKind> = new Set(["paged_attention", "call"]);
 
@@ -97,6 +99,8 @@ export function operands(op: Op): NodeId[] {
       return [...op.inputs];
     case "gather_rows":
       return [op.table, op.ids];
+    case "quant_matmul":
+      return op.rowSums === null ? [op.x, op.w, op.scales] : [op.x, op.w, op.scales, op.rowSums];
     case "paged_attention":
       return PAGED_OPERANDS.map((f) => op[f]);
   }
@@ -130,6 +134,8 @@ export function mapOperands(op: Op, f: (id: NodeId) => NodeId): Op {
       return { ...op, inputs: op.inputs.map(f) };
     case "gather_rows":
       return { ...op, table: f(op.table), ids: f(op.ids) };
+    case "quant_matmul":
+      return { ...op, x: f(op.x), w: f(op.w), scales: f(op.scales), rowSums: op.rowSums === null ? null : f(op.rowSums) };
     case "paged_attention": {
       const out = { ...op };
       for (const k of PAGED_OPERANDS) out[k] = f(op[k]);

@@ -245,6 +245,15 @@ export class Program {
           batch: 1, m: M, n: N, k: K, bTransposed: op.bTransposed, strideA: 0, strideB: 0, strideOut: 0,
         };
         runKernel("matmul", this.device, call, []);
+      } else if (op.kind === "quant_matmul") {
+        const x = view(op.x);
+        const K = x.shape[x.shape.length - 1]!;
+        const M = numelOf(x.shape) / K;
+        const N = n.shape[n.shape.length - 1]!;
+        runKernel("quant_matmul", this.device, {
+          op: "quant_matmul", scheme: op.scheme, x: { ...x, shape: [M, K], strides: [K, 1] }, w: view(op.w), scales: view(op.scales),
+          rowSums: op.rowSums === null ? null : view(op.rowSums), out: view(n.id), m: M, n: N, k: K,
+        }, []);
       } else if (op.kind === "rotary") {
         const [T, H, D] = n.shape as [number, number, number];
         const cos = view(op.cos);

@@ -56,10 +56,19 @@ function maxDiff(a: k.Tensor, b: k.Tensor): number {
 
 describe("compile() of model forwards", { skip: jitUnavailableReason() ?? false }, () => {
   // every family in strict mode; a dense and an MoE family again under defer-and-fuse (opaque bodies' deferred kernels)
-  const runs = [...FAMILIES.map((arch) => [arch, "strict"] as const), ["LlamaForCausalLM", "defer-and-fuse"] as const, ["Qwen3MoeForCausalLM", "defer-and-fuse"] as const];
-  for (const [arch, mode] of runs) {
-    it(`${arch} (${mode}): compiled paged forward == eager across buckets, prefill then decode`, () => k.withEagerMode(mode, () => {
-      const { model } = loadLocalModel(tinyModelDir(arch));
+  // and weight-only quantized projections (quant_matmul nodes)
+  type Run = readonly [(typeof FAMILIES)[number], "strict" | "defer-and-fuse", quantization?: "int8" | "int4" | "fp8"];
+  const runs: Run[] = [
+    ...FAMILIES.map((arch) => [arch, "strict"] as const),
+    ["LlamaForCausalLM", "defer-and-fuse"],
+    ["Qwen3MoeForCausalLM", "defer-and-fuse"],
+    ["LlamaForCausalLM", "strict", "int8"],
+    ["Qwen3ForCausalLM", "defer-and-fuse", "int4"],
+    ["LlamaForCausalLM", "strict", "fp8"],
+  ];
+  for (const [arch, mode, quantization] of runs) {
+    it(`${arch} (${mode}${quantization ? `, ${quantization}` : ""}): compiled paged forward == eager across buckets, prefill then decode`, () => k.withEagerMode(mode, () => {
+      const { model } = loadLocalModel(tinyModelDir(arch), { quantization });
       const eagerCaches = caches(model);
       const compiledCaches = caches(model);
       const moe = model.namedModules().flatMap(([, m]) => (m instanceof MoE ? [m] : []));
