@@ -134,7 +134,7 @@ export class StepGraphs {
         options.onProgress?.({ done: i + 1, total, bucket: `decode ${n}` });
       });
       mixed.forEach((n, i) => {
-        graphs.mixed.push(graphs.captureOne("mixed", n, rows, kvCaches, fuse));
+        graphs.mixed.push(graphs.captureOne("mixed", n, Math.min(n, rows), kvCaches, fuse)); // a step samples at most one row per token
         options.onProgress?.({ done: decode.length + i + 1, total, bucket: `mixed ${n}` });
       });
     } catch (e) {
