@@ -1,13 +1,13 @@
-// Quantized matmul bench (native/quant-impl.inc, quant-tiles.inc): int8 / int4 / int8_g32 (Q8_0) weights x f32
-// activations on SmolLM-135M's layer shapes, for M = 1 (decode GEMV), 8 / 32 (batched decode) and 128 / 512
-// (prefill). GOP/s = 2 * M * N * K / time, against this run's measured vpdpbusd peak on the same threads
+// Quantized matmul bench (native/quant-impl.inc, quant-tiles.inc, quant-mxfp4.inc): int8 / int4 / int8_g32 (Q8_0)
+// / mxfp4 weights x f32 activations on SmolLM-135M's layer shapes, for M = 1 (decode GEMV), 8 / 32 (batched
+// decode) and 128 / 512 (prefill). GOP/s = 2 * M * N * K / time, against this run's measured vpdpbusd peak on the same threads
 // (k.quantDotPeak), and for M = 1 the weight read rate against the measured read bandwidth (the smaller shapes stay
 // in L2/L3 across calls, so only the 28 MB LM head reads DRAM). A busy neighbour core shows as a lower peak
 // measured after the rows (reported); compare runs whose peaks agree.
-// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,fp8] [--ms=1,8,32,128,512]
+// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,mxfp4,fp8] [--ms=1,8,32,128,512]
 //        (KILN_NATIVE_ISA=scalar to bench the portable path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
-import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
+import { isGroupScheme, nativeQuantCode, nativeTakesScheme, newQuantScales, quantDataBytes } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
 import { timeIt } from "./timing.js";
 
@@ -20,7 +20,7 @@ const shapes = [
 
 const arg = (name: string, dflt: string) => (process.argv.find((a) => a.startsWith(`--${name}=`))?.split("=")[1] ?? dflt).split(",");
 const threadsList = arg("threads", "1,2").map(Number);
-const schemes = arg("schemes", "int8,int4,int8_g32") as QuantScheme[];
+const schemes = arg("schemes", "int8,int4,int8_g32,mxfp4") as QuantScheme[];
 const ms = arg("ms", "1,8,32,128,512").map(Number);
 
 // quantDotPeak is the quant table's vpdpbusd peak (native/quant.h)
@@ -40,8 +40,7 @@ for (const t of threadsList) {
     const w = fill(s.N * s.K);
     for (const scheme of schemes.filter((sc) => nativeTakesScheme(k, sc) && (!isGroupScheme(sc) || s.K % 64 === 0))) {
       const data = new Uint8Array(quantDataBytes(scheme, s.N, s.K));
-      const ns = quantScaleCount(scheme, s.N, s.K);
-      const scales = isGroupScheme(scheme) ? new Uint16Array(ns) : new Float32Array(ns);
+      const scales = newQuantScales(scheme, s.N, s.K);
       const rs = new Int32Array(s.N);
       const code = nativeQuantCode(scheme);
       k.quantizeWeights(w, s.N, s.K, code, data, scales, rs);

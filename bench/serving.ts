@@ -1,13 +1,14 @@
-// Serving bench per weight format (f32, bf16, int8, int4) on random Llama models of real shapes: prefill tokens/s
+// Serving bench per weight format (f32, bf16, int8, int4, mxfp4) on random Llama models of real shapes: prefill tokens/s
 // (one 512-token prompt), single-stream decode tokens/s, and aggregate decode tokens/s with 8 and 32 concurrent
 // requests. Decode is timed apart from prefill: each run is repeated with max_tokens = 1, and decode time is the
 // difference (so it starts when every request has prefilled). Next to each figure: the bandwidth roofline
 // (this run's measured read bandwidth / weight bytes read per decode step) and llama.cpp (node-llama-cpp, CPU)
-// on a GGUF export of the same weights (f32 -> F32, bf16 -> BF16, int8 -> Q8_0, int4 -> Q4_0). The int4 and int8
-// rows are one file for both engines: Kiln loads the Q4_0 / Q8_0 export straight into its int4 / int8_g32 kernels
+// on a GGUF export of the same weights (f32 -> F32, bf16 -> BF16, int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4). The
+// int4, mxfp4 and int8 rows are one file for both engines: Kiln loads the Q4_0 / MXFP4 / Q8_0 export straight into
+// its int4 / mxfp4 / int8_g32 kernels
 // (no dequantization; token_embd's blocks serve the tied LM head too), so both run bit-identical weights. With an
 // addon that lacks int8_g32, Kiln's int8 row falls back to per-row int8 (--quantization int8; close, not identical).
-// Usage: npm run bench [-- --model smollm|1b] [--models smollm,1b] [--formats f32,bf16,int8,int4] [--conc 8,32]
+// Usage: npm run bench [-- --model smollm|1b] [--models smollm,1b] [--formats f32,bf16,int8,int4,mxfp4] [--conc 8,32]
 //                      [--decode 32] [--prefill 512] [--no-llama-cpp] [--no-accuracy] [--threads 2]
 import * as os from "node:os";
 import * as path from "node:path";
@@ -32,9 +33,9 @@ function option(name: string, fallback: string): string {
 const flag = (name: string) => process.argv.includes(name);
 const PREFILL_LEN = Number(option("--prefill", "512")); // one prompt of this many tokens (small for smoke runs)
 
-type Format = "f32" | "bf16" | "int8" | "int4";
+type Format = "f32" | "bf16" | "int8" | "int4" | "mxfp4";
 const PRESETS: Record<string, string> = { smollm: "smollm-135m", "1b": "llama-1b" };
-const GGUF_PAIR: Record<Format, GgufExportType> = { f32: "F32", bf16: "BF16", int8: "Q8_0", int4: "Q4_0" };
+const GGUF_PAIR: Record<Format, GgufExportType> = { f32: "F32", bf16: "BF16", int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" };
 
 function prompts(n: number, len: number, seed: number): number[][] {
   let s = seed >>> 0;
@@ -190,7 +191,7 @@ function accuracy(ref: F32Reference, q: LLM): { agree: number; meanLp: number; m
 
 async function main(): Promise<void> {
   const models = option("--models", option("--model", "smollm")).split(",");
-  const formats = option("--formats", "f32,bf16,int8,int4").split(",") as Format[];
+  const formats = option("--formats", "f32,bf16,int8,int4,mxfp4").split(",") as Format[];
   const concs = option("--conc", "8,32").split(",").map(Number);
   const decodeTokens = Number(option("--decode", "32"));
   const threads = Number(option("--threads", String(Math.min(2, os.cpus().length))));
@@ -205,7 +206,7 @@ async function main(): Promise<void> {
   for (const key of models) {
     const preset = PRESETS[key] ?? key;
     const lines: string[] = [];
-    const quantized = (f: Format) => f === "int8" || f === "int4";
+    const quantized = (f: Format) => f === "int8" || f === "int4" || f === "mxfp4";
     const withAccuracy = !flag("--no-accuracy") && formats.some(quantized);
     let reference: F32Reference | null = null;
     const engineOptions = { maxModelLen: 1024, maxNumSeqs: 128, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20 };
@@ -215,8 +216,9 @@ async function main(): Promise<void> {
       const maxC = Math.max(1, ...concs);
       // without an f32 row first, the reference comes from a transient f32 model (dropped before this one loads)
       if (withAccuracy && !reference && quantized(format)) reference = f32Reference(new LLM({ model: benchModelDir("float32", preset), ...engineOptions }));
-      // int4 / int8: the Q4_0 / Q8_0 GGUF llama.cpp reads (linears and the tied head stay quantized, as loaded)
-      const sameFile = format === "int4" || (format === "int8" && nativeTakesScheme(native, "int8_g32"));
+      // int4 / mxfp4 / int8: the Q4_0 / MXFP4 / Q8_0 GGUF llama.cpp reads (linears and the tied head stay
+      // quantized, as loaded)
+      const sameFile = format === "int4" || format === "mxfp4" || (format === "int8" && nativeTakesScheme(native, "int8_g32"));
       const model = sameFile ? benchGguf(benchModelDir("float32", preset), GGUF_PAIR[format]) : dir;
       const setup = createServingSetupSync({
         model, quantization: format === "int8" && !sameFile ? format : null, maxModelLen: 1024, maxNumSeqs: maxC,

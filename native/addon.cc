@@ -163,19 +163,31 @@ Job Matmul(const Napi::CallbackInfo& info) {
   return {op, [a] { gK->matmul(a); }};
 }
 
+// A scheme code quant.h knows, and K whole 64-element chunks for the group schemes.
+void checkQuantScheme(const Napi::CallbackInfo& info, const char* op, int64_t scheme, int64_t K) {
+  if ((scheme < 0 || scheme > 3) && scheme != kQuantMxfp4)
+    fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32) or 5 (mxfp4)");
+  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32 || scheme == kQuantMxfp4;
+  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4, int8 group-32 and mxfp4 need K to be a multiple of 64");
+}
+// Weight bytes of an [N, K] weight: 4-bit codes for int4 and mxfp4, a byte each otherwise.
+int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
+  return scheme == kQuantInt4 || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
+}
+
 // quantMatmul(x, w, scales, rowSums, out, M, N, K, scheme): out = x @ dequant(W)^T, layouts in quant.h.
 Job QuantMatmul(const Napi::CallbackInfo& info) {
   const char* op = "quantMatmul";
   const int64_t M = integer(info, 5, op, "M"), N = integer(info, 6, op, "N"), K = integer(info, 7, op, "K");
   const int64_t scheme = integer(info, 8, op, "scheme");
-  if (scheme > 3) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8) or 3 (int8 group-32)");
+  checkQuantScheme(info, op, scheme, K);
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;  // f16 scales per 32, K % 64 == 0
-  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4 and int8 group-32 need K to be a multiple of 64");
   QuantMatmulArgs a{};
   a.x = array<float>(info, 0, M * K, op, "x");
-  a.w = array<uint8_t>(info, 1, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "w");
-  a.scales = grouped ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
-                                  : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
+  a.w = array<uint8_t>(info, 1, quantDataBytes(scheme, N, K), op, "w");
+  a.scales = scheme == kQuantMxfp4 ? static_cast<const void*>(array<uint8_t>(info, 2, N * K / 32, op, "scales"))
+             : grouped             ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
+                                   : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
   a.out = array<float>(info, 4, M * N, op, "out");
   a.M = M; a.N = N; a.K = K; a.scheme = static_cast<int>(scheme);
@@ -187,13 +199,13 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
 Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const char* op = "quantizeWeights";
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
-  if (scheme > 3) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8) or 3 (int8 group-32)");
+  checkQuantScheme(info, op, scheme, K);
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;
-  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4 and int8 group-32 need K to be a multiple of 64");
   const float* w = array<float>(info, 0, N * K, op, "w");
-  uint8_t* data = array<uint8_t>(info, 4, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "data");
-  void* scales = grouped ? static_cast<void*>(array<uint16_t>(info, 5, N * K / 32, op, "scales"))
-                                      : static_cast<void*>(array<float>(info, 5, N, op, "scales"));
+  uint8_t* data = array<uint8_t>(info, 4, quantDataBytes(scheme, N, K), op, "data");
+  void* scales = scheme == kQuantMxfp4 ? static_cast<void*>(array<uint8_t>(info, 5, N * K / 32, op, "scales"))
+                 : grouped             ? static_cast<void*>(array<uint16_t>(info, 5, N * K / 32, op, "scales"))
+                                       : static_cast<void*>(array<float>(info, 5, N, op, "scales"));
   int32_t* rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 6, N, op, "rowSums") : nullptr;
   const int sch = static_cast<int>(scheme);
   return {op, [=] { gQ->quantize(sch, w, N, K, data, scales, rowSums); }};

@@ -7,7 +7,7 @@ export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type SchedulingPolicy = "fcfs" | "priority";
 export type LogLevel = "debug" | "info" | "warning" | "error" | "critical";
 
-export const QUANTIZATION_METHODS = ["fp8", "int8", "int4", "gguf", "awq", "gptq"] as const;
+export const QUANTIZATION_METHODS = ["fp8", "int8", "int4", "mxfp4", "gguf", "awq", "gptq"] as const;
 
 export interface ServeArgs {
   model: string; // model directory (or GGUF file)

@@ -11,7 +11,7 @@ import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 export interface ServingArgs {
   model: string;
   dtype?: DtypeArg;
-  /** vLLM's --quantization: "int8" | "int4" | "fp8" weight-only quantization of the linear layers on load. */
+  /** vLLM's --quantization: "int8" | "int4" | "mxfp4" | "fp8" weight-only quantization of the linear layers on load. */
   quantization?: string | null;
   maxModelLen?: number;
   maxNumSeqs?: number;

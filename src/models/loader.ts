@@ -46,18 +46,18 @@ export interface LoadOptions {
   device?: DeviceLike;
   revision?: string;
   /**
-   * vLLM's --quantization: weight-only int8 (per channel), int4 (groups of 32) or fp8 (e4m3, per channel) for
-   * the decoder's linear layers, quantized on load; embeddings, norms and lm_head keep the model dtype.
+   * vLLM's --quantization: weight-only int8 (per channel), int4 or mxfp4 (groups of 32) or fp8 (e4m3, per
+   * channel) for the decoder's linear layers, quantized on load; embeddings, norms and lm_head keep the model dtype.
    */
   quantization?: string | null;
   /**
-   * With --quantization, also quantize the LM head (tied or not) per channel: int8 for int8/int4, fp8 for fp8
+   * With --quantization, also quantize the LM head (tied or not) per channel: int8 for int8/int4/mxfp4, fp8 for fp8
    * (as llama.cpp's Q8_0/Q4_0 exports do). Default true; false keeps it in the model dtype, as vLLM does.
    */
   quantizeLmHead?: boolean;
   /**
-   * GGUF Q4_0 / Q8_0 tensors of linear layers (and of a tied LM head) load straight into the int4 / int8_g32
-   * kernels' layouts, bit for bit, as llama.cpp runs them. Default true; false dequantizes every tensor.
+   * GGUF Q4_0 / Q8_0 / MXFP4 tensors of linear layers (and of a tied LM head) load straight into the int4 /
+   * int8_g32 / mxfp4 kernels' layouts, bit for bit, as llama.cpp runs them. Default true; false dequantizes every tensor.
    */
   ggufKeepQuantized?: boolean;
   /** Progress callback: (stage, fraction in [0, 1]). */
@@ -261,7 +261,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 }
 
 /**
- * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32; bits
+ * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, MXFP4 -> mxfp4; bits
  * moved, never dequantized). Tensors it declines load as floats: other types, in_features % 64 != 0 (the
  * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
  */
@@ -278,7 +278,9 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
     const scheme = GGUF_DIRECT_SCHEME[type];
     const q = repackGgufBlocks(type, raw, n, k);
     const data = fromBytes(q.data, "uint8", [n, q.data.length / n], { device: dev });
-    const scales = fromBytes(new Uint8Array(q.scales.buffer), "float16", [n, k / 32], { device: dev });
+    const scales = q.scales instanceof Uint8Array
+      ? fromBytes(q.scales, "uint8", [n, k / 32], { device: dev })
+      : fromBytes(new Uint8Array(q.scales.buffer), "float16", [n, k / 32], { device: dev });
     counts.set(scheme, (counts.get(scheme) ?? 0) + 1);
     return { scheme, outFeatures: n, inFeatures: k, data, scales, rowSums: null };
   };

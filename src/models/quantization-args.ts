@@ -4,9 +4,9 @@ import type { QuantScheme } from "../backends/backend.js";
 import { UnsupportedError } from "../util/errors.js";
 
 /** Methods `--quantization` takes on cpu (weight-only, applied on load). */
-export const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8"];
+export const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "mxfp4", "fp8"];
 
-/** Validates --quantization: null/undefined = none; int8, int4 and fp8 run on cpu; other vLLM methods throw. */
+/** Validates --quantization: null/undefined = none; int8, int4, mxfp4 and fp8 run on cpu; other vLLM methods throw. */
 export function resolveQuantization(arg: string | null | undefined): QuantScheme | null {
   if (arg === null || arg === undefined || arg === "" || arg === "none") return null;
   if ((QUANT_SCHEMES as readonly string[]).includes(arg)) return arg as QuantScheme;

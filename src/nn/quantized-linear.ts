@@ -28,9 +28,9 @@ export function quantizedWeightOf(layer: Linear): QuantizedWeight | undefined {
 }
 
 /**
- * Quantizes the selected Linear layers in place; returns the number quantized. int4 layers whose in_features is
- * not a multiple of 64 fall back to int8. The layer's "weight" parameter becomes the quantized data when it has
- * the weight's shape (int8, fp8), else a zero-stride placeholder of that shape (int4).
+ * Quantizes the selected Linear layers in place; returns the number quantized. int4 and mxfp4 layers whose
+ * in_features is not a multiple of 64 fall back to int8. The layer's "weight" parameter becomes the quantized data
+ * when it has the weight's shape (int8, fp8), else a zero-stride placeholder of that shape (int4, mxfp4).
  *
  * @example
  * quantizeLinears(model, "int8"); // model.forward now runs int8 x f32 GEMV/GEMM kernels

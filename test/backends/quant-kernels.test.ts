@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import type { QuantScheme } from "../../src/backends/backend.js";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import {
-  dequantizeRef, isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeActivationsRef,
+  dequantizeRef, isGroupScheme, nativeQuantCode, nativeTakesScheme, newQuantScales, quantDataBytes, quantMatmulRef, quantizeActivationsRef,
   quantizeWeightsRef,
 } from "../../src/backends/cpu/quant-reference.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
@@ -25,8 +25,7 @@ function randn(n: number, scale = 1): Float32Array {
 
 function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, n: number, kk: number) {
   const data = new Uint8Array(quantDataBytes(scheme, n, kk));
-  const ns = quantScaleCount(scheme, n, kk);
-  const scales = isGroupScheme(scheme) ? new Uint16Array(ns) : new Float32Array(ns);
+  const scales = newQuantScales(scheme, n, kk);
   const rowSums = new Int32Array(scheme === "int8" ? n : 0);
   k.quantizeWeights(w, n, kk, nativeQuantCode(scheme), data, scales, rowSums);
   return { data, scales, rowSums };
@@ -45,7 +44,7 @@ function runSuite(k: NativeKernels, isa: string): void {
 
   // int8_g32 (GGUF Q8_0 blocks) needs an addon that takes scheme code 3
   const skipScheme = (s: QuantScheme) => (nativeTakesScheme(k, s) ? false : "addon rejects this scheme code");
-  for (const scheme of ["int8", "int4", "fp8", "int8_g32"] as const) {
+  for (const scheme of ["int8", "int4", "fp8", "int8_g32", "mxfp4"] as const) {
     test(`[${isa}] ${scheme} weight quantization matches the reference`, { skip: skipScheme(scheme) }, () => {
       const n = 37;
       const kk = 192;
@@ -59,12 +58,13 @@ function runSuite(k: NativeKernels, isa: string): void {
       const dq = dequantizeRef(scheme, b, n, kk);
       let maxErr = 0;
       for (let i = 0; i < w.length; i++) maxErr = Math.max(maxErr, Math.abs(w[i]! - dq[i]!));
-      assert.ok(maxErr < (scheme === "int8" || scheme === "int8_g32" ? 0.003 : scheme === "fp8" ? 0.02 : 0.03), `${scheme} weight error ${maxErr}`);
+      const bound = { int8: 0.003, int8_g32: 0.003, fp8: 0.02, int4: 0.03, mxfp4: 0.05 }[scheme]; // mxfp4: <= amax/4 of a group
+      assert.ok(maxErr < bound, `${scheme} weight error ${maxErr}`);
     });
   }
 
   for (const threads of [1, 2]) {
-    for (const scheme of ["int8", "int4", "fp8", "int8_g32"] as const) {
+    for (const scheme of ["int8", "int4", "fp8", "int8_g32", "mxfp4"] as const) {
       test(`[${isa}] ${scheme} quantMatmul, M = 1..130, ${threads} thread(s)`, { skip: skipScheme(scheme) }, () => {
         k.setNumThreads(threads);
         // VNNI batched tiles (native/quant-tiles.inc): rows of x in blocks of 16 (a last block of <= 4 / <= 8 rows

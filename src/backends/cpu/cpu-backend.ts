@@ -13,7 +13,7 @@ import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamKernelName } from "./native.js";
 import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
-import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantMatmulRef, quantScaleCount, quantizeWeightsRef } from "./quant-reference.js";
+import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantMatmulRef, quantScaleCount, quantScaleDtype, quantizeWeightsRef } from "./quant-reference.js";
 
 /** One raw call of generated code: bufs[i] = buffers[i] memory + byteOffsets[i]; reads/writes name what it touches. */
 export interface RawStreamCall {
@@ -26,7 +26,7 @@ export interface RawStreamCall {
   writes: readonly DeviceBuffer[];
 }
 
-const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32"];
+const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "mxfp4"];
 
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
@@ -120,13 +120,19 @@ function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null 
   return { data: new Float32Array(rawOf(b.buffer), b.offset * 4, expected), bn: expected };
 }
 
-/** Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32) and rowSums (int8 only; else empty). */
+/**
+ * Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32, e8m0 bytes for mxfp4)
+ * and rowSums (int8 only; else empty).
+ */
 function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, rowSums: BufferView | null, n: number, k: number) {
   if (data.dtype !== "int8" && data.dtype !== "uint8") return null;
   const raw = rawOf(data.buffer);
   const bytes = new Uint8Array(raw, data.offset, quantDataBytes(scheme, n, k));
   const ns = quantScaleCount(scheme, n, k);
-  const sc = isGroupScheme(scheme) ? (scales.dtype === "float16" ? new Uint16Array(rawOf(scales.buffer), scales.offset * 2, ns) : null) : f32Span(scales, ns);
+  const want = quantScaleDtype(scheme);
+  let sc: Float32Array | Uint16Array | Uint8Array | null = null;
+  if (want === "float32") sc = f32Span(scales, ns);
+  else if (scales.dtype === want) sc = want === "uint8" ? new Uint8Array(rawOf(scales.buffer), scales.offset, ns) : new Uint16Array(rawOf(scales.buffer), scales.offset * 2, ns);
   let rs = new Int32Array(0);
   if (scheme === "int8") {
     if (!rowSums || rowSums.dtype !== "int32") return null;
@@ -139,7 +145,8 @@ function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, 
 function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" }>): void {
   const hostF32 = (v: BufferView, len: number) => new Float32Array(v.buffer.host!, v.offset * 4, len);
   const hostBytes = (v: BufferView, len: number, bytes: number) => new Uint8Array(v.buffer.host!, v.offset * bytes, len * bytes);
-  const scaleBytes = isGroupScheme(call.scheme) ? 2 : 4;
+  const scaleDtype = quantScaleDtype(call.scheme);
+  const scaleBytes = scaleDtype === "uint8" ? 1 : scaleDtype === "float16" ? 2 : 4;
   const ns = quantScaleCount(call.scheme, call.n, call.k);
   if (call.op === "quantize_weight") {
     const q = quantizeWeightsRef(call.scheme, hostF32(call.w, call.n * call.k).slice(), call.n, call.k);
@@ -150,7 +157,7 @@ function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize
   }
   const data = hostBytes(call.w, quantDataBytes(call.scheme, call.n, call.k), 1).slice();
   const sb = hostBytes(call.scales, ns, scaleBytes).slice();
-  const scales = isGroupScheme(call.scheme) ? new Uint16Array(sb.buffer) : new Float32Array(sb.buffer);
+  const scales = scaleDtype === "uint8" ? sb : scaleDtype === "float16" ? new Uint16Array(sb.buffer) : new Float32Array(sb.buffer);
   const rowSums = call.rowSums ? new Int32Array(hostBytes(call.rowSums, call.n, 4).slice().buffer) : new Int32Array(0);
   const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k);
   hostF32(call.out, call.m * call.n).set(out);

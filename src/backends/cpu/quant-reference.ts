@@ -5,9 +5,9 @@ import type { QuantScheme } from "../backend.js";
 import type { NativeKernels } from "./native.js";
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 5> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, mxfp4: 5 };
 
-/** QUANT_SCHEME_CODE as native.ts types the scheme argument (its `0 | 1 | 2` predates int8_g32's code 3). */
+/** QUANT_SCHEME_CODE as native.ts types the scheme argument. */
 export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
   return QUANT_SCHEME_CODE[scheme] as Parameters<NativeKernels["quantMatmul"]>[8];
 }
@@ -25,8 +25,7 @@ export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolea
   let ok = known.get(scheme);
   if (ok === undefined) {
     try {
-      const group = isGroupScheme(scheme);
-      const scales = group ? new Uint16Array(2) : new Float32Array(1);
+      const scales = newQuantScales(scheme, 1, 64);
       k.quantMatmul(new Float32Array(64), new Uint8Array(64), scales, new Int32Array(1), new Float32Array(1), 1, 1, 64, nativeQuantCode(scheme));
       ok = true;
     } catch {
@@ -37,23 +36,38 @@ export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolea
   return ok;
 }
 
-/** Schemes with f16 scales per group of 32 (and in_features % 64 == 0); the others scale per row in f32. */
+/**
+ * Schemes with a scale per group of 32 (and in_features % 64 == 0: the kernels take 64-element chunks): f16
+ * scales for int4 / int8_g32, e8m0 bytes for mxfp4. The others scale per row in f32.
+ */
 export function isGroupScheme(scheme: QuantScheme): boolean {
-  return scheme === "int4" || scheme === "int8_g32";
+  return scheme === "int4" || scheme === "int8_g32" || scheme === "mxfp4";
 }
 
-/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, or f16 bits per group), rowSums (int8). */
+/** The dtype of a scheme's scales: f32 per row (int8, fp8), f16 per group (int4, int8_g32), e8m0 bytes (mxfp4). */
+export function quantScaleDtype(scheme: QuantScheme): "float32" | "float16" | "uint8" {
+  return scheme === "mxfp4" ? "uint8" : isGroupScheme(scheme) ? "float16" : "float32";
+}
+
+/** A zeroed scales array of an [n, k] weight, typed as the kernels take it (f16 as bits). */
+export function newQuantScales(scheme: QuantScheme, n: number, k: number): Float32Array | Uint16Array | Uint8Array {
+  const count = quantScaleCount(scheme, n, k);
+  const dtype = quantScaleDtype(scheme);
+  return dtype === "uint8" ? new Uint8Array(count) : dtype === "float16" ? new Uint16Array(count) : new Float32Array(count);
+}
+
+/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, f16 bits or e8m0 bytes), rowSums (int8). */
 export interface QuantizedArrays {
   data: Uint8Array;
-  scales: Float32Array | Uint16Array;
+  scales: Float32Array | Uint16Array | Uint8Array;
   rowSums: Int32Array;
 }
 
-/** Bytes of quantized data for an [n, k] weight. */
+/** Bytes of quantized data for an [n, k] weight (4-bit codes for int4 and mxfp4). */
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
-  return scheme === "int4" ? (n * k) / 2 : n * k;
+  return scheme === "int4" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
 }
-/** Scale count for an [n, k] weight (per row, or per group of 32 for int4 / int8_g32). */
+/** Scale count for an [n, k] weight (per row, or per group of 32 for int4 / int8_g32 / mxfp4). */
 export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
   return isGroupScheme(scheme) ? (n * k) / 32 : n;
 }
@@ -120,10 +134,61 @@ function floatToFp8(x: number): number {
   return sign | best;
 }
 
+// ---- MXFP4 (OCP Microscaling): E2M1 codes, bit 3 sign, bits 2..1 exponent, bit 0 mantissa; E8M0 scales
+
+/** Doubled E2M1 value of each code (integers; llama.cpp's kvalues_mxfp4): value = MXFP4_DOUBLED[code] / 2. */
+export const MXFP4_DOUBLED: Int8Array = Int8Array.from([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]);
+
+/** E8M0 byte -> 2^(e - 127) (e = 0 is the f32 subnormal 2^-127; 255, NaN in the spec, is never written). */
+export function e8m0ToFloat(e: number): number {
+  return 2 ** (e - 127);
+}
+
+/**
+ * OCP's shared exponent of a block of max magnitude amax: floor(log2(amax)) - 2 (E2M1's largest exponent), biased
+ * by 127 and clamped to [0, 254]; 0 for an all-zero block. Exact (no log2 rounding), as native mxfp4Exponent.
+ */
+export function mxfp4Exponent(amax: number): number {
+  if (!(amax > 0) || !Number.isFinite(amax)) return 0;
+  let ex = Math.floor(Math.log2(amax));
+  if (2 ** ex > amax) ex--; // log2 rounded up just below a power of two
+  else if (2 ** (ex + 1) <= amax) ex++;
+  return Math.min(254, Math.max(0, ex - 2 + 127));
+}
+
+/** Nearest E2M1 code of v, ties to the even code (mantissa bit 0), saturating at +-6; zero is code 0. */
+export function floatToE2m1(v: number): number {
+  const a = Math.abs(v);
+  let best = 0;
+  let bestErr = a;
+  for (let c = 1; c < 8; c++) {
+    const err = Math.abs(a - MXFP4_DOUBLED[c]! / 2);
+    if (err < bestErr || (err === bestErr && (c & 1) === 0)) {
+      best = c;
+      bestErr = err;
+    }
+  }
+  return best !== 0 && v < 0 ? best | 8 : best;
+}
+
 /** Quantizes f32 w [n, k] (reference for the native quantizeWeights). */
 export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: number, k: number): QuantizedArrays {
   const data = new Uint8Array(quantDataBytes(scheme, n, k));
   const rowSums = new Int32Array(scheme === "int8" ? n : 0);
+  if (scheme === "mxfp4") {
+    // per group of 32: e = mxfp4Exponent(amax), codes = nearest E2M1 of x / 2^(e - 127); int4's nibble order
+    if (k % 64 !== 0) throw new RangeError(`[quantize] mxfp4 needs in_features % 64 == 0, got ${k}`);
+    const scales = new Uint8Array((n * k) / 32);
+    for (let g = 0; g < (n * k) / 32; g++) {
+      let amax = 0;
+      for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(w[g * 32 + i]!));
+      const e = mxfp4Exponent(amax);
+      scales[g] = e;
+      const base = (g >> 1) * 32; // the group's chunk; odd groups take the high nibbles
+      for (let i = 0; i < 32; i++) data[base + i]! |= floatToE2m1(w[g * 32 + i]! * 2 ** (127 - e)) << (g & 1 ? 4 : 0);
+    }
+    return { data, scales, rowSums };
+  }
   if (scheme === "int4") {
     if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
     const scales = new Uint16Array((n * k) / 32);
@@ -198,7 +263,10 @@ export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number
       if (scheme === "int8") v = ((q.data[r * k + i]! << 24) >> 24) * q.scales[r]!;
       else if (scheme === "int8_g32") v = ((q.data[r * k + i]! << 24) >> 24) * halfToFloat(q.scales[(r * k + i) >> 5]!);
       else if (scheme === "fp8") v = FP8_E4M3[q.data[r * k + i]!]! * q.scales[r]!;
-      else {
+      else if (scheme === "mxfp4") {
+        const byte = q.data[(r * k) / 2 + Math.floor(i / 64) * 32 + (i % 32)]!;
+        v = (MXFP4_DOUBLED[i % 64 < 32 ? byte & 15 : byte >> 4]! / 2) * e8m0ToFloat(q.scales[(r * k + i) >> 5]!);
+      } else {
         const c = Math.floor(i / 64);
         const j = i % 64;
         const byte = q.data[(r * k) / 2 + c * 32 + (j % 32)]!;
@@ -251,7 +319,7 @@ export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: Quantize
       }
     return out;
   }
-  const w = dequantizeRef(scheme, q, n, k); // q * d per element (int4, int8_g32); group sums stay exact in f64
+  const w = dequantizeRef(scheme, q, n, k); // q * d per element (int4, int8_g32, mxfp4); group sums stay exact in f64
   for (let r = 0; r < m; r++)
     for (let c = 0; c < n; c++) {
       let s = 0;

@@ -1,6 +1,7 @@
 // ggml tensor types, their block layouts, and reference (de)quantization following ggml-quants.c.
 // A row of ne0 elements is ne0/blockSize blocks of typeSize bytes each. All fields little-endian.
 
+import { floatToE2m1, mxfp4Exponent, MXFP4_DOUBLED } from "../../backends/cpu/quant-reference.js";
 import { f16BitsToF32, f32ToF16Bits, bf16BytesToF32, f16BytesToF32 } from "./dtype-convert.js";
 
 /** ggml_type ids as stored in GGUF tensor infos. */
@@ -37,7 +38,7 @@ const f16 = (b: Uint8Array, o: number) => f16BitsToF32(b[o]! | (b[o + 1]! << 8))
 
 /** The types loadAsFloat32 can dequantize. */
 export const DEQUANTIZABLE: ReadonlySet<GgmlTypeName> = new Set<GgmlTypeName>([
-  "F32", "F16", "BF16", "F64", "I8", "I16", "I32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K",
+  "F32", "F16", "BF16", "F64", "I8", "I16", "I32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4",
 ]);
 
 /** Dequantizes `numel` elements of `type` from raw bytes; returns null for unsupported types. */
@@ -54,6 +55,17 @@ export function dequantize(type: GgmlTypeName, src: Uint8Array, numel: number): 
     case "I8": return Float32Array.from(new Int8Array(aligned.buffer, aligned.byteOffset, numel));
     case "I16": return Float32Array.from(new Int16Array(aligned.buffer, aligned.byteOffset, numel));
     case "I32": return Float32Array.from(new Int32Array(aligned.buffer, aligned.byteOffset, numel));
+    case "MXFP4":
+      // block: u8 e (E8M0), u8 qs[16]; element j < 16 is qs[j] & 15, else qs[j - 16] >> 4; y = e2m1(code) * 2^(e-127)
+      for (let i = 0; i < nb; i++) {
+        const o = i * ts;
+        const d = 2 ** (src[o]! - 128); // ggml's GGML_E8M0_TO_FP32_HALF: the codes' values are doubled
+        for (let j = 0; j < 16; j++) {
+          y[i * 32 + j] = MXFP4_DOUBLED[src[o + 1 + j]! & 15]! * d;
+          y[i * 32 + 16 + j] = MXFP4_DOUBLED[src[o + 1 + j]! >> 4]! * d;
+        }
+      }
+      return y;
     case "Q8_0":
       // block: f16 d, int8 qs[32]; y = d * q
       for (let i = 0; i < nb; i++) {
@@ -222,6 +234,26 @@ export function quantizeQ4_0(x: ArrayLike<number>): Uint8Array {
     out[i * 18 + 1] = h >> 8;
     const q = (v: number) => Math.min(15, Math.trunc(Math.fround(Math.fround(v * id) + 8.5)));
     for (let j = 0; j < 16; j++) out[i * 18 + 2 + j] = q(x[i * 32 + j]!) | (q(x[i * 32 + j + 16]!) << 4);
+  }
+  return out;
+}
+
+/**
+ * MXFP4 blocks (u8 e, u8 qs[16]) of x, rounded as Kiln's `--quantization mxfp4` (quant-reference.ts: OCP's
+ * exponent floor(log2(amax)) - 2, nearest E2M1 with ties to even), so an MXFP4 export holds the weights Kiln runs.
+ * llama.cpp's quantize_row_mxfp4_ref differs only on exact ties (it takes the smaller magnitude) and on amax a
+ * few ulps below a power of two (its log2f rounds up); its dequantizer reads either the same way.
+ */
+export function quantizeMxfp4(x: ArrayLike<number>): Uint8Array {
+  if (x.length % 32 !== 0) throw new RangeError(`MXFP4 needs a multiple of 32 elements, got ${x.length}`);
+  const out = new Uint8Array((x.length / 32) * 17);
+  for (let i = 0; i < x.length / 32; i++) {
+    let amax = 0;
+    for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(x[i * 32 + j]!));
+    const e = mxfp4Exponent(amax);
+    out[i * 17] = e;
+    const code = (v: number) => floatToE2m1(Math.fround(v) * 2 ** (127 - e));
+    for (let j = 0; j < 16; j++) out[i * 17 + 1 + j] = code(x[i * 32 + j]!) | (code(x[i * 32 + 16 + j]!) << 4);
   }
   return out;
 }

@@ -7,6 +7,8 @@
 // So a chunk is two consecutive Q4_0 blocks: their nibbles are interleaved, their d's copied.
 //   Q8_0 block (34 bytes, 32 elements): f16 d, int8 qs[32], value q * d.
 //   Kiln int8_g32 row: int8 codes [K] as they are, f16 scales [K/32]: the blocks' two fields pulled apart.
+//   MXFP4 block (17 bytes, 32 elements): u8 e (E8M0), u8 qs[16] in Q4_0's nibble order, each nibble an E2M1 code.
+//   Kiln mxfp4 row: int4's nibble order, e8m0 bytes [K/32]: as Q4_0 -> int4, with one scale byte per block.
 
 /** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
 export interface Int4Arrays {
@@ -17,6 +19,57 @@ export interface Int4Arrays {
 /** Whether rows of k elements fit the group-32 kernels (int4, int8_g32): they take whole 64-element chunks. */
 export function fitsGroupKernels(k: number): boolean {
   return k % 64 === 0;
+}
+
+/** Kiln mxfp4 weight [n, k]: data [n, k/2] bytes (E2M1 codes), scales [n, k/32] E8M0 bytes. */
+export interface Mxfp4Arrays {
+  data: Uint8Array;
+  scales: Uint8Array;
+}
+
+/** Two consecutive GGUF 4-bit blocks' qs (16 bytes each, at a and b) -> one Kiln 64-element chunk of 32 bytes at o. */
+function chunkFromBlocks(src: Uint8Array, a: number, b: number, data: Uint8Array, o: number): void {
+  for (let j = 0; j < 16; j++) {
+    const qa = src[a + j]!;
+    const qb = src[b + j]!;
+    data[o + j] = (qa & 15) | ((qb & 15) << 4); // elements j and 32 + j
+    data[o + 16 + j] = (qa >> 4) | (qb & 0xf0); // elements 16 + j and 48 + j
+  }
+}
+/** The inverse of chunkFromBlocks. */
+function blocksFromChunk(data: Uint8Array, o: number, out: Uint8Array, a: number, b: number): void {
+  for (let j = 0; j < 16; j++) {
+    const lo = data[o + j]!; // elements j | 32 + j
+    const hi = data[o + 16 + j]!; // elements 16 + j | 48 + j
+    out[a + j] = (lo & 15) | ((hi & 15) << 4);
+    out[b + j] = (lo >> 4) | (hi & 0xf0);
+  }
+}
+
+/** MXFP4 bytes of an [n, k] tensor (k % 64 == 0) -> Kiln mxfp4 data and scales. */
+export function mxfp4ToKiln(src: Uint8Array, n: number, k: number): Mxfp4Arrays {
+  if (!fitsGroupKernels(k)) throw new RangeError(`[mxfp4ToKiln] mxfp4 needs k % 64 == 0, got ${k}`);
+  if (src.byteLength !== (n * k * 17) / 32) throw new RangeError(`[mxfp4ToKiln] ${src.byteLength} bytes are not MXFP4 [${n}, ${k}]`);
+  const data = new Uint8Array((n * k) / 2);
+  const scales = new Uint8Array((n * k) / 32);
+  for (let c = 0; c < (n * k) / 64; c++) {
+    scales[2 * c] = src[c * 34]!;
+    scales[2 * c + 1] = src[c * 34 + 17]!;
+    chunkFromBlocks(src, c * 34 + 1, c * 34 + 18, data, c * 32);
+  }
+  return { data, scales };
+}
+
+/** Kiln mxfp4 data and scales of an [n, k] weight -> MXFP4 bytes (the inverse of mxfp4ToKiln). */
+export function kilnToMxfp4(q: Mxfp4Arrays, n: number, k: number): Uint8Array {
+  if (!fitsGroupKernels(k)) throw new RangeError(`[kilnToMxfp4] mxfp4 needs k % 64 == 0, got ${k}`);
+  const out = new Uint8Array((n * k * 17) / 32);
+  for (let c = 0; c < (n * k) / 64; c++) {
+    out[c * 34] = q.scales[2 * c]!;
+    out[c * 34 + 17] = q.scales[2 * c + 1]!;
+    blocksFromChunk(q.data, c * 32, out, c * 34 + 1, c * 34 + 18);
+  }
+  return out;
 }
 
 /** Q4_0 bytes of an [n, k] tensor (k % 64 == 0) -> Kiln int4 data and scales. */
@@ -31,13 +84,7 @@ export function q4_0ToInt4(src: Uint8Array, n: number, k: number): Int4Arrays {
     const b = a + 18; // block 2c + 1: elements 32..63
     scales[2 * c] = src[a]! | (src[a + 1]! << 8);
     scales[2 * c + 1] = src[b]! | (src[b + 1]! << 8);
-    const o = c * 32;
-    for (let j = 0; j < 16; j++) {
-      const qa = src[a + 2 + j]!;
-      const qb = src[b + 2 + j]!;
-      data[o + j] = (qa & 15) | ((qb & 15) << 4); // elements j and 32 + j
-      data[o + 16 + j] = (qa >> 4) | (qb & 0xf0); // elements 16 + j and 48 + j
-    }
+    chunkFromBlocks(src, a + 2, b + 2, data, c * 32);
   }
   return { data, scales };
 }
@@ -53,13 +100,7 @@ export function int4ToQ4_0(q: Int4Arrays, n: number, k: number): Uint8Array {
     out[a + 1] = q.scales[2 * c]! >> 8;
     out[b] = q.scales[2 * c + 1]! & 0xff;
     out[b + 1] = q.scales[2 * c + 1]! >> 8;
-    const o = c * 32;
-    for (let j = 0; j < 16; j++) {
-      const lo = q.data[o + j]!; // elements j | 32 + j
-      const hi = q.data[o + 16 + j]!; // elements 16 + j | 48 + j
-      out[a + 2 + j] = (lo & 15) | ((hi & 15) << 4);
-      out[b + 2 + j] = (lo >> 4) | (hi & 0xf0);
-    }
+    blocksFromChunk(q.data, c * 32, out, a + 2, b + 2);
   }
   return out;
 }
@@ -95,15 +136,19 @@ export function int8G32ToQ8_0(q: Int8G32Arrays, n: number, k: number): Uint8Arra
 }
 
 /** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
-export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32" } as const;
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", MXFP4: "mxfp4" } as const;
 export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
 
-/** Bytes per row of an [n, k] tensor of a direct type (Q4_0: 18 per 32 elements, Q8_0: 34). */
+/** Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17). */
 export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
-  return (k / 32) * (type === "Q4_0" ? 18 : 34);
+  return (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
 }
 
-/** GGUF blocks of an [n, k] tensor -> the data and f16 scales of its Kiln scheme (int4 data is [n, k/2]). */
-export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays {
+/**
+ * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / mxfp4 data is [n, k/2]);
+ * scales are f16 bits (Uint16Array) or, for mxfp4, E8M0 bytes (Uint8Array).
+ */
+export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays {
+  if (type === "MXFP4") return mxfp4ToKiln(src, n, k);
   return type === "Q4_0" ? q4_0ToInt4(src, n, k) : q8_0ToInt8G32(src, n, k);
 }
