@@ -259,7 +259,7 @@ forEachBackend((dev) => {
       assert.deepEqual(values(ties.argmin(1)), [3, 2]);
       assert.equal(ties.argmax(1).dtype, "int32");
     });
-    it("max / min propagate NaN, as torch", { todo: dev === "cpu" ? "native reduce max/min skip NaN (kernel bug)" : undefined }, () => {
+    it("max / min propagate NaN, as torch", () => {
       assert.ok(Number.isNaN(t([1, NaN, 3]).max().item()), "max propagates NaN");
       assert.ok(Number.isNaN(t([1, NaN, 3]).min().item()), "min propagates NaN");
       assert.ok(Number.isNaN(t([[NaN, 1, 3]]).max(1).item()), "max(dim) propagates NaN");
