@@ -6,6 +6,11 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { exportGguf, initModel, PRESETS, type GgufExportType } from "../src/models/init-model.js";
+import { DTYPE_BYTES } from "../src/backends/dtype.js";
+import type { CausalLM } from "../src/models/causal-lm.js";
+import { Linear } from "../src/nn/layers.js";
+import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
+import { quantizedShadowOf } from "../src/tensor/ops/linalg.js";
 import { loadCorpus } from "../src/train/corpus.js";
 import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
 
@@ -66,4 +71,24 @@ export function benchGguf(dir: string, type: GgufExportType): string {
     console.log("done");
   }
   return file;
+}
+
+/** Bytes of weights one decode step reads: every matrix once (quantized data + scales), the tied LM head once. */
+export function decodeBytes(model: CausalLM): number {
+  let bytes = 0;
+  const skip = new Set<string>();
+  for (const [name, m] of model.namedModules()) {
+    if (!(m instanceof Linear)) continue;
+    const q = quantizedWeightOf(m);
+    if (!q) continue;
+    skip.add(name ? `${name}.weight` : "weight");
+    for (const t of [q.data, q.scales, q.rowSums]) if (t) bytes += t.numel * DTYPE_BYTES[t.dtype];
+  }
+  for (const [name, t] of model.namedParameters()) {
+    if (skip.has(name)) continue;
+    const shadow = quantizedShadowOf(t); // a tied LM head read through its quantized copy
+    const parts = shadow ? [shadow.data, shadow.scales, shadow.rowSums] : [t];
+    for (const p of parts) if (p) bytes += p.numel * DTYPE_BYTES[p.dtype];
+  }
+  return bytes;
 }

@@ -16,13 +16,8 @@ import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { LLM } from "../src/engine/llm-engine.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
-import { DTYPE_BYTES } from "../src/backends/dtype.js";
-import { Linear } from "../src/nn/layers.js";
-import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
-import { quantizedShadowOf } from "../src/tensor/ops/linalg.js";
-import type { CausalLM } from "../src/models/causal-lm.js";
 import type { GgufExportType } from "../src/models/init-model.js";
-import { benchGguf, benchModelDir, TOKENIZER_VOCAB } from "./bench-models.js";
+import { benchGguf, benchModelDir, decodeBytes, TOKENIZER_VOCAB } from "./bench-models.js";
 
 const DECODE_PROMPT_LEN = 16;
 
@@ -41,26 +36,6 @@ function prompts(n: number, len: number, seed: number): number[][] {
   let s = seed >>> 0;
   const next = () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32);
   return Array.from({ length: n }, () => Array.from({ length: len }, () => 3 + Math.floor(next() * (TOKENIZER_VOCAB - 3))));
-}
-
-/** Bytes of weights one decode step reads: every matrix once (quantized data + scales), the tied LM head once. */
-function decodeBytes(model: CausalLM): number {
-  let bytes = 0;
-  const skip = new Set<string>();
-  for (const [name, m] of model.namedModules()) {
-    if (!(m instanceof Linear)) continue;
-    const q = quantizedWeightOf(m);
-    if (!q) continue;
-    skip.add(name ? `${name}.weight` : "weight");
-    for (const t of [q.data, q.scales, q.rowSums]) if (t) bytes += t.numel * DTYPE_BYTES[t.dtype];
-  }
-  for (const [name, t] of model.namedParameters()) {
-    if (skip.has(name)) continue;
-    const shadow = quantizedShadowOf(t); // a tied LM head read through its quantized copy
-    const parts = shadow ? [shadow.data, shadow.scales, shadow.rowSums] : [t];
-    for (const p of parts) if (p) bytes += p.numel * DTYPE_BYTES[p.dtype];
-  }
-  return bytes;
 }
 
 interface Figures {

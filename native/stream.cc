@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <memory>
@@ -367,6 +368,39 @@ Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, static_cast<double>(es->stream->submit(std::move(replay))));
 }
 
+// streamProfileGraph(handle, reps) -> { ops: string[], ns: Float64Array }: drains the stream, then replays the
+// graph `reps` times on the calling thread timing every job; ns[i] is job i's best time over the reps (a
+// profiling aid for bench/step-profile; best-of because the machine is shared).
+Napi::Value StreamProfileGraph(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  GraphHandle* h = graphArg(info, "streamProfileGraph");
+  if (!h->jobs) throw Napi::Error::New(env, "[streamProfileGraph] the step graph was released");
+  const int reps = info.Length() > 1 && info[1].IsNumber() ? std::max(1, info[1].As<Napi::Number>().Int32Value()) : 1;
+  EnvStream* es = ensure(env);
+  if (es->capture) throwCapturing(env, "streamProfileGraph");
+  es->stream->sync();
+  throwIfFailed(env, es);
+  const JobList& jobs = *h->jobs;
+  std::vector<double> best(jobs.size(), 1e300);
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      jobs[i].run();
+      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+      if (ns < best[i]) best[i] = ns;
+    }
+  Napi::Array ops = Napi::Array::New(env, jobs.size());
+  Napi::Float64Array ns = Napi::Float64Array::New(env, jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ops.Set(static_cast<uint32_t>(i), Napi::String::New(env, jobs[i].op));
+    ns[i] = best[i];
+  }
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("ops", ops);
+  out.Set("ns", ns);
+  return out;
+}
+
 Napi::Value StreamGraphKernels(const Napi::CallbackInfo& info) {
   GraphHandle* h = graphArg(info, "streamGraphKernels");
   return Napi::Number::New(info.Env(), h->jobs ? static_cast<double>(h->jobs->size()) : 0.0);
@@ -408,6 +442,7 @@ void addStreamExports(Napi::Env env, Napi::Object exports) {
   exports.Set("streamCapturing", Napi::Function::New(env, StreamCapturing, "streamCapturing"));
   exports.Set("streamLaunchGraph", Napi::Function::New(env, StreamLaunchGraph, "streamLaunchGraph"));
   exports.Set("streamGraphKernels", Napi::Function::New(env, StreamGraphKernels, "streamGraphKernels"));
+  exports.Set("streamProfileGraph", Napi::Function::New(env, StreamProfileGraph, "streamProfileGraph"));
   exports.Set("streamReleaseGraph", Napi::Function::New(env, StreamReleaseGraph, "streamReleaseGraph"));
 }
 

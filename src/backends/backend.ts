@@ -149,6 +149,8 @@ export interface StepGraph {
   launch(): void;
   /** Releases the recording and the memory it pins (a replay already enqueued still runs). Idempotent. */
   dispose(): void;
+  /** Optional profiling aid: replays `reps` times synchronously, timing each kernel (best of the reps, ns). */
+  profile?(reps: number): { op: string; ns: number }[];
 }
 
 /** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */

@@ -285,6 +285,12 @@ export class StepGraphs {
     return { wait: () => ({ logits: (b.logits.dataSync() as Float32Array).slice(0, row * V) }) };
   }
 
+  /** Per-kernel replay times of the decode bucket for `n` sequences (bench/step-profile), or null. */
+  profileDecode(n: number, reps: number): { op: string; ns: number }[] | null {
+    const b = this.decode.find((x) => x.tokens === n);
+    return b?.graph.profile?.(reps) ?? null;
+  }
+
   /** Bytes the graphs pin (CpuStepGraph.pinnedBytes), summed: buffers every graph uses (weights, KV caches) count once per graph. */
   get pinnedBytes(): number {
     let n = 0;

@@ -228,10 +228,11 @@ function runSuite(k: NativeKernels, isa: string): void {
     }
   });
 
-  for (const slidingWindow of [0, 9]) {
-    test(`[${isa}] paged attention (GQA, mixed decode/prefill, window ${slidingWindow})`, () => {
+  // D = 40: the per-head loop; D = 64 and 128: one item per KV head (4 or 8 vectors per row) where the ISA has them
+  for (const [slidingWindow, D] of [[0, 40], [9, 40], [0, 64], [9, 64], [0, 128]] as const) {
+    test(`[${isa}] paged attention (GQA, mixed decode/prefill, window ${slidingWindow}, head dim ${D})`, () => {
       k.setNumThreads(2);
-      const Hq = 6, Hkv = 2, D = 40, blockSize = 16, numBlocks = 20, maxBlocksPerSeq = 6;
+      const Hq = 6, Hkv = 2, blockSize = 16, numBlocks = 20, maxBlocksPerSeq = 6;
       // seq0: decode (1 new token, context 37); seq1: fresh prefill of 20; seq2: chunked prefill 5 of 70
       const qlens = [1, 20, 5], seqLens = Int32Array.from([37, 20, 70]);
       const queryStart = Int32Array.from([0, 1, 21, 26]);

@@ -1,5 +1,6 @@
-// Small-M matmul (batched decode: x[M,K] @ W[N,K]^T, M = 2..128, f32 or bf16 W) against a float64
-// reference, and against the M = 1 (GEMV) path row by row so batched and single-stream decode agree.
+// Small-M matmul (decode: x[M,K] @ W[N,K]^T, M = 1..128, f32 or bf16 W) against a float64 reference, and
+// against the M = 1 (GEMV) path row by row so batched and single-stream decode agree. M = 1 also over long N
+// (one prefetched contiguous share per thread, shares ending inside a tile, odd tile counts).
 // K and N with tails (577, 100, 37), misaligned x, the aTransposed and batched entry points.
 // The parent process runs the suite once per ISA the machine supports, each in a child process.
 import { test } from "node:test";
@@ -65,7 +66,7 @@ if (!childIsa) {
 }
 
 function runSuite(k: NativeKernels, isa: string): void {
-  const Ms = [2, 3, 5, 6, 7, 8, 13, 31, 32, 33, 64, 97, 128]; // the small-M kernel covers 2..128
+  const Ms = [1, 2, 3, 5, 6, 7, 8, 13, 31, 32, 33, 64, 97, 128]; // the small-M kernels cover 1..128
   for (const threads of [1, 2])
     for (const dtype of [0, 1] as const)
       test(`[${isa}] x[M,K] @ W^T vs float64, ${dtype ? "bf16" : "f32"} W, ${threads} thread(s)`, () => {
@@ -80,6 +81,22 @@ function runSuite(k: NativeKernels, isa: string): void {
           }
         }
       });
+
+  test(`[${isa}] M = 1 over long and odd N (per-thread shares, prefetch bounds, misaligned x)`, () => {
+    for (const threads of [1, 2])
+      for (const dtype of [0, 1] as const)
+        for (const [N, K] of [[2053, 577], [4096, 64], [9, 1536], [7, 16]] as const) {
+          k.setNumThreads(threads);
+          const w = weights(N, K, dtype);
+          const backing = randArray(K + 1);
+          for (const x of [backing.subarray(0, K), backing.subarray(1)]) {
+            const out = new Float32Array(N + 1).fill(NaN);
+            k.matmul(x, w.raw, out, 1, N, K, true, dtype, 1, 0, 0, 0);
+            check(out, x, w, 1, N, K, `${threads}T dtype ${dtype} N=${N} K=${K}`);
+            assert.ok(Number.isNaN(out[N]!), "wrote past the output");
+          }
+        }
+  });
 
   test(`[${isa}] batched rows agree with the single-row (GEMV) path`, () => {
     k.setNumThreads(2);

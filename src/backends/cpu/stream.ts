@@ -232,6 +232,12 @@ export class CpuStepGraph implements StepGraph {
     this.stream.trackLaunch(this.pins);
   }
 
+  profile(reps: number): { op: string; ns: number }[] {
+    if (!this.handle || !this.native.streamProfileGraph) throw new OpError("step_graph", "profile() needs a live graph and a current addon (on cpu)");
+    const { ops, ns } = this.native.streamProfileGraph(this.handle, reps);
+    return ops.map((op, i) => ({ op, ns: ns[i]! }));
+  }
+
   dispose(): void {
     if (!this.handle) return;
     this.native.streamReleaseGraph(this.handle);

@@ -1,0 +1,80 @@
+// Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M-shaped model replayed
+// kernel by kernel with a native timer around each (best of --reps per kernel, so a shared machine's
+// preemptions mostly drop out), summed per kernel name, next to the whole replay's best time. The matmul
+// rows also give their weight read rate. bf16 reads the bf16 safetensors; int8 the Q8_0 GGUF export.
+// Usage: npm run bench:profile [-- --format bf16|int8] [--reps 20] [--batch 1] [--list]
+import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
+import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
+import type { ScheduledBatch } from "../src/engine/model-runner.js";
+import { createServingSetupSync } from "../src/engine/serving.js";
+import { benchGguf, benchModelDir, decodeBytes } from "./bench-models.js";
+
+const option = (name: string, dflt: string): string => {
+  const i = process.argv.indexOf(name);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
+};
+const format = option("--format", "bf16");
+const reps = Number(option("--reps", "20"));
+const n = Number(option("--batch", "1"));
+const native = tryLoadNativeKernels();
+if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
+const model =
+  format === "int8" && nativeTakesScheme(native, "int8_g32")
+    ? benchGguf(benchModelDir("float32"), "Q8_0")
+    : benchModelDir(format === "bf16" ? "bfloat16" : "float32");
+const setup = createServingSetupSync({
+  model,
+  quantization: format === "int8" && !model.endsWith(".gguf") ? "int8" : null,
+  maxModelLen: 256,
+  kvCacheMemory: 64 << 20,
+  maxNumSeqs: n,
+});
+const runner = setup.runner;
+runner.graphs?.dispose();
+runner.captureStepGraphs(256, { decodeBuckets: [n], fuse: true });
+const bs = 16;
+const batch: ScheduledBatch = {
+  blockSize: bs,
+  numTokens: n,
+  finishedRequestIds: [],
+  sampleOnDevice: true,
+  sequences: Array.from({ length: n }, (_, i) => ({
+    requestId: `r${i}`,
+    tokenIds: [5 + i],
+    startPosition: 60,
+    blockTable: Array.from({ length: 4 }, (_, b) => 1 + i * 4 + b),
+    slotMapping: Int32Array.of((1 + i * 4 + 3) * bs + (60 % bs)),
+    needsLogits: true,
+    needsPromptLogits: false,
+  })),
+};
+for (let i = 0; i < 5; i++) runner.execute(batch);
+const whole: number[] = [];
+for (let r = 0; r < reps; r++) {
+  const t0 = performance.now();
+  runner.execute(batch);
+  whole.push(performance.now() - t0);
+}
+whole.sort((a, b) => a - b);
+const prof = runner.graphs!.profileDecode(n, reps)!;
+// read bandwidth of both cores (the bench's roofline probe), best of 3, measured right after the step timings
+const probe = new Float32Array(64 << 20).fill(1);
+let bw = 0;
+for (let i = 0; i < 3; i++) bw = Math.max(bw, native.memoryReadBandwidth(probe, 3, native.getNumThreads()));
+const bytes = decodeBytes(setup.loaded.model);
+const roofMs = bytes / (bw * 1e9) * 1e3;
+const byOp = new Map<string, { count: number; ns: number }>();
+for (const { op, ns } of prof) {
+  const e = byOp.get(op) ?? { count: 0, ns: 0 };
+  e.count++;
+  e.ns += ns;
+  byOp.set(op, e);
+}
+const total = prof.reduce((a, b) => a + b.ns, 0);
+console.log(`${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
+console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read bandwidth ${bw.toFixed(1)} GB/s -> roofline ${roofMs.toFixed(2)} ms; best step = ${((100 * roofMs) / whole[0]!).toFixed(0)}% of it`);
+console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms over ${prof.length} kernels (${native.getNumThreads()} threads)`);
+for (const [op, e] of [...byOp].sort((a, b) => b[1].ns - a[1].ns))
+  console.log(`  ${op.padEnd(16)} x${String(e.count).padStart(4)}  ${(e.ns / 1e6).toFixed(3).padStart(7)} ms  ${((e.ns / e.count) / 1e3).toFixed(1).padStart(7)} us each`);
+if (process.argv.includes("--list")) prof.slice(0, 40).forEach((p, i) => console.log(`  #${i} ${p.op} ${(p.ns / 1e3).toFixed(1)} us`));
+runner.graphs?.dispose();
