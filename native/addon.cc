@@ -162,14 +162,17 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
   const char* op = "quantMatmul";
   const int64_t M = integer(info, 5, op, "M"), N = integer(info, 6, op, "N"), K = integer(info, 7, op, "K");
   const int64_t scheme = integer(info, 8, op, "scheme");
-  if (scheme > 3) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8) or 3 (int8 group-32)");
+  if (scheme > 4) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32) or 4 (q4_k)");
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;  // f16 scales per 32, K % 64 == 0
   if (grouped && K % 64 != 0) fail(info.Env(), op, "int4 and int8 group-32 need K to be a multiple of 64");
+  const bool q4k = scheme == kQuantQ4K;  // meta bytes per super-block of 256
+  if (q4k && K % 256 != 0) fail(info.Env(), op, "q4_k needs K to be a multiple of 256");
   QuantMatmulArgs a{};
   a.x = array<float>(info, 0, M * K, op, "x");
-  a.w = array<uint8_t>(info, 1, scheme == kQuantInt4 ? N * K / 2 : N * K, op, "w");
-  a.scales = grouped ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
-                                  : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
+  a.w = array<uint8_t>(info, 1, scheme == kQuantInt4 || q4k ? N * K / 2 : N * K, op, "w");
+  a.scales = q4k       ? static_cast<const void*>(array<uint8_t>(info, 2, N * K / 256 * 20, op, "scales"))
+             : grouped ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
+                       : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
   a.out = array<float>(info, 4, M * N, op, "out");
   a.M = M; a.N = N; a.K = K; a.scheme = static_cast<int>(scheme);
@@ -181,6 +184,7 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
 Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const char* op = "quantizeWeights";
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
+  if (scheme == kQuantQ4K) fail(info.Env(), op, "q4_k has no native quantizer (its weights are GGUF Q4_K blocks)");
   if (scheme > 3) fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8) or 3 (int8 group-32)");
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;
   if (grouped && K % 64 != 0) fail(info.Env(), op, "int4 and int8 group-32 need K to be a multiple of 64");

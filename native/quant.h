@@ -8,17 +8,22 @@
 //   fp8:  data e4m3fn [N][K], scales f32 [N].
 //   int8 group-32 (GGUF Q8_0's blocks, scales and codes side by side): data int8 [N][K], scales f16 [N][K/32]
 //         (w = q * scale of its group of 32). K must be a multiple of 64.
+//   q4_k (GGUF Q4_K super-blocks of 256, repacked without dequantizing): data uint8 [N][K/2] with the nibble layout
+//         of int4 (Q4_K's own qs order: byte j of chunk c holds elements 64c+j and 64c+32+j) but unsigned codes
+//         q in [0, 15]; scales = meta uint8 [N][K/256][20]: f16 d, f16 dmin, u8 sc[8], u8 m[8] (6-bit sub-block
+//         scales and mins, unpacked from Q4_K's 12 bytes). Element i of super-block b, sub-block j = (i % 256) / 32:
+//         w = d * sc[j] * q - dmin * m[j]. ~4.6 bits per weight. K must be a multiple of 256.
 #pragma once
 #include <cstdint>
 
 namespace kiln {
 
-enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3 };
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4 };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
   const void* w;           // see the layouts above
-  const void* scales;      // f32 [N] (int8, fp8) or f16 [N][K/32] (int4, int8 group-32)
+  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32) or q4_k's meta bytes
   const int32_t* rowSums;  // int8 only: [N]
   float* out;              // [M, N]
   int64_t M, N, K;

@@ -34,7 +34,8 @@ export type BinaryOp =
 
 /** Weight-only quantization schemes of quant_matmul (vLLM's --quantization names map onto these). */
 // int8_g32: group-32 int8 with f16 scales (GGUF Q8_0's blocks, loaded without dequantizing); not an on-load option.
-export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32";
+// q4_k: GGUF Q4_K super-blocks of 256 (6-bit sub-block scales and mins, 4-bit codes), also loaded as they are.
+export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k";
 
 export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
 
@@ -73,7 +74,8 @@ export type KernelCall =
     }
   // weight-only quantized linear: out [m, n] = x [m, k] @ dequant(w)^T, layouts per scheme in native/quant.h
   // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
-  // fp8: w e4m3fn bytes [n, k], scales f32 [n]). x and out contiguous f32.
+  // fp8: w e4m3fn bytes [n, k], scales f32 [n]; q4_k: w uint8 [n, k/2], scales = meta uint8 [n, k/256*20]).
+  // x and out contiguous f32.
   | { op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null; out: BufferView; m: number; n: number; k: number }
   // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)
   | { op: "quantize_weight"; scheme: QuantScheme; w: BufferView; data: BufferView; scales: BufferView; rowSums: BufferView | null; n: number; k: number }

@@ -135,7 +135,7 @@ function tokenId(tok: Json, content: string): number | null {
 }
 
 /** GGUF tensor types exportGguf writes (`kiln convert --outtype`). */
-export const GGUF_EXPORT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0"] as const;
+export const GGUF_EXPORT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K"] as const;
 export type GgufExportType = (typeof GGUF_EXPORT_TYPES)[number];
 
 /**
@@ -143,7 +143,8 @@ export type GgufExportType = (typeof GGUF_EXPORT_TYPES)[number];
  * Q/K rows are permuted for llama-arch as convert_hf_to_gguf does. `type` applies to every matrix (token_embd
  * too); 1-d tensors stay F32, and so do matrices whose rows are not whole 32-element blocks. Q4_0 rounds as
  * llama.cpp's quantize_row_q4_0_ref, which is also what `--quantization int4` computes, so a Q4_0 export holds
- * exactly the int4 weights Kiln runs. Tensors are read and encoded one at a time.
+ * exactly the int4 weights Kiln runs. Q4_K needs rows of whole 256-element super-blocks: other matrices fall back
+ * to Q4_0 (as llama.cpp's quantizer falls back to a 32-block type). Tensors are read and encoded one at a time.
  */
 export function exportGguf(dir: string, outFile: string, type: GgufExportType = "F32"): void {
   const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Json;
@@ -160,7 +161,10 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
     return permuteQK(data, rows, cfg.numAttentionHeads, name.includes("k_proj") ? cfg.numKeyValueHeads : undefined);
   };
   // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them; so do rows of partial blocks
-  const typeFor = (shape: readonly number[]): GgufExportType => (shape.length === 1 || (type.startsWith("Q") && shape.at(-1)! % 32 !== 0) ? "F32" : type);
+  const typeFor = (shape: readonly number[]): GgufExportType => {
+    if (shape.length === 1 || (type.startsWith("Q") && shape.at(-1)! % 32 !== 0)) return "F32";
+    return type === "Q4_K" && shape.at(-1)! % 256 !== 0 ? "Q4_0" : type;
+  };
   // (BF16 of a bfloat16 checkpoint is lossless: its values come back through f32 unchanged)
   const stacked = new Map<string, { shape: number[]; parts: string[] }>();
   const tensors: GgufWriteTensor[] = [];

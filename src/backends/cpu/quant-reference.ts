@@ -3,11 +3,12 @@
 // the native code computes. Layouts are documented in native/quant.h.
 import type { QuantScheme } from "../backend.js";
 import type { NativeKernels } from "./native.js";
+import { dequantizeQ4kRef, q4kMatmulRef, q4kMetaBytes, quantizeQ4kRef } from "./q4k-reference.js";
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4 };
 
-/** QUANT_SCHEME_CODE as native.ts types the scheme argument (its `0 | 1 | 2` predates int8_g32's code 3). */
+/** QUANT_SCHEME_CODE as native.ts types the scheme argument. */
 export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
   return QUANT_SCHEME_CODE[scheme] as Parameters<NativeKernels["quantMatmul"]>[8];
 }
@@ -25,9 +26,9 @@ export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolea
   let ok = known.get(scheme);
   if (ok === undefined) {
     try {
-      const group = isGroupScheme(scheme);
-      const scales = group ? new Uint16Array(2) : new Float32Array(1);
-      k.quantMatmul(new Float32Array(64), new Uint8Array(64), scales, new Int32Array(1), new Float32Array(1), 1, 1, 64, nativeQuantCode(scheme));
+      const kk = quantKMultiple(scheme) === 256 ? 256 : 64;
+      const scales = newScales(scheme, quantScaleCount(scheme, 1, kk));
+      k.quantMatmul(new Float32Array(kk), new Uint8Array(kk), scales, new Int32Array(1), new Float32Array(1), 1, 1, kk, nativeQuantCode(scheme));
       ok = true;
     } catch {
       ok = false;
@@ -42,20 +43,38 @@ export function isGroupScheme(scheme: QuantScheme): boolean {
   return scheme === "int4" || scheme === "int8_g32";
 }
 
-/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, or f16 bits per group), rowSums (int8). */
+/** in_features must be a multiple of this: 64 (group schemes' chunks), 256 (q4_k super-blocks) or 1. */
+export function quantKMultiple(scheme: QuantScheme): number {
+  return scheme === "q4_k" ? 256 : isGroupScheme(scheme) ? 64 : 1;
+}
+
+/**
+ * A quantized [n, k] weight as plain arrays: data bytes, scales (f32 per row, f16 bits per group, or q4_k's
+ * meta bytes per super-block), rowSums (int8).
+ */
 export interface QuantizedArrays {
   data: Uint8Array;
-  scales: Float32Array | Uint16Array;
+  scales: Float32Array | Uint16Array | Uint8Array;
   rowSums: Int32Array;
 }
 
 /** Bytes of quantized data for an [n, k] weight. */
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
-  return scheme === "int4" ? (n * k) / 2 : n * k;
+  return scheme === "int4" || scheme === "q4_k" ? (n * k) / 2 : n * k;
 }
-/** Scale count for an [n, k] weight (per row, or per group of 32 for int4 / int8_g32). */
+/** Scale count for an [n, k] weight (per row, per group of 32 for int4 / int8_g32, meta bytes for q4_k). */
 export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
-  return isGroupScheme(scheme) ? (n * k) / 32 : n;
+  return scheme === "q4_k" ? q4kMetaBytes(n, k) : isGroupScheme(scheme) ? (n * k) / 32 : n;
+}
+/** Bytes per scale element: 4 (f32), 2 (f16 bits) or 1 (q4_k meta). */
+export function quantScaleBytes(scheme: QuantScheme): 1 | 2 | 4 {
+  return scheme === "q4_k" ? 1 : isGroupScheme(scheme) ? 2 : 4;
+}
+/** A scales array of `count` elements of the scheme's type (views `buffer` when given). */
+export function newScales(scheme: QuantScheme, count: number, buffer?: ArrayBuffer): Float32Array | Uint16Array | Uint8Array {
+  const bytes = quantScaleBytes(scheme);
+  if (buffer) return bytes === 1 ? new Uint8Array(buffer) : bytes === 2 ? new Uint16Array(buffer) : new Float32Array(buffer);
+  return bytes === 1 ? new Uint8Array(count) : bytes === 2 ? new Uint16Array(count) : new Float32Array(count);
 }
 
 const f32 = new Float32Array(1);
@@ -124,6 +143,7 @@ function floatToFp8(x: number): number {
 export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: number, k: number): QuantizedArrays {
   const data = new Uint8Array(quantDataBytes(scheme, n, k));
   const rowSums = new Int32Array(scheme === "int8" ? n : 0);
+  if (scheme === "q4_k") return { ...quantizeQ4kRef(w, n, k), rowSums };
   if (scheme === "int4") {
     if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
     const scales = new Uint16Array((n * k) / 32);
@@ -191,6 +211,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
 
 /** The f32 [n, k] weight a quantized one stands for. */
 export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number, k: number): Float32Array {
+  if (scheme === "q4_k") return dequantizeQ4kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k);
   const out = new Float32Array(n * k);
   for (let r = 0; r < n; r++) {
     for (let i = 0; i < k; i++) {
@@ -230,6 +251,7 @@ export function quantizeActivationsRef(x: Float32Array, m: number, k: number): {
  * integer dots (per group for int4 and int8_g32); fp8 dots f32 x with the decoded weights.
  */
 export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number): Float32Array {
+  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k);
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {
     const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);

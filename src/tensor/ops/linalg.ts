@@ -115,7 +115,8 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
 /**
  * A weight-only quantized nn.Linear weight [outFeatures, inFeatures] in the back end's quant_matmul layout:
  * int8 data int8 [out, in] + f32 scales [out] + int32 rowSums [out]; int4 data uint8 [out, in/2] + f16 scales
- * [out, in/32] (groups of 32, in % 64 == 0); fp8 data uint8 (e4m3fn codes) [out, in] + f32 scales [out].
+ * [out, in/32] (groups of 32, in % 64 == 0); fp8 data uint8 (e4m3fn codes) [out, in] + f32 scales [out]; q4_k
+ * data uint8 [out, in/2] + meta uint8 [out, in/256*20] (GGUF Q4_K super-blocks, in % 256 == 0).
  */
 export interface QuantizedWeight {
   readonly scheme: QuantScheme;
@@ -126,9 +127,12 @@ export interface QuantizedWeight {
   readonly rowSums: Tensor | null;
 }
 
-/** Whether `scheme` can hold an [out, in] weight (int4 packs 64-element chunks). */
+/** Whether `scheme` can hold an [out, in] weight (int4 packs 64-element chunks, q4_k 256-element super-blocks). */
 export function canQuantize(scheme: QuantScheme, inFeatures: number): boolean {
-  return scheme !== "int4" || inFeatures % 64 === 0;
+  return inFeatures % inFeaturesMultiple(scheme) === 0;
+}
+function inFeaturesMultiple(scheme: QuantScheme): number {
+  return scheme === "q4_k" ? 256 : scheme === "int4" || scheme === "int8_g32" ? 64 : 1;
 }
 
 /** Quantizes a 2-d float weight [out, in] (per output channel; int4 per group of 32). */
@@ -136,12 +140,16 @@ export function quantizeWeight(weight: Tensor, scheme: QuantScheme): QuantizedWe
   const op = "quantize";
   if (weight.ndim !== 2) throw new OpError(op, `weight must be 2-d, got [${weight.shape.join(", ")}]`);
   const [n, k] = weight.shape as [number, number];
-  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % 64 == 0, got ${k}`);
+  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % ${inFeaturesMultiple(scheme)} == 0, got ${k}`);
   const dev = weight.device;
   if (dev.backend.name !== "cpu") throw new UnsupportedError(op, `${scheme} weights are not supported on ${dev.name}`);
   const w = contiguous(weight.dtype === "float32" ? weight : weight.to("float32"));
-  const data = empty(scheme === "int4" ? [n, k / 2] : [n, k], { dtype: scheme === "int8" ? "int8" : "uint8", device: dev });
-  const scales = empty(scheme === "int4" ? [n, k / 32] : [n], { dtype: scheme === "int4" ? "float16" : "float32", device: dev });
+  const packed = scheme === "int4" || scheme === "q4_k"; // two codes per byte
+  const data = empty(packed ? [n, k / 2] : [n, k], { dtype: scheme === "int8" ? "int8" : "uint8", device: dev });
+  const scales =
+    scheme === "q4_k" ? empty([n, (k / 256) * 20], { dtype: "uint8", device: dev })
+    : scheme === "int4" || scheme === "int8_g32" ? empty([n, k / 32], { dtype: "float16", device: dev })
+    : empty([n], { dtype: "float32", device: dev });
   const rowSums = scheme === "int8" ? empty([n], { dtype: "int32", device: dev }) : null;
   runKernel(op, dev, { op: "quantize_weight", scheme, w: w.view_(op), data: data.view_(op), scales: scales.view_(op), rowSums: rowSums?.view_(op) ?? null, n, k });
   if (w !== weight) w.dispose();
