@@ -1,13 +1,15 @@
-// Quantized matmul bench (native/quant-impl.inc, quant-tiles.inc, quant-mxfp4.inc): int8 / int4 / int8_g32 (Q8_0)
-// / mxfp4 weights x f32 activations on SmolLM-135M's layer shapes, for M = 1 (decode GEMV), 8 / 32 (batched
-// decode) and 128 / 512 (prefill). GOP/s = 2 * M * N * K / time, against this run's measured vpdpbusd peak on the same threads
-// (k.quantDotPeak), and for M = 1 the weight read rate against the measured read bandwidth (the smaller shapes stay
-// in L2/L3 across calls, so only the 28 MB LM head reads DRAM). A busy neighbour core shows as a lower peak
-// measured after the rows (reported); compare runs whose peaks agree.
-// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,mxfp4,fp8] [--ms=1,8,32,128,512]
+// Quantized matmul bench (native/quant-impl.inc, quant-tiles.inc, quant-q4k.inc, quant-mxfp4.inc): int8 / int4 /
+// int8_g32 (Q8_0) / q4_k (Q4_K) / mxfp4 weights x f32 activations on SmolLM-135M's layer shapes and two of
+// Llama-3.2-1B's (q4_k takes in_features % 256 == 0 only: SmolLM's down and the 1B ones), for M = 1 (decode GEMV),
+// 8 / 32 (batched decode) and 128 / 512 (prefill). GOP/s = 2 * M * N * K / time, against this run's measured vpdpbusd
+// peak on the same threads (k.quantDotPeak), and for M = 1 the weight read rate against the measured read bandwidth
+// (the smaller shapes stay in L2/L3 across calls, so only the 28 MB LM head reads DRAM). A busy neighbour core shows
+// as a lower peak measured after the rows (reported); compare runs whose peaks agree.
+// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,q4_k,mxfp4,fp8] [--ms=1,8,32,128,512]
 //        (KILN_NATIVE_ISA=scalar to bench the portable path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
-import { isGroupScheme, nativeQuantCode, nativeTakesScheme, newQuantScales, quantDataBytes } from "../src/backends/cpu/quant-reference.js";
+import { quantizeQ4kRef } from "../src/backends/cpu/q4k-reference.js";
+import { nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
 import { timeIt } from "./timing.js";
 
@@ -16,11 +18,13 @@ const shapes = [
   { name: "gate/up [1536,576]", N: 1536, K: 576 },
   { name: "down [576,1536]", N: 576, K: 1536 },
   { name: "lm_head [49152,576]", N: 49152, K: 576 },
+  { name: "1B q/o [2048,2048]", N: 2048, K: 2048 },
+  { name: "1B gate/up [8192,2048]", N: 8192, K: 2048 },
 ];
 
 const arg = (name: string, dflt: string) => (process.argv.find((a) => a.startsWith(`--${name}=`))?.split("=")[1] ?? dflt).split(",");
 const threadsList = arg("threads", "1,2").map(Number);
-const schemes = arg("schemes", "int8,int4,int8_g32,mxfp4") as QuantScheme[];
+const schemes = arg("schemes", "int8,int4,int8_g32,q4_k,mxfp4") as QuantScheme[];
 const ms = arg("ms", "1,8,32,128,512").map(Number);
 
 // quantDotPeak is the quant table's vpdpbusd peak (native/quant.h)
@@ -38,12 +42,13 @@ for (const t of threadsList) {
   console.log(["shape".padEnd(20), "scheme".padEnd(8), ...ms.map((m) => pad(`M=${m}`, m === 1 ? 25 : 12))].join(" "));
   for (const s of shapes) {
     const w = fill(s.N * s.K);
-    for (const scheme of schemes.filter((sc) => nativeTakesScheme(k, sc) && (!isGroupScheme(sc) || s.K % 64 === 0))) {
-      const data = new Uint8Array(quantDataBytes(scheme, s.N, s.K));
-      const scales = newQuantScales(scheme, s.N, s.K);
+    for (const scheme of schemes.filter((sc) => nativeTakesScheme(k, sc) && s.K % quantKMultiple(sc) === 0)) {
+      let data: Uint8Array = new Uint8Array(quantDataBytes(scheme, s.N, s.K));
+      let scales = newScales(scheme, quantScaleCount(scheme, s.N, s.K));
       const rs = new Int32Array(s.N);
       const code = nativeQuantCode(scheme);
-      k.quantizeWeights(w, s.N, s.K, code, data, scales, rs);
+      if (scheme === "q4_k") ({ data, scales } = quantizeQ4kRef(w, s.N, s.K)); // no native q4_k quantizer
+      else k.quantizeWeights(w, s.N, s.K, code, data, scales, rs);
       const bytes = data.byteLength + scales.byteLength + (scheme === "int8" ? rs.byteLength : 0);
       const cells = ms.map((m) => {
         const x = fill(m * s.K);

@@ -165,14 +165,15 @@ Job Matmul(const Napi::CallbackInfo& info) {
 
 // A scheme code quant.h knows, and K whole 64-element chunks for the group schemes.
 void checkQuantScheme(const Napi::CallbackInfo& info, const char* op, int64_t scheme, int64_t K) {
-  if ((scheme < 0 || scheme > 3) && scheme != kQuantMxfp4)
-    fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32) or 5 (mxfp4)");
+  if (scheme < 0 || scheme > 5)
+    fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32), 4 (q4_k) or 5 (mxfp4)");
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32 || scheme == kQuantMxfp4;
   if (grouped && K % 64 != 0) fail(info.Env(), op, "int4, int8 group-32 and mxfp4 need K to be a multiple of 64");
+  if (scheme == kQuantQ4K && K % 256 != 0) fail(info.Env(), op, "q4_k needs K to be a multiple of 256");
 }
-// Weight bytes of an [N, K] weight: 4-bit codes for int4 and mxfp4, a byte each otherwise.
+// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, a byte each otherwise.
 int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
-  return scheme == kQuantInt4 || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
+  return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
 }
 
 // quantMatmul(x, w, scales, rowSums, out, M, N, K, scheme): out = x @ dequant(W)^T, layouts in quant.h.
@@ -186,6 +187,7 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
   a.x = array<float>(info, 0, M * K, op, "x");
   a.w = array<uint8_t>(info, 1, quantDataBytes(scheme, N, K), op, "w");
   a.scales = scheme == kQuantMxfp4 ? static_cast<const void*>(array<uint8_t>(info, 2, N * K / 32, op, "scales"))
+             : scheme == kQuantQ4K ? static_cast<const void*>(array<uint8_t>(info, 2, N * K / 256 * 20, op, "scales"))
              : grouped             ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
                                    : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
@@ -199,6 +201,7 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
 Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const char* op = "quantizeWeights";
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
+  if (scheme == kQuantQ4K) fail(info.Env(), op, "q4_k has no native quantizer (its weights are GGUF Q4_K blocks)");
   checkQuantScheme(info, op, scheme, K);
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;
   const float* w = array<float>(info, 0, N * K, op, "w");

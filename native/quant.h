@@ -8,6 +8,11 @@
 //   fp8:  data e4m3fn [N][K], scales f32 [N].
 //   int8 group-32 (GGUF Q8_0's blocks, scales and codes side by side): data int8 [N][K], scales f16 [N][K/32]
 //         (w = q * scale of its group of 32). K must be a multiple of 64.
+//   q4_k (GGUF Q4_K super-blocks of 256, repacked without dequantizing): data uint8 [N][K/2] with the nibble layout
+//         of int4 (Q4_K's own qs order: byte j of chunk c holds elements 64c+j and 64c+32+j) but unsigned codes
+//         q in [0, 15]; scales = meta uint8 [N][K/256][20]: f16 d, f16 dmin, u8 sc[8], u8 m[8] (6-bit sub-block
+//         scales and mins, unpacked from Q4_K's 12 bytes). Element i of super-block b, sub-block j = (i % 256) / 32:
+//         w = d * sc[j] * q - dmin * m[j]. ~4.6 bits per weight. K must be a multiple of 256.
 //   mxfp4 (OCP Microscaling MXFP4; kernels in quant-mxfp4.inc): data uint8 [N][K/2] in int4's nibble order (chunk
 //         c of 64: byte j holds element 64c+j low, 64c+32+j high), each nibble an E2M1 code (bit 3 sign, bits 2..1
 //         exponent, bit 0 mantissa: 0, 0.5, 1, 1.5, 2, 3, 4, 6); scales uint8 [N][K/32], E8M0 (2^(e-127)), one per
@@ -17,12 +22,12 @@
 
 namespace kiln {
 
-enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantMxfp4 = 5 };
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5 };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
   const void* w;           // see the layouts above
-  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32) or e8m0 [N][K/32] (mxfp4)
+  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32), q4_k's meta bytes or e8m0 [N][K/32] (mxfp4)
   const int32_t* rowSums;  // int8 only: [N]
   float* out;              // [M, N]
   int64_t M, N, K;

@@ -34,8 +34,9 @@ export type BinaryOp =
 
 /** Weight-only quantization schemes of quant_matmul (vLLM's --quantization names map onto these). */
 // int8_g32: group-32 int8 with f16 scales (GGUF Q8_0's blocks, loaded without dequantizing); not an on-load option.
+// q4_k: GGUF Q4_K super-blocks of 256 (6-bit sub-block scales and mins, 4-bit codes), also loaded as they are.
 // mxfp4: OCP MXFP4, E2M1 codes with an E8M0 scale per group of 32 (also GGUF MXFP4's blocks).
-export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "mxfp4";
+export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k" | "mxfp4";
 
 export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
 
@@ -74,7 +75,8 @@ export type KernelCall =
     }
   // weight-only quantized linear: out [m, n] = x [m, k] @ dequant(w)^T, layouts per scheme in native/quant.h
   // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
-  // fp8: w e4m3fn bytes [n, k], scales f32 [n]; mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
+  // fp8: w e4m3fn bytes [n, k], scales f32 [n]; q4_k: w uint8 [n, k/2], scales = meta uint8 [n, k/256*20];
+  // mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
   // x and out contiguous f32.
   | { op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null; out: BufferView; m: number; n: number; k: number }
   // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)

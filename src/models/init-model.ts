@@ -129,8 +129,9 @@ function tokenId(tok: Json, content: string): number | null {
  * Q/K rows are permuted for llama-arch as convert_hf_to_gguf does. `type` applies to every matrix (token_embd
  * too); 1-d tensors stay F32, and so do matrices whose rows are not whole 32-element blocks. Q4_0 rounds as
  * llama.cpp's quantize_row_q4_0_ref, which is also what `--quantization int4` computes, so a Q4_0 export holds
- * exactly the int4 weights Kiln runs; likewise MXFP4 and `--quantization mxfp4`. Tensors are read and encoded one
- * at a time.
+ * exactly the int4 weights Kiln runs; likewise MXFP4 and `--quantization mxfp4`. Q4_K needs rows of whole
+ * 256-element super-blocks: other matrices fall back to Q4_0 (as llama.cpp's quantizer falls back to a 32-block
+ * type). Tensors are read and encoded one at a time.
  */
 export function exportGguf(dir: string, outFile: string, type: GgufExportType = "F32"): void {
   const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Json;
@@ -148,7 +149,10 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   };
   // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them; so do rows of partial blocks
   const blocked = type.startsWith("Q") || type === "MXFP4";
-  const typeFor = (shape: readonly number[]): GgufExportType => (shape.length === 1 || (blocked && shape.at(-1)! % 32 !== 0) ? "F32" : type);
+  const typeFor = (shape: readonly number[]): GgufExportType => {
+    if (shape.length === 1 || (blocked && shape.at(-1)! % 32 !== 0)) return "F32";
+    return type === "Q4_K" && shape.at(-1)! % 256 !== 0 ? "Q4_0" : type;
+  };
   // (BF16 of a bfloat16 checkpoint is lossless: its values come back through f32 unchanged)
   const stacked = new Map<string, { shape: number[]; parts: string[] }>();
   const tensors: GgufWriteTensor[] = [];

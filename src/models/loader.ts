@@ -18,7 +18,7 @@ import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
 import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
 import { Linear } from "../nn/layers.js";
-import { fitsGroupKernels, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
+import { fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
 import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
@@ -56,8 +56,8 @@ export interface LoadOptions {
    */
   quantizeLmHead?: boolean;
   /**
-   * GGUF Q4_0 / Q8_0 / MXFP4 tensors of linear layers (and of a tied LM head) load straight into the int4 /
-   * int8_g32 / mxfp4 kernels' layouts, bit for bit, as llama.cpp runs them. Default true; false dequantizes every tensor.
+   * GGUF Q4_0 / Q8_0 / Q4_K / MXFP4 tensors of linear layers (and of a tied LM head) load straight into the int4 /
+   * int8_g32 / q4_k / mxfp4 kernels' layouts, bit for bit, as llama.cpp runs them. Default true; false dequantizes every tensor.
    */
   ggufKeepQuantized?: boolean;
   /** Progress callback: (stage, fraction in [0, 1]). */
@@ -261,8 +261,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 }
 
 /**
- * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, MXFP4 -> mxfp4; bits
- * moved, never dequantized). Tensors it declines load as floats: other types, in_features % 64 != 0 (the
+ * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
+ * q4_k, MXFP4 -> mxfp4; bits moved, never dequantized). Tensors it declines load as floats: other types, in_features % 64 != 0 (the
  * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
  */
 function directQuantLoader(model: CausalLM, options: LoadOptions) {
@@ -278,8 +278,9 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
     const scheme = GGUF_DIRECT_SCHEME[type];
     const q = repackGgufBlocks(type, raw, n, k);
     const data = fromBytes(q.data, "uint8", [n, q.data.length / n], { device: dev });
-    const scales = q.scales instanceof Uint8Array
-      ? fromBytes(q.scales, "uint8", [n, k / 32], { device: dev })
+    const scales =
+      scheme === "q4_k" ? fromBytes(q.scales as Uint8Array, "uint8", [n, q.scales.length / n], { device: dev })
+      : q.scales instanceof Uint8Array ? fromBytes(q.scales, "uint8", [n, k / 32], { device: dev })
       : fromBytes(new Uint8Array(q.scales.buffer), "float16", [n, k / 32], { device: dev });
     counts.set(scheme, (counts.get(scheme) ?? 0) + 1);
     return { scheme, outFeatures: n, inFeatures: k, data, scales, rowSums: null };
@@ -292,7 +293,10 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       declined.set(why, [...(declined.get(why) ?? []), info.name]);
       return null;
     };
-    if (!fitsGroupKernels(info.shape.at(-1)!)) return decline(`${type} with in_features % 64 != 0 (the kernels take 64-element chunks)`);
+    if (!fitsDirectKernel(type, info.shape.at(-1)!)) {
+      const multiple = type === "Q4_K" ? 256 : 64;
+      return decline(`${type} with in_features % ${multiple} != 0 (the kernels take ${multiple}-element chunks)`);
+    }
     if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);
     return type;
   };

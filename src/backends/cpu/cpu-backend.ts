@@ -13,7 +13,9 @@ import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamKernelName } from "./native.js";
 import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
-import { isGroupScheme, nativeQuantCode, nativeTakesScheme, quantDataBytes, quantMatmulRef, quantScaleCount, quantScaleDtype, quantizeWeightsRef } from "./quant-reference.js";
+import {
+  nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantMatmulRef, quantScaleBytes, quantScaleCount, quantScaleDtype, quantizeWeightsRef,
+} from "./quant-reference.js";
 
 /** One raw call of generated code: bufs[i] = buffers[i] memory + byteOffsets[i]; reads/writes name what it touches. */
 export interface RawStreamCall {
@@ -26,7 +28,7 @@ export interface RawStreamCall {
   writes: readonly DeviceBuffer[];
 }
 
-const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "mxfp4"];
+const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "q4_k", "mxfp4"];
 
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
@@ -121,8 +123,8 @@ function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null 
 }
 
 /**
- * Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32, e8m0 bytes for mxfp4)
- * and rowSums (int8 only; else empty).
+ * Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32, q4_k meta bytes, e8m0
+ * bytes for mxfp4) and rowSums (int8 only; else empty).
  */
 function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, rowSums: BufferView | null, n: number, k: number) {
   if (data.dtype !== "int8" && data.dtype !== "uint8") return null;
@@ -145,8 +147,7 @@ function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, 
 function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" }>): void {
   const hostF32 = (v: BufferView, len: number) => new Float32Array(v.buffer.host!, v.offset * 4, len);
   const hostBytes = (v: BufferView, len: number, bytes: number) => new Uint8Array(v.buffer.host!, v.offset * bytes, len * bytes);
-  const scaleDtype = quantScaleDtype(call.scheme);
-  const scaleBytes = scaleDtype === "uint8" ? 1 : scaleDtype === "float16" ? 2 : 4;
+  const scaleBytes = quantScaleBytes(call.scheme);
   const ns = quantScaleCount(call.scheme, call.n, call.k);
   if (call.op === "quantize_weight") {
     const q = quantizeWeightsRef(call.scheme, hostF32(call.w, call.n * call.k).slice(), call.n, call.k);
@@ -157,7 +158,7 @@ function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize
   }
   const data = hostBytes(call.w, quantDataBytes(call.scheme, call.n, call.k), 1).slice();
   const sb = hostBytes(call.scales, ns, scaleBytes).slice();
-  const scales = scaleDtype === "uint8" ? sb : scaleDtype === "float16" ? new Uint16Array(sb.buffer) : new Float32Array(sb.buffer);
+  const scales = newScales(call.scheme, ns, sb.buffer);
   const rowSums = call.rowSums ? new Int32Array(hostBytes(call.rowSums, call.n, 4).slice().buffer) : new Int32Array(0);
   const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k);
   hostF32(call.out, call.m * call.n).set(out);
@@ -441,14 +442,15 @@ export class CpuBackend implements Backend {
         const q = quantArrays(call.scheme, call.w, call.scales, call.rowSums, call.n, call.k);
         const x = f32Span(call.x, call.m * call.k);
         const out = f32Span(call.out, call.m * call.n);
-        if (!q || !x || !out || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !this.quantSchemes.has(call.scheme)) return false;
+        if (!q || !x || !out || call.k % quantKMultiple(call.scheme) !== 0 || !this.quantSchemes.has(call.scheme)) return false;
         k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, nativeQuantCode(call.scheme));
         return true;
       }
       case "quantize_weight": {
         const q = quantArrays(call.scheme, call.data, call.scales, call.rowSums, call.n, call.k);
         const w = f32Span(call.w, call.n * call.k);
-        if (!q || !w || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !this.quantSchemes.has(call.scheme)) return false;
+        // q4_k has no native quantizer (its weights are GGUF blocks): the TS encoder runs on the host
+        if (!q || !w || call.k % quantKMultiple(call.scheme) !== 0 || call.scheme === "q4_k" || !this.quantSchemes.has(call.scheme)) return false;
         k.quantizeWeights(w, call.n, call.k, nativeQuantCode(call.scheme), q.data, q.scales, q.rowSums);
         return true;
       }

@@ -3,9 +3,10 @@
 // the native code computes. Layouts are documented in native/quant.h.
 import type { QuantScheme } from "../backend.js";
 import type { NativeKernels } from "./native.js";
+import { dequantizeQ4kRef, q4kMatmulRef, q4kMetaBytes, quantizeQ4kRef } from "./q4k-reference.js";
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 5> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, mxfp4: 5 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5 };
 
 /** QUANT_SCHEME_CODE as native.ts types the scheme argument. */
 export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
@@ -25,8 +26,9 @@ export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolea
   let ok = known.get(scheme);
   if (ok === undefined) {
     try {
-      const scales = newQuantScales(scheme, 1, 64);
-      k.quantMatmul(new Float32Array(64), new Uint8Array(64), scales, new Int32Array(1), new Float32Array(1), 1, 1, 64, nativeQuantCode(scheme));
+      const kk = quantKMultiple(scheme) === 256 ? 256 : 64;
+      const scales = newQuantScales(scheme, 1, kk);
+      k.quantMatmul(new Float32Array(kk), new Uint8Array(kk), scales, new Int32Array(1), new Float32Array(1), 1, 1, kk, nativeQuantCode(scheme));
       ok = true;
     } catch {
       ok = false;
@@ -44,19 +46,25 @@ export function isGroupScheme(scheme: QuantScheme): boolean {
   return scheme === "int4" || scheme === "int8_g32" || scheme === "mxfp4";
 }
 
-/** The dtype of a scheme's scales: f32 per row (int8, fp8), f16 per group (int4, int8_g32), e8m0 bytes (mxfp4). */
+/** The dtype of a scheme's scales: f32 per row (int8, fp8), f16 per group (int4, int8_g32), bytes (q4_k meta, mxfp4 e8m0). */
 export function quantScaleDtype(scheme: QuantScheme): "float32" | "float16" | "uint8" {
-  return scheme === "mxfp4" ? "uint8" : isGroupScheme(scheme) ? "float16" : "float32";
+  return scheme === "mxfp4" || scheme === "q4_k" ? "uint8" : isGroupScheme(scheme) ? "float16" : "float32";
 }
 
 /** A zeroed scales array of an [n, k] weight, typed as the kernels take it (f16 as bits). */
 export function newQuantScales(scheme: QuantScheme, n: number, k: number): Float32Array | Uint16Array | Uint8Array {
-  const count = quantScaleCount(scheme, n, k);
-  const dtype = quantScaleDtype(scheme);
-  return dtype === "uint8" ? new Uint8Array(count) : dtype === "float16" ? new Uint16Array(count) : new Float32Array(count);
+  return newScales(scheme, quantScaleCount(scheme, n, k));
 }
 
-/** A quantized [n, k] weight as plain arrays: data bytes, scales (f32, f16 bits or e8m0 bytes), rowSums (int8). */
+/** in_features must be a multiple of this: 64 (group schemes' chunks), 256 (q4_k super-blocks) or 1. */
+export function quantKMultiple(scheme: QuantScheme): number {
+  return scheme === "q4_k" ? 256 : isGroupScheme(scheme) ? 64 : 1;
+}
+
+/**
+ * A quantized [n, k] weight as plain arrays: data bytes, scales (f32 per row, f16 bits per group, q4_k's meta
+ * bytes per super-block, or e8m0 bytes per group for mxfp4), rowSums (int8).
+ */
 export interface QuantizedArrays {
   data: Uint8Array;
   scales: Float32Array | Uint16Array | Uint8Array;
@@ -65,11 +73,22 @@ export interface QuantizedArrays {
 
 /** Bytes of quantized data for an [n, k] weight (4-bit codes for int4 and mxfp4). */
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
-  return scheme === "int4" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
+  return scheme === "int4" || scheme === "q4_k" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
 }
-/** Scale count for an [n, k] weight (per row, or per group of 32 for int4 / int8_g32 / mxfp4). */
+/** Scale count for an [n, k] weight (per row, per group of 32 for int4 / int8_g32 / mxfp4, meta bytes for q4_k). */
 export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
-  return isGroupScheme(scheme) ? (n * k) / 32 : n;
+  return scheme === "q4_k" ? q4kMetaBytes(n, k) : isGroupScheme(scheme) ? (n * k) / 32 : n;
+}
+/** Bytes per scale element: 4 (f32), 2 (f16 bits) or 1 (q4_k meta, mxfp4 e8m0). */
+export function quantScaleBytes(scheme: QuantScheme): 1 | 2 | 4 {
+  const dtype = quantScaleDtype(scheme);
+  return dtype === "uint8" ? 1 : dtype === "float16" ? 2 : 4;
+}
+/** A scales array of `count` elements of the scheme's type (views `buffer` when given). */
+export function newScales(scheme: QuantScheme, count: number, buffer?: ArrayBuffer): Float32Array | Uint16Array | Uint8Array {
+  const bytes = quantScaleBytes(scheme);
+  if (buffer) return bytes === 1 ? new Uint8Array(buffer) : bytes === 2 ? new Uint16Array(buffer) : new Float32Array(buffer);
+  return bytes === 1 ? new Uint8Array(count) : bytes === 2 ? new Uint16Array(count) : new Float32Array(count);
 }
 
 const f32 = new Float32Array(1);
@@ -189,6 +208,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
     }
     return { data, scales, rowSums };
   }
+  if (scheme === "q4_k") return { ...quantizeQ4kRef(w, n, k), rowSums };
   if (scheme === "int4") {
     if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
     const scales = new Uint16Array((n * k) / 32);
@@ -256,6 +276,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
 
 /** The f32 [n, k] weight a quantized one stands for. */
 export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number, k: number): Float32Array {
+  if (scheme === "q4_k") return dequantizeQ4kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k);
   const out = new Float32Array(n * k);
   for (let r = 0; r < n; r++) {
     for (let i = 0; i < k; i++) {
@@ -298,6 +319,7 @@ export function quantizeActivationsRef(x: Float32Array, m: number, k: number): {
  * integer dots (per group for int4 and int8_g32); fp8 dots f32 x with the decoded weights.
  */
 export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number): Float32Array {
+  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k);
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {
     const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);

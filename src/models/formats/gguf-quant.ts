@@ -2,7 +2,9 @@
 // A row of ne0 elements is ne0/blockSize blocks of typeSize bytes each. All fields little-endian.
 
 import { floatToE2m1, mxfp4Exponent, MXFP4_DOUBLED } from "../../backends/cpu/quant-reference.js";
+import { quantizeQ4kRef } from "../../backends/cpu/q4k-reference.js";
 import { f16BitsToF32, f32ToF16Bits, bf16BytesToF32, f16BytesToF32 } from "./dtype-convert.js";
+import { q4kToQ4_K } from "./gguf-repack.js";
 
 /** ggml_type ids as stored in GGUF tensor infos. */
 export const GgmlType = {
@@ -256,4 +258,14 @@ export function quantizeMxfp4(x: ArrayLike<number>): Uint8Array {
     for (let j = 0; j < 16; j++) out[i * 17 + 1 + j] = code(x[i * 32 + j]!) | (code(x[i * 32 + 16 + j]!) << 4);
   }
   return out;
+}
+
+/**
+ * Q4_K super-blocks of 256: a per-sub-block min/max fit (backends/cpu/q4k-reference.ts's quantizeQ4kRef, the
+ * same bits Kiln's q4_k kernel runs), not llama.cpp's make_qkx2 search; llama.cpp reads it like any Q4_K.
+ */
+export function quantizeQ4_K(x: ArrayLike<number>): Uint8Array {
+  if (x.length % 256 !== 0) throw new RangeError(`Q4_K needs a multiple of 256 elements, got ${x.length}`);
+  const blocks = x.length / 256; // blocks are independent: quantize as [blocks, 256]
+  return q4kToQ4_K(quantizeQ4kRef(x, blocks, 256), blocks, 256);
 }

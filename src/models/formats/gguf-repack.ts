@@ -9,6 +9,10 @@
 //   Kiln int8_g32 row: int8 codes [K] as they are, f16 scales [K/32]: the blocks' two fields pulled apart.
 //   MXFP4 block (17 bytes, 32 elements): u8 e (E8M0), u8 qs[16] in Q4_0's nibble order, each nibble an E2M1 code.
 //   Kiln mxfp4 row: int4's nibble order, e8m0 bytes [K/32]: as Q4_0 -> int4, with one scale byte per block.
+//   Q4_K super-block (144 bytes, 256 elements): f16 d, f16 dmin, u8 scales[12] (8 six-bit sub-block scales and 8
+//        six-bit mins, packed as ggml's get_scale_min_k4 reads them), u8 qs[128] (byte l of 32-byte chunk c holds
+//        element 64c + l in its low nibble, 64c + 32 + l in its high one: int4's order already).
+//   Kiln q4_k row: qs of every super-block as they are [K/2], meta [K/256][20] = d, dmin, sc[8], m[8] unpacked.
 
 /** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
 export interface Int4Arrays {
@@ -135,20 +139,79 @@ export function int8G32ToQ8_0(q: Int8G32Arrays, n: number, k: number): Uint8Arra
   return out;
 }
 
+/** Kiln q4_k weight [n, k]: data [n, k/2] bytes (unsigned codes), meta [n, k/256 * 20] bytes (d, dmin, sc[8], m[8]). */
+export interface Q4kArrays {
+  data: Uint8Array;
+  scales: Uint8Array;
+}
+
+const Q4K_BYTES = 144;
+const Q4K_META = 20;
+
+/** Q4_K bytes of an [n, k] tensor (k % 256 == 0, as GGUF guarantees) -> Kiln q4_k data and meta. */
+export function q4_KToQ4k(src: Uint8Array, n: number, k: number): Q4kArrays {
+  if (k % 256 !== 0) throw new RangeError(`[q4_KToQ4k] q4_k needs k % 256 == 0, got ${k}`);
+  const blocks = (n * k) / 256;
+  if (src.byteLength !== blocks * Q4K_BYTES) throw new RangeError(`[q4_KToQ4k] ${src.byteLength} bytes are not Q4_K [${n}, ${k}]`);
+  const data = new Uint8Array(blocks * 128);
+  const scales = new Uint8Array(blocks * Q4K_META);
+  for (let b = 0; b < blocks; b++) {
+    const o = b * Q4K_BYTES;
+    const m = b * Q4K_META;
+    scales.set(src.subarray(o, o + 4), m); // d, dmin
+    const p = o + 4; // scales[12]
+    for (let j = 0; j < 4; j++) {
+      scales[m + 4 + j] = src[p + j]! & 63;
+      scales[m + 12 + j] = src[p + j + 4]! & 63;
+      scales[m + 8 + j] = (src[p + j + 8]! & 15) | ((src[p + j]! >> 6) << 4);
+      scales[m + 16 + j] = (src[p + j + 8]! >> 4) | ((src[p + j + 4]! >> 6) << 4);
+    }
+    data.set(src.subarray(o + 16, o + Q4K_BYTES), b * 128);
+  }
+  return { data, scales };
+}
+
+/** Kiln q4_k data and meta of an [n, k] weight -> Q4_K bytes (the inverse of q4_KToQ4k; sc, m must be < 64). */
+export function q4kToQ4_K(q: Q4kArrays, n: number, k: number): Uint8Array {
+  if (k % 256 !== 0) throw new RangeError(`[q4kToQ4_K] q4_k needs k % 256 == 0, got ${k}`);
+  const blocks = (n * k) / 256;
+  const out = new Uint8Array(blocks * Q4K_BYTES);
+  for (let b = 0; b < blocks; b++) {
+    const o = b * Q4K_BYTES;
+    const m = b * Q4K_META;
+    out.set(q.scales.subarray(m, m + 4), o);
+    const p = o + 4;
+    for (let j = 0; j < 4; j++) {
+      const scHi = q.scales[m + 8 + j]!; // sub-blocks 4..7: low 4 bits in scales[8..11], top 2 bits above j's
+      const mHi = q.scales[m + 16 + j]!;
+      out[p + j] = q.scales[m + 4 + j]! | ((scHi >> 4) << 6);
+      out[p + j + 4] = q.scales[m + 12 + j]! | ((mHi >> 4) << 6);
+      out[p + j + 8] = (scHi & 15) | ((mHi & 15) << 4);
+    }
+    out.set(q.data.subarray(b * 128, b * 128 + 128), o + 16);
+  }
+  return out;
+}
+
 /** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
-export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", MXFP4: "mxfp4" } as const;
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", MXFP4: "mxfp4" } as const;
 export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
 
-/** Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17). */
+/** Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17; Q4_K: 144 per 256). */
 export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
-  return (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
+  return type === "Q4_K" ? (k / 256) * Q4K_BYTES : (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
+}
+
+/** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k: 256). */
+export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
+  return type === "Q4_K" ? k % 256 === 0 : fitsGroupKernels(k);
 }
 
 /**
- * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / mxfp4 data is [n, k/2]);
- * scales are f16 bits (Uint16Array) or, for mxfp4, E8M0 bytes (Uint8Array).
+ * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / q4_k / mxfp4 data is [n, k/2]);
+ * scales are f16 bits (Uint16Array) [n, k/32], q4_k's meta bytes [n, k/256*20], or mxfp4's E8M0 bytes [n, k/32].
  */
-export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays {
+export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays | Q4kArrays {
   if (type === "MXFP4") return mxfp4ToKiln(src, n, k);
-  return type === "Q4_0" ? q4_0ToInt4(src, n, k) : q8_0ToInt8G32(src, n, k);
+  return type === "Q4_0" ? q4_0ToInt4(src, n, k) : type === "Q8_0" ? q8_0ToInt8G32(src, n, k) : q4_KToQ4k(src, n, k);
 }

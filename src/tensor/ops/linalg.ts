@@ -116,7 +116,8 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
  * A weight-only quantized nn.Linear weight [outFeatures, inFeatures] in the back end's quant_matmul layout:
  * int8 data int8 [out, in] + f32 scales [out] + int32 rowSums [out]; int4 data uint8 [out, in/2] + f16 scales
  * [out, in/32] (groups of 32, in % 64 == 0); fp8 data uint8 (e4m3fn codes) [out, in] + f32 scales [out]; mxfp4
- * data uint8 [out, in/2] (E2M1 codes) + e8m0 uint8 scales [out, in/32] (in % 64 == 0).
+ * data uint8 [out, in/2] (E2M1 codes) + e8m0 uint8 scales [out, in/32] (in % 64 == 0); q4_k data uint8 [out, in/2]
+ * + meta uint8 [out, in/256*20] (GGUF Q4_K super-blocks, in % 256 == 0).
  */
 export interface QuantizedWeight {
   readonly scheme: QuantScheme;
@@ -127,25 +128,28 @@ export interface QuantizedWeight {
   readonly rowSums: Tensor | null;
 }
 
-/** Whether `scheme` can hold an [out, in] weight (int4, int8_g32 and mxfp4 pack 64-element chunks). */
+/** Whether `scheme` can hold an [out, in] weight (int4, int8_g32 and mxfp4 pack 64-element chunks, q4_k 256). */
 export function canQuantize(scheme: QuantScheme, inFeatures: number): boolean {
-  return !GROUP_SCHEMES.has(scheme) || inFeatures % 64 === 0;
+  return inFeatures % inFeaturesMultiple(scheme) === 0;
+}
+function inFeaturesMultiple(scheme: QuantScheme): number {
+  return scheme === "q4_k" ? 256 : GROUP_SCHEMES.has(scheme) ? 64 : 1;
 }
 const GROUP_SCHEMES: ReadonlySet<QuantScheme> = new Set<QuantScheme>(["int4", "int8_g32", "mxfp4"]);
-const PACKED_SCHEMES: ReadonlySet<QuantScheme> = new Set<QuantScheme>(["int4", "mxfp4"]); // two codes per byte
+const PACKED_SCHEMES: ReadonlySet<QuantScheme> = new Set<QuantScheme>(["int4", "q4_k", "mxfp4"]); // two codes per byte
 
 /** Quantizes a 2-d float weight [out, in] (per output channel; int4 / mxfp4 per group of 32). */
 export function quantizeWeight(weight: Tensor, scheme: QuantScheme): QuantizedWeight {
   const op = "quantize";
   if (weight.ndim !== 2) throw new OpError(op, `weight must be 2-d, got [${weight.shape.join(", ")}]`);
   const [n, k] = weight.shape as [number, number];
-  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % 64 == 0, got ${k}`);
+  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % ${inFeaturesMultiple(scheme)} == 0, got ${k}`);
   const dev = weight.device;
   if (dev.backend.name !== "cpu") throw new UnsupportedError(op, `${scheme} weights are not supported on ${dev.name}`);
   const w = contiguous(weight.dtype === "float32" ? weight : weight.to("float32"));
   const data = empty(PACKED_SCHEMES.has(scheme) ? [n, k / 2] : [n, k], { dtype: scheme === "int8" ? "int8" : "uint8", device: dev });
-  const scaleDtype = scheme === "mxfp4" ? "uint8" : GROUP_SCHEMES.has(scheme) ? "float16" : "float32";
-  const scales = empty(GROUP_SCHEMES.has(scheme) ? [n, k / 32] : [n], { dtype: scaleDtype, device: dev });
+  const scaleDtype = scheme === "mxfp4" || scheme === "q4_k" ? "uint8" : GROUP_SCHEMES.has(scheme) ? "float16" : "float32";
+  const scales = empty(scheme === "q4_k" ? [n, (k / 256) * 20] : GROUP_SCHEMES.has(scheme) ? [n, k / 32] : [n], { dtype: scaleDtype, device: dev });
   const rowSums = scheme === "int8" ? empty([n], { dtype: "int32", device: dev }) : null;
   runKernel(op, dev, { op: "quantize_weight", scheme, w: w.view_(op), data: data.view_(op), scales: scales.view_(op), rowSums: rowSums?.view_(op) ?? null, n, k });
   if (w !== weight) w.dispose();
