@@ -376,6 +376,10 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
   const bf = randArray((batch - 1) * strideB + N * K);
   let b: Float32Array | Uint16Array = bf;
   const bVal = new Float32Array(bf.length);
+  // avx512-bf16: large-M bf16 products against [N,K] round a to bf16 (k.bf16DotMinM); the reference does too
+  const dotMinM = k.bf16DotMinM ?? 0;
+  const roundA = dtype === 1 && bT && dotMinM > 0 && M >= dotMinM;
+  const aVal = roundA ? a.map((v) => bf16Value(bf16Round(v))) : a;
   if (dtype === 1) {
     const bh = new Uint16Array(bf.length);
     for (let i = 0; i < bf.length; i++) { bh[i] = bf16Round(bf[i]!); bVal[i] = bf16Value(bh[i]!); }
@@ -389,7 +393,7 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
         let dot = 0, abs = 0;
         for (let kk = 0; kk < K; kk++) {
           const w = bVal[bi * strideB + (bT ? n * K + kk : kk * N + n)]!;
-          const p = a[bi * strideA + m * K + kk]! * w;
+          const p = aVal[bi * strideA + m * K + kk]! * w;
           dot += p;
           abs += Math.abs(p);
         }
