@@ -1,6 +1,6 @@
 # Kiln native CPU kernels (Node-API addon). The same kernel source (native/kernels-impl.inc)
 # is compiled once per ISA as a static library with its own flags; native/addon.cc picks one
-# at run time with __builtin_cpu_supports (override: KILN_NATIVE_ISA=avx512|avx2|scalar).
+# at run time with __builtin_cpu_supports (override: KILN_NATIVE_ISA=avx512-bf16|avx512|avx2|scalar).
 # Never -march=native: the build must run on any x86-64 machine.
 # -z nodelete: a worker_threads Worker that loads the addon dlclose()s it at exit; the process-wide
 # thread pool's workers (and their code) must outlive that, so the library is never unmapped.
@@ -19,8 +19,15 @@
           "target_name": "kiln_kernels_avx512",
           "type": "static_library",
           "sources": ["native/kernels-avx512.cc", "native/quant-avx512.cc"],
-          "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
+          "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                         "-mavx512vnni", "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512"]
+        },
+        {
+          "target_name": "kiln_kernels_avx512_bf16",
+          "type": "static_library",
+          "sources": ["native/kernels-avx512-bf16.cc"],
+          "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
+                        "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512"]
         },
         {
           "target_name": "kiln_kernels_avx2",
@@ -36,7 +43,7 @@
         {
           "target_name": "kiln_native",
           "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc"],
-          "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx2"],
+          "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx512_bf16", "kiln_kernels_avx2"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
         }

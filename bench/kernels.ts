@@ -2,7 +2,7 @@
 // run's measured read bandwidth (per thread count) and single-core FMA peak (x threads).
 // gemv [1536,576] f32 is 3.5 MB: it fits in L3, so it can exceed the DRAM read bandwidth.
 // The "decode batch" rows are x[M,K] @ W[N,K]^T on one SmolLM-135M layer's shapes at continuous-batching
-// M, 2 threads; %peak is against 2x this run's single-core FMA peak.
+// M, 2 threads; %peak is against 2x this run's single-core FMA peak. The "prefill" rows: M = 512 on the same shapes.
 // Usage: npm run bench:kernels [-- --decode-only]   (KILN_NATIVE_ISA=avx2|scalar to bench another path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
 import { timeIt } from "./timing.js";
@@ -25,6 +25,7 @@ const decodeShapes: { name: string; N: number; K: number }[] = [
   { name: "[49152,576]", N: 49152, K: 576 },
 ];
 const decodeMs = [1, 8, 32, 64];
+const PREFILL_M = 512; // one 512-token prompt: on avx512-bf16, bf16 rows run the vdpbf16ps GEMM (peak 2x the f32 FMA)
 
 function fill(n: number): Float32Array {
   const a = new Float32Array(n);
@@ -53,6 +54,30 @@ function decodeBatch(k: NativeKernels, fma: number): void {
         console.log([s.name.padEnd(13), String(M).padStart(3), (dtype ? "bf16" : "f32").padEnd(5), ms.toFixed(3).padStart(9),
           gflops.toFixed(1).padStart(8), `${(100 * gflops / (fmaNow * threads)).toFixed(0)}%`.padStart(6)].join(" "));
       }
+    }
+  }
+}
+
+/** x[512,K] @ W[N,K]^T on SmolLM-135M's layer shapes, 2 threads; %peak against the dtype's peak on this table. */
+function prefill(k: NativeKernels, fma: number): void {
+  const threads = 2;
+  k.setNumThreads(threads);
+  const dotPeak = (k.bf16DotMinM ?? 0) > 0 && PREFILL_M >= k.bf16DotMinM! ? 2 : 1;
+  console.log(`\nprefill: x[${PREFILL_M},K] @ W[N,K]^T, ${threads} threads (bf16 peak ${dotPeak}x f32's: ${dotPeak > 1 ? "vdpbf16ps, x rounded to bf16" : "exact f32"})`);
+  for (const s of decodeShapes.slice(0, 3)) {
+    const wF32 = fill(s.N * s.K);
+    const wBf16 = new Uint16Array(s.N * s.K);
+    k.f32ToBf16(wF32, wBf16, wF32.length);
+    const a = fill(PREFILL_M * s.K);
+    const out = new Float32Array(PREFILL_M * s.N);
+    for (const [dtype, w] of [[1, wBf16], [0, wF32]] as const) {
+      const fmaNow = Math.max(fma, k.fmaPeak(1e7));
+      const run = (): void => k.matmul(a, w, out, PREFILL_M, s.N, s.K, true, dtype, 1, 0, 0, 0);
+      const ms = Math.min(timeIt(run, 100), timeIt(run, 100), timeIt(run, 100));
+      const gflops = (2 * PREFILL_M * s.N * s.K / 1e9) / (ms / 1e3);
+      const peak = fmaNow * threads * (dtype ? dotPeak : 1);
+      console.log([s.name.padEnd(13), (dtype ? "bf16" : "f32").padEnd(5), ms.toFixed(3).padStart(9), gflops.toFixed(1).padStart(8),
+        `${(100 * gflops / peak).toFixed(0)}%`.padStart(6)].join(" "));
     }
   }
 }
@@ -99,6 +124,7 @@ function main(): void {
     }
   }
   decodeBatch(k, fma);
+  prefill(k, fma);
 }
 
 main();

@@ -52,13 +52,15 @@ bool supportsAvx512() {
          kFeatures.fma;
 }
 
-// KILN_NATIVE_ISA=avx512|avx2|scalar (read once) forces a path; an unsupported request
+// KILN_NATIVE_ISA=avx512-bf16|avx512|avx2|scalar (read once) forces a path; an unsupported request
 // falls back to the best available one below it.
 const KernelTable* chooseKernels() {
   const char* env = getenv("KILN_NATIVE_ISA");
   std::string want = env ? env : "";
 #if defined(__x86_64__)
-  if ((want.empty() || want == "avx512") && supportsAvx512()) return &kAvx512Kernels;
+  if ((want.empty() || want == "avx512-bf16") && supportsAvx512() && kFeatures.avx512bf16)
+    return &kAvx512Bf16Kernels;
+  if ((want.empty() || want == "avx512" || want == "avx512-bf16") && supportsAvx512()) return &kAvx512Kernels;
   if ((want.empty() || want == "avx512" || want == "avx2") && kFeatures.avx2 && kFeatures.fma)
     return &kAvx2Kernels;
 #endif
@@ -70,7 +72,7 @@ const KernelTable* gK = chooseKernels();
 // Quantized kernels: VNNI path with the AVX-512 table (when the CPU has VNNI), else portable loops.
 const QuantTable* chooseQuant() {
 #if defined(__x86_64__)
-  if (gK == &kAvx512Kernels && kFeatures.avx512vnni) return &kQuantAvx512;
+  if ((gK == &kAvx512Kernels || gK == &kAvx512Bf16Kernels) && kFeatures.avx512vnni) return &kQuantAvx512;
 #endif
   return &kQuantScalar;
 }
@@ -730,6 +732,7 @@ Napi::Value StreamCallFn(const Napi::CallbackInfo& info) {
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("isa", Napi::String::New(env, gK->name));
   exports.Set("quantIsa", Napi::String::New(env, gQ->name));
+  exports.Set("bf16DotMinM", Napi::Number::New(env, static_cast<double>(gK->bf16DotMinM)));
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));

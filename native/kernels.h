@@ -1,5 +1,5 @@
-// Kernel table: one instance per ISA (scalar / AVX2+FMA / AVX-512), all compiled from
-// kernels-impl.inc with different compiler flags and chosen at run time (see dispatch.cc).
+// Kernel table: one instance per ISA (scalar / AVX2+FMA / AVX-512 / AVX-512+BF16), all compiled from
+// kernels-impl.inc with different compiler flags and chosen at run time (see addon.cc).
 #pragma once
 #include <cstdint>
 
@@ -61,12 +61,16 @@ struct KernelTable {
                        const float* b, int64_t* bStrides, float* out, int rank, const int64_t* shape);
   double (*memoryReadBandwidth)(const float* buf, int64_t n, int iterations, int threads);
   double (*fmaPeak)(int64_t iterations);
+  // bf16 products with B = [N,K] (not batched-transposed A) and M >= this round a to bf16 and use
+  // vdpbf16ps (see gemm-bf16-impl.inc); 0: every bf16 product is exact f32.
+  int64_t bf16DotMinM;
 };
 
 extern const KernelTable kScalarKernels;
 #if defined(__x86_64__)
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;
+extern const KernelTable kAvx512Bf16Kernels;  // + AVX512-BF16 (vdpbf16ps) large-M bf16 GEMM
 #endif
 
 }  // namespace kiln

@@ -228,69 +228,18 @@ function runSuite(k: NativeKernels, isa: string): void {
     }
   });
 
-  // D = 40: the per-head loop; D = 64 and 128: one item per KV head (4 or 8 vectors per row) where the ISA has them
-  for (const [slidingWindow, D] of [[0, 40], [9, 40], [0, 64], [9, 64], [0, 128]] as const) {
-    test(`[${isa}] paged attention (GQA, mixed decode/prefill, window ${slidingWindow}, head dim ${D})`, () => {
-      k.setNumThreads(2);
-      const Hq = 6, Hkv = 2, blockSize = 16, numBlocks = 20, maxBlocksPerSeq = 6;
-      // seq0: decode (1 new token, context 37); seq1: fresh prefill of 20; seq2: chunked prefill 5 of 70
-      const qlens = [1, 20, 5], seqLens = Int32Array.from([37, 20, 70]);
-      const queryStart = Int32Array.from([0, 1, 21, 26]);
-      const T = 26;
-      const blockTables = new Int32Array(3 * maxBlocksPerSeq).fill(-1);
-      const ids = Array.from({ length: numBlocks }, (_, i) => i).sort(() => rand() - 0.5);
-      let next = 0;
-      for (let s = 0; s < 3; s++)
-        for (let b = 0; b < Math.ceil(seqLens[s]! / blockSize); b++) blockTables[s * maxBlocksPerSeq + b] = ids[next++]!;
-      const slotSize = Hkv * D;
-      const kCache = randArray(numBlocks * blockSize * slotSize), vCache = randArray(numBlocks * blockSize * slotSize);
-      const q = randArray(T * Hq * D), kNew = randArray(T * slotSize), vNew = randArray(T * slotSize);
-      const slotOf = (s: number, p: number): number => blockTables[s * maxBlocksPerSeq + Math.floor(p / blockSize)]! * blockSize + (p % blockSize);
-      const slotMapping = new Int32Array(T);
-      for (let s = 0; s < 3; s++)
-        for (let j = 0; j < qlens[s]!; j++) slotMapping[queryStart[s]! + j] = slotOf(s, seqLens[s]! - qlens[s]! + j);
-      slotMapping[3] = -1; // skipped write: attention then reads whatever the cache holds there
-      const kRef = kCache.slice(), vRef = vCache.slice();
-      for (let t = 0; t < T; t++) {
-        if (slotMapping[t]! < 0) continue;
-        kRef.set(kNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
-        vRef.set(vNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
-      }
-      const scale = 1 / Math.sqrt(D);
-      const want = new Float64Array(T * Hq * D);
-      for (let s = 0; s < 3; s++)
-        for (let j = 0; j < qlens[s]!; j++) {
-          const t = queryStart[s]! + j, p = seqLens[s]! - qlens[s]! + j;
-          const lo = slidingWindow ? Math.max(0, p - slidingWindow + 1) : 0;
-          for (let h = 0; h < Hq; h++) {
-            const kvh = Math.floor(h / (Hq / Hkv));
-            const scores: number[] = [];
-            for (let c = lo; c <= p; c++) {
-              let dot = 0;
-              for (let d = 0; d < D; d++) dot += q[(t * Hq + h) * D + d]! * kRef[slotOf(s, c) * slotSize + kvh * D + d]!;
-              scores.push(dot * scale);
-            }
-            const m = Math.max(...scores);
-            const e = scores.map((v) => Math.exp(v - m));
-            const sum = e.reduce((a, b) => a + b, 0);
-            for (let c = lo; c <= p; c++)
-              for (let d = 0; d < D; d++)
-                want[(t * Hq + h) * D + d] += (e[c - lo]! / sum) * vRef[slotOf(s, c) * slotSize + kvh * D + d]!;
-          }
-        }
-      const out = new Float32Array(T * Hq * D);
-      k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, blockTables, queryStart, seqLens, out,
-        3, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow);
-      close(kCache, kRef, () => 0, "kCache written");
-      close(vCache, vRef, () => 0, "vCache written");
-      // outputs are convex combinations of values in [-1,1]; f32 dot/exp error stays ~1e-6
-      close(out, want, () => 2e-6, "attention output");
-      const bad = blockTables.slice();
-      bad[0] = numBlocks;
-      assert.throws(() => k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, bad, queryStart, seqLens, out,
-        3, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow), /out of range/);
-    });
-  }
+  // D = 40: the one-row kernel on every ISA; 64, 32 and 128: the blocked kernel (D a multiple of the vector width)
+  for (const D of [40, 64, 32, 128])
+    for (const slidingWindow of [0, 9]) {
+      test(`[${isa}] paged attention (GQA, mixed decode/prefill, D ${D}, window ${slidingWindow})`, () => {
+        checkPagedAttention(k, D, slidingWindow, [1, 20, 5], [37, 20, 70]);
+      });
+    }
+  test(`[${isa}] paged attention: decode of one sequence (one head per work item), long prefill`, () => {
+    checkPagedAttention(k, 64, 0, [1], [150]);
+    checkPagedAttention(k, 64, 0, [90], [90]);
+    checkPagedAttention(k, 64, 50, [33, 1], [140, 66]);
+  });
 
   test(`[${isa}] embedding and dtype conversions`, () => {
     const rows = 50, dim = 37, numIds = 11;
@@ -377,6 +326,10 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
   const bf = randArray((batch - 1) * strideB + N * K);
   let b: Float32Array | Uint16Array = bf;
   const bVal = new Float32Array(bf.length);
+  // avx512-bf16: large-M bf16 products against [N,K] round a to bf16 (k.bf16DotMinM); the reference does too
+  const dotMinM = k.bf16DotMinM ?? 0;
+  const roundA = dtype === 1 && bT && dotMinM > 0 && M >= dotMinM;
+  const aVal = roundA ? a.map((v) => bf16Value(bf16Round(v))) : a;
   if (dtype === 1) {
     const bh = new Uint16Array(bf.length);
     for (let i = 0; i < bf.length; i++) { bh[i] = bf16Round(bf[i]!); bVal[i] = bf16Value(bh[i]!); }
@@ -390,7 +343,7 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
         let dot = 0, abs = 0;
         for (let kk = 0; kk < K; kk++) {
           const w = bVal[bi * strideB + (bT ? n * K + kk : kk * N + n)]!;
-          const p = a[bi * strideA + m * K + kk]! * w;
+          const p = aVal[bi * strideA + m * K + kk]! * w;
           dot += p;
           abs += Math.abs(p);
         }
@@ -401,4 +354,66 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
         if (!(Math.abs(got - dot) <= tol))
           assert.fail(`matmul M=${M} N=${N} K=${K} bT=${bT} dtype=${dtype} batch=${batch} at [${bi},${m},${n}]: got ${got}, want ${dot}`);
       }
+}
+
+/** qlens[s] new tokens of sequence s, whose length (cached + new) is lens[s]; random K/V everywhere. */
+function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[]): void {
+  k.setNumThreads(2);
+  const Hq = 6, Hkv = 2, blockSize = 16, maxBlocksPerSeq = 10;
+  const S = qlens.length, seqLens = Int32Array.from(lens);
+  const queryStart = Int32Array.from([0, ...qlens.map((_, i) => qlens.slice(0, i + 1).reduce((a, b) => a + b, 0))]);
+  const T = queryStart[S]!;
+  const numBlocks = S * maxBlocksPerSeq;
+  const blockTables = new Int32Array(S * maxBlocksPerSeq).fill(-1);
+  const ids = Array.from({ length: numBlocks }, (_, i) => i).sort(() => rand() - 0.5);
+  let next = 0;
+  for (let s = 0; s < S; s++)
+    for (let b = 0; b < Math.ceil(seqLens[s]! / blockSize); b++) blockTables[s * maxBlocksPerSeq + b] = ids[next++]!;
+  const slotSize = Hkv * D;
+  const kCache = randArray(numBlocks * blockSize * slotSize), vCache = randArray(numBlocks * blockSize * slotSize);
+  const q = randArray(T * Hq * D), kNew = randArray(T * slotSize), vNew = randArray(T * slotSize);
+  const slotOf = (s: number, p: number): number => blockTables[s * maxBlocksPerSeq + Math.floor(p / blockSize)]! * blockSize + (p % blockSize);
+  const slotMapping = new Int32Array(T);
+  for (let s = 0; s < S; s++)
+    for (let j = 0; j < qlens[s]!; j++) slotMapping[queryStart[s]! + j] = slotOf(s, seqLens[s]! - qlens[s]! + j);
+  if (T > 3) slotMapping[3] = -1; // skipped write: attention then reads whatever the cache holds there
+  const kRef = kCache.slice(), vRef = vCache.slice();
+  for (let t = 0; t < T; t++) {
+    if (slotMapping[t]! < 0) continue;
+    kRef.set(kNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
+    vRef.set(vNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
+  }
+  const scale = 1 / Math.sqrt(D);
+  const want = new Float64Array(T * Hq * D);
+  for (let s = 0; s < S; s++)
+    for (let j = 0; j < qlens[s]!; j++) {
+      const t = queryStart[s]! + j, p = seqLens[s]! - qlens[s]! + j;
+      const lo = slidingWindow ? Math.max(0, p - slidingWindow + 1) : 0;
+      for (let h = 0; h < Hq; h++) {
+        const kvh = Math.floor(h / (Hq / Hkv));
+        const scores: number[] = [];
+        for (let c = lo; c <= p; c++) {
+          let dot = 0;
+          for (let d = 0; d < D; d++) dot += q[(t * Hq + h) * D + d]! * kRef[slotOf(s, c) * slotSize + kvh * D + d]!;
+          scores.push(dot * scale);
+        }
+        const m = Math.max(...scores);
+        const e = scores.map((v) => Math.exp(v - m));
+        const sum = e.reduce((a, b) => a + b, 0);
+        for (let c = lo; c <= p; c++)
+          for (let d = 0; d < D; d++)
+            want[(t * Hq + h) * D + d] += (e[c - lo]! / sum) * vRef[slotOf(s, c) * slotSize + kvh * D + d]!;
+      }
+    }
+  const out = new Float32Array(T * Hq * D);
+  k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, blockTables, queryStart, seqLens, out,
+    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow);
+  close(kCache, kRef, () => 0, "kCache written");
+  close(vCache, vRef, () => 0, "vCache written");
+  // outputs are convex combinations of values in [-1,1]; f32 dot/exp error stays ~1e-6
+  close(out, want, () => 2e-6, "attention output");
+  const bad = blockTables.slice();
+  bad[0] = numBlocks;
+  assert.throws(() => k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, bad, queryStart, seqLens, out,
+    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow), /out of range/);
 }

@@ -98,7 +98,9 @@ function compiledLayer(l: ReturnType<typeof layer>) {
 describe("compile: decoder layer equals eager", { skip: hasJit ? false : `no JIT: ${jitUnavailableReason()}` }, () => {
   const cases: { name: string; qkNorm: boolean; dtype: DType; tol: number }[] = [
     { name: "Llama-style, float32 weights", qkNorm: false, dtype: "float32", tol: 1e-4 },
-    { name: "Llama-style, bf16 weights", qkNorm: false, dtype: "bfloat16", tol: 1e-3 },
+    // bf16: on avx512-bf16 a product of >= k.bf16DotMinM rows rounds its activations to bf16 (2^-9 relative), so
+    // the compiled program (rows padded to the bucket, 32) and eager (17 rows, exact f32) differ by ~2e-3
+    { name: "Llama-style, bf16 weights", qkNorm: false, dtype: "bfloat16", tol: 2 ** -7 },
     { name: "Qwen3-style q/k norm", qkNorm: true, dtype: "float32", tol: 1e-4 },
   ];
   for (const c of cases) {

@@ -4,10 +4,18 @@ import { spawnSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { NativeKernels } from "../../src/backends/cpu/native.js";
 
-/** The ISAs this CPU can run: scalar always, avx2/avx512 when present (`avx2: false` skips the AVX2 build). */
-export function supportedIsas(k: NativeKernels, options: { avx2?: boolean } = {}): string[] {
+/**
+ * The ISAs this CPU can run: scalar always, avx2/avx512/avx512-bf16 when present (`avx2: false` skips the AVX2
+ * build; `bf16: false` the avx512-bf16 table, which differs from avx512 only in large-M bf16 matmuls).
+ */
+export function supportedIsas(k: NativeKernels, options: { avx2?: boolean; bf16?: boolean } = {}): string[] {
   const f = k.features();
-  return ["scalar", ...(options.avx2 !== false && f.avx2 && f.fma ? ["avx2"] : []), ...(f.avx512f ? ["avx512"] : [])];
+  return [
+    "scalar",
+    ...(options.avx2 !== false && f.avx2 && f.fma ? ["avx2"] : []),
+    ...(f.avx512f ? ["avx512"] : []),
+    ...(options.bf16 !== false && f.avx512f && f.avx512bf16 ? ["avx512-bf16"] : []),
+  ];
 }
 
 /** Re-runs the test file at fileUrl in one child per ISA, with `childFlag=1` set, and asserts each passed. */

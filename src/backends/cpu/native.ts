@@ -2,8 +2,8 @@
  * Loader and typed interface of the native CPU kernel addon (native/*.cc, built by
  * `node-gyp rebuild` into build/Release/kiln_native.node).
  *
- * The addon picks AVX-512, AVX2+FMA or a portable scalar path at load time
- * (`KILN_NATIVE_ISA=avx512|avx2|scalar` forces one; it is read once per process).
+ * The addon picks AVX-512 (+ AVX512-BF16 where the CPU has it), AVX2+FMA or a portable scalar path at load
+ * time (`KILN_NATIVE_ISA=avx512-bf16|avx512|avx2|scalar` forces one; it is read once per process).
  * All arrays are typed-array views used in place (their byteOffset is honoured); sizes are
  * element counts; float math is f32. bf16 and f16 data travel as Uint16Array.
  * Each kernel also has an enqueue variant on `k.stream` (one in-order native stream thread per JS
@@ -19,7 +19,7 @@ import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-export type NativeIsa = "avx512" | "avx2" | "scalar";
+export type NativeIsa = "avx512-bf16" | "avx512" | "avx2" | "scalar";
 
 /** Op codes of `unary`. */
 export const UnaryOp = {
@@ -35,6 +35,12 @@ export interface NativeKernels extends NativeStream {
   isa: NativeIsa;
   /** Table of the quantized kernels: "avx512-vnni" or "scalar". */
   quantIsa: string;
+  /**
+   * bf16 matmuls with B = [N,K] (bTransposed, A not transposed) and M >= this round A to bf16 (nearest even)
+   * and multiply with vdpbf16ps, f32 accumulation (as PyTorch/oneDNN and llama.cpp do); smaller M (decode)
+   * stays exact f32. 0 (every ISA but avx512-bf16): always exact f32. Absent in an addon built before it.
+   */
+  bf16DotMinM?: number;
   features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
   setNumThreads(n: number): void;
   getNumThreads(): number;
@@ -43,7 +49,7 @@ export interface NativeKernels extends NativeStream {
   /**
    * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
    * linear weight gradient g^T @ x with no transposed copy). bTransposed: B is [N,K] (nn.Linear weight,
-   * out = a @ B^T), else [K,N]. bDtype 0 = f32, 1 = bf16. Strides in elements per batch item (0 = broadcast).
+   * out = a @ B^T), else [K,N]. bDtype 0 = f32, 1 = bf16 (see bf16DotMinM). Strides in elements per batch item (0 = broadcast).
    */
   matmul(
     a: Float32Array, b: Float32Array | Uint16Array, out: Float32Array, M: number, N: number, K: number,

@@ -1,0 +1,118 @@
+// The avx512-bf16 table's large-M bf16 GEMM (native/gemm-bf16-impl.inc: x[M,K] @ W[N,K]^T with the
+// activations rounded to bf16 and vdpbf16ps products, f32 accumulation) against two references:
+// - the same math in TS (x rounded to bf16, nearest even; sums of exact products): tight tolerance,
+//   far below the effect of the rounding itself (so a kernel that skipped or truncated it would fail);
+// - the exact f32 product: loose tolerance, bounded by the rounding (|x - bf16(x)| <= 2^-9 |x|).
+// M around the threshold (just below it the exact f32 path must still run), N and K tails (odd K: the
+// last K-pair is half padding), 1 and 2 threads, batched calls. Runs only where the CPU has avx512_bf16.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
+import { mulberry32 } from "../../src/util/random.js";
+
+const k = tryLoadNativeKernels();
+const minM = k?.bf16DotMinM ?? 0;
+const skip = !k ? "native addon not built" : k.isa !== "avx512-bf16" || minM <= 0 ? `no vdpbf16ps GEMM on ISA ${k.isa}` : false;
+
+const rand = mulberry32(4242); // deterministic inputs so failures reproduce
+function randArray(n: number): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = 2 * rand() - 1;
+  return a;
+}
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+/** f32 -> nearest bf16 (ties to even) -> f32, for finite inputs. */
+function bf16(x: number): number {
+  f32[0] = x;
+  const u = u32[0]!;
+  u32[0] = (((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) << 16) >>> 0;
+  return f32[0]!;
+}
+
+interface Case { M: number; N: number; K: number }
+interface Result { out: Float32Array; x: Float32Array; w: Float32Array }
+
+/** Runs the native matmul on random x [M,K] and bf16 W [N,K]; w holds W's values as f32. */
+function run({ M, N, K }: Case): Result {
+  const x = randArray(M * K);
+  const wRaw = new Uint16Array(N * K);
+  k!.f32ToBf16(randArray(N * K), wRaw, N * K);
+  const w = new Float32Array(N * K);
+  k!.bf16ToF32(wRaw, w, N * K);
+  const out = new Float32Array(M * N).fill(NaN);
+  k!.matmul(x, wRaw, out, M, N, K, true, 1, 1, 0, 0, 0);
+  return { out, x, w };
+}
+
+/**
+ * Compares out with sum_k round(x)[m,k] * w[n,k] (round = bf16 or identity), in float64. tight: f32
+ * accumulation of K random-sign terms errs ~2^-24 * rms(p) * K / sqrt(2); allow 2^-20 * rms(p) * K.
+ * Loose (round = identity against a bf16-rounding kernel): |sum p_k d_k| <= 2^-9 * sum |p_k|; allow 2^-8.
+ */
+function compare(r: Result, { M, N, K }: Case, round: (v: number) => number, tight: boolean, what: string): void {
+  const xr = r.x.map(round);
+  for (let m = 0; m < M; m++)
+    for (let n = 0; n < N; n++) {
+      let dot = 0, abs = 0, sq = 0;
+      for (let kk = 0; kk < K; kk++) {
+        const p = xr[m * K + kk]! * r.w[n * K + kk]!;
+        dot += p;
+        abs += Math.abs(p);
+        sq += p * p;
+      }
+      const tol = tight ? 2 ** -20 * Math.sqrt(sq / K) * K : 2 ** -8 * abs;
+      const got = r.out[m * N + n]!;
+      if (!(Math.abs(got - dot) <= tol + 1e-30))
+        assert.fail(`${what} M=${M} N=${N} K=${K} at [${m},${n}]: got ${got}, want ${dot} (|err| ${Math.abs(got - dot)} > ${tol})`);
+    }
+}
+
+const shapes: Case[] = [
+  // around the threshold, odd and small N / K (K = 1: one half-padded pair), tails of the 32-column panels
+  ...[0, 1, 7, 14, 40].map((dm) => ({ M: minM + dm, N: 33, K: 63 })),
+  { M: minM, N: 1, K: 1 },
+  { M: minM + 3, N: 17, K: 3 },
+  { M: 45, N: 95, K: 577 },
+  { M: 100, N: 64, K: 64 },
+  { M: 130, N: 200, K: 1537 },
+  { M: 513, N: 70, K: 96 },
+];
+
+for (const threads of [1, 2]) {
+  test(`bf16 GEMM vs bf16-rounded reference (tight) and f32 (loose), ${threads} thread(s)`, { skip }, () => {
+    k!.setNumThreads(threads);
+    for (const c of shapes) {
+      const r = run(c);
+      compare(r, c, bf16, true, "vs bf16-rounded x");
+      compare(r, c, (v) => v, false, "vs exact f32");
+    }
+  });
+}
+
+test("bf16 GEMM: M below the threshold stays exact f32", { skip }, () => {
+  k!.setNumThreads(2);
+  for (const c of [{ M: minM - 1, N: 45, K: 577 }, { M: 2, N: 33, K: 63 }]) compare(run(c), c, (v) => v, true, "exact path");
+});
+
+test("bf16 GEMM: batched calls with a shared W and padded output strides; aTransposed stays exact", { skip }, () => {
+  k!.setNumThreads(2);
+  const c = { M: minM + 9, N: 37, K: 130 };
+  const x = randArray(2 * c.M * c.K);
+  const wRaw = new Uint16Array(c.N * c.K);
+  k!.f32ToBf16(randArray(c.N * c.K), wRaw, wRaw.length);
+  const w = new Float32Array(wRaw.length);
+  k!.bf16ToF32(wRaw, w, w.length);
+  const so = c.M * c.N + 5;
+  const out = new Float32Array(2 * so).fill(NaN);
+  k!.matmul(x, wRaw, out, c.M, c.N, c.K, true, 1, 2, c.M * c.K, 0, so);
+  for (let b = 0; b < 2; b++)
+    compare({ out: out.subarray(b * so), x: x.subarray(b * c.M * c.K), w }, c, bf16, true, `batch item ${b}`);
+  // A stored [K,M] (the linear weight gradient's g^T @ x) takes the exact packed f32 path
+  const x0 = x.subarray(0, c.M * c.K);
+  const xT = new Float32Array(c.K * c.M);
+  for (let m = 0; m < c.M; m++) for (let kk = 0; kk < c.K; kk++) xT[kk * c.M + m] = x0[m * c.K + kk]!;
+  const outT = new Float32Array(c.M * c.N).fill(NaN);
+  k!.matmul(xT, wRaw, outT, c.M, c.N, c.K, true, 1, 1, 0, 0, 0, true);
+  compare({ out: outT, x: x0, w }, c, (v) => v, true, "aTransposed");
+});
