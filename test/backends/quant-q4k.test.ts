@@ -61,14 +61,15 @@ if (!childIsa) {
 function runSuite(k: NativeKernels, isa: string): void {
   const skip = nativeTakesScheme(k, "q4_k") ? false : "addon rejects scheme code 4";
   for (const threads of [1, 2]) {
-    test(`[${isa}] q4_k quantMatmul vs reference vs dequantized f32, M = 1..33, ${threads} thread(s)`, { skip }, () => {
+    test(`[${isa}] q4_k quantMatmul vs reference vs dequantized f32, M = 1..512, ${threads} thread(s)`, { skip }, () => {
       k.setNumThreads(threads);
       const shapes: [number, number][] = [[1, 256], [7, 512], [33, 256], [13, 1280], [64, 768]];
-      const ms = [1, 2, 3, 4, 5, 8, 16, 33];
+      // VNNI: M >= 5 take the tiles (pairs of 16-row blocks, 4/8/16-row tails); M = 512 on the small shapes only (time)
+      const ms = [1, 2, 3, 4, 5, 8, 16, 33, 64, 130];
       for (const [n, kk] of shapes) {
         for (const q of [randomQ4k(n, kk), quantizeQ4kRef(randn(n * kk, 0.05), n, kk)]) {
           const wdq = dequantizeQ4kRef(q, n, kk);
-          for (const m of ms) {
+          for (const m of n * kk <= 4096 ? [...ms, 512] : ms) {
             const x = randn(m * kk);
             const out = new Float32Array(m * n);
             k.quantMatmul(x, q.data, q.scales, new Int32Array(0), out, m, n, kk, 4);
