@@ -493,6 +493,21 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   for (int64_t t = 0; t < T; ++t)
     if (p.slotMapping[t] >= numBlocks * p.blockSize)
       throw Napi::RangeError::New(env, "[pagedAttention] slot " + std::to_string(p.slotMapping[t]) + " out of range");
+  // optional fused rotary: positions, cos, sin, rotaryDim, neox (args 18..22); rotaryDim 0 / absent = none
+  if (info.Length() > 21 && !info[18].IsUndefined() && !info[18].IsNull()) {
+    p.rotaryDim = integer(info, 21, op, "rotaryDim");
+    if (p.rotaryDim % 2 != 0 || p.rotaryDim > p.D) fail(env, op, "rotaryDim must be even and <= D");
+    p.positions = array<int32_t>(info, 18, T, op, "positions");
+    p.cosT = array<float>(info, 19, 0, op, "cos");
+    const int64_t tableLen = static_cast<int64_t>(info[19].As<Napi::TypedArray>().ElementLength());
+    p.sinT = array<float>(info, 20, tableLen, op, "sin");
+    p.neox = boolean(info, 22);
+    const int64_t maxPos = p.rotaryDim == 0 ? 0 : tableLen / (p.rotaryDim / 2);
+    for (int64_t t = 0; t < T && p.rotaryDim > 0; ++t)
+      if (p.positions[t] < 0 || p.positions[t] >= maxPos)
+        throw Napi::RangeError::New(env, "[pagedAttention] position " + std::to_string(p.positions[t]) +
+                                             " outside the cos/sin table (" + std::to_string(maxPos) + ")");
+  }
   if (T == 0) return {op, nullptr};
   return {op, [p] { gK->pagedAttention(p); }};
 }

@@ -106,7 +106,8 @@ export type KernelCall =
   | { op: "random"; dist: "uniform" | "normal"; out: BufferView; seed: number; counter: number; a: number; b: number };
 
 /**
- * Ragged paged attention. Writes kNew/vNew into the paged cache at slotMapping, then attends causally.
+ * Ragged paged attention. Writes kNew/vNew into the paged cache at slotMapping, then attends causally; with
+ * `rotary`, q and kNew are taken before rotary and rotated inside (rotary fused with the KV write).
  * q [T, Hq, D]; kNew, vNew [T, Hkv, D]; kCache, vCache [numBlocks, blockSize, Hkv, D];
  * blockTables [numSeqs, maxBlocksPerSeq]; queryStart [numSeqs+1]; seqLens [numSeqs] include the new tokens.
  */
@@ -129,6 +130,17 @@ export interface PagedAttentionArgs {
   maxBlocksPerSeq: number;
   scale: number;
   slidingWindow: number; // 0 = unlimited
+  /** Fused rotary: q and kNew are rotated at their positions before the cache write and the attention. */
+  rotary?: PagedRotary;
+}
+
+/** Rotary fused into paged attention: the `rotary` kernel's parameters (positions [T], cos/sin [maxPos, rotaryDim/2]). */
+export interface PagedRotary {
+  positions: BufferView;
+  cos: BufferView;
+  sin: BufferView;
+  rotaryDim: number;
+  neox: boolean;
 }
 
 export type KernelName = KernelCall["op"];

@@ -259,8 +259,14 @@ class Recorder {
           if (this.b.node(c).op.kind !== "param" && this.b.node(c).op.kind !== "input") throw new UnsupportedError(op, "the KV caches must be tensors from outside the compiled function");
         }
         const dyn = this.dyn(q);
+        const rot = call.rotary;
+        if (rot) {
+          const cosW = this.b.node(r(rot.cos)).shape[1]!;
+          if (cosW * 2 !== rot.rotaryDim) throw new UnsupportedError(op, "compile() needs the rotary tables' width to be rotaryDim / 2");
+        }
+        const rotary = rot ? { positions: r(rot.positions), cos: r(rot.cos), sin: r(rot.sin), neox: rot.neox } : null;
         const id = this.push(
-          { kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, dynamicTokens: dyn.includes(0) },
+          { kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, dynamicTokens: dyn.includes(0), rotary },
           call.out.shape, "float32", dyn,
         );
         this.write(call.out, id, op);

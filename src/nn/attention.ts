@@ -79,19 +79,24 @@ export class Attention extends Module {
     const q0 = heads(this.qProj, H, this.qNorm);
     const k0 = heads(this.kProj, Hkv, this.kNorm);
     const v = heads(this.vProj, Hkv, null);
-    const q = this.rotary.apply(q0, ctx.positions);
-    const k = this.rotary.apply(k0, ctx.positions);
-    q0.dispose();
-    k0.dispose();
+    let q: Tensor;
+    let k: Tensor;
     let attn: Tensor;
     if (ctx.kind === "paged") {
+      // rotary fused with the KV write: the kernel rotates q and the new k rows itself
       const cache = ctx.kvCaches[this.layerIndex]!;
+      [q, k] = [q0, k0];
       attn = pagedAttention({
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
         scale: 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0,
+        rotary: this.rotary.pagedArgs(ctx.positions),
       });
     } else {
+      q = this.rotary.apply(q0, ctx.positions);
+      k = this.rotary.apply(k0, ctx.positions);
+      q0.dispose();
+      k0.dispose();
       attn = this.denseAttention(q, k, v, ctx);
     }
     for (const t of [q, k, v]) t.dispose();

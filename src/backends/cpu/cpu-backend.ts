@@ -41,6 +41,8 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   for (const [key, v] of Object.entries(call)) {
     if (typeof v === "object" && v !== null && "buffer" in v) (written.has(key) ? writes : reads).push(v as BufferView);
   }
+  // nested read-only operands (paged attention's fused rotary)
+  if (call.op === "paged_attention" && call.rotary) reads.push(call.rotary.positions, call.rotary.cos, call.rotary.sin);
   return { reads, writes };
 }
 
@@ -475,11 +477,7 @@ export class CpuBackend implements Backend {
         const out = f32(call.out);
         if (!x || !pos || !cos || !sin || !out) return false;
         this.stream.awaitWrites([call.positions]);
-        const maxPos = cos.length / (call.rotaryDim / 2);
-        for (let i = 0; i < pos.length; i++) {
-          const p = pos[i]!;
-          if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
-        }
+        checkRotaryPositions(pos, cos.length / (call.rotaryDim / 2));
         k.rotary(x, pos, cos, sin, out, call.tokens, call.heads, call.headDim, call.rotaryDim, call.neox);
         return true;
       }
@@ -495,12 +493,19 @@ export class CpuBackend implements Backend {
         const seqLens = i32(call.seqLens);
         const out = f32(call.out);
         if (!q || !kNew || !vNew || !kCache || !vCache || !slots || !tables || !qStart || !seqLens || !out) return false;
-        this.stream.awaitWrites([call.slotMapping, call.blockTables, call.queryStart, call.seqLens]);
+        const rot = call.rotary;
+        const pos = rot ? i32(rot.positions) : null;
+        const cos = rot ? f32(rot.cos) : null;
+        const sin = rot ? f32(rot.sin) : null;
+        if (rot && (!pos || !cos || !sin)) return false;
+        this.stream.awaitWrites([call.slotMapping, call.blockTables, call.queryStart, call.seqLens, ...(rot ? [rot.positions] : [])]);
         checkPagedAttentionIndices(call, kCache.length, slots, tables, qStart, seqLens);
+        if (rot && pos && cos) checkRotaryPositions(pos, cos.length / (rot.rotaryDim / 2));
         k.pagedAttention(
           q, kNew, vNew, kCache, vCache, slots, tables, qStart, seqLens, out,
           call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
           call.scale, call.slidingWindow,
+          pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox,
         );
         return true;
       }
@@ -537,6 +542,14 @@ function runHostFast(call: KernelCall): boolean {
       return scatterRows(call.out, call.index, call.src, call.rows, call.n, call.m, call.accumulate);
     default:
       return false;
+  }
+}
+
+/** Rotary positions index the cos/sin tables: the native kernels trust them. */
+function checkRotaryPositions(pos: Int32Array, maxPos: number): void {
+  for (let i = 0; i < pos.length; i++) {
+    const p = pos[i]!;
+    if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
   }
 }
 

@@ -105,13 +105,15 @@ export interface NativeKernels extends NativeStream {
   /**
    * Ragged paged attention: writes kNew/vNew into the cache at slotMapping, then each query token
    * attends causally (optionally within slidingWindow) over its sequence's cached positions.
-   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D].
+   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D]. With positions..neox, q and
+   * kNew are rotated first (as rotary()) and k is written rotated: rotary fused with the KV write.
    */
   pagedAttention(
     q: Float32Array, kNew: Float32Array, vNew: Float32Array, kCache: Float32Array, vCache: Float32Array,
     slotMapping: Int32Array, blockTables: Int32Array, queryStart: Int32Array, seqLens: Int32Array,
     out: Float32Array, numSeqs: number, Hq: number, Hkv: number, D: number, blockSize: number,
     maxBlocksPerSeq: number, scale: number, slidingWindow: number,
+    positions?: Int32Array, cos?: Float32Array, sin?: Float32Array, rotaryDim?: number, neox?: boolean,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
   f32ToBf16(src: Float32Array, dst: Uint16Array, n: number): void;
@@ -138,8 +140,7 @@ export interface NativeKernels extends NativeStream {
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
-  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
-  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "f16ToF32" | "f32ToF16";
 
 /**

@@ -139,10 +139,46 @@ export function counterUniform(seed: number, counter: number): number {
   return ((h >>> 0) * 2097152 + ((g >>> 0) >>> 11)) / 9007199254740992;
 }
 
+/**
+ * Rotary in place on x [T, heads, headDim] (float64 values) at positions [T] with cos/sin [maxPos, rotaryDim/2]:
+ * neox rotates (i, i + rotaryDim/2) pairs, else (2i, 2i+1).
+ */
+function rotateRows(x: Float64Array, pos: Float64Array, cos: Float64Array, sin: Float64Array, heads: number, headDim: number, rotaryDim: number, neox: boolean): void {
+  const half = rotaryDim / 2;
+  if (half === 0) return;
+  const maxPos = cos.length / half;
+  for (let t = 0; t < pos.length; t++) {
+    const p = pos[t]!;
+    if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
+    for (let h = 0; h < heads; h++) {
+      const base = (t * heads + h) * headDim;
+      for (let i = 0; i < half; i++) {
+        const c = cos[p * half + i]!;
+        const s = sin[p * half + i]!;
+        const i0 = neox ? base + i : base + 2 * i;
+        const i1 = neox ? base + i + half : base + 2 * i + 1;
+        const x0 = x[i0]!;
+        const x1 = x[i1]!;
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x1 * c + x0 * s;
+      }
+    }
+  }
+}
+
 export function pagedAttentionReference(p: PagedAttentionArgs): void {
   const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow } = p;
   const q = readF64(p.q);
   const kNew = readF64(p.kNew);
+  if (p.rotary) {
+    // fused rotary: the same values the separate rotary kernel would store (rounded to float32)
+    const { positions, cos, sin, rotaryDim, neox } = p.rotary;
+    const [pos, c, s] = [readF64(positions), readF64(cos), readF64(sin)];
+    if (pos.length !== p.q.shape[0]) throw new RangeError(`[paged_attention] expected ${p.q.shape[0]} rotary positions, got ${pos.length}`);
+    rotateRows(q, pos, c, s, numHeads, D, rotaryDim, neox);
+    rotateRows(kNew, pos, c, s, numKvHeads, D, rotaryDim, neox);
+    for (const x of [q, kNew]) for (let i = 0; i < x.length; i++) x[i] = Math.fround(x[i]!);
+  }
   const vNew = readF64(p.vNew);
   const slots = readF64(p.slotMapping);
   const tables = readF64(p.blockTables);
@@ -360,29 +396,7 @@ export function runReference(call: KernelCall): void {
     }
     case "rotary": {
       const x = readF64(call.x);
-      const pos = readF64(call.positions);
-      const cos = readF64(call.cos);
-      const sin = readF64(call.sin);
-      const { tokens, heads, headDim, rotaryDim, neox } = call;
-      const half = rotaryDim / 2;
-      const maxPos = cos.length / half;
-      for (let t = 0; t < tokens; t++) {
-        const p = pos[t]!;
-        if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
-        for (let h = 0; h < heads; h++) {
-          const base = (t * heads + h) * headDim;
-          for (let i = 0; i < half; i++) {
-            const c = cos[p * half + i]!;
-            const s = sin[p * half + i]!;
-            const i0 = neox ? base + i : base + 2 * i;
-            const i1 = neox ? base + i + half : base + 2 * i + 1;
-            const x0 = x[i0]!;
-            const x1 = x[i1]!;
-            x[i0] = x0 * c - x1 * s;
-            x[i1] = x1 * c + x0 * s;
-          }
-        }
-      }
+      rotateRows(x, readF64(call.positions), readF64(call.cos), readF64(call.sin), call.heads, call.headDim, call.rotaryDim, call.neox);
       return writeDense(call.out, x);
     }
     case "paged_attention":

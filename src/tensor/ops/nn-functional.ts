@@ -103,11 +103,23 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number)
   return out;
 }
 
-/** Ragged paged attention (see PagedAttentionArgs); writes k/v into the caches, returns [T, Hq, D]. */
+/** Rotary applied inside paged attention: positions int32 [T], cos/sin [maxPos, rotaryDim/2] (as rotaryEmbedding). */
+export interface PagedRotaryArgs {
+  positions: Tensor;
+  cos: Tensor;
+  sin: Tensor;
+  neox: boolean;
+}
+
+/**
+ * Ragged paged attention (see PagedAttentionArgs); writes k/v into the caches, returns [T, Hq, D]. With `rotary`,
+ * q and k are un-rotated and the kernel rotates them itself (rotary fused with the KV write): the same result as
+ * rotaryEmbedding() on q and k first.
+ */
 export function pagedAttention(args: {
   q: Tensor; k: Tensor; v: Tensor; kCache: Tensor; vCache: Tensor;
   slotMapping: Tensor; blockTables: Tensor; queryStart: Tensor; seqLens: Tensor;
-  scale: number; slidingWindow?: number;
+  scale: number; slidingWindow?: number; rotary?: PagedRotaryArgs | null;
 }): Tensor {
   const { q, k, v, kCache, vCache } = args;
   const [T, Hq, D] = q.shape as [number, number, number];
@@ -120,6 +132,7 @@ export function pagedAttention(args: {
   const kc = f32Contiguous(k);
   const vc = f32Contiguous(v);
   const out = empty([T, Hq, D], { dtype: "float32", device: dev });
+  const rot = args.rotary ? pagedRotaryViews(args.rotary, T, D) : null;
   runKernel("paged_attention", dev, {
     op: "paged_attention",
     q: qc.view_("paged_attention"),
@@ -140,9 +153,29 @@ export function pagedAttention(args: {
     maxBlocksPerSeq,
     scale: args.scale,
     slidingWindow: args.slidingWindow ?? 0,
+    ...(rot ? { rotary: rot.views } : {}),
   }, [out]);
   for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c.dispose();
+  rot?.dispose();
   return out;
+}
+
+function pagedRotaryViews(r: PagedRotaryArgs, T: number, D: number) {
+  const op = "paged_attention";
+  const rotaryDim = r.cos.shape[1]! * 2;
+  if (r.cos.ndim !== 2 || r.sin.ndim !== 2 || r.sin.shape[1] !== r.cos.shape[1]) throw new OpError(op, "rotary cos/sin must be [maxPos, rotaryDim/2]");
+  if (rotaryDim > D) throw new OpError(op, `rotary dim ${rotaryDim} exceeds head dim ${D}`);
+  if (r.positions.numel !== T) throw new OpError(op, `expected ${T} rotary positions, got ${r.positions.numel}`);
+  const pos = r.positions.dtype === "int32" ? contiguous(r.positions) : r.positions.to("int32");
+  const cos = f32Contiguous(r.cos);
+  const sin = f32Contiguous(r.sin);
+  const views = { positions: pos.view_(op), cos: cos.view_(op), sin: sin.view_(op), rotaryDim, neox: r.neox };
+  const dispose = () => {
+    if (pos !== r.positions) pos.dispose();
+    if (cos !== r.cos) cos.dispose();
+    if (sin !== r.sin) sin.dispose();
+  };
+  return { views, dispose };
 }
 
 /** silu(gate) * up: the SwiGLU activation of Llama-family MLPs. */
