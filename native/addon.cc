@@ -95,6 +95,11 @@ struct ArrayKind<uint8_t> {
   static constexpr const char* name = "Uint8Array";
 };
 template <>
+struct ArrayKind<int8_t> {
+  static constexpr napi_typedarray_type type = napi_int8_array;
+  static constexpr const char* name = "Int8Array";
+};
+template <>
 struct ArrayKind<int32_t> {
   static constexpr napi_typedarray_type type = napi_int32_array;
   static constexpr const char* name = "Int32Array";
@@ -191,6 +196,11 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
   a.out = array<float>(info, 4, M * N, op, "out");
   a.M = M; a.N = N; a.K = K; a.scheme = static_cast<int>(scheme);
+  // optional pre-quantized x (args 9, 10: Int8Array [M, K], Float32Array [M]), as rmsNormQuant writes it
+  if (info.Length() > 10 && !info[9].IsUndefined() && !info[9].IsNull()) {
+    a.xq = array<int8_t>(info, 9, M * K, op, "xq");
+    a.xs = array<float>(info, 10, M, op, "xs");
+  }
   if (M == 0 || N == 0) return {op, nullptr};
   return {op, [a] { gQ->matmul(a); }};
 }
@@ -398,6 +408,23 @@ Job RmsNorm(const Napi::CallbackInfo& info) {
   const float* w = array<float>(info, 1, n, op, "weight");
   float* out = array<float>(info, 2, rows * n, op, "out");
   return {op, [=] { gK->rmsNorm(x, w, out, rows, n, eps); }};
+}
+
+// rmsNormQuant(x, weight, out, rows, n, eps, xq, xs): rmsNorm, then out's rows quantized for quant matmul
+// (QuantTable::quantizeRows) while they are hot: one job where quantMatmul would quantize out once per consumer.
+Job RmsNormQuant(const Napi::CallbackInfo& info) {
+  const char* op = "rmsNormQuant";
+  const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  const float eps = static_cast<float>(number(info, 5, op, "eps"));
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  const float* w = array<float>(info, 1, n, op, "weight");
+  float* out = array<float>(info, 2, rows * n, op, "out");
+  int8_t* xq = array<int8_t>(info, 6, rows * n, op, "xq");
+  float* xs = array<float>(info, 7, rows, op, "xs");
+  return {op, [=] {
+            gK->rmsNorm(x, w, out, rows, n, eps);
+            gQ->quantizeRows(out, rows, n, xq, xs);
+          }};
 }
 
 Job Softmax(const Napi::CallbackInfo& info) {
@@ -758,6 +785,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"binary", RunNow<Binary>, Submit<Binary>},
       {"siluMul", RunNow<SiluMul>, Submit<SiluMul>},
       {"rmsNorm", RunNow<RmsNorm>, Submit<RmsNorm>},
+      {"rmsNormQuant", RunNow<RmsNormQuant>, Submit<RmsNormQuant>},
       {"softmax", RunNow<Softmax>, Submit<Softmax>},
       {"reduce", RunNow<Reduce>, Submit<Reduce>},
       {"argmax", RunNow<Argmax>, Submit<Argmax>},

@@ -37,6 +37,15 @@ export type BinaryOp =
 // mxfp4: OCP MXFP4, E2M1 codes with an E8M0 scale per group of 32 (also GGUF MXFP4's blocks).
 export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "mxfp4";
 
+/**
+ * Activation rows quantized as quant_matmul quantizes x: per row, scales[r] = amax/127 (f32) and
+ * data[r, i] = round-half-even(x[r, i] * (127/amax)); data int8 [rows, n], scales f32 [rows], both contiguous.
+ */
+export interface QuantizedRowsView {
+  data: BufferView;
+  scales: BufferView;
+}
+
 export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
 
 export type KernelCall =
@@ -53,7 +62,8 @@ export type KernelCall =
   | { op: "cumsum"; x: BufferView; out: BufferView; rows: number; n: number }
   // sorts each row; values and int32 indices out. Stable; descending puts the largest first.
   | { op: "sort"; x: BufferView; values: BufferView; indices: BufferView; rows: number; n: number; descending: boolean }
-  | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number }
+  // with xq, also writes out's rows quantized for quant_matmul (rms_norm fused with the next matmuls' quantization)
+  | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number; xq?: QuantizedRowsView }
   // out[b] = (aTransposed ? a[b]^T : a[b]) @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K] or [batch, K, M],
   // b [batch, K, N] or [batch, N, K]; contiguous rows
   | {
@@ -75,8 +85,11 @@ export type KernelCall =
   // weight-only quantized linear: out [m, n] = x [m, k] @ dequant(w)^T, layouts per scheme in native/quant.h
   // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
   // fp8: w e4m3fn bytes [n, k], scales f32 [n]; mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
-  // x and out contiguous f32.
-  | { op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null; out: BufferView; m: number; n: number; k: number }
+  // x and out contiguous f32. xq: x already quantized (int8/int4/int8_g32/mxfp4 read it instead of quantizing x).
+  | {
+      op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null;
+      out: BufferView; m: number; n: number; k: number; xq?: QuantizedRowsView | null;
+    }
   // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)
   | { op: "quantize_weight"; scheme: QuantScheme; w: BufferView; data: BufferView; scales: BufferView; rowSums: BufferView | null; n: number; k: number }
   // out[i, :] = table[ids[i], :], table [rows, dim] contiguous

@@ -225,6 +225,8 @@ class Recorder {
         return;
       }
       case "quant_matmul": {
+        // a pre-quantized x (call.xq, written by a fused rms_norm) is left out: the node quantizes x itself, the
+        // same bits, and rms_norm's xq output is then never read
         const x = this.reshape(this.read({ ...call.x, shape: [call.m, call.k], strides: [call.k, 1] }, op), [call.m, call.k]);
         if (this.dyn(x).includes(1)) throw new UnsupportedError(op, "the contracted dim cannot be dynamic");
         const w = this.read(call.w, op);

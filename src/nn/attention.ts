@@ -1,7 +1,7 @@
 // Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2) and sliding windows.
 // Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
 // (training: [batch, seq] with a causal mask, differentiable).
-import { causalAttention, pagedAttention, type Tensor } from "../tensor/index.js";
+import { causalAttention, pagedAttention, type QuantizedActivations, type Tensor } from "../tensor/index.js";
 import { Linear, RMSNorm, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 import type { RotaryEmbedding } from "./rotary.js";
@@ -63,12 +63,17 @@ export class Attention extends Module {
     this.kNorm = cfg.qkNorm ? this.module("k_norm", new RMSNorm(headDim, cfg.rmsNormEps, options)) : null;
   }
 
-  /** x [T, hidden] -> [T, hidden]. */
-  forward(x: Tensor, ctx: ForwardContext): Tensor {
+  /** The projections that read forward()'s x (for RMSNorm.forwardFor). */
+  get inputProjections(): readonly Linear[] {
+    return [this.qProj, this.kProj, this.vProj];
+  }
+
+  /** x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized q/k/v projections. */
+  forward(x: Tensor, ctx: ForwardContext, xq?: QuantizedActivations | null): Tensor {
     const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
     const T = x.shape[0]!;
     const heads = (proj: Linear, n: number, norm: RMSNorm | null): Tensor => {
-      const flat = proj.forward(x);
+      const flat = proj.forward(x, xq);
       const v = flat.view(T, n, D);
       flat.dispose();
       if (!norm) return v;

@@ -1,11 +1,14 @@
-// Fused decode-path kernels against their unfused sequences, on every back end: rotary fused into paged attention's
-// KV write.
+// Fused decode-path kernels against their unfused sequences: rotary fused into paged attention's KV write (every
+// back end), rms_norm fused with the quantized linears' activation quantization (cpu: quantized weights are cpu-only).
 // Fusion must not change numerics: the fused results are compared bit for bit.
 import assert from "node:assert/strict";
 import { it } from "node:test";
 import * as k from "../../src/tensor/index.js";
 import type { Tensor } from "../../src/tensor/index.js";
 import { forEachBackend, prng, values } from "./suite.js";
+import { quantizeActivationsRef } from "../../src/backends/cpu/quant-reference.js";
+import { quantizedLinear, quantizeWeight, disposeQuantizedWeight } from "../../src/tensor/ops/linalg.js";
+import type { QuantScheme } from "../../src/backends/backend.js";
 
 function randn(rand: () => number, n: number): Float32Array {
   return Float32Array.from({ length: n }, () => rand() * 2 - 1);
@@ -91,4 +94,52 @@ forEachBackend((device) => {
       }).dataSync(),
     /position 9 out of range/);
   });
+});
+
+forEachBackend((device) => {
+  it("rmsNormQuantized writes rms_norm's output and its rows quantized as quant_matmul quantizes them", () => {
+    const rand = prng(3);
+    const [rows, n] = [5, 96];
+    const x = k.tensor(randn(rand, rows * n).map((v) => v * 4), { device, shape: [rows, n] });
+    const w = k.tensor(randn(rand, n), { device });
+    const plain = k.rmsNorm(x, w, 1e-6);
+    const { out, xq } = k.rmsNormQuantized(x, w, 1e-6);
+    assertSame(out, plain, "normalised rows");
+    const want = quantizeActivationsRef(Float32Array.from(values(plain)), rows, n);
+    assert.deepEqual(Array.from(xq.data.dataSync() as Int8Array), Array.from(want.xq), "int8 rows");
+    assert.deepEqual(values(xq.scales), Array.from(want.xs), "row scales");
+  });
+});
+
+forEachBackend((device) => {
+  if (device !== "cpu") return; // quantizeWeight: weight-only quantized linears run on cpu only
+  const schemes: QuantScheme[] = ["int8", "int4", "int8_g32", "mxfp4", "fp8"];
+  for (const scheme of schemes) {
+    // K 96 (not a multiple of 64) for the per-channel schemes; M spans the small-M kernels and the packed tiles
+    for (const K of scheme === "int8" || scheme === "fp8" ? [96, 128] : [128]) {
+      it(`quantized linear on rmsNormQuantized's rows == on rms_norm's output (${scheme}, K ${K})`, () => {
+        const rand = prng(11 + K);
+        const N = 48;
+        const weight = quantizeWeight(k.tensor(randn(rand, N * K), { device, shape: [N, K] }), scheme);
+        const bias = k.tensor(randn(rand, N), { device });
+        const w = k.tensor(randn(rand, K), { device });
+        for (const M of [1, 2, 3, 4, 5, 8, 17]) {
+          const x = k.tensor(randn(rand, M * K).map((v) => v * 3), { device, shape: [M, K] });
+          const normed = k.rmsNorm(x, w, 1e-5);
+          const unfused = quantizedLinear(normed, weight, bias);
+          const { out, xq } = k.rmsNormQuantized(x, w, 1e-5);
+          const fused = quantizedLinear(out, weight, bias, xq);
+          assertSame(fused, unfused, `${scheme} M ${M}`);
+          if (scheme !== "fp8") {
+            // the kernel reads xq, not x: another x's quantization changes the result (fp8 dots f32 x, ignores xq)
+            const other = k.rmsNormQuantized(k.tensor(randn(rand, M * K), { device, shape: [M, K] }), w, 1e-5);
+            const wrong = values(quantizedLinear(out, weight, bias, other.xq));
+            assert.notDeepEqual(wrong, values(unfused), `${scheme} M ${M}: xq was not read`);
+          }
+          for (const t of [x, normed, unfused, out, xq.data, xq.scales, fused]) t.dispose();
+        }
+        disposeQuantizedWeight(weight);
+      });
+    }
+  }
 });

@@ -3,7 +3,7 @@
 // enqueued on the in-order native stream (./stream.ts) and run() returns at once; host-side kernels and
 // reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
 // the enqueued kernels for replay; while capturing, every kernel must take a native path.
-import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantScheme, RunOptions, StepGraph, UnaryOp } from "../backend.js";
+import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, RunOptions, StepGraph, UnaryOp } from "../backend.js";
 import { BackendUnavailableError, CaptureError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
 import { DTYPE_BYTES, type DType } from "../dtype.js";
@@ -41,8 +41,10 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   for (const [key, v] of Object.entries(call)) {
     if (typeof v === "object" && v !== null && "buffer" in v) (written.has(key) ? writes : reads).push(v as BufferView);
   }
-  // nested read-only operands (paged attention's fused rotary)
+  // nested operands: paged attention's fused rotary (read), quantized activation rows (written by rms_norm, read by quant_matmul)
   if (call.op === "paged_attention" && call.rotary) reads.push(call.rotary.positions, call.rotary.cos, call.rotary.sin);
+  if (call.op === "rms_norm" && call.xq) writes.push(call.xq.data, call.xq.scales);
+  if (call.op === "quant_matmul" && call.xq) reads.push(call.xq.data, call.xq.scales);
   return { reads, writes };
 }
 
@@ -143,6 +145,13 @@ function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, 
   return sc ? { data: bytes, scales: sc, rowSums: rs } : null;
 }
 
+/** Typed arrays of quantized activation rows (int8 [rows, n], f32 [rows]), or null for another layout. */
+function quantizedRows(v: QuantizedRowsView, rows: number, n: number): { data: Int8Array; scales: Float32Array } | null {
+  const scales = f32Span(v.scales, rows);
+  if (v.data.dtype !== "int8" || !scales) return null;
+  return { data: new Int8Array(rawOf(v.data.buffer), v.data.offset, rows * n), scales };
+}
+
 /** Host (TS reference) path of the quantized ops, for layouts the native kernels do not take. */
 function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" }>): void {
   const hostF32 = (v: BufferView, len: number) => new Float32Array(v.buffer.host!, v.offset * 4, len);
@@ -161,7 +170,10 @@ function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize
   const sb = hostBytes(call.scales, ns, scaleBytes).slice();
   const scales = scaleDtype === "uint8" ? sb : scaleDtype === "float16" ? new Uint16Array(sb.buffer) : new Float32Array(sb.buffer);
   const rowSums = call.rowSums ? new Int32Array(hostBytes(call.rowSums, call.n, 4).slice().buffer) : new Int32Array(0);
-  const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k);
+  const pre = call.xq
+    ? { xq: new Int8Array(hostBytes(call.xq.data, call.m * call.k, 1).slice().buffer), xs: hostF32(call.xq.scales, call.m).slice() }
+    : undefined;
+  const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k, pre);
   hostF32(call.out, call.m * call.n).set(out);
 }
 
@@ -425,6 +437,12 @@ export class CpuBackend implements Backend {
         const w = f32(call.weight);
         const out = f32(call.out);
         if (!x || !w || !out) return false;
+        if (call.xq) {
+          const xq = quantizedRows(call.xq, call.rows, call.n);
+          if (!xq) return false;
+          k.rmsNormQuant(x, w, out, call.rows, call.n, call.eps, xq.data, xq.scales);
+          return true;
+        }
         k.rmsNorm(x, w, out, call.rows, call.n, call.eps);
         return true;
       }
@@ -444,7 +462,9 @@ export class CpuBackend implements Backend {
         const x = f32Span(call.x, call.m * call.k);
         const out = f32Span(call.out, call.m * call.n);
         if (!q || !x || !out || (isGroupScheme(call.scheme) && call.k % 64 !== 0) || !this.quantSchemes.has(call.scheme)) return false;
-        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, nativeQuantCode(call.scheme));
+        const xq = call.xq ? quantizedRows(call.xq, call.m, call.k) : null;
+        if (call.xq && !xq) return false;
+        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, nativeQuantCode(call.scheme), xq?.data, xq?.scales);
         return true;
       }
       case "quantize_weight": {

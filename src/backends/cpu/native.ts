@@ -54,11 +54,12 @@ export interface NativeKernels extends NativeStream {
    * out [M,N] = x [M,K] @ dequant(W)^T for a weight-only quantized W (scheme 0 int8, 1 int4, 2 fp8, 3 int8
    * group-32, 5 mxfp4; layouts in native/quant.h). x rows are quantized to int8 on the fly (per-row scale) and
    * dotted with VNNI when available. rowSums is read for int8 only (pass an empty Int32Array otherwise); scales
-   * are f16 bits for int4 / int8 group-32, e8m0 bytes for mxfp4.
+   * are f16 bits for int4 / int8 group-32, e8m0 bytes for mxfp4. xq [M,K] / xs [M] (optional): x already quantized
+   * (as rmsNormQuant writes it), read instead of quantizing x; fp8 ignores them.
    */
   quantMatmul(
     x: Float32Array, w: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array, rowSums: Int32Array, out: Float32Array,
-    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 5,
+    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 5, xq?: Int8Array, xs?: Float32Array,
   ): void;
   /** Quantizes f32 W [N,K] into data/scales(/rowSums for int8) in the layout of quantMatmul's scheme. */
   quantizeWeights(
@@ -92,6 +93,10 @@ export interface NativeKernels extends NativeStream {
   siluMul(gate: Float32Array, up: Float32Array, out: Float32Array, n: number): void;
   /** out = x * rsqrt(mean(x^2) + eps) * weight, per row of n. */
   rmsNorm(x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number): void;
+  /** rmsNorm, then out's rows quantized as quantMatmul quantizes x: xq int8 [rows, n], xs [rows] (one job). */
+  rmsNormQuant(
+    x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number, xq: Int8Array, xs: Float32Array,
+  ): void;
   softmax(x: Float32Array, out: Float32Array, rows: number, n: number, log: boolean): void;
   /** See {@link ReduceOp}. */
   reduce(op: number, x: Float32Array, out: Float32Array, rows: number, n: number): void;
@@ -140,7 +145,8 @@ export interface NativeKernels extends NativeStream {
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
-  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
+  | "rmsNormQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "f16ToF32" | "f32ToF16";
 
 /**

@@ -297,7 +297,11 @@ export function quantizeActivationsRef(x: Float32Array, m: number, k: number): {
  * out [m, n] = x @ dequant(W)^T computed like the kernel: int8/int4/int8_g32 quantize x per row and take exact
  * integer dots (per group for int4 and int8_g32); fp8 dots f32 x with the decoded weights.
  */
-export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number): Float32Array {
+export function quantMatmulRef(
+  scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number,
+  /** x already quantized (quantizeActivationsRef's result): used instead of quantizing x */
+  pre?: { xq: Int8Array; xs: Float32Array },
+): Float32Array {
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {
     const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);
@@ -309,7 +313,7 @@ export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: Quantize
       }
     return out;
   }
-  const { xq, xs } = quantizeActivationsRef(x, m, k);
+  const { xq, xs } = pre ?? quantizeActivationsRef(x, m, k);
   if (scheme === "int8") {
     for (let r = 0; r < m; r++)
       for (let c = 0; c < n; c++) {

@@ -1,6 +1,6 @@
 // The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
 // Native kernels are tested against these (STYLE.md 9).
-import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, ReduceOp, UnaryOp } from "../backend.js";
+import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
 import { forEachIndex, getter, numel, readF64, setter, writeDense } from "./host-memory.js";
 
 function erf(x: number): number {
@@ -166,6 +166,23 @@ function rotateRows(x: Float64Array, pos: Float64Array, cos: Float64Array, sin: 
   }
 }
 
+/** quant_matmul's activation quantization of float32 rows x [rows, n] into xq (see QuantizedRowsView). */
+function quantizeRowsReference(x: Float64Array, rows: number, n: number, xq: QuantizedRowsView): void {
+  const setQ = setter(xq.data.buffer, xq.data.dtype);
+  const setS = setter(xq.scales.buffer, xq.scales.dtype);
+  const roundHalfEven = (v: number) => {
+    const r = Math.round(v);
+    return r - v === 0.5 && r % 2 !== 0 ? r - 1 : r;
+  };
+  for (let r = 0; r < rows; r++) {
+    let amax = 0;
+    for (let i = 0; i < n; i++) amax = Math.max(amax, Math.abs(x[r * n + i]!));
+    setS(xq.scales.offset + r, Math.fround(amax / 127));
+    const inv = amax > 0 ? Math.fround(127 / amax) : 0;
+    for (let i = 0; i < n; i++) setQ(xq.data.offset + r * n + i, roundHalfEven(Math.fround(x[r * n + i]! * inv)));
+  }
+}
+
 export function pagedAttentionReference(p: PagedAttentionArgs): void {
   const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow } = p;
   const q = readF64(p.q);
@@ -323,7 +340,9 @@ export function runReference(call: KernelCall): void {
         const inv = 1 / Math.sqrt(ss / n + eps);
         for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
       }
-      return writeDense(call.out, x);
+      writeDense(call.out, x);
+      if (call.xq) quantizeRowsReference(readF64(call.out), rows, n, call.xq);
+      return;
     }
     case "matmul": {
       const { batch, m, n, k, bTransposed, strideA, strideB, strideOut } = call;

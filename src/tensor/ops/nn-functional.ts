@@ -5,7 +5,7 @@ import { runKernel, sameDevice } from "../dispatch.js";
 import { noGrad, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor, full } from "../tensor.js";
 import { contiguous } from "./shape.js";
-import { matmul } from "./linalg.js";
+import { matmul, type QuantizedActivations } from "./linalg.js";
 import { softmax, logSoftmax, mean } from "./reduce.js";
 import { gather } from "./indexing.js";
 import { add, mul, silu } from "./elementwise.js";
@@ -27,6 +27,32 @@ export function rmsNorm(x: Tensor, weight: Tensor, eps: number): Tensor {
   if (wc !== weight) wc.dispose();
   recordOp("rms_norm", [x, weight], out, { eps });
   return out;
+}
+
+/**
+ * rmsNorm(x, weight, eps) and its rows quantized for the quantized linears that read it (rms_norm fused with their
+ * activation quantization: one kernel instead of one quantization per consumer). Inference only (no autograd).
+ */
+export function rmsNormQuantized(x: Tensor, weight: Tensor, eps: number): { out: Tensor; xq: QuantizedActivations } {
+  const n = x.shape[x.ndim - 1]!;
+  if (weight.ndim !== 1 || weight.shape[0] !== n) throw new OpError("rms_norm", `weight [${weight.shape.join(", ")}] does not match last dim ${n}`);
+  const dev = sameDevice("rms_norm", x, weight);
+  const rows = numel(x.shape) / n;
+  const xc = f32Contiguous(x);
+  const wc = f32Contiguous(weight);
+  const out = empty(x.shape, { dtype: "float32", device: dev });
+  const xq = { data: empty([rows, n], { dtype: "int8", device: dev }), scales: empty([rows], { dtype: "float32", device: dev }) };
+  const v = (t: Tensor) => t.view_("rms_norm");
+  runKernel("rms_norm", dev, { op: "rms_norm", x: v(xc), weight: v(wc), out: v(out), rows, n, eps, xq: { data: v(xq.data), scales: v(xq.scales) } }, [out, xq.data, xq.scales]);
+  if (xc !== x) xc.dispose();
+  if (wc !== weight) wc.dispose();
+  return { out, xq };
+}
+
+/** Frees quantized activations. */
+export function disposeQuantizedActivations(xq: QuantizedActivations): void {
+  xq.data.dispose();
+  xq.scales.dispose();
 }
 
 /**
