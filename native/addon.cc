@@ -400,6 +400,22 @@ Job SiluMul(const Napi::CallbackInfo& info) {
   return {"siluMul", [=] { gK->siluMul(gate, up, out, n); }};
 }
 
+// siluMulQuant(gate, up, out, rows, n, xq, xs): siluMul over [rows, n], then out's rows quantized for quant matmul
+// (QuantTable::quantizeRows) while they are hot: the down projection reads them instead of quantizing out.
+Job SiluMulQuant(const Napi::CallbackInfo& info) {
+  const char* op = "siluMulQuant";
+  const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  const float* gate = array<float>(info, 0, rows * n, op, "gate");
+  const float* up = array<float>(info, 1, rows * n, op, "up");
+  float* out = array<float>(info, 2, rows * n, op, "out");
+  int8_t* xq = array<int8_t>(info, 5, rows * n, op, "xq");
+  float* xs = array<float>(info, 6, rows, op, "xs");
+  return {op, [=] {
+            gK->siluMul(gate, up, out, rows * n);
+            gQ->quantizeRows(out, rows, n, xq, xs);
+          }};
+}
+
 Job RmsNorm(const Napi::CallbackInfo& info) {
   const char* op = "rmsNorm";
   const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
@@ -784,6 +800,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"unary", RunNow<Unary>, Submit<Unary>},
       {"binary", RunNow<Binary>, Submit<Binary>},
       {"siluMul", RunNow<SiluMul>, Submit<SiluMul>},
+      {"siluMulQuant", RunNow<SiluMulQuant>, Submit<SiluMulQuant>},
       {"rmsNorm", RunNow<RmsNorm>, Submit<RmsNorm>},
       {"rmsNormQuant", RunNow<RmsNormQuant>, Submit<RmsNormQuant>},
       {"softmax", RunNow<Softmax>, Submit<Softmax>},

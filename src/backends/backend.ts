@@ -62,6 +62,9 @@ export type KernelCall =
   | { op: "cumsum"; x: BufferView; out: BufferView; rows: number; n: number }
   // sorts each row; values and int32 indices out. Stable; descending puts the largest first.
   | { op: "sort"; x: BufferView; values: BufferView; indices: BufferView; rows: number; n: number; descending: boolean }
+  // out = silu(gate) * up over contiguous [rows, n] (SwiGLU); with xq, also writes out's rows quantized for the
+  // quant_matmul that reads them (silu·mul fused with the down projection's activation quantization)
+  | { op: "silu_mul"; gate: BufferView; up: BufferView; out: BufferView; rows: number; n: number; xq?: QuantizedRowsView }
   // with xq, also writes out's rows quantized for quant_matmul (rms_norm fused with the next matmuls' quantization)
   | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number; xq?: QuantizedRowsView }
   // out[b] = (aTransposed ? a[b]^T : a[b]) @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K] or [batch, K, M],

@@ -175,6 +175,16 @@ class Recorder {
         this.write(call.out, this.push({ kind: "binary", fn: call.fn, a, b }, call.out.shape, call.out.dtype, this.union([a, b], call.out.shape.length)), op);
         return;
       }
+      case "silu_mul": {
+        // as the unfused pair (elementwise nodes the fusion pass can merge); xq is left out as for rms_norm
+        const shape = [call.rows, call.n];
+        const gate = this.reshape(this.read({ ...call.gate, shape, strides: [call.n, 1] }, op), shape);
+        const up = this.reshape(this.read({ ...call.up, shape, strides: [call.n, 1] }, op), shape);
+        const s = this.push({ kind: "unary", fn: "silu", x: gate }, shape, "float32", this.union([gate], 2));
+        const prod = this.push({ kind: "binary", fn: "mul", a: s, b: up }, shape, "float32", this.union([s, up], 2));
+        this.write(call.out, this.reshape(prod, call.out.shape), op);
+        return;
+      }
       case "where": {
         const cond = this.read(call.cond, op);
         const a = this.read(call.a, op);
@@ -195,6 +205,7 @@ class Recorder {
       case "reduce":
       case "softmax":
       case "rms_norm": {
+        // rms_norm's xq output (quantized rows for quant_matmul) is left out: quant_matmul nodes quantize x themselves
         let x = this.read(call.x, op);
         if (this.b.node(x).shape.at(-1) !== call.n) x = this.reshape(x, [call.rows, call.n]);
         this.lastDimStatic(x, op);

@@ -1,5 +1,7 @@
 // Feed-forward blocks: the SiLU-gated MLP of Llama-family models and a top-k routed mixture of experts.
-import { empty, linear, siluMul, softmax, tensor, topk, type QuantizedActivations, type Tensor } from "../tensor/index.js";
+import {
+  disposeQuantizedActivations, empty, linear, siluMul, siluMulQuantized, softmax, tensor, topk, type QuantizedActivations, type Tensor,
+} from "../tensor/index.js";
 import { Linear, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 
@@ -25,11 +27,13 @@ export class GatedMLP extends Module {
   forward(x: Tensor, xq?: QuantizedActivations | null): Tensor {
     const g = this.gateProj.forward(x, xq);
     const u = this.upProj.forward(x, xq);
-    const h = siluMul(g, u);
+    // a quantized down projection reads its input's rows quantized by the silu·mul kernel itself
+    const h = this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
     g.dispose();
     u.dispose();
-    const out = this.downProj.forward(h);
-    h.dispose();
+    const out = this.downProj.forward(h.out, h.xq);
+    h.out.dispose();
+    if (h.xq) disposeQuantizedActivations(h.xq);
     return out;
   }
 }

@@ -1,10 +1,10 @@
-// Whole-model check of rms_norm fused with activation quantization: a quantized tiny Llama's forward (each norm also
-// quantizes its rows once for the q/k/v and gate/up projections) equals, bit for bit, the unfused forward (each
-// quantized projection quantizes its x itself), on every scheme that reads quantized activations.
+// Whole-model check of rms_norm and silu·mul fused with activation quantization: a quantized tiny Llama's forward (each
+// norm also quantizes its rows once for the q/k/v and gate/up projections, silu·mul for down_proj) equals, bit for
+// bit, the unfused forward (each quantized projection quantizes its x itself), on every scheme.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { loadLocalModel } from "../../src/models/loader.js";
-import { RMSNorm } from "../../src/nn/layers.js";
+import { Linear, RMSNorm } from "../../src/nn/layers.js";
 import { tensor } from "../../src/tensor/index.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
@@ -33,15 +33,14 @@ test("quantized model forward: fused norm + activation quantization == unfused, 
     } finally {
       RMSNorm.prototype.forwardFor = forwardFor;
     }
-    // unfused: every norm returns its rows only; the quantized projections quantize x themselves
-    RMSNorm.prototype.forwardFor = function (this: RMSNorm, x) {
-      return { out: this.forward(x), xq: null };
-    };
+    // unfused: no layer asks for quantized rows; the quantized projections quantize x themselves
+    const takes = Linear.prototype.takesQuantizedActivations;
+    Linear.prototype.takesQuantizedActivations = () => false;
     let unfused: number[];
     try {
       unfused = run();
     } finally {
-      RMSNorm.prototype.forwardFor = forwardFor;
+      Linear.prototype.takesQuantizedActivations = takes;
     }
     const layers = model.namedModules().filter(([name]) => /layers\.\d+$/.test(name)).length;
     assert.equal(fusedCalls, quantization === "fp8" ? 0 : 2 * layers, `${quantization}: norms that quantized their rows`);

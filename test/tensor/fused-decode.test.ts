@@ -1,5 +1,6 @@
 // Fused decode-path kernels against their unfused sequences: rotary fused into paged attention's KV write (every
-// back end), rms_norm fused with the quantized linears' activation quantization (cpu: quantized weights are cpu-only).
+// back end), rms_norm and silu·mul fused with the quantized linears' activation quantization (cpu: quantized weights
+// are cpu-only).
 // Fusion must not change numerics: the fused results are compared bit for bit.
 import assert from "node:assert/strict";
 import { it } from "node:test";
@@ -112,6 +113,21 @@ forEachBackend((device) => {
 });
 
 forEachBackend((device) => {
+  it("siluMulQuantized writes silu(gate) * up and its rows quantized as quant_matmul quantizes them", () => {
+    const rand = prng(5);
+    const [rows, n] = [3, 160];
+    const gate = k.tensor(randn(rand, rows * n).map((v) => v * 5), { device, shape: [rows, n] });
+    const up = k.tensor(randn(rand, rows * n).map((v) => v * 2), { device, shape: [rows, n] });
+    const plain = k.siluMul(gate, up);
+    const { out, xq } = k.siluMulQuantized(gate, up);
+    assertSame(out, plain, "silu(gate) * up");
+    const want = quantizeActivationsRef(Float32Array.from(values(plain)), rows, n);
+    assert.deepEqual(Array.from(xq.data.dataSync() as Int8Array), Array.from(want.xq), "int8 rows");
+    assert.deepEqual(values(xq.scales), Array.from(want.xs), "row scales");
+  });
+});
+
+forEachBackend((device) => {
   if (device !== "cpu") return; // quantizeWeight: weight-only quantized linears run on cpu only
   const schemes: QuantScheme[] = ["int8", "int4", "int8_g32", "mxfp4", "fp8"];
   for (const scheme of schemes) {
@@ -136,7 +152,11 @@ forEachBackend((device) => {
             const wrong = values(quantizedLinear(out, weight, bias, other.xq));
             assert.notDeepEqual(wrong, values(unfused), `${scheme} M ${M}: xq was not read`);
           }
-          for (const t of [x, normed, unfused, out, xq.data, xq.scales, fused]) t.dispose();
+          // silu·mul fused with the same quantization (the down projection's input)
+          const h = k.siluMul(x, normed);
+          const hq = k.siluMulQuantized(x, normed);
+          assertSame(quantizedLinear(hq.out, weight, bias, hq.xq), quantizedLinear(h, weight, bias), `${scheme} M ${M} silu·mul`);
+          for (const t of [x, normed, unfused, out, xq.data, xq.scales, fused, h, hq.out, hq.xq.data, hq.xq.scales]) t.dispose();
         }
         disposeQuantizedWeight(weight);
       });

@@ -43,7 +43,7 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   }
   // nested operands: paged attention's fused rotary (read), quantized activation rows (written by rms_norm, read by quant_matmul)
   if (call.op === "paged_attention" && call.rotary) reads.push(call.rotary.positions, call.rotary.cos, call.rotary.sin);
-  if (call.op === "rms_norm" && call.xq) writes.push(call.xq.data, call.xq.scales);
+  if ((call.op === "rms_norm" || call.op === "silu_mul") && call.xq) writes.push(call.xq.data, call.xq.scales);
   if (call.op === "quant_matmul" && call.xq) reads.push(call.xq.data, call.xq.scales);
   return { reads, writes };
 }
@@ -444,6 +444,20 @@ export class CpuBackend implements Backend {
           return true;
         }
         k.rmsNorm(x, w, out, call.rows, call.n, call.eps);
+        return true;
+      }
+      case "silu_mul": {
+        const gate = f32(call.gate);
+        const up = f32(call.up);
+        const out = f32(call.out);
+        if (!gate || !up || !out) return false;
+        if (call.xq) {
+          const xq = quantizedRows(call.xq, call.rows, call.n);
+          if (!xq) return false;
+          k.siluMulQuant(gate, up, out, call.rows, call.n, xq.data, xq.scales);
+          return true;
+        }
+        k.siluMul(gate, up, out, out.length);
         return true;
       }
       case "matmul": {

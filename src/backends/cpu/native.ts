@@ -91,6 +91,8 @@ export interface NativeKernels extends NativeStream {
   ): void;
   /** out = silu(gate) * up */
   siluMul(gate: Float32Array, up: Float32Array, out: Float32Array, n: number): void;
+  /** siluMul over [rows, n], then out's rows quantized as quantMatmul quantizes x: xq int8 [rows, n], xs [rows]. */
+  siluMulQuant(gate: Float32Array, up: Float32Array, out: Float32Array, rows: number, n: number, xq: Int8Array, xs: Float32Array): void;
   /** out = x * rsqrt(mean(x^2) + eps) * weight, per row of n. */
   rmsNorm(x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number): void;
   /** rmsNorm, then out's rows quantized as quantMatmul quantizes x: xq int8 [rows, n], xs [rows] (one job). */
@@ -146,7 +148,7 @@ export interface NativeKernels extends NativeStream {
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
-  | "rmsNormQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "f16ToF32" | "f32ToF16";
 
 /**

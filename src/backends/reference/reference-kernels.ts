@@ -262,6 +262,15 @@ export function runReference(call: KernelCall): void {
       for (let i = 0; i < x.length; i++) x[i] = f(x[i]!);
       return writeDense(call.out, x);
     }
+    case "silu_mul": {
+      // as the unfused pair: silu rounded to float32, then the product
+      const g = readF64(call.gate);
+      const u = readF64(call.up);
+      for (let i = 0; i < g.length; i++) g[i] = Math.fround(UNARY.silu(g[i]!)) * u[i]!;
+      writeDense(call.out, g);
+      if (call.xq) quantizeRowsReference(readF64(call.out), call.rows, call.n, call.xq);
+      return;
+    }
     case "binary": {
       const f = BINARY[call.fn];
       const a = readF64(call.a);

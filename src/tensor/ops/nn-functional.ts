@@ -49,6 +49,27 @@ export function rmsNormQuantized(x: Tensor, weight: Tensor, eps: number): { out:
   return { out, xq };
 }
 
+/**
+ * siluMul(gate, up) (contiguous [..., n]) and its rows quantized for the quantized down projection that reads it
+ * (silu·mul fused with that projection's activation quantization). Inference only (no autograd).
+ */
+export function siluMulQuantized(gate: Tensor, up: Tensor): { out: Tensor; xq: QuantizedActivations } {
+  const op = "silu_mul";
+  if (gate.shape.join() !== up.shape.join()) throw new OpError(op, `gate [${gate.shape.join(", ")}] and up [${up.shape.join(", ")}] differ`);
+  const dev = sameDevice(op, gate, up);
+  const n = gate.shape[gate.ndim - 1]!;
+  const rows = numel(gate.shape) / n;
+  const g = f32Contiguous(gate);
+  const u = f32Contiguous(up);
+  const out = empty(gate.shape, { dtype: "float32", device: dev });
+  const xq = { data: empty([rows, n], { dtype: "int8", device: dev }), scales: empty([rows], { dtype: "float32", device: dev }) };
+  const v = (t: Tensor) => t.view_(op);
+  runKernel(op, dev, { op, gate: v(g), up: v(u), out: v(out), rows, n, xq: { data: v(xq.data), scales: v(xq.scales) } }, [out, xq.data, xq.scales]);
+  if (g !== gate) g.dispose();
+  if (u !== up) u.dispose();
+  return { out, xq };
+}
+
 /** Frees quantized activations. */
 export function disposeQuantizedActivations(xq: QuantizedActivations): void {
   xq.data.dispose();
