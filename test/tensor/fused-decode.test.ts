@@ -100,7 +100,7 @@ forEachBackend((device) => {
 forEachBackend((device) => {
   it("rmsNormQuantized writes rms_norm's output and its rows quantized as quant_matmul quantizes them", () => {
     const rand = prng(3);
-    const [rows, n] = [5, 96];
+    const [rows, n] = [5, 100]; // not a multiple of 16: the vector quantizer's masked tail
     const x = k.tensor(randn(rand, rows * n).map((v) => v * 4), { device, shape: [rows, n] });
     const w = k.tensor(randn(rand, n), { device });
     const plain = k.rmsNorm(x, w, 1e-6);
@@ -115,7 +115,7 @@ forEachBackend((device) => {
 forEachBackend((device) => {
   it("siluMulQuantized writes silu(gate) * up and its rows quantized as quant_matmul quantizes them", () => {
     const rand = prng(5);
-    const [rows, n] = [3, 160];
+    const [rows, n] = [3, 170];
     const gate = k.tensor(randn(rand, rows * n).map((v) => v * 5), { device, shape: [rows, n] });
     const up = k.tensor(randn(rand, rows * n).map((v) => v * 2), { device, shape: [rows, n] });
     const plain = k.siluMul(gate, up);
