@@ -97,6 +97,11 @@ struct ArrayKind<uint8_t> {
   static constexpr const char* name = "Uint8Array";
 };
 template <>
+struct ArrayKind<int8_t> {
+  static constexpr napi_typedarray_type type = napi_int8_array;
+  static constexpr const char* name = "Int8Array";
+};
+template <>
 struct ArrayKind<int32_t> {
   static constexpr napi_typedarray_type type = napi_int32_array;
   static constexpr const char* name = "Int32Array";
@@ -195,6 +200,11 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
   a.out = array<float>(info, 4, M * N, op, "out");
   a.M = M; a.N = N; a.K = K; a.scheme = static_cast<int>(scheme);
+  // optional pre-quantized x (args 9, 10: Int8Array [M, K], Float32Array [M]), as rmsNormQuant writes it
+  if (info.Length() > 10 && !info[9].IsUndefined() && !info[9].IsNull()) {
+    a.xq = array<int8_t>(info, 9, M * K, op, "xq");
+    a.xs = array<float>(info, 10, M, op, "xs");
+  }
   if (M == 0 || N == 0) return {op, nullptr};
   return {op, [a] { gQ->matmul(a); }};
 }
@@ -395,6 +405,22 @@ Job SiluMul(const Napi::CallbackInfo& info) {
   return {"siluMul", [=] { gK->siluMul(gate, up, out, n); }};
 }
 
+// siluMulQuant(gate, up, out, rows, n, xq, xs): siluMul over [rows, n], then out's rows quantized for quant matmul
+// (QuantTable::quantizeRows) while they are hot: the down projection reads them instead of quantizing out.
+Job SiluMulQuant(const Napi::CallbackInfo& info) {
+  const char* op = "siluMulQuant";
+  const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  const float* gate = array<float>(info, 0, rows * n, op, "gate");
+  const float* up = array<float>(info, 1, rows * n, op, "up");
+  float* out = array<float>(info, 2, rows * n, op, "out");
+  int8_t* xq = array<int8_t>(info, 5, rows * n, op, "xq");
+  float* xs = array<float>(info, 6, rows, op, "xs");
+  return {op, [=] {
+            gK->siluMul(gate, up, out, rows * n);
+            gQ->quantizeRows(out, rows, n, xq, xs);
+          }};
+}
+
 Job RmsNorm(const Napi::CallbackInfo& info) {
   const char* op = "rmsNorm";
   const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
@@ -403,6 +429,23 @@ Job RmsNorm(const Napi::CallbackInfo& info) {
   const float* w = array<float>(info, 1, n, op, "weight");
   float* out = array<float>(info, 2, rows * n, op, "out");
   return {op, [=] { gK->rmsNorm(x, w, out, rows, n, eps); }};
+}
+
+// rmsNormQuant(x, weight, out, rows, n, eps, xq, xs): rmsNorm, then out's rows quantized for quant matmul
+// (QuantTable::quantizeRows) while they are hot: one job where quantMatmul would quantize out once per consumer.
+Job RmsNormQuant(const Napi::CallbackInfo& info) {
+  const char* op = "rmsNormQuant";
+  const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  const float eps = static_cast<float>(number(info, 5, op, "eps"));
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  const float* w = array<float>(info, 1, n, op, "weight");
+  float* out = array<float>(info, 2, rows * n, op, "out");
+  int8_t* xq = array<int8_t>(info, 6, rows * n, op, "xq");
+  float* xs = array<float>(info, 7, rows, op, "xs");
+  return {op, [=] {
+            gK->rmsNorm(x, w, out, rows, n, eps);
+            gQ->quantizeRows(out, rows, n, xq, xs);
+          }};
 }
 
 Job Softmax(const Napi::CallbackInfo& info) {
@@ -498,6 +541,21 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   for (int64_t t = 0; t < T; ++t)
     if (p.slotMapping[t] >= numBlocks * p.blockSize)
       throw Napi::RangeError::New(env, "[pagedAttention] slot " + std::to_string(p.slotMapping[t]) + " out of range");
+  // optional fused rotary: positions, cos, sin, rotaryDim, neox (args 18..22); rotaryDim 0 / absent = none
+  if (info.Length() > 21 && !info[18].IsUndefined() && !info[18].IsNull()) {
+    p.rotaryDim = integer(info, 21, op, "rotaryDim");
+    if (p.rotaryDim % 2 != 0 || p.rotaryDim > p.D) fail(env, op, "rotaryDim must be even and <= D");
+    p.positions = array<int32_t>(info, 18, T, op, "positions");
+    p.cosT = array<float>(info, 19, 0, op, "cos");
+    const int64_t tableLen = static_cast<int64_t>(info[19].As<Napi::TypedArray>().ElementLength());
+    p.sinT = array<float>(info, 20, tableLen, op, "sin");
+    p.neox = boolean(info, 22);
+    const int64_t maxPos = p.rotaryDim == 0 ? 0 : tableLen / (p.rotaryDim / 2);
+    for (int64_t t = 0; t < T && p.rotaryDim > 0; ++t)
+      if (p.positions[t] < 0 || p.positions[t] >= maxPos)
+        throw Napi::RangeError::New(env, "[pagedAttention] position " + std::to_string(p.positions[t]) +
+                                             " outside the cos/sin table (" + std::to_string(maxPos) + ")");
+  }
   if (T == 0) return {op, nullptr};
   return {op, [p] { gK->pagedAttention(p); }};
 }
@@ -748,7 +806,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"unary", RunNow<Unary>, Submit<Unary>},
       {"binary", RunNow<Binary>, Submit<Binary>},
       {"siluMul", RunNow<SiluMul>, Submit<SiluMul>},
+      {"siluMulQuant", RunNow<SiluMulQuant>, Submit<SiluMulQuant>},
       {"rmsNorm", RunNow<RmsNorm>, Submit<RmsNorm>},
+      {"rmsNormQuant", RunNow<RmsNormQuant>, Submit<RmsNormQuant>},
       {"softmax", RunNow<Softmax>, Submit<Softmax>},
       {"reduce", RunNow<Reduce>, Submit<Reduce>},
       {"argmax", RunNow<Argmax>, Submit<Argmax>},

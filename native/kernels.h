@@ -30,6 +30,13 @@ struct PagedAttentionArgs {
   int64_t numSeqs, Hq, Hkv, D, blockSize, maxBlocksPerSeq;
   float scale;
   int64_t slidingWindow;
+  // Optional fused rotary (rotaryDim > 0): q and the new k rows are rotated at `positions` [T] with cos/sin
+  // [maxPos, rotaryDim/2] (neox pairs (i, i+rd/2), else (2i, 2i+1)) before the cache write and the attention.
+  const int32_t* positions;
+  const float* cosT;
+  const float* sinT;
+  int64_t rotaryDim;
+  bool neox;
 };
 
 struct KernelTable {

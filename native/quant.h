@@ -32,6 +32,10 @@ struct QuantMatmulArgs {
   float* out;              // [M, N]
   int64_t M, N, K;
   int scheme;
+  // Optional pre-quantized x (int8/int4/int8 group-32/mxfp4; fp8 ignores it): xq int8 [M, K] and xs f32 [M], as
+  // quantizeRows() writes them; the kernel then reads these instead of quantizing x (same bits either way).
+  const int8_t* xq;
+  const float* xs;
 };
 
 struct QuantTable {
@@ -39,6 +43,8 @@ struct QuantTable {
   void (*matmul)(const QuantMatmulArgs&);
   // Quantizes an f32 [N, K] weight into data/scales(/rowSums for int8) in the layout of `scheme`.
   void (*quantize)(int scheme, const float* w, int64_t N, int64_t K, void* data, void* scales, int32_t* rowSums);
+  // Per-row symmetric int8 quantization of activations, as quant matmul does it: xs[m] = amax/127, xq = round(x / xs).
+  void (*quantizeRows)(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs);
   // Measured vpdpbusd (u8 x s8 -> s32) peak of `threads` pool threads in GOP/s (2 ops per product); 0 without VNNI.
   double (*dotPeak)(int64_t iterations, int threads);
 };

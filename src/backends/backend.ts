@@ -38,6 +38,15 @@ export type BinaryOp =
 // mxfp4: OCP MXFP4, E2M1 codes with an E8M0 scale per group of 32 (also GGUF MXFP4's blocks).
 export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k" | "mxfp4";
 
+/**
+ * Activation rows quantized as quant_matmul quantizes x: per row, scales[r] = amax/127 (f32) and
+ * data[r, i] = round-half-even(x[r, i] * (127/amax)); data int8 [rows, n], scales f32 [rows], both contiguous.
+ */
+export interface QuantizedRowsView {
+  data: BufferView;
+  scales: BufferView;
+}
+
 export type ReduceOp = "sum" | "max" | "min" | "prod" | "argmax" | "argmin";
 
 export type KernelCall =
@@ -54,7 +63,11 @@ export type KernelCall =
   | { op: "cumsum"; x: BufferView; out: BufferView; rows: number; n: number }
   // sorts each row; values and int32 indices out. Stable; descending puts the largest first.
   | { op: "sort"; x: BufferView; values: BufferView; indices: BufferView; rows: number; n: number; descending: boolean }
-  | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number }
+  // out = silu(gate) * up over contiguous [rows, n] (SwiGLU); with xq, also writes out's rows quantized for the
+  // quant_matmul that reads them (silu·mul fused with the down projection's activation quantization)
+  | { op: "silu_mul"; gate: BufferView; up: BufferView; out: BufferView; rows: number; n: number; xq?: QuantizedRowsView }
+  // with xq, also writes out's rows quantized for quant_matmul (rms_norm fused with the next matmuls' quantization)
+  | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number; xq?: QuantizedRowsView }
   // out[b] = (aTransposed ? a[b]^T : a[b]) @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K] or [batch, K, M],
   // b [batch, K, N] or [batch, N, K]; contiguous rows
   | {
@@ -77,8 +90,12 @@ export type KernelCall =
   // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
   // fp8: w e4m3fn bytes [n, k], scales f32 [n]; q4_k: w uint8 [n, k/2], scales = meta uint8 [n, k/256*20];
   // mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
-  // x and out contiguous f32.
-  | { op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null; out: BufferView; m: number; n: number; k: number }
+  // x and out contiguous f32. xq: x already quantized (int8/int4/int8_g32/mxfp4 read it instead of quantizing x;
+  // fp8 and q4_k quantize x themselves, to the same bits).
+  | {
+      op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null;
+      out: BufferView; m: number; n: number; k: number; xq?: QuantizedRowsView | null;
+    }
   // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)
   | { op: "quantize_weight"; scheme: QuantScheme; w: BufferView; data: BufferView; scales: BufferView; rowSums: BufferView | null; n: number; k: number }
   // out[i, :] = table[ids[i], :], table [rows, dim] contiguous
@@ -108,7 +125,8 @@ export type KernelCall =
   | { op: "random"; dist: "uniform" | "normal"; out: BufferView; seed: number; counter: number; a: number; b: number };
 
 /**
- * Ragged paged attention. Writes kNew/vNew into the paged cache at slotMapping, then attends causally.
+ * Ragged paged attention. Writes kNew/vNew into the paged cache at slotMapping, then attends causally; with
+ * `rotary`, q and kNew are taken before rotary and rotated inside (rotary fused with the KV write).
  * q [T, Hq, D]; kNew, vNew [T, Hkv, D]; kCache, vCache [numBlocks, blockSize, Hkv, D];
  * blockTables [numSeqs, maxBlocksPerSeq]; queryStart [numSeqs+1]; seqLens [numSeqs] include the new tokens.
  */
@@ -131,6 +149,17 @@ export interface PagedAttentionArgs {
   maxBlocksPerSeq: number;
   scale: number;
   slidingWindow: number; // 0 = unlimited
+  /** Fused rotary: q and kNew are rotated at their positions before the cache write and the attention. */
+  rotary?: PagedRotary;
+}
+
+/** Rotary fused into paged attention: the `rotary` kernel's parameters (positions [T], cos/sin [maxPos, rotaryDim/2]). */
+export interface PagedRotary {
+  positions: BufferView;
+  cos: BufferView;
+  sin: BufferView;
+  rotaryDim: number;
+  neox: boolean;
 }
 
 export type KernelName = KernelCall["op"];

@@ -175,6 +175,16 @@ class Recorder {
         this.write(call.out, this.push({ kind: "binary", fn: call.fn, a, b }, call.out.shape, call.out.dtype, this.union([a, b], call.out.shape.length)), op);
         return;
       }
+      case "silu_mul": {
+        // as the unfused pair (elementwise nodes the fusion pass can merge); xq is left out as for rms_norm
+        const shape = [call.rows, call.n];
+        const gate = this.reshape(this.read({ ...call.gate, shape, strides: [call.n, 1] }, op), shape);
+        const up = this.reshape(this.read({ ...call.up, shape, strides: [call.n, 1] }, op), shape);
+        const s = this.push({ kind: "unary", fn: "silu", x: gate }, shape, "float32", this.union([gate], 2));
+        const prod = this.push({ kind: "binary", fn: "mul", a: s, b: up }, shape, "float32", this.union([s, up], 2));
+        this.write(call.out, this.reshape(prod, call.out.shape), op);
+        return;
+      }
       case "where": {
         const cond = this.read(call.cond, op);
         const a = this.read(call.a, op);
@@ -195,6 +205,7 @@ class Recorder {
       case "reduce":
       case "softmax":
       case "rms_norm": {
+        // rms_norm's xq output (quantized rows for quant_matmul) is left out: quant_matmul nodes quantize x themselves
         let x = this.read(call.x, op);
         if (this.b.node(x).shape.at(-1) !== call.n) x = this.reshape(x, [call.rows, call.n]);
         this.lastDimStatic(x, op);
@@ -225,6 +236,8 @@ class Recorder {
         return;
       }
       case "quant_matmul": {
+        // a pre-quantized x (call.xq, written by a fused rms_norm) is left out: the node quantizes x itself, the
+        // same bits, and rms_norm's xq output is then never read
         const x = this.reshape(this.read({ ...call.x, shape: [call.m, call.k], strides: [call.k, 1] }, op), [call.m, call.k]);
         if (this.dyn(x).includes(1)) throw new UnsupportedError(op, "the contracted dim cannot be dynamic");
         const w = this.read(call.w, op);
@@ -259,8 +272,14 @@ class Recorder {
           if (this.b.node(c).op.kind !== "param" && this.b.node(c).op.kind !== "input") throw new UnsupportedError(op, "the KV caches must be tensors from outside the compiled function");
         }
         const dyn = this.dyn(q);
+        const rot = call.rotary;
+        if (rot) {
+          const cosW = this.b.node(r(rot.cos)).shape[1]!;
+          if (cosW * 2 !== rot.rotaryDim) throw new UnsupportedError(op, "compile() needs the rotary tables' width to be rotaryDim / 2");
+        }
+        const rotary = rot ? { positions: r(rot.positions), cos: r(rot.cos), sin: r(rot.sin), neox: rot.neox } : null;
         const id = this.push(
-          { kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, dynamicTokens: dyn.includes(0) },
+          { kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, dynamicTokens: dyn.includes(0), rotary },
           call.out.shape, "float32", dyn,
         );
         this.write(call.out, id, op);

@@ -85,10 +85,13 @@ export function interpret(g: Graph, inputs: Tensor[], params: Tensor[], options:
         const rows = op.dynamicTokens && options.dynSize != null ? options.dynSize : T;
         const head = (t: Tensor) => (rows === T ? t : t.narrow(0, 0, rows));
         const [q, kk, vv, slots] = [v(op.q), v(op.k), v(op.v), v(op.slotMapping)].map(head) as [Tensor, Tensor, Tensor, Tensor];
+        const pos = op.rotary ? head(v(op.rotary.positions)) : null;
         const r = k.pagedAttention({
           q, k: kk, v: vv, kCache: v(op.kCache), vCache: v(op.vCache), slotMapping: slots, blockTables: v(op.blockTables),
           queryStart: v(op.queryStart), seqLens: v(op.seqLens), scale: op.scale, slidingWindow: op.slidingWindow,
+          rotary: op.rotary && pos ? { positions: pos, cos: v(op.rotary.cos), sin: v(op.rotary.sin), neox: op.rotary.neox } : null,
         });
+        if (pos && pos !== v(op.rotary!.positions)) pos.dispose();
         if (rows === T) out = r;
         else {
           out = k.zeros(n.shape, { device: dev });

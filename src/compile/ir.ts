@@ -39,6 +39,8 @@ export type Op =
       q: NodeId; k: NodeId; v: NodeId; kCache: NodeId; vCache: NodeId;
       slotMapping: NodeId; blockTables: NodeId; queryStart: NodeId; seqLens: NodeId;
       scale: number; slidingWindow: number; dynamicTokens: boolean;
+      // fused rotary (q, k un-rotated; positions [T] bucketed like q), or null
+      rotary: { positions: NodeId; cos: NodeId; sin: NodeId; neox: boolean } | null;
     }
   // an eager callable run as one opaque step (compile()'s `opaque` option: data-dependent code such as MoE routing)
   | { kind: "call"; index: number; inputs: NodeId[] }
@@ -101,8 +103,10 @@ export function operands(op: Op): NodeId[] {
       return [op.table, op.ids];
     case "quant_matmul":
       return op.rowSums === null ? [op.x, op.w, op.scales] : [op.x, op.w, op.scales, op.rowSums];
-    case "paged_attention":
-      return PAGED_OPERANDS.map((f) => op[f]);
+    case "paged_attention": {
+      const ids = PAGED_OPERANDS.map((f) => op[f]);
+      return op.rotary ? [...ids, op.rotary.positions, op.rotary.cos, op.rotary.sin] : ids;
+    }
   }
 }
 
@@ -139,6 +143,7 @@ export function mapOperands(op: Op, f: (id: NodeId) => NodeId): Op {
     case "paged_attention": {
       const out = { ...op };
       for (const k of PAGED_OPERANDS) out[k] = f(op[k]);
+      if (op.rotary) out.rotary = { ...op.rotary, positions: f(op.rotary.positions), cos: f(op.rotary.cos), sin: f(op.rotary.sin) };
       return out;
     }
   }

@@ -280,6 +280,12 @@ export class Program {
           slotMapping: head(view(op.slotMapping)), blockTables, queryStart: view(op.queryStart), seqLens: view(op.seqLens),
           out: head(view(n.id)), numSeqs: numelOf(view(op.seqLens).shape), numHeads: q.shape[1]!, numKvHeads: kCache.shape[2]!,
           headDim: q.shape[2]!, blockSize: kCache.shape[1]!, maxBlocksPerSeq: blockTables.shape[1]!, scale: op.scale, slidingWindow: op.slidingWindow,
+          ...(op.rotary ? {
+            rotary: {
+              positions: head(view(op.rotary.positions)), cos: view(op.rotary.cos), sin: view(op.rotary.sin),
+              rotaryDim: view(op.rotary.cos).shape[1]! * 2, neox: op.rotary.neox,
+            },
+          } : {}),
         }, []);
       } else if (op.kind === "call") {
         // eager code (data-dependent routing): reads the program's buffers through aliases, writes the node's slot

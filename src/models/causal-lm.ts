@@ -2,7 +2,7 @@
 // Each family file (llama.ts, qwen3.ts, ...) states what differs; parameter names match Hugging Face's.
 import { Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, type ForwardContext, type LayerOptions } from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
-import { add, crossEntropy, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
+import { add, crossEntropy, disposeQuantizedActivations, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
 import type { ModelConfig } from "./hf-config.js";
 
 /** What a family changes in the shared decoder. */
@@ -65,14 +65,24 @@ class DecoderLayer extends Module {
   }
 
   forward(h: Tensor, ctx: ForwardContext): Tensor {
-    const n1 = this.inputNorm.forward(h);
-    const a = this.selfAttn.forward(n1, ctx);
-    n1.dispose();
+    // each norm also quantizes its rows once for quantized q/k/v (gate/up) projections, which then skip it
+    const n1 = this.inputNorm.forwardFor(h, this.selfAttn.inputProjections);
+    const a = this.selfAttn.forward(n1.out, ctx, n1.xq);
+    n1.out.dispose();
+    if (n1.xq) disposeQuantizedActivations(n1.xq);
     const h2 = add(h, a);
     a.dispose();
-    const n2 = this.postAttnNorm.forward(h2);
-    const m = this.mlp.forward(n2);
-    n2.dispose();
+    let m: Tensor;
+    if (this.mlp instanceof GatedMLP) {
+      const n2 = this.postAttnNorm.forwardFor(h2, this.mlp.inputProjections);
+      m = this.mlp.forward(n2.out, n2.xq);
+      n2.out.dispose();
+      if (n2.xq) disposeQuantizedActivations(n2.xq);
+    } else {
+      const n2 = this.postAttnNorm.forward(h2);
+      m = this.mlp.forward(n2);
+      n2.dispose();
+    }
     const out = add(h2, m);
     h2.dispose();
     m.dispose();

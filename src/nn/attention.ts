@@ -1,7 +1,7 @@
 // Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2) and sliding windows.
 // Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
 // (training: [batch, seq] with a causal mask, differentiable).
-import { causalAttention, pagedAttention, type Tensor } from "../tensor/index.js";
+import { causalAttention, pagedAttention, type QuantizedActivations, type Tensor } from "../tensor/index.js";
 import { Linear, RMSNorm, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 import type { RotaryEmbedding } from "./rotary.js";
@@ -63,12 +63,17 @@ export class Attention extends Module {
     this.kNorm = cfg.qkNorm ? this.module("k_norm", new RMSNorm(headDim, cfg.rmsNormEps, options)) : null;
   }
 
-  /** x [T, hidden] -> [T, hidden]. */
-  forward(x: Tensor, ctx: ForwardContext): Tensor {
+  /** The projections that read forward()'s x (for RMSNorm.forwardFor). */
+  get inputProjections(): readonly Linear[] {
+    return [this.qProj, this.kProj, this.vProj];
+  }
+
+  /** x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized q/k/v projections. */
+  forward(x: Tensor, ctx: ForwardContext, xq?: QuantizedActivations | null): Tensor {
     const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
     const T = x.shape[0]!;
     const heads = (proj: Linear, n: number, norm: RMSNorm | null): Tensor => {
-      const flat = proj.forward(x);
+      const flat = proj.forward(x, xq);
       const v = flat.view(T, n, D);
       flat.dispose();
       if (!norm) return v;
@@ -79,19 +84,24 @@ export class Attention extends Module {
     const q0 = heads(this.qProj, H, this.qNorm);
     const k0 = heads(this.kProj, Hkv, this.kNorm);
     const v = heads(this.vProj, Hkv, null);
-    const q = this.rotary.apply(q0, ctx.positions);
-    const k = this.rotary.apply(k0, ctx.positions);
-    q0.dispose();
-    k0.dispose();
+    let q: Tensor;
+    let k: Tensor;
     let attn: Tensor;
     if (ctx.kind === "paged") {
+      // rotary fused with the KV write: the kernel rotates q and the new k rows itself
       const cache = ctx.kvCaches[this.layerIndex]!;
+      [q, k] = [q0, k0];
       attn = pagedAttention({
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
         scale: 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0,
+        rotary: this.rotary.pagedArgs(ctx.positions),
       });
     } else {
+      q = this.rotary.apply(q0, ctx.positions);
+      k = this.rotary.apply(k0, ctx.positions);
+      q0.dispose();
+      k0.dispose();
       attn = this.denseAttention(q, k, v, ctx);
     }
     for (const t of [q, k, v]) t.dispose();

@@ -1,6 +1,9 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
 import type { DType } from "../backends/dtype.js";
-import { embedding, empty, linear, rmsNorm, type Tensor, type DeviceLike } from "../tensor/index.js";
+import {
+  embedding, empty, linear, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, type DeviceLike, type QuantizedActivations,
+  type Tensor,
+} from "../tensor/index.js";
 import { Module } from "./module.js";
 
 export interface LayerOptions {
@@ -28,8 +31,15 @@ export class Linear extends Module {
     else if (local === "bias") this.bias = value;
   }
 
-  forward(x: Tensor): Tensor {
-    return linear(x, this.weight, this.bias);
+  /** x [..., in] -> [..., out]. `xq`: x's rows already quantized (RMSNorm.forwardFor), read by a quantized weight. */
+  forward(x: Tensor, xq?: QuantizedActivations | null): Tensor {
+    return linear(x, this.weight, this.bias, xq);
+  }
+
+  /** Whether forward() reads pre-quantized activations (a weight-only quantized weight whose scheme quantizes x). */
+  takesQuantizedActivations(): boolean {
+    const q = quantizedShadowOf(this.weight);
+    return q !== undefined && takesQuantizedActivations(q.scheme);
   }
 }
 
@@ -72,5 +82,14 @@ export class RMSNorm extends Module {
 
   forward(x: Tensor): Tensor {
     return rmsNorm(x, this.weight, this.eps);
+  }
+
+  /**
+   * forward(x), and when a consumer is a quantized Linear, its rows quantized once in the same kernel (rms_norm fused
+   * with the activation quantization) for every consumer's forward(out, xq). The caller disposes xq.
+   */
+  forwardFor(x: Tensor, consumers: readonly Linear[]): { out: Tensor; xq: QuantizedActivations | null } {
+    if (!consumers.some((c) => c.takesQuantizedActivations())) return { out: this.forward(x), xq: null };
+    return rmsNormQuantized(x, this.weight, this.eps);
   }
 }

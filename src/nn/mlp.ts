@@ -1,5 +1,7 @@
 // Feed-forward blocks: the SiLU-gated MLP of Llama-family models and a top-k routed mixture of experts.
-import { empty, linear, siluMul, softmax, tensor, topk, type Tensor } from "../tensor/index.js";
+import {
+  disposeQuantizedActivations, empty, linear, siluMul, siluMulQuantized, softmax, tensor, topk, type QuantizedActivations, type Tensor,
+} from "../tensor/index.js";
 import { Linear, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 
@@ -16,14 +18,22 @@ export class GatedMLP extends Module {
     this.downProj = this.module(names[2], new Linear(intermediate, hidden, bias, options));
   }
 
-  forward(x: Tensor): Tensor {
-    const g = this.gateProj.forward(x);
-    const u = this.upProj.forward(x);
-    const h = siluMul(g, u);
+  /** The projections that read forward()'s x (for RMSNorm.forwardFor). */
+  get inputProjections(): readonly Linear[] {
+    return [this.gateProj, this.upProj];
+  }
+
+  /** x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized gate/up projections. */
+  forward(x: Tensor, xq?: QuantizedActivations | null): Tensor {
+    const g = this.gateProj.forward(x, xq);
+    const u = this.upProj.forward(x, xq);
+    // a quantized down projection reads its input's rows quantized by the silu·mul kernel itself
+    const h = this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
     g.dispose();
     u.dispose();
-    const out = this.downProj.forward(h);
-    h.dispose();
+    const out = this.downProj.forward(h.out, h.xq);
+    h.out.dispose();
+    if (h.xq) disposeQuantizedActivations(h.xq);
     return out;
   }
 }

@@ -65,7 +65,7 @@ export function installQuantizedWeight(model: Module, name: string, layer: Linea
   model.setParameter(pname, param);
   // code that calls linear(x, layer.weight) itself (CausalLM.logits with an untied lm_head) reads q too
   setQuantizedShadow(param, q);
-  layer.forward = (x) => quantizedLinear(x, q, layer.bias);
+  layer.forward = (x, xq) => quantizedLinear(x, q, layer.bias, xq);
 }
 
 /**

@@ -1,6 +1,6 @@
 // Rotary position embedding tables (cos/sin [maxPositions, rotaryDim/2]) with Hugging Face's scaling
 // variants: default, linear, dynamic NTK, llama3 and YaRN (transformers' modeling_rope_utils semantics).
-import { rotaryEmbedding, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
+import { rotaryEmbedding, tensor, type PagedRotaryArgs, type Tensor, type DeviceLike } from "../tensor/index.js";
 
 /** HF rope_scaling variants (models/hf-config.ts parses config.json into this shape). */
 export type RopeScaling =
@@ -110,5 +110,10 @@ export class RotaryEmbedding {
   /** x [T, H, D] at positions [T] (int32). */
   apply(x: Tensor, positions: Tensor): Tensor {
     return rotaryEmbedding(x, positions, this.cos, this.sin, this.neox);
+  }
+
+  /** The same rotation as pagedAttention()'s fused `rotary` argument (q and k rotated inside the kernel). */
+  pagedArgs(positions: Tensor): PagedRotaryArgs {
+    return { positions, cos: this.cos, sin: this.sin, neox: this.neox };
   }
 }

@@ -9,9 +9,12 @@ export type { BackwardOptions } from "./grad-mode.js";
 export { kernelsDispatched, flushDeferred, setDeferHook, type DeferHook } from "./dispatch.js";
 export * from "./ops/elementwise.js";
 export { sum, prod, max, min, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";
-export { matmul, bmm, linear } from "./ops/linalg.js";
+export { matmul, bmm, linear, quantizedShadowOf, takesQuantizedActivations, type QuantizedActivations } from "./ops/linalg.js";
 export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, split, chunk } from "./ops/indexing.js";
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
-export { rmsNorm, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy } from "./ops/nn-functional.js";
+export {
+  rmsNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy,
+  type PagedRotaryArgs,
+} from "./ops/nn-functional.js";
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";

@@ -3,7 +3,7 @@
 // enqueued on the in-order native stream (./stream.ts) and run() returns at once; host-side kernels and
 // reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
 // the enqueued kernels for replay; while capturing, every kernel must take a native path.
-import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantScheme, RunOptions, StepGraph, UnaryOp } from "../backend.js";
+import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, RunOptions, StepGraph, UnaryOp } from "../backend.js";
 import { BackendUnavailableError, CaptureError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
 import { DTYPE_BYTES, type DType } from "../dtype.js";
@@ -43,6 +43,10 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   for (const [key, v] of Object.entries(call)) {
     if (typeof v === "object" && v !== null && "buffer" in v) (written.has(key) ? writes : reads).push(v as BufferView);
   }
+  // nested operands: paged attention's fused rotary (read), quantized activation rows (written by rms_norm, read by quant_matmul)
+  if (call.op === "paged_attention" && call.rotary) reads.push(call.rotary.positions, call.rotary.cos, call.rotary.sin);
+  if ((call.op === "rms_norm" || call.op === "silu_mul") && call.xq) writes.push(call.xq.data, call.xq.scales);
+  if (call.op === "quant_matmul" && call.xq) reads.push(call.xq.data, call.xq.scales);
   return { reads, writes };
 }
 
@@ -143,6 +147,13 @@ function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, 
   return sc ? { data: bytes, scales: sc, rowSums: rs } : null;
 }
 
+/** Typed arrays of quantized activation rows (int8 [rows, n], f32 [rows]), or null for another layout. */
+function quantizedRows(v: QuantizedRowsView, rows: number, n: number): { data: Int8Array; scales: Float32Array } | null {
+  const scales = f32Span(v.scales, rows);
+  if (v.data.dtype !== "int8" || !scales) return null;
+  return { data: new Int8Array(rawOf(v.data.buffer), v.data.offset, rows * n), scales };
+}
+
 /** Host (TS reference) path of the quantized ops, for layouts the native kernels do not take. */
 function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" }>): void {
   const hostF32 = (v: BufferView, len: number) => new Float32Array(v.buffer.host!, v.offset * 4, len);
@@ -160,7 +171,10 @@ function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize
   const sb = hostBytes(call.scales, ns, scaleBytes).slice();
   const scales = newScales(call.scheme, ns, sb.buffer);
   const rowSums = call.rowSums ? new Int32Array(hostBytes(call.rowSums, call.n, 4).slice().buffer) : new Int32Array(0);
-  const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k);
+  const pre = call.xq
+    ? { xq: new Int8Array(hostBytes(call.xq.data, call.m * call.k, 1).slice().buffer), xs: hostF32(call.xq.scales, call.m).slice() }
+    : undefined;
+  const out = quantMatmulRef(call.scheme, hostF32(call.x, call.m * call.k).slice(), { data, scales, rowSums }, call.m, call.n, call.k, pre);
   hostF32(call.out, call.m * call.n).set(out);
 }
 
@@ -424,7 +438,27 @@ export class CpuBackend implements Backend {
         const w = f32(call.weight);
         const out = f32(call.out);
         if (!x || !w || !out) return false;
+        if (call.xq) {
+          const xq = quantizedRows(call.xq, call.rows, call.n);
+          if (!xq) return false;
+          k.rmsNormQuant(x, w, out, call.rows, call.n, call.eps, xq.data, xq.scales);
+          return true;
+        }
         k.rmsNorm(x, w, out, call.rows, call.n, call.eps);
+        return true;
+      }
+      case "silu_mul": {
+        const gate = f32(call.gate);
+        const up = f32(call.up);
+        const out = f32(call.out);
+        if (!gate || !up || !out) return false;
+        if (call.xq) {
+          const xq = quantizedRows(call.xq, call.rows, call.n);
+          if (!xq) return false;
+          k.siluMulQuant(gate, up, out, call.rows, call.n, xq.data, xq.scales);
+          return true;
+        }
+        k.siluMul(gate, up, out, out.length);
         return true;
       }
       case "matmul": {
@@ -443,7 +477,9 @@ export class CpuBackend implements Backend {
         const x = f32Span(call.x, call.m * call.k);
         const out = f32Span(call.out, call.m * call.n);
         if (!q || !x || !out || call.k % quantKMultiple(call.scheme) !== 0 || !this.quantSchemes.has(call.scheme)) return false;
-        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, nativeQuantCode(call.scheme));
+        const xq = call.xq ? quantizedRows(call.xq, call.m, call.k) : null;
+        if (call.xq && !xq) return false;
+        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, call.m, call.n, call.k, nativeQuantCode(call.scheme), xq?.data, xq?.scales);
         return true;
       }
       case "quantize_weight": {
@@ -477,11 +513,7 @@ export class CpuBackend implements Backend {
         const out = f32(call.out);
         if (!x || !pos || !cos || !sin || !out) return false;
         this.stream.awaitWrites([call.positions]);
-        const maxPos = cos.length / (call.rotaryDim / 2);
-        for (let i = 0; i < pos.length; i++) {
-          const p = pos[i]!;
-          if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
-        }
+        checkRotaryPositions(pos, cos.length / (call.rotaryDim / 2));
         k.rotary(x, pos, cos, sin, out, call.tokens, call.heads, call.headDim, call.rotaryDim, call.neox);
         return true;
       }
@@ -497,12 +529,19 @@ export class CpuBackend implements Backend {
         const seqLens = i32(call.seqLens);
         const out = f32(call.out);
         if (!q || !kNew || !vNew || !kCache || !vCache || !slots || !tables || !qStart || !seqLens || !out) return false;
-        this.stream.awaitWrites([call.slotMapping, call.blockTables, call.queryStart, call.seqLens]);
+        const rot = call.rotary;
+        const pos = rot ? i32(rot.positions) : null;
+        const cos = rot ? f32(rot.cos) : null;
+        const sin = rot ? f32(rot.sin) : null;
+        if (rot && (!pos || !cos || !sin)) return false;
+        this.stream.awaitWrites([call.slotMapping, call.blockTables, call.queryStart, call.seqLens, ...(rot ? [rot.positions] : [])]);
         checkPagedAttentionIndices(call, kCache.length, slots, tables, qStart, seqLens);
+        if (rot && pos && cos) checkRotaryPositions(pos, cos.length / (rot.rotaryDim / 2));
         k.pagedAttention(
           q, kNew, vNew, kCache, vCache, slots, tables, qStart, seqLens, out,
           call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
           call.scale, call.slidingWindow,
+          pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox,
         );
         return true;
       }
@@ -539,6 +578,14 @@ function runHostFast(call: KernelCall): boolean {
       return scatterRows(call.out, call.index, call.src, call.rows, call.n, call.m, call.accumulate);
     default:
       return false;
+  }
+}
+
+/** Rotary positions index the cos/sin tables: the native kernels trust them. */
+function checkRotaryPositions(pos: Int32Array, maxPos: number): void {
+  for (let i = 0; i < pos.length; i++) {
+    const p = pos[i]!;
+    if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
   }
 }
 

@@ -60,11 +60,12 @@ export interface NativeKernels extends NativeStream {
    * out [M,N] = x [M,K] @ dequant(W)^T for a weight-only quantized W (scheme 0 int8, 1 int4, 2 fp8, 3 int8
    * group-32, 4 q4_k, 5 mxfp4; layouts in native/quant.h). x rows are quantized to int8 on the fly (per-row scale)
    * and dotted with VNNI when available. rowSums is read for int8 only (pass an empty Int32Array otherwise); scales
-   * are f16 bits for int4 / int8 group-32, meta bytes for q4_k, e8m0 bytes for mxfp4.
+   * are f16 bits for int4 / int8 group-32, meta bytes for q4_k, e8m0 bytes for mxfp4. xq [M,K] / xs [M] (optional):
+   * x already quantized (as rmsNormQuant writes it), read instead of quantizing x; fp8 ignores them.
    */
   quantMatmul(
     x: Float32Array, w: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array, rowSums: Int32Array, out: Float32Array,
-    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 4 | 5,
+    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 4 | 5, xq?: Int8Array, xs?: Float32Array,
   ): void;
   /** Quantizes f32 W [N,K] into data/scales(/rowSums for int8) in the layout of quantMatmul's scheme (not q4_k). */
   quantizeWeights(
@@ -96,8 +97,14 @@ export interface NativeKernels extends NativeStream {
   ): void;
   /** out = silu(gate) * up */
   siluMul(gate: Float32Array, up: Float32Array, out: Float32Array, n: number): void;
+  /** siluMul over [rows, n], then out's rows quantized as quantMatmul quantizes x: xq int8 [rows, n], xs [rows]. */
+  siluMulQuant(gate: Float32Array, up: Float32Array, out: Float32Array, rows: number, n: number, xq: Int8Array, xs: Float32Array): void;
   /** out = x * rsqrt(mean(x^2) + eps) * weight, per row of n. */
   rmsNorm(x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number): void;
+  /** rmsNorm, then out's rows quantized as quantMatmul quantizes x: xq int8 [rows, n], xs [rows] (one job). */
+  rmsNormQuant(
+    x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number, xq: Int8Array, xs: Float32Array,
+  ): void;
   softmax(x: Float32Array, out: Float32Array, rows: number, n: number, log: boolean): void;
   /** See {@link ReduceOp}. */
   reduce(op: number, x: Float32Array, out: Float32Array, rows: number, n: number): void;
@@ -111,13 +118,15 @@ export interface NativeKernels extends NativeStream {
   /**
    * Ragged paged attention: writes kNew/vNew into the cache at slotMapping, then each query token
    * attends causally (optionally within slidingWindow) over its sequence's cached positions.
-   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D].
+   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D]. With positions..neox, q and
+   * kNew are rotated first (as rotary()) and k is written rotated: rotary fused with the KV write.
    */
   pagedAttention(
     q: Float32Array, kNew: Float32Array, vNew: Float32Array, kCache: Float32Array, vCache: Float32Array,
     slotMapping: Int32Array, blockTables: Int32Array, queryStart: Int32Array, seqLens: Int32Array,
     out: Float32Array, numSeqs: number, Hq: number, Hkv: number, D: number, blockSize: number,
     maxBlocksPerSeq: number, scale: number, slidingWindow: number,
+    positions?: Int32Array, cos?: Float32Array, sin?: Float32Array, rotaryDim?: number, neox?: boolean,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
   f32ToBf16(src: Float32Array, dst: Uint16Array, n: number): void;
@@ -145,7 +154,7 @@ export interface NativeKernels extends NativeStream {
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
-  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "f16ToF32" | "f32ToF16";
 
 /**

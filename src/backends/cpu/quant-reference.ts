@@ -318,8 +318,12 @@ export function quantizeActivationsRef(x: Float32Array, m: number, k: number): {
  * out [m, n] = x @ dequant(W)^T computed like the kernel: int8/int4/int8_g32 quantize x per row and take exact
  * integer dots (per group for int4 and int8_g32); fp8 dots f32 x with the decoded weights.
  */
-export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number): Float32Array {
-  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k);
+export function quantMatmulRef(
+  scheme: QuantScheme, x: Float32Array, q: QuantizedArrays, m: number, n: number, k: number,
+  /** x already quantized (quantizeActivationsRef's result): used instead of quantizing x */
+  pre?: { xq: Int8Array; xs: Float32Array },
+): Float32Array {
+  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k); // quantizes x itself, to the same bits
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {
     const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);
@@ -331,7 +335,7 @@ export function quantMatmulRef(scheme: QuantScheme, x: Float32Array, q: Quantize
       }
     return out;
   }
-  const { xq, xs } = quantizeActivationsRef(x, m, k);
+  const { xq, xs } = pre ?? quantizeActivationsRef(x, m, k);
   if (scheme === "int8") {
     for (let r = 0; r < m; r++)
       for (let c = 0; c < n; c++) {

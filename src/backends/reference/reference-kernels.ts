@@ -1,6 +1,6 @@
 // The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
 // Native kernels are tested against these (STYLE.md 9).
-import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, ReduceOp, UnaryOp } from "../backend.js";
+import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
 import { forEachIndex, getter, numel, readF64, setter, writeDense } from "./host-memory.js";
 
 function erf(x: number): number {
@@ -139,10 +139,63 @@ export function counterUniform(seed: number, counter: number): number {
   return ((h >>> 0) * 2097152 + ((g >>> 0) >>> 11)) / 9007199254740992;
 }
 
+/**
+ * Rotary in place on x [T, heads, headDim] (float64 values) at positions [T] with cos/sin [maxPos, rotaryDim/2]:
+ * neox rotates (i, i + rotaryDim/2) pairs, else (2i, 2i+1).
+ */
+function rotateRows(x: Float64Array, pos: Float64Array, cos: Float64Array, sin: Float64Array, heads: number, headDim: number, rotaryDim: number, neox: boolean): void {
+  const half = rotaryDim / 2;
+  if (half === 0) return;
+  const maxPos = cos.length / half;
+  for (let t = 0; t < pos.length; t++) {
+    const p = pos[t]!;
+    if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
+    for (let h = 0; h < heads; h++) {
+      const base = (t * heads + h) * headDim;
+      for (let i = 0; i < half; i++) {
+        const c = cos[p * half + i]!;
+        const s = sin[p * half + i]!;
+        const i0 = neox ? base + i : base + 2 * i;
+        const i1 = neox ? base + i + half : base + 2 * i + 1;
+        const x0 = x[i0]!;
+        const x1 = x[i1]!;
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x1 * c + x0 * s;
+      }
+    }
+  }
+}
+
+/** quant_matmul's activation quantization of float32 rows x [rows, n] into xq (see QuantizedRowsView). */
+function quantizeRowsReference(x: Float64Array, rows: number, n: number, xq: QuantizedRowsView): void {
+  const setQ = setter(xq.data.buffer, xq.data.dtype);
+  const setS = setter(xq.scales.buffer, xq.scales.dtype);
+  const roundHalfEven = (v: number) => {
+    const r = Math.round(v);
+    return r - v === 0.5 && r % 2 !== 0 ? r - 1 : r;
+  };
+  for (let r = 0; r < rows; r++) {
+    let amax = 0;
+    for (let i = 0; i < n; i++) amax = Math.max(amax, Math.abs(x[r * n + i]!));
+    setS(xq.scales.offset + r, Math.fround(amax / 127));
+    const inv = amax > 0 ? Math.fround(127 / amax) : 0;
+    for (let i = 0; i < n; i++) setQ(xq.data.offset + r * n + i, roundHalfEven(Math.fround(x[r * n + i]! * inv)));
+  }
+}
+
 export function pagedAttentionReference(p: PagedAttentionArgs): void {
   const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow } = p;
   const q = readF64(p.q);
   const kNew = readF64(p.kNew);
+  if (p.rotary) {
+    // fused rotary: the same values the separate rotary kernel would store (rounded to float32)
+    const { positions, cos, sin, rotaryDim, neox } = p.rotary;
+    const [pos, c, s] = [readF64(positions), readF64(cos), readF64(sin)];
+    if (pos.length !== p.q.shape[0]) throw new RangeError(`[paged_attention] expected ${p.q.shape[0]} rotary positions, got ${pos.length}`);
+    rotateRows(q, pos, c, s, numHeads, D, rotaryDim, neox);
+    rotateRows(kNew, pos, c, s, numKvHeads, D, rotaryDim, neox);
+    for (const x of [q, kNew]) for (let i = 0; i < x.length; i++) x[i] = Math.fround(x[i]!);
+  }
   const vNew = readF64(p.vNew);
   const slots = readF64(p.slotMapping);
   const tables = readF64(p.blockTables);
@@ -208,6 +261,15 @@ export function runReference(call: KernelCall): void {
       const x = readF64(call.x);
       for (let i = 0; i < x.length; i++) x[i] = f(x[i]!);
       return writeDense(call.out, x);
+    }
+    case "silu_mul": {
+      // as the unfused pair: silu rounded to float32, then the product
+      const g = readF64(call.gate);
+      const u = readF64(call.up);
+      for (let i = 0; i < g.length; i++) g[i] = Math.fround(UNARY.silu(g[i]!)) * u[i]!;
+      writeDense(call.out, g);
+      if (call.xq) quantizeRowsReference(readF64(call.out), call.rows, call.n, call.xq);
+      return;
     }
     case "binary": {
       const f = BINARY[call.fn];
@@ -287,7 +349,9 @@ export function runReference(call: KernelCall): void {
         const inv = 1 / Math.sqrt(ss / n + eps);
         for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
       }
-      return writeDense(call.out, x);
+      writeDense(call.out, x);
+      if (call.xq) quantizeRowsReference(readF64(call.out), rows, n, call.xq);
+      return;
     }
     case "matmul": {
       const { batch, m, n, k, bTransposed, strideA, strideB, strideOut } = call;
@@ -360,29 +424,7 @@ export function runReference(call: KernelCall): void {
     }
     case "rotary": {
       const x = readF64(call.x);
-      const pos = readF64(call.positions);
-      const cos = readF64(call.cos);
-      const sin = readF64(call.sin);
-      const { tokens, heads, headDim, rotaryDim, neox } = call;
-      const half = rotaryDim / 2;
-      const maxPos = cos.length / half;
-      for (let t = 0; t < tokens; t++) {
-        const p = pos[t]!;
-        if (p < 0 || p >= maxPos) throw new RangeError(`position ${p} out of range for ${maxPos} rotary positions`);
-        for (let h = 0; h < heads; h++) {
-          const base = (t * heads + h) * headDim;
-          for (let i = 0; i < half; i++) {
-            const c = cos[p * half + i]!;
-            const s = sin[p * half + i]!;
-            const i0 = neox ? base + i : base + 2 * i;
-            const i1 = neox ? base + i + half : base + 2 * i + 1;
-            const x0 = x[i0]!;
-            const x1 = x[i1]!;
-            x[i0] = x0 * c - x1 * s;
-            x[i1] = x1 * c + x0 * s;
-          }
-        }
-      }
+      rotateRows(x, readF64(call.positions), readF64(call.cos), readF64(call.sin), call.heads, call.headDim, call.rotaryDim, call.neox);
       return writeDense(call.out, x);
     }
     case "paged_attention":

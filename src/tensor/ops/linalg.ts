@@ -90,10 +90,13 @@ export function bmm(a: Tensor, b: Tensor): Tensor {
   return matmul(a, b);
 }
 
-/** linear(x, W, b) = x @ W^T + b with W [out, in]; x [..., in]. W may be bfloat16. */
-export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+/**
+ * linear(x, W, b) = x @ W^T + b with W [out, in]; x [..., in]. W may be bfloat16. `xq` (x already quantized, from
+ * rmsNormQuantized) is used when W reads through a quantized shadow, else ignored.
+ */
+export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null, xq?: QuantizedActivations | null): Tensor {
   const shadow = quantizedShadows.get(weight);
-  if (shadow) return quantizedLinear(x, shadow, bias);
+  if (shadow) return quantizedLinear(x, shadow, bias, xq);
   if (weight.ndim !== 2) throw new OpError("linear", `weight must be 2-d, got [${weight.shape.join(", ")}]`);
   const inF = weight.shape[1]!;
   if (x.shape[x.ndim - 1] !== inF) throw new OpError("linear", `input features ${x.shape[x.ndim - 1]} != weight in_features ${inF}`);
@@ -156,20 +159,41 @@ export function quantizeWeight(weight: Tensor, scheme: QuantScheme): QuantizedWe
   return { scheme, outFeatures: n, inFeatures: k, data, scales, rowSums };
 }
 
-/** linear(x, W, b) with a quantized W: x [..., in] f32 (activations are quantized per row inside the kernel). */
-export function quantizedLinear(x: Tensor, weight: QuantizedWeight, bias?: Tensor | null): Tensor {
+/**
+ * x's rows quantized as quant_matmul quantizes them (QuantizedRowsView): data int8 [rows, in], scales f32 [rows].
+ * Made once by rmsNormQuantized(), then read by every quantizedLinear() of that x instead of re-quantizing it.
+ */
+export interface QuantizedActivations {
+  readonly data: Tensor;
+  readonly scales: Tensor;
+}
+
+/** Whether quantizedLinear() on this weight's scheme reads pre-quantized activations (fp8 dots f32 x directly). */
+export function takesQuantizedActivations(scheme: QuantScheme): boolean {
+  return scheme !== "fp8";
+}
+
+/**
+ * linear(x, W, b) with a quantized W: x [..., in] f32 (activations are quantized per row inside the kernel, or
+ * read from `xq`, x's rows already quantized: the same bits).
+ */
+export function quantizedLinear(x: Tensor, weight: QuantizedWeight, bias?: Tensor | null, xq?: QuantizedActivations | null): Tensor {
   const op = "quantized_linear";
   const { inFeatures: k, outFeatures: n } = weight;
   if (x.shape[x.ndim - 1] !== k) throw new OpError(op, `input features ${x.shape[x.ndim - 1]} != weight in_features ${k}`);
   const dev = sameDevice(op, x, weight.data);
   const lead = x.shape.slice(0, -1);
   const m = numel(lead);
+  const pre = xq && takesQuantizedActivations(weight.scheme) ? xq : null;
+  if (pre && (pre.data.dtype !== "int8" || pre.data.numel !== m * k || pre.scales.numel !== m || !pre.data.isContiguous || !pre.scales.isContiguous))
+    throw new OpError(op, `quantized activations [${pre.data.shape.join(", ")}] do not match x [${x.shape.join(", ")}]`);
   const cx = contiguous(x.dtype === "float32" ? x : x.to("float32"));
   const y = empty([...lead, n], { dtype: "float32", device: dev });
   if (m > 0)
     runKernel(op, dev, {
       op: "quant_matmul", scheme: weight.scheme, x: cx.view_(op), w: weight.data.view_(op), scales: weight.scales.view_(op),
       rowSums: weight.rowSums?.view_(op) ?? null, out: y.view_(op), m, n, k,
+      ...(pre ? { xq: { data: pre.data.view_(op), scales: pre.scales.view_(op) } } : {}),
     }, [y]);
   if (cx !== x) cx.dispose();
   if (!bias) return y;

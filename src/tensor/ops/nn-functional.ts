@@ -5,7 +5,7 @@ import { runKernel, sameDevice } from "../dispatch.js";
 import { noGrad, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor, full } from "../tensor.js";
 import { contiguous } from "./shape.js";
-import { matmul } from "./linalg.js";
+import { matmul, type QuantizedActivations } from "./linalg.js";
 import { softmax, logSoftmax, mean } from "./reduce.js";
 import { gather } from "./indexing.js";
 import { add, mul, silu } from "./elementwise.js";
@@ -27,6 +27,53 @@ export function rmsNorm(x: Tensor, weight: Tensor, eps: number): Tensor {
   if (wc !== weight) wc.dispose();
   recordOp("rms_norm", [x, weight], out, { eps });
   return out;
+}
+
+/**
+ * rmsNorm(x, weight, eps) and its rows quantized for the quantized linears that read it (rms_norm fused with their
+ * activation quantization: one kernel instead of one quantization per consumer). Inference only (no autograd).
+ */
+export function rmsNormQuantized(x: Tensor, weight: Tensor, eps: number): { out: Tensor; xq: QuantizedActivations } {
+  const n = x.shape[x.ndim - 1]!;
+  if (weight.ndim !== 1 || weight.shape[0] !== n) throw new OpError("rms_norm", `weight [${weight.shape.join(", ")}] does not match last dim ${n}`);
+  const dev = sameDevice("rms_norm", x, weight);
+  const rows = numel(x.shape) / n;
+  const xc = f32Contiguous(x);
+  const wc = f32Contiguous(weight);
+  const out = empty(x.shape, { dtype: "float32", device: dev });
+  const xq = { data: empty([rows, n], { dtype: "int8", device: dev }), scales: empty([rows], { dtype: "float32", device: dev }) };
+  const v = (t: Tensor) => t.view_("rms_norm");
+  runKernel("rms_norm", dev, { op: "rms_norm", x: v(xc), weight: v(wc), out: v(out), rows, n, eps, xq: { data: v(xq.data), scales: v(xq.scales) } }, [out, xq.data, xq.scales]);
+  if (xc !== x) xc.dispose();
+  if (wc !== weight) wc.dispose();
+  return { out, xq };
+}
+
+/**
+ * siluMul(gate, up) (contiguous [..., n]) and its rows quantized for the quantized down projection that reads it
+ * (silu·mul fused with that projection's activation quantization). Inference only (no autograd).
+ */
+export function siluMulQuantized(gate: Tensor, up: Tensor): { out: Tensor; xq: QuantizedActivations } {
+  const op = "silu_mul";
+  if (gate.shape.join() !== up.shape.join()) throw new OpError(op, `gate [${gate.shape.join(", ")}] and up [${up.shape.join(", ")}] differ`);
+  const dev = sameDevice(op, gate, up);
+  const n = gate.shape[gate.ndim - 1]!;
+  const rows = numel(gate.shape) / n;
+  const g = f32Contiguous(gate);
+  const u = f32Contiguous(up);
+  const out = empty(gate.shape, { dtype: "float32", device: dev });
+  const xq = { data: empty([rows, n], { dtype: "int8", device: dev }), scales: empty([rows], { dtype: "float32", device: dev }) };
+  const v = (t: Tensor) => t.view_(op);
+  runKernel(op, dev, { op, gate: v(g), up: v(u), out: v(out), rows, n, xq: { data: v(xq.data), scales: v(xq.scales) } }, [out, xq.data, xq.scales]);
+  if (g !== gate) g.dispose();
+  if (u !== up) u.dispose();
+  return { out, xq };
+}
+
+/** Frees quantized activations. */
+export function disposeQuantizedActivations(xq: QuantizedActivations): void {
+  xq.data.dispose();
+  xq.scales.dispose();
 }
 
 /**
@@ -103,11 +150,23 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number)
   return out;
 }
 
-/** Ragged paged attention (see PagedAttentionArgs); writes k/v into the caches, returns [T, Hq, D]. */
+/** Rotary applied inside paged attention: positions int32 [T], cos/sin [maxPos, rotaryDim/2] (as rotaryEmbedding). */
+export interface PagedRotaryArgs {
+  positions: Tensor;
+  cos: Tensor;
+  sin: Tensor;
+  neox: boolean;
+}
+
+/**
+ * Ragged paged attention (see PagedAttentionArgs); writes k/v into the caches, returns [T, Hq, D]. With `rotary`,
+ * q and k are un-rotated and the kernel rotates them itself (rotary fused with the KV write): the same result as
+ * rotaryEmbedding() on q and k first.
+ */
 export function pagedAttention(args: {
   q: Tensor; k: Tensor; v: Tensor; kCache: Tensor; vCache: Tensor;
   slotMapping: Tensor; blockTables: Tensor; queryStart: Tensor; seqLens: Tensor;
-  scale: number; slidingWindow?: number;
+  scale: number; slidingWindow?: number; rotary?: PagedRotaryArgs | null;
 }): Tensor {
   const { q, k, v, kCache, vCache } = args;
   const [T, Hq, D] = q.shape as [number, number, number];
@@ -120,6 +179,7 @@ export function pagedAttention(args: {
   const kc = f32Contiguous(k);
   const vc = f32Contiguous(v);
   const out = empty([T, Hq, D], { dtype: "float32", device: dev });
+  const rot = args.rotary ? pagedRotaryViews(args.rotary, T, D) : null;
   runKernel("paged_attention", dev, {
     op: "paged_attention",
     q: qc.view_("paged_attention"),
@@ -140,9 +200,29 @@ export function pagedAttention(args: {
     maxBlocksPerSeq,
     scale: args.scale,
     slidingWindow: args.slidingWindow ?? 0,
+    ...(rot ? { rotary: rot.views } : {}),
   }, [out]);
   for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c.dispose();
+  rot?.dispose();
   return out;
+}
+
+function pagedRotaryViews(r: PagedRotaryArgs, T: number, D: number) {
+  const op = "paged_attention";
+  const rotaryDim = r.cos.shape[1]! * 2;
+  if (r.cos.ndim !== 2 || r.sin.ndim !== 2 || r.sin.shape[1] !== r.cos.shape[1]) throw new OpError(op, "rotary cos/sin must be [maxPos, rotaryDim/2]");
+  if (rotaryDim > D) throw new OpError(op, `rotary dim ${rotaryDim} exceeds head dim ${D}`);
+  if (r.positions.numel !== T) throw new OpError(op, `expected ${T} rotary positions, got ${r.positions.numel}`);
+  const pos = r.positions.dtype === "int32" ? contiguous(r.positions) : r.positions.to("int32");
+  const cos = f32Contiguous(r.cos);
+  const sin = f32Contiguous(r.sin);
+  const views = { positions: pos.view_(op), cos: cos.view_(op), sin: sin.view_(op), rotaryDim, neox: r.neox };
+  const dispose = () => {
+    if (pos !== r.positions) pos.dispose();
+    if (cos !== r.cos) cos.dispose();
+    if (sin !== r.sin) sin.dispose();
+  };
+  return { views, dispose };
 }
 
 /** silu(gate) * up: the SwiGLU activation of Llama-family MLPs. */
