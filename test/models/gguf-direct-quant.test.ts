@@ -12,13 +12,13 @@ import { readGguf } from "../../src/models/formats/gguf.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
-import { Linear } from "../../src/nn/layers.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { fromBytes, linear, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
 import { quantizedShadowOf, quantizeWeight, quantizedLinear, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
+import { lastLogits, maxAbsDiff, maxAbs, linears } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = native ? false : "native addon not built";
@@ -183,22 +183,6 @@ test("Q8_0 GGUF export loads as int8_g32 without dequantizing", { skip: skipQ8, 
   assert.ok(maxAbsDiff(a, b) <= 0.01 * maxAbs(b), `int8_g32 vs dequantized Q8_0: max logit error ${maxAbsDiff(a, b)} vs range ${maxAbs(b)}`);
 });
 
-/** Logits [vocab] at the last position of a dense forward over `ids`. */
-function lastLogits(m: LoadedModel, ids: number[]): Float32Array {
-  return noGrad(() => {
-    const input = tensor(Int32Array.from(ids));
-    const positions = tensor(Int32Array.from(ids, (_, i) => i));
-    const hidden = m.model.forward(input, { kind: "dense", batch: 1, seqLen: ids.length, positions });
-    const logits = m.model.logits(hidden);
-    const V = m.config.vocabSize;
-    const out = (logits.dataSync() as Float32Array).slice((ids.length - 1) * V);
-    for (const t of [input, positions, hidden, logits]) t.dispose();
-    return out;
-  });
-}
-const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((e, x, i) => Math.max(e, Math.abs(x - b[i]!)), 0);
-const maxAbs = (v: Float32Array) => v.reduce((a, x) => Math.max(a, Math.abs(x)), 0);
-const linears = (m: LoadedModel) => m.model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear);
 const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 
 test("Q4_0 GGUF export loads as int4 without dequantizing: same bits as --quantization int4", { skip, timeout: 60_000 }, () => {

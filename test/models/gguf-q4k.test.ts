@@ -11,7 +11,7 @@ import { q4_KToQ4k, q4kToQ4_K } from "../../src/models/formats/gguf-repack.js";
 import { readGguf } from "../../src/models/formats/gguf.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
+import { loadLocalModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { fromBytes, linear, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
@@ -19,6 +19,7 @@ import { quantizedLinear, quantizedShadowOf, quantizeWeight, type QuantizedWeigh
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
+import { lastLogits, maxAbsDiff, maxAbs, linears } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = !native ? "native addon not built" : nativeTakesScheme(native, "q4_k") ? false : "native addon lacks q4_k";
@@ -134,22 +135,6 @@ test("quantizeWeight(w, 'q4_k') runs the TS encoder (no native quantizer) and re
   assert.throws(() => native!.quantizeWeights(w, n, k, 4, new Uint8Array(768), new Uint8Array(120), new Int32Array(0)), /no native quantizer/);
 });
 
-/** Logits [vocab] at the last position of a dense forward over `ids`. */
-function lastLogits(m: LoadedModel, ids: number[]): Float32Array {
-  return noGrad(() => {
-    const input = tensor(Int32Array.from(ids));
-    const positions = tensor(Int32Array.from(ids, (_, i) => i));
-    const hidden = m.model.forward(input, { kind: "dense", batch: 1, seqLen: ids.length, positions });
-    const logits = m.model.logits(hidden);
-    const V = m.config.vocabSize;
-    const out = (logits.dataSync() as Float32Array).slice((ids.length - 1) * V);
-    for (const t of [input, positions, hidden, logits]) t.dispose();
-    return out;
-  });
-}
-const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((e, x, i) => Math.max(e, Math.abs(x - b[i]!)), 0);
-const maxAbs = (v: Float32Array) => v.reduce((a, x) => Math.max(a, Math.abs(x)), 0);
-const linears = (m: LoadedModel) => m.model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear);
 const argmax = (v: Float32Array) => v.reduce((best, x, i) => (x > v[best]! ? i : best), 0);
 const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 // every linear has in_features % 256 == 0 (hidden 256, intermediate 512, 8 heads of 32)

@@ -17,13 +17,13 @@ import { readGguf } from "../../src/models/formats/gguf.js";
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
-import { Linear } from "../../src/nn/layers.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import { noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import type { Tensor } from "../../src/tensor/index.js";
 import { quantizedShadowOf } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
+import { lastLogits, maxAbsDiff, linears } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = native ? false : "native addon not built";
@@ -32,22 +32,7 @@ const skipMx = skip || (nativeTakesScheme(native!, "mxfp4") ? false : "native ad
 const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 const PROMPTS = ["The jury said", "It was a", "Mr. Brown went to the", "In the afternoon"];
 
-/** Logits [vocab] at the last position of a dense forward over `ids`. */
-function lastLogits(m: LoadedModel, ids: number[]): Float32Array {
-  return noGrad(() => {
-    const input = tensor(Int32Array.from(ids));
-    const positions = tensor(Int32Array.from(ids, (_, i) => i));
-    const hidden = m.model.forward(input, { kind: "dense", batch: 1, seqLen: ids.length, positions });
-    const logits = m.model.logits(hidden);
-    const V = m.config.vocabSize;
-    const out = (logits.dataSync() as Float32Array).slice((ids.length - 1) * V);
-    for (const t of [input, positions, hidden, logits]) t.dispose();
-    return out;
-  });
-}
-const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((e, x, i) => Math.max(e, Math.abs(x - b[i]!)), 0);
 const range = (v: Float32Array) => Math.max(...v) - Math.min(...v);
-const linears = (m: LoadedModel) => m.model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear);
 const bytesOfTensor = (t: Tensor) => {
   const size = t.dtype === "float16" ? 2 : 1;
   return new Uint8Array(t.device.backend.read(t.storage.buffer, t.offset * size, t.numel * size));
