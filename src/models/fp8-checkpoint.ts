@@ -8,8 +8,7 @@
 // file, never dequantized, and one f32 scale per output row (a per-tensor scale repeated). Block-scaled weights
 // have no per-row form, so they are dequantized on load to the model dtype, with a note. Activation scales
 // (`input_scale`, static activation schemes) are ignored: the kernel is weight-only and reads f32 activations.
-import type { DeviceLike } from "../tensor/device.js";
-import { resolveDevice } from "../tensor/device.js";
+import { resolveDevice, type DeviceLike } from "../tensor/device.js";
 import { fromBytes, mapFromFile, tensor, type Tensor } from "../tensor/index.js";
 import type { QuantizedWeight } from "../tensor/ops/linalg.js";
 import { installQuantizedWeight } from "../nn/quantized-linear.js";

@@ -100,8 +100,6 @@ export function resolveDtype(arg: DtypeArg, config: ModelConfig): DType {
   }
 }
 
-export { resolveQuantization };
-
 /** Applies --quantization to a loaded model in place. */
 function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedModel {
   const scheme = resolveQuantization(options.quantization);

@@ -9,6 +9,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { mulberry32 } from "../../src/util/random.js";
+import { bf16BitsToF32, f32ToBf16Bits } from "../../src/backends/dtype.js";
 
 const k = tryLoadNativeKernels();
 const minM = k?.bf16DotMinM ?? 0;
@@ -20,15 +21,8 @@ function randArray(n: number): Float32Array {
   for (let i = 0; i < n; i++) a[i] = 2 * rand() - 1;
   return a;
 }
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
-/** f32 -> nearest bf16 (ties to even) -> f32, for finite inputs. */
-function bf16(x: number): number {
-  f32[0] = x;
-  const u = u32[0]!;
-  u32[0] = (((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) << 16) >>> 0;
-  return f32[0]!;
-}
+/** f32 -> nearest bf16 (ties to even) -> f32. */
+const bf16 = (x: number): number => bf16BitsToF32(f32ToBf16Bits(x));
 
 interface Case { M: number; N: number; K: number }
 interface Result { out: Float32Array; x: Float32Array; w: Float32Array }

@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
 import { mulberry32 } from "../../src/util/random.js";
+import { bf16BitsToF32, f32ToBf16Bits } from "../../src/backends/dtype.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
@@ -18,17 +19,8 @@ function randArray(n: number): Float32Array {
   for (let i = 0; i < n; i++) a[i] = 2 * rand() - 1;
   return a;
 }
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
-function bf16Round(x: number): number {
-  f32[0] = x;
-  const u = u32[0]!;
-  return ((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) & 0xffff; // round to nearest even (finite inputs)
-}
-function bf16Value(h: number): number {
-  u32[0] = (h << 16) >>> 0;
-  return f32[0]!;
-}
+const bf16Round = f32ToBf16Bits; // round to nearest even
+const bf16Value = bf16BitsToF32;
 
 interface Weights { raw: Float32Array | Uint16Array; values: Float32Array; dtype: 0 | 1 }
 function weights(N: number, K: number, dtype: 0 | 1): Weights {
