@@ -90,8 +90,8 @@ export type KernelCall =
   // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
   // fp8: w e4m3fn bytes [n, k], scales f32 [n]; q4_k: w uint8 [n, k/2], scales = meta uint8 [n, k/256*20];
   // mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
-  // x and out contiguous f32. xq: x already quantized (int8/int4/int8_g32/mxfp4 read it instead of quantizing x;
-  // fp8 and q4_k quantize x themselves, to the same bits).
+  // x and out contiguous f32. xq: x already quantized (the int8-activation schemes read it instead of quantizing
+  // x; fp8 multiplies f32 x and ignores it).
   | {
       op: "quant_matmul"; scheme: QuantScheme; x: BufferView; w: BufferView; scales: BufferView; rowSums: BufferView | null;
       out: BufferView; m: number; n: number; k: number; xq?: QuantizedRowsView | null;

@@ -12,7 +12,6 @@ import type { DtypeArg } from "../models/loader.js";
 import { resolveQuantization } from "../models/quantization-args.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 
-export { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 /** Reports start-up stages ("loading weights", "sizing KV cache", "warm-up") and optional progress in [0, 1]. */
 export type ProgressFn = (stage: string, fraction?: number) => void;

@@ -35,8 +35,6 @@ export interface SamplingRow extends ProcessorRequestSource {
   eosTokenIds: readonly number[];
 }
 
-/** Logprobs of one position: entry 0 is the chosen token, then the top-N by logprob (ties: lower id first). */
-
 export interface SampledToken {
   tokenId: number;
   /** Present when the request asked for logprobs. */

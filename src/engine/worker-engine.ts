@@ -345,7 +345,6 @@ function accumulate(s: Stream, o: WireOutput["outputs"][number]): CompletionOutp
   return { ...o, text: s.texts[i], tokenIds: [...ids], logprobs: lp === null || o.logprobs === null ? null : [...lp] };
 }
 
-/** The caller's thread's own tokenizer, from the same files the worker's loader used. */
 /** A tokenizer this thread loaded from a model directory while the worker started. */
 interface EarlyTokenizer {
   dir: string;

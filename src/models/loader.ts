@@ -57,7 +57,8 @@ export interface LoadOptions {
   quantizeLmHead?: boolean;
   /**
    * GGUF Q4_0 / Q8_0 / Q4_K / MXFP4 tensors of linear layers (and of a tied LM head) load straight into the int4 /
-   * int8_g32 / q4_k / mxfp4 kernels' layouts, bit for bit, as llama.cpp runs them. Default true; false dequantizes every tensor.
+   * int8_g32 / q4_k / mxfp4 kernels' layouts, bit for bit, as llama.cpp runs them. Default true unless `quantization`
+   * is given (then every tensor is dequantized and quantized to that one scheme); false dequantizes every tensor.
    */
   ggufKeepQuantized?: boolean;
   /** Progress callback: (stage, fraction in [0, 1]). */
@@ -266,7 +267,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const dev = resolveDevice(options.device);
   const native = dev.backend.name === "cpu" ? tryLoadNativeKernels() : null; // quant_matmul is cpu-only
-  const enabled = (options.ggufKeepQuantized ?? true) && native !== null;
+  // --quantization asks for one format everywhere: then every tensor loads as floats and is quantized to it
+  const enabled = (options.ggufKeepQuantized ?? resolveQuantization(options.quantization) === null) && native !== null;
   const linears = new Map<string, [string, Linear]>();
   for (const [name, m] of model.namedModules()) if (m instanceof Linear) linears.set(name ? `${name}.weight` : "weight", [name, m]);
   const declined = new Map<string, string[]>(); // reason -> GGUF tensor names

@@ -220,6 +220,16 @@ test("Q4_0 GGUF export loads as int4 without dequantizing: same bits as --quanti
   assert.ok(err <= 0.03 * maxAbs(b), `int4 vs dequantized Q4_0: max logit error ${err} vs range ${maxAbs(b)}`);
 });
 
+test("a quantized GGUF with --quantization int8 is quantized to int8 throughout, as reported", { skip, timeout: 60_000 }, () => {
+  const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: { tie_word_embeddings: true } });
+  const file = tempPath("llama-q4_0-requant.gguf");
+  exportGguf(dir, file, "Q4_0");
+  const m = loadLocalModel(file, { quantization: "int8" });
+  assert.equal(m.quantization, "int8");
+  const schemes = new Set(linears(m).map(([, l]) => quantizedWeightOf(l)?.scheme ?? "float"));
+  assert.deepEqual([...schemes], ["int8"], `every projection int8, got ${[...schemes].join(", ")}`);
+});
+
 test("Q4_0 layers with in_features % 64 != 0 fall back to dequantizing, with a note", { skip, timeout: 60_000 }, () => {
   // intermediate 96: down_proj rows are 3 Q4_0 blocks (fine for GGUF), not whole 64-element int4 chunks
   const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: { intermediate_size: 96, tie_word_embeddings: true } });

@@ -323,7 +323,7 @@ export function quantMatmulRef(
   /** x already quantized (quantizeActivationsRef's result): used instead of quantizing x */
   pre?: { xq: Int8Array; xs: Float32Array },
 ): Float32Array {
-  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k); // quantizes x itself, to the same bits
+  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k); // quantizes x itself: the same bits as `pre`
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {
     const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);
