@@ -27,6 +27,12 @@ const decodeShapes: { name: string; N: number; K: number }[] = [
 const decodeMs = [1, 8, 32, 64];
 const PREFILL_M = 512; // one 512-token prompt: on avx512-bf16, bf16 rows run the vdpbf16ps GEMM (peak 2x the f32 FMA)
 
+/** A matmul's peak relative to the f32 FMA peak: 2 for bf16 weights at M >= bf16DotMinM (vdpbf16ps), else 1. */
+function peakFactor(k: NativeKernels, dtype: 0 | 1, M: number): number {
+  const minM = k.bf16DotMinM ?? 0;
+  return dtype === 1 && minM > 0 && M >= minM ? 2 : 1;
+}
+
 function fill(n: number): Float32Array {
   const a = new Float32Array(n);
   for (let i = 0; i < n; i++) a[i] = Math.sin(i) * 0.5;
@@ -52,7 +58,7 @@ function decodeBatch(k: NativeKernels, fma: number): void {
         const ms = Math.min(timeIt(run, 100), timeIt(run, 100), timeIt(run, 100));
         const gflops = (2 * M * s.N * s.K / 1e9) / (ms / 1e3);
         console.log([s.name.padEnd(13), String(M).padStart(3), (dtype ? "bf16" : "f32").padEnd(5), ms.toFixed(3).padStart(9),
-          gflops.toFixed(1).padStart(8), `${(100 * gflops / (fmaNow * threads)).toFixed(0)}%`.padStart(6)].join(" "));
+          gflops.toFixed(1).padStart(8), `${(100 * gflops / (fmaNow * threads * peakFactor(k, dtype, M))).toFixed(0)}%`.padStart(6)].join(" "));
       }
     }
   }
@@ -62,7 +68,7 @@ function decodeBatch(k: NativeKernels, fma: number): void {
 function prefill(k: NativeKernels, fma: number): void {
   const threads = 2;
   k.setNumThreads(threads);
-  const dotPeak = (k.bf16DotMinM ?? 0) > 0 && PREFILL_M >= k.bf16DotMinM! ? 2 : 1;
+  const dotPeak = peakFactor(k, 1, PREFILL_M);
   console.log(`\nprefill: x[${PREFILL_M},K] @ W[N,K]^T, ${threads} threads (bf16 peak ${dotPeak}x f32's: ${dotPeak > 1 ? "vdpbf16ps, x rounded to bf16" : "exact f32"})`);
   for (const s of decodeShapes.slice(0, 3)) {
     const wF32 = fill(s.N * s.K);
@@ -119,7 +125,7 @@ function main(): void {
         const gbs = (w.byteLength / 1e9) / (ms / 1e3);
         const gflops = (2 * c.M * c.N * c.K / 1e9) / (ms / 1e3);
         console.log([c.name.padEnd(22), (dtype ? "bf16" : "f32").padEnd(5), String(t).padStart(3), ms.toFixed(3).padStart(9),
-          gbs.toFixed(1).padStart(7), gflops.toFixed(1).padStart(8), pct(gbs / rowBw), pct(gflops / (rowFma * t))].join(" "));
+          gbs.toFixed(1).padStart(7), gflops.toFixed(1).padStart(8), pct(gbs / rowBw), pct(gflops / (rowFma * t * peakFactor(k, dtype, c.M)))].join(" "));
       }
     }
   }

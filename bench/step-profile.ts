@@ -14,6 +14,7 @@ const option = (name: string, dflt: string): string => {
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
 };
 const format = option("--format", "bf16");
+if (format !== "bf16" && format !== "int8") throw new Error(`--format must be bf16 or int8, got ${format}`);
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
 const native = tryLoadNativeKernels();
@@ -72,7 +73,7 @@ for (const { op, ns } of prof) {
 }
 const total = prof.reduce((a, b) => a + b.ns, 0);
 console.log(`${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
-console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read bandwidth ${bw.toFixed(1)} GB/s -> roofline ${roofMs.toFixed(2)} ms; best step = ${((100 * roofMs) / whole[0]!).toFixed(0)}% of it`);
+console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read bandwidth ${bw.toFixed(1)} GB/s -> roofline ${roofMs.toFixed(2)} ms; best step at ${((100 * roofMs) / whole[0]!).toFixed(0)}% of roofline speed`);
 console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms over ${prof.length} kernels (${native.getNumThreads()} threads)`);
 for (const [op, e] of [...byOp].sort((a, b) => b[1].ns - a[1].ns))
   console.log(`  ${op.padEnd(16)} x${String(e.count).padStart(4)}  ${(e.ns / 1e6).toFixed(3).padStart(7)} ms  ${((e.ns / e.count) / 1e3).toFixed(1).padStart(7)} us each`);

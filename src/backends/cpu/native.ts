@@ -37,8 +37,8 @@ export interface NativeKernels extends NativeStream {
   quantIsa: string;
   /**
    * bf16 matmuls with B = [N,K] (bTransposed, A not transposed) and M >= this round A to bf16 (nearest even)
-   * and multiply with vdpbf16ps, f32 accumulation (as PyTorch/oneDNN and llama.cpp do); smaller M (decode)
-   * stays exact f32. 0 (every ISA but avx512-bf16): always exact f32. Absent in an addon built before it.
+   * and multiply with vdpbf16ps, f32 accumulation (as PyTorch/oneDNN and llama.cpp do); smaller M stays exact
+   * f32 (decode batches of 24 rows or more round too). 0 (every ISA but avx512-bf16): always exact f32. Absent in an addon built before it.
    */
   bf16DotMinM?: number;
   features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
