@@ -10,11 +10,11 @@ import { f32ToF8e4m3Bits, f8e4m3BitsToF32 } from "../../src/backends/dtype.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { readSafetensors, writeSafetensors, type SafetensorsWriteTensor } from "../../src/models/formats/safetensors.js";
 import { loadLocalModel } from "../../src/models/loader.js";
-import { Linear } from "../../src/nn/layers.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import { tensor } from "../../src/tensor/index.js";
+import { noGrad, tensor } from "../../src/tensor/index.js";
 import { UnsupportedError } from "../../src/util/errors.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
+import { linears, maxAbsDiff } from "../helpers/model-logits.js";
 
 const skip = tryLoadNativeKernels() ? false : "native addon not built";
 const PROJ = /\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$/;
@@ -74,19 +74,18 @@ function writeFp8Pair(src: string, name: string, granularity: Granularity, quant
 
 function logits(dir: string, ids: number[], notes: string[] = []): { values: Float32Array; fp8Layers: number; linears: number } {
   const loaded = loadLocalModel(dir, { dtype: "float32", onNote: (m) => notes.push(m) });
-  const linears = loaded.model.namedModules().filter(([n, m]) => m instanceof Linear && n !== "lm_head");
-  const fp8Layers = linears.filter(([, m]) => quantizedWeightOf(m as Linear)?.scheme === "fp8").length;
-  const x = tensor(Int32Array.from(ids));
-  const positions = tensor(Int32Array.from(ids, (_, i) => i));
-  const hidden = loaded.model.forward(x, { kind: "dense", batch: 1, seqLen: ids.length, positions });
-  const values = loaded.model.logits(hidden).dataSync() as Float32Array;
-  return { values, fp8Layers, linears: linears.length };
-}
-
-function maxAbsDiff(a: Float32Array, b: Float32Array): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
-  return m;
+  const projections = linears(loaded).filter(([n]) => n !== "lm_head");
+  const fp8Layers = projections.filter(([, m]) => quantizedWeightOf(m)?.scheme === "fp8").length;
+  const values = noGrad(() => {
+    const x = tensor(Int32Array.from(ids));
+    const positions = tensor(Int32Array.from(ids, (_, i) => i));
+    const hidden = loaded.model.forward(x, { kind: "dense", batch: 1, seqLen: ids.length, positions });
+    const out = loaded.model.logits(hidden);
+    const v = out.dataSync() as Float32Array; // every position's logits
+    for (const t of [x, positions, hidden, out]) t.dispose();
+    return v;
+  });
+  return { values, fp8Layers, linears: projections.length };
 }
 
 const ids = [5, 17, 42, 99, 3, 250, 7];
