@@ -5,8 +5,9 @@
 import { floatToHalf, halfToFloat, quantizeActivationsRef } from "./quant-reference.js";
 
 /** Elements per super-block, and meta bytes per super-block. */
-export const Q4K_BLOCK = 256;
-export const Q4K_META_BYTES = 20;
+import { Q4K_BLOCK, Q4K_META_BYTES } from "../quant-layout.js";
+
+export { Q4K_BLOCK, Q4K_META_BYTES };
 
 /** A q4_k [n, k] weight: data [n, k/2] bytes, meta [n, k/256, 20] bytes. */
 export interface Q4kArrays {
@@ -16,11 +17,6 @@ export interface Q4kArrays {
 
 function checkK(op: string, k: number): void {
   if (k % Q4K_BLOCK !== 0) throw new RangeError(`[${op}] q4_k needs in_features % 256 == 0, got ${k}`);
-}
-
-/** Meta bytes of an [n, k] q4_k weight. */
-export function q4kMetaBytes(n: number, k: number): number {
-  return (n * k * Q4K_META_BYTES) / Q4K_BLOCK;
 }
 
 /**

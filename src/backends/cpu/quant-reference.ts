@@ -3,7 +3,10 @@
 // the native code computes. Layouts are documented in native/quant.h.
 import type { QuantScheme } from "../backend.js";
 import type { NativeKernels } from "./native.js";
-import { dequantizeQ4kRef, q4kMatmulRef, q4kMetaBytes, quantizeQ4kRef } from "./q4k-reference.js";
+import { dequantizeQ4kRef, q4kMatmulRef, quantizeQ4kRef } from "./q4k-reference.js";
+import { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype } from "../quant-layout.js";
+
+export { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype };
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
 export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5 };
@@ -38,27 +41,9 @@ export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolea
   return ok;
 }
 
-/**
- * Schemes with a scale per group of 32 (and in_features % 64 == 0: the kernels take 64-element chunks): f16
- * scales for int4 / int8_g32, e8m0 bytes for mxfp4. The others scale per row in f32.
- */
-export function isGroupScheme(scheme: QuantScheme): boolean {
-  return scheme === "int4" || scheme === "int8_g32" || scheme === "mxfp4";
-}
-
-/** The dtype of a scheme's scales: f32 per row (int8, fp8), f16 per group (int4, int8_g32), bytes (q4_k meta, mxfp4 e8m0). */
-export function quantScaleDtype(scheme: QuantScheme): "float32" | "float16" | "uint8" {
-  return scheme === "mxfp4" || scheme === "q4_k" ? "uint8" : isGroupScheme(scheme) ? "float16" : "float32";
-}
-
 /** A zeroed scales array of an [n, k] weight, typed as the kernels take it (f16 as bits). */
 export function newQuantScales(scheme: QuantScheme, n: number, k: number): Float32Array | Uint16Array | Uint8Array {
   return newScales(scheme, quantScaleCount(scheme, n, k));
-}
-
-/** in_features must be a multiple of this: 64 (group schemes' chunks), 256 (q4_k super-blocks) or 1. */
-export function quantKMultiple(scheme: QuantScheme): number {
-  return scheme === "q4_k" ? 256 : isGroupScheme(scheme) ? 64 : 1;
 }
 
 /**
@@ -71,19 +56,6 @@ export interface QuantizedArrays {
   rowSums: Int32Array;
 }
 
-/** Bytes of quantized data for an [n, k] weight (4-bit codes for int4 and mxfp4). */
-export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
-  return scheme === "int4" || scheme === "q4_k" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
-}
-/** Scale count for an [n, k] weight (per row, per group of 32 for int4 / int8_g32 / mxfp4, meta bytes for q4_k). */
-export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
-  return scheme === "q4_k" ? q4kMetaBytes(n, k) : isGroupScheme(scheme) ? (n * k) / 32 : n;
-}
-/** Bytes per scale element: 4 (f32), 2 (f16 bits) or 1 (q4_k meta, mxfp4 e8m0). */
-export function quantScaleBytes(scheme: QuantScheme): 1 | 2 | 4 {
-  const dtype = quantScaleDtype(scheme);
-  return dtype === "uint8" ? 1 : dtype === "float16" ? 2 : 4;
-}
 /** A scales array of `count` elements of the scheme's type (views `buffer` when given). */
 export function newScales(scheme: QuantScheme, count: number, buffer?: ArrayBuffer): Float32Array | Uint16Array | Uint8Array {
   const bytes = quantScaleBytes(scheme);

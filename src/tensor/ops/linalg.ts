@@ -1,5 +1,6 @@
 // matmul with torch's broadcasting rules, bmm, and linear (x @ W^T + b, W in nn.Linear's [out, in] layout).
 import type { QuantScheme } from "../../backends/backend.js";
+import { quantDataBytes, quantKMultiple, quantScaleCount, quantScaleDtype } from "../../backends/quant-layout.js";
 import { OpError, UnsupportedError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
@@ -133,26 +134,21 @@ export interface QuantizedWeight {
 
 /** Whether `scheme` can hold an [out, in] weight (int4, int8_g32 and mxfp4 pack 64-element chunks, q4_k 256). */
 export function canQuantize(scheme: QuantScheme, inFeatures: number): boolean {
-  return inFeatures % inFeaturesMultiple(scheme) === 0;
+  return inFeatures % quantKMultiple(scheme) === 0;
 }
-function inFeaturesMultiple(scheme: QuantScheme): number {
-  return scheme === "q4_k" ? 256 : GROUP_SCHEMES.has(scheme) ? 64 : 1;
-}
-const GROUP_SCHEMES: ReadonlySet<QuantScheme> = new Set<QuantScheme>(["int4", "int8_g32", "mxfp4"]);
-const PACKED_SCHEMES: ReadonlySet<QuantScheme> = new Set<QuantScheme>(["int4", "q4_k", "mxfp4"]); // two codes per byte
 
 /** Quantizes a 2-d float weight [out, in] (per output channel; int4 / mxfp4 per group of 32). */
 export function quantizeWeight(weight: Tensor, scheme: QuantScheme): QuantizedWeight {
   const op = "quantize";
   if (weight.ndim !== 2) throw new OpError(op, `weight must be 2-d, got [${weight.shape.join(", ")}]`);
   const [n, k] = weight.shape as [number, number];
-  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % ${inFeaturesMultiple(scheme)} == 0, got ${k}`);
+  if (!canQuantize(scheme, k)) throw new OpError(op, `${scheme} needs in_features % ${quantKMultiple(scheme)} == 0, got ${k}`);
   const dev = weight.device;
   if (dev.backend.name !== "cpu") throw new UnsupportedError(op, `${scheme} weights are not supported on ${dev.name}`);
   const w = contiguous(weight.dtype === "float32" ? weight : weight.to("float32"));
-  const data = empty(PACKED_SCHEMES.has(scheme) ? [n, k / 2] : [n, k], { dtype: scheme === "int8" ? "int8" : "uint8", device: dev });
-  const scaleDtype = scheme === "mxfp4" || scheme === "q4_k" ? "uint8" : GROUP_SCHEMES.has(scheme) ? "float16" : "float32";
-  const scales = empty(scheme === "q4_k" ? [n, (k / 256) * 20] : GROUP_SCHEMES.has(scheme) ? [n, k / 32] : [n], { dtype: scaleDtype, device: dev });
+  const data = empty([n, quantDataBytes(scheme, 1, k)], { dtype: scheme === "int8" ? "int8" : "uint8", device: dev });
+  const perRow = quantScaleCount(scheme, 1, k);
+  const scales = empty(perRow === 1 ? [n] : [n, perRow], { dtype: quantScaleDtype(scheme), device: dev });
   const rowSums = scheme === "int8" ? empty([n], { dtype: "int32", device: dev }) : null;
   runKernel(op, dev, { op: "quantize_weight", scheme, w: w.view_(op), data: data.view_(op), scales: scales.view_(op), rowSums: rowSums?.view_(op) ?? null, n, k });
   if (w !== weight) w.dispose();
