@@ -38,8 +38,11 @@ export function jitAddon(): JitAddon | null {
   return addon;
 }
 
+// Both go into every cache key (one per fused program a capture builds): read once per process.
+let version: string | undefined;
 export function kilnVersion(): string {
-  return (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "utf8")) as { version: string }).version;
+  version ??= (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "utf8")) as { version: string }).version;
+  return version;
 }
 
 let ccProbe: { cc: string; ok: boolean; version: string; why: string } | undefined;
@@ -64,17 +67,21 @@ export function jitUnavailableReason(): string | null {
 }
 
 /** Flags for generated code: x86-64-v3 (AVX2+FMA) when the CPU has it; never -march=native (see binding.gyp). */
+let flags: readonly string[] | undefined;
 export function compilerFlags(): string[] {
-  // -fno-trapping-math lets gcc if-convert (and so vectorise) the selects in k_exp/k_tanh/where
-  const flags = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-std=c11"];
-  let cpu = "";
-  try {
-    cpu = readFileSync("/proc/cpuinfo", "utf8");
-  } catch {
-    /* not linux: portable flags */
+  if (!flags) {
+    // -fno-trapping-math lets gcc if-convert (and so vectorise) the selects in k_exp/k_tanh/where
+    const f = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-std=c11"];
+    let cpu = "";
+    try {
+      cpu = readFileSync("/proc/cpuinfo", "utf8");
+    } catch {
+      /* not linux: portable flags */
+    }
+    if (process.arch === "x64" && / avx2 /.test(cpu) && / fma /.test(cpu)) f.push("-march=x86-64-v3");
+    flags = f;
   }
-  if (process.arch === "x64" && / avx2 /.test(cpu) && / fma /.test(cpu)) flags.push("-march=x86-64-v3");
-  return flags;
+  return [...flags];
 }
 
 /**

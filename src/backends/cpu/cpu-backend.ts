@@ -40,7 +40,9 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   const reads: BufferView[] = [];
   const writes: BufferView[] = [];
   const written = call.op === "quantize_weight" ? QUANTIZE_WRITES : WRITTEN_FIELDS;
-  for (const [key, v] of Object.entries(call)) {
+  // for-in, not Object.entries: this runs for every enqueued kernel (thousands per step-graph capture)
+  for (const key in call) {
+    const v = (call as unknown as Record<string, unknown>)[key];
     if (typeof v === "object" && v !== null && "buffer" in v) (written.has(key) ? writes : reads).push(v as BufferView);
   }
   // nested operands: paged attention's fused rotary (read), quantized activation rows (written by rms_norm, read by quant_matmul)
