@@ -26,13 +26,17 @@ export interface LoadedEngine {
   close(): Promise<void>;
 }
 
-export type EngineFactory = (args: ServeArgs, progress: ProgressFn) => Promise<LoadedEngine>;
+/**
+ * `whileLoading` is called once the engine loads off the caller's thread (the worker is spawned), so the
+ * caller can use its thread meanwhile without delaying the worker's start (e.g. import the HTTP server).
+ */
+export type EngineFactory = (args: ServeArgs, progress: ProgressFn, whileLoading?: () => void) => Promise<LoadedEngine>;
 
 /**
  * Loads the model, sizes the paged KV cache, warms the step up and returns the streaming engine: a
  * WorkerEngine (the engine core in a worker thread), or the in-process AsyncLLM with KILN_ENGINE_IN_PROCESS=1.
  */
-export const createEngineFromArgs: EngineFactory = async (args, progress) => {
+export const createEngineFromArgs: EngineFactory = async (args, progress, whileLoading) => {
   resolveQuantization(args.quantization); // unsupported methods fail before any weight is read
   progress("loading weights", 0);
   const servingArgs: ServingArgs = {
@@ -53,7 +57,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress) => {
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;
-  const loaded = env.engineInProcess ? await inProcessEngine(servingArgs, specs) : await workerEngine(servingArgs, specs);
+  const loaded = env.engineInProcess ? await inProcessEngine(servingArgs, specs) : await workerEngine(servingArgs, specs, whileLoading);
   progress(`KV cache: ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
   progress("warm-up", 0);
   const warmup = loaded.engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
@@ -79,8 +83,10 @@ interface StartedEngine {
   close(): Promise<void>;
 }
 
-async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[]): Promise<StartedEngine> {
-  const engine = await WorkerEngine.create({ ...servingArgs, logitsProcessors });
+async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[], whileLoading?: () => void): Promise<StartedEngine> {
+  const starting = WorkerEngine.create({ ...servingArgs, logitsProcessors }); // spawns the worker synchronously
+  whileLoading?.();
+  const engine = await starting;
   const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens } = engine;
   return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, close: () => engine.close() };
 }

@@ -12,7 +12,8 @@ export interface CliDeps {
 
 // Commands import their modules when they run: `kiln serve` starts its engine worker before the server and
 // model code would have loaded on the main thread.
-const lazyEngineFactory: EngineFactory = async (args, progress) => (await import("./engine-factory.js")).createEngineFromArgs(args, progress);
+const lazyEngineFactory: EngineFactory = async (args, progress, whileLoading) =>
+  (await import("./engine-factory.js")).createEngineFromArgs(args, progress, whileLoading);
 
 function num(value: unknown, flag: string, { min = 0, int = false } = {}): number {
   const n = Number(value);

@@ -5,9 +5,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { Worker } from "node:worker_threads";
-import { readGguf } from "../models/formats/gguf.js";
-import { ggufToTokenizerJson } from "../models/formats/gguf-tokenizer.js";
-import { parseGenerationConfig, Tokenizer, type GenerationConfig } from "../models/tokenizer.js";
+import type { GenerationConfig, Tokenizer } from "../models/tokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import {
   fromWireError,
@@ -78,9 +76,10 @@ export class WorkerEngine implements EngineClient {
     private readonly worker: Worker,
     ready: ReadyMessage,
     early: EarlyTokenizer | null,
+    modules: TokenizerModules,
   ) {
     const src = ready.tokenizer;
-    this.tokenizer = early !== null && src.kind === "dir" && path.resolve(src.dir) === early.dir ? early.tokenizer : loadTokenizer(src);
+    this.tokenizer = early !== null && src.kind === "dir" && path.resolve(src.dir) === early.dir ? early.tokenizer : loadTokenizer(src, modules);
     this.generationConfig = ready.generationConfig;
     this.maxModelLen = ready.maxModelLen;
     this.kvTokens = ready.kvTokens;
@@ -106,17 +105,21 @@ export class WorkerEngine implements EngineClient {
     const { onProgress: argsProgress, logitsProcessors, ...servingArgs } = args;
     const progress = onProgress ?? argsProgress;
     const workerArgs: WorkerServingArgs = { ...servingArgs, logitsProcessors: [...(logitsProcessors ?? [])] };
+    // The worker starts first: the tokenizer's modules (the @huggingface libraries, GGUF) load on this thread
+    // only after it, and then this thread reads the tokenizer the worker will most likely name.
     const worker = new Worker(new URL("./engine-worker-main.js", import.meta.url), { workerData: workerArgs });
-    // While the worker loads the model on its thread, this one reads the tokenizer it will most likely name.
-    let early: EarlyTokenizer | null = null;
     const dir = path.resolve(servingArgs.model);
-    if (fs.existsSync(path.join(dir, "tokenizer.json"))) {
-      try {
-        early = { dir, tokenizer: Tokenizer.fromDir(dir) };
-      } catch {
-        // the worker reports what is wrong with the model directory
+    const tokenizing = importTokenizerModules().then((modules) => {
+      let early: EarlyTokenizer | null = null;
+      if (fs.existsSync(path.join(dir, "tokenizer.json"))) {
+        try {
+          early = { dir, tokenizer: modules.Tokenizer.fromDir(dir) };
+        } catch {
+          // the worker reports what is wrong with the model directory
+        }
       }
-    }
+      return { modules, early };
+    });
     return new Promise((resolve, reject) => {
       const fail = (err: Error): void => {
         worker.off("message", onMessage);
@@ -130,11 +133,9 @@ export class WorkerEngine implements EngineClient {
           worker.off("message", onMessage);
           worker.off("error", fail);
           worker.off("exit", onExit);
-          try {
-            resolve(new WorkerEngine(worker, m, early));
-          } catch (err) {
-            fail(err as Error);
-          }
+          tokenizing
+            .then(({ modules, early }) => resolve(new WorkerEngine(worker, m, early, modules)))
+            .catch((err: unknown) => fail(err as Error));
         }
       };
       const onExit = (code: number): void => fail(new Error(`[engine] the engine worker exited during start-up (code ${code})`));
@@ -351,7 +352,23 @@ interface EarlyTokenizer {
   tokenizer: Tokenizer;
 }
 
-function loadTokenizer(src: TokenizerSource): Tokenizer {
+interface TokenizerModules {
+  Tokenizer: typeof Tokenizer;
+  parseGenerationConfig: typeof import("../models/tokenizer.js").parseGenerationConfig;
+  readGguf: typeof import("../models/formats/gguf.js").readGguf;
+  ggufToTokenizerJson: typeof import("../models/formats/gguf-tokenizer.js").ggufToTokenizerJson;
+}
+
+async function importTokenizerModules(): Promise<TokenizerModules> {
+  const [{ Tokenizer, parseGenerationConfig }, { readGguf }, { ggufToTokenizerJson }] = await Promise.all([
+    import("../models/tokenizer.js"),
+    import("../models/formats/gguf.js"),
+    import("../models/formats/gguf-tokenizer.js"),
+  ]);
+  return { Tokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson };
+}
+
+function loadTokenizer(src: TokenizerSource, { Tokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson }: TokenizerModules): Tokenizer {
   if (src.kind === "dir") return Tokenizer.fromDir(src.dir);
   const g = readGguf(src.file);
   try {
