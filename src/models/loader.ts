@@ -173,7 +173,8 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
   const handle = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
   try {
-    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture] });
+    // every parameter is assigned below (or the load fails), so none is allocated first
+    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
     const names = model.namedParameters().map(([n]) => n);
     const missing = names.filter((n) => !handle.has(n));
     if (missing.length) throw new ModelLoadError(`${dir}: checkpoint lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
@@ -198,7 +199,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     const dtype = resolveDtype(options.dtype ?? "auto", config);
     const arch = String(g.metadata["general.architecture"] ?? "");
     const family = config.architecture === "MixtralForCausalLM" ? "mixtral" : "default";
-    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture] });
+    // every parameter is assigned below (or the load fails on the missing ones), so none is allocated first
+    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
     const wanted = new Set(model.namedParameters().map(([n]) => n));
     const loaded = new Set<string>();
     const direct = directQuantLoader(model, options);
