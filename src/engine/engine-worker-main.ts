@@ -83,7 +83,9 @@ async function main(): Promise<void> {
   const { logitsProcessors: specifiers = [], ...args } = workerData as WorkerServingArgs;
   // Before the model: a bad specifier fails start-up at once (LogitsProcessorLoadError, sent as "fatal").
   const processorExports = await loadLogitsProcessors(specifiers);
-  const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) });
+  // The caller's thread parses tokenizer.json for itself meanwhile; this thread needs only the EOS ids before
+  // "ready" and builds the decoder after it, while the caller binds its server.
+  const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) }, { deferTokenizerBuild: true });
   const { loaded, runner, engineArgs, kvTokens } = setup;
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
   const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
@@ -175,6 +177,15 @@ async function main(): Promise<void> {
     tokenizer: tokenizerSource(loaded.path, args.model),
     generationConfig: loaded.generationConfig,
     stats: core.stats(),
+  });
+  // A build error (a tokenizer.json the caller's thread also rejects) is fatal, as it was at load.
+  setImmediate(() => {
+    try {
+      loaded.tokenizer.build();
+    } catch (err) {
+      post({ type: "fatal", error: toWireError(err) });
+      port.close();
+    }
   });
 }
 

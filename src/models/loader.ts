@@ -65,6 +65,8 @@ export interface LoadOptions {
   onProgress?: (stage: string, fraction: number) => void;
   /** Notes about how weights were loaded (e.g. a quantized tensor that had to be dequantized); default console.warn. */
   onNote?: (message: string) => void;
+  /** Build the tokenizer's encoder/decoder on first use (TokenizerOptions.deferBuild); default false. */
+  deferTokenizerBuild?: boolean;
 }
 
 export interface LoadedModel {
@@ -184,7 +186,7 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
       options.onProgress?.("loading weights", (i + 1) / names.length);
     });
     fp8?.finish(dir);
-    const tokenizer = Tokenizer.fromDir(dir);
+    const tokenizer = Tokenizer.fromDir(dir, { deferBuild: options.deferTokenizerBuild });
     return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? null };
   } finally {
     handle.close();
@@ -247,13 +249,16 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     let tokenizer: Tokenizer;
     let generationConfig: GenerationConfig | null = null;
     if (tokenizerDir && fs.existsSync(path.join(tokenizerDir, "tokenizer.json"))) {
-      tokenizer = Tokenizer.fromDir(tokenizerDir);
+      tokenizer = Tokenizer.fromDir(tokenizerDir, { deferBuild: options.deferTokenizerBuild });
       generationConfig = loadGenerationConfig(tokenizerDir);
     } else {
       const files = ggufToTokenizerJson(g.metadata);
       const eos = (files.tokenizerConfig as { eos_token_id?: number }).eos_token_id;
       generationConfig = eos !== undefined ? parseGenerationConfig({ eos_token_id: eos }) : null;
-      tokenizer = Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, { generationConfig: generationConfig?.raw ?? null });
+      tokenizer = Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, {
+        generationConfig: generationConfig?.raw ?? null,
+        deferBuild: options.deferTokenizerBuild,
+      });
     }
     return { model, config, tokenizer, generationConfig, path: file, dtype, quantization: direct.scheme() };
   } finally {

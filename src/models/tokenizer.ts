@@ -76,6 +76,21 @@ export interface TokenizerOptions {
   generationConfig?: Json | null;
   /** A chat template that overrides tokenizer_config's (e.g. chat_template.jinja). */
   chatTemplate?: string | null;
+  /**
+   * Build the encoder/decoder (vocabulary maps, BPE merges) on first use instead of now, for a thread that may
+   * only need the EOS ids before then (the engine worker). Default false: build now, so a bad tokenizer.json fails
+   * at load.
+   */
+  deferBuild?: boolean;
+}
+
+/** The id of an added token spelled `content` (the last entry wins, as in the built tokenizer); undefined if none. */
+function addedTokenId(tokenizerJson: Json, content: string): number | undefined {
+  const added = tokenizerJson.added_tokens;
+  if (!Array.isArray(added)) return undefined;
+  let id: number | undefined;
+  for (const t of added as Json[]) if (t !== null && typeof t === "object" && t.content === content && typeof t.id === "number") id = t.id;
+  return id;
 }
 
 /**
@@ -86,36 +101,27 @@ export interface TokenizerOptions {
  *   const ids = tok.encode(prompt, { addSpecialTokens: false });
  */
 export class Tokenizer implements TokenizerLike {
-  readonly vocabSize: number;
   readonly eosTokenIds: number[];
   readonly bosTokenId: number | null;
   readonly bosToken: string | null;
   readonly eosToken: string | null;
   readonly chatTemplate: string | null;
-  private readonly hf: HfTokenizer;
-  private readonly specialIds = new Set<number>();
+  private built: { hf: HfTokenizer; vocabSize: number; specialIds: Set<number> } | null = null;
+  private readonly tokenizerJson: Json;
   private readonly namedTemplates: Map<string, string>;
   private readonly config: Json;
   private compiled = new Map<string, Template>();
 
   private constructor(tokenizerJson: Json, config: Json, options: TokenizerOptions) {
+    this.tokenizerJson = tokenizerJson;
     this.config = config;
-    try {
-      this.hf = new HfTokenizer(tokenizerJson, config);
-    } catch (e) {
-      throw new TokenizerError(`[tokenizer] cannot build tokenizer: ${(e as Error).message}`);
-    }
-    const vocab = this.hf.get_vocab(true);
-    let maxId = -1;
-    for (const id of vocab.values()) if (id > maxId) maxId = id;
-    this.vocabSize = maxId + 1;
-    for (const [id, t] of this.hf.get_added_tokens_decoder()) if (t.special) this.specialIds.add(id);
+    if (options.deferBuild !== true) this.build();
 
     this.bosToken = tokenContent(config.bos_token);
     this.eosToken = tokenContent(config.eos_token);
-    this.bosTokenId = this.bosToken !== null ? (this.hf.token_to_id(this.bosToken) ?? null) : null;
+    this.bosTokenId = this.bosToken !== null ? (this.tokenIdForSetup(this.bosToken) ?? null) : null;
     const eos = new Set<number>();
-    const eosId = this.eosToken !== null ? this.hf.token_to_id(this.eosToken) : undefined;
+    const eosId = this.eosToken !== null ? this.tokenIdForSetup(this.eosToken) : undefined;
     if (eosId !== undefined) eos.add(eosId);
     const gen = options.generationConfig ? parseGenerationConfig(options.generationConfig) : null;
     for (const id of gen?.eosTokenIds ?? []) eos.add(id);
@@ -131,13 +137,47 @@ export class Tokenizer implements TokenizerLike {
     this.chatTemplate = this.namedTemplates.get("default") ?? null;
   }
 
+  /** Builds the encoder/decoder now (a deferred build runs on first use otherwise); throws TokenizerError if it cannot. */
+  build(): void {
+    if (this.built !== null) return;
+    let hf: HfTokenizer;
+    try {
+      hf = new HfTokenizer(this.tokenizerJson, this.config);
+    } catch (e) {
+      throw new TokenizerError(`[tokenizer] cannot build tokenizer: ${(e as Error).message}`);
+    }
+    const specialIds = new Set<number>();
+    for (const [id, t] of hf.get_added_tokens_decoder()) if (t.special) specialIds.add(id);
+    // ids run 0 .. vocab.length - 1 (added tokens included), so this is get_vocab()'s max id + 1 without the map
+    this.built = { hf, vocabSize: hf.model!.vocab.length, specialIds };
+  }
+
+  private get hf(): HfTokenizer {
+    this.build();
+    return this.built!.hf;
+  }
+
+  /** token_to_id for the special tokens read at construction: an added token's id needs no build. */
+  private tokenIdForSetup(token: string): number | undefined {
+    if (this.built === null) {
+      const added = addedTokenId(this.tokenizerJson, token);
+      if (added !== undefined) return added;
+    }
+    return this.hf.token_to_id(token);
+  }
+
+  get vocabSize(): number {
+    this.build();
+    return this.built!.vocabSize;
+  }
+
   /** Builds from parsed tokenizer.json and tokenizer_config.json objects. */
   static fromJson(tokenizerJson: Json, config: Json = {}, options: TokenizerOptions = {}): Tokenizer {
     return new Tokenizer(tokenizerJson, config, options);
   }
 
   /** Loads tokenizer.json, tokenizer_config.json, chat_template.jinja/.json and generation_config.json from `dir`. */
-  static fromDir(dir: string): Tokenizer {
+  static fromDir(dir: string, options: Pick<TokenizerOptions, "deferBuild"> = {}): Tokenizer {
     const tj = path.join(dir, "tokenizer.json");
     if (!fs.existsSync(tj)) throw new TokenizerError(`[tokenizer] ${dir}: no tokenizer.json`);
     const cfgPath = path.join(dir, "tokenizer_config.json");
@@ -152,7 +192,7 @@ export class Tokenizer implements TokenizerLike {
     }
     const genPath = path.join(dir, "generation_config.json");
     const generationConfig = fs.existsSync(genPath) ? readJson(genPath) : null;
-    return new Tokenizer(readJson(tj), config, { chatTemplate, generationConfig });
+    return new Tokenizer(readJson(tj), config, { chatTemplate, generationConfig, deferBuild: options.deferBuild });
   }
 
   encode(text: string, options: { addSpecialTokens?: boolean } = {}): number[] {
@@ -179,7 +219,8 @@ export class Tokenizer implements TokenizerLike {
   }
 
   isSpecial(id: number): boolean {
-    return this.specialIds.has(id);
+    this.build();
+    return this.built!.specialIds.has(id);
   }
 
   /**
