@@ -83,8 +83,8 @@ async function main(): Promise<void> {
   const { logitsProcessors: specifiers = [], ...args } = workerData as WorkerServingArgs;
   // Before the model: a bad specifier fails start-up at once (LogitsProcessorLoadError, sent as "fatal").
   const processorExports = await loadLogitsProcessors(specifiers);
-  // The caller's thread parses tokenizer.json for itself meanwhile; this thread needs only the EOS ids before
-  // "ready" and builds the decoder after it, while the caller binds its server.
+  // The caller's thread builds its own tokenizer meanwhile; this one needs only the EOS ids before "ready", then
+  // a decoder (no BPE merges: this thread encodes only bad_words).
   const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) }, { deferTokenizerBuild: true });
   const { loaded, runner, engineArgs, kvTokens } = setup;
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
@@ -178,10 +178,10 @@ async function main(): Promise<void> {
     generationConfig: loaded.generationConfig,
     stats: core.stats(),
   });
-  // A build error (a tokenizer.json the caller's thread also rejects) is fatal, as it was at load.
+  // Detokenization needs the decoder; a build error (a tokenizer.json the caller's thread rejects too) is fatal.
   setImmediate(() => {
     try {
-      loaded.tokenizer.build();
+      loaded.tokenizer.buildDecoder();
     } catch (err) {
       post({ type: "fatal", error: toWireError(err) });
       port.close();
