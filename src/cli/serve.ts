@@ -6,22 +6,36 @@ import { KILN_VERSION } from "./version.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
   const progress = createProgress();
-  // The server's modules load on this thread while the engine worker loads the model.
-  const serverModules = Promise.all([import("../server/index.js"), import("../server/shutdown.js")]);
-  serverModules.catch(() => undefined); // awaited below; a failing factory must not leave it unhandled
-  const loaded = await factory(args, progress);
-  const [{ createServer }, { serveUntilSignal }] = await serverModules;
+  // The server is built and made ready on this thread (fastify's set-up, route schemas) while the engine loads,
+  // and the engine is bound to it once loaded (no request can arrive before listen). The set-up starts at the
+  // factory's first progress report: the factory has then loaded its modules and spawns the engine worker in
+  // the same tick, so the set-up never delays the spawn.
+  let startServer!: () => void;
+  const prepared = new Promise<void>((resolve) => (startServer = resolve)).then(async () => {
+    const [{ prepareServer }, { serveUntilSignal }] = await Promise.all([import("../server/index.js"), import("../server/shutdown.js")]);
+    const server = prepareServer({
+      version: KILN_VERSION,
+      allowedOrigins: args.allowedOrigins,
+      logRequests: args.logRequests,
+      ...(args.apiKey ? { apiKey: args.apiKey } : {}),
+    });
+    await server.app.ready();
+    return { server, serveUntilSignal };
+  });
+  prepared.catch(() => undefined); // awaited below; a failing factory must not leave it unhandled
+  const loaded = await factory(args, (stage, fraction) => {
+    startServer();
+    progress(stage, fraction);
+  });
+  startServer(); // a factory that reported nothing
+  const { server, serveUntilSignal } = await prepared;
   progress.done();
   const names = args.servedModelName ?? [loaded.modelName];
-  const app = createServer({
+  const app = server.bind({
     engine: loaded.engine,
     tokenizer: loaded.tokenizer,
     servedModelNames: names,
     maxModelLen: loaded.maxModelLen,
-    version: KILN_VERSION,
-    allowedOrigins: args.allowedOrigins,
-    logRequests: args.logRequests,
-    ...(args.apiKey ? { apiKey: args.apiKey } : {}),
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
     ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
