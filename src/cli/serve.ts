@@ -6,27 +6,33 @@ import { KILN_VERSION } from "./version.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
   const progress = createProgress();
-  // The server's modules load on this thread while the engine worker loads the model; only once the worker
-  // runs, as importing them first would delay its start by their ~0.1 s of compiling.
-  let serverModules: Promise<[typeof import("../server/index.js"), typeof import("../server/shutdown.js")]> | null = null;
-  const importServer = () => {
-    serverModules ??= Promise.all([import("../server/index.js"), import("../server/shutdown.js")]);
-    serverModules.catch(() => undefined); // awaited below; a failing factory must not leave it unhandled
-  };
-  const loaded = await factory(args, progress, importServer);
-  importServer(); // a factory that never called whileLoading
-  const [{ createServer }, { serveUntilSignal }] = await serverModules!;
+  // The server is built and made ready on this thread (fastify's set-up, route schemas) while the engine loads,
+  // and the engine is bound to it once loaded (no request can arrive before listen). The set-up starts from the
+  // factory's whileLoading hook, once the engine worker runs: importing and building it first would delay the
+  // worker's start by ~0.1 s.
+  let startServer!: () => void;
+  const prepared = new Promise<void>((resolve) => (startServer = resolve)).then(async () => {
+    const [{ prepareServer }, { serveUntilSignal }] = await Promise.all([import("../server/index.js"), import("../server/shutdown.js")]);
+    const server = prepareServer({
+      version: KILN_VERSION,
+      allowedOrigins: args.allowedOrigins,
+      logRequests: args.logRequests,
+      ...(args.apiKey ? { apiKey: args.apiKey } : {}),
+    });
+    await server.app.ready();
+    return { server, serveUntilSignal };
+  });
+  prepared.catch(() => undefined); // awaited below; a failing factory must not leave it unhandled
+  const loaded = await factory(args, progress, () => startServer());
+  startServer(); // a factory that never called whileLoading
+  const { server, serveUntilSignal } = await prepared;
   progress.done();
   const names = args.servedModelName ?? [loaded.modelName];
-  const app = createServer({
+  const app = server.bind({
     engine: loaded.engine,
     tokenizer: loaded.tokenizer,
     servedModelNames: names,
     maxModelLen: loaded.maxModelLen,
-    version: KILN_VERSION,
-    allowedOrigins: args.allowedOrigins,
-    logRequests: args.logRequests,
-    ...(args.apiKey ? { apiKey: args.apiKey } : {}),
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
     ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),

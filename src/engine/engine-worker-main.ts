@@ -83,7 +83,9 @@ async function main(): Promise<void> {
   const { logitsProcessors: specifiers = [], ...args } = workerData as WorkerServingArgs;
   // Before the model: a bad specifier fails start-up at once (LogitsProcessorLoadError, sent as "fatal").
   const processorExports = await loadLogitsProcessors(specifiers);
-  const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) });
+  // The caller's thread builds its own tokenizer meanwhile; this one needs only the EOS ids before "ready", then
+  // a decoder (no BPE merges: this thread encodes only bad_words).
+  const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) }, { deferTokenizerBuild: true });
   const { loaded, runner, engineArgs, kvTokens } = setup;
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
   const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
@@ -175,6 +177,15 @@ async function main(): Promise<void> {
     tokenizer: tokenizerSource(loaded.path, args.model),
     generationConfig: loaded.generationConfig,
     stats: core.stats(),
+  });
+  // Detokenization needs the decoder; a build error (a tokenizer.json the caller's thread rejects too) is fatal.
+  setImmediate(() => {
+    try {
+      loaded.tokenizer.buildDecoder();
+    } catch (err) {
+      post({ type: "fatal", error: toWireError(err) });
+      port.close();
+    }
   });
 }
 

@@ -1,7 +1,7 @@
 // Builds a serving engine from a model path and vLLM-named engine arguments: loads the model, sizes the
 // paged KV cache from --kv-cache-memory (or a share of free memory), and wires runner + tokenizer + engine.
 import * as os from "node:os";
-import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel } from "../models/loader.js";
+import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs } from "./engine-core.js";
 import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
@@ -111,8 +111,17 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
   return setup(loaded, args);
 }
 
-/** Like createServingSetupSync, but also resolves hub ids through the local HF cache (or a download). */
-export async function createServingSetup(args: ServingArgs): Promise<ServingSetup> {
-  const loaded = await loadModel(args.model, { dtype: args.dtype, quantization: args.quantization, revision: args.revision, onProgress: args.onProgress });
+/**
+ * Like createServingSetupSync, but also resolves hub ids through the local HF cache (or a download).
+ * `deferTokenizerBuild`: for a caller that needs only the tokenizer's EOS ids before its first request.
+ */
+export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptions, "deferTokenizerBuild"> = {}): Promise<ServingSetup> {
+  const loaded = await loadModel(args.model, {
+    dtype: args.dtype,
+    quantization: args.quantization,
+    revision: args.revision,
+    onProgress: args.onProgress,
+    deferTokenizerBuild: load.deferTokenizerBuild,
+  });
   return setup(loaded, args);
 }

@@ -109,6 +109,8 @@ export interface CausalLMOptions {
   dtype?: DType;
   device?: DeviceLike;
   family?: FamilySpec;
+  /** Leave every parameter unallocated for a loader that assigns them all (a checkpoint load); default false. */
+  unallocatedParameters?: boolean;
 }
 
 export class CausalLM extends Module {
@@ -121,7 +123,7 @@ export class CausalLM extends Module {
     options: CausalLMOptions = {},
   ) {
     super();
-    const layerOptions: LayerOptions = { dtype: options.dtype ?? "float32", device: options.device };
+    const layerOptions: LayerOptions = { dtype: options.dtype ?? "float32", device: options.device, unallocatedParameters: options.unallocatedParameters };
     this.rotary = new RotaryEmbedding(
       { rotaryDim: config.headDim, theta: config.ropeTheta, maxPositions: config.maxPositionEmbeddings, scaling: config.ropeScaling },
       options.device,

@@ -65,6 +65,8 @@ export interface LoadOptions {
   onProgress?: (stage: string, fraction: number) => void;
   /** Notes about how weights were loaded (e.g. a quantized tensor that had to be dequantized); default console.warn. */
   onNote?: (message: string) => void;
+  /** Build the tokenizer's encoder/decoder on first use (TokenizerOptions.deferBuild); default false. */
+  deferTokenizerBuild?: boolean;
 }
 
 export interface LoadedModel {
@@ -173,7 +175,8 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
   const handle = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
   try {
-    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture] });
+    // every parameter is assigned below (or the load fails), so none is allocated first
+    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
     const names = model.namedParameters().map(([n]) => n);
     const missing = names.filter((n) => !handle.has(n));
     if (missing.length) throw new ModelLoadError(`${dir}: checkpoint lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
@@ -183,7 +186,7 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
       options.onProgress?.("loading weights", (i + 1) / names.length);
     });
     fp8?.finish(dir);
-    const tokenizer = Tokenizer.fromDir(dir);
+    const tokenizer = Tokenizer.fromDir(dir, { deferBuild: options.deferTokenizerBuild });
     return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? null };
   } finally {
     handle.close();
@@ -198,7 +201,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     const dtype = resolveDtype(options.dtype ?? "auto", config);
     const arch = String(g.metadata["general.architecture"] ?? "");
     const family = config.architecture === "MixtralForCausalLM" ? "mixtral" : "default";
-    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture] });
+    // every parameter is assigned below (or the load fails on the missing ones), so none is allocated first
+    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
     const wanted = new Set(model.namedParameters().map(([n]) => n));
     const loaded = new Set<string>();
     const direct = directQuantLoader(model, options);
@@ -245,13 +249,16 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     let tokenizer: Tokenizer;
     let generationConfig: GenerationConfig | null = null;
     if (tokenizerDir && fs.existsSync(path.join(tokenizerDir, "tokenizer.json"))) {
-      tokenizer = Tokenizer.fromDir(tokenizerDir);
+      tokenizer = Tokenizer.fromDir(tokenizerDir, { deferBuild: options.deferTokenizerBuild });
       generationConfig = loadGenerationConfig(tokenizerDir);
     } else {
       const files = ggufToTokenizerJson(g.metadata);
       const eos = (files.tokenizerConfig as { eos_token_id?: number }).eos_token_id;
       generationConfig = eos !== undefined ? parseGenerationConfig({ eos_token_id: eos }) : null;
-      tokenizer = Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, { generationConfig: generationConfig?.raw ?? null });
+      tokenizer = Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, {
+        generationConfig: generationConfig?.raw ?? null,
+        deferBuild: options.deferTokenizerBuild,
+      });
     }
     return { model, config, tokenizer, generationConfig, path: file, dtype, quantization: direct.scheme() };
   } finally {

@@ -1,14 +1,22 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
 import type { DType } from "../backends/dtype.js";
 import {
-  embedding, empty, linear, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, type DeviceLike, type QuantizedActivations,
-  type Tensor,
+  embedding, empty, linear, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated, type DeviceLike,
+  type QuantizedActivations, type Tensor,
 } from "../tensor/index.js";
 import { Module } from "./module.js";
 
 export interface LayerOptions {
   dtype?: DType;
   device?: DeviceLike;
+  /** Parameters start unallocated (shape and dtype only) for a loader that assigns every one; default: allocated. */
+  unallocatedParameters?: boolean;
+}
+
+/** A new parameter of `shape` in `dtype` (default the layer dtype). */
+function newParameter(shape: number[], options: LayerOptions, dtype = options.dtype): Tensor {
+  const o = { dtype, device: options.device };
+  return options.unallocatedParameters ? unallocated(shape, o) : empty(shape, o);
 }
 
 export class Linear extends Module {
@@ -22,8 +30,8 @@ export class Linear extends Module {
     options: LayerOptions = {},
   ) {
     super();
-    this.weight = this.param("weight", empty([outFeatures, inFeatures], options))!;
-    this.bias = bias ? this.param("bias", empty([outFeatures], { ...options, dtype: "float32" })) : null;
+    this.weight = this.param("weight", newParameter([outFeatures, inFeatures], options))!;
+    this.bias = bias ? this.param("bias", newParameter([outFeatures], options, "float32")) : null;
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {
@@ -52,7 +60,7 @@ export class Embedding extends Module {
     options: LayerOptions = {},
   ) {
     super();
-    this.weight = this.param("weight", empty([numEmbeddings, dim], options))!;
+    this.weight = this.param("weight", newParameter([numEmbeddings, dim], options))!;
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {
@@ -73,7 +81,7 @@ export class RMSNorm extends Module {
     options: LayerOptions = {},
   ) {
     super();
-    this.weight = this.param("weight", empty([dim], { ...options, dtype: "float32" }))!;
+    this.weight = this.param("weight", newParameter([dim], options, "float32"))!;
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {

@@ -11,22 +11,36 @@ import { handleCompletion } from "./serving-completions.js";
 import type { ServingContext } from "./serving-context.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
 
-export interface ServerOptions {
-  engine: EngineClient;
-  tokenizer: TokenizerLike;
-  servedModelNames: string[];
+/** What the HTTP front end needs before the engine exists. */
+export interface ServerAppOptions {
   apiKey?: string;
-  maxModelLen: number;
-  /** 503 once the engine's waiting queue holds this many requests. */
-  maxWaitingRequests?: number;
   /** CORS origins ("*" for any); no CORS headers when absent or empty. */
   allowedOrigins?: string[];
   logRequests?: boolean;
   version: string;
-  generationDefaults?: Partial<SamplingParams>;
-  chatTemplate?: string;
   /** Largest accepted request body in bytes (default 32 MiB); larger gets 413. */
   bodyLimit?: number;
+}
+
+/** What it serves, bound once the engine is ready. */
+export interface ServerEngineOptions {
+  engine: EngineClient;
+  tokenizer: TokenizerLike;
+  servedModelNames: string[];
+  maxModelLen: number;
+  /** 503 once the engine's waiting queue holds this many requests. */
+  maxWaitingRequests?: number;
+  generationDefaults?: Partial<SamplingParams>;
+  chatTemplate?: string;
+}
+
+export type ServerOptions = ServerAppOptions & ServerEngineOptions;
+
+/** A server whose routes are registered (and may be made ready) before its engine is bound. */
+export interface PreparedServer {
+  readonly app: FastifyInstance;
+  /** Binds the engine the routes serve (once, before listen); returns the app. */
+  bind(options: ServerEngineOptions): FastifyInstance;
 }
 
 /** Routes that stay open when an API key is set (as in vLLM). */
@@ -49,30 +63,34 @@ declare module "fastify" {
  * await app.listen({ port: 8000, host: "127.0.0.1" });
  */
 export function createServer(options: ServerOptions): FastifyInstance {
-  if (options.servedModelNames.length === 0) throw new Error("createServer: servedModelNames must not be empty");
+  return prepareServer(options).bind(options);
+}
+
+/**
+ * Builds the server without its engine, so that fastify's set-up (and `app.ready()`) can run while the engine
+ * loads; bind() the engine before listen.
+ * @example
+ * const server = prepareServer({ version: "0.1.0" });
+ * await server.app.ready(); // meanwhile the engine loads
+ * await server.bind({ engine, tokenizer, servedModelNames: ["kiln"], maxModelLen: 4096 }).listen({ port: 8000 });
+ */
+export function prepareServer(options: ServerAppOptions): PreparedServer {
   const bodyLimit = options.bodyLimit ?? DEFAULT_BODY_LIMIT;
   const app = Fastify({
     logger: options.logRequests ? { level: "info" } : false,
     bodyLimit,
     return503OnClosing: true,
   });
-  const metrics = new ServerMetrics(options.engine, options.servedModelNames[0]!);
-  const ctx: ServingContext = {
-    engine: options.engine,
-    tokenizer: options.tokenizer,
-    metrics,
-    servedModelNames: options.servedModelNames,
-    maxModelLen: options.maxModelLen,
-    maxWaitingRequests: options.maxWaitingRequests,
-    generationDefaults: options.generationDefaults ?? {},
-    chatTemplate: options.chatTemplate,
-    inflight: new Set(),
-    unstarted: new Set(),
+  let ctx: ServingContext | null = null;
+  const bound = (): ServingContext => {
+    if (ctx === null) throw new Error("[server] a request arrived before the engine was bound: bind() before listen()");
+    return ctx;
   };
   app.decorate("kilnAbortAll", () => {
-    for (const id of [...ctx.inflight]) options.engine.abort(id);
+    if (ctx === null) return;
+    for (const id of [...ctx.inflight]) ctx.engine.abort(id);
   });
-  app.decorate("kilnInflight", () => ctx.inflight.size);
+  app.decorate("kilnInflight", () => ctx?.inflight.size ?? 0);
 
   installCors(app, options.allowedOrigins ?? []);
   if (options.apiKey) installAuth(app, options.apiKey);
@@ -92,24 +110,50 @@ export function createServer(options: ServerOptions): FastifyInstance {
   app.get("/health", async (_req, reply) => reply.code(200).send());
   app.get("/ping", async (_req, reply) => reply.code(200).send());
   app.get("/version", async () => ({ version: options.version }));
-  app.get("/metrics", async (_req, reply) => reply.type(metrics.registry.contentType).send(await metrics.render()));
-  app.get("/v1/models", async () => ({
-    object: "list",
-    data: options.servedModelNames.map((id) => ({
-      id,
-      object: "model",
-      created: Math.floor(Date.now() / 1000),
-      owned_by: "kiln",
-      root: options.servedModelNames[0],
-      parent: null,
-      max_model_len: options.maxModelLen,
-      permission: [],
-    })),
-  }));
-  app.post("/v1/chat/completions", (request: FastifyRequest, reply: FastifyReply) => handleChat(ctx, request, reply));
-  app.post("/v1/completions", (request: FastifyRequest, reply: FastifyReply) => handleCompletion(ctx, request, reply));
-  registerTokenizeRoutes(app, ctx);
-  return app;
+  app.get("/metrics", async (_req, reply) => {
+    const { metrics } = bound();
+    return reply.type(metrics.registry.contentType).send(await metrics.render());
+  });
+  app.get("/v1/models", async () => {
+    const { servedModelNames, maxModelLen } = bound();
+    return {
+      object: "list",
+      data: servedModelNames.map((id) => ({
+        id,
+        object: "model",
+        created: Math.floor(Date.now() / 1000),
+        owned_by: "kiln",
+        root: servedModelNames[0],
+        parent: null,
+        max_model_len: maxModelLen,
+        permission: [],
+      })),
+    };
+  });
+  app.post("/v1/chat/completions", (request: FastifyRequest, reply: FastifyReply) => handleChat(bound(), request, reply));
+  app.post("/v1/completions", (request: FastifyRequest, reply: FastifyReply) => handleCompletion(bound(), request, reply));
+  registerTokenizeRoutes(app, bound);
+
+  return {
+    app,
+    bind(engineOptions: ServerEngineOptions): FastifyInstance {
+      if (ctx !== null) throw new Error("[server] bind() was called twice");
+      if (engineOptions.servedModelNames.length === 0) throw new Error("createServer: servedModelNames must not be empty");
+      ctx = {
+        engine: engineOptions.engine,
+        tokenizer: engineOptions.tokenizer,
+        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!),
+        servedModelNames: engineOptions.servedModelNames,
+        maxModelLen: engineOptions.maxModelLen,
+        maxWaitingRequests: engineOptions.maxWaitingRequests,
+        generationDefaults: engineOptions.generationDefaults ?? {},
+        chatTemplate: engineOptions.chatTemplate,
+        inflight: new Set(),
+        unstarted: new Set(),
+      };
+      return app;
+    },
+  };
 }
 
 /** Reads and drops the rest of a request body, up to `maxBytes` or `timeoutMs`, then resolves. */

@@ -5,8 +5,10 @@ import { optBool, optObject } from "./fields.js";
 import { asJsonBody, parseChatRequest } from "./protocol.js";
 import { resolveModel, type ServingContext } from "./serving-context.js";
 
-export function registerTokenizeRoutes(app: FastifyInstance, ctx: ServingContext): void {
+/** `bound`: the serving context, once the engine is bound (prepareServer). */
+export function registerTokenizeRoutes(app: FastifyInstance, bound: () => ServingContext): void {
   app.post("/tokenize", async (request) => {
+    const ctx = bound();
     const body = asJsonBody(request.body);
     resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
     let tokens: number[];
@@ -28,6 +30,7 @@ export function registerTokenizeRoutes(app: FastifyInstance, ctx: ServingContext
   });
 
   app.post("/detokenize", async (request) => {
+    const ctx = bound();
     const body = asJsonBody(request.body);
     resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
     const tokens = body.tokens;

@@ -423,6 +423,17 @@ export function empty(shape: Shape, options: TensorOptions = {}): Tensor {
   return t;
 }
 
+/**
+ * A tensor with a shape and dtype but no elements (its one-byte storage is released at once): any kernel that
+ * reads it throws DisposedTensorError. Stands for a parameter that a loader replaces, so building the module
+ * allocates nothing that is thrown away.
+ */
+export function unallocated(shape: Shape, options: TensorOptions = {}): Tensor {
+  const t = new Tensor(Storage.allocate(resolveDevice(options.device), 1), options.dtype ?? "float32", [...shape], shape.map(() => 0), 0);
+  t.dispose();
+  return t;
+}
+
 type NestedArray = number | boolean | NestedArray[];
 
 function inferShape(data: NestedArray): number[] {

@@ -6,7 +6,8 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
-import { ModelConfigError } from "../../src/models/hf-config.js";
+import { CausalLM } from "../../src/models/causal-lm.js";
+import { ModelConfigError, parseHfConfig } from "../../src/models/hf-config.js";
 import { ModelNotFoundError } from "../../src/models/hub.js";
 import { exportGguf, initModel } from "../../src/models/init-model.js";
 import { loadLocalModel, loadModel, ModelLoadError, type LoadedModel } from "../../src/models/loader.js";
@@ -231,6 +232,14 @@ test("hostile: a tensor missing from model.safetensors is named", bounded, () =>
   const file = path.join(dir, "model.safetensors");
   writeSafetensors(file, readAllTensors(file).filter((t) => t.name !== "model.layers.1.mlp.down_proj.weight"));
   assert.throws(() => loadLocalModel(dir), isError(ModelLoadError, /lacks 1 parameters, e\.g\. model\.layers\.1\.mlp\.down_proj\.weight/));
+});
+
+test("a checkpoint load allocates no parameter twice: the model is built unallocated, then every parameter is mapped", bounded, () => {
+  const dir = tinyModelDir("LlamaForCausalLM");
+  const built = new CausalLM(parseHfConfig(JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Record<string, unknown>), { unallocatedParameters: true });
+  assert.ok(built.parameters().every((p) => p.isDisposed), "unallocated: shape and dtype only");
+  const m = loadLocalModel(dir);
+  assert.ok(m.model.parameters().every((p) => !p.isDisposed), "every parameter assigned from the checkpoint");
 });
 
 test("hostile: tensor shape vs config mismatch names the tensor and both shapes", bounded, () => {

@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tokenizer, TokenizerError, loadGenerationConfig } from "../../src/models/tokenizer.js";
 import { IncrementalDetokenizer } from "../../src/models/detokenizer.js";
 import { ggufToTokenizerJson, tokenizerJsonToGgufMetadata } from "../../src/models/formats/gguf-tokenizer.js";
@@ -194,6 +195,38 @@ test("generation_config.json and fromDir extras", () => {
     assert.deepEqual(tok.eosTokenIds, [151645, 151643]);
     assert.equal(tok.applyChatTemplate([{ role: "user", content: "x" }]), "[user]x");
     assert.equal(loadGenerationConfig(os.tmpdir() + "/definitely-missing-dir"), null);
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("deferBuild: same ids, specials and text as an eager build (decoding without the merges); builds on first use, failing as a TokenizerError", () => {
+  for (const name of ["qwen3", "llama3", "gemma3"]) {
+    const eager = load(name);
+    const lazy = Tokenizer.fromDir(modelsDir(name), { deferBuild: true });
+    assert.deepEqual([lazy.eosTokenIds, lazy.bosTokenId], [eager.eosTokenIds, eager.bosTokenId], name);
+    const ids = TEXTS.map((t) => eager.encode(t));
+    // decode and the id lookups run on the build without merges, then encode rebuilds in full
+    for (const x of ids) assert.equal(lazy.decode(x, { skipSpecialTokens: true }), eager.decode(x, { skipSpecialTokens: true }), name);
+    for (const id of ids[1]!) assert.deepEqual([lazy.idToToken(id), lazy.idToRawToken(id)], [eager.idToToken(id), eager.idToRawToken(id)], name);
+    assert.equal(lazy.tokenToId(eager.idToRawToken(ids[0]![0]!)!), ids[0]![0], name);
+    assert.deepEqual(TEXTS.map((t) => lazy.encode(t)), ids, name);
+    assert.equal(lazy.decode(ids[2]!), eager.decode(ids[2]!), `${name}: after the full build`);
+    const hf = new HfTokenizer(readJson(path.join(modelsDir(name), "tokenizer.json")), readJson(path.join(modelsDir(name), "tokenizer_config.json")));
+    const decodeOnly = Tokenizer.fromDir(modelsDir(name), { deferBuild: true });
+    const expected = [...hf.get_vocab(true).values()].reduce((a, b) => Math.max(a, b), -1) + 1;
+    assert.deepEqual([decodeOnly.vocabSize, lazy.vocabSize, eager.vocabSize], [expected, expected, expected], `${name}: get_vocab()'s max id + 1`);
+    for (const id of [0, 1, ...eager.eosTokenIds]) assert.equal(decodeOnly.isSpecial(id), eager.isSpecial(id), `${name} ${id}`);
+  }
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-defer-"));
+  try {
+    const json = readJson(path.join(modelsDir("qwen3"), "tokenizer.json"));
+    fs.writeFileSync(path.join(tmp, "tokenizer.json"), JSON.stringify({ ...json, model: null }));
+    fs.copyFileSync(path.join(modelsDir("qwen3"), "tokenizer_config.json"), path.join(tmp, "tokenizer_config.json"));
+    assert.throws(() => Tokenizer.fromDir(tmp), TokenizerError, "an eager build fails at load");
+    const lazy = Tokenizer.fromDir(tmp, { deferBuild: true }); // EOS is an added token: no build needed yet
+    assert.deepEqual(lazy.eosTokenIds, load("qwen3").eosTokenIds);
+    assert.throws(() => lazy.decode([1, 2]), TokenizerError, "the deferred build fails on first use, typed");
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }

@@ -1,6 +1,8 @@
 // The OpenAI-compatible endpoints, driven by the official `openai` client against the fake engine.
 import assert from "node:assert/strict";
-import { after, before, describe, it } from "node:test";
+import { after, before, describe, it, test } from "node:test";
+import { prepareServer } from "../../src/server/index.js";
+import { FakeEngine } from "./fake-engine.js";
 import { MODEL, startTestServer, type TestServer } from "./helpers.js";
 
 describe("OpenAI API", () => {
@@ -182,4 +184,20 @@ describe("OpenAI API", () => {
     assert.match(text, /vllm:generation_tokens_total\{model_name="kiln-test"\} [1-9]/);
     assert.match(text, /vllm:request_success_total\{model_name="kiln-test",finished_reason="length"\} [1-9]/);
   });
+});
+
+test("prepareServer: made ready before the engine exists, then bound and served like createServer", async () => {
+  const server = prepareServer({ version: "0.1.0-test" });
+  await server.app.ready();
+  const early = await server.app.inject({ method: "POST", url: "/v1/completions", payload: { model: MODEL, prompt: "hi" } });
+  assert.equal(early.statusCode, 500, "a request before bind() is an error, not a crash");
+  const engine = new FakeEngine();
+  const app = server.bind({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: engine.maxModelLen });
+  assert.throws(() => server.bind({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: 8 }), /twice/);
+  const r = await app.inject({ method: "POST", url: "/v1/completions", payload: { model: MODEL, prompt: "hi", max_tokens: 2 } });
+  assert.equal(r.statusCode, 200, r.body);
+  assert.equal((r.json() as { model: string }).model, MODEL);
+  const models = await app.inject({ method: "GET", url: "/v1/models" });
+  assert.equal((models.json() as { data: { max_model_len: number }[] }).data[0]!.max_model_len, engine.maxModelLen);
+  await app.close();
 });

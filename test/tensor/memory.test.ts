@@ -156,6 +156,16 @@ forEachBackend((dev) => {
       assert.equal(backend.liveBuffers(), start, "freed with the last view");
     });
 
+    it("unallocated() has a shape and dtype, holds no buffer, and throws on any read", () => {
+      const start = backend.liveBuffers();
+      const p = k.unallocated([4096, 4096], { device: dev, dtype: "bfloat16" });
+      assert.deepEqual([p.shape, p.dtype], [[4096, 4096], "bfloat16"]);
+      assert.equal(backend.liveBuffers(), start);
+      assert.throws(() => p.add(1), DisposedTensorError);
+      assert.throws(() => p.toList(), DisposedTensorError);
+      p.dispose(); // idempotent, as for any disposed tensor
+    });
+
     it("`using` disposes at the end of the block", () => {
       const start = backend.liveBuffers();
       let escaped: Tensor;
