@@ -2,8 +2,9 @@
 // SmolLM-135M-shaped bench model with a given compile-cache directory (KILN_CACHE_DIR), waits for the URL line,
 // sends one streamed completion (1 output token) and stops the server. "cold" uses an empty cache directory,
 // so every fused kernel of every captured decode step is compiled by the system C compiler; "warm" starts the
-// same model and config again with that directory filled, so every program loads from the cache. Also runs
-// once with --enforce-eager (no step graphs, nothing compiled) as the floor.
+// same model and config again with that directory filled, so every program loads from the cache and the step
+// graphs are replayed from their recordings instead of traced. Also runs once with --enforce-eager (no step
+// graphs, nothing compiled) as the floor.
 // Usage: npm run bench:startup [-- --dtype float32|bfloat16] [--max-num-seqs 32] [--runs 2]
 import { spawn } from "node:child_process";
 import * as fs from "node:fs";
@@ -70,7 +71,7 @@ async function startToFirstToken(label: string, model: string, cacheDir: string,
       text += new TextDecoder().decode(value);
       if (Number.isNaN(firstTokenSeconds) && text.includes('"text"')) firstTokenSeconds = (performance.now() - t0) / 1000;
     }
-    const g = /(\d+) fused programs compiled \+ (\d+) from the compile cache in ([\d.]+) s/.exec(log);
+    const g = /(\d+) fused programs compiled \+ (\d+) from the compile cache(?:, graphs replayed from the compile cache)? in ([\d.]+) s/.exec(log);
     return { label, readySeconds, firstTokenSeconds, graphSeconds: g ? Number(g[3]) : 0, compiled: g ? Number(g[1]) : 0, fromCache: g ? Number(g[2]) : 0 };
   } finally {
     if (child.exitCode === null && child.signalCode === null) {

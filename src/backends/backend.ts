@@ -184,6 +184,22 @@ export interface StepGraph {
   profile?(reps: number): { op: string; ns: number }[];
 }
 
+/** A step-graph capture as data (Backend.takeRecording): JSON-able metadata plus binary blobs. */
+export interface CaptureRecording {
+  meta: unknown;
+  blobs: Uint8Array[];
+}
+
+/** State shared by the replays of one set of recordings (memory an earlier replay re-created). */
+export interface ReplaySession {
+  /** allocationMark() taken before the model was loaded, as when the recordings were made. */
+  readonly mark: number;
+  /** The back end's re-created memory by allocation number. */
+  readonly recreated: Map<number, unknown>;
+  /** Allocation number (relative to the mark) at which the session's first recorded capture began. */
+  start?: number;
+}
+
 /** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
 export interface Backend {
   readonly name: string;
@@ -221,11 +237,35 @@ export interface Backend {
    * const graph = backend.endCapture();
    * backend.writeAsync?.(ids.buffer, 0, nextIds); graph.launch(); backend.read(logits.buffer, 0, n);
    */
-  beginCapture?(): void;
+  beginCapture?(options?: { record?: boolean }): void;
   /** Ends the capture begun by beginCapture() and returns its recording. */
   endCapture?(): StepGraph;
   /** Ends a capture (if one is open) and drops what it recorded: after a failed capture. */
   abortCapture?(): void;
+  /**
+   * After endCapture() of a capture begun with `record`: the capture as data, for an on-disk cache. `roots` name
+   * the persistent inputs the caller will supply again, `outputs` the buffers the capture made that the caller
+   * keeps; memory from before the capture is named by its allocation number relative to `mark` (allocationMark()
+   * taken before the model was loaded). Null when the capture cannot be described that way.
+   */
+  takeRecording?(
+    roots: ReadonlyMap<string, DeviceBuffer>,
+    outputs: ReadonlyMap<string, DeviceBuffer>,
+    mark: number,
+    describeCode: (address: bigint) => string | null,
+  ): CaptureRecording | null;
+  /**
+   * Re-creates a recorded capture in this process (the same model loaded the same way after `session.mark`):
+   * the step graph and the output buffers by name; null when the recording does not fit this process.
+   */
+  replayCapture?(
+    recording: CaptureRecording,
+    roots: ReadonlyMap<string, DeviceBuffer>,
+    session: ReplaySession,
+    resolveCode: (code: string) => bigint | null,
+  ): { graph: StepGraph; outputs: Map<string, DeviceBuffer> } | null;
+  /** The allocation number the next buffer gets (see takeRecording). */
+  allocationMark?(): number;
   /**
    * Like write(), but ordered on the device stream instead of waiting for it: the bytes are copied now and
    * land after the work already enqueued (e.g. write step N+1's inputs while replay N still runs).

@@ -99,6 +99,7 @@ export function getLibrary(key: string, source: string): { lib: JitLibrary; hit:
       /* racing clean-up: the loaded copy is still valid */
     }
     const lib = JitLibrary.load(join(dir, meta.lib));
+    lib.cacheKey = key;
     loaded.set(key, lib);
     stats.hits++;
     return { lib, hit: true };
@@ -130,9 +131,39 @@ export function getLibrary(key: string, source: string): { lib: JitLibrary; hit:
   writeAtomic(join(dir, "meta.json"), JSON.stringify(m, null, 1));
   stats.misses++;
   const lib = JitLibrary.load(join(dir, libName));
+  lib.cacheKey = key;
   loaded.set(key, lib);
   sweep();
   return { lib, hit: false };
+}
+
+/**
+ * The code address of `name` ("<cache key>#<entry>", as codeName() gives it) from a library already loaded or
+ * valid on disk; null when it is neither (nothing is compiled: the caller traces and compiles instead).
+ */
+export function resolveCodeName(name: string): bigint | null {
+  const at = name.lastIndexOf("#");
+  if (at <= 0) return null;
+  const key = name.slice(0, at);
+  let lib = loaded.get(key);
+  if (!lib) {
+    const dir = join(cacheRoot(), key);
+    const meta = readEntry(dir, key);
+    if (!meta) return null;
+    try {
+      lib = JitLibrary.load(join(dir, meta.lib)); // needs the kiln_jit addon, not the C compiler
+    } catch {
+      return null;
+    }
+    lib.cacheKey = key;
+    loaded.set(key, lib);
+    stats.hits++;
+  }
+  try {
+    return lib.address(name.slice(at + 1));
+  } catch {
+    return null;
+  }
 }
 
 /** Deletes least recently used entries until the cache fits in maxBytes (default KILN_CACHE_MAX_MB). */

@@ -93,9 +93,19 @@ export function compileC(srcPath: string, outPath: string, flags: string[], cwd?
   if (r.error || r.status !== 0) throw new Error(`C compile failed (${env.cc}): ${r.error?.message ?? r.stderr}`);
 }
 
+/** "<cache key>#<entry>" of each code address handed out by a library loaded through the compile cache. */
+const codeNames = new Map<bigint, string>();
+
+/** The compile-cache name of generated code at `address` (for step-graph recordings), or null. */
+export function codeName(address: bigint): string | null {
+  return codeNames.get(address) ?? null;
+}
+
 /** A loaded library: entries looked up by name, called with buffers and optional sizes. */
 export class JitLibrary {
   private readonly entries = new Map<string, number>();
+  /** The compile-cache key it was loaded under (getLibrary), naming its code addresses. */
+  cacheKey: string | null = null;
   constructor(
     private readonly jit: JitAddon,
     private readonly lib: number,
@@ -120,6 +130,8 @@ export class JitLibrary {
   }
   /** The entry's code address: libraries are never unloaded, so queued calls may outlive every JS reference. */
   address(name: string): bigint {
-    return this.jit.address(this.entryId(name));
+    const a = this.jit.address(this.entryId(name));
+    if (this.cacheKey !== null) codeNames.set(a, `${this.cacheKey}#${name}`);
+    return a;
   }
 }

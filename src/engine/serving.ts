@@ -1,11 +1,16 @@
 // Builds a serving engine from a model path and vLLM-named engine arguments: loads the model, sizes the
 // paged KV cache from --kv-cache-memory (or a share of free memory), and wires runner + tokenizer + engine.
+import * as fs from "node:fs";
 import * as os from "node:os";
+import * as path from "node:path";
 import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs } from "./engine-core.js";
 import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
+import { stepGraphCacheKey } from "./step-graph-cache.js";
+import { defaultDevice } from "../tensor/device.js";
+import { env } from "../util/env.js";
 
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
 export interface ServingArgs {
@@ -67,7 +72,42 @@ export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks
   return { numBlocks, maxModelLen, blockSize };
 }
 
-function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
+/** Sizes and mtimes of the model's files: replacing a checkpoint changes the step-graph cache key. */
+function modelStamp(modelPath: string): string[] {
+  const st = fs.statSync(modelPath, { throwIfNoEntry: false });
+  if (!st) return [];
+  if (!st.isDirectory()) return [`${path.basename(modelPath)}:${st.size}:${st.mtimeMs}`];
+  return fs
+    .readdirSync(modelPath)
+    .sort()
+    .map((f) => {
+      const s = fs.statSync(path.join(modelPath, f), { throwIfNoEntry: false });
+      return `${f}:${s?.size ?? 0}:${s?.mtimeMs ?? 0}`;
+    });
+}
+
+/**
+ * The step-graph cache entry for this model and engine shape: everything the captured kernels and the buffers
+ * they point into depend on (see step-graph-cache.ts), with `mark` taken before the model was loaded.
+ */
+function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: object): { key: string; mark: number } | undefined {
+  if (mark === undefined) return undefined;
+  const model = loaded.model;
+  const identity = {
+    path: path.resolve(loaded.path),
+    files: modelStamp(loaded.path),
+    dtype: loaded.dtype,
+    quantization: loaded.quantization ?? null,
+    config: loaded.config,
+    parameters: model.namedParameters().map(([n, t]) => `${n}:${t.dtype}:${t.shape.join("x")}`),
+    backend: model.device.backend.describe(),
+    noMmap: env.noMmap,
+    shape,
+  };
+  return { key: stepGraphCacheKey(identity), mark };
+}
+
+function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSetup {
   args.onProgress?.("sizing KV cache", 0);
   const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });
@@ -76,17 +116,23 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
   if (args.enforceEager !== true) {
     const stage = "compiling step graphs";
     args.onProgress?.(stage, 0);
-    runner.captureStepGraphs(maxModelLen, {
+    const buckets = {
       decodeBuckets: decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize),
       mixedBuckets: mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens),
+    };
+    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, maxModelLen, fuse: true });
+    runner.captureStepGraphs(maxModelLen, {
+      ...buckets,
       onProgress: (p) => args.onProgress?.(stage, p.done / p.total),
       fuse: true,
+      ...(cache ? { cache } : {}),
     });
     const info = runner.graphs?.info;
     if (info)
       args.onProgress?.(
         `step graphs: decode batch sizes ${info.decodeBuckets.join(",")}, mixed token counts ${info.mixedBuckets.join(",") || "none"}; ` +
-          `${info.kernels} kernels, ${info.programsCompiled} fused programs compiled + ${info.programsFromCache} from the compile cache in ${info.seconds.toFixed(1)} s`,
+          `${info.kernels} kernels, ${info.programsCompiled} fused programs compiled + ${info.programsFromCache} from the compile cache` +
+          `${info.replayed ? ", graphs replayed from the compile cache" : ""} in ${info.seconds.toFixed(2)} s`,
         1,
       );
   }
@@ -107,8 +153,9 @@ function setup(loaded: LoadedModel, args: ServingArgs): ServingSetup {
 
 /** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
 export function createServingSetupSync(args: ServingArgs): ServingSetup {
+  const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, onProgress: args.onProgress });
-  return setup(loaded, args);
+  return setup(loaded, args, mark);
 }
 
 /**
@@ -116,6 +163,7 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
  * `deferTokenizerBuild`: for a caller that needs only the tokenizer's EOS ids before its first request.
  */
 export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptions, "deferTokenizerBuild"> = {}): Promise<ServingSetup> {
+  const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, {
     dtype: args.dtype,
     quantization: args.quantization,
@@ -123,5 +171,5 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
     onProgress: args.onProgress,
     deferTokenizerBuild: load.deferTokenizerBuild,
   });
-  return setup(loaded, args);
+  return setup(loaded, args, mark);
 }

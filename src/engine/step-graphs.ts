@@ -5,14 +5,18 @@
 // logits; a step writes its metadata into them with stream-ordered copies, pads the batch up to the bucket
 // with dummy sequences that read and write only the null block 0, and launches the graph. Prompt logprobs
 // and batches above the largest buckets run eagerly.
-import type { StepGraph } from "../backends/backend.js";
+import type { DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
+import type { DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
-import { compileCacheStats } from "../compile/cache.js";
+import { compileCacheStats, resolveCodeName } from "../compile/cache.js";
 import { enableDeferAndFuse } from "../compile/defer.js";
+import { codeName } from "../compile/jit.js";
 import { flushDeferred } from "../tensor/dispatch.js";
 import { withEagerMode } from "../tensor/mode.js";
-import { noGrad, tensor, type Tensor } from "../tensor/index.js";
+import { Storage } from "../tensor/storage.js";
+import { noGrad, tensor, Tensor } from "../tensor/index.js";
 import type { ScheduledBatch } from "./model-runner.js";
+import { loadStepGraphRecordings, saveStepGraphRecordings, type BucketRecording } from "./step-graph-cache.js";
 
 /** Decode batch sizes captured by default: powers of two up to maxNumSeqs, at most `cap`. */
 export function decodeBuckets(maxNumSeqs: number, cap = 32): number[] {
@@ -72,6 +76,8 @@ export interface CaptureInfo {
   programsFromCache: number;
   compileMs: number;
   seconds: number;
+  /** The graphs were re-created from recordings in the compile cache (no model trace). */
+  replayed: boolean;
 }
 
 export interface StepGraphOptions {
@@ -82,7 +88,16 @@ export interface StepGraphOptions {
   /** Record under defer-and-fuse: elementwise chains become generated C kernels (compiled, cached on disk). */
   fuse?: boolean;
   onProgress?: (p: CaptureProgress) => void;
+  /**
+   * Replay the graphs from recordings stored under `key` in the compile cache when they fit, else trace them and
+   * store their recordings there. `key` must name everything the capture depends on (step-graph-cache.ts);
+   * `mark` is the back end's allocationMark() taken before the model was loaded.
+   */
+  cache?: { key: string; mark: number };
 }
+
+/** A bucket's persistent inputs, by the names recordings give them. */
+type BucketInputs = Pick<Bucket, "ids" | "positions" | "slots" | "queryStart" | "seqLens" | "tables" | "rowIndex">;
 
 export class StepGraphs {
   private readonly decode: Bucket[] = [];
@@ -121,59 +136,127 @@ export class StepGraphs {
   static capture(model: CausalLM, kvCaches: { k: Tensor; v: Tensor }[], maxBlocksPerSeq: number, options: StepGraphOptions): StepGraphs {
     const graphs = new StepGraphs(model, kvCaches, maxBlocksPerSeq);
     const fuse = options.fuse === true;
-    if (fuse) enableDeferAndFuse({ setMode: false });
     const decode = [...options.decodeBuckets];
     const mixed = [...(options.mixedBuckets ?? [])];
     const rows = options.mixedRows ?? Math.max(1, ...decode);
-    const total = decode.length + mixed.length;
+    // (kind, tokens, rows) of every bucket in capture order
+    const plan = [
+      ...decode.map((n) => ({ kind: "decode" as const, tokens: n, rows: n })),
+      ...mixed.map((n) => ({ kind: "mixed" as const, tokens: n, rows: Math.min(n, rows) })), // a step samples at most one row per token
+    ];
     const t0 = performance.now();
     const before = compileCacheStats();
+    const info = (replayed: boolean): CaptureInfo => {
+      const after = compileCacheStats();
+      return {
+        decodeBuckets: decode,
+        mixedBuckets: mixed,
+        kernels: [...graphs.decode, ...graphs.mixed].reduce((a, b) => a + b.graph.kernels, 0),
+        programsCompiled: after.misses - before.misses,
+        programsFromCache: after.hits - before.hits,
+        compileMs: after.compileMs - before.compileMs,
+        seconds: (performance.now() - t0) / 1000,
+        replayed,
+      };
+    };
+    const backend = model.device.backend;
+    const cache = options.cache !== undefined && backend.replayCapture !== undefined && backend.takeRecording !== undefined ? options.cache : null;
+    if (cache !== null && graphs.replay(cache, plan, options.onProgress)) {
+      graphs.info = info(true);
+      return graphs;
+    }
+    if (fuse) enableDeferAndFuse({ setMode: false });
+    const recordings: BucketRecording[] | null = cache === null ? null : [];
     try {
-      decode.forEach((n, i) => {
-        graphs.decode.push(graphs.captureOne("decode", n, n, kvCaches, fuse));
-        options.onProgress?.({ done: i + 1, total, bucket: `decode ${n}` });
-      });
-      mixed.forEach((n, i) => {
-        graphs.mixed.push(graphs.captureOne("mixed", n, Math.min(n, rows), kvCaches, fuse)); // a step samples at most one row per token
-        options.onProgress?.({ done: decode.length + i + 1, total, bucket: `mixed ${n}` });
+      plan.forEach((p, i) => {
+        (p.kind === "decode" ? graphs.decode : graphs.mixed).push(graphs.captureOne(p.kind, p.tokens, p.rows, kvCaches, fuse, recordings, cache?.mark ?? 0));
+        options.onProgress?.({ done: i + 1, total: plan.length, bucket: `${p.kind} ${p.tokens}` });
       });
     } catch (e) {
       graphs.dispose();
       throw e;
     }
-    const after = compileCacheStats();
-    graphs.info = {
-      decodeBuckets: decode,
-      mixedBuckets: mixed,
-      kernels: [...graphs.decode, ...graphs.mixed].reduce((a, b) => a + b.graph.kernels, 0),
-      programsCompiled: after.misses - before.misses,
-      programsFromCache: after.hits - before.hits,
-      compileMs: after.compileMs - before.compileMs,
-      seconds: (performance.now() - t0) / 1000,
-    };
+    graphs.info = info(false);
+    if (cache !== null && recordings !== null && recordings.length === plan.length)
+      saveStepGraphRecordings(cache.key, { buckets: recordings, programs: graphs.info.programsCompiled + graphs.info.programsFromCache });
     return graphs;
+  }
+
+  /**
+   * Re-creates every bucket from the recordings stored under the key; false (nothing kept) when there are none or
+   * they do not fit this process, and the caller traces instead.
+   */
+  private replay(
+    cache: { key: string; mark: number },
+    plan: { kind: Bucket["kind"]; tokens: number; rows: number }[],
+    onProgress: StepGraphOptions["onProgress"],
+  ): boolean {
+    const stored = loadStepGraphRecordings(cache.key);
+    if (stored === null || stored.buckets.length !== plan.length) return false;
+    if (stored.buckets.some((b, i) => b.kind !== plan[i]!.kind || b.tokens !== plan[i]!.tokens || b.rows !== plan[i]!.rows)) return false;
+    const dev = this.model.device;
+    const backend = dev.backend;
+    const session: ReplaySession = { mark: cache.mark, recreated: new Map() };
+    for (const [i, rec] of stored.buckets.entries()) {
+      const inputs = this.inputs(rec.kind, rec.tokens, rec.rows);
+      const replayed = backend.replayCapture!(rec.recording, rootsOf(inputs), session, resolveCodeName);
+      const view = (name: string, buffer: DeviceBuffer | undefined): Tensor | null => {
+        const v = rec.views[name];
+        return v === undefined || buffer === undefined ? null : new Tensor(new Storage(dev, buffer), v.dtype as DType, v.shape, v.strides, v.offset);
+      };
+      const logits = view("logits", replayed?.outputs.get("logits"));
+      const argmax = view("argmax", replayed?.outputs.get("argmax"));
+      if (replayed === null || logits === null || argmax === null) {
+        replayed?.graph.dispose();
+        for (const t of [...Object.values(inputs), logits, argmax]) t?.dispose();
+        this.dispose();
+        return false;
+      }
+      const bucket: Bucket = { kind: rec.kind, tokens: rec.tokens, rows: rec.rows, ...inputs, logits, argmax, graph: replayed.graph };
+      (rec.kind === "decode" ? this.decode : this.mixed).push(bucket);
+      onProgress?.({ done: i + 1, total: plan.length, bucket: `${rec.kind} ${rec.tokens}` });
+    }
+    return true;
+  }
+
+  /**
+   * A bucket's persistent inputs, holding capture-time metadata (the kernels' index checks read it): every token a
+   * one-token sequence at position 0 in the null block 0.
+   */
+  private inputs(kind: Bucket["kind"], tokens: number, rows: number): BucketInputs {
+    const dev = this.model.device;
+    const i32 = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
+    return {
+      ids: i32(new Int32Array(tokens)),
+      positions: i32(new Int32Array(tokens)),
+      slots: i32(new Int32Array(tokens)),
+      queryStart: i32(Int32Array.from({ length: tokens + 1 }, (_, i) => i)),
+      seqLens: i32(new Int32Array(tokens).fill(1)),
+      tables: i32(new Int32Array(tokens * this.maxBlocksPerSeq), [tokens, this.maxBlocksPerSeq]),
+      rowIndex: kind === "mixed" ? i32(new Int32Array(rows)) : null,
+    };
   }
 
   /**
    * With `fuse`, the forward is recorded under the defer-and-fuse eager mode: elementwise chains become
    * generated C kernels (compiled once, then loaded from the on-disk compile cache) captured like any kernel.
+   * With `recordings`, the capture is also recorded as data (pushed there when the back end can describe it).
    */
-  private captureOne(kind: Bucket["kind"], tokens: number, rows: number, kvCaches: { k: Tensor; v: Tensor }[], fuse: boolean): Bucket {
-    const dev = this.model.device;
-    const backend = dev.backend;
-    const i32 = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
-    // Capture-time metadata (the kernels' index checks read it): every token a one-token sequence at position 0
-    // in the null block 0.
-    const ids = i32(new Int32Array(tokens));
-    const positions = i32(new Int32Array(tokens));
-    const slots = i32(new Int32Array(tokens));
-    const queryStart = i32(Int32Array.from({ length: tokens + 1 }, (_, i) => i));
-    const seqLens = i32(new Int32Array(tokens).fill(1));
-    const tables = i32(new Int32Array(tokens * this.maxBlocksPerSeq), [tokens, this.maxBlocksPerSeq]);
-    const rowIndex = kind === "mixed" ? i32(new Int32Array(rows)) : null;
+  private captureOne(
+    kind: Bucket["kind"],
+    tokens: number,
+    rows: number,
+    kvCaches: { k: Tensor; v: Tensor }[],
+    fuse: boolean,
+    recordings: BucketRecording[] | null,
+    mark: number,
+  ): Bucket {
+    const backend = this.model.device.backend;
+    const inputs = this.inputs(kind, tokens, rows);
+    const { ids, positions, slots, queryStart, seqLens, tables, rowIndex } = inputs;
     let logits: Tensor | null = null;
     let argmax: Tensor | null = null;
-    backend.beginCapture!();
+    backend.beginCapture!({ record: recordings !== null });
     try {
       const run = (): void => {
         const hidden = this.model.forward(ids, { kind: "paged", positions, slotMapping: slots, blockTables: tables, queryStart, seqLens, kvCaches });
@@ -191,7 +274,14 @@ export class StepGraphs {
       throw e;
     }
     const graph: StepGraph = backend.endCapture!();
-    return { kind, tokens, rows: kind === "decode" ? tokens : rows, ids, positions, slots, queryStart, seqLens, tables, rowIndex, logits: logits!, argmax: argmax!, graph };
+    const out = { logits: logits! as Tensor, argmax: argmax! as Tensor };
+    if (recordings !== null) {
+      const outputs = new Map(Object.entries(out).map(([k, t]) => [k, t.storage.buffer]));
+      const recording = backend.takeRecording?.(rootsOf(inputs), outputs, mark, codeName) ?? null;
+      const views = Object.fromEntries(Object.entries(out).map(([k, t]) => [k, { dtype: t.dtype, shape: [...t.shape], strides: [...t.strides], offset: t.offset }]));
+      if (recording !== null) recordings.push({ kind, tokens, rows, recording, views });
+    }
+    return { kind, tokens, rows: kind === "decode" ? tokens : rows, ...inputs, ...out, graph };
   }
 
   /** The captured bucket that serves this batch, or null when it must run eagerly. */
@@ -306,4 +396,11 @@ export class StepGraphs {
     this.decode.length = 0;
     this.mixed.length = 0;
   }
+}
+
+/** The inputs' buffers by name, as recordings name their roots. */
+function rootsOf(inputs: BucketInputs): Map<string, DeviceBuffer> {
+  const roots = new Map<string, DeviceBuffer>();
+  for (const [name, t] of Object.entries(inputs)) if (t !== null) roots.set(name, t.storage.buffer);
+  return roots;
 }

@@ -3,7 +3,10 @@
 // enqueued on the in-order native stream (./stream.ts) and run() returns at once; host-side kernels and
 // reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
 // the enqueued kernels for replay; while capturing, every kernel must take a native path.
-import type { Backend, BinaryOp, BufferView, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, RunOptions, StepGraph, UnaryOp } from "../backend.js";
+import type {
+  Backend, BinaryOp, BufferView, CaptureRecording, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, ReplaySession, RunOptions, StepGraph, UnaryOp,
+} from "../backend.js";
+import { CaptureRecorder, replayCalls, serializeRecording, type RawRecording } from "./capture-recording.js";
 import { BackendUnavailableError, CaptureError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
 import { DTYPE_BYTES, type DType } from "../dtype.js";
@@ -186,6 +189,9 @@ export class CpuBackend implements Backend {
   private readonly stream: CpuStream;
   private readonly quantSchemes = new Set<QuantScheme>();
   private readonly memory: HostAllocator;
+  /** The open capture's recorder (beginCapture({ record: true })), and the last recorded capture's calls. */
+  private recorder: CaptureRecorder | null = null;
+  private recording: RawRecording | null = null;
 
   constructor() {
     const native = tryLoadNativeKernels();
@@ -255,17 +261,59 @@ export class CpuBackend implements Backend {
    * the previous owner's last job precedes the new owner's first. The graph pins it all until dispose().
    * So a buffer allocated during the capture that outlives it is a graph output: replays rewrite its memory.
    */
-  beginCapture(): void {
+  beginCapture(options?: { record?: boolean }): void {
     this.stream.beginCapture();
     this.memory.openPool();
+    this.recording = null;
+    this.recorder = options?.record === true ? new CaptureRecorder(this.native.stream, this.memory.mark()) : null;
   }
   endCapture(): StepGraph {
     this.memory.closePool();
-    return new CpuStepGraph(this.native, this.stream, this.stream.endCapture());
+    const captured = this.stream.endCapture();
+    this.recording = this.recorder?.finish(captured.pins) ?? null;
+    this.recorder = null;
+    return new CpuStepGraph(this.native, this.stream, captured);
   }
   abortCapture(): void {
     this.memory.closePool();
+    this.recorder = null;
     if (this.stream.capturing) this.native.streamReleaseGraph(this.stream.endCapture().handle);
+  }
+  takeRecording(
+    roots: ReadonlyMap<string, DeviceBuffer>,
+    outputs: ReadonlyMap<string, DeviceBuffer>,
+    mark: number,
+    describeCode: (address: bigint) => string | null,
+  ): CaptureRecording | null {
+    const rec = this.recording;
+    this.recording = null;
+    return rec === null ? null : serializeRecording(rec, this.memory, roots, outputs, mark, describeCode);
+  }
+  replayCapture(
+    recording: CaptureRecording,
+    roots: ReadonlyMap<string, DeviceBuffer>,
+    session: ReplaySession,
+    resolveCode: (code: string) => bigint | null,
+  ): { graph: StepGraph; outputs: Map<string, DeviceBuffer> } | null {
+    const native = this.native;
+    const stream = native.stream as unknown as Record<string, (...a: unknown[]) => number>;
+    const launch = (fn: string, args: unknown[]): void => {
+      if (fn === "@call") native.streamCallFn!(...(args as [bigint, ArrayBuffer[], BigInt64Array, BigInt64Array?]));
+      else stream[fn]!(...args);
+    };
+    this.stream.beginCapture();
+    let replayed: ReturnType<typeof replayCalls> = null;
+    try {
+      replayed = replayCalls(recording, this.memory, launch, roots, session, resolveCode);
+    } finally {
+      if (replayed === null) this.native.streamReleaseGraph(this.stream.endCapture().handle);
+    }
+    if (replayed === null) return null;
+    this.stream.trackRaw(replayed.all, replayed.written);
+    return { graph: new CpuStepGraph(this.native, this.stream, this.stream.endCapture()), outputs: replayed.outputs };
+  }
+  allocationMark(): number {
+    return this.memory.mark();
   }
   liveBuffers(): number {
     return this.memory.liveBuffers();
@@ -286,7 +334,9 @@ export class CpuBackend implements Backend {
   submitRaw(call: RawStreamCall): void {
     if (!this.native.streamCallFn) throw new BackendUnavailableError("cpu", "the native addon predates raw stream calls; rebuild it");
     const asView = (buffer: DeviceBuffer) => ({ buffer }) as BufferView; // track() looks at the buffer only
-    this.native.streamCallFn(call.address, call.buffers.map(rawOf), call.byteOffsets, call.sizes);
+    const args = [call.address, call.buffers.map(rawOf), call.byteOffsets, call.sizes] as const;
+    this.native.streamCallFn(...args);
+    this.recorder?.recordCode([...args]);
     this.stream.track(call.reads.map(asView), call.writes.map(asView));
   }
 
@@ -320,7 +370,7 @@ export class CpuBackend implements Backend {
    * the checks see the values written before the capture (replays trust their metadata).
    */
   private runNative(call: KernelCall, blocking: boolean): boolean {
-    const k: Launcher = blocking ? this.native : this.native.stream;
+    const k: Launcher = blocking ? this.native : (this.recorder?.launcher ?? this.native.stream);
     switch (call.op) {
       case "unary": {
         const code = UNARY_CODES[call.fn];

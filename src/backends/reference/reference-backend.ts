@@ -16,11 +16,21 @@ interface PrivatePool {
   readonly free: Map<number, ArrayBuffer[]>;
 }
 
+/**
+ * Allocations numbered for step-graph replays (see originOf); past this many, later memory goes unnumbered (a
+ * recording that points into such memory is not cached). Loading a model numbers a few hundred to a few thousand.
+ */
+const MAX_NUMBERED = 1 << 16;
+
 /** Host allocation bookkeeping shared by host back ends. */
 export class HostAllocator {
   private live = 0;
   private bytes = 0;
   private pool: PrivatePool | null = null;
+  /** Every host memory this allocator creates or adopts gets the next number (its allocation order). */
+  private nextNumber = 0;
+  private readonly numberOf = new WeakMap<ArrayBuffer, number>();
+  private readonly byNumber = new Map<number, WeakRef<ArrayBuffer>>();
 
   /** `wrap` lets a back end hand out its own buffer type over the ArrayBuffer (the cpu stream's guard). */
   constructor(private readonly wrap: (memory: ArrayBuffer) => DeviceBuffer & { freed: boolean } = (m) => new HostBuffer(m)) {}
@@ -29,8 +39,8 @@ export class HostAllocator {
     this.live++;
     this.bytes += byteLength;
     const pool = this.pool;
-    if (!pool) return this.wrap(new ArrayBuffer(byteLength));
-    const memory = pool.free.get(byteLength)?.pop() ?? new ArrayBuffer(byteLength);
+    if (!pool) return this.wrap(this.numbered(new ArrayBuffer(byteLength)));
+    const memory = pool.free.get(byteLength)?.pop() ?? this.numbered(new ArrayBuffer(byteLength));
     const buffer = this.wrap(memory); // a fresh wrapper: a stale handle to the previous owner stays freed
     pool.owned.set(buffer, memory);
     return buffer;
@@ -40,7 +50,37 @@ export class HostAllocator {
   adopt(memory: ArrayBuffer): DeviceBuffer {
     this.live++;
     this.bytes += memory.byteLength;
-    return this.wrap(memory);
+    return this.wrap(this.numbered(memory));
+  }
+
+  private numbered(memory: ArrayBuffer): ArrayBuffer {
+    const n = this.nextNumber++;
+    if (this.byNumber.size < MAX_NUMBERED) {
+      this.numberOf.set(memory, n);
+      this.byNumber.set(n, new WeakRef(memory));
+    }
+    return memory;
+  }
+
+  /**
+   * The allocation number the next memory gets. A process that repeats the same allocations after taking a
+   * mark (loading the same model the same way) gives each the same number relative to it: this is how a
+   * cached step-graph recording finds the weights and caches it points into (see CpuBackend.replayCapture).
+   */
+  mark(): number {
+    return this.nextNumber;
+  }
+
+  /** The allocation number of host memory this allocator made or adopted, if numbered and alive. */
+  numberOfMemory(memory: ArrayBuffer): number | undefined {
+    return this.numberOf.get(memory);
+  }
+
+  /** The live memory with this allocation number, if any. */
+  memoryOfNumber(n: number): ArrayBuffer | undefined {
+    const m = this.byNumber.get(n)?.deref();
+    if (m === undefined) this.byNumber.delete(n);
+    return m;
   }
 
   free(buffer: DeviceBuffer): void {
