@@ -36,9 +36,10 @@ test("decode buckets: powers of two up to the cap, and the cap itself", () => {
   assert.deepEqual(decodeBuckets(6), [1, 2, 4, 6]);
   assert.deepEqual(decodeBuckets(1), [1]);
   assert.deepEqual(decodeBuckets(100, 48), [1, 2, 4, 8, 16, 32, 48]);
-  assert.deepEqual(mixedBuckets(2048), [16, 32, 64, 128, 256, 512]);
-  assert.deepEqual(mixedBuckets(100), [16, 32, 64, 100]);
-  assert.deepEqual(mixedBuckets(8), []);
+  assert.deepEqual(mixedBuckets(2048), [4, 8, 16, 32, 64, 128, 256, 512]);
+  assert.deepEqual(mixedBuckets(100), [4, 8, 16, 32, 64, 100]);
+  assert.deepEqual(mixedBuckets(8), [4, 8]);
+  assert.deepEqual(mixedBuckets(3), []);
 });
 
 for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
