@@ -79,8 +79,14 @@ function toWire(out: RequestOutput, sent: Sent): WireOutput {
   return w;
 }
 
+/** The serving args: from workerData, or (a worker spawned ahead of them, see prespawnEngineWorker) the first message. */
+function servingArgs(): Promise<WorkerServingArgs> {
+  if (workerData !== null && workerData !== undefined) return Promise.resolve(workerData as WorkerServingArgs);
+  return new Promise((resolve) => port.once("message", (m: ToWorker) => resolve((m as Extract<ToWorker, { type: "start" }>).args)));
+}
+
 async function main(): Promise<void> {
-  const { logitsProcessors: specifiers = [], ...args } = workerData as WorkerServingArgs;
+  const { logitsProcessors: specifiers = [], ...args } = await servingArgs();
   // Before the model: a bad specifier fails start-up at once (LogitsProcessorLoadError, sent as "fatal").
   const processorExports = await loadLogitsProcessors(specifiers);
   // The caller's thread builds its own tokenizer meanwhile; this one needs only the EOS ids before "ready", then

@@ -15,6 +15,8 @@ export type WorkerServingArgs = Omit<ServingArgs, "onProgress"> & { logitsProces
 
 /** Main -> worker. `seq` is the caller-side stream id, unique per generate() call (request ids can be reused). */
 export type ToWorker =
+  /** The serving args, first message to a worker spawned without workerData (prespawnEngineWorker). */
+  | { type: "start"; args: WorkerServingArgs }
   | {
       type: "add";
       seq: number;
