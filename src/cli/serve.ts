@@ -25,7 +25,14 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   prepared.catch(() => undefined); // awaited below; a failing factory must not leave it unhandled
   const loaded = await factory(args, progress, () => startServer());
   startServer(); // a factory that never called whileLoading
-  const { server, serveUntilSignal } = await prepared;
+  let ready: Awaited<typeof prepared>;
+  try {
+    ready = await prepared;
+  } catch (err) {
+    await loaded.close(); // the engine is up: do not leave its worker running
+    throw err;
+  }
+  const { server, serveUntilSignal } = ready;
   progress.done();
   const names = args.servedModelName ?? [loaded.modelName];
   const app = server.bind({

@@ -155,6 +155,12 @@ export function resolveCodeName(name: string): bigint | null {
     } catch {
       return null;
     }
+    const now = new Date();
+    try {
+      utimesSync(join(dir, "meta.json"), now, now); // LRU recency: replayed graphs use it as much as a trace would
+    } catch {
+      /* read-only cache directory: still valid */
+    }
     lib.cacheKey = key;
     loaded.set(key, lib);
     stats.hits++;

@@ -51,6 +51,15 @@ export interface ServingSetup {
 
 const DEFAULT_KV_CAP = 4 * 1024 ** 3;
 
+/**
+ * min(4 GiB, utilization x free memory), rounded down to whole GiB above 1 GiB: free memory moves by tens of MiB
+ * between starts, and a KV cache of another size would key another step-graph cache entry (no replay).
+ */
+function defaultKvBudget(utilization: number): number {
+  const b = Math.min(DEFAULT_KV_CAP, os.freemem() * utilization);
+  return b >= 2 ** 30 ? Math.floor(b / 2 ** 30) * 2 ** 30 : b;
+}
+
 export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks: number; maxModelLen: number; blockSize: number } {
   const blockSize = args.blockSize ?? 16;
   if (!Number.isInteger(blockSize) || blockSize <= 0 || blockSize > 1024) throw new EngineInputError("block_size", `block_size must be an integer in [1, 1024], got ${blockSize}`);
@@ -58,7 +67,7 @@ export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks
   if (maxModelLen > loaded.config.maxPositionEmbeddings)
     throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`);
   const perBlock = kvBytesPerBlock(loaded.model, blockSize);
-  const budget = args.kvCacheMemory ?? Math.min(DEFAULT_KV_CAP, os.freemem() * (args.gpuMemoryUtilization ?? 0.25));
+  const budget = args.kvCacheMemory ?? defaultKvBudget(args.gpuMemoryUtilization ?? 0.25);
   const maxNumSeqs = args.maxNumSeqs ?? 256;
   // never more than every sequence at full length needs (+1: block 0 is the engine's null block)
   const needed = maxNumSeqs * Math.ceil(maxModelLen / blockSize) + 1;

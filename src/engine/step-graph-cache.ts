@@ -1,4 +1,4 @@
-// On-disk cache of captured step graphs (next to the compile cache, under KILN_CACHE_DIR/compile/<key>/): a warm
+// On-disk cache of captured step graphs (next to the compile cache, in KILN_CACHE_DIR/compile/graphs-<key>/): a warm
 // `kiln serve` re-creates every bucket's graph from its recorded native calls (Backend.replayCapture) instead of
 // tracing the model forward again, which cost ~0.2 s of JavaScript per start for SmolLM-135M's 12 buckets; the
 // fused programs those calls run load from the compile cache by name. The key covers everything a recording
@@ -11,6 +11,7 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, statSync, utimesSync,
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { CaptureRecording } from "../backends/backend.js";
+import { sweep as sweepCompileCache } from "../compile/cache.js";
 import { env } from "../util/env.js";
 
 /** One bucket's recording and how to rebuild its outputs as tensors. */
@@ -21,12 +22,6 @@ export interface BucketRecording {
   recording: CaptureRecording;
   /** Output tensors' views over the recording's output buffers, by output name. */
   views: Record<string, { dtype: string; shape: number[]; strides: number[]; offset: number }>;
-}
-
-export interface StepGraphRecordings {
-  buckets: BucketRecording[];
-  /** Fused programs the traced capture used (compiled or from the compile cache). */
-  programs: number;
 }
 
 interface StoredBucket extends Omit<BucketRecording, "recording"> {
@@ -73,7 +68,7 @@ export function stepGraphCacheKey(identity: unknown): string {
 const dirOf = (key: string) => join(env.cacheDir, "compile", `graphs-${key}`);
 
 /** The recordings stored under `key`, or null (absent, torn or corrupt: the caller traces and stores again). */
-export function loadStepGraphRecordings(key: string): StepGraphRecordings | null {
+export function loadStepGraphRecordings(key: string): BucketRecording[] | null {
   const dir = dirOf(key);
   try {
     const meta = JSON.parse(readFileSync(join(dir, "meta.json"), "utf8")) as { key: string; json: string; data: string };
@@ -81,18 +76,24 @@ export function loadStepGraphRecordings(key: string): StepGraphRecordings | null
     const json = readFileSync(join(dir, "recording.json"));
     const data = readFileSync(join(dir, "data.bin"));
     if (sha256(json) !== meta.json || sha256(data) !== meta.data) return null;
-    const stored = JSON.parse(json.toString("utf8")) as { buckets: StoredBucket[]; programs: number };
-    const now = new Date();
-    utimesSync(join(dir, "meta.json"), now, now); // LRU recency for the compile cache's sweep
-    return {
-      programs: stored.programs,
-      buckets: stored.buckets.map(({ meta: m, blobs, ...rest }) => ({
-        ...rest,
-        recording: { meta: m, blobs: blobs.map(([o, n]) => new Uint8Array(data.buffer, data.byteOffset + o, n)) },
-      })),
-    };
+    const stored = JSON.parse(json.toString("utf8")) as { buckets: StoredBucket[] };
+    touch(join(dir, "meta.json"));
+    return stored.buckets.map(({ meta: m, blobs, ...rest }) => ({
+      ...rest,
+      recording: { meta: m, blobs: blobs.map(([o, n]) => new Uint8Array(data.buffer, data.byteOffset + o, n)) },
+    }));
   } catch {
     return null;
+  }
+}
+
+/** LRU recency for the compile cache's sweep; a read-only cache directory still replays. */
+function touch(path: string): void {
+  const now = new Date();
+  try {
+    utimesSync(path, now, now);
+  } catch {
+    /* read-only or someone else's: the entry is still valid */
   }
 }
 
@@ -103,13 +104,13 @@ function writeAtomic(path: string, data: string | Buffer): void {
 }
 
 /** Stores recordings under `key` (a failure to write only costs the next start its replay). */
-export function saveStepGraphRecordings(key: string, rec: StepGraphRecordings): void {
+export function saveStepGraphRecordings(key: string, recordings: BucketRecording[]): void {
   const dir = dirOf(key);
   try {
     mkdirSync(dir, { recursive: true });
     const chunks: Uint8Array[] = [];
     let at = 0;
-    const buckets: StoredBucket[] = rec.buckets.map(({ recording, ...rest }) => ({
+    const buckets: StoredBucket[] = recordings.map(({ recording, ...rest }) => ({
       ...rest,
       meta: recording.meta,
       blobs: recording.blobs.map((b) => {
@@ -119,11 +120,12 @@ export function saveStepGraphRecordings(key: string, rec: StepGraphRecordings): 
         return slot;
       }),
     }));
-    const json = Buffer.from(JSON.stringify({ buckets, programs: rec.programs }));
+    const json = Buffer.from(JSON.stringify({ buckets }));
     const data = Buffer.concat(chunks);
     writeAtomic(join(dir, "recording.json"), json);
     writeAtomic(join(dir, "data.bin"), data);
     writeAtomic(join(dir, "meta.json"), JSON.stringify({ key, json: sha256(json), data: sha256(data) }));
+    sweepCompileCache(); // the cache stays within KILN_CACHE_MAX_MB when entries come from recordings too
   } catch (e) {
     process.emitWarning(`Kiln: could not store the step graphs in the compile cache: ${(e as Error).message}`, "KilnWarning");
   }

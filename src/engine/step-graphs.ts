@@ -181,8 +181,7 @@ export class StepGraphs {
       throw e;
     }
     graphs.info = info(false);
-    if (cache !== null && recordings !== null && recordings.length === plan.length)
-      saveStepGraphRecordings(cache.key, { buckets: recordings, programs: graphs.info.programsCompiled + graphs.info.programsFromCache });
+    if (cache !== null && recordings !== null && recordings.length === plan.length) saveStepGraphRecordings(cache.key, recordings);
     return graphs;
   }
 
@@ -196,14 +195,30 @@ export class StepGraphs {
     onProgress: StepGraphOptions["onProgress"],
   ): boolean {
     const stored = loadStepGraphRecordings(cache.key);
-    if (stored === null || stored.buckets.length !== plan.length) return false;
-    if (stored.buckets.some((b, i) => b.kind !== plan[i]!.kind || b.tokens !== plan[i]!.tokens || b.rows !== plan[i]!.rows)) return false;
+    if (stored === null || stored.length !== plan.length) return false;
+    if (stored.some((b, i) => b.kind !== plan[i]!.kind || b.tokens !== plan[i]!.tokens || b.rows !== plan[i]!.rows)) return false;
+    const session: ReplaySession = { mark: cache.mark, recreated: new Map() };
+    try {
+      return this.replayBuckets(stored, session, plan.length, onProgress);
+    } catch {
+      // a recorded call the addon rejects (e.g. a recording from a build the key failed to tell apart): trace instead
+      this.dispose();
+      return false;
+    }
+  }
+
+  private replayBuckets(buckets: BucketRecording[], session: ReplaySession, total: number, onProgress: StepGraphOptions["onProgress"]): boolean {
     const dev = this.model.device;
     const backend = dev.backend;
-    const session: ReplaySession = { mark: cache.mark, recreated: new Map() };
-    for (const [i, rec] of stored.buckets.entries()) {
+    for (const [i, rec] of buckets.entries()) {
       const inputs = this.inputs(rec.kind, rec.tokens, rec.rows);
-      const replayed = backend.replayCapture!(rec.recording, rootsOf(inputs), session, resolveCodeName);
+      let replayed: ReturnType<NonNullable<typeof backend.replayCapture>>;
+      try {
+        replayed = backend.replayCapture!(rec.recording, rootsOf(inputs), session, resolveCodeName);
+      } catch (e) {
+        for (const t of Object.values(inputs)) t?.dispose();
+        throw e;
+      }
       const view = (name: string, buffer: DeviceBuffer | undefined): Tensor | null => {
         const v = rec.views[name];
         return v === undefined || buffer === undefined ? null : new Tensor(new Storage(dev, buffer), v.dtype as DType, v.shape, v.strides, v.offset);
@@ -218,7 +233,7 @@ export class StepGraphs {
       }
       const bucket: Bucket = { kind: rec.kind, tokens: rec.tokens, rows: rec.rows, ...inputs, logits, argmax, graph: replayed.graph };
       (rec.kind === "decode" ? this.decode : this.mixed).push(bucket);
-      onProgress?.({ done: i + 1, total: plan.length, bucket: `${rec.kind} ${rec.tokens}` });
+      onProgress?.({ done: i + 1, total, bucket: `${rec.kind} ${rec.tokens}` });
     }
     return true;
   }

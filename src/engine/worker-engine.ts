@@ -121,22 +121,38 @@ export class WorkerEngine implements EngineClient {
       }
       return { modules, early };
     });
+    tokenizing.catch(() => undefined); // handled once the worker is ready; a worker that fails first reports its own error
     return new Promise((resolve, reject) => {
       const fail = (err: Error): void => {
+        if (settled) return;
+        settled = true;
         worker.off("message", onMessage);
         void worker.terminate();
         reject(err);
       };
+      // The start-up listeners stay until the engine takes over with its own (after this thread's tokenizer is
+      // ready): a fatal message, error or exit in between fails the start instead of going unheard.
+      let settled = false;
       const onMessage = (m: FromWorker): void => {
         if (m.type === "progress") progress?.(m.stage, m.fraction);
         else if (m.type === "fatal") fail(fromWireError(m.error));
         else if (m.type === "ready") {
-          worker.off("message", onMessage);
-          worker.off("error", fail);
-          worker.off("exit", onExit);
-          tokenizing
-            .then(({ modules, early }) => resolve(new WorkerEngine(worker, m, early, modules)))
-            .catch((err: unknown) => fail(err as Error));
+          tokenizing.then(
+            ({ modules, early }) => {
+              if (settled) return;
+              worker.off("message", onMessage);
+              worker.off("error", fail);
+              worker.off("exit", onExit);
+              try {
+                const engine = new WorkerEngine(worker, m, early, modules);
+                settled = true;
+                resolve(engine);
+              } catch (err) {
+                fail(err as Error);
+              }
+            },
+            (err: unknown) => fail(err as Error),
+          );
         }
       };
       const onExit = (code: number): void => fail(new Error(`[engine] the engine worker exited during start-up (code ${code})`));

@@ -117,11 +117,16 @@ function isZero(bytes: Uint8Array): boolean {
   return true;
 }
 
+/** 16 bytes at 9 evenly spaced places (both ends included): tells one weight matrix from another of its size. */
 function sampleOf(memory: ArrayBuffer): string {
   const n = memory.byteLength;
-  const head = new Uint8Array(memory, 0, Math.min(16, n));
-  const tail = new Uint8Array(memory, Math.max(0, n - 16), Math.min(16, n));
-  return Buffer.from(head).toString("hex") + ":" + Buffer.from(tail).toString("hex");
+  const len = Math.min(16, n);
+  const parts: string[] = [];
+  for (let i = 0; i <= 8; i++) {
+    const at = Math.floor(((n - len) * i) / 8);
+    parts.push(Buffer.from(new Uint8Array(memory, at, len)).toString("hex"));
+  }
+  return parts.join(":");
 }
 
 /** Private arrays above this size make a recording uncacheable (they would bloat the cache entry). */
@@ -169,7 +174,8 @@ export function serializeRecording(
       const blob = blobOf(m);
       buffers.push(blob === undefined ? { kind: "new", n: n - mark, bytes } : { kind: "new", n: n - mark, bytes, blob });
     } else if (n !== undefined && n >= mark) buffers.push({ kind: "prior", n: n - mark, bytes, sample: sampleOf(m) });
-    else if (bytes <= MAX_DATA_BYTES && n === undefined) {
+    else if (n === undefined && bytes <= MAX_DATA_BYTES) {
+      // not allocator memory (every allocation is numbered): a private array a launch made
       blobs.push(new Uint8Array(m).slice());
       buffers.push({ kind: "data", bytes, blob: blobs.length - 1 });
     } else failed = true; // memory from before the mark, or unnumbered and large: not findable in another process
@@ -177,6 +183,11 @@ export function serializeRecording(
   };
   const encode = (a: unknown): RecArg => {
     if (a === undefined) return { u: 1 };
+    // JSON would turn NaN and the infinities into null and -0 into 0
+    if (typeof a === "number" && (!Number.isFinite(a) || Object.is(a, -0))) {
+      failed = true;
+      return null;
+    }
     if (a === null || typeof a === "number" || typeof a === "boolean" || typeof a === "string") return a;
     if (typeof a === "bigint") return { big: a.toString() };
     if (Array.isArray(a)) return a.map(encode);
@@ -284,6 +295,11 @@ export function replayCalls(
     if ("code" in a) return codes.get(a.code)!;
     return new VIEW_TYPES[a.t]!(mems[a.v]!, a.o, a.n);
   };
-  for (const c of meta.calls) launch(c.fn, c.args.map(decode));
+  try {
+    for (const c of meta.calls) launch(c.fn, c.args.map(decode));
+  } catch (e) {
+    for (const d of outputs.values()) memory.free(d);
+    throw e;
+  }
   return { all: meta.all.map((i) => mems[i]!), written: meta.written.map((i) => mems[i]!), outputs };
 }

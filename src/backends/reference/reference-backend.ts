@@ -17,10 +17,11 @@ interface PrivatePool {
 }
 
 /**
- * Allocations numbered for step-graph replays (see originOf); past this many, later memory goes unnumbered (a
- * recording that points into such memory is not cached). Loading a model numbers a few hundred to a few thousand.
+ * Live memory findable by its number (memoryOfNumber, for step-graph replays): past this many entries the dead ones
+ * are dropped, and if that is not enough, later memory is not findable (a replay pointing into it misfits and the
+ * caller traces instead). Loading a model numbers a few hundred to a few thousand buffers.
  */
-const MAX_NUMBERED = 1 << 16;
+const MAX_FINDABLE = 1 << 16;
 
 /** Host allocation bookkeeping shared by host back ends. */
 export class HostAllocator {
@@ -55,10 +56,9 @@ export class HostAllocator {
 
   private numbered(memory: ArrayBuffer): ArrayBuffer {
     const n = this.nextNumber++;
-    if (this.byNumber.size < MAX_NUMBERED) {
-      this.numberOf.set(memory, n);
-      this.byNumber.set(n, new WeakRef(memory));
-    }
+    this.numberOf.set(memory, n); // every allocator memory has a number: a recording never mistakes it for a private array
+    if (this.byNumber.size >= MAX_FINDABLE) for (const [k, ref] of this.byNumber) if (ref.deref() === undefined) this.byNumber.delete(k);
+    if (this.byNumber.size < MAX_FINDABLE) this.byNumber.set(n, new WeakRef(memory));
     return memory;
   }
 
