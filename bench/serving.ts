@@ -2,7 +2,7 @@
 // (one 512-token prompt), single-stream decode tokens/s, and aggregate decode tokens/s with 8 and 32 concurrent
 // requests. Decode is timed apart from prefill: each run is repeated with max_tokens = 1, and decode time is the
 // difference (so it starts when every request has prefilled). Next to each figure: the bandwidth roofline
-// (this run's measured read bandwidth / weight bytes read per decode step) and llama.cpp (node-llama-cpp, CPU)
+// (read bandwidth measured around that format's runs / weight bytes read per decode step) and llama.cpp (node-llama-cpp, CPU)
 // on a GGUF export of the same weights (f32 -> F32, bf16 -> BF16, int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4). The
 // int4, mxfp4 and int8 rows are one file for both engines: Kiln loads the Q4_0 / MXFP4 / Q8_0 export straight into
 // its int4 / mxfp4 / int8_g32 kernels
@@ -178,8 +178,8 @@ async function main(): Promise<void> {
   const probe = new Float32Array(64 << 20).fill(1); // 256 MiB, far past the caches (written: untouched pages read as the zero page)
   // GB/s: the best of three probes (each already the best of plain and prefetched streaming), so a noisy moment
   // cannot lower the roofline and flatter the ratios
-  const bandwidth = Math.max(...[0, 1, 2].map(() => native.memoryReadBandwidth(probe, 5, threads)));
-  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; measured read bandwidth ${bandwidth.toFixed(1)} GB/s`);
+  const measureBandwidth = () => Math.max(...[0, 1, 2].map(() => native.memoryReadBandwidth(probe, 5, threads)));
+  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${measureBandwidth().toFixed(1)} GB/s at start`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 
   for (const key of models) {
@@ -211,7 +211,11 @@ async function main(): Promise<void> {
         lines.push(`${format.padEnd(5)} accuracy vs f32: teacher-forced greedy agreement ${(100 * a.agree).toFixed(1)}%, |logprob error| of f32's token mean ${a.meanLp.toFixed(4)} max ${a.maxLp.toFixed(4)}`);
         console.log(lines.at(-1));
       }
+      // This VM's read bandwidth drifts by +-30% over minutes (other tenants): each format's roofline uses the best
+      // of probes taken just before and just after its own decode runs, so both see the same machine.
+      const bwBefore = measureBandwidth();
       const kiln = kilnFigures(llm, concs, decodeTokens);
+      const bandwidth = Math.max(bwBefore, measureBandwidth());
       const kilnWeights = sameFile ? `${setup.loaded.quantization} from the ${GGUF_PAIR[format]} file` : (setup.loaded.quantization ?? format);
       const pair = GGUF_PAIR[format];
       const lc = flag("--no-llama-cpp") ? "skipped (--no-llama-cpp)" : await llamaCppFigures(benchGguf(benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset), pair), concs, decodeTokens, threads);
@@ -222,7 +226,10 @@ async function main(): Promise<void> {
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${kiln.prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcf ? lcf.prefill.toFixed(0) : "-"}, ${ratio(kiln.prefill, lcf?.prefill)})`,
       );
       for (const [c, tps] of kiln.decode) {
-        const extra = c === 1 ? ` roofline ${roof.toFixed(1)} tok/s (${((100 * tps) / roof).toFixed(0)}%)` : ` (${(tps / roof).toFixed(2)}x single-stream roofline)`;
+        const extra =
+          c === 1
+            ? ` roofline ${roof.toFixed(1)} tok/s at ${bandwidth.toFixed(1)} GB/s (${((100 * tps) / roof).toFixed(0)}%)`
+            : ` (${(tps / roof).toFixed(2)}x single-stream roofline)`;
         lines.push(`        decode x${String(c).padEnd(2)} ${tps.toFixed(1).padStart(7)} tok/s${extra}; llama.cpp ${lcf?.decode.get(c)?.toFixed(1) ?? "-"} (${ratio(tps, lcf?.decode.get(c))})`);
       }
       if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);
