@@ -39,7 +39,7 @@ interface Meta {
   version: string;
 }
 
-function sha256(data: string | Buffer): string {
+export function sha256(data: string | Buffer): string {
   return createHash("sha256").update(data).digest("hex");
 }
 
@@ -53,7 +53,8 @@ export function cacheKey(identity: string, backend: string): string {
   return sha256(JSON.stringify({ identity, backend, cc: cc.version, flags: compilerFlags(), version: kilnVersion() }));
 }
 
-function writeAtomic(path: string, data: string | Buffer): void {
+/** Writes under a temporary name and renames into place: concurrent readers never see a partial file. */
+export function writeAtomic(path: string, data: string | Buffer): void {
   const tmp = `${path}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`;
   writeFileSync(tmp, data);
   renameSync(tmp, path);
@@ -204,7 +205,7 @@ export function sweep(maxBytes = env.cacheMaxMb * 1024 * 1024): number {
   return removed;
 }
 
-/** The entry directory of a key (tests corrupt entries through it). */
+/** The entry directory of a key (the step-graph cache keeps its entries there too; tests corrupt entries through it). */
 export function entryDir(key: string): string {
   return join(cacheRoot(), key);
 }

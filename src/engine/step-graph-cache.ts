@@ -6,13 +6,11 @@
 // mtimes), and the thread count; a replay also checks every weight buffer's size and bytes at both ends, and
 // falls back to tracing when anything does not fit. Files are written under temporary names and renamed, meta.json
 // (with both files' sha256) last, so a torn or corrupt entry is detected and traced again.
-import { createHash, randomBytes } from "node:crypto";
-import { mkdirSync, readdirSync, readFileSync, renameSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync, utimesSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { CaptureRecording } from "../backends/backend.js";
-import { sweep as sweepCompileCache } from "../compile/cache.js";
-import { env } from "../util/env.js";
+import { entryDir, sha256, sweep as sweepCompileCache, writeAtomic } from "../compile/cache.js";
 
 /** One bucket's recording and how to rebuild its outputs as tensors. */
 export interface BucketRecording {
@@ -28,10 +26,6 @@ interface StoredBucket extends Omit<BucketRecording, "recording"> {
   meta: unknown;
   /** [byte offset, byte length] of each blob in data.bin. */
   blobs: [number, number][];
-}
-
-function sha256(data: string | Buffer): string {
-  return createHash("sha256").update(data).digest("hex");
 }
 
 let codeIdentity: string | undefined;
@@ -65,7 +59,7 @@ export function stepGraphCacheKey(identity: unknown): string {
   return sha256(JSON.stringify({ kind: "step-graphs", v: 1, identity, code: codeStamp() }));
 }
 
-const dirOf = (key: string) => join(env.cacheDir, "compile", `graphs-${key}`);
+const dirOf = (key: string) => entryDir(`graphs-${key}`);
 
 /** The recordings stored under `key`, or null (absent, torn or corrupt: the caller traces and stores again). */
 export function loadStepGraphRecordings(key: string): BucketRecording[] | null {
@@ -95,12 +89,6 @@ function touch(path: string): void {
   } catch {
     /* read-only or someone else's: the entry is still valid */
   }
-}
-
-function writeAtomic(path: string, data: string | Buffer): void {
-  const tmp = `${path}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`;
-  writeFileSync(tmp, data);
-  renameSync(tmp, path);
 }
 
 /** Stores recordings under `key` (a failure to write only costs the next start its replay). */

@@ -18,7 +18,7 @@ interface PrivatePool {
 
 /**
  * Live memory findable by its number (memoryOfNumber, for step-graph replays): past this many entries the dead ones
- * are dropped, and if that is not enough, later memory is not findable (a replay pointing into it misfits and the
+ * are dropped, and if fewer than half go, later memory is not findable (a replay pointing into it misfits and the
  * caller traces instead). Loading a model numbers a few hundred to a few thousand buffers.
  */
 const MAX_FINDABLE = 1 << 16;
@@ -31,7 +31,9 @@ export class HostAllocator {
   /** Every host memory this allocator creates or adopts gets the next number (its allocation order). */
   private nextNumber = 0;
   private readonly numberOf = new WeakMap<ArrayBuffer, number>();
+  /** Filled from the first mark() on (a process that never records or replays keeps no WeakRefs). */
   private readonly byNumber = new Map<number, WeakRef<ArrayBuffer>>();
+  private findable = false;
 
   /** `wrap` lets a back end hand out its own buffer type over the ArrayBuffer (the cpu stream's guard). */
   constructor(private readonly wrap: (memory: ArrayBuffer) => DeviceBuffer & { freed: boolean } = (m) => new HostBuffer(m)) {}
@@ -57,8 +59,13 @@ export class HostAllocator {
   private numbered(memory: ArrayBuffer): ArrayBuffer {
     const n = this.nextNumber++;
     this.numberOf.set(memory, n); // every allocator memory has a number: a recording never mistakes it for a private array
-    if (this.byNumber.size >= MAX_FINDABLE) for (const [k, ref] of this.byNumber) if (ref.deref() === undefined) this.byNumber.delete(k);
-    if (this.byNumber.size < MAX_FINDABLE) this.byNumber.set(n, new WeakRef(memory));
+    if (!this.findable) return memory;
+    if (this.byNumber.size >= MAX_FINDABLE) {
+      this.pruneFindable();
+      // mostly live: stop here rather than rescan on every allocation
+      if (this.byNumber.size >= MAX_FINDABLE / 2) this.findable = false;
+    }
+    if (this.findable) this.byNumber.set(n, new WeakRef(memory));
     return memory;
   }
 
@@ -68,7 +75,13 @@ export class HostAllocator {
    * cached step-graph recording finds the weights and caches it points into (see CpuBackend.replayCapture).
    */
   mark(): number {
+    this.pruneFindable();
+    this.findable = this.byNumber.size < MAX_FINDABLE / 2;
     return this.nextNumber;
+  }
+
+  private pruneFindable(): void {
+    for (const [k, ref] of this.byNumber) if (ref.deref() === undefined) this.byNumber.delete(k);
   }
 
   /** The allocation number of host memory this allocator made or adopted, if numbered and alive. */
