@@ -5,7 +5,7 @@
 // logits; a step writes its metadata into them with stream-ordered copies, pads the batch up to the bucket
 // with dummy sequences that read and write only the null block 0, and launches the graph. Prompt logprobs
 // and batches above the largest buckets run eagerly.
-import type { DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
+import type { Backend, DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
 import type { DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
 import { compileCacheStats, resolveCodeName } from "../compile/cache.js";
@@ -198,44 +198,41 @@ export class StepGraphs {
     if (stored === null || stored.length !== plan.length) return false;
     if (stored.some((b, i) => b.kind !== plan[i]!.kind || b.tokens !== plan[i]!.tokens || b.rows !== plan[i]!.rows)) return false;
     const session: ReplaySession = { mark: cache.mark, recreated: new Map() };
-    try {
-      return this.replayBuckets(stored, session, plan.length, onProgress);
-    } catch {
-      // a recorded call the addon rejects (e.g. a recording from a build the key failed to tell apart): trace instead
-      this.dispose();
-      return false;
-    }
-  }
-
-  private replayBuckets(buckets: BucketRecording[], session: ReplaySession, total: number, onProgress: StepGraphOptions["onProgress"]): boolean {
-    const dev = this.model.device;
-    const backend = dev.backend;
-    for (const [i, rec] of buckets.entries()) {
-      const inputs = this.inputs(rec.kind, rec.tokens, rec.rows);
-      let replayed: ReturnType<NonNullable<typeof backend.replayCapture>>;
-      try {
-        replayed = backend.replayCapture!(rec.recording, rootsOf(inputs), session, resolveCodeName);
-      } catch (e) {
-        for (const t of Object.values(inputs)) t?.dispose();
-        throw e;
-      }
-      const view = (name: string, buffer: DeviceBuffer | undefined): Tensor | null => {
-        const v = rec.views[name];
-        return v === undefined || buffer === undefined ? null : new Tensor(new Storage(dev, buffer), v.dtype as DType, v.shape, v.strides, v.offset);
-      };
-      const logits = view("logits", replayed?.outputs.get("logits"));
-      const argmax = view("argmax", replayed?.outputs.get("argmax"));
-      if (replayed === null || logits === null || argmax === null) {
-        replayed?.graph.dispose();
-        for (const t of [...Object.values(inputs), logits, argmax]) t?.dispose();
+    for (const [i, rec] of stored.entries()) {
+      const bucket = this.replayBucket(rec, session);
+      if (bucket === null) {
         this.dispose();
         return false;
       }
-      const bucket: Bucket = { kind: rec.kind, tokens: rec.tokens, rows: rec.rows, ...inputs, logits, argmax, graph: replayed.graph };
       (rec.kind === "decode" ? this.decode : this.mixed).push(bucket);
-      onProgress?.({ done: i + 1, total, bucket: `${rec.kind} ${rec.tokens}` });
+      onProgress?.({ done: i + 1, total: plan.length, bucket: `${rec.kind} ${rec.tokens}` });
     }
     return true;
+  }
+
+  /** One bucket from its recording, or null (nothing kept) when it does not fit this process. */
+  private replayBucket(rec: BucketRecording, session: ReplaySession): Bucket | null {
+    const dev = this.model.device;
+    const inputs = this.inputs(rec.kind, rec.tokens, rec.rows);
+    let replayed: ReturnType<NonNullable<Backend["replayCapture"]>> = null;
+    try {
+      replayed = dev.backend.replayCapture!(rec.recording, rootsOf(inputs), session, resolveCodeName);
+    } catch {
+      // a recorded call the addon rejects (a recording from a build the key failed to tell apart): trace instead
+    }
+    const view = (name: string): Tensor | null => {
+      const v = rec.views[name];
+      const buffer = replayed?.outputs.get(name);
+      return v === undefined || buffer === undefined ? null : new Tensor(new Storage(dev, buffer), v.dtype as DType, v.shape, v.strides, v.offset);
+    };
+    const logits = view("logits");
+    const argmax = view("argmax");
+    if (replayed === null || logits === null || argmax === null) {
+      replayed?.graph.dispose();
+      for (const t of [...Object.values(inputs), logits, argmax]) t?.dispose();
+      return null;
+    }
+    return { kind: rec.kind, tokens: rec.tokens, rows: rec.rows, ...inputs, logits, argmax, graph: replayed.graph };
   }
 
   /**
