@@ -242,6 +242,10 @@ export function replayCalls(
     if (blob !== undefined) new Uint8Array(m).set(recording.blobs[blob]!);
     return m;
   };
+  const misfit = (): null => {
+    for (const d of outputs.values()) memory.free(d);
+    return null;
+  };
   // resolve every buffer before the first call, so a misfit leaves nothing half-recorded
   for (const b of meta.buffers) {
     let m: ArrayBuffer | undefined;
@@ -269,10 +273,7 @@ export function replayCalls(
         m = fill(new ArrayBuffer(b.bytes), b.blob);
         break;
     }
-    if (m === undefined || m.byteLength !== b.bytes) {
-      for (const d of outputs.values()) memory.free(d);
-      return null;
-    }
+    if (m === undefined || m.byteLength !== b.bytes) return misfit();
     mems.push(m);
   }
   const codes = new Map<string, bigint>();
@@ -280,10 +281,7 @@ export function replayCalls(
     if (c.fn !== "@call") continue;
     const code = (c.args[0] as { code: string }).code;
     const address = codes.get(code) ?? resolveCode(code);
-    if (address === null) {
-      for (const d of outputs.values()) memory.free(d);
-      return null;
-    }
+    if (address === null) return misfit();
     codes.set(code, address);
   }
   const decode = (a: RecArg): unknown => {
@@ -298,7 +296,7 @@ export function replayCalls(
   try {
     for (const c of meta.calls) launch(c.fn, c.args.map(decode));
   } catch (e) {
-    for (const d of outputs.values()) memory.free(d);
+    misfit();
     throw e;
   }
   return { all: meta.all.map((i) => mems[i]!), written: meta.written.map((i) => mems[i]!), outputs };
