@@ -9,7 +9,7 @@
 // have no per-row form, so they are dequantized on load to the model dtype, with a note. Activation scales
 // (`input_scale`, static activation schemes) are ignored: the kernel is weight-only and reads f32 activations.
 import { resolveDevice, type DeviceLike } from "../tensor/device.js";
-import { fromBytes, mapFromFile, tensor, type Tensor } from "../tensor/index.js";
+import { tensor, type Tensor } from "../tensor/index.js";
 import type { QuantizedWeight } from "../tensor/ops/linalg.js";
 import { installQuantizedWeight } from "../nn/quantized-linear.js";
 import { Linear } from "../nn/layers.js";
@@ -20,7 +20,7 @@ import type { DType } from "../backends/dtype.js";
 import { fp8BytesToF32 } from "./formats/dtype-convert.js";
 import type { SafetensorsHandle } from "./formats/safetensors.js";
 import { UnsupportedError } from "../util/errors.js";
-import { ModelLoadError } from "./loader.js";
+import { mapOrRead, ModelLoadError } from "./loader.js";
 
 export interface Fp8CheckpointFormat {
   method: "fp8" | "compressed-tensors";
@@ -116,7 +116,7 @@ export function fp8WeightLoader(handle: SafetensorsHandle, model: Module, format
         dequantized.push(name);
         return true;
       }
-      const data = mapFromFile(info.file, info.byteOffset, "uint8", [n, k], { device: dev }) ?? fromBytes(handle.load(name), "uint8", [n, k], { device: dev });
+      const data = mapOrRead(handle, name, "uint8", [n, k], dev);
       const q: QuantizedWeight = { scheme: "fp8", outFeatures: n, inFeatures: k, data, scales: tensor(scales, { device: dev }), rowSums: null };
       installQuantizedWeight(model, moduleName, layer, q);
       quantized++;

@@ -21,6 +21,7 @@ import { Linear } from "../nn/layers.js";
 import { fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
 import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
+import { quantKMultiple } from "../backends/quant-layout.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 import { resolveQuantization } from "./quantization-args.js";
 import { fp8CheckpointFormat, fp8WeightLoader } from "./fp8-checkpoint.js";
@@ -125,10 +126,15 @@ function paramDtype(name: string, modelDtype: DType): DType {
 
 const SAFETENSORS_TO_DTYPE: Record<string, DType | undefined> = { F32: "float32", BF16: "bfloat16" };
 
+/** A stored tensor's bytes as `dtype`: memory-mapped in place where the device can, else read. */
+export function mapOrRead(h: SafetensorsHandle, name: string, dtype: DType, shape: readonly number[], device: DeviceLike): Tensor {
+  const info = h.get(name)!;
+  return mapFromFile(info.file, info.byteOffset, dtype, shape, { device }) ?? fromBytes(h.load(name), dtype, shape, { device });
+}
+
 function tensorFromSafetensors(h: SafetensorsHandle, name: string, want: DType, device: DeviceLike): Tensor {
   const info = h.get(name)!;
-  if (SAFETENSORS_TO_DTYPE[info.dtype] === want)
-    return mapFromFile(info.file, info.byteOffset, want, info.shape, { device }) ?? fromBytes(h.load(name), want, info.shape, { device });
+  if (SAFETENSORS_TO_DTYPE[info.dtype] === want) return mapOrRead(h, name, want, info.shape, device);
   const f = tensor(h.loadAsFloat32(name), { shape: info.shape, device });
   if (want === "float32") return f;
   const cast = f.to(want);
@@ -301,7 +307,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       return null;
     };
     if (!fitsDirectKernel(type, info.shape.at(-1)!)) {
-      const multiple = type === "Q4_K" ? 256 : 64;
+      const multiple = quantKMultiple(GGUF_DIRECT_SCHEME[type]);
       return decline(`${type} with in_features % ${multiple} != 0 (the kernels take ${multiple}-element chunks)`);
     }
     if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);

@@ -29,7 +29,7 @@ export function nativeTakesScheme(k: NativeKernels, scheme: QuantScheme): boolea
   let ok = known.get(scheme);
   if (ok === undefined) {
     try {
-      const kk = quantKMultiple(scheme) === 256 ? 256 : 64;
+      const kk = Math.max(64, quantKMultiple(scheme));
       const scales = newQuantScales(scheme, 1, kk);
       k.quantMatmul(new Float32Array(kk), new Uint8Array(kk), scales, new Int32Array(1), new Float32Array(1), 1, 1, kk, nativeQuantCode(scheme));
       ok = true;

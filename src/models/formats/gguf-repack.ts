@@ -13,6 +13,7 @@
 //        six-bit mins, packed as ggml's get_scale_min_k4 reads them), u8 qs[128] (byte l of 32-byte chunk c holds
 //        element 64c + l in its low nibble, 64c + 32 + l in its high one: int4's order already).
 //   Kiln q4_k row: qs of every super-block as they are [K/2], meta [K/256][20] = d, dmin, sc[8], m[8] unpacked.
+import { Q4K_BLOCK, Q4K_META_BYTES, quantKMultiple } from "../../backends/quant-layout.js";
 
 /** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
 export interface Int4Arrays {
@@ -146,18 +147,17 @@ export interface Q4kArrays {
 }
 
 const Q4K_BYTES = 144;
-const Q4K_META = 20;
 
 /** Q4_K bytes of an [n, k] tensor (k % 256 == 0, as GGUF guarantees) -> Kiln q4_k data and meta. */
 export function q4_KToQ4k(src: Uint8Array, n: number, k: number): Q4kArrays {
-  if (k % 256 !== 0) throw new RangeError(`[q4_KToQ4k] q4_k needs k % 256 == 0, got ${k}`);
-  const blocks = (n * k) / 256;
+  if (k % Q4K_BLOCK !== 0) throw new RangeError(`[q4_KToQ4k] q4_k needs k % 256 == 0, got ${k}`);
+  const blocks = (n * k) / Q4K_BLOCK;
   if (src.byteLength !== blocks * Q4K_BYTES) throw new RangeError(`[q4_KToQ4k] ${src.byteLength} bytes are not Q4_K [${n}, ${k}]`);
   const data = new Uint8Array(blocks * 128);
-  const scales = new Uint8Array(blocks * Q4K_META);
+  const scales = new Uint8Array(blocks * Q4K_META_BYTES);
   for (let b = 0; b < blocks; b++) {
     const o = b * Q4K_BYTES;
-    const m = b * Q4K_META;
+    const m = b * Q4K_META_BYTES;
     scales.set(src.subarray(o, o + 4), m); // d, dmin
     const p = o + 4; // scales[12]
     for (let j = 0; j < 4; j++) {
@@ -173,12 +173,12 @@ export function q4_KToQ4k(src: Uint8Array, n: number, k: number): Q4kArrays {
 
 /** Kiln q4_k data and meta of an [n, k] weight -> Q4_K bytes (the inverse of q4_KToQ4k; sc, m must be < 64). */
 export function q4kToQ4_K(q: Q4kArrays, n: number, k: number): Uint8Array {
-  if (k % 256 !== 0) throw new RangeError(`[q4kToQ4_K] q4_k needs k % 256 == 0, got ${k}`);
-  const blocks = (n * k) / 256;
+  if (k % Q4K_BLOCK !== 0) throw new RangeError(`[q4kToQ4_K] q4_k needs k % 256 == 0, got ${k}`);
+  const blocks = (n * k) / Q4K_BLOCK;
   const out = new Uint8Array(blocks * Q4K_BYTES);
   for (let b = 0; b < blocks; b++) {
     const o = b * Q4K_BYTES;
-    const m = b * Q4K_META;
+    const m = b * Q4K_META_BYTES;
     out.set(q.scales.subarray(m, m + 4), o);
     const p = o + 4;
     for (let j = 0; j < 4; j++) {
@@ -204,7 +204,7 @@ export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
 
 /** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k: 256). */
 export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
-  return type === "Q4_K" ? k % 256 === 0 : fitsGroupKernels(k);
+  return k % quantKMultiple(GGUF_DIRECT_SCHEME[type]) === 0;
 }
 
 /**
