@@ -27,11 +27,20 @@ test("quantized model forward: fused norm + activation quantization == unfused, 
       return r;
     };
     RMSNorm.prototype.forwardFor = spy;
+    // silu·mul fused with the down projection's activation quantization, counted where it reaches the back end
+    const backend = model.device.backend;
+    const backendRun = backend.run;
+    let fusedSiluMul = 0;
+    backend.run = (call, options) => {
+      if (call.op === "silu_mul" && call.xq) fusedSiluMul++;
+      return backendRun.call(backend, call, options);
+    };
     let fused: number[];
     try {
       fused = run();
     } finally {
       RMSNorm.prototype.forwardFor = forwardFor;
+      backend.run = backendRun;
     }
     // unfused: no layer asks for quantized rows; the quantized projections quantize x themselves
     const takes = Linear.prototype.takesQuantizedActivations;
@@ -43,7 +52,9 @@ test("quantized model forward: fused norm + activation quantization == unfused, 
       Linear.prototype.takesQuantizedActivations = takes;
     }
     const layers = model.namedModules().filter(([name]) => /layers\.\d+$/.test(name)).length;
+    // fp8 reads f32 activations: nothing is fused, the control case
     assert.equal(fusedCalls, quantization === "fp8" ? 0 : 2 * layers, `${quantization}: norms that quantized their rows`);
+    assert.equal(fusedSiluMul, quantization === "fp8" ? 0 : layers, `${quantization}: silu·mul that quantized its rows`);
     assert.ok(fused.every(Number.isFinite));
     const diff = fused.findIndex((v, i) => v !== unfused[i]);
     assert.equal(diff, -1, `${quantization}: hidden state ${diff} differs (${fused[diff]} vs ${unfused[diff]})`);

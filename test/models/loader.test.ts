@@ -15,6 +15,8 @@ import { ModelFormatError } from "../../src/models/formats/model-format-error.js
 import { readSafetensors, writeSafetensors, writeSafetensorsIndex, type SafetensorsWriteTensor } from "../../src/models/formats/safetensors.js";
 import { StateDictError } from "../../src/nn/module.js";
 import { noGrad, tensor } from "../../src/tensor/index.js";
+import { defaultDevice } from "../../src/tensor/device.js";
+import { DTYPE_BYTES } from "../../src/backends/dtype.js";
 import { UnsupportedError } from "../../src/util/errors.js";
 import { tempPath, testTokenizerDir, tinyModelDir } from "../helpers/tiny-model.js";
 
@@ -238,8 +240,23 @@ test("a checkpoint load allocates no parameter twice: the model is built unalloc
   const dir = tinyModelDir("LlamaForCausalLM");
   const built = new CausalLM(parseHfConfig(JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Record<string, unknown>), { unallocatedParameters: true });
   assert.ok(built.parameters().every((p) => p.isDisposed), "unallocated: shape and dtype only");
-  const m = loadLocalModel(dir);
+  // bytes the load allocates (mapped weights are adopted, not allocated): far below the parameters' own bytes
+  const backend = defaultDevice().backend;
+  const allocate = backend.allocate;
+  let allocated = 0;
+  backend.allocate = (n) => {
+    allocated += n;
+    return allocate.call(backend, n);
+  };
+  let m: ReturnType<typeof loadLocalModel>;
+  try {
+    m = loadLocalModel(dir);
+  } finally {
+    backend.allocate = allocate;
+  }
   assert.ok(m.model.parameters().every((p) => !p.isDisposed), "every parameter assigned from the checkpoint");
+  const paramBytes = m.model.parameters().reduce((a, p) => a + p.numel * DTYPE_BYTES[p.dtype], 0);
+  assert.ok(allocated < paramBytes / 2, `the load allocated ${allocated} bytes for ${paramBytes} bytes of parameters`);
 });
 
 test("hostile: tensor shape vs config mismatch names the tensor and both shapes", bounded, () => {
