@@ -1,7 +1,10 @@
-// Shared by the weight-format tests: last-position logits of a dense forward, and small array measures.
+// Shared by the weight-format tests: last-position logits of a dense forward, small array measures, a tensor's
+// bytes and seeded normal samples.
 import type { LoadedModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
-import { noGrad, tensor } from "../../src/tensor/index.js";
+import { noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import { DTYPE_BYTES } from "../../src/backends/dtype.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 /** Logits [vocab] at the last position of a dense forward over `ids`. */
 export function lastLogits(m: LoadedModel, ids: number[]): Float32Array {
@@ -21,3 +24,15 @@ export const maxAbsDiff = (a: Float32Array, b: Float32Array): number => a.reduce
 export const maxAbs = (v: Float32Array): number => v.reduce((a, x) => Math.max(a, Math.abs(x)), 0);
 /** Every Linear of the model with its dotted name. */
 export const linears = (m: LoadedModel): [string, Linear][] => m.model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear);
+
+/** A (contiguous) tensor's stored bytes, e.g. quantized codes and scales, to compare layouts bit for bit. */
+export function bytesOfTensor(t: Tensor): Uint8Array {
+  const size = DTYPE_BYTES[t.dtype];
+  return new Uint8Array(t.device.backend.read(t.storage.buffer, t.offset * size, t.numel * size));
+}
+
+/** Seeded normal samples (Box-Muller over mulberry32). */
+export function seededRandn(n: number, seed: number, std = 1): Float32Array {
+  const u = mulberry32(seed);
+  return Float32Array.from({ length: n }, () => std * Math.sqrt(-2 * Math.log(Math.max(u(), 1e-12))) * Math.cos(2 * Math.PI * u()));
+}

@@ -13,22 +13,18 @@ import type { Architecture } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import { fromBytes, linear, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import { fromBytes, linear, noGrad, tensor } from "../../src/tensor/index.js";
 import { quantizedShadowOf, quantizeWeight, quantizedLinear, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
-import { lastLogits, maxAbsDiff, maxAbs, linears } from "../helpers/model-logits.js";
+import { bytesOfTensor, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = native ? false : "native addon not built";
 // Q8_0 runs on the int8_g32 kernel (scheme code 3), which an addon built before it rejects
 const skipQ8 = skip || (nativeTakesScheme(native!, "int8_g32") ? false : "native addon lacks int8_g32");
 
-function randn(n: number, seed: number, std = 1): Float32Array {
-  const u = mulberry32(seed);
-  return Float32Array.from({ length: n }, () => std * Math.sqrt(-2 * Math.log(Math.max(u(), 1e-12))) * Math.cos(2 * Math.PI * u()));
-}
 
 /** Random GGUF blocks of `blockBytes` with a leading f16 scale: every code, both scale signs, subnormal scales. */
 function randomBlocks(blocks: number, blockBytes: number, seed: number): Uint8Array {
@@ -63,14 +59,10 @@ function repackByElement(src: Uint8Array, n: number, k: number): { data: Uint8Ar
   return { data, scales };
 }
 
-const bytesOfTensor = (t: Tensor) => {
-  const size = t.dtype === "float16" ? 2 : 1;
-  return new Uint8Array(t.device.backend.read(t.storage.buffer, t.offset * size, t.numel * size));
-};
 
 test("Q4_0 -> int4 repack: matches an element-wise repack, dequantizes bit-exactly, inverts", () => {
   const n = 5, k = 192;
-  for (const src of [randomBlocks((n * k) / 32, 18, 11), quantizeQ4_0(randn(n * k, 12, 0.05))]) {
+  for (const src of [randomBlocks((n * k) / 32, 18, 11), quantizeQ4_0(seededRandn(n * k, 12, 0.05))]) {
     const q = q4_0ToInt4(src, n, k);
     const ind = repackByElement(src, n, k);
     assert.deepEqual(q.data, ind.data);
@@ -86,14 +78,14 @@ test("Q4_0 -> int4 repack: matches an element-wise repack, dequantizes bit-exact
 
 test("quant_matmul on repacked Q4_0 == f32 matmul on the dequantized weight (within activation rounding)", { skip }, () => {
   const n = 48, k = 320, m = 5;
-  const src = quantizeQ4_0(randn(n * k, 21, 0.05));
+  const src = quantizeQ4_0(seededRandn(n * k, 21, 0.05));
   const q = q4_0ToInt4(src, n, k);
   const wdq = dequantize("Q4_0", src, n * k)!;
   const qw: QuantizedWeight = {
     scheme: "int4", outFeatures: n, inFeatures: k, rowSums: null,
     data: fromBytes(q.data, "uint8", [n, k / 2]), scales: fromBytes(new Uint8Array(q.scales.buffer), "float16", [n, k / 32]),
   };
-  const x = randn(m * k, 22);
+  const x = seededRandn(m * k, 22);
   noGrad(() => {
     const xt = tensor(x, { shape: [m, k] });
     const got = quantizedLinear(xt, qw).dataSync() as Float32Array;
@@ -114,7 +106,7 @@ test("quant_matmul on repacked Q4_0 == f32 matmul on the dequantized weight (wit
 
 test("Kiln's int4 quantizer and quantizeQ4_0 produce the same bits (ties included)", { skip }, () => {
   const n = 7, k = 128;
-  const w = randn(n * k, 31, 0.05);
+  const w = seededRandn(n * k, 31, 0.05);
   // a block whose values sit exactly on rounding ties: d = -8 / -8 = 1, x * id + 8.5 lands on integers
   for (let i = 0; i < 32; i++) w[i] = i === 0 ? -8 : ((i % 16) - 8) + 0.5;
   // a block of zeros (d = 0) and one of a single outlier
@@ -145,7 +137,7 @@ test("Q8_0 -> int8_g32 repack: codes and scales pulled apart, dequantizes identi
 
 test("Kiln's int8_g32 quantizer and quantizeQ8_0 produce the same bits (roundf ties away from zero)", () => {
   const n = 5, k = 192;
-  const w = randn(n * k, 51, 0.05);
+  const w = seededRandn(n * k, 51, 0.05);
   for (let i = 0; i < 32; i++) w[i] = i === 0 ? 127 : i - 16 + 0.5; // d = 1: x * id lands on .5 ties
   w.fill(0, 32, 64);
   const expected = quantizeQ8_0(w);

@@ -14,20 +14,16 @@ import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import { fromBytes, linear, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import { fromBytes, linear, noGrad, tensor } from "../../src/tensor/index.js";
 import { quantizedLinear, quantizedShadowOf, quantizeWeight, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
-import { lastLogits, maxAbsDiff, maxAbs, linears } from "../helpers/model-logits.js";
+import { bytesOfTensor, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = !native ? "native addon not built" : nativeTakesScheme(native, "q4_k") ? false : "native addon lacks q4_k";
 
-function randn(n: number, seed: number, std = 1): Float32Array {
-  const u = mulberry32(seed);
-  return Float32Array.from({ length: n }, () => std * Math.sqrt(-2 * Math.log(Math.max(u(), 1e-12))) * Math.cos(2 * Math.PI * u()));
-}
 
 /** Random Q4_K super-blocks: every code and 6-bit scale / min, finite f16 d and dmin of both signs. */
 function randomQ4K(blocks: number, seed: number): Uint8Array {
@@ -47,14 +43,10 @@ function scaleMin(src: Uint8Array, o: number, j: number): [number, number] {
   return [(src[o + j + 4]! & 15) | ((src[o + j - 4]! >> 6) << 4), (src[o + j + 4]! >> 4) | ((src[o + j]! >> 6) << 4)];
 }
 
-const bytesOfTensor = (t: Tensor) => {
-  const size = t.dtype === "float16" ? 2 : 1;
-  return new Uint8Array(t.device.backend.read(t.storage.buffer, t.offset * size, t.numel * size));
-};
 
 test("Q4_K -> q4_k repack: scales and mins unpacked as get_scale_min_k4, dequantizes bit-exactly, inverts", () => {
   const n = 3, k = 512;
-  for (const src of [randomQ4K((n * k) / 256, 5), quantizeQ4_K(randn(n * k, 6, 0.05))]) {
+  for (const src of [randomQ4K((n * k) / 256, 5), quantizeQ4_K(seededRandn(n * k, 6, 0.05))]) {
     const q = q4_KToQ4k(src, n, k);
     for (let b = 0; b < (n * k) / 256; b++) {
       assert.deepEqual(q.scales.subarray(b * 20, b * 20 + 4), src.subarray(b * 144, b * 144 + 4), "d, dmin");
@@ -75,7 +67,7 @@ test("Q4_K -> q4_k repack: scales and mins unpacked as get_scale_min_k4, dequant
 
 test("Q4_K encoder: every element within half a step of its sub-block (or dmin/2 below the stored min)", () => {
   const n = 4, k = 1024;
-  const w = randn(n * k, 7, 0.05);
+  const w = seededRandn(n * k, 7, 0.05);
   w.fill(0, 256, 512); // an all-zero super-block: d = dmin = 0
   for (let i = 512; i < 544; i++) w[i] = 0.3 + 0.001 * i; // a positive-only sub-block (min 0) next to small ones
   const src = quantizeQ4_K(w);
@@ -105,7 +97,7 @@ test("quant_matmul on repacked Q4_K == f32 matmul on the dequantized weight (wit
     scheme: "q4_k", outFeatures: n, inFeatures: k, rowSums: null,
     data: fromBytes(q.data, "uint8", [n, k / 2]), scales: fromBytes(q.scales, "uint8", [n, (k / 256) * 20]),
   };
-  const x = randn(m * k, 9);
+  const x = seededRandn(m * k, 9);
   noGrad(() => {
     const xt = tensor(x, { shape: [m, k] });
     const got = quantizedLinear(xt, qw).dataSync() as Float32Array;
@@ -127,7 +119,7 @@ test("quant_matmul on repacked Q4_K == f32 matmul on the dequantized weight (wit
 
 test("quantizeWeight(w, 'q4_k') runs the TS encoder (no native quantizer) and rejects in_features % 256 != 0", { skip }, () => {
   const n = 6, k = 256;
-  const w = randn(n * k, 10, 0.05);
+  const w = seededRandn(n * k, 10, 0.05);
   const q = quantizeWeight(tensor(w, { shape: [n, k] }), "q4_k");
   assert.deepEqual(q4kToQ4_K({ data: bytesOfTensor(q.data), scales: bytesOfTensor(q.scales) }, n, k), quantizeQ4_K(w));
   assert.throws(() => quantizeWeight(tensor(new Float32Array(2 * 320), { shape: [2, 320] }), "q4_k"), /q4_k needs in_features % 256 == 0, got 320/);

@@ -18,12 +18,11 @@ import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import type { Tensor } from "../../src/tensor/index.js";
 import { quantizedShadowOf } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
-import { lastLogits, maxAbsDiff, linears } from "../helpers/model-logits.js";
+import { bytesOfTensor, lastLogits, linears, maxAbsDiff } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = native ? false : "native addon not built";
@@ -33,10 +32,6 @@ const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 const PROMPTS = ["The jury said", "It was a", "Mr. Brown went to the", "In the afternoon"];
 
 const range = (v: Float32Array) => Math.max(...v) - Math.min(...v);
-const bytesOfTensor = (t: Tensor) => {
-  const size = t.dtype === "float16" ? 2 : 1;
-  return new Uint8Array(t.device.backend.read(t.storage.buffer, t.offset * size, t.numel * size));
-};
 
 test("GGUF MXFP4 blocks -> Kiln mxfp4: dequantize bit-exactly as gguf-quant.ts, invert, and match Kiln's quantizer", () => {
   const n = 5, k = 192;
