@@ -4,6 +4,8 @@
 import type { QuantScheme } from "../backend.js";
 import type { NativeKernels } from "./native.js";
 import { dequantizeQ4kRef, q4kMatmulRef, quantizeQ4kRef } from "./q4k-reference.js";
+import { quantizeActivationsRef, roundHalfEven } from "../quant-activations.js";
+export { quantizeActivationsRef, roundHalfEven };
 import { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype } from "../quant-layout.js";
 
 export { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype };
@@ -90,11 +92,6 @@ export function floatToHalf(x: number): number {
   const rest = mant & 0x1fff;
   if (rest > 0x1000 || (rest === 0x1000 && h & 1)) h++;
   return sign | h;
-}
-/** C's nearbyint under the default rounding mode (ties to even). */
-export function roundHalfEven(x: number): number {
-  const r = Math.round(x);
-  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
 /** e4m3fn code -> value (no infinities; 0x7f / 0xff are NaN). */
@@ -272,19 +269,6 @@ export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number
   return out;
 }
 
-/** Per-row symmetric int8 activation quantization as the kernel does it: xq [m, k] and scales [m]. */
-export function quantizeActivationsRef(x: Float32Array, m: number, k: number): { xq: Int8Array; xs: Float32Array } {
-  const xq = new Int8Array(m * k);
-  const xs = new Float32Array(m);
-  for (let r = 0; r < m; r++) {
-    let amax = 0;
-    for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(x[r * k + i]!));
-    xs[r] = Math.fround(amax / 127);
-    const inv = amax > 0 ? Math.fround(127 / amax) : 0;
-    for (let i = 0; i < k; i++) xq[r * k + i] = roundHalfEven(Math.fround(x[r * k + i]! * inv));
-  }
-  return { xq, xs };
-}
 
 /**
  * out [m, n] = x @ dequant(W)^T computed like the kernel: int8/int4/int8_g32 quantize x per row and take exact

@@ -2,6 +2,7 @@
 // Native kernels are tested against these (STYLE.md 9).
 import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
 import { forEachIndex, getter, numel, readF64, setter, writeDense } from "./host-memory.js";
+import { quantizeActivationsRef } from "../quant-activations.js";
 
 function erf(x: number): number {
   // Abramowitz-Stegun 7.1.26 is only 1.5e-7 accurate; use a series/continued fraction split for ~1e-15.
@@ -170,17 +171,9 @@ function rotateRows(x: Float64Array, pos: Float64Array, cos: Float64Array, sin: 
 function quantizeRowsReference(x: Float64Array, rows: number, n: number, xq: QuantizedRowsView): void {
   const setQ = setter(xq.data.buffer, xq.data.dtype);
   const setS = setter(xq.scales.buffer, xq.scales.dtype);
-  const roundHalfEven = (v: number) => {
-    const r = Math.round(v);
-    return r - v === 0.5 && r % 2 !== 0 ? r - 1 : r;
-  };
-  for (let r = 0; r < rows; r++) {
-    let amax = 0;
-    for (let i = 0; i < n; i++) amax = Math.max(amax, Math.abs(x[r * n + i]!));
-    setS(xq.scales.offset + r, Math.fround(amax / 127));
-    const inv = amax > 0 ? Math.fround(127 / amax) : 0;
-    for (let i = 0; i < n; i++) setQ(xq.data.offset + r * n + i, roundHalfEven(Math.fround(x[r * n + i]! * inv)));
-  }
+  const q = quantizeActivationsRef(x, rows, n);
+  for (let r = 0; r < rows; r++) setS(xq.scales.offset + r, q.xs[r]!);
+  for (let i = 0; i < rows * n; i++) setQ(xq.data.offset + i, q.xq[i]!);
 }
 
 export function pagedAttentionReference(p: PagedAttentionArgs): void {
