@@ -183,20 +183,25 @@ int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
   return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
 }
 
+// The scales argument of an [N, K] weight in `scheme`'s layout (quant.h): e8m0 bytes per 32 (mxfp4), q4_k's 20
+// meta bytes per 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8).
+void* quantScalesArg(const Napi::CallbackInfo& info, size_t i, const char* op, int64_t scheme, int64_t N, int64_t K) {
+  if (scheme == kQuantMxfp4) return array<uint8_t>(info, i, N * K / 32, op, "scales");
+  if (scheme == kQuantQ4K) return array<uint8_t>(info, i, N * K / 256 * 20, op, "scales");
+  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return array<uint16_t>(info, i, N * K / 32, op, "scales");
+  return array<float>(info, i, N, op, "scales");
+}
+
 // quantMatmul(x, w, scales, rowSums, out, M, N, K, scheme): out = x @ dequant(W)^T, layouts in quant.h.
 Job QuantMatmul(const Napi::CallbackInfo& info) {
   const char* op = "quantMatmul";
   const int64_t M = integer(info, 5, op, "M"), N = integer(info, 6, op, "N"), K = integer(info, 7, op, "K");
   const int64_t scheme = integer(info, 8, op, "scheme");
   checkQuantScheme(info, op, scheme, K);
-  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;  // f16 scales per 32, K % 64 == 0
   QuantMatmulArgs a{};
   a.x = array<float>(info, 0, M * K, op, "x");
   a.w = array<uint8_t>(info, 1, quantDataBytes(scheme, N, K), op, "w");
-  a.scales = scheme == kQuantMxfp4 ? static_cast<const void*>(array<uint8_t>(info, 2, N * K / 32, op, "scales"))
-             : scheme == kQuantQ4K ? static_cast<const void*>(array<uint8_t>(info, 2, N * K / 256 * 20, op, "scales"))
-             : grouped             ? static_cast<const void*>(array<uint16_t>(info, 2, N * K / 32, op, "scales"))
-                                   : static_cast<const void*>(array<float>(info, 2, N, op, "scales"));
+  a.scales = quantScalesArg(info, 2, op, scheme, N, K);
   a.rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 3, N, op, "rowSums") : nullptr;
   a.out = array<float>(info, 4, M * N, op, "out");
   a.M = M; a.N = N; a.K = K; a.scheme = static_cast<int>(scheme);
@@ -215,12 +220,9 @@ Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
   if (scheme == kQuantQ4K) fail(info.Env(), op, "q4_k has no native quantizer (its weights are GGUF Q4_K blocks)");
   checkQuantScheme(info, op, scheme, K);
-  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32;
   const float* w = array<float>(info, 0, N * K, op, "w");
   uint8_t* data = array<uint8_t>(info, 4, quantDataBytes(scheme, N, K), op, "data");
-  void* scales = scheme == kQuantMxfp4 ? static_cast<void*>(array<uint8_t>(info, 5, N * K / 32, op, "scales"))
-                 : grouped             ? static_cast<void*>(array<uint16_t>(info, 5, N * K / 32, op, "scales"))
-                                       : static_cast<void*>(array<float>(info, 5, N, op, "scales"));
+  void* scales = quantScalesArg(info, 5, op, scheme, N, K);
   int32_t* rowSums = scheme == kQuantInt8 ? array<int32_t>(info, 6, N, op, "rowSums") : nullptr;
   const int sch = static_cast<int>(scheme);
   return {op, [=] { gQ->quantize(sch, w, N, K, data, scales, rowSums); }};
