@@ -25,8 +25,9 @@ export function decodeBuckets(maxNumSeqs: number, cap = 32): number[] {
 
 /**
  * Token counts of the mixed (prefill/chunked) step graphs: powers of two from 4 up to min(budget, cap). A short
- * prompt pads only to the next of them: a 3-token prefill of the bf16 SmolLM-135M model took ~40 ms padded to 16
- * tokens (its f32-exact small-M matmuls are compute-bound there) and ~25 ms at 4, as vLLM captures 1, 2, 4, 8 too.
+ * prompt pads only to the next of them (vLLM captures 1, 2, 4, 8 too): a 1-token completion of a 3-token prompt on
+ * the bf16 SmolLM-135M bench model took 38-40 ms over HTTP padded to 16 tokens (its f32-exact small-M matmuls are
+ * compute-bound there) and 17-35 ms at 4.
  */
 export function mixedBuckets(maxNumBatchedTokens: number, cap = 512): number[] {
   const top = Math.min(maxNumBatchedTokens, cap);
