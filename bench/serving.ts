@@ -2,7 +2,8 @@
 // (one 512-token prompt), single-stream decode tokens/s, and aggregate decode tokens/s with 8 and 32 concurrent
 // requests. Decode is timed apart from prefill: each run is repeated with max_tokens = 1, and decode time is the
 // difference (so it starts when every request has prefilled). Next to each figure: the bandwidth roofline
-// (read bandwidth measured around that format's runs / weight bytes read per decode step) and llama.cpp (node-llama-cpp, CPU)
+// (read bandwidth probed on either side of each single-stream run / weight bytes read per decode step; see
+// singleStreamRounds: Kiln's and llama.cpp's single-stream runs alternate, each bracketed by probes) and llama.cpp (node-llama-cpp, CPU)
 // on a GGUF export of the same weights (f32 -> F32, bf16 -> BF16, int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4). The
 // int4, mxfp4 and int8 rows are one file for both engines: Kiln loads the Q4_0 / MXFP4 / Q8_0 export straight into
 // its int4 / mxfp4 / int8_g32 kernels
@@ -11,7 +12,7 @@
 // --formats q4_k adds a Q4_K export, likewise one file for both (Kiln's q4_k kernel); matrices whose in_features is
 // not a multiple of 256 (most of SmolLM's: 576) are written as Q4_0 and run as int4.
 // Usage: npm run bench [-- --model smollm|1b] [--models smollm,1b] [--formats f32,bf16,int8,int4,q4_k,mxfp4] [--conc 8,32]
-//                      [--decode 32] [--prefill 512] [--no-llama-cpp] [--no-accuracy] [--threads 2]
+//                      [--decode 32] [--prefill 512] [--rounds 5] [--no-llama-cpp] [--no-accuracy] [--threads 2]
 import * as os from "node:os";
 import * as path from "node:path";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
@@ -40,11 +41,6 @@ function prompts(n: number, len: number, seed: number): number[][] {
   return Array.from({ length: n }, () => Array.from({ length: len }, () => 3 + Math.floor(next() * (TOKENIZER_VOCAB - 3))));
 }
 
-interface Figures {
-  prefill: number; // prompt tokens/s
-  decode: Map<number, number>; // concurrency -> generated tokens/s (decode only)
-}
-
 function best<T>(runs: number, f: () => T, key: (t: T) => number): T {
   let out = f();
   for (let i = 1; i < runs; i++) {
@@ -54,29 +50,36 @@ function best<T>(runs: number, f: () => T, key: (t: T) => number): T {
   return out;
 }
 
-function kilnFigures(llm: LLM, concs: number[], decodeTokens: number): Figures {
+/** Kiln's runs on one loaded engine: prefill seconds of the 512-token prompt, decode tokens/s at a concurrency. */
+function kilnRuns(llm: LLM, decodeTokens: number) {
   const gen = (ps: number[][], maxTokens: number) => {
     const t0 = performance.now();
     llm.generate(ps.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens, ignoreEos: true });
     return (performance.now() - t0) / 1000;
   };
   gen(prompts(2, 32, 1), 4); // warm-up
-  const prefillS = best(2, () => gen(prompts(1, PREFILL_LEN, 7), 1), (s) => s);
-  const decode = new Map<number, number>();
-  for (const c of concurrency(concs)) {
-    const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
-    const t1 = best(2, () => gen(ps, 1), (s) => s);
-    const tn = best(2, () => gen(ps, 1 + decodeTokens), (s) => s);
-    decode.set(c, (c * decodeTokens) / Math.max(1e-9, tn - t1));
-  }
-  return { prefill: PREFILL_LEN / prefillS, decode };
+  return {
+    prefill: () => PREFILL_LEN / best(2, () => gen(prompts(1, PREFILL_LEN, 7), 1), (s) => s),
+    /** decode only: the same requests run to 1 token and to 1 + decodeTokens, the difference timed */
+    decode: (c: number, reps = 2) => {
+      const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
+      const t1 = best(reps, () => gen(ps, 1), (s) => s);
+      const tn = best(reps, () => gen(ps, 1 + decodeTokens), (s) => s);
+      return (c * decodeTokens) / Math.max(1e-9, tn - t1);
+    },
+  };
 }
-const concurrency = (concs: number[]) => [1, ...concs.filter((c) => c !== 1)];
 
 /** node-llama-cpp's branded token ids. */
 const tokens = (ids: number[]) => ids as unknown as import("node-llama-cpp").Token[];
 
-async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: number, threads: number): Promise<Figures | string> {
+interface EngineRuns {
+  prefill(): number | Promise<number>;
+  decode(c: number): number | Promise<number>;
+}
+
+/** llama.cpp (node-llama-cpp, CPU) on a GGUF, as EngineRuns; a string when it cannot run. */
+async function openLlamaCpp(gguf: string, concs: number[], decodeTokens: number, threads: number): Promise<(EngineRuns & { close(): Promise<void> }) | string> {
   let mod: typeof import("node-llama-cpp");
   try {
     mod = await import("node-llama-cpp");
@@ -85,42 +88,71 @@ async function llamaCppFigures(gguf: string, concs: number[], decodeTokens: numb
   }
   const llama = await mod.getLlama({ gpu: false, build: "never", logLevel: "error" as never });
   const model = await llama.loadModel({ modelPath: gguf });
-  try {
-    const maxC = Math.max(1, ...concs);
-    const ctx = await model.createContext({ contextSize: Math.max(1024, maxC * (DECODE_PROMPT_LEN + decodeTokens + 8)), sequences: maxC, batchSize: 512, threads });
-    const seqs = Array.from({ length: maxC }, () => ctx.getSequence());
-    const prefillOnce = async () => {
-      await seqs[0]!.clearHistory();
-      const t0 = performance.now();
-      await seqs[0]!.evaluateWithoutGeneratingNewTokens(tokens(prompts(1, PREFILL_LEN, 7)[0]!));
-      return (performance.now() - t0) / 1000;
-    };
-    await prefillOnce();
-    const prefillS = Math.min(await prefillOnce(), await prefillOnce());
-    const decode = new Map<number, number>();
-    for (const c of concurrency(concs)) {
-      let bestS = Infinity;
-      for (let rep = 0; rep < 2; rep++) {
-        const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
-        await Promise.all(seqs.slice(0, c).map(async (s) => s.clearHistory()));
-        // prefill every sequence (all but the last prompt token), then time the concurrent decode
-        await Promise.all(seqs.slice(0, c).map((s, i) => s.evaluateWithoutGeneratingNewTokens(tokens(ps[i]!.slice(0, -1)))));
-        const t0 = performance.now();
-        await Promise.all(
-          seqs.slice(0, c).map(async (s, i) => {
-            let n = 0;
-            for await (const _ of s.evaluate(tokens([ps[i]!.at(-1)!]), { temperature: 0 })) if (++n >= decodeTokens) break;
-          }),
-        );
-        bestS = Math.min(bestS, (performance.now() - t0) / 1000);
-      }
-      decode.set(c, (c * decodeTokens) / bestS);
+  const maxC = Math.max(1, ...concs);
+  const ctx = await model.createContext({ contextSize: Math.max(1024, maxC * (DECODE_PROMPT_LEN + decodeTokens + 8)), sequences: maxC, batchSize: 512, threads });
+  const seqs = Array.from({ length: maxC }, () => ctx.getSequence());
+  const prefillOnce = async () => {
+    await seqs[0]!.clearHistory();
+    const t0 = performance.now();
+    await seqs[0]!.evaluateWithoutGeneratingNewTokens(tokens(prompts(1, PREFILL_LEN, 7)[0]!));
+    return (performance.now() - t0) / 1000;
+  };
+  const decodeOnce = async (c: number) => {
+    const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
+    await Promise.all(seqs.slice(0, c).map(async (s) => s.clearHistory()));
+    // prefill every sequence (all but the last prompt token), then time the concurrent decode
+    await Promise.all(seqs.slice(0, c).map((s, i) => s.evaluateWithoutGeneratingNewTokens(tokens(ps[i]!.slice(0, -1)))));
+    const t0 = performance.now();
+    await Promise.all(
+      seqs.slice(0, c).map(async (s, i) => {
+        let n = 0;
+        for await (const _ of s.evaluate(tokens([ps[i]!.at(-1)!]), { temperature: 0 })) if (++n >= decodeTokens) break;
+      }),
+    );
+    return (performance.now() - t0) / 1000;
+  };
+  await prefillOnce(); // warm-up
+  return {
+    prefill: async () => PREFILL_LEN / Math.min(await prefillOnce(), await prefillOnce()),
+    decode: async (c: number) => (c * decodeTokens) / Math.min(await decodeOnce(c), await decodeOnce(c)),
+    close: async () => {
+      await ctx.dispose();
+      await model.dispose();
+    },
+  };
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+
+/**
+ * Single-stream decode against the roofline, in pairs: this VM's read bandwidth swings by up to 1.7x within
+ * seconds (other tenants), so a roofline from probes taken at other moments than the decode it divides says more
+ * about the moment than the engine. Each of `reps` rounds probes the bandwidth, runs Kiln's decode, probes, runs
+ * llama.cpp's, probes; each run's roofline fraction uses the mean of the probes on either side of it, and the
+ * engines' ratio is taken within the round. Medians over the rounds are reported, with the best of each.
+ */
+async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe: () => number, bytes: number, reps: number) {
+  const rounds: { kiln: number; kilnRoof: number; lc?: number; lcRoof?: number }[] = [];
+  for (let r = 0; r < reps; r++) {
+    const bw0 = probe();
+    const k = await kiln.decode(1);
+    const bw1 = probe();
+    const round: (typeof rounds)[number] = { kiln: k, kilnRoof: (((bw0 + bw1) / 2) * 1e9) / bytes };
+    if (lc) {
+      round.lc = await lc.decode(1);
+      round.lcRoof = (((bw1 + probe()) / 2) * 1e9) / bytes;
     }
-    await ctx.dispose();
-    return { prefill: PREFILL_LEN / prefillS, decode };
-  } finally {
-    await model.dispose();
+    rounds.push(round);
   }
+  const withLc = rounds.filter((r) => r.lc !== undefined);
+  return {
+    best: Math.max(...rounds.map((r) => r.kiln)),
+    roofFraction: median(rounds.map((r) => r.kiln / r.kilnRoof)),
+    roofRange: [Math.min(...rounds.map((r) => r.kilnRoof)), Math.max(...rounds.map((r) => r.kilnRoof))],
+    lcBest: withLc.length ? Math.max(...withLc.map((r) => r.lc!)) : undefined,
+    lcRoofFraction: withLc.length ? median(withLc.map((r) => r.lc! / r.lcRoof!)) : undefined,
+    ratio: withLc.length ? median(withLc.map((r) => r.kiln / r.lc!)) : undefined,
+  };
 }
 
 /** f32's greedy continuations of fixed prompts, and at every position the log-probability f32 gives its token. */
@@ -179,6 +211,9 @@ async function main(): Promise<void> {
   // GB/s: the best of three probes (each already the best of plain and prefetched streaming), so a noisy moment
   // cannot lower the roofline and flatter the ratios
   const measureBandwidth = () => Math.max(...[0, 1, 2].map(() => native.memoryReadBandwidth(probe, 5, threads)));
+  // one probe of all stream variants, 2 passes each (~0.2 s): brackets each single-stream decode run
+  const quickBandwidth = () => native.memoryReadBandwidth(probe, 2, threads);
+  const rounds = Number(option("--rounds", "5"));
   console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${measureBandwidth().toFixed(1)} GB/s at start`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 
@@ -211,29 +246,30 @@ async function main(): Promise<void> {
         lines.push(`${format.padEnd(5)} accuracy vs f32: teacher-forced greedy agreement ${(100 * a.agree).toFixed(1)}%, |logprob error| of f32's token mean ${a.meanLp.toFixed(4)} max ${a.maxLp.toFixed(4)}`);
         console.log(lines.at(-1));
       }
-      // This VM's read bandwidth drifts by +-30% over minutes (other tenants): each format's roofline uses the best
-      // of probes taken just before and just after its own decode runs, so both see the same machine.
-      const bwBefore = measureBandwidth();
-      const kiln = kilnFigures(llm, concs, decodeTokens);
-      const bandwidth = Math.max(bwBefore, measureBandwidth());
       const kilnWeights = sameFile ? `${setup.loaded.quantization} from the ${GGUF_PAIR[format]} file` : (setup.loaded.quantization ?? format);
       const pair = GGUF_PAIR[format];
-      const lc = flag("--no-llama-cpp") ? "skipped (--no-llama-cpp)" : await llamaCppFigures(benchGguf(benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset), pair), concs, decodeTokens, threads);
-      const roof = (bandwidth * 1e9) / bytes;
+      // both engines stay loaded for this format, so their single-stream runs can alternate (singleStreamRounds)
+      const lc = flag("--no-llama-cpp") ? "skipped (--no-llama-cpp)" : await openLlamaCpp(benchGguf(benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset), pair), concs, decodeTokens, threads);
+      const lcr = typeof lc === "string" ? null : lc;
+      const kiln = kilnRuns(llm, decodeTokens);
+      const x1 = await singleStreamRounds(kiln, lcr, quickBandwidth, bytes, rounds);
+      const prefill = kiln.prefill();
+      const lcPrefill = lcr ? await lcr.prefill() : undefined;
+      const batched = new Map<number, { kiln: number; lc?: number }>();
+      for (const c of concs.filter((c) => c !== 1)) batched.set(c, { kiln: kiln.decode(c), lc: lcr ? await lcr.decode(c) : undefined });
+      await lcr?.close();
+      const roofAt = (gbs: number) => (gbs * 1e9) / bytes;
       const ratio = (a: number, b: number | undefined) => (b ? `${(a / b).toFixed(2)}x` : "-");
-      const lcf = typeof lc === "string" ? null : lc;
+      const pct = (f: number | undefined) => (f === undefined ? "-" : `${(100 * f).toFixed(0)}%`);
+      const [lo, hi] = x1.roofRange.map((r) => (r * bytes) / 1e9);
       lines.push(
-        `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${kiln.prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcf ? lcf.prefill.toFixed(0) : "-"}, ${ratio(kiln.prefill, lcf?.prefill)})`,
+        `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
+        `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of ${rounds} rounds, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
       );
-      for (const [c, tps] of kiln.decode) {
-        const extra =
-          c === 1
-            ? ` roofline ${roof.toFixed(1)} tok/s at ${bandwidth.toFixed(1)} GB/s (${((100 * tps) / roof).toFixed(0)}%)`
-            : ` (${(tps / roof).toFixed(2)}x single-stream roofline)`;
-        lines.push(`        decode x${String(c).padEnd(2)} ${tps.toFixed(1).padStart(7)} tok/s${extra}; llama.cpp ${lcf?.decode.get(c)?.toFixed(1) ?? "-"} (${ratio(tps, lcf?.decode.get(c))})`);
-      }
+      for (const [c, r] of batched)
+        lines.push(`        decode x${String(c).padEnd(2)} ${r.kiln.toFixed(1).padStart(7)} tok/s (${(r.kiln / roofAt(hi!)).toFixed(2)}x the highest single-stream roofline); llama.cpp ${r.lc?.toFixed(1) ?? "-"} (${ratio(r.kiln, r.lc)})`);
       if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);
-      console.log(`[${preset}] ${lines.slice(-1 - kiln.decode.size - (typeof lc === "string" ? 1 : 0)).join("\n")}`);
+      console.log(`[${preset}] ${lines.slice(-2 - batched.size - (typeof lc === "string" ? 1 : 0)).join("\n")}`);
     }
     console.log(`\n== ${preset} (${path.basename(benchModelDir("float32", preset))}) ==\n${lines.join("\n")}\n`);
   }
