@@ -167,7 +167,9 @@ Job Matmul(const Napi::CallbackInfo& info) {
   a.aTransposed = boolean(info, 12);  // optional: A stored [K,M], out = A^T @ B
   a.batch = batch; a.strideA = sA; a.strideB = sB; a.strideOut = sO;
   if (M == 0 || N == 0) return {op, nullptr};
-  return {op, [a] { gK->matmul(a); }};
+  Job job{op, [a] { gK->matmul(a); }, nullptr};
+  if (gemvGroupable(a)) job.gemv = std::make_shared<const GemvLaunch>(GemvLaunch{false, a, {}});
+  return job;
 }
 
 // A scheme code quant.h knows, and K whole 64-element chunks for the group schemes.
@@ -211,8 +213,69 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
     a.xs = array<float>(info, 10, M, op, "xs");
   }
   if (M == 0 || N == 0) return {op, nullptr};
-  return {op, [a] { gQ->matmul(a); }};
+  Job job{op, [a] { gQ->matmul(a); }, nullptr};
+  if (quantGroupable(a)) job.gemv = std::make_shared<const GemvLaunch>(GemvLaunch{true, {}, a});
+  return job;
 }
+
+// ---------------------------------------------------------------- step-graph GEMV merging (stream.h)
+bool overlaps(const void* p, int64_t pBytes, const void* q, int64_t qBytes) {
+  if (!p || !q) return false;
+  const char* a = static_cast<const char*>(p);
+  const char* b = static_cast<const char*>(q);
+  return a < b + qBytes && b < a + pBytes;
+}
+// Whether `next` may join a group that starts with `first`: the same x read the same way, and no output of the
+// group overlapping that x (a later product must not see an earlier one's output).
+bool joins(const GemvLaunch& first, const GemvLaunch& next) {
+  if (first.quant != next.quant) return false;
+  if (first.quant) {
+    const QuantMatmulArgs &a = first.q, &b = next.q;
+    if (a.x != b.x || a.xq != b.xq || a.xs != b.xs || a.K != b.K || a.scheme != b.scheme) return false;
+    return !overlaps(b.out, b.N * 4, a.x, a.K * 4) && !overlaps(b.out, b.N * 4, a.xq, a.xq ? a.K : 0) &&
+           !overlaps(b.out, b.N * 4, a.xs, a.xs ? 4 : 0);
+  }
+  const MatmulArgs &a = first.m, &b = next.m;
+  return a.a == b.a && a.K == b.K && a.bDtype == b.bDtype && !overlaps(b.out, b.N * 4, a.a, a.K * 4);
+}
+}  // namespace
+
+void mergeCapturedJobs(std::vector<Job>& jobs) {
+  std::vector<Job> merged;
+  merged.reserve(jobs.size());
+  for (size_t i = 0; i < jobs.size();) {
+    size_t j = i + 1;
+    auto outOf = [&](size_t k) {
+      const GemvLaunch& g = *jobs[k].gemv;
+      return std::make_pair(static_cast<const void*>(g.quant ? g.q.out : g.m.out), (g.quant ? g.q.N : g.m.N) * 4);
+    };
+    auto disjointOuts = [&](size_t next) {  // the group's products write in parallel: no two outputs may overlap
+      for (size_t k = i; k < next; ++k)
+        if (overlaps(outOf(k).first, outOf(k).second, outOf(next).first, outOf(next).second)) return false;
+      return true;
+    };
+    if (jobs[i].gemv)
+      while (j < jobs.size() && jobs[j].gemv && joins(*jobs[i].gemv, *jobs[j].gemv) && disjointOuts(j)) ++j;
+    if (j - i < 2) {
+      merged.push_back(std::move(jobs[i]));
+      i = j;
+      continue;
+    }
+    if (jobs[i].gemv->quant) {
+      std::vector<QuantMatmulArgs> group;
+      for (size_t k = i; k < j; ++k) group.push_back(jobs[k].gemv->q);
+      merged.push_back({"quantMatmulGroup", [group] { gQ->matmulGroup(group.data(), static_cast<int>(group.size())); }, nullptr});
+    } else {
+      std::vector<MatmulArgs> group;
+      for (size_t k = i; k < j; ++k) group.push_back(jobs[k].gemv->m);
+      merged.push_back({"matmulGroup", [group] { gK->gemvGroup(group.data(), static_cast<int>(group.size())); }, nullptr});
+    }
+    i = j;
+  }
+  jobs.swap(merged);
+}
+
+namespace {
 
 // quantizeWeights(w, N, K, scheme, data, scales, rowSums): f32 [N, K] -> the layout of quant.h.
 Job QuantizeWeights(const Napi::CallbackInfo& info) {

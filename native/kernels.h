@@ -39,9 +39,18 @@ struct PagedAttentionArgs {
   bool neox;
 };
 
+/** Whether gemvGroup takes `a` (with others of the same a, K and bDtype). */
+inline bool gemvGroupable(const MatmulArgs& a) {
+  return a.M == 1 && a.batch == 1 && a.bTransposed && !a.aTransposed && a.K > 0;
+}
+
 struct KernelTable {
   const char* name;
   void (*matmul)(const MatmulArgs&);
+  // Several M = 1 products x @ W_i^T of one x (vLLM's merged q/k/v and gate/up projections, without merging the
+  // weights): as[0..n) share a, K and bDtype, all bTransposed, batch 1 (gemvGroupable()), each computed exactly as
+  // matmul(as[i]), in one parallel job whose threads split the rows of all n weights together.
+  void (*gemvGroup)(const MatmulArgs* as, int n);
   void (*unary)(int op, const float* x, float* out, int64_t n);
   void (*binary)(int op, const float* a, const float* b, float* out, int64_t n, int64_t bn);
   void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);

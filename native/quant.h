@@ -41,6 +41,10 @@ struct QuantMatmulArgs {
 struct QuantTable {
   const char* name;
   void (*matmul)(const QuantMatmulArgs&);
+  // Several M = 1 products of one x (vLLM's merged q/k/v and gate/up projections, without merging the weights):
+  // as[0..n) share x, xq, xs, K and scheme (int8, int4 or int8 group-32), each computed exactly as matmul(as[i]),
+  // in one parallel job whose threads split the rows of all n weights together (quantGroupable() says which).
+  void (*matmulGroup)(const QuantMatmulArgs* as, int n);
   // Quantizes an f32 [N, K] weight into data/scales(/rowSums for int8) in the layout of `scheme`.
   void (*quantize)(int scheme, const float* w, int64_t N, int64_t K, void* data, void* scales, int32_t* rowSums);
   // Per-row symmetric int8 quantization of activations, as quant matmul does it: xs[m] = amax/127, xq = round(x / xs).
@@ -48,6 +52,11 @@ struct QuantTable {
   // Measured vpdpbusd (u8 x s8 -> s32) peak of `threads` pool threads in GOP/s (2 ops per product); 0 without VNNI.
   double (*dotPeak)(int64_t iterations, int threads);
 };
+
+/** Whether matmulGroup takes `a` (with others of the same x, K and scheme). */
+inline bool quantGroupable(const QuantMatmulArgs& a) {
+  return a.M == 1 && (a.scheme == kQuantInt8 || a.scheme == kQuantInt4 || a.scheme == kQuantInt8G32);
+}
 
 extern const QuantTable kQuantScalar;
 #if defined(__x86_64__)

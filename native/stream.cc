@@ -328,6 +328,7 @@ Napi::Value StreamEndCapture(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   EnvStream* es = lookup(env);
   if (!es || !es->capture) throw Napi::Error::New(env, "[stream] streamEndCapture without streamBeginCapture");
+  mergeCapturedJobs(*es->capture);
   auto* handle = new GraphHandle{std::move(es->capture)};
   es->capture.reset();
   auto ext = Napi::External<GraphHandle>::New(env, handle, [](Napi::Env, GraphHandle* h) { delete h; });

@@ -10,6 +10,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels.h"
+#include "quant.h"
 
 namespace kiln {
 
@@ -20,7 +25,27 @@ namespace kiln {
 struct Job {
   const char* op = "";
   std::function<void()> run;
+  /** Set when the launch is one M = 1 product x @ W^T that a step graph may merge with its neighbours. */
+  std::shared_ptr<const struct GemvLaunch> gemv;
 };
+
+/**
+ * A GEMV launch's arguments: the float/bf16 matmul's (gemvGroupable) or the quantized one's (quantGroupable).
+ * Consecutive GEMVs of one x in a finished capture run as one job (mergeCapturedJobs), as vLLM merges q/k/v and
+ * gate/up into one projection, but without copying the weights together.
+ */
+struct GemvLaunch {
+  bool quant = false;
+  MatmulArgs m{};
+  QuantMatmulArgs q{};
+};
+
+/**
+ * Defined by the addon (it owns the kernel tables): rewrites a finished capture's jobs in place, merging each run
+ * of two or more consecutive GEMV launches that read the same x (same K, dtype or scheme, no output overlapping
+ * an input) into one group launch. Outputs are those of the separate launches, bit for bit.
+ */
+void mergeCapturedJobs(std::vector<Job>& jobs);
 
 /**
  * Drains the environment's stream (if it has one) before a synchronous kernel runs, so direct native

@@ -1,0 +1,127 @@
+// Step graphs merge consecutive GEMVs of one x (the q/k/v and gate/up projections of a decode step) into one
+// parallel job at capture end, as vLLM merges those weights, but without copying them together. The merged job must
+// give every output bit for bit as the separate kernels run eagerly give it, and must not merge launches that are
+// not independent products of the same x.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
+
+const native = tryLoadNativeKernels();
+const skip = !native && "native kernels not built";
+
+let seed = 11;
+const rand = (n: number): Float32Array =>
+  Float32Array.from({ length: n }, () => {
+    seed = (seed * 1103515245 + 12345) >>> 0;
+    return seed / 2 ** 31 - 1;
+  });
+
+// q/k/v-like row counts that split unevenly over 2 threads and 4 streams per thread
+const ROWS = [72, 13, 19];
+const K = 128;
+
+/** One quantized weight [n, K] in the scheme's layout, made by the native quantizer. */
+function quantWeight(scheme: 0 | 1 | 3, n: number) {
+  const w = rand(n * K);
+  const data = new Uint8Array(scheme === 1 ? (n * K) / 2 : n * K);
+  const scales = scheme === 0 ? new Float32Array(n) : new Uint16Array((n * K) / 32);
+  const rowSums = new Int32Array(scheme === 0 ? n : 0);
+  native!.quantizeWeights(w, n, K, scheme, data, scales, rowSums);
+  return { data, scales, rowSums };
+}
+
+const bf16 = (x: Float32Array) => {
+  const out = new Uint16Array(x.length);
+  native!.f32ToBf16(x, out, x.length);
+  return out;
+};
+
+for (const threads of [1, 2]) {
+  for (const [scheme, preQuantized] of [[0, true], [1, true], [3, true], [3, false]] as const) {
+    const how = preQuantized ? "x quantized by rmsNormQuant" : "x quantized by the kernel";
+    test(`quant scheme ${scheme}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
+      const n = native!;
+      n.setNumThreads(threads);
+      const x = new Float32Array(K);
+      const xq = new Int8Array(K);
+      const xs = new Float32Array(1);
+      n.rmsNormQuant(rand(K), rand(K), x, 1, K, 1e-5, xq, xs);
+      const [qx, qs] = preQuantized ? [xq, xs] : [undefined, undefined];
+      const ws = ROWS.map((r) => quantWeight(scheme, r));
+      const eager = ROWS.map((r, i) => {
+        const out = new Float32Array(r);
+        n.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, out, 1, r, K, scheme, qx, qs);
+        return out;
+      });
+      const outs = ROWS.map((r) => new Float32Array(r).fill(Number.NaN));
+      n.streamBeginCapture();
+      ROWS.forEach((r, i) => n.stream.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, outs[i]!, 1, r, K, scheme, qx, qs));
+      const g = n.streamEndCapture();
+      assert.equal(n.streamGraphKernels(g), 1, "three GEMVs of one x merge into one job");
+      n.streamLaunchGraph(g);
+      n.streamSync();
+      outs.forEach((o, i) => assert.deepEqual(o, eager[i], `weight ${i}`));
+      assert.ok(eager.every((o) => o.some((v) => v !== 0)), "the products are not trivially zero");
+      n.streamReleaseGraph(g);
+    });
+  }
+
+  for (const dtype of ["f32", "bf16"] as const) {
+    test(`${dtype} gate/up-like GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
+      const n = native!;
+      n.setNumThreads(threads);
+      const x = rand(K);
+      const ws = ROWS.map((r) => (dtype === "bf16" ? bf16(rand(r * K)) : rand(r * K)));
+      const code = dtype === "bf16" ? 1 : 0;
+      const eager = ROWS.map((r, i) => {
+        const out = new Float32Array(r);
+        n.matmul(x, ws[i]!, out, 1, r, K, true, code, 1, 0, 0, 0);
+        return out;
+      });
+      const outs = ROWS.map((r) => new Float32Array(r).fill(Number.NaN));
+      n.streamBeginCapture();
+      ROWS.forEach((r, i) => n.stream.matmul(x, ws[i]!, outs[i]!, 1, r, K, true, code, 1, 0, 0, 0));
+      const g = n.streamEndCapture();
+      assert.equal(n.streamGraphKernels(g), 1);
+      n.streamLaunchGraph(g);
+      n.streamSync();
+      outs.forEach((o, i) => assert.deepEqual(o, eager[i], `weight ${i}`));
+      n.streamReleaseGraph(g);
+    });
+  }
+}
+
+test("GEMVs that are not independent products of one x stay separate jobs", { skip }, () => {
+  const n = native!;
+  n.setNumThreads(2);
+  const x = rand(K);
+  const w1 = rand(K * K), w2 = rand(K * K), w3 = rand(32 * K);
+  const y = new Float32Array(K), z = new Float32Array(K), u = new Float32Array(32);
+  // z = W2 (W1 x): the second reads the first's output
+  n.streamBeginCapture();
+  n.stream.matmul(x, w1, y, 1, K, K, true, 0, 1, 0, 0, 0);
+  n.stream.matmul(y, w2, z, 1, K, K, true, 0, 1, 0, 0, 0);
+  const chain = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(chain), 2);
+  // an output that overwrites the shared x
+  n.streamBeginCapture();
+  n.stream.matmul(x, w3, u, 1, 32, K, true, 0, 1, 0, 0, 0);
+  n.stream.matmul(x, w3, x.subarray(0, 32), 1, 32, K, true, 0, 1, 0, 0, 0);
+  const clobber = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(clobber), 2);
+  // batched rows (M = 2) are not GEMVs
+  n.streamBeginCapture();
+  const x2 = rand(2 * K);
+  n.stream.matmul(x2, w3, new Float32Array(64), 2, 32, K, true, 0, 1, 0, 0, 0);
+  n.stream.matmul(x2, w3, new Float32Array(64), 2, 32, K, true, 0, 1, 0, 0, 0);
+  const batched = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(batched), 2);
+  // the chain still computes W2 (W1 x) in order
+  n.streamLaunchGraph(chain);
+  n.streamSync();
+  const yRef = new Float32Array(K), zRef = new Float32Array(K);
+  n.matmul(x, w1, yRef, 1, K, K, true, 0, 1, 0, 0, 0);
+  n.matmul(yRef, w2, zRef, 1, K, K, true, 0, 1, 0, 0, 0);
+  assert.deepEqual(z, zRef);
+  for (const g of [chain, clobber, batched]) n.streamReleaseGraph(g);
+});
