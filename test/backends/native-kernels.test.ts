@@ -195,6 +195,14 @@ function runSuite(k: NativeKernels, isa: string): void {
     k.argmax(x.subarray(0, 13), am, 1, 13);
     const row = Array.from(x.subarray(0, 13));
     assert.equal(am[0], row.indexOf(Math.max(...row)));
+    // deep in a long row, tied within its vector and with a later one: the first index still wins
+    const long = Float32Array.from({ length: 1000 }, (_, i) => Math.sin(i));
+    long[517] = 9; long[519] = 9; long[900] = 9;
+    k.argmax(long, am, 1, 1000);
+    assert.equal(am[0], 517);
+    long[3] = Number.NaN;
+    k.argmax(long, am, 1, 1000);
+    assert.equal(am[0], 517, "a NaN entry is skipped");
   });
 
   test(`[${isa}] rotary (neox and GPT-J, partial rotary dim, in place)`, () => {
