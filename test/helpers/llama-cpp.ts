@@ -9,3 +9,60 @@ export const hasLlamaCpp = ((): boolean => {
     return false;
   }
 })();
+
+type Llama = Awaited<ReturnType<typeof import("node-llama-cpp").getLlama>>;
+let llamaOnce: Promise<Llama> | null = null;
+
+/**
+ * llama.cpp (CPU, f32 KV cache, no flash attention) on a GGUF file: its next-token probabilities after `ids`
+ * (temperature 1, no truncation) and, with `greedySteps`, its greedy continuation of `ids`.
+ */
+export async function llamaCppOracle(file: string, ids: readonly number[], greedySteps = 0): Promise<{ probs: Map<number, number>; greedy: number[] }> {
+  llamaOnce ??= import("node-llama-cpp").then(({ getLlama }) => getLlama({ gpu: false, build: "never", logLevel: "error" as never }));
+  const model = await (await llamaOnce).loadModel({ modelPath: file });
+  const ctx = await model.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
+  try {
+    const seq = ctx.getSequence();
+    const last = ids.length - 1;
+    const res = await seq.controlledEvaluate(
+      ids.map((id, i) => (i === last ? [id, { generateNext: { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } } }] : id)) as never,
+    );
+    const probs = res[last]!.next!.probabilities! as Map<number, number>;
+    const greedy: number[] = [];
+    if (greedySteps > 0) {
+      await seq.clearHistory();
+      for await (const tok of seq.evaluate([...ids] as never, { temperature: 0 })) {
+        greedy.push(tok as number);
+        if (greedy.length >= greedySteps) break;
+      }
+    }
+    return { probs, greedy };
+  } finally {
+    await ctx.dispose();
+    await model.dispose();
+  }
+}
+
+/** log-softmax of one logits row. */
+export function logSoftmax(l: Float32Array): Float32Array {
+  const mx = l.reduce((a, b) => Math.max(a, b), -Infinity);
+  const lse = Math.log(l.reduce((s, x) => s + Math.exp(x - mx), 0)) + mx;
+  return l.map((x) => x - lse);
+}
+
+/**
+ * How far Kiln's next-token log-probabilities (`ours`, from the quantized weights as loaded) are from llama.cpp's
+ * (over the tokens it gives p >= 1e-7) and from Kiln's dequantized-f32 load (`ref`, every token), next to the
+ * f32 log-probability range (`scale`) the tolerances are fractions of.
+ */
+export function logprobGaps(probs: Map<number, number>, ours: Float32Array, ref: Float32Array): { dLc: number; dFloat: number; scale: number; compared: number } {
+  let dLc = 0, dFloat = 0, compared = 0;
+  for (const [tok, p] of probs) {
+    if (p < 1e-7) continue;
+    dLc = Math.max(dLc, Math.abs(Math.log(p) - ours[tok]!));
+    compared++;
+  }
+  for (let i = 0; i < ours.length; i++) dFloat = Math.max(dFloat, Math.abs(ours[i]! - ref[i]!));
+  const scale = ref.reduce((a, b) => Math.max(a, b), -Infinity) - ref.reduce((a, b) => Math.min(a, b), Infinity);
+  return { dLc, dFloat, scale, compared };
+}

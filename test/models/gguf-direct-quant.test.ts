@@ -11,12 +11,12 @@ import { int4ToQ4_0, int8G32ToQ8_0, q4_0ToInt4, q8_0ToInt8G32 } from "../../src/
 import { readGguf } from "../../src/models/formats/gguf.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
+import { loadLocalModel } from "../../src/models/loader.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { fromBytes, linear, noGrad, tensor } from "../../src/tensor/index.js";
 import { quantizedShadowOf, quantizeWeight, quantizedLinear, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
-import { hasLlamaCpp } from "../helpers/llama-cpp.js";
+import { hasLlamaCpp, llamaCppOracle, logprobGaps, logSoftmax } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import { bytesOfTensor, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
 
@@ -252,47 +252,22 @@ test("an untied lm_head quantized on load is what CausalLM.logits reads (not its
 
 
 test("Q4_0 / Q8_0 loaded as int4 / int8_g32 match llama.cpp on the same file (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 60_000 }, async (t) => {
-  const { getLlama } = await import("node-llama-cpp");
-  const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" as never });
   // Mixtral: stacked experts split into per-expert quantized layers
   const cases: [Architecture, "Q4_0" | "Q8_0"][] = [["LlamaForCausalLM", "Q4_0"], ["MixtralForCausalLM", "Q4_0"]];
   if (!skipQ8) cases.push(["LlamaForCausalLM", "Q8_0"]);
   for (const [arch, type] of cases) {
     const scheme = type === "Q4_0" ? "int4" : "int8_g32";
-    const dir = tinyModelDir(arch);
     const file = tempPath(`${arch}-${type}.gguf`);
-    exportGguf(dir, file, type);
-    const lc = await llama.loadModel({ modelPath: file });
-    const ctx = await lc.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
-    try {
-      const direct = loadLocalModel(file);
-      const floats = loadLocalModel(file, { ggufKeepQuantized: false });
-      assert.equal(linears(direct).every(([, l]) => quantizedWeightOf(l)?.scheme === scheme), true);
-      const ids = IDS;
-      const res = await ctx.getSequence().controlledEvaluate(
-        ids.map((id, i) => (i === ids.length - 1 ? [id, { generateNext: { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } } }] : id)) as never,
-      );
-      const probs = res[ids.length - 1]!.next!.probabilities! as Map<number, number>;
-      const logprobs = (m: LoadedModel) => {
-        const l = lastLogits(m, ids);
-        const mx = maxAbs(l);
-        const lse = Math.log(l.reduce((s, x) => s + Math.exp(x - mx), 0)) + mx;
-        return l.map((x) => x - lse);
-      };
-      const ours = logprobs(direct);
-      const ref = logprobs(floats);
-      let dLc = 0, dFloat = 0;
-      for (const [tok, p] of probs) if (p >= 1e-7) dLc = Math.max(dLc, Math.abs(Math.log(p) - ours[tok]!));
-      for (let i = 0; i < ours.length; i++) dFloat = Math.max(dFloat, Math.abs(ours[i]! - ref[i]!));
-      const scale = Math.max(...ref) - Math.min(...ref);
-      t.diagnostic(`${arch} ${type}: max |logprob diff| ${scheme} vs llama.cpp ${dLc.toExponential(2)}, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)})`);
-      // both engines round activations to int8 (Kiln per row, llama.cpp per 32-block): measured 2-4% of the
-      // logit range on these std-0.2 weights; a misplaced nibble or scale is off by the whole range
-      assert.ok(dLc < 0.06 * scale, `${arch} ${type}: vs llama.cpp ${dLc} (range ${scale})`);
-      assert.ok(dFloat < 0.06 * scale, `${arch} ${type}: vs dequantized ${dFloat} (range ${scale})`);
-    } finally {
-      await ctx.dispose();
-      await lc.dispose();
-    }
+    exportGguf(tinyModelDir(arch), file, type);
+    const direct = loadLocalModel(file);
+    assert.equal(linears(direct).every(([, l]) => quantizedWeightOf(l)?.scheme === scheme), true);
+    const { probs } = await llamaCppOracle(file, IDS);
+    const ours = logSoftmax(lastLogits(direct, IDS));
+    const { dLc, dFloat, scale } = logprobGaps(probs, ours, logSoftmax(lastLogits(loadLocalModel(file, { ggufKeepQuantized: false }), IDS)));
+    t.diagnostic(`${arch} ${type}: max |logprob diff| ${scheme} vs llama.cpp ${dLc.toExponential(2)}, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)})`);
+    // both engines round activations to int8 (Kiln per row, llama.cpp per 32-block): measured 2-4% of the
+    // logit range on these std-0.2 weights; a misplaced nibble or scale is off by the whole range
+    assert.ok(dLc < 0.06 * scale, `${arch} ${type}: vs llama.cpp ${dLc} (range ${scale})`);
+    assert.ok(dFloat < 0.06 * scale, `${arch} ${type}: vs dequantized ${dFloat} (range ${scale})`);
   }
 });

@@ -17,7 +17,7 @@ import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { fromBytes, linear, noGrad, tensor } from "../../src/tensor/index.js";
 import { quantizedLinear, quantizedShadowOf, quantizeWeight, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
-import { hasLlamaCpp } from "../helpers/llama-cpp.js";
+import { hasLlamaCpp, llamaCppOracle, logprobGaps, logSoftmax } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import { bytesOfTensor, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
 
@@ -187,8 +187,6 @@ test("Q4_K export: matrices with in_features % 256 != 0 fall back to Q4_0 and lo
 });
 
 test("Q4_K loaded as q4_k matches llama.cpp on the same file: logits and greedy tokens (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 120_000 }, async (t) => {
-  const { getLlama } = await import("node-llama-cpp");
-  const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" as never });
   const cases: [Architecture, Record<string, unknown>][] = [
     ["LlamaForCausalLM", Q4K_SHAPES],
     // stacked experts split per expert; every in_features is 256, so a row of x is one Q8_K block and both engines
@@ -196,62 +194,31 @@ test("Q4_K loaded as q4_k matches llama.cpp on the same file: logits and greedy 
     ["MixtralForCausalLM", { ...Q4K_SHAPES, intermediate_size: 256 }],
   ];
   for (const [arch, overrides] of cases) {
-    const dir = tinyModelDir(arch, { overrides });
     const file = tempPath(`${arch}-Q4_K.gguf`);
-    exportGguf(dir, file, "Q4_K");
-    const lc = await llama.loadModel({ modelPath: file });
-    const ctx = await lc.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
-    try {
-      const direct = loadLocalModel(file);
-      const floats = loadLocalModel(file, { ggufKeepQuantized: false });
-      assert.equal(linears(direct).every(([, l]) => quantizedWeightOf(l)?.scheme === "q4_k"), true);
-      const seq = ctx.getSequence();
-      const res = await seq.controlledEvaluate(
-        IDS.map((id, i) => (i === IDS.length - 1 ? [id, { generateNext: { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } } }] : id)) as never,
-      );
-      const probs = res[IDS.length - 1]!.next!.probabilities! as Map<number, number>;
-      const logprobs = (l: Float32Array) => {
-        const mx = maxAbs(l);
-        const lse = Math.log(l.reduce((s, x) => s + Math.exp(x - mx), 0)) + mx;
-        return l.map((x) => x - lse);
-      };
-      const ours = logprobs(lastLogits(direct, IDS));
-      const ref = logprobs(lastLogits(floats, IDS));
-      let dLc = 0, dFloat = 0, compared = 0;
-      for (const [tok, p] of probs) {
-        if (p < 1e-7) continue;
-        dLc = Math.max(dLc, Math.abs(Math.log(p) - ours[tok]!));
-        compared++;
-      }
-      for (let i = 0; i < ours.length; i++) dFloat = Math.max(dFloat, Math.abs(ours[i]! - ref[i]!));
-      const scale = Math.max(...ref) - Math.min(...ref);
-      // llama.cpp rounds activations per 256 (Q8_K), Kiln per row: a few % of the logit range on these std-0.2
-      // weights; a misplaced nibble, scale or min is off by the whole range
-      assert.ok(dLc < (arch === "MixtralForCausalLM" ? 1e-4 : 0.06) * scale, `${arch}: vs llama.cpp ${dLc} (range ${scale})`);
-      assert.ok(dFloat < 0.06 * scale, `${arch}: vs dequantized ${dFloat} (range ${scale})`);
+    exportGguf(tinyModelDir(arch, { overrides }), file, "Q4_K");
+    const direct = loadLocalModel(file);
+    assert.equal(linears(direct).every(([, l]) => quantizedWeightOf(l)?.scheme === "q4_k"), true);
+    const steps = 8;
+    const { probs, greedy: lcTokens } = await llamaCppOracle(file, IDS, steps);
+    const ours = logSoftmax(lastLogits(direct, IDS));
+    const { dLc, dFloat, scale, compared } = logprobGaps(probs, ours, logSoftmax(lastLogits(loadLocalModel(file, { ggufKeepQuantized: false }), IDS)));
+    // llama.cpp rounds activations per 256 (Q8_K), Kiln per row: a few % of the logit range on these std-0.2
+    // weights; a misplaced nibble, scale or min is off by the whole range
+    assert.ok(dLc < (arch === "MixtralForCausalLM" ? 1e-4 : 0.06) * scale, `${arch}: vs llama.cpp ${dLc} (range ${scale})`);
+    assert.ok(dFloat < 0.06 * scale, `${arch}: vs dequantized ${dFloat} (range ${scale})`);
 
-      // greedy: follow llama.cpp's tokens; Kiln's argmax agrees, or llama.cpp's pick is within a near-tie of it
-      await seq.clearHistory();
-      const steps = 8;
-      const lcTokens: number[] = [];
-      for await (const tok of seq.evaluate(IDS as never, { temperature: 0 })) {
-        lcTokens.push(tok as number);
-        if (lcTokens.length >= steps) break;
-      }
-      let agree = 0;
-      const ids = [...IDS];
-      for (const tok of lcTokens) {
-        const l = lastLogits(direct, ids);
-        const best = argmax(l);
-        if (best === tok) agree++;
-        else assert.ok(l[best]! - l[tok]! < 0.02 * scale, `${arch} step ${ids.length - IDS.length}: Kiln ${best} vs llama.cpp ${tok}, gap ${l[best]! - l[tok]!}`);
-        ids.push(tok);
-      }
-      t.diagnostic(`${arch} Q4_K: max |logprob diff| q4_k vs llama.cpp ${dLc.toExponential(2)} over ${compared} tokens, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)}); greedy ${agree}/${lcTokens.length} identical`);
-      assert.ok(agree >= lcTokens.length - 1, `${arch}: greedy agreement ${agree}/${lcTokens.length}`);
-    } finally {
-      await ctx.dispose();
-      await lc.dispose();
+    // greedy: follow llama.cpp's tokens; Kiln's argmax agrees, or llama.cpp's pick is within a near-tie of it
+    let agree = 0;
+    const ids = [...IDS];
+    for (const tok of lcTokens) {
+      const l = lastLogits(direct, ids);
+      const best = argmax(l);
+      if (best === tok) agree++;
+      else assert.ok(l[best]! - l[tok]! < 0.02 * scale, `${arch} step ${ids.length - IDS.length}: Kiln ${best} vs llama.cpp ${tok}, gap ${l[best]! - l[tok]!}`);
+      ids.push(tok);
     }
+    t.diagnostic(`${arch} Q4_K: max |logprob diff| q4_k vs llama.cpp ${dLc.toExponential(2)} over ${compared} tokens, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)}); greedy ${agree}/${lcTokens.length} identical`);
+    assert.equal(lcTokens.length, steps);
+    assert.ok(agree >= lcTokens.length - 1, `${arch}: greedy agreement ${agree}/${lcTokens.length}`);
   }
 });

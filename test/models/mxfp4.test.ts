@@ -15,12 +15,12 @@ import { dequantize, quantizeMxfp4 } from "../../src/models/formats/gguf-quant.j
 import { kilnToMxfp4, mxfp4ToKiln } from "../../src/models/formats/gguf-repack.js";
 import { readGguf } from "../../src/models/formats/gguf.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
+import { loadLocalModel } from "../../src/models/loader.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { quantizedShadowOf } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
-import { hasLlamaCpp } from "../helpers/llama-cpp.js";
+import { hasLlamaCpp, llamaCppOracle, logprobGaps, logSoftmax } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import { bytesOfTensor, lastLogits, linears, maxAbsDiff } from "../helpers/model-logits.js";
 
@@ -125,43 +125,20 @@ test("MXFP4 GGUF export loads as mxfp4 without dequantizing: same bits as --quan
 });
 
 test("MXFP4 GGUF loaded as mxfp4 matches llama.cpp on the same file (outside oracle)", { skip: skipMx || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 60_000 }, async (t) => {
-  const { getLlama } = await import("node-llama-cpp");
-  const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" as never });
   for (const arch of ["LlamaForCausalLM", "MixtralForCausalLM"] as const) {
-    const dir = tinyModelDir(arch);
     const file = tempPath(`${arch}-mxfp4.gguf`);
-    exportGguf(dir, file, "MXFP4");
-    const lc = await llama.loadModel({ modelPath: file });
-    const ctx = await lc.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
-    try {
-      const direct = loadLocalModel(file);
-      assert.equal(linears(direct).every(([, l]) => quantizedWeightOf(l)?.scheme === "mxfp4"), true);
-      const res = await ctx.getSequence().controlledEvaluate(
-        IDS.map((id, i) => (i === IDS.length - 1 ? [id, { generateNext: { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } } }] : id)) as never,
-      );
-      const probs = res[IDS.length - 1]!.next!.probabilities! as Map<number, number>;
-      const logprobs = (m: LoadedModel) => {
-        const l = lastLogits(m, IDS);
-        const mx = Math.max(...l);
-        const lse = Math.log(l.reduce((s, x) => s + Math.exp(x - mx), 0)) + mx;
-        return l.map((x) => x - lse);
-      };
-      const ours = logprobs(direct);
-      const ref = logprobs(loadLocalModel(file, { ggufKeepQuantized: false }));
-      let dLc = 0, dFloat = 0;
-      for (const [tok, p] of probs) if (p >= 1e-7) dLc = Math.max(dLc, Math.abs(Math.log(p) - ours[tok]!));
-      for (let i = 0; i < ours.length; i++) dFloat = Math.max(dFloat, Math.abs(ours[i]! - ref[i]!));
-      const scale = range(ref);
-      t.diagnostic(`${arch} MXFP4: max |logprob diff| mxfp4 vs llama.cpp ${dLc.toExponential(2)}, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)})`);
-      // both engines round activations to int8 (Kiln per row, llama.cpp per 32-block): measured Llama 2.2% / 2.5%,
-      // Mixtral 5.5% / 6.6% of the logit range (Kiln's scalar and VNNI kernels agree to f32 rounding, so this is
-      // activation rounding through random std-0.2 weights and a router); a misplaced nibble or scale is off by the
-      // whole range
-      assert.ok(dLc < 0.08 * scale, `${arch}: vs llama.cpp ${dLc} (range ${scale})`);
-      assert.ok(dFloat < 0.08 * scale, `${arch}: vs dequantized ${dFloat} (range ${scale})`);
-    } finally {
-      await ctx.dispose();
-      await lc.dispose();
-    }
+    exportGguf(tinyModelDir(arch), file, "MXFP4");
+    const direct = loadLocalModel(file);
+    assert.equal(linears(direct).every(([, l]) => quantizedWeightOf(l)?.scheme === "mxfp4"), true);
+    const { probs } = await llamaCppOracle(file, IDS);
+    const ours = logSoftmax(lastLogits(direct, IDS));
+    const { dLc, dFloat, scale } = logprobGaps(probs, ours, logSoftmax(lastLogits(loadLocalModel(file, { ggufKeepQuantized: false }), IDS)));
+    t.diagnostic(`${arch} MXFP4: max |logprob diff| mxfp4 vs llama.cpp ${dLc.toExponential(2)}, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)})`);
+    // both engines round activations to int8 (Kiln per row, llama.cpp per 32-block): measured Llama 2.2% / 2.5%,
+    // Mixtral 5.5% / 6.6% of the logit range (Kiln's scalar and VNNI kernels agree to f32 rounding, so this is
+    // activation rounding through random std-0.2 weights and a router); a misplaced nibble or scale is off by the
+    // whole range
+    assert.ok(dLc < 0.08 * scale, `${arch}: vs llama.cpp ${dLc} (range ${scale})`);
+    assert.ok(dFloat < 0.08 * scale, `${arch}: vs dequantized ${dFloat} (range ${scale})`);
   }
 });
