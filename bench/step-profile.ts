@@ -1,8 +1,9 @@
 // Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M-shaped model replayed
 // kernel by kernel with a native timer around each (best of --reps per kernel, so a shared machine's
 // preemptions mostly drop out), summed per kernel name, next to the whole replay's best time. The matmul
-// rows also give their weight read rate. bf16 reads the bf16 safetensors; int8 the Q8_0 GGUF export.
-// Usage: npm run bench:profile [-- --format bf16|int8] [--reps 20] [--batch 1] [--list]
+// rows also give their weight read rate. bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0, Q4_0 and
+// MXFP4 GGUF exports.
+// Usage: npm run bench:profile [-- --format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import type { ScheduledBatch } from "../src/engine/model-runner.js";
@@ -14,15 +15,17 @@ const option = (name: string, dflt: string): string => {
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
 };
 const format = option("--format", "bf16");
-if (format !== "bf16" && format !== "int8") throw new Error(`--format must be bf16 or int8, got ${format}`);
+// the bench's GGUF exports (one file for Kiln and llama.cpp): int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4
+const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;
+if (format !== "bf16" && !(format in GGUF)) throw new Error(`--format must be bf16, int8, int4 or mxfp4, got ${format}`);
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
 const native = tryLoadNativeKernels();
 if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
 const model =
-  format === "int8" && nativeTakesScheme(native, "int8_g32")
-    ? benchGguf(benchModelDir("float32"), "Q8_0")
-    : benchModelDir(format === "bf16" ? "bfloat16" : "float32");
+  format === "bf16" ? benchModelDir("bfloat16")
+  : format !== "int8" || nativeTakesScheme(native, "int8_g32") ? benchGguf(benchModelDir("float32"), GGUF[format as keyof typeof GGUF])
+  : benchModelDir("float32");
 const setup = createServingSetupSync({
   model,
   quantization: format === "int8" && !model.endsWith(".gguf") ? "int8" : null,

@@ -42,7 +42,7 @@ struct QuantTable {
   const char* name;
   void (*matmul)(const QuantMatmulArgs&);
   // Several M = 1 products of one x (vLLM's merged q/k/v and gate/up projections, without merging the weights):
-  // as[0..n) share x, xq, xs, K and scheme (int8, int4 or int8 group-32), each computed exactly as matmul(as[i]),
+  // as[0..n) share x, xq, xs, K and scheme (any but fp8), each computed exactly as matmul(as[i]),
   // in one parallel job whose threads split the rows of all n weights together (quantGroupable() says which).
   void (*matmulGroup)(const QuantMatmulArgs* as, int n);
   // Quantizes an f32 [N, K] weight into data/scales(/rowSums for int8) in the layout of `scheme`.
@@ -55,7 +55,7 @@ struct QuantTable {
 
 /** Whether matmulGroup takes `a` (with others of the same x, K and scheme). */
 inline bool quantGroupable(const QuantMatmulArgs& a) {
-  return a.M == 1 && (a.scheme == kQuantInt8 || a.scheme == kQuantInt4 || a.scheme == kQuantInt8G32);
+  return a.M == 1 && a.scheme != kQuantFp8;
 }
 
 extern const QuantTable kQuantScalar;

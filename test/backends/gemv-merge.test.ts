@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
+import { quantizeQ4kRef } from "../../src/backends/cpu/q4k-reference.js";
 
 const native = tryLoadNativeKernels();
 const skip = !native && "native kernels not built";
@@ -18,13 +19,15 @@ const rand = (n: number): Float32Array =>
 
 // q/k/v-like row counts that split unevenly over 2 threads and 4 streams per thread
 const ROWS = [72, 13, 19];
-const K = 128;
+const K = 256; // q4_k's super-block; also two int4 chunk pairs
 
-/** One quantized weight [n, K] in the scheme's layout, made by the native quantizer. */
-function quantWeight(scheme: 0 | 1 | 3, n: number) {
+type Scheme = 0 | 1 | 3 | 4 | 5; // int8, int4, int8 group-32, q4_k, mxfp4
+/** One quantized weight [n, K] in the scheme's layout (the native quantizer's; q4_k: the reference encoder's). */
+function quantWeight(scheme: Scheme, n: number) {
   const w = rand(n * K);
-  const data = new Uint8Array(scheme === 1 ? (n * K) / 2 : n * K);
-  const scales = scheme === 0 ? new Float32Array(n) : new Uint16Array((n * K) / 32);
+  if (scheme === 4) return { ...quantizeQ4kRef(w, n, K), rowSums: new Int32Array(0) };
+  const data = new Uint8Array(scheme === 1 || scheme === 5 ? (n * K) / 2 : n * K);
+  const scales = scheme === 0 ? new Float32Array(n) : scheme === 5 ? new Uint8Array((n * K) / 32) : new Uint16Array((n * K) / 32);
   const rowSums = new Int32Array(scheme === 0 ? n : 0);
   native!.quantizeWeights(w, n, K, scheme, data, scales, rowSums);
   return { data, scales, rowSums };
@@ -37,7 +40,8 @@ const bf16 = (x: Float32Array) => {
 };
 
 for (const threads of [1, 2]) {
-  for (const [scheme, preQuantized] of [[0, true], [1, true], [3, true], [3, false]] as const) {
+  const cases: [Scheme, boolean][] = [[0, true], [1, true], [3, true], [4, true], [5, true], [3, false], [4, false]];
+  for (const [scheme, preQuantized] of cases) {
     const how = preQuantized ? "x quantized by rmsNormQuant" : "x quantized by the kernel";
     test(`quant scheme ${scheme}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
       const n = native!;
