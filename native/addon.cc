@@ -232,11 +232,15 @@ bool joins(const GemvLaunch& first, const GemvLaunch& next) {
   if (first.quant) {
     const QuantMatmulArgs &a = first.q, &b = next.q;
     if (a.x != b.x || a.xq != b.xq || a.xs != b.xs || a.K != b.K || a.scheme != b.scheme) return false;
-    return !overlaps(b.out, b.N * 4, a.x, a.K * 4) && !overlaps(b.out, b.N * 4, a.xq, a.xq ? a.K : 0) &&
-           !overlaps(b.out, b.N * 4, a.xs, a.xs ? 4 : 0);
+    for (const QuantMatmulArgs* o : {&a, &b})
+      if (overlaps(o->out, o->N * 4, a.x, a.K * 4) || overlaps(o->out, o->N * 4, a.xq, a.xq ? a.K : 0) ||
+          overlaps(o->out, o->N * 4, a.xs, a.xs ? 4 : 0))
+        return false;
+    return true;
   }
   const MatmulArgs &a = first.m, &b = next.m;
-  return a.a == b.a && a.K == b.K && a.bDtype == b.bDtype && !overlaps(b.out, b.N * 4, a.a, a.K * 4);
+  return a.a == b.a && a.K == b.K && a.bDtype == b.bDtype && !overlaps(a.out, a.N * 4, a.a, a.K * 4) &&
+         !overlaps(b.out, b.N * 4, a.a, a.K * 4);
 }
 }  // namespace
 

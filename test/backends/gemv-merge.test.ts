@@ -107,12 +107,17 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
   n.stream.matmul(y, w2, z, 1, K, K, true, 0, 1, 0, 0, 0);
   const chain = n.streamEndCapture();
   assert.equal(n.streamGraphKernels(chain), 2);
-  // an output that overwrites the shared x
+  // an output that overwrites the shared x, second or first
   n.streamBeginCapture();
   n.stream.matmul(x, w3, u, 1, 32, K, true, 0, 1, 0, 0, 0);
   n.stream.matmul(x, w3, x.subarray(0, 32), 1, 32, K, true, 0, 1, 0, 0, 0);
   const clobber = n.streamEndCapture();
   assert.equal(n.streamGraphKernels(clobber), 2);
+  n.streamBeginCapture();
+  n.stream.matmul(x, w3, x.subarray(32, 64), 1, 32, K, true, 0, 1, 0, 0, 0);
+  n.stream.matmul(x, w3, u, 1, 32, K, true, 0, 1, 0, 0, 0);
+  const clobberFirst = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(clobberFirst), 2);
   // batched rows (M = 2) are not GEMVs
   n.streamBeginCapture();
   const x2 = rand(2 * K);
@@ -127,5 +132,5 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
   n.matmul(x, w1, yRef, 1, K, K, true, 0, 1, 0, 0, 0);
   n.matmul(yRef, w2, zRef, 1, K, K, true, 0, 1, 0, 0, 0);
   assert.deepEqual(z, zRef);
-  for (const g of [chain, clobber, batched]) n.streamReleaseGraph(g);
+  for (const g of [chain, clobber, clobberFirst, batched]) n.streamReleaseGraph(g);
 });
