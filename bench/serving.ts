@@ -89,7 +89,13 @@ async function openLlamaCpp(gguf: string, concs: number[], decodeTokens: number,
   const llama = await mod.getLlama({ gpu: false, build: "never", logLevel: "error" as never });
   const model = await llama.loadModel({ modelPath: gguf });
   const maxC = Math.max(1, ...concs);
-  const ctx = await model.createContext({ contextSize: Math.max(1024, maxC * (DECODE_PROMPT_LEN + decodeTokens + 8)), sequences: maxC, batchSize: 512, threads });
+  let ctx: Awaited<ReturnType<typeof model.createContext>>;
+  try {
+    ctx = await model.createContext({ contextSize: Math.max(1024, maxC * (DECODE_PROMPT_LEN + decodeTokens + 8)), sequences: maxC, batchSize: 512, threads });
+  } catch (e) {
+    await model.dispose();
+    throw e;
+  }
   const seqs = Array.from({ length: maxC }, () => ctx.getSequence());
   const prefillOnce = async () => {
     await seqs[0]!.clearHistory();
@@ -111,14 +117,20 @@ async function openLlamaCpp(gguf: string, concs: number[], decodeTokens: number,
     );
     return (performance.now() - t0) / 1000;
   };
-  await prefillOnce(); // warm-up
+  const close = async () => {
+    await ctx.dispose();
+    await model.dispose();
+  };
+  try {
+    await prefillOnce(); // warm-up
+  } catch (e) {
+    await close();
+    throw e;
+  }
   return {
     prefill: async () => PREFILL_LEN / Math.min(await prefillOnce(), await prefillOnce()),
     decode: async (c: number) => (c * decodeTokens) / Math.min(await decodeOnce(c), await decodeOnce(c)),
-    close: async () => {
-      await ctx.dispose();
-      await model.dispose();
-    },
+    close,
   };
 }
 
@@ -133,14 +145,19 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
  */
 async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe: () => number, bytes: number, reps: number) {
   const rounds: { kiln: number; kilnRoof: number; lc?: number; lcRoof?: number }[] = [];
+  const probes: number[] = [];
+  const probed = () => {
+    probes.push(probe());
+    return probes.at(-1)!;
+  };
   for (let r = 0; r < reps; r++) {
-    const bw0 = probe();
+    const bw0 = probed();
     const k = await kiln.decode(1);
-    const bw1 = probe();
+    const bw1 = probed();
     const round: (typeof rounds)[number] = { kiln: k, kilnRoof: (((bw0 + bw1) / 2) * 1e9) / bytes };
     if (lc) {
       round.lc = await lc.decode(1);
-      round.lcRoof = (((bw1 + probe()) / 2) * 1e9) / bytes;
+      round.lcRoof = (((bw1 + probed()) / 2) * 1e9) / bytes;
     }
     rounds.push(round);
   }
@@ -148,7 +165,7 @@ async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe
   return {
     best: Math.max(...rounds.map((r) => r.kiln)),
     roofFraction: median(rounds.map((r) => r.kiln / r.kilnRoof)),
-    roofRange: [Math.min(...rounds.map((r) => r.kilnRoof)), Math.max(...rounds.map((r) => r.kilnRoof))],
+    probeRange: [Math.min(...probes), Math.max(...probes)], // GB/s, every probe of the rounds
     lcBest: withLc.length ? Math.max(...withLc.map((r) => r.lc!)) : undefined,
     lcRoofFraction: withLc.length ? median(withLc.map((r) => r.lc! / r.lcRoof!)) : undefined,
     ratio: withLc.length ? median(withLc.map((r) => r.kiln / r.lc!)) : undefined,
@@ -214,6 +231,7 @@ async function main(): Promise<void> {
   // one probe of all stream variants, 2 passes each (~0.2 s): brackets each single-stream decode run
   const quickBandwidth = () => native.memoryReadBandwidth(probe, 2, threads);
   const rounds = Number(option("--rounds", "5"));
+  if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be an integer >= 1, got ${option("--rounds", "5")}`);
   console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${measureBandwidth().toFixed(1)} GB/s at start`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 
@@ -252,16 +270,20 @@ async function main(): Promise<void> {
       const lc = flag("--no-llama-cpp") ? "skipped (--no-llama-cpp)" : await openLlamaCpp(benchGguf(benchModelDir(format === "bf16" ? "bfloat16" : "float32", preset), pair), concs, decodeTokens, threads);
       const lcr = typeof lc === "string" ? null : lc;
       const kiln = kilnRuns(llm, decodeTokens);
-      const x1 = await singleStreamRounds(kiln, lcr, quickBandwidth, bytes, rounds);
-      const prefill = kiln.prefill();
-      const lcPrefill = lcr ? await lcr.prefill() : undefined;
       const batched = new Map<number, { kiln: number; lc?: number }>();
-      for (const c of concs.filter((c) => c !== 1)) batched.set(c, { kiln: kiln.decode(c), lc: lcr ? await lcr.decode(c) : undefined });
-      await lcr?.close();
+      let x1: Awaited<ReturnType<typeof singleStreamRounds>>, prefill: number, lcPrefill: number | undefined;
+      try {
+        x1 = await singleStreamRounds(kiln, lcr, quickBandwidth, bytes, rounds);
+        prefill = kiln.prefill();
+        lcPrefill = lcr ? await lcr.prefill() : undefined;
+        for (const c of concs.filter((c) => c !== 1)) batched.set(c, { kiln: kiln.decode(c), lc: lcr ? await lcr.decode(c) : undefined });
+      } finally {
+        await lcr?.close();
+      }
       const roofAt = (gbs: number) => (gbs * 1e9) / bytes;
       const ratio = (a: number, b: number | undefined) => (b ? `${(a / b).toFixed(2)}x` : "-");
       const pct = (f: number | undefined) => (f === undefined ? "-" : `${(100 * f).toFixed(0)}%`);
-      const [lo, hi] = x1.roofRange.map((r) => (r * bytes) / 1e9);
+      const [lo, hi] = x1.probeRange;
       lines.push(
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
         `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of ${rounds} rounds, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,

@@ -17,7 +17,7 @@ const option = (name: string, dflt: string): string => {
 const format = option("--format", "bf16");
 // the bench's GGUF exports (one file for Kiln and llama.cpp): int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4
 const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;
-if (format !== "bf16" && !(format in GGUF)) throw new Error(`--format must be bf16, int8, int4 or mxfp4, got ${format}`);
+if (format !== "bf16" && !Object.hasOwn(GGUF, format)) throw new Error(`--format must be bf16, int8, int4 or mxfp4, got ${format}`);
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
 const native = tryLoadNativeKernels();

@@ -225,22 +225,38 @@ bool overlaps(const void* p, int64_t pBytes, const void* q, int64_t qBytes) {
   const char* b = static_cast<const char*>(q);
   return a < b + qBytes && b < a + pBytes;
 }
-// Whether `next` may join a group that starts with `first`: the same x read the same way, and no output of the
-// group overlapping that x (a later product must not see an earlier one's output).
-bool joins(const GemvLaunch& first, const GemvLaunch& next) {
+// The bytes a GEMV launch reads (x, pre-quantized x and its scales, weights, weight scales, row sums) and writes.
+struct Span {
+  const void* p;
+  int64_t bytes;
+};
+std::vector<Span> readsOf(const GemvLaunch& g) {
+  if (!g.quant) return {{g.m.a, g.m.K * 4}, {g.m.b, g.m.N * g.m.K * (g.m.bDtype == 1 ? 2 : 4)}};
+  const QuantMatmulArgs& q = g.q;
+  const int64_t scaleBytes = q.scheme == kQuantMxfp4 ? q.N * q.K / 32
+                             : q.scheme == kQuantQ4K ? q.N * q.K / 256 * 20
+                             : q.scheme == kQuantInt4 || q.scheme == kQuantInt8G32 ? q.N * q.K / 32 * 2
+                             : q.N * 4;
+  return {{q.x, q.K * 4}, {q.xq, q.xq ? q.K : 0}, {q.xs, q.xs ? 4 : 0}, {q.w, quantDataBytes(q.scheme, q.N, q.K)},
+          {q.scales, scaleBytes}, {q.rowSums, q.rowSums ? q.N * 4 : 0}};
+}
+Span outOf(const GemvLaunch& g) { return g.quant ? Span{g.q.out, g.q.N * 4} : Span{g.m.out, g.m.N * 4}; }
+// Whether `next` reads the same x as `first`, the same way (a group shares one activation prep).
+bool sameX(const GemvLaunch& first, const GemvLaunch& next) {
   if (first.quant != next.quant) return false;
-  if (first.quant) {
-    const QuantMatmulArgs &a = first.q, &b = next.q;
-    if (a.x != b.x || a.xq != b.xq || a.xs != b.xs || a.K != b.K || a.scheme != b.scheme) return false;
-    for (const QuantMatmulArgs* o : {&a, &b})
-      if (overlaps(o->out, o->N * 4, a.x, a.K * 4) || overlaps(o->out, o->N * 4, a.xq, a.xq ? a.K : 0) ||
-          overlaps(o->out, o->N * 4, a.xs, a.xs ? 4 : 0))
-        return false;
-    return true;
-  }
-  const MatmulArgs &a = first.m, &b = next.m;
-  return a.a == b.a && a.K == b.K && a.bDtype == b.bDtype && !overlaps(a.out, a.N * 4, a.a, a.K * 4) &&
-         !overlaps(b.out, b.N * 4, a.a, a.K * 4);
+  if (!first.quant) return first.m.a == next.m.a && first.m.K == next.m.K && first.m.bDtype == next.m.bDtype;
+  const QuantMatmulArgs &a = first.q, &b = next.q;
+  return a.x == b.x && a.xq == b.xq && a.xs == b.xs && a.K == b.K && a.scheme == b.scheme;
+}
+// Whether two launches may run at once: neither writes what the other reads, and their outputs are apart.
+bool independent(const GemvLaunch& a, const GemvLaunch& b) {
+  const Span oa = outOf(a), ob = outOf(b);
+  if (overlaps(oa.p, oa.bytes, ob.p, ob.bytes)) return false;
+  for (const Span& r : readsOf(b))
+    if (overlaps(oa.p, oa.bytes, r.p, r.bytes)) return false;
+  for (const Span& r : readsOf(a))
+    if (overlaps(ob.p, ob.bytes, r.p, r.bytes)) return false;
+  return true;
 }
 }  // namespace
 
@@ -249,17 +265,15 @@ void mergeCapturedJobs(std::vector<Job>& jobs) {
   merged.reserve(jobs.size());
   for (size_t i = 0; i < jobs.size();) {
     size_t j = i + 1;
-    auto outOf = [&](size_t k) {
-      const GemvLaunch& g = *jobs[k].gemv;
-      return std::make_pair(static_cast<const void*>(g.quant ? g.q.out : g.m.out), (g.quant ? g.q.N : g.m.N) * 4);
-    };
-    auto disjointOuts = [&](size_t next) {  // the group's products write in parallel: no two outputs may overlap
+    // the group's launches run at once: each must be independent of every one before it in the group
+    auto joins = [&](size_t next) {
+      if (!jobs[next].gemv || !sameX(*jobs[i].gemv, *jobs[next].gemv)) return false;
       for (size_t k = i; k < next; ++k)
-        if (overlaps(outOf(k).first, outOf(k).second, outOf(next).first, outOf(next).second)) return false;
+        if (!independent(*jobs[k].gemv, *jobs[next].gemv)) return false;
       return true;
     };
     if (jobs[i].gemv)
-      while (j < jobs.size() && jobs[j].gemv && joins(*jobs[i].gemv, *jobs[j].gemv) && disjointOuts(j)) ++j;
+      while (j < jobs.size() && joins(j)) ++j;
     if (j - i < 2) {
       merged.push_back(std::move(jobs[i]));
       i = j;

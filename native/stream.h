@@ -42,8 +42,9 @@ struct GemvLaunch {
 
 /**
  * Defined by the addon (it owns the kernel tables): rewrites a finished capture's jobs in place, merging each run
- * of two or more consecutive GEMV launches that read the same x (same K, dtype or scheme, no output overlapping
- * an input) into one group launch. Outputs are those of the separate launches, bit for bit.
+ * of two or more consecutive GEMV launches that read the same x (same K, dtype or scheme) and are independent (no
+ * launch's output overlaps another's output or anything another reads: x, weights, scales) into one group launch.
+ * Outputs are those of the separate launches, bit for bit.
  */
 void mergeCapturedJobs(std::vector<Job>& jobs);
 

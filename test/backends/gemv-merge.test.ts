@@ -19,11 +19,11 @@ const rand = (n: number): Float32Array =>
 
 // q/k/v-like row counts that split unevenly over 2 threads and 4 streams per thread
 const ROWS = [72, 13, 19];
-const K = 256; // q4_k's super-block; also two int4 chunk pairs
+const K = 256; // q4_k's super-block; also two int4 chunk pairs (int4 also runs at K = 320: a tail chunk)
 
 type Scheme = 0 | 1 | 3 | 4 | 5; // int8, int4, int8 group-32, q4_k, mxfp4
 /** One quantized weight [n, K] in the scheme's layout (the native quantizer's; q4_k: the reference encoder's). */
-function quantWeight(scheme: Scheme, n: number) {
+function quantWeight(scheme: Scheme, n: number, K = 256) {
   const w = rand(n * K);
   if (scheme === 4) return { ...quantizeQ4kRef(w, n, K), rowSums: new Int32Array(0) };
   const data = new Uint8Array(scheme === 1 || scheme === 5 ? (n * K) / 2 : n * K);
@@ -40,10 +40,10 @@ const bf16 = (x: Float32Array) => {
 };
 
 for (const threads of [1, 2]) {
-  const cases: [Scheme, boolean][] = [[0, true], [1, true], [3, true], [4, true], [5, true], [3, false], [4, false]];
-  for (const [scheme, preQuantized] of cases) {
+  const cases: [Scheme, boolean, number][] = [[0, true, K], [1, true, K], [1, true, 320], [3, true, K], [4, true, K], [5, true, K], [3, false, K], [4, false, K]];
+  for (const [scheme, preQuantized, K] of cases) {
     const how = preQuantized ? "x quantized by rmsNormQuant" : "x quantized by the kernel";
-    test(`quant scheme ${scheme}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
+    test(`quant scheme ${scheme}, K = ${K}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
       const n = native!;
       n.setNumThreads(threads);
       const x = new Float32Array(K);
@@ -51,7 +51,7 @@ for (const threads of [1, 2]) {
       const xs = new Float32Array(1);
       n.rmsNormQuant(rand(K), rand(K), x, 1, K, 1e-5, xq, xs);
       const [qx, qs] = preQuantized ? [xq, xs] : [undefined, undefined];
-      const ws = ROWS.map((r) => quantWeight(scheme, r));
+      const ws = ROWS.map((r) => quantWeight(scheme, r, K));
       const eager = ROWS.map((r, i) => {
         const out = new Float32Array(r);
         n.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, out, 1, r, K, scheme, qx, qs);
@@ -133,4 +133,31 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
   n.matmul(yRef, w2, zRef, 1, K, K, true, 0, 1, 0, 0, 0);
   assert.deepEqual(z, zRef);
   for (const g of [chain, clobber, clobberFirst, batched]) n.streamReleaseGraph(g);
+
+  // quantized: an output over the shared pre-quantized x, and a later weight that an earlier launch writes
+  const q = () => {
+    const data = new Uint8Array(32 * K), scales = new Float32Array(32), rowSums = new Int32Array(32);
+    n.quantizeWeights(rand(32 * K), 32, K, 0, data, scales, rowSums);
+    return { data, scales, rowSums };
+  };
+  const [qa, qb] = [q(), q()];
+  const xq = new Int8Array(K), xs = new Float32Array(1);
+  n.rmsNormQuant(rand(K), rand(K), x, 1, K, 1e-5, xq, xs);
+  const overXq = new Float32Array(xq.buffer, 0, 8);
+  n.streamBeginCapture();
+  n.stream.quantMatmul(x, qa.data, qa.scales, qa.rowSums, new Float32Array(32), 1, 32, K, 0, xq, xs);
+  n.stream.quantMatmul(x, qb.data, qb.scales, qb.rowSums, new Float32Array(32), 1, 32, K, 0, xq, xs);
+  const independentPair = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(independentPair), 1, "the control: two independent products of one x merge");
+  n.streamBeginCapture();
+  n.stream.quantMatmul(x, qa.data, qa.scales, qa.rowSums, new Float32Array(32), 1, 32, K, 0, xq, xs);
+  n.stream.quantMatmul(x, qb.data, qb.scales, qb.rowSums, overXq, 1, 8, K, 0, xq, xs);
+  const writesXq = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(writesXq), 2);
+  n.streamBeginCapture();
+  n.stream.quantMatmul(x, qa.data, qa.scales, qa.rowSums, new Float32Array(qb.scales.buffer), 1, 32, K, 0, xq, xs);
+  n.stream.quantMatmul(x, qb.data, qb.scales, qb.rowSums, new Float32Array(32), 1, 32, K, 0, xq, xs);
+  const writesScales = n.streamEndCapture();
+  assert.equal(n.streamGraphKernels(writesScales), 2, "the first writes the second's weight scales");
+  for (const g of [independentPair, writesXq, writesScales]) n.streamReleaseGraph(g);
 });

@@ -20,8 +20,9 @@ let llamaOnce: Promise<Llama> | null = null;
 export async function llamaCppOracle(file: string, ids: readonly number[], greedySteps = 0): Promise<{ probs: Map<number, number>; greedy: number[] }> {
   llamaOnce ??= import("node-llama-cpp").then(({ getLlama }) => getLlama({ gpu: false, build: "never", logLevel: "error" as never }));
   const model = await (await llamaOnce).loadModel({ modelPath: file });
-  const ctx = await model.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
+  let ctx: Awaited<ReturnType<typeof model.createContext>> | null = null;
   try {
+    ctx = await model.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
     const seq = ctx.getSequence();
     const last = ids.length - 1;
     const res = await seq.controlledEvaluate(
@@ -38,7 +39,7 @@ export async function llamaCppOracle(file: string, ids: readonly number[], greed
     }
     return { probs, greedy };
   } finally {
-    await ctx.dispose();
+    await ctx?.dispose();
     await model.dispose();
   }
 }
