@@ -61,10 +61,10 @@ function kilnRuns(llm: LLM, decodeTokens: number) {
   return {
     prefill: () => PREFILL_LEN / best(2, () => gen(prompts(1, PREFILL_LEN, 7), 1), (s) => s),
     /** decode only: the same requests run to 1 token and to 1 + decodeTokens, the difference timed */
-    decode: (c: number, reps = 2) => {
+    decode: (c: number) => {
       const ps = prompts(c, DECODE_PROMPT_LEN, 100 + c);
-      const t1 = best(reps, () => gen(ps, 1), (s) => s);
-      const tn = best(reps, () => gen(ps, 1 + decodeTokens), (s) => s);
+      const t1 = best(2, () => gen(ps, 1), (s) => s);
+      const tn = best(2, () => gen(ps, 1 + decodeTokens), (s) => s);
       return (c * decodeTokens) / Math.max(1e-9, tn - t1);
     },
   };
@@ -137,8 +137,9 @@ async function openLlamaCpp(gguf: string, concs: number[], decodeTokens: number,
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 
 /**
- * Single-stream decode against the roofline, in pairs: this VM's read bandwidth swings by up to 1.7x within
- * seconds (other tenants), so a roofline from probes taken at other moments than the decode it divides says more
+ * Single-stream decode against the roofline, in pairs: this VM's read bandwidth jumps between ~35 and ~60 GB/s
+ * within seconds (measured: 37.8 then 58.7 GB/s on two probes under a second apart; other tenants, presumably), so a
+ * roofline from probes taken at other moments than the decode it divides says more
  * about the moment than the engine. Each of `reps` rounds probes the bandwidth, runs Kiln's decode, probes, runs
  * llama.cpp's, probes; each run's roofline fraction uses the mean of the probes on either side of it, and the
  * engines' ratio is taken within the round. Medians over the rounds are reported, with the best of each.
@@ -225,14 +226,11 @@ async function main(): Promise<void> {
   if (!native) throw new Error("bench/serving needs the native addon (npm run build)");
   native.setNumThreads(threads);
   const probe = new Float32Array(64 << 20).fill(1); // 256 MiB, far past the caches (written: untouched pages read as the zero page)
-  // GB/s: the best of three probes (each already the best of plain and prefetched streaming), so a noisy moment
-  // cannot lower the roofline and flatter the ratios
-  const measureBandwidth = () => Math.max(...[0, 1, 2].map(() => native.memoryReadBandwidth(probe, 5, threads)));
-  // one probe of all stream variants, 2 passes each (~0.2 s): brackets each single-stream decode run
+  // one probe (the best of its stream variants, 2 passes each): brackets each single-stream decode run
   const quickBandwidth = () => native.memoryReadBandwidth(probe, 2, threads);
   const rounds = Number(option("--rounds", "5"));
   if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be an integer >= 1, got ${option("--rounds", "5")}`);
-  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${measureBandwidth().toFixed(1)} GB/s at start`);
+  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${quickBandwidth().toFixed(1)} GB/s at start`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 
   for (const key of models) {

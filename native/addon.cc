@@ -185,13 +185,20 @@ int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
   return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
 }
 
-// The scales argument of an [N, K] weight in `scheme`'s layout (quant.h): e8m0 bytes per 32 (mxfp4), q4_k's 20
-// meta bytes per 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8).
+// Scale bytes of an [N, K] weight in `scheme`'s layout (quant.h): e8m0 bytes per 32 (mxfp4), q4_k's 20 meta bytes
+// per 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8).
+int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
+  if (scheme == kQuantMxfp4) return N * K / 32;
+  if (scheme == kQuantQ4K) return N * K / 256 * 20;
+  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return N * K / 32 * 2;
+  return N * 4;
+}
+// The scales argument, typed as its layout stores it.
 void* quantScalesArg(const Napi::CallbackInfo& info, size_t i, const char* op, int64_t scheme, int64_t N, int64_t K) {
-  if (scheme == kQuantMxfp4) return array<uint8_t>(info, i, N * K / 32, op, "scales");
-  if (scheme == kQuantQ4K) return array<uint8_t>(info, i, N * K / 256 * 20, op, "scales");
-  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return array<uint16_t>(info, i, N * K / 32, op, "scales");
-  return array<float>(info, i, N, op, "scales");
+  const int64_t bytes = quantScalesBytes(scheme, N, K);
+  if (scheme == kQuantMxfp4 || scheme == kQuantQ4K) return array<uint8_t>(info, i, bytes, op, "scales");
+  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return array<uint16_t>(info, i, bytes / 2, op, "scales");
+  return array<float>(info, i, bytes / 4, op, "scales");
 }
 
 // quantMatmul(x, w, scales, rowSums, out, M, N, K, scheme): out = x @ dequant(W)^T, layouts in quant.h.
@@ -233,12 +240,8 @@ struct Span {
 std::vector<Span> readsOf(const GemvLaunch& g) {
   if (!g.quant) return {{g.m.a, g.m.K * 4}, {g.m.b, g.m.N * g.m.K * (g.m.bDtype == 1 ? 2 : 4)}};
   const QuantMatmulArgs& q = g.q;
-  const int64_t scaleBytes = q.scheme == kQuantMxfp4 ? q.N * q.K / 32
-                             : q.scheme == kQuantQ4K ? q.N * q.K / 256 * 20
-                             : q.scheme == kQuantInt4 || q.scheme == kQuantInt8G32 ? q.N * q.K / 32 * 2
-                             : q.N * 4;
   return {{q.x, q.K * 4}, {q.xq, q.xq ? q.K : 0}, {q.xs, q.xs ? 4 : 0}, {q.w, quantDataBytes(q.scheme, q.N, q.K)},
-          {q.scales, scaleBytes}, {q.rowSums, q.rowSums ? q.N * 4 : 0}};
+          {q.scales, quantScalesBytes(q.scheme, q.N, q.K)}, {q.rowSums, q.rowSums ? q.N * 4 : 0}};
 }
 Span outOf(const GemvLaunch& g) { return g.quant ? Span{g.q.out, g.q.N * 4} : Span{g.m.out, g.m.N * 4}; }
 // Whether `next` reads the same x as `first`, the same way (a group shares one activation prep).

@@ -28,4 +28,26 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
       numChunks, [](void* ctx, int64_t c) { (*static_cast<F*>(ctx))(c); }, &f, maxThreads);
 }
 
+// Rows of n weights stacked as one [sum of as[i].N] matrix, split into one contiguous share per pool thread (at
+// least minShare rows): part(as[i], r0, r1) runs for the rows [r0, r1) of weight i that a share covers, the shares
+// in parallel. With n = 1 this is the usual one-share-per-thread split of one weight's rows.
+template <class A, class F>
+inline void parallelStackedRows(const A* as, int n, int64_t minShare, F&& part) {
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) total += as[i].N;
+  if (total == 0) return;
+  const int64_t threads = poolGetNumThreads();
+  int64_t share = (total + threads - 1) / threads;
+  if (share < minShare) share = minShare;
+  auto chunk = [&](int64_t c) {
+    const int64_t lo = c * share, hi = lo + share < total ? lo + share : total;
+    int64_t off = 0;
+    for (int i = 0; i < n && off < hi; off += as[i].N, ++i) {
+      const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
+      if (r0 < r1) part(as[i], r0, r1);
+    }
+  };
+  parallelChunks((total + share - 1) / share, chunk);
+}
+
 }  // namespace kiln
