@@ -84,27 +84,38 @@ function readEntry(dir: string, key: string): Meta | null {
  * The loaded library for `source` under `key`: from this process, from disk, or compiled now.
  * `onCompile` is told when a compile happens (compile()'s recompile accounting).
  */
+/** Marks the entry in `dir` recently used, for the LRU sweep (a racing clean-up or a read-only cache: still valid). */
+export function touchEntry(dir: string): void {
+  const now = new Date();
+  try {
+    utimesSync(join(dir, "meta.json"), now, now);
+  } catch {
+    /* the entry or the copy already loaded stays valid */
+  }
+}
+
+/** The library stored valid under `key`, loaded (and marked recently used); null when there is none. */
+function loadStored(key: string): JitLibrary | null {
+  const dir = entryDir(key);
+  const meta = readEntry(dir, key);
+  if (!meta) return null;
+  const lib = JitLibrary.load(join(dir, meta.lib)); // needs the kiln_jit addon, not the C compiler
+  touchEntry(dir);
+  lib.cacheKey = key;
+  loaded.set(key, lib);
+  stats.hits++;
+  return lib;
+}
+
 export function getLibrary(key: string, source: string): { lib: JitLibrary; hit: boolean } {
   const mem = loaded.get(key);
   if (mem) {
     stats.hits++;
     return { lib: mem, hit: true };
   }
-  const dir = join(cacheRoot(), key);
-  const meta = readEntry(dir, key);
-  if (meta) {
-    const now = new Date();
-    try {
-      utimesSync(join(dir, "meta.json"), now, now); // LRU recency
-    } catch {
-      /* racing clean-up: the loaded copy is still valid */
-    }
-    const lib = JitLibrary.load(join(dir, meta.lib));
-    lib.cacheKey = key;
-    loaded.set(key, lib);
-    stats.hits++;
-    return { lib, hit: true };
-  }
+  const stored = loadStored(key);
+  if (stored) return { lib: stored, hit: true };
+  const dir = entryDir(key);
   // Build in a private directory under fixed relative names so the library's bytes depend only on the
   // source: processes racing on one key then produce the same lib-<sha>.so and rename onto each other.
   const build = join(dir, `build-${process.pid}-${randomBytes(4).toString("hex")}`);
@@ -146,28 +157,10 @@ export function resolveCodeName(name: string): bigint | null {
   const at = name.lastIndexOf("#");
   if (at <= 0) return null;
   const key = name.slice(0, at);
-  let lib = loaded.get(key);
-  if (!lib) {
-    const dir = join(cacheRoot(), key);
-    const meta = readEntry(dir, key);
-    if (!meta) return null;
-    try {
-      lib = JitLibrary.load(join(dir, meta.lib)); // needs the kiln_jit addon, not the C compiler
-    } catch {
-      return null;
-    }
-    const now = new Date();
-    try {
-      utimesSync(join(dir, "meta.json"), now, now); // LRU recency: replayed graphs use it as much as a trace would
-    } catch {
-      /* read-only cache directory: still valid */
-    }
-    lib.cacheKey = key;
-    loaded.set(key, lib);
-    stats.hits++;
-  }
   try {
-    return lib.address(name.slice(at + 1));
+    // stored libraries are marked used: replayed graphs use them as much as a trace would
+    const lib = loaded.get(key) ?? loadStored(key);
+    return lib ? lib.address(name.slice(at + 1)) : null;
   } catch {
     return null;
   }

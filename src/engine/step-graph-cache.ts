@@ -6,11 +6,11 @@
 // mtimes), and the thread count; a replay also checks every weight buffer's size and bytes at both ends, and
 // falls back to tracing when anything does not fit. Files are written under temporary names and renamed, meta.json
 // (with both files' sha256) last, so a torn or corrupt entry is detected and traced again.
-import { mkdirSync, readdirSync, readFileSync, statSync, utimesSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { CaptureRecording } from "../backends/backend.js";
-import { entryDir, sha256, sweep as sweepCompileCache, writeAtomic } from "../compile/cache.js";
+import { entryDir, sha256, sweep as sweepCompileCache, touchEntry, writeAtomic } from "../compile/cache.js";
 
 /** One bucket's recording and how to rebuild its outputs as tensors. */
 export interface BucketRecording {
@@ -71,23 +71,13 @@ export function loadStepGraphRecordings(key: string): BucketRecording[] | null {
     const data = readFileSync(join(dir, "data.bin"));
     if (sha256(json) !== meta.json || sha256(data) !== meta.data) return null;
     const stored = JSON.parse(json.toString("utf8")) as { buckets: StoredBucket[] };
-    touch(join(dir, "meta.json"));
+    touchEntry(dir);
     return stored.buckets.map(({ meta: m, blobs, ...rest }) => ({
       ...rest,
       recording: { meta: m, blobs: blobs.map(([o, n]) => new Uint8Array(data.buffer, data.byteOffset + o, n)) },
     }));
   } catch {
     return null;
-  }
-}
-
-/** LRU recency for the compile cache's sweep; a read-only cache directory still replays. */
-function touch(path: string): void {
-  const now = new Date();
-  try {
-    utimesSync(path, now, now);
-  } catch {
-    /* read-only or someone else's: the entry is still valid */
   }
 }
 
