@@ -5,7 +5,7 @@
 // M, 2 threads; %peak is against 2x this run's single-core FMA peak. The "prefill" rows: M = 512 on the same shapes.
 // Usage: npm run bench:kernels [-- --decode-only]   (KILN_NATIVE_ISA=avx2|scalar to bench another path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
-import { timeIt } from "./timing.js";
+import { bandwidthProbe, timeIt } from "./timing.js";
 
 interface Case { name: string; M: number; N: number; K: number }
 const cases: Case[] = [
@@ -97,7 +97,7 @@ function main(): void {
     return;
   }
   const pct = (x: number): string => `${(100 * x).toFixed(0)}%`.padStart(5);
-  const probe = fill(64 << 20); // 256 MiB: far beyond the caches
+  const probe = bandwidthProbe(k);
   const fma = Math.max(k.fmaPeak(3e7), k.fmaPeak(3e7));
   const bw: Record<number, number> = {};
   for (const t of [1, 2]) {

@@ -12,7 +12,7 @@ import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/nativ
 import { quantizeQ4kRef } from "../src/backends/cpu/q4k-reference.js";
 import { nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
-import { timeIt } from "./timing.js";
+import { bandwidthProbe, timeIt } from "./timing.js";
 
 const shapes = [
   { name: "q/o [576,576]", N: 576, K: 576 },
@@ -31,7 +31,7 @@ const ms = arg("ms", "1,8,32,128,512").map(Number);
 // quantDotPeak is the quant table's vpdpbusd peak (native/quant.h)
 const k = loadNativeKernels() as NativeKernels & { quantDotPeak?: (iterations: number, threads: number) => number };
 const fill = (n: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37) * 0.5);
-const probe = fill(64 << 20);
+const probe = bandwidthProbe(k);
 const pad = (s: string | number, n: number) => String(s).padStart(n);
 
 console.log(`isa ${k.isa}, quant ${k.quantIsa}`);

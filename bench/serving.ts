@@ -21,6 +21,7 @@ import { LLM } from "../src/engine/llm-engine.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
 import type { GgufExportType } from "../src/models/init-model.js";
 import { benchGguf, benchModelDir, decodeBytes, TOKENIZER_VOCAB } from "./bench-models.js";
+import { bandwidthProbe } from "./timing.js";
 
 const DECODE_PROMPT_LEN = 16;
 
@@ -225,7 +226,7 @@ async function main(): Promise<void> {
   const native = tryLoadNativeKernels();
   if (!native) throw new Error("bench/serving needs the native addon (npm run build)");
   native.setNumThreads(threads);
-  const probe = new Float32Array(64 << 20).fill(1); // 256 MiB, far past the caches (written: untouched pages read as the zero page)
+  const probe = bandwidthProbe(native);
   // one probe (the best of its stream variants, 2 passes each): brackets each single-stream decode run
   const quickBandwidth = () => native.memoryReadBandwidth(probe, 2, threads);
   const rounds = Number(option("--rounds", "5"));

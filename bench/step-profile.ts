@@ -9,6 +9,7 @@ import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import type { ScheduledBatch } from "../src/engine/model-runner.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
 import { benchGguf, benchModelDir, decodeBytes } from "./bench-models.js";
+import { bandwidthProbe } from "./timing.js";
 
 const option = (name: string, dflt: string): string => {
   const i = process.argv.indexOf(name);
@@ -62,7 +63,7 @@ for (let r = 0; r < reps; r++) {
 whole.sort((a, b) => a - b);
 const prof = runner.graphs!.profileDecode(n, reps)!;
 // read bandwidth of both cores (the bench's roofline probe), best of 3, measured right after the step timings
-const probe = new Float32Array(64 << 20).fill(1);
+const probe = bandwidthProbe(native);
 let bw = 0;
 for (let i = 0; i < 3; i++) bw = Math.max(bw, native.memoryReadBandwidth(probe, 3, native.getNumThreads()));
 const bytes = decodeBytes(setup.loaded.model);

@@ -279,4 +279,11 @@ export interface Backend {
    * private, copy-on-write memory map (weights load in place; a write copies only the page it touches).
    */
   mapFile?(path: string, byteOffset: number, byteLength: number): DeviceBuffer;
+  /**
+   * Moves these buffers' bytes onto huge (2 MiB) pages where the OS grants them, keeping every handle, view and
+   * allocation number: for memory each step reads in full (weights, KV caches). Call it before capturing step
+   * graphs (they point at the memory they were captured with). Returns the bytes moved; small buffers stay.
+   * `discard`: the bytes are not needed (a fresh KV cache): the buffers get zeroed memory and nothing is copied.
+   */
+  moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean }): number;
 }

@@ -40,6 +40,8 @@ export class PagedModelRunner implements ModelRunner {
     const shape = [spec.numBlocks, spec.blockSize, c.numKeyValueHeads, c.headDim];
     const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device });
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
+    // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
+    model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true });
     all.dispose(); // the views keep the storage
   }
 

@@ -10,6 +10,7 @@ import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
+import { weightTensors } from "../nn/quantized-linear.js";
 import { env } from "../util/env.js";
 
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
@@ -117,6 +118,8 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
 }
 
 function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSetup {
+  // every decode step reads every weight: keep them on huge pages (before any step graph points at them)
+  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer));
   args.onProgress?.("sizing KV cache", 0);
   const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });

@@ -28,6 +28,26 @@ export function quantizedWeightOf(layer: Linear): QuantizedWeight | undefined {
 }
 
 /**
+ * Every tensor holding weights of `model`: its parameters, its quantized Linears' data, scales and row sums, and the
+ * quantized copies float weights are read through (a tied LM head's).
+ */
+export function weightTensors(model: Module): Tensor[] {
+  const out = new Set<Tensor>();
+  const add = (q: QuantizedWeight | undefined): void => {
+    if (!q) return;
+    out.add(q.data);
+    out.add(q.scales);
+    if (q.rowSums) out.add(q.rowSums);
+  };
+  for (const [, m] of model.namedModules()) if (m instanceof Linear) add(quantized.get(m));
+  for (const t of model.parameters()) {
+    out.add(t);
+    add(quantizedShadowOf(t));
+  }
+  return [...out];
+}
+
+/**
  * Quantizes the selected Linear layers in place; returns the number quantized. int4 and mxfp4 layers whose
  * in_features is not a multiple of 64 fall back to int8. The layer's "weight" parameter becomes the quantized data
  * when it has the weight's shape (int8, fp8), else a zero-stride placeholder of that shape (int4, mxfp4).

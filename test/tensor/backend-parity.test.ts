@@ -218,44 +218,76 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
     }
   });
 
+  /** Paged attention of one random ragged batch on both back ends: output and both caches. */
+  function pagedAttentionCase(rnd: Rng, c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number }): void {
+    const { Hq, Hkv, D, blockSize, lens, newTok, window } = c;
+    const numSeqs = lens.length, maxBlocks = Math.max(...lens.map((l) => Math.ceil(l / blockSize))), numBlocks = numSeqs * maxBlocks;
+    const perm = Array.from({ length: numBlocks }, (_, j) => j).sort(() => rnd() - 0.5);
+    const tables = Int32Array.from({ length: numSeqs * maxBlocks }, (_, j) => perm[j]!);
+    const slots: number[] = [];
+    const qStart = [0];
+    lens.forEach((l, s) => {
+      for (let p = l - newTok[s]!; p < l; p++) slots.push(tables[s * maxBlocks + Math.floor(p / blockSize)]! * blockSize + (p % blockSize));
+      qStart.push(qStart[s]! + newTok[s]!);
+    });
+    const T = slots.length;
+    const cacheData = Float32Array.from({ length: numBlocks * blockSize * Hkv * D * 2 }, () => rnd() * 2 - 1);
+    const q = pair(rnd, [T, Hq, D]), kn = pair(rnd, [T, Hkv, D]), vn = pair(rnd, [T, Hkv, D]);
+    const run = (dev: string, qq: Tensor, kk: Tensor, vv: Tensor) => {
+      const kc = k.tensor(cacheData.subarray(0, cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] });
+      const vc = k.tensor(cacheData.subarray(cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] });
+      const out = k.pagedAttention({
+        q: qq, k: kk, v: vv, kCache: kc, vCache: vc,
+        slotMapping: k.tensor(Int32Array.from(slots), { device: dev }),
+        blockTables: k.tensor(tables, { device: dev, shape: [numSeqs, maxBlocks] }),
+        queryStart: k.tensor(Int32Array.from(qStart), { device: dev }),
+        seqLens: k.tensor(Int32Array.from(lens), { device: dev }),
+        scale: 1 / Math.sqrt(D), slidingWindow: window,
+      });
+      return { out, kc, vc };
+    };
+    const r = run("reference", q.ref, kn.ref, vn.ref);
+    const cpu = run("cpu", q.cpu, kn.cpu, vn.cpu);
+    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window}`;
+    check(`paged attention ${tag}`, r.out, cpu.out, TOL.accumulate);
+    check(`k cache ${tag}`, r.kc, cpu.kc, { rtol: 0, atol: 0 });
+    check(`v cache ${tag}`, r.vc, cpu.vc, { rtol: 0, atol: 0 });
+  }
+
   it("paged attention: random ragged batches, GQA, sliding windows", () => {
     const rnd = prng(707);
     for (let i = 0; i < TRIALS; i++) {
-      const Hkv = int(rnd, 1, 2), Hq = Hkv * int(rnd, 1, 3), D = pick(rnd, [4, 8, 16]), blockSize = pick(rnd, [1, 2, 4]);
-      const numSeqs = int(rnd, 1, 3), maxBlocks = 6, numBlocks = numSeqs * maxBlocks;
-      const perm = Array.from({ length: numBlocks }, (_, j) => j).sort(() => rnd() - 0.5);
-      const lens = Array.from({ length: numSeqs }, () => int(rnd, 1, maxBlocks * blockSize));
-      const newTok = lens.map((l) => int(rnd, 1, Math.min(l, 5)));
-      const tables = Int32Array.from({ length: numSeqs * maxBlocks }, (_, j) => perm[j]!);
-      const slots: number[] = [];
-      const qStart = [0];
-      lens.forEach((l, s) => {
-        for (let p = l - newTok[s]!; p < l; p++) slots.push(tables[s * maxBlocks + Math.floor(p / blockSize)]! * blockSize + (p % blockSize));
-        qStart.push(qStart[s]! + newTok[s]!);
+      const Hkv = int(rnd, 1, 2), blockSize = pick(rnd, [1, 2, 4]);
+      const lens = Array.from({ length: int(rnd, 1, 3) }, () => int(rnd, 1, 6 * blockSize));
+      pagedAttentionCase(rnd, {
+        Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16]), blockSize, lens,
+        newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window: rnd() < 0.5 ? 0 : int(rnd, 1, 6),
       });
-      const T = slots.length;
-      const cacheData = Float32Array.from({ length: numBlocks * blockSize * Hkv * D * 2 }, () => rnd() * 2 - 1);
-      const q = pair(rnd, [T, Hq, D]), kn = pair(rnd, [T, Hkv, D]), vn = pair(rnd, [T, Hkv, D]);
-      const window = rnd() < 0.5 ? 0 : int(rnd, 1, 6);
-      const run = (dev: string, qq: Tensor, kk: Tensor, vv: Tensor) => {
-        const kc = k.tensor(cacheData.subarray(0, cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] });
-        const vc = k.tensor(cacheData.subarray(cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] });
-        const out = k.pagedAttention({
-          q: qq, k: kk, v: vv, kCache: kc, vCache: vc,
-          slotMapping: k.tensor(Int32Array.from(slots), { device: dev }),
-          blockTables: k.tensor(tables, { device: dev, shape: [numSeqs, maxBlocks] }),
-          queryStart: k.tensor(Int32Array.from(qStart), { device: dev }),
-          seqLens: k.tensor(Int32Array.from(lens), { device: dev }),
-          scale: 1 / Math.sqrt(D), slidingWindow: window,
-        });
-        return { out, kc, vc };
-      };
-      const r = run("reference", q.ref, kn.ref, vn.ref);
-      const c = run("cpu", q.cpu, kn.cpu, vn.cpu);
-      const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window}`;
-      check(`paged attention ${tag}`, r.out, c.out, TOL.accumulate);
-      check(`k cache ${tag}`, r.kc, c.kc, { rtol: 0, atol: 0 });
-      check(`v cache ${tag}`, r.vc, c.vc, { rtol: 0, atol: 0 });
+    }
+  });
+
+  // Decode of a few sequences splits each one's keys between work items (all of a position's heads per item),
+  // then combines the splits' softmax sums: long sequences, one or a few new tokens, head counts over and under
+  // the 16 rows an item takes, on 1 and 2 threads (the split count follows the thread count).
+  it("paged attention: decode of a few long sequences (keys split between work items)", () => {
+    const rnd = prng(708);
+    const native = tryLoadNativeKernels();
+    const threads = native?.getNumThreads() ?? 1;
+    const heads: [number, number][] = [[9, 3], [32, 8], [20, 1], [4, 4], [6, 2]];
+    try {
+      for (const t of native ? [1, 2] : [1]) {
+        native?.setNumThreads(t);
+        for (let i = 0; i < 12; i++) {
+          const [Hq, Hkv] = heads[i % heads.length]!;
+          const lens = Array.from({ length: int(rnd, 1, 2) }, () => int(rnd, 33, 300));
+          pagedAttentionCase(rnd, {
+            Hq, Hkv, D: pick(rnd, [32, 64]), blockSize: pick(rnd, [4, 16]), lens,
+            newTok: lens.map(() => (rnd() < 0.7 ? 1 : int(rnd, 2, 3))), window: rnd() < 0.7 ? 0 : int(rnd, 8, 100),
+          });
+        }
+      }
+    } finally {
+      native?.setNumThreads(threads);
     }
   });
 

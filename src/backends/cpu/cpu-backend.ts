@@ -86,6 +86,9 @@ function u16Span(v: BufferView, length: number): Uint16Array | null {
 
 /** Below this many elements the TS strided loops beat a native call's fixed cost (~1-2 us). */
 const NATIVE_STRIDED_MIN = 512;
+// moveToHugePages: smaller buffers (norm weights, biases) are not worth a copy; memory already moved stays
+const HUGE_PAGE_MIN_BYTES = 64 << 10;
+const hugeMemory = new WeakSet<ArrayBuffer>();
 
 /** Shape or strides for the native strided kernels, or null when a stride is negative / rank > 8. */
 function dims(xs: readonly number[]): Int32Array | null {
@@ -218,6 +221,23 @@ export class CpuBackend implements Backend {
   }
   mapFile(path: string, byteOffset: number, byteLength: number): DeviceBuffer {
     return this.memory.adopt(this.native.mapFile(path, byteOffset, byteLength));
+  }
+  moveToHugePages(buffers: Iterable<DeviceBuffer>, options: { discard?: boolean } = {}): number {
+    const alloc = this.native.allocHugeMemory;
+    if (alloc === undefined) return 0;
+    if (this.stream.capturing) throw new CaptureError("move_to_huge_pages", "memory cannot move during a capture (on cpu)");
+    this.stream.drain();
+    let moved = 0;
+    for (const b of new Set(buffers)) {
+      if (!(b instanceof CpuBuffer) || b.freed || b.byteLength < HUGE_PAGE_MIN_BYTES || hugeMemory.has(b.raw)) continue;
+      const memory = alloc.call(this.native, b.byteLength);
+      if (options.discard !== true) new Uint8Array(memory).set(new Uint8Array(b.raw));
+      this.memory.renumber(b.raw, memory);
+      b.rehome(memory);
+      hugeMemory.add(memory);
+      moved += memory.byteLength;
+    }
+    return moved;
   }
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
     if (this.stream.capturing) throw new CaptureError("write", "host writes cannot be captured: write step inputs before launch(), outside the capture (on cpu)");

@@ -46,6 +46,8 @@ export interface NativeKernels extends NativeStream {
   getNumThreads(): number;
   /** The file's bytes [byteOffset, byteOffset + byteLength) as an ArrayBuffer over a private copy-on-write map. */
   mapFile(path: string, byteOffset: number, byteLength: number): ArrayBuffer;
+  /** Zeroed memory carved from 2 MiB-aligned chunks advised for transparent huge pages (older addons lack it). */
+  allocHugeMemory?(byteLength: number): ArrayBuffer;
   /**
    * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
    * linear weight gradient g^T @ x with no transposed copy). bTransposed: B is [N,K] (nn.Linear weight,

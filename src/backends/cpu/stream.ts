@@ -24,13 +24,25 @@ const MAX_PENDING = 2048;
 /** A cpu allocation; `host` waits for pending stream work on it, `raw` (stream submission only) does not. */
 export class CpuBuffer implements DeviceBuffer {
   freed = false;
-  constructor(readonly raw: ArrayBuffer, private readonly stream: CpuStream) {}
+  constructor(
+    private memory: ArrayBuffer,
+    private readonly stream: CpuStream,
+  ) {}
+  /** The memory, without waiting on the stream. */
+  get raw(): ArrayBuffer {
+    return this.memory;
+  }
+  /** Points the buffer at `memory` (same length, bytes copied by the caller, no stream work pending on either). */
+  rehome(memory: ArrayBuffer): void {
+    if (memory.byteLength !== this.memory.byteLength) throw new RangeError(`rehome: ${memory.byteLength} bytes for a ${this.memory.byteLength}-byte buffer`);
+    this.memory = memory;
+  }
   get host(): ArrayBuffer {
-    this.stream.beforeHostAccess(this.raw);
-    return this.raw;
+    this.stream.beforeHostAccess(this.memory);
+    return this.memory;
   }
   get byteLength(): number {
-    return this.raw.byteLength;
+    return this.memory.byteLength;
   }
 }
 

@@ -84,6 +84,14 @@ export class HostAllocator {
     for (const [k, ref] of this.byNumber) if (ref.deref() === undefined) this.byNumber.delete(k);
   }
 
+  /** `memory` replaces `old` (a buffer's memory moved, see CpuBackend.moveToHugePages): it takes old's number. */
+  renumber(old: ArrayBuffer, memory: ArrayBuffer): void {
+    const n = this.numberOf.get(old);
+    if (n === undefined) return;
+    this.numberOf.set(memory, n);
+    if (this.byNumber.has(n)) this.byNumber.set(n, new WeakRef(memory));
+  }
+
   /** The allocation number of host memory this allocator made or adopted, if numbered and alive. */
   numberOfMemory(memory: ArrayBuffer): number | undefined {
     return this.numberOf.get(memory);

@@ -1,0 +1,67 @@
+// Weights and KV caches on huge pages (Backend.moveToHugePages): a moved buffer keeps its handle, bytes and
+// results, small buffers stay where they are, and with transparent huge pages available (madvise or always)
+// the process's anonymous huge-page memory grows by the moved bytes.
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import { describe, it } from "node:test";
+import { getBackend } from "../../src/backends/registry.js";
+import { tensor, zeros } from "../../src/tensor/index.js";
+
+const cpu = getBackend("cpu");
+
+/** AnonHugePages of this process in bytes, or null where the kernel does not report it. */
+function anonHugeBytes(): number | null {
+  try {
+    const m = /AnonHugePages:\s+(\d+) kB/.exec(fs.readFileSync("/proc/self/smaps_rollup", "utf8"));
+    return m ? Number(m[1]) * 1024 : null;
+  } catch {
+    return null;
+  }
+}
+
+function thpMode(): string | null {
+  try {
+    return /\[(\w+)\]/.exec(fs.readFileSync("/sys/kernel/mm/transparent_hugepage/enabled", "utf8"))?.[1] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+describe("moveToHugePages", () => {
+  it("moves a weight: same handle and values, same matmul result; a moved or small buffer is not moved again", () => {
+    const w = tensor(Float32Array.from({ length: 512 * 256 }, (_, i) => Math.sin(i * 0.01)), { shape: [512, 256], device: "cpu" });
+    const x = tensor(Float32Array.from({ length: 3 * 256 }, (_, i) => Math.cos(i * 0.02)), { shape: [3, 256], device: "cpu" });
+    const before = [...x.matmul(w.T).dataSync()];
+    const values = [...w.dataSync()];
+    const buffer = w.storage.buffer;
+    assert.equal(cpu.moveToHugePages!([buffer, buffer]), 512 * 256 * 4);
+    assert.equal(w.storage.buffer, buffer, "the tensor keeps its buffer handle");
+    assert.deepEqual([...w.dataSync()], values);
+    assert.deepEqual([...x.matmul(w.T).dataSync()], before);
+    assert.equal(cpu.moveToHugePages!([buffer]), 0, "already on huge pages");
+    const small = tensor(Float32Array.from([1, 2, 3]), { device: "cpu" });
+    assert.equal(cpu.moveToHugePages!([small.storage.buffer]), 0, "a 12-byte buffer stays");
+    assert.deepEqual([...small.dataSync()], [1, 2, 3]);
+    w.mul_(2); // the moved memory is written through the same handle
+    assert.equal(w.dataSync()[1], (values[1] as number) * 2);
+  });
+
+  it("discard: the buffer gets zeroed memory and its old bytes are not copied", () => {
+    const t = zeros([256, 256], { device: "cpu" }).add(1);
+    assert.equal(cpu.moveToHugePages!([t.storage.buffer], { discard: true }), 256 * 256 * 4);
+    assert.ok(t.dataSync().every((v) => v === 0));
+  });
+
+  it("with transparent huge pages on, the moved bytes are backed by huge pages", (ctx) => {
+    const mode = thpMode();
+    const before = anonHugeBytes();
+    if ((mode !== "madvise" && mode !== "always") || before === null) return ctx.skip(`transparent huge pages: ${mode ?? "not reported"}`);
+    const bytes = 64 << 20;
+    const t = zeros([bytes / 4], { device: "cpu" });
+    cpu.moveToHugePages!([t.storage.buffer]);
+    t.add_(1); // touch every page
+    const grown = anonHugeBytes()! - before;
+    assert.ok(grown >= bytes / 2, `AnonHugePages grew by ${grown} bytes for a ${bytes}-byte buffer`);
+    assert.equal(t.dataSync()[12345], 1);
+  });
+});
