@@ -836,39 +836,67 @@ void dropHugeRef(HugeChunk* c) {
   delete c;
 }
 
-// allocHugeMemory(byteLength) -> ArrayBuffer of zeros on huge pages where the kernel grants them.
+// allocHugeMemory(byteLength) -> ArrayBuffer of zeros on huge pages where the kernel grants them. Its bytes count as
+// V8 external memory (GC pressure), as those of an ordinary ArrayBuffer do.
 Napi::Value AllocHugeMemory(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const int64_t n = integer(info, 0, "allocHugeMemory", "byteLength", 1);
   const size_t bytes = static_cast<size_t>(n), padded = (bytes + kHugeAlign - 1) / kHugeAlign * kHugeAlign;
-  HugeChunk* chunk;
-  size_t at;
+  HugeChunk* chunk = nullptr;
+  size_t at = 0;
+  int err = 0;
   {
     std::lock_guard<std::mutex> g(gHugeMutex);
     if (padded > kHugeChunk / 2) {  // a big buffer gets a chunk of its own
       chunk = mapHugeChunk(padded);
-      if (!chunk) throw Napi::Error::New(env, std::string("[allocHugeMemory] ") + strerror(errno));
     } else {
       if (!gHugeCurrent || gHugeCurrent->size - gHugeCurrent->used < padded) {
         HugeChunk* fresh = mapHugeChunk(kHugeChunk);
-        if (!fresh) throw Napi::Error::New(env, std::string("[allocHugeMemory] ") + strerror(errno));
-        if (gHugeCurrent) dropHugeRef(gHugeCurrent);
-        gHugeCurrent = fresh;
-        fresh->refs = 1;
+        if (fresh) {
+          if (gHugeCurrent) dropHugeRef(gHugeCurrent);
+          gHugeCurrent = fresh;
+          fresh->refs = 1;
+        }
       }
-      chunk = gHugeCurrent;
+      if (gHugeCurrent && gHugeCurrent->size - gHugeCurrent->used >= padded) chunk = gHugeCurrent;
     }
-    at = chunk->used;
-    chunk->used += padded;
-    chunk->refs++;
+    if (chunk) {
+      at = chunk->used;
+      chunk->used += padded;
+      chunk->refs++;
+    } else {
+      err = errno;
+    }
   }
-  return Napi::ArrayBuffer::New(
-      env, chunk->base + at, bytes,
-      [](Napi::Env, void*, HugeChunk* c) {
-        std::lock_guard<std::mutex> g(gHugeMutex);
-        dropHugeRef(c);
-      },
-      chunk);
+  if (!chunk) throw Napi::Error::New(env, std::string("[allocHugeMemory] ") + strerror(err));
+  struct Hint {
+    HugeChunk* chunk;
+    int64_t bytes;
+  };
+  auto* hint = new Hint{chunk, static_cast<int64_t>(bytes)};
+  Napi::ArrayBuffer buffer;
+  try {
+    buffer = Napi::ArrayBuffer::New(
+        env, chunk->base + at, bytes,
+        [](Napi::Env e, void*, Hint* h) {
+          Napi::MemoryManagement::AdjustExternalMemory(e, -h->bytes);
+          {
+            std::lock_guard<std::mutex> g(gHugeMutex);
+            dropHugeRef(h->chunk);
+          }
+          delete h;
+        },
+        hint);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> g(gHugeMutex);
+      dropHugeRef(chunk);
+    }
+    delete hint;
+    throw;
+  }
+  Napi::MemoryManagement::AdjustExternalMemory(env, static_cast<int64_t>(bytes));
+  return buffer;
 }
 
 Napi::Value FeaturesFn(const Napi::CallbackInfo& info) {

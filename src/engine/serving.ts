@@ -118,10 +118,11 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
 }
 
 function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSetup {
-  // every decode step reads every weight: keep them on huge pages (before any step graph points at them)
-  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer));
   args.onProgress?.("sizing KV cache", 0);
   const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
+  // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
+  // the copies' old memory would lower until collected; before any step graph points at them)
+  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer));
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });
   args.onProgress?.("sizing KV cache", 1);
   const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));

@@ -230,7 +230,12 @@ export class CpuBackend implements Backend {
     let moved = 0;
     for (const b of new Set(buffers)) {
       if (!(b instanceof CpuBuffer) || b.freed || b.byteLength < HUGE_PAGE_MIN_BYTES || hugeMemory.has(b.raw)) continue;
-      const memory = alloc.call(this.native, b.byteLength);
+      let memory: ArrayBuffer;
+      try {
+        memory = alloc.call(this.native, b.byteLength);
+      } catch {
+        break; // out of address space or memory: the rest stays on ordinary pages
+      }
       if (options.discard !== true) new Uint8Array(memory).set(new Uint8Array(b.raw));
       this.memory.renumber(b.raw, memory);
       b.rehome(memory);

@@ -88,6 +88,7 @@ export class HostAllocator {
   renumber(old: ArrayBuffer, memory: ArrayBuffer): void {
     const n = this.numberOf.get(old);
     if (n === undefined) return;
+    this.numberOf.delete(old);
     this.numberOf.set(memory, n);
     if (this.byNumber.has(n)) this.byNumber.set(n, new WeakRef(memory));
   }
