@@ -605,9 +605,19 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   p.q = array<float>(info, 0, T * p.Hq * p.D, op, "q");
   p.kNew = array<float>(info, 1, T * p.Hkv * p.D, op, "kNew");
   p.vNew = array<float>(info, 2, T * p.Hkv * p.D, op, "vNew");
-  p.kCache = array<float>(info, 3, 0, op, "kCache");
+  // caches: Float32Array, or Uint16Array of bf16 bits (both the same)
+  p.cacheBf16 = info.Length() > 3 && info[3].IsTypedArray() && info[3].As<Napi::TypedArray>().TypedArrayType() == napi_uint16_array;
+  if (p.cacheBf16) {
+    p.kCache = array<uint16_t>(info, 3, 0, op, "kCache");
+  } else {
+    p.kCache = array<float>(info, 3, 0, op, "kCache");
+  }
   const int64_t cacheLen = static_cast<int64_t>(info[3].As<Napi::TypedArray>().ElementLength());
-  p.vCache = array<float>(info, 4, cacheLen, op, "vCache");
+  if (p.cacheBf16) {
+    p.vCache = array<uint16_t>(info, 4, cacheLen, op, "vCache");
+  } else {
+    p.vCache = array<float>(info, 4, cacheLen, op, "vCache");
+  }
   p.out = array<float>(info, 9, T * p.Hq * p.D, op, "out");
   const int64_t slotSize = p.Hkv * p.D;
   const int64_t numBlocks = cacheLen / (p.blockSize * slotSize);

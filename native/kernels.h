@@ -20,8 +20,9 @@ struct PagedAttentionArgs {
   const float* q;        // [T, Hq, D]
   const float* kNew;     // [T, Hkv, D]
   const float* vNew;     // [T, Hkv, D]
-  float* kCache;         // [numBlocks, blockSize, Hkv, D]
-  float* vCache;
+  void* kCache;          // [numBlocks, blockSize, Hkv, D] float, or bf16 bits when cacheBf16
+  void* vCache;
+  bool cacheBf16;
   const int32_t* slotMapping;  // [T]
   const int32_t* blockTables;  // [numSeqs, maxBlocksPerSeq]
   const int32_t* queryStart;   // [numSeqs + 1]

@@ -48,6 +48,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     maxNumBatchedTokens: args.maxNumBatchedTokens ?? undefined,
     blockSize: args.blockSize ?? undefined,
     kvCacheMemory: args.kvCacheMemoryBytes ?? undefined,
+    kvCacheDtype: args.kvCacheDtype,
     gpuMemoryUtilization: args.kvCacheMemoryBytes === null ? Math.min(args.gpuMemoryUtilization, 0.25) : undefined,
     enablePrefixCaching: args.enablePrefixCaching ?? undefined,
     seed: args.seed,

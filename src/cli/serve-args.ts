@@ -4,6 +4,9 @@ import { Command, Option } from "commander";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
+export type KvCacheDtypeArg = "auto" | "float32" | "bfloat16";
+// vLLM's --kv-cache-dtype values: the fp8 caches are named so the error can say they are not supported (yet)
+const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] as const;
 export type SchedulingPolicy = "fcfs" | "priority";
 export type LogLevel = "debug" | "info" | "warning" | "error" | "critical";
 
@@ -20,6 +23,7 @@ export interface ServeArgs {
   maxNumBatchedTokens: number | null;
   blockSize: number | null;
   kvCacheMemoryBytes: number | null; // overrides gpuMemoryUtilization when set
+  kvCacheDtype: KvCacheDtypeArg; // auto = the model's dtype (bfloat16 models get a bfloat16 cache), else float32
   gpuMemoryUtilization: number; // fraction of device memory for weights + KV cache
   enablePrefixCaching: boolean | null; // null = engine default (on)
   dtype: Dtype;
@@ -54,6 +58,7 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--max-num-batched-tokens <n>", "maximum number of batched tokens per iteration")
     .option("--block-size <n>", "KV cache block size in tokens")
     .option("--kv-cache-memory <bytes>", "KV cache size in bytes (suffixes K, M, G, KiB, MiB, GiB); overrides --gpu-memory-utilization")
+    .addOption(new Option("--kv-cache-dtype <dtype>", "KV cache element type (auto: the model's dtype)").choices([...KV_CACHE_DTYPES]).default("auto"))
     .option("--gpu-memory-utilization <fraction>", "fraction of device memory for the model and KV cache", "0.9")
     .option("--enable-prefix-caching", "enable automatic prefix caching")
     .option("--no-enable-prefix-caching", "disable automatic prefix caching")
@@ -145,6 +150,9 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     throw new CliUsageError(`--quantization must be one of ${QUANTIZATION_METHODS.join(", ")}, got ${JSON.stringify(quantization)}`);
   }
 
+  const kvCacheDtype = String(o.kvCacheDtype ?? "auto");
+  if (kvCacheDtype.startsWith("fp8")) throw new CliUsageError(`--kv-cache-dtype ${kvCacheDtype} is not supported on cpu; use auto, float32 or bfloat16`);
+
   const generationConfig = String(o.generationConfig ?? "auto");
   if (generationConfig !== "auto" && generationConfig !== "vllm" && !(existsSync(generationConfig) && statSync(generationConfig).isDirectory())) {
     throw new CliUsageError(`--generation-config must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(generationConfig)}`);
@@ -174,6 +182,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     maxNumBatchedTokens: optInt(o.maxNumBatchedTokens, "--max-num-batched-tokens", 1),
     blockSize,
     kvCacheMemoryBytes: o.kvCacheMemory === undefined ? null : parseBytes(String(o.kvCacheMemory), "--kv-cache-memory"),
+    kvCacheDtype: kvCacheDtype as KvCacheDtypeArg,
     gpuMemoryUtilization: gmu,
     enablePrefixCaching: (o.enablePrefixCaching as boolean | undefined) ?? null,
     dtype: (o.dtype as Dtype | undefined) ?? "auto",

@@ -7,20 +7,25 @@ import { CaptureError } from "../util/errors.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
 import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 
+/** Element type of the paged KV cache (vLLM's --kv-cache-dtype, resolved): bfloat16 halves its bytes. */
+export type KvCacheDtype = "float32" | "bfloat16";
+
 export interface KvCacheSpec {
   numBlocks: number;
   blockSize: number;
+  /** Default float32. */
+  dtype?: KvCacheDtype;
 }
 
-/** Bytes of K+V cache one block takes for this model (float32 cache). */
-export function kvBytesPerBlock(model: CausalLM, blockSize: number): number {
+/** Bytes of K+V cache one block takes for this model. */
+export function kvBytesPerBlock(model: CausalLM, blockSize: number, dtype: KvCacheDtype = "float32"): number {
   const c = model.config;
-  return 2 * c.numHiddenLayers * blockSize * c.numKeyValueHeads * c.headDim * 4;
+  return 2 * c.numHiddenLayers * blockSize * c.numKeyValueHeads * c.headDim * (dtype === "bfloat16" ? 2 : 4);
 }
 
 export class PagedModelRunner implements ModelRunner {
   readonly vocabSize: number;
-  /** Bytes of K+V cache per block (float32 cache). */
+  /** Bytes of K+V cache per block. */
   readonly bytesPerBlock: number;
   private readonly kvCaches: { k: Tensor; v: Tensor }[] = [];
   /** Captured step graphs (captureStepGraphs), or null: every step runs eagerly. */
@@ -34,11 +39,11 @@ export class PagedModelRunner implements ModelRunner {
   ) {
     const c = model.config;
     this.vocabSize = c.vocabSize;
-    this.bytesPerBlock = kvBytesPerBlock(model, spec.blockSize);
+    this.bytesPerBlock = kvBytesPerBlock(model, spec.blockSize, spec.dtype);
     // One allocation for every layer's K and V (views of it): one large buffer comes from fresh zero pages,
     // where 2 x layers buffers of a few MiB each would be zero-filled from the heap (~0.1 s at start-up).
     const shape = [spec.numBlocks, spec.blockSize, c.numKeyValueHeads, c.headDim];
-    const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device });
+    const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device, dtype: spec.dtype ?? "float32" });
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
     // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
     model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true });

@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs } from "./engine-core.js";
-import { PagedModelRunner, kvBytesPerBlock } from "./paged-model-runner.js";
+import { PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
@@ -25,6 +25,8 @@ export interface ServingArgs {
   blockSize?: number;
   /** KV cache size in bytes; default: min(4 GiB, gpuMemoryUtilization of free memory). */
   kvCacheMemory?: number;
+  /** vLLM's --kv-cache-dtype: "auto" (default) = the model's dtype where the cache takes it (bfloat16), else float32. */
+  kvCacheDtype?: "auto" | KvCacheDtype;
   /** Share of free host memory the KV cache may take when kvCacheMemory is not given (default 0.25 on cpu). */
   gpuMemoryUtilization?: number;
   enablePrefixCaching?: boolean;
@@ -61,13 +63,21 @@ function defaultKvBudget(utilization: number): number {
   return b >= 2 ** 30 ? Math.floor(b / 2 ** 30) * 2 ** 30 : b;
 }
 
+/** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32). */
+export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCacheDtype"]): KvCacheDtype {
+  const want = arg ?? "auto";
+  if (want === "float32" || want === "bfloat16") return want;
+  if (want !== "auto") throw new EngineInputError("kv_cache_dtype", `kv_cache_dtype must be auto, float32 or bfloat16, got ${JSON.stringify(want)}`);
+  return loaded.dtype === "bfloat16" ? "bfloat16" : "float32";
+}
+
 export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks: number; maxModelLen: number; blockSize: number } {
   const blockSize = args.blockSize ?? 16;
   if (!Number.isInteger(blockSize) || blockSize <= 0 || blockSize > 1024) throw new EngineInputError("block_size", `block_size must be an integer in [1, 1024], got ${blockSize}`);
   const maxModelLen = args.maxModelLen ?? loaded.config.maxPositionEmbeddings;
   if (maxModelLen > loaded.config.maxPositionEmbeddings)
     throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`);
-  const perBlock = kvBytesPerBlock(loaded.model, blockSize);
+  const perBlock = kvBytesPerBlock(loaded.model, blockSize, resolveKvCacheDtype(loaded, args.kvCacheDtype));
   const budget = args.kvCacheMemory ?? defaultKvBudget(args.gpuMemoryUtilization ?? 0.25);
   const maxNumSeqs = args.maxNumSeqs ?? 256;
   // never more than every sequence at full length needs (+1: block 0 is the engine's null block)
@@ -123,7 +133,8 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
   // the copies' old memory would lower until collected; before any step graph points at them)
   loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer));
-  const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize });
+  const kvCacheDtype = resolveKvCacheDtype(loaded, args.kvCacheDtype);
+  const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
   args.onProgress?.("sizing KV cache", 1);
   const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));
   if (args.enforceEager !== true) {
@@ -133,7 +144,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
       decodeBuckets: decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize),
       mixedBuckets: mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens),
     };
-    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, maxModelLen, fuse: true });
+    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true });
     runner.captureStepGraphs(maxModelLen, {
       ...buckets,
       onProgress: (p) => args.onProgress?.(stage, p.done / p.total),

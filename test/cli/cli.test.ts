@@ -41,6 +41,9 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { maxModelLen: "abc" }), /--max-model-len/);
     assert.throws(() => parseServeArgs("m", { quantization: "q9" }), /--quantization/);
     assert.throws(() => parseServeArgs("m", { blockSize: "12" }), /--block-size/);
+    assert.equal(parseServeArgs("m", {}, {}).kvCacheDtype, "auto");
+    assert.equal(parseServeArgs("m", { kvCacheDtype: "bfloat16" }, {}).kvCacheDtype, "bfloat16");
+    assert.throws(() => parseServeArgs("m", { kvCacheDtype: "fp8_e4m3" }, {}), /--kv-cache-dtype fp8_e4m3 is not supported on cpu/);
   });
 
   it("serve starts, answers, and drains in-flight streams on SIGTERM", async () => {

@@ -218,9 +218,12 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
     }
   });
 
-  /** Paged attention of one random ragged batch on both back ends: output and both caches. */
-  function pagedAttentionCase(rnd: Rng, c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number }): void {
-    const { Hq, Hkv, D, blockSize, lens, newTok, window } = c;
+  /** Paged attention of one random ragged batch on both back ends: output and both caches (float32 or bfloat16). */
+  function pagedAttentionCase(
+    rnd: Rng,
+    c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType },
+  ): void {
+    const { Hq, Hkv, D, blockSize, lens, newTok, window, cacheDtype } = c;
     const numSeqs = lens.length, maxBlocks = Math.max(...lens.map((l) => Math.ceil(l / blockSize))), numBlocks = numSeqs * maxBlocks;
     const perm = Array.from({ length: numBlocks }, (_, j) => j).sort(() => rnd() - 0.5);
     const tables = Int32Array.from({ length: numSeqs * maxBlocks }, (_, j) => perm[j]!);
@@ -234,8 +237,8 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
     const cacheData = Float32Array.from({ length: numBlocks * blockSize * Hkv * D * 2 }, () => rnd() * 2 - 1);
     const q = pair(rnd, [T, Hq, D]), kn = pair(rnd, [T, Hkv, D]), vn = pair(rnd, [T, Hkv, D]);
     const run = (dev: string, qq: Tensor, kk: Tensor, vv: Tensor) => {
-      const kc = k.tensor(cacheData.subarray(0, cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] });
-      const vc = k.tensor(cacheData.subarray(cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] });
+      const kc = k.tensor(cacheData.subarray(0, cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] }).to(cacheDtype);
+      const vc = k.tensor(cacheData.subarray(cacheData.length / 2), { device: dev, shape: [numBlocks, blockSize, Hkv, D] }).to(cacheDtype);
       const out = k.pagedAttention({
         q: qq, k: kk, v: vv, kCache: kc, vCache: vc,
         slotMapping: k.tensor(Int32Array.from(slots), { device: dev }),
@@ -248,7 +251,8 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
     };
     const r = run("reference", q.ref, kn.ref, vn.ref);
     const cpu = run("cpu", q.cpu, kn.cpu, vn.cpu);
-    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window}`;
+    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} ${cacheDtype} cache`;
+    assert.equal(cpu.kc.dtype, cacheDtype);
     check(`paged attention ${tag}`, r.out, cpu.out, TOL.accumulate);
     check(`k cache ${tag}`, r.kc, cpu.kc, { rtol: 0, atol: 0 });
     check(`v cache ${tag}`, r.vc, cpu.vc, { rtol: 0, atol: 0 });
@@ -262,6 +266,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
       pagedAttentionCase(rnd, {
         Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16]), blockSize, lens,
         newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window: rnd() < 0.5 ? 0 : int(rnd, 1, 6),
+        cacheDtype: pick(rnd, ["float32", "bfloat16"] as DType[]),
       });
     }
   });
@@ -283,6 +288,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
           pagedAttentionCase(rnd, {
             Hq, Hkv, D: pick(rnd, [32, 64]), blockSize: pick(rnd, [4, 16]), lens,
             newTok: lens.map(() => (rnd() < 0.7 ? 1 : int(rnd, 2, 3))), window: rnd() < 0.7 ? 0 : int(rnd, 8, 100),
+            cacheDtype: i % 2 === 0 ? "float32" : "bfloat16",
           });
         }
       }

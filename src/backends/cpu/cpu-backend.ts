@@ -598,8 +598,10 @@ export class CpuBackend implements Backend {
         const q = f32(call.q);
         const kNew = f32(call.kNew);
         const vNew = f32(call.vNew);
-        const kCache = f32(call.kCache);
-        const vCache = f32(call.vCache);
+        // caches: float32, or bfloat16 (both the same)
+        const bf16Cache = call.kCache.dtype === "bfloat16" && call.vCache.dtype === "bfloat16";
+        const kCache = bf16Cache ? u16(call.kCache) : f32(call.kCache);
+        const vCache = bf16Cache ? u16(call.vCache) : f32(call.vCache);
         const slots = i32(call.slotMapping);
         const tables = i32(call.blockTables);
         const qStart = i32(call.queryStart);

@@ -120,11 +120,12 @@ export interface NativeKernels extends NativeStream {
   /**
    * Ragged paged attention: writes kNew/vNew into the cache at slotMapping, then each query token
    * attends causally (optionally within slidingWindow) over its sequence's cached positions.
-   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D]. With positions..neox, q and
+   * q/out: [T,Hq,D]; kNew/vNew: [T,Hkv,D]; caches: [numBlocks, blockSize, Hkv, D], both f32 or both bf16 bits (written
+   * rounded to nearest even, read back exactly). With positions..neox, q and
    * kNew are rotated first (as rotary()) and k is written rotated: rotary fused with the KV write.
    */
   pagedAttention(
-    q: Float32Array, kNew: Float32Array, vNew: Float32Array, kCache: Float32Array, vCache: Float32Array,
+    q: Float32Array, kNew: Float32Array, vNew: Float32Array, kCache: Float32Array | Uint16Array, vCache: Float32Array | Uint16Array,
     slotMapping: Int32Array, blockTables: Int32Array, queryStart: Int32Array, seqLens: Int32Array,
     out: Float32Array, numSeqs: number, Hq: number, Hkv: number, D: number, blockSize: number,
     maxBlocksPerSeq: number, scale: number, slidingWindow: number,
