@@ -150,6 +150,11 @@ export class PagedModelRunner implements ModelRunner {
     });
   }
 
+  /** The KV cache's element type as allocated. */
+  get kvCacheDtype(): KvCacheDtype {
+    return this.kvCaches[0]?.k.dtype === "bfloat16" ? "bfloat16" : "float32";
+  }
+
   /** Frees the KV cache tensors. */
   dispose(): void {
     this.graphs?.dispose();

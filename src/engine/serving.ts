@@ -63,11 +63,18 @@ function defaultKvBudget(utilization: number): number {
   return b >= 2 ** 30 ? Math.floor(b / 2 ** 30) * 2 ** 30 : b;
 }
 
+/** Throws the typed error for a kv_cache_dtype that is not auto, float32 or bfloat16 (checked before any weight loads). */
+function checkKvCacheDtype(arg: ServingArgs["kvCacheDtype"]): void {
+  const want: string = arg ?? "auto";
+  if (want !== "auto" && want !== "float32" && want !== "bfloat16")
+    throw new EngineInputError("kv_cache_dtype", `kv_cache_dtype must be auto, float32 or bfloat16, got ${JSON.stringify(want)}`);
+}
+
 /** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32). */
 export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCacheDtype"]): KvCacheDtype {
+  checkKvCacheDtype(arg);
   const want = arg ?? "auto";
-  if (want === "float32" || want === "bfloat16") return want;
-  if (want !== "auto") throw new EngineInputError("kv_cache_dtype", `kv_cache_dtype must be auto, float32 or bfloat16, got ${JSON.stringify(want)}`);
+  if (want !== "auto") return want;
   return loaded.dtype === "bfloat16" ? "bfloat16" : "float32";
 }
 
@@ -177,6 +184,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
 
 /** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
 export function createServingSetupSync(args: ServingArgs): ServingSetup {
+  checkKvCacheDtype(args.kvCacheDtype);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, onProgress: args.onProgress });
   return setup(loaded, args, mark);
@@ -187,6 +195,7 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
  * `deferTokenizerBuild`: for a caller that needs only the tokenizer's EOS ids before its first request.
  */
 export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptions, "deferTokenizerBuild"> = {}): Promise<ServingSetup> {
+  checkKvCacheDtype(args.kvCacheDtype);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, {
     dtype: args.dtype,

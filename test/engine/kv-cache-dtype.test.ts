@@ -20,11 +20,13 @@ test("a bfloat16 KV cache: half the bytes per block, auto follows the model dtyp
   const f32 = createServingSetupSync({ ...base, kvCacheDtype: "float32" });
   const bf16 = createServingSetupSync({ ...base, kvCacheDtype: "bfloat16" });
   assert.equal(bf16.runner.bytesPerBlock * 2, f32.runner.bytesPerBlock);
+  assert.equal(bf16.runner.kvCacheDtype, "bfloat16");
+  assert.equal(f32.runner.kvCacheDtype, "float32");
   assert.ok(bf16.kvTokens >= 2 * f32.kvTokens, `bf16 holds ${bf16.kvTokens} tokens, f32 ${f32.kvTokens}`);
   const auto32 = createServingSetupSync({ ...base, kvCacheDtype: "auto" });
-  assert.equal(auto32.runner.bytesPerBlock, f32.runner.bytesPerBlock, "a float32 model keeps a float32 cache");
+  assert.equal(auto32.runner.kvCacheDtype, "float32", "a float32 model keeps a float32 cache");
   const auto16 = createServingSetupSync({ ...base, dtype: "bfloat16" });
-  assert.equal(auto16.runner.bytesPerBlock, bf16.runner.bytesPerBlock, "a bfloat16 model gets a bfloat16 cache");
+  assert.equal(auto16.runner.kvCacheDtype, "bfloat16", "a bfloat16 model gets a bfloat16 cache");
   assert.throws(
     () => createServingSetupSync({ ...base, kvCacheDtype: "fp8" as "auto" }),
     (e: unknown) => e instanceof EngineInputError && /kv_cache_dtype must be auto, float32 or bfloat16/.test((e as Error).message),
@@ -35,7 +37,10 @@ test("greedy decoding through a bfloat16 KV cache: step graphs equal eager, and 
   const model = tinyModelDir("LlamaForCausalLM");
   const base = { model, maxModelLen: 128, kvCacheMemory: 4 << 20, maxNumSeqs: 4 };
   const eager = greedy(new LLM({ ...base, kvCacheDtype: "bfloat16", enforceEager: true }));
-  const graphs = greedy(new LLM({ ...base, kvCacheDtype: "bfloat16" }));
+  const s = createServingSetupSync({ ...base, kvCacheDtype: "bfloat16" });
+  assert.equal(s.runner.captureFailure, null);
+  const graphs = greedy(new LLM({ runner: s.runner, tokenizer: s.loaded.tokenizer, engineArgs: s.engineArgs }));
+  assert.ok((s.runner.graphs?.replays ?? 0) > 0, "the decode steps ran as step graphs");
   assert.deepEqual(graphs, eager);
   const full = greedy(new LLM({ ...base, kvCacheDtype: "float32", enforceEager: true }));
   // bf16 keys and values move the logits by ~1e-3 relative: greedy tokens agree but for rare near-ties

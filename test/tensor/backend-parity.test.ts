@@ -279,6 +279,15 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
     const native = tryLoadNativeKernels();
     const threads = native?.getNumThreads() ?? 1;
     const heads: [number, number][] = [[9, 3], [32, 8], [20, 1], [4, 4], [6, 2]];
+    // every cpu case must run the native kernel (a dtype it declined would fall back to the reference kernel)
+    let nativeCalls = 0;
+    const launcher = native?.stream as { pagedAttention: (...a: unknown[]) => void } | undefined;
+    const launch = launcher?.pagedAttention;
+    if (launcher && launch)
+      launcher.pagedAttention = (...a: unknown[]) => {
+        nativeCalls++;
+        launch.apply(launcher, a);
+      };
     try {
       for (const t of native ? [1, 2] : [1]) {
         native?.setNumThreads(t);
@@ -292,8 +301,10 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
           });
         }
       }
+      if (native) assert.equal(nativeCalls, 24, "native paged attention calls");
     } finally {
       native?.setNumThreads(threads);
+      if (launcher && launch) launcher.pagedAttention = launch;
     }
   });
 
