@@ -284,6 +284,8 @@ export interface Backend {
    * allocation number: for memory each step reads in full (weights, KV caches). Call it before capturing step
    * graphs (they point at the memory they were captured with). Returns the bytes moved; small buffers stay.
    * `discard`: the bytes are not needed (a fresh KV cache): the buffers get zeroed memory and nothing is copied.
+   * `maxBytes`: move nothing when the buffers to move total more (faulting in huge pages can stall on memory
+   * compaction: seconds for GiBs).
    */
-  moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean }): number;
+  moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean; maxBytes?: number }): number;
 }

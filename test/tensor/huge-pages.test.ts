@@ -46,6 +46,15 @@ describe("moveToHugePages", () => {
     assert.equal(w.dataSync()[1], (values[1] as number) * 2);
   });
 
+  it("maxBytes: buffers totalling more stay where they are", () => {
+    const a = zeros([128, 256], { device: "cpu" }).add(2);
+    const b = zeros([128, 256], { device: "cpu" }).add(3);
+    const bufs = [a.storage.buffer, b.storage.buffer];
+    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: 2 * 128 * 256 * 4 - 1 }), 0);
+    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: 2 * 128 * 256 * 4 }), 2 * 128 * 256 * 4);
+    assert.ok(a.dataSync().every((v) => v === 2) && b.dataSync().every((v) => v === 3));
+  });
+
   it("discard: the buffer gets zeroed memory and its old bytes are not copied", () => {
     const t = zeros([256, 256], { device: "cpu" }).add(1);
     assert.equal(cpu.moveToHugePages!([t.storage.buffer], { discard: true }), 256 * 256 * 4);

@@ -222,14 +222,17 @@ export class CpuBackend implements Backend {
   mapFile(path: string, byteOffset: number, byteLength: number): DeviceBuffer {
     return this.memory.adopt(this.native.mapFile(path, byteOffset, byteLength));
   }
-  moveToHugePages(buffers: Iterable<DeviceBuffer>, options: { discard?: boolean } = {}): number {
+  moveToHugePages(buffers: Iterable<DeviceBuffer>, options: { discard?: boolean; maxBytes?: number } = {}): number {
     const alloc = this.native.allocHugeMemory;
     if (alloc === undefined) return 0;
     if (this.stream.capturing) throw new CaptureError("move_to_huge_pages", "memory cannot move during a capture (on cpu)");
+    const todo = [...new Set(buffers)].filter(
+      (b): b is CpuBuffer => b instanceof CpuBuffer && !b.freed && b.byteLength >= HUGE_PAGE_MIN_BYTES && !hugeMemory.has(b.raw),
+    );
+    if (todo.reduce((n, b) => n + b.byteLength, 0) > (options.maxBytes ?? Infinity)) return 0;
     this.stream.drain();
     let moved = 0;
-    for (const b of new Set(buffers)) {
-      if (!(b instanceof CpuBuffer) || b.freed || b.byteLength < HUGE_PAGE_MIN_BYTES || hugeMemory.has(b.raw)) continue;
+    for (const b of todo) {
       let memory: ArrayBuffer;
       try {
         memory = alloc.call(this.native, b.byteLength);
