@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs } from "./engine-core.js";
-import { HUGE_PAGE_MAX_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
+import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
@@ -139,7 +139,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
   // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
   // the copies' old memory would lower until collected; before any step graph points at them)
-  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_BYTES });
+  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
   const kvCacheDtype = resolveKvCacheDtype(loaded, args.kvCacheDtype);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
   args.onProgress?.("sizing KV cache", 1);
