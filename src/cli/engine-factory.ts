@@ -59,7 +59,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
   };
   const specs = args.logitsProcessors;
   const loaded = env.engineInProcess ? await inProcessEngine(servingArgs, specs) : await workerEngine(servingArgs, specs, whileLoading);
-  progress(`KV cache: ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
+  progress(`KV cache (${loaded.kvCacheDtype}): ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
   progress("warm-up", 0);
   const warmup = loaded.engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
   for await (const _ of warmup) void _;
@@ -81,6 +81,7 @@ interface StartedEngine {
   numBlocks: number;
   blockSize: number;
   kvTokens: number;
+  kvCacheDtype: string;
   close(): Promise<void>;
 }
 
@@ -88,8 +89,8 @@ async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[]
   const starting = WorkerEngine.create({ ...servingArgs, logitsProcessors }); // spawns the worker synchronously
   whileLoading?.();
   const engine = await starting;
-  const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens } = engine;
-  return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, close: () => engine.close() };
+  const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens, kvCacheDtype } = engine;
+  return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, kvCacheDtype, close: () => engine.close() };
 }
 
 async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promise<StartedEngine> {
@@ -108,6 +109,7 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     numBlocks: engineArgs.numGpuBlocks,
     blockSize: engineArgs.blockSize ?? 16,
     kvTokens,
+    kvCacheDtype: runner.kvCacheDtype,
     close: async () => runner.dispose(),
   };
 }

@@ -176,6 +176,7 @@ async function main(): Promise<void> {
     type: "ready",
     maxModelLen: engineArgs.maxModelLen,
     kvTokens,
+    kvCacheDtype: runner.kvCacheDtype,
     numBlocks: resolved.numGpuBlocks,
     blockSize: resolved.blockSize,
     vocabSize: runner.vocabSize,

@@ -74,6 +74,8 @@ export type FromWorker =
       type: "ready";
       maxModelLen: number;
       kvTokens: number;
+      /** The KV cache's element type (--kv-cache-dtype resolved). */
+      kvCacheDtype: "float32" | "bfloat16";
       numBlocks: number;
       blockSize: number;
       vocabSize: number;

@@ -60,6 +60,8 @@ export class WorkerEngine implements EngineClient {
   readonly maxModelLen: number;
   /** KV capacity in tokens, and the pool's shape (block 0 is the engine's null block). */
   readonly kvTokens: number;
+  /** The KV cache's element type. */
+  readonly kvCacheDtype: "float32" | "bfloat16";
   readonly numBlocks: number;
   readonly blockSize: number;
   readonly vocabSize: number;
@@ -83,6 +85,7 @@ export class WorkerEngine implements EngineClient {
     this.generationConfig = ready.generationConfig;
     this.maxModelLen = ready.maxModelLen;
     this.kvTokens = ready.kvTokens;
+    this.kvCacheDtype = ready.kvCacheDtype;
     this.numBlocks = ready.numBlocks;
     this.blockSize = ready.blockSize;
     this.vocabSize = ready.vocabSize;

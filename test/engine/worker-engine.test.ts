@@ -35,6 +35,7 @@ async function collect(it: AsyncIterable<RequestOutput>): Promise<RequestOutput[
 test("WorkerEngine: ready reports the KV pool and maxModelLen", () => {
   assert.equal(engine.maxModelLen, 256);
   assert.equal(engine.kvTokens, (engine.numBlocks - 1) * engine.blockSize);
+  assert.equal(engine.kvCacheDtype, "float32", "auto on a float32 model");
   const s = engine.stats();
   assert.equal(s.numTotalBlocks, engine.numBlocks - 1);
   assert.equal(s.numFreeBlocks, s.numTotalBlocks);
