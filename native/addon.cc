@@ -607,17 +607,13 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   p.vNew = array<float>(info, 2, T * p.Hkv * p.D, op, "vNew");
   // caches: Float32Array, or Uint16Array of bf16 bits (both the same)
   p.cacheBf16 = info.Length() > 3 && info[3].IsTypedArray() && info[3].As<Napi::TypedArray>().TypedArrayType() == napi_uint16_array;
-  if (p.cacheBf16) {
-    p.kCache = array<uint16_t>(info, 3, 0, op, "kCache");
-  } else {
-    p.kCache = array<float>(info, 3, 0, op, "kCache");
-  }
+  auto cache = [&](size_t i, int64_t need, const char* name) -> void* {
+    if (p.cacheBf16) return array<uint16_t>(info, i, need, op, name);
+    return array<float>(info, i, need, op, name);
+  };
+  p.kCache = cache(3, 0, "kCache");
   const int64_t cacheLen = static_cast<int64_t>(info[3].As<Napi::TypedArray>().ElementLength());
-  if (p.cacheBf16) {
-    p.vCache = array<uint16_t>(info, 4, cacheLen, op, "vCache");
-  } else {
-    p.vCache = array<float>(info, 4, cacheLen, op, "vCache");
-  }
+  p.vCache = cache(4, cacheLen, "vCache");
   p.out = array<float>(info, 9, T * p.Hq * p.D, op, "out");
   const int64_t slotSize = p.Hkv * p.D;
   const int64_t numBlocks = cacheLen / (p.blockSize * slotSize);

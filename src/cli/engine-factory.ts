@@ -5,6 +5,7 @@
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
+import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import type { ServingArgs } from "../engine/serving.js";
 import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
@@ -81,7 +82,7 @@ interface StartedEngine {
   numBlocks: number;
   blockSize: number;
   kvTokens: number;
-  kvCacheDtype: string;
+  kvCacheDtype: KvCacheDtype;
   close(): Promise<void>;
 }
 

@@ -1,10 +1,11 @@
 // `kiln serve` flags (vLLM's names and meanings), parsed into one typed, validated ServeArgs.
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
+import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
-export type KvCacheDtypeArg = "auto" | "float32" | "bfloat16";
+export type KvCacheDtypeArg = "auto" | KvCacheDtype;
 // vLLM's --kv-cache-dtype values: the fp8 caches are named so the error can say they are not supported (yet)
 const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] as const;
 export type SchedulingPolicy = "fcfs" | "priority";

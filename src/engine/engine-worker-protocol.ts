@@ -1,6 +1,7 @@
 // Messages between WorkerEngine (the caller's thread) and engine-worker-main (the worker thread running
 // EngineCore). Everything here is structured-clone data: no functions, no class instances except Error-free
 // plain objects and Maps (TokenLogprobs).
+import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ServingArgs } from "./serving.js";
@@ -75,7 +76,7 @@ export type FromWorker =
       maxModelLen: number;
       kvTokens: number;
       /** The KV cache's element type (--kv-cache-dtype resolved). */
-      kvCacheDtype: "float32" | "bfloat16";
+      kvCacheDtype: KvCacheDtype;
       numBlocks: number;
       blockSize: number;
       vocabSize: number;

@@ -78,13 +78,17 @@ export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCac
   return loaded.dtype === "bfloat16" ? "bfloat16" : "float32";
 }
 
-export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks: number; maxModelLen: number; blockSize: number } {
+export function sizeKvCache(
+  loaded: LoadedModel,
+  args: ServingArgs,
+): { numBlocks: number; maxModelLen: number; blockSize: number; kvCacheDtype: KvCacheDtype } {
   const blockSize = args.blockSize ?? 16;
   if (!Number.isInteger(blockSize) || blockSize <= 0 || blockSize > 1024) throw new EngineInputError("block_size", `block_size must be an integer in [1, 1024], got ${blockSize}`);
   const maxModelLen = args.maxModelLen ?? loaded.config.maxPositionEmbeddings;
   if (maxModelLen > loaded.config.maxPositionEmbeddings)
     throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`);
-  const perBlock = kvBytesPerBlock(loaded.model, blockSize, resolveKvCacheDtype(loaded, args.kvCacheDtype));
+  const kvCacheDtype = resolveKvCacheDtype(loaded, args.kvCacheDtype);
+  const perBlock = kvBytesPerBlock(loaded.model, blockSize, kvCacheDtype);
   const budget = args.kvCacheMemory ?? defaultKvBudget(args.gpuMemoryUtilization ?? 0.25);
   const maxNumSeqs = args.maxNumSeqs ?? 256;
   // never more than every sequence at full length needs (+1: block 0 is the engine's null block)
@@ -96,7 +100,7 @@ export function sizeKvCache(loaded: LoadedModel, args: ServingArgs): { numBlocks
       `the KV cache (${(budget / 2 ** 20).toFixed(1)} MiB, ${Math.max(numBlocks - 1, 0) * blockSize} tokens) cannot hold one sequence of max_model_len ${maxModelLen}; raise --kv-cache-memory or lower --max-model-len`,
     );
   }
-  return { numBlocks, maxModelLen, blockSize };
+  return { numBlocks, maxModelLen, blockSize, kvCacheDtype };
 }
 
 /** Sizes and mtimes of the model's files: replacing a checkpoint changes the step-graph cache key. */
@@ -136,11 +140,10 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
 
 function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSetup {
   args.onProgress?.("sizing KV cache", 0);
-  const { numBlocks, maxModelLen, blockSize } = sizeKvCache(loaded, args);
+  const { numBlocks, maxModelLen, blockSize, kvCacheDtype } = sizeKvCache(loaded, args);
   // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
   // the copies' old memory would lower until collected; before any step graph points at them)
   loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
-  const kvCacheDtype = resolveKvCacheDtype(loaded, args.kvCacheDtype);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
   args.onProgress?.("sizing KV cache", 1);
   const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));

@@ -16,6 +16,7 @@ import {
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
 import { normalizeSamplingParams } from "./sampling-params.js";
+import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { ServingArgs } from "./serving.js";
 import type { CompletionOutput, EngineClient, EngineStats, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
 
@@ -61,7 +62,7 @@ export class WorkerEngine implements EngineClient {
   /** KV capacity in tokens, and the pool's shape (block 0 is the engine's null block). */
   readonly kvTokens: number;
   /** The KV cache's element type. */
-  readonly kvCacheDtype: "float32" | "bfloat16";
+  readonly kvCacheDtype: KvCacheDtype;
   readonly numBlocks: number;
   readonly blockSize: number;
   readonly vocabSize: number;
