@@ -18,6 +18,39 @@ namespace kiln {
 namespace {
 
 constexpr int kSpinMicros = 150;
+constexpr double kSplitStep = 0.3;  // damping of runRows' cut updates
+constexpr double kSplitMin = 0.1;   // neither share drops below this fraction of the rows
+using Clock = std::chrono::steady_clock;
+
+// runRows' learned cuts: the caller's fraction of the rows per key, in a fixed open-addressed table (a full table
+// leaves new keys at an even cut), behind its own mutex (callers on several threads may split rows at once).
+struct Split {
+  const void* key = nullptr;
+  double fraction = 0.5;
+};
+class SplitTable {
+ public:
+  Split* find(const void* key) {
+    if (!key) return nullptr;
+    size_t h = (reinterpret_cast<uintptr_t>(key) >> 6) * 0x9E3779B97F4A7C15ull >> 52;  // 12 bits
+    for (size_t probe = 0; probe < kSize; ++probe, h = (h + 1) & (kSize - 1)) {
+      Split& e = slots_[h];
+      if (e.key == key) return &e;
+      if (!e.key) {
+        if (used_ * 4 >= kSize * 3) return nullptr;
+        ++used_;
+        e.key = key;
+        return &e;
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  static constexpr size_t kSize = 4096;
+  Split slots_[kSize];
+  size_t used_ = 0;
+};
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -43,6 +76,64 @@ class Pool {
     if (n == numThreads()) return;
     stop();
     start(n);
+  }
+
+  void runRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx) {
+    const int threads = numThreads();
+    int64_t share = (total + threads - 1) / threads;
+    if (share < minShare) share = minShare;
+    if (threads != 2 || total < 2 * minShare) {
+      struct Even {
+        RangeFn fn;
+        void* ctx;
+        int64_t share, total;
+      } even{fn, ctx, share, total};
+      run((total + share - 1) / share, [](void* c, int64_t i) {
+        const Even& e = *static_cast<Even*>(c);
+        e.fn(e.ctx, i * e.share, (i + 1) * e.share < e.total ? (i + 1) * e.share : e.total);
+      }, &even, 0);
+      return;
+    }
+    Split* s;
+    double f;
+    {
+      std::lock_guard<std::mutex> g(splitMutex_);
+      s = splits_.find(key);
+      f = s ? s->fraction : 0.5;
+    }
+    int64_t cut = static_cast<int64_t>(static_cast<double>(total) * f + 0.5);
+    if (cut < minShare) cut = minShare;
+    if (cut > total - minShare) cut = total - minShare;
+    struct Timed {
+      RangeFn fn;
+      void* ctx;
+      int64_t cut, total;
+      std::thread::id caller;
+      Clock::time_point start[2], end[2];
+      bool onCaller[2];
+    } t{fn, ctx, cut, total, std::this_thread::get_id(), {}, {}, {false, false}};
+    run(2, [](void* c, int64_t i) {
+      Timed& x = *static_cast<Timed*>(c);
+      x.start[i] = Clock::now();
+      x.fn(x.ctx, i == 0 ? 0 : x.cut, i == 0 ? x.cut : x.total);
+      x.end[i] = Clock::now();
+      x.onCaller[i] = std::this_thread::get_id() == x.caller;
+    }, &t, 0);
+    // Learn only from runs where the caller took share 0 and the worker share 1 (nearly all: the caller claims
+    // first). Each share's time is modelled as its start plus its rows times a per-row cost; the cut that would
+    // have ended both at once is approached by a damped step (one run's timing is noisy).
+    if (!s || !t.onCaller[0] || t.onCaller[1]) return;
+    const double fc = static_cast<double>(cut) / static_cast<double>(total), fw = 1 - fc;
+    const auto ns = [&](Clock::time_point a) { return std::chrono::duration<double, std::nano>(a - t.start[0]).count(); };
+    const double startW = ns(t.start[1]);
+    const double perC = ns(t.end[0]) / fc, perW = (ns(t.end[1]) - startW) / fw;  // whole-job time at each rate
+    if (!(perC > 0 && perW > 0)) return;
+    const double target = (startW + perW) / (perC + perW);
+    double next = f + kSplitStep * (target - f);
+    if (next < kSplitMin) next = kSplitMin;
+    if (next > 1 - kSplitMin) next = 1 - kSplitMin;
+    std::lock_guard<std::mutex> g(splitMutex_);
+    s->fraction = next;
   }
 
   void run(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
@@ -166,6 +257,8 @@ class Pool {
   }
 
   std::vector<std::thread> workers_;
+  SplitTable splits_;
+  std::mutex splitMutex_;
   std::mutex runMutex_;
   std::mutex sleepMutex_;
   std::condition_variable sleepCv_;
@@ -191,6 +284,9 @@ Pool& pool() {
 
 void poolRun(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
   pool().run(numChunks, fn, ctx, maxThreads);
+}
+void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx) {
+  pool().runRows(key, total, minShare, fn, ctx);
 }
 void poolSetNumThreads(int n) { pool().setNumThreads(n); }
 int poolGetNumThreads() { return pool().numThreads(); }

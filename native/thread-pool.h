@@ -28,26 +28,38 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
       numChunks, [](void* ctx, int64_t c) { (*static_cast<F*>(ctx))(c); }, &f, maxThreads);
 }
 
-// Rows of n weights stacked as one [sum of as[i].N] matrix, split into one contiguous share per pool thread (at
-// least minShare rows): part(as[i], r0, r1) runs for the rows [r0, r1) of weight i that a share covers, the shares
-// in parallel. With n = 1 this is the usual one-share-per-thread split of one weight's rows.
+// Rows [0, total) of a memory-bound job split into one contiguous share per pool thread (at least minShare rows
+// each): fn(ctx, lo, hi) runs once per share, the shares in parallel. With two threads the cut is learned per `key`
+// (the job's weight): each run times both shares and moves the cut toward where they would have ended together.
+// The two vCPUs of this project's VM need not read memory equally fast: timed per share in one high-bandwidth
+// period (~65 GB/s), the worker read its half of every decode matmul 25-35% slower than the caller, so an even cut
+// left the caller idle for a fifth of each matmul. (Whole decode steps with an even cut took x1.21 as long in such a
+// period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never changes what is computed for a row.
+using RangeFn = void (*)(void* ctx, int64_t lo, int64_t hi);
+void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx);
+
+template <class F>
+inline void parallelRows(const void* key, int64_t total, int64_t minShare, F& f) {
+  if (total <= 0) return;
+  poolRunRows(
+      key, total, minShare, [](void* ctx, int64_t lo, int64_t hi) { (*static_cast<F*>(ctx))(lo, hi); }, &f);
+}
+
+// Rows of n weights stacked as one [sum of as[i].N] matrix, split as parallelRows splits rows (keyed by `key`):
+// part(as[i], r0, r1) runs for the rows [r0, r1) of weight i that a share covers. With n = 1 this is the usual
+// one-share-per-thread split of one weight's rows.
 template <class A, class F>
-inline void parallelStackedRows(const A* as, int n, int64_t minShare, F&& part) {
+inline void parallelStackedRows(const void* key, const A* as, int n, int64_t minShare, F&& part) {
   int64_t total = 0;
   for (int i = 0; i < n; ++i) total += as[i].N;
-  if (total == 0) return;
-  const int64_t threads = poolGetNumThreads();
-  int64_t share = (total + threads - 1) / threads;
-  if (share < minShare) share = minShare;
-  auto chunk = [&](int64_t c) {
-    const int64_t lo = c * share, hi = lo + share < total ? lo + share : total;
+  auto rows = [&](int64_t lo, int64_t hi) {
     int64_t off = 0;
     for (int i = 0; i < n && off < hi; off += as[i].N, ++i) {
       const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
       if (r0 < r1) part(as[i], r0, r1);
     }
   };
-  parallelChunks((total + share - 1) / share, chunk);
+  parallelRows(key, total, minShare, rows);
 }
 
 }  // namespace kiln
