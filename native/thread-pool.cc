@@ -24,6 +24,8 @@ using Clock = std::chrono::steady_clock;
 
 // runRows' learned cuts: the caller's fraction of the rows per key, in a fixed open-addressed table (a full table
 // leaves new keys at an even cut), behind its own mutex (callers on several threads may split rows at once).
+// Keys are never evicted: a freed weight's address reused by another weight hands it the old cut, which its own
+// runs then correct within a few steps.
 struct Split {
   const void* key = nullptr;
   double fraction = 0.5;
@@ -79,9 +81,14 @@ class Pool {
   }
 
   void runRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx) {
+    if (minShare < 1) minShare = 1;
     const int threads = numThreads();
     int64_t share = (total + threads - 1) / threads;
     if (share < minShare) share = minShare;
+    if (share >= total) {  // one share: run it here, waking no worker
+      fn(ctx, 0, total);
+      return;
+    }
     if (threads != 2 || total < 2 * minShare) {
       struct Even {
         RangeFn fn;

@@ -28,9 +28,10 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
       numChunks, [](void* ctx, int64_t c) { (*static_cast<F*>(ctx))(c); }, &f, maxThreads);
 }
 
-// Rows [0, total) of a memory-bound job split into one contiguous share per pool thread (at least minShare rows
-// each): fn(ctx, lo, hi) runs once per share, the shares in parallel. With two threads the cut is learned per `key`
-// (the job's weight): each run times both shares and moves the cut toward where they would have ended together.
+// Rows [0, total) of a memory-bound job split into one contiguous share per pool thread (shares of at least
+// minShare rows but the last): fn(ctx, lo, hi) runs once per share, the shares in parallel. With two threads and
+// at least 2 * minShare rows the cut is learned per `key` (the job's weight): each run where the caller took the
+// first share and the worker the second times both and moves the cut toward where they would have ended together.
 // The two vCPUs of this project's VM need not read memory equally fast: timed per share in one high-bandwidth
 // period (~65 GB/s), the worker read its half of every decode matmul 25-35% slower than the caller, so an even cut
 // left the caller idle for a fifth of each matmul. (Whole decode steps with an even cut took x1.21 as long in such a
