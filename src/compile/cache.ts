@@ -80,10 +80,6 @@ function readEntry(dir: string, key: string): Meta | null {
   }
 }
 
-/**
- * The loaded library for `source` under `key`: from this process, from disk, or compiled now.
- * `onCompile` is told when a compile happens (compile()'s recompile accounting).
- */
 /** Marks the entry in `dir` recently used, for the LRU sweep (a racing clean-up or a read-only cache: still valid). */
 export function touchEntry(dir: string): void {
   const now = new Date();
@@ -107,6 +103,10 @@ function loadStored(key: string): JitLibrary | null {
   return lib;
 }
 
+/**
+ * The loaded library for `source` under `key`: from this process, from disk, or compiled now.
+ * `onCompile` is told when a compile happens (compile()'s recompile accounting).
+ */
 export function getLibrary(key: string, source: string): { lib: JitLibrary; hit: boolean } {
   const mem = loaded.get(key);
   if (mem) {
