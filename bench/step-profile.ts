@@ -68,18 +68,20 @@ let bw = 0;
 for (let i = 0; i < 3; i++) bw = Math.max(bw, native.memoryReadBandwidth(probe, 3, native.getNumThreads()));
 const bytes = decodeBytes(setup.loaded.model);
 const roofMs = bytes / (bw * 1e9) * 1e3;
-const byOp = new Map<string, { count: number; ns: number }>();
-for (const { op, ns } of prof) {
-  const e = byOp.get(op) ?? { count: 0, ns: 0 };
+const byOp = new Map<string, { count: number; ns: number; medianNs: number }>();
+for (const { op, ns, medianNs } of prof) {
+  const e = byOp.get(op) ?? { count: 0, ns: 0, medianNs: 0 };
   e.count++;
   e.ns += ns;
+  e.medianNs += medianNs;
   byOp.set(op, e);
 }
 const total = prof.reduce((a, b) => a + b.ns, 0);
+const totalMedian = prof.reduce((a, b) => a + b.medianNs, 0);
 console.log(`${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
 console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read bandwidth ${bw.toFixed(1)} GB/s -> roofline ${roofMs.toFixed(2)} ms; best step at ${((100 * roofMs) / whole[0]!).toFixed(0)}% of roofline speed`);
-console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms over ${prof.length} kernels (${native.getNumThreads()} threads)`);
+console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms, of medians ${(totalMedian / 1e6).toFixed(2)} ms, over ${prof.length} kernels (${native.getNumThreads()} threads)`);
 for (const [op, e] of [...byOp].sort((a, b) => b[1].ns - a[1].ns))
-  console.log(`  ${op.padEnd(16)} x${String(e.count).padStart(4)}  ${(e.ns / 1e6).toFixed(3).padStart(7)} ms  ${((e.ns / e.count) / 1e3).toFixed(1).padStart(7)} us each`);
-if (process.argv.includes("--list")) prof.slice(0, 40).forEach((p, i) => console.log(`  #${i} ${p.op} ${(p.ns / 1e3).toFixed(1)} us`));
+  console.log(`  ${op.padEnd(16)} x${String(e.count).padStart(4)}  ${(e.ns / 1e6).toFixed(3).padStart(7)} ms  ${((e.ns / e.count) / 1e3).toFixed(1).padStart(7)} us each (median ${((e.medianNs / e.count) / 1e3).toFixed(1)})`);
+if (process.argv.includes("--list")) prof.slice(0, 40).forEach((p, i) => console.log(`  #${i} ${p.op} ${(p.ns / 1e3).toFixed(1)} us (median ${(p.medianNs / 1e3).toFixed(1)})`));
 runner.graphs?.dispose();

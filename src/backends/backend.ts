@@ -180,8 +180,8 @@ export interface StepGraph {
   launch(): void;
   /** Releases the recording and the memory it pins (a replay already enqueued still runs). Idempotent. */
   dispose(): void;
-  /** Optional profiling aid: replays `reps` times synchronously, timing each kernel (best of the reps, ns). */
-  profile?(reps: number): { op: string; ns: number }[];
+  /** Optional profiling aid: replays `reps` times synchronously, timing each kernel (best and median of the reps, ns). */
+  profile?(reps: number): { op: string; ns: number; medianNs: number }[];
 }
 
 /** A step-graph capture as data (Backend.takeRecording): JSON-able metadata plus binary blobs. */

@@ -393,7 +393,7 @@ export class StepGraphs {
   }
 
   /** Per-kernel replay times of the decode bucket for `n` sequences (bench/step-profile), or null. */
-  profileDecode(n: number, reps: number): { op: string; ns: number }[] | null {
+  profileDecode(n: number, reps: number): { op: string; ns: number; medianNs: number }[] | null {
     const b = this.decode.find((x) => x.tokens === n);
     return b?.graph.profile?.(reps) ?? null;
   }

@@ -161,3 +161,32 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
   assert.equal(n.streamGraphKernels(writesScales), 2, "the first writes the second's weight scales");
   for (const g of [independentPair, writesXq, writesScales]) n.streamReleaseGraph(g);
 });
+
+test("streamProfileGraph replays the graph job by job: each job's best and median time, and the jobs' real outputs", { skip }, () => {
+  const n = native!;
+  n.setNumThreads(2);
+  const x = rand(K);
+  const ws = ROWS.map((r) => rand(r * K));
+  const eager = ROWS.map((r, i) => {
+    const out = new Float32Array(r);
+    n.matmul(x, ws[i]!, out, 1, r, K, true, 0, 1, 0, 0, 0);
+    return out;
+  });
+  const outs = ROWS.map((r) => new Float32Array(r).fill(Number.NaN));
+  const normed = new Float32Array(K);
+  n.streamBeginCapture();
+  ROWS.forEach((r, i) => n.stream.matmul(x, ws[i]!, outs[i]!, 1, r, K, true, 0, 1, 0, 0, 0));
+  n.stream.rmsNorm(x, rand(K), normed, 1, K, 1e-5);
+  const g = n.streamEndCapture();
+  const reps = 7;
+  const prof = n.streamProfileGraph!(g, reps);
+  assert.deepEqual(prof.ops, ["matmulGroup", "rmsNorm"], "the merged GEMV group, then the norm");
+  assert.equal(prof.ns.length, 2);
+  assert.equal(prof.medianNs?.length, 2);
+  for (let i = 0; i < 2; i++) {
+    assert.ok(prof.ns[i]! > 0, `job ${i} took time`);
+    assert.ok(prof.ns[i]! <= prof.medianNs![i]!, `job ${i}: best <= median`);
+  }
+  outs.forEach((o, i) => assert.deepEqual(o, eager[i], `weight ${i}: the profiled replay computed it`));
+  n.streamReleaseGraph(g);
+});

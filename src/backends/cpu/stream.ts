@@ -244,10 +244,10 @@ export class CpuStepGraph implements StepGraph {
     this.stream.trackLaunch(this.pins);
   }
 
-  profile(reps: number): { op: string; ns: number }[] {
+  profile(reps: number): { op: string; ns: number; medianNs: number }[] {
     if (!this.handle || !this.native.streamProfileGraph) throw new OpError("step_graph", "profile() needs a live graph and a current addon (on cpu)");
-    const { ops, ns } = this.native.streamProfileGraph(this.handle, reps);
-    return ops.map((op, i) => ({ op, ns: ns[i]! }));
+    const { ops, ns, medianNs } = this.native.streamProfileGraph(this.handle, reps);
+    return ops.map((op, i) => ({ op, ns: ns[i]!, medianNs: medianNs?.[i] ?? ns[i]! }));
   }
 
   dispose(): void {
