@@ -97,3 +97,29 @@ test("step graphs: an MoE model (router read on the host) falls back to eager wi
     process.off("warning", onWarning);
   }
 });
+
+test("step graphs with async scheduling: requests stopped by a token while the next step is already scheduled give the eager engine's outputs", { timeout: 60_000 }, () => {
+  const model = tinyModelDir("LlamaForCausalLM");
+  const opts = { model, maxModelLen: 96, kvCacheMemory: 4 << 20, maxNumSeqs: 8 };
+  const eager = new LLM({ ...opts, enforceEager: true });
+  const graphs = new LLM(opts);
+  assert.equal(graphs.engine.asyncScheduling, true);
+  // stop tokens that greedy continuations first produce some tokens in, so requests end at different steps
+  const free = eager.generate(PROMPTS, { temperature: 0, ignoreEos: true, maxTokens: 24 });
+  const firstNew = (ids: readonly number[], from: number) => ids.find((t, j) => j >= from && !ids.slice(0, j).includes(t));
+  const stopTokenIds = [firstNew(free[0]!.outputs[0]!.tokenIds, 6), firstNew(free[1]!.outputs[0]!.tokenIds, 10)].filter((t) => t !== undefined);
+  const params: Partial<SamplingParams> = { temperature: 0, maxTokens: 24, stopTokenIds };
+  const want = eager.generate(PROMPTS, params);
+  const got = graphs.generate(PROMPTS, params);
+  assert.ok(want.some((o) => o.outputs[0]!.finishReason === "stop" && o.outputs[0]!.tokenIds.length < 24), "some request stops early on a token");
+  got.forEach((o, i) => {
+    assert.deepEqual(o.outputs[0]!.tokenIds, want[i]!.outputs[0]!.tokenIds, `request ${i}`);
+    assert.equal(o.outputs[0]!.finishReason, want[i]!.outputs[0]!.finishReason, `request ${i}`);
+    assert.equal(o.outputs[0]!.text, want[i]!.outputs[0]!.text, `request ${i}`);
+  });
+  // a second round reuses the freed blocks (and the prefix cache) and still matches
+  const again = graphs.generate(PROMPTS, params);
+  again.forEach((o, i) => assert.deepEqual(o.outputs[0]!.tokenIds, want[i]!.outputs[0]!.tokenIds, `request ${i}, second round`));
+  const s = graphs.engine.stats();
+  assert.equal(s.numFreeBlocks, s.numTotalBlocks);
+});
