@@ -1,7 +1,7 @@
 // Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M-shaped model replayed
 // kernel by kernel with a native timer around each (best of --reps per kernel, so a shared machine's
-// preemptions mostly drop out), summed per kernel name, next to the whole replay's best time. The matmul
-// rows also give their weight read rate. bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0, Q4_0 and
+// preemptions mostly drop out, and the median, whose sum is the fairer match for a whole step: one replay does not
+// get every kernel at its best), summed per kernel name, next to the whole replay's best and median time. bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0, Q4_0 and
 // MXFP4 GGUF exports.
 // Usage: npm run bench:profile [-- --format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
