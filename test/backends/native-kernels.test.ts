@@ -248,6 +248,13 @@ function runSuite(k: NativeKernels, isa: string): void {
     checkPagedAttention(k, 64, 0, [90], [90]);
     checkPagedAttention(k, 64, 50, [33, 1], [140, 66]);
   });
+  // bf16 caches: the keys of a GQA group are widened to f32 once per tile and scored by each of its rows
+  for (const D of [40, 64, 128])
+    test(`[${isa}] paged attention over a bf16 KV cache (D ${D}): decode, prefill, window`, () => {
+      checkPagedAttention(k, D, 0, [1, 20, 5], [37, 20, 70], true);
+      checkPagedAttention(k, D, 9, [1, 20, 5], [37, 20, 70], true);
+      checkPagedAttention(k, D, 0, [1], [150], true);
+    });
 
   test(`[${isa}] embedding and dtype conversions`, () => {
     const rows = 50, dim = 37, numIds = 11;
@@ -365,7 +372,7 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
 }
 
 /** qlens[s] new tokens of sequence s, whose length (cached + new) is lens[s]; random K/V everywhere. */
-function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[]): void {
+function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], bf16Cache = false): void {
   k.setNumThreads(2);
   const Hq = 6, Hkv = 2, blockSize = 16, maxBlocksPerSeq = 10;
   const S = qlens.length, seqLens = Int32Array.from(lens);
@@ -385,11 +392,23 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
   for (let s = 0; s < S; s++)
     for (let j = 0; j < qlens[s]!; j++) slotMapping[queryStart[s]! + j] = slotOf(s, seqLens[s]! - qlens[s]! + j);
   if (T > 3) slotMapping[3] = -1; // skipped write: attention then reads whatever the cache holds there
-  const kRef = kCache.slice(), vRef = vCache.slice();
+  // a bf16 cache holds bf16 bits; the kernel reads them exactly and writes new rows rounded to nearest even
+  const toBf16 = (x: Float32Array): Uint16Array => {
+    const o = new Uint16Array(x.length);
+    k.f32ToBf16(x, o, x.length);
+    return o;
+  };
+  const fromBf16 = (x: Uint16Array): Float32Array => {
+    const o = new Float32Array(x.length);
+    k.bf16ToF32(x, o, x.length);
+    return o;
+  };
+  const asCache = (x: Float32Array): Float32Array => (bf16Cache ? fromBf16(toBf16(x)) : x.slice());
+  const kRef = asCache(kCache), vRef = asCache(vCache);
   for (let t = 0; t < T; t++) {
     if (slotMapping[t]! < 0) continue;
-    kRef.set(kNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
-    vRef.set(vNew.subarray(t * slotSize, (t + 1) * slotSize), slotMapping[t]! * slotSize);
+    kRef.set(asCache(kNew.subarray(t * slotSize, (t + 1) * slotSize)), slotMapping[t]! * slotSize);
+    vRef.set(asCache(vNew.subarray(t * slotSize, (t + 1) * slotSize)), slotMapping[t]! * slotSize);
   }
   const scale = 1 / Math.sqrt(D);
   const want = new Float64Array(T * Hq * D);
@@ -414,14 +433,16 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
       }
     }
   const out = new Float32Array(T * Hq * D);
-  k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, blockTables, queryStart, seqLens, out,
+  const [kC, vC] = bf16Cache ? [toBf16(kCache), toBf16(vCache)] : [kCache, vCache];
+  k.pagedAttention(q, kNew, vNew, kC, vC, slotMapping, blockTables, queryStart, seqLens, out,
     S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow);
-  close(kCache, kRef, () => 0, "kCache written");
-  close(vCache, vRef, () => 0, "vCache written");
+  const asF32 = (c: Float32Array | Uint16Array) => (c instanceof Uint16Array ? fromBf16(c) : c);
+  close(asF32(kC), kRef, () => 0, "kCache written");
+  close(asF32(vC), vRef, () => 0, "vCache written");
   // outputs are convex combinations of values in [-1,1]; f32 dot/exp error stays ~1e-6
   close(out, want, () => 2e-6, "attention output");
   const bad = blockTables.slice();
   bad[0] = numBlocks;
-  assert.throws(() => k.pagedAttention(q, kNew, vNew, kCache, vCache, slotMapping, bad, queryStart, seqLens, out,
+  assert.throws(() => k.pagedAttention(q, kNew, vNew, kC, vC, slotMapping, bad, queryStart, seqLens, out,
     S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow), /out of range/);
 }
