@@ -136,6 +136,8 @@ async function openLlamaCpp(gguf: string, concs: number[], decodeTokens: number,
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+/** Probes on either side of a single-stream run within this ratio: the bandwidth held steady during the run. */
+const STEADY_PROBES = 1.15;
 
 /**
  * Single-stream decode against the roofline, in pairs: this VM's read bandwidth jumps between ~35 and ~60 GB/s
@@ -143,10 +145,12 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
  * roofline from probes taken at other moments than the decode it divides says more
  * about the moment than the engine. Each of `reps` rounds probes the bandwidth, runs Kiln's decode, probes, runs
  * llama.cpp's, probes; each run's roofline fraction uses the mean of the probes on either side of it, and the
- * engines' ratio is taken within the round. Medians over the rounds are reported, with the best of each.
+ * engines' ratio is taken within the round. Medians over the rounds are reported, with the best of each; Kiln's
+ * roofline median leaves out rounds whose two probes differ by more than STEADY_PROBES (the bandwidth moved during
+ * the run, e.g. 26.8 then 69.8 GB/s around one 1B run, whose fraction read 105%), and every round is listed.
  */
 async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe: () => number, bytes: number, reps: number) {
-  const rounds: { kiln: number; kilnRoof: number; lc?: number; lcRoof?: number }[] = [];
+  const rounds: { kiln: number; kilnRoof: number; bw: [number, number]; lc?: number; lcRoof?: number }[] = [];
   const probes: number[] = [];
   const probed = () => {
     probes.push(probe());
@@ -156,7 +160,7 @@ async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe
     const bw0 = probed();
     const k = await kiln.decode(1);
     const bw1 = probed();
-    const round: (typeof rounds)[number] = { kiln: k, kilnRoof: (((bw0 + bw1) / 2) * 1e9) / bytes };
+    const round: (typeof rounds)[number] = { kiln: k, kilnRoof: (((bw0 + bw1) / 2) * 1e9) / bytes, bw: [bw0, bw1] };
     if (lc) {
       round.lc = await lc.decode(1);
       round.lcRoof = (((bw1 + probed()) / 2) * 1e9) / bytes;
@@ -164,9 +168,14 @@ async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe
     rounds.push(round);
   }
   const withLc = rounds.filter((r) => r.lc !== undefined);
+  // A round whose two probes disagree saw the bandwidth change during the run: its roofline is a guess, so the
+  // median leaves it out (unless every round is such a round). Every round is listed.
+  const steady = rounds.filter((r) => Math.max(...r.bw) / Math.min(...r.bw) <= STEADY_PROBES);
   return {
     best: Math.max(...rounds.map((r) => r.kiln)),
-    roofFraction: median(rounds.map((r) => r.kiln / r.kilnRoof)),
+    roofFraction: median((steady.length > 0 ? steady : rounds).map((r) => r.kiln / r.kilnRoof)),
+    steadyRounds: steady.length,
+    perRound: rounds.map((r) => `${r.bw[0].toFixed(0)}/${r.bw[1].toFixed(0)}: ${((100 * r.kiln) / r.kilnRoof).toFixed(0)}%`),
     probeRange: [Math.min(...probes), Math.max(...probes)], // GB/s, every probe of the rounds
     lcBest: withLc.length ? Math.max(...withLc.map((r) => r.lc!)) : undefined,
     lcRoofFraction: withLc.length ? median(withLc.map((r) => r.lc! / r.lcRoof!)) : undefined,
@@ -285,12 +294,13 @@ async function main(): Promise<void> {
       const [lo, hi] = x1.probeRange;
       lines.push(
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
-        `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of ${rounds} rounds, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
+        `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of the ${x1.steadyRounds || rounds} of ${rounds} rounds ${x1.steadyRounds ? "whose probes agreed within 15%" : "(no round's probes agreed within 15%)"}, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
       );
+      lines.push(`        x1 rounds (GB/s probed before/after: % of the roofline): ${x1.perRound.join(", ")}`);
       for (const [c, r] of batched)
         lines.push(`        decode x${String(c).padEnd(2)} ${r.kiln.toFixed(1).padStart(7)} tok/s (${(r.kiln / roofAt(hi!)).toFixed(2)}x the highest single-stream roofline); llama.cpp ${r.lc?.toFixed(1) ?? "-"} (${ratio(r.kiln, r.lc)})`);
       if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);
-      console.log(`[${preset}] ${lines.slice(-2 - batched.size - (typeof lc === "string" ? 1 : 0)).join("\n")}`);
+      console.log(`[${preset}] ${lines.slice(-3 - batched.size - (typeof lc === "string" ? 1 : 0)).join("\n")}`);
     }
     console.log(`\n== ${preset} (${path.basename(benchModelDir("float32", preset))}) ==\n${lines.join("\n")}\n`);
   }
