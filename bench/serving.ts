@@ -294,7 +294,7 @@ async function main(): Promise<void> {
       const [lo, hi] = x1.probeRange;
       lines.push(
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
-        `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of the ${x1.steadyRounds || rounds} of ${rounds} rounds ${x1.steadyRounds ? "whose probes agreed within 15%" : "(no round's probes agreed within 15%)"}, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
+        `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of the ${x1.steadyRounds || rounds} of ${rounds} rounds ${x1.steadyRounds ? "whose probes agreed" : "(no round's probes agreed"} within ${Math.round((STEADY_PROBES - 1) * 100)}%${x1.steadyRounds ? "" : ")"}, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
       );
       lines.push(`        x1 rounds (GB/s probed before/after: % of the roofline): ${x1.perRound.join(", ")}`);
       for (const [c, r] of batched)
