@@ -35,7 +35,8 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 // The two vCPUs of this project's VM need not read memory equally fast: timed per share in one high-bandwidth
 // period (~65 GB/s), the worker read its half of every decode matmul 23-37% slower than the caller, so an even cut
 // left the caller idle for a fifth of each matmul. (Whole decode steps with an even cut took x1.21 as long in such a
-// period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never changes what is computed for a row.
+// period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never
+// changes what is computed for a row.
 using RangeFn = void (*)(void* ctx, int64_t lo, int64_t hi);
 void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx);
 
