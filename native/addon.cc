@@ -605,10 +605,18 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   p.q = array<float>(info, 0, T * p.Hq * p.D, op, "q");
   p.kNew = array<float>(info, 1, T * p.Hkv * p.D, op, "kNew");
   p.vNew = array<float>(info, 2, T * p.Hkv * p.D, op, "vNew");
-  // caches: Float32Array, or Uint16Array of bf16 bits (both the same)
-  p.cacheBf16 = info.Length() > 3 && info[3].IsTypedArray() && info[3].As<Napi::TypedArray>().TypedArrayType() == napi_uint16_array;
+  // caches: Float32Array, Uint16Array of bf16 bits, or Uint8Array of fp8 bytes (both the same), the fp8 format named
+  // by arg 23 (1: e4m3fn, 2: e5m2)
+  const napi_typedarray_type cacheType =
+      info.Length() > 3 && info[3].IsTypedArray() ? info[3].As<Napi::TypedArray>().TypedArrayType() : napi_float32_array;
+  p.cacheBf16 = cacheType == napi_uint16_array;
+  if (cacheType == napi_uint8_array) {
+    p.cacheFp8 = static_cast<int>(integer(info, 23, op, "fp8Format", 1));
+    if (p.cacheFp8 != 1 && p.cacheFp8 != 2) fail(info.Env(), op, "fp8Format must be 1 (e4m3fn) or 2 (e5m2)");
+  }
   auto cache = [&](size_t i, int64_t need, const char* name) -> void* {
     if (p.cacheBf16) return array<uint16_t>(info, i, need, op, name);
+    if (p.cacheFp8) return array<uint8_t>(info, i, need, op, name);
     return array<float>(info, i, need, op, name);
   };
   p.kCache = cache(3, 0, "kCache");

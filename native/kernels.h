@@ -20,9 +20,10 @@ struct PagedAttentionArgs {
   const float* q;        // [T, Hq, D]
   const float* kNew;     // [T, Hkv, D]
   const float* vNew;     // [T, Hkv, D]
-  void* kCache;          // [numBlocks, blockSize, Hkv, D] float, or bf16 bits when cacheBf16
+  void* kCache;          // [numBlocks, blockSize, Hkv, D] float, or bf16 bits when cacheBf16, or fp8 bytes (cacheFp8)
   void* vCache;
   bool cacheBf16;
+  int cacheFp8;          // 0: none; 1: fp8 e4m3fn bytes, 2: fp8 e5m2 bytes (vLLM's --kv-cache-dtype fp8_e4m3 / fp8_e5m2)
   const int32_t* slotMapping;  // [T]
   const int32_t* blockTables;  // [numSeqs, maxBlocksPerSeq]
   const int32_t* queryStart;   // [numSeqs + 1]

@@ -5,9 +5,9 @@ import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
-export type KvCacheDtypeArg = "auto" | KvCacheDtype;
-// vLLM's --kv-cache-dtype values: the fp8 caches are named so the error can say they are not supported (yet)
-const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] as const;
+export type KvCacheDtypeArg = "auto" | "fp8" | KvCacheDtype;
+// vLLM's --kv-cache-dtype values ("fp8" = "fp8_e4m3")
+const KV_CACHE_DTYPES: readonly KvCacheDtypeArg[] = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"];
 export type SchedulingPolicy = "fcfs" | "priority";
 export type LogLevel = "debug" | "info" | "warning" | "error" | "critical";
 
@@ -152,7 +152,8 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   }
 
   const kvCacheDtype = String(o.kvCacheDtype ?? "auto");
-  if (kvCacheDtype.startsWith("fp8")) throw new CliUsageError(`--kv-cache-dtype ${kvCacheDtype} is not supported on cpu; use auto, float32 or bfloat16`);
+  if (!(KV_CACHE_DTYPES as readonly string[]).includes(kvCacheDtype))
+    throw new CliUsageError(`--kv-cache-dtype must be one of ${KV_CACHE_DTYPES.join(", ")}, got ${JSON.stringify(kvCacheDtype)}`);
 
   const generationConfig = String(o.generationConfig ?? "auto");
   if (generationConfig !== "auto" && generationConfig !== "vllm" && !(existsSync(generationConfig) && statSync(generationConfig).isDirectory())) {

@@ -1,6 +1,7 @@
 // The real ModelRunner: turns a scheduled batch into one ragged forward pass over the paged KV cache.
 // Builds the flat metadata (token ids, positions, slot mapping, query starts, sequence lengths, block tables),
 // runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
+import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
@@ -20,8 +21,19 @@ export const HUGE_PAGE_MAX_WEIGHT_BYTES = 4 * 2 ** 30;
  */
 export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
 
-/** Element type of the paged KV cache (vLLM's --kv-cache-dtype, resolved): bfloat16 halves its bytes. */
-export type KvCacheDtype = "float32" | "bfloat16";
+/**
+ * Element type of the paged KV cache (vLLM's --kv-cache-dtype, resolved): bfloat16 halves its bytes, the fp8 formats
+ * (e4m3fn, e5m2; values stored unscaled, vLLM's default k_scale = v_scale = 1.0) quarter them.
+ */
+export type KvCacheDtype = "float32" | "bfloat16" | "fp8_e4m3" | "fp8_e5m2";
+
+/** The tensor dtype a KV cache of this type is allocated as. */
+const KV_TENSOR_DTYPE: Record<KvCacheDtype, DType> = {
+  float32: "float32",
+  bfloat16: "bfloat16",
+  fp8_e4m3: "float8_e4m3fn",
+  fp8_e5m2: "float8_e5m2",
+};
 
 export interface KvCacheSpec {
   numBlocks: number;
@@ -33,7 +45,7 @@ export interface KvCacheSpec {
 /** Bytes of K+V cache one block takes for this model. */
 export function kvBytesPerBlock(model: CausalLM, blockSize: number, dtype: KvCacheDtype = "float32"): number {
   const c = model.config;
-  return 2 * c.numHiddenLayers * blockSize * c.numKeyValueHeads * c.headDim * (dtype === "bfloat16" ? 2 : 4);
+  return 2 * c.numHiddenLayers * blockSize * c.numKeyValueHeads * c.headDim * DTYPE_BYTES[KV_TENSOR_DTYPE[dtype]];
 }
 
 export class PagedModelRunner implements ModelRunner {
@@ -56,7 +68,7 @@ export class PagedModelRunner implements ModelRunner {
     // One allocation for every layer's K and V (views of it): one large buffer comes from fresh zero pages,
     // where 2 x layers buffers of a few MiB each would be zero-filled from the heap (~0.1 s at start-up).
     const shape = [spec.numBlocks, spec.blockSize, c.numKeyValueHeads, c.headDim];
-    const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device, dtype: spec.dtype ?? "float32" });
+    const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device, dtype: KV_TENSOR_DTYPE[spec.dtype ?? "float32"] });
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
     // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
     model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true, maxBytes: HUGE_PAGE_MAX_KV_BYTES });
@@ -165,7 +177,8 @@ export class PagedModelRunner implements ModelRunner {
 
   /** The KV cache's element type as allocated. */
   get kvCacheDtype(): KvCacheDtype {
-    return this.kvCaches[0]?.k.dtype === "bfloat16" ? "bfloat16" : "float32";
+    const dtype = this.kvCaches[0]?.k.dtype;
+    return (Object.keys(KV_TENSOR_DTYPE) as KvCacheDtype[]).find((k) => KV_TENSOR_DTYPE[k] === dtype) ?? "float32";
   }
 
   /** Frees the KV cache tensors. */

@@ -25,8 +25,11 @@ export interface ServingArgs {
   blockSize?: number;
   /** KV cache size in bytes; default: min(4 GiB, gpuMemoryUtilization of free memory). */
   kvCacheMemory?: number;
-  /** vLLM's --kv-cache-dtype: "auto" (default) = the model's dtype where the cache takes it (bfloat16), else float32. */
-  kvCacheDtype?: "auto" | KvCacheDtype;
+  /**
+   * vLLM's --kv-cache-dtype: "auto" (default) = the model's dtype where the cache takes it (bfloat16), else float32;
+   * "fp8" is "fp8_e4m3", as in vLLM.
+   */
+  kvCacheDtype?: "auto" | "fp8" | KvCacheDtype;
   /** Share of free host memory the KV cache may take when kvCacheMemory is not given (default 0.25 on cpu). */
   gpuMemoryUtilization?: number;
   enablePrefixCaching?: boolean;
@@ -63,17 +66,21 @@ function defaultKvBudget(utilization: number): number {
   return b >= 2 ** 30 ? Math.floor(b / 2 ** 30) * 2 ** 30 : b;
 }
 
-/** Throws the typed error for a kv_cache_dtype that is not auto, float32 or bfloat16 (checked before any weight loads). */
+/** --kv-cache-dtype's values (vLLM's names). */
+export const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] as const;
+
+/** Throws the typed error for a kv_cache_dtype that is not one of KV_CACHE_DTYPES (checked before any weight loads). */
 function checkKvCacheDtype(arg: ServingArgs["kvCacheDtype"]): void {
   const want: string = arg ?? "auto";
-  if (want !== "auto" && want !== "float32" && want !== "bfloat16")
-    throw new EngineInputError("kv_cache_dtype", `kv_cache_dtype must be auto, float32 or bfloat16, got ${JSON.stringify(want)}`);
+  if (!(KV_CACHE_DTYPES as readonly string[]).includes(want))
+    throw new EngineInputError("kv_cache_dtype", `kv_cache_dtype must be one of ${KV_CACHE_DTYPES.join(", ")}, got ${JSON.stringify(want)}`);
 }
 
-/** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32). */
+/** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32; fp8: e4m3). */
 export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCacheDtype"]): KvCacheDtype {
   checkKvCacheDtype(arg);
   const want = arg ?? "auto";
+  if (want === "fp8") return "fp8_e4m3";
   if (want !== "auto") return want;
   return loaded.dtype === "bfloat16" ? "bfloat16" : "float32";
 }

@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
 import { mulberry32 } from "../../src/util/random.js";
+import { f32ToFp8Bits, fp8BitsToF32 } from "../../src/backends/dtype.js";
 
 const k = tryLoadNativeKernels();
 const childIsa = process.env.KILN_NATIVE_TEST_CHILD ? process.env.KILN_NATIVE_ISA : undefined;
@@ -251,10 +252,20 @@ function runSuite(k: NativeKernels, isa: string): void {
   // bf16 caches: the keys of a GQA group are widened to f32 once per tile and scored by each of its rows
   for (const D of [40, 64, 128])
     test(`[${isa}] paged attention over a bf16 KV cache (D ${D}): decode, prefill, window`, () => {
-      checkPagedAttention(k, D, 0, [1, 20, 5], [37, 20, 70], true);
-      checkPagedAttention(k, D, 9, [1, 20, 5], [37, 20, 70], true);
-      checkPagedAttention(k, D, 0, [1], [150], true);
+      checkPagedAttention(k, D, 0, [1, 20, 5], [37, 20, 70], "bf16");
+      checkPagedAttention(k, D, 9, [1, 20, 5], [37, 20, 70], "bf16");
+      checkPagedAttention(k, D, 0, [1], [150], "bf16");
     });
+  // fp8 caches (--kv-cache-dtype fp8_e4m3 / fp8_e5m2): bytes decoded in vector registers, rows written rounded
+  for (const kind of ["fp8_e4m3", "fp8_e5m2"] as const) {
+    for (const D of [40, 64])
+      test(`[${isa}] paged attention over an ${kind} KV cache (D ${D}): decode, prefill, window`, () => {
+        checkPagedAttention(k, D, 0, [1, 20, 5], [37, 20, 70], kind);
+        checkPagedAttention(k, D, 9, [1, 20, 5], [37, 20, 70], kind);
+        checkPagedAttention(k, D, 0, [1], [150], kind);
+      });
+    test(`[${isa}] ${kind} KV cache: all 256 codes decode, edge values encode as backends/dtype.ts does`, () => checkFp8CacheCodes(k, FP8_FORMAT[kind]));
+  }
 
   test(`[${isa}] embedding and dtype conversions`, () => {
     const rows = 50, dim = 37, numIds = 11;
@@ -372,7 +383,12 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
 }
 
 /** qlens[s] new tokens of sequence s, whose length (cached + new) is lens[s]; random K/V everywhere. */
-function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], bf16Cache = false): void {
+type CacheKind = "f32" | "bf16" | "fp8_e4m3" | "fp8_e5m2";
+const FP8_FORMAT = { fp8_e4m3: "e4m3fn", fp8_e5m2: "e5m2" } as const;
+
+function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], cacheKind: CacheKind = "f32"): void {
+  const bf16Cache = cacheKind === "bf16";
+  const fp8 = cacheKind === "fp8_e4m3" || cacheKind === "fp8_e5m2" ? FP8_FORMAT[cacheKind] : null;
   k.setNumThreads(2);
   const Hq = 6, Hkv = 2, blockSize = 16, maxBlocksPerSeq = 10;
   const S = qlens.length, seqLens = Int32Array.from(lens);
@@ -403,7 +419,10 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
     k.bf16ToF32(x, o, x.length);
     return o;
   };
-  const asCache = (x: Float32Array): Float32Array => (bf16Cache ? fromBf16(toBf16(x)) : x.slice());
+  // an fp8 cache holds fp8 bytes: the TS encoder/decoder of backends/dtype.ts is the reference for both directions
+  const toFp8 = (x: Float32Array): Uint8Array => Uint8Array.from(x, (v) => f32ToFp8Bits(v, fp8!));
+  const fromFp8 = (x: Uint8Array): Float32Array => Float32Array.from(x, (b) => fp8BitsToF32(b, fp8!));
+  const asCache = (x: Float32Array): Float32Array => (bf16Cache ? fromBf16(toBf16(x)) : fp8 ? fromFp8(toFp8(x)) : x.slice());
   const kRef = asCache(kCache), vRef = asCache(vCache);
   for (let t = 0; t < T; t++) {
     if (slotMapping[t]! < 0) continue;
@@ -433,10 +452,11 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
       }
     }
   const out = new Float32Array(T * Hq * D);
-  const [kC, vC] = bf16Cache ? [toBf16(kCache), toBf16(vCache)] : [kCache, vCache];
+  const [kC, vC] = bf16Cache ? [toBf16(kCache), toBf16(vCache)] : fp8 ? [toFp8(kCache), toFp8(vCache)] : [kCache, vCache];
+  const fp8Format = fp8 === "e4m3fn" ? 1 : fp8 === "e5m2" ? 2 : undefined;
   k.pagedAttention(q, kNew, vNew, kC, vC, slotMapping, blockTables, queryStart, seqLens, out,
-    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow);
-  const asF32 = (c: Float32Array | Uint16Array) => (c instanceof Uint16Array ? fromBf16(c) : c);
+    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow, undefined, undefined, undefined, undefined, undefined, fp8Format);
+  const asF32 = (c: Float32Array | Uint16Array | Uint8Array) => (c instanceof Uint16Array ? fromBf16(c) : c instanceof Uint8Array ? fromFp8(c) : c);
   close(asF32(kC), kRef, () => 0, "kCache written");
   close(asF32(vC), vRef, () => 0, "vCache written");
   // outputs are convex combinations of values in [-1,1]; f32 dot/exp error stays ~1e-6
@@ -444,5 +464,39 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
   const bad = blockTables.slice();
   bad[0] = numBlocks;
   assert.throws(() => k.pagedAttention(q, kNew, vNew, kC, vC, slotMapping, bad, queryStart, seqLens, out,
-    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow), /out of range/);
+    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow, undefined, undefined, undefined, undefined, undefined, fp8Format), /out of range/);
+}
+
+/**
+ * fp8 caches bit for bit: every one of the 256 codes decodes as backends/dtype.ts decodes it (one key per sequence,
+ * so the output is its value row times 1), and new rows are written as its encoder rounds them (nearest even,
+ * saturating; e5m2 overflows to inf from 61440 on), edge cases included.
+ */
+function checkFp8CacheCodes(k: NativeKernels, format: "e4m3fn" | "e5m2"): void {
+  const code = format === "e4m3fn" ? 1 : 2;
+  const D = 64, Hq = 1, Hkv = 1, blockSize = 16, numBlocks = 4;
+  const kC = new Uint8Array(numBlocks * blockSize * D), vC = new Uint8Array(numBlocks * blockSize * D);
+  for (let s = 0; s < 4; s++) for (let d = 0; d < D; d++) vC[s * blockSize * D + d] = s * D + d; // codes 0..255
+  const out = new Float32Array(4 * D);
+  const i32 = (...xs: number[]) => Int32Array.from(xs);
+  k.pagedAttention(new Float32Array(4 * D), new Float32Array(4 * D), new Float32Array(4 * D), kC, vC, i32(-1, -1, -1, -1),
+    i32(0, 1, 2, 3), i32(0, 1, 2, 3, 4), i32(1, 1, 1, 1), out, 4, Hq, Hkv, D, blockSize, 1, 1, 0,
+    undefined, undefined, undefined, undefined, undefined, code);
+  for (let c = 0; c < 256; c++) {
+    const want = fp8BitsToF32(c, format);
+    // (-0 comes out +0: the output row is accumulated from +0)
+    assert.ok(out[c] === want || (Number.isNaN(out[c]) && Number.isNaN(want)), `${format} code ${c}: got ${out[c]}, want ${want}`);
+  }
+  const edge = [0, -0, 1, -1, 0.1, 1 / 3, 447, 448, 449, 464, 480, 500, -1e4, 57344, 59000, 61439, 61440, 1e6, -Infinity, Infinity, NaN,
+    2 ** -6, 2 ** -7, 2 ** -9, 2 ** -10, 3 * 2 ** -11, 2 ** -14, 2 ** -16, 2 ** -17, 3 * 2 ** -18, 1e-30, 1.0625, 1.1875, 2.5, 3.5, 240, 248];
+  const kNew = new Float32Array(D), vNew = new Float32Array(D);
+  edge.forEach((v, i) => (kNew[i] = v));
+  randArray(D - edge.length, -300, 300).forEach((v, i) => (kNew[edge.length + i] = v));
+  vNew.set(randArray(D, -2, 2));
+  k.pagedAttention(new Float32Array(D), kNew, vNew, kC, vC, i32(5), i32(0), i32(0, 1), i32(6), new Float32Array(D), 1, Hq, Hkv, D, blockSize, 1, 1, 0,
+    undefined, undefined, undefined, undefined, undefined, code);
+  for (let d = 0; d < D; d++) {
+    assert.equal(kC[5 * D + d], f32ToFp8Bits(kNew[d]!, format), `${format} key ${kNew[d]} written`);
+    assert.equal(vC[5 * D + d], f32ToFp8Bits(vNew[d]!, format), `${format} value ${vNew[d]} written`);
+  }
 }

@@ -43,7 +43,8 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { blockSize: "12" }), /--block-size/);
     assert.equal(parseServeArgs("m", {}, {}).kvCacheDtype, "auto");
     assert.equal(parseServeArgs("m", { kvCacheDtype: "bfloat16" }, {}).kvCacheDtype, "bfloat16");
-    assert.throws(() => parseServeArgs("m", { kvCacheDtype: "fp8_e4m3" }, {}), /--kv-cache-dtype fp8_e4m3 is not supported on cpu/);
+    assert.equal(parseServeArgs("m", { kvCacheDtype: "fp8" }, {}).kvCacheDtype, "fp8");
+    assert.throws(() => parseServeArgs("m", { kvCacheDtype: "fp8_e4m3fnuz" }, {}), /--kv-cache-dtype must be one of auto, float32, bfloat16, fp8, fp8_e4m3, fp8_e5m2/);
   });
 
   it("serve starts, answers, and drains in-flight streams on SIGTERM", async () => {

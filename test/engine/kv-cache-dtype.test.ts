@@ -1,6 +1,7 @@
 // --kv-cache-dtype: a bfloat16 paged KV cache takes half the bytes per block (so the same memory holds twice the
-// tokens), "auto" follows the model's dtype, a bad value is a typed error, and greedy decoding through a bfloat16
-// cache is the same with and without step graphs and tracks the float32 cache's output.
+// tokens) and an fp8 one (e4m3 or e5m2) a quarter, "auto" follows the model's dtype, a bad value is a typed error, and
+// greedy decoding through a bfloat16 or fp8 cache is the same with and without step graphs and tracks the float32
+// cache's output.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { EngineInputError } from "../../src/engine/errors.js";
@@ -27,11 +28,46 @@ test("a bfloat16 KV cache: half the bytes per block, auto follows the model dtyp
   assert.equal(auto32.runner.kvCacheDtype, "float32", "a float32 model keeps a float32 cache");
   const auto16 = createServingSetupSync({ ...base, dtype: "bfloat16" });
   assert.equal(auto16.runner.kvCacheDtype, "bfloat16", "a bfloat16 model gets a bfloat16 cache");
+  // fp8 (vLLM's "fp8" = fp8_e4m3): a quarter of float32's bytes per block
+  const fp8 = createServingSetupSync({ ...base, kvCacheDtype: "fp8" });
+  assert.equal(fp8.runner.kvCacheDtype, "fp8_e4m3");
+  assert.equal(fp8.runner.bytesPerBlock * 4, f32.runner.bytesPerBlock);
+  assert.ok(fp8.kvTokens >= 4 * f32.kvTokens, `fp8 holds ${fp8.kvTokens} tokens, f32 ${f32.kvTokens}`);
+  const e5m2 = createServingSetupSync({ ...base, kvCacheDtype: "fp8_e5m2" });
+  assert.equal(e5m2.runner.kvCacheDtype, "fp8_e5m2");
+  assert.equal(e5m2.runner.bytesPerBlock, fp8.runner.bytesPerBlock);
   assert.throws(
-    () => createServingSetupSync({ ...base, kvCacheDtype: "fp8" as "auto" }),
-    (e: unknown) => e instanceof EngineInputError && /kv_cache_dtype must be auto, float32 or bfloat16/.test((e as Error).message),
+    () => createServingSetupSync({ ...base, kvCacheDtype: "fp8_e4m3fnuz" as "auto" }),
+    (e: unknown) =>
+      e instanceof EngineInputError && /kv_cache_dtype must be one of auto, float32, bfloat16, fp8, fp8_e4m3, fp8_e5m2/.test((e as Error).message),
   );
 });
+
+for (const dtype of ["fp8_e4m3", "fp8_e5m2"] as const)
+  test(`greedy decoding through an ${dtype} KV cache: step graphs equal eager, and next tokens track the float32 cache`, { timeout: 120_000 }, () => {
+    const model = tinyModelDir("LlamaForCausalLM");
+    const base = { model, maxModelLen: 128, kvCacheMemory: 4 << 20, maxNumSeqs: 4 };
+    const eager = greedy(new LLM({ ...base, kvCacheDtype: dtype, enforceEager: true }));
+    const s = createServingSetupSync({ ...base, kvCacheDtype: dtype });
+    assert.equal(s.runner.captureFailure, null);
+    const graphs = greedy(new LLM({ runner: s.runner, tokenizer: s.loaded.tokenizer, engineArgs: s.engineArgs }));
+    assert.ok((s.runner.graphs?.replays ?? 0) > 0, "the decode steps ran as step graphs");
+    assert.deepEqual(graphs, eager);
+    // Teacher-forced against the float32 cache (free-running greedy text diverges for good at the first near-tie of
+    // this random model): the most likely next token at every position of the same token sequences.
+    const f32 = new LLM({ ...base, kvCacheDtype: "float32", enforceEager: true });
+    const seqs = f32
+      .generate(PROMPTS, { temperature: 0, maxTokens: 10, ignoreEos: true })
+      .map((o) => [...o.promptTokenIds, ...o.outputs[0]!.tokenIds]);
+    const top1 = (llm: LLM) =>
+      llm
+        .generate(seqs.map((promptTokenIds) => ({ promptTokenIds })), { temperature: 0, maxTokens: 1, promptLogprobs: 1 })
+        .flatMap((o) => o.promptLogprobs!.slice(1).map((m) => [...m!].find(([, l]) => l.rank === 1)![0]));
+    const want = top1(f32), got = top1(new LLM({ ...base, kvCacheDtype: dtype, enforceEager: true }));
+    const same = got.filter((t, i) => t === want[i]).length;
+    // measured: e4m3 (3 mantissa bits) 50 of 56, e5m2 (2 bits) 41 of 56; a wrong decode or encode agrees by chance only
+    assert.ok(same >= (dtype === "fp8_e4m3" ? 0.8 : 0.6) * want.length, `${same} of ${want.length} next tokens agree with the float32 cache`);
+  });
 
 test("greedy decoding through a bfloat16 KV cache: step graphs equal eager, and track the float32 cache", { timeout: 120_000 }, () => {
   const model = tinyModelDir("LlamaForCausalLM");

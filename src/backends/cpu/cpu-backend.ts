@@ -70,6 +70,11 @@ function u16(v: BufferView): Uint16Array | null {
   if ((v.dtype !== "bfloat16" && v.dtype !== "float16") || !isContiguous(v.shape, v.strides)) return null;
   return new Uint16Array(rawOf(v.buffer), v.offset * 2, numel(v.shape));
 }
+/** fp8 bytes (either format) of a contiguous view. */
+function u8(v: BufferView): Uint8Array | null {
+  if ((v.dtype !== "float8_e4m3fn" && v.dtype !== "float8_e5m2") || !isContiguous(v.shape, v.strides)) return null;
+  return new Uint8Array(rawOf(v.buffer), v.offset, numel(v.shape));
+}
 function i32(v: BufferView): Int32Array | null {
   if (v.dtype !== "int32" || !isContiguous(v.shape, v.strides)) return null;
   return new Int32Array(rawOf(v.buffer), v.offset * 4, numel(v.shape));
@@ -601,10 +606,12 @@ export class CpuBackend implements Backend {
         const q = f32(call.q);
         const kNew = f32(call.kNew);
         const vNew = f32(call.vNew);
-        // caches: float32, or bfloat16 (both the same)
-        const bf16Cache = call.kCache.dtype === "bfloat16" && call.vCache.dtype === "bfloat16";
-        const kCache = bf16Cache ? u16(call.kCache) : f32(call.kCache);
-        const vCache = bf16Cache ? u16(call.vCache) : f32(call.vCache);
+        // caches: float32, bfloat16 or one of the fp8 formats (both the same)
+        const cacheDtype = call.kCache.dtype === call.vCache.dtype ? call.kCache.dtype : null;
+        const fp8Format = cacheDtype === "float8_e4m3fn" ? 1 : cacheDtype === "float8_e5m2" ? 2 : 0;
+        const cache = (v: BufferView) => (cacheDtype === "bfloat16" ? u16(v) : fp8Format > 0 ? u8(v) : f32(v));
+        const kCache = cache(call.kCache);
+        const vCache = cache(call.vCache);
         const slots = i32(call.slotMapping);
         const tables = i32(call.blockTables);
         const qStart = i32(call.queryStart);
@@ -623,7 +630,7 @@ export class CpuBackend implements Backend {
           q, kNew, vNew, kCache, vCache, slots, tables, qStart, seqLens, out,
           call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
           call.scale, call.slidingWindow,
-          pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox,
+          pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox, fp8Format || undefined,
         );
         return true;
       }

@@ -125,11 +125,14 @@ export interface NativeKernels extends NativeStream {
    * kNew are rotated first (as rotary()) and k is written rotated: rotary fused with the KV write.
    */
   pagedAttention(
-    q: Float32Array, kNew: Float32Array, vNew: Float32Array, kCache: Float32Array | Uint16Array, vCache: Float32Array | Uint16Array,
+    q: Float32Array, kNew: Float32Array, vNew: Float32Array,
+    kCache: Float32Array | Uint16Array | Uint8Array, vCache: Float32Array | Uint16Array | Uint8Array,
     slotMapping: Int32Array, blockTables: Int32Array, queryStart: Int32Array, seqLens: Int32Array,
     out: Float32Array, numSeqs: number, Hq: number, Hkv: number, D: number, blockSize: number,
     maxBlocksPerSeq: number, scale: number, slidingWindow: number,
     positions?: Int32Array, cos?: Float32Array, sin?: Float32Array, rotaryDim?: number, neox?: boolean,
+    /** Uint8Array caches: 1 = fp8 e4m3fn, 2 = fp8 e5m2 */
+    fp8Format?: 1 | 2,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
   f32ToBf16(src: Float32Array, dst: Uint16Array, n: number): void;

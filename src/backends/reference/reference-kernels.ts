@@ -1,7 +1,8 @@
 // The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
 // Native kernels are tested against these (STYLE.md 9).
 import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
-import { forEachIndex, getter, numel, readF64, setter, writeDense } from "./host-memory.js";
+import { f32ToFp8Bits } from "../dtype.js";
+import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
 
 function erf(x: number): number {
@@ -176,6 +177,17 @@ function quantizeRowsReference(x: Float64Array, rows: number, n: number, xq: Qua
   for (let i = 0; i < rows * n; i++) setQ(xq.data.offset + i, q.xq[i]!);
 }
 
+/**
+ * Writes into a paged KV cache: as the dtype's setter, but fp8 values saturate at the largest finite one (vLLM's
+ * saturating fp8 cache writes; a tensor cast to e5m2 overflows to inf instead).
+ */
+function cacheSetter(v: BufferView): (i: number, x: number) => void {
+  if (v.dtype !== "float8_e4m3fn" && v.dtype !== "float8_e5m2") return setter(v.buffer, v.dtype);
+  const format = v.dtype === "float8_e4m3fn" ? "e4m3fn" : "e5m2";
+  const bytes = rawArray(v.buffer, v.dtype) as Uint8Array;
+  return (i, x) => (bytes[i] = f32ToFp8Bits(x, format));
+}
+
 export function pagedAttentionReference(p: PagedAttentionArgs): void {
   const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow } = p;
   const q = readF64(p.q);
@@ -195,9 +207,9 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
   const qStart = readF64(p.queryStart);
   const seqLens = readF64(p.seqLens);
   const kGet = getter(p.kCache.buffer, p.kCache.dtype);
-  const kSet = setter(p.kCache.buffer, p.kCache.dtype);
+  const kSet = cacheSetter(p.kCache);
   const vGet = getter(p.vCache.buffer, p.vCache.dtype);
-  const vSet = setter(p.vCache.buffer, p.vCache.dtype);
+  const vSet = cacheSetter(p.vCache);
   const kvRow = numKvHeads * D; // elements per slot
   // 1. write the new K/V into their slots
   for (let t = 0; t < slots.length; t++) {
