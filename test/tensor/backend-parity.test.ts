@@ -218,7 +218,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
     }
   });
 
-  /** Paged attention of one random ragged batch on both back ends: output and both caches (float32 or bfloat16). */
+  /** Paged attention of one random ragged batch on both back ends: output and both caches (float32, bfloat16 or fp8). */
   function pagedAttentionCase(
     rnd: Rng,
     c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType },
@@ -266,7 +266,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
       pagedAttentionCase(rnd, {
         Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16]), blockSize, lens,
         newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window: rnd() < 0.5 ? 0 : int(rnd, 1, 6),
-        cacheDtype: pick(rnd, ["float32", "bfloat16"] as DType[]),
+        cacheDtype: pick(rnd, ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as DType[]),
       });
     }
   });
@@ -297,7 +297,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
           pagedAttentionCase(rnd, {
             Hq, Hkv, D: pick(rnd, [32, 64]), blockSize: pick(rnd, [4, 16]), lens,
             newTok: lens.map(() => (rnd() < 0.7 ? 1 : int(rnd, 2, 3))), window: rnd() < 0.7 ? 0 : int(rnd, 8, 100),
-            cacheDtype: i % 2 === 0 ? "float32" : "bfloat16",
+            cacheDtype: (["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as const)[i % 4]!,
           });
         }
       }
