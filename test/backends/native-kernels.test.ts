@@ -325,11 +325,17 @@ function runSuite(k: NativeKernels, isa: string): void {
       k.binary(0, a, Float32Array.of(it), out, n, 1);
       if (out[it % n] !== Math.fround(a[it % n]! + it) || out[n - 1] !== Math.fround(a[n - 1]! + it)) assert.fail(`job ${it} incomplete`);
     }
-    // workers spin ~150 us after a job, then sleep: an idle 300 ms must cost far less CPU than that
-    const before = process.cpuUsage();
-    await new Promise((r) => setTimeout(r, 300));
-    const used = process.cpuUsage(before);
-    assert.ok(used.user + used.system < 60_000, `idle pool used ${used.user + used.system} us of CPU`);
+    // workers spin ~150 us after a job, then sleep: an idle 300 ms must cost far less CPU than that. The process's
+    // CPU time also counts V8's background threads (a compile or GC can land in the window), so the best of three
+    // windows counts: a pool that never sleeps would spin through all of them.
+    let best = Infinity;
+    for (let w = 0; w < 3 && best >= 60_000; w++) {
+      const before = process.cpuUsage();
+      await new Promise((r) => setTimeout(r, 300));
+      const used = process.cpuUsage(before);
+      best = Math.min(best, used.user + used.system);
+    }
+    assert.ok(best < 60_000, `idle pool used ${best} us of CPU in the best of three 300 ms windows`);
   });
 
   test(`[${isa}] argument validation`, () => {

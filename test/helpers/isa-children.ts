@@ -24,6 +24,26 @@ export function runIsaChildren(fileUrl: string, isas: string[], childFlag: strin
     // NODE_TEST_CONTEXT would make the child report to our runner instead of setting its exit code
     const { NODE_TEST_CONTEXT: _ctx, ...env } = process.env;
     const r = spawnSync(process.execPath, [fileURLToPath(fileUrl)], { env: { ...env, KILN_NATIVE_ISA: isa, [childFlag]: "1" }, encoding: "utf8" });
-    assert.equal(r.status, 0, `ISA ${isa} failed:\n${r.stdout}\n${r.stderr}`);
+    if (r.status !== 0) assert.fail(`ISA ${isa} failed (exit ${r.status ?? r.signal}):\n${failures(r.stdout)}\n${r.stderr}`);
   }
+}
+
+/**
+ * The failing subtests of a TAP report with their diagnostics, so a long passing report cannot push the cause out
+ * of a log that keeps only its head and tail; the whole report when no "not ok" line is found.
+ */
+function failures(tap: string): string {
+  const lines = tap.split("\n");
+  const out: string[] = [];
+  for (let i = 0; i < lines.length; i++) {
+    const m = /^(\s*)not ok /.exec(lines[i]!);
+    if (!m) continue;
+    out.push(lines[i]!);
+    // the YAML block that follows is indented two more spaces and ends at "..."
+    for (let j = i + 1; j < lines.length && j < i + 80; j++) {
+      out.push(lines[j]!);
+      if (lines[j]!.trim() === "...") break;
+    }
+  }
+  return out.length ? out.join("\n") : tap;
 }
