@@ -18,5 +18,10 @@ const files = [];
     else if (name.endsWith(".test.js") && (filters.length === 0 || filters.some((f) => path.includes(f)))) files.push(path);
   }
 })(root);
+if (files.length === 0) {
+  // `node --test` with no files would run every .js file it finds, fixtures included
+  console.error(`no test file under ${root} matches ${filters.join(", ")}`);
+  process.exit(1);
+}
 const result = spawnSync(process.execPath, ["--test", "--test-concurrency=2", ...files], { stdio: "inherit" });
 process.exit(result.status ?? 1);
