@@ -1,8 +1,10 @@
 // Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M-shaped model replayed
 // kernel by kernel with a native timer around each (best of --reps per kernel, so a shared machine's
 // preemptions mostly drop out, and the median, whose sum is the fairer match for a whole step: one replay does not
-// get every kernel at its best), summed per kernel name, next to the whole replay's best and median time. bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0, Q4_0 and
-// MXFP4 GGUF exports.
+// get every kernel at its best), summed per kernel name, next to the best and median of execute() (host work
+// included) and of whole replays timed kernel by kernel on this thread (the sum of medians still undercounts
+// those: measured 3.49 vs 3.78 ms for int8). bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0,
+// Q4_0 and MXFP4 GGUF exports.
 // Usage: npm run bench:profile [-- --format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
@@ -62,6 +64,11 @@ for (let r = 0; r < reps; r++) {
 }
 whole.sort((a, b) => a - b);
 const prof = runner.graphs!.profileDecode(n, reps)!;
+// whole replays timed the same way (one rep each): the sum of per-kernel medians undercounts a replay (each kernel's
+// time is skewed to the right, and one replay does not get every kernel at its median)
+const replays: number[] = [];
+for (let r = 0; r < reps; r++) replays.push(runner.graphs!.profileDecode(n, 1)!.reduce((a, b) => a + b.ns, 0) / 1e6);
+replays.sort((a, b) => a - b);
 // read bandwidth of both cores (the bench's roofline probe), best of 3, measured right after the step timings
 const probe = bandwidthProbe(native);
 let bw = 0;
@@ -81,6 +88,7 @@ const totalMedian = prof.reduce((a, b) => a + b.medianNs, 0);
 console.log(`${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
 console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read bandwidth ${bw.toFixed(1)} GB/s -> roofline ${roofMs.toFixed(2)} ms; best step at ${((100 * roofMs) / whole[0]!).toFixed(0)}% of roofline speed`);
 console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms, of medians ${(totalMedian / 1e6).toFixed(2)} ms, over ${prof.length} kernels (${native.getNumThreads()} threads)`);
+console.log(`whole replay on this thread, kernel by kernel: best ${replays[0]!.toFixed(2)} ms, median ${replays[reps >> 1]!.toFixed(2)} ms (execute adds the host's work)`);
 for (const [op, e] of [...byOp].sort((a, b) => b[1].ns - a[1].ns))
   console.log(`  ${op.padEnd(16)} x${String(e.count).padStart(4)}  ${(e.ns / 1e6).toFixed(3).padStart(7)} ms  ${((e.ns / e.count) / 1e3).toFixed(1).padStart(7)} us each (median ${((e.medianNs / e.count) / 1e3).toFixed(1)})`);
 if (process.argv.includes("--list")) prof.slice(0, 40).forEach((p, i) => console.log(`  #${i} ${p.op} ${(p.ns / 1e3).toFixed(1)} us (median ${(p.medianNs / 1e3).toFixed(1)})`));
