@@ -1,0 +1,181 @@
+// Kernel lab: a decode step's chain of M = 1 matmuls, timed outside the engine. The weights of a SmolLM-135M- or
+// Llama-1B-shaped model (q, k, v, o, gate, up, down per layer, then the LM head) lie in one huge-page arena in the
+// order a step reads them; each round times the whole chain with the addon's own kernels (q/k/v and gate/up as
+// grouped products, x pre-quantized as rmsNormQuant leaves it) and, interleaved with it, a plain read of the same
+// bytes (each weight's rows split between the threads by poolRunRows, as the kernels' are), and prints both against
+// this run's read bandwidth (the probe bench/serving divides by). chain/read well above 1 points at the kernels,
+// read/probe well below 1 at the split, the dispatch or the memory system's moment. Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]`
+// (x86-64 with AVX-512 VNNI and BF16; not part of the tests).
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "quant.h"
+#include "thread-pool.h"
+
+using namespace kiln;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void* hugeAlloc(size_t n) {
+  const size_t align = size_t{2} << 20;
+  n = (n + align - 1) / align * align;
+  void* p = aligned_alloc(align, n);
+  madvise(p, n, MADV_HUGEPAGE);
+  memset(p, 1, n);  // untouched pages would read as the zero page
+  return p;
+}
+
+struct Weight {
+  int64_t N, K;
+  uint8_t* data;
+  void* scales;
+  int32_t* rowSums;
+  size_t bytes;  // data + scales (+ row sums) read per product
+  std::vector<float> out;
+};
+
+// Bytes per row of codes and of scales (int8: f32 scale + int32 row sum) for each scheme; bf16 has no scales.
+int64_t rowBytes(int scheme, int64_t K) { return scheme == kQuantInt4 || scheme == kQuantMxfp4 ? K / 2 : scheme < 0 ? 2 * K : K; }
+int64_t scaleBytes(int scheme, int64_t K) {
+  return scheme < 0 ? 0 : scheme == kQuantInt8 ? 8 : scheme == kQuantMxfp4 ? K / 32 : K / 16;
+}
+
+double ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string model = argc > 1 ? argv[1] : "smollm", format = argc > 2 ? argv[2] : "int8_g32";
+  const int rounds = argc > 3 ? atoi(argv[3]) : 5;
+  const bool big = model == "1b";
+  const int64_t dim = big ? 2048 : 576, kv = big ? 512 : 192, ff = big ? 8192 : 1536, layers = big ? 16 : 30;
+  const int64_t vocab = big ? 128256 : 49152;
+  const int scheme = format == "int8" ? kQuantInt8 : format == "int4" ? kQuantInt4 : format == "mxfp4" ? kQuantMxfp4
+                   : format == "bf16" ? -1 : kQuantInt8G32;
+  const QuantTable& Q = kQuantAvx512;
+  const KernelTable& T = kAvx512Bf16Kernels;
+
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // [N, K] in the order a step reads them
+  for (int64_t l = 0; l < layers; ++l)
+    for (auto s : {std::make_pair(dim, dim), {kv, dim}, {kv, dim}, {dim, dim}, {ff, dim}, {ff, dim}, {dim, ff}})
+      shapes.push_back(s);
+  shapes.push_back({vocab, dim});
+  size_t total = 0;
+  for (auto [N, K] : shapes) total += static_cast<size_t>(N * (rowBytes(scheme, K) + scaleBytes(scheme, K))) + 8192;
+  char* arena = static_cast<char*>(hugeAlloc(total));
+  std::vector<Weight> ws;
+  size_t off = 0, stepBytes = 0;
+  for (auto [N, K] : shapes) {
+    Weight w{N, K, reinterpret_cast<uint8_t*>(arena + off), nullptr, nullptr, 0, std::vector<float>(N)};
+    const int64_t rb = rowBytes(scheme, K), sb = scaleBytes(scheme, K);
+    for (int64_t i = 0; i < N * rb; ++i) w.data[i] = static_cast<uint8_t>((i * 7919) % 251);  // codes: any bytes
+    off = (off + N * rb + 63) / 64 * 64;
+    w.scales = arena + off;
+    if (scheme == kQuantInt8) {
+      auto* sc = static_cast<float*>(w.scales);
+      w.rowSums = reinterpret_cast<int32_t*>(sc + N);
+      for (int64_t n = 0; n < N; ++n) sc[n] = 0.01f, w.rowSums[n] = 0;
+    } else if (scheme == kQuantMxfp4) {
+      memset(w.scales, 120, N * (K / 32));
+    } else if (scheme >= 0) {
+      auto* sc = static_cast<uint16_t*>(w.scales);
+      for (int64_t g = 0; g < N * (K / 32); ++g) sc[g] = 0x2000;  // f16 2^-7
+    } else {
+      auto* b = reinterpret_cast<uint16_t*>(w.data);
+      for (int64_t i = 0; i < N * K; ++i) b[i] = static_cast<uint16_t>(0x3c00 + i % 127);  // bf16 in [0.0078, 0.016)
+    }
+    off = (off + N * sb + 4095) / 4096 * 4096;
+    w.bytes = static_cast<size_t>(N * (rb + sb));
+    stepBytes += w.bytes;
+    ws.push_back(std::move(w));
+  }
+
+  std::vector<float> x(ff);
+  for (int64_t i = 0; i < ff; ++i) x[i] = std::sin(0.3f * i);
+  std::vector<int8_t> xq(ff);
+  float xs = 0;
+  auto qargs = [&](Weight& w) {
+    return QuantMatmulArgs{x.data(), w.data, w.scales, w.rowSums, w.out.data(), 1, w.N, w.K, scheme, xq.data(), &xs};
+  };
+  auto margs = [&](Weight& w) {
+    MatmulArgs a{};
+    a.a = x.data(), a.b = w.data, a.out = w.out.data(), a.M = 1, a.N = w.N, a.K = w.K;
+    a.bTransposed = true, a.bDtype = 1, a.batch = 1;
+    return a;
+  };
+  // One step: per layer q/k/v grouped, o, gate/up grouped, down; then the head.
+  auto chain = [&] {
+    size_t i = 0;
+    auto group = [&](int n) {
+      if (scheme < 0) {
+        MatmulArgs as[3];
+        for (int j = 0; j < n; ++j) as[j] = margs(ws[i + j]);
+        n == 1 ? T.matmul(as[0]) : T.gemvGroup(as, n);
+      } else {
+        QuantMatmulArgs as[3];
+        for (int j = 0; j < n; ++j) as[j] = qargs(ws[i + j]);
+        n == 1 ? Q.matmul(as[0]) : Q.matmulGroup(as, n);
+      }
+      i += n;
+    };
+    for (int64_t l = 0; l < layers; ++l) {
+      if (scheme >= 0) Q.quantizeRows(x.data(), 1, dim, xq.data(), &xs);
+      group(3), group(1), group(2);
+      if (scheme >= 0) Q.quantizeRows(x.data(), 1, ff, xq.data(), &xs);
+      group(1);
+    }
+    if (scheme >= 0) Q.quantizeRows(x.data(), 1, dim, xq.data(), &xs);
+    group(1);
+  };
+  // The same bytes, summed: each weight's rows split between the threads as the kernels split them.
+  auto read = [&] {
+    for (Weight& w : ws) {
+      struct Ctx {
+        const Weight* w;
+        int64_t rb, sb;
+        long sink;
+      } c{&w, rowBytes(scheme, w.K), scaleBytes(scheme, w.K), 0};
+      poolRunRows(w.data, w.N, 4, [](void* p, int64_t lo, int64_t hi) {
+        Ctx& c = *static_cast<Ctx*>(p);
+        __m512i a = _mm512_setzero_si512(), b = a;
+        const char* d = reinterpret_cast<const char*>(c.w->data) + lo * c.rb;
+        for (int64_t o = 0; o + 128 <= (hi - lo) * c.rb; o += 128)
+          a = _mm512_add_epi32(a, _mm512_loadu_si512(d + o)), b = _mm512_add_epi32(b, _mm512_loadu_si512(d + o + 64));
+        const char* s = static_cast<const char*>(c.w->scales) + lo * c.sb;
+        for (int64_t o = 0; o + 64 <= (hi - lo) * c.sb; o += 64) a = _mm512_add_epi32(a, _mm512_loadu_si512(s + o));
+        c.sink += _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+      }, &c);
+    }
+  };
+
+  const size_t probeBytes = size_t{256} << 20;
+  const float* probe = static_cast<const float*>(hugeAlloc(probeBytes));
+  printf("%s %s: %zu weights, %.1f MiB per step, %d threads\n", model.c_str(), format.c_str(), ws.size(),
+         stepBytes / 1048576.0, poolGetNumThreads());
+  for (int r = 0; r < rounds; ++r) {
+    const double bw = T.memoryReadBandwidth(probe, static_cast<int64_t>(probeBytes / 4), 2, poolGetNumThreads());
+    double bestChain = 1e30, bestRead = 1e30;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = Clock::now();
+      chain();
+      bestChain = std::min(bestChain, ms(t0));
+      t0 = Clock::now();
+      read();
+      bestRead = std::min(bestRead, ms(t0));
+    }
+    const double gbs = stepBytes / bestChain / 1e6, rgbs = stepBytes / bestRead / 1e6;
+    printf("probe %5.1f GB/s | chain %7.3f ms %5.1f GB/s (%3.0f%% of probe) | read %7.3f ms (%3.0f%%) | chain/read %.2f\n",
+           bw, bestChain, gbs, 100 * gbs / bw, bestRead, 100 * rgbs / bw, bestChain / bestRead);
+  }
+}
