@@ -2,10 +2,11 @@
 // Llama-1B-shaped model (q, k, v, o, gate, up, down per layer, then the LM head) lie in one huge-page arena in the
 // order a step reads them; each round times the whole chain with the addon's own kernels (q/k/v and gate/up as
 // grouped products, x pre-quantized as rmsNormQuant leaves it) and, interleaved with it, a plain read of the same
-// bytes (each weight's rows split between the threads by poolRunRows, as the kernels' are), and prints both against
-// this run's read bandwidth (the probe bench/serving divides by). chain/read well above 1 points at the kernels,
-// read/probe well below 1 at the split, the dispatch or the memory system's moment. Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]`
-// (x86-64 with AVX-512 VNNI and BF16; not part of the tests).
+// bytes (each weight's rows split between the threads by poolRunRows; the kernels split q/k/v and gate/up as one
+// stacked matrix), and prints both against this run's read bandwidth (the probe bench/serving divides by). chain/read
+// well above 1 points at the kernels, read/probe well below 1 at the split, the dispatch or the memory system's
+// moment. Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]` (x86-64
+// with AVX-512 VNNI and BF16; not part of the tests).
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -46,7 +47,9 @@ struct Weight {
 };
 
 // Bytes per row of codes and of scales (int8: f32 scale + int32 row sum) for each scheme; bf16 has no scales.
-int64_t rowBytes(int scheme, int64_t K) { return scheme == kQuantInt4 || scheme == kQuantMxfp4 ? K / 2 : scheme < 0 ? 2 * K : K; }
+int64_t rowBytes(int scheme, int64_t K) {
+  return scheme == kQuantInt4 || scheme == kQuantMxfp4 ? K / 2 : scheme < 0 ? 2 * K : K;
+}
 int64_t scaleBytes(int scheme, int64_t K) {
   return scheme < 0 ? 0 : scheme == kQuantInt8 ? 8 : scheme == kQuantMxfp4 ? K / 32 : K / 16;
 }
@@ -175,7 +178,8 @@ int main(int argc, char** argv) {
       bestRead = std::min(bestRead, ms(t0));
     }
     const double gbs = stepBytes / bestChain / 1e6, rgbs = stepBytes / bestRead / 1e6;
-    printf("probe %5.1f GB/s | chain %7.3f ms %5.1f GB/s (%3.0f%% of probe) | read %7.3f ms (%3.0f%%) | chain/read %.2f\n",
+    printf("probe %5.1f GB/s | chain %7.3f ms %5.1f GB/s (%3.0f%% of probe) | read %7.3f ms (%3.0f%%) | "
+           "chain/read %.2f\n",
            bw, bestChain, gbs, 100 * gbs / bw, bestRead, 100 * rgbs / bw, bestChain / bestRead);
   }
 }
