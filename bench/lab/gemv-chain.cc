@@ -2,11 +2,12 @@
 // Llama-1B-shaped model (q, k, v, o, gate, up, down per layer, then the LM head) lie in one huge-page arena in the
 // order a step reads them; each round times the whole chain with the addon's own kernels (q/k/v and gate/up as
 // grouped products, x pre-quantized as rmsNormQuant leaves it) and, interleaved with it, a plain read of the same
-// bytes (each weight's rows split between the threads by poolRunRows; the kernels split q/k/v and gate/up as one
-// stacked matrix), and prints both against this run's read bandwidth (the probe bench/serving divides by). chain/read
-// well above 1 points at the kernels, read/probe well below 1 at the split, the dispatch or the memory system's
-// moment. Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]` (x86-64
-// with AVX-512 VNNI and BF16; not part of the tests).
+// bytes (each product's span split between the threads by poolRunRows as the kernels split it, each share read as
+// four sequential streams), and prints both against this run's read bandwidth (the probe bench/serving divides by).
+// chain/read well above 1 points at the kernels (the tiles' loads keeping too few lines in flight was one such
+// cause: see kLineAhead in native/quant-impl.inc), read/probe well below 1 at the split, the dispatch or the memory
+// system's moment. Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]`
+// (x86-64 with AVX-512 VNNI and BF16; not part of the tests).
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -141,25 +142,34 @@ int main(int argc, char** argv) {
     if (scheme >= 0) Q.quantizeRows(x.data(), 1, dim, xq.data(), &xs);
     group(1);
   };
-  // The same bytes, summed: each weight's rows split between the threads as the kernels split them.
+  // The same bytes, summed: each product's weights (q/k/v and gate/up as one span, as the kernels stack them; they
+  // lie adjacent in the arena) split between the threads by poolRunRows, each share read as 4 sequential streams.
   auto read = [&] {
-    for (Weight& w : ws) {
+    size_t i = 0;
+    auto span = [&](int n) {
+      const char* b = reinterpret_cast<const char*>(ws[i].data);
+      const char* e = i + n < ws.size() ? reinterpret_cast<const char*>(ws[i + n].data) : arena + off;
+      i += n;
       struct Ctx {
-        const Weight* w;
-        int64_t rb, sb;
+        const char* b;
         long sink;
-      } c{&w, rowBytes(scheme, w.K), scaleBytes(scheme, w.K), 0};
-      poolRunRows(w.data, w.N, 4, [](void* p, int64_t lo, int64_t hi) {
+      } c{b, 0};
+      poolRunRows(b, (e - b) / 64, 64, [](void* p, int64_t lo, int64_t hi) {
         Ctx& c = *static_cast<Ctx*>(p);
+        const char* d = c.b + lo * 64;
+        const int64_t lane = (hi - lo) / 4 * 64;
         __m512i a = _mm512_setzero_si512(), b = a;
-        const char* d = reinterpret_cast<const char*>(c.w->data) + lo * c.rb;
-        for (int64_t o = 0; o + 128 <= (hi - lo) * c.rb; o += 128)
-          a = _mm512_add_epi32(a, _mm512_loadu_si512(d + o)), b = _mm512_add_epi32(b, _mm512_loadu_si512(d + o + 64));
-        const char* s = static_cast<const char*>(c.w->scales) + lo * c.sb;
-        for (int64_t o = 0; o + 64 <= (hi - lo) * c.sb; o += 64) a = _mm512_add_epi32(a, _mm512_loadu_si512(s + o));
+        for (int64_t o = 0; o < lane; o += 64) {
+          a = _mm512_add_epi32(a, _mm512_loadu_si512(d + o));
+          b = _mm512_add_epi32(b, _mm512_loadu_si512(d + lane + o));
+          a = _mm512_add_epi32(a, _mm512_loadu_si512(d + 2 * lane + o));
+          b = _mm512_add_epi32(b, _mm512_loadu_si512(d + 3 * lane + o));
+        }
         c.sink += _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
       }, &c);
-    }
+    };
+    for (int64_t l = 0; l < layers; ++l) span(3), span(1), span(2), span(1);
+    span(1);
   };
 
   const size_t probeBytes = size_t{256} << 20;
