@@ -6,7 +6,8 @@
 // queued on the device, step N+1 is scheduled while N computes (requests sampled by N get an output
 // placeholder), then N's logits are read, sampled and applied, N+1's placeholders are filled with the
 // sampled ids and N+1 is dispatched before step() returns N's outputs. Outputs are identical to the
-// synchronous loop; requests that finish in N are dropped from N+1 before it runs.
+// synchronous loop; requests that finish in N are dropped from N+1 before it runs. The text of N's tokens is
+// decoded after N+1 is dispatched, except for requests with stop strings (whose text can finish them).
 import type { TokenizerLike, IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import { IncrementalDetokenizer } from "./detokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
@@ -268,10 +269,11 @@ export class EngineCore {
     }
     // Scheduled while `current` computes; its placeholders are filled once current's tokens are sampled.
     const next = this.scheduler.schedule();
-    const outputs = this.finishStep(current.out, current.pending.wait());
+    const updates = this.applyStep(current.out, current.pending.wait(), true);
     const ready = this.scheduler.fillPlaceholders(next);
     if (ready.scheduled.length > 0) this.inflight = { out: ready, pending: this.dispatch(ready) };
-    return outputs;
+    // the text of the tokens just applied is decoded while the next step computes (see Scheduler.update)
+    return this.collectOutputs(updates);
   }
 
   private dispatch(out: SchedulerOutput): PendingRunnerOutput {
@@ -286,17 +288,26 @@ export class EngineCore {
 
   /** Samples a computed step's logits and applies the tokens. */
   private finishStep(out: SchedulerOutput, runnerOutput: RunnerOutput): RequestOutput[] {
+    return this.collectOutputs(this.applyStep(out, runnerOutput, false));
+  }
+
+  /**
+   * Samples a computed step's logits and applies the token ids (finishing requests, freeing their blocks); with
+   * deferText, the text of requests without stop strings is left for collectOutputs.
+   */
+  private applyStep(out: SchedulerOutput, runnerOutput: RunnerOutput, deferText: boolean): RequestUpdate[] {
     const rows: SamplingRow[] = [];
     for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
     const ids = runnerOutput.tokenIds;
     const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
     if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
-    const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits);
+    const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.numSteps++;
-    return this.collectOutputs(updates);
+    return updates;
   }
 
   private collectOutputs(updates: RequestUpdate[]): RequestOutput[] {
+    this.scheduler.flushText();
     const touched = new Set<ParentRequest>();
     for (const u of updates) {
       const parent = this.parents.get(u.request.parentId);
@@ -313,6 +324,7 @@ export class EngineCore {
 
   /** Cumulative RequestOutput of a user request (text held back while a stop string may be forming). */
   private makeOutput(parent: ParentRequest): RequestOutput {
+    this.scheduler.flushText();
     const first = parent.children[0]!;
     const outputs: CompletionOutput[] = parent.children.map((c) => {
       const hold = c.isFinished ? 0 : stopHoldback(c);

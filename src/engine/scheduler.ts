@@ -2,6 +2,7 @@
 // budget: running requests first (a decode gets 1, a chunked prefill what is left of the budget), then waiting
 // requests in policy order. When the KV pool cannot fit a running request, the lowest-priority (fcfs: latest)
 // running request is preempted by recompute: its blocks are freed and it goes back to the front of waiting.
+import type { IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import { KvBlocks, type KvCacheManager } from "./kv-cache-manager.js";
 import type { ScheduledBatch, ScheduledSequence } from "./model-runner.js";
 import type { Request, RequestStatus } from "./request.js";
@@ -59,6 +60,8 @@ export class Scheduler {
   readonly requests = new Map<string, Request>();
   numPreemptions = 0;
   private finishedSinceLastStep: string[] = [];
+  /** Sampled tokens whose text update() left for flushText() (see update's deferText). */
+  private pendingText: { req: Request; tokenId: number; dropText: boolean; finished: boolean }[] = [];
 
   /**
    * @param decodeToken spells a token for logprobs (tokenizer.idToToken); defaults to String(id).
@@ -264,6 +267,7 @@ export class Scheduler {
     sampled: readonly SampledToken[],
     promptLogits: Map<string, Float32Array> = new Map(),
     now = Date.now(),
+    deferText = false,
   ): RequestUpdate[] {
     const updates: RequestUpdate[] = [];
     let row = 0;
@@ -275,14 +279,30 @@ export class Scheduler {
       if (tok === undefined) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
       if (req.numOutputPlaceholders > 0) req.numOutputPlaceholders--;
       if (req.isFinished) continue; // aborted between schedule() and update()
-      this.appendToken(req, tok, now);
+      this.appendToken(req, tok, now, deferText);
       updates.push({ request: req, newTokenIds: [tok.tokenId], finished: req.isFinished });
       if (req.isFinished) this.removeFinished(req, now);
     }
     return updates;
   }
 
-  private appendToken(req: Request, tok: SampledToken, now: number): void {
+  /**
+   * Detokenizes the tokens update() appended with deferText, in order. Nothing that decides a request's status
+   * waits for it: those tokens belong to requests without stop strings, whose finish is decided by the token ids.
+   */
+  flushText(): void {
+    if (this.pendingText.length === 0) return;
+    const pending = this.pendingText;
+    this.pendingText = [];
+    for (const { req, tokenId, dropText, finished } of pending) req.outputText += this.tokenText(req.detokenizer!, tokenId, dropText, finished);
+  }
+
+  private tokenText(det: IncrementalDetokenizerLike, tokenId: number, dropText: boolean, finished: boolean): string {
+    const delta = dropText ? "" : det.push([tokenId]);
+    return finished ? delta + det.finish() : delta;
+  }
+
+  private appendToken(req: Request, tok: SampledToken, now: number, deferText = false): void {
     req.appendOutputToken(tok.tokenId);
     if (req.metrics.firstTokenTime === null) req.metrics.firstTokenTime = now;
     req.metrics.lastTokenTime = now;
@@ -295,8 +315,14 @@ export class Scheduler {
     if (det === null) return;
     const p = req.params;
     const stoppedByToken = tokenStopped && req.status === "FINISHED_STOPPED";
-    let delta = stoppedByToken && !p.includeStopStrInOutput ? "" : det.push([tok.tokenId]);
-    if (req.isFinished) delta += det.finish();
+    const dropText = stoppedByToken && !p.includeStopStrInOutput;
+    // Without stop strings the text decides nothing here: it can wait until the next step is dispatched.
+    if (deferText && p.stop.length === 0) {
+      this.pendingText.push({ req, tokenId: tok.tokenId, dropText, finished: req.isFinished });
+      return;
+    }
+    if (this.pendingText.some((e) => e.req === req)) this.flushText(); // keeps the request's text in token order
+    const delta = this.tokenText(det, tok.tokenId, dropText, req.isFinished);
     req.outputText += delta;
     if (!stoppedByToken && req.numOutputTokens >= p.minTokens) {
       const hit = findStopString(req.outputText, delta.length, p.stop, p.includeStopStrInOutput);

@@ -121,3 +121,47 @@ test("async scheduling: a request that finishes in step N never runs in step N+1
   const gone = runner.log.flat().filter((s) => s.requestId === "gone");
   assert.ok(gone.length <= 5, "no step after the abort's in-flight one runs the aborted request");
 });
+
+test("async scheduling: each step's outputs, text included, equal the synchronous engine's; text without stop strings is decoded after the next step is dispatched", () => {
+  const { sync, async: core, runner } = engines({});
+  // r1's stop string never forms (no token decodes to BEL)
+  const params: Partial<SamplingParams>[] = [
+    { temperature: 0, maxTokens: 7, ignoreEos: true },
+    { temperature: 0, maxTokens: 7, ignoreEos: true, stop: ["\u0007\u0007"] },
+  ];
+  for (const [i, p] of params.entries()) {
+    add(sync, `r${i}`, prompt(i + 3, 5), p);
+    add(core, `r${i}`, prompt(i + 3, 5), p);
+  }
+  add(sync, "raw1", prompt(4, 5), params[0]); // r1's tokens without its stop string: r1's text with none held back
+  // At each dispatch: every request's output token count and decoded text, as the engine holds them then.
+  const atDispatch: Map<string, [number, string]>[] = [];
+  const dispatch = runner.dispatch.bind(runner);
+  runner.dispatch = (batch: ScheduledBatch) => {
+    atDispatch.push(new Map(batch.sequences.map((s) => {
+      const r = (s as ScheduledBatch["sequences"][number] & { request: { numOutputTokens: number; outputText: string } }).request;
+      return [s.requestId, [r.numOutputTokens, r.outputText]];
+    })));
+    return dispatch(batch);
+  };
+  // the synchronous engine's text of each request after k tokens
+  const textAfter = new Map<string, string[]>([["r0", [""]], ["r1", [""]], ["raw1", [""]]]);
+  const view = (outs: ReturnType<EngineCore["step"]>) => outs.map((o) => [o.requestId, o.outputs[0]!.tokenIds, o.outputs[0]!.text, o.finished]);
+  while (sync.hasUnfinishedRequests() || core.hasUnfinishedRequests()) {
+    const want = sync.step();
+    for (const o of want) textAfter.get(o.requestId)![o.outputs[0]!.tokenIds.length] = o.outputs[0]!.text;
+    assert.deepEqual(view(core.step()), view(want.filter((o) => o.requestId !== "raw1")));
+  }
+  // Each decode dispatch comes right after a token was applied: r1 (with a stop string) has its text, r0's text
+  // lags by the token just sampled.
+  let checked = 0;
+  for (const m of atDispatch) {
+    const [n0, t0] = m.get("r0") ?? [0, ""];
+    const [n1, t1] = m.get("r1") ?? [0, ""];
+    if (n0 < 2 || n1 < 2) continue;
+    assert.equal(t0, textAfter.get("r0")![n0 - 1], `r0's text at dispatch: ${n0 - 1} of its ${n0} tokens`);
+    assert.equal(t1, textAfter.get("raw1")![n1], `r1's text at dispatch: all ${n1} tokens`);
+    checked++;
+  }
+  assert.ok(checked >= 3, `checked ${checked} dispatches`);
+});
