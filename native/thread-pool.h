@@ -37,6 +37,10 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 // left the caller idle for a fifth of each matmul. (Whole decode steps with an even cut took x1.21 as long in such a
 // period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never
 // changes what is computed for a row.
+// Bytes ahead of every line they load that the decode (small-M) tiles reading their share of rows as sequential
+// streams prefetch each stream: the quantized tiles (native/quant-impl.inc kLineAhead, with the measurements) and
+// the f32 / bf16 M = 1 tiles (small-m-impl.inc).
+constexpr int64_t kStreamAheadBytes = 1536;
 using RangeFn = void (*)(void* ctx, int64_t lo, int64_t hi);
 void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx);
 

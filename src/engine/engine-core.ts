@@ -307,7 +307,6 @@ export class EngineCore {
   }
 
   private collectOutputs(updates: RequestUpdate[]): RequestOutput[] {
-    this.scheduler.flushText();
     const touched = new Set<ParentRequest>();
     for (const u of updates) {
       const parent = this.parents.get(u.request.parentId);
@@ -324,7 +323,7 @@ export class EngineCore {
 
   /** Cumulative RequestOutput of a user request (text held back while a stop string may be forming). */
   private makeOutput(parent: ParentRequest): RequestOutput {
-    this.scheduler.flushText();
+    this.scheduler.flushText(); // the text update() deferred (async scheduling), before any of it is read
     const first = parent.children[0]!;
     const outputs: CompletionOutput[] = parent.children.map((c) => {
       const hold = c.isFinished ? 0 : stopHoldback(c);
