@@ -70,6 +70,14 @@ class Stream {
     drained_.wait(lk, [&] { return quit_ || completed_.load() == submitted_.load(); });
   }
 
+  /** Blocks until jobs 1..target have run (the jobs enqueued after them may still be queued or running). */
+  void syncTo(uint64_t target) {
+    std::unique_lock<std::mutex> lk(mu_);
+    waitTarget_ = target;
+    drained_.wait(lk, [&] { return quit_ || completed_.load() >= target; });
+    waitTarget_ = UINT64_MAX;
+  }
+
   uint64_t submitted() const { return submitted_.load(std::memory_order_acquire); }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
 
@@ -132,7 +140,7 @@ class Stream {
         std::lock_guard<std::mutex> lk(mu_);
         const uint64_t done = completed_.fetch_add(1, std::memory_order_release) + 1;
         const bool empty = done == submitted_.load();
-        if (empty) drained_.notify_all();
+        if (empty || done >= waitTarget_) drained_.notify_all();
         notify = empty && asyncWaiters_ > 0;
       }
       if (notify) onDrained_();
@@ -151,6 +159,7 @@ class Stream {
   std::deque<Job> queue_;
   std::atomic<uint64_t> submitted_{0};
   std::atomic<uint64_t> completed_{0};
+  uint64_t waitTarget_ = UINT64_MAX;  // syncTo's target (the JS thread is the one waiter), guarded by mu_
   bool sleeping_ = false;
   bool quit_ = false;
   int asyncWaiters_ = 0;
@@ -276,6 +285,22 @@ Napi::Value StreamSync(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// streamWaitFor(seq): blocks until the jobs up to sequence number `seq` have run (later ones may still run);
+// rethrows a recorded kernel error.
+Napi::Value StreamWaitFor(const Napi::CallbackInfo& info) {
+  EnvStream* es = lookup(info.Env());
+  if (!es) return info.Env().Undefined();
+  if (es->capture) throwCapturing(info.Env(), "streamWaitFor");
+  if (info.Length() < 1 || !info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "[streamWaitFor] expected a sequence number");
+  const double seq = info[0].As<Napi::Number>().DoubleValue();
+  if (!(seq >= 0) || seq > static_cast<double>(es->stream->submitted()))
+    throw Napi::RangeError::New(info.Env(), "[streamWaitFor] sequence number " + std::to_string(seq) + " was never submitted");
+  es->stream->syncTo(static_cast<uint64_t>(seq));
+  throwIfFailed(info.Env(), es);
+  settle(es);
+  return info.Env().Undefined();
+}
+
 Napi::Value StreamSyncAsync(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   napi_deferred deferred;
@@ -302,6 +327,11 @@ Napi::Value StreamPending(const Napi::CallbackInfo& info) {
   EnvStream* es = lookup(info.Env());
   const double n = es ? static_cast<double>(es->stream->submitted() - es->stream->completed()) : 0.0;
   return Napi::Number::New(info.Env(), n);
+}
+
+Napi::Value StreamSubmitted(const Napi::CallbackInfo& info) {
+  EnvStream* es = lookup(info.Env());
+  return Napi::Number::New(info.Env(), es ? static_cast<double>(es->stream->submitted()) : 0.0);
 }
 
 Napi::Value StreamCompleted(const Napi::CallbackInfo& info) {
@@ -441,6 +471,8 @@ void addStreamExports(Napi::Env env, Napi::Object exports) {
   exports.Set("streamSyncAsync", Napi::Function::New(env, StreamSyncAsync, "streamSyncAsync"));
   exports.Set("streamPending", Napi::Function::New(env, StreamPending, "streamPending"));
   exports.Set("streamCompleted", Napi::Function::New(env, StreamCompleted, "streamCompleted"));
+  exports.Set("streamSubmitted", Napi::Function::New(env, StreamSubmitted, "streamSubmitted"));
+  exports.Set("streamWaitFor", Napi::Function::New(env, StreamWaitFor, "streamWaitFor"));
   exports.Set("streamBeginCapture", Napi::Function::New(env, StreamBeginCapture, "streamBeginCapture"));
   exports.Set("streamEndCapture", Napi::Function::New(env, StreamEndCapture, "streamEndCapture"));
   exports.Set("streamCapturing", Napi::Function::New(env, StreamCapturing, "streamCapturing"));

@@ -61,7 +61,7 @@ void streamDrainForSyncCall(Napi::Env env);
 Napi::Value streamSubmit(Napi::Env env, Job job);
 
 /**
- * Adds streamSync, streamSyncAsync, streamPending, streamCompleted and the step-graph calls
+ * Adds streamSync, streamSyncAsync, streamWaitFor, streamPending, streamSubmitted, streamCompleted and the step-graph calls
  * (streamBeginCapture, streamEndCapture, streamCapturing, streamLaunchGraph, streamGraphKernels,
  * streamReleaseGraph) to the exports.
  */

@@ -271,6 +271,18 @@ export interface Backend {
    * land after the work already enqueued (e.g. write step N+1's inputs while replay N still runs).
    */
   writeAsync?(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
+  /**
+   * Enqueues a copy of `byteLength` bytes between device buffers behind the work already enqueued (stream back
+   * ends; a step's sampled token ids fed to the next step's inputs without a round trip through the host).
+   */
+  copyAsync?(src: DeviceBuffer, srcOffset: number, dst: DeviceBuffer, dstOffset: number, byteLength: number): void;
+  /** A marker for the work enqueued so far, for readAfter (stream back ends). */
+  fence?(): number;
+  /**
+   * Waits until the work up to `fence` has run (work enqueued after it may still be running: it must not write
+   * these bytes), then copies the bytes out; rethrows a kernel error recorded on the stream.
+   */
+  readAfter?(fence: number, buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array;
 
   // ---- optional: host back ends ----
 

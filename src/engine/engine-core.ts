@@ -8,11 +8,15 @@
 // sampled ids and N+1 is dispatched before step() returns N's outputs. Outputs are identical to the
 // synchronous loop; requests that finish in N are dropped from N+1 before it runs. The text of N's tokens is
 // decoded after N+1 is dispatched, except for requests with stop strings (whose text can finish them).
+// When N samples on the device and every placeholder of N+1 is one of N's rows, N+1 is dispatched before N is
+// read, its placeholders fed from N's sampled ids on the device (vLLM's async scheduling does the same with
+// the previous step's sampled ids on the GPU): the device goes from N to N+1 without waiting for the host.
+// Requests that finish in N then run in N+1 too; update() skips their rows.
 import type { TokenizerLike, IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import { IncrementalDetokenizer } from "./detokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
-import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
+import type { FedTokens, ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
 import { Sampler, type LogitsProcessorInput, type SamplingRow } from "./sampler.js";
@@ -269,11 +273,47 @@ export class EngineCore {
     }
     // Scheduled while `current` computes; its placeholders are filled once current's tokens are sampled.
     const next = this.scheduler.schedule();
+    const fed = this.fedTokens(current, next);
+    if (fed !== undefined) {
+      const pending = this.runner.dispatch!({ ...this.toBatch(next), fedTokens: fed });
+      const updates = this.applyStep(current.out, current.pending.wait(), true);
+      this.scheduler.fillPlaceholders(next); // the host's copy of the fed ids (finished requests' rows are skipped)
+      this.inflight = { out: next, pending };
+      return this.collectOutputs(updates);
+    }
     const updates = this.applyStep(current.out, current.pending.wait(), true);
     const ready = this.scheduler.fillPlaceholders(next);
     if (ready.scheduled.length > 0) this.inflight = { out: ready, pending: this.dispatch(ready) };
     // the text of the tokens just applied is decoded while the next step computes (see Scheduler.update)
     return this.collectOutputs(updates);
+  }
+
+  /**
+   * The placeholders of `next` as rows of `current`'s device-sampled ids, or undefined when one of them is not
+   * (or current is sampled on the host): then next waits for current's tokens on the host.
+   */
+  private fedTokens(current: { out: SchedulerOutput; pending: PendingRunnerOutput }, next: SchedulerOutput): FedTokens | undefined {
+    const from = current.pending.deviceTokens;
+    if (from === undefined || next.scheduled.length === 0) return undefined;
+    const rowOf = new Map<Request, number>();
+    let row = 0;
+    for (const s of current.out.scheduled) if (s.needsLogits) rowOf.set(s.request, row++);
+    const at: number[] = [];
+    const rows: number[] = [];
+    let offset = 0;
+    for (const s of next.scheduled) {
+      const n = s.tokenIds.length;
+      for (let j = 0; j < n; j++) {
+        if (s.tokenIds[j] !== -1) continue;
+        const r = rowOf.get(s.request);
+        // the one placeholder a request can have is the token current samples for it (position numTokens)
+        if (r === undefined || j !== n - 1 || s.startPosition + j !== s.request.numTokens) return undefined;
+        at.push(offset + j);
+        rows.push(r);
+      }
+      offset += n;
+    }
+    return { from, at: Int32Array.from(at), rows: Int32Array.from(rows) };
   }
 
   private dispatch(out: SchedulerOutput): PendingRunnerOutput {

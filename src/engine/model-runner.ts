@@ -32,6 +32,33 @@ export interface ScheduledBatch {
    * the tokens on the device and return only their ids (RunnerOutput.tokenIds).
    */
   sampleOnDevice?: boolean;
+  /**
+   * Token ids not yet on the host (async scheduling): the tokens the previous step is sampling on the device, fed
+   * from there into this step's inputs. Their entries in `sequences[].tokenIds` are -1.
+   */
+  fedTokens?: FedTokens;
+}
+
+/** A step's token ids sampled on the device, still there: `read()` waits for the step and copies them out. */
+export interface DeviceTokens {
+  read(): Int32Array;
+}
+
+/** Batch token `at[k]` (an index into the batch's concatenated tokenIds) is row `rows[k]` of `from`. */
+export interface FedTokens {
+  from: DeviceTokens;
+  at: Int32Array;
+  rows: Int32Array;
+}
+
+/** Writes the fed tokens into `ids` (the batch's concatenated token ids), reading them from the host copy. */
+export function fillFedTokens(ids: Int32Array, fed: FedTokens): void {
+  const got = fed.from.read();
+  for (let k = 0; k < fed.at.length; k++) {
+    const row = fed.rows[k]!;
+    if (row < 0 || row >= got.length) throw new RangeError(`fed token row ${row} outside the ${got.length} sampled rows`);
+    ids[fed.at[k]!] = got[row]!;
+  }
 }
 
 export interface RunnerOutput {
@@ -46,6 +73,8 @@ export interface RunnerOutput {
 /** A step whose kernels are queued on the device: `wait()` blocks until its logits are on the host. */
 export interface PendingRunnerOutput {
   wait(): RunnerOutput;
+  /** Sampled on the device: the ids, which the next step may take as fed tokens before this one has finished. */
+  deviceTokens?: DeviceTokens;
 }
 
 /** What the engine calls each step. The real implementation wraps the model and the paged KV cache. */

@@ -6,7 +6,7 @@ import type { CausalLM } from "../models/causal-lm.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
-import type { ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
+import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 
 /**
  * Weights up to this size move onto huge pages at start-up (Backend.moveToHugePages). Measured decode gains: SmolLM-135M
@@ -107,7 +107,7 @@ export class PagedModelRunner implements ModelRunner {
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     const replay = this.graphs?.launch(batch) ?? null;
-    if (replay !== null) return { wait: () => ({ ...replay.wait(), promptLogits: new Map() }) };
+    if (replay !== null) return { wait: () => ({ ...replay.wait(), promptLogits: new Map() }), deviceTokens: replay.deviceTokens };
     const seqs = batch.sequences;
     const T = batch.numTokens;
     const ids = new Int32Array(T);
@@ -137,6 +137,7 @@ export class PagedModelRunner implements ModelRunner {
     });
     queryStart[seqs.length] = at;
     if (at !== T) throw new Error(`batch.numTokens ${T} != sum of sequence tokens ${at}`);
+    if (batch.fedTokens !== undefined) fillFedTokens(ids, batch.fedTokens); // waits for the step sampling them
 
     return noGrad(() => {
       const dev = this.model.device;

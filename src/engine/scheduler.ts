@@ -100,6 +100,12 @@ export class Scheduler {
     let i = 0;
     while (i < this.running.length && budget > 0) {
       const req = this.running[i]!;
+      // its placeholders reach its length limit: it finishes when they are filled, with nothing left to compute
+      const pending = req.numOutputPlaceholders;
+      if (pending > 0 && (req.numOutputTokens + pending >= req.maxTokens || req.numTokens + pending >= cfg.maxModelLen)) {
+        i++;
+        continue;
+      }
       let numNew = req.numTokens + req.numOutputPlaceholders - req.numComputedTokens;
       if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
       numNew = Math.min(numNew, budget);

@@ -15,7 +15,7 @@ import { flushDeferred } from "../tensor/dispatch.js";
 import { withEagerMode } from "../tensor/mode.js";
 import { Storage } from "../tensor/storage.js";
 import { noGrad, tensor, Tensor } from "../tensor/index.js";
-import type { ScheduledBatch } from "./model-runner.js";
+import { fillFedTokens, type DeviceTokens, type FedTokens, type ScheduledBatch } from "./model-runner.js";
 import { loadStepGraphRecordings, saveStepGraphRecordings, type BucketRecording } from "./step-graph-cache.js";
 
 /** Decode batch sizes captured by default: powers of two up to maxNumSeqs, at most `cap`. */
@@ -104,6 +104,36 @@ export interface StepGraphOptions {
 /** A bucket's persistent inputs, by the names recordings give them. */
 type BucketInputs = Pick<Bucket, "ids" | "positions" | "slots" | "queryStart" | "seqLens" | "tables" | "rowIndex">;
 
+/** Device-sampled steps whose ids may be unread at once: the engine keeps two in flight, read in order. */
+const SAMPLED_SLOTS = 4;
+
+/** One slot of the ring the device-sampled ids are copied to behind each launch; `owner` the step it holds. */
+interface SampledSlot {
+  buffer: DeviceBuffer;
+  owner: SampledIds | null;
+}
+
+/** A launch's argmax ids in a ring slot: read() waits for the launch only (later launches may still run). */
+class SampledIds implements DeviceTokens {
+  private ids: Int32Array | null = null;
+  constructor(
+    private readonly backend: Backend,
+    readonly slot: SampledSlot,
+    private readonly fence: number,
+    readonly rows: number,
+  ) {
+    slot.owner = this;
+  }
+
+  read(): Int32Array {
+    if (this.ids !== null) return this.ids;
+    if (this.slot.owner !== this) throw new Error(`[step graphs] sampled ids were read after ${SAMPLED_SLOTS} later launches reused their slot`);
+    const bytes = this.backend.readAfter!(this.fence, this.slot.buffer, 0, this.rows * 4);
+    this.ids = new Int32Array(bytes.buffer, bytes.byteOffset, this.rows);
+    return this.ids;
+  }
+}
+
 export class StepGraphs {
   private readonly decode: Bucket[] = [];
   private readonly mixed: Bucket[] = [];
@@ -111,9 +141,14 @@ export class StepGraphs {
   replays = 0;
   mixedReplays = 0;
   deviceSampled = 0;
+  /** Replays whose token ids came (in part) from an earlier replay's sampled ids, copied on the device. */
+  fedReplays = 0;
   info: CaptureInfo | null = null;
 
   private readonly vocabSize: number;
+  /** Where device-sampled ids go (null until the first such launch, or when the back end cannot read behind a fence). */
+  private sampled: SampledSlot[] | null = null;
+  private nextSlot = 0;
   private readonly numBlocks: number;
   private readonly blockSize: number;
 
@@ -324,9 +359,15 @@ export class StepGraphs {
    * with batch.sampleOnDevice only their argmax ids. Null (nothing enqueued) when no captured bucket fits:
    * the caller runs the step eagerly.
    */
-  launch(batch: ScheduledBatch): { wait(): { logits: Float32Array; tokenIds?: Int32Array } } | null {
+  launch(batch: ScheduledBatch): { wait(): { logits: Float32Array; tokenIds?: Int32Array }; deviceTokens?: DeviceTokens } | null {
     const b = this.bucketFor(batch);
     if (b === null) return null;
+    const backend = this.model.device.backend;
+    const fed = batch.fedTokens;
+    // fed tokens still in this object's ring are copied on the device; any others are read here
+    const fedOnDevice = fed !== undefined && fed.from instanceof SampledIds && fed.from.slot.owner === fed.from && this.sampled?.includes(fed.from.slot) === true;
+    const fedAt = new Uint8Array(fed === undefined ? 0 : b.tokens);
+    if (fed !== undefined) for (const at of fed.at) fedAt[at] = 1;
     const numSlots = this.numBlocks * this.blockSize;
     const T = b.tokens;
     const W = this.maxBlocksPerSeq;
@@ -349,7 +390,7 @@ export class StepGraphs {
       for (const id of s.blockTable) if (id < 0 || id >= this.numBlocks) throw new RangeError(`block id ${id} out of range`);
       tables.set(s.blockTable, seq * W);
       for (let j = 0; j < len; j++) {
-        const id = s.tokenIds[j]!;
+        const id = fedAt[at + j] === 1 ? 0 : s.tokenIds[j]!;
         const slot = s.slotMapping[j]!;
         if (id < 0 || id >= this.vocabSize) throw new RangeError(`token id ${id} out of range`);
         if (slot < 0 || slot >= numSlots) throw new RangeError(`KV slot ${slot} out of range`);
@@ -369,7 +410,10 @@ export class StepGraphs {
     }
     // Unused sequence slots (mixed buckets): empty.
     for (; seq <= T; seq++) queryStart[seq] = T;
-    const backend = this.model.device.backend;
+    if (fed !== undefined && !fedOnDevice) {
+      fillFedTokens(ids, fed); // waits for the step that samples them
+      for (const at of fed.at) if (ids[at]! < 0 || ids[at]! >= this.vocabSize) throw new RangeError(`token id ${ids[at]} out of range`);
+    }
     const put = (t: Tensor, a: Int32Array): void => {
       const v = t.view_("step graph input");
       backend.writeAsync!(v.buffer, v.offset * 4, new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
@@ -381,15 +425,53 @@ export class StepGraphs {
     put(b.seqLens, seqLens);
     put(b.tables, tables);
     if (b.rowIndex !== null) put(b.rowIndex, rowIndex);
+    if (fedOnDevice && fed.at.length > 0) {
+      this.copyFed(fed, b.ids);
+      this.fedReplays++;
+    }
     b.graph.launch();
     this.replays++;
     if (b.kind === "mixed") this.mixedReplays++;
     const V = b.logits.shape[1]!;
     if (batch.sampleOnDevice === true) {
       this.deviceSampled++;
-      return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, row) }) };
+      const ring = this.sampledRing();
+      if (ring === null) return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, row) }) };
+      // the ids go to a ring slot behind the replay, so that the next launch (queued before they are read) can
+      // neither overwrite them nor make reading them wait for it
+      const slot = ring[this.nextSlot]!;
+      this.nextSlot = (this.nextSlot + 1) % ring.length;
+      const v = b.argmax.view_("sampled ids");
+      backend.copyAsync!(v.buffer, v.offset * 4, slot.buffer, 0, row * 4);
+      const tokens = new SampledIds(backend, slot, backend.fence!(), row);
+      return { wait: () => ({ logits: new Float32Array(0), tokenIds: tokens.read() }), deviceTokens: tokens };
     }
     return { wait: () => ({ logits: (b.logits.dataSync() as Float32Array).slice(0, row * V) }) };
+  }
+
+  /** The ring of device-sampled ids, allocated on first use; null when the back end cannot copy and read behind a fence. */
+  private sampledRing(): SampledSlot[] | null {
+    if (this.sampled !== null) return this.sampled;
+    const backend = this.model.device.backend;
+    if (backend.copyAsync === undefined || backend.fence === undefined || backend.readAfter === undefined) return null;
+    const rows = Math.max(...[...this.decode, ...this.mixed].map((b) => b.rows));
+    this.sampled = Array.from({ length: SAMPLED_SLOTS }, () => ({ buffer: backend.allocate(rows * 4), owner: null }));
+    return this.sampled;
+  }
+
+  /** Stream-ordered copies of the fed ids from their ring slot into the bucket's token ids, one per run of consecutive rows. */
+  private copyFed(fed: FedTokens, ids: Tensor): void {
+    const from = fed.from as SampledIds;
+    const backend = this.model.device.backend;
+    const v = ids.view_("step graph input");
+    for (let k = 0; k < fed.at.length; ) {
+      const row = fed.rows[k]!;
+      if (row < 0 || row >= from.rows) throw new RangeError(`fed token row ${row} outside the ${from.rows} sampled rows`);
+      let n = 1;
+      while (k + n < fed.at.length && fed.at[k + n] === fed.at[k]! + n && fed.rows[k + n] === row + n && row + n < from.rows) n++;
+      backend.copyAsync!(from.slot.buffer, row * 4, v.buffer, (v.offset + fed.at[k]!) * 4, n * 4);
+      k += n;
+    }
   }
 
   /** Per-kernel replay times of the decode bucket for `n` sequences (bench/step-profile), or null. */
@@ -412,6 +494,8 @@ export class StepGraphs {
     }
     this.decode.length = 0;
     this.mixed.length = 0;
+    for (const slot of this.sampled ?? []) this.model.device.backend.free(slot.buffer);
+    this.sampled = null;
   }
 }
 

@@ -5,7 +5,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { EngineCore, type EngineArgs } from "../../src/engine/engine-core.js";
 import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
-import type { PendingRunnerOutput, ScheduledBatch } from "../../src/engine/model-runner.js";
+import { fillFedTokens, type PendingRunnerOutput, type RunnerOutput, type ScheduledBatch } from "../../src/engine/model-runner.js";
 import type { SamplingParams } from "../../src/engine/types.js";
 import { add, prompt, runToCompletion, tokenizer, VOCAB } from "./helpers.js";
 
@@ -164,4 +164,121 @@ test("async scheduling: each step's outputs, text included, equal the synchronou
     checked++;
   }
   assert.ok(checked >= 3, `checked ${checked} dispatches`);
+});
+
+/**
+ * A fake device: dispatch() queues the step, which runs when it or a later step is waited for (in order, as on a
+ * stream); fed tokens are read from their step's sampled ids when the step runs, and greedy batches return their
+ * argmax ids as device tokens.
+ */
+class DeviceFakeRunner extends FakeModelRunner {
+  readonly events: string[] = [];
+  private readonly queue: (() => void)[] = [];
+  private dispatched = 0;
+  fed = 0;
+  dispatch(batch: ScheduledBatch): PendingRunnerOutput {
+    const n = this.dispatched++;
+    this.events.push(`dispatch ${n}`);
+    const fedAt = new Set(batch.fedTokens?.at ?? []);
+    let at = 0;
+    for (const s of batch.sequences) {
+      for (let j = 0; j < s.tokenIds.length; j++) assert.equal(s.tokenIds[j] === -1, fedAt.has(at + j), `step ${n}: placeholders are exactly the fed tokens`);
+      at += s.tokenIds.length;
+    }
+    if (batch.fedTokens !== undefined && batch.fedTokens.at.length > 0) this.fed++;
+    const frozen: ScheduledBatch = { ...batch, sequences: batch.sequences.map((s) => ({ ...s, tokenIds: [...s.tokenIds] })) };
+    let result: RunnerOutput | null = null;
+    const run = () => {
+      const fed = batch.fedTokens;
+      if (fed !== undefined) {
+        const ids = new Int32Array(frozen.numTokens);
+        fillFedTokens(ids, fed);
+        let off = 0;
+        for (const s of frozen.sequences) {
+          for (let j = 0; j < s.tokenIds.length; j++) if (fedAt.has(off + j)) (s.tokenIds as number[])[j] = ids[off + j]!;
+          off += s.tokenIds.length;
+        }
+      }
+      const out = this.execute(frozen);
+      if (batch.sampleOnDevice === true) {
+        const V = this.vocabSize;
+        const ids = new Int32Array(out.logits.length / V);
+        for (let r = 0; r < ids.length; r++) {
+          let best = 0;
+          for (let v = 1; v < V; v++) if (out.logits[r * V + v]! > out.logits[r * V + best]!) best = v;
+          ids[r] = best;
+        }
+        result = { logits: new Float32Array(0), promptLogits: out.promptLogits, tokenIds: ids };
+      } else result = out;
+    };
+    this.queue.push(run);
+    const waitFor = (): RunnerOutput => {
+      while (result === null) this.queue.shift()!();
+      return result;
+    };
+    return {
+      wait: () => {
+        this.events.push(`wait ${n}`);
+        return waitFor();
+      },
+      deviceTokens: batch.sampleOnDevice === true ? { read: () => waitFor().tokenIds! } : undefined,
+    };
+  }
+}
+
+test("async scheduling with device-sampled ids: the next step is dispatched before the current one is read, its placeholders fed from the device; outputs equal the synchronous engine's", () => {
+  const cases: [string, Partial<EngineArgs>, Partial<SamplingParams>][] = [
+    ["greedy", {}, { temperature: 0, maxTokens: 9 }],
+    ["greedy, ignore eos", {}, { temperature: 0, maxTokens: 11, ignoreEos: true }],
+    ["small chunks", { maxNumBatchedTokens: 5 }, { temperature: 0, maxTokens: 7 }],
+    ["tiny pool", { numGpuBlocks: 20, maxNumBatchedTokens: 64 }, { temperature: 0, maxTokens: 10 }],
+    ["stop tokens and strings", {}, { temperature: 0, maxTokens: 12, stopTokenIds: [7, 8, 9, 10, 11], stop: ["e"] }],
+    ["max tokens, 3 sequences", { maxNumSeqs: 3 }, { temperature: 0, maxTokens: 3 }],
+    ["some sampled on the host", {}, { temperature: 0, minTokens: 2, maxTokens: 8, logprobs: 1 }],
+  ];
+  for (const [name, args, params] of cases) {
+    const base = { maxModelLen: 256, numGpuBlocks: 128, blockSize: 4, ...args };
+    const runner = new DeviceFakeRunner(VOCAB);
+    const core = new EngineCore(base, runner, { tokenizer });
+    const sync = new EngineCore(base, new FakeModelRunner(VOCAB), { tokenizer });
+    PROMPTS.forEach((p, i) => {
+      // the last case mixes greedy requests with ones that need logits (sampled on the host)
+      const ps = name.startsWith("some") && i % 2 === 0 ? { temperature: 0, maxTokens: 8 } : params;
+      add(sync, `r${i}`, p, ps, i % 3);
+      add(core, `r${i}`, p, ps, i % 3);
+    });
+    const want = runToCompletion(sync);
+    const got = runToCompletion(core);
+    for (let i = 0; i < PROMPTS.length; i++) {
+      const view = (o: NonNullable<ReturnType<typeof want.get>>) => o.outputs.map((c) => [c.tokenIds, c.text, c.finishReason, c.logprobs?.length ?? null]);
+      assert.deepEqual(view(got.get(`r${i}`)!), view(want.get(`r${i}`)!), `${name}: r${i}`);
+    }
+    const s = core.stats();
+    assert.equal(s.numFreeBlocks, s.numTotalBlocks, `${name}: every block is free at the end`);
+    if (name.startsWith("tiny")) assert.ok(s.numPreemptions > 0, `${name}: expected preemption`);
+    if (name.startsWith("some")) continue; // a batch with one row sampled on the host has no device ids to feed
+    assert.ok(runner.fed > 0, `${name}: some steps were fed on the device`);
+    // a fed step N+1 is dispatched before step N is waited for
+    const ev = runner.events;
+    let early = 0;
+    for (let i = 0; i < ev.length; i++) {
+      if (!ev[i]!.startsWith("dispatch")) continue;
+      const n = Number(ev[i]!.split(" ")[1]);
+      if (n > 0 && ev.indexOf(`wait ${n - 1}`) > i) early++;
+    }
+    assert.ok(early > 0, `${name}: no step was dispatched ahead of its predecessor's read: ${ev.slice(0, 12).join(", ")}`);
+  }
+});
+
+test("async scheduling with device-sampled ids: a request whose placeholder reaches max_tokens is not scheduled again", () => {
+  const runner = new DeviceFakeRunner(VOCAB);
+  const core = new EngineCore({ maxModelLen: 256, numGpuBlocks: 64, blockSize: 4, enablePrefixCaching: false }, runner, { tokenizer });
+  add(core, "short", prompt(3, 4), { temperature: 0, maxTokens: 2, ignoreEos: true });
+  add(core, "long", prompt(4, 4), { temperature: 0, maxTokens: 6, ignoreEos: true });
+  const out = runToCompletion(core);
+  assert.equal(out.get("short")!.outputs[0]!.tokenIds.length, 2);
+  assert.equal(out.get("long")!.outputs[0]!.tokenIds.length, 6);
+  const steps = (id: string) => runner.log.flat().filter((s) => s.requestId === id).map((s) => [s.start, s.numTokens]);
+  assert.deepEqual(steps("short"), [[0, 4], [4, 1]]);
+  assert.deepEqual(steps("long"), [[0, 4], [4, 1], [5, 1], [6, 1], [7, 1], [8, 1]]);
 });

@@ -58,8 +58,15 @@ for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
       const mixed = pagedRunner(graphs.llm).graphs!.mixedReplays;
       assert.ok(mixed >= PROMPTS.length, `prefill steps were replayed (${mixed})`);
       const onDevice = pagedRunner(graphs.llm).graphs!.deviceSampled;
-      if (params.temperature === 0 && params.logprobs === undefined) assert.equal(onDevice, replays, "plain greedy steps sample on the device");
-      else assert.equal(onDevice, 0, "steps needing logits read them back");
+      const fed = pagedRunner(graphs.llm).graphs!.fedReplays;
+      if (params.temperature === 0 && params.logprobs === undefined) {
+        assert.equal(onDevice, replays, "plain greedy steps sample on the device");
+        // async scheduling queues each decode step behind the previous one, its tokens copied on the device
+        assert.ok(fed > replays / 2, `decode steps were fed on the device (${fed} of ${replays})`);
+      } else {
+        assert.equal(onDevice, 0, "steps needing logits read them back");
+        assert.equal(fed, 0, "no step has device-sampled ids to feed from");
+      }
       assert.equal(graphs.outs.length, eager.outs.length);
       graphs.outs.forEach((o, i) => {
         const e = eager.outs[i]!;
@@ -118,6 +125,7 @@ test("step graphs with async scheduling: requests stopped by a token while the n
     assert.equal(o.outputs[0]!.text, want[i]!.outputs[0]!.text, `request ${i}`);
   });
   // a second round reuses the freed blocks (and the prefix cache) and still matches
+  assert.ok(pagedRunner(graphs).graphs!.fedReplays > 10, "decode steps were fed on the device");
   const again = graphs.generate(PROMPTS, params);
   again.forEach((o, i) => assert.deepEqual(o.outputs[0]!.tokenIds, want[i]!.outputs[0]!.tokenIds, `request ${i}, second round`));
   const s = graphs.engine.stats();

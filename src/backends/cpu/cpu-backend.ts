@@ -287,6 +287,35 @@ export class CpuBackend implements Backend {
     this.stream.trackRaw([copy.buffer], [raw]);
   }
 
+  copyAsync(src: DeviceBuffer, srcOffset: number, dst: DeviceBuffer, dstOffset: number, byteLength: number): void {
+    if (this.stream.capturing) throw new CaptureError("copy_async", "step inputs are copied before launch(), outside the capture (on cpu)");
+    const from = rawOf(src);
+    const to = rawOf(dst);
+    const n = byteLength;
+    for (const [raw, at] of [[from, srcOffset], [to, dstOffset]] as const)
+      if (!Number.isInteger(at) || at < 0 || at + n > raw.byteLength) throw new RangeError(`[copy_async] ${n} bytes at offset ${at} outside a ${raw.byteLength}-byte buffer`);
+    if (n === 0) return;
+    const eb = Math.min(copyElemBytes(srcOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
+    const len = Int32Array.of(n / eb);
+    const one = Int32Array.of(1);
+    this.native.stream.copyStrided(new Uint8Array(from, srcOffset, n), new Uint8Array(to, dstOffset, n), len, one, one, eb);
+    this.stream.trackRaw([from], [to]);
+  }
+
+  fence(): number {
+    if (this.stream.capturing) throw new CaptureError("fence", "cannot mark the stream while capturing (on cpu)");
+    return this.native.streamSubmitted();
+  }
+
+  readAfter(fence: number, buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array {
+    if (this.stream.capturing) throw new CaptureError("read_after", "cannot wait for the stream while capturing (on cpu)");
+    const raw = rawOf(buffer);
+    if (!Number.isInteger(byteOffset) || byteOffset < 0 || byteOffset + byteLength > raw.byteLength)
+      throw new RangeError(`[read_after] ${byteLength} bytes at offset ${byteOffset} outside a ${raw.byteLength}-byte buffer`);
+    this.native.streamWaitFor(fence);
+    return new Uint8Array(raw, byteOffset, byteLength).slice();
+  }
+
   /**
    * Drains the stream, then records the kernels run() enqueues (see Backend.beginCapture). Memory freed
    * during the capture from buffers allocated during it is reused by the capture's later allocations of the

@@ -186,6 +186,10 @@ export interface NativeStream {
   streamPending(): number;
   /** Jobs finished since the stream started (sequence numbers up to this have run). */
   streamCompleted(): number;
+  /** Jobs enqueued since the stream started (the sequence number of the last one). */
+  streamSubmitted(): number;
+  /** Blocks until the jobs up to sequence number `seq` have run (later ones may still run); rethrows a recorded error. */
+  streamWaitFor(seq: number): void;
   /**
    * Drains the stream (rethrowing a recorded error), then records every enqueued job instead of running it
    * until streamEndCapture. Meanwhile synchronous kernels, streamSync(Async) and graph launches throw.
