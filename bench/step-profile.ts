@@ -5,7 +5,7 @@
 // included) and of whole replays timed kernel by kernel on this thread (the sum of medians still undercounts
 // those: measured 3.49 vs 3.78 ms for int8). bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0,
 // Q4_0 and MXFP4 GGUF exports.
-// Usage: npm run bench:profile [-- --format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--list]
+// Usage: npm run bench:profile [-- --format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--position 60] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import type { ScheduledBatch } from "../src/engine/model-runner.js";
@@ -23,6 +23,8 @@ const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;
 if (format !== "bf16" && !Object.hasOwn(GGUF, format)) throw new Error(`--format must be bf16, int8, int4 or mxfp4, got ${format}`);
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
+const position = Number(option("--position", "60")); // the decoded token's position (its context: 0 .. position)
+if (!Number.isInteger(position) || position < 0 || position >= 64) throw new Error(`--position must be an integer in [0, 64), got ${position}`);
 const native = tryLoadNativeKernels();
 if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
 const model =
@@ -48,9 +50,9 @@ const batch: ScheduledBatch = {
   sequences: Array.from({ length: n }, (_, i) => ({
     requestId: `r${i}`,
     tokenIds: [5 + i],
-    startPosition: 60,
+    startPosition: position,
     blockTable: Array.from({ length: 4 }, (_, b) => 1 + i * 4 + b),
-    slotMapping: Int32Array.of((1 + i * 4 + 3) * bs + (60 % bs)),
+    slotMapping: Int32Array.of((1 + i * 4 + Math.floor(position / bs)) * bs + (position % bs)),
     needsLogits: true,
     needsPromptLogits: false,
   })),

@@ -244,6 +244,9 @@ std::vector<Span> readsOf(const GemvLaunch& g) {
   return {{q.x, q.K * 4}, {q.xq, q.xq ? q.K : 0}, {q.xs, q.xs ? 4 : 0}, {q.w, quantDataBytes(q.scheme, q.N, q.K)},
           {q.scales, quantScalesBytes(q.scheme, q.N, q.K)}, {q.rowSums, q.rowSums ? q.N * 4 : 0}};
 }
+Span weightOf(const GemvLaunch& g) {
+  return g.quant ? Span{g.q.w, quantDataBytes(g.q.scheme, g.q.N, g.q.K)} : Span{g.m.b, g.m.N * g.m.K * (g.m.bDtype == 1 ? 2 : 4)};
+}
 Span outOf(const GemvLaunch& g) { return g.quant ? Span{g.q.out, g.q.N * 4} : Span{g.m.out, g.m.N * 4}; }
 // Whether `next` reads the same x as `first`, the same way (a group shares one activation prep).
 bool sameX(const GemvLaunch& first, const GemvLaunch& next) {
@@ -267,6 +270,7 @@ bool independent(const GemvLaunch& a, const GemvLaunch& b) {
 void mergeCapturedJobs(std::vector<Job>& jobs) {
   std::vector<Job> merged;
   merged.reserve(jobs.size());
+  std::vector<std::vector<Span>> weights;  // per merged job: the weights a GEMV (group) reads, in row order
   for (size_t i = 0; i < jobs.size();) {
     size_t j = i + 1;
     // the group's launches run at once: each must be independent of every one before it in the group
@@ -278,6 +282,9 @@ void mergeCapturedJobs(std::vector<Job>& jobs) {
     };
     if (jobs[i].gemv)
       while (j < jobs.size() && joins(j)) ++j;
+    std::vector<Span> w;
+    for (size_t k = i; k < j && jobs[i].gemv; ++k) w.push_back(weightOf(*jobs[k].gemv));
+    weights.push_back(std::move(w));
     if (j - i < 2) {
       merged.push_back(std::move(jobs[i]));
       i = j;
@@ -293,6 +300,28 @@ void mergeCapturedJobs(std::vector<Job>& jobs) {
       merged.push_back({"matmulGroup", [group] { gK->gemvGroup(group.data(), static_cast<int>(group.size())); }, nullptr});
     }
     i = j;
+  }
+  // The serial jobs between two GEMVs (attention, norms) leave the pool's worker idle: the first of them hints the
+  // worker's half of the next GEMV's weight bytes (its share under an even cut), up to kPrefetchHintMax.
+  constexpr int64_t kPrefetchHintMax = 512 << 10;
+  size_t first = 0;  // the first job after the previous GEMV
+  for (size_t k = 0; k < merged.size(); ++k) {
+    if (weights[k].empty()) continue;
+    if (first < k) {
+      int64_t total = 0;
+      for (const Span& s : weights[k]) total += s.bytes;
+      int64_t skip = total / 2;
+      for (const Span& s : weights[k]) {
+        if (skip >= s.bytes) {
+          skip -= s.bytes;
+          continue;
+        }
+        merged[first].prefetch = static_cast<const char*>(s.p) + skip;
+        merged[first].prefetchBytes = std::min<int64_t>(s.bytes - skip, kPrefetchHintMax);
+        break;
+      }
+    }
+    first = k + 1;
   }
   jobs.swap(merged);
 }

@@ -19,6 +19,8 @@
 // while a replay is queued is safe; the JS side keeps the ArrayBuffers the jobs point into alive.
 #include "stream.h"
 
+#include "thread-pool.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -389,6 +391,7 @@ Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
   Job replay{"stepGraph", [jobs] {
                for (const Job& j : *jobs) {
                  try {
+                   if (j.prefetchBytes > 0) poolPrefetchHint(j.prefetch, j.prefetchBytes);
                    j.run();
                  } catch (const std::exception& e) {
                    throw std::runtime_error(std::string("[") + j.op + "] " + e.what());
@@ -416,6 +419,7 @@ Napi::Value StreamProfileGraph(const Napi::CallbackInfo& info) {
   for (int r = 0; r < reps; ++r)
     for (size_t i = 0; i < jobs.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
+      if (jobs[i].prefetchBytes > 0) poolPrefetchHint(jobs[i].prefetch, jobs[i].prefetchBytes);
       jobs[i].run();
       times[i][static_cast<size_t>(r)] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     }

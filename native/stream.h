@@ -27,6 +27,9 @@ struct Job {
   std::function<void()> run;
   /** Set when the launch is one M = 1 product x @ W^T that a step graph may merge with its neighbours. */
   std::shared_ptr<const struct GemvLaunch> gemv;
+  /** Step graphs: bytes idle pool workers prefetch while this job runs (poolPrefetchHint), set by mergeCapturedJobs. */
+  const void* prefetch = nullptr;
+  int64_t prefetchBytes = 0;
 };
 
 /**

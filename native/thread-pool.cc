@@ -5,6 +5,8 @@
 //    worker never reads a half-written job. Chunks are claimed with fetch_add on `next_`.
 //  - idle workers spin ~kSpinMicros then sleep on a condition variable; the caller only
 //    takes the mutex to notify when some worker is asleep.
+//  - a spinning worker takes a published prefetch hint (`hint_`, exchanged to null) and prefetches it 1 KiB at a
+//    time, stopping at the next job; publishing a job drops a hint nobody took.
 #include "thread-pool.h"
 
 #include <atomic>
@@ -71,6 +73,13 @@ class Pool {
   }
 
   int numThreads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void prefetchHint(const void* p, int64_t bytes) {
+    if (workers_.empty() || bytes <= 0) return;
+    Hint& h = hints_[hintNext_++ & 3];
+    h = {static_cast<const char*>(p), bytes};
+    hint_.store(&h, std::memory_order_release);
+  }
 
   void setNumThreads(int n) {
     if (n < 1) n = 1;
@@ -164,6 +173,7 @@ class Pool {
     helperSlots_.store(0, std::memory_order_relaxed);
     next_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
+    hint_.store(nullptr, std::memory_order_relaxed);  // a hint not taken up by now is for this job: too late
     gen_.store(g + 2, std::memory_order_seq_cst);  // even: published
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> sg(sleepMutex_);
@@ -236,6 +246,17 @@ class Pool {
       if (quit_.load(std::memory_order_relaxed)) return 0;
       uint64_t g = gen_.load(std::memory_order_acquire);
       if (ready(g)) return g;
+      if (hint_.load(std::memory_order_relaxed) != nullptr) {
+        if (const Hint* h = hint_.exchange(nullptr, std::memory_order_acquire)) {
+          for (int64_t off = 0; off < h->bytes; off += 1024) {
+            if (ready(gen_.load(std::memory_order_acquire)) || quit_.load(std::memory_order_relaxed)) break;
+            const int64_t end = off + 1024 < h->bytes ? off + 1024 : h->bytes;
+            for (int64_t l = off; l < end; l += 64) __builtin_prefetch(h->p + l, 0, 2);
+          }
+          t0 = std::chrono::steady_clock::now();
+          continue;
+        }
+      }
       cpuRelax();
       if ((iter & 63) == 63 &&
           std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros))
@@ -263,6 +284,13 @@ class Pool {
     }
   }
 
+  struct Hint {
+    const char* p;
+    int64_t bytes;
+  };
+  Hint hints_[4] = {};  // written by the caller, published through hint_ (a slot is reused 4 hints later)
+  int hintNext_ = 0;
+  alignas(64) std::atomic<const Hint*> hint_{nullptr};
   std::vector<std::thread> workers_;
   SplitTable splits_;
   std::mutex splitMutex_;
@@ -295,6 +323,7 @@ void poolRun(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
 void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, void* ctx) {
   pool().runRows(key, total, minShare, fn, ctx);
 }
+void poolPrefetchHint(const void* p, int64_t bytes) { pool().prefetchHint(p, bytes); }
 void poolSetNumThreads(int n) { pool().setNumThreads(n); }
 int poolGetNumThreads() { return pool().numThreads(); }
 
