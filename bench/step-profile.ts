@@ -24,7 +24,8 @@ if (format !== "bf16" && !Object.hasOwn(GGUF, format)) throw new Error(`--format
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
 const position = Number(option("--position", "60")); // the decoded token's position (its context: 0 .. position)
-if (!Number.isInteger(position) || position < 0 || position >= 64) throw new Error(`--position must be an integer in [0, 64), got ${position}`);
+if (!Number.isInteger(position) || position < 0 || position >= 64)
+  throw new Error(`--position must be an integer in [0, 64), got ${position}`);
 const native = tryLoadNativeKernels();
 if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
 const model =

@@ -127,7 +127,8 @@ class SampledIds implements DeviceTokens {
 
   read(): Int32Array {
     if (this.ids !== null) return this.ids;
-    if (this.slot.owner !== this) throw new Error(`[step graphs] sampled ids were read after ${SAMPLED_SLOTS} later launches reused their slot`);
+    if (this.slot.owner !== this)
+      throw new Error(`[step graphs] sampled ids were read after ${SAMPLED_SLOTS} later launches reused their slot`);
     const bytes = this.backend.readAfter!(this.fence, this.slot.buffer, 0, this.rows * 4);
     this.ids = new Int32Array(bytes.buffer, bytes.byteOffset, this.rows);
     return this.ids;
@@ -365,7 +366,8 @@ export class StepGraphs {
     const backend = this.model.device.backend;
     const fed = batch.fedTokens;
     // fed tokens still in this object's ring are copied on the device; any others are read here
-    const fedOnDevice = fed !== undefined && fed.from instanceof SampledIds && fed.from.slot.owner === fed.from && this.sampled?.includes(fed.from.slot) === true;
+    const from = fed?.from;
+    const fedOnDevice = from instanceof SampledIds && from.slot.owner === from && this.sampled?.includes(from.slot) === true;
     const fedAt = new Uint8Array(fed === undefined ? 0 : b.tokens);
     if (fed !== undefined) for (const at of fed.at) fedAt[at] = 1;
     const numSlots = this.numBlocks * this.blockSize;
@@ -425,7 +427,7 @@ export class StepGraphs {
     put(b.seqLens, seqLens);
     put(b.tables, tables);
     if (b.rowIndex !== null) put(b.rowIndex, rowIndex);
-    if (fedOnDevice && fed.at.length > 0) {
+    if (fedOnDevice && fed !== undefined && fed.at.length > 0) {
       this.copyFed(fed, b.ids);
       this.fedReplays++;
     }
@@ -436,7 +438,9 @@ export class StepGraphs {
     if (batch.sampleOnDevice === true) {
       this.deviceSampled++;
       const ring = this.sampledRing();
-      if (ring === null) return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, row) }) };
+      if (ring === null) {
+        return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, row) }) };
+      }
       // the ids go to a ring slot behind the replay, so that the next launch (queued before they are read) can
       // neither overwrite them nor make reading them wait for it
       const slot = ring[this.nextSlot]!;

@@ -182,7 +182,8 @@ class DeviceFakeRunner extends FakeModelRunner {
     const fedAt = new Set(batch.fedTokens?.at ?? []);
     let at = 0;
     for (const s of batch.sequences) {
-      for (let j = 0; j < s.tokenIds.length; j++) assert.equal(s.tokenIds[j] === -1, fedAt.has(at + j), `step ${n}: placeholders are exactly the fed tokens`);
+      for (let j = 0; j < s.tokenIds.length; j++)
+        assert.equal(s.tokenIds[j] === -1, fedAt.has(at + j), `step ${n}: placeholders are exactly the fed tokens`);
       at += s.tokenIds.length;
     }
     if (batch.fedTokens !== undefined && batch.fedTokens.at.length > 0) this.fed++;
@@ -250,7 +251,8 @@ test("async scheduling with device-sampled ids: the next step is dispatched befo
     const want = runToCompletion(sync);
     const got = runToCompletion(core);
     for (let i = 0; i < PROMPTS.length; i++) {
-      const view = (o: NonNullable<ReturnType<typeof want.get>>) => o.outputs.map((c) => [c.tokenIds, c.text, c.finishReason, c.logprobs?.length ?? null]);
+      const view = (o: NonNullable<ReturnType<typeof want.get>>) =>
+        o.outputs.map((c) => [c.tokenIds, c.text, c.finishReason, c.logprobs?.length ?? null]);
       assert.deepEqual(view(got.get(`r${i}`)!), view(want.get(`r${i}`)!), `${name}: r${i}`);
     }
     const s = core.stats();

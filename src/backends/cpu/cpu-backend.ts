@@ -293,7 +293,8 @@ export class CpuBackend implements Backend {
     const to = rawOf(dst);
     const n = byteLength;
     for (const [raw, at] of [[from, srcOffset], [to, dstOffset]] as const)
-      if (!Number.isInteger(at) || at < 0 || at + n > raw.byteLength) throw new RangeError(`[copy_async] ${n} bytes at offset ${at} outside a ${raw.byteLength}-byte buffer`);
+      if (!Number.isInteger(at) || at < 0 || at + n > raw.byteLength)
+        throw new RangeError(`[copy_async] ${n} bytes at offset ${at} outside a ${raw.byteLength}-byte buffer`);
     if (n === 0) return;
     const eb = Math.min(copyElemBytes(srcOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
     const len = Int32Array.of(n / eb);
