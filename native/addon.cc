@@ -238,14 +238,16 @@ struct Span {
   const void* p;
   int64_t bytes;
 };
-std::vector<Span> readsOf(const GemvLaunch& g) {
-  if (!g.quant) return {{g.m.a, g.m.K * 4}, {g.m.b, g.m.N * g.m.K * (g.m.bDtype == 1 ? 2 : 4)}};
-  const QuantMatmulArgs& q = g.q;
-  return {{q.x, q.K * 4}, {q.xq, q.xq ? q.K : 0}, {q.xs, q.xs ? 4 : 0}, {q.w, quantDataBytes(q.scheme, q.N, q.K)},
-          {q.scales, quantScalesBytes(q.scheme, q.N, q.K)}, {q.rowSums, q.rowSums ? q.N * 4 : 0}};
-}
+// The weight (codes for quantized ones) a GEMV launch streams.
 Span weightOf(const GemvLaunch& g) {
-  return g.quant ? Span{g.q.w, quantDataBytes(g.q.scheme, g.q.N, g.q.K)} : Span{g.m.b, g.m.N * g.m.K * (g.m.bDtype == 1 ? 2 : 4)};
+  if (g.quant) return {g.q.w, quantDataBytes(g.q.scheme, g.q.N, g.q.K)};
+  return {g.m.b, g.m.N * g.m.K * (g.m.bDtype == 1 ? 2 : 4)};
+}
+std::vector<Span> readsOf(const GemvLaunch& g) {
+  if (!g.quant) return {{g.m.a, g.m.K * 4}, weightOf(g)};
+  const QuantMatmulArgs& q = g.q;
+  return {{q.x, q.K * 4}, {q.xq, q.xq ? q.K : 0}, {q.xs, q.xs ? 4 : 0}, weightOf(g),
+          {q.scales, quantScalesBytes(q.scheme, q.N, q.K)}, {q.rowSums, q.rowSums ? q.N * 4 : 0}};
 }
 Span outOf(const GemvLaunch& g) { return g.quant ? Span{g.q.out, g.q.N * 4} : Span{g.m.out, g.m.N * 4}; }
 // Whether `next` reads the same x as `first`, the same way (a group shares one activation prep).

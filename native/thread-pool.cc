@@ -247,11 +247,12 @@ class Pool {
       uint64_t g = gen_.load(std::memory_order_acquire);
       if (ready(g)) return g;
       if (hint_.load(std::memory_order_relaxed) != nullptr) {
-        if (const Hint* h = hint_.exchange(nullptr, std::memory_order_acquire)) {
-          for (int64_t off = 0; off < h->bytes; off += 1024) {
+        if (const Hint* taken = hint_.exchange(nullptr, std::memory_order_acquire)) {
+          const Hint h = *taken;  // the caller rewrites the slot 4 hints later: read it once
+          for (int64_t off = 0; off < h.bytes; off += 1024) {
             if (ready(gen_.load(std::memory_order_acquire)) || quit_.load(std::memory_order_relaxed)) break;
-            const int64_t end = off + 1024 < h->bytes ? off + 1024 : h->bytes;
-            for (int64_t l = off; l < end; l += 64) __builtin_prefetch(h->p + l, 0, 2);
+            const int64_t end = off + 1024 < h.bytes ? off + 1024 : h.bytes;
+            for (int64_t l = off; l < end; l += 64) __builtin_prefetch(h.p + l, 0, 2);
           }
           t0 = std::chrono::steady_clock::now();
           continue;

@@ -44,7 +44,7 @@ constexpr int64_t kStreamAheadBytes = 1536;
 // Bytes an idle pool worker pulls into its cache (prefetcht1) while the caller runs serial work, until the next job
 // is published: step graphs hint the worker's half of the next matmul's weights before the serial kernels ahead
 // of it (stream.h Job::prefetch). Measured on the SmolLM-135M-shaped decode step (position 40, 2 threads, kernel by
-// kernel, two runs each way): the output projection after attention 5.6-6.1 vs 6.8-7.3 us, attention 0.3-0.5 us
+// kernel, two runs each way): the output projection after attention 5.6-6.1 vs 6.8-7.3 us, attention 0.2-0.7 us
 // slower; whole steps over 30 alternating in-process blocks, median ratio 0.987-0.993 (Q8_0) and 0.977 (bf16).
 void poolPrefetchHint(const void* p, int64_t bytes);
 using RangeFn = void (*)(void* ctx, int64_t lo, int64_t hi);

@@ -279,12 +279,7 @@ export class CpuBackend implements Backend {
       new Uint8Array(raw, byteOffset, n).set(src);
       return;
     }
-    const copy = src.slice(); // private: the job reads it later
-    const eb = copyElemBytes(byteOffset, n);
-    const len = Int32Array.of(n / eb);
-    const one = Int32Array.of(1);
-    this.native.stream.copyStrided(copy, new Uint8Array(raw, byteOffset, n), len, one, one, eb);
-    this.stream.trackRaw([copy.buffer], [raw]);
+    this.enqueueCopy(src.slice(), raw, byteOffset); // a private copy: the job reads it later
   }
 
   copyAsync(src: DeviceBuffer, srcOffset: number, dst: DeviceBuffer, dstOffset: number, byteLength: number): void {
@@ -295,12 +290,17 @@ export class CpuBackend implements Backend {
     for (const [raw, at] of [[from, srcOffset], [to, dstOffset]] as const)
       if (!Number.isInteger(at) || at < 0 || at + n > raw.byteLength)
         throw new RangeError(`[copy_async] ${n} bytes at offset ${at} outside a ${raw.byteLength}-byte buffer`);
-    if (n === 0) return;
-    const eb = Math.min(copyElemBytes(srcOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
+    if (n > 0) this.enqueueCopy(new Uint8Array(from, srcOffset, n), to, dstOffset);
+  }
+
+  /** A stream job copying `src` into `to` at `dstOffset` (writeAsync, copyAsync), its memory tracked until it has run. */
+  private enqueueCopy(src: Uint8Array, to: ArrayBuffer, dstOffset: number): void {
+    const n = src.byteLength;
+    const eb = Math.min(copyElemBytes(src.byteOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
     const len = Int32Array.of(n / eb);
     const one = Int32Array.of(1);
-    this.native.stream.copyStrided(new Uint8Array(from, srcOffset, n), new Uint8Array(to, dstOffset, n), len, one, one, eb);
-    this.stream.trackRaw([from], [to]);
+    this.native.stream.copyStrided(src, new Uint8Array(to, dstOffset, n), len, one, one, eb);
+    this.stream.trackRaw([src.buffer as ArrayBuffer], [to]);
   }
 
   fence(): number {
