@@ -7,6 +7,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { exportGguf, initModel, PRESETS, type GgufExportType } from "../src/models/init-model.js";
 import { DTYPE_BYTES } from "../src/backends/dtype.js";
+import type { CpuBuffer } from "../src/backends/cpu/stream.js";
+import type { Tensor } from "../src/tensor/tensor.js";
 import type { CausalLM } from "../src/models/causal-lm.js";
 import { Linear } from "../src/nn/layers.js";
 import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
@@ -73,22 +75,33 @@ export function benchGguf(dir: string, type: GgufExportType): string {
   return file;
 }
 
-/** Bytes of weights one decode step reads: every matrix once (quantized data + scales), the tied LM head once. */
-export function decodeBytes(model: CausalLM): number {
-  let bytes = 0;
+/** The weight memory one decode step reads, as byte views: every matrix once (quantized data + scales), the tied LM head once. */
+export function decodeReads(model: CausalLM): Uint8Array[] {
+  const views: Uint8Array[] = [];
+  const view = (t: Tensor) => {
+    const raw = (t.storage.buffer as CpuBuffer).raw;
+    if (!(raw instanceof ArrayBuffer)) throw new Error("decodeReads: the bench model's weights must be on the cpu device");
+    const bytes = DTYPE_BYTES[t.dtype];
+    views.push(new Uint8Array(raw, t.offset * bytes, t.numel * bytes));
+  };
   const skip = new Set<string>();
   for (const [name, m] of model.namedModules()) {
     if (!(m instanceof Linear)) continue;
     const q = quantizedWeightOf(m);
     if (!q) continue;
     skip.add(name ? `${name}.weight` : "weight");
-    for (const t of [q.data, q.scales, q.rowSums]) if (t) bytes += t.numel * DTYPE_BYTES[t.dtype];
+    for (const t of [q.data, q.scales, q.rowSums]) if (t) view(t);
   }
   for (const [name, t] of model.namedParameters()) {
     if (skip.has(name)) continue;
     const shadow = quantizedShadowOf(t); // a tied LM head read through its quantized copy
     const parts = shadow ? [shadow.data, shadow.scales, shadow.rowSums] : [t];
-    for (const p of parts) if (p) bytes += p.numel * DTYPE_BYTES[p.dtype];
+    for (const p of parts) if (p) view(p);
   }
-  return bytes;
+  return views;
+}
+
+/** Bytes of weights one decode step reads (decodeReads). */
+export function decodeBytes(model: CausalLM): number {
+  return decodeReads(model).reduce((n, v) => n + v.byteLength, 0);
 }

@@ -3,7 +3,9 @@
 // requests. Decode is timed apart from prefill: each run is repeated with max_tokens = 1, and decode time is the
 // difference (so it starts when every request has prefilled). Next to each figure: the bandwidth roofline
 // (read bandwidth probed on either side of each single-stream run / weight bytes read per decode step; see
-// singleStreamRounds: Kiln's and llama.cpp's single-stream runs alternate, each bracketed by probes) and llama.cpp (node-llama-cpp, CPU)
+// singleStreamRounds: Kiln's and llama.cpp's single-stream runs alternate, each bracketed by probes; the probe reads
+// Kiln's loaded weights themselves, where they lie, and a 256 MiB buffer of its own is probed once per format
+// for comparison) and llama.cpp (node-llama-cpp, CPU)
 // on a GGUF export of the same weights (f32 -> F32, bf16 -> BF16, int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4). The
 // int4, mxfp4 and int8 rows are one file for both engines: Kiln loads the Q4_0 / MXFP4 / Q8_0 export straight into
 // its int4 / mxfp4 / int8_g32 kernels
@@ -20,7 +22,7 @@ import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { LLM } from "../src/engine/llm-engine.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
 import type { GgufExportType } from "../src/models/init-model.js";
-import { benchGguf, benchModelDir, decodeBytes, TOKENIZER_VOCAB } from "./bench-models.js";
+import { benchGguf, benchModelDir, decodeBytes, decodeReads, TOKENIZER_VOCAB } from "./bench-models.js";
 import { bandwidthProbe } from "./timing.js";
 
 const DECODE_PROMPT_LEN = 16;
@@ -236,7 +238,6 @@ async function main(): Promise<void> {
   if (!native) throw new Error("bench/serving needs the native addon (npm run build)");
   native.setNumThreads(threads);
   const probe = bandwidthProbe(native);
-  // one probe (the best of its stream variants, 2 passes each): brackets each single-stream decode run
   const quickBandwidth = () => native.memoryReadBandwidth(probe, 2, threads);
   const rounds = Number(option("--rounds", "5"));
   if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be an integer >= 1, got ${option("--rounds", "5")}`);
@@ -266,6 +267,13 @@ async function main(): Promise<void> {
       });
       const llm = new LLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
       const bytes = decodeBytes(setup.loaded.model);
+      // The roofline's probe (the best of its stream variants, 2 passes each) reads the loaded weights, as one run of
+      // bytes split between the threads: the bandwidth of the very memory a decode step reads. A buffer of the probe's
+      // own read 42-44 GB/s where these weights read 56-58 (SmolLM-135M Q8_0, one process; native
+      // memoryReadBandwidth gives a case of one buffer's pages reading slower than another's), which flattered the
+      // engine by a third.
+      const reads = decodeReads(setup.loaded.model);
+      const weightsBandwidth = () => native.memoryReadBandwidth(reads, 2, threads);
       if (withAccuracy && !reference && format === "f32") reference = f32Reference(llm);
       if (reference && quantized(format)) {
         const a = accuracy(reference, llm);
@@ -279,9 +287,10 @@ async function main(): Promise<void> {
       const lcr = typeof lc === "string" ? null : lc;
       const kiln = kilnRuns(llm, decodeTokens);
       const batched = new Map<number, { kiln: number; lc?: number }>();
-      let x1: Awaited<ReturnType<typeof singleStreamRounds>>, prefill: number, lcPrefill: number | undefined;
+      let x1: Awaited<ReturnType<typeof singleStreamRounds>>, prefill: number, lcPrefill: number | undefined, ownProbe: number;
       try {
-        x1 = await singleStreamRounds(kiln, lcr, quickBandwidth, bytes, rounds);
+        x1 = await singleStreamRounds(kiln, lcr, weightsBandwidth, bytes, rounds);
+        ownProbe = quickBandwidth();
         prefill = kiln.prefill();
         lcPrefill = lcr ? await lcr.prefill() : undefined;
         for (const c of concs.filter((c) => c !== 1)) batched.set(c, { kiln: kiln.decode(c), lc: lcr ? await lcr.decode(c) : undefined });
@@ -296,7 +305,7 @@ async function main(): Promise<void> {
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
         `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of the ${x1.steadyRounds || rounds} of ${rounds} rounds ${x1.steadyRounds ? "whose probes agreed" : "(no round's probes agreed"} within ${Math.round((STEADY_PROBES - 1) * 100)}%${x1.steadyRounds ? "" : ")"}, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
       );
-      lines.push(`        x1 rounds (GB/s probed before/after: % of the roofline): ${x1.perRound.join(", ")}`);
+      lines.push(`        x1 rounds (GB/s probed before/after: % of the roofline): ${x1.perRound.join(", ")}; the probe's own 256 MiB buffer read ${ownProbe.toFixed(1)} GB/s after them`);
       for (const [c, r] of batched)
         lines.push(`        decode x${String(c).padEnd(2)} ${r.kiln.toFixed(1).padStart(7)} tok/s (${(r.kiln / roofAt(hi!)).toFixed(2)}x the highest single-stream roofline); llama.cpp ${r.lc?.toFixed(1) ?? "-"} (${ratio(r.kiln, r.lc)})`);
       if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);

@@ -325,6 +325,10 @@ void mergeCapturedJobs(std::vector<Job>& jobs) {
     }
     first = k + 1;
   }
+  // Paged attention reads its cached K/V from DRAM at the memory's latency (one core, little else in flight): the
+  // GEMV before it (the q/k/v projection) prefetches them as it streams (sideLines).
+  for (size_t k = 1; k < merged.size(); ++k)
+    if (merged[k].prefetchReads && !weights[k - 1].empty()) merged[k - 1].warm = merged[k].prefetchReads;
   jobs.swap(merged);
 }
 
@@ -614,6 +618,29 @@ Job Rotary(const Napi::CallbackInfo& info) {
   return {op, [=] { memmove(out, x, sizeof(float) * T * H * D); }};
 }
 
+// Queues (sideLines) the K and V cache rows paged attention will read for its sequences' cached positions (those
+// before each sequence's new tokens), up to kWarmKvMax bytes in all.
+void queueCachedKv(const PagedAttentionArgs& p, int64_t numBlocks) {
+  constexpr int64_t kWarmKvMax = 256 << 10;
+  const int64_t elem = p.cacheFp8 ? 1 : p.cacheBf16 ? 2 : 4, row = p.Hkv * p.D * elem;
+  SideLines* side = sideLines();
+  side->clear();
+  int64_t left = kWarmKvMax;
+  for (int64_t s = 0; s < p.numSeqs && left > 0; ++s) {
+    const int64_t cached = p.seqLens[s] - (p.queryStart[s + 1] - p.queryStart[s]);
+    const int64_t lo = p.slidingWindow > 0 ? std::max<int64_t>(0, cached - p.slidingWindow) : 0;
+    for (int64_t c = lo; c < cached && left > 0; c += p.blockSize - c % p.blockSize) {
+      const int32_t id = p.blockTables[s * p.maxBlocksPerSeq + c / p.blockSize];
+      if (id < 0 || id >= numBlocks) return;
+      const int64_t first = c % p.blockSize, n = std::min(p.blockSize - first, cached - c);
+      const int64_t off = (static_cast<int64_t>(id) * p.blockSize + first) * row, bytes = n * row;
+      side->add(static_cast<const char*>(p.kCache) + off, bytes);
+      side->add(static_cast<const char*>(p.vCache) + off, bytes);
+      left -= 2 * bytes;
+    }
+  }
+}
+
 Job PagedAttention(const Napi::CallbackInfo& info) {
   const char* op = "pagedAttention";
   PagedAttentionArgs p{};
@@ -689,7 +716,9 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
                                              " outside the cos/sin table (" + std::to_string(maxPos) + ")");
   }
   if (T == 0) return {op, nullptr};
-  return {op, [p] { gK->pagedAttention(p); }};
+  Job job{op, [p] { gK->pagedAttention(p); }};
+  job.prefetchReads = [p, numBlocks] { queueCachedKv(p, numBlocks); };
+  return job;
 }
 
 Job Embedding(const Napi::CallbackInfo& info) {
@@ -773,14 +802,28 @@ Napi::Value Submit(const Napi::CallbackInfo& info) {
   return streamSubmit(info.Env(), P(info));
 }
 
+// memoryReadBandwidth(buf | bufs, iterations, threads): GB/s reading one typed array, or an array of them in order.
 Napi::Value MemoryReadBandwidth(const Napi::CallbackInfo& info) {
   const char* op = "memoryReadBandwidth";
-  Napi::TypedArray ta = info[0].As<Napi::TypedArray>();
-  const float* buf = array<float>(info, 0, 0, op, "buf");
+  Napi::Env env = info.Env();
+  std::vector<const void*> ranges;
+  std::vector<int64_t> bytes;
+  auto add = [&](Napi::Value v) {
+    if (!v.IsTypedArray()) fail(env, op, "buf must be a typed array or an array of typed arrays");
+    Napi::TypedArray ta = v.As<Napi::TypedArray>();
+    ranges.push_back(static_cast<const uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+    bytes.push_back(static_cast<int64_t>(ta.ByteLength()));
+  };
+  if (info.Length() > 0 && info[0].IsArray()) {
+    Napi::Array list = info[0].As<Napi::Array>();
+    for (uint32_t i = 0; i < list.Length(); ++i) add(list.Get(i));
+  } else {
+    add(info.Length() > 0 ? info[0] : env.Undefined());
+  }
   const int64_t it = integer(info, 1, op, "iterations", 1), threads = integer(info, 2, op, "threads", 1);
-  if (threads > 64) fail(info.Env(), op, "threads must be <= 64");
-  return Napi::Number::New(info.Env(), gK->memoryReadBandwidth(buf, static_cast<int64_t>(ta.ElementLength()),
-                                                               static_cast<int>(it), static_cast<int>(threads)));
+  if (threads > 64) fail(env, op, "threads must be <= 64");
+  return Napi::Number::New(env, gK->memoryReadBandwidth(ranges.data(), bytes.data(), static_cast<int>(ranges.size()),
+                                                        static_cast<int>(it), static_cast<int>(threads)));
 }
 
 Napi::Value FmaPeak(const Napi::CallbackInfo& info) {

@@ -77,7 +77,7 @@ struct KernelTable {
                         float* out, int rank, const int64_t* shape);
   void (*whereStrided)(const uint8_t* cond, int64_t* condStrides, const float* a, int64_t* aStrides,
                        const float* b, int64_t* bStrides, float* out, int rank, const int64_t* shape);
-  double (*memoryReadBandwidth)(const float* buf, int64_t n, int iterations, int threads);
+  double (*memoryReadBandwidth)(const void* const* ranges, const int64_t* bytes, int n, int iterations, int threads);
   double (*fmaPeak)(int64_t iterations);
   // bf16 products with B = [N,K] (not batched-transposed A) and M >= this round a to bf16 and use
   // vdpbf16ps (see gemm-bf16-impl.inc); 0: every bf16 product is exact f32.

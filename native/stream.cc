@@ -392,7 +392,9 @@ Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
                for (const Job& j : *jobs) {
                  try {
                    if (j.prefetchBytes > 0) poolPrefetchHint(j.prefetch, j.prefetchBytes);
+                   if (j.warm) j.warm();
                    j.run();
+                   if (j.warm) sideLines()->clear();
                  } catch (const std::exception& e) {
                    throw std::runtime_error(std::string("[") + j.op + "] " + e.what());
                  }
@@ -420,7 +422,9 @@ Napi::Value StreamProfileGraph(const Napi::CallbackInfo& info) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       if (jobs[i].prefetchBytes > 0) poolPrefetchHint(jobs[i].prefetch, jobs[i].prefetchBytes);
+      if (jobs[i].warm) jobs[i].warm();
       jobs[i].run();
+      if (jobs[i].warm) sideLines()->clear();
       times[i][static_cast<size_t>(r)] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     }
   Napi::Array ops = Napi::Array::New(env, jobs.size());

@@ -30,6 +30,12 @@ struct Job {
   /** Step graphs: bytes idle pool workers prefetch while this job runs (poolPrefetchHint), set by mergeCapturedJobs. */
   const void* prefetch = nullptr;
   int64_t prefetchBytes = 0;
+  /** Queues as side lines (thread-pool.h) what run() will read that earlier jobs do not bring in (paged attention: its
+   * sequences' cached K/V). */
+  std::function<void()> prefetchReads;
+  /** Step graphs: the next job's prefetchReads, run by the stream thread before this GEMV job, whose tiles prefetch the
+   * lines it queues (set by mergeCapturedJobs; the queue is cleared after the job). */
+  std::function<void()> warm;
 };
 
 /**

@@ -325,6 +325,10 @@ void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, v
   pool().runRows(key, total, minShare, fn, ctx);
 }
 void poolPrefetchHint(const void* p, int64_t bytes) { pool().prefetchHint(p, bytes); }
+SideLines* sideLines() {
+  static thread_local SideLines s;
+  return &s;
+}
 void poolSetNumThreads(int n) { pool().setNumThreads(n); }
 int poolGetNumThreads() { return pool().numThreads(); }
 

@@ -177,7 +177,9 @@ int main(int argc, char** argv) {
   printf("%s %s: %zu weights, %.1f MiB per step, %d threads\n", model.c_str(), format.c_str(), ws.size(),
          stepBytes / 1048576.0, poolGetNumThreads());
   for (int r = 0; r < rounds; ++r) {
-    const double bw = T.memoryReadBandwidth(probe, static_cast<int64_t>(probeBytes / 4), 2, poolGetNumThreads());
+    const void* probeRange[] = {probe};
+    const int64_t probeLen[] = {static_cast<int64_t>(probeBytes)};
+    const double bw = T.memoryReadBandwidth(probeRange, probeLen, 1, 2, poolGetNumThreads());
     double bestChain = 1e30, bestRead = 1e30;
     for (int i = 0; i < 20; ++i) {
       auto t0 = Clock::now();

@@ -348,6 +348,10 @@ function runSuite(k: NativeKernels, isa: string): void {
     k.unary(14, buf.subarray(3, 5), out, 2);
     assert.deepEqual(Array.from(out), [25, 4]);
     assert.ok(k.memoryReadBandwidth(new Float32Array(1 << 16), 2, 1) > 0);
+    // a list of arrays (of any element type) reads as one run of bytes
+    assert.ok(k.memoryReadBandwidth([new Uint8Array(1 << 16), new Float32Array(1 << 14).subarray(16)], 2, 2) > 0);
+    const notArray = 3 as unknown as Float32Array;
+    assert.throws(() => k.memoryReadBandwidth([new Float32Array(64), notArray], 1, 1), /memoryReadBandwidth.*typed array/);
     assert.ok(k.fmaPeak(1000) > 0);
   });
 }

@@ -151,8 +151,8 @@ export interface NativeKernels extends NativeStream {
     logits: Float32Array, rows: number, vocab: number, temperature: Float64Array, topK: Int32Array, topP: Float64Array,
     minP: Float64Array, uniform: Float64Array, out: Int32Array, stages?: 1 | 2 | 3,
   ): void;
-  /** STREAM-like read bandwidth over buf in GB/s using `threads` threads. */
-  memoryReadBandwidth(buf: Float32Array, iterations: number, threads: number): number;
+  /** Read bandwidth in GB/s of `threads` threads reading buf (or the arrays in order, as one run of bytes split between the threads). */
+  memoryReadBandwidth(buf: ArrayBufferView | ArrayBufferView[], iterations: number, threads: number): number;
   /** FMA peak of one core in GFLOP/s for the selected ISA. */
   fmaPeak(iterations: number): number;
 }
