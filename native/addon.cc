@@ -440,6 +440,37 @@ void checkNoOverlap(const Napi::CallbackInfo& info, const Dims& shape, const Dim
     if (shape.v[d] > 1 && strides.v[d] == 0) fail(info.Env(), op, "destination strides must not be 0 (broadcast)");
 }
 
+// copyPieces(src, dsts): src's bytes in consecutive pieces, piece i (dsts[i]'s byte length) into dsts[i]; the pieces
+// must cover src exactly. One job for several stream-ordered host writes (a step's inputs, Backend.writeAsyncMany).
+Job CopyPieces(const Napi::CallbackInfo& info) {
+  const char* op = "copyPieces";
+  Napi::Env env = info.Env();
+  const uint8_t* src = bytesOf(info, 0, 1, 0, op, "src");
+  const int64_t srcBytes = static_cast<int64_t>(info[0].As<Napi::TypedArray>().ByteLength());
+  if (info.Length() < 2 || !info[1].IsArray()) fail(env, op, "dsts must be an array of typed arrays");
+  Napi::Array list = info[1].As<Napi::Array>();
+  std::vector<std::pair<uint8_t*, int64_t>> pieces;
+  int64_t total = 0;
+  for (uint32_t i = 0; i < list.Length(); ++i) {
+    Napi::Value v = list.Get(i);
+    if (!v.IsTypedArray()) fail(env, op, "dsts[" + std::to_string(i) + "] must be a typed array");
+    Napi::TypedArray ta = v.As<Napi::TypedArray>();
+    const int64_t n = static_cast<int64_t>(ta.ByteLength());
+    uint8_t* d = static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
+    if (overlaps(d, n, src, srcBytes)) fail(env, op, "dsts[" + std::to_string(i) + "] overlaps src");
+    pieces.emplace_back(d, n);
+    total += n;
+  }
+  if (total != srcBytes)
+    throw Napi::RangeError::New(env, "[copyPieces] the pieces cover " + std::to_string(total) + " bytes of a " +
+                                         std::to_string(srcBytes) + "-byte src");
+  if (total == 0) return {op, nullptr};
+  return {op, [src, pieces] {
+            const uint8_t* s = src;
+            for (const auto& [d, n] : pieces) memcpy(d, s, static_cast<size_t>(n)), s += n;
+          }};
+}
+
 // copyStrided(src, dst, shape, srcStrides, dstStrides, elemBytes): a byte copy of any 1/2/4/8-byte dtype.
 Job CopyStrided(const Napi::CallbackInfo& info) {
   const char* op = "copyStrided";
@@ -1096,6 +1127,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"f32ToF16", RunNow<Convert<float, uint16_t, &KernelTable::f32ToF16>>,
        Submit<Convert<float, uint16_t, &KernelTable::f32ToF16>>},
       {"copyStrided", RunNow<CopyStrided>, Submit<CopyStrided>},
+      {"copyPieces", RunNow<CopyPieces>, Submit<CopyPieces>},
       {"binaryStrided", RunNow<BinaryStrided>, Submit<BinaryStrided>},
       {"whereStrided", RunNow<WhereStrided>, Submit<WhereStrided>},
   };

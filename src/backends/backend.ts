@@ -201,6 +201,13 @@ export interface ReplaySession {
 }
 
 /** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
+/** One write of Backend.writeAsyncMany: src's bytes into `buffer` at `byteOffset`. */
+export interface AsyncWrite {
+  buffer: DeviceBuffer;
+  byteOffset: number;
+  src: Uint8Array;
+}
+
 export interface Backend {
   readonly name: string;
   /** Human-readable description (ISA, threads) for logs and benchmarks. */
@@ -271,6 +278,8 @@ export interface Backend {
    * land after the work already enqueued (e.g. write step N+1's inputs while replay N still runs).
    */
   writeAsync?(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
+  /** writeAsync of several writes at once (a step's inputs): one stream job where the back end can (cpu). */
+  writeAsyncMany?(writes: readonly AsyncWrite[]): void;
   /**
    * Enqueues a copy of `byteLength` bytes between device buffers behind the work already enqueued (stream back
    * ends; a step's sampled token ids fed to the next step's inputs without a round trip through the host).

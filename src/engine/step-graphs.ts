@@ -5,7 +5,7 @@
 // logits; a step writes its metadata into them with stream-ordered copies, pads the batch up to the bucket
 // with dummy sequences that read and write only the null block 0, and launches the graph. Prompt logprobs
 // and batches above the largest buckets run eagerly.
-import type { Backend, DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
+import type { AsyncWrite, Backend, DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
 import type { DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
 import { compileCacheStats, resolveCodeName } from "../compile/cache.js";
@@ -374,13 +374,17 @@ export class StepGraphs {
     const T = b.tokens;
     const W = this.maxBlocksPerSeq;
     const bs = this.blockSize;
-    const ids = new Int32Array(T);
-    const positions = new Int32Array(T);
-    const slots = new Int32Array(T);
-    const queryStart = new Int32Array(T + 1);
-    const seqLens = new Int32Array(T);
-    const tables = new Int32Array(T * W); // dummy and empty sequences read the null block
-    const rowIndex = new Int32Array(b.rows);
+    // the inputs side by side in one array (written to the device as one stream job, writeAsyncMany)
+    const staging = new Int32Array(5 * T + 1 + T * W + b.rows);
+    let end = 0;
+    const take = (n: number): Int32Array => staging.subarray(end, (end += n));
+    const ids = take(T);
+    const positions = take(T);
+    const slots = take(T);
+    const queryStart = take(T + 1);
+    const seqLens = take(T);
+    const tables = take(T * W); // dummy and empty sequences read the null block
+    const rowIndex = take(b.rows);
     let at = 0;
     let row = 0;
     let seq = 0;
@@ -416,9 +420,10 @@ export class StepGraphs {
       fillFedTokens(ids, fed); // waits for the step that samples them
       for (const at of fed.at) if (ids[at]! < 0 || ids[at]! >= this.vocabSize) throw new RangeError(`token id ${ids[at]} out of range`);
     }
+    const writes: AsyncWrite[] = [];
     const put = (t: Tensor, a: Int32Array): void => {
       const v = t.view_("step graph input");
-      backend.writeAsync!(v.buffer, v.offset * 4, new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
+      writes.push({ buffer: v.buffer, byteOffset: v.offset * 4, src: new Uint8Array(a.buffer, a.byteOffset, a.byteLength) });
     };
     put(b.ids, ids);
     put(b.positions, positions);
@@ -427,6 +432,8 @@ export class StepGraphs {
     put(b.seqLens, seqLens);
     put(b.tables, tables);
     if (b.rowIndex !== null) put(b.rowIndex, rowIndex);
+    if (backend.writeAsyncMany) backend.writeAsyncMany(writes);
+    else for (const w of writes) backend.writeAsync!(w.buffer, w.byteOffset, w.src);
     if (fedOnDevice && fed !== undefined && fed.at.length > 0) {
       this.copyFed(fed, b.ids);
       this.fedReplays++;

@@ -353,6 +353,11 @@ function runSuite(k: NativeKernels, isa: string): void {
     const notArray = 3 as unknown as Float32Array;
     assert.throws(() => k.memoryReadBandwidth([new Float32Array(64), notArray], 1, 1), /memoryReadBandwidth.*typed array/);
     assert.ok(k.fmaPeak(1000) > 0);
+    // copyPieces: src's bytes in order into each destination, which must cover src exactly
+    const dsts = [new Uint8Array(2), new Uint8Array(8).subarray(3, 6)];
+    k.copyPieces(Uint8Array.of(1, 2, 3, 4, 5), dsts);
+    assert.deepEqual([...dsts[0]!, ...dsts[1]!], [1, 2, 3, 4, 5]);
+    assert.throws(() => k.copyPieces(Uint8Array.of(1, 2, 3), [new Uint8Array(2)]), RangeError);
   });
 }
 

@@ -195,6 +195,46 @@ test("back-to-back launches with writeAsync between them run in order", { skip }
   disposeAll([x, wgt, acc, y, expectAcc, ...eager]);
 });
 
+test("writeAsyncMany: several inputs per launch as one stream job, in order behind pending replays", { skip }, async () => {
+  const be = cpu();
+  const n = 4096;
+  const x = f32(new Float32Array(n), [64, 64]);
+  const scale = f32(new Float32Array(64), [1, 64]);
+  const wgt = f32(rand(n), [64, 64]);
+  const acc = k.zeros([64, 64], { device: "cpu" });
+  be.beginCapture();
+  const y = k.mul(k.matmul(x, wgt), scale);
+  const sum = k.add(acc, y);
+  k.copyInto(acc, sum);
+  sum.dispose();
+  const graph = be.endCapture();
+  const steps = [0, 1, 2].map(() => ({ x: rand(n), scale: rand(64) }));
+  const eager = steps.map((st) => k.mul(k.matmul(f32(st.x, [64, 64]), wgt), f32(st.scale, [1, 64])));
+  const bytes = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+  const putBoth = (st: { x: Float32Array; scale: Float32Array }) => {
+    const src = { x: st.x.slice(), scale: st.scale.slice() };
+    be.writeAsyncMany([
+      { buffer: x.storage.buffer, byteOffset: x.offset * 4, src: bytes(src.x) },
+      { buffer: scale.storage.buffer, byteOffset: scale.offset * 4, src: bytes(src.scale) },
+    ]);
+    src.x.fill(NaN); // the caller may reuse its arrays at once: the queued job copied them
+    src.scale.fill(NaN);
+  };
+  putBoth(steps[0]!); // nothing pending: written at once
+  graph.launch();
+  putBoth(steps[1]!); // behind the first replay
+  graph.launch();
+  putBoth(steps[2]!);
+  graph.launch();
+  assert.deepEqual(values(y), values(eager[2]!));
+  const expectAcc = k.add(k.add(eager[0]!, eager[1]!), eager[2]!);
+  assert.deepEqual(values(acc), values(expectAcc));
+  assert.throws(() => be.writeAsyncMany([{ buffer: scale.storage.buffer, byteOffset: 4, src: new Uint8Array(256) }]), RangeError);
+  await be.synchronize();
+  graph.dispose();
+  disposeAll([x, scale, wgt, acc, y, expectAcc, ...eager]);
+});
+
 test("host access, host-only ops and blocking calls while capturing throw CaptureError", { skip }, () => {
   const be = cpu();
   const a = f32(rand(64), [8, 8]);

@@ -4,7 +4,8 @@
 // reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
 // the enqueued kernels for replay; while capturing, every kernel must take a native path.
 import type {
-  Backend, BinaryOp, BufferView, CaptureRecording, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, ReplaySession, RunOptions, StepGraph, UnaryOp,
+  AsyncWrite, Backend, BinaryOp, BufferView, CaptureRecording, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, ReplaySession, RunOptions,
+  StepGraph, UnaryOp,
 } from "../backend.js";
 import { CaptureRecorder, replayCalls, serializeRecording, type RawRecording } from "./capture-recording.js";
 import { BackendUnavailableError, CaptureError } from "../../util/errors.js";
@@ -280,6 +281,30 @@ export class CpuBackend implements Backend {
       return;
     }
     this.enqueueCopy(src.slice(), raw, byteOffset); // a private copy: the job reads it later
+  }
+
+  /** writeAsync of each write, those behind pending work as one stream job copying one private copy of their bytes. */
+  writeAsyncMany(writes: readonly AsyncWrite[]): void {
+    if (this.stream.capturing) throw new CaptureError("write_async", "step inputs are written before launch(), outside the capture (on cpu)");
+    const queued: { raw: ArrayBuffer; byteOffset: number; src: Uint8Array }[] = [];
+    for (const { buffer, byteOffset, src } of writes) {
+      const raw = rawOf(buffer);
+      const n = src.byteLength;
+      if (!Number.isInteger(byteOffset) || byteOffset < 0 || byteOffset + n > raw.byteLength)
+        throw new RangeError(`[write_async] ${n} bytes at offset ${byteOffset} outside a ${raw.byteLength}-byte buffer`);
+      if (n > 0) queued.push({ raw, byteOffset, src });
+    }
+    const later = queued.filter((w) => this.stream.isTouched(w.raw));
+    for (const w of queued) if (!later.includes(w)) new Uint8Array(w.raw, w.byteOffset, w.src.byteLength).set(w.src);
+    if (later.length === 0) return;
+    const copy = new Uint8Array(later.reduce((n, w) => n + w.src.byteLength, 0)); // the job reads it later
+    let at = 0;
+    for (const w of later) {
+      copy.set(w.src, at);
+      at += w.src.byteLength;
+    }
+    this.native.stream.copyPieces(copy, later.map((w) => new Uint8Array(w.raw, w.byteOffset, w.src.byteLength)));
+    this.stream.trackRaw([copy.buffer], later.map((w) => w.raw));
   }
 
   copyAsync(src: DeviceBuffer, srcOffset: number, dst: DeviceBuffer, dstOffset: number, byteLength: number): void {

@@ -87,6 +87,8 @@ export interface NativeKernels extends NativeStream {
     src: ArrayBufferView, dst: ArrayBufferView, shape: Int32Array, srcStrides: Int32Array, dstStrides: Int32Array,
     elemBytes: 1 | 2 | 4 | 8,
   ): void;
+  /** src's bytes in consecutive pieces into dsts (piece i: dsts[i].byteLength bytes); the pieces cover src exactly. */
+  copyPieces(src: Uint8Array, dsts: Uint8Array[]): void;
   /** out = a op b over [shape], out contiguous, a/b read through element strides >= 0 (0 = broadcast). See {@link BinaryOp}. */
   binaryStrided(
     op: number, a: Float32Array, aStrides: Int32Array, b: Float32Array, bStrides: Int32Array, out: Float32Array,
@@ -159,7 +161,8 @@ export interface NativeKernels extends NativeStream {
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
-  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "binaryStrided" | "whereStrided" | "siluMul" | "rmsNorm"
+  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
+  | "siluMul" | "rmsNorm"
   | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "f16ToF32" | "f32ToF16";
 
