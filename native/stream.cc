@@ -378,6 +378,14 @@ GraphHandle* graphArg(const Napi::CallbackInfo& info, const char* fn) {
   return info[0].As<Napi::External<GraphHandle>>().Data();
 }
 
+// One recorded job of a replay: its prefetch hint and side lines (mergeCapturedJobs) around the kernel.
+void runGraphJob(const Job& j) {
+  if (j.prefetchBytes > 0) poolPrefetchHint(j.prefetch, j.prefetchBytes);
+  if (j.warm) j.warm();
+  j.run();
+  if (j.warm) sideLines()->clear();
+}
+
 // streamLaunchGraph(handle) -> sequence number: ONE stream job that runs every recorded job in order and
 // stops at the first failure (recorded like any kernel error, rethrown at the next sync).
 Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
@@ -391,10 +399,7 @@ Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
   Job replay{"stepGraph", [jobs] {
                for (const Job& j : *jobs) {
                  try {
-                   if (j.prefetchBytes > 0) poolPrefetchHint(j.prefetch, j.prefetchBytes);
-                   if (j.warm) j.warm();
-                   j.run();
-                   if (j.warm) sideLines()->clear();
+                   runGraphJob(j);
                  } catch (const std::exception& e) {
                    throw std::runtime_error(std::string("[") + j.op + "] " + e.what());
                  }
@@ -421,10 +426,7 @@ Napi::Value StreamProfileGraph(const Napi::CallbackInfo& info) {
   for (int r = 0; r < reps; ++r)
     for (size_t i = 0; i < jobs.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (jobs[i].prefetchBytes > 0) poolPrefetchHint(jobs[i].prefetch, jobs[i].prefetchBytes);
-      if (jobs[i].warm) jobs[i].warm();
-      jobs[i].run();
-      if (jobs[i].warm) sideLines()->clear();
+      runGraphJob(jobs[i]);
       times[i][static_cast<size_t>(r)] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     }
   Napi::Array ops = Napi::Array::New(env, jobs.size());

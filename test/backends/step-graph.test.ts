@@ -220,7 +220,7 @@ test("writeAsyncMany: several inputs per launch as one stream job, in order behi
     src.x.fill(NaN); // the caller may reuse its arrays at once: the queued job copied them
     src.scale.fill(NaN);
   };
-  putBoth(steps[0]!); // nothing pending: written at once
+  putBoth(steps[0]!);
   graph.launch();
   putBoth(steps[1]!); // behind the first replay
   graph.launch();

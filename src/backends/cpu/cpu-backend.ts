@@ -270,17 +270,7 @@ export class CpuBackend implements Backend {
    * enqueued; writes at once when no pending work uses the buffer. Not capturable.
    */
   writeAsync(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
-    if (this.stream.capturing) throw new CaptureError("write_async", "step inputs are written before launch(), outside the capture (on cpu)");
-    const raw = rawOf(buffer);
-    const n = src.byteLength;
-    if (!Number.isInteger(byteOffset) || byteOffset < 0 || byteOffset + n > raw.byteLength)
-      throw new RangeError(`[write_async] ${n} bytes at offset ${byteOffset} outside a ${raw.byteLength}-byte buffer`);
-    if (n === 0) return;
-    if (!this.stream.isTouched(raw)) {
-      new Uint8Array(raw, byteOffset, n).set(src);
-      return;
-    }
-    this.enqueueCopy(src.slice(), raw, byteOffset); // a private copy: the job reads it later
+    this.writeAsyncMany([{ buffer, byteOffset, src }]);
   }
 
   /** writeAsync of each write, those behind pending work as one stream job copying one private copy of their bytes. */
@@ -318,7 +308,7 @@ export class CpuBackend implements Backend {
     if (n > 0) this.enqueueCopy(new Uint8Array(from, srcOffset, n), to, dstOffset);
   }
 
-  /** A stream job copying `src` into `to` at `dstOffset` (writeAsync, copyAsync), its memory tracked until it has run. */
+  /** A stream job copying `src` into `to` at `dstOffset` (copyAsync), its memory tracked until it has run. */
   private enqueueCopy(src: Uint8Array, to: ArrayBuffer, dstOffset: number): void {
     const n = src.byteLength;
     const eb = Math.min(copyElemBytes(src.byteOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
