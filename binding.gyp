@@ -20,14 +20,15 @@
           "type": "static_library",
           "sources": ["native/kernels-avx512.cc", "native/quant-avx512.cc"],
           "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                        "-mavx512vnni", "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512"]
+                        "-mavx512vnni", "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512",
+                        "-mamx-tile", "-mamx-int8", "-mamx-bf16"]
         },
         {
           "target_name": "kiln_kernels_avx512_bf16",
           "type": "static_library",
           "sources": ["native/kernels-avx512-bf16.cc"],
           "cflags_cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
-                        "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512"]
+                        "-mfma", "-mavx2", "-mf16c", "-mprefer-vector-width=512", "-mamx-tile", "-mamx-bf16"]
         },
         {
           "target_name": "kiln_kernels_avx2",

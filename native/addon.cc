@@ -1025,6 +1025,7 @@ Napi::Value FeaturesFn(const Napi::CallbackInfo& info) {
   o.Set("avx512vnni", kFeatures.avx512vnni);
   o.Set("avx2", kFeatures.avx2);
   o.Set("fma", kFeatures.fma);
+  o.Set("amx", gQ->amx());  // large-M int8 (quant table) and bf16 (avx512-bf16 table) products run on AMX tiles
   return o;
 }
 

@@ -51,6 +51,9 @@ struct QuantTable {
   void (*quantizeRows)(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs);
   // Measured vpdpbusd (u8 x s8 -> s32) peak of `threads` pool threads in GOP/s (2 ops per product); 0 without VNNI.
   double (*dotPeak)(int64_t iterations, int threads);
+  // Whether large-M int8 and int8 group-32 products run on AMX tiles (amx.h amxReady: the CPU has AMX, the OS
+  // enables it and KILN_AMX is not 0), else on the VNNI tiles.
+  bool (*amx)();
 };
 
 /** Whether matmulGroup takes `a` (with others of the same x, K and scheme). */

@@ -4,16 +4,23 @@
 //   far below the effect of the rounding itself (so a kernel that skipped or truncated it would fail);
 // - the exact f32 product: loose tolerance, bounded by the rounding (|x - bf16(x)| <= 2^-9 |x|).
 // M around the threshold (just below it the exact f32 path must still run), N and K tails (odd K: the
-// last K-pair is half padding), 1 and 2 threads, batched calls. Runs only where the CPU has avx512_bf16.
+// last K-pair is half padding), 1 and 2 threads, batched calls. Runs only where the CPU has avx512_bf16. Where AMX
+// runs (features().amx), K % 32 == 0 takes the AMX tiles (native/gemm-bf16-amx.inc), and the file runs again in a
+// child with KILN_AMX=0 for the vdpbf16ps tiles.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/backends/dtype.js";
+import { runIsaChildren } from "../helpers/isa-children.js";
 
 const k = tryLoadNativeKernels();
 const minM = k?.bf16DotMinM ?? 0;
 const skip = !k ? "native addon not built" : k.isa !== "avx512-bf16" || minM <= 0 ? `no vdpbf16ps GEMM on ISA ${k.isa}` : false;
+const amxChild = process.env.KILN_BF16_TEST_CHILD === "1";
+if (!amxChild && !skip)
+  test("bf16 GEMM: the same checks with AMX off (KILN_AMX=0)", { skip: k!.features().amx ? false : "no AMX here", timeout: 120_000 }, () =>
+    runIsaChildren(import.meta.url, ["avx512-bf16:amx-off"], "KILN_BF16_TEST_CHILD"));
 
 const rand = mulberry32(4242); // deterministic inputs so failures reproduce
 function randArray(n: number): Float32Array {
@@ -71,6 +78,10 @@ const shapes: Case[] = [
   { M: 100, N: 64, K: 64 },
   { M: 130, N: 200, K: 1537 },
   { M: 513, N: 70, K: 96 },
+  // K % 32 == 0 (the AMX tiles where they run): odd and even numbers of 16-row blocks and weight blocks, partial ones
+  { M: minM, N: 16, K: 32 },
+  { M: 47, N: 33, K: 576 },
+  { M: 64, N: 48, K: 2048 },
 ];
 
 for (const threads of [1, 2]) {

@@ -33,7 +33,7 @@ function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, 
 
 if (!childIsa) {
   test("quantized kernels: every supported ISA", { skip: k ? false : "native addon not built", timeout: 120_000 }, () => {
-    runIsaChildren(import.meta.url, supportedIsas(k!, { avx2: false, bf16: false }), "KILN_QUANT_TEST_CHILD");
+    runIsaChildren(import.meta.url, supportedIsas(k!, { avx2: false, bf16: false, amxOff: true }), "KILN_QUANT_TEST_CHILD");
   });
 } else {
   runSuite(k!, childIsa);
@@ -41,6 +41,8 @@ if (!childIsa) {
 
 function runSuite(k: NativeKernels, isa: string): void {
   test(`[${isa}] quant table`, () => assert.equal(k.quantIsa, isa.startsWith("avx512") && k.features().avx512vnni ? "avx512-vnni" : "scalar"));
+  test(`[${isa}] AMX is off when KILN_AMX=0`, { skip: process.env.KILN_AMX === "0" ? false : "AMX not turned off here" }, () =>
+    assert.equal(k.features().amx ?? false, false));
 
   // int8_g32 (GGUF Q8_0 blocks) needs an addon that takes scheme code 3
   const skipScheme = (s: QuantScheme) => (nativeTakesScheme(k, s) ? false : "addon rejects this scheme code");
@@ -69,11 +71,13 @@ function runSuite(k: NativeKernels, isa: string): void {
         k.setNumThreads(threads);
         // VNNI batched tiles (native/quant-tiles.inc): rows of x in blocks of 16 (a last block of <= 4 / <= 8 rows
         // reads 16 / 8 bytes of k per row and step), 12 (int8) or 6 / 12 (groups) weight rows per tile, then 4s and
-        // 1s; K = 1536 / 2050 with M >= 64 takes several passes over x. N = 67, 29, 13 leave partial tiles.
+        // 1s; K = 1536 / 2050 with M >= 64 takes several passes over x. N = 67, 29, 13 leave partial tiles. Where AMX
+        // runs (quant-amx.inc), int8 at M >= 32 and int8 group-32 at M >= 128 with K % 64 == 0 take it: odd numbers of
+        // 16-row blocks of x and of weight blocks (N = 67, 29), partial last blocks (M = 33, 130).
         const shapes: [number, number][] = isGroupScheme(scheme)
           ? [[33, 64], [8, 128], [67, 576], [13, 320], [29, 1536]]
-          : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000], [29, 2050]];
-        const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 32, 33, 64, 65, 70, 130];
+          : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000], [29, 2050], [29, 128]];
+        const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 32, 33, 64, 65, 70, 128, 130];
         for (const [n, kk] of shapes) {
           const w = randn(n * kk, 0.05);
           const q = nativeQuantize(k, scheme, w, n, kk);

@@ -41,7 +41,11 @@ export interface NativeKernels extends NativeStream {
    * f32 (decode batches of 24 rows or more round too). 0 (every ISA but avx512-bf16): always exact f32. Absent in an addon built before it.
    */
   bf16DotMinM?: number;
-  features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean };
+  /**
+   * amx: large-M int8 / int8 group-32 products and (avx512-bf16 table) bf16 GEMMs run on the CPU's AMX tiles; KILN_AMX=0
+   * turns it off (older addons lack the field).
+   */
+  features(): { avx512f: boolean; avx512bf16: boolean; avx512vnni: boolean; avx2: boolean; fma: boolean; amx?: boolean };
   setNumThreads(n: number): void;
   getNumThreads(): number;
   /** The file's bytes [byteOffset, byteOffset + byteLength) as an ArrayBuffer over a private copy-on-write map. */
