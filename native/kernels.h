@@ -80,7 +80,7 @@ struct KernelTable {
   double (*memoryReadBandwidth)(const void* const* ranges, const int64_t* bytes, int n, int iterations, int threads);
   double (*fmaPeak)(int64_t iterations);
   // bf16 products with B = [N,K] (not batched-transposed A) and M >= this round a to bf16 and use
-  // vdpbf16ps (see gemm-bf16-impl.inc); 0: every bf16 product is exact f32.
+  // vdpbf16ps or AMX tiles (see gemm-bf16-impl.inc; 24, or 8 where AMX runs); 0: every bf16 product is exact f32.
   int64_t bf16DotMinM;
 };
 
