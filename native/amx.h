@@ -42,8 +42,8 @@ struct alignas(64) AmxConfig {
 
 // dst (8 rows of 64 bytes) = the 32 bytes at w + kOff of 16 weight rows (rowBytes apart) in the B operand's layout:
 // row j holds dword j of each weight row, weight row n at bytes 4n (for int8, 4 consecutive k; for bf16, a pair).
-// Rows from nValid on are zero. Always inlined: as a call (through the PLT of the shared library) it took 35% of a bf16
-// M = 8 product's samples; inlined, such products ran 1.1-1.2x faster.
+// Rows from nValid on are zero. Always inlined: GCC kept it out of line (called through the shared library's PLT, 35%
+// of a bf16 M = 8 product's samples inside it); inlined, such products ran 1.1-1.2x faster.
 __attribute__((always_inline)) inline void amxPackB32(const void* wv, int64_t rowBytes, int64_t nValid, int64_t kOff,
                                                       void* dstv) {
   const uint8_t* w = static_cast<const uint8_t*>(wv);
