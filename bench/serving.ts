@@ -80,13 +80,6 @@ function kilnRuns(llm: LLM, decodeTokens: number) {
   };
 }
 
-/**
- * A pause before each engine's timed run: an engine's threads may spin for a while after its last call (measured:
- * Kiln's int8 prefill right after llama.cpp's runs 1644-2049 tok/s, 2420 with llama.cpp not loaded), so neither's
- * tail should fall into the other's timing.
- */
-const settle = () => new Promise<void>((resolve) => setTimeout(resolve, 300));
-
 /** node-llama-cpp's branded token ids. */
 const tokens = (ids: number[]) => ids as unknown as import("node-llama-cpp").Token[];
 
@@ -174,12 +167,10 @@ async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe
   };
   for (let r = 0; r < reps; r++) {
     const bw0 = probed();
-    await settle();
     const k = await kiln.decode(1);
     const bw1 = probed();
     const round: (typeof rounds)[number] = { kiln: k, kilnRoof: (((bw0 + bw1) / 2) * 1e9) / bytes, bw: [bw0, bw1] };
     if (lc) {
-      await settle();
       round.lc = await lc.decode(1);
       round.lcRoof = (((bw1 + probed()) / 2) * 1e9) / bytes;
     }
@@ -307,16 +298,9 @@ async function main(): Promise<void> {
       try {
         x1 = await singleStreamRounds(kiln, lcr, weightsBandwidth, bytes, rounds);
         ownProbe = quickBandwidth();
-        await settle();
         prefill = kiln.prefill();
-        if (lcr) await settle();
         lcPrefill = lcr ? await lcr.prefill() : undefined;
-        for (const c of concs.filter((c) => c !== 1)) {
-          await settle();
-          const k = kiln.decode(c);
-          if (lcr) await settle();
-          batched.set(c, { kiln: k, lc: lcr ? await lcr.decode(c) : undefined });
-        }
+        for (const c of concs.filter((c) => c !== 1)) batched.set(c, { kiln: kiln.decode(c), lc: lcr ? await lcr.decode(c) : undefined });
       } finally {
         await lcr?.close();
       }

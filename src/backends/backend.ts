@@ -200,7 +200,6 @@ export interface ReplaySession {
   start?: number;
 }
 
-/** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
 /** One write of Backend.writeAsyncMany: src's bytes into `buffer` at `byteOffset`. */
 export interface AsyncWrite {
   buffer: DeviceBuffer;
@@ -208,6 +207,7 @@ export interface AsyncWrite {
   src: Uint8Array;
 }
 
+/** A device back end. Small on purpose (STYLE.md 4): everything else is built on these calls. */
 export interface Backend {
   readonly name: string;
   /** Human-readable description (ISA, threads) for logs and benchmarks. */

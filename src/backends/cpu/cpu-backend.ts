@@ -276,16 +276,20 @@ export class CpuBackend implements Backend {
   /** writeAsync of each write, those behind pending work as one stream job copying one private copy of their bytes. */
   writeAsyncMany(writes: readonly AsyncWrite[]): void {
     if (this.stream.capturing) throw new CaptureError("write_async", "step inputs are written before launch(), outside the capture (on cpu)");
-    const queued: { raw: ArrayBuffer; byteOffset: number; src: Uint8Array }[] = [];
-    for (const { buffer, byteOffset, src } of writes) {
+    const checked = writes.map(({ buffer, byteOffset, src }) => {
       const raw = rawOf(buffer);
       const n = src.byteLength;
       if (!Number.isInteger(byteOffset) || byteOffset < 0 || byteOffset + n > raw.byteLength)
         throw new RangeError(`[write_async] ${n} bytes at offset ${byteOffset} outside a ${raw.byteLength}-byte buffer`);
-      if (n > 0) queued.push({ raw, byteOffset, src });
+      return { raw, byteOffset, src };
+    });
+    // every write is checked before any lands; those into memory no pending work uses land now
+    const later: typeof checked = [];
+    for (const w of checked) {
+      if (w.src.byteLength === 0) continue;
+      if (this.stream.isTouched(w.raw)) later.push(w);
+      else new Uint8Array(w.raw, w.byteOffset, w.src.byteLength).set(w.src);
     }
-    const later = queued.filter((w) => this.stream.isTouched(w.raw));
-    for (const w of queued) if (!later.includes(w)) new Uint8Array(w.raw, w.byteOffset, w.src.byteLength).set(w.src);
     if (later.length === 0) return;
     const copy = new Uint8Array(later.reduce((n, w) => n + w.src.byteLength, 0)); // the job reads it later
     let at = 0;
@@ -305,17 +309,12 @@ export class CpuBackend implements Backend {
     for (const [raw, at] of [[from, srcOffset], [to, dstOffset]] as const)
       if (!Number.isInteger(at) || at < 0 || at + n > raw.byteLength)
         throw new RangeError(`[copy_async] ${n} bytes at offset ${at} outside a ${raw.byteLength}-byte buffer`);
-    if (n > 0) this.enqueueCopy(new Uint8Array(from, srcOffset, n), to, dstOffset);
-  }
-
-  /** A stream job copying `src` into `to` at `dstOffset` (copyAsync), its memory tracked until it has run. */
-  private enqueueCopy(src: Uint8Array, to: ArrayBuffer, dstOffset: number): void {
-    const n = src.byteLength;
-    const eb = Math.min(copyElemBytes(src.byteOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
+    if (n === 0) return;
+    const eb = Math.min(copyElemBytes(srcOffset, n), copyElemBytes(dstOffset, n)) as 1 | 2 | 4 | 8;
     const len = Int32Array.of(n / eb);
     const one = Int32Array.of(1);
-    this.native.stream.copyStrided(src, new Uint8Array(to, dstOffset, n), len, one, one, eb);
-    this.stream.trackRaw([src.buffer as ArrayBuffer], [to]);
+    this.native.stream.copyStrided(new Uint8Array(from, srcOffset, n), new Uint8Array(to, dstOffset, n), len, one, one, eb);
+    this.stream.trackRaw([from], [to]);
   }
 
   fence(): number {
