@@ -152,6 +152,21 @@ class Pool {
     s->fraction = next;
   }
 
+  double splitFraction(const void* key) {
+    std::lock_guard<std::mutex> g(splitMutex_);
+    Split* s = splits_.find(key);
+    return s ? s->fraction : 0.5;
+  }
+  void learnSplit(const void* key, double target) {
+    std::lock_guard<std::mutex> g(splitMutex_);
+    Split* s = splits_.find(key);
+    if (!s) return;
+    double next = s->fraction + kSplitStep * (target - s->fraction);
+    if (next < kSplitMin) next = kSplitMin;
+    if (next > 1 - kSplitMin) next = 1 - kSplitMin;
+    s->fraction = next;
+  }
+
   void run(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
     // Concurrent callers (e.g. worker_threads) or a busy pool: run inline.
     std::unique_lock<std::mutex> lk(runMutex_, std::try_to_lock);
@@ -316,7 +331,84 @@ Pool& pool() {
   return *p;
 }
 
+// poolRunShares' state: per share a claim flag, and the request flag its owner polls between tiles.
+//  req: 0 open, 1 asked (by the other thread), 2 granted (grant written), 3 closed (the owner is done).
+//  Thief: CAS 0 -> 1, wait while 1, read the grant, store 0 (an empty grant: stop asking). Owner: on seeing 1, writes
+//  its remaining units' second half as the grant (none when fewer than 2 * minGive remain), then stores 2; when
+//  done, CAS 0 -> 3, answering (empty) a request it meets there and waiting out a grant not yet read.
+struct alignas(64) ShareSlot {
+  std::atomic<int> req{0};
+  std::atomic<bool> claimed{false};
+  int64_t grantLo = 0, grantHi = 0;
+};
+struct SharesJob {
+  ShareSlot slot[2];
+  const int64_t* units;
+  int64_t minGive;
+  ShareFn fn;
+  void* ctx;
+  std::thread::id caller;
+  int64_t callerUnits[2] = {0, 0};
+};
+
+void runOwner(SharesJob& j, int s, bool onCaller) {
+  ShareSlot& sl = j.slot[s];
+  int64_t next = 0, end = j.units[s];
+  while (next < end) {
+    next += j.fn(j.ctx, s, next, end, &sl.req);
+    if (sl.req.load(std::memory_order_acquire) == 1) {
+      const int64_t left = end - next, give = left >= 2 * j.minGive ? left / 2 : 0;
+      sl.grantLo = end - give, sl.grantHi = end;
+      end -= give;
+      sl.req.store(2, std::memory_order_release);
+    }
+  }
+  if (onCaller) j.callerUnits[s] += end;  // units [0, end) ran here
+  for (;;) {
+    int r = 0;
+    if (sl.req.compare_exchange_strong(r, 3, std::memory_order_acq_rel)) return;
+    if (r == 1) {
+      sl.grantLo = sl.grantHi = 0;
+      sl.req.store(2, std::memory_order_release);
+    }
+    cpuRelax();
+  }
+}
+
+// Takes halves of share s's remaining units from its owner until it is done or grants nothing.
+void runThief(SharesJob& j, int s, bool onCaller) {
+  ShareSlot& sl = j.slot[s];
+  for (;;) {
+    int r = 0;
+    if (!sl.req.compare_exchange_strong(r, 1, std::memory_order_acq_rel)) return;  // closed
+    while (sl.req.load(std::memory_order_acquire) == 1) cpuRelax();
+    const int64_t lo = sl.grantLo, hi = sl.grantHi;
+    sl.req.store(0, std::memory_order_release);
+    if (lo >= hi) return;
+    j.fn(j.ctx, s, lo, hi, nullptr);
+    if (onCaller) j.callerUnits[s] += hi - lo;
+  }
+}
+
 }  // namespace
+
+void poolRunShares(const int64_t units[2], int64_t minGive, ShareFn fn, void* ctx, int64_t callerUnits[2]) {
+  SharesJob j;
+  j.units = units, j.minGive = minGive < 1 ? 1 : minGive, j.fn = fn, j.ctx = ctx, j.caller = std::this_thread::get_id();
+  pool().run(2, [](void* c, int64_t chunk) {
+    SharesJob& x = *static_cast<SharesJob*>(c);
+    const bool onCaller = std::this_thread::get_id() == x.caller;
+    const int first = static_cast<int>(chunk);
+    for (int k = 0; k < 2; ++k) {
+      const int s = k == 0 ? first : 1 - first;
+      if (!x.slot[s].claimed.exchange(true, std::memory_order_acq_rel)) runOwner(x, s, onCaller);
+      else runThief(x, s, onCaller);
+    }
+  }, &j, 0);
+  callerUnits[0] = j.callerUnits[0], callerUnits[1] = j.callerUnits[1];
+}
+double poolSplitFraction(const void* key) { return pool().splitFraction(key); }
+void poolLearnSplit(const void* key, double callerFraction) { pool().learnSplit(key, callerFraction); }
 
 void poolRun(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads) {
   pool().run(numChunks, fn, ctx, maxThreads);

@@ -3,7 +3,9 @@
 // Plain C-style interface (function pointer + context) so the ISA-specific translation
 // units instantiate no shared templates (avoids ODR mixing of AVX-512 and portable code).
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 namespace kiln {
 
@@ -84,21 +86,137 @@ inline void parallelRows(const void* key, int64_t total, int64_t minShare, F& f)
       key, total, minShare, [](void* ctx, int64_t lo, int64_t hi) { (*static_cast<F*>(ctx))(lo, hi); }, &f);
 }
 
-// Rows of n weights stacked as one [sum of as[i].N] matrix, split as parallelRows splits rows (keyed by `key`):
-// part(as[i], r0, r1) runs for the rows [r0, r1) of weight i that a share covers. With n = 1 this is the usual
-// one-share-per-thread split of one weight's rows.
+// ---------------------------------------------------------------- balanced row streams (2 threads)
+// The learned cut above still left one thread waiting at the end of most decode matmuls: timed per run in the
+// SmolLM-135M-shaped decode steps (2 threads, this VM), the shares ended 1.0-1.6 us apart on average (Q8_0, runs of
+// ~22 us) and 2.8-4.5 us (bf16, ~55 us), both ways round: the two vCPUs' speeds wander from run to run, which no
+// cut learned from past runs can follow. So a share is also handed over while it runs: the thread that finishes
+// first asks the other for half of what it has left, which that thread grants between two tiles. Measured the same
+// way (Q8_0): the shares now end 0.34-0.41 us apart; whole decode steps (bench/step-profile, 5 alternating runs
+// per build, medians of 40 steps) took 3.40 vs 3.48 ms (Q8_0) and 7.70 vs 7.76 ms (bf16, 4 runs): within this VM's
+// run-to-run noise.
+//
+// RowSpan: `tiles` tiles of `streams` rows read in lockstep, tile i being the rows row + i + s * stride (s <
+// streams; streams 1: stride 1). A thread's share of rows [r0, r1) of one weight is two spans (splitSpans): the
+// sub-ranges in lockstep, then the few rows left over. While `stop` (the share's request flag) is not 1, a span
+// runs to its end; else it returns after the tile in hand, so a request waits at most one tile.
+struct RowSpan {
+  int64_t row, stride, tiles;
+  int streams;
+  const std::atomic<int>* stop;
+};
+inline int splitSpans(int64_t r0, int64_t r1, int streams, const std::atomic<int>* stop, RowSpan out[2]) {
+  const int64_t per = (r1 - r0) / streams;
+  int n = 0;
+  if (per > 0) out[n++] = {r0, per, per, streams, stop};
+  if (r1 - r0 > per * streams) out[n++] = {r0 + per * streams, 1, r1 - r0 - per * streams, 1, stop};
+  return n;
+}
+// Runs a span's tiles: tile(std::integral_constant<int, S or 1>, row, stride); after each, a few side lines.
+// Returns the tiles run (fewer than sp.tiles only when stopped by a request).
+template <int S, class Tile>
+inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
+  SideLines* side = sideLines();
+  const std::atomic<int>* stop = sp.stop;
+  for (int64_t i = 0; i < sp.tiles; ++i) {
+    if (sp.streams == S) tile(std::integral_constant<int, S>{}, sp.row + i, sp.stride);
+    else tile(std::integral_constant<int, 1>{}, sp.row + i, int64_t{1});
+    sideAhead(side, kSideLinesPerTile);
+    if (stop && stop->load(std::memory_order_relaxed) == 1) return i + 1;
+  }
+  return sp.tiles;
+}
+
+// Units of work of two shares, run on two threads with hand-over (see above): fn(ctx, share, i0, i1, stop) runs
+// units [i0, i1) of a share in order and returns how many it ran (it may stop early only when *stop is 1; stop is
+// null for units handed over, which run to their end). Each thread first runs a share as its owner (a share no
+// thread has claimed goes to the first that asks), then takes halves of the other's remaining units while at
+// least minGive remain. callerUnits[s] returns the units of share s that ran on the calling thread.
+using ShareFn = int64_t (*)(void* ctx, int share, int64_t i0, int64_t i1, const std::atomic<int>* stop);
+void poolRunShares(const int64_t units[2], int64_t minGive, ShareFn fn, void* ctx, int64_t callerUnits[2]);
+// runRows' learned cut for `key` (the caller's fraction of the rows, 0.5 for a new key), and its update from the
+// fraction of the rows a run's caller actually ran (damped as runRows' own).
+double poolSplitFraction(const void* key);
+void poolLearnSplit(const void* key, double callerFraction);
+
+// Rows of n weights stacked as one [sum of as[i].N] matrix, split between the threads as parallelRows splits rows
+// (keyed by `key`), each share read as `streams` streams per weight it covers and balanced while it runs
+// (poolRunShares): part(as[i], span) runs a RowSpan of weight i's rows and returns the tiles it ran. Which thread
+// computes a row never changes what is computed for it.
 template <class A, class F>
-inline void parallelStackedRows(const void* key, const A* as, int n, int64_t minShare, F&& part) {
+inline void parallelStackedSpans(const void* key, const A* as, int n, int streams, int64_t minShare, F&& part) {
+  constexpr int kMaxParts = 4;
   int64_t total = 0;
   for (int i = 0; i < n; ++i) total += as[i].N;
-  auto rows = [&](int64_t lo, int64_t hi) {
-    int64_t off = 0;
-    for (int i = 0; i < n && off < hi; off += as[i].N, ++i) {
-      const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
-      if (r0 < r1) part(as[i], r0, r1);
-    }
+  if (total <= 0) return;
+  if (poolGetNumThreads() != 2 || n > kMaxParts || total < 2 * minShare) {  // the unbalanced split
+    auto rows = [&](int64_t lo, int64_t hi) {
+      int64_t off = 0;
+      for (int i = 0; i < n && off < hi; off += as[i].N, ++i) {
+        const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
+        RowSpan sp[2];
+        for (int k = 0, ns = r0 < r1 ? splitSpans(r0, r1, streams, nullptr, sp) : 0; k < ns; ++k) part(as[i], sp[k]);
+      }
+    };
+    parallelRows(key, total, minShare, rows);
+    return;
+  }
+  int64_t cut = static_cast<int64_t>(static_cast<double>(total) * poolSplitFraction(key) + 0.5);
+  if (cut < minShare) cut = minShare;
+  if (cut > total - minShare) cut = total - minShare;
+  // Each share: its spans in order (at most two per weight), units = tiles.
+  struct Seg {
+    int part;
+    RowSpan span;
+    int64_t first;  // the share's unit index of its first tile
   };
-  parallelRows(key, total, minShare, rows);
+  struct Share {
+    Seg seg[2 * kMaxParts];
+    int n = 0;
+    int64_t units = 0, rows = 0;
+  } shares[2];
+  for (int s = 0; s < 2; ++s) {
+    const int64_t lo = s == 0 ? 0 : cut, hi = s == 0 ? cut : total;
+    Share& sh = shares[s];
+    sh.rows = hi - lo;
+    int64_t off = 0;
+    for (int i = 0; i < n; off += as[i].N, ++i) {
+      const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
+      if (r0 >= r1) continue;
+      RowSpan sp[2];
+      for (int k = 0, ns = splitSpans(r0, r1, streams, nullptr, sp); k < ns; ++k) {
+        sh.seg[sh.n++] = {i, sp[k], sh.units};
+        sh.units += sp[k].tiles;
+      }
+    }
+  }
+  struct Ctx {
+    const A* as;
+    std::remove_reference_t<F>* part;
+    Share* shares;
+  } ctx{as, &part, shares};
+  ShareFn fn = [](void* c, int s, int64_t i0, int64_t i1, const std::atomic<int>* stop) -> int64_t {
+    const Ctx& x = *static_cast<Ctx*>(c);
+    const Share& sh = x.shares[s];
+    int64_t ran = 0;
+    for (int k = 0; k < sh.n && i0 < i1; ++k) {
+      const Seg& g = sh.seg[k];
+      const int64_t a = i0 > g.first ? i0 : g.first, b = i1 < g.first + g.span.tiles ? i1 : g.first + g.span.tiles;
+      if (a >= b) continue;
+      const RowSpan sp{g.span.row + (a - g.first), g.span.stride, b - a, g.span.streams, stop};
+      const int64_t done = (*x.part)(x.as[g.part], sp);
+      ran += done;
+      if (done < b - a) return ran;
+    }
+    return ran;
+  };
+  const int64_t units[2] = {shares[0].units, shares[1].units};
+  int64_t mine[2] = {0, 0};
+  poolRunShares(units, 2, fn, &ctx, mine);
+  double callerRows = 0;
+  for (int s = 0; s < 2; ++s)
+    if (units[s] > 0) callerRows += static_cast<double>(shares[s].rows) * static_cast<double>(mine[s]) / static_cast<double>(units[s]);
+  if (callerRows > 0 && callerRows < static_cast<double>(total)) poolLearnSplit(key, callerRows / static_cast<double>(total));
 }
 
 }  // namespace kiln
