@@ -110,13 +110,7 @@ class Pool {
       }, &even, 0);
       return;
     }
-    Split* s;
-    double f;
-    {
-      std::lock_guard<std::mutex> g(splitMutex_);
-      s = splits_.find(key);
-      f = s ? s->fraction : 0.5;
-    }
+    const double f = splitFraction(key);
     int64_t cut = static_cast<int64_t>(static_cast<double>(total) * f + 0.5);
     if (cut < minShare) cut = minShare;
     if (cut > total - minShare) cut = total - minShare;
@@ -138,18 +132,13 @@ class Pool {
     // Learn only from runs where the caller took share 0 and the worker share 1 (nearly all: the caller claims
     // first). Each share's time is modelled as its start plus its rows times a per-row cost; the cut that would
     // have ended both at once is approached by a damped step (one run's timing is noisy).
-    if (!s || !t.onCaller[0] || t.onCaller[1]) return;
+    if (!t.onCaller[0] || t.onCaller[1]) return;
     const double fc = static_cast<double>(cut) / static_cast<double>(total), fw = 1 - fc;
     const auto ns = [&](Clock::time_point a) { return std::chrono::duration<double, std::nano>(a - t.start[0]).count(); };
     const double startW = ns(t.start[1]);
     const double perC = ns(t.end[0]) / fc, perW = (ns(t.end[1]) - startW) / fw;  // whole-job time at each rate
     if (!(perC > 0 && perW > 0)) return;
-    const double target = (startW + perW) / (perC + perW);
-    double next = f + kSplitStep * (target - f);
-    if (next < kSplitMin) next = kSplitMin;
-    if (next > 1 - kSplitMin) next = 1 - kSplitMin;
-    std::lock_guard<std::mutex> g(splitMutex_);
-    s->fraction = next;
+    learnSplit(key, (startW + perW) / (perC + perW));
   }
 
   double splitFraction(const void* key) {
@@ -157,6 +146,7 @@ class Pool {
     Split* s = splits_.find(key);
     return s ? s->fraction : 0.5;
   }
+  // Moves key's cut a damped step toward `target` (the caller's fraction that fits what a run measured).
   void learnSplit(const void* key, double target) {
     std::lock_guard<std::mutex> g(splitMutex_);
     Split* s = splits_.find(key);
