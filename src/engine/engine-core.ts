@@ -88,6 +88,12 @@ export interface EngineRequestInput {
   cacheSalt?: string | null;
   loraId?: number | null;
   arrivalTime?: number;
+  /**
+   * As vLLM's RequestOutputKind: "cumulative" (default) returns the request's output from every step() that gave
+   * it tokens; "final_only" only from the step() that finishes it (what LLM.generate reads), which spares the
+   * per-step copies and text flushes of outputs nobody reads.
+   */
+  outputKind?: "cumulative" | "final_only";
 }
 
 /** A user request: n > 1 fans out into n child Requests. */
@@ -96,6 +102,7 @@ interface ParentRequest {
   prompt: string | null;
   promptTokenIds: number[];
   children: Request[];
+  finalOnly: boolean;
 }
 
 export interface EngineCoreOptions {
@@ -168,6 +175,9 @@ export class EngineCore {
   addRequest(input: EngineRequestInput): void {
     const id = input.requestId;
     if (typeof id !== "string" || id.length === 0) throw new EngineInputError("request_id", "must be a non-empty string");
+    const kind = input.outputKind ?? "cumulative";
+    if (kind !== "cumulative" && kind !== "final_only")
+      throw new EngineInputError("output_kind", `must be "cumulative" or "final_only", got ${JSON.stringify(kind)}`);
     if (this.parents.has(id)) throw new EngineRequestIdError(id, "is already in use");
     const vocab = this.runner.vocabSize;
     const params = normalizeSamplingParams(input.params ?? {}, { maxLogprobs: this.args.maxLogprobs, vocabSize: vocab });
@@ -199,7 +209,13 @@ export class EngineCore {
     if (params.stop.length > 0 && this.createDetokenizer === undefined) throw new EngineInputError("stop", "stop strings need a tokenizer");
     const badWordsTokenIds = this.tokenizeBadWords(params.badWords);
 
-    const parent: ParentRequest = { requestId: id, prompt: input.prompt ?? null, promptTokenIds: prompt, children: [] };
+    const parent: ParentRequest = {
+      requestId: id,
+      prompt: input.prompt ?? null,
+      promptTokenIds: prompt,
+      children: [],
+      finalOnly: kind === "final_only",
+    };
     const arrivalTime = input.arrivalTime ?? Date.now();
     for (let i = 0; i < params.n; i++) {
       // vLLM ParentRequest: child i samples with seed + i so the n samples differ but stay reproducible.
@@ -257,7 +273,7 @@ export class EngineCore {
     return this.scheduler.hasUnfinishedRequests() || this.inflight !== null;
   }
 
-  /** One engine iteration. Returns an output for every user request that got tokens or finished. */
+  /** One engine iteration. Returns an output for every user request that got tokens or finished (final_only: finished). */
   step(): RequestOutput[] {
     if (!this.asyncScheduling) {
       const schedulerOutput = this.scheduler.schedule();
@@ -339,7 +355,8 @@ export class EngineCore {
     const rows: SamplingRow[] = [];
     for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
     const ids = runnerOutput.tokenIds;
-    const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
+    const sampled =
+      ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
     if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.numSteps++;
@@ -354,6 +371,7 @@ export class EngineCore {
     }
     const outs: RequestOutput[] = [];
     for (const parent of touched) {
+      if (parent.finalOnly && !parent.children.every((c) => c.isFinished)) continue;
       const out = this.makeOutput(parent);
       if (out.finished) this.parents.delete(parent.requestId);
       outs.push(out);

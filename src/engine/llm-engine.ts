@@ -73,6 +73,7 @@ export class LLM {
           ...input,
           params: sp,
           priority: options.priority?.[i] ?? 0,
+          outputKind: "final_only",
         });
         ids.push(requestId);
       });

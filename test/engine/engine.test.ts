@@ -5,7 +5,7 @@ import { EngineInputError } from "../../src/engine/errors.js";
 import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
 import { LLM } from "../../src/engine/llm-engine.js";
 import type { EngineArgs } from "../../src/engine/engine-core.js";
-import type { SamplingParams } from "../../src/engine/types.js";
+import type { RequestOutput, SamplingParams } from "../../src/engine/types.js";
 import { add, makeEngine, prompt, runToCompletion, tokenizer, VOCAB } from "./helpers.js";
 
 // 16 prompts, some sharing long prefixes so the prefix cache has work to do.
@@ -152,6 +152,29 @@ test("engine: prompt logprobs cover every prompt token after the first", () => {
     assert.ok(e.has(p[i]!));
     assert.ok(e.size >= 2 && e.size <= 3);
   }
+});
+
+test("engine: final_only requests give one output, the finished one, equal to a cumulative request's last", () => {
+  const { core } = makeEngine({ enablePrefixCaching: false }); // no cached tokens for the second of two equal prompts
+  const params = { temperature: 0.8, seed: 5, maxTokens: 9, stop: ["zz"] };
+  core.addRequest({ requestId: "cum", promptTokenIds: prompt(3, 7), params });
+  core.addRequest({ requestId: "fin", promptTokenIds: prompt(3, 7), params, outputKind: "final_only" });
+  const seen = new Map<string, RequestOutput[]>([
+    ["cum", []],
+    ["fin", []],
+  ]);
+  while (core.hasUnfinishedRequests()) for (const o of core.step()) seen.get(o.requestId)!.push(o);
+  const cum = seen.get("cum")!,
+    fin = seen.get("fin")!;
+  assert.ok(cum.length > 2, "the cumulative request reports as it goes");
+  assert.equal(fin.length, 1);
+  assert.equal(fin[0]!.finished, true);
+  assert.deepEqual({ ...fin[0]!, requestId: "cum", metrics: null }, { ...cum.at(-1)!, metrics: null });
+  assert.throws(
+    () => core.addRequest({ requestId: "bad", promptTokenIds: [1], outputKind: "delta" as never }),
+    (e: unknown) => e instanceof EngineInputError && /output_kind/.test(e.message),
+  );
+  assert.equal(core.hasUnfinishedRequests(), false, "the rejected request was not queued");
 });
 
 test("LLM.generate and LLM.chat run to completion in input order", () => {
