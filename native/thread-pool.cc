@@ -209,8 +209,8 @@ class Pool {
   // the job under a sequence number, runs chunk 0, then races the worker for chunk 1 on one claim word (2 * seq, + 1
   // once claimed); the worker that wins reads the job and raises pairDone_ to seq when done. The caller rewrites the
   // job only after seq has completed, and a worker that comes late for an old seq loses the claim (the word has moved
-  // on) and never reads the job. SmolLM-shaped decode chains (bench:chain, 8 alternating runs of 3 rounds): Q8_0
-  // 2.74 vs 2.77 ms, bf16 6.66 vs 6.77 ms; a lab loop over the same bytes cut into 16 and 1024 runRows jobs:
+  // on) and never reads the job. SmolLM-shaped decode chains (bench:chain, alternating runs): Q8_0 2.74 vs 2.77 ms
+  // (8 runs of 3 rounds), bf16 6.66 vs 6.77 ms (4 runs of 2 rounds); a lab loop over the same bytes cut into 16 and 1024 runRows jobs:
   // 0.99-1.03 us per job against 1.12-1.16 us (a bare two-thread loop without runRows' cut learning: 0.65-0.74).
   void runPair(ChunkFn fn, void* ctx) {
     const uint64_t seq = pairSeq_.load(std::memory_order_relaxed) + 1;

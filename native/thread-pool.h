@@ -118,13 +118,15 @@ template <int S, class Tile>
 inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
   SideLines* side = sideLines();
   const std::atomic<int>* stop = sp.stop;
-  for (int64_t i = 0; i < sp.tiles; ++i) {
-    if (sp.streams == S) tile(std::integral_constant<int, S>{}, sp.row + i, sp.stride);
-    else tile(std::integral_constant<int, 1>{}, sp.row + i, int64_t{1});
-    sideAhead(side, kSideLinesPerTile);
-    if (stop && stop->load(std::memory_order_relaxed) == 1) return i + 1;
-  }
-  return sp.tiles;
+  auto run = [&](auto width, int64_t stride) {
+    for (int64_t i = 0; i < sp.tiles; ++i) {
+      tile(width, sp.row + i, stride);
+      sideAhead(side, kSideLinesPerTile);
+      if (stop && stop->load(std::memory_order_relaxed) == 1) return i + 1;
+    }
+    return sp.tiles;
+  };
+  return sp.streams == S ? run(std::integral_constant<int, S>{}, sp.stride) : run(std::integral_constant<int, 1>{}, int64_t{1});
 }
 
 // Units of work of two shares, run on two threads with hand-over (see above): fn(ctx, share, i0, i1, stop) runs
@@ -149,15 +151,17 @@ inline void parallelStackedSpans(const void* key, const A* as, int n, int stream
   int64_t total = 0;
   for (int i = 0; i < n; ++i) total += as[i].N;
   if (total <= 0) return;
+  // emit(i, span) for each span of the stacked rows [lo, hi): weight i's rows in it, split by splitSpans
+  auto spansOf = [&](int64_t lo, int64_t hi, auto&& emit) {
+    int64_t off = 0;
+    for (int i = 0; i < n && off < hi; off += as[i].N, ++i) {
+      const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
+      RowSpan sp[2];
+      for (int k = 0, ns = r0 < r1 ? splitSpans(r0, r1, streams, nullptr, sp) : 0; k < ns; ++k) emit(i, sp[k]);
+    }
+  };
   if (poolGetNumThreads() != 2 || n > kMaxParts || total < 2 * minShare) {  // the unbalanced split
-    auto rows = [&](int64_t lo, int64_t hi) {
-      int64_t off = 0;
-      for (int i = 0; i < n && off < hi; off += as[i].N, ++i) {
-        const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
-        RowSpan sp[2];
-        for (int k = 0, ns = r0 < r1 ? splitSpans(r0, r1, streams, nullptr, sp) : 0; k < ns; ++k) part(as[i], sp[k]);
-      }
-    };
+    auto rows = [&](int64_t lo, int64_t hi) { spansOf(lo, hi, [&](int i, const RowSpan& sp) { part(as[i], sp); }); };
     parallelRows(key, total, minShare, rows);
     return;
   }
@@ -179,16 +183,10 @@ inline void parallelStackedSpans(const void* key, const A* as, int n, int stream
     const int64_t lo = s == 0 ? 0 : cut, hi = s == 0 ? cut : total;
     Share& sh = shares[s];
     sh.rows = hi - lo;
-    int64_t off = 0;
-    for (int i = 0; i < n; off += as[i].N, ++i) {
-      const int64_t r0 = (lo > off ? lo : off) - off, r1 = (hi < off + as[i].N ? hi : off + as[i].N) - off;
-      if (r0 >= r1) continue;
-      RowSpan sp[2];
-      for (int k = 0, ns = splitSpans(r0, r1, streams, nullptr, sp); k < ns; ++k) {
-        sh.seg[sh.n++] = {i, sp[k], sh.units};
-        sh.units += sp[k].tiles;
-      }
-    }
+    spansOf(lo, hi, [&](int i, const RowSpan& sp) {
+      sh.seg[sh.n++] = {i, sp, sh.units};
+      sh.units += sp.tiles;
+    });
   }
   struct Ctx {
     const A* as;

@@ -355,8 +355,7 @@ export class EngineCore {
     const rows: SamplingRow[] = [];
     for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
     const ids = runnerOutput.tokenIds;
-    const sampled =
-      ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
+    const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
     if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.numSteps++;

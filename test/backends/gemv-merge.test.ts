@@ -40,50 +40,34 @@ const bf16 = (x: Float32Array) => {
 };
 
 for (const threads of [1, 2]) {
-  const cases: [Scheme, boolean, number][] = [
-    [0, true, K],
-    [1, true, K],
-    [1, true, 320],
-    [3, true, K],
-    [4, true, K],
-    [5, true, K],
-    [3, false, K],
-    [4, false, K],
-  ];
+  const cases: [Scheme, boolean, number][] = [[0, true, K], [1, true, K], [1, true, 320], [3, true, K], [4, true, K], [5, true, K], [3, false, K], [4, false, K]];
   for (const [scheme, preQuantized, K] of cases) {
     const how = preQuantized ? "x quantized by rmsNormQuant" : "x quantized by the kernel";
-    test(
-      `quant scheme ${scheme}, K = ${K}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`,
-      { skip },
-      () => {
-        const n = native!;
-        n.setNumThreads(threads);
-        const x = new Float32Array(K);
-        const xq = new Int8Array(K);
-        const xs = new Float32Array(1);
-        n.rmsNormQuant(rand(K), rand(K), x, 1, K, 1e-5, xq, xs);
-        const [qx, qs] = preQuantized ? [xq, xs] : [undefined, undefined];
-        const ws = ROWS.map((r) => quantWeight(scheme, r, K));
-        const eager = ROWS.map((r, i) => {
-          const out = new Float32Array(r);
-          n.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, out, 1, r, K, scheme, qx, qs);
-          return out;
-        });
-        const outs = ROWS.map((r) => new Float32Array(r).fill(Number.NaN));
-        n.streamBeginCapture();
-        ROWS.forEach((r, i) => n.stream.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, outs[i]!, 1, r, K, scheme, qx, qs));
-        const g = n.streamEndCapture();
-        assert.equal(n.streamGraphKernels(g), 1, "three GEMVs of one x merge into one job");
-        n.streamLaunchGraph(g);
-        n.streamSync();
-        outs.forEach((o, i) => assert.deepEqual(o, eager[i], `weight ${i}`));
-        assert.ok(
-          eager.every((o) => o.some((v) => v !== 0)),
-          "the products are not trivially zero",
-        );
-        n.streamReleaseGraph(g);
-      },
-    );
+    test(`quant scheme ${scheme}, K = ${K}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
+      const n = native!;
+      n.setNumThreads(threads);
+      const x = new Float32Array(K);
+      const xq = new Int8Array(K);
+      const xs = new Float32Array(1);
+      n.rmsNormQuant(rand(K), rand(K), x, 1, K, 1e-5, xq, xs);
+      const [qx, qs] = preQuantized ? [xq, xs] : [undefined, undefined];
+      const ws = ROWS.map((r) => quantWeight(scheme, r, K));
+      const eager = ROWS.map((r, i) => {
+        const out = new Float32Array(r);
+        n.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, out, 1, r, K, scheme, qx, qs);
+        return out;
+      });
+      const outs = ROWS.map((r) => new Float32Array(r).fill(Number.NaN));
+      n.streamBeginCapture();
+      ROWS.forEach((r, i) => n.stream.quantMatmul(x, ws[i]!.data, ws[i]!.scales, ws[i]!.rowSums, outs[i]!, 1, r, K, scheme, qx, qs));
+      const g = n.streamEndCapture();
+      assert.equal(n.streamGraphKernels(g), 1, "three GEMVs of one x merge into one job");
+      n.streamLaunchGraph(g);
+      n.streamSync();
+      outs.forEach((o, i) => assert.deepEqual(o, eager[i], `weight ${i}`));
+      assert.ok(eager.every((o) => o.some((v) => v !== 0)), "the products are not trivially zero");
+      n.streamReleaseGraph(g);
+    });
   }
 
   for (const dtype of ["f32", "bf16"] as const) {
@@ -115,12 +99,8 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
   const n = native!;
   n.setNumThreads(2);
   const x = rand(K);
-  const w1 = rand(K * K),
-    w2 = rand(K * K),
-    w3 = rand(32 * K);
-  const y = new Float32Array(K),
-    z = new Float32Array(K),
-    u = new Float32Array(32);
+  const w1 = rand(K * K), w2 = rand(K * K), w3 = rand(32 * K);
+  const y = new Float32Array(K), z = new Float32Array(K), u = new Float32Array(32);
   // z = W2 (W1 x): the second reads the first's output
   n.streamBeginCapture();
   n.stream.matmul(x, w1, y, 1, K, K, true, 0, 1, 0, 0, 0);
@@ -148,8 +128,7 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
   // the chain still computes W2 (W1 x) in order
   n.streamLaunchGraph(chain);
   n.streamSync();
-  const yRef = new Float32Array(K),
-    zRef = new Float32Array(K);
+  const yRef = new Float32Array(K), zRef = new Float32Array(K);
   n.matmul(x, w1, yRef, 1, K, K, true, 0, 1, 0, 0, 0);
   n.matmul(yRef, w2, zRef, 1, K, K, true, 0, 1, 0, 0, 0);
   assert.deepEqual(z, zRef);
@@ -157,15 +136,12 @@ test("GEMVs that are not independent products of one x stay separate jobs", { sk
 
   // quantized: an output over the shared pre-quantized x, and a later weight that an earlier launch writes
   const q = () => {
-    const data = new Uint8Array(32 * K),
-      scales = new Float32Array(32),
-      rowSums = new Int32Array(32);
+    const data = new Uint8Array(32 * K), scales = new Float32Array(32), rowSums = new Int32Array(32);
     n.quantizeWeights(rand(32 * K), 32, K, 0, data, scales, rowSums);
     return { data, scales, rowSums };
   };
   const [qa, qb] = [q(), q()];
-  const xq = new Int8Array(K),
-    xs = new Float32Array(1);
+  const xq = new Int8Array(K), xs = new Float32Array(1);
   n.rmsNormQuant(rand(K), rand(K), x, 1, K, 1e-5, xq, xs);
   const overXq = new Float32Array(xq.buffer, 0, 8);
   n.streamBeginCapture();

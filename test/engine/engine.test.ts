@@ -159,13 +159,9 @@ test("engine: final_only requests give one output, the finished one, equal to a 
   const params = { temperature: 0.8, seed: 5, maxTokens: 9, stop: ["zz"] };
   core.addRequest({ requestId: "cum", promptTokenIds: prompt(3, 7), params });
   core.addRequest({ requestId: "fin", promptTokenIds: prompt(3, 7), params, outputKind: "final_only" });
-  const seen = new Map<string, RequestOutput[]>([
-    ["cum", []],
-    ["fin", []],
-  ]);
+  const seen = new Map<string, RequestOutput[]>([["cum", []], ["fin", []]]);
   while (core.hasUnfinishedRequests()) for (const o of core.step()) seen.get(o.requestId)!.push(o);
-  const cum = seen.get("cum")!,
-    fin = seen.get("fin")!;
+  const cum = seen.get("cum")!, fin = seen.get("fin")!;
   assert.ok(cum.length > 2, "the cumulative request reports as it goes");
   assert.equal(fin.length, 1);
   assert.equal(fin[0]!.finished, true);
