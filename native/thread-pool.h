@@ -40,8 +40,8 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 // period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never
 // changes what is computed for a row.
 // Bytes ahead of every line they load that the decode (small-M) tiles reading their share of rows as sequential
-// streams prefetch each stream: the quantized tiles (native/quant-impl.inc kLineAhead, with the measurements) and
-// the f32 / bf16 M = 1 tiles (small-m-impl.inc).
+// streams prefetch each stream: the quantized tiles (native/quant-impl.inc kLineAhead, with the measurements); the
+// f32 / bf16 M = 1 tiles prefetch 1024 (small-m-impl.inc kGemvAheadBytes).
 constexpr int64_t kStreamAheadBytes = 1536;
 // Bytes an idle pool worker pulls into its cache (prefetcht1) while the caller runs serial work, until the next job
 // is published: step graphs hint the worker's half of the next matmul's weights before the serial kernels ahead
