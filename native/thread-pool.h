@@ -134,12 +134,13 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // null for units handed over, which run to their end). Each thread first runs a share as its owner (a share no
 // thread has claimed goes to the first that asks), then takes halves of the other's remaining units while at
 // least minGive remain. callerUnits[s] returns the units of share s that ran on the calling thread.
-// A request waits for its owner's next tile, unless the owner has lost its core: in LLM.generate's decode of the
-// SmolLM-135M-shaped Q8_0 model (~1000 steps) requests waited 2.3 us on average (0.2-0.7 us in bench/lab/gemv-chain),
-// 74% of it in 370 waits over 50 us (430 us on average), while the JS thread's host work (~235 us of CPU per step, a
-// third runnable thread on two vCPUs) ran. Sleeping (1 us naps) instead of spinning after 2000 pauses of a wait
-// measured 1.01x the time per generated token (30 alternating rounds), and synchronous scheduling (host work between
-// steps) the same as asynchronous (median 4.71 vs 4.73 ms per token).
+// A request waits for its owner's next tile, unless the owner has lost its core. Instrumented builds (not kept), in
+// LLM.generate's decode of the SmolLM-135M-shaped Q8_0 model (~1000 steps per run): requests waited 1.5-2.3 us on
+// average in two runs (0.2-0.7 us in bench/lab/gemv-chain); in the second, 74% of the wait was 370 waits over 50 us
+// (430 us on average), while the JS thread's host work (~235 us of CPU per step, a third runnable thread on two
+// vCPUs) ran. Sleeping (1 us naps) instead of spinning after 2000 pauses of a wait measured 1.01x the time per
+// generated token (30 alternating rounds), and synchronous scheduling (host work between steps) the same as
+// asynchronous (median 4.71 vs 4.73 ms per token).
 using ShareFn = int64_t (*)(void* ctx, int share, int64_t i0, int64_t i1, const std::atomic<int>* stop);
 void poolRunShares(const int64_t units[2], int64_t minGive, ShareFn fn, void* ctx, int64_t callerUnits[2]);
 // runRows' learned cut for `key` (the caller's fraction of the rows, 0.5 for a new key), and its update from the

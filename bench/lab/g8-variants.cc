@@ -12,7 +12,6 @@
 // blocked would. Prints GB/s (codes and scales over the time, for every variant) and this run's read bandwidth.
 // Built and run by `npm run bench:g8-variants -- [rounds]` (x86-64 with AVX-512 VNNI; not part of the tests).
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "lab-memory.h"
 #include "thread-pool.h"
 
 using namespace kiln;
@@ -32,14 +32,6 @@ namespace {
 constexpr int64_t kN = 49152, kK = 576, kAhead = 1536, kCopies = 4;
 constexpr int64_t kCodeBytes = kN * kK, kBytes = kCodeBytes + kN * (kK / 16);
 
-void* hugeAlloc(size_t n) {
-  const size_t align = size_t{2} << 20;
-  n = (n + align - 1) / align * align;
-  void* p = aligned_alloc(align, n);
-  madvise(p, n, MADV_HUGEPAGE);
-  memset(p, 1, n);  // untouched pages would read as the zero page
-  return p;
-}
 inline void ahead(const void* p, int64_t bytes) { __builtin_prefetch(static_cast<const char*>(p) + bytes, 0, 2); }
 
 enum Variant { kTile, kNoXor, kNoPerm, kIdeal, kRead, kCodes, kBlocked, kVariants };

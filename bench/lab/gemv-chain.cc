@@ -13,7 +13,6 @@
 // with a bare 2-thread hand-off (one published sequence number, one claim word, one done word). Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]`
 // (x86-64 with AVX-512 VNNI and BF16; not part of the tests).
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "lab-memory.h"
 #include "quant.h"
 #include "thread-pool.h"
 
@@ -32,15 +32,6 @@ using namespace kiln;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-void* hugeAlloc(size_t n) {
-  const size_t align = size_t{2} << 20;
-  n = (n + align - 1) / align * align;
-  void* p = aligned_alloc(align, n);
-  madvise(p, n, MADV_HUGEPAGE);
-  memset(p, 1, n);  // untouched pages would read as the zero page
-  return p;
-}
 
 struct Weight {
   int64_t N, K;

@@ -93,8 +93,9 @@ function u16Span(v: BufferView, length: number): Uint16Array | null {
 /** Below this many elements the TS strided loops beat a native call's fixed cost (~1-2 us). */
 const NATIVE_STRIDED_MIN = 512;
 // moveToHugePages: smaller buffers (norm weights, biases) are not worth a copy; memory already moved stays. The group
-// scales of small matrices stay too: bench/lab/gemv-chain with those of the SmolLM-135M-shaped Q8_0 step (all under
-// 64 KiB, 5% of its bytes) copied onto ordinary pages took 0.99-1.03x the time in 9 rounds, slow and fast periods.
+// scales of small matrices stay too: a scratch copy of bench/lab/gemv-chain with those of the SmolLM-135M-shaped Q8_0
+// step (all under 64 KiB, 5% of its bytes) copied onto ordinary pages took 0.99-1.03x the time in 9 rounds, slow and
+// fast periods.
 const HUGE_PAGE_MIN_BYTES = 64 << 10;
 const hugeMemory = new WeakSet<ArrayBuffer>();
 
