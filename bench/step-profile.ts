@@ -1,11 +1,11 @@
-// Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M-shaped model replayed
+// Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M- (or Llama-1B-) shaped model replayed
 // kernel by kernel with a native timer around each (best of --reps per kernel, so a shared machine's
 // preemptions mostly drop out, and the median, whose sum is the fairer match for a whole step: one replay does not
 // get every kernel at its best), summed per kernel name, next to the best and median of execute() (host work
 // included) and of whole replays timed kernel by kernel on this thread (the sum of medians still undercounts
 // those: measured 3.49 vs 3.78 ms for int8). bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0,
 // Q4_0 and MXFP4 GGUF exports.
-// Usage: npm run bench:profile [-- --format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--position 60] [--list]
+// Usage: npm run bench:profile [-- --model smollm|1b] [--format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--position 60] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import type { ScheduledBatch } from "../src/engine/model-runner.js";
@@ -17,6 +17,10 @@ const option = (name: string, dflt: string): string => {
   const i = process.argv.indexOf(name);
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
 };
+const MODELS: Record<string, string> = { smollm: "smollm-135m", "1b": "llama-1b" };
+const modelKey = option("--model", "smollm");
+const preset = MODELS[modelKey];
+if (preset === undefined) throw new Error(`--model must be smollm or 1b, got ${modelKey}`);
 const format = option("--format", "bf16");
 // the bench's GGUF exports (one file for Kiln and llama.cpp): int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4
 const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;
@@ -29,9 +33,9 @@ if (!Number.isInteger(position) || position < 0 || position >= 64)
 const native = tryLoadNativeKernels();
 if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
 const model =
-  format === "bf16" ? benchModelDir("bfloat16")
-  : format !== "int8" || nativeTakesScheme(native, "int8_g32") ? benchGguf(benchModelDir("float32"), GGUF[format as keyof typeof GGUF])
-  : benchModelDir("float32");
+  format === "bf16" ? benchModelDir("bfloat16", preset)
+  : format !== "int8" || nativeTakesScheme(native, "int8_g32") ? benchGguf(benchModelDir("float32", preset), GGUF[format as keyof typeof GGUF])
+  : benchModelDir("float32", preset);
 const setup = createServingSetupSync({
   model,
   quantization: format === "int8" && !model.endsWith(".gguf") ? "int8" : null,
@@ -92,7 +96,7 @@ for (const { op, ns, medianNs } of prof) {
 }
 const total = prof.reduce((a, b) => a + b.ns, 0);
 const totalMedian = prof.reduce((a, b) => a + b.medianNs, 0);
-console.log(`${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
+console.log(`${modelKey} ${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
 console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read at ${bw.toFixed(1)} GB/s (the probe's own buffer: ${bwOwn.toFixed(1)}) -> roofline ${roofMs.toFixed(2)} ms; best step at ${((100 * roofMs) / whole[0]!).toFixed(0)}% of roofline speed`);
 console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms, of medians ${(totalMedian / 1e6).toFixed(2)} ms, over ${prof.length} kernels (${native.getNumThreads()} threads)`);
 console.log(`whole replay on this thread, kernel by kernel: best ${replays[0]!.toFixed(2)} ms, median ${replays[reps >> 1]!.toFixed(2)} ms (execute adds the host's work)`);
