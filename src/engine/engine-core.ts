@@ -12,7 +12,7 @@
 // read, its placeholders fed from N's sampled ids on the device (vLLM's async scheduling does the same with
 // the previous step's sampled ids on the GPU): the device goes from N to N+1 without waiting for the host.
 // Requests that finish in N then run in N+1 too; update() skips their rows.
-// What the host spends per step then hardly shows in decode speed: the JS thread used 380-480 us of CPU per token
+// What the host spends per step then shows only in part: the JS thread used 380-480 us of CPU per token
 // (SmolLM-135M Q8_0, one stream, positions 16-80, ~5 ms steps; per-thread runtime from /proc schedstat) on a machine
 // whose two cores the device's two threads keep busy, yet 300 us of busy work added to every step() left the time
 // per token at 1.03x (median of 12 alternating blocks of 64 tokens; blocks 0.89-1.08x) where 300 us outside the
