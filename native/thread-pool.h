@@ -49,8 +49,8 @@ constexpr int64_t kStreamAheadBytes = 1536;
 // kernel, two runs each way): the output projection after attention 5.6-6.1 vs 6.8-7.3 us, attention 0.2-0.7 us
 // slower; whole steps over 30 alternating in-process blocks, median ratio 0.987-0.993 (Q8_0) and 0.977 (bf16).
 // Hinting the caller's half as well (the worker prefetching the first 512 KiB of both halves in turn, for the caller
-// to take from the worker's cache) took 1.036x the time per token: no gain (SmolLM-135M Q8_0, generate, median of
-// 24 alternating blocks of 64 tokens, quartiles 0.985-1.081).
+// to take from the worker's cache) took 1.036x the time per token: no gain (a scratch build switched at run time;
+// SmolLM-135M Q8_0, generate, median of 24 alternating blocks of 64 tokens, quartiles 0.985-1.081).
 void poolPrefetchHint(const void* p, int64_t bytes);
 // Side lines: lines a serial kernel will soon read, queued on the thread that will run it (step-graph replay: paged
 // attention's cached K/V, queued before the q/k/v projection ahead of it, stream.h Job::warm) and prefetched
