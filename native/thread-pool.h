@@ -59,6 +59,9 @@ void poolPrefetchHint(const void* p, int64_t bytes);
 // 3.1-3.3 vs 5.2-5.4 us, the q/k/v projection 0.5-1 us slower; whole steps over 30 alternating in-process blocks:
 // median ratio 0.985 at position 40, 0.993 at 24. Issued in one burst before that GEMV, the same prefetches changed
 // nothing (attention 5.6 vs 5.7 us): with the core's miss buffers full, most were dropped.
+// Queuing the head of the next GEMV's weights (up to 96 KiB, of its caller's half) on every GEMV but the q/k/v one,
+// so that the next product would start from L2, did not pay (a scratch build switched at run time; SmolLM-135M decode
+// steps, position 40, execute() in alternating blocks of 15: Q8_0 1.019x over 30 blocks, bf16 1.002x over 20).
 constexpr int kSideLinesPerTile = 8;
 struct SideLines {
   static constexpr int kRanges = 32;
