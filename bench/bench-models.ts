@@ -48,6 +48,9 @@ export function paddedTokenizerDir(size: number): string {
   return dir;
 }
 
+/** The benches' short model names (--model / --models) and the presets they stand for. */
+export const BENCH_MODELS: Readonly<Record<string, string>> = { smollm: "smollm-135m", "1b": "llama-1b" };
+
 /**
  * Writes (once) a random model of a preset ("smollm-135m", "llama-1b") in a dtype; returns the directory.
  * The tokenizer is the 4096-token BPE padded to the preset's vocabulary (so llama.cpp loads the GGUF export).

@@ -22,7 +22,7 @@ import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { LLM } from "../src/engine/llm-engine.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
 import type { GgufExportType } from "../src/models/init-model.js";
-import { benchGguf, benchModelDir, decodeBytes, decodeReads, TOKENIZER_VOCAB } from "./bench-models.js";
+import { BENCH_MODELS, benchGguf, benchModelDir, decodeBytes, decodeReads, TOKENIZER_VOCAB } from "./bench-models.js";
 import { bandwidthProbe } from "./timing.js";
 
 const DECODE_PROMPT_LEN = 16;
@@ -35,7 +35,6 @@ const flag = (name: string) => process.argv.includes(name);
 const PREFILL_LEN = Number(option("--prefill", "512")); // one prompt of this many tokens (small for smoke runs)
 
 type Format = "f32" | "bf16" | "int8" | "int4" | "q4_k" | "mxfp4";
-const PRESETS: Record<string, string> = { smollm: "smollm-135m", "1b": "llama-1b" };
 const GGUF_PAIR: Record<Format, GgufExportType> = { f32: "F32", bf16: "BF16", int8: "Q8_0", int4: "Q4_0", q4_k: "Q4_K", mxfp4: "MXFP4" };
 
 function prompts(n: number, len: number, seed: number): number[][] {
@@ -252,7 +251,7 @@ async function main(): Promise<void> {
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 
   for (const key of models) {
-    const preset = PRESETS[key] ?? key;
+    const preset = BENCH_MODELS[key] ?? key;
     const lines: string[] = [];
     const quantized = (f: Format) => f === "int8" || f === "int4" || f === "q4_k" || f === "mxfp4";
     const withAccuracy = !flag("--no-accuracy") && formats.some(quantized);

@@ -1,26 +1,27 @@
-// Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M- (or Llama-1B-) shaped model replayed
-// kernel by kernel with a native timer around each (best of --reps per kernel, so a shared machine's
-// preemptions mostly drop out, and the median, whose sum is the fairer match for a whole step: one replay does not
-// get every kernel at its best), summed per kernel name, next to the best and median of execute() (host work
-// included) and of whole replays timed kernel by kernel on this thread (the sum of medians still undercounts
-// those: measured 3.49 vs 3.78 ms for int8). bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the Q8_0,
-// Q4_0 and MXFP4 GGUF exports.
-// Usage: npm run bench:profile [-- --model smollm|1b] [--format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1] [--position 60] [--list]
+// Where a decode step's time goes: the fused batch-1 step graph of the SmolLM-135M-shaped model (--model 1b: the
+// Llama-1B-shaped one) replayed kernel by kernel with a native timer around each (best of --reps per kernel, so a
+// shared machine's preemptions mostly drop out, and the median, whose sum is the fairer match for a whole step: one
+// replay does not get every kernel at its best), summed per kernel name, next to the best and median of execute()
+// (host work included) and of whole replays timed kernel by kernel on this thread (the sum of medians still
+// undercounts those: measured 3.49 vs 3.78 ms for int8). bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the
+// Q8_0, Q4_0 and MXFP4 GGUF exports.
+// Usage: npm run bench:profile [-- --model smollm|1b] [--format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1]
+//   [--position 60] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import type { ScheduledBatch } from "../src/engine/model-runner.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
-import { benchGguf, benchModelDir, decodeBytes, decodeReads } from "./bench-models.js";
+import { BENCH_MODELS, benchGguf, benchModelDir, decodeBytes, decodeReads } from "./bench-models.js";
 import { bandwidthProbe } from "./timing.js";
 
 const option = (name: string, dflt: string): string => {
   const i = process.argv.indexOf(name);
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
 };
-const MODELS: Record<string, string> = { smollm: "smollm-135m", "1b": "llama-1b" };
 const modelKey = option("--model", "smollm");
-const preset = MODELS[modelKey];
-if (preset === undefined) throw new Error(`--model must be smollm or 1b, got ${modelKey}`);
+const preset = BENCH_MODELS[modelKey];
+if (preset === undefined)
+  throw new Error(`--model must be one of ${Object.keys(BENCH_MODELS).join(", ")}, got ${modelKey}`);
 const format = option("--format", "bf16");
 // the bench's GGUF exports (one file for Kiln and llama.cpp): int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4
 const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;

@@ -61,7 +61,8 @@ void poolPrefetchHint(const void* p, int64_t bytes);
 // nothing (attention 5.6 vs 5.7 us): with the core's miss buffers full, most were dropped.
 // Queuing the head of the next GEMV's weights (up to 96 KiB, of its caller's half) on every GEMV but the q/k/v one,
 // so that the next product would start from L2, did not pay (a scratch build switched at run time; SmolLM-135M decode
-// steps, position 40, execute() in alternating blocks of 15: Q8_0 1.019x over 30 blocks, bf16 1.002x over 20).
+// steps, position 40, execute() in alternating blocks of 15: Q8_0 1.019x over 30 blocks, bf16 1.002x over 20, where
+// identical builds read 0.984-1.024x).
 constexpr int kSideLinesPerTile = 8;
 struct SideLines {
   static constexpr int kRanges = 32;
