@@ -11,10 +11,10 @@
 // 2.37-2.44 ms, read 2.69-2.92, chain 2.75-2.87; in a lab loop over the same bytes in 16, 211 and 1024 equal jobs
 // (poolRunRows, 4 prefetched streams per share) each job cost 1.16-1.35 us over the 16-job time, against 0.65-0.74 us
 // with a bare 2-thread hand-off (one published sequence number, one claim word, one done word). Built and run by `npm run bench:chain -- [smollm|1b] [int8|int8_g32|int4|mxfp4|bf16] [rounds]`
+// (x86-64 with AVX-512 VNNI and BF16; not part of the tests).
 // Each round prints its bests and, under them, its medians: bench/serving divides a mean over steps by a best-of
 // probe. SmolLM int8_g32 with the probe at 33-37 GB/s: chain medians 85-100% of the probe, read 87-102%; bf16
 // 81-91% and 82-92%; with the probe at 65-76 GB/s the int8_g32 chain's medians 64-74%, read 72-96%.
-// (x86-64 with AVX-512 VNNI and BF16; not part of the tests).
 #include <immintrin.h>
 
 #include <algorithm>
