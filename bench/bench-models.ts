@@ -104,6 +104,47 @@ export function decodeReads(model: CausalLM): Uint8Array[] {
   return views;
 }
 
+/**
+ * The decode step's weight products in the order a fused batch-1 step graph runs them, with the bytes each reads:
+ * per layer the q/k/v group, the output projection, the gate/up group and the down projection, then the LM head
+ * (the lm_head Linear, or the tied embedding's quantized copy, or the embedding itself). Null for a model whose
+ * Linears are not laid out that way (so a caller can skip a per-product breakdown).
+ */
+export function decodeProducts(model: CausalLM): { kind: string; bytes: number }[] | null {
+  const bytesOf = (ts: (Tensor | null | undefined)[]) =>
+    ts.reduce((n, t) => n + (t ? t.numel * DTYPE_BYTES[t.dtype] : 0), 0);
+  const weightBytes = (m: Linear) => {
+    const q = quantizedWeightOf(m);
+    return q ? bytesOf([q.data, q.scales, q.rowSums]) : bytesOf([m.weight]);
+  };
+  const kinds: Record<string, string> = {
+    q_proj: "q/k/v", k_proj: "q/k/v", v_proj: "q/k/v", o_proj: "o",
+    gate_proj: "gate/up", up_proj: "gate/up", down_proj: "down",
+  };
+  const out: { kind: string; bytes: number; layer: string }[] = [];
+  let head: number | null = null;
+  for (const [name, m] of model.namedModules()) {
+    if (!(m instanceof Linear)) continue;
+    if (name === "lm_head") {
+      head = weightBytes(m);
+      continue;
+    }
+    const layer = /^(.*\.layers\.\d+)\./.exec(name)?.[1];
+    const kind = kinds[name.split(".").at(-1)!];
+    if (layer === undefined || kind === undefined) return null;
+    const last = out.at(-1);
+    if (last && last.layer === layer && last.kind === kind) last.bytes += weightBytes(m);
+    else out.push({ kind, bytes: weightBytes(m), layer });
+  }
+  if (head === null) {
+    const embed = [...model.namedParameters()].find(([n]) => n.endsWith("embed_tokens.weight"))?.[1];
+    if (embed === undefined) return null;
+    const shadow = quantizedShadowOf(embed);
+    head = shadow ? bytesOf([shadow.data, shadow.scales, shadow.rowSums]) : bytesOf([embed]);
+  }
+  return [...out.map(({ kind, bytes }) => ({ kind, bytes })), { kind: "LM head", bytes: head }];
+}
+
 /** Bytes of weights one decode step reads (decodeReads). */
 export function decodeBytes(model: CausalLM): number {
   return decodeReads(model).reduce((n, v) => n + v.byteLength, 0);

@@ -11,7 +11,7 @@ import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import type { ScheduledBatch } from "../src/engine/model-runner.js";
 import { createServingSetupSync } from "../src/engine/serving.js";
-import { BENCH_MODELS, benchGguf, benchModelDir, decodeBytes, decodeReads } from "./bench-models.js";
+import { BENCH_MODELS, benchGguf, benchModelDir, decodeBytes, decodeProducts, decodeReads } from "./bench-models.js";
 import { bandwidthProbe } from "./timing.js";
 
 const option = (name: string, dflt: string): string => {
@@ -103,5 +103,30 @@ console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms, of medians 
 console.log(`whole replay on this thread, kernel by kernel: best ${replays[0]!.toFixed(2)} ms, median ${replays[reps >> 1]!.toFixed(2)} ms (execute adds the host's work)`);
 for (const [op, e] of [...byOp].sort((a, b) => b[1].ns - a[1].ns))
   console.log(`  ${op.padEnd(16)} x${String(e.count).padStart(4)}  ${(e.ns / 1e6).toFixed(3).padStart(7)} ms  ${((e.ns / e.count) / 1e3).toFixed(1).padStart(7)} us each (median ${((e.medianNs / e.count) / 1e3).toFixed(1)})`);
+// Per product kind: the bytes its weights hold over the sum of its kernels' median times, next to the probe. In
+// one process (SmolLM-135M Q8_0, position 40), with the probe at 58-59 GB/s the LM head (28.7 MiB) streamed at 58
+// GB/s, gate/up at 50, down at 46, but q/k/v and o at 35; with it at 34-39 every kind read 27-40 GB/s, q/k/v the
+// slowest (27-33): the small products' fixed costs, not the tile's streaming rate, hold a step back in a fast period.
+// Stacking q/k/v (and gate/up) into one weight each, as vLLM's QKVParallelLinear does, would not change that: a
+// scratch copy of bench/lab/gemv-chain timing each kind's products in both layouts, alternating, read them at the same
+// rate within 1-3% in 8 rounds (probe 34-57 GB/s; per kind, e.g. q/k/v 27.3-31.2 separate vs 25.9-31.3 stacked).
+const products = n === 1 ? decodeProducts(setup.loaded.model) : null;
+const gemvJobs = prof.filter((p) => /^(quantMatmul|matmul)(Group)?$/.test(p.op));
+if (products !== null && gemvJobs.length === products.length) {
+  const kinds = new Map<string, { bytes: number; ns: number; count: number }>();
+  products.forEach((p, i) => {
+    const e = kinds.get(p.kind) ?? { bytes: 0, ns: 0, count: 0 };
+    e.bytes += p.bytes;
+    e.ns += gemvJobs[i]!.medianNs;
+    e.count++;
+    kinds.set(p.kind, e);
+  });
+  const serialNs = totalMedian - gemvJobs.reduce((a, p) => a + p.medianNs, 0);
+  const cell = ([k, e]: [string, { bytes: number; ns: number; count: number }]) =>
+    `${k} ${(e.bytes / e.ns).toFixed(1)} (x${e.count}, ${(e.ns / 1e6).toFixed(2)} ms)`;
+  const others = `the other kernels ${(serialNs / 1e6).toFixed(2)} ms`;
+  const head = `weight products, GB/s over their kernels' medians (probe ${bw.toFixed(1)})`;
+  console.log(`${head}: ${[...kinds].map(cell).join(", ")}; ${others}`);
+}
 if (process.argv.includes("--list")) prof.slice(0, 40).forEach((p, i) => console.log(`  #${i} ${p.op} ${(p.ns / 1e3).toFixed(1)} us (median ${(p.medianNs / 1e3).toFixed(1)})`));
 runner.graphs?.dispose();
