@@ -156,9 +156,14 @@ const STEADY_PROBES = 1.15;
  * engines' ratio is taken within the round. Medians over the rounds are reported, with the best of each; Kiln's
  * roofline median leaves out rounds whose two probes differ by more than STEADY_PROBES (the bandwidth moved during
  * the run, e.g. 26.8 then 69.8 GB/s around one 1B run, whose fraction read 105%), and every round is listed.
+ * Next to each of Kiln's probes, `hop` (when the addon has it) times a cache line's round trip between the two
+ * threads: ~70 ns where this VM's vCPUs sit close (and the probes read ~35 GB/s), ~300 ns where they sit apart (and
+ * the probes read 55-60 GB/s, but each hand-off within a decode step costs more; native/thread-pool.h).
  */
-async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe: () => number, bytes: number, reps: number) {
-  const rounds: { kiln: number; kilnRoof: number; bw: [number, number]; lc?: number; lcRoof?: number }[] = [];
+async function singleStreamRounds(
+  kiln: EngineRuns, lc: EngineRuns | null, probe: () => number, bytes: number, reps: number, hop?: () => number,
+) {
+  const rounds: { kiln: number; kilnRoof: number; bw: [number, number]; ns?: [number, number]; lc?: number; lcRoof?: number }[] = [];
   const probes: number[] = [];
   const probed = () => {
     probes.push(probe());
@@ -166,9 +171,12 @@ async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe
   };
   for (let r = 0; r < reps; r++) {
     const bw0 = probed();
+    const ns0 = hop?.();
     const k = await kiln.decode(1);
     const bw1 = probed();
+    const ns1 = hop?.();
     const round: (typeof rounds)[number] = { kiln: k, kilnRoof: (((bw0 + bw1) / 2) * 1e9) / bytes, bw: [bw0, bw1] };
+    if (ns0 !== undefined && ns1 !== undefined) round.ns = [ns0, ns1];
     if (lc) {
       round.lc = await lc.decode(1);
       round.lcRoof = (((bw1 + probed()) / 2) * 1e9) / bytes;
@@ -183,7 +191,10 @@ async function singleStreamRounds(kiln: EngineRuns, lc: EngineRuns | null, probe
     best: Math.max(...rounds.map((r) => r.kiln)),
     roofFraction: median((steady.length > 0 ? steady : rounds).map((r) => r.kiln / r.kilnRoof)),
     steadyRounds: steady.length,
-    perRound: rounds.map((r) => `${r.bw[0].toFixed(0)}/${r.bw[1].toFixed(0)}: ${((100 * r.kiln) / r.kilnRoof).toFixed(0)}%`),
+    perRound: rounds.map((r) => {
+      const hops = r.ns ? ` (${r.ns[0].toFixed(0)}/${r.ns[1].toFixed(0)} ns)` : "";
+      return `${r.bw[0].toFixed(0)}/${r.bw[1].toFixed(0)}${hops}: ${((100 * r.kiln) / r.kilnRoof).toFixed(0)}%`;
+    }),
     probeRange: [Math.min(...probes), Math.max(...probes)], // GB/s, every probe of the rounds
     lcBest: withLc.length ? Math.max(...withLc.map((r) => r.lc!)) : undefined,
     lcRoofFraction: withLc.length ? median(withLc.map((r) => r.lc! / r.lcRoof!)) : undefined,
@@ -295,7 +306,8 @@ async function main(): Promise<void> {
       const batched = new Map<number, { kiln: number; lc?: number }>();
       let x1: Awaited<ReturnType<typeof singleStreamRounds>>, prefill: number, lcPrefill: number | undefined, ownProbe: number;
       try {
-        x1 = await singleStreamRounds(kiln, lcr, weightsBandwidth, bytes, rounds);
+        const hop = native.coreRoundTrip ? () => native.coreRoundTrip!(20000) : undefined;
+        x1 = await singleStreamRounds(kiln, lcr, weightsBandwidth, bytes, rounds, hop);
         ownProbe = quickBandwidth();
         prefill = kiln.prefill();
         lcPrefill = lcr ? await lcr.prefill() : undefined;
@@ -311,7 +323,7 @@ async function main(): Promise<void> {
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
         `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of the ${x1.steadyRounds || rounds} of ${rounds} rounds ${x1.steadyRounds ? "whose probes agreed" : "(no round's probes agreed"} within ${Math.round((STEADY_PROBES - 1) * 100)}%${x1.steadyRounds ? "" : ")"}, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
       );
-      lines.push(`        x1 rounds (GB/s probed before/after: % of the roofline): ${x1.perRound.join(", ")}; the probe's own 256 MiB buffer read ${ownProbe.toFixed(1)} GB/s after them`);
+      lines.push(`        x1 rounds (GB/s probed before/after${native.coreRoundTrip ? " (the threads' round trip then)" : ""}: % of the roofline): ${x1.perRound.join(", ")}; the probe's own 256 MiB buffer read ${ownProbe.toFixed(1)} GB/s after them`);
       for (const [c, r] of batched)
         lines.push(`        decode x${String(c).padEnd(2)} ${r.kiln.toFixed(1).padStart(7)} tok/s (${(r.kiln / roofAt(hi!)).toFixed(2)}x the highest single-stream roofline); llama.cpp ${r.lc?.toFixed(1) ?? "-"} (${ratio(r.kiln, r.lc)})`);
       if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);

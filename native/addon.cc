@@ -861,6 +861,15 @@ Napi::Value MemoryReadBandwidth(const Napi::CallbackInfo& info) {
                                                         static_cast<int>(it), static_cast<int>(threads)));
 }
 
+// coreRoundTrip(iterations): mean ns of a cache line's round trip between two pool threads (thread-pool.h
+// poolRoundTripNs; 0 with one thread).
+Napi::Value CoreRoundTrip(const Napi::CallbackInfo& info) {
+  const int64_t it = integer(info, 0, "coreRoundTrip", "iterations", 1);
+  if (it > (int64_t{1} << 30)) fail(info.Env(), "coreRoundTrip", "iterations must be <= 2^30");
+  streamDrainForSyncCall(info.Env());  // the pool may be inside a stream job
+  return Napi::Number::New(info.Env(), poolRoundTripNs(static_cast<int>(it)));
+}
+
 Napi::Value FmaPeak(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), gK->fmaPeak(integer(info, 0, "fmaPeak", "iterations", 1)));
 }
@@ -1145,6 +1154,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   addStreamExports(env, exports);
   exports.Set("memoryReadBandwidth", Napi::Function::New(env, MemoryReadBandwidth, "memoryReadBandwidth"));
   exports.Set("fmaPeak", Napi::Function::New(env, FmaPeak, "fmaPeak"));
+  exports.Set("coreRoundTrip", Napi::Function::New(env, CoreRoundTrip, "coreRoundTrip"));
   exports.Set("quantDotPeak", Napi::Function::New(env, QuantDotPeak, "quantDotPeak"));
   exports.Set("sampleRows", Napi::Function::New(env, RunNow<SampleRows>, "sampleRows"));  // batched sampling
   exports.Set("streamCallFn", Napi::Function::New(env, StreamCallFn, "streamCallFn"));  // compiled programs

@@ -475,4 +475,31 @@ SideLines* sideLines() {
 void poolSetNumThreads(int n) { pool().setNumThreads(n); }
 int poolGetNumThreads() { return pool().numThreads(); }
 
+double poolRoundTripNs(int iterations) {
+  if (pool().numThreads() < 2 || iterations < 1) return 0;
+  alignas(64) static std::atomic<int64_t> ball{0};
+  alignas(64) static double result = 0;
+  ball.store(0);
+  auto body = [&](int64_t c) {
+    const int64_t rounds = iterations + 100;  // the first 100 round trips warm up, untimed
+    if (c == 1) {  // the pool's worker answers each odd value with the next even one
+      for (int64_t i = 0; i < rounds; ++i) {
+        while (ball.load(std::memory_order_acquire) != 2 * i + 1) __builtin_ia32_pause();
+        ball.store(2 * i + 2, std::memory_order_release);
+      }
+      return;
+    }
+    std::chrono::steady_clock::time_point t0;
+    for (int64_t i = 0; i < rounds; ++i) {
+      if (i == 100) t0 = std::chrono::steady_clock::now();
+      ball.store(2 * i + 1, std::memory_order_release);
+      while (ball.load(std::memory_order_acquire) != 2 * i + 2) __builtin_ia32_pause();
+    }
+    result = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iterations;
+  };
+  // two chunks on two threads: whichever thread takes a chunk first stays in it until the other chunk answers
+  parallelChunks(2, body, 2);
+  return result;
+}
+
 }  // namespace kiln

@@ -338,6 +338,19 @@ function runSuite(k: NativeKernels, isa: string): void {
     assert.ok(best < 60_000, `idle pool used ${best} us of CPU in the best of three 300 ms windows`);
   });
 
+  test(`[${isa}] thread pool: a cache line's round trip between two threads`, () => {
+    if (!k.coreRoundTrip) return;
+    k.setNumThreads(1);
+    assert.equal(k.coreRoundTrip(1000), 0); // no second thread to answer
+    k.setNumThreads(2);
+    // A line crossing between two cores and back takes tens of ns on any x86 (a loop that did not wait for the other
+    // thread would time ~1 ns); a time-sliced CI runner can stretch it, hence the loose upper bound.
+    const ns = k.coreRoundTrip(200);
+    assert.ok(ns > 5 && ns < 5e6, `round trip ${ns} ns`);
+    assert.throws(() => k.coreRoundTrip!(0), /coreRoundTrip.*iterations must be an integer >= 1/);
+    assert.throws(() => k.coreRoundTrip!(1.5), RangeError);
+  });
+
   test(`[${isa}] argument validation`, () => {
     assert.throws(() => k.matmul(new Float32Array(3), new Float32Array(4), new Float32Array(4), 2, 2, 2, true, 0, 1, 0, 0, 0), RangeError);
     assert.throws(() => k.unary(0, new Float64Array(4) as unknown as Float32Array, new Float32Array(4), 4), TypeError);

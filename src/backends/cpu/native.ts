@@ -161,6 +161,11 @@ export interface NativeKernels extends NativeStream {
   memoryReadBandwidth(buf: ArrayBufferView | ArrayBufferView[], iterations: number, threads: number): number;
   /** FMA peak of one core in GFLOP/s for the selected ISA. */
   fmaPeak(iterations: number): number;
+  /**
+   * Mean ns of a cache line's round trip between two pool threads, over `iterations` round trips (0 with one thread):
+   * the least a hand-off between a job's threads costs (native/thread-pool.h poolRoundTripNs). Absent in older builds.
+   */
+  coreRoundTrip?(iterations: number): number;
 }
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
