@@ -58,7 +58,11 @@ constexpr int64_t kStreamAheadBytes = 1536;
 // slower; whole steps over 30 alternating in-process blocks, median ratio 0.987-0.993 (Q8_0) and 0.977 (bf16).
 // Hinting the caller's half as well (the worker prefetching the first 512 KiB of both halves in turn, for the caller
 // to take from the worker's cache) took 1.036x the time per token: no gain (a scratch build switched at run time;
-// SmolLM-135M Q8_0, generate, median of 24 alternating blocks of 64 tokens, quartiles 0.985-1.081).
+// SmolLM-135M Q8_0, generate, median of 24 alternating blocks of 64 tokens, quartiles 0.985-1.081). Nor did the
+// caller prefetching its own half's stream heads (16 KiB each, queued as side lines) while it runs paged attention,
+// the attention kernel taking 16 lines per key: the output projections' kernel medians summed 305-324 vs 311-321 us
+// per step, attention 173-200 vs 152-159 us, whole steps 1.005x (a scratch build switched at run time; SmolLM-135M
+// Q8_0 decode steps at position 40, 30 alternating blocks of 15 execute(), quartiles 0.973-1.035).
 void poolPrefetchHint(const void* p, int64_t bytes);
 // Side lines: lines a serial kernel will soon read, queued on the thread that will run it (step-graph replay: paged
 // attention's cached K/V, queued before the q/k/v projection ahead of it, stream.h Job::warm) and prefetched
