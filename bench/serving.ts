@@ -192,7 +192,8 @@ async function singleStreamRounds(
     roofFraction: median((steady.length > 0 ? steady : rounds).map((r) => r.kiln / r.kilnRoof)),
     steadyRounds: steady.length,
     perRound: rounds.map((r) => {
-      const hops = r.ns ? ` (${r.ns[0].toFixed(0)}/${r.ns[1].toFixed(0)} ns)` : "";
+      const ns = (v: number) => (v < 0 ? "?" : v.toFixed(0)); // -1: no answer within 100 ms
+      const hops = r.ns ? ` (${ns(r.ns[0])}/${ns(r.ns[1])} ns)` : "";
       return `${r.bw[0].toFixed(0)}/${r.bw[1].toFixed(0)}${hops}: ${((100 * r.kiln) / r.kilnRoof).toFixed(0)}%`;
     }),
     probeRange: [Math.min(...probes), Math.max(...probes)], // GB/s, every probe of the rounds

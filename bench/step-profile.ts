@@ -99,7 +99,7 @@ for (const { op, ns, medianNs } of prof) {
 const total = prof.reduce((a, b) => a + b.ns, 0);
 const totalMedian = prof.reduce((a, b) => a + b.medianNs, 0);
 console.log(`${modelKey} ${format} batch ${n}: step (execute, best of ${reps}) ${whole[0]!.toFixed(2)} ms, median ${whole[reps >> 1]!.toFixed(2)} ms`);
-console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read at ${bw.toFixed(1)} GB/s (the probe's own buffer: ${bwOwn.toFixed(1)}${hop ? `; threads' round trip ${hop.toFixed(0)} ns` : ""}) -> roofline ${roofMs.toFixed(2)} ms; best step at ${((100 * roofMs) / whole[0]!).toFixed(0)}% of roofline speed`);
+console.log(`weights ${(bytes / 2 ** 20).toFixed(1)} MiB/step, read at ${bw.toFixed(1)} GB/s (the probe's own buffer: ${bwOwn.toFixed(1)}${hop !== undefined && hop > 0 ? `; threads' round trip ${hop.toFixed(0)} ns` : ""}) -> roofline ${roofMs.toFixed(2)} ms; best step at ${((100 * roofMs) / whole[0]!).toFixed(0)}% of roofline speed`);
 console.log(`sum of per-kernel bests ${(total / 1e6).toFixed(2)} ms, of medians ${(totalMedian / 1e6).toFixed(2)} ms, over ${prof.length} kernels (${native.getNumThreads()} threads)`);
 console.log(`whole replay on this thread, kernel by kernel: best ${replays[0]!.toFixed(2)} ms, median ${replays[reps >> 1]!.toFixed(2)} ms (execute adds the host's work)`);
 for (const [op, e] of [...byOp].sort((a, b) => b[1].ns - a[1].ns))

@@ -477,25 +477,41 @@ int poolGetNumThreads() { return pool().numThreads(); }
 
 double poolRoundTripNs(int iterations) {
   if (pool().numThreads() < 2 || iterations < 1) return 0;
-  alignas(64) static std::atomic<int64_t> ball{0};
-  alignas(64) static double result = 0;
-  ball.store(0);
+  struct alignas(64) Line {
+    std::atomic<int64_t> v{0};
+  } ball;
+  std::atomic<bool> gaveUp{false};
+  double result = -1;
+  const int64_t rounds = int64_t{iterations} + 100;  // the first 100 round trips warm up, untimed
+  // Waits for `want` in the ball; gives up (and makes the other side give up) after 100 ms without it: a pool busy
+  // with another caller's job runs both chunks inline, one after the other, on this thread.
+  auto await = [&](int64_t want) {
+    const auto t0 = Clock::now();
+    for (int spin = 0; ball.v.load(std::memory_order_acquire) != want; ++spin) {
+      if (gaveUp.load(std::memory_order_relaxed)) return false;
+      if ((spin & 1023) == 1023 && Clock::now() - t0 > std::chrono::milliseconds(100)) {
+        gaveUp.store(true, std::memory_order_relaxed);
+        return false;
+      }
+      cpuRelax();
+    }
+    return true;
+  };
   auto body = [&](int64_t c) {
-    const int64_t rounds = iterations + 100;  // the first 100 round trips warm up, untimed
-    if (c == 1) {  // the pool's worker answers each odd value with the next even one
+    if (c == 1) {  // answers each odd value with the next even one
       for (int64_t i = 0; i < rounds; ++i) {
-        while (ball.load(std::memory_order_acquire) != 2 * i + 1) __builtin_ia32_pause();
-        ball.store(2 * i + 2, std::memory_order_release);
+        if (!await(2 * i + 1)) return;
+        ball.v.store(2 * i + 2, std::memory_order_release);
       }
       return;
     }
-    std::chrono::steady_clock::time_point t0;
+    Clock::time_point t0;
     for (int64_t i = 0; i < rounds; ++i) {
-      if (i == 100) t0 = std::chrono::steady_clock::now();
-      ball.store(2 * i + 1, std::memory_order_release);
-      while (ball.load(std::memory_order_acquire) != 2 * i + 2) __builtin_ia32_pause();
+      if (i == 100) t0 = Clock::now();
+      ball.v.store(2 * i + 1, std::memory_order_release);
+      if (!await(2 * i + 2)) return;
     }
-    result = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iterations;
+    result = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(iterations);
   };
   // two chunks on two threads: whichever thread takes a chunk first stays in it until the other chunk answers
   parallelChunks(2, body, 2);

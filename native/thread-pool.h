@@ -16,9 +16,10 @@ using ChunkFn = void (*)(void* ctx, int64_t chunk);
 void poolRun(int64_t numChunks, ChunkFn fn, void* ctx, int maxThreads = 0);
 void poolSetNumThreads(int n);  // total threads including the caller; >= 1
 int poolGetNumThreads();
-// Mean nanoseconds of one round trip of a cache line between two pool threads (0 with one thread): the least any
-// hand-off between the threads of a job costs. On this project's 2-vCPU VM it also tells which of the VM's two
-// memory regimes a measurement saw. A scratch copy, 100 times a 2-thread read of 256 MiB next to 100k round trips:
+// Mean nanoseconds of one round trip of a cache line between two pool threads (0 with one thread; -1 when no second
+// thread answered within 100 ms, as when another caller's job holds the pool): the least any hand-off between the
+// threads of a job costs. On this project's 2-vCPU VM it also tells which of the VM's two memory regimes a
+// measurement saw. A scratch copy, 100 times a 2-thread read of 256 MiB next to 100k round trips:
 // the 74 reads at 31-45 GB/s came with round trips of 68 ns (median; 10th-90th percentile 48-74 ns), and 23 of the
 // 26 reads at 55-61 GB/s with 307-398 ns (the other 3: 69-76 ns). So the fast-memory periods of earlier notes are,
 // it seems, the two vCPUs placed far apart (more paths to memory, slower hand-offs between them), which is why a

@@ -2,6 +2,7 @@
 // The parent process runs the suite once per ISA the machine supports, each in a child process
 // with KILN_NATIVE_ISA set (the addon reads it once at load).
 import { test } from "node:test";
+import { Worker } from "node:worker_threads";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
 import { runIsaChildren, supportedIsas } from "../helpers/isa-children.js";
@@ -349,6 +350,38 @@ function runSuite(k: NativeKernels, isa: string): void {
     assert.ok(ns > 5 && ns < 5e6, `round trip ${ns} ns`);
     assert.throws(() => k.coreRoundTrip!(0), /coreRoundTrip.*iterations must be an integer >= 1/);
     assert.throws(() => k.coreRoundTrip!(1.5), RangeError);
+  });
+
+  test(`[${isa}] thread pool: the round trip returns while another thread's jobs hold the pool`, async () => {
+    if (!k.coreRoundTrip) return;
+    k.setNumThreads(2);
+    // A worker_thread runs matmuls back to back on the shared pool. A call that finds the pool taken runs both of its
+    // chunks on the calling thread, where the second never answers the first: it must give up (-1), not spin forever.
+    const native = new URL("../../src/backends/cpu/native.js", import.meta.url).href;
+    const w = new Worker(
+      `const { parentPort } = require("node:worker_threads");
+      import(${JSON.stringify(native)}).then(({ tryLoadNativeKernels }) => {
+        const k = tryLoadNativeKernels(), n = 768;
+        const a = new Float32Array(n * n).fill(1), b = new Float32Array(n * n).fill(1), o = new Float32Array(n * n);
+        parentPort.postMessage("busy");
+        const t0 = Date.now();
+        while (Date.now() - t0 < 1500) k.matmul(a, b, o, n, n, n, false, 0, 1, 0, 0, 0);
+        parentPort.postMessage("done");
+      });`,
+      { eval: true },
+    );
+    const done = new Promise<void>((resolve, reject) => {
+      w.on("error", reject);
+      w.on("message", (m) => {
+        if (m === "done") resolve();
+      });
+    });
+    await new Promise<void>((resolve) => w.on("message", (m) => m === "busy" && resolve()));
+    await new Promise((r) => setTimeout(r, 100));
+    const results = Array.from({ length: 5 }, () => k.coreRoundTrip!(500));
+    await done; // (terminating the worker inside a native call would abort the process)
+    // whether a call met the pool taken depends on the moment; each must return, -1 or a real round trip
+    for (const ns of results) assert.ok(ns === -1 || (ns > 5 && ns < 5e6), `round trip ${ns} ns`);
   });
 
   test(`[${isa}] argument validation`, () => {

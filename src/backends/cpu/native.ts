@@ -162,8 +162,9 @@ export interface NativeKernels extends NativeStream {
   /** FMA peak of one core in GFLOP/s for the selected ISA. */
   fmaPeak(iterations: number): number;
   /**
-   * Mean ns of a cache line's round trip between two pool threads, over `iterations` round trips (0 with one thread):
-   * the least a hand-off between a job's threads costs (native/thread-pool.h poolRoundTripNs). Absent in older builds.
+   * Mean ns of a cache line's round trip between two pool threads, over `iterations` round trips (0 with one thread,
+   * -1 when the second thread did not answer within 100 ms, as when another caller's job holds the pool): the least a
+   * hand-off between a job's threads costs (native/thread-pool.h poolRoundTripNs). Absent in older builds.
    */
   coreRoundTrip?(iterations: number): number;
 }
