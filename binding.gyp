@@ -4,13 +4,16 @@
 # Never -march=native: the build must run on any x86-64 machine.
 # -z nodelete: a worker_threads Worker that loads the addon dlclose()s it at exit; the process-wide
 # thread pool's workers (and their code) must outlive that, so the library is never unmapped.
+# NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS: a Worker terminated while it calls into the addon makes every JS call fail;
+# without it, the error that cannot be thrown into the dying thread escapes as a C++ exception and aborts the whole
+# process (seen: Worker.terminate() during a loop of matmul calls).
 {
   "target_defaults": {
     "cflags_cc": ["-O3", "-std=c++17", "-fPIC", "-fno-math-errno"],
     "cflags_cc!": ["-fno-exceptions", "-O2"],
     "cflags!": ["-fno-exceptions", "-O2"],
     "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
-    "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"]
+    "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS"]
   },
   "conditions": [
     ["target_arch=='x64'", {

@@ -384,6 +384,32 @@ function runSuite(k: NativeKernels, isa: string): void {
     for (const ns of results) assert.ok(ns === -1 || (ns > 5 && ns < 5e6), `round trip ${ns} ns`);
   });
 
+  test(`[${isa}] a Worker terminated while it calls into the addon leaves this process running`, async () => {
+    // Once terminating, every call the Worker makes fails; the error that cannot be thrown into the dying thread
+    // used to escape as a C++ exception and abort the whole process (binding.gyp NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS).
+    const native = new URL("../../src/backends/cpu/native.js", import.meta.url).href;
+    const w = new Worker(
+      `const { parentPort } = require("node:worker_threads");
+      import(${JSON.stringify(native)}).then(({ tryLoadNativeKernels }) => {
+        const k = tryLoadNativeKernels(), n = 256;
+        const a = new Float32Array(n * n).fill(1), b = new Float32Array(n * n).fill(1), o = new Float32Array(n * n);
+        parentPort.postMessage("busy");
+        for (;;) k.matmul(a, b, o, n, n, n, false, 0, 1, 0, 0, 0);
+      });`,
+      { eval: true },
+    );
+    await new Promise<void>((resolve, reject) => {
+      w.on("error", reject);
+      w.on("message", (m) => m === "busy" && resolve());
+    });
+    await new Promise((r) => setTimeout(r, 50));
+    await w.terminate();
+    // still here: the addon keeps working on this thread
+    const out = new Float32Array(2);
+    k.unary(14, Float32Array.of(5, 2), out, 2);
+    assert.deepEqual(Array.from(out), [25, 4]);
+  });
+
   test(`[${isa}] argument validation`, () => {
     assert.throws(() => k.matmul(new Float32Array(3), new Float32Array(4), new Float32Array(4), 2, 2, 2, true, 0, 1, 0, 0, 0), RangeError);
     assert.throws(() => k.unary(0, new Float64Array(4) as unknown as Float32Array, new Float32Array(4), 4), TypeError);
