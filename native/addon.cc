@@ -928,7 +928,8 @@ Napi::Value MapFile(const Napi::CallbackInfo& info) {
   auto* m = new Mapping{base, span};
   return Napi::ArrayBuffer::New(
       env, static_cast<uint8_t*>(base) + (offset - start), static_cast<size_t>(length),
-      [](Napi::Env, void*, Mapping* hint) {
+      [](Napi::Env e, void*, Mapping* hint) {
+        streamWaitIdle(e);  // a queued job may still read it (a terminated Worker's teardown)
         munmap(hint->base, hint->span);
         delete hint;
       },
@@ -1011,6 +1012,7 @@ Napi::Value AllocHugeMemory(const Napi::CallbackInfo& info) {
     buffer = Napi::ArrayBuffer::New(
         env, chunk->base + at, bytes,
         [](Napi::Env e, void*, Hint* h) {
+          streamWaitIdle(e);  // a queued job may still read it (a terminated Worker's teardown)
           Napi::MemoryManagement::AdjustExternalMemory(e, -h->bytes);
           {
             std::lock_guard<std::mutex> g(gHugeMutex);

@@ -466,6 +466,11 @@ void streamDrainForSyncCall(Napi::Env env) {
   throwIfFailed(env, es);
 }
 
+void streamWaitIdle(napi_env env) {
+  EnvStream* es = lookup(env);
+  if (es && es->stream && es->stream->submitted() != es->stream->completed()) es->stream->sync();
+}
+
 Napi::Value streamSubmit(Napi::Env env, Job job) {
   EnvStream* es = ensure(env);
   if (!job.run) return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));

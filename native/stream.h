@@ -62,6 +62,12 @@ void mergeCapturedJobs(std::vector<Job>& jobs);
  * calls keep stream order; rethrows a recorded stream error as a JS exception. Throws during a capture.
  */
 void streamDrainForSyncCall(Napi::Env env);
+/**
+ * Waits until env's stream has run every job queued so far (no-op without a stream); throws nothing. For finalizers
+ * that free memory a queued job may read: a Worker terminated mid-step frees its buffers in its environment's
+ * teardown, before the stream's own cleanup hook joins the stream thread.
+ */
+void streamWaitIdle(napi_env env);
 
 /**
  * Enqueues the job on the environment's stream (created on first use); returns its sequence number. While

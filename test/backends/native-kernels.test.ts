@@ -2,6 +2,8 @@
 // The parent process runs the suite once per ISA the machine supports, each in a child process
 // with KILN_NATIVE_ISA set (the addon reads it once at load).
 import { test } from "node:test";
+import v8 from "node:v8";
+import vm from "node:vm";
 import { Worker } from "node:worker_threads";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
@@ -382,6 +384,30 @@ function runSuite(k: NativeKernels, isa: string): void {
     await done; // (terminating the worker inside a native call would abort the process)
     // whether a call met the pool taken depends on the moment; each must return, -1 or a real round trip
     for (const ns of results) assert.ok(ns === -1 || (ns > 5 && ns < 5e6), `round trip ${ns} ns`);
+  });
+
+  test(`[${isa}] a huge-page buffer collected while stream jobs read it is unmapped only after they ran`, async () => {
+    if (!k.allocHugeMemory) return;
+    // A Worker terminated mid-step finalizes its buffers in its environment's teardown, before the stream's cleanup
+    // hook joins the stream thread (seen: a segfault in paged attention while LLM.generate's Worker was terminated).
+    // The same here without a Worker: the weight (36.9 MB, a huge-page chunk of its own) loses its last reference
+    // with 24 products on it queued, and a forced GC finalizes it. Unmapping it at once crashed this process.
+    v8.setFlagsFromString("--expose-gc");
+    const gc = vm.runInNewContext("gc") as () => void;
+    const N = 9000, K = 1024;
+    const x = new Float32Array(K).fill(1), out = new Float32Array(N);
+    for (let round = 0; round < 3; round++) {
+      (() => {
+        const w = new Float32Array(k.allocHugeMemory!(N * K * 4)).fill(0.5);
+        for (let i = 0; i < 24; i++) k.stream.matmul(x, w, out, 1, N, K, true, 0, 1, 0, 0, 0);
+      })();
+      gc();
+      await new Promise((r) => setImmediate(r)); // the finalizer runs here, or at the next GC
+      gc();
+    }
+    k.streamSync();
+    assert.equal(out[0], 512); // 1024 x 0.5: the last product ran on intact memory
+    assert.equal(out[N - 1], 512);
   });
 
   test(`[${isa}] a Worker terminated while it calls into the addon leaves this process running`, async () => {
