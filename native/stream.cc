@@ -268,6 +268,13 @@ EnvStream* ensure(napi_env env) {
   return es;
 }
 
+// Moves this stream's cleanup hook to the front of its environment's teardown (hooks run last-added first): a Worker
+// terminated mid-step must join the stream thread before the rest of the teardown frees memory a queued job reads.
+void cleanupFirst(EnvStream* es) {
+  napi_remove_env_cleanup_hook(es->env, cleanup, es);
+  napi_add_env_cleanup_hook(es->env, cleanup, es);
+}
+
 void throwIfFailed(Napi::Env env, EnvStream* es) {
   std::string err;
   if (es->stream->takeError(&err)) throw Napi::Error::New(env, err);
@@ -396,6 +403,7 @@ Napi::Value StreamLaunchGraph(const Napi::CallbackInfo& info) {
   if (es->capture) throwCapturing(env, "streamLaunchGraph");
   if (h->jobs->empty()) return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));
   std::shared_ptr<const JobList> jobs = h->jobs;
+  cleanupFirst(es);
   Job replay{"stepGraph", [jobs] {
                for (const Job& j : *jobs) {
                  try {
@@ -478,6 +486,7 @@ Napi::Value streamSubmit(Napi::Env env, Job job) {
     es->capture->push_back(std::move(job));
     return Napi::Number::New(env, static_cast<double>(es->stream->submitted()));
   }
+  cleanupFirst(es);
   return Napi::Number::New(env, static_cast<double>(es->stream->submit(std::move(job))));
 }
 
