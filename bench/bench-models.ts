@@ -12,7 +12,7 @@ import type { Tensor } from "../src/tensor/tensor.js";
 import type { CausalLM } from "../src/models/causal-lm.js";
 import { Linear } from "../src/nn/layers.js";
 import { quantizedWeightOf } from "../src/nn/quantized-linear.js";
-import { quantizedShadowOf } from "../src/tensor/ops/linalg.js";
+import { quantizedShadowOf, type QuantizedWeight } from "../src/tensor/ops/linalg.js";
 import { loadCorpus } from "../src/train/corpus.js";
 import { saveTokenizer, trainBpeTokenizer } from "../src/train/bpe-trainer.js";
 
@@ -78,6 +78,11 @@ export function benchGguf(dir: string, type: GgufExportType): string {
   return file;
 }
 
+/** The tensors a decode step reads for weight `w`: its quantized data, scales and row sums when it has them, else `w`. */
+function readsOf(w: Tensor, q: QuantizedWeight | undefined): Tensor[] {
+  return q ? [q.data, q.scales, q.rowSums].filter((t): t is Tensor => t != null) : [w];
+}
+
 /** The weight memory one decode step reads, as byte views: every matrix once (quantized data + scales), the tied LM head once. */
 export function decodeReads(model: CausalLM): Uint8Array[] {
   const views: Uint8Array[] = [];
@@ -93,13 +98,11 @@ export function decodeReads(model: CausalLM): Uint8Array[] {
     const q = quantizedWeightOf(m);
     if (!q) continue;
     skip.add(name ? `${name}.weight` : "weight");
-    for (const t of [q.data, q.scales, q.rowSums]) if (t) view(t);
+    readsOf(m.weight, q).forEach(view);
   }
   for (const [name, t] of model.namedParameters()) {
     if (skip.has(name)) continue;
-    const shadow = quantizedShadowOf(t); // a tied LM head read through its quantized copy
-    const parts = shadow ? [shadow.data, shadow.scales, shadow.rowSums] : [t];
-    for (const p of parts) if (p) view(p);
+    readsOf(t, quantizedShadowOf(t)).forEach(view); // a tied LM head read through its quantized copy
   }
   return views;
 }
@@ -111,12 +114,8 @@ export function decodeReads(model: CausalLM): Uint8Array[] {
  * Linears are not laid out that way (so a caller can skip a per-product breakdown).
  */
 export function decodeProducts(model: CausalLM): { kind: string; bytes: number }[] | null {
-  const bytesOf = (ts: (Tensor | null | undefined)[]) =>
-    ts.reduce((n, t) => n + (t ? t.numel * DTYPE_BYTES[t.dtype] : 0), 0);
-  const weightBytes = (m: Linear) => {
-    const q = quantizedWeightOf(m);
-    return q ? bytesOf([q.data, q.scales, q.rowSums]) : bytesOf([m.weight]);
-  };
+  const bytesOf = (ts: Tensor[]) => ts.reduce((n, t) => n + t.numel * DTYPE_BYTES[t.dtype], 0);
+  const weightBytes = (m: Linear) => bytesOf(readsOf(m.weight, quantizedWeightOf(m)));
   const kinds: Record<string, string> = {
     q_proj: "q/k/v", k_proj: "q/k/v", v_proj: "q/k/v", o_proj: "o",
     gate_proj: "gate/up", up_proj: "gate/up", down_proj: "down",
@@ -139,8 +138,7 @@ export function decodeProducts(model: CausalLM): { kind: string; bytes: number }
   if (head === null) {
     const embed = [...model.namedParameters()].find(([n]) => n.endsWith("embed_tokens.weight"))?.[1];
     if (embed === undefined) return null;
-    const shadow = quantizedShadowOf(embed);
-    head = shadow ? bytesOf([shadow.data, shadow.scales, shadow.rowSums]) : bytesOf([embed]);
+    head = bytesOf(readsOf(embed, quantizedShadowOf(embed)));
   }
   return [...out.map(({ kind, bytes }) => ({ kind, bytes })), { kind: "LM head", bytes: head }];
 }

@@ -74,6 +74,31 @@ if (!childIsa) {
   runSuite(k!, childIsa);
 }
 
+/**
+ * A worker_thread that loads the addon and runs n x n matmuls back to back: `until` is the loop's JS condition (t0
+ * is its start time). It posts "busy" once the loop starts and "done" if the loop ends; `busy` resolves on the first.
+ */
+function matmulWorker(n: number, until: string): { worker: Worker; busy: Promise<void> } {
+  const native = new URL("../../src/backends/cpu/native.js", import.meta.url).href;
+  const worker = new Worker(
+    `const { parentPort } = require("node:worker_threads");
+    import(${JSON.stringify(native)}).then(({ tryLoadNativeKernels }) => {
+      const k = tryLoadNativeKernels(), n = ${n};
+      const a = new Float32Array(n * n).fill(1), b = new Float32Array(n * n).fill(1), o = new Float32Array(n * n);
+      parentPort.postMessage("busy");
+      const t0 = Date.now();
+      while (${until}) k.matmul(a, b, o, n, n, n, false, 0, 1, 0, 0, 0);
+      parentPort.postMessage("done");
+    });`,
+    { eval: true },
+  );
+  const busy = new Promise<void>((resolve, reject) => {
+    worker.on("error", reject);
+    worker.on("message", (m) => m === "busy" && resolve());
+  });
+  return { worker, busy };
+}
+
 function runSuite(k: NativeKernels, isa: string): void {
   test(`[${isa}] selected ISA`, () => assert.equal(k.isa, isa));
 
@@ -359,26 +384,9 @@ function runSuite(k: NativeKernels, isa: string): void {
     k.setNumThreads(2);
     // A worker_thread runs matmuls back to back on the shared pool. A call that finds the pool taken runs both of its
     // chunks on the calling thread, where the second never answers the first: it must give up (-1), not spin forever.
-    const native = new URL("../../src/backends/cpu/native.js", import.meta.url).href;
-    const w = new Worker(
-      `const { parentPort } = require("node:worker_threads");
-      import(${JSON.stringify(native)}).then(({ tryLoadNativeKernels }) => {
-        const k = tryLoadNativeKernels(), n = 768;
-        const a = new Float32Array(n * n).fill(1), b = new Float32Array(n * n).fill(1), o = new Float32Array(n * n);
-        parentPort.postMessage("busy");
-        const t0 = Date.now();
-        while (Date.now() - t0 < 1500) k.matmul(a, b, o, n, n, n, false, 0, 1, 0, 0, 0);
-        parentPort.postMessage("done");
-      });`,
-      { eval: true },
-    );
-    const done = new Promise<void>((resolve, reject) => {
-      w.on("error", reject);
-      w.on("message", (m) => {
-        if (m === "done") resolve();
-      });
-    });
-    await new Promise<void>((resolve) => w.on("message", (m) => m === "busy" && resolve()));
+    const { worker: w, busy } = matmulWorker(768, "Date.now() - t0 < 1500");
+    const done = new Promise<void>((resolve) => w.on("message", (m) => m === "done" && resolve()));
+    await busy;
     await new Promise((r) => setTimeout(r, 100));
     const results = Array.from({ length: 5 }, () => k.coreRoundTrip!(500));
     await done; // (terminating the worker inside a native call would abort the process)
@@ -413,21 +421,8 @@ function runSuite(k: NativeKernels, isa: string): void {
   test(`[${isa}] a Worker terminated while it calls into the addon leaves this process running`, async () => {
     // Once terminating, every call the Worker makes fails; the error that cannot be thrown into the dying thread
     // used to escape as a C++ exception and abort the whole process (binding.gyp NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS).
-    const native = new URL("../../src/backends/cpu/native.js", import.meta.url).href;
-    const w = new Worker(
-      `const { parentPort } = require("node:worker_threads");
-      import(${JSON.stringify(native)}).then(({ tryLoadNativeKernels }) => {
-        const k = tryLoadNativeKernels(), n = 256;
-        const a = new Float32Array(n * n).fill(1), b = new Float32Array(n * n).fill(1), o = new Float32Array(n * n);
-        parentPort.postMessage("busy");
-        for (;;) k.matmul(a, b, o, n, n, n, false, 0, 1, 0, 0, 0);
-      });`,
-      { eval: true },
-    );
-    await new Promise<void>((resolve, reject) => {
-      w.on("error", reject);
-      w.on("message", (m) => m === "busy" && resolve());
-    });
+    const { worker: w, busy } = matmulWorker(256, "true");
+    await busy;
     await new Promise((r) => setTimeout(r, 50));
     await w.terminate();
     // still here: the addon keeps working on this thread
