@@ -24,8 +24,10 @@ if (preset === undefined)
   throw new Error(`--model must be one of ${Object.keys(BENCH_MODELS).join(", ")}, got ${modelKey}`);
 const format = option("--format", "bf16");
 // the bench's GGUF exports (one file for Kiln and llama.cpp): int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4
+// int8-row: the f32 weights quantized on load to per-channel int8 (--quantization int8, one scale per row)
 const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;
-if (format !== "bf16" && !Object.hasOwn(GGUF, format)) throw new Error(`--format must be bf16, int8, int4 or mxfp4, got ${format}`);
+if (format !== "bf16" && format !== "int8-row" && !Object.hasOwn(GGUF, format))
+  throw new Error(`--format must be bf16, int8, int8-row, int4 or mxfp4, got ${format}`);
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
 const position = Number(option("--position", "60")); // the decoded token's position (its context: 0 .. position)
@@ -35,11 +37,12 @@ const native = tryLoadNativeKernels();
 if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
 const model =
   format === "bf16" ? benchModelDir("bfloat16", preset)
+  : format === "int8-row" ? benchModelDir("float32", preset)
   : format !== "int8" || nativeTakesScheme(native, "int8_g32") ? benchGguf(benchModelDir("float32", preset), GGUF[format as keyof typeof GGUF])
   : benchModelDir("float32", preset);
 const setup = createServingSetupSync({
   model,
-  quantization: format === "int8" && !model.endsWith(".gguf") ? "int8" : null,
+  quantization: format.startsWith("int8") && !model.endsWith(".gguf") ? "int8" : null,
   maxModelLen: 256,
   kvCacheMemory: 64 << 20,
   maxNumSeqs: n,

@@ -52,6 +52,13 @@ export interface EngineArgs {
 
 export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling">> & { asyncScheduling: boolean | null };
 
+/** Device-sampled token ids as the sampler's rows (a plain loop: Array.from with a mapper is slow on a typed array). */
+function deviceSampled(ids: Int32Array): { tokenId: number; logprobs: null }[] {
+  const out = new Array<{ tokenId: number; logprobs: null }>(ids.length);
+  for (let i = 0; i < ids.length; i++) out[i] = { tokenId: ids[i]!, logprobs: null };
+  return out;
+}
+
 export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   const r: ResolvedEngineArgs = {
     blockSize: 16,
@@ -296,7 +303,9 @@ export class EngineCore {
     const next = this.scheduler.schedule();
     const fed = this.fedTokens(current, next);
     if (fed !== undefined) {
-      const pending = this.runner.dispatch!({ ...this.toBatch(next), fedTokens: fed });
+      const batch = this.toBatch(next);
+      batch.fedTokens = fed;
+      const pending = this.runner.dispatch!(batch);
       const updates = this.applyStep(current.out, current.pending.wait(), true);
       this.scheduler.fillPlaceholders(next); // the host's copy of the fed ids (finished requests' rows are skipped)
       this.inflight = { out: next, pending };
@@ -360,7 +369,7 @@ export class EngineCore {
     const rows: SamplingRow[] = [];
     for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
     const ids = runnerOutput.tokenIds;
-    const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : Array.from(ids, (tokenId) => ({ tokenId, logprobs: null }));
+    const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : deviceSampled(ids);
     if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.numSteps++;

@@ -107,7 +107,13 @@ export class PagedModelRunner implements ModelRunner {
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     const replay = this.graphs?.launch(batch) ?? null;
-    if (replay !== null) return { wait: () => ({ ...replay.wait(), promptLogits: new Map() }), deviceTokens: replay.deviceTokens };
+    if (replay !== null) {
+      const wait = (): RunnerOutput => {
+        const { logits, tokenIds } = replay.wait();
+        return { logits, tokenIds, promptLogits: new Map() };
+      };
+      return { wait, deviceTokens: replay.deviceTokens };
+    }
     const seqs = batch.sequences;
     const T = batch.numTokens;
     const ids = new Int32Array(T);

@@ -6,8 +6,12 @@
 //  - every ArrayBuffer a pending job reads or writes is in `touched` (this also keeps it alive: the
 //    stream thread holds raw pointers into it); the jobs' outputs are also in `written`; a launched step
 //    graph's pins count as touched (and its outputs as written) through `launched`;
-//  - the sets are cleared only when the stream is observed empty (pending === 0 on this thread, the only
-//    submitter), so they over-approximate: host code may wait more than needed, never less;
+//  - the sets are kept per epoch, a stretch of submissions: every CHECK_EVERY tracked jobs the current epoch
+//    closes at the stream's submitted count, and a closed epoch is dropped once the stream has completed that
+//    many jobs (all of them are seen empty when the stream is). So they over-approximate (host code may wait
+//    more than needed, never less) but stay bounded while the stream never empties: clearing them only when the
+//    stream was seen empty let a steady decode (the next step always queued behind the running one) pin each
+//    step's input copy for as long as the load lasted (2010 of them after one 2000-token generate);
 //  - host code (TS kernels, read/write, param updates through `buffer.host`) reaches memory through
 //    CpuBuffer.host, which drains the stream first when that buffer is touched;
 //  - while capturing, nothing runs: jobs' buffers go to `capture` instead (the graph's pins), and host
@@ -62,11 +66,31 @@ export interface GraphPins {
   readonly written: ReadonlySet<ArrayBuffer>;
 }
 
+/** The memory of the jobs enqueued in one stretch of submissions (see the invariants above). */
+interface Epoch {
+  readonly touched: Set<ArrayBuffer>;
+  readonly written: Set<ArrayBuffer>;
+  /** Step graphs launched in the epoch (their pins are touched). */
+  readonly launched: Set<GraphPins>;
+}
+const newEpoch = (): Epoch => ({ touched: new Set(), written: new Set(), launched: new Set() });
+const epochTouches = (e: Epoch, raw: ArrayBuffer): boolean => {
+  if (e.touched.has(raw)) return true;
+  for (const g of e.launched) if (g.all.has(raw)) return true;
+  return false;
+};
+const epochWrites = (e: Epoch, raw: ArrayBuffer): boolean => {
+  if (e.written.has(raw)) return true;
+  for (const g of e.launched) if (g.written.has(raw)) return true;
+  return false;
+};
+const isEmpty = (e: Epoch): boolean => e.touched.size === 0 && e.launched.size === 0;
+
 export class CpuStream {
-  private readonly touched = new Set<ArrayBuffer>();
-  private readonly written = new Set<ArrayBuffer>();
-  /** Step graphs launched since the stream was last seen empty (their pins are touched). */
-  private readonly launched = new Set<GraphPins>();
+  private current = newEpoch();
+  /** The epoch before, closed when the stream had taken `previousEnd` jobs: each job it holds is one of them. */
+  private previous: Epoch | null = null;
+  private previousEnd = 0;
   private capture: { all: Set<ArrayBuffer>; written: Set<ArrayBuffer> } | null = null;
   private sinceCheck = 0;
 
@@ -78,20 +102,27 @@ export class CpuStream {
 
   /** Whether a pending job (or launched graph) uses this memory. */
   isTouched(raw: ArrayBuffer): boolean {
-    if (this.touched.has(raw)) return true;
-    for (const g of this.launched) if (g.all.has(raw)) return true;
-    return false;
+    return epochTouches(this.current, raw) || (this.previous !== null && epochTouches(this.previous, raw));
   }
 
   private isWritten(raw: ArrayBuffer): boolean {
-    if (this.written.has(raw)) return true;
-    for (const g of this.launched) if (g.written.has(raw)) return true;
-    return false;
+    return epochWrites(this.current, raw) || (this.previous !== null && epochWrites(this.previous, raw));
+  }
+
+  /** Whether any memory is tracked as used by a pending job. */
+  private get tracking(): boolean {
+    return !isEmpty(this.current) || (this.previous !== null && !isEmpty(this.previous));
+  }
+
+  /** ArrayBuffers and launched graphs tracked as in use by pending jobs (bounded while work keeps coming; tests). */
+  get trackedCount(): number {
+    const count = (e: Epoch | null) => (e === null ? 0 : e.touched.size + e.launched.size);
+    return count(this.current) + count(this.previous);
   }
 
   /** Whether any of the views' buffers is used by a pending job. */
   touches(views: readonly BufferView[]): boolean {
-    if (this.touched.size === 0 && this.launched.size === 0) return false;
+    if (!this.tracking) return false;
     for (const v of views) if (this.isTouched(rawOf(v.buffer))) return true;
     return false;
   }
@@ -102,7 +133,7 @@ export class CpuStream {
    * capture, and replays trust whatever metadata the caller writes later.
    */
   awaitWrites(views: readonly BufferView[]): void {
-    if (this.capture || (this.written.size === 0 && this.launched.size === 0)) return;
+    if (this.capture || !this.tracking) return;
     for (const v of views) {
       if (this.isWritten(rawOf(v.buffer))) {
         this.drain();
@@ -113,7 +144,7 @@ export class CpuStream {
 
   /** Before a blocking (debug-mode) call: finish everything this back end enqueued. */
   drainIfTracked(): void {
-    if (this.touched.size > 0 || this.launched.size > 0) this.drain();
+    if (this.tracking) this.drain();
   }
 
   beforeHostAccess(raw: ArrayBuffer): void {
@@ -123,10 +154,10 @@ export class CpuStream {
     if (this.isTouched(raw)) this.drain();
   }
 
-  /** Records a job just enqueued: its inputs and outputs stay pinned until the stream is seen empty. */
+  /** Records a job just enqueued: its inputs and outputs stay pinned until the stream has run it (counted). */
   track(reads: readonly BufferView[], writes: readonly BufferView[]): void {
-    const all = this.capture?.all ?? this.touched;
-    const written = this.capture?.written ?? this.written;
+    const all = this.capture?.all ?? this.current.touched;
+    const written = this.capture?.written ?? this.current.written;
     for (const v of reads) all.add(rawOf(v.buffer));
     for (const v of writes) {
       const raw = rawOf(v.buffer);
@@ -138,8 +169,8 @@ export class CpuStream {
 
   /** track() for raw memory (private arrays a job points into, such as writeAsync's copy of its source). */
   trackRaw(reads: readonly ArrayBuffer[], writes: readonly ArrayBuffer[]): void {
-    const all = this.capture?.all ?? this.touched;
-    const written = this.capture?.written ?? this.written;
+    const all = this.capture?.all ?? this.current.touched;
+    const written = this.capture?.written ?? this.current.written;
     for (const raw of reads) all.add(raw);
     for (const raw of writes) {
       all.add(raw);
@@ -148,18 +179,30 @@ export class CpuStream {
     if (!this.capture) this.counted();
   }
 
-  /** Records a graph replay just enqueued: its pins count as touched until the stream is seen empty. */
+  /** Records a graph replay just enqueued: its pins count as touched until the stream has run it. */
   trackLaunch(pins: GraphPins): void {
-    this.launched.add(pins);
+    this.current.launched.add(pins);
     this.counted();
   }
 
+  /**
+   * Every CHECK_EVERY tracked jobs (each tracked after its submission, so it is one of the jobs submitted by now):
+   * all is released when the stream is empty; else the previous epoch once the stream has completed its jobs, and
+   * the current one closes in its place.
+   */
   private counted(): void {
     if (++this.sinceCheck < CHECK_EVERY) return;
     this.sinceCheck = 0;
-    const pending = this.native.streamPending();
-    if (pending === 0) this.clear();
-    else if (pending > MAX_PENDING) this.drain();
+    const submitted = this.native.streamSubmitted();
+    const completed = this.native.streamCompleted();
+    if (completed === submitted) return this.clear();
+    if (submitted - completed > MAX_PENDING) return this.drain();
+    if (this.previous !== null && completed >= this.previousEnd) this.previous = null;
+    if (this.previous === null) {
+      this.previous = this.current;
+      this.previousEnd = submitted;
+      this.current = newEpoch();
+    }
   }
 
   /** Blocks the JS thread until the stream is empty; rethrows a kernel error recorded on it. */
@@ -175,7 +218,7 @@ export class CpuStream {
   /** Resolves when everything enqueued so far has run. */
   async synchronize(): Promise<void> {
     if (this.capture) throw new CaptureError("synchronize", "cannot wait for the stream while capturing (on cpu)");
-    if (this.touched.size === 0 && this.launched.size === 0 && this.native.streamPending() === 0) return;
+    if (!this.tracking && this.native.streamPending() === 0) return;
     try {
       await this.native.streamSyncAsync();
     } finally {
@@ -203,9 +246,8 @@ export class CpuStream {
   }
 
   private clear(): void {
-    this.touched.clear();
-    this.written.clear();
-    this.launched.clear();
+    this.current = newEpoch();
+    this.previous = null;
     this.sinceCheck = 0;
   }
 }
