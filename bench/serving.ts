@@ -146,6 +146,8 @@ async function openLlamaCpp(gguf: string, concs: number[], decodeTokens: number,
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 /** Probes on either side of a single-stream run within this ratio: the bandwidth held steady during the run. */
 const STEADY_PROBES = 1.15;
+/** A round trip under this many ns: the two vCPUs sat close (~70 ns; ~300 ns apart, native/thread-pool.h). */
+const CLOSE_NS = 150;
 
 /**
  * Single-stream decode against the roofline, in pairs: this VM's read bandwidth jumps between ~35 and ~60 GB/s
@@ -187,7 +189,13 @@ async function singleStreamRounds(
   // A round whose two probes disagree saw the bandwidth change during the run: its roofline is a guess, so the
   // median leaves it out (unless every round is such a round). Every round is listed.
   const steady = rounds.filter((r) => Math.max(...r.bw) / Math.min(...r.bw) <= STEADY_PROBES);
+  // The steady rounds by where the vCPUs sat (both round trips under CLOSE_NS, or not): reported next to the median,
+  // which stays over all steady rounds.
+  const placed = (close: boolean) => steady.filter((r) => r.ns !== undefined && r.ns.every((v) => v >= 0 && v < CLOSE_NS) === close);
+  const medianOf = (rs: typeof rounds) => (rs.length ? median(rs.map((r) => r.kiln / r.kilnRoof)) : undefined);
   return {
+    close: { fraction: medianOf(placed(true)), rounds: placed(true).length },
+    apart: { fraction: medianOf(placed(false)), rounds: placed(false).length },
     best: Math.max(...rounds.map((r) => r.kiln)),
     roofFraction: median((steady.length > 0 ? steady : rounds).map((r) => r.kiln / r.kilnRoof)),
     steadyRounds: steady.length,
@@ -319,12 +327,15 @@ async function main(): Promise<void> {
       const roofAt = (gbs: number) => (gbs * 1e9) / bytes;
       const ratio = (a: number, b: number | undefined) => (b ? `${(a / b).toFixed(2)}x` : "-");
       const pct = (f: number | undefined) => (f === undefined ? "-" : `${(100 * f).toFixed(0)}%`);
+      const byPlace = (p: { fraction?: number; rounds: number }) => (p.rounds ? `${pct(p.fraction)} (median of ${p.rounds})` : "no round");
       const [lo, hi] = x1.probeRange;
       lines.push(
         `${format.padEnd(5)} ${(bytes / 2 ** 20).toFixed(0).padStart(6)} MiB (kiln ${kilnWeights}) | prefill ${prefill.toFixed(0).padStart(6)} tok/s (llama.cpp ${pair} ${lcPrefill?.toFixed(0) ?? "-"}, ${ratio(prefill, lcPrefill)})`,
         `        decode x1  ${x1.best.toFixed(1).padStart(7)} tok/s best; ${pct(x1.roofFraction)} of the roofline (median of the ${x1.steadyRounds || rounds} of ${rounds} rounds ${x1.steadyRounds ? "whose probes agreed" : "(no round's probes agreed"} within ${Math.round((STEADY_PROBES - 1) * 100)}%${x1.steadyRounds ? "" : ")"}, probes ${lo!.toFixed(1)}-${hi!.toFixed(1)} GB/s = ${roofAt(lo!).toFixed(0)}-${roofAt(hi!).toFixed(0)} tok/s); llama.cpp ${x1.lcBest?.toFixed(1) ?? "-"} best, ${pct(x1.lcRoofFraction)} of the roofline; kiln/llama.cpp ${x1.ratio ? `${x1.ratio.toFixed(2)}x` : "-"} (median of rounds), ${ratio(x1.best, x1.lcBest)} best/best`,
       );
       lines.push(`        x1 rounds (GB/s probed before/after${native.coreRoundTrip ? " (the threads' round trip then)" : ""}: % of the roofline): ${x1.perRound.join(", ")}; the probe's own 256 MiB buffer read ${ownProbe.toFixed(1)} GB/s after them`);
+      if (native.coreRoundTrip)
+        lines.push(`        x1 steady rounds by placement (% of the roofline): vCPUs close (round trips under ${CLOSE_NS} ns) ${byPlace(x1.close)}, apart ${byPlace(x1.apart)}`);
       for (const [c, r] of batched)
         lines.push(`        decode x${String(c).padEnd(2)} ${r.kiln.toFixed(1).padStart(7)} tok/s (${(r.kiln / roofAt(hi!)).toFixed(2)}x the highest single-stream roofline); llama.cpp ${r.lc?.toFixed(1) ?? "-"} (${ratio(r.kiln, r.lc)})`);
       if (typeof lc === "string") lines.push(`        llama.cpp: ${lc}`);
