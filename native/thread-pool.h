@@ -160,7 +160,20 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // (430 us on average), while the JS thread's host work (~235 us of CPU per step, a third runnable thread on two
 // vCPUs) ran. Sleeping (1 us naps) instead of spinning after 2000 pauses of a wait measured 1.01x the time per
 // generated token (30 alternating rounds), and synchronous scheduling (host work between steps) the same as
-// asynchronous (median 4.71 vs 4.73 ms per token).
+// asynchronous (median 4.71 vs 4.73 ms per token). A busy loop of 400 (800) us added to each step's dispatch on
+// the JS thread made a token take 1.029x (1.049x) the time (SmolLM-135M Q8_0 generate, 12 alternating rounds of 64
+// tokens): the host's work costs the decode about a third of its CPU time.
+// Where a product's time goes, per placement (a scratch copy of bench/lab/gemv-chain stamping each of the SmolLM-135M
+// Q8_0 step's 121 products with the TSC on both threads, means over 16 chains per round): with the vCPUs close
+// (round trip ~70 ns) the worker started 0.13-0.47 us after the job was published, the caller returned 0.3-1.1 us
+// after the last share's end, and its own work between two products took 0.4-1.6 us; apart (~260-320 ns) those were
+// 0.31-0.73, 0.75-1.96 and 1.3-2.7 us, and the small products' shares streamed slower per thread (q/k/v 19-23 GB/s,
+// gate/up 24-28). In the same lab, chains alternating per configuration (300-400 of each, medians of the ratios per
+// placement), none of these gained beyond the 0.4-1.7% that two copies of one configuration differed by: the job's
+// descriptors (shares, SharesJob, the activation sums) taken from a ring of 16 instead of the same stack lines each
+// product (close +0.3%, apart +0.9%); the worker prefetching the job's lines (listed by the caller) the moment it is
+// published (close +1.7% and +0.8%, apart +1.4% and -0.8%: two copies); the int8 group-32 tile's activation sums by
+// vpdpbusd instead of a scalar loop (+0.3%, -0.4%).
 using ShareFn = int64_t (*)(void* ctx, int share, int64_t i0, int64_t i1, const std::atomic<int>* stop);
 void poolRunShares(const int64_t units[2], int64_t minGive, ShareFn fn, void* ctx, int64_t callerUnits[2]);
 // runRows' learned cut for `key` (the caller's fraction of the rows, 0.5 for a new key), and its update from the
