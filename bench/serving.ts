@@ -189,9 +189,10 @@ async function singleStreamRounds(
   // A round whose two probes disagree saw the bandwidth change during the run: its roofline is a guess, so the
   // median leaves it out (unless every round is such a round). Every round is listed.
   const steady = rounds.filter((r) => Math.max(...r.bw) / Math.min(...r.bw) <= STEADY_PROBES);
-  // The steady rounds by where the vCPUs sat (both round trips under CLOSE_NS, or not): reported next to the median,
-  // which stays over all steady rounds.
-  const placed = (close: boolean) => steady.filter((r) => r.ns !== undefined && r.ns.every((v) => v >= 0 && v < CLOSE_NS) === close);
+  // The steady rounds by where the vCPUs sat (both round trips under CLOSE_NS, or not; a round with a round trip
+  // unknown, -1, in neither): reported next to the median, which stays over all steady rounds.
+  const placed = (close: boolean) =>
+    steady.filter((r) => r.ns !== undefined && r.ns.every((v) => v >= 0) && r.ns.every((v) => v < CLOSE_NS) === close);
   const medianOf = (rs: typeof rounds) => (rs.length ? median(rs.map((r) => r.kiln / r.kilnRoof)) : undefined);
   return {
     close: { fraction: medianOf(placed(true)), rounds: placed(true).length },
