@@ -193,10 +193,11 @@ async function singleStreamRounds(
   // unknown, -1, in neither): reported next to the median, which stays over all steady rounds.
   const placed = (close: boolean) =>
     steady.filter((r) => r.ns !== undefined && r.ns.every((v) => v >= 0) && r.ns.every((v) => v < CLOSE_NS) === close);
-  const medianOf = (rs: typeof rounds) => (rs.length ? median(rs.map((r) => r.kiln / r.kilnRoof)) : undefined);
+  const byPlacement = (rs: typeof rounds) =>
+    ({ fraction: rs.length ? median(rs.map((r) => r.kiln / r.kilnRoof)) : undefined, rounds: rs.length });
   return {
-    close: { fraction: medianOf(placed(true)), rounds: placed(true).length },
-    apart: { fraction: medianOf(placed(false)), rounds: placed(false).length },
+    close: byPlacement(placed(true)),
+    apart: byPlacement(placed(false)),
     best: Math.max(...rounds.map((r) => r.kiln)),
     roofFraction: median((steady.length > 0 ? steady : rounds).map((r) => r.kiln / r.kilnRoof)),
     steadyRounds: steady.length,

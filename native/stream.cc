@@ -440,9 +440,6 @@ Napi::Value StreamProfileGraph(const Napi::CallbackInfo& info) {
   Napi::Array ops = Napi::Array::New(env, jobs.size());
   Napi::Float64Array ns = Napi::Float64Array::New(env, jobs.size());
   Napi::Float64Array medianNs = Napi::Float64Array::New(env, jobs.size());
-  Napi::Float64Array all = Napi::Float64Array::New(env, jobs.size() * static_cast<size_t>(reps));
-  for (size_t i = 0; i < jobs.size(); ++i)
-    for (int r = 0; r < reps; ++r) all[static_cast<size_t>(r) * jobs.size() + i] = times[i][static_cast<size_t>(r)];
   for (size_t i = 0; i < jobs.size(); ++i) {
     ops.Set(static_cast<uint32_t>(i), Napi::String::New(env, jobs[i].op));
     std::sort(times[i].begin(), times[i].end());
@@ -453,7 +450,6 @@ Napi::Value StreamProfileGraph(const Napi::CallbackInfo& info) {
   out.Set("ops", ops);
   out.Set("ns", ns);
   out.Set("medianNs", medianNs);
-  out.Set("all", all);
   return out;
 }
 

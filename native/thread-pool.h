@@ -169,7 +169,7 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // after the last share's end, and its own work between two products took 0.4-1.6 us; apart (~260-320 ns) those were
 // 0.31-0.73, 0.75-1.96 and 1.3-2.7 us, and the small products' shares streamed slower per thread (q/k/v 19-23 GB/s,
 // gate/up 24-28). In the same lab, chains alternating per configuration (300-400 of each, medians of the ratios per
-// placement), none of these gained beyond the 0.4-1.7% that two copies of one configuration differed by: the job's
+// placement), none of these gained beyond the 0.4-2.2% that two copies of one configuration differed by: the job's
 // descriptors (shares, SharesJob, the activation sums) taken from a ring of 16 instead of the same stack lines each
 // product (close +0.3%, apart +0.9%); the worker prefetching the job's lines (listed by the caller) the moment it is
 // published (close +1.7% and +0.8%, apart +1.4% and -0.8%: two copies); the int8 group-32 tile's activation sums by

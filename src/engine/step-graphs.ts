@@ -130,8 +130,8 @@ class SampledIds implements DeviceTokens {
     if (this.slot.owner !== this)
       throw new Error(`[step graphs] sampled ids were read after ${SAMPLED_SLOTS} later launches reused their slot`);
     const bytes = this.backend.readAfter!(this.fence, this.slot.buffer, 0, this.rows * 4);
-    // assembled from the bytes (little-endian, as every view of device memory here assumes): an Int32Array view
-    // would make V8 move the small copy's bytes off its heap first (bytes.buffer), an allocation per step
+    // assembled from the bytes (little-endian hosts, as the model loaders assume): an Int32Array view would make V8
+    // move the small copy's bytes off its heap first (bytes.buffer), an allocation per step
     const ids = new Int32Array(this.rows);
     for (let r = 0, b = 0; r < this.rows; r++, b += 4) ids[r] = bytes[b]! | (bytes[b + 1]! << 8) | (bytes[b + 2]! << 16) | (bytes[b + 3]! << 24);
     this.ids = ids;

@@ -219,11 +219,8 @@ export interface NativeStream {
   streamLaunchGraph(graph: NativeGraphHandle): number;
   /** Jobs recorded in the graph (0 once released). */
   streamGraphKernels(graph: NativeGraphHandle): number;
-  /**
-   * Drains the stream, then replays the graph `reps` times on this thread timing each job (profiling aid): best and
-   * median ns per job; all[r * jobs + i] is job i's ns in replay r (newer addons).
-   */
-  streamProfileGraph?(graph: NativeGraphHandle, reps: number): { ops: string[]; ns: Float64Array; medianNs?: Float64Array; all?: Float64Array };
+  /** Drains the stream, then replays the graph `reps` times on this thread timing each job: best and median ns per job (profiling aid). */
+  streamProfileGraph?(graph: NativeGraphHandle, reps: number): { ops: string[]; ns: Float64Array; medianNs?: Float64Array };
   /** Drops the recorded jobs now; a replay already enqueued keeps its own reference until it has run. */
   streamReleaseGraph(graph: NativeGraphHandle): void;
 }
