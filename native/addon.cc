@@ -881,6 +881,33 @@ Napi::Value QuantDotPeak(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), gQ->dotPeak(it, static_cast<int>(t > 256 ? 256 : t)));
 }
 
+// streamPrefetch([{intoL1, quantAhead, gemvAhead}]): the decode tiles' stream prefetch (thread-pool.h
+// StreamPrefetch), set when given; returns the setting in force.
+Napi::Value StreamPrefetchFn(const Napi::CallbackInfo& info) {
+  const char* op = "streamPrefetch";
+  Napi::Env env = info.Env();
+  if (info.Length() > 0 && !info[0].IsUndefined()) {
+    if (!info[0].IsObject()) fail(env, op, "setting must be an object {intoL1, quantAhead, gemvAhead}");
+    Napi::Object o = info[0].As<Napi::Object>();
+    auto bytes = [&](const char* key) {
+      Napi::Value v = o.Get(key);
+      const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+      if (!(d >= 0 && d <= 65536 && d == static_cast<double>(static_cast<int64_t>(d))))
+        fail(env, op, std::string(key) + " must be an integer number of bytes in [0, 65536]");
+      return static_cast<int64_t>(d);
+    };
+    if (!o.Get("intoL1").IsBoolean()) fail(env, op, "intoL1 must be a boolean");
+    const StreamPrefetch next{bytes("quantAhead"), bytes("gemvAhead"), o.Get("intoL1").As<Napi::Boolean>().Value()};
+    streamDrainForSyncCall(env);  // no kernel may run while it changes
+    kStreamPrefetch = next;
+  }
+  Napi::Object r = Napi::Object::New(env);
+  r.Set("intoL1", kStreamPrefetch.intoL1);
+  r.Set("quantAhead", static_cast<double>(kStreamPrefetch.quantAhead));
+  r.Set("gemvAhead", static_cast<double>(kStreamPrefetch.gemvAhead));
+  return r;
+}
+
 Napi::Value SetNumThreads(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 0, "setNumThreads", "n", 1);
   streamDrainForSyncCall(info.Env());  // the stream thread may be inside a pool job
@@ -1111,6 +1138,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("bf16DotMinM", Napi::Number::New(env, static_cast<double>(gK->bf16DotMinM)));
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
+  exports.Set("streamPrefetch", Napi::Function::New(env, StreamPrefetchFn, "streamPrefetch"));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
   exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
   exports.Set("allocHugeMemory", Napi::Function::New(env, AllocHugeMemory, "allocHugeMemory"));

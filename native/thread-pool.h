@@ -48,10 +48,30 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 // left the caller idle for a fifth of each matmul. (Whole decode steps with an even cut took x1.21 as long in such a
 // period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never
 // changes what is computed for a row.
-// Bytes ahead of every line they load that the decode (small-M) tiles reading their share of rows as sequential
-// streams prefetch each stream: the quantized tiles (native/quant-impl.inc kLineAhead, with the measurements); the
-// f32 / bf16 M = 1 tiles prefetch 1024 (small-m-impl.inc kGemvAheadBytes).
-constexpr int64_t kStreamAheadBytes = 1536;
+// How the decode (small-M) tiles reading their share of rows as sequential streams prefetch each stream: bytes
+// ahead of every line they load, for the quantized tiles (native/quant-impl.inc lineAhead, with the measurements)
+// and the f32 / bf16 M = 1 tiles (small-m-impl.inc gemvPrefetch), and into which cache. Chosen once per process for
+// the CPU (thread-pool.cc chooseStreamPrefetch):
+//   Zen 4 and others: 1536 / 1024 bytes into L2 (prefetcht1; the Zen 4 measurements at lineAhead and gemvPrefetch);
+//   Zen 5 (AMD family 1Ah) and later: 2048 / 2048 bytes into L1 (prefetcht0). On a Zen 5 VM (2 vCPUs, a 2-thread
+//     read of ~85-100 GB/s, the threads' round trip ~430 ns), bench/lab/gemv-chain with the setting switched between
+//     chains in one process, medians of 20 chains per round: SmolLM-135M-shaped int8 group-32 chains took 0.87-0.93x
+//     the time of the Zen 4 setting's (prefetcht0 and prefetchnta alike at 2048; prefetcht0 at 1536 0.93-0.95x, at
+//     1024 0.96-0.97x, at 4096 0.91x), 1B-shaped 0.91-0.92x, SmolLM-shaped bf16 0.92-0.94x, 1B-shaped bf16 0.96x,
+//     int4 and mxfp4 0.94-0.98x. Whole decode steps (execute() at position 32, blocks of 15 alternating between the
+//     two settings in one process; median ratio of the blocks, quartiles): SmolLM-135M Q8_0 0.933 (0.891-0.947, 30
+//     blocks), bf16 0.939 (0.930-0.983, 20); Llama-1B-shaped Q8_0 1.010 (0.968-1.026, 10), bf16 0.985 (0.941-0.985, 6).
+// The addon's streamPrefetch() reads and sets it (for measuring one setting against another in one process).
+struct StreamPrefetch {
+  int64_t quantAhead, gemvAhead;
+  bool intoL1;
+};
+extern StreamPrefetch kStreamPrefetch;  // written only while no kernel runs
+// Prefetches the line `ahead` bytes past p into the cache kStreamPrefetch names.
+inline void streamAhead(const void* p, int64_t ahead) {
+  if (kStreamPrefetch.intoL1) __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+  else __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
+}
 // Bytes an idle pool worker pulls into its cache (prefetcht1) while the caller runs serial work, until the next job
 // is published: step graphs hint the worker's half of the next matmul's weights before the serial kernels ahead
 // of it (stream.h Job::prefetch). Measured on the SmolLM-135M-shaped decode step (position 40, 2 threads, kernel by

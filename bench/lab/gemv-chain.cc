@@ -5,7 +5,7 @@
 // bytes (each product's span split between the threads by poolRunRows as the kernels split it, each share read as
 // four sequential streams), and prints both against this run's read bandwidth (the probe bench/serving divides by).
 // chain/read well above 1 points at the kernels (the tiles' loads keeping too few lines in flight was one such
-// cause: see kLineAhead in native/quant-impl.inc), read/probe well below 1 at the split, the dispatch or the memory
+// cause: see lineAhead in native/quant-impl.inc), read/probe well below 1 at the split, the dispatch or the memory
 // system's moment. Last, the arena read as one job (as bench/serving's roofline probe reads a model's weights): the
 // gap to `read` is what splitting the step into its products costs. SmolLM Q8_0 (cache-resident on this VM): one job
 // 2.37-2.44 ms, read 2.69-2.92, chain 2.75-2.87; in a lab loop over the same bytes in 16, 211 and 1024 equal jobs

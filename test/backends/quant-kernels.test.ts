@@ -112,6 +112,59 @@ function runSuite(k: NativeKernels, isa: string): void {
     }
   }
 
+  test(`[${isa}] the stream prefetch setting changes no result, and is checked`, { skip: k.streamPrefetch ? false : "older addon" }, () => {
+    const sp = k.streamPrefetch!;
+    const initial = sp();
+    // chosen for the CPU at load (native/thread-pool.h StreamPrefetch): Zen 4's setting or Zen 5's
+    assert.ok(
+      [JSON.stringify({ intoL1: false, quantAhead: 1536, gemvAhead: 1024 }), JSON.stringify({ intoL1: true, quantAhead: 2048, gemvAhead: 2048 })]
+        .includes(JSON.stringify(initial)), JSON.stringify(initial));
+    k.setNumThreads(2);
+    // M = 1 products on the stream tiles (int8, int4, int8 group-32, mxfp4; f32 and bf16 weights): a prefetch only
+    // moves lines, so every setting gives the same bits, including distances past the weights' end (prefetches of
+    // any address never fault)
+    const n = 301, kk = 576;
+    const w = randn(n * kk, 0.05), x = randn(kk);
+    const wbf = new Uint16Array(n * kk);
+    for (let i = 0; i < wbf.length; i++) wbf[i] = new Uint32Array(Float32Array.of(w[i]!).buffer)[0]! >>> 16;
+    const products = (["int8", "int4", "int8_g32", "mxfp4"] as const).filter((s) => nativeTakesScheme(k, s)).map((scheme) => {
+      const q = nativeQuantize(k, scheme, w, n, kk);
+      return () => {
+        const out = new Float32Array(n);
+        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, 1, n, kk, nativeQuantCode(scheme));
+        return out;
+      };
+    });
+    for (const [b, dtype] of [[w, 0], [wbf, 1]] as const)
+      products.push(() => {
+        const out = new Float32Array(n);
+        k.matmul(x, b, out, 1, n, kk, true, dtype, 1, 0, 0, 0);
+        return out;
+      });
+    const want = products.map((f) => f());
+    try {
+      for (const setting of [
+        { intoL1: !initial.intoL1, quantAhead: 4096, gemvAhead: 3072 },
+        { intoL1: initial.intoL1, quantAhead: 0, gemvAhead: 65536 },
+      ]) {
+        assert.deepEqual(sp(setting), setting);
+        assert.deepEqual(sp(), setting);
+        products.forEach((f, i) => assert.deepEqual(f(), want[i], `product ${i} under ${JSON.stringify(setting)}`));
+      }
+      for (const bad of [
+        { intoL1: true, quantAhead: -64, gemvAhead: 0 },
+        { intoL1: true, quantAhead: 64, gemvAhead: 1.5 },
+        { intoL1: true, quantAhead: 65600, gemvAhead: 0 },
+        { intoL1: 1, quantAhead: 64, gemvAhead: 64 },
+      ])
+        assert.throws(() => sp(bad as never), /\[streamPrefetch\] (quantAhead|gemvAhead|intoL1) must be/);
+      assert.throws(() => sp(7 as never), /\[streamPrefetch\] setting must be an object/);
+    } finally {
+      sp(initial);
+    }
+    assert.deepEqual(sp(), initial);
+  });
+
   test(`[${isa}] argument checks`, () => {
     const x = new Float32Array(64);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(10), new Uint16Array(2), new Int32Array(0), new Float32Array(1), 1, 1, 48, 1), /multiple of 64/);

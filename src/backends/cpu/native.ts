@@ -167,6 +167,19 @@ export interface NativeKernels extends NativeStream {
    * hand-off between a job's threads costs (native/thread-pool.h poolRoundTripNs). Absent in older builds.
    */
   coreRoundTrip?(iterations: number): number;
+  /**
+   * The decode tiles' stream prefetch (native/thread-pool.h StreamPrefetch: bytes ahead for the quantized and the
+   * f32 / bf16 tiles, into L1 or L2), chosen for the CPU at load; sets it when given (for measuring settings against
+   * each other in one process) and returns the setting in force. Absent in older builds.
+   */
+  streamPrefetch?(setting?: StreamPrefetch): StreamPrefetch;
+}
+
+/** native/thread-pool.h StreamPrefetch. */
+export interface StreamPrefetch {
+  intoL1: boolean;
+  quantAhead: number;
+  gemvAhead: number;
 }
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
