@@ -899,12 +899,12 @@ Napi::Value StreamPrefetchFn(const Napi::CallbackInfo& info) {
     if (!o.Get("intoL1").IsBoolean()) fail(env, op, "intoL1 must be a boolean");
     const StreamPrefetch next{bytes("quantAhead"), bytes("gemvAhead"), o.Get("intoL1").As<Napi::Boolean>().Value()};
     streamDrainForSyncCall(env);  // no kernel may run while it changes
-    kStreamPrefetch = next;
+    gStreamPrefetch = next;
   }
   Napi::Object r = Napi::Object::New(env);
-  r.Set("intoL1", kStreamPrefetch.intoL1);
-  r.Set("quantAhead", static_cast<double>(kStreamPrefetch.quantAhead));
-  r.Set("gemvAhead", static_cast<double>(kStreamPrefetch.gemvAhead));
+  r.Set("intoL1", gStreamPrefetch.intoL1);
+  r.Set("quantAhead", static_cast<double>(gStreamPrefetch.quantAhead));
+  r.Set("gemvAhead", static_cast<double>(gStreamPrefetch.gemvAhead));
   return r;
 }
 

@@ -488,7 +488,7 @@ StreamPrefetch chooseStreamPrefetch() {
   return sp;
 }
 }  // namespace
-StreamPrefetch kStreamPrefetch = chooseStreamPrefetch();
+StreamPrefetch gStreamPrefetch = chooseStreamPrefetch();
 
 void poolPrefetchHint(const void* p, int64_t bytes) { pool().prefetchHint(p, bytes); }
 SideLines* sideLines() {

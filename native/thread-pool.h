@@ -66,10 +66,10 @@ struct StreamPrefetch {
   int64_t quantAhead, gemvAhead;
   bool intoL1;
 };
-extern StreamPrefetch kStreamPrefetch;  // written only while no kernel runs
-// Prefetches the line `ahead` bytes past p into the cache kStreamPrefetch names.
+extern StreamPrefetch gStreamPrefetch;  // written only while no kernel runs
+// Prefetches the line `ahead` bytes past p into the cache gStreamPrefetch names.
 inline void streamAhead(const void* p, int64_t ahead) {
-  if (kStreamPrefetch.intoL1) __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+  if (gStreamPrefetch.intoL1) __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
   else __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
 }
 // Bytes an idle pool worker pulls into its cache (prefetcht1) while the caller runs serial work, until the next job
