@@ -269,8 +269,10 @@ async function main(): Promise<void> {
   const quickBandwidth = () => native.memoryReadBandwidth(probe, 2, threads);
   const rounds = Number(option("--rounds", "5"));
   if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be an integer >= 1, got ${option("--rounds", "5")}`);
-  const sp = native.streamPrefetch?.();
-  const spText = sp ? `; decode tiles prefetch ${sp.quantAhead} (quantized) / ${sp.gemvAhead} (f32, bf16) bytes ahead into ${sp.intoL1 ? "L1" : "L2"}` : "";
+  const dt = native.decodeTuning?.();
+  const spText = dt
+    ? `; decode tiles prefetch ${dt.quantAhead} (quantized) / ${dt.gemvAhead} (f32, bf16) bytes ahead into ${dt.prefetchIntoL1 ? "L1" : "L2"}, shares balanced while they run in products of ${dt.handOverMinBytes} bytes or more`
+    : "";
   console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${quickBandwidth().toFixed(1)} GB/s at start${spText}`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 

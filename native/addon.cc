@@ -881,30 +881,42 @@ Napi::Value QuantDotPeak(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), gQ->dotPeak(it, static_cast<int>(t > 256 ? 256 : t)));
 }
 
-// streamPrefetch([{intoL1, quantAhead, gemvAhead}]): the decode tiles' stream prefetch (thread-pool.h
-// StreamPrefetch), set when given; returns the setting in force.
-Napi::Value StreamPrefetchFn(const Napi::CallbackInfo& info) {
-  const char* op = "streamPrefetch";
+// decodeTuning([{quantAhead?, gemvAhead?, prefetchIntoL1?, handOverMinBytes?}]): how decode products run (thread-pool.h
+// DecodeTuning); the fields given are set (all checked before any is); returns the setting in force.
+Napi::Value DecodeTuningFn(const Napi::CallbackInfo& info) {
+  const char* op = "decodeTuning";
   Napi::Env env = info.Env();
   if (info.Length() > 0 && !info[0].IsUndefined()) {
-    if (!info[0].IsObject()) fail(env, op, "setting must be an object {intoL1, quantAhead, gemvAhead}");
+    if (!info[0].IsObject() || info[0].IsArray())
+      fail(env, op, "setting must be an object {quantAhead, gemvAhead, prefetchIntoL1, handOverMinBytes}");
     Napi::Object o = info[0].As<Napi::Object>();
-    auto bytes = [&](const char* key) {
+    DecodeTuning next = gDecodeTuning;
+    auto bytes = [&](const char* key, int64_t& field, double max, const char* range) {
       Napi::Value v = o.Get(key);
+      if (v.IsUndefined()) return;
       const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
-      if (!(d >= 0 && d <= 65536 && d == static_cast<double>(static_cast<int64_t>(d))))
-        fail(env, op, std::string(key) + " must be an integer number of bytes in [0, 65536]");
-      return static_cast<int64_t>(d);
+      if (!(d >= 0 && d <= max && d == static_cast<double>(static_cast<int64_t>(d))))
+        fail(env, op, std::string(key) + " must be an integer number of bytes in " + range);
+      field = static_cast<int64_t>(d);
     };
-    if (!o.Get("intoL1").IsBoolean()) fail(env, op, "intoL1 must be a boolean");
-    const StreamPrefetch next{bytes("quantAhead"), bytes("gemvAhead"), o.Get("intoL1").As<Napi::Boolean>().Value()};
+    auto flag = [&](const char* key, bool& field) {
+      Napi::Value v = o.Get(key);
+      if (v.IsUndefined()) return;
+      if (!v.IsBoolean()) fail(env, op, std::string(key) + " must be a boolean");
+      field = v.As<Napi::Boolean>().Value();
+    };
+    bytes("quantAhead", next.quantAhead, 65536, "[0, 65536]");
+    bytes("gemvAhead", next.gemvAhead, 65536, "[0, 65536]");
+    flag("prefetchIntoL1", next.prefetchIntoL1);
+    bytes("handOverMinBytes", next.handOverMinBytes, 9007199254740991.0, "[0, 2^53)");
     streamDrainForSyncCall(env);  // no kernel may run while it changes
-    gStreamPrefetch = next;
+    gDecodeTuning = next;
   }
   Napi::Object r = Napi::Object::New(env);
-  r.Set("intoL1", gStreamPrefetch.intoL1);
-  r.Set("quantAhead", static_cast<double>(gStreamPrefetch.quantAhead));
-  r.Set("gemvAhead", static_cast<double>(gStreamPrefetch.gemvAhead));
+  r.Set("quantAhead", static_cast<double>(gDecodeTuning.quantAhead));
+  r.Set("gemvAhead", static_cast<double>(gDecodeTuning.gemvAhead));
+  r.Set("prefetchIntoL1", gDecodeTuning.prefetchIntoL1);
+  r.Set("handOverMinBytes", static_cast<double>(gDecodeTuning.handOverMinBytes));
   return r;
 }
 
@@ -1138,7 +1150,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("bf16DotMinM", Napi::Number::New(env, static_cast<double>(gK->bf16DotMinM)));
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
-  exports.Set("streamPrefetch", Napi::Function::New(env, StreamPrefetchFn, "streamPrefetch"));
+  exports.Set("decodeTuning", Napi::Function::New(env, DecodeTuningFn, "decodeTuning"));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
   exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
   exports.Set("allocHugeMemory", Napi::Function::New(env, AllocHugeMemory, "allocHugeMemory"));

@@ -473,22 +473,22 @@ void poolRunRows(const void* key, int64_t total, int64_t minShare, RangeFn fn, v
   pool().runRows(key, total, minShare, fn, ctx);
 }
 namespace {
-// thread-pool.h StreamPrefetch, by the CPU.
-StreamPrefetch chooseStreamPrefetch() {
-  StreamPrefetch sp{1536, 1024, false};
+// thread-pool.h DecodeTuning, by the CPU.
+DecodeTuning chooseDecodeTuning() {
+  DecodeTuning t{1536, 1024, false, 0};
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
   char vendor[13] = {};
   if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
   if (strcmp(vendor, "AuthenticAMD") == 0 && __get_cpuid(1, &a, &b, &c, &d)) {
     const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
-    if (family >= 0x1a) sp = {2048, 2048, true};
+    if (family >= 0x1a) t = {2048, 2048, true, int64_t{4} << 20};
   }
 #endif
-  return sp;
+  return t;
 }
 }  // namespace
-StreamPrefetch gStreamPrefetch = chooseStreamPrefetch();
+DecodeTuning gDecodeTuning = chooseDecodeTuning();
 
 void poolPrefetchHint(const void* p, int64_t bytes) { pool().prefetchHint(p, bytes); }
 SideLines* sideLines() {

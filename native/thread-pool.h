@@ -48,28 +48,41 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 // left the caller idle for a fifth of each matmul. (Whole decode steps with an even cut took x1.21 as long in such a
 // period, measured over 8 alternating blocks; elsewhere the two were within noise.) Which rows a share gets never
 // changes what is computed for a row.
-// How the decode (small-M) tiles reading their share of rows as sequential streams prefetch each stream: bytes
-// ahead of every line they load, for the quantized tiles (native/quant-impl.inc lineAhead, with the measurements)
-// and the f32 / bf16 M = 1 tiles (small-m-impl.inc gemvPrefetch), and into which cache. Chosen once per process for
-// the CPU (thread-pool.cc chooseStreamPrefetch):
-//   Zen 4 and others: 1536 / 1024 bytes into L2 (prefetcht1; the Zen 4 measurements at lineAhead and gemvPrefetch);
-//   Zen 5 (AMD family 1Ah) and later: 2048 / 2048 bytes into L1 (prefetcht0). On a Zen 5 VM (2 vCPUs, a 2-thread
-//     read of ~85-100 GB/s, the threads' round trip ~430 ns), bench/lab/gemv-chain with the setting switched between
-//     chains in one process, medians of 20 chains per round: SmolLM-135M-shaped int8 group-32 chains took 0.87-0.93x
-//     the time of the Zen 4 setting's (prefetcht0 and prefetchnta alike at 2048; prefetcht0 at 1536 0.93-0.95x, at
-//     1024 0.96-0.97x, at 4096 0.91x), 1B-shaped 0.91-0.92x, SmolLM-shaped bf16 0.92-0.94x, 1B-shaped bf16 0.96x,
-//     int4 and mxfp4 0.94-0.98x. Whole decode steps (execute() at position 32, blocks of 15 alternating between the
-//     two settings in one process; median ratio of the blocks, quartiles): SmolLM-135M Q8_0 0.933 (0.891-0.947, 30
-//     blocks), bf16 0.939 (0.930-0.983, 20); Llama-1B-shaped Q8_0 1.010 (0.968-1.026, 10), bf16 0.985 (0.941-0.985, 6).
-// The addon's streamPrefetch() reads and sets it (for measuring one setting against another in one process).
-struct StreamPrefetch {
+// How the decode (small-M) products run, chosen once per process for the CPU (thread-pool.cc chooseDecodeTuning):
+// - The stream tiles reading a share of rows as sequential streams prefetch each stream quantAhead (the quantized
+//   tiles, native/quant-impl.inc lineAhead, with the measurements) or gemvAhead (the f32 / bf16 M = 1 tiles,
+//   small-m-impl.inc gemvPrefetch) bytes ahead of every line they load, into L1 (prefetcht0) or L2 (prefetcht1).
+// - handOverMinBytes: parallelStackedSpans balances the two threads' shares while they run (poolRunShares, below)
+//   in products of at least this many bytes; a smaller product takes runRows' learned cut alone.
+// Zen 4 and every other CPU: 1536 / 1024 bytes into L2, every product handed over (the Zen 4 measurements at
+// lineAhead, gemvPrefetch and poolRunShares).
+// Zen 5 (AMD family 1Ah) and later: 2048 / 2048 bytes into L1, products under 4 MiB not handed over. Measured on a
+// Zen 5 VM (2 vCPUs, a 2-thread read of ~70-105 GB/s, the threads' round trip 390-550 ns, against ~70 or ~300 ns on
+// the Zen 4 VM):
+// - the prefetch: bench/lab/gemv-chain with the setting switched between chains in one process, medians of 20 chains
+//   per round: SmolLM-135M-shaped int8 group-32 chains took 0.87-0.93x the time of the Zen 4 setting's (prefetcht0
+//   and prefetchnta alike at 2048; prefetcht0 at 1536 0.93-0.95x, at 1024 0.96-0.97x, at 4096 0.91x), 1B-shaped
+//   0.91-0.92x, SmolLM-shaped bf16 0.92-0.94x, 1B-shaped bf16 0.96x, int4 and mxfp4 0.94-0.98x. Whole decode steps
+//   (execute() at position 32, blocks of 15 alternating between the two settings in one process; median ratio of
+//   the blocks, quartiles): SmolLM-135M Q8_0 0.933 (0.891-0.947, 30 blocks), bf16 0.939 (0.930-0.983, 20);
+//   Llama-1B-shaped Q8_0 1.010 (0.968-1.026, 10), bf16 0.985 (0.941-0.985, 6).
+// - the hand-over (the same whole-step blocks; ratio of the blocks' times without to with it): with no product
+//   handed over, SmolLM-135M Q8_0 0.942 (0.896-0.983, 30 blocks), bf16 1.005 (0.951-1.019, 20), but Llama-1B-shaped
+//   Q8_0 1.043 (1.010-1.112, 10) and bf16 1.073 (1.008-1.085, 6): a share's finishing gap grows with the product,
+//   the hand-over's cost (several of those round trips) does not. With products under 4 MiB not handed over (every
+//   SmolLM-135M product but the LM head, no 1B-shaped one): SmolLM-135M Q8_0 0.946 (0.900-0.961, 30), bf16 1.006
+//   (0.962-1.087, 20), 1B-shaped Q8_0 1.011 (0.981-1.013, 10), bf16 0.998 (0.991-1.012, 6; these two in a period of
+//   memory ~40% slower than the others').
+// The addon's decodeTuning() reads and sets it (for measuring one setting against another in one process).
+struct DecodeTuning {
   int64_t quantAhead, gemvAhead;
-  bool intoL1;
+  bool prefetchIntoL1;
+  int64_t handOverMinBytes;
 };
-extern StreamPrefetch gStreamPrefetch;  // written only while no kernel runs
-// Prefetches the line `ahead` bytes past p into the cache gStreamPrefetch names.
+extern DecodeTuning gDecodeTuning;  // written only while no kernel runs
+// Prefetches the line `ahead` bytes past p into the cache gDecodeTuning names.
 inline void streamAhead(const void* p, int64_t ahead) {
-  if (gStreamPrefetch.intoL1) __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+  if (gDecodeTuning.prefetchIntoL1) __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
   else __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
 }
 // Bytes an idle pool worker pulls into its cache (prefetcht1) while the caller runs serial work, until the next job
@@ -207,11 +220,13 @@ double poolSplitFraction(const void* key);
 void poolLearnSplit(const void* key, double callerFraction);
 
 // Rows of n weights stacked as one [sum of as[i].N] matrix, split between the threads as parallelRows splits rows
-// (keyed by `key`), each share read as `streams` streams per weight it covers and balanced while it runs
-// (poolRunShares): part(as[i], span) runs a RowSpan of weight i's rows and returns the tiles it ran. Which thread
-// computes a row never changes what is computed for it.
+// (keyed by `key`), each share read as `streams` streams per weight it covers and, in a product of at least
+// gDecodeTuning.handOverMinBytes (rows of rowBytes each), balanced while it runs (poolRunShares): part(as[i], span)
+// runs a RowSpan of weight i's rows and returns the tiles it ran. Which thread computes a row never changes what is
+// computed for it.
 template <class A, class F>
-inline void parallelStackedSpans(const void* key, const A* as, int n, int streams, int64_t minShare, F&& part) {
+inline void parallelStackedSpans(const void* key, const A* as, int n, int streams, int64_t minShare, int64_t rowBytes,
+                                 F&& part) {
   constexpr int kMaxParts = 4;
   int64_t total = 0;
   for (int i = 0; i < n; ++i) total += as[i].N;
@@ -225,7 +240,8 @@ inline void parallelStackedSpans(const void* key, const A* as, int n, int stream
       for (int k = 0, ns = r0 < r1 ? splitSpans(r0, r1, streams, nullptr, sp) : 0; k < ns; ++k) emit(i, sp[k]);
     }
   };
-  if (poolGetNumThreads() != 2 || n > kMaxParts || total < 2 * minShare) {  // the unbalanced split
+  if (total * rowBytes < gDecodeTuning.handOverMinBytes || poolGetNumThreads() != 2 || n > kMaxParts ||
+      total < 2 * minShare) {  // the unbalanced split
     auto rows = [&](int64_t lo, int64_t hi) { spansOf(lo, hi, [&](int i, const RowSpan& sp) { part(as[i], sp); }); };
     parallelRows(key, total, minShare, rows);
     return;

@@ -112,17 +112,17 @@ function runSuite(k: NativeKernels, isa: string): void {
     }
   }
 
-  test(`[${isa}] the stream prefetch setting changes no result, and is checked`, { skip: k.streamPrefetch ? false : "older addon" }, () => {
-    const sp = k.streamPrefetch!;
-    const initial = sp();
-    // chosen for the CPU at load (native/thread-pool.h StreamPrefetch): Zen 4's setting or Zen 5's
-    assert.ok(
-      [JSON.stringify({ intoL1: false, quantAhead: 1536, gemvAhead: 1024 }), JSON.stringify({ intoL1: true, quantAhead: 2048, gemvAhead: 2048 })]
-        .includes(JSON.stringify(initial)), JSON.stringify(initial));
+  test(`[${isa}] the decode tuning changes no result, and is checked`, { skip: k.decodeTuning ? false : "older addon" }, () => {
+    const dt = k.decodeTuning!;
+    const initial = dt();
+    // chosen for the CPU at load (native/thread-pool.h DecodeTuning): Zen 4's setting (and every other CPU's) or Zen 5's
+    const zen4 = { quantAhead: 1536, gemvAhead: 1024, prefetchIntoL1: false, handOverMinBytes: 0 };
+    const zen5 = { quantAhead: 2048, gemvAhead: 2048, prefetchIntoL1: true, handOverMinBytes: 4 << 20 };
+    assert.ok([zen4, zen5].some((d) => JSON.stringify(d) === JSON.stringify(initial)), JSON.stringify(initial));
     k.setNumThreads(2);
-    // M = 1 products on the stream tiles (int8, int4, int8 group-32, mxfp4; f32 and bf16 weights): a prefetch only
-    // moves lines, so every setting gives the same bits, including distances past the weights' end (prefetches of
-    // any address never fault)
+    // M = 1 products on the stream tiles (int8, int4, int8 group-32, mxfp4; f32 and bf16 weights), split between two
+    // threads: a prefetch only moves lines and the split only moves rows between the threads, so every setting gives
+    // the same bits, including distances past the weights' end (prefetches of any address never fault)
     const n = 301, kk = 576;
     const w = randn(n * kk, 0.05), x = randn(kk);
     const wbf = new Uint16Array(n * kk);
@@ -144,25 +144,25 @@ function runSuite(k: NativeKernels, isa: string): void {
     const want = products.map((f) => f());
     try {
       for (const setting of [
-        { intoL1: !initial.intoL1, quantAhead: 4096, gemvAhead: 3072 },
-        { intoL1: initial.intoL1, quantAhead: 0, gemvAhead: 65536 },
+        { quantAhead: 4096, gemvAhead: 3072, prefetchIntoL1: !initial.prefetchIntoL1, handOverMinBytes: 0 },
+        { quantAhead: 0, gemvAhead: 65536, prefetchIntoL1: initial.prefetchIntoL1, handOverMinBytes: 2 ** 40 },
       ]) {
-        assert.deepEqual(sp(setting), setting);
-        assert.deepEqual(sp(), setting);
-        products.forEach((f, i) => assert.deepEqual(f(), want[i], `product ${i} under ${JSON.stringify(setting)}`));
+        assert.deepEqual(dt(setting), setting);
+        for (let rep = 0; rep < 3; rep++) // runRows' cut moves with each run's timing
+          products.forEach((f, i) => assert.deepEqual(f(), want[i], `product ${i} under ${JSON.stringify(setting)}`));
       }
-      for (const bad of [
-        { intoL1: true, quantAhead: -64, gemvAhead: 0 },
-        { intoL1: true, quantAhead: 64, gemvAhead: 1.5 },
-        { intoL1: true, quantAhead: 65600, gemvAhead: 0 },
-        { intoL1: 1, quantAhead: 64, gemvAhead: 64 },
-      ])
-        assert.throws(() => sp(bad as never), /\[streamPrefetch\] (quantAhead|gemvAhead|intoL1) must be/);
-      assert.throws(() => sp(7 as never), /\[streamPrefetch\] setting must be an object/);
+      // the fields given are set, the others kept
+      assert.deepEqual(dt({ handOverMinBytes: 1 }), { quantAhead: 0, gemvAhead: 65536, prefetchIntoL1: initial.prefetchIntoL1, handOverMinBytes: 1 });
+      for (const bad of [{ quantAhead: -64 }, { gemvAhead: 1.5 }, { quantAhead: 65600 }, { prefetchIntoL1: 1 }, { handOverMinBytes: -1 }, { handOverMinBytes: 2 ** 53 }])
+        assert.throws(() => dt(bad as never), /\[decodeTuning\] (quantAhead|gemvAhead|prefetchIntoL1|handOverMinBytes) must be/);
+      // a bad field sets nothing, not even the good fields given with it
+      assert.throws(() => dt({ quantAhead: 512, prefetchIntoL1: 0 } as never), /prefetchIntoL1 must be a boolean/);
+      assert.equal(dt().quantAhead, 0);
+      assert.throws(() => dt(7 as never), /\[decodeTuning\] setting must be an object/);
     } finally {
-      sp(initial);
+      dt(initial);
     }
-    assert.deepEqual(sp(), initial);
+    assert.deepEqual(dt(), initial);
   });
 
   test(`[${isa}] argument checks`, () => {

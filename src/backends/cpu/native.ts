@@ -168,18 +168,21 @@ export interface NativeKernels extends NativeStream {
    */
   coreRoundTrip?(iterations: number): number;
   /**
-   * The decode tiles' stream prefetch (native/thread-pool.h StreamPrefetch: bytes ahead for the quantized and the
-   * f32 / bf16 tiles, into L1 or L2), chosen for the CPU at load; sets it when given (for measuring settings against
-   * each other in one process) and returns the setting in force. Absent in older builds.
+   * How decode products run (native/thread-pool.h DecodeTuning: the stream tiles' prefetch distances for quantized
+   * and f32 / bf16 weights and its cache level, and the least bytes of a product whose two shares are balanced
+   * while they run), chosen
+   * for the CPU at load. Sets the fields given (for measuring settings against each other in one process) and
+   * returns the setting in force. Absent in older builds.
    */
-  streamPrefetch?(setting?: StreamPrefetch): StreamPrefetch;
+  decodeTuning?(setting?: Partial<DecodeTuning>): DecodeTuning;
 }
 
-/** native/thread-pool.h StreamPrefetch. */
-export interface StreamPrefetch {
-  intoL1: boolean;
+/** native/thread-pool.h DecodeTuning. */
+export interface DecodeTuning {
   quantAhead: number;
   gemvAhead: number;
+  prefetchIntoL1: boolean;
+  handOverMinBytes: number;
 }
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
