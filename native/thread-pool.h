@@ -73,8 +73,9 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 //   SmolLM-135M product but the LM head, no 1B-shaped one): SmolLM-135M Q8_0 0.946 (0.900-0.961, 30), bf16 1.006
 //   (0.962-1.087, 20), 1B-shaped Q8_0 1.011 (0.981-1.013, 10), bf16 0.998 (0.991-1.012, 6; these two in a period of
 //   memory ~40% slower than the others').
-// This Zen 5 VM, too, has periods with its vCPUs close: a bench run read ~50 GB/s with round trips of 56-67 ns. The
-// threshold, chosen by the CPU and not by the moment's round trip, was not measured in such a period.
+// This Zen 5 VM, too, has periods with its vCPUs close: a bench run read ~50 GB/s with round trips of 56-67 ns. In
+// one (round trips 56-62 ns), Zen 5's whole setting against Zen 4's, the same whole-step blocks: SmolLM-135M Q8_0
+// 0.955 (0.891-0.983, 30), bf16 0.997 (0.973-1.013, 20), 1B-shaped Q8_0 0.971 (0.961-0.981, 10).
 // The addon's decodeTuning() reads and sets it (for measuring one setting against another in one process).
 struct DecodeTuning {
   int64_t quantAhead, gemvAhead;
