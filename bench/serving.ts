@@ -270,10 +270,10 @@ async function main(): Promise<void> {
   const rounds = Number(option("--rounds", "5"));
   if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be an integer >= 1, got ${option("--rounds", "5")}`);
   const dt = native.decodeTuning?.();
-  const spText = dt
+  const tuningText = dt
     ? `; decode tiles prefetch ${dt.quantAhead} (quantized) / ${dt.gemvAhead} (f32, bf16) bytes ahead into ${dt.prefetchIntoL1 ? "L1" : "L2"}, shares balanced while they run in products of ${dt.handOverMinBytes} bytes or more`
     : "";
-  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${quickBandwidth().toFixed(1)} GB/s at start${spText}`);
+  console.log(`cpu native ${native.isa} (quant ${native.quantIsa}), ${threads} threads; read bandwidth ${quickBandwidth().toFixed(1)} GB/s at start${tuningText}`);
   console.log(`prefill: one ${PREFILL_LEN}-token prompt; decode: ${decodeTokens} tokens after ${DECODE_PROMPT_LEN}-token prompts, prefill excluded; greedy`);
 
   for (const key of models) {

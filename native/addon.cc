@@ -181,19 +181,6 @@ void checkQuantScheme(const Napi::CallbackInfo& info, const char* op, int64_t sc
   if (grouped && K % 64 != 0) fail(info.Env(), op, "int4, int8 group-32 and mxfp4 need K to be a multiple of 64");
   if (scheme == kQuantQ4K && K % 256 != 0) fail(info.Env(), op, "q4_k needs K to be a multiple of 256");
 }
-// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, a byte each otherwise.
-int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
-  return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
-}
-
-// Scale bytes of an [N, K] weight in `scheme`'s layout (quant.h): e8m0 bytes per 32 (mxfp4), q4_k's 20 meta bytes
-// per 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8).
-int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
-  if (scheme == kQuantMxfp4) return N * K / 32;
-  if (scheme == kQuantQ4K) return N * K / 256 * 20;
-  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return N * K / 32 * 2;
-  return N * 4;
-}
 // The scales argument, typed as its layout stores it.
 void* quantScalesArg(const Napi::CallbackInfo& info, size_t i, const char* op, int64_t scheme, int64_t N, int64_t K) {
   const int64_t bytes = quantScalesBytes(scheme, N, K);

@@ -61,6 +61,19 @@ inline bool quantGroupable(const QuantMatmulArgs& a) {
   return a.M == 1 && a.scheme != kQuantFp8;
 }
 
+// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, a byte each otherwise.
+inline int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
+  return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
+}
+// Scale bytes of an [N, K] weight in `scheme`'s layout (above): e8m0 bytes per 32 (mxfp4), q4_k's 20 meta bytes per
+// 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8). int8's row sums are 4 bytes per row more.
+inline int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
+  if (scheme == kQuantMxfp4) return N * K / 32;
+  if (scheme == kQuantQ4K) return N * K / 256 * 20;
+  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return N * K / 32 * 2;
+  return N * 4;
+}
+
 extern const QuantTable kQuantScalar;
 #if defined(__x86_64__)
 extern const QuantTable kQuantAvx512;

@@ -150,7 +150,8 @@ inline void parallelRows(const void* key, int64_t total, int64_t minShare, F& f)
 // first asks the other for half of what it has left, which that thread grants between two tiles. Measured the same
 // way (Q8_0): the shares now end 0.34-0.41 us apart; whole decode steps (bench/step-profile, 5 alternating runs
 // per build, medians of 40 steps) took 3.40 vs 3.48 ms (Q8_0) and 7.70 vs 7.76 ms (bf16, 4 runs): within this VM's
-// run-to-run noise.
+// run-to-run noise. (On Zen 5, whose threads' round trips cost ~430 ns, only products of 4 MiB or more are handed
+// over: DecodeTuning above.)
 //
 // RowSpan: `tiles` tiles of `streams` rows read in lockstep, tile i being the rows row + i + s * stride (s <
 // streams; streams 1: stride 1). A thread's share of rows [r0, r1) of one weight is two spans (splitSpans): the

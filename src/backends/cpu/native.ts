@@ -170,9 +170,8 @@ export interface NativeKernels extends NativeStream {
   /**
    * How decode products run (native/thread-pool.h DecodeTuning: the stream tiles' prefetch distances for quantized
    * and f32 / bf16 weights and its cache level, and the least bytes of a product whose two shares are balanced
-   * while they run), chosen
-   * for the CPU at load. Sets the fields given (for measuring settings against each other in one process) and
-   * returns the setting in force. Absent in older builds.
+   * while they run), chosen for the CPU at load. Sets the fields given (for measuring settings against each other
+   * in one process) and returns the setting in force. Absent in older builds.
    */
   decodeTuning?(setting?: Partial<DecodeTuning>): DecodeTuning;
 }
