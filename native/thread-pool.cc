@@ -482,7 +482,7 @@ DecodeTuning chooseDecodeTuning() {
   if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
   if (strcmp(vendor, "AuthenticAMD") == 0 && __get_cpuid(1, &a, &b, &c, &d)) {
     const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
-    if (family >= 0x1a) t = {2048, 2048, true, int64_t{4} << 20};
+    if (family >= 0x1a) t = {2048, 1024, true, int64_t{4} << 20};
   }
 #endif
   return t;

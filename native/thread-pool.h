@@ -56,7 +56,7 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 //   in products of at least this many bytes; a smaller product takes runRows' learned cut alone.
 // Zen 4 and every other CPU: 1536 / 1024 bytes into L2, every product handed over (the Zen 4 measurements at
 // lineAhead, gemvPrefetch and poolRunShares).
-// Zen 5 (AMD family 1Ah) and later: 2048 / 2048 bytes into L1, products under 4 MiB not handed over. Measured on a
+// Zen 5 (AMD family 1Ah) and later: 2048 / 1024 bytes into L1, products under 4 MiB not handed over. Measured on a
 // Zen 5 VM (2 vCPUs, a 2-thread read of ~70-105 GB/s, the threads' round trip 390-550 ns, against ~70 or ~300 ns on
 // the Zen 4 VM):
 // - the prefetch: bench/lab/gemv-chain with the setting switched between chains in one process, medians of 20 chains
@@ -66,6 +66,12 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 //   (execute() at position 32, blocks of 15 alternating between the two settings in one process; median ratio of
 //   the blocks, quartiles): SmolLM-135M Q8_0 0.933 (0.891-0.947, 30 blocks), bf16 0.939 (0.930-0.983, 20);
 //   Llama-1B-shaped Q8_0 1.010 (0.968-1.026, 10), bf16 0.985 (0.941-0.985, 6).
+//   The f32 / bf16 tiles then took 2048 too; 1024 into L1 beat it (session 24, the same whole-step blocks; ratio of
+//   1024's time to 2048's): Llama-1B-shaped bf16 0.913 (0.910-0.926, 8 blocks), SmolLM-135M bf16 0.977 (0.900-1.009,
+//   20); against 1024, 768 took 1.027x and 1536 ~1.03x (1B-shaped, 8 blocks). In a lab (a scratch copy of the tile
+//   on 1B-shaped gate/up and down products, 2.3 GB of cold copies, best of 8 per round) 1024 read 80-85 GB/s against
+//   2048's 70-82 and a plain read's 82-93. The quantized tiles keep 2048: 1024 took 1.046x (1B-shaped Q8_0, 10
+//   blocks) and 1.115x (SmolLM-135M Q8_0, 30), 3072 1.105x and 0.999x.
 // - the hand-over (the same whole-step blocks; ratio of the blocks' times without to with it): with no product
 //   handed over, SmolLM-135M Q8_0 0.942 (0.896-0.983, 30 blocks), bf16 1.005 (0.951-1.019, 20), but Llama-1B-shaped
 //   Q8_0 1.043 (1.010-1.112, 10) and bf16 1.073 (1.008-1.085, 6): a share's finishing gap grows with the product,

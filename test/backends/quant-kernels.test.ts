@@ -117,7 +117,7 @@ function runSuite(k: NativeKernels, isa: string): void {
     const initial = dt();
     // chosen for the CPU at load (native/thread-pool.h DecodeTuning): Zen 4's setting (and every other CPU's) or Zen 5's
     const zen4 = { quantAhead: 1536, gemvAhead: 1024, prefetchIntoL1: false, handOverMinBytes: 0 };
-    const zen5 = { quantAhead: 2048, gemvAhead: 2048, prefetchIntoL1: true, handOverMinBytes: 4 << 20 };
+    const zen5 = { quantAhead: 2048, gemvAhead: 1024, prefetchIntoL1: true, handOverMinBytes: 4 << 20 };
     assert.ok([zen4, zen5].some((d) => JSON.stringify(d) === JSON.stringify(initial)), JSON.stringify(initial));
     k.setNumThreads(2);
     // M = 1 products on the stream tiles (int8, int4, int8 group-32, mxfp4; f32 and bf16 weights), split between two
