@@ -222,6 +222,21 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // publication or hand-over. Against this pool's chain in alternating chains it ran 1.003x as fast with the vCPUs close
 // (75 iterations) and 1.026x apart (48); with each side prefetching its next share's stream heads (6 KiB each) while
 // it waits on the other, 1.000x close (283) and 1.055x apart (21).
+// On the Zen 5 VM (session 24; its vCPUs apart, round trips ~430 ns), scratch labs found:
+// - One thread reads ~40-47 GB/s, alone in a long product or in a chain of 352 KiB ones alike; two read ~100 in a
+//   long product but 58-59 in that chain (SmolLM-135M-shaped o products, int8 group-32). So the small products lose
+//   their time between the threads, not in their streams: instrumented in bench/lab/gemv-chain's SmolLM-135M int8
+//   group-32 chain (runRows, learned cut), the caller started its share 0.2 us after the call, the worker 0.2 us after
+//   the caller, the shares ended 0.8-2.1 us apart on average (the worker's 0.16 us after the caller's, signed: the gap is
+//   mostly noise no learned cut can follow), and the caller returned 0.3 us after the later end.
+// - Publishing the pair job with a release store (the caller no longer waiting for its seq_cst store) started the
+//   caller's share 0.13-0.26 us sooner, the worker's no sooner: no gain per product (3 runs).
+// - Tail shares instead of the hand-over (each share's last quarter or eighth claimed by CAS in halving blocks by
+//   whichever thread got there; no thread waiting for a grant) took 1.03-1.12x the learned cut's time (chains
+//   alternating, 6 rounds; 1.00-1.02x in a close period): a contended claim costs a round trip as a request does.
+// - A tensor-parallel chain of the same bytes (each thread its half of a layer's heads and MLP rows, o and down split
+//   by columns, partial sums added by the caller: two jobs per layer instead of four products) took 0.92-0.95x the
+//   standard chain's time (best and median of 20, 4 rounds); each thread then read ~37 GB/s.
 using ShareFn = int64_t (*)(void* ctx, int share, int64_t i0, int64_t i1, const std::atomic<int>* stop);
 void poolRunShares(const int64_t units[2], int64_t minGive, ShareFn fn, void* ctx, int64_t callerUnits[2]);
 // runRows' learned cut for `key` (the caller's fraction of the rows, 0.5 for a new key), and its update from the
