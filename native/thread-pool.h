@@ -227,8 +227,8 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 //   long product but 58-59 in that chain (SmolLM-135M-shaped o products, int8 group-32). So the small products lose
 //   their time between the threads, not in their streams: instrumented in bench/lab/gemv-chain's SmolLM-135M int8
 //   group-32 chain (runRows, learned cut), the caller started its share 0.2 us after the call, the worker 0.2 us after
-//   the caller, the shares ended 0.8-2.1 us apart on average (the worker's 0.16 us after the caller's, signed: the gap is
-//   mostly noise no learned cut can follow), and the caller returned 0.3 us after the later end.
+//   the caller, the shares ended 0.8-2.1 us apart on average (the worker's 0.16 us after the caller's, signed: the
+//   gap is mostly noise no learned cut can follow), and the caller returned 0.3 us after the later end.
 // - Publishing the pair job with a release store (the caller no longer waiting for its seq_cst store) started the
 //   caller's share 0.13-0.26 us sooner, the worker's no sooner: no gain per product (3 runs).
 // - Tail shares instead of the hand-over (each share's last quarter or eighth claimed by CAS in halving blocks by
