@@ -234,6 +234,10 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // - Tail shares instead of the hand-over (each share's last quarter or eighth claimed by CAS in halving blocks by
 //   whichever thread got there; no thread waiting for a grant) took 1.03-1.12x the learned cut's time (chains
 //   alternating, 6 rounds; 1.00-1.02x in a close period): a contended claim costs a round trip as a request does.
+// - An early request instead (each thread, with an eighth or a quarter of its share left, asking the other for what
+//   would end both shares together, answered between the owner's tiles while the asker works on; no waiting on the
+//   asker when the owner closes) took 1.04-1.09x the learned cut's time (7 rounds): poolRunShares' own lines (claims,
+//   requests) cost more round trips than the balance saves in products this small.
 // - A tensor-parallel chain of the same bytes (each thread its half of a layer's heads and MLP rows, o and down split
 //   by columns, partial sums added by the caller: two jobs per layer instead of four products) took 0.92-0.95x the
 //   standard chain's time (best and median of 20, 4 rounds); each thread then read ~37 GB/s.
