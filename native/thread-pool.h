@@ -69,8 +69,8 @@ inline void parallelChunks(int64_t numChunks, F& f, int maxThreads = 0) {
 //   The f32 / bf16 tiles then took 2048 too; 1024 into L1 beat it (session 24, the same whole-step blocks; ratio of
 //   1024's time to 2048's): Llama-1B-shaped bf16 0.913 (0.910-0.926, 8 blocks), SmolLM-135M bf16 0.977 (0.900-1.009,
 //   20); against 1024, 768 took 1.027x and 1536 ~1.03x (1B-shaped, 8 blocks). In a lab (a scratch copy of the tile
-//   on 1B-shaped gate/up and down products, 2.3 GB of cold copies, best of 8 per round) 1024 read 80-85 GB/s against
-//   2048's 70-82 and a plain read's 82-93. The quantized tiles keep 2048: 1024 took 1.046x (1B-shaped Q8_0, 10
+//   on 1B-shaped gate/up and down products, 2.3 GB of cold copies, best of 8 per round) 1024 read 78-86 GB/s against
+//   2048's 69-83, ahead in each of 18 rounds. The quantized tiles keep 2048: 1024 took 1.046x (1B-shaped Q8_0, 10
 //   blocks) and 1.115x (SmolLM-135M Q8_0, 30), 3072 1.105x and 0.999x.
 // - the hand-over (the same whole-step blocks; ratio of the blocks' times without to with it): with no product
 //   handed over, SmolLM-135M Q8_0 0.942 (0.896-0.983, 30 blocks), bf16 1.005 (0.951-1.019, 20), but Llama-1B-shaped
@@ -224,16 +224,18 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // it waits on the other, 1.000x close (283) and 1.055x apart (21).
 // On the Zen 5 VM (session 24; its vCPUs apart, round trips ~430 ns), scratch labs found:
 // - One thread reads ~40-47 GB/s, alone in a long product or in a chain of 352 KiB ones alike; two read ~100 in a
-//   long product but 58-59 in that chain (SmolLM-135M-shaped o products, int8 group-32). So the small products lose
-//   their time between the threads, not in their streams: instrumented in bench/lab/gemv-chain's SmolLM-135M int8
-//   group-32 chain (runRows, learned cut), the caller started its share 0.2 us after the call, the worker 0.2 us after
-//   the caller, the shares ended 0.8-2.1 us apart on average (the worker's 0.16 us after the caller's, signed: the
-//   gap is mostly noise no learned cut can follow), and the caller returned 0.3 us after the later end.
+//   long product but 52-59 in that chain (SmolLM-135M-shaped o products, int8 group-32; each its own weight, so
+//   their learned cuts had had few runs). So the small products lose their time between the threads, not in their
+//   streams: instrumented in bench/lab/gemv-chain's SmolLM-135M int8 group-32 chain (runRows, its cuts learned over
+//   the rounds), the caller started its share 0.2 us after the call, the worker 0.2 us after the caller, the shares
+//   ended 0.8-2.1 us apart on average (the worker's 0.16 us after the caller's, signed: the gap is mostly noise no
+//   learned cut can follow), and the caller returned 0.3 us after the later end.
 // - Publishing the pair job with a release store (the caller no longer waiting for its seq_cst store) started the
 //   caller's share 0.13-0.26 us sooner, the worker's no sooner: no gain per product (3 runs).
 // - Tail shares instead of the hand-over (each share's last quarter or eighth claimed by CAS in halving blocks by
-//   whichever thread got there; no thread waiting for a grant) took 1.03-1.12x the learned cut's time (chains
-//   alternating, 6 rounds; 1.00-1.02x in a close period): a contended claim costs a round trip as a request does.
+//   whichever thread got there; no thread waiting for a grant) took 1.04-1.13x the learned cut's time (chains
+//   alternating, 12 rounds; 1.00-1.02x in 4 rounds of a close period): a contended claim costs a round trip as a
+//   request does.
 // - An early request instead (each thread, with an eighth or a quarter of its share left, asking the other for what
 //   would end both shares together, answered between the owner's tiles while the asker works on; no waiting on the
 //   asker when the owner closes) took 1.04-1.09x the learned cut's time (7 rounds): poolRunShares' own lines (claims,
