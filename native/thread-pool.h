@@ -243,6 +243,15 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // - A tensor-parallel chain of the same bytes (each thread its half of a layer's heads and MLP rows, o and down split
 //   by columns, partial sums added by the caller: two jobs per layer instead of four products) took 0.92-0.95x the
 //   standard chain's time (best and median of 20, 4 rounds); each thread then read ~37 GB/s.
+// Session 25, the same VM (apart, round trips 390-430 ns), scratch labs and in-process A/B blocks:
+// - Keeping a fixed part of the weights in the last-level cache (kernels-impl.inc memoryReadBandwidth: a 136 MiB
+//   model reads partly from it) did not pay: reading 143 MiB pass after pass on two threads, each thread's first
+//   8-24 MiB prefetched into L1 and the rest with prefetchnta, took 1.035-1.055x the time of all into L1 (median of
+//   20 rounds); evicting the streamed lines behind the reads (clflushopt) cost more than the kept part saved (every
+//   line evicted 1.72x, all but 32 MiB per thread 1.34x).
+// - Whole decode steps without software prefetch (ahead 0; blocks of 15 execute(), median ratio to the tuned
+//   setting, quartiles): SmolLM-135M Q8_0 1.137 (1.123-1.153, 20 blocks); the bf16 tiles alone at 0, SmolLM-135M
+//   bf16 0.991 (0.939-1.004, 16) and Llama-1B-shaped bf16 1.025 (1.022-1.027, 6).
 using ShareFn = int64_t (*)(void* ctx, int share, int64_t i0, int64_t i1, const std::atomic<int>* stop);
 void poolRunShares(const int64_t units[2], int64_t minGive, ShareFn fn, void* ctx, int64_t callerUnits[2]);
 // runRows' learned cut for `key` (the caller's fraction of the rows, 0.5 for a new key), and its update from the
