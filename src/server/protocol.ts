@@ -18,6 +18,8 @@ import {
 
 export const MAX_LOGPROBS = 20; // vLLM's default --max-logprobs
 export const MAX_N = 128;
+/** /v1/completions' max_tokens when the request gives none (OpenAI's and vLLM's CompletionRequest default). */
+export const COMPLETIONS_MAX_TOKENS = 16;
 
 /** Fields shared by chat and completions requests, already validated. */
 export interface CommonRequest {
@@ -26,6 +28,8 @@ export interface CommonRequest {
   includeUsage: boolean;
   continuousUsageStats: boolean;
   maxTokens: number | undefined; // as requested; the server fills the default from the prompt length
+  /** The endpoint's own default max_tokens (completions: 16, as OpenAI and vLLM), capped by the room left. */
+  maxTokensDefault?: number;
   priority: number;
   cacheSalt: string | undefined;
   echo: boolean;
@@ -81,6 +85,7 @@ function parseCommon(body: Json, vocabSize: number): CommonRequest {
   const cacheSalt = optString(body, "cache_salt", { nonEmpty: true });
   optString(body, "user"); // accepted and ignored, as in vLLM
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
+  rejectStructuredOutput(body);
 
   const params: Partial<SamplingParams> = {};
   const set = <K extends keyof SamplingParams>(key: K, value: SamplingParams[K] | undefined): void => {
@@ -121,6 +126,72 @@ function parseCommon(body: Json, vocabSize: number): CommonRequest {
     params,
   };
 }
+
+/**
+ * Structured output (vLLM's response_format json_object / json_schema / structural_tag, its structured_outputs and
+ * guided_* fields) is not implemented: a request asking for it gets a 400 rather than unconstrained text.
+ */
+function rejectStructuredOutput(body: Json): void {
+  const format = optObject(body, "response_format");
+  if (format !== undefined) {
+    const type = format.type;
+    if (type === "json_object" || type === "json_schema" || type === "structural_tag") {
+      throw badRequest(`response_format type '${type}' is not supported: Kiln has no structured (constrained) output`, "response_format");
+    }
+    if (type !== "text") {
+      throw badRequest("'response_format.type' must be one of 'text', 'json_object', 'json_schema' or 'structural_tag'", "response_format");
+    }
+  }
+  for (const name of ["structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"]) {
+    if (body[name] !== undefined && body[name] !== null) {
+      throw badRequest(`'${name}' is not supported: Kiln has no structured (constrained) output`, name);
+    }
+  }
+}
+
+/**
+ * tools and tool_choice as vLLM validates them: tool_choice defaults to "auto" when tools are given, else "none";
+ * "auto" needs a tool-call parser and "required" or a named function needs structured output, neither of which
+ * Kiln has, so only "none" (the tools rendered by the chat template, the reply plain text) is served.
+ */
+function parseTools(body: Json): unknown[] | undefined {
+  const tools = body.tools;
+  if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw badRequest("'tools' must be a list", "tools");
+  if (Array.isArray(tools) && tools.length === 0) throw badRequest("'tools' must not be an empty array", "tools");
+  const names = new Set<string>();
+  (tools ?? []).forEach((t: unknown, i: number) => {
+    const fn = (t as Json | null)?.function as Json | null | undefined;
+    if (typeof t !== "object" || t === null || (t as Json).type !== "function" || typeof fn !== "object" || fn === null ||
+        typeof fn.name !== "string" || !fn.name) {
+      throw badRequest(`'tools[${i}]' must be {"type": "function", "function": {"name": ...}}`, "tools");
+    }
+    names.add(fn.name);
+  });
+  const choice = body.tool_choice;
+  if (choice === undefined || choice === null) {
+    if (tools) throw badRequest(AUTO_TOOLS, "tool_choice");
+    return undefined;
+  }
+  let named: string | undefined;
+  if (typeof choice === "object" && !Array.isArray(choice)) {
+    const fn = (choice as Json).function as Json | null | undefined;
+    if ((choice as Json).type !== "function" || typeof fn !== "object" || fn === null || typeof fn.name !== "string") {
+      throw badRequest(`'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`, "tool_choice");
+    }
+    named = fn.name;
+  } else if (choice !== "none" && choice !== "auto" && choice !== "required") {
+    throw badRequest(`'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`, "tool_choice");
+  }
+  if (choice === "none") return (tools as unknown[] | null | undefined) ?? undefined;
+  if (!tools) throw badRequest("When using `tool_choice`, `tools` must be set.", "tool_choice");
+  if (choice === "auto") throw badRequest(AUTO_TOOLS, "tool_choice");
+  if (named !== undefined && !names.has(named)) throw badRequest(`Tool '${named}' has not been passed in \`tools\`.`, "tool_choice");
+  throw badRequest(`tool_choice ${named === undefined ? '"required"' : "naming a function"} is not supported: it needs structured ` +
+    "(constrained) output, which Kiln does not have; use tool_choice \"none\"", "tool_choice");
+}
+
+const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) is not supported: Kiln has no tool-call parser ' +
+  '(vLLM\'s --enable-auto-tool-choice and --tool-call-parser); use tool_choice "none" to render the tools into the prompt';
 
 function parseMessages(body: Json): ChatMessage[] {
   const raw = body.messages;
@@ -167,8 +238,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
   if (addGenerationPrompt && continueFinalMessage) {
     throw badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "continue_final_message");
   }
-  const tools = body.tools;
-  if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw badRequest("'tools' must be a list", "tools");
+  const tools = parseTools(body);
   const chatTemplateKwargs = optObject(body, "chat_template_kwargs");
   const topLp = wantLogprobs ? (topLogprobs ?? 0) : null;
   if (topLp !== null) common.params.logprobs = topLp;
@@ -179,7 +249,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
     continueFinalMessage,
     chatTemplate: optString(body, "chat_template"),
     chatTemplateKwargs,
-    tools: (tools as unknown[] | null | undefined) ?? undefined,
+    tools,
     topLogprobs: topLp,
   };
 }
@@ -215,5 +285,5 @@ export function parseCompletionRequest(raw: unknown, vocabSize: number): Complet
   const logprobs = optInt(body, "logprobs", { min: 0, max: MAX_LOGPROBS }) ?? null;
   if (logprobs !== null) common.params.logprobs = logprobs;
   if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
-  return { ...common, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
+  return { ...common, maxTokensDefault: COMPLETIONS_MAX_TOKENS, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
 }

@@ -48,7 +48,8 @@ export function checkQueue(ctx: ServingContext): void {
 
 /**
  * Final sampling params for one prompt: generation defaults under the request's values, and max_tokens
- * checked against max_model_len (default: whatever room the prompt leaves).
+ * checked against max_model_len (default: the endpoint's default and the generation config's max_new_tokens, capped by
+ * whatever room the prompt leaves).
  */
 export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promptLen: number, promptParam: string): Partial<SamplingParams> {
   const room = ctx.maxModelLen - promptLen;
@@ -63,8 +64,7 @@ export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promp
         `(${promptLen} in the input, ${req.maxTokens} in the completion). Please reduce the length of the input or completion.`,
       "max_tokens");
   }
-  const defaultMax = ctx.generationDefaults.maxTokens ?? null;
-  const maxTokens = req.maxTokens ?? (defaultMax !== null ? Math.min(defaultMax, room) : room);
+  const maxTokens = req.maxTokens ?? Math.min(room, ctx.generationDefaults.maxTokens ?? room, req.maxTokensDefault ?? room);
   const params = { ...ctx.generationDefaults, ...req.params, maxTokens };
   if ((params.minTokens ?? 0) > maxTokens) throw badRequest(`'min_tokens' must be <= max_tokens (${maxTokens})`, "min_tokens");
   return params;

@@ -74,8 +74,13 @@ describe("kiln serve error statuses (e2e)", () => {
     const room = await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: "hi", max_tokens: 64 });
     assert.equal(room.status, 400);
     assertErrorBody(room.body, { type: "invalid_request_error", param: "max_tokens", message: /maximum context length is 64 tokens/ });
-    // Without max_tokens, the completion fills the rest of the context exactly.
-    const fill = (await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: "hi", ignore_eos: true })).body as OpenAI.Completion;
+    // Without max_tokens a completion gets OpenAI's default of 16 tokens, or the rest of the context when less is left.
+    const dflt = (await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: "hi", ignore_eos: true })).body as OpenAI.Completion;
+    assert.equal(dflt.usage!.completion_tokens, 16);
+    assert.equal(dflt.choices[0]!.finish_reason, "length");
+    const ids = Array.from({ length: 60 }, (_, i) => 100 + i);
+    const fill = (await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: ids, ignore_eos: true })).body as OpenAI.Completion;
+    assert.equal(fill.usage!.prompt_tokens, 60);
     assert.equal(fill.usage!.total_tokens, 64);
     assert.equal(fill.choices[0]!.finish_reason, "length");
   });
