@@ -54,6 +54,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     enablePrefixCaching: args.enablePrefixCaching ?? undefined,
     seed: args.seed,
     schedulingPolicy: args.schedulingPolicy,
+    logprobsMode: args.logprobsMode,
     enforceEager: args.enforceEager,
     asyncScheduling: args.asyncScheduling ?? undefined,
     onProgress: (stage, f) => progress(stage, f),

@@ -2,6 +2,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
+import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
@@ -40,6 +41,7 @@ export interface ServeArgs {
   maxWaitingRequests: number | null;
   quantization: string | null;
   schedulingPolicy: SchedulingPolicy;
+  logprobsMode: LogprobsMode;
   /** Engine-level logits processors: module specifiers "path/or/package[:ExportName]" (vLLM --logits-processors). */
   logitsProcessors: string[];
 }
@@ -72,6 +74,11 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
     .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"))
+    .addOption(
+      new Option("--logprobs-mode <mode>", "what logprobs report: the model's (raw) or after sampling's processing")
+        .choices([...LOGPROBS_MODES])
+        .default("raw_logprobs"),
+    )
     .option(
       "--logits-processors <specs...>",
       "engine-level logits processors, each a module path (relative to the current directory) or package, " +
@@ -151,6 +158,9 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     throw new CliUsageError(`--quantization must be one of ${QUANTIZATION_METHODS.join(", ")}, got ${JSON.stringify(quantization)}`);
   }
 
+  const logprobsMode = String(o.logprobsMode ?? "raw_logprobs");
+  if (!(LOGPROBS_MODES as readonly string[]).includes(logprobsMode))
+    throw new CliUsageError(`--logprobs-mode must be one of ${LOGPROBS_MODES.join(", ")}, got ${JSON.stringify(logprobsMode)}`);
   const kvCacheDtype = String(o.kvCacheDtype ?? "auto");
   if (!(KV_CACHE_DTYPES as readonly string[]).includes(kvCacheDtype))
     throw new CliUsageError(`--kv-cache-dtype must be one of ${KV_CACHE_DTYPES.join(", ")}, got ${JSON.stringify(kvCacheDtype)}`);
@@ -200,6 +210,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
     quantization,
     schedulingPolicy: (o.schedulingPolicy as SchedulingPolicy | undefined) ?? "fcfs",
+    logprobsMode: logprobsMode as LogprobsMode,
     logitsProcessors: parseLogitsProcessors(o.logitsProcessors),
   };
 }

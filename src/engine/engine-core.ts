@@ -24,7 +24,7 @@ import { KvCacheManager } from "./kv-cache-manager.js";
 import type { FedTokens, ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
-import { Sampler, type LogitsProcessorInput, type SamplingRow } from "./sampler.js";
+import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, type SamplingRow } from "./sampler.js";
 import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
@@ -44,6 +44,11 @@ export interface EngineArgs {
   schedulingPolicy?: SchedulingPolicy; // "fcfs"
   seed?: number; // 0: the generator of unseeded requests
   maxLogprobs?: number; // 20
+  /**
+   * vLLM's --logprobs-mode: "raw_logprobs" (default, as vLLM v1) reports log_softmax of the model's logits, whatever
+   * the request's temperature, penalties and top-k/top-p; "processed_logprobs" that of the logits after them.
+   */
+  logprobsMode?: LogprobsMode;
   /** EOS ids when no tokenizer is given (otherwise tokenizer.eosTokenIds). */
   eosTokenIds?: number[];
   /** Schedule the next step while the current one computes (default: when the runner has dispatch()). */
@@ -70,6 +75,7 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     schedulingPolicy: "fcfs",
     seed: 0,
     maxLogprobs: 20,
+    logprobsMode: "raw_logprobs",
     eosTokenIds: [],
     asyncScheduling: null,
     ...Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined)),
@@ -85,6 +91,8 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   posInt("maxNumSeqs");
   posInt("maxNumBatchedTokens");
   posInt("longPrefillTokenThreshold", 0);
+  if (!LOGPROBS_MODES.includes(r.logprobsMode))
+    throw new Error(`[engine] logprobsMode must be one of ${LOGPROBS_MODES.join(", ")}, got ${String(r.logprobsMode)}`);
   if (r.schedulingPolicy !== "fcfs" && r.schedulingPolicy !== "priority")
     throw new Error(`[engine] schedulingPolicy must be fcfs or priority, got ${String(r.schedulingPolicy)}`);
   return r;
@@ -173,7 +181,7 @@ export class EngineCore {
       this.kv,
       decodeToken,
     );
-    this.sampler = new Sampler(runner.vocabSize, new Rng(a.seed), options.logitsProcessors);
+    this.sampler = new Sampler(runner.vocabSize, new Rng(a.seed), options.logitsProcessors, undefined, a.logprobsMode);
   }
 
   get maxModelLen(): number {

@@ -2,9 +2,9 @@
 //   allowed_token_ids -> bad_words -> logit_bias -> min_tokens -> engine logits processors (non-argmax-invariant)
 //   -> per-request logits processor functions -> penalties (repetition, frequency, presence)
 //   -> [greedy: argmax] | [temperature -> engine processors (argmax-invariant) -> min_p -> top_k -> top_p -> draw]
-// Logprobs are "processed" logprobs (vLLM logprobs_mode=processed_logprobs): log_softmax of the logits after
-// every step above (after temperature and the top-k/top-p/min-p masks for random rows; masked tokens get
-// -Infinity). vLLM's default is raw logprobs of the model; prompt logprobs here are raw (unprocessed), as in vLLM.
+// Logprobs follow vLLM's logprobs_mode: "raw_logprobs" (the default) is log_softmax of the model's logits as they
+// came, before any step above; "processed_logprobs" that of the logits after every step (after temperature and the
+// top-k/top-p/min-p masks for random rows; masked tokens get -Infinity). Prompt logprobs are raw, as in vLLM.
 // Scratch buffers are allocated once per vocab size and reused for every row and step.
 // When the native addon is loaded, temperature, greedy argmax, min_p, top-k/top-p and the draw run as one
 // batched kernel over all rows (native/sampling.cc); the JS functions below are its reference and fallback.
@@ -34,6 +34,10 @@ export interface SamplingRow extends ProcessorRequestSource {
   badWordsTokenIds: readonly (readonly number[])[];
   eosTokenIds: readonly number[];
 }
+
+/** vLLM's --logprobs-mode values that Kiln serves (raw_logits and processed_logits are not). */
+export const LOGPROBS_MODES = ["raw_logprobs", "processed_logprobs"] as const;
+export type LogprobsMode = (typeof LOGPROBS_MODES)[number];
 
 export interface SampledToken {
   tokenId: number;
@@ -80,18 +84,22 @@ export class Sampler {
   private readonly counts: Int32Array; // occurrences in output
   private readonly candidates: Float32Array; // top-k / top-p selection scratch
   private rowParams = new RowParams(0); // native kernel arguments, grown to the largest batch
+  private rawRows: Float32Array[] = []; // raw_logprobs: copies of the logits of this step's rows that want logprobs
+  private raw: (Float32Array | null)[] = []; // per row of the step: its copy, or null
 
   /**
    * @param vocabSize row width of the logits buffers.
    * @param generator the engine generator used by unseeded rows (engine `seed` arg).
    * @param logitsProcessors engine-level processors: instances, or classes constructed here with {vocabSize}.
    * @param native the batched sampling kernel (default: the addon's when loaded); null samples in JS.
+   * @param logprobsMode what logprobs report (see the file comment).
    */
   constructor(
     readonly vocabSize: number,
     private readonly generator: Rng,
     logitsProcessors: readonly LogitsProcessorInput[] = [],
     readonly native: SampleRowsKernel | null = nativeSampleRows(),
+    readonly logprobsMode: LogprobsMode = "raw_logprobs",
   ) {
     this.logitsProcessors = new LogitsProcessorSet(instantiateLogitsProcessors(logitsProcessors, { vocabSize }));
     this.banned = new Uint8Array(vocabSize);
@@ -135,6 +143,16 @@ export class Sampler {
     if (logits.length !== rows.length * V) throw new Error(`[sampler] logits has ${logits.length} values, expected ${rows.length} x ${V}`);
     const procs = this.logitsProcessors;
     const procRows: LogitsProcessorRow[] | null = procs.size > 0 ? procs.rowsFor(rows) : null;
+    this.raw.length = rows.length;
+    for (let r = 0, k = 0; r < rows.length; r++) {
+      if (this.logprobsMode !== "raw_logprobs" || rows[r]!.params.logprobs === null) {
+        this.raw[r] = null;
+        continue;
+      }
+      const copy = (this.rawRows[k++] ??= new Float32Array(V));
+      copy.set(logits.subarray(r * V, (r + 1) * V));
+      this.raw[r] = copy;
+    }
     for (let r = 0; r < rows.length; r++) this.applyMasksAndBias(logits.subarray(r * V, (r + 1) * V), rows[r]!);
     if (procRows !== null) for (const p of procs.nonArgmaxInvariant) p.apply(logits, procRows, V);
     for (let r = 0; r < rows.length; r++) {
@@ -157,7 +175,7 @@ export class Sampler {
       const p = rows[r]!.params;
       const l = row(r);
       if (isGreedy(p)) {
-        out[r] = this.token(l, argmax(l), p);
+        out[r] = this.token(l, argmax(l), p, r);
       } else {
         anyRandom = true;
         if (p.temperature !== 1) {
@@ -176,7 +194,7 @@ export class Sampler {
       const l = row(r);
       if (p.minP > 0) applyMinP(l, p.minP);
       if (p.topK > 0 || p.topP < 1) applyTopKTopP(l, p.topK, p.topP, this.candidates);
-      out[r] = this.token(l, drawFromLogits(l, (sr.generator ?? this.generator).nextFloat()), p);
+      out[r] = this.token(l, drawFromLogits(l, (sr.generator ?? this.generator).nextFloat()), p, r);
     }
     return out;
   }
@@ -211,7 +229,7 @@ export class Sampler {
     const out: SampledToken[] = new Array<SampledToken>(n);
     const finish = (greedy: boolean): void => {
       for (let r = 0; r < n; r++)
-        if (isGreedy(rows[r]!.params) === greedy) out[r] = this.token(logits.subarray(r * V, (r + 1) * V), a.tokenIds[r]!, rows[r]!.params);
+        if (isGreedy(rows[r]!.params) === greedy) out[r] = this.token(logits.subarray(r * V, (r + 1) * V), a.tokenIds[r]!, rows[r]!.params, r);
     };
     if (invariant.length > 0) {
       call(Stage.scale);
@@ -228,9 +246,9 @@ export class Sampler {
     return out;
   }
 
-  /** The sampled token of a processed row, with logprobs when the request asked for them. */
-  private token(l: Float32Array, tokenId: number, p: SamplingParams): SampledToken {
-    return { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(l, tokenId, p.logprobs) };
+  /** The sampled token of processed row r, with logprobs (of its raw copy in raw_logprobs mode) when asked for. */
+  private token(l: Float32Array, tokenId: number, p: SamplingParams, r: number): SampledToken {
+    return { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(this.raw[r] ?? l, tokenId, p.logprobs) };
   }
 
   /** allowed_token_ids, bad_words, logit_bias and min_tokens: the built-in steps before the processors. */

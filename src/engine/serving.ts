@@ -7,6 +7,7 @@ import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOp
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs } from "./engine-core.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
+import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
@@ -35,6 +36,8 @@ export interface ServingArgs {
   enablePrefixCaching?: boolean;
   seed?: number;
   schedulingPolicy?: "fcfs" | "priority";
+  /** vLLM's --logprobs-mode (EngineArgs.logprobsMode); default raw_logprobs. */
+  logprobsMode?: LogprobsMode;
   /** Skip capturing the decode step graphs at start-up: every step runs op by op (vLLM's --enforce-eager). */
   enforceEager?: boolean;
   /** vLLM's --async-scheduling: schedule step N+1 while step N computes (default on). */
@@ -186,6 +189,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     enablePrefixCaching: args.enablePrefixCaching ?? true,
     seed: args.seed,
     schedulingPolicy: args.schedulingPolicy,
+    logprobsMode: args.logprobsMode,
     asyncScheduling: args.asyncScheduling,
     eosTokenIds: loaded.tokenizer.eosTokenIds,
   };

@@ -41,6 +41,9 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { maxModelLen: "abc" }), /--max-model-len/);
     assert.throws(() => parseServeArgs("m", { quantization: "q9" }), /--quantization/);
     assert.throws(() => parseServeArgs("m", { blockSize: "12" }), /--block-size/);
+    assert.equal(parseServeArgs("m", {}, {}).logprobsMode, "raw_logprobs");
+    assert.equal(parseServeArgs("m", { logprobsMode: "processed_logprobs" }, {}).logprobsMode, "processed_logprobs");
+    assert.throws(() => parseServeArgs("m", { logprobsMode: "raw_logits" }, {}), /--logprobs-mode must be one of raw_logprobs, processed_logprobs/);
     assert.equal(parseServeArgs("m", {}, {}).kvCacheDtype, "auto");
     assert.equal(parseServeArgs("m", { kvCacheDtype: "bfloat16" }, {}).kvCacheDtype, "bfloat16");
     assert.equal(parseServeArgs("m", { kvCacheDtype: "fp8" }, {}).kvCacheDtype, "fp8");

@@ -78,9 +78,9 @@ function referenceLogprobs(
   return l.map((x) => x - lse);
 }
 
-test("sampler: logprobs equal log_softmax of the processed logits (bias, penalties, temperature, top-k)", () => {
+test("sampler: processed_logprobs equal log_softmax of the processed logits (bias, penalties, temperature, top-k)", () => {
   const raws: Float32Array[] = [];
-  const { core } = makeEngine({}, { override: (_ctx, row) => void raws.push(Float32Array.from(row)) });
+  const { core } = makeEngine({ logprobsMode: "processed_logprobs" }, { override: (_ctx, row) => void raws.push(Float32Array.from(row)) });
   const cfg = { bias: { 5: 2.5, 9: -1 }, rep: 1.3, freq: 0.5, pres: 0.3, temp: 0.7, topK: 10 };
   const promptIds = prompt(4, 9);
   add(core, "r", promptIds, {
@@ -217,4 +217,40 @@ test("sampler: top-k/top-p by partial selection equals the full-sort reference (
     b.map((x) => (x === -Infinity ? 0 : 1)),
     Float32Array.from([0, 1, 0]),
   );
+});
+
+test("sampler: raw_logprobs (the default) equal log_softmax of the model's logits, whatever the sampling settings", () => {
+  const raws: Float32Array[] = [];
+  const { core } = makeEngine({}, { override: (_ctx, row) => void raws.push(Float32Array.from(row)) });
+  const promptIds = prompt(4, 9);
+  add(core, "r", promptIds, {
+    temperature: 0.5,
+    topK: 2,
+    seed: 3,
+    logitBias: { 5: 4 },
+    repetitionPenalty: 1.5,
+    logprobs: 6,
+    maxTokens: 8,
+    ignoreEos: true,
+  });
+  const o = runToCompletion(core).get("r")!.outputs[0]!;
+  assert.equal(raws.length, 8);
+  o.tokenIds.forEach((tok, k) => {
+    const raw = Float64Array.from(raws[k]!);
+    const max = Math.max(...raw);
+    const lse = max + Math.log(raw.reduce((s, x) => s + Math.exp(x - max), 0));
+    const ref = raw.map((x) => x - lse);
+    const lp = o.logprobs![k]!;
+    assert.ok(Math.abs(lp.get(tok)!.logprob - ref[tok]!) < 1e-4, `step ${k}`);
+    const top = [...ref.keys()].sort((a, b) => ref[b]! - ref[a]! || a - b).slice(0, 6);
+    for (const [i, t] of top.entries()) {
+      assert.ok(Number.isFinite(lp.get(t)!.logprob), "no token masked out of the raw logprobs");
+      assert.ok(Math.abs(lp.get(t)!.logprob - ref[t]!) < 1e-4);
+      assert.equal(lp.get(t)!.rank, i + 1);
+    }
+  });
+});
+
+test("engine: an unknown logprobsMode is refused", () => {
+  assert.throws(() => makeEngine({ logprobsMode: "raw_logits" as never }), /logprobsMode must be one of raw_logprobs, processed_logprobs/);
 });
