@@ -4,8 +4,9 @@
 // reverse topological order, sums gradients per tensor, reduces broadcast gradients to input shapes,
 // accumulates into leaves' .grad, and frees intermediate gradients and saved values as it goes.
 //
-// Caveat (as torch without version counters): modifying a saved tensor in place before backward
-// gives wrong gradients.
+// In-place writes bump their storage's version (storage.ts): a backward through a node whose saved values were
+// modified after they were saved throws, as torch's does. In-place ops on tensors that require grad are refused
+// (elementwise.ts checkInPlace).
 import { isFloating } from "../backends/dtype.js";
 import { OpError } from "../util/errors.js";
 import * as ew from "./ops/elementwise.js";
@@ -31,6 +32,7 @@ export function registerBackward(op: string, rule: BackwardRule): void {
 export class AutogradNode implements GradNode {
   private saved: (Tensor | null)[] | null;
   private savedOutput: Tensor | null;
+  private readonly savedVersions: number[];
   private freed = false;
   readonly inputShapes: (Shape | null)[];
 
@@ -45,6 +47,16 @@ export class AutogradNode implements GradNode {
     const saves = rule?.saves ?? "none";
     this.saved = saves === "inputs" || saves === "both" ? inputs.map((t) => (t ? sh.detach(t) : null)) : null;
     this.savedOutput = saves === "output" || saves === "both" ? sh.detach(output) : null;
+    this.savedVersions = [...(this.saved ?? []), this.savedOutput].map((t) => t?.storage.version ?? 0);
+  }
+
+  /** Throws when a saved value was written in place after it was saved (torch's version-counter check). */
+  private checkVersions(): void {
+    [...(this.saved ?? []), this.savedOutput].forEach((t, i) => {
+      if (t === null || t.storage.version === this.savedVersions[i]) return;
+      throw new OpError(this.op, "one of the tensors needed for gradient computation has been modified by an in-place operation " +
+        `(storage version ${t.storage.version}, saved at ${this.savedVersions[i]}); clone() it before modifying it`);
+    });
   }
 
   /** Vector-Jacobian product: one gradient per input (null where none flows). */
@@ -52,6 +64,7 @@ export class AutogradNode implements GradNode {
     if (!this.rule) throw new OpError(this.op, "has no backward formula (autograd)");
     if (this.freed)
       throw new OpError(this.op, "backward through a graph whose saved values were already freed; pass { retainGraph: true } to the first backward()");
+    this.checkVersions();
     const ctx: BackwardContext = {
       op: this.op,
       inputs: this.saved ?? this.inputs.map(() => null),

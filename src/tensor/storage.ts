@@ -7,6 +7,11 @@ import { deferFree } from "./dispatch.js";
 export class Storage {
   private refs = 0;
   private freed = false;
+  /**
+   * Bumped by every in-place write through a tensor (copy_, fill_, add_, ...), as torch's version counter: autograd
+   * refuses a backward whose saved values were modified after they were saved.
+   */
+  version = 0;
 
   constructor(
     readonly device: Device,

@@ -316,36 +316,44 @@ export class Tensor {
     return ew.maskedFill(this, mask, value);
   }
 
-  // ---- in place (mutate through views) ----
+  // ---- in place (mutate through views; refused where autograd would have to record them: ew.checkInPlace) ----
   add_(o: TensorOrScalar, alpha?: number): this {
+    ew.checkInPlace("add_", this, o);
     ew.inPlace(this, ew.add(this, o, alpha));
     return this;
   }
   sub_(o: TensorOrScalar): this {
+    ew.checkInPlace("sub_", this, o);
     ew.inPlace(this, ew.sub(this, o));
     return this;
   }
   mul_(o: TensorOrScalar): this {
+    ew.checkInPlace("mul_", this, o);
     ew.inPlace(this, ew.mul(this, o));
     return this;
   }
   div_(o: TensorOrScalar): this {
+    ew.checkInPlace("div_", this, o);
     ew.inPlace(this, ew.div(this, o));
     return this;
   }
   copy_(src: Tensor): this {
+    ew.checkInPlace("copy_", this, src);
     ew.copyInto(this, src);
     return this;
   }
   fill_(value: number): this {
+    ew.checkInPlace("fill_", this);
     ew.fillInto(this, value);
     return this;
   }
   maskedFill_(mask: Tensor, value: number): this {
+    ew.checkInPlace("masked_fill_", this);
     ew.inPlace(this, ew.maskedFill(this, mask, value));
     return this;
   }
   indexCopy_(dim: number, index: Tensor, src: Tensor): this {
+    ew.checkInPlace("index_copy_", this, src);
     ix.indexCopyInto(this, dim, index, src);
     return this;
   }

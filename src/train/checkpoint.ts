@@ -7,7 +7,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import { readSafetensors, writeSafetensors, type SafetensorsDtype } from "../models/formats/safetensors.js";
-import { flushDeferred, fromBytes, type Tensor } from "../tensor/index.js";
+import { flushDeferred, fromBytes, noGrad, type Tensor } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
 import type { OptimizerStateDict } from "./optim.js";
 
@@ -105,7 +105,7 @@ export function loadCheckpoint(dir: string, params: [string, Tensor][]): LoadedC
       if (dtype !== t.dtype || info.shape.length !== t.ndim || info.shape.some((s, i) => s !== t.shape[i]))
         throw new CheckpointError(`[checkpoint] param ${name}: checkpoint has ${info.dtype}[${info.shape.join(", ")}], model has ${t.dtype}[${t.shape.join(", ")}]`);
       const src = fromBytes(model.load(name), dtype, t.shape, { device: t.device });
-      t.copy_(src);
+      noGrad(() => t.copy_(src)); // parameters are loaded as torch's load_state_dict copies them, under no_grad
       src.dispose();
     }
   } finally {

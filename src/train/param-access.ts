@@ -3,7 +3,7 @@
 // `tensor.offset` (reading `.host` waits for queued stream work on that buffer, and deferred kernels are
 // flushed first); any other
 // param (bf16, non-host device, strided) is read with dataSync() and written back with copy_().
-import { flushDeferred, tensor, type Tensor } from "../tensor/index.js";
+import { flushDeferred, noGrad, tensor, type Tensor } from "../tensor/index.js";
 
 /** A live float32 view of the tensor's elements, or null when the tensor is not host float32 contiguous. */
 export function hostFloat32(t: Tensor): Float32Array | null {
@@ -26,6 +26,6 @@ export function writeFloat32(t: Tensor, values: Float32Array): void {
     return;
   }
   const src = tensor(values, { shape: t.shape, device: t.device });
-  t.copy_(src);
+  noGrad(() => t.copy_(src)); // a parameter's new value, as torch writes it under no_grad
   src.dispose();
 }

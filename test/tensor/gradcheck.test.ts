@@ -332,6 +332,42 @@ describe("autograd engine", () => {
     assert.ok(Math.abs(g[0]! - 4 * Math.exp(1)) < 1e-4 && Math.abs(g[1]! - 4 * Math.exp(-2)) < 1e-5);
     assert.equal(a.gt(0).requiresGrad, false);
   });
+  test("in-place ops autograd would have to record are refused, never silently wrong", () => {
+    const p = k.tensor([1, 2], { requiresGrad: true });
+    const q = p.mul(1);
+    const inPlace: [string, () => unknown][] = [
+      ["mul_", () => q.mul_(3)],
+      ["add_", () => q.add_(p)],
+      ["div_", () => q.div_(2)],
+      ["fill_", () => q.fill_(0)],
+      ["masked_fill_", () => q.maskedFill_(k.tensor([true, false]), 0)],
+      ["mul_", () => q.slice(0, 0, 1).mul_(3)],
+      ["copy_", () => k.zeros([2]).copy_(p.mul(3))],
+      ["add_", () => k.zeros([2]).add_(p)],
+      ["fill_", () => p.fill_(1)],
+      ["copy_", () => p.copy_(k.zeros([2]))],
+    ];
+    for (const [op, f] of inPlace) assert.throws(f, (e: Error) => e.message.includes(op) && /grad/.test(e.message), op);
+    assert.deepEqual(q.toList(), [1, 2], "nothing was written");
+    q.sum().backward();
+    assert.deepEqual(p.grad!.toList(), [1, 1]);
+    // Without autograd in the way they run: under noGrad (as optimizers write parameters), and on plain tensors.
+    k.noGrad(() => p.mul_(2));
+    assert.deepEqual(p.toList(), [2, 4]);
+    assert.deepEqual(k.tensor([1, 2]).mul_(3).toList(), [3, 6]);
+  });
+  test("a value saved for backward and then written in place makes backward throw (version counter)", () => {
+    const w = k.tensor([1, 2], { requiresGrad: true });
+    const x = k.tensor([3, 4]);
+    const y = w.mul(x); // saves x for w's gradient
+    x.mul_(10); // allowed: x does not require grad
+    assert.throws(() => y.sum().backward(), /modified by an in-place operation/);
+    const x2 = k.tensor([3, 4]);
+    const y2 = w.mul(x2);
+    k.noGrad(() => x2.clone().mul_(10)); // a clone's writes leave the saved value alone
+    y2.sum().backward();
+    assert.deepEqual(w.grad!.toList(), [3, 4]);
+  });
   test("second backward through a freed graph fails; retainGraph allows it", () => {
     const a = k.tensor([1, 2], { requiresGrad: true });
     const y = a.exp().sum();

@@ -3,7 +3,7 @@ import type { BinaryOp, UnaryOp } from "../../backends/backend.js";
 import { isFloating, promoteTypes, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { recordOp } from "../grad-mode.js";
+import { isGradEnabled, recordOp } from "../grad-mode.js";
 import { empty, full, Tensor, type TensorOrScalar } from "../tensor.js";
 import { broadcastShapes, broadcastView } from "./shape.js";
 
@@ -147,16 +147,26 @@ export function clamp(x: Tensor, min?: number, max?: number): Tensor {
   return cur === x ? x.clone() : cur;
 }
 
-/** Writes `result` into `target` (through views) and disposes result: the in-place form of an op. */
-export function inPlace(target: Tensor, result: Tensor): void {
-  if (target.requiresGrad && target.gradFn === null && target.grad !== undefined && isLeafRequiringGrad(target))
-    throw new OpError("in-place", "a leaf tensor that requires grad cannot be modified in place");
-  copyInto(target, result);
-  result.dispose();
+/**
+ * Refuses an in-place op that autograd would have to record: with grad enabled, on a tensor that requires grad, or
+ * writing a value that requires grad. Autograd here links nodes through tensors, so rebasing a tensor's history in
+ * place (as torch does) would also rewrite the history of every value computed from it earlier, and the gradients
+ * would be silently wrong; the out-of-place op (or the write under noGrad, as optimizers do) is the way.
+ */
+export function checkInPlace(op: string, target: Tensor, ...sources: unknown[]): void {
+  if (!isGradEnabled()) return;
+  if (target.requiresGrad && target.gradFn === null)
+    throw new OpError(op, "a leaf tensor that requires grad cannot be modified in place (outside noGrad())");
+  if (target.requiresGrad || sources.some((s) => s instanceof Tensor && s.requiresGrad)) {
+    throw new OpError(op, "in-place operations on tensors that require grad are not supported by autograd: use the out-of-place op " +
+      "(x = x.add(y) for x.add_(y)), or clone() first");
+  }
 }
 
-function isLeafRequiringGrad(t: Tensor): boolean {
-  return t.requiresGrad && t.gradFn === null;
+/** Writes `result` into `target` (through views) and disposes result: the in-place form of an op (checkInPlace first). */
+export function inPlace(target: Tensor, result: Tensor): void {
+  copyInto(target, result);
+  result.dispose();
 }
 
 /** copy_: broadcasts src to dst's shape and converts dtype. */
@@ -170,8 +180,10 @@ export function copyInto(dst: Tensor, src: Tensor): void {
   const v = broadcastView(src, dst.shape, "copy_");
   runKernel("copy_", dev, { op: "copy", x: v.view_("copy_"), out: dst.view_("copy_") }, [dst]);
   v.dispose();
+  dst.storage.version++;
 }
 
 export function fillInto(dst: Tensor, value: number): void {
   runKernel("fill_", dst.device, { op: "fill", out: dst.view_("fill_"), value }, []);
+  dst.storage.version++;
 }
