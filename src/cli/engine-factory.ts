@@ -11,7 +11,7 @@ import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
 import type { DtypeArg } from "../models/loader.js";
 import { resolveQuantization } from "../models/quantization-args.js";
-import type { GenerationConfig } from "../models/tokenizer.js";
+import { loadGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
 
 
 /** Reports start-up stages ("loading weights", "sizing KV cache", "warm-up") and optional progress in [0, 1]. */
@@ -116,9 +116,14 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
   };
 }
 
-/** vLLM's --generation-config: "auto" applies generation_config.json's sampling defaults, "vllm" ignores them. */
-function generationDefaults(mode: string, gen: GenerationConfig | null): Partial<SamplingParams> | undefined {
-  if (mode === "vllm" || !gen) return undefined;
+/**
+ * vLLM's --generation-config: "auto" applies the model's generation_config.json sampling defaults, "vllm" ignores
+ * them, and a directory applies its own generation_config.json's.
+ */
+export function generationDefaults(mode: string, modelGen: GenerationConfig | null): Partial<SamplingParams> | undefined {
+  if (mode === "vllm") return undefined;
+  const gen = mode === "auto" ? modelGen : loadGenerationConfig(mode);
+  if (!gen) return undefined;
   const out: Partial<SamplingParams> = {};
   if (gen.temperature !== undefined) out.temperature = gen.temperature;
   if (gen.topP !== undefined) out.topP = gen.topP;

@@ -169,11 +169,17 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (generationConfig !== "auto" && generationConfig !== "vllm" && !(existsSync(generationConfig) && statSync(generationConfig).isDirectory())) {
     throw new CliUsageError(`--generation-config must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(generationConfig)}`);
   }
+  if (generationConfig !== "auto" && generationConfig !== "vllm" && !existsSync(`${generationConfig}/generation_config.json`)) {
+    throw new CliUsageError(`--generation-config ${JSON.stringify(generationConfig)}: the directory has no generation_config.json`);
+  }
 
   let chatTemplate: string | null = null;
   if (typeof o.chatTemplate === "string") {
     const t = o.chatTemplate;
-    chatTemplate = existsSync(t) && statSync(t).isFile() ? readFileSync(t, "utf8") : t;
+    // vLLM's rule: a file's contents; else the text itself when it looks like a template ({, } or a newline in it)
+    if (existsSync(t) && statSync(t).isFile()) chatTemplate = readFileSync(t, "utf8");
+    else if (/[{}\n]/.test(t)) chatTemplate = t;
+    else throw new CliUsageError(`--chat-template ${JSON.stringify(t)} looks like a file path, but it cannot be opened`);
   }
 
   const port = int(o.port ?? "8000", "--port", 0);

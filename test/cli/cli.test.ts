@@ -3,6 +3,10 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { generationDefaults } from "../../src/cli/engine-factory.js";
 import { parseBytes, parseServeArgs } from "../../src/cli/serve-args.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
@@ -41,6 +45,20 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { maxModelLen: "abc" }), /--max-model-len/);
     assert.throws(() => parseServeArgs("m", { quantization: "q9" }), /--quantization/);
     assert.throws(() => parseServeArgs("m", { blockSize: "12" }), /--block-size/);
+    const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-"));
+    writeFileSync(join(tmp, "t.jinja"), "{{ messages[0].content }}");
+    assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "t.jinja") }, {}).chatTemplate, "{{ messages[0].content }}");
+    assert.equal(parseServeArgs("m", { chatTemplate: "{{ 'x' }}" }, {}).chatTemplate, "{{ 'x' }}");
+    assert.throws(() => parseServeArgs("m", { chatTemplate: join(tmp, "missing.jinja") }, {}), /looks like a file path, but it cannot be opened/);
+    assert.throws(() => parseServeArgs("m", { generationConfig: tmp }, {}), /has no generation_config.json/);
+    writeFileSync(join(tmp, "generation_config.json"), '{"temperature": 0.1, "max_new_tokens": 7}');
+    assert.equal(parseServeArgs("m", { generationConfig: tmp }, {}).generationConfig, tmp);
+    // The directory's defaults replace the model's; "vllm" drops them; "auto" keeps the model's.
+    const modelGen = { eosTokenIds: [], bosTokenId: null, padTokenId: null, raw: {}, temperature: 0.8, topK: 50 };
+    assert.deepEqual(generationDefaults(tmp, modelGen), { temperature: 0.1, maxTokens: 7 });
+    assert.deepEqual(generationDefaults("auto", modelGen), { temperature: 0.8, topK: 50 });
+    assert.equal(generationDefaults("vllm", modelGen), undefined);
+    rmSync(tmp, { recursive: true });
     assert.equal(parseServeArgs("m", {}, {}).logprobsMode, "raw_logprobs");
     assert.equal(parseServeArgs("m", { logprobsMode: "processed_logprobs" }, {}).logprobsMode, "processed_logprobs");
     assert.throws(() => parseServeArgs("m", { logprobsMode: "raw_logits" }, {}), /--logprobs-mode must be one of raw_logprobs, processed_logprobs/);
