@@ -62,7 +62,14 @@ function need(cond: boolean, param: string, message: string): void {
  */
 export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, options: NormalizeOptions = {}): SamplingParams {
   const p: SamplingParams = { ...defaultSamplingParams() };
-  for (const [k, v] of Object.entries(partial)) if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
+  for (const [k, v] of Object.entries(partial)) {
+    if (!(k in p)) {
+      // vLLM's SamplingParams(max_token=...) is a TypeError; a key here that is silently dropped would be worse
+      const camel = k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+      throw new EngineInputError(k, `is not a sampling parameter${camel !== k && camel in p ? ` (did you mean ${camel}?)` : ""}`);
+    }
+    if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
+  }
   // Copy arrays so later edits by the caller don't reach a running request.
   p.stop = typeof p.stop === "string" ? [p.stop] : [...(p.stop ?? [])];
   p.stopTokenIds = [...(p.stopTokenIds ?? [])];

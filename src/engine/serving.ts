@@ -73,6 +73,42 @@ function defaultKvBudget(utilization: number): number {
 export const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] as const;
 
 /** Throws the typed error for a kv_cache_dtype that is not one of KV_CACHE_DTYPES (checked before any weight loads). */
+const SERVING_ARG_KEYS = new Set([
+  "model", "dtype", "quantization", "maxModelLen", "maxNumSeqs", "maxNumBatchedTokens", "blockSize", "kvCacheMemory",
+  "kvCacheDtype", "gpuMemoryUtilization", "enablePrefixCaching", "seed", "schedulingPolicy", "logprobsMode",
+  "enforceEager", "asyncScheduling", "maxCaptureSize", "maxCaptureTokens", "revision", "onProgress",
+  "logitsProcessors", // LLM's and WorkerEngine's own option, next to these
+]);
+
+/**
+ * The arguments a user gets wrong, each named in its own EngineInputError (snake_case, as vLLM's flags) before
+ * anything loads: unknown keys (a snake_case key names its camelCase form), and sizes out of range.
+ */
+function checkServingArgs(args: ServingArgs): void {
+  for (const k of Object.keys(args)) {
+    if (SERVING_ARG_KEYS.has(k)) continue;
+    const camel = k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+    throw new EngineInputError(k, `'${k}' is not an engine argument${SERVING_ARG_KEYS.has(camel) ? ` (did you mean ${camel}?)` : ""}`);
+  }
+  const positiveInt = (value: number | undefined, name: string, min = 1): void => {
+    if (value !== undefined && (!Number.isInteger(value) || value < min))
+      throw new EngineInputError(name, `${name} must be an integer >= ${min}, got ${value}`);
+  };
+  positiveInt(args.maxModelLen, "max_model_len");
+  positiveInt(args.maxNumSeqs, "max_num_seqs");
+  positiveInt(args.maxNumBatchedTokens, "max_num_batched_tokens");
+  positiveInt(args.kvCacheMemory, "kv_cache_memory");
+  positiveInt(args.maxCaptureSize, "max_capture_size", 0);
+  positiveInt(args.maxCaptureTokens, "max_capture_tokens", 0);
+  const bs = args.blockSize;
+  if (bs !== undefined && (!Number.isInteger(bs) || bs < 1 || (bs & (bs - 1)) !== 0))
+    throw new EngineInputError("block_size", `block_size must be a power of two, got ${bs}`);
+  const u = args.gpuMemoryUtilization;
+  if (u !== undefined && !(u > 0 && u <= 1))
+    throw new EngineInputError("gpu_memory_utilization", `gpu_memory_utilization must be in (0, 1], got ${u}`);
+  checkKvCacheDtype(args.kvCacheDtype);
+}
+
 function checkKvCacheDtype(arg: ServingArgs["kvCacheDtype"]): void {
   const want: string = arg ?? "auto";
   if (!(KV_CACHE_DTYPES as readonly string[]).includes(want))
@@ -198,7 +234,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
 
 /** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
 export function createServingSetupSync(args: ServingArgs): ServingSetup {
-  checkKvCacheDtype(args.kvCacheDtype);
+  checkServingArgs(args);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, onProgress: args.onProgress });
   return setup(loaded, args, mark);
@@ -209,7 +245,7 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
  * `deferTokenizerBuild`: for a caller that needs only the tokenizer's EOS ids before its first request.
  */
 export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptions, "deferTokenizerBuild"> = {}): Promise<ServingSetup> {
-  checkKvCacheDtype(args.kvCacheDtype);
+  checkServingArgs(args);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, {
     dtype: args.dtype,

@@ -83,3 +83,23 @@ test("greedy decoding through a bfloat16 KV cache: step graphs equal eager, and 
   const same = full.flat().filter((t, i) => t === eager.flat()[i]).length;
   assert.ok(same >= 0.8 * full.flat().length, `${same} of ${full.flat().length} tokens agree with the float32 cache`);
 });
+
+test("engine arguments a user gets wrong are typed errors naming them, before any weight is read", () => {
+  const cases: [Record<string, unknown>, string, RegExp][] = [
+    [{ max_model_len: 64 }, "max_model_len", /not an engine argument \(did you mean maxModelLen\?\)/],
+    [{ maxNumSeq: 4 }, "maxNumSeq", /not an engine argument$/],
+    [{ maxNumSeqs: 0 }, "max_num_seqs", /max_num_seqs must be an integer >= 1, got 0/],
+    [{ maxModelLen: 0 }, "max_model_len", /max_model_len must be an integer >= 1/],
+    [{ maxNumBatchedTokens: 2.5 }, "max_num_batched_tokens", /integer/],
+    [{ gpuMemoryUtilization: 2 }, "gpu_memory_utilization", /in \(0, 1\]/],
+    [{ blockSize: 3 }, "block_size", /power of two/],
+    [{ kvCacheMemory: -1 }, "kv_cache_memory", /integer >= 1/],
+  ];
+  for (const [extra, param, message] of cases) {
+    assert.throws(
+      () => createServingSetupSync({ model: "/nonexistent/model", ...extra } as never),
+      (e: unknown) => e instanceof EngineInputError && e.param === param && message.test(e.message),
+      JSON.stringify(extra),
+    );
+  }
+});

@@ -46,6 +46,8 @@ test("sampling params: every invalid value is rejected naming its parameter", ()
     [{ allowedTokenIds: [64] }, "allowed_token_ids"],
     [{ badWords: [""] }, "bad_words"],
     [{ ignoreEos: 1 as unknown as boolean }, "ignore_eos"],
+    [{ max_tokens: 3 } as unknown as Partial<SamplingParams>, "max_tokens"],
+    [{ temprature: 0.5 } as unknown as Partial<SamplingParams>, "temprature"],
   ];
   for (const [params, name] of cases) {
     assert.throws(
@@ -55,6 +57,7 @@ test("sampling params: every invalid value is rejected naming its parameter", ()
     );
   }
   assert.equal(normalizeSamplingParams({ logprobs: 30 }, { maxLogprobs: 30 }).logprobs, 30);
+  assert.throws(() => normalizeSamplingParams({ max_tokens: 3 } as never), /not a sampling parameter \(did you mean maxTokens\?\)/);
 });
 
 /** Independent reference of the processed logits for one step (no engine code). */
