@@ -38,10 +38,15 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
 
   addServeOptions(
     program.command("serve").description("start the OpenAI-compatible server").argument("[model]", "model directory (default: the built-in model)"),
-  ).action(async (model: string | undefined, opts: Record<string, unknown>) => {
-    const { runServe } = await import("./serve.js");
-    await runServe(parseServeArgs(model, opts), deps.engineFactory);
-  });
+  )
+    .option("--model <dir>", "the model, as the positional argument gives it (vLLM accepts both)")
+    .action(async (positional: string | undefined, opts: Record<string, unknown>) => {
+      const flag = opts.model as string | undefined;
+      if (positional !== undefined && flag !== undefined && positional !== flag)
+        throw new CliUsageError(`the model is given twice: ${JSON.stringify(positional)} and --model ${JSON.stringify(flag)}`);
+      const { runServe } = await import("./serve.js");
+      await runServe(parseServeArgs(positional ?? flag, opts), deps.engineFactory);
+    });
 
   addSamplingOptions(addEngineOptions(program.command("generate").description("generate one completion")))
     .option("--model <dir>", "model directory or GGUF file (default: the built-in model)")

@@ -102,8 +102,23 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     if (!request.raw.complete) await discardBody(request.raw, 4 * bodyLimit, 10_000);
     return reply.code(apiErr.status).send(apiErr.toBody());
   });
+  // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
+  const methodsByPath = new Map<string, Set<string>>();
+  app.addHook("onRoute", (route) => {
+    const methods = methodsByPath.get(route.url) ?? new Set<string>();
+    for (const m of Array.isArray(route.method) ? route.method : [route.method]) methods.add(m);
+    methodsByPath.set(route.url, methods);
+  });
   app.setNotFoundHandler((request, reply) => {
-    const err = new ApiError(404, `Route ${request.method} ${request.url.split("?")[0]} not found`, null, "not_found_error");
+    const path = request.url.split("?")[0]!;
+    const allowed = [...(methodsByPath.get(path) ?? [])].filter((m) => m !== "HEAD" && m !== "OPTIONS");
+    if (allowed.length > 0 && !allowed.includes(request.method)) {
+      const err = new ApiError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, null,
+        "invalid_request_error", "method_not_allowed");
+      void reply.code(405).header("allow", allowed.join(", ")).send(err.toBody());
+      return;
+    }
+    const err = new ApiError(404, `Route ${request.method} ${path} not found`, null, "not_found_error");
     void reply.code(404).send(err.toBody());
   });
 

@@ -19,6 +19,16 @@ describe("kiln CLI", () => {
     assert.match(r.stderr, /--bogus-flag/);
   });
 
+  it("serve takes the model as vLLM does: positional or --model, not both different", () => {
+    const r = kiln("serve", "--model", "/nonexistent/model-dir");
+    assert.notEqual(r.status, 0);
+    assert.doesNotMatch(r.stderr, /unknown option/);
+    assert.match(r.stderr, /nonexistent\/model-dir/);
+    const twice = kiln("serve", "/a", "--model", "/b");
+    assert.notEqual(twice.status, 0);
+    assert.match(twice.stderr, /the model is given twice/);
+  });
+
   it("rejects --tensor-parallel-size > 1 clearly", () => {
     const r = kiln("serve", "--tensor-parallel-size", "2");
     assert.notEqual(r.status, 0);

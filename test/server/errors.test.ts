@@ -126,6 +126,18 @@ describe("errors", () => {
     assert.equal(((await g.json()) as any).error.type, "not_found_error");
   });
 
+  it("405 with Allow for a known route asked with another method", async () => {
+    for (const [method, path, allow] of [["GET", "/v1/chat/completions", "POST"], ["DELETE", "/v1/models", "GET"], ["PUT", "/tokenize", "POST"]]) {
+      const r = await fetch(`${s.url}${path}`, { method });
+      assert.equal(r.status, 405, `${method} ${path}`);
+      assert.equal(r.headers.get("allow"), allow);
+      const body = (await r.json()) as any;
+      assert.equal(body.error.code, "method_not_allowed");
+      assert.equal(body.error.type, "invalid_request_error");
+    }
+    assert.equal((await fetch(`${s.url}/v1/models`)).status, 200, "the server still answers");
+  });
+
   it("413 for a body over the limit", async () => {
     assertError(await post(completions(), { model: MODEL, prompt: "x".repeat(100 * 1024) }), 413);
   });

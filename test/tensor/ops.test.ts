@@ -229,6 +229,19 @@ forEachBackend((dev) => {
 
   describe("reductions", () => {
     const x = () => t([[1, 5, 3], [4, 2, 6]]);
+    it("sums of long rows keep float32's precision (the error does not grow with the length)", () => {
+      const f = Math.fround(0.1);
+      const n = 4_000_000;
+      const long = k.full([n], 0.1, { device: dev });
+      const s = long.sum().item();
+      const m = long.mean().item();
+      assert.ok(Math.abs(s - f * n) / (f * n) < 2e-6, `sum ${s} vs ${f * n}`);
+      assert.ok(Math.abs(m - f) / f < 2e-6, `mean ${m}`);
+      const rows = k.full([2, 1_000_003], 0.1, { device: dev }).sum(1);
+      for (const v of values(rows)) assert.ok(Math.abs(v - f * 1_000_003) / (f * 1_000_003) < 2e-6, `row sum ${v}`);
+      long.dispose();
+    });
+
     it("sum / mean / prod over all, dims, keepdim, several dims", () => {
       assertClose(x().sum(), [21], { shape: [] });
       assertClose(x().sum(0), [5, 7, 9], { shape: [3] });
