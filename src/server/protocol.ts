@@ -30,6 +30,8 @@ export interface CommonRequest {
   maxTokens: number | undefined; // as requested; the server fills the default from the prompt length
   /** The endpoint's own default max_tokens (completions: 16, as OpenAI and vLLM), capped by the room left. */
   maxTokensDefault?: number;
+  /** prompt_logprobs was asked for: the response carries them (vLLM's prompt_logprobs field). */
+  returnPromptLogprobs: boolean;
   priority: number;
   cacheSalt: string | undefined;
   echo: boolean;
@@ -50,6 +52,11 @@ export interface ChatRequest extends CommonRequest {
 export type PromptInput = { text: string } | { tokenIds: number[] };
 
 export interface CompletionRequest extends CommonRequest {
+  /**
+   * echo with max_tokens 0: the response is the prompt (with its logprobs) and nothing generated, as OpenAI and vLLM
+   * answer it (how lm-evaluation-harness scores a text); the engine runs the prompt for one token that is dropped.
+   */
+  echoOnly: boolean;
   prompts: PromptInput[];
   logprobs: number | null;
   addSpecialTokens: boolean;
@@ -60,7 +67,7 @@ export function asJsonBody(body: unknown): Json {
   return body as Json;
 }
 
-function parseCommon(body: Json, vocabSize: number): CommonRequest {
+function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = {}): CommonRequest {
   const model = optString(body, "model");
   const stream = optBool(body, "stream") ?? false;
   const streamOptions = optObject(body, "stream_options");
@@ -68,7 +75,10 @@ function parseCommon(body: Json, vocabSize: number): CommonRequest {
   const includeUsage = streamOptions ? (optBool(streamOptions, "include_usage") ?? false) : false;
   const continuousUsageStats = streamOptions ? (optBool(streamOptions, "continuous_usage_stats") ?? false) : false;
 
-  const maxTokens = optInt(body, "max_completion_tokens", { min: 1 }) ?? optInt(body, "max_tokens", { min: 1 });
+  // max_tokens 0 only with echo on /v1/completions: the prompt scored, nothing generated (echoOnly below)
+  const echo = optBool(body, "echo") ?? false;
+  const maxTokens = optInt(body, "max_completion_tokens", { min: 1 }) ??
+    optInt(body, "max_tokens", { min: allowEchoOnly && echo ? 0 : 1 });
   const n = optInt(body, "n", { min: 1, max: MAX_N });
   const bestOf = optInt(body, "best_of", { min: 1 });
   if (bestOf !== undefined && bestOf !== (n ?? 1)) throw badRequest("'best_of' other than n is not supported", "best_of");
@@ -122,8 +132,9 @@ function parseCommon(body: Json, vocabSize: number): CommonRequest {
     maxTokens,
     priority: optInt(body, "priority") ?? 0,
     cacheSalt,
-    echo: optBool(body, "echo") ?? false,
+    echo,
     params,
+    returnPromptLogprobs: promptLogprobs !== undefined,
   };
 }
 
@@ -281,9 +292,11 @@ export function parseCompletionRequest(raw: unknown, vocabSize: number): Complet
   const body = asJsonBody(raw);
   const prompts = parsePrompts(body, vocabSize);
   if (body.suffix !== undefined && body.suffix !== null) throw badRequest("'suffix' is not currently supported", "suffix");
-  const common = parseCommon(body, vocabSize);
+  const common = parseCommon(body, vocabSize, { allowEchoOnly: true });
+  const echoOnly = common.maxTokens === 0;
+  if (echoOnly) common.maxTokens = 1;
   const logprobs = optInt(body, "logprobs", { min: 0, max: MAX_LOGPROBS }) ?? null;
   if (logprobs !== null) common.params.logprobs = logprobs;
   if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
-  return { ...common, maxTokensDefault: COMPLETIONS_MAX_TOKENS, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
+  return { ...common, echoOnly, maxTokensDefault: COMPLETIONS_MAX_TOKENS, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
 }

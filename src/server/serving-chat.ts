@@ -5,7 +5,7 @@ import { badRequest } from "./errors.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, randomId, resolveModel, samplingParamsFor,
+  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModel, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
 } from "./serving-context.js";
 
@@ -96,7 +96,9 @@ interface ResponseInfo {
 
 async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: AsyncIterable<RequestOutput>, info: ResponseInfo) {
   const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: info.echoText, numTokens: 0, logprobs: [], finishReason: null, stopReason: null }));
+  let promptLogprobs: (TokenLogprobs | null)[] | null = null;
   for await (const out of outputs) {
+    promptLogprobs ??= out.promptLogprobs;
     for (const o of out.outputs) {
       const c = choices[o.index]!;
       if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
@@ -123,6 +125,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
       stop_reason: c.stopReason,
     })),
     usage: { prompt_tokens: info.promptLen, completion_tokens: completionTokens, total_tokens: info.promptLen + completionTokens },
+    ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(promptLogprobs) } : {}),
   };
 }
 

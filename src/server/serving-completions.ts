@@ -4,7 +4,7 @@ import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } fro
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, randomId, resolveModel, samplingParamsFor,
+  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModel, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
 } from "./serving-context.js";
 
@@ -89,7 +89,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   }
   try {
     const merged = await primeStream(mergeStreams(streams));
-    const info = { id, created, model, n, prepared, choices };
+    const info: Info = { id, created, model, n, prepared, choices, promptLogprobs: prepared.map(() => null) };
     if (req.stream) return await streamCompletion(ctx, req, reply, merged, info);
     return await collectCompletion(ctx, req, merged, info);
   } finally {
@@ -98,6 +98,8 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
 }
 
 interface Info {
+  /** Each prompt's prompt logprobs, from its first output that has them. */
+  promptLogprobs: ((TokenLogprobs | null)[] | null)[];
   id: string;
   created: number;
   model: string;
@@ -123,10 +125,13 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
       c.offset = p.promptText.length;
     }
   }
-  text += o.text;
-  if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset);
+  if (out.promptLogprobs && info.promptLogprobs[promptIndex] === null) info.promptLogprobs[promptIndex] = out.promptLogprobs;
+  if (!req.echoOnly) {
+    text += o.text;
+    if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset);
+    c.numTokens += o.tokenIds.length;
+  }
   c.text += text;
-  c.numTokens += o.tokenIds.length;
   for (const k of ["tokens", "token_logprobs", "top_logprobs", "text_offset"] as const) (c.logprobs[k] as unknown[]).push(...lp[k]);
   if (o.finishReason !== null) {
     c.finishReason = o.finishReason;
@@ -154,6 +159,7 @@ async function collectCompletion(ctx: ServingContext, req: CompletionRequest, me
       logprobs: req.logprobs !== null ? c.logprobs : null,
       finish_reason: c.finishReason ?? "abort",
       stop_reason: c.stopReason,
+      ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(info.promptLogprobs[Math.floor(index / info.n)] ?? null) } : {}),
     })),
     usage: usageOf(info),
   };

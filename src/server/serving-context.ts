@@ -80,6 +80,20 @@ export function tokenText(ctx: ServingContext, id: number, lp: TokenLogprobs | n
 /** vLLM clamps -inf logprobs so that JSON can carry them. */
 export const clampLogprob = (x: number): number => (Number.isFinite(x) ? x : -9999);
 
+/**
+ * vLLM's prompt_logprobs field: per prompt token, null for the first, else {token id: {logprob, rank, decoded_token}}
+ * for the token itself and the prompt_logprobs most likely ones.
+ */
+export function promptLogprobsJson(lps: readonly (TokenLogprobs | null)[] | null): (Record<string, object> | null)[] | null {
+  if (lps === null) return null;
+  return lps.map((lp) => {
+    if (lp === null) return null;
+    const entry: Record<string, object> = {};
+    for (const [id, l] of lp) entry[String(id)] = { logprob: clampLogprob(l.logprob), rank: l.rank, decoded_token: l.decodedToken };
+    return entry;
+  });
+}
+
 /** Aborts `controller` when the client goes away before the response is complete. */
 export function abortOnDisconnect(request: FastifyRequest, reply: FastifyReply, controller: AbortController): void {
   const res = reply.raw;

@@ -201,6 +201,34 @@ describe("kiln serve + openai client (e2e)", () => {
     }
   });
 
+  it("echo with max_tokens 0 scores the prompt without generating; prompt_logprobs come back as vLLM returns them", async () => {
+    const ids = await tokenize("The river ran to the sea");
+    const r = await complete("The river ran to the sea", { max_tokens: 0, echo: true, logprobs: 1, prompt_logprobs: 1 });
+    const c = r.choices[0]! as OpenAI.CompletionChoice & { prompt_logprobs: (Record<string, { logprob: number; rank: number; decoded_token: string }> | null)[] };
+    assert.equal(c.text, "The river ran to the sea");
+    assert.equal(r.usage!.completion_tokens, 0);
+    assert.equal(r.usage!.prompt_tokens, ids.length);
+    const lp = c.logprobs!;
+    assert.equal(lp.tokens!.length, ids.length);
+    assert.equal(lp.token_logprobs![0], null);
+    assert.equal(c.prompt_logprobs.length, ids.length);
+    assert.equal(c.prompt_logprobs[0], null);
+    for (let i = 1; i < ids.length; i++) {
+      const own = c.prompt_logprobs[i]![String(ids[i])]!;
+      assert.ok(own.logprob <= 0 && own.rank >= 1, JSON.stringify(own));
+      assert.ok(Math.abs(lp.token_logprobs![i]! - own.logprob) < 1e-6, "the echo's logprobs are the prompt's");
+    }
+    // The same scores whatever the sampling settings (raw logprobs) and whether or not a completion follows.
+    const hot = await complete("The river ran to the sea", { max_tokens: 2, echo: true, logprobs: 1, temperature: 1.5, top_k: 2, seed: 1 });
+    for (let i = 1; i < ids.length; i++) assert.ok(Math.abs(hot.choices[0]!.logprobs!.token_logprobs![i]! - lp.token_logprobs![i]!) < 1e-5);
+    const bad = await postRaw(server.url, "/v1/completions", { model: server.model, prompt: "x", max_tokens: 0 });
+    assert.equal(bad.status, 400, "max_tokens 0 needs echo");
+    const chat = await postRaw(server.url, "/v1/chat/completions", { model: server.model, messages: USER, max_tokens: 1, prompt_logprobs: 0 });
+    const pl = (chat.body as { prompt_logprobs: unknown[]; usage: { prompt_tokens: number } });
+    assert.equal(pl.prompt_logprobs.length, pl.usage.prompt_tokens);
+    assert.equal(pl.prompt_logprobs[0], null);
+  });
+
   it("prompt as token ids and as a list of token id lists", async () => {
     const [a, b] = [await tokenize("The river ran"), await tokenize("Once upon a time")];
     const [textA, textB] = [(await complete("The river ran")).choices[0]!.text, (await complete("Once upon a time")).choices[0]!.text];
