@@ -7,6 +7,7 @@ import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import type { ServingArgs } from "../engine/serving.js";
+import { generationConfigDefaults } from "../engine/sampling-params.js";
 import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
 import type { DtypeArg } from "../models/loader.js";
@@ -122,14 +123,5 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
  */
 export function generationDefaults(mode: string, modelGen: GenerationConfig | null): Partial<SamplingParams> | undefined {
   if (mode === "vllm") return undefined;
-  const gen = mode === "auto" ? modelGen : loadGenerationConfig(mode);
-  if (!gen) return undefined;
-  const out: Partial<SamplingParams> = {};
-  if (gen.temperature !== undefined) out.temperature = gen.temperature;
-  if (gen.topP !== undefined) out.topP = gen.topP;
-  if (gen.topK !== undefined) out.topK = gen.topK;
-  if (gen.minP !== undefined) out.minP = gen.minP;
-  if (gen.repetitionPenalty !== undefined) out.repetitionPenalty = gen.repetitionPenalty;
-  if (gen.maxNewTokens !== undefined) out.maxTokens = gen.maxNewTokens;
-  return Object.keys(out).length ? out : undefined;
+  return generationConfigDefaults(mode === "auto" ? modelGen : loadGenerationConfig(mode));
 }

@@ -4,6 +4,7 @@ import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
+import { generationConfigDefaults } from "./sampling-params.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
 
@@ -31,12 +32,14 @@ export class LLM {
   readonly engine: EngineCore;
   private readonly tokenizer: TokenizerLike | null;
   private nextId = 0;
+  private defaults: Partial<SamplingParams> = {};
 
   constructor(options: LLMOptions) {
     if ("model" in options) {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
       const s = createServingSetupSync(options);
       this.tokenizer = s.loaded.tokenizer;
+      this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
       this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors });
       return;
     }
@@ -48,12 +51,21 @@ export class LLM {
   }
 
   /**
-   * Generates for every prompt. `params` is one set for all prompts or one per prompt. Throws an
-   * EngineInputError for an invalid prompt or parameter before running anything.
+   * The sampling params generate() and chat() use when given none (vLLM's get_default_sampling_params): the
+   * model's generation_config.json defaults over SamplingParams' own, for a model loaded from a path.
+   */
+  getDefaultSamplingParams(): Partial<SamplingParams> {
+    return { ...this.defaults };
+  }
+
+  /**
+   * Generates for every prompt. `params` is one set for all prompts or one per prompt (default:
+   * getDefaultSamplingParams()). Throws an EngineInputError for an invalid prompt or parameter before running
+   * anything.
    */
   generate(
     prompts: PromptInput[],
-    params: Partial<SamplingParams> | Partial<SamplingParams>[] = {},
+    params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     options: { priority?: number[] } = {},
   ): RequestOutput[] {
     if (Array.isArray(params) && params.length !== prompts.length)
@@ -91,7 +103,7 @@ export class LLM {
   /** Chat: one conversation or a list of them, rendered with the tokenizer's chat template. */
   chat(
     messages: ChatMessage[] | ChatMessage[][],
-    params: Partial<SamplingParams> = {},
+    params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
   ): RequestOutput[] {
     const tok = this.requireTokenizer();

@@ -1,5 +1,6 @@
 // vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
 import { EngineInputError } from "./errors.js";
+import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ExtraArgs, SamplingParams } from "./types.js";
 
 /** Below this temperature a request is greedy (vLLM's _SAMPLING_EPS). */
@@ -7,6 +8,22 @@ export const SAMPLING_EPS = 1e-5;
 
 /** vLLM's default `max_logprobs` (model config): the largest `logprobs` / `prompt_logprobs` accepted. */
 export const DEFAULT_MAX_LOGPROBS = 20;
+
+/**
+ * The sampling defaults a model's generation_config.json sets (vLLM's get_diff_sampling_param): temperature, top_p,
+ * top_k, min_p, repetition_penalty, and max_new_tokens as maxTokens; undefined when it sets none.
+ */
+export function generationConfigDefaults(gen: GenerationConfig | null): Partial<SamplingParams> | undefined {
+  if (!gen) return undefined;
+  const out: Partial<SamplingParams> = {};
+  if (gen.temperature !== undefined) out.temperature = gen.temperature;
+  if (gen.topP !== undefined) out.topP = gen.topP;
+  if (gen.topK !== undefined) out.topK = gen.topK;
+  if (gen.minP !== undefined) out.minP = gen.minP;
+  if (gen.repetitionPenalty !== undefined) out.repetitionPenalty = gen.repetitionPenalty;
+  if (gen.maxNewTokens !== undefined) out.maxTokens = gen.maxNewTokens;
+  return Object.keys(out).length ? out : undefined;
+}
 
 /** vLLM's SamplingParams defaults (max_tokens=16 as in vLLM's Python class; the server passes its own). */
 export function defaultSamplingParams(): SamplingParams {

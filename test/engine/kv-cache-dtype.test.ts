@@ -3,6 +3,9 @@
 // greedy decoding through a bfloat16 or fp8 cache is the same with and without step graphs and tracks the float32
 // cache's output.
 import assert from "node:assert/strict";
+import { copyFileSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { test } from "node:test";
 import { EngineInputError } from "../../src/engine/errors.js";
 import { LLM } from "../../src/engine/llm-engine.js";
@@ -102,4 +105,20 @@ test("engine arguments a user gets wrong are typed errors naming them, before an
       JSON.stringify(extra),
     );
   }
+});
+
+test("LLM.generate without params uses the model's generation_config.json defaults (vLLM's get_default_sampling_params)", { timeout: 120_000 }, () => {
+  const src = tinyModelDir("LlamaForCausalLM");
+  const dir = mkdtempSync(join(tmpdir(), "kiln-gen-"));
+  for (const f of readdirSync(src)) copyFileSync(join(src, f), join(dir, f));
+  writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ temperature: 0, max_new_tokens: 5, eos_token_id: 1e6 }));
+  const llm = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, enforceEager: true });
+  assert.deepEqual(llm.getDefaultSamplingParams(), { temperature: 0, maxTokens: 5 });
+  const [a] = llm.generate(["Once upon a time"]); // greedy: EOS could end it early, identically for b
+  const [b] = llm.generate(["Once upon a time"], { temperature: 0, maxTokens: 5 });
+  assert.equal(a!.outputs[0]!.tokenIds.length, 5);
+  assert.deepEqual(a!.outputs[0]!.tokenIds, b!.outputs[0]!.tokenIds, "greedy, as the file says");
+  const [c] = llm.generate(["Once upon a time"], { ignoreEos: true }); // explicit params: SamplingParams' own defaults (16 tokens)
+  assert.equal(c!.outputs[0]!.tokenIds.length, 16);
+  rmSync(dir, { recursive: true });
 });
