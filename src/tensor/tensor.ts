@@ -1,6 +1,6 @@
 // Tensor: dtype, shape, strides, offset and a shared device storage. Views share storage (PyTorch semantics).
 import type { BufferView } from "../backends/backend.js";
-import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
+import { DTYPE_BYTES, isFloating, type DType } from "../backends/dtype.js";
 import { DisposedTensorError, OpError } from "../util/errors.js";
 import { env } from "../util/env.js";
 import { resolveDevice, type Device, type DeviceLike } from "./device.js";
@@ -226,6 +226,7 @@ export class Tensor {
   }
   /** Marks a leaf as requiring grad (in place), as torch's requires_grad_(). */
   requiresGrad_(on = true): this {
+    if (on) checkGradDtype(this.dtype);
     this.requiresGrad = on;
     return this;
   }
@@ -319,22 +320,22 @@ export class Tensor {
   // ---- in place (mutate through views; refused where autograd would have to record them: ew.checkInPlace) ----
   add_(o: TensorOrScalar, alpha?: number): this {
     ew.checkInPlace("add_", this, o);
-    ew.inPlace(this, ew.add(this, o, alpha));
+    ew.inPlace("add_", this, ew.add(this, o, alpha));
     return this;
   }
   sub_(o: TensorOrScalar): this {
     ew.checkInPlace("sub_", this, o);
-    ew.inPlace(this, ew.sub(this, o));
+    ew.inPlace("sub_", this, ew.sub(this, o));
     return this;
   }
   mul_(o: TensorOrScalar): this {
     ew.checkInPlace("mul_", this, o);
-    ew.inPlace(this, ew.mul(this, o));
+    ew.inPlace("mul_", this, ew.mul(this, o));
     return this;
   }
   div_(o: TensorOrScalar): this {
     ew.checkInPlace("div_", this, o);
-    ew.inPlace(this, ew.div(this, o));
+    ew.inPlace("div_", this, ew.div(this, o));
     return this;
   }
   copy_(src: Tensor): this {
@@ -349,7 +350,7 @@ export class Tensor {
   }
   maskedFill_(mask: Tensor, value: number): this {
     ew.checkInPlace("masked_fill_", this);
-    ew.inPlace(this, ew.maskedFill(this, mask, value));
+    ew.inPlace("masked_fill_", this, ew.maskedFill(this, mask, value), { castValue: true });
     return this;
   }
   indexCopy_(dim: number, index: Tensor, src: Tensor): this {
@@ -427,8 +428,16 @@ export function empty(shape: Shape, options: TensorOptions = {}): Tensor {
   const dev = resolveDevice(options.device);
   const dtype = options.dtype ?? "float32";
   const t = new Tensor(Storage.allocate(dev, numel(shape) * DTYPE_BYTES[dtype]), dtype, [...shape], contiguousStrides(shape), 0);
-  if (options.requiresGrad) t.requiresGrad = true;
+  if (options.requiresGrad) {
+    checkGradDtype(dtype);
+    t.requiresGrad = true;
+  }
   return t;
+}
+
+/** Only floating-point tensors can require gradients (torch's rule). */
+function checkGradDtype(dtype: DType): void {
+  if (!isFloating(dtype)) throw new OpError("requires_grad", `only tensors of floating point dtype can require gradients, got ${dtype}`);
 }
 
 /**

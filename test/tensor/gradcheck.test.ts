@@ -356,6 +356,17 @@ describe("autograd engine", () => {
     assert.deepEqual(p.toList(), [2, 4]);
     assert.deepEqual(k.tensor([1, 2]).mul_(3).toList(), [3, 6]);
   });
+  test("in-place ops check shape, dtype and overlap as torch does; only floating tensors require grad", () => {
+    assert.throws(() => k.zeros([3]).add_(k.zeros([2, 3])), /\[add_\] output with shape \[3\] doesn't match the broadcast shape \[2, 3\]/);
+    assert.throws(() => k.tensor(Int32Array.of(1, 2)).mul_(1.5), /\[mul_\] result type float32 can't be cast to the desired output type int32/);
+    assert.throws(() => k.tensor(Int32Array.of(1, 2)).div_(2), /\[div_\] result type float32/);
+    assert.deepEqual(k.tensor(Int32Array.of(1, 2)).mul_(3).toList(), [3, 6]);
+    assert.deepEqual(k.tensor(Int32Array.of(1, 2)).maskedFill_(k.tensor([true, false]), 7).toList(), [7, 2]);
+    assert.throws(() => k.zeros([1]).expand(3).add_(1), /more than one element of the written-to tensor/);
+    assert.throws(() => k.zeros([2]).expand(2, 2).fill_(1), /more than one element/);
+    assert.throws(() => k.tensor(Int32Array.of(1, 2), { requiresGrad: true }), /only tensors of floating point dtype can require gradients/);
+    assert.throws(() => k.tensor(Int32Array.of(1, 2)).requiresGrad_(), /floating point/);
+  });
   test("a value saved for backward and then written in place makes backward throw (version counter)", () => {
     const w = k.tensor([1, 2], { requiresGrad: true });
     const x = k.tensor([3, 4]);

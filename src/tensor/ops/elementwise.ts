@@ -154,6 +154,8 @@ export function clamp(x: Tensor, min?: number, max?: number): Tensor {
  * would be silently wrong; the out-of-place op (or the write under noGrad, as optimizers do) is the way.
  */
 export function checkInPlace(op: string, target: Tensor, ...sources: unknown[]): void {
+  if (target.shape.some((n, d) => n > 1 && target.strides[d] === 0))
+    throw new OpError(op, "more than one element of the written-to tensor refers to a single memory location (an expanded view); clone() it first");
   if (!isGradEnabled()) return;
   if (target.requiresGrad && target.gradFn === null)
     throw new OpError(op, "a leaf tensor that requires grad cannot be modified in place (outside noGrad())");
@@ -163,10 +165,22 @@ export function checkInPlace(op: string, target: Tensor, ...sources: unknown[]):
   }
 }
 
-/** Writes `result` into `target` (through views) and disposes result: the in-place form of an op (checkInPlace first). */
-export function inPlace(target: Tensor, result: Tensor): void {
-  copyInto(target, result);
-  result.dispose();
+/**
+ * Writes `result` into `target` (through views) and disposes result: the in-place form of `op` (checkInPlace
+ * first). As in torch, the result must have target's shape (no broadcasting of target itself) and a dtype that casts
+ * to target's without losing its kind (no float into an integer tensor, no integer into a bool one); castValue: a
+ * scalar fill (masked_fill_) is cast to target's dtype, as torch casts it.
+ */
+export function inPlace(op: string, target: Tensor, result: Tensor, { castValue = false } = {}): void {
+  try {
+    if (result.ndim !== target.ndim || result.shape.some((n, d) => n !== target.shape[d]))
+      throw new OpError(op, `output with shape [${target.shape.join(", ")}] doesn't match the broadcast shape [${result.shape.join(", ")}]`);
+    const kind = (d: DType): number => (d === "bool" ? 0 : isFloating(d) ? 2 : 1);
+    if (!castValue && kind(result.dtype) > kind(target.dtype)) throw new OpError(op, `result type ${result.dtype} can't be cast to the desired output type ${target.dtype}`);
+    copyInto(target, result);
+  } finally {
+    result.dispose();
+  }
 }
 
 /** copy_: broadcasts src to dst's shape and converts dtype. */
