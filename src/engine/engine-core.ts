@@ -199,6 +199,10 @@ export class EngineCore {
     if (kind !== "cumulative" && kind !== "final_only")
       throw new EngineInputError("output_kind", `must be "cumulative" or "final_only", got ${JSON.stringify(kind)}`);
     if (this.parents.has(id)) throw new EngineRequestIdError(id, "is already in use");
+    const priority = input.priority ?? 0;
+    if (!Number.isInteger(priority)) throw new EngineInputError("priority", `must be an integer, got ${priority}`);
+    if (priority !== 0 && this.args.schedulingPolicy !== "priority") // as vLLM refuses it
+      throw new EngineInputError("priority", `Got priority ${priority} but Priority scheduling is not enabled.`);
     const vocab = this.runner.vocabSize;
     const params = normalizeSamplingParams(input.params ?? {}, { maxLogprobs: this.args.maxLogprobs, vocabSize: vocab });
     let prompt = input.promptTokenIds;

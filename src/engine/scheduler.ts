@@ -330,7 +330,9 @@ export class Scheduler {
     if (this.pendingText.some((e) => e.req === req)) this.flushText(); // keeps the request's text in token order
     const delta = this.tokenText(det, tok.tokenId, dropText, req.isFinished);
     req.outputText += delta;
-    if (!stoppedByToken && req.numOutputTokens >= p.minTokens) {
+    // vLLM's detokenizer: stop strings count once more than min_tokens tokens are out, and only those ending in
+    // text after the min_tokens-th token (this token's delta)
+    if (!stoppedByToken && req.numOutputTokens > p.minTokens) {
       const hit = findStopString(req.outputText, delta.length, p.stop, p.includeStopStrInOutput);
       if (hit !== null) {
         req.outputText = hit.text;

@@ -73,9 +73,10 @@ export function optStringArray(body: Json, name: string): string[] | undefined {
 export function optStop(body: Json): string[] | undefined {
   const v = body.stop;
   if (v === undefined || v === null) return undefined;
-  if (typeof v === "string") return v.length ? [v] : [];
-  if (Array.isArray(v) && v.every((x) => typeof x === "string")) return (v as string[]).filter((s) => s.length > 0);
-  throw badRequest("'stop' must be a string or a list of strings", "stop");
+  const stops = typeof v === "string" ? [v] : Array.isArray(v) && v.every((x) => typeof x === "string") ? (v as string[]) : null;
+  if (stops === null) throw badRequest("'stop' must be a string or a list of strings", "stop");
+  if (stops.some((s) => s.length === 0)) throw badRequest("stop cannot contain an empty string", "stop"); // as vLLM
+  return stops;
 }
 
 /** `logit_bias`: {"token id": bias in [-100, 100]}. */

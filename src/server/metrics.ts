@@ -40,7 +40,7 @@ export class ServerMetrics {
         name, help, labelNames, registers,
         collect() {
           const now = read();
-          if (now > last) this.inc(labels, now - last);
+          this.inc(labels, Math.max(0, now - last)); // a zero counter is exported as 0, as vLLM's are
           last = Math.max(last, now);
         },
       });
@@ -55,6 +55,9 @@ export class ServerMetrics {
       name: "vllm:request_success_total", help: "Count of successfully processed requests.",
       labelNames: ["model_name", "finished_reason"] as const, registers,
     });
+    // Exported as 0 before the first request, as vLLM's are (a missing series reads as "no data" in rate()).
+    this.promptTokens.inc(labels, 0);
+    this.generationTokens.inc(labels, 0);
     const histogram = (name: string, help: string, buckets: number[]) => new Histogram({ name, help, buckets, labelNames, registers });
     this.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS);
     this.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS);

@@ -298,5 +298,7 @@ export function parseCompletionRequest(raw: unknown, vocabSize: number): Complet
   const logprobs = optInt(body, "logprobs", { min: 0, max: MAX_LOGPROBS }) ?? null;
   if (logprobs !== null) common.params.logprobs = logprobs;
   if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
-  return { ...common, echoOnly, maxTokensDefault: COMPLETIONS_MAX_TOKENS, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
+  // an explicit null max_tokens is vLLM's None (the room left, capped by the generation config), not the default 16
+  const nullMax = body.max_tokens === null || body.max_completion_tokens === null;
+  return { ...common, echoOnly, maxTokensDefault: nullMax ? undefined : COMPLETIONS_MAX_TOKENS, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
 }

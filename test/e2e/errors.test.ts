@@ -78,6 +78,9 @@ describe("kiln serve error statuses (e2e)", () => {
     const dflt = (await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: "hi", ignore_eos: true })).body as OpenAI.Completion;
     assert.equal(dflt.usage!.completion_tokens, 16);
     assert.equal(dflt.choices[0]!.finish_reason, "length");
+    // An explicit null is vLLM's None: the room left (this model's generation config sets no max_new_tokens).
+    const none = (await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: "hi", max_tokens: null, ignore_eos: true })).body as OpenAI.Completion;
+    assert.equal(none.usage!.total_tokens, 64);
     const ids = Array.from({ length: 60 }, (_, i) => 100 + i);
     const fill = (await postRaw(limited.url, "/v1/completions", { model: limited.model, prompt: ids, ignore_eos: true })).body as OpenAI.Completion;
     assert.equal(fill.usage!.prompt_tokens, 60);

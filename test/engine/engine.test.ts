@@ -121,6 +121,31 @@ test("engine: stop strings across token boundaries, with and without include_sto
   assert.deepEqual([o("stoptok").text, o("stoptok").stopReason], ["hello ", 25]);
 });
 
+test("engine: stop strings count only after min_tokens tokens and only when they end after them (vLLM's detokenizer)", () => {
+  const text = "hello hello world";
+  const ids = tokenizer.encode(text, { addSpecialTokens: false });
+  const first = tokenizer.decode(ids.slice(0, 1));
+  const { core } = makeEngine({}, { override: spell(text, 3) });
+  const p = [5, 6, 7];
+  add(core, "none", p, { temperature: 0, stop: [first] });
+  add(core, "min1", p, { temperature: 0, stop: [first], minTokens: 1, maxTokens: 30 });
+  const out = runToCompletion(core);
+  const o = (id: string) => out.get(id)!.outputs[0]!;
+  assert.deepEqual([o("none").text, o("none").stopReason], ["", first]);
+  // The first token's stop string ends inside min_tokens: skipped; the next occurrence stops it.
+  const at = text.indexOf(first, first.length);
+  assert.ok(at > 0, `"${first}" occurs again in "${text}"`);
+  assert.deepEqual([o("min1").text, o("min1").stopReason], [text.slice(0, at), first]);
+});
+
+test("engine: a non-zero priority needs --scheduling-policy priority, as in vLLM", () => {
+  const { core } = makeEngine();
+  assert.throws(() => core.addRequest({ requestId: "p", promptTokenIds: [5, 6], params: {}, priority: 5 }), /Got priority 5 but Priority scheduling is not enabled/);
+  const { core: prio } = makeEngine({ schedulingPolicy: "priority" });
+  prio.addRequest({ requestId: "p", promptTokenIds: [5, 6], params: { maxTokens: 1 }, priority: 5 });
+  assert.equal(runToCompletion(prio).get("p")!.outputs[0]!.tokenIds.length, 1);
+});
+
 test("engine: n=2 children share the prompt's blocks and give distinct seeded samples", () => {
   const { core } = makeEngine();
   add(core, "r", prompt(3, 13), { n: 2, temperature: 1, seed: 7, maxTokens: 6, ignoreEos: true });

@@ -41,6 +41,7 @@ describe("errors", () => {
     ["max_tokens", { max_tokens: 0 }, "max_tokens"],
     ["max_tokens float", { max_tokens: 1.5 }, "max_tokens"],
     ["stop", { stop: 5 }, "stop"],
+    ["empty stop string", { stop: ["x", ""] }, "stop"],
     ["presence_penalty", { presence_penalty: 3 }, "presence_penalty"],
     ["logit_bias", { logit_bias: { "99999": 1 } }, "logit_bias"],
     ["top_logprobs without logprobs", { top_logprobs: 2 }, "top_logprobs"],

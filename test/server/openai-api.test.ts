@@ -182,6 +182,7 @@ describe("OpenAI API", () => {
       assert.ok(text.includes(name), `missing ${name}`);
     }
     assert.match(text, /vllm:generation_tokens_total\{model_name="kiln-test"\} [1-9]/);
+    assert.match(text, /vllm:num_preemptions_total\{model_name="kiln-test"\} 0$/m, "a zero counter is exported as 0");
     assert.match(text, /vllm:request_success_total\{model_name="kiln-test",finished_reason="length"\} [1-9]/);
   });
 });
