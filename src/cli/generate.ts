@@ -63,31 +63,29 @@ export async function runChat(
 ): Promise<void> {
   const loaded = await load(args, factory);
   const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: Boolean(process.stdin.isTTY) });
+  rl.on("SIGINT", () => rl.close()); // Ctrl-C at the prompt quits, as Ctrl-D (end of input) does
   const history: ChatMessage[] = o.system ? [{ role: "system", content: o.system }] : [];
-  process.stdout.write("Kiln chat: type a message; /reset clears the history, /exit quits.\n");
+  process.stdout.write("Kiln chat: type a message; /reset clears the history, /exit (or Ctrl-D) quits.\n");
+  rl.setPrompt("> ");
   try {
-    for (;;) {
-      let line: string;
-      try {
-        line = await rl.question("> ");
-      } catch {
-        break; // stdin closed
-      }
+    rl.prompt();
+    // Line by line until the input ends: piped lines arriving while a reply generates wait their turn.
+    for await (const line of rl) {
       const input = line.trim();
       if (input === "/exit" || input === "/quit") break;
-      if (input === "/reset") {
-        history.length = o.system ? 1 : 0;
-        continue;
+      if (input === "/reset") history.length = o.system ? 1 : 0;
+      else if (input) {
+        history.push({ role: "user", content: input });
+        const prompt = loaded.tokenizer.applyChatTemplate(history, {
+          addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
+        });
+        const reply = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
+        process.stdout.write("\n");
+        history.push({ role: "assistant", content: reply });
       }
-      if (!input) continue;
-      history.push({ role: "user", content: input });
-      const prompt = loaded.tokenizer.applyChatTemplate(history, {
-        addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
-      });
-      const reply = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
-      process.stdout.write("\n");
-      history.push({ role: "assistant", content: reply });
+      rl.prompt();
     }
+    process.stdout.write("\n");
   } finally {
     rl.close();
     await loaded.close();

@@ -29,6 +29,15 @@ describe("kiln CLI", () => {
     assert.match(twice.stderr, /the model is given twice/);
   });
 
+  it("chat answers every piped line in turn and exits when the input ends", () => {
+    const r = spawnSync(`${root}/bin/kiln`, ["chat", "--max-tokens", "2", "--temperature", "0"], {
+      encoding: "utf8", timeout: 60_000, input: "hello\nhow are you\n/reset\nthird\n",
+    });
+    assert.equal(r.status, 0, r.stderr);
+    // one prompt per line read, and the last one when the input ended
+    assert.equal(r.stdout.split("> ").length - 1, 5, r.stdout);
+  });
+
   it("rejects --tensor-parallel-size > 1 clearly", () => {
     const r = kiln("serve", "--tensor-parallel-size", "2");
     assert.notEqual(r.status, 0);
