@@ -1,5 +1,5 @@
 // `kiln serve` flags (vLLM's names and meanings), parsed into one typed, validated ServeArgs.
-import { existsSync, readFileSync, statSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
@@ -153,9 +153,16 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     allowedOrigins = parsed;
   }
 
-  const quantization = (o.quantization as string | undefined) ?? null;
+  let quantization = (o.quantization as string | undefined) ?? null;
   if (quantization !== null && !(QUANTIZATION_METHODS as readonly string[]).includes(quantization)) {
     throw new CliUsageError(`--quantization must be one of ${QUANTIZATION_METHODS.join(", ")}, got ${JSON.stringify(quantization)}`);
+  }
+  if (quantization === "gguf") {
+    // vLLM's flag for a GGUF model: its tensors keep the file's own types (Kiln reads them so without the flag)
+    const m = model ?? DEFAULT_MODEL_DIR;
+    const isGguf = m.endsWith(".gguf") || (existsSync(m) && statSync(m).isDirectory() && readdirSync(m).some((f) => f.endsWith(".gguf")));
+    if (!isGguf) throw new CliUsageError(`--quantization gguf needs a GGUF model (a .gguf file), got ${JSON.stringify(m)}`);
+    quantization = null;
   }
 
   const logprobsMode = String(o.logprobsMode ?? "raw_logprobs");

@@ -42,7 +42,13 @@ export function inspectModelDir(p: string): ModelDirInfo {
   const safetensors = [...names].filter((n) => n.endsWith(".safetensors")).sort();
   const ggufs = [...names].filter((n) => n.endsWith(".gguf")).sort();
   if (index) {
-    const map = (JSON.parse(fs.readFileSync(index, "utf8")) as { weight_map?: Record<string, string> }).weight_map ?? {};
+    let parsed: { weight_map?: Record<string, string> };
+    try {
+      parsed = JSON.parse(fs.readFileSync(index, "utf8")) as { weight_map?: Record<string, string> };
+    } catch (e) {
+      throw new ModelFormatError(`[model] ${index} is not valid JSON: ${(e as Error).message}`);
+    }
+    const map = parsed.weight_map ?? {};
     weights = { format: "safetensors", files: [...new Set(Object.values(map))].sort().map((f) => path.join(dir, f)), indexPath: index };
   } else if (names.has("model.safetensors")) weights = { format: "safetensors", files: [path.join(dir, "model.safetensors")], indexPath: null };
   else if (safetensors.length) weights = { format: "safetensors", files: safetensors.map((f) => path.join(dir, f)), indexPath: null };

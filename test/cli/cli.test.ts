@@ -78,6 +78,8 @@ describe("kiln CLI", () => {
     assert.deepEqual(generationDefaults("auto", modelGen), { temperature: 0.8, topK: 50 });
     assert.equal(generationDefaults("vllm", modelGen), undefined);
     rmSync(tmp, { recursive: true });
+    assert.equal(parseServeArgs("m.gguf", { quantization: "gguf" }, {}).quantization, null, "a GGUF file keeps its own types");
+    assert.throws(() => parseServeArgs("m", { quantization: "gguf" }, {}), /--quantization gguf needs a GGUF model/);
     assert.equal(parseServeArgs("m", {}, {}).logprobsMode, "raw_logprobs");
     assert.equal(parseServeArgs("m", { logprobsMode: "processed_logprobs" }, {}).logprobsMode, "processed_logprobs");
     assert.throws(() => parseServeArgs("m", { logprobsMode: "raw_logits" }, {}), /--logprobs-mode must be one of raw_logprobs, processed_logprobs/);

@@ -231,3 +231,28 @@ test("deferBuild: same ids, specials and text as an eager build (decoding withou
     fs.rmSync(tmp, { recursive: true, force: true });
   }
 });
+
+test("GGUF pre-tokenizer names: GPT-2's split is written as llama.cpp's gpt-2; names Kiln cannot split are refused", async () => {
+  const { testTokenizerDir } = await import("../helpers/tiny-model.js");
+  const dir = testTokenizerDir(); // a byte-level BPE with GPT-2's own split (ByteLevel use_regex)
+  const md = tokenizerJsonToGgufMetadata(readJson(path.join(dir, "tokenizer.json")), readJson(path.join(dir, "tokenizer_config.json")));
+  assert.equal(md["tokenizer.ggml.pre"]!.value, "gpt-2");
+  const base = { "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": [1, 1], "tokenizer.ggml.merges": [] };
+  for (const pre of ["gpt-2", "default", "llama-bpe", "qwen2"]) ggufToTokenizerJson({ ...base, "tokenizer.ggml.pre": pre });
+  for (const pre of ["smollm", "tekken", "gpt-4o"]) {
+    assert.throws(() => ggufToTokenizerJson({ ...base, "tokenizer.ggml.pre": pre }), new RegExp(`unsupported tokenizer.ggml.pre "${pre}"`));
+  }
+  assert.throws(() => tokenizerJsonToGgufMetadata({ ...readJson(path.join(dir, "tokenizer.json")), pre_tokenizer: { type: "Whitespace" } }), /cannot name/);
+});
+
+test("a corrupt model.safetensors.index.json is a ModelFormatError naming the file", async () => {
+  const { inspectModelDir } = await import("../../src/models/model-dir.js");
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-idx-"));
+  try {
+    fs.writeFileSync(path.join(tmp, "config.json"), "{}");
+    fs.writeFileSync(path.join(tmp, "model.safetensors.index.json"), '{"weight_map": {');
+    assert.throws(() => inspectModelDir(tmp), (e: Error) => e.name === "ModelFormatError" && /model\.safetensors\.index\.json is not valid JSON/.test(e.message));
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});

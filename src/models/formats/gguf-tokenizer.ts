@@ -89,6 +89,14 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
   let tokenizerJson: Json;
   if (model === "gpt2") {
     const pre = typeof md["tokenizer.ggml.pre"] === "string" ? (md["tokenizer.ggml.pre"] as string) : "default";
+    // Pre-tokenizers read here; any other would split text as none of these does, so it is refused rather than
+    // read as GPT-2's ("default": files of Kiln before session 25, which wrote it for GPT-2's)
+    const known = pre === "gpt-2" || pre === "default" || pre === "llama-bpe" || pre === "llama3" || pre.startsWith("qwen") ||
+      pre === "deepseek-r1-qwen";
+    if (!known) {
+      throw new ModelFormatError(`[gguf] unsupported tokenizer.ggml.pre ${JSON.stringify(pre)} (supported: gpt-2, llama-bpe, llama3, ` +
+        "qwen2, deepseek-r1-qwen); its text would be split differently from llama.cpp");
+    }
     const merges = md["tokenizer.ggml.merges"] === undefined ? [] : strArray(md, "tokenizer.ggml.merges").map((m) => {
       const sp = m.indexOf(" ", 1);
       return sp < 0 ? [m, ""] : [m.slice(0, sp), m.slice(sp + 1)];
@@ -143,12 +151,14 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
   return { tokenizerJson, tokenizerConfig };
 }
 
-/** Picks tokenizer.ggml.pre from a tokenizer.json's Split regex. */
+/** Picks tokenizer.ggml.pre from a tokenizer.json's pre-tokenizer (llama.cpp's names), or refuses one it cannot name. */
 function detectPre(tj: Json): string {
   const s = JSON.stringify(tj.pre_tokenizer ?? null);
   if (s.includes(JSON.stringify(LLAMA3_SPLIT).slice(1, -1))) return "llama-bpe";
   if (s.includes(JSON.stringify(QWEN2_SPLIT).slice(1, -1))) return "qwen2";
-  return "default";
+  const pt = tj.pre_tokenizer as Json | null | undefined;
+  if (pt?.type === "ByteLevel" && pt.use_regex !== false) return "gpt-2"; // GPT-2's own split ("default" is another)
+  throw new ModelFormatError(`[gguf] cannot name this tokenizer's pre-tokenizer for llama.cpp: ${s.slice(0, 200)}`);
 }
 
 /**
