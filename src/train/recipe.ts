@@ -16,7 +16,7 @@ import { renderLossCurveSvg } from "./loss-curve.js";
 import { AdamW, SGD, type Optimizer } from "./optim.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type StepMetrics } from "./trainer.js";
-import type { TrainConfig } from "./train-config.js";
+import { TrainConfigError, type TrainConfig } from "./train-config.js";
 
 export interface RecipeHooks {
   log?: (line: string) => void;
@@ -137,10 +137,46 @@ function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unkn
 }
 
 /** Runs the whole recipe. */
+/**
+ * The tokenizer at [model] tokenizer_path, or a TrainConfigError before any data loads. The recipe encodes with
+ * GPT-2's byte-level split (ByteLevelBpe) and exports ChatML special tokens, so a tokenizer with another
+ * pre-tokenizer or a normalizer (Llama 3's, Qwen's) would be trained on other token ids than it is served with, and
+ * one without those tokens could not be exported.
+ */
+function pretrainedTokenizer(cfg: TrainConfig): ByteLevelBpe {
+  const tp = cfg.model.tokenizer_path!;
+  const err = (msg: string): never => {
+    throw new TrainConfigError(`[model] tokenizer_path ${tp}: ${msg}`);
+  };
+  if (!fs.existsSync(tp)) err("no such file or directory");
+  const p = fs.statSync(tp).isDirectory() ? path.join(tp, "tokenizer.json") : tp;
+  if (!fs.existsSync(p)) err("the directory has no tokenizer.json");
+  let json: Record<string, unknown> = {};
+  try {
+    json = JSON.parse(fs.readFileSync(p, "utf8")) as Record<string, unknown>;
+  } catch (e) {
+    err(`not valid JSON (${(e as Error).message})`);
+  }
+  const pre = json.pre_tokenizer as Record<string, unknown> | null | undefined;
+  const model = json.model as Record<string, unknown> | undefined;
+  if (pre?.type !== "ByteLevel" || pre.use_regex === false || (json.normalizer ?? null) !== null || model?.ignore_merges === true) {
+    err(`its pre-tokenizer ${JSON.stringify(pre ?? null).slice(0, 100)} (or normalizer) is not GPT-2's byte-level split, which training ` +
+      "encodes with: the model would be served with other token ids than it was trained on; leave tokenizer_path unset to train one");
+  }
+  const tok = ByteLevelBpe.fromJson(json as unknown as Parameters<typeof ByteLevelBpe.fromJson>[0]);
+  const needed = ["<|endoftext|>", "<|im_end|>", ...(cfg.training.chat_format_fraction > 0 ? ["<|im_start|>"] : [])];
+  for (const t of needed) if (tok.tokenToId(t) === undefined) err(`it has no ${t} token, which the recipe's ChatML documents and export use`);
+  if (cfg.model.vocab_size !== null && cfg.model.vocab_size < tok.vocabSize) {
+    throw new TrainConfigError(`[model] vocab_size ${cfg.model.vocab_size} < the vocabulary of tokenizer_path (${tok.vocabSize})`);
+  }
+  return tok;
+}
+
 export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Promise<RecipeResult> {
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
   const dump = cfg.job.dump_folder;
+  const pretrained = cfg.model.tokenizer_path ? pretrainedTokenizer(cfg) : null;
   fs.mkdirSync(dump, { recursive: true });
 
   // 1. data and tokenizer
@@ -148,9 +184,8 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
   log(`[data] ${docs.length} documents, ${docs.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
   let tok: ByteLevelBpe;
   const tokDir = path.join(dump, "tokenizer");
-  if (cfg.model.tokenizer_path) {
-    const p = fs.statSync(cfg.model.tokenizer_path).isDirectory() ? path.join(cfg.model.tokenizer_path, "tokenizer.json") : cfg.model.tokenizer_path;
-    tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(p, "utf8")));
+  if (pretrained) {
+    tok = pretrained;
   } else if (fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
     tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(path.join(tokDir, "tokenizer.json"), "utf8")));
   } else {

