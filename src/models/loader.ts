@@ -259,8 +259,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
       generationConfig = loadGenerationConfig(tokenizerDir);
     } else {
       const files = ggufToTokenizerJson(g.metadata);
-      const eos = (files.tokenizerConfig as { eos_token_id?: number }).eos_token_id;
-      generationConfig = eos !== undefined ? parseGenerationConfig({ eos_token_id: eos }) : null;
+      const eos = (files.tokenizerConfig as { eos_token_id?: number[] }).eos_token_id ?? [];
+      generationConfig = eos.length > 0 ? parseGenerationConfig({ eos_token_id: eos }) : null;
       tokenizer = Tokenizer.fromJson(files.tokenizerJson, files.tokenizerConfig, {
         generationConfig: generationConfig?.raw ?? null,
         deferBuild: options.deferTokenizerBuild,

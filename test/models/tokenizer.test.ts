@@ -256,3 +256,14 @@ test("a corrupt model.safetensors.index.json is a ModelFormatError naming the fi
     fs.rmSync(tmp, { recursive: true, force: true });
   }
 });
+
+test("a GGUF's end-of-generation ids: its EOS and the special tokens llama.cpp also ends on", () => {
+  const tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "<|end|>"];
+  const { tokenizerConfig } = ggufToTokenizerJson({
+    "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
+    "tokenizer.ggml.token_type": [3, 3, 3, 1, 1], "tokenizer.ggml.merges": [], "tokenizer.ggml.eos_token_id": 2,
+  });
+  // <|end|> is a normal token here (type 1), so it does not end generation
+  assert.deepEqual(tokenizerConfig.eos_token_id, [2, 0]);
+  assert.equal(tokenizerConfig.eos_token, "<|im_end|>");
+});

@@ -13,6 +13,8 @@ export const GgufTokenType = { NORMAL: 1, UNKNOWN: 2, CONTROL: 3, USER_DEFINED: 
 const LLAMA3_SPLIT = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
 const QWEN2_SPLIT = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
 const BYTE_LEVEL = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false };
+/** Special tokens llama.cpp treats as end of generation besides the EOS (llama-vocab.cpp's special_eog_ids). */
+const EOG_TEXTS = new Set(["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>"]);
 
 export interface TokenizerFiles {
   tokenizerJson: Json;
@@ -143,6 +145,10 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
     add_bos_token: addBos,
     bos_token: bosId !== null ? tokens[bosId] : null,
     eos_token: eosId !== null ? tokens[eosId] : null,
+    // end-of-generation ids: the EOS and the special tokens llama.cpp also ends on (its special_eog_ids), since a
+    // GGUF keeps one eos_token_id where generation_config.json listed several (the loader stops on every one)
+    eos_token_id: [...new Set([...(eosId !== null ? [eosId] : []), ...tokens.flatMap((t, i) =>
+      EOG_TEXTS.has(t) && (types[i] === GgufTokenType.CONTROL || types[i] === GgufTokenType.USER_DEFINED) ? [i] : [])])],
     pad_token: padId !== null ? tokens[padId] : null,
     unk_token: unkId !== null ? tokens[unkId] : null,
     clean_up_tokenization_spaces: false,
