@@ -10,7 +10,8 @@ export function checkTokenStop(req: Request, tokenId: number, maxModelLen: numbe
   if (req.numOutputTokens < p.minTokens) return false;
   if (!p.ignoreEos && req.eosTokenIds.includes(tokenId)) {
     req.status = "FINISHED_STOPPED";
-    req.stopReason = null;
+    // the tokenizer's EOS reports no reason; generation_config's other end ids are stop tokens in vLLM, named
+    req.stopReason = tokenId === req.eosTokenIds[0] ? null : tokenId;
     return true;
   }
   if (p.stopTokenIds.includes(tokenId)) {

@@ -11,6 +11,7 @@ import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
 import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture } from "./hf-config.js";
 import { FAMILIES, ModelLoadError } from "./loader.js";
+import { inspectModelDir } from "./model-dir.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
 
 type Json = Record<string, unknown>;
@@ -140,7 +141,9 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const tokCfgPath = path.join(dir, "tokenizer_config.json");
   const tokCfg = fs.existsSync(tokCfgPath) ? (JSON.parse(fs.readFileSync(tokCfgPath, "utf8")) as Json) : {};
   const metadata = { ...hfConfigToGgufMetadata(config), ...tokenizerJsonToGgufMetadata(tokJson, tokCfg) };
-  const st = readSafetensors(path.join(dir, "model.safetensors"));
+  const weights = inspectModelDir(dir).weights; // one file or shards with their index, as the loader reads them
+  if (weights?.format !== "safetensors") throw new ModelLoadError(`[convert] ${dir} has no safetensors weights`);
+  const st = readSafetensors(weights.indexPath ?? weights.files[0]!);
   const permutes = cfg.architecture === "LlamaForCausalLM" || cfg.architecture === "MistralForCausalLM" || cfg.architecture === "MixtralForCausalLM";
   const load = (name: string, rows: number): Float32Array => {
     const data = st.loadAsFloat32(name);

@@ -250,3 +250,14 @@ test("AsyncLLM streams deltas that add up to the offline result, and abort ends 
   assert.equal(llm.stats().numFreeBlocks, llm.stats().numTotalBlocks);
   assert.equal(llm.stats().numRunning, 0);
 });
+
+test("engine: the tokenizer's EOS stops with no stop_reason; generation_config's other end ids name themselves, as vLLM's stop tokens", async () => {
+  const { EngineCore } = await import("../../src/engine/engine-core.js");
+  for (const [end, reason] of [[2, null], [3, 3]] as const) {
+    const runner = new FakeModelRunner(VOCAB, { override: (ctx, row) => void (row[ctx.length > 4 ? end : 9] = 1000) });
+    const core = new EngineCore({ maxModelLen: 64, numGpuBlocks: 32, blockSize: 4, eosTokenIds: [2, 3] }, runner, { tokenizer: null });
+    core.addRequest({ requestId: "r", promptTokenIds: [5, 6, 7, 8], params: { temperature: 0, maxTokens: 8 } });
+    const o = runToCompletion(core).get("r")!.outputs[0]!;
+    assert.deepEqual([o.finishReason, o.stopReason, o.tokenIds.at(-1)], ["stop", reason, end]);
+  }
+});

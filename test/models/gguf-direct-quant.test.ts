@@ -271,3 +271,21 @@ test("Q4_0 / Q8_0 loaded as int4 / int8_g32 match llama.cpp on the same file (ou
     assert.ok(dFloat < 0.06 * scale, `${arch} ${type}: vs dequantized ${dFloat} (range ${scale})`);
   }
 });
+
+test("kiln convert reads a sharded checkpoint (its index and shards) as the loader does", async () => {
+  const fs = await import("node:fs");
+  const path = await import("node:path");
+  const { writeSafetensorsIndex, readSafetensors } = await import("../../src/models/formats/safetensors.js");
+  const src = tinyModelDir("LlamaForCausalLM");
+  const dir = tempPath("sharded-llama");
+  fs.mkdirSync(dir, { recursive: true });
+  for (const f of fs.readdirSync(src)) if (f !== "model.safetensors") fs.copyFileSync(path.join(src, f), path.join(dir, f));
+  fs.copyFileSync(path.join(src, "model.safetensors"), path.join(dir, "model-00001-of-00001.safetensors"));
+  const st = readSafetensors(path.join(src, "model.safetensors"));
+  writeSafetensorsIndex(dir, Object.fromEntries(st.tensors.map((t) => [t.name, "model-00001-of-00001.safetensors"])), 0);
+  st.close();
+  const [a, b] = [tempPath("unsharded.gguf"), tempPath("sharded.gguf")];
+  exportGguf(src, a, "Q8_0");
+  exportGguf(dir, b, "Q8_0");
+  assert.ok(fs.readFileSync(a).equals(fs.readFileSync(b)), "the same GGUF from one file and from its shards");
+});
