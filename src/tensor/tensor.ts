@@ -173,7 +173,12 @@ export class Tensor {
   transpose(d0: number, d1: number): Tensor {
     return sh.transpose(this, d0, d1);
   }
+  /** torch's Tensor.T: the dims reversed (the matrix transpose of a 2-d tensor; a 0-d or 1-d tensor's own view). */
   get T(): Tensor {
+    return sh.permute(this, Array.from({ length: this.ndim }, (_, i) => this.ndim - 1 - i));
+  }
+  /** torch's Tensor.mT: the last two dims swapped (a batch of matrices transposed). */
+  get mT(): Tensor {
     return sh.transpose(this, -2, -1);
   }
   narrow(dim: number, start: number, length: number): Tensor {

@@ -31,6 +31,11 @@ forEachBackend((dev) => {
       assert.equal(p.storage, base.storage);
       assert.equal(p.isContiguous, false);
       assert.deepEqual(values(p.select(0, 1)), [1, 5, 9, 13, 17, 21]);
+      const g3 = grid(2, 3, 4);
+      assert.deepEqual([...g3.T.shape], [4, 3, 2], "T reverses every dim, as torch's");
+      assert.deepEqual([...g3.mT.shape], [2, 4, 3], "mT swaps the last two");
+      assert.deepEqual(values(g3.mT.select(0, 1).select(0, 2)), values(g3.select(0, 1).select(1, 2)));
+      assert.deepEqual([...grid(5).T.shape], [5]);
       const tr = grid(2, 3).T;
       assert.deepEqual(values(tr), [0, 3, 1, 4, 2, 5]);
       assert.deepEqual(values(grid(2, 3).transpose(0, 1)), [0, 3, 1, 4, 2, 5]);
