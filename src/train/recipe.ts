@@ -245,6 +245,18 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
   };
   const curve: { step: number; loss?: number; valLoss?: number }[] = [];
   const curvePath = cfg.metrics.loss_curve ? (path.isAbsolute(cfg.metrics.loss_curve) ? cfg.metrics.loss_curve : path.join(dump, cfg.metrics.loss_curve)) : null;
+  // The curve's points are kept next to it (loss.svg -> loss.svg.json), so a resumed run draws the steps before its
+  // checkpoint too: those before the first step it runs.
+  const pointsPath = curvePath ? `${curvePath}.json` : null;
+  const earlier: typeof curve = (hooks.resume ?? true) && pointsPath && fs.existsSync(pointsPath)
+    ? (JSON.parse(fs.readFileSync(pointsPath, "utf8")) as typeof curve)
+    : [];
+  const drawCurve = (): void => {
+    if (!curvePath) return;
+    const points = curve.length > 0 ? curve : earlier; // a finished run resumed runs no step: its curve stays whole
+    fs.writeFileSync(curvePath, renderLossCurveSvg(points, { title: `${cfg.job.description || "training"}: loss` }));
+    fs.writeFileSync(pointsPath!, JSON.stringify(points));
+  };
   let last: StepMetrics | null = null;
   let lastVal: number | null = null;
   let tokSum = 0;
@@ -266,6 +278,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
       ? { dir: path.join(dump, cfg.checkpoint.folder), interval: cfg.checkpoint.interval, keepLatest: cfg.checkpoint.keep_latest_k, resume: hooks.resume ?? true, atEnd: true }
       : undefined,
     onStep: (m) => {
+      if (last === null) curve.push(...earlier.filter((e) => e.step < m.step));
       last = m;
       tokSum += m.tokens;
       msSum += m.tokens / Math.max(m.tokensPerSecond, 1e-9) * 1000;
@@ -281,16 +294,16 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
           `step ${String(m.step).padStart(5)}  loss ${m.loss.toFixed(4)}  grad_norm ${m.gradNorm.toFixed(3)}  lr ${m.lr.toExponential(2)}  ` +
             `tok/s ${m.tokensPerSecond.toFixed(0)}  mfu ${(mfu * 100).toFixed(1)}%` + (valLoss !== undefined ? `  val_loss ${valLoss.toFixed(4)} (ppl ${Math.exp(valLoss).toFixed(1)})` : ""),
         );
-        if (curvePath) fs.writeFileSync(curvePath, renderLossCurveSvg(curve, { title: `${cfg.job.description || "training"}: loss` }));
+        drawCurve();
       }
       hooks.onStep?.({ ...m, mfu, valLoss }, cfg.training.steps);
     },
   });
-  if (curvePath) fs.writeFileSync(curvePath, renderLossCurveSvg(curve, { title: `${cfg.job.description || "training"}: loss` }));
+  drawCurve();
   const exportDir = path.join(dump, "hf");
   model.eval();
   exportModel(exportDir, model, hfConfig, tok, cfg.checkpoint.export_dtype);
-  const finalLoss = (last as StepMetrics | null)?.loss ?? NaN;
+  const finalLoss = (last as StepMetrics | null)?.loss ?? [...earlier].reverse().find((e) => e.loss !== undefined)?.loss ?? NaN;
   const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
   log(`[export] Hugging Face model directory: ${exportDir}`);
   return {

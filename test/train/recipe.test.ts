@@ -124,3 +124,31 @@ test("a tokenizer_path the recipe cannot train with is refused before any data l
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("a resumed run's loss curve keeps the steps before its checkpoint; a finished run resumed keeps it whole", { timeout: 120_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-recipe-resume-"));
+  try {
+    const corpus = path.join(dir, "corpus.txt");
+    fs.writeFileSync(corpus, loadCorpus({ source: "brown", granularity: "paragraph", maxDocs: 200 }).join("\n\n"));
+    const run = async (steps: number, resume: boolean) => {
+      const cfg = parseTrainConfig(recipeToml(path.join(dir, "run"), corpus, steps));
+      cfg.checkpoint.interval = 2;
+      cfg.validation.enable = false;
+      const losses: number[] = [];
+      const r = await runRecipe(cfg, { log: () => {}, onStep: (m) => losses.push(m.loss), resume });
+      const points = JSON.parse(fs.readFileSync(path.join(dir, "run", "loss.svg.json"), "utf8")) as { step: number; loss: number }[];
+      return { r, losses, points };
+    };
+    const first = await run(4, false);
+    const second = await run(6, true);
+    assert.deepEqual(second.losses.length, 2, "resumed from step 4");
+    assert.deepEqual(second.points.map((p) => p.step), [1, 2, 3, 4, 5, 6]);
+    assert.deepEqual(second.points.slice(0, 4).map((p) => p.loss), first.losses);
+    const again = await run(6, true);
+    assert.equal(again.losses.length, 0, "nothing left to run");
+    assert.equal(again.points.length, 6);
+    assert.equal(again.r.finalLoss, second.losses[1]);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
