@@ -173,11 +173,11 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     throw new CliUsageError(`--kv-cache-dtype must be one of ${KV_CACHE_DTYPES.join(", ")}, got ${JSON.stringify(kvCacheDtype)}`);
 
   const generationConfig = String(o.generationConfig ?? "auto");
-  if (generationConfig !== "auto" && generationConfig !== "vllm" && !(existsSync(generationConfig) && statSync(generationConfig).isDirectory())) {
-    throw new CliUsageError(`--generation-config must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(generationConfig)}`);
-  }
-  if (generationConfig !== "auto" && generationConfig !== "vllm" && !existsSync(`${generationConfig}/generation_config.json`)) {
-    throw new CliUsageError(`--generation-config ${JSON.stringify(generationConfig)}: the directory has no generation_config.json`);
+  if (generationConfig !== "auto" && generationConfig !== "vllm") {
+    if (!(existsSync(generationConfig) && statSync(generationConfig).isDirectory()))
+      throw new CliUsageError(`--generation-config must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(generationConfig)}`);
+    if (!existsSync(`${generationConfig}/generation_config.json`))
+      throw new CliUsageError(`--generation-config ${JSON.stringify(generationConfig)}: the directory has no generation_config.json`);
   }
 
   let chatTemplate: string | null = null;

@@ -32,7 +32,7 @@ export class LLM {
   readonly engine: EngineCore;
   private readonly tokenizer: TokenizerLike | null;
   private nextId = 0;
-  private defaults: Partial<SamplingParams> = {};
+  private readonly defaults: Partial<SamplingParams>;
 
   constructor(options: LLMOptions) {
     if ("model" in options) {
@@ -44,6 +44,7 @@ export class LLM {
       return;
     }
     this.tokenizer = options.tokenizer;
+    this.defaults = {};
     this.engine = new EngineCore(options.engineArgs, options.runner, {
       tokenizer: options.tokenizer,
       logitsProcessors: options.logitsProcessors,

@@ -1,5 +1,6 @@
 // vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
 import { EngineInputError } from "./errors.js";
+import { camelCaseHint } from "../util/names.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ExtraArgs, SamplingParams } from "./types.js";
 
@@ -80,11 +81,8 @@ function need(cond: boolean, param: string, message: string): void {
 export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, options: NormalizeOptions = {}): SamplingParams {
   const p: SamplingParams = { ...defaultSamplingParams() };
   for (const [k, v] of Object.entries(partial)) {
-    if (!(k in p)) {
-      // vLLM's SamplingParams(max_token=...) is a TypeError; a key here that is silently dropped would be worse
-      const camel = k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
-      throw new EngineInputError(k, `is not a sampling parameter${camel !== k && camel in p ? ` (did you mean ${camel}?)` : ""}`);
-    }
+    // vLLM's SamplingParams(max_token=...) is a TypeError; a key here that is silently dropped would be worse
+    if (!(k in p)) throw new EngineInputError(k, `is not a sampling parameter${camelCaseHint(k, (name) => name in p)}`);
     if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
   }
   // Copy arrays so later edits by the caller don't reach a running request.

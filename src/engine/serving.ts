@@ -13,6 +13,7 @@ import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
 import { weightTensors } from "../nn/quantized-linear.js";
 import { env } from "../util/env.js";
+import { camelCaseHint } from "../util/names.js";
 
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
 export interface ServingArgs {
@@ -72,24 +73,22 @@ function defaultKvBudget(utilization: number): number {
 /** --kv-cache-dtype's values (vLLM's names). */
 export const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] as const;
 
-/** Throws the typed error for a kv_cache_dtype that is not one of KV_CACHE_DTYPES (checked before any weight loads). */
-const SERVING_ARG_KEYS = new Set([
-  "model", "dtype", "quantization", "maxModelLen", "maxNumSeqs", "maxNumBatchedTokens", "blockSize", "kvCacheMemory",
-  "kvCacheDtype", "gpuMemoryUtilization", "enablePrefixCaching", "seed", "schedulingPolicy", "logprobsMode",
-  "enforceEager", "asyncScheduling", "maxCaptureSize", "maxCaptureTokens", "revision", "onProgress",
-  "logitsProcessors", // LLM's and WorkerEngine's own option, next to these
-]);
+/** ServingArgs' keys (the compiler keeps this list whole), and LLM's and WorkerEngine's own logitsProcessors. */
+const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
+  model: true, dtype: true, quantization: true, maxModelLen: true, maxNumSeqs: true, maxNumBatchedTokens: true,
+  blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
+  seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, maxCaptureSize: true,
+  maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true,
+};
+const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
 /**
  * The arguments a user gets wrong, each named in its own EngineInputError (snake_case, as vLLM's flags) before
  * anything loads: unknown keys (a snake_case key names its camelCase form), and sizes out of range.
  */
 function checkServingArgs(args: ServingArgs): void {
-  for (const k of Object.keys(args)) {
-    if (SERVING_ARG_KEYS.has(k)) continue;
-    const camel = k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
-    throw new EngineInputError(k, `'${k}' is not an engine argument${SERVING_ARG_KEYS.has(camel) ? ` (did you mean ${camel}?)` : ""}`);
-  }
+  for (const k of Object.keys(args))
+    if (!isServingArg(k)) throw new EngineInputError(k, `'${k}' is not an engine argument${camelCaseHint(k, isServingArg)}`);
   const positiveInt = (value: number | undefined, name: string, min = 1): void => {
     if (value !== undefined && (!Number.isInteger(value) || value < min))
       throw new EngineInputError(name, `${name} must be an integer >= ${min}, got ${value}`);
@@ -109,6 +108,7 @@ function checkServingArgs(args: ServingArgs): void {
   checkKvCacheDtype(args.kvCacheDtype);
 }
 
+/** Throws the typed error for a kv_cache_dtype that is not one of KV_CACHE_DTYPES (checked before any weight loads). */
 function checkKvCacheDtype(arg: ServingArgs["kvCacheDtype"]): void {
   const want: string = arg ?? "auto";
   if (!(KV_CACHE_DTYPES as readonly string[]).includes(want))

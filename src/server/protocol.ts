@@ -187,11 +187,11 @@ function parseTools(body: Json): unknown[] | undefined {
   if (typeof choice === "object" && !Array.isArray(choice)) {
     const fn = (choice as Json).function as Json | null | undefined;
     if ((choice as Json).type !== "function" || typeof fn !== "object" || fn === null || typeof fn.name !== "string") {
-      throw badRequest(`'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`, "tool_choice");
+      throw badRequest(BAD_TOOL_CHOICE, "tool_choice");
     }
     named = fn.name;
   } else if (choice !== "none" && choice !== "auto" && choice !== "required") {
-    throw badRequest(`'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`, "tool_choice");
+    throw badRequest(BAD_TOOL_CHOICE, "tool_choice");
   }
   if (choice === "none") return (tools as unknown[] | null | undefined) ?? undefined;
   if (!tools) throw badRequest("When using `tool_choice`, `tools` must be set.", "tool_choice");
@@ -201,6 +201,7 @@ function parseTools(body: Json): unknown[] | undefined {
     "(constrained) output, which Kiln does not have; use tool_choice \"none\"", "tool_choice");
 }
 
+const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`;
 const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) is not supported: Kiln has no tool-call parser ' +
   '(vLLM\'s --enable-auto-tool-choice and --tool-call-parser); use tool_choice "none" to render the tools into the prompt';
 

@@ -91,11 +91,12 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
   let tokenizerJson: Json;
   if (model === "gpt2") {
     const pre = typeof md["tokenizer.ggml.pre"] === "string" ? (md["tokenizer.ggml.pre"] as string) : "default";
-    // Pre-tokenizers read here; any other would split text as none of these does, so it is refused rather than
-    // read as GPT-2's ("default": files of Kiln before session 25, which wrote it for GPT-2's)
-    const known = pre === "gpt-2" || pre === "default" || pre === "llama-bpe" || pre === "llama3" || pre.startsWith("qwen") ||
-      pre === "deepseek-r1-qwen";
-    if (!known) {
+    // The split regex of each pre-tokenizer read here (null: GPT-2's own, which ByteLevel applies; "default": files of
+    // Kiln before session 25, which wrote it for GPT-2's); any other would split text as none of these does, so it is
+    // refused rather than read as GPT-2's.
+    const qwen = pre.startsWith("qwen") || pre === "deepseek-r1-qwen";
+    const split = pre === "llama-bpe" || pre === "llama3" ? LLAMA3_SPLIT : qwen ? QWEN2_SPLIT : pre === "gpt-2" || pre === "default" ? null : undefined;
+    if (split === undefined) {
       throw new ModelFormatError(`[gguf] unsupported tokenizer.ggml.pre ${JSON.stringify(pre)} (supported: gpt-2, llama-bpe, llama3, ` +
         "qwen2, deepseek-r1-qwen); its text would be split differently from llama.cpp");
     }
@@ -103,11 +104,10 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
       const sp = m.indexOf(" ", 1);
       return sp < 0 ? [m, ""] : [m.slice(0, sp), m.slice(sp + 1)];
     });
-    const split = pre === "llama-bpe" || pre === "llama3" ? LLAMA3_SPLIT : pre.startsWith("qwen") || pre === "deepseek-r1-qwen" ? QWEN2_SPLIT : null;
     tokenizerJson = {
       version: "1.0", truncation: null, padding: null,
       added_tokens: addedTokens,
-      normalizer: pre.startsWith("qwen") || pre === "deepseek-r1-qwen" ? { type: "NFC" } : null,
+      normalizer: qwen ? { type: "NFC" } : null,
       pre_tokenizer: split
         ? { type: "Sequence", pretokenizers: [{ type: "Split", pattern: { Regex: split }, behavior: "Isolated", invert: false }, BYTE_LEVEL] }
         : { ...BYTE_LEVEL, use_regex: true },
