@@ -28,6 +28,7 @@ import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, 
 import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
+import { StructuredOutputManager, structuredOutputSpec } from "./structured-output.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
 /** Engine arguments, vLLM's names in camelCase. */
@@ -142,6 +143,8 @@ export class EngineCore {
   private readonly tokenizer: TokenizerLike | null;
   private readonly createDetokenizer: EngineCoreOptions["createDetokenizer"];
   private readonly eosTokenIds: number[];
+  /** Structured output's grammar compiler (made on first use). */
+  private grammars: StructuredOutputManager | null = null;
   /** Whether step() pipelines scheduling with the runner's compute (see the file comment). */
   readonly asyncScheduling: boolean;
   /** Async scheduling: the step queued on the device, whose outputs the next step() collects. */
@@ -232,6 +235,8 @@ export class EngineCore {
     if (params.badWords !== null && this.tokenizer === null) throw new EngineInputError("bad_words", "bad words need a tokenizer");
     if (params.stop.length > 0 && this.createDetokenizer === undefined) throw new EngineInputError("stop", "stop strings need a tokenizer");
     const badWordsTokenIds = this.tokenizeBadWords(params.badWords);
+    const spec = structuredOutputSpec(params.structuredOutputs); // checked by normalizeSamplingParams
+    const grammars = spec === null ? null : this.structuredOutputManager();
 
     const parent: ParentRequest = {
       requestId: id,
@@ -263,8 +268,25 @@ export class EngineCore {
         }),
       );
     }
+    if (grammars !== null) {
+      try {
+        for (const c of parent.children) c.grammar = grammars.matcher(spec!);
+      } catch (e) {
+        for (const c of parent.children) c.grammar?.dispose();
+        throw e;
+      }
+    }
     this.parents.set(id, parent);
     for (const c of parent.children) this.scheduler.addRequest(c);
+  }
+
+  /** The grammar compiler over the tokenizer's vocabulary, made on the first structured-output request. */
+  private structuredOutputManager(): StructuredOutputManager {
+    if (this.grammars !== null) return this.grammars;
+    const vocab = this.tokenizer?.grammarVocab?.();
+    if (vocab === undefined) throw new EngineInputError("structured_outputs", "structured output needs the model's tokenizer");
+    this.grammars = new StructuredOutputManager(vocab, this.runner.vocabSize, this.eosTokenIds);
+    return this.grammars;
   }
 
   private tokenizeBadWords(words: string[] | null): number[][] {

@@ -5,6 +5,7 @@ import type { IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import type { BlockHash } from "./block-pool.js";
 import type { FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
 import { Rng } from "./rng.js";
+import type { RequestGrammar } from "./structured-output.js";
 
 export type RequestStatus =
   | "WAITING"
@@ -92,6 +93,8 @@ export class Request {
   /** One entry per prompt token (null for the first), filled chunk by chunk. */
   readonly promptLogprobs: (TokenLogprobs | null)[] | null;
   readonly metrics: RequestMetrics;
+  /** Structured output: the request's grammar matcher (masks each step's logits, advanced by each token). */
+  grammar: RequestGrammar | null = null;
 
   constructor(init: RequestInit) {
     this.requestId = init.requestId;

@@ -1,5 +1,5 @@
 // Batched sampling over a [numRows, vocab] logits buffer, in vLLM v1's order:
-//   allowed_token_ids -> bad_words -> logit_bias -> min_tokens -> engine logits processors (non-argmax-invariant)
+//   structured output's grammar mask -> allowed_token_ids -> bad_words -> logit_bias -> min_tokens -> engine logits processors (non-argmax-invariant)
 //   -> per-request logits processor functions -> penalties (repetition, frequency, presence)
 //   -> [greedy: argmax] | [temperature -> engine processors (argmax-invariant) -> min_p -> top_k -> top_p -> draw]
 // Logprobs follow vLLM's logprobs_mode: "raw_logprobs" (the default) is log_softmax of the model's logits as they
@@ -33,6 +33,8 @@ export interface SamplingRow extends ProcessorRequestSource {
   generator: Rng | null;
   badWordsTokenIds: readonly (readonly number[])[];
   eosTokenIds: readonly number[];
+  /** Structured output: masks the tokens its grammar does not allow next. */
+  grammar?: { applyMask(logits: Float32Array): void } | null;
 }
 
 /** vLLM's --logprobs-mode values that Kiln serves (raw_logits and processed_logits are not). */
@@ -133,6 +135,7 @@ export class Sampler {
       p.frequencyPenalty === 0 &&
       p.presencePenalty === 0 &&
       p.logitsProcessors.length === 0 &&
+      (row.grammar ?? null) === null &&
       this.logitsProcessors.size === 0
     );
   }
@@ -251,10 +254,11 @@ export class Sampler {
     return { tokenId, logprobs: p.logprobs === null ? null : computeLogprobs(this.raw[r] ?? l, tokenId, p.logprobs) };
   }
 
-  /** allowed_token_ids, bad_words, logit_bias and min_tokens: the built-in steps before the processors. */
+  /** The grammar's mask, allowed_token_ids, bad_words, logit_bias and min_tokens: the built-in steps before the processors. */
   private applyMasksAndBias(l: Float32Array, row: SamplingRow): void {
     const p = row.params;
     const V = this.vocabSize;
+    row.grammar?.applyMask(l);
     if (p.allowedTokenIds !== null) {
       const banned = this.banned;
       banned.fill(1);

@@ -2,7 +2,8 @@
 import { EngineInputError } from "./errors.js";
 import { camelCaseHint } from "../util/names.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
-import type { ExtraArgs, SamplingParams } from "./types.js";
+import { checkStructuredOutputSpec, structuredOutputSpec } from "./structured-output.js";
+import type { ExtraArgs, SamplingParams, StructuredOutputsParams } from "./types.js";
 
 /** Below this temperature a request is greedy (vLLM's _SAMPLING_EPS). */
 export const SAMPLING_EPS = 1e-5;
@@ -54,6 +55,7 @@ export function defaultSamplingParams(): SamplingParams {
     truncatePromptTokens: null,
     logitsProcessors: [],
     extraArgs: null,
+    structuredOutputs: null,
   };
 }
 
@@ -168,6 +170,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     "must be functions",
   );
   if (p.extraArgs !== null) p.extraArgs = copyExtraArgs(p.extraArgs);
+  p.structuredOutputs = normalizeStructuredOutputs(p.structuredOutputs);
   for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens"] as const) {
     need(
       typeof p[k] === "boolean",
@@ -182,6 +185,31 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     p.minP = 0.0;
   }
   return p;
+}
+
+/**
+ * The params' structured output as one checked field (a JSON schema as text), or null: a bad schema, regex or
+ * grammar is an EngineInputError here, before the request is queued.
+ */
+function normalizeStructuredOutputs(so: StructuredOutputsParams | null): StructuredOutputsParams | null {
+  const spec = structuredOutputSpec(so);
+  if (spec === null) return null;
+  checkStructuredOutputSpec(spec);
+  const dw = { disableAnyWhitespace: !spec.anyWhitespace };
+  switch (spec.kind) {
+    case "json":
+      return { json: spec.source, ...dw };
+    case "json_object":
+      return { jsonObject: true, ...dw };
+    case "regex":
+      return { regex: spec.source, ...dw };
+    case "choice":
+      return { choice: [...so!.choice!], ...dw };
+    case "grammar":
+      return { grammar: spec.source, ...dw };
+    case "structural_tag":
+      return { structuralTag: spec.source, ...dw };
+  }
 }
 
 const isPlainObject = (x: unknown): x is Record<string, unknown> =>

@@ -310,6 +310,7 @@ export class Scheduler {
 
   private appendToken(req: Request, tok: SampledToken, now: number, deferText = false): void {
     req.appendOutputToken(tok.tokenId);
+    req.grammar?.accept(tok.tokenId);
     if (req.metrics.firstTokenTime === null) req.metrics.firstTokenTime = now;
     req.metrics.lastTokenTime = now;
     if (tok.logprobs !== null && req.logprobs !== null) {
@@ -372,6 +373,8 @@ export class Scheduler {
     const w = this.waiting.indexOf(req);
     if (w >= 0) this.waiting.splice(w, 1);
     this.kv.free(req);
+    req.grammar?.dispose();
+    req.grammar = null;
     this.requests.delete(req.requestId);
     req.metrics.finishedTime = now;
     this.finishedSinceLastStep.push(req.requestId);

@@ -1,5 +1,8 @@
 // Public types of the serving engine, shared by the engine, the offline LLM API and the server.
 // Field names follow vLLM's SamplingParams / RequestOutput (camelCase here, snake_case on the wire).
+import type { StructuredOutputsParams } from "./structured-output.js";
+
+export type { StructuredOutputsParams } from "./structured-output.js";
 
 /**
  * A per-request logits processor (vLLM v0 style): gets the generated token ids so far and the logits row and
@@ -40,6 +43,8 @@ export interface SamplingParams {
   truncatePromptTokens: number | null;
   logitsProcessors: RequestLogitsProcessor[]; // in-process engines only
   extraArgs: ExtraArgs | null;
+  /** Constrains the output to a JSON schema, JSON, a regex, a choice or a grammar (vLLM structured_outputs). */
+  structuredOutputs: StructuredOutputsParams | null;
 }
 
 /** One entry of a logprobs list: token id -> {logprob, rank, decoded token}. */

@@ -16,6 +16,15 @@ export interface ChatTemplateOptions {
   chatTemplateKwargs?: Record<string, unknown>;
 }
 
+/** What a grammar engine (xgrammar) needs of a tokenizer: every token's spelling by id and how to decode it. */
+export interface GrammarVocab {
+  /** Spellings by id as in tokenizer.json (e.g. "Ġhello"); special tokens as "" (never allowed in text). */
+  tokens: string[];
+  vocabType: "RAW" | "BYTE_FALLBACK" | "BYTE_LEVEL";
+  /** Whether encoding prepends a space (Metaspace / sentencepiece tokenizers). */
+  prependSpace: boolean;
+}
+
 export interface TokenizerLike {
   readonly vocabSize: number;
   readonly eosTokenIds: number[];
@@ -26,6 +35,8 @@ export interface TokenizerLike {
   idToToken(id: number): string | undefined;
   isSpecial(id: number): boolean;
   applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string;
+  /** The vocabulary for structured output; tokenizers without it cannot serve structured output. */
+  grammarVocab?(): GrammarVocab;
 }
 
 /** Streams text out of a growing token list without ever emitting a partial UTF-8 character. */

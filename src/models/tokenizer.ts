@@ -5,7 +5,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
-import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "./tokenizer-types.js";
+import type { ChatMessage, ChatTemplateOptions, GrammarVocab, TokenizerLike } from "./tokenizer-types.js";
 
 export class TokenizerError extends Error {
   constructor(message: string) {
@@ -232,6 +232,35 @@ export class Tokenizer implements TokenizerLike {
   /** The vocabulary spelling of a token (e.g. "Ġhello"), as in tokenizer.json. */
   idToRawToken(id: number): string | undefined {
     return this.decoder().id_to_token(id);
+  }
+
+  /**
+   * The vocabulary for structured output (xgrammar's TokenizerInfo): spellings by id, special tokens blank, and
+   * the decoding read from tokenizer.json as xgrammar's from_huggingface reads it (a ByteLevel decoder: byte-level;
+   * a ByteFallback decoder or byte_fallback model: byte-fallback; else raw), with whether encoding prepends a space.
+   */
+  grammarVocab(): GrammarVocab {
+    const n = this.vocabSize;
+    const tokens = new Array<string>(n);
+    for (let id = 0; id < n; id++) tokens[id] = this.isSpecial(id) ? "" : (this.idToRawToken(id) ?? "");
+    const parts = (x: unknown, key: string): Json[] => {
+      if (x === null || typeof x !== "object") return [];
+      const o = x as Json;
+      return Array.isArray(o[key]) ? (o[key] as Json[]).flatMap((e) => parts(e, key)) : [o];
+    };
+    const decoders = parts(this.tokenizerJson.decoder, "decoders");
+    const model = (this.tokenizerJson.model ?? {}) as Json;
+    const vocabType = decoders.some((d) => d.type === "ByteLevel")
+      ? "BYTE_LEVEL"
+      : decoders.some((d) => d.type === "ByteFallback") || model.byte_fallback === true
+        ? "BYTE_FALLBACK"
+        : "RAW";
+    const prependSpace =
+      parts(this.tokenizerJson.normalizer, "normalizers").some((x) => x.type === "Prepend") ||
+      parts(this.tokenizerJson.pre_tokenizer, "pretokenizers").some(
+        (x) => x.type === "Metaspace" && (x.add_prefix_space === true || x.prepend_scheme === "first" || x.prepend_scheme === "always"),
+      );
+    return { tokens, vocabType, prependSpace };
   }
 
   tokenToId(token: string): number | undefined {

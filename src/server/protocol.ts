@@ -1,5 +1,5 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
-import type { SamplingParams } from "../engine/types.js";
+import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
@@ -46,6 +46,8 @@ export interface ChatRequest extends CommonRequest {
   chatTemplate: string | undefined;
   chatTemplateKwargs: Record<string, unknown> | undefined;
   tools: unknown[] | undefined;
+  /** none: a text reply; required or named: the reply is tool calls (its text constrained to their JSON). */
+  toolChoice: ToolChoice;
   topLogprobs: number | null; // null = no logprobs
 }
 
@@ -95,7 +97,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   const cacheSalt = optString(body, "cache_salt", { nonEmpty: true });
   optString(body, "user"); // accepted and ignored, as in vLLM
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
-  rejectStructuredOutput(body);
+  const structuredOutputs = parseStructuredOutputs(body);
 
   const params: Partial<SamplingParams> = {};
   const set = <K extends keyof SamplingParams>(key: K, value: SamplingParams[K] | undefined): void => {
@@ -123,6 +125,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   set("spacesBetweenSpecialTokens", optBool(body, "spaces_between_special_tokens"));
   set("truncatePromptTokens", truncate);
   set("extraArgs", optExtraArgs(body, "vllm_xargs"));
+  set("structuredOutputs", structuredOutputs);
 
   return {
     model,
@@ -139,49 +142,125 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
 }
 
 /**
- * Structured output (vLLM's response_format json_object / json_schema / structural_tag, its structured_outputs and
- * guided_* fields) is not implemented: a request asking for it gets a 400 rather than unconstrained text.
+ * Structured output from every field vLLM reads it from: response_format (json_object, json_schema,
+ * structural_tag), structured_outputs (vLLM's StructuredOutputsParams, snake_case) and the older guided_json,
+ * guided_regex, guided_choice and guided_grammar. The fields are merged into one StructuredOutputsParams; asking
+ * for two kinds at once is refused when the params are normalized (vLLM's "only one kind" error).
  */
-function rejectStructuredOutput(body: Json): void {
+function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined {
+  const out: StructuredOutputsParams = {};
+  const put = <K extends keyof StructuredOutputsParams>(key: K, value: StructuredOutputsParams[K] | undefined, param: string): void => {
+    if (value === undefined || value === null) return;
+    if (out[key] !== undefined) throw badRequest(`structured output '${String(key)}' is given twice`, param);
+    out[key] = value;
+  };
   const format = optObject(body, "response_format");
   if (format !== undefined) {
     const type = format.type;
-    if (type === "json_object" || type === "json_schema" || type === "structural_tag") {
-      throw badRequest(`response_format type '${type}' is not supported: Kiln has no structured (constrained) output`, "response_format");
-    }
-    if (type !== "text") {
+    if (type === "json_object") put("jsonObject", true, "response_format");
+    else if (type === "json_schema") {
+      const js = optObject(format, "json_schema");
+      if (js === undefined) throw badRequest("'response_format.json_schema' must be given for type 'json_schema'", "response_format");
+      const schema = js.schema ?? js.json_schema;
+      if (typeof schema !== "object" || schema === null || Array.isArray(schema))
+        throw badRequest("'response_format.json_schema.schema' must be a JSON schema object", "response_format");
+      put("json", schema as Record<string, unknown>, "response_format");
+    } else if (type === "structural_tag") put("structuralTag", structuralTag(format), "response_format");
+    else if (type !== "text")
       throw badRequest("'response_format.type' must be one of 'text', 'json_object', 'json_schema' or 'structural_tag'", "response_format");
+  }
+  const so = optObject(body, "structured_outputs");
+  if (so !== undefined) {
+    for (const k of Object.keys(so)) {
+      if (!(k in STRUCTURED_OUTPUTS_FIELDS)) {
+        throw badRequest(`'structured_outputs.${k}' is not supported (expected one of ${Object.keys(STRUCTURED_OUTPUTS_FIELDS).join(", ")})`, "structured_outputs");
+      }
+      const v = so[k];
+      if (v === undefined || v === null) continue;
+      const key = STRUCTURED_OUTPUTS_FIELDS[k]!;
+      if (key === "json" && typeof v === "string") {
+        put(key, v, "structured_outputs");
+        continue;
+      }
+      put(key, v as never, "structured_outputs");
     }
   }
-  for (const name of ["structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"]) {
-    if (body[name] !== undefined && body[name] !== null) {
-      throw badRequest(`'${name}' is not supported: Kiln has no structured (constrained) output`, name);
-    }
-  }
+  const guided = body.guided_json;
+  if (guided !== undefined && guided !== null) put("json", guided as string | Record<string, unknown>, "guided_json");
+  put("regex", optString(body, "guided_regex"), "guided_regex");
+  put("choice", optStringArray(body, "guided_choice"), "guided_choice");
+  put("grammar", optString(body, "guided_grammar"), "guided_grammar");
+  const backend = optString(body, "guided_decoding_backend");
+  if (backend !== undefined && !["xgrammar", "auto"].includes(backend))
+    throw badRequest(`'guided_decoding_backend' ${JSON.stringify(backend)} is not available: Kiln's backend is xgrammar`, "guided_decoding_backend");
+  if (optBool(body, "guided_json_object") === true) put("jsonObject", true, "guided_json_object");
+  return Object.keys(out).length > 0 ? out : undefined;
 }
 
+/** structured_outputs' wire fields and their StructuredOutputsParams names. */
+const STRUCTURED_OUTPUTS_FIELDS: Record<string, keyof StructuredOutputsParams> = {
+  json: "json",
+  regex: "regex",
+  choice: "choice",
+  grammar: "grammar",
+  json_object: "jsonObject",
+  structural_tag: "structuralTag",
+  disable_any_whitespace: "disableAnyWhitespace",
+};
+
 /**
- * tools and tool_choice as vLLM validates them: tool_choice defaults to "auto" when tools are given, else "none";
- * "auto" needs a tool-call parser and "required" or a named function needs structured output, neither of which
- * Kiln has, so only "none" (the tools rendered by the chat template, the reply plain text) is served.
+ * A structural_tag response_format as xgrammar reads it: {"type": "structural_tag", "format": ...}, or vLLM's
+ * older {"structures": [{begin, schema, end}], "triggers": [...]}, turned into the triggered-tags format.
  */
-function parseTools(body: Json): unknown[] | undefined {
+function structuralTag(format: Json): Record<string, unknown> {
+  if (format.format !== undefined) return { type: "structural_tag", format: format.format };
+  const structures = format.structures;
+  const triggers = format.triggers;
+  if (!Array.isArray(structures) || !Array.isArray(triggers) || !triggers.every((t) => typeof t === "string"))
+    throw badRequest("a structural_tag response_format needs 'format', or 'structures' and 'triggers' lists", "response_format");
+  const tags = structures.map((st: unknown, i) => {
+    const o = st as Json | null;
+    if (typeof o !== "object" || o === null || typeof o.begin !== "string" || typeof o.end !== "string")
+      throw badRequest(`'response_format.structures[${i}]' must have string 'begin' and 'end'`, "response_format");
+    const schema = o.schema ?? {};
+    return { type: "tag", begin: o.begin, content: { type: "json_schema", json_schema: schema }, end: o.end };
+  });
+  return { type: "structural_tag", format: { type: "triggered_tags", triggers, tags } };
+}
+
+/** The tool_choice of a chat request: plain text (none), or a tool call constrained by structured output. */
+export type ToolChoice = { kind: "none" } | { kind: "required" } | { kind: "named"; name: string };
+
+/** A tool call's JSON schema for the argument object of a function (an object of no properties when unset). */
+const parametersSchema = (fn: Json): Record<string, unknown> =>
+  typeof fn.parameters === "object" && fn.parameters !== null ? (fn.parameters as Record<string, unknown>) : { type: "object", properties: {} };
+
+/**
+ * tools and tool_choice as vLLM validates them: tool_choice defaults to "auto" when tools are given, else "none".
+ * "required" and a named function are served as vLLM serves them, by structured output: a named function's
+ * arguments follow its parameters schema; "required" is a JSON list of {name, parameters} of the given tools.
+ * "auto" needs a tool-call parser (vLLM's --enable-auto-tool-choice), which Kiln does not have: a 400.
+ */
+function parseTools(body: Json): { tools: unknown[] | undefined; toolChoice: ToolChoice; toolSchema?: Record<string, unknown> } {
   const tools = body.tools;
   if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw badRequest("'tools' must be a list", "tools");
   if (Array.isArray(tools) && tools.length === 0) throw badRequest("'tools' must not be an empty array", "tools");
-  const names = new Set<string>();
+  const fns = new Map<string, Json>();
   (tools ?? []).forEach((t: unknown, i: number) => {
     const fn = (t as Json | null)?.function as Json | null | undefined;
     if (typeof t !== "object" || t === null || (t as Json).type !== "function" || typeof fn !== "object" || fn === null ||
         typeof fn.name !== "string" || !fn.name) {
       throw badRequest(`'tools[${i}]' must be {"type": "function", "function": {"name": ...}}`, "tools");
     }
-    names.add(fn.name);
+    if (fn.parameters !== undefined && fn.parameters !== null && (typeof fn.parameters !== "object" || Array.isArray(fn.parameters)))
+      throw badRequest(`'tools[${i}].function.parameters' must be a JSON schema object`, "tools");
+    fns.set(fn.name, fn);
   });
   const choice = body.tool_choice;
+  const list = (tools as unknown[] | null | undefined) ?? undefined;
   if (choice === undefined || choice === null) {
     if (tools) throw badRequest(AUTO_TOOLS, "tool_choice");
-    return undefined;
+    return { tools: undefined, toolChoice: { kind: "none" } };
   }
   let named: string | undefined;
   if (typeof choice === "object" && !Array.isArray(choice)) {
@@ -193,17 +272,25 @@ function parseTools(body: Json): unknown[] | undefined {
   } else if (choice !== "none" && choice !== "auto" && choice !== "required") {
     throw badRequest(BAD_TOOL_CHOICE, "tool_choice");
   }
-  if (choice === "none") return (tools as unknown[] | null | undefined) ?? undefined;
+  if (choice === "none") return { tools: list, toolChoice: { kind: "none" } };
   if (!tools) throw badRequest("When using `tool_choice`, `tools` must be set.", "tool_choice");
   if (choice === "auto") throw badRequest(AUTO_TOOLS, "tool_choice");
-  if (named !== undefined && !names.has(named)) throw badRequest(`Tool '${named}' has not been passed in \`tools\`.`, "tool_choice");
-  throw badRequest(`tool_choice ${named === undefined ? '"required"' : "naming a function"} is not supported: it needs structured ` +
-    "(constrained) output, which Kiln does not have; use tool_choice \"none\"", "tool_choice");
+  if (named !== undefined) {
+    const fn = fns.get(named);
+    if (fn === undefined) throw badRequest(`Tool '${named}' has not been passed in \`tools\`.`, "tool_choice");
+    return { tools: list, toolChoice: { kind: "named", name: named }, toolSchema: parametersSchema(fn) };
+  }
+  // vLLM's schema for "required": at least one call, each naming one of the tools with that tool's parameters
+  const anyOf = [...fns.values()].map((fn) => ({
+    properties: { name: { type: "string", enum: [fn.name] }, parameters: parametersSchema(fn) },
+    required: ["name", "parameters"],
+  }));
+  return { tools: list, toolChoice: { kind: "required" }, toolSchema: { type: "array", minItems: 1, items: { type: "object", anyOf } } };
 }
 
 const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`;
 const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) is not supported: Kiln has no tool-call parser ' +
-  '(vLLM\'s --enable-auto-tool-choice and --tool-call-parser); use tool_choice "none" to render the tools into the prompt';
+  '(vLLM\'s --enable-auto-tool-choice and --tool-call-parser); use tool_choice "required", a named function, or "none"';
 
 function parseMessages(body: Json): ChatMessage[] {
   const raw = body.messages;
@@ -250,7 +337,14 @@ export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
   if (addGenerationPrompt && continueFinalMessage) {
     throw badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "continue_final_message");
   }
-  const tools = parseTools(body);
+  const { tools, toolChoice, toolSchema } = parseTools(body);
+  if (toolSchema !== undefined) {
+    // structured_outputs may still set how (disable_any_whitespace), not what
+    const { disableAnyWhitespace, ...other } = common.params.structuredOutputs ?? {};
+    if (Object.keys(other).length > 0)
+      throw badRequest("tool_choice \"required\" or a named function cannot be combined with another structured output", "tool_choice");
+    common.params.structuredOutputs = { json: toolSchema, ...(disableAnyWhitespace !== undefined ? { disableAnyWhitespace } : {}) };
+  }
   const chatTemplateKwargs = optObject(body, "chat_template_kwargs");
   const topLp = wantLogprobs ? (topLogprobs ?? 0) : null;
   if (topLp !== null) common.params.logprobs = topLp;
@@ -262,6 +356,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
     chatTemplate: optString(body, "chat_template"),
     chatTemplateKwargs,
     tools,
+    toolChoice,
     topLogprobs: topLp,
   };
 }

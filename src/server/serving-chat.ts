@@ -45,6 +45,38 @@ interface Choice {
   stopReason: string | number | null;
 }
 
+/** An OpenAI tool call of a chat message (arguments as JSON text). */
+interface ToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+/**
+ * The tool calls of a reply whose text was constrained by tool_choice (see parseTools): a named function's text
+ * is its arguments; "required" text is a JSON list of {name, parameters}, each becoming a call (vLLM's reading).
+ * Null when the text is no complete list (a reply cut at max_tokens): the reply is then left as text.
+ */
+function toolCallsOf(req: ChatRequest, text: string): ToolCall[] | null {
+  const tc = req.toolChoice;
+  if (tc.kind === "named") return [{ id: randomId("chatcmpl-tool"), type: "function", function: { name: tc.name, arguments: text } }];
+  if (tc.kind !== "required") return null;
+  let calls: unknown;
+  try {
+    calls = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (!Array.isArray(calls)) return null;
+  const out: ToolCall[] = [];
+  for (const c of calls) {
+    const o = c as { name?: unknown; parameters?: unknown } | null;
+    if (typeof o !== "object" || o === null || typeof o.name !== "string") return null;
+    out.push({ id: randomId("chatcmpl-tool"), type: "function", function: { name: o.name, arguments: JSON.stringify(o.parameters ?? {}) } });
+  }
+  return out;
+}
+
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize);
   const model = resolveModel(ctx, req.model);
@@ -119,7 +151,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     model: info.model,
     choices: choices.map((c, index) => ({
       index,
-      message: { role: "assistant", content: c.text, refusal: null, tool_calls: [] },
+      message: chatMessage(req, c.text),
       logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
       finish_reason: c.finishReason ?? "abort",
       stop_reason: c.stopReason,
@@ -127,6 +159,12 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     usage: { prompt_tokens: info.promptLen, completion_tokens: completionTokens, total_tokens: info.promptLen + completionTokens },
     ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(promptLogprobs) } : {}),
   };
+}
+
+/** The reply's message: its text, or (tool_choice required or named) its tool calls with empty content, as vLLM. */
+function chatMessage(req: ChatRequest, text: string): { role: "assistant"; content: string; refusal: null; tool_calls: ToolCall[] } {
+  const calls = toolCallsOf(req, text);
+  return { role: "assistant", content: calls === null ? text : "", refusal: null, tool_calls: calls ?? [] };
 }
 
 async function streamChat(
@@ -143,15 +181,18 @@ async function streamChat(
       await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...usageField });
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
+    const tools = new ToolCallStream(req, info.n);
     for await (const out of outputs) {
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;
         if (o.finishReason !== null) done.add(o.index);
         completionTokens += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
+        const delta = tools.delta(o.index, o.text, o.finishReason !== null);
+        if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null) continue; // held back
         const choice = {
           index: o.index,
-          delta: { content: o.text },
+          delta,
           logprobs: req.topLogprobs !== null ? { content: chatLogprobs(ctx, o, req.topLogprobs) } : null,
           finish_reason: o.finishReason,
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
@@ -166,4 +207,37 @@ async function streamChat(
     await sse.end(err);
   }
   return reply;
+}
+
+/**
+ * Streamed tool calls, as vLLM streams them: a named function's call opens with its id and name, and each text
+ * delta is an arguments delta. "required" replies are JSON lists that are only calls once complete: their calls
+ * come in the sample's last chunk, one tool_calls entry each (the text before that is held back).
+ */
+class ToolCallStream {
+  private readonly text: string[];
+  private readonly opened: boolean[];
+
+  constructor(
+    private readonly req: ChatRequest,
+    n: number,
+  ) {
+    this.text = new Array<string>(n).fill("");
+    this.opened = new Array<boolean>(n).fill(false);
+  }
+
+  delta(index: number, text: string, last: boolean): Record<string, unknown> {
+    const tc = this.req.toolChoice;
+    if (tc.kind === "none") return { content: text };
+    if (tc.kind === "named") {
+      if (this.opened[index]) return { tool_calls: [{ index: 0, function: { arguments: text } }] };
+      this.opened[index] = true;
+      return { tool_calls: [{ index: 0, id: randomId("chatcmpl-tool"), type: "function", function: { name: tc.name, arguments: text } }] };
+    }
+    this.text[index] += text;
+    if (!last) return {};
+    const calls = toolCallsOf(this.req, this.text[index]!);
+    if (calls === null) return { content: this.text[index] };
+    return { tool_calls: calls.map((c, i) => ({ index: i, ...c })) };
+  }
 }

@@ -248,3 +248,79 @@ describe("kiln serve + openai client (e2e)", () => {
     assert.match(v.version, /^\d+\.\d+\.\d+/);
   });
 });
+
+describe("structured output and tool calls through the openai client (e2e)", () => {
+  const WEATHER = {
+    type: "object",
+    properties: { city: { type: "string", enum: ["Paris", "Oslo"] }, unit: { type: "string", enum: ["C", "F"] }, days: { type: "integer", enum: [1, 2, 3] } },
+    required: ["city", "unit", "days"],
+  };
+  const tools = [
+    { type: "function" as const, function: { name: "get_weather", parameters: WEATHER } },
+    { type: "function" as const, function: { name: "get_time", parameters: { type: "object", properties: { zone: { type: "string", enum: ["UTC", "CET"] } }, required: ["zone"] } } },
+  ];
+  // vLLM's structured_outputs field (the typed client passes it through): compact JSON, so a random model finishes
+  const compact = { structured_outputs: { disable_any_whitespace: true } };
+  const checkWeather = (args: unknown): void => {
+    const a = args as Record<string, unknown>;
+    assert.deepEqual(Object.keys(a), ["city", "unit", "days"]);
+    assert.ok(["Paris", "Oslo"].includes(a.city as string) && ["C", "F"].includes(a.unit as string) && [1, 2, 3].includes(a.days as number));
+  };
+  const chat = (extra: object) =>
+    client.chat.completions.create({ model: server.model, messages: USER, max_tokens: 120, seed: 5, temperature: 1, ...compact, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+
+  it("response_format json_schema: the content parses and follows the schema", async () => {
+    const r = await chat({ response_format: { type: "json_schema", json_schema: { name: "weather", schema: WEATHER } } });
+    assert.equal(r.choices[0]!.finish_reason, "stop");
+    checkWeather(JSON.parse(r.choices[0]!.message.content!));
+  });
+
+  it("a named tool_choice returns one call of that function with schema-valid arguments, streamed the same", async () => {
+    const named = { tools, tool_choice: { type: "function", function: { name: "get_weather" } } };
+    const r = await chat(named);
+    const m = r.choices[0]!.message;
+    assert.equal(m.content, "");
+    assert.equal(m.tool_calls!.length, 1);
+    const call = m.tool_calls![0]! as OpenAI.ChatCompletionMessageFunctionToolCall;
+    assert.match(call.id, /^chatcmpl-tool-[0-9a-f]{32}$/);
+    assert.equal(call.function.name, "get_weather");
+    checkWeather(JSON.parse(call.function.arguments));
+    const stream = await client.chat.completions.create({ model: server.model, messages: USER, max_tokens: 120, seed: 5, temperature: 1, ...compact, ...named, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
+    let args = "";
+    let name: string | undefined;
+    for await (const c of stream) for (const t of c.choices[0]?.delta.tool_calls ?? []) {
+      name ??= t.function?.name;
+      args += t.function?.arguments ?? "";
+    }
+    assert.equal(name, "get_weather");
+    assert.equal(args, call.function.arguments);
+  });
+
+  it('tool_choice "required" returns calls of the given tools, each with its own schema\'s arguments', async () => {
+    const r = await chat({ tools, tool_choice: "required" });
+    const calls = r.choices[0]!.message.tool_calls! as OpenAI.ChatCompletionMessageFunctionToolCall[];
+    assert.ok(calls.length >= 1, JSON.stringify(r.choices[0]));
+    for (const c of calls) {
+      const args = JSON.parse(c.function.arguments) as Record<string, unknown>;
+      if (c.function.name === "get_weather") checkWeather(args);
+      else {
+        assert.equal(c.function.name, "get_time");
+        assert.ok(["UTC", "CET"].includes(args.zone as string));
+      }
+    }
+  });
+
+  it("completions take guided_choice and guided_regex; a bad schema is a 400 naming structured_outputs", async () => {
+    const c = await complete("The river", { guided_choice: ["north", "south"], ignore_eos: false, max_tokens: 8 });
+    assert.ok(["north", "south"].includes(c.choices[0]!.text), c.choices[0]!.text);
+    const g = await complete("The river", { guided_regex: "[0-9]{4}-[0-9]{2}", ignore_eos: false, max_tokens: 16 });
+    assert.match(g.choices[0]!.text, /^[0-9]{4}-[0-9]{2}$/);
+    await assert.rejects(chat({ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "nope" } } } }), (e: unknown) => {
+      const err = e as { status: number; error: { param: string; message: string } };
+      assert.equal(err.status, 400);
+      assert.equal(err.error.param, "structured_outputs");
+      assert.match(err.error.message, /Unsupported type "nope"/);
+      return true;
+    });
+  });
+});

