@@ -3,6 +3,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
+import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
@@ -44,7 +45,12 @@ export interface ServeArgs {
   logprobsMode: LogprobsMode;
   /** Engine-level logits processors: module specifiers "path/or/package[:ExportName]" (vLLM --logits-processors). */
   logitsProcessors: string[];
+  /** tool_choice "auto" parses tool calls out of the model's text with this parser (vLLM --tool-call-parser); null = refused. */
+  toolCallParser: ToolCallParserName | null;
+  /** Structured output's default for requests that do not say (vLLM --structured-outputs-config disable_any_whitespace). */
+  disableAnyWhitespace: boolean;
 }
+
 
 export class CliUsageError extends Error {
   constructor(message: string) {
@@ -97,7 +103,11 @@ export function addServeOptions(cmd: Command): Command {
     .option("--enable-log-requests", "log every request", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
-    .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting");
+    .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting")
+    .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
+    .addOption(new Option("--tool-call-parser <name>", "how tool calls are written in the model's text").choices([...TOOL_CALL_PARSERS]))
+    .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool}')
+    .addOption(new Option("--guided-decoding-backend <name>", "structured output backend (older vLLM flag)").choices(["auto", "xgrammar"]));
   return cmd;
 }
 
@@ -189,6 +199,13 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     else throw new CliUsageError(`--chat-template ${JSON.stringify(t)} looks like a file path, but it cannot be opened`);
   }
 
+  const enableAutoToolChoice = Boolean(o.enableAutoToolChoice);
+  const parser = (o.toolCallParser as string | undefined) ?? null;
+  if (parser !== null && !(TOOL_CALL_PARSERS as readonly string[]).includes(parser))
+    throw new CliUsageError(`--tool-call-parser must be one of ${TOOL_CALL_PARSERS.join(", ")}, got ${JSON.stringify(parser)}`);
+  if (enableAutoToolChoice && parser === null) throw new CliUsageError("--enable-auto-tool-choice requires --tool-call-parser");
+  const disableAnyWhitespace = parseStructuredOutputsConfig(o.structuredOutputsConfig, o.guidedDecodingBackend);
+
   const port = int(o.port ?? "8000", "--port", 0);
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
   const modelPath = model ?? DEFAULT_MODEL_DIR;
@@ -225,5 +242,33 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     schedulingPolicy: (o.schedulingPolicy as SchedulingPolicy | undefined) ?? "fcfs",
     logprobsMode: logprobsMode as LogprobsMode,
     logitsProcessors: parseLogitsProcessors(o.logitsProcessors),
+    toolCallParser: enableAutoToolChoice ? (parser as ToolCallParserName) : null,
+    disableAnyWhitespace,
   };
+}
+
+/**
+ * --structured-outputs-config (a JSON object of backend and disable_any_whitespace) and the older
+ * --guided-decoding-backend: the backend can only be xgrammar (or auto); returns disable_any_whitespace.
+ */
+function parseStructuredOutputsConfig(config: unknown, backend: unknown): boolean {
+  const backendOk = (b: unknown): boolean => b === undefined || b === "auto" || b === "xgrammar";
+  if (!backendOk(backend)) throw new CliUsageError(`--guided-decoding-backend must be auto or xgrammar, got ${JSON.stringify(backend)}`);
+  if (config === undefined) return false;
+  let c: unknown;
+  try {
+    c = JSON.parse(String(config));
+  } catch {
+    c = undefined;
+  }
+  if (typeof c !== "object" || c === null || Array.isArray(c))
+    throw new CliUsageError(`--structured-outputs-config must be a JSON object such as '{"backend": "xgrammar"}', got ${String(config)}`);
+  const o = c as Record<string, unknown>;
+  for (const k of Object.keys(o))
+    if (k !== "backend" && k !== "disable_any_whitespace")
+      throw new CliUsageError(`--structured-outputs-config: ${JSON.stringify(k)} is not supported (backend, disable_any_whitespace)`);
+  if (!backendOk(o.backend)) throw new CliUsageError(`--structured-outputs-config: backend must be auto or xgrammar (Kiln's), got ${JSON.stringify(o.backend)}`);
+  if (o.disable_any_whitespace !== undefined && typeof o.disable_any_whitespace !== "boolean")
+    throw new CliUsageError("--structured-outputs-config: disable_any_whitespace must be a boolean");
+  return o.disable_any_whitespace === true;
 }

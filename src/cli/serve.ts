@@ -43,6 +43,8 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
     ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
+    ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
+    disableAnyWhitespace: args.disableAnyWhitespace,
   });
   try {
     await app.listen({ host: args.host, port: args.port });

@@ -229,7 +229,7 @@ function structuralTag(format: Json): Record<string, unknown> {
 }
 
 /** The tool_choice of a chat request: plain text (none), or a tool call constrained by structured output. */
-export type ToolChoice = { kind: "none" } | { kind: "required" } | { kind: "named"; name: string };
+export type ToolChoice = { kind: "none" } | { kind: "auto" } | { kind: "required" } | { kind: "named"; name: string };
 
 /** A tool call's JSON schema for the argument object of a function (an object of no properties when unset). */
 const parametersSchema = (fn: Json): Record<string, unknown> =>
@@ -239,9 +239,9 @@ const parametersSchema = (fn: Json): Record<string, unknown> =>
  * tools and tool_choice as vLLM validates them: tool_choice defaults to "auto" when tools are given, else "none".
  * "required" and a named function are served as vLLM serves them, by structured output: a named function's
  * arguments follow its parameters schema; "required" is a JSON list of {name, parameters} of the given tools.
- * "auto" needs a tool-call parser (vLLM's --enable-auto-tool-choice), which Kiln does not have: a 400.
+ * "auto" needs a tool-call parser (vLLM's --enable-auto-tool-choice --tool-call-parser): without one, a 400.
  */
-function parseTools(body: Json): { tools: unknown[] | undefined; toolChoice: ToolChoice; toolSchema?: Record<string, unknown> } {
+function parseTools(body: Json, autoTools: boolean): { tools: unknown[] | undefined; toolChoice: ToolChoice; toolSchema?: Record<string, unknown> } {
   const tools = body.tools;
   if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw badRequest("'tools' must be a list", "tools");
   if (Array.isArray(tools) && tools.length === 0) throw badRequest("'tools' must not be an empty array", "tools");
@@ -259,8 +259,9 @@ function parseTools(body: Json): { tools: unknown[] | undefined; toolChoice: Too
   const choice = body.tool_choice;
   const list = (tools as unknown[] | null | undefined) ?? undefined;
   if (choice === undefined || choice === null) {
-    if (tools) throw badRequest(AUTO_TOOLS, "tool_choice");
-    return { tools: undefined, toolChoice: { kind: "none" } };
+    if (!tools) return { tools: undefined, toolChoice: { kind: "none" } };
+    if (!autoTools) throw badRequest(AUTO_TOOLS, "tool_choice");
+    return { tools: list, toolChoice: { kind: "auto" } };
   }
   let named: string | undefined;
   if (typeof choice === "object" && !Array.isArray(choice)) {
@@ -274,7 +275,10 @@ function parseTools(body: Json): { tools: unknown[] | undefined; toolChoice: Too
   }
   if (choice === "none") return { tools: list, toolChoice: { kind: "none" } };
   if (!tools) throw badRequest("When using `tool_choice`, `tools` must be set.", "tool_choice");
-  if (choice === "auto") throw badRequest(AUTO_TOOLS, "tool_choice");
+  if (choice === "auto") {
+    if (!autoTools) throw badRequest(AUTO_TOOLS, "tool_choice");
+    return { tools: list, toolChoice: { kind: "auto" } };
+  }
   if (named !== undefined) {
     const fn = fns.get(named);
     if (fn === undefined) throw badRequest(`Tool '${named}' has not been passed in \`tools\`.`, "tool_choice");
@@ -289,8 +293,8 @@ function parseTools(body: Json): { tools: unknown[] | undefined; toolChoice: Too
 }
 
 const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`;
-const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) is not supported: Kiln has no tool-call parser ' +
-  '(vLLM\'s --enable-auto-tool-choice and --tool-call-parser); use tool_choice "required", a named function, or "none"';
+const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) requires --enable-auto-tool-choice and ' +
+  '--tool-call-parser to be set; or use tool_choice "required", a named function, or "none"';
 
 function parseMessages(body: Json): ChatMessage[] {
   const raw = body.messages;
@@ -323,7 +327,8 @@ function messageContent(content: unknown, param: string): string | null {
   return texts.join("\n");
 }
 
-export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
+/** `autoTools`: the server has a tool-call parser, so tool_choice "auto" is served. */
+export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = false } = {}): ChatRequest {
   const body = asJsonBody(raw);
   const messages = parseMessages(body);
   const common = parseCommon(body, vocabSize);
@@ -337,7 +342,9 @@ export function parseChatRequest(raw: unknown, vocabSize: number): ChatRequest {
   if (addGenerationPrompt && continueFinalMessage) {
     throw badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "continue_final_message");
   }
-  const { tools, toolChoice, toolSchema } = parseTools(body);
+  const { tools, toolChoice, toolSchema } = parseTools(body, autoTools);
+  // the parser reads the calls' markers, which a tokenizer may hold as special tokens (vLLM's hermes adjust_request)
+  if (toolChoice.kind === "auto" && common.params.skipSpecialTokens === undefined) common.params.skipSpecialTokens = false;
   if (toolSchema !== undefined) {
     // structured_outputs may still set how (disable_any_whitespace), not what
     const { disableAnyWhitespace, ...other } = common.params.structuredOutputs ?? {};

@@ -1,4 +1,5 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
+import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
 import { timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
@@ -32,6 +33,10 @@ export interface ServerEngineOptions {
   maxWaitingRequests?: number;
   generationDefaults?: Partial<SamplingParams>;
   chatTemplate?: string;
+  /** Serves tool_choice "auto" by parsing the reply with it (vLLM --enable-auto-tool-choice --tool-call-parser). */
+  toolCallParser?: ToolCallParserName;
+  /** Structured output without free whitespace unless a request says otherwise (vLLM --structured-outputs-config). */
+  disableAnyWhitespace?: boolean;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -163,6 +168,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         maxWaitingRequests: engineOptions.maxWaitingRequests,
         generationDefaults: engineOptions.generationDefaults ?? {},
         chatTemplate: engineOptions.chatTemplate,
+        toolCallParser: engineOptions.toolCallParser === undefined ? null : toolCallParser(engineOptions.toolCallParser),
+        disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
         inflight: new Set(),
         unstarted: new Set(),
       };

@@ -4,6 +4,7 @@ import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } fro
 import { badRequest } from "./errors.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
+import { partialMarkerLength } from "./tool-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModel, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
@@ -52,33 +53,59 @@ interface ToolCall {
   function: { name: string; arguments: string };
 }
 
-/**
- * The tool calls of a reply whose text was constrained by tool_choice (see parseTools): a named function's text
- * is its arguments; "required" text is a JSON list of {name, parameters}, each becoming a call (vLLM's reading).
- * Null when the text is no complete list (a reply cut at max_tokens): the reply is then left as text.
- */
-function toolCallsOf(req: ChatRequest, text: string): ToolCall[] | null {
-  const tc = req.toolChoice;
-  if (tc.kind === "named") return [{ id: randomId("chatcmpl-tool"), type: "function", function: { name: tc.name, arguments: text } }];
-  if (tc.kind !== "required") return null;
-  let calls: unknown;
-  try {
-    calls = JSON.parse(text);
-  } catch {
-    return null;
-  }
-  if (!Array.isArray(calls)) return null;
-  const out: ToolCall[] = [];
-  for (const c of calls) {
-    const o = c as { name?: unknown; parameters?: unknown } | null;
-    if (typeof o !== "object" || o === null || typeof o.name !== "string") return null;
-    out.push({ id: randomId("chatcmpl-tool"), type: "function", function: { name: o.name, arguments: JSON.stringify(o.parameters ?? {}) } });
-  }
-  return out;
+/** A reply read as a message: its content and tool calls (null when it makes none). */
+interface Reply {
+  content: string | null;
+  toolCalls: ToolCall[] | null;
 }
 
+const call = (name: string, args: string): ToolCall => ({ id: randomId("chatcmpl-tool"), type: "function", function: { name, arguments: args } });
+
+/**
+ * The reply as vLLM reads it for the request's tool_choice:
+ *   - named function: the text (constrained to its parameters' schema) is the call's arguments; content "";
+ *   - "required": the text (constrained) is a JSON list of {name, parameters}, one call each; content "";
+ *   - "auto": the server's tool-call parser finds the calls, and the content is the text before them;
+ *   - "none": the text.
+ * A reply without complete calls (cut at max_tokens, or an auto reply with none) stays text.
+ */
+function readReply(ctx: ServingContext, req: ChatRequest, text: string): Reply {
+  const tc = req.toolChoice;
+  const asText: Reply = { content: text, toolCalls: null };
+  switch (tc.kind) {
+    case "none":
+      return asText;
+    case "named":
+      return { content: "", toolCalls: [call(tc.name, text)] };
+    case "auto": {
+      const found = ctx.toolCallParser?.extract(text) ?? null;
+      return found === null ? asText : { content: found.content, toolCalls: found.calls.map((c) => call(c.name, c.arguments)) };
+    }
+    case "required": {
+      let list: unknown;
+      try {
+        list = JSON.parse(text);
+      } catch {
+        return asText;
+      }
+      if (!Array.isArray(list)) return asText;
+      const calls: ToolCall[] = [];
+      for (const c of list) {
+        const o = c as { name?: unknown; parameters?: unknown } | null;
+        if (typeof o !== "object" || o === null || typeof o.name !== "string") return asText;
+        calls.push(call(o.name, JSON.stringify(o.parameters ?? {})));
+      }
+      return { content: "", toolCalls: calls };
+    }
+  }
+}
+
+/** OpenAI's finish_reason "tool_calls" when an auto reply made calls (vLLM's; required and named keep theirs). */
+const finishReasonOf = (req: ChatRequest, reply: Reply, reason: FinishReason | "abort"): string =>
+  req.toolChoice.kind === "auto" && reply.toolCalls !== null ? "tool_calls" : (reason ?? "abort");
+
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize);
+  const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
   const model = resolveModel(ctx, req.model);
   let promptText: string;
   try {
@@ -149,22 +176,19 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     object: "chat.completion",
     created: info.created,
     model: info.model,
-    choices: choices.map((c, index) => ({
-      index,
-      message: chatMessage(req, c.text),
-      logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
-      finish_reason: c.finishReason ?? "abort",
-      stop_reason: c.stopReason,
-    })),
+    choices: choices.map((c, index) => {
+      const r = readReply(ctx, req, c.text);
+      return {
+        index,
+        message: { role: "assistant", content: r.content, refusal: null, tool_calls: r.toolCalls ?? [] },
+        logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
+        finish_reason: finishReasonOf(req, r, c.finishReason ?? "abort"),
+        stop_reason: c.stopReason,
+      };
+    }),
     usage: { prompt_tokens: info.promptLen, completion_tokens: completionTokens, total_tokens: info.promptLen + completionTokens },
     ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(promptLogprobs) } : {}),
   };
-}
-
-/** The reply's message: its text, or (tool_choice required or named) its tool calls with empty content, as vLLM. */
-function chatMessage(req: ChatRequest, text: string): { role: "assistant"; content: string; refusal: null; tool_calls: ToolCall[] } {
-  const calls = toolCallsOf(req, text);
-  return { role: "assistant", content: calls === null ? text : "", refusal: null, tool_calls: calls ?? [] };
 }
 
 async function streamChat(
@@ -181,20 +205,20 @@ async function streamChat(
       await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...usageField });
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
-    const tools = new ToolCallStream(req, info.n);
+    const tools = new ToolCallStream(ctx, req, info.n);
     for await (const out of outputs) {
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;
         if (o.finishReason !== null) done.add(o.index);
         completionTokens += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
-        const delta = tools.delta(o.index, o.text, o.finishReason !== null);
+        const { delta, finishReason } = tools.delta(o.index, o.text, o.finishReason);
         if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null) continue; // held back
         const choice = {
           index: o.index,
           delta,
           logprobs: req.topLogprobs !== null ? { content: chatLogprobs(ctx, o, req.topLogprobs) } : null,
-          finish_reason: o.finishReason,
+          finish_reason: finishReason,
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
         };
         await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usage() } : usageField) });
@@ -210,34 +234,49 @@ async function streamChat(
 }
 
 /**
- * Streamed tool calls, as vLLM streams them: a named function's call opens with its id and name, and each text
- * delta is an arguments delta. "required" replies are JSON lists that are only calls once complete: their calls
- * come in the sample's last chunk, one tool_calls entry each (the text before that is held back).
+ * Streamed tool calls. A named function's call opens with its id and name, and each text delta is an arguments
+ * delta, as vLLM streams it. Replies read whole ("required" lists, and auto replies from where the parser's
+ * start marker, or a prefix of it, begins) are held back and come in the sample's last chunk: its calls, one
+ * tool_calls entry each, or the held text when it made none.
  */
 class ToolCallStream {
   private readonly text: string[];
+  private readonly sent: number[]; // content characters of text already streamed
   private readonly opened: boolean[];
 
   constructor(
+    private readonly ctx: ServingContext,
     private readonly req: ChatRequest,
     n: number,
   ) {
     this.text = new Array<string>(n).fill("");
+    this.sent = new Array<number>(n).fill(0);
     this.opened = new Array<boolean>(n).fill(false);
   }
 
-  delta(index: number, text: string, last: boolean): Record<string, unknown> {
+  delta(index: number, text: string, finish: FinishReason): { delta: Record<string, unknown>; finishReason: string | null } {
     const tc = this.req.toolChoice;
-    if (tc.kind === "none") return { content: text };
+    if (tc.kind === "none") return { delta: { content: text }, finishReason: finish };
     if (tc.kind === "named") {
-      if (this.opened[index]) return { tool_calls: [{ index: 0, function: { arguments: text } }] };
+      if (this.opened[index]) return { delta: { tool_calls: [{ index: 0, function: { arguments: text } }] }, finishReason: finish };
       this.opened[index] = true;
-      return { tool_calls: [{ index: 0, id: randomId("chatcmpl-tool"), type: "function", function: { name: tc.name, arguments: text } }] };
+      return { delta: { tool_calls: [{ index: 0, ...call(tc.name, text) }] }, finishReason: finish };
     }
-    this.text[index] += text;
-    if (!last) return {};
-    const calls = toolCallsOf(this.req, this.text[index]!);
-    if (calls === null) return { content: this.text[index] };
-    return { tool_calls: calls.map((c, i) => ({ index: i, ...c })) };
+    const all = (this.text[index] += text);
+    const sent = this.sent[index]!;
+    if (finish === null) {
+      if (tc.kind === "required") return { delta: {}, finishReason: null };
+      const marker = this.ctx.toolCallParser!.start;
+      const at = all.indexOf(marker, Math.max(0, sent - marker.length));
+      const upTo = at >= 0 ? at : all.length - partialMarkerLength(all, marker);
+      if (upTo <= sent) return { delta: {}, finishReason: null };
+      this.sent[index] = upTo;
+      return { delta: { content: all.slice(sent, upTo) }, finishReason: null };
+    }
+    const r = readReply(this.ctx, this.req, all);
+    if (r.toolCalls === null) return { delta: { content: all.slice(sent) }, finishReason: finish };
+    const rest = tc.kind === "auto" ? (r.content ?? "").slice(sent) : "";
+    const delta = { ...(rest ? { content: rest } : {}), tool_calls: r.toolCalls.map((c, i) => ({ index: i, ...c })) };
+    return { delta, finishReason: finishReasonOf(this.req, r, finish) };
   }
 }

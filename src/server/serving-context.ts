@@ -1,4 +1,5 @@
 // State and checks shared by the chat and completions handlers.
+import type { ToolCallParser } from "./tool-parsers.js";
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
@@ -17,6 +18,10 @@ export interface ServingContext {
   maxWaitingRequests: number | undefined;
   generationDefaults: Partial<SamplingParams>;
   chatTemplate: string | undefined;
+  /** tool_choice "auto" is served with it; null: refused (as vLLM without --enable-auto-tool-choice). */
+  toolCallParser: ToolCallParser | null;
+  /** Default of structured output's disableAnyWhitespace. */
+  disableAnyWhitespace: boolean;
   inflight: InflightSet;
   unstarted: UnstartedSet;
 }
@@ -66,6 +71,9 @@ export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promp
   }
   const maxTokens = req.maxTokens ?? Math.min(room, ctx.generationDefaults.maxTokens ?? room, req.maxTokensDefault ?? room);
   const params = { ...ctx.generationDefaults, ...req.params, maxTokens };
+  const so = params.structuredOutputs;
+  if (so !== undefined && so !== null && so.disableAnyWhitespace === undefined && ctx.disableAnyWhitespace)
+    params.structuredOutputs = { ...so, disableAnyWhitespace: true };
   if ((params.minTokens ?? 0) > maxTokens) throw badRequest(`'min_tokens' must be <= max_tokens (${maxTokens})`, "min_tokens");
   return params;
 }

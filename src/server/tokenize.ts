@@ -13,7 +13,7 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
     let tokens: number[];
     if (body.messages !== undefined) {
-      const chat = parseChatRequest(body, ctx.tokenizer.vocabSize);
+      const chat = parseChatRequest(body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
       const text = ctx.tokenizer.applyChatTemplate(chat.messages, {
         addGenerationPrompt: chat.addGenerationPrompt,
         continueFinalMessage: chat.continueFinalMessage,

@@ -64,6 +64,17 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { maxModelLen: "abc" }), /--max-model-len/);
     assert.throws(() => parseServeArgs("m", { quantization: "q9" }), /--quantization/);
     assert.throws(() => parseServeArgs("m", { blockSize: "12" }), /--block-size/);
+    // tool calling and structured output flags, as vLLM checks them
+    assert.equal(parseServeArgs("m", {}, {}).toolCallParser, null);
+    assert.equal(parseServeArgs("m", { enableAutoToolChoice: true, toolCallParser: "hermes" }, {}).toolCallParser, "hermes");
+    assert.equal(parseServeArgs("m", { toolCallParser: "hermes" }, {}).toolCallParser, null); // parser alone: auto stays off
+    assert.throws(() => parseServeArgs("m", { enableAutoToolChoice: true }, {}), /requires --tool-call-parser/);
+    assert.throws(() => parseServeArgs("m", { enableAutoToolChoice: true, toolCallParser: "mistral" }, {}), /--tool-call-parser must be one of hermes/);
+    assert.equal(parseServeArgs("m", { structuredOutputsConfig: '{"backend": "xgrammar", "disable_any_whitespace": true}' }, {}).disableAnyWhitespace, true);
+    assert.equal(parseServeArgs("m", { guidedDecodingBackend: "xgrammar" }, {}).disableAnyWhitespace, false);
+    assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: '{"backend": "outlines"}' }, {}), /backend must be auto or xgrammar/);
+    assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: "xgrammar" }, {}), /must be a JSON object/);
+    assert.throws(() => parseServeArgs("m", { guidedDecodingBackend: "guidance" }, {}), /--guided-decoding-backend/);
     const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-"));
     writeFileSync(join(tmp, "t.jinja"), "{{ messages[0].content }}");
     assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "t.jinja") }, {}).chatTemplate, "{{ messages[0].content }}");

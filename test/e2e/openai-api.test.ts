@@ -324,3 +324,52 @@ describe("structured output and tool calls through the openai client (e2e)", () 
     });
   });
 });
+
+describe("tool_choice auto with --enable-auto-tool-choice --tool-call-parser hermes (e2e)", () => {
+  let auto: KilnServer;
+  let c: OpenAI;
+  before(async () => {
+    auto = await startKiln(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]);
+    c = auto.client();
+  });
+  after(async () => {
+    assert.equal(await auto.stop(), 0);
+  });
+  const tools = [{ type: "function" as const, function: { name: "get_time", parameters: { type: "object", properties: { zone: { type: "string" } } } } }];
+  // The random model is steered into a hermes-format reply by a regex, so the parser has calls to find.
+  const steer = { structured_outputs: { regex: 'Checking\\. <tool_call>\\{"name": "get_time", "arguments": \\{"zone": "(UTC|CET)"\\}\\}</tool_call>' } };
+  const req = { model: "x", messages: USER, tools, max_tokens: 80, seed: 2, temperature: 1, ...steer };
+
+  it("the calls the model wrote come back as tool_calls, the text before them as content, finish_reason tool_calls", async () => {
+    const r = await c.chat.completions.create({ ...req, model: auto.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const ch = r.choices[0]!;
+    assert.equal(ch.finish_reason, "tool_calls");
+    assert.equal(ch.message.content, "Checking. ");
+    const calls = ch.message.tool_calls as OpenAI.ChatCompletionMessageFunctionToolCall[];
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0]!.function.name, "get_time");
+    assert.match(calls[0]!.function.arguments, /^\{"zone":"(UTC|CET)"\}$/);
+    // streamed: the content before the marker streams as text, the call comes whole in the last chunk
+    const stream = await c.chat.completions.create({ ...req, model: auto.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
+    let content = "";
+    const streamed: { name?: string; arguments?: string }[] = [];
+    let finish: string | null = null;
+    for await (const chunk of stream) {
+      const choice = chunk.choices[0];
+      if (choice === undefined) continue;
+      content += choice.delta.content ?? "";
+      for (const t of choice.delta.tool_calls ?? []) streamed[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
+      finish = choice.finish_reason ?? finish;
+    }
+    assert.equal(content, "Checking. ");
+    assert.deepEqual(streamed, [{ name: "get_time", arguments: calls[0]!.function.arguments }]);
+    assert.equal(finish, "tool_calls");
+  });
+
+  it("a reply without calls stays text; tool_choice none is plain text", async () => {
+    const r = await c.chat.completions.create({ ...req, model: auto.model, structured_outputs: { choice: ["No tools needed."] } } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    assert.equal(r.choices[0]!.message.content, "No tools needed.");
+    assert.deepEqual(r.choices[0]!.message.tool_calls, []);
+    assert.equal(r.choices[0]!.finish_reason, "stop");
+  });
+});
