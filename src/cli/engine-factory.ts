@@ -58,6 +58,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     logprobsMode: args.logprobsMode,
     enforceEager: args.enforceEager,
     asyncScheduling: args.asyncScheduling ?? undefined,
+    ...(args.speculativeConfig !== null ? { speculativeConfig: args.speculativeConfig } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;

@@ -3,6 +3,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
+import { resolveSpeculativeConfig, type SpeculativeConfig } from "../engine/speculative.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 
@@ -49,6 +50,8 @@ export interface ServeArgs {
   toolCallParser: ToolCallParserName | null;
   /** Structured output's default for requests that do not say (vLLM --structured-outputs-config disable_any_whitespace). */
   disableAnyWhitespace: boolean;
+  /** vLLM --speculative-config (n-gram drafts), or null. */
+  speculativeConfig: SpeculativeConfig | null;
 }
 
 
@@ -73,6 +76,7 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--no-enable-prefix-caching", "disable automatic prefix caching")
     .addOption(new Option("--dtype <dtype>", "weight and activation dtype").choices(["auto", "float32", "bfloat16", "float16"]).default("auto"))
     .option("--seed <n>", "random seed", "0")
+    .option("--speculative-config <json>", 'speculative decoding as JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
     .option("--enforce-eager", "no step graphs: every step runs op by op from JS (nothing compiled at start-up)", false)
     .option("--async-scheduling", "schedule the next step while the current one computes (the default)")
@@ -205,6 +209,9 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     throw new CliUsageError(`--tool-call-parser must be one of ${TOOL_CALL_PARSERS.join(", ")}, got ${JSON.stringify(parser)}`);
   if (enableAutoToolChoice && parser === null) throw new CliUsageError("--enable-auto-tool-choice requires --tool-call-parser");
   const disableAnyWhitespace = parseStructuredOutputsConfig(o.structuredOutputsConfig, o.guidedDecodingBackend);
+  const speculativeConfig = parseSpeculativeConfig(o.speculativeConfig);
+  if (speculativeConfig !== null && o.asyncScheduling === true)
+    throw new CliUsageError("--async-scheduling cannot be combined with --speculative-config");
 
   const port = int(o.port ?? "8000", "--port", 0);
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
@@ -244,7 +251,38 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     logitsProcessors: parseLogitsProcessors(o.logitsProcessors),
     toolCallParser: enableAutoToolChoice ? (parser as ToolCallParserName) : null,
     disableAnyWhitespace,
+    speculativeConfig,
   };
+}
+
+/** --speculative-config: vLLM's JSON (snake_case keys) for the n-gram method. */
+function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
+  if (value === undefined) return null;
+  let c: unknown;
+  try {
+    c = JSON.parse(String(value));
+  } catch {
+    c = undefined;
+  }
+  if (typeof c !== "object" || c === null || Array.isArray(c))
+    throw new CliUsageError(`--speculative-config must be a JSON object such as '{"method": "ngram", "num_speculative_tokens": 3}', got ${String(value)}`);
+  const keys: Record<string, keyof SpeculativeConfig> = {
+    method: "method",
+    num_speculative_tokens: "numSpeculativeTokens",
+    prompt_lookup_max: "promptLookupMax",
+    prompt_lookup_min: "promptLookupMin",
+  };
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(c as Record<string, unknown>)) {
+    const key = keys[k];
+    if (key === undefined) throw new CliUsageError(`--speculative-config: ${JSON.stringify(k)} is not supported (${Object.keys(keys).join(", ")})`);
+    out[key] = v;
+  }
+  try {
+    return resolveSpeculativeConfig(out);
+  } catch (e) {
+    throw new CliUsageError(`--speculative-config: ${(e as Error).message.replace("[engine] speculativeConfig: ", "")}`);
+  }
 }
 
 /**

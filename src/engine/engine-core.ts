@@ -28,6 +28,7 @@ import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, 
 import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
+import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import { StructuredOutputManager, structuredOutputSpec } from "./structured-output.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
@@ -52,11 +53,16 @@ export interface EngineArgs {
   logprobsMode?: LogprobsMode;
   /** EOS ids when no tokenizer is given (otherwise tokenizer.eosTokenIds). */
   eosTokenIds?: number[];
-  /** Schedule the next step while the current one computes (default: when the runner has dispatch()). */
+  /** Schedule the next step while the current one computes (default: when the runner has dispatch(); off with speculation). */
   asyncScheduling?: boolean;
+  /** Speculative decoding (vLLM's speculative_config): n-gram drafts verified in one step. Default none. */
+  speculativeConfig?: Partial<SpeculativeConfig> | null;
 }
 
-export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling">> & { asyncScheduling: boolean | null };
+export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig">> & {
+  asyncScheduling: boolean | null;
+  speculativeConfig: SpeculativeConfig | null;
+};
 
 /** Device-sampled token ids as the sampler's rows (a plain loop: Array.from with a mapper is slow on a typed array). */
 function deviceSampled(ids: Int32Array): { tokenId: number; logprobs: null }[] {
@@ -80,7 +86,13 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     eosTokenIds: [],
     asyncScheduling: null,
     ...Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined)),
+    speculativeConfig: a.speculativeConfig ? resolveSpeculativeConfig(a.speculativeConfig) : null,
   } as unknown as ResolvedEngineArgs;
+  if (r.speculativeConfig !== null) {
+    // the next step's drafts depend on how many of this step's were accepted (vLLM turned async off with it too)
+    if (r.asyncScheduling === true) throw new Error("[engine] asyncScheduling cannot be combined with speculativeConfig");
+    r.asyncScheduling = false;
+  }
   const posInt = (k: keyof ResolvedEngineArgs, min = 1): void => {
     const v = r[k];
     if (typeof v !== "number" || !Number.isInteger(v) || v < min)
@@ -401,13 +413,42 @@ export class EngineCore {
    */
   private applyStep(out: SchedulerOutput, runnerOutput: RunnerOutput, deferText: boolean): RequestUpdate[] {
     const rows: SamplingRow[] = [];
-    for (const s of out.scheduled) if (s.needsLogits) rows.push(s.request);
+    for (const s of out.scheduled) {
+      if (!s.needsLogits) continue;
+      rows.push(s.request);
+      // a speculated request's row j samples as if drafts 0..j-1 were already its output (penalties, min_tokens,
+      // bad words and logits processor functions read them)
+      const k = s.numSpecTokens ?? 0;
+      for (let j = 1; j <= k; j++) {
+        const drafts = s.tokenIds.slice(s.tokenIds.length - k, s.tokenIds.length - k + j);
+        rows.push(Object.create(s.request, { outputTokenIds: { value: [...s.request.outputTokenIds, ...drafts] } }) as SamplingRow);
+      }
+    }
     const ids = runnerOutput.tokenIds;
     const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : deviceSampled(ids);
     if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.numSteps++;
+    if (this.args.speculativeConfig !== null) this.proposeDrafts(this.args.speculativeConfig);
     return updates;
+  }
+
+  /** Speculative decoding: n-gram drafts for every running request whose sampling may be verified row by row. */
+  private proposeDrafts(c: SpeculativeConfig): void {
+    const maxLen = this.args.maxModelLen;
+    for (const req of this.scheduler.running) {
+      // room: the drafts plus the token after them must fit max_tokens and max_model_len
+      const room = Math.min(c.numSpeculativeTokens, req.maxTokens - req.numOutputTokens - 1, maxLen - req.numTokens - 1);
+      req.specTokenIds = room > 0 && this.speculable(req) ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
+    }
+  }
+
+  /**
+   * Whether a request's drafts can be verified: not with structured output (its matcher would have to run ahead
+   * through the drafts and back) nor engine-level logits processors (they keep per-request state across a batch).
+   */
+  private speculable(req: Request): boolean {
+    return req.grammar === null && this.sampler.logitsProcessors.size === 0;
   }
 
   private collectOutputs(updates: RequestUpdate[]): RequestOutput[] {
@@ -464,6 +505,9 @@ export class EngineCore {
       prefixCacheQueries: this.kv.prefixCacheStats.queries,
       prefixCacheHits: this.kv.prefixCacheStats.hits,
       numPreemptions: this.scheduler.numPreemptions,
+      ...(this.args.speculativeConfig !== null
+        ? { specDraftTokens: this.scheduler.specStats.draftTokens, specAcceptedTokens: this.scheduler.specStats.acceptedTokens }
+        : {}),
     };
   }
 }

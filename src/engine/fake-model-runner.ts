@@ -74,11 +74,12 @@ export class FakeModelRunner implements ModelRunner {
         this.store.set(slot, { pos, token, hash: h });
         ctx.push(token);
         if (prompt !== null) this.fillRow(prompt.subarray(j * V, (j + 1) * V), h, ctx);
-      }
-      if (seq.needsLogits) {
-        const row = new Float32Array(this.vocabSize);
-        this.fillRow(row, h, ctx);
-        rows.push(row);
+        // the last known token's row, and each draft's (speculative decoding)
+        if (seq.needsLogits && j >= seq.tokenIds.length - 1 - (seq.numSpecTokens ?? 0)) {
+          const row = new Float32Array(this.vocabSize);
+          this.fillRow(row, h, ctx);
+          rows.push(row);
+        }
       }
       if (prompt !== null) promptLogits.set(seq.requestId, prompt);
       this.contexts.set(seq.requestId, ctx);

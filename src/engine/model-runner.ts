@@ -15,6 +15,11 @@ export interface ScheduledSequence {
   slotMapping: Int32Array;
   /** The step reaches the request's last known token: return one logits row (for the last token) to sample from. */
   needsLogits: boolean;
+  /**
+   * Speculative decoding: the last numSpecTokens of tokenIds are drafts after the last known token; with
+   * needsLogits, the runner returns 1 + numSpecTokens rows (the last known token's and each draft's). Absent = 0.
+   */
+  numSpecTokens?: number;
   /** Return a logits row for every new token (prompt logprobs). */
   needsPromptLogits: boolean;
 }
@@ -62,7 +67,7 @@ export function fillFedTokens(ids: Int32Array, fed: FedTokens): void {
 }
 
 export interface RunnerOutput {
-  /** [numSequencesWithNeedsLogits, vocabSize], rows in sequence order. The engine may edit it in place. */
+  /** [sampled rows, vocabSize]: per sequence with needsLogits, 1 + numSpecTokens rows, in sequence order. The engine may edit it in place. */
   logits: Float32Array;
   /** requestId -> [tokenIds.length, vocabSize] for sequences with needsPromptLogits. */
   promptLogits: Map<string, Float32Array>;

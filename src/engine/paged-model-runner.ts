@@ -138,7 +138,7 @@ export class PagedModelRunner implements ModelRunner {
       seqLens[i] = s.startPosition + n;
       tables.set(s.blockTable, i * maxBlocks);
       if (s.needsPromptLogits) promptRows.set(s.requestId, [at, n]);
-      if (s.needsLogits) rows.push(at + n - 1);
+      if (s.needsLogits) for (let j = s.numSpecTokens ?? 0; j >= 0; j--) rows.push(at + n - 1 - j);
       at += n;
     });
     queryStart[seqs.length] = at;

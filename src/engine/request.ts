@@ -93,6 +93,8 @@ export class Request {
   /** One entry per prompt token (null for the first), filled chunk by chunk. */
   readonly promptLogprobs: (TokenLogprobs | null)[] | null;
   readonly metrics: RequestMetrics;
+  /** Speculative decoding: draft tokens proposed after the last known token, for the next step to verify. */
+  specTokenIds: number[] = [];
   /** Structured output: the request's grammar matcher (masks each step's logits, advanced by each token). */
   grammar: RequestGrammar | null = null;
 

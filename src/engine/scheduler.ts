@@ -59,6 +59,8 @@ export class Scheduler {
   readonly running: Request[] = [];
   readonly requests = new Map<string, Request>();
   numPreemptions = 0;
+  /** Speculative decoding: drafts verified and drafts accepted, in tokens (vLLM's spec_decode counters). */
+  readonly specStats = { draftTokens: 0, acceptedTokens: 0 };
   private finishedSinceLastStep: string[] = [];
   /** Sampled tokens whose text update() left for flushText() (see update's deferText). */
   private pendingText: { req: Request; tokenId: number; dropText: boolean; finished: boolean }[] = [];
@@ -113,6 +115,9 @@ export class Scheduler {
         i++;
         continue;
       }
+      // a decode with drafts computes them too (as many as the budget leaves)
+      const numSpec = numNew === 1 && req.numOutputPlaceholders === 0 ? Math.min(req.specTokenIds.length, budget - 1) : 0;
+      numNew += numSpec;
       let newBlocks: KvBlocks | null = null;
       let selfPreempted = false;
       while ((newBlocks = this.kv.allocateSlots(req, numNew)) === null) {
@@ -137,7 +142,7 @@ export class Scheduler {
         }
       }
       if (selfPreempted || newBlocks === null) break;
-      scheduled.push(this.describe(req, numNew, newBlocks));
+      scheduled.push(this.describe(req, numNew, newBlocks, numSpec));
       numNewOf.set(req, numNew);
       budget -= numNew;
       i++;
@@ -210,7 +215,7 @@ export class Scheduler {
     };
   }
 
-  private describe(req: Request, numNew: number, newBlocks: KvBlocks): ScheduledRequest {
+  private describe(req: Request, numNew: number, newBlocks: KvBlocks, numSpec = 0): ScheduledRequest {
     const start = req.numComputedTokens;
     const bs = this.kv.blockSize;
     const blockTable = this.kv.getBlockIds(req.requestId);
@@ -219,8 +224,10 @@ export class Scheduler {
       const p = start + j;
       slotMapping[j] = blockTable[Math.floor(p / bs)]! * bs + (p % bs);
     }
-    // Positions past the known tokens are output placeholders (async scheduling): -1 until filled.
-    const tokenIds = req.allTokenIds.slice(start, start + numNew);
+    // Positions past the known tokens are drafts (speculative decoding) or output placeholders (async scheduling,
+    // -1 until filled).
+    const tokenIds = req.allTokenIds.slice(start, start + numNew - numSpec);
+    for (let j = 0; j < numSpec; j++) tokenIds.push(req.specTokenIds[j]!);
     while (tokenIds.length < numNew) tokenIds.push(-1);
     return {
       request: req,
@@ -229,7 +236,8 @@ export class Scheduler {
       startPosition: start,
       blockTable,
       slotMapping,
-      needsLogits: start + numNew === req.numTokens + req.numOutputPlaceholders,
+      needsLogits: start + numNew - numSpec === req.numTokens + req.numOutputPlaceholders,
+      ...(numSpec > 0 ? { numSpecTokens: numSpec } : {}),
       needsPromptLogits: req.promptLogprobs !== null && start < req.numPromptTokens - 1,
       newBlockIds: newBlocks.getBlockIds(),
     };
@@ -281,15 +289,44 @@ export class Scheduler {
       const req = s.request;
       if (s.needsPromptLogits) this.recordPromptLogprobs(req, s, promptLogits.get(req.requestId));
       if (!s.needsLogits) continue;
-      const tok = sampled[row++];
-      if (tok === undefined) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
+      const numSpec = s.numSpecTokens ?? 0;
+      const tok = sampled[row];
+      if (tok === undefined || sampled.length < row + 1 + numSpec) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
+      row += 1 + numSpec;
       if (req.numOutputPlaceholders > 0) req.numOutputPlaceholders--;
       if (req.isFinished) continue; // aborted between schedule() and update()
+      if (numSpec > 0) {
+        updates.push(this.applySpeculated(req, s, sampled.slice(row - 1 - numSpec, row), now, deferText));
+        continue;
+      }
       this.appendToken(req, tok, now, deferText);
       updates.push({ request: req, newTokenIds: [tok.tokenId], finished: req.isFinished });
       if (req.isFinished) this.removeFinished(req, now);
     }
     return updates;
+  }
+
+  /**
+   * Speculative decoding: row j's token is accepted while every draft before it matched the row before it; the
+   * first mismatch (or the row after the last draft) gives the model's own token. The accepted tokens are appended
+   * one by one (a stop ends the run), and the K/V of the drafts that were not kept is given back: the positions
+   * are computed again when tokens reach them.
+   */
+  private applySpeculated(req: Request, s: ScheduledSequence, rows: readonly SampledToken[], now: number, deferText: boolean): RequestUpdate {
+    const drafts = s.tokenIds.slice(s.tokenIds.length - rows.length + 1);
+    const newTokenIds: number[] = [];
+    let accepted = 0;
+    for (let j = 0; j < rows.length && !req.isFinished; j++) {
+      this.appendToken(req, rows[j]!, now, deferText);
+      newTokenIds.push(rows[j]!.tokenId);
+      if (j === drafts.length || rows[j]!.tokenId !== drafts[j]) break;
+      accepted++;
+    }
+    this.specStats.draftTokens += drafts.length;
+    this.specStats.acceptedTokens += accepted;
+    if (req.isFinished) this.removeFinished(req, now);
+    else req.numComputedTokens -= drafts.length - accepted;
+    return { request: req, newTokenIds, finished: req.isFinished };
   }
 
   /**

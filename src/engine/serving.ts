@@ -12,6 +12,7 @@ import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
 import { weightTensors } from "../nn/quantized-linear.js";
+import { resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import { env } from "../util/env.js";
 import { camelCaseHint } from "../util/names.js";
 
@@ -43,6 +44,11 @@ export interface ServingArgs {
   enforceEager?: boolean;
   /** vLLM's --async-scheduling: schedule step N+1 while step N computes (default on). */
   asyncScheduling?: boolean;
+  /**
+   * vLLM's speculative_config: `{ method: "ngram", numSpeculativeTokens, promptLookupMax, promptLookupMin }` (n-gram
+   * drafts verified in one step; turns async scheduling off). Default none.
+   */
+  speculativeConfig?: Partial<SpeculativeConfig> | null;
   /** Largest decode batch captured as a step graph; default min(maxNumSeqs, 32). */
   maxCaptureSize?: number;
   /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
@@ -77,7 +83,7 @@ export const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3"
 const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   model: true, dtype: true, quantization: true, maxModelLen: true, maxNumSeqs: true, maxNumBatchedTokens: true,
   blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
-  seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, maxCaptureSize: true,
+  seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
@@ -106,6 +112,14 @@ function checkServingArgs(args: ServingArgs): void {
   if (u !== undefined && !(u > 0 && u <= 1))
     throw new EngineInputError("gpu_memory_utilization", `gpu_memory_utilization must be in (0, 1], got ${u}`);
   checkKvCacheDtype(args.kvCacheDtype);
+  if (args.speculativeConfig) {
+    try {
+      resolveSpeculativeConfig(args.speculativeConfig);
+    } catch (e) {
+      throw new EngineInputError("speculative_config", (e as Error).message.replace("[engine] speculativeConfig: ", ""));
+    }
+    if (args.asyncScheduling === true) throw new EngineInputError("async_scheduling", "async scheduling cannot be combined with speculative decoding");
+  }
 }
 
 /** Throws the typed error for a kv_cache_dtype that is not one of KV_CACHE_DTYPES (checked before any weight loads). */
@@ -196,9 +210,13 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   if (args.enforceEager !== true) {
     const stage = "compiling step graphs";
     args.onProgress?.(stage, 0);
+    const decode = decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize);
+    // speculated decodes are mixed steps with 1 + k sampled rows per request
+    const k = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig).numSpeculativeTokens : 0;
     const buckets = {
-      decodeBuckets: decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize),
+      decodeBuckets: decode,
       mixedBuckets: mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens),
+      ...(k > 0 ? { mixedRows: Math.max(1, ...decode) * (1 + k) } : {}),
     };
     const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true });
     runner.captureStepGraphs(maxModelLen, {
@@ -227,6 +245,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     schedulingPolicy: args.schedulingPolicy,
     logprobsMode: args.logprobsMode,
     asyncScheduling: args.asyncScheduling,
+    speculativeConfig: args.speculativeConfig ?? null,
     eosTokenIds: loaded.tokenizer.eosTokenIds,
   };
   return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize };

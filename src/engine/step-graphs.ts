@@ -350,7 +350,7 @@ export class StepGraphs {
     for (const s of batch.sequences) {
       if (s.needsPromptLogits || s.blockTable.length > this.maxBlocksPerSeq) return null;
       if (s.tokenIds.length !== 1 || !s.needsLogits) decodeOnly = false;
-      if (s.needsLogits) sampled++;
+      if (s.needsLogits) sampled += 1 + (s.numSpecTokens ?? 0);
     }
     if (decodeOnly) {
       const b = this.decode.find((x) => x.tokens >= n);
@@ -409,7 +409,7 @@ export class StepGraphs {
         slots[at + j] = slot;
       }
       at += len;
-      if (s.needsLogits) rowIndex[row++] = at - 1;
+      if (s.needsLogits) for (let j = s.numSpecTokens ?? 0; j >= 0; j--) rowIndex[row++] = at - 1 - j;
       seq++;
     }
     // Unused token slots: one-token dummy sequences writing the null block (slots 0..blockSize-1).

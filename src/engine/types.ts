@@ -98,6 +98,9 @@ export interface EngineStats {
   prefixCacheQueries: number; // tokens queried
   prefixCacheHits: number; // tokens hit
   numPreemptions: number;
+  /** Speculative decoding: draft tokens verified and accepted (absent without it). */
+  specDraftTokens?: number;
+  specAcceptedTokens?: number;
 }
 
 /** What the server needs from an engine: implemented by AsyncLLM. */

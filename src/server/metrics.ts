@@ -48,6 +48,10 @@ export class ServerMetrics {
     counterFromStats("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", () => engine.stats().prefixCacheQueries);
     counterFromStats("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", () => engine.stats().prefixCacheHits);
     counterFromStats("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", () => engine.stats().numPreemptions);
+    if (engine.stats().specDraftTokens !== undefined) {
+      counterFromStats("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", () => engine.stats().specDraftTokens ?? 0);
+      counterFromStats("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", () => engine.stats().specAcceptedTokens ?? 0);
+    }
 
     this.promptTokens = new Counter({ name: "vllm:prompt_tokens_total", help: "Number of prefill tokens processed.", labelNames, registers });
     this.generationTokens = new Counter({ name: "vllm:generation_tokens_total", help: "Number of generation tokens processed.", labelNames, registers });

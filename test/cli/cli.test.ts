@@ -75,6 +75,12 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: '{"backend": "outlines"}' }, {}), /backend must be auto or xgrammar/);
     assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: "xgrammar" }, {}), /must be a JSON object/);
     assert.throws(() => parseServeArgs("m", { guidedDecodingBackend: "guidance" }, {}), /--guided-decoding-backend/);
+    assert.deepEqual(parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}' }, {}).speculativeConfig, {
+      method: "ngram", numSpeculativeTokens: 3, promptLookupMax: 4, promptLookupMin: 1,
+    });
+    assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "eagle", "num_speculative_tokens": 3}' }, {}), /--speculative-config: method "eagle" is not supported/);
+    assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}' }, {}), /"model" is not supported/);
+    assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3}', asyncScheduling: true }, {}), /cannot be combined/);
     const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-"));
     writeFileSync(join(tmp, "t.jinja"), "{{ messages[0].content }}");
     assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "t.jinja") }, {}).chatTemplate, "{{ messages[0].content }}");

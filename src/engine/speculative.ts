@@ -1,0 +1,63 @@
+// Speculative decoding with n-gram drafts (vLLM's `--speculative-config '{"method": "ngram", ...}'`, prompt lookup
+// decoding): a request whose last tokens repeat an earlier n-gram of its prompt or output is given the tokens
+// that followed that n-gram as drafts. One step then computes the last sampled token and the drafts together,
+// with logits at each of their positions, and keeps the drafts up to the first one the model would not have
+// produced, plus the model's own token after them: up to 1 + k tokens for one pass over the weights.
+//
+// Verification samples every row as usual and accepts a draft while the sampled token equals it. For a greedy
+// request that is the argmax check; for a random one it is exactly rejection sampling with a one-hot draft
+// distribution q = δ(d) (which is what n-gram drafts are): vLLM accepts d with probability min(1, p(d)/q(d)) = p(d)
+// and otherwise draws from max(0, p - q) renormalized, which is p without d; drawing x ~ p and accepting iff x = d
+// gives P(d) = p(d) and P(y) = p(y) for y != d, the same distribution. So outputs follow the model's own
+// distribution, and greedy outputs are token for token those without speculation.
+//
+// Row j is sampled as if drafts 0..j-1 were already output, so what reads the output (penalties, min_tokens, bad
+// words, logits processor functions) sees what it would see without speculation; each kept token carries its own
+// row's logprobs. Requests with structured output or under engine-level logits processors get no drafts.
+
+/** vLLM's SpeculativeConfig for the n-gram method (camelCase). */
+export interface SpeculativeConfig {
+  method: "ngram";
+  /** Drafts per step (k). */
+  numSpeculativeTokens: number;
+  /** Longest n-gram matched (vLLM prompt_lookup_max). */
+  promptLookupMax: number;
+  /** Shortest n-gram matched (vLLM prompt_lookup_min). */
+  promptLookupMin: number;
+}
+
+/** Checks and completes a speculative config (prompt_lookup_min defaults to 1, prompt_lookup_max to 5 here). */
+export function resolveSpeculativeConfig(c: Partial<SpeculativeConfig>): SpeculativeConfig {
+  const fail = (m: string): never => {
+    throw new Error(`[engine] speculativeConfig: ${m}`);
+  };
+  if (typeof c !== "object" || c === null) fail("must be an object");
+  for (const k of Object.keys(c))
+    if (!["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"].includes(k)) fail(`unknown key ${JSON.stringify(k)}`);
+  if (c.method !== "ngram") fail(`method ${JSON.stringify(c.method)} is not supported (Kiln has "ngram")`);
+  const int = (v: unknown, name: string, min: number, max: number): number => {
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) fail(`${name} must be an integer in [${min}, ${max}], got ${String(v)}`);
+    return v as number;
+  };
+  const k = int(c.numSpeculativeTokens, "numSpeculativeTokens", 1, 16);
+  const min = int(c.promptLookupMin ?? 1, "promptLookupMin", 1, 64);
+  const max = int(c.promptLookupMax ?? Math.max(5, min), "promptLookupMax", min, 64);
+  return { method: "ngram", numSpeculativeTokens: k, promptLookupMax: max, promptLookupMin: min };
+}
+
+/**
+ * Drafts for `tokens` (prompt + output): the longest suffix n-gram (n from max down to min) that occurs earlier,
+ * at its latest earlier occurrence, and up to `k` tokens that followed it there. [] when none matches.
+ */
+export function proposeNgram(tokens: readonly number[], minN: number, maxN: number, k: number): number[] {
+  const L = tokens.length;
+  for (let n = Math.min(maxN, L - 1); n >= minN; n--) {
+    // latest start i < L - n with tokens[i .. i+n) == tokens[L-n .. L)
+    for (let i = L - n - 1; i >= 0; i--) {
+      let j = 0;
+      while (j < n && tokens[i + j] === tokens[L - n + j]) j++;
+      if (j === n) return tokens.slice(i + n, Math.min(i + n + k, L)) as number[];
+    }
+  }
+  return [];
+}
