@@ -47,17 +47,23 @@ export function resolveSpeculativeConfig(c: Partial<SpeculativeConfig>): Specula
 
 /**
  * Drafts for `tokens` (prompt + output): the longest suffix n-gram (n from max down to min) that occurs earlier,
- * at its latest earlier occurrence, and up to `k` tokens that followed it there. [] when none matches.
+ * and up to `k` tokens that followed it there: at its latest occurrence with k tokens after it, else at its
+ * earliest (the most tokens after it; in a short loop the latest occurrences are followed by little). [] when none
+ * matches.
  */
 export function proposeNgram(tokens: readonly number[], minN: number, maxN: number, k: number): number[] {
   const L = tokens.length;
   for (let n = Math.min(maxN, L - 1); n >= minN; n--) {
-    // latest start i < L - n with tokens[i .. i+n) == tokens[L-n .. L)
+    let earliest = -1;
+    // starts i < L - n with tokens[i .. i+n) == tokens[L-n .. L), latest first
     for (let i = L - n - 1; i >= 0; i--) {
       let j = 0;
       while (j < n && tokens[i + j] === tokens[L - n + j]) j++;
-      if (j === n) return tokens.slice(i + n, Math.min(i + n + k, L)) as number[];
+      if (j < n) continue;
+      if (i + n + k <= L) return tokens.slice(i + n, i + n + k) as number[];
+      earliest = i;
     }
+    if (earliest >= 0) return tokens.slice(earliest + n, L) as number[];
   }
   return [];
 }

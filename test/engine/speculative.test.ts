@@ -14,10 +14,16 @@ import { add, makeEngine, runToCompletion } from "./helpers.js";
 const NGRAM = { method: "ngram" as const, numSpeculativeTokens: 3, promptLookupMax: 3 };
 
 describe("n-gram proposals", () => {
-  it("take the longest suffix n-gram's latest earlier occurrence and what followed it", () => {
+  it("take the longest suffix n-gram's latest occurrence followed by k tokens, else its earliest", () => {
     // suffix [1, 2] last occurs at 3..4 (before the suffix itself), followed by 9, 1, 2
     assert.deepEqual(proposeNgram([1, 2, 7, 1, 2, 9, 1, 2], 1, 3, 3), [9, 1, 2]);
     assert.deepEqual(proposeNgram([1, 2, 7, 1, 2, 9, 1, 2], 1, 3, 2), [9, 1]);
+    // k = 4: the latest occurrence (at 3) has 3 tokens after it, the one at 0 has 4
+    assert.deepEqual(proposeNgram([1, 2, 7, 1, 2, 9, 1, 2], 1, 3, 4), [7, 1, 2, 9]);
+    // k = 7: none has 7; the earliest has the most (to the end)
+    assert.deepEqual(proposeNgram([1, 2, 7, 1, 2, 9, 1, 2], 1, 3, 7), [7, 1, 2, 9, 1, 2]);
+    // a loop of one token: the latest occurrence with 3 tokens after it, not the one just before the suffix
+    assert.deepEqual(proposeNgram([4, 8, 8, 8, 8, 8], 1, 2, 3), [8, 8, 8]);
     // the 3-gram [5, 1, 2] beats the later 2-gram match [1, 2]
     assert.deepEqual(proposeNgram([5, 1, 2, 8, 4, 1, 2, 6, 5, 1, 2], 1, 3, 2), [8, 4]);
     assert.deepEqual(proposeNgram([5, 1, 2, 8, 4, 1, 2, 6, 5, 1, 2], 1, 2, 2), [6, 5]);
