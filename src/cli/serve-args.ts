@@ -255,17 +255,22 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   };
 }
 
-/** --speculative-config: vLLM's JSON (snake_case keys) for the n-gram method. */
-function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
-  if (value === undefined) return null;
+/** A flag whose value is a JSON object (vLLM's --*-config flags). */
+function jsonObjectFlag(value: unknown, flag: string, example: string): Record<string, unknown> {
   let c: unknown;
   try {
     c = JSON.parse(String(value));
   } catch {
     c = undefined;
   }
-  if (typeof c !== "object" || c === null || Array.isArray(c))
-    throw new CliUsageError(`--speculative-config must be a JSON object such as '{"method": "ngram", "num_speculative_tokens": 3}', got ${String(value)}`);
+  if (typeof c !== "object" || c === null || Array.isArray(c)) throw new CliUsageError(`${flag} must be a JSON object such as '${example}', got ${String(value)}`);
+  return c as Record<string, unknown>;
+}
+
+/** --speculative-config: vLLM's JSON (snake_case keys) for the n-gram method. */
+function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
+  if (value === undefined) return null;
+  const c = jsonObjectFlag(value, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}');
   const keys: Record<string, keyof SpeculativeConfig> = {
     method: "method",
     num_speculative_tokens: "numSpeculativeTokens",
@@ -273,7 +278,7 @@ function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
     prompt_lookup_min: "promptLookupMin",
   };
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(c as Record<string, unknown>)) {
+  for (const [k, v] of Object.entries(c)) {
     const key = keys[k];
     if (key === undefined) throw new CliUsageError(`--speculative-config: ${JSON.stringify(k)} is not supported (${Object.keys(keys).join(", ")})`);
     out[key] = v;
@@ -293,15 +298,7 @@ function parseStructuredOutputsConfig(config: unknown, backend: unknown): boolea
   const backendOk = (b: unknown): boolean => b === undefined || b === "auto" || b === "xgrammar";
   if (!backendOk(backend)) throw new CliUsageError(`--guided-decoding-backend must be auto or xgrammar, got ${JSON.stringify(backend)}`);
   if (config === undefined) return false;
-  let c: unknown;
-  try {
-    c = JSON.parse(String(config));
-  } catch {
-    c = undefined;
-  }
-  if (typeof c !== "object" || c === null || Array.isArray(c))
-    throw new CliUsageError(`--structured-outputs-config must be a JSON object such as '{"backend": "xgrammar"}', got ${String(config)}`);
-  const o = c as Record<string, unknown>;
+  const o = jsonObjectFlag(config, "--structured-outputs-config", '{"backend": "xgrammar"}');
   for (const k of Object.keys(o))
     if (k !== "backend" && k !== "disable_any_whitespace")
       throw new CliUsageError(`--structured-outputs-config: ${JSON.stringify(k)} is not supported (backend, disable_any_whitespace)`);

@@ -27,15 +27,16 @@ export interface XgGrammar extends XgObject {
   ToString(): string;
 }
 export type XgCompiledGrammar = XgObject;
+/** xgrammar's JSON-schema options: any_whitespace, indent, separators, strict_mode, max_whitespace_cnt. */
+type JsonSchemaOptions = [
+  anyWhitespace: boolean,
+  indent: number | undefined,
+  separators: { first: string; second: string } | undefined,
+  strictMode: boolean,
+  maxWhitespaceCnt: number | undefined,
+];
 export interface XgGrammarCompiler extends XgObject {
-  CompileJSONSchema(
-    schema: string,
-    anyWhitespace: boolean,
-    indent: number | undefined,
-    separators: { first: string; second: string } | undefined,
-    strictMode: boolean,
-    maxWhitespaceCnt: number | undefined,
-  ): XgCompiledGrammar;
+  CompileJSONSchema(schema: string, ...options: JsonSchemaOptions): XgCompiledGrammar;
   CompileBuiltinJSONGrammar(): XgCompiledGrammar;
   CompileGrammar(grammar: XgGrammar): XgCompiledGrammar;
   CompileStructuralTag(json: string): XgCompiledGrammar;
@@ -53,15 +54,7 @@ export type XgTokenizerInfo = XgObject;
 export interface XgBinding {
   Grammar: {
     FromEBNF(ebnf: string, rootRule: string): XgGrammar;
-    FromJSONSchema(
-      schema: string,
-      anyWhitespace: boolean,
-      indent: number | undefined,
-      separators: { first: string; second: string } | undefined,
-      strictMode: boolean,
-      maxWhitespaceCnt: number | undefined,
-      printConverted: boolean,
-    ): XgGrammar;
+    FromJSONSchema(schema: string, ...optionsAndPrintConverted: [...JsonSchemaOptions, printConverted: boolean]): XgGrammar;
     BuiltinJSONGrammar(): XgGrammar;
     FromStructuralTag(json: string): XgGrammar;
   };
