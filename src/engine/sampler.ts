@@ -276,8 +276,11 @@ export class Sampler {
     }
     if (p.logitBias !== null) for (const [k, b] of Object.entries(p.logitBias)) l[Number(k)]! += b;
     if (out.length < p.minTokens) {
-      for (const t of p.stopTokenIds) l[t] = -Infinity;
-      if (!p.ignoreEos) for (const t of row.eosTokenIds) l[t] = -Infinity;
+      const ids = p.ignoreEos ? p.stopTokenIds : [...p.stopTokenIds, ...row.eosTokenIds];
+      const kept = row.grammar ? ids.map((t) => l[t]!) : null;
+      for (const t of ids) l[t] = -Infinity;
+      // a complete structured output allows only its stop tokens: it ends there, min_tokens or not
+      if (kept !== null && !l.some((x) => x > -Infinity)) ids.forEach((t, i) => (l[t] = kept[i]!));
     }
   }
 

@@ -2,11 +2,17 @@
 import type { Request } from "./request.js";
 
 /**
- * Token-level stops, in vLLM's order: nothing before min_tokens; EOS (unless ignore_eos); stop_token_ids;
+ * Token-level stops, in vLLM's order (after a complete structured output): nothing before min_tokens; EOS (unless ignore_eos); stop_token_ids;
  * then max_tokens / max_model_len. Sets the request's status and stopReason; returns true when it finished.
  */
 export function checkTokenStop(req: Request, tokenId: number, maxModelLen: number): boolean {
   const p = req.params;
+  // a structured output whose grammar took its stop token is complete (before min_tokens too: nothing may follow)
+  if (req.grammar?.isTerminated === true && !p.ignoreEos) {
+    req.status = "FINISHED_STOPPED";
+    req.stopReason = tokenId === req.eosTokenIds[0] ? null : tokenId;
+    return true;
+  }
   if (req.numOutputTokens < p.minTokens) return false;
   if (!p.ignoreEos && req.eosTokenIds.includes(tokenId)) {
     req.status = "FINISHED_STOPPED";

@@ -26,6 +26,10 @@ export interface StructuredOutputsParams {
   structuralTag?: string | Record<string, unknown> | null;
   /** JSON output without free whitespace between tokens (vLLM's disable_any_whitespace). */
   disableAnyWhitespace?: boolean;
+  /** vLLM's: objects without additionalProperties take none (already so: xgrammar runs in strict mode). */
+  disableAdditionalProperties?: boolean;
+  /** vLLM's: never fall back to another backend (there is none here). */
+  disableFallback?: boolean;
 }
 
 /** A checked spec: one kind, its source as text (what the compiled grammars are cached by). */
@@ -35,7 +39,9 @@ export interface StructuredOutputSpec {
   anyWhitespace: boolean;
 }
 
-const KEYS = ["json", "regex", "choice", "grammar", "jsonObject", "structuralTag", "disableAnyWhitespace"] as const;
+const KEYS = [
+  "json", "regex", "choice", "grammar", "jsonObject", "structuralTag", "disableAnyWhitespace", "disableAdditionalProperties", "disableFallback",
+] as const;
 const PARAM = "structured_outputs";
 
 function fail(message: string): never {
@@ -47,6 +53,15 @@ export function choiceGrammar(choice: readonly string[]): string {
   return `root ::= ${choice.map((c) => JSON.stringify(c)).join(" | ")}`;
 }
 
+/** JSON text of a user's object (a circular or BigInt value is the user's error, not a crash). */
+function toJson(x: unknown, name: string): string {
+  try {
+    return JSON.stringify(x);
+  } catch (e) {
+    return fail(`${name} cannot be written as JSON: ${(e as Error).message}`);
+  }
+}
+
 /** Checks a StructuredOutputsParams' shape and returns its spec (null when none is set). Throws EngineInputError. */
 export function structuredOutputSpec(p: StructuredOutputsParams | null | undefined): StructuredOutputSpec | null {
   if (p === null || p === undefined) return null;
@@ -56,8 +71,9 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
   // vLLM's message for more than one
   if (set.length > 1) fail(`You can only use one kind of structured outputs constraint but multiple are specified: ${set.join(", ")}`);
   if (set.length === 0) return null;
+  for (const k of ["disableAnyWhitespace", "disableAdditionalProperties", "disableFallback"] as const)
+    if (p[k] !== undefined && typeof p[k] !== "boolean") fail(`${k} must be a boolean`);
   const dw = p.disableAnyWhitespace ?? false;
-  if (typeof dw !== "boolean") fail("disableAnyWhitespace must be a boolean");
   const anyWhitespace = !dw;
   const kind = set[0]!;
   switch (kind) {
@@ -71,7 +87,7 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
           fail(`json is not valid JSON: ${(e as Error).message}`);
         }
         text = j;
-      } else if (typeof j === "object" && !Array.isArray(j)) text = JSON.stringify(j);
+      } else if (typeof j === "object" && !Array.isArray(j)) text = toJson(j, "json");
       else fail("json must be a JSON schema (an object, or its JSON text)");
       return { kind: "json", source: text, anyWhitespace };
     }
@@ -92,7 +108,7 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
       return { kind: "grammar", source: p.grammar, anyWhitespace };
     case "structuralTag": {
       const t = p.structuralTag!;
-      const text = typeof t === "string" ? t : JSON.stringify(t);
+      const text = typeof t === "string" ? t : toJson(t, "structuralTag");
       try {
         JSON.parse(text);
       } catch (e) {
@@ -116,6 +132,13 @@ let checker: XgrammarInstance | null = null;
  * message. Throws EngineInputError.
  */
 export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
+  if (spec.kind === "json") {
+    const schema = JSON.parse(spec.source) as unknown;
+    // vLLM's has_xgrammar_unsupported_json_features: keywords xgrammar would silently not enforce
+    if (unsupportedJsonFeature(schema)) fail("The provided JSON schema contains features not supported by xgrammar.");
+    if (patternsOf(schema).some((p) => nonAsciiClass(p, "regex"))) fail(NON_ASCII_CLASS);
+  }
+  if ((spec.kind === "regex" || spec.kind === "grammar") && nonAsciiClass(spec.source, spec.kind === "regex" ? "regex" : "ebnf")) fail(NON_ASCII_CLASS);
   if (checker === null || checker.broken) checker = new XgrammarInstance();
   try {
     const g = checker.call((b) => {
@@ -138,6 +161,65 @@ export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
     if (e instanceof XgrammarError) fail(`the ${spec.kind} is not valid: ${e.message}`);
     throw e;
   }
+}
+
+/** JSON-schema string formats xgrammar enforces (vLLM's list). */
+const STRING_FORMATS = new Set([
+  "email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri", "uri-reference", "uri-template",
+  "json-pointer", "relative-json-pointer",
+]);
+
+/** Whether a schema (or one nested in it) uses a keyword xgrammar accepts but does not enforce. */
+function unsupportedJsonFeature(x: unknown): boolean {
+  if (Array.isArray(x)) return x.some(unsupportedJsonFeature);
+  if (typeof x !== "object" || x === null) return false;
+  const o = x as Record<string, unknown>;
+  const has = (...keys: string[]): boolean => keys.some((k) => k in o);
+  if ((o.type === "integer" || o.type === "number") && has("multipleOf")) return true;
+  if (o.type === "array" && has("uniqueItems", "contains", "minContains", "maxContains")) return true;
+  if (o.type === "string" && "format" in o && !STRING_FORMATS.has(String(o.format))) return true;
+  if (o.type === "object" && has("patternProperties", "propertyNames")) return true;
+  return Object.values(o).some(unsupportedJsonFeature);
+}
+
+/** Every "pattern" string in a schema. */
+function patternsOf(x: unknown): string[] {
+  if (Array.isArray(x)) return x.flatMap(patternsOf);
+  if (typeof x !== "object" || x === null) return [];
+  const o = x as Record<string, unknown>;
+  return [...(typeof o.pattern === "string" ? [o.pattern] : []), ...Object.values(o).flatMap(patternsOf)];
+}
+
+const NON_ASCII_CLASS =
+  "character classes ([...]) with non-ASCII characters are not supported by the xgrammar build Kiln uses " +
+  "(@mlc-ai/web-xgrammar 0.1.27 matches them byte by byte); write the characters as alternatives instead, e.g. (ä|ö|ü)";
+
+/**
+ * Whether a regex or an xgrammar EBNF text has a character class holding a character above U+007F (or an escape of
+ * one). EBNF string literals are skipped (brackets in them are text).
+ */
+export function nonAsciiClass(text: string, syntax: "regex" | "ebnf"): boolean {
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if (c === "\\") {
+      i++;
+      continue;
+    }
+    if (syntax === "ebnf" && (c === '"' || c === "'")) {
+      for (i++; i < text.length && text[i] !== c; i++) if (text[i] === "\\") i++;
+      continue;
+    }
+    if (c !== "[") continue;
+    for (i++; i < text.length && text[i] !== "]"; i++) {
+      const d = text[i]!;
+      if (d.charCodeAt(0) > 0x7f) return true;
+      if (d !== "\\") continue;
+      const esc = /^(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|u\{([0-9a-fA-F]+)\}|U([0-9a-fA-F]{8}))/.exec(text.slice(i + 1));
+      if (esc !== null && parseInt(esc[1] ?? esc[2] ?? esc[3] ?? esc[4]!, 16) > 0x7f) return true;
+      i++;
+    }
+  }
+  return false;
 }
 
 /** One request's position in its grammar. */

@@ -9,9 +9,10 @@
 // and instantiates the module's embedded wasm with WebAssembly.Instance, so a new instance is ready when the
 // factory returns (~20 ms; the wasm compile, ~40 ms, is shared by all instances).
 //
-// xgrammar reports a bad grammar with a fatal error that aborts the wasm call (its message goes to stderr,
-// which an instance here captures). An aborted instance is not used again: {@link XgrammarInstance.call}
-// marks it broken, and callers make a new one.
+// xgrammar reports a bad grammar in one of two ways: a fatal error that aborts the wasm call (its message goes
+// to stderr, which an instance here captures), or a C++ exception, which reaches JS as the exception's address
+// (its message is read from the heap). Either way the call did not unwind the wasm stack, so the instance is not
+// used again: {@link XgrammarInstance.call} marks it broken, and callers make a new one.
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import vm from "node:vm";
@@ -146,17 +147,39 @@ export class XgrammarInstance {
     this.binding = arg as unknown as XgBinding;
   }
 
-  /** Runs `f` on the binding; an abort becomes an XgrammarError with xgrammar's message and breaks the instance. */
+  /**
+   * Runs `f` on the binding; an abort or a C++ exception becomes an XgrammarError with xgrammar's message and
+   * breaks the instance.
+   */
   call<T>(f: (b: XgBinding) => T): T {
-    if (this.broken) throw new Error("[xgrammar] this instance aborted earlier and cannot be used");
+    if (this.broken) throw new Error("[xgrammar] this instance failed earlier and cannot be used");
     this.stderr = [];
     try {
       return f(this.binding);
     } catch (e) {
+      if (typeof e === "number") {
+        this.broken = true;
+        throw new XgrammarError(this.exceptionMessage(e) ?? "xgrammar refused it");
+      }
       if (!(e instanceof Wasm.RuntimeError)) throw e;
       this.broken = true;
       const fatal = this.stderr.find((l) => l.includes("[FATAL]")) ?? this.stderr.join("\n");
       throw new XgrammarError(fatal.replace(/^.*\[FATAL\][^:]*:\d+: */, "").replace(/^Check failed: \(.*?\) is false: */, "") || String(e));
     }
+  }
+
+  /**
+   * The what() of a thrown std::runtime_error / std::logic_error at `ptr` (libc++ keeps the message's address
+   * right after the vtable pointer), or null when that does not hold text.
+   */
+  private exceptionMessage(ptr: number): string | null {
+    const b = this.binding as unknown as { HEAPU8: Uint8Array; HEAPU32: Uint32Array };
+    if (!Number.isInteger(ptr) || ptr <= 0 || ptr + 8 > b.HEAPU8.length) return null;
+    const at = b.HEAPU32[(ptr + 4) >>> 2]!;
+    if (at === 0 || at >= b.HEAPU8.length) return null;
+    let end = at;
+    while (end < b.HEAPU8.length && end - at < 2000 && b.HEAPU8[end] !== 0) end++;
+    const text = new TextDecoder("utf-8", { fatal: false }).decode(b.HEAPU8.subarray(at, end));
+    return text.length > 0 && !/[\x00-\x08\x0e-\x1f]/.test(text) ? text : null;
   }
 }

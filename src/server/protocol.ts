@@ -161,6 +161,7 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
     else if (type === "json_schema") {
       const js = optObject(format, "json_schema");
       if (js === undefined) throw badRequest("'response_format.json_schema' must be given for type 'json_schema'", "response_format");
+      if (typeof js.name !== "string" || js.name.length === 0) throw badRequest("'response_format.json_schema.name' must be a non-empty string", "response_format");
       const schema = js.schema ?? js.json_schema;
       if (typeof schema !== "object" || schema === null || Array.isArray(schema))
         throw badRequest("'response_format.json_schema.schema' must be a JSON schema object", "response_format");
@@ -172,6 +173,8 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
   const so = optObject(body, "structured_outputs");
   if (so !== undefined) {
     for (const k of Object.keys(so)) {
+      if (k === "whitespace_pattern" && (so[k] === null || so[k] === undefined)) continue;
+      if (k === "whitespace_pattern") throw badRequest("'structured_outputs.whitespace_pattern' is not supported by the xgrammar backend", "structured_outputs");
       if (!(k in STRUCTURED_OUTPUTS_FIELDS)) {
         throw badRequest(`'structured_outputs.${k}' is not supported (expected one of ${Object.keys(STRUCTURED_OUTPUTS_FIELDS).join(", ")})`, "structured_outputs");
       }
@@ -206,6 +209,8 @@ const STRUCTURED_OUTPUTS_FIELDS: Record<string, keyof StructuredOutputsParams> =
   json_object: "jsonObject",
   structural_tag: "structuralTag",
   disable_any_whitespace: "disableAnyWhitespace",
+  disable_additional_properties: "disableAdditionalProperties",
+  disable_fallback: "disableFallback",
 };
 
 /**
@@ -233,7 +238,9 @@ export type ToolChoice = { kind: "none" } | { kind: "auto" } | { kind: "required
 
 /** A tool call's JSON schema for the argument object of a function (an object of no properties when unset). */
 const parametersSchema = (fn: Json): Record<string, unknown> =>
-  typeof fn.parameters === "object" && fn.parameters !== null ? (fn.parameters as Record<string, unknown>) : { type: "object", properties: {} };
+  typeof fn.parameters === "object" && fn.parameters !== null && Object.keys(fn.parameters).length > 0
+    ? (fn.parameters as Record<string, unknown>)
+    : { type: "object", properties: {} }; // {} is no schema, as in vLLM: the arguments are still an object
 
 /**
  * tools and tool_choice as vLLM validates them: tool_choice defaults to "auto" when tools are given, else "none".
@@ -284,12 +291,20 @@ function parseTools(body: Json, autoTools: boolean): { tools: unknown[] | undefi
     if (fn === undefined) throw badRequest(`Tool '${named}' has not been passed in \`tools\`.`, "tool_choice");
     return { tools: list, toolChoice: { kind: "named", name: named }, toolSchema: parametersSchema(fn) };
   }
-  // vLLM's schema for "required": at least one call, each naming one of the tools with that tool's parameters
-  const anyOf = [...fns.values()].map((fn) => ({
-    properties: { name: { type: "string", enum: [fn.name] }, parameters: parametersSchema(fn) },
-    required: ["name", "parameters"],
-  }));
-  return { tools: list, toolChoice: { kind: "required" }, toolSchema: { type: "array", minItems: 1, items: { type: "object", anyOf } } };
+  // vLLM's schema for "required": at least one call, each naming one of the tools with that tool's parameters; the
+  // tools' $defs move to the top, where their "#/$defs/..." references point from there (vLLM's get_tool_schema_defs)
+  const defs: Record<string, unknown> = {};
+  const anyOf = [...fns.values()].map((fn) => {
+    const { $defs, ...params } = parametersSchema(fn);
+    for (const [k, v] of Object.entries(($defs ?? {}) as Record<string, unknown>)) {
+      if (k in defs && JSON.stringify(defs[k]) !== JSON.stringify(v))
+        throw badRequest(`Tool definition '${k}' has multiple schemas, which is not supported.`, "tools");
+      defs[k] = v;
+    }
+    return { properties: { name: { type: "string", enum: [fn.name] }, parameters: params }, required: ["name", "parameters"] };
+  });
+  const toolSchema = { type: "array", minItems: 1, items: { type: "object", anyOf }, ...(Object.keys(defs).length > 0 ? { $defs: defs } : {}) };
+  return { tools: list, toolChoice: { kind: "required" }, toolSchema };
 }
 
 const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`;
@@ -306,10 +321,28 @@ function parseMessages(body: Json): ChatMessage[] {
     if (typeof msg.role !== "string" || !msg.role) throw badRequest(`'${param}.role' must be a string`, `${param}.role`);
     const out: ChatMessage = { role: msg.role, content: messageContent(msg.content, `${param}.content`) };
     if (typeof msg.name === "string") out.name = msg.name;
-    if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls;
+    if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls.map(templateToolCall);
     if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
     return out;
   });
+}
+
+/**
+ * An earlier turn's tool call as chat templates read it: its arguments as an object, parsed from the wire's JSON
+ * text (empty: {}), as vLLM's _postprocess_messages does, so that `arguments | tojson` is not encoded twice.
+ */
+function templateToolCall(call: unknown): unknown {
+  const fn = (call as Json | null)?.function as Json | null | undefined;
+  if (typeof fn !== "object" || fn === null || typeof fn.arguments !== "string") return call;
+  let args: unknown = {};
+  if (fn.arguments.trim() !== "") {
+    try {
+      args = JSON.parse(fn.arguments);
+    } catch {
+      return call; // not JSON: the template gets the text
+    }
+  }
+  return { ...(call as Json), function: { ...fn, arguments: args } };
 }
 
 /** String content, null, or a list of {type: "text", text} parts (joined with newlines, as vLLM does). */

@@ -100,9 +100,14 @@ function readReply(ctx: ServingContext, req: ChatRequest, text: string): Reply {
   }
 }
 
-/** OpenAI's finish_reason "tool_calls" when an auto reply made calls (vLLM's; required and named keep theirs). */
+/**
+ * OpenAI's finish_reason "tool_calls" when an auto or "required" reply that ended normally made calls, as vLLM
+ * reports them; a named function's reply keeps its own.
+ */
 const finishReasonOf = (req: ChatRequest, reply: Reply, reason: FinishReason | "abort"): string =>
-  req.toolChoice.kind === "auto" && reply.toolCalls !== null ? "tool_calls" : (reason ?? "abort");
+  (req.toolChoice.kind === "auto" || (req.toolChoice.kind === "required" && reason === "stop")) && reply.toolCalls !== null
+    ? "tool_calls"
+    : (reason ?? "abort");
 
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });

@@ -13,10 +13,12 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
     let tokens: number[];
     if (body.messages !== undefined) {
-      const chat = parseChatRequest(body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
+      // vLLM's TokenizeChatRequest has tools (rendered by the template) but no tool_choice
+      const chat = parseChatRequest({ ...body, tool_choice: "none" }, ctx.tokenizer.vocabSize);
       const text = ctx.tokenizer.applyChatTemplate(chat.messages, {
         addGenerationPrompt: chat.addGenerationPrompt,
         continueFinalMessage: chat.continueFinalMessage,
+        ...(chat.tools ? { tools: chat.tools } : {}),
         ...(chat.chatTemplate ?? ctx.chatTemplate ? { chatTemplate: chat.chatTemplate ?? ctx.chatTemplate } : {}),
         ...(optObject(body, "chat_template_kwargs") ? { chatTemplateKwargs: optObject(body, "chat_template_kwargs") } : {}),
       });

@@ -298,6 +298,7 @@ describe("structured output and tool calls through the openai client (e2e)", () 
 
   it('tool_choice "required" returns calls of the given tools, each with its own schema\'s arguments', async () => {
     const r = await chat({ tools, tool_choice: "required" });
+    assert.equal(r.choices[0]!.finish_reason, "tool_calls"); // as vLLM reports a required reply that ended normally
     const calls = r.choices[0]!.message.tool_calls! as OpenAI.ChatCompletionMessageFunctionToolCall[];
     assert.ok(calls.length >= 1, JSON.stringify(r.choices[0]));
     for (const c of calls) {
@@ -308,6 +309,33 @@ describe("structured output and tool calls through the openai client (e2e)", () 
         assert.ok(["UTC", "CET"].includes(args.zone as string));
       }
     }
+  });
+
+  it('"required" with $defs in a tool\'s parameters, and a tool whose parameters are {}: arguments are objects', async () => {
+    const defsTools = [
+      { type: "function" as const, function: { name: "pick", parameters: { type: "object", properties: { c: { $ref: "#/$defs/City" } }, required: ["c"], $defs: { City: { type: "string", enum: ["Paris", "Rome"] } } } } },
+      { type: "function" as const, function: { name: "noop", parameters: {} } },
+    ];
+    for (const seed of [1, 2, 3]) {
+      const r = await chat({ tools: defsTools, tool_choice: "required", seed });
+      const calls = r.choices[0]!.message.tool_calls! as OpenAI.ChatCompletionMessageFunctionToolCall[];
+      assert.ok(calls.length >= 1, JSON.stringify(r.choices[0]));
+      for (const c of calls) {
+        const args = JSON.parse(c.function.arguments) as Record<string, unknown>;
+        assert.equal(typeof args, "object");
+        assert.ok(args !== null && !Array.isArray(args));
+        if (c.function.name === "pick") assert.ok(["Paris", "Rome"].includes(args.c as string), c.function.arguments);
+        else assert.equal(c.function.name, "noop");
+      }
+    }
+  });
+
+  it("/tokenize renders the tools with the chat template, whatever the server's tool choice", async () => {
+    const messages = [{ role: "user", content: "hi" }];
+    const plain = (await postRaw(server.url, "/tokenize", { messages })).body as { count: number };
+    const r = await postRaw(server.url, "/tokenize", { messages, tools });
+    assert.equal(r.status, 200);
+    assert.ok((r.body as { count: number }).count >= plain.count);
   });
 
   it("completions take guided_choice and guided_regex; a bad schema is a 400 naming structured_outputs", async () => {

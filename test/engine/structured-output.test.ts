@@ -76,6 +76,17 @@ describe("structured output", () => {
       [{ choice: [] }, /non-empty list/],
       [{ regex: "a", choice: ["b"] }, /only use one kind/],
       [{ regexp: "a" }, /unknown field "regexp"/],
+      // xgrammar throws C++ exceptions for these (the message is read from the wasm heap)
+      [{ structuralTag: { type: "structural_tag", format: { type: "nope" } } }, /Format type not recognized: nope/],
+      [{ structuralTag: { type: "structural_tag", format: { type: "triggered_tags", triggers: ["<g"], tags: [{ type: "tag", begin: "<f>", content: { type: "any_text" }, end: "</f>" }] } } }, /does not match any trigger/],
+      // what this xgrammar build would accept and not enforce
+      [{ regex: "[äöü]{2}" }, /non-ASCII/],
+      [{ grammar: "root ::= [一-龥]{2}" }, /non-ASCII/],
+      [{ json: { type: "string", pattern: "^[а-я]{3}$" } }, /non-ASCII/],
+      [{ json: { type: "integer", multipleOf: 3 } }, /features not supported by xgrammar/],
+      [{ json: { type: "object", properties: { a: { type: "array", uniqueItems: true } } } }, /features not supported/],
+      [{ json: { type: "string", format: "nope" } }, /features not supported/],
+      [{ json: (() => { const o: Record<string, unknown> = { type: "object" }; o.self = o; return o; })() }, /cannot be written as JSON/],
     ];
     for (const [so, message] of bad) {
       assert.throws(() => llm.generate(["x"], { structuredOutputs: so }), (e: unknown) => {
@@ -86,9 +97,20 @@ describe("structured output", () => {
       });
       assert.equal(llm.engine.hasUnfinishedRequests(), false);
     }
-    // a bad grammar aborts the checker's wasm instance; the next check runs on a new one
+    // a bad grammar breaks the checker's wasm instance (its stack is not unwound); the next check runs on a new one,
+    // so a stream of them cannot exhaust it (700 used to)
+    for (let i = 0; i < 30; i++)
+      assert.throws(() => checkStructuredOutputSpec(structuredOutputSpec({ structuralTag: { type: "structural_tag", format: { type: "x" } } })!), EngineInputError);
     checkStructuredOutputSpec(structuredOutputSpec({ regex: "ok[0-9]" })!);
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
+    // spelled out as alternatives, non-ASCII text is fine
+    assert.match(generate({ regex: "(ä|ö|ü){2}-(α|β)" })[0]!.text, /^[äöü]{2}-[αβ]$/);
+  });
+
+  it("a complete output ends on its stop token even when min_tokens is not reached", () => {
+    const [o] = generate({ choice: ["yes", "no"] }, { minTokens: 9 });
+    assert.ok(["yes", "no"].includes(o!.text), o!.text);
+    assert.equal(o!.finishReason, "stop");
   });
 });
 

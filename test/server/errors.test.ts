@@ -76,6 +76,8 @@ describe("errors", () => {
     const cases: [string, object, string, RegExp][] = [
       [chat(), { response_format: { type: "json_schema" } }, "response_format", /must be given/],
       [chat(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: [] } } }, "response_format", /JSON schema object/],
+      [chat(), { response_format: { type: "json_schema", json_schema: { schema: {} } } }, "response_format", /name' must be a non-empty string/],
+      [chat(), { structured_outputs: { regex: "a", whitespace_pattern: " " } }, "structured_outputs", /not supported by the xgrammar backend/],
       [chat(), { response_format: { type: "bogus" } }, "response_format", /must be one of/],
       [completions(), { response_format: { type: "structural_tag" } }, "response_format", /needs 'format'/],
       [chat(), { structured_outputs: { regexp: "a" } }, "structured_outputs", /not supported/],
@@ -90,6 +92,13 @@ describe("errors", () => {
       [chat(), { tools: [] }, "tools", /empty/],
       [chat(), { tools: [{ type: "function" }] }, "tools", /must be/],
       [chat(), { tools: [{ type: "function", function: { name: "f", parameters: "x" } }] }, "tools", /JSON schema object/],
+      [chat(), {
+        tools: [
+          { type: "function", function: { name: "f", parameters: { $defs: { D: { type: "string" } } } } },
+          { type: "function", function: { name: "g", parameters: { $defs: { D: { type: "integer" } } } } },
+        ],
+        tool_choice: "required",
+      }, "tools", /Tool definition 'D' has multiple schemas/],
     ];
     for (const [url, extra, param, message] of cases) {
       const body = url === chat() ? { model: MODEL, messages: msgs, max_tokens: 2, ...extra } : { model: MODEL, prompt: "hi", max_tokens: 2, ...extra };

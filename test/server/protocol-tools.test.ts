@@ -1,0 +1,39 @@
+// Chat requests as the protocol layer reads them for tools: earlier turns' tool-call arguments reach the chat
+// template as objects (vLLM's _postprocess_messages), and tool_choice maps to the structured output vLLM uses.
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { parseChatRequest } from "../../src/server/protocol.js";
+
+describe("chat protocol: tools", () => {
+  const tool = { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } } };
+
+  it("parses earlier tool calls' JSON arguments into objects (empty: {}), leaving non-JSON text alone", () => {
+    const call = (args: string) => ({ id: "c1", type: "function", function: { name: "get_weather", arguments: args } });
+    const req = parseChatRequest(
+      {
+        messages: [
+          { role: "user", content: "weather?" },
+          { role: "assistant", content: null, tool_calls: [call('{"city": "Paris"}'), call(""), call("not json")] },
+          { role: "tool", tool_call_id: "c1", content: "sunny" },
+        ],
+        tools: [tool],
+        tool_choice: "none",
+      },
+      100,
+    );
+    const calls = req.messages[1]!.tool_calls as { function: { arguments: unknown } }[];
+    assert.deepEqual(calls.map((c) => c.function.arguments), [{ city: "Paris" }, {}, "not json"]);
+    assert.equal(req.messages[2]!.tool_call_id, "c1");
+  });
+
+  it('maps "required" to vLLM\'s list schema with the tools\' $defs at the top, and a named function to its parameters', () => {
+    const withDefs = { type: "function", function: { name: "pick", parameters: { type: "object", properties: { c: { $ref: "#/$defs/C" } }, $defs: { C: { type: "string" } } } } };
+    const req = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool, withDefs], tool_choice: "required" }, 100);
+    const schema = req.params.structuredOutputs!.json as { $defs: unknown; items: { anyOf: { properties: { parameters: Record<string, unknown> } }[] } };
+    assert.deepEqual(schema.$defs, { C: { type: "string" } });
+    assert.equal("$defs" in schema.items.anyOf[1]!.properties.parameters, false);
+    assert.deepEqual(req.toolChoice, { kind: "required" });
+    const named = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: { type: "function", function: { name: "get_weather" } } }, 100);
+    assert.deepEqual(named.params.structuredOutputs, { json: tool.function.parameters });
+  });
+});
