@@ -71,6 +71,11 @@ function deviceSampled(ids: Int32Array): { tokenId: number; logprobs: null }[] {
   return out;
 }
 
+/** Structured output: the masks of a dispatched step's sampled rows, computed while the device runs it. */
+function prefetchGrammarMasks(out: SchedulerOutput): void {
+  for (const s of out.scheduled) if (s.needsLogits && !s.request.isFinished) s.request.grammar?.prefetchMask();
+}
+
 export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   const r: ResolvedEngineArgs = {
     blockSize: 16,
@@ -344,6 +349,7 @@ export class EngineCore {
       const out = this.scheduler.schedule();
       if (out.scheduled.length === 0) return [];
       current = { out, pending: this.dispatch(out) };
+      prefetchGrammarMasks(out);
     }
     // Scheduled while `current` computes; its placeholders are filled once current's tokens are sampled.
     const next = this.scheduler.schedule();
@@ -355,11 +361,15 @@ export class EngineCore {
       const updates = this.applyStep(current.out, current.pending.wait(), true);
       this.scheduler.fillPlaceholders(next); // the host's copy of the fed ids (finished requests' rows are skipped)
       this.inflight = { out: next, pending };
+      prefetchGrammarMasks(next);
       return this.collectOutputs(updates);
     }
     const updates = this.applyStep(current.out, current.pending.wait(), true);
     const ready = this.scheduler.fillPlaceholders(next);
-    if (ready.scheduled.length > 0) this.inflight = { out: ready, pending: this.dispatch(ready) };
+    if (ready.scheduled.length > 0) {
+      this.inflight = { out: ready, pending: this.dispatch(ready) };
+      prefetchGrammarMasks(ready);
+    }
     // the text of the tokens just applied is decoded while the next step computes (see Scheduler.update)
     return this.collectOutputs(updates);
   }

@@ -226,26 +226,44 @@ export function nonAsciiClass(text: string, syntax: "regex" | "ebnf"): boolean {
 export class RequestGrammar {
   /** Set when a token the grammar refused was accepted anyway (the mask was not applied): no more masking. */
   private failed = false;
+  /** Tokens accepted so far, and a mask computed ahead of its step (prefetchMask) with the count it was made at. */
+  private accepted = 0;
+  private prefetched: { mask: Int32Array; at: number } | null = null;
 
   constructor(
     private readonly matcher: XgGrammarMatcher,
     private readonly owner: StructuredOutputManager,
   ) {}
 
+  /**
+   * Computes the next mask now (while the step that needs it runs on the device, as vLLM prepares its bitmask
+   * during the forward pass); applyMask then uses it if no token was accepted since.
+   */
+  prefetchMask(): void {
+    if (this.failed || this.matcher.IsTerminated()) return;
+    this.prefetched = { mask: this.bitmask(), at: this.accepted };
+  }
+
   /** Sets every token the grammar does not allow next to -Infinity. `logits` is one row of vocabSize values. */
   applyMask(logits: Float32Array): void {
     if (this.failed || this.matcher.IsTerminated()) return;
-    const b = this.owner.instance.binding;
+    const p = this.prefetched;
+    this.prefetched = null;
+    const mask = p !== null && p.at === this.accepted ? p.mask : this.bitmask();
+    const n = logits.length;
+    for (let w = 0; w < mask.length; w++) {
+      const bits = mask[w]!;
+      if (bits === -1) continue;
+      const base = w * 32;
+      for (let j = 0; j < 32 && base + j < n; j++) if (((bits >>> j) & 1) === 0) logits[base + j] = -Infinity;
+    }
+  }
+
+  /** The matcher's next-token bitmask (bit set = allowed), copied out of the wasm heap. */
+  private bitmask(): Int32Array {
     const vec = this.matcher.GetNextTokenBitmask(this.owner.vocabSize);
     try {
-      const mask = b.vecIntToView(vec);
-      const n = logits.length;
-      for (let w = 0; w < mask.length; w++) {
-        const bits = mask[w]!;
-        if (bits === -1) continue;
-        const base = w * 32;
-        for (let j = 0; j < 32 && base + j < n; j++) if (((bits >>> j) & 1) === 0) logits[base + j] = -Infinity;
-      }
+      return this.owner.instance.binding.vecIntToView(vec).slice();
     } finally {
       vec.delete();
     }
@@ -253,6 +271,7 @@ export class RequestGrammar {
 
   /** Advances past a sampled token; false when the grammar refused it (masking stops for this request then). */
   accept(tokenId: number): boolean {
+    this.accepted++;
     if (this.failed || this.matcher.IsTerminated()) return true;
     const ok = this.matcher.AcceptToken(tokenId, false);
     if (!ok) this.failed = true;

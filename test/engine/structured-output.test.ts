@@ -127,7 +127,7 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
     assert.equal(v.tokens[tok.tokenToId("Ġhello")!], "Ġhello");
   });
 
-  it("the mask allows each token of a valid output, refuses an invalid one, and ends on the stop token", () => {
+  it("the mask (computed when needed or prefetched) allows each token of a valid output, refuses an invalid one, and ends on the stop token", () => {
     const eos = tok.tokenToId("<|im_end|>")!;
     const mgr = new StructuredOutputManager(tok.grammarVocab(), 151936, [eos]);
     const spec = structuredOutputSpec({ json: PERSON, disableAnyWhitespace: true })!;
@@ -143,7 +143,10 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
       assert.equal(row[id], 0, `token ${i} (${JSON.stringify(tok.decode([id]))}) is allowed`);
       if (i === 1) assert.equal(row[bad[1]!], -Infinity, "a property the schema lacks is refused");
       assert.equal(row[eos], -Infinity);
+      // a mask prefetched before a token is accepted is stale after it (odd i); one prefetched after it is used
+      if (i % 2 === 1) g.prefetchMask();
       assert.equal(g.accept(id), true);
+      if (i % 2 === 0) g.prefetchMask();
     }
     row.fill(0);
     g.applyMask(row);
