@@ -58,6 +58,8 @@ declare module "fastify" {
     kilnAbortAll(): void;
     /** Number of engine requests currently streaming. */
     kilnInflight(): number;
+    /** Number of HTTP requests being handled (from arrival until their response is done or their socket closes). */
+    kilnActive(): number;
   }
 }
 
@@ -96,6 +98,14 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     for (const id of [...ctx.inflight]) ctx.engine.abort(id);
   });
   app.decorate("kilnInflight", () => ctx?.inflight.size ?? 0);
+  // A request counts from its arrival, before it reaches the engine: a drain must not cut it off while it is
+  // still being parsed, tokenized or queued.
+  let active = 0;
+  app.decorate("kilnActive", () => active);
+  app.addHook("onRequest", async (_request, reply) => {
+    active++;
+    reply.raw.once("close", () => active--);
+  });
 
   installCors(app, options.allowedOrigins ?? []);
   if (options.apiKey) installAuth(app, options.apiKey);

@@ -28,14 +28,17 @@ export function serveUntilSignal(server: FastifyInstance, options: ServeUntilSig
       }
       closing = true;
       log(`Received ${signal}: draining ${server.kilnInflight()} in-flight request(s)`);
+      let timedOut = false;
       const timer = setTimeout(() => {
         log("Drain timeout: aborting the remaining requests");
+        timedOut = true;
         server.kilnAbortAll();
       }, options.drainTimeoutMs ?? 30_000);
       timer.unref();
-      // Once nothing is streaming, drop the remaining (idle or request-less) sockets so close() can finish.
+      // Once no request is being handled (nor streaming), drop the remaining idle or request-less sockets so close()
+      // can finish; after the drain timeout, whatever is left (e.g. an upload that never ends).
       const sweeper = setInterval(() => {
-        if (server.kilnInflight() === 0) server.server.closeAllConnections();
+        if ((server.kilnActive() === 0 && server.kilnInflight() === 0) || timedOut) server.server.closeAllConnections();
       }, 100);
       sweeper.unref();
       void (async () => {
