@@ -447,9 +447,11 @@ export class EngineCore {
   private proposeDrafts(c: SpeculativeConfig): void {
     const maxLen = this.args.maxModelLen;
     for (const req of this.scheduler.running) {
-      // room: the drafts plus the token after them must fit max_tokens and max_model_len
+      // only for a decode (a request still reading its prompt has nothing to draft after); room: the drafts plus
+      // the token after them must fit max_tokens and max_model_len
+      const decoding = req.numComputedTokens === req.numTokens - 1;
       const room = Math.min(c.numSpeculativeTokens, req.maxTokens - req.numOutputTokens - 1, maxLen - req.numTokens - 1);
-      req.specTokenIds = room > 0 && this.speculable(req) ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
+      req.specTokenIds = decoding && room > 0 && this.speculable(req) ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
     }
   }
 

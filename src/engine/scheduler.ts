@@ -115,8 +115,9 @@ export class Scheduler {
         i++;
         continue;
       }
-      // a decode with drafts computes them too (as many as the budget leaves)
-      const numSpec = numNew === 1 && req.numOutputPlaceholders === 0 ? Math.min(req.specTokenIds.length, budget - 1) : 0;
+      // a decode (all but its last token computed) with drafts computes them too (as many as the budget leaves)
+      const decoding = req.numComputedTokens === req.numTokens - 1 && req.numOutputPlaceholders === 0;
+      const numSpec = decoding && numNew === 1 ? Math.min(req.specTokenIds.length, budget - 1) : 0;
       numNew += numSpec;
       let newBlocks: KvBlocks | null = null;
       let selfPreempted = false;
@@ -265,6 +266,7 @@ export class Scheduler {
 
   private preempt(req: Request): void {
     this.kv.free(req);
+    req.specTokenIds = [];
     req.status = "PREEMPTED";
     req.numComputedTokens = 0;
     req.numPreemptions++;

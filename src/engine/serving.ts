@@ -213,9 +213,12 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     const decode = decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize);
     // speculated decodes are mixed steps with 1 + k sampled rows per request
     const k = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig).numSpeculativeTokens : 0;
+    // and one stream's speculated decode gets a step of exactly 1 + k tokens (not padded to the next power of two)
+    const mixed = mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens);
+    if (k > 0 && mixed.length > 0 && 1 + k <= mixed[mixed.length - 1]! && !mixed.includes(1 + k)) mixed.push(1 + k);
     const buckets = {
       decodeBuckets: decode,
-      mixedBuckets: mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens),
+      mixedBuckets: mixed.sort((a, b) => a - b),
       ...(k > 0 ? { mixedRows: Math.max(1, ...decode) * (1 + k) } : {}),
     };
     const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true });

@@ -2,7 +2,7 @@
 import type { Request } from "./request.js";
 
 /**
- * Token-level stops, in vLLM's order (after a complete structured output): nothing before min_tokens; EOS (unless ignore_eos); stop_token_ids;
+ * Token-level stops, in vLLM's order (after a complete structured output): max_model_len; nothing before min_tokens; EOS (unless ignore_eos); stop_token_ids;
  * then max_tokens / max_model_len. Sets the request's status and stopReason; returns true when it finished.
  */
 export function checkTokenStop(req: Request, tokenId: number, maxModelLen: number): boolean {
@@ -11,6 +11,11 @@ export function checkTokenStop(req: Request, tokenId: number, maxModelLen: numbe
   if (req.grammar?.isTerminated === true && !p.ignoreEos) {
     req.status = "FINISHED_STOPPED";
     req.stopReason = tokenId === req.eosTokenIds[0] ? null : tokenId;
+    return true;
+  }
+  // the length limits first, as vLLM's check_stop: min_tokens never runs a request past max_model_len
+  if (req.numTokens >= maxModelLen) {
+    req.status = "FINISHED_LENGTH_CAPPED";
     return true;
   }
   if (req.numOutputTokens < p.minTokens) return false;

@@ -261,3 +261,13 @@ test("engine: the tokenizer's EOS stops with no stop_reason; generation_config's
     assert.deepEqual([o.finishReason, o.stopReason, o.tokenIds.at(-1)], ["stop", reason, end]);
   }
 });
+
+test("engine: max_model_len ends a request before min_tokens is reached (vLLM checks the length first)", () => {
+  // maxModelLen 32: a 29-token prompt leaves room for 3 tokens, fewer than min_tokens; a pool of exactly 32 tokens
+  const { core } = makeEngine({ maxModelLen: 32, numGpuBlocks: 9, blockSize: 4 });
+  add(core, "m", prompt(3, 29), { temperature: 0, maxTokens: 3, minTokens: 3, ignoreEos: true });
+  add(core, "n", prompt(4, 30), { temperature: 0, minTokens: 5 });
+  const out = runToCompletion(core, 200);
+  assert.deepEqual([out.get("m")!.outputs[0]!.tokenIds.length, out.get("m")!.outputs[0]!.finishReason], [3, "length"]);
+  assert.deepEqual([out.get("n")!.outputs[0]!.tokenIds.length, out.get("n")!.outputs[0]!.finishReason], [2, "length"]);
+});

@@ -7,6 +7,7 @@ import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { EngineInputError } from "../../src/engine/errors.js";
 import { proposeNgram, resolveSpeculativeConfig } from "../../src/engine/speculative.js";
+import type { EngineArgs } from "../../src/engine/engine-core.js";
 import type { SamplingParams } from "../../src/engine/types.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 import { add, makeEngine, runToCompletion } from "./helpers.js";
@@ -56,15 +57,15 @@ const periodic = (boost: number) => ({
 describe("speculative decoding on the fake runner", () => {
   type Case = [string, number[], Partial<SamplingParams>];
   // processed logprobs: a row that saw another output history would report other values
-  const run = (spec: boolean, boost: number, cases: Case[]) => {
-    const { core } = makeEngine({ logprobsMode: "processed_logprobs", ...(spec ? { speculativeConfig: NGRAM } : {}) }, periodic(boost));
+  const run = (spec: boolean, boost: number, cases: Case[], args: Partial<EngineArgs> = {}) => {
+    const { core } = makeEngine({ logprobsMode: "processed_logprobs", ...args, ...(spec ? { speculativeConfig: NGRAM } : {}) }, periodic(boost));
     for (const [id, p, params] of cases) add(core, id, p, params);
     const outs = runToCompletion(core);
     return { outs, steps: core.numSteps, stats: { ...core.scheduler.specStats } };
   };
-  const same = (cases: Case[], boost: number) => {
-    const base = run(false, boost, cases);
-    const spec = run(true, boost, cases);
+  const same = (cases: Case[], boost: number, args: Partial<EngineArgs> = {}) => {
+    const base = run(false, boost, cases, args);
+    const spec = run(true, boost, cases, args);
     for (const [id] of cases) {
       const a = base.outs.get(id)!;
       const b = spec.outs.get(id)!;
@@ -103,6 +104,18 @@ describe("speculative decoding on the fake runner", () => {
       5,
     );
     assert.ok(spec.stats.acceptedTokens > 5, JSON.stringify(spec.stats));
+  });
+
+  it("a request still reading its prompt gets no drafts (one-token prefill chunks)", () => {
+    const { spec } = same(
+      [
+        ["h", [5, 6, 7, 5, 6, 7, 5, 6], { temperature: 0, maxTokens: 20, ignoreEos: true }],
+        ["i", [9, 10, 11, 9, 10], { temperature: 0, maxTokens: 20, ignoreEos: true }],
+      ],
+      6,
+      { longPrefillTokenThreshold: 1 },
+    );
+    assert.ok(spec.stats.acceptedTokens > 10, JSON.stringify(spec.stats));
   });
 
   it("sampled tokens follow the model's distribution: the exact marginal of a 3-token Markov chain", () => {
