@@ -451,7 +451,9 @@ export class EngineCore {
       // the token after them must fit max_tokens and max_model_len
       const decoding = req.numComputedTokens === req.numTokens - 1;
       const room = Math.min(c.numSpeculativeTokens, req.maxTokens - req.numOutputTokens - 1, maxLen - req.numTokens - 1);
-      req.specTokenIds = decoding && room > 0 && this.speculable(req) ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
+      const paused = req.specPause.skip > 0;
+      if (paused && decoding) req.specPause.skip--;
+      req.specTokenIds = decoding && !paused && room > 0 && this.speculable(req) ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
     }
   }
 

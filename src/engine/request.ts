@@ -95,6 +95,11 @@ export class Request {
   readonly metrics: RequestMetrics;
   /** Speculative decoding: draft tokens proposed after the last known token, for the next step to verify. */
   specTokenIds: number[] = [];
+  /**
+   * Speculative decoding's back-off: after a step whose drafts were all rejected, the request decodes this many
+   * steps without drafts (1, 2, 4, ... up to 16 while rejections continue; reset when a draft is kept).
+   */
+  specPause = { skip: 0, next: 1 };
   /** Structured output: the request's grammar matcher (masks each step's logits, advanced by each token). */
   grammar: RequestGrammar | null = null;
 

@@ -326,6 +326,13 @@ export class Scheduler {
     }
     this.specStats.draftTokens += drafts.length;
     this.specStats.acceptedTokens += accepted;
+    // a run of wrong drafts costs a wider step for one token: back off before drafting for this request again
+    const pause = req.specPause;
+    if (accepted > 0) pause.next = 1;
+    else {
+      pause.skip = pause.next;
+      pause.next = Math.min(16, pause.next * 2);
+    }
     if (req.isFinished) this.removeFinished(req, now);
     else req.numComputedTokens -= drafts.length - accepted;
     return { request: req, newTokenIds, finished: req.isFinished };

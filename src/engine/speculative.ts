@@ -11,6 +11,9 @@
 // gives P(d) = p(d) and P(y) = p(y) for y != d, the same distribution. So outputs follow the model's own
 // distribution, and greedy outputs are token for token those without speculation.
 //
+// A request whose drafts were all rejected decodes 1, 2, 4, ... (at most 16) steps without drafts before it
+// drafts again, while its rejections continue: a wasted verify step costs more than a decode (not vLLM's rule).
+//
 // Row j is sampled as if drafts 0..j-1 were already output, so what reads the output (penalties, min_tokens, bad
 // words, logits processor functions) sees what it would see without speculation; each kept token carries its own
 // row's logprobs. Requests with structured output or under engine-level logits processors get no drafts.

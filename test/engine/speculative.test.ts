@@ -9,7 +9,7 @@ import { EngineInputError } from "../../src/engine/errors.js";
 import { proposeNgram, resolveSpeculativeConfig } from "../../src/engine/speculative.js";
 import type { EngineArgs } from "../../src/engine/engine-core.js";
 import type { SamplingParams } from "../../src/engine/types.js";
-import { tinyModelDir } from "../helpers/tiny-model.js";
+import { DEFAULT_MODEL_DIR } from "../../src/cli/default-model.js";
 import { add, makeEngine, runToCompletion } from "./helpers.js";
 
 const NGRAM = { method: "ngram" as const, numSpeculativeTokens: 3, promptLookupMax: 3 };
@@ -118,6 +118,13 @@ describe("speculative decoding on the fake runner", () => {
     assert.ok(spec.stats.acceptedTokens > 10, JSON.stringify(spec.stats));
   });
 
+  it("a request whose drafts keep being rejected backs off (1, 2, 4, ... steps without drafts)", () => {
+    // no pattern in the model: the repetitive prompt's n-grams draft, and the drafts are wrong
+    const { spec } = same([["j", [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6], { temperature: 0, maxTokens: 100, ignoreEos: true }]], 0);
+    assert.equal(spec.stats.acceptedTokens, 0);
+    assert.ok(spec.stats.draftTokens > 0 && spec.stats.draftTokens < 40, JSON.stringify(spec.stats)); // 134 without the back-off
+  });
+
   it("sampled tokens follow the model's distribution: the exact marginal of a 3-token Markov chain", () => {
     // tokens 5, 6, 7 only; P(next | last) = softmax of row `last` of L (hand-chosen), other tokens masked out
     const T = [5, 6, 7];
@@ -142,7 +149,7 @@ describe("speculative decoding on the fake runner", () => {
       const { core } = makeEngine({ ...(spec ? { speculativeConfig: NGRAM } : {}), numGpuBlocks: 1024 }, chain);
       for (let i = 0; i < N; i++) add(core, `r${i}`, [5, 6, 7, 5, 6, 7, 5], { temperature: 1, seed: 1000 + i, maxTokens: 6, ignoreEos: true });
       const outs = runToCompletion(core);
-      if (spec) assert.ok(core.scheduler.specStats.acceptedTokens > N, "drafts were accepted");
+      if (spec) assert.ok(core.scheduler.specStats.acceptedTokens > N / 4, `drafts were accepted: ${JSON.stringify(core.scheduler.specStats)}`);
       const c = [0, 0, 0];
       for (const o of outs.values()) c[T.indexOf(o.outputs[0]!.tokenIds[3]!)]!++;
       return c;
@@ -155,10 +162,10 @@ describe("speculative decoding on the fake runner", () => {
   });
 });
 
-describe("speculative decoding on a real tiny model", () => {
-  const dir = tinyModelDir("LlamaForCausalLM");
-  const prompts = ["The cat sat on the mat. The cat sat on the mat. The cat sat on the", "Once upon a time", "one two three one two three one"];
-  const params = { temperature: 0, maxTokens: 48, ignoreEos: true };
+describe("speculative decoding on a real model (the built-in one, float32)", () => {
+  const dir = DEFAULT_MODEL_DIR; // trained: its drafts are often right
+  const prompts = ["The cat sat on the mat. The cat sat on the mat. The cat sat on the", "Once upon a time", "def f(x):\n    return x\n\ndef g(x):"];
+  const params = { temperature: 0, maxTokens: 64, ignoreEos: true };
   const base = new LLM({ model: dir, maxModelLen: 256, enforceEager: true }).generate(prompts, params);
   for (const enforceEager of [false, true]) {
     it(`greedy outputs equal those without speculation (${enforceEager ? "eager" : "step graphs"})`, () => {
