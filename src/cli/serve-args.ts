@@ -286,7 +286,10 @@ function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
   try {
     return resolveSpeculativeConfig(out);
   } catch (e) {
-    throw new CliUsageError(`--speculative-config: ${(e as Error).message.replace("[engine] speculativeConfig: ", "")}`);
+    // the engine names its camelCase fields; the flag's are snake_case
+    let m = (e as Error).message.replace("[engine] speculativeConfig: ", "");
+    for (const [wire, key] of Object.entries(keys)) m = m.replaceAll(key, wire);
+    throw new CliUsageError(`--speculative-config: ${m}`);
   }
 }
 

@@ -520,7 +520,11 @@ export class EngineCore {
       prefixCacheHits: this.kv.prefixCacheStats.hits,
       numPreemptions: this.scheduler.numPreemptions,
       ...(this.args.speculativeConfig !== null
-        ? { specDraftTokens: this.scheduler.specStats.draftTokens, specAcceptedTokens: this.scheduler.specStats.acceptedTokens }
+        ? {
+            specDrafts: this.scheduler.specStats.drafts,
+            specDraftTokens: this.scheduler.specStats.draftTokens,
+            specAcceptedTokens: this.scheduler.specStats.acceptedTokens,
+          }
         : {}),
     };
   }

@@ -59,8 +59,8 @@ export class Scheduler {
   readonly running: Request[] = [];
   readonly requests = new Map<string, Request>();
   numPreemptions = 0;
-  /** Speculative decoding: drafts verified and drafts accepted, in tokens (vLLM's spec_decode counters). */
-  readonly specStats = { draftTokens: 0, acceptedTokens: 0 };
+  /** Speculative decoding: draft runs verified, and their tokens verified and accepted (vLLM's spec_decode counters). */
+  readonly specStats = { drafts: 0, draftTokens: 0, acceptedTokens: 0 };
   private finishedSinceLastStep: string[] = [];
   /** Sampled tokens whose text update() left for flushText() (see update's deferText). */
   private pendingText: { req: Request; tokenId: number; dropText: boolean; finished: boolean }[] = [];
@@ -324,6 +324,7 @@ export class Scheduler {
       if (j === drafts.length || rows[j]!.tokenId !== drafts[j]) break;
       accepted++;
     }
+    this.specStats.drafts++;
     this.specStats.draftTokens += drafts.length;
     this.specStats.acceptedTokens += accepted;
     // a run of wrong drafts costs a wider step for one token: back off before drafting for this request again

@@ -39,12 +39,13 @@ export function resolveSpeculativeConfig(c: Partial<SpeculativeConfig>): Specula
     if (!["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"].includes(k)) fail(`unknown key ${JSON.stringify(k)}`);
   if (c.method !== "ngram") fail(`method ${JSON.stringify(c.method)} is not supported (Kiln has "ngram")`);
   const int = (v: unknown, name: string, min: number, max: number): number => {
-    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) fail(`${name} must be an integer in [${min}, ${max}], got ${String(v)}`);
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) fail(`${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
     return v as number;
   };
   const k = int(c.numSpeculativeTokens, "numSpeculativeTokens", 1, 16);
   const min = int(c.promptLookupMin ?? 1, "promptLookupMin", 1, 64);
-  const max = int(c.promptLookupMax ?? Math.max(5, min), "promptLookupMax", min, 64);
+  const max = int(c.promptLookupMax ?? Math.max(5, min), "promptLookupMax", 1, 64);
+  if (max < min) fail(`promptLookupMax (${max}) must be >= promptLookupMin (${min})`);
   return { method: "ngram", numSpeculativeTokens: k, promptLookupMax: max, promptLookupMin: min };
 }
 

@@ -98,7 +98,8 @@ export interface EngineStats {
   prefixCacheQueries: number; // tokens queried
   prefixCacheHits: number; // tokens hit
   numPreemptions: number;
-  /** Speculative decoding: draft tokens verified and accepted (absent without it). */
+  /** Speculative decoding: draft runs verified, and their tokens verified and accepted (absent without it). */
+  specDrafts?: number;
   specDraftTokens?: number;
   specAcceptedTokens?: number;
 }

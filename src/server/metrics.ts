@@ -49,6 +49,7 @@ export class ServerMetrics {
     counterFromStats("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", () => engine.stats().prefixCacheHits);
     counterFromStats("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", () => engine.stats().numPreemptions);
     if (engine.stats().specDraftTokens !== undefined) {
+      counterFromStats("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", () => engine.stats().specDrafts ?? 0);
       counterFromStats("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", () => engine.stats().specDraftTokens ?? 0);
       counterFromStats("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", () => engine.stats().specAcceptedTokens ?? 0);
     }

@@ -401,3 +401,25 @@ describe("tool_choice auto with --enable-auto-tool-choice --tool-call-parser her
     assert.equal(r.choices[0]!.finish_reason, "stop");
   });
 });
+
+describe("kiln serve --speculative-config (e2e)", () => {
+  let spec: KilnServer;
+  before(async () => {
+    spec = await startKiln(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}']);
+  });
+  after(async () => {
+    assert.equal(await spec.stop(), 0);
+  });
+
+  it("greedy completions equal the plain server's (float32 weights); drafts are counted in /metrics", async () => {
+    const prompt = "the river ran, the river ran, the river ran, the river";
+    const body = { prompt, max_tokens: 40, temperature: 0, ignore_eos: true };
+    const plain = await complete(prompt, { max_tokens: 40 });
+    const r = await spec.client().completions.create({ model: spec.model, ...body } as Extra<OpenAI.CompletionCreateParamsNonStreaming>);
+    assert.equal(r.choices[0]!.text, plain.choices[0]!.text);
+    assert.ok((await spec.metric("vllm:spec_decode_num_drafts_total")) > 0);
+    const drafted = await spec.metric("vllm:spec_decode_num_draft_tokens_total");
+    const accepted = await spec.metric("vllm:spec_decode_num_accepted_tokens_total");
+    assert.ok(drafted > 0 && accepted >= 0 && accepted <= drafted, `${accepted} of ${drafted}`);
+  });
+});
