@@ -18,6 +18,8 @@
 // words, logits processor functions) sees what it would see without speculation; each kept token carries its own
 // row's logprobs. Requests with structured output or under engine-level logits processors get no drafts.
 
+import { camelCaseHint } from "../util/names.js";
+
 /** vLLM's SpeculativeConfig for the n-gram method (camelCase). */
 export interface SpeculativeConfig {
   method: "ngram";
@@ -35,8 +37,8 @@ export function resolveSpeculativeConfig(c: Partial<SpeculativeConfig>): Specula
     throw new Error(`[engine] speculativeConfig: ${m}`);
   };
   if (typeof c !== "object" || c === null) fail("must be an object");
-  for (const k of Object.keys(c))
-    if (!["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"].includes(k)) fail(`unknown key ${JSON.stringify(k)}`);
+  const known = (k: string): boolean => ["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"].includes(k);
+  for (const k of Object.keys(c)) if (!known(k)) fail(`unknown key ${JSON.stringify(k)}${camelCaseHint(k, known)}`);
   if (c.method !== "ngram") fail(`method ${JSON.stringify(c.method)} is not supported (Kiln has "ngram")`);
   const int = (v: unknown, name: string, min: number, max: number): number => {
     if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) fail(`${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);

@@ -42,6 +42,7 @@ describe("n-gram proposals", () => {
     });
     assert.throws(() => resolveSpeculativeConfig({ method: "eagle" as "ngram", numSpeculativeTokens: 2 }), /not supported/);
     assert.throws(() => resolveSpeculativeConfig({ method: "ngram", numSpeculativeTokens: 0 }), /numSpeculativeTokens/);
+    assert.throws(() => resolveSpeculativeConfig({ method: "ngram", num_speculative_tokens: 2 } as object), /unknown key "num_speculative_tokens".*numSpeculativeTokens/);
     assert.throws(() => resolveSpeculativeConfig({ method: "ngram", numSpeculativeTokens: 2, promptLookupMin: 4, promptLookupMax: 2 }), /promptLookupMax/);
     assert.throws(() => makeEngine({ speculativeConfig: NGRAM, asyncScheduling: true }), /cannot be combined/);
   });
