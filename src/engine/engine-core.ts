@@ -429,10 +429,10 @@ export class EngineCore {
       // a speculated request's row j samples as if drafts 0..j-1 were already its output (penalties, min_tokens,
       // bad words and logits processor functions read them)
       const k = s.numSpecTokens ?? 0;
-      for (let j = 1; j <= k; j++) {
-        const drafts = s.tokenIds.slice(s.tokenIds.length - k, s.tokenIds.length - k + j);
-        rows.push(Object.create(s.request, { outputTokenIds: { value: [...s.request.outputTokenIds, ...drafts] } }) as SamplingRow);
-      }
+      if (k === 0) continue;
+      const drafts = s.tokenIds.slice(s.tokenIds.length - k);
+      for (let j = 1; j <= k; j++)
+        rows.push(Object.create(s.request, { outputTokenIds: { value: [...s.request.outputTokenIds, ...drafts.slice(0, j)] } }) as SamplingRow);
     }
     const ids = runnerOutput.tokenIds;
     const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : deviceSampled(ids);

@@ -292,8 +292,8 @@ export class Scheduler {
       if (s.needsPromptLogits) this.recordPromptLogprobs(req, s, promptLogits.get(req.requestId));
       if (!s.needsLogits) continue;
       const numSpec = s.numSpecTokens ?? 0;
-      const tok = sampled[row];
-      if (tok === undefined || sampled.length < row + 1 + numSpec) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
+      if (sampled.length < row + 1 + numSpec) throw new Error(`[scheduler] missing sampled token for ${req.requestId}`);
+      const tok = sampled[row]!;
       row += 1 + numSpec;
       if (req.numOutputPlaceholders > 0) req.numOutputPlaceholders--;
       if (req.isFinished) continue; // aborted between schedule() and update()

@@ -2,8 +2,9 @@
 import type { Request } from "./request.js";
 
 /**
- * Token-level stops, in vLLM's order (after a complete structured output): max_model_len; nothing before min_tokens; EOS (unless ignore_eos); stop_token_ids;
- * then max_tokens / max_model_len. Sets the request's status and stopReason; returns true when it finished.
+ * Token-level stops, in vLLM's order (after a complete structured output): max_model_len; nothing before
+ * min_tokens; EOS (unless ignore_eos); stop_token_ids; max_tokens. Sets the request's status and stopReason;
+ * returns true when it finished.
  */
 export function checkTokenStop(req: Request, tokenId: number, maxModelLen: number): boolean {
   const p = req.params;
@@ -30,7 +31,7 @@ export function checkTokenStop(req: Request, tokenId: number, maxModelLen: numbe
     req.stopReason = tokenId;
     return true;
   }
-  if (req.numOutputTokens >= req.maxTokens || req.numTokens >= maxModelLen) {
+  if (req.numOutputTokens >= req.maxTokens) {
     req.status = "FINISHED_LENGTH_CAPPED";
     return true;
   }

@@ -11,7 +11,15 @@
 // aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
-import { XgrammarError, XgrammarInstance, type XgCompiledGrammar, type XgGrammarCompiler, type XgGrammarMatcher } from "./xgrammar.js";
+import {
+  XgrammarError,
+  XgrammarInstance,
+  type XgBinding,
+  type XgCompiledGrammar,
+  type XgGrammar,
+  type XgGrammarCompiler,
+  type XgGrammarMatcher,
+} from "./xgrammar.js";
 
 /**
  * vLLM StructuredOutputsParams (camelCase): exactly one of json, regex, choice, grammar, jsonObject and
@@ -141,25 +149,26 @@ export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
   if ((spec.kind === "regex" || spec.kind === "grammar") && nonAsciiClass(spec.source, spec.kind === "regex" ? "regex" : "ebnf")) fail(NON_ASCII_CLASS);
   if (checker === null || checker.broken) checker = new XgrammarInstance();
   try {
-    const g = checker.call((b) => {
-      switch (spec.kind) {
-        case "json":
-          return b.Grammar.FromJSONSchema(spec.source, spec.anyWhitespace, undefined, undefined, true, undefined, false);
-        case "json_object":
-          return b.Grammar.FromJSONSchema(JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false);
-        case "regex":
-          return b.Grammar.FromStructuralTag(regexTag(spec.source));
-        case "choice":
-        case "grammar":
-          return b.Grammar.FromEBNF(spec.source, "root");
-        case "structural_tag":
-          return b.Grammar.FromStructuralTag(spec.source);
-      }
-    });
-    g.delete();
+    checker.call((b) => grammarOf(b, spec)).delete();
   } catch (e) {
     if (e instanceof XgrammarError) fail(`the ${spec.kind} is not valid: ${e.message}`);
     throw e;
+  }
+}
+
+/** The spec's grammar, built without a tokenizer (the check) or to be compiled against one (the engine). */
+function grammarOf(b: XgBinding, spec: StructuredOutputSpec): XgGrammar {
+  switch (spec.kind) {
+    case "json":
+    case "json_object":
+      return b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false);
+    case "regex":
+      return b.Grammar.FromStructuralTag(regexTag(spec.source));
+    case "choice":
+    case "grammar":
+      return b.Grammar.FromEBNF(spec.source, "root");
+    case "structural_tag":
+      return b.Grammar.FromStructuralTag(spec.source);
   }
 }
 
@@ -336,26 +345,12 @@ export class StructuredOutputManager {
       this.cache.set(key, hit);
       return hit;
     }
-    const c = this.compiler;
     const compiled = this.instance.call((b) => {
-      switch (spec.kind) {
-        case "json":
-          return c.CompileJSONSchema(spec.source, spec.anyWhitespace, undefined, undefined, true, undefined);
-        case "json_object":
-          return c.CompileJSONSchema(JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined);
-        case "regex":
-          return c.CompileStructuralTag(regexTag(spec.source));
-        case "choice":
-        case "grammar": {
-          const g = b.Grammar.FromEBNF(spec.source, "root");
-          try {
-            return c.CompileGrammar(g);
-          } finally {
-            g.delete();
-          }
-        }
-        case "structural_tag":
-          return c.CompileStructuralTag(spec.source);
+      const g = grammarOf(b, spec);
+      try {
+        return this.compiler.CompileGrammar(g);
+      } finally {
+        g.delete();
       }
     });
     this.cache.set(key, compiled);

@@ -21,33 +21,16 @@ import vm from "node:vm";
 export interface XgObject {
   delete(): void;
 }
-export interface XgVectorInt extends XgObject {
-  size(): number;
-}
-export interface XgGrammar extends XgObject {
-  ToString(): string;
-}
+export type XgVectorInt = XgObject;
+export type XgGrammar = XgObject;
 export type XgCompiledGrammar = XgObject;
-/** xgrammar's JSON-schema options: any_whitespace, indent, separators, strict_mode, max_whitespace_cnt. */
-type JsonSchemaOptions = [
-  anyWhitespace: boolean,
-  indent: number | undefined,
-  separators: { first: string; second: string } | undefined,
-  strictMode: boolean,
-  maxWhitespaceCnt: number | undefined,
-];
 export interface XgGrammarCompiler extends XgObject {
-  CompileJSONSchema(schema: string, ...options: JsonSchemaOptions): XgCompiledGrammar;
-  CompileBuiltinJSONGrammar(): XgCompiledGrammar;
   CompileGrammar(grammar: XgGrammar): XgCompiledGrammar;
-  CompileStructuralTag(json: string): XgCompiledGrammar;
 }
 export interface XgGrammarMatcher extends XgObject {
   AcceptToken(tokenId: number, verbose: boolean): boolean;
   GetNextTokenBitmask(vocabSize: number): XgVectorInt;
   IsTerminated(): boolean;
-  Rollback(numTokens: number): void;
-  Reset(): void;
 }
 export type XgTokenizerInfo = XgObject;
 
@@ -55,8 +38,15 @@ export type XgTokenizerInfo = XgObject;
 export interface XgBinding {
   Grammar: {
     FromEBNF(ebnf: string, rootRule: string): XgGrammar;
-    FromJSONSchema(schema: string, ...optionsAndPrintConverted: [...JsonSchemaOptions, printConverted: boolean]): XgGrammar;
-    BuiltinJSONGrammar(): XgGrammar;
+    FromJSONSchema(
+      schema: string,
+      anyWhitespace: boolean,
+      indent: number | undefined,
+      separators: { first: string; second: string } | undefined,
+      strictMode: boolean,
+      maxWhitespaceCnt: number | undefined,
+      printConverted: boolean,
+    ): XgGrammar;
     FromStructuralTag(json: string): XgGrammar;
   };
   TokenizerInfo: new (

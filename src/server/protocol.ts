@@ -173,19 +173,17 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
   const so = optObject(body, "structured_outputs");
   if (so !== undefined) {
     for (const k of Object.keys(so)) {
-      if (k === "whitespace_pattern" && (so[k] === null || so[k] === undefined)) continue;
-      if (k === "whitespace_pattern") throw badRequest("'structured_outputs.whitespace_pattern' is not supported by the xgrammar backend", "structured_outputs");
+      if (k === "whitespace_pattern") {
+        if (so[k] !== null && so[k] !== undefined)
+          throw badRequest("'structured_outputs.whitespace_pattern' is not supported by the xgrammar backend", "structured_outputs");
+        continue;
+      }
       if (!(k in STRUCTURED_OUTPUTS_FIELDS)) {
         throw badRequest(`'structured_outputs.${k}' is not supported (expected one of ${Object.keys(STRUCTURED_OUTPUTS_FIELDS).join(", ")})`, "structured_outputs");
       }
       const v = so[k];
       if (v === undefined || v === null) continue;
-      const key = STRUCTURED_OUTPUTS_FIELDS[k]!;
-      if (key === "json" && typeof v === "string") {
-        put(key, v, "structured_outputs");
-        continue;
-      }
-      put(key, v as never, "structured_outputs");
+      put(STRUCTURED_OUTPUTS_FIELDS[k]!, v as never, "structured_outputs"); // the values are checked when the params are normalized
     }
   }
   const guided = body.guided_json;

@@ -332,10 +332,14 @@ describe("structured output and tool calls through the openai client (e2e)", () 
 
   it("/tokenize renders the tools with the chat template, whatever the server's tool choice", async () => {
     const messages = [{ role: "user", content: "hi" }];
-    const plain = (await postRaw(server.url, "/tokenize", { messages })).body as { count: number };
-    const r = await postRaw(server.url, "/tokenize", { messages, tools });
+    // the built-in template ignores tools: this one writes their names before the messages
+    const chat_template = "{% for t in tools or [] %}{{ t.function.name }} {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}";
+    const plain = (await postRaw(server.url, "/tokenize", { messages, chat_template })).body as { count: number };
+    const r = await postRaw(server.url, "/tokenize", { messages, tools, chat_template });
     assert.equal(r.status, 200);
     assert.ok((r.body as { count: number }).count >= plain.count);
+    const names = (await postRaw(server.url, "/tokenize", { messages: [{ role: "user", content: "get_weather get_time hi" }], chat_template })).body as { tokens: number[] };
+    assert.deepEqual((r.body as { tokens: number[] }).tokens, names.tokens);
   });
 
   it("completions take guided_choice and guided_regex; a bad schema is a 400 naming structured_outputs", async () => {
