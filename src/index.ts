@@ -9,6 +9,8 @@ export { parseHfConfig, type ModelConfig } from "./models/hf-config.js";
 export { initModel, exportGguf } from "./models/init-model.js";
 export { LLM } from "./engine/llm-engine.js";
 export { AsyncLLM } from "./engine/async-llm.js";
+export type { LoraRequest } from "./engine/lora-manager.js";
+export { readLoraAdapter, LoraError, type LoraAdapter } from "./models/lora.js";
 export { createServingSetup, createServingSetupSync, type ServingArgs } from "./engine/serving.js";
 export type { SamplingParams, RequestOutput, CompletionOutput, EngineClient } from "./engine/types.js";
 export { createServer } from "./server/index.js";

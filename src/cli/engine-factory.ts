@@ -59,6 +59,9 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     enforceEager: args.enforceEager,
     asyncScheduling: args.asyncScheduling ?? undefined,
     ...(args.speculativeConfig !== null ? { speculativeConfig: args.speculativeConfig } : {}),
+    ...(args.enableLora
+      ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
+      : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;

@@ -52,6 +52,20 @@ export interface ServeArgs {
   disableAnyWhitespace: boolean;
   /** vLLM --speculative-config (n-gram drafts), or null. */
   speculativeConfig: SpeculativeConfig | null;
+  /** vLLM --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (null: the engine's defaults). */
+  enableLora: boolean;
+  maxLoras: number | null;
+  maxLoraRank: number | null;
+  maxCpuLoras: number | null;
+  /** vLLM --lora-modules: adapters served under their names from the start. */
+  loraModules: LoraModuleArg[];
+}
+
+/** One --lora-modules entry: name=path, or JSON {"name", "path", "base_model_name"}. */
+export interface LoraModuleArg {
+  name: string;
+  path: string;
+  baseModelName: string | null;
 }
 
 
@@ -82,6 +96,10 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--async-scheduling", "schedule the next step while the current one computes (the default)")
     .option("--no-async-scheduling", "schedule each step after the previous one has finished")
     .option("--tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
+    .option("--enable-lora", "serve LoRA adapters (requests name them as their model)", false)
+    .option("--max-loras <n>", "LoRA adapters in one step (default 1)")
+    .option("--max-lora-rank <n>", "the largest LoRA rank served (default 16)")
+    .option("--max-cpu-loras <n>", "LoRA adapters kept in host memory while unused (default: --max-loras)")
     .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"))
     .addOption(
@@ -108,6 +126,7 @@ export function addServeOptions(cmd: Command): Command {
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
     .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting")
+    .option("--lora-modules <specs...>", 'LoRA adapters to serve, each name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}')
     .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
     .addOption(new Option("--tool-call-parser <name>", "how tool calls are written in the model's text").choices([...TOOL_CALL_PARSERS]))
     .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool}')
@@ -213,6 +232,14 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (speculativeConfig !== null && o.asyncScheduling === true)
     throw new CliUsageError("--async-scheduling cannot be combined with --speculative-config");
 
+  const enableLora = Boolean(o.enableLora);
+  const loraModules = parseLoraModules(o.loraModules);
+  if (loraModules.length > 0 && !enableLora) throw new CliUsageError("--lora-modules needs --enable-lora");
+  const maxLoras = optInt(o.maxLoras, "--max-loras", 1);
+  const maxCpuLoras = optInt(o.maxCpuLoras, "--max-cpu-loras", 1);
+  if (maxCpuLoras !== null && maxCpuLoras < (maxLoras ?? 1))
+    throw new CliUsageError(`--max-cpu-loras (${maxCpuLoras}) must be >= --max-loras (${maxLoras ?? 1})`);
+
   const port = int(o.port ?? "8000", "--port", 0);
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
   const modelPath = model ?? DEFAULT_MODEL_DIR;
@@ -252,7 +279,35 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     toolCallParser: enableAutoToolChoice ? (parser as ToolCallParserName) : null,
     disableAnyWhitespace,
     speculativeConfig,
+    enableLora,
+    maxLoras,
+    maxLoraRank: optInt(o.maxLoraRank, "--max-lora-rank", 1),
+    maxCpuLoras,
+    loraModules,
   };
+}
+
+/** --lora-modules: name=path or a JSON object per entry (vLLM's LoRAParserAction); names must differ. */
+function parseLoraModules(value: unknown): LoraModuleArg[] {
+  if (value === undefined) return [];
+  const specs = (Array.isArray(value) ? value : [value]) as unknown[];
+  const out: LoraModuleArg[] = [];
+  for (const spec of specs) {
+    const s = String(spec).trim();
+    let m: LoraModuleArg | null = null;
+    if (s.startsWith("{")) {
+      const c = jsonObjectFlag(s, "--lora-modules", '{"name": "sql", "path": "/adapters/sql"}');
+      if (typeof c.name === "string" && c.name !== "" && typeof c.path === "string" && c.path !== "")
+        m = { name: c.name, path: c.path, baseModelName: typeof c.base_model_name === "string" ? c.base_model_name : null };
+    } else {
+      const eq = s.indexOf("=");
+      if (eq > 0 && eq < s.length - 1) m = { name: s.slice(0, eq), path: s.slice(eq + 1), baseModelName: null };
+    }
+    if (m === null) throw new CliUsageError(`--lora-modules entries are name=path or JSON with "name" and "path", got ${JSON.stringify(s)}`);
+    if (out.some((x) => x.name === m.name)) throw new CliUsageError(`--lora-modules names ${JSON.stringify(m.name)} twice`);
+    out.push(m);
+  }
+  return out;
 }
 
 /** A flag whose value is a JSON object (vLLM's --*-config flags). */

@@ -3,6 +3,10 @@ import type { EngineFactory } from "./engine-factory.js";
 import { createProgress } from "./progress.js";
 import type { ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
+import { CliUsageError, type LoraModuleArg } from "./serve-args.js";
+import type { EngineClient } from "../engine/types.js";
+import type { LoraModule } from "../server/serving-context.js";
+import { env } from "../util/env.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
   const progress = createProgress();
@@ -18,6 +22,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       allowedOrigins: args.allowedOrigins,
       logRequests: args.logRequests,
       ...(args.apiKey ? { apiKey: args.apiKey } : {}),
+      allowRuntimeLoraUpdating: args.enableLora && env.allowRuntimeLoraUpdating,
     });
     await server.app.ready();
     return { server, serveUntilSignal };
@@ -35,6 +40,13 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   const { server, serveUntilSignal } = ready;
   progress.done();
   const names = args.servedModelName ?? [loaded.modelName];
+  let loraModules: LoraModule[] | null = null;
+  try {
+    loraModules = args.enableLora ? await addLoraModules(loaded.engine, args.loraModules, names[0]!) : null;
+  } catch (err) {
+    await loaded.close();
+    throw err;
+  }
   const app = server.bind({
     engine: loaded.engine,
     tokenizer: loaded.tokenizer,
@@ -45,6 +57,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
     ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
     disableAnyWhitespace: args.disableAnyWhitespace,
+    loraModules,
   });
   try {
     await app.listen({ host: args.host, port: args.port });
@@ -56,4 +69,19 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   const port = addr && typeof addr === "object" ? addr.port : args.port;
   out.write(`Kiln serving ${names[0]} at http://${args.host}:${port}/v1\n`);
   await serveUntilSignal(app, { onClosed: () => loaded.close() });
+}
+
+/** Reads every --lora-modules adapter into the engine (ids 1, 2, ...); a bad one stops the start-up, named. */
+async function addLoraModules(engine: EngineClient, specs: LoraModuleArg[], baseModelName: string): Promise<LoraModule[]> {
+  const out: LoraModule[] = [];
+  for (const [i, m] of specs.entries()) {
+    const request = { name: m.name, id: i + 1, path: m.path };
+    try {
+      await engine.addLora!(request);
+    } catch (e) {
+      throw new CliUsageError(`--lora-modules ${m.name}: ${(e as Error).message}`);
+    }
+    out.push({ request, baseModelName: m.baseModelName ?? baseModelName });
+  }
+  return out;
 }

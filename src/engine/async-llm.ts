@@ -5,6 +5,7 @@ import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
+import type { LoraRequest } from "./lora-manager.js";
 import type { EngineClient, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
 interface Stream {
@@ -53,7 +54,7 @@ export class AsyncLLM implements EngineClient {
   generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
     params: Partial<SamplingParams>,
-    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
+    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
   ): AsyncIterable<RequestOutput> {
     const { requestId } = options;
     this.engine.sampler.validateParams(params);
@@ -64,6 +65,7 @@ export class AsyncLLM implements EngineClient {
       params,
       priority: options.priority,
       cacheSalt: options.cacheSalt ?? null,
+      loraRequest: options.loraRequest ?? null,
     });
     const stream: Stream = { queue: [], wake: null, done: false, error: null };
     this.streams.set(requestId, stream);
@@ -129,6 +131,19 @@ export class AsyncLLM implements EngineClient {
 
   stats(): EngineStats {
     return this.engine.stats();
+  }
+
+  addLora(lora: LoraRequest): Promise<void> {
+    try {
+      this.engine.addLora(lora);
+      return Promise.resolve();
+    } catch (e) {
+      return Promise.reject(e as Error);
+    }
+  }
+
+  removeLora(id: number): Promise<boolean> {
+    return Promise.resolve(this.engine.removeLora(id));
   }
 }
 

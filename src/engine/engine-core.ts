@@ -21,6 +21,8 @@ import type { TokenizerLike, IncrementalDetokenizerLike } from "../models/tokeni
 import { IncrementalDetokenizer } from "./detokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
+import { LoraManager, type LoraConfig, type LoraRequest } from "./lora-manager.js";
+import { LoraError } from "../models/lora.js";
 import type { FedTokens, ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
@@ -57,11 +59,14 @@ export interface EngineArgs {
   asyncScheduling?: boolean;
   /** Speculative decoding (vLLM's speculative_config): n-gram drafts verified in one step. Default none. */
   speculativeConfig?: Partial<SpeculativeConfig> | null;
+  /** LoRA serving (vLLM's --enable-lora with --max-loras / --max-lora-rank / --max-cpu-loras); needs runner.lora. Default none. */
+  lora?: LoraConfig | null;
 }
 
-export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig">> & {
+export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig" | "lora">> & {
   asyncScheduling: boolean | null;
   speculativeConfig: SpeculativeConfig | null;
+  lora: LoraConfig | null;
 };
 
 /** Device-sampled token ids as the sampler's rows (a plain loop: Array.from with a mapper is slow on a typed array). */
@@ -92,6 +97,7 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     asyncScheduling: null,
     ...Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined)),
     speculativeConfig: a.speculativeConfig ? resolveSpeculativeConfig(a.speculativeConfig) : null,
+    lora: a.lora ?? null,
   } as unknown as ResolvedEngineArgs;
   if (r.speculativeConfig !== null) {
     // the next step's drafts depend on how many of this step's were accepted (vLLM turned async off with it too)
@@ -124,7 +130,8 @@ export interface EngineRequestInput {
   params?: Partial<SamplingParams>;
   priority?: number;
   cacheSalt?: string | null;
-  loraId?: number | null;
+  /** The LoRA adapter to serve the request with (vLLM's lora_request); the engine must have LoRA enabled. */
+  loraRequest?: LoraRequest | null;
   arrivalTime?: number;
   /**
    * As vLLM's RequestOutputKind: "cumulative" (default) returns the request's output from every step() that gave
@@ -141,6 +148,8 @@ interface ParentRequest {
   promptTokenIds: number[];
   children: Request[];
   finalOnly: boolean;
+  /** The LoRA adapter the request holds (released when it ends), or null. */
+  loraId: number | null;
 }
 
 export interface EngineCoreOptions {
@@ -162,6 +171,8 @@ export class EngineCore {
   private readonly eosTokenIds: number[];
   /** Structured output's grammar compiler (made on first use). */
   private grammars: StructuredOutputManager | null = null;
+  /** The LoRA adapters held and their device slots, or null without LoRA. */
+  readonly lora: LoraManager | null;
   /** Whether step() pipelines scheduling with the runner's compute (see the file comment). */
   readonly asyncScheduling: boolean;
   /** Async scheduling: the step queued on the device, whose outputs the next step() collects. */
@@ -197,11 +208,34 @@ export class EngineCore {
         schedulingPolicy: a.schedulingPolicy,
         enableChunkedPrefill: a.enableChunkedPrefill,
         asyncScheduling: this.asyncScheduling,
+        maxLoras: a.lora?.maxLoras ?? 0,
       },
       this.kv,
       decodeToken,
     );
     this.sampler = new Sampler(runner.vocabSize, new Rng(a.seed), options.logitsProcessors, undefined, a.logprobsMode);
+    if (a.lora !== null && (runner.lora === undefined || runner.lora === null))
+      throw new Error("[engine] lora needs a model runner with LoRA slots (PagedModelRunner.enableLora)");
+    this.lora = a.lora === null ? null : new LoraManager(runner.lora!, a.lora);
+  }
+
+  /**
+   * Reads and checks a LoRA adapter ahead of its requests (vLLM's add_lora); throws EngineInputError (lora_request)
+   * when it cannot be served or LoRA is not enabled.
+   */
+  addLora(request: LoraRequest): void {
+    if (this.lora === null) throw new EngineInputError("lora_request", "LoRA is not enabled (start the engine with enableLora / --enable-lora)");
+    try {
+      this.lora.add(request);
+    } catch (e) {
+      if (e instanceof LoraError) throw new EngineInputError("lora_request", e.message);
+      throw e;
+    }
+  }
+
+  /** Drops a LoRA adapter no request uses (vLLM's remove_lora); false when unknown or in use. */
+  removeLora(id: number): boolean {
+    return this.lora?.remove(id) ?? false;
   }
 
   get maxModelLen(): number {
@@ -254,6 +288,8 @@ export class EngineCore {
     const badWordsTokenIds = this.tokenizeBadWords(params.badWords);
     const spec = structuredOutputSpec(params.structuredOutputs); // checked by normalizeSamplingParams
     const grammars = spec === null ? null : this.structuredOutputManager();
+    const lora = input.loraRequest ?? null;
+    if (lora !== null) this.addLora(lora); // read and checked before anything is queued
 
     const parent: ParentRequest = {
       requestId: id,
@@ -261,6 +297,7 @@ export class EngineCore {
       promptTokenIds: prompt,
       children: [],
       finalOnly: kind === "final_only",
+      loraId: lora?.id ?? null,
     };
     const arrivalTime = input.arrivalTime ?? Date.now();
     for (let i = 0; i < params.n; i++) {
@@ -279,7 +316,7 @@ export class EngineCore {
           arrivalTime,
           priority: input.priority ?? 0,
           cacheSalt: input.cacheSalt ?? null,
-          loraId: input.loraId ?? null,
+          loraId: lora?.id ?? null,
           badWordsTokenIds,
           detokenizer: this.createDetokenizer?.(prompt, childParams) ?? null,
         }),
@@ -293,6 +330,7 @@ export class EngineCore {
         throw e;
       }
     }
+    if (lora !== null) this.lora!.acquire(lora);
     this.parents.set(id, parent);
     for (const c of parent.children) this.scheduler.addRequest(c);
   }
@@ -326,7 +364,7 @@ export class EngineCore {
       const parent = this.parents.get(id);
       if (parent === undefined) continue;
       this.scheduler.finishRequests(parent.children.map((c) => c.requestId));
-      this.parents.delete(id);
+      this.dropParent(parent);
       outs.push(this.makeOutput(parent));
     }
     return outs;
@@ -409,6 +447,13 @@ export class EngineCore {
   private toBatch(out: SchedulerOutput): ScheduledBatch {
     const batch = Scheduler.toBatch(out, this.args.blockSize);
     batch.sampleOnDevice = out.scheduled.every((s) => !s.needsLogits || this.sampler.isPlainGreedy(s.request));
+    if (this.lora !== null) {
+      // the step's adapters into device slots (behind the work already queued), and each sequence's slot
+      const ids = new Set<number>();
+      for (const s of out.scheduled) if (s.request.loraId !== null) ids.add(s.request.loraId);
+      const slotOf = this.lora.slotsFor(ids);
+      for (const s of out.scheduled) s.loraSlot = s.request.loraId === null ? -1 : slotOf.get(s.request.loraId)!;
+    }
     return batch;
   }
 
@@ -475,10 +520,16 @@ export class EngineCore {
     for (const parent of touched) {
       if (parent.finalOnly && !parent.children.every((c) => c.isFinished)) continue;
       const out = this.makeOutput(parent);
-      if (out.finished) this.parents.delete(parent.requestId);
+      if (out.finished) this.dropParent(parent);
       outs.push(out);
     }
     return outs;
+  }
+
+  /** Forgets a finished or aborted user request (and lets go of its LoRA adapter). */
+  private dropParent(parent: ParentRequest): void {
+    this.parents.delete(parent.requestId);
+    if (parent.loraId !== null) this.lora?.release(parent.loraId);
   }
 
   /** Cumulative RequestOutput of a user request (text held back while a stop string may be forming). */

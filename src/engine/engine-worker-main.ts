@@ -102,6 +102,7 @@ async function main(): Promise<void> {
   let pendingOutputs: WireOutput[] = [];
   let pendingErrors: { seq: number; error: WireError }[] = [];
   let pendingSyncs: number[] = [];
+  let pendingLora: { id: number; error: WireError | null; removed?: boolean }[] = [];
   let scheduled = false;
 
   const wire = (outs: RequestOutput[]): void => {
@@ -127,10 +128,11 @@ async function main(): Promise<void> {
       port.close();
       return;
     }
-    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, stats: core.stats() });
+    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, loraReplies: pendingLora, stats: core.stats() });
     pendingOutputs = [];
     pendingErrors = [];
     pendingSyncs = [];
+    pendingLora = [];
     if (core.hasUnfinishedRequests()) kick();
   };
   const kick = (): void => {
@@ -151,6 +153,7 @@ async function main(): Promise<void> {
             priority: m.priority,
             cacheSalt: m.cacheSalt,
             arrivalTime: m.arrivalTime,
+            loraRequest: m.loraRequest,
           });
           seqOfRequest.set(m.requestId, m.seq);
           sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false });
@@ -167,6 +170,17 @@ async function main(): Promise<void> {
       }
       case "sync":
         pendingSyncs.push(m.id);
+        break;
+      case "addLora":
+        try {
+          core.addLora(m.lora);
+          pendingLora.push({ id: m.id, error: null });
+        } catch (err) {
+          pendingLora.push({ id: m.id, error: toWireError(err) });
+        }
+        break;
+      case "removeLora":
+        pendingLora.push({ id: m.id, error: null, removed: core.removeLora(m.loraId) });
         break;
     }
     kick();

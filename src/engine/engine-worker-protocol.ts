@@ -1,6 +1,7 @@
 // Messages between WorkerEngine (the caller's thread) and engine-worker-main (the worker thread running
 // EngineCore). Everything here is structured-clone data: no functions, no class instances except Error-free
 // plain objects and Maps (TokenLogprobs).
+import type { LoraRequest } from "./lora-manager.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
@@ -27,9 +28,13 @@ export type ToWorker =
       priority: number;
       cacheSalt: string | null;
       arrivalTime: number;
+      loraRequest: LoraRequest | null;
     }
   | { type: "abort"; seq: number }
-  | { type: "sync"; id: number };
+  | { type: "sync"; id: number }
+  /** LoRA adapters (vLLM's add_lora / remove_lora): answered in the next update's loraReplies under `id`. */
+  | { type: "addLora"; id: number; lora: LoraRequest }
+  | { type: "removeLora"; id: number; loraId: number };
 
 /** An error as it crosses the thread boundary; rebuilt into the same class on the caller's side. */
 export interface WireError {
@@ -86,7 +91,15 @@ export type FromWorker =
       stats: EngineStats;
     }
   /** One per engine step (plus one after add errors / aborts / syncs that came in between steps). */
-  | { type: "update"; outputs: WireOutput[]; errors: { seq: number; error: WireError }[]; syncIds: number[]; stats: EngineStats }
+  | {
+      type: "update";
+      outputs: WireOutput[];
+      errors: { seq: number; error: WireError }[];
+      syncIds: number[];
+      /** Answers to addLora (error or null) and removeLora (removed). */
+      loraReplies: { id: number; error: WireError | null; removed?: boolean }[];
+      stats: EngineStats;
+    }
   /** The model failed to load or a step threw: every stream ends with this error. */
   | { type: "fatal"; error: WireError };
 

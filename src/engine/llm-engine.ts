@@ -1,5 +1,6 @@
 // The offline API (vLLM's `LLM`): add every prompt, run engine steps until all finish, return the final
 // outputs in input order.
+import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
@@ -61,13 +62,14 @@ export class LLM {
 
   /**
    * Generates for every prompt. `params` is one set for all prompts or one per prompt (default:
-   * getDefaultSamplingParams()). Throws an EngineInputError for an invalid prompt or parameter before running
+   * getDefaultSamplingParams()). `options.loraRequest` serves them with a LoRA adapter (one for all or one per
+   * prompt; vLLM's lora_request; the LLM needs enableLora). Throws an EngineInputError for an invalid prompt or parameter before running
    * anything.
    */
   generate(
     prompts: PromptInput[],
     params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
-    options: { priority?: number[] } = {},
+    options: { priority?: number[]; loraRequest?: LoraRequest | (LoraRequest | null)[] | null } = {},
   ): RequestOutput[] {
     if (Array.isArray(params) && params.length !== prompts.length)
       throw new Error(`[LLM.generate] got ${params.length} SamplingParams for ${prompts.length} prompts`);
@@ -80,12 +82,14 @@ export class LLM {
             ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
             : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds };
         const sp = Array.isArray(params) ? params[i]! : params;
+        const lora = Array.isArray(options.loraRequest) ? options.loraRequest[i] : options.loraRequest;
         this.engine.sampler.validateParams(sp);
         this.engine.addRequest({
           requestId,
           ...input,
           params: sp,
           priority: options.priority?.[i] ?? 0,
+          loraRequest: lora ?? null,
           outputKind: "final_only",
         });
         ids.push(requestId);
@@ -106,6 +110,7 @@ export class LLM {
     messages: ChatMessage[] | ChatMessage[][],
     params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
+    options: { loraRequest?: LoraRequest | null } = {},
   ): RequestOutput[] {
     const tok = this.requireTokenizer();
     const conversations = (messages.length > 0 && Array.isArray(messages[0]) ? messages : [messages]) as ChatMessage[][];
@@ -114,7 +119,7 @@ export class LLM {
       // The template already carries BOS and friends.
       return { prompt: text, promptTokenIds: tok.encode(text, { addSpecialTokens: false }) };
     });
-    return this.generate(prompts, params);
+    return this.generate(prompts, params, options);
   }
 
   private requireTokenizer(): TokenizerLike {

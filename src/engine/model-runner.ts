@@ -1,6 +1,7 @@
 // The contract between the engine and a model: the engine schedules, the runner computes logits.
 // The runner never decides anything about blocks: it writes the K/V of each new token into the slot the
 // scheduler gives it and reads earlier tokens' K/V through the block table.
+import type { LoraSlots } from "../models/lora-slots.js";
 
 /** One request's share of a step. Positions of `tokenIds` are startPosition .. startPosition+tokenIds.length-1. */
 export interface ScheduledSequence {
@@ -22,6 +23,8 @@ export interface ScheduledSequence {
   numSpecTokens?: number;
   /** Return a logits row for every new token (prompt logprobs). */
   needsPromptLogits: boolean;
+  /** The LoRA slot its tokens use (runner.lora), -1 or absent for none. */
+  loraSlot?: number;
 }
 
 export interface ScheduledBatch {
@@ -85,6 +88,8 @@ export interface PendingRunnerOutput {
 /** What the engine calls each step. The real implementation wraps the model and the paged KV cache. */
 export interface ModelRunner {
   readonly vocabSize: number;
+  /** The model's LoRA slots, when it serves adapters (EngineArgs.lora). */
+  readonly lora?: LoraSlots | null;
   execute(batch: ScheduledBatch): RunnerOutput;
   /**
    * Queues the step's work and returns before it has run (async scheduling: the engine schedules the next

@@ -3,6 +3,7 @@
 // runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
+import { LoraSlots } from "../models/lora-slots.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
@@ -57,6 +58,8 @@ export class PagedModelRunner implements ModelRunner {
   graphs: StepGraphs | null = null;
   /** Why the last captureStepGraphs() fell back to eager execution, or null. */
   captureFailure: string | null = null;
+  /** LoRA slots on the model's projections (enableLora), or null. */
+  lora: LoraSlots | null = null;
 
   constructor(
     readonly model: CausalLM,
@@ -80,6 +83,17 @@ export class PagedModelRunner implements ModelRunner {
   }
 
   /**
+   * Gives the model `maxLoras` LoRA slots of rank `maxRank` (vLLM's --max-loras, --max-lora-rank): each step's
+   * sequences then name theirs (ScheduledSequence.loraSlot). Before captureStepGraphs (the graphs read the slots).
+   */
+  enableLora(maxLoras: number, maxRank: number): LoraSlots {
+    if (this.graphs !== null) throw new Error("[runner] enableLora must come before captureStepGraphs");
+    this.lora?.dispose();
+    this.lora = new LoraSlots(this.model, maxLoras, maxRank);
+    return this.lora;
+  }
+
+  /**
    * Captures the forward once per decode and mixed bucket (see step-graphs.ts). Returns false, capturing
    * nothing, when the device or the model cannot capture.
    */
@@ -89,7 +103,7 @@ export class PagedModelRunner implements ModelRunner {
     this.graphs = null;
     const maxBlocks = Math.ceil(maxModelLen / this.spec.blockSize);
     try {
-      this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, options);
+      this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, { ...options, lora: this.lora });
     } catch (e) {
       // e.g. MoE routing reads the router's choice on the host: such a model runs eagerly, as vLLM falls back
       // when a model cannot be captured.
@@ -124,6 +138,7 @@ export class PagedModelRunner implements ModelRunner {
     let maxBlocks = 1;
     for (const s of seqs) maxBlocks = Math.max(maxBlocks, s.blockTable.length);
     const tables = new Int32Array(seqs.length * maxBlocks);
+    const loraSlots = this.lora === null ? null : new Int32Array(T);
     const rows: number[] = [];
     const promptRows = new Map<string, [number, number]>();
     let at = 0;
@@ -134,6 +149,7 @@ export class PagedModelRunner implements ModelRunner {
         positions[at + j] = s.startPosition + j;
       }
       slots.set(s.slotMapping, at);
+      loraSlots?.fill(s.loraSlot ?? -1, at, at + n);
       queryStart[i] = at;
       seqLens[i] = s.startPosition + n;
       tables.set(s.blockTable, i * maxBlocks);
@@ -154,6 +170,7 @@ export class PagedModelRunner implements ModelRunner {
         blockTables: t(tables, [seqs.length, maxBlocks]),
         queryStart: t(queryStart),
         seqLens: t(seqLens),
+        ...(loraSlots === null ? {} : { loraMask: this.loraMask(loraSlots) }),
       };
       const idsT = t(ids);
       const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
@@ -182,6 +199,14 @@ export class PagedModelRunner implements ModelRunner {
     });
   }
 
+  /** The step's LoRA mask [T, slots * rank] from each token's slot (LoraSlots.fillMask). */
+  private loraMask(slots: Int32Array): Tensor {
+    const lora = this.lora!;
+    const mask = new Float32Array(slots.length * lora.width);
+    lora.fillMask(slots, mask);
+    return tensor(mask, { device: this.model.device, shape: [slots.length, lora.width] });
+  }
+
   /** The KV cache's element type as allocated. */
   get kvCacheDtype(): KvCacheDtype {
     const dtype = this.kvCaches[0]?.k.dtype;
@@ -192,6 +217,8 @@ export class PagedModelRunner implements ModelRunner {
   dispose(): void {
     this.graphs?.dispose();
     this.graphs = null;
+    this.lora?.dispose();
+    this.lora = null;
     for (const c of this.kvCaches) {
       c.k.dispose();
       c.v.dispose();

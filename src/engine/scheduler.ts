@@ -27,6 +27,8 @@ export interface SchedulerConfig {
    * caller fills the placeholder's token id in (fillPlaceholders) before running the step.
    */
   asyncScheduling?: boolean;
+  /** LoRA: at most this many distinct adapters in a step (vLLM's max_loras); 0 without LoRA. */
+  maxLoras?: number;
 }
 
 /** One request's share of a step, as the scheduler decided it. */
@@ -97,11 +99,19 @@ export class Scheduler {
     const scheduled: ScheduledRequest[] = [];
     const preempted: string[] = [];
     const numNewOf = new Map<Request, number>();
+    // LoRA adapters of this step's requests: a request whose adapter would be one more than max_loras waits
+    const loras = new Set<number>();
+    const maxLoras = cfg.maxLoras ?? 0;
+    const loraFits = (req: Request): boolean => req.loraId === null || loras.has(req.loraId) || loras.size < maxLoras;
 
     // 1. Running requests, in order.
     let i = 0;
     while (i < this.running.length && budget > 0) {
       const req = this.running[i]!;
+      if (!loraFits(req)) {
+        i++;
+        continue;
+      }
       // its placeholders reach its length limit: it finishes when they are filled, with nothing left to compute
       const pending = req.numOutputPlaceholders;
       if (pending > 0 && (req.numOutputTokens + pending >= req.maxTokens || req.numTokens + pending >= cfg.maxModelLen)) {
@@ -143,6 +153,7 @@ export class Scheduler {
         }
       }
       if (selfPreempted || newBlocks === null) break;
+      if (req.loraId !== null) loras.add(req.loraId);
       scheduled.push(this.describe(req, numNew, newBlocks, numSpec));
       numNewOf.set(req, numNew);
       budget -= numNew;
@@ -151,9 +162,14 @@ export class Scheduler {
 
     // 2. Waiting requests, unless this step had to preempt (the pool is full: admitting more would thrash).
     if (preempted.length === 0) {
-      while (this.waiting.length > 0 && budget > 0 && this.running.length < cfg.maxNumSeqs) {
-        const wIndex = this.pickWaiting();
+      const skipped = new Set<Request>(); // waiting for a LoRA slot (vLLM skips them and keeps their place)
+      while (this.waiting.length > skipped.size && budget > 0 && this.running.length < cfg.maxNumSeqs) {
+        const wIndex = this.pickWaiting(skipped);
         const req = this.waiting[wIndex]!;
+        if (!loraFits(req)) {
+          skipped.add(req);
+          continue;
+        }
         const hit = req.numComputedTokens === 0 ? this.kv.getComputedBlocks(req) : { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
         let numNew = req.numTokens - req.numComputedTokens - hit.numComputedTokens;
         if (!cfg.enableChunkedPrefill && numNew > budget) break;
@@ -164,6 +180,7 @@ export class Scheduler {
         this.waiting.splice(wIndex, 1);
         this.running.push(req);
         req.status = "RUNNING";
+        if (req.loraId !== null) loras.add(req.loraId);
         req.numComputedTokens += hit.numComputedTokens;
         if (req.numCachedTokens < 0) req.numCachedTokens = hit.numComputedTokens;
         if (req.metrics.firstScheduledTime === null) req.metrics.firstScheduledTime = now;
@@ -252,12 +269,14 @@ export class Scheduler {
     return v;
   }
 
-  /** fcfs: the front; priority: the smallest (priority, arrival), first in queue order on ties. */
-  private pickWaiting(): number {
-    if (this.config.schedulingPolicy === "fcfs") return 0;
+  /** fcfs: the front; priority: the smallest (priority, arrival), first in queue order on ties; not one of `skipped`. */
+  private pickWaiting(skipped: ReadonlySet<Request>): number {
     let best = 0;
-    for (let k = 1; k < this.waiting.length; k++) {
+    while (skipped.has(this.waiting[best]!)) best++;
+    if (this.config.schedulingPolicy === "fcfs") return best;
+    for (let k = best + 1; k < this.waiting.length; k++) {
       const r = this.waiting[k]!;
+      if (skipped.has(r)) continue;
       const b = this.waiting[best]!;
       if (r.priority < b.priority || (r.priority === b.priority && r.arrivalTime < b.arrivalTime)) best = k;
     }

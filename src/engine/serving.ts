@@ -54,6 +54,14 @@ export interface ServingArgs {
   /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
   maxCaptureTokens?: number;
   revision?: string;
+  /** vLLM's --enable-lora: serve LoRA adapters (requests name them; see EngineRequestInput.loraRequest). Default off. */
+  enableLora?: boolean;
+  /** vLLM's --max-loras: adapters in one step (device slots); default 1. */
+  maxLoras?: number;
+  /** vLLM's --max-lora-rank: the largest adapter rank served; default 16. */
+  maxLoraRank?: number;
+  /** vLLM's --max-cpu-loras: adapters kept in host memory while unused; default maxLoras. */
+  maxCpuLoras?: number | null;
   onProgress?: (stage: string, fraction: number) => void;
 }
 
@@ -84,7 +92,8 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   model: true, dtype: true, quantization: true, maxModelLen: true, maxNumSeqs: true, maxNumBatchedTokens: true,
   blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
-  maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true,
+  maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
+  maxLoraRank: true, maxCpuLoras: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -105,6 +114,11 @@ function checkServingArgs(args: ServingArgs): void {
   positiveInt(args.kvCacheMemory, "kv_cache_memory");
   positiveInt(args.maxCaptureSize, "max_capture_size", 0);
   positiveInt(args.maxCaptureTokens, "max_capture_tokens", 0);
+  positiveInt(args.maxLoras, "max_loras");
+  positiveInt(args.maxLoraRank, "max_lora_rank");
+  positiveInt(args.maxCpuLoras ?? undefined, "max_cpu_loras");
+  if (args.maxCpuLoras != null && args.maxCpuLoras < (args.maxLoras ?? 1))
+    throw new EngineInputError("max_cpu_loras", `max_cpu_loras (${args.maxCpuLoras}) must be >= max_loras (${args.maxLoras ?? 1})`);
   const bs = args.blockSize;
   if (bs !== undefined && (!Number.isInteger(bs) || bs < 1 || (bs & (bs - 1)) !== 0))
     throw new EngineInputError("block_size", `block_size must be a power of two, got ${bs}`);
@@ -207,6 +221,8 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
   args.onProgress?.("sizing KV cache", 1);
   const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));
+  const lora = args.enableLora === true ? { maxLoras: args.maxLoras ?? 1, maxLoraRank: args.maxLoraRank ?? 16, maxCpuLoras: args.maxCpuLoras ?? null } : null;
+  if (lora !== null) runner.enableLora(lora.maxLoras, lora.maxLoraRank); // before the capture: the graphs read the slots
   if (args.enforceEager !== true) {
     const stage = "compiling step graphs";
     args.onProgress?.(stage, 0);
@@ -221,7 +237,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
       mixedBuckets: mixed.sort((a, b) => a - b),
       ...(k > 0 ? { mixedRows: Math.max(1, ...decode) * (1 + k) } : {}),
     };
-    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true });
+    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora });
     runner.captureStepGraphs(maxModelLen, {
       ...buckets,
       onProgress: (p) => args.onProgress?.(stage, p.done / p.total),
@@ -250,6 +266,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     asyncScheduling: args.asyncScheduling,
     speculativeConfig: args.speculativeConfig ?? null,
     eosTokenIds: loaded.tokenizer.eosTokenIds,
+    lora,
   };
   return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize };
 }

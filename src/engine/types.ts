@@ -1,5 +1,6 @@
 // Public types of the serving engine, shared by the engine, the offline LLM API and the server.
 // Field names follow vLLM's SamplingParams / RequestOutput (camelCase here, snake_case on the wire).
+import type { LoraRequest } from "./lora-manager.js";
 import type { StructuredOutputsParams } from "./structured-output.js";
 
 export type { StructuredOutputsParams } from "./structured-output.js";
@@ -106,13 +107,20 @@ export interface EngineStats {
 
 /** What the server needs from an engine: implemented by AsyncLLM. */
 export interface EngineClient {
-  /** Streams outputs for one request. With `delta`, each output carries only new text/tokens. */
+  /** Streams outputs for one request. With `delta`, each output carries only new text/tokens; `loraRequest` names its adapter. */
   generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
     params: Partial<SamplingParams>,
-    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
+    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
   ): AsyncIterable<RequestOutput>;
   abort(requestId: string): void;
+  /**
+   * Reads and checks a LoRA adapter in the engine (vLLM's add_lora); rejects with EngineInputError (lora_request)
+   * when it cannot be served. Absent on engines without LoRA support.
+   */
+  addLora?(lora: LoraRequest): Promise<void>;
+  /** Drops an adapter no request uses (vLLM's remove_lora); false when unknown or in use. */
+  removeLora?(id: number): Promise<boolean>;
   stats(): EngineStats;
   readonly maxModelLen: number;
 }

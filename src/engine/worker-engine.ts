@@ -19,6 +19,7 @@ import { normalizeSamplingParams } from "./sampling-params.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { ServingArgs } from "./serving.js";
 import type { CompletionOutput, EngineClient, EngineStats, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
+import type { LoraRequest } from "./lora-manager.js";
 
 type ReadyMessage = Extract<FromWorker, { type: "ready" }>;
 
@@ -71,6 +72,7 @@ export class WorkerEngine implements EngineClient {
   private readonly streams = new Map<number, Stream>(); // seq -> stream, until its final output or error
   private readonly live = new Map<string, number>(); // request id -> seq, until finished or aborted
   private readonly syncs = new Map<number, (s: EngineStats) => void>();
+  private readonly loraReplies = new Map<number, { resolve: (r: { removed?: boolean }) => void; reject: (e: Error) => void }>();
   private nextSeq = 1;
   private fatal: Error | null = null;
   private closed = false;
@@ -174,7 +176,7 @@ export class WorkerEngine implements EngineClient {
   generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
     params: Partial<SamplingParams>,
-    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
+    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
   ): AsyncIterable<RequestOutput> {
     if (this.fatal !== null) throw this.fatal;
     if (this.closed) throw new Error("[engine] the engine is closed");
@@ -229,6 +231,7 @@ export class WorkerEngine implements EngineClient {
       priority: options.priority ?? 0,
       cacheSalt: options.cacheSalt ?? null,
       arrivalTime: Date.now(),
+      loraRequest: options.loraRequest ?? null,
     });
     return this.iterate(stream);
   }
@@ -280,6 +283,26 @@ export class WorkerEngine implements EngineClient {
     });
   }
 
+  /** Reads and checks a LoRA adapter in the worker's engine; rejects with its EngineInputError. */
+  addLora(lora: LoraRequest): Promise<void> {
+    return this.loraCall((id) => ({ type: "addLora", id, lora })).then(() => undefined);
+  }
+
+  /** Drops an adapter no request uses; false when unknown or in use. */
+  removeLora(loraId: number): Promise<boolean> {
+    return this.loraCall((id) => ({ type: "removeLora", id, loraId })).then((r) => r.removed === true);
+  }
+
+  private loraCall(message: (id: number) => ToWorker): Promise<{ removed?: boolean }> {
+    if (this.fatal !== null) return Promise.reject(this.fatal);
+    if (this.closed) return Promise.reject(new Error("[engine] the engine is closed"));
+    const id = this.nextSeq++;
+    return new Promise((resolve, reject) => {
+      this.loraReplies.set(id, { resolve, reject });
+      this.send(message(id));
+    });
+  }
+
   /** Ends every stream and terminates the worker (the model and KV cache go with it). */
   async close(): Promise<void> {
     if (this.closed) return;
@@ -301,6 +324,12 @@ export class WorkerEngine implements EngineClient {
           if (s !== undefined) this.end(s, fromWireError(error));
         }
         for (const w of m.outputs) this.deliver(w);
+        for (const r of m.loraReplies) {
+          const waiting = this.loraReplies.get(r.id);
+          this.loraReplies.delete(r.id);
+          if (r.error !== null) waiting?.reject(fromWireError(r.error));
+          else waiting?.resolve(r);
+        }
         for (const id of m.syncIds) {
           this.syncs.get(id)?.(m.stats);
           this.syncs.delete(id);
@@ -350,6 +379,8 @@ export class WorkerEngine implements EngineClient {
   private failAll(err: Error): void {
     this.fatal ??= err;
     for (const s of [...this.streams.values()]) this.end(s, err);
+    for (const r of this.loraReplies.values()) r.reject(err);
+    this.loraReplies.clear();
   }
 }
 

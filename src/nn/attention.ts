@@ -15,6 +15,11 @@ export interface PagedContext {
   queryStart: Tensor; // int32 [numSeqs + 1]
   seqLens: Tensor; // int32 [numSeqs], context length including the new tokens
   kvCaches: { k: Tensor; v: Tensor }[]; // per layer, [numBlocks, blockSize, Hkv, D]
+  /**
+   * LoRA: [T, slots * rank] float32, token t's adapter scaling on its slot's rank columns, zeros elsewhere (no
+   * adapter: a zero row); absent when the model serves no adapters (Linear.withLora).
+   */
+  loraMask?: Tensor | null;
 }
 
 /** A dense [batch, seq] batch of token rows (training, scoring). */
@@ -72,8 +77,11 @@ export class Attention extends Module {
   forward(x: Tensor, ctx: ForwardContext, xq?: QuantizedActivations | null): Tensor {
     const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
     const T = x.shape[0]!;
-    const heads = (proj: Linear, n: number, norm: RMSNorm | null): Tensor => {
-      const flat = proj.forward(x, xq);
+    const loraMask = ctx.kind === "paged" ? ctx.loraMask : null;
+    // the three products first, then their LoRA deltas: products of one input back to back merge into one job
+    const flats = this.inputProjections.map((p) => p.forward(x, xq));
+    const heads = (proj: Linear, flat0: Tensor, n: number, norm: RMSNorm | null): Tensor => {
+      const flat = proj.withLora(flat0, x, loraMask);
       const v = flat.view(T, n, D);
       flat.dispose();
       if (!norm) return v;
@@ -81,9 +89,9 @@ export class Attention extends Module {
       v.dispose();
       return normed;
     };
-    const q0 = heads(this.qProj, H, this.qNorm);
-    const k0 = heads(this.kProj, Hkv, this.kNorm);
-    const v = heads(this.vProj, Hkv, null);
+    const q0 = heads(this.qProj, flats[0]!, H, this.qNorm);
+    const k0 = heads(this.kProj, flats[1]!, Hkv, this.kNorm);
+    const v = heads(this.vProj, flats[2]!, Hkv, null);
     let q: Tensor;
     let k: Tensor;
     let attn: Tensor;
@@ -107,7 +115,7 @@ export class Attention extends Module {
     for (const t of [q, k, v]) t.dispose();
     const flat = attn.reshape(T, H * D);
     attn.dispose();
-    const out = this.oProj.forward(flat);
+    const out = this.oProj.project(flat, null, loraMask);
     flat.dispose();
     return out;
   }

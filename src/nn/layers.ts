@@ -1,7 +1,7 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
 import type { DType } from "../backends/dtype.js";
 import {
-  embedding, empty, linear, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated, type DeviceLike,
+  add, embedding, empty, linear, mul, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated, type DeviceLike,
   type QuantizedActivations, type Tensor,
 } from "../tensor/index.js";
 import { Module } from "./module.js";
@@ -19,9 +19,20 @@ function newParameter(shape: number[], options: LayerOptions, dtype = options.dt
   return options.unallocatedParameters ? unallocated(shape, o) : empty(shape, o);
 }
 
+/**
+ * A Linear's LoRA slots (vLLM's max_loras adapters resident at once, each of rank maxRank; smaller ranks and
+ * modules an adapter leaves out are zeros): slot s's rows of `a` are its lora_A, its columns of `b` its lora_B.
+ */
+export interface LinearLoraSlots {
+  a: Tensor; // [slots * rank, inFeatures]
+  b: Tensor; // [outFeatures, slots * rank]
+}
+
 export class Linear extends Module {
   weight: Tensor; // [outFeatures, inFeatures]
   bias: Tensor | null; // [outFeatures]
+  /** LoRA slots (models/lora-slots.ts), or null when the model serves no adapters. */
+  lora: LinearLoraSlots | null = null;
 
   constructor(
     readonly inFeatures: number,
@@ -42,6 +53,30 @@ export class Linear extends Module {
   /** x [..., in] -> [..., out]. `xq`: x's rows already quantized (RMSNorm.forwardFor), read by a quantized weight. */
   forward(x: Tensor, xq?: QuantizedActivations | null): Tensor {
     return linear(x, this.weight, this.bias, xq);
+  }
+
+  /** forward(x, xq) plus each row's LoRA delta (withLora). */
+  project(x: Tensor, xq: QuantizedActivations | null | undefined, loraMask: Tensor | null | undefined): Tensor {
+    return this.withLora(this.forward(x, xq), x, loraMask);
+  }
+
+  /**
+   * out (this layer's forward(x)) plus each row's LoRA delta, b ((a x) * mask): `loraMask` [T, slots * rank] holds
+   * row t's adapter scaling on its slot's rank columns and zeros elsewhere (PagedContext.loraMask), so each row
+   * gets its own adapter (or none) from two small products. Consumes out; without a mask, or without LoRA on this
+   * layer, returns out itself. Kept apart from forward so that projections of one input run back to back (the
+   * step graphs merge such products into one job).
+   */
+  withLora(out: Tensor, x: Tensor, loraMask: Tensor | null | undefined): Tensor {
+    if (this.lora === null || loraMask === null || loraMask === undefined) return out;
+    const shrunk = linear(x, this.lora.a); // [T, slots * rank]
+    const masked = mul(shrunk, loraMask);
+    shrunk.dispose();
+    const delta = linear(masked, this.lora.b); // [T, out]
+    masked.dispose();
+    const sum = add(out, delta);
+    for (const t of [out, delta]) t.dispose();
+    return sum;
   }
 
   /** Whether forward() reads pre-quantized activations (a weight-only quantized weight whose scheme quantizes x). */

@@ -23,15 +23,21 @@ export class GatedMLP extends Module {
     return [this.gateProj, this.upProj];
   }
 
-  /** x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized gate/up projections. */
-  forward(x: Tensor, xq?: QuantizedActivations | null): Tensor {
-    const g = this.gateProj.forward(x, xq);
-    const u = this.upProj.forward(x, xq);
+  /**
+   * x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized gate/up projections; `loraMask`:
+   * each row's adapter scaling on its slot's columns (PagedContext.loraMask).
+   */
+  forward(x: Tensor, xq?: QuantizedActivations | null, loraMask?: Tensor | null): Tensor {
+    // both products first, then their LoRA deltas (see Linear.withLora)
+    const g0 = this.gateProj.forward(x, xq);
+    const u0 = this.upProj.forward(x, xq);
+    const g = this.gateProj.withLora(g0, x, loraMask);
+    const u = this.upProj.withLora(u0, x, loraMask);
     // a quantized down projection reads its input's rows quantized by the silu·mul kernel itself
     const h = this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
     g.dispose();
     u.dispose();
-    const out = this.downProj.forward(h.out, h.xq);
+    const out = this.downProj.project(h.out, h.xq, loraMask);
     h.out.dispose();
     if (h.xq) disposeQuantizedActivations(h.xq);
     return out;

@@ -1,5 +1,6 @@
 // One engine request as seen by the server: abort wiring, metrics, and merging several prompts' streams.
 import type { EngineClient, RequestOutput, SamplingParams } from "../engine/types.js";
+import type { LoraRequest } from "../engine/lora-manager.js";
 import type { ServerMetrics } from "./metrics.js";
 
 export interface EngineRequest {
@@ -9,6 +10,8 @@ export interface EngineRequest {
   params: Partial<SamplingParams>;
   priority: number;
   cacheSalt?: string;
+  /** The LoRA adapter the request's model name serves (null: the base model). */
+  loraRequest?: LoraRequest | null;
 }
 
 /** Live engine request ids, so that shutdown can abort whatever is left after the drain timeout. */
@@ -34,7 +37,10 @@ export async function* streamEngineRequest(
 ): AsyncGenerator<RequestOutput> {
   if (signal.aborted) return;
   const prompt = req.prompt === undefined ? { promptTokenIds: req.promptTokenIds } : { promptTokenIds: req.promptTokenIds, prompt: req.prompt };
-  const options = { requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}) };
+  const options = {
+    requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
+    ...(req.loraRequest ? { loraRequest: req.loraRequest } : {}),
+  };
   // An engine may reject the request synchronously (EngineInputError): nothing to abort or count then.
   const outputs = engine.generate(prompt, req.params, options);
   const tracker = metrics.track(req.promptTokenIds.length);

@@ -9,7 +9,8 @@ import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
 import { handleCompletion } from "./serving-completions.js";
-import type { ServingContext } from "./serving-context.js";
+import type { LoraModule, ServingContext } from "./serving-context.js";
+import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
 
 /** What the HTTP front end needs before the engine exists. */
@@ -21,6 +22,8 @@ export interface ServerAppOptions {
   version: string;
   /** Largest accepted request body in bytes (default 32 MiB); larger gets 413. */
   bodyLimit?: number;
+  /** Serve /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING). */
+  allowRuntimeLoraUpdating?: boolean;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -37,6 +40,11 @@ export interface ServerEngineOptions {
   toolCallParser?: ToolCallParserName;
   /** Structured output without free whitespace unless a request says otherwise (vLLM --structured-outputs-config). */
   disableAnyWhitespace?: boolean;
+  /**
+   * LoRA adapters served under their own names (vLLM --lora-modules; the engine has read them), or null/absent when
+   * LoRA is not enabled; an empty list serves none at start but lets /v1/load_lora_adapter add some.
+   */
+  loraModules?: LoraModule[] | null;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -145,24 +153,27 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     return reply.type(metrics.registry.contentType).send(await metrics.render());
   });
   app.get("/v1/models", async () => {
-    const { servedModelNames, maxModelLen } = bound();
+    const ctx = bound();
+    const { servedModelNames, maxModelLen } = ctx;
+    const created = Math.floor(Date.now() / 1000);
     return {
       object: "list",
-      data: servedModelNames.map((id) => ({
+      data: [...servedModelNames.map((id) => ({
         id,
         object: "model",
-        created: Math.floor(Date.now() / 1000),
+        created,
         owned_by: "kiln",
         root: servedModelNames[0],
         parent: null,
         max_model_len: maxModelLen,
         permission: [],
-      })),
+      })), ...loraModelCards(ctx, created)],
     };
   });
   app.post("/v1/chat/completions", (request: FastifyRequest, reply: FastifyReply) => handleChat(bound(), request, reply));
   app.post("/v1/completions", (request: FastifyRequest, reply: FastifyReply) => handleCompletion(bound(), request, reply));
   registerTokenizeRoutes(app, bound);
+  if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
 
   return {
     app,
@@ -180,6 +191,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         chatTemplate: engineOptions.chatTemplate,
         toolCallParser: engineOptions.toolCallParser === undefined ? null : toolCallParser(engineOptions.toolCallParser),
         disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
+        loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
+        lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
         inflight: new Set(),
         unstarted: new Set(),
       };

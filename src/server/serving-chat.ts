@@ -6,7 +6,7 @@ import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { partialMarkerLength } from "./tool-parsers.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModel, samplingParamsFor,
+  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
 } from "./serving-context.js";
 
@@ -111,7 +111,7 @@ const finishReasonOf = (req: ChatRequest, reply: Reply, reason: FinishReason | "
 
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
-  const model = resolveModel(ctx, req.model);
+  const { model, lora } = resolveModelAndLora(ctx, req.model);
   let promptText: string;
   try {
     promptText = ctx.tokenizer.applyChatTemplate(req.messages, {
@@ -134,7 +134,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
-    { requestId: id, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}) },
+    { requestId: id, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora },
     controller.signal);
   // echo: repeat the final message's content when the model continues it (vLLM semantics).
   const last = req.messages[req.messages.length - 1]!;

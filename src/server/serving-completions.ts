@@ -4,7 +4,7 @@ import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } fro
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModel, samplingParamsFor,
+  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
 } from "./serving-context.js";
 
@@ -62,7 +62,7 @@ interface Choice {
 
 export async function handleCompletion(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const req = parseCompletionRequest(request.body, ctx.tokenizer.vocabSize);
-  const model = resolveModel(ctx, req.model);
+  const { model, lora } = resolveModelAndLora(ctx, req.model);
   const prepared: Prepared[] = req.prompts.map((p) =>
     "text" in p
       ? { promptText: p.text, promptTokenIds: ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens }) }
@@ -79,7 +79,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   const streams = prepared.map((p, i) =>
     streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
       requestId: `${id}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
-      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
+      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
     }, controller.signal));
   const choices: Choice[] = [];
   for (let pi = 0; pi < prepared.length; pi++) {

@@ -3,6 +3,7 @@ import type { ToolCallParser } from "./tool-parsers.js";
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
+import type { LoraRequest } from "../engine/lora-manager.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { ApiError, badRequest, toApiError } from "./errors.js";
 import type { InflightSet, UnstartedSet } from "./engine-stream.js";
@@ -22,6 +23,13 @@ export interface ServingContext {
   toolCallParser: ToolCallParser | null;
   /** Default of structured output's disableAnyWhitespace. */
   disableAnyWhitespace: boolean;
+  /**
+   * LoRA adapters served as models of their own (--lora-modules, /v1/load_lora_adapter), by name; null when LoRA
+   * is not enabled.
+   */
+  loraModules: Map<string, LoraModule> | null;
+  /** The largest LoRA id given so far (ids are never reused). */
+  lastLoraId: number;
   inflight: InflightSet;
   unstarted: UnstartedSet;
 }
@@ -29,9 +37,27 @@ export interface ServingContext {
 export const randomId = (prefix: string): string => `${prefix}-${randomBytes(16).toString("hex")}`;
 export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
 
+/** A LoRA adapter the server serves under its name (vLLM's LoRAModulePath): the engine's LoRARequest and its base model. */
+export interface LoraModule {
+  request: LoraRequest;
+  /** The served base model name it reports as parent in /v1/models. */
+  baseModelName: string;
+}
+
+/**
+ * The model name to answer with, and the LoRA adapter a request for it runs with (null for the base model);
+ * 404 for a name that is not served (absent means the first served name).
+ */
+export function resolveModelAndLora(ctx: ServingContext, model: string | undefined): { model: string; lora: LoraRequest | null } {
+  const lora = model === undefined ? undefined : ctx.loraModules?.get(model);
+  if (lora !== undefined) return { model: model!, lora: lora.request };
+  return { model: resolveModel(ctx, model), lora: null };
+}
+
 /** The model name to answer with; 404 for a name that is not served (absent means the first served name). */
 export function resolveModel(ctx: ServingContext, model: string | undefined): string {
   if (model === undefined || model === "") return ctx.servedModelNames[0]!;
+  if (ctx.loraModules?.has(model) === true) return model;
   if (!ctx.servedModelNames.includes(model)) {
     throw new ApiError(404, `The model \`${model}\` does not exist.`, "model", "not_found_error", "model_not_found");
   }

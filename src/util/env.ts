@@ -52,6 +52,11 @@ export const env = {
   get noMmap(): boolean {
     return str("KILN_NO_MMAP") === "1";
   },
+  /** vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: `kiln serve` serves /v1/load_lora_adapter and /v1/unload_lora_adapter. */
+  get allowRuntimeLoraUpdating(): boolean {
+    const v = str("VLLM_ALLOW_RUNTIME_LORA_UPDATING")?.toLowerCase();
+    return v === "1" || v === "true";
+  },
   get apiKey(): string | undefined {
     return str("KILN_API_KEY");
   },

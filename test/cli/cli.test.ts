@@ -83,6 +83,14 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": "3"}' }, {}), /num_speculative_tokens must be an integer in \[1, 16\], got "3"/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2}' }, {}), /prompt_lookup_max \(2\) must be >= prompt_lookup_min \(5\)/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3}', asyncScheduling: true }, {}), /cannot be combined/);
+    // LoRA flags, as vLLM's --lora-modules takes them (name=path or JSON)
+    const lora = parseServeArgs("m", { enableLora: true, loraModules: ["sql=/a/sql", '{"name": "chat", "path": "/a/chat", "base_model_name": "b"}'], maxLoras: "2" }, {});
+    assert.deepEqual(lora.loraModules, [{ name: "sql", path: "/a/sql", baseModelName: null }, { name: "chat", path: "/a/chat", baseModelName: "b" }]);
+    assert.equal(lora.maxLoras, 2);
+    assert.throws(() => parseServeArgs("m", { loraModules: ["sql=/a"] }, {}), /--lora-modules needs --enable-lora/);
+    assert.throws(() => parseServeArgs("m", { enableLora: true, loraModules: ["sql"] }, {}), /name=path or JSON/);
+    assert.throws(() => parseServeArgs("m", { enableLora: true, loraModules: ["a=/x", "a=/y"] }, {}), /names "a" twice/);
+    assert.throws(() => parseServeArgs("m", { enableLora: true, maxLoras: "4", maxCpuLoras: "2" }, {}), /--max-cpu-loras \(2\) must be >= --max-loras \(4\)/);
     const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-"));
     writeFileSync(join(tmp, "t.jinja"), "{{ messages[0].content }}");
     assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "t.jinja") }, {}).chatTemplate, "{{ messages[0].content }}");

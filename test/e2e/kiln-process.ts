@@ -31,9 +31,10 @@ export interface KilnServer {
  * Starts `bin/kiln serve <tiny Llama> --host 127.0.0.1 --port 0 ...extraArgs` and waits for its banner.
  * @example const server = await startKiln(["--max-model-len", "64"]); const models = await server.client().models.list();
  */
-export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDir("LlamaForCausalLM")): Promise<KilnServer> {
+export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDir("LlamaForCausalLM"), env: Record<string, string> = {}): Promise<KilnServer> {
   const child = spawn(process.execPath, [`${root}/bin/kiln`, "serve", modelDir, "--host", "127.0.0.1", "--port", "0", ...extraArgs], {
     stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, ...env },
   });
   live.add(child);
   let output = "";
