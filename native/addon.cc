@@ -761,6 +761,23 @@ Job Embedding(const Napi::CallbackInfo& info) {
   return {op, [=] { gK->embedding(table, dt, ids, out, numIds, dim); }};
 }
 
+// loraApply(base, x, a, b, scales, slots, out, T, N, K, R, S): multi-LoRA (KernelTable::loraApply). The kernel skips a
+// slot outside [0, S) when it runs, so a replay whose slots changed since the capture still reads nothing out of range.
+Job LoraApply(const Napi::CallbackInfo& info) {
+  const char* op = "loraApply";
+  const int64_t T = integer(info, 7, op, "T"), N = integer(info, 8, op, "N"), K = integer(info, 9, op, "K"),
+                R = integer(info, 10, op, "R"), S = integer(info, 11, op, "S");
+  const float* base = array<float>(info, 0, T * N, op, "base");
+  const float* x = array<float>(info, 1, T * K, op, "x");
+  const float* a = array<float>(info, 2, S * R * K, op, "a");
+  const float* b = array<float>(info, 3, S * R * N, op, "b");
+  const float* scales = array<float>(info, 4, S, op, "scales");
+  const int32_t* slots = array<int32_t>(info, 5, T, op, "slots");
+  float* out = array<float>(info, 6, T * N, op, "out");
+  if (T == 0 || N == 0) return {op, nullptr};
+  return {op, [=] { gK->loraApply(base, x, a, b, scales, slots, out, T, N, K, R, S); }};
+}
+
 template <typename S, typename D, void (*KernelTable::*Fn)(const S*, D*, int64_t)>
 Job Convert(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 2, "convert", "n");
@@ -1161,6 +1178,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"rotary", RunNow<Rotary>, Submit<Rotary>},
       {"pagedAttention", RunNow<PagedAttention>, Submit<PagedAttention>},
       {"embedding", RunNow<Embedding>, Submit<Embedding>},
+      {"loraApply", RunNow<LoraApply>, Submit<LoraApply>},
       {"f32ToBf16", RunNow<Convert<float, uint16_t, &KernelTable::f32ToBf16>>,
        Submit<Convert<float, uint16_t, &KernelTable::f32ToBf16>>},
       {"bf16ToF32", RunNow<Convert<uint16_t, float, &KernelTable::bf16ToF32>>,

@@ -65,6 +65,10 @@ struct KernelTable {
   void (*pagedAttention)(const PagedAttentionArgs&);
   void (*embedding)(const void* table, int dtype, const int32_t* ids, float* out, int64_t numIds,
                     int64_t dim);
+  // Multi-LoRA (BGMV): out[t] = base[t] + scales[s] * B_s^T (A_s x[t]), s = slots[t]; a slot outside [0, S) adds
+  // nothing (out may be base). base/out [T,N], x [T,K], a [S,R,K], b [S,R,N] (lora_B transposed), scales [S].
+  void (*loraApply)(const float* base, const float* x, const float* a, const float* b, const float* scales,
+                    const int32_t* slots, float* out, int64_t T, int64_t N, int64_t K, int64_t R, int64_t S);
   void (*f32ToBf16)(const float* src, uint16_t* dst, int64_t n);
   void (*bf16ToF32)(const uint16_t* src, float* dst, int64_t n);
   void (*f16ToF32)(const uint16_t* src, float* dst, int64_t n);

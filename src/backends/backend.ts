@@ -121,6 +121,13 @@ export type KernelCall =
     }
   // ragged paged attention; see PagedAttentionArgs
   | ({ op: "paged_attention" } & PagedAttentionArgs)
+  // multi-LoRA (punica's BGMV shrink + expand): out[t] = base[t] + scales[q] * b[q]^T (a[q] x[t]) with q = slots[t]; a
+  // slot outside [0, s) (-1: no adapter) adds nothing. base/out [t, n], x [t, k], a [s, r, k], b [s, r, n] (each
+  // slot's lora_B transposed), scales [s], slots int32 [t]; all contiguous
+  | {
+      op: "lora_apply"; base: BufferView; x: BufferView; a: BufferView; b: BufferView; scales: BufferView; slots: BufferView;
+      out: BufferView; t: number; n: number; k: number; r: number; s: number;
+    }
   // random fill from a counter-based generator: reproducible per (seed, offset)
   | { op: "random"; dist: "uniform" | "normal"; out: BufferView; seed: number; counter: number; a: number; b: number };
 

@@ -103,7 +103,7 @@ export class PagedModelRunner implements ModelRunner {
     this.graphs = null;
     const maxBlocks = Math.ceil(maxModelLen / this.spec.blockSize);
     try {
-      this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, { ...options, lora: this.lora });
+      this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, { ...options, lora: this.lora !== null });
     } catch (e) {
       // e.g. MoE routing reads the router's choice on the host: such a model runs eagerly, as vLLM falls back
       // when a model cannot be captured.
@@ -170,7 +170,7 @@ export class PagedModelRunner implements ModelRunner {
         blockTables: t(tables, [seqs.length, maxBlocks]),
         queryStart: t(queryStart),
         seqLens: t(seqLens),
-        ...(loraSlots === null ? {} : { loraMask: this.loraMask(loraSlots) }),
+        ...(loraSlots === null ? {} : { loraSlots: t(loraSlots) }),
       };
       const idsT = t(ids);
       const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
@@ -197,14 +197,6 @@ export class PagedModelRunner implements ModelRunner {
         },
       };
     });
-  }
-
-  /** The step's LoRA mask [T, slots * rank] from each token's slot (LoraSlots.fillMask). */
-  private loraMask(slots: Int32Array): Tensor {
-    const lora = this.lora!;
-    const mask = new Float32Array(slots.length * lora.width);
-    lora.fillMask(slots, mask);
-    return tensor(mask, { device: this.model.device, shape: [slots.length, lora.width] });
   }
 
   /** The KV cache's element type as allocated. */

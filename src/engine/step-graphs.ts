@@ -8,7 +8,6 @@
 import type { AsyncWrite, Backend, DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
 import type { DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
-import type { LoraSlots } from "../models/lora-slots.js";
 import { compileCacheStats, resolveCodeName } from "../compile/cache.js";
 import { enableDeferAndFuse } from "../compile/defer.js";
 import { codeName } from "../compile/jit.js";
@@ -59,8 +58,8 @@ interface Bucket {
   seqLens: Tensor;
   tables: Tensor;
   rowIndex: Tensor | null;
-  /** With LoRA, the step's mask [tokens, slots * rank] (PagedContext.loraMask); else null. */
-  loraMask: Tensor | null;
+  /** With LoRA, each token's slot (-1: none); else null. */
+  loraSlots: Tensor | null;
   logits: Tensor;
   /** argmax of each logits row (int32), for batches sampled on the device. */
   argmax: Tensor;
@@ -102,12 +101,12 @@ export interface StepGraphOptions {
    * `mark` is the back end's allocationMark() taken before the model was loaded.
    */
   cache?: { key: string; mark: number };
-  /** The model's LoRA slots: each bucket gets a LoRA mask input, filled from ScheduledSequence.loraSlot. */
-  lora?: LoraSlots | null;
+  /** The model has LoRA slots: each bucket gets a per-token slot input (ScheduledSequence.loraSlot). */
+  lora?: boolean;
 }
 
 /** A bucket's persistent inputs, by the names recordings give them. */
-type BucketInputs = Pick<Bucket, "ids" | "positions" | "slots" | "queryStart" | "seqLens" | "tables" | "rowIndex" | "loraMask">;
+type BucketInputs = Pick<Bucket, "ids" | "positions" | "slots" | "queryStart" | "seqLens" | "tables" | "rowIndex" | "loraSlots">;
 
 /** Device-sampled steps whose ids may be unread at once: the engine keeps two in flight, read in order. */
 const SAMPLED_SLOTS = 4;
@@ -166,7 +165,7 @@ export class StepGraphs {
     private readonly model: CausalLM,
     kvCaches: { k: Tensor; v: Tensor }[],
     readonly maxBlocksPerSeq: number,
-    private readonly lora: LoraSlots | null,
+    private readonly lora: boolean,
   ) {
     this.vocabSize = model.config.vocabSize;
     const shape = kvCaches[0]!.k.shape; // [numBlocks, blockSize, kvHeads, headDim]
@@ -185,7 +184,7 @@ export class StepGraphs {
    * Throws whatever the capture throws (CaptureError for an op that cannot be captured); nothing is kept then.
    */
   static capture(model: CausalLM, kvCaches: { k: Tensor; v: Tensor }[], maxBlocksPerSeq: number, options: StepGraphOptions): StepGraphs {
-    const graphs = new StepGraphs(model, kvCaches, maxBlocksPerSeq, options.lora ?? null);
+    const graphs = new StepGraphs(model, kvCaches, maxBlocksPerSeq, options.lora === true);
     const fuse = options.fuse === true;
     const decode = [...options.decodeBuckets];
     const mixed = [...(options.mixedBuckets ?? [])];
@@ -297,7 +296,7 @@ export class StepGraphs {
       seqLens: i32(new Int32Array(tokens).fill(1)),
       tables: i32(new Int32Array(tokens * this.maxBlocksPerSeq), [tokens, this.maxBlocksPerSeq]),
       rowIndex: kind === "mixed" ? i32(new Int32Array(rows)) : null,
-      loraMask: this.lora === null ? null : tensor(new Float32Array(tokens * this.lora.width), { device: dev, shape: [tokens, this.lora.width] }),
+      loraSlots: this.lora ? i32(new Int32Array(tokens).fill(-1)) : null,
     };
   }
 
@@ -317,13 +316,13 @@ export class StepGraphs {
   ): Bucket {
     const backend = this.model.device.backend;
     const inputs = this.inputs(kind, tokens, rows);
-    const { ids, positions, slots, queryStart, seqLens, tables, rowIndex, loraMask } = inputs;
+    const { ids, positions, slots, queryStart, seqLens, tables, rowIndex, loraSlots } = inputs;
     let logits: Tensor | null = null;
     let argmax: Tensor | null = null;
     backend.beginCapture!({ record: recordings !== null });
     try {
       const run = (): void => {
-        const hidden = this.model.forward(ids, { kind: "paged", positions, slotMapping: slots, blockTables: tables, queryStart, seqLens, kvCaches, loraMask });
+        const hidden = this.model.forward(ids, { kind: "paged", positions, slotMapping: slots, blockTables: tables, queryStart, seqLens, kvCaches, loraSlots });
         const picked = rowIndex === null ? hidden : hidden.indexSelect(0, rowIndex);
         logits = this.model.logits(picked);
         argmax = logits.argmax(-1);
@@ -334,7 +333,7 @@ export class StepGraphs {
       flushDeferred();
     } catch (e) {
       backend.abortCapture?.();
-      for (const t of [ids, positions, slots, queryStart, seqLens, tables, rowIndex, loraMask, logits, argmax]) t?.dispose();
+      for (const t of [ids, positions, slots, queryStart, seqLens, tables, rowIndex, loraSlots, logits, argmax]) t?.dispose();
       throw e;
     }
     const graph: StepGraph = backend.endCapture!();
@@ -386,7 +385,7 @@ export class StepGraphs {
     const W = this.maxBlocksPerSeq;
     const bs = this.blockSize;
     // the inputs side by side in one array (written to the device as one stream job, writeAsyncMany)
-    const staging = new Int32Array(5 * T + 1 + T * W + b.rows + (b.loraMask === null ? 0 : T));
+    const staging = new Int32Array(5 * T + 1 + T * W + b.rows + (b.loraSlots === null ? 0 : T));
     let end = 0;
     const take = (n: number): Int32Array => staging.subarray(end, (end += n));
     const ids = take(T);
@@ -396,7 +395,7 @@ export class StepGraphs {
     const seqLens = take(T);
     const tables = take(T * W); // dummy and empty sequences read the null block
     const rowIndex = take(b.rows);
-    const loraSlots = b.loraMask === null ? null : take(T).fill(-1); // padding tokens use no adapter
+    const loraSlots = b.loraSlots === null ? null : take(T).fill(-1); // padding tokens use no adapter
     let at = 0;
     let row = 0;
     let seq = 0;
@@ -445,12 +444,7 @@ export class StepGraphs {
     put(b.seqLens, seqLens);
     put(b.tables, tables);
     if (b.rowIndex !== null) put(b.rowIndex, rowIndex);
-    if (b.loraMask !== null) {
-      const mask = new Float32Array(T * this.lora!.width);
-      this.lora!.fillMask(loraSlots!, mask);
-      const v = b.loraMask.view_("step graph input");
-      writes.push({ buffer: v.buffer, byteOffset: v.offset * 4, src: new Uint8Array(mask.buffer) });
-    }
+    if (b.loraSlots !== null) put(b.loraSlots, loraSlots!);
     if (backend.writeAsyncMany) backend.writeAsyncMany(writes);
     else for (const w of writes) backend.writeAsync!(w.buffer, w.byteOffset, w.src);
     if (fedOnDevice && fed !== undefined && fed.at.length > 0) {
@@ -520,7 +514,7 @@ export class StepGraphs {
   dispose(): void {
     for (const b of [...this.decode, ...this.mixed]) {
       b.graph.dispose();
-      for (const t of [b.ids, b.positions, b.slots, b.queryStart, b.seqLens, b.tables, b.rowIndex, b.loraMask, b.logits, b.argmax]) t?.dispose();
+      for (const t of [b.ids, b.positions, b.slots, b.queryStart, b.seqLens, b.tables, b.rowIndex, b.loraSlots, b.logits, b.argmax]) t?.dispose();
     }
     this.decode.length = 0;
     this.mixed.length = 0;

@@ -75,7 +75,7 @@ class DecoderLayer extends Module {
     let m: Tensor;
     if (this.mlp instanceof GatedMLP) {
       const n2 = this.postAttnNorm.forwardFor(h2, this.mlp.inputProjections);
-      m = this.mlp.forward(n2.out, n2.xq, ctx.kind === "paged" ? ctx.loraMask : null);
+      m = this.mlp.forward(n2.out, n2.xq, ctx.kind === "paged" ? ctx.loraSlots : null);
       n2.out.dispose();
       if (n2.xq) disposeQuantizedActivations(n2.xq);
     } else {

@@ -15,11 +15,8 @@ export interface PagedContext {
   queryStart: Tensor; // int32 [numSeqs + 1]
   seqLens: Tensor; // int32 [numSeqs], context length including the new tokens
   kvCaches: { k: Tensor; v: Tensor }[]; // per layer, [numBlocks, blockSize, Hkv, D]
-  /**
-   * LoRA: [T, slots * rank] float32, token t's adapter scaling on its slot's rank columns, zeros elsewhere (no
-   * adapter: a zero row); absent when the model serves no adapters (Linear.withLora).
-   */
-  loraMask?: Tensor | null;
+  /** Each token's LoRA slot, int32 [T] (-1: no adapter); absent when the model serves no adapters (Linear.withLora). */
+  loraSlots?: Tensor | null;
 }
 
 /** A dense [batch, seq] batch of token rows (training, scoring). */
@@ -77,11 +74,11 @@ export class Attention extends Module {
   forward(x: Tensor, ctx: ForwardContext, xq?: QuantizedActivations | null): Tensor {
     const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
     const T = x.shape[0]!;
-    const loraMask = ctx.kind === "paged" ? ctx.loraMask : null;
+    const loraSlots = ctx.kind === "paged" ? ctx.loraSlots : null;
     // the three products first, then their LoRA deltas: products of one input back to back merge into one job
     const flats = this.inputProjections.map((p) => p.forward(x, xq));
     const heads = (proj: Linear, flat0: Tensor, n: number, norm: RMSNorm | null): Tensor => {
-      const flat = proj.withLora(flat0, x, loraMask);
+      const flat = proj.withLora(flat0, x, loraSlots);
       const v = flat.view(T, n, D);
       flat.dispose();
       if (!norm) return v;
@@ -115,7 +112,7 @@ export class Attention extends Module {
     for (const t of [q, k, v]) t.dispose();
     const flat = attn.reshape(T, H * D);
     attn.dispose();
-    const out = this.oProj.project(flat, null, loraMask);
+    const out = this.oProj.project(flat, null, loraSlots);
     flat.dispose();
     return out;
   }

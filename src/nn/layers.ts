@@ -1,7 +1,7 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
 import type { DType } from "../backends/dtype.js";
 import {
-  add, embedding, empty, linear, mul, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated, type DeviceLike,
+  embedding, empty, linear, loraApply, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated, type DeviceLike,
   type QuantizedActivations, type Tensor,
 } from "../tensor/index.js";
 import { Module } from "./module.js";
@@ -20,12 +20,13 @@ function newParameter(shape: number[], options: LayerOptions, dtype = options.dt
 }
 
 /**
- * A Linear's LoRA slots (vLLM's max_loras adapters resident at once, each of rank maxRank; smaller ranks and
- * modules an adapter leaves out are zeros): slot s's rows of `a` are its lora_A, its columns of `b` its lora_B.
+ * A Linear's LoRA slots (vLLM's max_loras adapters resident at once, each of rank maxRank; smaller ranks are
+ * zero-padded, and a module an adapter leaves out has scale 0): slot s adds scales[s] * B_s (A_s x).
  */
 export interface LinearLoraSlots {
-  a: Tensor; // [slots * rank, inFeatures]
-  b: Tensor; // [outFeatures, slots * rank]
+  a: Tensor; // [slots, rank, inFeatures]: lora_A
+  b: Tensor; // [slots, rank, outFeatures]: lora_B transposed
+  scales: Tensor; // [slots]
 }
 
 export class Linear extends Module {
@@ -56,26 +57,20 @@ export class Linear extends Module {
   }
 
   /** forward(x, xq) plus each row's LoRA delta (withLora). */
-  project(x: Tensor, xq: QuantizedActivations | null | undefined, loraMask: Tensor | null | undefined): Tensor {
-    return this.withLora(this.forward(x, xq), x, loraMask);
+  project(x: Tensor, xq: QuantizedActivations | null | undefined, loraSlots: Tensor | null | undefined): Tensor {
+    return this.withLora(this.forward(x, xq), x, loraSlots);
   }
 
   /**
-   * out (this layer's forward(x)) plus each row's LoRA delta, b ((a x) * mask): `loraMask` [T, slots * rank] holds
-   * row t's adapter scaling on its slot's rank columns and zeros elsewhere (PagedContext.loraMask), so each row
-   * gets its own adapter (or none) from two small products. Consumes out; without a mask, or without LoRA on this
-   * layer, returns out itself. Kept apart from forward so that projections of one input run back to back (the
-   * step graphs merge such products into one job).
+   * out (this layer's forward(x)) plus each row's LoRA delta: `loraSlots` int32 [T] names row t's slot (-1: none;
+   * PagedContext.loraSlots), one loraApply kernel. Consumes out; without slots, or without LoRA on this layer,
+   * returns out itself. Kept apart from forward so that projections of one input run back to back (the step graphs
+   * merge such products into one job).
    */
-  withLora(out: Tensor, x: Tensor, loraMask: Tensor | null | undefined): Tensor {
-    if (this.lora === null || loraMask === null || loraMask === undefined) return out;
-    const shrunk = linear(x, this.lora.a); // [T, slots * rank]
-    const masked = mul(shrunk, loraMask);
-    shrunk.dispose();
-    const delta = linear(masked, this.lora.b); // [T, out]
-    masked.dispose();
-    const sum = add(out, delta);
-    for (const t of [out, delta]) t.dispose();
+  withLora(out: Tensor, x: Tensor, loraSlots: Tensor | null | undefined): Tensor {
+    if (this.lora === null || loraSlots === null || loraSlots === undefined) return out;
+    const sum = loraApply(out, x, this.lora.a, this.lora.b, this.lora.scales, loraSlots);
+    out.dispose();
     return sum;
   }
 

@@ -24,20 +24,20 @@ export class GatedMLP extends Module {
   }
 
   /**
-   * x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized gate/up projections; `loraMask`:
-   * each row's adapter scaling on its slot's columns (PagedContext.loraMask).
+   * x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized gate/up projections; `loraSlots`:
+   * each row's LoRA slot (PagedContext.loraSlots).
    */
-  forward(x: Tensor, xq?: QuantizedActivations | null, loraMask?: Tensor | null): Tensor {
+  forward(x: Tensor, xq?: QuantizedActivations | null, loraSlots?: Tensor | null): Tensor {
     // both products first, then their LoRA deltas (see Linear.withLora)
     const g0 = this.gateProj.forward(x, xq);
     const u0 = this.upProj.forward(x, xq);
-    const g = this.gateProj.withLora(g0, x, loraMask);
-    const u = this.upProj.withLora(u0, x, loraMask);
+    const g = this.gateProj.withLora(g0, x, loraSlots);
+    const u = this.upProj.withLora(u0, x, loraSlots);
     // a quantized down projection reads its input's rows quantized by the silu·mul kernel itself
     const h = this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
     g.dispose();
     u.dispose();
-    const out = this.downProj.project(h.out, h.xq, loraMask);
+    const out = this.downProj.project(h.out, h.xq, loraSlots);
     h.out.dispose();
     if (h.xq) disposeQuantizedActivations(h.xq);
     return out;

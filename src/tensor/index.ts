@@ -16,5 +16,6 @@ export {
   rmsNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy,
   type PagedRotaryArgs,
 } from "./ops/nn-functional.js";
+export { loraApply } from "./ops/lora.js";
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";

@@ -681,6 +681,14 @@ export class CpuBackend implements Backend {
         );
         return true;
       }
+      case "lora_apply": {
+        // out is the only write (WRITTEN_FIELDS); the kernel bounds-checks slots itself when it runs
+        const [base, x, a, b, scales, out] = [call.base, call.x, call.a, call.b, call.scales, call.out].map(f32);
+        const slots = i32(call.slots);
+        if (!base || !x || !a || !b || !scales || !out || !slots) return false;
+        k.loraApply(base, x, a, b, scales, slots, out, call.t, call.n, call.k, call.r, call.s);
+        return true;
+      }
       default:
         return false;
     }

@@ -141,6 +141,15 @@ export interface NativeKernels extends NativeStream {
     fp8Format?: 1 | 2,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
+  /**
+   * Multi-LoRA (BGMV): out[t] = base[t] + scales[s] * B_s^T (A_s x[t]) with s = slots[t]; a slot outside [0, S)
+   * (-1: no adapter) adds nothing (out may be base). base/out [T,N], x [T,K], a [S,R,K], b [S,R,N] (each slot's lora_B
+   * transposed), scales [S]. Slots are read when the kernel runs and never trusted (a step-graph replay may change them).
+   */
+  loraApply(
+    base: Float32Array, x: Float32Array, a: Float32Array, b: Float32Array, scales: Float32Array, slots: Int32Array,
+    out: Float32Array, T: number, N: number, K: number, R: number, S: number,
+  ): void;
   f32ToBf16(src: Float32Array, dst: Uint16Array, n: number): void;
   bf16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
   f16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
@@ -189,7 +198,7 @@ export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
   | "siluMul" | "rmsNorm"
   | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
-  | "f16ToF32" | "f32ToF16";
+  | "f16ToF32" | "f32ToF16" | "loraApply";
 
 /**
  * Enqueue variants of the kernels on this thread's in-order native stream. Arguments are validated (and

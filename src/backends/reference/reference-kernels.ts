@@ -258,6 +258,29 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
   writeDense(p.out, out);
 }
 
+/** lora_apply (see KernelCall): u = a[q] x[t] and the expand sum in float64, then rounded once into out. */
+function loraApplyReference(call: Extract<KernelCall, { op: "lora_apply" }>): void {
+  const { t: T, n: N, k: K, r: R, s: S } = call;
+  const out = readF64(call.base);
+  const [x, a, b, scales, slots] = [readF64(call.x), readF64(call.a), readF64(call.b), readF64(call.scales), readF64(call.slots)];
+  const u = new Float64Array(R);
+  for (let t = 0; t < T; t++) {
+    const q = slots[t]!;
+    if (!(q >= 0 && q < S)) continue; // no adapter: the base row
+    for (let r = 0; r < R; r++) {
+      let dot = 0;
+      for (let k = 0; k < K; k++) dot += a[(q * R + r) * K + k]! * x[t * K + k]!;
+      u[r] = dot;
+    }
+    for (let n = 0; n < N; n++) {
+      let delta = 0;
+      for (let r = 0; r < R; r++) delta += b[(q * R + r) * N + n]! * u[r]!;
+      out[t * N + n] += scales[q]! * delta;
+    }
+  }
+  writeDense(call.out, out);
+}
+
 /** Runs one kernel call with float64 math. */
 export function runReference(call: KernelCall): void {
   switch (call.op) {
@@ -434,6 +457,8 @@ export function runReference(call: KernelCall): void {
     }
     case "paged_attention":
       return pagedAttentionReference(call);
+    case "lora_apply":
+      return loraApplyReference(call);
     case "random": {
       const n = numel(call.out.shape);
       const vals = new Float64Array(n);
