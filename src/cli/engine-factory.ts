@@ -62,6 +62,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     ...(args.enableLora
       ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
       : {}),
+    ...(args.runner === "pooling" ? { runner: "pooling" as const, poolerConfig: args.poolerConfig } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;

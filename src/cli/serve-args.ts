@@ -1,4 +1,5 @@
 // `kiln serve` flags (vLLM's names and meanings), parsed into one typed, validated ServeArgs.
+import { REASONING_PARSERS, type ReasoningParserName } from "../server/reasoning-parsers.js";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
@@ -59,6 +60,12 @@ export interface ServeArgs {
   maxCpuLoras: number | null;
   /** vLLM --lora-modules: adapters served under their names from the start. */
   loraModules: LoraModuleArg[];
+  /** vLLM --reasoning-parser: chat replies split into reasoning and content; null = none. */
+  reasoningParser: ReasoningParserName | null;
+  /** vLLM --runner (or the older --task embed): "pooling" serves /v1/embeddings instead of generating. */
+  runner: "generate" | "pooling";
+  /** vLLM --pooler-config (--override-pooler-config): pooling_type and normalize, or null for the model's default. */
+  poolerConfig: { poolingType?: "LAST" | "MEAN" | "CLS"; normalize?: boolean } | null;
 }
 
 /** One --lora-modules entry: name=path, or JSON {"name", "path", "base_model_name"}. */
@@ -100,6 +107,11 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--max-loras <n>", "LoRA adapters in one step (default 1)")
     .option("--max-lora-rank <n>", "the largest LoRA rank served (default 16)")
     .option("--max-cpu-loras <n>", "LoRA adapters kept in host memory while unused (default: --max-loras)")
+    .addOption(new Option("--runner <runner>", "generate text, or pool prompts into embeddings (/v1/embeddings)").choices(["auto", "generate", "pooling"]))
+    .addOption(new Option("--task <task>", "older vLLM name of --runner: embed = pooling").choices(["auto", "generate", "embed"]))
+    .addOption(new Option("--convert <how>", "turn the generative model into an embedding model (with --runner pooling)").choices(["auto", "embed"]))
+    .option("--pooler-config <json>", 'pooling of --runner pooling as JSON: {"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true}')
+    .option("--override-pooler-config <json>", "older vLLM name of --pooler-config")
     .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .addOption(new Option("--scheduling-policy <policy>", "scheduling policy").choices(["fcfs", "priority"]).default("fcfs"))
     .addOption(
@@ -129,6 +141,7 @@ export function addServeOptions(cmd: Command): Command {
     .option("--lora-modules <specs...>", 'LoRA adapters to serve, each name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}')
     .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
     .addOption(new Option("--tool-call-parser <name>", "how tool calls are written in the model's text").choices([...TOOL_CALL_PARSERS]))
+    .addOption(new Option("--reasoning-parser <name>", "return the reply's <think> part as the message's reasoning").choices([...REASONING_PARSERS]))
     .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool}')
     .addOption(new Option("--guided-decoding-backend <name>", "structured output backend (older vLLM flag)").choices(["auto", "xgrammar"]));
   return cmd;
@@ -240,6 +253,10 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (maxCpuLoras !== null && maxCpuLoras < (maxLoras ?? 1))
     throw new CliUsageError(`--max-cpu-loras (${maxCpuLoras}) must be >= --max-loras (${maxLoras ?? 1})`);
 
+  const { runner, poolerConfig } = parseRunner(o);
+  if (runner === "pooling" && enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
+  if (runner === "pooling" && speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
+
   const port = int(o.port ?? "8000", "--port", 0);
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
   const modelPath = model ?? DEFAULT_MODEL_DIR;
@@ -284,7 +301,45 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     maxLoraRank: optInt(o.maxLoraRank, "--max-lora-rank", 1),
     maxCpuLoras,
     loraModules,
+    runner,
+    poolerConfig,
+    reasoningParser: parseReasoningParser(o.reasoningParser),
   };
+}
+
+function parseReasoningParser(value: unknown): ReasoningParserName | null {
+  if (value === undefined) return null;
+  if (!(REASONING_PARSERS as readonly unknown[]).includes(value))
+    throw new CliUsageError(`--reasoning-parser must be one of ${REASONING_PARSERS.join(", ")}, got ${JSON.stringify(value)}`);
+  return value as ReasoningParserName;
+}
+
+/** --runner / --task / --convert and --pooler-config (--override-pooler-config), as vLLM reads them. */
+function parseRunner(o: Record<string, unknown>): Pick<ServeArgs, "runner" | "poolerConfig"> {
+  const task = o.task as string | undefined;
+  let runner = (o.runner as string | undefined) ?? "auto";
+  if (task === "embed" || o.convert === "embed") {
+    if (runner === "generate") throw new CliUsageError(`--${task === "embed" ? "task" : "convert"} embed needs --runner pooling (or auto)`);
+    runner = "pooling";
+  }
+  if (runner !== "auto" && runner !== "generate" && runner !== "pooling") throw new CliUsageError(`--runner must be auto, generate or pooling, got ${JSON.stringify(runner)}`);
+  const resolved = runner === "pooling" ? "pooling" : "generate";
+  const raw = o.poolerConfig ?? o.overridePoolerConfig;
+  if (raw === undefined) return { runner: resolved, poolerConfig: null };
+  const flag = o.poolerConfig !== undefined ? "--pooler-config" : "--override-pooler-config";
+  if (resolved !== "pooling") throw new CliUsageError(`${flag} needs --runner pooling`);
+  const c = jsonObjectFlag(raw, flag, '{"pooling_type": "MEAN", "normalize": true}');
+  const out: NonNullable<ServeArgs["poolerConfig"]> = {};
+  for (const [k, v] of Object.entries(c)) {
+    if (k === "pooling_type") {
+      if (v !== "LAST" && v !== "MEAN" && v !== "CLS") throw new CliUsageError(`${flag}: pooling_type must be LAST, MEAN or CLS, got ${JSON.stringify(v)}`);
+      out.poolingType = v;
+    } else if (k === "normalize") {
+      if (typeof v !== "boolean") throw new CliUsageError(`${flag}: normalize must be true or false, got ${JSON.stringify(v)}`);
+      out.normalize = v;
+    } else throw new CliUsageError(`${flag}: ${JSON.stringify(k)} is not supported (pooling_type, normalize)`);
+  }
+  return { runner: "pooling", poolerConfig: out };
 }
 
 /** --lora-modules: name=path or a JSON object per entry (vLLM's LoRAParserAction); names must differ. */

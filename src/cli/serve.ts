@@ -58,6 +58,8 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
     disableAnyWhitespace: args.disableAnyWhitespace,
     loraModules,
+    runner: args.runner,
+    ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
   });
   try {
     await app.listen({ host: args.host, port: args.port });

@@ -23,7 +23,7 @@ import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
 import { LoraManager, type LoraConfig, type LoraRequest } from "./lora-manager.js";
 import { LoraError } from "../models/lora.js";
-import type { FedTokens, ModelRunner, PendingRunnerOutput, RunnerOutput, ScheduledBatch } from "./model-runner.js";
+import type { FedTokens, ModelRunner, PendingRunnerOutput, PoolingType, RunnerOutput, ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
 import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, type SamplingRow } from "./sampler.js";
@@ -61,12 +61,25 @@ export interface EngineArgs {
   speculativeConfig?: Partial<SpeculativeConfig> | null;
   /** LoRA serving (vLLM's --enable-lora with --max-loras / --max-lora-rank / --max-cpu-loras); needs runner.lora. Default none. */
   lora?: LoraConfig | null;
+  /**
+   * A pooling engine (vLLM's --runner pooling, embeddings): each request reads its prompt and finishes with the
+   * pooled final hidden state (RequestOutput.pooled) instead of generating. Default none (a generating engine).
+   */
+  pooler?: PoolerConfig | null;
 }
 
-export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig" | "lora">> & {
+/** vLLM's pooler config: how a prompt's final hidden states become one vector. */
+export interface PoolerConfig {
+  poolingType: PoolingType;
+  /** L2-normalize the pooled vector (vLLM's default for embeddings). */
+  normalize: boolean;
+}
+
+export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig" | "lora" | "pooler">> & {
   asyncScheduling: boolean | null;
   speculativeConfig: SpeculativeConfig | null;
   lora: LoraConfig | null;
+  pooler: PoolerConfig | null;
 };
 
 /** Device-sampled token ids as the sampler's rows (a plain loop: Array.from with a mapper is slow on a typed array). */
@@ -98,7 +111,17 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     ...Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined)),
     speculativeConfig: a.speculativeConfig ? resolveSpeculativeConfig(a.speculativeConfig) : null,
     lora: a.lora ?? null,
+    pooler: a.pooler ?? null,
   } as unknown as ResolvedEngineArgs;
+  if (r.pooler !== null) {
+    if (!["LAST", "MEAN", "CLS"].includes(r.pooler.poolingType))
+      throw new Error(`[engine] pooler.poolingType must be LAST, MEAN or CLS, got ${String(r.pooler.poolingType)}`);
+    if (r.speculativeConfig !== null) throw new Error("[engine] a pooling engine does not generate: speculativeConfig does not apply");
+    if (r.asyncScheduling === true) throw new Error("[engine] a pooling engine runs without async scheduling");
+    r.asyncScheduling = false; // nothing is sampled: no step to overlap with the next one's scheduling
+    // MEAN and CLS read every prompt row: cached blocks would skip rows (vLLM caches prefixes only for LAST pooling)
+    if (r.pooler.poolingType !== "LAST") r.enablePrefixCaching = false;
+  }
   if (r.speculativeConfig !== null) {
     // the next step's drafts depend on how many of this step's were accepted (vLLM turned async off with it too)
     if (r.asyncScheduling === true) throw new Error("[engine] asyncScheduling cannot be combined with speculativeConfig");
@@ -217,6 +240,7 @@ export class EngineCore {
     if (a.lora !== null && (runner.lora === undefined || runner.lora === null))
       throw new Error("[engine] lora needs a model runner with LoRA slots (PagedModelRunner.enableLora)");
     this.lora = a.lora === null ? null : new LoraManager(runner.lora!, a.lora);
+    if (a.pooler !== null && runner.supportsPooling !== true) throw new Error("[engine] pooler needs a model runner that pools (PagedModelRunner)");
   }
 
   /**
@@ -269,7 +293,9 @@ export class EngineCore {
     const maxLen = this.args.maxModelLen;
     if (prompt.length > maxLen)
       throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) is longer than the maximum model length of ${maxLen}`);
-    const maxTokens = Math.max(1, Math.min(params.maxTokens ?? maxLen, maxLen - prompt.length));
+    if (this.args.pooler !== null && params.n !== 1) throw new EngineInputError("n", `a pooling engine returns one vector per prompt, got n = ${params.n}`);
+    // a pooling request only reads its prompt
+    const maxTokens = this.args.pooler !== null ? 1 : Math.max(1, Math.min(params.maxTokens ?? maxLen, maxLen - prompt.length));
     // Every request must be able to finish alone, or preemption would livelock: its K/V (all tokens but the
     // last sampled one) must fit the pool.
     const usable = this.kv.pool.numUsableBlocks;
@@ -447,6 +473,10 @@ export class EngineCore {
   private toBatch(out: SchedulerOutput): ScheduledBatch {
     const batch = Scheduler.toBatch(out, this.args.blockSize);
     batch.sampleOnDevice = out.scheduled.every((s) => !s.needsLogits || this.sampler.isPlainGreedy(s.request));
+    if (this.args.pooler !== null) {
+      batch.pooling = this.args.pooler.poolingType;
+      batch.sampleOnDevice = false;
+    }
     if (this.lora !== null) {
       // the step's adapters into device slots (behind the work already queued), and each sequence's slot
       const ids = new Set<number>();
@@ -467,6 +497,7 @@ export class EngineCore {
    * deferText, the text of requests without stop strings is left for collectOutputs.
    */
   private applyStep(out: SchedulerOutput, runnerOutput: RunnerOutput, deferText: boolean): RequestUpdate[] {
+    if (this.args.pooler !== null) return this.applyPooling(out, runnerOutput.pooled ?? new Map(), this.args.pooler);
     const rows: SamplingRow[] = [];
     for (const s of out.scheduled) {
       if (!s.needsLogits) continue;
@@ -485,6 +516,37 @@ export class EngineCore {
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.numSteps++;
     if (this.args.speculativeConfig !== null) this.proposeDrafts(this.args.speculativeConfig);
+    return updates;
+  }
+
+  /** A pooling step: each sequence's share of its pooled state; a request whose prompt is read finishes with it. */
+  private applyPooling(out: SchedulerOutput, pooled: Map<string, Float32Array>, c: PoolerConfig): RequestUpdate[] {
+    const updates: RequestUpdate[] = [];
+    for (const s of out.scheduled) {
+      const req = s.request;
+      if (req.isFinished) continue;
+      const part = pooled.get(req.requestId);
+      if (part !== undefined) {
+        if (c.poolingType === "MEAN" && req.pooledState !== null) for (let i = 0; i < part.length; i++) req.pooledState[i] += part[i]!;
+        else req.pooledState = part;
+      }
+      if (!s.needsLogits) continue;
+      const v = req.pooledState;
+      if (v === null) throw new Error(`[engine] no pooled state for ${req.requestId}`);
+      if (c.poolingType === "MEAN") for (let i = 0; i < v.length; i++) v[i] = v[i]! / req.numPromptTokens;
+      if (c.normalize) {
+        let ss = 0;
+        for (let i = 0; i < v.length; i++) ss += v[i]! * v[i]!;
+        const inv = 1 / Math.max(Math.sqrt(ss), 1e-12); // torch.nn.functional.normalize's eps
+        for (let i = 0; i < v.length; i++) v[i] = v[i]! * inv;
+      }
+      req.pooledOutput = v;
+      req.pooledState = null;
+      req.metrics.firstTokenTime ??= Date.now();
+      this.scheduler.finishRequests([req.requestId], "FINISHED_STOPPED");
+      updates.push({ request: req, newTokenIds: [], finished: true });
+    }
+    this.numSteps++;
     return updates;
   }
 
@@ -555,6 +617,7 @@ export class EngineCore {
       promptLogprobs: first.promptLogprobs === null ? null : [...first.promptLogprobs],
       outputs,
       finished: parent.children.every((c) => c.isFinished),
+      ...(first.pooledOutput !== null ? { pooled: first.pooledOutput } : {}),
       numCachedTokens: Math.max(0, first.numCachedTokens),
       metrics: { ...first.metrics },
     };

@@ -68,6 +68,7 @@ function toWire(out: RequestOutput, sent: Sent): WireOutput {
       };
     }),
   };
+  if (out.pooled != null) w.pooled = out.pooled;
   if (!sent.promptSent) {
     w.promptTokenIds = out.promptTokenIds;
     sent.promptSent = true;

@@ -68,6 +68,8 @@ export interface WireOutput {
   /** New prompt logprobs since the last update (null when the request did not ask for them). */
   promptLogprobs: (TokenLogprobs | null)[] | null;
   outputs: WireCompletionDelta[];
+  /** A pooling engine's vector, with the finished update. */
+  pooled?: Float32Array;
 }
 
 /** Where the caller's thread loads its own tokenizer from (the worker loads the model). */

@@ -9,6 +9,14 @@ import { generationConfigDefaults } from "./sampling-params.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
 
+/** One prompt's embedding (vLLM's EmbeddingRequestOutput, its outputs.embedding as `embedding`). */
+export interface EmbeddingOutput {
+  requestId: string;
+  prompt: string | null;
+  promptTokenIds: number[];
+  embedding: Float32Array;
+}
+
 /** A prompt as text (tokenized with special tokens) or as token ids. */
 export type PromptInput = string | { promptTokenIds: number[]; prompt?: string };
 
@@ -71,6 +79,16 @@ export class LLM {
     params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     options: { priority?: number[]; loraRequest?: LoraRequest | (LoraRequest | null)[] | null } = {},
   ): RequestOutput[] {
+    if (this.engine.args.pooler !== null) throw new Error("[LLM.generate] this LLM pools (runner: \"pooling\"): use embed()");
+    return this.run(prompts, params, options);
+  }
+
+  /** Adds every prompt, steps until all finish, and returns their final outputs in input order. */
+  private run(
+    prompts: PromptInput[],
+    params: Partial<SamplingParams> | Partial<SamplingParams>[],
+    options: { priority?: number[]; loraRequest?: LoraRequest | (LoraRequest | null)[] | null },
+  ): RequestOutput[] {
     if (Array.isArray(params) && params.length !== prompts.length)
       throw new Error(`[LLM.generate] got ${params.length} SamplingParams for ${prompts.length} prompts`);
     const ids: string[] = [];
@@ -103,6 +121,26 @@ export class LLM {
       for (const out of this.engine.step()) if (out.finished) final.set(out.requestId, out);
     }
     return ids.map((id) => final.get(id)!);
+  }
+
+  /**
+   * Embeddings of every prompt (vLLM's LLM.embed), from an LLM made with runner "pooling": each prompt's final hidden
+   * states pooled as the pooler config says (default LAST, L2-normalized). Throws EngineInputError for an invalid
+   * prompt before running anything.
+   *
+   * @example
+   * const llm = new LLM({ model: "models/kiln-default", runner: "pooling" });
+   * const [e] = llm.embed(["The city"]); // e.embedding: Float32Array of hidden_size values
+   */
+  embed(prompts: PromptInput[], options: { truncatePromptTokens?: number } = {}): EmbeddingOutput[] {
+    if (this.engine.args.pooler === null) throw new Error('[LLM.embed] this LLM generates: make it with runner: "pooling" to embed');
+    const params = { maxTokens: 1, ...(options.truncatePromptTokens !== undefined ? { truncatePromptTokens: options.truncatePromptTokens } : {}) };
+    return this.run(prompts, params, {}).map((out) => ({
+      requestId: out.requestId,
+      prompt: out.prompt,
+      promptTokenIds: out.promptTokenIds,
+      embedding: out.pooled!,
+    }));
   }
 
   /** Chat: one conversation or a list of them, rendered with the tokenizer's chat template. */

@@ -45,7 +45,15 @@ export interface ScheduledBatch {
    * from there into this step's inputs. Their entries in `sequences[].tokenIds` are -1.
    */
   fedTokens?: FedTokens;
+  /**
+   * A pooling engine's step (EngineArgs.pooler): no logits; the runner returns each sequence's share of its pooled
+   * hidden state (RunnerOutput.pooled).
+   */
+  pooling?: PoolingType;
 }
+
+/** How a pooling engine reduces a prompt's final hidden states (vLLM's pooling_type). */
+export type PoolingType = "LAST" | "MEAN" | "CLS";
 
 /** A step's token ids sampled on the device, still there: `read()` waits for the step and copies them out. */
 export interface DeviceTokens {
@@ -76,6 +84,11 @@ export interface RunnerOutput {
   promptLogits: Map<string, Float32Array>;
   /** With batch.sampleOnDevice: the argmax token of each sampled row, in row order (logits may be empty). */
   tokenIds?: Int32Array;
+  /**
+   * With batch.pooling, by request id, the chunk's part of the pooled state: LAST the last prompt token's hidden row
+   * (chunk with needsLogits), CLS the first token's (chunk at position 0), MEAN the sum of the chunk's rows.
+   */
+  pooled?: Map<string, Float32Array>;
 }
 
 /** A step whose kernels are queued on the device: `wait()` blocks until its logits are on the host. */
@@ -90,6 +103,8 @@ export interface ModelRunner {
   readonly vocabSize: number;
   /** The model's LoRA slots, when it serves adapters (EngineArgs.lora). */
   readonly lora?: LoraSlots | null;
+  /** Whether execute() serves pooling batches (ScheduledBatch.pooling). */
+  readonly supportsPooling?: boolean;
   execute(batch: ScheduledBatch): RunnerOutput;
   /**
    * Queues the step's work and returns before it has run (async scheduling: the engine schedules the next

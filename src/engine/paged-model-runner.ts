@@ -7,7 +7,7 @@ import { LoraSlots } from "../models/lora-slots.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
-import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
+import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 
 /**
  * Weights up to this size move onto huge pages at start-up (Backend.moveToHugePages). Measured decode gains: SmolLM-135M
@@ -43,6 +43,26 @@ export interface KvCacheSpec {
   dtype?: KvCacheDtype;
 }
 
+/** Each sequence's share of its pooled state from a step's hidden rows h [T, H] (RunnerOutput.pooled). */
+function poolChunks(h: Float32Array, seqs: ScheduledBatch["sequences"], pooling: PoolingType): Map<string, Float32Array> {
+  const H = h.length / Math.max(1, seqs.reduce((n, s) => n + s.tokenIds.length, 0));
+  const out = new Map<string, Float32Array>();
+  let at = 0;
+  for (const s of seqs) {
+    const n = s.tokenIds.length;
+    const row = (j: number): Float32Array => h.slice((at + j) * H, (at + j + 1) * H);
+    if (pooling === "LAST" && s.needsLogits) out.set(s.requestId, row(n - 1));
+    else if (pooling === "CLS" && s.startPosition === 0) out.set(s.requestId, row(0));
+    else if (pooling === "MEAN") {
+      const sum = new Float32Array(H);
+      for (let j = 0; j < n; j++) for (let i = 0; i < H; i++) sum[i] += h[(at + j) * H + i]!;
+      out.set(s.requestId, sum);
+    }
+    at += n;
+  }
+  return out;
+}
+
 /** Bytes of K+V cache one block takes for this model. */
 export function kvBytesPerBlock(model: CausalLM, blockSize: number, dtype: KvCacheDtype = "float32"): number {
   const c = model.config;
@@ -60,6 +80,7 @@ export class PagedModelRunner implements ModelRunner {
   captureFailure: string | null = null;
   /** LoRA slots on the model's projections (enableLora), or null. */
   lora: LoraSlots | null = null;
+  readonly supportsPooling = true;
 
   constructor(
     readonly model: CausalLM,
@@ -120,7 +141,8 @@ export class PagedModelRunner implements ModelRunner {
    * device's stream while this returns); wait() reads the logits back.
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
-    const replay = this.graphs?.launch(batch) ?? null;
+    // pooling steps (prompts only, compute-bound) run eagerly: the graphs return logits, not hidden rows
+    const replay = batch.pooling === undefined ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
       const wait = (): RunnerOutput => {
         const { logits, tokenIds } = replay.wait();
@@ -176,6 +198,12 @@ export class PagedModelRunner implements ModelRunner {
       const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
       idsT.dispose();
       for (const x of Object.values(ctxTensors)) x.dispose();
+      const pooling = batch.pooling;
+      if (pooling !== undefined) {
+        const h = hidden.dataSync() as Float32Array; // [T, H], final-normed
+        hidden.dispose();
+        return { wait: () => ({ logits: new Float32Array(0), promptLogits: new Map(), pooled: poolChunks(h, seqs, pooling) }) };
+      }
       const logitsT = rows.length > 0 ? this.model.logits(hidden, Int32Array.from(rows)) : null;
       const promptT = new Map<string, Tensor>();
       for (const [id, [start, n]] of promptRows)

@@ -102,6 +102,9 @@ export class Request {
   specPause = { skip: 0, next: 1 };
   /** Structured output: the request's grammar matcher (masks each step's logits, advanced by each token). */
   grammar: RequestGrammar | null = null;
+  /** A pooling engine: the pooled state so far (a sum of rows for MEAN), then the output once the prompt is read. */
+  pooledState: Float32Array | null = null;
+  pooledOutput: Float32Array | null = null;
 
   constructor(init: RequestInit) {
     this.requestId = init.requestId;

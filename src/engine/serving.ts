@@ -5,7 +5,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
-import type { EngineArgs } from "./engine-core.js";
+import type { EngineArgs, PoolerConfig } from "./engine-core.js";
+import type { PoolingType } from "./model-runner.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
@@ -62,6 +63,17 @@ export interface ServingArgs {
   maxLoraRank?: number;
   /** vLLM's --max-cpu-loras: adapters kept in host memory while unused; default maxLoras. */
   maxCpuLoras?: number | null;
+  /**
+   * vLLM's --runner: "generate" (default) or "pooling" (embeddings: every request returns its prompt's pooled final
+   * hidden state; see poolerConfig).
+   */
+  runner?: "generate" | "pooling";
+  /**
+   * vLLM's --pooler-config for a pooling runner: poolingType LAST | MEAN | CLS and normalize. Default: the model
+   * directory's sentence-transformers pooling (1_Pooling/config.json, modules.json's Normalize) where it has one,
+   * else LAST with normalize (vLLM's default for decoder models turned into embedding models).
+   */
+  poolerConfig?: Partial<PoolerConfig> | null;
   onProgress?: (stage: string, fraction: number) => void;
 }
 
@@ -93,7 +105,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
-  maxLoraRank: true, maxCpuLoras: true,
+  maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -126,6 +138,18 @@ function checkServingArgs(args: ServingArgs): void {
   if (u !== undefined && !(u > 0 && u <= 1))
     throw new EngineInputError("gpu_memory_utilization", `gpu_memory_utilization must be in (0, 1], got ${u}`);
   checkKvCacheDtype(args.kvCacheDtype);
+  if (args.runner !== undefined && args.runner !== "generate" && args.runner !== "pooling")
+    throw new EngineInputError("runner", `runner must be "generate" or "pooling", got ${JSON.stringify(args.runner)}`);
+  if (args.poolerConfig != null) {
+    if (args.runner !== "pooling") throw new EngineInputError("pooler_config", 'pooler_config needs runner "pooling"');
+    const t = args.poolerConfig.poolingType;
+    if (t !== undefined && t !== "LAST" && t !== "MEAN" && t !== "CLS")
+      throw new EngineInputError("pooler_config", `pooling_type must be LAST, MEAN or CLS, got ${JSON.stringify(t)}`);
+    if (args.poolerConfig.normalize !== undefined && typeof args.poolerConfig.normalize !== "boolean")
+      throw new EngineInputError("pooler_config", `normalize must be a boolean, got ${JSON.stringify(args.poolerConfig.normalize)}`);
+  }
+  if (args.runner === "pooling" && args.speculativeConfig) throw new EngineInputError("speculative_config", "a pooling runner does not generate: speculative decoding does not apply");
+  if (args.runner === "pooling" && args.enableLora) throw new EngineInputError("enable_lora", "LoRA is served with the generate runner only");
   if (args.speculativeConfig) {
     try {
       resolveSpeculativeConfig(args.speculativeConfig);
@@ -177,6 +201,31 @@ export function sizeKvCache(
   return { numBlocks, maxModelLen, blockSize, kvCacheDtype };
 }
 
+/**
+ * The pooler of a pooling runner: the given fields over the model directory's sentence-transformers pooling
+ * (1_Pooling/config.json's pooling_mode_*; modules.json naming a Normalize module), over LAST + normalize.
+ */
+export function resolvePooler(modelPath: string, given: Partial<PoolerConfig>): PoolerConfig {
+  let poolingType: PoolingType = "LAST";
+  let normalize = true;
+  const readJson = (f: string): unknown => {
+    try {
+      return JSON.parse(fs.readFileSync(path.join(modelPath, f), "utf8"));
+    } catch {
+      return undefined;
+    }
+  };
+  const st = readJson("1_Pooling/config.json") as Record<string, unknown> | undefined;
+  if (st !== undefined) {
+    if (st.pooling_mode_mean_tokens === true) poolingType = "MEAN";
+    else if (st.pooling_mode_cls_token === true) poolingType = "CLS";
+    else if (st.pooling_mode_lasttoken === true) poolingType = "LAST";
+    const modules = readJson("modules.json");
+    normalize = Array.isArray(modules) && modules.some((m) => typeof (m as { type?: unknown }).type === "string" && /Normalize$/.test((m as { type: string }).type));
+  }
+  return { poolingType: given.poolingType ?? poolingType, normalize: given.normalize ?? normalize };
+}
+
 /** Sizes and mtimes of the model's files: replacing a checkpoint changes the step-graph cache key. */
 function modelStamp(modelPath: string): string[] {
   const st = fs.statSync(modelPath, { throwIfNoEntry: false });
@@ -223,7 +272,9 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));
   const lora = args.enableLora === true ? { maxLoras: args.maxLoras ?? 1, maxLoraRank: args.maxLoraRank ?? 16, maxCpuLoras: args.maxCpuLoras ?? null } : null;
   if (lora !== null) runner.enableLora(lora.maxLoras, lora.maxLoraRank); // before the capture: the graphs read the slots
-  if (args.enforceEager !== true) {
+  const pooler = args.runner === "pooling" ? resolvePooler(loaded.path, args.poolerConfig ?? {}) : null;
+  // a pooling engine's steps (prompts only) run eagerly: no step graphs to capture
+  if (args.enforceEager !== true && pooler === null) {
     const stage = "compiling step graphs";
     args.onProgress?.(stage, 0);
     const decode = decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize);
@@ -267,6 +318,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     speculativeConfig: args.speculativeConfig ?? null,
     eosTokenIds: loaded.tokenizer.eosTokenIds,
     lora,
+    pooler,
   };
   return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize };
 }

@@ -79,6 +79,8 @@ export interface RequestOutput {
   finished: boolean;
   numCachedTokens: number;
   metrics?: RequestMetrics;
+  /** A pooling engine's output for the prompt (vLLM's PoolingRequestOutput data: an embedding), once finished. */
+  pooled?: Float32Array | null;
 }
 
 export interface RequestMetrics {

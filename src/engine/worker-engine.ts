@@ -358,6 +358,7 @@ export class WorkerEngine implements EngineClient {
       finished: w.finished,
       numCachedTokens: w.numCachedTokens,
       metrics: w.metrics,
+      ...(w.pooled !== undefined ? { pooled: w.pooled } : {}),
     });
     if (w.finished) this.end(s, null);
     else this.wake(s);

@@ -110,12 +110,20 @@ function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedMod
   if (!scheme) return { ...loaded, quantization: loaded.quantization ?? null };
   const headScheme: QuantScheme = scheme === "fp8" ? "fp8" : "int8";
   const withHead = options.quantizeLmHead ?? true;
+  const fellBack: string[] = [];
   quantizeLinears(loaded.model, scheme, {
+    onFallback: (name) => fellBack.push(name),
     filter: (name) => (name === "lm_head" ? withHead : defaultQuantFilter(name)),
     schemeFor: (name) => (name === "lm_head" ? headScheme : scheme),
     onProgress: (d, t) => options.onProgress?.(`quantizing weights (${scheme})`, d / t),
   });
   if (withHead && loaded.model.lmHead === null) quantizeTiedHead(loaded.model.model.embedTokens.weight, headScheme);
+  if (fellBack.length > 0)
+    process.emitWarning(
+      `Kiln: --quantization ${scheme}: ${fellBack.length} layer(s) whose in_features is not a multiple of 64 run int8 instead ` +
+        `(${fellBack.slice(0, 4).join(", ")}${fellBack.length > 4 ? ", ..." : ""})`,
+      "KilnWarning",
+    );
   return { ...loaded, quantization: scheme };
 }
 

@@ -13,6 +13,8 @@ export interface QuantizeOptions {
   schemeFor?: (name: string, layer: Linear) => QuantScheme;
   /** Called after each layer. */
   onProgress?: (done: number, total: number) => void;
+  /** Called for each layer that takes int8 instead of the scheme it was given (its in_features do not fit it). */
+  onFallback?: (name: string, wanted: QuantScheme, used: QuantScheme) => void;
 }
 
 /** The default selection: projections only (lm_head and MoE routers stay in the model dtype, as in vLLM). */
@@ -61,6 +63,7 @@ export function quantizeLinears(model: Module, scheme: QuantScheme, options: Qua
   layers.forEach(([name, layer], i) => {
     const want = options.schemeFor?.(name, layer) ?? scheme;
     const s: QuantScheme = canQuantize(want, layer.inFeatures) ? want : "int8";
+    if (s !== want) options.onFallback?.(name, want, s);
     installQuantizedWeight(model, name, layer, quantizeWeight(layer.weight, s));
     options.onProgress?.(i + 1, layers.length);
   });

@@ -49,6 +49,8 @@ export interface ChatRequest extends CommonRequest {
   /** none: a text reply; required or named: the reply is tool calls (its text constrained to their JSON). */
   toolChoice: ToolChoice;
   topLogprobs: number | null; // null = no logprobs
+  /** vLLM's include_reasoning: with a reasoning parser, return the reply's reasoning (default true). */
+  includeReasoning: boolean;
 }
 
 export type PromptInput = { text: string } | { tokenIds: number[] };
@@ -396,26 +398,28 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     tools,
     toolChoice,
     topLogprobs: topLp,
+    includeReasoning: optBool(body, "include_reasoning") ?? true,
   };
 }
 
-function parsePrompts(body: Json, vocabSize: number): PromptInput[] {
-  const p = body.prompt;
-  const bad = () => badRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of token id lists", "prompt");
+/** `field` (completions' prompt, embeddings' input): a string, strings, token ids or token id lists. */
+export function parsePrompts(body: Json, vocabSize: number, field = "prompt"): PromptInput[] {
+  const p = body[field];
+  const bad = () => badRequest(`'${field}' must be a string, a list of strings, a list of token ids or a list of token id lists`, field);
   const checkIds = (ids: unknown[]): number[] => {
     for (const id of ids) {
       if (!Number.isInteger(id)) throw bad();
-      if ((id as number) < 0 || (id as number) >= vocabSize) throw badRequest(`Token id ${id} is out of vocabulary`, "prompt");
+      if ((id as number) < 0 || (id as number) >= vocabSize) throw badRequest(`Token id ${id} is out of vocabulary`, field);
     }
     return ids as number[];
   };
   if (typeof p === "string") return [{ text: p }];
-  if (!Array.isArray(p) || p.length === 0) throw p === undefined ? badRequest("'prompt' is required", "prompt") : bad();
+  if (!Array.isArray(p) || p.length === 0) throw p === undefined ? badRequest(`'${field}' is required`, field) : bad();
   if (p.every((x) => typeof x === "string")) return (p as string[]).map((text) => ({ text }));
   if (p.every((x) => typeof x === "number")) return [{ tokenIds: checkIds(p) }];
   if (p.every((x) => Array.isArray(x))) {
     return (p as unknown[][]).map((ids) => {
-      if (ids.length === 0) throw badRequest("'prompt' token lists must not be empty", "prompt");
+      if (ids.length === 0) throw badRequest(`'${field}' token lists must not be empty`, field);
       return { tokenIds: checkIds(ids) };
     });
   }

@@ -1,5 +1,6 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
+import type { ReasoningParserName } from "./reasoning-parsers.js";
 import { timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
@@ -9,6 +10,7 @@ import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
 import { handleCompletion } from "./serving-completions.js";
+import { handleEmbeddings, refuseOnPoolingRunner } from "./serving-embeddings.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
@@ -45,6 +47,10 @@ export interface ServerEngineOptions {
    * LoRA is not enabled; an empty list serves none at start but lets /v1/load_lora_adapter add some.
    */
   loraModules?: LoraModule[] | null;
+  /** Splits chat replies into `reasoning` and `content` (vLLM --reasoning-parser). */
+  reasoningParser?: ReasoningParserName;
+  /** "pooling" (vLLM --runner pooling): /v1/embeddings is served and the generating APIs are refused. Default "generate". */
+  runner?: "generate" | "pooling";
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -170,8 +176,15 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       })), ...loraModelCards(ctx, created)],
     };
   });
-  app.post("/v1/chat/completions", (request: FastifyRequest, reply: FastifyReply) => handleChat(bound(), request, reply));
-  app.post("/v1/completions", (request: FastifyRequest, reply: FastifyReply) => handleCompletion(bound(), request, reply));
+  app.post("/v1/chat/completions", async (request: FastifyRequest, reply: FastifyReply) => {
+    refuseOnPoolingRunner(bound(), "Chat Completions");
+    return handleChat(bound(), request, reply);
+  });
+  app.post("/v1/completions", async (request: FastifyRequest, reply: FastifyReply) => {
+    refuseOnPoolingRunner(bound(), "Completions");
+    return handleCompletion(bound(), request, reply);
+  });
+  app.post("/v1/embeddings", (request: FastifyRequest, reply: FastifyReply) => handleEmbeddings(bound(), request, reply));
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
 
@@ -193,6 +206,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
         loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
         lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
+        runner: engineOptions.runner ?? "generate",
+        reasoningParser: engineOptions.reasoningParser ?? null,
         inflight: new Set(),
         unstarted: new Set(),
       };

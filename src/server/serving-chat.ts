@@ -5,6 +5,7 @@ import { badRequest } from "./errors.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { partialMarkerLength } from "./tool-parsers.js";
+import { ReasoningStream, splitReasoning, thinkingOn } from "./reasoning-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
@@ -149,6 +150,13 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   }
 }
 
+/** A reply's reasoning and content as the server's reasoning parser splits it (all content without one). */
+function reasoningOf(ctx: ServingContext, req: ChatRequest, text: string): { reasoning: string | null; content: string | null } {
+  if (ctx.reasoningParser === null) return { reasoning: null, content: text };
+  const s = splitReasoning(text, thinkingOn(ctx.reasoningParser, req.chatTemplateKwargs));
+  return { reasoning: req.includeReasoning ? s.reasoning : null, content: s.content };
+}
+
 interface ResponseInfo {
   id: string;
   created: number;
@@ -182,10 +190,17 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     created: info.created,
     model: info.model,
     choices: choices.map((c, index) => {
-      const r = readReply(ctx, req, c.text);
+      const { reasoning, content } = reasoningOf(ctx, req, c.text);
+      const r = readReply(ctx, req, content ?? "");
       return {
         index,
-        message: { role: "assistant", content: r.content, refusal: null, tool_calls: r.toolCalls ?? [] },
+        message: {
+          role: "assistant",
+          content: content === null && r.toolCalls === null ? null : r.content,
+          refusal: null,
+          tool_calls: r.toolCalls ?? [],
+          ...(ctx.reasoningParser !== null ? { reasoning, reasoning_content: reasoning } : {}),
+        },
         logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
         finish_reason: finishReasonOf(req, r, c.finishReason ?? "abort"),
         stop_reason: c.stopReason,
@@ -211,13 +226,18 @@ async function streamChat(
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     const tools = new ToolCallStream(ctx, req, info.n);
+    const thinking = ctx.reasoningParser !== null && thinkingOn(ctx.reasoningParser, req.chatTemplateKwargs);
+    const reasoners = ctx.reasoningParser === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(thinking));
     for await (const out of outputs) {
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;
         if (o.finishReason !== null) done.add(o.index);
         completionTokens += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
-        const { delta, finishReason } = tools.delta(o.index, o.text, o.finishReason);
+        const split = reasoners?.[o.index]!.push(o.text, o.finishReason !== null) ?? { reasoning: "", content: o.text };
+        const { delta, finishReason } = tools.delta(o.index, split.content, o.finishReason);
+        if (delta.content === "" && reasoners !== null) delete delta.content; // all held back, or all reasoning
+        if (split.reasoning !== "" && req.includeReasoning) Object.assign(delta, { reasoning: split.reasoning, reasoning_content: split.reasoning });
         if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null) continue; // held back
         const choice = {
           index: o.index,

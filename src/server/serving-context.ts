@@ -1,5 +1,6 @@
 // State and checks shared by the chat and completions handlers.
 import type { ToolCallParser } from "./tool-parsers.js";
+import type { ReasoningParserName } from "./reasoning-parsers.js";
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
@@ -21,6 +22,8 @@ export interface ServingContext {
   chatTemplate: string | undefined;
   /** tool_choice "auto" is served with it; null: refused (as vLLM without --enable-auto-tool-choice). */
   toolCallParser: ToolCallParser | null;
+  /** Splits replies into reasoning and content (vLLM --reasoning-parser); null: replies are all content. */
+  reasoningParser: ReasoningParserName | null;
   /** Default of structured output's disableAnyWhitespace. */
   disableAnyWhitespace: boolean;
   /**
@@ -30,6 +33,8 @@ export interface ServingContext {
   loraModules: Map<string, LoraModule> | null;
   /** The largest LoRA id given so far (ids are never reused). */
   lastLoraId: number;
+  /** "pooling": the engine embeds (/v1/embeddings) and does not generate; else "generate". */
+  runner: "generate" | "pooling";
   inflight: InflightSet;
   unstarted: UnstartedSet;
 }

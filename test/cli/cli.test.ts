@@ -91,6 +91,20 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { enableLora: true, loraModules: ["sql"] }, {}), /name=path or JSON/);
     assert.throws(() => parseServeArgs("m", { enableLora: true, loraModules: ["a=/x", "a=/y"] }, {}), /names "a" twice/);
     assert.throws(() => parseServeArgs("m", { enableLora: true, maxLoras: "4", maxCpuLoras: "2" }, {}), /--max-cpu-loras \(2\) must be >= --max-loras \(4\)/);
+    // the pooling runner (embeddings), with vLLM's newer and older flag names
+    assert.equal(parseServeArgs("m", {}, {}).runner, "generate");
+    assert.equal(parseServeArgs("m", { runner: "pooling" }, {}).runner, "pooling");
+    assert.equal(parseServeArgs("m", { task: "embed" }, {}).runner, "pooling");
+    assert.deepEqual(parseServeArgs("m", { runner: "pooling", poolerConfig: '{"pooling_type": "MEAN", "normalize": false}' }, {}).poolerConfig, { poolingType: "MEAN", normalize: false });
+    assert.deepEqual(parseServeArgs("m", { convert: "embed", overridePoolerConfig: '{"pooling_type": "CLS"}' }, {}).poolerConfig, { poolingType: "CLS" });
+    assert.throws(() => parseServeArgs("m", { poolerConfig: '{"pooling_type": "MEAN"}' }, {}), /--pooler-config needs --runner pooling/);
+    assert.throws(() => parseServeArgs("m", { runner: "pooling", poolerConfig: '{"pooling_type": "MAX"}' }, {}), /pooling_type must be LAST, MEAN or CLS/);
+    assert.throws(() => parseServeArgs("m", { runner: "pooling", poolerConfig: '{"dimensions": 8}' }, {}), /"dimensions" is not supported/);
+    assert.throws(() => parseServeArgs("m", { runner: "generate", task: "embed" }, {}), /--task embed needs --runner pooling/);
+    assert.throws(() => parseServeArgs("m", { runner: "pooling", enableLora: true }, {}), /--enable-lora needs the generate runner/);
+    assert.equal(parseServeArgs("m", { reasoningParser: "qwen3" }, {}).reasoningParser, "qwen3");
+    assert.equal(parseServeArgs("m", {}, {}).reasoningParser, null);
+    assert.throws(() => parseServeArgs("m", { reasoningParser: "o1" }, {}), /--reasoning-parser must be one of deepseek_r1, qwen3/);
     const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-"));
     writeFileSync(join(tmp, "t.jinja"), "{{ messages[0].content }}");
     assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "t.jinja") }, {}).chatTemplate, "{{ messages[0].content }}");

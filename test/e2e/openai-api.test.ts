@@ -427,3 +427,48 @@ describe("kiln serve --speculative-config (e2e)", () => {
     assert.ok(drafted > 0 && accepted >= 0 && accepted <= drafted, `${accepted} of ${drafted}`);
   });
 });
+
+describe("kiln serve --reasoning-parser qwen3 (e2e)", () => {
+  let thinker: KilnServer;
+  let c: OpenAI;
+  before(async () => {
+    thinker = await startKiln(["--reasoning-parser", "qwen3"]);
+    c = thinker.client();
+  });
+  after(async () => {
+    assert.equal(await thinker.stop(), 0);
+  });
+  // The random model is steered into a thinking reply by a regex, so the parser has a <think> block to find.
+  const steer = { structured_outputs: { regex: "<think>(plan|check) [a-z]{2,6}</think>Answer: (yes|no)" } };
+  const req = { messages: USER, max_tokens: 60, seed: 3, temperature: 1, ...steer };
+
+  it("the <think> part comes back as reasoning, the rest as content, streamed or not", async () => {
+    const r = await c.chat.completions.create({ ...req, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const m = r.choices[0]!.message as unknown as { content: string; reasoning: string; reasoning_content: string };
+    assert.match(m.reasoning, /^(plan|check) [a-z]{2,6}$/);
+    assert.equal(m.reasoning_content, m.reasoning);
+    assert.match(m.content, /^Answer: (yes|no)$/);
+    const stream = await c.chat.completions.create({ ...req, model: thinker.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
+    let reasoning = "";
+    let content = "";
+    for await (const chunk of stream) {
+      const d = chunk.choices[0]?.delta as { content?: string; reasoning?: string } | undefined;
+      reasoning += d?.reasoning ?? "";
+      content += d?.content ?? "";
+    }
+    assert.equal(reasoning, m.reasoning); // same seed: the same reply
+    assert.equal(content, m.content);
+  });
+
+  it("include_reasoning false drops it; enable_thinking false reads the reply as content", async () => {
+    const r = await c.chat.completions.create({ ...req, model: thinker.model, include_reasoning: false } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const m = r.choices[0]!.message as unknown as { content: string; reasoning: string | null };
+    assert.equal(m.reasoning, null);
+    assert.match(m.content, /^Answer: (yes|no)$/);
+    const plain = { messages: USER, max_tokens: 20, seed: 3, temperature: 1, structured_outputs: { regex: "Answer: (yes|no)" }, chat_template_kwargs: { enable_thinking: false } };
+    const p = await c.chat.completions.create({ ...plain, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const pm = p.choices[0]!.message as unknown as { content: string; reasoning: string | null };
+    assert.equal(pm.reasoning, null);
+    assert.match(pm.content, /^Answer: (yes|no)$/);
+  });
+});

@@ -47,11 +47,18 @@ test("GGUF MXFP4 blocks -> Kiln mxfp4: dequantize bit-exactly as gguf-quant.ts, 
   assert.throws(() => mxfp4ToKiln(src.subarray(0, 17 * 3), 1, 96), /k % 64 == 0/);
 });
 
-test("--quantization mxfp4: projections mxfp4, LM head int8, in_features % 64 != 0 falls back to int8", { skip: skipMx }, () => {
+test("--quantization mxfp4: projections mxfp4, LM head int8, in_features % 64 != 0 falls back to int8 (with a warning)", { skip: skipMx }, async () => {
   // intermediate 96: down_proj's in_features is not whole 64-element chunks
   const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: { intermediate_size: 96, tie_word_embeddings: false } });
+  const warnings: string[] = [];
+  const onWarning = (w: Error): void => void warnings.push(w.message);
+  process.on("warning", onWarning);
   const m = loadLocalModel(dir, { quantization: "mxfp4" });
+  await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+  process.off("warning", onWarning);
   assert.equal(m.quantization, "mxfp4");
+  // the user is told which layers fell back
+  assert.ok(warnings.some((w) => /--quantization mxfp4: 2 layer\(s\) whose in_features is not a multiple of 64 run int8 instead \(model\.layers\.0\.mlp\.down_proj/.test(w)), warnings.join("\n"));
   for (const [name, layer] of linears(m)) {
     const want = name === "lm_head" || name.endsWith("down_proj") ? "int8" : "mxfp4";
     assert.equal(quantizedWeightOf(layer)?.scheme, want, name);

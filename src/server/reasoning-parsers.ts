@@ -1,0 +1,69 @@
+// Reasoning parsers (vLLM's --reasoning-parser): a reasoning model's reply holds its thinking between <think> and
+// </think>; the chat API returns that part as the message's `reasoning` (and `reasoning_content`, its older name)
+// and the rest as `content`. As vLLM's parsers read a whole reply:
+//   - a <think> in the reply is dropped with what came before it (templates usually put it in the prompt);
+//   - with </think>: reasoning is the text before it, content the text after (null when empty);
+//   - without: deepseek_r1 reads it all as reasoning (cut before it ended thinking); qwen3 the same, unless the
+//     request turned thinking off (chat_template_kwargs.enable_thinking false): then it is all content.
+// Streamed, the same split comes out delta by delta: reasoning until </think> (a marker, or a prefix of one at a
+// delta's end, is held back until it is known), content after it.
+
+export const REASONING_PARSERS = ["deepseek_r1", "qwen3"] as const;
+export type ReasoningParserName = (typeof REASONING_PARSERS)[number];
+
+const START = "<think>";
+const END = "</think>";
+
+/** A reply's reasoning and content (either may be null), as vLLM's extract_reasoning splits it. */
+export interface ReasoningSplit {
+  reasoning: string | null;
+  content: string | null;
+}
+
+/** Whether the reply can hold reasoning: qwen3 with thinking turned off reads all of it as content. */
+export function thinkingOn(parser: ReasoningParserName, chatTemplateKwargs: Record<string, unknown> | undefined): boolean {
+  return !(parser === "qwen3" && chatTemplateKwargs?.enable_thinking === false);
+}
+
+/** Splits a whole reply (see the file comment). */
+export function splitReasoning(text: string, thinking: boolean): ReasoningSplit {
+  const s = text.indexOf(START);
+  const body = s >= 0 ? text.slice(s + START.length) : text;
+  const e = body.indexOf(END);
+  if (e >= 0) return { reasoning: body.slice(0, e), content: body.slice(e + END.length) || null };
+  return thinking ? { reasoning: body, content: null } : { reasoning: null, content: body };
+}
+
+/** Length of the longest suffix of `text` that is a proper prefix of `marker`. */
+function partialSuffix(text: string, marker: string): number {
+  for (let n = Math.min(marker.length - 1, text.length); n > 0; n--) if (marker.startsWith(text.slice(text.length - n))) return n;
+  return 0;
+}
+
+/** One sample's reply split while it streams: push() each text delta, then the last with `final`. */
+export class ReasoningStream {
+  private held = "";
+  private inContent: boolean;
+
+  constructor(thinking: boolean) {
+    this.inContent = !thinking;
+  }
+
+  /** The reasoning and content this delta adds (empty strings when it adds none of one). */
+  push(delta: string, final: boolean): { reasoning: string; content: string } {
+    if (this.inContent) return { reasoning: "", content: delta };
+    let t = (this.held + delta).replaceAll(START, "");
+    this.held = "";
+    const e = t.indexOf(END);
+    if (e >= 0) {
+      this.inContent = true;
+      return { reasoning: t.slice(0, e), content: t.slice(e + END.length) };
+    }
+    if (!final) {
+      const keep = Math.max(partialSuffix(t, END), partialSuffix(t, START));
+      this.held = t.slice(t.length - keep);
+      t = t.slice(0, t.length - keep);
+    }
+    return { reasoning: t, content: "" };
+  }
+}

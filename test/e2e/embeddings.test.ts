@@ -1,0 +1,69 @@
+// `kiln serve --runner pooling` through the official `openai` client: /v1/embeddings answers each input with the
+// vector the offline pooling LLM gives (itself checked against the dense forward in test/engine/pooling.test.ts),
+// as floats or base64 (the client's default), and refuses what vLLM's embedding server refuses.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import type OpenAI from "openai";
+import { LLM } from "../../src/engine/llm-engine.js";
+import { tinyModelDir } from "../helpers/tiny-model.js";
+import { startTestServer } from "../server/helpers.js";
+import { assertErrorBody, postRaw, startKiln, type KilnServer } from "./kiln-process.js";
+
+const dir = tinyModelDir("LlamaForCausalLM");
+const inputs = ["the river ran by the old mill", "a quiet city"];
+
+describe("kiln serve --runner pooling (e2e)", () => {
+  let server: KilnServer;
+  let c: OpenAI;
+  const want = new LLM({ model: dir, runner: "pooling", maxModelLen: 64, kvCacheMemory: 1 << 20 }).embed(inputs).map((e) => e.embedding);
+  before(async () => {
+    server = await startKiln(["--runner", "pooling", "--max-model-len", "64"]);
+    c = server.client();
+  });
+  after(async () => {
+    assert.equal(await server.stop(), 0);
+  });
+
+  const assertClose = (got: number[], exp: Float32Array, what: string): void => {
+    assert.equal(got.length, exp.length, what);
+    got.forEach((x, i) => assert.ok(Math.abs(x - exp[i]!) < 1e-5, `${what}[${i}]: ${x} vs ${exp[i]}`));
+  };
+
+  it("embeds each input as the offline pooling engine does (base64, the client's default, and float)", async () => {
+    const r = await c.embeddings.create({ model: server.model, input: inputs });
+    assert.equal(r.object, "list");
+    assert.deepEqual(r.data.map((d) => d.index), [0, 1]);
+    r.data.forEach((d, i) => assertClose(d.embedding, want[i]!, `input ${i}`));
+    assert.ok(r.usage.prompt_tokens > 0 && r.usage.total_tokens === r.usage.prompt_tokens);
+    const f = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: inputs[1], encoding_format: "float" });
+    assert.equal(f.status, 200);
+    assertClose((f.body as { data: { embedding: number[] }[] }).data[0]!.embedding, want[1]!, "float");
+  });
+
+  it("refuses the generating APIs, dimensions, unknown formats and inputs past max_model_len", async () => {
+    const chat = await postRaw(server.url, "/v1/chat/completions", { model: server.model, messages: [{ role: "user", content: "hi" }] });
+    assert.equal(chat.status, 400);
+    assertErrorBody(chat.body, { type: "invalid_request_error", message: /does not support Chat Completions API/ });
+    assert.equal((await postRaw(server.url, "/v1/completions", { model: server.model, prompt: "hi" })).status, 400);
+    const dims = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", dimensions: 8 });
+    assert.equal(dims.status, 400);
+    assertErrorBody(dims.body, { type: "invalid_request_error", param: "dimensions", message: /matryoshka/ });
+    assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", encoding_format: "int8" })).status, 400);
+    const long = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: Array.from({ length: 65 }, () => 5) });
+    assert.equal(long.status, 400);
+    assertErrorBody(long.body, { type: "invalid_request_error", param: "input", message: /maximum context length is 64 tokens/ });
+    assert.equal((await postRaw(server.url, "/v1/embeddings", { model: "other", input: "x" })).status, 404);
+    assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model })).status, 400);
+  });
+});
+
+it("a generating server refuses /v1/embeddings as vLLM does", async () => {
+  const s = await startTestServer();
+  try {
+    const r = await postRaw(s.url, "/v1/embeddings", { model: "kiln-test", input: "x" });
+    assert.equal(r.status, 400);
+    assertErrorBody(r.body, { type: "invalid_request_error", message: /does not support Embeddings API/ });
+  } finally {
+    await s.close();
+  }
+});
