@@ -3,6 +3,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { readSafetensors, writeSafetensors } from "../../src/models/formats/safetensors.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 export interface AdapterOptions {
   rank: number;
@@ -26,22 +27,10 @@ export function allProjections(layers: number): string[] {
   return out;
 }
 
-/** A seeded uniform generator (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Writes a PEFT adapter (adapter_config.json + adapter_model.safetensors) for the model in `modelDir` to `outDir`. */
 export function writeLoraAdapter(modelDir: string, outDir: string, o: AdapterOptions): string {
   const weights = readSafetensors(path.join(modelDir, "model.safetensors"));
-  const next = rng(o.seed);
+  const next = mulberry32(o.seed);
   const std = o.std ?? 0.2;
   const tensors = [];
   for (const m of o.modules) {
