@@ -572,6 +572,16 @@ export class EngineCore {
     return req.grammar === null && this.sampler.logitsProcessors.size === 0;
   }
 
+  /** The adapters of running and of waiting requests, by name (vLLM's lora_requests_info). */
+  private loraStats(lora: LoraManager): NonNullable<EngineStats["lora"]> {
+    const names = (reqs: readonly Request[]): string[] => {
+      const ids = new Set<number>();
+      for (const r of reqs) if (r.loraId !== null) ids.add(r.loraId);
+      return [...ids].map((id) => lora.nameOf(id) ?? String(id));
+    };
+    return { maxLoras: lora.config.maxLoras, running: names(this.scheduler.running), waiting: names(this.scheduler.waiting) };
+  }
+
   private collectOutputs(updates: RequestUpdate[]): RequestOutput[] {
     const touched = new Set<ParentRequest>();
     for (const u of updates) {
@@ -633,6 +643,7 @@ export class EngineCore {
       prefixCacheQueries: this.kv.prefixCacheStats.queries,
       prefixCacheHits: this.kv.prefixCacheStats.hits,
       numPreemptions: this.scheduler.numPreemptions,
+      ...(this.lora !== null ? { lora: this.loraStats(this.lora) } : {}),
       ...(this.args.speculativeConfig !== null
         ? {
             specDrafts: this.scheduler.specStats.drafts,

@@ -91,6 +91,11 @@ export class LoraManager {
     return true;
   }
 
+  /** The name of a held adapter (one a live request uses is always held). */
+  nameOf(id: number): string | undefined {
+    return this.held.get(id)?.request.name;
+  }
+
   /** Ids of the adapters in host memory. */
   get heldIds(): number[] {
     return [...this.held.keys()];

@@ -105,6 +105,8 @@ export interface EngineStats {
   specDrafts?: number;
   specDraftTokens?: number;
   specAcceptedTokens?: number;
+  /** LoRA (absent without it): max_loras, and the adapters of running and of waiting requests, by name. */
+  lora?: { maxLoras: number; running: string[]; waiting: string[] };
 }
 
 /** What the server needs from an engine: implemented by AsyncLLM. */

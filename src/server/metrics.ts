@@ -54,6 +54,19 @@ export class ServerMetrics {
       counterFromStats("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", () => engine.stats().specAcceptedTokens ?? 0);
     }
 
+    if (engine.stats().lora !== undefined) {
+      // vLLM's info gauge: the adapters in use as labels, the scrape time (seconds) as the value
+      new Gauge({
+        name: "vllm:lora_requests_info", help: "Running stats on lora requests.",
+        labelNames: ["max_lora", "running_lora_adapters", "waiting_lora_adapters"] as const, registers,
+        collect() {
+          const l = engine.stats().lora!;
+          this.reset();
+          this.set({ max_lora: String(l.maxLoras), running_lora_adapters: l.running.join(","), waiting_lora_adapters: l.waiting.join(",") }, Date.now() / 1000);
+        },
+      });
+    }
+
     this.promptTokens = new Counter({ name: "vllm:prompt_tokens_total", help: "Number of prefill tokens processed.", labelNames, registers });
     this.generationTokens = new Counter({ name: "vllm:generation_tokens_total", help: "Number of generation tokens processed.", labelNames, registers });
     this.requestSuccess = new Counter({

@@ -34,6 +34,9 @@ describe("kiln serve --enable-lora (e2e)", () => {
     assert.deepEqual(models.map((m) => m.id), [server.model, "sql"]);
     assert.equal(models[1]!.parent, server.model);
     assert.equal(models[1]!.root, sql);
+    // vLLM's info gauge: max_lora as a label (no request runs now: no adapters in use)
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    assert.match(text, /^vllm:lora_requests_info\{[^}]*max_lora="2"[^}]*running_lora_adapters=""[^}]*\} \d/m);
   });
 
   it("a completion for the adapter equals the merged model's, and differs from the base model's", async () => {

@@ -77,6 +77,15 @@ describe("LoRA adapters", () => {
     assertSame(got.slice(0, 2), reference.get("a")!, "a");
     assertSame(got.slice(2, 4), reference.get("b")!, "b");
     assert.ok(llm.engine.lora!.heldIds.length <= 1, "max_cpu_loras defaults to max_loras: unused adapters are dropped");
+    // the adapters of waiting and running requests, by name (vLLM's lora_requests_info)
+    const e = llm.engine;
+    e.addRequest({ requestId: "s1", promptTokenIds: [1, 2, 3], params: { maxTokens: 4 }, loraRequest: loraA });
+    e.addRequest({ requestId: "s2", promptTokenIds: [1, 2, 3], params: { maxTokens: 4 }, loraRequest: loraB });
+    assert.deepEqual(e.stats().lora, { maxLoras: 1, running: [], waiting: ["a", "b"] });
+    e.step();
+    assert.deepEqual(e.stats().lora, { maxLoras: 1, running: ["a"], waiting: ["b"] }); // one slot: b waits for a
+    while (e.hasUnfinishedRequests()) e.step();
+    assert.deepEqual(e.stats().lora, { maxLoras: 1, running: [], waiting: [] });
   });
 
   it("refuses what it cannot serve with typed errors, before anything is queued", () => {
