@@ -42,7 +42,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   const names = args.servedModelName ?? [loaded.modelName];
   let loraModules: LoraModule[] | null = null;
   try {
-    loraModules = args.enableLora ? await addLoraModules(loaded.engine, args.loraModules, names[0]!) : null;
+    loraModules = args.enableLora ? await addLoraModules(loaded.engine, args.loraModules, names) : null;
   } catch (err) {
     await loaded.close();
     throw err;
@@ -74,16 +74,18 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
 }
 
 /** Reads every --lora-modules adapter into the engine (ids 1, 2, ...); a bad one stops the start-up, named. */
-async function addLoraModules(engine: EngineClient, specs: LoraModuleArg[], baseModelName: string): Promise<LoraModule[]> {
+async function addLoraModules(engine: EngineClient, specs: LoraModuleArg[], names: string[]): Promise<LoraModule[]> {
   const out: LoraModule[] = [];
   for (const [i, m] of specs.entries()) {
+    if (names.includes(m.name)) throw new CliUsageError(`--lora-modules ${m.name}: the name is the served model's own; give the adapter another`);
     const request = { name: m.name, id: i + 1, path: m.path };
     try {
       await engine.addLora!(request);
     } catch (e) {
       throw new CliUsageError(`--lora-modules ${m.name}: ${(e as Error).message}`);
     }
-    out.push({ request, baseModelName: m.baseModelName ?? baseModelName });
+    // as vLLM: a base_model_name that is not a served model's leaves the first served name as the parent
+    out.push({ request, baseModelName: m.baseModelName !== null && names.includes(m.baseModelName) ? m.baseModelName : names[0]! });
   }
   return out;
 }

@@ -343,6 +343,7 @@ export class EngineCore {
           priority: input.priority ?? 0,
           cacheSalt: input.cacheSalt ?? null,
           loraId: lora?.id ?? null,
+          loraKey: lora === null ? null : `${lora.id}\u0000${lora.name}\u0000${lora.path}`,
           badWordsTokenIds,
           detokenizer: this.createDetokenizer?.(prompt, childParams) ?? null,
         }),

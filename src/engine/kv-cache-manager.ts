@@ -171,7 +171,9 @@ export class KvCacheManager {
 
 function extraKeysOf(request: Request, blockIndex: number): string | null {
   const parts: string[] = [];
-  if (request.loraId !== null) parts.push(`lora:${request.loraId}`);
+  // id, name and path (vLLM hashes the name): an id reused for another adapter, or an adapter reloaded in place
+  // under a new id, never reads blocks another adapter's weights computed
+  if (request.loraKey !== null) parts.push(`lora:${request.loraKey}`);
   if (blockIndex === 0 && request.cacheSalt !== null) parts.push(`salt:${request.cacheSalt}`);
   return parts.length === 0 ? null : parts.join("\u0000");
 }

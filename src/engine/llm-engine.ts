@@ -91,6 +91,8 @@ export class LLM {
   ): RequestOutput[] {
     if (Array.isArray(params) && params.length !== prompts.length)
       throw new Error(`[LLM.generate] got ${params.length} SamplingParams for ${prompts.length} prompts`);
+    if (Array.isArray(options.loraRequest) && options.loraRequest.length !== prompts.length)
+      throw new Error(`[LLM.generate] got ${options.loraRequest.length} LoRA requests for ${prompts.length} prompts`);
     const ids: string[] = [];
     try {
       prompts.forEach((p, i) => {

@@ -42,6 +42,8 @@ export interface RequestInit {
   priority?: number;
   cacheSalt?: string | null;
   loraId?: number | null;
+  /** What names the adapter in prefix-cache hashes (id, name and path), when loraId is set. */
+  loraKey?: string | null;
   /** For n > 1 children: the user's request id and this sample's index. */
   parentId?: string;
   index?: number;
@@ -66,6 +68,7 @@ export class Request {
   readonly arrivalTime: number;
   readonly cacheSalt: string | null;
   readonly loraId: number | null;
+  readonly loraKey: string | null;
   readonly badWordsTokenIds: number[][];
   /** Per-request generator when seeded; null = the engine's shared generator. */
   readonly generator: Rng | null;
@@ -120,6 +123,7 @@ export class Request {
     this.arrivalTime = init.arrivalTime ?? Date.now();
     this.cacheSalt = init.cacheSalt ?? null;
     this.loraId = init.loraId ?? null;
+    this.loraKey = init.loraKey ?? (this.loraId === null ? null : String(this.loraId));
     this.badWordsTokenIds = init.badWordsTokenIds ?? [];
     this.generator = init.params.seed === null ? null : new Rng(init.params.seed);
     this.detokenizer = init.detokenizer ?? null;

@@ -45,22 +45,34 @@ export function registerLoraRoutes(app: FastifyInstance, bound: () => ServingCon
     return ctx.loraModules;
   };
 
+  // names being loaded: a second load of one waits for none, it is refused (vLLM locks per name)
+  const loading = new Set<string>();
   app.post("/v1/load_lora_adapter", async (request, reply) => {
     const ctx = bound();
     const { lora_name: name, lora_path: path } = fields(request.body, ["lora_name", "lora_path"]);
+    const inplace = (request.body as { load_inplace?: unknown }).load_inplace === true;
     const modules = loraModules(ctx);
-    if (modules.has(name) || ctx.servedModelNames.includes(name))
-      throw new ApiError(400, `The lora adapter '${name}' has already been loaded.`, "lora_name", "invalid_request_error", "lora_already_loaded");
+    if (ctx.servedModelNames.includes(name))
+      throw badRequest(`'${name}' is the name of the served base model; choose another name for the LoRA adapter.`, "lora_name");
+    const old = modules.get(name);
+    if (loading.has(name) || (old !== undefined && !inplace))
+      throw new ApiError(400, `The lora adapter '${name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.`,
+        "lora_name", "invalid_request_error", "lora_already_loaded");
+    // a new id even in place: the prefix cache keys on it, so blocks of the old weights are not reused
     const lora = { name, id: nextLoraId(ctx), path };
     ctx.lastLoraId = lora.id;
+    loading.add(name);
     try {
       await ctx.engine.addLora!(lora);
     } catch (e) {
       if (!(e instanceof EngineInputError)) throw e;
       const missing = /no adapter_config\.json|no adapter_model\.safetensors/.test(e.message);
       throw new ApiError(missing ? 404 : 400, e.message, "lora_path", missing ? "not_found_error" : "invalid_request_error");
+    } finally {
+      loading.delete(name);
     }
     modules.set(name, { request: lora, baseModelName: ctx.servedModelNames[0]! });
+    if (old !== undefined) await ctx.engine.removeLora?.(old.request.id); // requests still using it keep it until they end
     return reply.type("text/plain; charset=utf-8").send(`Success: LoRA adapter '${name}' added successfully.`);
   });
 

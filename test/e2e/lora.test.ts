@@ -85,6 +85,21 @@ describe("kiln serve --enable-lora (e2e)", () => {
     assert.equal((await postRaw(server.url, "/v1/unload_lora_adapter", { lora_name: "chat" })).status, 404);
   });
 
+  it("loads one name once at a time, and again in place with load_inplace", async () => {
+    const load = (name: string, path: string, extra = {}) =>
+      fetch(`${server.url}/v1/load_lora_adapter`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ lora_name: name, lora_path: path, ...extra }) });
+    const statuses = (await Promise.all([load("dup", sql), load("dup", sql)])).map((r) => r.status).sort();
+    assert.deepEqual(statuses, [200, 400]);
+    const asSql = await c.completions.create({ ...body, model: "dup" } as OpenAI.CompletionCreateParamsNonStreaming);
+    const sqlOut = await c.completions.create({ ...body, model: "sql" } as OpenAI.CompletionCreateParamsNonStreaming);
+    assert.equal(asSql.choices[0]!.text, sqlOut.choices[0]!.text);
+    assert.equal((await load("dup", chat, { load_inplace: true })).status, 200);
+    const asChat = await c.completions.create({ ...body, model: "dup" } as OpenAI.CompletionCreateParamsNonStreaming);
+    assert.notDeepEqual(asChat.choices[0]!.logprobs!.token_logprobs, asSql.choices[0]!.logprobs!.token_logprobs); // the new weights, not cached blocks of the old
+    assert.equal((await load(server.model, sql)).status, 400); // the base model's own name
+    assert.equal((await c.models.list()).data.filter((m) => m.id === "dup").length, 1);
+  });
+
   it("a server without --enable-lora has no adapter routes", async () => {
     assert.equal((await postRaw(merged.url, "/v1/load_lora_adapter", { lora_name: "a", lora_path: sql })).status, 404);
   });

@@ -88,6 +88,17 @@ describe("LoRA adapters", () => {
     assert.deepEqual(e.stats().lora, { maxLoras: 1, running: [], waiting: [] });
   });
 
+  it("an id reused for another adapter never reads the first one's cached blocks", () => {
+    // a prompt of three full blocks: later requests with it hit the prefix cache
+    const long = [{ promptTokenIds: Array.from({ length: 50 }, (_, i) => 3 + ((i * 37) % 400)) }];
+    const want = summary(new LLM({ model: mergedB, ...llmArgs, enforceEager: true }).generate(long, greedy));
+    const llm = new LLM({ model: base, ...llmArgs, enableLora: true, maxLoras: 1, maxLoraRank: 4 });
+    llm.generate(long, greedy, { loraRequest: loraA });
+    llm.generate(prompts, greedy, { loraRequest: loraB }); // a leaves the host cache (max_cpu_loras 1)
+    assertSame(summary(llm.generate(long, greedy, { loraRequest: { name: "b-again", id: loraA.id, path: adapterB } })), want, "id 1 reused for b");
+    assert.throws(() => llm.generate(prompts, greedy, { loraRequest: [loraA] }), /got 1 LoRA requests for 2 prompts/);
+  });
+
   it("refuses what it cannot serve with typed errors, before anything is queued", () => {
     const plain = new LLM({ model: base, ...llmArgs, enforceEager: true });
     assert.throws(() => plain.generate(prompts, greedy, { loraRequest: loraA }), (e: unknown) => e instanceof EngineInputError && e.param === "lora_request" && /not enabled/.test(e.message));
