@@ -2,6 +2,7 @@
 // outputs in input order.
 import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
+import { BeamSearchInstance, checkBeamSearchParams, type BeamSearchParams, type BeamSearchResult } from "./beam-search.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
@@ -143,6 +144,30 @@ export class LLM {
       promptTokenIds: out.promptTokenIds,
       embedding: out.pooled!,
     }));
+  }
+
+  /**
+   * Beam search (vLLM's LLM.beam_search): the beamWidth best continuations of each prompt, best first, each with its
+   * generated token ids, text and cumulative logprob. Runs rounds of one-token steps (see beam-search.ts).
+   *
+   * @example
+   * const [beams] = llm.beamSearch(["The city"], { beamWidth: 4, maxTokens: 16 });
+   * console.log(beams![0]!.text);
+   */
+  beamSearch(prompts: PromptInput[], params: BeamSearchParams): (BeamSearchResult & { text: string })[][] {
+    checkBeamSearchParams(params);
+    if (this.engine.args.pooler !== null) throw new Error("[LLM.beamSearch] this LLM pools (runner: \"pooling\")");
+    const eos = this.tokenizer?.eosTokenIds ?? this.engine.args.eosTokenIds;
+    const searches = prompts.map((p) => new BeamSearchInstance(typeof p === "string" ? this.requireTokenizer().encode(p) : p.promptTokenIds, params, eos));
+    for (let t = 0; t < params.maxTokens; t++) {
+      const live = searches.filter((s) => s.beams.length > 0);
+      if (live.length === 0) break;
+      const beams = live.flatMap((s) => s.beams);
+      const outs = this.run(beams.map((b) => ({ promptTokenIds: b.tokens })), live[0]!.roundParams, {});
+      let k = 0;
+      for (const s of live) s.advance(s.beams.map(() => outs[k++]!.outputs[0]!.logprobs?.[0] ?? null));
+    }
+    return searches.map((s) => s.finish().map((r) => ({ ...r, text: this.tokenizer?.decode(r.tokenIds, { skipSpecialTokens: true }) ?? "" })));
   }
 
   /** Chat: one conversation or a list of them, rendered with the tokenizer's chat template. */

@@ -37,6 +37,8 @@ export interface CommonRequest {
   echo: boolean;
   /** Sampling params without maxTokens (decided once the prompt length is known). */
   params: Partial<SamplingParams>;
+  /** vLLM's use_beam_search (n beams) with its length_penalty; null for sampling. */
+  beamSearch: { lengthPenalty: number } | null;
 }
 
 export interface ChatRequest extends CommonRequest {
@@ -140,7 +142,23 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
     echo,
     params,
     returnPromptLogprobs: promptLogprobs !== undefined,
+    beamSearch: parseBeamSearch(body, stream, params),
   };
+}
+
+/** use_beam_search and length_penalty, as vLLM takes them; what beam search does not serve is refused. */
+function parseBeamSearch(body: Json, stream: boolean, params: Partial<SamplingParams>): CommonRequest["beamSearch"] {
+  const on = optBool(body, "use_beam_search") ?? false;
+  const lengthPenalty = optNumber(body, "length_penalty") ?? 1;
+  if (!on) return null;
+  const refuse = (what: string, param: string): never => {
+    throw badRequest(`use_beam_search cannot be combined with ${what}`, param);
+  };
+  if (stream) refuse("stream", "stream");
+  if (params.logprobs != null || params.promptLogprobs != null) refuse("logprobs", "logprobs");
+  if (params.structuredOutputs !== undefined) refuse("structured output", "structured_outputs");
+  if (body.echo === true) refuse("echo", "echo");
+  return { lengthPenalty };
 }
 
 /**

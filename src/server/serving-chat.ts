@@ -3,6 +3,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
 import { badRequest } from "./errors.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
+import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { partialMarkerLength } from "./tool-parsers.js";
 import { ReasoningStream, splitReasoning, thinkingOn } from "./reasoning-parsers.js";
@@ -128,6 +129,13 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   checkQueue(ctx);
+  if (req.beamSearch !== null) {
+    const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty);
+    const choices = beams[0]!.map((b, index) => ({
+      index, message: { role: "assistant", content: b.text, refusal: null, tool_calls: [] }, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null,
+    }));
+    return { id: randomId("chatcmpl"), object: "chat.completion", created: nowSeconds(), model, choices, usage };
+  }
 
   const id = randomId("chatcmpl");
   const created = nowSeconds();

@@ -2,6 +2,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
+import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
@@ -70,6 +71,13 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   );
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
   checkQueue(ctx);
+  if (req.beamSearch !== null) {
+    const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty);
+    const choices = beams.flatMap((found, i) =>
+      found.map((b, j) => ({ index: i * found.length + j, text: b.text, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null })),
+    );
+    return { id: randomId("cmpl"), object: "text_completion", created: nowSeconds(), model, choices, usage };
+  }
 
   const id = randomId("cmpl");
   const created = nowSeconds();

@@ -30,6 +30,22 @@ after(async () => {
 });
 
 describe("kiln serve + openai client (e2e)", () => {
+  it("use_beam_search returns the offline beam search's n beams; one beam is greedy decoding", async () => {
+    const { LLM } = await import("../../src/engine/llm-engine.js");
+    const prompt = "The river ran by the";
+    const beams = new LLM({ model: server.model, maxModelLen: 64, kvCacheMemory: 1 << 20, enforceEager: true }).beamSearch([prompt], { beamWidth: 3, maxTokens: 6, ignoreEos: true });
+    const r = await complete(prompt, { use_beam_search: true, n: 3, max_tokens: 6 });
+    assert.deepEqual(r.choices.map((ch) => ch.text), beams[0]!.map((b) => b.text));
+    assert.deepEqual(r.choices.map((ch) => ch.finish_reason), ["length", "length", "length"]);
+    assert.equal(r.usage!.completion_tokens, 18);
+    const greedy = await complete(prompt, { max_tokens: 6 });
+    assert.equal((await complete(prompt, { use_beam_search: true, n: 1, max_tokens: 6 })).choices[0]!.text, greedy.choices[0]!.text);
+    const chat = await client.chat.completions.create({ model: server.model, messages: [{ role: "user", content: prompt }], max_tokens: 5, n: 2, use_beam_search: true } as Extra<OpenAI.ChatCompletionCreateParamsNonStreaming>);
+    assert.equal(chat.choices.length, 2);
+    const refused = await postRaw(server.url, "/v1/completions", { model: server.model, prompt, use_beam_search: true, stream: true });
+    assert.equal(refused.status, 400);
+  });
+
   it("lists the served model", async () => {
     const page = await client.models.list();
     assert.equal(page.data.length, 1);
