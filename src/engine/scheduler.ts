@@ -286,6 +286,7 @@ export class Scheduler {
   private preempt(req: Request): void {
     this.kv.free(req);
     req.specTokenIds = [];
+    req.pooledState = null; // a pooling request reads its prompt again from the start
     req.status = "PREEMPTED";
     req.numComputedTokens = 0;
     req.numPreemptions++;

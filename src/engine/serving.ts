@@ -202,8 +202,9 @@ export function sizeKvCache(
 }
 
 /**
- * The pooler of a pooling runner: the given fields over the model directory's sentence-transformers pooling
- * (1_Pooling/config.json's pooling_mode_*; modules.json naming a Normalize module), over LAST + normalize.
+ * The pooler of a pooling runner: the given fields over the model directory's sentence-transformers pooling (as
+ * vLLM reads it: modules.json's Pooling module, its config.json's pooling_mode_*, and a Normalize module), over
+ * LAST + normalize. A pooling mode Kiln does not have (max, weighted mean) is an EngineInputError.
  */
 export function resolvePooler(modelPath: string, given: Partial<PoolerConfig>): PoolerConfig {
   let poolingType: PoolingType = "LAST";
@@ -215,13 +216,21 @@ export function resolvePooler(modelPath: string, given: Partial<PoolerConfig>): 
       return undefined;
     }
   };
-  const st = readJson("1_Pooling/config.json") as Record<string, unknown> | undefined;
-  if (st !== undefined) {
-    if (st.pooling_mode_mean_tokens === true) poolingType = "MEAN";
-    else if (st.pooling_mode_cls_token === true) poolingType = "CLS";
-    else if (st.pooling_mode_lasttoken === true) poolingType = "LAST";
-    const modules = readJson("modules.json");
-    normalize = Array.isArray(modules) && modules.some((m) => typeof (m as { type?: unknown }).type === "string" && /Normalize$/.test((m as { type: string }).type));
+  const modules = readJson("modules.json");
+  if (Array.isArray(modules)) {
+    const typed = modules as { type?: unknown; path?: unknown }[];
+    const ofType = (re: RegExp) => typed.find((m) => typeof m.type === "string" && re.test(m.type));
+    normalize = ofType(/Normalize$/) !== undefined;
+    const pool = ofType(/Pooling$/);
+    const st = pool === undefined ? undefined : (readJson(path.join(String(pool.path ?? ""), "config.json")) as Record<string, unknown> | undefined);
+    if (st !== undefined) {
+      const on = Object.entries(st).filter(([k, v]) => k.startsWith("pooling_mode_") && v === true).map(([k]) => k.slice("pooling_mode_".length));
+      const types: Record<string, PoolingType> = { lasttoken: "LAST", mean_tokens: "MEAN", cls_token: "CLS" };
+      const known = on.filter((m) => m in types);
+      if (given.poolingType === undefined && on.length > 0 && known.length === 0)
+        throw new EngineInputError("pooler_config", `the model's sentence-transformers pooling (${on.join(", ")}) is not supported: LAST, MEAN or CLS (pass --pooler-config)`);
+      if (known.length > 0) poolingType = types[known[0]!]!;
+    }
   }
   return { poolingType: given.poolingType ?? poolingType, normalize: given.normalize ?? normalize };
 }

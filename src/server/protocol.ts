@@ -329,7 +329,7 @@ const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"t
 const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) requires --enable-auto-tool-choice and ' +
   '--tool-call-parser to be set; or use tool_choice "required", a named function, or "none"';
 
-function parseMessages(body: Json): ChatMessage[] {
+export function parseMessages(body: Json): ChatMessage[] {
   const raw = body.messages;
   if (!Array.isArray(raw) || raw.length === 0) throw badRequest("'messages' must be a non-empty list", "messages");
   return raw.map((m, i) => {

@@ -7,6 +7,9 @@
 //     request turned thinking off (chat_template_kwargs.enable_thinking false): then it is all content.
 // Streamed, the same split comes out delta by delta: reasoning until </think> (a marker, or a prefix of one at a
 // delta's end, is held back until it is known), content after it.
+// A reply under structured output is read in the third mode, "tagged": its grammar holds from the first token (vLLM
+// starts it after the reasoning; Kiln does not), so it has a thinking part only when it opens with <think> (a
+// grammar that writes one); otherwise it is all content.
 
 export const REASONING_PARSERS = ["deepseek_r1", "qwen3"] as const;
 export type ReasoningParserName = (typeof REASONING_PARSERS)[number];
@@ -20,18 +23,25 @@ export interface ReasoningSplit {
   content: string | null;
 }
 
-/** Whether the reply can hold reasoning: qwen3 with thinking turned off reads all of it as content. */
-export function thinkingOn(parser: ReasoningParserName, chatTemplateKwargs: Record<string, unknown> | undefined): boolean {
-  return !(parser === "qwen3" && chatTemplateKwargs?.enable_thinking === false);
+/**
+ * How a reply is read: "on" (reasoning first), "off" (all content: qwen3 with thinking turned off), or "tagged"
+ * (structured output: reasoning only when the reply opens with <think>).
+ */
+export type ThinkingMode = "on" | "off" | "tagged";
+
+export function thinkingMode(parser: ReasoningParserName, chatTemplateKwargs: Record<string, unknown> | undefined, structured: boolean): ThinkingMode {
+  if (parser === "qwen3" && chatTemplateKwargs?.enable_thinking === false) return "off";
+  return structured ? "tagged" : "on";
 }
 
 /** Splits a whole reply (see the file comment). */
-export function splitReasoning(text: string, thinking: boolean): ReasoningSplit {
+export function splitReasoning(text: string, mode: ThinkingMode): ReasoningSplit {
+  if (mode === "off" || (mode === "tagged" && !text.startsWith(START))) return { reasoning: null, content: text };
   const s = text.indexOf(START);
   const body = s >= 0 ? text.slice(s + START.length) : text;
   const e = body.indexOf(END);
   if (e >= 0) return { reasoning: body.slice(0, e), content: body.slice(e + END.length) || null };
-  return thinking ? { reasoning: body, content: null } : { reasoning: null, content: body };
+  return { reasoning: body, content: null };
 }
 
 /** Length of the longest suffix of `text` that is a proper prefix of `marker`. */
@@ -44,13 +54,30 @@ function partialSuffix(text: string, marker: string): number {
 export class ReasoningStream {
   private held = "";
   private inContent: boolean;
+  /** "tagged" until the reply's opening shows whether it starts with <think>. */
+  private undecided: boolean;
 
-  constructor(thinking: boolean) {
-    this.inContent = !thinking;
+  constructor(mode: ThinkingMode) {
+    this.inContent = mode === "off";
+    this.undecided = mode === "tagged";
   }
 
   /** The reasoning and content this delta adds (empty strings when it adds none of one). */
   push(delta: string, final: boolean): { reasoning: string; content: string } {
+    if (this.undecided) {
+      const t = this.held + delta;
+      if (t.length < START.length && START.startsWith(t) && !final) {
+        this.held = t;
+        return { reasoning: "", content: "" };
+      }
+      this.undecided = false;
+      this.held = "";
+      if (!t.startsWith(START)) {
+        this.inContent = true;
+        return { reasoning: "", content: t };
+      }
+      delta = t;
+    }
     if (this.inContent) return { reasoning: "", content: delta };
     let t = (this.held + delta).replaceAll(START, "");
     this.held = "";

@@ -6,7 +6,7 @@ import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { partialMarkerLength } from "./tool-parsers.js";
-import { ReasoningStream, splitReasoning, thinkingOn } from "./reasoning-parsers.js";
+import { ReasoningStream, splitReasoning, thinkingMode } from "./reasoning-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
@@ -131,9 +131,11 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   checkQueue(ctx);
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty);
-    const choices = beams[0]!.map((b, index) => ({
-      index, message: { role: "assistant", content: b.text, refusal: null, tool_calls: [] }, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null,
-    }));
+    const choices = beams[0]!.map((b, index) => {
+      const { reasoning, content } = reasoningOf(ctx, req, b.text);
+      const message = { role: "assistant", content, refusal: null, tool_calls: [], ...(ctx.reasoningParser !== null ? { reasoning, reasoning_content: reasoning } : {}) };
+      return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null };
+    });
     return { id: randomId("chatcmpl"), object: "chat.completion", created: nowSeconds(), model, choices, usage };
   }
 
@@ -158,10 +160,19 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   }
 }
 
+/**
+ * How the server's reasoning parser reads the request's reply. Under structured output (response_format,
+ * structured_outputs, a required or named tool_choice) the grammar holds from the first token, so the reply has a
+ * thinking part only if it opens with <think> ("tagged"; vLLM starts the grammar after the reasoning instead).
+ */
+function replyMode(ctx: ServingContext, req: ChatRequest): ReturnType<typeof thinkingMode> {
+  return thinkingMode(ctx.reasoningParser!, req.chatTemplateKwargs, req.params.structuredOutputs !== undefined);
+}
+
 /** A reply's reasoning and content as the server's reasoning parser splits it (all content without one). */
 function reasoningOf(ctx: ServingContext, req: ChatRequest, text: string): { reasoning: string | null; content: string | null } {
   if (ctx.reasoningParser === null) return { reasoning: null, content: text };
-  const s = splitReasoning(text, thinkingOn(ctx.reasoningParser, req.chatTemplateKwargs));
+  const s = splitReasoning(text, replyMode(ctx, req));
   return { reasoning: req.includeReasoning ? s.reasoning : null, content: s.content };
 }
 
@@ -175,7 +186,9 @@ interface ResponseInfo {
 }
 
 async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: AsyncIterable<RequestOutput>, info: ResponseInfo) {
-  const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: info.echoText, numTokens: 0, logprobs: [], finishReason: null, stopReason: null }));
+  // the generated text only: it is split into reasoning and content and read for tool calls before the echo (of
+  // the final message's content) goes in front of the content, as vLLM does
+  const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: "", numTokens: 0, logprobs: [], finishReason: null, stopReason: null }));
   let promptLogprobs: (TokenLogprobs | null)[] | null = null;
   for await (const out of outputs) {
     promptLogprobs ??= out.promptLogprobs;
@@ -200,11 +213,12 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     choices: choices.map((c, index) => {
       const { reasoning, content } = reasoningOf(ctx, req, c.text);
       const r = readReply(ctx, req, content ?? "");
+      const text = content === null && r.toolCalls === null ? null : r.content;
       return {
         index,
         message: {
           role: "assistant",
-          content: content === null && r.toolCalls === null ? null : r.content,
+          content: info.echoText !== "" ? info.echoText + (text ?? "") : text,
           refusal: null,
           tool_calls: r.toolCalls ?? [],
           ...(ctx.reasoningParser !== null ? { reasoning, reasoning_content: reasoning } : {}),
@@ -234,8 +248,7 @@ async function streamChat(
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     const tools = new ToolCallStream(ctx, req, info.n);
-    const thinking = ctx.reasoningParser !== null && thinkingOn(ctx.reasoningParser, req.chatTemplateKwargs);
-    const reasoners = ctx.reasoningParser === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(thinking));
+    const reasoners = ctx.reasoningParser === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(replyMode(ctx, req)));
     for await (const out of outputs) {
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;

@@ -1,11 +1,34 @@
 // POST /v1/embeddings (OpenAI's Embeddings API, as vLLM serves it with --runner pooling): every input's prompt is
 // read by the pooling engine and answered with its pooled vector, as floats or as base64 of little-endian float32.
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { asJsonBody, parsePrompts } from "./protocol.js";
+import { bf16BytesToF32, f16BytesToF32, f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
+import { asJsonBody, parseMessages, parsePrompts } from "./protocol.js";
 import { badRequest } from "./errors.js";
 import { optBool, optInt, optString } from "./fields.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { abortOnDisconnect, checkQueue, nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
+
+/** vLLM's embed_dtype: the precision of the returned values (floats rounded to it, or its little-endian bytes). */
+const EMBED_DTYPES: Record<string, { floats(v: Float32Array): number[]; bytes(v: Float32Array): Uint8Array }> = {
+  float32: { floats: (v) => Array.from(v), bytes: (v) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength) },
+  float16: { floats: (v) => Array.from(halfBack(f32ToF16(v), "f16")), bytes: (v) => new Uint8Array(f32ToF16(v).buffer) },
+  bfloat16: { floats: (v) => Array.from(halfBack(f32ToBf16(v), "bf16")), bytes: (v) => new Uint8Array(f32ToBf16(v).buffer) },
+};
+
+function halfBack(h: Uint16Array, kind: "f16" | "bf16"): Float32Array {
+  const bytes = new Uint8Array(h.buffer, h.byteOffset, h.byteLength);
+  return kind === "f16" ? f16BytesToF32(bytes) : bf16BytesToF32(bytes);
+}
+
+/** The text a messages-style embedding request embeds (the chat template, without a generation prompt by default). */
+function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
+  const messages = parseMessages(body);
+  try {
+    return ctx.tokenizer.applyChatTemplate(messages, { addGenerationPrompt: optBool(body, "add_generation_prompt") ?? false });
+  } catch (err) {
+    throw badRequest(`Failed to apply the chat template: ${(err as Error).message}`, "messages");
+  }
+}
 
 /** The API a pooling server does not serve, as vLLM words its refusal. */
 export function refuseOnPoolingRunner(ctx: ServingContext, api: string): void {
@@ -16,16 +39,26 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   if (ctx.runner !== "pooling") throw badRequest("The model does not support Embeddings API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
-  const prompts = parsePrompts(body, ctx.tokenizer.vocabSize, "input");
+  // vLLM's EmbeddingChatRequest: messages rendered with the chat template instead of input
+  const chat = body.messages !== undefined && body.input === undefined;
+  const prompts = chat ? [{ text: renderChat(ctx, body) }] : parsePrompts(body, ctx.tokenizer.vocabSize, "input");
   const format = optString(body, "encoding_format") ?? "float";
   if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
+  const dtype = optString(body, "embed_dtype") ?? "float32";
+  if (!Object.hasOwn(EMBED_DTYPES, dtype)) throw badRequest(`'embed_dtype' must be one of ${Object.keys(EMBED_DTYPES).join(", ")}, got ${JSON.stringify(dtype)}`, "embed_dtype");
+  const endianness = optString(body, "endianness") ?? "native";
+  if (endianness !== "native" && endianness !== "little") throw badRequest(`'endianness' must be "native" or "little" (this server is little-endian), got ${JSON.stringify(endianness)}`, "endianness");
   const dimensions = optInt(body, "dimensions", { min: 1 });
   if (dimensions !== undefined)
-    throw badRequest("Model does not support matryoshka representation, changing output dimensions will lead to poor results.", "dimensions");
-  const truncate = optInt(body, "truncate_prompt_tokens", { min: 1 });
-  const addSpecialTokens = optBool(body, "add_special_tokens") ?? true;
+    throw badRequest(`Model "${model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`, "dimensions");
+  if (body.normalize !== undefined && body.normalize !== null)
+    throw badRequest("'normalize' per request is not supported: the server's --pooler-config sets it", "normalize");
+  const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
+  const keep = truncate === -1 ? ctx.maxModelLen : truncate;
+  const addSpecialTokens = optBool(body, "add_special_tokens") ?? !chat;
+  const priority = optInt(body, "priority") ?? 0;
   const tokenized = prompts.map((p) => ("text" in p ? ctx.tokenizer.encode(p.text, { addSpecialTokens }) : p.tokenIds));
-  const ids = tokenized.map((t) => (truncate !== undefined && t.length > truncate ? t.slice(t.length - truncate) : t));
+  const ids = tokenized.map((t) => (keep !== undefined && t.length > keep ? t.slice(t.length - keep) : t));
   ids.forEach((t) => {
     if (t.length === 0) throw badRequest("'input' must not be empty", "input");
     if (t.length > ctx.maxModelLen)
@@ -40,7 +73,7 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const streams = ids.map((promptTokenIds, i) =>
-    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: `${id}-${i}`, promptTokenIds, params: { maxTokens: 1 }, priority: 0 }, controller.signal),
+    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: `${id}-${i}`, promptTokenIds, params: { maxTokens: 1 }, priority }, controller.signal),
   );
   const vectors: (Float32Array | null)[] = ids.map(() => null);
   try {
@@ -56,7 +89,7 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
     model,
     data: vectors.map((v, index) => {
       if (v === null) throw new Error(`[embeddings] input ${index} finished without a pooled vector`);
-      const embedding = format === "float" ? Array.from(v) : Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64");
+      const embedding = format === "float" ? EMBED_DTYPES[dtype]!.floats(v) : Buffer.from(EMBED_DTYPES[dtype]!.bytes(v)).toString("base64");
       return { object: "embedding", index, embedding };
     }),
     usage: { prompt_tokens: promptTokens, total_tokens: promptTokens, completion_tokens: 0, prompt_tokens_details: null },

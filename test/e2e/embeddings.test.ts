@@ -40,6 +40,30 @@ describe("kiln serve --runner pooling (e2e)", () => {
     assertClose((f.body as { data: { embedding: number[] }[] }).data[0]!.embedding, want[1]!, "float");
   });
 
+  it("takes chat messages, embed_dtype float16 and truncate_prompt_tokens -1 as vLLM does", async () => {
+    const embed = async (extra: Record<string, unknown>) => {
+      const r = await postRaw(server.url, "/v1/embeddings", { model: server.model, encoding_format: "float", ...extra });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      return (r.body as { data: { embedding: number[] | string }[] }).data[0]!.embedding;
+    };
+    // messages: the chat template's text, as /tokenize renders it (without a generation prompt)
+    const messages = [{ role: "user", content: "the river ran" }];
+    const tok = await postRaw(server.url, "/tokenize", { model: server.model, messages, add_generation_prompt: false });
+    const viaTokens = await embed({ input: (tok.body as { tokens: number[] }).tokens });
+    assert.deepEqual(await embed({ messages }), viaTokens);
+    // float16: each value rounded to half precision (base64 of its little-endian halves)
+    const half = Buffer.from((await embed({ input: inputs[0], encoding_format: "base64", embed_dtype: "float16" })) as string, "base64");
+    assert.equal(half.length, want[0]!.length * 2);
+    const halves = Array.from({ length: want[0]!.length }, (_, i) => half.readUInt16LE(2 * i));
+    halves.forEach((h, i) => {
+      const e = (h >> 10) & 31, m = h & 1023, v = (h & 0x8000 ? -1 : 1) * (e === 0 ? m * 2 ** -24 : (1 + m / 1024) * 2 ** (e - 15));
+      assert.ok(Math.abs(v - want[0]![i]!) <= Math.abs(want[0]![i]!) * 2 ** -10 + 1e-7, `half ${i}: ${v} vs ${want[0]![i]}`);
+    });
+    assert.deepEqual(await embed({ input: inputs[0], truncate_prompt_tokens: -1 }), Array.from(want[0]!));
+    assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", normalize: false })).status, 400);
+    assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", embed_dtype: "int4" })).status, 400);
+  });
+
   it("refuses the generating APIs, dimensions, unknown formats and inputs past max_model_len", async () => {
     const chat = await postRaw(server.url, "/v1/chat/completions", { model: server.model, messages: [{ role: "user", content: "hi" }] });
     assert.equal(chat.status, 400);

@@ -481,10 +481,25 @@ describe("kiln serve --reasoning-parser qwen3 (e2e)", () => {
     const m = r.choices[0]!.message as unknown as { content: string; reasoning: string | null };
     assert.equal(m.reasoning, null);
     assert.match(m.content, /^Answer: (yes|no)$/);
-    const plain = { messages: USER, max_tokens: 20, seed: 3, temperature: 1, structured_outputs: { regex: "Answer: (yes|no)" }, chat_template_kwargs: { enable_thinking: false } };
+    // a structured reply without a thinking part (its grammar writes none) is content, streamed or not
+    const plain = { messages: USER, max_tokens: 20, seed: 3, temperature: 1, structured_outputs: { regex: "Answer: (yes|no)" } };
     const p = await c.chat.completions.create({ ...plain, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
     const pm = p.choices[0]!.message as unknown as { content: string; reasoning: string | null };
     assert.equal(pm.reasoning, null);
     assert.match(pm.content, /^Answer: (yes|no)$/);
+    let streamedContent = "";
+    for await (const chunk of await c.chat.completions.create({ ...plain, model: thinker.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming))
+      streamedContent += chunk.choices[0]?.delta.content ?? "";
+    assert.equal(streamedContent, pm.content);
+    // enable_thinking false: the free reply is all content
+    const off = await c.chat.completions.create({ messages: USER, max_tokens: 8, model: thinker.model, chat_template_kwargs: { enable_thinking: false } } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const om = off.choices[0]!.message as unknown as { content: string; reasoning: string | null };
+    assert.equal(om.reasoning, null);
+    assert.ok(om.content.length > 0);
+    // beam search replies are split too: a free random reply has no </think>, so it is all reasoning
+    const beam = await c.chat.completions.create({ messages: USER, max_tokens: 4, model: thinker.model, use_beam_search: true, n: 1 } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const bm = beam.choices[0]!.message as unknown as { content: string | null; reasoning: string | null };
+    assert.equal(bm.content, null);
+    assert.ok((bm.reasoning ?? "").length > 0);
   });
 });

@@ -72,14 +72,19 @@ describe("pooling runner (embeddings)", () => {
     assert.throws(() => new LLM({ model: dir, runner: "pooling", poolerConfig: { poolingType: "MAX" as "MEAN" } }), /pooling_type must be LAST, MEAN or CLS/);
   });
 
-  it("reads a sentence-transformers model's pooling and normalization", () => {
+  it("reads a sentence-transformers model's pooling and normalization as vLLM does (through modules.json)", () => {
     const st = tempPath("st-pooling");
-    fs.mkdirSync(path.join(st, "1_Pooling"), { recursive: true });
-    fs.writeFileSync(path.join(st, "1_Pooling", "config.json"), JSON.stringify({ pooling_mode_mean_tokens: true, pooling_mode_cls_token: false }));
+    fs.mkdirSync(path.join(st, "2_Pool"), { recursive: true });
+    fs.writeFileSync(path.join(st, "2_Pool", "config.json"), JSON.stringify({ pooling_mode_mean_tokens: true, pooling_mode_cls_token: false }));
+    assert.deepEqual(resolvePooler(st, {}), { poolingType: "LAST", normalize: true }); // no modules.json: the defaults
+    const modules = [{ type: "sentence_transformers.models.Transformer", path: "" }, { type: "sentence_transformers.models.Pooling", path: "2_Pool" }];
+    fs.writeFileSync(path.join(st, "modules.json"), JSON.stringify(modules));
     assert.deepEqual(resolvePooler(st, {}), { poolingType: "MEAN", normalize: false });
-    fs.writeFileSync(path.join(st, "modules.json"), JSON.stringify([{ type: "sentence_transformers.models.Transformer" }, { type: "sentence_transformers.models.Normalize" }]));
+    fs.writeFileSync(path.join(st, "modules.json"), JSON.stringify([...modules, { type: "sentence_transformers.models.Normalize", path: "3_Norm" }]));
     assert.deepEqual(resolvePooler(st, {}), { poolingType: "MEAN", normalize: true });
     assert.deepEqual(resolvePooler(st, { poolingType: "CLS" }), { poolingType: "CLS", normalize: true });
+    fs.writeFileSync(path.join(st, "2_Pool", "config.json"), JSON.stringify({ pooling_mode_max_tokens: true }));
+    assert.throws(() => resolvePooler(st, {}), /pooling \(max_tokens\) is not supported/);
     assert.deepEqual(resolvePooler(dir, {}), { poolingType: "LAST", normalize: true });
   });
 });
