@@ -1,4 +1,5 @@
 // `kiln serve` flags (vLLM's names and meanings), parsed into one typed, validated ServeArgs.
+import { isPoolingType } from "../engine/model-runner.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../server/reasoning-parsers.js";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { Command, Option } from "commander";
@@ -332,7 +333,7 @@ function parseRunner(o: Record<string, unknown>): Pick<ServeArgs, "runner" | "po
   const out: NonNullable<ServeArgs["poolerConfig"]> = {};
   for (const [k, v] of Object.entries(c)) {
     if (k === "pooling_type") {
-      if (v !== "LAST" && v !== "MEAN" && v !== "CLS") throw new CliUsageError(`${flag}: pooling_type must be LAST, MEAN or CLS, got ${JSON.stringify(v)}`);
+      if (!isPoolingType(v)) throw new CliUsageError(`${flag}: pooling_type must be LAST, MEAN or CLS, got ${JSON.stringify(v)}`);
       out.poolingType = v;
     } else if (k === "normalize") {
       if (typeof v !== "boolean") throw new CliUsageError(`${flag}: normalize must be true or false, got ${JSON.stringify(v)}`);

@@ -5,6 +5,7 @@
 // ranked together and the beam_width best are returned. The prefix cache makes each round's prompts cheap.
 // Score (vLLM's get_beam_search_score): cumulative logprob / (length ** length_penalty), the length counting the
 // prompt and not a final EOS.
+import type { LoraRequest } from "./lora-manager.js";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "./types.js";
 
 /** vLLM's BeamSearchParams. */
@@ -105,6 +106,7 @@ export async function beamSearch(
   p: BeamSearchParams,
   eosTokenIds: readonly number[],
   requestId: string,
+  loraRequest: LoraRequest | null = null,
 ): Promise<BeamSearchResult[]> {
   checkBeamSearchParams(p);
   const s = new BeamSearchInstance(prompt, p, eosTokenIds);
@@ -112,7 +114,7 @@ export async function beamSearch(
     const candidates = await Promise.all(
       s.beams.map(async (beam, i) => {
         let lps: TokenLogprobs | null = null;
-        for await (const out of engine.generate({ promptTokenIds: beam.tokens }, s.roundParams, { requestId: `${requestId}-${t}-${i}` }))
+        for await (const out of engine.generate({ promptTokenIds: beam.tokens }, s.roundParams, { requestId: `${requestId}-${t}-${i}`, loraRequest }))
           lps = out.outputs[0]?.logprobs?.[0] ?? lps;
         return lps;
       }),

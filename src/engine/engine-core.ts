@@ -23,7 +23,7 @@ import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
 import { LoraManager, type LoraConfig, type LoraRequest } from "./lora-manager.js";
 import { LoraError } from "../models/lora.js";
-import type { FedTokens, ModelRunner, PendingRunnerOutput, PoolingType, RunnerOutput, ScheduledBatch } from "./model-runner.js";
+import { isPoolingType, type FedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
 import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, type SamplingRow } from "./sampler.js";
@@ -114,7 +114,7 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     pooler: a.pooler ?? null,
   } as unknown as ResolvedEngineArgs;
   if (r.pooler !== null) {
-    if (!["LAST", "MEAN", "CLS"].includes(r.pooler.poolingType))
+    if (!isPoolingType(r.pooler.poolingType))
       throw new Error(`[engine] pooler.poolingType must be LAST, MEAN or CLS, got ${String(r.pooler.poolingType)}`);
     if (r.speculativeConfig !== null) throw new Error("[engine] a pooling engine does not generate: speculativeConfig does not apply");
     if (r.asyncScheduling === true) throw new Error("[engine] a pooling engine runs without async scheduling");
@@ -171,8 +171,6 @@ interface ParentRequest {
   promptTokenIds: number[];
   children: Request[];
   finalOnly: boolean;
-  /** The LoRA adapter the request holds (released when it ends), or null. */
-  loraId: number | null;
 }
 
 export interface EngineCoreOptions {
@@ -323,7 +321,6 @@ export class EngineCore {
       promptTokenIds: prompt,
       children: [],
       finalOnly: kind === "final_only",
-      loraId: lora?.id ?? null,
     };
     const arrivalTime = input.arrivalTime ?? Date.now();
     for (let i = 0; i < params.n; i++) {
@@ -342,8 +339,7 @@ export class EngineCore {
           arrivalTime,
           priority: input.priority ?? 0,
           cacheSalt: input.cacheSalt ?? null,
-          loraId: lora?.id ?? null,
-          loraKey: lora === null ? null : `${lora.id}\u0000${lora.name}\u0000${lora.path}`,
+          lora,
           badWordsTokenIds,
           detokenizer: this.createDetokenizer?.(prompt, childParams) ?? null,
         }),
@@ -576,9 +572,9 @@ export class EngineCore {
   /** The adapters of running and of waiting requests, by name (vLLM's lora_requests_info). */
   private loraStats(lora: LoraManager): NonNullable<EngineStats["lora"]> {
     const names = (reqs: readonly Request[]): string[] => {
-      const ids = new Set<number>();
-      for (const r of reqs) if (r.loraId !== null) ids.add(r.loraId);
-      return [...ids].map((id) => lora.nameOf(id) ?? String(id));
+      const seen = new Set<string>();
+      for (const r of reqs) if (r.lora !== null) seen.add(r.lora.name);
+      return [...seen];
     };
     return { maxLoras: lora.config.maxLoras, running: names(this.scheduler.running), waiting: names(this.scheduler.waiting) };
   }
@@ -602,7 +598,8 @@ export class EngineCore {
   /** Forgets a finished or aborted user request (and lets go of its LoRA adapter). */
   private dropParent(parent: ParentRequest): void {
     this.parents.delete(parent.requestId);
-    if (parent.loraId !== null) this.lora?.release(parent.loraId);
+    const loraId = parent.children[0]!.loraId; // every sample runs with the request's adapter
+    if (loraId !== null) this.lora?.release(loraId);
   }
 
   /** Cumulative RequestOutput of a user request (text held back while a stop string may be forming). */

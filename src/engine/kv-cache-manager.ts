@@ -173,7 +173,8 @@ function extraKeysOf(request: Request, blockIndex: number): string | null {
   const parts: string[] = [];
   // id, name and path (vLLM hashes the name): an id reused for another adapter, or an adapter reloaded in place
   // under a new id, never reads blocks another adapter's weights computed
-  if (request.loraKey !== null) parts.push(`lora:${request.loraKey}`);
+  const lora = request.lora;
+  if (lora !== null) parts.push(`lora:${lora.id}\u0000${lora.name}\u0000${lora.path}`);
   if (blockIndex === 0 && request.cacheSalt !== null) parts.push(`salt:${request.cacheSalt}`);
   return parts.length === 0 ? null : parts.join("\u0000");
 }

@@ -154,7 +154,7 @@ export class LLM {
    * const [beams] = llm.beamSearch(["The city"], { beamWidth: 4, maxTokens: 16 });
    * console.log(beams![0]!.text);
    */
-  beamSearch(prompts: PromptInput[], params: BeamSearchParams): (BeamSearchResult & { text: string })[][] {
+  beamSearch(prompts: PromptInput[], params: BeamSearchParams, options: { loraRequest?: LoraRequest | null } = {}): (BeamSearchResult & { text: string })[][] {
     checkBeamSearchParams(params);
     if (this.engine.args.pooler !== null) throw new Error("[LLM.beamSearch] this LLM pools (runner: \"pooling\")");
     const eos = this.tokenizer?.eosTokenIds ?? this.engine.args.eosTokenIds;
@@ -163,7 +163,7 @@ export class LLM {
       const live = searches.filter((s) => s.beams.length > 0);
       if (live.length === 0) break;
       const beams = live.flatMap((s) => s.beams);
-      const outs = this.run(beams.map((b) => ({ promptTokenIds: b.tokens })), live[0]!.roundParams, {});
+      const outs = this.run(beams.map((b) => ({ promptTokenIds: b.tokens })), live[0]!.roundParams, options);
       let k = 0;
       for (const s of live) s.advance(s.beams.map(() => outs[k++]!.outputs[0]!.logprobs?.[0] ?? null));
     }

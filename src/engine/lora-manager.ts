@@ -91,11 +91,6 @@ export class LoraManager {
     return true;
   }
 
-  /** The name of a held adapter (one a live request uses is always held). */
-  nameOf(id: number): string | undefined {
-    return this.held.get(id)?.request.name;
-  }
-
   /** Ids of the adapters in host memory. */
   get heldIds(): number[] {
     return [...this.held.keys()];

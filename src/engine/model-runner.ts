@@ -53,7 +53,9 @@ export interface ScheduledBatch {
 }
 
 /** How a pooling engine reduces a prompt's final hidden states (vLLM's pooling_type). */
-export type PoolingType = "LAST" | "MEAN" | "CLS";
+export const POOLING_TYPES = ["LAST", "MEAN", "CLS"] as const;
+export type PoolingType = (typeof POOLING_TYPES)[number];
+export const isPoolingType = (t: unknown): t is PoolingType => (POOLING_TYPES as readonly unknown[]).includes(t);
 
 /** A step's token ids sampled on the device, still there: `read()` waits for the step and copies them out. */
 export interface DeviceTokens {

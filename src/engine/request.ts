@@ -5,6 +5,7 @@ import type { IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import type { BlockHash } from "./block-pool.js";
 import type { FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
 import { Rng } from "./rng.js";
+import type { LoraRequest } from "./lora-manager.js";
 import type { RequestGrammar } from "./structured-output.js";
 
 export type RequestStatus =
@@ -41,9 +42,8 @@ export interface RequestInit {
   arrivalTime?: number;
   priority?: number;
   cacheSalt?: string | null;
-  loraId?: number | null;
-  /** What names the adapter in prefix-cache hashes (id, name and path), when loraId is set. */
-  loraKey?: string | null;
+  /** The LoRA adapter it runs with (vLLM's lora_request), or none. */
+  lora?: LoraRequest | null;
   /** For n > 1 children: the user's request id and this sample's index. */
   parentId?: string;
   index?: number;
@@ -67,8 +67,7 @@ export class Request {
   readonly priority: number;
   readonly arrivalTime: number;
   readonly cacheSalt: string | null;
-  readonly loraId: number | null;
-  readonly loraKey: string | null;
+  readonly lora: LoraRequest | null;
   readonly badWordsTokenIds: number[][];
   /** Per-request generator when seeded; null = the engine's shared generator. */
   readonly generator: Rng | null;
@@ -122,8 +121,7 @@ export class Request {
     this.priority = init.priority ?? 0;
     this.arrivalTime = init.arrivalTime ?? Date.now();
     this.cacheSalt = init.cacheSalt ?? null;
-    this.loraId = init.loraId ?? null;
-    this.loraKey = init.loraKey ?? (this.loraId === null ? null : String(this.loraId));
+    this.lora = init.lora ?? null;
     this.badWordsTokenIds = init.badWordsTokenIds ?? [];
     this.generator = init.params.seed === null ? null : new Rng(init.params.seed);
     this.detokenizer = init.detokenizer ?? null;
@@ -149,6 +147,11 @@ export class Request {
 
   get numOutputTokens(): number {
     return this.outputTokenIds.length;
+  }
+
+  /** The LoRA adapter's id, or null. */
+  get loraId(): number | null {
+    return this.lora?.id ?? null;
   }
 
   get isFinished(): boolean {

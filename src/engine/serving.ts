@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs, PoolerConfig } from "./engine-core.js";
-import type { PoolingType } from "./model-runner.js";
+import { isPoolingType, type PoolingType } from "./model-runner.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
@@ -70,8 +70,8 @@ export interface ServingArgs {
   runner?: "generate" | "pooling";
   /**
    * vLLM's --pooler-config for a pooling runner: poolingType LAST | MEAN | CLS and normalize. Default: the model
-   * directory's sentence-transformers pooling (1_Pooling/config.json, modules.json's Normalize) where it has one,
-   * else LAST with normalize (vLLM's default for decoder models turned into embedding models).
+   * directory's sentence-transformers pooling (resolvePooler) where it has one, else LAST with normalize (vLLM's
+   * default for decoder models turned into embedding models).
    */
   poolerConfig?: Partial<PoolerConfig> | null;
   onProgress?: (stage: string, fraction: number) => void;
@@ -143,7 +143,7 @@ function checkServingArgs(args: ServingArgs): void {
   if (args.poolerConfig != null) {
     if (args.runner !== "pooling") throw new EngineInputError("pooler_config", 'pooler_config needs runner "pooling"');
     const t = args.poolerConfig.poolingType;
-    if (t !== undefined && t !== "LAST" && t !== "MEAN" && t !== "CLS")
+    if (t !== undefined && !isPoolingType(t))
       throw new EngineInputError("pooler_config", `pooling_type must be LAST, MEAN or CLS, got ${JSON.stringify(t)}`);
     if (args.poolerConfig.normalize !== undefined && typeof args.poolerConfig.normalize !== "boolean")
       throw new EngineInputError("pooler_config", `normalize must be a boolean, got ${JSON.stringify(args.poolerConfig.normalize)}`);
@@ -297,7 +297,9 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
       mixedBuckets: mixed.sort((a, b) => a - b),
       ...(k > 0 ? { mixedRows: Math.max(1, ...decode) * (1 + k) } : {}),
     };
-    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora });
+    // the slots' shape is part of the capture; max_cpu_loras (host memory) is not
+    const loraSlots = lora === null ? null : { maxLoras: lora.maxLoras, maxLoraRank: lora.maxLoraRank };
+    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora: loraSlots });
     runner.captureStepGraphs(maxModelLen, {
       ...buckets,
       onProgress: (p) => args.onProgress?.(stage, p.done / p.total),

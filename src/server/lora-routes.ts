@@ -21,13 +21,6 @@ export function loraModelCards(ctx: ServingContext, created: number): object[] {
   }));
 }
 
-/** The next LoRA id the server gives an adapter (ids stay unique after unloads). */
-export function nextLoraId(ctx: ServingContext): number {
-  let id = 0;
-  for (const m of ctx.loraModules?.values() ?? []) id = Math.max(id, m.request.id);
-  return Math.max(id, ctx.lastLoraId) + 1;
-}
-
 export function registerLoraRoutes(app: FastifyInstance, bound: () => ServingContext): void {
   const fields = (body: unknown, names: string[]): Record<string, string> => {
     const b = (typeof body === "object" && body !== null ? body : {}) as Record<string, unknown>;
@@ -59,8 +52,7 @@ export function registerLoraRoutes(app: FastifyInstance, bound: () => ServingCon
       throw new ApiError(400, `The lora adapter '${name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.`,
         "lora_name", "invalid_request_error", "lora_already_loaded");
     // a new id even in place: the prefix cache keys on it, so blocks of the old weights are not reused
-    const lora = { name, id: nextLoraId(ctx), path };
-    ctx.lastLoraId = lora.id;
+    const lora = { name, id: ++ctx.lastLoraId, path }; // ids are never reused, even after unloads
     loading.add(name);
     try {
       await ctx.engine.addLora!(lora);

@@ -156,7 +156,6 @@ function parseBeamSearch(body: Json, stream: boolean, params: Partial<SamplingPa
   };
   if (stream) refuse("stream", "stream");
   if (params.logprobs != null || params.promptLogprobs != null) refuse("logprobs", "logprobs");
-  if (params.structuredOutputs !== undefined) refuse("structured output", "structured_outputs");
   if (body.echo === true) refuse("echo", "echo");
   return { lengthPenalty };
 }

@@ -2,6 +2,7 @@
 // of each prompt (engine/beam-search.ts), answered whole (no streaming, no logprobs) with finish_reason "stop" for a
 // beam that ended on EOS and "length" for one cut at max_tokens.
 import { beamSearch, type BeamSearchResult } from "../engine/beam-search.js";
+import type { LoraRequest } from "../engine/lora-manager.js";
 import type { SamplingParams } from "../engine/types.js";
 import { badRequest } from "./errors.js";
 import { randomId, type ServingContext } from "./serving-context.js";
@@ -12,6 +13,7 @@ export async function runBeamSearch(
   prompts: number[][],
   params: Partial<SamplingParams>[],
   lengthPenalty: number,
+  lora: LoraRequest | null,
 ): Promise<{ beams: (BeamSearchResult & { text: string })[][]; usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number } }> {
   if (params.some((p) => p.structuredOutputs !== undefined)) throw badRequest("use_beam_search cannot be combined with structured output or tool_choice", "use_beam_search");
   const id = randomId("beam");
@@ -21,7 +23,7 @@ export async function runBeamSearch(
       const found = await beamSearch(
         ctx.engine, prompt,
         { beamWidth: p.n ?? 1, maxTokens: p.maxTokens ?? 16, ignoreEos: p.ignoreEos ?? false, temperature: p.temperature ?? 0, lengthPenalty },
-        ctx.tokenizer.eosTokenIds, `${id}-${i}`,
+        ctx.tokenizer.eosTokenIds, `${id}-${i}`, lora,
       );
       return found.map((b) => ({ ...b, text: ctx.tokenizer.decode(b.tokenIds, { skipSpecialTokens: p.skipSpecialTokens ?? true }) }));
     }),

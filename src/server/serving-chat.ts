@@ -130,10 +130,10 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   checkQueue(ctx);
   if (req.beamSearch !== null) {
-    const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty);
+    const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora);
     const choices = beams[0]!.map((b, index) => {
       const { reasoning, content } = reasoningOf(ctx, req, b.text);
-      const message = { role: "assistant", content, refusal: null, tool_calls: [], ...(ctx.reasoningParser !== null ? { reasoning, reasoning_content: reasoning } : {}) };
+      const message = { role: "assistant", content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };
       return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null };
     });
     return { id: randomId("chatcmpl"), object: "chat.completion", created: nowSeconds(), model, choices, usage };
@@ -175,6 +175,10 @@ function reasoningOf(ctx: ServingContext, req: ChatRequest, text: string): { rea
   const s = splitReasoning(text, replyMode(ctx, req));
   return { reasoning: req.includeReasoning ? s.reasoning : null, content: s.content };
 }
+
+/** A message's (or delta's) reasoning under vLLM's name and its older one; none without a reasoning parser. */
+const reasoningFields = (ctx: ServingContext, reasoning: string | null) =>
+  ctx.reasoningParser === null ? {} : { reasoning, reasoning_content: reasoning };
 
 interface ResponseInfo {
   id: string;
@@ -221,7 +225,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
           content: info.echoText !== "" ? info.echoText + (text ?? "") : text,
           refusal: null,
           tool_calls: r.toolCalls ?? [],
-          ...(ctx.reasoningParser !== null ? { reasoning, reasoning_content: reasoning } : {}),
+          ...reasoningFields(ctx, reasoning),
         },
         logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
         finish_reason: finishReasonOf(req, r, c.finishReason ?? "abort"),
@@ -258,7 +262,7 @@ async function streamChat(
         const split = reasoners?.[o.index]!.push(o.text, o.finishReason !== null) ?? { reasoning: "", content: o.text };
         const { delta, finishReason } = tools.delta(o.index, split.content, o.finishReason);
         if (delta.content === "" && reasoners !== null) delete delta.content; // all held back, or all reasoning
-        if (split.reasoning !== "" && req.includeReasoning) Object.assign(delta, { reasoning: split.reasoning, reasoning_content: split.reasoning });
+        if (split.reasoning !== "" && req.includeReasoning) Object.assign(delta, reasoningFields(ctx, split.reasoning));
         if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null) continue; // held back
         const choice = {
           index: o.index,

@@ -72,7 +72,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
   checkQueue(ctx);
   if (req.beamSearch !== null) {
-    const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty);
+    const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora);
     const choices = beams.flatMap((found, i) =>
       found.map((b, j) => ({ index: i * found.length + j, text: b.text, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null })),
     );

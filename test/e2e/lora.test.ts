@@ -50,6 +50,10 @@ describe("kiln serve --enable-lora (e2e)", () => {
     const lp = (r: OpenAI.Completion) => r.choices[0]!.logprobs!.token_logprobs!;
     lp(withLora).forEach((x, i) => assert.ok(Math.abs(x - lp(want)[i]!) < 2e-3, `token ${i}: ${x} vs ${lp(want)[i]}`));
     assert.notDeepEqual(lp(plain), lp(withLora));
+    // beam search runs with the adapter too: one beam is the merged model's greedy text
+    const { logprobs: _lp, ...plainBody } = body;
+    const beam = await c.completions.create({ ...plainBody, model: "sql", use_beam_search: true, n: 1 } as OpenAI.CompletionCreateParamsNonStreaming);
+    assert.equal(beam.choices[0]!.text, want.choices[0]!.text);
     // streamed too
     const stream = await c.completions.create({ ...body, model: "sql", stream: true } as OpenAI.CompletionCreateParamsStreaming);
     let text = "";
