@@ -63,6 +63,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
       ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
       : {}),
     ...(args.runner === "pooling" ? { runner: "pooling" as const, poolerConfig: args.poolerConfig } : {}),
+    ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;

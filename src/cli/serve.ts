@@ -59,7 +59,6 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     disableAnyWhitespace: args.disableAnyWhitespace,
     loraModules,
     runner: args.runner,
-    ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
   });
   try {
     await app.listen({ host: args.host, port: args.port });

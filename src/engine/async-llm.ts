@@ -6,6 +6,7 @@ import { EngineCore, type EngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import type { LoraRequest } from "./lora-manager.js";
+import type { ReasoningParserName } from "./reasoning.js";
 import type { EngineClient, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
 interface Stream {
@@ -45,6 +46,10 @@ export class AsyncLLM implements EngineClient {
 
   get maxModelLen(): number {
     return this.engine.maxModelLen;
+  }
+
+  get reasoningParser(): ReasoningParserName | null {
+    return this.engine.args.reasoningParser;
   }
 
   /**

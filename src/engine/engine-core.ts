@@ -31,6 +31,7 @@ import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
 import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
+import { REASONING_PARSERS, reasoningEnded, thinkMarkers, type ReasoningParserName, type ThinkMarkers } from "./reasoning.js";
 import { StructuredOutputManager, structuredOutputSpec } from "./structured-output.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
@@ -66,6 +67,11 @@ export interface EngineArgs {
    * pooled final hidden state (RequestOutput.pooled) instead of generating. Default none (a generating engine).
    */
   pooler?: PoolerConfig | null;
+  /**
+   * vLLM's --reasoning-parser: the model thinks between <think> and </think> first, and structured output
+   * constrains only what follows (see reasoning.ts). Needs a tokenizer holding both markers as tokens. Default none.
+   */
+  reasoningParser?: ReasoningParserName | null;
 }
 
 /** vLLM's pooler config: how a prompt's final hidden states become one vector. */
@@ -75,11 +81,12 @@ export interface PoolerConfig {
   normalize: boolean;
 }
 
-export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig" | "lora" | "pooler">> & {
+export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig" | "lora" | "pooler" | "reasoningParser">> & {
   asyncScheduling: boolean | null;
   speculativeConfig: SpeculativeConfig | null;
   lora: LoraConfig | null;
   pooler: PoolerConfig | null;
+  reasoningParser: ReasoningParserName | null;
 };
 
 /** Device-sampled token ids as the sampler's rows (a plain loop: Array.from with a mapper is slow on a typed array). */
@@ -112,7 +119,10 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     speculativeConfig: a.speculativeConfig ? resolveSpeculativeConfig(a.speculativeConfig) : null,
     lora: a.lora ?? null,
     pooler: a.pooler ?? null,
+    reasoningParser: a.reasoningParser ?? null,
   } as unknown as ResolvedEngineArgs;
+  if (r.reasoningParser !== null && !(REASONING_PARSERS as readonly string[]).includes(r.reasoningParser))
+    throw new Error(`[engine] reasoningParser must be one of ${REASONING_PARSERS.join(", ")}, got ${String(r.reasoningParser)}`);
   if (r.pooler !== null) {
     if (!isPoolingType(r.pooler.poolingType))
       throw new Error(`[engine] pooler.poolingType must be LAST, MEAN or CLS, got ${String(r.pooler.poolingType)}`);
@@ -192,6 +202,8 @@ export class EngineCore {
   private readonly eosTokenIds: number[];
   /** Structured output's grammar compiler (made on first use). */
   private grammars: StructuredOutputManager | null = null;
+  /** The reasoning markers' token ids with a reasoning parser: grammars wait for the reasoning to end. */
+  private readonly thinkMarkers: ThinkMarkers | null;
   /** The LoRA adapters held and their device slots, or null without LoRA. */
   readonly lora: LoraManager | null;
   /** Whether step() pipelines scheduling with the runner's compute (see the file comment). */
@@ -210,6 +222,9 @@ export class EngineCore {
     const tok = this.tokenizer;
     this.createDetokenizer = options.createDetokenizer ?? (tok === null ? undefined : (ids, p) => new IncrementalDetokenizer(tok, ids, p));
     this.eosTokenIds = tok?.eosTokenIds ?? this.args.eosTokenIds;
+    const parser = this.args.reasoningParser;
+    if (parser !== null && tok === null) throw new Error(`[engine] reasoning parser ${parser} needs the model's tokenizer`);
+    this.thinkMarkers = parser === null ? null : thinkMarkers(tok!, parser);
     this.kv = new KvCacheManager({
       numBlocks: this.args.numGpuBlocks,
       blockSize: this.args.blockSize,
@@ -347,7 +362,9 @@ export class EngineCore {
     }
     if (grammars !== null) {
       try {
-        for (const c of parent.children) c.grammar = grammars.matcher(spec!);
+        const m = this.thinkMarkers;
+        const gate = m === null ? null : { markers: m, ended: reasoningEnded(prompt, m) };
+        for (const c of parent.children) c.grammar = grammars.matcher(spec!, gate);
       } catch (e) {
         for (const c of parent.children) c.grammar?.dispose();
         throw e;

@@ -190,6 +190,7 @@ async function main(): Promise<void> {
   post({
     type: "ready",
     maxModelLen: engineArgs.maxModelLen,
+    reasoningParser: resolved.reasoningParser,
     kvTokens,
     kvCacheDtype: runner.kvCacheDtype,
     numBlocks: resolved.numGpuBlocks,

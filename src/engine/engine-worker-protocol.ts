@@ -2,6 +2,7 @@
 // EngineCore). Everything here is structured-clone data: no functions, no class instances except Error-free
 // plain objects and Maps (TokenLogprobs).
 import type { LoraRequest } from "./lora-manager.js";
+import type { ReasoningParserName } from "./reasoning.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
@@ -81,6 +82,7 @@ export type FromWorker =
   | {
       type: "ready";
       maxModelLen: number;
+      reasoningParser: ReasoningParserName | null;
       kvTokens: number;
       /** The KV cache's element type (--kv-cache-dtype resolved). */
       kvCacheDtype: KvCacheDtype;

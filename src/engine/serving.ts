@@ -7,6 +7,7 @@ import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOp
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs, PoolerConfig } from "./engine-core.js";
 import { isPoolingType, type PoolingType } from "./model-runner.js";
+import { REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
@@ -74,6 +75,11 @@ export interface ServingArgs {
    * default for decoder models turned into embedding models).
    */
   poolerConfig?: Partial<PoolerConfig> | null;
+  /**
+   * vLLM's --reasoning-parser: structured output starts after the model's </think> (EngineArgs.reasoningParser); the
+   * tokenizer must hold <think> and </think> as tokens. Default none.
+   */
+  reasoningParser?: ReasoningParserName | null;
   onProgress?: (stage: string, fraction: number) => void;
 }
 
@@ -105,7 +111,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
-  maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true,
+  maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -140,6 +146,8 @@ function checkServingArgs(args: ServingArgs): void {
   checkKvCacheDtype(args.kvCacheDtype);
   if (args.runner !== undefined && args.runner !== "generate" && args.runner !== "pooling")
     throw new EngineInputError("runner", `runner must be "generate" or "pooling", got ${JSON.stringify(args.runner)}`);
+  if (args.reasoningParser != null && !(REASONING_PARSERS as readonly string[]).includes(args.reasoningParser))
+    throw new EngineInputError("reasoning_parser", `reasoning_parser must be one of ${REASONING_PARSERS.join(", ")}, got ${JSON.stringify(args.reasoningParser)}`);
   if (args.poolerConfig != null) {
     if (args.runner !== "pooling") throw new EngineInputError("pooler_config", 'pooler_config needs runner "pooling"');
     const t = args.poolerConfig.poolingType;
@@ -271,6 +279,13 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
 }
 
 function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSetup {
+  if (args.reasoningParser != null) {
+    try {
+      thinkMarkers(loaded.tokenizer, args.reasoningParser);
+    } catch (e) {
+      throw new EngineInputError("reasoning_parser", (e as Error).message.replace("[engine] ", ""));
+    }
+  }
   args.onProgress?.("sizing KV cache", 0);
   const { numBlocks, maxModelLen, blockSize, kvCacheDtype } = sizeKvCache(loaded, args);
   // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
@@ -328,6 +343,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     asyncScheduling: args.asyncScheduling,
     speculativeConfig: args.speculativeConfig ?? null,
     eosTokenIds: loaded.tokenizer.eosTokenIds,
+    reasoningParser: args.reasoningParser ?? null,
     lora,
     pooler,
   };

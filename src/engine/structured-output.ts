@@ -11,6 +11,7 @@
 // aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
+import type { ThinkMarkers } from "./reasoning.js";
 import {
   XgrammarError,
   XgrammarInstance,
@@ -231,6 +232,15 @@ export function nonAsciiClass(text: string, syntax: "regex" | "ebnf"): boolean {
   return false;
 }
 
+/**
+ * A reasoning model's request (see reasoning.ts): its grammar waits for the reasoning to end. `ended` says whether
+ * the prompt already ended it.
+ */
+export interface ReasoningGate {
+  markers: ThinkMarkers;
+  ended: boolean;
+}
+
 /** One request's position in its grammar. */
 export class RequestGrammar {
   /** Set when a token the grammar refused was accepted anyway (the mask was not applied): no more masking. */
@@ -238,24 +248,34 @@ export class RequestGrammar {
   /** Tokens accepted so far, and a mask computed ahead of its step (prefetchMask) with the count it was made at. */
   private accepted = 0;
   private prefetched: { mask: Int32Array; at: number } | null = null;
+  /** Whether the grammar is live: false while a reasoning model still thinks (nothing masked, nothing advanced). */
+  private live: boolean;
 
   constructor(
     private readonly matcher: XgGrammarMatcher,
     private readonly owner: StructuredOutputManager,
-  ) {}
+    private readonly gate: ReasoningGate | null = null,
+  ) {
+    this.live = gate === null || gate.ended;
+  }
+
+  /** Whether there is a mask to apply: the grammar is live, was followed so far, and is not complete. */
+  private get masking(): boolean {
+    return this.live && !this.failed && !this.matcher.IsTerminated();
+  }
 
   /**
    * Computes the next mask now (while the step that needs it runs on the device, as vLLM prepares its bitmask
    * during the forward pass); applyMask then uses it if no token was accepted since.
    */
   prefetchMask(): void {
-    if (this.failed || this.matcher.IsTerminated()) return;
+    if (!this.masking) return;
     this.prefetched = { mask: this.bitmask(), at: this.accepted };
   }
 
   /** Sets every token the grammar does not allow next to -Infinity. `logits` is one row of vocabSize values. */
   applyMask(logits: Float32Array): void {
-    if (this.failed || this.matcher.IsTerminated()) return;
+    if (!this.masking) return;
     const p = this.prefetched;
     this.prefetched = null;
     const mask = p !== null && p.at === this.accepted ? p.mask : this.bitmask();
@@ -278,17 +298,25 @@ export class RequestGrammar {
     }
   }
 
-  /** Advances past a sampled token; false when the grammar refused it (masking stops for this request then). */
+  /**
+   * Advances past a sampled token; false when the grammar refused it (masking stops for this request then). While
+   * the reasoning goes on, a </think> makes the grammar live from the next token (vLLM's should_advance).
+   */
   accept(tokenId: number): boolean {
     this.accepted++;
+    if (!this.live) {
+      if (tokenId === this.gate!.markers.end) this.live = true;
+      return true;
+    }
     if (this.failed || this.matcher.IsTerminated()) return true;
     const ok = this.matcher.AcceptToken(tokenId, false);
     if (!ok) this.failed = true;
     return ok;
   }
 
+  /** Whether the constrained output is complete (never while the reasoning goes on). */
   get isTerminated(): boolean {
-    return this.matcher.IsTerminated();
+    return this.live && this.matcher.IsTerminated();
   }
 
   dispose(): void {
@@ -330,11 +358,11 @@ export class StructuredOutputManager {
     });
   }
 
-  /** A matcher for a checked spec (see checkStructuredOutputSpec). */
-  matcher(spec: StructuredOutputSpec): RequestGrammar {
+  /** A matcher for a checked spec (see checkStructuredOutputSpec), idle until the reasoning ends when gated. */
+  matcher(spec: StructuredOutputSpec, gate: ReasoningGate | null = null): RequestGrammar {
     const compiled = this.compile(spec);
     const m = this.instance.call((b) => new b.GrammarMatcher(compiled, undefined, false, -1));
-    return new RequestGrammar(m, this);
+    return new RequestGrammar(m, this, gate);
   }
 
   private compile(spec: StructuredOutputSpec): XgCompiledGrammar {

@@ -1,6 +1,7 @@
 // Public types of the serving engine, shared by the engine, the offline LLM API and the server.
 // Field names follow vLLM's SamplingParams / RequestOutput (camelCase here, snake_case on the wire).
 import type { LoraRequest } from "./lora-manager.js";
+import type { ReasoningParserName } from "./reasoning.js";
 import type { StructuredOutputsParams } from "./structured-output.js";
 
 export type { StructuredOutputsParams } from "./structured-output.js";
@@ -127,4 +128,6 @@ export interface EngineClient {
   removeLora?(id: number): Promise<boolean>;
   stats(): EngineStats;
   readonly maxModelLen: number;
+  /** The engine's reasoning parser (vLLM's --reasoning-parser): its structured output starts after </think>. */
+  readonly reasoningParser?: ReasoningParserName | null;
 }

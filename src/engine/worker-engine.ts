@@ -20,6 +20,7 @@ import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { ServingArgs } from "./serving.js";
 import type { CompletionOutput, EngineClient, EngineStats, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
 import type { LoraRequest } from "./lora-manager.js";
+import type { ReasoningParserName } from "./reasoning.js";
 
 type ReadyMessage = Extract<FromWorker, { type: "ready" }>;
 
@@ -60,6 +61,7 @@ export class WorkerEngine implements EngineClient {
   readonly tokenizer: Tokenizer;
   readonly generationConfig: GenerationConfig | null;
   readonly maxModelLen: number;
+  readonly reasoningParser: ReasoningParserName | null;
   /** KV capacity in tokens, and the pool's shape (block 0 is the engine's null block). */
   readonly kvTokens: number;
   /** The KV cache's element type. */
@@ -87,6 +89,7 @@ export class WorkerEngine implements EngineClient {
     this.tokenizer = early !== null && src.kind === "dir" && path.resolve(src.dir) === early.dir ? early.tokenizer : loadTokenizer(src, modules);
     this.generationConfig = ready.generationConfig;
     this.maxModelLen = ready.maxModelLen;
+    this.reasoningParser = ready.reasoningParser;
     this.kvTokens = ready.kvTokens;
     this.kvCacheDtype = ready.kvCacheDtype;
     this.numBlocks = ready.numBlocks;

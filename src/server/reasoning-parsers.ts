@@ -7,15 +7,13 @@
 //     request turned thinking off (chat_template_kwargs.enable_thinking false): then it is all content.
 // Streamed, the same split comes out delta by delta: reasoning until </think> (a marker, or a prefix of one at a
 // delta's end, is held back until it is known), content after it.
-// A reply under structured output is read in the third mode, "tagged": its grammar holds from the first token (vLLM
-// starts it after the reasoning; Kiln does not), so it has a thinking part only when it opens with <think> (a
-// grammar that writes one); otherwise it is all content.
+// A reply to a prompt that already ended the reasoning (its last marker is </think>: a template that closed it, or an
+// earlier turn's thinking kept in the prompt) is read in the third mode, "tagged": it has a thinking part only when it
+// opens with <think>; otherwise it is all content. That matches the engine, whose structured output starts at once
+// after such a prompt and after the reply's </think> otherwise (src/engine/reasoning.ts).
+import { THINK_END as END, THINK_START as START, type ReasoningParserName } from "../engine/reasoning.js";
 
-export const REASONING_PARSERS = ["deepseek_r1", "qwen3"] as const;
-export type ReasoningParserName = (typeof REASONING_PARSERS)[number];
-
-const START = "<think>";
-const END = "</think>";
+export { REASONING_PARSERS, type ReasoningParserName } from "../engine/reasoning.js";
 
 /** A reply's reasoning and content (either may be null), as vLLM's extract_reasoning splits it. */
 export interface ReasoningSplit {
@@ -25,13 +23,14 @@ export interface ReasoningSplit {
 
 /**
  * How a reply is read: "on" (reasoning first), "off" (all content: qwen3 with thinking turned off), or "tagged"
- * (structured output: reasoning only when the reply opens with <think>).
+ * (the prompt ended the reasoning: reasoning only when the reply opens with <think>).
  */
 export type ThinkingMode = "on" | "off" | "tagged";
 
-export function thinkingMode(parser: ReasoningParserName, chatTemplateKwargs: Record<string, unknown> | undefined, structured: boolean): ThinkingMode {
+export function thinkingMode(parser: ReasoningParserName, chatTemplateKwargs: Record<string, unknown> | undefined, prompt: string): ThinkingMode {
   if (parser === "qwen3" && chatTemplateKwargs?.enable_thinking === false) return "off";
-  return structured ? "tagged" : "on";
+  const end = prompt.lastIndexOf(END);
+  return end >= 0 && end > prompt.lastIndexOf(START) ? "tagged" : "on";
 }
 
 /** Splits a whole reply (see the file comment). */

@@ -1,6 +1,5 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
-import type { ReasoningParserName } from "./reasoning-parsers.js";
 import { timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
@@ -47,8 +46,6 @@ export interface ServerEngineOptions {
    * LoRA is not enabled; an empty list serves none at start but lets /v1/load_lora_adapter add some.
    */
   loraModules?: LoraModule[] | null;
-  /** Splits chat replies into `reasoning` and `content` (vLLM --reasoning-parser). */
-  reasoningParser?: ReasoningParserName;
   /** "pooling" (vLLM --runner pooling): /v1/embeddings is served and the generating APIs are refused. Default "generate". */
   runner?: "generate" | "pooling";
 }
@@ -207,7 +204,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
         lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
         runner: engineOptions.runner ?? "generate",
-        reasoningParser: engineOptions.reasoningParser ?? null,
+        reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         inflight: new Set(),
         unstarted: new Set(),
       };

@@ -6,7 +6,7 @@ import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { partialMarkerLength } from "./tool-parsers.js";
-import { ReasoningStream, splitReasoning, thinkingMode } from "./reasoning-parsers.js";
+import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
   SseWriter, tokenText, type ServingContext,
@@ -128,11 +128,12 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   }
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
+  const thinking = replyMode(ctx, req, promptText);
   checkQueue(ctx);
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora);
     const choices = beams[0]!.map((b, index) => {
-      const { reasoning, content } = reasoningOf(ctx, req, b.text);
+      const { reasoning, content } = reasoningOf(req, thinking, b.text);
       const message = { role: "assistant", content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };
       return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null };
     });
@@ -153,26 +154,22 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
 
   try {
     const outputs = await primeStream(stream);
-    if (req.stream) return await streamChat(ctx, req, reply, outputs, { id, created, model, n, promptLen: promptTokenIds.length, echoText });
-    return await collectChat(ctx, req, outputs, { id, created, model, n, promptLen: promptTokenIds.length, echoText });
+    const info = { id, created, model, n, promptLen: promptTokenIds.length, echoText, thinking };
+    return await (req.stream ? streamChat(ctx, req, reply, outputs, info) : collectChat(ctx, req, outputs, info));
   } finally {
     controller.abort(); // no-op for finished requests; frees blocks if we leave early
   }
 }
 
-/**
- * How the server's reasoning parser reads the request's reply. Under structured output (response_format,
- * structured_outputs, a required or named tool_choice) the grammar holds from the first token, so the reply has a
- * thinking part only if it opens with <think> ("tagged"; vLLM starts the grammar after the reasoning instead).
- */
-function replyMode(ctx: ServingContext, req: ChatRequest): ReturnType<typeof thinkingMode> {
-  return thinkingMode(ctx.reasoningParser!, req.chatTemplateKwargs, req.params.structuredOutputs !== undefined);
+/** How the server's reasoning parser reads the replies to this prompt (see reasoning-parsers.ts), or null without one. */
+function replyMode(ctx: ServingContext, req: ChatRequest, promptText: string): ThinkingMode | null {
+  return ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, req.chatTemplateKwargs, promptText);
 }
 
 /** A reply's reasoning and content as the server's reasoning parser splits it (all content without one). */
-function reasoningOf(ctx: ServingContext, req: ChatRequest, text: string): { reasoning: string | null; content: string | null } {
-  if (ctx.reasoningParser === null) return { reasoning: null, content: text };
-  const s = splitReasoning(text, replyMode(ctx, req));
+function reasoningOf(req: ChatRequest, mode: ThinkingMode | null, text: string): { reasoning: string | null; content: string | null } {
+  if (mode === null) return { reasoning: null, content: text };
+  const s = splitReasoning(text, mode);
   return { reasoning: req.includeReasoning ? s.reasoning : null, content: s.content };
 }
 
@@ -187,6 +184,8 @@ interface ResponseInfo {
   n: number;
   promptLen: number;
   echoText: string;
+  /** How the reasoning parser reads the replies (null: no parser). */
+  thinking: ThinkingMode | null;
 }
 
 async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: AsyncIterable<RequestOutput>, info: ResponseInfo) {
@@ -215,7 +214,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     created: info.created,
     model: info.model,
     choices: choices.map((c, index) => {
-      const { reasoning, content } = reasoningOf(ctx, req, c.text);
+      const { reasoning, content } = reasoningOf(req, info.thinking, c.text);
       const r = readReply(ctx, req, content ?? "");
       const text = content === null && r.toolCalls === null ? null : r.content;
       return {
@@ -252,7 +251,8 @@ async function streamChat(
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     const tools = new ToolCallStream(ctx, req, info.n);
-    const reasoners = ctx.reasoningParser === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(replyMode(ctx, req)));
+    const mode = info.thinking;
+    const reasoners = mode === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(mode));
     for await (const out of outputs) {
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;

@@ -3,6 +3,8 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type OpenAI from "openai";
+import { Tokenizer } from "../../src/models/tokenizer.js";
+import { thinkTokenizerDir, tinyModelDir } from "../helpers/tiny-model.js";
 import { postRaw, startKiln, type KilnServer } from "./kiln-process.js";
 
 let server: KilnServer;
@@ -447,16 +449,21 @@ describe("kiln serve --speculative-config (e2e)", () => {
 describe("kiln serve --reasoning-parser qwen3 (e2e)", () => {
   let thinker: KilnServer;
   let c: OpenAI;
+  let endId: number;
   before(async () => {
-    thinker = await startKiln(["--reasoning-parser", "qwen3"]);
+    // the tiny model over a tokenizer holding <think> and </think> as tokens (as Qwen3's does)
+    thinker = await startKiln(["--reasoning-parser", "qwen3"], tinyModelDir("LlamaForCausalLM", { tokenizerDir: thinkTokenizerDir() }));
     c = thinker.client();
+    endId = Tokenizer.fromDir(thinkTokenizerDir()).encode("</think>", { addSpecialTokens: false })[0]!;
   });
   after(async () => {
     assert.equal(await thinker.stop(), 0);
   });
-  // The random model is steered into a thinking reply by a regex, so the parser has a <think> block to find.
+  // A prompt whose assistant turn is continued from "</think>" has ended the reasoning: the grammar holds from the
+  // first token, and steers the random model into a reply with a thinking part for the parser to find.
+  const closed = [...USER, { role: "assistant" as const, content: "</think>" }];
   const steer = { structured_outputs: { regex: "<think>(plan|check) [a-z]{2,6}</think>Answer: (yes|no)" } };
-  const req = { messages: USER, max_tokens: 60, seed: 3, temperature: 1, ...steer };
+  const req = { messages: closed, continue_final_message: true, add_generation_prompt: false, max_tokens: 60, seed: 3, temperature: 1, ...steer };
 
   it("the <think> part comes back as reasoning, the rest as content, streamed or not", async () => {
     const r = await c.chat.completions.create({ ...req, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
@@ -476,13 +483,34 @@ describe("kiln serve --reasoning-parser qwen3 (e2e)", () => {
     assert.equal(content, m.content);
   });
 
+  it("structured output starts after the model's </think>, and a reply still thinking is not constrained", async () => {
+    // </think> pushed to the front by logit_bias; the regex then holds (it masks </think> from there on)
+    const answer = { messages: USER, max_tokens: 20, seed: 5, temperature: 1, structured_outputs: { regex: "Answer: (yes|no)" } };
+    const ended = { ...answer, logit_bias: { [endId]: 100 } };
+    const r = await c.chat.completions.create({ ...ended, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const m = r.choices[0]!.message as unknown as { content: string; reasoning: string };
+    assert.equal(m.reasoning, "");
+    assert.match(m.content, /^Answer: (yes|no)$/);
+    assert.equal(r.choices[0]!.finish_reason, "stop");
+    let streamed = "";
+    for await (const chunk of await c.chat.completions.create({ ...ended, model: thinker.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming))
+      streamed += chunk.choices[0]?.delta.content ?? "";
+    assert.equal(streamed, m.content);
+    // no </think> within max_tokens: the whole reply is the model's unconstrained reasoning
+    const open = await c.chat.completions.create({ ...answer, max_tokens: 8, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const om = open.choices[0]!.message as unknown as { content: string | null; reasoning: string };
+    assert.equal(om.content, null);
+    assert.equal(open.choices[0]!.finish_reason, "length");
+    assert.ok(!"Answer: yes".startsWith(om.reasoning) && !"Answer: no".startsWith(om.reasoning), om.reasoning);
+  });
+
   it("include_reasoning false drops it; enable_thinking false reads the reply as content", async () => {
     const r = await c.chat.completions.create({ ...req, model: thinker.model, include_reasoning: false } as OpenAI.ChatCompletionCreateParamsNonStreaming);
     const m = r.choices[0]!.message as unknown as { content: string; reasoning: string | null };
     assert.equal(m.reasoning, null);
     assert.match(m.content, /^Answer: (yes|no)$/);
-    // a structured reply without a thinking part (its grammar writes none) is content, streamed or not
-    const plain = { messages: USER, max_tokens: 20, seed: 3, temperature: 1, structured_outputs: { regex: "Answer: (yes|no)" } };
+    // after a prompt that ended the reasoning, a reply without a thinking part is content, streamed or not
+    const plain = { ...req, max_tokens: 20, structured_outputs: { regex: "Answer: (yes|no)" } };
     const p = await c.chat.completions.create({ ...plain, model: thinker.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
     const pm = p.choices[0]!.message as unknown as { content: string; reasoning: string | null };
     assert.equal(pm.reasoning, null);

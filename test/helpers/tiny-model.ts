@@ -22,6 +22,35 @@ export function testTokenizerDir(): string {
   return tokDir;
 }
 
+let thinkDir: string | null = null;
+
+/**
+ * The same tokenizer with <think> and </think> added as tokens of their own, not special (as Qwen3's are: decoded
+ * replies keep them), for reasoning models (--reasoning-parser).
+ */
+export function thinkTokenizerDir(): string {
+  if (thinkDir) return thinkDir;
+  const docs = loadCorpus({ source: "brown", maxDocs: 60 });
+  const specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"];
+  const tok = trainBpeTokenizer(docs, { vocabSize: 512, specialTokens: specials });
+  thinkDir = path.join(root, "tokenizer-think");
+  saveTokenizer(thinkDir, tok);
+  const marker = (t: { content: string }) => t.content === "<think>" || t.content === "</think>";
+  const rewrite = (name: string, edit: (json: Record<string, unknown>) => void) => {
+    const file = path.join(thinkDir!, name);
+    const json = JSON.parse(fs.readFileSync(file, "utf8")) as Record<string, unknown>;
+    edit(json);
+    fs.writeFileSync(file, JSON.stringify(json));
+  };
+  type Added = { content: string; special: boolean };
+  rewrite("tokenizer.json", (j) => (j.added_tokens as Added[]).filter(marker).forEach((t) => (t.special = false)));
+  rewrite("tokenizer_config.json", (j) => {
+    Object.values(j.added_tokens_decoder as Record<string, Added>).filter(marker).forEach((t) => (t.special = false));
+    j.additional_special_tokens = (j.additional_special_tokens as string[]).filter((t) => !marker({ content: t }));
+  });
+  return thinkDir;
+}
+
 /** Writes (once) a random tiny model of the given architecture and returns its directory. */
 export function tinyModelDir(architecture: InitModelOptions["architecture"], extra: Partial<InitModelOptions> = {}): string {
   const key = `${architecture}-${JSON.stringify(extra)}`.replace(/[^A-Za-z0-9-]/g, "_");

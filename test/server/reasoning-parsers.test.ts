@@ -19,13 +19,16 @@ describe("reasoning parsers", () => {
     assert.deepEqual(splitReasoning("still thinking", "on"), { reasoning: "still thinking", content: null }); // cut before </think>
     assert.deepEqual(splitReasoning("no thinking here", "off"), { reasoning: null, content: "no thinking here" });
     assert.deepEqual(splitReasoning("a</think>b</think>c", "on"), { reasoning: "a", content: "b</think>c" });
-    // structured output: reasoning only when the reply opens with <think>
+    // the prompt ended the reasoning: reasoning only when the reply opens with <think>
     assert.deepEqual(splitReasoning('{"a": 1}', "tagged"), { reasoning: null, content: '{"a": 1}' });
     assert.deepEqual(splitReasoning("<think>x</think>{}", "tagged"), { reasoning: "x", content: "{}" });
-    assert.equal(thinkingMode("qwen3", { enable_thinking: false }, false), "off");
-    assert.equal(thinkingMode("qwen3", {}, false), "on");
-    assert.equal(thinkingMode("qwen3", {}, true), "tagged");
-    assert.equal(thinkingMode("deepseek_r1", { enable_thinking: false }, false), "on");
+    const user = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    assert.equal(thinkingMode("qwen3", { enable_thinking: false }, `${user}<think>\n\n</think>\n\n`), "off");
+    assert.equal(thinkingMode("qwen3", {}, user), "on");
+    assert.equal(thinkingMode("deepseek_r1", {}, `${user}<think>\n`), "on"); // the template opened it
+    assert.equal(thinkingMode("qwen3", {}, `${user}<think>\n\n</think>\n\n`), "tagged"); // closed by the prompt
+    assert.equal(thinkingMode("qwen3", {}, `<think>a</think>b${user}<think>`), "on"); // the last marker counts
+    assert.equal(thinkingMode("deepseek_r1", { enable_thinking: false }, user), "on");
   });
 
   it("streamed in any cut, the deltas add up to the whole reply's split", () => {
