@@ -41,6 +41,8 @@ export interface ServeArgs {
   tensorParallelSize: number;
   logLevel: LogLevel;
   logRequests: boolean;
+  /** vLLM --enable-prompt-tokens-details: usage reports prompt_tokens_details.cached_tokens (prefix-cache hits). */
+  enablePromptTokensDetails: boolean;
   allowedOrigins: string[];
   maxWaitingRequests: number | null;
   quantization: string | null;
@@ -136,6 +138,7 @@ export function addServeOptions(cmd: Command): Command {
     .option("--chat-template <file-or-template>", "chat template file or inline Jinja template")
     .addOption(new Option("--log-level <level>", "log level").choices(["debug", "info", "warning", "error", "critical"]).default("info"))
     .option("--enable-log-requests", "log every request", false)
+    .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
     .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting")
@@ -288,6 +291,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     tensorParallelSize: tp,
     logLevel: (o.logLevel as LogLevel | undefined) ?? "info",
     logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
+    enablePromptTokensDetails: Boolean(o.enablePromptTokensDetails),
     allowedOrigins,
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
     quantization,

@@ -57,6 +57,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
     ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
     disableAnyWhitespace: args.disableAnyWhitespace,
+    enablePromptTokensDetails: args.enablePromptTokensDetails,
     loraModules,
     runner: args.runner,
   });

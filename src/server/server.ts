@@ -41,6 +41,8 @@ export interface ServerEngineOptions {
   toolCallParser?: ToolCallParserName;
   /** Structured output without free whitespace unless a request says otherwise (vLLM --structured-outputs-config). */
   disableAnyWhitespace?: boolean;
+  /** usage.prompt_tokens_details.cached_tokens in chat and completions replies (vLLM --enable-prompt-tokens-details). */
+  enablePromptTokensDetails?: boolean;
   /**
    * LoRA adapters served under their own names (vLLM --lora-modules; the engine has read them), or null/absent when
    * LoRA is not enabled; an empty list serves none at start but lets /v1/load_lora_adapter add some.
@@ -201,6 +203,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         chatTemplate: engineOptions.chatTemplate,
         toolCallParser: engineOptions.toolCallParser === undefined ? null : toolCallParser(engineOptions.toolCallParser),
         disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
+        enablePromptTokensDetails: engineOptions.enablePromptTokensDetails ?? false,
         loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
         lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
         runner: engineOptions.runner ?? "generate",

@@ -9,7 +9,7 @@ import { partialMarkerLength } from "./tool-parsers.js";
 import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
-  SseWriter, tokenText, type ServingContext,
+  SseWriter, tokenText, usageJson, type ServingContext,
 } from "./serving-context.js";
 
 interface ChatLogprob {
@@ -193,8 +193,10 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
   // the final message's content) goes in front of the content, as vLLM does
   const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: "", numTokens: 0, logprobs: [], finishReason: null, stopReason: null }));
   let promptLogprobs: (TokenLogprobs | null)[] | null = null;
+  let cached = 0;
   for await (const out of outputs) {
     promptLogprobs ??= out.promptLogprobs;
+    cached = out.numCachedTokens;
     for (const o of out.outputs) {
       const c = choices[o.index]!;
       if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
@@ -231,7 +233,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
         stop_reason: c.stopReason,
       };
     }),
-    usage: { prompt_tokens: info.promptLen, completion_tokens: completionTokens, total_tokens: info.promptLen + completionTokens },
+    usage: usageJson(ctx, info.promptLen, completionTokens, cached),
     ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(promptLogprobs) } : {}),
   };
 }
@@ -243,7 +245,8 @@ async function streamChat(
   const base = { id: info.id, object: "chat.completion.chunk", created: info.created, model: info.model };
   const usageField = req.includeUsage ? { usage: null } : {};
   let completionTokens = 0;
-  const usage = () => ({ prompt_tokens: info.promptLen, completion_tokens: completionTokens, total_tokens: info.promptLen + completionTokens });
+  let cached = 0;
+  const usage = () => usageJson(ctx, info.promptLen, completionTokens, cached);
   try {
     for (let index = 0; index < info.n; index++) {
       const delta = { role: "assistant", content: info.echoText };
@@ -254,6 +257,7 @@ async function streamChat(
     const mode = info.thinking;
     const reasoners = mode === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(mode));
     for await (const out of outputs) {
+      cached = out.numCachedTokens;
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;
         if (o.finishReason !== null) done.add(o.index);

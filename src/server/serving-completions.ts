@@ -6,7 +6,7 @@ import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
-  SseWriter, tokenText, type ServingContext,
+  SseWriter, tokenText, usageJson, type ServingContext,
 } from "./serving-context.js";
 
 /** OpenAI legacy logprobs: parallel lists plus character offsets into the choice text. */
@@ -97,7 +97,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   }
   try {
     const merged = await primeStream(mergeStreams(streams));
-    const info: Info = { id, created, model, n, prepared, choices, promptLogprobs: prepared.map(() => null) };
+    const info: Info = { id, created, model, n, prepared, choices, promptLogprobs: prepared.map(() => null), cached: prepared.map(() => 0) };
     if (req.stream) return await streamCompletion(ctx, req, reply, merged, info);
     return await collectCompletion(ctx, req, merged, info);
   } finally {
@@ -114,6 +114,8 @@ interface Info {
   n: number;
   prepared: Prepared[];
   choices: Choice[];
+  /** Each prompt's tokens read from the prefix cache (as its outputs report them). */
+  cached: number[];
 }
 
 /** Applies one delta output to its choice; returns the text and logprobs added by it (echo included). */
@@ -134,6 +136,7 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
     }
   }
   if (out.promptLogprobs && info.promptLogprobs[promptIndex] === null) info.promptLogprobs[promptIndex] = out.promptLogprobs;
+  info.cached[promptIndex] = out.numCachedTokens;
   if (!req.echoOnly) {
     text += o.text;
     if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset);
@@ -148,10 +151,10 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
   return { index: promptIndex * info.n + o.index, text, logprobs: lp };
 }
 
-function usageOf(info: Info) {
+function usageOf(ctx: ServingContext, info: Info) {
   const prompt = info.prepared.reduce((s, p) => s + p.promptTokenIds.length, 0);
   const completion = info.choices.reduce((s, c) => s + c.numTokens, 0);
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  return usageJson(ctx, prompt, completion, info.cached.reduce((a, b) => a + b, 0));
 }
 
 async function collectCompletion(ctx: ServingContext, req: CompletionRequest, merged: AsyncIterable<[number, RequestOutput]>, info: Info) {
@@ -169,7 +172,7 @@ async function collectCompletion(ctx: ServingContext, req: CompletionRequest, me
       stop_reason: c.stopReason,
       ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(info.promptLogprobs[Math.floor(index / info.n)] ?? null) } : {}),
     })),
-    usage: usageOf(info),
+    usage: usageOf(ctx, info),
   };
 }
 
@@ -190,11 +193,11 @@ async function streamCompletion(
           index, text, logprobs: req.logprobs !== null ? logprobs : null, finish_reason: o.finishReason,
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
         };
-        await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usageOf(info) } : usageField) });
+        await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usageOf(ctx, info) } : usageField) });
       }
       if (sse.closed) break;
     }
-    if (req.includeUsage) await sse.send({ ...base, choices: [], usage: usageOf(info) });
+    if (req.includeUsage) await sse.send({ ...base, choices: [], usage: usageOf(ctx, info) });
     await sse.end();
   } catch (err) {
     await sse.end(err);

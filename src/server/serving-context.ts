@@ -26,6 +26,8 @@ export interface ServingContext {
   reasoningParser: ReasoningParserName | null;
   /** Default of structured output's disableAnyWhitespace. */
   disableAnyWhitespace: boolean;
+  /** Whether usage reports the prompt tokens read from the prefix cache (vLLM --enable-prompt-tokens-details). */
+  enablePromptTokensDetails: boolean;
   /**
    * LoRA adapters served as models of their own (--lora-modules, /v1/load_lora_adapter), by name; null when LoRA
    * is not enabled.
@@ -37,6 +39,15 @@ export interface ServingContext {
   runner: "generate" | "pooling";
   inflight: InflightSet;
   unstarted: UnstartedSet;
+}
+
+/**
+ * OpenAI's usage object. With --enable-prompt-tokens-details and some prompt tokens read from the prefix cache, it
+ * carries prompt_tokens_details.cached_tokens (as vLLM: only when there are some).
+ */
+export function usageJson(ctx: ServingContext, prompt: number, completion: number, cached: number) {
+  const details = ctx.enablePromptTokensDetails && cached > 0 ? { prompt_tokens_details: { cached_tokens: cached } } : {};
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion, ...details };
 }
 
 export const randomId = (prefix: string): string => `${prefix}-${randomBytes(16).toString("hex")}`;

@@ -531,3 +531,32 @@ describe("kiln serve --reasoning-parser qwen3 (e2e)", () => {
     assert.ok((bm.reasoning ?? "").length > 0);
   });
 });
+
+describe("kiln serve --enable-prompt-tokens-details (e2e)", () => {
+  let cacher: KilnServer;
+  before(async () => {
+    cacher = await startKiln(["--enable-prompt-tokens-details", "--block-size", "16"]);
+  });
+  after(async () => {
+    assert.equal(await cacher.stop(), 0);
+  });
+
+  it("usage counts the prompt tokens read from the prefix cache: whole blocks, the last prompt token recomputed", async () => {
+    const c = cacher.client();
+    const prompt = "The river ran past the mill and the old stone bridge, and on into the hills where the".repeat(2);
+    type Usage = { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } | null };
+    const first = (await c.completions.create({ model: cacher.model, prompt, max_tokens: 2 })).usage as Usage;
+    assert.equal(first.prompt_tokens_details, undefined); // nothing cached: no details, as vLLM
+    const again = (await c.completions.create({ model: cacher.model, prompt, max_tokens: 2 })).usage as Usage;
+    const want = Math.floor((first.prompt_tokens - 1) / 16) * 16;
+    assert.ok(want >= 16, `prompt of ${first.prompt_tokens} tokens`);
+    assert.deepEqual(again.prompt_tokens_details, { cached_tokens: want });
+    // chat, streamed with include_usage: the same count on the usage chunk
+    const messages = [{ role: "user" as const, content: prompt }];
+    await c.chat.completions.create({ model: cacher.model, messages, max_tokens: 2 });
+    let usage: Usage | null = null;
+    for await (const chunk of await c.chat.completions.create({ model: cacher.model, messages, max_tokens: 2, stream: true, stream_options: { include_usage: true } }))
+      if (chunk.usage) usage = chunk.usage as Usage;
+    assert.deepEqual(usage!.prompt_tokens_details, { cached_tokens: Math.floor((usage!.prompt_tokens - 1) / 16) * 16 });
+  });
+});
