@@ -32,7 +32,7 @@ import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPol
 import { stopHoldback } from "./stop-checker.js";
 import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import { REASONING_PARSERS, reasoningEnded, thinkMarkers, type ReasoningParserName, type ThinkMarkers } from "./reasoning.js";
-import { StructuredOutputManager, structuredOutputSpec } from "./structured-output.js";
+import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
 /** Engine arguments, vLLM's names in camelCase. */
@@ -521,8 +521,13 @@ export class EngineCore {
       const k = s.numSpecTokens ?? 0;
       if (k === 0) continue;
       const drafts = s.tokenIds.slice(s.tokenIds.length - k);
-      for (let j = 1; j <= k; j++)
-        rows.push(Object.create(s.request, { outputTokenIds: { value: [...s.request.outputTokenIds, ...drafts.slice(0, j)] } }) as SamplingRow);
+      // with structured output, row j is masked by the grammar's state after those drafts (which it allows)
+      const masks = s.request.grammar?.draftMasks(drafts) ?? null;
+      for (let j = 1; j <= k; j++) {
+        const mask = masks?.[j - 1] ?? null;
+        const grammar = masks === null ? null : { applyMask: (l: Float32Array) => void (mask !== null && applyBitmask(l, mask)) };
+        rows.push(Object.create(s.request, { outputTokenIds: { value: [...s.request.outputTokenIds, ...drafts.slice(0, j)] }, grammar: { value: grammar } }) as SamplingRow);
+      }
     }
     const ids = runnerOutput.tokenIds;
     const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : deviceSampled(ids);
@@ -574,16 +579,18 @@ export class EngineCore {
       const room = Math.min(c.numSpeculativeTokens, req.maxTokens - req.numOutputTokens - 1, maxLen - req.numTokens - 1);
       const paused = req.specPause.skip > 0;
       if (paused && decoding) req.specPause.skip--;
-      req.specTokenIds = decoding && !paused && room > 0 && this.speculable(req) ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
+      const drafts = decoding && !paused && room > 0 && this.speculable() ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
+      // structured output: only the drafts its grammar allows (vLLM's validate_tokens)
+      req.specTokenIds = req.grammar === null || drafts.length === 0 ? drafts : drafts.slice(0, req.grammar.validPrefix(drafts));
     }
   }
 
   /**
-   * Whether a request's drafts can be verified: not with structured output (its matcher would have to run ahead
-   * through the drafts and back) nor engine-level logits processors (they keep per-request state across a batch).
+   * Whether drafts can be verified: not under engine-level logits processors (they keep per-request state across a
+   * batch, so row j cannot be sampled as if drafts 0..j-1 were output).
    */
-  private speculable(req: Request): boolean {
-    return req.grammar === null && this.sampler.logitsProcessors.size === 0;
+  private speculable(): boolean {
+    return this.sampler.logitsProcessors.size === 0;
   }
 
   /** The adapters of running and of waiting requests, by name (vLLM's lora_requests_info). */

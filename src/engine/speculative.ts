@@ -16,7 +16,10 @@
 //
 // Row j is sampled as if drafts 0..j-1 were already output, so what reads the output (penalties, min_tokens, bad
 // words, logits processor functions) sees what it would see without speculation; each kept token carries its own
-// row's logprobs. Requests with structured output or under engine-level logits processors get no drafts.
+// row's logprobs. Under structured output, a request drafts only what its grammar allows (the proposal is cut at the
+// first token it refuses, as vLLM's validate_tokens), and row j is masked by the grammar's state after drafts
+// 0..j-1 (the matcher runs ahead through them and rolls back). Under engine-level logits processors no request
+// drafts.
 
 import { camelCaseHint } from "../util/names.js";
 

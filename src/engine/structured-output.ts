@@ -241,6 +241,17 @@ export interface ReasoningGate {
   ended: boolean;
 }
 
+/** Sets every token whose bit is clear in `mask` (one bit per token id, 32 per word) to -Infinity. */
+export function applyBitmask(logits: Float32Array, mask: Int32Array): void {
+  const n = logits.length;
+  for (let w = 0; w < mask.length; w++) {
+    const bits = mask[w]!;
+    if (bits === -1) continue;
+    const base = w * 32;
+    for (let j = 0; j < 32 && base + j < n; j++) if (((bits >>> j) & 1) === 0) logits[base + j] = -Infinity;
+  }
+}
+
 /** One request's position in its grammar. */
 export class RequestGrammar {
   /** Set when a token the grammar refused was accepted anyway (the mask was not applied): no more masking. */
@@ -278,13 +289,54 @@ export class RequestGrammar {
     if (!this.masking) return;
     const p = this.prefetched;
     this.prefetched = null;
-    const mask = p !== null && p.at === this.accepted ? p.mask : this.bitmask();
-    const n = logits.length;
-    for (let w = 0; w < mask.length; w++) {
-      const bits = mask[w]!;
-      if (bits === -1) continue;
-      const base = w * 32;
-      for (let j = 0; j < 32 && base + j < n; j++) if (((bits >>> j) & 1) === 0) logits[base + j] = -Infinity;
+    applyBitmask(logits, p !== null && p.at === this.accepted ? p.mask : this.bitmask());
+  }
+
+  /** Speculative decoding: how many of `drafts` the grammar allows in a row from here (vLLM's validate_tokens). */
+  validPrefix(drafts: readonly number[]): number {
+    return this.tentatively((step) => {
+      let n = 0;
+      while (n < drafts.length && step(drafts[n]!)) n++;
+      return n;
+    });
+  }
+
+  /**
+   * Speculative decoding: the mask of each verify row after the first, where row j samples as if drafts 0..j-1 were
+   * output: entry j - 1 is the grammar's mask after them (null: nothing masked). The drafts must be allowed
+   * (validPrefix). The grammar is left as it was.
+   */
+  draftMasks(drafts: readonly number[]): (Int32Array | null)[] {
+    return this.tentatively((step) =>
+      drafts.map((t) => {
+        if (!step(t)) throw new Error(`[structured output] draft token ${t} is not allowed by the grammar`);
+        return this.masking ? this.bitmask() : null;
+      }),
+    );
+  }
+
+  /**
+   * Runs `f` with a function that advances the grammar by one token as accept() does (false when it refuses the
+   * token), then takes the grammar back to where it was (the matcher rolls back what it accepted).
+   */
+  private tentatively<T>(f: (step: (tokenId: number) => boolean) => T): T {
+    const live = this.live;
+    let advanced = 0;
+    const step = (t: number): boolean => {
+      if (!this.live) {
+        if (t === this.gate!.markers.end) this.live = true;
+        return true;
+      }
+      if (this.failed || this.matcher.IsTerminated()) return true;
+      if (!this.matcher.AcceptToken(t, false)) return false;
+      advanced++;
+      return true;
+    };
+    try {
+      return f(step);
+    } finally {
+      if (advanced > 0) this.matcher.Rollback(advanced);
+      this.live = live;
     }
   }
 

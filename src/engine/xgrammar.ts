@@ -31,6 +31,7 @@ export interface XgGrammarMatcher extends XgObject {
   AcceptToken(tokenId: number, verbose: boolean): boolean;
   GetNextTokenBitmask(vocabSize: number): XgVectorInt;
   IsTerminated(): boolean;
+  Rollback(numTokens: number): void;
 }
 export type XgTokenizerInfo = XgObject;
 

@@ -1,7 +1,8 @@
 // Speculative decoding with n-gram drafts: hand-computed proposals; greedy outputs token for token those without
 // speculation (on the KV-checking fake runner and on a real tiny model, captured and eager); sampled outputs
 // follow the model's own distribution (an exact Markov-chain marginal, computed by hand); stops inside an
-// accepted run; typed errors for bad configs.
+// accepted run; under structured output, greedy outputs unchanged and draft masks those of a matcher that accepted
+// the drafts; typed errors for bad configs.
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
@@ -10,6 +11,8 @@ import { proposeNgram, resolveSpeculativeConfig } from "../../src/engine/specula
 import type { EngineArgs } from "../../src/engine/engine-core.js";
 import type { SamplingParams } from "../../src/engine/types.js";
 import { DEFAULT_MODEL_DIR } from "../../src/cli/default-model.js";
+import { RequestGrammar, StructuredOutputManager, applyBitmask, structuredOutputSpec } from "../../src/engine/structured-output.js";
+import { Tokenizer } from "../../src/models/tokenizer.js";
 import { add, makeEngine, runToCompletion } from "./helpers.js";
 
 const NGRAM = { method: "ngram" as const, numSpeculativeTokens: 3, promptLookupMax: 3 };
@@ -176,6 +179,58 @@ describe("speculative decoding on a real model (the built-in one, float32)", () 
       assert.ok(llm.engine.scheduler.specStats.acceptedTokens > 0);
     });
   }
+
+  it("structured output: drafts only the grammar allows, rows masked after their drafts; greedy outputs unchanged", () => {
+    // no "w": the n-gram's proposals that repeat a "w" of the context are cut there, the rest verified
+    const so = { temperature: 0, maxTokens: 64, structuredOutputs: { regex: "[ a-vx-z.]{1,200}" } }; // (EOS ends it)
+    const want = new LLM({ model: dir, maxModelLen: 256, enforceEager: true }).generate(prompts, so);
+    for (const o of want) assert.match(o.outputs[0]!.text, /^[ a-vx-z.]+$/);
+    const validPrefix = RequestGrammar.prototype.validPrefix;
+    let cut = 0;
+    RequestGrammar.prototype.validPrefix = function (drafts) {
+      const n = validPrefix.call(this, drafts);
+      if (n < drafts.length) cut++;
+      return n;
+    };
+    try {
+      for (const enforceEager of [false, true]) {
+        const llm = new LLM({ model: dir, maxModelLen: 256, enforceEager, speculativeConfig: { method: "ngram", numSpeculativeTokens: 4, promptLookupMax: 4 } });
+        const outs = llm.generate(prompts, so);
+        outs.forEach((o, i) => assert.deepEqual(o.outputs[0]!.tokenIds, want[i]!.outputs[0]!.tokenIds, prompts[i]));
+        assert.ok(llm.engine.scheduler.specStats.acceptedTokens > 0, JSON.stringify(llm.engine.scheduler.specStats));
+      }
+    } finally {
+      RequestGrammar.prototype.validPrefix = validPrefix;
+    }
+    assert.ok(cut > 0, "some proposals held a token the grammar refuses");
+  });
+
+  it("a grammar run ahead through drafts gives the masks of a matcher that accepted them, and is put back", () => {
+    const tok = Tokenizer.fromDir(dir);
+    const m = new StructuredOutputManager(tok.grammarVocab(), tok.vocabSize, tok.eosTokenIds);
+    const spec = structuredOutputSpec({ regex: "(ab|cd)+ [a-z]{2}" })!;
+    const g = m.matcher(spec);
+    const ids = tok.encode("abcdab xy", { addSpecialTokens: false });
+    const maskOf = (r: RequestGrammar) => {
+      const l = new Float32Array(tok.vocabSize);
+      r.applyMask(l);
+      return l.map((x) => (x === -Infinity ? 0 : 1));
+    };
+    const before = maskOf(g);
+    assert.equal(g.validPrefix(ids), ids.length);
+    assert.equal(g.validPrefix([...ids.slice(0, 2), tok.encode("Q", { addSpecialTokens: false })[0]!]), 2); // "Q" is refused
+    const masks = g.draftMasks(ids);
+    const stepped = m.matcher(spec);
+    ids.forEach((t, j) => {
+      assert.ok(stepped.accept(t));
+      const l = new Float32Array(tok.vocabSize);
+      if (masks[j] !== null) applyBitmask(l, masks[j]!);
+      assert.deepEqual(l.map((x) => (x === -Infinity ? 0 : 1)), maskOf(stepped), `after draft ${j}`);
+    });
+    assert.deepEqual(maskOf(g), before); // put back
+    g.dispose();
+    stepped.dispose();
+  });
 
   it("a bad speculative config is an EngineInputError before the model loads", () => {
     assert.throws(() => new LLM({ model: dir, speculativeConfig: { method: "medusa" as "ngram", numSpeculativeTokens: 2 } }), (e: unknown) => {
