@@ -1,5 +1,7 @@
-// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE).
-// Each family file (llama.ts, qwen3.ts, ...) states what differs; parameter names match Hugging Face's.
+// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE) and
+// Gemma 3 (its differences come from the config: GELU-tanh MLP, (1 + w) norms, four norms per layer, embeddings
+// scaled by sqrt(hidden), another rotary base on its sliding-window layers, its own attention scale). Parameter names
+// match Hugging Face's.
 import { Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, type ForwardContext, type LayerOptions } from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
 import { add, crossEntropy, disposeQuantizedActivations, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
@@ -19,7 +21,11 @@ class DecoderLayer extends Module {
   readonly selfAttn: Attention;
   readonly mlp: GatedMLP | MoE;
   readonly inputNorm: RMSNorm;
+  /** Llama: the MLP's input norm; Gemma 3 (sandwich norms): the attention output's norm. */
   readonly postAttnNorm: RMSNorm;
+  /** Gemma 3: the MLP's input norm (pre_feedforward_layernorm) and its output's (post_feedforward_layernorm). */
+  readonly preFfwNorm: RMSNorm | null;
+  readonly postFfwNorm: RMSNorm | null;
 
   constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions) {
     super();
@@ -36,6 +42,8 @@ class DecoderLayer extends Module {
           qkNorm: cfg.qkNorm,
           rmsNormEps: cfg.rmsNormEps,
           slidingWindow: cfg.slidingWindowLayers[i] ? cfg.slidingWindow : null,
+          scale: cfg.attnScale,
+          normOffset: cfg.normOffset,
         },
         i,
         rotary,
@@ -58,31 +66,37 @@ class DecoderLayer extends Module {
         ),
       );
     } else {
-      this.mlp = this.module("mlp", new GatedMLP(cfg.hiddenSize, cfg.intermediateSize, cfg.mlpBias, options));
+      this.mlp = this.module("mlp", new GatedMLP(cfg.hiddenSize, cfg.intermediateSize, cfg.mlpBias, options, undefined, cfg.hiddenAct));
     }
-    this.inputNorm = this.module("input_layernorm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options));
-    this.postAttnNorm = this.module("post_attention_layernorm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options));
+    const norm = (name: string) => this.module(name, new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));
+    this.inputNorm = norm("input_layernorm");
+    this.postAttnNorm = norm("post_attention_layernorm");
+    this.preFfwNorm = cfg.sandwichNorms ? norm("pre_feedforward_layernorm") : null;
+    this.postFfwNorm = cfg.sandwichNorms ? norm("post_feedforward_layernorm") : null;
   }
 
   forward(h: Tensor, ctx: ForwardContext): Tensor {
     // each norm also quantizes its rows once for quantized q/k/v (gate/up) projections, which then skip it
     const n1 = this.inputNorm.forwardFor(h, this.selfAttn.inputProjections);
-    const a = this.selfAttn.forward(n1.out, ctx, n1.xq);
+    let a = this.selfAttn.forward(n1.out, ctx, n1.xq);
     n1.out.dispose();
     if (n1.xq) disposeQuantizedActivations(n1.xq);
+    if (this.preFfwNorm !== null) a = normed(this.postAttnNorm, a);
     const h2 = add(h, a);
     a.dispose();
+    const mlpNorm = this.preFfwNorm ?? this.postAttnNorm;
     let m: Tensor;
     if (this.mlp instanceof GatedMLP) {
-      const n2 = this.postAttnNorm.forwardFor(h2, this.mlp.inputProjections);
+      const n2 = mlpNorm.forwardFor(h2, this.mlp.inputProjections);
       m = this.mlp.forward(n2.out, n2.xq, ctx.kind === "paged" ? ctx.loraSlots : null);
       n2.out.dispose();
       if (n2.xq) disposeQuantizedActivations(n2.xq);
     } else {
-      const n2 = this.postAttnNorm.forward(h2);
+      const n2 = mlpNorm.forward(h2);
       m = this.mlp.forward(n2);
       n2.dispose();
     }
+    if (this.postFfwNorm !== null) m = normed(this.postFfwNorm, m);
     const out = add(h2, m);
     h2.dispose();
     m.dispose();
@@ -90,17 +104,28 @@ class DecoderLayer extends Module {
   }
 }
 
+/** norm(x), disposing x. */
+function normed(norm: RMSNorm, x: Tensor): Tensor {
+  const out = norm.forward(x);
+  x.dispose();
+  return out;
+}
+
 class DecoderBody extends Module {
   readonly embedTokens: Embedding;
   readonly layers: DecoderLayer[] = [];
   readonly norm: RMSNorm;
 
-  constructor(cfg: ModelConfig, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions) {
+  /** `rotaryLocal`: the sliding-window layers' rotary (Gemma 3), or null when every layer uses `rotary`. */
+  constructor(cfg: ModelConfig, rotary: RotaryEmbedding, rotaryLocal: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions) {
     super();
-    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options));
+    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale));
     const holder = this.module("layers", new Module());
-    for (let i = 0; i < cfg.numHiddenLayers; i++) this.layers.push(holder.addModule(String(i), new DecoderLayer(cfg, i, rotary, family, options)));
-    this.norm = this.module("norm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options));
+    for (let i = 0; i < cfg.numHiddenLayers; i++) {
+      const r = rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;
+      this.layers.push(holder.addModule(String(i), new DecoderLayer(cfg, i, r, family, options)));
+    }
+    this.norm = this.module("norm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));
   }
 }
 
@@ -117,6 +142,8 @@ export class CausalLM extends Module {
   readonly model: DecoderBody;
   readonly lmHead: Linear | null; // null when tied to the embeddings
   readonly rotary: RotaryEmbedding;
+  /** Gemma 3's sliding-window layers' rotary (rope_local_base_freq, unscaled), or null. */
+  readonly rotaryLocal: RotaryEmbedding | null;
 
   constructor(
     readonly config: ModelConfig,
@@ -128,7 +155,11 @@ export class CausalLM extends Module {
       { rotaryDim: config.headDim, theta: config.ropeTheta, maxPositions: config.maxPositionEmbeddings, scaling: config.ropeScaling },
       options.device,
     );
-    this.model = this.module("model", new DecoderBody(config, this.rotary, options.family ?? DEFAULT_FAMILY, layerOptions));
+    this.rotaryLocal = config.localRopeTheta === null ? null : new RotaryEmbedding(
+      { rotaryDim: config.headDim, theta: config.localRopeTheta, maxPositions: config.maxPositionEmbeddings, scaling: null },
+      options.device,
+    );
+    this.model = this.module("model", new DecoderBody(config, this.rotary, this.rotaryLocal, options.family ?? DEFAULT_FAMILY, layerOptions));
     this.lmHead = config.tieWordEmbeddings ? null : this.module("lm_head", new Linear(config.hiddenSize, config.vocabSize, false, layerOptions));
   }
 

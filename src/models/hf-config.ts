@@ -12,6 +12,7 @@ export class ModelConfigError extends Error {
 
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+  "Gemma3ForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -46,7 +47,22 @@ export interface ModelConfig {
   ropeScaling: RopeScaling | null;
   maxPositionEmbeddings: number;
   tieWordEmbeddings: boolean;
-  hiddenAct: "silu";
+  /** The gated MLP's activation: SiLU, or GELU's tanh approximation (Gemma's gelu_pytorch_tanh). */
+  hiddenAct: "silu" | "gelu_tanh";
+  /** Attention's softmax scale (Gemma 3: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5). */
+  attnScale: number;
+  /** The embeddings' output is multiplied by this (Gemma: sqrt(hidden_size)), or null. */
+  embedScale: number | null;
+  /** RMSNorm scales by (offset + weight): 1 for Gemma, whose norm weights are stored as w with (1 + w) applied. */
+  normOffset: number;
+  /**
+   * Gemma 3's four norms per layer: post_attention_layernorm normalizes the attention's output before the residual
+   * add, pre_feedforward_layernorm the MLP's input and post_feedforward_layernorm its output (Llama's two: input and
+   * post_attention_layernorm, the MLP's input).
+   */
+  sandwichNorms: boolean;
+  /** Gemma 3: the sliding-window layers' rotary base (rope_local_base_freq, no scaling); null: all layers share one. */
+  localRopeTheta: number | null;
   /** Bias on q/k/v projections (always for Qwen2, `attention_bias` for Llama/Qwen3). */
   qkvBias: boolean;
   /** Bias on the output projection (`attention_bias` for Llama/Qwen3; never for Qwen2). */
@@ -143,9 +159,14 @@ export function parseHfConfig(json: unknown): ModelConfig {
   }
   const architecture = arch as Architecture;
 
-  const act = cfg.hidden_act ?? cfg.hidden_activation ?? "silu";
-  if (act !== "silu" && act !== "swish") throw new ModelConfigError(`[config] ${arch}: unsupported hidden_act "${String(act)}" (only silu)`);
-  for (const key of ["attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"]) {
+  const gemma = architecture === "Gemma3ForCausalLM";
+  // Gemma 3 names it hidden_activation (and keeps a hidden_act it does not use)
+  const actKey = (gemma ? ["hidden_activation", "hidden_act"] : ["hidden_act", "hidden_activation"]).find((k) => cfg[k] != null) ?? "hidden_act";
+  const act = cfg[actKey] ?? "silu";
+  const hiddenAct = act === "silu" || act === "swish" ? "silu" : act === "gelu_pytorch_tanh" || act === "gelu_new" ? "gelu_tanh" : null;
+  if (hiddenAct === null) throw new ModelConfigError(`[config] ${arch}: unsupported ${actKey} "${String(act)}" (silu, gelu_pytorch_tanh)`);
+  const unsupported = ["attn_logit_softcapping", "final_logit_softcapping", "logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"];
+  for (const key of gemma ? unsupported : [...unsupported, "query_pre_attn_scalar"]) {
     if (cfg[key] !== undefined && cfg[key] !== null) throw new ModelConfigError(`[config] ${arch}: unsupported field "${key}" = ${JSON.stringify(cfg[key])}`);
   }
   if (cfg.pretraining_tp !== undefined && cfg.pretraining_tp !== 1 && cfg.pretraining_tp !== null) {
@@ -176,6 +197,10 @@ export function parseHfConfig(json: unknown): ModelConfig {
     slidingWindowLayers = (cfg.layer_types as unknown[]).map((t) => t === "sliding_attention");
     if (slidingWindowLayers.length !== numHiddenLayers) throw new ModelConfigError(`[config] ${arch}: layer_types has ${slidingWindowLayers.length} entries for ${numHiddenLayers} layers`);
     if (!slidingWindowLayers.some(Boolean)) slidingWindow = null;
+  } else if (gemma) {
+    // older Gemma 3 configs: every sliding_window_pattern-th layer is global, the others slide
+    const pattern = optInt(cfg, "sliding_window_pattern", arch, 6);
+    slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && (i + 1) % pattern !== 0);
   } else if (isQwen) {
     // Qwen: the window applies only with use_sliding_window, and only to layers >= max_window_layers.
     if (!optBool(cfg, "use_sliding_window", false)) slidingWindow = null;
@@ -217,12 +242,17 @@ export function parseHfConfig(json: unknown): ModelConfig {
     hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, headDim,
     rmsNormEps: optNum(cfg, "rms_norm_eps", arch, 1e-6),
     ropeTheta, ropeScaling, maxPositionEmbeddings,
-    tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", false),
-    hiddenAct: "silu",
+    tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", gemma),
+    hiddenAct,
+    attnScale: 1 / Math.sqrt(gemma ? optNum(cfg, "query_pre_attn_scalar", arch, headDim) : headDim),
+    embedScale: gemma ? Math.sqrt(hiddenSize) : null,
+    normOffset: gemma ? 1 : 0,
+    sandwichNorms: gemma,
+    localRopeTheta: gemma ? optNum(cfg, "rope_local_base_freq", arch, 10000) : null,
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
-    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" ? attentionBias : false,
+    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
-    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM",
+    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma,
     slidingWindow, slidingWindowLayers, moe, moeLayers,
     torchDtype: typeof (cfg.torch_dtype ?? cfg.dtype) === "string" ? ((cfg.torch_dtype ?? cfg.dtype) as string) : null,
     bosTokenId: typeof cfg.bos_token_id === "number" ? cfg.bos_token_id : null,

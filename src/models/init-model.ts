@@ -6,7 +6,7 @@ import { f32ToBf16 } from "./formats/dtype-convert.js";
 import { mulberry32 } from "../util/random.js";
 import { readSafetensors, writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
-import { hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
+import { ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
 import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture } from "./hf-config.js";
@@ -31,6 +31,12 @@ function archExtras(arch: Architecture): Json {
       return { model_type: "mixtral", num_local_experts: 4, num_experts_per_tok: 2 };
     case "Qwen3MoeForCausalLM":
       return { model_type: "qwen3_moe", num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 64, norm_topk_prob: true, head_dim: 16 };
+    case "Gemma3ForCausalLM":
+      // llama.cpp's gemma3 assumptions (every 6th layer global, local rotary base 10000, head_dim ** -0.5 scale)
+      return {
+        model_type: "gemma3_text", head_dim: 16, query_pre_attn_scalar: 16, hidden_activation: "gelu_pytorch_tanh", sliding_window: 512,
+        sliding_window_pattern: 6, rope_theta: 1_000_000, rope_local_base_freq: 10000, tie_word_embeddings: true,
+      };
     default:
       return { model_type: "llama" };
   }
@@ -91,8 +97,9 @@ export function initModel(out: string, options: InitModelOptions): Json {
     const keepF32 = name.endsWith("norm.weight") || name.endsWith(".bias") || dtype === "float32";
     const values = () => {
       const v = new Float32Array(n);
-      // norms start at 1 (as HF initialises them); everything else, biases included, is N(0, std)
-      if (name.endsWith("norm.weight")) v.fill(1);
+      // norms start at scale 1 (as HF initialises them: Gemma's (1 + w) at w = 0); everything else, biases
+      // included, is N(0, std)
+      if (name.endsWith("norm.weight")) v.fill(1 - cfg.normOffset);
       else for (let i = 0; i < n; i++) v[i] = normal() * std;
       return keepF32 ? v : f32ToBf16(v);
     };
@@ -145,8 +152,11 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   if (weights?.format !== "safetensors") throw new ModelLoadError(`[convert] ${dir} has no safetensors weights`);
   const st = readSafetensors(weights.indexPath ?? weights.files[0]!);
   const permutes = cfg.architecture === "LlamaForCausalLM" || cfg.architecture === "MistralForCausalLM" || cfg.architecture === "MixtralForCausalLM";
+  const family = cfg.architecture === "Gemma3ForCausalLM" ? "gemma3" : "default";
   const load = (name: string, rows: number): Float32Array => {
     const data = st.loadAsFloat32(name);
+    const shift = ggufNormShift(family, name);
+    if (shift !== 0) return data.map((x) => x + shift);
     if (!permutes || !/self_attn\.(q|k)_proj\.weight$/.test(name)) return data;
     return permuteQK(data, rows, cfg.numAttentionHeads, name.includes("k_proj") ? cfg.numKeyValueHeads : undefined);
   };
@@ -161,7 +171,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const tensors: GgufWriteTensor[] = [];
   try {
     for (const info of st.tensors) {
-      const m = hfToGgufTensorName(info.name);
+      const m = hfToGgufTensorName(info.name, family);
       if (!m) throw new ModelLoadError(`${dir}: tensor ${info.name} has no GGUF name`);
       if (m.expert !== undefined) {
         const s = stacked.get(m.name) ?? { shape: info.shape, parts: [] };

@@ -13,7 +13,7 @@ import { inspectModelDir } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
-import { ggufArchPermutesQK, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
+import { ggufArchPermutesQK, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
 import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
@@ -38,6 +38,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   MistralForCausalLM: DEFAULT_FAMILY, // sliding window comes from the config
   Qwen2ForCausalLM: DEFAULT_FAMILY, // qkv bias comes from the config
   Qwen3ForCausalLM: DEFAULT_FAMILY, // q/k norm comes from the config
+  Gemma3ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
 };
@@ -214,7 +215,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     const config = parseHfConfig(hfConfig);
     const dtype = resolveDtype(options.dtype ?? "auto", config);
     const arch = String(g.metadata["general.architecture"] ?? "");
-    const family = config.architecture === "MixtralForCausalLM" ? "mixtral" : "default";
+    const family = config.architecture === "MixtralForCausalLM" ? "mixtral" : config.architecture === "Gemma3ForCausalLM" ? "gemma3" : "default";
     // every parameter is assigned below (or the load fails on the missing ones), so none is allocated first
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
     const wanted = new Set(model.namedParameters().map(([n]) => n));
@@ -235,7 +236,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
         options.onProgress?.("loading weights", (i + 1) / g.tensors.length);
         return;
       }
-      const data = unpermute(g.loadAsFloat32(info.name));
+      const shift = ggufNormShift(family, hfName);
+      const data = shift === 0 ? unpermute(g.loadAsFloat32(info.name)) : g.loadAsFloat32(info.name).map((x) => x - shift);
       const put = (name: string, values: Float32Array, shape: number[]) => {
         if (!wanted.has(name)) {
           if (name === "lm_head.weight" && config.tieWordEmbeddings) return;

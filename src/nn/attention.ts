@@ -39,6 +39,10 @@ export interface AttentionConfig {
   qkNorm: boolean;
   rmsNormEps: number;
   slidingWindow: number | null;
+  /** The softmax scale (default head_dim ** -0.5). */
+  scale?: number;
+  /** q/k norms scale by normOffset + weight (Gemma: 1). Default 0. */
+  normOffset?: number;
 }
 
 export class Attention extends Module {
@@ -61,8 +65,8 @@ export class Attention extends Module {
     this.kProj = this.module("k_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
     this.vProj = this.module("v_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
     this.oProj = this.module("o_proj", new Linear(numHeads * headDim, hiddenSize, cfg.oBias, options));
-    this.qNorm = cfg.qkNorm ? this.module("q_norm", new RMSNorm(headDim, cfg.rmsNormEps, options)) : null;
-    this.kNorm = cfg.qkNorm ? this.module("k_norm", new RMSNorm(headDim, cfg.rmsNormEps, options)) : null;
+    this.qNorm = cfg.qkNorm ? this.module("q_norm", new RMSNorm(headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0)) : null;
+    this.kNorm = cfg.qkNorm ? this.module("k_norm", new RMSNorm(headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0)) : null;
   }
 
   /** The projections that read forward()'s x (for RMSNorm.forwardFor). */
@@ -99,7 +103,7 @@ export class Attention extends Module {
       attn = pagedAttention({
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
-        scale: 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0,
+        scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0,
         rotary: this.rotary.pagedArgs(ctx.positions),
       });
     } else {
@@ -129,7 +133,7 @@ export class Attention extends Module {
       views.push(v4, th);
       return th;
     };
-    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv)); // [B, H, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale); // [B, H, S, D]
     const ot = o.transpose(1, 2);
     const out = ot.reshape(B * S, H, D);
     for (const t of [...views, o, ot]) t.dispose();

@@ -84,10 +84,12 @@ export class Linear extends Module {
 export class Embedding extends Module {
   weight: Tensor; // [numEmbeddings, dim]
 
+  /** `scale`: each looked-up row is multiplied by it (Gemma's sqrt(hidden), rounded to the weights' dtype), or null. */
   constructor(
     readonly numEmbeddings: number,
     readonly dim: number,
     options: LayerOptions = {},
+    readonly scale: number | null = null,
   ) {
     super();
     this.weight = this.param("weight", newParameter([numEmbeddings, dim], options))!;
@@ -98,17 +100,32 @@ export class Embedding extends Module {
   }
 
   forward(ids: Tensor): Tensor {
-    return embedding(ids, this.weight);
+    const rows = embedding(ids, this.weight);
+    if (this.scale === null) return rows;
+    // HF (Gemma3TextScaledWordEmbedding) multiplies by the scale cast to the weights' dtype
+    const out = rows.mul(this.weight.dtype === "bfloat16" ? bf16Round(this.scale) : this.scale);
+    rows.dispose();
+    return out;
   }
+}
+
+/** x rounded to the nearest bfloat16 (ties to even). */
+function bf16Round(x: number): number {
+  const f = new Float32Array([x]);
+  const u = new Uint32Array(f.buffer);
+  u[0] = ((u[0]! + 0x7fff + ((u[0]! >>> 16) & 1)) >>> 16) << 16;
+  return f[0]!;
 }
 
 export class RMSNorm extends Module {
   weight: Tensor; // [dim], kept in float32
 
+  /** `offset`: the norm scales by offset + weight (Gemma's (1 + w)); 0 for Llama's. */
   constructor(
     readonly dim: number,
     readonly eps: number,
     options: LayerOptions = {},
+    readonly offset = 0,
   ) {
     super();
     this.weight = this.param("weight", newParameter([dim], options, "float32"))!;
@@ -119,7 +136,7 @@ export class RMSNorm extends Module {
   }
 
   forward(x: Tensor): Tensor {
-    return rmsNorm(x, this.weight, this.eps);
+    return this.withScale((w) => rmsNorm(x, w, this.eps));
   }
 
   /**
@@ -128,6 +145,17 @@ export class RMSNorm extends Module {
    */
   forwardFor(x: Tensor, consumers: readonly Linear[]): { out: Tensor; xq: QuantizedActivations | null } {
     if (!consumers.some((c) => c.takesQuantizedActivations())) return { out: this.forward(x), xq: null };
-    return rmsNormQuantized(x, this.weight, this.eps);
+    return this.withScale((w) => rmsNormQuantized(x, w, this.eps));
+  }
+
+  /** f of the scale: the weight, or offset + weight made per call (a [dim] add; training sees the weight's gradient). */
+  private withScale<T>(f: (scale: Tensor) => T): T {
+    if (this.offset === 0) return f(this.weight);
+    const scale = this.weight.add(this.offset);
+    try {
+      return f(scale);
+    } finally {
+      scale.dispose();
+    }
   }
 }

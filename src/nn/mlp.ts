@@ -5,13 +5,20 @@ import {
 import { Linear, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 
-/** down(silu(gate(x)) * up(x)); HF names gate_proj / up_proj / down_proj. */
+/** down(act(gate(x)) * up(x)), act SiLU (Llama) or GELU-tanh (Gemma); HF names gate_proj / up_proj / down_proj. */
 export class GatedMLP extends Module {
   readonly gateProj: Linear;
   readonly upProj: Linear;
   readonly downProj: Linear;
 
-  constructor(hidden: number, intermediate: number, bias = false, options: LayerOptions = {}, names = ["gate_proj", "up_proj", "down_proj"] as const) {
+  constructor(
+    hidden: number,
+    intermediate: number,
+    bias = false,
+    options: LayerOptions = {},
+    names = ["gate_proj", "up_proj", "down_proj"] as const,
+    readonly act: "silu" | "gelu_tanh" = "silu",
+  ) {
     super();
     this.gateProj = this.module(names[0], new Linear(hidden, intermediate, bias, options));
     this.upProj = this.module(names[1], new Linear(hidden, intermediate, bias, options));
@@ -34,7 +41,8 @@ export class GatedMLP extends Module {
     const g = this.gateProj.withLora(g0, x, loraSlots);
     const u = this.upProj.withLora(u0, x, loraSlots);
     // a quantized down projection reads its input's rows quantized by the silu·mul kernel itself
-    const h = this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
+    const h = this.act === "gelu_tanh" ? { out: geluTanhMul(g, u), xq: null }
+      : this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
     g.dispose();
     u.dispose();
     const out = this.downProj.project(h.out, h.xq, loraSlots);
@@ -42,6 +50,14 @@ export class GatedMLP extends Module {
     if (h.xq) disposeQuantizedActivations(h.xq);
     return out;
   }
+}
+
+/** gelu_tanh(gate) * up: Gemma's GeGLU. */
+function geluTanhMul(gate: Tensor, up: Tensor): Tensor {
+  const g = gate.gelu("tanh");
+  const out = g.mul(up);
+  g.dispose();
+  return out;
 }
 
 export interface MoeOptions {

@@ -17,7 +17,7 @@ import { tinyModelDir } from "../helpers/tiny-model.js";
 
 process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-model-compile-test-"));
 
-const FAMILIES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"] as const;
+const FAMILIES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"] as const;
 const BLOCK = 4;
 const BLOCKS = 16; // block 0 is the null block: no sequence uses it
 const MAX_BLOCKS = 8;
@@ -65,6 +65,7 @@ describe("compile() of model forwards", { skip: jitUnavailableReason() ?? false 
     ["LlamaForCausalLM", "strict", "int8"],
     ["Qwen3ForCausalLM", "defer-and-fuse", "int4"],
     ["LlamaForCausalLM", "strict", "fp8"],
+    ["Gemma3ForCausalLM", "defer-and-fuse", "int8"],
   ];
   for (const [arch, mode, quantization] of runs) {
     it(`${arch} (${mode}${quantization ? `, ${quantization}` : ""}): compiled paged forward == eager across buckets, prefill then decode`, () => k.withEagerMode(mode, () => {

@@ -10,9 +10,30 @@ import { arange, noGrad, tensor } from "../../src/tensor/index.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import type { Architecture } from "../../src/models/hf-config.js";
+import { Tensor } from "../../src/tensor/tensor.js";
+
+/** Runs f with Tensor.gelu as ggml's CPU GELU: tanh-approximate GELU of x rounded to float16, rounded to float16. */
+function withFloat16Gelu<T>(f: () => T): T {
+  const f16 = (x: number) => {
+    if (x === 0) return 0;
+    const q = 2 ** (Math.max(Math.floor(Math.log2(Math.abs(x))), -14) - 10); // float16's spacing at x
+    return Math.round(x / q) * q;
+  };
+  const gelu = (x: number) => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * x * (1 + 0.044715 * x * x)));
+  const original = Tensor.prototype.gelu;
+  Tensor.prototype.gelu = function (this: Tensor) {
+    const y = Float32Array.from(this.dataSync() as Float32Array, (x) => (x <= -10 ? 0 : x >= 10 ? x : f16(gelu(f16(x)))));
+    return tensor(y, { shape: [...this.shape] });
+  };
+  try {
+    return f();
+  } finally {
+    Tensor.prototype.gelu = original;
+  }
+}
 
 
-const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"];
+const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"];
 const PROMPT = "The jury said that the city of Atlanta";
 
 test("last-position logits match llama.cpp on the same weights", { skip: hasLlamaCpp ? false : "node-llama-cpp not installed", timeout: 120_000 }, async (t) => {
@@ -35,16 +56,25 @@ test("last-position logits match llama.cpp on the same weights", { skip: hasLlam
         );
         const probs = res[ids.length - 1]!.next!.probabilities!;
         const V = loaded.config.vocabSize;
-        const ours = noGrad(() => {
+        const forward = () => noGrad(() => {
           const h = loaded.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
           return loaded.model.logits(h).logSoftmax(-1).dataSync() as Float32Array;
         }).subarray((ids.length - 1) * V);
-        let maxDiff = 0;
+        const gap = (ours: Float32Array) => {
+          let d = 0;
+          for (const [tok, p] of probs) if (p >= 1e-7) d = Math.max(d, Math.abs(Math.log(p) - ours[tok]!)); // (log of a denormal-ish p is no logit)
+          return d;
+        };
+        const ours = forward();
+        const maxDiff = gap(ours);
         let lo = Infinity;
         let hi = -Infinity;
-        for (const [tok, p] of probs) {
-          if (p < 1e-7) continue; // log of a denormal-ish probability is not a logit comparison
-          maxDiff = Math.max(maxDiff, Math.abs(Math.log(p) - ours[tok]!));
+        if (arch === "Gemma3ForCausalLM") {
+          // ggml's GELU reads a float16 table (input and output rounded to float16): with Kiln's GELU doing the same,
+          // the gap falls to float32 accumulation error, which shows the ~1e-3 gap is that table and nothing else
+          const emulated = withFloat16Gelu(forward);
+          t.diagnostic(`${arch}: with ggml's float16 GELU table emulated, max |logprob diff| = ${gap(emulated).toExponential(2)}`);
+          assert.ok(gap(emulated) < 2e-5, `${arch}: ${gap(emulated)} with the float16 GELU emulated`);
         }
         for (const x of ours) {
           if (!Number.isFinite(x)) continue;

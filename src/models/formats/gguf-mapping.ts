@@ -26,6 +26,24 @@ const LAYER_NAMES: [string, string][] = [
   ["mlp.gate", "ffn_gate_inp"], // Qwen3-MoE router
   ["block_sparse_moe.gate", "ffn_gate_inp"], // Mixtral router
 ];
+/** Gemma 3's four norms per layer (its other names are Llama's). */
+const GEMMA3_LAYER_NAMES: [string, string][] = [
+  ["post_attention_layernorm", "post_attention_norm"],
+  ["pre_feedforward_layernorm", "ffn_norm"],
+  ["post_feedforward_layernorm", "post_ffw_norm"],
+];
+/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma 3's norms. */
+export type GgufFamily = "mixtral" | "gemma3" | "default";
+const layerNames = (family: GgufFamily): [string, string][] => (family === "gemma3" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES] : LAYER_NAMES);
+
+/**
+ * What llama.cpp's converter adds to a norm weight (Gemma's (1 + w) norms are stored as 1 + w), so a reader
+ * subtracts it.
+ */
+export function ggufNormShift(family: GgufFamily, hfName: string): number {
+  return family === "gemma3" && hfName.endsWith("norm.weight") ? 1 : 0;
+}
+
 /** Expert weights: GGUF stacks all experts of a layer into one 3-D tensor [n_expert, out, in]. */
 const EXPERT_NAMES: [RegExp, string][] = [
   [/^mlp\.experts\.(\d+)\.gate_proj$/, "ffn_gate_exps"],
@@ -43,12 +61,12 @@ export interface GgufNameMapping {
 }
 
 /** HF tensor name -> GGUF name (null if it has no GGUF counterpart, e.g. rotary inv_freq). */
-export function hfToGgufTensorName(hf: string): GgufNameMapping | null {
+export function hfToGgufTensorName(hf: string, family: GgufFamily = "default"): GgufNameMapping | null {
   for (const [h, g] of GLOBAL_NAMES) if (hf === h) return { name: g };
   const m = /^model\.layers\.(\d+)\.(.+)\.(weight|bias)$/.exec(hf);
   if (!m) return null;
   const [, layer, body, kind] = m;
-  for (const [h, g] of LAYER_NAMES) if (body === h) return { name: `blk.${layer}.${g}.${kind}` };
+  for (const [h, g] of layerNames(family)) if (body === h) return { name: `blk.${layer}.${g}.${kind}` };
   for (const [re, g] of EXPERT_NAMES) {
     const e = re.exec(body!);
     if (e) return { name: `blk.${layer}.${g}.${kind}`, expert: Number(e[1]) };
@@ -60,13 +78,13 @@ export function hfToGgufTensorName(hf: string): GgufNameMapping | null {
  * GGUF tensor name -> HF name. For stacked expert tensors the result contains `{expert}` to be
  * substituted per expert (family decides Mixtral's w1/w2/w3 vs Qwen3-MoE's gate/up/down_proj).
  */
-export function ggufToHfTensorName(name: string, family: "mixtral" | "default" = "default"): string | null {
+export function ggufToHfTensorName(name: string, family: GgufFamily = "default"): string | null {
   for (const [h, g] of GLOBAL_NAMES) if (name === g) return h;
   const m = /^blk\.(\d+)\.(.+)\.(weight|bias)$/.exec(name);
   if (!m) return null;
   const [, layer, body, kind] = m;
   if (body === "ffn_gate_inp") return `model.layers.${layer}.${family === "mixtral" ? "block_sparse_moe.gate" : "mlp.gate"}.${kind}`;
-  for (const [h, g] of LAYER_NAMES) if (body === g) return `model.layers.${layer}.${h}.${kind}`;
+  for (const [h, g] of layerNames(family)) if (body === g) return `model.layers.${layer}.${h}.${kind}`;
   const experts: Record<string, [string, string]> = {
     ffn_gate_exps: ["block_sparse_moe.experts.{expert}.w1", "mlp.experts.{expert}.gate_proj"],
     ffn_up_exps: ["block_sparse_moe.experts.{expert}.w3", "mlp.experts.{expert}.up_proj"],
@@ -121,11 +139,11 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
-  Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe",
+  Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma3ForCausalLM: "gemma3",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
-  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"],
+  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"],
 };
 
 /** Does llama.cpp permute q/k rows for this GGUF architecture? (llama yes; qwen2/qwen3 use NEOX rope, no) */
@@ -177,7 +195,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
       if (typeof rs.attention_factor === "number") md[`${arch}.rope.scaling.attn_factor`] = gguf.f32(rs.attention_factor);
     }
   }
-  if (typeof config.sliding_window === "number" && archName === "MistralForCausalLM") md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
+  if (typeof config.sliding_window === "number" && (archName === "MistralForCausalLM" || arch === "gemma3")) md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
   return md;
 }
 
@@ -235,6 +253,11 @@ export function ggufToHfConfig(metadata: Readonly<Record<string, GgufValue>>, te
     cfg.rope_scaling = rs;
   }
   if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
+  if (arch === "gemma3") {
+    // what llama.cpp assumes for gemma3: every 6th layer global, the others sliding with rotary base 10000, and
+    // attention scaled by head_dim ** -0.5 (the 27B model's 168 is not metadata)
+    Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: cfg.head_dim });
+  }
   const bos = metadata["tokenizer.ggml.bos_token_id"];
   const eos = metadata["tokenizer.ggml.eos_token_id"];
   if (typeof bos === "number") cfg.bos_token_id = bos;
