@@ -86,6 +86,29 @@ export interface ModelConfig {
 
 type Json = Record<string, unknown>;
 
+/** HF's Gemma3TextConfig defaults: a Gemma 3 config.json (or text_config) leaves out what equals them. */
+const GEMMA3_TEXT_DEFAULTS: Json = {
+  vocab_size: 262_208, hidden_size: 2304, intermediate_size: 9216, num_hidden_layers: 26, num_attention_heads: 8,
+  num_key_value_heads: 4, head_dim: 256, hidden_activation: "gelu_pytorch_tanh", max_position_embeddings: 131_072,
+  rms_norm_eps: 1e-6, rope_theta: 1_000_000, attention_bias: false, query_pre_attn_scalar: 256, sliding_window: 4096,
+  rope_local_base_freq: 10_000, sliding_window_pattern: 6, tie_word_embeddings: true, bos_token_id: 2, eos_token_id: 1,
+};
+
+/**
+ * The language model's config of a checkpoint: the config itself, or for Gemma 3's image-text checkpoints
+ * (Gemma3ForConditionalGeneration, e.g. gemma-3-4b-it) its text_config as a Gemma3ForCausalLM, which Kiln serves
+ * text-only. `textWeights` says where its weights sit in the checkpoint (null: under their own names).
+ */
+export function languageModelConfig(json: Json): { config: Json; textWeights: "language_model" | null } {
+  const arch = Array.isArray(json.architectures) ? json.architectures[0] : undefined;
+  if (arch !== "Gemma3ForConditionalGeneration") return { config: json, textWeights: null };
+  const text = json.text_config;
+  if (text === null || typeof text !== "object" || Array.isArray(text))
+    throw new ModelConfigError("[config] Gemma3ForConditionalGeneration: text_config must be an object");
+  const outer = Object.fromEntries(["torch_dtype", "dtype", "eos_token_id", "bos_token_id", "tie_word_embeddings"].filter((k) => json[k] !== undefined).map((k) => [k, json[k]]));
+  return { config: { ...outer, ...(text as Json), architectures: ["Gemma3ForCausalLM"], model_type: "gemma3_text" }, textWeights: "language_model" };
+}
+
 function req(cfg: Json, key: string, arch: string): number {
   const v = cfg[key];
   if (typeof v !== "number" || !Number.isInteger(v) || v <= 0) throw new ModelConfigError(`[config] ${arch}: "${key}" must be a positive integer, got ${JSON.stringify(v)}`);
@@ -150,8 +173,13 @@ function parseRopeScaling(raw: unknown, arch: string, maxPos: number): RopeScali
  */
 export function parseHfConfig(json: unknown): ModelConfig {
   if (json === null || typeof json !== "object" || Array.isArray(json)) throw new ModelConfigError("[config] config.json is not an object");
-  const cfg = json as Json;
-  const archs = cfg.architectures;
+  let cfg = json as Json;
+  let archs = cfg.architectures;
+  if (Array.isArray(archs) && archs[0] === "Gemma3ForCausalLM") {
+    // HF fills what a config leaves out from the class defaults (null counts as set: softcapping null is "none")
+    cfg = { ...GEMMA3_TEXT_DEFAULTS, ...Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) };
+    archs = cfg.architectures;
+  }
   const arch = Array.isArray(archs) && typeof archs[0] === "string" ? (archs[0] as string) : undefined;
   if (!arch) throw new ModelConfigError('[config] missing "architectures"');
   if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(arch)) {

@@ -8,7 +8,7 @@ import { KilnError, UnsupportedError } from "../util/errors.js";
 import { fromBytes, mapFromFile, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
 import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
-import { parseHfConfig, type ModelConfig } from "./hf-config.js";
+import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { inspectModelDir } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
@@ -182,13 +182,15 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   // before reading any weights: a model without its tokenizer fails fast
   if (!info.tokenizerJsonPath) throw new ModelLoadError(`${dir}: no tokenizer.json`);
   const rawConfig = readJson(info.configPath);
-  const config = parseHfConfig(rawConfig);
+  const lm = languageModelConfig(rawConfig);
+  const config = parseHfConfig(lm.config);
   const dtype = resolveDtype(options.dtype ?? "auto", config);
   const fp8Format = fp8CheckpointFormat(rawConfig);
   const requested = resolveQuantization(options.quantization);
   if (fp8Format !== null && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
-  const handle = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
+  const file = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
+  const handle = lm.textWeights === null ? file : languageModelWeights(file, dir);
   try {
     // every parameter is assigned below (or the load fails), so none is allocated first
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
@@ -206,6 +208,42 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   } finally {
     handle.close();
   }
+}
+
+/**
+ * An image-text checkpoint's language model weights under the text model's names: `model.X` is
+ * `language_model.model.X` (transformers before 4.52) or `model.language_model.X` (after), `lm_head.weight`
+ * `language_model.lm_head.weight` or itself. The vision tower and projector are not read.
+ */
+function languageModelWeights(h: SafetensorsHandle, dir: string): SafetensorsHandle {
+  const old = h.has("language_model.model.embed_tokens.weight");
+  if (!old && !h.has("model.language_model.embed_tokens.weight"))
+    throw new ModelLoadError(`${dir}: no language model weights (language_model.model.* or model.language_model.*) in the checkpoint`);
+  const outer = (name: string): string => {
+    if (name.startsWith("model.")) return old ? `language_model.${name}` : `model.language_model.${name.slice("model.".length)}`;
+    return old ? `language_model.${name}` : name;
+  };
+  const inner = (name: string): string | null => {
+    if (old) return name.startsWith("language_model.") ? name.slice("language_model.".length) : null;
+    if (name.startsWith("model.language_model.")) return `model.${name.slice("model.language_model.".length)}`;
+    return name === "lm_head.weight" ? name : null;
+  };
+  const tensors = h.tensors.flatMap((t) => {
+    const name = inner(t.name);
+    return name === null ? [] : [{ ...t, name }];
+  });
+  return {
+    tensors,
+    metadata: h.metadata,
+    get: (name) => {
+      const t = h.get(outer(name));
+      return t === undefined ? undefined : { ...t, name };
+    },
+    has: (name) => h.has(outer(name)),
+    load: (name) => h.load(outer(name)),
+    loadAsFloat32: (name) => h.loadAsFloat32(outer(name)),
+    close: () => h.close(),
+  };
 }
 
 function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): LoadedModel {

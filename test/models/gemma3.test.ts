@@ -3,11 +3,15 @@
 // llama.cpp's gemma3 on a GGUF export of the same random weights: next-token probabilities after a long prompt
 // and a greedy continuation. (The dense forward is checked against llama.cpp in llama-cpp-oracle.test.ts.)
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { ModelConfigError, parseHfConfig } from "../../src/models/hf-config.js";
+import { readSafetensors, writeSafetensors } from "../../src/models/formats/safetensors.js";
+import { arange, noGrad, tensor } from "../../src/tensor/index.js";
 import { hasLlamaCpp, llamaCppOracle } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
@@ -32,6 +36,9 @@ describe("Gemma 3", () => {
     assert.deepEqual(c.slidingWindowLayers, [true, true, true, true, true, false, true, true]); // every 6th is global
     const typed = parseHfConfig({ ...base, layer_types: ["sliding_attention", "full_attention", ...Array(6).fill("sliding_attention")] });
     assert.deepEqual(typed.slidingWindowLayers, [true, false, true, true, true, true, true, true]);
+    // what a config leaves out comes from Gemma3TextConfig's defaults
+    const bare = parseHfConfig({ architectures: ["Gemma3ForCausalLM"], hidden_size: 640, intermediate_size: 2048, num_hidden_layers: 18 });
+    assert.deepEqual([bare.headDim, bare.attnScale, bare.slidingWindow, bare.numAttentionHeads, bare.numKeyValueHeads, bare.vocabSize, bare.ropeTheta], [256, 1 / 16, 4096, 8, 4, 262208, 1e6]);
     assert.throws(() => parseHfConfig({ ...base, final_logit_softcapping: 30 }), (e: unknown) => e instanceof ModelConfigError && /final_logit_softcapping/.test(e.message));
     assert.throws(() => parseHfConfig({ ...base, hidden_activation: "relu" }), /unsupported hidden_activation "relu"/);
   });
@@ -69,5 +76,30 @@ describe("Gemma 3", () => {
       assert.ok(u !== undefined, name);
       assert.deepEqual(u.dataSync(), t.dataSync(), name);
     }
+  });
+
+  it("an image-text checkpoint (Gemma3ForConditionalGeneration) serves its language model, in both weight layouts", () => {
+    const ids = prompt.slice(0, 8); // (the dense forward takes no window shorter than the sequence)
+    const logitsOf = (d: string) => {
+      const { model } = loadLocalModel(d);
+      return noGrad(() => model.logits(model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) })).dataSync());
+    };
+    const want = logitsOf(dir);
+    const text = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+    const st = readSafetensors(path.join(dir, "model.safetensors"));
+    // before transformers 4.52: language_model.model.X; after: model.language_model.X (lm_head at the top)
+    for (const [layout, rename] of [["old", (n: string) => `language_model.${n}`], ["new", (n: string) => n.replace(/^model\./, "model.language_model.")]] as const) {
+      const out = tempPath(`gemma3-image-text-${layout}`);
+      fs.mkdirSync(out, { recursive: true });
+      const { torch_dtype, eos_token_id, ...textConfig } = text;
+      const config = { architectures: ["Gemma3ForConditionalGeneration"], model_type: "gemma3", torch_dtype, eos_token_id, text_config: textConfig, vision_config: { model_type: "siglip_vision_model" } };
+      fs.writeFileSync(path.join(out, "config.json"), JSON.stringify(config));
+      for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(dir, f), path.join(out, f));
+      const tensors = st.tensors.map((t) => ({ name: rename(t.name), dtype: t.dtype, shape: t.shape, data: st.load(t.name) }));
+      tensors.push({ name: "vision_tower.vision_model.embeddings.patch_embedding.weight", dtype: "F32", shape: [2, 2], data: new Uint8Array(16) });
+      writeSafetensors(path.join(out, "model.safetensors"), tensors);
+      assert.deepEqual(logitsOf(out), want, layout);
+    }
+    st.close();
   });
 });
