@@ -123,8 +123,6 @@ export class Attention extends Module {
 
   private denseAttention(q: Tensor, k: Tensor, v: Tensor, ctx: DenseContext): Tensor {
     const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
-    if (this.cfg.slidingWindow !== null && this.cfg.slidingWindow < ctx.seqLen)
-      throw new Error(`dense attention with a sliding window shorter than the sequence (${this.cfg.slidingWindow} < ${ctx.seqLen}) is not implemented`);
     const { batch: B, seqLen: S } = ctx;
     const views: Tensor[] = [];
     const toHeads = (t: Tensor, n: number) => {
@@ -133,7 +131,7 @@ export class Attention extends Module {
       views.push(v4, th);
       return th;
     };
-    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale); // [B, H, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined); // [B, H, S, D]
     const ot = o.transpose(1, 2);
     const out = ot.reshape(B * S, H, D);
     for (const t of [...views, o, ot]) t.dispose();

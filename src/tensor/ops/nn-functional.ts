@@ -111,9 +111,11 @@ export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: 
 
 /**
  * Reference causal attention (scaled_dot_product_attention with is_causal), built from ops so autograd
- * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D].
+ * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D]. With `window`,
+ * a query sees only the last `window` keys up to its own position (sliding-window attention, as HF and vLLM:
+ * position p sees keys j with p - window < j <= p).
  */
-export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number): Tensor {
+export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number): Tensor {
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
   const [B, Hq, S, D] = q.shape as [number, number, number, number];
   const Hkv = k.shape[1]!;
@@ -138,7 +140,10 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number)
   // query i (aligned to the end of the keys) sees keys j <= i + (Sk - S). -1e30 is finite (debug mode stays
   // quiet) and still gives exactly zero probability after the max-subtracted exp.
   const biasData = new Float32Array(S * Sk);
-  for (let i = 0; i < S; i++) for (let j = i + (Sk - S) + 1; j < Sk; j++) biasData[i * Sk + j] = -1e30;
+  for (let i = 0; i < S; i++) {
+    const p = i + (Sk - S);
+    for (let j = 0; j < Sk; j++) if (j > p || (window !== undefined && j <= p - window)) biasData[i * Sk + j] = -1e30;
+  }
   const mask = empty([S, Sk], { dtype: "float32", device: q.device });
   q.device.backend.write(mask.storage.buffer, 0, new Uint8Array(biasData.buffer));
   const masked = add(scores, mask);
