@@ -129,9 +129,9 @@ export class AsyncLLM implements EngineClient {
     })();
   }
 
-  /** Aborts a request: its blocks are freed now and its stream ends with finishReason "abort". */
-  abort(requestId: string): void {
-    for (const out of this.engine.abortRequest([requestId])) this.deliver(out);
+  /** Aborts requests: their blocks are freed now and their streams end with finishReason "abort". */
+  abort(requestIds: string | readonly string[]): void {
+    for (const out of this.engine.abortRequest(typeof requestIds === "string" ? [requestIds] : requestIds)) this.deliver(out);
   }
 
   stats(): EngineStats {

@@ -36,10 +36,13 @@ const port: MessagePort = (() => {
 })();
 const post = (m: FromWorker): void => port.postMessage(m);
 
-function tokenizerSource(loadedPath: string, model: string): TokenizerSource {
-  if (fs.statSync(loadedPath).isDirectory()) return { kind: "dir", dir: loadedPath };
-  // A GGUF file inside a model directory takes that directory's tokenizer.json, as the loader does.
+function tokenizerSource(loadedPath: string, model: string, tokenizer: string | undefined): TokenizerSource {
+  const loadedDir = fs.statSync(loadedPath).isDirectory();
   const dir = fs.statSync(model, { throwIfNoEntry: false })?.isDirectory() ? model : null;
+  // --tokenizer: its files, with the model directory's generation_config.json where there is one (as the loader reads them)
+  if (tokenizer !== undefined) return { kind: "dir", dir: tokenizer, generationConfigDir: loadedDir ? loadedPath : (dir ?? tokenizer) };
+  if (loadedDir) return { kind: "dir", dir: loadedPath };
+  // A GGUF file inside a model directory takes that directory's tokenizer.json, as the loader does.
   if (dir !== null && path.resolve(path.dirname(loadedPath)) === path.resolve(dir) && fs.existsSync(path.join(dir, "tokenizer.json")))
     return { kind: "dir", dir };
   return { kind: "gguf", file: loadedPath };
@@ -164,9 +167,9 @@ async function main(): Promise<void> {
         break;
       }
       case "abort": {
-        const sent = sentBySeq.get(m.seq);
-        if (sent === undefined) break; // it finished (or was rejected) before the abort arrived
-        wire(core.abortRequest([sent.requestId])); // its blocks are freed now
+        // a stream that finished (or was rejected) before the abort arrived has no entry: nothing to abort
+        const ids = m.seqs.flatMap((seq) => sentBySeq.get(seq)?.requestId ?? []);
+        if (ids.length > 0) wire(core.abortRequest(ids)); // their blocks are freed now, before the next step
         break;
       }
       case "sync":
@@ -197,7 +200,7 @@ async function main(): Promise<void> {
     blockSize: resolved.blockSize,
     vocabSize: runner.vocabSize,
     maxLogprobs: resolved.maxLogprobs,
-    tokenizer: tokenizerSource(loaded.path, args.model),
+    tokenizer: tokenizerSource(loaded.path, args.model, args.tokenizer),
     generationConfig: loaded.generationConfig,
     stats: core.stats(),
   });

@@ -31,7 +31,8 @@ export type ToWorker =
       arrivalTime: number;
       loraRequest: LoraRequest | null;
     }
-  | { type: "abort"; seq: number }
+  /** Every stream of one abort call, so that aborting a many-input request is one message (and one worker turn). */
+  | { type: "abort"; seqs: number[] }
   | { type: "sync"; id: number }
   /** LoRA adapters (vLLM's add_lora / remove_lora): answered in the next update's loraReplies under `id`. */
   | { type: "addLora"; id: number; lora: LoraRequest }
@@ -74,7 +75,8 @@ export interface WireOutput {
 }
 
 /** Where the caller's thread loads its own tokenizer from (the worker loads the model). */
-export type TokenizerSource = { kind: "dir"; dir: string } | { kind: "gguf"; file: string };
+/** `generationConfigDir`: where its generation_config.json (EOS ids) is read when not `dir` (vLLM's --tokenizer). */
+export type TokenizerSource = { kind: "dir"; dir: string; generationConfigDir?: string } | { kind: "gguf"; file: string };
 
 /** Worker -> main. */
 export type FromWorker =

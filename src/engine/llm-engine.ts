@@ -4,9 +4,11 @@ import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import { BeamSearchInstance, checkBeamSearchParams, type BeamSearchParams, type BeamSearchResult } from "./beam-search.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
+import { EngineInputError } from "./errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import { generationConfigDefaults } from "./sampling-params.js";
+import { cosineSimilarity, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
 
@@ -16,6 +18,13 @@ export interface EmbeddingOutput {
   prompt: string | null;
   promptTokenIds: number[];
   embedding: Float32Array;
+}
+
+/** One text pair's score (vLLM's ScoringRequestOutput, its outputs.score as `score`): both prompts' ids, text_1's first. */
+export interface ScoringOutput {
+  requestId: string;
+  promptTokenIds: number[];
+  score: number;
 }
 
 /** A prompt as text (tokenized with special tokens) or as token ids. */
@@ -144,6 +153,29 @@ export class LLM {
       promptTokenIds: out.promptTokenIds,
       embedding: out.pooled!,
     }));
+  }
+
+  /**
+   * Scores text pairs (vLLM's LLM.score) with an LLM made with runner "pooling": each text is embedded once and a pair
+   * scores the cosine similarity of its two embeddings. text1 and text2 pair up 1:1, 1:N or N:N (one score per text2);
+   * other counts throw EngineInputError before running anything.
+   *
+   * @example
+   * const llm = new LLM({ model: "models/kiln-default", runner: "pooling" });
+   * const [paris, berlin] = llm.score("The capital of France", ["Paris", "Berlin"]); // paris.score: in [-1, 1]
+   */
+  score(text1: PromptInput | PromptInput[], text2: PromptInput | PromptInput[], options: { truncatePromptTokens?: number } = {}): ScoringOutput[] {
+    if (this.engine.args.pooler === null) throw new Error('[LLM.score] this LLM generates: make it with runner: "pooling" to score');
+    const first = Array.isArray(text1) ? text1 : [text1];
+    const second = Array.isArray(text2) ? text2 : [text2];
+    const why = scorePairingError(first.length, second.length);
+    if (why !== null) throw new EngineInputError(first.length === 0 ? "text_1" : "text_2", why);
+    const embeddings = this.embed([...first, ...second], options);
+    return scorePairs(first.length, second.length).map(([i, j]) => {
+      const a = embeddings[i]!;
+      const b = embeddings[first.length + j]!;
+      return { requestId: `${a.requestId}_${b.requestId}`, promptTokenIds: [...a.promptTokenIds, ...b.promptTokenIds], score: cosineSimilarity(a.embedding, b.embedding) };
+    });
   }
 
   /**

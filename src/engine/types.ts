@@ -118,7 +118,11 @@ export interface EngineClient {
     params: Partial<SamplingParams>,
     options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
   ): AsyncIterable<RequestOutput>;
-  abort(requestId: string): void;
+  /**
+   * Aborts requests (vLLM's AsyncLLM.abort takes one id or many): a multi-input HTTP request passes all its ids in one
+   * call, which a worker engine sends as one message. Unknown or finished ids are ignored.
+   */
+  abort(requestIds: string | readonly string[]): void;
   /**
    * Reads and checks a LoRA adapter in the engine (vLLM's add_lora); rejects with EngineInputError (lora_request)
    * when it cannot be served. Absent on engines without LoRA support.

@@ -86,7 +86,8 @@ export class WorkerEngine implements EngineClient {
     modules: TokenizerModules,
   ) {
     const src = ready.tokenizer;
-    this.tokenizer = early !== null && src.kind === "dir" && path.resolve(src.dir) === early.dir ? early.tokenizer : loadTokenizer(src, modules);
+    const same = early !== null && src.kind === "dir" && path.resolve(src.dir) === early.dir && path.resolve(src.generationConfigDir ?? src.dir) === early.genDir;
+    this.tokenizer = same ? early.tokenizer : loadTokenizer(src, modules);
     this.generationConfig = ready.generationConfig;
     this.maxModelLen = ready.maxModelLen;
     this.reasoningParser = ready.reasoningParser;
@@ -118,12 +119,14 @@ export class WorkerEngine implements EngineClient {
     // only after it, and then this thread reads the tokenizer the worker will most likely name.
     const worker = takePrespawned() ?? new Worker(new URL("./engine-worker-main.js", import.meta.url));
     worker.postMessage({ type: "start", args: workerArgs } satisfies ToWorker);
-    const dir = path.resolve(servingArgs.model);
+    // --tokenizer: its files, with the model directory's generation_config.json (the worker names the same)
+    const dir = path.resolve(servingArgs.tokenizer ?? servingArgs.model);
+    const genDir = servingArgs.tokenizer !== undefined && fs.statSync(servingArgs.model, { throwIfNoEntry: false })?.isDirectory() ? path.resolve(servingArgs.model) : dir;
     const tokenizing = importTokenizerModules().then((modules) => {
       let early: EarlyTokenizer | null = null;
       if (fs.existsSync(path.join(dir, "tokenizer.json"))) {
         try {
-          early = { dir, tokenizer: modules.Tokenizer.fromDir(dir) };
+          early = { dir, genDir, tokenizer: modules.Tokenizer.fromDir(dir, { generationConfigDir: genDir }) };
         } catch {
           // the worker reports what is wrong with the model directory
         }
@@ -254,21 +257,27 @@ export class WorkerEngine implements EngineClient {
         if (finished) return;
       }
     } finally {
-      if (!finished && stream.error === null) this.abortSeq(stream);
+      if (!finished && stream.error === null) this.abortSeqs([stream]);
     }
   }
 
-  /** Aborts a request: the worker frees its blocks as soon as it reads the message; its stream ends with "abort". */
-  abort(requestId: string): void {
-    const seq = this.live.get(requestId);
-    const stream = seq === undefined ? undefined : this.streams.get(seq);
-    if (stream !== undefined) this.abortSeq(stream);
+  /**
+   * Aborts requests in one message: the worker frees their blocks as soon as it reads it (one message for many ids, so
+   * that no engine step runs between them); their streams end with "abort".
+   */
+  abort(requestIds: string | readonly string[]): void {
+    const seqs = (typeof requestIds === "string" ? [requestIds] : requestIds).flatMap((id) => this.live.get(id) ?? []);
+    this.abortSeqs(seqs.flatMap((seq) => this.streams.get(seq) ?? []));
   }
 
-  private abortSeq(stream: Stream): void {
-    if (this.live.get(stream.requestId) !== stream.seq) return; // already finished or aborted
-    this.live.delete(stream.requestId); // the id is free again: the worker reads this abort before any re-add
-    this.send({ type: "abort", seq: stream.seq });
+  private abortSeqs(streams: Stream[]): void {
+    const seqs: number[] = [];
+    for (const stream of streams) {
+      if (this.live.get(stream.requestId) !== stream.seq) continue; // already finished or aborted
+      this.live.delete(stream.requestId); // the id is free again: the worker reads this abort before any re-add
+      seqs.push(stream.seq);
+    }
+    if (seqs.length > 0) this.send({ type: "abort", seqs });
   }
 
   /** The stats snapshot the worker pushed after its last step (synchronous, as the server's metrics need). */
@@ -405,6 +414,8 @@ function accumulate(s: Stream, o: WireOutput["outputs"][number]): CompletionOutp
 /** A tokenizer this thread loaded from a model directory while the worker started. */
 interface EarlyTokenizer {
   dir: string;
+  /** Where its generation_config.json was read. */
+  genDir: string;
   tokenizer: Tokenizer;
 }
 
@@ -453,7 +464,7 @@ async function importTokenizerModules(): Promise<TokenizerModules> {
 }
 
 function loadTokenizer(src: TokenizerSource, { Tokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson }: TokenizerModules): Tokenizer {
-  if (src.kind === "dir") return Tokenizer.fromDir(src.dir);
+  if (src.kind === "dir") return Tokenizer.fromDir(src.dir, { generationConfigDir: src.generationConfigDir });
   const g = readGguf(src.file);
   try {
     const files = ggufToTokenizerJson(g.metadata);

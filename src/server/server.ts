@@ -10,6 +10,7 @@ import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
 import { handleCompletion } from "./serving-completions.js";
 import { handleEmbeddings, refuseOnPoolingRunner } from "./serving-embeddings.js";
+import { handleRerank, handleScore } from "./serving-score.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
@@ -48,7 +49,7 @@ export interface ServerEngineOptions {
    * LoRA is not enabled; an empty list serves none at start but lets /v1/load_lora_adapter add some.
    */
   loraModules?: LoraModule[] | null;
-  /** "pooling" (vLLM --runner pooling): /v1/embeddings is served and the generating APIs are refused. Default "generate". */
+  /** "pooling" (vLLM --runner pooling): /v1/embeddings, /score and /rerank are served and the generating APIs are refused. Default "generate". */
   runner?: "generate" | "pooling";
 }
 
@@ -108,7 +109,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   };
   app.decorate("kilnAbortAll", () => {
     if (ctx === null) return;
-    for (const id of [...ctx.inflight]) ctx.engine.abort(id);
+    ctx.engine.abort([...ctx.inflight]);
   });
   app.decorate("kilnInflight", () => ctx?.inflight.size ?? 0);
   // A request counts from its arrival, before it reaches the engine: a drain must not cut it off while it is
@@ -184,6 +185,9 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     return handleCompletion(bound(), request, reply);
   });
   app.post("/v1/embeddings", (request: FastifyRequest, reply: FastifyReply) => handleEmbeddings(bound(), request, reply));
+  for (const path of ["/score", "/v1/score"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleScore(bound(), request, reply));
+  for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"])
+    app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleRerank(bound(), request, reply));
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
 

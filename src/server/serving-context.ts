@@ -35,7 +35,7 @@ export interface ServingContext {
   loraModules: Map<string, LoraModule> | null;
   /** The largest LoRA id given so far (ids are never reused). */
   lastLoraId: number;
-  /** "pooling": the engine embeds (/v1/embeddings) and does not generate; else "generate". */
+  /** "pooling": the engine embeds (/v1/embeddings, /score, /rerank) and does not generate; else "generate". */
   runner: "generate" | "pooling";
   inflight: InflightSet;
   unstarted: UnstartedSet;
@@ -81,16 +81,19 @@ export function resolveModel(ctx: ServingContext, model: string | undefined): st
 }
 
 /**
- * 503 when --max-waiting-requests are already waiting. Call it in the same tick as the engine requests are
- * streamed, so that concurrent arrivals see each other in `ctx.unstarted`.
+ * 503 when the `count` engine requests a request adds (one per input of a multi-input request) would make more than
+ * --max-waiting-requests wait. Call it in the same tick as the engine requests are streamed, so that concurrent
+ * arrivals see each other in `ctx.unstarted`.
  */
-export function checkQueue(ctx: ServingContext): void {
-  if (ctx.maxWaitingRequests === undefined) return;
+export function checkQueue(ctx: ServingContext, count = 1): void {
+  const max = ctx.maxWaitingRequests;
+  if (max === undefined) return;
   const waiting = Math.max(ctx.engine.stats().numWaiting, ctx.unstarted.size); // the engine's count may lag
-  if (waiting >= ctx.maxWaitingRequests) {
-    throw new ApiError(503, `The server is overloaded: ${waiting} requests are waiting (max ${ctx.maxWaitingRequests}). Retry later.`,
-      null, "service_unavailable_error", "queue_full");
-  }
+  if (waiting + count <= max) return;
+  const message = count > max
+    ? `The server is overloaded: this request has ${count} inputs, more than may wait at once (max ${max}). Send fewer inputs per request.`
+    : `The server is overloaded: ${waiting} requests are waiting (max ${max})${count > 1 ? ` and this one adds ${count}` : ""}. Retry later.`;
+  throw new ApiError(503, message, null, "service_unavailable_error", "queue_full");
 }
 
 /**

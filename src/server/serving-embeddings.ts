@@ -1,8 +1,10 @@
 // POST /v1/embeddings (OpenAI's Embeddings API, as vLLM serves it with --runner pooling): every input's prompt is
 // read by the pooling engine and answered with its pooled vector, as floats or as base64 of little-endian float32.
+// poolingTokenIds and poolTokenIds are the pooling requests' machinery, shared with /score and /rerank.
+import { setMaxListeners } from "node:events";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { bf16BytesToF32, f16BytesToF32, f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
-import { asJsonBody, parseMessages, parsePrompts } from "./protocol.js";
+import { asJsonBody, parseMessages, parsePrompts, type PromptInput } from "./protocol.js";
 import { badRequest } from "./errors.js";
 import { optBool, optInt, optString } from "./fields.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
@@ -35,6 +37,62 @@ export function refuseOnPoolingRunner(ctx: ServingContext, api: string): void {
   if (ctx.runner === "pooling") throw badRequest(`The model does not support ${api} API`);
 }
 
+/**
+ * Each prompt's token ids for a pooling request: cut to truncate_prompt_tokens (its last tokens; -1: max_model_len),
+ * then checked non-empty and within max_model_len (a 400 naming `field`; `operation` words it as vLLM does).
+ */
+export function poolingTokenIds(
+  ctx: ServingContext,
+  prompts: PromptInput[],
+  options: { truncate: number | undefined; addSpecialTokens: boolean; field: string; operation: string },
+): number[][] {
+  const { truncate, addSpecialTokens, field, operation } = options;
+  if (truncate !== undefined && truncate > ctx.maxModelLen)
+    throw badRequest(`truncate_prompt_tokens value (${truncate}) is greater than max_model_len (${ctx.maxModelLen}). Please, select a smaller truncation size.`, "truncate_prompt_tokens");
+  const keep = truncate === -1 ? ctx.maxModelLen : truncate;
+  return prompts.map((p) => {
+    const all = "text" in p ? ctx.tokenizer.encode(p.text, { addSpecialTokens }) : p.tokenIds;
+    const ids = keep !== undefined && all.length > keep ? all.slice(all.length - keep) : all;
+    if (ids.length === 0) throw badRequest(`'${field}' must not be empty`, field);
+    if (ids.length > ctx.maxModelLen)
+      throw badRequest(
+        `This model's maximum context length is ${ctx.maxModelLen} tokens. However, you requested ${ids.length} tokens in the input for ${operation}. Please reduce the length of the input.`,
+        field,
+      );
+    return ids;
+  });
+}
+
+/**
+ * Pools every prompt (one engine request each, ids `${id}-${i}`) and returns the vectors in input order. Every prompt
+ * counts against --max-waiting-requests; a client that goes away aborts them all with one engine call.
+ */
+export async function poolTokenIds(
+  ctx: ServingContext, request: FastifyRequest, reply: FastifyReply, id: string, prompts: number[][], priority: number,
+): Promise<Float32Array[]> {
+  checkQueue(ctx, prompts.length);
+  const requestIds = prompts.map((_, i) => `${id}-${i}`);
+  const controller = new AbortController();
+  setMaxListeners(prompts.length + 1, controller.signal); // each prompt's stream listens, and so do we: not a leak
+  // Listens before each stream's own listener, which then finds its request gone: one abort (one worker message), not
+  // one per prompt, which would let the worker run engine steps between them.
+  controller.signal.addEventListener("abort", () => ctx.engine.abort(requestIds), { once: true });
+  abortOnDisconnect(request, reply, controller);
+  const streams = prompts.map((promptTokenIds, i) =>
+    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: requestIds[i]!, promptTokenIds, params: { maxTokens: 1 }, priority }, controller.signal),
+  );
+  const vectors: (Float32Array | null)[] = prompts.map(() => null);
+  try {
+    for await (const [i, out] of await primeStream(mergeStreams(streams))) if (out.pooled != null) vectors[i] = out.pooled;
+  } finally {
+    controller.abort();
+  }
+  return vectors.map((v, i) => {
+    if (v === null) throw new Error(`[pooling] prompt ${i} finished without a pooled vector`);
+    return v;
+  });
+}
+
 export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   if (ctx.runner !== "pooling") throw badRequest("The model does not support Embeddings API");
   const body = asJsonBody(request.body);
@@ -54,33 +112,11 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   if (body.normalize !== undefined && body.normalize !== null)
     throw badRequest("'normalize' per request is not supported: the server's --pooler-config sets it", "normalize");
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
-  const keep = truncate === -1 ? ctx.maxModelLen : truncate;
   const addSpecialTokens = optBool(body, "add_special_tokens") ?? !chat;
   const priority = optInt(body, "priority") ?? 0;
-  const tokenized = prompts.map((p) => ("text" in p ? ctx.tokenizer.encode(p.text, { addSpecialTokens }) : p.tokenIds));
-  const ids = tokenized.map((t) => (keep !== undefined && t.length > keep ? t.slice(t.length - keep) : t));
-  ids.forEach((t) => {
-    if (t.length === 0) throw badRequest("'input' must not be empty", "input");
-    if (t.length > ctx.maxModelLen)
-      throw badRequest(
-        `This model's maximum context length is ${ctx.maxModelLen} tokens. However, you requested ${t.length} tokens in the input for embedding generation. Please reduce the length of the input.`,
-        "input",
-      );
-  });
-  checkQueue(ctx);
-
+  const ids = poolingTokenIds(ctx, prompts, { truncate, addSpecialTokens, field: "input", operation: "embedding generation" });
   const id = randomId("embd");
-  const controller = new AbortController();
-  abortOnDisconnect(request, reply, controller);
-  const streams = ids.map((promptTokenIds, i) =>
-    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: `${id}-${i}`, promptTokenIds, params: { maxTokens: 1 }, priority }, controller.signal),
-  );
-  const vectors: (Float32Array | null)[] = ids.map(() => null);
-  try {
-    for await (const [i, out] of await primeStream(mergeStreams(streams))) if (out.pooled != null) vectors[i] = out.pooled;
-  } finally {
-    controller.abort();
-  }
+  const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
   const promptTokens = ids.reduce((n, t) => n + t.length, 0);
   return {
     id,
@@ -88,7 +124,6 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
     created: nowSeconds(),
     model,
     data: vectors.map((v, index) => {
-      if (v === null) throw new Error(`[embeddings] input ${index} finished without a pooled vector`);
       const embedding = format === "float" ? EMBED_DTYPES[dtype]!.floats(v) : Buffer.from(EMBED_DTYPES[dtype]!.bytes(v)).toString("base64");
       return { object: "embedding", index, embedding };
     }),

@@ -107,6 +107,38 @@ test("WorkerEngine: abort mid-stream returns the pool to its starting free block
   assert.equal((await engine.refreshStats()).numFreeBlocks, start);
 });
 
+test("WorkerEngine: abort of many ids is one message to the worker; every stream ends with abort", { timeout: 60_000 }, async () => {
+  const start = (await engine.refreshStats()).numFreeBlocks;
+  const ids = engine.tokenizer.encode(PROMPTS[2]!);
+  const requestIds = Array.from({ length: 24 }, (_, i) => `many${i}`);
+  const sent: ToWorker[] = [];
+  const e = engine as unknown as { send(m: ToWorker): void };
+  const send = e.send;
+  e.send = function (this: unknown, m: ToWorker) {
+    sent.push(m);
+    send.call(this, m);
+  };
+  let outs: RequestOutput[][];
+  try {
+    const streams = requestIds.map((requestId) => collect(engine.generate({ promptTokenIds: ids }, { maxTokens: 200, ignoreEos: true }, { requestId })));
+    engine.abort([...requestIds, "never-added"]);
+    engine.abort(requestIds); // already aborted: nothing more to send
+    outs = await Promise.all(streams);
+  } finally {
+    e.send = send;
+  }
+  const aborts = sent.filter((m) => m.type === "abort");
+  assert.equal(aborts.length, 1);
+  assert.equal((aborts[0] as Extract<ToWorker, { type: "abort" }>).seqs.length, requestIds.length);
+  outs.forEach((o, i) => {
+    assert.equal(o.at(-1)!.requestId, requestIds[i]);
+    assert.equal(o.at(-1)!.outputs[0]!.finishReason, "abort");
+  });
+  const stats = await engine.refreshStats();
+  assert.equal(stats.numFreeBlocks, start);
+  assert.equal(stats.numRunning + stats.numWaiting, 0);
+});
+
 test("WorkerEngine: invalid input is an EngineInputError naming the param", { timeout: 30_000 }, async () => {
   const ids = engine.tokenizer.encode("Hello");
   const isInputError = (param: string) => (e: unknown) => e instanceof EngineInputError && e.param === param;

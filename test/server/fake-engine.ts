@@ -104,6 +104,8 @@ export class FakeEngine implements EngineClient {
   /** Prompt text that makes the iterator throw after a few outputs. */
   failMarker = "FAIL_MID_STREAM";
   readonly aborted: string[] = [];
+  /** The live ids of each abort() call that found some (a worker engine sends each call as one message). */
+  readonly abortCalls: string[][] = [];
   private prefixQueries = 0;
 
   constructor(private readonly options: FakeEngineOptions = {}) {
@@ -126,13 +128,17 @@ export class FakeEngine implements EngineClient {
     };
   }
 
-  abort(requestId: string): void {
-    const live = this.live.get(requestId);
-    if (!live || live.aborted) return;
-    live.aborted = true;
-    this.aborted.push(requestId);
-    this.release(requestId, live);
-    live.wake?.();
+  abort(requestIds: string | readonly string[]): void {
+    const ids = typeof requestIds === "string" ? [requestIds] : [...requestIds];
+    const live = ids.flatMap((id) => (this.live.get(id)?.aborted === false ? [id] : []));
+    if (live.length > 0) this.abortCalls.push(live);
+    for (const id of live) {
+      const l = this.live.get(id)!;
+      l.aborted = true;
+      this.aborted.push(id);
+      this.release(id, l);
+      l.wake?.();
+    }
   }
 
   private allocate(live: Live, tokens: number): void {

@@ -1,0 +1,106 @@
+// POST /score, /v1/score (vLLM's Score API) and /rerank, /v1/rerank, /v2/rerank (vLLM's Jina/Cohere-style Rerank API)
+// on a pooling server, as vLLM serves them for an embedding (bi-encoder) model: every text is pooled once by the
+// /v1/embeddings machinery and a pair scores the cosine similarity of its two vectors (engine/scoring.ts).
+import type { FastifyReply, FastifyRequest } from "fastify";
+import { cosineSimilarity, scorePairingError, scorePairs } from "../engine/scoring.js";
+import { badRequest } from "./errors.js";
+import { optBool, optInt, optString, type Json } from "./fields.js";
+import { asJsonBody } from "./protocol.js";
+import { nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
+import { poolingTokenIds, poolTokenIds } from "./serving-embeddings.js";
+
+/** A field that is one text or a list of texts (vLLM's `str | list[str]`). */
+function texts(body: Json, field: string, { single = false } = {}): string[] {
+  const v = body[field];
+  if (v === undefined || v === null) throw badRequest(`'${field}' is required`, field);
+  if (typeof v === "string") return [v];
+  if (!single && Array.isArray(v) && v.every((t) => typeof t === "string")) return v as string[];
+  throw badRequest(`'${field}' must be a string${single ? "" : " or a list of strings"}`, field);
+}
+
+/** One scored pair: its text_1 and text_2 indices and cosine similarity. */
+interface PairScore {
+  first: number;
+  second: number;
+  score: number;
+}
+
+/**
+ * Pools `first` and `second` (each text once) and scores their pairs (1:1, 1:N or N:N, one per `second` text);
+ * `promptTokens` counts each pair's two prompts, as vLLM's usage does.
+ */
+async function scoreTexts(
+  ctx: ServingContext,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  body: Json,
+  id: string,
+  first: string[],
+  second: string[],
+  fields: { first: string; second: string; operation: string },
+): Promise<{ pairs: PairScore[]; promptTokens: number }> {
+  const why = scorePairingError(first.length, second.length);
+  if (why !== null) throw badRequest(why, first.length === 0 ? fields.first : fields.second);
+  const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
+  const priority = optInt(body, "priority") ?? 0;
+  const options = { truncate, addSpecialTokens: true, operation: fields.operation };
+  const prompts = (t: string[]) => t.map((text) => ({ text }));
+  const ids = [
+    ...poolingTokenIds(ctx, prompts(first), { ...options, field: fields.first }),
+    ...poolingTokenIds(ctx, prompts(second), { ...options, field: fields.second }),
+  ];
+  const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
+  let promptTokens = 0;
+  const pairs = scorePairs(first.length, second.length).map(([i, j]) => {
+    promptTokens += ids[i]!.length + ids[first.length + j]!.length;
+    return { first: i, second: j, score: cosineSimilarity(vectors[i]!, vectors[first.length + j]!) };
+  });
+  return { pairs, promptTokens };
+}
+
+/** vLLM's ScoreRequest: text_1 and text_2, each a string or a list of strings; one score per text_2. */
+export async function handleScore(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  if (ctx.runner !== "pooling") throw badRequest("The model does not support Score API");
+  const body = asJsonBody(request.body);
+  const model = resolveModel(ctx, optString(body, "model"));
+  const id = randomId("score");
+  const fields = { first: "text_1", second: "text_2", operation: "score" };
+  const { pairs, promptTokens } = await scoreTexts(ctx, request, reply, body, id, texts(body, "text_1"), texts(body, "text_2"), fields);
+  return {
+    id,
+    object: "list",
+    created: nowSeconds(),
+    model,
+    data: pairs.map((p, index) => ({ index, object: "score", score: p.score })),
+    usage: { prompt_tokens: promptTokens, total_tokens: promptTokens, completion_tokens: 0, prompt_tokens_details: null },
+  };
+}
+
+/**
+ * vLLM's RerankRequest (Jina's and Cohere's API): the query scored against each document, results by score,
+ * best first, the top_n of them (0 or less: all). return_documents false leaves each result's document out
+ * (Jina's meaning; vLLM itself always returns it).
+ */
+export async function handleRerank(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  if (ctx.runner !== "pooling") throw badRequest("The model does not support Rerank (Score) API");
+  const body = asJsonBody(request.body);
+  const model = resolveModel(ctx, optString(body, "model"));
+  const query = texts(body, "query", { single: true });
+  const documents = texts(body, "documents");
+  const topN = optInt(body, "top_n") ?? 0;
+  const returnDocuments = optBool(body, "return_documents") ?? true;
+  const id = randomId("rerank");
+  const fields = { first: "query", second: "documents", operation: "embedding generation" };
+  const { pairs, promptTokens } = await scoreTexts(ctx, request, reply, body, id, query, documents, fields);
+  const ranked = pairs.sort((a, b) => b.score - a.score).slice(0, topN > 0 ? topN : pairs.length);
+  return {
+    id,
+    model,
+    usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
+    results: ranked.map((p) => ({
+      index: p.second,
+      ...(returnDocuments ? { document: { text: documents[p.second]! } } : {}),
+      relevance_score: p.score,
+    })),
+  };
+}
