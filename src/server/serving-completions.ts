@@ -70,7 +70,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
       : { promptTokenIds: p.tokenIds, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
   );
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
-  checkQueue(ctx);
+  checkQueue(ctx, prepared.length); // one engine request per prompt
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora);
     const choices = beams.flatMap((found, i) =>

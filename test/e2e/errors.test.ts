@@ -176,6 +176,10 @@ describe("kiln serve error statuses (e2e)", () => {
     assert.equal(await limited.metric("vllm:num_requests_waiting"), 0);
     assert.equal(await limited.metric("vllm:num_requests_running"), 0);
     assert.equal((await postRaw(limited.url, "/v1/completions", { ...body, max_tokens: 4 })).status, 200);
+    // one request of two prompts is two engine requests: more than the one that may wait
+    const two = await postRaw(limited.url, "/v1/completions", { ...body, prompt: ["hi", "there"], max_tokens: 4 });
+    assert.equal(two.status, 503);
+    assertErrorBody(two.body, { type: "service_unavailable_error", code: "queue_full", message: /this request has 2 inputs/ });
   });
 
   it("both servers are still the same live processes", () => {
