@@ -214,9 +214,14 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const maxPositionEmbeddings = optInt(cfg, "max_position_embeddings", arch, 2048);
 
   // transformers v5 moved rope settings into rope_parameters.
-  const ropeParams = (cfg.rope_parameters ?? null) as Json | null;
+  // transformers v5 moved rope settings into rope_parameters; a model with two kinds of layers (Gemma 3) keeps one
+  // set per layer type there
+  const byType = cfg.rope_parameters as Record<string, Json> | undefined;
+  const perType = byType !== null && typeof byType === "object" && typeof byType.full_attention === "object";
+  const ropeParams = ((perType ? byType.full_attention : cfg.rope_parameters) ?? null) as Json | null;
   const ropeTheta = optNum(ropeParams ?? {}, "rope_theta", arch, optNum(cfg, "rope_theta", arch, 10000));
   const ropeScaling = parseRopeScaling(cfg.rope_scaling ?? ropeParams ?? null, arch, maxPositionEmbeddings);
+  const localRope = perType && typeof byType.sliding_attention === "object" ? byType.sliding_attention : null;
 
   const isQwen = architecture.startsWith("Qwen");
   let slidingWindow: number | null = typeof cfg.sliding_window === "number" && cfg.sliding_window > 0 ? cfg.sliding_window : null;
@@ -276,7 +281,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     embedScale: gemma ? Math.sqrt(hiddenSize) : null,
     normOffset: gemma ? 1 : 0,
     sandwichNorms: gemma,
-    localRopeTheta: gemma ? optNum(cfg, "rope_local_base_freq", arch, 10000) : null,
+    localRopeTheta: gemma ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
     oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),

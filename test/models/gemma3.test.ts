@@ -36,6 +36,11 @@ describe("Gemma 3", () => {
     assert.deepEqual(c.slidingWindowLayers, [true, true, true, true, true, false, true, true]); // every 6th is global
     const typed = parseHfConfig({ ...base, layer_types: ["sliding_attention", "full_attention", ...Array(6).fill("sliding_attention")] });
     assert.deepEqual(typed.slidingWindowLayers, [true, false, true, true, true, true, true, true]);
+    // transformers v5: rope settings per layer type
+    const v5 = parseHfConfig({ ...base, rope_theta: undefined, rope_local_base_freq: undefined, rope_parameters: {
+      full_attention: { rope_type: "linear", factor: 8, rope_theta: 1_000_000 }, sliding_attention: { rope_type: "default", rope_theta: 10_000 },
+    } });
+    assert.deepEqual([v5.ropeTheta, v5.ropeScaling, v5.localRopeTheta], [1_000_000, { type: "linear", factor: 8 }, 10_000]);
     // what a config leaves out comes from Gemma3TextConfig's defaults
     const bare = parseHfConfig({ architectures: ["Gemma3ForCausalLM"], hidden_size: 640, intermediate_size: 2048, num_hidden_layers: 18 });
     assert.deepEqual([bare.headDim, bare.attnScale, bare.slidingWindow, bare.numAttentionHeads, bare.numKeyValueHeads, bare.vocabSize, bare.ropeTheta], [256, 1 / 16, 4096, 8, 4, 262208, 1e6]);
