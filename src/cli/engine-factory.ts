@@ -12,7 +12,7 @@ import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
 import type { DtypeArg } from "../models/loader.js";
 import { resolveQuantization } from "../models/quantization-args.js";
-import { loadGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
+import { loadGenerationConfig, parseGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
 
 
 /** Reports start-up stages ("loading weights", "sizing KV cache", "warm-up") and optional progress in [0, 1]. */
@@ -64,6 +64,10 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
       : {}),
     ...(args.runner === "pooling" ? { runner: "pooling" as const, poolerConfig: args.poolerConfig } : {}),
     ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
+    ...(args.tokenizer !== null ? { tokenizer: args.tokenizer } : {}),
+    maxLogprobs: args.maxLogprobs,
+    enableChunkedPrefill: args.enableChunkedPrefill ?? undefined,
+    longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;
@@ -78,7 +82,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     tokenizer: loaded.tokenizer,
     maxModelLen: loaded.engine.maxModelLen,
     modelName: args.model,
-    generationDefaults: generationDefaults(args.generationConfig, loaded.generationConfig),
+    generationDefaults: generationDefaults(args.generationConfig, loaded.generationConfig, args.overrideGenerationConfig),
     close: loaded.close,
   };
 };
@@ -125,9 +129,13 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
 
 /**
  * vLLM's --generation-config: "auto" applies the model's generation_config.json sampling defaults, "vllm" ignores
- * them, and a directory applies its own generation_config.json's.
+ * them, and a directory applies its own generation_config.json's; --override-generation-config's keys go over any
+ * of them (a null unsets one), as vLLM's get_diff_sampling_param merges them.
  */
-export function generationDefaults(mode: string, modelGen: GenerationConfig | null): Partial<SamplingParams> | undefined {
-  if (mode === "vllm") return undefined;
-  return generationConfigDefaults(mode === "auto" ? modelGen : loadGenerationConfig(mode));
+export function generationDefaults(
+  mode: string, modelGen: GenerationConfig | null, override: Record<string, unknown> = {},
+): Partial<SamplingParams> | undefined {
+  const base = mode === "vllm" ? null : mode === "auto" ? modelGen : loadGenerationConfig(mode);
+  if (Object.keys(override).length === 0) return generationConfigDefaults(base);
+  return generationConfigDefaults(parseGenerationConfig({ ...(base?.raw ?? {}), ...override }));
 }

@@ -36,13 +36,21 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
     .version(KILN_VERSION)
     .showHelpAfterError("(run with --help for usage)");
 
-  addServeOptions(
+  // serve's flags, on the command and on the one that parses a --config file's
+  const serveOptions = (cmd: Command): Command =>
+    addServeOptions(cmd)
+      .option("--model <dir>", "the model, as the positional argument gives it (vLLM accepts both)")
+      .option("--config <file>", "a YAML file of serve flags (keys: flag names, snake_case or kebab-case); flags given here override it");
+  serveOptions(
     program.command("serve").description("start the OpenAI-compatible server").argument("[model]", "model directory (default: the built-in model)"),
   )
-    .option("--model <dir>", "the model, as the positional argument gives it (vLLM accepts both)")
-    .action(async (positional: string | undefined, opts: Record<string, unknown>) => {
+    .action(async (positional: string | undefined, cliOpts: Record<string, unknown>, cmd: Command) => {
+      const opts = cliOpts.config === undefined
+        ? cliOpts
+        : (await import("./serve-config-file.js")).withConfigFile(cmd, () => serveOptions(new Command("serve")));
       const flag = opts.model as string | undefined;
-      if (positional !== undefined && flag !== undefined && positional !== flag)
+      // a model in the --config file gives way to the command line's, as in vLLM
+      if (positional !== undefined && cmd.getOptionValueSource("model") === "cli" && positional !== flag)
         throw new CliUsageError(`the model is given twice: ${JSON.stringify(positional)} and --model ${JSON.stringify(flag)}`);
       const { runServe } = await import("./serve.js");
       await runServe(parseServeArgs(positional ?? flag, opts), deps.engineFactory);

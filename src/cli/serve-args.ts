@@ -8,6 +8,8 @@ import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
 import { resolveSpeculativeConfig, type SpeculativeConfig } from "../engine/speculative.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
+import { CliUsageError } from "./usage-error.js";
+import { addFrontendOptions, parseFrontendArgs, type FrontendArgs } from "./serve-frontend-args.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type KvCacheDtypeArg = "auto" | "fp8" | KvCacheDtype;
@@ -18,7 +20,7 @@ export type LogLevel = "debug" | "info" | "warning" | "error" | "critical";
 
 export const QUANTIZATION_METHODS = ["fp8", "int8", "int4", "mxfp4", "gguf", "awq", "gptq"] as const;
 
-export interface ServeArgs {
+export interface ServeArgs extends FrontendArgs {
   model: string; // model directory (or GGUF file)
   host: string; // "0.0.0.0" = all interfaces (vLLM's default of None)
   port: number;
@@ -69,6 +71,16 @@ export interface ServeArgs {
   runner: "generate" | "pooling";
   /** vLLM --pooler-config (--override-pooler-config): pooling_type and normalize, or null for the model's default. */
   poolerConfig: { poolingType?: "LAST" | "MEAN" | "CLS"; normalize?: boolean } | null;
+  /** vLLM --tokenizer: the directory of tokenizer.json and the chat template; null = the model's. */
+  tokenizer: string | null;
+  /** vLLM --max-logprobs: the most logprobs / top_logprobs / prompt_logprobs a request may ask (-1: the vocabulary size). */
+  maxLogprobs: number;
+  /** vLLM --enable-chunked-prefill / --no-enable-chunked-prefill; null = the engine's default (on). */
+  enableChunkedPrefill: boolean | null;
+  /** vLLM --long-prefill-token-threshold: the most tokens a prompt computes in one step (0: no cap); null = the default (0). */
+  longPrefillTokenThreshold: number | null;
+  /** vLLM --override-generation-config: generation_config.json keys over --generation-config's (null unsets one). */
+  overrideGenerationConfig: Record<string, number | null>;
 }
 
 /** One --lora-modules entry: name=path, or JSON {"name", "path", "base_model_name"}. */
@@ -78,13 +90,7 @@ export interface LoraModuleArg {
   baseModelName: string | null;
 }
 
-
-export class CliUsageError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = "CliUsageError";
-  }
-}
+export { CliUsageError };
 
 /** Declares every serve flag on `cmd` (also used by generate/chat for the engine-shaping subset). */
 export function addEngineOptions(cmd: Command): Command {
@@ -102,6 +108,16 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--seed <n>", "random seed", "0")
     .option("--speculative-config <json>", 'speculative decoding as JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
+    .option(
+      "--override-generation-config <json>",
+      `generation_config.json keys over --generation-config's, as JSON: {"temperature": 0.5} (${Object.keys(GENERATION_OVERRIDE_KEYS).join(", ")})`,
+    )
+    .option("--tokenizer <dir>", "directory of the tokenizer (tokenizer.json, tokenizer_config.json, chat template) when not the model's")
+    .option("--max-logprobs <n>", "the most logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs); -1: the vocabulary size", "20")
+    .option("--enable-chunked-prefill", "compute long prompts over several steps (the default)")
+    .option("--no-enable-chunked-prefill", "compute each prompt in one step (max-num-batched-tokens must hold max-model-len)")
+    .option("--long-prefill-token-threshold <n>", "the most tokens a prompt computes in one step, so long prompts share steps (0: no cap)")
+    .option("--trust-remote-code", "accepted for vLLM compatibility: Kiln runs no code from the model directory (no Python), so it changes nothing", false)
     .option("--enforce-eager", "no step graphs: every step runs op by op from JS (nothing compiled at start-up)", false)
     .option("--async-scheduling", "schedule the next step while the current one computes (the default)")
     .option("--no-async-scheduling", "schedule each step after the previous one has finished")
@@ -148,6 +164,7 @@ export function addServeOptions(cmd: Command): Command {
     .addOption(new Option("--reasoning-parser <name>", "return the reply's <think> part as the message's reasoning").choices([...REASONING_PARSERS]))
     .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool}')
     .addOption(new Option("--guided-decoding-backend <name>", "structured output backend (older vLLM flag)").choices(["auto", "xgrammar"]));
+  addFrontendOptions(cmd);
   return cmd;
 }
 
@@ -261,6 +278,15 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (runner === "pooling" && enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
   if (runner === "pooling" && speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
 
+  const enableChunkedPrefill = (o.enableChunkedPrefill as boolean | undefined) ?? null;
+  const maxModelLen = optInt(o.maxModelLen, "--max-model-len", 1);
+  const maxNumBatchedTokens = optInt(o.maxNumBatchedTokens, "--max-num-batched-tokens", 1);
+  // without chunked prefill a prompt is computed in one step (vLLM's SchedulerConfig check)
+  if (enableChunkedPrefill === false && maxModelLen !== null && maxNumBatchedTokens !== null && maxNumBatchedTokens < maxModelLen)
+    throw new CliUsageError(
+      `--max-num-batched-tokens (${maxNumBatchedTokens}) must be >= --max-model-len (${maxModelLen}) with --no-enable-chunked-prefill: a prompt is computed in one step`,
+    );
+
   const port = int(o.port ?? "8000", "--port", 0);
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
   const modelPath = model ?? DEFAULT_MODEL_DIR;
@@ -274,9 +300,9 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
     // the built-in model is served as "kiln-default" (vLLM serves a model under the name it was given)
     servedModelName: (o.servedModelName as string[] | undefined) ?? (model === undefined ? ["kiln-default"] : null),
-    maxModelLen: optInt(o.maxModelLen, "--max-model-len", 1),
+    maxModelLen,
     maxNumSeqs: optInt(o.maxNumSeqs, "--max-num-seqs", 1),
-    maxNumBatchedTokens: optInt(o.maxNumBatchedTokens, "--max-num-batched-tokens", 1),
+    maxNumBatchedTokens,
     blockSize,
     kvCacheMemoryBytes: o.kvCacheMemory === undefined ? null : parseBytes(String(o.kvCacheMemory), "--kv-cache-memory"),
     kvCacheDtype: kvCacheDtype as KvCacheDtypeArg,
@@ -309,7 +335,47 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     runner,
     poolerConfig,
     reasoningParser: parseReasoningParser(o.reasoningParser),
+    tokenizer: parseTokenizer(o.tokenizer),
+    maxLogprobs: int(o.maxLogprobs ?? "20", "--max-logprobs", -1),
+    enableChunkedPrefill,
+    longPrefillTokenThreshold: optInt(o.longPrefillTokenThreshold, "--long-prefill-token-threshold", 0),
+    overrideGenerationConfig: parseGenerationOverride(o.overrideGenerationConfig),
+    ...parseFrontendArgs(o),
   };
+}
+
+/** --tokenizer: a local directory holding tokenizer.json (a hub id is not looked up). */
+function parseTokenizer(value: unknown): string | null {
+  if (value === undefined) return null;
+  const dir = String(value);
+  if (!(existsSync(dir) && statSync(dir).isDirectory()))
+    throw new CliUsageError(`--tokenizer must be a local directory holding tokenizer.json, got ${JSON.stringify(dir)}`);
+  if (!existsSync(`${dir}/tokenizer.json`)) throw new CliUsageError(`--tokenizer ${JSON.stringify(dir)}: the directory has no tokenizer.json`);
+  return dir;
+}
+
+/** The generation_config.json keys vLLM reads as sampling defaults (get_diff_sampling_param), each value's rule. */
+const GENERATION_OVERRIDE_KEYS: Record<string, { ok: (v: number) => boolean; rule: string }> = {
+  temperature: { ok: (v) => v >= 0, rule: "a number >= 0" },
+  top_p: { ok: (v) => v > 0 && v <= 1, rule: "a number in (0, 1]" },
+  top_k: { ok: (v) => Number.isInteger(v) && v >= -1, rule: "an integer >= -1" },
+  min_p: { ok: (v) => v >= 0 && v <= 1, rule: "a number in [0, 1]" },
+  repetition_penalty: { ok: (v) => v > 0, rule: "a number > 0" },
+  max_new_tokens: { ok: (v) => Number.isInteger(v) && v >= 1, rule: "an integer >= 1" },
+};
+
+/** --override-generation-config: a JSON object of GENERATION_OVERRIDE_KEYS, each a valid value or null (unset). */
+function parseGenerationOverride(value: unknown): Record<string, number | null> {
+  if (value === undefined) return {};
+  const c = jsonObjectFlag(value, "--override-generation-config", '{"temperature": 0.5, "max_new_tokens": 512}');
+  for (const [k, v] of Object.entries(c)) {
+    const key = GENERATION_OVERRIDE_KEYS[k];
+    if (key === undefined)
+      throw new CliUsageError(`--override-generation-config: ${JSON.stringify(k)} is not a sampling default (${Object.keys(GENERATION_OVERRIDE_KEYS).join(", ")})`);
+    if (v !== null && !(typeof v === "number" && Number.isFinite(v) && key.ok(v)))
+      throw new CliUsageError(`--override-generation-config: ${k} must be ${key.rule} or null, got ${JSON.stringify(v)}`);
+  }
+  return c as Record<string, number | null>;
 }
 
 function parseReasoningParser(value: unknown): ReasoningParserName | null {

@@ -4,6 +4,7 @@ import { createProgress } from "./progress.js";
 import type { ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
 import { CliUsageError, type LoraModuleArg } from "./serve-args.js";
+import { pinoLevel } from "./serve-frontend-args.js";
 import type { EngineClient } from "../engine/types.js";
 import type { LoraModule } from "../server/serving-context.js";
 import { env } from "../util/env.js";
@@ -20,7 +21,13 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     const server = prepareServer({
       version: KILN_VERSION,
       allowedOrigins: args.allowedOrigins,
-      logRequests: args.logRequests,
+      // the HTTP log (vLLM's uvicorn's): on with --enable-log-requests or --uvicorn-log-level
+      logRequests: args.logRequests || args.httpLogLevel !== null,
+      logLevel: pinoLevel(args.httpLogLevel ?? "info"),
+      disableRequestLogging: args.disableAccessLog,
+      requestIdHeaders: args.enableRequestIdHeaders,
+      ...(args.tls !== null ? { https: args.tls } : {}),
+      ...(args.rootPath !== null ? { rootPath: args.rootPath } : {}),
       ...(args.apiKey ? { apiKey: args.apiKey } : {}),
       allowRuntimeLoraUpdating: args.enableLora && env.allowRuntimeLoraUpdating,
     });
@@ -60,6 +67,9 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     enablePromptTokensDetails: args.enablePromptTokensDetails,
     loraModules,
     runner: args.runner,
+    maxLogprobs: args.maxLogprobs,
+    responseRole: args.responseRole,
+    returnTokensAsTokenIds: args.returnTokensAsTokenIds,
   });
   try {
     await app.listen({ host: args.host, port: args.port });
@@ -69,7 +79,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   }
   const addr = app.server.address();
   const port = addr && typeof addr === "object" ? addr.port : args.port;
-  out.write(`Kiln serving ${names[0]} at http://${args.host}:${port}/v1\n`);
+  out.write(`Kiln serving ${names[0]} at ${args.tls !== null ? "https" : "http"}://${args.host}:${port}/v1\n`);
   await serveUntilSignal(app, { onClosed: () => loaded.close() });
 }
 

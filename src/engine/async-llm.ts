@@ -52,6 +52,14 @@ export class AsyncLLM implements EngineClient {
     return this.engine.args.reasoningParser;
   }
 
+  get poolingTask(): "embed" | "classify" | null {
+    return this.engine.poolingTask;
+  }
+
+  get classLabels(): string[] | null {
+    return this.engine.classLabels;
+  }
+
   /**
    * Adds the request at once (throwing EngineInputError synchronously if it is invalid) and streams its
    * outputs. Leaving the loop early aborts the request.

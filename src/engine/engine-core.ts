@@ -31,6 +31,7 @@ import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
 import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
+import type { ClassifierConfig } from "../models/hf-config.js";
 import { REASONING_PARSERS, reasoningEnded, thinkMarkers, type ReasoningParserName, type ThinkMarkers } from "./reasoning.js";
 import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
@@ -79,6 +80,30 @@ export interface PoolerConfig {
   poolingType: PoolingType;
   /** L2-normalize the pooled vector (vLLM's default for embeddings). */
   normalize: boolean;
+  /**
+   * Classify (a *ForSequenceClassification model, vLLM's classify task): the pooled state goes through the model's
+   * classifier head, and the request's output is its class scores instead of an embedding. Default false.
+   */
+  classify?: boolean;
+  /** vLLM's PoolerConfig.activation for classify: softmax / sigmoid the logits (see classScores). Default true. */
+  activation?: boolean;
+}
+
+/**
+ * A classifier's scores from its logits, as vLLM's ClassifierPooler activates them (after HF's problem_type):
+ * regression keeps the logits; multi-label takes each label's sigmoid; otherwise softmax over 2+ labels, the sigmoid
+ * of a single one (a cross-encoder's relevance).
+ */
+export function classScores(logits: Float32Array, c: ClassifierConfig, activation: boolean): Float32Array {
+  if (!activation || c.problemType === "regression") return logits;
+  const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
+  if (c.problemType === "multi_label_classification" || logits.length < 2) return logits.map(sigmoid);
+  let max = -Infinity;
+  for (const x of logits) max = Math.max(max, x);
+  let sum = 0;
+  const e = logits.map((x) => Math.exp(x - max));
+  for (const x of e) sum += x;
+  return e.map((x) => x / sum);
 }
 
 export type ResolvedEngineArgs = Required<Omit<EngineArgs, "asyncScheduling" | "speculativeConfig" | "lora" | "pooler" | "reasoningParser">> & {
@@ -148,6 +173,10 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
   posInt("maxNumSeqs");
   posInt("maxNumBatchedTokens");
   posInt("longPrefillTokenThreshold", 0);
+  posInt("maxLogprobs", 0);
+  // without chunked prefill a prompt is scheduled whole: a longer one than the step budget would wait forever
+  if (!r.enableChunkedPrefill && r.maxNumBatchedTokens < r.maxModelLen)
+    throw new Error(`[engine] maxNumBatchedTokens (${r.maxNumBatchedTokens}) must be >= maxModelLen (${r.maxModelLen}) without chunked prefill`);
   if (!LOGPROBS_MODES.includes(r.logprobsMode))
     throw new Error(`[engine] logprobsMode must be one of ${LOGPROBS_MODES.join(", ")}, got ${String(r.logprobsMode)}`);
   if (r.schedulingPolicy !== "fcfs" && r.schedulingPolicy !== "priority")
@@ -254,6 +283,8 @@ export class EngineCore {
       throw new Error("[engine] lora needs a model runner with LoRA slots (PagedModelRunner.enableLora)");
     this.lora = a.lora === null ? null : new LoraManager(runner.lora!, a.lora);
     if (a.pooler !== null && runner.supportsPooling !== true) throw new Error("[engine] pooler needs a model runner that pools (PagedModelRunner)");
+    if (a.pooler?.classify === true && (runner.classify === undefined || (runner.classifier ?? null) === null))
+      throw new Error("[engine] pooler.classify needs a classifier model (*ForSequenceClassification)");
   }
 
   /**
@@ -277,6 +308,17 @@ export class EngineCore {
 
   get maxModelLen(): number {
     return this.args.maxModelLen;
+  }
+
+  /** What a pooling engine's requests return: "embed" (a vector), "classify" (class scores); null when it generates. */
+  get poolingTask(): "embed" | "classify" | null {
+    const p = this.args.pooler;
+    return p === null ? null : p.classify === true ? "classify" : "embed";
+  }
+
+  /** A classifying engine's label names, in score order; null otherwise. */
+  get classLabels(): string[] | null {
+    return this.poolingTask === "classify" ? this.runner.classifier!.labels : null;
   }
 
   /**
@@ -553,13 +595,15 @@ export class EngineCore {
       const v = req.pooledState;
       if (v === null) throw new Error(`[engine] no pooled state for ${req.requestId}`);
       if (c.poolingType === "MEAN") for (let i = 0; i < v.length; i++) v[i] = v[i]! / req.numPromptTokens;
-      if (c.normalize) {
+      if (c.classify === true) {
+        req.pooledOutput = classScores(this.runner.classify!(v), this.runner.classifier!, c.activation ?? true);
+      } else if (c.normalize) {
         let ss = 0;
         for (let i = 0; i < v.length; i++) ss += v[i]! * v[i]!;
         const inv = 1 / Math.max(Math.sqrt(ss), 1e-12); // torch.nn.functional.normalize's eps
         for (let i = 0; i < v.length; i++) v[i] = v[i]! * inv;
       }
-      req.pooledOutput = v;
+      if (c.classify !== true) req.pooledOutput = v;
       req.pooledState = null;
       req.metrics.firstTokenTime ??= Date.now();
       this.scheduler.finishRequests([req.requestId], "FINISHED_STOPPED");

@@ -194,6 +194,8 @@ async function main(): Promise<void> {
     type: "ready",
     maxModelLen: engineArgs.maxModelLen,
     reasoningParser: resolved.reasoningParser,
+    poolingTask: core.poolingTask,
+    classLabels: core.classLabels,
     kvTokens,
     kvCacheDtype: runner.kvCacheDtype,
     numBlocks: resolved.numGpuBlocks,

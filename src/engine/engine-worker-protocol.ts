@@ -85,6 +85,8 @@ export type FromWorker =
       type: "ready";
       maxModelLen: number;
       reasoningParser: ReasoningParserName | null;
+      poolingTask: "embed" | "classify" | null;
+      classLabels: string[] | null;
       kvTokens: number;
       /** The KV cache's element type (--kv-cache-dtype resolved). */
       kvCacheDtype: KvCacheDtype;

@@ -20,6 +20,15 @@ export interface EmbeddingOutput {
   embedding: Float32Array;
 }
 
+/** One prompt's classification (vLLM's ClassificationRequestOutput): class probabilities and the best label. */
+export interface ClassificationOutput {
+  requestId: string;
+  prompt: string | null;
+  promptTokenIds: number[];
+  probs: Float32Array;
+  label: string;
+}
+
 /** One text pair's score (vLLM's ScoringRequestOutput, its outputs.score as `score`): both prompts' ids, text_1's first. */
 export interface ScoringOutput {
   requestId: string;
@@ -145,14 +154,40 @@ export class LLM {
    * const [e] = llm.embed(["The city"]); // e.embedding: Float32Array of hidden_size values
    */
   embed(prompts: PromptInput[], options: { truncatePromptTokens?: number } = {}): EmbeddingOutput[] {
-    if (this.engine.args.pooler === null) throw new Error('[LLM.embed] this LLM generates: make it with runner: "pooling" to embed');
-    const params = { maxTokens: 1, ...(options.truncatePromptTokens !== undefined ? { truncatePromptTokens: options.truncatePromptTokens } : {}) };
-    return this.run(prompts, params, {}).map((out) => ({
+    if (this.engine.poolingTask !== "embed") throw new Error(`[LLM.embed] this LLM ${this.engine.poolingTask === "classify" ? "classifies: use classify()" : 'generates: make it with runner: "pooling" to embed'}`);
+    return this.embedOrClassify(prompts, options).map((out) => ({
       requestId: out.requestId,
       prompt: out.prompt,
       promptTokenIds: out.promptTokenIds,
       embedding: out.pooled!,
     }));
+  }
+
+  /** The pooling engine's outputs for the prompts (their `pooled`: embeddings or class scores). */
+  private embedOrClassify(prompts: PromptInput[], options: { truncatePromptTokens?: number }): RequestOutput[] {
+    const params = { maxTokens: 1, ...(options.truncatePromptTokens !== undefined ? { truncatePromptTokens: options.truncatePromptTokens } : {}) };
+    return this.run(prompts, params, {});
+  }
+
+  /**
+   * Class probabilities of every prompt (vLLM's LLM.classify) from a sequence classifier (*ForSequenceClassification,
+   * which pools on its own): the last token's final hidden state through the model's classification head, softmax
+   * over its labels (sigmoid for a single label), with the best label's name. Throws EngineInputError for an invalid
+   * prompt before running anything.
+   *
+   * @example
+   * const llm = new LLM({ model: "path/to/Qwen3ForSequenceClassification-dir" });
+   * const [c] = llm.classify(["What a lovely day"]); // c.label: "positive", c.probs: Float32Array of num_labels
+   */
+  classify(prompts: PromptInput[], options: { truncatePromptTokens?: number } = {}): ClassificationOutput[] {
+    const labels = this.engine.classLabels;
+    if (labels === null) throw new Error("[LLM.classify] this LLM is not a classifier (a *ForSequenceClassification model)");
+    return this.embedOrClassify(prompts, options).map((out) => {
+      const probs = out.pooled!;
+      let best = 0;
+      for (let i = 1; i < probs.length; i++) if (probs[i]! > probs[best]!) best = i;
+      return { requestId: out.requestId, prompt: out.prompt, promptTokenIds: out.promptTokenIds, probs, label: labels[best]! };
+    });
   }
 
   /**

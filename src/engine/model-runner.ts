@@ -1,6 +1,7 @@
 // The contract between the engine and a model: the engine schedules, the runner computes logits.
 // The runner never decides anything about blocks: it writes the K/V of each new token into the slot the
 // scheduler gives it and reads earlier tokens' K/V through the block table.
+import type { ClassifierConfig } from "../models/hf-config.js";
 import type { LoraSlots } from "../models/lora-slots.js";
 
 /** One request's share of a step. Positions of `tokenIds` are startPosition .. startPosition+tokenIds.length-1. */
@@ -107,6 +108,10 @@ export interface ModelRunner {
   readonly lora?: LoraSlots | null;
   /** Whether execute() serves pooling batches (ScheduledBatch.pooling). */
   readonly supportsPooling?: boolean;
+  /** A sequence classifier's head (the model is a *ForSequenceClassification), or null/absent. */
+  readonly classifier?: ClassifierConfig | null;
+  /** The classifier's logits [num_labels] for one pooled final hidden state (with `classifier`). */
+  classify?(pooled: Float32Array): Float32Array;
   execute(batch: ScheduledBatch): RunnerOutput;
   /**
    * Queues the step's work and returns before it has run (async scheduling: the engine schedules the next

@@ -3,6 +3,7 @@
 // runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
+import type { ClassifierConfig } from "../models/hf-config.js";
 import { LoraSlots } from "../models/lora-slots.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
@@ -81,6 +82,21 @@ export class PagedModelRunner implements ModelRunner {
   /** LoRA slots on the model's projections (enableLora), or null. */
   lora: LoraSlots | null = null;
   readonly supportsPooling = true;
+
+  get classifier(): ClassifierConfig | null {
+    return this.model.config.classifier;
+  }
+
+  classify(pooled: Float32Array): Float32Array {
+    return noGrad(() => {
+      const h = tensor(pooled, { shape: [1, pooled.length], device: this.model.device });
+      const logits = this.model.classify(h);
+      const out = Float32Array.from(logits.dataSync() as Float32Array);
+      h.dispose();
+      logits.dispose();
+      return out;
+    });
+  }
 
   constructor(
     readonly model: CausalLM,

@@ -117,7 +117,8 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   need(isInt(p.minTokens) && p.minTokens >= 0, "min_tokens", `must be an integer >= 0, got ${p.minTokens}`);
   need(p.maxTokens === null || p.minTokens <= p.maxTokens, "min_tokens", `must be <= max_tokens=${p.maxTokens}, got ${p.minTokens}`);
   need(p.logprobs === null || (isInt(p.logprobs) && p.logprobs >= 0), "logprobs", `must be an integer >= 0, got ${p.logprobs}`);
-  need(p.logprobs === null || p.logprobs <= maxLogprobs, "logprobs", `requested ${p.logprobs}, more than max_logprobs=${maxLogprobs}`);
+  // vLLM's text (SamplingParams._validate_logprobs)
+  need(p.logprobs === null || p.logprobs <= maxLogprobs, "logprobs", `Requested sample logprobs of ${p.logprobs}, which is greater than max allowed: ${maxLogprobs}`);
   need(
     p.promptLogprobs === null || (isInt(p.promptLogprobs) && p.promptLogprobs >= 0),
     "prompt_logprobs",
@@ -126,7 +127,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   need(
     p.promptLogprobs === null || p.promptLogprobs <= maxLogprobs,
     "prompt_logprobs",
-    `requested ${p.promptLogprobs}, more than max_logprobs=${maxLogprobs}`,
+    `Requested prompt logprobs of ${p.promptLogprobs}, which is greater than max allowed: ${maxLogprobs}`,
   );
   need(
     p.truncatePromptTokens === null || (isInt(p.truncatePromptTokens) && p.truncatePromptTokens >= 1),

@@ -80,6 +80,20 @@ export interface ServingArgs {
    * tokenizer must hold <think> and </think> as tokens. Default none.
    */
   reasoningParser?: ReasoningParserName | null;
+  /**
+   * vLLM's --tokenizer: a directory holding tokenizer.json (tokenizer_config.json, chat template) to use instead of
+   * the model's; the model's generation_config.json still gives the generation defaults and EOS ids. Default: the model's.
+   */
+  tokenizer?: string;
+  /** vLLM's --max-logprobs: the largest logprobs / prompt_logprobs a request may ask; -1 = the vocabulary size. Default 20. */
+  maxLogprobs?: number;
+  /**
+   * vLLM's --enable-chunked-prefill (default on): a long prompt is computed over several steps. Off, a prompt is
+   * computed in one step, so max_num_batched_tokens defaults to max(max_model_len, 2048) and must be >= max_model_len.
+   */
+  enableChunkedPrefill?: boolean;
+  /** vLLM's --long-prefill-token-threshold: a prompt computes at most this many tokens a step (0 = no cap, the default). */
+  longPrefillTokenThreshold?: number;
   onProgress?: (stage: string, fraction: number) => void;
 }
 
@@ -111,7 +125,8 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
-  maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true,
+  maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
+  enableChunkedPrefill: true, longPrefillTokenThreshold: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -135,6 +150,10 @@ function checkServingArgs(args: ServingArgs): void {
   positiveInt(args.maxLoras, "max_loras");
   positiveInt(args.maxLoraRank, "max_lora_rank");
   positiveInt(args.maxCpuLoras ?? undefined, "max_cpu_loras");
+  positiveInt(args.maxLogprobs, "max_logprobs", -1);
+  positiveInt(args.longPrefillTokenThreshold, "long_prefill_token_threshold", 0);
+  if (args.tokenizer !== undefined && !fs.existsSync(path.join(args.tokenizer, "tokenizer.json")))
+    throw new EngineInputError("tokenizer", `tokenizer ${JSON.stringify(args.tokenizer)} is not a directory holding tokenizer.json`);
   if (args.maxCpuLoras != null && args.maxCpuLoras < (args.maxLoras ?? 1))
     throw new EngineInputError("max_cpu_loras", `max_cpu_loras (${args.maxCpuLoras}) must be >= max_loras (${args.maxLoras ?? 1})`);
   const bs = args.blockSize;
@@ -214,9 +233,9 @@ export function sizeKvCache(
  * vLLM reads it: modules.json's Pooling module, its config.json's pooling_mode_*, and a Normalize module), over
  * LAST + normalize. A pooling mode Kiln does not have (max, weighted mean) is an EngineInputError.
  */
-export function resolvePooler(modelPath: string, given: Partial<PoolerConfig>): PoolerConfig {
+export function resolvePooler(modelPath: string, given: Partial<PoolerConfig>, classifier = false): PoolerConfig {
   let poolingType: PoolingType = "LAST";
-  let normalize = true;
+  let normalize = !classifier; // a classifier's head reads the last token's state as it is
   const readJson = (f: string): unknown => {
     try {
       return JSON.parse(fs.readFileSync(path.join(modelPath, f), "utf8"));
@@ -240,7 +259,7 @@ export function resolvePooler(modelPath: string, given: Partial<PoolerConfig>): 
       if (known.length > 0) poolingType = types[known[0]!]!;
     }
   }
-  return { poolingType: given.poolingType ?? poolingType, normalize: given.normalize ?? normalize };
+  return { poolingType: given.poolingType ?? poolingType, normalize: given.normalize ?? normalize, ...(given.activation !== undefined ? { activation: given.activation } : {}) };
 }
 
 /** Sizes and mtimes of the model's files: replacing a checkpoint changes the step-graph cache key. */
@@ -293,10 +312,25 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
   args.onProgress?.("sizing KV cache", 1);
-  const maxNumBatchedTokens = args.maxNumBatchedTokens ?? Math.max(2048, Math.min(maxModelLen, 8192));
+  const chunkedPrefill = args.enableChunkedPrefill ?? true;
+  // without chunked prefill a prompt runs in one step: the budget must hold the longest one (vLLM's SchedulerConfig)
+  const maxNumBatchedTokens = args.maxNumBatchedTokens ?? (chunkedPrefill ? Math.max(2048, Math.min(maxModelLen, 8192)) : Math.max(maxModelLen, 2048));
+  if (!chunkedPrefill && maxNumBatchedTokens < maxModelLen)
+    throw new EngineInputError(
+      "max_num_batched_tokens",
+      `max_num_batched_tokens (${maxNumBatchedTokens}) is smaller than max_model_len (${maxModelLen}): without chunked prefill a prompt ` +
+        "is computed in one step, so longer ones could never run. Increase max_num_batched_tokens, decrease max_model_len or enable chunked prefill.",
+    );
   const lora = args.enableLora === true ? { maxLoras: args.maxLoras ?? 1, maxLoraRank: args.maxLoraRank ?? 16, maxCpuLoras: args.maxCpuLoras ?? null } : null;
   if (lora !== null) runner.enableLora(lora.maxLoras, lora.maxLoraRank); // before the capture: the graphs read the slots
-  const pooler = args.runner === "pooling" ? resolvePooler(loaded.path, args.poolerConfig ?? {}) : null;
+  // a sequence classifier pools (vLLM's auto runner): its requests return class scores
+  const classifier = loaded.config.classifier !== null;
+  if (classifier && args.runner === "generate")
+    throw new EngineInputError("runner", `${loaded.config.architecture.replace(/ForCausalLM$/, "ForSequenceClassification")} classifies: serve it with the pooling runner (--runner pooling)`);
+  if (classifier && lora !== null) throw new EngineInputError("enable_lora", "LoRA is served with the generate runner only");
+  const pooler = args.runner === "pooling" || classifier
+    ? { ...resolvePooler(loaded.path, args.poolerConfig ?? {}, classifier), ...(classifier ? { classify: true } : {}) }
+    : null;
   // a pooling engine's steps (prompts only) run eagerly: no step graphs to capture
   if (args.enforceEager !== true && pooler === null) {
     const stage = "compiling step graphs";
@@ -337,6 +371,9 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     maxNumSeqs: args.maxNumSeqs,
     maxNumBatchedTokens,
     enablePrefixCaching: args.enablePrefixCaching ?? true,
+    enableChunkedPrefill: chunkedPrefill,
+    longPrefillTokenThreshold: args.longPrefillTokenThreshold,
+    maxLogprobs: args.maxLogprobs === -1 ? runner.vocabSize : args.maxLogprobs,
     seed: args.seed,
     schedulingPolicy: args.schedulingPolicy,
     logprobsMode: args.logprobsMode,
@@ -354,7 +391,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
 export function createServingSetupSync(args: ServingArgs): ServingSetup {
   checkServingArgs(args);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
-  const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, onProgress: args.onProgress });
+  const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, tokenizer: args.tokenizer, onProgress: args.onProgress });
   return setup(loaded, args, mark);
 }
 
@@ -369,6 +406,7 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
     dtype: args.dtype,
     quantization: args.quantization,
     revision: args.revision,
+    tokenizer: args.tokenizer,
     onProgress: args.onProgress,
     deferTokenizerBuild: load.deferTokenizerBuild,
   });

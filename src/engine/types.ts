@@ -134,4 +134,8 @@ export interface EngineClient {
   readonly maxModelLen: number;
   /** The engine's reasoning parser (vLLM's --reasoning-parser): its structured output starts after </think>. */
   readonly reasoningParser?: ReasoningParserName | null;
+  /** A pooling engine's task ("embed": vectors, "classify": class scores); null/absent when it generates. */
+  readonly poolingTask?: "embed" | "classify" | null;
+  /** A classifying engine's label names, in score order. */
+  readonly classLabels?: readonly string[] | null;
 }

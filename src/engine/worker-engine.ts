@@ -62,6 +62,8 @@ export class WorkerEngine implements EngineClient {
   readonly generationConfig: GenerationConfig | null;
   readonly maxModelLen: number;
   readonly reasoningParser: ReasoningParserName | null;
+  readonly poolingTask: "embed" | "classify" | null;
+  readonly classLabels: string[] | null;
   /** KV capacity in tokens, and the pool's shape (block 0 is the engine's null block). */
   readonly kvTokens: number;
   /** The KV cache's element type. */
@@ -91,6 +93,8 @@ export class WorkerEngine implements EngineClient {
     this.generationConfig = ready.generationConfig;
     this.maxModelLen = ready.maxModelLen;
     this.reasoningParser = ready.reasoningParser;
+    this.poolingTask = ready.poolingTask;
+    this.classLabels = ready.classLabels;
     this.kvTokens = ready.kvTokens;
     this.kvCacheDtype = ready.kvCacheDtype;
     this.numBlocks = ready.numBlocks;

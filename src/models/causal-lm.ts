@@ -140,7 +140,9 @@ export interface CausalLMOptions {
 
 export class CausalLM extends Module {
   readonly model: DecoderBody;
-  readonly lmHead: Linear | null; // null when tied to the embeddings
+  readonly lmHead: Linear | null; // null when tied to the embeddings, or for a classifier
+  /** A sequence classifier's head (HF's `score`, [num_labels, hidden], no bias), or null for a language model. */
+  readonly score: Linear | null;
   readonly rotary: RotaryEmbedding;
   /** Gemma 3's sliding-window layers' rotary (rope_local_base_freq, unscaled), or null. */
   readonly rotaryLocal: RotaryEmbedding | null;
@@ -160,7 +162,9 @@ export class CausalLM extends Module {
       options.device,
     );
     this.model = this.module("model", new DecoderBody(config, this.rotary, this.rotaryLocal, options.family ?? DEFAULT_FAMILY, layerOptions));
-    this.lmHead = config.tieWordEmbeddings ? null : this.module("lm_head", new Linear(config.hiddenSize, config.vocabSize, false, layerOptions));
+    const c = config.classifier;
+    this.lmHead = config.tieWordEmbeddings || c !== null ? null : this.module("lm_head", new Linear(config.hiddenSize, config.vocabSize, false, layerOptions));
+    this.score = c === null ? null : this.module("score", new Linear(config.hiddenSize, c.numLabels, false, layerOptions));
   }
 
   get device() {
@@ -178,6 +182,12 @@ export class CausalLM extends Module {
     const out = this.model.norm.forward(h);
     h.dispose();
     return out;
+  }
+
+  /** A classifier's logits [rows, num_labels] for final hidden states [rows, hidden] (its pooled rows). */
+  classify(hidden: Tensor): Tensor {
+    if (this.score === null) throw new Error("[model] classify() needs a *ForSequenceClassification model");
+    return this.score.forward(hidden);
   }
 
   /** Logits [rows, vocab] for the given rows of hidden [T, hidden] (all rows when omitted). */

@@ -31,8 +31,23 @@ export interface MoeConfig {
   mlpOnlyLayers: number[];
 }
 
+/**
+ * A sequence classifier (HF's *ForSequenceClassification over a supported decoder): `score` maps the last token's
+ * final hidden state to num_labels logits.
+ */
+export interface ClassifierConfig {
+  numLabels: number;
+  /** id2label, in label order (LABEL_i where the config names none). */
+  labels: string[];
+  /** HF's problem_type: how the logits become scores (vLLM: softmax over 2+ labels, sigmoid for one; see the pooler). */
+  problemType: "single_label_classification" | "multi_label_classification" | "regression" | null;
+}
+
 export interface ModelConfig {
+  /** The decoder's architecture (for a classifier, the *ForCausalLM it is built on). */
   architecture: Architecture;
+  /** Set for a *ForSequenceClassification checkpoint: its classification head; null for a language model. */
+  classifier: ClassifierConfig | null;
   modelType: string;
   vocabSize: number;
   hiddenSize: number;
@@ -167,6 +182,20 @@ function parseRopeScaling(raw: unknown, arch: string, maxPos: number): RopeScali
   }
 }
 
+/** A *ForSequenceClassification's head: num_labels from id2label (else num_labels, else HF's default 2). */
+function parseClassifier(cfg: Json, arch: string): ClassifierConfig {
+  const id2label = cfg.id2label;
+  if (id2label !== undefined && id2label !== null && (typeof id2label !== "object" || Array.isArray(id2label)))
+    throw new ModelConfigError(`[config] ${arch}: id2label must be an object of label names by id`);
+  const named = (id2label ?? {}) as Record<string, unknown>;
+  const numLabels = Object.keys(named).length || optInt(cfg, "num_labels", arch, 2);
+  const labels = Array.from({ length: numLabels }, (_, i) => (typeof named[String(i)] === "string" ? (named[String(i)] as string) : `LABEL_${i}`));
+  const p = cfg.problem_type ?? null;
+  if (p !== null && p !== "single_label_classification" && p !== "multi_label_classification" && p !== "regression")
+    throw new ModelConfigError(`[config] ${arch}: unknown problem_type ${JSON.stringify(p)}`);
+  return { numLabels, labels, problemType: p };
+}
+
 /**
  * Parses and validates a config.json object.
  * @example const cfg = parseHfConfig(JSON.parse(fs.readFileSync("config.json", "utf8")));
@@ -175,15 +204,17 @@ export function parseHfConfig(json: unknown): ModelConfig {
   if (json === null || typeof json !== "object" || Array.isArray(json)) throw new ModelConfigError("[config] config.json is not an object");
   let cfg = json as Json;
   let archs = cfg.architectures;
+  const classifierArch = Array.isArray(archs) && typeof archs[0] === "string" && archs[0].endsWith("ForSequenceClassification") ? archs[0] : null;
+  if (classifierArch !== null) archs = [classifierArch.replace(/ForSequenceClassification$/, "ForCausalLM")];
   if (Array.isArray(archs) && archs[0] === "Gemma3ForCausalLM") {
     // HF fills what a config leaves out from the class defaults (null counts as set: softcapping null is "none")
     cfg = { ...GEMMA3_TEXT_DEFAULTS, ...Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) };
-    archs = cfg.architectures;
   }
   const arch = Array.isArray(archs) && typeof archs[0] === "string" ? (archs[0] as string) : undefined;
   if (!arch) throw new ModelConfigError('[config] missing "architectures"');
   if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(arch)) {
-    throw new ModelConfigError(`[config] unsupported architecture "${arch}" (supported: ${SUPPORTED_ARCHITECTURES.join(", ")})`);
+    const supported = [...SUPPORTED_ARCHITECTURES, ...SUPPORTED_ARCHITECTURES.map((a) => a.replace(/ForCausalLM$/, "ForSequenceClassification"))];
+    throw new ModelConfigError(`[config] unsupported architecture "${classifierArch ?? arch}" (supported: ${supported.join(", ")})`);
   }
   const architecture = arch as Architecture;
 
@@ -270,6 +301,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const eos = idList(cfg.eos_token_id);
   return {
     architecture,
+    classifier: classifierArch === null ? null : parseClassifier(cfg, classifierArch),
     modelType: typeof cfg.model_type === "string" ? cfg.model_type : architecture,
     vocabSize: req(cfg, "vocab_size", arch),
     hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, headDim,

@@ -69,6 +69,11 @@ export interface LoadOptions {
   onNote?: (message: string) => void;
   /** Build the tokenizer's encoder/decoder on first use (TokenizerOptions.deferBuild); default false. */
   deferTokenizerBuild?: boolean;
+  /**
+   * vLLM's --tokenizer: the directory to read tokenizer.json, tokenizer_config.json and the chat template from instead
+   * of the model's; generation_config.json (defaults, EOS ids) stays the model's. Default: the model's.
+   */
+  tokenizer?: string;
 }
 
 export interface LoadedModel {
@@ -180,7 +185,8 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   if (!info.weights) throw new ModelLoadError(`${dir}: no model.safetensors (or shards) found`);
   if (info.weights.format === "gguf") return loadGguf(info.weights.files[0]!, options, dir);
   // before reading any weights: a model without its tokenizer fails fast
-  if (!info.tokenizerJsonPath) throw new ModelLoadError(`${dir}: no tokenizer.json`);
+  if (options.tokenizer === undefined ? !info.tokenizerJsonPath : !fs.existsSync(path.join(options.tokenizer, "tokenizer.json")))
+    throw new ModelLoadError(`${options.tokenizer ?? dir}: no tokenizer.json`);
   const rawConfig = readJson(info.configPath);
   const lm = languageModelConfig(rawConfig);
   const config = parseHfConfig(lm.config);
@@ -203,7 +209,7 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
       options.onProgress?.("loading weights", (i + 1) / names.length);
     });
     fp8?.finish(dir);
-    const tokenizer = Tokenizer.fromDir(dir, { deferBuild: options.deferTokenizerBuild });
+    const tokenizer = Tokenizer.fromDir(options.tokenizer ?? dir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: dir });
     return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? null };
   } finally {
     handle.close();
@@ -302,9 +308,12 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     if (missing.length) throw new ModelLoadError(`${file}: GGUF lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
     let tokenizer: Tokenizer;
     let generationConfig: GenerationConfig | null = null;
-    if (tokenizerDir && fs.existsSync(path.join(tokenizerDir, "tokenizer.json"))) {
-      tokenizer = Tokenizer.fromDir(tokenizerDir, { deferBuild: options.deferTokenizerBuild });
-      generationConfig = loadGenerationConfig(tokenizerDir);
+    // --tokenizer, else the directory the file sits in; generation_config.json from that directory, else --tokenizer's
+    const tokDir = options.tokenizer ?? tokenizerDir;
+    if (tokDir && fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
+      const genDir = tokenizerDir ?? tokDir;
+      tokenizer = Tokenizer.fromDir(tokDir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: genDir });
+      generationConfig = loadGenerationConfig(genDir);
     } else {
       const files = ggufToTokenizerJson(g.metadata);
       const eos = (files.tokenizerConfig as { eos_token_id?: number[] }).eos_token_id ?? [];

@@ -197,7 +197,8 @@ export class Tokenizer implements TokenizerLike {
   }
 
   /** Loads tokenizer.json, tokenizer_config.json, chat_template.jinja/.json and generation_config.json from `dir`. */
-  static fromDir(dir: string, options: Pick<TokenizerOptions, "deferBuild"> = {}): Tokenizer {
+  /** `generationConfigDir`: where generation_config.json (its EOS ids) is read, when not `dir` (vLLM's --tokenizer). */
+  static fromDir(dir: string, options: Pick<TokenizerOptions, "deferBuild"> & { generationConfigDir?: string } = {}): Tokenizer {
     const tj = path.join(dir, "tokenizer.json");
     if (!fs.existsSync(tj)) throw new TokenizerError(`[tokenizer] ${dir}: no tokenizer.json`);
     const cfgPath = path.join(dir, "tokenizer_config.json");
@@ -210,7 +211,7 @@ export class Tokenizer implements TokenizerLike {
       const t = readJson(jsonTpl).chat_template;
       if (typeof t === "string") chatTemplate = t;
     }
-    const genPath = path.join(dir, "generation_config.json");
+    const genPath = path.join(options.generationConfigDir ?? dir, "generation_config.json");
     const generationConfig = fs.existsSync(genPath) ? readJson(genPath) : null;
     return new Tokenizer(readJson(tj), config, { chatTemplate, generationConfig, deferBuild: options.deferBuild });
   }

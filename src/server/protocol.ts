@@ -39,6 +39,8 @@ export interface CommonRequest {
   params: Partial<SamplingParams>;
   /** vLLM's use_beam_search (n beams) with its length_penalty; null for sampling. */
   beamSearch: { lengthPenalty: number } | null;
+  /** vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"; undefined = the server's --return-tokens-as-token-ids. */
+  returnTokensAsTokenIds: boolean | undefined;
 }
 
 export interface ChatRequest extends CommonRequest {
@@ -92,7 +94,8 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   if (minTokens !== undefined && maxTokens !== undefined && minTokens > maxTokens) {
     throw badRequest(`'min_tokens' (${minTokens}) must be <= max_tokens (${maxTokens})`, "min_tokens");
   }
-  const promptLogprobs = optInt(body, "prompt_logprobs", { min: -1, max: MAX_LOGPROBS });
+  // the most a request may ask is the server's --max-logprobs (checked with the rest of its sampling params)
+  const promptLogprobs = optInt(body, "prompt_logprobs", { min: -1 });
   const stopTokenIds = optIntArray(body, "stop_token_ids");
   const allowedTokenIds = optIntArray(body, "allowed_token_ids");
   for (const [name, ids] of [["stop_token_ids", stopTokenIds], ["allowed_token_ids", allowedTokenIds]] as const) {
@@ -143,6 +146,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
     params,
     returnPromptLogprobs: promptLogprobs !== undefined,
     beamSearch: parseBeamSearch(body, stream, params),
+    returnTokensAsTokenIds: optBool(body, "return_tokens_as_token_ids"),
   };
 }
 
@@ -383,7 +387,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
   const messages = parseMessages(body);
   const common = parseCommon(body, vocabSize);
   const wantLogprobs = optBool(body, "logprobs") ?? false;
-  const topLogprobs = optInt(body, "top_logprobs", { min: 0, max: MAX_LOGPROBS });
+  const topLogprobs = optInt(body, "top_logprobs", { min: 0 });
   if (topLogprobs !== undefined && topLogprobs > 0 && !wantLogprobs) {
     throw badRequest("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs");
   }
@@ -450,7 +454,7 @@ export function parseCompletionRequest(raw: unknown, vocabSize: number): Complet
   const common = parseCommon(body, vocabSize, { allowEchoOnly: true });
   const echoOnly = common.maxTokens === 0;
   if (echoOnly) common.maxTokens = 1;
-  const logprobs = optInt(body, "logprobs", { min: 0, max: MAX_LOGPROBS }) ?? null;
+  const logprobs = optInt(body, "logprobs", { min: 0 }) ?? null;
   if (logprobs !== null) common.params.logprobs = logprobs;
   if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
   // an explicit null max_tokens is vLLM's None (the room left, capped by the generation config), not the default 16

@@ -1,9 +1,10 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
-import { timingSafeEqual } from "node:crypto";
+import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
+import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
@@ -11,6 +12,7 @@ import { handleChat } from "./serving-chat.js";
 import { handleCompletion } from "./serving-completions.js";
 import { handleEmbeddings, refuseOnPoolingRunner } from "./serving-embeddings.js";
 import { handleRerank, handleScore } from "./serving-score.js";
+import { handleClassify } from "./serving-classify.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
@@ -26,6 +28,19 @@ export interface ServerAppOptions {
   bodyLimit?: number;
   /** Serve /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING). */
   allowRuntimeLoraUpdating?: boolean;
+  /** The log's level when logRequests is on (default info). */
+  logLevel?: "fatal" | "error" | "warn" | "info" | "debug" | "trace";
+  /** No line per request in the log (vLLM's --disable-uvicorn-access-log). */
+  disableRequestLogging?: boolean;
+  /** Every response carries X-Request-Id: the request's own, else the generated id (vLLM's --enable-request-id-headers). */
+  requestIdHeaders?: boolean;
+  /** HTTPS with this PEM key and certificate (vLLM's --ssl-keyfile / --ssl-certfile); HTTP when absent. */
+  https?: { key: string; cert: string };
+  /**
+   * The prefix a proxy serves the API under ("/api"): a path under it is served as the path without it, and paths
+   * without it still answer (vLLM's --root-path, FastAPI's root_path as Starlette routes it).
+   */
+  rootPath?: string;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -51,6 +66,12 @@ export interface ServerEngineOptions {
   loraModules?: LoraModule[] | null;
   /** "pooling" (vLLM --runner pooling): /v1/embeddings, /score and /rerank are served and the generating APIs are refused. Default "generate". */
   runner?: "generate" | "pooling";
+  /** The most logprobs / top_logprobs / prompt_logprobs a request may ask (vLLM --max-logprobs; -1: the vocabulary size). Default 20. */
+  maxLogprobs?: number;
+  /** The chat reply's role when add_generation_prompt is true (vLLM --response-role). Default "assistant". */
+  responseRole?: string;
+  /** Logprobs name tokens as "token_id:<id>" unless a request says otherwise (vLLM --return-tokens-as-token-ids). */
+  returnTokensAsTokenIds?: boolean;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -97,11 +118,18 @@ export function createServer(options: ServerOptions): FastifyInstance {
  */
 export function prepareServer(options: ServerAppOptions): PreparedServer {
   const bodyLimit = options.bodyLimit ?? DEFAULT_BODY_LIMIT;
-  const app = Fastify({
-    logger: options.logRequests ? { level: "info" } : false,
+  const fastifyOptions = {
+    logger: options.logRequests ? { level: options.logLevel ?? "info" } : false,
+    disableRequestLogging: options.disableRequestLogging === true,
     bodyLimit,
     return503OnClosing: true,
-  });
+    // request.id (vLLM's request id): the client's X-Request-Id, else a random hex; chat and completion ids carry it
+    requestIdHeader: "x-request-id",
+    genReqId: () => randomBytes(16).toString("hex"),
+    ...(options.rootPath !== undefined ? { rewriteUrl: (req: IncomingMessage) => withoutRootPath(req.url ?? "/", options.rootPath!) } : {}),
+  };
+  // an HTTPS server has the same API: only fastify's server type parameter differs
+  const app = (options.https !== undefined ? Fastify({ ...fastifyOptions, https: options.https }) : Fastify(fastifyOptions)) as unknown as FastifyInstance;
   let ctx: ServingContext | null = null;
   const bound = (): ServingContext => {
     if (ctx === null) throw new Error("[server] a request arrived before the engine was bound: bind() before listen()");
@@ -121,6 +149,10 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     reply.raw.once("close", () => active--);
   });
 
+  if (options.requestIdHeaders === true) {
+    // on the raw response, so that hijacked (SSE) replies carry it too
+    app.addHook("onRequest", async (request, reply) => void reply.raw.setHeader("x-request-id", request.id));
+  }
   installCors(app, options.allowedOrigins ?? []);
   if (options.apiKey) installAuth(app, options.apiKey);
 
@@ -188,6 +220,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   for (const path of ["/score", "/v1/score"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleScore(bound(), request, reply));
   for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"])
     app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleRerank(bound(), request, reply));
+  for (const path of ["/classify", "/v1/classify"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleClassify(bound(), request, reply));
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
 
@@ -210,7 +243,13 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         enablePromptTokensDetails: engineOptions.enablePromptTokensDetails ?? false,
         loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
         lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
-        runner: engineOptions.runner ?? "generate",
+        // a pooling engine says what it pools (a classifier pools whatever the runner flag said)
+        runner: engineOptions.engine.poolingTask != null ? "pooling" : (engineOptions.runner ?? "generate"),
+        poolingTask: engineOptions.engine.poolingTask ?? (engineOptions.runner === "pooling" ? "embed" : null),
+        classLabels: engineOptions.engine.classLabels ? [...engineOptions.engine.classLabels] : null,
+        maxLogprobs: engineOptions.maxLogprobs === -1 ? engineOptions.tokenizer.vocabSize : (engineOptions.maxLogprobs ?? MAX_LOGPROBS),
+        responseRole: engineOptions.responseRole ?? "assistant",
+        returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         inflight: new Set(),
         unstarted: new Set(),
@@ -218,6 +257,12 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       return app;
     },
   };
+}
+
+/** `url` without the root path prefix, when it is under it ("/api/v1/models" -> "/v1/models"); else `url`. */
+function withoutRootPath(url: string, root: string): string {
+  if (url === root || url.startsWith(`${root}?`)) return `/${url.slice(root.length)}`;
+  return url.startsWith(`${root}/`) ? url.slice(root.length) : url;
 }
 
 /** Reads and drops the rest of a request body, up to `maxBytes` or `timeoutMs`, then resolves. */

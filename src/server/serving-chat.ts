@@ -5,11 +5,10 @@ import { badRequest } from "./errors.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
-import { partialMarkerLength } from "./tool-parsers.js";
 import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
-  SseWriter, tokenText, usageJson, type ServingContext,
+  abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
+  samplingParamsFor, SseWriter, tokenText, usageJson, type ServingContext,
 } from "./serving-context.js";
 
 interface ChatLogprob {
@@ -21,19 +20,22 @@ interface ChatLogprob {
 
 const utf8Bytes = (s: string): number[] => Array.from(Buffer.from(s, "utf8"));
 
-/** OpenAI chat logprobs entries for newly generated tokens. */
-function chatLogprobs(ctx: ServingContext, o: CompletionOutput, top: number): ChatLogprob[] {
+/**
+ * OpenAI chat logprobs entries for newly generated tokens. `asIds` (return_tokens_as_token_ids): tokens are named
+ * "token_id:<id>"; as vLLM, an entry's bytes stay its text's, and its top_logprobs' are those of the name.
+ */
+function chatLogprobs(ctx: ServingContext, o: CompletionOutput, top: number, asIds: boolean): ChatLogprob[] {
   const lps = o.logprobs ?? [];
   return o.tokenIds.map((id, i) => {
     const lp: TokenLogprobs | undefined = lps[i];
-    const token = tokenText(ctx, id, lp);
+    const text = tokenText(ctx, id, lp);
     const ranked = lp ? [...lp.entries()].sort((a, b) => a[1].rank - b[1].rank).slice(0, top) : [];
     return {
-      token,
+      token: asIds ? `token_id:${id}` : text,
       logprob: clampLogprob(lp?.get(id)?.logprob ?? -9999),
-      bytes: utf8Bytes(token),
+      bytes: utf8Bytes(text),
       top_logprobs: ranked.map(([tid, l]) => {
-        const t = tokenText(ctx, tid, lp);
+        const t = logprobToken(ctx, tid, lp, asIds);
         return { token: t, logprob: clampLogprob(l.logprob), bytes: utf8Bytes(t) };
       }),
     };
@@ -129,24 +131,26 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   const thinking = replyMode(ctx, req, promptText);
+  // vLLM's get_chat_request_role: --response-role for a new reply, else the role of the message it continues
+  const role = req.addGenerationPrompt ? ctx.responseRole : req.messages[req.messages.length - 1]!.role;
+  const { id, engineId } = responseIds(request, "chatcmpl");
   checkQueue(ctx);
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora);
     const choices = beams[0]!.map((b, index) => {
       const { reasoning, content } = reasoningOf(req, thinking, b.text);
-      const message = { role: "assistant", content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };
+      const message = { role, content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };
       return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null };
     });
-    return { id: randomId("chatcmpl"), object: "chat.completion", created: nowSeconds(), model, choices, usage };
+    return { id, object: "chat.completion", created: nowSeconds(), model, choices, usage };
   }
 
-  const id = randomId("chatcmpl");
   const created = nowSeconds();
   const n = params.n ?? 1;
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
-    { requestId: id, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora },
+    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora },
     controller.signal);
   // echo: repeat the final message's content when the model continues it (vLLM semantics).
   const last = req.messages[req.messages.length - 1]!;
@@ -154,7 +158,8 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
 
   try {
     const outputs = await primeStream(stream);
-    const info = { id, created, model, n, promptLen: promptTokenIds.length, echoText, thinking };
+    const asIds = req.returnTokensAsTokenIds ?? ctx.returnTokensAsTokenIds;
+    const info = { id, created, model, n, promptLen: promptTokenIds.length, echoText, thinking, role, asIds };
     return await (req.stream ? streamChat(ctx, req, reply, outputs, info) : collectChat(ctx, req, outputs, info));
   } finally {
     controller.abort(); // no-op for finished requests; frees blocks if we leave early
@@ -186,6 +191,10 @@ interface ResponseInfo {
   echoText: string;
   /** How the reasoning parser reads the replies (null: no parser). */
   thinking: ThinkingMode | null;
+  /** The reply message's role. */
+  role: string;
+  /** Logprobs name tokens "token_id:<id>". */
+  asIds: boolean;
 }
 
 async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: AsyncIterable<RequestOutput>, info: ResponseInfo) {
@@ -202,7 +211,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
       if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
       c.text += o.text;
       c.numTokens += o.tokenIds.length;
-      if (req.topLogprobs !== null) c.logprobs.push(...chatLogprobs(ctx, o, req.topLogprobs));
+      if (req.topLogprobs !== null) c.logprobs.push(...chatLogprobs(ctx, o, req.topLogprobs, info.asIds));
       if (o.finishReason !== null) {
         c.finishReason = o.finishReason;
         c.stopReason = o.stopReason;
@@ -222,7 +231,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
       return {
         index,
         message: {
-          role: "assistant",
+          role: info.role,
           content: info.echoText !== "" ? info.echoText + (text ?? "") : text,
           refusal: null,
           tool_calls: r.toolCalls ?? [],
@@ -249,7 +258,7 @@ async function streamChat(
   const usage = () => usageJson(ctx, info.promptLen, completionTokens, cached);
   try {
     for (let index = 0; index < info.n; index++) {
-      const delta = { role: "assistant", content: info.echoText };
+      const delta = { role: info.role, content: info.echoText };
       await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...usageField });
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
@@ -271,7 +280,7 @@ async function streamChat(
         const choice = {
           index: o.index,
           delta,
-          logprobs: req.topLogprobs !== null ? { content: chatLogprobs(ctx, o, req.topLogprobs) } : null,
+          logprobs: req.topLogprobs !== null ? { content: chatLogprobs(ctx, o, req.topLogprobs, info.asIds) } : null,
           finish_reason: finishReason,
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
         };
@@ -289,9 +298,9 @@ async function streamChat(
 
 /**
  * Streamed tool calls. A named function's call opens with its id and name, and each text delta is an arguments
- * delta, as vLLM streams it. Replies read whole ("required" lists, and auto replies from where the parser's
- * start marker, or a prefix of it, begins) are held back and come in the sample's last chunk: its calls, one
- * tool_calls entry each, or the held text when it made none.
+ * delta, as vLLM streams it. Replies read whole ("required" lists, and auto replies from where the parser says
+ * calls may begin: see ToolCallParser.streamable) are held back and come in the sample's last chunk: its calls,
+ * one tool_calls entry each, or the held text when it made none.
  */
 class ToolCallStream {
   private readonly text: string[];
@@ -320,9 +329,7 @@ class ToolCallStream {
     const sent = this.sent[index]!;
     if (finish === null) {
       if (tc.kind === "required") return { delta: {}, finishReason: null };
-      const marker = this.ctx.toolCallParser!.start;
-      const at = all.indexOf(marker, Math.max(0, sent - marker.length));
-      const upTo = at >= 0 ? at : all.length - partialMarkerLength(all, marker);
+      const upTo = this.ctx.toolCallParser!.streamable(all, sent);
       if (upTo <= sent) return { delta: {}, finishReason: null };
       this.sent[index] = upTo;
       return { delta: { content: all.slice(sent, upTo) }, finishReason: null };

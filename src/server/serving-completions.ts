@@ -5,8 +5,8 @@ import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, samplingParamsFor,
-  SseWriter, tokenText, usageJson, type ServingContext,
+  abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, resolveModelAndLora, responseIds,
+  samplingParamsFor, SseWriter, tokenText, usageJson, type ServingContext,
 } from "./serving-context.js";
 
 /** OpenAI legacy logprobs: parallel lists plus character offsets into the choice text. */
@@ -19,18 +19,21 @@ interface CompletionLogprobs {
 
 const emptyLogprobs = (): CompletionLogprobs => ({ tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] });
 
-/** Appends entries for `ids` (with per-token logprob maps, null for a prompt's first token) to `into`. */
+/**
+ * Appends entries for `ids` (with per-token logprob maps, null for a prompt's first token) to `into`. `asIds`
+ * (return_tokens_as_token_ids): tokens are named "token_id:<id>"; text_offset still counts the text's characters.
+ */
 function appendLogprobs(
   ctx: ServingContext, into: CompletionLogprobs, ids: readonly number[], lps: readonly (TokenLogprobs | null | undefined)[],
-  top: number, offset: number,
+  top: number, offset: number, asIds: boolean,
 ): number {
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i]!;
     const lp = lps[i];
-    const token = tokenText(ctx, id, lp);
+    const token = logprobToken(ctx, id, lp, asIds);
     into.tokens.push(token);
     into.text_offset.push(offset);
-    offset += token.length;
+    offset += asIds ? tokenText(ctx, id, lp).length : token.length;
     if (!lp) {
       into.token_logprobs.push(null);
       into.top_logprobs.push(null);
@@ -39,7 +42,7 @@ function appendLogprobs(
     into.token_logprobs.push(clampLogprob(lp.get(id)?.logprob ?? -9999));
     const ranked = [...lp.entries()].sort((a, b) => a[1].rank - b[1].rank);
     const topMap: Record<string, number> = {};
-    for (const [tid, l] of ranked.slice(0, top)) topMap[tokenText(ctx, tid, lp)] = clampLogprob(l.logprob);
+    for (const [tid, l] of ranked.slice(0, top)) topMap[logprobToken(ctx, tid, lp, asIds)] = clampLogprob(l.logprob);
     topMap[token] = clampLogprob(lp.get(id)?.logprob ?? -9999); // the sampled token is always listed
     into.top_logprobs.push(topMap);
   }
@@ -70,23 +73,23 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
       : { promptTokenIds: p.tokenIds, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
   );
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
+  const { id, engineId } = responseIds(request, "cmpl");
   checkQueue(ctx, prepared.length); // one engine request per prompt
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora);
     const choices = beams.flatMap((found, i) =>
       found.map((b, j) => ({ index: i * found.length + j, text: b.text, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null })),
     );
-    return { id: randomId("cmpl"), object: "text_completion", created: nowSeconds(), model, choices, usage };
+    return { id, object: "text_completion", created: nowSeconds(), model, choices, usage };
   }
 
-  const id = randomId("cmpl");
   const created = nowSeconds();
   const n = params[0]!.n ?? 1;
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const streams = prepared.map((p, i) =>
     streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
-      requestId: `${id}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
+      requestId: `${engineId}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
       priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
     }, controller.signal));
   const choices: Choice[] = [];
@@ -97,7 +100,10 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   }
   try {
     const merged = await primeStream(mergeStreams(streams));
-    const info: Info = { id, created, model, n, prepared, choices, promptLogprobs: prepared.map(() => null), cached: prepared.map(() => 0) };
+    const info: Info = {
+      id, created, model, n, prepared, choices, promptLogprobs: prepared.map(() => null), cached: prepared.map(() => 0),
+      asIds: req.returnTokensAsTokenIds ?? ctx.returnTokensAsTokenIds,
+    };
     if (req.stream) return await streamCompletion(ctx, req, reply, merged, info);
     return await collectCompletion(ctx, req, merged, info);
   } finally {
@@ -116,6 +122,8 @@ interface Info {
   choices: Choice[];
   /** Each prompt's tokens read from the prefix cache (as its outputs report them). */
   cached: number[];
+  /** Logprobs name tokens "token_id:<id>". */
+  asIds: boolean;
 }
 
 /** Applies one delta output to its choice; returns the text and logprobs added by it (echo included). */
@@ -130,7 +138,7 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
       const p = info.prepared[promptIndex]!;
       text += p.promptText;
       if (req.logprobs !== null) {
-        c.offset = appendLogprobs(ctx, lp, p.promptTokenIds, out.promptLogprobs ?? [], req.logprobs, c.offset);
+        c.offset = appendLogprobs(ctx, lp, p.promptTokenIds, out.promptLogprobs ?? [], req.logprobs, c.offset, info.asIds);
       }
       c.offset = p.promptText.length;
     }
@@ -139,7 +147,7 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
   info.cached[promptIndex] = out.numCachedTokens;
   if (!req.echoOnly) {
     text += o.text;
-    if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset);
+    if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset, info.asIds);
     c.numTokens += o.tokenIds.length;
   }
   c.text += text;

@@ -35,8 +35,18 @@ export interface ServingContext {
   loraModules: Map<string, LoraModule> | null;
   /** The largest LoRA id given so far (ids are never reused). */
   lastLoraId: number;
-  /** "pooling": the engine embeds (/v1/embeddings, /score, /rerank) and does not generate; else "generate". */
+  /** "pooling": the engine pools prompts (see poolingTask) and does not generate; else "generate". */
   runner: "generate" | "pooling";
+  /** A pooling engine's task: "embed" serves /v1/embeddings, /score and /rerank, "classify" /classify; null: it generates. */
+  poolingTask: "embed" | "classify" | null;
+  /** A classifier's label names, in score order (null unless poolingTask is "classify"). */
+  classLabels: string[] | null;
+  /** The most logprobs / prompt_logprobs a request may ask (vLLM --max-logprobs, resolved: -1 is the vocabulary size). */
+  maxLogprobs: number;
+  /** The chat reply's role when add_generation_prompt is true (vLLM --response-role). */
+  responseRole: string;
+  /** Logprobs name tokens "token_id:<id>" unless a request says otherwise (vLLM --return-tokens-as-token-ids). */
+  returnTokensAsTokenIds: boolean;
   inflight: InflightSet;
   unstarted: UnstartedSet;
 }
@@ -52,6 +62,20 @@ export function usageJson(ctx: ServingContext, prompt: number, completion: numbe
 
 export const randomId = (prefix: string): string => `${prefix}-${randomBytes(16).toString("hex")}`;
 export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
+
+/**
+ * A chat or completions response's id as vLLM makes it, `${prefix}-${request id}` (fastify's request.id: the client's
+ * X-Request-Id, else a random hex), and its engine request id: the same, unless the client named it (clients may send
+ * one id twice at once, and the engine's ids must differ).
+ */
+export function responseIds(request: FastifyRequest, prefix: string): { id: string; engineId: string } {
+  const id = `${prefix}-${request.id}`;
+  return { id, engineId: request.headers["x-request-id"] ? `${id}-${randomBytes(4).toString("hex")}` : id };
+}
+
+/** A logprobs entry's token: its text, or "token_id:<id>" (vLLM's return_tokens_as_token_ids). */
+export const logprobToken = (ctx: ServingContext, id: number, lp: TokenLogprobs | null | undefined, asIds: boolean): string =>
+  asIds ? `token_id:${id}` : tokenText(ctx, id, lp);
 
 /** A LoRA adapter the server serves under its name (vLLM's LoRAModulePath): the engine's LoRARequest and its base model. */
 export interface LoraModule {
@@ -116,6 +140,13 @@ export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promp
   }
   const maxTokens = req.maxTokens ?? Math.min(room, ctx.generationDefaults.maxTokens ?? room, req.maxTokensDefault ?? room);
   const params = { ...ctx.generationDefaults, ...req.params, maxTokens };
+  // vLLM's check and text (SamplingParams._validate_logprobs), with VLLMValidationError's (parameter=, value=) suffix
+  // (the error's param names the request's field: a chat request asks sample logprobs as top_logprobs)
+  const sampleField = promptParam === "messages" ? "top_logprobs" : "logprobs";
+  for (const [name, field, kind, n] of [["logprobs", sampleField, "sample", params.logprobs], ["prompt_logprobs", "prompt_logprobs", "prompt", params.promptLogprobs]] as const) {
+    if (typeof n === "number" && n > ctx.maxLogprobs)
+      throw badRequest(`Requested ${kind} logprobs of ${n}, which is greater than max allowed: ${ctx.maxLogprobs} (parameter=${name}, value=${n})`, field);
+  }
   const so = params.structuredOutputs;
   if (so !== undefined && so !== null && so.disableAnyWhitespace === undefined && ctx.disableAnyWhitespace)
     params.structuredOutputs = { ...so, disableAnyWhitespace: true };

@@ -94,7 +94,7 @@ export async function poolTokenIds(
 }
 
 export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  if (ctx.runner !== "pooling") throw badRequest("The model does not support Embeddings API");
+  if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Embeddings API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   // vLLM's EmbeddingChatRequest: messages rendered with the chat template instead of input

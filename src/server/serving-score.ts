@@ -60,7 +60,7 @@ async function scoreTexts(
 
 /** vLLM's ScoreRequest: text_1 and text_2, each a string or a list of strings; one score per text_2. */
 export async function handleScore(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  if (ctx.runner !== "pooling") throw badRequest("The model does not support Score API");
+  if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Score API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const id = randomId("score");
@@ -82,7 +82,7 @@ export async function handleScore(ctx: ServingContext, request: FastifyRequest, 
  * (Jina's meaning; vLLM itself always returns it).
  */
 export async function handleRerank(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  if (ctx.runner !== "pooling") throw badRequest("The model does not support Rerank (Score) API");
+  if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Rerank (Score) API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const query = texts(body, "query", { single: true });

@@ -1,9 +1,16 @@
 // Tool-call parsers for tool_choice "auto" (vLLM's --tool-call-parser): they find the tool calls a model wrote in
-// its reply text. Kiln implements vLLM's "hermes" format (Hermes 2 Pro, Qwen 2.5 / Qwen 3 and other ChatML
-// models): each call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, after optional text.
+// its reply text, in one of vLLM's formats:
+//   - hermes (Hermes 2 Pro, Qwen 2.5 / Qwen 3 and other ChatML models): `<tool_call>{"name": ..., "arguments":
+//     {...}}</tool_call>` blocks, after optional text;
+//   - llama3_json (Llama 3.1 / 3.2 / 4 JSON calls): an optional `<|python_tag|>`, then `{"name": ..., "parameters":
+//     {...}}` objects ("arguments" is taken too), usually separated by `;`;
+//   - pythonic (Llama 3.2 / 4 and other models trained on Python calls): `[get_weather(city="Oslo"), get_time()]`.
+// llama3_json and pythonic calls open the reply (after whitespace): vLLM's streamed reading only finds them there.
+import { PyDict, pyJsonDecode, pyJsonDumps, type PyValue } from "./python-json.js";
+import { readPythonCalls } from "./pythonic-calls.js";
 
 /** vLLM's --tool-call-parser names that Kiln implements. */
-export const TOOL_CALL_PARSERS = ["hermes"] as const;
+export const TOOL_CALL_PARSERS = ["hermes", "llama3_json", "pythonic"] as const;
 export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];
 
 /** Calls found in a reply: the text before them (null when none) and each call's name and arguments (JSON text). */
@@ -13,8 +20,11 @@ export interface ExtractedToolCalls {
 }
 
 export interface ToolCallParser {
-  /** The text that opens a call: a streamed reply's text is held back from where it (or a prefix of it) starts. */
-  readonly start: string;
+  /**
+   * How much of a streamed reply's text so far can go out as content: the rest is, or may turn out to be, calls
+   * and is held back until the reply ends. `sent` characters went out already (the answer is never less).
+   */
+  streamable(text: string, sent: number): number;
   /** The calls in a whole reply, or null when it holds none (or a call that does not parse): it is text then. */
   extract(text: string): ExtractedToolCalls | null;
 }
@@ -24,7 +34,10 @@ const END = "</tool_call>";
 
 /** vLLM's Hermes2ProToolParser reading: each <tool_call> block (the last may be unclosed) is one JSON call. */
 const hermes: ToolCallParser = {
-  start: START,
+  streamable(text: string, sent: number): number {
+    const at = text.indexOf(START, Math.max(0, sent - START.length));
+    return at >= 0 ? at : text.length - partialMarkerLength(text, START);
+  },
   extract(text: string): ExtractedToolCalls | null {
     const first = text.indexOf(START);
     if (first < 0) return null;
@@ -50,10 +63,70 @@ const hermes: ToolCallParser = {
   },
 };
 
+const PYTHON_TAG = "<|python_tag|>";
+
+/**
+ * For calls that open the reply: all of it is held while it is blank or starts (after whitespace) with one of
+ * `openers` or a prefix of one; otherwise it is text from the first character.
+ */
+function heldFromStart(text: string, openers: readonly string[]): number {
+  const first = text.search(/\S/);
+  if (first < 0) return 0;
+  const rest = text.slice(first, first + Math.max(...openers.map((o) => o.length)));
+  return openers.some((o) => rest.startsWith(o) || o.startsWith(rest)) ? 0 : text.length;
+}
+
+/**
+ * vLLM's Llama3JsonToolParser reading of a reply that opens with `<|python_tag|>` or `{`: every `{` outside the
+ * objects already read starts a JSON object with a "name" and "arguments" (or "parameters"), one call each; the
+ * text between them (the `;` separators) is dropped. One that does not parse, or lacks those keys, makes the whole
+ * reply text. Arguments are re-serialized as Python's json.dumps(ensure_ascii=False) writes them.
+ */
+const llama3Json: ToolCallParser = {
+  streamable: (text) => heldFromStart(text, ["{", PYTHON_TAG]),
+  extract(text: string): ExtractedToolCalls | null {
+    let at = text.search(/\S/);
+    if (at < 0) return null;
+    if (text.startsWith(PYTHON_TAG, at)) at += PYTHON_TAG.length;
+    else if (text[at] !== "{") return null;
+    const calls: { name: string; arguments: string }[] = [];
+    for (let open = text.indexOf("{", at); open >= 0; open = text.indexOf("{", at)) {
+      let call: PyValue;
+      try {
+        ({ value: call, end: at } = pyJsonDecode(text, open));
+      } catch {
+        return null;
+      }
+      if (!(call instanceof PyDict)) return null;
+      const name = call.get("name");
+      const args = call.has("arguments") ? call.get("arguments") : call.get("parameters");
+      if (typeof name !== "string" || args === undefined) return null;
+      calls.push({ name, arguments: pyJsonDumps(args) });
+    }
+    return calls.length > 0 ? { content: null, calls } : null;
+  },
+};
+
+/**
+ * vLLM's PythonicToolParser reading: a reply that is one Python list of calls with literal keyword arguments (see
+ * pythonic-calls.ts), each call's arguments as Python's json.dumps(ensure_ascii=False) writes the dict of them.
+ */
+const pythonic: ToolCallParser = {
+  streamable: (text) => heldFromStart(text, ["["]),
+  extract(text: string): ExtractedToolCalls | null {
+    const calls = readPythonCalls(text);
+    return calls === null ? null : { content: null, calls: calls.map((c) => ({ name: c.name, arguments: pyJsonDumps(c.args) })) };
+  },
+};
+
 export function toolCallParser(name: ToolCallParserName): ToolCallParser {
   switch (name) {
     case "hermes":
       return hermes;
+    case "llama3_json":
+      return llama3Json;
+    case "pythonic":
+      return pythonic;
   }
 }
 

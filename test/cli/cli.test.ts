@@ -3,11 +3,12 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { generationDefaults } from "../../src/cli/engine-factory.js";
-import { parseBytes, parseServeArgs } from "../../src/cli/serve-args.js";
+import { generationDefaults, type EngineFactory } from "../../src/cli/engine-factory.js";
+import { main } from "../../src/cli/main.js";
+import { CliUsageError, parseBytes, parseServeArgs, type ServeArgs } from "../../src/cli/serve-args.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
 const kiln = (...args: string[]) => spawnSync(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 10_000 });
@@ -128,6 +129,140 @@ describe("kiln CLI", () => {
     assert.equal(parseServeArgs("m", { kvCacheDtype: "bfloat16" }, {}).kvCacheDtype, "bfloat16");
     assert.equal(parseServeArgs("m", { kvCacheDtype: "fp8" }, {}).kvCacheDtype, "fp8");
     assert.throws(() => parseServeArgs("m", { kvCacheDtype: "fp8_e4m3fnuz" }, {}), /--kv-cache-dtype must be one of auto, float32, bfloat16, fp8, fp8_e4m3, fp8_e5m2/);
+  });
+
+  it("parses vLLM's tokenizer, logprobs, chunked prefill, generation config and front-end flags", () => {
+    const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-flags-"));
+    try {
+      const d = parseServeArgs("m", {}, {});
+      assert.deepEqual(
+        [d.tokenizer, d.maxLogprobs, d.enableChunkedPrefill, d.longPrefillTokenThreshold, d.overrideGenerationConfig],
+        [null, 20, null, null, {}],
+      );
+      assert.deepEqual(
+        [d.responseRole, d.returnTokensAsTokenIds, d.enableRequestIdHeaders, d.tls, d.rootPath, d.httpLogLevel, d.disableAccessLog],
+        ["assistant", false, false, null, null, null, false],
+      );
+      writeFileSync(join(tmp, "tokenizer.json"), "{}");
+      const a = parseServeArgs("m", {
+        tokenizer: tmp, maxLogprobs: "-1", enableChunkedPrefill: false, longPrefillTokenThreshold: "256",
+        overrideGenerationConfig: '{"temperature": 0.5, "top_k": null, "max_new_tokens": 64}', responseRole: "bot",
+        returnTokensAsTokenIds: true, enableRequestIdHeaders: true, rootPath: "/api/llm/", uvicornLogLevel: "warning",
+        disableUvicornAccessLog: true, trustRemoteCode: true, disableFastapiDocs: true,
+      }, {});
+      assert.deepEqual(
+        [a.tokenizer, a.maxLogprobs, a.enableChunkedPrefill, a.longPrefillTokenThreshold, a.overrideGenerationConfig],
+        [tmp, -1, false, 256, { temperature: 0.5, top_k: null, max_new_tokens: 64 }],
+      );
+      assert.deepEqual(
+        [a.responseRole, a.returnTokensAsTokenIds, a.enableRequestIdHeaders, a.rootPath, a.httpLogLevel, a.disableAccessLog],
+        ["bot", true, true, "/api/llm", "warning", true],
+      );
+      assert.equal(parseServeArgs("m", { rootPath: "/" }, {}).rootPath, null);
+      // HTTPS: the key from its own file, or from the certificate's (a PEM holding both, as Python's load_cert_chain reads it)
+      const key = readFileSync(join(root, "test/fixtures/tls-key.pem"), "utf8");
+      const cert = readFileSync(join(root, "test/fixtures/tls-cert.pem"), "utf8");
+      assert.deepEqual(parseServeArgs("m", { sslKeyfile: join(root, "test/fixtures/tls-key.pem"), sslCertfile: join(root, "test/fixtures/tls-cert.pem") }, {}).tls, { key, cert });
+      writeFileSync(join(tmp, "both.pem"), key + cert);
+      assert.equal(parseServeArgs("m", { sslCertfile: join(tmp, "both.pem") }, {}).tls?.key, key + cert);
+      // every wrong value names its flag
+      const bad: [Record<string, unknown>, RegExp][] = [
+        [{ tokenizer: join(tmp, "missing") }, /--tokenizer must be a local directory holding tokenizer.json/],
+        [{ tokenizer: root }, /--tokenizer ".*": the directory has no tokenizer.json/],
+        [{ maxLogprobs: "-2" }, /--max-logprobs must be an integer >= -1, got "-2"/],
+        [{ maxLogprobs: "many" }, /--max-logprobs must be an integer/],
+        [{ longPrefillTokenThreshold: "-1" }, /--long-prefill-token-threshold must be an integer >= 0/],
+        [{ enableChunkedPrefill: false, maxModelLen: "4096", maxNumBatchedTokens: "2048" },
+          /--max-num-batched-tokens \(2048\) must be >= --max-model-len \(4096\) with --no-enable-chunked-prefill/],
+        [{ overrideGenerationConfig: "temperature=0.5" }, /--override-generation-config must be a JSON object/],
+        [{ overrideGenerationConfig: '{"do_sample": false}' }, /--override-generation-config: "do_sample" is not a sampling default/],
+        [{ overrideGenerationConfig: '{"top_p": 0}' }, /--override-generation-config: top_p must be a number in \(0, 1\] or null, got 0/],
+        [{ overrideGenerationConfig: '{"max_new_tokens": 1.5}' }, /max_new_tokens must be an integer >= 1/],
+        [{ responseRole: " " }, /--response-role must be a non-empty role name/],
+        [{ rootPath: "api" }, /--root-path must be a URL path such as \/api\/llm, got "api"/],
+        [{ uvicornLogLevel: "verbose" }, /--uvicorn-log-level must be one of critical, error, warning, info, debug, trace/],
+        [{ sslKeyfile: join(root, "test/fixtures/tls-key.pem") }, /--ssl-keyfile needs --ssl-certfile/],
+        [{ sslCertfile: join(tmp, "missing.pem") }, /--ssl-certfile ".*missing.pem" cannot be read: ENOENT/],
+        [{ sslCertfile: join(root, "test/fixtures/tls-cert.pem") }, /--ssl-certfile \(no --ssl-keyfile: the key is read from it\): not a usable PEM key/],
+        [{ sslKeyfile: join(tmp, "tokenizer.json"), sslCertfile: join(root, "test/fixtures/tls-cert.pem") }, /--ssl-keyfile \/ --ssl-certfile: not a usable/],
+      ];
+      for (const [o, re] of bad) assert.throws(() => parseServeArgs("m", o, {}), re, JSON.stringify(o));
+      // --override-generation-config goes over --generation-config's source (a null unsets a key), also over "vllm"'s none
+      const modelGen = { eosTokenIds: [], bosTokenId: null, padTokenId: null, raw: { temperature: 0.8, top_k: 50 }, temperature: 0.8, topK: 50 };
+      assert.deepEqual(generationDefaults("auto", modelGen, { temperature: 0.5, top_k: null }), { temperature: 0.5 });
+      assert.deepEqual(generationDefaults("vllm", modelGen, { max_new_tokens: 9 }), { maxTokens: 9 });
+    } finally {
+      rmSync(tmp, { recursive: true });
+    }
+  });
+
+  it("--config: a YAML file of flags (snake or kebab case) under the command line's, as vLLM reads it", async () => {
+    const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-config-"));
+    const serve = async (...argv: string[]): Promise<ServeArgs> => {
+      let got: ServeArgs | null = null;
+      const factory: EngineFactory = async (args) => {
+        got = args;
+        throw new CliUsageError("stop before loading");
+      };
+      const write = process.stderr.write;
+      process.stderr.write = () => true; // main() prints the factory's stop
+      try {
+        assert.equal(await main(["node", "kiln", "serve", ...argv], { engineFactory: factory }), 2);
+      } finally {
+        process.stderr.write = write;
+      }
+      assert.ok(got, "the engine factory was reached");
+      return got;
+    };
+    try {
+      const file = join(tmp, "serve.yaml");
+      writeFileSync(file, [
+        "model: /models/from-config",
+        "port: 9001",
+        "max_model_len: 128",
+        "enable-prefix-caching: false",
+        "enforce_eager: yes # YAML 1.1, as PyYAML reads it",
+        "served-model-name: [a, b]",
+        "speculative_config: {method: ngram, num_speculative_tokens: 2}",
+        "response_role: bot",
+        "max_num_seqs: null",
+        "",
+      ].join("\n"));
+      const a = await serve("--config", file, "--port", "0", "--served-model-name", "cli");
+      assert.equal(a.model, "/models/from-config");
+      assert.equal(a.port, 0, "the command line's flag wins");
+      assert.deepEqual(a.servedModelName, ["cli"], "a list flag is replaced, not extended");
+      assert.equal(a.maxModelLen, 128);
+      assert.equal(a.enablePrefixCaching, false);
+      assert.equal(a.enforceEager, true);
+      assert.equal(a.speculativeConfig?.numSpeculativeTokens, 2);
+      assert.equal(a.responseRole, "bot");
+      assert.equal(a.maxNumSeqs, null);
+      const b = await serve("/models/cli", "--config", file, "--enable-prefix-caching");
+      assert.equal(b.model, "/models/cli", "the positional model wins over the file's");
+      assert.equal(b.enablePrefixCaching, true);
+      assert.deepEqual(b.servedModelName, ["a", "b"]);
+      assert.equal(b.port, 9001);
+      // errors name the file and the flag, before anything loads
+      writeFileSync(join(tmp, "bad.yaml"), "bogus_flag: 1\n");
+      writeFileSync(join(tmp, "value.yaml"), "max_model_len: lots\n");
+      writeFileSync(join(tmp, "list.yaml"), "- port\n");
+      writeFileSync(join(tmp, "flags.json"), "{}");
+      const cases: [string, RegExp][] = [
+        [join(tmp, "bad.yaml"), /--config .*bad.yaml: unknown option '--bogus-flag'/],
+        [join(tmp, "value.yaml"), /--max-model-len must be an integer >= 1, got "lots"/],
+        [join(tmp, "list.yaml"), /the file must be a mapping of flag names to values/],
+        [join(tmp, "flags.json"), /--config must be a .yaml or .yml file/],
+        [join(tmp, "missing.yaml"), /--config ".*missing.yaml" cannot be read: ENOENT/],
+      ];
+      for (const [f, re] of cases) {
+        const r = kiln("serve", "--config", f);
+        assert.equal(r.status, 2, r.stderr);
+        assert.match(r.stderr, re);
+      }
+    } finally {
+      rmSync(tmp, { recursive: true });
+    }
   });
 
   it("serve starts, answers, and drains in-flight streams on SIGTERM", async () => {

@@ -11,7 +11,7 @@ const live = new Set<ChildProcessByStdio<null, Readable, Readable>>();
 process.on("exit", () => live.forEach((c) => c.kill("SIGKILL"))); // never leave a server behind a failed test file
 
 export interface KilnServer {
-  /** e.g. http://127.0.0.1:41234 (no /v1). */
+  /** e.g. http://127.0.0.1:41234 (no /v1); https:// with --ssl-certfile. */
   url: string;
   pid: number;
   /** The served model name (the model directory, as `kiln serve` names it by default). */
@@ -43,7 +43,7 @@ export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDi
     const timer = setTimeout(() => reject(new Error(`kiln serve did not start within 30 s:\n${output}`)), 30_000);
     const onData = (d: Buffer): void => {
       output += d.toString();
-      const m = /Kiln serving \S+ at (http:\/\/\S+)\/v1/.exec(output);
+      const m = /Kiln serving \S+ at (https?:\/\/\S+)\/v1/.exec(output);
       if (m) {
         clearTimeout(timer);
         resolve(m[1]!);

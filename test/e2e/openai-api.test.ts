@@ -424,6 +424,64 @@ describe("tool_choice auto with --enable-auto-tool-choice --tool-call-parser her
   });
 });
 
+// Llama 3.x's formats: calls open the reply, come back with content null, and carry Python's json.dumps spacing.
+const openingFormats = [
+  { parser: "llama3_json", regex: '<\\|python_tag\\|>\\{"name": "get_time", "parameters": \\{"zone": "(UTC|CET)"\\}\\}; \\{"name": "get_date", "parameters": \\{\\}\\}' },
+  { parser: "pythonic", regex: '\\[get_time\\(zone="(UTC|CET)"\\), get_date\\(\\)\\]' },
+];
+for (const { parser, regex } of openingFormats) {
+  describe(`tool_choice auto with --enable-auto-tool-choice --tool-call-parser ${parser} (e2e)`, () => {
+    let auto: KilnServer;
+    let c: OpenAI;
+    before(async () => {
+      auto = await startKiln(["--enable-auto-tool-choice", "--tool-call-parser", parser]);
+      c = auto.client();
+    });
+    after(async () => {
+      assert.equal(await auto.stop(), 0);
+    });
+    const parameters = { type: "object", properties: { zone: { type: "string" } } };
+    const tools = ["get_time", "get_date"].map((name) => ({ type: "function" as const, function: { name, parameters } }));
+    // the random model is steered into the parser's format by a regex
+    const req = { model: "x", messages: USER, tools, max_tokens: 200, seed: 2, temperature: 1, structured_outputs: { regex } };
+
+    it("the calls come back as tool_calls (content null, finish_reason tool_calls), streamed or not", async () => {
+      const r = await c.chat.completions.create({ ...req, model: auto.model } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+      const ch = r.choices[0]!;
+      assert.equal(ch.finish_reason, "tool_calls");
+      assert.equal(ch.message.content, null);
+      const calls = (ch.message.tool_calls as OpenAI.ChatCompletionMessageFunctionToolCall[]).map((t) => t.function);
+      assert.equal(calls.length, 2);
+      assert.equal(calls[0]!.name, "get_time");
+      assert.match(calls[0]!.arguments, /^\{"zone": "(UTC|CET)"\}$/);
+      assert.deepEqual(calls[1], { name: "get_date", arguments: "{}" });
+      // streamed: nothing goes out as content (the reply opens with the calls); the calls come in the last chunk
+      const stream = await c.chat.completions.create({ ...req, model: auto.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
+      let content = "";
+      const streamed: { name?: string; arguments?: string }[] = [];
+      let finish: string | null = null;
+      for await (const chunk of stream) {
+        const choice = chunk.choices[0];
+        if (choice === undefined) continue;
+        content += choice.delta.content ?? "";
+        for (const t of choice.delta.tool_calls ?? []) streamed[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
+        finish = choice.finish_reason ?? finish;
+      }
+      assert.equal(content, "");
+      assert.deepEqual(streamed, calls);
+      assert.equal(finish, "tool_calls");
+    });
+
+    it("a reply that is no call stays text", async () => {
+      const noCall = { ...req, model: auto.model, structured_outputs: { choice: ["[1] says no."] } };
+      const r = await c.chat.completions.create(noCall as OpenAI.ChatCompletionCreateParamsNonStreaming);
+      assert.equal(r.choices[0]!.message.content, "[1] says no.");
+      assert.deepEqual(r.choices[0]!.message.tool_calls, []);
+      assert.equal(r.choices[0]!.finish_reason, "stop");
+    });
+  });
+}
+
 describe("kiln serve --speculative-config (e2e)", () => {
   let spec: KilnServer;
   before(async () => {
