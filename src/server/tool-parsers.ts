@@ -47,15 +47,19 @@ const hermes: ToolCallParser = {
       const bodyStart = at + START.length;
       const end = text.indexOf(END, bodyStart);
       const body = text.slice(bodyStart, end < 0 ? undefined : end).trim();
-      let call: unknown;
+      // read as Python's json.loads reads it, written back as its json.dumps writes it (vLLM's arguments text)
+      let call: PyValue;
       try {
-        call = JSON.parse(body);
+        const read = pyJsonDecode(body, 0);
+        if (read.end !== body.length) return null;
+        call = read.value;
       } catch {
         return null;
       }
-      const c = call as { name?: unknown; arguments?: unknown } | null;
-      if (typeof c !== "object" || c === null || typeof c.name !== "string") return null;
-      calls.push({ name: c.name, arguments: JSON.stringify(c.arguments ?? {}) });
+      if (!(call instanceof PyDict)) return null;
+      const name = call.get("name");
+      if (typeof name !== "string") return null;
+      calls.push({ name, arguments: pyJsonDumps(call.get("arguments") ?? new PyDict()) });
       at = end < 0 ? -1 : text.indexOf(START, end + END.length);
     }
     const content = text.slice(0, first);

@@ -398,7 +398,7 @@ describe("tool_choice auto with --enable-auto-tool-choice --tool-call-parser her
     const calls = ch.message.tool_calls as OpenAI.ChatCompletionMessageFunctionToolCall[];
     assert.equal(calls.length, 1);
     assert.equal(calls[0]!.function.name, "get_time");
-    assert.match(calls[0]!.function.arguments, /^\{"zone":"(UTC|CET)"\}$/);
+    assert.match(calls[0]!.function.arguments, /^\{"zone": "(UTC|CET)"\}$/); // as vLLM's json.dumps writes it
     // streamed: the content before the marker streams as text, the call comes whole in the last chunk
     const stream = await c.chat.completions.create({ ...req, model: auto.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
     let content = "";

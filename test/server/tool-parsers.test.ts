@@ -18,14 +18,14 @@ describe("hermes tool-call parser", () => {
     assert.deepEqual(hermes.extract(text), {
       content: "Let me check.",
       calls: [
-        { name: "get_weather", arguments: '{"city":"Oslo","days":2}' },
+        { name: "get_weather", arguments: '{"city": "Oslo", "days": 2}' }, // json.dumps' separators, as vLLM writes them
         { name: "get_time", arguments: "{}" },
       ],
     });
   });
 
   it("takes an unclosed last block (a reply that stopped at its end) and gives null content when none precedes", () => {
-    assert.deepEqual(hermes.extract('<tool_call>{"name": "f", "arguments": {"x": [1]}}'), { content: null, calls: [{ name: "f", arguments: '{"x":[1]}' }] });
+    assert.deepEqual(hermes.extract('<tool_call>{"name": "f", "arguments": {"x": [1]}}'), { content: null, calls: [{ name: "f", arguments: '{"x": [1]}' }] });
   });
 
   it("is null (the reply stays text) without a call, or when a call does not parse", () => {
