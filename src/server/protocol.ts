@@ -55,6 +55,8 @@ export interface ChatRequest extends CommonRequest {
   topLogprobs: number | null; // null = no logprobs
   /** vLLM's include_reasoning: with a reasoning parser, return the reply's reasoning (default true). */
   includeReasoning: boolean;
+  /** OpenAI's parallel_tool_calls: false keeps a reply's first tool call only (as vLLM filters them). Default true. */
+  parallelToolCalls: boolean;
 }
 
 export type PromptInput = { text: string } | { tokenIds: number[] };
@@ -420,6 +422,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     toolChoice,
     topLogprobs: topLp,
     includeReasoning: optBool(body, "include_reasoning") ?? true,
+    parallelToolCalls: optBool(body, "parallel_tool_calls") ?? true,
   };
 }
 

@@ -74,6 +74,12 @@ const call = (name: string, args: string): ToolCall => ({ id: randomId("chatcmpl
  * A reply without complete calls (cut at max_tokens, or an auto reply with none) stays text.
  */
 function readReply(ctx: ServingContext, req: ChatRequest, text: string): Reply {
+  const r = readCalls(ctx, req, text);
+  // parallel_tool_calls false: the first call only (vLLM's maybe_filter_parallel_tool_calls)
+  return r.toolCalls !== null && !req.parallelToolCalls ? { ...r, toolCalls: r.toolCalls.slice(0, 1) } : r;
+}
+
+function readCalls(ctx: ServingContext, req: ChatRequest, text: string): Reply {
   const tc = req.toolChoice;
   const asText: Reply = { content: text, toolCalls: null };
   switch (tc.kind) {

@@ -470,6 +470,13 @@ for (const { parser, regex } of openingFormats) {
       assert.equal(content, "");
       assert.deepEqual(streamed, calls);
       assert.equal(finish, "tool_calls");
+      // parallel_tool_calls false: the first call only, streamed or not (as vLLM filters them)
+      const one = await c.chat.completions.create({ ...req, model: auto.model, parallel_tool_calls: false } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+      assert.deepEqual((one.choices[0]!.message.tool_calls as OpenAI.ChatCompletionMessageFunctionToolCall[]).map((t) => t.function), [calls[0]]);
+      const firstOnly: unknown[] = [];
+      for await (const chunk of await c.chat.completions.create({ ...req, model: auto.model, stream: true, parallel_tool_calls: false } as OpenAI.ChatCompletionCreateParamsStreaming))
+        for (const t of chunk.choices[0]?.delta.tool_calls ?? []) firstOnly[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
+      assert.deepEqual(firstOnly, [calls[0]]);
     });
 
     it("a reply that is no call stays text", async () => {
