@@ -26,6 +26,8 @@ class DecoderLayer extends Module {
   /** Gemma 3: the MLP's input norm (pre_feedforward_layernorm) and its output's (post_feedforward_layernorm). */
   readonly preFfwNorm: RMSNorm | null;
   readonly postFfwNorm: RMSNorm | null;
+  /** Granite's residual_multiplier on both branches, or null. */
+  readonly residualScale: number | null;
 
   constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions) {
     super();
@@ -73,6 +75,7 @@ class DecoderLayer extends Module {
     this.postAttnNorm = norm("post_attention_layernorm");
     this.preFfwNorm = cfg.sandwichNorms ? norm("pre_feedforward_layernorm") : null;
     this.postFfwNorm = cfg.sandwichNorms ? norm("post_feedforward_layernorm") : null;
+    this.residualScale = cfg.residualScale;
   }
 
   forward(h: Tensor, ctx: ForwardContext): Tensor {
@@ -82,6 +85,7 @@ class DecoderLayer extends Module {
     n1.out.dispose();
     if (n1.xq) disposeQuantizedActivations(n1.xq);
     if (this.preFfwNorm !== null) a = normed(this.postAttnNorm, a);
+    if (this.residualScale !== null) a = scaled(a, this.residualScale);
     const h2 = add(h, a);
     a.dispose();
     const mlpNorm = this.preFfwNorm ?? this.postAttnNorm;
@@ -97,11 +101,19 @@ class DecoderLayer extends Module {
       n2.dispose();
     }
     if (this.postFfwNorm !== null) m = normed(this.postFfwNorm, m);
+    if (this.residualScale !== null) m = scaled(m, this.residualScale);
     const out = add(h2, m);
     h2.dispose();
     m.dispose();
     return out;
   }
+}
+
+/** x * s, disposing x. */
+function scaled(x: Tensor, s: number): Tensor {
+  const out = x.mul(s);
+  x.dispose();
+  return out;
 }
 
 /** norm(x), disposing x. */
@@ -119,7 +131,8 @@ class DecoderBody extends Module {
   /** `rotaryLocal`: the sliding-window layers' rotary (Gemma 3), or null when every layer uses `rotary`. */
   constructor(cfg: ModelConfig, rotary: RotaryEmbedding, rotaryLocal: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions) {
     super();
-    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale));
+    // (Gemma3TextScaledWordEmbedding casts its scale to the weights' dtype)
+    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, cfg.sandwichNorms));
     const holder = this.module("layers", new Module());
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
       const r = rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;
@@ -199,8 +212,9 @@ export class CausalLM extends Module {
       idx.dispose();
     }
     const w = this.lmHead ? this.lmHead.weight : this.model.embedTokens.weight;
-    const out = linear(h, w);
+    let out = linear(h, w);
     if (h !== hidden) h.dispose();
+    if (this.config.logitScale !== null) out = scaled(out, 1 / this.config.logitScale); // Granite's logits_scaling
     return out;
   }
 

@@ -12,7 +12,7 @@ export class ModelConfigError extends Error {
 
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-  "Gemma3ForCausalLM",
+  "Gemma3ForCausalLM", "GraniteForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -66,8 +66,15 @@ export interface ModelConfig {
   hiddenAct: "silu" | "gelu_tanh";
   /** Attention's softmax scale (Gemma 3: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5). */
   attnScale: number;
-  /** The embeddings' output is multiplied by this (Gemma: sqrt(hidden_size)), or null. */
+  /**
+   * The embeddings' output is multiplied by this (Gemma: sqrt(hidden_size), rounded to the weights' dtype as HF casts
+   * it; Granite: embedding_multiplier), or null.
+   */
   embedScale: number | null;
+  /** Granite: each layer's attention and MLP outputs are scaled by this before their residual add (residual_multiplier). */
+  residualScale: number | null;
+  /** Granite: the logits are divided by this (logits_scaling). */
+  logitScale: number | null;
   /** RMSNorm scales by (offset + weight): 1 for Gemma, whose norm weights are stored as w with (1 + w) applied. */
   normOffset: number;
   /**
@@ -224,8 +231,10 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const act = cfg[actKey] ?? "silu";
   const hiddenAct = act === "silu" || act === "swish" ? "silu" : act === "gelu_pytorch_tanh" || act === "gelu_new" ? "gelu_tanh" : null;
   if (hiddenAct === null) throw new ModelConfigError(`[config] ${arch}: unsupported ${actKey} "${String(act)}" (silu, gelu_pytorch_tanh)`);
-  const unsupported = ["attn_logit_softcapping", "final_logit_softcapping", "logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"];
-  for (const key of gemma ? unsupported : [...unsupported, "query_pre_attn_scalar"]) {
+  const granite = architecture === "GraniteForCausalLM";
+  const multipliers = ["logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"];
+  const unsupported = ["attn_logit_softcapping", "final_logit_softcapping", ...(granite ? [] : multipliers), ...(gemma ? [] : ["query_pre_attn_scalar"])];
+  for (const key of unsupported) {
     if (cfg[key] !== undefined && cfg[key] !== null) throw new ModelConfigError(`[config] ${arch}: unsupported field "${key}" = ${JSON.stringify(cfg[key])}`);
   }
   if (cfg.pretraining_tp !== undefined && cfg.pretraining_tp !== 1 && cfg.pretraining_tp !== null) {
@@ -271,7 +280,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     const maxWindowLayers = typeof cfg.max_window_layers === "number" ? cfg.max_window_layers : numHiddenLayers;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && i >= maxWindowLayers);
   } else {
-    if (architecture === "LlamaForCausalLM") slidingWindow = null;
+    if (architecture === "LlamaForCausalLM" || granite) slidingWindow = null;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, () => slidingWindow !== null);
   }
   if (slidingWindow !== null && !slidingWindowLayers.some(Boolean)) slidingWindow = null;
@@ -309,13 +318,15 @@ export function parseHfConfig(json: unknown): ModelConfig {
     ropeTheta, ropeScaling, maxPositionEmbeddings,
     tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", gemma),
     hiddenAct,
-    attnScale: 1 / Math.sqrt(gemma ? optNum(cfg, "query_pre_attn_scalar", arch, headDim) : headDim),
-    embedScale: gemma ? Math.sqrt(hiddenSize) : null,
+    attnScale: granite ? optNum(cfg, "attention_multiplier", arch, 1 / Math.sqrt(headDim)) : 1 / Math.sqrt(gemma ? optNum(cfg, "query_pre_attn_scalar", arch, headDim) : headDim),
+    embedScale: gemma ? Math.sqrt(hiddenSize) : granite ? optNum(cfg, "embedding_multiplier", arch, 1) : null,
+    residualScale: granite ? optNum(cfg, "residual_multiplier", arch, 1) : null,
+    logitScale: granite ? optNum(cfg, "logits_scaling", arch, 1) : null,
     normOffset: gemma ? 1 : 0,
     sandwichNorms: gemma,
     localRopeTheta: gemma ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
-    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma ? attentionBias : false,
+    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
     qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma,
     slidingWindow, slidingWindowLayers, moe, moeLayers,

@@ -31,6 +31,9 @@ function archExtras(arch: Architecture): Json {
       return { model_type: "mixtral", num_local_experts: 4, num_experts_per_tok: 2 };
     case "Qwen3MoeForCausalLM":
       return { model_type: "qwen3_moe", num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 64, norm_topk_prob: true, head_dim: 16 };
+    case "GraniteForCausalLM":
+      // Granite 3's multipliers at the tiny model's scale (the 2B model's are 12, 0.22, 0.015625 and 8)
+      return { model_type: "granite", embedding_multiplier: 12, residual_multiplier: 0.22, attention_multiplier: 0.125, logits_scaling: 8 };
     case "Gemma3ForCausalLM":
       // llama.cpp's gemma3 assumptions (every 6th layer global, local rotary base 10000, head_dim ** -0.5 scale)
       return {
@@ -151,7 +154,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const weights = inspectModelDir(dir).weights; // one file or shards with their index, as the loader reads them
   if (weights?.format !== "safetensors") throw new ModelLoadError(`[convert] ${dir} has no safetensors weights`);
   const st = readSafetensors(weights.indexPath ?? weights.files[0]!);
-  const permutes = cfg.architecture === "LlamaForCausalLM" || cfg.architecture === "MistralForCausalLM" || cfg.architecture === "MixtralForCausalLM";
+  const permutes = ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM"].includes(cfg.architecture);
   const family = cfg.architecture === "Gemma3ForCausalLM" ? "gemma3" : "default";
   const load = (name: string, rows: number): Float32Array => {
     const data = st.loadAsFloat32(name);

@@ -39,6 +39,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   Qwen2ForCausalLM: DEFAULT_FAMILY, // qkv bias comes from the config
   Qwen3ForCausalLM: DEFAULT_FAMILY, // q/k norm comes from the config
   Gemma3ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
+  GraniteForCausalLM: DEFAULT_FAMILY, // Llama with its four multipliers, from the config
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
 };

@@ -84,12 +84,16 @@ export class Linear extends Module {
 export class Embedding extends Module {
   weight: Tensor; // [numEmbeddings, dim]
 
-  /** `scale`: each looked-up row is multiplied by it (Gemma's sqrt(hidden), rounded to the weights' dtype), or null. */
+  /**
+   * `scale`: each looked-up row is multiplied by it, or null; `roundScale`: the scale first rounded to the weights'
+   * dtype (Gemma's sqrt(hidden), which HF casts to it; Granite's embedding_multiplier is used as it is).
+   */
   constructor(
     readonly numEmbeddings: number,
     readonly dim: number,
     options: LayerOptions = {},
     readonly scale: number | null = null,
+    readonly roundScale = false,
   ) {
     super();
     this.weight = this.param("weight", newParameter([numEmbeddings, dim], options))!;
@@ -102,8 +106,7 @@ export class Embedding extends Module {
   forward(ids: Tensor): Tensor {
     const rows = embedding(ids, this.weight);
     if (this.scale === null) return rows;
-    // HF (Gemma3TextScaledWordEmbedding) multiplies by the scale cast to the weights' dtype
-    const out = rows.mul(this.weight.dtype === "bfloat16" ? bf16Round(this.scale) : this.scale);
+    const out = rows.mul(this.roundScale && this.weight.dtype === "bfloat16" ? bf16Round(this.scale) : this.scale);
     rows.dispose();
     return out;
   }

@@ -140,15 +140,22 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
   Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma3ForCausalLM: "gemma3",
+  GraniteForCausalLM: "granite",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
-  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"],
+  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
 };
+
+/** Granite's multipliers: HF config key <-> GGUF key (after `granite.`), as llama.cpp's converter writes them. */
+const GRANITE_SCALES: [string, string][] = [
+  ["embedding_multiplier", "embedding_scale"], ["residual_multiplier", "residual_scale"],
+  ["attention_multiplier", "attention.scale"], ["logits_scaling", "logit_scale"],
+];
 
 /** Does llama.cpp permute q/k rows for this GGUF architecture? (llama yes; qwen2/qwen3 use NEOX rope, no) */
 export function ggufArchPermutesQK(ggufArch: string): boolean {
-  return ggufArch === "llama";
+  return ggufArch === "llama" || ggufArch === "granite";
 }
 
 /**
@@ -196,6 +203,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
     }
   }
   if (typeof config.sliding_window === "number" && (archName === "MistralForCausalLM" || arch === "gemma3")) md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
+  if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (num(hf) !== undefined) md[`${arch}.${g}`] = gguf.f32(num(hf)!);
   return md;
 }
 
@@ -253,6 +261,7 @@ export function ggufToHfConfig(metadata: Readonly<Record<string, GgufValue>>, te
     cfg.rope_scaling = rs;
   }
   if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
+  if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (get(g) !== undefined) cfg[hf] = get(g);
   if (arch === "gemma3") {
     // what llama.cpp assumes for gemma3: every 6th layer global, the others sliding with rotary base 10000, and
     // attention scaled by head_dim ** -0.5 (the 27B model's 168 is not metadata)
