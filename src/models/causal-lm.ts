@@ -20,12 +20,11 @@ export const DEFAULT_FAMILY: FamilySpec = { moeModuleName: "mlp", expertNames: [
 class DecoderLayer extends Module {
   readonly selfAttn: Attention;
   readonly mlp: GatedMLP | MoE;
-  readonly inputNorm: RMSNorm;
-  /** Llama: the MLP's input norm; Gemma 3 (sandwich norms): the attention output's norm. */
-  readonly postAttnNorm: RMSNorm;
-  /** Gemma 3: the MLP's input norm (pre_feedforward_layernorm) and its output's (post_feedforward_layernorm). */
-  readonly preFfwNorm: RMSNorm | null;
-  readonly postFfwNorm: RMSNorm | null;
+  // the norms on the attention's input and output and the MLP's (ModelConfig.normPlacement says which exist)
+  readonly attnInNorm: RMSNorm | null;
+  readonly attnOutNorm: RMSNorm | null;
+  readonly mlpInNorm: RMSNorm | null;
+  readonly mlpOutNorm: RMSNorm | null;
   /** Granite's residual_multiplier on both branches, or null. */
   readonly residualScale: number | null;
 
@@ -41,7 +40,7 @@ class DecoderLayer extends Module {
           headDim: cfg.headDim,
           qkvBias: cfg.qkvBias,
           oBias: cfg.oBias,
-          qkNorm: cfg.qkNorm,
+          qkNorm: cfg.qkNorm ? cfg.qkNormScope : false,
           rmsNormEps: cfg.rmsNormEps,
           slidingWindow: cfg.slidingWindowLayers[i] ? cfg.slidingWindow : null,
           scale: cfg.attnScale,
@@ -71,36 +70,38 @@ class DecoderLayer extends Module {
       this.mlp = this.module("mlp", new GatedMLP(cfg.hiddenSize, cfg.intermediateSize, cfg.mlpBias, options, undefined, cfg.hiddenAct));
     }
     const norm = (name: string) => this.module(name, new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));
-    this.inputNorm = norm("input_layernorm");
-    this.postAttnNorm = norm("post_attention_layernorm");
-    this.preFfwNorm = cfg.sandwichNorms ? norm("pre_feedforward_layernorm") : null;
-    this.postFfwNorm = cfg.sandwichNorms ? norm("post_feedforward_layernorm") : null;
+    const p = cfg.normPlacement;
+    this.attnInNorm = p === "post" ? null : norm("input_layernorm");
+    // HF's post_attention_layernorm is the MLP's input norm in Llama, the attention output's in Gemma 3 and OLMo 2
+    const postAttention = norm("post_attention_layernorm");
+    this.attnOutNorm = p === "pre" ? null : postAttention;
+    this.mlpInNorm = p === "pre" ? postAttention : p === "sandwich" ? norm("pre_feedforward_layernorm") : null;
+    this.mlpOutNorm = p === "pre" ? null : norm("post_feedforward_layernorm");
     this.residualScale = cfg.residualScale;
   }
 
   forward(h: Tensor, ctx: ForwardContext): Tensor {
-    // each norm also quantizes its rows once for quantized q/k/v (gate/up) projections, which then skip it
-    const n1 = this.inputNorm.forwardFor(h, this.selfAttn.inputProjections);
+    // each input norm also quantizes its rows once for quantized q/k/v (gate/up) projections, which then skip it
+    const n1 = this.attnInNorm?.forwardFor(h, this.selfAttn.inputProjections) ?? { out: h, xq: null };
     let a = this.selfAttn.forward(n1.out, ctx, n1.xq);
-    n1.out.dispose();
+    if (n1.out !== h) n1.out.dispose();
     if (n1.xq) disposeQuantizedActivations(n1.xq);
-    if (this.preFfwNorm !== null) a = normed(this.postAttnNorm, a);
+    if (this.attnOutNorm !== null) a = normed(this.attnOutNorm, a);
     if (this.residualScale !== null) a = scaled(a, this.residualScale);
     const h2 = add(h, a);
     a.dispose();
-    const mlpNorm = this.preFfwNorm ?? this.postAttnNorm;
     let m: Tensor;
     if (this.mlp instanceof GatedMLP) {
-      const n2 = mlpNorm.forwardFor(h2, this.mlp.inputProjections);
+      const n2 = this.mlpInNorm?.forwardFor(h2, this.mlp.inputProjections) ?? { out: h2, xq: null };
       m = this.mlp.forward(n2.out, n2.xq, ctx.kind === "paged" ? ctx.loraSlots : null);
-      n2.out.dispose();
+      if (n2.out !== h2) n2.out.dispose();
       if (n2.xq) disposeQuantizedActivations(n2.xq);
     } else {
-      const n2 = mlpNorm.forward(h2);
+      const n2 = this.mlpInNorm?.forward(h2) ?? h2;
       m = this.mlp.forward(n2);
-      n2.dispose();
+      if (n2 !== h2) n2.dispose();
     }
-    if (this.postFfwNorm !== null) m = normed(this.postFfwNorm, m);
+    if (this.mlpOutNorm !== null) m = normed(this.mlpOutNorm, m);
     if (this.residualScale !== null) m = scaled(m, this.residualScale);
     const out = add(h2, m);
     h2.dispose();
@@ -132,7 +133,7 @@ class DecoderBody extends Module {
   constructor(cfg: ModelConfig, rotary: RotaryEmbedding, rotaryLocal: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions) {
     super();
     // (Gemma3TextScaledWordEmbedding casts its scale to the weights' dtype)
-    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, cfg.sandwichNorms));
+    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, cfg.normPlacement === "sandwich"));
     const holder = this.module("layers", new Module());
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
       const r = rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;

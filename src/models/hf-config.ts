@@ -12,7 +12,7 @@ export class ModelConfigError extends Error {
 
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-  "Gemma3ForCausalLM", "GraniteForCausalLM",
+  "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -78,11 +78,12 @@ export interface ModelConfig {
   /** RMSNorm scales by (offset + weight): 1 for Gemma, whose norm weights are stored as w with (1 + w) applied. */
   normOffset: number;
   /**
-   * Gemma 3's four norms per layer: post_attention_layernorm normalizes the attention's output before the residual
-   * add, pre_feedforward_layernorm the MLP's input and post_feedforward_layernorm its output (Llama's two: input and
-   * post_attention_layernorm, the MLP's input).
+   * Where a layer's norms sit. "pre" (Llama): input_layernorm before the attention, post_attention_layernorm before
+   * the MLP. "sandwich" (Gemma 3): those around the attention (post_attention_layernorm normalizes its output before
+   * the residual add), pre_feedforward_layernorm and post_feedforward_layernorm around the MLP. "post" (OLMo 2):
+   * post_attention_layernorm and post_feedforward_layernorm on the two outputs only.
    */
-  sandwichNorms: boolean;
+  normPlacement: "pre" | "sandwich" | "post";
   /** Gemma 3: the sliding-window layers' rotary base (rope_local_base_freq, no scaling); null: all layers share one. */
   localRopeTheta: number | null;
   /** Bias on q/k/v projections (always for Qwen2, `attention_bias` for Llama/Qwen3). */
@@ -90,8 +91,9 @@ export interface ModelConfig {
   /** Bias on the output projection (`attention_bias` for Llama/Qwen3; never for Qwen2). */
   oBias: boolean;
   mlpBias: boolean;
-  /** Qwen3: RMSNorm over each head of q and k before rotary. */
+  /** RMSNorm of q and k before rotary: Qwen3 and Gemma 3 over each head ("head"), OLMo 2 over the whole projection ("full"). */
   qkNorm: boolean;
+  qkNormScope: "head" | "full";
   /** Sliding attention window size in tokens, or null. */
   slidingWindow: number | null;
   /** Per layer: does it use the sliding window? (all false when slidingWindow is null) */
@@ -280,7 +282,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     const maxWindowLayers = typeof cfg.max_window_layers === "number" ? cfg.max_window_layers : numHiddenLayers;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && i >= maxWindowLayers);
   } else {
-    if (architecture === "LlamaForCausalLM" || granite) slidingWindow = null;
+    if (architecture === "LlamaForCausalLM" || granite || architecture === "Olmo2ForCausalLM") slidingWindow = null;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, () => slidingWindow !== null);
   }
   if (slidingWindow !== null && !slidingWindowLayers.some(Boolean)) slidingWindow = null;
@@ -323,12 +325,13 @@ export function parseHfConfig(json: unknown): ModelConfig {
     residualScale: granite ? optNum(cfg, "residual_multiplier", arch, 1) : null,
     logitScale: granite ? optNum(cfg, "logits_scaling", arch, 1) : null,
     normOffset: gemma ? 1 : 0,
-    sandwichNorms: gemma,
+    normPlacement: gemma ? "sandwich" : architecture === "Olmo2ForCausalLM" ? "post" : "pre",
     localRopeTheta: gemma ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
-    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite ? attentionBias : false,
+    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite || architecture === "Olmo2ForCausalLM" ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
-    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma,
+    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || architecture === "Olmo2ForCausalLM",
+    qkNormScope: architecture === "Olmo2ForCausalLM" ? "full" : "head",
     slidingWindow, slidingWindowLayers, moe, moeLayers,
     torchDtype: typeof (cfg.torch_dtype ?? cfg.dtype) === "string" ? ((cfg.torch_dtype ?? cfg.dtype) as string) : null,
     bosTokenId: typeof cfg.bos_token_id === "number" ? cfg.bos_token_id : null,

@@ -6,7 +6,7 @@ import { f32ToBf16 } from "./formats/dtype-convert.js";
 import { mulberry32 } from "../util/random.js";
 import { readSafetensors, writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
-import { ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
+import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
 import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture } from "./hf-config.js";
@@ -31,6 +31,8 @@ function archExtras(arch: Architecture): Json {
       return { model_type: "mixtral", num_local_experts: 4, num_experts_per_tok: 2 };
     case "Qwen3MoeForCausalLM":
       return { model_type: "qwen3_moe", num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 64, norm_topk_prob: true, head_dim: 16 };
+    case "Olmo2ForCausalLM":
+      return { model_type: "olmo2", rope_theta: 500_000 };
     case "GraniteForCausalLM":
       // Granite 3's multipliers at the tiny model's scale (the 2B model's are 12, 0.22, 0.015625 and 8)
       return { model_type: "granite", embedding_multiplier: 12, residual_multiplier: 0.22, attention_multiplier: 0.125, logits_scaling: 8 };
@@ -155,7 +157,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   if (weights?.format !== "safetensors") throw new ModelLoadError(`[convert] ${dir} has no safetensors weights`);
   const st = readSafetensors(weights.indexPath ?? weights.files[0]!);
   const permutes = ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM"].includes(cfg.architecture);
-  const family = cfg.architecture === "Gemma3ForCausalLM" ? "gemma3" : "default";
+  const family = ggufFamilyOf(cfg.architecture);
   const load = (name: string, rows: number): Float32Array => {
     const data = st.loadAsFloat32(name);
     const shift = ggufNormShift(family, name);

@@ -13,7 +13,7 @@ import { inspectModelDir } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
-import { ggufArchPermutesQK, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
+import { ggufArchPermutesQK, ggufFamilyOf, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
 import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
@@ -40,6 +40,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   Qwen3ForCausalLM: DEFAULT_FAMILY, // q/k norm comes from the config
   Gemma3ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   GraniteForCausalLM: DEFAULT_FAMILY, // Llama with its four multipliers, from the config
+  Olmo2ForCausalLM: DEFAULT_FAMILY, // its norms' placement and q/k norms over whole projections come from the config
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
 };
@@ -260,7 +261,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     const config = parseHfConfig(hfConfig);
     const dtype = resolveDtype(options.dtype ?? "auto", config);
     const arch = String(g.metadata["general.architecture"] ?? "");
-    const family = config.architecture === "MixtralForCausalLM" ? "mixtral" : config.architecture === "Gemma3ForCausalLM" ? "gemma3" : "default";
+    const family = ggufFamilyOf(config.architecture);
     // every parameter is assigned below (or the load fails on the missing ones), so none is allocated first
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
     const wanted = new Set(model.namedParameters().map(([n]) => n));

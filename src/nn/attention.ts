@@ -36,7 +36,8 @@ export interface AttentionConfig {
   headDim: number;
   qkvBias: boolean;
   oBias: boolean;
-  qkNorm: boolean;
+  /** RMSNorm of q and k before rotary: over each head ("head" or true: Qwen3, Gemma 3) or the whole projection ("full": OLMo 2). */
+  qkNorm: boolean | "head" | "full";
   rmsNormEps: number;
   slidingWindow: number | null;
   /** The softmax scale (default head_dim ** -0.5). */
@@ -65,8 +66,10 @@ export class Attention extends Module {
     this.kProj = this.module("k_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
     this.vProj = this.module("v_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
     this.oProj = this.module("o_proj", new Linear(numHeads * headDim, hiddenSize, cfg.oBias, options));
-    this.qNorm = cfg.qkNorm ? this.module("q_norm", new RMSNorm(headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0)) : null;
-    this.kNorm = cfg.qkNorm ? this.module("k_norm", new RMSNorm(headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0)) : null;
+    const full = cfg.qkNorm === "full";
+    const qkNorm = (name: string, heads: number) => this.module(name, new RMSNorm(full ? heads * headDim : headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0));
+    this.qNorm = cfg.qkNorm !== false ? qkNorm("q_norm", numHeads) : null;
+    this.kNorm = cfg.qkNorm !== false ? qkNorm("k_norm", numKvHeads) : null;
   }
 
   /** The projections that read forward()'s x (for RMSNorm.forwardFor). */
@@ -81,11 +84,17 @@ export class Attention extends Module {
     const loraSlots = ctx.kind === "paged" ? ctx.loraSlots : null;
     // the three products first, then their LoRA deltas: products of one input back to back merge into one job
     const flats = this.inputProjections.map((p) => p.forward(x, xq));
+    const full = this.cfg.qkNorm === "full";
     const heads = (proj: Linear, flat0: Tensor, n: number, norm: RMSNorm | null): Tensor => {
-      const flat = proj.withLora(flat0, x, loraSlots);
+      let flat = proj.withLora(flat0, x, loraSlots);
+      if (norm !== null && full) {
+        const normed = norm.forward(flat); // over the whole projection (OLMo 2), before the split into heads
+        flat.dispose();
+        flat = normed;
+      }
       const v = flat.view(T, n, D);
       flat.dispose();
-      if (!norm) return v;
+      if (norm === null || full) return v;
       const normed = norm.forward(v);
       v.dispose();
       return normed;

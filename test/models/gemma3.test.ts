@@ -29,7 +29,7 @@ describe("Gemma 3", () => {
     assert.equal(c.attnScale, 1 / Math.sqrt(168)); // query_pre_attn_scalar, not head_dim
     assert.equal(c.embedScale, 16); // sqrt(hidden_size)
     assert.equal(c.normOffset, 1);
-    assert.equal(c.sandwichNorms, true);
+    assert.equal(c.normPlacement, "sandwich");
     assert.equal(c.qkNorm, true);
     assert.equal(c.tieWordEmbeddings, true); // Gemma's default
     assert.equal(c.localRopeTheta, 10000);

@@ -33,7 +33,7 @@ function withFloat16Gelu<T>(f: () => T): T {
 }
 
 
-const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM"];
+const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM"];
 const PROMPT = "The jury said that the city of Atlanta";
 
 test("last-position logits match llama.cpp on the same weights", { skip: hasLlamaCpp ? false : "node-llama-cpp not installed", timeout: 120_000 }, async (t) => {

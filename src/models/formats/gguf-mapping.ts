@@ -26,15 +26,21 @@ const LAYER_NAMES: [string, string][] = [
   ["mlp.gate", "ffn_gate_inp"], // Qwen3-MoE router
   ["block_sparse_moe.gate", "ffn_gate_inp"], // Mixtral router
 ];
-/** Gemma 3's four norms per layer (its other names are Llama's). */
-const GEMMA3_LAYER_NAMES: [string, string][] = [
+/** Gemma 3's and OLMo 2's norms on the attention's and the MLP's outputs, and Gemma 3's MLP input norm. */
+const OUTPUT_NORM_NAMES: [string, string][] = [
   ["post_attention_layernorm", "post_attention_norm"],
-  ["pre_feedforward_layernorm", "ffn_norm"],
   ["post_feedforward_layernorm", "post_ffw_norm"],
 ];
-/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma 3's norms. */
-export type GgufFamily = "mixtral" | "gemma3" | "default";
-const layerNames = (family: GgufFamily): [string, string][] => (family === "gemma3" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES] : LAYER_NAMES);
+const GEMMA3_LAYER_NAMES: [string, string][] = [...OUTPUT_NORM_NAMES, ["pre_feedforward_layernorm", "ffn_norm"]];
+/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma 3's and OLMo 2's norms. */
+export type GgufFamily = "mixtral" | "gemma3" | "olmo2" | "default";
+const layerNames = (family: GgufFamily): [string, string][] =>
+  family === "gemma3" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES] : family === "olmo2" ? [...OUTPUT_NORM_NAMES, ...LAYER_NAMES] : LAYER_NAMES;
+
+/** The tensor-name family of an HF architecture. */
+export function ggufFamilyOf(architecture: string): GgufFamily {
+  return architecture === "MixtralForCausalLM" ? "mixtral" : architecture === "Gemma3ForCausalLM" ? "gemma3" : architecture === "Olmo2ForCausalLM" ? "olmo2" : "default";
+}
 
 /**
  * What llama.cpp's converter adds to a norm weight (Gemma's (1 + w) norms are stored as 1 + w), so a reader
@@ -140,11 +146,12 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
   Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma3ForCausalLM: "gemma3",
-  GraniteForCausalLM: "granite",
+  GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
   qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
+  olmo2: ["Olmo2ForCausalLM", "olmo2"],
 };
 
 /** Granite's multipliers: HF config key <-> GGUF key (after `granite.`), as llama.cpp's converter writes them. */
