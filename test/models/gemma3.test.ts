@@ -11,6 +11,7 @@ import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { ModelConfigError, parseHfConfig } from "../../src/models/hf-config.js";
 import { readSafetensors, writeSafetensors } from "../../src/models/formats/safetensors.js";
+import { ggufToHfConfig } from "../../src/models/formats/gguf-mapping.js";
 import { arange, noGrad, tensor } from "../../src/tensor/index.js";
 import { hasLlamaCpp, llamaCppOracle } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
@@ -113,5 +114,22 @@ describe("Gemma 3", () => {
       assert.deepEqual(logitsOf(out), want, layout);
     }
     st.close();
+  });
+
+  it("GGUF holds only what llama.cpp's gemma3 assumes: other configs are refused on export, the 27B scale read as llama.cpp reads it", () => {
+    for (const [overrides, why] of [
+      [{ sliding_window_pattern: 3 }, /every 6th layer must be global/],
+      [{ query_pre_attn_scalar: 32 }, /query_pre_attn_scalar must be 16/],
+      [{ rope_local_base_freq: 20000 }, /rope_local_base_freq must be 10000/],
+    ] as const) {
+      const d = tinyModelDir("Gemma3ForCausalLM", { overrides: { num_hidden_layers: 6, ...overrides } });
+      assert.throws(() => exportGguf(d, tempPath("gemma3-refused.gguf"), "F32"), why);
+    }
+    const md = (layers: number) => ({
+      "general.architecture": "gemma3", "gemma3.block_count": layers, "gemma3.embedding_length": 5376, "gemma3.attention.head_count": 32,
+      "gemma3.attention.key_length": 128, "gemma3.feed_forward_length": 21504,
+    });
+    assert.equal(ggufToHfConfig(md(62)).query_pre_attn_scalar, 168); // gemma-3-27b: hidden / heads
+    assert.equal(ggufToHfConfig(md(34)).query_pre_attn_scalar, 128); // others: head_dim
   });
 });

@@ -2,6 +2,7 @@
 
 import { gguf, GgufValueType, type GgufTypedValue, type GgufValue } from "./gguf.js";
 import { ModelFormatError } from "./model-format-error.js";
+import { parseHfConfig } from "../hf-config.js";
 
 // ---------------------------------------------------------------- tensor names
 
@@ -154,6 +155,26 @@ const GGUF_TO_HF: Record<string, [string, string]> = {
   olmo2: ["Olmo2ForCausalLM", "olmo2"],
 };
 
+/**
+ * What llama.cpp's gemma3 assumes rather than reads: every 6th layer global and the others sliding with rotary base
+ * 10000, and the attention scaled by head_dim ** -0.5 except in the 62-layer (27B) model, by (hidden / heads) ** -0.5.
+ * An export whose config says otherwise is refused (a reader would get another model).
+ */
+function gemma3AttnScalar(layers: number, hidden: number, heads: number, headDim: number): number {
+  return layers === 62 ? hidden / heads : headDim;
+}
+
+function checkGemma3Exportable(config: Record<string, unknown>): void {
+  const cfg = parseHfConfig(config);
+  const fail = (what: string): never => {
+    throw new ModelFormatError(`[gguf] this Gemma 3 config cannot be written as gemma3 GGUF: ${what} (llama.cpp's gemma3 assumes it)`);
+  };
+  const want = gemma3AttnScalar(cfg.numHiddenLayers, cfg.hiddenSize, cfg.numAttentionHeads, cfg.headDim);
+  if (Math.abs(cfg.attnScale - 1 / Math.sqrt(want)) > 1e-9) fail(`query_pre_attn_scalar must be ${want}`);
+  if (cfg.slidingWindow !== null && cfg.slidingWindowLayers.some((s, i) => s !== ((i + 1) % 6 !== 0))) fail("every 6th layer must be global, the others sliding");
+  if (cfg.localRopeTheta !== 10000) fail("rope_local_base_freq must be 10000");
+}
+
 /** Granite's multipliers: HF config key <-> GGUF key (after `granite.`), as llama.cpp's converter writes them. */
 const GRANITE_SCALES: [string, string][] = [
   ["embedding_multiplier", "embedding_scale"], ["residual_multiplier", "residual_scale"],
@@ -173,6 +194,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   const archName = Array.isArray(config.architectures) ? String(config.architectures[0]) : "";
   const arch = ARCH_TO_GGUF[archName];
   if (!arch) throw new ModelFormatError(`[gguf] no GGUF architecture for "${archName}"`);
+  if (arch === "gemma3") checkGemma3Exportable(config);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
   const heads = num("num_attention_heads")!;
   const hidden = num("hidden_size")!;
@@ -270,9 +292,8 @@ export function ggufToHfConfig(metadata: Readonly<Record<string, GgufValue>>, te
   if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (get(g) !== undefined) cfg[hf] = get(g);
   if (arch === "gemma3") {
-    // what llama.cpp assumes for gemma3: every 6th layer global, the others sliding with rotary base 10000, and
-    // attention scaled by head_dim ** -0.5 (the 27B model's 168 is not metadata)
-    Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: cfg.head_dim });
+    const layers = cfg.num_hidden_layers as number;
+    Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: gemma3AttnScalar(layers, hidden, heads, cfg.head_dim as number) });
   }
   const bos = metadata["tokenizer.ggml.bos_token_id"];
   const eos = metadata["tokenizer.ggml.eos_token_id"];

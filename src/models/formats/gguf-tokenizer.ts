@@ -174,7 +174,8 @@ function detectPre(tj: Json): string {
 export function tokenizerJsonToGgufMetadata(tokenizerJson: Json, tokenizerConfig: Json = {}, options: { pre?: string } = {}): Record<string, GgufTypedValue> {
   const model = tokenizerJson.model as Json | undefined;
   if (!model || model.type !== "BPE" || model.byte_fallback === true) {
-    throw new ModelFormatError(`[gguf] only byte-level BPE tokenizers can be exported (model type ${JSON.stringify(model?.type)})`);
+    const kind = model?.type === "BPE" ? "BPE with byte fallback (SentencePiece-style, as Gemma's and Llama 2's)" : `model type ${JSON.stringify(model?.type)}`;
+    throw new ModelFormatError(`[gguf] only byte-level (GPT-2-style) BPE tokenizers can be exported; this one is ${kind}`);
   }
   const vocab = model.vocab as Record<string, number>;
   const added = (tokenizerJson.added_tokens ?? []) as { id: number; content: string; special?: boolean }[];
