@@ -10,6 +10,7 @@ import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
 import { handleCompletion } from "./serving-completions.js";
+import { registerResponsesRoutes } from "./serving-responses.js";
 import { handleEmbeddings, refuseOnPoolingRunner } from "./serving-embeddings.js";
 import { handleRerank, handleScore } from "./serving-score.js";
 import { handleClassify } from "./serving-classify.js";
@@ -216,6 +217,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     refuseOnPoolingRunner(bound(), "Completions");
     return handleCompletion(bound(), request, reply);
   });
+  registerResponsesRoutes(app, bound); // POST /v1/responses, GET /v1/responses/{id}
   app.post("/v1/embeddings", (request: FastifyRequest, reply: FastifyReply) => handleEmbeddings(bound(), request, reply));
   for (const path of ["/score", "/v1/score"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleScore(bound(), request, reply));
   for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"])

@@ -73,7 +73,7 @@ const call = (name: string, args: string): ToolCall => ({ id: randomId("chatcmpl
  *   - "none": the text.
  * A reply without complete calls (cut at max_tokens, or an auto reply with none) stays text.
  */
-function readReply(ctx: ServingContext, req: ChatRequest, text: string): Reply {
+export function readReply(ctx: ServingContext, req: ChatRequest, text: string): Reply {
   const r = readCalls(ctx, req, text);
   // parallel_tool_calls false: the first call only (vLLM's maybe_filter_parallel_tool_calls)
   return r.toolCalls !== null && !req.parallelToolCalls ? { ...r, toolCalls: r.toolCalls.slice(0, 1) } : r;
@@ -119,12 +119,10 @@ const finishReasonOf = (req: ChatRequest, reply: Reply, reason: FinishReason | "
     ? "tool_calls"
     : (reason ?? "abort");
 
-export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
-  const { model, lora } = resolveModelAndLora(ctx, req.model);
-  let promptText: string;
+/** The request's messages (and tools) through the chat template; a template that fails is a 400 naming `param`. */
+export function renderChatPrompt(ctx: ServingContext, req: ChatRequest, param = "messages"): string {
   try {
-    promptText = ctx.tokenizer.applyChatTemplate(req.messages, {
+    return ctx.tokenizer.applyChatTemplate(req.messages, {
       addGenerationPrompt: req.addGenerationPrompt,
       continueFinalMessage: req.continueFinalMessage,
       ...(req.tools ? { tools: req.tools } : {}),
@@ -132,8 +130,14 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
       ...(req.chatTemplateKwargs ? { chatTemplateKwargs: req.chatTemplateKwargs } : {}),
     });
   } catch (err) {
-    throw badRequest(`Failed to apply the chat template: ${(err as Error).message}`, "messages");
+    throw badRequest(`Failed to apply the chat template: ${(err as Error).message}`, param);
   }
+}
+
+export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
+  const { model, lora } = resolveModelAndLora(ctx, req.model);
+  const promptText = renderChatPrompt(ctx, req);
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   const thinking = replyMode(ctx, req, promptText);
@@ -308,7 +312,7 @@ async function streamChat(
  * calls may begin: see ToolCallParser.streamable) are held back and come in the sample's last chunk: its calls,
  * one tool_calls entry each, or the held text when it made none.
  */
-class ToolCallStream {
+export class ToolCallStream {
   private readonly text: string[];
   private readonly sent: number[]; // content characters of text already streamed
   private readonly opened: boolean[];

@@ -209,11 +209,12 @@ export class SseWriter {
     });
   }
 
-  /** Writes one `data:` event, waiting for the socket to drain when it is backed up. */
-  async send(payload: unknown): Promise<void> {
+  /** Writes one `data:` event (named by an `event:` line when `event` is given), waiting for the socket to drain when it is backed up. */
+  async send(payload: unknown, event?: string): Promise<void> {
     this.start();
     if (this.closed) return;
-    const ok = this.reply.raw.write(`data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`);
+    const data = `data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`;
+    const ok = this.reply.raw.write(event === undefined ? data : `event: ${event}\n${data}`);
     if (!ok && !this.closed) {
       await new Promise<void>((resolve) => {
         const done = (): void => {
@@ -225,6 +226,12 @@ export class SseWriter {
         this.reply.raw.once("close", done);
       });
     }
+  }
+
+  /** Ends the stream with no closing event (OpenAI's Responses API sends no [DONE]). */
+  close(): void {
+    this.start();
+    if (!this.closed) this.reply.raw.end();
   }
 
   /** Ends the stream; an error becomes one `data: {"error": ...}` event, as vLLM sends it. */

@@ -114,7 +114,7 @@ describe("kiln serve error statuses (e2e)", () => {
     const route = await fetch(`${limited.url}/v1/engines?x=1`);
     assert.equal(route.status, 404);
     assertErrorBody(await route.json(), { type: "not_found_error", param: null, message: /GET \/v1\/engines not found/ });
-    const post = await postRaw(limited.url, "/v1/responses", { input: "hi" });
+    const post = await postRaw(limited.url, "/v1/images/generations", { prompt: "hi" });
     assert.equal(post.status, 404);
     assertErrorBody(post.body, { type: "not_found_error" });
   });

@@ -1,0 +1,154 @@
+// POST /v1/responses (OpenAI's Responses API, as vLLM serves it): the request becomes a chat request (see
+// responses-protocol.ts) and runs as one; the reply comes back as output items (reasoning, message, function_call),
+// whole or as OpenAI's typed server-sent events (responses-stream.ts). Stored responses (store: true, the default)
+// continue with previous_response_id and are read back with GET /v1/responses/{id}.
+import { randomBytes } from "node:crypto";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import type { FinishReason, RequestOutput } from "../engine/types.js";
+import { ApiError, badRequest, toApiError } from "./errors.js";
+import type { Json } from "./fields.js";
+import { primeStream, streamEngineRequest } from "./engine-stream.js";
+import { thinkingMode } from "./reasoning-parsers.js";
+import { outputItems, responseObject, statusOf, usageOf, type Turn } from "./responses-output.js";
+import { itemsToMessages, parseResponsesRequest, toChatRequest, type WireMessage } from "./responses-protocol.js";
+import { streamResponse } from "./responses-stream.js";
+import { renderChatPrompt } from "./serving-chat.js";
+import {
+  abortOnDisconnect,
+  checkQueue,
+  nowSeconds,
+  resolveModelAndLora,
+  samplingParamsFor,
+  type ServingContext,
+} from "./serving-context.js";
+import { refuseOnPoolingRunner } from "./serving-embeddings.js";
+
+/** How many responses a server keeps (the newest; older ones are dropped and cannot be continued). vLLM keeps all. */
+export const RESPONSE_STORE_CAPACITY = 1024;
+
+/** A stored response: the object returned, and its conversation (input and output as chat messages, no instructions). */
+interface Stored {
+  response: Json;
+  conversation: WireMessage[];
+}
+
+const stores = new WeakMap<ServingContext, Map<string, Stored>>();
+
+function storeOf(ctx: ServingContext): Map<string, Stored> {
+  let store = stores.get(ctx);
+  if (store === undefined) stores.set(ctx, (store = new Map()));
+  return store;
+}
+
+function keep(ctx: ServingContext, id: string, stored: Stored): void {
+  const store = storeOf(ctx);
+  store.set(id, stored);
+  for (const old of store.keys()) {
+    if (store.size <= RESPONSE_STORE_CAPACITY) break;
+    store.delete(old); // a Map iterates in insertion order: the oldest first
+  }
+}
+
+const notFound = (id: string, param: string | null): ApiError =>
+  new ApiError(404, `Response with id '${id}' not found.`, param, "invalid_request_error", "response_not_found");
+
+/** Registers POST /v1/responses and GET /v1/responses/{id}. */
+export function registerResponsesRoutes(app: FastifyInstance, bound: () => ServingContext): void {
+  app.post("/v1/responses", (request: FastifyRequest, reply: FastifyReply) => handleResponses(bound(), request, reply));
+  app.get(
+    "/v1/responses/:responseId",
+    async (request: FastifyRequest<{ Params: { responseId: string }; Querystring: Record<string, string> }>) => {
+      const ctx = bound();
+      refuseOnPoolingRunner(ctx, "Responses");
+      if (request.query.stream === "true") throw badRequest("streaming a stored response is not supported (no background mode)", "stream");
+      const stored = storeOf(ctx).get(request.params.responseId);
+      if (stored === undefined) throw notFound(request.params.responseId, null);
+      return stored.response;
+    },
+  );
+}
+
+export async function handleResponses(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  refuseOnPoolingRunner(ctx, "Responses");
+  const req = parseResponsesRequest(request.body);
+  const { model, lora } = resolveModelAndLora(ctx, req.model);
+  let earlier: WireMessage[] = [];
+  if (req.previousResponseId !== null) {
+    const prev = storeOf(ctx).get(req.previousResponseId);
+    if (prev === undefined) throw notFound(req.previousResponseId, "previous_response_id");
+    earlier = prev.conversation;
+  }
+  const conversation = [...earlier, ...req.input];
+  if (conversation.length === 0) throw badRequest("'input' must be given: a string or a non-empty list of input items", "input");
+  // instructions apply to this turn only: a continued conversation does not carry the earlier ones (as OpenAI)
+  const messages = req.instructions === null ? conversation : [{ role: "system", content: req.instructions }, ...conversation];
+  const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, ctx.toolCallParser !== null);
+  const promptText = renderChatPrompt(ctx, chat, "input");
+  const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
+  // as vLLM: max_output_tokens is capped by the room the prompt leaves (a prompt that leaves none is a 400 below)
+  const room = ctx.maxModelLen - promptTokenIds.length;
+  if (chat.maxTokens !== undefined && room > 0) chat.maxTokens = Math.min(chat.maxTokens, room);
+  const params = samplingParamsFor(ctx, chat, promptTokenIds.length, "input");
+  const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
+  // the id carries fastify's request id (the client's X-Request-Id, else random hex); engine ids must differ
+  const id = `resp_${request.id}`;
+  const engineId = request.headers["x-request-id"] ? `${id}-${randomBytes(4).toString("hex")}` : id;
+  const turn: Turn = { ctx, id, createdAt: nowSeconds(), model, req, chat, params, promptLen: promptTokenIds.length, thinking };
+
+  checkQueue(ctx);
+  const controller = new AbortController();
+  abortOnDisconnect(request, reply, controller);
+  const stream = streamEngineRequest(
+    ctx.engine,
+    ctx.metrics,
+    ctx.inflight,
+    ctx.unstarted,
+    {
+      requestId: engineId,
+      promptTokenIds,
+      prompt: promptText,
+      params,
+      priority: chat.priority,
+      ...(chat.cacheSalt ? { cacheSalt: chat.cacheSalt } : {}),
+      loraRequest: lora,
+    },
+    controller.signal,
+  );
+  try {
+    const outputs = await primeStream(stream).catch((err: unknown) => {
+      throw textFormatError(req.chatFields, err);
+    });
+    const response = await (req.stream ? streamResponse(turn, reply, outputs) : collectResponse(turn, outputs));
+    // a response whose client left is not kept: it was cut short, and no one has its id
+    if (response !== null && req.store && !controller.signal.aborted) {
+      keep(ctx, id, { response, conversation: [...conversation, ...itemsToMessages(response.output as Json[], "output")] });
+    }
+    return req.stream ? reply : response;
+  } finally {
+    controller.abort(); // no-op for a finished request; frees its blocks if we leave early
+  }
+}
+
+/** An engine's refusal of the grammar that text.format asked for names text.format (the chat API names structured_outputs). */
+function textFormatError(chatFields: Json, err: unknown): unknown {
+  const e = toApiError(err);
+  const fromTextFormat = chatFields.response_format !== undefined && chatFields.structured_outputs === undefined;
+  return fromTextFormat && e.param === "structured_outputs" ? new ApiError(e.status, e.message, "text.format", e.type, e.code) : err;
+}
+
+async function collectResponse(turn: Turn, outputs: AsyncIterable<RequestOutput>): Promise<Json> {
+  let text = "";
+  const tokenIds: number[] = [];
+  let finish: FinishReason | "abort" = null;
+  let cached = 0;
+  for await (const out of outputs) {
+    cached = out.numCachedTokens;
+    const o = out.outputs[0];
+    if (o === undefined || finish !== null) continue; // a finished sample may be listed again, empty
+    text += o.text;
+    tokenIds.push(...o.tokenIds);
+    finish = o.finishReason;
+  }
+  const status = statusOf(finish ?? "abort");
+  return responseObject(turn, status, outputItems(turn, text, status), usageOf(turn, tokenIds, cached));
+}

@@ -1,0 +1,194 @@
+// POST /v1/responses over the fake engine: clients that leave abort the engine request (and nothing is stored), an
+// engine failure mid-stream ends the stream with an `error` event, ids carry X-Request-Id, unserved fields get 400s
+// naming them, and a pooling server refuses the API as it refuses chat.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import type OpenAI from "openai";
+import { freeBlocks, MODEL, startTestServer, waitFor, type TestServer } from "./helpers.js";
+
+type Event = OpenAI.Responses.ResponseStreamEvent;
+
+describe("/v1/responses over the fake engine", () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer({}, { stepDelayMs: 5 });
+  });
+  after(() => s.close());
+
+  const post = (body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal) =>
+    fetch(`${s.url}/v1/responses`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify(body),
+      signal,
+    });
+
+  it("a client that leaves a stream aborts its engine request, frees its blocks, and its response is not stored", async () => {
+    const start = await freeBlocks(s.url);
+    const aborted = s.engine.aborted.length;
+    const controller = new AbortController();
+    const stream = await s.client.responses.create(
+      {
+        model: MODEL,
+        input: "a long story",
+        max_output_tokens: 200,
+        ignore_eos: true,
+        stream: true,
+      } as OpenAI.Responses.ResponseCreateParamsStreaming,
+      { signal: controller.signal, headers: { "x-request-id": "left-stream" } },
+    );
+    let deltas = 0;
+    try {
+      for await (const ev of stream) if (ev.type === "response.output_text.delta" && ++deltas === 5) controller.abort();
+    } catch (err) {
+      assert.equal((err as Error).name, "APIUserAbortError");
+    }
+    assert.equal(deltas, 5);
+    await waitFor(async () => (await freeBlocks(s.url)) === start);
+    assert.equal(s.engine.aborted.length, aborted + 1);
+    assert.equal((await fetch(`${s.url}/v1/responses/resp_left-stream`)).status, 404);
+  });
+
+  it("a client that leaves a whole response aborts it too", async () => {
+    const controller = new AbortController();
+    const res = post(
+      { model: MODEL, input: "wait", max_output_tokens: 200, ignore_eos: true },
+      { "x-request-id": "left-whole" },
+      controller.signal,
+    );
+    await waitFor(() => s.engine.stats().numRunning === 1);
+    controller.abort();
+    await assert.rejects(res);
+    await waitFor(() => s.engine.stats().numRunning === 0 && s.app.kilnInflight() === 0);
+    assert.equal((await fetch(`${s.url}/v1/responses/resp_left-whole`)).status, 404);
+  });
+
+  it("the response id carries the client's X-Request-Id; a finished response is stored under it", async () => {
+    const res = await post({ model: MODEL, input: "hi", max_output_tokens: 3, ignore_eos: true }, { "x-request-id": "abc123" });
+    assert.equal(res.status, 200);
+    const body = (await res.json()) as { id: string; output: unknown[]; usage: { input_tokens: number; output_tokens: number } };
+    assert.equal(body.id, "resp_abc123");
+    assert.equal(body.usage.input_tokens, "user: hi\nassistant:".length); // the fake tokenizer: one token a character
+    assert.equal(body.usage.output_tokens, 3);
+    const got = await s.client.responses.retrieve("resp_abc123");
+    assert.deepEqual(got.output, body.output);
+  });
+
+  it("an engine failure mid-stream ends the stream with an error event", async () => {
+    const events: Event[] = [];
+    const stream = await s.client.responses.create({
+      model: MODEL,
+      input: "FAIL_MID_STREAM",
+      max_output_tokens: 20,
+      ignore_eos: true,
+      stream: true,
+    } as OpenAI.Responses.ResponseCreateParamsStreaming);
+    for await (const ev of stream) events.push(ev);
+    const last = events.at(-1) as OpenAI.Responses.ResponseErrorEvent;
+    assert.equal(last.type, "error");
+    assert.match(last.message, /exploded/);
+    assert.equal(last.sequence_number, events.length - 1);
+    assert.ok(!events.some((e) => e.type === "response.completed" || e.type === "response.incomplete"));
+  });
+});
+
+describe("/v1/responses refusals", () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer();
+  });
+  after(() => s.close());
+
+  it("refuses what it does not serve with OpenAI's error object naming the field", async () => {
+    const tools = [{ type: "function", name: "f", parameters: { type: "object" } }];
+    const cases: [Record<string, unknown>, number, string | null, RegExp][] = [
+      [{ model: "nope", input: "x" }, 404, "model", /does not exist/],
+      [{ input: "x", tools: [{ type: "web_search" }] }, 400, "tools[0].type", /not supported/],
+      [
+        { input: [{ role: "user", content: [{ type: "input_image", image_url: "http://x/y.png" }] }] },
+        400,
+        "input[0].content[0].type",
+        /input_image/,
+      ],
+      [{ input: [{ role: "user", content: [{ type: "input_file", file_id: "f" }] }] }, 400, "input[0].content[0].type", /input_file/],
+      [{ input: [{ type: "item_reference", id: "msg_1" }] }, 400, "input[0].type", /item_reference/],
+      [{ input: [{ type: "function_call_output", output: "1" }] }, 400, "input[0].call_id", /call_id/],
+      [{ input: "x", background: true }, 400, "background", /background/],
+      [{ input: "x", conversation: "conv_1" }, 400, "conversation", /conversation/],
+      [{ input: "x", include: ["reasoning.encrypted_content"] }, 400, "include", /include/],
+      [{ input: "x", top_logprobs: 2 }, 400, "top_logprobs", /logprobs/],
+      [{ input: "x", truncation: "auto" }, 400, "truncation", /truncation/],
+      [{ input: "x", reasoning: { summary: "auto" } }, 400, "reasoning.summary", /summar/],
+      [{ input: "x", text: { format: { type: "xml" } } }, 400, "text.format.type", /text\.format/],
+      [{ input: "x", text: { format: { type: "json_schema", schema: {} } } }, 400, "text.format.name", /name/],
+      [{ input: "x", tool_choice: { type: "web_search_preview" } }, 400, "tool_choice", /tool_choice/],
+      [{ input: "x", tool_choice: "required" }, 400, "tool_choice", /tools/],
+      [{ input: "x", tools, tool_choice: "auto" }, 400, "tool_choice", /enable-auto-tool-choice/],
+      [{ input: "x", tools, tool_choice: { type: "function", name: "g" } }, 400, "tool_choice", /'g'/],
+      [{ input: "x", max_output_tokens: 0 }, 400, "max_output_tokens", /max_output_tokens/],
+      [{ input: "x", max_tokens: 5 }, 400, "max_tokens", /max_output_tokens/],
+      [{ messages: [{ role: "user", content: "x" }] }, 400, "messages", /input/],
+      [{ input: "x", service_tier: "flex" }, 400, "service_tier", /flex/],
+      [{ input: "x", metadata: { k: 1 } }, 400, "metadata", /metadata/],
+      [{ input: "x", stream_options: {} }, 400, "stream_options", /stream/],
+      [{ input: [] }, 400, "input", /input/],
+      [{ input: "x ".repeat(200) }, 400, "input", /maximum context length/],
+      [{ input: "x", previous_response_id: "resp_nope" }, 404, "previous_response_id", /not found/],
+    ];
+    for (const [body, status, param, message] of cases) {
+      const res = await fetch(`${s.url}/v1/responses`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: MODEL, ...body }),
+      });
+      assert.equal(res.status, status, JSON.stringify(body));
+      const err = ((await res.json()) as { error: { type: string; param: string | null; message: string } }).error;
+      assert.equal(err.type, status === 404 && param === "model" ? "not_found_error" : "invalid_request_error", JSON.stringify(body));
+      assert.equal(err.param, param, JSON.stringify(body));
+      assert.match(err.message, message);
+    }
+    const streamed = await fetch(`${s.url}/v1/responses/resp_x?stream=true`);
+    assert.equal(streamed.status, 400);
+  });
+
+  it("caps max_output_tokens by the room the prompt leaves, as vLLM does", async () => {
+    const input = "x".repeat(200);
+    const r = await s.client.responses.create({
+      model: MODEL,
+      input,
+      max_output_tokens: 100_000,
+      ignore_eos: true,
+    } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    const promptLen = `user: ${input}\nassistant:`.length; // the fake tokenizer: one token a character
+    assert.equal(r.usage!.input_tokens, promptLen);
+    assert.equal(r.max_output_tokens, 256 - promptLen);
+    assert.equal(r.usage!.output_tokens, 256 - promptLen);
+    assert.equal(r.status, "incomplete");
+  });
+});
+
+describe("/v1/responses on a pooling server", () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer({ runner: "pooling" });
+  });
+  after(() => s.close());
+
+  it("is refused with 400, as chat is", async () => {
+    for (const [method, path] of [
+      ["POST", "/v1/responses"],
+      ["GET", "/v1/responses/resp_x"],
+    ] as const) {
+      const res = await fetch(`${s.url}${path}`, {
+        method,
+        ...(method === "POST"
+          ? { headers: { "content-type": "application/json" }, body: JSON.stringify({ model: MODEL, input: "x" }) }
+          : {}),
+      });
+      assert.equal(res.status, 400);
+      const err = ((await res.json()) as { error: { message: string; type: string } }).error;
+      assert.equal(err.type, "invalid_request_error");
+      assert.match(err.message, /does not support Responses API/);
+    }
+  });
+});
