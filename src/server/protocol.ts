@@ -399,8 +399,9 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     throw badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "continue_final_message");
   }
   const { tools, toolChoice, toolSchema } = parseTools(body, autoTools);
-  // the parser reads the calls' markers, which a tokenizer may hold as special tokens (vLLM's hermes adjust_request)
-  if (toolChoice.kind === "auto" && common.params.skipSpecialTokens === undefined) common.params.skipSpecialTokens = false;
+  // the parser reads the calls' markers, which a tokenizer may hold as special tokens: with tools and any tool_choice
+  // but "none", special tokens stay in the text (vLLM's adjust_request)
+  if (tools !== undefined && toolChoice.kind !== "none" && common.params.skipSpecialTokens === undefined) common.params.skipSpecialTokens = false;
   if (toolSchema !== undefined) {
     // structured_outputs may still set how (disable_any_whitespace), not what
     const { disableAnyWhitespace, ...other } = common.params.structuredOutputs ?? {};

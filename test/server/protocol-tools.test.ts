@@ -26,6 +26,17 @@ describe("chat protocol: tools", () => {
     assert.equal(req.messages[2]!.tool_call_id, "c1");
   });
 
+  it("keeps special tokens in the reply's text with tools and any tool_choice but none (vLLM's adjust_request), unless the request says", () => {
+    const msgs = [{ role: "user", content: "weather?" }];
+    const skip = (extra: object) => parseChatRequest({ messages: msgs, tools: [tool], ...extra }, 100, { autoTools: true }).params.skipSpecialTokens;
+    assert.equal(skip({}), false); // auto
+    assert.equal(skip({ tool_choice: "required" }), false);
+    assert.equal(skip({ tool_choice: { type: "function", function: { name: "get_weather" } } }), false);
+    assert.equal(skip({ tool_choice: "none" }), undefined);
+    assert.equal(skip({ tool_choice: "required", skip_special_tokens: true }), true);
+    assert.equal(parseChatRequest({ messages: msgs }, 100).params.skipSpecialTokens, undefined);
+  });
+
   it('maps "required" to vLLM\'s list schema with the tools\' $defs at the top, and a named function to its parameters', () => {
     const withDefs = { type: "function", function: { name: "pick", parameters: { type: "object", properties: { c: { $ref: "#/$defs/C" } }, $defs: { C: { type: "string" } } } } };
     const req = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool, withDefs], tool_choice: "required" }, 100);
