@@ -3,10 +3,10 @@
 // classification head, and the reply carries the class probabilities, the best label and the number of classes.
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { badRequest } from "./errors.js";
-import { optBool, optInt, optString } from "./fields.js";
+import { optString } from "./fields.js";
 import { asJsonBody, parsePrompts } from "./protocol.js";
-import { nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolingTokenIds, poolTokenIds } from "./serving-embeddings.js";
+import { nowSeconds, resolveModel, type ServingContext } from "./serving-context.js";
+import { poolInputs } from "./serving-embeddings.js";
 
 export async function handleClassify(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const labels = ctx.classLabels;
@@ -14,13 +14,7 @@ export async function handleClassify(ctx: ServingContext, request: FastifyReques
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const prompts = parsePrompts(body, ctx.tokenizer.vocabSize, "input");
-  const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
-  const addSpecialTokens = optBool(body, "add_special_tokens") ?? true;
-  const priority = optInt(body, "priority") ?? 0;
-  const ids = poolingTokenIds(ctx, prompts, { truncate, addSpecialTokens, field: "input", operation: "classification" });
-  const id = randomId("classify");
-  const scores = await poolTokenIds(ctx, request, reply, id, ids, priority);
-  const promptTokens = ids.reduce((n, t) => n + t.length, 0);
+  const { id, vectors: scores, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: true, operation: "classification", idPrefix: "classify" });
   return {
     id,
     object: "list",

@@ -93,6 +93,23 @@ export async function poolTokenIds(
   });
 }
 
+/**
+ * Pools the `input` prompts of a pooling request (its truncate_prompt_tokens, add_special_tokens and priority fields
+ * read here): the response id, each prompt's pooled vector in input order, and the prompt tokens read.
+ */
+export async function poolInputs(
+  ctx: ServingContext, request: FastifyRequest, reply: FastifyReply, body: Record<string, unknown>, prompts: PromptInput[],
+  o: { addSpecialTokens: boolean; operation: string; idPrefix: string },
+): Promise<{ id: string; vectors: Float32Array[]; promptTokens: number }> {
+  const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
+  const addSpecialTokens = optBool(body, "add_special_tokens") ?? o.addSpecialTokens;
+  const priority = optInt(body, "priority") ?? 0;
+  const ids = poolingTokenIds(ctx, prompts, { truncate, addSpecialTokens, field: "input", operation: o.operation });
+  const id = randomId(o.idPrefix);
+  const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
+  return { id, vectors, promptTokens: ids.reduce((n, t) => n + t.length, 0) };
+}
+
 export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Embeddings API");
   const body = asJsonBody(request.body);
@@ -111,13 +128,7 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
     throw badRequest(`Model "${model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`, "dimensions");
   if (body.normalize !== undefined && body.normalize !== null)
     throw badRequest("'normalize' per request is not supported: the server's --pooler-config sets it", "normalize");
-  const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
-  const addSpecialTokens = optBool(body, "add_special_tokens") ?? !chat;
-  const priority = optInt(body, "priority") ?? 0;
-  const ids = poolingTokenIds(ctx, prompts, { truncate, addSpecialTokens, field: "input", operation: "embedding generation" });
-  const id = randomId("embd");
-  const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
-  const promptTokens = ids.reduce((n, t) => n + t.length, 0);
+  const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "embedding generation", idPrefix: "embd" });
   return {
     id,
     object: "list",

@@ -13,6 +13,22 @@ let client: OpenAI;
 type Extra<T> = T & { ignore_eos?: boolean; include_stop_str_in_output?: boolean };
 const USER = [{ role: "user" as const, content: "Tell me a story about the river." }];
 
+/** A streamed chat request's text, its tool calls (each index's name and arguments) and its finish reason. */
+async function streamedCalls(c: OpenAI, params: object): Promise<{ content: string; calls: { name?: string; arguments?: string }[]; finish: string | null }> {
+  const stream = await c.chat.completions.create({ ...params, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
+  let content = "";
+  const calls: { name?: string; arguments?: string }[] = [];
+  let finish: string | null = null;
+  for await (const chunk of stream) {
+    const choice = chunk.choices[0];
+    if (choice === undefined) continue;
+    content += choice.delta.content ?? "";
+    for (const t of choice.delta.tool_calls ?? []) calls[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
+    finish = choice.finish_reason ?? finish;
+  }
+  return { content, calls, finish };
+}
+
 async function tokenize(prompt: string): Promise<number[]> {
   const r = await postRaw(server.url, "/tokenize", { prompt });
   assert.equal(r.status, 200);
@@ -400,17 +416,7 @@ describe("tool_choice auto with --enable-auto-tool-choice --tool-call-parser her
     assert.equal(calls[0]!.function.name, "get_time");
     assert.match(calls[0]!.function.arguments, /^\{"zone": "(UTC|CET)"\}$/); // as vLLM's json.dumps writes it
     // streamed: the content before the marker streams as text, the call comes whole in the last chunk
-    const stream = await c.chat.completions.create({ ...req, model: auto.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
-    let content = "";
-    const streamed: { name?: string; arguments?: string }[] = [];
-    let finish: string | null = null;
-    for await (const chunk of stream) {
-      const choice = chunk.choices[0];
-      if (choice === undefined) continue;
-      content += choice.delta.content ?? "";
-      for (const t of choice.delta.tool_calls ?? []) streamed[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
-      finish = choice.finish_reason ?? finish;
-    }
+    const { content, calls: streamed, finish } = await streamedCalls(c, { ...req, model: auto.model });
     assert.equal(content, "Checking. ");
     assert.deepEqual(streamed, [{ name: "get_time", arguments: calls[0]!.function.arguments }]);
     assert.equal(finish, "tool_calls");
@@ -456,27 +462,14 @@ for (const { parser, regex } of openingFormats) {
       assert.match(calls[0]!.arguments, /^\{"zone": "(UTC|CET)"\}$/);
       assert.deepEqual(calls[1], { name: "get_date", arguments: "{}" });
       // streamed: nothing goes out as content (the reply opens with the calls); the calls come in the last chunk
-      const stream = await c.chat.completions.create({ ...req, model: auto.model, stream: true } as OpenAI.ChatCompletionCreateParamsStreaming);
-      let content = "";
-      const streamed: { name?: string; arguments?: string }[] = [];
-      let finish: string | null = null;
-      for await (const chunk of stream) {
-        const choice = chunk.choices[0];
-        if (choice === undefined) continue;
-        content += choice.delta.content ?? "";
-        for (const t of choice.delta.tool_calls ?? []) streamed[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
-        finish = choice.finish_reason ?? finish;
-      }
+      const { content, calls: streamed, finish } = await streamedCalls(c, { ...req, model: auto.model });
       assert.equal(content, "");
       assert.deepEqual(streamed, calls);
       assert.equal(finish, "tool_calls");
       // parallel_tool_calls false: the first call only, streamed or not (as vLLM filters them)
       const one = await c.chat.completions.create({ ...req, model: auto.model, parallel_tool_calls: false } as OpenAI.ChatCompletionCreateParamsNonStreaming);
       assert.deepEqual((one.choices[0]!.message.tool_calls as OpenAI.ChatCompletionMessageFunctionToolCall[]).map((t) => t.function), [calls[0]]);
-      const firstOnly: unknown[] = [];
-      for await (const chunk of await c.chat.completions.create({ ...req, model: auto.model, stream: true, parallel_tool_calls: false } as OpenAI.ChatCompletionCreateParamsStreaming))
-        for (const t of chunk.choices[0]?.delta.tool_calls ?? []) firstOnly[t.index] = { name: t.function?.name, arguments: t.function?.arguments };
-      assert.deepEqual(firstOnly, [calls[0]]);
+      assert.deepEqual((await streamedCalls(c, { ...req, model: auto.model, parallel_tool_calls: false })).calls, [calls[0]]);
     });
 
     it("a reply that is no call stays text", async () => {
