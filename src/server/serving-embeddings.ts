@@ -23,7 +23,7 @@ function halfBack(h: Uint16Array, kind: "f16" | "bf16"): Float32Array {
 }
 
 /** The text a messages-style embedding request embeds (the chat template, without a generation prompt by default). */
-function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
+export function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
   const messages = parseMessages(body);
   try {
     return ctx.tokenizer.applyChatTemplate(messages, { addGenerationPrompt: optBool(body, "add_generation_prompt") ?? false });

@@ -89,6 +89,14 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       }
       const empty = await postRaw(server.url, "/classify", { model: server.model, input: "" });
       assert.equal(empty.status, 400);
+      // messages (vLLM's chat form): the rendered template classified, as that text sent as input would be
+      const messages = [{ role: "user", content: TEXTS[1] }];
+      const viaChat = await postRaw(server.url, "/classify", { model: server.model, messages });
+      const rendered = tok.applyChatTemplate(messages, { addGenerationPrompt: false });
+      const viaInput = await postRaw(server.url, "/classify", { model: server.model, input: rendered, add_special_tokens: false });
+      assert.equal(viaChat.status, 200, JSON.stringify(viaChat.body));
+      assert.deepEqual((viaChat.body as typeof body).data[0]!.probs, (viaInput.body as typeof body).data[0]!.probs);
+      close((viaChat.body as typeof body).data[0]!.probs, expected(tok.encode(rendered, { addSpecialTokens: false })), "chat");
     });
   });
 });
