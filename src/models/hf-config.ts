@@ -12,7 +12,7 @@ export class ModelConfigError extends Error {
 
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-  "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
+  "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -239,6 +239,9 @@ export function parseHfConfig(json: unknown): ModelConfig {
   for (const key of unsupported) {
     if (cfg[key] !== undefined && cfg[key] !== null) throw new ModelConfigError(`[config] ${arch}: unsupported field "${key}" = ${JSON.stringify(cfg[key])}`);
   }
+  const rotaryFraction = cfg.partial_rotary_factor;
+  if (rotaryFraction !== undefined && rotaryFraction !== null && rotaryFraction !== 1)
+    throw new ModelConfigError(`[config] ${arch}: partial_rotary_factor ${JSON.stringify(rotaryFraction)} is not supported (rotary over the whole head only)`);
   if (cfg.pretraining_tp !== undefined && cfg.pretraining_tp !== 1 && cfg.pretraining_tp !== null) {
     throw new ModelConfigError(`[config] ${arch}: unsupported pretraining_tp ${JSON.stringify(cfg.pretraining_tp)}`);
   }

@@ -9,6 +9,7 @@ import { fromBytes, mapFromFile, tensor, type DeviceLike, type Tensor } from "..
 import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
+import { hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
 import { inspectModelDir } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
@@ -41,6 +42,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   Gemma3ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   GraniteForCausalLM: DEFAULT_FAMILY, // Llama with its four multipliers, from the config
   Olmo2ForCausalLM: DEFAULT_FAMILY, // its norms' placement and q/k norms over whole projections come from the config
+  Phi3ForCausalLM: DEFAULT_FAMILY, // Llama with q/k/v and gate/up stored fused (see fused-weights.ts)
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
 };
@@ -198,7 +200,9 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   if (fp8Format !== null && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
   const file = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
-  const handle = lm.textWeights === null ? file : languageModelWeights(file, dir);
+  const text = lm.textWeights === null ? file : languageModelWeights(file, dir);
+  // Phi-3 stores q/k/v and gate/up fused: read as the separate projections
+  const handle = hasFusedProjections(text) ? splitFusedProjections(text, config, dir) : text;
   try {
     // every parameter is assigned below (or the load fails), so none is allocated first
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
