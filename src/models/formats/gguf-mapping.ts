@@ -181,6 +181,11 @@ const GRANITE_SCALES: [string, string][] = [
   ["attention_multiplier", "attention.scale"], ["logits_scaling", "logit_scale"],
 ];
 
+/** Whether an HF architecture has a GGUF one (Phi-3's fused tensors are not mapped). */
+export function hasGgufArchitecture(architecture: string): boolean {
+  return Object.hasOwn(ARCH_TO_GGUF, architecture);
+}
+
 /** Does llama.cpp permute q/k rows for this GGUF architecture? (llama yes; qwen2/qwen3 use NEOX rope, no) */
 export function ggufArchPermutesQK(ggufArch: string): boolean {
   return ggufArch === "llama" || ggufArch === "granite";
