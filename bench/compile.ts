@@ -129,7 +129,7 @@ console.log(`program build incl. first run: cold ${coldMs.toFixed(1)} ms (C comp
 // step without KV history) in strict vs defer-and-fuse eager mode; final hidden states read back each step
 if (process.env.KILN_BENCH_DECODE !== "0") {
   const cfg = parseHfConfig({ architectures: ["LlamaForCausalLM"], ...PRESETS["smollm-135m"] });
-  const model = new CausalLM(cfg);
+  const model = new CausalLM(cfg, { unallocatedParameters: true }); // every parameter is set below
   const g = new k.Generator(3);
   for (const [n, p] of model.namedParameters()) {
     model.setParameter(n, n.endsWith("norm.weight") ? k.ones(p.shape) : k.randn(p.shape, { std: 0.02, generator: g }));

@@ -62,6 +62,34 @@ export function promoteTypes(a: DType, b: DType): DType {
   return rank[a]! >= rank[b]! ? a : b;
 }
 
+/**
+ * The dtype a plain JS scalar takes next to a tensor of dtype `t` (torch's wrapped-number rule: a scalar only
+ * raises the category bool < integer < floating, never the width within one): a boolean keeps t; an integer keeps
+ * t unless t is bool (then int32, Kiln's default int); a fractional or non-finite number keeps a floating t, else
+ * float32. JS cannot tell 2.0 from 2: both count as integers.
+ */
+export function scalarOperandDtype(t: DType, s: number | boolean): DType {
+  if (typeof s === "boolean") return t;
+  if (!Number.isInteger(s)) return isFloating(t) ? t : "float32";
+  return t === "bool" ? "int32" : t;
+}
+
+/** torch.result_type of two operands, each a tensor's dtype or a plain scalar (where's a and b). */
+export function resultType(a: DType | number | boolean, b: DType | number | boolean): DType {
+  if (typeof a === "string" && typeof b === "string") return promoteTypes(a, b);
+  if (typeof a === "string") return scalarOperandDtype(a, b as number | boolean);
+  if (typeof b === "string") return scalarOperandDtype(b, a);
+  // two scalars: the highest category, at its default dtype
+  if (typeof a === "number" && !Number.isInteger(a)) return "float32";
+  if (typeof b === "number" && !Number.isInteger(b)) return "float32";
+  return typeof a === "number" || typeof b === "number" ? "int32" : "bool";
+}
+
+/** Accumulation dtype of sum / prod: floats keep theirs; bool and 8-bit integers widen to int32 (torch: int64). */
+export function sumDtype(t: DType): DType {
+  return t === "bool" || t === "uint8" || t === "int8" ? "int32" : t;
+}
+
 // ---- scalar conversions (f32 <-> bf16, f16 and the fp8 formats; round to nearest, ties to even) ----
 
 const f32 = new Float32Array(1);

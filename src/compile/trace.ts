@@ -3,7 +3,7 @@
 // names of the supported subset and record IR nodes instead of computing. Real Tensors met during the
 // trace (weights captured by closure) become `param` leaves bound by reference. The same builder backs
 // the lazy defer-and-fuse scope (lazy.ts), where every leaf is a bound param and reads realize the graph.
-import { isFloating, promoteTypes } from "../backends/dtype.js";
+import { isFloating, promoteTypes, resultType, scalarOperandDtype, sumDtype } from "../backends/dtype.js";
 import type { BinaryOp, UnaryOp } from "../backends/backend.js";
 import { Tensor } from "../tensor/index.js";
 import { OpError, UnsupportedError } from "../util/errors.js";
@@ -61,7 +61,7 @@ export class GraphBuilder {
     return this.nodes[id]!;
   }
 
-  /** Lifts a scalar or tensor operand into this graph; scalars take `like`'s dtype (torch's rule). */
+  /** Lifts a scalar or tensor operand into this graph; a scalar takes the dtype it has next to `like` (eager's rule). */
   lift(x: SymOrScalar, like: DType, op: string): Sym {
     if (x instanceof Sym) {
       if (x.builder !== this) throw new OpError(op, "symbolic tensors from two different traces");
@@ -69,8 +69,7 @@ export class GraphBuilder {
     }
     if (x instanceof Tensor) return this.param(x);
     const v = typeof x === "boolean" ? (x ? 1 : 0) : x;
-    const dtype: DType = typeof x === "boolean" ? like : !Number.isInteger(v) && !isFloating(like) ? "float32" : like;
-    return this.push({ kind: "const", value: v }, [], dtype);
+    return this.push({ kind: "const", value: v }, [], scalarOperandDtype(like, x));
   }
 }
 
@@ -142,11 +141,13 @@ export class Sym {
     const b = this.builder;
     const o = b.lift(other, this.dtype, fn);
     const [x, y] = reversed ? [o, this] : [this, o];
+    if (fn === "sub" && (x.dtype === "bool" || y.dtype === "bool"))
+      throw new OpError("sub", "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
     const shape = broadcast(fn, x.shape, y.shape);
     let dtype = COMPARISONS.has(fn) ? "bool" : promoteTypes(x.dtype, y.dtype);
     const scalarOther = !(other instanceof Sym) && !(other instanceof Tensor);
     if (scalarOther && isFloating(this.dtype) && !COMPARISONS.has(fn)) dtype = this.dtype;
-    if ((fn === "div" || fn === "pow") && !isFloating(dtype) && dtype !== "bool") dtype = fn === "div" ? "float32" : dtype;
+    if (fn === "div" && !isFloating(dtype)) dtype = "float32";
     const dyn = union(alignDyn(x.dynAxes, shape.length, x.ndim), alignDyn(y.dynAxes, shape.length, y.ndim));
     return b.push({ kind: "binary", fn, a: x.id, b: y.id }, shape, dtype, dyn);
   }
@@ -268,7 +269,7 @@ export class Sym {
     if (dim === undefined && this.ndim !== 1) return this.reshape(this.numel).reduce(fn, 0, keepdim);
     this.lastDim(fn, dim);
     const shape = keepdim ? [...this.shape.slice(0, -1), 1] : this.shape.slice(0, -1);
-    const dtype: DType = fn === "mean" ? (isFloating(this.dtype) ? this.dtype : "float32") : this.dtype === "bool" ? "int32" : this.dtype;
+    const dtype: DType = fn === "mean" ? (isFloating(this.dtype) ? this.dtype : "float32") : fn === "sum" ? sumDtype(this.dtype) : this.dtype;
     return this.builder.push({ kind: "reduce", fn, x: this.id, keepdim }, shape, dtype, this.dynAxes);
   }
   sum(dim?: number, keepdim = false): Sym {
@@ -352,13 +353,14 @@ export function where(cond: SymOrScalar, a: SymOrScalar, b: SymOrScalar): Sym {
   const any = [cond, a, b].find((x): x is Sym => x instanceof Sym);
   if (!any) throw new OpError("where", "needs a symbolic operand");
   const bld = any.builder;
-  const like = a instanceof Sym || a instanceof Tensor ? a.dtype : b instanceof Sym || b instanceof Tensor ? b.dtype : "float32";
-  const ta = bld.lift(a, isFloating(like) ? like : "float32", "where");
-  const tb = bld.lift(b, ta.dtype, "where");
+  // torch.result_type(a, b), as eager where: a scalar raises only the category
+  const dtype = resultType(a instanceof Sym || a instanceof Tensor ? a.dtype : a, b instanceof Sym || b instanceof Tensor ? b.dtype : b);
+  const ta = bld.lift(a, dtype, "where");
+  const tb = bld.lift(b, dtype, "where");
   const tc = bld.lift(cond, "bool", "where");
   const shape = broadcast("where", broadcast("where", tc.shape, ta.shape), tb.shape);
   const dyn = union(...[tc, ta, tb].map((s) => alignDyn(bld.dyn[s.id]!, shape.length, s.ndim)));
-  return bld.push({ kind: "where", cond: tc.id, a: ta.id, b: tb.id }, shape, promoteTypes(ta.dtype, tb.dtype), dyn);
+  return bld.push({ kind: "where", cond: tc.id, a: ta.id, b: tb.id }, shape, dtype, dyn);
 }
 
 export function rmsNorm(x: Sym, weight: SymOrScalar, eps: number): Sym {

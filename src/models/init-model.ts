@@ -92,8 +92,8 @@ export function initModel(out: string, options: InitModelOptions): Json {
   const eosId = eosName !== null ? tokenId(tokJson, eosName) : null;
   if (eosId !== null) config.eos_token_id = eosId;
   const cfg = parseHfConfig(config);
-  // Build the module tree only to enumerate names and shapes (no weights are allocated twice).
-  const model = new CausalLM(cfg, { family: FAMILIES[cfg.architecture] });
+  // Build the module tree only to enumerate names and shapes: unallocated, so nothing is allocated or initialised.
+  const model = new CausalLM(cfg, { family: FAMILIES[cfg.architecture], unallocatedParameters: true });
   const normal = normalStream(options.seed ?? 0);
   const std = options.std ?? 0.02;
   // values are drawn when each tensor is written, in parameter order (a 1B model never sits in memory at once)

@@ -114,8 +114,12 @@ export function resolveDtype(arg: DtypeArg, config: ModelConfig): DType {
   }
 }
 
-/** Applies --quantization to a loaded model in place. */
+/**
+ * Applies --quantization to a loaded model in place. The model is returned in eval mode (as from_pretrained); its
+ * parameters are the tensors setParameter installed, which do not require grad (vLLM's requires_grad=False weights).
+ */
 function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedModel {
+  loaded.model.eval();
   const scheme = resolveQuantization(options.quantization);
   if (!scheme) return { ...loaded, quantization: loaded.quantization ?? null };
   const headScheme: QuantScheme = scheme === "fp8" ? "fp8" : "int8";

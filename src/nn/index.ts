@@ -1,4 +1,4 @@
-export { Module, StateDictError } from "./module.js";
+export { Module, StateDictError, type IncompatibleKeys } from "./module.js";
 export { Linear, Embedding, RMSNorm, type LayerOptions, type LinearLoraSlots } from "./layers.js";
 export { RotaryEmbedding, rotaryInvFreq, type RotaryConfig, type RopeScaling } from "./rotary.js";
 export { Attention, type AttentionConfig, type ForwardContext, type PagedContext, type DenseContext } from "./attention.js";

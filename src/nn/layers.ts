@@ -1,23 +1,35 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
-import type { DType } from "../backends/dtype.js";
+import { isFloating, type DType } from "../backends/dtype.js";
 import {
-  embedding, empty, linear, loraApply, quantizedShadowOf, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated, type DeviceLike,
-  type QuantizedActivations, type Tensor,
+  embedding, full, linear, loraApply, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated,
+  type DeviceLike, type QuantizedActivations, type Tensor, type TensorOptions,
 } from "../tensor/index.js";
 import { Module } from "./module.js";
 
 export interface LayerOptions {
   dtype?: DType;
   device?: DeviceLike;
-  /** Parameters start unallocated (shape and dtype only) for a loader that assigns every one; default: allocated. */
+  /**
+   * Parameters start unallocated (shape and dtype only; torch's device="meta" / skip_init): no memory and no random
+   * init, for a loader that installs every one (Module.setParameter, or loadStateDict with assign). Default: allocated
+   * and initialised as torch's reset_parameters does (from the default generator: manualSeed makes it reproducible).
+   */
   unallocatedParameters?: boolean;
 }
 
-/** A new parameter of `shape` in `dtype` (default the layer dtype). */
-function newParameter(shape: number[], options: LayerOptions, dtype = options.dtype): Tensor {
-  const o = { dtype, device: options.device };
-  return options.unallocatedParameters ? unallocated(shape, o) : empty(shape, o);
+/**
+ * A new parameter of `shape` in `dtype` (default the layer dtype), filled by `init` unless unallocated. Like
+ * nn.Parameter it requires grad (floating dtypes); a loader's setParameter installs tensors as they come instead.
+ */
+function newParameter(shape: number[], options: LayerOptions, init: (o: TensorOptions) => Tensor, dtype = options.dtype): Tensor {
+  const o = { dtype: dtype ?? "float32", device: options.device };
+  const t = options.unallocatedParameters ? unallocated(shape, o) : init(o);
+  t.requiresGrad = isFloating(t.dtype);
+  return t;
 }
+
+/** torch.nn.init.uniform_(-bound, bound) on a new tensor. */
+const uniform = (shape: number[], bound: number) => (o: TensorOptions) => rand(shape, { ...o, low: -bound, high: bound });
 
 /**
  * A Linear's LoRA slots (vLLM's max_loras adapters resident at once, each of rank maxRank; smaller ranks are
@@ -29,6 +41,10 @@ export interface LinearLoraSlots {
   scales: Tensor; // [slots]
 }
 
+/**
+ * torch.nn.Linear: y = x W^T + b, W [out, in]. A new layer is initialised as torch's, its parameters require grad.
+ * @example const l = new Linear(3, 2, true); l.forward(ones([4, 3])).sum().backward(); l.weight.grad // [2, 3]
+ */
 export class Linear extends Module {
   weight: Tensor; // [outFeatures, inFeatures]
   bias: Tensor | null; // [outFeatures]
@@ -42,8 +58,11 @@ export class Linear extends Module {
     options: LayerOptions = {},
   ) {
     super();
-    this.weight = this.param("weight", newParameter([outFeatures, inFeatures], options))!;
-    this.bias = bias ? this.param("bias", newParameter([outFeatures], options, "float32")) : null;
+    // torch's reset_parameters: kaiming_uniform_(a=sqrt(5)) on [out, in] is U(-1/sqrt(in), 1/sqrt(in)), as is the bias
+    const bound = inFeatures > 0 ? 1 / Math.sqrt(inFeatures) : 0;
+    this.weight = this.param("weight", newParameter([outFeatures, inFeatures], options, uniform([outFeatures, inFeatures], bound)))!;
+    // the bias takes the module dtype, as torch's (checkpoint loaders install float32 biases: models/loader.ts)
+    this.bias = bias ? this.param("bias", newParameter([outFeatures], options, uniform([outFeatures], bound))) : null;
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {
@@ -81,6 +100,7 @@ export class Linear extends Module {
   }
 }
 
+/** torch.nn.Embedding: rows of weight [numEmbeddings, dim] (initialised N(0, 1), requiring grad) looked up by id. */
 export class Embedding extends Module {
   weight: Tensor; // [numEmbeddings, dim]
 
@@ -96,7 +116,7 @@ export class Embedding extends Module {
     readonly roundScale = false,
   ) {
     super();
-    this.weight = this.param("weight", newParameter([numEmbeddings, dim], options))!;
+    this.weight = this.param("weight", newParameter([numEmbeddings, dim], options, (o) => randn([numEmbeddings, dim], o)))!; // N(0, 1), as torch
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {
@@ -131,7 +151,8 @@ export class RMSNorm extends Module {
     readonly offset = 0,
   ) {
     super();
-    this.weight = this.param("weight", newParameter([dim], options, "float32"))!;
+    // a scale of 1 to start with (torch's RMSNorm: ones; Gemma's offset 1 with a zero weight)
+    this.weight = this.param("weight", newParameter([dim], options, (o) => full([dim], 1 - offset, o), "float32"))!;
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {

@@ -1,16 +1,23 @@
 // Module: a tree of named parameters and submodules, with a state dict whose names match Hugging Face's.
-import type { DType } from "../backends/dtype.js";
+import { isFloating, type DType } from "../backends/dtype.js";
 import { KilnError } from "../util/errors.js";
-import { Tensor } from "../tensor/index.js";
+import { noGrad, Tensor } from "../tensor/index.js";
 
 export class StateDictError extends KilnError {
   override name = "StateDictError";
 }
 
+/** What loadStateDict(state, false) skipped (torch's _IncompatibleKeys). */
+export interface IncompatibleKeys {
+  missingKeys: string[];
+  unexpectedKeys: string[];
+}
+
 export class Module {
   private readonly params = new Map<string, Tensor | null>();
   private readonly children = new Map<string, Module>();
-  training = false;
+  /** Training mode (torch's default for a new module); eval() clears it. */
+  training = true;
 
   /** Registers (or replaces) a parameter under a local name; null reserves an optional slot. */
   protected param(name: string, t: Tensor | null): Tensor | null {
@@ -55,7 +62,12 @@ export class Module {
     return new Map(this.namedParameters());
   }
 
-  /** Replaces the tensor behind a dotted parameter name (the new tensor must have the registered shape). */
+  /**
+   * Installs `value` itself as the parameter behind a dotted name (it must have the registered shape): no copy, and
+   * value keeps its dtype, storage and requiresGrad. This is how model loaders put memory-mapped, quantized or
+   * freshly read tensors in place; the old tensor is disposed, so anything holding it (an optimizer) is left with a
+   * dead tensor. loadStateDict copies into the existing parameters instead.
+   */
   setParameter(name: string, value: Tensor): void {
     const dot = name.lastIndexOf(".");
     const owner = dot < 0 ? this : this.submodule(name.slice(0, dot));
@@ -87,22 +99,44 @@ export class Module {
   }
 
   /**
-   * Loads tensors by name with strict checks: every parameter must be present with its shape, and (when strict)
-   * no unexpected names. Tensors are converted to each parameter's dtype.
+   * torch's load_state_dict: copies each tensor of `state` into the parameter of that name, in place under noGrad
+   * (converting dtype and device), so the parameters keep their identity, dtype, requiresGrad and .grad, an optimizer
+   * built on them keeps training them, and nothing shares storage with `state`. Shapes must match (StateDictError,
+   * checked before anything is written). strict: every parameter present and no other names, else the names that did
+   * not match are returned. assign: install state's tensors instead of copying (torch's assign=True; needed for a
+   * module built with unallocatedParameters, torch's meta device): each keeps its dtype and storage and takes the
+   * parameter's requiresGrad.
+   * @example const opt = new SGD(model.parameters(), { lr: 0.1 }); model.loadStateDict(ckpt); // opt still trains model
    */
-  loadStateDict(state: Map<string, Tensor>, strict = true): void {
+  loadStateDict(state: ReadonlyMap<string, Tensor>, strict = true, assign = false): IncompatibleKeys {
     const own = this.namedParameters();
     const ownNames = new Set(own.map(([n]) => n));
-    const missing = own.filter(([n]) => !state.has(n)).map(([n]) => n);
-    if (missing.length) throw new StateDictError(`missing parameters: ${missing.slice(0, 8).join(", ")}${missing.length > 8 ? ", ..." : ""}`);
-    if (strict) {
-      const unexpected = [...state.keys()].filter((n) => !ownNames.has(n));
-      if (unexpected.length) throw new StateDictError(`unexpected parameters: ${unexpected.slice(0, 8).join(", ")}`);
+    const missingKeys = own.filter(([n]) => !state.has(n)).map(([n]) => n);
+    const unexpectedKeys = [...state.keys()].filter((n) => !ownNames.has(n));
+    const list = (names: string[]) => `${names.slice(0, 8).join(", ")}${names.length > 8 ? ", ..." : ""}`;
+    if (strict && missingKeys.length) throw new StateDictError(`missing parameters: ${list(missingKeys)}`);
+    if (strict && unexpectedKeys.length) throw new StateDictError(`unexpected parameters: ${list(unexpectedKeys)}`);
+    const pairs = own.flatMap(([n, t]) => (state.has(n) ? [[n, t, state.get(n)!] as const] : []));
+    for (const [n, t, src] of pairs) {
+      if (t.shape.length !== src.shape.length || t.shape.some((s, i) => s !== src.shape[i]))
+        throw new StateDictError(`size mismatch for "${n}": copying a parameter of shape [${src.shape.join(", ")}], the shape in the model is [${t.shape.join(", ")}]`);
+      if (!assign && t.isDisposed)
+        throw new StateDictError(`parameter "${n}" is unallocated (a module built with unallocatedParameters): load it with assign = true`);
     }
-    for (const [n, t] of own) {
-      const src = state.get(n)!;
-      this.setParameter(n, src.dtype === t.dtype ? src : src.to(t.dtype));
-    }
+    noGrad(() => {
+      for (const [n, t, src] of pairs) {
+        if (assign) {
+          const p = src.detach(); // a view: the caller's tensor keeps its own requiresGrad
+          p.requiresGrad = t.requiresGrad && isFloating(p.dtype);
+          this.setParameter(n, p);
+          continue;
+        }
+        const moved = src.device === t.device ? src : src.to(t.device);
+        t.copy_(moved);
+        if (moved !== src) moved.dispose();
+      }
+    });
+    return { missingKeys, unexpectedKeys };
   }
 
   train(on = true): this {
@@ -119,8 +153,15 @@ export class Module {
     return this.parameters().reduce((s, t) => s + t.numel, 0);
   }
 
-  /** Casts every floating parameter to dtype (used for --dtype). */
+  /** Casts every parameter `filter` selects to dtype (used for --dtype); a cast parameter keeps its requiresGrad. */
   castParameters(dtype: DType, filter: (name: string) => boolean = () => true): void {
-    for (const [n, t] of this.namedParameters()) if (filter(n) && t.dtype !== dtype) this.setParameter(n, t.to(dtype));
+    noGrad(() => {
+      for (const [n, t] of this.namedParameters()) {
+        if (!filter(n) || t.dtype === dtype) continue;
+        const cast = t.to(dtype);
+        cast.requiresGrad = t.requiresGrad && isFloating(dtype);
+        this.setParameter(n, cast);
+      }
+    });
   }
 }

@@ -571,7 +571,7 @@ export function fullLike(t: Tensor, value: number, options: TensorOptions = {}):
   return full(t.shape, value, { dtype: t.dtype, device: t.device, ...options });
 }
 
-/** arange(end) or arange(start, end, step); int32 unless a float dtype is asked for or a bound is fractional. */
+/** arange(end) or arange(start, end, step); int32 unless a dtype is given or any argument is fractional (then float32). */
 export function arange(start: number, end?: number, step = 1, options: TensorOptions = {}): Tensor {
   if (end === undefined) {
     end = start;
@@ -579,7 +579,7 @@ export function arange(start: number, end?: number, step = 1, options: TensorOpt
   }
   if (step === 0) throw new OpError("arange", "step must be non-zero");
   const n = Math.max(0, Math.ceil((end - start) / step));
-  const integral = Number.isInteger(start) && Number.isInteger(step);
+  const integral = Number.isInteger(start) && Number.isInteger(end) && Number.isInteger(step);
   const dtype = options.dtype ?? (integral ? "int32" : "float32");
   const vals = new Float64Array(n);
   for (let i = 0; i < n; i++) vals[i] = start + i * step;

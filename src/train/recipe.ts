@@ -209,7 +209,8 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
   const vocabSize = cfg.model.vocab_size ?? tok.vocabSize;
   const hfConfig = recipeHfConfig(cfg, vocabSize, tok.tokenToId("<|im_end|>") ?? eosId);
   const paramDtype = cfg.training.mixed_precision_param;
-  const model = new CausalLM(parseHfConfig(hfConfig), { dtype: paramDtype });
+  // unallocated: initWeights installs every parameter (no default init drawn and thrown away)
+  const model = new CausalLM(parseHfConfig(hfConfig), { dtype: paramDtype, unallocatedParameters: true });
   initWeights(model, cfg.job.seed, cfg.model.n_layers);
   model.train();
   const numParams = model.numParameters();

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import * as k from "../../src/tensor/index.js";
-import { compile, compileCacheStats, jitUnavailableReason } from "../../src/compile/index.js";
+import { compile, compileCacheStats, jitUnavailableReason, where } from "../../src/compile/index.js";
 import { forgetLoaded } from "../../src/compile/cache.js";
 import { assertClose } from "../tensor/suite.js";
 import { chain, gatedMlp, normScale } from "./fixtures.js";
@@ -73,6 +73,23 @@ describe("compile: compiled equals eager", () => {
     assertClose(got[2]!, x.T.add(1).dataSync() as Float32Array);
     assert.deepEqual(got[2]!.shape, [10, 4]);
     assertClose(got[3]!, x.max(-1, true).sub(x.mean()).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-5 });
+  });
+});
+
+describe("compile: traced dtypes follow eager's promotion", () => {
+  it("bool and int operands with scalars, where with a scalar, sums of 8-bit ints; bool subtraction raises", () => {
+    const b = k.tensor([true, false, true]);
+    const i = k.tensor(new Int32Array([1, 2, 3]));
+    const u = k.tensor(new Uint8Array([200, 100, 255]));
+    const f = compile((b: any, i: any, u: any) => [b.add(1), where(b, i, 0.5), u.sum(), where(b, 1, i), b.mul(2.5)]);
+    const got = f(b, i, u) as k.Tensor[];
+    const want = [b.add(1), k.where(b, i, 0.5), u.sum(), k.where(b, 1, i), b.mul(2.5)];
+    assert.deepEqual(got.map((t) => t.dtype), ["int32", "float32", "int32", "int32", "float32"]);
+    got.forEach((t, j) => {
+      assert.equal(t.dtype, want[j]!.dtype);
+      assert.deepEqual(t.toList(), want[j]!.toList());
+    });
+    assert.throws(() => compile((x: any) => x.sub(1))(b), /\[sub\] Subtraction, the `-` operator, with a bool tensor is not supported/);
   });
 });
 

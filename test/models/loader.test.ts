@@ -255,6 +255,9 @@ test("a checkpoint load allocates no parameter twice: the model is built unalloc
     backend.allocate = allocate;
   }
   assert.ok(m.model.parameters().every((p) => !p.isDisposed), "every parameter assigned from the checkpoint");
+  // the loader installs the checkpoint's tensors as they are (setParameter): inference weights, as vLLM's
+  assert.ok(m.model.parameters().every((p) => !p.requiresGrad), "loaded parameters do not require grad");
+  assert.equal(m.model.training, false, "a loaded model is in eval mode");
   const paramBytes = m.model.parameters().reduce((a, p) => a + p.numel * DTYPE_BYTES[p.dtype], 0);
   assert.ok(allocated < paramBytes / 2, `the load allocated ${allocated} bytes for ${paramBytes} bytes of parameters`);
 });

@@ -26,7 +26,8 @@ forEachBackend((dev) => {
       assert.throws(() => k.matmul(k.zeros([2, 3], { device: dev }), k.zeros([4, 2], { device: dev })), opError(OpError, "matmul", /cannot be multiplied \(3 != 4\)/));
       assert.throws(() => k.matmul(t(1), t([1])), opError(OpError, "matmul"));
       assert.throws(() => k.bmm(k.zeros([2, 2, 2], { device: dev }), k.zeros([3, 2, 2], { device: dev })), opError(OpError, "bmm"));
-      assert.throws(() => k.matmul(k.zeros([2, 2, 3], { device: dev }), k.zeros([3, 3, 1], { device: dev })), opError(OpError, "matmul", /broadcast/));
+      assert.throws(() => k.matmul(k.zeros([2, 2, 3], { device: dev }), k.zeros([3, 3, 1], { device: dev })),
+        opError(OpError, "matmul", /batch dimensions of \[2, 2, 3\] and \[3, 3, 1\] cannot be broadcast \(\[2\] vs \[3\]\)/));
       assert.throws(() => k.linear(k.zeros([2, 3], { device: dev }), k.zeros([4, 5], { device: dev })), opError(OpError, "linear"));
     });
     it("broadcast failures name the op", () => {
@@ -43,6 +44,8 @@ forEachBackend((dev) => {
       assert.throws(() => k.zeros([2, 3], { device: dev }).permute(0, 0), opError(OpError, "permute"));
       assert.throws(() => k.zeros([2, 3], { device: dev }).narrow(1, 2, 2), opError(OpError, "narrow"));
       assert.throws(() => k.cat([k.zeros([2, 3], { device: dev }), k.zeros([2, 4], { device: dev })]), opError(OpError, "cat"));
+      assert.throws(() => k.stack([k.zeros([2], { device: dev }), k.zeros([2], { device: dev }), k.zeros([3], { device: dev })]),
+        opError(OpError, "stack", /expects each tensor to be equal size, but got \[2\] at entry 0 and \[3\] at entry 2/));
       assert.throws(() => k.topk(k.zeros([3], { device: dev }), 4), opError(OpError, "topk"));
       assert.throws(() => k.empty([2, -1], { device: dev }), opError(OpError, "empty"));
       assert.throws(() => t([[1, 2], [3]]), opError(OpError, "tensor", /ragged/));
@@ -63,6 +66,10 @@ forEachBackend((dev) => {
       const cos = k.ones([2, 1], { device: dev });
       assert.throws(() => k.rotaryEmbedding(k.zeros([1, 1, 2], { device: dev }), ids(2), cos, cos), opError(IndexOutOfRangeError, "rotary", /position 2/));
       assert.throws(() => k.indexSelect(w, 0, t([0.5])), opError(OpError, "index_select", /integer/));
+      const logits = k.zeros([2, 4], { device: dev });
+      assert.throws(() => k.crossEntropy(logits, ids(1, 5)), opError(IndexOutOfRangeError, "cross_entropy", /target 5 out of range for 4 classes/));
+      assert.throws(() => k.crossEntropy(logits, ids(-1, 0)), opError(IndexOutOfRangeError, "cross_entropy", /target -1 out of range for 4 classes/));
+      assert.ok(Math.abs(k.crossEntropy(logits, ids(-100, 3)).item() - Math.log(4)) < 1e-6, "ignore_index is not a class");
     });
   });
 

@@ -307,6 +307,20 @@ describe("gradcheck: a tiny transformer block end to end", () => {
   });
 });
 
+describe("prod backward with zeros (torch's prod_backward)", () => {
+  test("one zero: its entry gets the product of the others; two zeros: all 0; none: prod / x", () => {
+    const x = k.tensor([[0, 2, 3], [0, 0, 4], [1, 2, 3], [5, 0.5, -2]], { requiresGrad: true });
+    k.prod(x, 1).mul(k.tensor([1, 1, 1, 10])).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [6, 0, 0, 0, 0, 0, 6, 3, 2, -10, -100, 25]);
+    const y = k.tensor([0, 2, 3], { requiresGrad: true });
+    k.prod(y).backward();
+    assert.deepEqual(y.grad!.toList(), [6, 0, 0]);
+    const z = k.tensor([[2, 0], [3, 5]], { requiresGrad: true }); // along dim 0 of a transposed view, keepdim
+    k.prod(z.T, 1, true).sum().backward();
+    assert.deepEqual(z.grad!.toList(), [3, 5, 2, 0]);
+  });
+});
+
 describe("autograd engine", () => {
   test("gradients accumulate across backward calls; zero by resetting .grad", () => {
     const w = k.tensor([1, 2, 3], { requiresGrad: true });

@@ -27,6 +27,11 @@ forEachBackend((dev) => {
       assert.deepEqual(values(r), [0, 1, 2, 3, 4]);
       assert.deepEqual(values(k.arange(1, 2, 0.25, { device: dev })), [1, 1.25, 1.5, 1.75]);
       assert.deepEqual(values(k.arange(5, 0, -2, { device: dev })), [5, 3, 1]);
+      // any fractional argument makes the result float32, the end included (torch: arange(2.5) is [0., 1., 2.])
+      for (const r2 of [k.arange(2.5, undefined, 1, { device: dev }), k.arange(0, 2.5, 1, { device: dev }), k.arange(0, 1.5, 1, { device: dev })])
+        assert.equal(r2.dtype, "float32");
+      assert.deepEqual(values(k.arange(2.5, undefined, 1, { device: dev })), [0, 1, 2]);
+      assert.deepEqual(values(k.arange(0, 1.5, 1, { device: dev })), [0, 1]);
       const s = t(3.5);
       assert.deepEqual([...s.shape], []);
       assert.equal(s.item(), 3.5);
@@ -89,6 +94,32 @@ forEachBackend((dev) => {
       assert.equal(bf.add(t([1, 1], { dtype: "float16" })).dtype, "float32");
       assert.equal(bf.add(t([1, 1])).dtype, "float32");
       assert.equal(t(new Int8Array([1])).add(t(new Uint8Array([1]))).dtype, "int32");
+    });
+
+    it("bool tensors with scalars promote as torch (int32 is Kiln's default int); bool subtraction raises", () => {
+      const b = t([true, false, true]);
+      for (const [name, r, dtype, want] of [
+        ["b + 1", b.add(1), "int32", [2, 1, 2]],
+        ["b * 3", b.mul(3), "int32", [3, 0, 3]],
+        ["3 * b", k.mul(3, b), "int32", [3, 0, 3]],
+        ["b + 0.5", b.add(0.5), "float32", [1.5, 0.5, 1.5]],
+        ["b * 2.5", b.mul(2.5), "float32", [2.5, 0, 2.5]],
+        ["b * true", b.mul(true), "bool", [1, 0, 1]],
+        ["b + int32", b.add(t(new Int32Array([5, 5, 5]))), "int32", [6, 5, 6]],
+        ["b / 2", b.div(2), "float32", [0.5, 0, 0.5]],
+      ] as const) {
+        assert.equal(r.dtype, dtype, name);
+        assertClose(r, want, { msg: name });
+      }
+      const refused = /\[sub\] Subtraction, the `-` operator, with a bool tensor is not supported/;
+      assert.throws(() => b.sub(1), refused);
+      assert.throws(() => k.sub(1, b), refused);
+      assert.throws(() => t([1, 2, 3]).sub(b), refused);
+      assert.throws(() => t([1, 2, 3]).sub(true), refused);
+      assert.throws(() => b.sub(b), /with two bool tensors is not supported/);
+      // an integer scalar keeps an integer tensor's dtype
+      const u = t(new Uint8Array([250]));
+      assert.equal(u.add(1).dtype, "uint8");
     });
 
     it("unary math", () => {
@@ -167,6 +198,35 @@ forEachBackend((dev) => {
       const x = t([[1, 2], [3, 4]]);
       assertClose(x.maskedFill(t([false, true]), -Infinity), [1, -Infinity, 3, -Infinity]);
       assert.throws(() => x.maskedFill(t([0, 1]), 0), /mask must be bool/);
+    });
+
+    it("where / cat / maskedFill result dtypes follow torch.result_type", () => {
+      const i = t(new Int32Array([1, 2, 3]));
+      const m = t([true, false, false]);
+      const w = k.where(m, i, 0.5);
+      assert.equal(w.dtype, "float32");
+      assertClose(w, [1, 0.5, 0.5]);
+      assert.equal(k.where(m, 0.5, i).dtype, "float32");
+      assert.deepEqual(values(k.where(m, 0.5, i)), [0.5, 2, 3]);
+      assert.equal(k.where(m, i, 7).dtype, "int32", "an integer scalar keeps the int dtype");
+      assert.deepEqual(values(k.where(m, i, 7)), [1, 7, 7]);
+      const bf = t([1.5, 2.5, 3.5], { dtype: "bfloat16" });
+      assert.equal(k.where(m, bf, 0.25).dtype, "bfloat16", "a float scalar does not widen bf16");
+      assert.equal(k.where(m, i, t([0.5, 0.5, 0.5])).dtype, "float32");
+      assert.equal(k.where(m, 1.5, 0).dtype, "float32");
+      assert.equal(k.where(m, 1, 0).dtype, "int32");
+      assert.equal(k.where(m, true, false).dtype, "bool");
+      const c = k.cat([t(new Int32Array([1])), t([1.5])]);
+      assert.equal(c.dtype, "float32");
+      assertClose(c, [1, 1.5]);
+      assert.equal(k.cat([t([true]), t(new Uint8Array([7]))]).dtype, "uint8");
+      assert.equal(k.cat([bf, t([1])]).dtype, "float32");
+      const f = i.maskedFill(m, 0);
+      assert.equal(f.dtype, "int32");
+      assert.deepEqual(values(f), [0, 2, 3]);
+      assert.deepEqual(values(k.embedding(f, t([[1, 1], [2, 2], [3, 3], [4, 4]]))), [1, 1, 3, 3, 4, 4], "usable as ids");
+      assert.equal(bf.maskedFill(m, -Infinity).dtype, "bfloat16");
+      assert.equal(t([true, true]).maskedFill(t([true, false]), 0).dtype, "bool");
     });
   });
 
@@ -257,6 +317,15 @@ forEachBackend((dev) => {
       assert.equal(c.sum().dtype, "int32");
       assert.equal(c.sum().item(), 276);
       assert.equal(t([true, true, false]).sum().item(), 2);
+      // bool and 8-bit ints accumulate in int32 (torch: int64) instead of wrapping in their own dtype
+      const u8 = t(new Uint8Array([200, 100, 255]));
+      assert.equal(u8.sum().dtype, "int32");
+      assert.equal(u8.sum().item(), 555);
+      assert.equal(t(new Int8Array([100, 100])).sum().item(), 200);
+      assert.equal(t(new Int8Array([-100, -100])).sum().item(), -200);
+      assert.deepEqual(values(t(new Uint8Array([200, 100, 255, 1]), { shape: [2, 2] }).sum(0)), [455, 101]);
+      assert.equal(t([true, true, false]).sum().dtype, "int32");
+      assert.equal(k.prod(t(new Uint8Array([16, 16, 16]))).item(), 4096);
       assertClose(c.mean([1, 2]), [5.5, 17.5]);
       assert.equal(t(5).sum().item(), 5);
     });
@@ -271,6 +340,19 @@ forEachBackend((dev) => {
       assert.deepEqual(values(ties.argmax(1)), [1, 0]);
       assert.deepEqual(values(ties.argmin(1)), [3, 2]);
       assert.equal(ties.argmax(1).dtype, "int32");
+    });
+    it("argmax / argmin take NaN as the extreme (the first NaN), as torch", () => {
+      assert.equal(t([1, NaN, 3]).argmax().item(), 1);
+      assert.equal(t([1, NaN, 3]).argmin().item(), 1);
+      assert.equal(t([NaN, 5, NaN]).argmax().item(), 0);
+      // long rows (the native kernel's vector path): the NaN after the max, and the max after the NaN
+      const row = Array.from({ length: 40 }, (_, i) => i % 7);
+      row[20] = 100;
+      row[33] = NaN;
+      const rows = ft([...row, ...row.map((v, i) => (i === 33 ? 1 : v))], [2, 40]);
+      assert.deepEqual(values(rows.argmax(1)), [33, 20]);
+      assert.deepEqual(values(rows.argmax(-1, true)), [33, 20]);
+      assert.ok(Number.isNaN(rows.max(1).toList()[0]!), "max of the NaN row is NaN");
     });
     it("max / min propagate NaN, as torch", () => {
       assert.ok(Number.isNaN(t([1, NaN, 3]).max().item()), "max propagates NaN");
@@ -291,6 +373,12 @@ forEachBackend((dev) => {
       // large logits stay finite; -inf entries get probability 0
       assertClose(t([1000, 1000, -Infinity]).softmax(0), [0.5, 0.5, 0]);
       assertClose(t([1000, 1000]).logsumexp(0), [1000 + Math.LN2]);
+    });
+    it("logsumexp of rows with infinities: all -inf gives -inf, a +inf gives inf (torch), NaN stays NaN", () => {
+      const v = t([[-Infinity, -Infinity], [Infinity, 1], [-Infinity, 0], [NaN, 1]]);
+      assertClose(v.logsumexp(1), [-Infinity, Infinity, 0, NaN], { shape: [4] });
+      assertClose(v.logsumexp(1, true), [-Infinity, Infinity, 0, NaN], { shape: [4, 1] });
+      assertClose(t([-Infinity, -Infinity, -Infinity]).logsumexp(0), [-Infinity], { shape: [] });
     });
     it("cumsum along dims", () => {
       const v = t([[1, 2, 3], [4, 5, 6]]);

@@ -140,6 +140,28 @@ forEachBackend((dev) => {
       assert.deepEqual(values(one), [0]);
     });
 
+    it("copy_ between overlapping views of one storage raises torch's error; the same view is a no-op", () => {
+      const overlap = /\[copy_\] unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location/;
+      const y = k.tensor([1, 2, 3, 4], { device: dev });
+      assert.throws(() => y.slice(0, 1).copy_(y.slice(0, 0, 3)), overlap);
+      const z = k.tensor([[1, 2], [3, 4]], { device: dev });
+      assert.throws(() => z.copy_(z.T), overlap);
+      assert.throws(() => z.copy_(z.select(0, 0)), overlap, "a broadcast source inside the destination");
+      const g = grid(3, 4);
+      assert.throws(() => g.narrow(1, 1, 3).copy_(g.narrow(1, 0, 3)), overlap, "strided views that share elements");
+      assert.deepEqual(values(y), [1, 2, 3, 4], "nothing was written");
+      assert.deepEqual(values(z), [1, 2, 3, 4]);
+      // the same view: nothing to do; disjoint or interleaved regions of one storage copy normally
+      z.copy_(z);
+      y.slice(0, 2).copy_(y.slice(0, 0, 2));
+      assert.deepEqual(values(y), [1, 2, 1, 2]);
+      const s = k.tensor([1, 2, 3, 4, 5, 6], { device: dev });
+      s.slice(0, 0, 6, 2).copy_(s.slice(0, 1, 6, 2));
+      assert.deepEqual(values(s), [2, 2, 4, 4, 6, 6]);
+      g.narrow(1, 0, 2).copy_(g.narrow(1, 2, 2));
+      assert.deepEqual(values(g), [2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11]);
+    });
+
     it("maskedFill_ and indexCopy_ through views", () => {
       const base = grid(2, 3);
       base.T.maskedFill_(k.tensor([[true, false], [false, false], [false, true]], { device: dev }), -1);

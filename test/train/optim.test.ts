@@ -5,6 +5,7 @@ import * as k from "../../src/tensor/index.js";
 import { AdamW, SGD } from "../../src/train/optim.js";
 import { LrSchedule } from "../../src/train/lr-schedule.js";
 import { clipGradNorm } from "../../src/train/grad-clip.js";
+import { Embedding, Linear, RMSNorm, StateDictError } from "../../src/nn/index.js";
 
 const close = (a: number, b: number, tol = 1e-6, msg = "") => assert.ok(Math.abs(a - b) <= tol * Math.max(1, Math.abs(b)), `${msg} ${a} vs ${b}`);
 
@@ -150,5 +151,113 @@ describe("clipGradNorm", () => {
     close(clipGradNorm([a, b], 100), 6.5, 1e-5);
     close(b.grad!.toList()[0]!, 12 * coef);
     close(clipGradNorm([a, b], 100, Infinity), 12 * coef);
+  });
+});
+
+describe("nn modules trained as a PyTorch user builds them", () => {
+  const stats = (xs: number[]) => {
+    const m = xs.reduce((a, b) => a + b, 0) / xs.length;
+    return { m, s: Math.sqrt(xs.reduce((a, b) => a + (b - m) ** 2, 0) / (xs.length - 1)) };
+  };
+
+  test("new Linear / Embedding / RMSNorm: torch's init, parameters require grad, training mode", () => {
+    k.manualSeed(0);
+    const l = new Linear(64, 32, true);
+    // kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(in), 1/sqrt(in)) for the weight and the bias; std bound/sqrt(3)
+    const bound = 1 / 8;
+    const w = l.weight.toList();
+    assert.ok(w.every((v) => v >= -bound && v < bound), "weight within the bound");
+    const ws = stats(w);
+    assert.ok(Math.abs(ws.m) < 5 * (bound / Math.sqrt(3)) / Math.sqrt(w.length), `weight mean ${ws.m}`);
+    assert.ok(Math.abs(ws.s - bound / Math.sqrt(3)) < 0.05 * (bound / Math.sqrt(3)), `weight std ${ws.s}`);
+    const b = l.bias!.toList();
+    assert.ok(b.every((v) => v >= -bound && v < bound) && new Set(b).size > 16, "bias drawn within the bound");
+    assert.ok(l.weight.requiresGrad && l.bias!.requiresGrad);
+    assert.equal(l.training, true);
+    assert.equal(l.eval().training, false);
+    assert.equal(l.train().training, true);
+    const e = new Embedding(100, 20);
+    const es = stats(e.weight.toList()); // N(0, 1): s.e. of the mean 0.022, of the std 0.016
+    assert.ok(Math.abs(es.m) < 0.12 && Math.abs(es.s - 1) < 0.08, `embedding mean ${es.m} std ${es.s}`);
+    assert.ok(e.weight.requiresGrad && e.training);
+    const n = new RMSNorm(4, 1e-6);
+    assert.deepEqual(n.weight.toList(), [1, 1, 1, 1]);
+    assert.ok(n.weight.requiresGrad);
+    // manual_seed makes the init reproducible; a bf16 layer's bias is bf16 too (torch's dtype=)
+    k.manualSeed(5);
+    const a1 = new Linear(3, 2, true).weight.toList();
+    k.manualSeed(5);
+    assert.deepEqual(new Linear(3, 2, true).weight.toList(), a1);
+    const bf = new Linear(3, 2, true, { dtype: "bfloat16" });
+    assert.equal(bf.weight.dtype, "bfloat16");
+    assert.equal(bf.bias!.dtype, "bfloat16");
+    // unallocated (torch's meta device): shape and dtype, nothing drawn
+    const meta = new Linear(3, 2, true, { unallocatedParameters: true });
+    assert.ok(meta.parameters().every((p) => p.isDisposed));
+  });
+
+  test("a fresh Linear trains with SGD: backward reaches its parameters", () => {
+    const l = new Linear(3, 2, true);
+    const opt = new SGD(l.parameters(), { lr: 0.5 });
+    const before = l.weight.toList();
+    const bias = l.bias!.toList();
+    l.forward(k.tensor([[1, 2, 3]])).sum().backward(); // d/dW = x for every row, d/db = 1
+    assert.deepEqual(l.weight.grad!.toList(), [1, 2, 3, 1, 2, 3]);
+    assert.deepEqual(l.bias!.grad!.toList(), [1, 1]);
+    opt.step();
+    l.weight.toList().forEach((v, i) => close(v, before[i]! - 0.5 * [1, 2, 3][i % 3]!, 1e-6));
+    l.bias!.toList().forEach((v, i) => close(v, bias[i]! - 0.5, 1e-6));
+  });
+
+  test("loadStateDict copies into the parameters: an optimizer built before the load keeps training them", () => {
+    const model = new Linear(2, 1, true);
+    const weight = model.weight;
+    const opt = new SGD(model.parameters(), { lr: 0.1 });
+    const ckpt = new Linear(2, 1, true);
+    k.noGrad(() => {
+      ckpt.weight.fill_(1);
+      ckpt.bias!.fill_(0.5);
+    });
+    assert.deepEqual(model.loadStateDict(ckpt.stateDict()), { missingKeys: [], unexpectedKeys: [] });
+    assert.equal(model.weight, weight, "the same parameter tensor");
+    assert.ok(!weight.isDisposed && weight.requiresGrad && weight.gradFn === null, "still a leaf that requires grad");
+    assert.deepEqual(weight.toList(), [1, 1]);
+    k.noGrad(() => ckpt.weight.fill_(7));
+    assert.deepEqual(weight.toList(), [1, 1], "no storage shared with the checkpoint");
+    model.forward(k.ones([1, 2])).sum().backward();
+    opt.step();
+    model.weight.toList().forEach((v) => close(v, 0.9, 1e-6));
+    close(model.bias!.toList()[0]!, 0.4, 1e-6);
+    // dtype converted to the parameter's; loading a module's own state is a no-op
+    const bf = new Map([["weight", k.tensor([[0.25, -3]], { dtype: "bfloat16" })], ["bias", k.tensor([2], { dtype: "bfloat16" })]]);
+    model.loadStateDict(bf);
+    assert.equal(model.weight.dtype, "float32");
+    assert.deepEqual(model.weight.toList(), [0.25, -3]);
+    model.loadStateDict(model.stateDict());
+    assert.deepEqual(model.weight.toList(), [0.25, -3]);
+  });
+
+  test("loadStateDict: shape mismatch and missing / unexpected names are typed errors; strict=false reports them", () => {
+    const model = new Linear(2, 1, true);
+    const before = model.weight.toList();
+    const wrong = new Map([["weight", k.zeros([1, 2])], ["bias", k.zeros([2])]]);
+    assert.throws(() => model.loadStateDict(wrong), (e: unknown) => e instanceof StateDictError && /"bias".*\[2\].*\[1\]/.test(e.message));
+    assert.deepEqual(model.weight.toList(), before, "nothing written before the error");
+    assert.throws(() => model.loadStateDict(new Map([["weight", k.zeros([1, 2])]])), (e: unknown) => e instanceof StateDictError && /missing parameters: bias/.test(e.message));
+    const extra = new Map([["weight", k.zeros([1, 2])], ["bias", k.zeros([1])], ["scale", k.zeros([1])]]);
+    assert.throws(() => model.loadStateDict(extra), (e: unknown) => e instanceof StateDictError && /unexpected parameters: scale/.test(e.message));
+    assert.deepEqual(model.loadStateDict(new Map([["weight", k.ones([1, 2])], ["other", k.ones([1])]]), false), { missingKeys: ["bias"], unexpectedKeys: ["other"] });
+    assert.deepEqual(model.weight.toList(), [1, 1]);
+  });
+
+  test("an unallocated module loads with assign (torch's assign=True): the state's tensors, the module's requiresGrad", () => {
+    const meta = new Linear(2, 1, true, { unallocatedParameters: true });
+    const state = new Map([["weight", k.tensor([[1, 2]], { dtype: "bfloat16" })], ["bias", k.tensor([3])]]);
+    assert.throws(() => meta.loadStateDict(state), (e: unknown) => e instanceof StateDictError && /unallocated.*assign/.test(e.message));
+    meta.loadStateDict(state, true, true);
+    assert.equal(meta.weight.dtype, "bfloat16");
+    assert.ok(meta.weight.requiresGrad && !state.get("weight")!.requiresGrad);
+    assert.equal(meta.weight.storage, state.get("weight")!.storage, "assigned, not copied");
+    assert.deepEqual(meta.forward(k.ones([1, 2])).toList(), [6]);
   });
 });

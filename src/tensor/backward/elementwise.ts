@@ -168,12 +168,15 @@ const composed: RuleTable = {
   }),
   gelu: unaryRule("inputs", (x) => hostMap(x, geluExactGrad)),
   gelu_tanh: unaryRule("inputs", (x) => hostMap(x, geluTanhGrad)),
-  relu: unaryRule("inputs", (x) => {
-    const pos = ew.gt(x, 0);
-    const d = ew.where(pos, 1, 0);
-    pos.dispose();
-    return d;
-  }),
+  relu: {
+    saves: "inputs",
+    grad: (g, c) => {
+      const pos = ew.gt(c.inputs[0]!, 0);
+      const out = ew.where(pos, g, 0);
+      pos.dispose();
+      return [out];
+    },
+  },
   abs: unaryRule("inputs", (x) => ew.unary("sign", x)),
   square: unaryRule("inputs", (x) => ew.mul(x, 2)),
   sin: unaryRule("inputs", (x) => ew.cos(x)),

@@ -59,14 +59,27 @@ const reductions: RuleTable = {
     },
   },
   prod: {
-    saves: "both",
+    saves: "inputs",
     grad: (g, c) => {
-      // d(prod)/dx_i = prod / x_i (inputs with zeros get a NaN-free but inexact grad only via torch's slow path)
+      // d(prod)/dx_i = product of the other entries (torch's prod_backward): with no zero in the row that is
+      // prod / x_i; with one zero, only the zero's entry is non-zero (the product of the rest); with two, all are 0.
+      // As one formula: p = prod(x with zeros read as 1); grad_i = g * p / x'_i where the row has no zero, or
+      // where x_i is its only zero (x'_i = 1 there), else 0.
+      const x = c.inputs[0]!;
+      const dims = c.attrs.dims as number[];
       const gk = keepDims(g, c);
-      const yk = keepDims(c.output!, c);
-      const gy = ew.mul(gk, yk);
-      const out = ew.div(gy, c.inputs[0]!);
-      for (const t of [gy, ...(gk !== g ? [gk] : []), ...(yk !== c.output ? [yk] : [])]) t.dispose();
+      const zero = ew.eq(x, 0);
+      const xNz = ew.where(zero, 1, x);
+      const p = rd.prod(xNz, dims, true);
+      const zeros = rd.sum(zero, dims, true);
+      const noZero = ew.eq(zeros, 0);
+      const oneZero = ew.eq(zeros, 1);
+      const onlyZero = ew.logicalAnd(zero, oneZero);
+      const keep = ew.logicalOr(noZero, onlyZero);
+      const gp = ew.mul(gk, p);
+      const all = ew.div(gp, xNz);
+      const out = ew.where(keep, all, 0);
+      for (const t of [zero, xNz, p, zeros, noZero, oneZero, onlyZero, keep, gp, all, ...(gk !== g ? [gk] : [])]) t.dispose();
       return [out];
     },
   },

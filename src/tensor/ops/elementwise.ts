@@ -1,6 +1,6 @@
 // Broadcasting elementwise arithmetic, math, comparisons, where, and the in-place forms.
 import type { BinaryOp, UnaryOp } from "../../backends/backend.js";
-import { isFloating, promoteTypes, type DType } from "../../backends/dtype.js";
+import { isFloating, promoteTypes, resultType, scalarOperandDtype, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { isGradEnabled, recordOp } from "../grad-mode.js";
@@ -9,11 +9,10 @@ import { broadcastShapes, broadcastView } from "./shape.js";
 
 const COMPARISONS = new Set<BinaryOp>(["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"]);
 
+/** The dtype a scalar operand is materialised in next to tensor t (torch's wrapped-number promotion; div is float). */
 function scalarDtype(t: Tensor, s: number | boolean, op: BinaryOp): DType {
-  if (typeof s === "boolean") return t.dtype;
-  if (!Number.isInteger(s) && !isFloating(t.dtype)) return "float32";
-  if (op === "div" && !isFloating(t.dtype)) return "float32";
-  return t.dtype;
+  const d = scalarOperandDtype(t.dtype, s);
+  return op === "div" && !isFloating(d) ? "float32" : d;
 }
 
 /** Result dtype of a binary op following torch's promotion (true division of ints gives float32). */
@@ -32,6 +31,7 @@ function asTensor(x: TensorOrScalar, like: Tensor, op: BinaryOp): Tensor {
 export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   if (!(a instanceof Tensor) && !(b instanceof Tensor)) throw new OpError(op, "needs at least one tensor");
   for (const x of [a, b]) if (x instanceof Tensor) x.view_(op); // disposed check before allocating
+  if (op === "sub") checkBoolSub(a, b);
   const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
   const tb = asTensor(b, ta, op);
   const dev = sameDevice(op, ta, tb);
@@ -53,6 +53,15 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   if (!(a instanceof Tensor)) ta.dispose();
   if (!(b instanceof Tensor)) tb.dispose();
   return out;
+}
+
+/** torch refuses `-` on bool operands (a JS boolean counts as one): invert a mask with logicalNot instead. */
+function checkBoolSub(a: TensorOrScalar, b: TensorOrScalar): void {
+  const isBool = (x: TensorOrScalar) => (x instanceof Tensor ? x.dtype === "bool" : typeof x === "boolean");
+  if (isBool(a) && isBool(b))
+    throw new OpError("sub", "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.");
+  if (isBool(a) || isBool(b))
+    throw new OpError("sub", "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
 }
 
 export function unary(op: UnaryOp, x: Tensor, recordName: string = op): Tensor {
@@ -110,15 +119,18 @@ export const round = (x: Tensor): Tensor => unary("round", x);
 export const sign = (x: Tensor): Tensor => unary("sign", x);
 export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
 
-/** where(cond, a, b): elementwise select with broadcasting. */
+/**
+ * where(cond, a, b): elementwise select with broadcasting. The result dtype is torch.result_type(a, b): a scalar
+ * raises only the category (where(c, int32, 0.5) is float32, where(c, bf16, 0) bf16; two integer scalars give int32).
+ */
 export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   for (const x of [cond, a, b]) if (x instanceof Tensor) x.view_("where");
-  const like = a instanceof Tensor ? a : b instanceof Tensor ? b : cond;
-  const ta = a instanceof Tensor ? a : full([], Number(a), { dtype: isFloating(like.dtype) ? like.dtype : "float32", device: cond.device });
-  const tb = b instanceof Tensor ? b : full([], Number(b), { dtype: ta.dtype, device: cond.device });
+  const dtype = resultType(a instanceof Tensor ? a.dtype : a, b instanceof Tensor ? b.dtype : b);
+  const ta = a instanceof Tensor ? a : full([], Number(a), { dtype, device: cond.device });
+  const tb = b instanceof Tensor ? b : full([], Number(b), { dtype, device: cond.device });
   const dev = sameDevice("where", cond, ta, tb);
   const shape = broadcastShapes("where", broadcastShapes("where", cond.shape, ta.shape), tb.shape);
-  const out = empty(shape, { dtype: promoteTypes(ta.dtype, tb.dtype), device: dev });
+  const out = empty(shape, { dtype, device: dev });
   const vc = broadcastView(cond, shape, "where");
   const va = broadcastView(ta, shape, "where");
   const vb = broadcastView(tb, shape, "where");
@@ -131,9 +143,15 @@ export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tenso
   return out;
 }
 
+/** x with value where mask is true; keeps x's dtype (the value is cast to it, as torch's masked_fill). */
 export function maskedFill(x: Tensor, mask: Tensor, value: number): Tensor {
   if (mask.dtype !== "bool") throw new OpError("masked_fill", `mask must be bool, got ${mask.dtype}`);
-  return where(mask, value, x);
+  const v = full([], value, { dtype: x.dtype, device: x.device });
+  try {
+    return where(mask, v, x);
+  } finally {
+    v.dispose();
+  }
 }
 
 export function clamp(x: Tensor, min?: number, max?: number): Tensor {
@@ -183,18 +201,92 @@ export function inPlace(op: string, target: Tensor, result: Tensor, { castValue 
   }
 }
 
-/** copy_: broadcasts src to dst's shape and converts dtype. */
+/**
+ * copy_: broadcasts src to dst's shape and converts dtype. As torch, src and dst sharing some memory is an error
+ * (the result would depend on the kernel's traversal order), except for the very same view, a no-op.
+ */
 export function copyInto(dst: Tensor, src: Tensor): void {
   const dev = sameDevice("copy_", dst, src);
   dst.view_("copy_");
   src.view_("copy_");
+  const overlap = dst.storage === src.storage ? checkCopyOverlap(dst, src) : "none";
+  if (overlap === "same") return;
   const shape = broadcastShapes("copy_", dst.shape, src.shape);
   if (shape.length !== dst.ndim || shape.some((s, i) => s !== dst.shape[i]))
     throw new OpError("copy_", `cannot copy [${src.shape.join(", ")}] into [${dst.shape.join(", ")}]`);
-  const v = broadcastView(src, dst.shape, "copy_");
+  // undecided (strided views over a huge span): read src in full first, so the result never depends on the order
+  const from = overlap === "unknown" ? src.clone() : src;
+  const v = broadcastView(from, dst.shape, "copy_");
   runKernel("copy_", dev, { op: "copy", x: v.view_("copy_"), out: dst.view_("copy_") }, [dst]);
   v.dispose();
+  if (from !== src) from.dispose();
   dst.storage.version++;
+}
+
+/** dst and src share a storage: "same" view (nothing to copy), "none" in common, or "unknown"; throws on an overlap. */
+function checkCopyOverlap(dst: Tensor, src: Tensor): "same" | "none" | "unknown" {
+  const sameView = dst.offset === src.offset && dst.ndim === src.ndim &&
+    dst.shape.every((n, d) => n === src.shape[d] && (n === 1 || dst.strides[d] === src.strides[d]));
+  if (sameView) return "same";
+  const overlap = elementsOverlap(dst, src);
+  if (overlap === true)
+    throw new OpError("copy_", "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. " +
+      "Please clone() the tensor before performing the operation.");
+  return overlap === false ? "none" : "unknown";
+}
+
+/** Above this many elements of common span, strided views are not compared element by element. */
+const MAX_OVERLAP_SCAN = 1 << 26;
+
+/** [first, last] element offsets a view touches (strides are non-negative here). */
+function span(t: Tensor): [number, number] {
+  let last = t.offset;
+  for (let d = 0; d < t.ndim; d++) last += t.strides[d]! * (t.shape[d]! - 1);
+  return [t.offset, last];
+}
+
+/** torch's is_non_overlapping_and_dense: the elements fill [first, last] exactly once, in some dim order. */
+function isDense(t: Tensor): boolean {
+  const dims = t.shape.map((n, d) => [n, t.strides[d]!] as const).filter(([n]) => n !== 1).sort((a, b) => a[1] - b[1]);
+  let expected = 1;
+  for (const [n, stride] of dims) {
+    if (stride !== expected) return false;
+    expected *= n;
+  }
+  return true;
+}
+
+/**
+ * Whether two views of one storage touch a common element: by their spans when both are dense (torch's check),
+ * else element by element; "unknown" when that scan would be too large.
+ */
+function elementsOverlap(a: Tensor, b: Tensor): boolean | "unknown" {
+  if (a.numel === 0 || b.numel === 0) return false;
+  const [a0, a1] = span(a);
+  const [b0, b1] = span(b);
+  const lo = Math.max(a0, b0);
+  const hi = Math.min(a1, b1);
+  if (lo > hi) return false;
+  if (isDense(a) && isDense(b)) return true;
+  if (hi - lo + 1 > MAX_OVERLAP_SCAN || a.numel + b.numel > MAX_OVERLAP_SCAN) return "unknown";
+  // strided views whose spans interleave (a[::2] and a[1::2]): mark a's elements, then look for b's
+  const marked = new Uint8Array(hi - lo + 1);
+  forEachOffset(a, (o) => {
+    if (o >= lo && o <= hi) marked[o - lo] = 1;
+  });
+  let hit = false;
+  forEachOffset(b, (o) => {
+    if (o >= lo && o <= hi && marked[o - lo] === 1) hit = true;
+  });
+  return hit;
+}
+
+function forEachOffset(t: Tensor, f: (offset: number) => void): void {
+  const walk = (d: number, at: number): void => {
+    if (d === t.ndim) return f(at);
+    for (let i = 0; i < t.shape[d]!; i++) walk(d + 1, at + i * t.strides[d]!);
+  };
+  walk(0, t.offset);
 }
 
 export function fillInto(dst: Tensor, value: number): void {

@@ -1,4 +1,5 @@
 // Indexing ops: embedding / index_select, gather / scatter, index_copy_, and cat / stack / split.
+import { promoteTypes, type DType } from "../../backends/dtype.js";
 import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
@@ -169,13 +170,13 @@ export function cat(tensors: Tensor[], dim = 0): Tensor {
   }
   const shape = [...first.shape];
   shape[d] = tensors.reduce((s, t) => s + t.shape[d]!, 0);
-  const out = empty(shape, { dtype: first.dtype, device: dev });
+  // torch.result_type of all the inputs (cat([int32, float32]) is float32); copy_ converts each part
+  const dtype = tensors.reduce<DType>((acc, t) => promoteTypes(acc, t.dtype), first.dtype);
+  const out = empty(shape, { dtype, device: dev });
   let at = 0;
   for (const t of tensors) {
     const dst = out.narrow(d, at, t.shape[d]!);
-    const src = t.dtype === first.dtype ? t : t.to(first.dtype);
-    copyInto(dst, src);
-    if (src !== t) src.dispose();
+    copyInto(dst, t);
     dst.dispose();
     at += t.shape[d]!;
   }
@@ -185,7 +186,13 @@ export function cat(tensors: Tensor[], dim = 0): Tensor {
 
 export function stack(tensors: Tensor[], dim = 0): Tensor {
   if (tensors.length === 0) throw new OpError("stack", "expects a non-empty list");
-  const d = dim < 0 ? dim + tensors[0]!.ndim + 1 : dim;
+  const first = tensors[0]!;
+  tensors.forEach((t, i) => {
+    if (t.ndim !== first.ndim || t.shape.some((s, j) => s !== first.shape[j]))
+      throw new OpError("stack", `expects each tensor to be equal size, but got [${first.shape.join(", ")}] at entry 0 and [${t.shape.join(", ")}] at entry ${i}`);
+  });
+  const d = dim < 0 ? dim + first.ndim + 1 : dim;
+  if (d < 0 || d > first.ndim) throw new OpError("stack", `dimension ${dim} out of range for stacking ${first.ndim}-d tensors`);
   const us = tensors.map((t) => t.unsqueeze(d));
   const out = cat(us, d);
   for (const u of us) u.dispose();

@@ -18,7 +18,12 @@ function batchedMatmul(op: string, a: Tensor, b: Tensor, bTransposed: boolean): 
   if (K !== Kb) throw new OpError(op, `shapes [${a.shape.join(", ")}] and [${b.shape.join(", ")}] cannot be multiplied (${K} != ${Kb})`);
   const batchA = a.shape.slice(0, -2);
   const batchB = b.shape.slice(0, -2);
-  const batch = broadcastShapes(op, batchA, batchB);
+  let batch: number[];
+  try {
+    batch = broadcastShapes(op, batchA, batchB);
+  } catch {
+    throw new OpError(op, `batch dimensions of [${a.shape.join(", ")}] and [${b.shape.join(", ")}] cannot be broadcast ([${batchA.join(", ")}] vs [${batchB.join(", ")}])`);
+  }
   const nb = numel(batch);
   const out = empty([...batch, M, N], { dtype: "float32", device: dev });
   if (a.ndim === 2 && b.ndim === 2 && a.dtype === "float32" && !a.isContiguous && a.strides[0] === 1 && a.strides[1] === M) {

@@ -1,6 +1,6 @@
 // Fused neural-network ops: rms_norm, rotary embedding, attention (reference causal and ragged paged),
 // silu-gated MLP activation and cross-entropy.
-import { OpError } from "../../util/errors.js";
+import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { noGrad, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor, full } from "../tensor.js";
@@ -245,6 +245,9 @@ export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100
   const t32 = targets.to("int32");
   const tgt = t32.dataSync() as Int32Array;
   if (t32 !== targets) t32.dispose();
+  const classes = logits.shape[1]!;
+  for (const t of tgt)
+    if (t !== ignoreIndex && (t < 0 || t >= classes)) throw new IndexOutOfRangeError("cross_entropy", `target ${t} out of range for ${classes} classes`);
   const safe = Int32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : t));
   const keep = Float32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : 1));
   const count = keep.reduce((a, b) => a + b, 0);

@@ -1,13 +1,13 @@
 // Reductions and row-wise normalisations. Each moves the reduced dims last, makes the input a dense
 // [rows, n] matrix, and runs one row kernel.
 import type { ReduceOp } from "../../backends/backend.js";
-import { isFloating, type DType } from "../../backends/dtype.js";
+import { isFloating, sumDtype, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel } from "../dispatch.js";
-import { recordOp } from "../grad-mode.js";
+import { noGrad, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
 import { contiguous, normDim, permute } from "./shape.js";
-import { add, log, sub } from "./elementwise.js";
+import { abs, add, log, sub, where } from "./elementwise.js";
 
 function reducedDims(t: Tensor, dim: number | number[] | undefined, op: string): number[] {
   if (dim === undefined) return t.shape.map((_, i) => i);
@@ -33,7 +33,8 @@ function reduce(fn: ReduceOp, t: Tensor, dim: number | number[] | undefined, kee
   const { rows, n, outShape } = asRows(t, dims, keepdim);
   if (n === 0 && fn !== "sum" && fn !== "prod") throw new OpError(op, "cannot reduce an empty dimension");
   const isArg = fn === "argmax" || fn === "argmin";
-  const dtype: DType = isArg ? "int32" : fn === "sum" || fn === "prod" ? (isFloating(t.dtype) ? t.dtype : t.dtype === "bool" ? "int32" : t.dtype) : t.dtype;
+  // sums and products of bool / 8-bit ints accumulate in int32 (torch: int64), not wrapping in the input's dtype
+  const dtype: DType = isArg ? "int32" : fn === "sum" || fn === "prod" ? sumDtype(t.dtype) : t.dtype;
   const out = empty(outShape, { dtype, device: t.device });
   const numRows = numel(outShape);
   runKernel(op, t.device, { op: "reduce", fn, x: rows.view_(op), out: out.view_(op), rows: numRows, n }, isArg ? [] : [out]);
@@ -43,7 +44,7 @@ function reduce(fn: ReduceOp, t: Tensor, dim: number | number[] | undefined, kee
 }
 
 export const sum = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("sum", t, dim, keepdim, "sum");
-export const prod = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("prod", t, dim, keepdim, "prod");
+export const prod = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("prod", t, dim, keepdim, "prod");
 export const max = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("max", t, dim, keepdim, "max");
 export const min = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("min", t, dim, keepdim, "min");
 export const argmax = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmax", t, dim, keepdim, "argmax");
@@ -99,18 +100,25 @@ function softmaxImpl(t: Tensor, dim: number, logOut: boolean): Tensor {
 export const softmax = (t: Tensor, dim = -1): Tensor => softmaxImpl(t, dim, false);
 export const logSoftmax = (t: Tensor, dim = -1): Tensor => softmaxImpl(t, dim, true);
 
-/** log(sum(exp(x))) along dim, computed stably as max + log(sum(exp(x - max))). */
+/**
+ * log(sum(exp(x))) along dim, computed stably as m + log(sum(exp(x - m))) with m the row max, or 0 where the max
+ * is infinite (torch's rule: an all -inf row gives -inf, a row holding +inf gives inf, not NaN).
+ */
 export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
-  const m = max(t, dim, true);
-  const mDetached = m.detach();
-  const shifted = sub(t, mDetached);
+  const m = noGrad(() => {
+    const mx = max(t, dim, true);
+    const size = abs(mx);
+    const inf = size.eq(Infinity);
+    const finite = where(inf, 0, mx);
+    for (const x of [mx, size, inf]) x.dispose();
+    return finite;
+  });
+  const shifted = sub(t, m);
   const e = shifted.exp();
   const s = sum(e, dim, true);
   const l = log(s);
-  const r = add(l, mDetached);
-  for (const x of [shifted, e, s, l]) x.dispose();
-  mDetached.dispose();
-  m.dispose();
+  const r = add(l, m);
+  for (const x of [shifted, e, s, l, m]) x.dispose();
   if (keepdim) return r;
   const out = r.squeeze(normDim(dim, t.ndim, "logsumexp"));
   r.dispose();
