@@ -246,7 +246,6 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
         lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
         // a pooling engine says what it pools (a classifier pools whatever the runner flag said)
-        runner: engineOptions.engine.poolingTask != null ? "pooling" : (engineOptions.runner ?? "generate"),
         poolingTask: engineOptions.engine.poolingTask ?? (engineOptions.runner === "pooling" ? "embed" : null),
         classLabels: engineOptions.engine.classLabels ? [...engineOptions.engine.classLabels] : null,
         maxLogprobs: engineOptions.maxLogprobs === -1 ? engineOptions.tokenizer.vocabSize : (engineOptions.maxLogprobs ?? MAX_LOGPROBS),

@@ -4,18 +4,16 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { badRequest } from "./errors.js";
 import { optString } from "./fields.js";
-import { asJsonBody, parsePrompts } from "./protocol.js";
+import { asJsonBody } from "./protocol.js";
 import { nowSeconds, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolInputs, renderChat } from "./serving-embeddings.js";
+import { poolingPrompts, poolInputs } from "./serving-embeddings.js";
 
 export async function handleClassify(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const labels = ctx.classLabels;
   if (ctx.poolingTask !== "classify" || labels === null) throw badRequest("The model does not support Classification API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
-  // vLLM's ClassificationChatRequest: messages rendered with the chat template instead of input
-  const chat = body.messages !== undefined && body.input === undefined;
-  const prompts = chat ? [{ text: renderChat(ctx, body) }] : parsePrompts(body, ctx.tokenizer.vocabSize, "input");
+  const { prompts, chat } = poolingPrompts(ctx, body); // (vLLM's ClassificationChatRequest takes messages)
   const { id, vectors: scores, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "classification", idPrefix: "classify" });
   return {
     id,

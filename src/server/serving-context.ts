@@ -35,8 +35,6 @@ export interface ServingContext {
   loraModules: Map<string, LoraModule> | null;
   /** The largest LoRA id given so far (ids are never reused). */
   lastLoraId: number;
-  /** "pooling": the engine pools prompts (see poolingTask) and does not generate; else "generate". */
-  runner: "generate" | "pooling";
   /** A pooling engine's task: "embed" serves /v1/embeddings, /score and /rerank, "classify" /classify; null: it generates. */
   poolingTask: "embed" | "classify" | null;
   /** A classifier's label names, in score order (null unless poolingTask is "classify"). */

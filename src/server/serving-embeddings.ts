@@ -23,7 +23,7 @@ function halfBack(h: Uint16Array, kind: "f16" | "bf16"): Float32Array {
 }
 
 /** The text a messages-style embedding request embeds (the chat template, without a generation prompt by default). */
-export function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
+function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
   const messages = parseMessages(body);
   try {
     return ctx.tokenizer.applyChatTemplate(messages, { addGenerationPrompt: optBool(body, "add_generation_prompt") ?? false });
@@ -32,9 +32,18 @@ export function renderChat(ctx: ServingContext, body: Record<string, unknown>): 
   }
 }
 
+/**
+ * A pooling request's prompts: its `input`, or vLLM's chat form (`messages` without `input`) rendered with the chat
+ * template; `chat` says which (a rendered chat holds its special tokens already).
+ */
+export function poolingPrompts(ctx: ServingContext, body: Record<string, unknown>): { prompts: PromptInput[]; chat: boolean } {
+  const chat = body.messages !== undefined && body.input === undefined;
+  return { prompts: chat ? [{ text: renderChat(ctx, body) }] : parsePrompts(body, ctx.tokenizer.vocabSize, "input"), chat };
+}
+
 /** The API a pooling server does not serve, as vLLM words its refusal. */
 export function refuseOnPoolingRunner(ctx: ServingContext, api: string): void {
-  if (ctx.runner === "pooling") throw badRequest(`The model does not support ${api} API`);
+  if (ctx.poolingTask !== null) throw badRequest(`The model does not support ${api} API`);
 }
 
 /**
@@ -114,9 +123,7 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Embeddings API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
-  // vLLM's EmbeddingChatRequest: messages rendered with the chat template instead of input
-  const chat = body.messages !== undefined && body.input === undefined;
-  const prompts = chat ? [{ text: renderChat(ctx, body) }] : parsePrompts(body, ctx.tokenizer.vocabSize, "input");
+  const { prompts, chat } = poolingPrompts(ctx, body); // (vLLM's EmbeddingChatRequest takes messages)
   const format = optString(body, "encoding_format") ?? "float";
   if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
   const dtype = optString(body, "embed_dtype") ?? "float32";
