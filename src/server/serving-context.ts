@@ -66,8 +66,8 @@ export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
  * X-Request-Id, else a random hex), and its engine request id: the same, unless the client named it (clients may send
  * one id twice at once, and the engine's ids must differ).
  */
-export function responseIds(request: FastifyRequest, prefix: string): { id: string; engineId: string } {
-  const id = `${prefix}-${request.id}`;
+export function responseIds(request: FastifyRequest, prefix: string, separator = "-"): { id: string; engineId: string } {
+  const id = `${prefix}${separator}${request.id}`;
   return { id, engineId: request.headers["x-request-id"] ? `${id}-${randomBytes(4).toString("hex")}` : id };
 }
 

@@ -2,7 +2,6 @@
 // responses-protocol.ts) and runs as one; the reply comes back as output items (reasoning, message, function_call),
 // whole or as OpenAI's typed server-sent events (responses-stream.ts). Stored responses (store: true, the default)
 // continue with previous_response_id and are read back with GET /v1/responses/{id}.
-import { randomBytes } from "node:crypto";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { FinishReason, RequestOutput } from "../engine/types.js";
 import { ApiError, badRequest, toApiError } from "./errors.js";
@@ -18,6 +17,7 @@ import {
   checkQueue,
   nowSeconds,
   resolveModelAndLora,
+  responseIds,
   samplingParamsFor,
   type ServingContext,
 } from "./serving-context.js";
@@ -91,8 +91,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   const params = samplingParamsFor(ctx, chat, promptTokenIds.length, "input");
   const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
   // the id carries fastify's request id (the client's X-Request-Id, else random hex); engine ids must differ
-  const id = `resp_${request.id}`;
-  const engineId = request.headers["x-request-id"] ? `${id}-${randomBytes(4).toString("hex")}` : id;
+  const { id, engineId } = responseIds(request, "resp", "_"); // (OpenAI's resp_ ids)
   const turn: Turn = { ctx, id, createdAt: nowSeconds(), model, req, chat, params, promptLen: promptTokenIds.length, thinking };
 
   checkQueue(ctx);
