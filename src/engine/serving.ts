@@ -307,6 +307,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   }
   args.onProgress?.("sizing KV cache", 0);
   const { numBlocks, maxModelLen, blockSize, kvCacheDtype } = sizeKvCache(loaded, args);
+  loaded.model.setContextLength(maxModelLen); // longrope's factor set (before any step graph reads the tables)
   // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
   // the copies' old memory would lower until collected; before any step graph points at them)
   loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });

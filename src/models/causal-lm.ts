@@ -168,11 +168,11 @@ export class CausalLM extends Module {
     super();
     const layerOptions: LayerOptions = { dtype: options.dtype ?? "float32", device: options.device, unallocatedParameters: options.unallocatedParameters };
     this.rotary = new RotaryEmbedding(
-      { rotaryDim: config.headDim, theta: config.ropeTheta, maxPositions: config.maxPositionEmbeddings, scaling: config.ropeScaling },
+      { rotaryDim: config.rotaryDim, theta: config.ropeTheta, maxPositions: config.maxPositionEmbeddings, scaling: config.ropeScaling },
       options.device,
     );
     this.rotaryLocal = config.localRopeTheta === null ? null : new RotaryEmbedding(
-      { rotaryDim: config.headDim, theta: config.localRopeTheta, maxPositions: config.maxPositionEmbeddings, scaling: null },
+      { rotaryDim: config.rotaryDim, theta: config.localRopeTheta, maxPositions: config.maxPositionEmbeddings, scaling: null },
       options.device,
     );
     this.model = this.module("model", new DecoderBody(config, this.rotary, this.rotaryLocal, options.family ?? DEFAULT_FAMILY, layerOptions));
@@ -183,6 +183,14 @@ export class CausalLM extends Module {
 
   get device() {
     return this.model.embedTokens.weight.device;
+  }
+
+  /**
+   * The longest sequence this model will be asked to serve (the engine's max_model_len): Phi-3's longrope picks its
+   * factor set from it, as vLLM does. Call before step graphs are captured; a no-op for other rotary scalings.
+   */
+  setContextLength(n: number): void {
+    this.rotary.setContextLength(n);
   }
 
   /** Token ids [T] (int32) with their context -> final hidden states [T, hidden]. */

@@ -22,6 +22,17 @@ function phi3Fusions(c: ModelConfig): Fusion[] {
   ];
 }
 
+/**
+ * The parts of a fused tensor `name` (`model.layers.N.self_attn.qkv_proj.weight`, ...): each part's full name and
+ * row count, in row order; null for a tensor that is not one of the config's fusions.
+ */
+export function fusedParts(c: ModelConfig, name: string): [string, number][] | null {
+  if (c.architecture !== "Phi3ForCausalLM") return null;
+  const m = /^(model\.layers\.\d+\.)(.+)$/.exec(name);
+  const f = m === null ? undefined : phi3Fusions(c).find((x) => x.fused === m[2]);
+  return f === undefined ? null : f.parts.map(([suffix, rows]) => [`${m![1]}${suffix}`, rows]);
+}
+
 /** Whether the checkpoint stores Phi-3's fused projections. */
 export function hasFusedProjections(h: SafetensorsHandle): boolean {
   return h.has("model.layers.0.self_attn.qkv_proj.weight");

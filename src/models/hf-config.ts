@@ -60,6 +60,8 @@ export interface ModelConfig {
   rmsNormEps: number;
   ropeTheta: number;
   ropeScaling: RopeScaling | null;
+  /** Head dimensions the rotary turns (the first ones of each head): head_dim * partial_rotary_factor (Phi-4-mini 0.75). */
+  rotaryDim: number;
   maxPositionEmbeddings: number;
   tieWordEmbeddings: boolean;
   /** The gated MLP's activation: SiLU, or GELU's tanh approximation (Gemma's gelu_pytorch_tanh). */
@@ -157,7 +159,7 @@ function idList(v: unknown): number[] {
   return [];
 }
 
-function parseRopeScaling(raw: unknown, arch: string, maxPos: number): RopeScaling | null {
+function parseRopeScaling(raw: unknown, arch: string, maxPos: number, cfg: Json, rotaryDim: number): RopeScaling | null {
   if (raw === undefined || raw === null) return null;
   if (typeof raw !== "object") throw new ModelConfigError(`[config] ${arch}: rope_scaling must be an object`);
   const r = raw as Json;
@@ -186,8 +188,25 @@ function parseRopeScaling(raw: unknown, arch: string, maxPos: number): RopeScali
         attentionFactor: nullable("attention_factor"), mscale: nullable("mscale"), mscaleAllDim: nullable("mscale_all_dim"),
       };
     }
+    case "longrope":
+    case "su": {
+      // Phi-3.5 / Phi-4-mini: per-frequency divisors, one set for contexts within the original length and one past it
+      const factors = (k: string): number[] => {
+        const v = r[k];
+        if (!Array.isArray(v) || v.length !== rotaryDim / 2 || !v.every((x) => typeof x === "number" && Number.isFinite(x) && x > 0))
+          throw new ModelConfigError(`[config] ${arch}: rope_scaling (longrope) "${k}" must be ${rotaryDim / 2} positive numbers (one per rotary frequency), got ${JSON.stringify(v)?.slice(0, 80)}`);
+        return v as number[];
+      };
+      const orig = r.original_max_position_embeddings ?? cfg.original_max_position_embeddings;
+      if (typeof orig !== "number" || !Number.isInteger(orig) || orig <= 0)
+        throw new ModelConfigError(`[config] ${arch}: rope_scaling (longrope) needs original_max_position_embeddings (in rope_scaling or the config), got ${JSON.stringify(orig)}`);
+      return {
+        type: "longrope", shortFactor: factors("short_factor"), longFactor: factors("long_factor"), originalMaxPositionEmbeddings: orig,
+        shortMscale: nullable("short_mscale"), longMscale: nullable("long_mscale"),
+      };
+    }
     default:
-      throw new ModelConfigError(`[config] ${arch}: unsupported rope_scaling type "${type}" (supported: default, linear, dynamic, llama3, yarn)`);
+      throw new ModelConfigError(`[config] ${arch}: unsupported rope_scaling type "${type}" (supported: default, linear, dynamic, llama3, yarn, longrope)`);
   }
 }
 
@@ -239,9 +258,6 @@ export function parseHfConfig(json: unknown): ModelConfig {
   for (const key of unsupported) {
     if (cfg[key] !== undefined && cfg[key] !== null) throw new ModelConfigError(`[config] ${arch}: unsupported field "${key}" = ${JSON.stringify(cfg[key])}`);
   }
-  const rotaryFraction = cfg.partial_rotary_factor;
-  if (rotaryFraction !== undefined && rotaryFraction !== null && rotaryFraction !== 1)
-    throw new ModelConfigError(`[config] ${arch}: partial_rotary_factor ${JSON.stringify(rotaryFraction)} is not supported (rotary over the whole head only)`);
   if (cfg.pretraining_tp !== undefined && cfg.pretraining_tp !== 1 && cfg.pretraining_tp !== null) {
     throw new ModelConfigError(`[config] ${arch}: unsupported pretraining_tp ${JSON.stringify(cfg.pretraining_tp)}`);
   }
@@ -256,6 +272,15 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const headDim = optInt(cfg, "head_dim", arch, Number.isInteger(headDimDefault) ? headDimDefault : 0);
   if (!headDim) throw new ModelConfigError(`[config] ${arch}: hidden_size ${hiddenSize} is not divisible by num_attention_heads and head_dim is absent`);
   const numHiddenLayers = req(cfg, "num_hidden_layers", arch);
+  // Phi-3's attention turns the first head_dim * partial_rotary_factor dimensions of each head (Phi-4-mini: 0.75)
+  const rotaryFraction = cfg.partial_rotary_factor ?? 1;
+  const rotaryDim = typeof rotaryFraction === "number" ? Math.floor(headDim * rotaryFraction) : NaN;
+  if (rotaryFraction !== 1 && (architecture !== "Phi3ForCausalLM" || !(rotaryDim >= 2 && rotaryDim <= headDim && rotaryDim % 2 === 0)))
+    throw new ModelConfigError(
+      architecture === "Phi3ForCausalLM"
+        ? `[config] ${arch}: partial_rotary_factor ${JSON.stringify(rotaryFraction)} must turn an even number of each head's ${headDim} dimensions (0 < factor <= 1)`
+        : `[config] ${arch}: partial_rotary_factor ${JSON.stringify(rotaryFraction)} is not supported (rotary over the whole head only)`,
+    );
   const maxPositionEmbeddings = optInt(cfg, "max_position_embeddings", arch, 2048);
 
   // transformers v5 moved rope settings into rope_parameters.
@@ -265,7 +290,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const perType = byType !== null && typeof byType === "object" && typeof byType.full_attention === "object";
   const ropeParams = ((perType ? byType.full_attention : cfg.rope_parameters) ?? null) as Json | null;
   const ropeTheta = optNum(ropeParams ?? {}, "rope_theta", arch, optNum(cfg, "rope_theta", arch, 10000));
-  const ropeScaling = parseRopeScaling(cfg.rope_scaling ?? ropeParams ?? null, arch, maxPositionEmbeddings);
+  const ropeScaling = parseRopeScaling(cfg.rope_scaling ?? ropeParams ?? null, arch, maxPositionEmbeddings, cfg, rotaryDim);
   const localRope = perType && typeof byType.sliding_attention === "object" ? byType.sliding_attention : null;
 
   const isQwen = architecture.startsWith("Qwen");
@@ -320,7 +345,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     vocabSize: req(cfg, "vocab_size", arch),
     hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, headDim,
     rmsNormEps: optNum(cfg, "rms_norm_eps", arch, 1e-6),
-    ropeTheta, ropeScaling, maxPositionEmbeddings,
+    ropeTheta, ropeScaling, rotaryDim, maxPositionEmbeddings,
     tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", gemma),
     hiddenAct,
     attnScale: granite ? optNum(cfg, "attention_multiplier", arch, 1 / Math.sqrt(headDim)) : 1 / Math.sqrt(gemma ? optNum(cfg, "query_pre_attn_scalar", arch, headDim) : headDim),

@@ -6,10 +6,11 @@ import { f32ToBf16 } from "./formats/dtype-convert.js";
 import { mulberry32 } from "../util/random.js";
 import { readSafetensors, writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
-import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK } from "./formats/gguf-mapping.js";
+import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK, phi3RopeFactorTensors } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
 import { CausalLM } from "./causal-lm.js";
-import { parseHfConfig, type Architecture } from "./hf-config.js";
+import { parseHfConfig, type Architecture, type ModelConfig } from "./hf-config.js";
+import { fusedParts } from "./fused-weights.js";
 import { FAMILIES, ModelLoadError } from "./loader.js";
 import { inspectModelDir } from "./model-dir.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
@@ -42,6 +43,8 @@ function archExtras(arch: Architecture): Json {
         model_type: "gemma3_text", head_dim: 16, query_pre_attn_scalar: 16, hidden_activation: "gelu_pytorch_tanh", sliding_window: 512,
         sliding_window_pattern: 6, rope_theta: 1_000_000, rope_local_base_freq: 10000, tie_word_embeddings: true,
       };
+    case "Phi3ForCausalLM":
+      return { model_type: "phi3" };
     default:
       return { model_type: "llama" };
   }
@@ -112,12 +115,42 @@ export function initModel(out: string, options: InitModelOptions): Json {
   });
   for (const [, t] of model.namedParameters()) t.dispose();
   fs.mkdirSync(out, { recursive: true });
+  if (cfg.architecture === "Phi3ForCausalLM") fuseTensors(tensors, cfg); // as HF's Phi-3 checkpoints store them
   fs.writeFileSync(path.join(out, "config.json"), JSON.stringify(config, null, 2));
   writeSafetensors(path.join(out, "model.safetensors"), tensors, { format: "pt" });
   fs.copyFileSync(path.join(options.tokenizerDir, "tokenizer.json"), path.join(out, "tokenizer.json"));
   fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify(tokConfig, null, 2));
   fs.writeFileSync(path.join(out, "generation_config.json"), JSON.stringify({ eos_token_id: eosId ?? undefined, do_sample: false }, null, 2));
   return config;
+}
+
+/** Replaces the parts of each of the config's fused tensors (Phi-3's qkv_proj, gate_up_proj) with the fused tensor, in place. */
+function fuseTensors(tensors: SafetensorsLazyTensor[], cfg: ModelConfig): void {
+  const byName = new Map(tensors.map((t) => [t.name, t]));
+  const fused: SafetensorsLazyTensor[] = [];
+  const gone = new Set<string>();
+  for (const t of tensors) {
+    const m = /^(model\.layers\.\d+\.)self_attn\.q_proj\.weight$|^(model\.layers\.\d+\.)mlp\.gate_proj\.weight$/.exec(t.name);
+    if (m === null) continue;
+    const name = m[1] !== undefined ? `${m[1]}self_attn.qkv_proj.weight` : `${m[2]}mlp.gate_up_proj.weight`;
+    const parts = fusedParts(cfg, name)!.map(([n]) => byName.get(n)!);
+    parts.forEach((p) => gone.add(p.name));
+    const rows = parts.reduce((n, p) => n + p.shape[0]!, 0);
+    fused.push({
+      name, dtype: t.dtype, shape: [rows, t.shape[1]!],
+      data: () => {
+        const bytes = parts.map((p) => {
+          const d = p.data();
+          return new Uint8Array(d.buffer, d.byteOffset, d.byteLength);
+        });
+        const out = new Uint8Array(bytes.reduce((n, b) => n + b.length, 0));
+        bytes.reduce((at, b) => (out.set(b, at), at + b.length), 0);
+        return out;
+      },
+    });
+  }
+  const kept = tensors.filter((t) => !gone.has(t.name));
+  tensors.splice(0, tensors.length, ...kept, ...fused);
 }
 
 function tokenizerVocabSize(tok: Json): number {
@@ -186,6 +219,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
       }
       tensors.push({ name: m.name, shape: info.shape, type: typeFor(info.shape), load: () => load(info.name, info.shape[0]!) });
     }
+    for (const { name, values } of phi3RopeFactorTensors(config)) tensors.push({ name, shape: [values.length], type: "F32", load: () => values });
     for (const [name, s] of stacked) {
       const per = s.shape.reduce((a, b) => a * b, 1);
       const all = () => {

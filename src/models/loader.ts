@@ -9,7 +9,7 @@ import { fromBytes, mapFromFile, tensor, type DeviceLike, type Tensor } from "..
 import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
-import { hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
+import { fusedParts, hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
 import { inspectModelDir } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
@@ -265,7 +265,7 @@ function languageModelWeights(h: SafetensorsHandle, dir: string): SafetensorsHan
 function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): LoadedModel {
   const g: GgufFile = readGguf(file);
   try {
-    const hfConfig = ggufToHfConfig(g.metadata, g.tensors.map((t) => t.name));
+    const hfConfig = ggufToHfConfig(g.metadata, g.tensors.map((t) => t.name), (name) => g.loadAsFloat32(name));
     const config = parseHfConfig(hfConfig);
     const dtype = resolveDtype(options.dtype ?? "auto", config);
     const arch = String(g.metadata["general.architecture"] ?? "");
@@ -284,8 +284,9 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
       const unpermute = <T extends Float32Array | Uint8Array>(d: T, r = rows): T =>
         permutes ? unpermuteQK(d, r, config.numAttentionHeads, hfName.includes("k_proj") ? config.numKeyValueHeads : undefined) : d;
       const experts = hfName.includes("{expert}") ? info.shape[0]! : 0;
-      const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : [hfName];
-      if (direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g)) {
+      const fused = fusedParts(config, hfName); // Phi-3's qkv / gate-up: one matrix, its parts' rows in turn
+      const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : fused ? fused.map(([n]) => n) : [hfName];
+      if (direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g, fused?.map(([, r]) => r))) {
         names.forEach((n) => loaded.add(n));
         options.onProgress?.("loading weights", (i + 1) / g.tensors.length);
         return;
@@ -308,6 +309,9 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
         const rest = info.shape.slice(1);
         const per = rest.reduce((a, b) => a * b, 1);
         names.forEach((n, e) => put(n, data.slice(e * per, (e + 1) * per), rest));
+      } else if (fused) {
+        const cols = info.shape[1]!;
+        fused.reduce((row, [n, rows]) => (put(n, data.slice(row * cols, (row + rows) * cols), [rows, cols]), row + rows), 0);
       } else put(hfName, data, info.shape);
       // a tied LM head reads the token embedding's own quantized blocks, as llama.cpp does
       if (tiedHead && hfName === "model.embed_tokens.weight") direct.tiedHead(info, model.model.embedTokens.weight, g);
@@ -382,17 +386,20 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
   };
   return {
     /** Loads `info` (one matrix, or stacked experts) into the Linear layers `names` if it can; false otherwise. */
-    take(info: Info, names: string[], unpermute: (raw: Uint8Array, rows: number) => Uint8Array, g: GgufFile): boolean {
+    take(info: Info, names: string[], unpermute: (raw: Uint8Array, rows: number) => Uint8Array, g: GgufFile, partRows?: number[]): boolean {
       const layers = names.map((n) => linears.get(n));
       const type = layers.some((l) => l === undefined) ? null : directType(info);
       if (!type) return false;
       const [n, k] = info.shape.slice(-2) as [number, number];
       const raw = g.load(info.name);
-      const per = n * ggufDirectRowBytes(type, k);
-      layers.forEach((l, e) => {
+      const rowBytes = ggufDirectRowBytes(type, k);
+      // stacked experts: n rows each; a fused matrix (partRows): its parts' rows in turn
+      layers.reduce((at, l, e) => {
         const [name, layer] = l!;
-        installQuantizedWeight(model, name, layer, quantized(type, unpermute(raw.subarray(e * per, (e + 1) * per), n), n, k));
-      });
+        const rows = partRows?.[e] ?? n;
+        installQuantizedWeight(model, name, layer, quantized(type, unpermute(raw.subarray(at, at + rows * rowBytes), rows), rows, k));
+        return at + rows * rowBytes;
+      }, 0);
       return true;
     },
     /** Gives a tied embedding's float table a quantized copy of its own blocks for the LM head. */

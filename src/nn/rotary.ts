@@ -1,6 +1,7 @@
 // Rotary position embedding tables (cos/sin [maxPositions, rotaryDim/2]) with Hugging Face's scaling
-// variants: default, linear, dynamic NTK, llama3 and YaRN (transformers' modeling_rope_utils semantics).
-import { rotaryEmbedding, tensor, type PagedRotaryArgs, type Tensor, type DeviceLike } from "../tensor/index.js";
+// variants: default, linear, dynamic NTK, llama3, YaRN (transformers' modeling_rope_utils semantics) and Phi-3's
+// longrope (vLLM's choice of its factor set: by the served context length, fixed for the engine's life).
+import { noGrad, rotaryEmbedding, tensor, type PagedRotaryArgs, type Tensor, type DeviceLike } from "../tensor/index.js";
 
 /** HF rope_scaling variants (models/hf-config.ts parses config.json into this shape). */
 export type RopeScaling =
@@ -16,6 +17,16 @@ export type RopeScaling =
       attentionFactor: number | null;
       mscale: number | null;
       mscaleAllDim: number | null;
+    }
+  | {
+      type: "longrope";
+      /** Per rotary frequency, the divisor of its base frequency within / past the original context. */
+      shortFactor: number[];
+      longFactor: number[];
+      originalMaxPositionEmbeddings: number;
+      /** cos/sin scale of each set; null: sqrt(1 + ln(max_pos / orig) / ln(orig)) (1 when max_pos <= orig). */
+      shortMscale: number | null;
+      longMscale: number | null;
     };
 
 export interface RotaryConfig {
@@ -23,6 +34,11 @@ export interface RotaryConfig {
   theta: number;
   maxPositions: number;
   scaling: RopeScaling | null;
+  /**
+   * The longest sequence the tables will serve (the engine's max_model_len; default maxPositions). longrope takes its
+   * long factors when this exceeds the original context, as vLLM does, so a sequence's keys never change factor set.
+   */
+  contextLength?: number;
 }
 
 /** Inverse frequencies and the attention scale factor YaRN applies to cos/sin. */
@@ -78,7 +94,30 @@ export function rotaryInvFreq(cfg: RotaryConfig): { invFreq: Float64Array; atten
       }
       return { invFreq: inv, attentionFactor, tablePositions };
     }
+    case "longrope": {
+      const orig = scaling.originalMaxPositionEmbeddings;
+      const long = (cfg.contextLength ?? cfg.maxPositions) > orig;
+      const scale = cfg.maxPositions / orig;
+      const mscale = (long ? scaling.longMscale : scaling.shortMscale) ?? (scale <= 1 ? 1 : Math.sqrt(1 + Math.log(scale) / Math.log(orig)));
+      const factors = long ? scaling.longFactor : scaling.shortFactor;
+      return { invFreq: plain(base).map((f, i) => f / factors[i]!), attentionFactor: mscale, tablePositions };
+    }
   }
+}
+
+/** cos/sin [positions, rotaryDim/2] of a rotary config, with its attention factor applied. */
+function rotaryTables(config: RotaryConfig): { cos: Float32Array; sin: Float32Array; positions: number; half: number } {
+  const { invFreq, attentionFactor, tablePositions } = rotaryInvFreq(config);
+  const half = invFreq.length;
+  const cos = new Float32Array(tablePositions * half);
+  const sin = new Float32Array(tablePositions * half);
+  for (let p = 0; p < tablePositions; p++)
+    for (let i = 0; i < half; i++) {
+      const a = p * invFreq[i]!;
+      cos[p * half + i] = Math.cos(a) * attentionFactor;
+      sin[p * half + i] = Math.sin(a) * attentionFactor;
+    }
+  return { cos, sin, positions: tablePositions, half };
 }
 
 /** Precomputed cos/sin tables and the rotation itself. */
@@ -88,23 +127,31 @@ export class RotaryEmbedding {
   readonly maxPositions: number;
 
   constructor(
-    readonly config: RotaryConfig,
+    public config: RotaryConfig,
     device?: DeviceLike,
     readonly neox = true,
   ) {
-    const { invFreq, attentionFactor, tablePositions } = rotaryInvFreq(config);
-    const half = invFreq.length;
-    this.maxPositions = tablePositions;
-    const cos = new Float32Array(tablePositions * half);
-    const sin = new Float32Array(tablePositions * half);
-    for (let p = 0; p < tablePositions; p++)
-      for (let i = 0; i < half; i++) {
-        const a = p * invFreq[i]!;
-        cos[p * half + i] = Math.cos(a) * attentionFactor;
-        sin[p * half + i] = Math.sin(a) * attentionFactor;
+    const { cos, sin, positions, half } = rotaryTables(config);
+    this.maxPositions = positions;
+    this.cos = tensor(cos, { shape: [positions, half], device });
+    this.sin = tensor(sin, { shape: [positions, half], device });
+  }
+
+  /**
+   * Serve sequences of at most `n` tokens: longrope's tables switch factor sets when the original context is crossed
+   * (rewritten in place, so kernels and graphs holding them see the new values); other scalings are unchanged.
+   */
+  setContextLength(n: number): void {
+    if (this.config.scaling?.type !== "longrope" || n === (this.config.contextLength ?? this.config.maxPositions)) return;
+    this.config = { ...this.config, contextLength: n };
+    const { cos, sin, positions, half } = rotaryTables(this.config);
+    noGrad(() => {
+      for (const [t, v] of [[this.cos, cos], [this.sin, sin]] as const) {
+        const src = tensor(v, { shape: [positions, half], device: t.device });
+        t.copy_(src);
+        src.dispose();
       }
-    this.cos = tensor(cos, { shape: [tablePositions, half], device });
-    this.sin = tensor(sin, { shape: [tablePositions, half], device });
+    });
   }
 
   /** x [T, H, D] at positions [T] (int32). */

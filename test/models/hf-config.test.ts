@@ -67,7 +67,7 @@ test("config errors name the problem", () => {
     [{ ...base, architectures: ["GPT2LMHeadModel"] }, /unsupported architecture "GPT2LMHeadModel"/],
     [{ ...base }, /architectures/],
     [{ ...base, architectures: ["LlamaForCausalLM"], hidden_act: "gelu" }, /hidden_act "gelu"/],
-    [{ ...base, architectures: ["LlamaForCausalLM"], rope_scaling: { rope_type: "longrope", factor: 2 } }, /rope_scaling type "longrope"/],
+    [{ ...base, architectures: ["LlamaForCausalLM"], rope_scaling: { rope_type: "mrope", factor: 2 } }, /rope_scaling type "mrope"/],
     [{ ...base, architectures: ["LlamaForCausalLM"], attn_logit_softcapping: 50 }, /attn_logit_softcapping/],
     [{ ...base, architectures: ["LlamaForCausalLM"], hidden_size: -1 }, /hidden_size/],
     [{ ...base, architectures: ["LlamaForCausalLM"], num_key_value_heads: 3 }, /num_key_value_heads 3/],

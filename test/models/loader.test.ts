@@ -218,10 +218,10 @@ test("hostile: unknown architecture is named", bounded, () => {
   assert.throws(() => loadLocalModel(dir), isError(ModelConfigError, /unsupported architecture "GPTNeoXForCausalLM"/));
 });
 
-test("hostile: unsupported numerics fields (rope_scaling longrope, hidden_act gelu)", bounded, () => {
+test("hostile: unsupported numerics fields (rope_scaling mrope, hidden_act gelu)", bounded, () => {
   const dir = copyDir(tinyModelDir("LlamaForCausalLM"), "bad-numerics");
-  editConfig(dir, (c) => (c.rope_scaling = { rope_type: "longrope", short_factor: [1], long_factor: [1] }));
-  assert.throws(() => loadLocalModel(dir), isError(ModelConfigError, /unsupported rope_scaling type "longrope"/));
+  editConfig(dir, (c) => (c.rope_scaling = { rope_type: "mrope", mrope_section: [16, 24, 24] }));
+  assert.throws(() => loadLocalModel(dir), isError(ModelConfigError, /unsupported rope_scaling type "mrope"/));
   editConfig(dir, (c) => {
     delete c.rope_scaling;
     c.hidden_act = "gelu";

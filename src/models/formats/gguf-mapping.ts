@@ -2,7 +2,7 @@
 
 import { gguf, GgufValueType, type GgufTypedValue, type GgufValue } from "./gguf.js";
 import { ModelFormatError } from "./model-format-error.js";
-import { parseHfConfig } from "../hf-config.js";
+import { parseHfConfig, type ModelConfig } from "../hf-config.js";
 
 // ---------------------------------------------------------------- tensor names
 
@@ -33,15 +33,27 @@ const OUTPUT_NORM_NAMES: [string, string][] = [
   ["post_feedforward_layernorm", "post_ffw_norm"],
 ];
 const GEMMA3_LAYER_NAMES: [string, string][] = [...OUTPUT_NORM_NAMES, ["pre_feedforward_layernorm", "ffn_norm"]];
-/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma 3's and OLMo 2's norms. */
-export type GgufFamily = "mixtral" | "gemma3" | "olmo2" | "default";
+/** Phi-3's fused projections, stored fused in GGUF too (phi3's ffn_up holds gate and up, gate first). */
+const PHI3_LAYER_NAMES: [string, string][] = [
+  ["self_attn.qkv_proj", "attn_qkv"],
+  ["mlp.gate_up_proj", "ffn_up"],
+];
+/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma 3's and OLMo 2's norms, Phi-3's fusions. */
+export type GgufFamily = "mixtral" | "gemma3" | "olmo2" | "phi3" | "default";
 const layerNames = (family: GgufFamily): [string, string][] =>
-  family === "gemma3" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES] : family === "olmo2" ? [...OUTPUT_NORM_NAMES, ...LAYER_NAMES] : LAYER_NAMES;
+  family === "gemma3" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES]
+  : family === "olmo2" ? [...OUTPUT_NORM_NAMES, ...LAYER_NAMES]
+  : family === "phi3" ? [...PHI3_LAYER_NAMES, ...LAYER_NAMES]
+  : LAYER_NAMES;
 
 /** The tensor-name family of an HF architecture. */
 export function ggufFamilyOf(architecture: string): GgufFamily {
-  return architecture === "MixtralForCausalLM" ? "mixtral" : architecture === "Gemma3ForCausalLM" ? "gemma3" : architecture === "Olmo2ForCausalLM" ? "olmo2" : "default";
+  const families: Record<string, GgufFamily> = { MixtralForCausalLM: "mixtral", Gemma3ForCausalLM: "gemma3", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3" };
+  return families[architecture] ?? "default";
 }
+
+/** Phi-3's longrope factor sets, which llama.cpp reads as tensors (one divisor per rotary frequency). */
+export const GGUF_ROPE_FACTORS = { long: "rope_factors_long.weight", short: "rope_factors_short.weight" } as const;
 
 /**
  * What llama.cpp's converter adds to a norm weight (Gemma's (1 + w) norms are stored as 1 + w), so a reader
@@ -147,12 +159,12 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
   Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma3ForCausalLM: "gemma3",
-  GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2",
+  GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
   qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
-  olmo2: ["Olmo2ForCausalLM", "olmo2"],
+  olmo2: ["Olmo2ForCausalLM", "olmo2"], phi3: ["Phi3ForCausalLM", "phi3"],
 };
 
 /**
@@ -181,7 +193,7 @@ const GRANITE_SCALES: [string, string][] = [
   ["attention_multiplier", "attention.scale"], ["logits_scaling", "logit_scale"],
 ];
 
-/** Whether an HF architecture has a GGUF one (Phi-3's fused tensors are not mapped). */
+/** Whether an HF architecture has a GGUF one. */
 export function hasGgufArchitecture(architecture: string): boolean {
   return Object.hasOwn(ARCH_TO_GGUF, architecture);
 }
@@ -200,6 +212,8 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   const arch = ARCH_TO_GGUF[archName];
   if (!arch) throw new ModelFormatError(`[gguf] no GGUF architecture for "${archName}"`);
   if (arch === "gemma3") checkGemma3Exportable(config);
+  const parsed = parseHfConfig(config);
+  if (parsed.ropeScaling?.type === "longrope" && arch !== "phi3") throw new ModelFormatError(`[gguf] ${archName} with longrope rope scaling has no GGUF form (llama.cpp reads longrope factors for phi3 only)`);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
   const heads = num("num_attention_heads")!;
   const hidden = num("hidden_size")!;
@@ -216,7 +230,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
     [`${arch}.attention.layer_norm_rms_epsilon`]: gguf.f32(num("rms_norm_eps") ?? 1e-6),
     [`${arch}.attention.key_length`]: gguf.u32(headDim),
     [`${arch}.attention.value_length`]: gguf.u32(headDim),
-    [`${arch}.rope.dimension_count`]: gguf.u32(headDim),
+    [`${arch}.rope.dimension_count`]: gguf.u32(parsed.rotaryDim),
   };
   if (num("vocab_size") !== undefined) md[`${arch}.vocab_size`] = gguf.u32(num("vocab_size")!);
   const experts = num("num_local_experts") ?? num("num_experts");
@@ -237,15 +251,44 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
     }
   }
   if (typeof config.sliding_window === "number" && (archName === "MistralForCausalLM" || arch === "gemma3")) md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
+  if (arch === "phi3") Object.assign(md, phi3Metadata(parsed));
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (num(hf) !== undefined) md[`${arch}.${g}`] = gguf.f32(num(hf)!);
   return md;
 }
 
 /**
- * GGUF metadata -> an HF-style config.json object (feed it to parseHfConfig). Pass the tensor names
- * to detect tied embeddings (no `output.weight`) and Qwen2 biases.
+ * Phi-3's keys as llama.cpp's converter writes them: its sliding window (0 for none) and, with longrope, the original
+ * context and one cos/sin scale for both factor sets (a config whose two mscales differ cannot be written).
  */
-export function ggufToHfConfig(metadata: Readonly<Record<string, GgufValue>>, tensorNames?: readonly string[]): Record<string, unknown> {
+function phi3Metadata(cfg: ModelConfig): Record<string, GgufTypedValue> {
+  const md: Record<string, GgufTypedValue> = { "phi3.attention.sliding_window": gguf.u32(cfg.slidingWindow ?? 0) };
+  const rs = cfg.ropeScaling;
+  if (rs === null) return md;
+  if (rs.type !== "longrope") throw new ModelFormatError(`[gguf] phi3 GGUF takes longrope rope scaling only, not ${rs.type}`);
+  const orig = rs.originalMaxPositionEmbeddings;
+  const scale = cfg.maxPositionEmbeddings / orig;
+  const derived = scale <= 1 ? 1 : Math.sqrt(1 + Math.log(scale) / Math.log(orig));
+  const [short, long] = [rs.shortMscale ?? derived, rs.longMscale ?? derived];
+  if (short !== long) throw new ModelFormatError(`[gguf] this Phi-3 config cannot be written as phi3 GGUF: short_mscale ${short} and long_mscale ${long} differ (llama.cpp has one attn_factor)`);
+  md["phi3.rope.scaling.original_context_length"] = gguf.u32(orig);
+  md["phi3.rope.scaling.attn_factor"] = gguf.f32(long);
+  return md;
+}
+
+/** Phi-3's longrope factor tensors for a GGUF export (none without longrope). */
+export function phi3RopeFactorTensors(config: Record<string, unknown>): { name: string; values: Float32Array }[] {
+  const rs = parseHfConfig(config).ropeScaling;
+  if (rs?.type !== "longrope") return [];
+  return [{ name: GGUF_ROPE_FACTORS.long, values: Float32Array.from(rs.longFactor) }, { name: GGUF_ROPE_FACTORS.short, values: Float32Array.from(rs.shortFactor) }];
+}
+
+/**
+ * GGUF metadata -> an HF-style config.json object (feed it to parseHfConfig). Pass the tensor names
+ * to detect tied embeddings (no `output.weight`) and Qwen2 biases, and `vector` to read Phi-3's rope factor tensors.
+ */
+export function ggufToHfConfig(
+  metadata: Readonly<Record<string, GgufValue>>, tensorNames?: readonly string[], vector?: (name: string) => Float32Array,
+): Record<string, unknown> {
   const arch = metadata["general.architecture"];
   if (typeof arch !== "string" || !GGUF_TO_HF[arch]) throw new ModelFormatError(`[gguf] unsupported general.architecture ${JSON.stringify(arch)}`);
   const get = (k: string): number | undefined => {
@@ -296,6 +339,19 @@ export function ggufToHfConfig(metadata: Readonly<Record<string, GgufValue>>, te
   }
   if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (get(g) !== undefined) cfg[hf] = get(g);
+  if (arch === "phi3") {
+    const rotary = get("rope.dimension_count");
+    if (rotary !== undefined && rotary !== cfg.head_dim) cfg.partial_rotary_factor = rotary / (cfg.head_dim as number);
+    if (!cfg.sliding_window) delete cfg.sliding_window; // 0: none
+    if (tensorNames?.includes(GGUF_ROPE_FACTORS.long) && vector !== undefined) {
+      const mscale = get("rope.scaling.attn_factor");
+      cfg.rope_scaling = {
+        rope_type: "longrope", long_factor: [...vector(GGUF_ROPE_FACTORS.long)], short_factor: [...vector(GGUF_ROPE_FACTORS.short)],
+        original_max_position_embeddings: need("rope.scaling.original_context_length"),
+        ...(mscale === undefined ? {} : { short_mscale: mscale, long_mscale: mscale }),
+      };
+    }
+  }
   if (arch === "gemma3") {
     const layers = cfg.num_hidden_layers as number;
     Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: gemma3AttnScalar(layers, hidden, heads, cfg.head_dim as number) });
