@@ -74,7 +74,9 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
   const loaded = env.engineInProcess ? await inProcessEngine(servingArgs, specs) : await workerEngine(servingArgs, specs, whileLoading);
   progress(`KV cache (${loaded.kvCacheDtype}): ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
   progress("warm-up", 0);
-  const warmup = loaded.engine.generate({ promptTokenIds: loaded.tokenizer.encode("Hello") }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
+  // (ids the model has: a --tokenizer larger than the model's vocabulary may encode the word past it)
+  const hello = loaded.tokenizer.encode("Hello").filter((id) => id < loaded.vocabSize);
+  const warmup = loaded.engine.generate({ promptTokenIds: hello.length > 0 ? hello : [0] }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
   for await (const _ of warmup) void _;
   progress("warm-up", 1);
   return {
@@ -95,6 +97,8 @@ interface StartedEngine {
   blockSize: number;
   kvTokens: number;
   kvCacheDtype: KvCacheDtype;
+  /** The model's vocabulary (a --tokenizer may hold more ids: requests using those get a 400). */
+  vocabSize: number;
   close(): Promise<void>;
 }
 
@@ -102,8 +106,8 @@ async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[]
   const starting = WorkerEngine.create({ ...servingArgs, logitsProcessors }); // spawns the worker synchronously
   whileLoading?.();
   const engine = await starting;
-  const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens, kvCacheDtype } = engine;
-  return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, kvCacheDtype, close: () => engine.close() };
+  const { tokenizer, generationConfig, numBlocks, blockSize, kvTokens, kvCacheDtype, vocabSize } = engine;
+  return { engine, tokenizer, generationConfig, numBlocks, blockSize, kvTokens, kvCacheDtype, vocabSize, close: () => engine.close() };
 }
 
 async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promise<StartedEngine> {
@@ -123,6 +127,7 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     blockSize: engineArgs.blockSize ?? 16,
     kvTokens,
     kvCacheDtype: runner.kvCacheDtype,
+    vocabSize: runner.vocabSize,
     close: async () => runner.dispose(),
   };
 }

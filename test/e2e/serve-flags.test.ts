@@ -84,6 +84,12 @@ describe("kiln serve: vLLM serve flags (e2e, HTTPS)", () => {
     mkdirSync(tok);
     for (const f of ["config.json", "model.safetensors", "generation_config.json"]) copyFileSync(join(tiny, f), join(model, f));
     for (const f of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(tiny, f), join(tok, f));
+    // the tokenizer holds one id past the model's vocabulary (as Gemma 3 1B's does): "Hello", which the start-up
+    // warm-up used to encode and fail on
+    const tokJson = JSON.parse(readFileSync(join(tok, "tokenizer.json"), "utf8")) as { added_tokens: object[] };
+    const vocab = (JSON.parse(readFileSync(join(model, "config.json"), "utf8")) as { vocab_size: number }).vocab_size;
+    tokJson.added_tokens.push({ id: vocab, content: "Hello", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false });
+    writeFileSync(join(tok, "tokenizer.json"), JSON.stringify(tokJson));
     writeFileSync(join(tok, "chat_template.jinja"), "TOKDIR{% for m in messages %} {{ m.role }}: {{ m.content }}{% endfor %}{% if add_generation_prompt %} bot:{% endif %}");
     // vLLM's --config: flag names (snake or kebab case); the command line's --port 0 wins over the file's port
     const config = join(dir, "serve.yaml");
@@ -117,6 +123,14 @@ describe("kiln serve: vLLM serve flags (e2e, HTTPS)", () => {
     assert.deepEqual(prefixed.body.data.map((m: { id: string }) => m.id), models.body.data.map((m: { id: string }) => m.id));
     assert.equal((await call("/kiln/health")).status, 200);
     await assert.rejects(fetch(server.url.replace("https:", "http:") + "/health"), "plain HTTP is not served");
+  });
+
+  it("--tokenizer with ids past the model's vocabulary: the server starts, and a prompt using one is a 400 naming it", async () => {
+    const r = await complete({ prompt: "Hello river" });
+    assert.equal(r.status, 400);
+    assert.equal(r.body.error.type, "invalid_request_error");
+    assert.match(r.body.error.message, /token id 512 is out of vocabulary range \[0, 512\)/);
+    assert.equal((await complete()).status, 200);
   });
 
   it("--enable-request-id-headers: X-Request-Id is the client's, else the generated id of the response", async () => {
