@@ -107,7 +107,7 @@ export function responseObject(turn: Turn, status: string, output: Json[], usage
     object: "response",
     created_at: turn.createdAt,
     status,
-    background: false,
+    background: req.background,
     error: status === "failed" ? { code: "server_error", message: "The request was aborted before it finished." } : null,
     incomplete_details: status === "incomplete" ? { reason: "max_output_tokens" } : null,
     max_output_tokens: params.maxTokens ?? null,

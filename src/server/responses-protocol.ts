@@ -1,7 +1,7 @@
 // The Responses API's request (POST /v1/responses, OpenAI's wire shape as vLLM takes it), validated and turned into
 // the chat request that serves it: input items become chat messages (instructions a system message before them),
 // max_output_tokens is max_tokens, text.format is response_format, and function tools are chat tools. What Kiln does
-// not serve (built-in tools, files and images, background mode, ...) is a 400 naming the field, never ignored.
+// not serve (built-in tools, files and images, ...) is a 400 naming the field, never ignored.
 import { ApiError, badRequest } from "./errors.js";
 import { type Json, optBool, optInt, optObject, optString } from "./fields.js";
 import { asJsonBody, parseChatRequest, type ChatRequest } from "./protocol.js";
@@ -17,6 +17,8 @@ export interface WireMessage {
 export interface ResponsesRequest {
   model: string | undefined;
   stream: boolean;
+  /** Answer at once with a queued response that runs on (needs store; read it back with GET, stop it with cancel). */
+  background: boolean;
   /** Keep the response and its conversation for previous_response_id and GET /v1/responses/{id} (default true, as OpenAI). */
   store: boolean;
   previousResponseId: string | null;
@@ -38,7 +40,6 @@ const CHAT_PASSTHROUGH = (
 
 /** OpenAI Responses fields Kiln does not serve: a value other than absent, null, false, 0 or [] is a 400 naming the field. */
 const UNSUPPORTED: Record<string, string> = {
-  background: "background mode is not supported: stream the response, or wait for it",
   conversation: "conversation objects are not supported: continue a conversation with previous_response_id",
   prompt: "prompt templates are not supported",
   include: "no 'include' item is supported (Kiln returns no logprobs, encrypted reasoning or built-in tool results here)",
@@ -68,6 +69,10 @@ export function parseResponsesRequest(raw: unknown): ResponsesRequest {
   const stream = optBool(body, "stream") ?? false;
   if (optObject(body, "stream_options") !== undefined && !stream)
     throw badRequest("Stream options can only be defined when `stream=True`.", "stream_options");
+  const store = optBool(body, "store") ?? true;
+  const background = optBool(body, "background") ?? false;
+  if (background && !store) throw badRequest("background can only be used when `store` is true", "background");
+  if (background && stream) throw badRequest("streaming a background response is not supported: poll GET /v1/responses/{id}", "stream");
   const tools = parseTools(body.tools);
   const toolChoice = parseToolChoice(body.tool_choice, tools.chat !== undefined);
   const text = parseText(body.text);
@@ -106,7 +111,8 @@ export function parseResponsesRequest(raw: unknown): ResponsesRequest {
   return {
     model: optString(body, "model"),
     stream,
-    store: optBool(body, "store") ?? true,
+    background,
+    store,
     previousResponseId: optString(body, "previous_response_id", { nonEmpty: true }) ?? null,
     instructions,
     input: parseInput(body.input),

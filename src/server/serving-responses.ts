@@ -1,7 +1,8 @@
 // POST /v1/responses (OpenAI's Responses API, as vLLM serves it): the request becomes a chat request (see
 // responses-protocol.ts) and runs as one; the reply comes back as output items (reasoning, message, function_call),
 // whole or as OpenAI's typed server-sent events (responses-stream.ts). Stored responses (store: true, the default)
-// continue with previous_response_id and are read back with GET /v1/responses/{id}.
+// continue with previous_response_id and are read back with GET /v1/responses/{id}. A background response (background:
+// true) is answered at once as queued and runs on: GET reads its state, POST /v1/responses/{id}/cancel stops it.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { FinishReason, RequestOutput } from "../engine/types.js";
 import { ApiError, badRequest, toApiError } from "./errors.js";
@@ -26,10 +27,14 @@ import { refuseOnPoolingRunner } from "./serving-embeddings.js";
 /** How many responses a server keeps (the newest; older ones are dropped and cannot be continued). vLLM keeps all. */
 export const RESPONSE_STORE_CAPACITY = 1024;
 
-/** A stored response: the object returned, and its conversation (input and output as chat messages, no instructions). */
+/**
+ * A stored response: the object returned, and its conversation (input and output as chat messages, no instructions);
+ * while a background response runs, the controller that cancels it.
+ */
 interface Stored {
   response: Json;
   conversation: WireMessage[];
+  running?: AbortController;
 }
 
 const stores = new WeakMap<ServingContext, Map<string, Stored>>();
@@ -60,12 +65,24 @@ export function registerResponsesRoutes(app: FastifyInstance, bound: () => Servi
     async (request: FastifyRequest<{ Params: { responseId: string }; Querystring: Record<string, string> }>) => {
       const ctx = bound();
       refuseOnPoolingRunner(ctx, "Responses");
-      if (request.query.stream === "true") throw badRequest("streaming a stored response is not supported (no background mode)", "stream");
+      if (request.query.stream === "true") throw badRequest("streaming a stored response is not supported: read it whole", "stream");
       const stored = storeOf(ctx).get(request.params.responseId);
       if (stored === undefined) throw notFound(request.params.responseId, null);
       return stored.response;
     },
   );
+  app.post("/v1/responses/:responseId/cancel", async (request: FastifyRequest<{ Params: { responseId: string } }>) => {
+    const ctx = bound();
+    refuseOnPoolingRunner(ctx, "Responses");
+    const stored = storeOf(ctx).get(request.params.responseId);
+    if (stored === undefined) throw notFound(request.params.responseId, null);
+    if (stored.response.background !== true) throw badRequest("Cannot cancel a synchronous response.", null);
+    if (stored.running === undefined) throw badRequest(`Cannot cancel a response with status '${String(stored.response.status)}'.`, null);
+    stored.running.abort(); // the running task sees it and stores the cancelled response
+    stored.response = { ...stored.response, status: "cancelled" };
+    stored.running = undefined;
+    return stored.response;
+  });
 }
 
 export async function handleResponses(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
@@ -96,7 +113,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
 
   checkQueue(ctx);
   const controller = new AbortController();
-  abortOnDisconnect(request, reply, controller);
+  if (!req.background) abortOnDisconnect(request, reply, controller); // a background response outlives its request
   const stream = streamEngineRequest(
     ctx.engine,
     ctx.metrics,
@@ -113,6 +130,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
     },
     controller.signal,
   );
+  if (req.background) return runInBackground(turn, conversation, stream, controller);
   try {
     const outputs = await primeStream(stream).catch((err: unknown) => {
       throw textFormatError(req.chatFields, err);
@@ -126,6 +144,36 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   } finally {
     controller.abort(); // no-op for a finished request; frees its blocks if we leave early
   }
+}
+
+/**
+ * Answers a background request with its queued response and runs it on: the stored response becomes in_progress when
+ * the engine takes it, then completed / incomplete, failed (with the engine's error) or cancelled.
+ */
+function runInBackground(turn: Turn, conversation: WireMessage[], stream: AsyncGenerator<RequestOutput>, controller: AbortController): Json {
+  const { ctx, id } = turn;
+  const queued = responseObject(turn, "queued", [], null);
+  const stored: Stored = { response: queued, conversation, running: controller };
+  keep(ctx, id, stored);
+  const finish = (response: Json) => {
+    if (controller.signal.aborted && stored.running === undefined) return; // cancelled: the cancel stored its response
+    stored.running = undefined;
+    stored.response = response;
+    stored.conversation = [...conversation, ...itemsToMessages(response.output as Json[], "output")];
+  };
+  void (async () => {
+    try {
+      const outputs = await primeStream(stream);
+      if (stored.running !== undefined) stored.response = { ...stored.response, status: "in_progress" };
+      finish(await collectResponse(turn, outputs));
+    } catch (err) {
+      const e = toApiError(textFormatError(turn.req.chatFields, err));
+      finish({ ...responseObject(turn, "failed", [], null), error: { code: e.status < 500 ? "invalid_request" : "server_error", message: e.message } });
+    } finally {
+      controller.abort(); // frees the engine request's blocks if it is still running
+    }
+  })();
+  return queued;
 }
 
 /** An engine's refusal of the grammar that text.format asked for names text.format (the chat API names structured_outputs). */

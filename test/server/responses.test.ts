@@ -90,6 +90,42 @@ describe("/v1/responses over the fake engine", () => {
     assert.equal(last.sequence_number, events.length - 1);
     assert.ok(!events.some((e) => e.type === "response.completed" || e.type === "response.incomplete"));
   });
+
+  it("background: answered at once as queued, runs on, and reads back as the synchronous reply would", async () => {
+    const body = { model: MODEL, input: "a background story", max_output_tokens: 12, ignore_eos: true, temperature: 0 };
+    const queued = await s.client.responses.create({ ...body, background: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    assert.equal(queued.status, "queued");
+    assert.equal(queued.background, true);
+    assert.deepEqual(queued.output, []);
+    let done = queued;
+    await waitFor(async () => ["completed", "incomplete"].includes((done = await s.client.responses.retrieve(queued.id)).status!));
+    const sync = await s.client.responses.create(body as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    assert.equal(done.status, sync.status);
+    assert.equal(done.output_text, sync.output_text);
+    assert.equal(done.output_text.length, 12); // the fake engine: one character a token
+    assert.deepEqual(done.usage, sync.usage);
+    // it continues like any stored response
+    const next = await s.client.responses.create({ model: MODEL, input: "go on", previous_response_id: queued.id, max_output_tokens: 2, ignore_eos: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    assert.equal(next.status, "incomplete");
+    await assert.rejects(s.client.responses.cancel(queued.id), (e: { status?: number }) => e.status === 400); // finished
+  });
+
+  it("background: cancel stops the engine request, frees its blocks and leaves the response cancelled", async () => {
+    const start = await freeBlocks(s.url);
+    const aborted = s.engine.aborted.length;
+    const queued = await s.client.responses.create({ model: MODEL, input: "a long one", max_output_tokens: 500, ignore_eos: true, background: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    await waitFor(async () => (await s.client.responses.retrieve(queued.id)).status === "in_progress");
+    const cancelled = await s.client.responses.cancel(queued.id);
+    assert.equal(cancelled.status, "cancelled");
+    await waitFor(async () => (await freeBlocks(s.url)) === start);
+    assert.equal(s.engine.aborted.length, aborted + 1);
+    assert.equal((await s.client.responses.retrieve(queued.id)).status, "cancelled");
+    await assert.rejects(s.client.responses.cancel(queued.id), (e: { status?: number; message?: string }) => e.status === 400 && /cancelled/.test(e.message ?? ""));
+    // only background responses can be cancelled, and only known ones
+    const sync = await s.client.responses.create({ model: MODEL, input: "hi", max_output_tokens: 2, ignore_eos: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    await assert.rejects(s.client.responses.cancel(sync.id), (e: { status?: number; message?: string }) => e.status === 400 && /synchronous/.test(e.message ?? ""));
+    await assert.rejects(s.client.responses.cancel("resp_nope"), (e: { status?: number }) => e.status === 404);
+  });
 });
 
 describe("/v1/responses refusals", () => {
@@ -113,7 +149,8 @@ describe("/v1/responses refusals", () => {
       [{ input: [{ role: "user", content: [{ type: "input_file", file_id: "f" }] }] }, 400, "input[0].content[0].type", /input_file/],
       [{ input: [{ type: "item_reference", id: "msg_1" }] }, 400, "input[0].type", /item_reference/],
       [{ input: [{ type: "function_call_output", output: "1" }] }, 400, "input[0].call_id", /call_id/],
-      [{ input: "x", background: true }, 400, "background", /background/],
+      [{ input: "x", background: true, store: false }, 400, "background", /store/],
+      [{ input: "x", background: true, stream: true }, 400, "stream", /background/],
       [{ input: "x", conversation: "conv_1" }, 400, "conversation", /conversation/],
       [{ input: "x", include: ["reasoning.encrypted_content"] }, 400, "include", /include/],
       [{ input: "x", top_logprobs: 2 }, 400, "top_logprobs", /logprobs/],
