@@ -8,7 +8,7 @@ import type { Json } from "./fields.js";
 import type { ChatRequest } from "./protocol.js";
 import { splitReasoning, type ThinkingMode } from "./reasoning-parsers.js";
 import type { ResponsesRequest } from "./responses-protocol.js";
-import { readReply } from "./serving-chat.js";
+import { readReply, type ChatLogprob } from "./serving-chat.js";
 import type { ServingContext } from "./serving-context.js";
 
 /** What one request fixed before the engine ran: the response's identity, its echoed fields and how to read the reply. */
@@ -33,12 +33,13 @@ export function statusOf(reason: FinishReason | "abort"): "completed" | "incompl
 
 const itemId = (prefix: string): string => `${prefix}_${randomBytes(16).toString("hex")}`;
 
-export const messageItem = (id: string, text: string, status: string): Json => ({
+/** A message item; `logprobs` (include: message.output_text.logprobs) go on its output_text. */
+export const messageItem = (id: string, text: string, status: string, logprobs: ChatLogprob[] | null = null): Json => ({
   type: "message",
   id,
   status,
   role: "assistant",
-  content: [{ type: "output_text", text, annotations: [] }],
+  content: [{ type: "output_text", text, annotations: [], ...(logprobs === null ? {} : { logprobs }) }],
 });
 export const reasoningItem = (id: string, text: string, status: string): Json => ({
   type: "reasoning",
@@ -67,12 +68,12 @@ export const newItemIds = {
  * tool calls, read for the request's tool_choice as the chat API reads them. A reply cut by max_output_tokens leaves
  * its last item incomplete.
  */
-export function outputItems(turn: Turn, text: string, status: string): Json[] {
+export function outputItems(turn: Turn, text: string, status: string, logprobs: ChatLogprob[] | null = null): Json[] {
   const split = turn.thinking === null ? { reasoning: null, content: text } : splitReasoning(text, turn.thinking);
   const r = readReply(turn.ctx, turn.chat, split.content ?? "");
   const items: Json[] = [];
   if (split.reasoning) items.push(reasoningItem(newItemIds.reasoning(), split.reasoning, "completed"));
-  if (r.content) items.push(messageItem(newItemIds.message(), r.content, "completed"));
+  if (r.content) items.push(messageItem(newItemIds.message(), r.content, "completed", logprobs));
   for (const c of r.toolCalls ?? [])
     items.push(functionCallItem(newItemIds.call(), newItemIds.callId(), c.function.name, c.function.arguments, "completed"));
   if (status === "incomplete" && items.length > 0) items[items.length - 1]!.status = "incomplete";

@@ -42,9 +42,7 @@ const CHAT_PASSTHROUGH = (
 const UNSUPPORTED: Record<string, string> = {
   conversation: "conversation objects are not supported: continue a conversation with previous_response_id",
   prompt: "prompt templates are not supported",
-  include: "no 'include' item is supported (Kiln returns no logprobs, encrypted reasoning or built-in tool results here)",
   max_tool_calls: "max_tool_calls is not supported (Kiln runs no built-in tools)",
-  top_logprobs: "logprobs are not supported on /v1/responses: use /v1/chat/completions",
 };
 
 /** Chat completions fields sent to /v1/responses, and what the Responses API takes instead (null: nothing). */
@@ -84,6 +82,11 @@ export function parseResponsesRequest(raw: unknown): ResponsesRequest {
     throw badRequest(`service_tier ${JSON.stringify(serviceTier)} is not supported (only "auto" and "default")`, "service_tier");
 
   const chatFields: Json = { stream };
+  // include: ["message.output_text.logprobs"] puts each output token's logprob (and top_logprobs alternatives) on the
+  // message's output_text, as OpenAI and vLLM do
+  if (parseInclude(body.include)) Object.assign(chatFields, { logprobs: true, top_logprobs: optInt(body, "top_logprobs", { min: 0 }) ?? 0 });
+  else if ((optInt(body, "top_logprobs", { min: 0 }) ?? 0) > 0)
+    throw badRequest("top_logprobs needs include: [\"message.output_text.logprobs\"]", "top_logprobs");
   for (const name of CHAT_PASSTHROUGH) if (body[name] !== undefined) chatFields[name] = body[name];
   if (maxOutputTokens !== undefined) chatFields.max_tokens = maxOutputTokens;
   if (text.responseFormat !== undefined) chatFields.response_format = text.responseFormat;
@@ -132,6 +135,17 @@ export function toChatRequest(req: ResponsesRequest, messages: WireMessage[], vo
     const e = err as ApiError;
     throw new ApiError(e.status, e.message, RESPONSES_PARAM[base]! + param.slice(base.length), e.type, e.code);
   }
+}
+
+/** Whether `include` asks for the output's logprobs, its one item Kiln serves; another item is a 400 naming it. */
+function parseInclude(raw: unknown): boolean {
+  if (raw === undefined || raw === null) return false;
+  if (!Array.isArray(raw)) throw badRequest("'include' must be a list of strings", "include");
+  raw.forEach((v, i) => {
+    if (v !== "message.output_text.logprobs")
+      throw badRequest(`include item ${JSON.stringify(v)} is not supported (only "message.output_text.logprobs": Kiln returns no encrypted reasoning or built-in tool results)`, `include[${i}]`);
+  });
+  return raw.length > 0;
 }
 
 function refuseUnservedFields(body: Json): void {

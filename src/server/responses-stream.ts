@@ -20,7 +20,7 @@ import {
   usageOf,
   type Turn,
 } from "./responses-output.js";
-import { ToolCallStream } from "./serving-chat.js";
+import { chatLogprobs, ToolCallStream, type ChatLogprob } from "./serving-chat.js";
 import { SseWriter } from "./serving-context.js";
 
 const FINAL_EVENT = { completed: "response.completed", incomplete: "response.incomplete", failed: "response.failed" } as const;
@@ -39,8 +39,20 @@ class ResponseEvents {
   private seq = 0;
   private open: OpenItem | null = null;
   readonly items: Json[] = [];
+  /** With logprobs asked for: those not yet on a text delta, and every one so far (the message's output_text holds all). */
+  private pending: ChatLogprob[] = [];
+  private all: ChatLogprob[] = [];
 
-  constructor(private readonly sse: SseWriter) {}
+  constructor(
+    private readonly sse: SseWriter,
+    private readonly logprobs: boolean,
+  ) {}
+
+  /** A chunk's logprobs: they ride on the next text delta (a chunk read as reasoning or a call has none of its own). */
+  addLogprobs(lps: ChatLogprob[]): void {
+    this.pending.push(...lps);
+    this.all.push(...lps);
+  }
 
   emit(type: string, fields: Json): Promise<void> {
     return this.sse.send({ type, sequence_number: this.seq++, ...fields }, type);
@@ -57,7 +69,9 @@ class ResponseEvents {
     if (delta === "") return;
     const item = await this.textItem("message");
     item.text += delta;
-    await this.emit("response.output_text.delta", { item_id: item.id, output_index: item.index, content_index: 0, delta, logprobs: [] });
+    const logprobs = this.pending;
+    this.pending = [];
+    await this.emit("response.output_text.delta", { item_id: item.id, output_index: item.index, content_index: 0, delta, logprobs });
   }
 
   /** Opens a function_call item (closing the item before it), with the first of its arguments. */
@@ -126,18 +140,19 @@ class ResponseEvents {
         ...at,
         content_index: 0,
         text: item.text,
-        ...(message ? { logprobs: [] } : {}),
+        ...(message ? { logprobs: this.logprobs ? this.all : [] } : {}),
       });
-      await this.emit("response.content_part.done", { ...at, content_index: 0, part: textPart(item.kind, item.text) });
-      done = message ? messageItem(item.id, item.text, status) : reasoningItem(item.id, item.text, status);
+      const itemLogprobs = message && this.logprobs ? this.all : null;
+      await this.emit("response.content_part.done", { ...at, content_index: 0, part: textPart(item.kind, item.text, itemLogprobs) });
+      done = message ? messageItem(item.id, item.text, status, itemLogprobs) : reasoningItem(item.id, item.text, status);
     }
     this.items.push(done);
     await this.emit("response.output_item.done", { output_index: item.index, item: done });
   }
 }
 
-const textPart = (kind: "reasoning" | "message", text: string): Json =>
-  kind === "message" ? { type: "output_text", text, annotations: [] } : { type: "reasoning_text", text };
+const textPart = (kind: "reasoning" | "message", text: string, logprobs: ChatLogprob[] | null = null): Json =>
+  kind === "message" ? { type: "output_text", text, annotations: [], ...(logprobs === null ? {} : { logprobs }) } : { type: "reasoning_text", text };
 
 /** A chat tool_calls delta entry: a new call carries its id and name, later ones arguments only. */
 interface CallDelta {
@@ -151,7 +166,8 @@ interface CallDelta {
  */
 export async function streamResponse(turn: Turn, reply: FastifyReply, outputs: AsyncIterable<RequestOutput>): Promise<Json | null> {
   const sse = new SseWriter(reply);
-  const events = new ResponseEvents(sse);
+  const top = turn.chat.topLogprobs;
+  const events = new ResponseEvents(sse, top !== null);
   const tokenIds: number[] = [];
   let cached = 0;
   let finish: FinishReason | "abort" = null;
@@ -167,6 +183,7 @@ export async function streamResponse(turn: Turn, reply: FastifyReply, outputs: A
       const o = out.outputs[0];
       if (o === undefined || finish !== null) continue; // a finished sample may be listed again, empty
       tokenIds.push(...o.tokenIds);
+      if (top !== null) events.addLogprobs(chatLogprobs(turn.ctx, o, top, false));
       finish = o.finishReason;
       const final = finish !== null;
       const split = reasoner?.push(o.text, final) ?? { reasoning: "", content: o.text };

@@ -11,7 +11,7 @@ import {
   samplingParamsFor, SseWriter, tokenText, usageJson, type ServingContext,
 } from "./serving-context.js";
 
-interface ChatLogprob {
+export interface ChatLogprob {
   token: string;
   logprob: number;
   bytes: number[];
@@ -24,7 +24,7 @@ const utf8Bytes = (s: string): number[] => Array.from(Buffer.from(s, "utf8"));
  * OpenAI chat logprobs entries for newly generated tokens. `asIds` (return_tokens_as_token_ids): tokens are named
  * "token_id:<id>"; as vLLM, an entry's bytes stay its text's, and its top_logprobs' are those of the name.
  */
-function chatLogprobs(ctx: ServingContext, o: CompletionOutput, top: number, asIds: boolean): ChatLogprob[] {
+export function chatLogprobs(ctx: ServingContext, o: CompletionOutput, top: number, asIds: boolean): ChatLogprob[] {
   const lps = o.logprobs ?? [];
   return o.tokenIds.map((id, i) => {
     const lp: TokenLogprobs | undefined = lps[i];

@@ -12,7 +12,7 @@ import { thinkingMode } from "./reasoning-parsers.js";
 import { outputItems, responseObject, statusOf, usageOf, type Turn } from "./responses-output.js";
 import { itemsToMessages, parseResponsesRequest, toChatRequest, type WireMessage } from "./responses-protocol.js";
 import { streamResponse } from "./responses-stream.js";
-import { renderChatPrompt } from "./serving-chat.js";
+import { chatLogprobs, renderChatPrompt, type ChatLogprob } from "./serving-chat.js";
 import {
   abortOnDisconnect,
   checkQueue,
@@ -186,6 +186,8 @@ function textFormatError(chatFields: Json, err: unknown): unknown {
 async function collectResponse(turn: Turn, outputs: AsyncIterable<RequestOutput>): Promise<Json> {
   let text = "";
   const tokenIds: number[] = [];
+  const top = turn.chat.topLogprobs;
+  const logprobs: ChatLogprob[] | null = top === null ? null : [];
   let finish: FinishReason | "abort" = null;
   let cached = 0;
   for await (const out of outputs) {
@@ -194,8 +196,9 @@ async function collectResponse(turn: Turn, outputs: AsyncIterable<RequestOutput>
     if (o === undefined || finish !== null) continue; // a finished sample may be listed again, empty
     text += o.text;
     tokenIds.push(...o.tokenIds);
+    if (top !== null) logprobs!.push(...chatLogprobs(turn.ctx, o, top, false));
     finish = o.finishReason;
   }
   const status = statusOf(finish ?? "abort");
-  return responseObject(turn, status, outputItems(turn, text, status), usageOf(turn, tokenIds, cached));
+  return responseObject(turn, status, outputItems(turn, text, status, logprobs), usageOf(turn, tokenIds, cached));
 }

@@ -166,6 +166,29 @@ describe("POST /v1/responses (e2e)", () => {
     assert.match(blocks.at(-1)!, /^event: response\.completed\n/); // ended by the stop string
   });
 
+  it("include message.output_text.logprobs: chat completions' logprobs for the same request, streamed per delta too", async () => {
+    const body = { input: USER, max_output_tokens: 8, temperature: 0, ignore_eos: true, top_logprobs: 3, include: ["message.output_text.logprobs"] };
+    const whole = await r.create(body);
+    const chat = await r.chat({ messages: [{ role: "user", content: USER }], max_tokens: 8, temperature: 0, ignore_eos: true, logprobs: true, top_logprobs: 3 });
+    const text = (whole.output[0] as OpenAI.Responses.ResponseOutputMessage).content[0] as OpenAI.Responses.ResponseOutputText;
+    assert.equal(text.logprobs!.length, 8);
+    assert.deepEqual(text.logprobs, chat.choices[0]!.logprobs!.content);
+    assert.ok(text.logprobs!.every((l) => l.top_logprobs.length === 3 && l.top_logprobs[0]!.token === l.token)); // greedy: the top one
+    const events = await r.events(body);
+    const deltas = events.filter((e) => e.type === "response.output_text.delta");
+    assert.deepEqual(deltas.flatMap((d) => d.logprobs), text.logprobs);
+    const done = events.find((e) => e.type === "response.output_text.done")!;
+    assert.deepEqual(done.logprobs, text.logprobs);
+    assert.deepEqual(((final(events).output[0] as OpenAI.Responses.ResponseOutputMessage).content[0] as OpenAI.Responses.ResponseOutputText).logprobs, text.logprobs);
+    // without include, no logprobs; top_logprobs alone and other include items are refused
+    assert.equal(((await r.create({ ...body, include: undefined, top_logprobs: undefined })).output[0] as OpenAI.Responses.ResponseOutputMessage).content[0]!.type, "output_text");
+    for (const [extra, param] of [[{ include: undefined }, "top_logprobs"], [{ include: ["reasoning.encrypted_content"] }, "include[0]"]] as const) {
+      const res = await postRaw(server.url, "/v1/responses", { model: server.model, ...body, ...extra });
+      assert.equal(res.status, 400);
+      assertErrorBody(res.body, { type: "invalid_request_error", param });
+    }
+  });
+
   it("text.format json_schema: the output parses and follows the schema, as chat's response_format gives it", async () => {
     const format = { type: "json_schema", name: "weather", schema: WEATHER, strict: true };
     const sampled = { max_output_tokens: 120, temperature: 1, seed: 5, structured_outputs: { disable_any_whitespace: true } };
