@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -736,6 +737,12 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
       if (p.positions[t] < 0 || p.positions[t] >= maxPos)
         throw Napi::RangeError::New(env, "[pagedAttention] position " + std::to_string(p.positions[t]) +
                                              " outside the cos/sin table (" + std::to_string(maxPos) + ")");
+  }
+  // optional attention logit soft-capping (arg 24; 0 / absent = none)
+  if (info.Length() > 24 && !info[24].IsUndefined() && !info[24].IsNull()) {
+    const double cap = number(info, 24, op, "softcap");
+    if (!(cap >= 0) || !std::isfinite(cap)) fail(env, op, "softcap must be a finite number >= 0");
+    p.softcap = static_cast<float>(cap);
   }
   if (T == 0) return {op, nullptr};
   Job job{op, [p] { gK->pagedAttention(p); }};

@@ -32,6 +32,9 @@ struct PagedAttentionArgs {
   int64_t numSeqs, Hq, Hkv, D, blockSize, maxBlocksPerSeq;
   float scale;
   int64_t slidingWindow;
+  // Attention logit soft-capping (Gemma 2's attn_logit_softcapping): each scaled score s becomes
+  // softcap * tanh(s / softcap) before the causal / window mask and the softmax; 0 = none.
+  float softcap;
   // Optional fused rotary (rotaryDim > 0): q and the new k rows are rotated at `positions` [T] with cos/sin
   // [maxPos, rotaryDim/2] (neox pairs (i, i+rd/2), else (2i, 2i+1)) before the cache write and the attention.
   const int32_t* positions;

@@ -156,6 +156,8 @@ export interface PagedAttentionArgs {
   maxBlocksPerSeq: number;
   scale: number;
   slidingWindow: number; // 0 = unlimited
+  /** Attention logit soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before the mask; 0 = none. */
+  softcap: number;
   /** Fused rotary: q and kNew are rotated at their positions before the cache write and the attention. */
   rotary?: PagedRotary;
 }

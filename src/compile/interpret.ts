@@ -88,7 +88,7 @@ export function interpret(g: Graph, inputs: Tensor[], params: Tensor[], options:
         const pos = op.rotary ? head(v(op.rotary.positions)) : null;
         const r = k.pagedAttention({
           q, k: kk, v: vv, kCache: v(op.kCache), vCache: v(op.vCache), slotMapping: slots, blockTables: v(op.blockTables),
-          queryStart: v(op.queryStart), seqLens: v(op.seqLens), scale: op.scale, slidingWindow: op.slidingWindow,
+          queryStart: v(op.queryStart), seqLens: v(op.seqLens), scale: op.scale, slidingWindow: op.slidingWindow, softcap: op.softcap,
           rotary: op.rotary && pos ? { positions: pos, cos: v(op.rotary.cos), sin: v(op.rotary.sin), neox: op.rotary.neox } : null,
         });
         if (pos && pos !== v(op.rotary!.positions)) pos.dispose();

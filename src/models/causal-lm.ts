@@ -1,7 +1,7 @@
 // The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE) and
-// Gemma 3 (its differences come from the config: GELU-tanh MLP, (1 + w) norms, four norms per layer, embeddings
-// scaled by sqrt(hidden), another rotary base on its sliding-window layers, its own attention scale). Parameter names
-// match Hugging Face's.
+// Gemma 2 and 3 (their differences come from the config: GELU-tanh MLP, (1 + w) norms, four norms per layer,
+// embeddings scaled by sqrt(hidden), their own attention scale; Gemma 3's other rotary base on its sliding-window
+// layers, Gemma 2's soft-capped attention scores and logits). Parameter names match Hugging Face's.
 import { Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, type ForwardContext, type LayerOptions } from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
 import { add, crossEntropy, disposeQuantizedActivations, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
@@ -45,6 +45,7 @@ class DecoderLayer extends Module {
           slidingWindow: cfg.slidingWindowLayers[i] ? cfg.slidingWindow : null,
           scale: cfg.attnScale,
           normOffset: cfg.normOffset,
+          softcap: cfg.attnSoftcap,
         },
         i,
         rotary,
@@ -113,6 +114,13 @@ class DecoderLayer extends Module {
 /** x * s, disposing x. */
 function scaled(x: Tensor, s: number): Tensor {
   const out = x.mul(s);
+  x.dispose();
+  return out;
+}
+
+/** tanh(x), disposing x. */
+function tanhOf(x: Tensor): Tensor {
+  const out = x.tanh();
   x.dispose();
   return out;
 }
@@ -224,6 +232,8 @@ export class CausalLM extends Module {
     let out = linear(h, w);
     if (h !== hidden) h.dispose();
     if (this.config.logitScale !== null) out = scaled(out, 1 / this.config.logitScale); // Granite's logits_scaling
+    const cap = this.config.finalSoftcap; // Gemma 2's final_logit_softcapping: cap * tanh(logits / cap)
+    if (cap !== null) out = scaled(tanhOf(scaled(out, 1 / cap)), cap);
     return out;
   }
 

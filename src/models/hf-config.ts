@@ -12,7 +12,7 @@ export class ModelConfigError extends Error {
 
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-  "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM",
+  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -86,6 +86,13 @@ export interface ModelConfig {
    * post_attention_layernorm and post_feedforward_layernorm on the two outputs only.
    */
   normPlacement: "pre" | "sandwich" | "post";
+  /**
+   * Gemma 2: attention scores s (already scaled) become cap * tanh(s / cap) before the mask and softmax
+   * (attn_logit_softcapping); null: none.
+   */
+  attnSoftcap: number | null;
+  /** Gemma 2: the logits become cap * tanh(logits / cap) (final_logit_softcapping); null: none. */
+  finalSoftcap: number | null;
   /** Gemma 3: the sliding-window layers' rotary base (rope_local_base_freq, no scaling); null: all layers share one. */
   localRopeTheta: number | null;
   /** Bias on q/k/v projections (always for Qwen2, `attention_bias` for Llama/Qwen3). */
@@ -118,6 +125,14 @@ const GEMMA3_TEXT_DEFAULTS: Json = {
   num_key_value_heads: 4, head_dim: 256, hidden_activation: "gelu_pytorch_tanh", max_position_embeddings: 131_072,
   rms_norm_eps: 1e-6, rope_theta: 1_000_000, attention_bias: false, query_pre_attn_scalar: 256, sliding_window: 4096,
   rope_local_base_freq: 10_000, sliding_window_pattern: 6, tie_word_embeddings: true, bos_token_id: 2, eos_token_id: 1,
+};
+
+/** HF's Gemma2Config defaults (transformers' configuration_gemma2.py), for what a Gemma 2 config.json leaves out. */
+const GEMMA2_DEFAULTS: Json = {
+  vocab_size: 256_000, hidden_size: 2304, intermediate_size: 9216, num_hidden_layers: 26, num_attention_heads: 8,
+  num_key_value_heads: 4, head_dim: 256, hidden_activation: "gelu_pytorch_tanh", max_position_embeddings: 8192,
+  rms_norm_eps: 1e-6, rope_theta: 10_000, attention_bias: false, query_pre_attn_scalar: 256, sliding_window: 4096,
+  final_logit_softcapping: 30, attn_logit_softcapping: 50, tie_word_embeddings: true, bos_token_id: 2, eos_token_id: 1,
 };
 
 /**
@@ -234,9 +249,10 @@ export function parseHfConfig(json: unknown): ModelConfig {
   let archs = cfg.architectures;
   const classifierArch = Array.isArray(archs) && typeof archs[0] === "string" && archs[0].endsWith("ForSequenceClassification") ? archs[0] : null;
   if (classifierArch !== null) archs = [classifierArch.replace(/ForSequenceClassification$/, "ForCausalLM")];
-  if (Array.isArray(archs) && archs[0] === "Gemma3ForCausalLM") {
+  const classDefaults = Array.isArray(archs) ? { Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS }[archs[0] as string] : undefined;
+  if (classDefaults !== undefined) {
     // HF fills what a config leaves out from the class defaults (null counts as set: softcapping null is "none")
-    cfg = { ...GEMMA3_TEXT_DEFAULTS, ...Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) };
+    cfg = { ...classDefaults, ...Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) };
   }
   const arch = Array.isArray(archs) && typeof archs[0] === "string" ? (archs[0] as string) : undefined;
   if (!arch) throw new ModelConfigError('[config] missing "architectures"');
@@ -246,18 +262,30 @@ export function parseHfConfig(json: unknown): ModelConfig {
   }
   const architecture = arch as Architecture;
 
-  const gemma = architecture === "Gemma3ForCausalLM";
-  // Gemma 3 names it hidden_activation (and keeps a hidden_act it does not use)
+  const gemma3 = architecture === "Gemma3ForCausalLM";
+  const gemma2 = architecture === "Gemma2ForCausalLM";
+  // what Gemma 2 and 3 share: GELU-tanh MLP, (1 + w) norms, four norms per layer, embeddings scaled by
+  // sqrt(hidden), query_pre_attn_scalar, tied head
+  const gemma = gemma3 || gemma2;
+  // Gemma names it hidden_activation (and keeps a hidden_act it does not use)
   const actKey = (gemma ? ["hidden_activation", "hidden_act"] : ["hidden_act", "hidden_activation"]).find((k) => cfg[k] != null) ?? "hidden_act";
   const act = cfg[actKey] ?? "silu";
   const hiddenAct = act === "silu" || act === "swish" ? "silu" : act === "gelu_pytorch_tanh" || act === "gelu_new" ? "gelu_tanh" : null;
   if (hiddenAct === null) throw new ModelConfigError(`[config] ${arch}: unsupported ${actKey} "${String(act)}" (silu, gelu_pytorch_tanh)`);
   const granite = architecture === "GraniteForCausalLM";
   const multipliers = ["logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"];
-  const unsupported = ["attn_logit_softcapping", "final_logit_softcapping", ...(granite ? [] : multipliers), ...(gemma ? [] : ["query_pre_attn_scalar"])];
+  const softcaps = ["attn_logit_softcapping", "final_logit_softcapping"];
+  const unsupported = [...(gemma2 ? [] : softcaps), ...(granite ? [] : multipliers), ...(gemma ? [] : ["query_pre_attn_scalar"])];
   for (const key of unsupported) {
     if (cfg[key] !== undefined && cfg[key] !== null) throw new ModelConfigError(`[config] ${arch}: unsupported field "${key}" = ${JSON.stringify(cfg[key])}`);
   }
+  if (cfg.use_bidirectional_attention === true) throw new ModelConfigError(`[config] ${arch}: use_bidirectional_attention (an encoder, not a causal LM) is not supported`);
+  const softcap = (key: string): number | null => {
+    if (!gemma2 || cfg[key] === null) return null;
+    const v = optNum(cfg, key, arch, 0);
+    if (v <= 0) throw new ModelConfigError(`[config] ${arch}: "${key}" must be a positive number or null, got ${JSON.stringify(cfg[key])}`);
+    return v;
+  };
   if (cfg.pretraining_tp !== undefined && cfg.pretraining_tp !== 1 && cfg.pretraining_tp !== null) {
     throw new ModelConfigError(`[config] ${arch}: unsupported pretraining_tp ${JSON.stringify(cfg.pretraining_tp)}`);
   }
@@ -300,7 +328,10 @@ export function parseHfConfig(json: unknown): ModelConfig {
     slidingWindowLayers = (cfg.layer_types as unknown[]).map((t) => t === "sliding_attention");
     if (slidingWindowLayers.length !== numHiddenLayers) throw new ModelConfigError(`[config] ${arch}: layer_types has ${slidingWindowLayers.length} entries for ${numHiddenLayers} layers`);
     if (!slidingWindowLayers.some(Boolean)) slidingWindow = null;
-  } else if (gemma) {
+  } else if (gemma2) {
+    // configs without layer_types (before transformers 4.53): the even layers slide, the odd ones are global
+    slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && i % 2 === 0);
+  } else if (gemma3) {
     // older Gemma 3 configs: every sliding_window_pattern-th layer is global, the others slide
     const pattern = optInt(cfg, "sliding_window_pattern", arch, 6);
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && (i + 1) % pattern !== 0);
@@ -354,11 +385,13 @@ export function parseHfConfig(json: unknown): ModelConfig {
     logitScale: granite ? optNum(cfg, "logits_scaling", arch, 1) : null,
     normOffset: gemma ? 1 : 0,
     normPlacement: gemma ? "sandwich" : architecture === "Olmo2ForCausalLM" ? "post" : "pre",
-    localRopeTheta: gemma ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
+    attnSoftcap: softcap("attn_logit_softcapping"),
+    finalSoftcap: softcap("final_logit_softcapping"),
+    localRopeTheta: gemma3 ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
     oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite || architecture === "Olmo2ForCausalLM" ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
-    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || architecture === "Olmo2ForCausalLM",
+    qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma3 || architecture === "Olmo2ForCausalLM",
     qkNormScope: architecture === "Olmo2ForCausalLM" ? "full" : "head",
     slidingWindow, slidingWindowLayers, moe, moeLayers,
     torchDtype: typeof (cfg.torch_dtype ?? cfg.dtype) === "string" ? ((cfg.torch_dtype ?? cfg.dtype) as string) : null,

@@ -37,6 +37,12 @@ function archExtras(arch: Architecture): Json {
     case "GraniteForCausalLM":
       // Granite 3's multipliers at the tiny model's scale (the 2B model's are 12, 0.22, 0.015625 and 8)
       return { model_type: "granite", embedding_multiplier: 12, residual_multiplier: 0.22, attention_multiplier: 0.125, logits_scaling: 8 };
+    case "Gemma2ForCausalLM":
+      // llama.cpp's gemma2 assumptions (even layers sliding, head_dim ** -0.5 scale, both soft-caps), Gemma 2's caps
+      return {
+        model_type: "gemma2", head_dim: 16, query_pre_attn_scalar: 16, hidden_activation: "gelu_pytorch_tanh", sliding_window: 512,
+        attn_logit_softcapping: 50, final_logit_softcapping: 30, rope_theta: 10000, tie_word_embeddings: true,
+      };
     case "Gemma3ForCausalLM":
       // llama.cpp's gemma3 assumptions (every 6th layer global, local rotary base 10000, head_dim ** -0.5 scale)
       return {

@@ -39,6 +39,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   MistralForCausalLM: DEFAULT_FAMILY, // sliding window comes from the config
   Qwen2ForCausalLM: DEFAULT_FAMILY, // qkv bias comes from the config
   Qwen3ForCausalLM: DEFAULT_FAMILY, // q/k norm comes from the config
+  Gemma2ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   Gemma3ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   GraniteForCausalLM: DEFAULT_FAMILY, // Llama with its four multipliers, from the config
   Olmo2ForCausalLM: DEFAULT_FAMILY, // its norms' placement and q/k norms over whole projections come from the config

@@ -1,4 +1,5 @@
-// Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2) and sliding windows.
+// Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2), sliding windows and attention
+// logit soft-capping (Gemma 2).
 // Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
 // (training: [batch, seq] with a causal mask, differentiable).
 import { causalAttention, pagedAttention, type QuantizedActivations, type Tensor } from "../tensor/index.js";
@@ -44,6 +45,8 @@ export interface AttentionConfig {
   scale?: number;
   /** q/k norms scale by normOffset + weight (Gemma: 1). Default 0. */
   normOffset?: number;
+  /** Gemma 2's attn_logit_softcapping: scaled scores s become softcap * tanh(s / softcap) before the mask; null: none. */
+  softcap?: number | null;
 }
 
 export class Attention extends Module {
@@ -112,7 +115,7 @@ export class Attention extends Module {
       attn = pagedAttention({
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
-        scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0,
+        scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0, softcap: this.cfg.softcap ?? 0,
         rotary: this.rotary.pagedArgs(ctx.positions),
       });
     } else {
@@ -140,7 +143,7 @@ export class Attention extends Module {
       views.push(v4, th);
       return th;
     };
-    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined); // [B, H, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap); // [B, H, S, D]
     const ot = o.transpose(1, 2);
     const out = ot.reshape(B * S, H, D);
     for (const t of [...views, o, ot]) t.dispose();

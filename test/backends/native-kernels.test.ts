@@ -275,6 +275,13 @@ function runSuite(k: NativeKernels, isa: string): void {
         checkPagedAttention(k, D, slidingWindow, [1, 20, 5], [37, 20, 70]);
       });
     }
+  // Gemma 2's attention logit soft-capping (0.3: well under the scores' range, so it changes every row) in the blocked
+  // kernel (D 64, 32: decode, prefill, window, bf16), the one-row kernel (D 40) and decode with split keys
+  test(`[${isa}] paged attention with soft-capped scores`, () => {
+    for (const D of [40, 64, 32]) checkPagedAttention(k, D, 9, [1, 20, 5], [37, 20, 70], "f32", 0.3);
+    checkPagedAttention(k, 64, 0, [1, 20, 5], [37, 20, 70], "bf16", 0.3);
+    checkPagedAttention(k, 64, 0, [1], [150], "f32", 0.3);
+  });
   test(`[${isa}] paged attention: decode of one sequence (one head per work item), long prefill`, () => {
     checkPagedAttention(k, 64, 0, [1], [150]);
     checkPagedAttention(k, 64, 0, [90], [90]);
@@ -497,7 +504,7 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
 type CacheKind = "f32" | "bf16" | "fp8_e4m3" | "fp8_e5m2";
 const FP8_FORMAT = { fp8_e4m3: "e4m3fn", fp8_e5m2: "e5m2" } as const;
 
-function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], cacheKind: CacheKind = "f32"): void {
+function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], cacheKind: CacheKind = "f32", softcap = 0): void {
   const bf16Cache = cacheKind === "bf16";
   const fp8 = cacheKind === "fp8_e4m3" || cacheKind === "fp8_e5m2" ? FP8_FORMAT[cacheKind] : null;
   k.setNumThreads(2);
@@ -552,7 +559,7 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
         for (let c = lo; c <= p; c++) {
           let dot = 0;
           for (let d = 0; d < D; d++) dot += q[(t * Hq + h) * D + d]! * kRef[slotOf(s, c) * slotSize + kvh * D + d]!;
-          scores.push(dot * scale);
+          scores.push(softcap > 0 ? softcap * Math.tanh((dot * scale) / softcap) : dot * scale);
         }
         const m = Math.max(...scores);
         const e = scores.map((v) => Math.exp(v - m));
@@ -566,7 +573,7 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
   const [kC, vC] = bf16Cache ? [toBf16(kCache), toBf16(vCache)] : fp8 ? [toFp8(kCache), toFp8(vCache)] : [kCache, vCache];
   const fp8Format = fp8 === "e4m3fn" ? 1 : fp8 === "e5m2" ? 2 : undefined;
   k.pagedAttention(q, kNew, vNew, kC, vC, slotMapping, blockTables, queryStart, seqLens, out,
-    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow, undefined, undefined, undefined, undefined, undefined, fp8Format);
+    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow, undefined, undefined, undefined, undefined, undefined, fp8Format, softcap);
   const asF32 = (c: Float32Array | Uint16Array | Uint8Array) => (c instanceof Uint16Array ? fromBf16(c) : c instanceof Uint8Array ? fromFp8(c) : c);
   close(asF32(kC), kRef, () => 0, "kCache written");
   close(asF32(vC), vRef, () => 0, "vCache written");

@@ -1,5 +1,7 @@
 // Whether the outside oracle node-llama-cpp (an optional dependency) is installed: tests against it skip otherwise.
 import { createRequire } from "node:module";
+import { tensor } from "../../src/tensor/index.js";
+import { Tensor } from "../../src/tensor/tensor.js";
 
 export const hasLlamaCpp = ((): boolean => {
   try {
@@ -66,4 +68,24 @@ export function logprobGaps(probs: Map<number, number>, ours: Float32Array, ref:
   for (let i = 0; i < ours.length; i++) dFloat = Math.max(dFloat, Math.abs(ours[i]! - ref[i]!));
   const scale = ref.reduce((a, b) => Math.max(a, b), -Infinity) - ref.reduce((a, b) => Math.min(a, b), Infinity);
   return { dLc, dFloat, scale, compared };
+}
+
+/** Runs f with Tensor.gelu as ggml's CPU GELU: tanh-approximate GELU of x rounded to float16, rounded to float16. */
+export function withFloat16Gelu<T>(f: () => T): T {
+  const f16 = (x: number) => {
+    if (x === 0) return 0;
+    const q = 2 ** (Math.max(Math.floor(Math.log2(Math.abs(x))), -14) - 10); // float16's spacing at x
+    return Math.round(x / q) * q;
+  };
+  const gelu = (x: number) => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * x * (1 + 0.044715 * x * x)));
+  const original = Tensor.prototype.gelu;
+  Tensor.prototype.gelu = function (this: Tensor) {
+    const y = Float32Array.from(this.dataSync() as Float32Array, (x) => (x <= -10 ? 0 : x >= 10 ? x : f16(gelu(f16(x)))));
+    return tensor(y, { shape: [...this.shape] });
+  };
+  try {
+    return f();
+  } finally {
+    Tensor.prototype.gelu = original;
+  }
 }

@@ -221,9 +221,9 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
   /** Paged attention of one random ragged batch on both back ends: output and both caches (float32, bfloat16 or fp8). */
   function pagedAttentionCase(
     rnd: Rng,
-    c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType },
+    c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType; softcap?: number },
   ): void {
-    const { Hq, Hkv, D, blockSize, lens, newTok, window, cacheDtype } = c;
+    const { Hq, Hkv, D, blockSize, lens, newTok, window, cacheDtype, softcap = 0 } = c;
     const numSeqs = lens.length, maxBlocks = Math.max(...lens.map((l) => Math.ceil(l / blockSize))), numBlocks = numSeqs * maxBlocks;
     const perm = Array.from({ length: numBlocks }, (_, j) => j).sort(() => rnd() - 0.5);
     const tables = Int32Array.from({ length: numSeqs * maxBlocks }, (_, j) => perm[j]!);
@@ -245,20 +245,20 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
         blockTables: k.tensor(tables, { device: dev, shape: [numSeqs, maxBlocks] }),
         queryStart: k.tensor(Int32Array.from(qStart), { device: dev }),
         seqLens: k.tensor(Int32Array.from(lens), { device: dev }),
-        scale: 1 / Math.sqrt(D), slidingWindow: window,
+        scale: 1 / Math.sqrt(D), slidingWindow: window, softcap,
       });
       return { out, kc, vc };
     };
     const r = run("reference", q.ref, kn.ref, vn.ref);
     const cpu = run("cpu", q.cpu, kn.cpu, vn.cpu);
-    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} ${cacheDtype} cache`;
+    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} softcap ${softcap} ${cacheDtype} cache`;
     assert.equal(cpu.kc.dtype, cacheDtype);
     check(`paged attention ${tag}`, r.out, cpu.out, TOL.accumulate);
     check(`k cache ${tag}`, r.kc, cpu.kc, { rtol: 0, atol: 0 });
     check(`v cache ${tag}`, r.vc, cpu.vc, { rtol: 0, atol: 0 });
   }
 
-  it("paged attention: random ragged batches, GQA, sliding windows", () => {
+  it("paged attention: random ragged batches, GQA, sliding windows, soft-capped scores", () => {
     const rnd = prng(707);
     for (let i = 0; i < TRIALS; i++) {
       const Hkv = int(rnd, 1, 2), blockSize = pick(rnd, [1, 2, 4]);
@@ -266,7 +266,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
       pagedAttentionCase(rnd, {
         Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16]), blockSize, lens,
         newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window: rnd() < 0.5 ? 0 : int(rnd, 1, 6),
-        cacheDtype: pick(rnd, ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as DType[]),
+        cacheDtype: pick(rnd, ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as DType[]), softcap: rnd() < 0.5 ? 0 : 0.2 + rnd(),
       });
     }
   });
@@ -297,7 +297,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
           pagedAttentionCase(rnd, {
             Hq, Hkv, D: pick(rnd, [32, 64]), blockSize: pick(rnd, [4, 16]), lens,
             newTok: lens.map(() => (rnd() < 0.7 ? 1 : int(rnd, 2, 3))), window: rnd() < 0.7 ? 0 : int(rnd, 8, 100),
-            cacheDtype: (["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as const)[i % 4]!,
+            cacheDtype: (["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as const)[i % 4]!, softcap: i % 3 === 0 ? 0.3 : 0,
           });
         }
       }

@@ -264,6 +264,8 @@ describe("gradcheck: fused nn ops", () => {
   test("causal attention (MHA and GQA)", () => {
     gradcheck("attention", [{ shape: [1, 2, 3, 4] }, { shape: [1, 2, 3, 4] }, { shape: [1, 2, 3, 4] }], (q, kk, v) => k.causalAttention(q, kk, v));
     gradcheck("attention gqa", [{ shape: [1, 4, 3, 2] }, { shape: [1, 2, 3, 2] }, { shape: [1, 2, 3, 2] }], (q, kk, v) => k.causalAttention(q, kk, v));
+    // Gemma 2's soft-capped scores (cap 0.5, under the scores' range) and a 2-token window: training through them
+    gradcheck("attention soft-capped", [{ shape: [1, 2, 4, 4] }, { shape: [1, 2, 4, 4] }, { shape: [1, 2, 4, 4] }], (q, kk, v) => k.causalAttention(q, kk, v, undefined, 2, 0.5));
   });
   test("cross entropy with ignore_index", () => {
     const targets = k.tensor(new Int32Array([1, -100, 4, 0]));

@@ -559,7 +559,7 @@ forEachBackend((dev) => {
       const full = seqs.map((s) => ({ q: gen(s.len * Hq * D), k: gen(s.len * Hkv * D), v: gen(s.len * Hkv * D) }));
       const slotOf = (s: number, p: number) => seqs[s]!.table[Math.floor(p / blockSize)]! * blockSize + (p % blockSize);
       const slotElems = Hkv * D;
-      const run = (slidingWindow: number) => {
+      const run = (slidingWindow: number, softcap = 0) => {
         const kc = new Float32Array(numBlocks * blockSize * slotElems).fill(NaN); // unused slots must never be read
         const vc = new Float32Array(numBlocks * blockSize * slotElems).fill(NaN);
         const q: number[] = [], kn: number[] = [], vn: number[] = [], slots: number[] = [], qStart = [0];
@@ -590,6 +590,7 @@ forEachBackend((dev) => {
           seqLens: t(Int32Array.from(seqs.map((s) => s.len))),
           scale: 1 / Math.sqrt(D),
           slidingWindow,
+          softcap,
         });
         assert.deepEqual([...out.shape], [T, Hq, D]);
         // the new K/V landed in their slots
@@ -609,6 +610,18 @@ forEachBackend((dev) => {
         const vs = ft(full[i]!.v, [s.len, Hkv, D]).permute(1, 0, 2).unsqueeze(0);
         const ref = k.causalAttention(qs, ks, vs).squeeze(0).permute(1, 0, 2).contiguous().toList();
         assertClose(out.slice(qStart[i]! * Hq * D, qStart[i + 1]! * Hq * D), ref, { rtol: 1e-4, atol: 1e-5, msg: `seq ${i}` });
+      });
+      // soft-capped scores (Gemma 2), 0.5 well under the scores' range: paged == dense, and unlike the uncapped output
+      const capped = run(0, 0.5).out;
+      seqs.forEach((s, i) => {
+        const qlen = s.len - s.cached;
+        const qs = ft(full[i]!.q.slice(s.cached * Hq * D), [qlen, Hq, D]).permute(1, 0, 2).unsqueeze(0);
+        const ks = ft(full[i]!.k, [s.len, Hkv, D]).permute(1, 0, 2).unsqueeze(0);
+        const vs = ft(full[i]!.v, [s.len, Hkv, D]).permute(1, 0, 2).unsqueeze(0);
+        const ref = k.causalAttention(qs, ks, vs, undefined, undefined, 0.5).squeeze(0).permute(1, 0, 2).contiguous().toList();
+        const rows = capped.slice(qStart[i]! * Hq * D, qStart[i + 1]! * Hq * D);
+        assertClose(rows, ref, { rtol: 1e-4, atol: 1e-5, msg: `soft-capped seq ${i}` });
+        if (s.len > 1) assert.ok(rows.some((x, j) => Math.abs(x - out[qStart[i]! * Hq * D + j]!) > 1e-3), `seq ${i}: the soft-cap changed nothing`);
       });
       // sliding window 2: each query sees itself and one key before it
       const win = run(2).out;

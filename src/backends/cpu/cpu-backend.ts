@@ -677,7 +677,7 @@ export class CpuBackend implements Backend {
           q, kNew, vNew, kCache, vCache, slots, tables, qStart, seqLens, out,
           call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
           call.scale, call.slidingWindow,
-          pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox, fp8Format || undefined,
+          pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox, fp8Format || undefined, call.softcap,
         );
         return true;
       }

@@ -139,6 +139,8 @@ export interface NativeKernels extends NativeStream {
     positions?: Int32Array, cos?: Float32Array, sin?: Float32Array, rotaryDim?: number, neox?: boolean,
     /** Uint8Array caches: 1 = fp8 e4m3fn, 2 = fp8 e5m2 */
     fp8Format?: 1 | 2,
+    /** Attention logit soft-capping: scores s -> softcap * tanh(s / softcap) before the mask (0 / absent: none). */
+    softcap?: number,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
   /**

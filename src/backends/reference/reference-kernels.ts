@@ -189,7 +189,7 @@ function cacheSetter(v: BufferView): (i: number, x: number) => void {
 }
 
 export function pagedAttentionReference(p: PagedAttentionArgs): void {
-  const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow } = p;
+  const { numSeqs, numHeads, numKvHeads, headDim: D, blockSize, maxBlocksPerSeq, scale, slidingWindow, softcap } = p;
   const q = readF64(p.q);
   const kNew = readF64(p.kNew);
   if (p.rotary) {
@@ -240,7 +240,7 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
           const base = p.kCache.offset + (block * blockSize + (c % blockSize)) * kvRow + kvh * D;
           let dot = 0;
           for (let d = 0; d < D; d++) dot += q[qOff + d]! * kGet(base + d);
-          const sc = dot * scale;
+          const sc = softcap > 0 ? softcap * Math.tanh((dot * scale) / softcap) : dot * scale; // soft-capped before the mask
           scores.push(sc);
           if (sc > max) max = sc;
         }

@@ -27,7 +27,7 @@ const LAYER_NAMES: [string, string][] = [
   ["mlp.gate", "ffn_gate_inp"], // Qwen3-MoE router
   ["block_sparse_moe.gate", "ffn_gate_inp"], // Mixtral router
 ];
-/** Gemma 3's and OLMo 2's norms on the attention's and the MLP's outputs, and Gemma 3's MLP input norm. */
+/** Gemma's and OLMo 2's norms on the attention's and the MLP's outputs, and Gemma's MLP input norm. */
 const OUTPUT_NORM_NAMES: [string, string][] = [
   ["post_attention_layernorm", "post_attention_norm"],
   ["post_feedforward_layernorm", "post_ffw_norm"],
@@ -38,17 +38,19 @@ const PHI3_LAYER_NAMES: [string, string][] = [
   ["self_attn.qkv_proj", "attn_qkv"],
   ["mlp.gate_up_proj", "ffn_up"],
 ];
-/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma 3's and OLMo 2's norms, Phi-3's fusions. */
-export type GgufFamily = "mixtral" | "gemma3" | "olmo2" | "phi3" | "default";
+/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma's (2 and 3: the same names) and OLMo 2's norms, Phi-3's fusions. */
+export type GgufFamily = "mixtral" | "gemma" | "olmo2" | "phi3" | "default";
 const layerNames = (family: GgufFamily): [string, string][] =>
-  family === "gemma3" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES]
+  family === "gemma" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES]
   : family === "olmo2" ? [...OUTPUT_NORM_NAMES, ...LAYER_NAMES]
   : family === "phi3" ? [...PHI3_LAYER_NAMES, ...LAYER_NAMES]
   : LAYER_NAMES;
 
 /** The tensor-name family of an HF architecture. */
 export function ggufFamilyOf(architecture: string): GgufFamily {
-  const families: Record<string, GgufFamily> = { MixtralForCausalLM: "mixtral", Gemma3ForCausalLM: "gemma3", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3" };
+  const families: Record<string, GgufFamily> = {
+    MixtralForCausalLM: "mixtral", Gemma2ForCausalLM: "gemma", Gemma3ForCausalLM: "gemma", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
+  };
   return families[architecture] ?? "default";
 }
 
@@ -60,7 +62,7 @@ export const GGUF_ROPE_FACTORS = { long: "rope_factors_long.weight", short: "rop
  * subtracts it.
  */
 export function ggufNormShift(family: GgufFamily, hfName: string): number {
-  return family === "gemma3" && hfName.endsWith("norm.weight") ? 1 : 0;
+  return family === "gemma" && hfName.endsWith("norm.weight") ? 1 : 0;
 }
 
 /** Expert weights: GGUF stacks all experts of a layer into one 3-D tensor [n_expert, out, in]. */
@@ -158,12 +160,12 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
-  Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma3ForCausalLM: "gemma3",
+  Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma2ForCausalLM: "gemma2", Gemma3ForCausalLM: "gemma3",
   GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
-  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
+  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma2: ["Gemma2ForCausalLM", "gemma2"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
   olmo2: ["Olmo2ForCausalLM", "olmo2"], phi3: ["Phi3ForCausalLM", "phi3"],
 };
 
@@ -185,6 +187,29 @@ function checkGemma3Exportable(config: Record<string, unknown>): void {
   if (Math.abs(cfg.attnScale - 1 / Math.sqrt(want)) > 1e-9) fail(`query_pre_attn_scalar must be ${want}`);
   if (cfg.slidingWindow !== null && cfg.slidingWindowLayers.some((s, i) => s !== ((i + 1) % 6 !== 0))) fail("every 6th layer must be global, the others sliding");
   if (cfg.localRopeTheta !== 10000) fail("rope_local_base_freq must be 10000");
+}
+
+/**
+ * What llama.cpp's gemma2 assumes rather than reads: the even layers sliding and the odd ones global, both soft-caps
+ * applied (absent keys read as 50 and 30: a null cannot be written), and the attention scaled by head_dim ** -0.5
+ * except in the 46-layer (27B) model, by (hidden / heads) ** -0.5.
+ */
+function gemma2AttnScalar(layers: number, hidden: number, heads: number, headDim: number): number {
+  return layers === 46 ? hidden / heads : headDim;
+}
+
+function checkGemma2Exportable(config: Record<string, unknown>): void {
+  const cfg = parseHfConfig(config);
+  const fail = (what: string): never => {
+    throw new ModelFormatError(`[gguf] this Gemma 2 config cannot be written as gemma2 GGUF: ${what} (llama.cpp's gemma2 assumes it)`);
+  };
+  const want = gemma2AttnScalar(cfg.numHiddenLayers, cfg.hiddenSize, cfg.numAttentionHeads, cfg.headDim);
+  if (Math.abs(cfg.attnScale - 1 / Math.sqrt(want)) > 1e-9) fail(`query_pre_attn_scalar must be ${want}`);
+  if (cfg.slidingWindow === null) fail("sliding_window must be set");
+  if (cfg.slidingWindowLayers.some((s, i) => s !== (i % 2 === 0))) fail("layer_types must alternate sliding (even layers) and full (odd layers)");
+  if (cfg.attnSoftcap === null) fail("attn_logit_softcapping must be set");
+  if (cfg.finalSoftcap === null) fail("final_logit_softcapping must be set");
+  if (cfg.ropeScaling !== null) fail("rope_scaling must be absent");
 }
 
 /** Granite's multipliers: HF config key <-> GGUF key (after `granite.`), as llama.cpp's converter writes them. */
@@ -212,6 +237,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   const arch = ARCH_TO_GGUF[archName];
   if (!arch) throw new ModelFormatError(`[gguf] no GGUF architecture for "${archName}"`);
   if (arch === "gemma3") checkGemma3Exportable(config);
+  if (arch === "gemma2") checkGemma2Exportable(config);
   const parsed = parseHfConfig(config);
   if (parsed.ropeScaling?.type === "longrope" && arch !== "phi3") throw new ModelFormatError(`[gguf] ${archName} with longrope rope scaling has no GGUF form (llama.cpp reads longrope factors for phi3 only)`);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
@@ -252,6 +278,21 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   }
   if (typeof config.sliding_window === "number" && (archName === "MistralForCausalLM" || arch === "gemma3")) md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
   if (arch === "phi3") Object.assign(md, phi3Metadata(parsed));
+  if (arch === "gemma2") {
+    // what a config leaves out as Gemma2Config's defaults (parseHfConfig's reading; checkGemma2Exportable refused nulls)
+    const cfg = parseHfConfig(config);
+    md[`${arch}.attention.sliding_window`] = gguf.u32(cfg.slidingWindow!);
+    md[`${arch}.attn_logit_softcapping`] = gguf.f32(cfg.attnSoftcap!);
+    md[`${arch}.final_logit_softcapping`] = gguf.f32(cfg.finalSoftcap!);
+    Object.assign(md, {
+      [`${arch}.rope.freq_base`]: gguf.f32(cfg.ropeTheta), [`${arch}.attention.key_length`]: gguf.u32(cfg.headDim),
+      [`${arch}.attention.value_length`]: gguf.u32(cfg.headDim), [`${arch}.rope.dimension_count`]: gguf.u32(cfg.headDim),
+      [`${arch}.attention.head_count_kv`]: gguf.u32(cfg.numKeyValueHeads), [`${arch}.attention.layer_norm_rms_epsilon`]: gguf.f32(cfg.rmsNormEps),
+      [`${arch}.context_length`]: gguf.u32(cfg.maxPositionEmbeddings), [`${arch}.vocab_size`]: gguf.u32(cfg.vocabSize),
+      [`${arch}.embedding_length`]: gguf.u32(cfg.hiddenSize), [`${arch}.block_count`]: gguf.u32(cfg.numHiddenLayers),
+      [`${arch}.feed_forward_length`]: gguf.u32(cfg.intermediateSize), [`${arch}.attention.head_count`]: gguf.u32(cfg.numAttentionHeads),
+    });
+  }
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (num(hf) !== undefined) md[`${arch}.${g}`] = gguf.f32(num(hf)!);
   return md;
 }
@@ -351,6 +392,16 @@ export function ggufToHfConfig(
         ...(mscale === undefined ? {} : { short_mscale: mscale, long_mscale: mscale }),
       };
     }
+  }
+  if (arch === "gemma2") {
+    // llama.cpp's defaults for absent keys (a window of 4096, soft-caps 50 and 30) and its fixed layer pattern
+    const layers = cfg.num_hidden_layers as number;
+    Object.assign(cfg, {
+      hidden_activation: "gelu_pytorch_tanh", sliding_window: get("attention.sliding_window") ?? 4096,
+      layer_types: Array.from({ length: layers }, (_, i) => (i % 2 === 0 ? "sliding_attention" : "full_attention")),
+      attn_logit_softcapping: get("attn_logit_softcapping") ?? 50, final_logit_softcapping: get("final_logit_softcapping") ?? 30,
+      query_pre_attn_scalar: gemma2AttnScalar(layers, hidden, heads, cfg.head_dim as number),
+    });
   }
   if (arch === "gemma3") {
     const layers = cfg.num_hidden_layers as number;

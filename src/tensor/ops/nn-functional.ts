@@ -113,9 +113,10 @@ export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: 
  * Reference causal attention (scaled_dot_product_attention with is_causal), built from ops so autograd
  * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D]. With `window`,
  * a query sees only the last `window` keys up to its own position (sliding-window attention, as HF and vLLM:
- * position p sees keys j with p - window < j <= p).
+ * position p sees keys j with p - window < j <= p). With `softcap` (Gemma 2's attn_logit_softcapping), the scaled
+ * scores s become softcap * tanh(s / softcap) before the mask, as HF and llama.cpp.
  */
-export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number): Tensor {
+export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null): Tensor {
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
   const [B, Hq, S, D] = q.shape as [number, number, number, number];
   const Hkv = k.shape[1]!;
@@ -135,7 +136,14 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number,
   const vr = rep(v);
   const kt = kr.transpose(-2, -1);
   const raw = matmul(q, kt);
-  const scores = raw.mul(s);
+  let scores = raw.mul(s);
+  if (softcap != null && softcap > 0) {
+    const u = scores.div(softcap);
+    const th = u.tanh();
+    const capped = th.mul(softcap);
+    for (const t of [scores, u, th]) t.dispose();
+    scores = capped;
+  }
   // causal mask as an additive bias (a native row-broadcast add; its backward passes the gradient through):
   // query i (aligned to the end of the keys) sees keys j <= i + (Sk - S). -1e30 is finite (debug mode stays
   // quiet) and still gives exactly zero probability after the max-subtracted exp.
@@ -172,6 +180,8 @@ export function pagedAttention(args: {
   q: Tensor; k: Tensor; v: Tensor; kCache: Tensor; vCache: Tensor;
   slotMapping: Tensor; blockTables: Tensor; queryStart: Tensor; seqLens: Tensor;
   scale: number; slidingWindow?: number; rotary?: PagedRotaryArgs | null;
+  /** Attention logit soft-capping (Gemma 2): scores s -> softcap * tanh(s / softcap) before the mask; 0 / absent: none. */
+  softcap?: number | null;
 }): Tensor {
   const { q, k, v, kCache, vCache } = args;
   const [T, Hq, D] = q.shape as [number, number, number];
@@ -180,6 +190,8 @@ export function pagedAttention(args: {
   const numSeqs = args.seqLens.numel;
   const maxBlocksPerSeq = args.blockTables.shape[1]!;
   const dev = sameDevice("paged_attention", q, k, v, kCache, vCache);
+  const softcap = args.softcap ?? 0;
+  if (!Number.isFinite(softcap) || softcap < 0) throw new OpError("paged_attention", `softcap must be a finite number >= 0, got ${softcap}`);
   const qc = f32Contiguous(q);
   const kc = f32Contiguous(k);
   const vc = f32Contiguous(v);
@@ -205,6 +217,7 @@ export function pagedAttention(args: {
     maxBlocksPerSeq,
     scale: args.scale,
     slidingWindow: args.slidingWindow ?? 0,
+    softcap,
     ...(rot ? { rotary: rot.views } : {}),
   }, [out]);
   for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c.dispose();
