@@ -34,26 +34,39 @@ function checkTensor(op: string, t: Tensor, what = "tensor"): void {
     throw new UnsupportedError(op, `${what} on ${t.device.name}: the gloo back end takes host (cpu) tensors`);
 }
 
-/** A copy of t's elements in row-major order (waits for pending work on t). */
-function readBytes(t: Tensor): Uint8Array {
-  const c = t.isContiguous ? t : t.contiguous();
+/**
+ * t's elements as row-major bytes: t's own host memory when it is contiguous (waiting for pending work on it, no
+ * copy), else a contiguous staging copy. finish(true) makes writes into bytes visible in t (bumping its version like
+ * any in-place op, or copying the staging tensor back through t's strides); every use ends with finish.
+ */
+function hostBytes(t: Tensor): { bytes: Uint8Array; finish(written: boolean): void } {
   flushDeferred();
-  const bytes = c.device.backend.read(c.storage.buffer, c.offset * DTYPE_BYTES[c.dtype], c.numel * DTYPE_BYTES[c.dtype]);
-  if (c !== t) c.dispose();
-  return bytes.byteOffset % 8 === 0 ? bytes : bytes.slice(); // typed views of it need element alignment
+  const c = t.isContiguous ? t : noGrad(() => t.contiguous());
+  const size = DTYPE_BYTES[c.dtype];
+  const bytes = new Uint8Array(c.storage.buffer.host!, c.offset * size, c.numel * size); // .host waits for the stream
+  return {
+    bytes,
+    finish(written: boolean): void {
+      if (written && c === t) t.storage.version++;
+      if (written && c !== t) noGrad(() => t.copy_(c));
+      if (c !== t) c.dispose();
+    },
+  };
 }
 
-/** Writes row-major bytes into t in place (any strides), bumping its version like any in-place op. */
+/** A copy of t's elements in row-major order. */
+function readBytes(t: Tensor): Uint8Array {
+  const h = hostBytes(t);
+  const copy = h.bytes.slice();
+  h.finish(false);
+  return copy;
+}
+
+/** Writes row-major bytes into t in place (any strides). */
 function writeBytes(t: Tensor, bytes: Uint8Array): void {
-  if (t.isContiguous) {
-    flushDeferred();
-    t.device.backend.write(t.storage.buffer, t.offset * DTYPE_BYTES[t.dtype], bytes);
-    t.storage.version++;
-    return;
-  }
-  const src = fromBytes(bytes, t.dtype, t.shape, { device: t.device });
-  noGrad(() => t.copy_(src));
-  src.dispose();
+  const h = hostBytes(t);
+  h.bytes.set(bytes);
+  h.finish(true);
 }
 
 function nativeElement(dtype: DType): NativeElement | null {
@@ -77,16 +90,20 @@ function reduceInPlace(op: string, g: ProcessGroup, t: Tensor, reduce: ReduceOpN
     f.dispose();
     return;
   }
-  const bytes = readBytes(t);
+  const host = hostBytes(t);
+  const { buffer, byteOffset } = host.bytes;
   const el = nativeElement(t.dtype)!;
   const n = t.numel;
-  const view = el === 0 ? new Float32Array(bytes.buffer, bytes.byteOffset, n) : el === 1 ? new Int32Array(bytes.buffer, bytes.byteOffset, n) : new BigInt64Array(bytes.buffer, bytes.byteOffset, n);
-  g.call(op, (native, h) => native.allreduce(h, view, el, NativeReduce[reduce === "avg" ? "sum" : reduce]));
-  if (reduce === "avg") {
-    const f = view as Float32Array;
-    for (let i = 0; i < n; i++) f[i] = f[i]! / g.size;
+  const view = el === 0 ? new Float32Array(buffer, byteOffset, n) : el === 1 ? new Int32Array(buffer, byteOffset, n) : new BigInt64Array(buffer, byteOffset, n);
+  try {
+    g.call(op, (native, h) => native.allreduce(h, view, el, NativeReduce[reduce === "avg" ? "sum" : reduce]));
+    if (reduce === "avg") {
+      const f = view as Float32Array;
+      for (let i = 0; i < n; i++) f[i] = f[i]! / g.size;
+    }
+  } finally {
+    host.finish(true);
   }
-  writeBytes(t, bytes);
 }
 
 /**
@@ -130,9 +147,12 @@ export function broadcast(t: Tensor, src: number, group?: ProcessGroup): void {
   if (g.size === 1) return;
   agree(g, name, t.dtype, t.numel, src);
   if (t.numel === 0) return;
-  const bytes = readBytes(t);
-  g.call(name, (native, h) => native.broadcast(h, bytes, root));
-  if (root !== g.rank) writeBytes(t, bytes);
+  const host = hostBytes(t);
+  try {
+    g.call(name, (native, h) => native.broadcast(h, host.bytes, root));
+  } finally {
+    host.finish(root !== g.rank);
+  }
 }
 
 function checkParts(op: string, parts: readonly Tensor[], like: Tensor, g: ProcessGroup, what: string): void {
@@ -171,18 +191,22 @@ export function allGatherIntoTensor(out: Tensor, t: Tensor, group?: ProcessGroup
   const bytes = readBytes(t);
   if (g.size === 1) return writeBytes(out, bytes);
   agree(g, name, t.dtype, t.numel, 0);
-  const all = new Uint8Array(bytes.byteLength * g.size);
-  if (bytes.byteLength > 0) g.call(name, (native, h) => native.allgather(h, bytes, all));
-  writeBytes(out, all);
+  const all = hostBytes(out); // gathered straight into out's memory when it is contiguous
+  try {
+    if (bytes.byteLength > 0) g.call(name, (native, h) => native.allgather(h, bytes, all.bytes));
+  } finally {
+    all.finish(true);
+  }
 }
 
 /** Reduces the concatenation of every rank's inputs and keeps this rank's chunk (an all-reduce: 2x the bytes of a ring reduce-scatter). */
 function reduceScatterBytes(name: CollectiveName, g: ProcessGroup, out: Tensor, concat: Uint8Array, op: ReduceOpName): void {
   const whole = fromBytes(concat, out.dtype, [out.numel * g.size], { device: out.device });
   reduceInPlace(name, g, whole, op);
-  const mine = readBytes(whole.narrow(0, g.rank * out.numel, out.numel));
+  const chunk = whole.narrow(0, g.rank * out.numel, out.numel);
+  writeBytes(out, readBytes(chunk));
+  chunk.dispose();
   whole.dispose();
-  writeBytes(out, mine);
 }
 
 /** torch.distributed.reduce_scatter: out = op over ranks of inputList[this rank]. */
@@ -241,8 +265,12 @@ export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): voi
   checkTensor(name, t);
   checkTag(name, tag);
   const to = peer(name, g, dst, "dst");
-  const bytes = readBytes(t);
-  g.call(name, (native, h) => native.send(h, bytes, to, tag));
+  const host = hostBytes(t);
+  try {
+    g.call(name, (native, h) => native.send(h, host.bytes, to, tag));
+  } finally {
+    host.finish(false);
+  }
 }
 
 /**
@@ -255,8 +283,11 @@ export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): num
   checkTensor(name, t);
   checkTag(name, tag);
   const from = peer(name, g, src, "src");
-  const bytes = new Uint8Array(t.numel * DTYPE_BYTES[t.dtype]);
-  g.call(name, (native, h) => native.recv(h, bytes, from, tag));
-  writeBytes(t, bytes);
+  const host = hostBytes(t);
+  try {
+    g.call(name, (native, h) => native.recv(h, host.bytes, from, tag));
+  } finally {
+    host.finish(true);
+  }
   return src;
 }
