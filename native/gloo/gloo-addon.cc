@@ -175,7 +175,7 @@ Napi::Value StoreAdd(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(now));
 }
 
-// connect(store, prefix, rank, size, hostname, timeoutMs) -> group handle (a full mesh of tcp pairs)
+// connect(store, prefix, rank, size, address (a host, or iface:<name>), timeoutMs) -> group handle (a full mesh of tcp pairs)
 Napi::Value Connect(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   auto* s = unwrap<StoreHandle>(info[0], "store");
@@ -189,7 +189,8 @@ Napi::Value Connect(const Napi::CallbackInfo& info) {
   try {
     guarded(env, [&] {
       gloo::transport::tcp::attr attr;
-      attr.hostname = hostname;
+      if (hostname.rfind("iface:", 0) == 0) attr.iface = hostname.substr(6);  // GLOO_SOCKET_IFNAME
+      else attr.hostname = hostname;
       g->device = gloo::transport::tcp::CreateDevice(attr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
       ctx->setTimeout(timeout);
