@@ -122,4 +122,13 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
     assert.ok((r1.timeout_ms as number) >= 1400 && (r1.timeout_ms as number) < 6000, `timed out after ${String(r1.timeout_ms)} ms`);
     cleanup(run);
   });
+
+  it("a peer that exited fails the next collective with DistributedBackendError, before the timeout", async () => {
+    const run = await runRanks("misuse-worker", 2, ["peer-exit"]);
+    assert.equal(run.exitCode, 0, run.log.join("\n"));
+    const r1 = run.results[1]!;
+    assert.match(String(r1.peer_exit), /^DistributedBackendError: \[all_reduce\] .*(Connection closed by peer|Connection reset|Broken pipe)/);
+    assert.ok((r1.peer_exit_ms as number) < 1400, `failed after ${String(r1.peer_exit_ms)} ms`);
+    cleanup(run);
+  });
 });
