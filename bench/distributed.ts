@@ -1,13 +1,14 @@
 // All-reduce, broadcast and all-gather time and bandwidth on float32 tensors across the ranks of `kiln run`:
-//   node bin/kiln run --nproc-per-node 2 dist/bench/distributed.js
+//   node bin/kiln run --nproc-per-node 2 dist/bench/distributed.js [--no-checks]
 // Reports, per size, the median of the iterations on rank 0: algorithm bandwidth (bytes / time) and, for all-reduce,
 // NCCL's bus bandwidth (algbw * 2 (n-1) / n, the bytes each rank moves), both through the Tensor API (which adds
-// a copy out of and back into the tensor) and on a raw typed array straight into the addon.
+// the cross-rank consistency check, unless --no-checks) and on a raw typed array straight into the addon.
 import * as dist from "../src/distributed/index.js";
 import { loadGloo, type NativeHandle } from "../src/distributed/gloo-native.js";
 import { tensor } from "../src/tensor/index.js";
 
-dist.initProcessGroup({ backend: "gloo" });
+const checks = !process.argv.includes("--no-checks");
+dist.initProcessGroup({ backend: "gloo", consistencyChecks: checks });
 const rank = dist.getRank();
 const world = dist.getWorldSize();
 const native = loadGloo();
@@ -51,5 +52,5 @@ for (const elements of [256, 16_384, 262_144, 1_048_576, 4_194_304, 16_777_216])
   t.dispose();
   out.dispose();
 }
-if (rank === 0) console.log(`gloo over tcp (127.0.0.1), ${world} ranks, float32, median per call\n${rows.join("\n")}`);
+if (rank === 0) console.log(`gloo over tcp (127.0.0.1), ${world} ranks, float32, consistency checks ${checks ? "on" : "off"}, median per call\n${rows.join("\n")}`);
 dist.destroyProcessGroup();

@@ -2,7 +2,8 @@
  * Process groups (torch.distributed's init_process_group / new_group / destroy_process_group) over gloo.
  * Rendezvous: env:// and tcp://host:port use a TCP store hosted by rank 0 (reachable across machines: each rank
  * then serves collectives on the interface that reaches MASTER_ADDR, or on GLOO_SOCKET_IFNAME); file:///path uses
- * gloo's FileStore (one machine, or a shared file system with GLOO_SOCKET_IFNAME). A world of one rank needs no
+ * gloo's FileStore (one machine, or a shared file system with GLOO_SOCKET_IFNAME; as torch's, the directory must be
+ * fresh for each job, or stale keys of an earlier one would be read). A world of one rank needs no
  * peer and no addon: every collective is a local no-op.
  *
  * @example
@@ -135,9 +136,10 @@ function parseInitMethod(opts: InitProcessGroupOptions): Rendezvous {
   let r: Rendezvous;
   if (method === "env://") {
     const e = env.dist;
+    if (e.masterAddr === undefined) throw new DistributedError(op, "env:// needs MASTER_ADDR (set by `kiln run`)");
     r = {
       kind: "tcp",
-      host: e.masterAddr ?? (() => { throw new DistributedError(op, "env:// needs MASTER_ADDR (set by `kiln run`)"); })(),
+      host: e.masterAddr,
       port: need(e.masterPort, "MASTER_PORT (set by `kiln run`)"),
       path: "",
       rank: need(opts.rank ?? e.rank, "RANK (or the rank option)"),
