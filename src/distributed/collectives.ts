@@ -117,7 +117,9 @@ function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, numel: 
   g.call(op, (native, h) => native.allgather(h, new Uint8Array(mine.buffer), new Uint8Array(all.buffer)));
   const describe = (r: number): string => {
     const [o, d, n, a] = all.subarray(r * 4, r * 4 + 4);
-    return `${OPS[o!] ?? "?"}(${d! >= 0 ? `${DTYPES[d!]} x ${n}` : ""}${op === "broadcast" || op.startsWith("all_reduce") || op.startsWith("reduce") ? `, ${a}` : ""})`;
+    const name = OPS[o!] ?? "?";
+    const arg = name === "broadcast" ? `, src ${a}` : name === "all_reduce" || name.startsWith("reduce") ? `, ${REDUCE_OPS[a!] ?? a}` : "";
+    return `${name}(${d! >= 0 ? `${DTYPES[d!]} x ${n}` : ""}${arg})`;
   };
   for (let r = 0; r < g.size; r++) {
     if (all.subarray(r * 4, r * 4 + 4).every((v, i) => v === mine[i])) continue;
