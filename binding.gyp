@@ -8,6 +8,11 @@
 # without it, the error that cannot be thrown into the dying thread escapes as a C++ exception and aborts the whole
 # process (seen: Worker.terminate() during a loop of matmul calls).
 {
+  # kiln_gloo (src/distributed's back end) is built only where libgloo-dev's headers are installed, so
+  # `npm install` still works without them; src/distributed then raises a typed error naming the package.
+  "variables": {
+    "kiln_have_gloo": "<!(test -f /usr/include/gloo/rendezvous/store.h && echo 1 || echo 0)"
+  },
   "target_defaults": {
     "cflags_cc": ["-O3", "-std=c++17", "-fPIC", "-fno-math-errno"],
     "cflags_cc!": ["-fno-exceptions", "-O2"],
@@ -16,6 +21,15 @@
     "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS"]
   },
   "conditions": [
+    ["kiln_have_gloo==1", {
+      "targets": [
+        {
+          "target_name": "kiln_gloo",
+          "sources": ["native/gloo/gloo-addon.cc", "native/gloo/tcp-store.cc"],
+          "libraries": ["-lgloo", "-lpthread"]
+        }
+      ]
+    }],
     ["target_arch=='x64'", {
       "targets": [
         {

@@ -61,6 +61,7 @@ export function registerTrainCommands(program: Command): void {
         },
       });
       bar?.stop();
+      if (result.rank !== 0) return; // data parallel (kiln run): rank 0 reports for the job
       console.log(
         JSON.stringify({
           export_dir: result.exportDir,

@@ -3,3 +3,4 @@ export { Linear, Embedding, RMSNorm, type LayerOptions, type LinearLoraSlots } f
 export { RotaryEmbedding, rotaryInvFreq, type RotaryConfig, type RopeScaling } from "./rotary.js";
 export { Attention, type AttentionConfig, type ForwardContext, type PagedContext, type DenseContext } from "./attention.js";
 export { GatedMLP, MoE, type MoeOptions } from "./mlp.js";
+export { DistributedDataParallel, type DdpOptions } from "./ddp.js";

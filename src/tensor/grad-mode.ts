@@ -64,4 +64,16 @@ export function setBackwardHook(fn: BackwardFn | null): void {
 export function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOptions = {}): void {
   if (backwardFn === null) throw new Error("[backward] autograd is not loaded: import the tensor package (src/tensor/index.ts)");
   backwardFn(root, grad, options);
+  for (const hook of [...postBackwardHooks]) hook();
+}
+
+const postBackwardHooks = new Set<() => void>();
+
+/**
+ * Runs fn after every backward() has filled the leaves' grads (torch's queue_callback, which DDP uses to all-reduce
+ * the gradients once backward is done). Returns the function that removes the hook.
+ */
+export function registerPostBackwardHook(fn: () => void): () => void {
+  postBackwardHooks.add(fn);
+  return () => postBackwardHooks.delete(fn);
 }

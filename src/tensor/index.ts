@@ -3,7 +3,7 @@ export { Tensor, tensor, empty, unallocated, zeros, ones, full, zerosLike, onesL
 export type { Shape, Scalar, TensorOrScalar, TensorOptions, GradNode } from "./tensor.js";
 export { device, defaultDevice, setDefaultDevice, Device, type DeviceLike } from "./device.js";
 export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.js";
-export { noGrad, isGradEnabled, setGradEnabled } from "./grad-mode.js";
+export { noGrad, isGradEnabled, setGradEnabled, registerPostBackwardHook } from "./grad-mode.js";
 export { backward, enableAutograd, registerBackward, sumToShape, AutogradNode, type BackwardRule, type BackwardContext } from "./autograd.js";
 export type { BackwardOptions } from "./grad-mode.js";
 export { kernelsDispatched, flushDeferred, setDeferHook, type DeferHook } from "./dispatch.js";

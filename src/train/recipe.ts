@@ -8,14 +8,17 @@ import { CausalLM } from "../models/causal-lm.js";
 import { parseHfConfig } from "../models/hf-config.js";
 import { writeSafetensors, type SafetensorsWriteTensor } from "../models/formats/safetensors.js";
 import { f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
-import { defaultDevice, manualSeed, noGrad, ones, randn, type Tensor } from "../tensor/index.js";
+import { defaultDevice, manualSeed, noGrad, ones, randn, tensor, type Tensor } from "../tensor/index.js";
+import { allReduce, barrier, destroyProcessGroup, getRank, getWorldSize, initProcessGroup, isInitialized } from "../distributed/index.js";
+import { DistributedDataParallel } from "../nn/index.js";
+import { env } from "../util/env.js";
 import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
 import { loadCorpus } from "./corpus.js";
 import { buildDatasets, DataLoader } from "./data-loader.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
 import { AdamW, SGD, type Optimizer } from "./optim.js";
 import { LrSchedule } from "./lr-schedule.js";
-import { train, type StepMetrics } from "./trainer.js";
+import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { TrainConfigError, type TrainConfig } from "./train-config.js";
 
 export interface RecipeHooks {
@@ -37,6 +40,9 @@ export interface RecipeResult {
   tokensPerSecond: number;
   mfu: number;
   seconds: number;
+  /** This process's rank (0 outside a data-parallel run); only rank 0 writes files and logs. */
+  rank: number;
+  worldSize: number;
 }
 
 const SPECIAL_CHAT_TEMPLATE =
@@ -172,12 +178,39 @@ function pretrainedTokenizer(cfg: TrainConfig): ByteLevelBpe {
   return tok;
 }
 
+/**
+ * Data parallelism under `kiln run --nproc-per-node N kiln train ...` (WORLD_SIZE > 1): joins the process group
+ * (env://) unless the caller already did; returns null for a single process.
+ */
+function joinDataParallel(): { rank: number; worldSize: number; owned: boolean } | null {
+  let owned = false;
+  if (!isInitialized()) {
+    if ((env.dist.worldSize ?? 1) <= 1) return null;
+    initProcessGroup({ backend: "gloo" });
+    owned = true;
+  }
+  return getWorldSize() > 1 ? { rank: getRank(), worldSize: getWorldSize(), owned } : null;
+}
+
 export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Promise<RecipeResult> {
+  const dist = joinDataParallel();
+  const rank = dist?.rank ?? 0;
+  const worldSize = dist?.worldSize ?? 1;
+  try {
+    return await runRecipeOnRank(cfg, rank === 0 ? hooks : { ...hooks, log: () => undefined, onStep: undefined }, rank, worldSize);
+  } finally {
+    if (dist?.owned) destroyProcessGroup();
+  }
+}
+
+async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: number, worldSize: number): Promise<RecipeResult> {
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
   const dump = cfg.job.dump_folder;
   const pretrained = cfg.model.tokenizer_path ? pretrainedTokenizer(cfg) : null;
   fs.mkdirSync(dump, { recursive: true });
+  // data parallel: rank 0 trains the tokenizer and writes the token cache; the others wait, then read them
+  if (rank > 0) barrier();
 
   // 1. data and tokenizer
   const docs = chatFormat(loadDataset(cfg.training.dataset), cfg.training.chat_format_fraction, cfg.job.seed);
@@ -204,6 +237,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
     tokenizerKey: JSON.stringify(tok.json.model),
   });
   log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens`);
+  if (rank === 0 && worldSize > 1) barrier();
 
   // 2. model
   const vocabSize = cfg.model.vocab_size ?? tok.vocabSize;
@@ -227,7 +261,19 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
       ? new AdamW(model.parameters(), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
       : new SGD(model.parameters(), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
   const schedule = new LrSchedule({ lr: o.lr, warmupSteps: cfg.lr_scheduler.warmup_steps, totalSteps: cfg.training.steps, decayType: cfg.lr_scheduler.decay_type, lrMin: cfg.lr_scheduler.lr_min });
-  const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed });
+  // each rank reads its own batch of every step's worldSize consecutive ones: the global batch is B x worldSize
+  const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
+  const ddp = worldSize > 1 ? new DistributedDataParallel(model) : null;
+  const dataParallel: DataParallelHooks | undefined = ddp === null ? undefined : {
+    noSync: (fn) => ddp.noSync(fn),
+    averageAcrossRanks: (x) => {
+      const t = tensor([x]);
+      allReduce(t, "avg");
+      return t.item();
+    },
+    worldSize,
+    isWriter: rank === 0,
+  };
   const validate = (): number | null => {
     if (!cfg.validation.enable || data.val.length < S + 1) return null;
     const vl = new DataLoader(data.val, { batchSize: B, seqLen: S, seed: 0, shuffle: false });
@@ -253,7 +299,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
     ? (JSON.parse(fs.readFileSync(pointsPath, "utf8")) as typeof curve)
     : [];
   const drawCurve = (): void => {
-    if (!curvePath) return;
+    if (!curvePath || rank !== 0) return;
     const points = curve.length > 0 ? curve : earlier; // a finished run resumed runs no step: its curve stays whole
     fs.writeFileSync(curvePath, renderLossCurveSvg(points, { title: `${cfg.job.description || "training"}: loss` }));
     fs.writeFileSync(pointsPath!, JSON.stringify(points));
@@ -274,6 +320,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
     dataLoader: loader,
     steps: cfg.training.steps,
     gradAccumulationSteps: cfg.training.gradient_accumulation_steps,
+    dataParallel,
     maxNorm: cfg.training.max_norm,
     checkpoint: cfg.checkpoint.enable
       ? { dir: path.join(dump, cfg.checkpoint.folder), interval: cfg.checkpoint.interval, keepLatest: cfg.checkpoint.keep_latest_k, resume: hooks.resume ?? true, atEnd: true }
@@ -285,7 +332,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
       msSum += m.tokens / Math.max(m.tokensPerSecond, 1e-9) * 1000;
       const mfu = (m.tokensPerSecond * fpt) / peak;
       let valLoss: number | undefined;
-      if (cfg.validation.enable && (m.step % cfg.validation.freq === 0 || m.step === cfg.training.steps)) {
+      if (rank === 0 && cfg.validation.enable && (m.step % cfg.validation.freq === 0 || m.step === cfg.training.steps)) {
         valLoss = validate() ?? undefined;
         if (valLoss !== undefined) lastVal = valLoss;
       }
@@ -303,7 +350,8 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
   drawCurve();
   const exportDir = path.join(dump, "hf");
   model.eval();
-  exportModel(exportDir, model, hfConfig, tok, cfg.checkpoint.export_dtype);
+  ddp?.close();
+  if (rank === 0) exportModel(exportDir, model, hfConfig, tok, cfg.checkpoint.export_dtype);
   const finalLoss = (last as StepMetrics | null)?.loss ?? [...earlier].reverse().find((e) => e.loss !== undefined)?.loss ?? NaN;
   const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
   log(`[export] Hugging Face model directory: ${exportDir}`);
@@ -316,5 +364,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
     tokensPerSecond: tps,
     mfu: (tps * fpt) / peak,
     seconds: (performance.now() - t0) / 1000,
+    rank,
+    worldSize,
   };
 }

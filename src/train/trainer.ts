@@ -68,6 +68,21 @@ export interface TrainOptions {
   checkpoint?: CheckpointOptions;
   /** The RNG whose state checkpoints carry (default: the tensor package's default generator). */
   generator?: Generator;
+  /** Data-parallel training (a DistributedDataParallel model under `kiln run`); see {@link DataParallelHooks}. */
+  dataParallel?: DataParallelHooks;
+}
+
+/**
+ * What the loop needs from data parallelism: gradient accumulation defers the gradient averaging to the last
+ * micro-batch (noSync), the logged loss is the mean over ranks, tokens count every rank's, and only the writer
+ * (rank 0) saves checkpoints; every rank resumes from them.
+ */
+export interface DataParallelHooks {
+  noSync<T>(fn: () => T): T;
+  /** The mean of x over the ranks (a collective: every rank calls it once per step). */
+  averageAcrossRanks(x: number): number;
+  worldSize: number;
+  isWriter: boolean;
 }
 
 export interface TrainResult {
@@ -124,15 +139,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const t0 = performance.now();
     let lossSum = 0;
     let tokens = 0;
+    const dp = o.dataParallel;
     for (let m = 0; m < accum; m++) {
       const batch = o.dataLoader.next();
-      const loss = o.model.loss(batch.inputs, batch.targets);
-      lossSum += loss.item();
-      const scaled = accum > 1 ? loss.div(accum) : loss;
-      scaled.backward();
-      if (scaled !== loss) scaled.dispose();
-      loss.dispose();
-      tokens += batch.targets.length;
+      const micro = (): void => {
+        const loss = o.model.loss(batch.inputs, batch.targets);
+        lossSum += loss.item();
+        const scaled = accum > 1 ? loss.div(accum) : loss;
+        scaled.backward();
+        if (scaled !== loss) scaled.dispose();
+        loss.dispose();
+      };
+      // data parallel: gradients are averaged across ranks after the last micro-batch's backward only
+      if (dp !== undefined && m < accum - 1) dp.noSync(micro);
+      else micro();
+      tokens += batch.targets.length * (dp?.worldSize ?? 1);
     }
     const gradNorm = clipGradNorm(params, o.maxNorm ? o.maxNorm : Infinity);
     const lr = o.schedule === undefined ? o.optimizer.lr : typeof o.schedule === "function" ? o.schedule(step) : o.schedule.lrAt(step);
@@ -141,10 +162,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     o.optimizer.zeroGrad();
     step++;
     const elapsedMs = performance.now() - t0;
-    const metrics: StepMetrics = { step, loss: lossSum / accum, gradNorm, lr, tokens, tokensPerSecond: (tokens * 1000) / Math.max(elapsedMs, 1e-3), elapsedMs };
+    const stepLoss = dp !== undefined ? dp.averageAcrossRanks(lossSum / accum) : lossSum / accum;
+    const metrics: StepMetrics = { step, loss: stepLoss, gradNorm, lr, tokens, tokensPerSecond: (tokens * 1000) / Math.max(elapsedMs, 1e-3), elapsedMs };
     history.push(metrics);
     await o.onStep?.(metrics);
-    if (ck && ((ck.interval > 0 && step % ck.interval === 0) || (ck.atEnd && step === o.steps))) save();
+    if (ck && (dp?.isWriter ?? true) && ((ck.interval > 0 && step % ck.interval === 0) || (ck.atEnd && step === o.steps))) save();
   }
   return { history, startStep, finalStep: step };
 }

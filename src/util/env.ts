@@ -63,4 +63,20 @@ export const env = {
   get hfHome(): string {
     return str("HF_HOME") ?? join(homedir(), ".cache", "huggingface");
   },
+  /**
+   * torch.distributed's launcher variables (set by `kiln run`, as torchrun sets them): read by initProcessGroup's
+   * env:// method and by the training recipe. Undefined outside a launched job.
+   */
+  get dist(): { rank?: number; worldSize?: number; localRank?: number; localWorldSize?: number; masterAddr?: string; masterPort?: number; socketIfname?: string } {
+    return {
+      rank: int("RANK"),
+      worldSize: int("WORLD_SIZE"),
+      localRank: int("LOCAL_RANK"),
+      localWorldSize: int("LOCAL_WORLD_SIZE"),
+      masterAddr: str("MASTER_ADDR"),
+      masterPort: int("MASTER_PORT"),
+      /** gloo's network interface for collectives (GLOO_SOCKET_IFNAME, as torch); default: the one that reaches MASTER_ADDR. */
+      socketIfname: str("GLOO_SOCKET_IFNAME"),
+    };
+  },
 };

@@ -1,0 +1,295 @@
+/**
+ * Collectives on host tensors, in place and blocking like torch.distributed's (async_op=False). Ranks are global
+ * ranks (torch's src/dst), groups default to the world. Reductions run in gloo on float32, int32 and int64;
+ * bfloat16/float16 are reduced in float32 and rounded back (gloo has no bf16 math); "avg" divides a float sum by
+ * the group size. Non-reducing collectives (broadcast, all_gather, send/recv) move raw bytes of any dtype.
+ *
+ * @example
+ * const t = tensor([getRank() + 1, 10]);      // rank 0: [1, 10], rank 1: [2, 10]
+ * allReduce(t, "max");                        // both: [2, 10]
+ * const parts = [zeros([2]), zeros([2])];
+ * allGather(parts, t);                        // both: [[2, 10], [2, 10]]
+ */
+import { DTYPE_BYTES, DTYPES, type DType } from "../backends/dtype.js";
+import { fromBytes, noGrad, flushDeferred, type Tensor } from "../tensor/index.js";
+import { UnsupportedError } from "../util/errors.js";
+import { DistributedError } from "./errors.js";
+import { NativeReduce, type NativeElement } from "./gloo-native.js";
+import { resolveGroup, type ProcessGroup } from "./process-group.js";
+
+export type ReduceOpName = "sum" | "avg" | "product" | "min" | "max";
+/** torch.distributed.ReduceOp's names. */
+export const ReduceOp = { SUM: "sum", AVG: "avg", PRODUCT: "product", MIN: "min", MAX: "max" } as const satisfies Record<string, ReduceOpName>;
+const REDUCE_OPS: readonly ReduceOpName[] = ["sum", "avg", "product", "min", "max"];
+
+/** Op codes exchanged by the consistency check (index = code). */
+const OPS = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier"] as const;
+type CollectiveName = (typeof OPS)[number];
+
+// ---- host bytes of a tensor ----
+
+function checkTensor(op: string, t: Tensor, what = "tensor"): void {
+  t.view_(op); // disposed check
+  if (t.storage.buffer.host === undefined)
+    throw new UnsupportedError(op, `${what} on ${t.device.name}: the gloo back end takes host (cpu) tensors`);
+}
+
+/**
+ * t's elements as row-major bytes: t's own host memory when it is contiguous (waiting for pending work on it, no
+ * copy), else a contiguous staging copy. finish(true) makes writes into bytes visible in t (bumping its version like
+ * any in-place op, or copying the staging tensor back through t's strides); every use ends with finish.
+ */
+function hostBytes(t: Tensor): { bytes: Uint8Array; finish(written: boolean): void } {
+  flushDeferred();
+  const c = t.isContiguous ? t : noGrad(() => t.contiguous());
+  const size = DTYPE_BYTES[c.dtype];
+  const bytes = new Uint8Array(c.storage.buffer.host!, c.offset * size, c.numel * size); // .host waits for the stream
+  return {
+    bytes,
+    finish(written: boolean): void {
+      if (written && c === t) t.storage.version++;
+      if (written && c !== t) noGrad(() => t.copy_(c));
+      if (c !== t) c.dispose();
+    },
+  };
+}
+
+/** A copy of t's elements in row-major order. */
+function readBytes(t: Tensor): Uint8Array {
+  const h = hostBytes(t);
+  const copy = h.bytes.slice();
+  h.finish(false);
+  return copy;
+}
+
+/** Writes row-major bytes into t in place (any strides). */
+function writeBytes(t: Tensor, bytes: Uint8Array): void {
+  const h = hostBytes(t);
+  h.bytes.set(bytes);
+  h.finish(true);
+}
+
+function nativeElement(dtype: DType): NativeElement | null {
+  return dtype === "float32" ? 0 : dtype === "int32" ? 1 : dtype === "int64" ? 2 : null;
+}
+
+function checkReduce(op: string, reduce: ReduceOpName, dtype: DType): void {
+  if (!REDUCE_OPS.includes(reduce)) throw new DistributedError(op, `unknown reduce op "${String(reduce)}" (${REDUCE_OPS.join(", ")})`);
+  const viaF32 = dtype === "bfloat16" || dtype === "float16";
+  if (nativeElement(dtype) === null && !viaF32) throw new UnsupportedError(op, `${dtype} reductions are not supported (float32, bfloat16, float16, int32, int64)`);
+  if (reduce === "avg" && (dtype === "int32" || dtype === "int64"))
+    throw new UnsupportedError(op, `avg of ${dtype} would truncate: use sum and divide, or a float dtype`);
+}
+
+/** Reduces t across g in place (t already checked). bf16/f16 travel as float32. */
+function reduceInPlace(op: string, g: ProcessGroup, t: Tensor, reduce: ReduceOpName): void {
+  if (t.dtype === "bfloat16" || t.dtype === "float16") {
+    const f = noGrad(() => t.to("float32"));
+    reduceInPlace(op, g, f, reduce);
+    noGrad(() => t.copy_(f));
+    f.dispose();
+    return;
+  }
+  const host = hostBytes(t);
+  const { buffer, byteOffset } = host.bytes;
+  const el = nativeElement(t.dtype)!;
+  const n = t.numel;
+  const view = el === 0 ? new Float32Array(buffer, byteOffset, n) : el === 1 ? new Int32Array(buffer, byteOffset, n) : new BigInt64Array(buffer, byteOffset, n);
+  try {
+    g.call(op, (native, h) => native.allreduce(h, view, el, NativeReduce[reduce === "avg" ? "sum" : reduce]));
+    if (reduce === "avg") {
+      const f = view as Float32Array;
+      for (let i = 0; i < n; i++) f[i] = f[i]! / g.size;
+    }
+  } finally {
+    host.finish(true);
+  }
+}
+
+/**
+ * With consistencyChecks, every rank shares (op, dtype, numel, arg) and all raise the same DistributedError when
+ * they differ: a mismatched collective would otherwise exchange garbage or wait for the timeout.
+ */
+function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, numel: number, arg: number): void {
+  if (!g.consistencyChecks) return;
+  const mine = new Int32Array([OPS.indexOf(op), dtype === null ? -1 : DTYPES.indexOf(dtype), numel, arg]);
+  const all = new Int32Array(mine.length * g.size);
+  g.call(op, (native, h) => native.allgather(h, new Uint8Array(mine.buffer), new Uint8Array(all.buffer)));
+  const describe = (r: number): string => {
+    const [o, d, n, a] = all.subarray(r * 4, r * 4 + 4);
+    const name = OPS[o!] ?? "?";
+    const arg = name === "broadcast" ? `, src ${a}` : name === "all_reduce" || name.startsWith("reduce") ? `, ${REDUCE_OPS[a!] ?? a}` : "";
+    return `${name}(${d! >= 0 ? `${DTYPES[d!]} x ${n}` : ""}${arg})`;
+  };
+  for (let r = 0; r < g.size; r++) {
+    if (all.subarray(r * 4, r * 4 + 4).every((v, i) => v === mine[i])) continue;
+    throw new DistributedError(op, `ranks disagree: group rank ${g.rank} called ${describe(g.rank)} but group rank ${r} called ${describe(r)}`);
+  }
+}
+
+// ---- collectives ----
+
+/** torch.distributed.all_reduce: t = op over every rank's t, in place. */
+export function allReduce(t: Tensor, op: ReduceOpName = "sum", group?: ProcessGroup): void {
+  const name = "all_reduce";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkReduce(name, op, t.dtype);
+  if (g.size === 1) return;
+  agree(g, name, t.dtype, t.numel, REDUCE_OPS.indexOf(op));
+  if (t.numel > 0) reduceInPlace(name, g, t, op);
+}
+
+/** torch.distributed.broadcast: every rank's t = rank src's t (src is a global rank). */
+export function broadcast(t: Tensor, src: number, group?: ProcessGroup): void {
+  const name = "broadcast";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  const root = g.groupRankOf(name, src, "src");
+  if (g.size === 1) return;
+  agree(g, name, t.dtype, t.numel, src);
+  if (t.numel === 0) return;
+  const host = hostBytes(t);
+  try {
+    g.call(name, (native, h) => native.broadcast(h, host.bytes, root));
+  } finally {
+    host.finish(root !== g.rank);
+  }
+}
+
+function checkParts(op: string, parts: readonly Tensor[], like: Tensor, g: ProcessGroup, what: string): void {
+  if (parts.length !== g.size) throw new DistributedError(op, `${what} has ${parts.length} tensors for a group of ${g.size} ranks`);
+  parts.forEach((p, i) => {
+    checkTensor(op, p, `${what}[${i}]`);
+    if (p.dtype !== like.dtype) throw new DistributedError(op, `${what}[${i}] is ${p.dtype} but the tensor is ${like.dtype}`);
+    if (p.shape.length !== like.shape.length || p.shape.some((d, k) => d !== like.shape[k]))
+      throw new DistributedError(op, `${what}[${i}] has shape [${p.shape.join(", ")}] but the tensor has [${like.shape.join(", ")}]`);
+  });
+}
+
+/** torch.distributed.all_gather: outList[r] = rank r's t (outList has one tensor of t's shape and dtype per rank). */
+export function allGather(outList: readonly Tensor[], t: Tensor, group?: ProcessGroup): void {
+  const name = "all_gather";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkParts(name, outList, t, g, "outList");
+  const bytes = readBytes(t);
+  if (g.size === 1) return writeBytes(outList[0]!, bytes);
+  agree(g, name, t.dtype, t.numel, 0);
+  const out = new Uint8Array(bytes.byteLength * g.size);
+  if (bytes.byteLength > 0) g.call(name, (native, h) => native.allgather(h, bytes, out));
+  outList.forEach((p, r) => writeBytes(p, out.subarray(r * bytes.byteLength, (r + 1) * bytes.byteLength)));
+}
+
+/** torch.distributed.all_gather_into_tensor: out (size x t.numel elements, e.g. [size * n] or [size, n]) = the ranks' t in rank order. */
+export function allGatherIntoTensor(out: Tensor, t: Tensor, group?: ProcessGroup): void {
+  const name = "all_gather_into_tensor";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkTensor(name, out, "output");
+  if (out.dtype !== t.dtype) throw new DistributedError(name, `output is ${out.dtype} but the input is ${t.dtype}`);
+  if (out.numel !== t.numel * g.size)
+    throw new DistributedError(name, `output has ${out.numel} elements; a group of ${g.size} ranks gathering ${t.numel} needs ${t.numel * g.size}`);
+  const bytes = readBytes(t);
+  if (g.size === 1) return writeBytes(out, bytes);
+  agree(g, name, t.dtype, t.numel, 0);
+  const all = hostBytes(out); // gathered straight into out's memory when it is contiguous
+  try {
+    if (bytes.byteLength > 0) g.call(name, (native, h) => native.allgather(h, bytes, all.bytes));
+  } finally {
+    all.finish(true);
+  }
+}
+
+/** Reduces the concatenation of every rank's inputs and keeps this rank's chunk (an all-reduce: 2x the bytes of a ring reduce-scatter). */
+function reduceScatterBytes(name: CollectiveName, g: ProcessGroup, out: Tensor, concat: Uint8Array, op: ReduceOpName): void {
+  const whole = fromBytes(concat, out.dtype, [out.numel * g.size], { device: out.device });
+  reduceInPlace(name, g, whole, op);
+  const chunk = whole.narrow(0, g.rank * out.numel, out.numel);
+  writeBytes(out, readBytes(chunk));
+  chunk.dispose();
+  whole.dispose();
+}
+
+/** torch.distributed.reduce_scatter: out = op over ranks of inputList[this rank]. */
+export function reduceScatter(out: Tensor, inputList: readonly Tensor[], op: ReduceOpName = "sum", group?: ProcessGroup): void {
+  const name = "reduce_scatter";
+  const g = resolveGroup(name, group);
+  checkTensor(name, out, "output");
+  checkParts(name, inputList, out, g, "inputList");
+  checkReduce(name, op, out.dtype);
+  if (g.size === 1) return writeBytes(out, readBytes(inputList[0]!));
+  agree(g, name, out.dtype, out.numel, REDUCE_OPS.indexOf(op));
+  const n = out.numel * DTYPE_BYTES[out.dtype];
+  const concat = new Uint8Array(n * g.size);
+  inputList.forEach((t, r) => concat.set(readBytes(t), r * n));
+  if (n > 0) reduceScatterBytes(name, g, out, concat, op);
+}
+
+/** torch.distributed.reduce_scatter_tensor: input holds size x out.numel elements; out = op over ranks of this rank's chunk. */
+export function reduceScatterTensor(out: Tensor, input: Tensor, op: ReduceOpName = "sum", group?: ProcessGroup): void {
+  const name = "reduce_scatter_tensor";
+  const g = resolveGroup(name, group);
+  checkTensor(name, out, "output");
+  checkTensor(name, input, "input");
+  if (input.dtype !== out.dtype) throw new DistributedError(name, `input is ${input.dtype} but the output is ${out.dtype}`);
+  if (input.numel !== out.numel * g.size)
+    throw new DistributedError(name, `input has ${input.numel} elements; a group of ${g.size} ranks scattering ${out.numel} each needs ${out.numel * g.size}`);
+  checkReduce(name, op, out.dtype);
+  if (g.size === 1) return writeBytes(out, readBytes(input));
+  agree(g, name, out.dtype, out.numel, REDUCE_OPS.indexOf(op));
+  if (out.numel > 0) reduceScatterBytes(name, g, out, readBytes(input), op);
+}
+
+/** torch.distributed.barrier: returns when every rank of the group has entered it. */
+export function barrier(group?: ProcessGroup): void {
+  const name = "barrier";
+  const g = resolveGroup(name, group);
+  if (g.size === 1) return;
+  agree(g, name, null, 0, 0);
+  g.call(name, (native, h) => native.barrier(h));
+}
+
+function peer(op: string, g: ProcessGroup, globalRank: number, role: string): number {
+  const r = g.groupRankOf(op, globalRank, role);
+  if (r === g.rank) throw new DistributedError(op, `${role} rank ${globalRank} is this rank: a rank cannot ${op} to itself`);
+  return r;
+}
+
+function checkTag(op: string, tag: number): void {
+  if (!Number.isInteger(tag) || tag < 0 || tag > 0xffffffff) throw new DistributedError(op, `tag must be an integer in [0, 2^32), got ${tag}`);
+}
+
+/** torch.distributed.send: blocks until rank dst (global) has received t (matched by tag). */
+export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): void {
+  const name = "send";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkTag(name, tag);
+  const to = peer(name, g, dst, "dst");
+  const host = hostBytes(t);
+  try {
+    g.call(name, (native, h) => native.send(h, host.bytes, to, tag));
+  } finally {
+    host.finish(false);
+  }
+}
+
+/**
+ * torch.distributed.recv: fills t from rank src (global), matched by tag; returns src. The sizes must agree
+ * (a longer message fails with DistributedBackendError).
+ */
+export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): number {
+  const name = "recv";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkTag(name, tag);
+  const from = peer(name, g, src, "src");
+  const host = hostBytes(t);
+  try {
+    g.call(name, (native, h) => native.recv(h, host.bytes, from, tag));
+  } finally {
+    host.finish(true);
+  }
+  return src;
+}

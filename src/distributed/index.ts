@@ -1,0 +1,11 @@
+// torch.distributed's role: process groups and collectives over gloo (see process-group.ts, collectives.ts).
+export {
+  initProcessGroup, destroyProcessGroup, isInitialized, getRank, getWorldSize, newGroup, ProcessGroup, DEFAULT_TIMEOUT_MS,
+  type InitProcessGroupOptions, type DistributedBackend,
+} from "./process-group.js";
+export {
+  allReduce, broadcast, allGather, allGatherIntoTensor, reduceScatter, reduceScatterTensor, barrier, send, recv, ReduceOp,
+  type ReduceOpName,
+} from "./collectives.js";
+export { DistributedError, DistributedTimeoutError, DistributedBackendError, GlooUnavailableError } from "./errors.js";
+export { glooUnavailableReason } from "./gloo-native.js";

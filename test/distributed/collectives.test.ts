@@ -1,0 +1,91 @@
+// Collectives across real processes started by the launcher: every result is checked against values computed here
+// from the ranks' inputs (collectiveInput), for each reduce op and dtype, with 2 and 3 ranks, env:// and file://.
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+import { collectiveInput, REDUCE_CASES } from "./fixtures/collective-inputs.js";
+import { cleanup, runRanks, skipWithoutGloo, type RanksRun } from "./run-ranks.js";
+
+/** Round-to-nearest-even to bfloat16, as the tensor cast does. */
+function bf16(x: number): number {
+  const f = new Float32Array([x]);
+  const u = new Uint32Array(f.buffer);
+  u[0] = ((u[0]! + 0x7fff + ((u[0]! >>> 16) & 1)) >>> 16) << 16;
+  return f[0]!;
+}
+
+function expectedReduce(op: string, world: number, i: number): number {
+  const xs = Array.from({ length: world }, (_, r) => collectiveInput(r)[i]!);
+  switch (op) {
+    case "sum": return xs.reduce((a, b) => a + b, 0);
+    case "avg": return Math.fround(xs.reduce((a, b) => a + b, 0) / world);
+    case "product": return xs.reduce((a, b) => a * b, 1);
+    case "min": return Math.min(...xs);
+    default: return Math.max(...xs);
+  }
+}
+
+function checkRun(run: RanksRun, world: number): void {
+  assert.equal(run.exitCode, 0, run.log.join("\n"));
+  for (let rank = 0; rank < world; rank++) {
+    const res = run.results[rank];
+    assert.ok(res, `rank ${rank} wrote no result`);
+    assert.equal(res.rank, rank);
+    assert.equal(res.world, world);
+    assert.equal(res.isInitialized, true);
+    assert.equal(res.isInitializedAfter, false);
+    for (const [dtype, op] of REDUCE_CASES) {
+      const got = res[`all_reduce/${dtype}/${op}`] as { values: number[]; dtype: string };
+      const want = [0, 1, 2, 3, 4].map((i) => (dtype === "bfloat16" ? bf16(expectedReduce(op, world, i)) : expectedReduce(op, world, i)));
+      assert.equal(got.dtype, dtype);
+      assert.deepEqual(got.values, want, `all_reduce ${dtype} ${op} on rank ${rank}`);
+    }
+    const s = (world * (world - 1)) / 2;
+    assert.deepEqual(res.noncontiguous, [1, 2, 3, 4].map((v) => v * world + s));
+    for (const dtype of ["float32", "int32", "bfloat16"]) assert.deepEqual(res[`broadcast/${dtype}`], collectiveInput(world - 1), `broadcast ${dtype}`);
+    assert.deepEqual(res.all_gather, Array.from({ length: world }, (_, j) => collectiveInput(j)));
+    assert.deepEqual(res.all_gather_into_tensor, Array.from({ length: world }, (_, j) => collectiveInput(j)).flat());
+    assert.deepEqual(res.reduce_scatter, [0, 1, 2, 3, 4].map((i) => expectedReduce("sum", world, i) + 100 * rank * world));
+    assert.deepEqual(res.reduce_scatter_tensor, [0, 1, 2, 3, 4].map((i) => Math.max(...Array.from({ length: world }, (_, r) => collectiveInput(r)[i]! * (rank + 1)))));
+    const prev = (rank + world - 1) % world;
+    assert.equal(res.recv_from, prev);
+    assert.deepEqual(res.send_recv, collectiveInput(prev));
+    // nobody leaves the barrier before the late rank entered it
+    const lastArrived = (run.results[world - 1]!.barrier as { arrived: number }).arrived;
+    const { arrived, left } = res.barrier as { arrived: number; left: number };
+    assert.ok(left >= lastArrived - 2, `rank ${rank} left the barrier at ${left}, before the last rank arrived at ${lastArrived}`);
+    if (rank !== world - 1) assert.ok(left - arrived >= 250, `rank ${rank} waited only ${left - arrived} ms in the barrier`);
+    if (rank < 2) {
+      assert.equal(res.subgroup_rank, rank);
+      assert.equal(res.subgroup_size, 2);
+      assert.deepEqual(res.subgroup_sum, [3]);
+    } else {
+      assert.equal(res.subgroup_rank, -1);
+      assert.match(String(res.subgroup_error), /^DistributedError: \[all_reduce\] rank 2 is not a member of the group \[0, 1\]/);
+    }
+  }
+}
+
+describe("collectives across processes", { skip: skipWithoutGloo, timeout: 60_000 }, () => {
+  it("2 ranks, env:// rendezvous (TCP store on rank 0)", async () => {
+    const run = await runRanks("collectives-worker", 2);
+    checkRun(run, 2);
+    cleanup(run);
+  });
+
+  it("3 ranks, env:// (subgroup [0, 1] with a non-member)", async () => {
+    const run = await runRanks("collectives-worker", 3);
+    checkRun(run, 3);
+    cleanup(run);
+  });
+
+  it("2 ranks, file:// rendezvous (gloo's FileStore)", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-dist-filestore-"));
+    const run = await runRanks("collectives-worker", 2, [`file://${dir}`]);
+    checkRun(run, 2);
+    cleanup(run);
+    rmSync(dir, { recursive: true, force: true });
+  });
+});

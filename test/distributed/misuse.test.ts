@@ -1,0 +1,134 @@
+// Wrong use of the process group and collectives ends in typed errors naming the op: locally detectable mistakes in
+// this process (world of one, no peer needed), cross-rank mismatches and timeouts with real processes.
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { describe, it } from "node:test";
+import * as dist from "../../src/distributed/index.js";
+import { tensor, zeros } from "../../src/tensor/index.js";
+import { DistributedError, DistributedTimeoutError } from "../../src/distributed/index.js";
+import { UnsupportedError } from "../../src/util/errors.js";
+import { cleanup, runRanks, skipWithoutGloo } from "./run-ranks.js";
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const srv = createServer().listen(0, "127.0.0.1", () => {
+      const port = (srv.address() as { port: number }).port;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+function throwsTyped(fn: () => unknown, type: new (...a: never[]) => Error, message: RegExp): void {
+  assert.throws(fn, (err: Error) => {
+    assert.ok(err instanceof type, `expected ${type.name}, got ${err.name}: ${err.message}`);
+    assert.match(err.message, message);
+    return true;
+  });
+}
+
+describe("process group misuse in one process", () => {
+  it("collectives and queries before initProcessGroup name the op", () => {
+    assert.equal(dist.isInitialized(), false);
+    throwsTyped(() => dist.allReduce(tensor([1])), DistributedError, /^\[all_reduce\] the default process group is not initialized/);
+    throwsTyped(() => dist.barrier(), DistributedError, /^\[barrier\] .*not initialized/);
+    throwsTyped(() => dist.getRank(), DistributedError, /^\[get_rank\] .*not initialized/);
+    throwsTyped(() => dist.newGroup([0]), DistributedError, /^\[new_group\] .*not initialized/);
+  });
+
+  it("bad init arguments", () => {
+    throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", worldSize: 2 }), DistributedError, /^\[init_process_group\] tcp:\/\/127.0.0.1:1 needs the rank option/);
+    throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 2, worldSize: 2 }), DistributedError, /rank 2 is out of range for a world of 2 ranks/);
+    throwsTyped(() => dist.initProcessGroup({ initMethod: "udp://x", rank: 0, worldSize: 1 }), DistributedError, /unknown init method udp:\/\/x/);
+    throwsTyped(() => dist.initProcessGroup({ backend: "nccl" as "gloo", initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 }), DistributedError, /back end "nccl" is not supported/);
+    assert.equal(dist.isInitialized(), false);
+  });
+
+  it("a world of one: collectives are local no-ops, wrong ranks and dtypes are refused", () => {
+    dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 });
+    try {
+      assert.equal(dist.getRank(), 0);
+      assert.equal(dist.getWorldSize(), 1);
+      const t = tensor([1.5, -2]);
+      dist.allReduce(t, "avg");
+      assert.deepEqual(t.toList(), [1.5, -2]);
+      dist.broadcast(t, 0);
+      const out = [zeros([2])];
+      dist.allGather(out, t);
+      assert.deepEqual(out[0]!.toList(), [1.5, -2]);
+      const into = zeros([2]);
+      dist.reduceScatterTensor(into, tensor([3, 4]));
+      assert.deepEqual(into.toList(), [3, 4]);
+      dist.barrier();
+      throwsTyped(() => dist.broadcast(t, 1), DistributedError, /^\[broadcast\] src rank 1 is out of range for a world of 1 ranks/);
+      throwsTyped(() => dist.send(t, 0), DistributedError, /^\[send\] dst rank 0 is this rank/);
+      throwsTyped(() => dist.recv(t, -1), DistributedError, /^\[recv\] src rank -1 is out of range/);
+      throwsTyped(() => dist.allGather([zeros([2]), zeros([2])], t), DistributedError, /^\[all_gather\] outList has 2 tensors for a group of 1 ranks/);
+      throwsTyped(() => dist.allGather([zeros([3])], t), DistributedError, /^\[all_gather\] outList\[0\] has shape \[3\] but the tensor has \[2\]/);
+      throwsTyped(() => dist.allGather([zeros([2], { dtype: "int32" })], t), DistributedError, /outList\[0\] is int32 but the tensor is float32/);
+      throwsTyped(() => dist.allGatherIntoTensor(zeros([3]), t), DistributedError, /^\[all_gather_into_tensor\] output has 3 elements; a group of 1 ranks gathering 2 needs 2/);
+      throwsTyped(() => dist.allReduce(zeros([2], { dtype: "uint8" })), UnsupportedError, /^\[all_reduce\] uint8 reductions are not supported/);
+      throwsTyped(() => dist.allReduce(zeros([2], { dtype: "int32" }), "avg"), UnsupportedError, /^\[all_reduce\] avg of int32 would truncate/);
+      throwsTyped(() => dist.allReduce(t, "mean" as "avg"), DistributedError, /unknown reduce op "mean"/);
+      throwsTyped(() => dist.send(t, 0, undefined, -1), DistributedError, /^\[send\] tag must be an integer/);
+      throwsTyped(() => dist.newGroup([0, 3]), DistributedError, /^\[new_group\] rank 3 is out of range for a world of 1 ranks/);
+      throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 }), DistributedError, /already initialized/);
+      const g = dist.newGroup([0]);
+      dist.destroyProcessGroup(g);
+      throwsTyped(() => dist.allReduce(t, "sum", g), DistributedError, /^\[all_reduce\] the group \[0\] was destroyed/);
+    } finally {
+      dist.destroyProcessGroup();
+    }
+    assert.equal(dist.isInitialized(), false);
+  });
+});
+
+describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout: 60_000 }, () => {
+  it("rank 0 whose peer never joins gets DistributedTimeoutError from init_process_group", async () => {
+    const port = await freePort();
+    const start = Date.now();
+    throwsTyped(
+      () => dist.initProcessGroup({ initMethod: `tcp://127.0.0.1:${port}`, rank: 0, worldSize: 2, timeoutMs: 700 }),
+      DistributedTimeoutError,
+      /^\[init_process_group\] timed out after 700 ms: .*did not appear in the store/,
+    );
+    assert.ok(Date.now() - start < 5000, `took ${Date.now() - start} ms`);
+    assert.equal(dist.isInitialized(), false);
+  });
+
+  it("rank 1 whose store never comes up gets DistributedTimeoutError", async () => {
+    const port = await freePort();
+    throwsTyped(
+      () => dist.initProcessGroup({ initMethod: `tcp://127.0.0.1:${port}`, rank: 1, worldSize: 2, timeoutMs: 500 }),
+      DistributedTimeoutError,
+      /could not reach the store at 127.0.0.1:\d+ within 500 ms/,
+    );
+    assert.equal(dist.isInitialized(), false);
+  });
+
+  it("cross-rank dtype/size/op mismatches and a collective one rank never joins (2 processes)", async () => {
+    const run = await runRanks("misuse-worker", 2);
+    assert.equal(run.exitCode, 0, run.log.join("\n"));
+    for (const [rank, res] of run.results.entries()) {
+      assert.ok(res, `rank ${rank} wrote no result`);
+      assert.match(String(res.init_twice), /^DistributedError: \[init_process_group\] the default process group is already initialized/);
+      assert.match(String(res.dtype_mismatch), /^DistributedError: \[all_reduce\] ranks disagree: .*float32 x 4.*int32 x 4|^DistributedError: \[all_reduce\] ranks disagree: .*int32 x 4.*float32 x 4/);
+      assert.match(String(res.numel_mismatch), /^DistributedError: \[all_reduce\] ranks disagree: .*float32 x [45].*float32 x [45]/);
+      assert.match(String(res.op_mismatch), rank === 0 ? /^DistributedError: \[all_reduce\] ranks disagree: .* called all_reduce.* called broadcast/ : /^DistributedError: \[broadcast\] ranks disagree: .* called broadcast.* called all_reduce/);
+      assert.match(String(res.src_mismatch), /^DistributedError: \[broadcast\] ranks disagree/);
+      assert.deepEqual(res.after_mismatch, [2, 25]);
+    }
+    const r1 = run.results[1]!;
+    assert.match(String(r1.timeout), /^DistributedTimeoutError: \[all_reduce\] timed out after 1500 ms/);
+    assert.ok((r1.timeout_ms as number) >= 1400 && (r1.timeout_ms as number) < 6000, `timed out after ${String(r1.timeout_ms)} ms`);
+    cleanup(run);
+  });
+
+  it("a peer that exited fails the next collective with DistributedBackendError, before the timeout", async () => {
+    const run = await runRanks("misuse-worker", 2, ["peer-exit"]);
+    assert.equal(run.exitCode, 0, run.log.join("\n"));
+    const r1 = run.results[1]!;
+    assert.match(String(r1.peer_exit), /^DistributedBackendError: \[all_reduce\] .*(Connection closed by peer|Connection reset|Broken pipe)/);
+    assert.ok((r1.peer_exit_ms as number) < 1400, `failed after ${String(r1.peer_exit_ms)} ms`);
+    cleanup(run);
+  });
+});
