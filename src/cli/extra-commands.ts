@@ -2,8 +2,9 @@
 // Each entry receives the root program and adds one subcommand, e.g.
 //   (program) => program.command("train").argument("<recipe>").action(async (recipe) => { ... })
 import type { Command } from "commander";
+import { registerRouterCommand } from "./router-command.js";
 import { registerTrainCommands } from "./train-commands.js";
 
 export type CommandRegistrar = (program: Command) => void;
 
-export const extraCommands: CommandRegistrar[] = [registerTrainCommands];
+export const extraCommands: CommandRegistrar[] = [registerTrainCommands, registerRouterCommand];
