@@ -30,7 +30,10 @@ export interface Router {
   readonly config: RouterConfig;
   /** Checks the workers once, starts the periodic checks and eviction, listens; resolves with the base URL. */
   listen(): Promise<string>;
-  /** Stops the timers, lets in-flight responses finish (fastify's close), drops the kept-alive worker sockets. */
+  /**
+   * Stops the timers and new connections, lets in-flight responses finish, then drops every remaining connection
+   * (idle keep-alive ones, and those a client opened without sending anything) and the kept-alive worker sockets.
+   */
   close(): Promise<void>;
 }
 
@@ -90,11 +93,16 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     }
   };
 
+  let active = 0; // proxied responses not yet ended: close() waits for them
   const forward = async (request: FastifyRequest, reply: FastifyReply, route: string, text: string, tryNextOn404 = false): Promise<void> => {
     const started = performance.now();
     metrics.request(route);
     reply.hijack();
-    reply.raw.once("close", () => metrics.observe(route, (performance.now() - started) / 1000));
+    active++;
+    reply.raw.once("close", () => {
+      active--;
+      metrics.observe(route, (performance.now() - started) / 1000);
+    });
     const body = (request.body as Buffer | undefined) ?? null;
     await proxyRequest(ctx, { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404 }, reply.raw);
   };
@@ -186,7 +194,15 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     async close() {
       pool.stop();
       if (evictTimer !== null) clearInterval(evictTimer);
-      await app.close();
+      const closed = app.close();
+      const sweeper = setInterval(() => {
+        if (active === 0) app.server.closeAllConnections();
+      }, 50);
+      try {
+        await closed;
+      } finally {
+        clearInterval(sweeper);
+      }
       agents.http.destroy();
       agents.https.destroy();
     },
