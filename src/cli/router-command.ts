@@ -1,6 +1,6 @@
 // `kiln router`: the fleet front door over several `kiln serve` workers, with vllm-router's flag names and defaults
 // (--worker-urls, --policy cache_aware|round_robin|random|power_of_two, the cache_aware thresholds, health checks,
-// timeouts, retries). Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+// timeouts, retries), plus --policy weighted with llm-d's scorer weights. Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
 import { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
@@ -24,6 +24,9 @@ export function registerRouterCommand(program: Command): void {
     .option("--eviction-interval-secs <s>", "cache_aware: seconds between trims of the prefix tree to --max-tree-size", String(D.evictionIntervalMs / 1000))
     .option("--eviction-interval <s>", "vllm-router's Rust spelling of --eviction-interval-secs")
     .option("--max-tree-size <chars>", "cache_aware: characters of request text remembered per worker", String(D.maxTreeSize))
+    .option("--prefix-cache-scorer-weight <w>", "weighted: weight of the prefix-cache scorer (matched/length per worker)", String(D.prefixCacheScorerWeight))
+    .option("--queue-scorer-weight <w>", "weighted: weight of the queue scorer (least loaded 1, most loaded 0)", String(D.queueScorerWeight))
+    .option("--kv-cache-utilization-scorer-weight <w>", "weighted: weight of the KV-cache scorer (1 - vllm:kv_cache_usage_perc)", String(D.kvCacheUtilizationScorerWeight))
     .option("--health-check-interval-secs <s>", "seconds between health checks of every worker", String(D.healthCheckIntervalMs / 1000))
     .option("--health-check-timeout-secs <s>", "a health check not answered by then fails", String(D.healthCheckTimeoutMs / 1000))
     .option("--health-failure-threshold <n>", "failed checks in a row before a worker is marked down", String(D.healthFailureThreshold))
@@ -74,6 +77,9 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     balanceRelThreshold: number(o.balanceRelThreshold, "--balance-rel-threshold", { min: 1 }),
     evictionIntervalMs: o.evictionInterval !== undefined ? secs("evictionInterval", "--eviction-interval") : secs("evictionIntervalSecs", "--eviction-interval-secs"),
     maxTreeSize: number(o.maxTreeSize, "--max-tree-size", { min: 1, int: true }),
+    prefixCacheScorerWeight: number(o.prefixCacheScorerWeight, "--prefix-cache-scorer-weight"),
+    queueScorerWeight: number(o.queueScorerWeight, "--queue-scorer-weight"),
+    kvCacheUtilizationScorerWeight: number(o.kvCacheUtilizationScorerWeight, "--kv-cache-utilization-scorer-weight"),
     healthCheckIntervalMs: secs("healthCheckIntervalSecs", "--health-check-interval-secs"),
     healthCheckTimeoutMs: secs("healthCheckTimeoutSecs", "--health-check-timeout-secs"),
     healthFailureThreshold: number(o.healthFailureThreshold, "--health-failure-threshold", { min: 1, int: true }),

@@ -1,7 +1,9 @@
 // Routing policies (vllm-router's --policy): each picks one of the candidate workers (healthy, not yet tried for
-// this request, not at capacity) for a request's routing text, and says why. cache_aware lives in its own file.
+// this request, not at capacity) for a request's routing text, and says why. cache_aware and weighted (llm-d's
+// scorers) live in their own files.
 import { CacheAwarePolicy, type CacheAwareOptions } from "./cache-aware-policy.js";
 import type { PolicyName, RoutingDecision, RoutingPolicy, WorkerView } from "./routing-types.js";
+import { WeightedPolicy, type WeightedOptions } from "./weighted-policy.js";
 
 export { leastLoaded, POLICY_NAMES, type PolicyName, type RoutingDecision, type RoutingPolicy, type RoutingReason, type WorkerView } from "./routing-types.js";
 
@@ -44,13 +46,13 @@ class PowerOfTwoPolicy implements RoutingPolicy {
   maintain(): void {}
 }
 
-export interface PolicyOptions extends CacheAwareOptions {
+export interface PolicyOptions extends CacheAwareOptions, WeightedOptions {
   /** Uniform [0, 1) source for random and power_of_two (Math.random by default; tests pass a seeded one). */
   random?: () => number;
 }
 
 /**
- * @example const policy = createPolicy("cache_aware", { cacheThreshold: 0.3, balanceAbsThreshold: 64, balanceRelThreshold: 1.5, maxTreeSize: 1 << 26 });
+ * @example const policy = createPolicy("round_robin", DEFAULT_ROUTER_CONFIG);
  */
 export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingPolicy {
   const random = options.random ?? Math.random;
@@ -63,5 +65,7 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
       return new RandomPolicy(random);
     case "power_of_two":
       return new PowerOfTwoPolicy(random);
+    case "weighted":
+      return new WeightedPolicy(options);
   }
 }

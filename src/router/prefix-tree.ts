@@ -93,6 +93,24 @@ export class PrefixTree {
     return { matchedChars: matched, tenants: deepest === null ? [] : [...deepest.tenants.keys()].filter(ok) };
   }
 
+  /** For every worker sharing a prefix with `text`, the length of its longest shared prefix (llm-d's per-pod score). */
+  matchEach(text: string): Map<string, number> {
+    const out = new Map<string, number>();
+    let node = this.root;
+    let i = 0;
+    while (i < text.length) {
+      const child = node.children.get(text[i]!);
+      if (child === undefined) break;
+      const common = commonLength(child.edge, text, i);
+      // tenants only thin out along a path: a deeper node's length overwrites its workers' shorter ones
+      for (const t of child.tenants.keys()) out.set(t, i + common);
+      if (common < child.edge.length) break;
+      i += common;
+      node = child;
+    }
+    return out;
+  }
+
   /** Characters the tree holds for `tenant` (0 for an unknown one). */
   size(tenant: string): number {
     return this.sizes.get(tenant) ?? 0;

@@ -15,8 +15,12 @@ export interface RouterConfig {
   balanceRelThreshold: number;
   /** How often cache_aware trims its tree to maxTreeSize. */
   evictionIntervalMs: number;
-  /** Characters cache_aware's tree keeps per worker. */
+  /** Characters cache_aware's (and weighted's) tree keeps per worker. */
   maxTreeSize: number;
+  /** weighted: the scorers' weights (llm-d's default profile: 3, 2, 2). */
+  prefixCacheScorerWeight: number;
+  queueScorerWeight: number;
+  kvCacheUtilizationScorerWeight: number;
   healthCheckIntervalMs: number;
   healthCheckTimeoutMs: number;
   healthFailureThreshold: number;
@@ -44,6 +48,9 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   balanceRelThreshold: 1.5,
   evictionIntervalMs: 120_000,
   maxTreeSize: 67_108_864,
+  prefixCacheScorerWeight: 3,
+  queueScorerWeight: 2,
+  kvCacheUtilizationScorerWeight: 2,
   healthCheckIntervalMs: 60_000,
   healthCheckTimeoutMs: 5_000,
   healthFailureThreshold: 3,
@@ -84,6 +91,7 @@ export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrl
   range("balanceAbsThreshold", 0, Infinity, true);
   range("balanceRelThreshold", 1);
   range("maxTreeSize", 1, Infinity, true);
+  for (const key of ["prefixCacheScorerWeight", "queueScorerWeight", "kvCacheUtilizationScorerWeight"] as const) range(key, 0);
   range("maxRetries", 0, Infinity, true);
   range("maxInflightPerWorker", 0, Infinity, true);
   range("healthFailureThreshold", 1, Infinity, true);

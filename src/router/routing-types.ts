@@ -1,7 +1,7 @@
 // What the router's policies share: the worker view they choose from, the decision they return, their interface,
 // and the least-loaded choice every load-aware policy falls back to.
 
-export const POLICY_NAMES = ["cache_aware", "round_robin", "random", "power_of_two"] as const;
+export const POLICY_NAMES = ["cache_aware", "round_robin", "random", "power_of_two", "weighted"] as const;
 export type PolicyName = (typeof POLICY_NAMES)[number];
 
 /** What a policy sees of a worker. */
@@ -15,14 +15,15 @@ export interface WorkerView {
 
 /**
  * Why a worker was chosen: cache_aware's prefix hit, its miss (least loaded, then fewest cached characters), its
- * fallback to the least loaded worker when the fleet is imbalanced, or one of the load-only policies.
+ * fallback to the least loaded worker when the fleet is imbalanced, the weighted scorers' highest total, or one of the
+ * load-only policies.
  */
-export type RoutingReason = "cache_hit" | "cache_miss" | "load_balanced" | "round_robin" | "random" | "power_of_two";
+export type RoutingReason = "cache_hit" | "cache_miss" | "load_balanced" | "round_robin" | "random" | "power_of_two" | "weighted";
 
 export interface RoutingDecision {
   readonly url: string;
   readonly reason: RoutingReason;
-  /** cache_aware: matched characters / routing text length (0 for the load-only policies). */
+  /** cache_aware, weighted: the chosen worker's matched characters / routing text length (0 for the load-only policies). */
   readonly matchRate: number;
 }
 

@@ -43,12 +43,14 @@ describe("kiln router flags", () => {
       "--max-tree-size", "1000", "--health-check-interval-secs", "0.5", "--health-check-timeout-secs", "2", "--health-failure-threshold", "1",
       "--health-success-threshold", "1", "--health-check-endpoint", "/ping", "--request-timeout-secs", "10", "--retry-max-retries", "2",
       "--max-payload-size", "1024", "--max-inflight-per-worker", "4", "--log-level", "debug",
+      "--prefix-cache-scorer-weight", "5", "--queue-scorer-weight", "1", "--kv-cache-utilization-scorer-weight", "0",
     );
     assert.deepEqual(c, {
       workerUrls: ["http://a:1", "http://b:2"], host: "0.0.0.0", port: 0, policy: "power_of_two", cacheThreshold: 0.5, balanceAbsThreshold: 8,
       balanceRelThreshold: 1.1, evictionIntervalMs: 30_000, maxTreeSize: 1000, healthCheckIntervalMs: 500, healthCheckTimeoutMs: 2000,
       healthFailureThreshold: 1, healthSuccessThreshold: 1, healthCheckEndpoint: "/ping", requestTimeoutMs: 10_000, maxRetries: 2,
       maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",
+      prefixCacheScorerWeight: 5, queueScorerWeight: 1, kvCacheUtilizationScorerWeight: 0,
     });
     assert.equal(parse("--worker-urls", "http://a:1", "--max-retries", "3", "--disable-retries").maxRetries, 0);
   });
@@ -64,6 +66,7 @@ describe("kiln router flags", () => {
       [["--max-retries", "1.5"], /--max-retries must be an integer/],
       [["--max-retries", "1", "--retry-max-retries", "2"], /disagree/],
       [["--health-check-endpoint", "health"], /--health-check-endpoint must be a path/],
+      [["--queue-scorer-weight", "-2"], /--queue-scorer-weight must be a number >= 0/],
     ];
     for (const [args, message] of cases) {
       assert.throws(() => parse("--worker-urls", "http://a:1", ...args), (e: unknown) => e instanceof CliUsageError && message.test((e as Error).message), args.join(" "));
@@ -78,7 +81,7 @@ describe("kiln router flags", () => {
     assert.match(unknown.stderr, /unknown option '--bogus-flag'/);
     const policy = kiln("router", "--worker-urls", "http://127.0.0.1:1", "--policy", "least_loaded");
     assert.notEqual(policy.status, 0);
-    assert.match(policy.stderr, /Allowed choices are cache_aware, round_robin, random, power_of_two/);
+    assert.match(policy.stderr, /Allowed choices are cache_aware, round_robin, random, power_of_two, weighted/);
     const missing = kiln("router");
     assert.notEqual(missing.status, 0);
     assert.match(missing.stderr, /--worker-urls/);

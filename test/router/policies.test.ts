@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { CacheAwarePolicy } from "../../src/router/cache-aware-policy.js";
 import { createPolicy, leastLoaded, type WorkerView } from "../../src/router/policies.js";
+import { WeightedPolicy } from "../../src/router/weighted-policy.js";
 
 const w = (url: string, load = 0, kvCacheUsage: number | null = null): WorkerView => ({ url, load, kvCacheUsage });
 /** A random source that returns the given values in turn. */
@@ -11,7 +12,10 @@ const draws = (...values: number[]) => () => {
   assert.notEqual(v, undefined, "the policy drew more random numbers than expected");
   return v!;
 };
-const OPTS = { cacheThreshold: 0.5, balanceAbsThreshold: 2, balanceRelThreshold: 1.5, maxTreeSize: 1000 };
+const OPTS = {
+  cacheThreshold: 0.5, balanceAbsThreshold: 2, balanceRelThreshold: 1.5, maxTreeSize: 1000,
+  prefixCacheScorerWeight: 3, queueScorerWeight: 2, kvCacheUtilizationScorerWeight: 2,
+};
 
 describe("load-only policies", () => {
   it("leastLoaded: lowest load, then lowest KV-cache usage, then the tie-break, then the first", () => {
@@ -108,5 +112,35 @@ describe("cache_aware", () => {
     r.maintain();
     assert.equal(r.tree.size("w0"), 10);
     assert.equal(r.tree.match("abcdefghij").matchedChars, 10); // the newer text survives
+  });
+});
+
+describe("weighted (llm-d's scorers)", () => {
+  it("scores prefix, queue and KV-cache per worker and picks the highest weighted total", () => {
+    const p = new WeightedPolicy(OPTS);
+    p.tree.insert("abcdefgh", "w0"); // 8 of "abcdefghij": 0.8
+    p.tree.insert("abcd", "w2"); // 0.4
+    const ws = [w("w0", 4, 0.5), w("w1", 0, 0.1), w("w2", 2, null)];
+    // queue: max 4, min 0 -> w0 0, w1 1, w2 0.5; kv: 0.5, 0.9, 1 (unknown counts as empty)
+    // totals (3, 2, 2): w0 2.4 + 0 + 1 = 3.4; w1 0 + 2 + 1.8 = 3.8; w2 1.2 + 1 + 2 = 4.2
+    const scores = p.score(ws, "abcdefghij");
+    assert.deepEqual(scores.map((s) => [s.prefix, s.queue, s.kvCache]), [[0.8, 0, 0.5], [0, 1, 0.9], [0.4, 0.5, 1]]);
+    assert.deepEqual(scores.map((s) => Math.round(s.total * 1e9) / 1e9), [3.4, 3.8, 4.2]);
+    assert.deepEqual(p.select(ws, "abcdefghij"), { url: "w2", reason: "weighted", matchRate: 0.4 });
+    // w2 now holds all 10: prefix 1 -> 3 + 1 + 2 = 6 beats w0's 3 * 0.8 + 1 = 3.4 and w1's 3.8
+    assert.equal(p.select(ws, "abcdefghij").url, "w2");
+    // a heavy prefix weight on a fresh tree: w0 = 10 * 0.8 + 0 + 1 = 9, w1 = 3.8, w2 = 10 * 0.4 + 1 + 2 = 7
+    const heavy = new WeightedPolicy({ ...OPTS, prefixCacheScorerWeight: 10 });
+    heavy.tree.insert("abcdefgh", "w0");
+    heavy.tree.insert("abcd", "w2");
+    assert.equal(heavy.select(ws, "abcdefghij").url, "w0");
+  });
+
+  it("ties go to the least loaded, then the first; an empty text scores load and KV cache only", () => {
+    const p = new WeightedPolicy({ ...OPTS, queueScorerWeight: 0, kvCacheUtilizationScorerWeight: 0 });
+    assert.equal(p.select([w("a", 3), w("b", 1), w("c", 1)], "").url, "b");
+    const q = new WeightedPolicy(OPTS);
+    assert.equal(q.select([w("a", 0, 0.7), w("b", 0, 0.2)], "").url, "b");
+    assert.equal(q.tree.size("b"), 0);
   });
 });

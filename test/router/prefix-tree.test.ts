@@ -21,6 +21,16 @@ describe("PrefixTree", () => {
     assert.equal(t.size("nobody"), 0);
   });
 
+  it("matchEach gives every worker its own longest shared prefix", () => {
+    const t = new PrefixTree();
+    t.insert("hello world", "w0");
+    t.insert("help me", "w1");
+    t.insert("hello", "w2");
+    assert.deepEqual(Object.fromEntries(t.matchEach("hello there")), { w0: 6, w1: 3, w2: 5 });
+    assert.deepEqual(Object.fromEntries(t.matchEach("hex")), { w0: 2, w1: 2, w2: 2 });
+    assert.equal(t.matchEach("zzz").size, 0);
+  });
+
   it("a prefix only an excluded worker holds does not count", () => {
     const t = new PrefixTree();
     t.insert("hello world", "w0");
