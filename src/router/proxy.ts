@@ -59,7 +59,8 @@ function attempt(ctx: ProxyContext, worker: string, req: ProxyRequest, signal: A
     if (req.body !== null) headers["content-length"] = req.body.length;
     const outgoing = (isHttps ? https : http).request(target, { method: req.method, headers, agent: isHttps ? ctx.agents.https : ctx.agents.http, signal });
     outgoing.once("response", (response) => resolve({ kind: "response", response }));
-    outgoing.once("error", (err: NodeJS.ErrnoException) => {
+    // `on`, not `once`: a second error (after the response began, say) must not go unhandled; only the first counts
+    outgoing.on("error", (err: NodeJS.ErrnoException) => {
       if (signal.aborted) resolve({ kind: "aborted" });
       else resolve({ kind: "unreachable", error: err.code ?? err.message, reusedSocket: outgoing.reusedSocket });
     });

@@ -295,6 +295,31 @@ describe("router over HTTP (fake workers)", () => {
     assert.equal(r.pool.get(w1!.url)!.healthy, true);
   });
 
+  it("close() lets a response in flight finish before the router stops", async () => {
+    const [w0] = await fleet(1);
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    w0!.handler = async (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write("data: 1\n\n");
+      await held;
+      res.end("data: [DONE]\n\n");
+      return true;
+    };
+    const r = createRouter({ workerUrls: [w0!.url], port: 0, logLevel: "critical" }, { log: () => {} });
+    const url = await r.listen();
+    const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: '{"stream":true}' });
+    const text = res.text();
+    let closed = false;
+    const closing = r.close().then(() => (closed = true));
+    await new Promise((resolve) => setTimeout(resolve, 150));
+    assert.equal(closed, false, "close() waits for the stream");
+    assert.equal((await fetch(`${url}/health`).then((x) => x.status, () => "refused")), "refused"); // no new connections
+    release();
+    assert.equal(await text, "data: 1\n\ndata: [DONE]\n\n");
+    await closing;
+  });
+
   it("admin routes add, list and remove workers at run time", async () => {
     const [w0, w1] = await fleet(2);
     const { r, url } = await router([w0!.url]);
