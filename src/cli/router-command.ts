@@ -38,6 +38,7 @@ export function registerRouterCommand(program: Command): void {
     .option("--disable-retries", "never send a request to a second worker (same as --max-retries 0)", false)
     .option("--max-payload-size <bytes>", "largest request body (413 above)", String(D.maxPayloadSize))
     .option("--max-inflight-per-worker <n>", "requests in flight per worker before it takes no more; 429 when all are full (0: no limit)", String(D.maxInflightPerWorker))
+    .option("--cors-allowed-origins <origins...>", "origins browsers may call the router from (default: any)")
     .addOption(new Option("--log-level <level>", "log level (debug: one line per routing decision)").choices([...LOG_LEVELS]).default(D.logLevel))
     .action(async (opts: Record<string, unknown>) => {
       await runRouter(parseRouterArgs(opts));
@@ -89,6 +90,7 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     maxRetries: o.disableRetries === true ? 0 : retries,
     maxPayloadSize: number(o.maxPayloadSize, "--max-payload-size", { min: 1, int: true }),
     maxInflightPerWorker: number(o.maxInflightPerWorker, "--max-inflight-per-worker", { int: true }),
+    corsAllowedOrigins: ((o.corsAllowedOrigins as string[] | undefined) ?? []).flatMap((x) => x.split(",")).map((x) => x.trim()).filter((x) => x !== ""),
     logLevel: o.logLevel as RouterConfig["logLevel"],
   };
   try {

@@ -163,6 +163,7 @@ function streamBack(
   worker: WorkerState, reason: string, response: http.IncomingMessage, raw: http.ServerResponse, release: () => void, metrics: RouterMetrics,
 ): void {
   const headers = forwardHeaders(response.headers, new Set());
+  for (const k of Object.keys(headers)) if (k.startsWith("access-control-")) delete headers[k]; // the router's CORS holds
   headers["x-kiln-worker"] = worker.url;
   headers["x-kiln-routing"] = reason;
   raw.writeHead(response.statusCode ?? 502, response.statusMessage, headers);

@@ -34,6 +34,8 @@ export interface RouterConfig {
   maxPayloadSize: number;
   /** Requests in flight per worker before it takes no more (429 when every healthy worker is full); 0 = no limit. */
   maxInflightPerWorker: number;
+  /** Origins allowed by CORS; empty allows any (vllm-router's --cors-allowed-origins). */
+  corsAllowedOrigins: string[];
   /** "debug" logs every routing decision to stderr. */
   logLevel: "debug" | "info" | "warning" | "error" | "critical";
 }
@@ -60,6 +62,7 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   maxRetries: 5,
   maxPayloadSize: 536_870_912,
   maxInflightPerWorker: 0,
+  corsAllowedOrigins: [],
   logLevel: "info",
 };
 

@@ -71,6 +71,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   // bodies are forwarded byte for byte; JSON is parsed here only to read the routing text
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, body, done) => done(null, body));
+  installCors(app, config.corsAllowedOrigins);
   app.setErrorHandler(async (err, request, reply) => {
     const e = toRouterError(err);
     metrics.error(request.routeOptions.url ?? request.url, e.code ?? "error");
@@ -207,4 +208,24 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
       agents.https.destroy();
     },
   };
+}
+
+/**
+ * CORS as vllm-router's --cors-allowed-origins: any origin when the list is empty, else only those listed; preflight
+ * OPTIONS answered here (the workers' own CORS headers are dropped from proxied answers: the router's policy holds).
+ */
+function installCors(app: FastifyInstance, origins: string[]): void {
+  app.addHook("onRequest", async (request, reply) => {
+    const origin = request.headers.origin;
+    if (origin === undefined || (origins.length > 0 && !origins.includes(origin))) return;
+    // on the raw response, so that hijacked (proxied) answers carry them too
+    reply.raw.setHeader("access-control-allow-origin", origins.length === 0 ? "*" : origin);
+    if (origins.length > 0) reply.raw.setHeader("vary", "Origin");
+    if (request.method === "OPTIONS") {
+      reply.raw.setHeader("access-control-allow-methods", "GET, POST, OPTIONS");
+      reply.raw.setHeader("access-control-allow-headers", request.headers["access-control-request-headers"] ?? "*");
+      reply.raw.setHeader("access-control-max-age", "600");
+      return reply.code(204).send();
+    }
+  });
 }

@@ -44,6 +44,7 @@ describe("kiln router flags", () => {
       "--health-success-threshold", "1", "--health-check-endpoint", "/ping", "--request-timeout-secs", "10", "--retry-max-retries", "2",
       "--max-payload-size", "1024", "--max-inflight-per-worker", "4", "--log-level", "debug",
       "--prefix-cache-scorer-weight", "5", "--queue-scorer-weight", "1", "--kv-cache-utilization-scorer-weight", "0",
+      "--cors-allowed-origins", "https://a.example", "https://b.example",
     );
     assert.deepEqual(c, {
       workerUrls: ["http://a:1", "http://b:2"], host: "0.0.0.0", port: 0, policy: "power_of_two", cacheThreshold: 0.5, balanceAbsThreshold: 8,
@@ -51,6 +52,7 @@ describe("kiln router flags", () => {
       healthFailureThreshold: 1, healthSuccessThreshold: 1, healthCheckEndpoint: "/ping", requestTimeoutMs: 10_000, maxRetries: 2,
       maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",
       prefixCacheScorerWeight: 5, queueScorerWeight: 1, kvCacheUtilizationScorerWeight: 0,
+      corsAllowedOrigins: ["https://a.example", "https://b.example"],
     });
     assert.equal(parse("--worker-urls", "http://a:1", "--max-retries", "3", "--disable-retries").maxRetries, 0);
   });

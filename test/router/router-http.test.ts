@@ -320,6 +320,25 @@ describe("router over HTTP (fake workers)", () => {
     await closing;
   });
 
+  it("CORS: preflight answered by the router; only allowed origins get the header, the workers' own are dropped", async () => {
+    const [w0] = await fleet(1);
+    w0!.handler = (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json", "access-control-allow-origin": "*" }).end("{}");
+      return true;
+    };
+    const open = await router([w0!.url]);
+    const pre = await fetch(`${open.url}/v1/chat/completions`, { method: "OPTIONS", headers: { origin: "https://x.example", "access-control-request-headers": "content-type" } });
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers.get("access-control-allow-origin"), "*");
+    assert.equal(pre.headers.get("access-control-allow-headers"), "content-type");
+    const strict = await router([w0!.url], { corsAllowedOrigins: ["https://ok.example"] });
+    const ok = await post(`${strict.url}/v1/completions`, { prompt: "x" }, { origin: "https://ok.example" });
+    assert.equal(ok.headers.get("access-control-allow-origin"), "https://ok.example");
+    const other = await post(`${strict.url}/v1/completions`, { prompt: "x" }, { origin: "https://evil.example" });
+    assert.equal(other.status, 200);
+    assert.equal(other.headers.get("access-control-allow-origin"), null); // the worker's "*" does not leak through
+  });
+
   it("admin routes add, list and remove workers at run time", async () => {
     const [w0, w1] = await fleet(2);
     const { r, url } = await router([w0!.url]);
