@@ -83,6 +83,8 @@ export function sendError(raw: http.ServerResponse, err: RouterError): void {
 export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: http.ServerResponse): Promise<void> {
   const { pool, policy, metrics, config } = ctx;
   const clientGone = new AbortController();
+  // registered before any await, so a close that comes early is not missed
+  const closed = new Promise<void>((resolve) => raw.once("close", resolve));
   raw.once("close", () => {
     if (!raw.writableFinished) clientGone.abort(new Error("client disconnected"));
   });
@@ -90,6 +92,7 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
   const signal = AbortSignal.any([clientGone.signal, deadline]);
   const tried = new Set<string>();
   let retries = 0;
+  let staleSocketRetried = false;
   let lastFailure: string | null = null;
   const fail = (err: RouterError, errorType: string): void => {
     metrics.error(req.route, errorType);
@@ -128,11 +131,18 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
     if (result.kind === "unreachable") {
       release();
       lastFailure = `${worker.url}: ${result.error}`;
-      // a kept-alive socket the worker had closed: the worker itself may be fine, try it again once
-      if (result.reusedSocket && retries === 0) tried.delete(worker.url);
-      else pool.markDown(worker.url, `request failed: ${result.error}`);
+      if (result.reusedSocket && !staleSocketRetried) {
+        // a kept-alive socket the worker had closed: the worker itself may be fine, so try it once more on a
+        // fresh connection (not counted as a retry: nothing reached a worker)
+        staleSocketRetried = true;
+        tried.delete(worker.url);
+        continue;
+      }
+      pool.markDown(worker.url, `request failed: ${result.error}`);
       ctx.log("warning", `worker ${worker.url} unreachable (${result.error})`);
-      if (retries++ >= config.maxRetries) return fail(new RouterError(502, `No worker could serve the request (last failure: ${lastFailure})`, "worker_unreachable"), "worker_unreachable");
+      if (!pool.healthy().some((w) => !tried.has(w.url))) continue; // none left: 503 at the top of the loop
+      if (retries >= config.maxRetries) return fail(new RouterError(502, `No worker could serve the request within --max-retries ${config.maxRetries} (last failure: ${lastFailure})`, "worker_unreachable"), "worker_unreachable");
+      retries++;
       metrics.retry();
       continue;
     }
@@ -153,8 +163,7 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
       continue;
     }
     streamBack(worker, decision.reason, response, raw, release, metrics);
-    await new Promise<void>((resolve) => raw.once("close", resolve));
-    return;
+    return closed;
   }
 }
 
@@ -162,6 +171,12 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
 function streamBack(
   worker: WorkerState, reason: string, response: http.IncomingMessage, raw: http.ServerResponse, release: () => void, metrics: RouterMetrics,
 ): void {
+  if (raw.destroyed) {
+    // the client left as the answer arrived
+    response.destroy();
+    release();
+    return;
+  }
   const headers = forwardHeaders(response.headers, new Set());
   for (const k of Object.keys(headers)) if (k.startsWith("access-control-")) delete headers[k]; // the router's CORS holds
   headers["x-kiln-worker"] = worker.url;

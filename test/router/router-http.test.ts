@@ -157,6 +157,20 @@ describe("router over HTTP (fake workers)", () => {
     assert.equal(sample(metrics, "vllm_router_active_workers"), 1);
   });
 
+  it("--max-retries 0: an unreachable worker is the router's 502 while others are up, 503 when it was the last", async () => {
+    const [w0, w1] = await fleet(2);
+    const { url } = await router([w0!.url, w1!.url], { policy: "round_robin", maxRetries: 0 });
+    await w0!.kill();
+    const r = await post(`${url}/v1/completions`, { prompt: "x" });
+    assert.equal(r.status, 502);
+    assertError(r.json(), "server_error", "worker_unreachable");
+    assert.equal((await post(`${url}/v1/completions`, { prompt: "x" })).status, 200); // w0 is down now: w1 only
+    await w1!.kill();
+    const last = await post(`${url}/v1/completions`, { prompt: "x" });
+    assert.equal(last.status, 503);
+    assertError(last.json(), "service_unavailable_error", "no_healthy_worker");
+  });
+
   it("no healthy worker: 503 with OpenAI's error object, from the API, /v1/models and /health", async () => {
     const { url } = await router([await deadUrl(), await deadUrl()]);
     const r = await post(`${url}/v1/chat/completions`, { messages: [{ role: "user", content: "hi" }] });
