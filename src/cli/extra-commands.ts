@@ -3,8 +3,9 @@
 //   (program) => program.command("train").argument("<recipe>").action(async (recipe) => { ... })
 import type { Command } from "commander";
 import { registerRunCommand } from "./launch.js";
+import { registerRouterCommand } from "./router-command.js";
 import { registerTrainCommands } from "./train-commands.js";
 
 export type CommandRegistrar = (program: Command) => void;
 
-export const extraCommands: CommandRegistrar[] = [registerTrainCommands, registerRunCommand];
+export const extraCommands: CommandRegistrar[] = [registerTrainCommands, registerRunCommand, registerRouterCommand];

@@ -1,0 +1,124 @@
+// `kiln router`: the fleet front door over several `kiln serve` workers, with vllm-router's flag names and defaults
+// (--worker-urls, --policy cache_aware|round_robin|random|power_of_two, the cache_aware thresholds, health checks,
+// timeouts, retries), plus --policy weighted with llm-d's scorer weights. Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+import { Option, type Command } from "commander";
+// the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
+import { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
+import { POLICY_NAMES } from "../router/routing-types.js";
+import { CliUsageError } from "./usage-error.js";
+
+const D = DEFAULT_ROUTER_CONFIG;
+const LOG_LEVELS = ["debug", "info", "warning", "error", "critical"] as const;
+
+export function registerRouterCommand(program: Command): void {
+  program
+    .command("router")
+    .description("route OpenAI requests across several `kiln serve` workers, aware of their prefix caches and load (vllm-router's flags)")
+    .requiredOption("--worker-urls <urls...>", "worker base URLs, e.g. http://127.0.0.1:8001 http://127.0.0.1:8002")
+    .option("--host <host>", "host name to listen on", D.host)
+    .option("--port <port>", "port to listen on (0: any free port)", String(D.port))
+    .addOption(new Option("--policy <policy>", "routing policy").choices([...POLICY_NAMES]).default(D.policy))
+    .option("--cache-threshold <ratio>", "cache_aware: a prefix match routes to its worker when matched/length is over this (0..1)", String(D.cacheThreshold))
+    .option("--balance-abs-threshold <n>", "cache_aware: the fleet is imbalanced when max - min load is over this ...", String(D.balanceAbsThreshold))
+    .option("--balance-rel-threshold <x>", "... and max load is over min load times this (>= 1); then the least loaded worker is chosen", String(D.balanceRelThreshold))
+    .option("--eviction-interval-secs <s>", "cache_aware: seconds between trims of the prefix tree to --max-tree-size", String(D.evictionIntervalMs / 1000))
+    .option("--eviction-interval <s>", "vllm-router's Rust spelling of --eviction-interval-secs")
+    .option("--max-tree-size <chars>", "cache_aware: characters of request text remembered per worker", String(D.maxTreeSize))
+    .option("--prefix-cache-scorer-weight <w>", "weighted: weight of the prefix-cache scorer (matched/length per worker)", String(D.prefixCacheScorerWeight))
+    .option("--queue-scorer-weight <w>", "weighted: weight of the queue scorer (least loaded 1, most loaded 0)", String(D.queueScorerWeight))
+    .option("--kv-cache-utilization-scorer-weight <w>", "weighted: weight of the KV-cache scorer (1 - vllm:kv_cache_usage_perc)", String(D.kvCacheUtilizationScorerWeight))
+    .option("--health-check-interval-secs <s>", "seconds between health checks of every worker", String(D.healthCheckIntervalMs / 1000))
+    .option("--health-check-timeout-secs <s>", "a health check not answered by then fails", String(D.healthCheckTimeoutMs / 1000))
+    .option("--health-failure-threshold <n>", "failed checks in a row before a worker is marked down", String(D.healthFailureThreshold))
+    .option("--health-success-threshold <n>", "passed checks in a row before a down worker is used again", String(D.healthSuccessThreshold))
+    .option("--health-check-endpoint <path>", "each worker's health path", D.healthCheckEndpoint)
+    .option("--request-timeout-secs <s>", "a worker's response must have ended by then (504 when nothing was sent yet)", String(D.requestTimeoutMs / 1000))
+    .option("--max-retries <n>", `other workers a request may go to when its worker cannot be reached or answers 502/503/504 (default ${D.maxRetries})`)
+    .option("--retry-max-retries <n>", "vllm-router's name of --max-retries")
+    .option("--disable-retries", "never send a request to a second worker (same as --max-retries 0)", false)
+    .option("--max-payload-size <bytes>", "largest request body (413 above)", String(D.maxPayloadSize))
+    .option("--max-inflight-per-worker <n>", "requests in flight per worker before it takes no more; 429 when all are full (0: no limit)", String(D.maxInflightPerWorker))
+    .option("--cors-allowed-origins <origins...>", "origins browsers may call the router from (default: any)")
+    .addOption(new Option("--log-level <level>", "log level (debug: one line per routing decision)").choices([...LOG_LEVELS]).default(D.logLevel))
+    .action(async (opts: Record<string, unknown>) => {
+      await runRouter(parseRouterArgs(opts));
+    });
+}
+
+function number(value: unknown, flag: string, { min = 0, max = Infinity, int = false, above = false } = {}): number {
+  const n = Number(value);
+  const ok = typeof value === "string" && value.trim() !== "" && Number.isFinite(n) && (above ? n > min : n >= min) && n <= max && (!int || Number.isInteger(n));
+  if (!ok) {
+    const range = max === Infinity ? `${above ? ">" : ">="} ${min}` : `in [${min}, ${max}]`;
+    throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} ${range}, got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
+/** Validates commander's raw values into a RouterConfig (CliUsageError naming the flag). */
+export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
+  const urls = (Array.isArray(o.workerUrls) ? o.workerUrls : [o.workerUrls]).filter((u): u is string => typeof u === "string");
+  // commas too, as a convenience (--worker-urls a,b)
+  const workerUrls = urls.flatMap((u) => u.split(",")).map((u) => u.trim()).filter((u) => u !== "");
+  if (workerUrls.length === 0) throw new CliUsageError("--worker-urls needs at least one URL, e.g. http://127.0.0.1:8001");
+  const secs = (key: string, flag: string): number => number(o[key], flag, { min: 0, above: true }) * 1000;
+  if (o.maxRetries !== undefined && o.retryMaxRetries !== undefined && o.maxRetries !== o.retryMaxRetries)
+    throw new CliUsageError("--max-retries and --retry-max-retries disagree: give one");
+  const retries = o.retryMaxRetries !== undefined ? number(o.retryMaxRetries, "--retry-max-retries", { int: true })
+    : o.maxRetries !== undefined ? number(o.maxRetries, "--max-retries", { int: true }) : D.maxRetries;
+  const endpoint = String(o.healthCheckEndpoint);
+  if (!endpoint.startsWith("/")) throw new CliUsageError(`--health-check-endpoint must be a path such as /health, got ${JSON.stringify(endpoint)}`);
+  const partial: Partial<RouterConfig> & { workerUrls: string[] } = {
+    workerUrls,
+    host: String(o.host),
+    port: number(o.port, "--port", { max: 65535, int: true }),
+    policy: o.policy as RouterConfig["policy"],
+    cacheThreshold: number(o.cacheThreshold, "--cache-threshold", { max: 1 }),
+    balanceAbsThreshold: number(o.balanceAbsThreshold, "--balance-abs-threshold", { int: true }),
+    balanceRelThreshold: number(o.balanceRelThreshold, "--balance-rel-threshold", { min: 1 }),
+    evictionIntervalMs: o.evictionInterval !== undefined ? secs("evictionInterval", "--eviction-interval") : secs("evictionIntervalSecs", "--eviction-interval-secs"),
+    maxTreeSize: number(o.maxTreeSize, "--max-tree-size", { min: 1, int: true }),
+    prefixCacheScorerWeight: number(o.prefixCacheScorerWeight, "--prefix-cache-scorer-weight"),
+    queueScorerWeight: number(o.queueScorerWeight, "--queue-scorer-weight"),
+    kvCacheUtilizationScorerWeight: number(o.kvCacheUtilizationScorerWeight, "--kv-cache-utilization-scorer-weight"),
+    healthCheckIntervalMs: secs("healthCheckIntervalSecs", "--health-check-interval-secs"),
+    healthCheckTimeoutMs: secs("healthCheckTimeoutSecs", "--health-check-timeout-secs"),
+    healthFailureThreshold: number(o.healthFailureThreshold, "--health-failure-threshold", { min: 1, int: true }),
+    healthSuccessThreshold: number(o.healthSuccessThreshold, "--health-success-threshold", { min: 1, int: true }),
+    healthCheckEndpoint: endpoint,
+    requestTimeoutMs: secs("requestTimeoutSecs", "--request-timeout-secs"),
+    maxRetries: o.disableRetries === true ? 0 : retries,
+    maxPayloadSize: number(o.maxPayloadSize, "--max-payload-size", { min: 1, int: true }),
+    maxInflightPerWorker: number(o.maxInflightPerWorker, "--max-inflight-per-worker", { int: true }),
+    corsAllowedOrigins: ((o.corsAllowedOrigins as string[] | undefined) ?? []).flatMap((x) => x.split(",")).map((x) => x.trim()).filter((x) => x !== ""),
+    logLevel: o.logLevel as RouterConfig["logLevel"],
+  };
+  try {
+    return resolveRouterConfig(partial);
+  } catch (e) {
+    if (e instanceof RouterConfigError) throw new CliUsageError(e.message); // the one check left: the worker URLs
+    throw e;
+  }
+}
+
+/** Starts the router, prints its banner, and on SIGTERM/SIGINT lets in-flight responses finish before exiting. */
+export async function runRouter(config: RouterConfig, out: NodeJS.WritableStream = process.stdout): Promise<void> {
+  const { createRouter } = await import("../router/index.js");
+  const router = createRouter(config);
+  const url = await router.listen();
+  const healthy = router.pool.healthy().length;
+  out.write(`Kiln router at ${url}/v1 (policy ${config.policy}, ${healthy}/${config.workerUrls.length} workers healthy: ${config.workerUrls.join(" ")})\n`);
+  await new Promise<void>((resolve) => {
+    const onSignal = (signal: NodeJS.Signals): void => {
+      process.off("SIGTERM", onSignal).off("SIGINT", onSignal);
+      process.stderr.write(`Received ${signal}: the router stops once in-flight responses have ended\n`);
+      const force = setTimeout(() => router.app.server.closeAllConnections(), 30_000);
+      force.unref();
+      void router.close().finally(() => {
+        clearTimeout(force);
+        resolve();
+      });
+    };
+    process.on("SIGTERM", onSignal).on("SIGINT", onSignal);
+  });
+}

@@ -1,0 +1,10 @@
+// The router layer (DESIGN.md: "fleet front door: prefix-cache + load aware routing, flow control").
+export { createRouter, PROXIED_POST_ROUTES, type Router, type RouterDeps } from "./router-server.js";
+export { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type RouterConfig } from "./router-config.js";
+export { createPolicy, leastLoaded, POLICY_NAMES, type PolicyName, type RoutingDecision, type RoutingPolicy, type RoutingReason, type WorkerView } from "./policies.js";
+export { CacheAwarePolicy, type CacheAwareOptions } from "./cache-aware-policy.js";
+export { WeightedPolicy, type WeightedOptions, type WorkerScores } from "./weighted-policy.js";
+export { PrefixTree, type PrefixMatch } from "./prefix-tree.js";
+export { routingText } from "./request-text.js";
+export { WorkerPool, normalizeWorkerUrl, readGauge, type WorkerState } from "./worker-pool.js";
+export { RouterError } from "./errors.js";

@@ -1,0 +1,65 @@
+// The text a request is routed by: what the worker will turn into its prompt, serialized so that a request whose
+// prompt extends another's (a conversation's next turn, a shared system prompt or few-shot block) gets a text that
+// extends the other's text. The router has no tokenizer or chat template: the text approximates the prompt, which is
+// all the approximate prefix tree needs.
+
+type Json = unknown;
+
+const isRecord = (v: Json): v is Record<string, Json> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/** A message's content: a string, or the text of its parts (other parts by their type, e.g. "[image_url]"). */
+function contentText(content: Json): string {
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) return content == null ? "" : JSON.stringify(content);
+  return content
+    .map((part) => {
+      if (typeof part === "string") return part;
+      if (!isRecord(part)) return "";
+      if (typeof part.text === "string") return part.text;
+      return `[${typeof part.type === "string" ? part.type : "part"}]`;
+    })
+    .join("");
+}
+
+/** Chat messages as "<role>\n<content>\n" per message, tool calls as their JSON; a prefix of turns gives a prefix of text. */
+export function messagesText(messages: Json): string {
+  if (!Array.isArray(messages)) return "";
+  let out = "";
+  for (const m of messages) {
+    if (!isRecord(m)) continue;
+    out += `${typeof m.role === "string" ? m.role : "user"}\n${contentText(m.content)}`;
+    if (m.tool_calls !== undefined) out += JSON.stringify(m.tool_calls);
+    out += "\n";
+  }
+  return out;
+}
+
+/** A prompt or input: a string, token ids ("1,2,3"), or a batch of those (joined by newlines). */
+export function promptText(prompt: Json): string {
+  if (typeof prompt === "string") return prompt;
+  if (!Array.isArray(prompt)) return "";
+  if (prompt.every((x) => typeof x === "number")) return prompt.join(",");
+  return prompt.map(promptText).join("\n");
+}
+
+/** Responses API input: a string, or items (messages and their content parts) in order, after the instructions. */
+function responsesText(body: Record<string, Json>): string {
+  const instructions = typeof body.instructions === "string" ? `system\n${body.instructions}\n` : "";
+  const input = body.input;
+  if (typeof input === "string") return `${instructions}user\n${input}\n`;
+  return instructions + messagesText(Array.isArray(input) ? input.filter(isRecord).map((it) => ({ role: it.role ?? it.type, content: it.content ?? it.output ?? "" })) : []);
+}
+
+/**
+ * The routing text of a parsed request body for an API path ("" when it has none: the policy balances load only).
+ * @example routingText("/v1/completions", { prompt: "Once upon" }) // "Once upon"
+ */
+export function routingText(path: string, body: Json): string {
+  if (!isRecord(body)) return "";
+  if (Array.isArray(body.messages)) return messagesText(body.messages); // chat, and /tokenize with messages
+  if (path.endsWith("/responses")) return responsesText(body);
+  for (const key of ["prompt", "input", "text", "query"]) {
+    if (body[key] !== undefined) return promptText(body[key]);
+  }
+  return "";
+}

@@ -1,0 +1,106 @@
+// The router's one typed config (vllm-router's flags and defaults, in milliseconds where it says seconds), and the
+// check of its invariants at construction. `kiln router` parses its flags into it (src/cli/router-args.ts).
+import { KilnError } from "../util/errors.js";
+import { POLICY_NAMES, type PolicyName } from "./routing-types.js";
+import { normalizeWorkerUrl } from "./worker-pool.js";
+
+export interface RouterConfig {
+  /** Worker base URLs (http://host:port, no /v1). */
+  workerUrls: string[];
+  host: string;
+  port: number;
+  policy: PolicyName;
+  cacheThreshold: number;
+  balanceAbsThreshold: number;
+  balanceRelThreshold: number;
+  /** How often cache_aware trims its tree to maxTreeSize. */
+  evictionIntervalMs: number;
+  /** Characters cache_aware's (and weighted's) tree keeps per worker. */
+  maxTreeSize: number;
+  /** weighted: the scorers' weights (llm-d's default profile: 3, 2, 2). */
+  prefixCacheScorerWeight: number;
+  queueScorerWeight: number;
+  kvCacheUtilizationScorerWeight: number;
+  healthCheckIntervalMs: number;
+  healthCheckTimeoutMs: number;
+  healthFailureThreshold: number;
+  healthSuccessThreshold: number;
+  healthCheckEndpoint: string;
+  /** A worker that has not finished its response by then is cut off (504 if nothing was sent yet). */
+  requestTimeoutMs: number;
+  /** Further workers a request may be sent to after the first could not be reached or was unavailable (502/503/504). */
+  maxRetries: number;
+  /** Largest request body in bytes (413 above). */
+  maxPayloadSize: number;
+  /** Requests in flight per worker before it takes no more (429 when every healthy worker is full); 0 = no limit. */
+  maxInflightPerWorker: number;
+  /** Origins allowed by CORS; empty allows any (vllm-router's --cors-allowed-origins). */
+  corsAllowedOrigins: string[];
+  /** "debug" logs every routing decision to stderr. */
+  logLevel: "debug" | "info" | "warning" | "error" | "critical";
+}
+
+/** vllm-router's defaults (its --port 30000, --host 127.0.0.1, --policy cache_aware ...). */
+export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
+  host: "127.0.0.1",
+  port: 30000,
+  policy: "cache_aware",
+  cacheThreshold: 0.3,
+  balanceAbsThreshold: 64,
+  balanceRelThreshold: 1.5,
+  evictionIntervalMs: 120_000,
+  maxTreeSize: 67_108_864,
+  prefixCacheScorerWeight: 3,
+  queueScorerWeight: 2,
+  kvCacheUtilizationScorerWeight: 2,
+  healthCheckIntervalMs: 60_000,
+  healthCheckTimeoutMs: 5_000,
+  healthFailureThreshold: 3,
+  healthSuccessThreshold: 2,
+  healthCheckEndpoint: "/health",
+  requestTimeoutMs: 1_800_000,
+  maxRetries: 5,
+  maxPayloadSize: 536_870_912,
+  maxInflightPerWorker: 0,
+  corsAllowedOrigins: [],
+  logLevel: "info",
+};
+
+export class RouterConfigError extends KilnError {
+  override name = "RouterConfigError";
+}
+
+/** The config with defaults filled in and worker URLs normalized; throws RouterConfigError naming what is wrong. */
+export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrls: string[] }): RouterConfig {
+  const c: RouterConfig = { ...DEFAULT_ROUTER_CONFIG, ...partial };
+  if (c.workerUrls.length === 0) throw new RouterConfigError("the router needs at least one worker URL");
+  const urls = c.workerUrls.map((u) => {
+    try {
+      return normalizeWorkerUrl(u);
+    } catch (e) {
+      throw new RouterConfigError((e as Error).message);
+    }
+  });
+  const dup = urls.find((u, i) => urls.indexOf(u) !== i);
+  if (dup !== undefined) throw new RouterConfigError(`worker URL ${dup} is given twice`);
+  if (!(POLICY_NAMES as readonly string[]).includes(c.policy)) throw new RouterConfigError(`unknown policy ${JSON.stringify(c.policy)}`);
+  const range = (key: keyof RouterConfig, lo: number, hi = Infinity, int = false): void => {
+    const v = c[key] as number;
+    if (typeof v !== "number" || !(v >= lo && v <= hi) || (int && !Number.isInteger(v)))
+      throw new RouterConfigError(`${key} must be ${int ? "an integer" : "a number"} in [${lo}, ${hi}], got ${v}`);
+  };
+  range("port", 0, 65535, true);
+  range("cacheThreshold", 0, 1);
+  range("balanceAbsThreshold", 0, Infinity, true);
+  range("balanceRelThreshold", 1);
+  range("maxTreeSize", 1, Infinity, true);
+  for (const key of ["prefixCacheScorerWeight", "queueScorerWeight", "kvCacheUtilizationScorerWeight"] as const) range(key, 0);
+  range("maxRetries", 0, Infinity, true);
+  range("maxInflightPerWorker", 0, Infinity, true);
+  range("healthFailureThreshold", 1, Infinity, true);
+  range("healthSuccessThreshold", 1, Infinity, true);
+  range("maxPayloadSize", 1, Infinity, true);
+  for (const key of ["evictionIntervalMs", "healthCheckIntervalMs", "healthCheckTimeoutMs", "requestTimeoutMs"] as const) range(key, 1);
+  if (!c.healthCheckEndpoint.startsWith("/")) throw new RouterConfigError(`healthCheckEndpoint must be a path such as /health, got ${c.healthCheckEndpoint}`);
+  return { ...c, workerUrls: urls };
+}

@@ -1,0 +1,94 @@
+// `kiln router`'s flags: vllm-router's names and defaults parsed into RouterConfig, and clear usage errors.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { Command } from "commander";
+import { parseRouterArgs, registerRouterCommand } from "../../src/cli/router-command.js";
+import { CliUsageError } from "../../src/cli/usage-error.js";
+import { DEFAULT_ROUTER_CONFIG } from "../../src/router/router-config.js";
+
+const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
+const kiln = (...args: string[]) => spawnSync(process.execPath, [`${root}/bin/kiln`, ...args], { encoding: "utf8", timeout: 10_000 });
+
+/** The router command's raw option values for `args`, as commander parses them (no action run). */
+function rawOptions(args: string[]): Record<string, unknown> {
+  const program = new Command().exitOverride();
+  registerRouterCommand(program);
+  const cmd = program.commands.find((c) => c.name() === "router")!;
+  cmd.exitOverride().action(() => {});
+  program.parse(["node", "kiln", "router", ...args]);
+  return cmd.opts();
+}
+const parse = (...args: string[]) => parseRouterArgs(rawOptions(args));
+
+describe("kiln router flags", () => {
+  it("defaults are vllm-router's", () => {
+    const c = parse("--worker-urls", "http://127.0.0.1:8001/", "http://127.0.0.1:8002");
+    assert.deepEqual(c, { ...DEFAULT_ROUTER_CONFIG, workerUrls: ["http://127.0.0.1:8001", "http://127.0.0.1:8002"] });
+    assert.equal(c.policy, "cache_aware");
+    assert.equal(c.cacheThreshold, 0.3);
+    assert.equal(c.balanceAbsThreshold, 64);
+    assert.equal(c.balanceRelThreshold, 1.5);
+    assert.equal(c.port, 30000);
+    assert.equal(c.healthCheckIntervalMs, 60_000);
+    assert.equal(c.requestTimeoutMs, 1_800_000);
+    assert.equal(c.maxRetries, 5);
+  });
+
+  it("every flag reaches the config", () => {
+    const c = parse(
+      "--worker-urls", "http://a:1,http://b:2", "--host", "0.0.0.0", "--port", "0", "--policy", "power_of_two",
+      "--cache-threshold", "0.5", "--balance-abs-threshold", "8", "--balance-rel-threshold", "1.1", "--eviction-interval", "30",
+      "--max-tree-size", "1000", "--health-check-interval-secs", "0.5", "--health-check-timeout-secs", "2", "--health-failure-threshold", "1",
+      "--health-success-threshold", "1", "--health-check-endpoint", "/ping", "--request-timeout-secs", "10", "--retry-max-retries", "2",
+      "--max-payload-size", "1024", "--max-inflight-per-worker", "4", "--log-level", "debug",
+      "--prefix-cache-scorer-weight", "5", "--queue-scorer-weight", "1", "--kv-cache-utilization-scorer-weight", "0",
+      "--cors-allowed-origins", "https://a.example", "https://b.example",
+    );
+    assert.deepEqual(c, {
+      workerUrls: ["http://a:1", "http://b:2"], host: "0.0.0.0", port: 0, policy: "power_of_two", cacheThreshold: 0.5, balanceAbsThreshold: 8,
+      balanceRelThreshold: 1.1, evictionIntervalMs: 30_000, maxTreeSize: 1000, healthCheckIntervalMs: 500, healthCheckTimeoutMs: 2000,
+      healthFailureThreshold: 1, healthSuccessThreshold: 1, healthCheckEndpoint: "/ping", requestTimeoutMs: 10_000, maxRetries: 2,
+      maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",
+      prefixCacheScorerWeight: 5, queueScorerWeight: 1, kvCacheUtilizationScorerWeight: 0,
+      corsAllowedOrigins: ["https://a.example", "https://b.example"],
+    });
+    assert.equal(parse("--worker-urls", "http://a:1", "--max-retries", "3", "--disable-retries").maxRetries, 0);
+  });
+
+  it("bad values are usage errors naming the flag", () => {
+    const cases: [string[], RegExp][] = [
+      [["--cache-threshold", "1.5"], /--cache-threshold must be a number in \[0, 1\], got "1.5"/],
+      [["--balance-abs-threshold", "-1"], /--balance-abs-threshold must be an integer >= 0/],
+      [["--balance-rel-threshold", "0.5"], /--balance-rel-threshold must be a number >= 1/],
+      [["--port", "70000"], /--port must be an integer in \[0, 65535\]/],
+      [["--health-check-interval-secs", "0"], /--health-check-interval-secs must be a number > 0/],
+      [["--request-timeout-secs", "soon"], /--request-timeout-secs must be a number > 0, got "soon"/],
+      [["--max-retries", "1.5"], /--max-retries must be an integer/],
+      [["--max-retries", "1", "--retry-max-retries", "2"], /disagree/],
+      [["--health-check-endpoint", "health"], /--health-check-endpoint must be a path/],
+      [["--queue-scorer-weight", "-2"], /--queue-scorer-weight must be a number >= 0/],
+    ];
+    for (const [args, message] of cases) {
+      assert.throws(() => parse("--worker-urls", "http://a:1", ...args), (e: unknown) => e instanceof CliUsageError && message.test((e as Error).message), args.join(" "));
+    }
+    assert.throws(() => parse("--worker-urls", "localhost:8000"), /must be http:\/\/ or https:\/\//);
+    assert.throws(() => parse("--worker-urls", "http://a:1", "http://a:1/"), /given twice/);
+  });
+
+  it("the command refuses unknown flags, bad choices and missing workers before starting", () => {
+    const unknown = kiln("router", "--worker-urls", "http://127.0.0.1:1", "--bogus-flag");
+    assert.notEqual(unknown.status, 0);
+    assert.match(unknown.stderr, /unknown option '--bogus-flag'/);
+    const policy = kiln("router", "--worker-urls", "http://127.0.0.1:1", "--policy", "least_loaded");
+    assert.notEqual(policy.status, 0);
+    assert.match(policy.stderr, /Allowed choices are cache_aware, round_robin, random, power_of_two, weighted/);
+    const missing = kiln("router");
+    assert.notEqual(missing.status, 0);
+    assert.match(missing.stderr, /--worker-urls/);
+    const bad = kiln("router", "--worker-urls", "http://127.0.0.1:1", "--cache-threshold", "2");
+    assert.equal(bad.status, 2);
+    assert.match(bad.stderr, /kiln: error: --cache-threshold must be a number in \[0, 1\]/);
+  });
+});

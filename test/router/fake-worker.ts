@@ -1,0 +1,82 @@
+// A scriptable stand-in for a `kiln serve` worker (plain node:http on 127.0.0.1), for router tests that need to
+// control timing and failures: /health, /metrics with vLLM's load gauges, /v1/models, and an echo of every POST.
+import * as http from "node:http";
+import type { AddressInfo } from "node:net";
+
+export interface SeenRequest {
+  method: string;
+  path: string;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+export type Handler = (req: http.IncomingMessage, res: http.ServerResponse, body: string) => boolean | void | Promise<boolean | void>;
+
+export interface FakeWorker {
+  readonly name: string;
+  readonly url: string;
+  readonly seen: SeenRequest[];
+  /** Status /health answers (200 by default). */
+  healthStatus: number;
+  /** vllm:num_requests_running reported by /metrics. */
+  running: number;
+  /** The model /v1/models lists. */
+  model: string;
+  /** Runs first for every request but /health and /metrics; returning true means it answered. */
+  handler: Handler | null;
+  /** Stops listening and drops every connection (a crashed worker). */
+  kill(): Promise<void>;
+}
+
+export async function startFakeWorker(name: string): Promise<FakeWorker> {
+  const seen: SeenRequest[] = [];
+  const worker: FakeWorker = {
+    name, url: "", seen, healthStatus: 200, running: 0, model: "tiny", handler: null,
+    kill: async () => {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+  const server = http.createServer((req, res) => {
+    let body = "";
+    req.setEncoding("utf8");
+    req.on("data", (d: string) => (body += d));
+    req.on("end", () => {
+      void (async () => {
+        const path = req.url ?? "/";
+        if (path === "/health") return res.writeHead(worker.healthStatus).end();
+        if (path === "/metrics") {
+          const labels = `{model_name="${worker.model}"}`;
+          return res.end(`# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running${labels} ${worker.running}\n` +
+            `vllm:num_requests_waiting${labels} 0\nvllm:kv_cache_usage_perc${labels} 0.25\n`);
+        }
+        seen.push({ method: req.method ?? "", path, headers: req.headers, body });
+        if (worker.handler !== null && (await worker.handler(req, res, body)) === true) return;
+        if (path === "/v1/models") {
+          res.setHeader("content-type", "application/json");
+          return res.end(JSON.stringify({ object: "list", data: [{ id: worker.model, object: "model", owned_by: name }] }));
+        }
+        res.writeHead(200, { "content-type": "application/json", "x-worker-name": name });
+        res.end(JSON.stringify({ worker: name, path, body }));
+      })();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  (worker as { url: string }).url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return worker;
+}
+
+/** A URL on 127.0.0.1 where nothing listens (a port just freed). */
+export async function deadUrl(): Promise<string> {
+  const s = http.createServer();
+  await new Promise<void>((resolve) => s.listen(0, "127.0.0.1", resolve));
+  const port = (s.address() as AddressInfo).port;
+  await new Promise<void>((resolve) => s.close(() => resolve()));
+  return `http://127.0.0.1:${port}`;
+}
+
+/** Reads one sample of a Prometheus text: the first line of `name` whose labels contain `labels`. */
+export function sample(text: string, name: string, labels = ""): number | undefined {
+  const line = text.split("\n").find((l) => (l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(labels));
+  return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1));
+}
