@@ -14,6 +14,7 @@ import { registerResponsesRoutes } from "./serving-responses.js";
 import { handleEmbeddings, refuseOnPoolingRunner } from "./serving-embeddings.js";
 import { handleRerank, handleScore } from "./serving-score.js";
 import { handleClassify } from "./serving-classify.js";
+import { handlePooling } from "./serving-pooling.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
@@ -223,6 +224,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"])
     app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleRerank(bound(), request, reply));
   for (const path of ["/classify", "/v1/classify"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleClassify(bound(), request, reply));
+  app.post("/pooling", (request: FastifyRequest, reply: FastifyReply) => handlePooling(bound(), request, reply));
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
 

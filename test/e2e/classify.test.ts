@@ -78,6 +78,11 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       assert.equal(body.usage.prompt_tokens, TEXTS.reduce((n, t) => n + tok.encode(t).length, 0));
       const one = await postRaw(server.url, "/v1/classify", { model: server.model, input: TEXTS[0] });
       assert.deepEqual((one.body as typeof body).data[0]!.probs, body.data[0]!.probs);
+      // vLLM's /pooling on a classifier: the same probabilities, raw
+      const pooled = await postRaw(server.url, "/pooling", { model: server.model, input: TEXTS });
+      assert.equal(pooled.status, 200, JSON.stringify(pooled.body));
+      assert.deepEqual((pooled.body as { data: { object: string; data: number[] }[] }).data.map((d) => [d.object, d.data]), body.data.map((d) => ["pooling", d.probs]));
+      assert.equal((await postRaw(server.url, "/pooling", { model: server.model, input: "x", task: "embed" })).status, 400);
       for (const [path, req] of [
         ["/v1/embeddings", { model: server.model, input: "x" }],
         ["/v1/chat/completions", { model: server.model, messages: [{ role: "user", content: "x" }] }],

@@ -40,6 +40,24 @@ describe("kiln serve --runner pooling (e2e)", () => {
     assertClose((f.body as { data: { embedding: number[] }[] }).data[0]!.embedding, want[1]!, "float");
   });
 
+  it("POST /pooling: vLLM's PoolingResponse with each input's embedding; other tasks refused", async () => {
+    const r = await postRaw(server.url, "/pooling", { model: server.model, input: inputs });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    const body = r.body as { id: string; object: string; data: { index: number; object: string; data: number[] }[]; usage: { prompt_tokens: number } };
+    assert.match(body.id, /^pool-[0-9a-f]{32}$/);
+    assert.equal(body.object, "list");
+    assert.deepEqual(body.data.map((d) => [d.index, d.object]), [[0, "pooling"], [1, "pooling"]]);
+    body.data.forEach((d, i) => assertClose(d.data, want[i]!, `pooling ${i}`));
+    const b64 = await postRaw(server.url, "/pooling", { model: server.model, input: inputs[0], task: "embed", encoding_format: "base64" });
+    const bytes = Buffer.from((b64.body as { data: { data: string }[] }).data[0]!.data, "base64");
+    assertClose(Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4)), want[0]!, "pooling base64");
+    for (const [extra, param] of [[{ task: "classify" }, "task"], [{ task: "token_embed" }, "task"], [{ task: "nope" }, "task"], [{ dimensions: 8 }, "dimensions"]] as const) {
+      const bad = await postRaw(server.url, "/pooling", { model: server.model, input: "x", ...extra });
+      assert.equal(bad.status, 400);
+      assertErrorBody(bad.body, { type: "invalid_request_error", param });
+    }
+  });
+
   it("takes chat messages, embed_dtype float16 and truncate_prompt_tokens -1 as vLLM does", async () => {
     const embed = async (extra: Record<string, unknown>) => {
       const r = await postRaw(server.url, "/v1/embeddings", { model: server.model, encoding_format: "float", ...extra });
@@ -81,12 +99,15 @@ describe("kiln serve --runner pooling (e2e)", () => {
   });
 });
 
-it("a generating server refuses /v1/embeddings as vLLM does", async () => {
+it("a generating server refuses /v1/embeddings and /pooling as vLLM does", async () => {
   const s = await startTestServer();
   try {
     const r = await postRaw(s.url, "/v1/embeddings", { model: "kiln-test", input: "x" });
     assert.equal(r.status, 400);
     assertErrorBody(r.body, { type: "invalid_request_error", message: /does not support Embeddings API/ });
+    const p = await postRaw(s.url, "/pooling", { model: "kiln-test", input: "x" });
+    assert.equal(p.status, 400);
+    assertErrorBody(p.body, { type: "invalid_request_error", message: /does not support Pooling API/ });
   } finally {
     await s.close();
   }
