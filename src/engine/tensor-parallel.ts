@@ -101,24 +101,23 @@ export class TpLeader {
   }
 
   /**
-   * The error to report for `err` thrown by a step: when a rank has died (checked now, synchronously), an error
-   * naming it; else err.
+   * The error to report for `err` thrown by a step: when a rank has died, an error naming it; else err. Checked
+   * synchronously (the exit event may not have run yet), waiting up to `waitMs` for a transport error's cause: a
+   * killed rank's sockets close moments before it becomes a zombie.
    */
-  explain(err: unknown): unknown {
+  explain(err: unknown, waitMs = 1000): unknown {
     if (this.failure !== null) return this.failure;
-    for (const { rank, child } of this.ranks) {
-      let alive = true;
-      try {
-        process.kill(child.pid!, 0);
-      } catch {
-        alive = false;
-      }
-      if (!alive || child.exitCode !== null) {
+    const transport = err instanceof dist.DistributedBackendError;
+    const deadline = Date.now() + (transport ? waitMs : 0);
+    for (;;) {
+      const dead = this.ranks.find(({ child }) => child.exitCode !== null || child.signalCode !== null || processGone(child.pid!));
+      if (dead !== undefined) {
         const cause = err instanceof Error ? err.message : String(err);
-        return new TensorParallelRankError(`[tensor_parallel] rank ${rank} (pid ${child.pid}) died during a step${this.detail(rank)} (${cause})`);
+        return new TensorParallelRankError(`[tensor_parallel] rank ${dead.rank} (pid ${dead.child.pid}) died during a step${this.detail(dead.rank)} (${cause})`);
       }
+      if (Date.now() >= deadline) return err;
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20); // a fatal path: a short blocking wait is fine
     }
-    return err;
   }
 
   broadcastKvSpec(spec: TpKvSpec): void {
@@ -172,6 +171,23 @@ export class TpLeader {
         });
       }),
     );
+  }
+}
+
+/** Whether process `pid` has exited (a zombie not yet reaped counts: its exit event has not run). */
+function processGone(pid: number): boolean {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3);
+    return state === "Z" || state === "X";
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT" && fs.existsSync("/proc/self/stat")) return true;
+  }
+  try {
+    process.kill(pid, 0); // no /proc: a zombie still counts as alive here
+    return false;
+  } catch {
+    return true;
   }
 }
 

@@ -113,12 +113,27 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
     while (alive(rank1) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     assert.equal(alive(rank1), false, "close() stopped rank 1");
 
+    // killed while the engine idles: the engine fails at once (generate throws), naming the rank
     const b = await WorkerEngine.create(args);
     const [victim] = childPids().filter(alive);
     process.kill(victim!, "SIGKILL");
     await new Promise((r) => setTimeout(r, 300));
-    // noticed while idle (the engine is failed: generate throws) or by the next step, either way naming the rank
-    await assert.rejects(async () => final(b.generate({ promptTokenIds: [5, 6, 7] }, params, { requestId: "y" })), /rank 1 \(pid \d+\) (exited|died)/);
+    await assert.rejects(async () => final(b.generate({ promptTokenIds: [5, 6, 7] }, params, { requestId: "y" })), /rank 1 \(pid \d+\) exited \(SIGKILL\)/);
     await b.close();
+
+    // killed mid-stream: the running request fails naming the rank (no hang in the all-reduce)
+    const c = await WorkerEngine.create({ ...args, maxModelLen: 256, kvCacheMemory: 2 * 2 ** 20 });
+    const [victim2] = childPids().filter(alive);
+    const long = c.generate({ promptTokenIds: [5, 6, 7] }, { temperature: 0, maxTokens: 200, ignoreEos: true }, { requestId: "z", delta: true });
+    const failed = (async () => {
+      let n = 0;
+      for await (const o of long) {
+        n += o.outputs[0]!.tokenIds.length;
+        if (n >= 2 && alive(victim2!)) process.kill(victim2!, "SIGKILL");
+      }
+      return n;
+    })();
+    await assert.rejects(failed, /rank 1 \(pid \d+\) (exited|died)/);
+    await c.close();
   });
 });
