@@ -129,7 +129,7 @@ async function main(): Promise<void> {
     } catch (err) {
       // A failed step leaves the engine state untrustworthy: fail every stream (as AsyncLLM does) and stop.
       post({ type: "fatal", error: toWireError(tp?.explain(err) ?? err) });
-      void tp?.shutdown(500);
+      void tp?.shutdown(0, false); // the other ranks may wait in a collective of the failed step
       port.close();
       return;
     }
@@ -197,6 +197,7 @@ async function main(): Promise<void> {
   // a tensor-parallel rank that dies while the engine idles fails it now, not at the next request
   tp?.onFailure((err) => {
     post({ type: "fatal", error: toWireError(err) });
+    void tp.shutdown(0, false); // the surviving ranks, if any
     port.close();
   });
   post({

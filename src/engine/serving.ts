@@ -469,6 +469,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
   }
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 0);
   const tp = await startTensorParallel({ model: resolved.path, dtype: args.dtype, revision: args.revision, tokenizer: args.tokenizer }, size);
+  args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 1);
   try {
     const loaded = await loadModel(resolved.path, {
       dtype: args.dtype,

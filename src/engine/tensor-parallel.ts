@@ -142,11 +142,15 @@ export class TpLeader {
     broadcastInts(payload, this.tp);
   }
 
-  /** Stops the other ranks (a stop message, then SIGKILL after `graceMs`) and leaves the group. */
-  async shutdown(graceMs = 3000): Promise<void> {
+  /**
+   * Stops the other ranks (a stop message, then SIGKILL after `graceMs`) and leaves the group. `graceful` false (after
+   * a failed step, when the ranks may sit in a collective this one left) kills them without a message.
+   */
+  async shutdown(graceMs = 3000, graceful = true): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
-    if (this.failure === null) {
+    if (!graceful) this.ranks.forEach(({ child }) => child.kill("SIGKILL"));
+    else if (this.failure === null) {
       try {
         const h = new Int32Array(HEADER);
         h[0] = KIND_STOP;

@@ -97,6 +97,7 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
       WorkerEngine.create({ model, maxModelLen: 64, kvCacheMemory: 2 ** 20, tensorParallelSize: 2, quantization: "int8" }),
       /invalid quantization: quantization int8 is not supported with tensor_parallel_size > 1/,
     );
+    assert.throws(() => new LLM({ model, maxModelLen: 64, kvCacheMemory: 2 ** 20, tensorParallelSize: 2 }), /synchronous LLM runs one rank/);
     assert.deepEqual(childPids().filter(alive), [], "no rank was spawned");
   });
 
