@@ -60,6 +60,9 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
     ["GQA Llama (4 heads, 2 KV heads)", tinyModelDir("LlamaForCausalLM")],
     ["MHA Llama (4 heads, 4 KV heads)", tinyModelDir("LlamaForCausalLM", { overrides: { num_key_value_heads: 4 } })],
     ["Qwen2 (q/k/v biases)", tinyModelDir("Qwen2ForCausalLM")],
+    ["Qwen3 (per-head q/k norms)", tinyModelDir("Qwen3ForCausalLM")],
+    ["Gemma 2 (GELU MLP, soft-capping, four norms)", tinyModelDir("Gemma2ForCausalLM")],
+    ["Phi-3 (q/k/v and gate/up fused in the checkpoint)", tinyModelDir("Phi3ForCausalLM")],
   ];
   for (const [name, model] of models) {
     it(`${name}: greedy tokens and logprobs equal a single rank's`, { timeout: 60_000 }, async () => {
@@ -75,18 +78,22 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
           assert.deepEqual(out.outputs[0]!.tokenIds, ref[i]!.outputs[0]!.tokenIds, `${name}: prompt ${i}`);
           assertLogprobsClose(out, ref[i]!, 1e-4, `${name}: prompt ${i}`);
         });
-        // the same KV heads per rank would be twice as many blocks: each rank caches half of them
-        const single = await WorkerEngine.create(args);
-        try {
-          assert.ok(engine.numBlocks > single.numBlocks, `TP 2 blocks ${engine.numBlocks} vs TP 1 ${single.numBlocks}`);
-        } finally {
-          await single.close();
-        }
       } finally {
         await engine.close();
       }
     });
   }
+
+  it("each rank caches its KV heads: twice the blocks of one rank for the same KV memory", { timeout: 30_000 }, async () => {
+    const args: ServingArgs = { model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 256, kvCacheMemory: 2 * 1024 ** 2, enforceEager: true };
+    const single = await WorkerEngine.create(args);
+    const split = await WorkerEngine.create({ ...args, tensorParallelSize: 2 });
+    try {
+      assert.equal(split.numBlocks, 2 * single.numBlocks, `TP 2 blocks ${split.numBlocks} vs TP 1 ${single.numBlocks}`);
+    } finally {
+      await Promise.all([single.close(), split.close()]);
+    }
+  });
 
   it("refuses a head count the ranks cannot divide, naming the field", { timeout: 30_000 }, async () => {
     const model = tinyModelDir("LlamaForCausalLM");
