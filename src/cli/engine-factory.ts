@@ -68,6 +68,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     maxLogprobs: args.maxLogprobs,
     enableChunkedPrefill: args.enableChunkedPrefill ?? undefined,
     longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
+    ...(args.tensorParallelSize > 1 ? { tensorParallelSize: args.tensorParallelSize } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
   const specs = args.logitsProcessors;
@@ -117,7 +118,7 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     import("../engine/logits-processors.js"),
   ]);
   const exports = await loadLogitsProcessors(specs); // before the model, as the worker does
-  const { loaded, runner, engineArgs, kvTokens } = await createServingSetup(servingArgs);
+  const { loaded, runner, engineArgs, kvTokens, tp } = await createServingSetup(servingArgs);
   const logitsProcessors = instantiateLogitsProcessors(exports, { vocabSize: runner.vocabSize }, specs);
   return {
     engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs, logitsProcessors }),
@@ -128,7 +129,10 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     kvTokens,
     kvCacheDtype: runner.kvCacheDtype,
     vocabSize: runner.vocabSize,
-    close: async () => runner.dispose(),
+    close: async () => {
+      await tp?.shutdown(); // the other tensor-parallel ranks, if any
+      runner.dispose();
+    },
   };
 }
 

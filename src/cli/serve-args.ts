@@ -199,10 +199,8 @@ function parseLogitsProcessors(value: unknown): string[] {
 
 /** Validates commander's raw option values (all strings) into ServeArgs. */
 export function parseServeArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): ServeArgs {
+  // > 1: ranks 1..N-1 are processes the engine spawns (engine/tensor-parallel.ts); runs eagerly
   const tp = int(o.tensorParallelSize ?? "1", "--tensor-parallel-size", 1);
-  if (tp > 1) {
-    throw new CliUsageError(`--tensor-parallel-size ${tp} is not supported until distributed lands (only 1 is supported today)`);
-  }
   const gmu = Number(o.gpuMemoryUtilization ?? "0.9");
   if (!(gmu > 0 && gmu <= 1)) throw new CliUsageError(`--gpu-memory-utilization must be a fraction in (0, 1], got ${JSON.stringify(o.gpuMemoryUtilization)}`);
 

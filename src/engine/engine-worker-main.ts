@@ -96,7 +96,7 @@ async function main(): Promise<void> {
   // The caller's thread builds its own tokenizer meanwhile; this one needs only the EOS ids before "ready", then
   // a decoder (no BPE merges: this thread encodes only bad_words).
   const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) }, { deferTokenizerBuild: true });
-  const { loaded, runner, engineArgs, kvTokens } = setup;
+  const { loaded, runner, engineArgs, kvTokens, tp } = setup;
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
   const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
   const resolved = resolveEngineArgs(engineArgs);
@@ -128,7 +128,8 @@ async function main(): Promise<void> {
       if (core.hasUnfinishedRequests()) wire(core.step());
     } catch (err) {
       // A failed step leaves the engine state untrustworthy: fail every stream (as AsyncLLM does) and stop.
-      post({ type: "fatal", error: toWireError(err) });
+      post({ type: "fatal", error: toWireError(tp?.explain(err) ?? err) });
+      void tp?.shutdown(0, false); // the other ranks may wait in a collective of the failed step
       port.close();
       return;
     }
@@ -186,10 +187,19 @@ async function main(): Promise<void> {
       case "removeLora":
         pendingLora.push({ id: m.id, error: null, removed: core.removeLora(m.loraId) });
         break;
+      case "close":
+        void (tp?.shutdown() ?? Promise.resolve()).then(() => post({ type: "closed" }));
+        return;
     }
     kick();
   });
 
+  // a tensor-parallel rank that dies while the engine idles fails it now, not at the next request
+  tp?.onFailure((err) => {
+    post({ type: "fatal", error: toWireError(err) });
+    void tp.shutdown(0, false); // the surviving ranks, if any
+    port.close();
+  });
   post({
     type: "ready",
     maxModelLen: engineArgs.maxModelLen,

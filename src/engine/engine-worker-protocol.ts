@@ -36,7 +36,9 @@ export type ToWorker =
   | { type: "sync"; id: number }
   /** LoRA adapters (vLLM's add_lora / remove_lora): answered in the next update's loraReplies under `id`. */
   | { type: "addLora"; id: number; lora: LoraRequest }
-  | { type: "removeLora"; id: number; loraId: number };
+  | { type: "removeLora"; id: number; loraId: number }
+  /** Before termination: the worker stops what outlives a thread (tensor-parallel rank processes), then says "closed". */
+  | { type: "close" };
 
 /** An error as it crosses the thread boundary; rebuilt into the same class on the caller's side. */
 export interface WireError {
@@ -109,7 +111,9 @@ export type FromWorker =
       stats: EngineStats;
     }
   /** The model failed to load or a step threw: every stream ends with this error. */
-  | { type: "fatal"; error: WireError };
+  | { type: "fatal"; error: WireError }
+  /** The answer to "close". */
+  | { type: "closed" };
 
 export function toWireError(e: unknown): WireError {
   if (!(e instanceof Error)) return { name: "Error", message: String(e) };

@@ -64,10 +64,57 @@ function poolChunks(h: Float32Array, seqs: ScheduledBatch["sequences"], pooling:
   return out;
 }
 
+/** One step's flat model inputs: what each tensor-parallel rank needs to run the same forward. */
+export interface StepInputs {
+  ids: Int32Array; // [T]
+  positions: Int32Array; // [T]
+  slotMapping: Int32Array; // [T]
+  blockTables: Int32Array; // [numSeqs * maxBlocks], row-major
+  queryStart: Int32Array; // [numSeqs + 1]
+  seqLens: Int32Array; // [numSeqs]
+  loraSlots: Int32Array | null; // [T]
+}
+
+/** The batch's flat inputs, the rows to sample (logits) and the prompt-logits rows of each request. */
+function stepInputs(batch: ScheduledBatch, lora: boolean): { inputs: StepInputs; rows: number[]; promptRows: Map<string, [number, number]> } {
+  const seqs = batch.sequences;
+  const T = batch.numTokens;
+  const ids = new Int32Array(T);
+  const positions = new Int32Array(T);
+  const slots = new Int32Array(T);
+  const queryStart = new Int32Array(seqs.length + 1);
+  const seqLens = new Int32Array(seqs.length);
+  let maxBlocks = 1;
+  for (const s of seqs) maxBlocks = Math.max(maxBlocks, s.blockTable.length);
+  const tables = new Int32Array(seqs.length * maxBlocks);
+  const loraSlots = lora ? new Int32Array(T) : null;
+  const rows: number[] = [];
+  const promptRows = new Map<string, [number, number]>();
+  let at = 0;
+  seqs.forEach((s, i) => {
+    const n = s.tokenIds.length;
+    for (let j = 0; j < n; j++) {
+      ids[at + j] = s.tokenIds[j]!;
+      positions[at + j] = s.startPosition + j;
+    }
+    slots.set(s.slotMapping, at);
+    loraSlots?.fill(s.loraSlot ?? -1, at, at + n);
+    queryStart[i] = at;
+    seqLens[i] = s.startPosition + n;
+    tables.set(s.blockTable, i * maxBlocks);
+    if (s.needsPromptLogits) promptRows.set(s.requestId, [at, n]);
+    if (s.needsLogits) for (let j = s.numSpecTokens ?? 0; j >= 0; j--) rows.push(at + n - 1 - j);
+    at += n;
+  });
+  queryStart[seqs.length] = at;
+  if (at !== T) throw new Error(`batch.numTokens ${T} != sum of sequence tokens ${at}`);
+  return { inputs: { ids, positions, slotMapping: slots, blockTables: tables, queryStart, seqLens, loraSlots }, rows, promptRows };
+}
+
 /** Bytes of K+V cache one block takes for this model. */
 export function kvBytesPerBlock(model: CausalLM, blockSize: number, dtype: KvCacheDtype = "float32"): number {
   const c = model.config;
-  return 2 * c.numHiddenLayers * blockSize * c.numKeyValueHeads * c.headDim * DTYPE_BYTES[KV_TENSOR_DTYPE[dtype]];
+  return 2 * c.numHiddenLayers * blockSize * model.numLocalKvHeads * c.headDim * DTYPE_BYTES[KV_TENSOR_DTYPE[dtype]];
 }
 
 export class PagedModelRunner implements ModelRunner {
@@ -82,6 +129,11 @@ export class PagedModelRunner implements ModelRunner {
   /** LoRA slots on the model's projections (enableLora), or null. */
   lora: LoraSlots | null = null;
   readonly supportsPooling = true;
+  /**
+   * Called with each eager step's flat inputs before its forward (tensor parallelism: rank 0 broadcasts them so that
+   * every rank runs the same forward on its shard; see tensor-parallel.ts). Default none.
+   */
+  onStepInputs: ((inputs: StepInputs) => void) | null = null;
 
   get classifier(): ClassifierConfig | null {
     return this.model.config.classifier;
@@ -107,7 +159,7 @@ export class PagedModelRunner implements ModelRunner {
     this.bytesPerBlock = kvBytesPerBlock(model, spec.blockSize, spec.dtype);
     // One allocation for every layer's K and V (views of it): one large buffer comes from fresh zero pages,
     // where 2 x layers buffers of a few MiB each would be zero-filled from the heap (~0.1 s at start-up).
-    const shape = [spec.numBlocks, spec.blockSize, c.numKeyValueHeads, c.headDim];
+    const shape = [spec.numBlocks, spec.blockSize, model.numLocalKvHeads, c.headDim]; // this rank's KV heads
     const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device, dtype: KV_TENSOR_DTYPE[spec.dtype ?? "float32"] });
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
     // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
@@ -167,53 +219,12 @@ export class PagedModelRunner implements ModelRunner {
       return { wait, deviceTokens: replay.deviceTokens };
     }
     const seqs = batch.sequences;
-    const T = batch.numTokens;
-    const ids = new Int32Array(T);
-    const positions = new Int32Array(T);
-    const slots = new Int32Array(T);
-    const queryStart = new Int32Array(seqs.length + 1);
-    const seqLens = new Int32Array(seqs.length);
-    let maxBlocks = 1;
-    for (const s of seqs) maxBlocks = Math.max(maxBlocks, s.blockTable.length);
-    const tables = new Int32Array(seqs.length * maxBlocks);
-    const loraSlots = this.lora === null ? null : new Int32Array(T);
-    const rows: number[] = [];
-    const promptRows = new Map<string, [number, number]>();
-    let at = 0;
-    seqs.forEach((s, i) => {
-      const n = s.tokenIds.length;
-      for (let j = 0; j < n; j++) {
-        ids[at + j] = s.tokenIds[j]!;
-        positions[at + j] = s.startPosition + j;
-      }
-      slots.set(s.slotMapping, at);
-      loraSlots?.fill(s.loraSlot ?? -1, at, at + n);
-      queryStart[i] = at;
-      seqLens[i] = s.startPosition + n;
-      tables.set(s.blockTable, i * maxBlocks);
-      if (s.needsPromptLogits) promptRows.set(s.requestId, [at, n]);
-      if (s.needsLogits) for (let j = s.numSpecTokens ?? 0; j >= 0; j--) rows.push(at + n - 1 - j);
-      at += n;
-    });
-    queryStart[seqs.length] = at;
-    if (at !== T) throw new Error(`batch.numTokens ${T} != sum of sequence tokens ${at}`);
-    if (batch.fedTokens !== undefined) fillFedTokens(ids, batch.fedTokens); // waits for the step sampling them
+    const { inputs, rows, promptRows } = stepInputs(batch, this.lora !== null);
+    if (batch.fedTokens !== undefined) fillFedTokens(inputs.ids, batch.fedTokens); // waits for the step sampling them
+    this.onStepInputs?.(inputs); // tensor parallelism: the other ranks run the same forward
 
     return noGrad(() => {
-      const dev = this.model.device;
-      const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
-      const ctxTensors = {
-        positions: t(positions),
-        slotMapping: t(slots),
-        blockTables: t(tables, [seqs.length, maxBlocks]),
-        queryStart: t(queryStart),
-        seqLens: t(seqLens),
-        ...(loraSlots === null ? {} : { loraSlots: t(loraSlots) }),
-      };
-      const idsT = t(ids);
-      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
-      idsT.dispose();
-      for (const x of Object.values(ctxTensors)) x.dispose();
+      const hidden = this.forwardInputs(inputs);
       const pooling = batch.pooling;
       if (pooling !== undefined) {
         const h = hidden.dataSync() as Float32Array; // [T, H], final-normed
@@ -240,6 +251,28 @@ export class PagedModelRunner implements ModelRunner {
           return { logits, promptLogits };
         },
       };
+    });
+  }
+
+  /** Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this). */
+  forwardInputs(inputs: StepInputs): Tensor {
+    return noGrad(() => {
+      const dev = this.model.device;
+      const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
+      const numSeqs = inputs.seqLens.length;
+      const ctxTensors = {
+        positions: t(inputs.positions),
+        slotMapping: t(inputs.slotMapping),
+        blockTables: t(inputs.blockTables, [numSeqs, inputs.blockTables.length / Math.max(1, numSeqs)]),
+        queryStart: t(inputs.queryStart),
+        seqLens: t(inputs.seqLens),
+        ...(inputs.loraSlots === null ? {} : { loraSlots: t(inputs.loraSlots) }),
+      };
+      const idsT = t(inputs.ids);
+      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
+      idsT.dispose();
+      for (const x of Object.values(ctxTensors)) x.dispose();
+      return hidden;
     });
   }
 

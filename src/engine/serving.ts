@@ -17,6 +17,10 @@ import { weightTensors } from "../nn/quantized-linear.js";
 import { resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import { env } from "../util/env.js";
 import { camelCaseHint } from "../util/names.js";
+import { resolveModel } from "../models/hub.js";
+import { checkTensorParallelConfig } from "../models/causal-lm.js";
+import { languageModelConfig, parseHfConfig } from "../models/hf-config.js";
+import { startTensorParallel, type TpLeader } from "./tensor-parallel.js";
 
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
 export interface ServingArgs {
@@ -94,6 +98,12 @@ export interface ServingArgs {
   enableChunkedPrefill?: boolean;
   /** vLLM's --long-prefill-token-threshold: a prompt computes at most this many tokens a step (0 = no cap, the default). */
   longPrefillTokenThreshold?: number;
+  /**
+   * vLLM's --tensor-parallel-size: the model's heads, KV heads and MLP features are split over this many ranks (rank 0
+   * here, the others processes it spawns; see tensor-parallel.ts). Greater than 1 needs the async setup
+   * (createServingSetup: `kiln serve`, WorkerEngine) and runs eagerly. Default 1.
+   */
+  tensorParallelSize?: number;
   onProgress?: (stage: string, fraction: number) => void;
 }
 
@@ -103,6 +113,8 @@ export interface ServingSetup {
   engineArgs: EngineArgs;
   /** KV capacity in tokens (reported at start-up, as vLLM does). */
   kvTokens: number;
+  /** The other tensor-parallel ranks (shut them down with the engine), or null. */
+  tp: TpLeader | null;
 }
 
 const DEFAULT_KV_CAP = 4 * 1024 ** 3;
@@ -126,7 +138,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
-  enableChunkedPrefill: true, longPrefillTokenThreshold: true,
+  enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -152,6 +164,17 @@ function checkServingArgs(args: ServingArgs): void {
   positiveInt(args.maxCpuLoras ?? undefined, "max_cpu_loras");
   positiveInt(args.maxLogprobs, "max_logprobs", -1);
   positiveInt(args.longPrefillTokenThreshold, "long_prefill_token_threshold", 0);
+  positiveInt(args.tensorParallelSize, "tensor_parallel_size");
+  if ((args.tensorParallelSize ?? 1) > 1) {
+    // what the split does not cover yet, named before any rank starts
+    const refuse = (param: string, what: string): never => {
+      throw new EngineInputError(param, `${what} is not supported with tensor_parallel_size > 1`);
+    };
+    if (args.quantization != null) refuse("quantization", `quantization ${args.quantization}`);
+    if (args.enableLora === true) refuse("enable_lora", "LoRA");
+    if (args.speculativeConfig) refuse("speculative_config", "speculative decoding");
+    if (args.runner === "pooling") refuse("runner", "the pooling runner");
+  }
   if (args.tokenizer !== undefined && !fs.existsSync(path.join(args.tokenizer, "tokenizer.json")))
     throw new EngineInputError("tokenizer", `tokenizer ${JSON.stringify(args.tokenizer)} is not a directory holding tokenizer.json`);
   if (args.maxCpuLoras != null && args.maxCpuLoras < (args.maxLoras ?? 1))
@@ -297,7 +320,7 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
   return { key: stepGraphCacheKey(identity), mark };
 }
 
-function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSetup {
+function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLeader | null = null): ServingSetup {
   if (args.reasoningParser != null) {
     try {
       thinkMarkers(loaded.tokenizer, args.reasoningParser);
@@ -312,6 +335,11 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   // the copies' old memory would lower until collected; before any step graph points at them)
   loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
+  if (tp !== null) {
+    // every rank allocates the same number of blocks of its own KV heads; each eager step's inputs go to every rank
+    tp.broadcastKvSpec({ numBlocks, blockSize, kvCacheDtype, maxModelLen });
+    runner.onStepInputs = (inputs) => tp.broadcastStep(inputs);
+  }
   args.onProgress?.("sizing KV cache", 1);
   const chunkedPrefill = args.enableChunkedPrefill ?? true;
   // without chunked prefill a prompt runs in one step: the budget must hold the longest one (vLLM's SchedulerConfig)
@@ -332,8 +360,11 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
   const pooler = args.runner === "pooling" || classifier
     ? { ...resolvePooler(loaded.path, args.poolerConfig ?? {}, classifier), ...(classifier ? { classify: true } : {}) }
     : null;
+  // the step graphs cannot hold the all-reduces (host calls between kernels): tensor parallelism runs eagerly
+  if (tp !== null && args.enforceEager !== true)
+    process.emitWarning(`Kiln: tensor_parallel_size ${tp.tp.size} runs eagerly (as --enforce-eager): step graphs cannot include the all-reduces`, "KilnWarning");
   // a pooling engine's steps (prompts only) run eagerly: no step graphs to capture
-  if (args.enforceEager !== true && pooler === null) {
+  if (args.enforceEager !== true && pooler === null && tp === null) {
     const stage = "compiling step graphs";
     args.onProgress?.(stage, 0);
     const decode = decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize);
@@ -385,12 +416,17 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number): ServingSe
     lora,
     pooler,
   };
-  return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize };
+  return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize, tp };
 }
 
 /** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
 export function createServingSetupSync(args: ServingArgs): ServingSetup {
   checkServingArgs(args);
+  if ((args.tensorParallelSize ?? 1) > 1)
+    throw new EngineInputError(
+      "tensor_parallel_size",
+      "the synchronous LLM runs one rank: serve tensor-parallel with `kiln serve --tensor-parallel-size N` or WorkerEngine.create",
+    );
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, tokenizer: args.tokenizer, onProgress: args.onProgress });
   return setup(loaded, args, mark);
@@ -402,6 +438,7 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
  */
 export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptions, "deferTokenizerBuild"> = {}): Promise<ServingSetup> {
   checkServingArgs(args);
+  if ((args.tensorParallelSize ?? 1) > 1) return createTensorParallelSetup(args, args.tensorParallelSize!, load);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, {
     dtype: args.dtype,
@@ -412,4 +449,39 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
     deferTokenizerBuild: load.deferTokenizerBuild,
   });
   return setup(loaded, args, mark);
+}
+
+/**
+ * Tensor-parallel setup: checks that the model splits (num_attention_heads, num_key_value_heads and
+ * intermediate_size divisible by `size`; a Hugging Face directory) before spawning the other ranks, then loads this
+ * rank's shard while they load theirs. Any failure stops the ranks.
+ */
+async function createTensorParallelSetup(args: ServingArgs, size: number, load: Pick<LoadOptions, "deferTokenizerBuild">): Promise<ServingSetup> {
+  const resolved = await resolveModel(args.model, { revision: args.revision });
+  if (resolved.kind !== "dir" || !fs.existsSync(path.join(resolved.path, "config.json")))
+    throw new EngineInputError("tensor_parallel_size", `${args.model}: tensor parallelism serves Hugging Face safetensors directories (not GGUF files)`);
+  const raw = JSON.parse(fs.readFileSync(path.join(resolved.path, "config.json"), "utf8")) as Record<string, unknown>;
+  const config = parseHfConfig(languageModelConfig(raw).config);
+  try {
+    checkTensorParallelConfig(config, size);
+  } catch (e) {
+    throw new EngineInputError("tensor_parallel_size", (e as Error).message.replace("[tensor_parallel] ", ""));
+  }
+  args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 0);
+  const tp = await startTensorParallel({ model: resolved.path, dtype: args.dtype, revision: args.revision, tokenizer: args.tokenizer }, size);
+  args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 1);
+  try {
+    const loaded = await loadModel(resolved.path, {
+      dtype: args.dtype,
+      tokenizer: args.tokenizer,
+      onProgress: args.onProgress,
+      deferTokenizerBuild: load.deferTokenizerBuild,
+      tp: tp.tp,
+    });
+    return setup(loaded, args, undefined, tp);
+  } catch (e) {
+    const err = tp.explain(e);
+    await tp.shutdown(500);
+    throw err;
+  }
 }

@@ -173,8 +173,12 @@ export class StepGraphs {
     this.blockSize = shape[1]!;
   }
 
-  /** Whether the model's device can capture (the cpu back end with its native stream). */
+  /**
+   * Whether the model's device can capture (the cpu back end with its native stream). A tensor-parallel model cannot:
+   * its all-reduces are host calls between kernels, which a replayed graph would skip.
+   */
   static supported(model: CausalLM): boolean {
+    if (model.tp !== null && model.tp.size > 1) return false;
     const b = model.device.backend;
     return typeof b.beginCapture === "function" && typeof b.endCapture === "function" && typeof b.writeAsync === "function";
   }

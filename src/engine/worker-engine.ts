@@ -80,6 +80,7 @@ export class WorkerEngine implements EngineClient {
   private nextSeq = 1;
   private fatal: Error | null = null;
   private closed = false;
+  private exited = false;
 
   private constructor(
     private readonly worker: Worker,
@@ -105,6 +106,7 @@ export class WorkerEngine implements EngineClient {
     worker.on("message", (m: FromWorker) => this.onMessage(m));
     worker.on("error", (err) => this.failAll(err));
     worker.on("exit", (code) => {
+      this.exited = true;
       if (!this.closed) this.failAll(new Error(`[engine] the engine worker exited (code ${code})`));
     });
   }
@@ -319,11 +321,35 @@ export class WorkerEngine implements EngineClient {
     });
   }
 
-  /** Ends every stream and terminates the worker (the model and KV cache go with it). */
-  async close(): Promise<void> {
+  /**
+   * Ends every stream and terminates the worker (the model and KV cache go with it), after it has stopped any
+   * tensor-parallel ranks it spawned (waiting at most `graceMs` for that).
+   */
+  async close(graceMs = 5000): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     this.failAll(new Error("[engine] the engine was closed"));
+    if (!this.exited) {
+      await new Promise<void>((resolve) => {
+        const done = (): void => {
+          clearTimeout(timer);
+          this.worker.off("message", onMessage);
+          this.worker.off("exit", done);
+          resolve();
+        };
+        const onMessage = (m: FromWorker): void => {
+          if (m.type === "closed") done();
+        };
+        const timer = setTimeout(done, graceMs);
+        this.worker.on("message", onMessage);
+        this.worker.once("exit", done);
+        try {
+          this.send({ type: "close" });
+        } catch {
+          done();
+        }
+      });
+    }
     await this.worker.terminate();
   }
 

@@ -2,7 +2,10 @@
 // Gemma 2 and 3 (their differences come from the config: GELU-tanh MLP, (1 + w) norms, four norms per layer,
 // embeddings scaled by sqrt(hidden), their own attention scale; Gemma 3's other rotary base on its sliding-window
 // layers, Gemma 2's soft-capped attention scores and logits). Parameter names match Hugging Face's.
-import { Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, type ForwardContext, type LayerOptions } from "../nn/index.js";
+import {
+  Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, TensorParallelError, divideForTp,
+  type ForwardContext, type LayerOptions, type TensorParallel,
+} from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
 import { add, crossEntropy, disposeQuantizedActivations, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
 import type { ModelConfig } from "./hf-config.js";
@@ -28,7 +31,7 @@ class DecoderLayer extends Module {
   /** Granite's residual_multiplier on both branches, or null. */
   readonly residualScale: number | null;
 
-  constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions) {
+  constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null) {
     super();
     this.selfAttn = this.module(
       "self_attn",
@@ -50,9 +53,11 @@ class DecoderLayer extends Module {
         i,
         rotary,
         options,
+        tp,
       ),
     );
     if (cfg.moe && cfg.moeLayers[i]) {
+      if (tp !== null) throw new TensorParallelError(`${cfg.architecture}: mixture-of-experts layers are not supported with tensor parallelism`);
       this.mlp = this.module(
         family.moeModuleName,
         new MoE(
@@ -68,7 +73,7 @@ class DecoderLayer extends Module {
         ),
       );
     } else {
-      this.mlp = this.module("mlp", new GatedMLP(cfg.hiddenSize, cfg.intermediateSize, cfg.mlpBias, options, undefined, cfg.hiddenAct));
+      this.mlp = this.module("mlp", new GatedMLP(cfg.hiddenSize, cfg.intermediateSize, cfg.mlpBias, options, undefined, cfg.hiddenAct, tp));
     }
     const norm = (name: string) => this.module(name, new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));
     const p = cfg.normPlacement;
@@ -138,14 +143,16 @@ class DecoderBody extends Module {
   readonly norm: RMSNorm;
 
   /** `rotaryLocal`: the sliding-window layers' rotary (Gemma 3), or null when every layer uses `rotary`. */
-  constructor(cfg: ModelConfig, rotary: RotaryEmbedding, rotaryLocal: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions) {
+  constructor(
+    cfg: ModelConfig, rotary: RotaryEmbedding, rotaryLocal: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null,
+  ) {
     super();
     // (Gemma3TextScaledWordEmbedding casts its scale to the weights' dtype)
     this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, cfg.normPlacement === "sandwich"));
     const holder = this.module("layers", new Module());
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
       const r = rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;
-      this.layers.push(holder.addModule(String(i), new DecoderLayer(cfg, i, r, family, options)));
+      this.layers.push(holder.addModule(String(i), new DecoderLayer(cfg, i, r, family, options, tp)));
     }
     this.norm = this.module("norm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));
   }
@@ -158,6 +165,23 @@ export interface CausalLMOptions {
   family?: FamilySpec;
   /** Leave every parameter unallocated for a loader that assigns them all (a checkpoint load); default false. */
   unallocatedParameters?: boolean;
+  /**
+   * Tensor parallelism (vLLM's Megatron-style split): this rank holds its share of the attention heads, KV heads and
+   * MLP intermediate features (column-parallel q/k/v and gate/up, row-parallel o_proj and down_proj, one all-reduce
+   * each); embeddings, norms and the LM head are replicated. Default none.
+   */
+  tp?: TensorParallel | null;
+}
+
+/** Throws a TensorParallelError naming the config field a tensor-parallel split of `size` ranks cannot divide. */
+export function checkTensorParallelConfig(config: ModelConfig, size: number): void {
+  if (size === 1) return;
+  divideForTp("num_attention_heads", config.numAttentionHeads, size);
+  divideForTp("num_key_value_heads", config.numKeyValueHeads, size);
+  divideForTp("intermediate_size", config.intermediateSize, size);
+  if (config.moe) throw new TensorParallelError(`${config.architecture}: mixture-of-experts layers are not supported with tensor parallelism`);
+  if (config.qkNorm && config.qkNormScope === "full")
+    throw new TensorParallelError(`${config.architecture}: q/k norms over whole projections are not supported with tensor parallelism`);
 }
 
 export class CausalLM extends Module {
@@ -168,12 +192,16 @@ export class CausalLM extends Module {
   readonly rotary: RotaryEmbedding;
   /** Gemma 3's sliding-window layers' rotary (rope_local_base_freq, unscaled), or null. */
   readonly rotaryLocal: RotaryEmbedding | null;
+  /** This rank's place in a tensor-parallel group, or null (CausalLMOptions.tp). */
+  readonly tp: TensorParallel | null;
 
   constructor(
     readonly config: ModelConfig,
     options: CausalLMOptions = {},
   ) {
     super();
+    this.tp = options.tp ?? null;
+    if (this.tp !== null) checkTensorParallelConfig(config, this.tp.size);
     const layerOptions: LayerOptions = { dtype: options.dtype ?? "float32", device: options.device, unallocatedParameters: options.unallocatedParameters };
     this.rotary = new RotaryEmbedding(
       { rotaryDim: config.rotaryDim, theta: config.ropeTheta, maxPositions: config.maxPositionEmbeddings, scaling: config.ropeScaling },
@@ -183,10 +211,15 @@ export class CausalLM extends Module {
       { rotaryDim: config.rotaryDim, theta: config.localRopeTheta, maxPositions: config.maxPositionEmbeddings, scaling: null },
       options.device,
     );
-    this.model = this.module("model", new DecoderBody(config, this.rotary, this.rotaryLocal, options.family ?? DEFAULT_FAMILY, layerOptions));
+    this.model = this.module("model", new DecoderBody(config, this.rotary, this.rotaryLocal, options.family ?? DEFAULT_FAMILY, layerOptions, this.tp));
     const c = config.classifier;
     this.lmHead = config.tieWordEmbeddings || c !== null ? null : this.module("lm_head", new Linear(config.hiddenSize, config.vocabSize, false, layerOptions));
     this.score = c === null ? null : this.module("score", new Linear(config.hiddenSize, c.numLabels, false, layerOptions));
+  }
+
+  /** KV heads this rank caches: all of them, or num_key_value_heads / tp.size under tensor parallelism. */
+  get numLocalKvHeads(): number {
+    return this.config.numKeyValueHeads / (this.tp?.size ?? 1);
   }
 
   get device() {

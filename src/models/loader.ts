@@ -19,6 +19,7 @@ import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
 import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
 import { Linear } from "../nn/layers.js";
+import { narrowToShard, shardedParameters, TensorParallelError, type TensorParallel } from "../nn/parallel.js";
 import { fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
 import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
@@ -79,6 +80,11 @@ export interface LoadOptions {
    * of the model's; generation_config.json (defaults, EOS ids) stays the model's. Default: the model's.
    */
   tokenizer?: string;
+  /**
+   * Load this rank's shard for tensor parallelism (CausalLMOptions.tp): each column- / row-parallel parameter is cut
+   * from the full checkpoint tensor as it is read. Hugging Face safetensors directories only, without --quantization.
+   */
+  tp?: TensorParallel | null;
 }
 
 export interface LoadedModel {
@@ -168,6 +174,7 @@ function tensorFromSafetensors(h: SafetensorsHandle, name: string, want: DType, 
 /** Loads a model from a local directory, a .gguf file, or a hub id in the local cache. */
 export async function loadModel(idOrPath: string, options: LoadOptions = {}): Promise<LoadedModel> {
   resolveQuantization(options.quantization); // fail before reading weights
+  checkTpLoad(options);
   const resolved = await resolveModel(idOrPath, { revision: options.revision });
   return applyQuantization(resolved.kind === "gguf" ? loadGguf(resolved.path, options) : loadHfDir(resolved.path, options), options);
 }
@@ -177,7 +184,14 @@ export function loadLocalModel(p: string, options: LoadOptions = {}): LoadedMode
   const stat = fs.statSync(p, { throwIfNoEntry: false });
   if (!stat) throw new ModelNotFoundError(`model path ${path.resolve(p)} does not exist`, path.resolve(p));
   resolveQuantization(options.quantization);
+  checkTpLoad(options);
   return applyQuantization(stat.isFile() ? loadGguf(p, options) : loadHfDir(p, options), options);
+}
+
+/** What a tensor-parallel load cannot do yet, refused before any weight is read. */
+function checkTpLoad(options: LoadOptions): void {
+  if ((options.tp?.size ?? 1) > 1 && resolveQuantization(options.quantization) !== null)
+    throw new TensorParallelError(`--quantization ${options.quantization} is not supported with tensor parallelism`);
 }
 
 function readJson(file: string): Record<string, unknown> {
@@ -202,6 +216,7 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   const dtype = resolveDtype(options.dtype ?? "auto", config);
   const fp8Format = fp8CheckpointFormat(rawConfig);
   const requested = resolveQuantization(options.quantization);
+  if (fp8Format !== null && (options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${dir} is an fp8 checkpoint: not supported with tensor parallelism`);
   if (fp8Format !== null && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
   const file = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
@@ -210,13 +225,23 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   const handle = hasFusedProjections(text) ? splitFusedProjections(text, config, dir) : text;
   try {
     // every parameter is assigned below (or the load fails), so none is allocated first
-    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
+    const tp = options.tp ?? null;
+    const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true, tp });
     const names = model.namedParameters().map(([n]) => n);
+    const shards = tp === null ? new Map() : shardedParameters(model);
+    const read = (n: string): Tensor => {
+      const full = tensorFromSafetensors(handle, n, paramDtype(n, dtype), options.device);
+      const spec = shards.get(n);
+      if (spec === undefined) return full;
+      const shard = narrowToShard(full, spec, n);
+      full.dispose();
+      return shard;
+    };
     const missing = names.filter((n) => !handle.has(n));
     if (missing.length) throw new ModelLoadError(`${dir}: checkpoint lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
     const fp8 = fp8Format ? fp8WeightLoader(handle, model, fp8Format, dtype, options.device, options.onNote ?? ((m) => console.warn(m))) : null;
     names.forEach((n, i) => {
-      if (fp8?.take(n) !== true) model.setParameter(n, tensorFromSafetensors(handle, n, paramDtype(n, dtype), options.device));
+      if (fp8?.take(n) !== true) model.setParameter(n, read(n));
       options.onProgress?.("loading weights", (i + 1) / names.length);
     });
     fp8?.finish(dir);
@@ -264,6 +289,7 @@ function languageModelWeights(h: SafetensorsHandle, dir: string): SafetensorsHan
 }
 
 function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): LoadedModel {
+  if ((options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${file}: GGUF models are not supported with tensor parallelism (serve a safetensors directory)`);
   const g: GgufFile = readGguf(file);
   try {
     const hfConfig = ggufToHfConfig(g.metadata, g.tensors.map((t) => t.name), (name) => g.loadAsFloat32(name));

@@ -5,6 +5,7 @@
 import { causalAttention, pagedAttention, type QuantizedActivations, type Tensor } from "../tensor/index.js";
 import { Linear, RMSNorm, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
+import { ColumnParallelLinear, divideForTp, RowParallelLinear, TensorParallelError, type TensorParallel } from "./parallel.js";
 import type { RotaryEmbedding } from "./rotary.js";
 
 /** Per-step metadata of a ragged serving batch (built by the engine's model runner). */
@@ -56,19 +57,36 @@ export class Attention extends Module {
   readonly oProj: Linear;
   readonly qNorm: RMSNorm | null;
   readonly kNorm: RMSNorm | null;
+  /** The heads this rank computes: all of them, or numHeads / tp.size (and numKvHeads / tp.size) under tensor parallelism. */
+  readonly numHeads: number;
+  readonly numKvHeads: number;
 
+  /**
+   * `tp`: split the heads over the tensor-parallel ranks (vLLM's QKVParallelLinear + RowParallelLinear): q/k/v are
+   * column-parallel (this rank's heads), o_proj row-parallel (one all-reduce); each rank's KV cache holds its KV heads.
+   */
   constructor(
     readonly cfg: AttentionConfig,
     readonly layerIndex: number,
     readonly rotary: RotaryEmbedding,
     options: LayerOptions = {},
+    readonly tp: TensorParallel | null = null,
   ) {
     super();
     const { hiddenSize, numHeads, numKvHeads, headDim } = cfg;
-    this.qProj = this.module("q_proj", new Linear(hiddenSize, numHeads * headDim, cfg.qkvBias, options));
-    this.kProj = this.module("k_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
-    this.vProj = this.module("v_proj", new Linear(hiddenSize, numKvHeads * headDim, cfg.qkvBias, options));
-    this.oProj = this.module("o_proj", new Linear(numHeads * headDim, hiddenSize, cfg.oBias, options));
+    this.numHeads = tp === null ? numHeads : divideForTp("num_attention_heads", numHeads, tp.size);
+    this.numKvHeads = tp === null ? numKvHeads : divideForTp("num_key_value_heads", numKvHeads, tp.size);
+    if (tp !== null && cfg.qkNorm === "full")
+      throw new TensorParallelError("q/k norms over whole projections (OLMo 2) are not supported with tensor parallelism");
+    const column = (name: string, out: number): Linear =>
+      this.module(name, tp === null ? new Linear(hiddenSize, out, cfg.qkvBias, options) : new ColumnParallelLinear(hiddenSize, out, cfg.qkvBias, tp, options));
+    this.qProj = column("q_proj", numHeads * headDim);
+    this.kProj = column("k_proj", numKvHeads * headDim);
+    this.vProj = column("v_proj", numKvHeads * headDim);
+    this.oProj = this.module(
+      "o_proj",
+      tp === null ? new Linear(numHeads * headDim, hiddenSize, cfg.oBias, options) : new RowParallelLinear(numHeads * headDim, hiddenSize, cfg.oBias, tp, options),
+    );
     const full = cfg.qkNorm === "full";
     const qkNorm = (name: string, heads: number) => this.module(name, new RMSNorm(full ? heads * headDim : headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0));
     this.qNorm = cfg.qkNorm !== false ? qkNorm("q_norm", numHeads) : null;
@@ -82,7 +100,8 @@ export class Attention extends Module {
 
   /** x [T, hidden] -> [T, hidden]. `xq`: x's rows already quantized, for quantized q/k/v projections. */
   forward(x: Tensor, ctx: ForwardContext, xq?: QuantizedActivations | null): Tensor {
-    const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
+    const { numHeads: H, numKvHeads: Hkv } = this;
+    const D = this.cfg.headDim;
     const T = x.shape[0]!;
     const loraSlots = ctx.kind === "paged" ? ctx.loraSlots : null;
     // the three products first, then their LoRA deltas: products of one input back to back merge into one job
@@ -134,7 +153,8 @@ export class Attention extends Module {
   }
 
   private denseAttention(q: Tensor, k: Tensor, v: Tensor, ctx: DenseContext): Tensor {
-    const { numHeads: H, numKvHeads: Hkv, headDim: D } = this.cfg;
+    const { numHeads: H, numKvHeads: Hkv } = this;
+    const D = this.cfg.headDim;
     const { batch: B, seqLen: S } = ctx;
     const views: Tensor[] = [];
     const toHeads = (t: Tensor, n: number) => {

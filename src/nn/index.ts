@@ -4,3 +4,7 @@ export { RotaryEmbedding, rotaryInvFreq, type RotaryConfig, type RopeScaling } f
 export { Attention, type AttentionConfig, type ForwardContext, type PagedContext, type DenseContext } from "./attention.js";
 export { GatedMLP, MoE, type MoeOptions } from "./mlp.js";
 export { DistributedDataParallel, type DdpOptions } from "./ddp.js";
+export {
+  ColumnParallelLinear, RowParallelLinear, TensorParallelError, divideForTp, narrowToShard, shardedParameters, tensorParallelOf,
+  type ShardSpec, type TensorParallel,
+} from "./parallel.js";

@@ -4,6 +4,7 @@ import {
 } from "../tensor/index.js";
 import { Linear, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
+import { ColumnParallelLinear, RowParallelLinear, type TensorParallel } from "./parallel.js";
 
 /** down(act(gate(x)) * up(x)), act SiLU (Llama) or GELU-tanh (Gemma); HF names gate_proj / up_proj / down_proj. */
 export class GatedMLP extends Module {
@@ -18,11 +19,14 @@ export class GatedMLP extends Module {
     options: LayerOptions = {},
     names = ["gate_proj", "up_proj", "down_proj"] as const,
     readonly act: "silu" | "gelu_tanh" = "silu",
+    /** Split the intermediate features over the tensor-parallel ranks: gate/up column-parallel, down row-parallel. */
+    readonly tp: TensorParallel | null = null,
   ) {
     super();
-    this.gateProj = this.module(names[0], new Linear(hidden, intermediate, bias, options));
-    this.upProj = this.module(names[1], new Linear(hidden, intermediate, bias, options));
-    this.downProj = this.module(names[2], new Linear(intermediate, hidden, bias, options));
+    const column = (): Linear => (tp === null ? new Linear(hidden, intermediate, bias, options) : new ColumnParallelLinear(hidden, intermediate, bias, tp, options));
+    this.gateProj = this.module(names[0], column());
+    this.upProj = this.module(names[1], column());
+    this.downProj = this.module(names[2], tp === null ? new Linear(intermediate, hidden, bias, options) : new RowParallelLinear(intermediate, hidden, bias, tp, options));
   }
 
   /** The projections that read forward()'s x (for RMSNorm.forwardFor). */

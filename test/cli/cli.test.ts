@@ -39,10 +39,9 @@ describe("kiln CLI", () => {
     assert.equal(r.stdout.split("> ").length - 1, 5, r.stdout);
   });
 
-  it("rejects --tensor-parallel-size > 1 clearly", () => {
-    const r = kiln("serve", "--tensor-parallel-size", "2");
-    assert.notEqual(r.status, 0);
-    assert.match(r.stderr, /not supported until distributed lands/);
+  it("takes --tensor-parallel-size N >= 1 (tensor-parallel serving: test/engine/tensor-parallel.test.ts)", () => {
+    assert.equal(parseServeArgs("m", { tensorParallelSize: "2" }, {}).tensorParallelSize, 2);
+    assert.throws(() => parseServeArgs("m", { tensorParallelSize: "0" }, {}), /--tensor-parallel-size must be an integer >= 1/);
   });
 
   it("validates serve args", () => {
