@@ -122,6 +122,8 @@ export function addEngineOptions(cmd: Command): Command {
     .option("--async-scheduling", "schedule the next step while the current one computes (the default)")
     .option("--no-async-scheduling", "schedule each step after the previous one has finished")
     .option("--tensor-parallel-size <n>", "number of tensor parallel ranks", "1")
+    .option("--pipeline-parallel-size <n>", "pipeline stages (only 1: Kiln splits a model by tensor parallelism)", "1")
+    .option("--data-parallel-size <n>", "engine replicas (only 1 per server: run one kiln serve per replica behind kiln router)", "1")
     .option("--enable-lora", "serve LoRA adapters (requests name them as their model)", false)
     .option("--max-loras <n>", "LoRA adapters in one step (default 1)")
     .option("--max-lora-rank <n>", "the largest LoRA rank served (default 16)")
@@ -201,6 +203,11 @@ function parseLogitsProcessors(value: unknown): string[] {
 export function parseServeArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): ServeArgs {
   // > 1: ranks 1..N-1 are processes the engine spawns (engine/tensor-parallel.ts); runs eagerly
   const tp = int(o.tensorParallelSize ?? "1", "--tensor-parallel-size", 1);
+  // accepted for pasted vLLM command lines at 1; more is refused, saying what Kiln offers instead
+  if (int(o.pipelineParallelSize ?? "1", "--pipeline-parallel-size", 1) !== 1)
+    throw new CliUsageError("--pipeline-parallel-size > 1 is not supported: split the model with --tensor-parallel-size");
+  if (int(o.dataParallelSize ?? "1", "--data-parallel-size", 1) !== 1)
+    throw new CliUsageError("--data-parallel-size > 1 is not supported in one server: run one kiln serve per replica behind kiln router (README, Router)");
   const gmu = Number(o.gpuMemoryUtilization ?? "0.9");
   if (!(gmu > 0 && gmu <= 1)) throw new CliUsageError(`--gpu-memory-utilization must be a fraction in (0, 1], got ${JSON.stringify(o.gpuMemoryUtilization)}`);
 

@@ -42,6 +42,11 @@ describe("kiln CLI", () => {
   it("takes --tensor-parallel-size N >= 1 (tensor-parallel serving: test/engine/tensor-parallel.test.ts)", () => {
     assert.equal(parseServeArgs("m", { tensorParallelSize: "2" }, {}).tensorParallelSize, 2);
     assert.throws(() => parseServeArgs("m", { tensorParallelSize: "0" }, {}), /--tensor-parallel-size must be an integer >= 1/);
+    // vLLM's other parallel sizes: 1 is accepted (a pasted command line), more refused naming the alternative
+    assert.equal(parseServeArgs("m", { pipelineParallelSize: "1", dataParallelSize: "1" }, {}).tensorParallelSize, 1);
+    assert.throws(() => parseServeArgs("m", { pipelineParallelSize: "2" }, {}), /--pipeline-parallel-size > 1 is not supported: split the model with --tensor-parallel-size/);
+    assert.throws(() => parseServeArgs("m", { dataParallelSize: "2" }, {}), /--data-parallel-size > 1 .* kiln router/);
+    assert.throws(() => parseServeArgs("m", { dataParallelSize: "0" }, {}), /--data-parallel-size must be an integer >= 1/);
   });
 
   it("validates serve args", () => {
