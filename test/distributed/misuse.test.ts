@@ -116,6 +116,15 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
       assert.match(String(res.op_mismatch), rank === 0 ? /^DistributedError: \[all_reduce\] ranks disagree: .* called all_reduce.* called broadcast/ : /^DistributedError: \[broadcast\] ranks disagree: .* called broadcast.* called all_reduce/);
       assert.match(String(res.src_mismatch), /^DistributedError: \[broadcast\] ranks disagree/);
       assert.deepEqual(res.after_mismatch, [2, 25]);
+      if (rank === 1) {
+        assert.equal(res.recv_longer, "DistributedError: [recv] rank 0 sent float32 x 3 (tag 0) but this rank receives into float32 x 2");
+        assert.equal(res.recv_shorter, "DistributedError: [recv] rank 0 sent float32 x 1 (tag 3) but this rank receives into float32 x 2");
+        assert.equal(res.recv_dtype, "DistributedError: [recv] rank 0 sent int32 x 2 (tag 0) but this rank receives into float32 x 2");
+        assert.deepEqual(res.recv_untouched, [7, 7]);
+        assert.deepEqual(res.recv_after_values, [4, 5]);
+      } else {
+        for (const key of ["recv_longer", "recv_shorter", "recv_dtype", "recv_after"]) assert.equal(res[key], null, `${key} on the sender`);
+      }
     }
     const r1 = run.results[1]!;
     assert.match(String(r1.timeout), /^DistributedTimeoutError: \[all_reduce\] timed out after 1500 ms/);
