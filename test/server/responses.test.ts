@@ -155,6 +155,7 @@ describe("/v1/responses refusals", () => {
       [{ input: "x", include: ["reasoning.encrypted_content"] }, 400, "include[0]", /include/],
       [{ input: "x", include: "message.output_text.logprobs" }, 400, "include", /list/],
       [{ input: "x", top_logprobs: 2 }, 400, "top_logprobs", /include/],
+      [{ input: "x", include: ["message.output_text.logprobs"], top_logprobs: 21 }, 400, "top_logprobs", /max allowed: 20/],
       [{ input: "x", truncation: "auto" }, 400, "truncation", /truncation/],
       [{ input: "x", reasoning: { summary: "auto" } }, 400, "reasoning.summary", /summar/],
       [{ input: "x", text: { format: { type: "xml" } } }, 400, "text.format.type", /text\.format/],
