@@ -30,7 +30,8 @@ export interface InitProcessGroupOptions {
   /**
    * Before each collective, ranks exchange (op, dtype, numel, root/op) and raise a DistributedError naming the
    * mismatch instead of exchanging garbage or hanging (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL). One small
-   * all-gather per collective; default true.
+   * all-gather per collective, and a small header before each send so that recv refuses a message of another
+   * size or dtype (every rank must agree on this option); default true.
    */
   consistencyChecks?: boolean;
 }
