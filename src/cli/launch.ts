@@ -128,6 +128,14 @@ function intFlag(value: string, flag: string, min: number): number {
   return n;
 }
 
+function graceFlag(value: string): number {
+  const n = Number(value);
+  // Node's timers take at most 2^31 - 1 ms; NaN or a longer delay would fire at once
+  if (value.trim() === "" || !Number.isFinite(n) || n < 0 || n * 1000 > 2 ** 31 - 1)
+    throw new CliUsageError(`--stop-grace must be a number of seconds >= 0, got ${JSON.stringify(value)}`);
+  return n;
+}
+
 export function registerRunCommand(program: Command): void {
   program.enablePositionalOptions(); // options after the script belong to the script
   program
@@ -156,7 +164,7 @@ export function registerRunCommand(program: Command): void {
         masterPort,
         script,
         args,
-        stopGraceSeconds: Number(o.stopGrace),
+        stopGraceSeconds: graceFlag(o.stopGrace!),
       });
       if (result.exitCode !== 0) process.exitCode = result.exitCode;
     });

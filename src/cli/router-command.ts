@@ -3,11 +3,12 @@
 // timeouts, retries), plus --policy weighted with llm-d's scorer weights. Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
-import { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
+import { DEFAULT_ROUTER_CONFIG, MAX_TIMER_MS, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
 import { POLICY_NAMES } from "../router/routing-types.js";
 import { CliUsageError } from "./usage-error.js";
 
 const D = DEFAULT_ROUTER_CONFIG;
+const MAX_TIMER_SECS = Math.floor(MAX_TIMER_MS / 1000);
 const LOG_LEVELS = ["debug", "info", "warning", "error", "critical"] as const;
 
 export function registerRouterCommand(program: Command): void {
@@ -49,7 +50,7 @@ function number(value: unknown, flag: string, { min = 0, max = Infinity, int = f
   const n = Number(value);
   const ok = typeof value === "string" && value.trim() !== "" && Number.isFinite(n) && (above ? n > min : n >= min) && n <= max && (!int || Number.isInteger(n));
   if (!ok) {
-    const range = max === Infinity ? `${above ? ">" : ">="} ${min}` : `in [${min}, ${max}]`;
+    const range = max === Infinity ? `${above ? ">" : ">="} ${min}` : `in ${above ? "(" : "["}${min}, ${max}]`;
     throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} ${range}, got ${JSON.stringify(value)}`);
   }
   return n;
@@ -61,7 +62,8 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
   // commas too, as a convenience (--worker-urls a,b)
   const workerUrls = urls.flatMap((u) => u.split(",")).map((u) => u.trim()).filter((u) => u !== "");
   if (workerUrls.length === 0) throw new CliUsageError("--worker-urls needs at least one URL, e.g. http://127.0.0.1:8001");
-  const secs = (key: string, flag: string): number => number(o[key], flag, { min: 0, above: true }) * 1000;
+  // Node's timers take at most 2^31 - 1 ms (~24.8 days): a longer one fires after 1 ms
+  const secs = (key: string, flag: string): number => number(o[key], flag, { min: 0, above: true, max: MAX_TIMER_SECS }) * 1000;
   if (o.maxRetries !== undefined && o.retryMaxRetries !== undefined && o.maxRetries !== o.retryMaxRetries)
     throw new CliUsageError("--max-retries and --retry-max-retries disagree: give one");
   const retries = o.retryMaxRetries !== undefined ? number(o.retryMaxRetries, "--retry-max-retries", { int: true })

@@ -269,6 +269,10 @@ export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): voi
   const to = peer(name, g, dst, "dst");
   const host = hostBytes(t);
   try {
+    if (g.consistencyChecks) {
+      const header = messageHeader(t.dtype, host.bytes.byteLength);
+      g.call(name, (native, h) => native.send(h, header, to, tag));
+    }
     g.call(name, (native, h) => native.send(h, host.bytes, to, tag));
   } finally {
     host.finish(false);
@@ -276,8 +280,19 @@ export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): voi
 }
 
 /**
- * torch.distributed.recv: fills t from rank src (global), matched by tag; returns src. The sizes must agree
- * (a longer message fails with DistributedBackendError).
+ * With consistencyChecks a send is preceded by a header (dtype, byte length) on the same tag, so that recv can refuse
+ * a message of another size: gloo itself aborts the receiving process on a longer message and silently fills only
+ * the front of a shorter one.
+ */
+function messageHeader(dtype: DType, byteLength: number): Uint8Array {
+  return new Uint8Array(new Float64Array([DTYPES.indexOf(dtype), byteLength]).buffer);
+}
+
+/**
+ * torch.distributed.recv: fills t from rank src (global), matched by tag; returns src. The dtypes and sizes must
+ * agree: with consistencyChecks (the default) a message of another dtype or size is received and dropped, and recv
+ * throws a DistributedError naming both (t is left as it was, the sender carries on); without them gloo aborts the
+ * process on a longer message and fills only the front of t from a shorter one.
  */
 export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): number {
   const name = "recv";
@@ -285,6 +300,19 @@ export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): num
   checkTensor(name, t);
   checkTag(name, tag);
   const from = peer(name, g, src, "src");
+  if (g.consistencyChecks) {
+    const header = new Float64Array(2);
+    g.call(name, (native, h) => native.recv(h, new Uint8Array(header.buffer), from, tag));
+    const [dtypeIndex, byteLength] = [header[0]!, header[1]!];
+    const sentDtype = DTYPES[dtypeIndex] ?? `dtype #${dtypeIndex}`;
+    const mine = t.numel * DTYPE_BYTES[t.dtype];
+    if (sentDtype !== t.dtype || byteLength !== mine) {
+      const drop = new Uint8Array(byteLength); // take the message off the wire so that the sender and the pair go on
+      g.call(name, (native, h) => native.recv(h, drop, from, tag));
+      const sentNumel = DTYPES[dtypeIndex] === undefined ? "?" : String(byteLength / DTYPE_BYTES[DTYPES[dtypeIndex]]);
+      throw new DistributedError(name, `rank ${src} sent ${sentDtype} x ${sentNumel} (tag ${tag}) but this rank receives into ${t.dtype} x ${t.numel}`);
+    }
+  }
   const host = hostBytes(t);
   try {
     g.call(name, (native, h) => native.recv(h, host.bytes, from, tag));

@@ -30,7 +30,8 @@ export interface InitProcessGroupOptions {
   /**
    * Before each collective, ranks exchange (op, dtype, numel, root/op) and raise a DistributedError naming the
    * mismatch instead of exchanging garbage or hanging (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL). One small
-   * all-gather per collective; default true.
+   * all-gather per collective, and a small header before each send so that recv refuses a message of another
+   * size or dtype (every rank must agree on this option); default true.
    */
   consistencyChecks?: boolean;
 }
@@ -167,14 +168,23 @@ function parseInitMethod(opts: InitProcessGroupOptions): Rendezvous {
   return r;
 }
 
+/** The longest timeout taken (~35 years): the addon's clocks add it to now() in nanoseconds. */
+const MAX_TIMEOUT_MS = 2 ** 40;
+
+/** timeoutMs checked: the addon reads whole milliseconds (Infinity or NaN would read as 0: every wait failing at once). */
+function checkTimeout(op: string, timeoutMs: number): number {
+  if (typeof timeoutMs !== "number" || !(timeoutMs >= 1 && timeoutMs <= MAX_TIMEOUT_MS))
+    throw new DistributedError(op, `timeoutMs must be a number of milliseconds in [1, 2^40], got ${timeoutMs}`);
+  return timeoutMs;
+}
+
 /** torch.distributed.init_process_group: joins this process to the world group (blocks until every rank joined). */
 export function initProcessGroup(opts: InitProcessGroupOptions = {}): ProcessGroup {
   const op = "init_process_group";
   if (state !== null) throw new DistributedError(op, "the default process group is already initialized (call destroyProcessGroup() first)");
   const backend = opts.backend ?? "gloo";
   if (backend !== "gloo") throw new DistributedError(op, `back end "${String(backend)}" is not supported (gloo is)`);
-  const timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-  if (!(timeoutMs > 0)) throw new DistributedError(op, `timeoutMs must be positive, got ${timeoutMs}`);
+  const timeoutMs = checkTimeout(op, opts.timeoutMs ?? DEFAULT_TIMEOUT_MS);
   const checks = opts.consistencyChecks ?? true;
   const r = parseInitMethod(opts);
   const prefix = `kiln/${generation++}`;
@@ -251,7 +261,7 @@ export function newGroup(ranks?: readonly number[], opts: { timeoutMs?: number }
   for (const r of members)
     if (!Number.isInteger(r) || r < 0 || r >= world.size) throw new DistributedError(op, `rank ${r} is out of range for a world of ${world.size} ranks`);
   const id = s.nextGroupId++;
-  const timeoutMs = opts.timeoutMs ?? world.timeoutMs;
+  const timeoutMs = checkTimeout(op, opts.timeoutMs ?? world.timeoutMs);
   const rank = members.indexOf(world.rank);
   let handle: NativeHandle | null = null;
   if (rank >= 0 && members.length > 1) {

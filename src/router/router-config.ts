@@ -66,6 +66,9 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   logLevel: "info",
 };
 
+/** The longest delay Node's timers (setTimeout, setInterval, AbortSignal.timeout) keep: longer ones fire after 1 ms. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
 export class RouterConfigError extends KilnError {
   override name = "RouterConfigError";
 }
@@ -100,7 +103,7 @@ export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrl
   range("healthFailureThreshold", 1, Infinity, true);
   range("healthSuccessThreshold", 1, Infinity, true);
   range("maxPayloadSize", 1, Infinity, true);
-  for (const key of ["evictionIntervalMs", "healthCheckIntervalMs", "healthCheckTimeoutMs", "requestTimeoutMs"] as const) range(key, 1);
+  for (const key of ["evictionIntervalMs", "healthCheckIntervalMs", "healthCheckTimeoutMs", "requestTimeoutMs"] as const) range(key, 1, MAX_TIMER_MS);
   if (!c.healthCheckEndpoint.startsWith("/")) throw new RouterConfigError(`healthCheckEndpoint must be a path such as /health, got ${c.healthCheckEndpoint}`);
   return { ...c, workerUrls: urls };
 }

@@ -109,7 +109,13 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   };
 
   for (const route of PROXIED_POST_ROUTES) {
-    app.post(route, async (request, reply) => forward(request, reply, route, routingText(route, jsonBody(request))));
+    app.post(route, async (request, reply) => {
+      const body = jsonBody(request);
+      // a continued Responses conversation is stored on the worker that answered its previous turn: the others
+      // answer 404 (previous_response_id not found) at once, and the request tries the next worker
+      const continued = route === "/v1/responses" && typeof (body as { previous_response_id?: unknown } | null)?.previous_response_id === "string";
+      return forward(request, reply, route, routingText(route, body), continued);
+    });
   }
   // a stored response lives on the worker that made it: ask each until one has it
   app.get("/v1/responses/:id", async (request, reply) => forward(request, reply, "/v1/responses/{id}", "", true));

@@ -139,8 +139,8 @@ export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promp
   const maxTokens = req.maxTokens ?? Math.min(room, ctx.generationDefaults.maxTokens ?? room, req.maxTokensDefault ?? room);
   const params = { ...ctx.generationDefaults, ...req.params, maxTokens };
   // vLLM's check and text (SamplingParams._validate_logprobs), with VLLMValidationError's (parameter=, value=) suffix
-  // (the error's param names the request's field: a chat request asks sample logprobs as top_logprobs)
-  const sampleField = promptParam === "messages" ? "top_logprobs" : "logprobs";
+  // (the error's param names the request's field: chat and Responses requests ask sample logprobs as top_logprobs)
+  const sampleField = promptParam === "messages" || promptParam === "input" ? "top_logprobs" : "logprobs";
   for (const [name, field, kind, n] of [["logprobs", sampleField, "sample", params.logprobs], ["prompt_logprobs", "prompt_logprobs", "prompt", params.promptLogprobs]] as const) {
     if (typeof n === "number" && n > ctx.maxLogprobs)
       throw badRequest(`Requested ${kind} logprobs of ${n}, which is greater than max allowed: ${ctx.maxLogprobs} (parameter=${name}, value=${n})`, field);

@@ -93,6 +93,9 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   if (req.previousResponseId !== null) {
     const prev = storeOf(ctx).get(req.previousResponseId);
     if (prev === undefined) throw notFound(req.previousResponseId, "previous_response_id");
+    // a background response still running has no output yet: continuing would silently drop its answer
+    if (prev.running !== undefined)
+      throw badRequest(`Previous response '${req.previousResponseId}' is still ${String(prev.response.status)}: wait until it has finished (GET /v1/responses/{id}) or cancel it`, "previous_response_id");
     earlier = prev.conversation;
   }
   const conversation = [...earlier, ...req.input];

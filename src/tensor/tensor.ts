@@ -535,8 +535,15 @@ function writeValues(t: Tensor, values: ArrayLike<number> | TypedData): void {
     return;
   }
   if (values instanceof BigInt64Array) values = Float64Array.from(values, Number);
+  if (t.dtype === "int64") {
+    // written as 64-bit integers directly: an int32 staging tensor would wrap values past 2^31 (torch keeps them);
+    // fractions truncate toward zero as the copy kernel does, non-finite values become 0 as they did through int32
+    const arr = BigInt64Array.from(values as ArrayLike<number>, (v) => (Number.isFinite(v) ? BigInt(Math.trunc(v)) : 0n));
+    backend.write(t.storage.buffer, 0, new Uint8Array(arr.buffer));
+    return;
+  }
   // Otherwise go through a float32/int32 staging tensor and the copy kernel (which converts dtypes).
-  const isInt = t.dtype === "int32" || t.dtype === "int64" || t.dtype === "int8" || t.dtype === "uint8" || t.dtype === "bool";
+  const isInt = t.dtype === "int32" || t.dtype === "int8" || t.dtype === "uint8" || t.dtype === "bool";
   const stagingDtype: DType = isInt ? "int32" : "float32";
   const staging = empty(t.shape, { dtype: stagingDtype, device: t.device });
   const arr = isInt ? Int32Array.from(values as ArrayLike<number>) : Float32Array.from(values as ArrayLike<number>);

@@ -63,8 +63,11 @@ describe("kiln router flags", () => {
       [["--balance-abs-threshold", "-1"], /--balance-abs-threshold must be an integer >= 0/],
       [["--balance-rel-threshold", "0.5"], /--balance-rel-threshold must be a number >= 1/],
       [["--port", "70000"], /--port must be an integer in \[0, 65535\]/],
-      [["--health-check-interval-secs", "0"], /--health-check-interval-secs must be a number > 0/],
-      [["--request-timeout-secs", "soon"], /--request-timeout-secs must be a number > 0, got "soon"/],
+      [["--health-check-interval-secs", "0"], /--health-check-interval-secs must be a number in \(0, 2147483\]/],
+      [["--request-timeout-secs", "soon"], /--request-timeout-secs must be a number in \(0, 2147483\], got "soon"/],
+      // past Node's longest timer (2^31 - 1 ms) a timeout would fire after 1 ms: every request a 504
+      [["--request-timeout-secs", "3000000"], /--request-timeout-secs must be a number in \(0, 2147483\], got "3000000"/],
+      [["--health-check-interval-secs", "99999999"], /--health-check-interval-secs must be a number in \(0, 2147483\]/],
       [["--max-retries", "1.5"], /--max-retries must be an integer/],
       [["--max-retries", "1", "--retry-max-retries", "2"], /disagree/],
       [["--health-check-endpoint", "health"], /--health-check-endpoint must be a path/],

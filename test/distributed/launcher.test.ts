@@ -74,5 +74,11 @@ describe("kiln run launcher", { timeout: 60_000 }, () => {
     const bad = spawnSync(process.execPath, [kiln, "run", "--nproc-per-node", "0", fixture("launch-worker")], { encoding: "utf8", timeout: 30_000 });
     assert.equal(bad.status, 2);
     assert.match(bad.stderr, /--nproc-per-node must be an integer >= 1, got "0"/);
+    // a grace that is not a number would SIGKILL the other ranks at once (setTimeout(NaN) fires after 1 ms)
+    for (const grace of ["soon", "-1"]) {
+      const badGrace = spawnSync(process.execPath, [kiln, "run", "--nproc-per-node", "1", "--stop-grace", grace, fixture("launch-worker")], { encoding: "utf8", timeout: 30_000 });
+      assert.equal(badGrace.status, 2, badGrace.stderr);
+      assert.match(badGrace.stderr, new RegExp(`--stop-grace must be a number of seconds >= 0, got "${grace}"`));
+    }
   });
 });

@@ -40,6 +40,9 @@ describe("process group misuse in one process", () => {
     throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 2, worldSize: 2 }), DistributedError, /rank 2 is out of range for a world of 2 ranks/);
     throwsTyped(() => dist.initProcessGroup({ initMethod: "udp://x", rank: 0, worldSize: 1 }), DistributedError, /unknown init method udp:\/\/x/);
     throwsTyped(() => dist.initProcessGroup({ backend: "nccl" as "gloo", initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 }), DistributedError, /back end "nccl" is not supported/);
+    // the addon reads the timeout as whole milliseconds: Infinity became 0 (every wait timed out at once), 0.5 too
+    for (const timeoutMs of [Infinity, NaN, 0.5, -1, 2 ** 60])
+      throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1, timeoutMs }), DistributedError, /^\[init_process_group\] timeoutMs must be a number of milliseconds in \[1, 2\^40\]/);
     assert.equal(dist.isInitialized(), false);
   });
 
@@ -72,6 +75,7 @@ describe("process group misuse in one process", () => {
       throwsTyped(() => dist.send(t, 0, undefined, -1), DistributedError, /^\[send\] tag must be an integer/);
       throwsTyped(() => dist.newGroup([0, 3]), DistributedError, /^\[new_group\] rank 3 is out of range for a world of 1 ranks/);
       throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 }), DistributedError, /already initialized/);
+      throwsTyped(() => dist.newGroup([0], { timeoutMs: 0 }), DistributedError, /^\[new_group\] timeoutMs must be a number of milliseconds in \[1, 2\^40\], got 0/);
       const g = dist.newGroup([0]);
       dist.destroyProcessGroup(g);
       throwsTyped(() => dist.allReduce(t, "sum", g), DistributedError, /^\[all_reduce\] the group \[0\] was destroyed/);
@@ -116,6 +120,15 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
       assert.match(String(res.op_mismatch), rank === 0 ? /^DistributedError: \[all_reduce\] ranks disagree: .* called all_reduce.* called broadcast/ : /^DistributedError: \[broadcast\] ranks disagree: .* called broadcast.* called all_reduce/);
       assert.match(String(res.src_mismatch), /^DistributedError: \[broadcast\] ranks disagree/);
       assert.deepEqual(res.after_mismatch, [2, 25]);
+      if (rank === 1) {
+        assert.equal(res.recv_longer, "DistributedError: [recv] rank 0 sent float32 x 3 (tag 0) but this rank receives into float32 x 2");
+        assert.equal(res.recv_shorter, "DistributedError: [recv] rank 0 sent float32 x 1 (tag 3) but this rank receives into float32 x 2");
+        assert.equal(res.recv_dtype, "DistributedError: [recv] rank 0 sent int32 x 2 (tag 0) but this rank receives into float32 x 2");
+        assert.deepEqual(res.recv_untouched, [7, 7]);
+        assert.deepEqual(res.recv_after_values, [4, 5]);
+      } else {
+        for (const key of ["recv_longer", "recv_shorter", "recv_dtype", "recv_after"]) assert.equal(res[key], null, `${key} on the sender`);
+      }
     }
     const r1 = run.results[1]!;
     assert.match(String(r1.timeout), /^DistributedTimeoutError: \[all_reduce\] timed out after 1500 ms/);

@@ -294,6 +294,22 @@ describe("router over HTTP (fake workers)", () => {
     assert.deepEqual(await missing.json(), { error: { message: "no such response" } }); // the worker's own answer
   });
 
+  it("POST /v1/responses with previous_response_id reaches the worker that stored the previous response", async () => {
+    const [w0, w1] = await fleet(2);
+    const { url } = await router([w0!.url, w1!.url], { policy: "round_robin" });
+    // w1 stored resp_1; w0 does not know it (kiln serve's 404 naming previous_response_id)
+    w0!.handler = answer(404, '{"error":{"message":"Response with id \'resp_1\' not found.","type":"invalid_request_error","param":"previous_response_id","code":"response_not_found"}}');
+    w1!.handler = answer(200, '{"id":"resp_2","status":"completed"}');
+    for (let i = 0; i < 4; i++) {
+      const r = await post(`${url}/v1/responses`, { model: "tiny", input: `turn ${i}`, previous_response_id: "resp_1" });
+      assert.equal(r.status, 200, `request ${i}: ${r.text}`);
+      assert.equal(r.headers.get("x-kiln-worker"), w1!.url);
+    }
+    // without previous_response_id a worker's 404 passes through as it is
+    const fresh = await Promise.all([0, 1].map((i) => post(`${url}/v1/responses`, { model: "tiny", input: `new ${i}` })));
+    assert.deepEqual(fresh.map((r) => r.status).sort(), [200, 404]);
+  });
+
   it("health checks take a failing worker out after the failure threshold and back after the success threshold", async () => {
     const [w0, w1] = await fleet(2);
     const { r } = await router([w0!.url, w1!.url], { healthCheckIntervalMs: 30, healthFailureThreshold: 2, healthSuccessThreshold: 2 });

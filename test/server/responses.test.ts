@@ -115,6 +115,11 @@ describe("/v1/responses over the fake engine", () => {
     const aborted = s.engine.aborted.length;
     const queued = await s.client.responses.create({ model: MODEL, input: "a long one", max_output_tokens: 500, ignore_eos: true, background: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
     await waitFor(async () => (await s.client.responses.retrieve(queued.id)).status === "in_progress");
+    // a running response has no output to continue from yet: refused, not continued without its answer
+    await assert.rejects(
+      s.client.responses.create({ model: MODEL, input: "go on", previous_response_id: queued.id, max_output_tokens: 2 } as OpenAI.Responses.ResponseCreateParamsNonStreaming),
+      (e: { status?: number; error?: { param?: string }; message?: string }) => e.status === 400 && e.error?.param === "previous_response_id" && /in_progress/.test(e.message ?? ""),
+    );
     const cancelled = await s.client.responses.cancel(queued.id);
     assert.equal(cancelled.status, "cancelled");
     await waitFor(async () => (await freeBlocks(s.url)) === start);
@@ -155,6 +160,7 @@ describe("/v1/responses refusals", () => {
       [{ input: "x", include: ["reasoning.encrypted_content"] }, 400, "include[0]", /include/],
       [{ input: "x", include: "message.output_text.logprobs" }, 400, "include", /list/],
       [{ input: "x", top_logprobs: 2 }, 400, "top_logprobs", /include/],
+      [{ input: "x", include: ["message.output_text.logprobs"], top_logprobs: 21 }, 400, "top_logprobs", /max allowed: 20/],
       [{ input: "x", truncation: "auto" }, 400, "truncation", /truncation/],
       [{ input: "x", reasoning: { summary: "auto" } }, 400, "reasoning.summary", /summar/],
       [{ input: "x", text: { format: { type: "xml" } } }, 400, "text.format.type", /text\.format/],

@@ -11,6 +11,12 @@ forEachBackend((dev) => {
   const ft = (data: number[], shape: number[], dtype: DType = "float32") => k.tensor(Float32Array.from(data), { device: dev, shape, dtype });
 
   describe("construction", () => {
+    it("int64 tensors keep values past int32's range (torch.tensor(..., dtype=int64))", () => {
+      const big = [2 ** 31, 2 ** 40 + 1, -(2 ** 35) - 3, 2 ** 53 - 1];
+      assert.deepEqual(t(big, { dtype: "int64" }).toList(), big);
+      assert.deepEqual(k.tensor(Float64Array.from(big), { device: dev, dtype: "int64" }).toList(), big);
+      assert.deepEqual(t([2.9, -2.9, 7], { dtype: "int64" }).toList(), [2, -2, 7]); // truncated toward zero, as before
+    });
     it("tensor / zeros / ones / full / arange / like", () => {
       const a = t([[1, 2, 3], [4, 5, 6]]);
       assert.deepEqual([...a.shape], [2, 3]);
