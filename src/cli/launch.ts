@@ -5,7 +5,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { createServer } from "node:net";
-import { cpus } from "node:os";
+import { constants as osConstants, cpus } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Command } from "commander";
@@ -55,6 +55,7 @@ export async function launch(opts: LaunchOptions): Promise<LaunchResult> {
   const worldSize = opts.nnodes * opts.nprocPerNode;
   const port = opts.masterPort ?? (await freePort(opts.masterAddr));
   const script = resolveScript(opts.script);
+  if (!existsSync(script)) throw new CliUsageError(`kiln run: the script ${JSON.stringify(opts.script)} does not exist`);
   // one native thread pool per process: share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1)
   const threads = String(Math.max(1, Math.floor(cpus().length / opts.nprocPerNode)));
   const children: ChildProcess[] = [];
@@ -69,7 +70,10 @@ export async function launch(opts: LaunchOptions): Promise<LaunchResult> {
     }, opts.stopGraceSeconds * 1000);
     killTimer.unref();
   };
+  // Ctrl-C / SIGTERM to the launcher: passed to every rank; the ranks' exits are then not failures of their own
+  let interrupted: NodeJS.Signals | null = null;
   const onSignal = (sig: NodeJS.Signals): void => {
+    interrupted ??= sig;
     for (const [i, c] of children.entries()) if (!exited.has(i)) c.kill(sig);
   };
   process.on("SIGINT", onSignal).on("SIGTERM", onSignal);
@@ -95,7 +99,7 @@ export async function launch(opts: LaunchOptions): Promise<LaunchResult> {
       child.on("exit", (code, signal) => {
         exited.add(local);
         const bad = code !== 0;
-        if (bad && failed === null) {
+        if (bad && failed === null && interrupted === null) {
           failed = { rank, code: code ?? 1, how: signal !== null ? `was killed by ${signal}` : `exited with code ${code}` };
           stopOthers();
         }
@@ -117,6 +121,11 @@ export async function launch(opts: LaunchOptions): Promise<LaunchResult> {
   process.off("SIGINT", onSignal).off("SIGTERM", onSignal);
   if (killTimer !== null) clearTimeout(killTimer);
   const f = failed as { rank: number; code: number; how: string } | null;
+  const sig = interrupted as NodeJS.Signals | null;
+  if (f === null && sig !== null) {
+    log(`kiln run: interrupted by ${sig}; the ranks were stopped`);
+    return { exitCode: 128 + (osConstants.signals[sig] ?? 2), failedRank: null }; // as a shell reports a signal
+  }
   if (f === null) return { exitCode: 0, failedRank: null };
   log(`kiln run: rank ${f.rank} (local rank ${f.rank - opts.nodeRank * opts.nprocPerNode}) ${f.how}; stopped the other ranks`);
   return { exitCode: f.code > 0 && f.code < 256 ? f.code : 1, failedRank: f.rank };

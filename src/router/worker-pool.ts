@@ -59,7 +59,11 @@ export function normalizeWorkerUrl(url: string): string {
   }
   if ((u.protocol !== "http:" && u.protocol !== "https:") || u.search !== "" || u.hash !== "" || u.username !== "")
     throw new Error(`worker URL ${JSON.stringify(url)} must be http:// or https:// with no query, fragment or credentials`);
-  return `${u.protocol}//${u.host}${u.pathname.replace(/\/+$/, "")}`;
+  const path = u.pathname.replace(/\/+$/, "");
+  // the router appends each request's own path (/v1/chat/completions, /health, ...): a base that ends in /v1 would
+  // send /v1/v1/... (a path prefix before it, as a worker behind --root-path has, is fine)
+  if (/\/v1$/.test(path)) throw new Error(`worker URL ${JSON.stringify(url)} ends in /v1: give the server's base URL (e.g. ${u.protocol}//${u.host}${path.slice(0, -3)})`);
+  return `${u.protocol}//${u.host}${path}`;
 }
 
 export class WorkerPool {

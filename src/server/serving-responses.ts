@@ -48,9 +48,11 @@ function storeOf(ctx: ServingContext): Map<string, Stored> {
 function keep(ctx: ServingContext, id: string, stored: Stored): void {
   const store = storeOf(ctx);
   store.set(id, stored);
-  for (const old of store.keys()) {
+  for (const [old, entry] of store) {
     if (store.size <= RESPONSE_STORE_CAPACITY) break;
-    store.delete(old); // a Map iterates in insertion order: the oldest first
+    // a Map iterates in insertion order: the oldest first; a background response still running stays (it could no
+    // longer be read or cancelled)
+    if (entry.running === undefined) store.delete(old);
   }
 }
 
@@ -113,6 +115,9 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   // the id carries fastify's request id (the client's X-Request-Id, else random hex); engine ids must differ
   const { id, engineId } = responseIds(request, "resp", "_"); // (OpenAI's resp_ ids)
   const turn: Turn = { ctx, id, createdAt: nowSeconds(), model, req, chat, params, promptLen: promptTokenIds.length, thinking };
+  // two background requests under one X-Request-Id would share an id: the first could no longer be read or cancelled
+  if (req.background && storeOf(ctx).get(id)?.running !== undefined)
+    throw badRequest(`a background response with id '${id}' is still running: send another X-Request-Id`, null);
 
   checkQueue(ctx);
   const controller = new AbortController();
@@ -171,7 +176,7 @@ function runInBackground(turn: Turn, conversation: WireMessage[], stream: AsyncG
       finish(await collectResponse(turn, outputs));
     } catch (err) {
       const e = toApiError(textFormatError(turn.req.chatFields, err));
-      finish({ ...responseObject(turn, "failed", [], null), error: { code: e.status < 500 ? "invalid_request" : "server_error", message: e.message } });
+      finish({ ...responseObject(turn, "failed", [], null), error: { code: e.status < 500 ? "invalid_prompt" : "server_error", message: e.message } }); // (OpenAI's codes)
     } finally {
       controller.abort(); // frees the engine request's blocks if it is still running
     }

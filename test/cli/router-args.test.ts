@@ -77,6 +77,9 @@ describe("kiln router flags", () => {
       assert.throws(() => parse("--worker-urls", "http://a:1", ...args), (e: unknown) => e instanceof CliUsageError && message.test((e as Error).message), args.join(" "));
     }
     assert.throws(() => parse("--worker-urls", "localhost:8000"), /must be http:\/\/ or https:\/\//);
+    // the router adds /v1/...: a base ending in /v1 would send /v1/v1/... (a prefix before it is a worker's --root-path)
+    assert.throws(() => parse("--worker-urls", "http://127.0.0.1:8000/v1"), /ends in \/v1: give the server's base URL \(e\.g\. http:\/\/127\.0\.0\.1:8000\)/);
+    assert.deepEqual(parse("--worker-urls", "http://127.0.0.1:8000/kiln/").workerUrls, ["http://127.0.0.1:8000/kiln"]);
     assert.throws(() => parse("--worker-urls", "http://a:1", "http://a:1/"), /given twice/);
   });
 

@@ -1,8 +1,8 @@
 // `kiln run` (torchrun's role): the environment each rank gets, and failure handling (one rank fails -> the others are
 // stopped, the launcher exits non-zero naming the rank). No gloo needed.
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -80,5 +80,24 @@ describe("kiln run launcher", { timeout: 60_000 }, () => {
       assert.equal(badGrace.status, 2, badGrace.stderr);
       assert.match(badGrace.stderr, new RegExp(`--stop-grace must be a number of seconds >= 0, got "${grace}"`));
     }
+    const missing = spawnSync(process.execPath, [kiln, "run", "--nproc-per-node", "2", join(out, "no-such-script.js")], { encoding: "utf8", timeout: 30_000 });
+    assert.equal(missing.status, 2, missing.stderr);
+    assert.match(missing.stderr, /kiln run: the script ".*no-such-script\.js" does not exist/);
+  });
+
+  it("Ctrl-C (SIGINT) to the launcher stops every rank and exits 130, naming the interrupt rather than a rank", async () => {
+    const out = mkdtempSync(join(tmpdir(), "kiln-dist-int-"));
+    const child = spawn(process.execPath, [kiln, "run", "--nproc-per-node", "2", fixture("launch-worker"), out, "sleep"], { stdio: ["ignore", "ignore", "pipe"] });
+    let stderr = "";
+    child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+    const deadline = Date.now() + 20_000;
+    while (![0, 1].every((r) => existsSync(join(out, `rank${r}.json`))) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    child.kill("SIGINT");
+    assert.equal(await exited, 130, stderr);
+    assert.match(stderr, /kiln run: interrupted by SIGINT; the ranks were stopped/);
+    assert.doesNotMatch(stderr, /rank \d+ .*killed/);
+    for (const r of [0, 1]) assert.equal(alive((JSON.parse(readFileSync(join(out, `rank${r}.json`), "utf8")) as { pid: number }).pid), false);
+    rmSync(out, { recursive: true, force: true });
   });
 });

@@ -113,8 +113,15 @@ describe("/v1/responses over the fake engine", () => {
   it("background: cancel stops the engine request, frees its blocks and leaves the response cancelled", async () => {
     const start = await freeBlocks(s.url);
     const aborted = s.engine.aborted.length;
-    const queued = await s.client.responses.create({ model: MODEL, input: "a long one", max_output_tokens: 500, ignore_eos: true, background: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    const queued = await s.client.responses.create(
+      { model: MODEL, input: "a long one", max_output_tokens: 500, ignore_eos: true, background: true } as OpenAI.Responses.ResponseCreateParamsNonStreaming,
+      { headers: { "x-request-id": "bg-once" } },
+    );
     await waitFor(async () => (await s.client.responses.retrieve(queued.id)).status === "in_progress");
+    // a second background request under the same X-Request-Id would take the running one's id: refused
+    const twin = await post({ model: MODEL, input: "again", background: true }, { "x-request-id": "bg-once" });
+    assert.equal(twin.status, 400);
+    assert.match(((await twin.json()) as { error: { message: string } }).error.message, /still running/);
     // a running response has no output to continue from yet: refused, not continued without its answer
     await assert.rejects(
       s.client.responses.create({ model: MODEL, input: "go on", previous_response_id: queued.id, max_output_tokens: 2 } as OpenAI.Responses.ResponseCreateParamsNonStreaming),
