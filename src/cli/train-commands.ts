@@ -30,6 +30,19 @@ function parseOverrides(pairs: string[]): Record<string, string> {
   return out;
 }
 
+/**
+ * An init-model --set value as config.json holds it: JSON where it parses (numbers, true/false, null, and objects or
+ * lists such as rope_scaling), else the text itself (e.g. hidden_act=silu). An empty value is refused.
+ */
+export function configValue(key: string, text: string): unknown {
+  if (text.trim() === "") throw new CliUsageError(`--set ${key}= needs a value (JSON, or text)`);
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    return text;
+  }
+}
+
 export function registerTrainCommands(program: Command): void {
   program
     .command("train")
@@ -92,7 +105,7 @@ export function registerTrainCommands(program: Command): void {
       const tokenizerDir = opts.tokenizer ?? DEFAULT_MODEL_DIR;
       if (!fs.existsSync(`${tokenizerDir}/tokenizer.json`)) throw new CliUsageError(`no tokenizer.json in ${tokenizerDir}; pass --tokenizer DIR`);
       const overrides: Record<string, unknown> = {};
-      for (const [k, v] of Object.entries(parseOverrides(opts.set))) overrides[k] = Number.isFinite(Number(v)) ? Number(v) : v === "true" ? true : v === "false" ? false : v;
+      for (const [k, v] of Object.entries(parseOverrides(opts.set))) overrides[k] = configValue(k, v);
       const { initModel } = await import("../models/init-model.js");
       const config = initModel(opts.out, {
         architecture: opts.arch as Architecture,

@@ -44,6 +44,11 @@ export interface GradNode {
   readonly attrs: Record<string, unknown>;
 }
 
+/** torch's two spellings of a size argument: t.view(2, 3) and t.view([2, 3]). */
+function sizesArg(args: number[] | [readonly number[]]): number[] {
+  return args.length === 1 && Array.isArray(args[0]) ? [...args[0]] : (args as number[]);
+}
+
 export class Tensor {
   readonly id = nextId++;
   requiresGrad = false;
@@ -161,14 +166,14 @@ export class Tensor {
   }
 
   // ---- views and shape ops ----
-  view(...shape: number[]): Tensor {
-    return sh.view(this, shape);
+  view(...shape: number[] | [readonly number[]]): Tensor {
+    return sh.view(this, sizesArg(shape));
   }
-  reshape(...shape: number[]): Tensor {
-    return sh.reshape(this, shape);
+  reshape(...shape: number[] | [readonly number[]]): Tensor {
+    return sh.reshape(this, sizesArg(shape));
   }
-  permute(...dims: number[]): Tensor {
-    return sh.permute(this, dims);
+  permute(...dims: number[] | [readonly number[]]): Tensor {
+    return sh.permute(this, sizesArg(dims));
   }
   transpose(d0: number, d1: number): Tensor {
     return sh.transpose(this, d0, d1);
@@ -190,8 +195,8 @@ export class Tensor {
   select(dim: number, index: number): Tensor {
     return sh.select(this, dim, index);
   }
-  expand(...shape: number[]): Tensor {
-    return sh.expand(this, shape);
+  expand(...shape: number[] | [readonly number[]]): Tensor {
+    return sh.expand(this, sizesArg(shape));
   }
   squeeze(dim?: number): Tensor {
     return sh.squeeze(this, dim);

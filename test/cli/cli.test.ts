@@ -9,6 +9,7 @@ import { join } from "node:path";
 import { generationDefaults, type EngineFactory } from "../../src/cli/engine-factory.js";
 import { main } from "../../src/cli/main.js";
 import { CliUsageError, parseBytes, parseServeArgs, type ServeArgs } from "../../src/cli/serve-args.js";
+import { configValue } from "../../src/cli/train-commands.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
 const kiln = (...args: string[]) => spawnSync(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 10_000 });
@@ -300,4 +301,13 @@ describe("kiln CLI", () => {
     assert.equal(await exited, 0);
     assert.match(stderr, /draining 1 in-flight/);
   });
+});
+
+it("init-model --set values are JSON where they parse (objects such as rope_scaling included), else text; empty is refused", () => {
+  assert.equal(configValue("num_hidden_layers", "4"), 4);
+  assert.equal(configValue("tie_word_embeddings", "true"), true);
+  assert.equal(configValue("sliding_window", "null"), null);
+  assert.equal(configValue("hidden_act", "silu"), "silu");
+  assert.deepEqual(configValue("rope_scaling", '{"rope_type":"longrope","short_factor":[1,2],"long_factor":[3,4]}'), { rope_type: "longrope", short_factor: [1, 2], long_factor: [3, 4] });
+  assert.throws(() => configValue("rope_theta", ""), /--set rope_theta= needs a value/);
 });

@@ -17,6 +17,15 @@ forEachBackend((dev) => {
       assert.deepEqual(k.tensor(Float64Array.from(big), { device: dev, dtype: "int64" }).toList(), big);
       assert.deepEqual(t([2.9, -2.9, 7], { dtype: "int64" }).toList(), [2, -2, 7]); // truncated toward zero, as before
     });
+    it("view / reshape / permute / expand take a size list too, as torch does (t.view([2, 3]) = t.view(2, 3))", () => {
+      const a = t([1, 2, 3, 4, 5, 6]);
+      const same = (x: Tensor, shape: number[], vals: number[]) => assert.deepEqual([[...x.shape], values(x)], [shape, vals]);
+      same(a.view([2, 3]), [2, 3], [1, 2, 3, 4, 5, 6]);
+      same(a.reshape([3, 2]), [3, 2], [1, 2, 3, 4, 5, 6]);
+      same(a.view(2, 3).permute([1, 0]), [3, 2], [1, 4, 2, 5, 3, 6]);
+      same(t([7]).expand([3]), [3], [7, 7, 7]);
+      same(t([7]).expand([2, 3]), [2, 3], [7, 7, 7, 7, 7, 7]);
+    });
     it("tensor / zeros / ones / full / arange / like", () => {
       const a = t([[1, 2, 3], [4, 5, 6]]);
       assert.deepEqual([...a.shape], [2, 3]);
