@@ -4,11 +4,13 @@
 // messages without spinning: steps are chained with setImmediate only while requests are unfinished, and
 // messages (adds, aborts) are handled between steps.
 import * as fs from "node:fs";
+import * as os from "node:os";
 import * as path from "node:path";
 import { parentPort, workerData, type MessagePort } from "node:worker_threads";
 import { EngineCore, resolveEngineArgs } from "./engine-core.js";
 import { instantiateLogitsProcessors, loadLogitsProcessors } from "./logits-processors.js";
 import { createServingSetup } from "./serving.js";
+import { createKvEventPublisher } from "./kv-events-publisher.js";
 import {
   toWireError,
   type FromWorker,
@@ -100,6 +102,8 @@ async function main(): Promise<void> {
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
   const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
   const resolved = resolveEngineArgs(engineArgs);
+  // each step's KV-cache events go out from this thread, so a slow or lost NATS server never delays the caller's
+  const kvEvents = args.kvEventsConfig == null ? null : createKvEventPublisher(args.kvEventsConfig, `${os.hostname()}:${process.pid}`);
 
   const sentBySeq = new Map<number, Sent>();
   const seqOfRequest = new Map<string, number>(); // live engine request id -> seq
@@ -126,6 +130,7 @@ async function main(): Promise<void> {
     scheduled = false;
     try {
       if (core.hasUnfinishedRequests()) wire(core.step());
+      kvEvents?.publish(core.takeKvEvents());
     } catch (err) {
       // A failed step leaves the engine state untrustworthy: fail every stream (as AsyncLLM does) and stop.
       post({ type: "fatal", error: toWireError(err) });
