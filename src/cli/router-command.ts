@@ -105,7 +105,7 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
   try {
     return resolveRouterConfig(partial);
   } catch (e) {
-    if (e instanceof RouterConfigError) throw new CliUsageError(e.message); // the one check left: the worker URLs
+    if (e instanceof RouterConfigError) throw new CliUsageError(e.message); // the checks left: worker URLs, the KV-events endpoint, what precise routing needs
     throw e;
   }
 }

@@ -108,11 +108,11 @@ export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrl
   range("maxTreeSize", 1, Infinity, true);
   for (const key of ["prefixCacheScorerWeight", "queueScorerWeight", "kvCacheUtilizationScorerWeight", "precisePrefixCacheScorerWeight"] as const) range(key, 0);
   if (c.kvEventsEndpoint !== null && !/^(nats|tls):\/\/[^/\s]+$/.test(c.kvEventsEndpoint))
-    throw new RouterConfigError(`kvEventsEndpoint must be nats://host:port, got ${JSON.stringify(c.kvEventsEndpoint)}`);
+    throw new RouterConfigError(`kvEventsEndpoint (--kv-events-endpoint) must be nats://host:port, got ${JSON.stringify(c.kvEventsEndpoint)}`);
   if (!/^[^\s]+$/.test(c.kvEventsTopic)) throw new RouterConfigError(`kvEventsTopic must be a NATS subject, got ${JSON.stringify(c.kvEventsTopic)}`);
   const precise = c.policy === "precise_prefix" || (c.policy === "weighted" && c.precisePrefixCacheScorerWeight > 0);
   if (precise && (c.kvEventsEndpoint === null || c.tokenizer === null))
-    throw new RouterConfigError(`${c.policy === "weighted" ? "the precise-prefix-cache scorer" : "policy precise_prefix"} needs the workers' KV-cache events and the model's tokenizer (kvEventsEndpoint and tokenizer)`);
+    throw new RouterConfigError(`${c.policy === "weighted" ? "the precise-prefix-cache scorer" : "policy precise_prefix"} needs the workers' KV-cache events and the model's tokenizer (kvEventsEndpoint and tokenizer: --kv-events-endpoint and --tokenizer)`);
   range("maxRetries", 0, Infinity, true);
   range("maxInflightPerWorker", 0, Infinity, true);
   range("healthFailureThreshold", 1, Infinity, true);
