@@ -2,7 +2,8 @@
 // real `kiln router --policy precise_prefix` subscribed to them. A long prompt served by worker B directly (the router
 // never saw it) makes the router send a request extending it to B, because B's events said it holds those blocks
 // (B's prefix cache then hits); a chat request sharing a long system prompt likewise. Once B has evicted them,
-// the router no longer prefers B: the request goes to the least loaded worker, the first listed (A).
+// the router no longer prefers B: the request goes to the least loaded worker, the first listed (A). A worker that
+// dies loses its entries in the index as soon as the router marks it down.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { startKiln, type KilnServer } from "./kiln-process.js";
@@ -32,7 +33,9 @@ describe("precise prefix routing from KV-cache events (e2e)", { skip: natsSkipRe
   });
   after(async () => {
     if (router !== undefined) assert.equal(await router.stop(), 0, router.log());
-    await Promise.all((workers ?? []).map((w) => w.stop()));
+    // a worker connected to NATS still shuts down at once, and cleanly (B was killed by the last test)
+    const codes = await Promise.all((workers ?? []).map((w) => w.stop()));
+    if (codes.length > 0) assert.equal(codes[0], 0, A().log());
     await nats?.stop();
   });
 
@@ -98,5 +101,21 @@ describe("precise prefix routing from KV-cache events (e2e)", { skip: natsSkipRe
     const misses = await decisions("cache_miss");
     assert.equal(await complete(`${prefix}Who lives there?`), A().url);
     assert.equal((await decisions("cache_miss")) - misses, 1);
+  });
+
+  it("a worker that goes down loses its index entries", async () => {
+    await B().client().completions.create({ model, prompt: `${prefix}Again.`, max_tokens: 1, temperature: 0 });
+    assert.ok((await indexed())[1]! > 0);
+    process.kill(B().pid, "SIGKILL");
+    await B().exited;
+    let kv = -1;
+    for (let i = 0; i < 100 && kv !== 0; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      const body = (await (await fetch(`${router.url}/workers`)).json()) as { workers: { url: string; healthy: boolean; kv_blocks: number }[] };
+      const b = body.workers.find((x) => x.url === B().url)!;
+      kv = b.healthy ? -1 : b.kv_blocks;
+    }
+    assert.equal(kv, 0, "B is down and holds nothing in the index");
+    assert.equal(await complete(`${prefix}Again and again.`), A().url);
   });
 });
