@@ -8,6 +8,8 @@ export interface KvBlockIndexStats {
   events: number;
   /** Batches a worker numbered past the one expected: some were lost on the way (entries may be stale). */
   gaps: number;
+  /** Batches numbered below the one expected: the engine restarted (with an empty cache), its old entries dropped. */
+  restarts: number;
 }
 
 export class KvBlockIndex {
@@ -18,13 +20,17 @@ export class KvBlockIndex {
   /** worker -> block size its events reported */
   private readonly blockSizeOf = new Map<string, number>();
   private readonly nextSeq = new Map<string, number>();
-  readonly stats: KvBlockIndexStats = { batches: 0, events: 0, gaps: 0 };
+  readonly stats: KvBlockIndexStats = { batches: 0, events: 0, gaps: 0, restarts: 0 };
 
   /** Applies one engine's batch, in order. `worker` is its normalized URL (the batch's engine_id by default). */
   applyBatch(batch: KvEventBatch, worker: string = batch.engine_id): void {
     this.stats.batches++;
     const expected = this.nextSeq.get(worker);
     if (expected !== undefined && batch.seq > expected) this.stats.gaps++;
+    if (expected !== undefined && batch.seq < expected) {
+      this.stats.restarts++;
+      this.removeWorker(worker);
+    }
     this.nextSeq.set(worker, batch.seq + 1);
     for (const e of batch.events) this.apply(worker, e);
   }

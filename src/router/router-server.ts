@@ -165,6 +165,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   app.get("/list_workers", async () => ({ urls: pool.all().map((w) => w.url) }));
   app.get("/workers", async () => ({
     policy: policy.name,
+    ...(kvIndex === null ? {} : { kv_events: { ...kvIndex.stats } }),
     workers: pool.all().map((w) => ({
       url: w.url, healthy: w.healthy, in_flight: w.inFlight, load: pool.view(w).load, last_error: w.lastError,
       ...(kvIndex === null ? {} : { kv_blocks: kvIndex.size(w.url) }),

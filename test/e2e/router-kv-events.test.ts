@@ -76,6 +76,8 @@ describe("precise prefix routing from KV-cache events (e2e)", { skip: natsSkipRe
     assert.equal(await complete(`${prefix}How deep is it?`), B().url);
     assert.equal((await decisions("cache_hit")) - hitDecisions, 1);
     assert.ok((await B().metric("vllm:prefix_cache_hits_total")) - hitsBefore >= 4 * 16, "B read the prompt's blocks from its cache");
+    const seen = ((await (await fetch(`${router.url}/workers`)).json()) as { kv_events: { batches: number; gaps: number; restarts: number } }).kv_events;
+    assert.ok(seen.batches >= 1 && seen.gaps === 0 && seen.restarts === 0, JSON.stringify(seen));
   });
 
   it("chat: a shared long system prompt, rendered through the chat template, routes to its holder", async () => {

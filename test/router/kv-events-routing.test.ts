@@ -43,6 +43,9 @@ describe("KV-block index", () => {
     assert.equal(ix.stats.gaps, 0);
     ix.applyBatch(batch(A, 5, [])); // 2, 3, 4 never arrived
     assert.equal(ix.stats.gaps, 1);
+    // B numbers from 0 again: a new engine process, whose cache starts empty
+    ix.applyBatch(batch(B, 0, [stored(["y0"])]));
+    assert.deepEqual([ix.stats.restarts, ix.size(B), [...ix.holdersOf("x0")].length], [1, 1, 0]);
     ix.removeWorker(A);
     assert.equal(ix.size(A), 0);
     assert.deepEqual([...ix.holdersOf("h2")], []);
