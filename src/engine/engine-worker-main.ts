@@ -20,7 +20,7 @@ import {
   type WireOutput,
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
-import type { RequestOutput } from "./types.js";
+import type { EngineStats, RequestOutput } from "./types.js";
 
 /** What was already sent of one request, to turn EngineCore's cumulative outputs into deltas. */
 interface Sent {
@@ -104,6 +104,7 @@ async function main(): Promise<void> {
   const resolved = resolveEngineArgs(engineArgs);
   // each step's KV-cache events go out from this thread, so a slow or lost NATS server never delays the caller's
   const kvEvents = args.kvEventsConfig == null ? null : createKvEventPublisher(args.kvEventsConfig, `${os.hostname()}:${process.pid}`);
+  const stats = (): EngineStats => (kvEvents === null ? core.stats() : { ...core.stats(), kvEvents: { ...kvEvents.stats } });
 
   const sentBySeq = new Map<number, Sent>();
   const seqOfRequest = new Map<string, number>(); // live engine request id -> seq
@@ -137,7 +138,7 @@ async function main(): Promise<void> {
       port.close();
       return;
     }
-    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, loraReplies: pendingLora, stats: core.stats() });
+    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, loraReplies: pendingLora, stats: stats() });
     pendingOutputs = [];
     pendingErrors = [];
     pendingSyncs = [];
@@ -209,7 +210,7 @@ async function main(): Promise<void> {
     maxLogprobs: resolved.maxLogprobs,
     tokenizer: tokenizerSource(loaded.path, args.model, args.tokenizer),
     generationConfig: loaded.generationConfig,
-    stats: core.stats(),
+    stats: stats(),
   });
   // Detokenization needs the decoder; a build error (a tokenizer.json the caller's thread rejects too) is fatal.
   setImmediate(() => {

@@ -78,6 +78,8 @@ describe("precise prefix routing from KV-cache events (e2e)", { skip: natsSkipRe
     assert.ok((await B().metric("vllm:prefix_cache_hits_total")) - hitsBefore >= 4 * 16, "B read the prompt's blocks from its cache");
     const seen = ((await (await fetch(`${router.url}/workers`)).json()) as { kv_events: { batches: number; gaps: number; restarts: number } }).kv_events;
     assert.ok(seen.batches >= 1 && seen.gaps === 0 && seen.restarts === 0, JSON.stringify(seen));
+    assert.ok((await B().metric("kiln:kv_events_published_batches_total")) >= 1);
+    assert.equal(await B().metric("kiln:kv_events_dropped_batches_total"), 0);
   });
 
   it("chat: a shared long system prompt, rendered through the chat template, routes to its holder", async () => {
