@@ -2,6 +2,7 @@
 // (--worker-urls, --policy cache_aware|round_robin|random|power_of_two, the cache_aware thresholds, health checks,
 // timeouts, retries), plus --policy weighted with llm-d's scorer weights and --policy precise_prefix (llm-d's precise
 // prefix-cache scorer, fed by the workers' KV-cache events over NATS: --kv-events-endpoint, --tokenizer). Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+import { existsSync, readFileSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
 import { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
@@ -32,6 +33,7 @@ export function registerRouterCommand(program: Command): void {
     .option("--kv-events-endpoint <url>", "nats://host:port where the workers publish KV-cache events (kiln serve --kv-events-config); feeds precise_prefix")
     .option("--kv-events-topic <subject>", "the NATS subject of those events (the workers' topic)", D.kvEventsTopic)
     .option("--tokenizer <dir>", "the model's tokenizer directory (tokenizer.json, chat template): requests are tokenized and hashed as the workers do")
+    .option("--chat-template <file-or-text>", "the workers' --chat-template, when they were given one (precise routing renders chat requests with it)")
     .option("--health-check-interval-secs <s>", "seconds between health checks of every worker", String(D.healthCheckIntervalMs / 1000))
     .option("--health-check-timeout-secs <s>", "a health check not answered by then fails", String(D.healthCheckTimeoutMs / 1000))
     .option("--health-failure-threshold <n>", "failed checks in a row before a worker is marked down", String(D.healthFailureThreshold))
@@ -58,6 +60,14 @@ function number(value: unknown, flag: string, { min = 0, max = Infinity, int = f
     throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} ${range}, got ${JSON.stringify(value)}`);
   }
   return n;
+}
+
+/** --chat-template as `kiln serve` reads it: a file's text, or the template itself. */
+function chatTemplateArg(value: unknown): string | null {
+  if (typeof value !== "string") return null;
+  if (existsSync(value) && statSync(value).isFile()) return readFileSync(value, "utf8");
+  if (/[{}\n]/.test(value)) return value;
+  throw new CliUsageError(`--chat-template ${JSON.stringify(value)} looks like a file path, but it cannot be opened`);
 }
 
 /** Validates commander's raw values into a RouterConfig (CliUsageError naming the flag). */
@@ -90,6 +100,7 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     kvEventsEndpoint: (o.kvEventsEndpoint as string | undefined) ?? null,
     kvEventsTopic: String(o.kvEventsTopic),
     tokenizer: (o.tokenizer as string | undefined) ?? null,
+    chatTemplate: chatTemplateArg(o.chatTemplate),
     healthCheckIntervalMs: secs("healthCheckIntervalSecs", "--health-check-interval-secs"),
     healthCheckTimeoutMs: secs("healthCheckTimeoutSecs", "--health-check-timeout-secs"),
     healthFailureThreshold: number(o.healthFailureThreshold, "--health-failure-threshold", { min: 1, int: true }),

@@ -23,11 +23,15 @@ function contentOf(content: Json): string | null | undefined {
 }
 
 export class RequestTokenizer {
-  constructor(readonly tokenizer: TokenizerLike) {}
+  /** `chatTemplate`: the workers' --chat-template text, when they were given one (else the tokenizer's). */
+  constructor(
+    readonly tokenizer: TokenizerLike,
+    readonly chatTemplate: string | null = null,
+  ) {}
 
   /** The tokenizer of a model directory (its tokenizer.json and chat template), as `kiln serve` loads it. */
-  static fromDir(dir: string): RequestTokenizer {
-    return new RequestTokenizer(Tokenizer.fromDir(dir));
+  static fromDir(dir: string, chatTemplate: string | null = null): RequestTokenizer {
+    return new RequestTokenizer(Tokenizer.fromDir(dir), chatTemplate);
   }
 
   /** The prompt's token ids for a parsed body on `route`, or null when the router cannot tell them. */
@@ -60,6 +64,7 @@ export class RequestTokenizer {
       const text = this.tokenizer.applyChatTemplate(messages, {
         addGenerationPrompt: body.add_generation_prompt !== false,
         continueFinalMessage: body.continue_final_message === true,
+        ...(typeof body.chat_template === "string" ? { chatTemplate: body.chat_template } : this.chatTemplate !== null ? { chatTemplate: this.chatTemplate } : {}),
         ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
         ...(isRecord(body.chat_template_kwargs) ? { chatTemplateKwargs: body.chat_template_kwargs } : {}),
       });

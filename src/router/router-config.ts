@@ -29,6 +29,8 @@ export interface RouterConfig {
   kvEventsTopic: string;
   /** The model's tokenizer directory (tokenizer.json, chat template): requests are tokenized and hashed as the workers do. */
   tokenizer: string | null;
+  /** The workers' --chat-template text when they were started with one (the router renders chat requests with it). */
+  chatTemplate: string | null;
   healthCheckIntervalMs: number;
   healthCheckTimeoutMs: number;
   healthFailureThreshold: number;
@@ -65,6 +67,7 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   kvEventsEndpoint: null,
   kvEventsTopic: "kv-events",
   tokenizer: null,
+  chatTemplate: null,
   healthCheckIntervalMs: 60_000,
   healthCheckTimeoutMs: 5_000,
   healthFailureThreshold: 3,

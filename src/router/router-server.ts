@@ -61,7 +61,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     if (LOG_RANK[level] >= LOG_RANK[config.logLevel]) write(`[router] ${level.toUpperCase()} ${line}`);
   };
   const kvIndex = config.kvEventsEndpoint === null ? null : new KvBlockIndex();
-  const tokens = config.tokenizer === null ? null : RequestTokenizer.fromDir(config.tokenizer);
+  const tokens = config.tokenizer === null ? null : RequestTokenizer.fromDir(config.tokenizer, config.chatTemplate);
   const policy = createPolicy(config.policy, { ...config, kvBlockIndex: kvIndex, ...(deps.random ? { random: deps.random } : {}) });
   const pool = new WorkerPool(config.workerUrls, {
     ...config,

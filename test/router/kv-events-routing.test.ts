@@ -122,6 +122,12 @@ describe("request tokenization and hashing", () => {
     const text = tok.applyChatTemplate([{ role: "system", content: "Be brief." }, { role: "user", content: "Hi\nthere" }], { addGenerationPrompt: true });
     assert.deepEqual(rt.promptTokenIds("/v1/chat/completions", { messages }), tok.encode(text, { addSpecialTokens: false }));
     assert.equal(rt.promptTokenIds("/v1/chat/completions", { messages: [{ role: "user", content: [{ type: "image_url", image_url: {} }] }] }), null);
+    // the workers' --chat-template (given to the router too), and a request's own chat_template, as the server uses them
+    const plain = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+    const own = new RequestTokenizer(tok, plain);
+    const simple = [{ role: "user", content: "Hi there" }];
+    assert.deepEqual(own.promptTokenIds("/v1/chat/completions", { messages: simple }), tok.encode("[user] Hi there\n", { addSpecialTokens: false }));
+    assert.deepEqual(rt.promptTokenIds("/v1/chat/completions", { messages: simple, chat_template: plain }), tok.encode("[user] Hi there\n", { addSpecialTokens: false }));
   });
 
   it("block hashes are the engine's chain hashes, salted as the engine salts them; [] when the prompt is unknown", () => {
