@@ -123,3 +123,31 @@ describe("precise prefix routing from KV-cache events (e2e)", { skip: natsSkipRe
     assert.equal(await complete(`${prefix}Again and again.`), A().url);
   });
 });
+
+describe("kiln serve with its NATS server away (e2e)", { skip: natsSkipReason, timeout: 120_000 }, () => {
+  it("serves as usual, drops and counts the events with one warning, and publishes once NATS is up", async () => {
+    const model = tinyModelDir("LlamaForCausalLM");
+    const natsPort = await freePort();
+    const events = JSON.stringify({ enable_kv_cache_events: true, publisher: "nats", endpoint: `nats://127.0.0.1:${natsPort}`, topic: "kv-away" });
+    const server = await startKiln(["--max-model-len", "256", "--port", String(await freePort()), "--kv-events-config", events], model);
+    let nats: NatsServer | null = null;
+    try {
+      const prompt = (i: number) => `Request number ${i} carries a prompt long enough to fill a few blocks of sixteen tokens each, at least.`;
+      for (let i = 0; i < 3; i++) await server.client().completions.create({ model, prompt: prompt(i), max_tokens: 2, temperature: 0 });
+      assert.ok((await server.metric("kiln:kv_events_dropped_batches_total")) >= 3);
+      assert.equal(await server.metric("kiln:kv_events_published_batches_total"), 0);
+      assert.equal(server.log().match(/KV-cache events are dropped until NATS is reachable/g)?.length, 1, server.log());
+      nats = await startNatsServer(natsPort);
+      let published = 0;
+      for (let i = 3; i < 60 && published === 0; i++) {
+        await server.client().completions.create({ model, prompt: prompt(i), max_tokens: 2, temperature: 0 });
+        published = await server.metric("kiln:kv_events_published_batches_total");
+        if (published === 0) await new Promise((r) => setTimeout(r, 100));
+      }
+      assert.ok(published > 0, "publishing resumed once NATS came up");
+    } finally {
+      assert.equal(await server.stop(), 0, server.log());
+      await nats?.stop();
+    }
+  });
+});
