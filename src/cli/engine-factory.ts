@@ -59,6 +59,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     enforceEager: args.enforceEager,
     asyncScheduling: args.asyncScheduling ?? undefined,
     ...(args.speculativeConfig !== null ? { speculativeConfig: args.speculativeConfig } : {}),
+    ...(args.kvEventsConfig !== null ? { kvEventsConfig: args.kvEventsConfig } : {}),
     ...(args.enableLora
       ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
       : {}),
@@ -112,6 +113,8 @@ async function workerEngine(servingArgs: ServingArgs, logitsProcessors: string[]
 }
 
 async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promise<StartedEngine> {
+  // the events are published from the engine worker's step loop
+  if (servingArgs.kvEventsConfig != null) throw new Error("--kv-events-config needs the engine worker thread (unset KILN_ENGINE_IN_PROCESS)");
   const [{ AsyncLLM }, { createServingSetup }, { instantiateLogitsProcessors, loadLogitsProcessors }] = await Promise.all([
     import("../engine/async-llm.js"),
     import("../engine/serving.js"),

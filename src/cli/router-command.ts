@@ -1,6 +1,8 @@
 // `kiln router`: the fleet front door over several `kiln serve` workers, with vllm-router's flag names and defaults
 // (--worker-urls, --policy cache_aware|round_robin|random|power_of_two, the cache_aware thresholds, health checks,
-// timeouts, retries), plus --policy weighted with llm-d's scorer weights. Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+// timeouts, retries), plus --policy weighted with llm-d's scorer weights and --policy precise_prefix (llm-d's precise
+// prefix-cache scorer, fed by the workers' KV-cache events over NATS: --kv-events-endpoint, --tokenizer). Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+import { existsSync, readFileSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
 import { DEFAULT_ROUTER_CONFIG, MAX_TIMER_MS, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
@@ -28,6 +30,11 @@ export function registerRouterCommand(program: Command): void {
     .option("--prefix-cache-scorer-weight <w>", "weighted: weight of the prefix-cache scorer (matched/length per worker)", String(D.prefixCacheScorerWeight))
     .option("--queue-scorer-weight <w>", "weighted: weight of the queue scorer (least loaded 1, most loaded 0)", String(D.queueScorerWeight))
     .option("--kv-cache-utilization-scorer-weight <w>", "weighted: weight of the KV-cache scorer (1 - vllm:kv_cache_usage_perc)", String(D.kvCacheUtilizationScorerWeight))
+    .option("--precise-prefix-cache-scorer-weight <w>", "weighted: weight of the precise prefix-cache scorer (held prompt blocks per worker, from KV events; needs --kv-events-endpoint and --tokenizer)", String(D.precisePrefixCacheScorerWeight))
+    .option("--kv-events-endpoint <url>", "nats://host:port where the workers publish KV-cache events (kiln serve --kv-events-config); feeds precise_prefix")
+    .option("--kv-events-topic <subject>", "the NATS subject of those events (the workers' topic)", D.kvEventsTopic)
+    .option("--tokenizer <dir>", "the model's tokenizer directory (tokenizer.json, chat template): requests are tokenized and hashed as the workers do")
+    .option("--chat-template <file-or-text>", "the workers' --chat-template, when they were given one (precise routing renders chat requests with it)")
     .option("--health-check-interval-secs <s>", "seconds between health checks of every worker", String(D.healthCheckIntervalMs / 1000))
     .option("--health-check-timeout-secs <s>", "a health check not answered by then fails", String(D.healthCheckTimeoutMs / 1000))
     .option("--health-failure-threshold <n>", "failed checks in a row before a worker is marked down", String(D.healthFailureThreshold))
@@ -54,6 +61,14 @@ function number(value: unknown, flag: string, { min = 0, max = Infinity, int = f
     throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} ${range}, got ${JSON.stringify(value)}`);
   }
   return n;
+}
+
+/** --chat-template as `kiln serve` reads it: a file's text, or the template itself. */
+function chatTemplateArg(value: unknown): string | null {
+  if (typeof value !== "string") return null;
+  if (existsSync(value) && statSync(value).isFile()) return readFileSync(value, "utf8");
+  if (/[{}\n]/.test(value)) return value;
+  throw new CliUsageError(`--chat-template ${JSON.stringify(value)} looks like a file path, but it cannot be opened`);
 }
 
 /** Validates commander's raw values into a RouterConfig (CliUsageError naming the flag). */
@@ -83,6 +98,11 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     prefixCacheScorerWeight: number(o.prefixCacheScorerWeight, "--prefix-cache-scorer-weight"),
     queueScorerWeight: number(o.queueScorerWeight, "--queue-scorer-weight"),
     kvCacheUtilizationScorerWeight: number(o.kvCacheUtilizationScorerWeight, "--kv-cache-utilization-scorer-weight"),
+    precisePrefixCacheScorerWeight: number(o.precisePrefixCacheScorerWeight, "--precise-prefix-cache-scorer-weight"),
+    kvEventsEndpoint: (o.kvEventsEndpoint as string | undefined) ?? null,
+    kvEventsTopic: String(o.kvEventsTopic),
+    tokenizer: (o.tokenizer as string | undefined) ?? null,
+    chatTemplate: chatTemplateArg(o.chatTemplate),
     healthCheckIntervalMs: secs("healthCheckIntervalSecs", "--health-check-interval-secs"),
     healthCheckTimeoutMs: secs("healthCheckTimeoutSecs", "--health-check-timeout-secs"),
     healthFailureThreshold: number(o.healthFailureThreshold, "--health-failure-threshold", { min: 1, int: true }),
@@ -98,7 +118,7 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
   try {
     return resolveRouterConfig(partial);
   } catch (e) {
-    if (e instanceof RouterConfigError) throw new CliUsageError(e.message); // the one check left: the worker URLs
+    if (e instanceof RouterConfigError) throw new CliUsageError(e.message); // the checks left: worker URLs, the KV-events endpoint, what precise routing needs
     throw e;
   }
 }

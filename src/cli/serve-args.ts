@@ -6,6 +6,8 @@ import { Command, Option } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
 import { resolveSpeculativeConfig, type SpeculativeConfig } from "../engine/speculative.js";
+import { parseKvEventsConfig, type KvEventsConfig } from "../engine/kv-events.js";
+import { hostname } from "node:os";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 import { CliUsageError } from "./usage-error.js";
@@ -58,6 +60,8 @@ export interface ServeArgs extends FrontendArgs {
   disableAnyWhitespace: boolean;
   /** vLLM --speculative-config (n-gram drafts), or null. */
   speculativeConfig: SpeculativeConfig | null;
+  /** vLLM --kv-events-config: prefix-cache block events published over NATS (engine_id defaults to the served URL); null = off. */
+  kvEventsConfig: KvEventsConfig | null;
   /** vLLM --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (null: the engine's defaults). */
   enableLora: boolean;
   maxLoras: number | null;
@@ -107,6 +111,10 @@ export function addEngineOptions(cmd: Command): Command {
     .addOption(new Option("--dtype <dtype>", "weight and activation dtype").choices(["auto", "float32", "bfloat16", "float16"]).default("auto"))
     .option("--seed <n>", "random seed", "0")
     .option("--speculative-config <json>", 'speculative decoding as JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
+    .option(
+      "--kv-events-config <json>",
+      'publish KV-cache events as JSON: {"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222", "topic": "kv-events"}',
+    )
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
     .option(
       "--override-generation-config <json>",
@@ -294,13 +302,15 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
 
   const port = int(o.port ?? "8000", "--port", 0);
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
+  const host = (o.host as string | undefined) ?? "0.0.0.0";
+  const kvEventsConfig = parseKvEventsFlag(o.kvEventsConfig, host, port);
   const modelPath = model ?? DEFAULT_MODEL_DIR;
   const blockSize = optInt(o.blockSize, "--block-size", 1);
   if (blockSize !== null && (blockSize & (blockSize - 1)) !== 0) throw new CliUsageError(`--block-size must be a power of two, got ${blockSize}`);
 
   return {
     model: modelPath,
-    host: (o.host as string | undefined) ?? "0.0.0.0",
+    host,
     port,
     apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
     // the built-in model is served as "kiln-default" (vLLM serves a model under the name it was given)
@@ -332,6 +342,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     toolCallParser: enableAutoToolChoice ? (parser as ToolCallParserName) : null,
     disableAnyWhitespace,
     speculativeConfig,
+    kvEventsConfig,
     enableLora,
     maxLoras,
     maxLoraRank: optInt(o.maxLoraRank, "--max-lora-rank", 1),
@@ -477,6 +488,25 @@ function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
     for (const [wire, key] of Object.entries(keys)) m = m.replaceAll(key, wire);
     throw new CliUsageError(`--speculative-config: ${m}`);
   }
+}
+
+/**
+ * --kv-events-config: vLLM's JSON; engine_id defaults to the URL the server is reached at (what a router lists it
+ * by): http://host:port, this machine's name for a wildcard host; with --port 0 it must be given.
+ */
+function parseKvEventsFlag(value: unknown, host: string, port: number): KvEventsConfig | null {
+  if (value === undefined) return null;
+  const raw = jsonObjectFlag(value, "--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222"}');
+  let c: KvEventsConfig | null;
+  try {
+    c = parseKvEventsConfig(raw);
+  } catch (e) {
+    throw new CliUsageError((e as Error).message);
+  }
+  if (c === null || c.engineId !== null) return c;
+  if (port === 0) throw new CliUsageError('--kv-events-config with --port 0: give "engine_id" (the URL a router lists this server by)');
+  const h = host === "0.0.0.0" || host === "::" || host === "" ? hostname() : host.includes(":") ? `[${host}]` : host;
+  return { ...c, engineId: `http://${h}:${port}` };
 }
 
 /**

@@ -1,9 +1,14 @@
 // The KV block pool (vLLM v1 core/block_pool.py): fixed blocks with ref counts, an LRU free queue and the
 // prefix-cache map blockHash -> block. Block 0 is reserved as the null block (as in vLLM): it is never handed
-// out, so runners can pad block tables with 0. Usable blocks are 1..numBlocks-1.
+// out, so runners can pad block tables with 0. Usable blocks are 1..numBlocks-1. With KV-cache events on, the pool
+// records every hash it enters (BlockStored), drops (BlockRemoved) and clears (AllBlocksCleared), in order.
+import type { BlockStored, KvCacheEvent } from "./kv-events.js";
 
 /** A block hash: hex of a sha256 over (parent hash, token ids, extra keys); see kv-cache-manager.ts. */
 export type BlockHash = string;
+
+/** The medium KV-cache events name (vLLM's name for the engine's device KV cache). */
+export const KV_MEDIUM = "GPU";
 
 /** One KV block. `prev`/`next` link it into the free queue while it is free (refCnt 0). */
 export class KvCacheBlock {
@@ -82,15 +87,20 @@ export class BlockPool {
   readonly freeQueue: FreeBlockQueue;
   private readonly cached = new Map<BlockHash, KvCacheBlock>();
   readonly counters: BlockPoolCounters = { allocated: 0, evicted: 0, revived: 0 };
+  /** KV-cache events since the last takeEvents(), or null when events are off. */
+  private events: KvCacheEvent[] | null;
 
   /**
    * @param numBlocks total blocks including the reserved null block 0 (so numBlocks-1 are usable).
    * @param enableCaching keep a hash -> block map for prefix caching.
+   * @param enableEvents record KV-cache events (vLLM's enable_kv_cache_events) for takeEvents().
    */
   constructor(
     readonly numBlocks: number,
     readonly enableCaching: boolean,
+    enableEvents = false,
   ) {
+    this.events = enableEvents && enableCaching ? [] : null;
     if (!Number.isInteger(numBlocks) || numBlocks < 2) throw new Error(`[block-pool] numBlocks must be an integer >= 2, got ${numBlocks}`);
     this.blocks = Array.from({ length: numBlocks }, (_, i) => new KvCacheBlock(i, i === 0));
     this.nullBlock = this.blocks[0]!;
@@ -120,21 +130,29 @@ export class BlockPool {
   getNewBlocks(n: number): KvCacheBlock[] {
     if (n > this.freeQueue.size) throw new Error(`[block-pool] cannot get ${n} blocks, only ${this.freeQueue.size} free`);
     const out: KvCacheBlock[] = [];
+    const removed: BlockHash[] = [];
     for (let i = 0; i < n; i++) {
       const b = this.freeQueue.popLeft();
-      this.evict(b);
+      const h = this.evict(b);
+      if (h !== null) removed.push(h);
       b.refCnt = 1;
       out.push(b);
     }
     this.counters.allocated += n;
+    // one event per allocation, hashes in eviction order (vLLM sends one per block)
+    if (this.events !== null && removed.length > 0) this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: KV_MEDIUM });
     return out;
   }
 
-  private evict(b: KvCacheBlock): void {
-    if (b.blockHash === null) return;
-    if (this.cached.get(b.blockHash) === b) this.cached.delete(b.blockHash);
+  /** Drops the block's hash; returns it when it was the cached entry of that hash (it left the prefix cache). */
+  private evict(b: KvCacheBlock): BlockHash | null {
+    const h = b.blockHash;
+    if (h === null) return null;
     b.blockHash = null;
     this.counters.evicted++;
+    if (this.cached.get(h) !== b) return null;
+    this.cached.delete(h);
+    return h;
   }
 
   /** Takes a reference on prefix-cache hits; a free cached block leaves the free queue (revived). */
@@ -162,19 +180,46 @@ export class BlockPool {
 
   /**
    * Marks `blocks[i]` as holding the chain hash `hashes[i]` for i in [from, to). A hash already cached by
-   * another block is left alone (the duplicate block stays uncached and is simply freed later).
+   * another block is left alone (the duplicate block stays uncached and is simply freed later). With events on,
+   * each run of newly cached consecutive blocks is one BlockStored; `source` gives their tokens (the chain's
+   * tokens from index 0) and LoRA id.
    */
-  cacheFullBlocks(blocks: readonly KvCacheBlock[], hashes: readonly BlockHash[], from: number, to: number): void {
+  cacheFullBlocks(
+    blocks: readonly KvCacheBlock[],
+    hashes: readonly BlockHash[],
+    from: number,
+    to: number,
+    source?: { tokenIds: readonly number[]; blockSize: number; loraId: number | null },
+  ): void {
     if (!this.enableCaching) return;
+    let run: BlockStored | null = null;
     for (let i = from; i < to; i++) {
       const b = blocks[i]!;
       const h = hashes[i];
       if (h === undefined) throw new Error(`[block-pool] missing hash for block index ${i}`);
-      if (b.blockHash !== null) continue; // a prefix hit: already cached under this chain
-      if (this.cached.has(h)) continue;
+      if (b.blockHash !== null || this.cached.has(h)) {
+        run = null; // a prefix hit (already cached under this chain) or a duplicate: ends the run
+        continue;
+      }
       b.blockHash = h;
       this.cached.set(h, b);
+      if (this.events === null || source === undefined) continue;
+      const bs = source.blockSize;
+      if (run === null) {
+        run = { type: "BlockStored", block_hashes: [], parent_block_hash: i === 0 ? null : hashes[i - 1]!, token_ids: [], block_size: bs, lora_id: source.loraId, medium: KV_MEDIUM };
+        this.events.push(run);
+      }
+      run.block_hashes.push(h);
+      for (let t = i * bs; t < (i + 1) * bs; t++) run.token_ids.push(source.tokenIds[t]!);
     }
+  }
+
+  /** The KV-cache events recorded since the last call, oldest first ([] when events are off). */
+  takeEvents(): KvCacheEvent[] {
+    if (this.events === null || this.events.length === 0) return [];
+    const out = this.events;
+    this.events = [];
+    return out;
   }
 
   /** Number of cached hashes (free or in use). */
@@ -187,6 +232,7 @@ export class BlockPool {
     if (this.freeQueue.size !== this.numUsableBlocks) return false;
     for (const b of this.cached.values()) b.blockHash = null;
     this.cached.clear();
+    this.events?.push({ type: "AllBlocksCleared" });
     return true;
   }
 }

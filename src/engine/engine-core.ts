@@ -34,6 +34,7 @@ import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "
 import type { ClassifierConfig } from "../models/hf-config.js";
 import { REASONING_PARSERS, reasoningEnded, thinkMarkers, type ReasoningParserName, type ThinkMarkers } from "./reasoning.js";
 import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
+import type { KvCacheEvent } from "./kv-events.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
 /** Engine arguments, vLLM's names in camelCase. */
@@ -73,6 +74,11 @@ export interface EngineArgs {
    * constrains only what follows (see reasoning.ts). Needs a tokenizer holding both markers as tokens. Default none.
    */
   reasoningParser?: ReasoningParserName | null;
+  /**
+   * vLLM's enable_kv_cache_events: the block pool records the prefix-cache blocks it stores and evicts, which
+   * takeKvEvents() hands out after each step (the worker publishes them; see kv-events.ts). Default false.
+   */
+  enableKvCacheEvents?: boolean;
 }
 
 /** vLLM's pooler config: how a prompt's final hidden states become one vector. */
@@ -132,6 +138,7 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     maxNumSeqs: 256,
     maxNumBatchedTokens: 2048,
     enablePrefixCaching: true,
+    enableKvCacheEvents: false,
     enableChunkedPrefill: true,
     longPrefillTokenThreshold: 0,
     schedulingPolicy: "fcfs",
@@ -258,6 +265,7 @@ export class EngineCore {
       numBlocks: this.args.numGpuBlocks,
       blockSize: this.args.blockSize,
       enablePrefixCaching: this.args.enablePrefixCaching,
+      enableKvEvents: this.args.enableKvCacheEvents,
     });
     const a = this.args;
     if (a.asyncScheduling === true && runner.dispatch === undefined)
@@ -454,6 +462,11 @@ export class EngineCore {
 
   hasUnfinishedRequests(): boolean {
     return this.scheduler.hasUnfinishedRequests() || this.inflight !== null;
+  }
+
+  /** The KV-cache events since the last call (prefix-cache blocks stored, evicted, cleared), oldest first. */
+  takeKvEvents(): KvCacheEvent[] {
+    return this.kv.takeEvents();
   }
 
   /** One engine iteration. Returns an output for every user request that got tokens or finished (final_only: finished). */

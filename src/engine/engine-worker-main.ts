@@ -4,11 +4,13 @@
 // messages without spinning: steps are chained with setImmediate only while requests are unfinished, and
 // messages (adds, aborts) are handled between steps.
 import * as fs from "node:fs";
+import * as os from "node:os";
 import * as path from "node:path";
 import { parentPort, workerData, type MessagePort } from "node:worker_threads";
 import { EngineCore, resolveEngineArgs } from "./engine-core.js";
 import { instantiateLogitsProcessors, loadLogitsProcessors } from "./logits-processors.js";
 import { createServingSetup } from "./serving.js";
+import { createKvEventPublisher } from "./kv-events-publisher.js";
 import {
   toWireError,
   type FromWorker,
@@ -18,7 +20,7 @@ import {
   type WireOutput,
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
-import type { RequestOutput } from "./types.js";
+import type { EngineStats, RequestOutput } from "./types.js";
 
 /** What was already sent of one request, to turn EngineCore's cumulative outputs into deltas. */
 interface Sent {
@@ -100,6 +102,9 @@ async function main(): Promise<void> {
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
   const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
   const resolved = resolveEngineArgs(engineArgs);
+  // each step's KV-cache events go out from this thread, so a slow or lost NATS server never delays the caller's
+  const kvEvents = args.kvEventsConfig == null ? null : createKvEventPublisher(args.kvEventsConfig, `${os.hostname()}:${process.pid}`);
+  const stats = (): EngineStats => (kvEvents === null ? core.stats() : { ...core.stats(), kvEvents: { ...kvEvents.stats } });
 
   const sentBySeq = new Map<number, Sent>();
   const seqOfRequest = new Map<string, number>(); // live engine request id -> seq
@@ -126,6 +131,7 @@ async function main(): Promise<void> {
     scheduled = false;
     try {
       if (core.hasUnfinishedRequests()) wire(core.step());
+      kvEvents?.publish(core.takeKvEvents());
     } catch (err) {
       // A failed step leaves the engine state untrustworthy: fail every stream (as AsyncLLM does) and stop.
       post({ type: "fatal", error: toWireError(tp?.explain(err) ?? err) });
@@ -133,7 +139,7 @@ async function main(): Promise<void> {
       port.close();
       return;
     }
-    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, loraReplies: pendingLora, stats: core.stats() });
+    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, loraReplies: pendingLora, stats: stats() });
     pendingOutputs = [];
     pendingErrors = [];
     pendingSyncs = [];
@@ -214,7 +220,7 @@ async function main(): Promise<void> {
     maxLogprobs: resolved.maxLogprobs,
     tokenizer: tokenizerSource(loaded.path, args.model, args.tokenizer),
     generationConfig: loaded.generationConfig,
-    stats: core.stats(),
+    stats: stats(),
   });
   // Detokenization needs the decoder; a build error (a tokenizer.json the caller's thread rejects too) is fatal.
   setImmediate(() => {

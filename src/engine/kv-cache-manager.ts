@@ -4,6 +4,7 @@
 // every block, the cache salt on the first block only (it then propagates through the chain, as in vLLM).
 import { createHash } from "node:crypto";
 import { BlockPool, type BlockHash, type KvCacheBlock } from "./block-pool.js";
+import type { KvCacheEvent } from "./kv-events.js";
 import type { Request } from "./request.js";
 
 /** Parent hash of the first block of every chain. */
@@ -41,6 +42,8 @@ export interface KvCacheManagerConfig {
   numBlocks: number;
   blockSize: number;
   enablePrefixCaching: boolean;
+  /** Record KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared) for takeEvents(); default off. */
+  enableKvEvents?: boolean;
 }
 
 /** Prefix-cache counters in tokens, cumulative. */
@@ -63,7 +66,7 @@ export class KvCacheManager {
       throw new Error(`[kv-cache] blockSize must be >= 1, got ${config.blockSize}`);
     this.blockSize = config.blockSize;
     this.enablePrefixCaching = config.enablePrefixCaching;
-    this.pool = new BlockPool(config.numBlocks, config.enablePrefixCaching);
+    this.pool = new BlockPool(config.numBlocks, config.enablePrefixCaching, config.enableKvEvents ?? false);
   }
 
   /** Blocks a sequence of `numTokens` tokens needs. */
@@ -143,7 +146,8 @@ export class KvCacheManager {
       const from = this.numCachedBlocks.get(request.requestId) ?? 0;
       if (numFull > from) {
         this.updateBlockHashes(request);
-        this.pool.cacheFullBlocks(blocks, request.blockHashes, from, numFull);
+        const source = { tokenIds: request.allTokenIds, blockSize: this.blockSize, loraId: request.lora?.id ?? null };
+        this.pool.cacheFullBlocks(blocks, request.blockHashes, from, numFull, source);
         this.numCachedBlocks.set(request.requestId, numFull);
       }
     }
@@ -163,13 +167,18 @@ export class KvCacheManager {
     return (this.reqBlocks.get(requestId) ?? []).map((b) => b.blockId);
   }
 
+  /** The block pool's KV-cache events since the last call (see kv-events.ts). */
+  takeEvents(): KvCacheEvent[] {
+    return this.pool.takeEvents();
+  }
+
   /** Drops the prefix cache when nothing is running. */
   resetPrefixCache(): boolean {
     return this.pool.resetPrefixCache();
   }
 }
 
-function extraKeysOf(request: Request, blockIndex: number): string | null {
+function extraKeysOf(request: Pick<Request, "lora" | "cacheSalt">, blockIndex: number): string | null {
   const parts: string[] = [];
   // id, name and path (vLLM hashes the name): an id reused for another adapter, or an adapter reloaded in place
   // under a new id, never reads blocks another adapter's weights computed
@@ -177,4 +186,20 @@ function extraKeysOf(request: Request, blockIndex: number): string | null {
   if (lora !== null) parts.push(`lora:${lora.id}\u0000${lora.name}\u0000${lora.path}`);
   if (blockIndex === 0 && request.cacheSalt !== null) parts.push(`salt:${request.cacheSalt}`);
   return parts.length === 0 ? null : parts.join("\u0000");
+}
+
+/**
+ * The chain hashes of every full block of `tokenIds`, exactly as the engine computes them for a request with that
+ * prompt, cache salt and adapter (a router matches them against the engines' KV-cache events).
+ * @example chainBlockHashes(promptIds, 16) // one hash per 16 tokens, the partial tail block left out
+ */
+export function chainBlockHashes(
+  tokenIds: readonly number[],
+  blockSize: number,
+  extra: Pick<Request, "lora" | "cacheSalt"> = { lora: null, cacheSalt: null },
+): BlockHash[] {
+  const out: BlockHash[] = [];
+  for (let i = 0; (i + 1) * blockSize <= tokenIds.length; i++)
+    out.push(hashBlockTokens(i === 0 ? ROOT_BLOCK_HASH : out[i - 1]!, tokenIds.slice(i * blockSize, (i + 1) * blockSize), extraKeysOf(extra, i)));
+  return out;
 }

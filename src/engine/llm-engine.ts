@@ -65,6 +65,8 @@ export class LLM {
   constructor(options: LLMOptions) {
     if ("model" in options) {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
+      // (KV-cache events are published by the serving engine's worker thread: recorded here, nothing would take them)
+      if (options.kvEventsConfig != null) throw new EngineInputError("kv_events_config", "KV-cache events are published by `kiln serve` (its engine worker), not by LLM");
       const s = createServingSetupSync(options);
       this.tokenizer = s.loaded.tokenizer;
       this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};

@@ -9,6 +9,7 @@ import type { EngineArgs, PoolerConfig } from "./engine-core.js";
 import { isPoolingType, type PoolingType } from "./model-runner.js";
 import { REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
+import type { KvEventsConfig } from "./kv-events.js";
 import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
@@ -25,6 +26,11 @@ import { startTensorParallel, type TpLeader } from "./tensor-parallel.js";
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
 export interface ServingArgs {
   model: string;
+  /**
+   * vLLM's --kv-events-config, parsed (kv-events.ts): the engine records its prefix-cache blocks stored and evicted
+   * and the worker publishes each step's batch over NATS. Default none.
+   */
+  kvEventsConfig?: KvEventsConfig | null;
   dtype?: DtypeArg;
   /** vLLM's --quantization: "int8" | "int4" | "mxfp4" | "fp8" weight-only quantization of the linear layers on load. */
   quantization?: string | null;
@@ -133,7 +139,7 @@ export const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3"
 
 /** ServingArgs' keys (the compiler keeps this list whole), and LLM's and WorkerEngine's own logitsProcessors. */
 const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
-  model: true, dtype: true, quantization: true, maxModelLen: true, maxNumSeqs: true, maxNumBatchedTokens: true,
+  model: true, kvEventsConfig: true, dtype: true, quantization: true, maxModelLen: true, maxNumSeqs: true, maxNumBatchedTokens: true,
   blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
@@ -403,6 +409,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
     maxNumSeqs: args.maxNumSeqs,
     maxNumBatchedTokens,
     enablePrefixCaching: args.enablePrefixCaching ?? true,
+    enableKvCacheEvents: args.kvEventsConfig != null,
     enableChunkedPrefill: chunkedPrefill,
     longPrefillTokenThreshold: args.longPrefillTokenThreshold,
     maxLogprobs: args.maxLogprobs === -1 ? runner.vocabSize : args.maxLogprobs,

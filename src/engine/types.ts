@@ -108,6 +108,8 @@ export interface EngineStats {
   specAcceptedTokens?: number;
   /** LoRA (absent without it): max_loras, and the adapters of running and of waiting requests, by name. */
   lora?: { maxLoras: number; running: string[]; waiting: string[] };
+  /** KV-cache events (absent without --kv-events-config): batches published, and batches and events dropped. */
+  kvEvents?: { publishedBatches: number; droppedBatches: number; droppedEvents: number };
 }
 
 /** What the server needs from an engine: implemented by AsyncLLM. */

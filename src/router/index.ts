@@ -8,3 +8,7 @@ export { PrefixTree, type PrefixMatch } from "./prefix-tree.js";
 export { routingText } from "./request-text.js";
 export { WorkerPool, normalizeWorkerUrl, readGauge, type WorkerState } from "./worker-pool.js";
 export { RouterError } from "./errors.js";
+export { KvBlockIndex, type KvBlockIndexStats } from "./kv-block-index.js";
+export { KvEventsSubscriber, parseKvEventBatch, workerOfEngine } from "./kv-events-subscriber.js";
+export { PrecisePrefixPolicy, prefixHits, DEFAULT_KV_BLOCK_SIZE } from "./precise-prefix-policy.js";
+export { RequestTokenizer } from "./request-tokens.js";

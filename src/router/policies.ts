@@ -4,6 +4,8 @@
 import { CacheAwarePolicy, type CacheAwareOptions } from "./cache-aware-policy.js";
 import type { PolicyName, RoutingDecision, RoutingPolicy, WorkerView } from "./routing-types.js";
 import { WeightedPolicy, type WeightedOptions } from "./weighted-policy.js";
+import type { KvBlockIndex } from "./kv-block-index.js";
+import { PrecisePrefixPolicy } from "./precise-prefix-policy.js";
 
 export { leastLoaded, POLICY_NAMES, type PolicyName, type RoutingDecision, type RoutingPolicy, type RoutingReason, type WorkerView } from "./routing-types.js";
 
@@ -49,6 +51,8 @@ class PowerOfTwoPolicy implements RoutingPolicy {
 export interface PolicyOptions extends CacheAwareOptions, WeightedOptions {
   /** Uniform [0, 1) source for random and power_of_two (Math.random by default; tests pass a seeded one). */
   random?: () => number;
+  /** The KV-block index fed by the workers' KV-cache events: precise_prefix needs it, weighted's precise scorer reads it. */
+  kvBlockIndex?: KvBlockIndex | null;
 }
 
 /**
@@ -66,6 +70,9 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
     case "power_of_two":
       return new PowerOfTwoPolicy(random);
     case "weighted":
-      return new WeightedPolicy(options);
+      return new WeightedPolicy(options, options.kvBlockIndex ?? null);
+    case "precise_prefix":
+      if (!options.kvBlockIndex) throw new Error("[router] precise_prefix needs the KV-block index (--kv-events-endpoint)");
+      return new PrecisePrefixPolicy(options.kvBlockIndex);
   }
 }

@@ -8,7 +8,7 @@ import { pipeline } from "node:stream";
 import { noWorker, RouterError } from "./errors.js";
 import type { RouterConfig } from "./router-config.js";
 import type { RouterMetrics } from "./router-metrics.js";
-import type { RoutingPolicy } from "./routing-types.js";
+import type { BlockHashesOf, RoutingPolicy } from "./routing-types.js";
 import type { WorkerPool, WorkerState } from "./worker-pool.js";
 
 /** What a proxied request needs from the router. */
@@ -31,6 +31,8 @@ export interface ProxyRequest {
   body: Buffer | null;
   /** The routing text (request-text.ts); "" routes by load alone. */
   text: string;
+  /** The prompt's chain block hashes per block size (with --tokenizer and KV events), else null. */
+  hashesOf?: BlockHashesOf | null;
   /** A 404 tries the next worker (GET of a stored response, which lives on one worker); not counted as a retry. */
   tryNextOn404?: boolean;
 }
@@ -110,7 +112,7 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
     if (open.length === 0)
       return fail(new RouterError(429, `Every healthy worker has ${max} requests in flight (--max-inflight-per-worker); try again later`, "too_many_requests"), "overloaded");
     const now = Date.now();
-    const decision = policy.select(open.map((w) => pool.view(w, now)), req.text);
+    const decision = policy.select(open.map((w) => pool.view(w, now)), req.text, req.hashesOf ?? null);
     metrics.decision(policy.name, decision);
     ctx.log("debug", `${req.route} -> ${decision.url} (${decision.reason}, match ${decision.matchRate.toFixed(2)})`);
     const worker = pool.get(decision.url)!;

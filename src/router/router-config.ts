@@ -21,6 +21,16 @@ export interface RouterConfig {
   prefixCacheScorerWeight: number;
   queueScorerWeight: number;
   kvCacheUtilizationScorerWeight: number;
+  /** weighted: llm-d's precise-prefix-cache scorer (needs kvEventsEndpoint and tokenizer); 0 = off. */
+  precisePrefixCacheScorerWeight: number;
+  /** nats://host:port the workers publish their KV-cache events on (`kiln serve --kv-events-config`); null = none. */
+  kvEventsEndpoint: string | null;
+  /** The subject (vLLM's topic) of those events. */
+  kvEventsTopic: string;
+  /** The model's tokenizer directory (tokenizer.json, chat template): requests are tokenized and hashed as the workers do. */
+  tokenizer: string | null;
+  /** The workers' --chat-template text when they were started with one (the router renders chat requests with it). */
+  chatTemplate: string | null;
   healthCheckIntervalMs: number;
   healthCheckTimeoutMs: number;
   healthFailureThreshold: number;
@@ -53,6 +63,11 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   prefixCacheScorerWeight: 3,
   queueScorerWeight: 2,
   kvCacheUtilizationScorerWeight: 2,
+  precisePrefixCacheScorerWeight: 0,
+  kvEventsEndpoint: null,
+  kvEventsTopic: "kv-events",
+  tokenizer: null,
+  chatTemplate: null,
   healthCheckIntervalMs: 60_000,
   healthCheckTimeoutMs: 5_000,
   healthFailureThreshold: 3,
@@ -97,7 +112,13 @@ export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrl
   range("balanceAbsThreshold", 0, Infinity, true);
   range("balanceRelThreshold", 1);
   range("maxTreeSize", 1, Infinity, true);
-  for (const key of ["prefixCacheScorerWeight", "queueScorerWeight", "kvCacheUtilizationScorerWeight"] as const) range(key, 0);
+  for (const key of ["prefixCacheScorerWeight", "queueScorerWeight", "kvCacheUtilizationScorerWeight", "precisePrefixCacheScorerWeight"] as const) range(key, 0);
+  if (c.kvEventsEndpoint !== null && !/^(nats|tls):\/\/[^/\s]+$/.test(c.kvEventsEndpoint))
+    throw new RouterConfigError(`kvEventsEndpoint (--kv-events-endpoint) must be nats://host:port, got ${JSON.stringify(c.kvEventsEndpoint)}`);
+  if (!/^[^\s]+$/.test(c.kvEventsTopic)) throw new RouterConfigError(`kvEventsTopic must be a NATS subject, got ${JSON.stringify(c.kvEventsTopic)}`);
+  const precise = c.policy === "precise_prefix" || (c.policy === "weighted" && c.precisePrefixCacheScorerWeight > 0);
+  if (precise && (c.kvEventsEndpoint === null || c.tokenizer === null))
+    throw new RouterConfigError(`${c.policy === "weighted" ? "the precise-prefix-cache scorer" : "policy precise_prefix"} needs the workers' KV-cache events and the model's tokenizer (kvEventsEndpoint and tokenizer: --kv-events-endpoint and --tokenizer)`);
   range("maxRetries", 0, Infinity, true);
   range("maxInflightPerWorker", 0, Infinity, true);
   range("healthFailureThreshold", 1, Infinity, true);

@@ -5,12 +5,15 @@ import * as http from "node:http";
 import * as https from "node:https";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import { noWorker, RouterError, toRouterError } from "./errors.js";
+import { KvBlockIndex } from "./kv-block-index.js";
+import { KvEventsSubscriber } from "./kv-events-subscriber.js";
 import { createPolicy } from "./policies.js";
 import { proxyRequest, type ProxyContext } from "./proxy.js";
 import { resolveRouterConfig, type RouterConfig } from "./router-config.js";
 import { RouterMetrics } from "./router-metrics.js";
 import type { RoutingPolicy } from "./routing-types.js";
 import { routingText } from "./request-text.js";
+import { RequestTokenizer } from "./request-tokens.js";
 import { describeFetchError, normalizeWorkerUrl, WorkerPool } from "./worker-pool.js";
 
 /** OpenAI (and vLLM) endpoints proxied to one worker, routed by their request body's text. */
@@ -28,6 +31,8 @@ export interface Router {
   readonly policy: RoutingPolicy;
   readonly metrics: RouterMetrics;
   readonly config: RouterConfig;
+  /** Which workers hold which prefix-cache blocks, from their KV-cache events (null without --kv-events-endpoint). */
+  readonly kvIndex: KvBlockIndex | null;
   /** Checks the workers once, starts the periodic checks and eviction, listens; resolves with the base URL. */
   listen(): Promise<string>;
   /**
@@ -55,14 +60,20 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   const log = (level: keyof typeof LOG_RANK, line: string): void => {
     if (LOG_RANK[level] >= LOG_RANK[config.logLevel]) write(`[router] ${level.toUpperCase()} ${line}`);
   };
-  const policy = createPolicy(config.policy, { ...config, ...(deps.random ? { random: deps.random } : {}) });
+  const kvIndex = config.kvEventsEndpoint === null ? null : new KvBlockIndex();
+  const tokens = config.tokenizer === null ? null : RequestTokenizer.fromDir(config.tokenizer, config.chatTemplate);
+  const policy = createPolicy(config.policy, { ...config, kvBlockIndex: kvIndex, ...(deps.random ? { random: deps.random } : {}) });
   const pool = new WorkerPool(config.workerUrls, {
     ...config,
     onHealthChange: (w, healthy, reason) => {
       log(healthy ? "info" : "warning", `worker ${w.url} is ${healthy ? "healthy" : "down"} (${reason})`);
-      if (!healthy) policy.forgetWorker(w.url); // its KV cache is gone or unreachable: stop steering prefixes to it
+      if (!healthy) {
+        policy.forgetWorker(w.url); // its KV cache is gone or unreachable: stop steering prefixes to it
+        kvIndex?.removeWorker(w.url);
+      }
     },
   });
+  let subscriber: KvEventsSubscriber | null = null;
   const metrics = new RouterMetrics(pool);
   const agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
   const ctx: ProxyContext = { pool, policy, metrics, config, agents, log };
@@ -95,7 +106,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   };
 
   let active = 0; // proxied responses not yet ended: close() waits for them
-  const forward = async (request: FastifyRequest, reply: FastifyReply, route: string, text: string, tryNextOn404 = false): Promise<void> => {
+  const forward = async (request: FastifyRequest, reply: FastifyReply, route: string, text: string, tryNextOn404 = false, parsed?: unknown): Promise<void> => {
     const started = performance.now();
     metrics.request(route);
     reply.hijack();
@@ -105,7 +116,8 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
       metrics.observe(route, (performance.now() - started) / 1000);
     });
     const body = (request.body as Buffer | undefined) ?? null;
-    await proxyRequest(ctx, { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404 }, reply.raw);
+    const hashesOf = tokens === null || kvIndex === null || parsed === undefined ? null : tokens.blockHashes(route, parsed);
+    await proxyRequest(ctx, { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404, hashesOf }, reply.raw);
   };
 
   for (const route of PROXIED_POST_ROUTES) {
@@ -114,7 +126,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
       // a continued Responses conversation is stored on the worker that answered its previous turn: the others
       // answer 404 (previous_response_id not found) at once, and the request tries the next worker
       const continued = route === "/v1/responses" && typeof (body as { previous_response_id?: unknown } | null)?.previous_response_id === "string";
-      return forward(request, reply, route, routingText(route, body), continued);
+      return forward(request, reply, route, routingText(route, body), continued, body);
     });
   }
   // a stored response lives on the worker that made it: ask each until one has it
@@ -156,8 +168,10 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   app.get("/list_workers", async () => ({ urls: pool.all().map((w) => w.url) }));
   app.get("/workers", async () => ({
     policy: policy.name,
+    ...(kvIndex === null ? {} : { kv_events: { ...kvIndex.stats } }),
     workers: pool.all().map((w) => ({
       url: w.url, healthy: w.healthy, in_flight: w.inFlight, load: pool.view(w).load, last_error: w.lastError,
+      ...(kvIndex === null ? {} : { kv_blocks: kvIndex.size(w.url) }),
       reported: w.reported === null ? null : { running: w.reported.running, waiting: w.reported.waiting, kv_cache_usage_perc: w.reported.kvCacheUsage },
     })),
   }));
@@ -182,14 +196,17 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     const url = urlParam(request);
     if (!pool.remove(url)) throw new RouterError(404, `worker ${url} is not in the fleet`, null, "not_found_error", "url");
     policy.forgetWorker(url);
+    kvIndex?.removeWorker(url);
     log("info", `worker ${url} removed`);
     return { url, removed: true };
   });
 
   let evictTimer: NodeJS.Timeout | null = null;
   return {
-    app, pool, policy, metrics, config,
+    app, pool, policy, metrics, config, kvIndex,
     async listen() {
+      // subscribed in the background: routing falls back to load until events arrive
+      if (kvIndex !== null) subscriber = new KvEventsSubscriber(config.kvEventsEndpoint!, config.kvEventsTopic, kvIndex, (level, line) => log(level, line));
       await pool.start();
       evictTimer = setInterval(() => policy.maintain(), config.evictionIntervalMs);
       evictTimer.unref();
@@ -200,6 +217,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     },
     async close() {
       pool.stop();
+      await subscriber?.close();
       if (evictTimer !== null) clearInterval(evictTimer);
       const closed = app.close();
       const sweeper = setInterval(() => {

@@ -1,7 +1,7 @@
 // What the router's policies share: the worker view they choose from, the decision they return, their interface,
 // and the least-loaded choice every load-aware policy falls back to.
 
-export const POLICY_NAMES = ["cache_aware", "round_robin", "random", "power_of_two", "weighted"] as const;
+export const POLICY_NAMES = ["cache_aware", "round_robin", "random", "power_of_two", "weighted", "precise_prefix"] as const;
 export type PolicyName = (typeof POLICY_NAMES)[number];
 
 /** What a policy sees of a worker. */
@@ -16,21 +16,31 @@ export interface WorkerView {
 /**
  * Why a worker was chosen: cache_aware's prefix hit, its miss (least loaded, then fewest cached characters), its
  * fallback to the least loaded worker when the fleet is imbalanced, the weighted scorers' highest total, or one of the
- * load-only policies.
+ * load-only policies. precise_prefix: cache_hit when a worker's KV-cache events say it holds the prompt's first
+ * blocks, else cache_miss.
  */
 export type RoutingReason = "cache_hit" | "cache_miss" | "load_balanced" | "round_robin" | "random" | "power_of_two" | "weighted";
 
 export interface RoutingDecision {
   readonly url: string;
   readonly reason: RoutingReason;
-  /** cache_aware, weighted: the chosen worker's matched characters / routing text length (0 for the load-only policies). */
+  /**
+   * cache_aware, weighted: the chosen worker's matched characters / routing text length (0 for the load-only
+   * policies); precise_prefix (and weighted's precise scorer): its held leading blocks / the prompt's full blocks.
+   */
   readonly matchRate: number;
 }
 
+/** The request prompt's chain block hashes for an engine block size (precise_prefix; null when the prompt is unknown). */
+export type BlockHashesOf = (blockSize: number) => readonly string[];
+
 export interface RoutingPolicy {
   readonly name: PolicyName;
-  /** Picks one of `candidates` (never empty) for a request whose routing text is `text`. */
-  select(candidates: readonly WorkerView[], text: string): RoutingDecision;
+  /**
+   * Picks one of `candidates` (never empty) for a request whose routing text is `text` and, where the router has
+   * the model's tokenizer, whose prompt hashes to `hashesOf(blockSize)`.
+   */
+  select(candidates: readonly WorkerView[], text: string, hashesOf?: BlockHashesOf | null): RoutingDecision;
   /** A worker left the fleet or went down: forget what it cached. */
   forgetWorker(url: string): void;
   /** Periodic upkeep (cache_aware: evict its tree down to max-tree-size). */

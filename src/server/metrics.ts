@@ -54,6 +54,13 @@ export class ServerMetrics {
       counterFromStats("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", () => engine.stats().specAcceptedTokens ?? 0);
     }
 
+    if (engine.stats().kvEvents !== undefined) {
+      const ev = () => engine.stats().kvEvents!;
+      counterFromStats("kiln:kv_events_published_batches_total", "KV-cache event batches published (--kv-events-config).", () => ev().publishedBatches);
+      counterFromStats("kiln:kv_events_dropped_batches_total", "KV-cache event batches dropped: the publisher was not connected.", () => ev().droppedBatches);
+      counterFromStats("kiln:kv_events_dropped_events_total", "KV-cache events in the dropped batches.", () => ev().droppedEvents);
+    }
+
     if (engine.stats().lora !== undefined) {
       // vLLM's info gauge: the adapters in use as labels, the scrape time (seconds) as the value
       new Gauge({

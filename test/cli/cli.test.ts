@@ -89,6 +89,18 @@ describe("kiln CLI", () => {
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": "3"}' }, {}), /num_speculative_tokens must be an integer in \[1, 16\], got "3"/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2}' }, {}), /prompt_lookup_max \(2\) must be >= prompt_lookup_min \(5\)/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3}', asyncScheduling: true }, {}), /cannot be combined/);
+    // --kv-events-config: vLLM's JSON; engine_id defaults to the served URL (the machine's name for a wildcard host)
+    const ev = '{"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222", "topic": "kv"}';
+    assert.deepEqual(parseServeArgs("m", { kvEventsConfig: ev, host: "127.0.0.1", port: "8001" }, {}).kvEventsConfig, {
+      enableKvCacheEvents: true, publisher: "nats", endpoint: "nats://127.0.0.1:4222", topic: "kv", engineId: "http://127.0.0.1:8001", dataParallelRank: null,
+    });
+    assert.match(parseServeArgs("m", { kvEventsConfig: ev, port: "8001" }, {}).kvEventsConfig!.engineId!, /^http:\/\/[^:]+:8001$/);
+    assert.equal(parseServeArgs("m", { kvEventsConfig: ev.replace('"topic"', '"engine_id": "pod-3", "topic"'), port: "0" }, {}).kvEventsConfig!.engineId, "pod-3");
+    assert.equal(parseServeArgs("m", { kvEventsConfig: '{"enable_kv_cache_events": false}' }, {}).kvEventsConfig, null);
+    assert.equal(parseServeArgs("m", {}, {}).kvEventsConfig, null);
+    assert.throws(() => parseServeArgs("m", { kvEventsConfig: ev, port: "0" }, {}), /with --port 0: give "engine_id"/);
+    assert.throws(() => parseServeArgs("m", { kvEventsConfig: '{"enable_kv_cache_events": true, "publisher": "zmq"}' }, {}), /--kv-events-config: publisher must be one of null, nats/);
+    assert.throws(() => parseServeArgs("m", { kvEventsConfig: "nats" }, {}), /--kv-events-config must be a JSON object/);
     // LoRA flags, as vLLM's --lora-modules takes them (name=path or JSON)
     const lora = parseServeArgs("m", { enableLora: true, loraModules: ["sql=/a/sql", '{"name": "chat", "path": "/a/chat", "base_model_name": "b"}'], maxLoras: "2" }, {});
     assert.deepEqual(lora.loraModules, [{ name: "sql", path: "/a/sql", baseModelName: null }, { name: "chat", path: "/a/chat", baseModelName: "b" }]);

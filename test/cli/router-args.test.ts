@@ -44,7 +44,8 @@ describe("kiln router flags", () => {
       "--health-success-threshold", "1", "--health-check-endpoint", "/ping", "--request-timeout-secs", "10", "--retry-max-retries", "2",
       "--max-payload-size", "1024", "--max-inflight-per-worker", "4", "--log-level", "debug",
       "--prefix-cache-scorer-weight", "5", "--queue-scorer-weight", "1", "--kv-cache-utilization-scorer-weight", "0",
-      "--cors-allowed-origins", "https://a.example", "https://b.example",
+      "--precise-prefix-cache-scorer-weight", "2", "--kv-events-endpoint", "nats://10.0.0.5:4222", "--kv-events-topic", "kv.fleet",
+      "--tokenizer", "/models/m", "--chat-template", "{{ messages[0].content }}", "--cors-allowed-origins", "https://a.example", "https://b.example",
     );
     assert.deepEqual(c, {
       workerUrls: ["http://a:1", "http://b:2"], host: "0.0.0.0", port: 0, policy: "power_of_two", cacheThreshold: 0.5, balanceAbsThreshold: 8,
@@ -52,6 +53,8 @@ describe("kiln router flags", () => {
       healthFailureThreshold: 1, healthSuccessThreshold: 1, healthCheckEndpoint: "/ping", requestTimeoutMs: 10_000, maxRetries: 2,
       maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",
       prefixCacheScorerWeight: 5, queueScorerWeight: 1, kvCacheUtilizationScorerWeight: 0,
+      precisePrefixCacheScorerWeight: 2, kvEventsEndpoint: "nats://10.0.0.5:4222", kvEventsTopic: "kv.fleet", tokenizer: "/models/m",
+      chatTemplate: "{{ messages[0].content }}",
       corsAllowedOrigins: ["https://a.example", "https://b.example"],
     });
     assert.equal(parse("--worker-urls", "http://a:1", "--max-retries", "3", "--disable-retries").maxRetries, 0);
@@ -72,6 +75,11 @@ describe("kiln router flags", () => {
       [["--max-retries", "1", "--retry-max-retries", "2"], /disagree/],
       [["--health-check-endpoint", "health"], /--health-check-endpoint must be a path/],
       [["--queue-scorer-weight", "-2"], /--queue-scorer-weight must be a number >= 0/],
+      [["--policy", "precise_prefix", "--tokenizer", "/m"], /policy precise_prefix needs the workers' KV-cache events and the model's tokenizer/],
+      [["--policy", "precise_prefix", "--kv-events-endpoint", "nats://h:1"], /needs the workers' KV-cache events and the model's tokenizer/],
+      [["--policy", "weighted", "--precise-prefix-cache-scorer-weight", "1"], /the precise-prefix-cache scorer needs/],
+      [["--chat-template", "/no/such/file.jinja"], /--chat-template "\/no\/such\/file.jinja" looks like a file path/],
+      [["--kv-events-endpoint", "http://h:1"], /--kv-events-endpoint\) must be nats:\/\/host:port/],
     ];
     for (const [args, message] of cases) {
       assert.throws(() => parse("--worker-urls", "http://a:1", ...args), (e: unknown) => e instanceof CliUsageError && message.test((e as Error).message), args.join(" "));
