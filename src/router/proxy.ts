@@ -8,7 +8,7 @@ import { pipeline } from "node:stream";
 import { noWorker, RouterError } from "./errors.js";
 import type { RouterConfig } from "./router-config.js";
 import type { RouterMetrics } from "./router-metrics.js";
-import type { BlockHashesOf, RoutingPolicy } from "./routing-types.js";
+import { leastLoaded, type BlockHashesOf, type RoutingPolicy } from "./routing-types.js";
 import type { WorkerPool, WorkerState } from "./worker-pool.js";
 
 /** What a proxied request needs from the router. */
@@ -35,6 +35,11 @@ export interface ProxyRequest {
   hashesOf?: BlockHashesOf | null;
   /** A 404 tries the next worker (GET of a stored response, which lives on one worker); not counted as a retry. */
   tryNextOn404?: boolean;
+  /**
+   * A lookup of something one worker holds (a stored response by id): workers are asked least loaded first, without
+   * the policy (its prefix tree is not touched, and no cache hit or miss is counted).
+   */
+  lookup?: boolean;
 }
 
 // Hop-by-hop headers (RFC 9110 7.6.1) and those the router sets itself.
@@ -112,7 +117,8 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
     if (open.length === 0)
       return fail(new RouterError(429, `Every healthy worker has ${max} requests in flight (--max-inflight-per-worker); try again later`, "too_many_requests"), "overloaded");
     const now = Date.now();
-    const decision = policy.select(open.map((w) => pool.view(w, now)), req.text, req.hashesOf ?? null);
+    const views = open.map((w) => pool.view(w, now));
+    const decision = req.lookup === true ? { url: leastLoaded(views).url, reason: "lookup" as const, matchRate: 0 } : policy.select(views, req.text, req.hashesOf ?? null);
     metrics.decision(policy.name, decision);
     ctx.log("debug", `${req.route} -> ${decision.url} (${decision.reason}, match ${decision.matchRate.toFixed(2)})`);
     const worker = pool.get(decision.url)!;

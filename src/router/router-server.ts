@@ -106,7 +106,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   };
 
   let active = 0; // proxied responses not yet ended: close() waits for them
-  const forward = async (request: FastifyRequest, reply: FastifyReply, route: string, text: string, tryNextOn404 = false, parsed?: unknown): Promise<void> => {
+  const forward = async (request: FastifyRequest, reply: FastifyReply, route: string, text: string, tryNextOn404 = false, parsed?: unknown, lookup = false): Promise<void> => {
     const started = performance.now();
     metrics.request(route);
     reply.hijack();
@@ -117,7 +117,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     });
     const body = (request.body as Buffer | undefined) ?? null;
     const hashesOf = tokens === null || kvIndex === null || parsed === undefined ? null : tokens.blockHashes(route, parsed);
-    await proxyRequest(ctx, { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404, hashesOf }, reply.raw);
+    await proxyRequest(ctx, { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404, hashesOf, lookup }, reply.raw);
   };
 
   for (const route of PROXIED_POST_ROUTES) {
@@ -130,8 +130,8 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     });
   }
   // a stored response lives on the worker that made it: ask each until one has it
-  app.get("/v1/responses/:id", async (request, reply) => forward(request, reply, "/v1/responses/{id}", "", true));
-  app.post("/v1/responses/:id/cancel", async (request, reply) => forward(request, reply, "/v1/responses/{id}/cancel", "", true));
+  app.get("/v1/responses/:id", async (request, reply) => forward(request, reply, "/v1/responses/{id}", "", true, undefined, true));
+  app.post("/v1/responses/:id/cancel", async (request, reply) => forward(request, reply, "/v1/responses/{id}/cancel", "", true, undefined, true));
 
   app.get("/v1/models", async (request, reply) => {
     metrics.request("/v1/models");

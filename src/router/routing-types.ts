@@ -19,7 +19,7 @@ export interface WorkerView {
  * load-only policies. precise_prefix: cache_hit when a worker's KV-cache events say it holds the prompt's first
  * blocks, else cache_miss.
  */
-export type RoutingReason = "cache_hit" | "cache_miss" | "load_balanced" | "round_robin" | "random" | "power_of_two" | "weighted";
+export type RoutingReason = "cache_hit" | "cache_miss" | "load_balanced" | "round_robin" | "random" | "power_of_two" | "weighted" | "lookup";
 
 export interface RoutingDecision {
   readonly url: string;

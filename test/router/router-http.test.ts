@@ -292,6 +292,11 @@ describe("router over HTTP (fake workers)", () => {
     const missing = await fetch(`${url}/v1/responses/resp_2`);
     assert.equal(missing.status, 404);
     assert.deepEqual(await missing.json(), { error: { message: "no such response" } }); // the worker's own answer
+    // lookups by id are not routing decisions of the policy: no cache hit or miss counted
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    assert.equal(sample(metrics, "vllm_router_cache_misses_total"), 0);
+    assert.equal(sample(metrics, "kiln_router_routing_decisions_total", 'reason="lookup"'), 4); // one per worker asked: w0 (the tie's first) then w1, twice
+    assert.equal(got.headers.get("x-kiln-routing"), "lookup");
   });
 
   it("POST /v1/responses with previous_response_id reaches the worker that stored the previous response", async () => {
