@@ -47,10 +47,7 @@ export class CacheAwarePolicy implements RoutingPolicy {
         decision = { url: leastLoaded(candidates, (w) => this.tree.size(w.url)).url, reason: "cache_miss", matchRate };
       }
     }
-    if (text.length > 0) {
-      this.tree.insert(text, decision.url);
-      if (this.tree.size(decision.url) > 2 * maxTreeSize) this.tree.evict(maxTreeSize, decision.url);
-    }
+    this.tree.record(text, decision.url, maxTreeSize);
     return decision;
   }
 

@@ -136,6 +136,16 @@ export class PrefixTree {
   }
 
   /**
+   * A policy's record of a routed request: `insert`, then `tenant`'s leaves trimmed back to `maxSize` once it holds
+   * more than twice that (between the periodic evictions).
+   */
+  record(text: string, tenant: string, maxSize: number): void {
+    if (text.length === 0) return;
+    this.insert(text, tenant);
+    if (this.size(tenant) > 2 * maxSize) this.evict(maxSize, tenant);
+  }
+
+  /**
    * Evicts, for every worker over `maxSize` characters, its least recently used leaves until it fits; returns the
    * characters evicted. A node no worker holds any more is unlinked.
    */

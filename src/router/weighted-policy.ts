@@ -65,10 +65,7 @@ export class WeightedPolicy implements RoutingPolicy {
     // equal up to rounding (sums of products of fractions)
     const top = candidates.filter((_, i) => best - scores[i]!.total < 1e-9);
     const chosen = leastLoaded(top);
-    if (text.length > 0) {
-      this.tree.insert(text, chosen.url);
-      if (this.tree.size(chosen.url) > 2 * this.options.maxTreeSize) this.tree.evict(this.options.maxTreeSize, chosen.url);
-    }
+    this.tree.record(text, chosen.url, this.options.maxTreeSize);
     return { url: chosen.url, reason: "weighted", matchRate: scores[candidates.indexOf(chosen)]!.prefix };
   }
 

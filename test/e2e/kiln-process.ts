@@ -32,18 +32,45 @@ export interface KilnServer {
  * @example const server = await startKiln(["--max-model-len", "64"]); const models = await server.client().models.list();
  */
 export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDir("LlamaForCausalLM"), env: Record<string, string> = {}): Promise<KilnServer> {
-  const child = spawn(process.execPath, [`${root}/bin/kiln`, "serve", modelDir, "--host", "127.0.0.1", "--port", "0", ...extraArgs], {
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, ...env },
-  });
+  const p = await launchKiln(["serve", modelDir, "--host", "127.0.0.1", "--port", "0", ...extraArgs], /Kiln serving \S+ at (https?:\/\/\S+)\/v1/, 30_000, env);
+  return {
+    ...p,
+    model: modelDir,
+    client: ({ apiKey = "unused" } = {}) => new OpenAI({ baseURL: `${p.url}/v1`, apiKey, maxRetries: 0, timeout: 60_000 }),
+    metric: async (name, labels = "") => {
+      const text = await (await fetch(`${p.url}/metrics`)).text();
+      const line = text.split("\n").find((l) => (l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(labels));
+      assert.ok(line, `metric ${name}{${labels}} missing from /metrics`);
+      return Number(line.slice(line.lastIndexOf(" ") + 1));
+    },
+  };
+}
+
+/** A started `bin/kiln <command>` process: its URL (from its banner), output, exit and a SIGTERM stop. */
+export interface KilnProcess {
+  url: string;
+  pid: number;
+  log(): string;
+  exited: Promise<number | null>;
+  /** SIGTERM, then the exit code (SIGKILL after 15 s). */
+  stop(): Promise<number | null>;
+}
+
+/**
+ * Spawns `bin/kiln ...args` and waits (up to `startMs`) for the banner `banner`, whose first group is the URL; the
+ * process is SIGKILLed if the test file exits first.
+ */
+export async function launchKiln(args: string[], banner: RegExp, startMs: number, env: Record<string, string> = {}): Promise<KilnProcess> {
+  const what = `kiln ${args[0]}`;
+  const child = spawn(process.execPath, [`${root}/bin/kiln`, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
   live.add(child);
   let output = "";
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => { live.delete(child); resolve(code); }));
   const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`kiln serve did not start within 30 s:\n${output}`)), 30_000);
+    const timer = setTimeout(() => reject(new Error(`${what} did not start within ${startMs / 1000} s:\n${output}`)), startMs);
     const onData = (d: Buffer): void => {
       output += d.toString();
-      const m = /Kiln serving \S+ at (https?:\/\/\S+)\/v1/.exec(output);
+      const m = banner.exec(output);
       if (m) {
         clearTimeout(timer);
         resolve(m[1]!);
@@ -51,21 +78,13 @@ export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDi
     };
     child.stdout.on("data", onData);
     child.stderr.on("data", onData);
-    void exited.then((code) => { clearTimeout(timer); reject(new Error(`kiln serve exited early (${code}):\n${output}`)); });
+    void exited.then((code) => { clearTimeout(timer); reject(new Error(`${what} exited early (${code}):\n${output}`)); });
   });
-  const server: KilnServer = {
+  return {
     url,
     pid: child.pid!,
-    model: modelDir,
     log: () => output,
     exited,
-    client: ({ apiKey = "unused" } = {}) => new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0, timeout: 60_000 }),
-    metric: async (name, labels = "") => {
-      const text = await (await fetch(`${url}/metrics`)).text();
-      const line = text.split("\n").find((l) => (l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(labels));
-      assert.ok(line, `metric ${name}{${labels}} missing from /metrics`);
-      return Number(line.slice(line.lastIndexOf(" ") + 1));
-    },
     stop: async () => {
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
       const kill = setTimeout(() => child.kill("SIGKILL"), 15_000);
@@ -74,7 +93,6 @@ export async function startKiln(extraArgs: string[] = [], modelDir = tinyModelDi
       return code;
     },
   };
-  return server;
 }
 
 /** POSTs raw JSON (or a raw string) and returns status + parsed body: for requests the typed client refuses to send. */

@@ -170,41 +170,30 @@ const GGUF_TO_HF: Record<string, [string, string]> = {
 };
 
 /**
- * What llama.cpp's gemma3 assumes rather than reads: every 6th layer global and the others sliding with rotary base
- * 10000, and the attention scaled by head_dim ** -0.5 except in the 62-layer (27B) model, by (hidden / heads) ** -0.5.
- * An export whose config says otherwise is refused (a reader would get another model).
+ * The attention scalar llama.cpp's gemma2 / gemma3 assume rather than read: head_dim, except in the 27B models (46
+ * layers for Gemma 2, 62 for Gemma 3), hidden / heads. (The scale is scalar ** -0.5.)
  */
-function gemma3AttnScalar(layers: number, hidden: number, heads: number, headDim: number): number {
-  return layers === 62 ? hidden / heads : headDim;
-}
-
-function checkGemma3Exportable(config: Record<string, unknown>): void {
-  const cfg = parseHfConfig(config);
-  const fail = (what: string): never => {
-    throw new ModelFormatError(`[gguf] this Gemma 3 config cannot be written as gemma3 GGUF: ${what} (llama.cpp's gemma3 assumes it)`);
-  };
-  const want = gemma3AttnScalar(cfg.numHiddenLayers, cfg.hiddenSize, cfg.numAttentionHeads, cfg.headDim);
-  if (Math.abs(cfg.attnScale - 1 / Math.sqrt(want)) > 1e-9) fail(`query_pre_attn_scalar must be ${want}`);
-  if (cfg.slidingWindow !== null && cfg.slidingWindowLayers.some((s, i) => s !== ((i + 1) % 6 !== 0))) fail("every 6th layer must be global, the others sliding");
-  if (cfg.localRopeTheta !== 10000) fail("rope_local_base_freq must be 10000");
+function gemmaAttnScalar(version: 2 | 3, layers: number, hidden: number, heads: number, headDim: number): number {
+  return layers === (version === 2 ? 46 : 62) ? hidden / heads : headDim;
 }
 
 /**
- * What llama.cpp's gemma2 assumes rather than reads: the even layers sliding and the odd ones global, both soft-caps
- * applied (absent keys read as 50 and 30: a null cannot be written), and the attention scaled by head_dim ** -0.5
- * except in the 46-layer (27B) model, by (hidden / heads) ** -0.5.
+ * Refuses a Gemma export whose config says otherwise than llama.cpp assumes (a reader would get another model):
+ * Gemma 3, every 6th layer global and the others sliding with rotary base 10000; Gemma 2, the even layers sliding and
+ * the odd ones global, both soft-caps applied (absent keys read as 50 and 30: a null cannot be written); both, the
+ * attention scalar above.
  */
-function gemma2AttnScalar(layers: number, hidden: number, heads: number, headDim: number): number {
-  return layers === 46 ? hidden / heads : headDim;
-}
-
-function checkGemma2Exportable(config: Record<string, unknown>): void {
-  const cfg = parseHfConfig(config);
+function checkGemmaExportable(version: 2 | 3, cfg: ModelConfig): void {
   const fail = (what: string): never => {
-    throw new ModelFormatError(`[gguf] this Gemma 2 config cannot be written as gemma2 GGUF: ${what} (llama.cpp's gemma2 assumes it)`);
+    throw new ModelFormatError(`[gguf] this Gemma ${version} config cannot be written as gemma${version} GGUF: ${what} (llama.cpp's gemma${version} assumes it)`);
   };
-  const want = gemma2AttnScalar(cfg.numHiddenLayers, cfg.hiddenSize, cfg.numAttentionHeads, cfg.headDim);
+  const want = gemmaAttnScalar(version, cfg.numHiddenLayers, cfg.hiddenSize, cfg.numAttentionHeads, cfg.headDim);
   if (Math.abs(cfg.attnScale - 1 / Math.sqrt(want)) > 1e-9) fail(`query_pre_attn_scalar must be ${want}`);
+  if (version === 3) {
+    if (cfg.slidingWindow !== null && cfg.slidingWindowLayers.some((s, i) => s !== ((i + 1) % 6 !== 0))) fail("every 6th layer must be global, the others sliding");
+    if (cfg.localRopeTheta !== 10000) fail("rope_local_base_freq must be 10000");
+    return;
+  }
   if (cfg.slidingWindow === null) fail("sliding_window must be set");
   if (cfg.slidingWindowLayers.some((s, i) => s !== (i % 2 === 0))) fail("layer_types must alternate sliding (even layers) and full (odd layers)");
   if (cfg.attnSoftcap === null) fail("attn_logit_softcapping must be set");
@@ -236,9 +225,8 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   const archName = Array.isArray(config.architectures) ? String(config.architectures[0]) : "";
   const arch = ARCH_TO_GGUF[archName];
   if (!arch) throw new ModelFormatError(`[gguf] no GGUF architecture for "${archName}"`);
-  if (arch === "gemma3") checkGemma3Exportable(config);
-  if (arch === "gemma2") checkGemma2Exportable(config);
   const parsed = parseHfConfig(config);
+  if (arch === "gemma2" || arch === "gemma3") checkGemmaExportable(arch === "gemma2" ? 2 : 3, parsed);
   if (parsed.ropeScaling?.type === "longrope" && arch !== "phi3") throw new ModelFormatError(`[gguf] ${archName} with longrope rope scaling has no GGUF form (llama.cpp reads longrope factors for phi3 only)`);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
   const heads = num("num_attention_heads")!;
@@ -279,8 +267,8 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   if (typeof config.sliding_window === "number" && (archName === "MistralForCausalLM" || arch === "gemma3")) md[`${arch}.attention.sliding_window`] = gguf.u32(config.sliding_window);
   if (arch === "phi3") Object.assign(md, phi3Metadata(parsed));
   if (arch === "gemma2") {
-    // what a config leaves out as Gemma2Config's defaults (parseHfConfig's reading; checkGemma2Exportable refused nulls)
-    const cfg = parseHfConfig(config);
+    // what a config leaves out as Gemma2Config's defaults (parseHfConfig's reading; checkGemmaExportable refused nulls)
+    const cfg = parsed;
     md[`${arch}.attention.sliding_window`] = gguf.u32(cfg.slidingWindow!);
     md[`${arch}.attn_logit_softcapping`] = gguf.f32(cfg.attnSoftcap!);
     md[`${arch}.final_logit_softcapping`] = gguf.f32(cfg.finalSoftcap!);
@@ -400,12 +388,12 @@ export function ggufToHfConfig(
       hidden_activation: "gelu_pytorch_tanh", sliding_window: get("attention.sliding_window") ?? 4096,
       layer_types: Array.from({ length: layers }, (_, i) => (i % 2 === 0 ? "sliding_attention" : "full_attention")),
       attn_logit_softcapping: get("attn_logit_softcapping") ?? 50, final_logit_softcapping: get("final_logit_softcapping") ?? 30,
-      query_pre_attn_scalar: gemma2AttnScalar(layers, hidden, heads, cfg.head_dim as number),
+      query_pre_attn_scalar: gemmaAttnScalar(2, layers, hidden, heads, cfg.head_dim as number),
     });
   }
   if (arch === "gemma3") {
     const layers = cfg.num_hidden_layers as number;
-    Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: gemma3AttnScalar(layers, hidden, heads, cfg.head_dim as number) });
+    Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: gemmaAttnScalar(3, layers, hidden, heads, cfg.head_dim as number) });
   }
   const bos = metadata["tokenizer.ggml.bos_token_id"];
   const eos = metadata["tokenizer.ggml.eos_token_id"];
