@@ -222,6 +222,15 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // publication or hand-over. Against this pool's chain in alternating chains it ran 1.003x as fast with the vCPUs close
 // (75 iterations) and 1.026x apart (48); with each side prefetching its next share's stream heads (6 KiB each) while
 // it waits on the other, 1.000x close (283) and 1.055x apart (21).
+// Nor, in the real step, a whole decoder layer as one job (session 30, a scratch build, SmolLM-135M Q8_0 generate on
+// the Zen 5 VM, vCPUs apart): both threads ran the layer with four meetings (a gang job: each its query heads' q/k/v
+// rows, K/V write and attention; meet; its rows of o; meet; its rows of gate/up; meet; its rows of down), the norms
+// and activation quantizations on both alike. Per token 1.034x the separate kernels' time (median of 10 alternating
+// rounds, quartiles 0.998-1.043). Timed per phase (TSC), each thread read its share at 26-34 GB/s, as the separate
+// kernels' small products do: the hand-offs saved were repaid by the static cut (the worker ran each phase 10-45%
+// slower than the caller, which then waited) and by the threads' products starting more often (each thread half of
+// gate and then half of up took 67k cycles where all of gate took 51k). With o and down split by columns instead
+// (two meetings per layer, partial sums added), a thread's columns are a strided slice of rows: o read at 14 GB/s.
 // On the Zen 5 VM (session 24; its vCPUs apart, round trips ~430 ns), scratch labs found:
 // - One thread reads ~40-47 GB/s, alone in a long product or in a chain of 352 KiB ones alike; two read ~100 in a
 //   long product but 52-59 in that chain (SmolLM-135M-shaped o products, int8 group-32; each its own weight, so
