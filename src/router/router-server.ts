@@ -84,6 +84,8 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, body, done) => done(null, body));
   installCors(app, config.corsAllowedOrigins);
   app.setErrorHandler(async (err, request, reply) => {
+    // a client gone while sending its body: nobody to answer, and no error of the router's
+    if (request.raw.socket?.destroyed) return reply.hijack();
     const e = toRouterError(err);
     metrics.error(request.routeOptions.url ?? request.url, e.code ?? "error");
     return reply.code(e.status).send(e.toBody());

@@ -2,6 +2,7 @@
 // without buffering, failover and retries, OpenAI error objects for the router's own failures, load read from the
 // workers' /metrics, flow control, /v1/models, admin routes and its own /metrics.
 import assert from "node:assert/strict";
+import * as net from "node:net";
 import { after, afterEach, describe, it } from "node:test";
 import { createRouter, type Router } from "../../src/router/index.js";
 import type { RouterConfig } from "../../src/router/router-config.js";
@@ -389,5 +390,23 @@ describe("router over HTTP (fake workers)", () => {
     const res = await post(`${url}/v1/completions`, { prompt: "x" });
     assert.equal(res.headers.get("x-kiln-worker"), w1!.url);
     assert.equal(r.pool.all().length, 1);
+  });
+
+  it("a client that disconnects while sending its body is no router error and reaches no worker", async () => {
+    const [w0] = await fleet(1);
+    const { url } = await router([w0!.url]);
+    const { port } = new URL(url);
+    const sock = net.connect(Number(port), "127.0.0.1");
+    await new Promise<void>((resolve) => sock.once("connect", () => resolve()));
+    // promises 1000 bytes, sends 20, then goes away
+    sock.write("POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"prompt\": \"abcdefg");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    sock.destroy();
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    assert.doesNotMatch(metrics, /^vllm_router_request_errors_total\{/m);
+    assert.equal(w0!.seen.filter((r) => r.path === "/v1/completions").length, 0);
+    // the router still answers
+    assert.equal((await post(`${url}/v1/completions`, { prompt: "x" })).status, 200);
   });
 });
