@@ -31,6 +31,8 @@ export interface TokenizerLike {
   readonly bosTokenId: number | null;
   encode(text: string, options?: { addSpecialTokens?: boolean }): number[];
   decode(ids: readonly number[], options?: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean }): string;
+  /** A text pair's ids as HF's tokenizer(text, text_pair) gives them (cross-encoders); tokenizers without it cannot. */
+  encodePair?(text: string, pair: string, options?: { addSpecialTokens?: boolean }): number[];
   /** The token's text as the model's vocabulary spells it, decoded to a string (used for logprobs). */
   idToToken(id: number): string | undefined;
   isSpecial(id: number): boolean;

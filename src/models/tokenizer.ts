@@ -220,6 +220,23 @@ export class Tokenizer implements TokenizerLike {
     return this.encoder().encode(text, { add_special_tokens: options.addSpecialTokens ?? true }).ids;
   }
 
+  /**
+   * A text pair's ids as HF's `tokenizer(text, text_pair)` gives them: each text encoded on its own, then joined by
+   * tokenizer.json's post-processor for pairs (TemplateProcessing's `pair` template, Bert's `[CLS] A [SEP] B [SEP]`,
+   * Roberta's `<s> A </s></s> B </s>`; none or ByteLevel: A then B). The JS tokenizer drops the pair under a ByteLevel
+   * post-processor and reads an empty pair as none, so the pair is joined here. Throws TokenizerError for another
+   * post-processor.
+   * @example tok.encodePair("a query", "a document") // Gemma: [<bos>, ...query, <bos>, ...document]
+   */
+  encodePair(text: string, pair: string, options: { addSpecialTokens?: boolean } = {}): number[] {
+    const a = this.encode(text, { addSpecialTokens: false });
+    const b = this.encode(pair, { addSpecialTokens: false });
+    if (options.addSpecialTokens === false) return [...a, ...b];
+    const joins = pairJoins(this.tokenizerJson.post_processor);
+    if (joins.length > 1) throw new TokenizerError("[tokenizer] text pairs: a Sequence of more than one special-token post-processor is not supported");
+    return joins.length === 0 ? [...a, ...b] : joins[0]!(a, b);
+  }
+
   decode(ids: readonly number[], options: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean } = {}): string {
     if (ids.length === 0) return "";
     return this.decoder().decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false });
@@ -314,6 +331,53 @@ export class Tokenizer implements TokenizerLike {
     }
     if (continueFinal) rendered = cutAfterFinalMessage(rendered, messages);
     return rendered;
+  }
+}
+
+type PairJoin = (a: number[], b: number[]) => number[];
+
+/**
+ * The special-token joins of a tokenizer.json post-processor for a text pair (HF tokenizers' process with a pair
+ * encoding), in order; ByteLevel only trims offsets and joins nothing. Throws TokenizerError for an unknown one.
+ */
+function pairJoins(pp: unknown): PairJoin[] {
+  if (pp === null || pp === undefined) return [];
+  const p = pp as Json;
+  const idOf = (v: unknown): number => {
+    if (!Array.isArray(v) || typeof v[1] !== "number") throw new TokenizerError(`[tokenizer] ${String(p.type)} post-processor: bad special token ${JSON.stringify(v)}`);
+    return v[1];
+  };
+  switch (p.type) {
+    case "ByteLevel":
+      return [];
+    case "Sequence":
+      return (Array.isArray(p.processors) ? p.processors : []).flatMap(pairJoins);
+    case "BertProcessing": {
+      const [cls, sep] = [idOf(p.cls), idOf(p.sep)];
+      return [(a, b) => [cls, ...a, sep, ...b, sep]];
+    }
+    case "RobertaProcessing": {
+      const [cls, sep] = [idOf(p.cls), idOf(p.sep)];
+      return [(a, b) => [cls, ...a, sep, sep, ...b, sep]];
+    }
+    case "TemplateProcessing": {
+      const specials = (p.special_tokens ?? {}) as Record<string, { ids?: unknown }>;
+      const items = Array.isArray(p.pair) ? (p.pair as Json[]) : null;
+      if (items === null) throw new TokenizerError("[tokenizer] TemplateProcessing post-processor without a pair template");
+      return [
+        (a, b) =>
+          items.flatMap((item): number[] => {
+            const seq = item.Sequence as { id?: unknown } | undefined;
+            if (seq !== undefined) return seq.id === "B" ? b : a;
+            const name = (item.SpecialToken as { id?: unknown } | undefined)?.id;
+            const ids = typeof name === "string" ? specials[name]?.ids : undefined;
+            if (!Array.isArray(ids)) throw new TokenizerError(`[tokenizer] TemplateProcessing: unknown special token ${JSON.stringify(name)}`);
+            return ids as number[];
+          }),
+      ];
+    }
+    default:
+      throw new TokenizerError(`[tokenizer] text pairs under a ${String(p.type)} post-processor are not supported`);
   }
 }
 

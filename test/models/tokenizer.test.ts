@@ -267,3 +267,27 @@ test("a GGUF's end-of-generation ids: its EOS and the special tokens llama.cpp a
   assert.deepEqual(tokenizerConfig.eos_token_id, [2, 0]);
   assert.equal(tokenizerConfig.eos_token, "<|im_end|>");
 });
+
+test("encodePair: HF's tokenizer(text, text_pair) under each post-processor (the pair template; ByteLevel or none: A then B)", () => {
+  const gemma = load("gemma3");
+  const [a, b] = ["Hello world", " again"].map((t) => gemma.encode(t, { addSpecialTokens: false }));
+  const bos = gemma.bosTokenId!;
+  assert.deepEqual(gemma.encodePair("Hello world", " again"), [bos, ...a!, bos, ...b!], "TemplateProcessing's pair: <bos> $A <bos> $B");
+  assert.deepEqual(gemma.encodePair("Hello world", ""), [bos, ...a!, bos], "an empty pair is still a pair");
+  assert.deepEqual(gemma.encodePair("Hello world", " again", { addSpecialTokens: false }), [...a!, ...b!]);
+  for (const name of ["qwen3", "llama3"]) {
+    const tok = load(name); // ByteLevel post-processors: the JS tokenizer alone would drop the pair
+    assert.deepEqual(tok.encodePair("Hello world", " again"), [...tok.encode("Hello world"), ...tok.encode(" again")], name);
+  }
+  const json = readJson(path.join(modelsDir("qwen3"), "tokenizer.json"));
+  const config = readJson(path.join(modelsDir("qwen3"), "tokenizer_config.json"));
+  const qwen = load("qwen3");
+  const [s, e] = [qwen.tokenToId("<|im_start|>")!, qwen.tokenToId("<|im_end|>")!];
+  const [x, y] = [qwen.encode("Hi"), qwen.encode(" there")];
+  const withPost = (post_processor: Json) => Tokenizer.fromJson({ ...json, post_processor }, config);
+  const bert = { type: "BertProcessing", cls: ["<|im_start|>", s], sep: ["<|im_end|>", e] };
+  assert.deepEqual(withPost(bert).encodePair("Hi", " there"), [s, ...x, e, ...y, e]);
+  assert.deepEqual(withPost({ ...bert, type: "RobertaProcessing" }).encodePair("Hi", " there"), [s, ...x, e, e, ...y, e]);
+  assert.deepEqual(withPost({ type: "Sequence", processors: [{ type: "ByteLevel" }, bert] }).encodePair("Hi", " there"), [s, ...x, e, ...y, e]);
+  assert.throws(() => withPost({ type: "Mystery" }).encodePair("Hi", " there"), TokenizerError);
+});
