@@ -60,6 +60,10 @@ export class AsyncLLM implements EngineClient {
     return this.engine.classLabels;
   }
 
+  get useSepToken(): boolean | null {
+    return this.engine.useSepToken;
+  }
+
   /**
    * Adds the request at once (throwing EngineInputError synchronously if it is invalid) and streams its
    * outputs. Leaving the loop early aborts the request.

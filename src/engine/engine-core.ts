@@ -329,6 +329,11 @@ export class EngineCore {
     return this.poolingTask === "classify" ? this.runner.classifier!.labels : null;
   }
 
+  /** A classifying engine's use_sep_token (how a cross-encoder's score prompts are built); null otherwise. */
+  get useSepToken(): boolean | null {
+    return this.poolingTask === "classify" ? this.runner.classifier!.useSepToken : null;
+  }
+
   /**
    * Validates and queues a request. Throws {@link EngineInputError} (naming the parameter) for bad input;
    * nothing is queued then and other requests are unaffected.

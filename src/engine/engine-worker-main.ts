@@ -212,6 +212,7 @@ async function main(): Promise<void> {
     reasoningParser: resolved.reasoningParser,
     poolingTask: core.poolingTask,
     classLabels: core.classLabels,
+    useSepToken: core.useSepToken,
     kvTokens,
     kvCacheDtype: runner.kvCacheDtype,
     numBlocks: resolved.numGpuBlocks,

@@ -89,6 +89,7 @@ export type FromWorker =
       reasoningParser: ReasoningParserName | null;
       poolingTask: "embed" | "classify" | null;
       classLabels: string[] | null;
+      useSepToken: boolean | null;
       kvTokens: number;
       /** The KV cache's element type (--kv-cache-dtype resolved). */
       kvCacheDtype: KvCacheDtype;

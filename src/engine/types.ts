@@ -140,4 +140,6 @@ export interface EngineClient {
   readonly poolingTask?: "embed" | "classify" | null;
   /** A classifying engine's label names, in score order. */
   readonly classLabels?: readonly string[] | null;
+  /** A classifying engine's use_sep_token: a cross-encoder scores text pairs (true) or the texts joined (false). */
+  readonly useSepToken?: boolean | null;
 }

@@ -64,6 +64,7 @@ export class WorkerEngine implements EngineClient {
   readonly reasoningParser: ReasoningParserName | null;
   readonly poolingTask: "embed" | "classify" | null;
   readonly classLabels: string[] | null;
+  readonly useSepToken: boolean | null;
   /** KV capacity in tokens, and the pool's shape (block 0 is the engine's null block). */
   readonly kvTokens: number;
   /** The KV cache's element type. */
@@ -96,6 +97,7 @@ export class WorkerEngine implements EngineClient {
     this.reasoningParser = ready.reasoningParser;
     this.poolingTask = ready.poolingTask;
     this.classLabels = ready.classLabels;
+    this.useSepToken = ready.useSepToken;
     this.kvTokens = ready.kvTokens;
     this.kvCacheDtype = ready.kvCacheDtype;
     this.numBlocks = ready.numBlocks;

@@ -41,6 +41,12 @@ export interface ClassifierConfig {
   labels: string[];
   /** HF's problem_type: how the logits become scores (vLLM: softmax over 2+ labels, sigmoid for one; see the pooler). */
   problemType: "single_label_classification" | "multi_label_classification" | "regression" | null;
+  /**
+   * vLLM's use_sep_token (config.json's use_sep_token, or its deprecated use_pad_token; default true): a
+   * cross-encoder (one label) scores the tokenizer's text pair; false, as an LLM converted to a reranker says, the
+   * two texts joined into one.
+   */
+  useSepToken: boolean;
 }
 
 export interface ModelConfig {
@@ -236,7 +242,9 @@ function parseClassifier(cfg: Json, arch: string): ClassifierConfig {
   const p = cfg.problem_type ?? null;
   if (p !== null && p !== "single_label_classification" && p !== "multi_label_classification" && p !== "regression")
     throw new ModelConfigError(`[config] ${arch}: unknown problem_type ${JSON.stringify(p)}`);
-  return { numLabels, labels, problemType: p };
+  const sep = cfg.use_pad_token ?? cfg.use_sep_token ?? true; // vLLM reads the deprecated name first
+  if (typeof sep !== "boolean") throw new ModelConfigError(`[config] ${arch}: use_sep_token must be true or false, got ${JSON.stringify(sep)}`);
+  return { numLabels, labels, problemType: p, useSepToken: sep };
 }
 
 /**

@@ -250,6 +250,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         // a pooling engine says what it pools (a classifier pools whatever the runner flag said)
         poolingTask: engineOptions.engine.poolingTask ?? (engineOptions.runner === "pooling" ? "embed" : null),
         classLabels: engineOptions.engine.classLabels ? [...engineOptions.engine.classLabels] : null,
+        useSepToken: engineOptions.engine.useSepToken ?? true,
         maxLogprobs: engineOptions.maxLogprobs === -1 ? engineOptions.tokenizer.vocabSize : (engineOptions.maxLogprobs ?? MAX_LOGPROBS),
         responseRole: engineOptions.responseRole ?? "assistant",
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,

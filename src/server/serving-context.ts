@@ -39,6 +39,8 @@ export interface ServingContext {
   poolingTask: "embed" | "classify" | null;
   /** A classifier's label names, in score order (null unless poolingTask is "classify"). */
   classLabels: string[] | null;
+  /** A classifier's use_sep_token: its /score and /rerank prompts are text pairs (true) or the texts joined (false). */
+  useSepToken: boolean;
   /** The most logprobs / prompt_logprobs a request may ask (vLLM --max-logprobs, resolved: -1 is the vocabulary size). */
   maxLogprobs: number;
   /** The chat reply's role when add_generation_prompt is true (vLLM --response-role). */

@@ -77,3 +77,13 @@ test("config errors name the problem", () => {
   ];
   for (const [cfg, re] of bad) assert.throws(() => parseHfConfig(cfg), (e: unknown) => e instanceof ModelConfigError && re.test(e.message), String(re));
 });
+
+test("*ForSequenceClassification: the head's labels, and vLLM's use_sep_token (default true; use_pad_token, deprecated, first)", () => {
+  const cls = (extra: Record<string, unknown>) => parseHfConfig({ ...base, architectures: ["LlamaForSequenceClassification"], ...extra }).classifier!;
+  assert.deepEqual(cls({ num_labels: 1 }), { numLabels: 1, labels: ["LABEL_0"], problemType: null, useSepToken: true });
+  assert.equal(cls({ num_labels: 1, use_sep_token: false }).useSepToken, false);
+  assert.equal(cls({ num_labels: 1, use_pad_token: false, use_sep_token: true }).useSepToken, false);
+  assert.equal(cls({ num_labels: 1, use_pad_token: null, use_sep_token: false }).useSepToken, false);
+  assert.throws(() => cls({ use_sep_token: "no" }), ModelConfigError);
+  assert.equal(parseHfConfig({ ...base, architectures: ["LlamaForCausalLM"] }).classifier, null);
+});
