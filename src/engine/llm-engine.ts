@@ -8,7 +8,7 @@ import { EngineInputError } from "./errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import { generationConfigDefaults } from "./sampling-params.js";
-import { cosineSimilarity, scorePairingError, scorePairs } from "./scoring.js";
+import { cosineSimilarity, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
 
@@ -194,8 +194,9 @@ export class LLM {
 
   /**
    * Scores text pairs (vLLM's LLM.score) with an LLM made with runner "pooling": each text is embedded once and a pair
-   * scores the cosine similarity of its two embeddings. text1 and text2 pair up 1:1, 1:N or N:N (one score per text2);
-   * other counts throw EngineInputError before running anything.
+   * scores the cosine similarity of its two embeddings. A sequence classifier with one label (a cross-encoder) reads
+   * each pair of texts as one prompt (see crossEncoderPromptIds) and a pair scores its classifier output. text1 and
+   * text2 pair up 1:1, 1:N or N:N (one score per text2); other counts throw EngineInputError before running anything.
    *
    * @example
    * const llm = new LLM({ model: "models/kiln-default", runner: "pooling" });
@@ -207,12 +208,28 @@ export class LLM {
     const second = Array.isArray(text2) ? text2 : [text2];
     const why = scorePairingError(first.length, second.length);
     if (why !== null) throw new EngineInputError(first.length === 0 ? "text_1" : "text_2", why);
+    if (this.engine.classLabels !== null) return this.crossEncode(first, second, options);
     const embeddings = this.embed([...first, ...second], options);
     return scorePairs(first.length, second.length).map(([i, j]) => {
       const a = embeddings[i]!;
       const b = embeddings[first.length + j]!;
       return { requestId: `${a.requestId}_${b.requestId}`, promptTokenIds: [...a.promptTokenIds, ...b.promptTokenIds], score: cosineSimilarity(a.embedding, b.embedding) };
     });
+  }
+
+  /** LLM.score on a classifier: each pair's prompt classified, its one score (vLLM: num_labels 1 only, texts only). */
+  private crossEncode(first: PromptInput[], second: PromptInput[], options: { truncatePromptTokens?: number }): ScoringOutput[] {
+    const labels = this.engine.classLabels!.length;
+    if (labels !== 1) throw new Error(`[LLM.score] Score API is only enabled for num_labels == 1; this classifier has ${labels}`);
+    const text = (p: PromptInput, param: string): string => {
+      if (typeof p !== "string") throw new EngineInputError(param, "a cross-encoder scores texts, not token ids");
+      return p;
+    };
+    const useSepToken = this.engine.useSepToken ?? true;
+    const prompts = scorePairs(first.length, second.length).map(([i, j]) => ({
+      promptTokenIds: crossEncoderPromptIds(this.requireTokenizer(), text(first[i]!, "text_1"), text(second[j]!, "text_2"), { useSepToken, addSpecialTokens: true }),
+    }));
+    return this.embedOrClassify(prompts, options).map((out) => ({ requestId: out.requestId, promptTokenIds: out.promptTokenIds, score: out.pooled![0]! }));
   }
 
   /**

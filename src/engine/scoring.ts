@@ -1,6 +1,8 @@
-// vLLM's bi-encoder scoring (score_utils.py, BiEncoderIOProcessor): every text is embedded once, text_1 and text_2
-// pair up 1:1, 1:N (the one text_1 with each text_2) or N:N (element-wise), and a pair scores the cosine similarity
-// of its two embeddings. Shared by LLM.score and the server's /score and /rerank.
+// vLLM's scoring (score_utils.py), shared by LLM.score and the server's /score and /rerank. text_1 and text_2 pair up
+// 1:1, 1:N (the one text_1 with each text_2) or N:N (element-wise). An embedding model (bi-encoder) embeds every text
+// once and a pair scores the cosine similarity of its two embeddings; a sequence classifier with one label
+// (cross-encoder) reads each pair as one prompt and the pair scores its classifier output (sigmoid of the logit).
+import type { TokenizerLike } from "../models/tokenizer-types.js";
 
 /** Why vLLM refuses these numbers of texts (its messages), or null when they pair up. */
 export function scorePairingError(count1: number, count2: number): string | null {
@@ -27,4 +29,17 @@ export function cosineSimilarity(a: Float32Array, b: Float32Array): number {
     bb += b[i]! * b[i]!;
   }
   return dot / Math.max(Math.sqrt(aa * bb), 1e-8);
+}
+
+/**
+ * A cross-encoder pair's prompt ids, as vLLM's get_score_prompt builds them for a model without a score template:
+ * with use_sep_token (the default) the tokenizer's text pair, `tokenizer(text=text1, text_pair=text2)`; without it
+ * (an LLM converted to a reranker) the joined text, `tokenizer(text=text1 + text2)`; special tokens as asked.
+ */
+export function crossEncoderPromptIds(
+  tokenizer: TokenizerLike, text1: string, text2: string, o: { useSepToken: boolean; addSpecialTokens: boolean },
+): number[] {
+  if (!o.useSepToken) return tokenizer.encode(text1 + text2, { addSpecialTokens: o.addSpecialTokens });
+  if (tokenizer.encodePair === undefined) throw new Error("[score] this tokenizer cannot encode text pairs for a cross-encoder");
+  return tokenizer.encodePair(text1, text2, { addSpecialTokens: o.addSpecialTokens });
 }

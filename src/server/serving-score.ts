@@ -1,8 +1,10 @@
 // POST /score, /v1/score (vLLM's Score API) and /rerank, /v1/rerank, /v2/rerank (vLLM's Jina/Cohere-style Rerank API)
-// on a pooling server, as vLLM serves them for an embedding (bi-encoder) model: every text is pooled once by the
-// /v1/embeddings machinery and a pair scores the cosine similarity of its two vectors (engine/scoring.ts).
+// on a pooling server, as vLLM serves them. An embedding (bi-encoder) model pools every text once by the
+// /v1/embeddings machinery and a pair scores the cosine similarity of its two vectors; a sequence classifier with one
+// label (cross-encoder, a reranker) reads each pair as one prompt and a pair scores its classifier output, the
+// sigmoid of its logit (engine/scoring.ts). A classifier of more labels scores nothing, as in vLLM.
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { cosineSimilarity, scorePairingError, scorePairs } from "../engine/scoring.js";
+import { cosineSimilarity, crossEncoderPromptIds, scorePairingError, scorePairs } from "../engine/scoring.js";
 import { badRequest } from "./errors.js";
 import { optBool, optInt, optString, type Json } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
@@ -18,7 +20,18 @@ function texts(body: Json, field: string, { single = false } = {}): string[] {
   throw badRequest(`'${field}' must be a string${single ? "" : " or a list of strings"}`, field);
 }
 
-/** One scored pair: its text_1 and text_2 indices and cosine similarity. */
+/**
+ * Refuses a model that does not score pairs, as vLLM words it for `api`: a generating one, and a classifier of other
+ * than one label (vLLM enables scoring for num_labels == 1 only).
+ */
+function checkScoringModel(ctx: ServingContext, api: string): void {
+  const labels = ctx.classLabels?.length ?? 0;
+  if (ctx.poolingTask === "embed" || (ctx.poolingTask === "classify" && labels === 1)) return;
+  const why = ctx.poolingTask === "classify" ? ` (it is only enabled for num_labels == 1; this classifier has ${labels})` : "";
+  throw badRequest(`The model does not support ${api} API${why}`);
+}
+
+/** One scored pair: its text_1 and text_2 indices and score (cosine similarity, or the cross-encoder's output). */
 interface PairScore {
   first: number;
   second: number;
@@ -26,8 +39,9 @@ interface PairScore {
 }
 
 /**
- * Pools `first` and `second` (each text once) and scores their pairs (1:1, 1:N or N:N, one per `second` text);
- * `promptTokens` counts each pair's two prompts, as vLLM's usage does.
+ * Scores the pairs of `first` and `second` (1:1, 1:N or N:N, one per `second` text). A cross-encoder pools each pair's
+ * prompt (the pair encoded as vLLM does, then cut like any pooling prompt); a bi-encoder pools each text once.
+ * `promptTokens` counts each pair's prompt (a bi-encoder's: its two texts' prompts), as vLLM's usage does.
  */
 async function scoreTexts(
   ctx: ServingContext,
@@ -44,6 +58,17 @@ async function scoreTexts(
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
   const priority = optInt(body, "priority") ?? 0;
   const options = { truncate, addSpecialTokens: true, operation: fields.operation };
+  if (ctx.poolingTask === "classify") {
+    const pairOptions = { useSepToken: ctx.useSepToken, addSpecialTokens: true };
+    const pairs = scorePairs(first.length, second.length);
+    const prompts = pairs.map(([i, j]) => ({ tokenIds: crossEncoderPromptIds(ctx.tokenizer, first[i]!, second[j]!, pairOptions) }));
+    const ids = poolingTokenIds(ctx, prompts, { ...options, field: fields.second });
+    const scores = await poolTokenIds(ctx, request, reply, id, ids, priority);
+    return {
+      pairs: pairs.map(([i, j], k) => ({ first: i, second: j, score: scores[k]![0]! })),
+      promptTokens: ids.reduce((n, t) => n + t.length, 0),
+    };
+  }
   const prompts = (t: string[]) => t.map((text) => ({ text }));
   const ids = [
     ...poolingTokenIds(ctx, prompts(first), { ...options, field: fields.first }),
@@ -60,7 +85,7 @@ async function scoreTexts(
 
 /** vLLM's ScoreRequest: text_1 and text_2, each a string or a list of strings; one score per text_2. */
 export async function handleScore(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Score API");
+  checkScoringModel(ctx, "Score");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const id = randomId("score");
@@ -82,7 +107,7 @@ export async function handleScore(ctx: ServingContext, request: FastifyRequest, 
  * (Jina's meaning; vLLM itself always returns it).
  */
 export async function handleRerank(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  if (ctx.poolingTask !== "embed") throw badRequest("The model does not support Rerank (Score) API");
+  checkScoringModel(ctx, "Rerank (Score)");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const query = texts(body, "query", { single: true });

@@ -8,7 +8,7 @@ import { LLM } from "../../src/engine/llm-engine.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { arange, noGrad, tensor } from "../../src/tensor/index.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
-import { postRaw, startKiln, type KilnServer } from "./kiln-process.js";
+import { assertErrorBody, postRaw, startKiln, type KilnServer } from "./kiln-process.js";
 
 const LABELS = ["negative", "positive", "neutral"];
 const dir = tinyModelDir("Qwen3ForCausalLM", {
@@ -50,6 +50,7 @@ describe("sequence classification (*ForSequenceClassification)", () => {
     });
     assert.ok(new Set(outs.map((o) => o.label)).size >= 1);
     assert.throws(() => llm.embed(["x"]), /classifies: use classify\(\)/);
+    assert.throws(() => llm.score("a", "b"), /Score API is only enabled for num_labels == 1; this classifier has 3/);
     assert.throws(() => llm.generate(["x"]), /pools/);
   });
 
@@ -91,6 +92,18 @@ describe("sequence classification (*ForSequenceClassification)", () => {
         const refused = await postRaw(server.url, path, req);
         assert.equal(refused.status, 400, path);
         assert.match((refused.body as { error: { message: string } }).error.message, /does not support/);
+      }
+      // vLLM scores pairs with a classifier of one label only (a cross-encoder; cross-encoder.test.ts): this one has 3
+      for (const [path, req, api] of [
+        ["/v1/score", { model: server.model, text_1: "a", text_2: ["b", "c"] }, "Score"],
+        ["/score", { model: server.model, text_1: "a", text_2: "b" }, "Score"],
+        ["/rerank", { model: server.model, query: "a", documents: ["b"] }, "Rerank \\(Score\\)"],
+        ["/v1/rerank", { model: server.model, query: "a", documents: ["b"] }, "Rerank \\(Score\\)"],
+        ["/v2/rerank", { model: server.model, query: "a", documents: ["b"] }, "Rerank \\(Score\\)"],
+      ] as const) {
+        const refused = await postRaw(server.url, path, req);
+        assert.equal(refused.status, 400, path);
+        assertErrorBody(refused.body, { type: "invalid_request_error", param: null, message: new RegExp(`does not support ${api} API \\(it is only enabled for num_labels == 1; this classifier has 3\\)`) });
       }
       const empty = await postRaw(server.url, "/classify", { model: server.model, input: "" });
       assert.equal(empty.status, 400);
