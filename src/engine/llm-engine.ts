@@ -5,10 +5,11 @@ import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/
 import { BeamSearchInstance, checkBeamSearchParams, type BeamSearchParams, type BeamSearchResult } from "./beam-search.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import { EngineInputError } from "./errors.js";
+import { KilnError } from "../util/errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import { generationConfigDefaults } from "./sampling-params.js";
-import { cosineSimilarity, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
+import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
 
@@ -219,8 +220,8 @@ export class LLM {
 
   /** LLM.score on a classifier: each pair's prompt classified, its one score (vLLM: num_labels 1 only, texts only). */
   private crossEncode(first: PromptInput[], second: PromptInput[], options: { truncatePromptTokens?: number }): ScoringOutput[] {
-    const labels = this.engine.classLabels!.length;
-    if (labels !== 1) throw new Error(`[LLM.score] Score API is only enabled for num_labels == 1; this classifier has ${labels}`);
+    const why = crossEncoderLabelsError(this.engine.classLabels!.length);
+    if (why !== null) throw new KilnError(`[LLM.score] Score API is ${why}`);
     const text = (p: PromptInput, param: string): string => {
       if (typeof p !== "string") throw new EngineInputError(param, "a cross-encoder scores texts, not token ids");
       return p;

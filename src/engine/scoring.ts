@@ -31,6 +31,11 @@ export function cosineSimilarity(a: Float32Array, b: Float32Array): number {
   return dot / Math.max(Math.sqrt(aa * bb), 1e-8);
 }
 
+/** Why a classifier of `labels` labels scores no pairs (vLLM enables scoring for num_labels == 1 only), or null. */
+export function crossEncoderLabelsError(labels: number): string | null {
+  return labels === 1 ? null : `only enabled for num_labels == 1; this classifier has ${labels}`;
+}
+
 /**
  * A cross-encoder pair's prompt ids, as vLLM's get_score_prompt builds them for a model without a score template:
  * with use_sep_token (the default) the tokenizer's text pair, `tokenizer(text=text1, text_pair=text2)`; without it

@@ -4,7 +4,7 @@
 // label (cross-encoder, a reranker) reads each pair as one prompt and a pair scores its classifier output, the
 // sigmoid of its logit (engine/scoring.ts). A classifier of more labels scores nothing, as in vLLM.
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { cosineSimilarity, crossEncoderPromptIds, scorePairingError, scorePairs } from "../engine/scoring.js";
+import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "../engine/scoring.js";
 import { badRequest } from "./errors.js";
 import { optBool, optInt, optString, type Json } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
@@ -25,10 +25,9 @@ function texts(body: Json, field: string, { single = false } = {}): string[] {
  * than one label (vLLM enables scoring for num_labels == 1 only).
  */
 function checkScoringModel(ctx: ServingContext, api: string): void {
-  const labels = ctx.classLabels?.length ?? 0;
-  if (ctx.poolingTask === "embed" || (ctx.poolingTask === "classify" && labels === 1)) return;
-  const why = ctx.poolingTask === "classify" ? ` (it is only enabled for num_labels == 1; this classifier has ${labels})` : "";
-  throw badRequest(`The model does not support ${api} API${why}`);
+  if (ctx.poolingTask === "embed") return;
+  const why = ctx.poolingTask === "classify" ? crossEncoderLabelsError(ctx.classLabels?.length ?? 0) : "";
+  if (why !== null) throw badRequest(`The model does not support ${api} API${why ? ` (it is ${why})` : ""}`);
 }
 
 /** One scored pair: its text_1 and text_2 indices and score (cosine similarity, or the cross-encoder's output). */
