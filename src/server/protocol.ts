@@ -41,6 +41,8 @@ export interface CommonRequest {
   beamSearch: { lengthPenalty: number } | null;
   /** vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"; undefined = the server's --return-tokens-as-token-ids. */
   returnTokensAsTokenIds: boolean | undefined;
+  /** truncate_prompt_tokens: keep the prompt's last N tokens (-1: all that max_tokens leaves room for); the server cuts it. */
+  truncatePromptTokens: number | undefined;
 }
 
 export interface ChatRequest extends CommonRequest {
@@ -132,7 +134,6 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   set("includeStopStrInOutput", optBool(body, "include_stop_str_in_output"));
   set("skipSpecialTokens", optBool(body, "skip_special_tokens"));
   set("spacesBetweenSpecialTokens", optBool(body, "spaces_between_special_tokens"));
-  set("truncatePromptTokens", truncate);
   set("extraArgs", optExtraArgs(body, "vllm_xargs"));
   set("structuredOutputs", structuredOutputs);
 
@@ -149,6 +150,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
     returnPromptLogprobs: promptLogprobs !== undefined,
     beamSearch: parseBeamSearch(body, stream, params),
     returnTokensAsTokenIds: optBool(body, "return_tokens_as_token_ids"),
+    truncatePromptTokens: truncate,
   };
 }
 

@@ -8,7 +8,7 @@ import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
-  samplingParamsFor, SseWriter, tokenText, usageJson, type ServingContext,
+  samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
 } from "./serving-context.js";
 
 export interface ChatLogprob {
@@ -138,7 +138,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const promptText = renderChatPrompt(ctx, req);
-  const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
+  const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));
   const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   const thinking = replyMode(ctx, req, promptText);
   // vLLM's get_chat_request_role: --response-role for a new reply, else the role of the message it continues

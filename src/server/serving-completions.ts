@@ -6,7 +6,7 @@ import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, resolveModelAndLora, responseIds,
-  samplingParamsFor, SseWriter, tokenText, usageJson, type ServingContext,
+  samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
 } from "./serving-context.js";
 
 /** OpenAI legacy logprobs: parallel lists plus character offsets into the choice text. */
@@ -67,10 +67,11 @@ interface Choice {
 export async function handleCompletion(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const req = parseCompletionRequest(request.body, ctx.tokenizer.vocabSize);
   const { model, lora } = resolveModelAndLora(ctx, req.model);
+  // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
   const prepared: Prepared[] = req.prompts.map((p) =>
     "text" in p
-      ? { promptText: p.text, promptTokenIds: ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens }) }
-      : { promptTokenIds: p.tokenIds, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
+      ? { promptText: p.text, promptTokenIds: truncatePrompt(ctx, req, ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens })) }
+      : { promptTokenIds: truncatePrompt(ctx, req, p.tokenIds), promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
   );
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
   const { id, engineId } = responseIds(request, "cmpl");

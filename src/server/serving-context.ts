@@ -121,6 +121,24 @@ export function checkQueue(ctx: ServingContext, count = 1): void {
 }
 
 /**
+ * The prompt the engine reads under truncate_prompt_tokens: its last N tokens, cut before the length checks (as
+ * vLLM's renderer cuts it), so that a prompt longer than the context is served. N may be at most max_model_len less
+ * the requested max_tokens (a 400 otherwise); -1 is that most.
+ */
+export function truncatePrompt(ctx: ServingContext, req: CommonRequest, ids: number[]): number[] {
+  const keep = req.truncatePromptTokens;
+  if (keep === undefined) return ids;
+  const maxInput = ctx.maxModelLen - (req.maxTokens ?? req.maxTokensDefault ?? 0);
+  if (keep > maxInput)
+    throw badRequest(
+      `truncate_prompt_tokens (${keep}) cannot be greater than max_model_len - max_tokens = ${maxInput}. Please request a smaller truncation size.`,
+      "truncate_prompt_tokens");
+  const n = keep === -1 ? maxInput : keep;
+  if (n < 1) throw badRequest(`truncate_prompt_tokens ${keep} leaves no prompt`, "truncate_prompt_tokens");
+  return ids.length > n ? ids.slice(ids.length - n) : ids;
+}
+
+/**
  * Final sampling params for one prompt: generation defaults under the request's values, and max_tokens
  * checked against max_model_len (default: the endpoint's default and the generation config's max_new_tokens, capped by
  * whatever room the prompt leaves).

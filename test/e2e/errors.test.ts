@@ -88,6 +88,16 @@ describe("kiln serve error statuses (e2e)", () => {
     assert.equal(fill.choices[0]!.finish_reason, "length");
   });
 
+  it("truncate_prompt_tokens serves a prompt over --max-model-len 64 as its last tokens given directly", async () => {
+    const { tokens } = (await postRaw(limited.url, "/tokenize", { model: limited.model, prompt: LONG_PROMPT })).body as { tokens: number[] };
+    assert.ok(tokens.length > 64);
+    const ask = { model: limited.model, max_tokens: 4, temperature: 0, ignore_eos: true };
+    const cut = (await postRaw(limited.url, "/v1/completions", { ...ask, prompt: LONG_PROMPT, truncate_prompt_tokens: 20 })).body as OpenAI.Completion;
+    const direct = (await postRaw(limited.url, "/v1/completions", { ...ask, prompt: tokens.slice(-20) })).body as OpenAI.Completion;
+    assert.equal(cut.usage!.prompt_tokens, 20, JSON.stringify(cut));
+    assert.equal(cut.choices[0]!.text, direct.choices[0]!.text);
+  });
+
   it("401 without a valid API key; /health and /metrics stay open", async () => {
     for (const headers of [{}, { authorization: "Bearer wrong" }, { authorization: KEY }] as Record<string, string>[]) {
       const r = await postRaw(keyed.url, "/v1/completions", { model: keyed.model, prompt: "hi", max_tokens: 2 }, headers);

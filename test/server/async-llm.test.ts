@@ -60,10 +60,10 @@ describe("server over AsyncLLM", () => {
 
   it("engine input errors become 400s naming the param", async () => {
     const res = await fetch(`${url}/v1/completions`, {
-      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "real", prompt: "x", truncate_prompt_tokens: 0 }),
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "real", prompt: "x", seed: 2 ** 70 }),
     });
     const body = (await res.json()) as any;
     assert.equal(res.status, 400, JSON.stringify(body));
-    assert.equal(body.error.param, "truncate_prompt_tokens"); // checked by the engine, not the server
+    assert.equal(body.error.param, "seed"); // an integer to the server, out of range for the engine
   });
 });

@@ -151,6 +151,27 @@ describe("OpenAI API", () => {
     assert.equal(r2.usage!.prompt_tokens, 8);
   });
 
+  it("truncate_prompt_tokens keeps the prompt's last tokens before the length checks, and usage counts those", async () => {
+    // 301 tokens (BOS + 300 chars) on a 256-token model: served once cut to its last 100
+    const long = await s.client.completions.create({
+      model: MODEL, prompt: "a".repeat(300), max_tokens: 3, truncate_prompt_tokens: 100, prompt_logprobs: 0, ignore_eos: true,
+    } as never);
+    assert.equal(long.usage!.prompt_tokens, 100);
+    assert.equal((long.choices[0] as any).prompt_logprobs.length, 100, "the engine read 100 prompt tokens");
+    const chat = await s.client.chat.completions.create({
+      model: MODEL, messages: [{ role: "user", content: "b".repeat(300) }], max_tokens: 2, truncate_prompt_tokens: 50,
+    } as never);
+    assert.equal(chat.usage!.prompt_tokens, 50);
+    // -1: as many as max_model_len leaves beside max_tokens (256 - 6)
+    const all = await s.client.completions.create({ model: MODEL, prompt: "c".repeat(300), max_tokens: 6, truncate_prompt_tokens: -1 } as never);
+    assert.equal(all.usage!.prompt_tokens, 250);
+    const post = (body: unknown) =>
+      fetch(`${s.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    const tooMany = await post({ model: MODEL, prompt: "c", max_tokens: 6, truncate_prompt_tokens: 251 });
+    assert.equal(tooMany.status, 400);
+    assert.equal(((await tooMany.json()) as any).error.param, "truncate_prompt_tokens");
+  });
+
   it("tokenize and detokenize", async () => {
     const post = (path: string, body: unknown) =>
       fetch(`${s.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then((r) => r.json() as Promise<any>);
