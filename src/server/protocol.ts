@@ -100,6 +100,9 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   }
   // the most a request may ask is the server's --max-logprobs (checked with the rest of its sampling params)
   const promptLogprobs = optInt(body, "prompt_logprobs", { min: -1 });
+  // a stream has no field for them: refused rather than dropped (vLLM's check; 0 asks for none beyond the token's own)
+  if (stream && promptLogprobs !== undefined && promptLogprobs !== 0)
+    throw badRequest("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs");
   const stopTokenIds = optIntArray(body, "stop_token_ids");
   const allowedTokenIds = optIntArray(body, "allowed_token_ids");
   for (const [name, ids] of [["stop_token_ids", stopTokenIds], ["allowed_token_ids", allowedTokenIds]] as const) {

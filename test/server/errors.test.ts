@@ -56,6 +56,7 @@ describe("errors", () => {
     ["vllm_xargs list", { vllm_xargs: [1] }, "vllm_xargs"],
     ["vllm_xargs value", { vllm_xargs: { a: { b: 1 } } }, "vllm_xargs"],
     ["vllm_xargs nested list", { vllm_xargs: { a: [[1]] } }, "vllm_xargs"],
+    ["prompt_logprobs with stream", { prompt_logprobs: 1, stream: true }, "prompt_logprobs"],
   ];
   for (const [name, extra, param] of badFields) {
     it(`400 for bad ${name}`, async () => assertError(await post(chat(), { model: MODEL, messages: msgs, ...extra }), 400, param));
@@ -68,6 +69,14 @@ describe("errors", () => {
     assertError(await post(completions(), { model: MODEL, prompt: [1, "a"] }), 400, "prompt");
     assertError(await post(completions(), { model: MODEL, prompt: [100000] }), 400, "prompt");
     assertError(await post(completions(), { model: MODEL, prompt: "x", logprobs: 99 }), 400, "logprobs");
+    // a stream has nowhere to carry prompt logprobs (vLLM refuses them rather than drop them); echo's still stream
+    assertError(await post(completions(), { model: MODEL, prompt: "x", stream: true, prompt_logprobs: -1 }), 400, "prompt_logprobs");
+    const echo = await fetch(completions(), {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, prompt: "x", stream: true, echo: true, logprobs: 1, max_tokens: 2 }),
+    });
+    assert.equal(echo.status, 200);
+    assert.match(await echo.text(), /"tokens":\["<s>","x"/);
     assertError(await post(chat(), { model: MODEL, messages: msgs, chat_template: "broken" }), 400, "messages");
   });
 
