@@ -35,6 +35,8 @@ export interface TokenizerLike {
   encodePair?(text: string, pair: string, options?: { addSpecialTokens?: boolean }): number[];
   /** The token's text as the model's vocabulary spells it, decoded to a string (used for logprobs). */
   idToToken(id: number): string | undefined;
+  /** The token as the vocabulary spells it ("Ġhello"), HF's convert_ids_to_tokens; without it, idToToken's text. */
+  idToRawToken?(id: number): string | undefined;
   isSpecial(id: number): boolean;
   applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string;
   /** The vocabulary for structured output; tokenizers without it cannot serve structured output. */

@@ -28,7 +28,10 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     } else {
       throw badRequest("'prompt' (a string) or 'messages' is required", "prompt");
     }
-    return { count: tokens.length, max_model_len: ctx.maxModelLen, tokens, token_strs: null };
+    // vLLM's token_strs: the tokens' vocabulary spellings (convert_ids_to_tokens), not their decoded text
+    const tok = ctx.tokenizer;
+    const tokenStrs = optBool(body, "return_token_strs") === true ? tokens.map((id) => tok.idToRawToken?.(id) ?? tok.idToToken(id) ?? "") : null;
+    return { count: tokens.length, max_model_len: ctx.maxModelLen, tokens, token_strs: tokenStrs };
   });
 
   app.post("/detokenize", async (request) => {

@@ -1,6 +1,8 @@
 // End to end through the official `openai` client against a real `kiln serve` on a tiny random Llama:
 // models, chat, completions, streaming usage, n, stop strings, seeds, logprobs, token-id prompts, greedy.
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import type OpenAI from "openai";
 import { Tokenizer } from "../../src/models/tokenizer.js";
@@ -274,6 +276,21 @@ describe("kiln serve + openai client (e2e)", () => {
     assert.deepEqual(batch.usage, { prompt_tokens: a.length + b.length, completion_tokens: 24, total_tokens: a.length + b.length + 24 });
     const strings = await complete(["The river ran", "Once upon a time"]);
     assert.deepEqual(strings.choices.map((c) => c.text), [textA, textB]);
+  });
+
+  it("/tokenize return_token_strs spells the tokens as tokenizer.json's vocabulary does (HF's convert_ids_to_tokens)", async () => {
+    const json = JSON.parse(readFileSync(join(server.model, "tokenizer.json"), "utf8")) as {
+      model: { vocab: Record<string, number> }; added_tokens: { id: number; content: string }[];
+    };
+    const spelling = new Map<number, string>([...Object.entries(json.model.vocab).map(([t, id]) => [id, t] as const), ...json.added_tokens.map((t) => [t.id, t.content] as const)]);
+    const r = (await postRaw(server.url, "/tokenize", { prompt: "Hello world, the river", return_token_strs: true })).body as { tokens: number[]; token_strs: string[] };
+    assert.ok(r.tokens.length > 2);
+    assert.deepEqual(r.token_strs, r.tokens.map((id) => spelling.get(id)));
+    assert.ok(r.token_strs.some((t) => t.startsWith("\u0120")), "byte-level spellings, not decoded text");
+    const chat = (await postRaw(server.url, "/tokenize", { messages: USER, return_token_strs: true })).body as { tokens: number[]; token_strs: string[] };
+    assert.deepEqual(chat.token_strs, chat.tokens.map((id) => spelling.get(id)));
+    const plain = (await postRaw(server.url, "/tokenize", { prompt: "Hello" })).body as { token_strs: unknown };
+    assert.equal(plain.token_strs, null);
   });
 
   it("/health and /version answer", async () => {
