@@ -162,9 +162,10 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora },
     controller.signal);
-  // echo: repeat the final message's content when the model continues it (vLLM semantics).
+  // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:
+  // a new reply after a message of --response-role, or any message the reply continues)
   const last = req.messages[req.messages.length - 1]!;
-  const echoText = req.echo && last.role === "assistant" && !req.addGenerationPrompt ? (last.content ?? "") : "";
+  const echoText = req.echo && last.role === role ? (last.content ?? "") : "";
 
   try {
     const outputs = await primeStream(stream);

@@ -172,6 +172,31 @@ describe("OpenAI API", () => {
     assert.equal(((await tooMany.json()) as any).error.param, "truncate_prompt_tokens");
   });
 
+  it("chat echo puts the final message's content before the reply when the reply takes its role (vLLM), streamed or not", async () => {
+    const story = [{ role: "user", content: "hi" }, { role: "assistant", content: "Once upon" }];
+    const ask = async (extra: Record<string, unknown>) => {
+      const base = { model: MODEL, max_tokens: 3, seed: 5, ignore_eos: true, ...extra };
+      const plain = await s.client.chat.completions.create(base as never);
+      const echoed = await s.client.chat.completions.create({ ...base, echo: true } as never);
+      let streamed = "";
+      const chunks = await s.client.chat.completions.create({ ...base, echo: true, stream: true } as never) as unknown as AsyncIterable<Record<string, any>>;
+      for await (const chunk of chunks) streamed += chunk.choices[0]?.delta.content ?? "";
+      return { plain: plain.choices[0]!.message.content!, echoed: echoed.choices[0]!.message, streamed };
+    };
+    const cases: [Record<string, unknown>, string, string][] = [
+      [{ messages: story, add_generation_prompt: false, continue_final_message: true }, "Once upon", "assistant"],
+      [{ messages: story }, "Once upon", "assistant"], // a new assistant reply after an assistant message
+      [{ messages: [{ role: "user", content: "tell me" }], add_generation_prompt: false }, "tell me", "user"], // the reply continues the user's turn
+      [{ messages: [{ role: "user", content: "tell me" }] }, "", "assistant"], // another role: nothing to echo
+    ];
+    for (const [extra, echo, role] of cases) {
+      const r = await ask(extra);
+      assert.equal(r.echoed.role, role, JSON.stringify(extra));
+      assert.equal(r.echoed.content, echo + r.plain, JSON.stringify(extra));
+      assert.equal(r.streamed, echo + r.plain, JSON.stringify(extra));
+    }
+  });
+
   it("tokenize and detokenize", async () => {
     const post = (path: string, body: unknown) =>
       fetch(`${s.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then((r) => r.json() as Promise<any>);
