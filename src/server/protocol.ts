@@ -41,6 +41,8 @@ export interface CommonRequest {
   beamSearch: { lengthPenalty: number } | null;
   /** vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"; undefined = the server's --return-tokens-as-token-ids. */
   returnTokensAsTokenIds: boolean | undefined;
+  /** vLLM's return_token_ids: the response carries prompt_token_ids and each choice's token_ids (deltas when streamed). */
+  returnTokenIds: boolean;
   /** truncate_prompt_tokens: keep the prompt's last N tokens (-1: all that max_tokens leaves room for); the server cuts it. */
   truncatePromptTokens: number | undefined;
 }
@@ -154,6 +156,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
     beamSearch: parseBeamSearch(body, stream, params),
     returnTokensAsTokenIds: optBool(body, "return_tokens_as_token_ids"),
     truncatePromptTokens: truncate,
+    returnTokenIds: optBool(body, "return_token_ids") ?? false,
   };
 }
 

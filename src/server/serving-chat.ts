@@ -45,6 +45,8 @@ export function chatLogprobs(ctx: ServingContext, o: CompletionOutput, top: numb
 interface Choice {
   text: string;
   numTokens: number;
+  /** The generated token ids (kept for return_token_ids). */
+  tokenIds: number[];
   logprobs: ChatLogprob[];
   finishReason: FinishReason;
   stopReason: string | number | null;
@@ -150,9 +152,9 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
     const choices = beams[0]!.map((b, index) => {
       const { reasoning, content } = reasoningOf(req, thinking, b.text);
       const message = { role, content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };
-      return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null };
+      return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null, ...(req.returnTokenIds ? { token_ids: b.tokenIds } : {}) };
     });
-    return { id, object: "chat.completion", created: nowSeconds(), model, choices, usage };
+    return { id, object: "chat.completion", created: nowSeconds(), model, choices, usage, ...(req.returnTokenIds ? { prompt_token_ids: promptTokenIds } : {}) };
   }
 
   const created = nowSeconds();
@@ -170,7 +172,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   try {
     const outputs = await primeStream(stream);
     const asIds = req.returnTokensAsTokenIds ?? ctx.returnTokensAsTokenIds;
-    const info = { id, created, model, n, promptLen: promptTokenIds.length, echoText, thinking, role, asIds };
+    const info = { id, created, model, n, promptTokenIds, echoText, thinking, role, asIds };
     return await (req.stream ? streamChat(ctx, req, reply, outputs, info) : collectChat(ctx, req, outputs, info));
   } finally {
     controller.abort(); // no-op for finished requests; frees blocks if we leave early
@@ -198,7 +200,7 @@ interface ResponseInfo {
   created: number;
   model: string;
   n: number;
-  promptLen: number;
+  promptTokenIds: number[];
   echoText: string;
   /** How the reasoning parser reads the replies (null: no parser). */
   thinking: ThinkingMode | null;
@@ -211,7 +213,7 @@ interface ResponseInfo {
 async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: AsyncIterable<RequestOutput>, info: ResponseInfo) {
   // the generated text only: it is split into reasoning and content and read for tool calls before the echo (of
   // the final message's content) goes in front of the content, as vLLM does
-  const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: "", numTokens: 0, logprobs: [], finishReason: null, stopReason: null }));
+  const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: "", numTokens: 0, tokenIds: [], logprobs: [], finishReason: null, stopReason: null }));
   let promptLogprobs: (TokenLogprobs | null)[] | null = null;
   let cached = 0;
   for await (const out of outputs) {
@@ -222,6 +224,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
       if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
       c.text += o.text;
       c.numTokens += o.tokenIds.length;
+      if (req.returnTokenIds) c.tokenIds.push(...o.tokenIds);
       if (req.topLogprobs !== null) c.logprobs.push(...chatLogprobs(ctx, o, req.topLogprobs, info.asIds));
       if (o.finishReason !== null) {
         c.finishReason = o.finishReason;
@@ -251,10 +254,12 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
         logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
         finish_reason: finishReasonOf(req, r, c.finishReason ?? "abort"),
         stop_reason: c.stopReason,
+        ...(req.returnTokenIds ? { token_ids: c.tokenIds } : {}),
       };
     }),
-    usage: usageJson(ctx, info.promptLen, completionTokens, cached),
+    usage: usageJson(ctx, info.promptTokenIds.length, completionTokens, cached),
     ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(promptLogprobs) } : {}),
+    ...(req.returnTokenIds ? { prompt_token_ids: info.promptTokenIds } : {}),
   };
 }
 
@@ -266,11 +271,13 @@ async function streamChat(
   const usageField = req.includeUsage ? { usage: null } : {};
   let completionTokens = 0;
   let cached = 0;
-  const usage = () => usageJson(ctx, info.promptLen, completionTokens, cached);
+  const usage = () => usageJson(ctx, info.promptTokenIds.length, completionTokens, cached);
   try {
     for (let index = 0; index < info.n; index++) {
       const delta = { role: info.role, content: info.echoText };
-      await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...usageField });
+      // return_token_ids: the prompt's token ids ride on the role chunks, as vLLM sends them
+      const promptIds = req.returnTokenIds ? { prompt_token_ids: info.promptTokenIds } : {};
+      await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...promptIds, ...usageField });
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     const tools = new ToolCallStream(ctx, req, info.n);
@@ -287,13 +294,14 @@ async function streamChat(
         const { delta, finishReason } = tools.delta(o.index, split.content, o.finishReason);
         if (delta.content === "" && reasoners !== null) delete delta.content; // all held back, or all reasoning
         if (split.reasoning !== "" && req.includeReasoning) Object.assign(delta, reasoningFields(ctx, split.reasoning));
-        if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null) continue; // held back
+        if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null && !req.returnTokenIds) continue; // held back
         const choice = {
           index: o.index,
           delta,
           logprobs: req.topLogprobs !== null ? { content: chatLogprobs(ctx, o, req.topLogprobs, info.asIds) } : null,
           finish_reason: finishReason,
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
+          ...(req.returnTokenIds ? { token_ids: o.tokenIds } : {}),
         };
         await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usage() } : usageField) });
       }

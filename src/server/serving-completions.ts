@@ -57,6 +57,9 @@ interface Prepared {
 interface Choice {
   text: string;
   numTokens: number;
+  /** The generated token ids, and whether its prompt's went out (return_token_ids). */
+  tokenIds: number[];
+  sentPromptIds: boolean;
   logprobs: CompletionLogprobs;
   offset: number;
   started: boolean;
@@ -79,7 +82,10 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora);
     const choices = beams.flatMap((found, i) =>
-      found.map((b, j) => ({ index: i * found.length + j, text: b.text, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null })),
+      found.map((b, j) => ({
+        index: i * found.length + j, text: b.text, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null,
+        ...(req.returnTokenIds ? { prompt_token_ids: prepared[i]!.promptTokenIds, token_ids: b.tokenIds } : {}),
+      })),
     );
     return { id, object: "text_completion", created: nowSeconds(), model, choices, usage };
   }
@@ -96,7 +102,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   const choices: Choice[] = [];
   for (let pi = 0; pi < prepared.length; pi++) {
     for (let s = 0; s < n; s++) {
-      choices.push({ text: "", numTokens: 0, logprobs: emptyLogprobs(), offset: 0, started: false, finishReason: null, stopReason: null });
+      choices.push({ text: "", numTokens: 0, tokenIds: [], sentPromptIds: false, logprobs: emptyLogprobs(), offset: 0, started: false, finishReason: null, stopReason: null });
     }
   }
   try {
@@ -150,6 +156,7 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
     text += o.text;
     if (req.logprobs !== null) c.offset = appendLogprobs(ctx, lp, o.tokenIds, o.logprobs ?? [], req.logprobs, c.offset, info.asIds);
     c.numTokens += o.tokenIds.length;
+    if (req.returnTokenIds) c.tokenIds.push(...o.tokenIds);
   }
   c.text += text;
   for (const k of ["tokens", "token_logprobs", "top_logprobs", "text_offset"] as const) (c.logprobs[k] as unknown[]).push(...lp[k]);
@@ -157,7 +164,17 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
     c.finishReason = o.finishReason;
     c.stopReason = o.stopReason;
   }
-  return { index: promptIndex * info.n + o.index, text, logprobs: lp };
+  const tokenIds = req.echoOnly ? [] : o.tokenIds;
+  return { index: promptIndex * info.n + o.index, text, logprobs: lp, tokenIds };
+}
+
+/** return_token_ids' fields of a choice: its prompt's token ids (once per choice in a stream) and its tokens. */
+function tokenIdFields(req: CompletionRequest, info: Info, index: number, tokenIds: readonly number[]) {
+  if (!req.returnTokenIds) return {};
+  const c = info.choices[index]!;
+  const prompt = c.sentPromptIds ? {} : { prompt_token_ids: info.prepared[Math.floor(index / info.n)]!.promptTokenIds };
+  c.sentPromptIds = true;
+  return { ...prompt, token_ids: [...tokenIds] };
 }
 
 function usageOf(ctx: ServingContext, info: Info) {
@@ -180,6 +197,7 @@ async function collectCompletion(ctx: ServingContext, req: CompletionRequest, me
       finish_reason: c.finishReason ?? "abort",
       stop_reason: c.stopReason,
       ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(info.promptLogprobs[Math.floor(index / info.n)] ?? null) } : {}),
+      ...tokenIdFields(req, info, index, c.tokenIds),
     })),
     usage: usageOf(ctx, info),
   };
@@ -196,11 +214,12 @@ async function streamCompletion(
       for (const o of out.outputs) {
  const applied = applyOutput(ctx, req, info, pi, out, o);
         if (applied === null) continue;
-        const { index, text, logprobs } = applied;
+        const { index, text, logprobs, tokenIds } = applied;
         if (text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
         const choice = {
           index, text, logprobs: req.logprobs !== null ? logprobs : null, finish_reason: o.finishReason,
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
+          ...tokenIdFields(req, info, index, tokenIds),
         };
         await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usageOf(ctx, info) } : usageField) });
       }

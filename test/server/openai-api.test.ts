@@ -197,6 +197,45 @@ describe("OpenAI API", () => {
     }
   });
 
+  it("return_token_ids: the prompt's and each choice's token ids (vLLM's fields), streamed as deltas", async () => {
+    const tok = s.engine.tokenizer;
+    const ask = { model: MODEL, max_tokens: 5, seed: 9, n: 2, ignore_eos: true, return_token_ids: true };
+    const r = await s.client.completions.create({ ...ask, prompt: "abc" } as never) as any;
+    assert.equal(r.choices.length, 2);
+    for (const c of r.choices) {
+      assert.deepEqual(c.prompt_token_ids, tok.encode("abc"));
+      assert.equal(c.token_ids.length, 5);
+      assert.equal(tok.decode(c.token_ids), c.text);
+    }
+    const streamed: { prompt: number[][]; ids: number[] }[] = [{ prompt: [], ids: [] }, { prompt: [], ids: [] }];
+    const chunks = await s.client.completions.create({ ...ask, prompt: "abc", stream: true } as never) as unknown as AsyncIterable<any>;
+    for await (const chunk of chunks) {
+      for (const c of chunk.choices) {
+        if (c.prompt_token_ids) streamed[c.index]!.prompt.push(c.prompt_token_ids);
+        streamed[c.index]!.ids.push(...c.token_ids);
+      }
+    }
+    assert.deepEqual(streamed.map((x) => x.prompt), [[tok.encode("abc")], [tok.encode("abc")]], "prompt ids once per choice");
+    assert.deepEqual(streamed.map((x) => x.ids), r.choices.map((c: any) => c.token_ids));
+
+    const messages = [{ role: "user", content: "ids" }];
+    const chat = await s.client.chat.completions.create({ ...ask, messages } as never) as any;
+    assert.deepEqual(chat.prompt_token_ids, tok.encode("user: ids\nassistant:", { addSpecialTokens: false }));
+    for (const c of chat.choices) assert.equal(tok.decode(c.token_ids), c.message.content);
+    const chatIds: number[][] = [[], []];
+    let promptIds: unknown = null;
+    const chatChunks = await s.client.chat.completions.create({ ...ask, messages, stream: true } as never) as unknown as AsyncIterable<any>;
+    for await (const chunk of chatChunks) {
+      promptIds ??= chunk.prompt_token_ids;
+      for (const c of chunk.choices) chatIds[c.index]!.push(...(c.token_ids ?? []));
+    }
+    assert.deepEqual(promptIds, chat.prompt_token_ids);
+    assert.deepEqual(chatIds, chat.choices.map((c: any) => c.token_ids));
+
+    const plain = await s.client.completions.create({ model: MODEL, prompt: "abc", max_tokens: 2 } as never) as any;
+    assert.ok(!("token_ids" in plain.choices[0]) && !("prompt_token_ids" in plain.choices[0]));
+  });
+
   it("tokenize and detokenize", async () => {
     const post = (path: string, body: unknown) =>
       fetch(`${s.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then((r) => r.json() as Promise<any>);
