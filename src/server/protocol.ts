@@ -87,7 +87,8 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   const streamOptions = optObject(body, "stream_options");
   if (streamOptions && !stream) throw badRequest("Stream options can only be defined when `stream=True`.", "stream_options");
   const includeUsage = streamOptions ? (optBool(streamOptions, "include_usage") ?? false) : false;
-  const continuousUsageStats = streamOptions ? (optBool(streamOptions, "continuous_usage_stats") ?? false) : false;
+  // per-chunk usage only with include_usage (vLLM's should_include_usage)
+  const continuousUsageStats = (streamOptions ? (optBool(streamOptions, "continuous_usage_stats") ?? false) : false) && includeUsage;
 
   // max_tokens 0 only with echo on /v1/completions: the prompt scored, nothing generated (echoOnly below)
   const echo = optBool(body, "echo") ?? false;

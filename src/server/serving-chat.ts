@@ -272,12 +272,16 @@ async function streamChat(
   let completionTokens = 0;
   let cached = 0;
   const usage = () => usageJson(ctx, info.promptTokenIds.length, completionTokens, cached);
+  // continuous_usage_stats: each chunk's usage counts its own choice's tokens so far, as vLLM's does
+  const choiceTokens = new Array<number>(info.n).fill(0);
+  const chunkUsage = (index: number) =>
+    req.continuousUsageStats ? { usage: usageJson(ctx, info.promptTokenIds.length, choiceTokens[index]!, cached) } : usageField;
   try {
     for (let index = 0; index < info.n; index++) {
       const delta = { role: info.role, content: info.echoText };
       // return_token_ids: the prompt's token ids ride on the role chunks, as vLLM sends them
       const promptIds = req.returnTokenIds ? { prompt_token_ids: info.promptTokenIds } : {};
-      await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...promptIds, ...usageField });
+      await sse.send({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: null }], ...promptIds, ...chunkUsage(index) });
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     const tools = new ToolCallStream(ctx, req, info.n);
@@ -289,6 +293,7 @@ async function streamChat(
         if (done.has(o.index)) continue;
         if (o.finishReason !== null) done.add(o.index);
         completionTokens += o.tokenIds.length;
+        choiceTokens[o.index]! += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
         const split = reasoners?.[o.index]!.push(o.text, o.finishReason !== null) ?? { reasoning: "", content: o.text };
         const { delta, finishReason } = tools.delta(o.index, split.content, o.finishReason);
@@ -303,7 +308,7 @@ async function streamChat(
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
           ...(req.returnTokenIds ? { token_ids: o.tokenIds } : {}),
         };
-        await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usage() } : usageField) });
+        await sse.send({ ...base, choices: [choice], ...chunkUsage(o.index) });
       }
       if (sse.closed) break;
     }

@@ -221,7 +221,11 @@ async function streamCompletion(
           ...(o.finishReason !== null ? { stop_reason: o.stopReason } : {}),
           ...tokenIdFields(req, info, index, tokenIds),
         };
-        await sse.send({ ...base, choices: [choice], ...(req.continuousUsageStats ? { usage: usageOf(ctx, info) } : usageField) });
+        // continuous_usage_stats: the chunk's own prompt and choice so far (vLLM's), not the whole request's
+        const own = req.continuousUsageStats
+          ? { usage: usageJson(ctx, info.prepared[pi]!.promptTokenIds.length, info.choices[index]!.numTokens, info.cached[pi]!) }
+          : usageField;
+        await sse.send({ ...base, choices: [choice], ...own });
       }
       if (sse.closed) break;
     }

@@ -236,6 +236,37 @@ describe("OpenAI API", () => {
     assert.ok(!("token_ids" in plain.choices[0]) && !("prompt_token_ids" in plain.choices[0]));
   });
 
+  it("continuous_usage_stats: each chunk counts its own prompt and choice (vLLM), and only with include_usage", async () => {
+    const collect = async (body: Record<string, unknown>, path: "chat" | "completions") => {
+      const api = path === "chat" ? s.client.chat.completions : s.client.completions;
+      const chunks = await (api.create as (b: unknown) => Promise<unknown>)({ model: MODEL, max_tokens: 4, n: 2, ignore_eos: true, stream: true, ...body });
+      const out: any[] = [];
+      for await (const chunk of chunks as AsyncIterable<any>) out.push(chunk);
+      return out;
+    };
+    const both = { stream_options: { include_usage: true, continuous_usage_stats: true } };
+    const chat = await collect({ messages: [{ role: "user", content: "hi" }], ...both }, "chat");
+    const promptLen = "user: hi\nassistant:".length;
+    const seen = [0, 0];
+    for (const chunk of chat.slice(0, -1)) {
+      const c = chunk.choices[0];
+      if (c.delta.role === undefined) seen[c.index]! += 1; // one token per chunk from the fake engine
+      assert.deepEqual(chunk.usage, { prompt_tokens: promptLen, completion_tokens: seen[c.index], total_tokens: promptLen + seen[c.index]! });
+    }
+    assert.deepEqual(seen, [4, 4]);
+    assert.equal(chat[chat.length - 1].usage.completion_tokens, 8, "the final usage chunk adds up the choices");
+    const cmpl = await collect({ prompt: ["ab", "abcd"], ...both }, "completions");
+    const counts = [0, 0, 0, 0];
+    for (const chunk of cmpl.slice(0, -1)) {
+      const c = chunk.choices[0];
+      counts[c.index]! += 1;
+      const prompt = c.index < 2 ? 3 : 5; // BOS + chars of the choice's own prompt
+      assert.deepEqual(chunk.usage, { prompt_tokens: prompt, completion_tokens: counts[c.index], total_tokens: prompt + counts[c.index]! });
+    }
+    const alone = await collect({ messages: [{ role: "user", content: "hi" }], stream_options: { continuous_usage_stats: true } }, "chat");
+    assert.ok(alone.every((chunk) => !("usage" in chunk)), "continuous stats need include_usage");
+  });
+
   it("tokenize and detokenize", async () => {
     const post = (path: string, body: unknown) =>
       fetch(`${s.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then((r) => r.json() as Promise<any>);
