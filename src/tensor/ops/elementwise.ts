@@ -3,7 +3,7 @@ import type { BinaryOp, UnaryOp } from "../../backends/backend.js";
 import { isFloating, promoteTypes, resultType, scalarOperandDtype, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { isGradEnabled, recordOp } from "../grad-mode.js";
+import { isGradEnabled, noGrad, recordOp } from "../grad-mode.js";
 import { empty, full, Tensor, type TensorOrScalar } from "../tensor.js";
 import { broadcastShapes, broadcastView } from "./shape.js";
 
@@ -154,15 +154,23 @@ export function maskedFill(x: Tensor, mask: Tensor, value: number): Tensor {
   }
 }
 
+/**
+ * clamp(x, min, max) = minimum(maximum(x, min), max), one autograd op: as torch, the gradient passes where
+ * min <= x <= max (bounds included), where maximum/minimum would split it in half on a tie.
+ */
 export function clamp(x: Tensor, min?: number, max?: number): Tensor {
-  let cur = x;
-  if (min !== undefined) cur = maximum(cur, min);
-  if (max !== undefined) {
-    const next = minimum(cur, max);
-    if (cur !== x) cur.dispose();
-    cur = next;
-  }
-  return cur === x ? x.clone() : cur;
+  const out = noGrad(() => {
+    let cur = x;
+    if (min !== undefined) cur = maximum(cur, min);
+    if (max !== undefined) {
+      const next = minimum(cur, max);
+      if (cur !== x) cur.dispose();
+      cur = next;
+    }
+    return cur === x ? x.clone() : cur;
+  });
+  recordOp("clamp", [x], out, { min, max });
+  return out;
 }
 
 /**
