@@ -467,4 +467,17 @@ describe("gradients where torch defines them at bounds, zeros and through select
     assert.deepEqual(a.grad!.toList(), [1, 1, 1]);
     assert.deepEqual(b.grad!.toList(), [-2, 3, 3]);
   });
+  test("sort and topk values are differentiable: the gradient flows back to the picked positions", () => {
+    const x = k.tensor([[3, 1, 2], [0, 5, 4]], { requiresGrad: true });
+    const s = k.sort(x, 1, true);
+    assert.equal(s.values.requiresGrad, true);
+    s.values.mul(k.tensor([1, 10, 100])).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [1, 100, 10, 100, 1, 10]);
+    const y = k.tensor([[3, 1], [0, 5], [2, 4]], { requiresGrad: true });
+    const top = k.topk(y, 2, 0); // along dim 0: rows [3, 5] then [2, 4]
+    assert.deepEqual(top.values.toList(), [3, 5, 2, 4]);
+    top.values.mul(k.tensor([[1, 2], [10, 20]])).sum().backward();
+    assert.deepEqual(y.grad!.toList(), [1, 0, 0, 2, 10, 20]);
+    assert.equal(k.sort(k.tensor(Int32Array.of(2, 1))).values.requiresGrad, false);
+  });
 });

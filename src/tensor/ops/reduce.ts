@@ -133,8 +133,17 @@ export function cumsum(t: Tensor, dim: number): Tensor {
   return out;
 }
 
-/** Sorts along dim; returns values and int32 indices. Stable. */
+/**
+ * Sorts along dim; returns values and int32 indices. Stable. The values are differentiable as torch's: their
+ * gradient flows back to the positions they came from (a gather of t by the indices).
+ */
 export function sort(t: Tensor, dim = -1, descending = false): { values: Tensor; indices: Tensor } {
+  const r = sortUnrecorded(t, dim, descending);
+  recordOp("gather", [t, null], r.values, { dim: normDim(dim, Math.max(t.ndim, 1), "sort"), index: r.indices, inputShape: t.shape });
+  return r;
+}
+
+function sortUnrecorded(t: Tensor, dim: number, descending: boolean): { values: Tensor; indices: Tensor } {
   const d = normDim(dim, Math.max(t.ndim, 1), "sort");
   const last = t.ndim - 1;
   const moved = d === last ? t : t.transpose(d, last);
