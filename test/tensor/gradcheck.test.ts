@@ -480,4 +480,10 @@ describe("gradients where torch defines them at bounds, zeros and through select
     assert.deepEqual(y.grad!.toList(), [1, 0, 0, 2, 10, 20]);
     assert.equal(k.sort(k.tensor(Int32Array.of(2, 1))).values.requiresGrad, false);
   });
+  test("cross_entropy whose targets are all ignore_index is still differentiable (zero gradient)", () => {
+    const logits = k.tensor([[1, 2], [3, 4]], { requiresGrad: true });
+    const loss = k.crossEntropy(logits, k.tensor(Int32Array.of(-100, -100)));
+    loss.backward();
+    assert.deepEqual(logits.grad!.toList(), [0, 0, 0, 0]);
+  });
 });

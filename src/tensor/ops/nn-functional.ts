@@ -264,7 +264,12 @@ export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100
   const safe = Int32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : t));
   const keep = Float32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : 1));
   const count = keep.reduce((a, b) => a + b, 0);
-  if (count === 0) return full([], 0, { device: logits.device });
+  if (count === 0) {
+    // nothing to average (torch: NaN): 0, still on the graph so that backward gives zero gradients
+    const zero = full([], 0, { device: logits.device });
+    recordOp("cross_entropy", [logits], zero, { targets: tgt, ignoreIndex, count });
+    return zero;
+  }
   // fused for autograd: the forward records one "cross_entropy" op whose backward is (softmax - onehot) / count
   const lsm = noGrad(() => logSoftmax(logits, -1));
   const idx = empty([safe.length, 1], { dtype: "int32", device: logits.device });
