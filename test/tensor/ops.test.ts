@@ -401,6 +401,17 @@ forEachBackend((dev) => {
       assertClose(v.cumsum(0), [1, 2, 3, 5, 7, 9], { shape: [2, 3] });
       assertClose(v.transpose(0, 1).cumsum(-1), [1, 5, 2, 7, 3, 9]);
     });
+    it("cumsum of integers and bools stays integral (torch: int64; Kiln's int32), exact past float32's 2^24", () => {
+      const c = k.tensor(Int32Array.of(16777216, 1, 1, -3), { device: dev }).cumsum(0);
+      assert.equal(c.dtype, "int32");
+      assert.deepEqual(values(c), [16777216, 16777217, 16777218, 16777215]);
+      const mask = t([[true, false, true], [false, true, true]]); // position ids from an attention mask
+      const pos = mask.cumsum(1);
+      assert.equal(pos.dtype, "int32");
+      assert.deepEqual(values(pos), [1, 1, 2, 0, 1, 2]);
+      assert.equal(k.tensor(Int8Array.of(100, 100), { device: dev }).cumsum(0).toList()[1], 200, "int8 widens as sum does");
+      assert.equal(t([1, 2], { dtype: "int64" }).cumsum(0).dtype, "int64");
+    });
     it("sort is stable, ascending and descending; topk", () => {
       const v = t([3, 1, 2, 1, 3]);
       const a = k.sort(v);

@@ -62,12 +62,15 @@ export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tenso
 }
 
 /** Applies a row kernel along `dim`, returning a tensor of t's shape. */
-function alongDim(t: Tensor, dim: number, op: string, make: (rows: Tensor, out: Tensor, numRows: number, n: number) => void): Tensor {
+function alongDim(
+  t: Tensor, dim: number, op: string, make: (rows: Tensor, out: Tensor, numRows: number, n: number) => void,
+  dtype: DType = isFloating(t.dtype) ? t.dtype : "float32",
+): Tensor {
   const d = normDim(dim, Math.max(t.ndim, 1), op);
   const last = t.ndim - 1;
   if (t.ndim === 0) {
     const r = t.reshape(1);
-    const o = alongDim(r, 0, op, make);
+    const o = alongDim(r, 0, op, make, dtype);
     r.dispose();
     const out = o.reshape();
     o.dispose();
@@ -76,7 +79,7 @@ function alongDim(t: Tensor, dim: number, op: string, make: (rows: Tensor, out: 
   const moved = d === last ? t : t.transpose(d, last);
   const rows = contiguous(moved);
   const n = t.shape[d]!;
-  const out = empty(rows.shape, { dtype: isFloating(t.dtype) ? t.dtype : "float32", device: t.device });
+  const out = empty(rows.shape, { dtype, device: t.device });
   make(rows, out, numel(rows.shape) / Math.max(n, 1), n);
   if (rows !== t) rows.dispose();
   if (moved !== t && moved !== rows) moved.dispose();
@@ -125,10 +128,11 @@ export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
   return out;
 }
 
+/** Running sums along dim; integers and bools sum in sumDtype (int32, int64 kept), as torch's integral cumsum. */
 export function cumsum(t: Tensor, dim: number): Tensor {
   const out = alongDim(t, dim, "cumsum", (rows, o, numRows, n) =>
     runKernel("cumsum", t.device, { op: "cumsum", x: rows.view_("cumsum"), out: o.view_("cumsum"), rows: numRows, n }, [o]),
-  );
+  sumDtype(t.dtype));
   recordOp("cumsum", [t], out, { dim: normDim(dim, Math.max(t.ndim, 1), "cumsum") });
   return out;
 }
