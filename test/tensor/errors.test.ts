@@ -52,6 +52,36 @@ forEachBackend((dev) => {
     });
   });
 
+  describe("argument errors torch raises", () => {
+    const z = (...shape: number[]) => k.zeros(shape, { device: dev });
+    it("dims must be integers and a dim list must not repeat one", () => {
+      assert.throws(() => z(2, 3).sum(0.5), opError(OpError, "sum", /dimension 0.5 .*integer/));
+      assert.throws(() => z(2, 3).transpose(0, 1.5), opError(OpError, "transpose"));
+      assert.throws(() => z(2, 3).sum([0, -2]), opError(OpError, "sum", /dim 0 appears multiple times in the list of dims/));
+      assert.throws(() => z(2, 3).mean([1, 1]), opError(OpError, "mean", /dim 1 appears multiple times/));
+    });
+    it("chunk / split / cat / topk check their sizes", () => {
+      assert.throws(() => k.chunk(z(4), 0), opError(OpError, "chunk", /chunks.*greater than 0, got 0/));
+      assert.throws(() => k.chunk(z(4), 1.5), opError(OpError, "chunk"));
+      assert.throws(() => k.split(z(3), [-1, 4]), opError(OpError, "split", /non-negative/));
+      assert.throws(() => k.split(z(3), 1.5), opError(OpError, "split"));
+      assert.throws(() => k.cat([t(1), t(2)]), opError(OpError, "cat", /zero-dimensional tensor \(at position 0\) cannot be concatenated/));
+      assert.throws(() => k.topk(z(3), 1.5), opError(OpError, "topk"));
+    });
+    it("backward's grad must have the output's shape (or one it broadcasts to)", () => {
+      const a = k.ones([2, 2], { device: dev, requiresGrad: true });
+      assert.throws(() => a.mul(2).backward(k.ones([4], { device: dev })), opError(OpError, "backward", /grad has a shape of \[4\] and the output has a shape of \[2, 2\]/));
+      a.mul(2).backward(k.ones([3, 2, 2], { device: dev })); // broadcasts: summed back, as torch's reduce_grad
+      assert.deepEqual(a.grad!.toList(), [6, 6, 6, 6]);
+    });
+    it("negating a bool tensor and integers to negative integer powers are refused", () => {
+      assert.throws(() => t([true, false]).neg(), opError(OpError, "neg", /bool tensor is not supported.*logical_not/));
+      assert.throws(() => k.tensor(Int32Array.of(2, 3), { device: dev }).pow(-1), opError(OpError, "pow", /Integers to negative integer powers are not allowed/));
+      assert.deepEqual(k.tensor(Int32Array.of(2, 3), { device: dev }).pow(2).toList(), [4, 9]);
+      assert.deepEqual(k.tensor(Int32Array.of(2), { device: dev }).pow(-0.5).toList(), [Math.fround(Math.SQRT1_2)]);
+    });
+  });
+
   describe("index errors", () => {
     it("out-of-range indices raise IndexOutOfRangeError naming the op", () => {
       const w = k.zeros([3, 2], { device: dev });

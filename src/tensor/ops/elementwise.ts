@@ -32,6 +32,9 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   if (!(a instanceof Tensor) && !(b instanceof Tensor)) throw new OpError(op, "needs at least one tensor");
   for (const x of [a, b]) if (x instanceof Tensor) x.view_(op); // disposed check before allocating
   if (op === "sub") checkBoolSub(a, b);
+  // torch checks a scalar exponent (a tensor one would need its values read back)
+  if (op === "pow" && a instanceof Tensor && !isFloating(a.dtype) && typeof b === "number" && Number.isInteger(b) && b < 0)
+    throw new OpError("pow", "Integers to negative integer powers are not allowed.");
   const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
   const tb = asTensor(b, ta, op);
   const dev = sameDevice(op, ta, tb);
@@ -65,6 +68,8 @@ function checkBoolSub(a: TensorOrScalar, b: TensorOrScalar): void {
 }
 
 export function unary(op: UnaryOp, x: Tensor, recordName: string = op): Tensor {
+  if (op === "neg" && x.dtype === "bool")
+    throw new OpError("neg", "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   const dtype: DType = op === "logical_not" ? "bool" : isFloating(x.dtype) ? x.dtype : "float32";
   const keepInt = op === "neg" || op === "abs" || op === "square" || op === "relu" || op === "sign";
   const out = empty(x.shape, { dtype: keepInt && !isFloating(x.dtype) ? x.dtype : dtype, device: x.device });

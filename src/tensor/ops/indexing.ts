@@ -162,6 +162,8 @@ export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor
 export function cat(tensors: Tensor[], dim = 0): Tensor {
   if (tensors.length === 0) throw new OpError("cat", "expects a non-empty list");
   const first = tensors[0]!;
+  const scalarAt = tensors.findIndex((t) => t.ndim === 0);
+  if (scalarAt >= 0) throw new OpError("cat", `zero-dimensional tensor (at position ${scalarAt}) cannot be concatenated`);
   const d = normDim(dim, first.ndim, "cat");
   const dev = sameDevice("cat", ...tensors);
   for (const t of tensors) {
@@ -205,10 +207,12 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
   const total = t.shape[d]!;
   const sizes: number[] = [];
   if (Array.isArray(sizeOrSizes)) {
+    if (sizeOrSizes.some((s) => !Number.isInteger(s) || s < 0))
+      throw new OpError("split", `split sizes must be non-negative integers, got [${sizeOrSizes.join(", ")}]`);
     if (sizeOrSizes.reduce((a, b) => a + b, 0) !== total) throw new OpError("split", `sizes do not sum to ${total}`);
     sizes.push(...sizeOrSizes);
   } else {
-    if (sizeOrSizes <= 0) throw new OpError("split", "split size must be positive");
+    if (!Number.isInteger(sizeOrSizes) || sizeOrSizes <= 0) throw new OpError("split", `split size must be a positive integer, got ${sizeOrSizes}`);
     for (let at = 0; at < total; at += sizeOrSizes) sizes.push(Math.min(sizeOrSizes, total - at));
   }
   const out: Tensor[] = [];
@@ -221,6 +225,7 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
 }
 
 export function chunk(t: Tensor, chunks: number, dim = 0): Tensor[] {
+  if (!Number.isInteger(chunks) || chunks <= 0) throw new OpError("chunk", `expects \`chunks\` to be an integer greater than 0, got ${chunks}`);
   const d = normDim(dim, t.ndim, "chunk");
   return split(t, Math.ceil(t.shape[d]! / chunks), d);
 }

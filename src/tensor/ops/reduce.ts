@@ -12,7 +12,9 @@ import { abs, add, log, sub, where } from "./elementwise.js";
 function reducedDims(t: Tensor, dim: number | number[] | undefined, op: string): number[] {
   if (dim === undefined) return t.shape.map((_, i) => i);
   const dims = (Array.isArray(dim) ? dim : [dim]).map((d) => normDim(d, t.ndim, op));
-  return [...new Set(dims)].sort((a, b) => a - b);
+  const repeated = dims.find((d, i) => dims.indexOf(d) !== i);
+  if (repeated !== undefined) throw new OpError(op, `dim ${repeated} appears multiple times in the list of dims`);
+  return dims.sort((a, b) => a - b);
 }
 
 /** Returns t as a dense [rows, n] matrix with `dims` last, plus the output shape. */
@@ -54,7 +56,7 @@ export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tenso
   const dims = reducedDims(t, dim, "mean");
   const count = numel(dims.map((d) => t.shape[d]!));
   const src = isFloating(t.dtype) ? t : t.to("float32");
-  const s = sum(src, dims, keepdim);
+  const s = sum(src, dims, keepdim); // dims checked and unique: reducedDims above
   const out = s.div(count);
   s.dispose();
   if (src !== t) src.dispose();
@@ -180,7 +182,7 @@ function sortUnrecorded(t: Tensor, dim: number, descending: boolean): { values: 
 /** The k largest (or smallest) entries along dim, sorted. */
 export function topk(t: Tensor, k: number, dim = -1, largest = true): { values: Tensor; indices: Tensor } {
   const d = normDim(dim, Math.max(t.ndim, 1), "topk");
-  if (k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
+  if (!Number.isInteger(k) || k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
   const s = sort(t, d, largest);
   const take = (x: Tensor) => {
     const n = x.narrow(d, 0, k);
