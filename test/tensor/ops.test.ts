@@ -374,6 +374,14 @@ forEachBackend((dev) => {
       assert.ok(Number.isNaN(t([1, NaN, 3]).min().item()), "min propagates NaN");
       assert.ok(Number.isNaN(t([[NaN, 1, 3]]).max(1).item()), "max(dim) propagates NaN");
     });
+    it("relu and clamp keep NaN, as torch (relu(NaN) was 0)", () => {
+      // 40 elements: the SIMD body of the native kernel and its tail
+      const x = ft(Array.from({ length: 40 }, (_, i) => (i % 3 === 0 ? NaN : i % 3 === 1 ? -i : i)), [40]);
+      const expect = (f: (v: number) => number) => x.toList().map(f);
+      assertClose(x.relu(), expect((v) => (v <= 0 ? 0 : v)));
+      assertClose(x.relu().add(1), expect((v) => (v <= 0 ? 0 : v) + 1), { msg: "relu in a fused chain" });
+      assertClose(x.clamp(-5, 5), expect((v) => (Number.isNaN(v) ? v : Math.min(Math.max(v, -5), 5))));
+    });
     it("softmax / log_softmax / logsumexp along any dim", () => {
       const v = t([[1, 2, 3], [1, 1, 1]]);
       const e = [Math.exp(1), Math.exp(2), Math.exp(3)];
