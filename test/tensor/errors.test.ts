@@ -74,6 +74,15 @@ forEachBackend((dev) => {
       a.mul(2).backward(k.ones([3, 2, 2], { device: dev })); // broadcasts: summed back, as torch's reduce_grad
       assert.deepEqual(a.grad!.toList(), [6, 6, 6, 6]);
     });
+    it("cross_entropy takes class indices only; scatter's src must cover index and may be larger in any dim", () => {
+      assert.throws(() => k.crossEntropy(z(2, 3), t([1, 2])), opError(OpError, "cross_entropy", /integer dtype, got float32/));
+      const idx = (data: number[], shape: number[]) => k.tensor(Int32Array.from(data), { device: dev, shape });
+      assert.throws(() => k.scatter(z(2, 3), 1, idx([0, 1, 2, 0], [2, 2]), t([[1], [4]])), opError(OpError, "scatter", /src \[2, 1\] is smaller than index \[2, 2\] at dim 1/));
+      // src [2, 3, 1] against index [2, 2, 1] along dim 2: out[i][j][0] = src[i][j][0] for j < 2 (src[i][2] unused)
+      const src = t([[[1], [2], [3]], [[4], [5], [6]]]);
+      assert.deepEqual(k.scatter(z(2, 2, 2), 2, idx([0, 1, 1, 0], [2, 2, 1]), src).toList(), [1, 0, 0, 2, 0, 4, 5, 0]);
+      assert.deepEqual(k.scatter(z(2, 2), 0, idx([1, 0], [1, 2]), t([[7, 8], [9, 9]])).toList(), [0, 8, 7, 0]);
+    });
     it("negating a bool tensor and integers to negative integer powers are refused", () => {
       assert.throws(() => t([true, false]).neg(), opError(OpError, "neg", /bool tensor is not supported.*logical_not/));
       assert.throws(() => k.tensor(Int32Array.of(2, 3), { device: dev }).pow(-1), opError(OpError, "pow", /Integers to negative integer powers are not allowed/));

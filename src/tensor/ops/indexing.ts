@@ -122,8 +122,17 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
   const s = contiguous(st);
   for (let i = 0; i < last; i++)
     if (idx.shape[i] !== base.shape[i]) throw new OpError("scatter", "index must match the input in every dim but the scatter dim");
+  // torch: src may be larger than index in any dim; the kernel reads src as dense [rows, m] rows lined up with index's
+  for (let i = 0; i <= last; i++)
+    if (s.shape[i]! < idx.shape[i]!) throw new OpError("scatter", `src [${src.shape.join(", ")}] is smaller than index [${index.shape.join(", ")}] at dim ${i === last ? d : i === d ? last : i}`);
   const m = idx.shape[last]!;
-  const sn = s.shape[last] === m ? s : s.narrow(last, 0, m);
+  let sn = s;
+  for (let i = 0; i <= last; i++) {
+    if (sn.shape[i] === idx.shape[i]) continue;
+    const next = sn.narrow(i, 0, idx.shape[i]!);
+    if (sn !== s) sn.dispose();
+    sn = next;
+  }
   const sv = contiguous(sn);
   runKernel("scatter", t.device, {
     op: "scatter",

@@ -1,5 +1,6 @@
 // Fused neural-network ops: rms_norm, rotary embedding, attention (reference causal and ragged paged),
 // silu-gated MLP activation and cross-entropy.
+import { isFloating } from "../../backends/dtype.js";
 import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { noGrad, recordOp } from "../grad-mode.js";
@@ -255,6 +256,9 @@ export function siluMul(gate: Tensor, up: Tensor): Tensor {
 export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100): Tensor {
   if (logits.ndim !== 2 || targets.ndim !== 1 || targets.shape[0] !== logits.shape[0])
     throw new OpError("cross_entropy", `expects logits [N, V] and targets [N], got [${logits.shape.join(", ")}] and [${targets.shape.join(", ")}]`);
+  // class indices only (torch reads floating targets of logits' shape as probabilities, and refuses [N] of them)
+  if (isFloating(targets.dtype) || targets.dtype === "bool")
+    throw new OpError("cross_entropy", `targets must be class indices of an integer dtype, got ${targets.dtype}`);
   const t32 = targets.to("int32");
   const tgt = t32.dataSync() as Int32Array;
   if (t32 !== targets) t32.dispose();
