@@ -83,6 +83,10 @@ forEachBackend((dev) => {
       assert.deepEqual(k.scatter(z(2, 2, 2), 2, idx([0, 1, 1, 0], [2, 2, 1]), src).toList(), [1, 0, 0, 2, 0, 4, 5, 0]);
       assert.deepEqual(k.scatter(z(2, 2), 0, idx([1, 0], [1, 2]), t([[7, 8], [9, 9]])).toList(), [0, 8, 7, 0]);
     });
+    it("where's condition must be bool, as torch's (a float or int condition was read as nonzero)", () => {
+      assert.throws(() => k.where(t([1, 0]), t([1, 2]), t([3, 4])), opError(OpError, "where", /condition to be a boolean tensor, but got float32/));
+      assert.throws(() => k.where(k.tensor(Int32Array.of(1, 0), { device: dev }), 1, 0), opError(OpError, "where", /got int32/));
+    });
     it("negating a bool tensor and integers to negative integer powers are refused", () => {
       assert.throws(() => t([true, false]).neg(), opError(OpError, "neg", /bool tensor is not supported.*logical_not/));
       assert.throws(() => k.tensor(Int32Array.of(2, 3), { device: dev }).pow(-1), opError(OpError, "pow", /Integers to negative integer powers are not allowed/));
@@ -105,6 +109,12 @@ forEachBackend((dev) => {
       const cos = k.ones([2, 1], { device: dev });
       assert.throws(() => k.rotaryEmbedding(k.zeros([1, 1, 2], { device: dev }), ids(2), cos, cos), opError(IndexOutOfRangeError, "rotary", /position 2/));
       assert.throws(() => k.indexSelect(w, 0, t([0.5])), opError(OpError, "index_select", /integer/));
+      // int64 ids past int32's range do not wrap around to a valid row (2^32 + 1 would read row 1)
+      const far = t([1, 2 ** 32 + 1], { dtype: "int64" });
+      assert.throws(() => k.indexSelect(w, 0, far), opError(IndexOutOfRangeError, "index_select", /4294967297 out of range/));
+      assert.throws(() => k.embedding(far, w), opError(IndexOutOfRangeError, "embedding", /4294967297/));
+      assert.throws(() => w.gather(0, t([[-(2 ** 32)]], { dtype: "int64" })), opError(IndexOutOfRangeError, "gather", /-4294967296/));
+      assert.deepEqual(k.indexSelect(k.tensor([[1, 2], [3, 4]], { device: dev }), 0, t([1], { dtype: "int64" })).toList(), [3, 4]);
       const logits = k.zeros([2, 4], { device: dev });
       assert.throws(() => k.crossEntropy(logits, ids(1, 5)), opError(IndexOutOfRangeError, "cross_entropy", /target 5 out of range for 4 classes/));
       assert.throws(() => k.crossEntropy(logits, ids(-1, 0)), opError(IndexOutOfRangeError, "cross_entropy", /target -1 out of range for 4 classes/));

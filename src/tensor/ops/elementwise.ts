@@ -130,6 +130,7 @@ export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
  */
 export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   for (const x of [cond, a, b]) if (x instanceof Tensor) x.view_("where");
+  if (cond.dtype !== "bool") throw new OpError("where", `expected condition to be a boolean tensor, but got ${cond.dtype}`);
   const dtype = resultType(a instanceof Tensor ? a.dtype : a, b instanceof Tensor ? b.dtype : b);
   const ta = a instanceof Tensor ? a : full([], Number(a), { dtype, device: cond.device });
   const tb = b instanceof Tensor ? b : full([], Number(b), { dtype, device: cond.device });

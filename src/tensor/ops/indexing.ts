@@ -10,7 +10,14 @@ import { copyInto } from "./elementwise.js";
 function asIndex(op: string, index: Tensor): Tensor {
   if (index.dtype !== "int32" && index.dtype !== "int64" && index.dtype !== "uint8" && index.dtype !== "int8")
     throw new OpError(op, `index must be an integer tensor, got ${index.dtype}`);
+  if (index.dtype === "int64") checkInt32Range(op, index);
   return index.dtype === "int32" ? contiguous(index) : index.to("int32");
+}
+
+/** The kernels index in int32: an int64 id past its range would wrap onto a valid row, so it is refused here. */
+function checkInt32Range(op: string, index: Tensor): void {
+  for (const v of index.dataSync() as BigInt64Array)
+    if (v < -2147483648n || v > 2147483647n) throw new IndexOutOfRangeError(op, `index ${v} out of range`);
 }
 
 /** Moves dim to the front and returns a contiguous [size, rest] view. */
