@@ -403,6 +403,12 @@ forEachBackend((dev) => {
       assertClose(v.logsumexp(1, true), [-Infinity, Infinity, 0, NaN], { shape: [4, 1] });
       assertClose(t([-Infinity, -Infinity, -Infinity]).logsumexp(0), [-Infinity], { shape: [] });
     });
+    it("logsumexp over an empty dim is -inf (torch), not an error", () => {
+      const e = k.zeros([2, 0], { device: dev });
+      assertClose(e.logsumexp(1), [-Infinity, -Infinity], { shape: [2] });
+      assertClose(e.logsumexp(-1, true), [-Infinity, -Infinity], { shape: [2, 1] });
+      assert.deepEqual([...e.logsumexp(0).shape], [0]);
+    });
     it("cumsum along dims", () => {
       const v = t([[1, 2, 3], [4, 5, 6]]);
       assertClose(v.cumsum(1), [1, 3, 6, 4, 9, 15]);
@@ -439,6 +445,9 @@ forEachBackend((dev) => {
       const lo = k.topk(t([4, 1, 3, 1]), 2, 0, false);
       assert.deepEqual(values(lo.values), [1, 1]);
       assert.deepEqual(values(lo.indices), [1, 3]);
+      const s0d = k.sort(t(5)); // a 0-d tensor sorts to itself, index 0 (torch)
+      assert.deepEqual([[...s0d.values.shape], values(s0d.values), values(s0d.indices)], [[], [5], [0]]);
+      assert.deepEqual(values(k.topk(t(5), 1).values), [5]);
       const nan = k.sort(t([1, NaN, 0]));
       assert.deepEqual(values(nan.indices), [2, 0, 1], "NaN sorts last ascending");
     });

@@ -110,6 +110,13 @@ export const logSoftmax = (t: Tensor, dim = -1): Tensor => softmaxImpl(t, dim, t
  * is infinite (torch's rule: an all -inf row gives -inf, a row holding +inf gives inf, not NaN).
  */
 export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
+  if (t.ndim > 0 && t.shape[normDim(dim, t.ndim, "logsumexp")] === 0) {
+    // an empty sum: log(0) = -inf, as torch (there is no max to shift by)
+    const s = sum(t, dim, keepdim);
+    const out = log(s);
+    s.dispose();
+    return out;
+  }
   const m = noGrad(() => {
     const mx = max(t, dim, true);
     const size = abs(mx);
@@ -144,6 +151,17 @@ export function cumsum(t: Tensor, dim: number): Tensor {
  * gradient flows back to the positions they came from (a gather of t by the indices).
  */
 export function sort(t: Tensor, dim = -1, descending = false): { values: Tensor; indices: Tensor } {
+  if (t.ndim === 0) {
+    // a 0-d tensor is its own sort (index 0), as torch's
+    normDim(dim, 1, "sort"); // 0 or -1
+    const one = t.reshape(1);
+    const s = sort(one, 0, descending);
+    one.dispose();
+    const r = { values: s.values.reshape(), indices: s.indices.reshape() };
+    s.values.dispose();
+    s.indices.dispose();
+    return r;
+  }
   const r = sortUnrecorded(t, dim, descending);
   recordOp("gather", [t, null], r.values, { dim: normDim(dim, Math.max(t.ndim, 1), "sort"), index: r.indices, inputShape: t.shape });
   return r;
@@ -183,6 +201,10 @@ function sortUnrecorded(t: Tensor, dim: number, descending: boolean): { values: 
 export function topk(t: Tensor, k: number, dim = -1, largest = true): { values: Tensor; indices: Tensor } {
   const d = normDim(dim, Math.max(t.ndim, 1), "topk");
   if (!Number.isInteger(k) || k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
+  if (t.ndim === 0) {
+    if (k !== 1) throw new OpError("topk", `k=${k} out of range for a 0-d tensor (k must be 1)`);
+    return sort(t, d, largest);
+  }
   const s = sort(t, d, largest);
   const take = (x: Tensor) => {
     const n = x.narrow(d, 0, k);
