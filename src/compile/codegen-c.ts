@@ -84,7 +84,7 @@ function unaryExpr(fn: string, x: string, t: DType): string {
     case "sin": return `sinf(${x})`;
     case "cos": return `cosf(${x})`;
     case "square": return `${x} * ${x}`;
-    case "relu": return `(${x} > 0.0f ? ${x} : 0.0f)`;
+    case "relu": return `(${x} <= 0.0f ? 0.0f : ${x})`; // NaN stays NaN, as torch
     case "floor": return `floorf(${x})`;
     case "ceil": return `ceilf(${x})`;
     case "round": return `nearbyintf(${x})`;

@@ -157,7 +157,9 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
   if (!root.requiresGrad) throw new OpError("backward", "the tensor does not require grad and has no gradFn");
   if (grad === undefined && root.numel !== 1)
     throw new OpError("backward", `grad can be implied only for one-element outputs, got [${root.shape.join(", ")}]`);
-  if (grad && grad.numel !== root.numel) throw new OpError("backward", `grad [${grad.shape.join(", ")}] does not match output [${root.shape.join(", ")}]`);
+  // torch's validate_outputs: the grad has the output's shape, or one the output broadcasts to (then summed back)
+  if (grad && !broadcastsTo(root.shape, grad.shape))
+    throw new OpError("backward", `Mismatch in shape: grad has a shape of [${grad.shape.join(", ")}] and the output has a shape of [${root.shape.join(", ")}]`);
   const order = topologicalOrder(root);
   noGrad(() => {
     const seed = grad ?? onesLike(root, { dtype: "float32" });
@@ -173,7 +175,7 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
         if (t !== grad) t.dispose();
       }
     };
-    const seedShaped = seed.shape.length === root.shape.length && seed.shape.every((s, i) => s === root.shape[i]) ? seed : seed.reshape(...root.shape);
+    const seedShaped = sumToShape(seed, root.shape);
     retain(seedShaped);
     pending.set(root, seedShaped);
     for (let i = order.length - 1; i >= 0; i--) {
@@ -219,6 +221,12 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
     }
     if (seedShaped !== seed && seed !== grad) seed.dispose();
   });
+}
+
+/** Whether `shape` broadcasts to exactly `target` (numpy rules, one way). */
+function broadcastsTo(shape: Shape, target: Shape): boolean {
+  const lead = target.length - shape.length;
+  return lead >= 0 && shape.every((s, i) => s === target[lead + i] || s === 1);
 }
 
 setGradRecorder(record);

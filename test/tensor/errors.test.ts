@@ -52,6 +52,49 @@ forEachBackend((dev) => {
     });
   });
 
+  describe("argument errors torch raises", () => {
+    const z = (...shape: number[]) => k.zeros(shape, { device: dev });
+    it("dims must be integers and a dim list must not repeat one", () => {
+      assert.throws(() => z(2, 3).sum(0.5), opError(OpError, "sum", /dimension 0.5 .*integer/));
+      assert.throws(() => z(2, 3).transpose(0, 1.5), opError(OpError, "transpose"));
+      assert.throws(() => z(2, 3).sum([0, -2]), opError(OpError, "sum", /dim 0 appears multiple times in the list of dims/));
+      assert.throws(() => z(2, 3).mean([1, 1]), opError(OpError, "mean", /dim 1 appears multiple times/));
+    });
+    it("chunk / split / cat / topk check their sizes", () => {
+      assert.throws(() => k.chunk(z(4), 0), opError(OpError, "chunk", /chunks.*greater than 0, got 0/));
+      assert.throws(() => k.chunk(z(4), 1.5), opError(OpError, "chunk"));
+      assert.throws(() => k.split(z(3), [-1, 4]), opError(OpError, "split", /non-negative/));
+      assert.throws(() => k.split(z(3), 1.5), opError(OpError, "split"));
+      assert.throws(() => k.cat([t(1), t(2)]), opError(OpError, "cat", /zero-dimensional tensor \(at position 0\) cannot be concatenated/));
+      assert.throws(() => k.topk(z(3), 1.5), opError(OpError, "topk"));
+    });
+    it("backward's grad must have the output's shape (or one it broadcasts to)", () => {
+      const a = k.ones([2, 2], { device: dev, requiresGrad: true });
+      assert.throws(() => a.mul(2).backward(k.ones([4], { device: dev })), opError(OpError, "backward", /grad has a shape of \[4\] and the output has a shape of \[2, 2\]/));
+      a.mul(2).backward(k.ones([3, 2, 2], { device: dev })); // broadcasts: summed back, as torch's reduce_grad
+      assert.deepEqual(a.grad!.toList(), [6, 6, 6, 6]);
+    });
+    it("cross_entropy takes class indices only; scatter's src must cover index and may be larger in any dim", () => {
+      assert.throws(() => k.crossEntropy(z(2, 3), t([1, 2])), opError(OpError, "cross_entropy", /integer dtype, got float32/));
+      const idx = (data: number[], shape: number[]) => k.tensor(Int32Array.from(data), { device: dev, shape });
+      assert.throws(() => k.scatter(z(2, 3), 1, idx([0, 1, 2, 0], [2, 2]), t([[1], [4]])), opError(OpError, "scatter", /src \[2, 1\] is smaller than index \[2, 2\] at dim 1/));
+      // src [2, 3, 1] against index [2, 2, 1] along dim 2: out[i][j][0] = src[i][j][0] for j < 2 (src[i][2] unused)
+      const src = t([[[1], [2], [3]], [[4], [5], [6]]]);
+      assert.deepEqual(k.scatter(z(2, 2, 2), 2, idx([0, 1, 1, 0], [2, 2, 1]), src).toList(), [1, 0, 0, 2, 0, 4, 5, 0]);
+      assert.deepEqual(k.scatter(z(2, 2), 0, idx([1, 0], [1, 2]), t([[7, 8], [9, 9]])).toList(), [0, 8, 7, 0]);
+    });
+    it("where's condition must be bool, as torch's (a float or int condition was read as nonzero)", () => {
+      assert.throws(() => k.where(t([1, 0]), t([1, 2]), t([3, 4])), opError(OpError, "where", /condition to be a boolean tensor, but got float32/));
+      assert.throws(() => k.where(k.tensor(Int32Array.of(1, 0), { device: dev }), 1, 0), opError(OpError, "where", /got int32/));
+    });
+    it("negating a bool tensor and integers to negative integer powers are refused", () => {
+      assert.throws(() => t([true, false]).neg(), opError(OpError, "neg", /bool tensor is not supported.*logical_not/));
+      assert.throws(() => k.tensor(Int32Array.of(2, 3), { device: dev }).pow(-1), opError(OpError, "pow", /Integers to negative integer powers are not allowed/));
+      assert.deepEqual(k.tensor(Int32Array.of(2, 3), { device: dev }).pow(2).toList(), [4, 9]);
+      assert.deepEqual(k.tensor(Int32Array.of(2), { device: dev }).pow(-0.5).toList(), [Math.fround(Math.SQRT1_2)]);
+    });
+  });
+
   describe("index errors", () => {
     it("out-of-range indices raise IndexOutOfRangeError naming the op", () => {
       const w = k.zeros([3, 2], { device: dev });
@@ -66,6 +109,12 @@ forEachBackend((dev) => {
       const cos = k.ones([2, 1], { device: dev });
       assert.throws(() => k.rotaryEmbedding(k.zeros([1, 1, 2], { device: dev }), ids(2), cos, cos), opError(IndexOutOfRangeError, "rotary", /position 2/));
       assert.throws(() => k.indexSelect(w, 0, t([0.5])), opError(OpError, "index_select", /integer/));
+      // int64 ids past int32's range do not wrap around to a valid row (2^32 + 1 would read row 1)
+      const far = t([1, 2 ** 32 + 1], { dtype: "int64" });
+      assert.throws(() => k.indexSelect(w, 0, far), opError(IndexOutOfRangeError, "index_select", /4294967297 out of range/));
+      assert.throws(() => k.embedding(far, w), opError(IndexOutOfRangeError, "embedding", /4294967297/));
+      assert.throws(() => w.gather(0, t([[-(2 ** 32)]], { dtype: "int64" })), opError(IndexOutOfRangeError, "gather", /-4294967296/));
+      assert.deepEqual(k.indexSelect(k.tensor([[1, 2], [3, 4]], { device: dev }), 0, t([1], { dtype: "int64" })).toList(), [3, 4]);
       const logits = k.zeros([2, 4], { device: dev });
       assert.throws(() => k.crossEntropy(logits, ids(1, 5)), opError(IndexOutOfRangeError, "cross_entropy", /target 5 out of range for 4 classes/));
       assert.throws(() => k.crossEntropy(logits, ids(-1, 0)), opError(IndexOutOfRangeError, "cross_entropy", /target -1 out of range for 4 classes/));

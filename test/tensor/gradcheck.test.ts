@@ -434,3 +434,56 @@ describe("autograd engine", () => {
     assert.ok(ms < 2000, `took ${ms} ms`);
   });
 });
+
+describe("gradients where torch defines them at bounds, zeros and through selections", () => {
+  test("clamp passes the gradient at its bounds (torch: min <= x <= max), blocks it outside", () => {
+    const x = k.tensor([0, 1, 1.5, 2, 3], { requiresGrad: true });
+    x.clamp(1, 2).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [0, 1, 1, 1, 0]);
+    const y = k.tensor([-1, 0, 1], { requiresGrad: true });
+    y.clamp(0).mul(k.tensor([1, 2, 3])).sum().backward(); // min only
+    assert.deepEqual(y.grad!.toList(), [0, 2, 3]);
+    const z = k.tensor([-1, 0, 1], { requiresGrad: true });
+    z.clamp(undefined, 0).sum().backward(); // max only
+    assert.deepEqual(z.grad!.toList(), [1, 1, 0]);
+  });
+  test("pow at zero: d(x^0)/dx is 0 and d(0^y)/dy is 0 for y >= 0 (torch's pow_backward), not NaN", () => {
+    const x = k.tensor([0, 2], { requiresGrad: true });
+    x.pow(0).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [0, 0]);
+    const a = k.tensor([0, 0, 3], { requiresGrad: true });
+    const b = k.tensor([0, 2, 0], { requiresGrad: true });
+    a.pow(b).sum().backward();
+    assert.deepEqual(a.grad!.toList(), [0, 0, 0]); // b * a^(b-1): 0 where b == 0, 2 * 0 at a = 0, b = 2
+    assert.deepEqual(b.grad!.toList(), [0, 0, Math.fround(Math.log(3))]);
+    const e = k.tensor([1, 2], { requiresGrad: true });
+    k.pow(0, e).sum().backward(); // 0^e with a scalar base
+    assert.deepEqual(e.grad!.toList(), [0, 0]);
+  });
+  test("remainder: the divisor's gradient is -g * floor(a / b)", () => {
+    const a = k.tensor([7, -7, 5.5], { requiresGrad: true });
+    const b = k.tensor([3, 3, -2], { requiresGrad: true });
+    k.remainder(a, b).sum().backward();
+    assert.deepEqual(a.grad!.toList(), [1, 1, 1]);
+    assert.deepEqual(b.grad!.toList(), [-2, 3, 3]);
+  });
+  test("sort and topk values are differentiable: the gradient flows back to the picked positions", () => {
+    const x = k.tensor([[3, 1, 2], [0, 5, 4]], { requiresGrad: true });
+    const s = k.sort(x, 1, true);
+    assert.equal(s.values.requiresGrad, true);
+    s.values.mul(k.tensor([1, 10, 100])).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [1, 100, 10, 100, 1, 10]);
+    const y = k.tensor([[3, 1], [0, 5], [2, 4]], { requiresGrad: true });
+    const top = k.topk(y, 2, 0); // along dim 0: rows [3, 5] then [2, 4]
+    assert.deepEqual(top.values.toList(), [3, 5, 2, 4]);
+    top.values.mul(k.tensor([[1, 2], [10, 20]])).sum().backward();
+    assert.deepEqual(y.grad!.toList(), [1, 0, 0, 2, 10, 20]);
+    assert.equal(k.sort(k.tensor(Int32Array.of(2, 1))).values.requiresGrad, false);
+  });
+  test("cross_entropy whose targets are all ignore_index is still differentiable (zero gradient)", () => {
+    const logits = k.tensor([[1, 2], [3, 4]], { requiresGrad: true });
+    const loss = k.crossEntropy(logits, k.tensor(Int32Array.of(-100, -100)));
+    loss.backward();
+    assert.deepEqual(logits.grad!.toList(), [0, 0, 0, 0]);
+  });
+});

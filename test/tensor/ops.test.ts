@@ -374,6 +374,14 @@ forEachBackend((dev) => {
       assert.ok(Number.isNaN(t([1, NaN, 3]).min().item()), "min propagates NaN");
       assert.ok(Number.isNaN(t([[NaN, 1, 3]]).max(1).item()), "max(dim) propagates NaN");
     });
+    it("relu and clamp keep NaN, as torch (relu(NaN) was 0)", () => {
+      // 40 elements: the SIMD body of the native kernel and its tail
+      const x = ft(Array.from({ length: 40 }, (_, i) => (i % 3 === 0 ? NaN : i % 3 === 1 ? -i : i)), [40]);
+      const expect = (f: (v: number) => number) => x.toList().map(f);
+      assertClose(x.relu(), expect((v) => (v <= 0 ? 0 : v)));
+      assertClose(x.relu().add(1), expect((v) => (v <= 0 ? 0 : v) + 1), { msg: "relu in a fused chain" });
+      assertClose(x.clamp(-5, 5), expect((v) => (Number.isNaN(v) ? v : Math.min(Math.max(v, -5), 5))));
+    });
     it("softmax / log_softmax / logsumexp along any dim", () => {
       const v = t([[1, 2, 3], [1, 1, 1]]);
       const e = [Math.exp(1), Math.exp(2), Math.exp(3)];
@@ -395,11 +403,28 @@ forEachBackend((dev) => {
       assertClose(v.logsumexp(1, true), [-Infinity, Infinity, 0, NaN], { shape: [4, 1] });
       assertClose(t([-Infinity, -Infinity, -Infinity]).logsumexp(0), [-Infinity], { shape: [] });
     });
+    it("logsumexp over an empty dim is -inf (torch), not an error", () => {
+      const e = k.zeros([2, 0], { device: dev });
+      assertClose(e.logsumexp(1), [-Infinity, -Infinity], { shape: [2] });
+      assertClose(e.logsumexp(-1, true), [-Infinity, -Infinity], { shape: [2, 1] });
+      assert.deepEqual([...e.logsumexp(0).shape], [0]);
+    });
     it("cumsum along dims", () => {
       const v = t([[1, 2, 3], [4, 5, 6]]);
       assertClose(v.cumsum(1), [1, 3, 6, 4, 9, 15]);
       assertClose(v.cumsum(0), [1, 2, 3, 5, 7, 9], { shape: [2, 3] });
       assertClose(v.transpose(0, 1).cumsum(-1), [1, 5, 2, 7, 3, 9]);
+    });
+    it("cumsum of integers and bools stays integral (torch: int64; Kiln's int32), exact past float32's 2^24", () => {
+      const c = k.tensor(Int32Array.of(16777216, 1, 1, -3), { device: dev }).cumsum(0);
+      assert.equal(c.dtype, "int32");
+      assert.deepEqual(values(c), [16777216, 16777217, 16777218, 16777215]);
+      const mask = t([[true, false, true], [false, true, true]]); // position ids from an attention mask
+      const pos = mask.cumsum(1);
+      assert.equal(pos.dtype, "int32");
+      assert.deepEqual(values(pos), [1, 1, 2, 0, 1, 2]);
+      assert.equal(k.tensor(Int8Array.of(100, 100), { device: dev }).cumsum(0).toList()[1], 200, "int8 widens as sum does");
+      assert.equal(t([1, 2], { dtype: "int64" }).cumsum(0).dtype, "int64");
     });
     it("sort is stable, ascending and descending; topk", () => {
       const v = t([3, 1, 2, 1, 3]);
@@ -420,6 +445,9 @@ forEachBackend((dev) => {
       const lo = k.topk(t([4, 1, 3, 1]), 2, 0, false);
       assert.deepEqual(values(lo.values), [1, 1]);
       assert.deepEqual(values(lo.indices), [1, 3]);
+      const s0d = k.sort(t(5)); // a 0-d tensor sorts to itself, index 0 (torch)
+      assert.deepEqual([[...s0d.values.shape], values(s0d.values), values(s0d.indices)], [[], [5], [0]]);
+      assert.deepEqual(values(k.topk(t(5), 1).values), [5]);
       const nan = k.sort(t([1, NaN, 0]));
       assert.deepEqual(values(nan.indices), [2, 0, 1], "NaN sorts last ascending");
     });

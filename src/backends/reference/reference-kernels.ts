@@ -56,7 +56,7 @@ export const UNARY: Record<UnaryOp, (x: number) => number> = {
   sin: Math.sin,
   cos: Math.cos,
   square: (x) => x * x,
-  relu: (x) => (x > 0 ? x : 0),
+  relu: (x) => (x <= 0 ? 0 : x), // NaN stays NaN, as torch
   floor: Math.floor,
   ceil: Math.ceil,
   round: (x) => {

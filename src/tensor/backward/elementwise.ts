@@ -1,7 +1,7 @@
 // Backward formulas of elementwise ops: binary arithmetic (grads in the broadcast output shape; the engine
 // sum-reduces them), unary math, and where.
 import * as ew from "../ops/elementwise.js";
-import { tensor, Tensor, type TensorOrScalar } from "../tensor.js";
+import { tensor, Tensor, zerosLike, type TensorOrScalar } from "../tensor.js";
 import type { BackwardContext, BackwardRule, RuleTable } from "./types.js";
 
 /** The saved operand i, or its scalar value when the op was called with a plain number. */
@@ -65,11 +65,12 @@ const binary: RuleTable = {
       const b = operand(c, 1);
       let ga: Tensor | null = null;
       let gb: Tensor | null = null;
+      // torch's pow_backward: 0 (not 0 * inf = NaN) where b == 0 for a's gradient, where a == 0 and b >= 0 for b's
       if (c.needsGrad[0]) {
         // b * a^(b-1)
         const bm1 = typeof b === "number" ? b - 1 : ew.sub(b, 1);
         const p = ew.pow(a, bm1);
-        ga = prod(g, b, p);
+        ga = zeroWhere(prod(g, b, p), typeof b === "number" ? b === 0 : ew.eq(b, 0));
         p.dispose();
         if (bm1 instanceof Tensor) bm1.dispose();
       }
@@ -78,14 +79,67 @@ const binary: RuleTable = {
         const la = typeof a === "number" ? Math.log(a) : ew.log(a);
         gb = prod(g, c.output!, la);
         if (la instanceof Tensor) la.dispose();
+        if (typeof a !== "number") {
+          const a0 = ew.eq(a, 0);
+          const bPos = ew.ge(b, 0);
+          gb = zeroWhere(gb, ew.logicalAnd(a0, bPos));
+          a0.dispose();
+          bPos.dispose();
+        } else if (a === 0) gb = zeroWhere(gb, ew.ge(b, 0));
       }
       return [ga, gb];
     },
   },
   maximum: { saves: "inputs", grad: (g, c) => minMaxGrad(g, c, true) },
+  // torch's clamp_backward: g where min <= x <= max (NaN x: 0)
+  clamp: {
+    saves: "inputs",
+    grad: (g, c) => {
+      const x = c.inputs[0]!;
+      const { min, max } = c.attrs as { min?: number; max?: number };
+      let inside: Tensor | null = null;
+      for (const bound of [min === undefined ? null : ew.ge(x, min), max === undefined ? null : ew.le(x, max)]) {
+        if (bound === null) continue;
+        if (inside === null) inside = bound;
+        else {
+          const both = ew.logicalAnd(inside, bound);
+          inside.dispose();
+          bound.dispose();
+          inside = both;
+        }
+      }
+      if (inside === null) return [g];
+      const out = ew.where(inside, g, 0);
+      inside.dispose();
+      return [out];
+    },
+  },
   minimum: { saves: "inputs", grad: (g, c) => minMaxGrad(g, c, false) },
-  remainder: { saves: "none", grad: (g) => [g, null] },
+  // a - b * floor(a / b): d/da = 1, d/db = -floor(a / b)
+  remainder: {
+    saves: "inputs",
+    grad: (g, c) => {
+      let gb: Tensor | null = null;
+      if (c.needsGrad[1]) {
+        const q = ew.div(operand(c, 0), operand(c, 1));
+        const f = ew.floor(q);
+        gb = prod(g, f, -1);
+        q.dispose();
+        f.dispose();
+      }
+      return [g, gb];
+    },
+  },
 };
+
+/** grad with 0 where `mask` holds (a bool tensor, disposed here, or a scalar condition); disposes grad when replaced. */
+function zeroWhere(grad: Tensor, mask: Tensor | boolean): Tensor {
+  if (mask === false) return grad;
+  const out = mask === true ? zerosLike(grad) : ew.where(mask, 0, grad);
+  if (mask instanceof Tensor) mask.dispose();
+  grad.dispose();
+  return out;
+}
 
 function minMaxGrad(g: Tensor, c: BackwardContext, isMax: boolean): (Tensor | null)[] {
   const w = winnerWeight(operand(c, 0), operand(c, 1), isMax);

@@ -3,7 +3,7 @@ import type { BinaryOp, UnaryOp } from "../../backends/backend.js";
 import { isFloating, promoteTypes, resultType, scalarOperandDtype, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { isGradEnabled, recordOp } from "../grad-mode.js";
+import { isGradEnabled, noGrad, recordOp } from "../grad-mode.js";
 import { empty, full, Tensor, type TensorOrScalar } from "../tensor.js";
 import { broadcastShapes, broadcastView } from "./shape.js";
 
@@ -32,6 +32,9 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   if (!(a instanceof Tensor) && !(b instanceof Tensor)) throw new OpError(op, "needs at least one tensor");
   for (const x of [a, b]) if (x instanceof Tensor) x.view_(op); // disposed check before allocating
   if (op === "sub") checkBoolSub(a, b);
+  // torch checks a scalar exponent (a tensor one would need its values read back)
+  if (op === "pow" && a instanceof Tensor && !isFloating(a.dtype) && typeof b === "number" && Number.isInteger(b) && b < 0)
+    throw new OpError("pow", "Integers to negative integer powers are not allowed.");
   const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
   const tb = asTensor(b, ta, op);
   const dev = sameDevice(op, ta, tb);
@@ -65,6 +68,8 @@ function checkBoolSub(a: TensorOrScalar, b: TensorOrScalar): void {
 }
 
 export function unary(op: UnaryOp, x: Tensor, recordName: string = op): Tensor {
+  if (op === "neg" && x.dtype === "bool")
+    throw new OpError("neg", "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   const dtype: DType = op === "logical_not" ? "bool" : isFloating(x.dtype) ? x.dtype : "float32";
   const keepInt = op === "neg" || op === "abs" || op === "square" || op === "relu" || op === "sign";
   const out = empty(x.shape, { dtype: keepInt && !isFloating(x.dtype) ? x.dtype : dtype, device: x.device });
@@ -125,6 +130,7 @@ export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
  */
 export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   for (const x of [cond, a, b]) if (x instanceof Tensor) x.view_("where");
+  if (cond.dtype !== "bool") throw new OpError("where", `expected condition to be a boolean tensor, but got ${cond.dtype}`);
   const dtype = resultType(a instanceof Tensor ? a.dtype : a, b instanceof Tensor ? b.dtype : b);
   const ta = a instanceof Tensor ? a : full([], Number(a), { dtype, device: cond.device });
   const tb = b instanceof Tensor ? b : full([], Number(b), { dtype, device: cond.device });
@@ -154,15 +160,23 @@ export function maskedFill(x: Tensor, mask: Tensor, value: number): Tensor {
   }
 }
 
+/**
+ * clamp(x, min, max) = minimum(maximum(x, min), max), one autograd op: as torch, the gradient passes where
+ * min <= x <= max (bounds included), where maximum/minimum would split it in half on a tie.
+ */
 export function clamp(x: Tensor, min?: number, max?: number): Tensor {
-  let cur = x;
-  if (min !== undefined) cur = maximum(cur, min);
-  if (max !== undefined) {
-    const next = minimum(cur, max);
-    if (cur !== x) cur.dispose();
-    cur = next;
-  }
-  return cur === x ? x.clone() : cur;
+  const out = noGrad(() => {
+    let cur = x;
+    if (min !== undefined) cur = maximum(cur, min);
+    if (max !== undefined) {
+      const next = minimum(cur, max);
+      if (cur !== x) cur.dispose();
+      cur = next;
+    }
+    return cur === x ? x.clone() : cur;
+  });
+  recordOp("clamp", [x], out, { min, max });
+  return out;
 }
 
 /**

@@ -10,7 +10,14 @@ import { copyInto } from "./elementwise.js";
 function asIndex(op: string, index: Tensor): Tensor {
   if (index.dtype !== "int32" && index.dtype !== "int64" && index.dtype !== "uint8" && index.dtype !== "int8")
     throw new OpError(op, `index must be an integer tensor, got ${index.dtype}`);
+  if (index.dtype === "int64") checkInt32Range(op, index);
   return index.dtype === "int32" ? contiguous(index) : index.to("int32");
+}
+
+/** The kernels index in int32: an int64 id past its range would wrap onto a valid row, so it is refused here. */
+function checkInt32Range(op: string, index: Tensor): void {
+  for (const v of index.dataSync() as BigInt64Array)
+    if (v < -2147483648n || v > 2147483647n) throw new IndexOutOfRangeError(op, `index ${v} out of range`);
 }
 
 /** Moves dim to the front and returns a contiguous [size, rest] view. */
@@ -122,8 +129,17 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
   const s = contiguous(st);
   for (let i = 0; i < last; i++)
     if (idx.shape[i] !== base.shape[i]) throw new OpError("scatter", "index must match the input in every dim but the scatter dim");
+  // torch: src may be larger than index in any dim; the kernel reads src as dense [rows, m] rows lined up with index's
+  for (let i = 0; i <= last; i++)
+    if (s.shape[i]! < idx.shape[i]!) throw new OpError("scatter", `src [${src.shape.join(", ")}] is smaller than index [${index.shape.join(", ")}] at dim ${i === last ? d : i === d ? last : i}`);
   const m = idx.shape[last]!;
-  const sn = s.shape[last] === m ? s : s.narrow(last, 0, m);
+  let sn = s;
+  for (let i = 0; i <= last; i++) {
+    if (sn.shape[i] === idx.shape[i]) continue;
+    const next = sn.narrow(i, 0, idx.shape[i]!);
+    if (sn !== s) sn.dispose();
+    sn = next;
+  }
   const sv = contiguous(sn);
   runKernel("scatter", t.device, {
     op: "scatter",
@@ -162,6 +178,8 @@ export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor
 export function cat(tensors: Tensor[], dim = 0): Tensor {
   if (tensors.length === 0) throw new OpError("cat", "expects a non-empty list");
   const first = tensors[0]!;
+  const scalarAt = tensors.findIndex((t) => t.ndim === 0);
+  if (scalarAt >= 0) throw new OpError("cat", `zero-dimensional tensor (at position ${scalarAt}) cannot be concatenated`);
   const d = normDim(dim, first.ndim, "cat");
   const dev = sameDevice("cat", ...tensors);
   for (const t of tensors) {
@@ -205,10 +223,12 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
   const total = t.shape[d]!;
   const sizes: number[] = [];
   if (Array.isArray(sizeOrSizes)) {
+    if (sizeOrSizes.some((s) => !Number.isInteger(s) || s < 0))
+      throw new OpError("split", `split sizes must be non-negative integers, got [${sizeOrSizes.join(", ")}]`);
     if (sizeOrSizes.reduce((a, b) => a + b, 0) !== total) throw new OpError("split", `sizes do not sum to ${total}`);
     sizes.push(...sizeOrSizes);
   } else {
-    if (sizeOrSizes <= 0) throw new OpError("split", "split size must be positive");
+    if (!Number.isInteger(sizeOrSizes) || sizeOrSizes <= 0) throw new OpError("split", `split size must be a positive integer, got ${sizeOrSizes}`);
     for (let at = 0; at < total; at += sizeOrSizes) sizes.push(Math.min(sizeOrSizes, total - at));
   }
   const out: Tensor[] = [];
@@ -221,6 +241,7 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
 }
 
 export function chunk(t: Tensor, chunks: number, dim = 0): Tensor[] {
+  if (!Number.isInteger(chunks) || chunks <= 0) throw new OpError("chunk", `expects \`chunks\` to be an integer greater than 0, got ${chunks}`);
   const d = normDim(dim, t.ndim, "chunk");
   return split(t, Math.ceil(t.shape[d]! / chunks), d);
 }

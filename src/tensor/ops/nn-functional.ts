@@ -1,5 +1,6 @@
 // Fused neural-network ops: rms_norm, rotary embedding, attention (reference causal and ragged paged),
 // silu-gated MLP activation and cross-entropy.
+import { isFloating } from "../../backends/dtype.js";
 import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { noGrad, recordOp } from "../grad-mode.js";
@@ -255,6 +256,9 @@ export function siluMul(gate: Tensor, up: Tensor): Tensor {
 export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100): Tensor {
   if (logits.ndim !== 2 || targets.ndim !== 1 || targets.shape[0] !== logits.shape[0])
     throw new OpError("cross_entropy", `expects logits [N, V] and targets [N], got [${logits.shape.join(", ")}] and [${targets.shape.join(", ")}]`);
+  // class indices only (torch reads floating targets of logits' shape as probabilities, and refuses [N] of them)
+  if (isFloating(targets.dtype) || targets.dtype === "bool")
+    throw new OpError("cross_entropy", `targets must be class indices of an integer dtype, got ${targets.dtype}`);
   const t32 = targets.to("int32");
   const tgt = t32.dataSync() as Int32Array;
   if (t32 !== targets) t32.dispose();
@@ -264,7 +268,12 @@ export function crossEntropy(logits: Tensor, targets: Tensor, ignoreIndex = -100
   const safe = Int32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : t));
   const keep = Float32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : 1));
   const count = keep.reduce((a, b) => a + b, 0);
-  if (count === 0) return full([], 0, { device: logits.device });
+  if (count === 0) {
+    // nothing to average (torch: NaN): 0, still on the graph so that backward gives zero gradients
+    const zero = full([], 0, { device: logits.device });
+    recordOp("cross_entropy", [logits], zero, { targets: tgt, ignoreIndex, count });
+    return zero;
+  }
   // fused for autograd: the forward records one "cross_entropy" op whose backward is (softmax - onehot) / count
   const lsm = noGrad(() => logSoftmax(logits, -1));
   const idx = empty([safe.length, 1], { dtype: "int32", device: logits.device });

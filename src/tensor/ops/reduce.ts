@@ -12,7 +12,9 @@ import { abs, add, log, sub, where } from "./elementwise.js";
 function reducedDims(t: Tensor, dim: number | number[] | undefined, op: string): number[] {
   if (dim === undefined) return t.shape.map((_, i) => i);
   const dims = (Array.isArray(dim) ? dim : [dim]).map((d) => normDim(d, t.ndim, op));
-  return [...new Set(dims)].sort((a, b) => a - b);
+  const repeated = dims.find((d, i) => dims.indexOf(d) !== i);
+  if (repeated !== undefined) throw new OpError(op, `dim ${repeated} appears multiple times in the list of dims`);
+  return dims.sort((a, b) => a - b);
 }
 
 /** Returns t as a dense [rows, n] matrix with `dims` last, plus the output shape. */
@@ -54,7 +56,7 @@ export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tenso
   const dims = reducedDims(t, dim, "mean");
   const count = numel(dims.map((d) => t.shape[d]!));
   const src = isFloating(t.dtype) ? t : t.to("float32");
-  const s = sum(src, dims, keepdim);
+  const s = sum(src, dims, keepdim); // dims checked and unique: reducedDims above
   const out = s.div(count);
   s.dispose();
   if (src !== t) src.dispose();
@@ -62,12 +64,15 @@ export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tenso
 }
 
 /** Applies a row kernel along `dim`, returning a tensor of t's shape. */
-function alongDim(t: Tensor, dim: number, op: string, make: (rows: Tensor, out: Tensor, numRows: number, n: number) => void): Tensor {
+function alongDim(
+  t: Tensor, dim: number, op: string, make: (rows: Tensor, out: Tensor, numRows: number, n: number) => void,
+  dtype: DType = isFloating(t.dtype) ? t.dtype : "float32",
+): Tensor {
   const d = normDim(dim, Math.max(t.ndim, 1), op);
   const last = t.ndim - 1;
   if (t.ndim === 0) {
     const r = t.reshape(1);
-    const o = alongDim(r, 0, op, make);
+    const o = alongDim(r, 0, op, make, dtype);
     r.dispose();
     const out = o.reshape();
     o.dispose();
@@ -76,7 +81,7 @@ function alongDim(t: Tensor, dim: number, op: string, make: (rows: Tensor, out: 
   const moved = d === last ? t : t.transpose(d, last);
   const rows = contiguous(moved);
   const n = t.shape[d]!;
-  const out = empty(rows.shape, { dtype: isFloating(t.dtype) ? t.dtype : "float32", device: t.device });
+  const out = empty(rows.shape, { dtype, device: t.device });
   make(rows, out, numel(rows.shape) / Math.max(n, 1), n);
   if (rows !== t) rows.dispose();
   if (moved !== t && moved !== rows) moved.dispose();
@@ -105,6 +110,13 @@ export const logSoftmax = (t: Tensor, dim = -1): Tensor => softmaxImpl(t, dim, t
  * is infinite (torch's rule: an all -inf row gives -inf, a row holding +inf gives inf, not NaN).
  */
 export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
+  if (t.ndim > 0 && t.shape[normDim(dim, t.ndim, "logsumexp")] === 0) {
+    // an empty sum: log(0) = -inf, as torch (there is no max to shift by)
+    const s = sum(t, dim, keepdim);
+    const out = log(s);
+    s.dispose();
+    return out;
+  }
   const m = noGrad(() => {
     const mx = max(t, dim, true);
     const size = abs(mx);
@@ -125,16 +137,37 @@ export function logsumexp(t: Tensor, dim: number, keepdim = false): Tensor {
   return out;
 }
 
+/** Running sums along dim; integers and bools sum in sumDtype (int32, int64 kept), as torch's integral cumsum. */
 export function cumsum(t: Tensor, dim: number): Tensor {
   const out = alongDim(t, dim, "cumsum", (rows, o, numRows, n) =>
     runKernel("cumsum", t.device, { op: "cumsum", x: rows.view_("cumsum"), out: o.view_("cumsum"), rows: numRows, n }, [o]),
-  );
+  sumDtype(t.dtype));
   recordOp("cumsum", [t], out, { dim: normDim(dim, Math.max(t.ndim, 1), "cumsum") });
   return out;
 }
 
-/** Sorts along dim; returns values and int32 indices. Stable. */
+/**
+ * Sorts along dim; returns values and int32 indices. Stable. The values are differentiable as torch's: their
+ * gradient flows back to the positions they came from (a gather of t by the indices).
+ */
 export function sort(t: Tensor, dim = -1, descending = false): { values: Tensor; indices: Tensor } {
+  if (t.ndim === 0) {
+    // a 0-d tensor is its own sort (index 0), as torch's
+    normDim(dim, 1, "sort"); // 0 or -1
+    const one = t.reshape(1);
+    const s = sort(one, 0, descending);
+    one.dispose();
+    const r = { values: s.values.reshape(), indices: s.indices.reshape() };
+    s.values.dispose();
+    s.indices.dispose();
+    return r;
+  }
+  const r = sortUnrecorded(t, dim, descending);
+  recordOp("gather", [t, null], r.values, { dim: normDim(dim, Math.max(t.ndim, 1), "sort"), index: r.indices, inputShape: t.shape });
+  return r;
+}
+
+function sortUnrecorded(t: Tensor, dim: number, descending: boolean): { values: Tensor; indices: Tensor } {
   const d = normDim(dim, Math.max(t.ndim, 1), "sort");
   const last = t.ndim - 1;
   const moved = d === last ? t : t.transpose(d, last);
@@ -167,7 +200,11 @@ export function sort(t: Tensor, dim = -1, descending = false): { values: Tensor;
 /** The k largest (or smallest) entries along dim, sorted. */
 export function topk(t: Tensor, k: number, dim = -1, largest = true): { values: Tensor; indices: Tensor } {
   const d = normDim(dim, Math.max(t.ndim, 1), "topk");
-  if (k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
+  if (!Number.isInteger(k) || k < 0 || k > (t.shape[d] ?? 1)) throw new OpError("topk", `k=${k} out of range for size ${t.shape[d]}`);
+  if (t.ndim === 0) {
+    if (k !== 1) throw new OpError("topk", `k=${k} out of range for a 0-d tensor (k must be 1)`);
+    return sort(t, d, largest);
+  }
   const s = sort(t, d, largest);
   const take = (x: Tensor) => {
     const n = x.narrow(d, 0, k);

@@ -7,6 +7,7 @@ import { recordOp } from "../grad-mode.js";
 import { contiguousStrides, empty, makeView, numel, Tensor, type Shape } from "../tensor.js";
 
 export function normDim(dim: number, ndim: number, op: string): number {
+  if (!Number.isInteger(dim)) throw new OpError(op, `dimension ${dim} must be an integer`);
   const d = dim < 0 ? dim + ndim : dim;
   if (d < 0 || d >= Math.max(ndim, 1)) throw new OpError(op, `dimension ${dim} out of range for a ${ndim}-d tensor`);
   return d;
