@@ -46,6 +46,7 @@ export async function* streamEngineRequest(
   const tracker = metrics.track(req.promptTokenIds.length);
   let finished = false;
   let queueSeconds: number | null = null;
+  const choiceTokens: number[] = [];
   const onAbort = (): void => engine.abort(req.requestId);
   inflight.add(req.requestId);
   unstarted.add(req.requestId);
@@ -55,12 +56,18 @@ export async function* streamEngineRequest(
       unstarted.delete(req.requestId);
       if (signal.aborted) break;
       tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0));
+      for (const o of out.outputs) choiceTokens[o.index] = (choiceTokens[o.index] ?? 0) + o.tokenIds.length;
       const m = out.metrics;
       if (queueSeconds === null && m?.firstScheduledTime != null) queueSeconds = (m.firstScheduledTime - m.arrivalTime) / 1000;
       if (out.finished) {
         finished = true;
         const reasons = out.outputs.map((o) => o.finishReason);
-        tracker.finish(reasons.includes("abort") ? "abort" : (reasons.find((r) => r !== null) ?? "stop"), queueSeconds);
+        const n = req.params.n ?? 1;
+        const stats = {
+          promptTokens: req.promptTokenIds.length, choiceTokens: Array.from({ length: n }, (_, i) => choiceTokens[i] ?? 0), n,
+          maxTokens: req.params.maxTokens ?? null, times: out.metrics ?? null,
+        };
+        tracker.finish(reasons.includes("abort") ? "abort" : (reasons.find((r) => r !== null) ?? "stop"), queueSeconds, stats);
       }
       yield out;
       if (finished) break;

@@ -1,12 +1,34 @@
 // Prometheus metrics with vLLM's names (`vllm:*`, label model_name), on a per-server Registry.
 // Gauges are read from engine.stats() at scrape time; latencies are measured here, around each request's stream.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
-import type { EngineClient, FinishReason } from "../engine/types.js";
+import type { EngineClient, FinishReason, RequestMetrics } from "../engine/types.js";
 
 // Bucket edges as in vLLM's v1 metrics loggers (seconds).
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560];
 const ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80];
 const LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680];
+const N_BUCKETS = [1, 2, 5, 10, 20];
+
+/** vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max (token-count histograms up to max_model_len). */
+export function buckets125(max: number): number[] {
+  const out: number[] = [];
+  for (let exp = 1; ; exp *= 10)
+    for (const m of [1, 2, 5]) {
+      if (m * exp > max) return out;
+      out.push(m * exp);
+    }
+}
+
+/** What one finished engine request (one prompt, its n choices) adds to the per-request histograms. */
+export interface FinishedRequestStats {
+  promptTokens: number;
+  /** Generated tokens of each choice. */
+  choiceTokens: number[];
+  n: number;
+  maxTokens: number | null;
+  /** The engine's timestamps for the request, when it reported them. */
+  times: RequestMetrics | null;
+}
 
 export class ServerMetrics {
   readonly registry = new Registry();
@@ -18,8 +40,17 @@ export class ServerMetrics {
   private readonly itl: Histogram<"model_name">;
   private readonly e2e: Histogram<"model_name">;
   private readonly queueTime: Histogram<"model_name">;
+  private readonly requestPromptTokens: Histogram<"model_name">;
+  private readonly requestGenerationTokens: Histogram<"model_name">;
+  private readonly requestMaxGenerationTokens: Histogram<"model_name">;
+  private readonly paramsN: Histogram<"model_name">;
+  private readonly paramsMaxTokens: Histogram<"model_name">;
+  private readonly prefillTime: Histogram<"model_name">;
+  private readonly decodeTime: Histogram<"model_name">;
+  private readonly inferenceTime: Histogram<"model_name">;
 
-  constructor(engine: EngineClient, modelName: string) {
+  /** maxModelLen bounds the token-count histograms' buckets, as vLLM's max_model_len does. */
+  constructor(engine: EngineClient, modelName: string, maxModelLen: number) {
     const registers = [this.registry];
     const labelNames = ["model_name"] as const;
     this.labels = { model_name: modelName };
@@ -88,6 +119,15 @@ export class ServerMetrics {
     this.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS);
     this.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS);
     this.queueTime = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS);
+    this.inferenceTime = histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS);
+    this.prefillTime = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", LATENCY_BUCKETS);
+    this.decodeTime = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", LATENCY_BUCKETS);
+    const tokenBuckets = buckets125(Math.max(1, maxModelLen));
+    this.requestPromptTokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokenBuckets);
+    this.requestGenerationTokens = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tokenBuckets);
+    this.requestMaxGenerationTokens = histogram("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", tokenBuckets);
+    this.paramsN = histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS);
+    this.paramsMaxTokens = histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokenBuckets);
     for (const r of ["stop", "length", "abort"]) this.requestSuccess.inc({ ...labels, finished_reason: r }, 0);
   }
 
@@ -103,10 +143,24 @@ export class ServerMetrics {
     if (sinceLastS !== null) this.itl.observe(this.labels, sinceLastS);
   }
 
-  /** @internal */ recordFinish(reason: FinishReason | "error", e2eS: number, queueS: number | null): void {
+  /** @internal */ recordFinish(reason: FinishReason | "error", e2eS: number, queueS: number | null, stats: FinishedRequestStats | null): void {
     this.requestSuccess.inc({ ...this.labels, finished_reason: reason ?? "abort" });
     this.e2e.observe(this.labels, e2eS);
     if (queueS !== null && queueS >= 0) this.queueTime.observe(this.labels, queueS);
+    if (stats === null) return;
+    // as vLLM's per-request histograms: one observation per prompt, its choices' tokens summed (and their most)
+    this.requestPromptTokens.observe(this.labels, stats.promptTokens);
+    this.requestGenerationTokens.observe(this.labels, stats.choiceTokens.reduce((a, b) => a + b, 0));
+    this.requestMaxGenerationTokens.observe(this.labels, Math.max(0, ...stats.choiceTokens));
+    this.paramsN.observe(this.labels, stats.n);
+    if (stats.maxTokens !== null) this.paramsMaxTokens.observe(this.labels, stats.maxTokens);
+    // phases from the engine's own timestamps: prefill = first token - first scheduled, decode = last - first token
+    const t = stats.times;
+    if (t?.firstScheduledTime != null && t.firstTokenTime != null && t.lastTokenTime != null) {
+      this.prefillTime.observe(this.labels, Math.max(0, t.firstTokenTime - t.firstScheduledTime) / 1000);
+      this.decodeTime.observe(this.labels, Math.max(0, t.lastTokenTime - t.firstTokenTime) / 1000);
+      this.inferenceTime.observe(this.labels, Math.max(0, t.lastTokenTime - t.firstScheduledTime) / 1000);
+    }
   }
 
   async render(): Promise<string> {
@@ -131,9 +185,10 @@ export class RequestTracker {
     this.lastTokenAt = now;
   }
 
-  finish(reason: FinishReason | "error", queueSeconds: number | null = null): void {
+  /** stats: the request's token counts and engine times, when it ran to a finish the engine reported. */
+  finish(reason: FinishReason | "error", queueSeconds: number | null = null, stats: FinishedRequestStats | null = null): void {
     if (this.done) return;
     this.done = true;
-    this.metrics.recordFinish(reason, (performance.now() - this.start) / 1000, queueSeconds);
+    this.metrics.recordFinish(reason, (performance.now() - this.start) / 1000, queueSeconds, stats);
   }
 }

@@ -85,7 +85,9 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   const model = optString(body, "model");
   const stream = optBool(body, "stream") ?? false;
   const streamOptions = optObject(body, "stream_options");
-  if (streamOptions && !stream) throw badRequest("Stream options can only be defined when `stream=True`.", "stream_options");
+  // an empty object counts as unset, as vLLM's check reads it
+  if (streamOptions && Object.keys(streamOptions).length > 0 && !stream)
+    throw badRequest("Stream options can only be defined when `stream=True`.", "stream_options");
   const includeUsage = streamOptions ? (optBool(streamOptions, "include_usage") ?? false) : false;
   // per-chunk usage only with include_usage (vLLM's should_include_usage)
   const continuousUsageStats = (streamOptions ? (optBool(streamOptions, "continuous_usage_stats") ?? false) : false) && includeUsage;
@@ -398,8 +400,10 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
   const messages = parseMessages(body);
   const common = parseCommon(body, vocabSize);
   const wantLogprobs = optBool(body, "logprobs") ?? false;
-  const topLogprobs = optInt(body, "top_logprobs", { min: 0 });
-  if (topLogprobs !== undefined && topLogprobs > 0 && !wantLogprobs) {
+  // -1: the whole vocabulary, as vLLM (then over the server's --max-logprobs unless that is -1 too)
+  const topLogprobsIn = optInt(body, "top_logprobs", { min: -1 });
+  const topLogprobs = topLogprobsIn === -1 ? vocabSize : topLogprobsIn;
+  if (topLogprobs !== undefined && topLogprobs !== 0 && !wantLogprobs) {
     throw badRequest("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs");
   }
   const addGenerationPrompt = optBool(body, "add_generation_prompt") ?? true;
@@ -467,7 +471,8 @@ export function parseCompletionRequest(raw: unknown, vocabSize: number): Complet
   const common = parseCommon(body, vocabSize, { allowEchoOnly: true });
   const echoOnly = common.maxTokens === 0;
   if (echoOnly) common.maxTokens = 1;
-  const logprobs = optInt(body, "logprobs", { min: 0 }) ?? null;
+  const logprobsIn = optInt(body, "logprobs", { min: -1 }) ?? null;
+  const logprobs = logprobsIn === -1 ? vocabSize : logprobsIn; // -1: the whole vocabulary, as vLLM
   if (logprobs !== null) common.params.logprobs = logprobs;
   if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
   // an explicit null max_tokens is vLLM's None (the room left, capped by the generation config), not the default 16

@@ -236,7 +236,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       ctx = {
         engine: engineOptions.engine,
         tokenizer: engineOptions.tokenizer,
-        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!),
+        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen),
         servedModelNames: engineOptions.servedModelNames,
         maxModelLen: engineOptions.maxModelLen,
         maxWaitingRequests: engineOptions.maxWaitingRequests,

@@ -46,6 +46,8 @@ describe("errors", () => {
     ["logit_bias", { logit_bias: { "99999": 1 } }, "logit_bias"],
     ["top_logprobs without logprobs", { top_logprobs: 2 }, "top_logprobs"],
     ["top_logprobs range", { logprobs: true, top_logprobs: 50 }, "top_logprobs"],
+    ["top_logprobs below -1", { logprobs: true, top_logprobs: -2 }, "top_logprobs"],
+    ["top_logprobs -1 (the vocabulary) over --max-logprobs", { logprobs: true, top_logprobs: -1 }, "top_logprobs"],
     ["stream_options without stream", { stream_options: { include_usage: true } }, "stream_options"],
     ["min_p", { min_p: 2 }, "min_p"],
     ["repetition_penalty", { repetition_penalty: 0 }, "repetition_penalty"],
@@ -69,6 +71,9 @@ describe("errors", () => {
     assertError(await post(completions(), { model: MODEL, prompt: [1, "a"] }), 400, "prompt");
     assertError(await post(completions(), { model: MODEL, prompt: [100000] }), 400, "prompt");
     assertError(await post(completions(), { model: MODEL, prompt: "x", logprobs: 99 }), 400, "logprobs");
+    const vocabLogprobs = await post(completions(), { model: MODEL, prompt: "x", logprobs: -1 });
+    assertError(vocabLogprobs, 400, "logprobs");
+    assert.match(vocabLogprobs.json.error.message, /logprobs of \d+, which is greater than max allowed: 20/, "-1 reads as the vocabulary size");
     // a stream has nowhere to carry prompt logprobs (vLLM refuses them rather than drop them); echo's still stream
     assertError(await post(completions(), { model: MODEL, prompt: "x", stream: true, prompt_logprobs: -1 }), 400, "prompt_logprobs");
     const echo = await fetch(completions(), {

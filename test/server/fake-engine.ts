@@ -107,6 +107,8 @@ export class FakeEngine implements EngineClient {
   /** The live ids of each abort() call that found some (a worker engine sends each call as one message). */
   readonly abortCalls: string[][] = [];
   private prefixQueries = 0;
+  /** The sampling params of the latest generate() call, as the server sent them. */
+  lastParams: Partial<SamplingParams> | null = null;
 
   constructor(private readonly options: FakeEngineOptions = {}) {
     this.maxModelLen = options.maxModelLen ?? 256;
@@ -161,6 +163,7 @@ export class FakeEngine implements EngineClient {
     options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string },
   ): AsyncGenerator<RequestOutput> {
     const ids = prompt.promptTokenIds;
+    this.lastParams = params;
     if (ids.length >= this.maxModelLen) throw new FakeEngineInputError(`prompt of ${ids.length} tokens is too long`, "prompt");
     if (this.live.has(options.requestId)) throw new FakeEngineInputError(`duplicate request id ${options.requestId}`, "request_id");
     const n = params.n ?? 1;
@@ -172,6 +175,7 @@ export class FakeEngine implements EngineClient {
     const topN = params.logprobs ?? null;
     const fails = (prompt.prompt ?? this.tokenizer.decode(ids)).includes(this.failMarker);
     const arrival = Date.now();
+    let firstTokenAt: number | null = null;
 
     const live: Live = { aborted: false, blocks: 0, wake: null };
     this.live.set(options.requestId, live);
@@ -227,6 +231,8 @@ export class FakeEngine implements EngineClient {
           if (s.finish === null && s.tokens.length >= maxTokens) s.finish = "length";
         }
         this.allocate(live, (ids.length + Math.max(...samples.map((s) => s.tokens.length))) * n);
+        const tokenAt = Date.now();
+        firstTokenAt ??= tokenAt;
         const finished = samples.every((s) => s.finish !== null);
         const outputs: CompletionOutput[] = [];
         samples.forEach((s, index) => {
@@ -254,7 +260,7 @@ export class FakeEngine implements EngineClient {
           outputs,
           finished,
           numCachedTokens: 0,
-          metrics: { arrivalTime: arrival, firstScheduledTime: arrival + 1, firstTokenTime: null, lastTokenTime: null, finishedTime: null },
+          metrics: { arrivalTime: arrival, firstScheduledTime: arrival, firstTokenTime: firstTokenAt, lastTokenTime: tokenAt, finishedTime: finished ? tokenAt : null },
         };
       }
     } finally {

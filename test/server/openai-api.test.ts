@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it, test } from "node:test";
 import { prepareServer } from "../../src/server/index.js";
 import { FakeEngine } from "./fake-engine.js";
-import { MODEL, startTestServer, type TestServer } from "./helpers.js";
+import { MODEL, metricValue, startTestServer, type TestServer } from "./helpers.js";
 
 describe("OpenAI API", () => {
   let s: TestServer;
@@ -301,6 +301,53 @@ describe("OpenAI API", () => {
     assert.match(text, /vllm:num_preemptions_total\{model_name="kiln-test"\} 0$/m, "a zero counter is exported as 0");
     assert.match(text, /vllm:request_success_total\{model_name="kiln-test",finished_reason="length"\} [1-9]/);
   });
+});
+
+test("logprobs -1 and top_logprobs -1 ask for the whole vocabulary (with --max-logprobs -1); an empty stream_options is unset", async () => {
+  const s = await startTestServer({ maxLogprobs: -1 });
+  try {
+    const vocab = s.engine.tokenizer.vocabSize;
+    const post = (path: string, body: object) =>
+      fetch(`${s.url}/v1/${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: MODEL, max_tokens: 1, ...body }) });
+    const chat = await post("chat/completions", { messages: [{ role: "user", content: "x" }], logprobs: true, top_logprobs: -1, stream_options: {} });
+    assert.equal(chat.status, 200, await chat.clone().text());
+    assert.equal(s.engine.lastParams?.logprobs, vocab);
+    const c = (await chat.json()) as { choices: { logprobs: { content: { top_logprobs: unknown[] }[] } }[] };
+    assert.ok(c.choices[0]!.logprobs.content[0]!.top_logprobs.length > 20, "more than the default 20 (the fake ranks its 27 generable tokens)");
+    const comp = await post("completions", { prompt: "x", logprobs: -1 });
+    assert.equal(comp.status, 200, await comp.clone().text());
+    assert.equal(s.engine.lastParams?.logprobs, vocab);
+  } finally {
+    await s.close();
+  }
+});
+
+test("per-request histograms: one observation per prompt, its choices' tokens summed, buckets 1-2-5 up to max_model_len", async () => {
+  const s = await startTestServer({}, { stepDelayMs: 5 });
+  try {
+    // two prompts of 3 and 2 tokens, n = 2, 4 tokens per choice (EOS ignored)
+    const body = { model: MODEL, prompt: [[5, 6, 7], [8, 9]], max_tokens: 4, n: 2, ignore_eos: true };
+    const r = await fetch(`${s.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    assert.equal(r.status, 200, await r.clone().text());
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    const sum = (name: string) => metricValue(text, `${name}_sum`);
+    const count = (name: string) => metricValue(text, `${name}_count`);
+    assert.equal(count("vllm:request_prompt_tokens"), 2);
+    assert.equal(sum("vllm:request_prompt_tokens"), 5);
+    assert.equal(sum("vllm:request_generation_tokens"), 2 * 2 * 4);
+    assert.equal(sum("vllm:request_max_num_generation_tokens"), 2 * 4);
+    assert.equal(sum("vllm:request_params_n"), 2 * 2);
+    assert.equal(sum("vllm:request_params_max_tokens"), 2 * 4);
+    // 4 fake steps 5 ms apart: the decode phase (first token to last) is 3 of them, within the whole running time
+    for (const phase of ["prefill", "decode", "inference"]) assert.equal(count(`vllm:request_${phase}_time_seconds`), 2, phase);
+    const decode = sum("vllm:request_decode_time_seconds")!, inference = sum("vllm:request_inference_time_seconds")!;
+    assert.ok(decode >= 2 * 0.014 && decode <= inference, `decode ${decode}, inference ${inference}`);
+    const les = [...text.matchAll(/^vllm:request_prompt_tokens_bucket\{le="([^"]+)"/gm)].map((m) => m[1]);
+    assert.deepEqual(les, ["1", "2", "5", "10", "20", "50", "100", "200", "+Inf"], "max_model_len 256 bounds the buckets");
+    assert.equal(metricValue(text, "vllm:request_prompt_tokens_bucket", 'le="2"'), 1);
+  } finally {
+    await s.close();
+  }
 });
 
 test("prepareServer: made ready before the engine exists, then bound and served like createServer", async () => {
