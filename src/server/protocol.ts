@@ -28,6 +28,8 @@ export interface CommonRequest {
   includeUsage: boolean;
   continuousUsageStats: boolean;
   maxTokens: number | undefined; // as requested; the server fills the default from the prompt length
+  /** The field maxTokens came from, for errors: max_completion_tokens when the request set it, else max_tokens. */
+  maxTokensParam: "max_tokens" | "max_completion_tokens";
   /** The endpoint's own default max_tokens (completions: 16, as OpenAI and vLLM), capped by the room left. */
   maxTokensDefault?: number;
   /** prompt_logprobs was asked for: the response carries them (vLLM's prompt_logprobs field). */
@@ -151,6 +153,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
     includeUsage,
     continuousUsageStats,
     maxTokens,
+    maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
     priority: optInt(body, "priority") ?? 0,
     cacheSalt,
     echo,

@@ -154,7 +154,7 @@ export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promp
     throw badRequest(
       `This model's maximum context length is ${ctx.maxModelLen} tokens. However, you requested ${promptLen + req.maxTokens} tokens ` +
         `(${promptLen} in the input, ${req.maxTokens} in the completion). Please reduce the length of the input or completion.`,
-      "max_tokens");
+      req.maxTokensParam);
   }
   const maxTokens = req.maxTokens ?? Math.min(room, ctx.generationDefaults.maxTokens ?? room, req.maxTokensDefault ?? room);
   const params = { ...ctx.generationDefaults, ...req.params, maxTokens };

@@ -54,6 +54,7 @@ describe("errors", () => {
     ["stop_token_ids", { stop_token_ids: [1e9] }, "stop_token_ids"],
     ["both template flags", { add_generation_prompt: true, continue_final_message: true }, "continue_final_message"],
     ["max_tokens beyond context", { max_tokens: 1000 }, "max_tokens"],
+    ["max_completion_tokens beyond context", { max_completion_tokens: 1000 }, "max_completion_tokens"],
     ["vllm_xargs type", { vllm_xargs: "x" }, "vllm_xargs"],
     ["vllm_xargs list", { vllm_xargs: [1] }, "vllm_xargs"],
     ["vllm_xargs value", { vllm_xargs: { a: { b: 1 } } }, "vllm_xargs"],
