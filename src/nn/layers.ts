@@ -1,9 +1,10 @@
-// Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding and RMSNorm.
+// Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding, RMSNorm and LayerNorm.
 import { isFloating, type DType } from "../backends/dtype.js";
 import {
-  embedding, full, linear, loraApply, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated,
+  embedding, full, layerNorm, linear, loraApply, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated,
   type DeviceLike, type QuantizedActivations, type Tensor, type TensorOptions,
 } from "../tensor/index.js";
+import { OpError } from "../util/errors.js";
 import { Module } from "./module.js";
 
 export interface LayerOptions {
@@ -138,6 +139,41 @@ function bf16Round(x: number): number {
   const u = new Uint32Array(f.buffer);
   u[0] = ((u[0]! + 0x7fff + ((u[0]! >>> 16) & 1)) >>> 16) << 16;
   return f[0]!;
+}
+
+/**
+ * torch.nn.LayerNorm: normalises the trailing `normalizedShape` dims, then (elementwiseAffine) scales by `weight`
+ * (ones to start) and shifts by `bias` (zeros; none with bias false), both of normalizedShape, kept in float32.
+ * @example const ln = new LayerNorm(4); ln.forward(tensor([1, 2, 3, 4])) // [-1.342, -0.447, 0.447, 1.342]
+ */
+export class LayerNorm extends Module {
+  readonly normalizedShape: number[];
+  weight: Tensor | null;
+  bias: Tensor | null;
+
+  constructor(
+    normalizedShape: number | readonly number[],
+    readonly eps = 1e-5,
+    { elementwiseAffine = true, bias = true }: { elementwiseAffine?: boolean; bias?: boolean } = {},
+    options: LayerOptions = {},
+  ) {
+    super();
+    const shape = typeof normalizedShape === "number" ? [normalizedShape] : [...normalizedShape];
+    if (shape.length === 0 || shape.some((d) => !Number.isInteger(d) || d < 1))
+      throw new OpError("layer_norm", `normalized_shape must be positive integers, got [${shape.join(", ")}]`);
+    this.normalizedShape = shape;
+    this.weight = elementwiseAffine ? this.param("weight", newParameter(shape, options, (o) => full(shape, 1, o), "float32"))! : null;
+    this.bias = elementwiseAffine && bias ? this.param("bias", newParameter(shape, options, (o) => full(shape, 0, o), "float32"))! : null;
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "weight") this.weight = value;
+    if (local === "bias") this.bias = value;
+  }
+
+  forward(x: Tensor): Tensor {
+    return layerNorm(x, this.normalizedShape, this.weight, this.bias, this.eps);
+  }
 }
 
 export class RMSNorm extends Module {

@@ -13,7 +13,7 @@ export { matmul, bmm, linear, quantizedShadowOf, takesQuantizedActivations, type
 export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, split, chunk } from "./ops/indexing.js";
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
 export {
-  rmsNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy,
+  rmsNorm, layerNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy,
   type PagedRotaryArgs,
 } from "./ops/nn-functional.js";
 export { loraApply } from "./ops/lora.js";

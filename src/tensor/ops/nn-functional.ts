@@ -1,4 +1,4 @@
-// Fused neural-network ops: rms_norm, rotary embedding, attention (reference causal and ragged paged),
+// Neural-network ops: rms_norm, layer_norm, rotary embedding, attention (reference causal and ragged paged),
 // silu-gated MLP activation and cross-entropy.
 import { isFloating } from "../../backends/dtype.js";
 import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
@@ -249,6 +249,44 @@ export function siluMul(gate: Tensor, up: Tensor): Tensor {
   const g = silu(gate);
   const out = mul(g, up);
   g.dispose();
+  return out;
+}
+
+/**
+ * torch.nn.functional.layer_norm: x normalised over its trailing `normalizedShape` dims (mean removed, divided by
+ * sqrt(biased variance + eps)), then scaled by weight and shifted by bias where given (each of normalizedShape).
+ * Composed of differentiable ops, so autograd reaches x, weight and bias.
+ */
+export function layerNorm(x: Tensor, normalizedShape: number | readonly number[], weight: Tensor | null = null, bias: Tensor | null = null, eps = 1e-5): Tensor {
+  const op = "layer_norm";
+  const norm = typeof normalizedShape === "number" ? [normalizedShape] : [...normalizedShape];
+  const k = norm.length;
+  const tail = x.shape.slice(x.ndim - k);
+  if (k === 0 || k > x.ndim || norm.some((d, i) => d !== tail[i]))
+    throw new OpError(op, `normalized_shape [${norm.join(", ")}] must be a non-empty suffix of the input's shape [${x.shape.join(", ")}]`);
+  if (!isFloating(x.dtype)) throw new OpError(op, `expected a floating input, got ${x.dtype}`);
+  if (!(eps >= 0)) throw new OpError(op, `eps must be >= 0, got ${eps}`);
+  for (const [name, t] of [["weight", weight], ["bias", bias]] as const)
+    if (t !== null && (t.ndim !== k || t.shape.some((d, i) => d !== norm[i])))
+      throw new OpError(op, `${name} of shape [${t.shape.join(", ")}] does not match normalized_shape [${norm.join(", ")}]`);
+  const dims = Array.from({ length: k }, (_, i) => x.ndim - k + i);
+  const mu = x.mean(dims, true);
+  const centered = x.sub(mu);
+  const sq = centered.square();
+  const variance = sq.mean(dims, true);
+  const inv = variance.add(eps).rsqrt();
+  let out = centered.mul(inv);
+  for (const t of [mu, sq, variance, inv, centered]) t.dispose();
+  if (weight !== null) {
+    const scaled = out.mul(weight);
+    out.dispose();
+    out = scaled;
+  }
+  if (bias !== null) {
+    const shifted = out.add(bias);
+    out.dispose();
+    out = shifted;
+  }
   return out;
 }
 
