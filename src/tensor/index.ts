@@ -14,7 +14,7 @@ export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, spl
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
 export {
   rmsNorm, layerNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, pagedAttention, siluMul, crossEntropy,
-  type PagedRotaryArgs,
+  type PagedRotaryArgs, type CrossEntropyOptions,
 } from "./ops/nn-functional.js";
 export { loraApply } from "./ops/lora.js";
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";

@@ -57,26 +57,33 @@ export const nnRules: RuleTable = {
   },
 };
 
-/** cross_entropy(logits [N, V], targets): d/dlogits = g * (softmax(logits) - onehot(targets)) / count, 0 on ignored rows. */
+/**
+ * cross_entropy(logits [N, V], targets): d/dlogits row i = scale_i * (softmax(logits) - q_i), q_i = (1 - eps) *
+ * onehot(target_i) + eps / V; scale_i = g / count (mean), g (sum) or g[i] (none); 0 on ignored rows.
+ */
 nnRules.cross_entropy = {
   saves: "inputs",
   grad: (g, c) => {
     const logits = c.inputs[0]!;
-    const { targets, ignoreIndex, count } = c.attrs as { targets: Int32Array; ignoreIndex: number; count: number };
+    const { targets, ignoreIndex, count, reduction, labelSmoothing } = c.attrs as {
+      targets: Int32Array; ignoreIndex: number; count: number; reduction: "mean" | "sum" | "none"; labelSmoothing: number;
+    };
     const [N, V] = logits.shape as [number, number];
     const p = softmax(logits, -1);
     const probs = Float32Array.from(p.dataSync() as Float32Array);
     p.dispose();
-    const scale = g.item() / count;
+    const upstream = g.dataSync() as Float32Array;
+    const uniform = labelSmoothing / V;
     for (let i = 0; i < N; i++) {
       const o = i * V;
       const t = targets[i]!;
-      if (t === ignoreIndex) {
+      if (t === ignoreIndex || count === 0) {
         probs.fill(0, o, o + V);
         continue;
       }
-      probs[o + t] = probs[o + t]! - 1;
-      for (let j = 0; j < V; j++) probs[o + j] = probs[o + j]! * scale;
+      const scale = reduction === "none" ? upstream[i]! : reduction === "sum" ? upstream[0]! : upstream[0]! / count;
+      probs[o + t] = probs[o + t]! - (1 - labelSmoothing);
+      for (let j = 0; j < V; j++) probs[o + j] = (probs[o + j]! - uniform) * scale;
     }
     return [tensor(probs, { shape: logits.shape, device: logits.device })];
   },
