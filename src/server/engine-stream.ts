@@ -62,9 +62,8 @@ export async function* streamEngineRequest(
       if (out.finished) {
         finished = true;
         const reasons = out.outputs.map((o) => o.finishReason);
-        const n = req.params.n ?? 1;
         const stats = {
-          promptTokens: req.promptTokenIds.length, choiceTokens: Array.from({ length: n }, (_, i) => choiceTokens[i] ?? 0), n,
+          promptTokens: req.promptTokenIds.length, choiceTokens: Array.from({ length: req.params.n ?? 1 }, (_, i) => choiceTokens[i] ?? 0),
           maxTokens: req.params.maxTokens ?? null, times: out.metrics ?? null,
         };
         tracker.finish(reasons.includes("abort") ? "abort" : (reasons.find((r) => r !== null) ?? "stop"), queueSeconds, stats);

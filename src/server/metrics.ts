@@ -22,9 +22,8 @@ export function buckets125(max: number): number[] {
 /** What one finished engine request (one prompt, its n choices) adds to the per-request histograms. */
 export interface FinishedRequestStats {
   promptTokens: number;
-  /** Generated tokens of each choice. */
+  /** Generated tokens of each of the request's n choices. */
   choiceTokens: number[];
-  n: number;
   maxTokens: number | null;
   /** The engine's timestamps for the request, when it reported them. */
   times: RequestMetrics | null;
@@ -152,7 +151,7 @@ export class ServerMetrics {
     this.requestPromptTokens.observe(this.labels, stats.promptTokens);
     this.requestGenerationTokens.observe(this.labels, stats.choiceTokens.reduce((a, b) => a + b, 0));
     this.requestMaxGenerationTokens.observe(this.labels, Math.max(0, ...stats.choiceTokens));
-    this.paramsN.observe(this.labels, stats.n);
+    this.paramsN.observe(this.labels, stats.choiceTokens.length);
     if (stats.maxTokens !== null) this.paramsMaxTokens.observe(this.labels, stats.maxTokens);
     // phases from the engine's own timestamps: prefill = first token - first scheduled, decode = last - first token
     const t = stats.times;

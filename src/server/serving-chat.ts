@@ -269,11 +269,10 @@ async function streamChat(
   const sse = new SseWriter(reply);
   const base = { id: info.id, object: "chat.completion.chunk", created: info.created, model: info.model };
   const usageField = req.includeUsage ? { usage: null } : {};
-  let completionTokens = 0;
   let cached = 0;
-  const usage = () => usageJson(ctx, info.promptTokenIds.length, completionTokens, cached);
-  // continuous_usage_stats: each chunk's usage counts its own choice's tokens so far, as vLLM's does
+  // each choice's tokens so far: continuous_usage_stats counts a chunk's own choice (as vLLM's), the final usage all
   const choiceTokens = new Array<number>(info.n).fill(0);
+  const usage = () => usageJson(ctx, info.promptTokenIds.length, choiceTokens.reduce((a, b) => a + b, 0), cached);
   const chunkUsage = (index: number) =>
     req.continuousUsageStats ? { usage: usageJson(ctx, info.promptTokenIds.length, choiceTokens[index]!, cached) } : usageField;
   try {
@@ -292,7 +291,6 @@ async function streamChat(
       for (const o of out.outputs) {
         if (done.has(o.index)) continue;
         if (o.finishReason !== null) done.add(o.index);
-        completionTokens += o.tokenIds.length;
         choiceTokens[o.index]! += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
         const split = reasoners?.[o.index]!.push(o.text, o.finishReason !== null) ?? { reasoning: "", content: o.text };

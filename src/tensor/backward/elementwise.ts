@@ -97,20 +97,12 @@ const binary: RuleTable = {
     grad: (g, c) => {
       const x = c.inputs[0]!;
       const { min, max } = c.attrs as { min?: number; max?: number };
-      let inside: Tensor | null = null;
-      for (const bound of [min === undefined ? null : ew.ge(x, min), max === undefined ? null : ew.le(x, max)]) {
-        if (bound === null) continue;
-        if (inside === null) inside = bound;
-        else {
-          const both = ew.logicalAnd(inside, bound);
-          inside.dispose();
-          bound.dispose();
-          inside = both;
-        }
-      }
+      const lo = min === undefined ? null : ew.ge(x, min);
+      const hi = max === undefined ? null : ew.le(x, max);
+      const inside = lo !== null && hi !== null ? ew.logicalAnd(lo, hi) : (lo ?? hi);
       if (inside === null) return [g];
       const out = ew.where(inside, g, 0);
-      inside.dispose();
+      for (const m of new Set([inside, lo, hi])) m?.dispose();
       return [out];
     },
   },

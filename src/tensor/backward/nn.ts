@@ -77,7 +77,7 @@ nnRules.cross_entropy = {
     for (let i = 0; i < N; i++) {
       const o = i * V;
       const t = targets[i]!;
-      if (t === ignoreIndex || count === 0) {
+      if (t === ignoreIndex) {
         probs.fill(0, o, o + V);
         continue;
       }

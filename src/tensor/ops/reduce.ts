@@ -56,7 +56,7 @@ export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tenso
   const dims = reducedDims(t, dim, "mean");
   const count = numel(dims.map((d) => t.shape[d]!));
   const src = isFloating(t.dtype) ? t : t.to("float32");
-  const s = sum(src, dims, keepdim); // dims checked and unique: reducedDims above
+  const s = sum(src, dims, keepdim);
   const out = s.div(count);
   s.dispose();
   if (src !== t) src.dispose();
