@@ -35,6 +35,7 @@ import type { ClassifierConfig } from "../models/hf-config.js";
 import { REASONING_PARSERS, reasoningEnded, thinkMarkers, type ReasoningParserName, type ThinkMarkers } from "./reasoning.js";
 import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { KvCacheEvent } from "./kv-events.js";
+import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
 
 /** Engine arguments, vLLM's names in camelCase. */
@@ -208,6 +209,12 @@ export interface EngineRequestInput {
    * per-step copies and text flushes of outputs nobody reads.
    */
   outputKind?: "cumulative" | "final_only";
+  /**
+   * P/D disaggregation (kv-transfer.ts; vLLM's kv_transfer_params): `export` copies the prompt's K/V out when the
+   * request finishes (RequestOutput.kvSnapshot); `import` is K/V a prefill engine computed for (a prefix of) this
+   * prompt, written into its blocks instead of computing them. Needs a runner that moves K/V.
+   */
+  kvTransfer?: { export?: boolean; import?: KvSnapshot | null } | null;
 }
 
 /** A user request: n > 1 fans out into n child Requests. */
@@ -383,6 +390,8 @@ export class EngineCore {
     const spec = structuredOutputSpec(params.structuredOutputs); // checked by normalizeSamplingParams
     const grammars = spec === null ? null : this.structuredOutputManager();
     const lora = input.loraRequest ?? null;
+    const kvt = input.kvTransfer ?? null;
+    if (kvt !== null) this.checkKvTransfer(kvt, params.n, lora?.name ?? null);
     if (lora !== null) this.addLora(lora); // read and checked before anything is queued
 
     const parent: ParentRequest = {
@@ -415,6 +424,8 @@ export class EngineCore {
         }),
       );
     }
+    for (const c of parent.children) c.kvImport = kvt?.import ?? null;
+    parent.children[0]!.kvExport = kvt?.export === true;
     if (grammars !== null) {
       try {
         const m = this.thinkMarkers;
@@ -428,6 +439,41 @@ export class EngineCore {
     if (lora !== null) this.lora!.acquire(lora);
     this.parents.set(id, parent);
     for (const c of parent.children) this.scheduler.addRequest(c);
+  }
+
+  /** Throws EngineInputError (kv_transfer_params) when this engine cannot export or import as asked. */
+  private checkKvTransfer(kvt: NonNullable<EngineRequestInput["kvTransfer"]>, n: number, lora: string | null): void {
+    const r = this.runner;
+    const fail = (why: string) => new EngineInputError("kv_transfer_params", why);
+    if (kvt.export !== true && (kvt.import ?? null) === null) return;
+    if (r.kvLayout === undefined || r.readKv === undefined || r.writeKv === undefined) throw fail("this engine's model runner cannot move K/V between engines");
+    if (this.args.pooler !== null) throw fail("a pooling engine neither exports nor imports K/V");
+    if (kvt.export === true && n !== 1) throw fail(`a prefill for remote decode samples once per prompt, got n = ${n}`);
+    const snap = kvt.import ?? null;
+    if (snap === null) return;
+    const why = layoutMismatch(snap.layout, r.kvLayout);
+    if (why !== null) throw fail(`the remote K/V does not fit this engine's cache: ${why}`);
+    if (snap.lora !== lora) throw fail(`the remote K/V was computed with adapter ${snap.lora ?? "none"}, this request runs ${lora ?? "none"}`);
+  }
+
+  /** Writes the K/V a schedule() admitted from prefill engines, before its step is dispatched. */
+  private schedule(): SchedulerOutput {
+    const out = this.scheduler.schedule();
+    for (const m of out.kvImports)
+      this.runner.writeKv!(m.blockTable, this.args.blockSize, m.snapshot.data, m.snapshot.tokenIds.length, m.from, m.to);
+    return out;
+  }
+
+  /** Copies out the prompt K/V of requests that just finished with kvExport (their blocks are not reused before the next schedule()). */
+  private exportKv(updates: readonly RequestUpdate[]): void {
+    for (const { request: req } of updates) {
+      const table = req.exportBlockTable;
+      if (table === null) continue;
+      req.exportBlockTable = null;
+      const n = req.numPromptTokens;
+      const data = this.runner.readKv!(table, this.args.blockSize, n);
+      req.kvSnapshot = { layout: this.runner.kvLayout!, tokenIds: [...req.promptTokenIds], model: "", lora: req.lora?.name ?? null, data };
+    }
   }
 
   /** The grammar compiler over the tokenizer's vocabulary, made on the first structured-output request. */
@@ -477,20 +523,20 @@ export class EngineCore {
   /** One engine iteration. Returns an output for every user request that got tokens or finished (final_only: finished). */
   step(): RequestOutput[] {
     if (!this.asyncScheduling) {
-      const schedulerOutput = this.scheduler.schedule();
+      const schedulerOutput = this.schedule();
       if (schedulerOutput.scheduled.length === 0) return [];
       return this.finishStep(schedulerOutput, this.runner.execute(this.toBatch(schedulerOutput)));
     }
     let current = this.inflight;
     this.inflight = null;
     if (current === null) {
-      const out = this.scheduler.schedule();
+      const out = this.schedule();
       if (out.scheduled.length === 0) return [];
       current = { out, pending: this.dispatch(out) };
       prefetchGrammarMasks(out);
     }
     // Scheduled while `current` computes; its placeholders are filled once current's tokens are sampled.
-    const next = this.scheduler.schedule();
+    const next = this.schedule();
     const fed = this.fedTokens(current, next);
     if (fed !== undefined) {
       const batch = this.toBatch(next);
@@ -593,6 +639,7 @@ export class EngineCore {
     const sampled = ids === undefined ? this.sampler.sample(runnerOutput.logits, rows) : deviceSampled(ids);
     if (sampled.length !== rows.length) throw new Error(`[engine] the runner sampled ${sampled.length} rows, expected ${rows.length}`);
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
+    this.exportKv(updates);
     this.numSteps++;
     if (this.args.speculativeConfig !== null) this.proposeDrafts(this.args.speculativeConfig);
     return updates;
@@ -712,6 +759,7 @@ export class EngineCore {
       outputs,
       finished: parent.children.every((c) => c.isFinished),
       ...(first.pooledOutput !== null ? { pooled: first.pooledOutput } : {}),
+      ...(first.kvSnapshot !== null ? { kvSnapshot: first.kvSnapshot } : {}),
       numCachedTokens: Math.max(0, first.numCachedTokens),
       metrics: { ...first.metrics },
     };

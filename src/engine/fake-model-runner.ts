@@ -3,6 +3,7 @@
 // block table points to must hold an unbroken hash chain for positions 0..start-1. The next-token logits are a
 // pure function of that chain hash, so they depend on the whole context and on nothing else in the batch:
 // a scheduler or prefix-cache bug gives different tokens or a thrown KvConsistencyError.
+import type { KvLayout } from "./kv-transfer.js";
 import type { ModelRunner, RunnerOutput, ScheduledBatch, ScheduledSequence } from "./model-runner.js";
 
 /** The KV read by the fake runner is not the context it should be. */
@@ -89,6 +90,32 @@ export class FakeModelRunner implements ModelRunner {
     this.numExecuted++;
     return { logits, promptLogits };
   }
+
+  /** P/D transfers: one layer whose K row per token is (position, token, context hash) as u32, V zeros. */
+  readonly kvLayout: KvLayout = { numLayers: 1, numKvHeads: 1, headDim: 3, dtype: "fake", rowBytes: 12 };
+
+  readKv(blockTable: readonly number[], blockSize: number, numTokens: number): Uint8Array {
+    const out = new Uint32Array(2 * 3 * numTokens); // [k, v][token][3]
+    for (let p = 0; p < numTokens; p++) {
+      const e = this.store.get(slotOf(blockTable, p, blockSize));
+      if (e === undefined) throw new KvConsistencyError(`readKv: no K/V at position ${p}`);
+      out.set([e.pos, e.token, e.hash], 3 * p);
+    }
+    return new Uint8Array(out.buffer);
+  }
+
+  writeKv(blockTable: readonly number[], blockSize: number, data: Uint8Array, numTokens: number, from: number, to: number): void {
+    if (data.length !== 24 * numTokens) throw new KvConsistencyError(`writeKv: ${data.length} bytes are not ${numTokens} tokens`);
+    const dv = new DataView(data.buffer, data.byteOffset, data.byteLength);
+    for (let p = from; p < to; p++) {
+      const [pos, token, hash] = [0, 1, 2].map((i) => dv.getUint32(12 * p + 4 * i, true)) as [number, number, number];
+      this.store.set(slotOf(blockTable, p, blockSize), { pos, token, hash });
+    }
+    this.numKvWrites += to - from;
+  }
+
+  /** Positions written by writeKv (imported K/V). */
+  numKvWrites = 0;
 
   private fillRow(row: Float32Array, h: number, ctx: readonly number[]): void {
     for (let v = 0; v < row.length; v++) row[v] = fakeLogit(h, v);

@@ -3,6 +3,7 @@
 // scheduler gives it and reads earlier tokens' K/V through the block table.
 import type { ClassifierConfig } from "../models/hf-config.js";
 import type { LoraSlots } from "../models/lora-slots.js";
+import type { KvLayout } from "./kv-transfer.js";
 
 /** One request's share of a step. Positions of `tokenIds` are startPosition .. startPosition+tokenIds.length-1. */
 export interface ScheduledSequence {
@@ -118,4 +119,16 @@ export interface ModelRunner {
    * step meanwhile). Runners without it are driven synchronously through execute().
    */
   dispatch?(batch: ScheduledBatch): PendingRunnerOutput;
+  /** The paged cache's layout (P/D disaggregation, kv-transfer.ts); runners that cannot move K/V omit it and the next two. */
+  readonly kvLayout?: KvLayout;
+  /**
+   * The K/V of positions [0, numTokens) of a block table, as KvSnapshot.data lays it out ([layer][k, v][token][row]),
+   * after the work queued so far.
+   */
+  readKv?(blockTable: readonly number[], blockSize: number, numTokens: number): Uint8Array;
+  /**
+   * Writes positions [from, to) of `data` (numTokens tokens laid out as readKv's) into a block table's slots, ordered
+   * behind the work queued so far and before any later step.
+   */
+  writeKv?(blockTable: readonly number[], blockSize: number, data: Uint8Array, numTokens: number, from: number, to: number): void;
 }

@@ -8,6 +8,7 @@ import { LoraSlots } from "../models/lora-slots.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
+import type { KvLayout } from "./kv-transfer.js";
 import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 
 /**
@@ -280,6 +281,51 @@ export class PagedModelRunner implements ModelRunner {
   get kvCacheDtype(): KvCacheDtype {
     const dtype = this.kvCaches[0]?.k.dtype;
     return (Object.keys(KV_TENSOR_DTYPE) as KvCacheDtype[]).find((k) => KV_TENSOR_DTYPE[k] === dtype) ?? "float32";
+  }
+
+  get kvLayout(): KvLayout {
+    const k = this.kvCaches[0]!.k;
+    const heads = this.model.numLocalKvHeads, dim = this.model.config.headDim;
+    return { numLayers: this.kvCaches.length, numKvHeads: heads, headDim: dim, dtype: this.kvCacheDtype, rowBytes: heads * dim * DTYPE_BYTES[k.dtype] };
+  }
+
+  /**
+   * Each run of positions [p, q) within one block of the table, for every layer's K and V: `at` is the run's byte
+   * offset in the cache buffer, `src` in a snapshot of numTokens tokens.
+   */
+  private kvRuns(blockTable: readonly number[], blockSize: number, numTokens: number, from: number, to: number,
+    each: (buffer: Tensor, at: number, src: number, bytes: number) => void): void {
+    const { rowBytes } = this.kvLayout;
+    if (blockSize !== this.spec.blockSize) throw new Error(`[runner] block size ${blockSize} != the cache's ${this.spec.blockSize}`);
+    if (to > blockTable.length * blockSize) throw new Error(`[runner] positions up to ${to} need more than ${blockTable.length} blocks`);
+    this.kvCaches.forEach((c, l) => {
+      [c.k, c.v].forEach((t, kv) => {
+        const base = t.offset * DTYPE_BYTES[t.dtype];
+        for (let p = from; p < to; ) {
+          const q = Math.min(to, (Math.floor(p / blockSize) + 1) * blockSize);
+          const slot = blockTable[Math.floor(p / blockSize)]! * blockSize + (p % blockSize);
+          each(t, base + slot * rowBytes, ((2 * l + kv) * numTokens + p) * rowBytes, (q - p) * rowBytes);
+          p = q;
+        }
+      });
+    });
+  }
+
+  readKv(blockTable: readonly number[], blockSize: number, numTokens: number): Uint8Array {
+    const out = new Uint8Array(2 * this.kvCaches.length * numTokens * this.kvLayout.rowBytes);
+    const backend = this.model.device.backend;
+    this.kvRuns(blockTable, blockSize, numTokens, 0, numTokens, (t, at, src, bytes) => out.set(backend.read(t.storage.buffer, at, bytes), src));
+    return out;
+  }
+
+  writeKv(blockTable: readonly number[], blockSize: number, data: Uint8Array, numTokens: number, from: number, to: number): void {
+    if (data.length !== 2 * this.kvCaches.length * numTokens * this.kvLayout.rowBytes)
+      throw new Error(`[runner] ${data.length} bytes of K/V are not ${numTokens} tokens of this cache`);
+    const backend = this.model.device.backend;
+    const writes: { buffer: Tensor["storage"]["buffer"]; byteOffset: number; src: Uint8Array }[] = [];
+    this.kvRuns(blockTable, blockSize, numTokens, from, to, (t, at, src, bytes) => writes.push({ buffer: t.storage.buffer, byteOffset: at, src: data.subarray(src, src + bytes) }));
+    if (backend.writeAsyncMany !== undefined) backend.writeAsyncMany(writes);
+    else for (const w of writes) (backend.writeAsync ?? backend.write).call(backend, w.buffer, w.byteOffset, w.src);
   }
 
   /** Frees the KV cache tensors. */

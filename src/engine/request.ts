@@ -7,6 +7,7 @@ import type { FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from
 import { Rng } from "./rng.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { RequestGrammar } from "./structured-output.js";
+import type { KvSnapshot } from "./kv-transfer.js";
 
 export type RequestStatus =
   | "WAITING"
@@ -107,6 +108,14 @@ export class Request {
   /** A pooling engine: the pooled state so far (a sum of rows for MEAN), then the output once the prompt is read. */
   pooledState: Float32Array | null = null;
   pooledOutput: Float32Array | null = null;
+  /** P/D disaggregation (kv-transfer.ts), a prefill engine's request: copy the prompt's K/V out when it finishes. */
+  kvExport = false;
+  /** Its block table when it finished (stopped or capped, not aborted), for that copy; null otherwise. */
+  exportBlockTable: number[] | null = null;
+  /** That copy, once taken (the engine hands it out with the request's final output). */
+  kvSnapshot: KvSnapshot | null = null;
+  /** A decode engine's request: K/V computed elsewhere for a prefix of the prompt, written in when first admitted. */
+  kvImport: KvSnapshot | null = null;
 
   constructor(init: RequestInit) {
     this.requestId = init.requestId;

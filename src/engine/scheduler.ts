@@ -6,6 +6,7 @@ import type { IncrementalDetokenizerLike } from "../models/tokenizer-types.js";
 import { KvBlocks, type KvCacheManager } from "./kv-cache-manager.js";
 import type { ScheduledBatch, ScheduledSequence } from "./model-runner.js";
 import type { Request, RequestStatus } from "./request.js";
+import { usableTokens, type KvSnapshot } from "./kv-transfer.js";
 import { computeLogprobs, type LogprobsEntry, type SampledToken } from "./sampler.js";
 import { checkTokenStop, findStopString } from "./stop-checker.js";
 import type { TokenLogprobs } from "./types.js";
@@ -45,6 +46,11 @@ export interface SchedulerOutput {
   preemptedRequestIds: string[];
   /** Requests finished or preempted since the previous schedule(), for the runner to forget. */
   finishedRequestIds: string[];
+  /**
+   * P/D disaggregation: K/V to write before this step runs, positions [from, to) of `snapshot` into the request's
+   * blocks (admitted this step with those positions counted as computed).
+   */
+  kvImports: { request: Request; blockTable: number[]; snapshot: KvSnapshot; from: number; to: number }[];
 }
 
 /** What changed for one request in update(). */
@@ -97,6 +103,7 @@ export class Scheduler {
     const cfg = this.config;
     let budget = cfg.maxNumBatchedTokens;
     const scheduled: ScheduledRequest[] = [];
+    const kvImports: SchedulerOutput["kvImports"] = [];
     const preempted: string[] = [];
     const numNewOf = new Map<Request, number>();
     // LoRA adapters of this step's requests: a request whose adapter would be one more than max_loras waits
@@ -171,18 +178,26 @@ export class Scheduler {
           continue;
         }
         const hit = req.numComputedTokens === 0 ? this.kv.getComputedBlocks(req) : { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
-        let numNew = req.numTokens - req.numComputedTokens - hit.numComputedTokens;
+        // K/V from a prefill engine covers what the prefix cache does not (never the last token: it gives the logits)
+        let computed = hit.numComputedTokens;
+        const snapshot = req.numComputedTokens === 0 && req.promptLogprobs === null ? req.kvImport : null;
+        const imported = snapshot === null ? 0 : Math.min(usableTokens(snapshot, req.promptTokenIds), req.numTokens - 1);
+        if (imported > computed) computed = imported;
+        let numNew = req.numTokens - req.numComputedTokens - computed;
         if (!cfg.enableChunkedPrefill && numNew > budget) break;
         if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
         numNew = Math.min(numNew, budget);
-        const newBlocks = this.kv.allocateSlots(req, numNew, hit.blocks, hit.numComputedTokens);
+        const newBlocks = this.kv.allocateSlots(req, numNew, hit.blocks, computed);
         if (newBlocks === null) break; // head-of-line: wait for blocks rather than reorder
         this.waiting.splice(wIndex, 1);
         this.running.push(req);
         req.status = "RUNNING";
         if (req.loraId !== null) loras.add(req.loraId);
-        req.numComputedTokens += hit.numComputedTokens;
-        if (req.numCachedTokens < 0) req.numCachedTokens = hit.numComputedTokens;
+        if (computed > hit.numComputedTokens)
+          kvImports.push({ request: req, blockTable: this.kv.getBlockIds(req.requestId), snapshot: snapshot!, from: hit.numComputedTokens, to: computed });
+        req.kvImport = null;
+        req.numComputedTokens += computed;
+        if (req.numCachedTokens < 0) req.numCachedTokens = computed;
         if (req.metrics.firstScheduledTime === null) req.metrics.firstScheduledTime = now;
         scheduled.push(this.describe(req, numNew, newBlocks));
         numNewOf.set(req, numNew);
@@ -198,7 +213,7 @@ export class Scheduler {
     }
     const finishedRequestIds = this.finishedSinceLastStep;
     this.finishedSinceLastStep = [];
-    return { scheduled, numScheduledTokens: total, preemptedRequestIds: preempted, finishedRequestIds };
+    return { scheduled, numScheduledTokens: total, preemptedRequestIds: preempted, finishedRequestIds, kvImports };
   }
 
   /**
@@ -439,6 +454,8 @@ export class Scheduler {
     if (k >= 0) this.running.splice(k, 1);
     const w = this.waiting.indexOf(req);
     if (w >= 0) this.waiting.splice(w, 1);
+    if (req.kvExport && (req.status === "FINISHED_STOPPED" || req.status === "FINISHED_LENGTH_CAPPED"))
+      req.exportBlockTable = this.kv.getBlockIds(req.requestId); // freed blocks keep their K/V until the next schedule()
     this.kv.free(req);
     req.grammar?.dispose();
     req.grammar = null;

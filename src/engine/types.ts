@@ -3,6 +3,7 @@
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { StructuredOutputsParams } from "./structured-output.js";
+import type { KvSnapshot } from "./kv-transfer.js";
 
 export type { StructuredOutputsParams } from "./structured-output.js";
 
@@ -82,6 +83,8 @@ export interface RequestOutput {
   metrics?: RequestMetrics;
   /** A pooling engine's output for the prompt (vLLM's PoolingRequestOutput data: an embedding), once finished. */
   pooled?: Float32Array | null;
+  /** P/D disaggregation: the prompt's K/V, on the final output of a request that asked to export it (kv-transfer.ts). */
+  kvSnapshot?: KvSnapshot;
 }
 
 export interface RequestMetrics {
