@@ -9,6 +9,7 @@ import { resolveSpeculativeConfig, type SpeculativeConfig } from "../engine/spec
 import { parseKvEventsConfig, type KvEventsConfig } from "../engine/kv-events.js";
 import { hostname } from "node:os";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
+import { parseKvTransferConfig, type KvTransferConfig } from "../server/kv-transfer.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 import { CliUsageError } from "./usage-error.js";
 import { addFrontendOptions, parseFrontendArgs, type FrontendArgs } from "./serve-frontend-args.js";
@@ -62,6 +63,8 @@ export interface ServeArgs extends FrontendArgs {
   speculativeConfig: SpeculativeConfig | null;
   /** vLLM --kv-events-config: prefix-cache block events published over NATS (engine_id defaults to the served URL); null = off. */
   kvEventsConfig: KvEventsConfig | null;
+  /** vLLM --kv-transfer-config: prefill/decode disaggregation over Kiln's K/V side channel (server/kv-transfer.ts); null = off. */
+  kvTransferConfig: KvTransferConfig | null;
   /** vLLM --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (null: the engine's defaults). */
   enableLora: boolean;
   maxLoras: number | null;
@@ -114,6 +117,10 @@ export function addEngineOptions(cmd: Command): Command {
     .option(
       "--kv-events-config <json>",
       'publish KV-cache events as JSON: {"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222", "topic": "kv-events"}',
+    )
+    .option(
+      "--kv-transfer-config <json>",
+      'P/D disaggregation as JSON: {"kv_connector": "KilnConnector", "kv_role": "kv_both", "kv_ip": "127.0.0.1", "kv_port": 14579} (NixlConnector is taken as KilnConnector)',
     )
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
     .option(
@@ -304,6 +311,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
   const host = (o.host as string | undefined) ?? "0.0.0.0";
   const kvEventsConfig = parseKvEventsFlag(o.kvEventsConfig, host, port);
+  const kvTransferConfig = parseKvTransferFlag(o.kvTransferConfig, tp, runner);
   const modelPath = model ?? DEFAULT_MODEL_DIR;
   const blockSize = optInt(o.blockSize, "--block-size", 1);
   if (blockSize !== null && (blockSize & (blockSize - 1)) !== 0) throw new CliUsageError(`--block-size must be a power of two, got ${blockSize}`);
@@ -343,6 +351,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
     disableAnyWhitespace,
     speculativeConfig,
     kvEventsConfig,
+    kvTransferConfig,
     enableLora,
     maxLoras,
     maxLoraRank: optInt(o.maxLoraRank, "--max-lora-rank", 1),
@@ -525,4 +534,16 @@ function parseStructuredOutputsConfig(config: unknown, backend: unknown): boolea
   if (o.disable_any_whitespace !== undefined && typeof o.disable_any_whitespace !== "boolean")
     throw new CliUsageError("--structured-outputs-config: disable_any_whitespace must be a boolean");
   return o.disable_any_whitespace === true;
+}
+
+/** --kv-transfer-config: vLLM's JSON (server/kv-transfer.ts reads it); one rank of a generating model moves its K/V. */
+function parseKvTransferFlag(value: unknown, tp: number, runner: string): KvTransferConfig | null {
+  if (value === undefined) return null;
+  if (tp > 1) throw new CliUsageError("--kv-transfer-config with --tensor-parallel-size > 1 is not supported: each rank holds a share of the KV heads");
+  if (runner !== "generate") throw new CliUsageError("--kv-transfer-config needs the generate runner");
+  try {
+    return parseKvTransferConfig(String(value));
+  } catch (e) {
+    throw new CliUsageError((e as Error).message);
+  }
 }

@@ -7,6 +7,7 @@ import { CliUsageError, type LoraModuleArg } from "./serve-args.js";
 import { pinoLevel } from "./serve-frontend-args.js";
 import type { EngineClient } from "../engine/types.js";
 import type { LoraModule } from "../server/serving-context.js";
+import type { KvTransferService } from "../server/kv-transfer.js";
 import { env } from "../util/env.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
@@ -54,6 +55,22 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await loaded.close();
     throw err;
   }
+  // P/D disaggregation: the side channel decode servers pull prefills' K/V from
+  let kvTransfer: KvTransferService | null = null;
+  if (args.kvTransferConfig !== null) {
+    const { KvTransferService } = await import("../server/kv-transfer.js");
+    kvTransfer = new KvTransferService(args.kvTransferConfig, names[0]!, { bindHost: args.host, warn: (l) => process.stderr.write(`[kv-transfer] ${l}\n`) });
+    try {
+      await kvTransfer.start();
+    } catch (err) {
+      await loaded.close();
+      throw new CliUsageError(`--kv-transfer-config: the K/V side channel cannot listen on ${args.host}:${args.kvTransferConfig.kvPort}: ${(err as Error).message}`);
+    }
+  }
+  const closeAll = async (): Promise<void> => {
+    await kvTransfer?.close();
+    await loaded.close();
+  };
   const app = server.bind({
     engine: loaded.engine,
     tokenizer: loaded.tokenizer,
@@ -70,17 +87,19 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     maxLogprobs: args.maxLogprobs,
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
+    kvTransfer,
   });
   try {
     await app.listen({ host: args.host, port: args.port });
   } catch (err) {
-    await loaded.close();
+    await closeAll();
     throw err;
   }
   const addr = app.server.address();
   const port = addr && typeof addr === "object" ? addr.port : args.port;
   out.write(`Kiln serving ${names[0]} at ${args.tls !== null ? "https" : "http"}://${args.host}:${port}/v1\n`);
-  await serveUntilSignal(app, { onClosed: () => loaded.close() });
+  if (kvTransfer !== null) out.write(`K/V side channel (${args.kvTransferConfig!.kvRole}) on ${args.host}:${kvTransfer.sidePort}\n`);
+  await serveUntilSignal(app, { onClosed: closeAll });
 }
 
 /** Reads every --lora-modules adapter into the engine (ids 1, 2, ...); a bad one stops the start-up, named. */

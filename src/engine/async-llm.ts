@@ -7,7 +7,7 @@ import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
-import type { EngineClient, EngineStats, RequestOutput, SamplingParams } from "./types.js";
+import type { EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams } from "./types.js";
 
 interface Stream {
   queue: RequestOutput[];
@@ -71,7 +71,7 @@ export class AsyncLLM implements EngineClient {
   generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
     params: Partial<SamplingParams>,
-    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
+    options: GenerateOptions,
   ): AsyncIterable<RequestOutput> {
     const { requestId } = options;
     this.engine.sampler.validateParams(params);
@@ -83,6 +83,7 @@ export class AsyncLLM implements EngineClient {
       priority: options.priority,
       cacheSalt: options.cacheSalt ?? null,
       loraRequest: options.loraRequest ?? null,
+      kvTransfer: options.kvTransfer ?? null,
     });
     const stream: Stream = { queue: [], wake: null, done: false, error: null };
     this.streams.set(requestId, stream);

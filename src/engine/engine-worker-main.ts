@@ -74,6 +74,7 @@ function toWire(out: RequestOutput, sent: Sent): WireOutput {
     }),
   };
   if (out.pooled != null) w.pooled = out.pooled;
+  if (out.kvSnapshot !== undefined) w.kvSnapshot = out.kvSnapshot;
   if (!sent.promptSent) {
     w.promptTokenIds = out.promptTokenIds;
     sent.promptSent = true;
@@ -165,6 +166,7 @@ async function main(): Promise<void> {
             cacheSalt: m.cacheSalt,
             arrivalTime: m.arrivalTime,
             loraRequest: m.loraRequest,
+            kvTransfer: m.kvTransfer,
           });
           seqOfRequest.set(m.requestId, m.seq);
           sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false });

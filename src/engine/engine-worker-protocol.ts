@@ -5,6 +5,7 @@ import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
+import type { KvSnapshot } from "./kv-transfer.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ServingArgs } from "./serving.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
@@ -30,6 +31,7 @@ export type ToWorker =
       cacheSalt: string | null;
       arrivalTime: number;
       loraRequest: LoraRequest | null;
+      kvTransfer: { export?: boolean; import?: KvSnapshot | null } | null;
     }
   /** Every stream of one abort call, so that aborting a many-input request is one message (and one worker turn). */
   | { type: "abort"; seqs: number[] }
@@ -74,6 +76,8 @@ export interface WireOutput {
   outputs: WireCompletionDelta[];
   /** A pooling engine's vector, with the finished update. */
   pooled?: Float32Array;
+  /** P/D disaggregation: the prompt's K/V, with the finished update of a request that exported it. */
+  kvSnapshot?: KvSnapshot;
 }
 
 /** Where the caller's thread loads its own tokenizer from (the worker loads the model). */

@@ -115,13 +115,26 @@ export interface EngineStats {
   kvEvents?: { publishedBatches: number; droppedBatches: number; droppedEvents: number };
 }
 
+/** Per-request options of EngineClient.generate. */
+export interface GenerateOptions {
+  requestId: string;
+  priority?: number;
+  /** Each output carries only new text/tokens. */
+  delta?: boolean;
+  cacheSalt?: string;
+  /** The adapter to serve it with. */
+  loraRequest?: LoraRequest | null;
+  /** P/D disaggregation: export the prompt's K/V when it finishes, or import a prefill engine's (kv-transfer.ts). */
+  kvTransfer?: { export?: boolean; import?: KvSnapshot | null } | null;
+}
+
 /** What the server needs from an engine: implemented by AsyncLLM. */
 export interface EngineClient {
   /** Streams outputs for one request. With `delta`, each output carries only new text/tokens; `loraRequest` names its adapter. */
   generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
     params: Partial<SamplingParams>,
-    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
+    options: GenerateOptions,
   ): AsyncIterable<RequestOutput>;
   /**
    * Aborts requests (vLLM's AsyncLLM.abort takes one id or many): a multi-input HTTP request passes all its ids in one

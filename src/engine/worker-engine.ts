@@ -18,7 +18,7 @@ import {
 import { normalizeSamplingParams } from "./sampling-params.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { ServingArgs } from "./serving.js";
-import type { CompletionOutput, EngineClient, EngineStats, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
+import type { CompletionOutput, EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 
@@ -190,7 +190,7 @@ export class WorkerEngine implements EngineClient {
   generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
     params: Partial<SamplingParams>,
-    options: { requestId: string; priority?: number; delta?: boolean; cacheSalt?: string; loraRequest?: LoraRequest | null },
+    options: GenerateOptions,
   ): AsyncIterable<RequestOutput> {
     if (this.fatal !== null) throw this.fatal;
     if (this.closed) throw new Error("[engine] the engine is closed");
@@ -246,6 +246,7 @@ export class WorkerEngine implements EngineClient {
       cacheSalt: options.cacheSalt ?? null,
       arrivalTime: Date.now(),
       loraRequest: options.loraRequest ?? null,
+      kvTransfer: options.kvTransfer ?? null,
     });
     return this.iterate(stream);
   }
@@ -403,6 +404,7 @@ export class WorkerEngine implements EngineClient {
       numCachedTokens: w.numCachedTokens,
       metrics: w.metrics,
       ...(w.pooled !== undefined ? { pooled: w.pooled } : {}),
+      ...(w.kvSnapshot !== undefined ? { kvSnapshot: w.kvSnapshot } : {}),
     });
     if (w.finished) this.end(s, null);
     else this.wake(s);

@@ -1,5 +1,5 @@
 // One engine request as seen by the server: abort wiring, metrics, and merging several prompts' streams.
-import type { EngineClient, RequestOutput, SamplingParams } from "../engine/types.js";
+import type { EngineClient, GenerateOptions, RequestOutput, SamplingParams } from "../engine/types.js";
 import type { LoraRequest } from "../engine/lora-manager.js";
 import type { ServerMetrics } from "./metrics.js";
 
@@ -12,6 +12,8 @@ export interface EngineRequest {
   cacheSalt?: string;
   /** The LoRA adapter the request's model name serves (null: the base model). */
   loraRequest?: LoraRequest | null;
+  /** P/D disaggregation: export the prompt's K/V, or import a prefill's (server/kv-transfer.ts). */
+  kvTransfer?: GenerateOptions["kvTransfer"];
 }
 
 /** Live engine request ids, so that shutdown can abort whatever is left after the drain timeout. */
@@ -40,6 +42,7 @@ export async function* streamEngineRequest(
   const options = {
     requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
     ...(req.loraRequest ? { loraRequest: req.loraRequest } : {}),
+    ...(req.kvTransfer ? { kvTransfer: req.kvTransfer } : {}),
   };
   // An engine may reject the request synchronously (EngineInputError): nothing to abort or count then.
   const outputs = engine.generate(prompt, req.params, options);

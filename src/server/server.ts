@@ -18,6 +18,7 @@ import { handlePooling } from "./serving-pooling.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
+import type { KvTransferService } from "./kv-transfer.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -74,6 +75,8 @@ export interface ServerEngineOptions {
   responseRole?: string;
   /** Logprobs name tokens as "token_id:<id>" unless a request says otherwise (vLLM --return-tokens-as-token-ids). */
   returnTokensAsTokenIds?: boolean;
+  /** P/D disaggregation (vLLM --kv-transfer-config): the started side channel; requests may then carry kv_transfer_params. */
+  kvTransfer?: KvTransferService | null;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -255,6 +258,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         responseRole: engineOptions.responseRole ?? "assistant",
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
+        kvTransfer: engineOptions.kvTransfer ?? null,
         inflight: new Set(),
         unstarted: new Set(),
       };

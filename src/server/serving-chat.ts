@@ -5,6 +5,9 @@ import { badRequest } from "./errors.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
+import type { KvSnapshot } from "../engine/kv-transfer.js";
+import type { Json } from "./fields.js";
+import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
@@ -146,6 +149,9 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   // vLLM's get_chat_request_role: --response-role for a new reply, else the role of the message it continues
   const role = req.addGenerationPrompt ? ctx.responseRole : req.messages[req.messages.length - 1]!.role;
   const { id, engineId } = responseIds(request, "chatcmpl");
+  // a decode's K/V is fetched before the queue check, which must run in the tick its engine request starts
+  const kvt = await planKvTransfer(ctx.kvTransfer, request.body as Json, 1);
+  if (kvt !== null && req.beamSearch !== null) throw badRequest("beam search does not move K/V between servers", "kv_transfer_params");
   checkQueue(ctx);
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora);
@@ -162,7 +168,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
-    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora },
+    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null },
     controller.signal);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:
   // a new reply after a message of --response-role, or any message the reply continues)
@@ -172,7 +178,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   try {
     const outputs = await primeStream(stream);
     const asIds = req.returnTokensAsTokenIds ?? ctx.returnTokensAsTokenIds;
-    const info = { id, created, model, n, promptTokenIds, echoText, thinking, role, asIds };
+    const info = { id, created, model, n, promptTokenIds, echoText, thinking, role, asIds, kvt };
     return await (req.stream ? streamChat(ctx, req, reply, outputs, info) : collectChat(ctx, req, outputs, info));
   } finally {
     controller.abort(); // no-op for finished requests; frees blocks if we leave early
@@ -208,6 +214,8 @@ interface ResponseInfo {
   role: string;
   /** Logprobs name tokens "token_id:<id>". */
   asIds: boolean;
+  /** The request's kv_transfer_params, acted on. */
+  kvt: KvTransferPlan | null;
 }
 
 async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: AsyncIterable<RequestOutput>, info: ResponseInfo) {
@@ -216,9 +224,11 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
   const choices: Choice[] = Array.from({ length: info.n }, () => ({ text: "", numTokens: 0, tokenIds: [], logprobs: [], finishReason: null, stopReason: null }));
   let promptLogprobs: (TokenLogprobs | null)[] | null = null;
   let cached = 0;
+  let kvSnapshot: KvSnapshot | undefined;
   for await (const out of outputs) {
     promptLogprobs ??= out.promptLogprobs;
     cached = out.numCachedTokens;
+    kvSnapshot ??= out.kvSnapshot;
     for (const o of out.outputs) {
       const c = choices[o.index]!;
       if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
@@ -258,6 +268,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
       };
     }),
     usage: usageJson(ctx, info.promptTokenIds.length, completionTokens, cached),
+    ...kvTransferField(ctx.kvTransfer, info.kvt, kvSnapshot),
     ...(req.returnPromptLogprobs ? { prompt_logprobs: promptLogprobsJson(promptLogprobs) } : {}),
     ...(req.returnTokenIds ? { prompt_token_ids: info.promptTokenIds } : {}),
   };

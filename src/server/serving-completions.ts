@@ -4,6 +4,10 @@ import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } fro
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
+import type { KvSnapshot } from "../engine/kv-transfer.js";
+import { badRequest } from "./errors.js";
+import type { Json } from "./fields.js";
+import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import {
   abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, resolveModelAndLora, responseIds,
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
@@ -78,6 +82,9 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   );
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
   const { id, engineId } = responseIds(request, "cmpl");
+  // a decode's K/V is fetched before the queue check, which must run in the tick its engine requests start
+  const kvt = await planKvTransfer(ctx.kvTransfer, request.body as Json, prepared.length);
+  if (kvt !== null && req.beamSearch !== null) throw badRequest("beam search does not move K/V between servers", "kv_transfer_params");
   checkQueue(ctx, prepared.length); // one engine request per prompt
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora);
@@ -97,7 +104,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   const streams = prepared.map((p, i) =>
     streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
       requestId: `${engineId}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
-      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
+      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null,
     }, controller.signal));
   const choices: Choice[] = [];
   for (let pi = 0; pi < prepared.length; pi++) {
@@ -109,7 +116,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
     const merged = await primeStream(mergeStreams(streams));
     const info: Info = {
       id, created, model, n, prepared, choices, promptLogprobs: prepared.map(() => null), cached: prepared.map(() => 0),
-      asIds: req.returnTokensAsTokenIds ?? ctx.returnTokensAsTokenIds,
+      asIds: req.returnTokensAsTokenIds ?? ctx.returnTokensAsTokenIds, kvt,
     };
     if (req.stream) return await streamCompletion(ctx, req, reply, merged, info);
     return await collectCompletion(ctx, req, merged, info);
@@ -131,6 +138,9 @@ interface Info {
   cached: number[];
   /** Logprobs name tokens "token_id:<id>". */
   asIds: boolean;
+  /** The request's kv_transfer_params, acted on; and a prefill's K/V once it has finished. */
+  kvt: KvTransferPlan | null;
+  kvSnapshot?: KvSnapshot;
 }
 
 /** Applies one delta output to its choice; returns the text and logprobs added by it (echo included). */
@@ -184,7 +194,10 @@ function usageOf(ctx: ServingContext, info: Info) {
 }
 
 async function collectCompletion(ctx: ServingContext, req: CompletionRequest, merged: AsyncIterable<[number, RequestOutput]>, info: Info) {
-  for await (const [pi, out] of merged) for (const o of out.outputs) applyOutput(ctx, req, info, pi, out, o);
+  for await (const [pi, out] of merged) {
+    for (const o of out.outputs) applyOutput(ctx, req, info, pi, out, o);
+    if (out.kvSnapshot !== undefined) info.kvSnapshot = out.kvSnapshot;
+  }
   return {
     id: info.id,
     object: "text_completion",
@@ -200,6 +213,7 @@ async function collectCompletion(ctx: ServingContext, req: CompletionRequest, me
       ...tokenIdFields(req, info, index, c.tokenIds),
     })),
     usage: usageOf(ctx, info),
+    ...kvTransferField(ctx.kvTransfer, info.kvt, info.kvSnapshot),
   };
 }
 

@@ -10,6 +10,7 @@ import { ApiError, badRequest, toApiError } from "./errors.js";
 import type { InflightSet, UnstartedSet } from "./engine-stream.js";
 import type { ServerMetrics } from "./metrics.js";
 import type { CommonRequest } from "./protocol.js";
+import type { KvTransferService } from "./kv-transfer.js";
 
 export interface ServingContext {
   engine: EngineClient;
@@ -47,6 +48,8 @@ export interface ServingContext {
   responseRole: string;
   /** Logprobs name tokens "token_id:<id>" unless a request says otherwise (vLLM --return-tokens-as-token-ids). */
   returnTokensAsTokenIds: boolean;
+  /** P/D disaggregation's side channel (--kv-transfer-config), or null. */
+  kvTransfer: KvTransferService | null;
   inflight: InflightSet;
   unstarted: UnstartedSet;
 }
