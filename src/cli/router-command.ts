@@ -1,11 +1,13 @@
 // `kiln router`: the fleet front door over several `kiln serve` workers, with vllm-router's flag names and defaults
 // (--worker-urls, --policy cache_aware|round_robin|random|power_of_two, the cache_aware thresholds, health checks,
 // timeouts, retries), plus --policy weighted with llm-d's scorer weights and --policy precise_prefix (llm-d's precise
-// prefix-cache scorer, fed by the workers' KV-cache events over NATS: --kv-events-endpoint, --tokenizer). Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+// prefix-cache scorer, fed by the workers' KV-cache events over NATS: --kv-events-endpoint, --tokenizer), and
+// vllm-router's P/D disaggregation (--pd-disaggregation --prefill <url> [bootstrap_port] --decode <url>, each with its
+// policy). Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
-import { DEFAULT_ROUTER_CONFIG, MAX_TIMER_MS, resolveRouterConfig, RouterConfigError, type RouterConfig } from "../router/router-config.js";
+import { DEFAULT_ROUTER_CONFIG, MAX_TIMER_MS, resolveRouterConfig, RouterConfigError, type PrefillUrl, type RouterConfig } from "../router/router-config.js";
 import { POLICY_NAMES } from "../router/routing-types.js";
 import { CliUsageError } from "./usage-error.js";
 
@@ -17,10 +19,16 @@ export function registerRouterCommand(program: Command): void {
   program
     .command("router")
     .description("route OpenAI requests across several `kiln serve` workers, aware of their prefix caches and load (vllm-router's flags)")
-    .requiredOption("--worker-urls <urls...>", "worker base URLs, e.g. http://127.0.0.1:8001 http://127.0.0.1:8002")
+    .option("--worker-urls <urls...>", "worker base URLs, e.g. http://127.0.0.1:8001 http://127.0.0.1:8002 (not with --pd-disaggregation)")
     .option("--host <host>", "host name to listen on", D.host)
     .option("--port <port>", "port to listen on (0: any free port)", String(D.port))
     .addOption(new Option("--policy <policy>", "routing policy").choices([...POLICY_NAMES]).default(D.policy))
+    .option("--pd-disaggregation", "P/D disaggregation: each completion's prompt runs on a --prefill worker, which hands its KV cache to a --decode worker that generates (vLLM's NixlConnector kv_transfer_params)", false)
+    .option("--vllm-pd-disaggregation", "vllm-router's other name of --pd-disaggregation", false)
+    .option("--prefill <url-and-port...>", "P/D: a prefill worker URL, optionally followed by its KV bootstrap port (Mooncake's; NIXL needs none); repeat the flag or list several")
+    .option("--decode <urls...>", "P/D: decode worker URLs (they also serve every route but the completions); repeat the flag or list several")
+    .addOption(new Option("--prefill-policy <policy>", "P/D: policy over the prefill workers (default: --policy)").choices([...POLICY_NAMES]))
+    .addOption(new Option("--decode-policy <policy>", "P/D: policy over the decode workers (default: --policy)").choices([...POLICY_NAMES]))
     .option("--cache-threshold <ratio>", "cache_aware: a prefix match routes to its worker when matched/length is over this (0..1)", String(D.cacheThreshold))
     .option("--balance-abs-threshold <n>", "cache_aware: the fleet is imbalanced when max - min load is over this ...", String(D.balanceAbsThreshold))
     .option("--balance-rel-threshold <x>", "... and max load is over min load times this (>= 1); then the least loaded worker is chosen", String(D.balanceRelThreshold))
@@ -71,12 +79,46 @@ function chatTemplateArg(value: unknown): string | null {
   throw new CliUsageError(`--chat-template ${JSON.stringify(value)} looks like a file path, but it cannot be opened`);
 }
 
+/** A list flag's values, commas splitting too (--worker-urls a,b). */
+function listArg(value: unknown): string[] {
+  const values = (Array.isArray(value) ? value : [value]).filter((u): u is string => typeof u === "string");
+  return values.flatMap((u) => u.split(",")).map((u) => u.trim()).filter((u) => u !== "");
+}
+
+/** --prefill's values as vllm-router reads them: each URL, optionally followed by its bootstrap port (or "none"). */
+export function prefillArgs(value: unknown): PrefillUrl[] {
+  const out: PrefillUrl[] = [];
+  let portGiven = false;
+  for (const token of listArg(value)) {
+    const none = token.toLowerCase() === "none";
+    if (!none && !/^\d+$/.test(token)) {
+      out.push({ url: token, bootstrapPort: null });
+      portGiven = false;
+      continue;
+    }
+    const last = out.at(-1);
+    if (last === undefined || portGiven) throw new CliUsageError(`--prefill: ${token} must follow a URL (--prefill <url> [bootstrap_port])`);
+    last.bootstrapPort = none ? null : number(token, "--prefill's bootstrap port", { max: 65535, int: true });
+    portGiven = true;
+  }
+  return out;
+}
+
 /** Validates commander's raw values into a RouterConfig (CliUsageError naming the flag). */
 export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
-  const urls = (Array.isArray(o.workerUrls) ? o.workerUrls : [o.workerUrls]).filter((u): u is string => typeof u === "string");
-  // commas too, as a convenience (--worker-urls a,b)
-  const workerUrls = urls.flatMap((u) => u.split(",")).map((u) => u.trim()).filter((u) => u !== "");
-  if (workerUrls.length === 0) throw new CliUsageError("--worker-urls needs at least one URL, e.g. http://127.0.0.1:8001");
+  const pdDisaggregation = o.pdDisaggregation === true || o.vllmPdDisaggregation === true;
+  const workerUrls = listArg(o.workerUrls);
+  const prefillUrls = prefillArgs(o.prefill);
+  const decodeUrls = listArg(o.decode);
+  if (pdDisaggregation) {
+    if (workerUrls.length > 0) throw new CliUsageError("--pd-disaggregation takes its workers from --prefill and --decode, not --worker-urls");
+    if (prefillUrls.length === 0 || decodeUrls.length === 0)
+      throw new CliUsageError("--pd-disaggregation needs at least one --prefill and one --decode worker URL, e.g. --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200");
+  } else {
+    if (prefillUrls.length > 0 || decodeUrls.length > 0 || o.prefillPolicy !== undefined || o.decodePolicy !== undefined)
+      throw new CliUsageError("--prefill, --decode, --prefill-policy and --decode-policy need --pd-disaggregation");
+    if (workerUrls.length === 0) throw new CliUsageError("--worker-urls needs at least one URL, e.g. http://127.0.0.1:8001 (or --pd-disaggregation with --prefill and --decode)");
+  }
   // Node's timers take at most 2^31 - 1 ms (~24.8 days): a longer one fires after 1 ms
   const secs = (key: string, flag: string): number => number(o[key], flag, { min: 0, above: true, max: MAX_TIMER_SECS }) * 1000;
   if (o.maxRetries !== undefined && o.retryMaxRetries !== undefined && o.maxRetries !== o.retryMaxRetries)
@@ -85,8 +127,13 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     : o.maxRetries !== undefined ? number(o.maxRetries, "--max-retries", { int: true }) : D.maxRetries;
   const endpoint = String(o.healthCheckEndpoint);
   if (!endpoint.startsWith("/")) throw new CliUsageError(`--health-check-endpoint must be a path such as /health, got ${JSON.stringify(endpoint)}`);
-  const partial: Partial<RouterConfig> & { workerUrls: string[] } = {
+  const partial: Partial<RouterConfig> = {
     workerUrls,
+    pdDisaggregation,
+    prefillUrls,
+    decodeUrls,
+    prefillPolicy: (o.prefillPolicy as RouterConfig["prefillPolicy"] | undefined) ?? null,
+    decodePolicy: (o.decodePolicy as RouterConfig["decodePolicy"] | undefined) ?? null,
     host: String(o.host),
     port: number(o.port, "--port", { max: 65535, int: true }),
     policy: o.policy as RouterConfig["policy"],
@@ -128,8 +175,11 @@ export async function runRouter(config: RouterConfig, out: NodeJS.WritableStream
   const { createRouter } = await import("../router/index.js");
   const router = createRouter(config);
   const url = await router.listen();
-  const healthy = router.pool.healthy().length;
-  out.write(`Kiln router at ${url}/v1 (policy ${config.policy}, ${healthy}/${config.workerUrls.length} workers healthy: ${config.workerUrls.join(" ")})\n`);
+  const healthy = (pool: { healthy(): unknown[]; all(): { url: string }[] }): string =>
+    `${pool.healthy().length}/${pool.all().length} workers healthy: ${pool.all().map((w) => w.url).join(" ")}`;
+  const fleet = router.prefill === null ? `policy ${config.policy}, ${healthy(router.pool)}`
+    : `P/D disaggregation; prefill policy ${router.prefill.policy.name}, ${healthy(router.prefill.pool)}; decode policy ${router.policy.name}, ${healthy(router.pool)}`;
+  out.write(`Kiln router at ${url}/v1 (${fleet})\n`);
   await new Promise<void>((resolve) => {
     const onSignal = (signal: NodeJS.Signals): void => {
       process.off("SIGTERM", onSignal).off("SIGINT", onSignal);

@@ -1,7 +1,9 @@
 // The router layer (DESIGN.md: "fleet front door: prefix-cache + load aware routing, flow control").
-export { createRouter, PROXIED_POST_ROUTES, type Router, type RouterDeps } from "./router-server.js";
-export { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type RouterConfig } from "./router-config.js";
+export { createRouter, PD_ROUTES, PROXIED_POST_ROUTES, type Router, type RouterDeps, type WorkerGroup } from "./router-server.js";
+export { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type PrefillUrl, type RouterConfig } from "./router-config.js";
+export { decodeBody, kvTransferParamsOf, PREFILL_KV_TRANSFER_PARAMS, prefillBody } from "./pd-proxy.js";
 export { createPolicy, leastLoaded, POLICY_NAMES, type PolicyName, type RoutingDecision, type RoutingPolicy, type RoutingReason, type WorkerView } from "./policies.js";
+export type { WorkerRole } from "./routing-types.js";
 export { CacheAwarePolicy, type CacheAwareOptions } from "./cache-aware-policy.js";
 export { WeightedPolicy, type WeightedOptions, type WorkerScores } from "./weighted-policy.js";
 export { PrefixTree, type PrefixMatch } from "./prefix-tree.js";

@@ -1,14 +1,15 @@
 // Sends one client request to a worker chosen by the policy and streams the worker's response back as it arrives
 // (SSE chunk by chunk, nothing buffered). Until the first byte goes to the client a failure can still be retried:
 // a worker that cannot be reached is marked down and the request goes to another, as does one answering 502/503/504
-// (unavailable, draining); any other answer, 4xx errors included, passes through unchanged.
+// (unavailable, draining); any other answer, 4xx errors included, passes through unchanged. dispatch() (choose, send,
+// retry) and streamBack() are apart so that P/D disaggregation (pd-proxy.ts) runs one per phase.
 import * as http from "node:http";
 import * as https from "node:https";
 import { pipeline } from "node:stream";
 import { noWorker, RouterError } from "./errors.js";
 import type { RouterConfig } from "./router-config.js";
 import type { RouterMetrics } from "./router-metrics.js";
-import { leastLoaded, type BlockHashesOf, type RoutingPolicy } from "./routing-types.js";
+import { leastLoaded, type BlockHashesOf, type RoutingPolicy, type RoutingReason } from "./routing-types.js";
 import type { WorkerPool, WorkerState } from "./worker-pool.js";
 
 /** What a proxied request needs from the router. */
@@ -83,44 +84,60 @@ export function sendError(raw: http.ServerResponse, err: RouterError): void {
   raw.end(body);
 }
 
-/**
- * Routes `req` and streams the chosen worker's answer into `raw`; resolves once the response has ended (or failed).
- * @example await proxyRequest(ctx, { route: "/v1/completions", method: "POST", url: "/v1/completions", headers, body, text }, reply.raw);
- */
-export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: http.ServerResponse): Promise<void> {
-  const { pool, policy, metrics, config } = ctx;
+/** One client request's lifetime: `signal` aborts when the client leaves or the request timeout passes. */
+export interface Exchange {
+  readonly signal: AbortSignal;
+  readonly clientGone: AbortSignal;
+  /** Resolves when the client's response has closed (ended, or cut). */
+  readonly closed: Promise<void>;
+}
+
+/** Opens the exchange for `raw`; call it before any await, so that a close that comes early is not missed. */
+export function openExchange(raw: http.ServerResponse, config: RouterConfig): Exchange {
   const clientGone = new AbortController();
-  // registered before any await, so a close that comes early is not missed
   const closed = new Promise<void>((resolve) => raw.once("close", resolve));
   raw.once("close", () => {
     if (!raw.writableFinished) clientGone.abort(new Error("client disconnected"));
   });
-  const deadline = AbortSignal.timeout(config.requestTimeoutMs);
-  const signal = AbortSignal.any([clientGone.signal, deadline]);
+  const signal = AbortSignal.any([clientGone.signal, AbortSignal.timeout(config.requestTimeoutMs)]);
+  return { signal, clientGone: clientGone.signal, closed };
+}
+
+/** What dispatch() ends with: a worker's answer that is not retried, the router's own error, or a client gone. */
+export type Dispatched =
+  | { kind: "response"; worker: WorkerState; reason: RoutingReason; response: http.IncomingMessage; release: () => void }
+  | { kind: "failed"; error: RouterError; errorType: string }
+  | { kind: "aborted" };
+
+/**
+ * Chooses a worker of `ctx.pool` with `ctx.policy` and sends it `req`; a worker that cannot be reached is marked down
+ * and another tried, as is one answering 502/503/504 while others are left (both within --max-retries). The answer
+ * returned holds its worker's in-flight slot until `release()`.
+ */
+export async function dispatch(ctx: ProxyContext, req: ProxyRequest, ex: Exchange): Promise<Dispatched> {
+  const { pool, policy, metrics, config } = ctx;
   const tried = new Set<string>();
   let retries = 0;
   let staleSocketRetried = false;
   let lastFailure: string | null = null;
-  const fail = (err: RouterError, errorType: string): void => {
-    metrics.error(req.route, errorType);
-    sendError(raw, err);
-  };
+  const failed = (error: RouterError, errorType: string): Dispatched => ({ kind: "failed", error, errorType });
+  const role = pool.role === "regular" ? "" : `${pool.role} `;
 
   for (;;) {
     const healthy = pool.healthy().filter((w) => !tried.has(w.url));
     if (healthy.length === 0) {
-      const detail = `${pool.all().length} worker(s) configured, ${pool.healthy().length} healthy${lastFailure === null ? "" : `; last failure: ${lastFailure}`}`;
-      return fail(noWorker(detail), "no_healthy_worker");
+      const detail = `${pool.all().length} ${role}worker(s) configured, ${pool.healthy().length} healthy${lastFailure === null ? "" : `; last failure: ${lastFailure}`}`;
+      return failed(noWorker(detail), "no_healthy_worker");
     }
     const max = config.maxInflightPerWorker;
     const open = max > 0 ? healthy.filter((w) => w.inFlight < max) : healthy;
     if (open.length === 0)
-      return fail(new RouterError(429, `Every healthy worker has ${max} requests in flight (--max-inflight-per-worker); try again later`, "too_many_requests"), "overloaded");
+      return failed(new RouterError(429, `Every healthy ${role}worker has ${max} requests in flight (--max-inflight-per-worker); try again later`, "too_many_requests"), "overloaded");
     const now = Date.now();
     const views = open.map((w) => pool.view(w, now));
     const decision = req.lookup === true ? { url: leastLoaded(views).url, reason: "lookup" as const, matchRate: 0 } : policy.select(views, req.text, req.hashesOf ?? null);
     metrics.decision(policy.name, decision);
-    ctx.log("debug", `${req.route} -> ${decision.url} (${decision.reason}, match ${decision.matchRate.toFixed(2)})`);
+    ctx.log("debug", `${req.route} -> ${role}${decision.url} (${decision.reason}, match ${decision.matchRate.toFixed(2)})`);
     const worker = pool.get(decision.url)!;
     tried.add(worker.url);
     worker.inFlight++;
@@ -129,12 +146,12 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
       if (!released) worker.inFlight--;
       released = true;
     };
-    const result = await attempt(ctx, worker.url, req, signal);
+    const result = await attempt(ctx, worker.url, req, ex.signal);
 
     if (result.kind === "aborted") {
       release();
-      if (deadline.aborted && !clientGone.signal.aborted) return fail(new RouterError(504, `The worker did not answer within ${config.requestTimeoutMs / 1000} s`, "timeout"), "timeout");
-      return; // the client left: nothing to answer
+      if (ex.clientGone.aborted) return { kind: "aborted" }; // the client left: nothing to answer
+      return failed(new RouterError(504, `The ${role}worker did not answer within ${config.requestTimeoutMs / 1000} s`, "timeout"), "timeout");
     }
     if (result.kind === "unreachable") {
       release();
@@ -147,9 +164,9 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
         continue;
       }
       pool.markDown(worker.url, `request failed: ${result.error}`);
-      ctx.log("warning", `worker ${worker.url} unreachable (${result.error})`);
+      ctx.log("warning", `${role}worker ${worker.url} unreachable (${result.error})`);
       if (!pool.healthy().some((w) => !tried.has(w.url))) continue; // none left: 503 at the top of the loop
-      if (retries >= config.maxRetries) return fail(new RouterError(502, `No worker could serve the request within --max-retries ${config.maxRetries} (last failure: ${lastFailure})`, "worker_unreachable"), "worker_unreachable");
+      if (retries >= config.maxRetries) return failed(new RouterError(502, `No ${role}worker could serve the request within --max-retries ${config.maxRetries} (last failure: ${lastFailure})`, "worker_unreachable"), "worker_unreachable");
       retries++;
       metrics.retry();
       continue;
@@ -170,15 +187,34 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
       }
       continue;
     }
-    streamBack(worker, decision.reason, response, raw, release, metrics);
-    return closed;
+    return { kind: "response", worker, reason: decision.reason, response, release };
   }
 }
 
-/** Pipes the worker's response into the client's, head first, chunk by chunk; a failure on either side ends both. */
-function streamBack(
-  worker: WorkerState, reason: string, response: http.IncomingMessage, raw: http.ServerResponse, release: () => void, metrics: RouterMetrics,
+/**
+ * Routes `req` and streams the chosen worker's answer into `raw`; resolves once the response has ended (or failed).
+ * @example await proxyRequest(ctx, { route: "/v1/completions", method: "POST", url: "/v1/completions", headers, body, text }, reply.raw);
+ */
+export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: http.ServerResponse): Promise<void> {
+  const ex = openExchange(raw, ctx.config);
+  const d = await dispatch(ctx, req, ex);
+  if (d.kind === "aborted") return;
+  if (d.kind === "failed") {
+    ctx.metrics.error(req.route, d.errorType);
+    return sendError(raw, d.error);
+  }
+  streamBack(d, raw, ctx.metrics);
+  return ex.closed;
+}
+
+/**
+ * Pipes the worker's response into the client's, head first, chunk by chunk; a failure on either side ends both.
+ * `extraHeaders` go out with the worker's own (the router's x-kiln-* ones).
+ */
+export function streamBack(
+  answer: Extract<Dispatched, { kind: "response" }>, raw: http.ServerResponse, metrics: RouterMetrics, extraHeaders: Record<string, string> = {},
 ): void {
+  const { worker, reason, response, release } = answer;
   if (raw.destroyed) {
     // the client left as the answer arrived
     response.destroy();
@@ -189,6 +225,7 @@ function streamBack(
   for (const k of Object.keys(headers)) if (k.startsWith("access-control-")) delete headers[k]; // the router's CORS holds
   headers["x-kiln-worker"] = worker.url;
   headers["x-kiln-routing"] = reason;
+  Object.assign(headers, extraHeaders);
   raw.writeHead(response.statusCode ?? 502, response.statusMessage, headers);
   raw.flushHeaders();
   pipeline(response, raw, (err) => {

@@ -4,12 +4,32 @@ import { KilnError } from "../util/errors.js";
 import { POLICY_NAMES, type PolicyName } from "./routing-types.js";
 import { normalizeWorkerUrl } from "./worker-pool.js";
 
+/** A prefill worker of P/D disaggregation, with the KV-transfer bootstrap port vllm-router's --prefill may name. */
+export interface PrefillUrl {
+  url: string;
+  /** Mooncake's and SGLang's rendezvous port; NixlConnector needs none (shown by /workers only). */
+  bootstrapPort: number | null;
+}
+
 export interface RouterConfig {
-  /** Worker base URLs (http://host:port, no /v1). */
+  /** Worker base URLs (http://host:port, no /v1); empty with pdDisaggregation. */
   workerUrls: string[];
   host: string;
   port: number;
   policy: PolicyName;
+  /**
+   * P/D disaggregation (vllm-router's --pd-disaggregation): /v1/completions and /v1/chat/completions run their prompt
+   * on a prefill worker, then generate on a decode worker that pulls the prompt's KV cache (vLLM's NixlConnector
+   * kv_transfer_params); every other route goes to a decode worker.
+   */
+  pdDisaggregation: boolean;
+  /** P/D: the prefill workers. */
+  prefillUrls: PrefillUrl[];
+  /** P/D: the decode workers. */
+  decodeUrls: string[];
+  /** P/D: the policy over prefill (decode) workers; null = `policy`. */
+  prefillPolicy: PolicyName | null;
+  decodePolicy: PolicyName | null;
   cacheThreshold: number;
   balanceAbsThreshold: number;
   balanceRelThreshold: number;
@@ -55,6 +75,11 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   host: "127.0.0.1",
   port: 30000,
   policy: "cache_aware",
+  pdDisaggregation: false,
+  prefillUrls: [],
+  decodeUrls: [],
+  prefillPolicy: null,
+  decodePolicy: null,
   cacheThreshold: 0.3,
   balanceAbsThreshold: 64,
   balanceRelThreshold: 1.5,
@@ -88,20 +113,44 @@ export class RouterConfigError extends KilnError {
   override name = "RouterConfigError";
 }
 
+/** The policies in use: `policy`, or with P/D the prefill and the decode workers' (each defaulting to `policy`). */
+export function policiesInUse(c: RouterConfig): PolicyName[] {
+  return c.pdDisaggregation ? [c.prefillPolicy ?? c.policy, c.decodePolicy ?? c.policy] : [c.policy];
+}
+
+function normalize(url: string): string {
+  try {
+    return normalizeWorkerUrl(url);
+  } catch (e) {
+    throw new RouterConfigError((e as Error).message);
+  }
+}
+
 /** The config with defaults filled in and worker URLs normalized; throws RouterConfigError naming what is wrong. */
-export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrls: string[] }): RouterConfig {
-  const c: RouterConfig = { ...DEFAULT_ROUTER_CONFIG, ...partial };
-  if (c.workerUrls.length === 0) throw new RouterConfigError("the router needs at least one worker URL");
-  const urls = c.workerUrls.map((u) => {
-    try {
-      return normalizeWorkerUrl(u);
-    } catch (e) {
-      throw new RouterConfigError((e as Error).message);
-    }
+export function resolveRouterConfig(partial: Partial<RouterConfig>): RouterConfig {
+  const c: RouterConfig = { ...DEFAULT_ROUTER_CONFIG, workerUrls: [], ...partial };
+  if (c.pdDisaggregation) {
+    if (c.workerUrls.length > 0) throw new RouterConfigError("with P/D disaggregation the workers are given as prefill and decode URLs (--prefill, --decode), not worker URLs");
+    if (c.prefillUrls.length === 0 || c.decodeUrls.length === 0)
+      throw new RouterConfigError(`P/D disaggregation needs at least one prefill and one decode worker URL (--prefill, --decode); got ${c.prefillUrls.length} and ${c.decodeUrls.length}`);
+  } else {
+    if (c.workerUrls.length === 0) throw new RouterConfigError("the router needs at least one worker URL");
+    if (c.prefillUrls.length > 0 || c.decodeUrls.length > 0 || c.prefillPolicy !== null || c.decodePolicy !== null)
+      throw new RouterConfigError("prefill and decode workers and policies (--prefill, --decode, --prefill-policy, --decode-policy) need P/D disaggregation (--pd-disaggregation)");
+  }
+  const prefillUrls = c.prefillUrls.map(({ url, bootstrapPort }) => {
+    if (bootstrapPort !== null && !(Number.isInteger(bootstrapPort) && bootstrapPort >= 0 && bootstrapPort <= 65535))
+      throw new RouterConfigError(`prefill worker ${url}: bootstrap port must be an integer in [0, 65535], got ${bootstrapPort}`);
+    return { url: normalize(url), bootstrapPort };
   });
-  const dup = urls.find((u, i) => urls.indexOf(u) !== i);
+  const urls = c.workerUrls.map(normalize);
+  const decodeUrls = c.decodeUrls.map(normalize);
+  // one pool per URL: a worker is prefill or decode, not both (its load and health are counted once)
+  const all = [...urls, ...prefillUrls.map((p) => p.url), ...decodeUrls];
+  const dup = all.find((u, i) => all.indexOf(u) !== i);
   if (dup !== undefined) throw new RouterConfigError(`worker URL ${dup} is given twice`);
-  if (!(POLICY_NAMES as readonly string[]).includes(c.policy)) throw new RouterConfigError(`unknown policy ${JSON.stringify(c.policy)}`);
+  for (const [key, name] of [["policy", c.policy], ["prefillPolicy", c.prefillPolicy], ["decodePolicy", c.decodePolicy]] as const)
+    if (name !== null && !(POLICY_NAMES as readonly string[]).includes(name)) throw new RouterConfigError(`unknown ${key} ${JSON.stringify(name)}`);
   const range = (key: keyof RouterConfig, lo: number, hi = Infinity, int = false): void => {
     const v = c[key] as number;
     if (typeof v !== "number" || !(v >= lo && v <= hi) || (int && !Number.isInteger(v)))
@@ -116,9 +165,9 @@ export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrl
   if (c.kvEventsEndpoint !== null && !/^(nats|tls):\/\/[^/\s]+$/.test(c.kvEventsEndpoint))
     throw new RouterConfigError(`kvEventsEndpoint (--kv-events-endpoint) must be nats://host:port, got ${JSON.stringify(c.kvEventsEndpoint)}`);
   if (!/^[^\s]+$/.test(c.kvEventsTopic)) throw new RouterConfigError(`kvEventsTopic must be a NATS subject, got ${JSON.stringify(c.kvEventsTopic)}`);
-  const precise = c.policy === "precise_prefix" || (c.policy === "weighted" && c.precisePrefixCacheScorerWeight > 0);
-  if (precise && (c.kvEventsEndpoint === null || c.tokenizer === null))
-    throw new RouterConfigError(`${c.policy === "weighted" ? "the precise-prefix-cache scorer" : "policy precise_prefix"} needs the workers' KV-cache events and the model's tokenizer (kvEventsEndpoint and tokenizer: --kv-events-endpoint and --tokenizer)`);
+  const precise = policiesInUse(c).find((p) => p === "precise_prefix" || (p === "weighted" && c.precisePrefixCacheScorerWeight > 0));
+  if (precise !== undefined && (c.kvEventsEndpoint === null || c.tokenizer === null))
+    throw new RouterConfigError(`${precise === "weighted" ? "the precise-prefix-cache scorer" : "policy precise_prefix"} needs the workers' KV-cache events and the model's tokenizer (kvEventsEndpoint and tokenizer: --kv-events-endpoint and --tokenizer)`);
   range("maxRetries", 0, Infinity, true);
   range("maxInflightPerWorker", 0, Infinity, true);
   range("healthFailureThreshold", 1, Infinity, true);
@@ -126,5 +175,5 @@ export function resolveRouterConfig(partial: Partial<RouterConfig> & { workerUrl
   range("maxPayloadSize", 1, Infinity, true);
   for (const key of ["evictionIntervalMs", "healthCheckIntervalMs", "healthCheckTimeoutMs", "requestTimeoutMs"] as const) range(key, 1, MAX_TIMER_MS);
   if (!c.healthCheckEndpoint.startsWith("/")) throw new RouterConfigError(`healthCheckEndpoint must be a path such as /health, got ${c.healthCheckEndpoint}`);
-  return { ...c, workerUrls: urls };
+  return { ...c, workerUrls: urls, prefillUrls, decodeUrls };
 }

@@ -1,5 +1,6 @@
 // createRouter(): the fleet's front door, a fastify app that serves the OpenAI API by proxying each request to one
-// worker (proxy.ts) chosen by the policy, plus its own /health, /metrics, /v1/models (the workers' models) and
+// worker (proxy.ts) chosen by the policy, or with P/D disaggregation each completion to a prefill worker and then a
+// decode worker (pd-proxy.ts), plus its own /health, /metrics, /workers, /v1/models (the workers' models) and
 // vllm-router's admin routes (/list_workers, /add_worker?url=, /remove_worker?url=).
 import * as http from "node:http";
 import * as https from "node:https";
@@ -8,10 +9,11 @@ import { noWorker, RouterError, toRouterError } from "./errors.js";
 import { KvBlockIndex } from "./kv-block-index.js";
 import { KvEventsSubscriber } from "./kv-events-subscriber.js";
 import { createPolicy } from "./policies.js";
-import { proxyRequest, type ProxyContext } from "./proxy.js";
+import { isJsonObject, proxyDisaggregated, type PdContexts } from "./pd-proxy.js";
+import { proxyRequest, type ProxyContext, type ProxyRequest } from "./proxy.js";
 import { resolveRouterConfig, type RouterConfig } from "./router-config.js";
 import { RouterMetrics } from "./router-metrics.js";
-import type { RoutingPolicy } from "./routing-types.js";
+import type { PolicyName, RoutingPolicy, WorkerRole } from "./routing-types.js";
 import { routingText } from "./request-text.js";
 import { RequestTokenizer } from "./request-tokens.js";
 import { describeFetchError, normalizeWorkerUrl, WorkerPool } from "./worker-pool.js";
@@ -23,12 +25,24 @@ export const PROXIED_POST_ROUTES = [
   "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/classify", "/v1/classify",
 ] as const;
 
+/** The routes P/D disaggregation splits in a prefill and a decode phase; the others go to a decode worker whole. */
+export const PD_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions"]);
+
 const LOG_RANK = { debug: 0, info: 1, warning: 2, error: 3, critical: 4 } as const;
+
+/** Workers of one role and the policy that chooses among them. */
+export interface WorkerGroup {
+  readonly pool: WorkerPool;
+  readonly policy: RoutingPolicy;
+}
 
 export interface Router {
   readonly app: FastifyInstance;
+  /** The workers that answer clients: every worker, or with P/D disaggregation the decode workers. */
   readonly pool: WorkerPool;
   readonly policy: RoutingPolicy;
+  /** With P/D disaggregation the prefill workers and their policy, else null. */
+  readonly prefill: WorkerGroup | null;
   readonly metrics: RouterMetrics;
   readonly config: RouterConfig;
   /** Which workers hold which prefix-cache blocks, from their KV-cache events (null without --kv-events-endpoint). */
@@ -54,7 +68,7 @@ export interface RouterDeps {
  * const router = createRouter({ workerUrls: ["http://127.0.0.1:8001", "http://127.0.0.1:8002"], port: 30000 });
  * console.log(await router.listen()); // http://127.0.0.1:30000
  */
-export function createRouter(options: Partial<RouterConfig> & { workerUrls: string[] }, deps: RouterDeps = {}): Router {
+export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = {}): Router {
   const config = resolveRouterConfig(options);
   const write = deps.log ?? ((line: string) => process.stderr.write(`${line}\n`));
   const log = (level: keyof typeof LOG_RANK, line: string): void => {
@@ -62,21 +76,33 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   };
   const kvIndex = config.kvEventsEndpoint === null ? null : new KvBlockIndex();
   const tokens = config.tokenizer === null ? null : RequestTokenizer.fromDir(config.tokenizer, config.chatTemplate);
-  const policy = createPolicy(config.policy, { ...config, kvBlockIndex: kvIndex, ...(deps.random ? { random: deps.random } : {}) });
-  const pool = new WorkerPool(config.workerUrls, {
-    ...config,
-    onHealthChange: (w, healthy, reason) => {
-      log(healthy ? "info" : "warning", `worker ${w.url} is ${healthy ? "healthy" : "down"} (${reason})`);
-      if (!healthy) {
-        policy.forgetWorker(w.url); // its KV cache is gone or unreachable: stop steering prefixes to it
-        kvIndex?.removeWorker(w.url);
-      }
-    },
-  });
+  const group = (role: WorkerRole, urls: readonly string[], policyName: PolicyName): WorkerGroup => {
+    const policy = createPolicy(policyName, { ...config, kvBlockIndex: kvIndex, ...(deps.random ? { random: deps.random } : {}) });
+    const named = role === "regular" ? "worker" : `${role} worker`;
+    const pool = new WorkerPool(urls, {
+      ...config,
+      role,
+      onHealthChange: (w, healthy, reason) => {
+        log(healthy ? "info" : "warning", `${named} ${w.url} is ${healthy ? "healthy" : "down"} (${reason})`);
+        if (!healthy) {
+          policy.forgetWorker(w.url); // its KV cache is gone or unreachable: stop steering prefixes to it
+          kvIndex?.removeWorker(w.url);
+        }
+      },
+    });
+    return { pool, policy };
+  };
+  const pd = config.pdDisaggregation;
+  const prefill = pd ? group("prefill", config.prefillUrls.map((p) => p.url), config.prefillPolicy ?? config.policy) : null;
+  const main = pd ? group("decode", config.decodeUrls, config.decodePolicy ?? config.policy) : group("regular", config.workerUrls, config.policy);
+  const { pool, policy } = main;
+  const groups: WorkerGroup[] = prefill === null ? [main] : [prefill, main];
+  const bootstrapPorts = new Map(config.prefillUrls.map((p) => [p.url, p.bootstrapPort]));
   let subscriber: KvEventsSubscriber | null = null;
-  const metrics = new RouterMetrics(pool);
+  const metrics = new RouterMetrics(groups.map((g) => g.pool));
   const agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
   const ctx: ProxyContext = { pool, policy, metrics, config, agents, log };
+  const pdContexts: PdContexts | null = prefill === null ? null : { prefill: { ...ctx, ...prefill }, decode: ctx };
 
   const app = Fastify({ logger: false, bodyLimit: config.maxPayloadSize, return503OnClosing: true }) as unknown as FastifyInstance;
   // bodies are forwarded byte for byte; JSON is parsed here only to read the routing text
@@ -108,7 +134,10 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
   };
 
   let active = 0; // proxied responses not yet ended: close() waits for them
-  const forward = async (request: FastifyRequest, reply: FastifyReply, route: string, text: string, tryNextOn404 = false, parsed?: unknown, lookup = false): Promise<void> => {
+  /** Proxies the request (its parsed JSON body, where it has one, is `parsed`); P/D splits the PD_ROUTES' JSON objects. */
+  const forward = async (
+    request: FastifyRequest, reply: FastifyReply, route: string, text: string, { tryNextOn404 = false, parsed, lookup = false }: { tryNextOn404?: boolean; parsed?: unknown; lookup?: boolean } = {},
+  ): Promise<void> => {
     const started = performance.now();
     metrics.request(route);
     reply.hijack();
@@ -119,7 +148,9 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     });
     const body = (request.body as Buffer | undefined) ?? null;
     const hashesOf = tokens === null || kvIndex === null || parsed === undefined ? null : tokens.blockHashes(route, parsed);
-    await proxyRequest(ctx, { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404, hashesOf, lookup }, reply.raw);
+    const req: ProxyRequest = { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404, hashesOf, lookup };
+    if (pdContexts !== null && PD_ROUTES.has(route) && body !== null && isJsonObject(parsed)) await proxyDisaggregated(pdContexts, { ...req, body }, parsed, reply.raw);
+    else await proxyRequest(ctx, req, reply.raw);
   };
 
   for (const route of PROXIED_POST_ROUTES) {
@@ -128,12 +159,12 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
       // a continued Responses conversation is stored on the worker that answered its previous turn: the others
       // answer 404 (previous_response_id not found) at once, and the request tries the next worker
       const continued = route === "/v1/responses" && typeof (body as { previous_response_id?: unknown } | null)?.previous_response_id === "string";
-      return forward(request, reply, route, routingText(route, body), continued, body);
+      return forward(request, reply, route, routingText(route, body), { tryNextOn404: continued, parsed: body });
     });
   }
   // a stored response lives on the worker that made it: ask each until one has it
-  app.get("/v1/responses/:id", async (request, reply) => forward(request, reply, "/v1/responses/{id}", "", true, undefined, true));
-  app.post("/v1/responses/:id/cancel", async (request, reply) => forward(request, reply, "/v1/responses/{id}/cancel", "", true, undefined, true));
+  app.get("/v1/responses/:id", async (request, reply) => forward(request, reply, "/v1/responses/{id}", "", { tryNextOn404: true, lookup: true }));
+  app.post("/v1/responses/:id/cancel", async (request, reply) => forward(request, reply, "/v1/responses/{id}/cancel", "", { tryNextOn404: true, lookup: true }));
 
   app.get("/v1/models", async (request, reply) => {
     metrics.request("/v1/models");
@@ -161,21 +192,33 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
     return { object: "list", data: [...seen.values()] };
   });
 
+  // healthy while every role has a healthy worker (P/D needs a prefill and a decode worker)
   app.get("/health", async (_request, reply) => {
-    const healthy = pool.healthy().length;
-    if (healthy === 0) return reply.code(503).send(noWorker(`${pool.all().length} worker(s) configured, none healthy`).toBody());
-    return { status: "ok", healthy_workers: healthy, workers: pool.all().length };
+    const down = groups.find((g) => g.pool.healthy().length === 0);
+    if (down !== undefined)
+      return reply.code(503).send(noWorker(`${down.pool.all().length} ${down.pool.role === "regular" ? "" : `${down.pool.role} `}worker(s) configured, none healthy`).toBody());
+    const count = (f: (p: WorkerPool) => number) => groups.reduce((n, g) => n + f(g.pool), 0);
+    return {
+      status: "ok", healthy_workers: count((p) => p.healthy().length), workers: count((p) => p.all().length),
+      ...(prefill === null ? {} : { healthy_prefill_workers: prefill.pool.healthy().length, healthy_decode_workers: pool.healthy().length }),
+    };
   });
   app.get("/metrics", async (_request, reply) => reply.type(metrics.registry.contentType).send(await metrics.render()));
-  app.get("/list_workers", async () => ({ urls: pool.all().map((w) => w.url) }));
+  const urlsOf = (p: WorkerPool): string[] => p.all().map((w) => w.url);
+  app.get("/list_workers", async () => ({
+    urls: groups.flatMap((g) => urlsOf(g.pool)),
+    ...(prefill === null ? {} : { prefill: urlsOf(prefill.pool), decode: urlsOf(pool) }),
+  }));
   app.get("/workers", async () => ({
-    policy: policy.name,
+    policy: config.policy,
+    ...(prefill === null ? {} : { pd_disaggregation: true, prefill_policy: prefill.policy.name, decode_policy: policy.name }),
     ...(kvIndex === null ? {} : { kv_events: { ...kvIndex.stats } }),
-    workers: pool.all().map((w) => ({
-      url: w.url, healthy: w.healthy, in_flight: w.inFlight, load: pool.view(w).load, last_error: w.lastError,
+    workers: groups.flatMap(({ pool: p }) => p.all().map((w) => ({
+      url: w.url, role: p.role, ...(p.role === "prefill" ? { bootstrap_port: bootstrapPorts.get(w.url) ?? null } : {}),
+      healthy: w.healthy, in_flight: w.inFlight, load: p.view(w).load, last_error: w.lastError,
       ...(kvIndex === null ? {} : { kv_blocks: kvIndex.size(w.url) }),
       reported: w.reported === null ? null : { running: w.reported.running, waiting: w.reported.waiting, kv_cache_usage_perc: w.reported.kvCacheUsage },
-    })),
+    }))),
   }));
   /** The ?url= of an admin request, normalized (400 when missing or not an http(s) URL). */
   const urlParam = (request: FastifyRequest): string => {
@@ -187,17 +230,32 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
       throw new RouterError(400, (e as Error).message, null, "invalid_request_error", "url");
     }
   };
+  /** The group an added worker joins: with P/D its ?role= (prefill or decode) says which; without, there is one. */
+  const groupParam = (request: FastifyRequest): WorkerGroup => {
+    const role = (request.query as Record<string, unknown>).role;
+    if (prefill === null) {
+      if (role === undefined || role === "regular") return main;
+      throw new RouterError(400, `?role=${String(role)} needs P/D disaggregation (--pd-disaggregation)`, null, "invalid_request_error", "role");
+    }
+    if (role === "prefill") return prefill;
+    if (role === "decode") return main;
+    throw new RouterError(400, "with P/D disaggregation ?role= must say prefill or decode", null, "invalid_request_error", "role");
+  };
   app.post("/add_worker", async (request) => {
     const url = urlParam(request);
-    const added = pool.add(url);
-    if (added) await pool.checkWorker(url);
-    log("info", `worker ${url} ${added ? "added" : "was already in the fleet"}`);
-    return { url, added, healthy: pool.get(url)!.healthy };
+    const target = groupParam(request);
+    const other = groups.find((g) => g !== target && g.pool.get(url) !== undefined);
+    if (other !== undefined) throw new RouterError(400, `worker ${url} is already a ${other.pool.role} worker`, null, "invalid_request_error", "url");
+    const added = target.pool.add(url);
+    if (added) await target.pool.checkWorker(url);
+    log("info", `${target.pool.role === "regular" ? "" : `${target.pool.role} `}worker ${url} ${added ? "added" : "was already in the fleet"}`);
+    return { url, ...(prefill === null ? {} : { role: target.pool.role }), added, healthy: target.pool.get(url)!.healthy };
   });
   app.post("/remove_worker", async (request) => {
     const url = urlParam(request);
-    if (!pool.remove(url)) throw new RouterError(404, `worker ${url} is not in the fleet`, null, "not_found_error", "url");
-    policy.forgetWorker(url);
+    const holder = groups.find((g) => g.pool.remove(url));
+    if (holder === undefined) throw new RouterError(404, `worker ${url} is not in the fleet`, null, "not_found_error", "url");
+    holder.policy.forgetWorker(url);
     kvIndex?.removeWorker(url);
     log("info", `worker ${url} removed`);
     return { url, removed: true };
@@ -205,12 +263,14 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
 
   let evictTimer: NodeJS.Timeout | null = null;
   return {
-    app, pool, policy, metrics, config, kvIndex,
+    app, pool, policy, prefill, metrics, config, kvIndex,
     async listen() {
       // subscribed in the background: routing falls back to load until events arrive
       if (kvIndex !== null) subscriber = new KvEventsSubscriber(config.kvEventsEndpoint!, config.kvEventsTopic, kvIndex, (level, line) => log(level, line));
-      await pool.start();
-      evictTimer = setInterval(() => policy.maintain(), config.evictionIntervalMs);
+      await Promise.all(groups.map((g) => g.pool.start()));
+      evictTimer = setInterval(() => {
+        for (const g of groups) g.policy.maintain();
+      }, config.evictionIntervalMs);
       evictTimer.unref();
       await app.listen({ host: config.host, port: config.port });
       const addr = app.server.address();
@@ -218,7 +278,7 @@ export function createRouter(options: Partial<RouterConfig> & { workerUrls: stri
       return `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
     },
     async close() {
-      pool.stop();
+      for (const g of groups) g.pool.stop();
       await subscriber?.close();
       if (evictTimer !== null) clearInterval(evictTimer);
       const closed = app.close();

@@ -4,6 +4,12 @@
 export const POLICY_NAMES = ["cache_aware", "round_robin", "random", "power_of_two", "weighted", "precise_prefix"] as const;
 export type PolicyName = (typeof POLICY_NAMES)[number];
 
+/**
+ * What a worker does in the fleet: "regular" serves whole requests; with P/D disaggregation (--pd-disaggregation) a
+ * "prefill" worker runs a completion's prompt and hands its KV cache on, a "decode" worker pulls it and generates.
+ */
+export type WorkerRole = "regular" | "prefill" | "decode";
+
 /** What a policy sees of a worker. */
 export interface WorkerView {
   readonly url: string;

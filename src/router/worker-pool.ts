@@ -3,7 +3,7 @@
 // `successThreshold` good ones) and, when healthy, reads the load gauges of its Prometheus /metrics
 // (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc). A request that cannot connect
 // marks its worker down at once.
-import type { WorkerView } from "./routing-types.js";
+import type { WorkerRole, WorkerView } from "./routing-types.js";
 
 /** The load a worker reported in its /metrics at `at` (ms since epoch). */
 export interface ReportedLoad {
@@ -28,6 +28,8 @@ export interface WorkerState {
 }
 
 export interface WorkerPoolOptions {
+  /** What the pool's workers do ("regular" unless P/D disaggregation splits the fleet in two pools). */
+  role?: WorkerRole;
   healthCheckIntervalMs: number;
   healthCheckTimeoutMs: number;
   healthFailureThreshold: number;
@@ -67,11 +69,13 @@ export function normalizeWorkerUrl(url: string): string {
 }
 
 export class WorkerPool {
+  readonly role: WorkerRole;
   private readonly byUrl = new Map<string, WorkerState>();
   private timer: NodeJS.Timeout | null = null;
   private checking: Promise<void> | null = null;
 
   constructor(urls: readonly string[], private readonly options: WorkerPoolOptions) {
+    this.role = options.role ?? "regular";
     for (const url of urls) this.add(url);
   }
 

@@ -49,6 +49,7 @@ describe("kiln router flags", () => {
     );
     assert.deepEqual(c, {
       workerUrls: ["http://a:1", "http://b:2"], host: "0.0.0.0", port: 0, policy: "power_of_two", cacheThreshold: 0.5, balanceAbsThreshold: 8,
+      pdDisaggregation: false, prefillUrls: [], decodeUrls: [], prefillPolicy: null, decodePolicy: null, // P/D: test/router/pd-args.test.ts
       balanceRelThreshold: 1.1, evictionIntervalMs: 30_000, maxTreeSize: 1000, healthCheckIntervalMs: 500, healthCheckTimeoutMs: 2000,
       healthFailureThreshold: 1, healthSuccessThreshold: 1, healthCheckEndpoint: "/ping", requestTimeoutMs: 10_000, maxRetries: 2,
       maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",

@@ -80,3 +80,21 @@ export function sample(text: string, name: string, labels = ""): number | undefi
   const line = text.split("\n").find((l) => (l.startsWith(`${name}{`) || l.startsWith(`${name} `)) && l.includes(labels));
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1));
 }
+
+/** The kv_transfer_params a fake prefill worker answers with (vLLM's NixlConnector fields). */
+export const fakeKvParams = (engine: string): Record<string, unknown> => ({
+  do_remote_prefill: true, do_remote_decode: false, remote_engine_id: engine, remote_request_id: `cmpl-${engine}-0`,
+  remote_block_ids: [3, 4, 5], remote_host: "127.0.0.1", remote_port: 40123, tp_size: 1,
+});
+
+/**
+ * A fake prefill worker's handler: a one-token completion (chat.completion on /v1/chat/completions) carrying
+ * `kv` as its top-level kv_transfer_params; `undefined` leaves the field out.
+ */
+export const prefillAnswer = (kv: unknown): Handler => (req, res) => {
+  const chat = req.url === "/v1/chat/completions";
+  const choice = chat ? { index: 0, message: { role: "assistant", content: "A" }, finish_reason: "length" } : { index: 0, text: "A", finish_reason: "length" };
+  const answer = { id: "cmpl-p", object: chat ? "chat.completion" : "text_completion", model: "tiny", choices: [choice], ...(kv === undefined ? {} : { kv_transfer_params: kv }) };
+  res.writeHead(200, { "content-type": "application/json", "x-phase": "prefill" }).end(JSON.stringify(answer));
+  return true;
+};
