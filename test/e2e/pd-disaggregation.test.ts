@@ -5,7 +5,8 @@
 // snapshot is gone computes the prompt itself; what cannot be acted on is a 400 naming kv_transfer_params.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { assertErrorBody, postRaw, startKiln, type KilnServer } from "./kiln-process.js";
+import OpenAI from "openai";
+import { assertErrorBody, launchKiln, postRaw, startKiln, type KilnServer } from "./kiln-process.js";
 
 type Json = Record<string, unknown>;
 const PROMPT = "The jury said that the city of Atlanta was well run, and that the election was fair in every way";
@@ -65,6 +66,27 @@ describe("kiln serve --kv-transfer-config (prefill/decode disaggregation)", () =
     let text = "";
     for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? "";
     assert.equal(text, want.choices[0]!.message.content);
+  });
+
+  it("through kiln router --pd-disaggregation: the client's requests are served as by one server", { timeout: 60_000 }, async () => {
+    const router = await launchKiln(["router", "--pd-disaggregation", "--prefill", p.url, "--decode", d.url, "--port", "0"], /Kiln router at (http:\/\/\S+)\/v1/, 20_000);
+    try {
+      const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: "unused", maxRetries: 0, timeout: 60_000 });
+      const prompt = `${PROMPT}, said the foreman`;
+      const want = await plain.client().completions.create({ model: plain.model, prompt, max_tokens: 12, temperature: 0 });
+      const got = await client.completions.create({ model: d.model, prompt, max_tokens: 12, temperature: 0 });
+      assert.equal(got.choices[0]!.text, want.choices[0]!.text);
+      const usage = got.usage as { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
+      assert.equal(usage.prompt_tokens_details?.cached_tokens, usage.prompt_tokens - 1, "the decode server read the prefill's K/V");
+      const messages = [{ role: "user" as const, content: prompt }];
+      const wantChat = await plain.client().chat.completions.create({ model: plain.model, messages, max_tokens: 8, temperature: 0 });
+      let text = "";
+      for await (const chunk of await client.chat.completions.create({ model: d.model, messages, max_tokens: 8, temperature: 0, stream: true }))
+        text += chunk.choices[0]?.delta?.content ?? "";
+      assert.equal(text, wantChat.choices[0]!.message.content);
+    } finally {
+      await router.stop();
+    }
   });
 
   it("what cannot be acted on is a 400 naming kv_transfer_params", { timeout: 60_000 }, async () => {
