@@ -145,6 +145,39 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       if (result.completed === 0) throw new Error("every request failed");
     });
 
+  // vllm bench latency / throughput: the engine in this process, with every engine flag of serve
+  const offline = (name: string, description: string) =>
+    addEngineOptions(bench.command(name).description(description))
+      .option("--model <dir>", "model directory or GGUF file (default: the built-in model)")
+      .option("--input-len <n>", "prompt tokens per request (random ids)", "32")
+      .option("--output-len <n>", "generated tokens per request (EOS ignored)", "128")
+      .option("--output-json <file>", "write the results as JSON (vLLM's keys)");
+  const offlineArgs = (o: Record<string, unknown>) => ({
+    inputLen: num(o.inputLen, "--input-len", { min: 1, int: true }),
+    outputLen: num(o.outputLen, "--output-len", { min: 1, int: true }),
+    seed: num(o.seed ?? "0", "--seed", { int: true }),
+    outputJson: (o.outputJson as string | undefined) ?? null,
+  });
+  offline("latency", "latency of one batch end to end, in this process (as `vllm bench latency`)")
+    .option("--batch-size <n>", "requests in the batch", "8")
+    .option("--num-iters-warmup <n>", "batches run before timing", "10")
+    .option("--num-iters <n>", "batches timed", "30")
+    .action(async (o: Record<string, unknown>) => {
+      const a = {
+        ...offlineArgs(o), batchSize: num(o.batchSize, "--batch-size", { min: 1, int: true }),
+        numItersWarmup: num(o.numItersWarmup, "--num-iters-warmup", { int: true }), numIters: num(o.numIters, "--num-iters", { min: 1, int: true }),
+      };
+      const { runBenchLatency } = await import("./bench-offline.js");
+      await runBenchLatency(parseServeArgs(o.model as string | undefined, o), a, deps.engineFactory);
+    });
+  offline("throughput", "offline throughput of many requests at once, in this process (as `vllm bench throughput`)")
+    .option("--num-prompts <n>", "requests", "1000")
+    .action(async (o: Record<string, unknown>) => {
+      const a = { ...offlineArgs(o), numPrompts: num(o.numPrompts, "--num-prompts", { min: 1, int: true }) };
+      const { runBenchThroughput } = await import("./bench-offline.js");
+      await runBenchThroughput(parseServeArgs(o.model as string | undefined, o), a, deps.engineFactory);
+    });
+
   // Hook: train, init-model, convert (and later commands) are registered from src/cli/extra-commands.ts.
   for (const register of extraCommands) register(program);
   return program;
