@@ -1,6 +1,7 @@
 // Prometheus metrics with vLLM's names (`vllm:*`, label model_name), on a per-server Registry.
 // Gauges are read from engine.stats() at scrape time; latencies are measured here, around each request's stream.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { KvTransferService } from "./kv-transfer.js";
 import type { EngineClient, FinishReason, RequestMetrics } from "../engine/types.js";
 
 // Bucket edges as in vLLM's v1 metrics loggers (seconds).
@@ -49,7 +50,8 @@ export class ServerMetrics {
   private readonly inferenceTime: Histogram<"model_name">;
 
   /** maxModelLen bounds the token-count histograms' buckets, as vLLM's max_model_len does. */
-  constructor(engine: EngineClient, modelName: string, maxModelLen: number) {
+  /** @param kvTransfer P/D disaggregation's side channel (--kv-transfer-config), whose counters are exported too. */
+  constructor(engine: EngineClient, modelName: string, maxModelLen: number, kvTransfer: Pick<KvTransferService, "counts" | "holding"> | null = null) {
     const registers = [this.registry];
     const labelNames = ["model_name"] as const;
     this.labels = { model_name: modelName };
@@ -89,6 +91,17 @@ export class ServerMetrics {
       counterFromStats("kiln:kv_events_published_batches_total", "KV-cache event batches published (--kv-events-config).", () => ev().publishedBatches);
       counterFromStats("kiln:kv_events_dropped_batches_total", "KV-cache event batches dropped: the publisher was not connected.", () => ev().droppedBatches);
       counterFromStats("kiln:kv_events_dropped_events_total", "KV-cache events in the dropped batches.", () => ev().droppedEvents);
+    }
+
+    if (kvTransfer !== null) {
+      const c = kvTransfer.counts;
+      counterFromStats("kiln:kv_transfer_exported_total", "Prefills whose prompt K/V was kept for a remote decode.", () => c.exported);
+      counterFromStats("kiln:kv_transfer_served_total", "K/V snapshots read by decode servers over the side channel.", () => c.served);
+      counterFromStats("kiln:kv_transfer_expired_total", "K/V snapshots dropped unread after their timeout.", () => c.expired);
+      counterFromStats("kiln:kv_transfer_evicted_total", "K/V snapshots dropped unread to stay under the held-bytes cap.", () => c.evicted);
+      counterFromStats("kiln:kv_transfer_imported_total", "Decodes that read a prefill server's K/V.", () => c.imported);
+      counterFromStats("kiln:kv_transfer_import_failures_total", "Decodes whose prefill K/V could not be fetched (they computed the prompt).", () => c.importFailures);
+      gauge("kiln:kv_transfer_held_bytes", "Bytes of K/V snapshots held for decode servers.", () => kvTransfer.holding.bytes);
     }
 
     if (engine.stats().lora !== undefined) {

@@ -239,7 +239,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       ctx = {
         engine: engineOptions.engine,
         tokenizer: engineOptions.tokenizer,
-        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen),
+        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null),
         servedModelNames: engineOptions.servedModelNames,
         maxModelLen: engineOptions.maxModelLen,
         maxWaitingRequests: engineOptions.maxWaitingRequests,

@@ -51,6 +51,10 @@ describe("kiln serve --kv-transfer-config (prefill/decode disaggregation)", () =
     assert.equal(again.status, 200, JSON.stringify(again.body));
     assert.equal((again.body as typeof got).choices[0]!.text, want.choices[0]!.text);
     assert.equal((again.body as typeof got).usage.prompt_tokens_details, undefined, "nothing was imported or cached");
+    assert.equal(await p.metric("kiln:kv_transfer_exported_total"), 1);
+    assert.equal(await p.metric("kiln:kv_transfer_served_total"), 1);
+    assert.equal(await d.metric("kiln:kv_transfer_imported_total"), 1);
+    assert.equal(await d.metric("kiln:kv_transfer_import_failures_total"), 1, "the second fetch found nothing");
   });
 
   it("chat: the decode streams its reply through the openai client, equal to one server's", { timeout: 60_000 }, async () => {
