@@ -3,6 +3,7 @@
 // combinations across groups.
 import type { Command } from "commander";
 import { addChatOptions, parseChatArgs, type ChatArgs } from "./serve-chat-args.js";
+import { addCompatOptions, checkCompatArgs } from "./serve-compat-args.js";
 import { addEngineFlagOptions, parseEngineFlagArgs, type EngineFlagArgs } from "./serve-engine-args.js";
 import { addFeatureOptions, addStructuredOutputOptions, parseFeatureArgs, type FeatureArgs } from "./serve-feature-args.js";
 import { addFrontendOptions, parseFrontendArgs, type FrontendArgs } from "./serve-frontend-args.js";
@@ -14,13 +15,17 @@ export { QUANTIZATION_METHODS } from "./serve-model-args.js";
 export type { KvCacheDtypeArg, SchedulingPolicy } from "./serve-engine-args.js";
 export type { LogLevel, LoraModuleArg } from "./serve-frontend-args.js";
 export { parseBytes } from "./serve-flag-values.js";
+export { expandMultiLetterShortFlags } from "./serve-compat-args.js";
 export { CliUsageError };
 
-export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs {}
+export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs {
+  /** vLLM flags accepted with no effect in Kiln (or read another way), one line each: printed before the model loads. */
+  warnings: string[];
+}
 
 /** Declares the engine-shaping flags on `cmd` (serve, and generate/chat, which run the engine without a server). */
 export function addEngineOptions(cmd: Command): Command {
-  return addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd)));
+  return addCompatOptions(addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd))));
 }
 
 /** Declares every serve flag on `cmd`. */
@@ -30,16 +35,18 @@ export function addServeOptions(cmd: Command): Command {
 
 /** Validates commander's raw option values (all strings) into ServeArgs. */
 export function parseServeArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): ServeArgs {
-  const modelArgs = parseModelArgs(model, o);
-  const engine = parseEngineFlagArgs(o);
+  const warnings: string[] = [];
+  const modelArgs = parseModelArgs(model, o, warnings);
+  const engine = parseEngineFlagArgs(o, warnings);
   const frontend = parseFrontendArgs(model, o, env);
   const chat = parseChatArgs(o);
-  const features = parseFeatureArgs(o, { host: frontend.host, port: frontend.port, tensorParallelSize: engine.tensorParallelSize });
+  const features = parseFeatureArgs(o, { ...frontend, tensorParallelSize: engine.tensorParallelSize });
+  checkCompatArgs(o, warnings);
   // across groups
   if (features.speculativeConfig !== null && engine.asyncScheduling === true)
     throw new CliUsageError("--async-scheduling cannot be combined with --speculative-config");
   if (frontend.loraModules.length > 0 && !engine.enableLora) throw new CliUsageError("--lora-modules needs --enable-lora");
   if (features.runner === "pooling" && engine.enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
   if (features.runner === "pooling" && features.speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
-  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat };
+  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat, warnings };
 }

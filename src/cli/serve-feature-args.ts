@@ -58,6 +58,7 @@ export function addStructuredOutputOptions(cmd: Command): Command {
 export interface FeatureContext {
   host: string;
   port: number;
+  uds: string | null;
   tensorParallelSize: number;
 }
 
@@ -68,7 +69,7 @@ export function parseFeatureArgs(o: Record<string, unknown>, at: FeatureContext)
     runner,
     poolerConfig,
     speculativeConfig: parseSpeculativeConfig(o.speculativeConfig),
-    kvEventsConfig: parseKvEventsFlag(o.kvEventsConfig, at.host, at.port),
+    kvEventsConfig: parseKvEventsFlag(o.kvEventsConfig, at),
     kvTransferConfig: parseKvTransferFlag(o.kvTransferConfig, at.tensorParallelSize, runner),
     disableAnyWhitespace: parseStructuredOutputsConfig(o.structuredOutputsConfig, o.guidedDecodingBackend),
     reasoningParser: o.reasoningParser === undefined ? null : oneOf(o.reasoningParser, "--reasoning-parser", REASONING_PARSERS),
@@ -133,7 +134,7 @@ function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
  * --kv-events-config: vLLM's JSON; engine_id defaults to the URL the server is reached at (what a router lists it
  * by): http://host:port, this machine's name for a wildcard host; with --port 0 it must be given.
  */
-function parseKvEventsFlag(value: unknown, host: string, port: number): KvEventsConfig | null {
+function parseKvEventsFlag(value: unknown, { host, port, uds }: FeatureContext): KvEventsConfig | null {
   if (value === undefined) return null;
   const raw = jsonObjectFlag(value, "--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222"}');
   let c: KvEventsConfig | null;
@@ -143,7 +144,8 @@ function parseKvEventsFlag(value: unknown, host: string, port: number): KvEvents
     throw new CliUsageError((e as Error).message);
   }
   if (c === null || c.engineId !== null) return c;
-  if (port === 0) throw new CliUsageError('--kv-events-config with --port 0: give "engine_id" (the URL a router lists this server by)');
+  if (port === 0 || uds !== null)
+    throw new CliUsageError(`--kv-events-config with ${uds !== null ? "--uds" : "--port 0"}: give "engine_id" (the URL a router lists this server by)`);
   const h = host === "0.0.0.0" || host === "::" || host === "" ? hostname() : host.includes(":") ? `[${host}]` : host;
   return { ...c, engineId: `http://${h}:${port}` };
 }

@@ -22,6 +22,8 @@ export interface LoraModuleArg {
 export interface FrontendArgs {
   host: string; // "0.0.0.0" = all interfaces (vLLM's default of None)
   port: number;
+  /** vLLM --uds: listen on this Unix domain socket instead of host and port; null = TCP. */
+  uds: string | null;
   apiKey: string | null;
   servedModelName: string[] | null; // null = the model argument
   logLevel: LogLevel;
@@ -51,6 +53,7 @@ export function addFrontendOptions(cmd: Command): Command {
   return cmd
     .option("--host <host>", "host name to listen on (default: all interfaces)")
     .option("--port <port>", "port to listen on", "8000")
+    .option("--uds <path>", "listen on this Unix domain socket instead of --host and --port")
     .option("--api-key <key>", "require this key in 'Authorization: Bearer' (env KILN_API_KEY)")
     .option("--served-model-name <names...>", "model name(s) used in the API (default: the model argument)")
     .addOption(new Option("--log-level <level>", "log level").choices(["debug", "info", "warning", "error", "critical"]).default("info"))
@@ -112,6 +115,14 @@ function parseRootPath(value: unknown): string | null {
   return trimmed === "" ? null : trimmed;
 }
 
+/** --uds: a socket path (a stale socket there is replaced when the server listens; any other file is refused then). */
+function parseUds(value: unknown): string | null {
+  if (value === undefined) return null;
+  const p = String(value);
+  if (p.trim() === "") throw new CliUsageError("--uds must be a socket path such as /tmp/kiln.sock");
+  return p;
+}
+
 /** --allowed-origins: a JSON list of strings. */
 function parseAllowedOrigins(value: unknown): string[] {
   if (value === undefined) return ["*"];
@@ -162,6 +173,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
   return {
     host: (o.host as string | undefined) ?? "0.0.0.0",
     port,
+    uds: parseUds(o.uds),
     apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
     // the built-in model is served as "kiln-default" (vLLM serves a model under the name it was given)
     servedModelName: (o.servedModelName as string[] | undefined) ?? (model === undefined ? ["kiln-default"] : null),
