@@ -66,7 +66,7 @@ const GENERATION_OVERRIDE_KEYS: Record<string, { ok: (v: number) => boolean; rul
 export function addModelOptions(cmd: Command): Command {
   return cmd
     .addOption(new Option("--dtype <dtype>", "weight and activation dtype").choices([...DTYPES]).default("auto"))
-    .option("--quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
+    .option("-q, --quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .option("--tokenizer <dir>", "directory of the tokenizer (tokenizer.json, tokenizer_config.json, chat template) when not the model's")
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
     .option(

@@ -127,7 +127,7 @@ describe("vLLM serve flags", () => {
     assert.throws(() => parse({ uds: "/tmp/kiln.sock", kvEventsConfig: ev }), /--kv-events-config with --uds: give "engine_id"/);
   });
 
-  it("the command line: -tp and -O reach the args, warnings are printed before the model loads, refusals exit 2 naming the flag", async () => {
+  it("the command line: -tp, -O and -q reach the args, warnings are printed before the model loads, refusals exit 2 naming the flag", async () => {
     let got: ServeArgs | null = null;
     const factory: EngineFactory = async (args) => {
       got = args;
@@ -137,13 +137,13 @@ describe("vLLM serve flags", () => {
     const write = process.stderr.write;
     process.stderr.write = ((s: string) => written.push(s) > 0) as typeof process.stderr.write;
     try {
-      assert.equal(await main(["node", "kiln", "serve", "m", "-tp", "1", "-O0", "--swap-space", "8"], { engineFactory: factory }), 2);
+      assert.equal(await main(["node", "kiln", "serve", "m", "-tp", "1", "-O0", "-q", "int8", "--swap-space", "8"], { engineFactory: factory }), 2);
     } finally {
       process.stderr.write = write;
     }
     const args = got as ServeArgs | null;
     assert.ok(args);
-    assert.deepEqual([args.tensorParallelSize, args.enforceEager], [1, true]);
+    assert.deepEqual([args.tensorParallelSize, args.enforceEager, args.quantization], [1, true, "int8"]);
     assert.match(written[0]!, /^kiln: warning: --swap-space: no effect/);
     const r = kiln("serve", "m", "--load-format", "tensorizer");
     assert.equal(r.status, 2);
