@@ -41,37 +41,7 @@ export type EngineFactory = (args: ServeArgs, progress: ProgressFn, whileLoading
 export const createEngineFromArgs: EngineFactory = async (args, progress, whileLoading) => {
   resolveQuantization(args.quantization); // unsupported methods fail before any weight is read
   progress("loading weights", 0);
-  const servingArgs: ServingArgs = {
-    model: args.model,
-    dtype: args.dtype as DtypeArg,
-    quantization: args.quantization,
-    maxModelLen: args.maxModelLen ?? undefined,
-    maxNumSeqs: args.maxNumSeqs ?? undefined,
-    maxNumBatchedTokens: args.maxNumBatchedTokens ?? undefined,
-    blockSize: args.blockSize ?? undefined,
-    kvCacheMemory: args.kvCacheMemoryBytes ?? undefined,
-    kvCacheDtype: args.kvCacheDtype,
-    gpuMemoryUtilization: args.kvCacheMemoryBytes === null ? Math.min(args.gpuMemoryUtilization, 0.25) : undefined,
-    enablePrefixCaching: args.enablePrefixCaching ?? undefined,
-    seed: args.seed,
-    schedulingPolicy: args.schedulingPolicy,
-    logprobsMode: args.logprobsMode,
-    enforceEager: args.enforceEager,
-    asyncScheduling: args.asyncScheduling ?? undefined,
-    ...(args.speculativeConfig !== null ? { speculativeConfig: args.speculativeConfig } : {}),
-    ...(args.kvEventsConfig !== null ? { kvEventsConfig: args.kvEventsConfig } : {}),
-    ...(args.enableLora
-      ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
-      : {}),
-    ...(args.runner === "pooling" ? { runner: "pooling" as const, poolerConfig: args.poolerConfig } : {}),
-    ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
-    ...(args.tokenizer !== null ? { tokenizer: args.tokenizer } : {}),
-    maxLogprobs: args.maxLogprobs,
-    enableChunkedPrefill: args.enableChunkedPrefill ?? undefined,
-    longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
-    ...(args.tensorParallelSize > 1 ? { tensorParallelSize: args.tensorParallelSize } : {}),
-    onProgress: (stage, f) => progress(stage, f),
-  };
+  const servingArgs = servingArgsOf(args, progress);
   const specs = args.logitsProcessors;
   const loaded = env.engineInProcess ? await inProcessEngine(servingArgs, specs) : await workerEngine(servingArgs, specs, whileLoading);
   progress(`KV cache (${loaded.kvCacheDtype}): ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
@@ -90,6 +60,48 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
     close: loaded.close,
   };
 };
+
+/** The engine arguments (vLLM's names, camelCase) of `kiln serve`'s flags. */
+export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArgs {
+  return {
+    model: args.model,
+    dtype: args.dtype as DtypeArg,
+    quantization: args.quantization,
+    maxModelLen: args.maxModelLen ?? undefined,
+    maxNumSeqs: args.maxNumSeqs ?? undefined,
+    maxNumBatchedTokens: args.maxNumBatchedTokens ?? undefined,
+    blockSize: args.blockSize ?? undefined,
+    kvCacheMemory: args.kvCacheMemoryBytes ?? undefined,
+    kvCacheDtype: args.kvCacheDtype,
+    gpuMemoryUtilization: args.kvCacheMemoryBytes === null ? Math.min(args.gpuMemoryUtilization, 0.25) : undefined,
+    enablePrefixCaching: args.enablePrefixCaching ?? undefined,
+    seed: args.seed,
+    schedulingPolicy: args.schedulingPolicy,
+    logprobsMode: args.logprobsMode,
+    enforceEager: args.enforceEager,
+    // vLLM's one capture size (tokens) caps both kinds of step graph: decode batches and mixed steps
+    ...(args.maxCaptureSize !== null ? { maxCaptureSize: args.maxCaptureSize, maxCaptureTokens: args.maxCaptureSize } : {}),
+    asyncScheduling: args.asyncScheduling ?? undefined,
+    loadFormat: args.loadFormat,
+    ...(args.hfOverrides !== null ? { hfOverrides: args.hfOverrides } : {}),
+    ...(args.revision !== null ? { revision: args.revision } : {}),
+    ...(args.downloadDir !== null ? { downloadDir: args.downloadDir } : {}),
+    ...(args.disableSlidingWindow ? { disableSlidingWindow: true } : {}),
+    ...(args.speculativeConfig !== null ? { speculativeConfig: args.speculativeConfig } : {}),
+    ...(args.kvEventsConfig !== null ? { kvEventsConfig: args.kvEventsConfig } : {}),
+    ...(args.enableLora
+      ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
+      : {}),
+    ...(args.runner === "pooling" ? { runner: "pooling" as const, poolerConfig: args.poolerConfig } : {}),
+    ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
+    ...(args.tokenizer !== null ? { tokenizer: args.tokenizer } : {}),
+    maxLogprobs: args.maxLogprobs,
+    enableChunkedPrefill: args.enableChunkedPrefill ?? undefined,
+    longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
+    ...(args.tensorParallelSize > 1 ? { tensorParallelSize: args.tensorParallelSize } : {}),
+    onProgress: (stage, f) => progress(stage, f),
+  };
+}
 
 interface StartedEngine {
   engine: EngineClient;

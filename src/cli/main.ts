@@ -3,7 +3,7 @@ import { Command, CommanderError } from "commander";
 import type { BenchServeArgs } from "./bench-serve.js";
 import type { EngineFactory } from "./engine-factory.js";
 import { extraCommands } from "./extra-commands.js";
-import { addEngineOptions, addServeOptions, CliUsageError, parseServeArgs } from "./serve-args.js";
+import { addEngineOptions, addServeOptions, CliUsageError, expandMultiLetterShortFlags, parseServeArgs, type ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
 
 export interface CliDeps {
@@ -21,6 +21,13 @@ function num(value: unknown, flag: string, { min = 0, int = false } = {}): numbe
     throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} >= ${min}, got ${JSON.stringify(value)}`);
   }
   return n;
+}
+
+/** parseServeArgs, saying each vLLM flag it accepted with no effect (before anything loads). */
+function serveArgs(model: string | undefined, opts: Record<string, unknown>): ServeArgs {
+  const args = parseServeArgs(model, opts);
+  for (const w of args.warnings) process.stderr.write(`kiln: warning: ${w}\n`);
+  return args;
 }
 
 function addSamplingOptions(cmd: Command): Command {
@@ -53,7 +60,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       if (positional !== undefined && cmd.getOptionValueSource("model") === "cli" && positional !== flag)
         throw new CliUsageError(`the model is given twice: ${JSON.stringify(positional)} and --model ${JSON.stringify(flag)}`);
       const { runServe } = await import("./serve.js");
-      await runServe(parseServeArgs(positional ?? flag, opts), deps.engineFactory);
+      await runServe(serveArgs(positional ?? flag, opts), deps.engineFactory);
     });
 
   addSamplingOptions(addEngineOptions(program.command("generate").description("generate one completion")))
@@ -63,7 +70,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
     .option("--chat", "wrap the prompt in the chat template as a user message", false)
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = parseServeArgs(opts.model as string | undefined, opts);
+      const args = serveArgs(opts.model as string | undefined, opts);
       const { runGenerate } = await import("./generate.js");
       await runGenerate(args, {
         prompt: opts.prompt as string,
@@ -81,7 +88,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
     .option("--system <text>", "system prompt")
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = parseServeArgs(opts.model as string | undefined, opts);
+      const args = serveArgs(opts.model as string | undefined, opts);
       const { runChat } = await import("./generate.js");
       await runChat(args, {
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
@@ -188,7 +195,10 @@ export async function main(argv: string[] = process.argv, deps?: CliDeps): Promi
   const program = buildProgram(deps);
   program.exitOverride();
   try {
-    await program.parseAsync(argv);
+    // vLLM's -tp / -pp / -dp (commander's short flags are one letter) in the engine commands' words
+    const [node = "node", script = "kiln", command, ...rest] = argv;
+    const engineCommand = command === "serve" || command === "generate" || command === "chat";
+    await program.parseAsync(engineCommand ? [node, script, command, ...expandMultiLetterShortFlags(rest)] : argv);
     return 0;
   } catch (err) {
     if (err instanceof CommanderError) return err.exitCode; // commander already printed the message

@@ -1,17 +1,39 @@
-// `kiln serve`'s HTTP front-end flags, vLLM's FrontendArgs (vllm/entrypoints/openai/cli_args.py): TLS, root path,
-// request id headers, the reply role, logprobs' token form, and uvicorn's log flags mapped onto fastify's log.
+// `kiln serve`'s HTTP front-end flags, vLLM's FrontendArgs (vllm/entrypoints/openai/cli_args.py): where it listens,
+// TLS, root path, API key, CORS, the served names and LoRA adapters, request id headers, logprobs' token form, and
+// uvicorn's log flags mapped onto fastify's log. (The chat flags are serve-chat-args.ts'.)
 import { readFileSync } from "node:fs";
 import { createSecureContext } from "node:tls";
 import { Option, type Command } from "commander";
+import { int, jsonObjectFlag, optInt } from "./serve-flag-values.js";
 import { CliUsageError } from "./usage-error.js";
 
 /** vLLM's --uvicorn-log-level values. */
 export const UVICORN_LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"] as const;
 export type UvicornLogLevel = (typeof UVICORN_LOG_LEVELS)[number];
+export type LogLevel = "debug" | "info" | "warning" | "error" | "critical";
+
+/** One --lora-modules entry: name=path, or JSON {"name", "path", "base_model_name"}. */
+export interface LoraModuleArg {
+  name: string;
+  path: string;
+  baseModelName: string | null;
+}
 
 export interface FrontendArgs {
-  /** vLLM --response-role: the chat reply's role when the request's add_generation_prompt is true. */
-  responseRole: string;
+  host: string; // "0.0.0.0" = all interfaces (vLLM's default of None)
+  port: number;
+  /** vLLM --uds: listen on this Unix domain socket instead of host and port; null = TCP. */
+  uds: string | null;
+  apiKey: string | null;
+  servedModelName: string[] | null; // null = the model argument
+  logLevel: LogLevel;
+  logRequests: boolean;
+  /** vLLM --enable-prompt-tokens-details: usage reports prompt_tokens_details.cached_tokens (prefix-cache hits). */
+  enablePromptTokensDetails: boolean;
+  allowedOrigins: string[];
+  maxWaitingRequests: number | null;
+  /** vLLM --lora-modules: adapters served under their names from the start. */
+  loraModules: LoraModuleArg[];
   /** vLLM --return-tokens-as-token-ids: logprobs name tokens as "token_id:<id>" (a request's return_tokens_as_token_ids overrides). */
   returnTokensAsTokenIds: boolean;
   /** vLLM --enable-request-id-headers: every response carries X-Request-Id. */
@@ -29,7 +51,18 @@ export interface FrontendArgs {
 /** Declares the front-end flags on `cmd` (serve only). */
 export function addFrontendOptions(cmd: Command): Command {
   return cmd
-    .option("--response-role <role>", "the chat reply's role when the request's add_generation_prompt is true", "assistant")
+    .option("--host <host>", "host name to listen on (default: all interfaces)")
+    .option("--port <port>", "port to listen on", "8000")
+    .option("--uds <path>", "listen on this Unix domain socket instead of --host and --port")
+    .option("--api-key <key>", "require this key in 'Authorization: Bearer' (env KILN_API_KEY)")
+    .option("--served-model-name <names...>", "model name(s) used in the API (default: the model argument)")
+    .addOption(new Option("--log-level <level>", "log level").choices(["debug", "info", "warning", "error", "critical"]).default("info"))
+    .option("--enable-log-requests", "log every request", false)
+    .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
+    .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
+    .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
+    .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting")
+    .option("--lora-modules <specs...>", 'LoRA adapters to serve, each name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}')
     .option("--return-tokens-as-token-ids", 'logprobs name their tokens as "token_id:<id>" (chat and completions)', false)
     .option("--enable-request-id-headers", "every response carries X-Request-Id: the request's own, else a generated one", false)
     .option("--ssl-keyfile <file>", "PEM private key for HTTPS (default: read from --ssl-certfile)")
@@ -82,15 +115,74 @@ function parseRootPath(value: unknown): string | null {
   return trimmed === "" ? null : trimmed;
 }
 
-/** Validates commander's raw values of the front-end flags. */
-export function parseFrontendArgs(o: Record<string, unknown>): FrontendArgs {
-  const role = o.responseRole ?? "assistant";
-  if (typeof role !== "string" || role.trim() === "") throw new CliUsageError(`--response-role must be a non-empty role name, got ${JSON.stringify(role)}`);
+/** --uds: a socket path (a stale socket there is replaced when the server listens; any other file is refused then). */
+function parseUds(value: unknown): string | null {
+  if (value === undefined) return null;
+  const p = String(value);
+  if (p.trim() === "") throw new CliUsageError("--uds must be a socket path such as /tmp/kiln.sock");
+  return p;
+}
+
+/** --allowed-origins: a JSON list of strings. */
+function parseAllowedOrigins(value: unknown): string[] {
+  if (value === undefined) return ["*"];
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(String(value));
+  } catch {
+    parsed = undefined;
+  }
+  if (!Array.isArray(parsed) || !parsed.every((x) => typeof x === "string"))
+    throw new CliUsageError(`--allowed-origins must be a JSON list of strings such as '["http://localhost:3000"]', got ${String(value)}`);
+  return parsed;
+}
+
+/** --lora-modules: name=path or a JSON object per entry (vLLM's LoRAParserAction); names must differ. */
+function parseLoraModules(value: unknown): LoraModuleArg[] {
+  if (value === undefined) return [];
+  const specs = (Array.isArray(value) ? value : [value]) as unknown[];
+  const out: LoraModuleArg[] = [];
+  for (const spec of specs) {
+    const s = String(spec).trim();
+    let m: LoraModuleArg | null = null;
+    if (s.startsWith("{")) {
+      const c = jsonObjectFlag(s, "--lora-modules", '{"name": "sql", "path": "/adapters/sql"}');
+      if (typeof c.name === "string" && c.name !== "" && typeof c.path === "string" && c.path !== "")
+        m = { name: c.name, path: c.path, baseModelName: typeof c.base_model_name === "string" ? c.base_model_name : null };
+    } else {
+      const eq = s.indexOf("=");
+      if (eq > 0 && eq < s.length - 1) m = { name: s.slice(0, eq), path: s.slice(eq + 1), baseModelName: null };
+    }
+    if (m === null) throw new CliUsageError(`--lora-modules entries are name=path or JSON with "name" and "path", got ${JSON.stringify(s)}`);
+    if (out.some((x) => x.name === m.name)) throw new CliUsageError(`--lora-modules names ${JSON.stringify(m.name)} twice`);
+    out.push(m);
+  }
+  return out;
+}
+
+/**
+ * Validates commander's raw values of the front-end flags. `model` is the model as given (undefined: the built-in
+ * one, served as "kiln-default"); `env` gives KILN_API_KEY.
+ */
+export function parseFrontendArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv): FrontendArgs {
   const level = o.uvicornLogLevel;
   if (level !== undefined && !(UVICORN_LOG_LEVELS as readonly unknown[]).includes(level))
     throw new CliUsageError(`--uvicorn-log-level must be one of ${UVICORN_LOG_LEVELS.join(", ")}, got ${JSON.stringify(level)}`);
+  const port = int(o.port ?? "8000", "--port", 0);
+  if (port > 65535) throw new CliUsageError(`--port must be <= 65535, got ${port}`);
   return {
-    responseRole: role,
+    host: (o.host as string | undefined) ?? "0.0.0.0",
+    port,
+    uds: parseUds(o.uds),
+    apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
+    // the built-in model is served as "kiln-default" (vLLM serves a model under the name it was given)
+    servedModelName: (o.servedModelName as string[] | undefined) ?? (model === undefined ? ["kiln-default"] : null),
+    logLevel: (o.logLevel as LogLevel | undefined) ?? "info",
+    logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
+    enablePromptTokensDetails: Boolean(o.enablePromptTokensDetails),
+    allowedOrigins: parseAllowedOrigins(o.allowedOrigins),
+    maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
+    loraModules: parseLoraModules(o.loraModules),
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),
     enableRequestIdHeaders: Boolean(o.enableRequestIdHeaders),
     tls: parseTls(o.sslKeyfile, o.sslCertfile),

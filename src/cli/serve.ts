@@ -5,7 +5,9 @@ import type { ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
 import { CliUsageError, type LoraModuleArg } from "./serve-args.js";
 import { pinoLevel } from "./serve-frontend-args.js";
+import { lstatSync, unlinkSync } from "node:fs";
 import type { EngineClient } from "../engine/types.js";
+import { withChatTemplateDefaults } from "../models/chat-content-format.js";
 import type { LoraModule } from "../server/serving-context.js";
 import type { KvTransferService } from "../server/kv-transfer.js";
 import { env } from "../util/env.js";
@@ -73,7 +75,8 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   };
   const app = server.bind({
     engine: loaded.engine,
-    tokenizer: loaded.tokenizer,
+    // --chat-template-content-format and --default-chat-template-kwargs reach every chat render (chat, responses, /tokenize)
+    tokenizer: withChatTemplateDefaults(loaded.tokenizer, { contentFormat: args.chatTemplateContentFormat, kwargs: args.defaultChatTemplateKwargs }),
     servedModelNames: names,
     maxModelLen: loaded.maxModelLen,
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
@@ -90,16 +93,29 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     kvTransfer,
   });
   try {
-    await app.listen({ host: args.host, port: args.port });
+    if (args.uds !== null) removeStaleSocket(args.uds);
+    await app.listen(args.uds !== null ? { path: args.uds } : { host: args.host, port: args.port });
   } catch (err) {
     await closeAll();
     throw err;
   }
-  const addr = app.server.address();
-  const port = addr && typeof addr === "object" ? addr.port : args.port;
-  out.write(`Kiln serving ${names[0]} at ${args.tls !== null ? "https" : "http"}://${args.host}:${port}/v1\n`);
+  const scheme = args.tls !== null ? "https" : "http";
+  if (args.uds !== null) out.write(`Kiln serving ${names[0]} at unix:${args.uds} (${scheme}, /v1)\n`);
+  else {
+    const addr = app.server.address();
+    const port = addr && typeof addr === "object" ? addr.port : args.port;
+    out.write(`Kiln serving ${names[0]} at ${scheme}://${args.host}:${port}/v1\n`);
+  }
   if (kvTransfer !== null) out.write(`K/V side channel (${args.kvTransferConfig!.kvRole}) on ${args.host}:${kvTransfer.sidePort}\n`);
   await serveUntilSignal(app, { onClosed: closeAll });
+}
+
+/** --uds: a socket left by a server that did not close is replaced (as asyncio, under uvicorn, does); any other file is refused. */
+function removeStaleSocket(path: string): void {
+  const st = lstatSync(path, { throwIfNoEntry: false });
+  if (st === undefined) return;
+  if (!st.isSocket()) throw new CliUsageError(`--uds ${path}: the path exists and is not a socket`);
+  unlinkSync(path);
 }
 
 /** Reads every --lora-modules adapter into the engine (ids 1, 2, ...); a bad one stops the start-up, named. */

@@ -21,6 +21,7 @@ import { camelCaseHint } from "../util/names.js";
 import { resolveModel } from "../models/hub.js";
 import { checkTensorParallelConfig } from "../models/causal-lm.js";
 import { languageModelConfig, parseHfConfig } from "../models/hf-config.js";
+import { applyHfOverrides, isLoadFormat, LOAD_FORMATS, type LoadFormat } from "../models/load-format.js";
 import { startTensorParallel, type TpLeader } from "./tensor-parallel.js";
 
 /** Engine arguments with vLLM's names (camelCase), as `kiln serve` flags and `new LLM({...})` take them. */
@@ -66,6 +67,20 @@ export interface ServingArgs {
   /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
   maxCaptureTokens?: number;
   revision?: string;
+  /** vLLM's --download-dir: the hub cache a hub id is looked up in (and downloaded to); default HF_HUB_CACHE's. */
+  downloadDir?: string;
+  /**
+   * vLLM's --load-format: "auto" (default), "safetensors", "gguf", or "dummy" (random weights of the config's shapes,
+   * no checkpoint tensor read; models/dummy-weights.ts).
+   */
+  loadFormat?: LoadFormat;
+  /** vLLM's --hf-overrides: config.json keys over the model's before it is built (models/load-format.ts applyHfOverrides). */
+  hfOverrides?: Record<string, unknown> | null;
+  /**
+   * vLLM's --disable-sliding-window: a model with a sliding window serves at most that many tokens (max_model_len is
+   * capped to it), where full attention and the window's attend to the same tokens.
+   */
+  disableSlidingWindow?: boolean;
   /** vLLM's --enable-lora: serve LoRA adapters (requests name them; see EngineRequestInput.loraRequest). Default off. */
   enableLora?: boolean;
   /** vLLM's --max-loras: adapters in one step (device slots); default 1. */
@@ -144,7 +159,8 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
-  enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true,
+  enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
+  disableSlidingWindow: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -181,6 +197,10 @@ function checkServingArgs(args: ServingArgs): void {
     if (args.speculativeConfig) refuse("speculative_config", "speculative decoding");
     if (args.runner === "pooling") refuse("runner", "the pooling runner");
   }
+  if (args.loadFormat !== undefined && !isLoadFormat(args.loadFormat))
+    throw new EngineInputError("load_format", `load_format must be one of ${LOAD_FORMATS.join(", ")}, got ${JSON.stringify(args.loadFormat)}`);
+  const o = args.hfOverrides;
+  if (o != null && (typeof o !== "object" || Array.isArray(o))) throw new EngineInputError("hf_overrides", `hf_overrides must be an object, got ${JSON.stringify(o)}`);
   if (args.tokenizer !== undefined && !fs.existsSync(path.join(args.tokenizer, "tokenizer.json")))
     throw new EngineInputError("tokenizer", `tokenizer ${JSON.stringify(args.tokenizer)} is not a directory holding tokenizer.json`);
   if (args.maxCpuLoras != null && args.maxCpuLoras < (args.maxLoras ?? 1))
@@ -232,15 +252,23 @@ export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCac
   return loaded.dtype === "bfloat16" ? "bfloat16" : "float32";
 }
 
+/** The model's length: max_position_embeddings, capped to the sliding window with disable_sliding_window (vLLM's rule). */
+function derivedMaxModelLen(loaded: LoadedModel, args: ServingArgs): number {
+  const window = args.disableSlidingWindow === true ? loaded.config.slidingWindow : null;
+  return Math.min(loaded.config.maxPositionEmbeddings, window ?? Infinity);
+}
+
 export function sizeKvCache(
   loaded: LoadedModel,
   args: ServingArgs,
 ): { numBlocks: number; maxModelLen: number; blockSize: number; kvCacheDtype: KvCacheDtype } {
   const blockSize = args.blockSize ?? 16;
   if (!Number.isInteger(blockSize) || blockSize <= 0 || blockSize > 1024) throw new EngineInputError("block_size", `block_size must be an integer in [1, 1024], got ${blockSize}`);
-  const maxModelLen = args.maxModelLen ?? loaded.config.maxPositionEmbeddings;
+  const maxModelLen = args.maxModelLen ?? derivedMaxModelLen(loaded, args);
   if (maxModelLen > loaded.config.maxPositionEmbeddings)
     throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`);
+  if (maxModelLen > derivedMaxModelLen(loaded, args))
+    throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's sliding window ${loaded.config.slidingWindow}, which disable_sliding_window caps it to`);
   const kvCacheDtype = resolveKvCacheDtype(loaded, args.kvCacheDtype);
   const perBlock = kvBytesPerBlock(loaded.model, blockSize, kvCacheDtype);
   const budget = args.kvCacheMemory ?? defaultKvBudget(args.gpuMemoryUtilization ?? 0.25);
@@ -386,7 +414,9 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
     };
     // the slots' shape is part of the capture; max_cpu_loras (host memory) is not
     const loraSlots = lora === null ? null : { maxLoras: lora.maxLoras, maxLoraRank: lora.maxLoraRank };
-    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora: loraSlots });
+    // (random weights are allocated where a checkpoint's are mapped from its file: another layout to record)
+    const dummy = args.loadFormat === "dummy" ? { dummyWeights: true } : {};
+    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora: loraSlots, ...dummy });
     runner.captureStepGraphs(maxModelLen, {
       ...buckets,
       onProgress: (p) => args.onProgress?.(stage, p.done / p.total),
@@ -435,7 +465,7 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
       "the synchronous LLM runs one rank: serve tensor-parallel with `kiln serve --tensor-parallel-size N` or WorkerEngine.create",
     );
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
-  const loaded = loadLocalModel(args.model, { dtype: args.dtype, quantization: args.quantization, tokenizer: args.tokenizer, onProgress: args.onProgress });
+  const loaded = loadLocalModel(args.model, { ...loadOptions(args), onProgress: args.onProgress });
   return setup(loaded, args, mark);
 }
 
@@ -447,15 +477,21 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
   checkServingArgs(args);
   if ((args.tensorParallelSize ?? 1) > 1) return createTensorParallelSetup(args, args.tensorParallelSize!, load);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
-  const loaded = await loadModel(args.model, {
+  const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
+  return setup(loaded, args, mark);
+}
+
+/** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
+function loadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides"> {
+  return {
     dtype: args.dtype,
     quantization: args.quantization,
     revision: args.revision,
+    downloadDir: args.downloadDir,
     tokenizer: args.tokenizer,
-    onProgress: args.onProgress,
-    deferTokenizerBuild: load.deferTokenizerBuild,
-  });
-  return setup(loaded, args, mark);
+    loadFormat: args.loadFormat,
+    hfOverrides: args.hfOverrides,
+  };
 }
 
 /**
@@ -464,10 +500,10 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
  * rank's shard while they load theirs. Any failure stops the ranks.
  */
 async function createTensorParallelSetup(args: ServingArgs, size: number, load: Pick<LoadOptions, "deferTokenizerBuild">): Promise<ServingSetup> {
-  const resolved = await resolveModel(args.model, { revision: args.revision });
+  const resolved = await resolveModel(args.model, { revision: args.revision, ...(args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {}) });
   if (resolved.kind !== "dir" || !fs.existsSync(path.join(resolved.path, "config.json")))
     throw new EngineInputError("tensor_parallel_size", `${args.model}: tensor parallelism serves Hugging Face safetensors directories (not GGUF files)`);
-  const raw = JSON.parse(fs.readFileSync(path.join(resolved.path, "config.json"), "utf8")) as Record<string, unknown>;
+  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
   const config = parseHfConfig(languageModelConfig(raw).config);
   try {
     checkTensorParallelConfig(config, size);
@@ -475,12 +511,15 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
     throw new EngineInputError("tensor_parallel_size", (e as Error).message.replace("[tensor_parallel] ", ""));
   }
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 0);
-  const tp = await startTensorParallel({ model: resolved.path, dtype: args.dtype, revision: args.revision, tokenizer: args.tokenizer }, size);
+  const { dtype, tokenizer, loadFormat, hfOverrides } = loadOptions(args);
+  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined }, size);
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 1);
   try {
     const loaded = await loadModel(resolved.path, {
-      dtype: args.dtype,
-      tokenizer: args.tokenizer,
+      dtype,
+      tokenizer,
+      loadFormat,
+      hfOverrides,
       onProgress: args.onProgress,
       deferTokenizerBuild: load.deferTokenizerBuild,
       tp: tp.tp,

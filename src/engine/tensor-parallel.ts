@@ -14,6 +14,7 @@ import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import * as dist from "../distributed/index.js";
 import { tensorParallelOf, type TensorParallel } from "../nn/parallel.js";
+import type { LoadFormat } from "../models/load-format.js";
 import { tensor } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
 import type { KvCacheDtype, StepInputs } from "./paged-model-runner.js";
@@ -40,6 +41,9 @@ export interface TpRankArgs {
   dtype?: string;
   revision?: string;
   tokenizer?: string;
+  /** How rank 0 reads the model (models/load-format.ts): every rank must build the same one. */
+  loadFormat?: LoadFormat;
+  hfOverrides?: Record<string, unknown>;
   rank: number;
   worldSize: number;
   initMethod: string;

@@ -19,6 +19,8 @@ async function main(): Promise<void> {
     dtype: args.dtype as DtypeArg | undefined,
     revision: args.revision,
     tokenizer: args.tokenizer,
+    loadFormat: args.loadFormat,
+    hfOverrides: args.hfOverrides,
     deferTokenizerBuild: true,
     tp,
     onNote: () => undefined, // rank 0 reports how the weights loaded

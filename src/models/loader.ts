@@ -10,7 +10,7 @@ import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { fusedParts, hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
-import { inspectModelDir } from "./model-dir.js";
+import { inspectModelDir, type ModelWeights } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
@@ -27,6 +27,8 @@ import { quantKMultiple } from "../backends/quant-layout.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 import { resolveQuantization } from "./quantization-args.js";
 import { fp8CheckpointFormat, fp8WeightLoader } from "./fp8-checkpoint.js";
+import { applyHfOverrides, loadFormatMismatch, type LoadFormat } from "./load-format.js";
+import { dummyParameter } from "./dummy-weights.js";
 
 export class ModelLoadError extends KilnError {
   override name = "ModelLoadError";
@@ -53,6 +55,16 @@ export interface LoadOptions {
   dtype?: DtypeArg;
   device?: DeviceLike;
   revision?: string;
+  /** vLLM's --download-dir: the hub cache a hub id is looked up in (and downloaded to); default HF_HUB_CACHE's. */
+  downloadDir?: string;
+  /**
+   * vLLM's --load-format (load-format.ts): "auto" (default), "safetensors" or "gguf" (that format or an error), or
+   * "dummy": random weights of the config's shapes (dummy-weights.ts), no tensor read (a directory's config.json and
+   * tokenizer are still read).
+   */
+  loadFormat?: LoadFormat;
+  /** vLLM's --hf-overrides: config.json keys over the model's (applyHfOverrides), before the model is built. */
+  hfOverrides?: Record<string, unknown> | null;
   /**
    * vLLM's --quantization: weight-only int8 (per channel), int4 or mxfp4 (groups of 32) or fp8 (e4m3, per
    * channel) for the decoder's linear layers, quantized on load; embeddings, norms and lm_head keep the model dtype.
@@ -175,7 +187,7 @@ function tensorFromSafetensors(h: SafetensorsHandle, name: string, want: DType, 
 export async function loadModel(idOrPath: string, options: LoadOptions = {}): Promise<LoadedModel> {
   resolveQuantization(options.quantization); // fail before reading weights
   checkTpLoad(options);
-  const resolved = await resolveModel(idOrPath, { revision: options.revision });
+  const resolved = await resolveModel(idOrPath, { revision: options.revision, ...(options.downloadDir !== undefined ? { cacheDir: options.downloadDir } : {}) });
   return applyQuantization(resolved.kind === "gguf" ? loadGguf(resolved.path, options) : loadHfDir(resolved.path, options), options);
 }
 
@@ -204,52 +216,74 @@ function readJson(file: string): Record<string, unknown> {
 
 function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   const info = inspectModelDir(dir);
+  const format = options.loadFormat ?? "auto";
   if (!info.configPath) throw new ModelLoadError(`${dir}: no config.json`);
-  if (!info.weights) throw new ModelLoadError(`${dir}: no model.safetensors (or shards) found`);
-  if (info.weights.format === "gguf") return loadGguf(info.weights.files[0]!, options, dir);
+  if (!info.weights && format !== "dummy") throw new ModelLoadError(`${dir}: no model.safetensors (or shards) found`);
+  const mismatch = info.weights ? loadFormatMismatch(format, info.weights.format) : null;
+  if (mismatch !== null) throw new ModelLoadError(`${dir}: ${mismatch}`);
+  if (info.weights?.format === "gguf") return loadGguf(info.weights.files[0]!, options, dir);
   // before reading any weights: a model without its tokenizer fails fast
   if (options.tokenizer === undefined ? !info.tokenizerJsonPath : !fs.existsSync(path.join(options.tokenizer, "tokenizer.json")))
     throw new ModelLoadError(`${options.tokenizer ?? dir}: no tokenizer.json`);
-  const rawConfig = readJson(info.configPath);
+  const rawConfig = applyHfOverrides(readJson(info.configPath), options.hfOverrides);
   const lm = languageModelConfig(rawConfig);
   const config = parseHfConfig(lm.config);
   const dtype = resolveDtype(options.dtype ?? "auto", config);
+  const note = options.onNote ?? ((m: string) => console.warn(m));
+  const dummy = format === "dummy";
   const fp8Format = fp8CheckpointFormat(rawConfig);
+  if (fp8Format !== null && dummy) note(`[load] ${dir}: load_format "dummy": the random weights are not fp8 (pass --quantization fp8 for fp8 kernels)`);
   const requested = resolveQuantization(options.quantization);
-  if (fp8Format !== null && (options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${dir} is an fp8 checkpoint: not supported with tensor parallelism`);
-  if (fp8Format !== null && requested !== null && requested !== "fp8")
+  if (fp8Format !== null && !dummy && (options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${dir} is an fp8 checkpoint: not supported with tensor parallelism`);
+  if (fp8Format !== null && !dummy && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
-  const file = readSafetensors(info.weights.indexPath ?? info.weights.files[0]!);
-  const text = lm.textWeights === null ? file : languageModelWeights(file, dir);
-  // Phi-3 stores q/k/v and gate/up fused: read as the separate projections
-  const handle = hasFusedProjections(text) ? splitFusedProjections(text, config, dir) : text;
+  const handle = dummy ? null : openCheckpoint(info.weights!, lm.textWeights !== null, config, dir);
   try {
     // every parameter is assigned below (or the load fails), so none is allocated first
     const tp = options.tp ?? null;
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true, tp });
     const names = model.namedParameters().map(([n]) => n);
     const shards = tp === null ? new Map() : shardedParameters(model);
+    const fullShape = dummy ? fullParameterShapes(model, config) : null;
     const read = (n: string): Tensor => {
-      const full = tensorFromSafetensors(handle, n, paramDtype(n, dtype), options.device);
+      const want = paramDtype(n, dtype);
+      const full = handle ? tensorFromSafetensors(handle, n, want, options.device) : dummyParameter(n, fullShape!.get(n)!, want, config.normOffset, options.device);
       const spec = shards.get(n);
       if (spec === undefined) return full;
       const shard = narrowToShard(full, spec, n);
       full.dispose();
       return shard;
     };
-    const missing = names.filter((n) => !handle.has(n));
+    const missing = handle ? names.filter((n) => !handle.has(n)) : [];
     if (missing.length) throw new ModelLoadError(`${dir}: checkpoint lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
-    const fp8 = fp8Format ? fp8WeightLoader(handle, model, fp8Format, dtype, options.device, options.onNote ?? ((m) => console.warn(m))) : null;
+    const fp8 = fp8Format && handle ? fp8WeightLoader(handle, model, fp8Format, dtype, options.device, note) : null;
     names.forEach((n, i) => {
       if (fp8?.take(n) !== true) model.setParameter(n, read(n));
-      options.onProgress?.("loading weights", (i + 1) / names.length);
+      options.onProgress?.(dummy ? "initialising dummy weights" : "loading weights", (i + 1) / names.length);
     });
     fp8?.finish(dir);
     const tokenizer = Tokenizer.fromDir(options.tokenizer ?? dir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: dir });
     return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? null };
   } finally {
-    handle.close();
+    handle?.close();
   }
+}
+
+/** The checkpoint's tensors under the text model's names (an image-text checkpoint's), Phi-3's fused ones split. */
+function openCheckpoint(weights: ModelWeights, imageText: boolean, config: ModelConfig, dir: string): SafetensorsHandle {
+  const file = readSafetensors(weights.format === "safetensors" ? (weights.indexPath ?? weights.files[0]!) : weights.files[0]!);
+  const text = imageText ? languageModelWeights(file, dir) : file;
+  // Phi-3 stores q/k/v and gate/up fused: read as the separate projections
+  return hasFusedProjections(text) ? splitFusedProjections(text, config, dir) : text;
+}
+
+/** Every parameter's full shape (a tensor-parallel model's own are its shards'): from an unallocated whole model. */
+function fullParameterShapes(model: CausalLM, config: ModelConfig): Map<string, readonly number[]> {
+  if (model.tp === null) return new Map(model.namedParameters().map(([n, t]) => [n, t.shape]));
+  const whole = new CausalLM(config, { family: FAMILIES[config.architecture], unallocatedParameters: true });
+  const shapes = new Map(whole.namedParameters().map(([n, t]) => [n, [...t.shape]]));
+  for (const [, t] of whole.namedParameters()) t.dispose();
+  return shapes;
 }
 
 /**
@@ -289,10 +323,12 @@ function languageModelWeights(h: SafetensorsHandle, dir: string): SafetensorsHan
 }
 
 function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): LoadedModel {
+  const mismatch = loadFormatMismatch(options.loadFormat ?? "auto", "gguf");
+  if (mismatch !== null) throw new ModelLoadError(`${file}: ${mismatch}`);
   if ((options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${file}: GGUF models are not supported with tensor parallelism (serve a safetensors directory)`);
   const g: GgufFile = readGguf(file);
   try {
-    const hfConfig = ggufToHfConfig(g.metadata, g.tensors.map((t) => t.name), (name) => g.loadAsFloat32(name));
+    const hfConfig = applyHfOverrides(ggufToHfConfig(g.metadata, g.tensors.map((t) => t.name), (name) => g.loadAsFloat32(name)), options.hfOverrides);
     const config = parseHfConfig(hfConfig);
     const dtype = resolveDtype(options.dtype ?? "auto", config);
     const arch = String(g.metadata["general.architecture"] ?? "");

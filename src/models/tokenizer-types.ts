@@ -14,6 +14,11 @@ export interface ChatTemplateOptions {
   tools?: unknown[];
   chatTemplate?: string; // overrides the tokenizer's template
   chatTemplateKwargs?: Record<string, unknown>;
+  /**
+   * How the template sees message content (vLLM's chat_template_content_format, chat-content-format.ts): "string"
+   * (the default), "openai" (a list of text parts) or "auto" (from the template: "openai" when it loops over content).
+   */
+  contentFormat?: "auto" | "string" | "openai";
 }
 
 /** What a grammar engine (xgrammar) needs of a tokenizer: every token's spelling by id and how to decode it. */

@@ -6,6 +6,7 @@ import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import type { ChatMessage, ChatTemplateOptions, GrammarVocab, TokenizerLike } from "./tokenizer-types.js";
+import { detectContentFormat, messagesForTemplate } from "./chat-content-format.js";
 
 export class TokenizerError extends Error {
   constructor(message: string) {
@@ -313,13 +314,15 @@ export class Tokenizer implements TokenizerLike {
       }
       this.compiled.set(source, template);
     }
+    const asked = options.contentFormat ?? "string";
+    const format = asked === "auto" ? detectContentFormat(source) : asked;
     const specials: Json = {};
     for (const k of ["bos_token", "eos_token", "pad_token", "unk_token"]) specials[k] = tokenContent(this.config[k]) ?? "";
     let rendered: string;
     try {
       rendered = template.render({
         ...specials,
-        messages,
+        messages: messagesForTemplate(messages, format),
         add_generation_prompt: addGenerationPrompt,
         tools: options.tools ?? null,
         continue_final_message: continueFinal,

@@ -84,6 +84,24 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
     });
   }
 
+  it("load_format dummy and hf_overrides reach every rank: greedy tokens and logprobs equal one rank's", { timeout: 60_000 }, async () => {
+    // a rank reading the checkpoint, or building both layers, would not agree with rank 0's random one-layer model
+    const args: ServingArgs = {
+      model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 64, kvCacheMemory: 2 * 1024 ** 2, loadFormat: "dummy", hfOverrides: { num_hidden_layers: 1 },
+    };
+    const ref = new LLM({ ...args, enforceEager: true }).generate(PROMPTS, PARAMS);
+    const engine = await WorkerEngine.create({ ...args, tensorParallelSize: 2 });
+    try {
+      for (const [i, p] of PROMPTS.entries()) {
+        const out = await final(engine.generate({ promptTokenIds: engine.tokenizer.encode(p), prompt: p }, PARAMS, { requestId: `d${i}` }));
+        assert.deepEqual(out.outputs[0]!.tokenIds, ref[i]!.outputs[0]!.tokenIds, `prompt ${i}`);
+        assertLogprobsClose(out, ref[i]!, 1e-4, `dummy: prompt ${i}`);
+      }
+    } finally {
+      await engine.close();
+    }
+  });
+
   it("each rank caches its KV heads: twice the blocks of one rank for the same KV memory", { timeout: 30_000 }, async () => {
     const args: ServingArgs = { model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 256, kvCacheMemory: 2 * 1024 ** 2, enforceEager: true };
     const single = await WorkerEngine.create(args);

@@ -1,0 +1,60 @@
+// `kiln serve` flags for chat requests (vLLM's FrontendArgs chat fields): the chat template, how it sees content and
+// its default arguments, the reply's role and tool calling.
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { Option, type Command } from "commander";
+import { CHAT_CONTENT_FORMATS, type ChatContentFormat } from "../models/chat-content-format.js";
+import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
+import { jsonObjectFlag, oneOf } from "./serve-flag-values.js";
+import { CliUsageError } from "./usage-error.js";
+
+export interface ChatArgs {
+  chatTemplate: string | null; // template text (read from the file when a path was given)
+  /** vLLM --chat-template-content-format: message content as a string, OpenAI parts, or auto (from the template). */
+  chatTemplateContentFormat: ChatContentFormat;
+  /** vLLM --default-chat-template-kwargs: every chat render's template variables (a request's chat_template_kwargs win). */
+  defaultChatTemplateKwargs: Record<string, unknown> | null;
+  /** vLLM --response-role: the chat reply's role when the request's add_generation_prompt is true. */
+  responseRole: string;
+  /** tool_choice "auto" parses tool calls out of the model's text with this parser (vLLM --tool-call-parser); null = refused. */
+  toolCallParser: ToolCallParserName | null;
+}
+
+/** Declares the chat flags on `cmd` (serve only: generate and chat declare their own --chat-template). */
+export function addChatOptions(cmd: Command): Command {
+  return cmd
+    .option("--chat-template <file-or-template>", "chat template file or inline Jinja template")
+    .addOption(
+      new Option("--chat-template-content-format <format>", "message content as the template sees it: a string, OpenAI's list of parts, or auto (from the template)")
+        .choices([...CHAT_CONTENT_FORMATS])
+        .default("auto"),
+    )
+    .option("--default-chat-template-kwargs <json>", 'template variables of every chat request, as JSON: {"enable_thinking": false} (a request\'s chat_template_kwargs win)')
+    .option("--response-role <role>", "the chat reply's role when the request's add_generation_prompt is true", "assistant")
+    .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
+    .addOption(new Option("--tool-call-parser <name>", "how tool calls are written in the model's text").choices([...TOOL_CALL_PARSERS]));
+}
+
+/** Validates the chat flags. */
+export function parseChatArgs(o: Record<string, unknown>): ChatArgs {
+  const role = o.responseRole ?? "assistant";
+  if (typeof role !== "string" || role.trim() === "") throw new CliUsageError(`--response-role must be a non-empty role name, got ${JSON.stringify(role)}`);
+  const parser = o.toolCallParser === undefined ? null : oneOf(o.toolCallParser, "--tool-call-parser", TOOL_CALL_PARSERS);
+  const enableAutoToolChoice = Boolean(o.enableAutoToolChoice);
+  if (enableAutoToolChoice && parser === null) throw new CliUsageError("--enable-auto-tool-choice requires --tool-call-parser");
+  return {
+    chatTemplate: parseChatTemplate(o.chatTemplate),
+    chatTemplateContentFormat: oneOf(o.chatTemplateContentFormat ?? "auto", "--chat-template-content-format", CHAT_CONTENT_FORMATS),
+    defaultChatTemplateKwargs:
+      o.defaultChatTemplateKwargs === undefined ? null : jsonObjectFlag(o.defaultChatTemplateKwargs, "--default-chat-template-kwargs", '{"enable_thinking": false}'),
+    responseRole: role,
+    toolCallParser: enableAutoToolChoice ? parser : null,
+  };
+}
+
+/** vLLM's rule: a file's contents; else the text itself when it looks like a template ({, } or a newline in it). */
+function parseChatTemplate(t: unknown): string | null {
+  if (typeof t !== "string") return null;
+  if (existsSync(t) && statSync(t).isFile()) return readFileSync(t, "utf8");
+  if (/[{}\n]/.test(t)) return t;
+  throw new CliUsageError(`--chat-template ${JSON.stringify(t)} looks like a file path, but it cannot be opened`);
+}

@@ -1,0 +1,88 @@
+// vLLM `serve` flags with no counterpart in Kiln, so that a pasted vLLM command line runs: each is accepted where
+// it cannot change a reply (said at start-up when the value given would have done something in vLLM), or refused
+// where what it asks for cannot be done. Also vLLM's multi-letter short flags (-tp, -pp, -dp), which commander
+// cannot declare.
+import type { Command } from "commander";
+import { int, jsonObjectFlag, num, oneOf } from "./serve-flag-values.js";
+import { CliUsageError } from "./usage-error.js";
+
+/** vLLM's short flags of more than one letter, as the long flags they stand for. */
+const MULTI_LETTER_SHORT_FLAGS: Record<string, string> = {
+  "-tp": "--tensor-parallel-size",
+  "-pp": "--pipeline-parallel-size",
+  "-dp": "--data-parallel-size",
+};
+
+/** `words` with -tp 2 (or -tp=2) written as --tensor-parallel-size 2, and so on; other words as they are. */
+export function expandMultiLetterShortFlags(words: string[]): string[] {
+  return words.map((w) => {
+    const eq = w.indexOf("=");
+    const long = MULTI_LETTER_SHORT_FLAGS[eq < 0 ? w : w.slice(0, eq)];
+    return long === undefined ? w : eq < 0 ? long : `${long}${w.slice(eq)}`;
+  });
+}
+
+/** Declares the flags on `cmd` (serve, generate and chat: they are vLLM engine arguments). */
+export function addCompatOptions(cmd: Command): Command {
+  return cmd
+    .option("--swap-space <GiB>", "accepted for vLLM compatibility: the KV cache is in host memory already, and a preempted request is recomputed")
+    .option("--cpu-offload-gb <GiB>", "accepted for vLLM compatibility: the weights are in host memory already (Kiln computes on the CPU)")
+    .option("--max-seq-len-to-capture <n>", "accepted for vLLM compatibility: the step graphs serve every length up to --max-model-len")
+    .option("--disable-cascade-attn", "accepted for vLLM compatibility: Kiln has no cascade attention to disable", false)
+    .option("--disable-log-stats", "accepted for vLLM compatibility: Kiln logs no periodic engine statistics", false)
+    .option("--disable-custom-all-reduce", "accepted for vLLM compatibility: tensor parallelism has one all-reduce (no CUDA custom one)", false)
+    .option("--distributed-executor-backend <backend>", "how tensor-parallel ranks run: mp (processes, Kiln's) or uni (one rank); ray is refused")
+    .option("--max-num-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
+    .option("--max-long-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
+    .option("--enable-expert-parallel", "accepted for vLLM compatibility: one rank holds every expert (mixture-of-experts models are not split)", false)
+    .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 0} (Kiln serves text only; more than 0 is said at start-up)')
+    .option("--enable-sleep-mode", "accepted for vLLM compatibility: the engine cannot sleep (no /sleep or /wake_up)", false);
+}
+
+/** Checks the flags' values; those accepted with no effect push a line to `warnings`. */
+export function checkCompatArgs(o: Record<string, unknown>, warnings: string[]): void {
+  if (o.swapSpace !== undefined && num(o.swapSpace, "--swap-space", 0) > 0)
+    warnings.push("--swap-space: no effect: the KV cache is in host memory already, and a preempted request is recomputed (as vLLM V1 does)");
+  if (o.cpuOffloadGb !== undefined && num(o.cpuOffloadGb, "--cpu-offload-gb", 0) > 0)
+    warnings.push("--cpu-offload-gb: no effect: the weights are in host memory already (Kiln computes on the CPU)");
+  if (o.maxSeqLenToCapture !== undefined) {
+    int(o.maxSeqLenToCapture, "--max-seq-len-to-capture", 1);
+    warnings.push("--max-seq-len-to-capture: no effect: the step graphs serve every length up to --max-model-len");
+  }
+  if (o.distributedExecutorBackend !== undefined) {
+    const backend = oneOf(o.distributedExecutorBackend, "--distributed-executor-backend", ["mp", "uni", "ray", "external_launcher"]);
+    if (backend === "ray" || backend === "external_launcher")
+      throw new CliUsageError(`--distributed-executor-backend ${backend} is not supported: Kiln's tensor-parallel ranks are processes it spawns (mp)`);
+  }
+  for (const [key, flag] of [["maxNumPartialPrefills", "--max-num-partial-prefills"], ["maxLongPartialPrefills", "--max-long-partial-prefills"]] as const)
+    if (o[key] !== undefined && int(o[key], flag, 1) > 1)
+      warnings.push(`${flag}: no effect: prompts share each step's token budget with no cap on how many are partly computed (vLLM's V1 scheduler)`);
+  if (o.enableExpertParallel === true)
+    warnings.push("--enable-expert-parallel: no effect: one rank holds every expert (Kiln does not split mixture-of-experts models); replies are the same");
+  if (o.limitMmPerPrompt !== undefined && Object.values(parseMmLimits(o.limitMmPerPrompt)).some((n) => n > 0))
+    warnings.push("--limit-mm-per-prompt: Kiln serves text only: a request with image, audio or video parts gets a 400");
+  if (o.enableSleepMode === true) warnings.push("--enable-sleep-mode: the engine cannot sleep: /sleep and /wake_up are not served");
+}
+
+/**
+ * --limit-mm-per-prompt: vLLM's JSON ({"image": 2, "video": {"count": 1, ...}}) or its older image=2,video=1; the
+ * count per modality.
+ */
+function parseMmLimits(value: unknown): Record<string, number> {
+  const flag = "--limit-mm-per-prompt";
+  const s = String(value).trim();
+  const raw: Record<string, unknown> = s.startsWith("{")
+    ? jsonObjectFlag(s, flag, '{"image": 0}')
+    : Object.fromEntries(s.split(",").map((kv) => {
+        const [k, v, extra] = kv.split("=").map((x) => x.trim());
+        if (!k || v === undefined || extra !== undefined) throw new CliUsageError(`${flag} must be JSON such as '{"image": 0}' or image=0,video=0, got ${JSON.stringify(s)}`);
+        return [k, Number(v)];
+      }));
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(raw)) {
+    const n = typeof v === "object" && v !== null && !Array.isArray(v) ? (v as { count?: unknown }).count : v;
+    if (!(typeof n === "number" && Number.isInteger(n) && n >= 0)) throw new CliUsageError(`${flag}: ${k} must be a count >= 0 (or {"count": n}), got ${JSON.stringify(v)}`);
+    out[k] = n;
+  }
+  return out;
+}

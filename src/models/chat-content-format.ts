@@ -1,0 +1,48 @@
+// How a chat template sees a message's content (vLLM's --chat-template-content-format): "string" renders it as text,
+// "openai" as a list of OpenAI content parts ([{type: "text", text}]) for templates that loop over them, and "auto"
+// picks "openai" for a template with such a loop, else "string" (vLLM's _detect_content_format, over the source).
+// Also the wrapper that gives a tokenizer's every chat render a server's defaults (--default-chat-template-kwargs).
+import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "./tokenizer-types.js";
+
+export const CHAT_CONTENT_FORMATS = ["auto", "string", "openai"] as const;
+export type ChatContentFormat = (typeof CHAT_CONTENT_FORMATS)[number];
+
+/** `{% for part in message['content'] %}` or `message.content`, filters allowed: the template walks content parts. */
+const CONTENT_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+\s*(?:\[\s*(['"])content\1\s*\]|\.content)\s*(?:\|[^%]*)?-?%\}/;
+
+/** "openai" for a template that loops over a message's content, else "string". */
+export function detectContentFormat(template: string): "string" | "openai" {
+  return CONTENT_LOOP.test(template) ? "openai" : "string";
+}
+
+/** A template's messages: content as given ("string"), or as OpenAI text parts ("openai"; null is no parts, as vLLM). */
+export function messagesForTemplate(messages: ChatMessage[], format: "string" | "openai"): unknown[] {
+  if (format === "string") return messages;
+  return messages.map((m) => ({ ...m, content: m.content === null ? [] : [{ type: "text", text: m.content }] }));
+}
+
+/** What a server gives every chat render unless the request says otherwise. */
+export interface ChatTemplateDefaults {
+  contentFormat: ChatContentFormat;
+  /** vLLM's --default-chat-template-kwargs: under each request's chat_template_kwargs (the request's keys win). */
+  kwargs: Record<string, unknown> | null;
+}
+
+/**
+ * `tokenizer` whose applyChatTemplate renders with `defaults` under each call's own options; everything else is the
+ * tokenizer's (its methods bound to it, so its caches stay its own).
+ * @example server.bind({ tokenizer: withChatTemplateDefaults(tok, { contentFormat: "auto", kwargs: { enable_thinking: false } }) })
+ */
+export function withChatTemplateDefaults<T extends TokenizerLike>(tokenizer: T, defaults: ChatTemplateDefaults): T {
+  const apply = (messages: ChatMessage[], options: ChatTemplateOptions = {}): string => {
+    const kwargs = defaults.kwargs === null ? options.chatTemplateKwargs : { ...defaults.kwargs, ...options.chatTemplateKwargs };
+    return tokenizer.applyChatTemplate(messages, { contentFormat: defaults.contentFormat, ...options, ...(kwargs ? { chatTemplateKwargs: kwargs } : {}) });
+  };
+  return new Proxy(tokenizer, {
+    get(target, prop) {
+      if (prop === "applyChatTemplate") return apply;
+      const value: unknown = Reflect.get(target, prop, target);
+      return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+}

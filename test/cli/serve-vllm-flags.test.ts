@@ -1,0 +1,198 @@
+// vLLM `serve` flags a pasted command line carries: each is honoured (its value reaches ServeArgs and the engine's
+// arguments), accepted with a start-up warning where it cannot change a reply, or refused naming why.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { servingArgsOf, type EngineFactory } from "../../src/cli/engine-factory.js";
+import { main } from "../../src/cli/main.js";
+import { CliUsageError, expandMultiLetterShortFlags, parseServeArgs, type ServeArgs } from "../../src/cli/serve-args.js";
+
+const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
+const kiln = (...args: string[]) => spawnSync(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 10_000 });
+const parse = (o: Record<string, unknown>, model = "org/hub-model"): ServeArgs => parseServeArgs(model, o, {});
+const noProgress = () => undefined;
+
+describe("vLLM serve flags", () => {
+  it("--load-format: auto, safetensors, gguf and dummy reach the engine; fastsafetensors reads safetensors; others are refused", () => {
+    assert.equal(parse({}).loadFormat, "auto");
+    assert.equal(servingArgsOf(parse({ loadFormat: "dummy" }), noProgress).loadFormat, "dummy");
+    const fast = parse({ loadFormat: "fastsafetensors" });
+    assert.equal(fast.loadFormat, "safetensors");
+    assert.match(fast.warnings.join("\n"), /--load-format fastsafetensors: read as safetensors/);
+    assert.throws(() => parse({ loadFormat: "pt" }), /--load-format pt is not supported: PyTorch .bin checkpoints are not read/);
+    assert.throws(() => parse({ loadFormat: "bitsandbytes" }), /--load-format bitsandbytes is not supported: .* --quantization int8/);
+    assert.throws(() => parse({ loadFormat: "parquet" }), /--load-format must be one of auto, safetensors, gguf, dummy, got "parquet"/);
+  });
+
+  it("--hf-overrides, with --rope-scaling and --rope-theta over it, reach the engine as one object", () => {
+    assert.equal(parse({}).hfOverrides, null);
+    const a = parse({ hfOverrides: '{"max_position_embeddings": 96, "rope_theta": 1}', ropeTheta: "500000", ropeScaling: '{"rope_type": "linear", "factor": 2}' });
+    assert.deepEqual(a.hfOverrides, { max_position_embeddings: 96, rope_theta: 500000, rope_scaling: { rope_type: "linear", factor: 2 } });
+    assert.deepEqual(servingArgsOf(a, noProgress).hfOverrides, a.hfOverrides);
+    assert.throws(() => parse({ hfOverrides: "max_position_embeddings=96" }), /--hf-overrides must be a JSON object/);
+    assert.throws(() => parse({ ropeTheta: "fast" }), /--rope-theta must be a number/);
+  });
+
+  it("hub flags: --revision and --download-dir reach the loader; a local model says they do nothing; --tokenizer-revision must be the model's", () => {
+    const hub = parse({ revision: "v2", downloadDir: "/data/hf", tokenizerRevision: "v2", codeRevision: "abc" });
+    assert.deepEqual([hub.revision, hub.downloadDir], ["v2", "/data/hf"]);
+    const s = servingArgsOf(hub, noProgress);
+    assert.deepEqual([s.revision, s.downloadDir], ["v2", "/data/hf"]);
+    assert.deepEqual(hub.warnings, ["--code-revision abc: no effect: Kiln runs no code from the model repository"]);
+    const local = parse({ revision: "v2", tokenizerRevision: "v1" }, root);
+    assert.match(local.warnings.join("\n"), /--revision v2: no effect: .* is a local path/);
+    assert.match(local.warnings.join("\n"), /--tokenizer-revision v1: no effect: the tokenizer is read from a local directory/);
+    assert.equal(parse({ tokenizerRevision: "main" }).warnings.length, 0);
+    assert.throws(() => parse({ revision: "v2", tokenizerRevision: "v1" }), /--tokenizer-revision v1 is not supported: .*--revision v2.*--tokenizer DIR/);
+  });
+
+  it("--tokenizer-mode: auto and hf read tokenizer.json, slow says so, mistral and custom are refused", () => {
+    assert.deepEqual(parse({ tokenizerMode: "hf" }).warnings, []);
+    assert.match(parse({ tokenizerMode: "slow" }).warnings[0]!, /--tokenizer-mode slow: the tokenizer is read from tokenizer.json/);
+    assert.throws(() => parse({ tokenizerMode: "mistral" }), /--tokenizer-mode mistral is not supported/);
+  });
+
+  it("--disable-sliding-window reaches the engine", () => {
+    assert.equal(servingArgsOf(parse({}), noProgress).disableSlidingWindow, undefined);
+    assert.equal(servingArgsOf(parse({ disableSlidingWindow: true }), noProgress).disableSlidingWindow, true);
+  });
+
+  it("-O / --compilation-config: level 0 and cudagraph_mode NONE run eagerly; capture sizes cap the step graphs; other keys are named", () => {
+    const eager = (v: string) => parse({ compilationConfig: v }).enforceEager;
+    assert.deepEqual(["0", "3", '{"level": 0}', '{"mode": "NONE"}', '{"cudagraph_mode": "NONE"}', ".cudagraph_mode=NONE", '{"cudagraph_mode": "FULL"}'].map(eager),
+      [true, false, true, true, true, true, false]);
+    const capped = parse({ compilationConfig: '{"max_cudagraph_capture_size": 8, "backend": "inductor", "custom_ops": ["none"]}' });
+    assert.equal(capped.maxCaptureSize, 8);
+    assert.match(capped.warnings[0]!, /--compilation-config: backend, custom_ops: no effect/);
+    const s = servingArgsOf(capped, noProgress);
+    assert.deepEqual([s.maxCaptureSize, s.maxCaptureTokens], [8, 8]);
+    const sizes = parse({ compilationConfig: '{"cudagraph_capture_sizes": [1, 2, 24]}' });
+    assert.equal(sizes.maxCaptureSize, 24);
+    assert.match(sizes.warnings[0]!, /powers of two up to 24/);
+    assert.equal(parse({ maxCudagraphCaptureSize: "16", compilationConfig: '{"max_cudagraph_capture_size": 8}' }).maxCaptureSize, 16);
+    assert.equal(servingArgsOf(parse({}), noProgress).maxCaptureSize, undefined);
+    assert.throws(() => parse({ compilationConfig: "7" }), /--compilation-config: level \/ mode must be 0 to 3/);
+    assert.throws(() => parse({ compilationConfig: '{"cudagraph_mode": "SOME"}' }), /cudagraph_mode must be one of NONE/);
+  });
+
+  it("--kv-cache-memory-bytes is --kv-cache-memory under vLLM's name", () => {
+    assert.equal(parse({ kvCacheMemoryBytes: "2GiB" }).kvCacheMemoryBytes, 2 ** 31);
+    assert.throws(() => parse({ kvCacheMemoryBytes: "1G", kvCacheMemory: "1G" }), /are one setting: give one/);
+    assert.throws(() => parse({ kvCacheMemoryBytes: "lots" }), /--kv-cache-memory-bytes must be a byte count/);
+  });
+
+  it("flags with no counterpart: accepted, saying so where the value would have done something in vLLM, or refused", () => {
+    const quiet = parse({
+      swapSpace: "0", cpuOffloadGb: "0", disableCascadeAttn: true, disableLogStats: true, disableCustomAllReduce: true, distributedExecutorBackend: "mp",
+      maxNumPartialPrefills: "1", limitMmPerPrompt: '{"image": 0, "video": {"count": 0}}',
+    });
+    assert.deepEqual(quiet.warnings, []);
+    const loud = parse({
+      swapSpace: "16", cpuOffloadGb: "4", maxSeqLenToCapture: "8192", maxNumPartialPrefills: "4", enableExpertParallel: true,
+      limitMmPerPrompt: "image=2,video=0", enableSleepMode: true,
+    });
+    assert.deepEqual(loud.warnings.map((w) => w.split(":")[0]), [
+      "--swap-space", "--cpu-offload-gb", "--max-seq-len-to-capture", "--max-num-partial-prefills", "--enable-expert-parallel", "--limit-mm-per-prompt", "--enable-sleep-mode",
+    ]);
+    assert.match(loud.warnings.join("\n"), /--limit-mm-per-prompt: Kiln serves text only: a request with image, audio or video parts gets a 400/);
+    const bad: [Record<string, unknown>, RegExp][] = [
+      [{ distributedExecutorBackend: "ray" }, /--distributed-executor-backend ray is not supported: Kiln's tensor-parallel ranks are processes it spawns \(mp\)/],
+      [{ swapSpace: "-1" }, /--swap-space must be a number >= 0/],
+      [{ maxNumPartialPrefills: "0" }, /--max-num-partial-prefills must be an integer >= 1/],
+      [{ limitMmPerPrompt: '{"image": -1}' }, /--limit-mm-per-prompt: image must be a count >= 0/],
+      [{ limitMmPerPrompt: "image" }, /--limit-mm-per-prompt must be JSON such as/],
+    ];
+    for (const [o, re] of bad) assert.throws(() => parse(o), re, JSON.stringify(o));
+  });
+
+  it("-tp / -pp / -dp stand for the long flags (commander's short flags are one letter)", () => {
+    assert.deepEqual(expandMultiLetterShortFlags(["-tp", "2", "-pp=1", "--dp", "-dp", "1", "-q", "int8"]), [
+      "--tensor-parallel-size", "2", "--pipeline-parallel-size=1", "--dp", "--data-parallel-size", "1", "-q", "int8",
+    ]);
+  });
+
+  it("front-end flags: --uds, --chat-template-content-format and --default-chat-template-kwargs", () => {
+    const d = parse({});
+    assert.deepEqual([d.uds, d.chatTemplateContentFormat, d.defaultChatTemplateKwargs], [null, "auto", null]);
+    const a = parse({ uds: "/tmp/kiln.sock", chatTemplateContentFormat: "openai", defaultChatTemplateKwargs: '{"enable_thinking": false}' });
+    assert.deepEqual([a.uds, a.chatTemplateContentFormat, a.defaultChatTemplateKwargs], ["/tmp/kiln.sock", "openai", { enable_thinking: false }]);
+    assert.throws(() => parse({ chatTemplateContentFormat: "xml" }), /--chat-template-content-format must be one of auto, string, openai/);
+    assert.throws(() => parse({ defaultChatTemplateKwargs: "enable_thinking=false" }), /--default-chat-template-kwargs must be a JSON object/);
+    // a KV-events engine_id cannot default to a URL when the server has none
+    const ev = '{"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222"}';
+    assert.throws(() => parse({ uds: "/tmp/kiln.sock", kvEventsConfig: ev }), /--kv-events-config with --uds: give "engine_id"/);
+  });
+
+  it("the command line: -tp, -O and -q reach the args, warnings are printed before the model loads, refusals exit 2 naming the flag", async () => {
+    let got: ServeArgs | null = null;
+    const factory: EngineFactory = async (args) => {
+      got = args;
+      throw new CliUsageError("stop before loading");
+    };
+    const written: string[] = [];
+    const write = process.stderr.write;
+    process.stderr.write = ((s: string) => written.push(s) > 0) as typeof process.stderr.write;
+    try {
+      assert.equal(await main(["node", "kiln", "serve", "m", "-tp", "1", "-O0", "-q", "int8", "--swap-space", "8"], { engineFactory: factory }), 2);
+    } finally {
+      process.stderr.write = write;
+    }
+    const args = got as ServeArgs | null;
+    assert.ok(args);
+    assert.deepEqual([args.tensorParallelSize, args.enforceEager, args.quantization], [1, true, "int8"]);
+    assert.match(written[0]!, /^kiln: warning: --swap-space: no effect/);
+    const r = kiln("serve", "m", "--load-format", "tensorizer");
+    assert.equal(r.status, 2);
+    assert.match(r.stderr, /kiln: error: --load-format tensorizer is not supported: tensorizer files are not read/);
+  });
+
+  it("--config: a YAML file's keys for the new flags work as on the command line", async () => {
+    const tmp = mkdtempSync(join(tmpdir(), "kiln-vllm-flags-"));
+    try {
+      const file = join(tmp, "serve.yaml");
+      writeFileSync(file, [
+        "load_format: dummy",
+        "hf_overrides: {max_position_embeddings: 96, text_config: {rope_theta: 1000}}",
+        "uds: /tmp/kiln-config.sock",
+        "default_chat_template_kwargs: {enable_thinking: false}",
+        "chat_template_content_format: string",
+        "compilation_config: {level: 0}",
+        "disable_log_stats: true",
+        "disable_sliding_window: false",
+        "limit_mm_per_prompt: {image: 0}",
+        "swap_space: 4",
+        "kv_cache_memory_bytes: 1GiB",
+        "",
+      ].join("\n"));
+      let got: ServeArgs | null = null;
+      const factory: EngineFactory = async (args) => {
+        got = args;
+        throw new CliUsageError("stop before loading");
+      };
+      const write = process.stderr.write;
+      process.stderr.write = () => true;
+      try {
+        assert.equal(await main(["node", "kiln", "serve", "m", "--config", file], { engineFactory: factory }), 2);
+      } finally {
+        process.stderr.write = write;
+      }
+      const a = got as ServeArgs | null;
+      assert.ok(a);
+      assert.equal(a.loadFormat, "dummy");
+      assert.deepEqual(a.hfOverrides, { max_position_embeddings: 96, text_config: { rope_theta: 1000 } });
+      assert.equal(a.uds, "/tmp/kiln-config.sock");
+      assert.deepEqual(a.defaultChatTemplateKwargs, { enable_thinking: false });
+      assert.equal(a.chatTemplateContentFormat, "string");
+      assert.equal(a.enforceEager, true);
+      assert.equal(a.disableSlidingWindow, false);
+      assert.equal(a.kvCacheMemoryBytes, 2 ** 30);
+      assert.match(a.warnings.join("\n"), /--swap-space: no effect/);
+    } finally {
+      rmSync(tmp, { recursive: true });
+    }
+  });
+});
