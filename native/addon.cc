@@ -744,6 +744,12 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
     if (!(cap >= 0) || !std::isfinite(cap)) fail(env, op, "softcap must be a finite number >= 0");
     p.softcap = static_cast<float>(cap);
   }
+  // optional attention sinks (arg 25): Float32Array [Hq]; absent = none
+  if (info.Length() > 25 && !info[25].IsUndefined() && !info[25].IsNull()) {
+    p.sinks = array<float>(info, 25, p.Hq, op, "sinks");
+    for (int64_t h = 0; h < p.Hq; ++h)
+      if (!std::isfinite(p.sinks[h])) fail(env, op, "sinks must be finite");
+  }
   if (T == 0) return {op, nullptr};
   Job job{op, [p] { gK->pagedAttention(p); }};
   job.prefetchReads = [p, numBlocks] { queueCachedKv(p, numBlocks); };

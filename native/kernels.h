@@ -35,6 +35,9 @@ struct PagedAttentionArgs {
   // Attention logit soft-capping (Gemma 2's attn_logit_softcapping): each scaled score s becomes
   // softcap * tanh(s / softcap) before the causal / window mask and the softmax; 0 = none.
   float softcap;
+  // Attention sinks (gpt-oss): one learned logit per query head [Hq] that joins each row's softmax denominator
+  // as exp(sink - max); its value row is zero, so it only scales the output down. nullptr = none.
+  const float* sinks;
   // Optional fused rotary (rotaryDim > 0): q and the new k rows are rotated at `positions` [T] with cos/sin
   // [maxPos, rotaryDim/2] (neox pairs (i, i+rd/2), else (2i, 2i+1)) before the cache write and the attention.
   const int32_t* positions;

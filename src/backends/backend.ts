@@ -158,6 +158,11 @@ export interface PagedAttentionArgs {
   slidingWindow: number; // 0 = unlimited
   /** Attention logit soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before the mask; 0 = none. */
   softcap: number;
+  /**
+   * Attention sinks (gpt-oss): float32 [numHeads], one learned logit per query head joined to each row's softmax
+   * denominator (its value row is zero: it only scales the output down). Absent: none.
+   */
+  sinks?: BufferView;
   /** Fused rotary: q and kNew are rotated at their positions before the cache write and the attention. */
   rotary?: PagedRotary;
 }

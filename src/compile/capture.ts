@@ -279,7 +279,10 @@ class Recorder {
         }
         const rotary = rot ? { positions: r(rot.positions), cos: r(rot.cos), sin: r(rot.sin), neox: rot.neox } : null;
         const id = this.push(
-          { kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, softcap: call.softcap, dynamicTokens: dyn.includes(0), rotary },
+          {
+            kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, softcap: call.softcap, dynamicTokens: dyn.includes(0), rotary,
+            sinks: call.sinks ? r(call.sinks) : null,
+          },
           call.out.shape, "float32", dyn,
         );
         this.write(call.out, id, op);

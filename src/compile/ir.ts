@@ -41,6 +41,8 @@ export type Op =
       scale: number; slidingWindow: number; softcap: number; dynamicTokens: boolean;
       // fused rotary (q, k un-rotated; positions [T] bucketed like q), or null
       rotary: { positions: NodeId; cos: NodeId; sin: NodeId; neox: boolean } | null;
+      // attention sinks [Hq] (gpt-oss), or null
+      sinks: NodeId | null;
     }
   // an eager callable run as one opaque step (compile()'s `opaque` option: data-dependent code such as MoE routing)
   | { kind: "call"; index: number; inputs: NodeId[] }
@@ -105,6 +107,7 @@ export function operands(op: Op): NodeId[] {
       return op.rowSums === null ? [op.x, op.w, op.scales] : [op.x, op.w, op.scales, op.rowSums];
     case "paged_attention": {
       const ids = PAGED_OPERANDS.map((f) => op[f]);
+      if (op.sinks !== null) ids.push(op.sinks);
       return op.rotary ? [...ids, op.rotary.positions, op.rotary.cos, op.rotary.sin] : ids;
     }
   }
@@ -144,6 +147,7 @@ export function mapOperands(op: Op, f: (id: NodeId) => NodeId): Op {
       const out = { ...op };
       for (const k of PAGED_OPERANDS) out[k] = f(op[k]);
       if (op.rotary) out.rotary = { ...op.rotary, positions: f(op.rotary.positions), cos: f(op.rotary.cos), sin: f(op.rotary.sin) };
+      if (op.sinks !== null) out.sinks = f(op.sinks);
       return out;
     }
   }

@@ -1,7 +1,9 @@
-// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE) and
+// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE),
 // Gemma 2 and 3 (their differences come from the config: GELU-tanh MLP, (1 + w) norms, four norms per layer,
 // embeddings scaled by sqrt(hidden), their own attention scale; Gemma 3's other rotary base on its sliding-window
-// layers, Gemma 2's soft-capped attention scores and logits). Parameter names match Hugging Face's.
+// layers, Gemma 2's soft-capped attention scores and logits) and gpt-oss (attention sinks, biased router and
+// experts with a clamped SwiGLU; its fused expert tensors are split on load: gpt-oss-experts.ts). Parameter names
+// match Hugging Face's.
 import {
   Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, TensorParallelError, divideForTp,
   type ForwardContext, type LayerOptions, type TensorParallel,
@@ -16,6 +18,8 @@ export interface FamilySpec {
   moeModuleName: string;
   /** Expert projection names: [gate, up, down]. */
   expertNames: readonly [string, string, string];
+  /** Name of the MoE router ("gate" when absent; gpt-oss: "router"). */
+  routerName?: string;
 }
 
 export const DEFAULT_FAMILY: FamilySpec = { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] };
@@ -49,6 +53,7 @@ class DecoderLayer extends Module {
           scale: cfg.attnScale,
           normOffset: cfg.normOffset,
           softcap: cfg.attnSoftcap,
+          sinks: cfg.attnSinks,
         },
         i,
         rotary,
@@ -68,6 +73,10 @@ class DecoderLayer extends Module {
             topK: cfg.moe.numExpertsPerTok,
             normTopkProb: cfg.moe.normTopkProb,
             expertNames: family.expertNames,
+            routerName: family.routerName,
+            routerBias: cfg.moe.routerBias,
+            expertBias: cfg.moe.expertBias,
+            clampedSwiglu: cfg.moe.clampedSwiglu,
           },
           options,
         ),

@@ -12,7 +12,7 @@ export class ModelConfigError extends Error {
 
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM",
+  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "GptOssForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -29,6 +29,14 @@ export interface MoeConfig {
   /** Qwen3-MoE: layer i is sparse iff !mlpOnlyLayers.includes(i) && (i + 1) % decoderSparseStep == 0. */
   decoderSparseStep: number;
   mlpOnlyLayers: number[];
+  /** gpt-oss: the router (`mlp.router`) and every expert projection carry biases; Mixtral and Qwen3-MoE have none. */
+  routerBias: boolean;
+  expertBias: boolean;
+  /**
+   * gpt-oss's clamped SwiGLU (swiglu_limit, alpha 1.702) in place of silu(gate) * up: gate = min(gate, limit),
+   * up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate). null: silu(gate) * up.
+   */
+  clampedSwiglu: { alpha: number; limit: number } | null;
 }
 
 /**
@@ -99,6 +107,11 @@ export interface ModelConfig {
   attnSoftcap: number | null;
   /** Gemma 2: the logits become cap * tanh(logits / cap) (final_logit_softcapping); null: none. */
   finalSoftcap: number | null;
+  /**
+   * gpt-oss: each attention layer has `sinks` [num_attention_heads], one learned logit per head joined to the softmax
+   * denominator (its probability dropped).
+   */
+  attnSinks: boolean;
   /** Gemma 3: the sliding-window layers' rotary base (rope_local_base_freq, no scaling); null: all layers share one. */
   localRopeTheta: number | null;
   /** Bias on q/k/v projections (always for Qwen2, `attention_bias` for Llama/Qwen3). */
@@ -140,6 +153,19 @@ const GEMMA2_DEFAULTS: Json = {
   rms_norm_eps: 1e-6, rope_theta: 10_000, attention_bias: false, query_pre_attn_scalar: 256, sliding_window: 4096,
   final_logit_softcapping: 30, attn_logit_softcapping: 50, tie_word_embeddings: true, bos_token_id: 2, eos_token_id: 1,
 };
+
+/**
+ * HF's GptOssConfig defaults (transformers' configuration_gpt_oss.py) for what a gpt-oss config.json leaves out; its
+ * rope default (YaRN, factor 32 over 4096 positions, truncate false) is filled apart, only when no rope is given.
+ */
+const GPT_OSS_DEFAULTS: Json = {
+  num_hidden_layers: 36, num_local_experts: 128, vocab_size: 201_088, hidden_size: 2880, intermediate_size: 2880, head_dim: 64,
+  num_attention_heads: 64, num_key_value_heads: 8, sliding_window: 128, tie_word_embeddings: false, max_position_embeddings: 131_072,
+  rms_norm_eps: 1e-5, rope_theta: 150_000, num_experts_per_tok: 4, swiglu_limit: 7.0, attention_bias: true,
+};
+const GPT_OSS_ROPE: Json = { rope_type: "yarn", factor: 32, beta_fast: 32, beta_slow: 1, truncate: false, original_max_position_embeddings: 4096 };
+/** gpt-oss's SwiGLU gain (HF's GptOssExperts.alpha; not a config field in the released checkpoints). */
+const GPT_OSS_SWIGLU_ALPHA = 1.702;
 
 /**
  * The language model's config of a checkpoint: the config itself, or for Gemma 3's image-text checkpoints
@@ -207,6 +233,7 @@ function parseRopeScaling(raw: unknown, arch: string, maxPos: number, cfg: Json,
         type, factor, originalMaxPositionEmbeddings: num("original_max_position_embeddings", maxPos / factor),
         betaFast: num("beta_fast", 32), betaSlow: num("beta_slow", 1),
         attentionFactor: nullable("attention_factor"), mscale: nullable("mscale"), mscaleAllDim: nullable("mscale_all_dim"),
+        ...(typeof r.truncate === "boolean" ? { truncate: r.truncate } : {}),
       };
     }
     case "longrope":
@@ -257,11 +284,14 @@ export function parseHfConfig(json: unknown): ModelConfig {
   let archs = cfg.architectures;
   const classifierArch = Array.isArray(archs) && typeof archs[0] === "string" && archs[0].endsWith("ForSequenceClassification") ? archs[0] : null;
   if (classifierArch !== null) archs = [classifierArch.replace(/ForSequenceClassification$/, "ForCausalLM")];
-  const classDefaults = Array.isArray(archs) ? { Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS }[archs[0] as string] : undefined;
+  const classDefaults = Array.isArray(archs)
+    ? { Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS, GptOssForCausalLM: GPT_OSS_DEFAULTS }[archs[0] as string]
+    : undefined;
   if (classDefaults !== undefined) {
     // HF fills what a config leaves out from the class defaults (null counts as set: softcapping null is "none")
     cfg = { ...classDefaults, ...Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) };
   }
+  if (classDefaults === GPT_OSS_DEFAULTS && cfg.rope_scaling == null && cfg.rope_parameters == null) cfg = { ...cfg, rope_scaling: GPT_OSS_ROPE };
   const arch = Array.isArray(archs) && typeof archs[0] === "string" ? (archs[0] as string) : undefined;
   if (!arch) throw new ModelConfigError('[config] missing "architectures"');
   if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(arch)) {
@@ -343,6 +373,9 @@ export function parseHfConfig(json: unknown): ModelConfig {
     // older Gemma 3 configs: every sliding_window_pattern-th layer is global, the others slide
     const pattern = optInt(cfg, "sliding_window_pattern", arch, 6);
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && (i + 1) % pattern !== 0);
+  } else if (architecture === "GptOssForCausalLM") {
+    // configs without layer_types: the even layers slide, the odd ones attend fully (HF's GptOssConfig)
+    slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && i % 2 === 0);
   } else if (isQwen) {
     // Qwen: the window applies only with use_sliding_window, and only to layers >= max_window_layers.
     if (!optBool(cfg, "use_sliding_window", false)) slidingWindow = null;
@@ -361,6 +394,17 @@ export function parseHfConfig(json: unknown): ModelConfig {
     moe = {
       numExperts: optInt(cfg, "num_local_experts", arch, 8), numExpertsPerTok: optInt(cfg, "num_experts_per_tok", arch, 2),
       moeIntermediateSize: intermediateSize, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
+      routerBias: false, expertBias: false, clampedSwiglu: null,
+    };
+    moeLayers = moeLayers.map(() => true);
+  } else if (architecture === "GptOssForCausalLM") {
+    // softmax over the top-k router logits = the top-k of the softmax over all, renormalized (normTopkProb)
+    const limit = optNum(cfg, "swiglu_limit", arch, 7);
+    if (!(limit > 0)) throw new ModelConfigError(`[config] ${arch}: swiglu_limit must be positive, got ${limit}`);
+    moe = {
+      numExperts: req(cfg, "num_local_experts", arch), numExpertsPerTok: req(cfg, "num_experts_per_tok", arch),
+      moeIntermediateSize: intermediateSize, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
+      routerBias: true, expertBias: true, clampedSwiglu: { alpha: optNum(cfg, "swiglu_alpha", arch, GPT_OSS_SWIGLU_ALPHA), limit },
     };
     moeLayers = moeLayers.map(() => true);
   } else if (architecture === "Qwen3MoeForCausalLM") {
@@ -369,6 +413,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
       numExperts: req(cfg, "num_experts", arch), numExpertsPerTok: req(cfg, "num_experts_per_tok", arch),
       moeIntermediateSize: req(cfg, "moe_intermediate_size", arch), normTopkProb: optBool(cfg, "norm_topk_prob", false),
       decoderSparseStep: optInt(cfg, "decoder_sparse_step", arch, 1), mlpOnlyLayers,
+      routerBias: false, expertBias: false, clampedSwiglu: null,
     };
     const m = moe;
     moeLayers = moeLayers.map((_, i) => !m.mlpOnlyLayers.includes(i) && (i + 1) % m.decoderSparseStep === 0);
@@ -396,8 +441,10 @@ export function parseHfConfig(json: unknown): ModelConfig {
     attnSoftcap: softcap("attn_logit_softcapping"),
     finalSoftcap: softcap("final_logit_softcapping"),
     localRopeTheta: gemma3 ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
+    attnSinks: architecture === "GptOssForCausalLM",
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
-    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite || architecture === "Olmo2ForCausalLM" ? attentionBias : false,
+    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite ||
+      architecture === "Olmo2ForCausalLM" || architecture === "GptOssForCausalLM" ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
     qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma3 || architecture === "Olmo2ForCausalLM",
     qkNormScope: architecture === "Olmo2ForCausalLM" ? "full" : "head",

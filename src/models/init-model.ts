@@ -12,6 +12,7 @@ import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture, type ModelConfig } from "./hf-config.js";
 import { fusedParts } from "./fused-weights.js";
 import { FAMILIES, ModelLoadError } from "./loader.js";
+import { fuseGptOssExperts } from "./gpt-oss-experts.js";
 import { inspectModelDir } from "./model-dir.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
 
@@ -51,6 +52,15 @@ function archExtras(arch: Architecture): Json {
       };
     case "Phi3ForCausalLM":
       return { model_type: "phi3" };
+    case "GptOssForCausalLM":
+      // gpt-oss-20b's shape rules at the tiny model's scale: alternating 8-token windows, 4 experts (top 2), YaRN over
+      // 16 original positions (factor 32 = max_position_embeddings 512 / 16), hidden and expert sizes whole
+      // 64-element chunks for the mxfp4 kernel
+      return {
+        model_type: "gpt_oss", head_dim: 16, num_local_experts: 4, num_experts_per_tok: 2, sliding_window: 8, attention_bias: true,
+        layer_types: ["sliding_attention", "full_attention"], swiglu_limit: 7.0, rope_theta: 150000, rms_norm_eps: 1e-5,
+        rope_scaling: { rope_type: "yarn", factor: 32, beta_fast: 32, beta_slow: 1, truncate: false, original_max_position_embeddings: 16 },
+      };
     default:
       return { model_type: "llama" };
   }
@@ -73,6 +83,11 @@ export interface InitModelOptions {
   seed?: number;
   /** Standard deviation of the random weights. */
   std?: number;
+  /**
+   * gpt-oss: write the experts as OpenAI's MXFP4 blocks and scales (quant_method "mxfp4", as the released
+   * checkpoints), rounded as --quantization mxfp4 rounds; default false (the HF float layout).
+   */
+  mxfp4Experts?: boolean;
 }
 
 /** Writes a random model directory; returns its config.json object. */
@@ -108,12 +123,13 @@ export function initModel(out: string, options: InitModelOptions): Json {
   // values are drawn when each tensor is written, in parameter order (a 1B model never sits in memory at once)
   const tensors: SafetensorsLazyTensor[] = model.namedParameters().map(([name, t]) => {
     const n = t.numel;
-    const keepF32 = name.endsWith("norm.weight") || name.endsWith(".bias") || dtype === "float32";
+    const keepF32 = name.endsWith("norm.weight") || name.endsWith(".bias") || name.endsWith(".sinks") || dtype === "float32";
     const values = () => {
       const v = new Float32Array(n);
       // norms start at scale 1 (as HF initialises them: Gemma's (1 + w) at w = 0); everything else, biases
       // included, is N(0, std)
       if (name.endsWith("norm.weight")) v.fill(1 - cfg.normOffset);
+      else if (name.endsWith(".sinks")) for (let i = 0; i < n; i++) v[i] = normal(); // learned sinks are O(1) logits
       else for (let i = 0; i < n; i++) v[i] = normal() * std;
       return keepF32 ? v : f32ToBf16(v);
     };
@@ -122,6 +138,11 @@ export function initModel(out: string, options: InitModelOptions): Json {
   for (const [, t] of model.namedParameters()) t.dispose();
   fs.mkdirSync(out, { recursive: true });
   if (cfg.architecture === "Phi3ForCausalLM") fuseTensors(tensors, cfg); // as HF's Phi-3 checkpoints store them
+  if (cfg.architecture === "GptOssForCausalLM") {
+    fuseGptOssExperts(tensors, cfg, options.mxfp4Experts === true); // as HF's gpt-oss checkpoints store them
+    if (options.mxfp4Experts === true)
+      config.quantization_config = { quant_method: "mxfp4", modules_to_not_convert: ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"] };
+  }
   fs.writeFileSync(path.join(out, "config.json"), JSON.stringify(config, null, 2));
   writeSafetensors(path.join(out, "model.safetensors"), tensors, { format: "pt" });
   fs.copyFileSync(path.join(options.tokenizerDir, "tokenizer.json"), path.join(out, "tokenizer.json"));

@@ -29,6 +29,7 @@ import { resolveQuantization } from "./quantization-args.js";
 import { fp8CheckpointFormat, fp8WeightLoader } from "./fp8-checkpoint.js";
 import { applyHfOverrides, loadFormatMismatch, type LoadFormat } from "./load-format.js";
 import { dummyParameter } from "./dummy-weights.js";
+import { gptOssExpertLoader, isMxfp4Checkpoint } from "./gpt-oss-experts.js";
 
 export class ModelLoadError extends KilnError {
   override name = "ModelLoadError";
@@ -49,6 +50,8 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   Phi3ForCausalLM: DEFAULT_FAMILY, // Llama with q/k/v and gate/up stored fused (see fused-weights.ts)
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
+  // experts stored fused (gate_up_proj, down_proj; bf16 or MXFP4) and read as these per-expert projections
+  GptOssForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"], routerName: "router" },
 };
 
 export interface LoadOptions {
@@ -160,9 +163,9 @@ function applyQuantization(loaded: LoadedModel, options: LoadOptions): LoadedMod
   return { ...loaded, quantization: scheme };
 }
 
-/** Norms, biases and rotary tables stay float32; matrices take the model dtype. */
-function paramDtype(name: string, modelDtype: DType): DType {
-  return name.endsWith("norm.weight") || name.endsWith(".bias") ? "float32" : modelDtype;
+/** Norms, biases and attention sinks stay float32; matrices take the model dtype. */
+export function paramDtype(name: string, modelDtype: DType): DType {
+  return name.endsWith("norm.weight") || name.endsWith(".bias") || name.endsWith(".sinks") ? "float32" : modelDtype;
 }
 
 const SAFETENSORS_TO_DTYPE: Record<string, DType | undefined> = { F32: "float32", BF16: "bfloat16" };
@@ -231,9 +234,15 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   const dtype = resolveDtype(options.dtype ?? "auto", config);
   const note = options.onNote ?? ((m: string) => console.warn(m));
   const dummy = format === "dummy";
-  const fp8Format = fp8CheckpointFormat(rawConfig);
+  // OpenAI's MXFP4 gpt-oss checkpoints: only the experts are quantized (read by gptOssExpertLoader)
+  const mxfp4Experts = !dummy && isMxfp4Checkpoint(rawConfig);
+  if (mxfp4Experts && config.architecture !== "GptOssForCausalLM")
+    throw new UnsupportedError("load", `${dir}: quant_method "mxfp4" checkpoints are read for gpt-oss (GptOssForCausalLM) only, not ${config.architecture}`);
+  const fp8Format = mxfp4Experts ? null : fp8CheckpointFormat(rawConfig);
   if (fp8Format !== null && dummy) note(`[load] ${dir}: load_format "dummy": the random weights are not fp8 (pass --quantization fp8 for fp8 kernels)`);
   const requested = resolveQuantization(options.quantization);
+  if (mxfp4Experts && requested !== null && requested !== "mxfp4")
+    throw new UnsupportedError("load", `${dir} is an MXFP4 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass mxfp4)`);
   if (fp8Format !== null && !dummy && (options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${dir} is an fp8 checkpoint: not supported with tensor parallelism`);
   if (fp8Format !== null && !dummy && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
@@ -254,16 +263,22 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
       full.dispose();
       return shard;
     };
-    const missing = handle ? names.filter((n) => !handle.has(n)) : [];
+    // gpt-oss: the per-expert projections come from the fused expert tensors (dummy weights: each expert's own)
+    const experts = handle !== null && config.architecture === "GptOssForCausalLM" ? gptOssExpertLoader(handle, model, config, dtype, options.device, note) : null;
+    const missing = handle ? names.filter((n) => !handle.has(n) && experts?.has(n) !== true) : [];
     if (missing.length) throw new ModelLoadError(`${dir}: checkpoint lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
     const fp8 = fp8Format && handle ? fp8WeightLoader(handle, model, fp8Format, dtype, options.device, note) : null;
-    names.forEach((n, i) => {
-      if (fp8?.take(n) !== true) model.setParameter(n, read(n));
-      options.onProgress?.(dummy ? "initialising dummy weights" : "loading weights", (i + 1) / names.length);
-    });
+    try {
+      names.forEach((n, i) => {
+        if (fp8?.take(n) !== true && experts?.take(n) !== true) model.setParameter(n, read(n));
+        options.onProgress?.(dummy ? "initialising dummy weights" : "loading weights", (i + 1) / names.length);
+      });
+    } finally {
+      experts?.finish(dir);
+    }
     fp8?.finish(dir);
     const tokenizer = Tokenizer.fromDir(options.tokenizer ?? dir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: dir });
-    return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? null };
+    return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? experts?.scheme() ?? null };
   } finally {
     handle?.close();
   }

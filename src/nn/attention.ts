@@ -1,9 +1,9 @@
-// Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2), sliding windows and attention
-// logit soft-capping (Gemma 2).
+// Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2), sliding windows, attention
+// logit soft-capping (Gemma 2) and attention sinks (gpt-oss).
 // Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
 // (training: [batch, seq] with a causal mask, differentiable).
-import { causalAttention, pagedAttention, type QuantizedActivations, type Tensor } from "../tensor/index.js";
-import { Linear, RMSNorm, type LayerOptions } from "./layers.js";
+import { causalAttention, pagedAttention, zeros, type QuantizedActivations, type Tensor } from "../tensor/index.js";
+import { Linear, newParameter, RMSNorm, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 import { ColumnParallelLinear, divideForTp, RowParallelLinear, TensorParallelError, type TensorParallel } from "./parallel.js";
 import type { RotaryEmbedding } from "./rotary.js";
@@ -48,6 +48,8 @@ export interface AttentionConfig {
   normOffset?: number;
   /** Gemma 2's attn_logit_softcapping: scaled scores s become softcap * tanh(s / softcap) before the mask; null: none. */
   softcap?: number | null;
+  /** gpt-oss: a learned `sinks` logit per head [numHeads] (float32) joins each softmax denominator. Default false. */
+  sinks?: boolean;
 }
 
 export class Attention extends Module {
@@ -57,6 +59,8 @@ export class Attention extends Module {
   readonly oProj: Linear;
   readonly qNorm: RMSNorm | null;
   readonly kNorm: RMSNorm | null;
+  /** Attention sinks [numHeads] (float32), or null. */
+  sinks: Tensor | null;
   /** The heads this rank computes: all of them, or numHeads / tp.size (and numKvHeads / tp.size) under tensor parallelism. */
   readonly numHeads: number;
   readonly numKvHeads: number;
@@ -91,6 +95,13 @@ export class Attention extends Module {
     const qkNorm = (name: string, heads: number) => this.module(name, new RMSNorm(full ? heads * headDim : headDim, cfg.rmsNormEps, options, cfg.normOffset ?? 0));
     this.qNorm = cfg.qkNorm !== false ? qkNorm("q_norm", numHeads) : null;
     this.kNorm = cfg.qkNorm !== false ? qkNorm("k_norm", numKvHeads) : null;
+    if (cfg.sinks === true && tp !== null) throw new TensorParallelError("attention sinks (gpt-oss) are not supported with tensor parallelism");
+    // float32 whatever the layer dtype: the kernels read them as they are, once per row
+    this.sinks = cfg.sinks === true ? this.param("sinks", newParameter([numHeads], options, (o) => zeros([numHeads], o), "float32")) : null;
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "sinks") this.sinks = value;
   }
 
   /** The projections that read forward()'s x (for RMSNorm.forwardFor). */
@@ -135,7 +146,7 @@ export class Attention extends Module {
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
         scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0, softcap: this.cfg.softcap ?? 0,
-        rotary: this.rotary.pagedArgs(ctx.positions),
+        rotary: this.rotary.pagedArgs(ctx.positions), sinks: this.sinks,
       });
     } else {
       q = this.rotary.apply(q0, ctx.positions);
@@ -163,7 +174,7 @@ export class Attention extends Module {
       views.push(v4, th);
       return th;
     };
-    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap); // [B, H, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap, this.sinks); // [B, H, S, D]
     const ot = o.transpose(1, 2);
     const out = ot.reshape(B * S, H, D);
     for (const t of [...views, o, ot]) t.dispose();

@@ -22,7 +22,7 @@ export interface LayerOptions {
  * A new parameter of `shape` in `dtype` (default the layer dtype), filled by `init` unless unallocated. Like
  * nn.Parameter it requires grad (floating dtypes); a loader's setParameter installs tensors as they come instead.
  */
-function newParameter(shape: number[], options: LayerOptions, init: (o: TensorOptions) => Tensor, dtype = options.dtype): Tensor {
+export function newParameter(shape: number[], options: LayerOptions, init: (o: TensorOptions) => Tensor, dtype = options.dtype): Tensor {
   const o = { dtype: dtype ?? "float32", device: options.device };
   const t = options.unallocatedParameters ? unallocated(shape, o) : init(o);
   t.requiresGrad = isFloating(t.dtype);

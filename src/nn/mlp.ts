@@ -1,4 +1,5 @@
-// Feed-forward blocks: the SiLU-gated MLP of Llama-family models and a top-k routed mixture of experts.
+// Feed-forward blocks: the SiLU-gated MLP of Llama-family models (and gpt-oss's clamped SwiGLU) and a top-k routed
+// mixture of experts.
 import {
   disposeQuantizedActivations, empty, linear, siluMul, siluMulQuantized, softmax, tensor, topk, type QuantizedActivations, type Tensor,
 } from "../tensor/index.js";
@@ -6,7 +7,16 @@ import { Linear, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 import { ColumnParallelLinear, RowParallelLinear, type TensorParallel } from "./parallel.js";
 
-/** down(act(gate(x)) * up(x)), act SiLU (Llama) or GELU-tanh (Gemma); HF names gate_proj / up_proj / down_proj. */
+/** gpt-oss's clamped SwiGLU parameters (MoeConfig.clampedSwiglu). */
+export interface ClampedSwiglu {
+  alpha: number;
+  limit: number;
+}
+
+/**
+ * down(act(gate(x)) * up(x)), act SiLU (Llama) or GELU-tanh (Gemma), or gpt-oss's clamped SwiGLU (`clamped`); HF
+ * names gate_proj / up_proj / down_proj.
+ */
 export class GatedMLP extends Module {
   readonly gateProj: Linear;
   readonly upProj: Linear;
@@ -21,6 +31,8 @@ export class GatedMLP extends Module {
     readonly act: "silu" | "gelu_tanh" = "silu",
     /** Split the intermediate features over the tensor-parallel ranks: gate/up column-parallel, down row-parallel. */
     readonly tp: TensorParallel | null = null,
+    /** gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit), in place of act. */
+    readonly clamped: ClampedSwiglu | null = null,
   ) {
     super();
     const column = (): Linear => (tp === null ? new Linear(hidden, intermediate, bias, options) : new ColumnParallelLinear(hidden, intermediate, bias, tp, options));
@@ -45,7 +57,8 @@ export class GatedMLP extends Module {
     const g = this.gateProj.withLora(g0, x, loraSlots);
     const u = this.upProj.withLora(u0, x, loraSlots);
     // a quantized down projection reads its input's rows quantized by the silu·mul kernel itself
-    const h = this.act === "gelu_tanh" ? { out: geluTanhMul(g, u), xq: null }
+    const h = this.clamped !== null ? { out: clampedSwiglu(g, u, this.clamped), xq: null }
+      : this.act === "gelu_tanh" ? { out: geluTanhMul(g, u), xq: null }
       : this.downProj.takesQuantizedActivations() ? siluMulQuantized(g, u) : { out: siluMul(g, u), xq: null };
     g.dispose();
     u.dispose();
@@ -64,6 +77,19 @@ function geluTanhMul(gate: Tensor, up: Tensor): Tensor {
   return out;
 }
 
+/** gpt-oss's activation: g = min(gate, limit), (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g). */
+export function clampedSwiglu(gate: Tensor, up: Tensor, { alpha, limit }: ClampedSwiglu): Tensor {
+  const g = gate.clamp(undefined, limit);
+  const ag = g.mul(alpha);
+  const sig = ag.sigmoid();
+  const glu = g.mul(sig);
+  const uc = up.clamp(-limit, limit);
+  const u1 = uc.add(1);
+  const out = u1.mul(glu);
+  for (const t of [g, ag, sig, glu, uc, u1]) t.dispose();
+  return out;
+}
+
 export interface MoeOptions {
   hidden: number;
   expertIntermediate: number;
@@ -72,6 +98,13 @@ export interface MoeOptions {
   normTopkProb: boolean;
   /** Mixtral names experts' projections w1 (gate), w3 (up), w2 (down); Qwen3-MoE uses gate/up/down_proj. */
   expertNames: readonly [string, string, string];
+  /** The router's name: "gate" (Mixtral, Qwen3-MoE) or "router" (gpt-oss). Default "gate". */
+  routerName?: string;
+  /** gpt-oss: biases on the router and on every expert projection. Default false. */
+  routerBias?: boolean;
+  expertBias?: boolean;
+  /** gpt-oss's expert activation (GatedMLP's `clamped`); null / absent: silu(gate) * up. */
+  clampedSwiglu?: ClampedSwiglu | null;
 }
 
 /** Top-k routed mixture of experts: softmax router, k experts per token, weighted sum of their outputs. */
@@ -84,11 +117,11 @@ export class MoE extends Module {
     options: LayerOptions = {},
   ) {
     super();
-    this.gate = this.module("gate", new Linear(opts.hidden, opts.numExperts, false, options));
+    this.gate = this.module(opts.routerName ?? "gate", new Linear(opts.hidden, opts.numExperts, opts.routerBias === true, options));
     const holder = this.module("experts", new Module());
     for (let e = 0; e < opts.numExperts; e++) {
       const names = opts.expertNames as unknown as readonly ["gate_proj", "up_proj", "down_proj"];
-      const mlp = new GatedMLP(opts.hidden, opts.expertIntermediate, false, options, names);
+      const mlp = new GatedMLP(opts.hidden, opts.expertIntermediate, opts.expertBias === true, options, names, "silu", null, opts.clampedSwiglu ?? null);
       holder.addModule(String(e), mlp);
       this.experts.push(mlp);
     }
@@ -99,7 +132,7 @@ export class MoE extends Module {
     const T = x.shape[0]!;
     const H = this.opts.hidden;
     const k = this.opts.topK;
-    const logits = linear(x, this.gate.weight);
+    const logits = linear(x, this.gate.weight, this.gate.bias);
     const probs = softmax(logits, -1);
     logits.dispose();
     const { values, indices } = topk(probs, k, -1);

@@ -19,7 +19,7 @@ export interface QuantizeOptions {
 
 /** The default selection: projections only (lm_head and MoE routers stay in the model dtype, as in vLLM). */
 export function defaultQuantFilter(name: string): boolean {
-  return name !== "lm_head" && !/(^|\.)gate$/.test(name);
+  return name !== "lm_head" && !/(^|\.)(gate|router)$/.test(name); // MoE routers (gpt-oss: router) stay float
 }
 
 const quantized = new WeakMap<Linear, QuantizedWeight>();

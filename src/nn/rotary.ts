@@ -17,6 +17,8 @@ export type RopeScaling =
       attentionFactor: number | null;
       mscale: number | null;
       mscaleAllDim: number | null;
+      /** Round the ramp's ends out to whole dimensions (HF's and vLLM's `truncate`; absent: true). gpt-oss: false. */
+      truncate?: boolean;
     }
   | {
       type: "longrope";
@@ -80,8 +82,9 @@ export function rotaryInvFreq(cfg: RotaryConfig): { invFreq: Float64Array; atten
       if (scaling.attentionFactor === null && scaling.mscale !== null && scaling.mscaleAllDim !== null)
         attentionFactor = getMscale(factor, scaling.mscale) / getMscale(factor, scaling.mscaleAllDim);
       const correctionDim = (rot: number) => (dim * Math.log(orig / (rot * 2 * Math.PI))) / (2 * Math.log(base));
-      const low = Math.max(Math.floor(correctionDim(betaFast)), 0);
-      const high = Math.min(Math.ceil(correctionDim(betaSlow)), dim - 1);
+      const round = scaling.truncate === false ? (x: number) => x : null;
+      const low = Math.max((round ?? Math.floor)(correctionDim(betaFast)), 0);
+      const high = Math.min((round ?? Math.ceil)(correctionDim(betaSlow)), dim - 1);
       const hi = low === high ? high + 0.001 : high;
       const inv = new Float64Array(half);
       for (let i = 0; i < half; i++) {

@@ -17,7 +17,7 @@ import { tinyModelDir } from "../helpers/tiny-model.js";
 
 process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-model-compile-test-"));
 
-const FAMILIES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM"] as const;
+const FAMILIES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "GptOssForCausalLM"] as const;
 const BLOCK = 4;
 const BLOCKS = 16; // block 0 is the null block: no sequence uses it
 const MAX_BLOCKS = 8;
@@ -25,9 +25,14 @@ const TOL = 1e-4;
 
 type Caches = { k: k.Tensor; v: k.Tensor }[];
 
-/** The family's tiny model; Gemma 2's with a soft-cap that bites (scores of a few units) and a 4-token window. */
+/**
+ * The family's tiny model; Gemma 2's with a soft-cap that bites (scores of a few units) and a 4-token window; gpt-oss's
+ * with a 4-token window too (attention sinks in the compiled paged attention, the MoE opaque).
+ */
 const modelDir = (arch: string): string =>
-  arch === "Gemma2ForCausalLM" ? tinyModelDir(arch, { overrides: { attn_logit_softcapping: 1, sliding_window: 4 } }) : tinyModelDir(arch as (typeof FAMILIES)[number]);
+  arch === "Gemma2ForCausalLM" ? tinyModelDir(arch, { overrides: { attn_logit_softcapping: 1, sliding_window: 4 } })
+  : arch === "GptOssForCausalLM" ? tinyModelDir(arch, { overrides: { sliding_window: 4 } })
+  : tinyModelDir(arch as (typeof FAMILIES)[number]);
 
 function caches(model: CausalLM): Caches {
   const c = model.config;

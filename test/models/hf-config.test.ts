@@ -52,7 +52,9 @@ test("Qwen3: head_dim explicit, qk norm, yarn", () => {
 
 test("Mixtral and Qwen3-MoE", () => {
   const m = parseHfConfig({ ...base, architectures: ["MixtralForCausalLM"], num_local_experts: 8, num_experts_per_tok: 2 });
-  assert.deepEqual(m.moe, { numExperts: 8, numExpertsPerTok: 2, moeIntermediateSize: 512, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [] });
+  assert.deepEqual(m.moe, { numExperts: 8, numExpertsPerTok: 2, moeIntermediateSize: 512, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
+    routerBias: false, expertBias: false, clampedSwiglu: null,
+  });
   assert.deepEqual(m.moeLayers, [true, true, true, true]);
   const q = parseHfConfig({
     ...base, architectures: ["Qwen3MoeForCausalLM"], num_experts: 16, num_experts_per_tok: 4, moe_intermediate_size: 64,

@@ -221,9 +221,11 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
   /** Paged attention of one random ragged batch on both back ends: output and both caches (float32, bfloat16 or fp8). */
   function pagedAttentionCase(
     rnd: Rng,
-    c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType; softcap?: number },
+    c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType; softcap?: number; sinks?: boolean },
   ): void {
     const { Hq, Hkv, D, blockSize, lens, newTok, window, cacheDtype, softcap = 0 } = c;
+    // gpt-oss's attention sinks: per-head logits around the scores' scale, some far above (rows then shrink toward 0)
+    const sinkValues = c.sinks ? Float32Array.from({ length: Hq }, (_, h) => (h % 4 === 3 ? 6 : rnd() * 4 - 2)) : null;
     const numSeqs = lens.length, maxBlocks = Math.max(...lens.map((l) => Math.ceil(l / blockSize))), numBlocks = numSeqs * maxBlocks;
     const perm = Array.from({ length: numBlocks }, (_, j) => j).sort(() => rnd() - 0.5);
     const tables = Int32Array.from({ length: numSeqs * maxBlocks }, (_, j) => perm[j]!);
@@ -246,19 +248,20 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
         queryStart: k.tensor(Int32Array.from(qStart), { device: dev }),
         seqLens: k.tensor(Int32Array.from(lens), { device: dev }),
         scale: 1 / Math.sqrt(D), slidingWindow: window, softcap,
+        sinks: sinkValues && k.tensor(sinkValues, { device: dev }),
       });
       return { out, kc, vc };
     };
     const r = run("reference", q.ref, kn.ref, vn.ref);
     const cpu = run("cpu", q.cpu, kn.cpu, vn.cpu);
-    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} softcap ${softcap} ${cacheDtype} cache`;
+    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} softcap ${softcap} sinks ${c.sinks === true} ${cacheDtype} cache`;
     assert.equal(cpu.kc.dtype, cacheDtype);
     check(`paged attention ${tag}`, r.out, cpu.out, TOL.accumulate);
     check(`k cache ${tag}`, r.kc, cpu.kc, { rtol: 0, atol: 0 });
     check(`v cache ${tag}`, r.vc, cpu.vc, { rtol: 0, atol: 0 });
   }
 
-  it("paged attention: random ragged batches, GQA, sliding windows, soft-capped scores", () => {
+  it("paged attention: random ragged batches, GQA, sliding windows, soft-capped scores, attention sinks", () => {
     const rnd = prng(707);
     for (let i = 0; i < TRIALS; i++) {
       const Hkv = int(rnd, 1, 2), blockSize = pick(rnd, [1, 2, 4]);
@@ -267,6 +270,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
         Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16]), blockSize, lens,
         newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window: rnd() < 0.5 ? 0 : int(rnd, 1, 6),
         cacheDtype: pick(rnd, ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as DType[]), softcap: rnd() < 0.5 ? 0 : 0.2 + rnd(),
+        sinks: i % 2 === 1,
       });
     }
   });
@@ -298,6 +302,7 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
             Hq, Hkv, D: pick(rnd, [32, 64]), blockSize: pick(rnd, [4, 16]), lens,
             newTok: lens.map(() => (rnd() < 0.7 ? 1 : int(rnd, 2, 3))), window: rnd() < 0.7 ? 0 : int(rnd, 8, 100),
             cacheDtype: (["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as const)[i % 4]!, softcap: i % 3 === 0 ? 0.3 : 0,
+            sinks: i % 2 === 0,
           });
         }
       }

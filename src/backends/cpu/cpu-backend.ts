@@ -670,6 +670,8 @@ export class CpuBackend implements Backend {
         const cos = rot ? f32(rot.cos) : null;
         const sin = rot ? f32(rot.sin) : null;
         if (rot && (!pos || !cos || !sin)) return false;
+        const sinks = call.sinks ? f32(call.sinks) : null;
+        if (call.sinks && !sinks) return false;
         this.stream.awaitWrites([call.slotMapping, call.blockTables, call.queryStart, call.seqLens, ...(rot ? [rot.positions] : [])]);
         checkPagedAttentionIndices(call, kCache.length, slots, tables, qStart, seqLens);
         if (rot && pos && cos) checkRotaryPositions(pos, cos.length / (rot.rotaryDim / 2));
@@ -678,6 +680,7 @@ export class CpuBackend implements Backend {
           call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
           call.scale, call.slidingWindow,
           pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox, fp8Format || undefined, call.softcap,
+          sinks ?? undefined,
         );
         return true;
       }

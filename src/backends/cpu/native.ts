@@ -141,6 +141,8 @@ export interface NativeKernels extends NativeStream {
     fp8Format?: 1 | 2,
     /** Attention logit soft-capping: scores s -> softcap * tanh(s / softcap) before the mask (0 / absent: none). */
     softcap?: number,
+    /** Attention sinks [Hq]: one logit per query head joined to the softmax denominator (absent: none). */
+    sinks?: Float32Array,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
   /**

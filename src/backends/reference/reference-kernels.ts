@@ -206,6 +206,7 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
   const tables = readF64(p.blockTables);
   const qStart = readF64(p.queryStart);
   const seqLens = readF64(p.seqLens);
+  const sinks = p.sinks ? readF64(p.sinks) : null;
   const kGet = getter(p.kCache.buffer, p.kCache.dtype);
   const kSet = cacheSetter(p.kCache);
   const vGet = getter(p.vCache.buffer, p.vCache.dtype);
@@ -244,7 +245,8 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
           scores.push(sc);
           if (sc > max) max = sc;
         }
-        let denom = 0;
+        // an attention sink joins the denominator as one more logit whose value row is zero
+        let denom = sinks ? Math.exp(sinks[h]! - max) : 0;
         for (let i = 0; i < scores.length; i++) denom += scores[i] = Math.exp(scores[i]! - max);
         for (let c = lo; c <= pos; c++) {
           const w = scores[c - lo]! / denom;

@@ -8,7 +8,7 @@ import { empty, numel, Tensor, full } from "../tensor.js";
 import { contiguous } from "./shape.js";
 import { matmul, type QuantizedActivations } from "./linalg.js";
 import { softmax, logSoftmax, sum } from "./reduce.js";
-import { gather } from "./indexing.js";
+import { cat, gather } from "./indexing.js";
 import { add, mul, silu } from "./elementwise.js";
 
 function f32Contiguous(t: Tensor): Tensor {
@@ -115,9 +115,12 @@ export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: 
  * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D]. With `window`,
  * a query sees only the last `window` keys up to its own position (sliding-window attention, as HF and vLLM:
  * position p sees keys j with p - window < j <= p). With `softcap` (Gemma 2's attn_logit_softcapping), the scaled
- * scores s become softcap * tanh(s / softcap) before the mask, as HF and llama.cpp.
+ * scores s become softcap * tanh(s / softcap) before the mask, as HF and llama.cpp. With `sinks` ([Hq], gpt-oss), each
+ * head's logit joins the softmax as one more column whose probability is dropped (HF's eager_attention_forward).
  */
-export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null): Tensor {
+export function causalAttention(
+  q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
+): Tensor {
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
   const [B, Hq, S, D] = q.shape as [number, number, number, number];
   const Hkv = k.shape[1]!;
@@ -156,7 +159,17 @@ export function causalAttention(q: Tensor, k: Tensor, v: Tensor, scale?: number,
   const mask = empty([S, Sk], { dtype: "float32", device: q.device });
   q.device.backend.write(mask.storage.buffer, 0, new Uint8Array(biasData.buffer));
   const masked = add(scores, mask);
-  const probs = softmax(masked, -1);
+  let probs: Tensor;
+  if (sinks) {
+    // [B, Hq, S, Sk + 1]: the sink column's probability is computed, then dropped
+    const col = sinks.view(1, Hq, 1, 1).expand(B, Hq, S, 1);
+    const joined = cat([masked, col], -1);
+    const all = softmax(joined, -1);
+    const kept = all.narrow(-1, 0, Sk);
+    probs = contiguous(kept);
+    for (const t of [col, joined, all]) t.dispose();
+    if (kept !== probs) kept.dispose();
+  } else probs = softmax(masked, -1);
   const out = matmul(probs, vr);
   for (const t of [kt, raw, scores, mask, masked, probs]) t.dispose();
   if (kr !== k) kr.dispose();
@@ -183,6 +196,8 @@ export function pagedAttention(args: {
   scale: number; slidingWindow?: number; rotary?: PagedRotaryArgs | null;
   /** Attention logit soft-capping (Gemma 2): scores s -> softcap * tanh(s / softcap) before the mask; 0 / absent: none. */
   softcap?: number | null;
+  /** Attention sinks (gpt-oss): [Hq] logits, one per query head, joined to each softmax denominator; absent: none. */
+  sinks?: Tensor | null;
 }): Tensor {
   const { q, k, v, kCache, vCache } = args;
   const [T, Hq, D] = q.shape as [number, number, number];
@@ -193,9 +208,12 @@ export function pagedAttention(args: {
   const dev = sameDevice("paged_attention", q, k, v, kCache, vCache);
   const softcap = args.softcap ?? 0;
   if (!Number.isFinite(softcap) || softcap < 0) throw new OpError("paged_attention", `softcap must be a finite number >= 0, got ${softcap}`);
+  if (args.sinks && (args.sinks.numel !== Hq || args.sinks.device !== dev))
+    throw new OpError("paged_attention", `sinks must be [${Hq}] (one per query head) on ${dev.name}, got [${args.sinks.shape.join(", ")}]`);
   const qc = f32Contiguous(q);
   const kc = f32Contiguous(k);
   const vc = f32Contiguous(v);
+  const sinks = args.sinks ? f32Contiguous(args.sinks) : null;
   const out = empty([T, Hq, D], { dtype: "float32", device: dev });
   const rot = args.rotary ? pagedRotaryViews(args.rotary, T, D) : null;
   runKernel("paged_attention", dev, {
@@ -219,9 +237,11 @@ export function pagedAttention(args: {
     scale: args.scale,
     slidingWindow: args.slidingWindow ?? 0,
     softcap,
+    ...(sinks ? { sinks: sinks.view_("paged_attention") } : {}),
     ...(rot ? { rotary: rot.views } : {}),
   }, [out]);
   for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c.dispose();
+  if (sinks && sinks !== args.sinks) sinks.dispose();
   rot?.dispose();
   return out;
 }
