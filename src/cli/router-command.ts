@@ -219,7 +219,7 @@ export async function runRouter(config: RouterConfig, out: NodeJS.WritableStream
   const router = createRouter(config);
   const url = await router.listen();
   const healthy = (pool: { healthy(): unknown[]; all(): { url: string }[] }): string =>
-    `${pool.healthy().length}/${pool.all().length} workers healthy: ${pool.all().map((w) => w.url).join(" ")}`;
+    `${pool.healthy().length}/${pool.all().length} workers healthy${pool.all().map((w) => ` ${w.url}`).join("").replace(/^ /, ": ")}`;
   const fleet = router.prefill === null ? `policy ${config.policy}, ${healthy(router.pool)}`
     : `P/D disaggregation; prefill policy ${router.prefill.policy.name}, ${healthy(router.prefill.pool)}; decode policy ${router.policy.name}, ${healthy(router.pool)}`;
   const discovery = router.discovery?.status();

@@ -4,8 +4,31 @@
 // it, one that starts matching is ADDED, and a resourceVersion older than the kept history is answered 410 Gone
 // (an ERROR event). Tests change pods, compact history, drop connections and refuse requests (403).
 import * as http from "node:http";
+import * as https from "node:https";
 import type { AddressInfo } from "node:net";
 import type { Pod } from "../../src/router/kube-api.js";
+
+/**
+ * The fake's TLS identity for in-cluster tests: a self-signed certificate for IP 127.0.0.1, valid 2020-2120, that
+ * stands for the service account's ca.crt (a test fixture: the key guards nothing).
+ */
+export const FAKE_API_TLS = {
+  key: `-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgpcigoTLNe65ntCVm
+m1MDBT0ilNZLl9S7vx9UpMDdnkWhRANCAAQdUR95sZgmFarYT1zDpNiA/erZhJbb
+kHR3ofHZ8jQFoEN8rfhKsnMLF8MyyM2PgPH9ku7jlYseNci6Fra1GhiA
+-----END PRIVATE KEY-----`,
+  cert: `-----BEGIN CERTIFICATE-----
+MIIBXTCCAQSgAwIBAgIBATAKBggqhkjOPQQDAjAVMRMwEQYDVQQDDAprdWJlcm5l
+dGVzMCAXDTIwMDEwMTAwMDAwMFoYDzIxMjAwMTAxMDAwMDAwWjAVMRMwEQYDVQQD
+DAprdWJlcm5ldGVzMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEHVEfebGYJhWq
+2E9cw6TYgP3q2YSW25B0d6Hx2fI0BaBDfK34SrJzCxfDMsjNj4Dx/ZLu45WLHjXI
+uha2tRoYgKNDMEEwDwYDVR0TAQH/BAUwAwEB/zAPBgNVHREECDAGhwR/AAABMB0G
+A1UdDgQWBBQh1CJ1R3lzCfIUAXZ+Ny9o5xsFOjAKBggqhkjOPQQDAgNHADBEAiAb
+aCxM1vpSUoigLNjk+Zx29RTACBYveL4ozkTLLQ1LNwIgeqqEhcpBkngG0AB/moSq
+G8IBFVsdCIAyt7uSFA14/EE=
+-----END CERTIFICATE-----`,
+};
 
 export interface PodSpec {
   ip?: string | null;
@@ -76,7 +99,8 @@ const matches = (p: Pod | null, w: { namespace: string | null; selector: Record<
   p !== null && (w.namespace === null || p.metadata.namespace === w.namespace) && Object.entries(w.selector).every(([k, v]) => p.metadata.labels?.[k] === v);
 const withRv = (p: Pod, rv: number): Pod => ({ ...p, metadata: { ...p.metadata, resourceVersion: String(rv) } });
 
-export async function startFakeKubeApi(): Promise<FakeKubeApi> {
+/** Starts the fake on 127.0.0.1 and a free port, over HTTPS with FAKE_API_TLS when `tls`. */
+export async function startFakeKubeApi({ tls = false }: { tls?: boolean } = {}): Promise<FakeKubeApi> {
   const pods = new Map<string, Pod>();
   let rv = 100;
   let history: Change[] = [];
@@ -137,7 +161,7 @@ export async function startFakeKubeApi(): Promise<FakeKubeApi> {
     },
   };
 
-  const server = http.createServer((req, res) => {
+  const handle = (req: http.IncomingMessage, res: http.ServerResponse): void => {
     const url = new URL(req.url ?? "/", "http://x");
     api.requests.push({ path: url.pathname, query: url.searchParams, authorization: req.headers.authorization });
     const m = /^\/api\/v1\/(?:namespaces\/([^/]+)\/)?pods$/.exec(url.pathname);
@@ -160,8 +184,9 @@ export async function startFakeKubeApi(): Promise<FakeKubeApi> {
     }
     watches.add(w);
     res.on("close", () => watches.delete(w));
-  });
+  };
+  const server = tls ? https.createServer(FAKE_API_TLS, handle) : http.createServer(handle);
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  (api as { url: string }).url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  (api as { url: string }).url = `${tls ? "https" : "http"}://127.0.0.1:${(server.address() as AddressInfo).port}`;
   return api;
 }

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { after, afterEach, describe, it } from "node:test";
 import { createRouter, inClusterConnection, KubeClient, podWorker, type Router } from "../../src/router/index.js";
 import type { RouterConfig } from "../../src/router/router-config.js";
-import { pod, startFakeKubeApi, type FakeKubeApi } from "./fake-kube-api.js";
+import { FAKE_API_TLS, pod, startFakeKubeApi, type FakeKubeApi } from "./fake-kube-api.js";
 import { deadUrl, fakeKvParams, prefillAnswer, startFakeWorker, type FakeWorker } from "./fake-worker.js";
 
 const routers: Router[] = [];
@@ -32,8 +32,8 @@ async function podWorkers(n: number): Promise<{ ws: FakeWorker[]; port: number }
   return { ws: [first, ...rest], port };
 }
 
-async function fakeApi(): Promise<FakeKubeApi> {
-  const api = await startFakeKubeApi();
+async function fakeApi(tls = false): Promise<FakeKubeApi> {
+  const api = await startFakeKubeApi({ tls });
   apis.push(api);
   return api;
 }
@@ -237,6 +237,9 @@ describe("Kubernetes service discovery (fake API server)", () => {
   });
 });
 
+/** A self-signed certificate other than the fake API's. */
+const OTHER_CA = "-----BEGIN CERTIFICATE-----\nMIIBkjCCATigAwIBAgIUN7SnGR8T7jydOesxIeztfp8NZ1owCgYIKoZIzj0EAwIw\nFTETMBEGA1UEAwwKa3ViZXJuZXRlczAgFw0yNjEyMDUxMDQxMjZaGA8yMTI2MTEx\nMTEwNDEyNlowFTETMBEGA1UEAwwKa3ViZXJuZXRlczBZMBMGByqGSM49AgEGCCqG\nSM49AwEHA0IABAKFT+dfqYnbYKCPcmlpQ02ctQgDK6QNd+v6CIc9Pxn8Mc0BvZXM\ndaXkkyNnvvCMeQBKpFkm8XiLIgvXdZULXEijZDBiMB0GA1UdDgQWBBTXQlsm37Tz\nmb++g1RgHxdmn6dVHTAfBgNVHSMEGDAWgBTXQlsm37Tzmb++g1RgHxdmn6dVHTAP\nBgNVHRMBAf8EBTADAQH/MA8GA1UdEQQIMAaHBH8AAAEwCgYIKoZIzj0EAwIDSAAw\nRQIgA3J+BCntZxiFgObubzOZjJbRDMbgHBVk1RsSGvmSrZcCIQDwFi/p0+Eg/6ih\nhxh9Qsrn71V0Bq3mRPDm4zU96of60A==\n-----END CERTIFICATE-----\n";
+
 describe("pods as workers", () => {
   const spec = { role: "regular" as const, selector: { app: "kiln" } };
   it("Running, Ready, an IP and no deletionTimestamp make a worker; anything less says why not", () => {
@@ -256,20 +259,29 @@ describe("pods as workers", () => {
     assert.equal(port("abc"), null);
   });
 
-  it("in-cluster: the API at KUBERNETES_SERVICE_HOST:PORT, the service account's token (read again for each request) and namespace", async () => {
+  it("in-cluster: https://KUBERNETES_SERVICE_HOST:PORT verified with the service account's CA, its token (read again for each request)", async () => {
     assert.throws(() => inClusterConnection({}), /KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set.*--service-discovery-api-url/);
     const dir = mkdtempSync(join(tmpdir(), "kiln-sa-"));
     writeFileSync(join(dir, "token"), "token-1\n");
     writeFileSync(join(dir, "namespace"), "serving");
-    const c = inClusterConnection({ KUBERNETES_SERVICE_HOST: "10.96.0.1", KUBERNETES_SERVICE_PORT: "443" }, dir);
-    assert.deepEqual(c, { baseUrl: "https://10.96.0.1:443", tokenFile: join(dir, "token"), caFile: join(dir, "ca.crt"), podNamespace: "serving" });
+    assert.deepEqual(inClusterConnection({ KUBERNETES_SERVICE_HOST: "10.96.0.1", KUBERNETES_SERVICE_PORT: "443" }, dir), {
+      baseUrl: "https://10.96.0.1:443", tokenFile: join(dir, "token"), caFile: join(dir, "ca.crt"), podNamespace: "serving",
+    });
     assert.equal(inClusterConnection({ KUBERNETES_SERVICE_HOST: "fd00::1", KUBERNETES_SERVICE_PORT: "443" }, dir).baseUrl, "https://[fd00::1]:443");
-    // the same token handling over plain HTTP (the fake): a rotated token is used from the next request on
-    const api = await fakeApi();
-    const client = new KubeClient({ ...c, baseUrl: api.url });
-    await client.listPods("serving", { app: "kiln" }, AbortSignal.timeout(5000));
-    writeFileSync(join(dir, "token"), "token-2\n");
-    await client.listPods(null, { app: "kiln" }, AbortSignal.timeout(5000));
+
+    const api = await fakeApi(true);
+    const env = { KUBERNETES_SERVICE_HOST: "127.0.0.1", KUBERNETES_SERVICE_PORT: new URL(api.url).port };
+    const client = new KubeClient(inClusterConnection(env, dir));
+    const signal = AbortSignal.timeout(5000);
+    // no ca.crt mounted yet: the error says which file and why
+    await assert.rejects(client.listPods("serving", { app: "kiln" }, signal), /cannot read the service-account CA bundle .*ca\.crt \(ENOENT\)/);
+    writeFileSync(join(dir, "ca.crt"), OTHER_CA); // not the API server's: TLS refuses it
+    await assert.rejects(client.listPods("serving", { app: "kiln" }, signal), (e: NodeJS.ErrnoException) => /SELF_SIGNED|UNABLE_TO_VERIFY/.test(e.code ?? ""));
+    writeFileSync(join(dir, "ca.crt"), FAKE_API_TLS.cert);
+    api.setPod(pod("kiln-0", { namespace: "serving" }));
+    assert.deepEqual((await client.listPods("serving", { app: "kiln" }, signal)).pods.map((p) => p.metadata.name), ["kiln-0"]);
+    writeFileSync(join(dir, "token"), "token-2\n"); // the kubelet rotated it
+    await client.listPods(null, { app: "kiln" }, signal);
     assert.deepEqual(api.requests.map((r) => [r.path, r.authorization]), [["/api/v1/namespaces/serving/pods", "Bearer token-1"], ["/api/v1/pods", "Bearer token-2"]]);
   });
 });
