@@ -13,7 +13,7 @@ import { KvEventsSubscriber } from "./kv-events-subscriber.js";
 import { inClusterConnection, KubeClient, urlConnection } from "./kube-api.js";
 import { createPolicy } from "./policies.js";
 import { isJsonObject, proxyDisaggregated, type PdContexts } from "./pd-proxy.js";
-import { PodDiscovery, type DiscoverySink, type PodWatchSpec } from "./pod-discovery.js";
+import { PodDiscovery, type DiscoveredWorker, type DiscoverySink, type PodWatchSpec } from "./pod-discovery.js";
 import { proxyRequest, type ProxyContext, type ProxyRequest } from "./proxy.js";
 import { resolveRouterConfig, type RouterConfig } from "./router-config.js";
 import { RouterMetrics } from "./router-metrics.js";
@@ -121,24 +121,30 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     kvIndex?.removeWorker(url);
     bootstrapPorts.delete(url);
   };
+  const groupOf = (role: WorkerRole): WorkerGroup => (role === "prefill" ? prefill! : main);
+  /** Whether `url` is held by `d`'s own pod (a static worker, or another pod's, may sit at the same URL). */
+  const isPods = (url: string, d: DiscoveredWorker): boolean => {
+    const o = holderOf(url)?.pool.get(url)?.origin;
+    return o?.source === "discovered" && o.pod === d.pod && o.namespace === d.namespace;
+  };
   const discovery = config.serviceDiscovery ? createDiscovery(config, deps, log, {
     join(d) {
+      const target = groupOf(d.role);
       const holder = holderOf(d.url);
-      if (holder !== undefined) {
+      // relabelled from decode to prefill (or back): the other role's watch may report its leaving after this join
+      if (holder !== undefined && holder !== target && isPods(d.url, d)) removeWorker(holder, d.url);
+      else if (holder !== undefined) {
         const o = holder.pool.get(d.url)!.origin;
         log("warning", `service discovery: pod ${d.namespace}/${d.pod} is ${d.url}, already a ${named(holder)} (${o.source === "discovered" ? `pod ${o.namespace}/${o.pod}` : o.source}); not added again`);
         return;
       }
-      const target = d.role === "prefill" ? prefill! : main;
       addWorker(target, d.url, { source: "discovered", pod: d.pod, namespace: d.namespace }, d.bootstrapPort);
       log("info", `${named(target)} ${d.url} added (pod ${d.namespace}/${d.pod}${d.bootstrapPort === null ? "" : `, bootstrap port ${d.bootstrapPort}`})`);
       void target.pool.checkWorker(d.url);
     },
     leave(d, why) {
-      // only the worker this pod added: a static worker, or another pod's, at the same URL stays
       const holder = holderOf(d.url);
-      const o = holder?.pool.get(d.url)?.origin;
-      if (holder === undefined || o?.source !== "discovered" || o.pod !== d.pod || o.namespace !== d.namespace) return;
+      if (holder !== groupOf(d.role) || !isPods(d.url, d)) return; // not this pod's worker of this role
       removeWorker(holder, d.url);
       log("info", `${named(holder)} ${d.url} removed (pod ${d.namespace}/${d.pod}: ${why})`);
     },

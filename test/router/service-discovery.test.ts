@@ -208,7 +208,7 @@ describe("Kubernetes service discovery (fake API server)", () => {
     assert.equal((await fetch(`${r2}/health`)).status, 503);
   });
 
-  it("P/D: --prefill-selector pods join the prefill pool (bootstrap port from the annotation), --decode-selector pods the decode pool", async () => {
+  it("P/D: --prefill-selector pods join the prefill pool (bootstrap port from the annotation), --decode-selector pods the decode pool; relabelling moves a pod", async () => {
     const api = await fakeApi();
     const { ws: [p0, d0], port } = await podWorkers(2);
     p0!.handler = prefillAnswer(fakeKvParams("engine-p0"));
@@ -231,9 +231,13 @@ describe("Kubernetes service discovery (fake API server)", () => {
     assert.equal(r.headers.get("x-kiln-worker"), `http://127.0.0.3:${port}`);
     assert.equal((JSON.parse(d0!.seen.at(-1)!.body) as { kv_transfer_params: { remote_engine_id: string } }).kv_transfer_params.remote_engine_id, "engine-p0");
 
+    // relabelled a prefill pod: it moves pools, whichever of the two watches reports first
+    api.setPod(pod("kiln-decode-0", { ip: "127.0.0.3", labels: { app: "kiln", component: "prefill" } }));
+    await until("the relabelled pod in the prefill pool", async () => (await workersOf(url)).workers.map((w) => w.role).join() === "prefill,prefill");
+    assert.equal((await fetch(`${url}/health`)).status, 503); // no decode worker left
     api.deletePod("kiln-prefill-0");
-    await until("the prefill pod gone", async () => (await workersOf(url)).workers.length === 1);
-    assert.equal((await fetch(`${url}/health`)).status, 503); // no prefill worker left
+    api.deletePod("kiln-decode-0");
+    await until("the pods gone", async () => (await workersOf(url)).workers.length === 0);
   });
 });
 
