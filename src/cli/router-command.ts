@@ -3,7 +3,9 @@
 // timeouts, retries), plus --policy weighted with llm-d's scorer weights and --policy precise_prefix (llm-d's precise
 // prefix-cache scorer, fed by the workers' KV-cache events over NATS: --kv-events-endpoint, --tokenizer), and
 // vllm-router's P/D disaggregation (--pd-disaggregation --prefill <url> [bootstrap_port] --decode <url>, each with its
-// policy). Flags are parsed into the router's one typed RouterConfig; a bad value is a usage error.
+// policy), and vllm-router's Kubernetes service discovery (--service-discovery --selector key=value, or with P/D
+// --prefill-selector and --decode-selector). Flags are parsed into the router's one typed RouterConfig; a bad value is
+// a usage error.
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
@@ -29,6 +31,14 @@ export function registerRouterCommand(program: Command): void {
     .option("--decode <urls...>", "P/D: decode worker URLs (they also serve every route but the completions); repeat the flag or list several")
     .addOption(new Option("--prefill-policy <policy>", "P/D: policy over the prefill workers (default: --policy)").choices([...POLICY_NAMES]))
     .addOption(new Option("--decode-policy <policy>", "P/D: policy over the decode workers (default: --policy)").choices([...POLICY_NAMES]))
+    .option("--service-discovery", "Kubernetes service discovery: pods matching --selector (P/D: --prefill-selector, --decode-selector) are workers while Running and Ready (static URLs optional)", false)
+    .option("--selector <key=value...>", "service discovery: labels every worker pod has, e.g. app=kiln component=serve")
+    .option("--service-discovery-port <port>", "service discovery: the port the workers listen on in each pod", String(D.serviceDiscoveryPort))
+    .option("--service-discovery-namespace <ns>", "service discovery: the namespace to watch (default: every namespace, which needs a ClusterRole)")
+    .option("--prefill-selector <key=value...>", "P/D service discovery: labels of the prefill pods (a pod matching both selectors is a prefill worker)")
+    .option("--decode-selector <key=value...>", "P/D service discovery: labels of the decode pods")
+    .option("--bootstrap-port-annotation <key>", "P/D service discovery: the prefill pods' annotation holding their KV bootstrap port", D.bootstrapPortAnnotation)
+    .option("--service-discovery-api-url <url>", "service discovery: the Kubernetes API's base URL (default: in-cluster, with the pod's service account; e.g. http://127.0.0.1:8001 behind `kubectl proxy`)")
     .option("--cache-threshold <ratio>", "cache_aware: a prefix match routes to its worker when matched/length is over this (0..1)", String(D.cacheThreshold))
     .option("--balance-abs-threshold <n>", "cache_aware: the fleet is imbalanced when max - min load is over this ...", String(D.balanceAbsThreshold))
     .option("--balance-rel-threshold <x>", "... and max load is over min load times this (>= 1); then the least loaded worker is chosen", String(D.balanceRelThreshold))
@@ -104,20 +114,45 @@ export function prefillArgs(value: unknown): PrefillUrl[] {
   return out;
 }
 
+/** A selector flag's key=value items (listed, repeated or comma-separated) as labels; a key given twice must agree. */
+export function selectorArg(value: unknown, flag: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const item of listArg(value)) {
+    const eq = item.indexOf("=");
+    if (eq <= 0) throw new CliUsageError(`${flag} takes key=value labels, e.g. ${flag} app=kiln; got ${JSON.stringify(item)}`);
+    const [k, v] = [item.slice(0, eq), item.slice(eq + 1)];
+    if (k in out && out[k] !== v) throw new CliUsageError(`${flag} gives label ${k} twice (${out[k]} and ${v}): no pod would match`);
+    out[k] = v;
+  }
+  return out;
+}
+
 /** Validates commander's raw values into a RouterConfig (CliUsageError naming the flag). */
 export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
   const pdDisaggregation = o.pdDisaggregation === true || o.vllmPdDisaggregation === true;
+  const serviceDiscovery = o.serviceDiscovery === true;
   const workerUrls = listArg(o.workerUrls);
   const prefillUrls = prefillArgs(o.prefill);
   const decodeUrls = listArg(o.decode);
+  const selector = selectorArg(o.selector, "--selector");
+  const prefillSelector = selectorArg(o.prefillSelector, "--prefill-selector");
+  const decodeSelector = selectorArg(o.decodeSelector, "--decode-selector");
+  const has = (s: Record<string, string>): boolean => Object.keys(s).length > 0;
+  if (!serviceDiscovery && (has(selector) || has(prefillSelector) || has(decodeSelector) || o.serviceDiscoveryNamespace !== undefined || o.serviceDiscoveryApiUrl !== undefined))
+    throw new CliUsageError("--selector, --prefill-selector, --decode-selector, --service-discovery-namespace and --service-discovery-api-url need --service-discovery");
   if (pdDisaggregation) {
     if (workerUrls.length > 0) throw new CliUsageError("--pd-disaggregation takes its workers from --prefill and --decode, not --worker-urls");
-    if (prefillUrls.length === 0 || decodeUrls.length === 0)
-      throw new CliUsageError("--pd-disaggregation needs at least one --prefill and one --decode worker URL, e.g. --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200");
+    if (!serviceDiscovery && (prefillUrls.length === 0 || decodeUrls.length === 0))
+      throw new CliUsageError("--pd-disaggregation needs at least one --prefill and one --decode worker URL, e.g. --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 (or --service-discovery with --prefill-selector and --decode-selector)");
+    if (has(selector)) throw new CliUsageError("with --pd-disaggregation, service discovery selects pods by --prefill-selector and --decode-selector, not --selector");
+    for (const [role, urls, sel] of [["prefill", prefillUrls, prefillSelector], ["decode", decodeUrls, decodeSelector]] as const)
+      if (serviceDiscovery && urls.length === 0 && !has(sel)) throw new CliUsageError(`--pd-disaggregation --service-discovery needs --${role}-selector key=value (or --${role} URLs)`);
   } else {
-    if (prefillUrls.length > 0 || decodeUrls.length > 0 || o.prefillPolicy !== undefined || o.decodePolicy !== undefined)
-      throw new CliUsageError("--prefill, --decode, --prefill-policy and --decode-policy need --pd-disaggregation");
-    if (workerUrls.length === 0) throw new CliUsageError("--worker-urls needs at least one URL, e.g. http://127.0.0.1:8001 (or --pd-disaggregation with --prefill and --decode)");
+    if (prefillUrls.length > 0 || decodeUrls.length > 0 || o.prefillPolicy !== undefined || o.decodePolicy !== undefined || has(prefillSelector) || has(decodeSelector))
+      throw new CliUsageError("--prefill, --decode, --prefill-selector, --decode-selector, --prefill-policy and --decode-policy need --pd-disaggregation");
+    if (serviceDiscovery && !has(selector)) throw new CliUsageError("--service-discovery needs --selector key=value ..., the labels of the worker pods (e.g. --selector app=kiln)");
+    if (workerUrls.length === 0 && !serviceDiscovery)
+      throw new CliUsageError("--worker-urls needs at least one URL, e.g. http://127.0.0.1:8001 (or --pd-disaggregation with --prefill and --decode, or --service-discovery --selector key=value)");
   }
   // Node's timers take at most 2^31 - 1 ms (~24.8 days): a longer one fires after 1 ms
   const secs = (key: string, flag: string): number => number(o[key], flag, { min: 0, above: true, max: MAX_TIMER_SECS }) * 1000;
@@ -134,6 +169,14 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     decodeUrls,
     prefillPolicy: (o.prefillPolicy as RouterConfig["prefillPolicy"] | undefined) ?? null,
     decodePolicy: (o.decodePolicy as RouterConfig["decodePolicy"] | undefined) ?? null,
+    serviceDiscovery,
+    selector,
+    prefillSelector,
+    decodeSelector,
+    serviceDiscoveryPort: number(o.serviceDiscoveryPort, "--service-discovery-port", { min: 1, max: 65535, int: true }),
+    serviceDiscoveryNamespace: (o.serviceDiscoveryNamespace as string | undefined) ?? null,
+    bootstrapPortAnnotation: String(o.bootstrapPortAnnotation),
+    serviceDiscoveryApiUrl: (o.serviceDiscoveryApiUrl as string | undefined) ?? null,
     host: String(o.host),
     port: number(o.port, "--port", { max: 65535, int: true }),
     policy: o.policy as RouterConfig["policy"],
@@ -176,10 +219,14 @@ export async function runRouter(config: RouterConfig, out: NodeJS.WritableStream
   const router = createRouter(config);
   const url = await router.listen();
   const healthy = (pool: { healthy(): unknown[]; all(): { url: string }[] }): string =>
-    `${pool.healthy().length}/${pool.all().length} workers healthy: ${pool.all().map((w) => w.url).join(" ")}`;
+    `${pool.healthy().length}/${pool.all().length} workers healthy${pool.all().map((w) => ` ${w.url}`).join("").replace(/^ /, ": ")}`;
   const fleet = router.prefill === null ? `policy ${config.policy}, ${healthy(router.pool)}`
     : `P/D disaggregation; prefill policy ${router.prefill.policy.name}, ${healthy(router.prefill.pool)}; decode policy ${router.policy.name}, ${healthy(router.pool)}`;
-  out.write(`Kiln router at ${url}/v1 (${fleet})\n`);
+  const discovery = router.discovery?.status();
+  const pods = discovery === undefined ? ""
+    : `; service discovery of pods ${discovery.watches.map((w) => (w.role === "regular" ? w.selector : `${w.role} ${w.selector}`)).join(", ")} ` +
+      `in ${discovery.namespace === null ? "every namespace" : `namespace ${discovery.namespace}`}, port ${discovery.port}`;
+  out.write(`Kiln router at ${url}/v1 (${fleet}${pods})\n`);
   await new Promise<void>((resolve) => {
     const onSignal = (signal: NodeJS.Signals): void => {
       process.off("SIGTERM", onSignal).off("SIGINT", onSignal);

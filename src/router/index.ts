@@ -3,7 +3,7 @@ export { createRouter, PD_ROUTES, PROXIED_POST_ROUTES, type Router, type RouterD
 export { DEFAULT_ROUTER_CONFIG, resolveRouterConfig, RouterConfigError, type PrefillUrl, type RouterConfig } from "./router-config.js";
 export { decodeBody, kvTransferParamsOf, PREFILL_KV_TRANSFER_PARAMS, prefillBody } from "./pd-proxy.js";
 export { createPolicy, leastLoaded, POLICY_NAMES, type PolicyName, type RoutingDecision, type RoutingPolicy, type RoutingReason, type WorkerView } from "./policies.js";
-export type { WorkerRole } from "./routing-types.js";
+export type { WorkerOrigin, WorkerRole } from "./routing-types.js";
 export { CacheAwarePolicy, type CacheAwareOptions } from "./cache-aware-policy.js";
 export { WeightedPolicy, type WeightedOptions, type WorkerScores } from "./weighted-policy.js";
 export { PrefixTree, type PrefixMatch } from "./prefix-tree.js";
@@ -14,3 +14,5 @@ export { KvBlockIndex, type KvBlockIndexStats } from "./kv-block-index.js";
 export { KvEventsSubscriber, parseKvEventBatch, workerOfEngine } from "./kv-events-subscriber.js";
 export { PrecisePrefixPolicy, prefixHits, DEFAULT_KV_BLOCK_SIZE } from "./precise-prefix-policy.js";
 export { RequestTokenizer } from "./request-tokens.js";
+export { KubeApiError, KubeClient, KubeConfigError, inClusterConnection, urlConnection, selectorText, SERVICE_ACCOUNT_DIR, type KubeConnection, type Pod, type PodWatchEvent } from "./kube-api.js";
+export { PodDiscovery, podWorker, matchesSelector, type DiscoveredWorker, type DiscoverySink, type DiscoveryStatus, type PodWatchSpec } from "./pod-discovery.js";

@@ -30,6 +30,26 @@ export interface RouterConfig {
   /** P/D: the policy over prefill (decode) workers; null = `policy`. */
   prefillPolicy: PolicyName | null;
   decodePolicy: PolicyName | null;
+  /**
+   * Kubernetes service discovery (vllm-router's --service-discovery): pods matching `selector` (P/D: `prefillSelector`,
+   * `decodeSelector`) join the fleet as http://<podIP>:<serviceDiscoveryPort> while Running and Ready, beside any
+   * static URLs; the router may start with none.
+   */
+  serviceDiscovery: boolean;
+  /** Labels a worker pod has, all of them (key=value, ANDed as the API's labelSelector); empty with P/D. */
+  selector: Record<string, string>;
+  /** P/D: labels of the prefill pods (a pod matching both selectors is a prefill worker, as in vllm-router). */
+  prefillSelector: Record<string, string>;
+  /** P/D: labels of the decode pods. */
+  decodeSelector: Record<string, string>;
+  /** The port the workers listen on in each pod. */
+  serviceDiscoveryPort: number;
+  /** The namespace to watch; null watches every namespace (the router's account then needs a ClusterRole). */
+  serviceDiscoveryNamespace: string | null;
+  /** The prefill pods' annotation giving their KV bootstrap port (shown by /workers, as --prefill's). */
+  bootstrapPortAnnotation: string;
+  /** The API's base URL (`kubectl proxy`'s http://127.0.0.1:8001, a test's fake); null: in-cluster, the pod's service account. */
+  serviceDiscoveryApiUrl: string | null;
   cacheThreshold: number;
   balanceAbsThreshold: number;
   balanceRelThreshold: number;
@@ -80,6 +100,14 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   decodeUrls: [],
   prefillPolicy: null,
   decodePolicy: null,
+  serviceDiscovery: false,
+  selector: {},
+  prefillSelector: {},
+  decodeSelector: {},
+  serviceDiscoveryPort: 80,
+  serviceDiscoveryNamespace: null,
+  bootstrapPortAnnotation: "vllm.ai/bootstrap-port",
+  serviceDiscoveryApiUrl: null,
   cacheThreshold: 0.3,
   balanceAbsThreshold: 64,
   balanceRelThreshold: 1.5,
@@ -126,18 +154,63 @@ function normalize(url: string): string {
   }
 }
 
+// Kubernetes' syntax of label (and annotation) keys, [prefix/]name, and of label values.
+const LABEL_NAME = /^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+
+/** Why `key` is not a Kubernetes label or annotation key, or null when it is one. */
+export function labelKeyError(key: string): string | null {
+  const slash = key.lastIndexOf("/");
+  const [prefix, name] = slash < 0 ? [null, key] : [key.slice(0, slash), key.slice(slash + 1)];
+  if (prefix !== null && !(prefix.length <= 253 && DNS_SUBDOMAIN.test(prefix))) return `its prefix ${JSON.stringify(prefix)} is not a DNS subdomain`;
+  if (!(name.length <= 63 && LABEL_NAME.test(name))) return "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
+  return null;
+}
+
+function checkSelector(key: string, flag: string, selector: Record<string, string>): void {
+  for (const [k, v] of Object.entries(selector)) {
+    const bad = labelKeyError(k);
+    if (bad !== null) throw new RouterConfigError(`${key} (${flag}): ${JSON.stringify(k)} is not a label key: ${bad}`);
+    if (!(v === "" || (v.length <= 63 && LABEL_NAME.test(v)))) throw new RouterConfigError(`${key} (${flag}): ${JSON.stringify(v)} is not a label value (at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)`);
+  }
+}
+
+const isEmpty = (selector: Record<string, string>): boolean => Object.keys(selector).length === 0;
+
+/** Where the fleet's workers come from: static URLs, service discovery, or both (checked per role). */
+function checkWorkerSources(c: RouterConfig): void {
+  const sd = c.serviceDiscovery;
+  if (c.pdDisaggregation) {
+    if (c.workerUrls.length > 0) throw new RouterConfigError("with P/D disaggregation the workers are given as prefill and decode URLs (--prefill, --decode), not worker URLs");
+    if (!sd && (c.prefillUrls.length === 0 || c.decodeUrls.length === 0))
+      throw new RouterConfigError(`P/D disaggregation needs at least one prefill and one decode worker URL (--prefill, --decode); got ${c.prefillUrls.length} and ${c.decodeUrls.length}`);
+    if (sd && !isEmpty(c.selector)) throw new RouterConfigError("with P/D disaggregation pods are selected by prefillSelector and decodeSelector (--prefill-selector, --decode-selector), not selector");
+    for (const [role, urls, selector] of [["prefill", c.prefillUrls, c.prefillSelector], ["decode", c.decodeUrls, c.decodeSelector]] as const)
+      if (sd && urls.length === 0 && isEmpty(selector)) throw new RouterConfigError(`P/D disaggregation with service discovery needs ${role} workers: ${role}Selector (--${role}-selector key=value) or ${role} URLs (--${role})`);
+  } else {
+    if (c.workerUrls.length === 0 && !sd) throw new RouterConfigError("the router needs at least one worker URL (or service discovery)");
+    if (c.prefillUrls.length > 0 || c.decodeUrls.length > 0 || c.prefillPolicy !== null || c.decodePolicy !== null || !isEmpty(c.prefillSelector) || !isEmpty(c.decodeSelector))
+      throw new RouterConfigError("prefill and decode workers, selectors and policies (--prefill, --decode, --prefill-selector, --decode-selector, --prefill-policy, --decode-policy) need P/D disaggregation (--pd-disaggregation)");
+    if (sd && isEmpty(c.selector)) throw new RouterConfigError("service discovery needs the worker pods' labels: selector (--selector key=value ...)");
+  }
+  if (!sd && (!isEmpty(c.selector) || c.serviceDiscoveryNamespace !== null || c.serviceDiscoveryApiUrl !== null))
+    throw new RouterConfigError("selector, serviceDiscoveryNamespace and serviceDiscoveryApiUrl (--selector, --service-discovery-namespace, --service-discovery-api-url) need service discovery (--service-discovery)");
+  checkSelector("selector", "--selector", c.selector);
+  checkSelector("prefillSelector", "--prefill-selector", c.prefillSelector);
+  checkSelector("decodeSelector", "--decode-selector", c.decodeSelector);
+  if (c.serviceDiscoveryNamespace !== null && !(c.serviceDiscoveryNamespace.length <= 63 && DNS_LABEL.test(c.serviceDiscoveryNamespace)))
+    throw new RouterConfigError(`serviceDiscoveryNamespace (--service-discovery-namespace) must be a namespace name (lower-case letters, digits and '-'), got ${JSON.stringify(c.serviceDiscoveryNamespace)}`);
+  const annotation = labelKeyError(c.bootstrapPortAnnotation);
+  if (annotation !== null) throw new RouterConfigError(`bootstrapPortAnnotation (--bootstrap-port-annotation) ${JSON.stringify(c.bootstrapPortAnnotation)} is not an annotation key: ${annotation}`);
+  if (c.serviceDiscoveryApiUrl !== null && !/^https?:\/\/[^/\s?#]+(\/[^\s?#]*)?$/.test(c.serviceDiscoveryApiUrl))
+    throw new RouterConfigError(`serviceDiscoveryApiUrl (--service-discovery-api-url) must be http(s)://host:port, got ${JSON.stringify(c.serviceDiscoveryApiUrl)}`);
+}
+
 /** The config with defaults filled in and worker URLs normalized; throws RouterConfigError naming what is wrong. */
 export function resolveRouterConfig(partial: Partial<RouterConfig>): RouterConfig {
   const c: RouterConfig = { ...DEFAULT_ROUTER_CONFIG, workerUrls: [], ...partial };
-  if (c.pdDisaggregation) {
-    if (c.workerUrls.length > 0) throw new RouterConfigError("with P/D disaggregation the workers are given as prefill and decode URLs (--prefill, --decode), not worker URLs");
-    if (c.prefillUrls.length === 0 || c.decodeUrls.length === 0)
-      throw new RouterConfigError(`P/D disaggregation needs at least one prefill and one decode worker URL (--prefill, --decode); got ${c.prefillUrls.length} and ${c.decodeUrls.length}`);
-  } else {
-    if (c.workerUrls.length === 0) throw new RouterConfigError("the router needs at least one worker URL");
-    if (c.prefillUrls.length > 0 || c.decodeUrls.length > 0 || c.prefillPolicy !== null || c.decodePolicy !== null)
-      throw new RouterConfigError("prefill and decode workers and policies (--prefill, --decode, --prefill-policy, --decode-policy) need P/D disaggregation (--pd-disaggregation)");
-  }
+  checkWorkerSources(c);
   const prefillUrls = c.prefillUrls.map(({ url, bootstrapPort }) => {
     if (bootstrapPort !== null && !(Number.isInteger(bootstrapPort) && bootstrapPort >= 0 && bootstrapPort <= 65535))
       throw new RouterConfigError(`prefill worker ${url}: bootstrap port must be an integer in [0, 65535], got ${bootstrapPort}`);
@@ -157,6 +230,7 @@ export function resolveRouterConfig(partial: Partial<RouterConfig>): RouterConfi
       throw new RouterConfigError(`${key} must be ${int ? "an integer" : "a number"} in [${lo}, ${hi}], got ${v}`);
   };
   range("port", 0, 65535, true);
+  range("serviceDiscoveryPort", 1, 65535, true);
   range("cacheThreshold", 0, 1);
   range("balanceAbsThreshold", 0, Infinity, true);
   range("balanceRelThreshold", 1);

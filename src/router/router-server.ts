@@ -1,19 +1,23 @@
 // createRouter(): the fleet's front door, a fastify app that serves the OpenAI API by proxying each request to one
 // worker (proxy.ts) chosen by the policy, or with P/D disaggregation each completion to a prefill worker and then a
 // decode worker (pd-proxy.ts), plus its own /health, /metrics, /workers, /v1/models (the workers' models) and
-// vllm-router's admin routes (/list_workers, /add_worker?url=, /remove_worker?url=).
+// vllm-router's admin routes (/list_workers, /add_worker?url=, /remove_worker?url=). With service discovery the
+// fleet also follows the Kubernetes pods a label selector matches (pod-discovery.ts), through the same add and remove
+// paths as the admin routes.
 import * as http from "node:http";
 import * as https from "node:https";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import { noWorker, RouterError, toRouterError } from "./errors.js";
 import { KvBlockIndex } from "./kv-block-index.js";
 import { KvEventsSubscriber } from "./kv-events-subscriber.js";
+import { inClusterConnection, KubeClient, urlConnection } from "./kube-api.js";
 import { createPolicy } from "./policies.js";
 import { isJsonObject, proxyDisaggregated, type PdContexts } from "./pd-proxy.js";
+import { PodDiscovery, type DiscoveredWorker, type DiscoverySink, type PodWatchSpec } from "./pod-discovery.js";
 import { proxyRequest, type ProxyContext, type ProxyRequest } from "./proxy.js";
 import { resolveRouterConfig, type RouterConfig } from "./router-config.js";
 import { RouterMetrics } from "./router-metrics.js";
-import type { PolicyName, RoutingPolicy, WorkerRole } from "./routing-types.js";
+import type { PolicyName, RoutingPolicy, WorkerOrigin, WorkerRole } from "./routing-types.js";
 import { routingText } from "./request-text.js";
 import { RequestTokenizer } from "./request-tokens.js";
 import { describeFetchError, normalizeWorkerUrl, WorkerPool } from "./worker-pool.js";
@@ -47,6 +51,8 @@ export interface Router {
   readonly config: RouterConfig;
   /** Which workers hold which prefix-cache blocks, from their KV-cache events (null without --kv-events-endpoint). */
   readonly kvIndex: KvBlockIndex | null;
+  /** The Kubernetes pod watches (null without --service-discovery); they start with listen(). */
+  readonly discovery: PodDiscovery | null;
   /** Checks the workers once, starts the periodic checks and eviction, listens; resolves with the base URL. */
   listen(): Promise<string>;
   /**
@@ -61,6 +67,8 @@ export interface RouterDeps {
   random?: () => number;
   /** Where log lines go (stderr by default). */
   log?: (line: string) => void;
+  /** Service discovery's retry backoff and watch length (tests shorten them). */
+  discoveryTiming?: { retryInitialMs?: number; retryMaxMs?: number; watchTimeoutSecs?: number };
 }
 
 /**
@@ -98,6 +106,49 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
   const { pool, policy } = main;
   const groups: WorkerGroup[] = prefill === null ? [main] : [prefill, main];
   const bootstrapPorts = new Map(config.prefillUrls.map((p) => [p.url, p.bootstrapPort]));
+  const holderOf = (url: string): WorkerGroup | undefined => groups.find((g) => g.pool.get(url) !== undefined);
+  const named = (g: WorkerGroup): string => `${g.pool.role === "regular" ? "" : `${g.pool.role} `}worker`;
+  /** Puts `url` in `target`'s pool, unchecked (not routed to) until its first health check; false when it was there. */
+  const addWorker = (target: WorkerGroup, url: string, origin: WorkerOrigin, bootstrapPort: number | null = null): boolean => {
+    if (!target.pool.add(url, origin)) return false;
+    if (target.pool.role === "prefill") bootstrapPorts.set(url, bootstrapPort);
+    return true;
+  };
+  /** Takes `url` out of `holder`'s pool: its policy state, KV-events index entries and health state go with it. */
+  const removeWorker = (holder: WorkerGroup, url: string): void => {
+    holder.pool.remove(url);
+    holder.policy.forgetWorker(url);
+    kvIndex?.removeWorker(url);
+    bootstrapPorts.delete(url);
+  };
+  const groupOf = (role: WorkerRole): WorkerGroup => (role === "prefill" ? prefill! : main);
+  /** Whether `url` is held by `d`'s own pod (a static worker, or another pod's, may sit at the same URL). */
+  const isPods = (url: string, d: DiscoveredWorker): boolean => {
+    const o = holderOf(url)?.pool.get(url)?.origin;
+    return o?.source === "discovered" && o.pod === d.pod && o.namespace === d.namespace;
+  };
+  const discovery = config.serviceDiscovery ? createDiscovery(config, deps, log, {
+    join(d) {
+      const target = groupOf(d.role);
+      const holder = holderOf(d.url);
+      // relabelled from decode to prefill (or back): the other role's watch may report its leaving after this join
+      if (holder !== undefined && holder !== target && isPods(d.url, d)) removeWorker(holder, d.url);
+      else if (holder !== undefined) {
+        const o = holder.pool.get(d.url)!.origin;
+        log("warning", `service discovery: pod ${d.namespace}/${d.pod} is ${d.url}, already a ${named(holder)} (${o.source === "discovered" ? `pod ${o.namespace}/${o.pod}` : o.source}); not added again`);
+        return;
+      }
+      addWorker(target, d.url, { source: "discovered", pod: d.pod, namespace: d.namespace }, d.bootstrapPort);
+      log("info", `${named(target)} ${d.url} added (pod ${d.namespace}/${d.pod}${d.bootstrapPort === null ? "" : `, bootstrap port ${d.bootstrapPort}`})`);
+      void target.pool.checkWorker(d.url);
+    },
+    leave(d, why) {
+      const holder = holderOf(d.url);
+      if (holder !== groupOf(d.role) || !isPods(d.url, d)) return; // not this pod's worker of this role
+      removeWorker(holder, d.url);
+      log("info", `${named(holder)} ${d.url} removed (pod ${d.namespace}/${d.pod}: ${why})`);
+    },
+  }) : null;
   let subscriber: KvEventsSubscriber | null = null;
   const metrics = new RouterMetrics(groups.map((g) => g.pool));
   const agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
@@ -213,8 +264,10 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     policy: config.policy,
     ...(prefill === null ? {} : { pd_disaggregation: true, prefill_policy: prefill.policy.name, decode_policy: policy.name }),
     ...(kvIndex === null ? {} : { kv_events: { ...kvIndex.stats } }),
+    ...(discovery === null ? {} : { service_discovery: discovery.status() }),
     workers: groups.flatMap(({ pool: p }) => p.all().map((w) => ({
       url: w.url, role: p.role, ...(p.role === "prefill" ? { bootstrap_port: bootstrapPorts.get(w.url) ?? null } : {}),
+      source: w.origin.source, ...(w.origin.source === "discovered" ? { pod: { name: w.origin.pod, namespace: w.origin.namespace } } : {}),
       healthy: w.healthy, in_flight: w.inFlight, load: p.view(w).load, last_error: w.lastError,
       ...(kvIndex === null ? {} : { kv_blocks: kvIndex.size(w.url) }),
       reported: w.reported === null ? null : { running: w.reported.running, waiting: w.reported.waiting, kv_cache_usage_perc: w.reported.kvCacheUsage },
@@ -246,28 +299,28 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     const target = groupParam(request);
     const other = groups.find((g) => g !== target && g.pool.get(url) !== undefined);
     if (other !== undefined) throw new RouterError(400, `worker ${url} is already a ${other.pool.role} worker`, null, "invalid_request_error", "url");
-    const added = target.pool.add(url);
+    const added = addWorker(target, url, { source: "api" });
     if (added) await target.pool.checkWorker(url);
-    log("info", `${target.pool.role === "regular" ? "" : `${target.pool.role} `}worker ${url} ${added ? "added" : "was already in the fleet"}`);
+    log("info", `${named(target)} ${url} ${added ? "added" : "was already in the fleet"}`);
     return { url, ...(prefill === null ? {} : { role: target.pool.role }), added, healthy: target.pool.get(url)!.healthy };
   });
   app.post("/remove_worker", async (request) => {
     const url = urlParam(request);
-    const holder = groups.find((g) => g.pool.remove(url));
+    const holder = holderOf(url);
     if (holder === undefined) throw new RouterError(404, `worker ${url} is not in the fleet`, null, "not_found_error", "url");
-    holder.policy.forgetWorker(url);
-    kvIndex?.removeWorker(url);
-    log("info", `worker ${url} removed`);
+    removeWorker(holder, url);
+    log("info", `${named(holder)} ${url} removed`);
     return { url, removed: true };
   });
 
   let evictTimer: NodeJS.Timeout | null = null;
   return {
-    app, pool, policy, prefill, metrics, config, kvIndex,
+    app, pool, policy, prefill, metrics, config, kvIndex, discovery,
     async listen() {
       // subscribed in the background: routing falls back to load until events arrive
       if (kvIndex !== null) subscriber = new KvEventsSubscriber(config.kvEventsEndpoint!, config.kvEventsTopic, kvIndex, (level, line) => log(level, line));
       await Promise.all(groups.map((g) => g.pool.start()));
+      discovery?.start(); // in the background: the router serves (503 until a pod is ready) while it lists
       evictTimer = setInterval(() => {
         for (const g of groups) g.policy.maintain();
       }, config.evictionIntervalMs);
@@ -279,7 +332,7 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     },
     async close() {
       for (const g of groups) g.pool.stop();
-      await subscriber?.close();
+      await Promise.all([subscriber?.close(), discovery?.close()]);
       if (evictTimer !== null) clearInterval(evictTimer);
       const closed = app.close();
       const sweeper = setInterval(() => {
@@ -294,6 +347,21 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
       agents.https.destroy();
     },
   };
+}
+
+/** The pod watches of --service-discovery: one per selector; with P/D a pod matching both selectors is a prefill worker. */
+function createDiscovery(config: RouterConfig, deps: RouterDeps, log: (level: "debug" | "info" | "warning" | "error", line: string) => void, sink: DiscoverySink): PodDiscovery {
+  const url = config.serviceDiscoveryApiUrl;
+  const client = new KubeClient(url === null ? inClusterConnection() : urlConnection(url));
+  const isSet = (selector: Record<string, string>): boolean => Object.keys(selector).length > 0;
+  const watches: PodWatchSpec[] = !config.pdDisaggregation ? [{ role: "regular", selector: config.selector }] : [
+    ...(isSet(config.prefillSelector) ? [{ role: "prefill" as const, selector: config.prefillSelector }] : []),
+    ...(isSet(config.decodeSelector) ? [{ role: "decode" as const, selector: config.decodeSelector, ...(isSet(config.prefillSelector) ? { exclude: config.prefillSelector } : {}) }] : []),
+  ];
+  return new PodDiscovery(client, sink, {
+    namespace: config.serviceDiscoveryNamespace, port: config.serviceDiscoveryPort, bootstrapPortAnnotation: config.bootstrapPortAnnotation,
+    watches, log, ...deps.discoveryTiming,
+  });
 }
 
 /**

@@ -10,6 +10,15 @@ export type PolicyName = (typeof POLICY_NAMES)[number];
  */
 export type WorkerRole = "regular" | "prefill" | "decode";
 
+/**
+ * How a worker joined the fleet: a flag (--worker-urls, --prefill, --decode), POST /add_worker, or Kubernetes
+ * service discovery (--service-discovery), which names the pod it stands for.
+ */
+export type WorkerOrigin =
+  | { readonly source: "static" }
+  | { readonly source: "api" }
+  | { readonly source: "discovered"; readonly pod: string; readonly namespace: string };
+
 /** What a policy sees of a worker. */
 export interface WorkerView {
   readonly url: string;

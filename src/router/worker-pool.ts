@@ -3,7 +3,7 @@
 // `successThreshold` good ones) and, when healthy, reads the load gauges of its Prometheus /metrics
 // (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc). A request that cannot connect
 // marks its worker down at once.
-import type { WorkerRole, WorkerView } from "./routing-types.js";
+import type { WorkerOrigin, WorkerRole, WorkerView } from "./routing-types.js";
 
 /** The load a worker reported in its /metrics at `at` (ms since epoch). */
 export interface ReportedLoad {
@@ -15,6 +15,7 @@ export interface ReportedLoad {
 
 export interface WorkerState {
   readonly url: string;
+  readonly origin: WorkerOrigin;
   healthy: boolean;
   /** False until the first health check has answered (its result decides at once, without thresholds). */
   checked: boolean;
@@ -93,11 +94,11 @@ export class WorkerPool {
   }
 
   /** Adds a worker (unchecked, so not yet routed to until a check answers); returns false when it was there already. */
-  add(rawUrl: string): boolean {
+  add(rawUrl: string, origin: WorkerOrigin = { source: "static" }): boolean {
     const url = normalizeWorkerUrl(rawUrl);
     if (this.byUrl.has(url)) return false;
     this.byUrl.set(url, {
-      url, healthy: false, checked: false, inFlight: 0, consecutiveFailures: 0, consecutiveSuccesses: 0, reported: null, lastError: null,
+      url, origin, healthy: false, checked: false, inFlight: 0, consecutiveFailures: 0, consecutiveSuccesses: 0, reported: null, lastError: null,
     });
     return true;
   }

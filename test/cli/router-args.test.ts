@@ -46,10 +46,14 @@ describe("kiln router flags", () => {
       "--prefix-cache-scorer-weight", "5", "--queue-scorer-weight", "1", "--kv-cache-utilization-scorer-weight", "0",
       "--precise-prefix-cache-scorer-weight", "2", "--kv-events-endpoint", "nats://10.0.0.5:4222", "--kv-events-topic", "kv.fleet",
       "--tokenizer", "/models/m", "--chat-template", "{{ messages[0].content }}", "--cors-allowed-origins", "https://a.example", "https://b.example",
+      "--service-discovery", "--selector", "app=kiln", "tier=serve", "--service-discovery-port", "8000", "--service-discovery-namespace", "serving",
+      "--bootstrap-port-annotation", "example.com/kv-port", "--service-discovery-api-url", "http://127.0.0.1:8001",
     );
     assert.deepEqual(c, {
       workerUrls: ["http://a:1", "http://b:2"], host: "0.0.0.0", port: 0, policy: "power_of_two", cacheThreshold: 0.5, balanceAbsThreshold: 8,
       pdDisaggregation: false, prefillUrls: [], decodeUrls: [], prefillPolicy: null, decodePolicy: null, // P/D: test/router/pd-args.test.ts
+      serviceDiscovery: true, selector: { app: "kiln", tier: "serve" }, prefillSelector: {}, decodeSelector: {}, serviceDiscoveryPort: 8000,
+      serviceDiscoveryNamespace: "serving", bootstrapPortAnnotation: "example.com/kv-port", serviceDiscoveryApiUrl: "http://127.0.0.1:8001",
       balanceRelThreshold: 1.1, evictionIntervalMs: 30_000, maxTreeSize: 1000, healthCheckIntervalMs: 500, healthCheckTimeoutMs: 2000,
       healthFailureThreshold: 1, healthSuccessThreshold: 1, healthCheckEndpoint: "/ping", requestTimeoutMs: 10_000, maxRetries: 2,
       maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",
@@ -90,6 +94,46 @@ describe("kiln router flags", () => {
     assert.throws(() => parse("--worker-urls", "http://127.0.0.1:8000/v1"), /ends in \/v1: give the server's base URL \(e\.g\. http:\/\/127\.0\.0\.1:8000\)/);
     assert.deepEqual(parse("--worker-urls", "http://127.0.0.1:8000/kiln/").workerUrls, ["http://127.0.0.1:8000/kiln"]);
     assert.throws(() => parse("--worker-urls", "http://a:1", "http://a:1/"), /given twice/);
+  });
+
+  it("service discovery: vllm-router's flags and defaults; workers optional; selectors checked", () => {
+    const sd = parse("--service-discovery", "--selector", "app=kiln,component=serve");
+    assert.deepEqual(sd, { ...DEFAULT_ROUTER_CONFIG, workerUrls: [], serviceDiscovery: true, selector: { app: "kiln", component: "serve" } });
+    assert.equal(sd.serviceDiscoveryPort, 80); // vllm-router's default
+    assert.equal(sd.serviceDiscoveryNamespace, null); // every namespace
+    assert.equal(sd.bootstrapPortAnnotation, "vllm.ai/bootstrap-port");
+    assert.deepEqual(parse("--service-discovery", "--selector", "app=kiln", "--worker-urls", "http://a:1").workerUrls, ["http://a:1"]); // static + discovered
+    const pd = parse("--pd-disaggregation", "--service-discovery", "--prefill-selector", "app=kiln", "component=prefill", "--decode-selector", "component=decode");
+    assert.deepEqual([pd.prefillSelector, pd.decodeSelector, pd.prefillUrls, pd.decodeUrls], [{ app: "kiln", component: "prefill" }, { component: "decode" }, [], []]);
+    // a static decode worker with discovered prefill pods
+    assert.deepEqual(parse("--pd-disaggregation", "--service-discovery", "--prefill-selector", "c=p", "--decode", "http://d:1").decodeUrls, ["http://d:1"]);
+    const cases: [string[], RegExp][] = [
+      [["--service-discovery"], /--service-discovery needs --selector key=value/],
+      [["--selector", "app=kiln"], /need --service-discovery/],
+      [["--worker-urls", "http://a:1", "--service-discovery-namespace", "x"], /need --service-discovery/],
+      [["--service-discovery", "--selector", "app"], /--selector takes key=value labels, e.g. --selector app=kiln; got "app"/],
+      [["--service-discovery", "--selector", "app=a", "app=b"], /--selector gives label app twice \(a and b\)/],
+      [["--service-discovery", "--selector", "app=not ok"], /"not ok" is not a label value/],
+      [["--service-discovery", "--selector", "-x=1"], /"-x" is not a label key/],
+      [["--service-discovery", "--selector", "app=kiln", "--service-discovery-port", "0"], /--service-discovery-port must be an integer in \[1, 65535\]/],
+      [["--service-discovery", "--selector", "app=kiln", "--service-discovery-namespace", "Prod"], /must be a namespace name/],
+      [["--service-discovery", "--selector", "app=kiln", "--bootstrap-port-annotation", "a/b/"], /is not an annotation key/],
+      [["--service-discovery", "--selector", "app=kiln", "--service-discovery-api-url", "127.0.0.1:8001"], /must be http\(s\):\/\/host:port/],
+      [["--service-discovery", "--selector", "app=kiln", "--prefill-selector", "c=p"], /need --pd-disaggregation/],
+      [["--pd-disaggregation", "--service-discovery", "--prefill-selector", "c=p"], /needs --decode-selector key=value \(or --decode URLs\)/],
+      [["--pd-disaggregation", "--service-discovery", "--selector", "app=kiln", "--prefill-selector", "c=p", "--decode-selector", "c=d"], /not --selector/],
+    ];
+    for (const [args, message] of cases)
+      assert.throws(() => parse(...args), (e: unknown) => e instanceof CliUsageError && message.test((e as Error).message), args.join(" "));
+  });
+
+  it("--service-discovery outside a pod without --service-discovery-api-url fails at start, saying what to give", () => {
+    const env = { ...process.env };
+    delete env.KUBERNETES_SERVICE_HOST;
+    delete env.KUBERNETES_SERVICE_PORT;
+    const r = spawnSync(process.execPath, [`${root}/bin/kiln`, "router", "--service-discovery", "--selector", "app=kiln", "--port", "0"], { encoding: "utf8", timeout: 10_000, env });
+    assert.equal(r.status, 1);
+    assert.match(r.stderr, /kiln: error: service discovery needs the Kubernetes API: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set \(not in a pod\); give --service-discovery-api-url/);
   });
 
   it("the command refuses unknown flags, bad choices and missing workers before starting", () => {

@@ -28,7 +28,11 @@ export interface FakeWorker {
   kill(): Promise<void>;
 }
 
-export async function startFakeWorker(name: string): Promise<FakeWorker> {
+/**
+ * Starts a fake worker on 127.0.0.1 and a free port, or on `host` and `port`: service-discovery tests give each fake
+ * pod its own loopback address (127.0.0.2, 127.0.0.3, ...) and one port, as pods share the workers' port.
+ */
+export async function startFakeWorker(name: string, { host = "127.0.0.1", port = 0 }: { host?: string; port?: number } = {}): Promise<FakeWorker> {
   const seen: SeenRequest[] = [];
   const worker: FakeWorker = {
     name, url: "", seen, healthStatus: 200, running: 0, model: "tiny", handler: null,
@@ -61,8 +65,8 @@ export async function startFakeWorker(name: string): Promise<FakeWorker> {
       })();
     });
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  (worker as { url: string }).url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  await new Promise<void>((resolve, reject) => server.once("error", reject).listen(port, host, resolve));
+  (worker as { url: string }).url = `http://${host}:${(server.address() as AddressInfo).port}`;
   return worker;
 }
 
