@@ -95,6 +95,26 @@ forEachBackend((dev) => {
     });
   });
 
+  describe("integer division by zero", () => {
+    const zeroDivision = (dtype: string) => opError(OpError, "remainder", new RegExp(`ZeroDivisionError: integer division by zero \\(${dtype} on ${dev}\\)`));
+    it("an integer remainder by zero is torch's ZeroDivisionError; floats keep NaN and true division inf", () => {
+      const a = ids(5, -5, 7);
+      assert.throws(() => k.remainder(a, ids(2, 0, 3)), zeroDivision("int32"));
+      assert.throws(() => k.remainder(a, 0), zeroDivision("int32"));
+      assert.throws(() => k.remainder(a, false), zeroDivision("int32")); // a JS boolean divisor is 0 or 1
+      assert.throws(() => k.remainder(7, ids(1, 0)), zeroDivision("int32"));
+      assert.throws(() => k.remainder(a, t([3, 0, 1], { dtype: "int64" })), zeroDivision("int64"));
+      assert.throws(() => k.remainder(t([true]), t([false])), zeroDivision("bool"));
+      // Python's modulo takes the divisor's sign: 5 % 2 = 1, -5 % -3 = -2, 7 % -4 = -1
+      assert.deepEqual(k.remainder(a, ids(2, -3, -4)).toList(), [1, -2, -1]);
+      // a float operand makes the op float: x % 0 is NaN, x / 0 is +-inf (0 / 0 NaN), integers included
+      assert.deepEqual(k.remainder(a, t([0, 0, 0])).toList(), [NaN, NaN, NaN]);
+      assert.deepEqual(k.remainder(t([5, -5, 0]), 0).toList(), [NaN, NaN, NaN]);
+      assert.deepEqual(k.div(t([5, -5, 0]), 0).toList(), [Infinity, -Infinity, NaN]);
+      assert.deepEqual(k.div(a, 0).toList(), [Infinity, -Infinity, Infinity]);
+    });
+  });
+
   describe("index errors", () => {
     it("out-of-range indices raise IndexOutOfRangeError naming the op", () => {
       const w = k.zeros([3, 2], { device: dev });

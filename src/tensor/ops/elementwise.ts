@@ -32,6 +32,7 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   if (!(a instanceof Tensor) && !(b instanceof Tensor)) throw new OpError(op, "needs at least one tensor");
   for (const x of [a, b]) if (x instanceof Tensor) x.view_(op); // disposed check before allocating
   if (op === "sub") checkBoolSub(a, b);
+  if (op === "remainder") checkIntegerDivisor(op, a, b);
   // torch checks a scalar exponent (a tensor one would need its values read back)
   if (op === "pow" && a instanceof Tensor && !isFloating(a.dtype) && typeof b === "number" && Number.isInteger(b) && b < 0)
     throw new OpError("pow", "Integers to negative integer powers are not allowed.");
@@ -56,6 +57,26 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   if (!(a instanceof Tensor)) ta.dispose();
   if (!(b instanceof Tensor)) tb.dispose();
   return out;
+}
+
+/**
+ * torch's integer remainder (as its floor / trunc division) raises "ZeroDivisionError" on a zero divisor, where the
+ * float kernel gives NaN and its cast to an integer dtype garbage. Float operands keep NaN. Reads a tensor divisor
+ * back to the host (integer operands only).
+ */
+function checkIntegerDivisor(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): void {
+  const integral = (x: TensorOrScalar) => (x instanceof Tensor ? !isFloating(x.dtype) : typeof x === "boolean" || Number.isInteger(x));
+  if (!integral(a) || !integral(b)) return;
+  if (b instanceof Tensor ? !hasZero(b) : Number(b) !== 0) return;
+  const tensors = [a, b].filter((x): x is Tensor => x instanceof Tensor);
+  const dtype = tensors.map((t) => t.dtype).reduce(promoteTypes);
+  throw new OpError(op, `ZeroDivisionError: integer division by zero (${dtype} on ${tensors[0]!.device.name})`);
+}
+
+function hasZero(t: Tensor): boolean {
+  const values = t.dataSync();
+  for (let i = 0; i < values.length; i++) if (Number(values[i]) === 0) return true;
+  return false;
 }
 
 /** torch refuses `-` on bool operands (a JS boolean counts as one): invert a mask with logicalNot instead. */
