@@ -95,7 +95,7 @@ forEachBackend((dev) => {
     });
   });
 
-  describe("integer division by zero", () => {
+  describe("integer division by zero and mismatched dtypes", () => {
     const zeroDivision = (dtype: string) => opError(OpError, "remainder", new RegExp(`ZeroDivisionError: integer division by zero \\(${dtype} on ${dev}\\)`));
     it("an integer remainder by zero is torch's ZeroDivisionError; floats keep NaN and true division inf", () => {
       const a = ids(5, -5, 7);
@@ -112,6 +112,20 @@ forEachBackend((dev) => {
       assert.deepEqual(k.remainder(t([5, -5, 0]), 0).toList(), [NaN, NaN, NaN]);
       assert.deepEqual(k.div(t([5, -5, 0]), 0).toList(), [Infinity, -Infinity, NaN]);
       assert.deepEqual(k.div(a, 0).toList(), [Infinity, -Infinity, Infinity]);
+    });
+    it("scatter / scatter_add / index_copy_ take src of self's dtype, as torch's (no silent cast)", () => {
+      const index = k.tensor(Int32Array.of(2, 0), { device: dev, shape: [1, 2] });
+      const self = (dtype: "float32" | "bfloat16") => k.zeros([1, 3], { device: dev, dtype });
+      assert.throws(() => k.scatter(self("float32"), 1, index, t([[1, 2]], { dtype: "bfloat16" })),
+        opError(OpError, "scatter", /Expected self.dtype to be equal to src.dtype \(self float32, src bfloat16\)/));
+      assert.throws(() => k.scatter(self("bfloat16"), 1, index, t([[1, 2]]), true),
+        opError(OpError, "scatter_add", /Expected self.dtype to be equal to src.dtype \(self bfloat16, src float32\)/));
+      assert.throws(() => k.scatter(self("float32"), 1, index, t([[1, 2]], { dtype: "int32" })), opError(OpError, "scatter", /src int32/));
+      assert.throws(() => self("float32").indexCopy_(0, ids(0), t([[1, 2, 3]], { dtype: "int32" })),
+        opError(OpError, "index_copy_", /same dtype, but got \(self\) float32 and \(source\) int32/));
+      // matching dtypes, bf16 included
+      assert.deepEqual(k.scatter(self("bfloat16"), 1, index, t([[1.5, 2]], { dtype: "bfloat16" }), true).toList(), [2, 0, 1.5]);
+      assert.deepEqual(k.scatter(k.zeros([1, 3], { device: dev, dtype: "int32" }), 1, index, t([[4, 5]], { dtype: "int32" })).toList(), [5, 0, 4]);
     });
   });
 

@@ -224,6 +224,18 @@ describe("gradcheck: indexing", () => {
     gradcheck("scatter", [{ shape: [2, 4] }, { shape: [2, 3] }], (t, s) => k.scatter(t, 1, perm, s));
     gradcheck("scatter_add", [{ shape: [2, 4] }, { shape: [2, 3] }], (t, s) => k.scatter(t, 1, index, s, true));
   });
+  test("gather / scatter backward of a bf16 gradient: the zeros it is scattered into are bf16 too", () => {
+    const g = k.tensor([[1, 10, 100]], { dtype: "bfloat16" }); // the upstream gradient, bf16
+    const x = k.tensor([[1, 2, 3]], { dtype: "bfloat16", requiresGrad: true });
+    k.gather(x, 1, k.tensor(Int32Array.of(2, 2, 0), { shape: [1, 3] })).backward(g);
+    assert.equal(x.grad!.dtype, "bfloat16");
+    assert.deepEqual(x.grad!.toList(), [100, 0, 11]);
+    const self = k.zeros([1, 3], { dtype: "bfloat16", requiresGrad: true });
+    const src = k.tensor([[4, 5]], { dtype: "bfloat16", requiresGrad: true });
+    k.scatter(self, 1, k.tensor(Int32Array.of(2, 0), { shape: [1, 2] }), src).backward(g);
+    assert.deepEqual(self.grad!.toList(), [0, 10, 0]); // overwritten positions get none
+    assert.deepEqual(src.grad!.toList(), [100, 1]);
+  });
   test("cat, stack, split, chunk", () => {
     gradcheck("cat", [{ shape: [2, 3] }, { shape: [2, 1] }, { shape: [2, 2] }], (a, b, c) => k.cat([a, b.exp(), c], 1));
     gradcheck("stack", [{ shape: [3] }, { shape: [3] }], (a, b) => k.stack([a, b.square()], 0));

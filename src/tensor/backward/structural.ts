@@ -212,7 +212,7 @@ const indexing: RuleTable = {
       const inputShape = c.attrs.inputShape as Shape;
       // scatter needs index to cover the input in every dim but `dim`; pad afterwards when it does not
       const covered = inputShape.map((s, i) => (i === dim ? s : index.shape[i]!));
-      const base = zeros(covered, { device: g.device });
+      const base = zeros(covered, { dtype: g.dtype, device: g.device }); // scatter takes src's dtype only
       const scattered = ix.scatter(base, dim, index, g, true);
       base.dispose();
       if (covered.every((s, i) => s === inputShape[i])) return [scattered];
@@ -257,7 +257,7 @@ function scatterGrad(g: Tensor, c: BackwardContext, accumulate: boolean): (Tenso
     if (accumulate) gt = g;
     else {
       // overwritten positions do not depend on the input
-      const z = zeros(index.shape, { device: g.device });
+      const z = zeros(index.shape, { dtype: g.dtype, device: g.device });
       gt = ix.scatter(g, dim, index, z);
       z.dispose();
     }

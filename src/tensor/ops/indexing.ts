@@ -116,22 +116,27 @@ export function gather(t: Tensor, dim: number, index: Tensor): Tensor {
   return res;
 }
 
-/** Out-of-place scatter (or scatter_add with accumulate): a copy of t with src values placed at index along dim. */
+/**
+ * Out-of-place scatter (or scatter_add with accumulate): a copy of t with src values placed at index along dim.
+ * As torch, src must have t's dtype (no silent cast of the values written).
+ */
 export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accumulate = false): Tensor {
-  const d = normDim(dim, t.ndim, "scatter");
+  const op = accumulate ? "scatter_add" : "scatter";
+  const d = normDim(dim, t.ndim, op);
   const last = t.ndim - 1;
-  if (index.ndim !== t.ndim || src.ndim !== t.ndim) throw new OpError("scatter", "index and src must have the input's rank");
+  if (index.ndim !== t.ndim || src.ndim !== t.ndim) throw new OpError(op, "index and src must have the input's rank");
+  if (src.dtype !== t.dtype) throw new OpError(op, `Expected self.dtype to be equal to src.dtype (self ${t.dtype}, src ${src.dtype})`);
   const moved = d === last ? t : t.transpose(d, last);
   const base = moved.clone();
   const it = d === last ? index : index.transpose(d, last);
-  const idx = asIndex("scatter", it);
+  const idx = asIndex(op, it);
   const st = d === last ? src : src.transpose(d, last);
   const s = contiguous(st);
   for (let i = 0; i < last; i++)
-    if (idx.shape[i] !== base.shape[i]) throw new OpError("scatter", "index must match the input in every dim but the scatter dim");
+    if (idx.shape[i] !== base.shape[i]) throw new OpError(op, "index must match the input in every dim but the scatter dim");
   // torch: src may be larger than index in any dim; the kernel reads src as dense [rows, m] rows lined up with index's
   for (let i = 0; i <= last; i++)
-    if (s.shape[i]! < idx.shape[i]!) throw new OpError("scatter", `src [${src.shape.join(", ")}] is smaller than index [${index.shape.join(", ")}] at dim ${i === last ? d : i === d ? last : i}`);
+    if (s.shape[i]! < idx.shape[i]!) throw new OpError(op, `src [${src.shape.join(", ")}] is smaller than index [${index.shape.join(", ")}] at dim ${i === last ? d : i === d ? last : i}`);
   const m = idx.shape[last]!;
   let sn = s;
   for (let i = 0; i <= last; i++) {
@@ -141,11 +146,11 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
     sn = next;
   }
   const sv = contiguous(sn);
-  runKernel("scatter", t.device, {
+  runKernel(op, t.device, {
     op: "scatter",
-    out: base.view_("scatter"),
-    index: idx.view_("scatter"),
-    src: sv.view_("scatter"),
+    out: base.view_(op),
+    index: idx.view_(op),
+    src: sv.view_(op),
     rows: numel(idx.shape) / Math.max(m, 1),
     n: base.shape[last]!,
     m,
@@ -153,13 +158,15 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
   });
   for (const tmp of new Set([moved, it, idx, st, s, sn, sv])) if (tmp !== t && tmp !== index && tmp !== src) tmp.dispose();
   const res = d === last ? base : backFromLast(base, d, last);
-  recordOp(accumulate ? "scatter_add" : "scatter", [t, null, src], res, { dim: d, index });
+  recordOp(op, [t, null, src], res, { dim: d, index });
   return res;
 }
 
-/** index_copy_ along dim: t[..., index[i], ...] = src[..., i, ...], writing through views of t. */
+/** index_copy_ along dim: t[..., index[i], ...] = src[..., i, ...], writing through views of t; src has t's dtype. */
 export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor): void {
   const d = normDim(dim, t.ndim, "index_copy_");
+  if (src.dtype !== t.dtype)
+    throw new OpError("index_copy_", `self and source expected to have the same dtype, but got (self) ${t.dtype} and (source) ${src.dtype}`);
   const idx = asIndex("index_copy_", index);
   if (idx.ndim !== 1 || src.shape[d] !== idx.numel) throw new OpError("index_copy_", "index must be 1-d with one entry per src slice");
   const ids = idx.dataSync() as Int32Array;
