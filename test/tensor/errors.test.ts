@@ -74,7 +74,7 @@ forEachBackend((dev) => {
       a.mul(2).backward(k.ones([3, 2, 2], { device: dev })); // broadcasts: summed back, as torch's reduce_grad
       assert.deepEqual(a.grad!.toList(), [6, 6, 6, 6]);
     });
-    it("cross_entropy takes class indices only; scatter's src must cover index and may be larger in any dim", () => {
+    it("cross_entropy targets of another shape than the logits must be class indices; scatter's src must cover index and may be larger in any dim", () => {
       assert.throws(() => k.crossEntropy(z(2, 3), t([1, 2])), opError(OpError, "cross_entropy", /integer dtype, got float32/));
       const idx = (data: number[], shape: number[]) => k.tensor(Int32Array.from(data), { device: dev, shape });
       assert.throws(() => k.scatter(z(2, 3), 1, idx([0, 1, 2, 0], [2, 2]), t([[1], [4]])), opError(OpError, "scatter", /src \[2, 1\] is smaller than index \[2, 2\] at dim 1/));

@@ -279,9 +279,13 @@ describe("gradcheck: fused nn ops", () => {
     // Gemma 2's soft-capped scores (cap 0.5, under the scores' range) and a 2-token window: training through them
     gradcheck("attention soft-capped", [{ shape: [1, 2, 4, 4] }, { shape: [1, 2, 4, 4] }, { shape: [1, 2, 4, 4] }], (q, kk, v) => k.causalAttention(q, kk, v, undefined, 2, 0.5));
   });
-  test("cross entropy with ignore_index", () => {
+  test("cross entropy with ignore_index, N-d inputs and class probabilities", () => {
     const targets = k.tensor(new Int32Array([1, -100, 4, 0]));
     gradcheck("cross_entropy", [{ shape: [4, 5] }], (l) => k.crossEntropy(l, targets));
+    const spatial = k.tensor(Int32Array.of(0, 2, -100, 1), { shape: [2, 2] });
+    gradcheck("cross_entropy [N, C, d]", [{ shape: [2, 3, 2] }], (l) => k.crossEntropy(l, spatial, { reduction: "none", labelSmoothing: 0.1 }));
+    // class probabilities: the gradient reaches the targets too
+    gradcheck("cross_entropy probabilities", [{ shape: [2, 4, 2] }, { shape: [2, 4, 2], kind: "positive" }], (l, p) => k.crossEntropy(l, p, { labelSmoothing: 0.1 }));
     gradcheck("siluMul", [{ shape: [2, 3] }, { shape: [2, 3] }], (a, b) => k.siluMul(a, b));
   });
 });

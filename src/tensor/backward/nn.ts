@@ -58,8 +58,9 @@ export const nnRules: RuleTable = {
 };
 
 /**
- * cross_entropy(logits [N, V], targets): d/dlogits row i = scale_i * (softmax(logits) - q_i), q_i = (1 - eps) *
- * onehot(target_i) + eps / V; scale_i = g / count (mean), g (sum) or g[i] (none); 0 on ignored rows.
+ * cross_entropy(logits [N, V], class-index targets [N]; ops/cross-entropy.ts): d/dlogits row i = scale_i *
+ * (softmax(logits) - q_i), q_i = (1 - eps) * onehot(target_i) + eps / V; scale_i = g / count (mean), g (sum) or
+ * g[i] (none); 0 on ignored rows.
  */
 nnRules.cross_entropy = {
   saves: "inputs",
@@ -69,9 +70,11 @@ nnRules.cross_entropy = {
       targets: Int32Array; ignoreIndex: number; count: number; reduction: "mean" | "sum" | "none"; labelSmoothing: number;
     };
     const [N, V] = logits.shape as [number, number];
-    const p = softmax(logits, -1);
+    const x = logits.to("float32"); // a bf16 / f16 loss is computed in float32 too
+    const p = softmax(x, -1);
     const probs = Float32Array.from(p.dataSync() as Float32Array);
     p.dispose();
+    if (x !== logits) x.dispose();
     const upstream = g.dataSync() as Float32Array;
     const uniform = labelSmoothing / V;
     for (let i = 0; i < N; i++) {

@@ -1,14 +1,14 @@
-// Neural-network ops: rms_norm, layer_norm, rotary embedding, attention (reference causal and ragged paged),
-// silu-gated MLP activation and cross-entropy.
+// Neural-network ops: rms_norm, layer_norm, rotary embedding, attention (reference causal and ragged paged) and
+// the silu-gated MLP activation (cross-entropy: cross-entropy.ts).
 import { isFloating } from "../../backends/dtype.js";
-import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
+import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { noGrad, recordOp } from "../grad-mode.js";
-import { empty, numel, Tensor, full } from "../tensor.js";
+import { recordOp } from "../grad-mode.js";
+import { empty, numel, Tensor } from "../tensor.js";
 import { contiguous } from "./shape.js";
 import { matmul, type QuantizedActivations } from "./linalg.js";
-import { softmax, logSoftmax, sum } from "./reduce.js";
-import { cat, gather } from "./indexing.js";
+import { softmax } from "./reduce.js";
+import { cat } from "./indexing.js";
 import { add, mul, silu } from "./elementwise.js";
 
 function f32Contiguous(t: Tensor): Tensor {
@@ -308,76 +308,4 @@ export function layerNorm(x: Tensor, normalizedShape: number | readonly number[]
     out = shifted;
   }
   return out;
-}
-
-/** torch.nn.functional.cross_entropy's options. */
-export interface CrossEntropyOptions {
-  /** Targets equal to it are skipped (default -100). */
-  ignoreIndex?: number;
-  /** "mean" (default: over the rows not ignored), "sum", or "none" (the [N] losses, 0 on ignored rows). */
-  reduction?: "mean" | "sum" | "none";
-  /** epsilon in [0, 1]: the target becomes (1 - epsilon) * onehot + epsilon / V (default 0). */
-  labelSmoothing?: number;
-}
-
-/**
- * Cross-entropy of logits [N, V] against int class targets [N] (torch's F.cross_entropy): per row
- * (1 - epsilon) * -log p[target] + epsilon * mean over classes of -log p; rows whose target is ignoreIndex are skipped.
- * The third argument is ignoreIndex itself, or the options.
- */
-export function crossEntropy(logits: Tensor, targets: Tensor, options: number | CrossEntropyOptions = {}): Tensor {
-  const op = "cross_entropy";
-  const { ignoreIndex = -100, reduction = "mean", labelSmoothing = 0 } = typeof options === "number" ? { ignoreIndex: options } : options;
-  if (logits.ndim !== 2 || targets.ndim !== 1 || targets.shape[0] !== logits.shape[0])
-    throw new OpError(op, `expects logits [N, V] and targets [N], got [${logits.shape.join(", ")}] and [${targets.shape.join(", ")}]`);
-  // class indices only (torch reads floating targets of logits' shape as probabilities, and refuses [N] of them)
-  if (isFloating(targets.dtype) || targets.dtype === "bool")
-    throw new OpError(op, `targets must be class indices of an integer dtype, got ${targets.dtype}`);
-  if (reduction !== "mean" && reduction !== "sum" && reduction !== "none")
-    throw new OpError(op, `reduction must be "mean", "sum" or "none", got ${JSON.stringify(reduction)}`);
-  if (!(labelSmoothing >= 0 && labelSmoothing <= 1)) throw new OpError(op, `label_smoothing must be in [0, 1], got ${labelSmoothing}`);
-  const t32 = targets.to("int32");
-  const tgt = t32.dataSync() as Int32Array;
-  if (t32 !== targets) t32.dispose();
-  const [N, classes] = logits.shape as [number, number];
-  for (const t of tgt)
-    if (t !== ignoreIndex && (t < 0 || t >= classes)) throw new IndexOutOfRangeError(op, `target ${t} out of range for ${classes} classes`);
-  const keep = Float32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : 1));
-  const count = keep.reduce((a, b) => a + b, 0);
-  const attrs = { targets: tgt, ignoreIndex, count, reduction, labelSmoothing };
-  if (count === 0) {
-    // nothing to average (torch's mean: NaN): 0, still on the graph so that backward gives zero gradients
-    const zero = full(reduction === "none" ? [N] : [], 0, { device: logits.device });
-    recordOp(op, [logits], zero, attrs);
-    return zero;
-  }
-  // fused for autograd: the forward records one "cross_entropy" op whose backward is (softmax - target) * its scale
-  const loss = noGrad(() => {
-    const lsm = logSoftmax(logits, -1);
-    const idx = empty([N, 1], { dtype: "int32", device: logits.device });
-    logits.device.backend.write(idx.storage.buffer, 0, new Uint8Array(Int32Array.from(tgt, (t) => (t === ignoreIndex ? 0 : t)).buffer));
-    const gathered = gather(lsm, 1, idx);
-    const picked = gathered.reshape(-1);
-    // -((1 - eps) * logp[target] + eps / V * sum logp), times keep (0 on ignored rows)
-    let row = picked.mul(-(1 - labelSmoothing));
-    if (labelSmoothing > 0) {
-      const rowSum = sum(lsm, -1);
-      const smoothed = add(row, rowSum.mul(-labelSmoothing / classes));
-      for (const t of [row, rowSum]) t.dispose();
-      row = smoothed;
-    }
-    const w = empty([N], { dtype: "float32", device: logits.device });
-    logits.device.backend.write(w.storage.buffer, 0, new Uint8Array(keep.buffer));
-    const perRow = mul(row, w);
-    for (const t of [lsm, idx, gathered, picked, row, w]) t.dispose();
-    if (reduction === "none") return perRow;
-    const total = sum(perRow);
-    perRow.dispose();
-    if (reduction === "sum") return total;
-    const m = total.div(count);
-    total.dispose();
-    return m;
-  });
-  recordOp(op, [logits], loss, attrs);
-  return loss;
 }
