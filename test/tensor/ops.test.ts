@@ -341,7 +341,8 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t(new Uint8Array([200, 100, 255, 1]), { shape: [2, 2] }).sum(0)), [455, 101]);
       assert.equal(t([true, true, false]).sum().dtype, "int32");
       assert.equal(k.prod(t(new Uint8Array([16, 16, 16]))).item(), 4096);
-      assertClose(c.mean([1, 2]), [5.5, 17.5]);
+      assertClose(c.to("float32").mean([1, 2]), [5.5, 17.5]);
+      assert.throws(() => c.mean([1, 2]), /\[mean\] could not infer output dtype.*Got: int32/); // as torch: integers are cast first
       assert.equal(t(5).sum().item(), 5);
     });
     it("max / min / argmax / argmin (first index on ties)", () => {

@@ -9,18 +9,35 @@ import { broadcastShapes, broadcastView } from "./shape.js";
 
 const COMPARISONS = new Set<BinaryOp>(["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"]);
 
-/** The dtype a scalar operand is materialised in next to tensor t (torch's wrapped-number promotion; div is float). */
+/**
+ * The dtype a scalar operand is materialised in next to tensor t (torch's wrapped-number promotion; div is float).
+ * Arithmetic on a 16-bit or 8-bit float tensor takes a float32 scalar: torch computes it in float32 (its opmath
+ * type) with the scalar unrounded, then rounds the result once (bf16 / 3000 is not bf16 / bf16(3000) = x / 3008).
+ * The result keeps t's dtype (binary's scalar rule); a comparison keeps the scalar in t's dtype, as torch's.
+ */
 function scalarDtype(t: Tensor, s: number | boolean, op: BinaryOp): DType {
   const d = scalarOperandDtype(t.dtype, s);
-  return op === "div" && !isFloating(d) ? "float32" : d;
+  if (op === "div" && !isFloating(d)) return "float32";
+  return isFloating(d) && d !== "float32" && !COMPARISONS.has(op) ? "float32" : d;
+}
+
+/**
+ * torch.result_type of two tensor operands (a JS scalar is a 0-d tensor here): a 0-d operand next to a dimensioned
+ * one only raises the category bool < integer < floating (torch's dimension rule: bf16[n] * f32[] is bf16,
+ * int32[n] + int64[] int32, int32[n] * f32[] f32); otherwise the usual promotion.
+ */
+function tensorResultType(a: Tensor, b: Tensor): DType {
+  const category = (d: DType) => (d === "bool" ? 0 : isFloating(d) ? 2 : 1);
+  if (a.ndim === 0 && b.ndim > 0) return category(a.dtype) > category(b.dtype) ? a.dtype : b.dtype;
+  if (b.ndim === 0 && a.ndim > 0) return category(b.dtype) > category(a.dtype) ? b.dtype : a.dtype;
+  return promoteTypes(a.dtype, b.dtype);
 }
 
 /** Result dtype of a binary op following torch's promotion (true division of ints gives float32). */
-function resultDtype(op: BinaryOp, a: DType, b: DType): DType {
+function resultDtype(op: BinaryOp, a: Tensor, b: Tensor): DType {
   if (COMPARISONS.has(op)) return "bool";
-  const p = promoteTypes(a, b);
-  if ((op === "div" || op === "pow") && !isFloating(p)) return op === "div" ? "float32" : p;
-  return p;
+  const p = tensorResultType(a, b);
+  return op === "div" && !isFloating(p) ? "float32" : p;
 }
 
 function asTensor(x: TensorOrScalar, like: Tensor, op: BinaryOp): Tensor {
@@ -39,8 +56,8 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
   const tb = asTensor(b, ta, op);
   const dev = sameDevice(op, ta, tb);
-  let dtype = resultDtype(op, ta.dtype, tb.dtype);
-  // a Python-style scalar does not widen a tensor's float dtype (bf16 * 2.0 stays bf16)
+  let dtype = resultDtype(op, ta, tb);
+  // a Python-style scalar does not widen a tensor's float dtype, even a 0-d one (bf16 * 2.0 stays bf16)
   if (!(a instanceof Tensor) && isFloating(tb.dtype) && !COMPARISONS.has(op)) dtype = tb.dtype;
   if (!(b instanceof Tensor) && isFloating(ta.dtype) && !COMPARISONS.has(op)) dtype = ta.dtype;
   const shape = broadcastShapes(op, ta.shape, tb.shape);
@@ -146,13 +163,14 @@ export const sign = (x: Tensor): Tensor => unary("sign", x);
 export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
 
 /**
- * where(cond, a, b): elementwise select with broadcasting. The result dtype is torch.result_type(a, b): a scalar
- * raises only the category (where(c, int32, 0.5) is float32, where(c, bf16, 0) bf16; two integer scalars give int32).
+ * where(cond, a, b): elementwise select with broadcasting. The result dtype is torch.result_type(a, b): a scalar, or
+ * a 0-d tensor next to a dimensioned one, raises only the category (where(c, int32, 0.5) is float32, where(c, bf16, 0)
+ * and where(c, bf16[n], f32[]) bf16; two integer scalars give int32).
  */
 export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   for (const x of [cond, a, b]) if (x instanceof Tensor) x.view_("where");
   if (cond.dtype !== "bool") throw new OpError("where", `expected condition to be a boolean tensor, but got ${cond.dtype}`);
-  const dtype = resultType(a instanceof Tensor ? a.dtype : a, b instanceof Tensor ? b.dtype : b);
+  const dtype = a instanceof Tensor && b instanceof Tensor ? tensorResultType(a, b) : resultType(a instanceof Tensor ? a.dtype : a, b instanceof Tensor ? b.dtype : b);
   const ta = a instanceof Tensor ? a : full([], Number(a), { dtype, device: cond.device });
   const tb = b instanceof Tensor ? b : full([], Number(b), { dtype, device: cond.device });
   const dev = sameDevice("where", cond, ta, tb);

@@ -51,6 +51,7 @@ function indexSelectAs(op: string, t: Tensor, dim: number, index: Tensor): Tenso
   const src = dimFirst(t, d);
   const rows = src.shape[0]!;
   const dim_ = numel(src.shape) / Math.max(rows, 1);
+  // the row kernel widens bf16 rows to float32 (embedding's fused dequantization)
   const outFirst = empty([idx.numel, ...src.shape.slice(1)], { dtype: t.dtype === "bfloat16" ? "float32" : t.dtype, device: dev });
   runKernel(op, dev, {
     op: "gather_rows",
@@ -63,12 +64,24 @@ function indexSelectAs(op: string, t: Tensor, dim: number, index: Tensor): Tenso
   });
   if (src !== t) src.dispose();
   if (idx !== index) idx.dispose();
-  const out = d === 0 ? outFirst : backFromLast(outFirst, 0, d);
+  const picked = op === "index_select" ? toDtype(outFirst, t.dtype) : outFirst; // torch's index_select keeps bf16 (exact)
+  const out = d === 0 ? picked : backFromLast(picked, 0, d);
   recordOp("index_select", [t, null], out, { dim: d, index, inputShape: t.shape });
   return out;
 }
 
-/** embedding(ids, weight): weight rows for each id; output shape [...ids.shape, dim]. */
+/** x cast to dtype (x disposed), or x itself. */
+function toDtype(x: Tensor, dtype: DType): Tensor {
+  if (x.dtype === dtype) return x;
+  const out = x.to(dtype);
+  x.dispose();
+  return out;
+}
+
+/**
+ * embedding(ids, weight): weight rows for each id; output shape [...ids.shape, dim]. A bf16 table gives float32 rows
+ * (the models' activations; torch's embedding keeps bf16, which indexSelect does).
+ */
 export function embedding(ids: Tensor, weight: Tensor): Tensor {
   const flat = ids.reshape(-1);
   const rows = indexSelectAs("embedding", weight, 0, flat);

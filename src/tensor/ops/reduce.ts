@@ -52,14 +52,23 @@ export const min = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce(
 export const argmax = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmax", t, dim, keepdim, "argmax");
 export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmin", t, dim, keepdim, "argmin");
 
+/**
+ * Mean over dims, in t's dtype. As torch: a 16-bit or 8-bit float is summed and divided in float32 and rounded once
+ * (not its sum rounded first); an integer or bool t is refused (cast it to a float first).
+ */
 export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tensor {
+  if (!isFloating(t.dtype))
+    throw new OpError("mean", `could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: ${t.dtype}`);
   const dims = reducedDims(t, dim, "mean");
   const count = numel(dims.map((d) => t.shape[d]!));
-  const src = isFloating(t.dtype) ? t : t.to("float32");
+  const src = t.to("float32");
   const s = sum(src, dims, keepdim);
-  const out = s.div(count);
+  const m = s.div(count);
   s.dispose();
   if (src !== t) src.dispose();
+  if (m.dtype === t.dtype) return m;
+  const out = m.to(t.dtype);
+  m.dispose();
   return out;
 }
 
