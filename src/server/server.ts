@@ -2,7 +2,7 @@
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
-import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import Fastify, { type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -19,6 +19,7 @@ import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
+import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -213,21 +214,30 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       })), ...loraModelCards(ctx, created)],
     };
   });
-  app.post("/v1/chat/completions", async (request: FastifyRequest, reply: FastifyReply) => {
-    refuseOnPoolingRunner(bound(), "Chat Completions");
-    return handleChat(bound(), request, reply);
-  });
-  app.post("/v1/completions", async (request: FastifyRequest, reply: FastifyReply) => {
-    refuseOnPoolingRunner(bound(), "Completions");
-    return handleCompletion(bound(), request, reply);
-  });
+  const endpoints: Record<InvocationEndpoint, Endpoint> = {
+    chat: async (request, reply) => {
+      refuseOnPoolingRunner(bound(), "Chat Completions");
+      return handleChat(bound(), request, reply);
+    },
+    completion: async (request, reply) => {
+      refuseOnPoolingRunner(bound(), "Completions");
+      return handleCompletion(bound(), request, reply);
+    },
+    embedding: (request, reply) => handleEmbeddings(bound(), request, reply),
+    classify: (request, reply) => handleClassify(bound(), request, reply),
+    score: (request, reply) => handleScore(bound(), request, reply),
+    rerank: (request, reply) => handleRerank(bound(), request, reply),
+    pooling: (request, reply) => handlePooling(bound(), request, reply),
+  };
+  app.post("/v1/chat/completions", endpoints.chat);
+  app.post("/v1/completions", endpoints.completion);
   registerResponsesRoutes(app, bound); // POST /v1/responses, GET /v1/responses/{id}
-  app.post("/v1/embeddings", (request: FastifyRequest, reply: FastifyReply) => handleEmbeddings(bound(), request, reply));
-  for (const path of ["/score", "/v1/score"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleScore(bound(), request, reply));
-  for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"])
-    app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleRerank(bound(), request, reply));
-  for (const path of ["/classify", "/v1/classify"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleClassify(bound(), request, reply));
-  app.post("/pooling", (request: FastifyRequest, reply: FastifyReply) => handlePooling(bound(), request, reply));
+  app.post("/v1/embeddings", endpoints.embedding);
+  for (const path of ["/score", "/v1/score"]) app.post(path, endpoints.score);
+  for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"]) app.post(path, endpoints.rerank);
+  for (const path of ["/classify", "/v1/classify"]) app.post(path, endpoints.classify);
+  app.post("/pooling", endpoints.pooling);
+  registerInvocationsRoute(app, bound, endpoints); // POST /invocations: one of the above, by the body's shape
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
 
