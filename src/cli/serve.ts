@@ -31,6 +31,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       ...(args.rootPath !== null ? { rootPath: args.rootPath } : {}),
       ...(args.apiKey ? { apiKey: args.apiKey } : {}),
       allowRuntimeLoraUpdating: args.enableLora && env.allowRuntimeLoraUpdating,
+      serverLoadTracking: args.enableServerLoadTracking,
     });
     await server.app.ready();
     return { server, serveUntilSignal };

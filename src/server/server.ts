@@ -20,6 +20,7 @@ import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
 import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
+import { ServerLoad } from "./server-load.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -45,6 +46,8 @@ export interface ServerAppOptions {
    * without it still answer (vLLM's --root-path, FastAPI's root_path as Starlette routes it).
    */
   rootPath?: string;
+  /** GET /load counts the requests in flight on the engine's endpoints (vLLM's --enable-server-load-tracking); else it says 0. */
+  serverLoadTracking?: boolean;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -90,7 +93,7 @@ export interface PreparedServer {
 }
 
 /** Routes that stay open when an API key is set (as in vLLM). */
-const OPEN_ROUTES = new Set(["/health", "/metrics", "/version", "/ping"]);
+const OPEN_ROUTES = new Set(["/health", "/metrics", "/version", "/ping", "/load"]);
 export const DEFAULT_BODY_LIMIT = 32 * 1024 * 1024;
 
 declare module "fastify" {
@@ -161,6 +164,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   }
   installCors(app, options.allowedOrigins ?? []);
   if (options.apiKey) installAuth(app, options.apiKey);
+  new ServerLoad(options.serverLoadTracking === true).install(app); // GET /load, and the count when tracking
 
   app.setErrorHandler(async (err, request, reply) => {
     const apiErr = toApiError(err);
