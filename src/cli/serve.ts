@@ -32,6 +32,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       ...(args.apiKey ? { apiKey: args.apiKey } : {}),
       allowRuntimeLoraUpdating: args.enableLora && env.allowRuntimeLoraUpdating,
       serverLoadTracking: args.enableServerLoadTracking,
+      devMode: env.serverDevMode,
     });
     await server.app.ready();
     return { server, serveUntilSignal };
@@ -89,6 +90,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
     kvTransfer,
+    launchConfig: launchConfig(args),
   });
   try {
     await app.listen({ host: args.host, port: args.port });
@@ -101,6 +103,12 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
   out.write(`Kiln serving ${names[0]} at ${args.tls !== null ? "https" : "http"}://${args.host}:${port}/v1\n`);
   if (kvTransfer !== null) out.write(`K/V side channel (${args.kvTransferConfig!.kvRole}) on ${args.host}:${kvTransfer.sidePort}\n`);
   await serveUntilSignal(app, { onClosed: closeAll });
+}
+
+/** The arguments GET /server_info reports (dev mode): all of them but the API key and the TLS key and certificate. */
+function launchConfig(args: ServeArgs): Record<string, unknown> {
+  const { apiKey, tls, ...rest } = args;
+  return { ...rest, apiKey: apiKey ? "<set>" : null, tls: tls !== null };
 }
 
 /** Reads every --lora-modules adapter into the engine (ids 1, 2, ...); a bad one stops the start-up, named. */

@@ -20,6 +20,7 @@ import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
 import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
+import { registerDevRoutes } from "./dev-routes.js";
 import { ServerLoad } from "./server-load.js";
 
 /** What the HTTP front end needs before the engine exists. */
@@ -48,6 +49,8 @@ export interface ServerAppOptions {
   rootPath?: string;
   /** GET /load counts the requests in flight on the engine's endpoints (vLLM's --enable-server-load-tracking); else it says 0. */
   serverLoadTracking?: boolean;
+  /** Serve POST /reset_prefix_cache and GET /server_info (vLLM's VLLM_SERVER_DEV_MODE=1). */
+  devMode?: boolean;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -81,6 +84,8 @@ export interface ServerEngineOptions {
   returnTokensAsTokenIds?: boolean;
   /** P/D disaggregation (vLLM --kv-transfer-config): the started side channel; requests may then carry kv_transfer_params. */
   kvTransfer?: KvTransferService | null;
+  /** The launch arguments GET /server_info reports in dev mode (kiln serve's, without secrets). */
+  launchConfig?: Record<string, unknown> | null;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -244,6 +249,13 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   registerInvocationsRoute(app, bound, endpoints); // POST /invocations: one of the above, by the body's shape
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
+  if (options.devMode === true) {
+    registerDevRoutes(app, bound, {
+      root_path: options.rootPath ?? null, allowed_origins: options.allowedOrigins ?? [], body_limit: bodyLimit,
+      enable_request_id_headers: options.requestIdHeaders === true, enable_server_load_tracking: options.serverLoadTracking === true,
+      api_key_required: options.apiKey !== undefined && options.apiKey !== "", https: options.https !== undefined,
+    });
+  }
 
   return {
     app,
@@ -273,6 +285,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         kvTransfer: engineOptions.kvTransfer ?? null,
+        launchConfig: engineOptions.launchConfig ?? null,
         inflight: new Set(),
         unstarted: new Set(),
       };
