@@ -1,6 +1,6 @@
 // `kiln serve`'s HTTP front-end flags, vLLM's FrontendArgs (vllm/entrypoints/openai/cli_args.py): where it listens,
-// TLS, root path, API key, CORS, the served names and LoRA adapters, request id headers, logprobs' token form, and
-// uvicorn's log flags mapped onto fastify's log. (The chat flags are serve-chat-args.ts'.)
+// TLS, root path, API key, CORS, the served names and LoRA adapters, request id headers, logprobs' token form, server
+// load tracking, and uvicorn's log flags mapped onto fastify's log. (The chat flags are serve-chat-args.ts'.)
 import { readFileSync } from "node:fs";
 import { createSecureContext } from "node:tls";
 import { Option, type Command } from "commander";
@@ -46,6 +46,8 @@ export interface FrontendArgs {
   httpLogLevel: UvicornLogLevel | null;
   /** vLLM --disable-uvicorn-access-log: the HTTP server log has no line per request. */
   disableAccessLog: boolean;
+  /** vLLM --enable-server-load-tracking: GET /load counts the requests in flight on the engine's endpoints. */
+  enableServerLoadTracking: boolean;
 }
 
 /** Declares the front-end flags on `cmd` (serve only). */
@@ -73,6 +75,7 @@ export function addFrontendOptions(cmd: Command): Command {
         .choices([...UVICORN_LOG_LEVELS]),
     )
     .option("--disable-uvicorn-access-log", "no line per request in the HTTP server's log (--enable-log-requests or --uvicorn-log-level)", false)
+    .option("--enable-server-load-tracking", "GET /load reports the requests in flight on the generation, pooling, score and rerank endpoints", false)
     .option("--disable-fastapi-docs", "accepted for vLLM compatibility: Kiln serves no /docs, /redoc or /openapi.json anyway", false);
 }
 
@@ -189,6 +192,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     rootPath: parseRootPath(o.rootPath),
     httpLogLevel: (level as UvicornLogLevel | undefined) ?? null,
     disableAccessLog: Boolean(o.disableUvicornAccessLog),
+    enableServerLoadTracking: Boolean(o.enableServerLoadTracking),
   };
 }
 

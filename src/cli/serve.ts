@@ -33,6 +33,8 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       ...(args.rootPath !== null ? { rootPath: args.rootPath } : {}),
       ...(args.apiKey ? { apiKey: args.apiKey } : {}),
       allowRuntimeLoraUpdating: args.enableLora && env.allowRuntimeLoraUpdating,
+      serverLoadTracking: args.enableServerLoadTracking,
+      devMode: env.serverDevMode,
     });
     await server.app.ready();
     return { server, serveUntilSignal };
@@ -91,6 +93,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
     kvTransfer,
+    launchConfig: launchConfig(args),
   });
   try {
     if (args.uds !== null) removeStaleSocket(args.uds);
@@ -116,6 +119,12 @@ function removeStaleSocket(path: string): void {
   if (st === undefined) return;
   if (!st.isSocket()) throw new CliUsageError(`--uds ${path}: the path exists and is not a socket`);
   unlinkSync(path);
+}
+
+/** The arguments GET /server_info reports (dev mode): all of them but the API key and the TLS key and certificate. */
+function launchConfig(args: ServeArgs): Record<string, unknown> {
+  const { apiKey, tls, ...rest } = args;
+  return { ...rest, apiKey: apiKey ? "<set>" : null, tls: tls !== null };
 }
 
 /** Reads every --lora-modules adapter into the engine (ids 1, 2, ...); a bad one stops the start-up, named. */

@@ -2,7 +2,7 @@
 // EngineCore.step(), yielding to the event loop between steps. EngineCore is a plain class so this loop can
 // later move to a worker thread with the same EngineClient surface.
 import type { TokenizerLike } from "../models/tokenizer-types.js";
-import { EngineCore, type EngineArgs } from "./engine-core.js";
+import { EngineCore, type EngineArgs, type ResolvedEngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import type { LoraRequest } from "./lora-manager.js";
@@ -162,6 +162,15 @@ export class AsyncLLM implements EngineClient {
 
   removeLora(id: number): Promise<boolean> {
     return Promise.resolve(this.engine.removeLora(id));
+  }
+
+  /** Drops the prefix cache between two steps (the loop yields to the event loop after each). */
+  resetPrefixCache(): Promise<boolean> {
+    return Promise.resolve(this.engine.resetPrefixCache());
+  }
+
+  get engineArgs(): Readonly<ResolvedEngineArgs> {
+    return this.engine.args;
   }
 }
 

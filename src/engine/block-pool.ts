@@ -227,12 +227,27 @@ export class BlockPool {
     return this.cached.size;
   }
 
-  /** Drops every cached hash; only allowed when no block is in use (as vLLM's reset_prefix_cache). */
+  /**
+   * Drops the prefix cache (vLLM's reset_prefix_cache): every free (ref count 0) block loses its hash, so no later
+   * request hits it. With no block in use that is the whole cache: one AllBlocksCleared event, and true. Blocks that
+   * requests hold keep theirs (their K/V is still being read; vLLM refuses the whole reset then): one BlockRemoved
+   * for the hashes dropped, and false.
+   */
   resetPrefixCache(): boolean {
-    if (this.freeQueue.size !== this.numUsableBlocks) return false;
-    for (const b of this.cached.values()) b.blockHash = null;
-    this.cached.clear();
-    this.events?.push({ type: "AllBlocksCleared" });
-    return true;
+    if (this.freeQueue.size === this.numUsableBlocks) {
+      for (const b of this.cached.values()) b.blockHash = null;
+      this.cached.clear();
+      this.events?.push({ type: "AllBlocksCleared" });
+      return true;
+    }
+    const removed: BlockHash[] = [];
+    for (const [h, b] of this.cached) {
+      if (b.refCnt !== 0) continue;
+      b.blockHash = null;
+      this.cached.delete(h); // deleting the entry being visited is safe in a Map iteration
+      removed.push(h);
+    }
+    if (this.events !== null && removed.length > 0) this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: KV_MEDIUM });
+    return false;
   }
 }

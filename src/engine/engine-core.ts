@@ -321,6 +321,11 @@ export class EngineCore {
     return this.lora?.remove(id) ?? false;
   }
 
+  /** Drops the prefix cache (vLLM's reset_prefix_cache): blocks no request holds lose their hashes; true when that was every cached block. */
+  resetPrefixCache(): boolean {
+    return this.kv.resetPrefixCache();
+  }
+
   get maxModelLen(): number {
     return this.args.maxModelLen;
   }

@@ -18,6 +18,7 @@ import {
   type ToWorker,
   type WireError,
   type WireOutput,
+  type WorkerReply,
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
 import type { EngineStats, RequestOutput } from "./types.js";
@@ -112,7 +113,7 @@ async function main(): Promise<void> {
   let pendingOutputs: WireOutput[] = [];
   let pendingErrors: { seq: number; error: WireError }[] = [];
   let pendingSyncs: number[] = [];
-  let pendingLora: { id: number; error: WireError | null; removed?: boolean }[] = [];
+  let pendingReplies: WorkerReply[] = [];
   let scheduled = false;
 
   const wire = (outs: RequestOutput[]): void => {
@@ -140,11 +141,11 @@ async function main(): Promise<void> {
       port.close();
       return;
     }
-    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, loraReplies: pendingLora, stats: stats() });
+    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, replies: pendingReplies, stats: stats() });
     pendingOutputs = [];
     pendingErrors = [];
     pendingSyncs = [];
-    pendingLora = [];
+    pendingReplies = [];
     if (core.hasUnfinishedRequests()) kick();
   };
   const kick = (): void => {
@@ -187,13 +188,16 @@ async function main(): Promise<void> {
       case "addLora":
         try {
           core.addLora(m.lora);
-          pendingLora.push({ id: m.id, error: null });
+          pendingReplies.push({ id: m.id, error: null });
         } catch (err) {
-          pendingLora.push({ id: m.id, error: toWireError(err) });
+          pendingReplies.push({ id: m.id, error: toWireError(err) });
         }
         break;
       case "removeLora":
-        pendingLora.push({ id: m.id, error: null, removed: core.removeLora(m.loraId) });
+        pendingReplies.push({ id: m.id, error: null, value: core.removeLora(m.loraId) });
+        break;
+      case "resetPrefixCache":
+        pendingReplies.push({ id: m.id, error: null, value: core.resetPrefixCache() });
         break;
       case "close":
         void (tp?.shutdown() ?? Promise.resolve()).then(() => post({ type: "closed" }));
@@ -221,6 +225,7 @@ async function main(): Promise<void> {
     blockSize: resolved.blockSize,
     vocabSize: runner.vocabSize,
     maxLogprobs: resolved.maxLogprobs,
+    engineArgs: resolved,
     tokenizer: tokenizerSource(loaded.path, args.model, args.tokenizer),
     generationConfig: loaded.generationConfig,
     stats: stats(),

@@ -8,6 +8,7 @@ import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLo
 import type { KvSnapshot } from "./kv-transfer.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ServingArgs } from "./serving.js";
+import type { ResolvedEngineArgs } from "./engine-core.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { LogitsProcessorLoadError } from "./logits-processors.js";
 
@@ -36,11 +37,20 @@ export type ToWorker =
   /** Every stream of one abort call, so that aborting a many-input request is one message (and one worker turn). */
   | { type: "abort"; seqs: number[] }
   | { type: "sync"; id: number }
-  /** LoRA adapters (vLLM's add_lora / remove_lora): answered in the next update's loraReplies under `id`. */
+  /** LoRA adapters (vLLM's add_lora / remove_lora): answered in the next update's replies under `id`. */
   | { type: "addLora"; id: number; lora: LoraRequest }
   | { type: "removeLora"; id: number; loraId: number }
+  /** vLLM's reset_prefix_cache, between two steps: answered in the next update's replies under `id`. */
+  | { type: "resetPrefixCache"; id: number }
   /** Before termination: the worker stops what outlives a thread (tensor-parallel rank processes), then says "closed". */
   | { type: "close" };
+
+/** The answer to a call (addLora, removeLora, resetPrefixCache), matched to it by `id`. */
+export interface WorkerReply {
+  id: number;
+  error: WireError | null;
+  value?: boolean;
+}
 
 /** An error as it crosses the thread boundary; rebuilt into the same class on the caller's side. */
 export interface WireError {
@@ -101,6 +111,8 @@ export type FromWorker =
       blockSize: number;
       vocabSize: number;
       maxLogprobs: number;
+      /** The engine's arguments, resolved (for /server_info). */
+      engineArgs: ResolvedEngineArgs;
       tokenizer: TokenizerSource;
       generationConfig: GenerationConfig | null;
       stats: EngineStats;
@@ -111,8 +123,8 @@ export type FromWorker =
       outputs: WireOutput[];
       errors: { seq: number; error: WireError }[];
       syncIds: number[];
-      /** Answers to addLora (error or null) and removeLora (removed). */
-      loraReplies: { id: number; error: WireError | null; removed?: boolean }[];
+      /** Answers to addLora (error or null), removeLora (value: removed) and resetPrefixCache (value: all of it dropped). */
+      replies: WorkerReply[];
       stats: EngineStats;
     }
   /** The model failed to load or a step threw: every stream ends with this error. */

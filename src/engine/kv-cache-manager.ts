@@ -172,7 +172,7 @@ export class KvCacheManager {
     return this.pool.takeEvents();
   }
 
-  /** Drops the prefix cache when nothing is running. */
+  /** Drops the prefix cache: the hashes of every block no request holds; true when that was all of it (BlockPool.resetPrefixCache). */
   resetPrefixCache(): boolean {
     return this.pool.resetPrefixCache();
   }

@@ -4,6 +4,7 @@ import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { StructuredOutputsParams } from "./structured-output.js";
 import type { KvSnapshot } from "./kv-transfer.js";
+import type { ResolvedEngineArgs } from "./engine-core.js";
 
 export type { StructuredOutputsParams } from "./structured-output.js";
 
@@ -148,6 +149,13 @@ export interface EngineClient {
   addLora?(lora: LoraRequest): Promise<void>;
   /** Drops an adapter no request uses (vLLM's remove_lora); false when unknown or in use. */
   removeLora?(id: number): Promise<boolean>;
+  /**
+   * Drops the prefix cache (vLLM's reset_prefix_cache): every KV block no request holds loses its hash, so a repeated
+   * prompt is computed again; true when that was every cached block (nothing was running).
+   */
+  resetPrefixCache?(): Promise<boolean>;
+  /** The engine's resolved arguments (block size, pool size, scheduling, ...), as /server_info reports them. */
+  readonly engineArgs?: Readonly<ResolvedEngineArgs>;
   stats(): EngineStats;
   readonly maxModelLen: number;
   /** The engine's reasoning parser (vLLM's --reasoning-parser): its structured output starts after </think>. */

@@ -21,6 +21,7 @@ import type { ServingArgs } from "./serving.js";
 import type { CompletionOutput, EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
+import type { ResolvedEngineArgs } from "./engine-core.js";
 
 type ReadyMessage = Extract<FromWorker, { type: "ready" }>;
 
@@ -72,12 +73,14 @@ export class WorkerEngine implements EngineClient {
   readonly numBlocks: number;
   readonly blockSize: number;
   readonly vocabSize: number;
+  readonly engineArgs: Readonly<ResolvedEngineArgs>;
   private readonly maxLogprobs: number;
   private snapshot: EngineStats;
   private readonly streams = new Map<number, Stream>(); // seq -> stream, until its final output or error
   private readonly live = new Map<string, number>(); // request id -> seq, until finished or aborted
   private readonly syncs = new Map<number, (s: EngineStats) => void>();
-  private readonly loraReplies = new Map<number, { resolve: (r: { removed?: boolean }) => void; reject: (e: Error) => void }>();
+  /** Calls waiting for their reply (addLora, removeLora, resetPrefixCache), by id. */
+  private readonly calls = new Map<number, { resolve: (value: boolean | undefined) => void; reject: (e: Error) => void }>();
   private nextSeq = 1;
   private fatal: Error | null = null;
   private closed = false;
@@ -104,6 +107,7 @@ export class WorkerEngine implements EngineClient {
     this.blockSize = ready.blockSize;
     this.vocabSize = ready.vocabSize;
     this.maxLogprobs = ready.maxLogprobs;
+    this.engineArgs = ready.engineArgs;
     this.snapshot = ready.stats;
     worker.on("message", (m: FromWorker) => this.onMessage(m));
     worker.on("error", (err) => this.failAll(err));
@@ -306,20 +310,26 @@ export class WorkerEngine implements EngineClient {
 
   /** Reads and checks a LoRA adapter in the worker's engine; rejects with its EngineInputError. */
   addLora(lora: LoraRequest): Promise<void> {
-    return this.loraCall((id) => ({ type: "addLora", id, lora })).then(() => undefined);
+    return this.call((id) => ({ type: "addLora", id, lora })).then(() => undefined);
   }
 
   /** Drops an adapter no request uses; false when unknown or in use. */
   removeLora(loraId: number): Promise<boolean> {
-    return this.loraCall((id) => ({ type: "removeLora", id, loraId })).then((r) => r.removed === true);
+    return this.call((id) => ({ type: "removeLora", id, loraId })).then((removed) => removed === true);
   }
 
-  private loraCall(message: (id: number) => ToWorker): Promise<{ removed?: boolean }> {
+  /** Drops the prefix cache in the worker, between two of its steps; true when every cached block was dropped. */
+  resetPrefixCache(): Promise<boolean> {
+    return this.call((id) => ({ type: "resetPrefixCache", id })).then((all) => all === true);
+  }
+
+  /** Sends a call and resolves with its reply's value (rejects with its error). */
+  private call(message: (id: number) => ToWorker): Promise<boolean | undefined> {
     if (this.fatal !== null) return Promise.reject(this.fatal);
     if (this.closed) return Promise.reject(new Error("[engine] the engine is closed"));
     const id = this.nextSeq++;
     return new Promise((resolve, reject) => {
-      this.loraReplies.set(id, { resolve, reject });
+      this.calls.set(id, { resolve, reject });
       this.send(message(id));
     });
   }
@@ -369,11 +379,11 @@ export class WorkerEngine implements EngineClient {
           if (s !== undefined) this.end(s, fromWireError(error));
         }
         for (const w of m.outputs) this.deliver(w);
-        for (const r of m.loraReplies) {
-          const waiting = this.loraReplies.get(r.id);
-          this.loraReplies.delete(r.id);
+        for (const r of m.replies) {
+          const waiting = this.calls.get(r.id);
+          this.calls.delete(r.id);
           if (r.error !== null) waiting?.reject(fromWireError(r.error));
-          else waiting?.resolve(r);
+          else waiting?.resolve(r.value);
         }
         for (const id of m.syncIds) {
           this.syncs.get(id)?.(m.stats);
@@ -426,8 +436,8 @@ export class WorkerEngine implements EngineClient {
   private failAll(err: Error): void {
     this.fatal ??= err;
     for (const s of [...this.streams.values()]) this.end(s, err);
-    for (const r of this.loraReplies.values()) r.reject(err);
-    this.loraReplies.clear();
+    for (const r of this.calls.values()) r.reject(err);
+    this.calls.clear();
   }
 }
 

@@ -2,7 +2,7 @@
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
-import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import Fastify, { type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -19,6 +19,9 @@ import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
+import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
+import { registerDevRoutes } from "./dev-routes.js";
+import { ServerLoad } from "./server-load.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -44,6 +47,10 @@ export interface ServerAppOptions {
    * without it still answer (vLLM's --root-path, FastAPI's root_path as Starlette routes it).
    */
   rootPath?: string;
+  /** GET /load counts the requests in flight on the engine's endpoints (vLLM's --enable-server-load-tracking); else it says 0. */
+  serverLoadTracking?: boolean;
+  /** Serve POST /reset_prefix_cache and GET /server_info (vLLM's VLLM_SERVER_DEV_MODE=1). */
+  devMode?: boolean;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -77,6 +84,8 @@ export interface ServerEngineOptions {
   returnTokensAsTokenIds?: boolean;
   /** P/D disaggregation (vLLM --kv-transfer-config): the started side channel; requests may then carry kv_transfer_params. */
   kvTransfer?: KvTransferService | null;
+  /** The launch arguments GET /server_info reports in dev mode (kiln serve's, without secrets). */
+  launchConfig?: Record<string, unknown> | null;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -89,7 +98,7 @@ export interface PreparedServer {
 }
 
 /** Routes that stay open when an API key is set (as in vLLM). */
-const OPEN_ROUTES = new Set(["/health", "/metrics", "/version", "/ping"]);
+const OPEN_ROUTES = new Set(["/health", "/metrics", "/version", "/ping", "/load"]);
 export const DEFAULT_BODY_LIMIT = 32 * 1024 * 1024;
 
 declare module "fastify" {
@@ -160,6 +169,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   }
   installCors(app, options.allowedOrigins ?? []);
   if (options.apiKey) installAuth(app, options.apiKey);
+  new ServerLoad(options.serverLoadTracking === true).install(app); // GET /load, and the count when tracking
 
   app.setErrorHandler(async (err, request, reply) => {
     const apiErr = toApiError(err);
@@ -213,23 +223,39 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       })), ...loraModelCards(ctx, created)],
     };
   });
-  app.post("/v1/chat/completions", async (request: FastifyRequest, reply: FastifyReply) => {
-    refuseOnPoolingRunner(bound(), "Chat Completions");
-    return handleChat(bound(), request, reply);
-  });
-  app.post("/v1/completions", async (request: FastifyRequest, reply: FastifyReply) => {
-    refuseOnPoolingRunner(bound(), "Completions");
-    return handleCompletion(bound(), request, reply);
-  });
+  const endpoints: Record<InvocationEndpoint, Endpoint> = {
+    chat: async (request, reply) => {
+      refuseOnPoolingRunner(bound(), "Chat Completions");
+      return handleChat(bound(), request, reply);
+    },
+    completion: async (request, reply) => {
+      refuseOnPoolingRunner(bound(), "Completions");
+      return handleCompletion(bound(), request, reply);
+    },
+    embedding: (request, reply) => handleEmbeddings(bound(), request, reply),
+    classify: (request, reply) => handleClassify(bound(), request, reply),
+    score: (request, reply) => handleScore(bound(), request, reply),
+    rerank: (request, reply) => handleRerank(bound(), request, reply),
+    pooling: (request, reply) => handlePooling(bound(), request, reply),
+  };
+  app.post("/v1/chat/completions", endpoints.chat);
+  app.post("/v1/completions", endpoints.completion);
   registerResponsesRoutes(app, bound); // POST /v1/responses, GET /v1/responses/{id}
-  app.post("/v1/embeddings", (request: FastifyRequest, reply: FastifyReply) => handleEmbeddings(bound(), request, reply));
-  for (const path of ["/score", "/v1/score"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleScore(bound(), request, reply));
-  for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"])
-    app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleRerank(bound(), request, reply));
-  for (const path of ["/classify", "/v1/classify"]) app.post(path, (request: FastifyRequest, reply: FastifyReply) => handleClassify(bound(), request, reply));
-  app.post("/pooling", (request: FastifyRequest, reply: FastifyReply) => handlePooling(bound(), request, reply));
+  app.post("/v1/embeddings", endpoints.embedding);
+  for (const path of ["/score", "/v1/score"]) app.post(path, endpoints.score);
+  for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"]) app.post(path, endpoints.rerank);
+  for (const path of ["/classify", "/v1/classify"]) app.post(path, endpoints.classify);
+  app.post("/pooling", endpoints.pooling);
+  registerInvocationsRoute(app, bound, endpoints); // POST /invocations: one of the above, by the body's shape
   registerTokenizeRoutes(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
+  if (options.devMode === true) {
+    registerDevRoutes(app, bound, {
+      root_path: options.rootPath ?? null, allowed_origins: options.allowedOrigins ?? [], body_limit: bodyLimit,
+      enable_request_id_headers: options.requestIdHeaders === true, enable_server_load_tracking: options.serverLoadTracking === true,
+      api_key_required: options.apiKey !== undefined && options.apiKey !== "", https: options.https !== undefined,
+    });
+  }
 
   return {
     app,
@@ -259,6 +285,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         kvTransfer: engineOptions.kvTransfer ?? null,
+        launchConfig: engineOptions.launchConfig ?? null,
         inflight: new Set(),
         unstarted: new Set(),
       };

@@ -5,6 +5,7 @@ import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
+import { IncrementalDetokenizer } from "../engine/detokenizer.js";
 import { badRequest } from "./errors.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
@@ -26,16 +27,18 @@ const emptyLogprobs = (): CompletionLogprobs => ({ tokens: [], token_logprobs: [
 /**
  * Appends entries for `ids` (with per-token logprob maps, null for a prompt's first token) to `into`. `asIds`
  * (return_tokens_as_token_ids): tokens are named "token_id:<id>"; text_offset still counts the text's characters.
+ * Offsets run from `offset` by each token's text, unless `starts` gives every token's own (an echoed prompt's).
  */
 function appendLogprobs(
   ctx: ServingContext, into: CompletionLogprobs, ids: readonly number[], lps: readonly (TokenLogprobs | null | undefined)[],
-  top: number, offset: number, asIds: boolean,
+  top: number, offset: number, asIds: boolean, starts?: readonly number[],
 ): number {
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i]!;
     const lp = lps[i];
     const token = logprobToken(ctx, id, lp, asIds);
     into.tokens.push(token);
+    if (starts !== undefined) offset = starts[i]!;
     into.text_offset.push(offset);
     offset += asIds ? tokenText(ctx, id, lp).length : token.length;
     if (!lp) {
@@ -55,7 +58,32 @@ function appendLogprobs(
 
 interface Prepared {
   promptTokenIds: number[];
+  /** The text echo repeats: the prompt as given, or its token ids decoded with their special tokens. */
   promptText: string;
+  /** Whether the prompt was text: special tokens the tokenizer added (BOS) are then not in promptText. */
+  fromText: boolean;
+  /** Where each prompt token starts in promptText (echo with logprobs), computed once for its choices. */
+  echoOffsets?: number[];
+}
+
+/**
+ * Where each prompt token starts in the echoed prompt text: the running length of the text the tokens decode to, so
+ * that a special token the tokenizer added to a text prompt (BOS) takes no characters and does not shift the rest
+ * (vLLM adds its "<s>"'s length). A prompt given as ids echoes them with their special tokens, which then count.
+ * Aligned to the text's end (a prompt cut by truncate_prompt_tokens echoes whole) and clamped into it.
+ */
+function promptTextOffsets(ctx: ServingContext, p: Prepared): number[] {
+  const detokenizer = new IncrementalDetokenizer(ctx.tokenizer, [], { skipSpecialTokens: p.fromText });
+  const starts: number[] = [];
+  let decoded = "";
+  for (const id of p.promptTokenIds) {
+    starts.push(decoded.length);
+    decoded += detokenizer.push([id]);
+  }
+  decoded += detokenizer.finish();
+  const text = p.promptText;
+  const shift = decoded.length < text.length && text.endsWith(decoded) ? text.length - decoded.length : 0;
+  return starts.map((start) => Math.min(text.length, start + shift));
 }
 
 interface Choice {
@@ -77,8 +105,8 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
   const prepared: Prepared[] = req.prompts.map((p) =>
     "text" in p
-      ? { promptText: p.text, promptTokenIds: truncatePrompt(ctx, req, ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens })) }
-      : { promptTokenIds: truncatePrompt(ctx, req, p.tokenIds), promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
+      ? { promptText: p.text, fromText: true, promptTokenIds: truncatePrompt(ctx, req, ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens })) }
+      : { promptTokenIds: truncatePrompt(ctx, req, p.tokenIds), fromText: false, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
   );
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
   const { id, engineId } = responseIds(request, "cmpl");
@@ -155,9 +183,10 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
       const p = info.prepared[promptIndex]!;
       text += p.promptText;
       if (req.logprobs !== null) {
-        c.offset = appendLogprobs(ctx, lp, p.promptTokenIds, out.promptLogprobs ?? [], req.logprobs, c.offset, info.asIds);
+        p.echoOffsets ??= promptTextOffsets(ctx, p);
+        appendLogprobs(ctx, lp, p.promptTokenIds, out.promptLogprobs ?? [], req.logprobs, 0, info.asIds, p.echoOffsets);
       }
-      c.offset = p.promptText.length;
+      c.offset = p.promptText.length; // the generated tokens follow the whole echoed text
     }
   }
   if (out.promptLogprobs && info.promptLogprobs[promptIndex] === null) info.promptLogprobs[promptIndex] = out.promptLogprobs;

@@ -50,6 +50,8 @@ export interface ServingContext {
   returnTokensAsTokenIds: boolean;
   /** P/D disaggregation's side channel (--kv-transfer-config), or null. */
   kvTransfer: KvTransferService | null;
+  /** The launch arguments /server_info reports (kiln serve's, secrets left out), or null. */
+  launchConfig: Record<string, unknown> | null;
   inflight: InflightSet;
   unstarted: UnstartedSet;
 }

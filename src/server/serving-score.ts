@@ -20,13 +20,21 @@ function texts(body: Json, field: string, { single = false } = {}): string[] {
   throw badRequest(`'${field}' must be a string${single ? "" : " or a list of strings"}`, field);
 }
 
+/** Why the model does not score pairs ("" for a generating model), or null when it does. */
+function scoringRefusal(ctx: ServingContext): string | null {
+  if (ctx.poolingTask === "embed") return null;
+  return ctx.poolingTask === "classify" ? crossEncoderLabelsError(ctx.classLabels?.length ?? 0) : "";
+}
+
+/** Whether /score and /rerank serve the model: an embedding model, or a one-label classifier (a cross-encoder). */
+export const servesScoring = (ctx: ServingContext): boolean => scoringRefusal(ctx) === null;
+
 /**
  * Refuses a model that does not score pairs, as vLLM words it for `api`: a generating one, and a classifier of other
  * than one label (vLLM enables scoring for num_labels == 1 only).
  */
 function checkScoringModel(ctx: ServingContext, api: string): void {
-  if (ctx.poolingTask === "embed") return;
-  const why = ctx.poolingTask === "classify" ? crossEncoderLabelsError(ctx.classLabels?.length ?? 0) : "";
+  const why = scoringRefusal(ctx);
   if (why !== null) throw badRequest(`The model does not support ${api} API${why ? ` (it is ${why})` : ""}`);
 }
 

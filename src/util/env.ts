@@ -57,6 +57,13 @@ export const env = {
     const v = str("VLLM_ALLOW_RUNTIME_LORA_UPDATING")?.toLowerCase();
     return v === "1" || v === "true";
   },
+  /**
+   * vLLM's VLLM_SERVER_DEV_MODE (an integer, non-zero = on, as vLLM reads it): `kiln serve` adds the development
+   * endpoints POST /reset_prefix_cache and GET /server_info.
+   */
+  get serverDevMode(): boolean {
+    return (int("VLLM_SERVER_DEV_MODE") ?? 0) !== 0;
+  },
   get apiKey(): string | undefined {
     return str("KILN_API_KEY");
   },

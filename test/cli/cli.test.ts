@@ -157,23 +157,23 @@ describe("kiln CLI", () => {
         [null, 20, null, null, {}],
       );
       assert.deepEqual(
-        [d.responseRole, d.returnTokensAsTokenIds, d.enableRequestIdHeaders, d.tls, d.rootPath, d.httpLogLevel, d.disableAccessLog],
-        ["assistant", false, false, null, null, null, false],
+        [d.responseRole, d.returnTokensAsTokenIds, d.enableRequestIdHeaders, d.tls, d.rootPath, d.httpLogLevel, d.disableAccessLog, d.enableServerLoadTracking],
+        ["assistant", false, false, null, null, null, false, false],
       );
       writeFileSync(join(tmp, "tokenizer.json"), "{}");
       const a = parseServeArgs("m", {
         tokenizer: tmp, maxLogprobs: "-1", enableChunkedPrefill: false, longPrefillTokenThreshold: "256",
         overrideGenerationConfig: '{"temperature": 0.5, "top_k": null, "max_new_tokens": 64}', responseRole: "bot",
         returnTokensAsTokenIds: true, enableRequestIdHeaders: true, rootPath: "/api/llm/", uvicornLogLevel: "warning",
-        disableUvicornAccessLog: true, trustRemoteCode: true, disableFastapiDocs: true,
+        disableUvicornAccessLog: true, trustRemoteCode: true, disableFastapiDocs: true, enableServerLoadTracking: true,
       }, {});
       assert.deepEqual(
         [a.tokenizer, a.maxLogprobs, a.enableChunkedPrefill, a.longPrefillTokenThreshold, a.overrideGenerationConfig],
         [tmp, -1, false, 256, { temperature: 0.5, top_k: null, max_new_tokens: 64 }],
       );
       assert.deepEqual(
-        [a.responseRole, a.returnTokensAsTokenIds, a.enableRequestIdHeaders, a.rootPath, a.httpLogLevel, a.disableAccessLog],
-        ["bot", true, true, "/api/llm", "warning", true],
+        [a.responseRole, a.returnTokensAsTokenIds, a.enableRequestIdHeaders, a.rootPath, a.httpLogLevel, a.disableAccessLog, a.enableServerLoadTracking],
+        ["bot", true, true, "/api/llm", "warning", true, true],
       );
       assert.equal(parseServeArgs("m", { rootPath: "/" }, {}).rootPath, null);
       // HTTPS: the key from its own file, or from the certificate's (a PEM holding both, as Python's load_cert_chain reads it)

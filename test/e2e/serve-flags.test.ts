@@ -1,6 +1,7 @@
 // vLLM's `serve` flags whose effect shows over HTTP, through one real `kiln serve` started with all of them (part from
 // a --config YAML file): HTTPS (--ssl-keyfile/--ssl-certfile), --root-path, --enable-request-id-headers,
-// --response-role, --return-tokens-as-token-ids, --max-logprobs, --tokenizer, --override-generation-config.
+// --response-role, --return-tokens-as-token-ids, --max-logprobs, --tokenizer, --override-generation-config,
+// --enable-server-load-tracking; and VLLM_SERVER_DEV_MODE=1's endpoints.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { X509Certificate } from "node:crypto";
@@ -106,7 +107,8 @@ describe("kiln serve: vLLM serve flags (e2e, HTTPS)", () => {
     server = await startKiln([
       "--config", config, "--tokenizer", tok, "--enable-request-id-headers", "--ssl-keyfile", KEY, "--ssl-certfile", CERT,
       "--root-path", "/kiln/", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", "--disable-fastapi-docs",
-    ], model);
+      "--enable-server-load-tracking",
+    ], model, { VLLM_SERVER_DEV_MODE: "1" });
   });
   after(async () => {
     assert.equal(await server.stop(), 0);
@@ -212,6 +214,23 @@ describe("kiln serve: vLLM serve flags (e2e, HTTPS)", () => {
     assert.equal(dflt.body.usage.completion_tokens, 3);
     assert.equal(dflt.body.choices[0].finish_reason, "length");
     assert.equal((await chat({ max_tokens: 5 })).body.usage.completion_tokens, 5);
+  });
+
+  it("--enable-server-load-tracking serves /load; VLLM_SERVER_DEV_MODE=1 /server_info and /reset_prefix_cache", async () => {
+    assert.equal((await complete()).status, 200);
+    assert.deepEqual((await call("/load")).body, { server_load: 0 }, "the completion is no longer counted");
+    const info = await call("/server_info?config_format=json");
+    assert.equal(info.status, 200);
+    const c = info.body.vllm_config;
+    assert.equal(c.server.enable_server_load_tracking, true);
+    assert.equal(c.server.root_path, "/kiln");
+    assert.equal(c.launch.tls, true, "whether HTTPS is on, not its key");
+    assert.equal(c.launch.responseRole, ROLE);
+    assert.equal(c.engine.blockSize, 16, "the worker engine's resolved arguments");
+    const text = await call("/server_info");
+    assert.ok(!text.body.vllm_config.includes("PRIVATE KEY"));
+    const reset = await call("/reset_prefix_cache", {});
+    assert.equal(reset.status, 200);
   });
 
   it("--no-enable-chunked-prefill with a step budget below max_model_len stops the start-up, naming both", () => {

@@ -105,3 +105,25 @@ test("kv cache manager: allocation fails cleanly when the pool is short; caching
   assert.deepEqual(a.blockHashes, []);
   assert.equal(kv.getComputedBlocks(req("b", range(0, 13))).numComputedTokens, 0);
 });
+
+test("block pool: reset_prefix_cache drops the hashes of free blocks; blocks in use keep theirs until all are free", () => {
+  const pool = new BlockPool(6, true, true);
+  const a = pool.getNewBlocks(2); // 1, 2: held by a running request
+  const b = pool.getNewBlocks(2); // 3, 4: freed, still cached
+  pool.cacheFullBlocks(a, ["a1", "a2"], 0, 2);
+  pool.cacheFullBlocks(b, ["b1", "b2"], 0, 2);
+  pool.freeBlocks([...b].reverse());
+  pool.takeEvents();
+  assert.equal(pool.resetPrefixCache(), false, "blocks 1 and 2 are in use");
+  assert.deepEqual(pool.takeEvents(), [{ type: "BlockRemoved", block_hashes: ["b1", "b2"], medium: "GPU" }]);
+  assert.equal(pool.getCachedBlock("b1"), null);
+  assert.equal(pool.getCachedBlock("b2"), null);
+  assert.deepEqual([b[0]!.blockHash, b[1]!.blockHash], [null, null]);
+  assert.equal(pool.getCachedBlock("a1")?.blockId, 1, "a running request's blocks keep their hashes");
+  assert.deepEqual(pool.freeQueue.blockIds(), [5, 4, 3], "the free queue is untouched");
+  pool.freeBlocks([...a].reverse());
+  assert.equal(pool.resetPrefixCache(), true, "nothing in use: the whole cache goes");
+  assert.deepEqual(pool.takeEvents(), [{ type: "AllBlocksCleared" }]);
+  assert.equal(pool.numCachedBlocks, 0);
+  assert.deepEqual([a[0]!.blockHash, a[1]!.blockHash], [null, null]);
+});

@@ -107,6 +107,20 @@ test("WorkerEngine: abort mid-stream returns the pool to its starting free block
   assert.equal((await engine.refreshStats()).numFreeBlocks, start);
 });
 
+test("WorkerEngine: resetPrefixCache drops the worker's prefix cache; engineArgs are the worker's resolved ones", { timeout: 60_000 }, async () => {
+  assert.equal(engine.engineArgs.blockSize, engine.blockSize);
+  assert.equal(engine.engineArgs.numGpuBlocks, engine.numBlocks);
+  assert.equal(engine.engineArgs.enablePrefixCaching, true);
+  const ids = engine.tokenizer.encode(PROMPTS[2]!.repeat(6));
+  assert.ok(ids.length > 2 * engine.blockSize);
+  const cached = async (id: string) =>
+    (await collect(engine.generate({ promptTokenIds: ids }, { maxTokens: 1 }, { requestId: id }))).at(-1)!.numCachedTokens;
+  await cached("pc0");
+  assert.ok((await cached("pc1")) >= 2 * engine.blockSize, "the repeat reads its prompt's full blocks from the cache");
+  assert.equal(await engine.resetPrefixCache(), true, "nothing was running: the whole cache went");
+  assert.equal(await cached("pc2"), 0, "after the reset the repeat computes its prompt again");
+});
+
 test("WorkerEngine: abort of many ids is one message to the worker; every stream ends with abort", { timeout: 60_000 }, async () => {
   const start = (await engine.refreshStats()).numFreeBlocks;
   const ids = engine.tokenizer.encode(PROMPTS[2]!);

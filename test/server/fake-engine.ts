@@ -84,6 +84,8 @@ export interface FakeEngineOptions {
   blockSize?: number;
   stepDelayMs?: number; // pause between generated tokens
   eosProbability?: number; // per step, once minTokens is reached (unless ignoreEos)
+  /** A pooling engine: each request finishes at its first step with a vector from its prompt's hash. */
+  pooling?: { task: "embed" } | { task: "classify"; labels: string[] };
 }
 
 interface Live {
@@ -109,6 +111,28 @@ export class FakeEngine implements EngineClient {
   private prefixQueries = 0;
   /** The sampling params of the latest generate() call, as the server sent them. */
   lastParams: Partial<SamplingParams> | null = null;
+
+  get poolingTask(): "embed" | "classify" | null {
+    return this.options.pooling?.task ?? null;
+  }
+
+  get classLabels(): string[] | null {
+    const p = this.options.pooling;
+    return p?.task === "classify" ? p.labels : null;
+  }
+
+  /** An embedding (8 dims, unit length) or class probabilities (softmax), a function of the prompt. */
+  pooledVector(ids: readonly number[]): Float32Array {
+    const r = rng(hash(ids));
+    const v = Float32Array.from({ length: this.classLabels?.length ?? 8 }, () => r() * 2 - 1);
+    if (this.classLabels === null) {
+      const norm = Math.hypot(...v);
+      return v.map((x) => x / norm);
+    }
+    const e = v.map(Math.exp);
+    const sum = e.reduce((a, b) => a + b, 0);
+    return e.map((x) => x / sum);
+  }
 
   constructor(private readonly options: FakeEngineOptions = {}) {
     this.maxModelLen = options.maxModelLen ?? 256;
@@ -204,6 +228,14 @@ export class FakeEngine implements EngineClient {
         }
         if (live.aborted) return;
         if (fails && step === 2) throw new Error("fake engine exploded");
+        if (this.options.pooling !== undefined) {
+          const done: CompletionOutput = { index: 0, text: "", tokenIds: [], cumulativeLogprob: null, logprobs: null, finishReason: "length", stopReason: null };
+          yield {
+            requestId: options.requestId, prompt: prompt.prompt ?? null, promptTokenIds: ids, promptLogprobs: null, outputs: [done], finished: true,
+            numCachedTokens: 0, pooled: this.pooledVector(ids),
+          };
+          return;
+        }
         for (const s of samples) {
           if (s.finish !== null) continue;
           const r = s.rand();
