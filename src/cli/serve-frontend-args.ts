@@ -36,6 +36,8 @@ export interface FrontendArgs {
   loraModules: LoraModuleArg[];
   /** vLLM --return-tokens-as-token-ids: logprobs name tokens as "token_id:<id>" (a request's return_tokens_as_token_ids overrides). */
   returnTokensAsTokenIds: boolean;
+  /** vLLM --enable-force-include-usage: every stream ends with a usage chunk. */
+  enableForceIncludeUsage: boolean;
   /** vLLM --enable-request-id-headers: every response carries X-Request-Id. */
   enableRequestIdHeaders: boolean;
   /** The PEM key and certificate read from --ssl-keyfile / --ssl-certfile: HTTPS; null serves HTTP. */
@@ -75,6 +77,7 @@ export function addFrontendOptions(cmd: Command): Command {
         .choices([...UVICORN_LOG_LEVELS]),
     )
     .option("--disable-uvicorn-access-log", "no line per request in the HTTP server's log (--enable-log-requests or --uvicorn-log-level)", false)
+    .option("--enable-force-include-usage", "streamed chat and completions end with a usage chunk even without stream_options.include_usage", false)
     .option("--enable-server-load-tracking", "GET /load reports the requests in flight on the generation, pooling, score and rerank endpoints", false)
     .option("--disable-fastapi-docs", "accepted for vLLM compatibility: Kiln serves no /docs, /redoc or /openapi.json anyway", false);
 }
@@ -187,6 +190,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
     loraModules: parseLoraModules(o.loraModules),
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),
+    enableForceIncludeUsage: Boolean(o.enableForceIncludeUsage),
     enableRequestIdHeaders: Boolean(o.enableRequestIdHeaders),
     tls: parseTls(o.sslKeyfile, o.sslCertfile),
     rootPath: parseRootPath(o.rootPath),

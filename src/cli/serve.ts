@@ -92,6 +92,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     maxLogprobs: args.maxLogprobs,
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
+    forceIncludeUsage: args.enableForceIncludeUsage,
     kvTransfer,
     launchConfig: launchConfig(args),
   });

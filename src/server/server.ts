@@ -82,6 +82,8 @@ export interface ServerEngineOptions {
   responseRole?: string;
   /** Logprobs name tokens as "token_id:<id>" unless a request says otherwise (vLLM --return-tokens-as-token-ids). */
   returnTokensAsTokenIds?: boolean;
+  /** Streams end with a usage chunk even when the request did not ask (vLLM --enable-force-include-usage). */
+  forceIncludeUsage?: boolean;
   /** P/D disaggregation (vLLM --kv-transfer-config): the started side channel; requests may then carry kv_transfer_params. */
   kvTransfer?: KvTransferService | null;
   /** The launch arguments GET /server_info reports in dev mode (kiln serve's, without secrets). */
@@ -283,6 +285,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         maxLogprobs: engineOptions.maxLogprobs === -1 ? engineOptions.tokenizer.vocabSize : (engineOptions.maxLogprobs ?? MAX_LOGPROBS),
         responseRole: engineOptions.responseRole ?? "assistant",
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
+        forceIncludeUsage: engineOptions.forceIncludeUsage ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         kvTransfer: engineOptions.kvTransfer ?? null,
         launchConfig: engineOptions.launchConfig ?? null,

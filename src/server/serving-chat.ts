@@ -10,7 +10,7 @@ import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
+  abortOnDisconnect, checkQueue, forceUsage, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
 } from "./serving-context.js";
 
@@ -140,7 +140,7 @@ export function renderChatPrompt(ctx: ServingContext, req: ChatRequest, param = 
 }
 
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const req = parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null });
+  const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const promptText = renderChatPrompt(ctx, req);
   const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));

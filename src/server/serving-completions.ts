@@ -10,7 +10,7 @@ import { badRequest } from "./errors.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import {
-  abortOnDisconnect, checkQueue, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, resolveModelAndLora, responseIds,
+  abortOnDisconnect, checkQueue, forceUsage, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, resolveModelAndLora, responseIds,
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
 } from "./serving-context.js";
 
@@ -100,7 +100,7 @@ interface Choice {
 }
 
 export async function handleCompletion(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const req = parseCompletionRequest(request.body, ctx.tokenizer.vocabSize);
+  const req = forceUsage(ctx, parseCompletionRequest(request.body, ctx.tokenizer.vocabSize));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
   const prepared: Prepared[] = req.prompts.map((p) =>

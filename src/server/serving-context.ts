@@ -48,6 +48,8 @@ export interface ServingContext {
   responseRole: string;
   /** Logprobs name tokens "token_id:<id>" unless a request says otherwise (vLLM --return-tokens-as-token-ids). */
   returnTokensAsTokenIds: boolean;
+  /** Streams end with a usage chunk even without stream_options.include_usage (vLLM --enable-force-include-usage). */
+  forceIncludeUsage: boolean;
   /** P/D disaggregation's side channel (--kv-transfer-config), or null. */
   kvTransfer: KvTransferService | null;
   /** The launch arguments /server_info reports (kiln serve's, secrets left out), or null. */
@@ -63,6 +65,11 @@ export interface ServingContext {
 export function usageJson(ctx: ServingContext, prompt: number, completion: number, cached: number) {
   const details = ctx.enablePromptTokensDetails && cached > 0 ? { prompt_tokens_details: { cached_tokens: cached } } : {};
   return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion, ...details };
+}
+
+/** A chat or completions request with --enable-force-include-usage applied: its stream ends with usage, as vLLM's should_include_usage. */
+export function forceUsage<R extends CommonRequest>(ctx: ServingContext, req: R): R {
+  return ctx.forceIncludeUsage && !req.includeUsage ? { ...req, includeUsage: true } : req;
 }
 
 export const randomId = (prefix: string): string => `${prefix}-${randomBytes(16).toString("hex")}`;
