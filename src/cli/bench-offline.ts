@@ -7,7 +7,8 @@ import { writeFileSync } from "node:fs";
 import type { SamplingParams } from "../engine/types.js";
 import { mulberry32 } from "../util/random.js";
 import type { EngineFactory, LoadedEngine } from "./engine-factory.js";
-import { createProgress } from "./progress.js";
+import { PROMPT_TOKEN_TEXT } from "./bench-serve.js";
+import { loadEngine } from "./generate.js";
 import type { ServeArgs } from "./serve-args.js";
 
 export interface BenchOfflineArgs {
@@ -29,8 +30,7 @@ export interface BenchThroughputArgs extends BenchOfflineArgs {
 
 /** Token ids that plain ASCII text encodes to (no special tokens), to draw random prompts from. */
 function tokenPool(loaded: LoadedEngine): number[] {
-  const text = "The quick brown fox jumps over the lazy dog. 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ ,.;:!?";
-  const ids = [...new Set(loaded.tokenizer.encode(text, { addSpecialTokens: false }))];
+  const ids = [...new Set(loaded.tokenizer.encode(PROMPT_TOKEN_TEXT, { addSpecialTokens: false }))];
   if (ids.length === 0) throw new Error("the tokenizer encodes no text: cannot make random prompts");
   return ids;
 }
@@ -56,13 +56,6 @@ function checkFits(loaded: LoadedEngine, a: BenchOfflineArgs): void {
     throw new Error(`--input-len ${a.inputLen} + --output-len ${a.outputLen} exceed the model's max_model_len ${loaded.maxModelLen}`);
 }
 
-async function load(args: ServeArgs, factory: EngineFactory): Promise<LoadedEngine> {
-  const progress = createProgress();
-  const loaded = await factory(args, progress);
-  progress.done();
-  return loaded;
-}
-
 const paramsFor = (a: BenchOfflineArgs): Partial<SamplingParams> => ({ temperature: 1, topP: 1, maxTokens: a.outputLen, ignoreEos: true });
 
 /** Linear-interpolated percentile of sorted values (numpy's default). */
@@ -74,7 +67,7 @@ export function percentile(sorted: readonly number[], p: number): number {
 }
 
 export async function runBenchLatency(args: ServeArgs, a: BenchLatencyArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<{ latencies: number[] }> {
-  const loaded = await load(args, factory);
+  const loaded = await loadEngine(args, factory);
   try {
     checkFits(loaded, a);
     const prompts = randomPrompts(tokenPool(loaded), a.batchSize, a.inputLen, a.seed);
@@ -101,7 +94,7 @@ export async function runBenchLatency(args: ServeArgs, a: BenchLatencyArgs, fact
 }
 
 export async function runBenchThroughput(args: ServeArgs, a: BenchThroughputArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<{ outputTokens: number; elapsed: number }> {
-  const loaded = await load(args, factory);
+  const loaded = await loadEngine(args, factory);
   try {
     checkFits(loaded, a);
     const prompts = randomPrompts(tokenPool(loaded), a.numPrompts, a.inputLen, a.seed);

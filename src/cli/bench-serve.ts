@@ -49,8 +49,11 @@ function headers(args: BenchServeArgs): Record<string, string> {
 }
 
 /** Token ids that are safe to send: whatever the server's tokenizer makes of plain ASCII text. */
+/** Plain ASCII text whose tokens make the random prompts (no special tokens among them). */
+export const PROMPT_TOKEN_TEXT = "The quick brown fox jumps over the lazy dog. 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ ,.;:!?";
+
 async function tokenPool(args: BenchServeArgs, model: string): Promise<number[]> {
-  const probe = "The quick brown fox jumps over the lazy dog. 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ ,.;:!?";
+  const probe = PROMPT_TOKEN_TEXT;
   const res = await fetch(`${args.baseUrl}/tokenize`, {
     method: "POST", headers: headers(args), body: JSON.stringify({ model, prompt: probe, add_special_tokens: false }),
   });

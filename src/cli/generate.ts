@@ -17,7 +17,8 @@ export interface GenerateOptions {
   chat: boolean;
 }
 
-async function load(args: ServeArgs, factory: EngineFactory): Promise<LoadedEngine> {
+/** Builds the engine through the factory with the start-up progress shown. */
+export async function loadEngine(args: ServeArgs, factory: EngineFactory): Promise<LoadedEngine> {
   const progress = createProgress();
   const loaded = await factory(args, progress);
   progress.done();
@@ -44,7 +45,7 @@ function paramsOf(o: Pick<GenerateOptions, "maxTokens" | "temperature" | "topP" 
 }
 
 export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
-  const loaded = await load(args, factory);
+  const loaded = await loadEngine(args, factory);
   try {
     const prompt = o.chat
       ? loaded.tokenizer.applyChatTemplate([{ role: "user", content: o.prompt }], {
@@ -61,7 +62,7 @@ export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: 
 export async function runChat(
   args: ServeArgs, o: Omit<GenerateOptions, "prompt" | "chat" | "stream"> & { system: string | null }, factory: EngineFactory,
 ): Promise<void> {
-  const loaded = await load(args, factory);
+  const loaded = await loadEngine(args, factory);
   const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: Boolean(process.stdin.isTTY) });
   rl.on("SIGINT", () => rl.close()); // Ctrl-C at the prompt quits, as Ctrl-D (end of input) does
   const history: ChatMessage[] = o.system ? [{ role: "system", content: o.system }] : [];

@@ -95,13 +95,14 @@ export class FakeModelRunner implements ModelRunner {
   readonly kvLayout: KvLayout = { numLayers: 1, numKvHeads: 1, headDim: 3, dtype: "fake", rowBytes: 12 };
 
   readKv(blockTable: readonly number[], blockSize: number, numTokens: number): Uint8Array {
-    const out = new Uint32Array(2 * 3 * numTokens); // [k, v][token][3]
+    const out = new Uint8Array(24 * numTokens); // [k, v][token][3 x u32 LE]; V stays zero
+    const dv = new DataView(out.buffer);
     for (let p = 0; p < numTokens; p++) {
       const e = this.store.get(slotOf(blockTable, p, blockSize));
       if (e === undefined) throw new KvConsistencyError(`readKv: no K/V at position ${p}`);
-      out.set([e.pos, e.token, e.hash], 3 * p);
+      [e.pos, e.token, e.hash].forEach((v, i) => dv.setUint32(12 * p + 4 * i, v, true));
     }
-    return new Uint8Array(out.buffer);
+    return out;
   }
 
   writeKv(blockTable: readonly number[], blockSize: number, data: Uint8Array, numTokens: number, from: number, to: number): void {
