@@ -13,6 +13,8 @@ export interface ChatArgs {
   chatTemplateContentFormat: ChatContentFormat;
   /** vLLM --default-chat-template-kwargs: every chat render's template variables (a request's chat_template_kwargs win). */
   defaultChatTemplateKwargs: Record<string, unknown> | null;
+  /** vLLM --trust-request-chat-template: requests may carry their own chat_template (else a 400). */
+  trustRequestChatTemplate: boolean;
   /** vLLM --response-role: the chat reply's role when the request's add_generation_prompt is true. */
   responseRole: string;
   /** tool_choice "auto" parses tool calls out of the model's text with this parser (vLLM --tool-call-parser); null = refused. */
@@ -28,6 +30,7 @@ export function addChatOptions(cmd: Command): Command {
         .choices([...CHAT_CONTENT_FORMATS])
         .default("auto"),
     )
+    .option("--trust-request-chat-template", "let requests bring their own chat_template (Jinja the server runs); without it they get a 400, as in vLLM", false)
     .option("--default-chat-template-kwargs <json>", 'template variables of every chat request, as JSON: {"enable_thinking": false} (a request\'s chat_template_kwargs win)')
     .option("--response-role <role>", "the chat reply's role when the request's add_generation_prompt is true", "assistant")
     .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
@@ -46,6 +49,7 @@ export function parseChatArgs(o: Record<string, unknown>): ChatArgs {
     chatTemplateContentFormat: oneOf(o.chatTemplateContentFormat ?? "auto", "--chat-template-content-format", CHAT_CONTENT_FORMATS),
     defaultChatTemplateKwargs:
       o.defaultChatTemplateKwargs === undefined ? null : jsonObjectFlag(o.defaultChatTemplateKwargs, "--default-chat-template-kwargs", '{"enable_thinking": false}'),
+    trustRequestChatTemplate: Boolean(o.trustRequestChatTemplate),
     responseRole: role,
     toolCallParser: enableAutoToolChoice ? parser : null,
   };

@@ -84,6 +84,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
     ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
+    trustRequestChatTemplate: args.trustRequestChatTemplate,
     ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
     disableAnyWhitespace: args.disableAnyWhitespace,
     enablePromptTokensDetails: args.enablePromptTokensDetails,

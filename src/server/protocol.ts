@@ -397,9 +397,31 @@ function messageContent(content: unknown, param: string): string | null {
   return texts.join("\n");
 }
 
-/** `autoTools`: the server has a tool-call parser, so tool_choice "auto" is served. */
-export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = false } = {}): ChatRequest {
+/**
+ * A request's own chat template (`chat_template`, or `chat_template_kwargs.chat_template`), refused with vLLM's 400
+ * unless the server trusts them (--trust-request-chat-template): a template is Jinja the server would run.
+ */
+export function requestChatTemplate(body: Record<string, unknown>, trusted: boolean): string | undefined {
+  const own = optString(body, "chat_template");
+  const kwargs = optObject(body, "chat_template_kwargs");
+  const inKwargs = kwargs?.chat_template;
+  if (inKwargs !== undefined && inKwargs !== null && typeof inKwargs !== "string")
+    throw badRequest("'chat_template_kwargs.chat_template' must be a string", "chat_template_kwargs");
+  if (!trusted && (own !== undefined || (inKwargs !== undefined && inKwargs !== null)))
+    throw badRequest(
+      "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
+      own !== undefined ? "chat_template" : "chat_template_kwargs",
+    );
+  return own ?? (typeof inKwargs === "string" ? inKwargs : undefined);
+}
+
+/**
+ * `autoTools`: the server has a tool-call parser, so tool_choice "auto" is served; `trustChatTemplate`: a request may
+ * bring its own chat template (--trust-request-chat-template).
+ */
+export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = false, trustChatTemplate = false } = {}): ChatRequest {
   const body = asJsonBody(raw);
+  const chatTemplate = requestChatTemplate(body, trustChatTemplate);
   const messages = parseMessages(body);
   const common = parseCommon(body, vocabSize);
   const wantLogprobs = optBool(body, "logprobs") ?? false;
@@ -433,7 +455,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     messages,
     addGenerationPrompt,
     continueFinalMessage,
-    chatTemplate: optString(body, "chat_template"),
+    chatTemplate,
     chatTemplateKwargs,
     tools,
     toolChoice,

@@ -63,6 +63,8 @@ export interface ServerEngineOptions {
   maxWaitingRequests?: number;
   generationDefaults?: Partial<SamplingParams>;
   chatTemplate?: string;
+  /** Requests may carry their own chat_template (vLLM --trust-request-chat-template). Default false, as in vLLM. */
+  trustRequestChatTemplate?: boolean;
   /** Serves tool_choice "auto" by parsing the reply with it (vLLM --enable-auto-tool-choice --tool-call-parser). */
   toolCallParser?: ToolCallParserName;
   /** Structured output without free whitespace unless a request says otherwise (vLLM --structured-outputs-config). */
@@ -273,6 +275,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         maxWaitingRequests: engineOptions.maxWaitingRequests,
         generationDefaults: engineOptions.generationDefaults ?? {},
         chatTemplate: engineOptions.chatTemplate,
+        trustRequestChatTemplate: engineOptions.trustRequestChatTemplate ?? false,
         toolCallParser: engineOptions.toolCallParser === undefined ? null : toolCallParser(engineOptions.toolCallParser),
         disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
         enablePromptTokensDetails: engineOptions.enablePromptTokensDetails ?? false,

@@ -140,7 +140,7 @@ export function renderChatPrompt(ctx: ServingContext, req: ChatRequest, param = 
 }
 
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null }));
+  const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null, trustChatTemplate: ctx.trustRequestChatTemplate }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const promptText = renderChatPrompt(ctx, req);
   const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));

@@ -21,6 +21,8 @@ export interface ServingContext {
   maxWaitingRequests: number | undefined;
   generationDefaults: Partial<SamplingParams>;
   chatTemplate: string | undefined;
+  /** A request may bring its own chat template (vLLM --trust-request-chat-template); else such requests get a 400. */
+  trustRequestChatTemplate: boolean;
   /** tool_choice "auto" is served with it; null: refused (as vLLM without --enable-auto-tool-choice). */
   toolCallParser: ToolCallParser | null;
   /** Splits replies into reasoning and content (vLLM --reasoning-parser); null: replies are all content. */

@@ -4,9 +4,9 @@
 import { setMaxListeners } from "node:events";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { bf16BytesToF32, f16BytesToF32, f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
-import { asJsonBody, parseMessages, parsePrompts, type PromptInput } from "./protocol.js";
+import { asJsonBody, parseMessages, parsePrompts, requestChatTemplate, type PromptInput } from "./protocol.js";
 import { badRequest } from "./errors.js";
-import { optBool, optInt, optString } from "./fields.js";
+import { optBool, optInt, optObject, optString } from "./fields.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { abortOnDisconnect, checkQueue, nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
 
@@ -25,8 +25,15 @@ function halfBack(h: Uint16Array, kind: "f16" | "bf16"): Float32Array {
 /** The text a messages-style embedding request embeds (the chat template, without a generation prompt by default). */
 function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
   const messages = parseMessages(body);
+  const template = requestChatTemplate(body, ctx.trustRequestChatTemplate) ?? ctx.chatTemplate;
+  const kwargs = optObject(body, "chat_template_kwargs");
   try {
-    return ctx.tokenizer.applyChatTemplate(messages, { addGenerationPrompt: optBool(body, "add_generation_prompt") ?? false });
+    return ctx.tokenizer.applyChatTemplate(messages, {
+      addGenerationPrompt: optBool(body, "add_generation_prompt") ?? false,
+      continueFinalMessage: optBool(body, "continue_final_message") ?? false,
+      ...(template !== undefined ? { chatTemplate: template } : {}),
+      ...(kwargs !== undefined ? { chatTemplateKwargs: kwargs } : {}),
+    });
   } catch (err) {
     throw badRequest(`Failed to apply the chat template: ${(err as Error).message}`, "messages");
   }

@@ -104,7 +104,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   if (conversation.length === 0) throw badRequest("'input' must be given: a string or a non-empty list of input items", "input");
   // instructions apply to this turn only: a continued conversation does not carry the earlier ones (as OpenAI)
   const messages = req.instructions === null ? conversation : [{ role: "system", content: req.instructions }, ...conversation];
-  const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, ctx.toolCallParser !== null);
+  const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, ctx.toolCallParser !== null, ctx.trustRequestChatTemplate);
   const promptText = renderChatPrompt(ctx, chat, "input");
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   // as vLLM: max_output_tokens is capped by the room the prompt leaves (a prompt that leaves none is a 400 below)

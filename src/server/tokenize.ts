@@ -1,7 +1,7 @@
 // POST /tokenize and POST /detokenize (vLLM's extra endpoints).
 import type { FastifyInstance } from "fastify";
 import { badRequest } from "./errors.js";
-import { optBool, optObject } from "./fields.js";
+import { optBool } from "./fields.js";
 import { asJsonBody, parseChatRequest } from "./protocol.js";
 import { resolveModel, type ServingContext } from "./serving-context.js";
 
@@ -14,13 +14,13 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     let tokens: number[];
     if (body.messages !== undefined) {
       // vLLM's TokenizeChatRequest has tools (rendered by the template) but no tool_choice
-      const chat = parseChatRequest({ ...body, tool_choice: "none" }, ctx.tokenizer.vocabSize);
+      const chat = parseChatRequest({ ...body, tool_choice: "none" }, ctx.tokenizer.vocabSize, { trustChatTemplate: ctx.trustRequestChatTemplate });
       const text = ctx.tokenizer.applyChatTemplate(chat.messages, {
         addGenerationPrompt: chat.addGenerationPrompt,
         continueFinalMessage: chat.continueFinalMessage,
         ...(chat.tools ? { tools: chat.tools } : {}),
         ...(chat.chatTemplate ?? ctx.chatTemplate ? { chatTemplate: chat.chatTemplate ?? ctx.chatTemplate } : {}),
-        ...(optObject(body, "chat_template_kwargs") ? { chatTemplateKwargs: optObject(body, "chat_template_kwargs") } : {}),
+        ...(chat.chatTemplateKwargs ? { chatTemplateKwargs: chat.chatTemplateKwargs } : {}),
       });
       tokens = ctx.tokenizer.encode(text, { addSpecialTokens: optBool(body, "add_special_tokens") ?? false });
     } else if (typeof body.prompt === "string") {

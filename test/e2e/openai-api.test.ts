@@ -42,7 +42,7 @@ async function complete(prompt: string | string[] | number[] | number[][], extra
 }
 
 before(async () => {
-  server = await startKiln();
+  server = await startKiln(["--trust-request-chat-template"]);
   client = server.client();
 });
 after(async () => {

@@ -15,7 +15,7 @@ describe("POST /v1/responses with --reasoning-parser qwen3 and hermes auto tool 
   let endId: number;
   before(async () => {
     server = await startKiln(
-      ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+      ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--trust-request-chat-template"],
       tinyModelDir("LlamaForCausalLM", { tokenizerDir: thinkTokenizerDir() }),
     );
     r = api(server);

@@ -11,7 +11,7 @@ describe("POST /v1/responses (e2e)", () => {
   let server: KilnServer;
   let r: ReturnType<typeof api>;
   before(async () => {
-    server = await startKiln();
+    server = await startKiln(["--trust-request-chat-template"]);
     r = api(server);
   });
   after(async () => {

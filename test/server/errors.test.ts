@@ -29,7 +29,7 @@ describe("errors", () => {
   const completions = () => `${s.url}/v1/completions`;
   const msgs = [{ role: "user", content: "hi" }];
   before(async () => {
-    s = await startTestServer({ bodyLimit: 64 * 1024, maxWaitingRequests: 4 });
+    s = await startTestServer({ bodyLimit: 64 * 1024, maxWaitingRequests: 4, trustRequestChatTemplate: true });
   });
   after(() => s.close());
 
