@@ -63,6 +63,33 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       await runServe(serveArgs(positional ?? flag, opts), deps.engineFactory);
     });
 
+  // vllm run-batch: OpenAI's batch file format through the server's routes, in this process
+  const runBatchOptions = (cmd: Command): Command =>
+    serveOptions(cmd)
+      .requiredOption("-i, --input-file <file-or-url>", "the batch: one {custom_id, method, url, body} JSON object per line (a path, or an http(s) URL read with GET)")
+      .requiredOption("-o, --output-file <file-or-url>", "where the results go, one line per request in input order (a path, or an http(s) URL written with PUT)")
+      .option("--output-tmp-dir <dir>", "accepted for vLLM's command lines (Kiln sends an output URL its results from memory)")
+      .option("--enable-metrics", "serve Prometheus metrics at http://<--url>:<--port>/metrics while the batch runs", false)
+      .option("--url <host>", "the metrics server's host (with --enable-metrics)", "0.0.0.0");
+  runBatchOptions(program.command("run-batch").description("run a file of OpenAI requests offline (as `vllm run-batch`)").argument("[model]", "model directory (default: the built-in model)"))
+    .action(async (positional: string | undefined, cliOpts: Record<string, unknown>, cmd: Command) => {
+      const opts = cliOpts.config === undefined
+        ? cliOpts
+        : (await import("./serve-config-file.js")).withConfigFile(cmd, () => runBatchOptions(new Command("run-batch")));
+      const flag = opts.model as string | undefined;
+      if (positional !== undefined && flag !== undefined && positional !== flag)
+        throw new CliUsageError(`the model is given twice: ${JSON.stringify(positional)} and --model ${JSON.stringify(flag)}`);
+      const args = serveArgs(positional ?? flag, opts);
+      const { runBatch } = await import("./run-batch.js");
+      await runBatch(args, {
+        inputFile: opts.inputFile as string,
+        outputFile: opts.outputFile as string,
+        enableMetrics: Boolean(opts.enableMetrics),
+        metricsHost: opts.url as string,
+        metricsPort: args.port,
+      }, deps.engineFactory);
+    });
+
   addSamplingOptions(addEngineOptions(program.command("generate").description("generate one completion")))
     .option("--model <dir>", "model directory or GGUF file (default: the built-in model)")
     .requiredOption("--prompt <text>", "prompt text")
@@ -197,7 +224,7 @@ export async function main(argv: string[] = process.argv, deps?: CliDeps): Promi
   try {
     // vLLM's -tp / -pp / -dp (commander's short flags are one letter) in the engine commands' words
     const [node = "node", script = "kiln", command, ...rest] = argv;
-    const engineCommand = command === "serve" || command === "generate" || command === "chat";
+    const engineCommand = command === "serve" || command === "run-batch" || command === "generate" || command === "chat";
     await program.parseAsync(engineCommand ? [node, script, command, ...expandMultiLetterShortFlags(rest)] : argv);
     return 0;
   } catch (err) {

@@ -1,5 +1,5 @@
 // `kiln serve`: build the engine through the injected factory, start the HTTP server, drain on SIGTERM.
-import type { EngineFactory } from "./engine-factory.js";
+import type { EngineFactory, LoadedEngine } from "./engine-factory.js";
 import { createProgress } from "./progress.js";
 import type { ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
@@ -10,6 +10,7 @@ import type { EngineClient } from "../engine/types.js";
 import { withChatTemplateDefaults } from "../models/chat-content-format.js";
 import type { LoraModule } from "../server/serving-context.js";
 import type { KvTransferService } from "../server/kv-transfer.js";
+import type { ServerEngineOptions } from "../server/server.js";
 import { env } from "../util/env.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
@@ -75,7 +76,30 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await kvTransfer?.close();
     await loaded.close();
   };
-  const app = server.bind({
+  const app = server.bind(serverEngineOptions(args, loaded, names, loraModules, kvTransfer));
+  try {
+    if (args.uds !== null) removeStaleSocket(args.uds);
+    await app.listen(args.uds !== null ? { path: args.uds } : { host: args.host, port: args.port });
+  } catch (err) {
+    await closeAll();
+    throw err;
+  }
+  const scheme = args.tls !== null ? "https" : "http";
+  if (args.uds !== null) out.write(`Kiln serving ${names[0]} at unix:${args.uds} (${scheme}, /v1)\n`);
+  else {
+    const addr = app.server.address();
+    const port = addr && typeof addr === "object" ? addr.port : args.port;
+    out.write(`Kiln serving ${names[0]} at ${scheme}://${args.host}:${port}/v1\n`);
+  }
+  if (kvTransfer !== null) out.write(`K/V side channel (${args.kvTransferConfig!.kvRole}) on ${args.host}:${kvTransfer.sidePort}\n`);
+  await serveUntilSignal(app, { onClosed: closeAll });
+}
+
+/** What the server serves for `kiln serve`'s flags (run-batch binds the same). */
+export function serverEngineOptions(
+  args: ServeArgs, loaded: LoadedEngine, names: string[], loraModules: LoraModule[] | null, kvTransfer: KvTransferService | null,
+): ServerEngineOptions {
+  return {
     engine: loaded.engine,
     // --chat-template-content-format and --default-chat-template-kwargs reach every chat render (chat, responses, /tokenize)
     tokenizer: withChatTemplateDefaults(loaded.tokenizer, { contentFormat: args.chatTemplateContentFormat, kwargs: args.defaultChatTemplateKwargs }),
@@ -96,23 +120,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     forceIncludeUsage: args.enableForceIncludeUsage,
     kvTransfer,
     launchConfig: launchConfig(args),
-  });
-  try {
-    if (args.uds !== null) removeStaleSocket(args.uds);
-    await app.listen(args.uds !== null ? { path: args.uds } : { host: args.host, port: args.port });
-  } catch (err) {
-    await closeAll();
-    throw err;
-  }
-  const scheme = args.tls !== null ? "https" : "http";
-  if (args.uds !== null) out.write(`Kiln serving ${names[0]} at unix:${args.uds} (${scheme}, /v1)\n`);
-  else {
-    const addr = app.server.address();
-    const port = addr && typeof addr === "object" ? addr.port : args.port;
-    out.write(`Kiln serving ${names[0]} at ${scheme}://${args.host}:${port}/v1\n`);
-  }
-  if (kvTransfer !== null) out.write(`K/V side channel (${args.kvTransferConfig!.kvRole}) on ${args.host}:${kvTransfer.sidePort}\n`);
-  await serveUntilSignal(app, { onClosed: closeAll });
+  };
 }
 
 /** --uds: a socket left by a server that did not close is replaced (as asyncio, under uvicorn, does); any other file is refused. */

@@ -2,7 +2,7 @@
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
-import Fastify, { type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -138,7 +138,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   const bodyLimit = options.bodyLimit ?? DEFAULT_BODY_LIMIT;
   const fastifyOptions = {
     logger: options.logRequests ? { level: options.logLevel ?? "info" } : false,
-    disableRequestLogging: options.disableRequestLogging === true,
+    // (fastify 5.12 deprecates its top-level disableRequestLogging: the log controller carries it)
+    ...(options.disableRequestLogging === true ? { logController: new LogController({ disableRequestLogging: true }) } : {}),
     bodyLimit,
     return503OnClosing: true,
     // request.id (vLLM's request id): the client's X-Request-Id, else a random hex; chat and completion ids carry it
@@ -179,7 +180,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     const apiErr = toApiError(err);
     if (apiErr.status >= 500) request.log.error({ err }, "request failed");
     // A body rejected before it was read (413, 415): a client still uploading would get EPIPE, not the error.
-    if (!request.raw.complete) await discardBody(request.raw, 4 * bodyLimit, 10_000);
+    // (a body already read to its end, as an injected request's, has nothing left to wait for)
+    if (!request.raw.complete && !request.raw.readableEnded && !request.raw.destroyed) await discardBody(request.raw, 4 * bodyLimit, 10_000);
     return reply.code(apiErr.status).send(apiErr.toBody());
   });
   // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
