@@ -60,7 +60,7 @@
         },
         {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc", "native/moe.cc"],
           "dependencies": ["kiln_kernels_avx512", "kiln_kernels_avx512_bf16", "kiln_kernels_avx2"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
@@ -75,7 +75,7 @@
         },
         {
           "target_name": "kiln_native",
-          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc"],
+          "sources": ["native/addon.cc", "native/stream.cc", "native/thread-pool.cc", "native/kernels-scalar.cc", "native/quant-scalar.cc", "native/sampling.cc", "native/moe.cc"],
           "libraries": ["-lpthread"],
           "ldflags": ["-Wl,-z,nodelete"]
         }

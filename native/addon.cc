@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels.h"
+#include "moe.h"
 #include "quant.h"
 #include "sampling.h"  // sampleRows
 #include "stream.h"
@@ -111,6 +112,19 @@ struct ArrayKind<int32_t> {
 
 [[noreturn]] void fail(Napi::Env env, const std::string& op, const std::string& msg) {
   throw Napi::TypeError::New(env, "[" + op + "] " + msg);
+}
+
+// A typed array of T with at least `need` elements, from any JS value (array() for arguments, nested ones for moe).
+template <typename T>
+T* arrayOf(Napi::Env env, Napi::Value v, int64_t need, const char* op, const std::string& arg) {
+  if (!v.IsTypedArray()) fail(env, op, arg + " must be a " + ArrayKind<T>::name);
+  Napi::TypedArray ta = v.As<Napi::TypedArray>();
+  if (ta.TypedArrayType() != ArrayKind<T>::type) fail(env, op, arg + " must be a " + ArrayKind<T>::name);
+  if (need < 0 || static_cast<int64_t>(ta.ElementLength()) < need)
+    throw Napi::RangeError::New(env, "[" + std::string(op) + "] " + arg + " has " + std::to_string(ta.ElementLength()) +
+                                         " elements, needs " + std::to_string(need));
+  auto* base = static_cast<uint8_t*>(ta.ArrayBuffer().Data());
+  return reinterpret_cast<T*>(base + ta.ByteOffset());
 }
 
 template <typename T>
@@ -791,6 +805,79 @@ Job LoraApply(const Napi::CallbackInfo& info) {
   return {op, [=] { gK->loraApply(base, x, a, b, scales, slots, out, T, N, K, R, S); }};
 }
 
+// moe(x, ids, weights, out, T, H, I, K, E, act, alpha, limit, kinds, projections): the experts of a top-k MoE
+// (moe.h MoeArgs). kinds Int32Array [3E]: per projection (gate, up, down of expert 0, then 1, ...) 0 f32, 1 bf16 or
+// 2 + quant scheme; projections: an Array of 3E arrays [w, scales, rowSums, bias] (null where absent). The ids are
+// read, and bounds-checked, when the job runs.
+Job Moe(const Napi::CallbackInfo& info) {
+  const char* op = "moe";
+  Napi::Env env = info.Env();
+  const int64_t T = integer(info, 4, op, "T"), H = integer(info, 5, op, "H", 1), I = integer(info, 6, op, "I", 1),
+                K = integer(info, 7, op, "K", 1), E = integer(info, 8, op, "E", 1), act = integer(info, 9, op, "act");
+  if (act > 1) fail(env, op, "act must be 0 (silu) or 1 (clamped SwiGLU)");
+  auto args = std::make_shared<MoeArgs>();
+  MoeArgs& a = *args;
+  a.x = array<float>(info, 0, T * H, op, "x");
+  a.ids = array<int32_t>(info, 1, T * K, op, "ids");
+  a.weights = array<float>(info, 2, T * K, op, "weights");
+  a.out = array<float>(info, 3, T * H, op, "out");
+  a.T = T, a.H = H, a.I = I, a.K = K, a.E = E;
+  a.act = static_cast<int>(act);
+  a.alpha = static_cast<float>(number(info, 10, op, "alpha"));
+  a.limit = static_cast<float>(number(info, 11, op, "limit"));
+  const int32_t* kinds = array<int32_t>(info, 12, 3 * E, op, "kinds");
+  if (info.Length() < 14 || !info[13].IsArray()) fail(env, op, "projections must be an Array");
+  Napi::Array list = info[13].As<Napi::Array>();
+  if (static_cast<int64_t>(list.Length()) != 3 * E) fail(env, op, "projections must hold 3 * E entries");
+  a.proj.resize(static_cast<size_t>(3 * E));
+  for (int64_t p = 0; p < 3 * E; ++p) {
+    const std::string name = "projections[" + std::to_string(p) + "]";
+    Napi::Value v = list.Get(static_cast<uint32_t>(p));
+    if (!v.IsArray() || v.As<Napi::Array>().Length() != 4) fail(env, op, name + " must be [w, scales, rowSums, bias]");
+    Napi::Array parts = v.As<Napi::Array>();
+    const bool down = p % 3 == 2;
+    const int64_t N = down ? H : I, Kd = down ? I : H;
+    MoeProjection& pr = a.proj[p];
+    const int kind = kinds[p];
+    if (kind < 0 || kind > 2 + 5) fail(env, op, name + ": kind must be 0 (f32), 1 (bf16) or 2 + a quant scheme");
+    if (kind == 0) {
+      pr.w = arrayOf<float>(env, parts.Get(0u), N * Kd, op, name + ".w");
+    } else if (kind == 1) {
+      pr.w = arrayOf<uint16_t>(env, parts.Get(0u), N * Kd, op, name + ".w");
+    } else {
+      const int64_t scheme = kind - 2;
+      checkQuantScheme(info, op, scheme, Kd);
+      pr.scheme = static_cast<int>(scheme);
+      pr.w = arrayOf<uint8_t>(env, parts.Get(0u), quantDataBytes(scheme, N, Kd), op, name + ".w");
+      const int64_t sb = quantScalesBytes(scheme, N, Kd);
+      Napi::Value sv = parts.Get(1u);
+      if (scheme == kQuantMxfp4 || scheme == kQuantQ4K) pr.scales = arrayOf<uint8_t>(env, sv, sb, op, name + ".scales");
+      else if (scheme == kQuantInt4 || scheme == kQuantInt8G32) pr.scales = arrayOf<uint16_t>(env, sv, sb / 2, op, name + ".scales");
+      else pr.scales = arrayOf<float>(env, sv, sb / 4, op, name + ".scales");
+      if (scheme == kQuantInt8) pr.rowSums = arrayOf<int32_t>(env, parts.Get(2u), N, op, name + ".rowSums");
+    }
+    pr.kind = std::min(kind, 2);
+    Napi::Value bias = parts.Get(3u);
+    if (!bias.IsNull() && !bias.IsUndefined()) pr.bias = arrayOf<float>(env, bias, N, op, name + ".bias");
+  }
+  if (T == 0) return {op, nullptr};
+  // the arguments are shared, never modified: a step graph may run the job again (stream.h's Job contract)
+  return {op, [args] { moeForward(*args, *gK, *gQ); }};
+}
+
+// sortRows(x, values, indices, rows, n, descending): stable sort of each f32 row (topk; moe.h sortRows).
+Job SortRows(const Napi::CallbackInfo& info) {
+  const char* op = "sortRows";
+  const int64_t rows = integer(info, 3, op, "rows"), n = integer(info, 4, op, "n");
+  if (n > INT32_MAX) fail(info.Env(), op, "n must fit int32 indices");
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  float* values = array<float>(info, 1, rows * n, op, "values");
+  int32_t* indices = array<int32_t>(info, 2, rows * n, op, "indices");
+  const bool desc = boolean(info, 5);
+  if (rows == 0 || n == 0) return {op, nullptr};
+  return {op, [=] { sortRows(x, values, indices, rows, n, desc); }};
+}
+
 template <typename S, typename D, void (*KernelTable::*Fn)(const S*, D*, int64_t)>
 Job Convert(const Napi::CallbackInfo& info) {
   const int64_t n = integer(info, 2, "convert", "n");
@@ -1192,6 +1279,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"pagedAttention", RunNow<PagedAttention>, Submit<PagedAttention>},
       {"embedding", RunNow<Embedding>, Submit<Embedding>},
       {"loraApply", RunNow<LoraApply>, Submit<LoraApply>},
+      {"moe", RunNow<Moe>, Submit<Moe>},
+      {"sortRows", RunNow<SortRows>, Submit<SortRows>},
       {"f32ToBf16", RunNow<Convert<float, uint16_t, &KernelTable::f32ToBf16>>,
        Submit<Convert<float, uint16_t, &KernelTable::f32ToBf16>>},
       {"bf16ToF32", RunNow<Convert<uint16_t, float, &KernelTable::bf16ToF32>>,

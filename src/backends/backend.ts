@@ -128,6 +128,9 @@ export type KernelCall =
       op: "lora_apply"; base: BufferView; x: BufferView; a: BufferView; b: BufferView; scales: BufferView; slots: BufferView;
       out: BufferView; t: number; n: number; k: number; r: number; s: number;
     }
+  // mixture of experts on the device: out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), each expert
+  // down(act(gate(x), up(x))) with act silu(g) * u or gpt-oss's clamped SwiGLU (see MoeArgs)
+  | ({ op: "moe" } & MoeArgs)
   // random fill from a counter-based generator: reproducible per (seed, offset)
   | { op: "random"; dist: "uniform" | "normal"; out: BufferView; seed: number; counter: number; a: number; b: number };
 
@@ -165,6 +168,45 @@ export interface PagedAttentionArgs {
   sinks?: BufferView;
   /** Fused rotary: q and kNew are rotated at their positions before the cache write and the attention. */
   rotary?: PagedRotary;
+}
+
+/**
+ * One expert projection of the moe kernel: y [rows, n] = x [rows, k] @ W^T (+ bias [n]). W is a float matrix
+ * [n, k] (float32 / bfloat16, contiguous) or, with `quant`, a quant_matmul weight (data in `w`, layout per scheme).
+ */
+export interface MoeProjectionView {
+  w: BufferView;
+  quant?: { scheme: QuantScheme; scales: BufferView; rowSums: BufferView | null };
+  bias: BufferView | null;
+}
+
+/** An expert's three projections: gate and up [inter, hidden], down [hidden, inter]. */
+export interface MoeExpertView {
+  gate: MoeProjectionView;
+  up: MoeProjectionView;
+  down: MoeProjectionView;
+}
+
+/** The expert activation: silu(gate) * up, or gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit). */
+export type MoeActivation = { kind: "silu" } | { kind: "clamped_swiglu"; alpha: number; limit: number };
+
+/**
+ * Top-k mixture of experts without the host reading the routing: x float32 [t, h], ids int32 [t, k] (expert of each
+ * token's j-th choice), weights float32 [t, k], out float32 [t, h], all contiguous; experts [e]. An id outside
+ * [0, e) contributes nothing (replays read ids they were not captured with, so the kernel never trusts them).
+ */
+export interface MoeArgs {
+  x: BufferView;
+  ids: BufferView;
+  weights: BufferView;
+  out: BufferView;
+  experts: readonly MoeExpertView[];
+  t: number;
+  h: number;
+  /** The experts' intermediate size. */
+  inter: number;
+  k: number;
+  act: MoeActivation;
 }
 
 /** Rotary fused into paged attention: the `rotary` kernel's parameters (positions [T], cos/sin [maxPos, rotaryDim/2]). */

@@ -195,7 +195,7 @@ export class PagedModelRunner implements ModelRunner {
     try {
       this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, { ...options, lora: this.lora !== null });
     } catch (e) {
-      // e.g. MoE routing reads the router's choice on the host: such a model runs eagerly, as vLLM falls back
+      // an op with no capturable kernel (CaptureError): such a model runs eagerly, as vLLM falls back
       // when a model cannot be captured.
       if (!(e instanceof CaptureError)) throw e;
       this.captureFailure = e.message;

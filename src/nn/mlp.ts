@@ -1,7 +1,9 @@
 // Feed-forward blocks: the SiLU-gated MLP of Llama-family models (and gpt-oss's clamped SwiGLU) and a top-k routed
 // mixture of experts.
+import type { MoeActivation } from "../backends/backend.js";
 import {
-  disposeQuantizedActivations, empty, linear, siluMul, siluMulQuantized, softmax, tensor, topk, type QuantizedActivations, type Tensor,
+  disposeQuantizedActivations, linear, moe, quantizedShadowOf, siluMul, siluMulQuantized, softmax, topk, type MoeExpert, type MoeProjection,
+  type QuantizedActivations, type Tensor,
 } from "../tensor/index.js";
 import { Linear, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
@@ -127,51 +129,49 @@ export class MoE extends Module {
     }
   }
 
-  /** x [T, hidden] -> [T, hidden]. Routing is read back to the host; each expert runs on its tokens only. */
+  /**
+   * x [T, hidden] -> [T, hidden]. The router's top-k stays on the device: one moe kernel runs each expert on the
+   * tokens that chose it and sums their weighted outputs, with no host read (so step graphs capture it).
+   */
   forward(x: Tensor): Tensor {
-    const T = x.shape[0]!;
-    const H = this.opts.hidden;
-    const k = this.opts.topK;
+    const { values, indices } = this.route(x);
+    const out = moe(x, indices, values, this.expertWeights(), this.activation);
+    values.dispose();
+    indices.dispose();
+    return out;
+  }
+
+  /**
+   * The router's choice, on the device: softmax over all experts, the top k, renormalised to sum 1 where
+   * normTopkProb (gpt-oss's softmax over its top-k logits is that: the renormalised top-k of the full softmax).
+   * values float32 [T, topK], indices int32 [T, topK].
+   */
+  route(x: Tensor): { values: Tensor; indices: Tensor } {
     const logits = linear(x, this.gate.weight, this.gate.bias);
     const probs = softmax(logits, -1);
     logits.dispose();
-    const { values, indices } = topk(probs, k, -1);
+    const { values, indices } = topk(probs, this.opts.topK, -1);
     probs.dispose();
-    const w = values.dataSync() as Float32Array;
-    const ids = indices.dataSync() as Int32Array;
+    if (!this.opts.normTopkProb) return { values, indices };
+    const total = values.sum(-1, true);
+    const normed = values.div(total);
     values.dispose();
-    indices.dispose();
-    const out = new Float32Array(T * H);
-    const byExpert = new Map<number, { rows: number[]; weights: number[] }>();
-    for (let t = 0; t < T; t++) {
-      let norm = 1;
-      if (this.opts.normTopkProb) {
-        norm = 0;
-        for (let j = 0; j < k; j++) norm += w[t * k + j]!;
-      }
-      for (let j = 0; j < k; j++) {
-        const e = ids[t * k + j]!;
-        const entry = byExpert.get(e) ?? { rows: [], weights: [] };
-        entry.rows.push(t);
-        entry.weights.push(w[t * k + j]! / norm);
-        byExpert.set(e, entry);
-      }
-    }
-    for (const [e, { rows, weights }] of byExpert) {
-      const idx = tensor(Int32Array.from(rows), { device: x.device });
-      const xe = x.indexSelect(0, idx);
-      const ye = this.experts[e]!.forward(xe);
-      const y = ye.dataSync() as Float32Array;
-      for (let r = 0; r < rows.length; r++) {
-        const dst = rows[r]! * H;
-        const wt = weights[r]!;
-        for (let i = 0; i < H; i++) out[dst + i] += wt * y[r * H + i]!;
-      }
-      for (const t of [idx, xe, ye]) t.dispose();
-    }
-    const res = empty([T, H], { device: x.device });
-    res.device.backend.write(res.storage.buffer, 0, new Uint8Array(out.buffer));
-    return res;
+    total.dispose();
+    return { values: normed, indices };
+  }
+
+  /**
+   * The experts' weights as the moe kernel takes them: the quantized weight a quantized Linear's parameter stands
+   * for (installQuantizedWeight), else the float parameter.
+   */
+  expertWeights(): MoeExpert[] {
+    const proj = (l: Linear): MoeProjection => ({ weight: quantizedShadowOf(l.weight) ?? l.weight, bias: l.bias });
+    return this.experts.map((m) => ({ gate: proj(m.gateProj), up: proj(m.upProj), down: proj(m.downProj) }));
+  }
+
+  private get activation(): MoeActivation {
+    const c = this.opts.clampedSwiglu;
+    return c ? { kind: "clamped_swiglu", alpha: c.alpha, limit: c.limit } : { kind: "silu" };
   }
 }
 

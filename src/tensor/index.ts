@@ -18,5 +18,6 @@ export {
 } from "./ops/nn-functional.js";
 export { crossEntropy, type CrossEntropyOptions } from "./ops/cross-entropy.js";
 export { loraApply } from "./ops/lora.js";
+export { moe, type MoeExpert, type MoeProjection } from "./ops/moe.js";
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";

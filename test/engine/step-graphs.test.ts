@@ -1,13 +1,15 @@
 // Step graphs through the engine: outputs with captured-and-replayed decode and prefill steps equal those of
 // --enforce-eager (every op dispatched from JS), on real tiny models, with batches padded up to a bucket,
-// sequences joining and finishing mid-way, seeded sampling and logprobs. MoE models (host-side routing)
-// fall back to eager execution with the reason recorded.
+// sequences joining and finishing mid-way, seeded sampling and logprobs. MoE models (routed on the device) capture
+// too, and give eager full recomputation's greedy tokens.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { decodeBuckets, mixedBuckets } from "../../src/engine/step-graphs.js";
 import { PagedModelRunner } from "../../src/engine/paged-model-runner.js";
 import type { RequestOutput, SamplingParams } from "../../src/engine/types.js";
+import { loadLocalModel } from "../../src/models/loader.js";
+import { lastLogits } from "../helpers/model-logits.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
 const PROMPTS = [
@@ -85,25 +87,44 @@ for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
   });
 }
 
-test("step graphs: an MoE model (router read on the host) falls back to eager with the reason recorded", { timeout: 60_000 }, () => {
-  const model = tinyModelDir("Qwen3MoeForCausalLM");
-  const warnings: string[] = [];
-  const onWarning = (w: Error) => warnings.push(w.message);
-  process.on("warning", onWarning);
-  try {
-    const graphs = new LLM({ model, maxModelLen: 64, kvCacheMemory: 2 << 20, maxNumSeqs: 4 });
-    const eager = new LLM({ model, maxModelLen: 64, kvCacheMemory: 2 << 20, maxNumSeqs: 4, enforceEager: true });
-    assert.equal(pagedRunner(graphs).graphs, null);
-    assert.match(pagedRunner(graphs).captureFailure ?? "", /cannot be captured/);
-    const p = { temperature: 0, maxTokens: 8, ignoreEos: true };
-    assert.deepEqual(
-      graphs.generate(PROMPTS, p).map((o) => o.outputs[0]!.tokenIds),
-      eager.generate(PROMPTS, p).map((o) => o.outputs[0]!.tokenIds),
-    );
-  } finally {
-    process.off("warning", onWarning);
-  }
-});
+// MoE models route on the device (the moe kernel): they capture decode step graphs like dense ones, with no
+// fallback warning, and their greedy outputs equal eager full recomputation (a dense forward over the whole
+// sequence per token, no KV cache).
+for (const arch of ["MixtralForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"] as const) {
+  test(`step graphs: ${arch} (MoE routed on the device) captures and replays decode steps; greedy equals eager full recomputation`, { timeout: 60_000 }, () => {
+    const model = tinyModelDir(arch);
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(w.message);
+    process.on("warning", onWarning);
+    try {
+      const graphs = new LLM({ model, maxModelLen: 64, kvCacheMemory: 2 << 20, maxNumSeqs: 4 });
+      const runner = pagedRunner(graphs);
+      assert.notEqual(runner.graphs, null, `captured (${runner.captureFailure ?? ""})`);
+      assert.equal(runner.captureFailure, null);
+      const loaded = loadLocalModel(model);
+      const p = { temperature: 0, maxTokens: 8, ignoreEos: true };
+      const prompts = PROMPTS.slice(0, 3).map((prompt) => ({ promptTokenIds: loaded.tokenizer.encode(prompt) }));
+      const got = graphs.generate(prompts, p).map((o) => o.outputs[0]!.tokenIds);
+      assert.ok(runner.graphs!.replays >= 7, `decode steps replayed (${runner.graphs!.replays})`);
+      got.forEach((tokens, i) => {
+        const ids = [...prompts[i]!.promptTokenIds];
+        const want: number[] = [];
+        for (let s = 0; s < p.maxTokens; s++) want.push(argmax(lastLogits(loaded, [...ids, ...want])));
+        assert.deepEqual(tokens, want, `request ${i}`);
+      });
+      // vLLM's warning for a model it cannot capture never appears
+      assert.ok(!warnings.some((w) => /step graphs are unavailable/.test(w)), warnings.join("; "));
+    } finally {
+      process.off("warning", onWarning);
+    }
+  });
+}
+
+const argmax = (v: ArrayLike<number>): number => {
+  let b = 0;
+  for (let i = 1; i < v.length; i++) if (v[i]! > v[b]!) b = i;
+  return b;
+};
 
 test("step graphs with async scheduling: requests stopped by a token while the next step is already scheduled give the eager engine's outputs", { timeout: 60_000 }, () => {
   const model = tinyModelDir("LlamaForCausalLM");

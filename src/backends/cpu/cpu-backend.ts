@@ -15,7 +15,7 @@ import { isContiguous, numel } from "../reference/host-memory.js";
 import { HostAllocator } from "../reference/reference-backend.js";
 import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
-import { tryLoadNativeKernels, nativeLoadError, type NativeKernels, type StreamKernelName } from "./native.js";
+import { tryLoadNativeKernels, nativeLoadError, type MoeProjectionArrays, type NativeKernels, type StreamKernelName } from "./native.js";
 import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
 import {
   nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantMatmulRef, quantScaleBytes, quantScaleCount, quantScaleDtype, quantizeWeightsRef,
@@ -53,6 +53,14 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   if (call.op === "paged_attention" && call.rotary) reads.push(call.rotary.positions, call.rotary.cos, call.rotary.sin);
   if ((call.op === "rms_norm" || call.op === "silu_mul") && call.xq) writes.push(call.xq.data, call.xq.scales);
   if (call.op === "quant_matmul" && call.xq) reads.push(call.xq.data, call.xq.scales);
+  // the experts' weights (moe)
+  if (call.op === "moe")
+    for (const ex of call.experts)
+      for (const p of [ex.gate, ex.up, ex.down]) {
+        reads.push(p.w);
+        if (p.quant) reads.push(p.quant.scales, ...(p.quant.rowSums ? [p.quant.rowSums] : []));
+        if (p.bias) reads.push(p.bias);
+      }
   return { reads, writes };
 }
 
@@ -692,9 +700,52 @@ export class CpuBackend implements Backend {
         k.loraApply(base, x, a, b, scales, slots, out, call.t, call.n, call.k, call.r, call.s);
         return true;
       }
+      case "sort": {
+        const x = f32(call.x);
+        const values = f32(call.values);
+        const indices = i32(call.indices);
+        if (!x || !values || !indices) return false;
+        k.sortRows(x, values, indices, call.rows, call.n, call.descending);
+        return true;
+      }
+      case "moe":
+        return this.runMoe(k, call);
       default:
         return false;
     }
+  }
+
+  /** moe natively when every projection has a native layout (f32 / bf16, or a quant scheme this addon takes). */
+  private runMoe(k: Launcher, call: Extract<KernelCall, { op: "moe" }>): boolean {
+    const [x, ids, weights, out] = [f32(call.x), i32(call.ids), f32(call.weights), f32(call.out)];
+    if (!x || !ids || !weights || !out) return false;
+    const E = call.experts.length;
+    const kinds = new Int32Array(3 * E);
+    const projections: MoeProjectionArrays[] = [];
+    for (let e = 0; e < E; e++) {
+      const ex = call.experts[e]!;
+      for (const [r, p] of [ex.gate, ex.up, ex.down].entries()) {
+        const [n, kk] = r < 2 ? [call.inter, call.h] : [call.h, call.inter];
+        const bias = p.bias ? f32(p.bias) : null;
+        if (p.bias && !bias) return false;
+        if (p.quant) {
+          const scheme = p.quant.scheme;
+          if (!this.quantSchemes.has(scheme) || kk % quantKMultiple(scheme) !== 0) return false;
+          const q = quantArrays(scheme, p.w, p.quant.scales, p.quant.rowSums, n, kk);
+          if (!q) return false;
+          kinds[3 * e + r] = 2 + nativeQuantCode(scheme);
+          projections.push([q.data, q.scales, scheme === "int8" ? q.rowSums : null, bias]);
+          continue;
+        }
+        const w = p.w.dtype === "bfloat16" ? u16(p.w) : f32(p.w);
+        if (!w || numel(p.w.shape) !== n * kk) return false;
+        kinds[3 * e + r] = p.w.dtype === "bfloat16" ? 1 : 0;
+        projections.push([w, null, null, bias]);
+      }
+    }
+    const act = call.act.kind === "silu" ? { code: 0 as const, alpha: 0, limit: 0 } : { code: 1 as const, alpha: call.act.alpha, limit: call.act.limit };
+    k.moe(x, ids, weights, out, call.t, call.h, call.inter, call.k, E, act.code, act.alpha, act.limit, kinds, projections);
+    return true;
   }
 }
 

@@ -154,6 +154,18 @@ export interface NativeKernels extends NativeStream {
     base: Float32Array, x: Float32Array, a: Float32Array, b: Float32Array, scales: Float32Array, slots: Int32Array,
     out: Float32Array, T: number, N: number, K: number, R: number, S: number,
   ): void;
+  /**
+   * Top-k mixture of experts (native/moe.h MoeArgs): out [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]).
+   * kinds [3E]: per projection (gate, up, down of each expert in turn) 0 f32, 1 bf16, 2 + quant scheme code;
+   * projections [3E]: [w, scales, rowSums, bias] (null where absent). act 0 silu(g) * u, 1 gpt-oss's clamped SwiGLU
+   * (alpha, limit). Ids are read when the kernel runs; one outside [0, E) adds nothing.
+   */
+  moe(
+    x: Float32Array, ids: Int32Array, weights: Float32Array, out: Float32Array, T: number, H: number, I: number, K: number, E: number,
+    act: 0 | 1, alpha: number, limit: number, kinds: Int32Array, projections: MoeProjectionArrays[],
+  ): void;
+  /** Stable sort of each row of x [rows, n] into values and int32 indices (NaN largest, as torch). */
+  sortRows(x: Float32Array, values: Float32Array, indices: Int32Array, rows: number, n: number, descending: boolean): void;
   f32ToBf16(src: Float32Array, dst: Uint16Array, n: number): void;
   bf16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
   f16ToF32(src: Uint16Array, dst: Float32Array, n: number): void;
@@ -189,6 +201,9 @@ export interface NativeKernels extends NativeStream {
   decodeTuning?(setting?: Partial<DecodeTuning>): DecodeTuning;
 }
 
+/** One moe projection's arrays: weight (f32, bf16 bits or quantized bytes), scales, int8 row sums, f32 bias. */
+export type MoeProjectionArrays = [Float32Array | Uint16Array | Uint8Array, Float32Array | Uint16Array | Uint8Array | null, Int32Array | null, Float32Array | null];
+
 /** native/thread-pool.h DecodeTuning. */
 export interface DecodeTuning {
   quantAhead: number;
@@ -202,7 +217,7 @@ export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
   | "siluMul" | "rmsNorm"
   | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
-  | "f16ToF32" | "f32ToF16" | "loraApply";
+  | "f16ToF32" | "f32ToF16" | "loraApply" | "moe" | "sortRows";
 
 /**
  * Enqueue variants of the kernels on this thread's in-order native stream. Arguments are validated (and

@@ -4,6 +4,7 @@ import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRow
 import { f32ToFp8Bits } from "../dtype.js";
 import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
+import { moeReference } from "./moe-reference.js";
 
 function erf(x: number): number {
   // Abramowitz-Stegun 7.1.26 is only 1.5e-7 accurate; use a series/continued fraction split for ~1e-15.
@@ -461,6 +462,8 @@ export function runReference(call: KernelCall): void {
       return pagedAttentionReference(call);
     case "lora_apply":
       return loraApplyReference(call);
+    case "moe":
+      return moeReference(call);
     case "random": {
       const n = numel(call.out.shape);
       const vals = new Float64Array(n);
