@@ -38,11 +38,13 @@ function realize(b: GraphBuilder, s: Sym): Tensor {
   const node = b.nodes[s.id]!;
   if (node.op.kind === "param") return b.params[node.op.index]!;
   const { graph, params } = extract(b, s.id);
-  const key = serialize(graph) + "\n" + params.map((p) => p.device.name).join(",");
+  // whether generated code can run is in the key: a program built op by op is not reused once a compiler exists
+  const jitReason = jitUnavailableReason();
+  const key = serialize(graph) + "\n" + params.map((p) => p.device.name).join(",") + "\n" + (jitReason === null ? "jit" : "op-by-op");
   let program = programs.get(key);
   if (!program) {
     const device = params[0]!.device;
-    program = buildProgram(graph, device, jitUnavailableReason(), "lazy").program;
+    program = buildProgram(graph, device, jitReason, "lazy").program;
     programs.set(key, program);
     flushStats.programBuilds++;
   }
