@@ -2,7 +2,8 @@
 // ops are only recorded; reading one (toTensor/dataSync/toArray/item) cuts the graph it needs, compiles
 // it (fusing elementwise chains; programs cached by graph text) and runs it, and the value is rebound
 // to its result so later reads reuse it. The global mode (setEagerMode("defer-and-fuse")) is defer.ts.
-import type { Tensor } from "../tensor/index.js";
+import { isGradEnabled, type Tensor } from "../tensor/index.js";
+import { UnsupportedError } from "../util/errors.js";
 import { mapOperands, serialize, operands, type Graph, type Node, type NodeId } from "./ir.js";
 import { jitUnavailableReason } from "./jit.js";
 import { buildProgram, type Program } from "./program.js";
@@ -63,5 +64,10 @@ function realize(b: GraphBuilder, s: Sym): Tensor {
 export function withDeferAndFuse<T>(fn: (lazy: (t: Tensor) => Sym) => T): T {
   const b = new GraphBuilder();
   b.realize = (s) => realize(b, s);
-  return fn((t) => b.param(t));
+  return fn((t) => {
+    // deferred values record no autograd: a gradient through them would be silently missing
+    if (t.requiresGrad && isGradEnabled())
+      throw new UnsupportedError("lazy", "withDeferAndFuse() records no autograd, and this tensor requires grad; wrap the scope in noGrad(), or compute it eagerly to train through it");
+    return b.param(t);
+  });
 }

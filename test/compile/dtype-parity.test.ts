@@ -17,7 +17,6 @@ process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-compile-dtypes-"))
 const hasJit = jitUnavailableReason() === null;
 
 type Arg = Tensor | number | boolean;
-// eslint-disable-next-line @typescript-eslint/no-explicit-any -- one body runs on Tensors and on Syms
 type Fn = (...args: any[]) => any;
 
 interface Row {
@@ -281,5 +280,14 @@ describe("compile: hand-checked values on the compiled path", () => {
     assert.equal(f.lastInfo!.jit, true);
     assert.deepEqual(s!.toList(), [1, 0]);
     assert.ok(Object.is(z!.toList()[0], 0));
+  });
+
+  it("autograd: compiled and lazy functions refuse inputs that require grad (no backward is recorded); noGrad runs them", () => {
+    const x = bf16([1.5, -2]).requiresGrad_();
+    const f = compile((a: Sym) => a.mul(2));
+    assert.throws(() => f(x), (e: Error) => e.name === "UnsupportedError" && /do not record autograd/.test(e.message));
+    assert.throws(() => withDeferAndFuse((lazy) => lazy(x).mul(2).toTensor()), /records no autograd/);
+    const y = k.noGrad(() => f(x) as Tensor);
+    assert.deepEqual([y.dtype, y.toList()], ["bfloat16", [3, -4]]);
   });
 });
