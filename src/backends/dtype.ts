@@ -1,4 +1,6 @@
 // Element types. Storage is always a plain ArrayBuffer on host back ends; these tables say how to read it.
+import type { BinaryOp, UnaryOp } from "./backend.js";
+import { OpError } from "../util/errors.js";
 
 export type DType =
   | "float32"
@@ -83,6 +85,84 @@ export function resultType(a: DType | number | boolean, b: DType | number | bool
   if (typeof a === "number" && !Number.isInteger(a)) return "float32";
   if (typeof b === "number" && !Number.isInteger(b)) return "float32";
   return typeof a === "number" || typeof b === "number" ? "int32" : "bool";
+}
+
+/** One operand of a binary op or where, for dtype inference: a tensor (its dtype and rank) or a JS scalar. */
+export type DtypeOperand = { readonly dtype: DType; readonly ndim: number } | number | boolean;
+
+const COMPARISON_OPS: ReadonlySet<string> = new Set(["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"]);
+
+/** Whether a binary op returns bool (comparisons and the logical ops). */
+export function isComparison(op: BinaryOp): boolean {
+  return COMPARISON_OPS.has(op);
+}
+
+/** bool < integer < floating: a 0-d tensor or a scalar only raises this category, never the width within one. */
+function category(d: DType): number {
+  return d === "bool" ? 0 : isFloating(d) ? 2 : 1;
+}
+
+/**
+ * torch.result_type of two tensors: a 0-d operand next to a dimensioned one only raises the category (torch's
+ * dimension rule: bf16[n] * f32[] is bf16, int32[n] + int64[] int32, int32[n] * f32[] f32); otherwise promoteTypes.
+ */
+export function tensorResultType(a: { dtype: DType; ndim: number }, b: { dtype: DType; ndim: number }): DType {
+  if (a.ndim === 0 && b.ndim > 0) return category(a.dtype) > category(b.dtype) ? a.dtype : b.dtype;
+  if (b.ndim === 0 && a.ndim > 0) return category(b.dtype) > category(a.dtype) ? b.dtype : a.dtype;
+  return promoteTypes(a.dtype, b.dtype);
+}
+
+/**
+ * The dtype a JS scalar is materialised in (as a 0-d tensor) next to a tensor of dtype t in binary op `op`: the
+ * wrapped-number rule (scalarOperandDtype), float32 for true division of integers, and float32 for arithmetic on a
+ * 16-bit or 8-bit float t (torch's opmath: the scalar stays unrounded and the result is rounded once, so bf16 / 3000
+ * is not bf16 / bf16(3000) = x / 3008). A comparison keeps the scalar in t's dtype, as torch's.
+ */
+export function binaryScalarDtype(op: BinaryOp, t: DType, s: number | boolean): DType {
+  const d = scalarOperandDtype(t, s);
+  if (op === "div" && !isFloating(d)) return "float32";
+  return isFloating(d) && d !== "float32" && !isComparison(op) ? "float32" : d;
+}
+
+/**
+ * Result dtype of eager binary(op, a, b), the one rule the eager ops and compile()'s tracer share: comparisons give
+ * bool; a scalar is a 0-d tensor of binaryScalarDtype, and tensorResultType promotes; a scalar never widens a
+ * floating tensor (bf16 * 2.0 stays bf16, even a 0-d bf16); true division of integers gives float32.
+ */
+export function binaryResultDtype(op: BinaryOp, a: DtypeOperand, b: DtypeOperand): DType {
+  if (typeof a !== "object" && typeof b !== "object") throw new OpError(op, "needs at least one tensor");
+  if (isComparison(op)) return "bool";
+  const ta = typeof a === "object" ? a : { dtype: binaryScalarDtype(op, (b as { dtype: DType }).dtype, a), ndim: 0 };
+  const tb = typeof b === "object" ? b : { dtype: binaryScalarDtype(op, ta.dtype, b), ndim: 0 };
+  if (typeof a !== "object" && isFloating(tb.dtype)) return tb.dtype;
+  if (typeof b !== "object" && isFloating(ta.dtype)) return ta.dtype;
+  const p = tensorResultType(ta, tb);
+  return op === "div" && !isFloating(p) ? "float32" : p;
+}
+
+/** Result dtype of where(cond, a, b): torch.result_type(a, b) (a scalar or a 0-d tensor raises only the category). */
+export function whereResultDtype(a: DtypeOperand, b: DtypeOperand): DType {
+  if (typeof a === "object" && typeof b === "object") return tensorResultType(a, b);
+  return resultType(typeof a === "object" ? a.dtype : a, typeof b === "object" ? b.dtype : b);
+}
+
+const KEEP_INTEGRAL: ReadonlySet<string> = new Set(["neg", "abs", "square", "relu", "sign"]);
+
+/** Result dtype of a unary op: logical_not gives bool; floats keep theirs; neg/abs/square/relu/sign keep an integer. */
+export function unaryResultDtype(op: UnaryOp, t: DType): DType {
+  if (op === "logical_not") return "bool";
+  return isFloating(t) || KEEP_INTEGRAL.has(op) ? t : "float32";
+}
+
+/** Result dtype of softmax / log_softmax: a floating input keeps its dtype (bf16 stays bf16), others give float32. */
+export function softmaxDtype(t: DType): DType {
+  return isFloating(t) ? t : "float32";
+}
+
+/** mean's result dtype (the input's), or torch's error for an integer or bool input. */
+export function meanDtype(t: DType): DType {
+  if (!isFloating(t)) throw new OpError("mean", `could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: ${t}`);
+  return t;
 }
 
 /** Accumulation dtype of sum / prod: floats keep theirs; bool and 8-bit integers widen to int32 (torch: int64). */

@@ -216,10 +216,10 @@ class Recorder {
           if (!fn) throw new UnsupportedError(op, `compile() cannot capture reduce ${call.fn}`);
           id = this.push({ kind: "reduce", fn, x, keepdim: false }, xs.slice(0, -1), call.out.dtype, this.dyn(x));
         } else if (call.op === "softmax") {
-          id = this.push({ kind: "softmax", x, log: call.log }, xs, "float32", this.dyn(x));
+          id = this.push({ kind: "softmax", x, log: call.log }, xs, call.out.dtype, this.dyn(x)); // bf16 stays bf16, as eager
         } else {
           const weight = this.read(call.weight, op);
-          id = this.push({ kind: "rms_norm", x, weight, eps: call.eps }, xs, "float32", this.dyn(x));
+          id = this.push({ kind: "rms_norm", x, weight, eps: call.eps }, xs, call.out.dtype, this.dyn(x));
         }
         this.write(call.out, id, op);
         return;

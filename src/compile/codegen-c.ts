@@ -7,7 +7,7 @@ import { contiguousStrides } from "../tensor/index.js";
 import { operands, type DType, type Graph, type Node, type NodeId } from "./ir.js";
 import type { Schedule, Step } from "./passes/fusion.js";
 import { baseOf } from "./passes/memory-plan.js";
-import { promoteTypes } from "../backends/dtype.js";
+import { isComparison, promoteTypes } from "../backends/dtype.js";
 
 const CTYPE: Partial<Record<DType, string>> = { float32: "float", int32: "int32_t", int64: "int64_t", int8: "int8_t", uint8: "uint8_t", bool: "uint8_t" };
 
@@ -232,9 +232,12 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
         break;
       }
       case "binary": {
-        const cmp = t === "bool";
-        const ctyp = cmp ? promoteTypes(dt(n.op.a), dt(n.op.b)) : t;
+        // comparisons compute in the operands' common dtype; arithmetic on bools (bool + bool) in int32, then
+        // back to 0/1 as eager stores it (true + true is true, not 2)
+        const cmp = isComparison(n.op.fn);
+        const ctyp = cmp ? promoteTypes(dt(n.op.a), dt(n.op.b)) : t === "bool" ? "int32" : t;
         e = binaryExpr(n.op.fn, conv(value(n.op.a), dt(n.op.a), ctyp), conv(value(n.op.b), dt(n.op.b), ctyp), ctyp);
+        if (!cmp) e = conv(`(${e})`, ctyp, t);
         break;
       }
       case "where": {
@@ -325,8 +328,10 @@ function renderStep(ctx: RenderContext, step: Extract<Step, { kind: "fused" }>):
     emit(`${at} acc = ${init};`);
     innerLoop(() => {
       const x = conv(value(rop.x), g.nodes[rop.x]!.dtype, isFloat(root.dtype) ? "float32" : "int64");
-      if (rop.fn === "max") emit(`acc = ${x} > acc ? ${x} : acc;`);
-      else if (rop.fn === "min") emit(`acc = ${x} < acc ? ${x} : acc;`);
+      // a NaN is kept once met (x != x), as eager's max / min propagate it
+      const nan = at === "float" ? ` || ${x} != ${x}` : "";
+      if (rop.fn === "max") emit(`acc = (${x} > acc${nan}) ? ${x} : acc;`);
+      else if (rop.fn === "min") emit(`acc = (${x} < acc${nan}) ? ${x} : acc;`);
       else emit(`acc += ${x};`);
     });
     emit(`out[${rowIndex()}] = (${CTYPE[root.dtype]})(acc${rop.fn === "mean" ? ` / ${K[last]}.0f` : ""});`);

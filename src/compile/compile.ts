@@ -3,7 +3,7 @@
 // kernels recorded (capture.ts); builds a program per guard signature and runs it. Guards: each tensor argument's dtype, rank and
 // non-dynamic dims, each scalar argument's value. A dynamic dim is padded up to its bucket (powers of
 // two by default) so any size within a bucket reuses one program; outputs are narrowed back.
-import { KilnError, OpError } from "../util/errors.js";
+import { KilnError, OpError, UnsupportedError } from "../util/errors.js";
 import { env } from "../util/env.js";
 import * as k from "../tensor/index.js";
 import { Tensor, defaultDevice } from "../tensor/index.js";
@@ -190,6 +190,9 @@ export function compile(fn: (...args: any[]) => TraceResult, options: CompileOpt
       }
     }
     if (entry.fallbackReason) stats.fallbackCalls++;
+    // programs record no autograd: outputs detached from tensors that require grad would give silently missing gradients
+    if (k.isGradEnabled() && (args.some((a) => a instanceof Tensor && a.requiresGrad) || entry.params.some((p) => p instanceof Tensor && p.requiresGrad)))
+      throw new UnsupportedError("compile", `${name}: compiled functions do not record autograd, and an argument or a captured tensor requires grad; call it inside noGrad(), or run the function eagerly to train through it`);
     // pad dynamic dims up to the bucket
     const temps: Tensor[] = [];
     const inputs = args.filter((a): a is Tensor => a instanceof Tensor).map((t) => {

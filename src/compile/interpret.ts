@@ -1,11 +1,13 @@
 // Op-by-op execution of the IR through the eager tensor ops: the slow, readable reference of every
 // compiled program (STYLE.md 9) and the fallback when no C compiler or JIT addon is available.
-import type { BufferView } from "../backends/backend.js";
+import type { BufferView, KernelCall } from "../backends/backend.js";
+import { runKernel } from "../tensor/dispatch.js";
+import { broadcastView } from "../tensor/ops/shape.js";
 import * as k from "../tensor/index.js";
 import { Tensor, type Device } from "../tensor/index.js";
 import { Storage } from "../tensor/storage.js";
 import type { OpaqueFn } from "./capture.js";
-import type { Graph, NodeId } from "./ir.js";
+import type { Graph, Node, NodeId } from "./ir.js";
 import { customOp } from "./custom-op-registry.js";
 import { quantizedLinear, type QuantizedWeight } from "../tensor/ops/linalg.js";
 
@@ -14,6 +16,22 @@ export function aliasOf(device: Device, v: BufferView): Tensor {
   const storage = new Storage(device, v.buffer);
   storage.retain(); // the owner's reference: release by the alias never reaches zero
   return new Tensor(storage, v.dtype, v.shape, v.strides, v.offset);
+}
+
+/**
+ * An elementwise node run as eager runs its kernel, into the node's dtype: operands broadcast to the node's shape, each
+ * read in its own dtype, the result rounded once. The node's dtype is the truth, not what eager's op wrapper would
+ * infer from the operands here: dispatch capture sees a 0-d scalar operand as a broadcast [1] buffer (bf16[n] * f32[]
+ * is bf16, bf16[n] * f32[1] would promote to float32).
+ */
+function elementwise(n: Node, operands: Tensor[], call: (views: BufferView[], out: BufferView) => KernelCall): Tensor {
+  const device = operands[0]!.device;
+  const out = k.empty(n.shape, { dtype: n.dtype, device });
+  const views = operands.map((t) => broadcastView(t, n.shape, n.op.kind));
+  const c = call(views.map((x) => x.view_(n.op.kind)), out.view_(n.op.kind));
+  runKernel(c.op, device, c, n.op.kind === "where" ? [] : [out]);
+  for (const x of views) x.dispose();
+  return out;
 }
 
 export interface InterpretOptions {
@@ -42,13 +60,13 @@ export function interpret(g: Graph, inputs: Tensor[], params: Tensor[], options:
         out = k.full(n.shape, op.value, { dtype: n.dtype, device: dev });
         break;
       case "unary":
-        out = k.unary(op.fn, v(op.x));
+        out = elementwise(n, [v(op.x)], ([x], o) => ({ op: "unary", fn: op.fn, x: x!, out: o }));
         break;
       case "binary":
-        out = k.binary(op.fn, v(op.a), v(op.b));
+        out = elementwise(n, [v(op.a), v(op.b)], ([a, b], o) => ({ op: "binary", fn: op.fn, a: a!, b: b!, out: o }));
         break;
       case "where":
-        out = k.where(v(op.cond), v(op.a), v(op.b));
+        out = elementwise(n, [v(op.cond), v(op.a), v(op.b)], ([c, a, b], o) => ({ op: "where", cond: c!, a: a!, b: b!, out: o }));
         break;
       case "cast":
         out = v(op.x).dtype === n.dtype ? v(op.x).clone() : v(op.x).to(n.dtype);

@@ -2,7 +2,8 @@
 // ops are only recorded; reading one (toTensor/dataSync/toArray/item) cuts the graph it needs, compiles
 // it (fusing elementwise chains; programs cached by graph text) and runs it, and the value is rebound
 // to its result so later reads reuse it. The global mode (setEagerMode("defer-and-fuse")) is defer.ts.
-import type { Tensor } from "../tensor/index.js";
+import { isGradEnabled, type Tensor } from "../tensor/index.js";
+import { UnsupportedError } from "../util/errors.js";
 import { mapOperands, serialize, operands, type Graph, type Node, type NodeId } from "./ir.js";
 import { jitUnavailableReason } from "./jit.js";
 import { buildProgram, type Program } from "./program.js";
@@ -38,11 +39,13 @@ function realize(b: GraphBuilder, s: Sym): Tensor {
   const node = b.nodes[s.id]!;
   if (node.op.kind === "param") return b.params[node.op.index]!;
   const { graph, params } = extract(b, s.id);
-  const key = serialize(graph) + "\n" + params.map((p) => p.device.name).join(",");
+  // whether generated code can run is in the key: a program built op by op is not reused once a compiler exists
+  const jitReason = jitUnavailableReason();
+  const key = serialize(graph) + "\n" + params.map((p) => p.device.name).join(",") + "\n" + (jitReason === null ? "jit" : "op-by-op");
   let program = programs.get(key);
   if (!program) {
     const device = params[0]!.device;
-    program = buildProgram(graph, device, jitUnavailableReason(), "lazy").program;
+    program = buildProgram(graph, device, jitReason, "lazy").program;
     programs.set(key, program);
     flushStats.programBuilds++;
   }
@@ -61,5 +64,10 @@ function realize(b: GraphBuilder, s: Sym): Tensor {
 export function withDeferAndFuse<T>(fn: (lazy: (t: Tensor) => Sym) => T): T {
   const b = new GraphBuilder();
   b.realize = (s) => realize(b, s);
-  return fn((t) => b.param(t));
+  return fn((t) => {
+    // deferred values record no autograd: a gradient through them would be silently missing
+    if (t.requiresGrad && isGradEnabled())
+      throw new UnsupportedError("lazy", "withDeferAndFuse() records no autograd, and this tensor requires grad; wrap the scope in noGrad(), or compute it eagerly to train through it");
+    return b.param(t);
+  });
 }

@@ -12,7 +12,7 @@ import { runKernel } from "../tensor/dispatch.js";
 import * as k from "../tensor/index.js";
 import { contiguousStrides, eagerMode, Tensor, type Device } from "../tensor/index.js";
 import { cacheKey, getLibrary } from "./cache.js";
-import { renderable, renderProgram } from "./codegen-c.js";
+import { renderable, renderProgram, stepReads } from "./codegen-c.js";
 import { customOp } from "./custom-op-registry.js";
 import type { OpaqueFn } from "./capture.js";
 import { aliasOf, interpret } from "./interpret.js";
@@ -43,7 +43,8 @@ function materializeOutputs(g: Graph): Graph {
 }
 
 export function optimize(g: Graph): Graph {
-  return eliminateDeadCode(foldConstants(materializeOutputs(g)));
+  // materialized again after folding: an identity (x + 0, x * 1) can forward an output to a leaf
+  return eliminateDeadCode(materializeOutputs(foldConstants(materializeOutputs(g))));
 }
 
 export interface ProgramInfo {
@@ -316,11 +317,11 @@ function hostMemoryReason(device: Device): string | null {
   return ok ? null : `device ${device.name} has no host memory`;
 }
 
-/** Why a graph cannot be rendered to C (a dtype the renderer lacks), or null. */
+/** Why a graph cannot be rendered to C (a dtype the renderer lacks, computed or read by a kernel), or null. */
 function unrenderable(g: Graph, s: Schedule): string | null {
   for (const step of s.steps) {
     if (step.kind !== "fused") continue;
-    for (const m of step.members) if (!renderable(g.nodes[m]!.dtype)) return `dtype ${g.nodes[m]!.dtype} in %${m}`;
+    for (const m of [...step.members, ...stepReads(g, step)]) if (!renderable(g.nodes[m]!.dtype)) return `dtype ${g.nodes[m]!.dtype} in %${m}`;
   }
   return null;
 }

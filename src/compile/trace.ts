@@ -3,14 +3,11 @@
 // names of the supported subset and record IR nodes instead of computing. Real Tensors met during the
 // trace (weights captured by closure) become `param` leaves bound by reference. The same builder backs
 // the lazy defer-and-fuse scope (lazy.ts), where every leaf is a bound param and reads realize the graph.
-import { isFloating, promoteTypes, resultType, scalarOperandDtype, sumDtype } from "../backends/dtype.js";
+import { binaryResultDtype, binaryScalarDtype, isFloating, meanDtype, softmaxDtype, sumDtype, unaryResultDtype, whereResultDtype } from "../backends/dtype.js";
 import type { BinaryOp, UnaryOp } from "../backends/backend.js";
 import { Tensor } from "../tensor/index.js";
 import { OpError, UnsupportedError } from "../util/errors.js";
 import { numelOf, type DType, type Graph, type Node, type NodeId, type Op, type ReduceFn } from "./ir.js";
-
-const COMPARISONS = new Set<BinaryOp>(["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"]);
-const KEEP_INT = new Set<UnaryOp>(["neg", "abs", "square", "relu", "sign"]);
 
 export type SymOrScalar = Sym | Tensor | number | boolean;
 
@@ -61,16 +58,25 @@ export class GraphBuilder {
     return this.nodes[id]!;
   }
 
-  /** Lifts a scalar or tensor operand into this graph; a scalar takes the dtype it has next to `like` (eager's rule). */
-  lift(x: SymOrScalar, like: DType, op: string): Sym {
+  /** Lifts a scalar or tensor operand into this graph; a scalar becomes a 0-d const of `dtype`. */
+  lift(x: SymOrScalar, dtype: DType, op: string): Sym {
     if (x instanceof Sym) {
       if (x.builder !== this) throw new OpError(op, "symbolic tensors from two different traces");
       return x;
     }
     if (x instanceof Tensor) return this.param(x);
     const v = typeof x === "boolean" ? (x ? 1 : 0) : x;
-    return this.push({ kind: "const", value: v }, [], scalarOperandDtype(like, x));
+    return this.push({ kind: "const", value: v }, [], dtype);
   }
+}
+
+/** torch refuses `-` on bool operands (a JS boolean counts as one), as eager binary() does. */
+function checkBoolSub(a: SymOrScalar, b: SymOrScalar): void {
+  const isBool = (x: SymOrScalar) => typeof x === "boolean" || (typeof x === "object" && x.dtype === "bool");
+  if (isBool(a) && isBool(b))
+    throw new OpError("sub", "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.");
+  if (isBool(a) || isBool(b))
+    throw new OpError("sub", "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
 }
 
 function broadcast(op: string, a: readonly number[], b: readonly number[]): number[] {
@@ -137,26 +143,35 @@ export class Sym {
   }
 
   // ---- elementwise ----
+  /**
+   * this `fn` other (other `fn` this when reversed) with eager binary()'s dtype rules (dtype.ts, shared): a JS scalar
+   * is a 0-d const in binaryScalarDtype (float32 next to a 16-bit float: torch's opmath, one rounding), a 0-d
+   * operand only raises the category, a scalar never widens a floating tensor.
+   */
   binary(fn: BinaryOp, other: SymOrScalar, reversed = false): Sym {
     const b = this.builder;
-    const o = b.lift(other, this.dtype, fn);
+    const scalar = typeof other === "number" || typeof other === "boolean" ? other : null;
+    if (fn === "sub") checkBoolSub(this, other);
+    if (fn === "pow" && !reversed && !isFloating(this.dtype) && typeof scalar === "number" && Number.isInteger(scalar) && scalar < 0)
+      throw new OpError("pow", "Integers to negative integer powers are not allowed.");
+    const o = b.lift(other, scalar === null ? this.dtype : binaryScalarDtype(fn, this.dtype, scalar), fn);
     const [x, y] = reversed ? [o, this] : [this, o];
-    if (fn === "sub" && (x.dtype === "bool" || y.dtype === "bool"))
-      throw new OpError("sub", "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+    const operand = scalar ?? o;
+    const dtype = reversed ? binaryResultDtype(fn, operand, this) : binaryResultDtype(fn, this, operand);
     const shape = broadcast(fn, x.shape, y.shape);
-    let dtype = COMPARISONS.has(fn) ? "bool" : promoteTypes(x.dtype, y.dtype);
-    const scalarOther = !(other instanceof Sym) && !(other instanceof Tensor);
-    if (scalarOther && isFloating(this.dtype) && !COMPARISONS.has(fn)) dtype = this.dtype;
-    if (fn === "div" && !isFloating(dtype)) dtype = "float32";
     const dyn = union(alignDyn(x.dynAxes, shape.length, x.ndim), alignDyn(y.dynAxes, shape.length, y.ndim));
     return b.push({ kind: "binary", fn, a: x.id, b: y.id }, shape, dtype, dyn);
   }
   unary(fn: UnaryOp): Sym {
-    const dtype: DType = fn === "logical_not" ? "bool" : isFloating(this.dtype) ? this.dtype : KEEP_INT.has(fn) ? this.dtype : "float32";
-    return this.builder.push({ kind: "unary", fn, x: this.id }, this.shape, dtype, this.dynAxes);
+    if (fn === "neg" && this.dtype === "bool")
+      throw new OpError("neg", "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+    return this.builder.push({ kind: "unary", fn, x: this.id }, this.shape, unaryResultDtype(fn, this.dtype), this.dynAxes);
   }
   add(o: SymOrScalar, alpha?: number): Sym {
-    return alpha === undefined || alpha === 1 ? this.binary("add", o) : this.binary("add", this.builder.lift(o, this.dtype, "add").mul(alpha));
+    if (alpha === undefined || alpha === 1) return this.binary("add", o);
+    // eager add: binary("mul", o, alpha) first, which needs o to be a tensor
+    if (typeof o === "number" || typeof o === "boolean") throw new OpError("mul", "needs at least one tensor");
+    return this.binary("add", this.builder.lift(o, this.dtype, "add").mul(alpha));
   }
   sub(o: SymOrScalar): Sym {
     return this.binary("sub", o);
@@ -269,7 +284,8 @@ export class Sym {
     if (dim === undefined && this.ndim !== 1) return this.reshape(this.numel).reduce(fn, 0, keepdim);
     this.lastDim(fn, dim);
     const shape = keepdim ? [...this.shape.slice(0, -1), 1] : this.shape.slice(0, -1);
-    const dtype: DType = fn === "mean" ? (isFloating(this.dtype) ? this.dtype : "float32") : fn === "sum" ? sumDtype(this.dtype) : this.dtype;
+    // as eager: mean keeps a float dtype (bf16 rounds once) and refuses integers; sum widens bool / 8-bit ints
+    const dtype: DType = fn === "mean" ? meanDtype(this.dtype) : fn === "sum" ? sumDtype(this.dtype) : this.dtype;
     return this.builder.push({ kind: "reduce", fn, x: this.id, keepdim }, shape, dtype, this.dynAxes);
   }
   sum(dim?: number, keepdim = false): Sym {
@@ -286,11 +302,11 @@ export class Sym {
   }
   softmax(dim = -1): Sym {
     this.lastDim("softmax", dim);
-    return this.builder.push({ kind: "softmax", x: this.id, log: false }, this.shape, "float32", this.dynAxes);
+    return this.builder.push({ kind: "softmax", x: this.id, log: false }, this.shape, softmaxDtype(this.dtype), this.dynAxes);
   }
   logSoftmax(dim = -1): Sym {
     this.lastDim("log_softmax", dim);
-    return this.builder.push({ kind: "softmax", x: this.id, log: true }, this.shape, "float32", this.dynAxes);
+    return this.builder.push({ kind: "softmax", x: this.id, log: true }, this.shape, softmaxDtype(this.dtype), this.dynAxes);
   }
 
   // ---- linear algebra ----
@@ -353,8 +369,10 @@ export function where(cond: SymOrScalar, a: SymOrScalar, b: SymOrScalar): Sym {
   const any = [cond, a, b].find((x): x is Sym => x instanceof Sym);
   if (!any) throw new OpError("where", "needs a symbolic operand");
   const bld = any.builder;
-  // torch.result_type(a, b), as eager where: a scalar raises only the category
-  const dtype = resultType(a instanceof Sym || a instanceof Tensor ? a.dtype : a, b instanceof Sym || b instanceof Tensor ? b.dtype : b);
+  // torch.result_type(a, b), as eager where: a scalar or a 0-d operand raises only the category
+  const dtype = whereResultDtype(a, b);
+  const c = cond instanceof Sym || cond instanceof Tensor ? cond.dtype : typeof cond === "boolean" ? "bool" : "a number";
+  if (c !== "bool") throw new OpError("where", `expected condition to be a boolean tensor, but got ${c}`);
   const ta = bld.lift(a, dtype, "where");
   const tb = bld.lift(b, dtype, "where");
   const tc = bld.lift(cond, "bool", "where");

@@ -1,16 +1,20 @@
 // Constant folding: elementwise ops over scalar constants become constants, and identities
-// (x + 0, x - 0, x * 1, x / 1, same-dtype cast of a const) forward their operand when that changes
+// (x + 0 on integers, x + (-0), x - 0, x * 1, x / 1) forward their operand when that changes
 // neither shape nor dtype. Runs before DCE, which removes what was bypassed.
+import { bf16BitsToF32, f16BitsToF32, f32ToBf16Bits, f32ToF16Bits, isFloating } from "../../backends/dtype.js";
 import { mapOperands, type Graph, type Node, type NodeId } from "../ir.js";
 import { evalBinary, evalUnary } from "../scalar-math.js";
 
+/** A const's value as its dtype holds it (a lifted 0.1 in float32 is fround(0.1)), as eager computes with it. */
 function constValue(n: Node): number | undefined {
-  return n.op.kind === "const" ? n.op.value : undefined;
+  return n.op.kind === "const" ? castValue(n.op.value, n.dtype) : undefined;
 }
 
 function castValue(v: number, dtype: string): number {
   if (dtype === "bool") return v !== 0 ? 1 : 0;
-  if (dtype === "float32" || dtype === "float16" || dtype === "bfloat16") return Math.fround(v);
+  if (dtype === "float32") return Math.fround(v);
+  if (dtype === "bfloat16") return bf16BitsToF32(f32ToBf16Bits(v));
+  if (dtype === "float16") return f16BitsToF32(f32ToF16Bits(v));
   return Math.trunc(v);
 }
 
@@ -35,8 +39,12 @@ export function foldConstants(g: Graph): Graph {
     if (op.kind === "binary") {
       const cb = c(op.b);
       const ca = c(op.a);
-      const rightIdentity = (cb === 0 && (op.fn === "add" || op.fn === "sub")) || (cb === 1 && (op.fn === "mul" || op.fn === "div"));
-      const leftIdentity = (ca === 0 && op.fn === "add") || (ca === 1 && op.fn === "mul");
+      // on floats only x + (-0) and x - (+0) are identities: -0 + 0 is +0 (eager gives +0)
+      const float = isFloating(n.dtype);
+      const addsZero = (v: number | undefined) => v === 0 && (!float || Object.is(v, -0));
+      const subsZero = (v: number | undefined) => v === 0 && (!float || Object.is(v, 0));
+      const rightIdentity = (addsZero(cb) && op.fn === "add") || (subsZero(cb) && op.fn === "sub") || (cb === 1 && (op.fn === "mul" || op.fn === "div"));
+      const leftIdentity = (addsZero(ca) && op.fn === "add") || (ca === 1 && op.fn === "mul");
       if (rightIdentity && sameAs(op.a)) forward.set(n.id, op.a);
       else if (leftIdentity && sameAs(op.b)) forward.set(n.id, op.b);
     }

@@ -1,48 +1,16 @@
 // Broadcasting elementwise arithmetic, math, comparisons, where, and the in-place forms.
 import type { BinaryOp, UnaryOp } from "../../backends/backend.js";
-import { isFloating, promoteTypes, resultType, scalarOperandDtype, type DType } from "../../backends/dtype.js";
+import { binaryResultDtype, binaryScalarDtype, isFloating, promoteTypes, unaryResultDtype, whereResultDtype, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { isGradEnabled, noGrad, recordOp } from "../grad-mode.js";
 import { empty, full, Tensor, type TensorOrScalar } from "../tensor.js";
 import { broadcastShapes, broadcastView } from "./shape.js";
 
-const COMPARISONS = new Set<BinaryOp>(["eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"]);
-
-/**
- * The dtype a scalar operand is materialised in next to tensor t (torch's wrapped-number promotion; div is float).
- * Arithmetic on a 16-bit or 8-bit float tensor takes a float32 scalar: torch computes it in float32 (its opmath
- * type) with the scalar unrounded, then rounds the result once (bf16 / 3000 is not bf16 / bf16(3000) = x / 3008).
- * The result keeps t's dtype (binary's scalar rule); a comparison keeps the scalar in t's dtype, as torch's.
- */
-function scalarDtype(t: Tensor, s: number | boolean, op: BinaryOp): DType {
-  const d = scalarOperandDtype(t.dtype, s);
-  if (op === "div" && !isFloating(d)) return "float32";
-  return isFloating(d) && d !== "float32" && !COMPARISONS.has(op) ? "float32" : d;
-}
-
-/**
- * torch.result_type of two tensor operands (a JS scalar is a 0-d tensor here): a 0-d operand next to a dimensioned
- * one only raises the category bool < integer < floating (torch's dimension rule: bf16[n] * f32[] is bf16,
- * int32[n] + int64[] int32, int32[n] * f32[] f32); otherwise the usual promotion.
- */
-function tensorResultType(a: Tensor, b: Tensor): DType {
-  const category = (d: DType) => (d === "bool" ? 0 : isFloating(d) ? 2 : 1);
-  if (a.ndim === 0 && b.ndim > 0) return category(a.dtype) > category(b.dtype) ? a.dtype : b.dtype;
-  if (b.ndim === 0 && a.ndim > 0) return category(b.dtype) > category(a.dtype) ? b.dtype : a.dtype;
-  return promoteTypes(a.dtype, b.dtype);
-}
-
-/** Result dtype of a binary op following torch's promotion (true division of ints gives float32). */
-function resultDtype(op: BinaryOp, a: Tensor, b: Tensor): DType {
-  if (COMPARISONS.has(op)) return "bool";
-  const p = tensorResultType(a, b);
-  return op === "div" && !isFloating(p) ? "float32" : p;
-}
-
+/** A scalar operand as a 0-d tensor next to `like`, in binaryScalarDtype (torch's opmath: float32 for 16-bit floats). */
 function asTensor(x: TensorOrScalar, like: Tensor, op: BinaryOp): Tensor {
   if (x instanceof Tensor) return x;
-  return full([], typeof x === "boolean" ? (x ? 1 : 0) : x, { dtype: scalarDtype(like, x, op), device: like.device });
+  return full([], typeof x === "boolean" ? (x ? 1 : 0) : x, { dtype: binaryScalarDtype(op, like.dtype, x), device: like.device });
 }
 
 export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tensor {
@@ -56,10 +24,8 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   const ta = asTensor(a, (b instanceof Tensor ? b : a) as Tensor, op);
   const tb = asTensor(b, ta, op);
   const dev = sameDevice(op, ta, tb);
-  let dtype = resultDtype(op, ta, tb);
-  // a Python-style scalar does not widen a tensor's float dtype, even a 0-d one (bf16 * 2.0 stays bf16)
-  if (!(a instanceof Tensor) && isFloating(tb.dtype) && !COMPARISONS.has(op)) dtype = tb.dtype;
-  if (!(b instanceof Tensor) && isFloating(ta.dtype) && !COMPARISONS.has(op)) dtype = ta.dtype;
+  // torch's promotion (dtype.ts, shared with compile()'s tracer): a 0-d tensor or a scalar raises only the category
+  const dtype = binaryResultDtype(op, a instanceof Tensor ? ta : (a as number | boolean), b instanceof Tensor ? tb : (b as number | boolean));
   const shape = broadcastShapes(op, ta.shape, tb.shape);
   const out = empty(shape, { dtype, device: dev });
   const va = broadcastView(ta, shape, op);
@@ -108,9 +74,7 @@ function checkBoolSub(a: TensorOrScalar, b: TensorOrScalar): void {
 export function unary(op: UnaryOp, x: Tensor, recordName: string = op): Tensor {
   if (op === "neg" && x.dtype === "bool")
     throw new OpError("neg", "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
-  const dtype: DType = op === "logical_not" ? "bool" : isFloating(x.dtype) ? x.dtype : "float32";
-  const keepInt = op === "neg" || op === "abs" || op === "square" || op === "relu" || op === "sign";
-  const out = empty(x.shape, { dtype: keepInt && !isFloating(x.dtype) ? x.dtype : dtype, device: x.device });
+  const out = empty(x.shape, { dtype: unaryResultDtype(op, x.dtype), device: x.device });
   runKernel(op, x.device, { op: "unary", fn: op, x: x.view_(op), out: out.view_(op) }, [out]);
   recordOp(recordName, [x], out);
   return out;
@@ -170,7 +134,7 @@ export const logicalNot = (x: Tensor): Tensor => unary("logical_not", x);
 export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tensor {
   for (const x of [cond, a, b]) if (x instanceof Tensor) x.view_("where");
   if (cond.dtype !== "bool") throw new OpError("where", `expected condition to be a boolean tensor, but got ${cond.dtype}`);
-  const dtype = a instanceof Tensor && b instanceof Tensor ? tensorResultType(a, b) : resultType(a instanceof Tensor ? a.dtype : a, b instanceof Tensor ? b.dtype : b);
+  const dtype = whereResultDtype(a, b);
   const ta = a instanceof Tensor ? a : full([], Number(a), { dtype, device: cond.device });
   const tb = b instanceof Tensor ? b : full([], Number(b), { dtype, device: cond.device });
   const dev = sameDevice("where", cond, ta, tb);

@@ -1,7 +1,7 @@
 // Reductions and row-wise normalisations. Each moves the reduced dims last, makes the input a dense
 // [rows, n] matrix, and runs one row kernel.
 import type { ReduceOp } from "../../backends/backend.js";
-import { isFloating, sumDtype, type DType } from "../../backends/dtype.js";
+import { meanDtype, softmaxDtype, sumDtype, type DType } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel } from "../dispatch.js";
 import { noGrad, recordOp } from "../grad-mode.js";
@@ -57,8 +57,7 @@ export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => redu
  * (not its sum rounded first); an integer or bool t is refused (cast it to a float first).
  */
 export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tensor {
-  if (!isFloating(t.dtype))
-    throw new OpError("mean", `could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: ${t.dtype}`);
+  meanDtype(t.dtype); // throws for an integer or bool t
   const dims = reducedDims(t, dim, "mean");
   const count = numel(dims.map((d) => t.shape[d]!));
   const src = t.to("float32");
@@ -75,7 +74,7 @@ export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tenso
 /** Applies a row kernel along `dim`, returning a tensor of t's shape. */
 function alongDim(
   t: Tensor, dim: number, op: string, make: (rows: Tensor, out: Tensor, numRows: number, n: number) => void,
-  dtype: DType = isFloating(t.dtype) ? t.dtype : "float32",
+  dtype: DType = softmaxDtype(t.dtype),
 ): Tensor {
   const d = normDim(dim, Math.max(t.ndim, 1), op);
   const last = t.ndim - 1;
