@@ -65,7 +65,8 @@ export function parseReply(ctx: ServingContext, ids: readonly number[], finish: 
   return p;
 }
 
-function endReply(p: HarmonyParser, h: HarmonyServing, finish: FinishReason | "abort", stopReason: string | number | null): TokenDelta | null {
+/** Ends a reply's parse: its last stop token when the engine left it out of the ids, else any pending bytes. */
+export function endReply(p: HarmonyParser, h: HarmonyServing, finish: FinishReason | "abort", stopReason: string | number | null): TokenDelta | null {
   if (finish === "stop" && p.current !== null && (stopReason === h.tokens.return || stopReason === h.tokens.call)) {
     p.push(stopReason);
     return null;
@@ -141,4 +142,15 @@ export class HarmonyChatStream {
     const finishReason = finish === null ? null : calls.size > 0 ? "tool_calls" : finish;
     return { delta, finishReason };
   }
+}
+
+/** How many of a reply's tokens are reasoning: the text tokens of its analysis messages (Responses' reasoning_tokens). */
+export function harmonyReasoningTokens(ctx: ServingContext, ids: readonly number[]): number {
+  const p = new HarmonyParser(ctx.tokenizer, ctx.harmony!.tokens);
+  let n = 0;
+  for (const id of ids) {
+    const d = p.push(id);
+    if (d !== null && !d.opened && messageKind(d.message) === "reasoning") n++;
+  }
+  return n;
 }
