@@ -14,6 +14,7 @@ import { itemsToMessages, parseResponsesRequest, toChatRequest, type WireMessage
 import { streamResponse } from "./responses-stream.js";
 import { chatLogprobs, renderChatPrompt, servesAutoTools, type ChatLogprob } from "./serving-chat.js";
 import { harmonyChatPrompt, harmonyParams } from "./serving-chat-harmony.js";
+import type { ChatRequest } from "./protocol.js";
 import {
   abortOnDisconnect,
   checkQueue,
@@ -107,7 +108,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   const messages = req.instructions === null ? conversation : [{ role: "system", content: req.instructions }, ...conversation];
   const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, servesAutoTools(ctx), ctx.trustRequestChatTemplate);
   // gpt-oss: the instructions (the system message) become the Harmony developer message, reasoning.effort its system's
-  const promptText = ctx.harmony !== null ? harmonyChatPrompt(chat, messages, chat.chatTemplateKwargs?.reasoning_effort, "reasoning.effort") : renderChatPrompt(ctx, chat, "input");
+  const promptText = ctx.harmony !== null ? harmonyResponsesPrompt(chat, messages) : renderChatPrompt(ctx, chat, "input");
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   // as vLLM: max_output_tokens is capped by the room the prompt leaves (a prompt that leaves none is a 400 below)
   const room = ctx.maxModelLen - promptTokenIds.length;
@@ -185,6 +186,16 @@ function runInBackground(turn: Turn, conversation: WireMessage[], stream: AsyncG
     }
   })();
   return queued;
+}
+
+/** gpt-oss's Harmony prompt; a refusal names the Responses field (text.format for a chat request's response_format). */
+function harmonyResponsesPrompt(chat: ChatRequest, messages: WireMessage[]): string {
+  try {
+    return harmonyChatPrompt(chat, messages, chat.chatTemplateKwargs?.reasoning_effort, "reasoning.effort");
+  } catch (err) {
+    if (err instanceof ApiError && err.param === "response_format") throw new ApiError(err.status, err.message, "text.format", err.type, err.code);
+    throw err;
+  }
 }
 
 /** An engine's refusal of the grammar that text.format asked for names text.format (the chat API names structured_outputs). */

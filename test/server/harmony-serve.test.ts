@@ -166,6 +166,21 @@ describe("kiln serve gpt-oss in Harmony format (openai_gptoss / openai parsers)"
     } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
     assert.deepEqual(b.output.map((o) => o.type), ["reasoning", "message"]);
     assert.equal(b.output_text, "Rainy, 3 °C.");
+
+    // streamed: the same items, the reasoning and the call's arguments as deltas
+    const events = await client.responses.create({ model: server.model, input: "Weather in Oslo?", tools, stream: true, ...scripted(CALL_REPLY) } as OpenAI.Responses.ResponseCreateParamsStreaming);
+    let reasoning = "";
+    let args = "";
+    let done: OpenAI.Responses.Response | null = null;
+    for await (const e of events) {
+      if (e.type === "response.reasoning_text.delta") reasoning += e.delta;
+      if (e.type === "response.function_call_arguments.delta") args += e.delta;
+      if (e.type === "response.completed") done = e.response;
+    }
+    assert.equal(reasoning, "Need the weather tool.");
+    assert.equal(args, '{"city":"Oslo"}');
+    assert.deepEqual(done!.output.map((o) => o.type), ["reasoning", "function_call"]);
+    assert.equal((done!.output[1] as OpenAI.Responses.ResponseFunctionToolCall).name, "get_weather");
   });
 
   it("refuses what Harmony serving cannot do, as OpenAI errors", { timeout: 30_000 }, async () => {

@@ -10,7 +10,9 @@ import { ApiError } from "../../src/server/errors.js";
 import { callArguments, harmonyTokens, HarmonyParser, parseHarmonyReply } from "../../src/server/harmony-parse.js";
 import { harmonyEffort, renderHarmonyPrompt } from "../../src/server/harmony-render.js";
 import type { ChatRequest } from "../../src/server/protocol.js";
+import { createServer } from "../../src/server/index.js";
 import { HarmonyChatStream, harmonyMessage, parseReply } from "../../src/server/serving-chat-harmony.js";
+import { FakeEngine } from "./fake-engine.js";
 import type { ServingContext } from "../../src/server/serving-context.js";
 
 const tok = Tokenizer.fromDir(path.resolve("node_modules", "@lenml", "tokenizer-gptoss", "models"));
@@ -258,5 +260,17 @@ describe("Harmony replies (vLLM's parse_chat_output and openai tool-call parser)
         }
       }
     }
+  });
+});
+
+describe("Harmony serving's options", () => {
+  const serve = (tokenizer: Tokenizer | FakeEngine["tokenizer"], over: Record<string, unknown>) => () =>
+    createServer({ engine: new FakeEngine(), tokenizer, servedModelNames: ["m"], maxModelLen: 256, version: "t", ...over });
+
+  it("refuses the openai tool-call parser for other models, text parsers for gpt-oss, and a tokenizer without Harmony's tokens", () => {
+    assert.throws(serve(new FakeEngine().tokenizer, { toolCallParser: "openai" }), /not gpt-oss/);
+    assert.throws(serve(tok, { harmony: true, toolCallParser: "hermes" }), /--tool-call-parser openai, not hermes/);
+    assert.throws(serve(new FakeEngine().tokenizer, { harmony: true }), /no single token <\|start\|>/);
+    serve(tok, { harmony: true, toolCallParser: "openai" })();
   });
 });
