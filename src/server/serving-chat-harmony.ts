@@ -3,9 +3,10 @@
 // (harmony-parse.ts): `reasoning` / `reasoning_content` from analysis, `content` from final (and preambles), and
 // `tool_calls` from messages to functions.NAME, with finish_reason "tool_calls". As vLLM:
 //   - the channels are read without --reasoning-parser too (openai_gptoss is accepted and changes nothing);
-//   - tool_choice "auto" is served without --tool-call-parser; a whole reply then carries no tool_calls (the call's
-//     text is dropped), and only --tool-call-parser openai reads them; a streamed reply carries them either way.
-// tool_choice "none" keeps calls out of both. What Harmony serving cannot do is a 400: tool_choice "required" or a
+//   - tool_choice "auto" is served without --tool-call-parser too, but only --tool-call-parser openai returns the
+//     calls: without it a reply's calls are dropped, whole or streamed (vLLM's Harmony parser emits tool segments only
+//     with a tool parser; its older streaming path returned them regardless);
+//   - tool_choice "none" keeps calls out of the reply. What Harmony serving cannot do is a 400: tool_choice "required" or a
 // named function and structured output (their grammars would constrain the whole reply, headers and reasoning
 // included), continuing a message, a request's own chat template, and an effort other than low, medium or high.
 import type { FinishReason, SamplingParams } from "../engine/types.js";
@@ -122,7 +123,7 @@ export class HarmonyChatStream {
       const kind = messageKind(d.message);
       if (kind === "content" && !d.opened) content = (content ?? "") + d.text;
       else if (kind === "reasoning" && this.req.includeReasoning) reasoning += d.text;
-      else if (kind === "call" && this.req.toolChoice.kind !== "none") {
+      else if (kind === "call" && readsCalls(this.ctx, this.req)) {
         let at = calls.get(d.index);
         if (at === undefined) {
           if (!this.req.parallelToolCalls && calls.size > 0) continue; // the first call only

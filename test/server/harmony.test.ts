@@ -221,7 +221,10 @@ describe("Harmony replies (vLLM's parse_chat_output and openai tool-call parser)
     const none = harmonyMessage(ctx, chatReq({ toolChoice: { kind: "none" } }), ids, "stop", T.call);
     assert.deepEqual([none.toolCalls, none.finishReason], [[], "stop"]);
     const noParser = { ...ctx, harmony: { tokens: T, toolCalls: false } } as ServingContext;
-    assert.deepEqual(harmonyMessage(noParser, chatReq(), ids, "stop", T.call).toolCalls, []); // as vLLM without --tool-call-parser
+    // as vLLM without --tool-call-parser: the calls are dropped, whole and streamed
+    assert.deepEqual(harmonyMessage(noParser, chatReq(), ids, "stop", T.call).toolCalls, []);
+    const streamed = new HarmonyChatStream(noParser, chatReq(), 1).delta(0, ids, "stop", T.call);
+    assert.deepEqual([streamed.delta.tool_calls, streamed.delta.content, streamed.finishReason], [undefined, "Let me check.", "stop"]);
     // the stop token left out of the ids still ends the call
     assert.equal(harmonyMessage(ctx, chatReq(), ids.slice(0, -1), "stop", T.call).toolCalls.length, 1);
     assert.equal(parseReply(ctx, ids.slice(0, -1), "length", null).current?.recipient, "functions.get_weather");
