@@ -93,7 +93,8 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
       ? { enableLora: true, maxLoras: args.maxLoras ?? undefined, maxLoraRank: args.maxLoraRank ?? undefined, maxCpuLoras: args.maxCpuLoras ?? undefined }
       : {}),
     ...(args.runner === "pooling" ? { runner: "pooling" as const, poolerConfig: args.poolerConfig } : {}),
-    ...(args.reasoningParser !== null ? { reasoningParser: args.reasoningParser } : {}),
+    // (gpt-oss's openai_gptoss is read by the server: the engine has no <think> markers to gate structured output on)
+    ...(args.reasoningParser !== null && args.reasoningParser !== "openai_gptoss" ? { reasoningParser: args.reasoningParser } : {}),
     ...(args.tokenizer !== null ? { tokenizer: args.tokenizer } : {}),
     maxLogprobs: args.maxLogprobs,
     enableChunkedPrefill: args.enableChunkedPrefill ?? undefined,

@@ -23,9 +23,16 @@ export interface FeatureArgs {
   kvTransferConfig: KvTransferConfig | null;
   /** Structured output's default for requests that do not say (vLLM --structured-outputs-config disable_any_whitespace). */
   disableAnyWhitespace: boolean;
-  /** vLLM --reasoning-parser: chat replies split into reasoning and content; null = none. */
-  reasoningParser: ReasoningParserName | null;
+  /**
+   * vLLM --reasoning-parser: chat replies split into reasoning and content; null = none. openai_gptoss names gpt-oss's
+   * (Harmony's analysis channel, read by the server for gpt-oss with or without it).
+   */
+  reasoningParser: ServeReasoningParser | null;
 }
+
+/** --reasoning-parser's names: the engine's (<think> markers) and gpt-oss's, which only the server reads. */
+export const SERVE_REASONING_PARSERS = [...REASONING_PARSERS, "openai_gptoss"] as const;
+export type ServeReasoningParser = ReasoningParserName | "openai_gptoss";
 
 /** Declares the feature flags on `cmd` (the engine's on serve, generate and chat; the structured output ones on serve). */
 export function addFeatureOptions(cmd: Command): Command {
@@ -49,7 +56,11 @@ export function addFeatureOptions(cmd: Command): Command {
 /** The structured output and reasoning flags (serve only). */
 export function addStructuredOutputOptions(cmd: Command): Command {
   return cmd
-    .addOption(new Option("--reasoning-parser <name>", "return the reply's <think> part as the message's reasoning").choices([...REASONING_PARSERS]))
+    .addOption(
+      new Option("--reasoning-parser <name>", "return the reply's reasoning (<think> part; gpt-oss: its analysis channel) as the message's reasoning").choices([
+        ...SERVE_REASONING_PARSERS,
+      ]),
+    )
     .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool}')
     .addOption(new Option("--guided-decoding-backend <name>", "structured output backend (older vLLM flag)").choices(["auto", "xgrammar"]));
 }
@@ -72,7 +83,7 @@ export function parseFeatureArgs(o: Record<string, unknown>, at: FeatureContext)
     kvEventsConfig: parseKvEventsFlag(o.kvEventsConfig, at),
     kvTransferConfig: parseKvTransferFlag(o.kvTransferConfig, at.tensorParallelSize, runner),
     disableAnyWhitespace: parseStructuredOutputsConfig(o.structuredOutputsConfig, o.guidedDecodingBackend),
-    reasoningParser: o.reasoningParser === undefined ? null : oneOf(o.reasoningParser, "--reasoning-parser", REASONING_PARSERS),
+    reasoningParser: o.reasoningParser === undefined ? null : oneOf(o.reasoningParser, "--reasoning-parser", SERVE_REASONING_PARSERS),
   };
 }
 

@@ -5,7 +5,8 @@ import type { ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
 import { CliUsageError, type LoraModuleArg } from "./serve-args.js";
 import { pinoLevel } from "./serve-frontend-args.js";
-import { lstatSync, unlinkSync } from "node:fs";
+import { existsSync, lstatSync, readFileSync, unlinkSync } from "node:fs";
+import * as path from "node:path";
 import type { EngineClient } from "../engine/types.js";
 import { withChatTemplateDefaults } from "../models/chat-content-format.js";
 import type { LoraModule } from "../server/serving-context.js";
@@ -60,6 +61,14 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await loaded.close();
     throw err;
   }
+  // gpt-oss (config.json model_type gpt_oss) is served in Harmony format, as vLLM serves it
+  let harmony: boolean;
+  try {
+    harmony = await writesHarmony(args);
+  } catch (err) {
+    await loaded.close();
+    throw err;
+  }
   // P/D disaggregation: the side channel decode servers pull prefills' K/V from
   let kvTransfer: KvTransferService | null = null;
   if (args.kvTransferConfig !== null) {
@@ -110,6 +119,7 @@ export function serverEngineOptions(
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
     trustRequestChatTemplate: args.trustRequestChatTemplate,
     ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
+    harmony,
     disableAnyWhitespace: args.disableAnyWhitespace,
     enablePromptTokensDetails: args.enablePromptTokensDetails,
     loraModules,
@@ -121,6 +131,24 @@ export function serverEngineOptions(
     kvTransfer,
     launchConfig: launchConfig(args),
   };
+}
+
+/**
+ * Whether the served model writes OpenAI's Harmony format: its config.json says model_type "gpt_oss" (vLLM's test).
+ * --reasoning-parser openai_gptoss and --tool-call-parser openai read Harmony only: with another model, a usage error.
+ */
+async function writesHarmony(args: ServeArgs): Promise<boolean> {
+  const { resolveModel } = await import("../models/hub.js");
+  const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
+  const config = path.join(resolved.path, "config.json");
+  const harmony = resolved.kind === "dir" && existsSync(config) && (JSON.parse(readFileSync(config, "utf8")) as { model_type?: unknown }).model_type === "gpt_oss";
+  if (!harmony && args.reasoningParser === "openai_gptoss")
+    throw new CliUsageError("--reasoning-parser openai_gptoss reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss)");
+  if (!harmony && args.toolCallParser === "openai")
+    throw new CliUsageError("--tool-call-parser openai reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss)");
+  if (harmony && args.toolCallParser !== null && args.toolCallParser !== "openai")
+    throw new CliUsageError(`gpt-oss writes its tool calls in Harmony format: serve it with --tool-call-parser openai, not ${args.toolCallParser}`);
+  return harmony;
 }
 
 /** --uds: a socket left by a server that did not close is replaced (as asyncio, under uvicorn, does); any other file is refused. */

@@ -38,7 +38,7 @@ export function serverConfig(ctx: ServingContext, app: Json): Json {
       enable_prompt_tokens_details: ctx.enablePromptTokensDetails,
       disable_any_whitespace: ctx.disableAnyWhitespace,
       reasoning_parser: ctx.reasoningParser,
-      enable_auto_tool_choice: ctx.toolCallParser !== null,
+      enable_auto_tool_choice: ctx.toolCallParser !== null || ctx.harmony !== null,
       lora_modules: ctx.loraModules === null ? null : [...ctx.loraModules.keys()],
       kv_transfer_role: ctx.kvTransfer?.config.kvRole ?? null,
       generation_defaults: ctx.generationDefaults,

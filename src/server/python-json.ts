@@ -63,9 +63,12 @@ export function pyFloatRepr(x: number): string {
 // json.dumps writes NaN and the infinities as JavaScript does (allow_nan=True)
 const floatJson = (x: number): string => (Number.isNaN(x) ? "NaN" : Number.isFinite(x) ? pyFloatRepr(x) : x > 0 ? "Infinity" : "-Infinity");
 
-/** json.dumps's string: quotes, backslashes and control characters escaped; everything else as is (ensure_ascii=False). */
-function stringJson(s: string): string {
-  const escaped = s.replace(/[\u0000-\u001f"\\]/g, (c) => {
+/**
+ * json.dumps's string: quotes, backslashes and control characters escaped; everything else as is (ensure_ascii=False),
+ * or (`ascii`) every character outside printable ASCII as \uXXXX of its UTF-16 units, as ensure_ascii=True writes it.
+ */
+function stringJson(s: string, ascii = false): string {
+  const escaped = s.replace(ascii ? /[^ -~]|["\\]/g : /[\u0000-\u001f"\\]/g, (c) => {
     const short: Record<string, string> = { '"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f" };
     return short[c] ?? `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`;
   });
@@ -80,7 +83,12 @@ function keyText(key: PyKey): string {
 }
 
 /** Python's json.dumps(value, ensure_ascii=False): `{"a": 1, "b": [1.5, true]}`, separators ", " and ": ". */
-export function pyJsonDumps(v: PyValue): string {
+export const pyJsonDumps = (v: PyValue): string => dumps(v, false);
+
+/** Python's json.dumps(value) with its default ensure_ascii=True: non-ASCII characters as \uXXXX escapes. */
+export const pyJsonDumpsAscii = (v: PyValue): string => dumps(v, true);
+
+function dumps(v: PyValue, ascii: boolean): string {
   if (v === null) return "null";
   switch (typeof v) {
     case "boolean":
@@ -89,10 +97,10 @@ export function pyJsonDumps(v: PyValue): string {
     case "number":
       return floatJson(v);
     case "string":
-      return stringJson(v);
+      return stringJson(v, ascii);
   }
-  if (Array.isArray(v)) return `[${v.map(pyJsonDumps).join(", ")}]`;
-  return `{${v.entries.map(([k, x]) => `${stringJson(keyText(k))}: ${pyJsonDumps(x)}`).join(", ")}}`;
+  if (Array.isArray(v)) return `[${v.map((x) => dumps(x, ascii)).join(", ")}]`;
+  return `{${v.entries.map(([k, x]) => `${stringJson(keyText(k), ascii)}: ${dumps(x, ascii)}`).join(", ")}}`;
 }
 
 /** Malformed JSON (a JSONDecodeError to Python). */

@@ -9,6 +9,8 @@ import type { ChatRequest } from "./protocol.js";
 import { splitReasoning, type ThinkingMode } from "./reasoning-parsers.js";
 import type { ResponsesRequest } from "./responses-protocol.js";
 import { readReply, type ChatLogprob } from "./serving-chat.js";
+import { callName, messageKind } from "./harmony-parse.js";
+import { harmonyReasoningTokens, parseReply } from "./serving-chat-harmony.js";
 import type { ServingContext } from "./serving-context.js";
 
 /** What one request fixed before the engine ran: the response's identity, its echoed fields and how to read the reply. */
@@ -80,6 +82,33 @@ export function outputItems(turn: Turn, text: string, status: string, logprobs: 
   return items;
 }
 
+/**
+ * A gpt-oss reply's items, one per Harmony message in order: analysis -> reasoning, final and preambles -> message,
+ * a call to functions.NAME -> function_call (its text as the arguments, as vLLM's Responses API gives them; none
+ * with tool_choice "none"). The message the reply was cut in counts when it has text, incomplete when cut by
+ * max_output_tokens.
+ */
+export function harmonyOutputItems(
+  turn: Turn, ids: readonly number[], finish: FinishReason | "abort", stopReason: string | number | null, status: string, logprobs: ChatLogprob[] | null = null,
+): Json[] {
+  const p = parseReply(turn.ctx, ids, finish, stopReason);
+  const messages = p.current !== null && p.current.text === "" ? p.messages : p.all();
+  const items: Json[] = [];
+  let calls = 0;
+  let lastIsCut = false; // the last item is the message the reply was cut in
+  for (const m of messages) {
+    const kind = messageKind(m);
+    const before = items.length;
+    if (kind === "reasoning") items.push(reasoningItem(newItemIds.reasoning(), m.text, "completed"));
+    else if (kind === "content") items.push(messageItem(newItemIds.message(), m.text, "completed", logprobs));
+    else if (kind === "call" && turn.chat.toolChoice.kind !== "none" && (turn.chat.parallelToolCalls || calls++ === 0))
+      items.push(functionCallItem(newItemIds.call(), newItemIds.callId(), callName(m), m.text, "completed"));
+    if (items.length > before) lastIsCut = m === p.current;
+  }
+  if (status === "incomplete" && lastIsCut) items[items.length - 1]!.status = "incomplete";
+  return items;
+}
+
 /** OpenAI's usage; reasoning_tokens counts the reply's tokens before its </think> (without the markers). */
 export function usageOf(turn: Turn, tokenIds: readonly number[], cached: number): Json {
   return {
@@ -92,6 +121,7 @@ export function usageOf(turn: Turn, tokenIds: readonly number[], cached: number)
 }
 
 function reasoningTokens(turn: Turn, ids: readonly number[]): number {
+  if (turn.ctx.harmony !== null) return harmonyReasoningTokens(turn.ctx, ids);
   const parser = turn.ctx.reasoningParser;
   if (parser === null || turn.thinking === null || turn.thinking === "off") return 0;
   const m = thinkMarkers(turn.ctx.tokenizer, parser);

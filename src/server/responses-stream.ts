@@ -21,6 +21,8 @@ import {
   type Turn,
 } from "./responses-output.js";
 import { chatLogprobs, ToolCallStream, type ChatLogprob } from "./serving-chat.js";
+import { callName, HarmonyParser, messageKind, type TokenDelta } from "./harmony-parse.js";
+import { endReply } from "./serving-chat-harmony.js";
 import { SseWriter } from "./serving-context.js";
 
 const FINAL_EVENT = { completed: "response.completed", incomplete: "response.incomplete", failed: "response.failed" } as const;
@@ -154,6 +156,46 @@ class ResponseEvents {
 const textPart = (kind: "reasoning" | "message", text: string, logprobs: ChatLogprob[] | null = null): Json =>
   kind === "message" ? { type: "output_text", text, annotations: [], ...(logprobs === null ? {} : { logprobs }) } : { type: "reasoning_text", text };
 
+/**
+ * A gpt-oss reply's events: one item per Harmony message (as harmonyOutputItems gives them), opened when its text
+ * begins (a function call when its header is read) and closed when the next message opens.
+ */
+class HarmonyItems {
+  private readonly parser: HarmonyParser;
+  private calls = 0;
+  private inCall = false; // the open message is a call being streamed as an item
+
+  constructor(
+    private readonly turn: Turn,
+    private readonly events: ResponseEvents,
+  ) {
+    this.parser = new HarmonyParser(turn.ctx.tokenizer, turn.ctx.harmony!.tokens);
+  }
+
+  async push(ids: readonly number[], finish: FinishReason, stopReason: string | number | null): Promise<void> {
+    for (const id of ids) await this.event(this.parser.push(id));
+    if (finish !== null) await this.event(endReply(this.parser, this.turn.ctx.harmony!, finish, stopReason));
+  }
+
+  private async event(d: TokenDelta | null): Promise<void> {
+    if (d === null) return;
+    const kind = messageKind(d.message);
+    if (d.opened) {
+      await this.events.close("completed"); // each message its own item
+      const chat = this.turn.chat;
+      this.inCall = kind === "call" && chat.toolChoice.kind !== "none" && (chat.parallelToolCalls || this.calls === 0);
+      if (this.inCall) {
+        this.calls++;
+        await this.events.call(callName(d.message), "");
+      }
+      return;
+    }
+    if (kind === "reasoning") await this.events.reasoning(d.text);
+    else if (kind === "content") await this.events.text(d.text);
+    else if (this.inCall) await this.events.callArguments(d.text);
+  }
+}
+
 /** A chat tool_calls delta entry: a new call carries its id and name, later ones arguments only. */
 interface CallDelta {
   id?: string;
@@ -177,6 +219,7 @@ export async function streamResponse(turn: Turn, reply: FastifyReply, outputs: A
     await events.emit("response.in_progress", { response: shell });
     const reasoner = turn.thinking === null ? null : new ReasoningStream(turn.thinking);
     const tools = new ToolCallStream(turn.ctx, turn.chat, 1);
+    const harmony = turn.ctx.harmony === null ? null : new HarmonyItems(turn, events);
     for await (const out of outputs) {
       if (sse.closed) break;
       cached = out.numCachedTokens;
@@ -186,6 +229,10 @@ export async function streamResponse(turn: Turn, reply: FastifyReply, outputs: A
       if (top !== null) events.addLogprobs(chatLogprobs(turn.ctx, o, top, false));
       finish = o.finishReason;
       const final = finish !== null;
+      if (harmony !== null) {
+        await harmony.push(o.tokenIds, o.finishReason, o.stopReason);
+        continue;
+      }
       const split = reasoner?.push(o.text, final) ?? { reasoning: "", content: o.text };
       await events.reasoning(split.reasoning);
       if (split.content === "" && !final) continue; // nothing yet for the tool-call reader (a named call opens on its first text)

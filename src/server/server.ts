@@ -1,5 +1,7 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
 import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
+import { harmonyTokens } from "./harmony-parse.js";
+import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import Fastify, { LogController, type FastifyInstance } from "fastify";
@@ -67,6 +69,11 @@ export interface ServerEngineOptions {
   trustRequestChatTemplate?: boolean;
   /** Serves tool_choice "auto" by parsing the reply with it (vLLM --enable-auto-tool-choice --tool-call-parser). */
   toolCallParser?: ToolCallParserName;
+  /**
+   * The model writes OpenAI's Harmony format (gpt-oss, config.json model_type "gpt_oss"): chat prompts are rendered
+   * in it and replies read by channel; the tokenizer must hold its special tokens. Default false.
+   */
+  harmony?: boolean;
   /** Structured output without free whitespace unless a request says otherwise (vLLM --structured-outputs-config). */
   disableAnyWhitespace?: boolean;
   /** usage.prompt_tokens_details.cached_tokens in chat and completions replies (vLLM --enable-prompt-tokens-details). */
@@ -268,6 +275,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     bind(engineOptions: ServerEngineOptions): FastifyInstance {
       if (ctx !== null) throw new Error("[server] bind() was called twice");
       if (engineOptions.servedModelNames.length === 0) throw new Error("createServer: servedModelNames must not be empty");
+      const harmony = harmonyServing(engineOptions);
       ctx = {
         engine: engineOptions.engine,
         tokenizer: engineOptions.tokenizer,
@@ -292,6 +300,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         forceIncludeUsage: engineOptions.forceIncludeUsage ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
+        harmony,
         kvTransfer: engineOptions.kvTransfer ?? null,
         launchConfig: engineOptions.launchConfig ?? null,
         inflight: new Set(),
@@ -300,6 +309,20 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       return app;
     },
   };
+}
+
+/** A Harmony model's serving (its special tokens; calls read with --tool-call-parser openai), checked against the other options. */
+function harmonyServing(o: ServerEngineOptions): HarmonyServing | null {
+  if (o.harmony !== true) {
+    if (o.toolCallParser === "openai")
+      throw new Error("[server] the openai tool-call parser reads gpt-oss's Harmony format: the served model is not gpt-oss (model_type gpt_oss)");
+    return null;
+  }
+  if (o.toolCallParser !== undefined && o.toolCallParser !== "openai")
+    throw new Error(`[server] gpt-oss writes its tool calls in Harmony format: serve it with --tool-call-parser openai, not ${o.toolCallParser}`);
+  if (o.engine.reasoningParser != null)
+    throw new Error(`[server] gpt-oss's reasoning is its analysis channel: serve it with --reasoning-parser openai_gptoss (or none), not ${o.engine.reasoningParser}`);
+  return { tokens: harmonyTokens(o.tokenizer), toolCalls: o.toolCallParser === "openai" };
 }
 
 /** `url` without the root path prefix, when it is under it ("/api/v1/models" -> "/v1/models"); else `url`. */

@@ -9,6 +9,7 @@ import type { KvSnapshot } from "../engine/kv-transfer.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
+import { chatEffort, HarmonyChatStream, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
 import {
   abortOnDisconnect, checkQueue, forceUsage, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
@@ -48,7 +49,7 @@ export function chatLogprobs(ctx: ServingContext, o: CompletionOutput, top: numb
 interface Choice {
   text: string;
   numTokens: number;
-  /** The generated token ids (kept for return_token_ids). */
+  /** The generated token ids (kept for return_token_ids, and for Harmony's reading). */
   tokenIds: number[];
   logprobs: ChatLogprob[];
   finishReason: FinishReason;
@@ -139,12 +140,17 @@ export function renderChatPrompt(ctx: ServingContext, req: ChatRequest, param = 
   }
 }
 
+/** Whether tool_choice "auto" is served: with a tool-call parser, and for gpt-oss always (vLLM's Harmony path). */
+export const servesAutoTools = (ctx: ServingContext): boolean => ctx.toolCallParser !== null || ctx.harmony !== null;
+
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: ctx.toolCallParser !== null, trustChatTemplate: ctx.trustRequestChatTemplate }));
+  const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
-  const promptText = renderChatPrompt(ctx, req);
+  const body = request.body as Json;
+  const promptText = ctx.harmony !== null ? harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort") : renderChatPrompt(ctx, req);
   const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));
-  const params = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
+  const sampled = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
+  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
   const thinking = replyMode(ctx, req, promptText);
   // vLLM's get_chat_request_role: --response-role for a new reply, else the role of the message it continues
   const role = req.addGenerationPrompt ? ctx.responseRole : req.messages[req.messages.length - 1]!.role;
@@ -156,7 +162,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   if (req.beamSearch !== null) {
     const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora);
     const choices = beams[0]!.map((b, index) => {
-      const { reasoning, content } = reasoningOf(req, thinking, b.text);
+      const { reasoning, content } = ctx.harmony !== null ? harmonyMessage(ctx, req, b.tokenIds, null, null) : reasoningOf(req, thinking, b.text);
       const message = { role, content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };
       return { index, message, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null, ...(req.returnTokenIds ? { token_ids: b.tokenIds } : {}) };
     });
@@ -197,9 +203,9 @@ function reasoningOf(req: ChatRequest, mode: ThinkingMode | null, text: string):
   return { reasoning: req.includeReasoning ? s.reasoning : null, content: s.content };
 }
 
-/** A message's (or delta's) reasoning under vLLM's name and its older one; none without a reasoning parser. */
+/** A message's (or delta's) reasoning under vLLM's name and its older one; none without a reasoning parser (or Harmony). */
 const reasoningFields = (ctx: ServingContext, reasoning: string | null) =>
-  ctx.reasoningParser === null ? {} : { reasoning, reasoning_content: reasoning };
+  ctx.reasoningParser === null && ctx.harmony === null ? {} : { reasoning, reasoning_content: reasoning };
 
 interface ResponseInfo {
   id: string;
@@ -234,7 +240,7 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
       if (c.finishReason !== null) continue; // finished samples may be listed again with empty deltas
       c.text += o.text;
       c.numTokens += o.tokenIds.length;
-      if (req.returnTokenIds) c.tokenIds.push(...o.tokenIds);
+      if (req.returnTokenIds || ctx.harmony !== null) c.tokenIds.push(...o.tokenIds);
       if (req.topLogprobs !== null) c.logprobs.push(...chatLogprobs(ctx, o, req.topLogprobs, info.asIds));
       if (o.finishReason !== null) {
         c.finishReason = o.finishReason;
@@ -249,6 +255,17 @@ async function collectChat(ctx: ServingContext, req: ChatRequest, outputs: Async
     created: info.created,
     model: info.model,
     choices: choices.map((c, index) => {
+      if (ctx.harmony !== null) {
+        const h = harmonyMessage(ctx, req, c.tokenIds, c.finishReason ?? "abort", c.stopReason);
+        return {
+          index,
+          message: { role: info.role, content: info.echoText + (h.content ?? "") || h.content, refusal: null, tool_calls: h.toolCalls, ...reasoningFields(ctx, h.reasoning) },
+          logprobs: req.topLogprobs !== null ? { content: c.logprobs } : null,
+          finish_reason: h.finishReason,
+          stop_reason: c.stopReason,
+          ...(req.returnTokenIds ? { token_ids: c.tokenIds } : {}),
+        };
+      }
       const { reasoning, content } = reasoningOf(req, info.thinking, c.text);
       const r = readReply(ctx, req, content ?? "");
       const text = content === null && r.toolCalls === null ? null : r.content;
@@ -295,6 +312,7 @@ async function streamChat(
     }
     const done = new Set<number>(); // an engine may keep listing finished samples with empty deltas
     const tools = new ToolCallStream(ctx, req, info.n);
+    const harmony = ctx.harmony === null ? null : new HarmonyChatStream(ctx, req, info.n);
     const mode = info.thinking;
     const reasoners = mode === null ? null : Array.from({ length: info.n }, () => new ReasoningStream(mode));
     for await (const out of outputs) {
@@ -304,10 +322,15 @@ async function streamChat(
         if (o.finishReason !== null) done.add(o.index);
         choiceTokens[o.index]! += o.tokenIds.length;
         if (o.text === "" && o.finishReason === null && o.tokenIds.length === 0) continue;
-        const split = reasoners?.[o.index]!.push(o.text, o.finishReason !== null) ?? { reasoning: "", content: o.text };
-        const { delta, finishReason } = tools.delta(o.index, split.content, o.finishReason);
-        if (delta.content === "" && reasoners !== null) delete delta.content; // all held back, or all reasoning
-        if (split.reasoning !== "" && req.includeReasoning) Object.assign(delta, reasoningFields(ctx, split.reasoning));
+        let delta: Record<string, unknown>;
+        let finishReason: string | null;
+        if (harmony !== null) ({ delta, finishReason } = harmony.delta(o.index, o.tokenIds, o.finishReason, o.stopReason));
+        else {
+          const split = reasoners?.[o.index]!.push(o.text, o.finishReason !== null) ?? { reasoning: "", content: o.text };
+          ({ delta, finishReason } = tools.delta(o.index, split.content, o.finishReason));
+          if (delta.content === "" && reasoners !== null) delete delta.content; // all held back, or all reasoning
+          if (split.reasoning !== "" && req.includeReasoning) Object.assign(delta, reasoningFields(ctx, split.reasoning));
+        }
         if (Object.keys(delta).length === 0 && o.finishReason === null && req.topLogprobs === null && !req.returnTokenIds) continue; // held back
         const choice = {
           index: o.index,

@@ -1,6 +1,7 @@
 // State and checks shared by the chat and completions handlers.
 import type { ToolCallParser } from "./tool-parsers.js";
 import type { ReasoningParserName } from "./reasoning-parsers.js";
+import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
@@ -27,6 +28,8 @@ export interface ServingContext {
   toolCallParser: ToolCallParser | null;
   /** Splits replies into reasoning and content (vLLM --reasoning-parser); null: replies are all content. */
   reasoningParser: ReasoningParserName | null;
+  /** A gpt-oss model: prompts in Harmony format, replies read by channel (serving-chat-harmony.ts); null for others. */
+  harmony: HarmonyServing | null;
   /** Default of structured output's disableAnyWhitespace. */
   disableAnyWhitespace: boolean;
   /** Whether usage reports the prompt tokens read from the prefix cache (vLLM --enable-prompt-tokens-details). */

@@ -9,10 +9,12 @@ import { ApiError, badRequest, toApiError } from "./errors.js";
 import type { Json } from "./fields.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { thinkingMode } from "./reasoning-parsers.js";
-import { outputItems, responseObject, statusOf, usageOf, type Turn } from "./responses-output.js";
+import { harmonyOutputItems, outputItems, responseObject, statusOf, usageOf, type Turn } from "./responses-output.js";
 import { itemsToMessages, parseResponsesRequest, toChatRequest, type WireMessage } from "./responses-protocol.js";
 import { streamResponse } from "./responses-stream.js";
-import { chatLogprobs, renderChatPrompt, type ChatLogprob } from "./serving-chat.js";
+import { chatLogprobs, renderChatPrompt, servesAutoTools, type ChatLogprob } from "./serving-chat.js";
+import { harmonyChatPrompt, harmonyParams } from "./serving-chat-harmony.js";
+import type { ChatRequest } from "./protocol.js";
 import {
   abortOnDisconnect,
   checkQueue,
@@ -104,13 +106,15 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   if (conversation.length === 0) throw badRequest("'input' must be given: a string or a non-empty list of input items", "input");
   // instructions apply to this turn only: a continued conversation does not carry the earlier ones (as OpenAI)
   const messages = req.instructions === null ? conversation : [{ role: "system", content: req.instructions }, ...conversation];
-  const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, ctx.toolCallParser !== null, ctx.trustRequestChatTemplate);
-  const promptText = renderChatPrompt(ctx, chat, "input");
+  const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, servesAutoTools(ctx), ctx.trustRequestChatTemplate);
+  // gpt-oss: the instructions (the system message) become the Harmony developer message, reasoning.effort its system's
+  const promptText = ctx.harmony !== null ? harmonyResponsesPrompt(chat, messages) : renderChatPrompt(ctx, chat, "input");
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   // as vLLM: max_output_tokens is capped by the room the prompt leaves (a prompt that leaves none is a 400 below)
   const room = ctx.maxModelLen - promptTokenIds.length;
   if (chat.maxTokens !== undefined && room > 0) chat.maxTokens = Math.min(chat.maxTokens, room);
-  const params = samplingParamsFor(ctx, chat, promptTokenIds.length, "input");
+  const sampled = samplingParamsFor(ctx, chat, promptTokenIds.length, "input");
+  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
   const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
   // the id carries fastify's request id (the client's X-Request-Id, else random hex); engine ids must differ
   const { id, engineId } = responseIds(request, "resp", "_"); // (OpenAI's resp_ ids)
@@ -184,6 +188,16 @@ function runInBackground(turn: Turn, conversation: WireMessage[], stream: AsyncG
   return queued;
 }
 
+/** gpt-oss's Harmony prompt; a refusal names the Responses field (text.format for a chat request's response_format). */
+function harmonyResponsesPrompt(chat: ChatRequest, messages: WireMessage[]): string {
+  try {
+    return harmonyChatPrompt(chat, messages, chat.chatTemplateKwargs?.reasoning_effort, "reasoning.effort");
+  } catch (err) {
+    if (err instanceof ApiError && err.param === "response_format") throw new ApiError(err.status, err.message, "text.format", err.type, err.code);
+    throw err;
+  }
+}
+
 /** An engine's refusal of the grammar that text.format asked for names text.format (the chat API names structured_outputs). */
 function textFormatError(chatFields: Json, err: unknown): unknown {
   const e = toApiError(err);
@@ -197,6 +211,7 @@ async function collectResponse(turn: Turn, outputs: AsyncIterable<RequestOutput>
   const top = turn.chat.topLogprobs;
   const logprobs: ChatLogprob[] | null = top === null ? null : [];
   let finish: FinishReason | "abort" = null;
+  let stopReason: string | number | null = null;
   let cached = 0;
   for await (const out of outputs) {
     cached = out.numCachedTokens;
@@ -206,7 +221,9 @@ async function collectResponse(turn: Turn, outputs: AsyncIterable<RequestOutput>
     tokenIds.push(...o.tokenIds);
     if (top !== null) logprobs!.push(...chatLogprobs(turn.ctx, o, top, false));
     finish = o.finishReason;
+    stopReason = o.stopReason;
   }
   const status = statusOf(finish ?? "abort");
-  return responseObject(turn, status, outputItems(turn, text, status, logprobs), usageOf(turn, tokenIds, cached));
+  const items = turn.ctx.harmony !== null ? harmonyOutputItems(turn, tokenIds, finish ?? "abort", stopReason, status, logprobs) : outputItems(turn, text, status, logprobs);
+  return responseObject(turn, status, items, usageOf(turn, tokenIds, cached));
 }

@@ -4,6 +4,7 @@ import { badRequest } from "./errors.js";
 import { optBool } from "./fields.js";
 import { asJsonBody, parseChatRequest } from "./protocol.js";
 import { resolveModel, type ServingContext } from "./serving-context.js";
+import { chatEffort, harmonyChatPrompt } from "./serving-chat-harmony.js";
 
 /** `bound`: the serving context, once the engine is bound (prepareServer). */
 export function registerTokenizeRoutes(app: FastifyInstance, bound: () => ServingContext): void {
@@ -15,7 +16,8 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     if (body.messages !== undefined) {
       // vLLM's TokenizeChatRequest has tools (rendered by the template) but no tool_choice
       const chat = parseChatRequest({ ...body, tool_choice: "none" }, ctx.tokenizer.vocabSize, { trustChatTemplate: ctx.trustRequestChatTemplate });
-      const text = ctx.tokenizer.applyChatTemplate(chat.messages, {
+      // gpt-oss: the Harmony prompt the chat API would send
+      const text = ctx.harmony !== null ? harmonyChatPrompt(chat, body.messages as unknown[], chatEffort(body, chat), "reasoning_effort") : ctx.tokenizer.applyChatTemplate(chat.messages, {
         addGenerationPrompt: chat.addGenerationPrompt,
         continueFinalMessage: chat.continueFinalMessage,
         ...(chat.tools ? { tools: chat.tools } : {}),

@@ -9,8 +9,11 @@
 import { PyDict, pyJsonDecode, pyJsonDumps, type PyValue } from "./python-json.js";
 import { readPythonCalls } from "./pythonic-calls.js";
 
-/** vLLM's --tool-call-parser names that Kiln implements. */
-export const TOOL_CALL_PARSERS = ["hermes", "llama3_json", "pythonic"] as const;
+/**
+ * vLLM's --tool-call-parser names that Kiln implements. "openai" is gpt-oss's: its calls are Harmony messages read
+ * from the reply's tokens (serving-chat-harmony.ts), not from text, and it serves Harmony models only.
+ */
+export const TOOL_CALL_PARSERS = ["hermes", "llama3_json", "pythonic", "openai"] as const;
 export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];
 
 /** Calls found in a reply: the text before them (null when none) and each call's name and arguments (JSON text). */
@@ -123,8 +126,11 @@ const pythonic: ToolCallParser = {
   },
 };
 
+/** The text parser of `name`; "openai" reads no text (Harmony replies are read by channel instead). */
 export function toolCallParser(name: ToolCallParserName): ToolCallParser {
   switch (name) {
+    case "openai":
+      return { streamable: (text) => text.length, extract: () => null };
     case "hermes":
       return hermes;
     case "llama3_json":

@@ -199,7 +199,8 @@ function streamed(parser: ToolCallParser, text: string, i: number, j: number): E
 }
 
 describe("streamed tool calls", () => {
-  const replies: Record<ToolCallParserName, string[]> = {
+  // ("openai" reads no text: gpt-oss's calls are Harmony messages, read from tokens in harmony tests)
+  const replies: Record<Exclude<ToolCallParserName, "openai">, string[]> = {
     hermes: ['Let me check.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "a <tool no", "<tool_call>{bad}", "plain"],
     llama3_json: [
       '<|python_tag|>{"name": "f", "parameters": {"a": [1, {"b": "}"}]}}; {"name": "g", "parameters": {}}',
@@ -212,7 +213,7 @@ describe("streamed tool calls", () => {
     ],
     pythonic: ['[f(a="]", b={"c": [1]}), g()]', "\n [f()]", "[1] is a citation", " [f(", "plain [f()]", ""],
   };
-  for (const name of TOOL_CALL_PARSERS) {
+  for (const name of TOOL_CALL_PARSERS.filter((n) => n !== "openai")) {
     it(`${name}: cut into deltas anywhere, the stream adds up to the whole reply's reading`, () => {
       const parser = toolCallParser(name);
       for (const text of replies[name]) {
