@@ -85,7 +85,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await kvTransfer?.close();
     await loaded.close();
   };
-  const app = server.bind(serverEngineOptions(args, loaded, names, loraModules, kvTransfer));
+  const app = server.bind(serverEngineOptions(args, loaded, names, loraModules, kvTransfer, harmony));
   try {
     if (args.uds !== null) removeStaleSocket(args.uds);
     await app.listen(args.uds !== null ? { path: args.uds } : { host: args.host, port: args.port });
@@ -107,6 +107,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
 /** What the server serves for `kiln serve`'s flags (run-batch binds the same). */
 export function serverEngineOptions(
   args: ServeArgs, loaded: LoadedEngine, names: string[], loraModules: LoraModule[] | null, kvTransfer: KvTransferService | null,
+  harmony: boolean,
 ): ServerEngineOptions {
   return {
     engine: loaded.engine,
@@ -137,7 +138,7 @@ export function serverEngineOptions(
  * Whether the served model writes OpenAI's Harmony format: its config.json says model_type "gpt_oss" (vLLM's test).
  * --reasoning-parser openai_gptoss and --tool-call-parser openai read Harmony only: with another model, a usage error.
  */
-async function writesHarmony(args: ServeArgs): Promise<boolean> {
+export async function writesHarmony(args: ServeArgs): Promise<boolean> {
   const { resolveModel } = await import("../models/hub.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
   const config = path.join(resolved.path, "config.json");
