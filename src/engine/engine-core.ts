@@ -32,7 +32,7 @@ import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPol
 import { stopHoldback } from "./stop-checker.js";
 import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import type { ClassifierConfig } from "../models/hf-config.js";
-import { REASONING_PARSERS, reasoningEnded, thinkMarkers, type ReasoningParserName, type ThinkMarkers } from "./reasoning.js";
+import { harmonyEnd, REASONING_PARSERS, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName } from "./reasoning.js";
 import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { KvCacheEvent } from "./kv-events.js";
 import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
@@ -245,8 +245,11 @@ export class EngineCore {
   private readonly eosTokenIds: number[];
   /** Structured output's grammar compiler (made on first use). */
   private grammars: StructuredOutputManager | null = null;
-  /** The reasoning markers' token ids with a reasoning parser: grammars wait for the reasoning to end. */
-  private readonly thinkMarkers: ThinkMarkers | null;
+  /**
+   * Where the reasoning ends, with a reasoning parser or a Harmony tokenizer (gpt-oss, whose replies open with
+   * headers and an analysis channel): grammars wait for it.
+   */
+  private readonly reasoningEnd: ReasoningEnd | null;
   /** The LoRA adapters held and their device slots, or null without LoRA. */
   readonly lora: LoraManager | null;
   /** Whether step() pipelines scheduling with the runner's compute (see the file comment). */
@@ -267,7 +270,7 @@ export class EngineCore {
     this.eosTokenIds = tok?.eosTokenIds ?? this.args.eosTokenIds;
     const parser = this.args.reasoningParser;
     if (parser !== null && tok === null) throw new Error(`[engine] reasoning parser ${parser} needs the model's tokenizer`);
-    this.thinkMarkers = parser === null ? null : thinkMarkers(tok!, parser);
+    this.reasoningEnd = parser !== null ? thinkEnd(thinkMarkers(tok!, parser)) : tok === null ? null : harmonyEnd(tok);
     this.kv = new KvCacheManager({
       numBlocks: this.args.numGpuBlocks,
       blockSize: this.args.blockSize,
@@ -433,8 +436,8 @@ export class EngineCore {
     parent.children[0]!.kvExport = kvt?.export === true;
     if (grammars !== null) {
       try {
-        const m = this.thinkMarkers;
-        const gate = m === null ? null : { markers: m, ended: reasoningEnded(prompt, m) };
+        const end = this.reasoningEnd;
+        const gate = end === null ? null : { end, ended: end.endedIn(prompt) };
         for (const c of parent.children) c.grammar = grammars.matcher(spec!, gate);
       } catch (e) {
         for (const c of parent.children) c.grammar?.dispose();

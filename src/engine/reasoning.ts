@@ -33,6 +33,46 @@ export function thinkMarkers(tokenizer: TokenizerLike, parser: ReasoningParserNa
   return { start, end };
 }
 
+/**
+ * When a reasoning model's reasoning is over, as a request's grammar watches for it: `endedIn(ids)` says whether
+ * `ids` (a prompt, or the latest `window` tokens of a reply, the last just sampled) leave it ended.
+ * <think> models: the last marker is </think> (a window of one: the token is </think>). Harmony (gpt-oss): the reply
+ * has opened its final channel, `<|channel|>final` then `<|message|>` with at most 20 tokens between (a
+ * `<|constrain|>json`), after the message's last `<|start|>` (vLLM's GptOssReasoningParser.is_reasoning_end).
+ */
+export interface ReasoningEnd {
+  readonly window: number;
+  endedIn(ids: readonly number[]): boolean;
+}
+
+/** The <think> markers' end. */
+export function thinkEnd(m: ThinkMarkers): ReasoningEnd {
+  return { window: 1, endedIn: (ids) => reasoningEnded(ids, m) };
+}
+
+const HARMONY_MAX_BETWEEN = 20;
+
+/** Harmony's end (see ReasoningEnd), or null when the tokenizer lacks Harmony's special tokens. */
+export function harmonyEnd(tokenizer: TokenizerLike): ReasoningEnd | null {
+  const channel = singleToken(tokenizer, "<|channel|>"), message = singleToken(tokenizer, "<|message|>"), start = singleToken(tokenizer, "<|start|>");
+  if (channel === null || message === null || start === null) return null;
+  const final = tokenizer.encode("final", { addSpecialTokens: false });
+  const prefix = [channel, ...final];
+  return {
+    window: prefix.length + HARMONY_MAX_BETWEEN + 1,
+    endedIn(ids) {
+      const n = ids.length;
+      if (n === 0 || ids[n - 1] !== message) return false;
+      // the prefix ends at most HARMONY_MAX_BETWEEN tokens before <|message|>, with no <|start|> after it
+      for (let end = n - 1; end >= Math.max(prefix.length, n - 1 - HARMONY_MAX_BETWEEN); end--) {
+        if (ids[end - 1] === start) return false;
+        if (prefix.every((t, i) => ids[end - prefix.length + i] === t)) return true;
+      }
+      return false;
+    },
+  };
+}
+
 /** Whether `ids` leave the reasoning ended: their last marker is </think> (vLLM's is_reasoning_end). */
 export function reasoningEnded(ids: readonly number[], m: ThinkMarkers): boolean {
   for (let i = ids.length - 1; i >= 0; i--) {

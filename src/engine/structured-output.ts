@@ -11,7 +11,7 @@
 // aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
-import type { ThinkMarkers } from "./reasoning.js";
+import type { ReasoningEnd } from "./reasoning.js";
 import {
   XgrammarError,
   XgrammarInstance,
@@ -237,7 +237,7 @@ export function nonAsciiClass(text: string, syntax: "regex" | "ebnf"): boolean {
  * the prompt already ended it.
  */
 export interface ReasoningGate {
-  markers: ThinkMarkers;
+  end: ReasoningEnd;
   ended: boolean;
 }
 
@@ -261,6 +261,8 @@ export class RequestGrammar {
   private prefetched: { mask: Int32Array; at: number } | null = null;
   /** Whether the grammar is live: false while a reasoning model still thinks (nothing masked, nothing advanced). */
   private live: boolean;
+  /** While it thinks: the latest tokens, as many as the gate's end needs to see. */
+  private recent: number[] = [];
 
   constructor(
     private readonly matcher: XgGrammarMatcher,
@@ -321,10 +323,11 @@ export class RequestGrammar {
    */
   private tentatively<T>(f: (step: (tokenId: number) => boolean) => T): T {
     const live = this.live;
+    const recent = this.recent.slice();
     let advanced = 0;
     const step = (t: number): boolean => {
       if (!this.live) {
-        if (t === this.gate!.markers.end) this.live = true;
+        this.live = this.sees(t);
         return true;
       }
       if (this.failed || this.matcher.IsTerminated()) return true;
@@ -337,7 +340,16 @@ export class RequestGrammar {
     } finally {
       if (advanced > 0) this.matcher.Rollback(advanced);
       this.live = live;
+      this.recent = recent;
     }
+  }
+
+  /** Takes a token sampled while the model thinks; true when it ends the reasoning (the grammar starts after it). */
+  private sees(tokenId: number): boolean {
+    const end = this.gate!.end;
+    this.recent.push(tokenId);
+    if (this.recent.length > end.window) this.recent.shift();
+    return end.endedIn(this.recent);
   }
 
   /** The matcher's next-token bitmask (bit set = allowed), copied out of the wasm heap. */
@@ -357,7 +369,7 @@ export class RequestGrammar {
   accept(tokenId: number): boolean {
     this.accepted++;
     if (!this.live) {
-      if (tokenId === this.gate!.markers.end) this.live = true;
+      this.live = this.sees(tokenId);
       return true;
     }
     if (this.failed || this.matcher.IsTerminated()) return true;

@@ -6,9 +6,12 @@
 //   - tool_choice "auto" is served without --tool-call-parser too, but only --tool-call-parser openai returns the
 //     calls: without it a reply's calls are dropped, whole or streamed (vLLM's Harmony parser emits tool segments only
 //     with a tool parser; its older streaming path returned them regardless);
-//   - tool_choice "none" keeps calls out of the reply. What Harmony serving cannot do is a 400: tool_choice "required" or a
-// named function and structured output (their grammars would constrain the whole reply, headers and reasoning
-// included), continuing a message, a request's own chat template, and an effort other than low, medium or high.
+//   - tool_choice "none" keeps calls out of the reply;
+//   - structured output constrains the final channel only: the engine keeps a request's grammar idle until the reply
+//     opens it (`<|channel|>final ... <|message|>`, engine/reasoning.ts harmonyEnd), as vLLM with openai_gptoss.
+// What Harmony serving cannot do is a 400: tool_choice "required" or a named function (their grammars would constrain
+// the final channel, where Harmony's calls are commentary messages), continuing a message, a request's own chat
+// template, and an effort other than low, medium or high.
 import type { FinishReason, SamplingParams } from "../engine/types.js";
 import { badRequest } from "./errors.js";
 import type { Json } from "./fields.js";
@@ -42,8 +45,6 @@ export function harmonyChatPrompt(req: ChatRequest, messages: readonly unknown[]
     throw badRequest("gpt-oss prompts are rendered in Harmony format: a chat template does not apply", "chat_template");
   if (req.toolChoice.kind === "required" || req.toolChoice.kind === "named")
     throw badRequest('tool_choice "required" and named functions are not supported for gpt-oss (Harmony): use "auto" or "none"', "tool_choice");
-  if (req.params.structuredOutputs !== undefined)
-    throw badRequest("structured output is not supported for gpt-oss (Harmony): its grammar would constrain the reasoning and the message headers too", "response_format");
   return renderHarmonyPrompt(messages, { reasoningEffort: harmonyEffort(effort, param), date: harmonyDate(), tools: req.tools });
 }
 

@@ -183,12 +183,30 @@ describe("kiln serve gpt-oss in Harmony format (openai_gptoss / openai parsers)"
     assert.equal((done!.output[1] as OpenAI.Responses.ResponseFunctionToolCall).name, "get_weather");
   });
 
+  it("structured output constrains the final channel only: the reasoning runs free, the answer follows the schema", { timeout: 60_000 }, async () => {
+    // the script forces the analysis message and the final channel's header; the grammar takes over after <|message|>
+    const schema = { type: "object", properties: { answer: { enum: ["yes", "no"] } }, required: ["answer"], additionalProperties: false };
+    const r = await client.chat.completions.create({
+      model: server.model,
+      messages: [{ role: "user", content: "Is it raining?" }],
+      max_tokens: 60,
+      temperature: 0,
+      structured_outputs: { json: schema, disable_any_whitespace: true },
+      ...scripted("<|channel|>analysis<|message|>It rains.<|end|><|start|>assistant<|channel|>final<|message|>"),
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const choice = r.choices[0]!;
+    assert.equal((choice.message as { reasoning_content?: string }).reasoning_content, "It rains.");
+    const answer = JSON.parse(choice.message.content ?? "null") as Record<string, unknown>;
+    assert.deepEqual(Object.keys(answer), ["answer"], JSON.stringify(choice.message));
+    assert.ok(answer.answer === "yes" || answer.answer === "no");
+    assert.equal(choice.finish_reason, "stop", "the grammar's end takes <|return|>");
+  });
+
   it("refuses what Harmony serving cannot do, as OpenAI errors", { timeout: 30_000 }, async () => {
     const base = { model: server.model, messages: [{ role: "user", content: "x" }], max_tokens: 4 };
     for (const [extra, param] of [
       [{ reasoning_effort: "none" }, "reasoning_effort"],
       [{ tools: [WEATHER], tool_choice: "required" }, "tool_choice"],
-      [{ response_format: { type: "json_object" } }, "response_format"],
     ] as const) {
       const r = await postRaw(server.url, "/v1/chat/completions", { ...base, ...extra });
       assert.equal(r.status, 400, JSON.stringify(r.body));
