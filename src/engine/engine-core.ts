@@ -249,7 +249,7 @@ export class EngineCore {
    * Where the reasoning ends, with a reasoning parser or a Harmony tokenizer (gpt-oss, whose replies open with
    * headers and an analysis channel): grammars wait for it.
    */
-  private readonly reasoningEnd: ReasoningEnd | null;
+  private reasoningEndOf: ReasoningEnd | null | undefined;
   /** The LoRA adapters held and their device slots, or null without LoRA. */
   readonly lora: LoraManager | null;
   /** Whether step() pipelines scheduling with the runner's compute (see the file comment). */
@@ -270,7 +270,7 @@ export class EngineCore {
     this.eosTokenIds = tok?.eosTokenIds ?? this.args.eosTokenIds;
     const parser = this.args.reasoningParser;
     if (parser !== null && tok === null) throw new Error(`[engine] reasoning parser ${parser} needs the model's tokenizer`);
-    this.reasoningEnd = parser !== null ? thinkEnd(thinkMarkers(tok!, parser)) : tok === null ? null : harmonyEnd(tok);
+    this.reasoningEndOf = parser !== null ? thinkEnd(thinkMarkers(tok!, parser)) : tok === null ? null : undefined;
     this.kv = new KvCacheManager({
       numBlocks: this.args.numGpuBlocks,
       blockSize: this.args.blockSize,
@@ -436,7 +436,7 @@ export class EngineCore {
     parent.children[0]!.kvExport = kvt?.export === true;
     if (grammars !== null) {
       try {
-        const end = this.reasoningEnd;
+        const end = this.reasoningEnd();
         const gate = end === null ? null : { end, ended: end.endedIn(prompt) };
         for (const c of parent.children) c.grammar = grammars.matcher(spec!, gate);
       } catch (e) {
@@ -447,6 +447,12 @@ export class EngineCore {
     if (lora !== null) this.lora!.acquire(lora);
     this.parents.set(id, parent);
     for (const c of parent.children) this.scheduler.addRequest(c);
+  }
+
+  /** The gate of structured output's grammars (see reasoningEndOf); Harmony's is looked up at the first grammar. */
+  private reasoningEnd(): ReasoningEnd | null {
+    if (this.reasoningEndOf === undefined) this.reasoningEndOf = harmonyEnd(this.tokenizer!);
+    return this.reasoningEndOf;
   }
 
   /** Throws EngineInputError (kv_transfer_params) when this engine cannot export or import as asked. */

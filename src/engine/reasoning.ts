@@ -54,7 +54,14 @@ const HARMONY_MAX_BETWEEN = 20;
 
 /** Harmony's end (see ReasoningEnd), or null when the tokenizer lacks Harmony's special tokens. */
 export function harmonyEnd(tokenizer: TokenizerLike): ReasoningEnd | null {
-  const channel = singleToken(tokenizer, "<|channel|>"), message = singleToken(tokenizer, "<|message|>"), start = singleToken(tokenizer, "<|start|>");
+  let channel: number | null, message: number | null, start: number | null;
+  try {
+    channel = singleToken(tokenizer, "<|channel|>");
+    message = singleToken(tokenizer, "<|message|>");
+    start = singleToken(tokenizer, "<|start|>");
+  } catch {
+    return null; // a tokenizer that cannot spell them (a test's character tokenizer) has no Harmony
+  }
   if (channel === null || message === null || start === null) return null;
   const final = tokenizer.encode("final", { addSpecialTokens: false });
   const prefix = [channel, ...final];
