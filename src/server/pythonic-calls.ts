@@ -45,10 +45,35 @@ export function readPythonCalls(text: string): PythonCall[] | null {
   }
 }
 
+/**
+ * Python's ast.literal_eval(text) over the literals read here (JSON's null/true/false are names to Python, so no
+ * literal), or undefined when the text is none. vLLM's qwen3_coder parser reads untyped parameter values with it.
+ */
+export function readPythonLiteral(text: string): PyValue | undefined {
+  try {
+    return new CallListReader(text.replace(/\r\n?/g, "\n"), false).readLiteral();
+  } catch (e) {
+    if (e instanceof NotACallList) return undefined;
+    throw e;
+  }
+}
+
 class CallListReader {
   private pos = 0;
 
-  constructor(private readonly text: string) {}
+  constructor(
+    private readonly text: string,
+    /** JSON's null/true/false are taken as Python's None/True/False (vLLM's pythonic parser takes them). */
+    private readonly jsonNames = true,
+  ) {}
+
+  /** One literal, whitespace around it aside. */
+  readLiteral(): PyValue {
+    const value = this.literal();
+    this.space();
+    if (this.pos < this.text.length) fail();
+    return value;
+  }
 
   read(): PythonCall[] {
     this.pos = this.text.search(/\S/) + 1;
@@ -120,7 +145,7 @@ class CallListReader {
     }
     if (c !== undefined && /[A-Za-z_]/.test(c) && !this.atString()) {
       const name = this.word();
-      const named: Record<string, PyValue> = { True: true, False: false, None: null, true: true, false: false, null: null };
+      const named: Record<string, PyValue> = { True: true, False: false, None: null, ...(this.jsonNames ? { true: true, false: false, null: null } : {}) };
       if (!(name in named)) fail();
       return named[name]!;
     }

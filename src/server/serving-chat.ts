@@ -69,7 +69,7 @@ interface Reply {
   toolCalls: ToolCall[] | null;
 }
 
-const call = (name: string, args: string): ToolCall => ({ id: randomId("chatcmpl-tool"), type: "function", function: { name, arguments: args } });
+const call = (name: string, args: string, id?: string): ToolCall => ({ id: id ?? randomId("chatcmpl-tool"), type: "function", function: { name, arguments: args } });
 
 /**
  * The reply as vLLM reads it for the request's tool_choice:
@@ -94,8 +94,8 @@ function readCalls(ctx: ServingContext, req: ChatRequest, text: string): Reply {
     case "named":
       return { content: "", toolCalls: [call(tc.name, text)] };
     case "auto": {
-      const found = ctx.toolCallParser?.extract(text) ?? null;
-      return found === null ? asText : { content: found.content, toolCalls: found.calls.map((c) => call(c.name, c.arguments)) };
+      const found = ctx.toolCallParser?.extract(text, req.tools) ?? null;
+      return found === null ? asText : { content: found.content, toolCalls: found.calls.map((c) => call(c.name, c.arguments, c.id)) };
     }
     case "required": {
       let list: unknown;

@@ -4,22 +4,32 @@
 //     {...}}</tool_call>` blocks, after optional text;
 //   - llama3_json (Llama 3.1 / 3.2 / 4 JSON calls): an optional `<|python_tag|>`, then `{"name": ..., "parameters":
 //     {...}}` objects ("arguments" is taken too), usually separated by `;`;
-//   - pythonic (Llama 3.2 / 4 and other models trained on Python calls): `[get_weather(city="Oslo"), get_time()]`.
+//   - pythonic (Llama 3.2 / 4 and other models trained on Python calls): `[get_weather(city="Oslo"), get_time()]`;
+//     llama4_pythonic is Llama 4's variant (an optional `<|python_start|>`, ASCII-escaped arguments);
+//   - mistral, granite, phi4_mini_json (JSON lists behind a marker: json-list-tool-parsers.ts) and qwen3_coder
+//     (`<function=NAME><parameter=P>value</parameter></function>`, typed by the tool's schema: qwen3-coder-calls.ts).
 // llama3_json and pythonic calls open the reply (after whitespace): vLLM's streamed reading only finds them there.
-import { PyDict, pyJsonDecode, pyJsonDumps, type PyValue } from "./python-json.js";
+import { PyDict, pyJsonDecode, pyJsonDumps, pyJsonDumpsAscii, type PyValue } from "./python-json.js";
 import { readPythonCalls } from "./pythonic-calls.js";
+import { jsonListToolParsers } from "./json-list-tool-parsers.js";
+import { qwen3Coder } from "./qwen3-coder-calls.js";
 
 /**
  * vLLM's --tool-call-parser names that Kiln implements. "openai" is gpt-oss's: its calls are Harmony messages read
  * from the reply's tokens (serving-chat-harmony.ts), not from text, and it serves Harmony models only.
  */
-export const TOOL_CALL_PARSERS = ["hermes", "llama3_json", "pythonic", "openai"] as const;
+export const TOOL_CALL_PARSERS = [
+  "hermes", "llama3_json", "llama4_json", "pythonic", "llama4_pythonic", "mistral", "granite", "phi4_mini_json", "qwen3_coder", "openai",
+] as const;
 export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];
 
-/** Calls found in a reply: the text before them (null when none) and each call's name and arguments (JSON text). */
+/**
+ * Calls found in a reply: the text before them (null when none) and each call's name and arguments (JSON text),
+ * with the call's id when the parser makes its own (mistral's 9 characters; else the server's chatcmpl-tool-...).
+ */
 export interface ExtractedToolCalls {
   content: string | null;
-  calls: { name: string; arguments: string }[];
+  calls: { name: string; arguments: string; id?: string }[];
 }
 
 export interface ToolCallParser {
@@ -28,8 +38,11 @@ export interface ToolCallParser {
    * and is held back until the reply ends. `sent` characters went out already (the answer is never less).
    */
   streamable(text: string, sent: number): number;
-  /** The calls in a whole reply, or null when it holds none (or a call that does not parse): it is text then. */
-  extract(text: string): ExtractedToolCalls | null;
+  /**
+   * The calls in a whole reply, or null when it holds none (or a call that does not parse): it is text then.
+   * `tools` are the request's (qwen3_coder types parameter values by their schemas).
+   */
+  extract(text: string, tools?: readonly unknown[]): ExtractedToolCalls | null;
 }
 
 const START = "<tool_call>";
@@ -126,6 +139,24 @@ const pythonic: ToolCallParser = {
   },
 };
 
+const PYTHON_START = "<|python_start|>";
+
+/**
+ * vLLM's Llama4PythonicToolParser reading: the pythonic list, opening the reply at its first character (after an
+ * optional `<|python_start|>`, with every `<|python_end|>` dropped), its arguments as Python's json.dumps writes
+ * them by default (non-ASCII as \uXXXX escapes).
+ */
+const llama4Pythonic: ToolCallParser = {
+  streamable(text: string): number {
+    return ["[", PYTHON_START].some((o) => text.startsWith(o) || o.startsWith(text)) ? 0 : text.length;
+  },
+  extract(text: string): ExtractedToolCalls | null {
+    if (text.startsWith(PYTHON_START)) text = text.slice(PYTHON_START.length).replaceAll("<|python_end|>", "");
+    const calls = text.startsWith("[") ? readPythonCalls(text) : null;
+    return calls === null ? null : { content: null, calls: calls.map((c) => ({ name: c.name, arguments: pyJsonDumpsAscii(c.args) })) };
+  },
+};
+
 /** The text parser of `name`; "openai" reads no text (Harmony replies are read by channel instead). */
 export function toolCallParser(name: ToolCallParserName): ToolCallParser {
   switch (name) {
@@ -134,9 +165,18 @@ export function toolCallParser(name: ToolCallParserName): ToolCallParser {
     case "hermes":
       return hermes;
     case "llama3_json":
+    case "llama4_json": // vLLM registers Llama3JsonToolParser under both names
       return llama3Json;
     case "pythonic":
       return pythonic;
+    case "llama4_pythonic":
+      return llama4Pythonic;
+    case "mistral":
+    case "granite":
+    case "phi4_mini_json":
+      return jsonListToolParsers[name];
+    case "qwen3_coder":
+      return qwen3Coder;
   }
 }
 
