@@ -52,13 +52,17 @@ export const mistralToolCallId = (): string => Array.from({ length: 9 }, () => A
 const TOOL_CALLS = "[TOOL_CALLS]";
 const ARGS = "[ARGS]";
 const CALL_ID = "[CALL_ID]";
+/** A v11 call: a function name right before its [CALL_ID], [ARGS] or arguments. */
+const V11_CALL = /^\s*[\w.-]+(?:\[CALL_ID\]|\[ARGS\]|\{)/;
 
 /**
- * vLLM's MistralToolParser reading. The form is told by what follows the first `[TOOL_CALLS]`: a `[` opens the
- * older JSON list (one `[TOOL_CALLS]` only; when the list does not parse, the first `[{...}]` in it is tried, as
- * vLLM's fallback does), anything else is the v11 form, one call per `[TOOL_CALLS]`: the name up to `[ARGS]` (or,
+ * vLLM's MistralToolParser reading. vLLM tells the form by the tokenizer's version (mistral_common's); Kiln, with
+ * Hugging Face tokenizers, by what follows the first `[TOOL_CALLS]`. A function name right before `[ARGS]`,
+ * `[CALL_ID]` or `{` is the v11 form, one call per `[TOOL_CALLS]`: the name up to `[ARGS]` (or,
  * as Mistral's own tokenizer decodes it without control tokens, up to the first `{`) and the arguments text as
- * written (vLLM returns them unchecked, so that the model sees the call it tried). Ids are Mistral's 9 characters.
+ * written (vLLM returns them unchecked, so that the model sees the call it tried). Anything else is the older JSON
+ * list (one `[TOOL_CALLS]` only; when the text does not parse, the first `[{...}]` in it is tried, as vLLM's
+ * fallback does). Ids are Mistral's 9 characters.
  */
 const mistral: ToolCallParser = {
   streamable(text: string, sent: number): number {
@@ -71,7 +75,7 @@ const mistral: ToolCallParser = {
     const content = text.slice(0, first) || null;
     const segments = text.slice(first + TOOL_CALLS.length).split(TOOL_CALLS);
     let calls: ExtractedToolCalls["calls"] | null;
-    if (segments[0]!.trimStart().startsWith("[")) {
+    if (!V11_CALL.test(segments[0]!)) {
       if (segments.length !== 1) return null;
       const body = segments[0]!.trim();
       calls = listCalls(pyJsonLoads(body), ["arguments"]);
