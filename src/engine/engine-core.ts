@@ -32,7 +32,9 @@ import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPol
 import { stopHoldback } from "./stop-checker.js";
 import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import type { ClassifierConfig } from "../models/hf-config.js";
-import { harmonyEnd, REASONING_PARSERS, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName } from "./reasoning.js";
+import {
+  harmonyEnd, hasTokenMarkers, REASONING_PARSERS, textMarkersRefusal, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName,
+} from "./reasoning.js";
 import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { KvCacheEvent } from "./kv-events.js";
 import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
@@ -270,7 +272,8 @@ export class EngineCore {
     this.eosTokenIds = tok?.eosTokenIds ?? this.args.eosTokenIds;
     const parser = this.args.reasoningParser;
     if (parser !== null && tok === null) throw new Error(`[engine] reasoning parser ${parser} needs the model's tokenizer`);
-    this.reasoningEndOf = parser !== null ? thinkEnd(thinkMarkers(tok!, parser)) : tok === null ? null : undefined;
+    // text markers (granite) end nothing the grammar can see: structured output is refused under them (addRequest)
+    this.reasoningEndOf = parser !== null ? (hasTokenMarkers(parser) ? thinkEnd(thinkMarkers(tok!, parser)) : null) : tok === null ? null : undefined;
     this.kv = new KvCacheManager({
       numBlocks: this.args.numGpuBlocks,
       blockSize: this.args.blockSize,
@@ -396,6 +399,8 @@ export class EngineCore {
     if (params.stop.length > 0 && this.createDetokenizer === undefined) throw new EngineInputError("stop", "stop strings need a tokenizer");
     const badWordsTokenIds = this.tokenizeBadWords(params.badWords);
     const spec = structuredOutputSpec(params.structuredOutputs); // checked by normalizeSamplingParams
+    const refusal = spec === null || this.args.reasoningParser === null ? null : textMarkersRefusal(this.args.reasoningParser);
+    if (refusal !== null) throw new EngineInputError("structured_outputs", refusal);
     const grammars = spec === null ? null : this.structuredOutputManager();
     const lora = input.loraRequest ?? null;
     const kvt = input.kvTransfer ?? null;

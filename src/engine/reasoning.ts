@@ -1,18 +1,47 @@
-// Reasoning models (vLLM's --reasoning-parser) at the engine: a reply thinks between <think> and </think> before it
-// answers, and structured output constrains only the answer. As vLLM's StructuredOutputManager does, a request's
-// grammar stays idle (no mask, no matcher advance) until the reasoning has ended: in the prompt already (a chat
-// template that closed it, e.g. Qwen3's with enable_thinking false), or at a sampled </think>; the grammar starts
-// with the token after it. The markers must be single tokens of the tokenizer, as vLLM's parsers require.
+// Reasoning models (vLLM's --reasoning-parser) at the engine: a reply thinks between markers (<think> and </think>;
+// Magistral's [THINK] and [/THINK]) before it answers, and structured output constrains only the answer. As vLLM's
+// StructuredOutputManager does, a request's grammar stays idle (no mask, no matcher advance) until the reasoning has
+// ended: in the prompt already (a chat template that closed it, e.g. Qwen3's with enable_thinking false), or at a
+// sampled end marker; the grammar starts with the token after it. Token markers must be single tokens of the
+// tokenizer, as vLLM's parsers require. Granite's markers are phrases ("Here is my thought process:" ... "Here is my
+// response:"), which no token marks and its own prompt quotes: vLLM's granite parser has no reasoning end, so its
+// grammars never start; Kiln refuses structured output under it instead (textMarkersRefusal).
 // The server splits the reply's text into reasoning and content (src/server/reasoning-parsers.ts).
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 
-export const REASONING_PARSERS = ["deepseek_r1", "qwen3"] as const;
+export const REASONING_PARSERS = ["deepseek_r1", "qwen3", "mistral", "granite"] as const;
 export type ReasoningParserName = (typeof REASONING_PARSERS)[number];
 
 export const THINK_START = "<think>";
 export const THINK_END = "</think>";
 
-/** The token ids of <think> and </think>. */
+/** A parser's markers: single tokens that open and close the reasoning, or phrases of text (any of each list). */
+export type ReasoningMarkers =
+  | { kind: "token"; start: string; end: string }
+  | { kind: "text"; start: readonly string[]; end: readonly string[] };
+
+/** Each parser's markers (vLLM's: granite also takes "Here's", which quantized Granites write). */
+export const REASONING_MARKERS: Record<ReasoningParserName, ReasoningMarkers> = {
+  deepseek_r1: { kind: "token", start: THINK_START, end: THINK_END },
+  qwen3: { kind: "token", start: THINK_START, end: THINK_END },
+  mistral: { kind: "token", start: "[THINK]", end: "[/THINK]" },
+  granite: {
+    kind: "text",
+    start: ["Here's my thought process:", "Here is my thought process:"],
+    end: ["Here's my response:", "Here is my response:"],
+  },
+};
+
+/** Why structured output cannot follow `parser`'s reasoning, or null when it can (its markers are tokens). */
+export function textMarkersRefusal(parser: ReasoningParserName): string | null {
+  const m = REASONING_MARKERS[parser];
+  return m.kind === "token"
+    ? null
+    : `structured output (response_format, structured_outputs, or tool_choice "required" or a named function) cannot follow the ${parser} reasoning parser's ` +
+        `reasoning: its markers are text (${JSON.stringify(m.end[1])}), not tokens, so the answer's start cannot be found (vLLM's ${parser} parser never starts the grammar)`;
+}
+
+/** The token ids of the reasoning's start and end markers (<think> and </think>, or [THINK] and [/THINK]). */
 export interface ThinkMarkers {
   start: number;
   end: number;
@@ -24,14 +53,22 @@ function singleToken(tokenizer: TokenizerLike, text: string): number | null {
   return ids.length === 1 && tokenizer.idToToken(ids[0]!) === text ? ids[0]! : null;
 }
 
-/** The markers' ids for `parser`; throws when the tokenizer lacks either as a single token (as vLLM refuses to start). */
+/**
+ * The markers' ids for `parser`; throws when the tokenizer lacks either as a single token (as vLLM refuses to
+ * start), or when the parser's markers are text (see hasTokenMarkers).
+ */
 export function thinkMarkers(tokenizer: TokenizerLike, parser: ReasoningParserName): ThinkMarkers {
-  const start = singleToken(tokenizer, THINK_START);
-  const end = singleToken(tokenizer, THINK_END);
+  const m = REASONING_MARKERS[parser];
+  if (m.kind !== "token") throw new Error(`[engine] reasoning parser ${parser} has text markers, not tokens`);
+  const start = singleToken(tokenizer, m.start);
+  const end = singleToken(tokenizer, m.end);
   if (start === null || end === null)
-    throw new Error(`[engine] reasoning parser ${parser} needs ${THINK_START} and ${THINK_END} as single tokens of the model's tokenizer, which spells ${start === null ? THINK_START : THINK_END} with several`);
+    throw new Error(`[engine] reasoning parser ${parser} needs ${m.start} and ${m.end} as single tokens of the model's tokenizer, which spells ${start === null ? m.start : m.end} with several`);
   return { start, end };
 }
+
+/** Whether `parser`'s markers are tokens (thinkMarkers finds them), not phrases. */
+export const hasTokenMarkers = (parser: ReasoningParserName): boolean => REASONING_MARKERS[parser].kind === "token";
 
 /**
  * When a reasoning model's reasoning is over, as a request's grammar watches for it: `endedIn(ids)` says whether

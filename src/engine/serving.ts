@@ -7,7 +7,7 @@ import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOp
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs, PoolerConfig } from "./engine-core.js";
 import { isPoolingType, type PoolingType } from "./model-runner.js";
-import { REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
+import { hasTokenMarkers, REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { KvEventsConfig } from "./kv-events.js";
 import type { LogprobsMode } from "./sampler.js";
@@ -355,7 +355,7 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
 }
 
 function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLeader | null = null): ServingSetup {
-  if (args.reasoningParser != null) {
+  if (args.reasoningParser != null && hasTokenMarkers(args.reasoningParser)) {
     try {
       thinkMarkers(loaded.tokenizer, args.reasoningParser);
     } catch (e) {

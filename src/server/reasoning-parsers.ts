@@ -11,7 +11,9 @@
 // earlier turn's thinking kept in the prompt) is read in the third mode, "tagged": it has a thinking part only when it
 // opens with <think>; otherwise it is all content. That matches the engine, whose structured output starts at once
 // after such a prompt and after the reply's </think> otherwise (src/engine/reasoning.ts).
+// granite and mistral read replies their own way, whatever the prompt (granite-mistral-reasoning.ts).
 import { THINK_END as END, THINK_START as START, type ReasoningParserName } from "../engine/reasoning.js";
+import { GraniteReasoningStream, MistralReasoningStream, splitGranite, splitMistral } from "./granite-mistral-reasoning.js";
 
 export { REASONING_PARSERS, type ReasoningParserName } from "../engine/reasoning.js";
 
@@ -23,11 +25,19 @@ export interface ReasoningSplit {
 
 /**
  * How a reply is read: "on" (reasoning first), "off" (all content: qwen3 with thinking turned off), or "tagged"
- * (the prompt ended the reasoning: reasoning only when the reply opens with <think>).
+ * (the prompt ended the reasoning: reasoning only when the reply opens with <think>); "granite" and "mistral" by
+ * those parsers' rules.
  */
-export type ThinkingMode = "on" | "off" | "tagged";
+export type ThinkingMode = "on" | "off" | "tagged" | "granite" | "mistral";
+
+/**
+ * Whether replies keep special tokens in their text unless a request says otherwise: Magistral's [THINK] and
+ * [/THINK] are special tokens of its tokenizer, which the reply's text must show for the parser to read them.
+ */
+export const reasoningKeepsSpecialTokens = (parser: ReasoningParserName | null): boolean => parser === "mistral";
 
 export function thinkingMode(parser: ReasoningParserName, chatTemplateKwargs: Record<string, unknown> | undefined, prompt: string): ThinkingMode {
+  if (parser === "granite" || parser === "mistral") return parser;
   if (parser === "qwen3" && chatTemplateKwargs?.enable_thinking === false) return "off";
   const end = prompt.lastIndexOf(END);
   return end >= 0 && end > prompt.lastIndexOf(START) ? "tagged" : "on";
@@ -35,6 +45,8 @@ export function thinkingMode(parser: ReasoningParserName, chatTemplateKwargs: Re
 
 /** Splits a whole reply (see the file comment). */
 export function splitReasoning(text: string, mode: ThinkingMode): ReasoningSplit {
+  if (mode === "granite") return splitGranite(text);
+  if (mode === "mistral") return splitMistral(text);
   if (mode === "off" || (mode === "tagged" && !text.startsWith(START))) return { reasoning: null, content: text };
   const s = text.indexOf(START);
   const body = s >= 0 ? text.slice(s + START.length) : text;
@@ -55,14 +67,18 @@ export class ReasoningStream {
   private inContent: boolean;
   /** "tagged" until the reply's opening shows whether it starts with <think>. */
   private undecided: boolean;
+  /** granite's or mistral's stream, which reads the reply instead. */
+  private readonly other: GraniteReasoningStream | MistralReasoningStream | null;
 
   constructor(mode: ThinkingMode) {
     this.inContent = mode === "off";
     this.undecided = mode === "tagged";
+    this.other = mode === "granite" ? new GraniteReasoningStream() : mode === "mistral" ? new MistralReasoningStream() : null;
   }
 
   /** The reasoning and content this delta adds (empty strings when it adds none of one). */
   push(delta: string, final: boolean): { reasoning: string; content: string } {
+    if (this.other !== null) return this.other.push(delta, final);
     if (this.undecided) {
       const t = this.held + delta;
       if (t.length < START.length && START.startsWith(t) && !final) {

@@ -124,7 +124,19 @@ function reasoningTokens(turn: Turn, ids: readonly number[]): number {
   if (turn.ctx.harmony !== null) return harmonyReasoningTokens(turn.ctx, ids);
   const parser = turn.ctx.reasoningParser;
   if (parser === null || turn.thinking === null || turn.thinking === "off") return 0;
+  if (turn.thinking === "granite") {
+    // text markers: the reasoning's text, as the tokenizer spells it
+    const reasoning = splitReasoning(turn.ctx.tokenizer.decode([...ids]), "granite").reasoning;
+    return reasoning === null ? 0 : turn.ctx.tokenizer.encode(reasoning, { addSpecialTokens: false }).length;
+  }
   const m = thinkMarkers(turn.ctx.tokenizer, parser);
+  if (turn.thinking === "mistral") {
+    // the tokens between the first [THINK] and the first [/THINK] after it (or the end)
+    const s = ids.indexOf(m.start);
+    if (s < 0) return 0;
+    const e = ids.indexOf(m.end, s);
+    return (e < 0 ? ids.length : e) - s - 1;
+  }
   if (turn.thinking === "tagged" && ids[0] !== m.start) return 0;
   const end = ids.indexOf(m.end);
   return ids.slice(0, end < 0 ? ids.length : end).filter((id) => id !== m.start).length;

@@ -8,7 +8,7 @@ import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
-import { ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
+import { reasoningKeepsSpecialTokens, ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import { chatEffort, HarmonyChatStream, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
 import {
   abortOnDisconnect, checkQueue, forceUsage, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
@@ -150,6 +150,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const promptText = ctx.harmony !== null ? harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort") : renderChatPrompt(ctx, req);
   const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));
   const sampled = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
+  if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
   const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
   const thinking = replyMode(ctx, req, promptText);
   // vLLM's get_chat_request_role: --response-role for a new reply, else the role of the message it continues

@@ -8,7 +8,7 @@ import type { FinishReason, RequestOutput } from "../engine/types.js";
 import { ApiError, badRequest, toApiError } from "./errors.js";
 import type { Json } from "./fields.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
-import { thinkingMode } from "./reasoning-parsers.js";
+import { reasoningKeepsSpecialTokens, thinkingMode } from "./reasoning-parsers.js";
 import { harmonyOutputItems, outputItems, responseObject, statusOf, usageOf, type Turn } from "./responses-output.js";
 import { itemsToMessages, parseResponsesRequest, toChatRequest, type WireMessage } from "./responses-protocol.js";
 import { streamResponse } from "./responses-stream.js";
@@ -114,6 +114,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   const room = ctx.maxModelLen - promptTokenIds.length;
   if (chat.maxTokens !== undefined && room > 0) chat.maxTokens = Math.min(chat.maxTokens, room);
   const sampled = samplingParamsFor(ctx, chat, promptTokenIds.length, "input");
+  if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
   const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
   const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
   // the id carries fastify's request id (the client's X-Request-Id, else random hex); engine ids must differ
