@@ -4,6 +4,7 @@ import type {
   CompletionOutput, EngineClient, EngineStats, FinishReason, Logprob, RequestOutput, SamplingParams, TokenLogprobs,
 } from "../../src/engine/types.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../../src/models/tokenizer-types.js";
+import type { ReasoningParserName } from "../../src/engine/reasoning.js";
 
 // Vocabulary: 0 <s>, 1 </s>, 2 <unk>, 3.. printable ASCII (32..126), then "\n".
 const SPECIALS = ["<s>", "</s>", "<unk>"];
@@ -86,6 +87,13 @@ export interface FakeEngineOptions {
   eosProbability?: number; // per step, once minTokens is reached (unless ignoreEos)
   /** A pooling engine: each request finishes at its first step with a vector from its prompt's hash. */
   pooling?: { task: "embed" } | { task: "classify"; labels: string[] };
+  /**
+   * The reply to write, character by character then EOS, for a prompt's text (null: the usual random letters), so
+   * that a test can show how the server reads a given reply (tool calls, reasoning).
+   */
+  script?: (prompt: string) => string | null;
+  /** The reasoning parser the engine reports (the server splits replies with it). */
+  reasoningParser?: ReasoningParserName;
 }
 
 interface Live {
@@ -111,6 +119,10 @@ export class FakeEngine implements EngineClient {
   private prefixQueries = 0;
   /** The sampling params of the latest generate() call, as the server sent them. */
   lastParams: Partial<SamplingParams> | null = null;
+
+  get reasoningParser(): ReasoningParserName | null {
+    return this.options.reasoningParser ?? null;
+  }
 
   get poolingTask(): "embed" | "classify" | null {
     return this.options.pooling?.task ?? null;
@@ -198,6 +210,8 @@ export class FakeEngine implements EngineClient {
     const holdBack = params.includeStopStrInOutput ? 0 : Math.max(0, ...stops.map((s) => s.length - 1));
     const topN = params.logprobs ?? null;
     const fails = (prompt.prompt ?? this.tokenizer.decode(ids)).includes(this.failMarker);
+    const scripted = this.options.script?.(prompt.prompt ?? this.tokenizer.decode(ids)) ?? null;
+    const script = scripted === null ? null : [...this.tokenizer.encode(scripted, { addSpecialTokens: false }), EOS];
     const arrival = Date.now();
     let firstTokenAt: number | null = null;
 
@@ -240,7 +254,8 @@ export class FakeEngine implements EngineClient {
           if (s.finish !== null) continue;
           const r = s.rand();
           const canEos = !params.ignoreEos && s.tokens.length >= (params.minTokens ?? 0);
-          const tok = canEos && r < (this.options.eosProbability ?? 0.02) ? EOS : GEN_TOKENS[Math.floor(s.rand() * GEN_TOKENS.length)]!;
+          const tok =
+            script !== null ? script[s.tokens.length]! : canEos && r < (this.options.eosProbability ?? 0.02) ? EOS : GEN_TOKENS[Math.floor(s.rand() * GEN_TOKENS.length)]!;
           s.tokens.push(tok);
           if (topN !== null) s.logprobs.push(this.fakeLogprobs(tok, topN, s.rand));
           if (tok === EOS) {
