@@ -30,7 +30,7 @@ export interface FeatureArgs {
   reasoningParser: ServeReasoningParser | null;
 }
 
-/** --reasoning-parser's names: the engine's (<think> markers) and gpt-oss's, which only the server reads. */
+/** --reasoning-parser's names: the engine's (<think>, [THINK] or Granite's phrases) and gpt-oss's, which only the server reads. */
 export const SERVE_REASONING_PARSERS = [...REASONING_PARSERS, "openai_gptoss"] as const;
 export type ServeReasoningParser = ReasoningParserName | "openai_gptoss";
 
@@ -57,7 +57,7 @@ export function addFeatureOptions(cmd: Command): Command {
 export function addStructuredOutputOptions(cmd: Command): Command {
   return cmd
     .addOption(
-      new Option("--reasoning-parser <name>", "return the reply's reasoning (<think> part; gpt-oss: its analysis channel) as the message's reasoning").choices([
+      new Option("--reasoning-parser <name>", "return the reply's reasoning (<think> or [THINK] part, Granite's thought process; gpt-oss: its analysis channel) as the message's reasoning").choices([
         ...SERVE_REASONING_PARSERS,
       ]),
     )

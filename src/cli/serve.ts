@@ -12,6 +12,7 @@ import { withChatTemplateDefaults } from "../models/chat-content-format.js";
 import type { LoraModule } from "../server/serving-context.js";
 import type { KvTransferService } from "../server/kv-transfer.js";
 import type { ServerEngineOptions } from "../server/server.js";
+import { missingParserTokens } from "../server/tool-parsers.js";
 import { env } from "../util/env.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
@@ -109,6 +110,9 @@ export function serverEngineOptions(
   args: ServeArgs, loaded: LoadedEngine, names: string[], loraModules: LoraModule[] | null, kvTransfer: KvTransferService | null,
   harmony: boolean,
 ): ServerEngineOptions {
+  const missing = args.toolCallParser === null ? [] : missingParserTokens(args.toolCallParser, loaded.tokenizer);
+  if (missing.length > 0)
+    throw new CliUsageError(`--tool-call-parser ${args.toolCallParser} needs ${missing.join(" and ")} as tokens of the model's tokenizer, which spells them with several (vLLM refuses to start too)`);
   return {
     engine: loaded.engine,
     // --chat-template-content-format and --default-chat-template-kwargs reach every chat render (chat, responses, /tokenize)

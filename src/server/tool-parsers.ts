@@ -13,6 +13,7 @@ import { PyDict, pyJsonDecode, pyJsonDumps, pyJsonDumpsAscii, type PyValue } fro
 import { readPythonCalls } from "./pythonic-calls.js";
 import { jsonListToolParsers } from "./json-list-tool-parsers.js";
 import { qwen3Coder } from "./qwen3-coder-calls.js";
+import type { TokenizerLike } from "../models/tokenizer-types.js";
 
 /**
  * vLLM's --tool-call-parser names that Kiln implements. "openai" is gpt-oss's: its calls are Harmony messages read
@@ -178,6 +179,20 @@ export function toolCallParser(name: ToolCallParserName): ToolCallParser {
     case "qwen3_coder":
       return qwen3Coder;
   }
+}
+
+/** Markers a parser needs as single tokens of the model's tokenizer (vLLM's parsers refuse to start without them). */
+const PARSER_TOKENS: Partial<Record<ToolCallParserName, readonly string[]>> = {
+  mistral: ["[TOOL_CALLS]"],
+  qwen3_coder: ["<tool_call>", "</tool_call>"],
+};
+
+/** The markers of parser `name` that `tokenizer` does not hold as single tokens (none: the parser can serve it). */
+export function missingParserTokens(name: ToolCallParserName, tokenizer: TokenizerLike): string[] {
+  return (PARSER_TOKENS[name] ?? []).filter((marker) => {
+    const ids = tokenizer.encode(marker, { addSpecialTokens: false });
+    return !(ids.length === 1 && tokenizer.idToToken(ids[0]!) === marker);
+  });
 }
 
 /** How much of `text`'s end could be the start of `marker` (the length to hold back while streaming). */

@@ -76,6 +76,8 @@ describe("kiln CLI", () => {
     assert.equal(parseServeArgs("m", { toolCallParser: "hermes" }, {}).toolCallParser, null); // parser alone: auto stays off
     assert.throws(() => parseServeArgs("m", { enableAutoToolChoice: true }, {}), /requires --tool-call-parser/);
     assert.throws(() => parseServeArgs("m", { enableAutoToolChoice: true, toolCallParser: "no_such_parser" }, {}), /--tool-call-parser must be one of hermes/);
+    assert.equal(parseServeArgs("m", { enableAutoToolChoice: true, toolCallParser: "mistral" }, {}).toolCallParser, "mistral");
+    assert.equal(parseServeArgs("m", { reasoningParser: "granite" }, {}).reasoningParser, "granite");
     assert.equal(parseServeArgs("m", { structuredOutputsConfig: '{"backend": "xgrammar", "disable_any_whitespace": true}' }, {}).disableAnyWhitespace, true);
     assert.equal(parseServeArgs("m", { guidedDecodingBackend: "xgrammar" }, {}).disableAnyWhitespace, false);
     assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: '{"backend": "outlines"}' }, {}), /backend must be auto or xgrammar/);

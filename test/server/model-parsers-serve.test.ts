@@ -6,6 +6,10 @@ import { describe, it } from "node:test";
 import type OpenAI from "openai";
 import type { ReasoningParserName } from "../../src/engine/reasoning.js";
 import type { ToolCallParserName } from "../../src/server/tool-parsers.js";
+import { AsyncLLM } from "../../src/engine/async-llm.js";
+import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
+import { createServer } from "../../src/server/index.js";
+import { FakeTokenizer } from "./fake-engine.js";
 import { MODEL, startTestServer, type TestServer } from "./helpers.js";
 
 const WEATHER = {
@@ -146,6 +150,12 @@ describe("new reasoning parsers through the server", () => {
       assert.deepEqual([st.reasoning, st.content], [" 2 and 2. ", " 4"]);
       const plain = await chat(s, "plain", { tools: undefined });
       assert.deepEqual([plain.message.reasoning, plain.message.content], [null, "Just 4."]);
+      // the Responses API: a reasoning item, then the message; reasoning_tokens are its text's tokens (one a character here)
+      const r = await s.client.responses.create({ model: MODEL, input: "sum" });
+      assert.deepEqual(r.output.map((o) => o.type), ["reasoning", "message"]);
+      assert.deepEqual((r.output[0] as OpenAI.Responses.ResponseReasoningItem).content, [{ type: "reasoning_text", text: " 2 and 2. " }]);
+      assert.equal(r.output_text, " 4");
+      assert.equal(r.usage!.output_tokens_details.reasoning_tokens, " 2 and 2. ".length);
     } finally {
       await s.close();
     }
@@ -169,6 +179,36 @@ describe("new reasoning parsers through the server", () => {
       assert.deepEqual([ws.reasoning, ws.content, ws.finish, ws.calls[0]!.arguments], ["Need the weather.", "", "tool_calls", '{"city": "Oslo"}']);
     } finally {
       await s.close();
+    }
+  });
+});
+
+describe("granite reasoning and structured output over the real engine", () => {
+  it("a request with structured output (response_format, tool_choice required) is a 400 naming structured_outputs", async () => {
+    const tokenizer = new FakeTokenizer();
+    const engine = new AsyncLLM({ runner: new FakeModelRunner(tokenizer.vocabSize), tokenizer, engineArgs: { maxModelLen: 128, numGpuBlocks: 64, reasoningParser: "granite" } });
+    const app = createServer({ engine, tokenizer, servedModelNames: ["real"], maxModelLen: 128, version: "t" });
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}/v1/chat/completions`;
+    const post = async (extra: Record<string, unknown>) => {
+      const r = await fetch(url, {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "real", messages: [{ role: "user", content: "hi" }], max_tokens: 4, ...extra }),
+      });
+      return { status: r.status, body: (await r.json()) as { error?: { param: string | null; message: string; type: string } } };
+    };
+    try {
+      for (const extra of [{ response_format: { type: "json_object" } }, { tools: [WEATHER], tool_choice: "required" }]) {
+        const r = await post(extra);
+        assert.equal(r.status, 400, JSON.stringify(extra));
+        assert.equal(r.body.error!.param, "structured_outputs");
+        assert.match(r.body.error!.message, /cannot follow the granite reasoning parser's reasoning/);
+      }
+      assert.equal((await post({})).status, 200);
+    } finally {
+      const closing = app.close();
+      app.server.closeAllConnections();
+      await closing;
     }
   });
 });

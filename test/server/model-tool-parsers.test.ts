@@ -3,8 +3,15 @@
 // parameter values are written out by hand). Streaming each reply cut anywhere is checked with the other parsers in
 // tool-parsers.test.ts.
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
 import { describe, it } from "node:test";
-import { toolCallParser, type ExtractedToolCalls } from "../../src/server/tool-parsers.js";
+import { missingParserTokens, toolCallParser, type ExtractedToolCalls } from "../../src/server/tool-parsers.js";
+import { Tokenizer } from "../../src/models/tokenizer.js";
+import { loadCorpus } from "../../src/train/corpus.js";
+import { saveTokenizer, trainBpeTokenizer } from "../../src/train/bpe-trainer.js";
+import { testTokenizerDir } from "../helpers/tiny-model.js";
 import { convertParameter } from "../../src/server/qwen3-coder-calls.js";
 
 const withoutIds = (r: ExtractedToolCalls | null) => r && { content: r.content, calls: r.calls.map(({ name, arguments: a }) => ({ name, arguments: a })) };
@@ -210,5 +217,22 @@ describe("llama4_pythonic and llama4_json tool-call parsers", () => {
 
   it("llama4_json is llama3_json", () => {
     assert.equal(toolCallParser("llama4_json"), toolCallParser("llama3_json"));
+  });
+});
+
+describe("tool-call parsers' tokens", () => {
+  it("mistral needs [TOOL_CALLS] and qwen3_coder <tool_call> and </tool_call> as single tokens, as vLLM checks at start", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-tool-tokens-"));
+    try {
+      const specials = ["<|endoftext|>", "[TOOL_CALLS]", "<tool_call>"];
+      saveTokenizer(dir, trainBpeTokenizer(loadCorpus({ source: "brown", maxDocs: 20 }), { vocabSize: 300, specialTokens: specials }));
+      const tok = Tokenizer.fromDir(dir);
+      assert.deepEqual(missingParserTokens("mistral", tok), []);
+      assert.deepEqual(missingParserTokens("qwen3_coder", tok), ["</tool_call>"]);
+      assert.deepEqual(missingParserTokens("granite", tok), []); // granite's markers are read from text
+      assert.deepEqual(missingParserTokens("mistral", Tokenizer.fromDir(testTokenizerDir())), ["[TOOL_CALLS]"]);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
