@@ -7,12 +7,14 @@
 //   - pythonic (Llama 3.2 / 4 and other models trained on Python calls): `[get_weather(city="Oslo"), get_time()]`;
 //     llama4_pythonic is Llama 4's variant (an optional `<|python_start|>`, ASCII-escaped arguments);
 //   - mistral, granite, phi4_mini_json (JSON lists behind a marker: json-list-tool-parsers.ts) and qwen3_coder
-//     (`<function=NAME><parameter=P>value</parameter></function>`, typed by the tool's schema: qwen3-coder-calls.ts).
+//     (`<function=NAME><parameter=P>value</parameter></function>`, typed by the tool's schema: qwen3-coder-calls.ts);
+//   - functiongemma (FunctionGemma): `<start_function_call>call:NAME{key:<escape>value<escape>}<end_function_call>`.
 // llama3_json and pythonic calls open the reply (after whitespace): vLLM's streamed reading only finds them there.
 import { PyDict, pyJsonDecode, pyJsonDumps, pyJsonDumpsAscii, type PyValue } from "./python-json.js";
 import { readPythonCalls } from "./pythonic-calls.js";
 import { jsonListToolParsers } from "./json-list-tool-parsers.js";
 import { qwen3Coder } from "./qwen3-coder-calls.js";
+import { functionGemma } from "./functiongemma-calls.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 
 /**
@@ -20,7 +22,7 @@ import type { TokenizerLike } from "../models/tokenizer-types.js";
  * from the reply's tokens (serving-chat-harmony.ts), not from text, and it serves Harmony models only.
  */
 export const TOOL_CALL_PARSERS = [
-  "hermes", "llama3_json", "llama4_json", "pythonic", "llama4_pythonic", "mistral", "granite", "phi4_mini_json", "qwen3_coder", "openai",
+  "hermes", "llama3_json", "llama4_json", "pythonic", "llama4_pythonic", "mistral", "granite", "phi4_mini_json", "qwen3_coder", "functiongemma", "openai",
 ] as const;
 export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];
 
@@ -178,6 +180,8 @@ export function toolCallParser(name: ToolCallParserName): ToolCallParser {
       return jsonListToolParsers[name];
     case "qwen3_coder":
       return qwen3Coder;
+    case "functiongemma":
+      return functionGemma;
   }
 }
 

@@ -91,11 +91,12 @@ describe("new tool-call parsers through the server", () => {
     }
   });
 
-  it("granite, phi4_mini_json and llama4_pythonic: calls that open the reply (or phi's functools[...]) with no content", async () => {
+  it("granite, phi4_mini_json, llama4_pythonic and functiongemma: calls that open the reply (or phi's functools[...]) with no content", async () => {
     const cases: [ToolCallParserName, string, string][] = [
       ["granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}]', '{"city": "Oslo", "days": 2}'],
       ["phi4_mini_json", 'Sure. functools[{"name": "get_weather", "parameters": {"city": "Oslo"}}]', '{"city": "Oslo"}'],
       ["llama4_pythonic", '<|python_start|>[get_weather(city="Oslo", days=2)]<|python_end|>', '{"city": "Oslo", "days": 2}'],
+      ["functiongemma", "<start_function_call>call:get_weather{city:<escape>Oslo<escape>,days:<escape>2<escape>}<end_function_call>", '{"city": "Oslo", "days": 2}'],
     ];
     for (const [parser, reply, args] of cases) {
       const s = await serving({ tool: parser }, { weather: reply, hello: "Hello there." });

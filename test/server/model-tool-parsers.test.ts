@@ -1,4 +1,4 @@
-// The mistral, granite, phi4_mini_json, qwen3_coder, llama4_pythonic and llama4_json tool-call parsers against
+// The mistral, granite, phi4_mini_json, qwen3_coder, functiongemma, llama4_pythonic and llama4_json tool-call parsers against
 // hand-written replies, as vLLM's parsers of those names read them (the expected calls, content and converted
 // parameter values are written out by hand). Streaming each reply cut anywhere is checked with the other parsers in
 // tool-parsers.test.ts.
@@ -217,6 +217,36 @@ describe("llama4_pythonic and llama4_json tool-call parsers", () => {
 
   it("llama4_json is llama3_json", () => {
     assert.equal(toolCallParser("llama4_json"), toolCallParser("llama3_json"));
+  });
+});
+
+describe("functiongemma tool-call parser", () => {
+  const fg = toolCallParser("functiongemma");
+
+  it("reads each call's name and <escape>d arguments (JSON where they parse), with the stripped text before as content", () => {
+    const text =
+      "  Let me check. \n<start_function_call>call:get_weather{city:<escape>New York<escape>,days:<escape>2<escape>,metric:<escape>true<escape>," +
+      "note:<escape>null<escape>}<end_function_call><start_function_call>call:now{}<end_function_call>";
+    assert.deepEqual(fg.extract(text), {
+      content: "Let me check.",
+      calls: [
+        { name: "get_weather", arguments: '{"city": "New York", "days": 2, "metric": true, "note": null}' },
+        { name: "now", arguments: "{}" },
+      ],
+    });
+    // a call cut at the end runs to it; no text before: null content
+    assert.deepEqual(fg.extract("<start_function_call>call:f{a:<escape>x<escape>"), { content: null, calls: [{ name: "f", arguments: '{"a": "x"}' }] });
+  });
+
+  it("leaves replies without a well-formed call as text", () => {
+    assert.equal(fg.extract("no calls"), null);
+    assert.equal(fg.extract("<start_function_call>get_weather{}<end_function_call>"), null); // no call: prefix
+  });
+
+  it("streams the content as far as it is sure: no leading or trailing whitespace, nothing from the marker on", () => {
+    assert.equal(fg.streamable("Hi there <start_fun", 0), 8);
+    assert.equal(fg.streamable(" Hi", 0), 0);
+    assert.equal(fg.streamable("Hi  ", 2), 2);
   });
 });
 

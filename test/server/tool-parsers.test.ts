@@ -230,6 +230,14 @@ describe("streamed tool calls", () => {
       "<tool_call><function=bad",
       "plain <func",
     ],
+    functiongemma: [
+      "Sure. <start_function_call>call:f{a:<escape>1<escape>}<end_function_call>",
+      "<start_function_call>call:f{}<end_function_call>",
+      " Hi <start_function_call>call:f{a:<escape>x<escape>}<end_function_call>",
+      "a <start_func no",
+      "<start_function_call>oops",
+      "plain  ",
+    ],
   };
   const withoutIds = (r: ExtractedToolCalls) => ({ content: r.content, calls: r.calls.map(({ name, arguments: a }) => ({ name, arguments: a })) });
   for (const name of TOOL_CALL_PARSERS.filter((n) => n !== "openai")) {
