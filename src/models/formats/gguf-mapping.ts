@@ -351,6 +351,7 @@ function gptOssMetadata(cfg: ModelConfig): Record<string, GgufTypedValue> {
 function gptOssHfConfig(cfg: Record<string, unknown>, get: (k: string) => number | undefined, need: (k: string) => number): void {
   const layers = cfg.num_hidden_layers as number;
   const rs = cfg.rope_scaling as Record<string, unknown> | undefined;
+  if (rs !== undefined && rs.rope_type !== "yarn") throw new ModelFormatError(`[gguf] gpt-oss GGUF with rope scaling ${String(rs.rope_type)}: only yarn is read`);
   Object.assign(cfg, {
     num_local_experts: need("expert_count"), num_experts_per_tok: need("expert_used_count"), sliding_window: need("attention.sliding_window"),
     layer_types: Array.from({ length: layers }, (_, i) => (i % 2 === 0 ? "sliding_attention" : "full_attention")),
@@ -363,7 +364,6 @@ function gptOssHfConfig(cfg: Record<string, unknown>, get: (k: string) => number
       }
       : { rope_type: "default" }, // (absent, GptOssConfig's default YaRN would be read in)
   });
-  if (rs !== undefined && rs.rope_type !== "yarn") throw new ModelFormatError(`[gguf] gpt-oss GGUF with rope scaling ${String(rs.rope_type)}: only yarn is read`);
 }
 
 /**
