@@ -62,7 +62,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await loaded.close();
     throw err;
   }
-  // gpt-oss (config.json model_type gpt_oss) is served in Harmony format, as vLLM serves it
+  // gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF) is served in Harmony format, as vLLM serves it
   let harmony: boolean;
   try {
     harmony = await writesHarmony(args);
@@ -139,18 +139,35 @@ export function serverEngineOptions(
 }
 
 /**
- * Whether the served model writes OpenAI's Harmony format: its config.json says model_type "gpt_oss" (vLLM's test).
+ * Whether the served model writes OpenAI's Harmony format: its config.json says model_type "gpt_oss" (vLLM's test), or
+ * its GGUF file (given, or alone in a directory without config.json) general.architecture "gpt-oss".
  * --reasoning-parser openai_gptoss and --tool-call-parser openai read Harmony only: with another model, a usage error.
  */
 export async function writesHarmony(args: ServeArgs): Promise<boolean> {
   const { resolveModel } = await import("../models/hub.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
   const config = path.join(resolved.path, "config.json");
-  const harmony = resolved.kind === "dir" && existsSync(config) && (JSON.parse(readFileSync(config, "utf8")) as { model_type?: unknown }).model_type === "gpt_oss";
+  const ggufIsGptOss = async (file: string): Promise<boolean> => {
+    const { readGguf } = await import("../models/formats/gguf.js");
+    const g = readGguf(file);
+    try {
+      return g.metadata["general.architecture"] === "gpt-oss";
+    } finally {
+      g.close();
+    }
+  };
+  let harmony: boolean;
+  if (resolved.kind === "gguf") harmony = await ggufIsGptOss(resolved.path);
+  else if (existsSync(config)) harmony = (JSON.parse(readFileSync(config, "utf8")) as { model_type?: unknown }).model_type === "gpt_oss";
+  else {
+    const { inspectModelDir } = await import("../models/model-dir.js");
+    const weights = inspectModelDir(resolved.path).weights;
+    harmony = weights?.format === "gguf" && (await ggufIsGptOss(weights.files[0]!));
+  }
   if (!harmony && args.reasoningParser === "openai_gptoss")
-    throw new CliUsageError("--reasoning-parser openai_gptoss reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss)");
+    throw new CliUsageError("--reasoning-parser openai_gptoss reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
   if (!harmony && args.toolCallParser === "openai")
-    throw new CliUsageError("--tool-call-parser openai reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss)");
+    throw new CliUsageError("--tool-call-parser openai reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
   if (harmony && args.toolCallParser !== null && args.toolCallParser !== "openai")
     throw new CliUsageError(`gpt-oss writes its tool calls in Harmony format: serve it with --tool-call-parser openai, not ${args.toolCallParser}`);
   return harmony;

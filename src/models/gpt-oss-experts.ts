@@ -19,7 +19,9 @@ import { Linear } from "../nn/layers.js";
 import type { Module } from "../nn/module.js";
 import { fitsGroupKernels } from "./formats/gguf-repack.js";
 import { bf16BitsToF32, f32ToBf16 } from "./formats/dtype-convert.js";
-import { dequantizeOpenaiMxfp4Rows, kilnToOpenaiMxfp4, openaiMxfp4RowsToKiln } from "./formats/openai-mxfp4.js";
+import { dequantizeOpenaiMxfp4Rows, kilnToOpenaiMxfp4, openaiMxfp4RowsToGgml, openaiMxfp4RowsToKiln } from "./formats/openai-mxfp4.js";
+import type { GgufWriteTensor } from "./formats/gguf.js";
+import type { GgmlTypeName } from "./formats/gguf-quant.js";
 import {
   SAFETENSORS_DTYPE_SIZE, toFloat32, type SafetensorsHandle, type SafetensorsLazyTensor, type SafetensorsTensorInfo,
 } from "./formats/safetensors.js";
@@ -271,4 +273,80 @@ export function fuseGptOssExperts(tensors: SafetensorsLazyTensor[], config: Mode
   }
   const kept = tensors.filter((t) => !gone.has(t.name));
   tensors.splice(0, tensors.length, ...kept, ...fused);
+}
+
+/** A fused gpt-oss expert tensor of a checkpoint (gate_up_proj / down_proj, their biases, or their MXFP4 blocks and scales). */
+const FUSED_EXPERTS = /^(model\.layers\.(\d+)\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$/;
+
+export function isGptOssFusedExpertTensor(name: string): boolean {
+  return FUSED_EXPERTS.test(name);
+}
+
+/**
+ * A gpt-oss checkpoint's fused experts as llama.cpp's gpt-oss GGUF holds them, per layer N: blk.N.ffn_{gate,up}_exps
+ * [E, inter, hidden] (gate_up_proj's even / odd outputs), ffn_down_exps [E, hidden, inter], and their biases [E, out].
+ * MXFP4 experts stay MXFP4 (the file's codes and scales moved into ggml's blocks, never re-rounded); float experts
+ * take `typeFor`'s type. Tensors are read when written (one at a time).
+ */
+export function gptOssGgufExpertTensors(handle: SafetensorsHandle, config: ModelConfig, typeFor: (shape: readonly number[]) => GgmlTypeName): GgufWriteTensor[] {
+  const moe = config.moe!;
+  const [H, I, E] = [config.hiddenSize, moe.moeIntermediateSize, moe.numExperts];
+  const prefixes = new Map<number, string>();
+  for (const t of handle.tensors) {
+    const m = FUSED_EXPERTS.exec(t.name);
+    if (m) prefixes.set(Number(m[2]), m[1]!);
+  }
+  const info = (name: string, shape: number[]): string => {
+    const i = handle.get(name);
+    if (i === undefined) throw new ModelLoadError(`[convert] checkpoint lacks ${name}`);
+    if (i.shape.join() !== shape.join()) throw new ModelLoadError(`[convert] ${name} is [${i.shape.join(", ")}], the config says [${shape.join(", ")}]`);
+    return name;
+  };
+  const range = (n: number, f: (i: number) => number) => Array.from({ length: n }, (_, i) => f(i));
+  const out: GgufWriteTensor[] = [];
+  for (const [layer, prefix] of [...prefixes].sort((a, b) => a[0] - b[0])) {
+    const blk = `blk.${layer}`;
+    if (handle.has(`${prefix}.gate_up_proj_blocks`)) {
+      const mxfp4 = (proj: string, rows: number, k: number, pick: number[]) => () => {
+        const [b, s] = [info(`${prefix}.${proj}_blocks`, [E, rows, k / 32, 16]), info(`${prefix}.${proj}_scales`, [E, rows, k / 32])];
+        return openaiMxfp4RowsToGgml(handle.load(b), handle.load(s), pick, k);
+      };
+      // expert e's gate rows are e * 2I + 2i of gate_up_proj, its up rows e * 2I + 2i + 1
+      const gateRows = range(E * I, (j) => Math.floor(j / I) * 2 * I + 2 * (j % I));
+      out.push(
+        { name: `${blk}.ffn_gate_exps.weight`, shape: [E, I, H], type: "MXFP4", loadRaw: mxfp4("gate_up_proj", 2 * I, H, gateRows) },
+        { name: `${blk}.ffn_up_exps.weight`, shape: [E, I, H], type: "MXFP4", loadRaw: mxfp4("gate_up_proj", 2 * I, H, gateRows.map((r) => r + 1)) },
+        { name: `${blk}.ffn_down_exps.weight`, shape: [E, H, I], type: "MXFP4", loadRaw: mxfp4("down_proj", H, I, range(E * H, (j) => j)) },
+      );
+    } else {
+      // x @ W with W [E, hidden, 2 * inter]: GGUF's [E, out, in] is its transpose, gate the even columns, up the odd
+      const gateUp = (parity: number) => () => {
+        const gu = handle.loadAsFloat32(info(`${prefix}.gate_up_proj`, [E, H, 2 * I]));
+        const w = new Float32Array(E * I * H);
+        for (let e = 0; e < E; e++) for (let i = 0; i < I; i++) for (let h = 0; h < H; h++) w[(e * I + i) * H + h] = gu[(e * H + h) * 2 * I + 2 * i + parity]!;
+        return w;
+      };
+      const down = () => {
+        const d = handle.loadAsFloat32(info(`${prefix}.down_proj`, [E, I, H]));
+        const w = new Float32Array(E * H * I);
+        for (let e = 0; e < E; e++) for (let i = 0; i < I; i++) for (let h = 0; h < H; h++) w[(e * H + h) * I + i] = d[(e * I + i) * H + h]!;
+        return w;
+      };
+      out.push(
+        { name: `${blk}.ffn_gate_exps.weight`, shape: [E, I, H], type: typeFor([I, H]), load: gateUp(0) },
+        { name: `${blk}.ffn_up_exps.weight`, shape: [E, I, H], type: typeFor([I, H]), load: gateUp(1) },
+        { name: `${blk}.ffn_down_exps.weight`, shape: [E, H, I], type: typeFor([H, I]), load: down },
+      );
+    }
+    const guBias = (parity: number) => () => {
+      const b = handle.loadAsFloat32(info(`${prefix}.gate_up_proj_bias`, [E, 2 * I]));
+      return Float32Array.from({ length: E * I }, (_, j) => b[2 * j + parity]!); // (e, i) -> e * 2I + 2i + parity
+    };
+    out.push(
+      { name: `${blk}.ffn_gate_exps.bias`, shape: [E, I], type: "F32", load: guBias(0) },
+      { name: `${blk}.ffn_up_exps.bias`, shape: [E, I], type: "F32", load: guBias(1) },
+      { name: `${blk}.ffn_down_exps.bias`, shape: [E, H], type: "F32", load: () => handle.loadAsFloat32(info(`${prefix}.down_proj_bias`, [E, H])) },
+    );
+  }
+  return out;
 }

@@ -12,7 +12,7 @@ import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture, type ModelConfig } from "./hf-config.js";
 import { fusedParts } from "./fused-weights.js";
 import { FAMILIES, ModelLoadError } from "./loader.js";
-import { fuseGptOssExperts } from "./gpt-oss-experts.js";
+import { fuseGptOssExperts, gptOssGgufExpertTensors, isGptOssFusedExpertTensor } from "./gpt-oss-experts.js";
 import { inspectModelDir } from "./model-dir.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
 
@@ -204,7 +204,8 @@ function tokenId(tok: Json, content: string): number | null {
  * llama.cpp's quantize_row_q4_0_ref, which is also what `--quantization int4` computes, so a Q4_0 export holds
  * exactly the int4 weights Kiln runs; likewise MXFP4 and `--quantization mxfp4`. Q4_K needs rows of whole
  * 256-element super-blocks: other matrices fall back to Q4_0 (as llama.cpp's quantizer falls back to a 32-block
- * type). Tensors are read and encoded one at a time.
+ * type). gpt-oss's fused experts are split into llama.cpp's gate / up / down stacks; MXFP4 experts stay MXFP4 (the
+ * checkpoint's own codes) whatever `type` is. Tensors are read and encoded one at a time.
  */
 export function exportGguf(dir: string, outFile: string, type: GgufExportType = "F32"): void {
   const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Json;
@@ -235,7 +236,9 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const stacked = new Map<string, { shape: number[]; parts: string[] }>();
   const tensors: GgufWriteTensor[] = [];
   try {
+    const gptOss = cfg.architecture === "GptOssForCausalLM";
     for (const info of st.tensors) {
+      if (gptOss && isGptOssFusedExpertTensor(info.name)) continue; // below, split and stacked as llama.cpp's gpt-oss reads them
       const m = hfToGgufTensorName(info.name, family);
       if (!m) throw new ModelLoadError(`${dir}: tensor ${info.name} has no GGUF name`);
       if (m.expert !== undefined) {
@@ -247,6 +250,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
       tensors.push({ name: m.name, shape: info.shape, type: typeFor(info.shape), load: () => load(info.name, info.shape[0]!) });
     }
     for (const { name, values } of phi3RopeFactorTensors(config)) tensors.push({ name, shape: [values.length], type: "F32", load: () => values });
+    if (gptOss) tensors.push(...gptOssGgufExpertTensors(st, cfg, typeFor));
     for (const [name, s] of stacked) {
       const per = s.shape.reduce((a, b) => a * b, 1);
       const all = () => {

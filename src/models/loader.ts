@@ -14,7 +14,7 @@ import { inspectModelDir, type ModelWeights } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
-import { ggufArchPermutesQK, ggufFamilyOf, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
+import { ggufArchPermutesQK, ggufFamilyOf, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, hfToGgufTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
 import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
@@ -350,8 +350,21 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     const family = ggufFamilyOf(config.architecture);
     // every parameter is assigned below (or the load fails on the missing ones), so none is allocated first
     const model = new CausalLM(config, { dtype, device: options.device, family: FAMILIES[config.architecture], unallocatedParameters: true });
-    const wanted = new Set(model.namedParameters().map(([n]) => n));
+    const shapes = new Map(model.namedParameters().map(([n, t]) => [n, t.shape]));
+    const wanted = new Set(shapes.keys());
     const loaded = new Set<string>();
+    /** The shape the config gives GGUF tensor `hfName` (stacked experts [E, out, in], fused parts' rows summed); null: no such parameter. */
+    const expectedShape = (hfName: string, fused: [string, number][] | null): readonly number[] | null => {
+      if (hfName.includes("{expert}")) {
+        const per = shapes.get(hfName.replace("{expert}", "0"));
+        return per === undefined || config.moe === null ? null : [config.moe.numExperts, ...per];
+      }
+      if (fused) {
+        const first = shapes.get(fused[0]![0]);
+        return first === undefined ? null : [fused.reduce((n, [, r]) => n + r, 0), ...first.slice(1)];
+      }
+      return shapes.get(hfName) ?? null;
+    };
     const direct = directQuantLoader(model, options);
     const tiedHead = config.tieWordEmbeddings && !g.get("output.weight");
     g.tensors.forEach((info, i) => {
@@ -363,6 +376,9 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
         permutes ? unpermuteQK(d, r, config.numAttentionHeads, hfName.includes("k_proj") ? config.numKeyValueHeads : undefined) : d;
       const experts = hfName.includes("{expert}") ? info.shape[0]! : 0;
       const fused = fusedParts(config, hfName); // Phi-3's qkv / gate-up: one matrix, its parts' rows in turn
+      const want = expectedShape(hfName, fused);
+      if (want !== null && want.join() !== info.shape.join())
+        throw new ModelLoadError(`${file}: tensor ${info.name} is [${info.shape.join(", ")}], the model's config says [${want.join(", ")}] (for ${hfName})`);
       const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : fused ? fused.map(([n]) => n) : [hfName];
       if (direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g, fused?.map(([, r]) => r))) {
         names.forEach((n) => loaded.add(n));
@@ -397,7 +413,10 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
     });
     direct.finish(file);
     const missing = [...wanted].filter((n) => !loaded.has(n));
-    if (missing.length) throw new ModelLoadError(`${file}: GGUF lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")}`);
+    if (missing.length) {
+      const tensors = [...new Set(missing.map((n) => hfToGgufTensorName(n, family)?.name ?? n))];
+      throw new ModelLoadError(`${file}: GGUF lacks ${missing.length} parameters, e.g. ${missing.slice(0, 4).join(", ")} (tensor${tensors.length > 1 ? "s" : ""} ${tensors.slice(0, 4).join(", ")})`);
+    }
     let tokenizer: Tokenizer;
     let generationConfig: GenerationConfig | null = null;
     // --tokenizer, else the directory the file sits in; generation_config.json from that directory, else --tokenizer's

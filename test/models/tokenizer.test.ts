@@ -238,8 +238,8 @@ test("GGUF pre-tokenizer names: GPT-2's split is written as llama.cpp's gpt-2; n
   const md = tokenizerJsonToGgufMetadata(readJson(path.join(dir, "tokenizer.json")), readJson(path.join(dir, "tokenizer_config.json")));
   assert.equal(md["tokenizer.ggml.pre"]!.value, "gpt-2");
   const base = { "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": [1, 1], "tokenizer.ggml.merges": [] };
-  for (const pre of ["gpt-2", "default", "llama-bpe", "qwen2"]) ggufToTokenizerJson({ ...base, "tokenizer.ggml.pre": pre });
-  for (const pre of ["smollm", "tekken", "gpt-4o"]) {
+  for (const pre of ["gpt-2", "default", "llama-bpe", "qwen2", "gpt-4o"]) ggufToTokenizerJson({ ...base, "tokenizer.ggml.pre": pre });
+  for (const pre of ["smollm", "tekken", "deepseek-llm"]) {
     assert.throws(() => ggufToTokenizerJson({ ...base, "tokenizer.ggml.pre": pre }), new RegExp(`unsupported tokenizer.ggml.pre "${pre}"`));
   }
   assert.throws(() => tokenizerJsonToGgufMetadata({ ...readJson(path.join(dir, "tokenizer.json")), pre_tokenizer: { type: "Whitespace" } }), /cannot name/);

@@ -38,18 +38,31 @@ const PHI3_LAYER_NAMES: [string, string][] = [
   ["self_attn.qkv_proj", "attn_qkv"],
   ["mlp.gate_up_proj", "ffn_up"],
 ];
-/** Families whose GGUF tensor names differ: Mixtral's expert names, Gemma's (2 and 3: the same names) and OLMo 2's norms, Phi-3's fusions. */
-export type GgufFamily = "mixtral" | "gemma" | "olmo2" | "phi3" | "default";
+/**
+ * gpt-oss: the MoE's input norm is llama.cpp's attn_post_norm, the router (biased) ffn_gate_inp, and each head's sink
+ * logit `attn_sinks.weight` (HF's `self_attn.sinks` has no suffix: see hfToGgufTensorName).
+ */
+const GPT_OSS_LAYER_NAMES: [string, string][] = [
+  ["post_attention_layernorm", "post_attention_norm"],
+  ["mlp.router", "ffn_gate_inp"],
+];
+/**
+ * Families whose GGUF tensor names differ: Mixtral's expert names, Gemma's (2 and 3: the same names) and OLMo 2's norms,
+ * Phi-3's fusions, gpt-oss's norm, router and sinks.
+ */
+export type GgufFamily = "mixtral" | "gemma" | "olmo2" | "phi3" | "gptoss" | "default";
 const layerNames = (family: GgufFamily): [string, string][] =>
   family === "gemma" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES]
   : family === "olmo2" ? [...OUTPUT_NORM_NAMES, ...LAYER_NAMES]
   : family === "phi3" ? [...PHI3_LAYER_NAMES, ...LAYER_NAMES]
+  : family === "gptoss" ? [...GPT_OSS_LAYER_NAMES, ...LAYER_NAMES]
   : LAYER_NAMES;
 
 /** The tensor-name family of an HF architecture. */
 export function ggufFamilyOf(architecture: string): GgufFamily {
   const families: Record<string, GgufFamily> = {
     MixtralForCausalLM: "mixtral", Gemma2ForCausalLM: "gemma", Gemma3ForCausalLM: "gemma", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
+    GptOssForCausalLM: "gptoss",
   };
   return families[architecture] ?? "default";
 }
@@ -84,6 +97,8 @@ export interface GgufNameMapping {
 /** HF tensor name -> GGUF name (null if it has no GGUF counterpart, e.g. rotary inv_freq). */
 export function hfToGgufTensorName(hf: string, family: GgufFamily = "default"): GgufNameMapping | null {
   for (const [h, g] of GLOBAL_NAMES) if (hf === h) return { name: g };
+  const sinks = /^model\.layers\.(\d+)\.self_attn\.sinks$/.exec(hf);
+  if (sinks && family === "gptoss") return { name: `blk.${sinks[1]}.attn_sinks.weight` };
   const m = /^model\.layers\.(\d+)\.(.+)\.(weight|bias)$/.exec(hf);
   if (!m) return null;
   const [, layer, body, kind] = m;
@@ -104,7 +119,8 @@ export function ggufToHfTensorName(name: string, family: GgufFamily = "default")
   const m = /^blk\.(\d+)\.(.+)\.(weight|bias)$/.exec(name);
   if (!m) return null;
   const [, layer, body, kind] = m;
-  if (body === "ffn_gate_inp") return `model.layers.${layer}.${family === "mixtral" ? "block_sparse_moe.gate" : "mlp.gate"}.${kind}`;
+  if (family === "gptoss" && body === "attn_sinks" && kind === "weight") return `model.layers.${layer}.self_attn.sinks`;
+  if (body === "ffn_gate_inp") return `model.layers.${layer}.${family === "mixtral" ? "block_sparse_moe.gate" : family === "gptoss" ? "mlp.router" : "mlp.gate"}.${kind}`;
   for (const [h, g] of layerNames(family)) if (body === g) return `model.layers.${layer}.${h}.${kind}`;
   const experts: Record<string, [string, string]> = {
     ffn_gate_exps: ["block_sparse_moe.experts.{expert}.w1", "mlp.experts.{expert}.gate_proj"],
@@ -161,12 +177,12 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
   Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma2ForCausalLM: "gemma2", Gemma3ForCausalLM: "gemma3",
-  GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
+  GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3", GptOssForCausalLM: "gpt-oss",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
   qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma2: ["Gemma2ForCausalLM", "gemma2"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
-  olmo2: ["Olmo2ForCausalLM", "olmo2"], phi3: ["Phi3ForCausalLM", "phi3"],
+  olmo2: ["Olmo2ForCausalLM", "olmo2"], phi3: ["Phi3ForCausalLM", "phi3"], "gpt-oss": ["GptOssForCausalLM", "gpt_oss"],
 };
 
 /**
@@ -282,7 +298,72 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
     });
   }
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (num(hf) !== undefined) md[`${arch}.${g}`] = gguf.f32(num(hf)!);
+  if (arch === "gpt-oss") Object.assign(md, gptOssMetadata(parsed));
   return md;
+}
+
+/** What llama.cpp's gpt-oss hard-codes (llama-graph.cpp's LLM_FFN_SWIGLU_OAI_MOE) and its YaRN defaults. */
+export const GPT_OSS_LLAMA_CPP = { swigluAlpha: 1.702, swigluLimit: 7, yarnBetaFast: 32, yarnBetaSlow: 1 } as const;
+
+/**
+ * gpt-oss's keys as llama.cpp's converter writes them, from the parsed config (GptOssConfig's defaults filled in): the
+ * expert size (HF's intermediate_size) both as feed_forward_length and expert_feed_forward_length, the window, YaRN.
+ * Refuses what llama.cpp's gpt-oss cannot express: a SwiGLU other than its alpha 1.702 / limit 7, layers other than
+ * "even layers slide, odd ones attend fully", rope scaling other than YaRN with its default betas.
+ * (llama.cpp rounds YaRN's correction range outward, HF's truncate: true; gpt-oss's own truncate: false is written as
+ * it stands, since GGUF has no key for it: README's convert section says how far the two then differ.)
+ */
+function gptOssMetadata(cfg: ModelConfig): Record<string, GgufTypedValue> {
+  const fail = (what: string): never => {
+    throw new ModelFormatError(`[gguf] this gpt-oss config cannot be written as gpt-oss GGUF: ${what} (llama.cpp's gpt-oss assumes it)`);
+  };
+  const moe = cfg.moe!;
+  const c = GPT_OSS_LLAMA_CPP;
+  if (moe.clampedSwiglu?.alpha !== c.swigluAlpha || moe.clampedSwiglu.limit !== c.swigluLimit) fail(`swiglu_limit must be ${c.swigluLimit} and the SwiGLU alpha ${c.swigluAlpha}`);
+  if (cfg.slidingWindow === null || cfg.slidingWindowLayers.some((s, i) => s !== (i % 2 === 0))) fail("layer_types must alternate sliding (even layers) and full (odd layers) attention");
+  const rs = cfg.ropeScaling;
+  if (rs !== null && rs.type !== "yarn") fail(`rope_scaling must be yarn or absent, not ${rs.type}`);
+  if (rs?.type === "yarn" && (rs.betaFast !== c.yarnBetaFast || rs.betaSlow !== c.yarnBetaSlow || rs.attentionFactor !== null || rs.mscale !== null || rs.mscaleAllDim !== null))
+    fail(`YaRN must keep beta_fast ${c.yarnBetaFast}, beta_slow ${c.yarnBetaSlow} and no attention_factor / mscale`);
+  const a = "gpt-oss";
+  const md: Record<string, GgufTypedValue> = {
+    [`${a}.context_length`]: gguf.u32(cfg.maxPositionEmbeddings), [`${a}.embedding_length`]: gguf.u32(cfg.hiddenSize),
+    [`${a}.block_count`]: gguf.u32(cfg.numHiddenLayers), [`${a}.feed_forward_length`]: gguf.u32(moe.moeIntermediateSize),
+    [`${a}.expert_feed_forward_length`]: gguf.u32(moe.moeIntermediateSize), [`${a}.expert_count`]: gguf.u32(moe.numExperts),
+    [`${a}.expert_used_count`]: gguf.u32(moe.numExpertsPerTok), [`${a}.attention.head_count`]: gguf.u32(cfg.numAttentionHeads),
+    [`${a}.attention.head_count_kv`]: gguf.u32(cfg.numKeyValueHeads), [`${a}.attention.key_length`]: gguf.u32(cfg.headDim),
+    [`${a}.attention.value_length`]: gguf.u32(cfg.headDim), [`${a}.rope.dimension_count`]: gguf.u32(cfg.headDim),
+    [`${a}.rope.freq_base`]: gguf.f32(cfg.ropeTheta), [`${a}.attention.layer_norm_rms_epsilon`]: gguf.f32(cfg.rmsNormEps),
+    [`${a}.attention.sliding_window`]: gguf.u32(cfg.slidingWindow!), [`${a}.vocab_size`]: gguf.u32(cfg.vocabSize),
+  };
+  if (rs?.type === "yarn") {
+    md[`${a}.rope.scaling.type`] = gguf.str("yarn");
+    md[`${a}.rope.scaling.factor`] = gguf.f32(rs.factor);
+    md[`${a}.rope.scaling.original_context_length`] = gguf.u32(rs.originalMaxPositionEmbeddings);
+  }
+  return md;
+}
+
+/**
+ * A gpt-oss GGUF's config as HF's GptOssConfig spells it: the layer pattern, SwiGLU and biases llama.cpp assumes, and
+ * YaRN with gpt-oss's own truncate: false (the model as trained and as its HF directory runs; llama.cpp's differs).
+ */
+function gptOssHfConfig(cfg: Record<string, unknown>, get: (k: string) => number | undefined, need: (k: string) => number): void {
+  const layers = cfg.num_hidden_layers as number;
+  const rs = cfg.rope_scaling as Record<string, unknown> | undefined;
+  if (rs !== undefined && rs.rope_type !== "yarn") throw new ModelFormatError(`[gguf] gpt-oss GGUF with rope scaling ${String(rs.rope_type)}: only yarn is read`);
+  Object.assign(cfg, {
+    num_local_experts: need("expert_count"), num_experts_per_tok: need("expert_used_count"), sliding_window: need("attention.sliding_window"),
+    layer_types: Array.from({ length: layers }, (_, i) => (i % 2 === 0 ? "sliding_attention" : "full_attention")),
+    attention_bias: true, swiglu_limit: GPT_OSS_LLAMA_CPP.swigluLimit,
+    rope_scaling: rs?.rope_type === "yarn"
+      ? {
+        rope_type: "yarn", factor: rs.factor, beta_fast: get("rope.scaling.yarn_beta_fast") ?? GPT_OSS_LLAMA_CPP.yarnBetaFast,
+        beta_slow: get("rope.scaling.yarn_beta_slow") ?? GPT_OSS_LLAMA_CPP.yarnBetaSlow, truncate: false,
+        ...(rs.original_max_position_embeddings === undefined ? {} : { original_max_position_embeddings: rs.original_max_position_embeddings }),
+      }
+      : { rope_type: "default" }, // (absent, GptOssConfig's default YaRN would be read in)
+  });
 }
 
 /**
@@ -340,7 +421,7 @@ export function ggufToHfConfig(
     model_type: modelType,
     vocab_size: get("vocab_size") ?? (Array.isArray(tokens) ? tokens.length : undefined),
     hidden_size: hidden,
-    intermediate_size: need("feed_forward_length"),
+    intermediate_size: arch === "gpt-oss" ? (get("expert_feed_forward_length") ?? need("feed_forward_length")) : need("feed_forward_length"),
     num_hidden_layers: need("block_count"),
     num_attention_heads: heads,
     num_key_value_heads: get("attention.head_count_kv") ?? heads,
@@ -351,7 +432,7 @@ export function ggufToHfConfig(
     hidden_act: "silu",
   };
   if (tensorNames) cfg.tie_word_embeddings = !tensorNames.includes("output.weight");
-  if (experts > 0) {
+  if (experts > 0 && arch !== "gpt-oss") {
     if (arch === "llama") cfg.num_local_experts = experts;
     else cfg.num_experts = experts;
     cfg.num_experts_per_tok = get("expert_used_count") ?? 2;
@@ -368,6 +449,7 @@ export function ggufToHfConfig(
   }
   if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (get(g) !== undefined) cfg[hf] = get(g);
+  if (arch === "gpt-oss") gptOssHfConfig(cfg, get, need);
   if (arch === "phi3") {
     const rotary = get("rope.dimension_count");
     if (rotary !== undefined && rotary !== cfg.head_dim) cfg.partial_rotary_factor = rotary / (cfg.head_dim as number);

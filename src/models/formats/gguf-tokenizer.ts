@@ -12,6 +12,8 @@ export const GgufTokenType = { NORMAL: 1, UNKNOWN: 2, CONTROL: 3, USER_DEFINED: 
 
 const LLAMA3_SPLIT = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
 const QWEN2_SPLIT = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+/** o200k (GPT-4o's and gpt-oss's): llama.cpp's pre-tokenizer "gpt-4o". */
+const O200K_SPLIT = String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
 const BYTE_LEVEL = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false };
 /** Special tokens llama.cpp treats as end of generation besides the EOS (llama-vocab.cpp's special_eog_ids). */
 const EOG_TEXTS = new Set(["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>"]);
@@ -95,10 +97,10 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
     // Kiln before session 25, which wrote it for GPT-2's); any other would split text as none of these does, so it is
     // refused rather than read as GPT-2's.
     const qwen = pre.startsWith("qwen") || pre === "deepseek-r1-qwen";
-    const split = pre === "llama-bpe" || pre === "llama3" ? LLAMA3_SPLIT : qwen ? QWEN2_SPLIT : pre === "gpt-2" || pre === "default" ? null : undefined;
+    const split = pre === "llama-bpe" || pre === "llama3" ? LLAMA3_SPLIT : qwen ? QWEN2_SPLIT : pre === "gpt-4o" ? O200K_SPLIT : pre === "gpt-2" || pre === "default" ? null : undefined;
     if (split === undefined) {
       throw new ModelFormatError(`[gguf] unsupported tokenizer.ggml.pre ${JSON.stringify(pre)} (supported: gpt-2, llama-bpe, llama3, ` +
-        "qwen2, deepseek-r1-qwen); its text would be split differently from llama.cpp");
+        "qwen2, deepseek-r1-qwen, gpt-4o); its text would be split differently from llama.cpp");
     }
     const merges = md["tokenizer.ggml.merges"] === undefined ? [] : strArray(md, "tokenizer.ggml.merges").map((m) => {
       const sp = m.indexOf(" ", 1);
@@ -115,7 +117,7 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
       decoder: BYTE_LEVEL,
       model: {
         type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
-        fuse_unk: false, byte_fallback: false, ignore_merges: split === LLAMA3_SPLIT, vocab, merges,
+        fuse_unk: false, byte_fallback: false, ignore_merges: split === LLAMA3_SPLIT || split === O200K_SPLIT, vocab, merges,
       },
     };
   } else if (model === "llama") {
@@ -141,6 +143,11 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
   } else {
     throw new ModelFormatError(`[gguf] unsupported tokenizer.ggml.model ${JSON.stringify(model)} (supported: gpt2, llama)`);
   }
+  // Harmony (o200k_harmony, gpt-oss): a turn ends at <|return|> or <|call|>; <|end|> closes a message inside the
+  // reply (its analysis channel), so it is no end of generation (llama.cpp drops it from its EOG set likewise)
+  const control = new Set(tokens.filter((_, i) => types[i] === GgufTokenType.CONTROL));
+  const harmony = control.has("<|return|>") && control.has("<|call|>");
+  const eog = harmony ? new Set([...EOG_TEXTS, "<|return|>", "<|call|>"].filter((t) => t !== "<|end|>")) : EOG_TEXTS;
   const tokenizerConfig: Json = {
     add_bos_token: addBos,
     bos_token: bosId !== null ? tokens[bosId] : null,
@@ -148,7 +155,7 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
     // end-of-generation ids: the EOS and the special tokens llama.cpp also ends on (its special_eog_ids), since a
     // GGUF keeps one eos_token_id where generation_config.json listed several (the loader stops on every one)
     eos_token_id: [...new Set([...(eosId !== null ? [eosId] : []), ...tokens.flatMap((t, i) =>
-      EOG_TEXTS.has(t) && (types[i] === GgufTokenType.CONTROL || types[i] === GgufTokenType.USER_DEFINED) ? [i] : [])])],
+      eog.has(t) && (types[i] === GgufTokenType.CONTROL || types[i] === GgufTokenType.USER_DEFINED) ? [i] : [])])],
     pad_token: padId !== null ? tokens[padId] : null,
     unk_token: unkId !== null ? tokens[unkId] : null,
     clean_up_tokenization_spaces: false,
@@ -162,6 +169,7 @@ function detectPre(tj: Json): string {
   const s = JSON.stringify(tj.pre_tokenizer ?? null);
   if (s.includes(JSON.stringify(LLAMA3_SPLIT).slice(1, -1))) return "llama-bpe";
   if (s.includes(JSON.stringify(QWEN2_SPLIT).slice(1, -1))) return "qwen2";
+  if (s.includes(JSON.stringify(O200K_SPLIT).slice(1, -1))) return "gpt-4o";
   const pt = tj.pre_tokenizer as Json | null | undefined;
   if (pt?.type === "ByteLevel" && pt.use_regex !== false) return "gpt-2"; // GPT-2's own split ("default" is another)
   throw new ModelFormatError(`[gguf] cannot name this tokenizer's pre-tokenizer for llama.cpp: ${s.slice(0, 200)}`);

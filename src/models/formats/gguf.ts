@@ -324,6 +324,8 @@ export interface GgufWriteTensor {
   load?: () => Float32Array;
   /** Bytes already encoded in `type`. */
   raw?: Uint8Array;
+  /** Bytes already encoded in `type`, produced only when the tensor is written. */
+  loadRaw?: () => Uint8Array;
 }
 
 /** Encoded byte size of `t` (shape and type checked). */
@@ -340,8 +342,9 @@ function encodeTensor(t: GgufWriteTensor, file: string): Uint8Array {
   const numel = t.shape.reduce((a, b) => a * b, 1);
   const expected = encodedSize(t, file);
   let bytes: Uint8Array;
-  const data = t.raw ? undefined : (t.data ?? t.load?.());
-  if (t.raw) bytes = t.raw;
+  const raw = t.raw ?? t.loadRaw?.();
+  const data = raw ? undefined : (t.data ?? t.load?.());
+  if (raw) bytes = raw;
   else if (data) {
     if (data.length !== numel) throw formatError("gguf", file, `data has ${data.length} values, shape needs ${numel}`, t.name);
     switch (t.type) {
@@ -354,7 +357,7 @@ function encodeTensor(t: GgufWriteTensor, file: string): Uint8Array {
       case "Q4_K": bytes = quantizeQ4_K(data); break;
       default: throw formatError("gguf", file, `cannot encode ${t.type} from f32 (pass raw bytes)`, t.name);
     }
-  } else throw formatError("gguf", file, "tensor has neither data, load nor raw", t.name);
+  } else throw formatError("gguf", file, "tensor has neither data, load, raw nor loadRaw", t.name);
   if (bytes.byteLength !== expected) throw formatError("gguf", file, `encoded size ${bytes.byteLength} != ${expected}`, t.name);
   return bytes;
 }

@@ -5,6 +5,7 @@
 //     value = E2M1(code) * 2^(scale - 127) (transformers' convert_moe_packed_tensors).
 //   Kiln mxfp4 row: per 64-element chunk (two blocks) 32 bytes, byte j holding element j low and 32 + j high; the
 //     same E8M0 bytes, one per block.
+//   ggml MXFP4 block (GGUF): 17 bytes, the E8M0 byte then qs[16], qs[j] holding element j low and 16 + j high.
 import { fitsGroupKernels, type Mxfp4Arrays } from "./gguf-repack.js";
 
 /** E2M1 code -> value (transformers' FP4_VALUES). */
@@ -55,6 +56,25 @@ export function dequantizeOpenaiMxfp4Rows(blocks: Uint8Array, scales: Uint8Array
       const scale = 2 ** (scales[(row * k) / 32 + b]! - 127);
       const at = (row * k) / 2 + b * 16;
       for (let p = 0; p < 32; p++) out[r * k + b * 32 + p] = E2M1[nibble(blocks, at, p)]! * scale;
+    }
+  });
+  return out;
+}
+
+/**
+ * The given rows of an OpenAI MXFP4 matrix [n, k] (k % 32 == 0) as ggml MXFP4 blocks [rows.length, k/32 * 17], as
+ * llama.cpp's converter repacks gpt-oss's experts: the same codes and E8M0 bytes, nibbles moved.
+ */
+export function openaiMxfp4RowsToGgml(blocks: Uint8Array, scales: Uint8Array, rows: readonly number[], k: number): Uint8Array {
+  if (k % 32 !== 0) throw new RangeError(`[openaiMxfp4RowsToGgml] MXFP4 needs k % 32 == 0, got ${k}`);
+  const G = k / 32;
+  const out = new Uint8Array(rows.length * G * 17);
+  rows.forEach((row, r) => {
+    for (let g = 0; g < G; g++) {
+      const o = (r * G + g) * 17;
+      const at = (row * G + g) * 16;
+      out[o] = scales[row * G + g]!;
+      for (let j = 0; j < 16; j++) out[o + 1 + j] = nibble(blocks, at, j) | (nibble(blocks, at, j + 16) << 4);
     }
   });
   return out;
