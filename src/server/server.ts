@@ -191,7 +191,9 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     // A body rejected before it was read (413, 415): a client still uploading would get EPIPE, not the error.
     // (a body already read to its end, as an injected request's, has nothing left to wait for)
     if (!request.raw.complete && !request.raw.readableEnded && !request.raw.destroyed) await discardBody(request.raw, 4 * bodyLimit, 10_000);
-    return reply.code(apiErr.status).send(apiErr.toBody());
+    // the Messages API's routes answer with Anthropic's error object (anthropic-protocol.ts)
+    const body = isMessagesPath(request.url.split("?")[0]!) ? anthropicError(apiErr).body : apiErr.toBody();
+    return reply.code(apiErr.status).send(body);
   });
   // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
   const methodsByPath = new Map<string, Set<string>>();

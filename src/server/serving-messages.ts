@@ -2,10 +2,10 @@
 // the request becomes a chat request (anthropic-protocol.ts) and runs as one, through the chat template, sampling,
 // stop strings, tool-call parser and reasoning parser of the chat path; the reply comes back as an Anthropic message
 // (thinking, text and tool_use content blocks), whole or as Anthropic's server-sent events (messages-stream.ts).
-// Errors on these routes, the request's body included, leave as Anthropic's error objects.
+// Errors on these routes, the request's body included, leave as Anthropic's error objects (server.ts's error handler).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { FinishReason, RequestOutput } from "../engine/types.js";
-import { anthropicError, parseMessagesRequest, type MessagesRequest } from "./anthropic-protocol.js";
+import { parseMessagesRequest, type MessagesRequest } from "./anthropic-protocol.js";
 import { messageObject, stopReasonOf, thinkingSignature, toolUseId, type ContentBlock, type MessageTurn } from "./messages-output.js";
 import { ApiError } from "./errors.js";
 import type { Json } from "./fields.js";
@@ -18,17 +18,10 @@ import { chatEffort, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./
 import { abortOnDisconnect, checkQueue, resolveModelAndLora, responseIds, samplingParamsFor, type ServingContext } from "./serving-context.js";
 import { refuseOnPoolingRunner } from "./serving-embeddings.js";
 
-/** Registers the Messages API's routes in their own scope, whose errors are Anthropic's objects. */
+/** Registers POST /v1/messages and /v1/messages/count_tokens (their errors are Anthropic's objects: see server.ts). */
 export function registerMessagesRoutes(app: FastifyInstance, bound: () => ServingContext): void {
-  void app.register(async (scope) => {
-    scope.setErrorHandler(async (err, request, reply) => {
-      const { status, body } = anthropicError(err);
-      if (status >= 500) request.log.error({ err }, "request failed");
-      return reply.code(status).send(body);
-    });
-    scope.post("/v1/messages", (request: FastifyRequest, reply: FastifyReply) => handleMessages(bound(), request, reply));
-    scope.post("/v1/messages/count_tokens", async (request: FastifyRequest) => countTokens(bound(), request));
-  });
+  app.post("/v1/messages", (request: FastifyRequest, reply: FastifyReply) => handleMessages(bound(), request, reply));
+  app.post("/v1/messages/count_tokens", async (request: FastifyRequest) => countTokens(bound(), request));
 }
 
 /**
