@@ -37,6 +37,7 @@ export function parseMessagesRequest(raw: unknown, { count = false, prefill = tr
   if (kwargs !== undefined) chatBody.chat_template_kwargs = kwargs;
   const tools = parseTools(body.tools);
   if (tools !== undefined) chatBody.tools = tools;
+  applyOutputConfig(body, chatBody); // (its effort may change the prompt: gpt-oss's Harmony system message)
   // counting renders the prompt only: the tools are in it whatever the choice, and "auto" needs no parser to count
   if (count) return { model, stream: false, stopSequences: [], chatBody: { ...chatBody, ...(tools !== undefined ? { tool_choice: "none" } : {}) } };
   Object.assign(chatBody, parseToolChoice(body.tool_choice));
@@ -57,7 +58,6 @@ export function parseMessagesRequest(raw: unknown, { count = false, prefill = tr
   chatBody.stream = stream;
   optObject(body, "metadata"); // metadata.user_id: an identifier, checked and otherwise unused (as vLLM)
   checkThinking(body.thinking);
-  applyOutputConfig(body, chatBody);
   return { model, stream, stopSequences, chatBody };
 }
 

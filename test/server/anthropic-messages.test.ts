@@ -326,6 +326,21 @@ describe("/v1/messages tool use and thinking over a scripted engine", () => {
     }
   });
 
+  it("output_config.format constrains the reply to its JSON schema, as the chat API's json_schema response_format", async () => {
+    const t = await startScripted();
+    try {
+      t.engine.script = '{"answer": 42}';
+      const schema = { type: "object", properties: { answer: { type: "integer" } }, required: ["answer"] };
+      const msg = await t.client.messages.create({
+        model: MODEL, max_tokens: 50, messages: [{ role: "user", content: "answer?" }], output_config: { format: { type: "json_schema", schema } },
+      });
+      assert.deepEqual(t.engine.lastParams?.structuredOutputs, { json: schema });
+      assert.deepEqual([msg.content, msg.stop_reason], [[{ type: "text", text: '{"answer": 42}' }], "end_turn"]);
+    } finally {
+      await t.close();
+    }
+  });
+
   it("with a reasoning parser, the reply's reasoning is a thinking block before its text, whole and streamed", async () => {
     const t = await startScripted({}, "deepseek_r1");
     try {
