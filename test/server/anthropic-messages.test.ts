@@ -8,6 +8,8 @@ import { after, before, describe, it } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
 import type { FastifyInstance } from "fastify";
 import type { RequestOutput, SamplingParams } from "../../src/engine/types.js";
+import { parseMessagesRequest } from "../../src/server/anthropic-protocol.js";
+import { ApiError } from "../../src/server/errors.js";
 import { createServer, type ServerOptions } from "../../src/server/index.js";
 import { FakeEngine } from "./fake-engine.js";
 import { freeBlocks, MODEL, startTestServer, waitFor, type TestServer } from "./helpers.js";
@@ -388,5 +390,76 @@ describe("/v1/messages tool use and thinking over a scripted engine", () => {
     } finally {
       await t.close();
     }
+  });
+});
+
+describe("Anthropic requests as chat requests", () => {
+  it("joins the system blocks (without Claude Code's billing header), reads ctx as user and drops an assistant's thinking", () => {
+    const req = parseMessagesRequest({
+      model: MODEL,
+      max_tokens: 8,
+      system: [{ type: "text", text: "x-anthropic-billing-header: cc_version=1; h=abc" }, { type: "text", text: "Be brief. " }, { type: "text", text: "Be kind." }],
+      messages: [
+        { role: "ctx", content: "context" },
+        { role: "assistant", content: [{ type: "thinking", thinking: "hmm", signature: "s" }, { type: "text", text: "a" }, { type: "text", text: "b" }] },
+        { role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_9", content: "42", is_error: false }] },
+        { role: "user", content: "next" },
+      ],
+      top_k: 0,
+      stop_sequences: ["END"],
+      metadata: { user_id: "u" },
+      thinking: { type: "enabled", budget_tokens: 1024 },
+    });
+    assert.deepEqual(req.chatBody, {
+      model: MODEL,
+      messages: [
+        { role: "system", content: "Be brief. Be kind." },
+        { role: "user", content: "context" },
+        { role: "assistant", content: "a\nb" },
+        { role: "tool", tool_call_id: "toolu_9", content: "42" },
+        { role: "user", content: "next" },
+      ],
+      max_tokens: 8,
+      stop: ["END"],
+      stream: false,
+    });
+    assert.deepEqual(req.stopSequences, ["END"]);
+  });
+
+  it("refuses what it cannot serve with a 400 naming the field", () => {
+    const base = { model: MODEL, max_tokens: 8 };
+    const user = [{ role: "user", content: "x" }];
+    const cases: [unknown, string][] = [
+      [{ ...base, messages: [{ role: "user", content: [{ type: "document", source: {} }] }] }, "messages[0].content[0].type"],
+      [{ ...base, messages: [{ role: "assistant", content: [{ type: "tool_use", id: "t", name: "f", input: [1] }] }] }, "messages[0].content[0].input"],
+      [{ ...base, messages: [{ role: "user", content: [{ type: "tool_use", id: "t", name: "f", input: {} }] }] }, "messages[0].content[0].type"],
+      [{ ...base, messages: [{ role: "tool", content: "x" }] }, "messages[0].role"],
+      [{ ...base, messages: user, tools: [{ type: "web_search_20250305", name: "web_search" }] }, "tools[0].type"],
+      [{ ...base, messages: user, tools: [{ name: "f" }] }, "tools[0].input_schema"],
+      [{ ...base, messages: user, tool_choice: { type: "tool" } }, "tool_choice.name"],
+      [{ ...base, messages: user, tool_choice: { type: "sometimes" } }, "tool_choice.type"],
+      [{ ...base, messages: user, thinking: { type: "always" } }, "thinking.type"],
+      [{ ...base, messages: user, stop_sequences: "END" }, "stop_sequences"],
+      [{ max_tokens: 8, messages: user }, "model"],
+    ];
+    for (const [body, param] of cases) {
+      assert.throws(() => parseMessagesRequest(body), (err: unknown) => err instanceof ApiError && err.status === 400 && err.param === param, JSON.stringify(body));
+    }
+  });
+
+  it("maps tools and tool_choice to chat's, and continues a final assistant message", () => {
+    const tools = [{ name: "f", description: "d", input_schema: { properties: { a: { type: "string" } } } }];
+    const chatTools = [{ type: "function", function: { name: "f", description: "d", parameters: { type: "object", properties: { a: { type: "string" } } } } }];
+    const choice = (tool_choice: unknown) => parseMessagesRequest({ model: MODEL, max_tokens: 8, messages: [{ role: "user", content: "x" }], tools, tool_choice }).chatBody;
+    assert.deepEqual(choice(undefined).tools, chatTools);
+    assert.equal(choice(undefined).tool_choice, undefined);
+    assert.equal(choice({ type: "auto" }).tool_choice, "auto");
+    assert.deepEqual([choice({ type: "any", disable_parallel_tool_use: true }).tool_choice, choice({ type: "any", disable_parallel_tool_use: true }).parallel_tool_calls], ["required", false]);
+    assert.equal(choice({ type: "none" }).tool_choice, "none");
+    assert.deepEqual(choice({ type: "tool", name: "f" }).tool_choice, { type: "function", function: { name: "f" } });
+    const prefill = parseMessagesRequest({ model: MODEL, max_tokens: 8, messages: [{ role: "user", content: "x" }, { role: "assistant", content: "The" }] });
+    assert.deepEqual([prefill.chatBody.add_generation_prompt, prefill.chatBody.continue_final_message], [false, true]);
+    const harmony = parseMessagesRequest({ model: MODEL, max_tokens: 8, messages: [{ role: "user", content: "x" }, { role: "assistant", content: "The" }] }, { prefill: false });
+    assert.equal(harmony.chatBody.continue_final_message, undefined);
   });
 });
