@@ -4,11 +4,13 @@ import type { FastifyInstance } from "fastify";
 
 /**
  * The routes whose requests count, as fastify names them: those vLLM decorates with load_aware_call (generation,
- * Responses, pooling, score and rerank), and /invocations, which vLLM counts through the endpoint it dispatches to.
+ * Responses, Anthropic's Messages, pooling, score and rerank), and /invocations, which vLLM counts through the
+ * endpoint it dispatches to.
  */
 export const LOAD_TRACKED_ROUTES: ReadonlySet<string> = new Set([
   "/v1/chat/completions", "/v1/completions",
   "/v1/responses", "/v1/responses/:responseId", "/v1/responses/:responseId/cancel",
+  "/v1/messages", "/v1/messages/count_tokens",
   "/v1/embeddings", "/pooling", "/classify", "/v1/classify",
   "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
   "/invocations",

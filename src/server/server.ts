@@ -13,6 +13,8 @@ import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
 import { handleCompletion } from "./serving-completions.js";
 import { registerResponsesRoutes } from "./serving-responses.js";
+import { registerMessagesRoutes } from "./serving-messages.js";
+import { anthropicError, isMessagesPath } from "./anthropic-protocol.js";
 import { handleEmbeddings, refuseOnPoolingRunner } from "./serving-embeddings.js";
 import { handleRerank, handleScore } from "./serving-score.js";
 import { handleClassify } from "./serving-classify.js";
@@ -189,7 +191,9 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     // A body rejected before it was read (413, 415): a client still uploading would get EPIPE, not the error.
     // (a body already read to its end, as an injected request's, has nothing left to wait for)
     if (!request.raw.complete && !request.raw.readableEnded && !request.raw.destroyed) await discardBody(request.raw, 4 * bodyLimit, 10_000);
-    return reply.code(apiErr.status).send(apiErr.toBody());
+    // the Messages API's routes answer with Anthropic's error object (anthropic-protocol.ts)
+    const body = isMessagesPath(request.url.split("?")[0]!) ? anthropicError(apiErr).body : apiErr.toBody();
+    return reply.code(apiErr.status).send(body);
   });
   // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
   const methodsByPath = new Map<string, Set<string>>();
@@ -254,6 +258,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   app.post("/v1/chat/completions", endpoints.chat);
   app.post("/v1/completions", endpoints.completion);
   registerResponsesRoutes(app, bound); // POST /v1/responses, GET /v1/responses/{id}
+  registerMessagesRoutes(app, bound); // POST /v1/messages, /v1/messages/count_tokens (Anthropic's API)
   app.post("/v1/embeddings", endpoints.embedding);
   for (const path of ["/score", "/v1/score"]) app.post(path, endpoints.score);
   for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"]) app.post(path, endpoints.rerank);
@@ -350,15 +355,23 @@ function discardBody(raw: IncomingMessage, maxBytes: number, timeoutMs: number):
   });
 }
 
+/** The key as `Authorization: Bearer <key>`, or as Anthropic's clients send it, `x-api-key: <key>`. */
 function installAuth(app: FastifyInstance, apiKey: string): void {
-  const expected = Buffer.from(`Bearer ${apiKey}`);
+  const expected = Buffer.from(apiKey);
+  const matches = (value: string | undefined): boolean => {
+    const got = Buffer.from(value ?? "");
+    return got.length === expected.length && timingSafeEqual(got, expected);
+  };
   app.addHook("onRequest", async (request, reply) => {
     const path = request.url.split("?")[0]!;
     if (request.method === "OPTIONS" || OPEN_ROUTES.has(path)) return;
-    const got = Buffer.from(request.headers.authorization ?? "");
-    if (got.length !== expected.length || !timingSafeEqual(got, expected)) {
-      const err = new ApiError(401, "Invalid or missing API key (send it as 'Authorization: Bearer <key>').", null,
+    const auth = request.headers.authorization;
+    const bearer = auth?.startsWith("Bearer ") ? auth.slice(7) : undefined;
+    const xApiKey = request.headers["x-api-key"];
+    if (!matches(bearer) && !matches(typeof xApiKey === "string" ? xApiKey : undefined)) {
+      const err = new ApiError(401, "Invalid or missing API key (send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>').", null,
         "authentication_error", "invalid_api_key");
+      if (isMessagesPath(path)) return reply.code(401).send(anthropicError(err).body);
       return reply.code(401).send(err.toBody());
     }
   });
