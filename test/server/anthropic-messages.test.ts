@@ -17,7 +17,6 @@ import { freeBlocks, MODEL, startTestServer, waitFor, type TestServer } from "./
 /** The fake engine, answering with a fixed script when one is set (the text a constrained or parsed reply needs). */
 class ScriptedEngine extends FakeEngine {
   script: string | null = null;
-  reasoningParser: "deepseek_r1" | null = null;
 
   override async *generate(
     prompt: { promptTokenIds: number[]; prompt?: string },
@@ -46,8 +45,7 @@ class ScriptedEngine extends FakeEngine {
 async function startScripted(
   overrides: Partial<ServerOptions> = {}, reasoningParser: "deepseek_r1" | null = null,
 ): Promise<{ app: FastifyInstance; engine: ScriptedEngine; client: Anthropic; close: () => Promise<void> }> {
-  const engine = new ScriptedEngine();
-  engine.reasoningParser = reasoningParser; // (the server reads it when it binds the engine)
+  const engine = new ScriptedEngine(reasoningParser === null ? {} : { reasoningParser });
   const app = createServer({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: engine.maxModelLen, version: "0.1.0-test", ...overrides });
   await app.listen({ port: 0, host: "127.0.0.1" });
   const addr = app.server.address();
