@@ -35,7 +35,8 @@ class DecoderLayer extends Module {
   /** Granite's residual_multiplier on both branches, or null. */
   readonly residualScale: number | null;
 
-  constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null) {
+  /** `rotary`: null for a layer without positions in its attention (SmolLM3's NoPE layers). */
+  constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null) {
     super();
     this.selfAttn = this.module(
       "self_attn",
@@ -160,7 +161,7 @@ class DecoderBody extends Module {
     this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, cfg.normPlacement === "sandwich"));
     const holder = this.module("layers", new Module());
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
-      const r = rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;
+      const r = !cfg.ropeLayers[i] ? null : rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;
       this.layers.push(holder.addModule(String(i), new DecoderLayer(cfg, i, r, family, options, tp)));
     }
     this.norm = this.module("norm", new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));

@@ -13,6 +13,7 @@ export class ModelConfigError extends Error {
 export const SUPPORTED_ARCHITECTURES = [
   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
   "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "GptOssForCausalLM",
+  "SmolLM3ForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
 
@@ -122,6 +123,11 @@ export interface ModelConfig {
   /** RMSNorm of q and k before rotary: Qwen3 and Gemma 3 over each head ("head"), OLMo 2 over the whole projection ("full"). */
   qkNorm: boolean;
   qkNormScope: "head" | "full";
+  /**
+   * Per layer: does its attention rotate q and k? All true but for SmolLM3's NoPE layers (no_rope_layers, 0 = no
+   * rotary; by default every no_rope_layer_interval-th layer, 4).
+   */
+  ropeLayers: boolean[];
   /** Sliding attention window size in tokens, or null. */
   slidingWindow: number | null;
   /** Per layer: does it use the sliding window? (all false when slidingWindow is null) */
@@ -162,6 +168,32 @@ const GPT_OSS_DEFAULTS: Json = {
   num_hidden_layers: 36, num_local_experts: 128, vocab_size: 201_088, hidden_size: 2880, intermediate_size: 2880, head_dim: 64,
   num_attention_heads: 64, num_key_value_heads: 8, sliding_window: 128, tie_word_embeddings: false, max_position_embeddings: 131_072,
   rms_norm_eps: 1e-5, rope_theta: 150_000, num_experts_per_tok: 4, swiglu_limit: 7.0, attention_bias: true,
+};
+/**
+ * SmolLM3's rotary layers: no_rope_layers (one 0/1 per layer, at least as many as layers; 1 = rotary), else a NoPE
+ * layer every no_rope_layer_interval-th (layers interval-1, 2*interval-1, ...), as SmolLM3Config derives it.
+ */
+function smolLm3RopeLayers(cfg: Json, layers: number): boolean[] {
+  const arch = "SmolLM3ForCausalLM";
+  const given = cfg.no_rope_layers;
+  if (given === undefined || given === null) {
+    const interval = optInt(cfg, "no_rope_layer_interval", arch, 4);
+    return Array.from({ length: layers }, (_, i) => (i + 1) % interval !== 0);
+  }
+  if (!Array.isArray(given) || given.length < layers || !given.every((v) => v === 0 || v === 1))
+    throw new ModelConfigError(`[config] ${arch}: no_rope_layers must list 0 or 1 for each of the ${layers} layers, got ${JSON.stringify(given)}`);
+  return (given as number[]).slice(0, layers).map((v) => v === 1);
+}
+
+/**
+ * HF's SmolLM3Config defaults (configuration_smollm3.py) for what a SmolLM3 config.json leaves out: notably the tied
+ * head and a rotary base of 2e6 (no_rope_layers is derived apart, from no_rope_layer_interval).
+ */
+const SMOLLM3_DEFAULTS: Json = {
+  vocab_size: 128_256, hidden_size: 2048, intermediate_size: 11_008, num_hidden_layers: 36, num_attention_heads: 16,
+  num_key_value_heads: 4, hidden_act: "silu", max_position_embeddings: 32_768, rms_norm_eps: 1e-6, rope_theta: 2_000_000,
+  attention_bias: false, mlp_bias: false, tie_word_embeddings: true, bos_token_id: 128_000, eos_token_id: 128_001,
+  use_sliding_window: false, no_rope_layer_interval: 4,
 };
 const GPT_OSS_ROPE: Json = { rope_type: "yarn", factor: 32, beta_fast: 32, beta_slow: 1, truncate: false, original_max_position_embeddings: 4096 };
 /** gpt-oss's SwiGLU gain (HF's GptOssExperts.alpha; not a config field in the released checkpoints). */
@@ -285,7 +317,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const classifierArch = Array.isArray(archs) && typeof archs[0] === "string" && archs[0].endsWith("ForSequenceClassification") ? archs[0] : null;
   if (classifierArch !== null) archs = [classifierArch.replace(/ForSequenceClassification$/, "ForCausalLM")];
   const classDefaults = Array.isArray(archs)
-    ? { Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS, GptOssForCausalLM: GPT_OSS_DEFAULTS }[archs[0] as string]
+    ? { Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS, GptOssForCausalLM: GPT_OSS_DEFAULTS, SmolLM3ForCausalLM: SMOLLM3_DEFAULTS }[archs[0] as string]
     : undefined;
   if (classDefaults !== undefined) {
     // HF fills what a config leaves out from the class defaults (null counts as set: softcapping null is "none")
@@ -359,6 +391,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const ropeScaling = parseRopeScaling(cfg.rope_scaling ?? ropeParams ?? null, arch, maxPositionEmbeddings, cfg, rotaryDim);
   const localRope = perType && typeof byType.sliding_attention === "object" ? byType.sliding_attention : null;
 
+  const ropeLayers = architecture === "SmolLM3ForCausalLM" ? smolLm3RopeLayers(cfg, numHiddenLayers) : Array.from({ length: numHiddenLayers }, () => true);
   const isQwen = architecture.startsWith("Qwen");
   let slidingWindow: number | null = typeof cfg.sliding_window === "number" && cfg.sliding_window > 0 ? cfg.sliding_window : null;
   let slidingWindowLayers: boolean[];
@@ -381,6 +414,10 @@ export function parseHfConfig(json: unknown): ModelConfig {
     if (!optBool(cfg, "use_sliding_window", false)) slidingWindow = null;
     const maxWindowLayers = typeof cfg.max_window_layers === "number" ? cfg.max_window_layers : numHiddenLayers;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, (_, i) => slidingWindow !== null && i >= maxWindowLayers);
+  } else if (architecture === "SmolLM3ForCausalLM") {
+    // SmolLM3Config: with use_sliding_window, its NoPE layers slide
+    if (!optBool(cfg, "use_sliding_window", false)) slidingWindow = null;
+    slidingWindowLayers = ropeLayers.map((rope) => slidingWindow !== null && !rope);
   } else {
     if (architecture === "LlamaForCausalLM" || granite || architecture === "Olmo2ForCausalLM") slidingWindow = null;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, () => slidingWindow !== null);
@@ -444,11 +481,11 @@ export function parseHfConfig(json: unknown): ModelConfig {
     attnSinks: architecture === "GptOssForCausalLM",
     qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
     oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite ||
-      architecture === "Olmo2ForCausalLM" || architecture === "GptOssForCausalLM" ? attentionBias : false,
+      architecture === "Olmo2ForCausalLM" || architecture === "GptOssForCausalLM" || architecture === "SmolLM3ForCausalLM" ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
     qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma3 || architecture === "Olmo2ForCausalLM",
     qkNormScope: architecture === "Olmo2ForCausalLM" ? "full" : "head",
-    slidingWindow, slidingWindowLayers, moe, moeLayers,
+    ropeLayers, slidingWindow, slidingWindowLayers, moe, moeLayers,
     torchDtype: typeof (cfg.torch_dtype ?? cfg.dtype) === "string" ? ((cfg.torch_dtype ?? cfg.dtype) as string) : null,
     bosTokenId: typeof cfg.bos_token_id === "number" ? cfg.bos_token_id : null,
     eosTokenIds: eos,

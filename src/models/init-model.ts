@@ -61,6 +61,8 @@ function archExtras(arch: Architecture): Json {
         layer_types: ["sliding_attention", "full_attention"], swiglu_limit: 7.0, rope_theta: 150000, rms_norm_eps: 1e-5,
         rope_scaling: { rope_type: "yarn", factor: 32, beta_fast: 32, beta_slow: 1, truncate: false, original_max_position_embeddings: 16 },
       };
+    case "SmolLM3ForCausalLM":
+      return { model_type: "smollm3", no_rope_layer_interval: 4 };
     default:
       return { model_type: "llama" };
   }
@@ -217,7 +219,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const weights = inspectModelDir(dir).weights; // one file or shards with their index, as the loader reads them
   if (weights?.format !== "safetensors") throw new ModelLoadError(`[convert] ${dir} has no safetensors weights`);
   const st = readSafetensors(weights.indexPath ?? weights.files[0]!);
-  const permutes = ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM"].includes(cfg.architecture);
+  const permutes = ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM"].includes(cfg.architecture);
   const family = ggufFamilyOf(cfg.architecture);
   const load = (name: string, rows: number): Float32Array => {
     const data = st.loadAsFloat32(name);

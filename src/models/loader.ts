@@ -48,6 +48,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   GraniteForCausalLM: DEFAULT_FAMILY, // Llama with its four multipliers, from the config
   Olmo2ForCausalLM: DEFAULT_FAMILY, // its norms' placement and q/k norms over whole projections come from the config
   Phi3ForCausalLM: DEFAULT_FAMILY, // Llama with q/k/v and gate/up stored fused (see fused-weights.ts)
+  SmolLM3ForCausalLM: DEFAULT_FAMILY, // Llama with NoPE layers (ModelConfig.ropeLayers)
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
   // experts stored fused (gate_up_proj, down_proj; bf16 or MXFP4) and read as these per-expert projections

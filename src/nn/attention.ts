@@ -72,7 +72,7 @@ export class Attention extends Module {
   constructor(
     readonly cfg: AttentionConfig,
     readonly layerIndex: number,
-    readonly rotary: RotaryEmbedding,
+    readonly rotary: RotaryEmbedding | null,
     options: LayerOptions = {},
     readonly tp: TensorParallel | null = null,
   ) {
@@ -146,8 +146,11 @@ export class Attention extends Module {
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
         scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0, softcap: this.cfg.softcap ?? 0,
-        rotary: this.rotary.pagedArgs(ctx.positions), sinks: this.sinks,
+        rotary: this.rotary?.pagedArgs(ctx.positions) ?? null, sinks: this.sinks,
       });
+    } else if (this.rotary === null) {
+      [q, k] = [q0, k0]; // (a NoPE layer: attention over content alone)
+      attn = this.denseAttention(q, k, v, ctx);
     } else {
       q = this.rotary.apply(q0, ctx.positions);
       k = this.rotary.apply(k0, ctx.positions);

@@ -178,11 +178,13 @@ const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
   Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma2ForCausalLM: "gemma2", Gemma3ForCausalLM: "gemma3",
   GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3", GptOssForCausalLM: "gpt-oss",
+  SmolLM3ForCausalLM: "smollm3",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
   qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma2: ["Gemma2ForCausalLM", "gemma2"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
   olmo2: ["Olmo2ForCausalLM", "olmo2"], phi3: ["Phi3ForCausalLM", "phi3"], "gpt-oss": ["GptOssForCausalLM", "gpt_oss"],
+  smollm3: ["SmolLM3ForCausalLM", "smollm3"],
 };
 
 /**
@@ -228,9 +230,24 @@ export function hasGgufArchitecture(architecture: string): boolean {
   return Object.hasOwn(ARCH_TO_GGUF, architecture);
 }
 
-/** Does llama.cpp permute q/k rows for this GGUF architecture? (llama yes; qwen2/qwen3 use NEOX rope, no) */
+/**
+ * Does llama.cpp permute q/k rows for this GGUF architecture? (llama, granite and smollm3, whose converters are
+ * Llama's, yes; qwen2/qwen3 use NEOX rope, no)
+ */
 export function ggufArchPermutesQK(ggufArch: string): boolean {
-  return ggufArch === "llama" || ggufArch === "granite";
+  return ggufArch === "llama" || ggufArch === "granite" || ggufArch === "smollm3";
+}
+
+/**
+ * Refuses a SmolLM3 export llama.cpp would run otherwise: its smollm3 takes every 4th layer as NoPE (no key says
+ * which) and has no sliding window.
+ */
+function checkSmolLm3Exportable(cfg: ModelConfig): void {
+  const fail = (what: string): never => {
+    throw new ModelFormatError(`[gguf] this SmolLM3 config cannot be written as smollm3 GGUF: ${what} (llama.cpp's smollm3 assumes it)`);
+  };
+  if (cfg.ropeLayers.some((rope, i) => rope !== ((i + 1) % 4 !== 0))) fail("no_rope_layers must make every 4th layer NoPE (layers 3, 7, ...) and no other");
+  if (cfg.slidingWindow !== null) fail("use_sliding_window must be false");
 }
 
 /**
@@ -243,6 +260,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   if (!arch) throw new ModelFormatError(`[gguf] no GGUF architecture for "${archName}"`);
   const parsed = parseHfConfig(config);
   if (arch === "gemma2" || arch === "gemma3") checkGemmaExportable(arch === "gemma2" ? 2 : 3, parsed);
+  if (arch === "smollm3") checkSmolLm3Exportable(parsed);
   if (parsed.ropeScaling?.type === "longrope" && arch !== "phi3") throw new ModelFormatError(`[gguf] ${archName} with longrope rope scaling has no GGUF form (llama.cpp reads longrope factors for phi3 only)`);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
   const heads = num("num_attention_heads")!;
