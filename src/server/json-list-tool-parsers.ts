@@ -6,10 +6,13 @@
 //     {"name", "arguments"}; it has no content then.
 //   - phi4_mini_json (Phi-4-mini): `functools[{"name": ..., "arguments" | "parameters": {...}}, ...]` anywhere in
 //     the reply; a reply with calls has no content.
+//   - xlam (Salesforce's xLAM): a JSON list of {"name", "arguments"} as the whole reply, after `</think>`, or in a
+//     ```json block, after `[TOOL_CALLS]` or inside <tool_call>...</tool_call>; the text around it is content.
 // Python's json.loads reads the list and json.dumps(ensure_ascii=False) writes each call's arguments back, as vLLM's
 // parsers do (python-json.ts). Anything that does not read as calls stays text.
 import { randomInt } from "node:crypto";
-import { PyDict, pyJsonDecode, pyJsonDumps, type PyValue } from "./python-json.js";
+import { randomUUID } from "node:crypto";
+import { PyDict, pyJsonDecode, pyJsonDumps, pyJsonDumpsAscii, type PyValue } from "./python-json.js";
 import type { ExtractedToolCalls, ToolCallParser } from "./tool-parsers.js";
 
 /** Python's json.loads(text): the one JSON value the text holds (JSON whitespace around it), or undefined. */
@@ -146,4 +149,79 @@ const phi4MiniJson: ToolCallParser = {
   },
 };
 
-export const jsonListToolParsers = { mistral, granite, phi4_mini_json: phi4MiniJson } as const;
+/** xLAM's call blocks, in the order vLLM tries them: a ``` (json) block, `[TOOL_CALLS]` to the line's end, <tool_call> tags. */
+const XLAM_BLOCKS = [/```(?:json)?\s*([\s\S]*?)```/g, /\[TOOL_CALLS\]([\s\S]*?)(?=\n|$)/g, /<tool_call>([\s\S]*?)<\/tool_call>/g];
+const XLAM_MARKERS = ["```", "[TOOL_CALLS]", "<tool_call>", "</think>"];
+const THINK_END = "</think>";
+
+/**
+ * xLAM's calls in a JSON value: each {"name", "arguments"} of a list (others skipped, as vLLM logs and skips them),
+ * object arguments written by Python's json.dumps (ASCII escapes, as vLLM's xLAM parser writes them), string ones as
+ * they are; null when the value is no list, holds no call, or has arguments of another type (vLLM's call then fails
+ * and the reply is text).
+ */
+function xlamCalls(value: PyValue | undefined): ExtractedToolCalls["calls"] | null {
+  if (!Array.isArray(value)) return null;
+  const calls: ExtractedToolCalls["calls"] = [];
+  for (const item of value) {
+    if (!(item instanceof PyDict) || !item.has("name") || !item.has("arguments")) continue;
+    const [name, args] = [item.get("name"), item.get("arguments")];
+    if (typeof name !== "string" || !(args instanceof PyDict || typeof args === "string")) return null;
+    calls.push({ name, arguments: typeof args === "string" ? args : pyJsonDumpsAscii(args), id: `call_${calls.length}_${randomUUID().replaceAll("-", "")}` });
+  }
+  return calls.length > 0 ? calls : null;
+}
+
+/** The first match of a call-block pattern in `text` whose inside reads as JSON, by pattern order: [pattern, value]. */
+function firstXlamBlock(text: string): [RegExp, PyValue] | null {
+  for (const pattern of XLAM_BLOCKS) {
+    for (const m of text.matchAll(pattern)) {
+      const value = pyJsonLoads(m[1]!);
+      if (value !== undefined) return [pattern, value];
+    }
+  }
+  return null;
+}
+
+/**
+ * vLLM's xLAMToolParser reading of a whole reply: after a `</think>`, the rest as JSON, or the first call block in it
+ * that reads as JSON (the content is then the reply up to `</think>`); else the first block in the whole reply that
+ * reads as JSON (the content is the reply without that pattern's blocks); else a reply that is one JSON list. Kiln
+ * keeps the content's leading whitespace (vLLM strips both ends) so that a streamed reply adds up to the whole
+ * reading. Streamed, text goes out up to the first marker (trailing whitespace held), and a reply opening with `[`,
+ * `<tool_call>` or `[TOOL_CALLS]` is held whole.
+ */
+const xlam: ToolCallParser = {
+  streamable(text: string): number {
+    const start = text.trimStart();
+    if (["[", "<tool_call>", "[TOOL_CALLS]"].some((o) => start.startsWith(o) || o.startsWith(start))) return 0;
+    let upTo = text.length;
+    for (const m of XLAM_MARKERS) {
+      const at = text.indexOf(m);
+      upTo = Math.min(upTo, at >= 0 ? at : text.length - partialSuffix(text, m));
+    }
+    return text.slice(0, upTo).trimEnd().length;
+  },
+  extract(text: string): ExtractedToolCalls | null {
+    const orNull = (s: string) => (s === "" ? null : s);
+    const think = text.indexOf(THINK_END);
+    if (think >= 0) {
+      const rest = text.slice(think + THINK_END.length);
+      const value = pyJsonLoads(rest) ?? firstXlamBlock(rest)?.[1];
+      if (value !== undefined) {
+        const calls = xlamCalls(value);
+        return calls === null ? null : { content: orNull(text.slice(0, think + THINK_END.length)), calls };
+      }
+    }
+    const block = firstXlamBlock(text);
+    if (block !== null) {
+      const calls = xlamCalls(block[1]);
+      return calls === null ? null : { content: orNull(text.replace(block[0], "").trimEnd()), calls };
+    }
+    if (!text.trimStart().startsWith("[")) return null;
+    const calls = xlamCalls(pyJsonLoads(text));
+    return calls === null ? null : { content: null, calls };
+  },
+};
+
+export const jsonListToolParsers = { mistral, granite, phi4_mini_json: phi4MiniJson, xlam } as const;

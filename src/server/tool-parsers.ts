@@ -22,7 +22,7 @@ import type { TokenizerLike } from "../models/tokenizer-types.js";
  * from the reply's tokens (serving-chat-harmony.ts), not from text, and it serves Harmony models only.
  */
 export const TOOL_CALL_PARSERS = [
-  "hermes", "llama3_json", "llama4_json", "pythonic", "llama4_pythonic", "mistral", "granite", "phi4_mini_json", "qwen3_coder", "functiongemma", "openai",
+  "hermes", "llama3_json", "llama4_json", "pythonic", "llama4_pythonic", "mistral", "granite", "phi4_mini_json", "qwen3_coder", "functiongemma", "xlam", "openai",
 ] as const;
 export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];
 
@@ -177,6 +177,7 @@ export function toolCallParser(name: ToolCallParserName): ToolCallParser {
     case "mistral":
     case "granite":
     case "phi4_mini_json":
+    case "xlam":
       return jsonListToolParsers[name];
     case "qwen3_coder":
       return qwen3Coder;

@@ -1,4 +1,4 @@
-// The mistral, granite, phi4_mini_json, qwen3_coder, functiongemma, llama4_pythonic and llama4_json tool-call parsers against
+// The mistral, granite, phi4_mini_json, qwen3_coder, functiongemma, llama4_pythonic, llama4_json and xlam tool-call parsers against
 // hand-written replies, as vLLM's parsers of those names read them (the expected calls, content and converted
 // parameter values are written out by hand). Streaming each reply cut anywhere is checked with the other parsers in
 // tool-parsers.test.ts.
@@ -264,5 +264,68 @@ describe("tool-call parsers' tokens", () => {
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe("xlam tool-call parser", () => {
+  const xlam = toolCallParser("xlam");
+
+  it("reads a reply that is one JSON list of calls: object arguments as json.dumps writes them (ASCII escapes), string ones as they are", () => {
+    const r = xlam.extract('[{"name": "get_weather", "arguments": {"city": "Zürich","days":2}}, {"name": "now", "arguments": "{}"}]');
+    assert.deepEqual(withoutIds(r), {
+      content: null,
+      calls: [{ name: "get_weather", arguments: '{"city": "Z\\u00fcrich", "days": 2}' }, { name: "now", arguments: "{}" }],
+    });
+    assert.match(r!.calls[0]!.id!, /^call_0_[0-9a-f]{32}$/);
+    assert.match(r!.calls[1]!.id!, /^call_1_[0-9a-f]{32}$/);
+    // items without a name and arguments are skipped, as vLLM skips them
+    assert.deepEqual(withoutIds(xlam.extract('[{"name": "f"}, {"name": "g", "arguments": {}}]')), { content: null, calls: [{ name: "g", arguments: "{}" }] });
+  });
+
+  it("reads the calls after </think>, with the reply up to it as content", () => {
+    assert.deepEqual(withoutIds(xlam.extract('<think>I should look.</think>\n[{"name": "f", "arguments": {"q": "x"}}]')), {
+      content: "<think>I should look.</think>",
+      calls: [{ name: "f", arguments: '{"q": "x"}' }],
+    });
+    // a block after </think> counts too; what follows it is dropped with it
+    assert.deepEqual(withoutIds(xlam.extract('<think>.</think> ok ```json\n[{"name": "f", "arguments": {}}]\n``` end')), {
+      content: "<think>.</think>",
+      calls: [{ name: "f", arguments: "{}" }],
+    });
+  });
+
+  it("reads a ```json block, [TOOL_CALLS] to the line's end, or <tool_call> tags; the text around them is content", () => {
+    assert.deepEqual(withoutIds(xlam.extract('Let me check.\n```json\n[{"name": "f", "arguments": {"a": 1}}]\n```\nOne moment.')), {
+      content: "Let me check.\n\nOne moment.",
+      calls: [{ name: "f", arguments: '{"a": 1}' }],
+    });
+    assert.deepEqual(withoutIds(xlam.extract('Sure [TOOL_CALLS][{"name": "f", "arguments": {}}]\nthen more')), {
+      content: "Sure \nthen more",
+      calls: [{ name: "f", arguments: "{}" }],
+    });
+    assert.deepEqual(withoutIds(xlam.extract('<tool_call>[{"name": "f", "arguments": {}}]</tool_call>  ')), { content: null, calls: [{ name: "f", arguments: "{}" }] });
+    // the first block that reads as JSON: a ```js block that does not is skipped for the later one
+    assert.deepEqual(withoutIds(xlam.extract('```js\nf(1)\n``` and ```[{"name": "f", "arguments": {}}]```')), {
+      content: " and", // (vLLM's re.sub drops every ``` block, then strips)
+      calls: [{ name: "f", arguments: "{}" }],
+    });
+  });
+
+  it("leaves as text: replies without a list of calls, a list cut short, arguments of another type", () => {
+    assert.equal(xlam.extract("no calls"), null);
+    assert.equal(xlam.extract("[1, 2] is a list"), null);
+    assert.equal(xlam.extract('[{"name": "f", "arguments": {'), null); // cut by max_tokens
+    assert.equal(xlam.extract('{"name": "f", "arguments": {}}'), null); // one object, not a list
+    assert.equal(xlam.extract('[{"name": "f", "arguments": [1]}]'), null);
+    assert.equal(xlam.extract('```json\n{"a": 1}\n```'), null);
+  });
+
+  it("streams text up to a marker and holds a reply that opens like calls", () => {
+    assert.equal(xlam.streamable("Hello there ``", 0), 11);
+    assert.equal(xlam.streamable("Hello <tool", 0), 5);
+    assert.equal(xlam.streamable("Hello </think>[", 0), 5);
+    assert.equal(xlam.streamable("  [{", 0), 0);
+    assert.equal(xlam.streamable("<tool_c", 0), 0);
+    assert.equal(xlam.streamable("Plain words", 0), 11);
   });
 });

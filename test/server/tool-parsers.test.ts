@@ -238,6 +238,16 @@ describe("streamed tool calls", () => {
       "<start_function_call>oops",
       "plain  ",
     ],
+    xlam: [
+      '[{"name": "f", "arguments": {"a": 1}}]',
+      'Sure: ```json\n[{"name": "f", "arguments": {"a": "é"}}]\n``` done ',
+      '<think>hmm</think>[{"name": "g", "arguments": "{}"}]',
+      'Hi [TOOL_CALLS][{"name": "f", "arguments": {}}]\nbye',
+      'a <tool_call>[{"name": "f", "arguments": {}}]</tool_call>',
+      "[1] the first point",
+      "code: ```js\nx```",
+      "plain ` text  ",
+    ],
   };
   const withoutIds = (r: ExtractedToolCalls) => ({ content: r.content, calls: r.calls.map(({ name, arguments: a }) => ({ name, arguments: a })) });
   for (const name of TOOL_CALL_PARSERS.filter((n) => n !== "openai")) {
