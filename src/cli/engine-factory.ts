@@ -134,10 +134,10 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     import("../engine/logits-processors.js"),
   ]);
   const exports = await loadLogitsProcessors(specs); // before the model, as the worker does
-  const { loaded, runner, engineArgs, kvTokens, tp } = await createServingSetup(servingArgs);
+  const { loaded, runner, engineArgs, kvTokens, tp, draft } = await createServingSetup(servingArgs);
   const logitsProcessors = instantiateLogitsProcessors(exports, { vocabSize: runner.vocabSize }, specs);
   return {
-    engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs, logitsProcessors }),
+    engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs, logitsProcessors, draft }),
     tokenizer: loaded.tokenizer,
     generationConfig: loaded.generationConfig,
     numBlocks: engineArgs.numGpuBlocks,
@@ -148,6 +148,7 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     close: async () => {
       await tp?.shutdown(); // the other tensor-parallel ranks, if any
       runner.dispose();
+      draft?.dispose();
     },
   };
 }

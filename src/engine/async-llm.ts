@@ -1,6 +1,7 @@
 // Streaming engine client (vLLM's AsyncLLM): requests stream RequestOutputs while one loop drives
 // EngineCore.step(), yielding to the event loop between steps. EngineCore is a plain class so this loop can
 // later move to a worker thread with the same EngineClient surface.
+import type { DraftModelProposer } from "./draft-model.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs, type ResolvedEngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
@@ -24,6 +25,8 @@ export interface AsyncLLMOptions {
   engineArgs: EngineArgs;
   /** Engine-level logits processors (vLLM `logits_processors`): instances, or classes built with {vocabSize}. */
   logitsProcessors?: readonly LogitsProcessorInput[];
+  /** The draft model's proposer, for speculativeConfig's draft_model method (ServingSetup.draft). */
+  draft?: DraftModelProposer | null;
 }
 
 /**
@@ -41,6 +44,7 @@ export class AsyncLLM implements EngineClient {
     this.engine = new EngineCore(options.engineArgs, options.runner, {
       tokenizer: options.tokenizer,
       logitsProcessors: options.logitsProcessors,
+      draft: options.draft ?? null,
     });
   }
 

@@ -30,7 +30,8 @@ import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, 
 import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
-import { proposeNgram, resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
+import { proposeNgram, resolveSpeculativeConfig, type NgramSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
+import type { DraftModelProposer } from "./draft-model.js";
 import type { ClassifierConfig } from "../models/hf-config.js";
 import {
   harmonyEnd, hasTokenMarkers, REASONING_PARSERS, textMarkersRefusal, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName,
@@ -234,6 +235,8 @@ export interface EngineCoreOptions {
   createDetokenizer?: (promptTokenIds: readonly number[], params: SamplingParams) => IncrementalDetokenizerLike;
   /** Engine-level logits processors (vLLM `logits_processors`): instances, or classes built with {vocabSize}. */
   logitsProcessors?: readonly LogitsProcessorInput[];
+  /** The draft model's proposer, for speculativeConfig's "draft_model" method (serving.ts builds it). */
+  draft?: DraftModelProposer | null;
 }
 
 export class EngineCore {
@@ -245,6 +248,7 @@ export class EngineCore {
   private readonly tokenizer: TokenizerLike | null;
   private readonly createDetokenizer: EngineCoreOptions["createDetokenizer"];
   private readonly eosTokenIds: number[];
+  private readonly draft: DraftModelProposer | null;
   /** Structured output's grammar compiler (made on first use). */
   private grammars: StructuredOutputManager | null = null;
   /**
@@ -306,6 +310,9 @@ export class EngineCore {
     if (a.pooler !== null && runner.supportsPooling !== true) throw new Error("[engine] pooler needs a model runner that pools (PagedModelRunner)");
     if (a.pooler?.classify === true && (runner.classify === undefined || (runner.classifier ?? null) === null))
       throw new Error("[engine] pooler.classify needs a classifier model (*ForSequenceClassification)");
+    this.draft = options.draft ?? null;
+    if (a.speculativeConfig?.method === "draft_model" && this.draft === null)
+      throw new Error("[engine] speculativeConfig's draft_model method needs the draft model's proposer (EngineCoreOptions.draft)");
   }
 
   /**
@@ -697,17 +704,28 @@ export class EngineCore {
     return updates;
   }
 
-  /** Speculative decoding: n-gram drafts for every running request whose sampling may be verified row by row. */
+  /**
+   * Speculative decoding: n-gram or draft-model drafts for every running request whose sampling may be verified row
+   * by row.
+   */
   private proposeDrafts(c: SpeculativeConfig): void {
     const maxLen = this.args.maxModelLen;
+    const wanted: { req: Request; room: number }[] = [];
     for (const req of this.scheduler.running) {
+      req.specTokenIds = [];
       // only for a decode (a request still reading its prompt has nothing to draft after); room: the drafts plus
       // the token after them must fit max_tokens and max_model_len
       const decoding = req.numComputedTokens === req.numTokens - 1;
       const room = Math.min(c.numSpeculativeTokens, req.maxTokens - req.numOutputTokens - 1, maxLen - req.numTokens - 1);
       const paused = req.specPause.skip > 0;
       if (paused && decoding) req.specPause.skip--;
-      const drafts = decoding && !paused && room > 0 && this.speculable() ? proposeNgram(req.allTokenIds, c.promptLookupMin, c.promptLookupMax, room) : [];
+      if (decoding && !paused && room > 0 && this.speculable()) wanted.push({ req, room });
+    }
+    const proposed = c.method === "draft_model"
+      ? this.draft!.propose(wanted.map(({ req, room }) => ({ requestId: req.requestId, tokens: req.allTokenIds, k: room })), new Set(this.scheduler.running.map((r) => r.requestId)))
+      : null;
+    for (const { req, room } of wanted) {
+      const drafts = proposed !== null ? proposed.get(req.requestId) ?? [] : proposeNgram(req.allTokenIds, (c as NgramSpeculativeConfig).promptLookupMin, (c as NgramSpeculativeConfig).promptLookupMax, room);
       // structured output: only the drafts its grammar allows (vLLM's validate_tokens)
       req.specTokenIds = req.grammar === null || drafts.length === 0 ? drafts : drafts.slice(0, req.grammar.validPrefix(drafts));
     }

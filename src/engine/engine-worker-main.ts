@@ -100,9 +100,9 @@ async function main(): Promise<void> {
   // The caller's thread builds its own tokenizer meanwhile; this one needs only the EOS ids before "ready", then
   // a decoder (no BPE merges: this thread encodes only bad_words).
   const setup = await createServingSetup({ ...args, onProgress: (stage, fraction) => post({ type: "progress", stage, fraction }) }, { deferTokenizerBuild: true });
-  const { loaded, runner, engineArgs, kvTokens, tp } = setup;
+  const { loaded, runner, engineArgs, kvTokens, tp, draft } = setup;
   const logitsProcessors = instantiateLogitsProcessors(processorExports, { vocabSize: runner.vocabSize }, specifiers);
-  const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors });
+  const core = new EngineCore(engineArgs, runner, { tokenizer: loaded.tokenizer, logitsProcessors, draft });
   const resolved = resolveEngineArgs(engineArgs);
   // each step's KV-cache events go out from this thread, so a slow or lost NATS server never delays the caller's
   const kvEvents = args.kvEventsConfig == null ? null : createKvEventPublisher(args.kvEventsConfig, `${os.hostname()}:${process.pid}`);

@@ -71,7 +71,7 @@ export class LLM {
       const s = createServingSetupSync(options);
       this.tokenizer = s.loaded.tokenizer;
       this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
-      this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors });
+      this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors, draft: s.draft });
       return;
     }
     this.tokenizer = options.tokenizer;

@@ -15,7 +15,8 @@ import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
 import { weightTensors } from "../nn/quantized-linear.js";
-import { resolveSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
+import { resolveSpeculativeConfig, type DraftModelSpeculativeConfig, type NgramSpeculativeConfig } from "./speculative.js";
+import { DraftModelProposer } from "./draft-model.js";
 import { env } from "../util/env.js";
 import { camelCaseHint } from "../util/names.js";
 import { resolveModel } from "../models/hub.js";
@@ -59,9 +60,10 @@ export interface ServingArgs {
   asyncScheduling?: boolean;
   /**
    * vLLM's speculative_config: `{ method: "ngram", numSpeculativeTokens, promptLookupMax, promptLookupMin }` (n-gram
-   * drafts verified in one step; turns async scheduling off). Default none.
+   * drafts verified in one step) or `{ model, numSpeculativeTokens }` (a draft model's greedy drafts; method
+   * "draft_model"); either turns async scheduling off. Default none.
    */
-  speculativeConfig?: Partial<SpeculativeConfig> | null;
+  speculativeConfig?: Partial<NgramSpeculativeConfig> | Partial<DraftModelSpeculativeConfig> | null;
   /** Largest decode batch captured as a step graph; default min(maxNumSeqs, 32). */
   maxCaptureSize?: number;
   /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
@@ -136,6 +138,8 @@ export interface ServingSetup {
   kvTokens: number;
   /** The other tensor-parallel ranks (shut them down with the engine), or null. */
   tp: TpLeader | null;
+  /** The draft model's proposer (speculativeConfig's draft_model method), or null. */
+  draft: DraftModelProposer | null;
 }
 
 const DEFAULT_KV_CAP = 4 * 1024 ** 3;
@@ -354,6 +358,54 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
   return { key: stepGraphCacheKey(identity), mark };
 }
 
+/** The draft model a speculative config names, loaded as the served model's options say (null for none). */
+function draftModelPath(args: ServingArgs): string | null {
+  const c = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
+  return c?.method === "draft_model" ? c.model : null;
+}
+
+/** How a draft model is read: in the served model's dtype, its own tokenizer and config, nothing else overridden. */
+function draftLoadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "downloadDir" | "deferTokenizerBuild"> {
+  return { dtype: args.dtype, downloadDir: args.downloadDir, deferTokenizerBuild: true };
+}
+
+/** The setup with its draft model's proposer. */
+function withDraft(s: ServingSetup, draft: LoadedModel, args: ServingArgs): ServingSetup {
+  const a = s.engineArgs;
+  const kv = { numBlocks: a.numGpuBlocks, blockSize: a.blockSize!, kvCacheDtype: s.runner.kvCacheDtype, maxModelLen: a.maxModelLen };
+  return { ...s, draft: draftProposer(draft, s.loaded, kv, a.maxNumBatchedTokens!, args) };
+}
+
+/**
+ * The draft model's proposer: its own paged KV cache of as many blocks as the served model's (the draft's per-token
+ * K/V is smaller for a smaller model), its steps captured as step graphs as the served model's are (unless
+ * enforceEager): decodes of the requests' batch sizes, and the catch-up steps as mixed steps. Refuses a draft whose
+ * vocabulary differs, or whose positions stop short of max_model_len.
+ */
+function draftProposer(
+  draft: LoadedModel, loaded: LoadedModel, kv: { numBlocks: number; blockSize: number; kvCacheDtype: KvCacheDtype; maxModelLen: number }, maxTokensPerStep: number,
+  args: ServingArgs,
+): DraftModelProposer {
+  const fail = (m: string): never => {
+    throw new EngineInputError("speculative_config", `draft model ${draft.path}: ${m}`);
+  };
+  if (draft.config.classifier !== null) fail("it is a classifier, not a language model");
+  if (draft.config.vocabSize !== loaded.config.vocabSize)
+    fail(`its vocabulary has ${draft.config.vocabSize} tokens, the served model's ${loaded.config.vocabSize}: a draft model must share the served model's tokenizer`);
+  if (draft.config.maxPositionEmbeddings < kv.maxModelLen)
+    fail(`it has ${draft.config.maxPositionEmbeddings} positions, fewer than max_model_len ${kv.maxModelLen} (lower --max-model-len)`);
+  draft.model.setContextLength(kv.maxModelLen);
+  draft.model.device.backend.moveToHugePages?.(weightTensors(draft.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
+  const runner = new PagedModelRunner(draft.model, { numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype: kv.kvCacheDtype });
+  if (args.enforceEager !== true) {
+    args.onProgress?.("compiling the draft model's step graphs", 0);
+    const decode = decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize);
+    runner.captureStepGraphs(kv.maxModelLen, { decodeBuckets: decode, mixedBuckets: mixedBuckets(maxTokensPerStep, args.maxCaptureTokens), fuse: true });
+    args.onProgress?.("compiling the draft model's step graphs", 1);
+  }
+  return new DraftModelProposer(runner, kv.blockSize, kv.numBlocks, maxTokensPerStep);
+}
+
 function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLeader | null = null): ServingSetup {
   if (args.reasoningParser != null && hasTokenMarkers(args.reasoningParser)) {
     try {
@@ -453,7 +505,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
     lora,
     pooler,
   };
-  return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize, tp };
+  return { loaded, runner, engineArgs, kvTokens: (numBlocks - 1) * blockSize, tp, draft: null };
 }
 
 /** Loads a local model directory or GGUF file synchronously and builds the engine pieces. */
@@ -466,7 +518,10 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
     );
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { ...loadOptions(args), onProgress: args.onProgress });
-  return setup(loaded, args, mark);
+  const s = setup(loaded, args, mark);
+  // (loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
+  const draftPath = draftModelPath(args);
+  return draftPath === null ? s : withDraft(s, loadLocalModel(draftPath, draftLoadOptions(args)), args);
 }
 
 /**
@@ -478,7 +533,9 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
   if ((args.tensorParallelSize ?? 1) > 1) return createTensorParallelSetup(args, args.tensorParallelSize!, load);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
-  return setup(loaded, args, mark);
+  const s = setup(loaded, args, mark);
+  const draftPath = draftModelPath(args);
+  return draftPath === null ? s : withDraft(s, await loadModel(draftPath, draftLoadOptions(args)), args);
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */

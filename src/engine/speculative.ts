@@ -23,8 +23,10 @@
 
 import { camelCaseHint } from "../util/names.js";
 
-/** vLLM's SpeculativeConfig for the n-gram method (camelCase). */
-export interface SpeculativeConfig {
+/** vLLM's SpeculativeConfig (camelCase): the n-gram method, or a draft model (draft-model.ts). */
+export type SpeculativeConfig = NgramSpeculativeConfig | DraftModelSpeculativeConfig;
+
+export interface NgramSpeculativeConfig {
   method: "ngram";
   /** Drafts per step (k). */
   numSpeculativeTokens: number;
@@ -34,22 +36,49 @@ export interface SpeculativeConfig {
   promptLookupMin: number;
 }
 
-/** Checks and completes a speculative config (prompt_lookup_min defaults to 1, prompt_lookup_max to 5 here). */
-export function resolveSpeculativeConfig(c: Partial<SpeculativeConfig>): SpeculativeConfig {
+/**
+ * vLLM's "draft_model" method: a smaller model of the same vocabulary drafts k tokens greedily each step (vLLM infers
+ * the method when `model` is given without one).
+ */
+export interface DraftModelSpeculativeConfig {
+  method: "draft_model";
+  /** The draft model: a directory or GGUF file (as the served model is named). */
+  model: string;
+  numSpeculativeTokens: number;
+}
+
+/** The keys a speculative config may hold, per method (camelCase). */
+const KEYS = { ngram: ["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"], draft_model: ["method", "model", "numSpeculativeTokens"] } as const;
+
+/**
+ * Checks and completes a speculative config (prompt_lookup_min defaults to 1, prompt_lookup_max to 5 here; a `model`
+ * without a method is a draft model, as vLLM infers it).
+ */
+export function resolveSpeculativeConfig(c: Partial<NgramSpeculativeConfig> | Partial<DraftModelSpeculativeConfig>): SpeculativeConfig {
   const fail = (m: string): never => {
     throw new Error(`[engine] speculativeConfig: ${m}`);
   };
   if (typeof c !== "object" || c === null) fail("must be an object");
-  const known = (k: string): boolean => ["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"].includes(k);
-  for (const k of Object.keys(c)) if (!known(k)) fail(`unknown key ${JSON.stringify(k)}${camelCaseHint(k, known)}`);
-  if (c.method !== "ngram") fail(`method ${JSON.stringify(c.method)} is not supported (Kiln has "ngram")`);
+  const given = c as Record<string, unknown>;
+  const method = given.method ?? (given.model !== undefined ? "draft_model" : undefined);
+  if (method !== "ngram" && method !== "draft_model") fail(`method ${JSON.stringify(given.method)} is not supported (Kiln has "ngram" and "draft_model")`);
+  const keys: readonly string[] = KEYS[method as keyof typeof KEYS];
+  const anyKey = (k: string): boolean => Object.values(KEYS).some((ks) => (ks as readonly string[]).includes(k));
+  for (const k of Object.keys(c)) {
+    if (!anyKey(k)) fail(`unknown key ${JSON.stringify(k)}${camelCaseHint(k, anyKey)}`);
+    if (!keys.includes(k)) fail(`${JSON.stringify(k)} does not apply to method ${JSON.stringify(method)}`);
+  }
   const int = (v: unknown, name: string, min: number, max: number): number => {
     if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) fail(`${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
     return v as number;
   };
-  const k = int(c.numSpeculativeTokens, "numSpeculativeTokens", 1, 16);
-  const min = int(c.promptLookupMin ?? 1, "promptLookupMin", 1, 64);
-  const max = int(c.promptLookupMax ?? Math.max(5, min), "promptLookupMax", 1, 64);
+  const k = int(given.numSpeculativeTokens, "numSpeculativeTokens", 1, 16);
+  if (method === "draft_model") {
+    if (typeof given.model !== "string" || given.model === "") fail(`model must name the draft model (a directory or GGUF file), got ${JSON.stringify(given.model)}`);
+    return { method, model: given.model as string, numSpeculativeTokens: k };
+  }
+  const min = int(given.promptLookupMin ?? 1, "promptLookupMin", 1, 64);
+  const max = int(given.promptLookupMax ?? Math.max(5, min), "promptLookupMax", 1, 64);
   if (max < min) fail(`promptLookupMax (${max}) must be >= promptLookupMin (${min})`);
   return { method: "ngram", numSpeculativeTokens: k, promptLookupMax: max, promptLookupMin: min };
 }
