@@ -4,22 +4,15 @@
 // Anthropic's error object. Then the official client (@anthropic-ai/sdk) against a router in front of two Kiln servers
 // over the fake engine.
 import assert from "node:assert/strict";
-import { after, afterEach, describe, it } from "node:test";
+import { after, describe, it } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
 import { createRouter, type Router } from "../../src/router/index.js";
 import type { RouterConfig } from "../../src/router/router-config.js";
 import { anthropicMessagesText, routingText } from "../../src/router/request-text.js";
-import { deadUrl, startFakeWorker, type FakeWorker } from "./fake-worker.js";
+import { cleanedUp, deadUrl, heldStream, startFakeWorker } from "./fake-worker.js";
 import { startTestServer, type TestServer } from "../server/helpers.js";
 
-const routers: Router[] = [];
-const workers: FakeWorker[] = [];
-afterEach(async () => {
-  await Promise.all(routers.splice(0).map((r) => r.close()));
-});
-after(async () => {
-  await Promise.all(workers.map((w) => w.kill().catch(() => undefined)));
-});
+const { routers, workers } = cleanedUp<Router>();
 
 async function router(workerUrls: string[], options: Partial<RouterConfig> = {}): Promise<string> {
   const r = createRouter({ workerUrls, port: 0, healthCheckIntervalMs: 60_000, logLevel: "critical", ...options }, { log: () => {} });
@@ -99,15 +92,8 @@ describe("the router in front of Messages workers (fake workers)", () => {
   it("a streamed Messages reply reaches the client event by event", async () => {
     const [w] = await Promise.all([startFakeWorker("w0")]);
     workers.push(w!);
-    let release!: () => void;
-    const gate = new Promise<void>((r) => (release = r));
-    w!.handler = async (_req, res) => {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      res.write('event: message_start\ndata: {"type":"message_start"}\n\n');
-      await gate;
-      res.end('event: message_stop\ndata: {"type":"message_stop"}\n\n');
-      return true;
-    };
+    const { handler, release } = heldStream('event: message_start\ndata: {"type":"message_start"}\n\n', 'event: message_stop\ndata: {"type":"message_stop"}\n\n');
+    w!.handler = handler;
     const url = await router([w!.url]);
     const res = await fetch(`${url}/v1/messages`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "tiny", max_tokens: 4, stream: true, messages: [] }) });
     assert.equal(res.headers.get("content-type"), "text/event-stream");
