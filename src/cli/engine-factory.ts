@@ -79,6 +79,7 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
     schedulingPolicy: args.schedulingPolicy,
     logprobsMode: args.logprobsMode,
     enforceEager: args.enforceEager,
+    ...(args.enableSleepMode ? { enableSleepMode: true } : {}),
     // vLLM's one capture size (tokens) caps both kinds of step graph: decode batches and mixed steps
     ...(args.maxCaptureSize !== null ? { maxCaptureSize: args.maxCaptureSize, maxCaptureTokens: args.maxCaptureSize } : {}),
     asyncScheduling: args.asyncScheduling ?? undefined,

@@ -35,8 +35,7 @@ export function addCompatOptions(cmd: Command): Command {
     .option("--max-num-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
     .option("--max-long-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
     .option("--enable-expert-parallel", "accepted for vLLM compatibility: one rank holds every expert (mixture-of-experts models are not split)", false)
-    .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 0} (Kiln serves text only; more than 0 is said at start-up)')
-    .option("--enable-sleep-mode", "accepted for vLLM compatibility: the engine cannot sleep (no /sleep or /wake_up)", false);
+    .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 0} (Kiln serves text only; more than 0 is said at start-up)');
 }
 
 /** Checks the flags' values; those accepted with no effect push a line to `warnings`. */
@@ -61,7 +60,6 @@ export function checkCompatArgs(o: Record<string, unknown>, warnings: string[]):
     warnings.push("--enable-expert-parallel: no effect: one rank holds every expert (Kiln does not split mixture-of-experts models); replies are the same");
   if (o.limitMmPerPrompt !== undefined && Object.values(parseMmLimits(o.limitMmPerPrompt)).some((n) => n > 0))
     warnings.push("--limit-mm-per-prompt: Kiln serves text only: a request with image, audio or video parts gets a 400");
-  if (o.enableSleepMode === true) warnings.push("--enable-sleep-mode: the engine cannot sleep: /sleep and /wake_up are not served");
 }
 
 /**

@@ -24,6 +24,8 @@ export interface EngineFlagArgs {
   enablePrefixCaching: boolean | null; // null = engine default (on)
   seed: number;
   enforceEager: boolean;
+  /** vLLM --enable-sleep-mode: POST /sleep may free the KV cache (level 1) and the weights (level 2) in dev mode. */
+  enableSleepMode: boolean;
   /**
    * The largest step captured as a step graph, in tokens (vLLM's max_cudagraph_capture_size, from --compilation-config
    * or its own flag): decode batches and mixed steps up to it; null = Kiln's defaults (32 sequences, 512 tokens).
@@ -67,6 +69,7 @@ export function addEngineFlagOptions(cmd: Command): Command {
     .option("--no-enable-chunked-prefill", "compute each prompt in one step (max-num-batched-tokens must hold max-model-len)")
     .option("--long-prefill-token-threshold <n>", "the most tokens a prompt computes in one step, so long prompts share steps (0: no cap)")
     .option("--enforce-eager", "no step graphs: every step runs op by op from JS (nothing compiled at start-up)", false)
+    .option("--enable-sleep-mode", "let the engine sleep: with VLLM_SERVER_DEV_MODE=1, POST /sleep frees the KV cache (level 1) and the weights (level 2) until POST /wake_up", false)
     .option(
       "-O, --compilation-config <level-or-json>",
       'step graphs as vLLM\'s compilation settings: -O0 (or {"level": 0}, {"cudagraph_mode": "NONE"}) runs eagerly as --enforce-eager, ' +
@@ -140,6 +143,7 @@ export function parseEngineFlagArgs(o: Record<string, unknown>, warnings: string
     enablePrefixCaching: (o.enablePrefixCaching as boolean | undefined) ?? null,
     seed: int(o.seed ?? "0", "--seed", 0),
     enforceEager: Boolean(o.enforceEager) || compilation.eager,
+    enableSleepMode: Boolean(o.enableSleepMode),
     maxCaptureSize: captureFlag ?? compilation.maxCaptureSize,
     asyncScheduling: (o.asyncScheduling as boolean | undefined) ?? null,
     tensorParallelSize: tp,

@@ -8,6 +8,7 @@ import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner } from "./model-runner.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
+import type { PauseMode, SleepLevel, WakeTag } from "./sleep-mode.js";
 import type { EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams } from "./types.js";
 
 interface Stream {
@@ -129,7 +130,7 @@ export class AsyncLLM implements EngineClient {
     this.looping = true;
     void (async () => {
       try {
-        while (this.engine.hasUnfinishedRequests()) {
+        while (this.engine.hasWork()) {
           for (const out of this.engine.step()) this.deliver(out);
           await yieldToEventLoop();
         }
@@ -171,6 +172,34 @@ export class AsyncLLM implements EngineClient {
   /** Drops the prefix cache between two steps (the loop yields to the event loop after each). */
   resetPrefixCache(): Promise<boolean> {
     return Promise.resolve(this.engine.resetPrefixCache());
+  }
+
+  /**
+   * vLLM's sleep, between two steps (see EngineCore.sleep): "abort" ends the requests' streams with finish reason abort,
+   * "wait" refuses new requests and resolves once the others have finished and the engine sleeps.
+   */
+  async sleep(level: SleepLevel, mode: PauseMode): Promise<void> {
+    if (mode === "wait") {
+      this.engine.beginDrain(); // (refused without sleep mode)
+      // the step loop runs the requests to their end (a paused engine's never end: it is asleep already)
+      while (this.engine.hasWork()) await new Promise((resolve) => setTimeout(resolve, 1));
+    }
+    for (const out of this.engine.sleep(level, mode === "wait" ? "keep" : mode)) this.deliver(out);
+  }
+
+  /** vLLM's wake_up; the requests a "keep" sleep kept resume once nothing is asleep. */
+  wakeUp(tags: readonly WakeTag[] | null): Promise<void> {
+    try {
+      this.engine.wakeUp(tags);
+    } catch (e) {
+      return Promise.reject(e as Error);
+    }
+    this.startLoop();
+    return Promise.resolve();
+  }
+
+  isSleeping(): boolean {
+    return this.engine.sleepStatus().isSleeping;
   }
 
   get engineArgs(): Readonly<ResolvedEngineArgs> {

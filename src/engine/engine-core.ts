@@ -40,6 +40,7 @@ import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./s
 import type { KvCacheEvent } from "./kv-events.js";
 import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
+import { EngineSleepingError, SleepState, WAKE_TAGS, type MemoryTag, type SleepLevel, type SleepStatus, type WakeTag } from "./sleep-mode.js";
 
 /** Engine arguments, vLLM's names in camelCase. */
 export interface EngineArgs {
@@ -83,6 +84,11 @@ export interface EngineArgs {
    * takeKvEvents() hands out after each step (the worker publishes them; see kv-events.ts). Default false.
    */
   enableKvCacheEvents?: boolean;
+  /**
+   * vLLM's enable_sleep_mode: sleep() and wakeUp() may free the KV cache (level 1) and the weights (level 2) while
+   * the engine idles (sleep-mode.ts). Default false: they are refused.
+   */
+  enableSleepMode?: boolean;
 }
 
 /** vLLM's pooler config: how a prompt's final hidden states become one vector. */
@@ -143,6 +149,7 @@ export function resolveEngineArgs(a: EngineArgs): ResolvedEngineArgs {
     maxNumBatchedTokens: 2048,
     enablePrefixCaching: true,
     enableKvCacheEvents: false,
+    enableSleepMode: false,
     enableChunkedPrefill: true,
     longPrefillTokenThreshold: 0,
     schedulingPolicy: "fcfs",
@@ -262,6 +269,8 @@ export class EngineCore {
   readonly asyncScheduling: boolean;
   /** Async scheduling: the step queued on the device, whose outputs the next step() collects. */
   private inflight: { out: SchedulerOutput; pending: PendingRunnerOutput } | null = null;
+  /** Sleep mode: what is asleep, and whether new requests are refused. */
+  private readonly sleepState = new SleepState();
   numSteps = 0;
 
   constructor(
@@ -339,6 +348,68 @@ export class EngineCore {
     return this.kv.resetPrefixCache();
   }
 
+  /**
+   * vLLM's sleep (sleep-mode.ts): pauses scheduling and, from level 1, frees the KV cache, at level 2 the weights too.
+   * mode "abort" ends every request now (their final outputs are returned), "keep" keeps them for wake_up (from level
+   * 1 they compute their KV again then); "wait" is the caller's: beginDrain(), step until idle, then sleep. Asleep
+   * already: nothing changes (as vLLM's executor ignores a second sleep). Throws EngineInputError without sleep mode
+   * or when level 2 could not read the weights again, before anything changes.
+   */
+  sleep(level: SleepLevel, mode: "abort" | "keep"): RequestOutput[] {
+    this.checkSleepMode();
+    if (this.sleepState.isSleeping) return [];
+    if (level === 2) {
+      const r = this.runner;
+      const why = r.weightsReloadRefusal === undefined || r.releaseWeights === undefined ? "this model runner cannot read them again" : r.weightsReloadRefusal();
+      if (why !== null) throw new EngineInputError("level", `level 2 discards the weights, and ${why}: sleep at level 1 instead`);
+    }
+    const outs = mode === "abort" ? this.abortRequest([...this.parents.keys()]) : [];
+    outs.push(...this.drainInflight());
+    if (level >= 1) {
+      this.scheduler.preemptAll(); // their K/V goes with the cache
+      this.kv.resetPrefixCache();
+      this.runner.releaseKvCache?.();
+      if (level === 2) this.runner.releaseWeights!();
+    }
+    this.sleepState.fallAsleep(level);
+    return outs;
+  }
+
+  /** A "wait" sleep: new requests are refused from now on while the others run to their end. */
+  beginDrain(): void {
+    this.checkSleepMode();
+    if (!this.sleepState.isSleeping) this.sleepState.draining = true;
+  }
+
+  /**
+   * vLLM's wake_up: wakes the tags given (null: everything asleep); "weights" reads a level 2 sleep's weights again,
+   * "kv_cache" allocates the cache. Scheduling resumes once no memory is asleep. Tags not asleep are ignored.
+   */
+  wakeUp(tags: readonly WakeTag[] | null = null): void {
+    this.checkSleepMode();
+    const woken = (tags ?? WAKE_TAGS).filter((t): t is MemoryTag => t !== "scheduling" && this.sleepState.has(t));
+    if (woken.includes("weights")) this.runner.reloadWeights?.();
+    if (woken.includes("kv_cache")) this.runner.restoreKvCache?.();
+    this.sleepState.wake(woken);
+  }
+
+  sleepStatus(): SleepStatus {
+    return this.sleepState.status();
+  }
+
+  private checkSleepMode(): void {
+    if (!this.args.enableSleepMode)
+      throw new EngineInputError("enable_sleep_mode", "sleep mode is not enabled: start the engine with enableSleepMode (kiln serve --enable-sleep-mode)");
+  }
+
+  /** Applies the step queued on the device (async scheduling) without scheduling another. */
+  private drainInflight(): RequestOutput[] {
+    const current = this.inflight;
+    if (current === null) return [];
+    this.inflight = null;
+    return this.collectOutputs(this.applyStep(current.out, current.pending.wait(), false));
+  }
+
   get maxModelLen(): number {
     return this.args.maxModelLen;
   }
@@ -365,6 +436,8 @@ export class EngineCore {
    */
   addRequest(input: EngineRequestInput): void {
     const id = input.requestId;
+    if (this.sleepState.refusesRequests)
+      throw new EngineSleepingError(this.sleepState.isSleeping ? undefined : "The engine is falling asleep (a sleep with mode=wait): it takes no new requests");
     if (typeof id !== "string" || id.length === 0) throw new EngineInputError("request_id", "must be a non-empty string");
     const kind = input.outputKind ?? "cumulative";
     if (kind !== "cumulative" && kind !== "final_only")
@@ -541,6 +614,11 @@ export class EngineCore {
     return this.scheduler.hasUnfinishedRequests() || this.inflight !== null;
   }
 
+  /** Whether step() has anything to do: unfinished requests, and scheduling not paused by a sleep. */
+  hasWork(): boolean {
+    return !this.sleepState.schedulingPaused && this.hasUnfinishedRequests();
+  }
+
   /** The KV-cache events since the last call (prefix-cache blocks stored, evicted, cleared), oldest first. */
   takeKvEvents(): KvCacheEvent[] {
     return this.kv.takeEvents();
@@ -548,6 +626,7 @@ export class EngineCore {
 
   /** One engine iteration. Returns an output for every user request that got tokens or finished (final_only: finished). */
   step(): RequestOutput[] {
+    if (this.sleepState.schedulingPaused) return [];
     if (!this.asyncScheduling) {
       const schedulerOutput = this.schedule();
       if (schedulerOutput.scheduled.length === 0) return [];
@@ -812,6 +891,7 @@ export class EngineCore {
       prefixCacheQueries: this.kv.prefixCacheStats.queries,
       prefixCacheHits: this.kv.prefixCacheStats.hits,
       numPreemptions: this.scheduler.numPreemptions,
+      ...(this.args.enableSleepMode ? { sleep: this.sleepState.status() } : {}),
       ...(this.lora !== null ? { lora: this.loraStats(this.lora) } : {}),
       ...(this.args.speculativeConfig !== null
         ? {

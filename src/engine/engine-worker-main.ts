@@ -22,6 +22,7 @@ import {
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
 import type { EngineStats, RequestOutput } from "./types.js";
+import type { SleepLevel } from "./sleep-mode.js";
 
 /** What was already sent of one request, to turn EngineCore's cumulative outputs into deltas. */
 interface Sent {
@@ -115,6 +116,16 @@ async function main(): Promise<void> {
   let pendingSyncs: number[] = [];
   let pendingReplies: WorkerReply[] = [];
   let scheduled = false;
+  /** A "wait" sleep: the call to answer once the requests running have finished. */
+  let sleepAfterDrain: { id: number; level: SleepLevel } | null = null;
+  const reply = (id: number, run: () => boolean | void): void => {
+    try {
+      const value = run();
+      pendingReplies.push({ id, error: null, ...(typeof value === "boolean" ? { value } : {}) });
+    } catch (err) {
+      pendingReplies.push({ id, error: toWireError(err) });
+    }
+  };
 
   const wire = (outs: RequestOutput[]): void => {
     for (const out of outs) {
@@ -132,7 +143,12 @@ async function main(): Promise<void> {
   const tick = (): void => {
     scheduled = false;
     try {
-      if (core.hasUnfinishedRequests()) wire(core.step());
+      if (core.hasWork()) wire(core.step());
+      if (sleepAfterDrain !== null && !core.hasWork()) {
+        const { id, level } = sleepAfterDrain;
+        sleepAfterDrain = null;
+        reply(id, () => void wire(core.sleep(level, "keep")));
+      }
       kvEvents?.publish(core.takeKvEvents());
     } catch (err) {
       // A failed step leaves the engine state untrustworthy: fail every stream (as AsyncLLM does) and stop.
@@ -146,7 +162,7 @@ async function main(): Promise<void> {
     pendingErrors = [];
     pendingSyncs = [];
     pendingReplies = [];
-    if (core.hasUnfinishedRequests()) kick();
+    if (core.hasWork()) kick();
   };
   const kick = (): void => {
     if (scheduled) return;
@@ -198,6 +214,21 @@ async function main(): Promise<void> {
         break;
       case "resetPrefixCache":
         pendingReplies.push({ id: m.id, error: null, value: core.resetPrefixCache() });
+        break;
+      case "sleep":
+        if (m.mode !== "wait") reply(m.id, () => void wire(core.sleep(m.level, m.mode as "abort" | "keep")));
+        else if (sleepAfterDrain !== null) pendingReplies.push({ id: m.id, error: toWireError(new Error("[engine] a sleep is already waiting for the requests to finish")) });
+        else {
+          try {
+            core.beginDrain();
+            sleepAfterDrain = { id: m.id, level: m.level }; // answered by the tick that finds the engine idle
+          } catch (err) {
+            pendingReplies.push({ id: m.id, error: toWireError(err) });
+          }
+        }
+        break;
+      case "wakeUp":
+        reply(m.id, () => core.wakeUp(m.tags));
         break;
       case "close":
         void (tp?.shutdown() ?? Promise.resolve()).then(() => post({ type: "closed" }));

@@ -9,6 +9,7 @@ import type { KvSnapshot } from "./kv-transfer.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ServingArgs } from "./serving.js";
 import type { ResolvedEngineArgs } from "./engine-core.js";
+import type { PauseMode, SleepLevel, WakeTag } from "./sleep-mode.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { LogitsProcessorLoadError } from "./logits-processors.js";
 
@@ -42,6 +43,9 @@ export type ToWorker =
   | { type: "removeLora"; id: number; loraId: number }
   /** vLLM's reset_prefix_cache, between two steps: answered in the next update's replies under `id`. */
   | { type: "resetPrefixCache"; id: number }
+  /** Sleep mode (sleep-mode.ts): answered once asleep (mode "wait": once the requests running have finished) / awake. */
+  | { type: "sleep"; id: number; level: SleepLevel; mode: PauseMode }
+  | { type: "wakeUp"; id: number; tags: WakeTag[] | null }
   /** Before termination: the worker stops what outlives a thread (tensor-parallel rank processes), then says "closed". */
   | { type: "close" };
 

@@ -53,7 +53,21 @@ export class FakeModelRunner implements ModelRunner {
     private readonly options: FakeModelRunnerOptions = {},
   ) {}
 
+  /** Sleep mode: the KV store is dropped (as a real cache's contents are lost); a step before restoreKvCache() throws. */
+  kvReleased = false;
+
+  releaseKvCache(): void {
+    this.store.clear();
+    this.contexts.clear();
+    this.kvReleased = true;
+  }
+
+  restoreKvCache(): void {
+    this.kvReleased = false;
+  }
+
   execute(batch: ScheduledBatch): RunnerOutput {
+    if (this.kvReleased) throw new KvConsistencyError("a step while the KV cache is released");
     for (const id of batch.finishedRequestIds) this.contexts.delete(id);
     const rows: Float32Array[] = [];
     const promptLogits = new Map<string, Float32Array>();

@@ -131,4 +131,17 @@ export interface ModelRunner {
    * behind the work queued so far and before any later step.
    */
   writeKv?(blockTable: readonly number[], blockSize: number, data: Uint8Array, numTokens: number, from: number, to: number): void;
+  /**
+   * Sleep mode (level >= 1, sleep-mode.ts): frees the paged KV cache's memory, contents lost; restoreKvCache() allocates
+   * it again. Runners without them hold no KV memory of their own.
+   */
+  releaseKvCache?(): void;
+  restoreKvCache?(): void;
+  /**
+   * Sleep level 2: why the weights could not be read again once released (a model built in memory), or null when they
+   * can; releaseWeights() frees them and reloadWeights() reads them again from the checkpoint. Absent: they cannot.
+   */
+  weightsReloadRefusal?(): string | null;
+  releaseWeights?(): void;
+  reloadWeights?(): void;
 }

@@ -7,6 +7,7 @@ import type { ClassifierConfig } from "../models/hf-config.js";
 import { LoraSlots } from "../models/lora-slots.js";
 import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
+import { weightTensors } from "../nn/quantized-linear.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
 import type { KvLayout } from "./kv-transfer.js";
 import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
@@ -118,6 +119,9 @@ export function kvBytesPerBlock(model: CausalLM, blockSize: number, dtype: KvCac
   return 2 * c.numHiddenLayers * blockSize * model.numLocalKvHeads * c.headDim * DTYPE_BYTES[KV_TENSOR_DTYPE[dtype]];
 }
 
+/** captureStepGraphs' options. */
+export type CaptureArgs = Omit<StepGraphOptions, "onProgress"> & { onProgress?: (p: CaptureProgress) => void };
+
 export class PagedModelRunner implements ModelRunner {
   readonly vocabSize: number;
   /** Bytes of K+V cache per block. */
@@ -135,6 +139,21 @@ export class PagedModelRunner implements ModelRunner {
    * every rank runs the same forward on its shard; see tensor-parallel.ts). Default none.
    */
   onStepInputs: ((inputs: StepInputs) => void) | null = null;
+  /**
+   * Sleep level 2 (sleep-mode.ts): reads the model again from the checkpoint it was loaded from (serving.ts sets it), or
+   * null for a model built in memory, whose weights a level 2 sleep would lose.
+   */
+  weightLoader: (() => CausalLM) | null = null;
+  private currentModel: CausalLM;
+  /** The last captureStepGraphs() arguments, to capture again once released memory is back (their memory moved). */
+  private captureArgs: { maxModelLen: number; options: CaptureArgs } | null = null;
+  private kvReleased = false;
+  private weightsReleased = false;
+
+  /** The model the steps run (a level 2 wake_up reads a fresh one). */
+  get model(): CausalLM {
+    return this.currentModel;
+  }
 
   get classifier(): ClassifierConfig | null {
     return this.model.config.classifier;
@@ -152,12 +171,19 @@ export class PagedModelRunner implements ModelRunner {
   }
 
   constructor(
-    readonly model: CausalLM,
+    model: CausalLM,
     readonly spec: KvCacheSpec,
   ) {
-    const c = model.config;
-    this.vocabSize = c.vocabSize;
+    this.currentModel = model;
+    this.vocabSize = model.config.vocabSize;
     this.bytesPerBlock = kvBytesPerBlock(model, spec.blockSize, spec.dtype);
+    this.allocateKvCache();
+  }
+
+  private allocateKvCache(): void {
+    const model = this.model;
+    const c = model.config;
+    const spec = this.spec;
     // One allocation for every layer's K and V (views of it): one large buffer comes from fresh zero pages,
     // where 2 x layers buffers of a few MiB each would be zero-filled from the heap (~0.1 s at start-up).
     const shape = [spec.numBlocks, spec.blockSize, model.numLocalKvHeads, c.headDim]; // this rank's KV heads
@@ -187,10 +213,13 @@ export class PagedModelRunner implements ModelRunner {
    * Captures the forward once per decode and mixed bucket (see step-graphs.ts). Returns false, capturing
    * nothing, when the device or the model cannot capture.
    */
-  captureStepGraphs(maxModelLen: number, options: Omit<StepGraphOptions, "onProgress"> & { onProgress?: (p: CaptureProgress) => void }): boolean {
+  captureStepGraphs(maxModelLen: number, options: CaptureArgs): boolean {
     if (!StepGraphs.supported(this.model)) return false;
+    if (this.kvReleased || this.weightsReleased) throw new Error("[runner] cannot capture step graphs while the KV cache or the weights are released");
     this.graphs?.dispose();
     this.graphs = null;
+    // a capture again (after a sleep) records anew: the replay cache names memory as allocated at start-up
+    this.captureArgs = { maxModelLen, options: { ...options, cache: undefined, onProgress: undefined } };
     const maxBlocks = Math.ceil(maxModelLen / this.spec.blockSize);
     try {
       this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, { ...options, lora: this.lora !== null });
@@ -210,6 +239,7 @@ export class PagedModelRunner implements ModelRunner {
    * device's stream while this returns); wait() reads the logits back.
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
+    if (this.kvReleased || this.weightsReleased) throw new Error(`[runner] a step while the ${this.kvReleased ? "KV cache" : "weights"} are released (the engine is asleep)`);
     // pooling steps (prompts only, compute-bound) run eagerly: the graphs return logits, not hidden rows
     const replay = batch.pooling === undefined ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
@@ -326,6 +356,65 @@ export class PagedModelRunner implements ModelRunner {
     this.kvRuns(blockTable, blockSize, numTokens, from, to, (t, at, src, bytes) => writes.push({ buffer: t.storage.buffer, byteOffset: at, src: data.subarray(src, src + bytes) }));
     if (backend.writeAsyncMany !== undefined) backend.writeAsyncMany(writes);
     else for (const w of writes) (backend.writeAsync ?? backend.write).call(backend, w.buffer, w.byteOffset, w.src);
+  }
+
+  /** Sleep mode: frees the KV cache (and the step graphs, which point into it); restoreKvCache() allocates it anew. */
+  releaseKvCache(): void {
+    if (this.kvReleased) return;
+    this.dropGraphs();
+    for (const c of this.kvCaches) {
+      c.k.dispose();
+      c.v.dispose();
+    }
+    this.kvCaches.length = 0;
+    this.kvReleased = true;
+  }
+
+  restoreKvCache(): void {
+    if (!this.kvReleased) return;
+    this.allocateKvCache();
+    this.kvReleased = false;
+    this.recaptureWhenWhole();
+  }
+
+  weightsReloadRefusal(): string | null {
+    if (this.onStepInputs !== null) return "the other tensor-parallel ranks hold their own shards";
+    if (this.lora !== null) return "the LoRA slots live on the model's layers";
+    if (this.weightLoader === null) return "the model was built in memory, not loaded from a checkpoint it could be read from again";
+    return null;
+  }
+
+  /** Sleep level 2: frees every weight (and the step graphs that read them); reloadWeights() reads them again. */
+  releaseWeights(): void {
+    if (this.weightsReleased) return;
+    const refusal = this.weightsReloadRefusal();
+    if (refusal !== null) throw new Error(`[runner] the weights cannot be released: ${refusal}`);
+    this.dropGraphs();
+    const model = this.model;
+    for (const t of new Set([...weightTensors(model), ...model.namedParameters().map(([, p]) => p)])) t.dispose();
+    this.weightsReleased = true;
+  }
+
+  reloadWeights(): void {
+    if (!this.weightsReleased) return;
+    const fresh = this.weightLoader!();
+    const c = fresh.config, old = this.model.config;
+    if (c.vocabSize !== old.vocabSize || kvBytesPerBlock(fresh, this.spec.blockSize, this.spec.dtype) !== this.bytesPerBlock)
+      throw new Error("[runner] the checkpoint read again is another model (its vocabulary or KV shape changed)");
+    this.currentModel = fresh;
+    this.weightsReleased = false;
+    this.recaptureWhenWhole();
+  }
+
+  private dropGraphs(): void {
+    this.graphs?.dispose();
+    this.graphs = null;
+  }
+
+  /** Captures the step graphs again once both the KV cache and the weights are back (when there were graphs). */
+  private recaptureWhenWhole(): void {
+    if (this.kvReleased || this.weightsReleased || this.captureArgs === null) return;
+    this.captureStepGraphs(this.captureArgs.maxModelLen, this.captureArgs.options);
   }
 
   /** Frees the KV cache tensors. */

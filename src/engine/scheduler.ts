@@ -298,6 +298,12 @@ export class Scheduler {
     return best;
   }
 
+  /** Sleep mode: every running request back to the front of waiting, in order, its blocks freed (it computes them again). */
+  preemptAll(): void {
+    for (let i = this.running.length - 1; i >= 0; i--) this.preempt(this.running[i]!);
+    this.running.length = 0;
+  }
+
   private preempt(req: Request): void {
     this.kv.free(req);
     req.specTokenIds = [];

@@ -127,6 +127,11 @@ export interface ServingArgs {
    * (createServingSetup: `kiln serve`, WorkerEngine) and runs eagerly. Default 1.
    */
   tensorParallelSize?: number;
+  /**
+   * vLLM's --enable-sleep-mode: the engine may sleep (EngineArgs.enableSleepMode, sleep-mode.ts), freeing its KV cache
+   * (level 1) and weights (level 2: read again from the checkpoint on wake-up). Default off.
+   */
+  enableSleepMode?: boolean;
   onProgress?: (stage: string, fraction: number) => void;
 }
 
@@ -164,7 +169,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true,
+  disableSlidingWindow: true, enableSleepMode: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -200,6 +205,7 @@ function checkServingArgs(args: ServingArgs): void {
     if (args.enableLora === true) refuse("enable_lora", "LoRA");
     if (args.speculativeConfig) refuse("speculative_config", "speculative decoding");
     if (args.runner === "pooling") refuse("runner", "the pooling runner");
+    if (args.enableSleepMode === true) refuse("enable_sleep_mode", "sleep mode");
   }
   if (args.loadFormat !== undefined && !isLoadFormat(args.loadFormat))
     throw new EngineInputError("load_format", `load_format must be one of ${LOAD_FORMATS.join(", ")}, got ${JSON.stringify(args.loadFormat)}`);
@@ -358,6 +364,14 @@ function stepGraphCache(loaded: LoadedModel, mark: number | undefined, shape: ob
   return { key: stepGraphCacheKey(identity), mark };
 }
 
+/** The loaded model made ready to serve max_model_len tokens. */
+function prepareWeights(loaded: LoadedModel, maxModelLen: number): void {
+  loaded.model.setContextLength(maxModelLen); // longrope's factor set (before any step graph reads the tables)
+  // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
+  // the copies' old memory would lower until collected; before any step graph points at them)
+  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
+}
+
 /** The draft model a speculative config names, loaded as the served model's options say (null for none). */
 function draftModelPath(args: ServingArgs): string | null {
   const c = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
@@ -394,8 +408,7 @@ function draftProposer(
     fail(`its vocabulary has ${draft.config.vocabSize} tokens, the served model's ${loaded.config.vocabSize}: a draft model must share the served model's tokenizer`);
   if (draft.config.maxPositionEmbeddings < kv.maxModelLen)
     fail(`it has ${draft.config.maxPositionEmbeddings} positions, fewer than max_model_len ${kv.maxModelLen} (lower --max-model-len)`);
-  draft.model.setContextLength(kv.maxModelLen);
-  draft.model.device.backend.moveToHugePages?.(weightTensors(draft.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
+  prepareWeights(draft, kv.maxModelLen);
   const runner = new PagedModelRunner(draft.model, { numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype: kv.kvCacheDtype });
   if (args.enforceEager !== true) {
     args.onProgress?.("compiling the draft model's step graphs", 0);
@@ -416,11 +429,16 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
   }
   args.onProgress?.("sizing KV cache", 0);
   const { numBlocks, maxModelLen, blockSize, kvCacheDtype } = sizeKvCache(loaded, args);
-  loaded.model.setContextLength(maxModelLen); // longrope's factor set (before any step graph reads the tables)
-  // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
-  // the copies' old memory would lower until collected; before any step graph points at them)
-  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
+  prepareWeights(loaded, maxModelLen);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
+  // sleep level 2 reads the checkpoint again on wake-up (random weights would come back other ones)
+  if (args.enableSleepMode === true && args.loadFormat !== "dummy" && tp === null) {
+    runner.weightLoader = () => {
+      const again = loadLocalModel(loaded.path, { ...loadOptions(args), deferTokenizerBuild: true });
+      prepareWeights(again, maxModelLen);
+      return again.model;
+    };
+  }
   if (tp !== null) {
     // every rank allocates the same number of blocks of its own KV heads; each eager step's inputs go to every rank
     tp.broadcastKvSpec({ numBlocks, blockSize, kvCacheDtype, maxModelLen });
@@ -492,6 +510,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
     maxNumBatchedTokens,
     enablePrefixCaching: args.enablePrefixCaching ?? true,
     enableKvCacheEvents: args.kvEventsConfig != null,
+    enableSleepMode: args.enableSleepMode === true,
     enableChunkedPrefill: chunkedPrefill,
     longPrefillTokenThreshold: args.longPrefillTokenThreshold,
     maxLogprobs: args.maxLogprobs === -1 ? runner.vocabSize : args.maxLogprobs,

@@ -5,6 +5,7 @@ import type { ReasoningParserName } from "./reasoning.js";
 import type { StructuredOutputsParams } from "./structured-output.js";
 import type { KvSnapshot } from "./kv-transfer.js";
 import type { ResolvedEngineArgs } from "./engine-core.js";
+import type { PauseMode, SleepLevel, WakeTag, SleepStatus } from "./sleep-mode.js";
 
 export type { StructuredOutputsParams } from "./structured-output.js";
 
@@ -114,6 +115,8 @@ export interface EngineStats {
   lora?: { maxLoras: number; running: string[]; waiting: string[] };
   /** KV-cache events (absent without --kv-events-config): batches published, and batches and events dropped. */
   kvEvents?: { publishedBatches: number; droppedBatches: number; droppedEvents: number };
+  /** Sleep mode (absent without enableSleepMode): whether the engine sleeps, at which level, and what memory is asleep. */
+  sleep?: SleepStatus;
 }
 
 /** Per-request options of EngineClient.generate. */
@@ -154,6 +157,15 @@ export interface EngineClient {
    * prompt is computed again; true when that was every cached block (nothing was running).
    */
   resetPrefixCache?(): Promise<boolean>;
+  /**
+   * vLLM's sleep (sleep-mode.ts): resolves once asleep (mode "wait": once the requests running have finished). Rejects
+   * with EngineInputError without sleep mode, or for a level 2 the engine could not wake from. Absent: no sleep mode.
+   */
+  sleep?(level: SleepLevel, mode: PauseMode): Promise<void>;
+  /** vLLM's wake_up: wakes the tags given (null: everything); generation resumes once nothing is asleep. */
+  wakeUp?(tags: readonly WakeTag[] | null): Promise<void>;
+  /** Whether the engine sleeps (vLLM's is_sleeping), as of the last step or sleep call. */
+  isSleeping?(): boolean;
   /** The engine's resolved arguments (block size, pool size, scheduling, ...), as /server_info reports them. */
   readonly engineArgs?: Readonly<ResolvedEngineArgs>;
   stats(): EngineStats;

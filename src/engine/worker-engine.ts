@@ -21,6 +21,7 @@ import type { ServingArgs } from "./serving.js";
 import type { CompletionOutput, EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams, TokenLogprobs } from "./types.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
+import { EngineSleepingError, type PauseMode, type SleepLevel, type WakeTag } from "./sleep-mode.js";
 import type { ResolvedEngineArgs } from "./engine-core.js";
 
 type ReadyMessage = Extract<FromWorker, { type: "ready" }>;
@@ -199,6 +200,7 @@ export class WorkerEngine implements EngineClient {
     if (this.fatal !== null) throw this.fatal;
     if (this.closed) throw new Error("[engine] the engine is closed");
     const { requestId } = options;
+    if (this.isSleeping()) throw new EngineSleepingError(); // (a request racing a sleep call is refused by the worker)
     if (typeof requestId !== "string" || requestId.length === 0) throw new EngineInputError("request_id", "must be a non-empty string");
     if (this.live.has(requestId)) throw new EngineRequestIdError(requestId, "is already in use");
     if ((params.logitsProcessors?.length ?? 0) > 0)
@@ -321,6 +323,20 @@ export class WorkerEngine implements EngineClient {
   /** Drops the prefix cache in the worker, between two of its steps; true when every cached block was dropped. */
   resetPrefixCache(): Promise<boolean> {
     return this.call((id) => ({ type: "resetPrefixCache", id })).then((all) => all === true);
+  }
+
+  /** Sleep mode in the worker's engine (AsyncLLM.sleep): resolves once it sleeps. */
+  sleep(level: SleepLevel, mode: PauseMode): Promise<void> {
+    return this.call((id) => ({ type: "sleep", id, level, mode })).then(() => undefined);
+  }
+
+  wakeUp(tags: readonly WakeTag[] | null): Promise<void> {
+    return this.call((id) => ({ type: "wakeUp", id, tags: tags === null ? null : [...tags] })).then(() => undefined);
+  }
+
+  /** As of the worker's last update (a sleep or wake_up call has resolved after the update that shows it). */
+  isSleeping(): boolean {
+    return this.snapshot.sleep?.isSleeping === true;
   }
 
   /** Sends a call and resolves with its reply's value (rejects with its error). */

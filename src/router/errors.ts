@@ -1,5 +1,7 @@
 // The router's HTTP errors as OpenAI's error object {error: {message, type, param, code}} (the server's shape; the
-// router may not import src/server, so it keeps its own small copy of the type).
+// router may not import src/server, so it keeps its own small copy of the type), or on the Messages API's paths as
+// Anthropic's {type: "error", error: {type, message}}, as the server answers there.
+import { anthropicErrorBody, isMessagesPath, type AnthropicErrorBody } from "../util/anthropic-errors.js";
 
 export type RouterErrorType = "invalid_request_error" | "not_found_error" | "rate_limit_error" | "service_unavailable_error" | "server_error";
 
@@ -31,6 +33,11 @@ function defaultType(status: number): RouterErrorType {
   if (status === 503) return "service_unavailable_error";
   if (status >= 500) return "server_error";
   return "invalid_request_error";
+}
+
+/** The router's error as the API of `path` words it: Anthropic's object on /v1/messages*, else OpenAI's. */
+export function errorBodyFor(err: RouterError, path: string): RouterErrorBody | AnthropicErrorBody {
+  return isMessagesPath(path.split("?")[0]!) ? anthropicErrorBody(err.status, err.message) : err.toBody();
 }
 
 /** No healthy worker could take the request (503). */

@@ -97,7 +97,7 @@ export async function proxyDisaggregated(pd: PdContexts, req: ProxyRequest & { b
   const fail = (phase: "prefill" | "decode", d: Extract<Dispatched, { kind: "failed" }>): void => {
     metrics.error(req.route, d.errorType);
     metrics.pdError(phase, d.errorType);
-    sendError(raw, d.error);
+    sendError(raw, d.error, req.url);
   };
   metrics.pdRequest(req.route);
   const started = performance.now();

@@ -6,7 +6,7 @@
 import * as http from "node:http";
 import * as https from "node:https";
 import { pipeline } from "node:stream";
-import { noWorker, RouterError } from "./errors.js";
+import { errorBodyFor, noWorker, RouterError } from "./errors.js";
 import type { RouterConfig } from "./router-config.js";
 import type { RouterMetrics } from "./router-metrics.js";
 import { leastLoaded, type BlockHashesOf, type RoutingPolicy, type RoutingReason } from "./routing-types.js";
@@ -76,10 +76,10 @@ function attempt(ctx: ProxyContext, worker: string, req: ProxyRequest, signal: A
   });
 }
 
-/** Writes the router's own error as OpenAI's error object (only while nothing has been sent). */
-export function sendError(raw: http.ServerResponse, err: RouterError): void {
+/** Writes the router's own error as OpenAI's (or on /v1/messages Anthropic's) error object, while nothing has been sent. */
+export function sendError(raw: http.ServerResponse, err: RouterError, path: string): void {
   if (raw.headersSent || raw.destroyed) return;
-  const body = JSON.stringify(err.toBody());
+  const body = JSON.stringify(errorBodyFor(err, path));
   raw.writeHead(err.status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(body) });
   raw.end(body);
 }
@@ -201,7 +201,7 @@ export async function proxyRequest(ctx: ProxyContext, req: ProxyRequest, raw: ht
   if (d.kind === "aborted") return;
   if (d.kind === "failed") {
     ctx.metrics.error(req.route, d.errorType);
-    return sendError(raw, d.error);
+    return sendError(raw, d.error, req.url);
   }
   streamBack(d, raw, ctx.metrics);
   return ex.closed;

@@ -34,6 +34,32 @@ export function messagesText(messages: Json): string {
   return out;
 }
 
+/** An Anthropic content block's text: text, thinking, a tool call as its JSON, a tool result's content; others by type. */
+function anthropicBlockText(block: Json): string {
+  if (typeof block === "string") return block;
+  if (!isRecord(block)) return "";
+  if (typeof block.text === "string") return block.text;
+  if (block.type === "thinking" && typeof block.thinking === "string") return block.thinking;
+  if (block.type === "tool_use") return JSON.stringify({ name: block.name, input: block.input });
+  if (block.type === "tool_result") return typeof block.content === "string" ? block.content : anthropicContentText(block.content);
+  return `[${typeof block.type === "string" ? block.type : "block"}]`;
+}
+
+function anthropicContentText(content: Json): string {
+  if (typeof content === "string") return content;
+  return Array.isArray(content) ? content.map(anthropicBlockText).join("") : "";
+}
+
+/**
+ * Anthropic's Messages request: its system prompt (a string or text blocks) as a system turn, then the messages and
+ * their content blocks, in messagesText's form: a conversation's next turn extends its text, as a chat's does.
+ */
+export function anthropicMessagesText(body: Record<string, Json>): string {
+  const system = body.system === undefined ? "" : `system\n${anthropicContentText(body.system)}\n`;
+  const messages = Array.isArray(body.messages) ? body.messages : [];
+  return system + messagesText(messages.filter(isRecord).map((m) => ({ role: m.role, content: anthropicContentText(m.content) })));
+}
+
 /** A prompt or input: a string, token ids ("1,2,3"), or a batch of those (joined by newlines). */
 export function promptText(prompt: Json): string {
   if (typeof prompt === "string") return prompt;
@@ -56,6 +82,9 @@ function responsesText(body: Record<string, Json>): string {
  */
 export function routingText(path: string, body: Json): string {
   if (!isRecord(body)) return "";
+  if (path === "/v1/messages") return anthropicMessagesText(body);
+  // counting computes no K/V: balanced by load, and no worker recorded as holding the prompt
+  if (path === "/v1/messages/count_tokens") return "";
   if (Array.isArray(body.messages)) return messagesText(body.messages); // chat, and /tokenize with messages
   if (path.endsWith("/responses")) return responsesText(body);
   for (const key of ["prompt", "input", "text", "query"]) {

@@ -7,7 +7,7 @@
 import * as http from "node:http";
 import * as https from "node:https";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
-import { noWorker, RouterError, toRouterError } from "./errors.js";
+import { errorBodyFor, noWorker, RouterError, toRouterError } from "./errors.js";
 import { KvBlockIndex } from "./kv-block-index.js";
 import { KvEventsSubscriber } from "./kv-events-subscriber.js";
 import { inClusterConnection, KubeClient, urlConnection } from "./kube-api.js";
@@ -22,9 +22,9 @@ import { routingText } from "./request-text.js";
 import { RequestTokenizer } from "./request-tokens.js";
 import { describeFetchError, normalizeWorkerUrl, WorkerPool } from "./worker-pool.js";
 
-/** OpenAI (and vLLM) endpoints proxied to one worker, routed by their request body's text. */
+/** OpenAI (and vLLM) endpoints, and Anthropic's Messages, proxied to one worker, routed by their request body's text. */
 export const PROXIED_POST_ROUTES = [
-  "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+  "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
   "/tokenize", "/detokenize", "/pooling",
   "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/classify", "/v1/classify",
 ] as const;
@@ -165,10 +165,10 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     if (request.raw.socket?.destroyed) return reply.hijack();
     const e = toRouterError(err);
     metrics.error(request.routeOptions.url ?? request.url, e.code ?? "error");
-    return reply.code(e.status).send(e.toBody());
+    return reply.code(e.status).send(errorBodyFor(e, request.url));
   });
   app.setNotFoundHandler((request, reply) => {
-    void reply.code(404).send(new RouterError(404, `Route ${request.method} ${request.url.split("?")[0]} not found`).toBody());
+    void reply.code(404).send(errorBodyFor(new RouterError(404, `Route ${request.method} ${request.url.split("?")[0]} not found`), request.url));
   });
 
   /** The parsed JSON body of a request that must have one (400 with OpenAI's error object otherwise). */

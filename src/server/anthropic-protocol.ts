@@ -8,6 +8,7 @@ import { ApiError, badRequest, toApiError } from "./errors.js";
 import { type Json, optBool, optInt, optNumber, optObject, optString, optStringArray } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import type { WireMessage } from "./responses-protocol.js";
+import { anthropicErrorBody, type AnthropicErrorBody } from "../util/anthropic-errors.js";
 
 export interface MessagesRequest {
   model: string;
@@ -249,43 +250,10 @@ function applyOutputConfig(body: Json, chatBody: Json): void {
   if (effort !== undefined) chatBody.chat_template_kwargs = { ...(chatBody.chat_template_kwargs as Json | undefined), reasoning_effort: effort };
 }
 
-/** Anthropic's error type for an HTTP status (its documented types; 503, Kiln's full queue, is its overloaded_error). */
-export function anthropicErrorType(status: number): string {
-  switch (status) {
-    case 400:
-    case 405:
-    case 415:
-    case 422:
-      return "invalid_request_error";
-    case 401:
-      return "authentication_error";
-    case 403:
-      return "permission_error";
-    case 404:
-      return "not_found_error";
-    case 413:
-      return "request_too_large";
-    case 429:
-      return "rate_limit_error";
-    case 503:
-    case 529:
-      return "overloaded_error";
-    case 504:
-      return "timeout_error";
-  }
-  return status >= 500 ? "api_error" : "invalid_request_error";
-}
-
-export interface AnthropicErrorBody {
-  type: "error";
-  error: { type: string; message: string };
-}
+export { anthropicErrorType, isMessagesPath, type AnthropicErrorBody } from "../util/anthropic-errors.js";
 
 /** Anything thrown on the Messages routes as its status and Anthropic's error object. */
 export function anthropicError(err: unknown): { status: number; body: AnthropicErrorBody } {
   const e = toApiError(err);
-  return { status: e.status, body: { type: "error", error: { type: anthropicErrorType(e.status), message: e.message } } };
+  return { status: e.status, body: anthropicErrorBody(e.status, e.message) };
 }
-
-/** Whether a path is one of the Messages API's (its errors, a 401 included, are Anthropic's objects). */
-export const isMessagesPath = (path: string): boolean => path === "/v1/messages" || path.startsWith("/v1/messages/");

@@ -1,11 +1,20 @@
 // vLLM's development endpoints, served only with VLLM_SERVER_DEV_MODE=1 (util/env.ts; otherwise they 404 like any
-// unknown path): POST /reset_prefix_cache drops the engine's prefix cache, GET /server_info reports the configuration.
+// unknown path): POST /reset_prefix_cache drops the engine's prefix cache, GET /server_info reports the configuration,
+// and sleep mode's POST /sleep?level=&mode=, POST /wake_up?tags= and GET /is_sleeping (engine/sleep-mode.ts; /sleep
+// and /wake_up are refused with a 400 unless the engine was started with --enable-sleep-mode).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ApiError, badRequest } from "./errors.js";
+import { parsePauseMode, parseSleepLevel, parseWakeTags } from "../engine/sleep-mode.js";
 import type { Json } from "./fields.js";
 import type { ServingContext } from "./serving-context.js";
 
 type Query = Record<string, string | string[] | undefined>;
+
+/** A query parameter's value (the last one when repeated), or undefined. */
+function queryValue(query: Query, name: string): string | undefined {
+  const v = query[name];
+  return Array.isArray(v) ? v.at(-1) : v;
+}
 
 /** A query flag as FastAPI reads a bool (true/false, 1/0, yes/no, on/off); absent = false. */
 function queryFlag(query: Query, name: string): boolean {
@@ -60,6 +69,26 @@ export function registerDevRoutes(app: FastifyInstance, bound: () => ServingCont
     request.log.info(`prefix cache reset (${all ? "all of it" : "blocks in use kept"})`);
     return reply.code(200).send();
   });
+  // vLLM answers both with an empty 200 once done (/sleep with mode=wait: once the running requests have finished)
+  app.post("/sleep", async (request: FastifyRequest<{ Querystring: Query }>, reply: FastifyReply) => {
+    const engine = bound().engine;
+    const level = parseSleepLevel(queryValue(request.query, "level") ?? "1");
+    const mode = parsePauseMode(queryValue(request.query, "mode") ?? "abort");
+    if (engine.sleep === undefined) throw new ApiError(501, "The engine has no sleep mode", null, "server_error");
+    await engine.sleep(level, mode);
+    request.log.info(`the engine sleeps (level ${level}, mode ${mode})`);
+    return reply.code(200).send();
+  });
+  app.post("/wake_up", async (request: FastifyRequest<{ Querystring: Query }>, reply: FastifyReply) => {
+    const engine = bound().engine;
+    const raw = request.query.tags;
+    const tags = parseWakeTags(raw === undefined ? null : Array.isArray(raw) ? raw : [raw]);
+    if (engine.wakeUp === undefined) throw new ApiError(501, "The engine has no sleep mode", null, "server_error");
+    await engine.wakeUp(tags);
+    request.log.info(`wake up the engine with tags: ${tags === null ? "all" : tags.join(", ")}`);
+    return reply.code(200).send();
+  });
+  app.get("/is_sleeping", async () => ({ is_sleeping: bound().engine.isSleeping?.() ?? false }));
   app.get("/server_info", async (request: FastifyRequest<{ Querystring: Query }>) => {
     const format = request.query.config_format ?? "text";
     if (format !== "text" && format !== "json") throw badRequest(`'config_format' must be "text" or "json", got ${JSON.stringify(format)}`, "config_format");

@@ -3,6 +3,7 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { KvTransferService } from "./kv-transfer.js";
 import type { EngineClient, FinishReason, RequestMetrics } from "../engine/types.js";
+import { sleepStateGauge } from "../engine/sleep-mode.js";
 
 // Bucket edges as in vLLM's v1 metrics loggers (seconds).
 const TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560];
@@ -102,6 +103,18 @@ export class ServerMetrics {
       counterFromStats("kiln:kv_transfer_imported_total", "Decodes that read a prefill server's K/V.", () => c.imported);
       counterFromStats("kiln:kv_transfer_import_failures_total", "Decodes whose prefill K/V could not be fetched (they computed the prompt).", () => c.importFailures);
       gauge("kiln:kv_transfer_held_bytes", "Bytes of K/V snapshots held for decode servers.", () => kvTransfer.holding.bytes);
+    }
+
+    if (engine.stats().sleep !== undefined) {
+      // (--enable-sleep-mode) vLLM's three series: awake 1 when awake; weights_offloaded / discard_all 1 at level 1 / 2
+      new Gauge({
+        name: "vllm:engine_sleep_state",
+        help: "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        labelNames: ["model_name", "sleep_state"] as const, registers,
+        collect() {
+          for (const [state, v] of Object.entries(sleepStateGauge(engine.stats().sleep))) this.set({ ...labels, sleep_state: state }, v);
+        },
+      });
     }
 
     if (engine.stats().lora !== undefined) {

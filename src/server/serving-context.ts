@@ -6,6 +6,7 @@ import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams, TokenLogprobs } from "../engine/types.js";
 import type { LoraRequest } from "../engine/lora-manager.js";
+import { EngineSleepingError } from "../engine/sleep-mode.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { ApiError, badRequest, toApiError } from "./errors.js";
 import type { InflightSet, UnstartedSet } from "./engine-stream.js";
@@ -127,6 +128,7 @@ export function resolveModel(ctx: ServingContext, model: string | undefined): st
  * arrivals see each other in `ctx.unstarted`.
  */
 export function checkQueue(ctx: ServingContext, count = 1): void {
+  if (ctx.engine.isSleeping?.() === true) throw toApiError(new EngineSleepingError()); // (sleep mode: until POST /wake_up)
   const max = ctx.maxWaitingRequests;
   if (max === undefined) return;
   const waiting = Math.max(ctx.engine.stats().numWaiting, ctx.unstarted.size); // the engine's count may lag

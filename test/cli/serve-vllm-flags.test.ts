@@ -93,11 +93,13 @@ describe("vLLM serve flags", () => {
     assert.deepEqual(quiet.warnings, []);
     const loud = parse({
       swapSpace: "16", cpuOffloadGb: "4", maxSeqLenToCapture: "8192", maxNumPartialPrefills: "4", enableExpertParallel: true,
-      limitMmPerPrompt: "image=2,video=0", enableSleepMode: true,
+      limitMmPerPrompt: "image=2,video=0",
     });
     assert.deepEqual(loud.warnings.map((w) => w.split(":")[0]), [
-      "--swap-space", "--cpu-offload-gb", "--max-seq-len-to-capture", "--max-num-partial-prefills", "--enable-expert-parallel", "--limit-mm-per-prompt", "--enable-sleep-mode",
+      "--swap-space", "--cpu-offload-gb", "--max-seq-len-to-capture", "--max-num-partial-prefills", "--enable-expert-parallel", "--limit-mm-per-prompt",
     ]);
+    const sleepy = parse({ enableSleepMode: true }); // an engine flag now (engine/sleep-mode.ts), not a no-op
+    assert.deepEqual([sleepy.enableSleepMode, sleepy.warnings, parse({}).enableSleepMode], [true, [], false]);
     assert.match(loud.warnings.join("\n"), /--limit-mm-per-prompt: Kiln serves text only: a request with image, audio or video parts gets a 400/);
     const bad: [Record<string, unknown>, RegExp][] = [
       [{ distributedExecutorBackend: "ray" }, /--distributed-executor-backend ray is not supported: Kiln's tensor-parallel ranks are processes it spawns \(mp\)/],

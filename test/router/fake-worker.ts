@@ -2,6 +2,7 @@
 // control timing and failures: /health, /metrics with vLLM's load gauges, /v1/models, and an echo of every POST.
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
+import { after, afterEach } from "node:test";
 
 export interface SeenRequest {
   method: string;
@@ -102,3 +103,26 @@ export const prefillAnswer = (kv: unknown): Handler => (req, res) => {
   res.writeHead(200, { "content-type": "application/json", "x-phase": "prefill" }).end(JSON.stringify(answer));
   return true;
 };
+
+/** An event stream that writes `first`, then waits for release() before it ends with `last` (streaming tests). */
+export function heldStream(first: string, last: string): { handler: Handler; release: () => void } {
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  const handler: Handler = async (_req, res) => {
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    res.write(first);
+    await held;
+    res.end(last);
+    return true;
+  };
+  return { handler, release };
+}
+
+/** Lists whose routers are closed after each test and whose workers are killed after the file's tests. */
+export function cleanedUp<R extends { close(): Promise<void> }>(): { routers: R[]; workers: FakeWorker[] } {
+  const routers: R[] = [];
+  const workers: FakeWorker[] = [];
+  afterEach(() => Promise.all(routers.splice(0).map((r) => r.close())).then(() => undefined));
+  after(() => Promise.all(workers.map((w) => w.kill().catch(() => undefined))).then(() => undefined));
+  return { routers, workers };
+}

@@ -6,7 +6,7 @@ import * as net from "node:net";
 import { after, afterEach, describe, it } from "node:test";
 import { createRouter, type Router } from "../../src/router/index.js";
 import type { RouterConfig } from "../../src/router/router-config.js";
-import { deadUrl, sample, startFakeWorker, type FakeWorker, type Handler } from "./fake-worker.js";
+import { deadUrl, heldStream, sample, startFakeWorker, type FakeWorker, type Handler } from "./fake-worker.js";
 
 const routers: Router[] = [];
 const workers: FakeWorker[] = [];
@@ -333,15 +333,8 @@ describe("router over HTTP (fake workers)", () => {
 
   it("close() lets a response in flight finish before the router stops", async () => {
     const [w0] = await fleet(1);
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    w0!.handler = async (_req, res) => {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      res.write("data: 1\n\n");
-      await held;
-      res.end("data: [DONE]\n\n");
-      return true;
-    };
+    const { handler, release } = heldStream("data: 1\n\n", "data: [DONE]\n\n");
+    w0!.handler = handler;
     const r = createRouter({ workerUrls: [w0!.url], port: 0, logLevel: "critical" }, { log: () => {} });
     const url = await r.listen();
     const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: '{"stream":true}' });
