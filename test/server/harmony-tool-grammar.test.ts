@@ -72,8 +72,8 @@ describe("Harmony tool-call grammar (tool_choice required / named on gpt-oss)", 
       [grammar({ kind: "required" }), `${ANALYSIS}<|channel|>final<|message|>`, "<|message|>"],
       [grammar({ kind: "required" }), `${ANALYSIS}<|channel|>commentary to=functions.get_weather json<|message|>{"town"`, 'town"'],
       [grammar({ kind: "required" }), `<|channel|>commentary to=functions.get_time json<|message|>{"tz":"PST`, "PST"],
-      [grammar({ kind: "required" }), `<|channel|>commentary to=functions.lookup`, "lookup"],
-      [grammar({ kind: "named", name: "get_time" }), `<|channel|>commentary to=functions.get_weather`, "weather"],
+      [grammar({ kind: "required" }), `<|channel|>commentary to=functions.lookup`, ".lookup"],
+      [grammar({ kind: "named", name: "get_time" }), `<|channel|>commentary to=functions.get_weather`, "_weather"],
     ];
     for (const [g, text, at] of cases) {
       const n = taken(g, text);
