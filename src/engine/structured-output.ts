@@ -165,6 +165,27 @@ export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
   }
 }
 
+/**
+ * A JSON schema's grammar as xgrammar EBNF text (root rule `root`), for a structural tag's "grammar" format: its
+ * "json_schema" format takes any whitespace, this one `anyWhitespace` as asked. Throws EngineInputError.
+ */
+export function jsonSchemaEbnf(schema: unknown, anyWhitespace: boolean): string {
+  if (checker === null || checker.broken) checker = new XgrammarInstance();
+  try {
+    return checker.call((b) => {
+      const g = b.Grammar.FromJSONSchema(toJson(schema, "json"), anyWhitespace, undefined, undefined, true, undefined, false);
+      try {
+        return g.ToString();
+      } finally {
+        g.delete();
+      }
+    });
+  } catch (e) {
+    if (e instanceof XgrammarError) fail(`the json is not valid: ${e.message}`);
+    throw e;
+  }
+}
+
 /** The spec's grammar, built without a tokenizer (the check) or to be compiled against one (the engine). */
 function grammarOf(b: XgBinding, spec: StructuredOutputSpec): XgGrammar {
   switch (spec.kind) {

@@ -64,7 +64,7 @@ export function harmonyParams(h: HarmonyServing, params: Partial<SamplingParams>
   const out = { ...params, stopTokenIds: [...stops, ...add] };
   const tc = req.toolChoice;
   if ((tc.kind === "required" || tc.kind === "named") && req.tools !== undefined)
-    out.structuredOutputs = { structuralTag: harmonyToolCallTag(req.tools, tc), harmonyReply: true };
+    out.structuredOutputs = { structuralTag: harmonyToolCallTag(req.tools, tc, params.structuredOutputs?.disableAnyWhitespace !== true), harmonyReply: true };
   return out;
 }
 
