@@ -36,6 +36,7 @@ import type { ClassifierConfig } from "../models/hf-config.js";
 import {
   harmonyEnd, hasTokenMarkers, REASONING_PARSERS, textMarkersRefusal, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName,
 } from "./reasoning.js";
+import { harmonyReplyVocab } from "./harmony-grammar.js";
 import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { KvCacheEvent } from "./kv-events.js";
 import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
@@ -258,6 +259,8 @@ export class EngineCore {
   private readonly draft: DraftModelProposer | null;
   /** Structured output's grammar compiler (made on first use). */
   private grammars: StructuredOutputManager | null = null;
+  /** Whole Harmony replies' grammar compiler (harmony-grammar.ts), made on first use. */
+  private replyGrammars: StructuredOutputManager | null = null;
   /**
    * Where the reasoning ends, with a reasoning parser or a Harmony tokenizer (gpt-oss, whose replies open with
    * headers and an analysis channel): grammars wait for it.
@@ -481,7 +484,7 @@ export class EngineCore {
     const spec = structuredOutputSpec(params.structuredOutputs); // checked by normalizeSamplingParams
     const refusal = spec === null || this.args.reasoningParser === null ? null : textMarkersRefusal(this.args.reasoningParser);
     if (refusal !== null) throw new EngineInputError("structured_outputs", refusal);
-    const grammars = spec === null ? null : this.structuredOutputManager();
+    const grammars = spec === null ? null : spec.harmonyReply === true ? this.harmonyReplyManager() : this.structuredOutputManager();
     const lora = input.loraRequest ?? null;
     const kvt = input.kvTransfer ?? null;
     if (kvt !== null) this.checkKvTransfer(kvt, params.n, lora?.name ?? null);
@@ -521,7 +524,8 @@ export class EngineCore {
     parent.children[0]!.kvExport = kvt?.export === true;
     if (grammars !== null) {
       try {
-        const end = this.reasoningEnd();
+        // a whole reply's grammar encodes the analysis itself: live from the first token
+        const end = spec!.harmonyReply === true ? null : this.reasoningEnd();
         const gate = end === null ? null : { end, ended: end.endedIn(prompt) };
         for (const c of parent.children) c.grammar = grammars.matcher(spec!, gate);
       } catch (e) {
@@ -582,6 +586,16 @@ export class EngineCore {
     if (vocab === undefined) throw new EngineInputError("structured_outputs", "structured output needs the model's tokenizer");
     this.grammars = new StructuredOutputManager(vocab, this.runner.vocabSize, this.eosTokenIds);
     return this.grammars;
+  }
+
+  /** The compiler of whole Harmony replies' grammars: the vocabulary with Harmony's header tokens spelled. */
+  private harmonyReplyManager(): StructuredOutputManager {
+    if (this.replyGrammars !== null) return this.replyGrammars;
+    const vocab = this.tokenizer?.grammarVocab?.();
+    const reply = vocab === undefined ? null : harmonyReplyVocab(this.tokenizer!, vocab, this.eosTokenIds);
+    if (reply === null) throw new EngineInputError("structured_outputs", "a Harmony reply grammar needs a Harmony (gpt-oss) tokenizer");
+    this.replyGrammars = new StructuredOutputManager(reply.vocab, this.runner.vocabSize, reply.stopTokenIds);
+    return this.replyGrammars;
   }
 
   private tokenizeBadWords(words: string[] | null): number[][] {

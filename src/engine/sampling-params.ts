@@ -209,7 +209,7 @@ function normalizeStructuredOutputs(so: StructuredOutputsParams | null): Structu
     case "grammar":
       return { grammar: spec.source, ...dw };
     case "structural_tag":
-      return { structuralTag: spec.source, ...dw };
+      return { structuralTag: spec.source, ...dw, ...(spec.harmonyReply === true ? { harmonyReply: true } : {}) };
   }
 }
 

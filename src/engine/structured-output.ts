@@ -39,6 +39,11 @@ export interface StructuredOutputsParams {
   disableAdditionalProperties?: boolean;
   /** vLLM's: never fall back to another backend (there is none here). */
   disableFallback?: boolean;
+  /**
+   * Kiln's, set by the server (no wire field): the structural tag constrains a whole Harmony reply, header tokens
+   * spelled as harmony-grammar.ts spells them, live from the first token (tool_choice "required" or named on gpt-oss).
+   */
+  harmonyReply?: boolean;
 }
 
 /** A checked spec: one kind, its source as text (what the compiled grammars are cached by). */
@@ -46,10 +51,12 @@ export interface StructuredOutputSpec {
   kind: "json" | "json_object" | "regex" | "choice" | "grammar" | "structural_tag";
   source: string;
   anyWhitespace: boolean;
+  /** A whole Harmony reply's structural tag (StructuredOutputsParams.harmonyReply). */
+  harmonyReply?: boolean;
 }
 
 const KEYS = [
-  "json", "regex", "choice", "grammar", "jsonObject", "structuralTag", "disableAnyWhitespace", "disableAdditionalProperties", "disableFallback",
+  "json", "regex", "choice", "grammar", "jsonObject", "structuralTag", "disableAnyWhitespace", "disableAdditionalProperties", "disableFallback", "harmonyReply",
 ] as const;
 const PARAM = "structured_outputs";
 
@@ -80,7 +87,8 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
   // vLLM's message for more than one
   if (set.length > 1) fail(`You can only use one kind of structured outputs constraint but multiple are specified: ${set.join(", ")}`);
   if (set.length === 0) return null;
-  for (const k of ["disableAnyWhitespace", "disableAdditionalProperties", "disableFallback"] as const)
+  if (p.harmonyReply === true && set[0] !== "structuralTag") fail("harmonyReply needs a structuralTag");
+  for (const k of ["disableAnyWhitespace", "disableAdditionalProperties", "disableFallback", "harmonyReply"] as const)
     if (p[k] !== undefined && typeof p[k] !== "boolean") fail(`${k} must be a boolean`);
   const dw = p.disableAnyWhitespace ?? false;
   const anyWhitespace = !dw;
@@ -123,7 +131,7 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
       } catch (e) {
         fail(`structuralTag is not valid JSON: ${(e as Error).message}`);
       }
-      return { kind: "structural_tag", source: text, anyWhitespace };
+      return { kind: "structural_tag", source: text, anyWhitespace, ...(p.harmonyReply === true ? { harmonyReply: true } : {}) };
     }
   }
 }
@@ -153,6 +161,27 @@ export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
     checker.call((b) => grammarOf(b, spec)).delete();
   } catch (e) {
     if (e instanceof XgrammarError) fail(`the ${spec.kind} is not valid: ${e.message}`);
+    throw e;
+  }
+}
+
+/**
+ * A JSON schema's grammar as xgrammar EBNF text (root rule `root`), for a structural tag's "grammar" format: its
+ * "json_schema" format takes any whitespace, this one `anyWhitespace` as asked. Throws EngineInputError.
+ */
+export function jsonSchemaEbnf(schema: unknown, anyWhitespace: boolean): string {
+  if (checker === null || checker.broken) checker = new XgrammarInstance();
+  try {
+    return checker.call((b) => {
+      const g = b.Grammar.FromJSONSchema(toJson(schema, "json"), anyWhitespace, undefined, undefined, true, undefined, false);
+      try {
+        return g.ToString();
+      } finally {
+        g.delete();
+      }
+    });
+  } catch (e) {
+    if (e instanceof XgrammarError) fail(`the json is not valid: ${e.message}`);
     throw e;
   }
 }

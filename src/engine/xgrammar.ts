@@ -22,7 +22,10 @@ export interface XgObject {
   delete(): void;
 }
 export type XgVectorInt = XgObject;
-export type XgGrammar = XgObject;
+export interface XgGrammar extends XgObject {
+  /** The grammar as xgrammar EBNF text. */
+  ToString(): string;
+}
 export type XgCompiledGrammar = XgObject;
 export interface XgGrammarCompiler extends XgObject {
   CompileGrammar(grammar: XgGrammar): XgCompiledGrammar;

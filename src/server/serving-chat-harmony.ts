@@ -8,15 +8,19 @@
 //     with a tool parser; its older streaming path returned them regardless);
 //   - tool_choice "none" keeps calls out of the reply;
 //   - structured output constrains the final channel only: the engine keeps a request's grammar idle until the reply
-//     opens it (`<|channel|>final ... <|message|>`, engine/reasoning.ts harmonyEnd), as vLLM with openai_gptoss.
-// What Harmony serving cannot do is a 400: tool_choice "required" or a named function (their grammars would constrain
-// the final channel, where Harmony's calls are commentary messages), continuing a message, a request's own chat
-// template, and an effort other than low, medium or high.
+//     opens it (`<|channel|>final ... <|message|>`, engine/reasoning.ts harmonyEnd), as vLLM with openai_gptoss;
+//   - tool_choice "required" and a named function constrain the whole reply instead (harmony-tool-grammar.ts, vLLM's
+//     Harmony structural tag): any analysis and preamble, then one call of a given function (the named one), its
+//     arguments following the function's schema. On chat they need --tool-call-parser openai, which reads the calls
+//     (vLLM applies the tag only with it; Kiln refuses instead of answering without calls, as vLLM PR #48672 proposes).
+// What Harmony serving cannot do is a 400: continuing a message, a request's own chat template, and an effort other
+// than low, medium or high.
 import type { FinishReason, SamplingParams } from "../engine/types.js";
 import { badRequest } from "./errors.js";
 import type { Json } from "./fields.js";
 import { callName, HarmonyParser, messageKind, readHarmonyReply, type HarmonyTokens, type TokenDelta } from "./harmony-parse.js";
 import { harmonyDate, harmonyEffort, renderHarmonyPrompt } from "./harmony-render.js";
+import { harmonyToolCallTag } from "./harmony-tool-grammar.js";
 import type { ChatRequest } from "./protocol.js";
 import { randomId, type ServingContext } from "./serving-context.js";
 
@@ -43,19 +47,34 @@ export function harmonyChatPrompt(req: ChatRequest, messages: readonly unknown[]
     throw badRequest("continue_final_message is not supported for gpt-oss: a Harmony reply starts a new assistant message", "continue_final_message");
   if (req.chatTemplate !== undefined)
     throw badRequest("gpt-oss prompts are rendered in Harmony format: a chat template does not apply", "chat_template");
-  if (req.toolChoice.kind === "required" || req.toolChoice.kind === "named")
-    throw badRequest('tool_choice "required" and named functions are not supported for gpt-oss (Harmony): use "auto" or "none"', "tool_choice");
   return renderHarmonyPrompt(messages, { reasoningEffort: harmonyEffort(effort, param), date: harmonyDate(), tools: req.tools });
 }
 
 /** The request's effort on the chat API: reasoning_effort, or chat_template_kwargs.reasoning_effort (where Responses puts it). */
 export const chatEffort = (body: Json, req: ChatRequest): unknown => body.reasoning_effort ?? req.chatTemplateKwargs?.reasoning_effort;
 
-/** Sampling params that also stop at <|return|> (the answer is done) and <|call|> (a tool must answer), as vLLM adds them. */
-export function harmonyParams(h: HarmonyServing, params: Partial<SamplingParams>): Partial<SamplingParams> {
+/**
+ * Sampling params that also stop at <|return|> (the answer is done) and <|call|> (a tool must answer), as vLLM adds
+ * them; tool_choice "required" or a named function swaps the arguments' schema the request parser set for the
+ * grammar of a whole reply that calls the function.
+ */
+export function harmonyParams(h: HarmonyServing, params: Partial<SamplingParams>, req: ChatRequest): Partial<SamplingParams> {
   const stops = params.stopTokenIds ?? [];
   const add = [h.tokens.return, h.tokens.call].filter((id) => !stops.includes(id));
-  return { ...params, stopTokenIds: [...stops, ...add] };
+  const out = { ...params, stopTokenIds: [...stops, ...add] };
+  const tc = req.toolChoice;
+  if ((tc.kind === "required" || tc.kind === "named") && req.tools !== undefined)
+    out.structuredOutputs = { structuralTag: harmonyToolCallTag(req.tools, tc, params.structuredOutputs?.disableAnyWhitespace !== true), harmonyReply: true };
+  return out;
+}
+
+/** Chat's tool_choice "required" or a named function on gpt-oss needs the calls read: --tool-call-parser openai. */
+export function checkHarmonyToolChoice(ctx: ServingContext, req: ChatRequest): void {
+  if ((req.toolChoice.kind === "required" || req.toolChoice.kind === "named") && !ctx.harmony!.toolCalls)
+    throw badRequest(
+      'tool_choice "required" and named functions need --enable-auto-tool-choice --tool-call-parser openai for gpt-oss: without it the calls are not read from the reply',
+      "tool_choice",
+    );
 }
 
 /** A parser over a reply's tokens so far; a stop token the engine left out of them still ends the last message. */

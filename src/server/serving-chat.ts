@@ -9,7 +9,7 @@ import type { KvSnapshot } from "../engine/kv-transfer.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import { reasoningKeepsSpecialTokens, ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
-import { chatEffort, HarmonyChatStream, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
+import { chatEffort, checkHarmonyToolChoice, HarmonyChatStream, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
 import {
   abortOnDisconnect, checkQueue, forceUsage, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, randomId, resolveModelAndLora, responseIds,
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
@@ -151,7 +151,8 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));
   const sampled = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
-  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
+  if (ctx.harmony !== null) checkHarmonyToolChoice(ctx, req);
+  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled, req) : sampled;
   const thinking = replyMode(ctx, req, promptText);
   // vLLM's get_chat_request_role: --response-role for a new reply, else the role of the message it continues
   const role = req.addGenerationPrompt ? ctx.responseRole : req.messages[req.messages.length - 1]!.role;

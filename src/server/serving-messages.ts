@@ -52,7 +52,7 @@ async function handleMessages(ctx: ServingContext, request: FastifyRequest, repl
   const promptText = renderPrompt(ctx, req, chat);
   const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
   const sampled = samplingParamsFor(ctx, chat, promptTokenIds.length, "messages");
-  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
+  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled, chat) : sampled;
   const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
   const { id, engineId } = responseIds(request, "msg", "_"); // (Anthropic's msg_ ids, carrying the request id)
   const turn: MessageTurn = { ctx, id, model, req, chat, params, promptLen: promptTokenIds.length, thinking };

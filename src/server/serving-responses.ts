@@ -115,7 +115,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   if (chat.maxTokens !== undefined && room > 0) chat.maxTokens = Math.min(chat.maxTokens, room);
   const sampled = samplingParamsFor(ctx, chat, promptTokenIds.length, "input");
   if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
-  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled) : sampled;
+  const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled, chat) : sampled;
   const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
   // the id carries fastify's request id (the client's X-Request-Id, else random hex); engine ids must differ
   const { id, engineId } = responseIds(request, "resp", "_"); // (OpenAI's resp_ ids)

@@ -16,13 +16,16 @@ import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
 const GPTOSS_TOKENIZER = path.resolve("node_modules", "@lenml", "tokenizer-gptoss", "models");
 
-// forces extraArgs.script[i] as the i-th sampled token (the rest of the vocabulary at -inf) for the requests that give one
+// forces extraArgs.script[i] as the i-th sampled token (the rest of the vocabulary at -inf) for the requests that give one;
+// a token the grammar masked (already -inf) is not forced, and once the reply has left the script it runs free
 const SCRIPT_PROCESSOR = `export default class Script {
   apply(logits, rows, vocabSize) {
     rows.forEach((row, r) => {
       const script = row.extraArgs.script;
-      if (!Array.isArray(script) || row.outputTokenIds.length >= script.length) return;
-      const keep = script[row.outputTokenIds.length];
+      const out = row.outputTokenIds;
+      if (!Array.isArray(script) || out.length >= script.length || out.some((t, i) => t !== script[i])) return;
+      const keep = script[out.length];
+      if (logits[r * vocabSize + keep] === -Infinity) return;
       logits.fill(-Infinity, r * vocabSize, (r + 1) * vocabSize);
       logits[r * vocabSize + keep] = 0;
     });
@@ -40,6 +43,27 @@ const WEATHER: OpenAI.Chat.ChatCompletionTool = {
 const CALL_REPLY =
   "<|channel|>analysis<|message|>Need the weather tool.<|end|>" +
   '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}<|call|>';
+const ANALYSIS = "<|channel|>analysis<|message|>Need a tool.<|end|><|start|>assistant";
+// tools whose arguments a random model can finish (enums), for the grammar-made calls
+const CITY_WEATHER: OpenAI.Chat.ChatCompletionTool = {
+  type: "function",
+  function: { name: "get_weather", parameters: { type: "object", properties: { city: { enum: ["Oslo", "Paris"] } }, required: ["city"], additionalProperties: false } },
+};
+const TIME: OpenAI.Chat.ChatCompletionTool = {
+  type: "function",
+  function: { name: "get_time", parameters: { type: "object", properties: { tz: { enum: ["UTC", "CET"] } }, required: ["tz"], additionalProperties: false } },
+};
+
+/** Checks a call against CITY_WEATHER's or TIME's schema by hand: its one property, a value of the enum. */
+function assertValidCall(name: string, args: string): void {
+  const want: Record<string, [string, string[]]> = { get_weather: ["city", ["Oslo", "Paris"]], get_time: ["tz", ["UTC", "CET"]] };
+  assert.ok(name in want, `a call to ${name}`);
+  const [key, values] = want[name]!;
+  const parsed = JSON.parse(args) as Record<string, unknown>;
+  assert.deepEqual(Object.keys(parsed), [key], args);
+  assert.ok(values.includes(parsed[key] as string), args);
+}
+
 const ANSWER_REPLY = "<|channel|>analysis<|message|>It rains.<|end|><|start|>assistant<|channel|>final<|message|>Rainy, 3 °C.<|return|>";
 
 describe("kiln serve gpt-oss in Harmony format (openai_gptoss / openai parsers)", () => {
@@ -64,6 +88,23 @@ describe("kiln serve gpt-oss in Harmony format (openai_gptoss / openai parsers)"
   });
 
   const scripted = (reply: string, tail = "") => ({ vllm_xargs: { script: encode(reply + tail) } });
+
+  /** A streamed chat reply's tool calls (name and joined arguments), finish reason and content. */
+  async function streamCalls(request: object) {
+    const stream = await client.chat.completions.create(request as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+    const calls: { name: string; args: string }[] = [];
+    let finish: string | null = null;
+    let content = "";
+    for await (const chunk of stream) {
+      for (const c of chunk.choices[0]?.delta.tool_calls ?? []) {
+        if (c.id !== undefined) calls[c.index] = { name: c.function!.name!, args: c.function!.arguments ?? "" };
+        else calls[c.index]!.args += c.function!.arguments ?? "";
+      }
+      content += chunk.choices[0]?.delta.content ?? "";
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    return { calls, finish, content };
+  }
 
   it("renders the Harmony prompt and reads a tool call; generation stops at <|call|>", { timeout: 60_000 }, async () => {
     const r = await client.chat.completions.create({
@@ -202,15 +243,84 @@ describe("kiln serve gpt-oss in Harmony format (openai_gptoss / openai parsers)"
     assert.equal(choice.finish_reason, "stop", "the grammar's end takes <|return|>");
   });
 
-  it("refuses what Harmony serving cannot do, as OpenAI errors", { timeout: 30_000 }, async () => {
+  it("tool_choice required: a reply scripted to answer in final is made a call of a given tool, its arguments on the schema; streamed the same", { timeout: 90_000 }, async () => {
+    // the script writes the analysis and tries a final answer; the grammar refuses <|message|> after
+    // <|channel|>final, the script stops there and the random model goes on inside the grammar
+    const request = {
+      model: server.model,
+      messages: [{ role: "user", content: "Weather in Oslo?" }],
+      tools: [CITY_WEATHER, TIME],
+      tool_choice: "required",
+      max_tokens: 80,
+      temperature: 0,
+      structured_outputs: { disable_any_whitespace: true }, // (a random model would write whitespace forever)
+      ...scripted(`${ANALYSIS}<|channel|>final<|message|>Sunny.<|return|>`),
+    };
+    const r = await client.chat.completions.create(request as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const choice = r.choices[0]!;
+    const message = choice.message as OpenAI.Chat.ChatCompletionMessage & { reasoning_content: string };
+    assert.equal(choice.finish_reason, "tool_calls", JSON.stringify(choice));
+    assert.equal(message.reasoning_content, "Need a tool.");
+    assert.equal(message.content, null);
+    const calls = message.tool_calls as OpenAI.Chat.ChatCompletionMessageFunctionToolCall[];
+    assert.equal(calls.length, 1);
+    assertValidCall(calls[0]!.function.name, calls[0]!.function.arguments);
+
+    const streamed = await streamCalls({ ...request, stream: true });
+    assert.deepEqual(streamed, { calls: [{ name: calls[0]!.function.name, args: calls[0]!.function.arguments }], finish: "tool_calls", content: "" });
+  });
+
+  it("named tool_choice: the call is to that function, even where the script names another; streamed the same", { timeout: 90_000 }, async () => {
+    const request = {
+      model: server.model,
+      messages: [{ role: "user", content: "Time?" }],
+      tools: [CITY_WEATHER, TIME],
+      tool_choice: { type: "function", function: { name: "get_time" } },
+      max_tokens: 80,
+      temperature: 0,
+      structured_outputs: { disable_any_whitespace: true }, // (a random model would write whitespace forever)
+      ...scripted(`${ANALYSIS}<|channel|>commentary to=functions.get_weather json<|message|>{"city":"Oslo"}<|call|>`),
+    };
+    const r = await client.chat.completions.create(request as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const choice = r.choices[0]!;
+    assert.equal(choice.finish_reason, "tool_calls", JSON.stringify(choice));
+    const calls = choice.message.tool_calls as OpenAI.Chat.ChatCompletionMessageFunctionToolCall[];
+    assert.deepEqual(calls.map((c) => c.function.name), ["get_time"]);
+    assertValidCall("get_time", calls[0]!.function.arguments);
+    const streamed = await streamCalls({ ...request, stream: true });
+    assert.deepEqual(streamed, { calls: [{ name: "get_time", args: calls[0]!.function.arguments }], finish: "tool_calls", content: "" });
+  });
+
+  it("/v1/responses: tool_choice required and a named function give one function_call item on the schema", { timeout: 90_000 }, async () => {
+    const tools: OpenAI.Responses.Tool[] = [CITY_WEATHER, TIME].map((t) => ({ type: "function", name: t.function.name, parameters: t.function.parameters!, strict: true }));
+    for (const tool_choice of ["required", { type: "function", name: "get_time" }] as const) {
+      const a = await client.responses.create({
+        model: server.model,
+        input: "Weather in Oslo?",
+        tools,
+        tool_choice,
+        max_output_tokens: 80,
+        temperature: 0,
+        structured_outputs: { disable_any_whitespace: true },
+        ...scripted(`${ANALYSIS}<|channel|>final<|message|>Sunny.<|return|>`),
+      } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+      assert.deepEqual(a.output.map((o) => o.type), ["reasoning", "function_call"], JSON.stringify(a.output));
+      const call = a.output[1] as OpenAI.Responses.ResponseFunctionToolCall;
+      if (tool_choice !== "required") assert.equal(call.name, "get_time");
+      assertValidCall(call.name, call.arguments);
+    }
+  });
+
+  it("refuses what Harmony serving cannot do, as OpenAI errors (vLLM's messages for tool_choice)", { timeout: 30_000 }, async () => {
     const base = { model: server.model, messages: [{ role: "user", content: "x" }], max_tokens: 4 };
-    for (const [extra, param] of [
-      [{ reasoning_effort: "none" }, "reasoning_effort"],
-      [{ tools: [WEATHER], tool_choice: "required" }, "tool_choice"],
+    for (const [extra, param, message] of [
+      [{ reasoning_effort: "none" }, "reasoning_effort", /not supported by Harmony/],
+      [{ tool_choice: "required" }, "tool_choice", /^When using `tool_choice`, `tools` must be set\.$/],
+      [{ tools: [WEATHER], tool_choice: { type: "function", function: { name: "lookup" } } }, "tool_choice", /^Tool 'lookup' has not been passed in `tools`\.$/],
     ] as const) {
       const r = await postRaw(server.url, "/v1/chat/completions", { ...base, ...extra });
       assert.equal(r.status, 400, JSON.stringify(r.body));
-      assertErrorBody(r.body, { type: "invalid_request_error", param });
+      assertErrorBody(r.body, { type: "invalid_request_error", param, message });
     }
   });
 });

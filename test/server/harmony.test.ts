@@ -11,7 +11,7 @@ import { callArguments, harmonyTokens, HarmonyParser, parseHarmonyReply } from "
 import { harmonyEffort, renderHarmonyPrompt } from "../../src/server/harmony-render.js";
 import type { ChatRequest } from "../../src/server/protocol.js";
 import { createServer } from "../../src/server/index.js";
-import { HarmonyChatStream, harmonyMessage, parseReply } from "../../src/server/serving-chat-harmony.js";
+import { checkHarmonyToolChoice, HarmonyChatStream, harmonyMessage, harmonyParams, parseReply } from "../../src/server/serving-chat-harmony.js";
 import { FakeEngine } from "./fake-engine.js";
 import type { ServingContext } from "../../src/server/serving-context.js";
 
@@ -225,6 +225,15 @@ describe("Harmony replies (vLLM's parse_chat_output and openai tool-call parser)
     assert.deepEqual(harmonyMessage(noParser, chatReq(), ids, "stop", T.call).toolCalls, []);
     const streamed = new HarmonyChatStream(noParser, chatReq(), 1).delta(0, ids, "stop", T.call);
     assert.deepEqual([streamed.delta.tool_calls, streamed.delta.content, streamed.finishReason], [undefined, "Let me check.", "stop"]);
+    // tool_choice "required" or a named function: a 400 on chat without the parser; the reply grammar swapped in with it
+    for (const toolChoice of [{ kind: "required" }, { kind: "named", name: "get_weather" }] as const) {
+      assert.throws(() => checkHarmonyToolChoice(noParser, chatReq({ toolChoice })), (e: unknown) => e instanceof ApiError && e.status === 400 && e.param === "tool_choice");
+      checkHarmonyToolChoice(ctx, chatReq({ toolChoice }));
+      const p = harmonyParams(ctx.harmony!, { structuredOutputs: { json: { type: "object" } } }, chatReq({ toolChoice, tools: [{ type: "function", function: { name: "get_weather" } }] }));
+      assert.equal(p.structuredOutputs?.harmonyReply, true);
+      assert.match(String(p.structuredOutputs?.structuralTag), /to=functions\.get_weather/);
+      assert.deepEqual(p.stopTokenIds, [T.return, T.call]);
+    }
     // the stop token left out of the ids still ends the call
     assert.equal(harmonyMessage(ctx, chatReq(), ids.slice(0, -1), "stop", T.call).toolCalls.length, 1);
     assert.equal(parseReply(ctx, ids.slice(0, -1), "length", null).current?.recipient, "functions.get_weather");
