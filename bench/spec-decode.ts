@@ -5,10 +5,12 @@
 // same values), heads padded with zero q/k/v rows, and `--layers` - 4 more layers whose o_proj and down_proj are zero
 // (their other weights random: read every step, adding nothing). It computes kiln-default's function at the cost of a
 // model of its size. The drafts are kiln-default itself (agreeing up to rounding) and its first 2 and 1 layers
-// (LayerSkip-style early exits, weaker). Greedy single-stream decode of a real English prompt; the engines alternate
-// in rounds; each line is the best round's tokens/s, the drafts' acceptance, and the ratio to the plain engine's best.
+// (LayerSkip-style early exits, weaker). Greedy single-stream decode of real English prompts; each engine runs
+// in its own process, one configuration after another (plain first and last, to show drift); each line is the best
+// round's tokens/s over four prompts, the drafts' acceptance, and the ratio to the plain engine's first best.
 // Outputs are checked equal to the plain engine's (greedy speculation changes nothing).
 // Usage: node dist/bench/spec-decode.js [--hidden 1024] [--layers 16] [--dtype bfloat16] [--k 2,4] [--rounds 3] [--tokens 96]
+import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -124,40 +126,59 @@ function earlyExit(keep: number): string {
   return dir;
 }
 
-const target = widenedTarget();
-const common = { model: target, maxModelLen: 512, kvCacheMemory: 64 << 20, maxNumSeqs: 4 };
-const engines: { name: string; llm: LLM }[] = [{ name: "plain", llm: new LLM(common) }];
-for (const keep of [l0, 2, 1]) {
-  for (const k of ks) engines.push({ name: `draft ${keep === l0 ? "kiln-default" : `first ${keep} layer${keep > 1 ? "s" : ""}`}, k=${k}`, llm: new LLM({ ...common, speculativeConfig: { model: earlyExit(keep), numSpeculativeTokens: k } }) });
-}
-const tok = Tokenizer.fromDir(base);
-const prompt = { promptTokenIds: tok.encode("The city council met on Tuesday evening to discuss the new budget, and the mayor said that", { addSpecialTokens: false }) };
-const params = { temperature: 0, maxTokens: tokens, ignoreEos: true };
-const best = new Map<string, number>();
-const stats = new Map<string, { drafted: number; accepted: number }>();
-let reference: readonly number[] | null = null;
-for (let r = 0; r < rounds; r++) {
-  for (const { name, llm } of engines) {
-    const before = llm.engine.stats();
+/** Several prompts, each decoded in turn: drafts agree with some texts more than others. */
+const PROMPTS = [
+  "The city council met on Tuesday evening to discuss the new budget, and the mayor said that",
+  "It was a cold morning in the small town, and the children",
+  "The committee reported that the program had been",
+  "She looked at the old house for a long time before",
+];
+
+/** One configuration's measurement, in its own process (each holds one served model: their weights do not compete). */
+function measure(spec: { draft: string; k: number } | null): void {
+  const llm = new LLM({
+    model: widenedTarget(), maxModelLen: 512, kvCacheMemory: 64 << 20, maxNumSeqs: 4,
+    ...(spec === null ? {} : { speculativeConfig: { model: spec.draft, numSpeculativeTokens: spec.k } }),
+  });
+  const tok = Tokenizer.fromDir(base);
+  const prompts = PROMPTS.map((p) => ({ promptTokenIds: tok.encode(p, { addSpecialTokens: false }) }));
+  const params = { temperature: 0, maxTokens: tokens, ignoreEos: true };
+  llm.generate([prompts[0]!], { ...params, maxTokens: 8 }); // warm-up
+  let best = 0;
+  let outputs: number[][] = [];
+  const before = llm.engine.stats();
+  for (let r = 0; r < rounds; r++) {
     const t0 = performance.now();
-    const [out] = llm.generate([prompt], params);
-    const rate = (tokens / (performance.now() - t0)) * 1000;
-    const after = llm.engine.stats();
-    const ids = out!.outputs[0]!.tokenIds;
-    reference ??= ids;
-    if (ids.join() !== reference.join()) throw new Error(`${name}: greedy output differs from the plain engine's`);
-    best.set(name, Math.max(best.get(name) ?? 0, rate));
-    const s = stats.get(name) ?? { drafted: 0, accepted: 0 };
-    s.drafted += (after.specDraftTokens ?? 0) - (before.specDraftTokens ?? 0);
-    s.accepted += (after.specAcceptedTokens ?? 0) - (before.specAcceptedTokens ?? 0);
-    stats.set(name, s);
+    outputs = prompts.map((p) => [...llm.generate([p], params)[0]!.outputs[0]!.tokenIds]);
+    best = Math.max(best, ((tokens * prompts.length) / (performance.now() - t0)) * 1000);
   }
+  const after = llm.engine.stats();
+  const drafted = (after.specDraftTokens ?? 0) - (before.specDraftTokens ?? 0);
+  const accepted = (after.specAcceptedTokens ?? 0) - (before.specAcceptedTokens ?? 0);
+  process.stdout.write(`${JSON.stringify({ best, drafted, accepted, outputs, reply: tok.decode(outputs[0]!) })}\n`);
 }
-const plain = best.get("plain")!;
-console.log(`served: kiln-default widened to hidden ${hidden}, ${layers} layers, ${dtype} (${target}); ${tokens} greedy tokens, best of ${rounds} rounds`);
-console.log(`prompt: ${JSON.stringify(tok.decode(prompt.promptTokenIds))}; reply: ${JSON.stringify(tok.decode([...reference!]))}`);
-for (const { name } of engines) {
-  const s = stats.get(name)!;
-  const acc = s.drafted > 0 ? `, ${((100 * s.accepted) / s.drafted).toFixed(0)}% of ${s.drafted} drafts accepted` : "";
-  console.log(`  ${name.padEnd(28)} ${best.get(name)!.toFixed(1).padStart(7)} tok/s  ${(best.get(name)! / plain).toFixed(2)}x plain${acc}`);
+
+const child = option("--child", "");
+if (child !== "") {
+  measure(child === "plain" ? null : (JSON.parse(child) as { draft: string; k: number }));
+} else {
+  const target = widenedTarget();
+  const configs: { name: string; arg: string }[] = [{ name: "plain", arg: "plain" }];
+  for (const keep of [l0, 2, 1]) {
+    for (const k of ks) configs.push({ name: `draft ${keep === l0 ? "kiln-default" : `first ${keep} layer${keep > 1 ? "s" : ""}`}, k=${k}`, arg: JSON.stringify({ draft: earlyExit(keep), k }) });
+  }
+  configs.push({ name: "plain (again)", arg: "plain" });
+  const args = process.argv.slice(2).filter((_, i, a) => a[i] !== "--child" && a[i - 1] !== "--child");
+  const results = configs.map(({ name, arg }) => {
+    const out = execFileSync(process.execPath, ["--expose-gc", process.argv[1]!, ...args, "--child", arg], { encoding: "utf8", maxBuffer: 1 << 26 });
+    return { name, ...(JSON.parse(out.trim().split("\n").at(-1)!) as { best: number; drafted: number; accepted: number; outputs: number[][]; reply: string }) };
+  });
+  const plain = results[0]!;
+  console.log(`served: kiln-default widened to hidden ${hidden}, ${layers} layers, ${dtype} (${target}); ${PROMPTS.length} prompts x ${tokens} greedy tokens, best of ${rounds} rounds, one process per line`);
+  console.log(`first reply: ${JSON.stringify(plain.reply)}`);
+  for (const r of results) {
+    if (JSON.stringify(r.outputs) !== JSON.stringify(plain.outputs)) throw new Error(`${r.name}: greedy outputs differ from the plain engine's`);
+    const acc = r.drafted > 0 ? `, ${((100 * r.accepted) / r.drafted).toFixed(0)}% of ${r.drafted} drafts accepted` : "";
+    console.log(`  ${r.name.padEnd(28)} ${r.best.toFixed(1).padStart(7)} tok/s  ${(r.best / plain.best).toFixed(2)}x plain${acc}`);
+  }
 }
