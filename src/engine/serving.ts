@@ -383,6 +383,19 @@ function draftLoadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "downl
   return { dtype: args.dtype, downloadDir: args.downloadDir, deferTokenizerBuild: true };
 }
 
+/** Loads the draft model; a model that cannot be read is named as speculative_config's. */
+function loadDraft<T extends LoadedModel | Promise<LoadedModel>>(load: () => T): T {
+  const named = (e: unknown): never => {
+    throw new EngineInputError("speculative_config", `draft model: ${(e as Error).message}`);
+  };
+  try {
+    const got = load();
+    return (got instanceof Promise ? got.catch(named) : got) as T;
+  } catch (e) {
+    return named(e);
+  }
+}
+
 /** The setup with its draft model's proposer. */
 function withDraft(s: ServingSetup, draft: LoadedModel, args: ServingArgs): ServingSetup {
   const a = s.engineArgs;
@@ -540,7 +553,7 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
   const s = setup(loaded, args, mark);
   // (loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
   const draftPath = draftModelPath(args);
-  return draftPath === null ? s : withDraft(s, loadLocalModel(draftPath, draftLoadOptions(args)), args);
+  return draftPath === null ? s : withDraft(s, loadDraft(() => loadLocalModel(draftPath, draftLoadOptions(args))), args);
 }
 
 /**
@@ -554,7 +567,7 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
   const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
   const s = setup(loaded, args, mark);
   const draftPath = draftModelPath(args);
-  return draftPath === null ? s : withDraft(s, await loadModel(draftPath, draftLoadOptions(args)), args);
+  return draftPath === null ? s : withDraft(s, await loadDraft(() => loadModel(draftPath, draftLoadOptions(args))), args);
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */

@@ -109,5 +109,9 @@ describe("draft-model speculative decoding", () => {
       );
     refused({ vocab_size: 4000 }, /vocabulary has 4000 tokens, the served model's \d+: a draft model must share the served model's tokenizer/);
     refused({ max_position_embeddings: 128 }, /has 128 positions, fewer than max_model_len 256/);
+    assert.throws(
+      () => new LLM({ model: target(), maxModelLen: 256, speculativeConfig: { model: "/nonexistent/draft", numSpeculativeTokens: 2 } }),
+      (e: unknown) => e instanceof EngineInputError && e.param === "speculative_config" && /draft model: .*\/nonexistent\/draft/.test(e.message),
+    );
   });
 });
