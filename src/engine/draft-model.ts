@@ -37,7 +37,7 @@ export class DraftModelProposer {
    * takes (the prompt is fed in chunks of it).
    */
   constructor(
-    private readonly runner: ModelRunner & { dispose?(): void },
+    private readonly runner: ModelRunner & { dispose?(): void; releaseKvCache?(): void; restoreKvCache?(): void },
     private readonly blockSize: number,
     numBlocks: number,
     private readonly maxTokensPerStep = 2048,
@@ -100,6 +100,16 @@ export class DraftModelProposer {
       next.forEach(({ r }, i) => drafts.get(r.requestId)!.push(ids[i]!));
     }
     return drafts;
+  }
+
+  /** Sleep mode (level 1 and up): frees the draft's KV cache; every request's drafting starts over after restoreKvCache(). */
+  releaseKvCache(): void {
+    for (const id of [...this.states.keys()]) this.release(id);
+    this.runner.releaseKvCache?.();
+  }
+
+  restoreKvCache(): void {
+    this.runner.restoreKvCache?.();
   }
 
   /** Gives back every block and frees the draft runner's memory (its KV cache, step graphs). */

@@ -372,6 +372,7 @@ export class EngineCore {
       this.scheduler.preemptAll(); // their K/V goes with the cache
       this.kv.resetPrefixCache();
       this.runner.releaseKvCache?.();
+      this.draft?.releaseKvCache(); // (the draft model's weights stay at level 2: they are not the served model's)
       if (level === 2) this.runner.releaseWeights!();
     }
     this.sleepState.fallAsleep(level);
@@ -392,7 +393,10 @@ export class EngineCore {
     this.checkSleepMode();
     const woken = (tags ?? WAKE_TAGS).filter((t): t is MemoryTag => t !== "scheduling" && this.sleepState.has(t));
     if (woken.includes("weights")) this.runner.reloadWeights?.();
-    if (woken.includes("kv_cache")) this.runner.restoreKvCache?.();
+    if (woken.includes("kv_cache")) {
+      this.runner.restoreKvCache?.();
+      this.draft?.restoreKvCache();
+    }
     this.sleepState.wake(woken);
   }
 

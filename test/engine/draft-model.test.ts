@@ -61,6 +61,21 @@ describe("draft-model speculative decoding", () => {
     assert.deepEqual(run({ model: other() }, {}, so).out, run(null, {}, so).out);
   });
 
+  it("sleep mode frees the draft's KV cache too; after wake_up drafting starts over, outputs unchanged", { timeout: 60_000 }, () => {
+    const llm = new LLM({ model: target(), maxModelLen: 256, maxNumBatchedTokens: 64, enableSleepMode: true, speculativeConfig: { model: target(), numSpeculativeTokens: 3 } });
+    assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
+    const draft = (llm.engine as unknown as { draft: DraftModelProposer }).draft;
+    const runner = (draft as unknown as { runner: { kvCaches: unknown[] } }).runner;
+    llm.engine.sleep(1, "abort");
+    assert.deepEqual([draft.numTracked, runner.kvCaches.length], [0, 0]);
+    llm.engine.wakeUp();
+    assert.ok(runner.kvCaches.length > 0);
+    const before = llm.engine.stats();
+    assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
+    const after = llm.engine.stats();
+    assert.equal(after.specAcceptedTokens! - before.specAcceptedTokens!, after.specDraftTokens! - before.specDraftTokens!);
+  });
+
   it("the draft cache gives back the blocks of requests no longer running; one without room gets no drafts", () => {
     const fed: ScheduledBatch[] = [];
     // a runner that 'predicts' token (last fed token + 1)
