@@ -12,6 +12,7 @@ import { generationConfigDefaults } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
+import type { SleepLevel, WakeTag } from "./sleep-mode.js";
 
 /** One prompt's embedding (vLLM's EmbeddingRequestOutput, its outputs.embedding as `embedding`). */
 export interface EmbeddingOutput {
@@ -88,6 +89,19 @@ export class LLM {
    */
   getDefaultSamplingParams(): Partial<SamplingParams> {
     return { ...this.defaults };
+  }
+
+  /**
+   * vLLM's LLM.sleep: level 1 frees the KV cache, level 2 the weights too (read again by wakeUp); between generate()
+   * calls no request is running. Needs enableSleepMode.
+   */
+  sleep(level: SleepLevel = 1): void {
+    this.engine.sleep(level, "abort");
+  }
+
+  /** vLLM's LLM.wake_up: wakes `tags` ("weights", "kv_cache"; default everything asleep). */
+  wakeUp(tags: readonly WakeTag[] | null = null): void {
+    this.engine.wakeUp(tags);
   }
 
   /**

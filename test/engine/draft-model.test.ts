@@ -66,9 +66,9 @@ describe("draft-model speculative decoding", () => {
     assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
     const draft = (llm.engine as unknown as { draft: DraftModelProposer }).draft;
     const runner = (draft as unknown as { runner: { kvCaches: unknown[] } }).runner;
-    llm.engine.sleep(1, "abort");
+    llm.sleep(1);
     assert.deepEqual([draft.numTracked, runner.kvCaches.length], [0, 0]);
-    llm.engine.wakeUp();
+    llm.wakeUp();
     assert.ok(runner.kvCaches.length > 0);
     const before = llm.engine.stats();
     assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
