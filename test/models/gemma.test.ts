@@ -8,7 +8,6 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, it } from "node:test";
-import { LLM } from "../../src/engine/llm-engine.js";
 import { CausalLM } from "../../src/models/causal-lm.js";
 import { readGguf } from "../../src/models/formats/gguf.js";
 import { ggufToHfConfig, hfConfigToGgufMetadata } from "../../src/models/formats/gguf-mapping.js";
@@ -16,11 +15,11 @@ import { ModelFormatError } from "../../src/models/formats/model-format-error.js
 import { readSafetensors, writeSafetensors } from "../../src/models/formats/safetensors.js";
 import { ModelConfigError, parseHfConfig } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
+import { loadLocalModel } from "../../src/models/loader.js";
 import { GatedMLP } from "../../src/nn/index.js";
-import { arange, noGrad, tensor } from "../../src/tensor/index.js";
+import { noGrad, tensor } from "../../src/tensor/index.js";
 import { hasLlamaCpp, llamaCppAlong, withFloat16Gelu } from "../helpers/llama-cpp.js";
-import { seededRandn } from "../helpers/model-logits.js";
+import { lastLogprobs, recomputedGreedy, seededRandn, servedGreedy } from "../helpers/model-logits.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
 // gemma-7b's config.json as released (hidden_act "gelu", no hidden_activation)
@@ -54,27 +53,8 @@ const dir = (() => {
   };
 })();
 
-/** Log-probabilities [vocab] after the last of `ids`, from Kiln's dense forward. */
-function lastLogprobs(m: LoadedModel, ids: readonly number[]): Float32Array {
-  const V = m.config.vocabSize;
-  return noGrad(() => {
-    const h = m.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
-    return (m.model.logits(h).logSoftmax(-1).dataSync() as Float32Array).slice((ids.length - 1) * V);
-  });
-}
-
-/** Greedy continuation by eager full recomputation: the whole sequence through the dense forward at every step. */
-function recomputedGreedy(m: LoadedModel, ids: readonly number[], steps: number): number[] {
-  const seq = [...ids];
-  for (let s = 0; s < steps; s++) {
-    const lp = lastLogprobs(m, seq);
-    seq.push(lp.reduce((best, x, i) => (x > lp[best]! ? i : best), 0));
-  }
-  return seq.slice(ids.length);
-}
-
-const served = (model: string, enforceEager = false): number[] =>
-  new LLM({ model, maxModelLen: 128, enforceEager }).generate([{ promptTokenIds: prompt }], { temperature: 0, maxTokens: 8, ignoreEos: true })[0]!.outputs[0]!.tokenIds;
+/** The engine's greedy 8 tokens after `prompt`. */
+const served = (model: string, enforceEager = false): number[] => servedGreedy(model, prompt, 8, enforceEager);
 
 describe("Gemma", () => {
   it("reads the config as vLLM does: the released hidden_act \"gelu\" runs the tanh GELU; malformed fields are refused by name", () => {

@@ -9,17 +9,16 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, it } from "node:test";
-import { LLM } from "../../src/engine/llm-engine.js";
 import { readGguf, writeGguf, type GgufWriteTensor } from "../../src/models/formats/gguf.js";
 import { ggufToHfConfig, hfConfigToGgufMetadata } from "../../src/models/formats/gguf-mapping.js";
 import { ModelFormatError } from "../../src/models/formats/model-format-error.js";
 import { ModelConfigError, parseHfConfig } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
+import { loadLocalModel } from "../../src/models/loader.js";
 import { GatedMLP, MoE } from "../../src/nn/index.js";
-import { arange, noGrad, tensor } from "../../src/tensor/index.js";
+import { noGrad, tensor } from "../../src/tensor/index.js";
 import { hasLlamaCpp, llamaCppAlong } from "../helpers/llama-cpp.js";
-import { seededRandn } from "../helpers/model-logits.js";
+import { lastLogprobs, recomputedGreedy, seededRandn, servedGreedy } from "../helpers/model-logits.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
 // Qwen1.5-MoE-A2.7B's config.json
@@ -37,27 +36,8 @@ const dir = () => tinyModelDir("Qwen2MoeForCausalLM");
 /** 3 layers, the middle one dense (mlp_only_layers): llama.cpp's qwen2moe cannot hold it. */
 const mixedDir = () => tinyModelDir("Qwen2MoeForCausalLM", { overrides: { num_hidden_layers: 3, mlp_only_layers: [1] } });
 
-/** Log-probabilities [vocab] after the last of `ids`, from Kiln's dense forward. */
-function lastLogprobs(m: LoadedModel, ids: readonly number[]): Float32Array {
-  const V = m.config.vocabSize;
-  return noGrad(() => {
-    const h = m.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
-    return (m.model.logits(h).logSoftmax(-1).dataSync() as Float32Array).slice((ids.length - 1) * V);
-  });
-}
-
-/** Greedy continuation by eager full recomputation: the whole sequence through the dense forward at every step. */
-function recomputedGreedy(m: LoadedModel, ids: readonly number[], steps: number): number[] {
-  const seq = [...ids];
-  for (let s = 0; s < steps; s++) {
-    const lp = lastLogprobs(m, seq);
-    seq.push(lp.reduce((best, x, i) => (x > lp[best]! ? i : best), 0));
-  }
-  return seq.slice(ids.length);
-}
-
-const served = (model: string, enforceEager = false): number[] =>
-  new LLM({ model, maxModelLen: 128, enforceEager }).generate([{ promptTokenIds: prompt }], { temperature: 0, maxTokens: 8, ignoreEos: true })[0]!.outputs[0]!.tokenIds;
+/** The engine's greedy 8 tokens after `prompt`. */
+const served = (model: string, enforceEager = false): number[] => servedGreedy(model, prompt, 8, enforceEager);
 
 describe("Qwen2-MoE", () => {
   it("reads the config as Qwen2MoeConfig does; malformed fields are refused by name", () => {
