@@ -215,14 +215,14 @@ const GPT_OSS_ROPE: Json = { rope_type: "yarn", factor: 32, beta_fast: 32, beta_
 const GPT_OSS_SWIGLU_ALPHA = 1.702;
 
 /**
- * Qwen2-MoE's mlp_only_layers (Qwen3-MoE's too): layer indices whose MLP stays dense, each in [0, layers); absent or
- * null: none.
+ * Qwen2-MoE's mlp_only_layers (Qwen3-MoE's too): layer indices whose MLP stays dense; absent or null: none. (An index
+ * past the last layer names no layer, as in HF.)
  */
-function mlpOnlyLayers(cfg: Json, arch: string, layers: number): number[] {
+function mlpOnlyLayers(cfg: Json, arch: string): number[] {
   const v = cfg.mlp_only_layers;
   if (v === undefined || v === null) return [];
-  if (!Array.isArray(v) || !v.every((i) => Number.isInteger(i) && (i as number) >= 0 && (i as number) < layers))
-    throw new ModelConfigError(`[config] ${arch}: mlp_only_layers must list layer indices in [0, ${layers}), got ${JSON.stringify(v)}`);
+  if (!Array.isArray(v) || !v.every((i) => Number.isInteger(i) && (i as number) >= 0))
+    throw new ModelConfigError(`[config] ${arch}: mlp_only_layers must list layer indices (non-negative integers), got ${JSON.stringify(v)}`);
   return v as number[];
 }
 
@@ -485,7 +485,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     moe = {
       numExperts: req(cfg, "num_experts", arch), numExpertsPerTok: req(cfg, "num_experts_per_tok", arch),
       moeIntermediateSize: req(cfg, "moe_intermediate_size", arch), normTopkProb: normTopk,
-      decoderSparseStep: optInt(cfg, "decoder_sparse_step", arch, 1), mlpOnlyLayers: mlpOnlyLayers(cfg, arch, numHiddenLayers),
+      decoderSparseStep: optInt(cfg, "decoder_sparse_step", arch, 1), mlpOnlyLayers: mlpOnlyLayers(cfg, arch),
       routerBias: false, expertBias: false, clampedSwiglu: null, sharedExpertIntermediateSize: shared === 0 ? null : (shared as number | null),
     };
     const m = moe;
