@@ -1,7 +1,7 @@
-// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE),
-// Gemma 2 and 3 (their differences come from the config: GELU-tanh MLP, (1 + w) norms, four norms per layer,
-// embeddings scaled by sqrt(hidden), their own attention scale; Gemma 3's other rotary base on its sliding-window
-// layers, Gemma 2's soft-capped attention scores and logits) and gpt-oss (attention sinks, biased router and
+// The decoder-only transformer shared by the Llama family (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE with its
+// gated shared expert, Qwen3-MoE), Gemma 1, 2 and 3 (their differences come from the config: GELU-tanh MLP, (1 + w)
+// norms, embeddings scaled by sqrt(hidden); Gemma 2 and 3's four norms per layer and own attention scale, Gemma 3's
+// other rotary base on its sliding-window layers, Gemma 2's soft-capped attention scores and logits) and gpt-oss (attention sinks, biased router and
 // experts with a clamped SwiGLU; its fused expert tensors are split on load: gpt-oss-experts.ts). Parameter names
 // match Hugging Face's.
 import {
@@ -78,6 +78,7 @@ class DecoderLayer extends Module {
             routerBias: cfg.moe.routerBias,
             expertBias: cfg.moe.expertBias,
             clampedSwiglu: cfg.moe.clampedSwiglu,
+            sharedExpertIntermediate: cfg.moe.sharedExpertIntermediateSize,
           },
           options,
         ),
@@ -157,8 +158,9 @@ class DecoderBody extends Module {
     cfg: ModelConfig, rotary: RotaryEmbedding, rotaryLocal: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null,
   ) {
     super();
-    // (Gemma3TextScaledWordEmbedding casts its scale to the weights' dtype)
-    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, cfg.normPlacement === "sandwich"));
+    // (every Gemma casts its sqrt(hidden) scale to the weights' dtype)
+    const gemma = cfg.architecture.startsWith("Gemma");
+    this.embedTokens = this.module("embed_tokens", new Embedding(cfg.vocabSize, cfg.hiddenSize, options, cfg.embedScale, gemma));
     const holder = this.module("layers", new Module());
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
       const r = !cfg.ropeLayers[i] ? null : rotaryLocal !== null && cfg.slidingWindowLayers[i] ? rotaryLocal : rotary;

@@ -11,8 +11,8 @@ export class ModelConfigError extends Error {
 }
 
 export const SUPPORTED_ARCHITECTURES = [
-  "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "GptOssForCausalLM",
+  "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+  "Qwen3MoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "GptOssForCausalLM",
   "SmolLM3ForCausalLM",
 ] as const;
 export type Architecture = (typeof SUPPORTED_ARCHITECTURES)[number];
@@ -27,7 +27,7 @@ export interface MoeConfig {
   moeIntermediateSize: number;
   /** Renormalize the top-k routing weights to sum to 1 (Mixtral always does). */
   normTopkProb: boolean;
-  /** Qwen3-MoE: layer i is sparse iff !mlpOnlyLayers.includes(i) && (i + 1) % decoderSparseStep == 0. */
+  /** Qwen2/3-MoE: layer i is sparse iff !mlpOnlyLayers.includes(i) && (i + 1) % decoderSparseStep == 0. */
   decoderSparseStep: number;
   mlpOnlyLayers: number[];
   /** gpt-oss: the router (`mlp.router`) and every expert projection carry biases; Mixtral and Qwen3-MoE have none. */
@@ -38,6 +38,11 @@ export interface MoeConfig {
    * up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate). null: silu(gate) * up.
    */
   clampedSwiglu: { alpha: number; limit: number } | null;
+  /**
+   * Qwen2-MoE: the hidden size of the shared expert every token also runs (shared_expert_intermediate_size), its
+   * output scaled by sigmoid(shared_expert_gate(x)) before it joins the routed experts' sum; null: none.
+   */
+  sharedExpertIntermediateSize: number | null;
 }
 
 /**
@@ -152,6 +157,16 @@ const GEMMA3_TEXT_DEFAULTS: Json = {
   rope_local_base_freq: 10_000, sliding_window_pattern: 6, tie_word_embeddings: true, bos_token_id: 2, eos_token_id: 1,
 };
 
+/**
+ * HF's GemmaConfig defaults (configuration_gemma.py; gemma-7b's shape), for what a Gemma config.json leaves out. Its
+ * hidden_activation default (None) is read apart: see parseHfConfig.
+ */
+const GEMMA_DEFAULTS: Json = {
+  vocab_size: 256_000, hidden_size: 3072, intermediate_size: 24_576, num_hidden_layers: 28, num_attention_heads: 16,
+  num_key_value_heads: 16, head_dim: 256, max_position_embeddings: 8192, rms_norm_eps: 1e-6, rope_theta: 10_000,
+  attention_bias: false, tie_word_embeddings: true, bos_token_id: 2, eos_token_id: 1,
+};
+
 /** HF's Gemma2Config defaults (transformers' configuration_gemma2.py), for what a Gemma 2 config.json leaves out. */
 const GEMMA2_DEFAULTS: Json = {
   vocab_size: 256_000, hidden_size: 2304, intermediate_size: 9216, num_hidden_layers: 26, num_attention_heads: 8,
@@ -198,6 +213,18 @@ const SMOLLM3_DEFAULTS: Json = {
 const GPT_OSS_ROPE: Json = { rope_type: "yarn", factor: 32, beta_fast: 32, beta_slow: 1, truncate: false, original_max_position_embeddings: 4096 };
 /** gpt-oss's SwiGLU gain (HF's GptOssExperts.alpha; not a config field in the released checkpoints). */
 const GPT_OSS_SWIGLU_ALPHA = 1.702;
+
+/**
+ * Qwen2-MoE's mlp_only_layers (Qwen3-MoE's too): layer indices whose MLP stays dense; absent or null: none. (An index
+ * past the last layer names no layer, as in HF.)
+ */
+function mlpOnlyLayers(cfg: Json, arch: string): number[] {
+  const v = cfg.mlp_only_layers;
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v) || !v.every((i) => Number.isInteger(i) && (i as number) >= 0))
+    throw new ModelConfigError(`[config] ${arch}: mlp_only_layers must list layer indices (non-negative integers), got ${JSON.stringify(v)}`);
+  return v as number[];
+}
 
 /**
  * The language model's config of a checkpoint: the config itself, or for Gemma 3's image-text checkpoints
@@ -317,7 +344,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
   const classifierArch = Array.isArray(archs) && typeof archs[0] === "string" && archs[0].endsWith("ForSequenceClassification") ? archs[0] : null;
   if (classifierArch !== null) archs = [classifierArch.replace(/ForSequenceClassification$/, "ForCausalLM")];
   const classDefaults = Array.isArray(archs)
-    ? { Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS, GptOssForCausalLM: GPT_OSS_DEFAULTS, SmolLM3ForCausalLM: SMOLLM3_DEFAULTS }[archs[0] as string]
+    ? { GemmaForCausalLM: GEMMA_DEFAULTS, Gemma3ForCausalLM: GEMMA3_TEXT_DEFAULTS, Gemma2ForCausalLM: GEMMA2_DEFAULTS, GptOssForCausalLM: GPT_OSS_DEFAULTS, SmolLM3ForCausalLM: SMOLLM3_DEFAULTS }[archs[0] as string]
     : undefined;
   if (classDefaults !== undefined) {
     // HF fills what a config leaves out from the class defaults (null counts as set: softcapping null is "none")
@@ -334,12 +361,15 @@ export function parseHfConfig(json: unknown): ModelConfig {
 
   const gemma3 = architecture === "Gemma3ForCausalLM";
   const gemma2 = architecture === "Gemma2ForCausalLM";
-  // what Gemma 2 and 3 share: GELU-tanh MLP, (1 + w) norms, four norms per layer, embeddings scaled by
-  // sqrt(hidden), query_pre_attn_scalar, tied head
+  // Gemma (1): GELU-tanh MLP, (1 + w) norms, embeddings scaled by sqrt(hidden), tied head, in Llama's layer
+  const gemma1 = architecture === "GemmaForCausalLM";
+  // what Gemma 2 and 3 add: four norms per layer, query_pre_attn_scalar
   const gemma = gemma3 || gemma2;
   // Gemma names it hidden_activation (and keeps a hidden_act it does not use)
-  const actKey = (gemma ? ["hidden_activation", "hidden_act"] : ["hidden_act", "hidden_activation"]).find((k) => cfg[k] != null) ?? "hidden_act";
-  const act = cfg[actKey] ?? "silu";
+  const actKey = (gemma || gemma1 ? ["hidden_activation", "hidden_act"] : ["hidden_act", "hidden_activation"]).find((k) => cfg[k] != null) ?? "hidden_act";
+  // Gemma 1.0's configs shipped hidden_act "gelu" (exact) by mistake for the tanh GELU it was trained with: without a
+  // hidden_activation, vLLM (and HF before 2024-12) run gelu_pytorch_tanh whatever hidden_act says
+  const act = gemma1 && cfg.hidden_activation == null ? "gelu_pytorch_tanh" : (cfg[actKey] ?? "silu");
   const hiddenAct = act === "silu" || act === "swish" ? "silu" : act === "gelu_pytorch_tanh" || act === "gelu_new" ? "gelu_tanh" : null;
   if (hiddenAct === null) throw new ModelConfigError(`[config] ${arch}: unsupported ${actKey} "${String(act)}" (silu, gelu_pytorch_tanh)`);
   const granite = architecture === "GraniteForCausalLM";
@@ -419,7 +449,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     if (!optBool(cfg, "use_sliding_window", false)) slidingWindow = null;
     slidingWindowLayers = ropeLayers.map((rope) => slidingWindow !== null && !rope);
   } else {
-    if (architecture === "LlamaForCausalLM" || granite || architecture === "Olmo2ForCausalLM") slidingWindow = null;
+    if (architecture === "LlamaForCausalLM" || granite || architecture === "Olmo2ForCausalLM" || gemma1) slidingWindow = null;
     slidingWindowLayers = Array.from({ length: numHiddenLayers }, () => slidingWindow !== null);
   }
   if (slidingWindow !== null && !slidingWindowLayers.some(Boolean)) slidingWindow = null;
@@ -431,7 +461,7 @@ export function parseHfConfig(json: unknown): ModelConfig {
     moe = {
       numExperts: optInt(cfg, "num_local_experts", arch, 8), numExpertsPerTok: optInt(cfg, "num_experts_per_tok", arch, 2),
       moeIntermediateSize: intermediateSize, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
-      routerBias: false, expertBias: false, clampedSwiglu: null,
+      routerBias: false, expertBias: false, clampedSwiglu: null, sharedExpertIntermediateSize: null,
     };
     moeLayers = moeLayers.map(() => true);
   } else if (architecture === "GptOssForCausalLM") {
@@ -442,15 +472,21 @@ export function parseHfConfig(json: unknown): ModelConfig {
       numExperts: req(cfg, "num_local_experts", arch), numExpertsPerTok: req(cfg, "num_experts_per_tok", arch),
       moeIntermediateSize: intermediateSize, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
       routerBias: true, expertBias: true, clampedSwiglu: { alpha: optNum(cfg, "swiglu_alpha", arch, GPT_OSS_SWIGLU_ALPHA), limit },
+      sharedExpertIntermediateSize: null,
     };
     moeLayers = moeLayers.map(() => true);
-  } else if (architecture === "Qwen3MoeForCausalLM") {
-    const mlpOnlyLayers = Array.isArray(cfg.mlp_only_layers) ? (cfg.mlp_only_layers as unknown[]).filter((x): x is number => typeof x === "number") : [];
+  } else if (architecture === "Qwen3MoeForCausalLM" || architecture === "Qwen2MoeForCausalLM") {
+    // Qwen2-MoE adds a shared expert (0: none, as vLLM reads it); both default to unnormalized top-k weights
+    const shared = architecture === "Qwen2MoeForCausalLM" ? cfg.shared_expert_intermediate_size : null;
+    if (shared !== null && !(Number.isInteger(shared) && (shared as number) >= 0))
+      throw new ModelConfigError(`[config] ${arch}: "shared_expert_intermediate_size" must be a non-negative integer, got ${JSON.stringify(shared)}`);
+    const normTopk = cfg.norm_topk_prob ?? false;
+    if (typeof normTopk !== "boolean") throw new ModelConfigError(`[config] ${arch}: "norm_topk_prob" must be true or false, got ${JSON.stringify(normTopk)}`);
     moe = {
       numExperts: req(cfg, "num_experts", arch), numExpertsPerTok: req(cfg, "num_experts_per_tok", arch),
-      moeIntermediateSize: req(cfg, "moe_intermediate_size", arch), normTopkProb: optBool(cfg, "norm_topk_prob", false),
-      decoderSparseStep: optInt(cfg, "decoder_sparse_step", arch, 1), mlpOnlyLayers,
-      routerBias: false, expertBias: false, clampedSwiglu: null,
+      moeIntermediateSize: req(cfg, "moe_intermediate_size", arch), normTopkProb: normTopk,
+      decoderSparseStep: optInt(cfg, "decoder_sparse_step", arch, 1), mlpOnlyLayers: mlpOnlyLayers(cfg, arch),
+      routerBias: false, expertBias: false, clampedSwiglu: null, sharedExpertIntermediateSize: shared === 0 ? null : (shared as number | null),
     };
     const m = moe;
     moeLayers = moeLayers.map((_, i) => !m.mlpOnlyLayers.includes(i) && (i + 1) % m.decoderSparseStep === 0);
@@ -467,20 +503,21 @@ export function parseHfConfig(json: unknown): ModelConfig {
     hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, headDim,
     rmsNormEps: optNum(cfg, "rms_norm_eps", arch, 1e-6),
     ropeTheta, ropeScaling, rotaryDim, maxPositionEmbeddings,
-    tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", gemma),
+    tieWordEmbeddings: optBool(cfg, "tie_word_embeddings", gemma || gemma1),
     hiddenAct,
     attnScale: granite ? optNum(cfg, "attention_multiplier", arch, 1 / Math.sqrt(headDim)) : 1 / Math.sqrt(gemma ? optNum(cfg, "query_pre_attn_scalar", arch, headDim) : headDim),
-    embedScale: gemma ? Math.sqrt(hiddenSize) : granite ? optNum(cfg, "embedding_multiplier", arch, 1) : null,
+    embedScale: gemma || gemma1 ? Math.sqrt(hiddenSize) : granite ? optNum(cfg, "embedding_multiplier", arch, 1) : null,
     residualScale: granite ? optNum(cfg, "residual_multiplier", arch, 1) : null,
     logitScale: granite ? optNum(cfg, "logits_scaling", arch, 1) : null,
-    normOffset: gemma ? 1 : 0,
+    normOffset: gemma || gemma1 ? 1 : 0,
     normPlacement: gemma ? "sandwich" : architecture === "Olmo2ForCausalLM" ? "post" : "pre",
     attnSoftcap: softcap("attn_logit_softcapping"),
     finalSoftcap: softcap("final_logit_softcapping"),
     localRopeTheta: gemma3 ? optNum(localRope ?? {}, "rope_theta", arch, optNum(cfg, "rope_local_base_freq", arch, 10000)) : null,
     attnSinks: architecture === "GptOssForCausalLM",
-    qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
-    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || granite ||
+    // (Qwen2-MoE: Qwen2MoeConfig.qkv_bias, default true)
+    qkvBias: architecture === "Qwen2ForCausalLM" ? true : architecture === "Qwen2MoeForCausalLM" ? optBool(cfg, "qkv_bias", true) : architecture === "MistralForCausalLM" || architecture === "MixtralForCausalLM" ? false : attentionBias,
+    oBias: architecture === "LlamaForCausalLM" || architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma || gemma1 || granite ||
       architecture === "Olmo2ForCausalLM" || architecture === "GptOssForCausalLM" || architecture === "SmolLM3ForCausalLM" ? attentionBias : false,
     mlpBias: optBool(cfg, "mlp_bias", false),
     qkNorm: architecture === "Qwen3ForCausalLM" || architecture === "Qwen3MoeForCausalLM" || gemma3 || architecture === "Olmo2ForCausalLM",

@@ -31,6 +31,12 @@ function archExtras(arch: Architecture): Json {
       return { model_type: "mistral", sliding_window: 64 };
     case "MixtralForCausalLM":
       return { model_type: "mixtral", num_local_experts: 4, num_experts_per_tok: 2 };
+    case "Qwen2MoeForCausalLM":
+      // Qwen1.5-MoE-A2.7B's rules at the tiny model's scale: unnormalized top-k weights, a shared expert 4 experts wide
+      return {
+        model_type: "qwen2_moe", num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 32, shared_expert_intermediate_size: 128,
+        norm_topk_prob: false, decoder_sparse_step: 1, mlp_only_layers: [], use_sliding_window: false, qkv_bias: true,
+      };
     case "Qwen3MoeForCausalLM":
       return { model_type: "qwen3_moe", num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 64, norm_topk_prob: true, head_dim: 16 };
     case "Olmo2ForCausalLM":
@@ -38,6 +44,9 @@ function archExtras(arch: Architecture): Json {
     case "GraniteForCausalLM":
       // Granite 3's multipliers at the tiny model's scale (the 2B model's are 12, 0.22, 0.015625 and 8)
       return { model_type: "granite", embedding_multiplier: 12, residual_multiplier: 0.22, attention_multiplier: 0.125, logits_scaling: 8 };
+    case "GemmaForCausalLM":
+      // gemma-7b's rule: head_dim 256 with 16 heads of a 3072 hidden (here 32 with 4 of 64: no hidden / heads)
+      return { model_type: "gemma", head_dim: 32, hidden_activation: "gelu_pytorch_tanh", tie_word_embeddings: true };
     case "Gemma2ForCausalLM":
       // llama.cpp's gemma2 assumptions (even layers sliding, head_dim ** -0.5 scale, both soft-caps), Gemma 2's caps
       return {
@@ -249,9 +258,16 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
         stacked.set(m.name, s);
         continue;
       }
-      tensors.push({ name: m.name, shape: info.shape, type: typeFor(info.shape), load: () => load(info.name, info.shape[0]!) });
+      // (the shared-expert gate stays F32, as llama.cpp's converter keeps it)
+      const type = m.name.endsWith("ffn_gate_inp_shexp.weight") ? "F32" : typeFor(info.shape);
+      tensors.push({ name: m.name, shape: info.shape, type, load: () => load(info.name, info.shape[0]!) });
     }
     for (const { name, values } of phi3RopeFactorTensors(config)) tensors.push({ name, shape: [values.length], type: "F32", load: () => values });
+    // llama.cpp's qwen2moe always reads an output head: a tied one is written as the embedding's copy
+    if (cfg.architecture === "Qwen2MoeForCausalLM" && cfg.tieWordEmbeddings) {
+      const embed = st.tensors.find((t) => t.name === "model.embed_tokens.weight")!;
+      tensors.push({ name: "output.weight", shape: embed.shape, type: typeFor(embed.shape), load: () => load(embed.name, embed.shape[0]!) });
+    }
     if (gptOss) tensors.push(...gptOssGgufExpertTensors(st, cfg, typeFor));
     for (const [name, s] of stacked) {
       const per = s.shape.reduce((a, b) => a * b, 1);

@@ -43,6 +43,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   MistralForCausalLM: DEFAULT_FAMILY, // sliding window comes from the config
   Qwen2ForCausalLM: DEFAULT_FAMILY, // qkv bias comes from the config
   Qwen3ForCausalLM: DEFAULT_FAMILY, // q/k norm comes from the config
+  GemmaForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   Gemma2ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   Gemma3ForCausalLM: DEFAULT_FAMILY, // its differences come from the config (see causal-lm.ts)
   GraniteForCausalLM: DEFAULT_FAMILY, // Llama with its four multipliers, from the config
@@ -50,6 +51,7 @@ export const FAMILIES: Record<ModelConfig["architecture"], FamilySpec> = {
   Phi3ForCausalLM: DEFAULT_FAMILY, // Llama with q/k/v and gate/up stored fused (see fused-weights.ts)
   SmolLM3ForCausalLM: DEFAULT_FAMILY, // Llama with NoPE layers (ModelConfig.ropeLayers)
   MixtralForCausalLM: { moeModuleName: "block_sparse_moe", expertNames: ["w1", "w3", "w2"] },
+  Qwen2MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] }, // shared expert: from the config
   Qwen3MoeForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] },
   // experts stored fused (gate_up_proj, down_proj; bf16 or MXFP4) and read as these per-expert projections
   GptOssForCausalLM: { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"], routerName: "router" },
@@ -378,7 +380,9 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
       const experts = hfName.includes("{expert}") ? info.shape[0]! : 0;
       const fused = fusedParts(config, hfName); // Phi-3's qkv / gate-up: one matrix, its parts' rows in turn
       const want = expectedShape(hfName, fused);
-      if (want !== null && want.join() !== info.shape.join())
+      // (a converter that squeezed size-1 dims wrote Qwen2-MoE's [1, hidden] shared-expert gate as [hidden])
+      const unit = (s: readonly number[]) => s.filter((d) => d !== 1).join();
+      if (want !== null && want.join() !== info.shape.join() && unit(want) !== unit(info.shape))
         throw new ModelLoadError(`${file}: tensor ${info.name} is [${info.shape.join(", ")}], the model's config says [${want.join(", ")}] (for ${hfName})`);
       const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : fused ? fused.map(([n]) => n) : [hfName];
       if (direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g, fused?.map(([, r]) => r))) {
@@ -407,7 +411,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
       } else if (fused) {
         const cols = info.shape[1]!;
         fused.reduce((row, [n, rows]) => (put(n, data.slice(row * cols, (row + rows) * cols), [rows, cols]), row + rows), 0);
-      } else put(hfName, data, info.shape);
+      } else put(hfName, data, [...(want ?? info.shape)]);
       // a tied LM head reads the token embedding's own quantized blocks, as llama.cpp does
       if (tiedHead && hfName === "model.embed_tokens.weight") direct.tiedHead(info, model.model.embedTokens.weight, g);
       options.onProgress?.("loading weights", (i + 1) / g.tensors.length);

@@ -1,5 +1,5 @@
 // Feed-forward blocks: the SiLU-gated MLP of Llama-family models (and gpt-oss's clamped SwiGLU) and a top-k routed
-// mixture of experts.
+// mixture of experts (with Qwen2-MoE's gated shared expert).
 import type { MoeActivation } from "../backends/backend.js";
 import {
   disposeQuantizedActivations, linear, moe, quantizedShadowOf, siluMul, siluMulQuantized, softmax, topk, type MoeExpert, type MoeProjection,
@@ -107,12 +107,22 @@ export interface MoeOptions {
   expertBias?: boolean;
   /** gpt-oss's expert activation (GatedMLP's `clamped`); null / absent: silu(gate) * up. */
   clampedSwiglu?: ClampedSwiglu | null;
+  /**
+   * Qwen2-MoE: the hidden size of a shared expert (`shared_expert`, a SiLU GatedMLP every token runs) whose output is
+   * scaled by sigmoid(shared_expert_gate(x)) ([1, hidden], no bias) and added to the routed sum; null / absent: none.
+   */
+  sharedExpertIntermediate?: number | null;
 }
 
-/** Top-k routed mixture of experts: softmax router, k experts per token, weighted sum of their outputs. */
+/**
+ * Top-k routed mixture of experts: softmax router, k experts per token, weighted sum of their outputs (plus, for
+ * Qwen2-MoE, a sigmoid-gated shared expert).
+ */
 export class MoE extends Module {
   readonly gate: Linear; // router [numExperts, hidden]
   readonly experts: GatedMLP[] = [];
+  readonly sharedExpert: GatedMLP | null = null;
+  readonly sharedExpertGate: Linear | null = null; // [1, hidden]
 
   constructor(
     readonly opts: MoeOptions,
@@ -127,6 +137,11 @@ export class MoE extends Module {
       holder.addModule(String(e), mlp);
       this.experts.push(mlp);
     }
+    const shared = opts.sharedExpertIntermediate ?? null;
+    if (shared !== null) {
+      this.sharedExpert = this.module("shared_expert", new GatedMLP(opts.hidden, shared, false, options));
+      this.sharedExpertGate = this.module("shared_expert_gate", new Linear(opts.hidden, 1, false, options));
+    }
   }
 
   /**
@@ -135,9 +150,17 @@ export class MoE extends Module {
    */
   forward(x: Tensor): Tensor {
     const { values, indices } = this.route(x);
-    const out = moe(x, indices, values, this.expertWeights(), this.activation);
+    const routed = moe(x, indices, values, this.expertWeights(), this.activation);
     values.dispose();
     indices.dispose();
+    if (this.sharedExpert === null || this.sharedExpertGate === null) return routed;
+    // routed + sigmoid(x · g) * shared(x): the gate [T, 1] scales each token's shared-expert row
+    const s = this.sharedExpert.forward(x);
+    const logit = this.sharedExpertGate.forward(x);
+    const g = logit.sigmoid();
+    const gated = s.mul(g);
+    const out = routed.add(gated);
+    for (const t of [routed, s, logit, g, gated]) t.dispose();
     return out;
   }
 

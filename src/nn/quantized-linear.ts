@@ -17,9 +17,12 @@ export interface QuantizeOptions {
   onFallback?: (name: string, wanted: QuantScheme, used: QuantScheme) => void;
 }
 
-/** The default selection: projections only (lm_head and MoE routers stay in the model dtype, as in vLLM). */
+/**
+ * The default selection: projections only (lm_head, MoE routers and Qwen2-MoE's shared-expert gate stay in the model
+ * dtype, as in vLLM).
+ */
 export function defaultQuantFilter(name: string): boolean {
-  return name !== "lm_head" && !/(^|\.)(gate|router)$/.test(name); // MoE routers (gpt-oss: router) stay float
+  return name !== "lm_head" && !/(^|\.)(gate|router|shared_expert_gate)$/.test(name); // MoE routers (gpt-oss: router) stay float
 }
 
 const quantized = new WeakMap<Linear, QuantizedWeight>();

@@ -90,7 +90,7 @@ for (const arch of ["LlamaForCausalLM", "Qwen3ForCausalLM"] as const) {
 // MoE models route on the device (the moe kernel): they capture decode step graphs like dense ones, with no
 // fallback warning, and their greedy outputs equal eager full recomputation (a dense forward over the whole
 // sequence per token, no KV cache).
-for (const arch of ["MixtralForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"] as const) {
+for (const arch of ["MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"] as const) {
   test(`step graphs: ${arch} (MoE routed on the device) captures and replays decode steps; greedy equals eager full recomputation`, { timeout: 60_000 }, () => {
     const model = tinyModelDir(arch);
     const warnings: string[] = [];

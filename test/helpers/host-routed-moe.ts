@@ -1,6 +1,7 @@
 // Kiln's MoE.forward before on-device routing, kept as the reference the on-device moe kernel is checked against
 // (test/models/moe-device-routing.test.ts) and as bench/moe-decode.ts's baseline: the router's top-k read back to
-// the host, each expert's GatedMLP run on its tokens, the weighted sum made on the host.
+// the host, each expert's GatedMLP run on its tokens, the weighted sum made on the host (and Qwen2-MoE's shared
+// expert, scaled by sigmoid(shared_expert_gate(x)) on the host).
 import type { MoE } from "../../src/nn/mlp.js";
 import { empty, linear, softmax, tensor, topk, type Tensor } from "../../src/tensor/index.js";
 
@@ -36,6 +37,15 @@ export function hostRoutedForward(moe: MoE, x: Tensor): Tensor {
     const y = ye.dataSync() as Float32Array;
     for (let r = 0; r < rows.length; r++) for (let i = 0; i < H; i++) out[rows[r]! * H + i] += weights[r]! * y[r * H + i]!;
     for (const t of [idx, xe, ye]) t.dispose();
+  }
+  if (moe.sharedExpert !== null && moe.sharedExpertGate !== null) {
+    const ys = moe.sharedExpert.forward(x);
+    const gl = moe.sharedExpertGate.forward(x);
+    const y = ys.dataSync() as Float32Array;
+    const g = gl.dataSync() as Float32Array; // [T, 1]
+    for (let t = 0; t < T; t++) for (let i = 0; i < H; i++) out[t * H + i] += y[t * H + i]! / (1 + Math.exp(-g[t]!));
+    ys.dispose();
+    gl.dispose();
   }
   const res = empty([T, H], { device: x.device });
   res.device.backend.write(res.storage.buffer, 0, new Uint8Array(out.buffer));

@@ -46,6 +46,30 @@ export async function llamaCppOracle(file: string, ids: readonly number[], greed
   }
 }
 
+/**
+ * llama.cpp's next-token probabilities after `ids` and after each prefix of `ids` + `path` (teacher forcing: `path`
+ * fed, one batched evaluation), and its greedy choice at each of those positions. `argmax` equals `path` iff
+ * llama.cpp's own greedy continuation of `ids` is `path`: the same check as llamaCppOracle's `greedy`, without its
+ * token-by-token decode (an MoE's decode steps take seconds each on a loaded 2-core machine).
+ */
+export async function llamaCppAlong(file: string, ids: readonly number[], path: readonly number[]): Promise<{ probs: Map<number, number>[]; argmax: number[] }> {
+  llamaOnce ??= import("node-llama-cpp").then(({ getLlama }) => getLlama({ gpu: false, build: "never", logLevel: "error" as never }));
+  const model = await (await llamaOnce).loadModel({ modelPath: file });
+  let ctx: Awaited<ReturnType<typeof model.createContext>> | null = null;
+  try {
+    ctx = await model.createContext({ contextSize: 128, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false });
+    const all = [...ids, ...path.slice(0, -1)];
+    const next = { generateNext: { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } } };
+    const res = await ctx.getSequence().controlledEvaluate(all.map((id, i) => (i >= ids.length - 1 ? [id, next] : id)) as never);
+    const probs = all.slice(ids.length - 1).map((_, k) => res[ids.length - 1 + k]!.next!.probabilities! as Map<number, number>);
+    const argmax = probs.map((p) => [...p].reduce((best, e) => (e[1] > best[1] ? e : best))[0]);
+    return { probs, argmax };
+  } finally {
+    await ctx?.dispose();
+    await model.dispose();
+  }
+}
+
 /** log-softmax of one logits row. */
 export function logSoftmax(l: Float32Array): Float32Array {
   const mx = l.reduce((a, b) => Math.max(a, b), -Infinity);

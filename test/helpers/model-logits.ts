@@ -1,8 +1,9 @@
 // Shared by the weight-format tests: last-position logits of a dense forward, small array measures, a tensor's
 // bytes and seeded normal samples.
+import { LLM } from "../../src/engine/llm-engine.js";
 import type { LoadedModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
-import { noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import { arange, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
 import { DTYPE_BYTES } from "../../src/backends/dtype.js";
 import { mulberry32 } from "../../src/util/random.js";
 
@@ -18,6 +19,31 @@ export function lastLogits(m: LoadedModel, ids: number[]): Float32Array {
     for (const t of [input, positions, hidden, logits]) t.dispose();
     return out;
   });
+}
+
+/** Log-probabilities [vocab] after the last of `ids`, from the dense forward. */
+export function lastLogprobs(m: LoadedModel, ids: readonly number[]): Float32Array {
+  const V = m.config.vocabSize;
+  return noGrad(() => {
+    const h = m.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
+    return (m.model.logits(h).logSoftmax(-1).dataSync() as Float32Array).slice((ids.length - 1) * V);
+  });
+}
+
+/** Greedy continuation by eager full recomputation: the whole sequence through the dense forward at every step (no KV cache). */
+export function recomputedGreedy(m: LoadedModel, ids: readonly number[], steps: number): number[] {
+  const seq = [...ids];
+  for (let s = 0; s < steps; s++) {
+    const lp = lastLogprobs(m, seq);
+    seq.push(lp.reduce((best, x, i) => (x > lp[best]! ? i : best), 0));
+  }
+  return seq.slice(ids.length);
+}
+
+/** The engine's greedy continuation of `ids` (paged KV cache; step graphs unless `enforceEager`), as `kiln serve` runs it. */
+export function servedGreedy(model: string, ids: readonly number[], steps: number, enforceEager = false): number[] {
+  const llm = new LLM({ model, maxModelLen: 128, enforceEager });
+  return llm.generate([{ promptTokenIds: [...ids] }], { temperature: 0, maxTokens: steps, ignoreEos: true })[0]!.outputs[0]!.tokenIds;
 }
 
 export const maxAbsDiff = (a: Float32Array, b: Float32Array): number => a.reduce((e, x, i) => Math.max(e, Math.abs(x - b[i]!)), 0);

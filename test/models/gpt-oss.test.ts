@@ -200,7 +200,7 @@ describe("gpt-oss", () => {
     assert.deepEqual(c.moeLayers.every(Boolean), true);
     assert.deepEqual(c.moe, {
       numExperts: 32, numExpertsPerTok: 4, moeIntermediateSize: 2880, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
-      routerBias: true, expertBias: true, clampedSwiglu: { alpha: 1.702, limit: 7 },
+      routerBias: true, expertBias: true, clampedSwiglu: { alpha: 1.702, limit: 7 }, sharedExpertIntermediateSize: null,
     });
     assert.deepEqual(c.ropeScaling, {
       type: "yarn", factor: 32, originalMaxPositionEmbeddings: 4096, betaFast: 32, betaSlow: 1, attentionFactor: null, mscale: null, mscaleAllDim: null, truncate: false,

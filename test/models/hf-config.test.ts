@@ -53,7 +53,7 @@ test("Qwen3: head_dim explicit, qk norm, yarn", () => {
 test("Mixtral and Qwen3-MoE", () => {
   const m = parseHfConfig({ ...base, architectures: ["MixtralForCausalLM"], num_local_experts: 8, num_experts_per_tok: 2 });
   assert.deepEqual(m.moe, { numExperts: 8, numExpertsPerTok: 2, moeIntermediateSize: 512, normTopkProb: true, decoderSparseStep: 1, mlpOnlyLayers: [],
-    routerBias: false, expertBias: false, clampedSwiglu: null,
+    routerBias: false, expertBias: false, clampedSwiglu: null, sharedExpertIntermediateSize: null,
   });
   assert.deepEqual(m.moeLayers, [true, true, true, true]);
   const q = parseHfConfig({

@@ -11,7 +11,7 @@ import { hasLlamaCpp, withFloat16Gelu } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 
-const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM"];
+const ARCHS: Architecture[] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM"];
 const PROMPT = "The jury said that the city of Atlanta";
 
 test("last-position logits match llama.cpp on the same weights", { skip: hasLlamaCpp ? false : "node-llama-cpp not installed", timeout: 120_000 }, async (t) => {
@@ -47,12 +47,16 @@ test("last-position logits match llama.cpp on the same weights", { skip: hasLlam
         const maxDiff = gap(ours);
         let lo = Infinity;
         let hi = -Infinity;
-        if (arch === "Gemma2ForCausalLM" || arch === "Gemma3ForCausalLM") {
+        if (arch === "GemmaForCausalLM" || arch === "Gemma2ForCausalLM" || arch === "Gemma3ForCausalLM") {
           // ggml's GELU reads a float16 table (input and output rounded to float16): with Kiln's GELU doing the same,
           // the gap falls to float32 accumulation error, which shows the ~1e-3 gap is that table and nothing else
           const emulated = withFloat16Gelu(forward);
           t.diagnostic(`${arch}: with ggml's float16 GELU table emulated, max |logprob diff| = ${gap(emulated).toExponential(2)}`);
-          assert.ok(gap(emulated) < 2e-5, `${arch}: ${gap(emulated)} with the float16 GELU emulated`);
+          // (the table is a step function: a GELU input off by float32 rounding that lands across a float16 rounding
+          // boundary moves the result by a float16 step: nudging a tiny Gemma's GELU inputs by 1e-6 relative moved its
+          // emulated log-probabilities by 1.3e-4. Gemma 1's tiny model lands at ~4e-5 here, 5e-6 on gemma.test.ts's prompt)
+          const bound = arch === "GemmaForCausalLM" ? 1e-4 : 2e-5;
+          assert.ok(gap(emulated) < bound, `${arch}: ${gap(emulated)} with the float16 GELU emulated`);
         }
         for (const x of ours) {
           if (!Number.isFinite(x)) continue;

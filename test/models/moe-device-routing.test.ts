@@ -1,5 +1,5 @@
-// MoE layers route on the device (one moe kernel, no host read): Mixtral-, Qwen3-MoE- (with and without
-// norm_topk_prob) and gpt-oss-shaped tiny models give the logits of the host-routed algorithm Kiln ran before
+// MoE layers route on the device (one moe kernel, no host read): Mixtral-, Qwen2-MoE- (with its shared expert),
+// Qwen3-MoE- (with and without norm_topk_prob) and gpt-oss-shaped tiny models give the logits of the host-routed algorithm Kiln ran before
 // (kept here as the reference: the router's top-k read back, each expert's GatedMLP run on its tokens, the weighted
 // sum made on the host), in float32, bfloat16 and with int8 / int4 experts (--quantization).
 import assert from "node:assert/strict";
@@ -36,6 +36,8 @@ const CASES: { arch: InitModelOptions["architecture"]; extra?: Partial<InitModel
   { arch: "MixtralForCausalLM", tol: 1e-5 },
   { arch: "MixtralForCausalLM", load: { dtype: "bfloat16" }, tol: 1e-4 },
   { arch: "MixtralForCausalLM", load: { quantization: "int8" }, tol: 1e-4 },
+  { arch: "Qwen2MoeForCausalLM", tol: 1e-5 },
+  { arch: "Qwen2MoeForCausalLM", load: { quantization: "int4" }, tol: 1e-4 },
   { arch: "Qwen3MoeForCausalLM", tol: 1e-5 },
   { arch: "Qwen3MoeForCausalLM", extra: { overrides: { norm_topk_prob: false } }, tol: 1e-5 },
   { arch: "Qwen3MoeForCausalLM", load: { quantization: "int4" }, tol: 1e-4 },

@@ -24,8 +24,13 @@ const LAYER_NAMES: [string, string][] = [
   ["mlp.down_proj", "ffn_down"],
   ["input_layernorm", "attn_norm"],
   ["post_attention_layernorm", "ffn_norm"],
-  ["mlp.gate", "ffn_gate_inp"], // Qwen3-MoE router
+  ["mlp.gate", "ffn_gate_inp"], // Qwen2/3-MoE router
   ["block_sparse_moe.gate", "ffn_gate_inp"], // Mixtral router
+  // Qwen2-MoE's shared expert and its gate ([1, hidden]; a 1-d [hidden] in GGUFs whose converter squeezed it)
+  ["mlp.shared_expert.gate_proj", "ffn_gate_shexp"],
+  ["mlp.shared_expert.up_proj", "ffn_up_shexp"],
+  ["mlp.shared_expert.down_proj", "ffn_down_shexp"],
+  ["mlp.shared_expert_gate", "ffn_gate_inp_shexp"],
 ];
 /** Gemma's and OLMo 2's norms on the attention's and the MLP's outputs, and Gemma's MLP input norm. */
 const OUTPUT_NORM_NAMES: [string, string][] = [
@@ -48,9 +53,9 @@ const GPT_OSS_LAYER_NAMES: [string, string][] = [
 ];
 /**
  * Families whose GGUF tensor names differ: Mixtral's expert names, Gemma's (2 and 3: the same names) and OLMo 2's norms,
- * Phi-3's fusions, gpt-oss's norm, router and sinks.
+ * Phi-3's fusions, gpt-oss's norm, router and sinks. Gemma 1 ("gemma1") has Llama's names, its norms stored as 1 + w.
  */
-export type GgufFamily = "mixtral" | "gemma" | "olmo2" | "phi3" | "gptoss" | "default";
+export type GgufFamily = "mixtral" | "gemma" | "gemma1" | "olmo2" | "phi3" | "gptoss" | "default";
 const layerNames = (family: GgufFamily): [string, string][] =>
   family === "gemma" ? [...GEMMA3_LAYER_NAMES, ...LAYER_NAMES]
   : family === "olmo2" ? [...OUTPUT_NORM_NAMES, ...LAYER_NAMES]
@@ -61,7 +66,7 @@ const layerNames = (family: GgufFamily): [string, string][] =>
 /** The tensor-name family of an HF architecture. */
 export function ggufFamilyOf(architecture: string): GgufFamily {
   const families: Record<string, GgufFamily> = {
-    MixtralForCausalLM: "mixtral", Gemma2ForCausalLM: "gemma", Gemma3ForCausalLM: "gemma", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
+    MixtralForCausalLM: "mixtral", GemmaForCausalLM: "gemma1", Gemma2ForCausalLM: "gemma", Gemma3ForCausalLM: "gemma", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3",
     GptOssForCausalLM: "gptoss",
   };
   return families[architecture] ?? "default";
@@ -75,7 +80,7 @@ export const GGUF_ROPE_FACTORS = { long: "rope_factors_long.weight", short: "rop
  * subtracts it.
  */
 export function ggufNormShift(family: GgufFamily, hfName: string): number {
-  return family === "gemma" && hfName.endsWith("norm.weight") ? 1 : 0;
+  return (family === "gemma" || family === "gemma1") && hfName.endsWith("norm.weight") ? 1 : 0;
 }
 
 /** Expert weights: GGUF stacks all experts of a layer into one 3-D tensor [n_expert, out, in]. */
@@ -176,13 +181,14 @@ export function unpermuteQK<T extends RowArray>(w: T, rows: number, nHead: numbe
 
 const ARCH_TO_GGUF: Record<string, string> = {
   LlamaForCausalLM: "llama", MistralForCausalLM: "llama", MixtralForCausalLM: "llama",
-  Qwen2ForCausalLM: "qwen2", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe", Gemma2ForCausalLM: "gemma2", Gemma3ForCausalLM: "gemma3",
+  Qwen2ForCausalLM: "qwen2", Qwen2MoeForCausalLM: "qwen2moe", Qwen3ForCausalLM: "qwen3", Qwen3MoeForCausalLM: "qwen3moe",
+  GemmaForCausalLM: "gemma", Gemma2ForCausalLM: "gemma2", Gemma3ForCausalLM: "gemma3",
   GraniteForCausalLM: "granite", Olmo2ForCausalLM: "olmo2", Phi3ForCausalLM: "phi3", GptOssForCausalLM: "gpt-oss",
   SmolLM3ForCausalLM: "smollm3",
 };
 const GGUF_TO_HF: Record<string, [string, string]> = {
   llama: ["LlamaForCausalLM", "llama"], qwen2: ["Qwen2ForCausalLM", "qwen2"], qwen3: ["Qwen3ForCausalLM", "qwen3"],
-  qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma2: ["Gemma2ForCausalLM", "gemma2"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
+  qwen2moe: ["Qwen2MoeForCausalLM", "qwen2_moe"], qwen3moe: ["Qwen3MoeForCausalLM", "qwen3_moe"], gemma: ["GemmaForCausalLM", "gemma"], gemma2: ["Gemma2ForCausalLM", "gemma2"], gemma3: ["Gemma3ForCausalLM", "gemma3_text"], granite: ["GraniteForCausalLM", "granite"],
   olmo2: ["Olmo2ForCausalLM", "olmo2"], phi3: ["Phi3ForCausalLM", "phi3"], "gpt-oss": ["GptOssForCausalLM", "gpt_oss"],
   smollm3: ["SmolLM3ForCausalLM", "smollm3"],
 };
@@ -251,6 +257,53 @@ function checkSmolLm3Exportable(cfg: ModelConfig): void {
 }
 
 /**
+ * Refuses a Gemma (1) export llama.cpp's gemma would run otherwise: it reads the token embedding as the output head
+ * and attends without a window.
+ */
+function checkGemma1Exportable(cfg: ModelConfig): void {
+  const fail = (what: string): never => {
+    throw new ModelFormatError(`[gguf] this Gemma config cannot be written as gemma GGUF: ${what} (llama.cpp's gemma assumes it)`);
+  };
+  if (!cfg.tieWordEmbeddings) fail("tie_word_embeddings must be true");
+  if (cfg.ropeScaling !== null) fail("rope_scaling must be absent");
+}
+
+/**
+ * Qwen2-MoE's keys as llama.cpp's converter writes them (the expert and shared-expert sizes), refusing what its
+ * qwen2moe cannot express: dense layers (it makes every layer sparse), renormalized top-k weights, no shared expert,
+ * a sliding window.
+ */
+function qwen2MoeMetadata(cfg: ModelConfig): Record<string, GgufTypedValue> {
+  const fail = (what: string): never => {
+    throw new ModelFormatError(`[gguf] this Qwen2-MoE config cannot be written as qwen2moe GGUF: ${what} (llama.cpp's qwen2moe assumes it)`);
+  };
+  const moe = cfg.moe!;
+  if (cfg.moeLayers.some((sparse) => !sparse)) fail("every layer must be sparse (decoder_sparse_step 1, no mlp_only_layers)");
+  if (moe.normTopkProb) fail("norm_topk_prob must be false");
+  if (moe.sharedExpertIntermediateSize === null) fail("shared_expert_intermediate_size must be positive");
+  if (cfg.slidingWindow !== null) fail("use_sliding_window must be false");
+  return {
+    "qwen2moe.expert_feed_forward_length": gguf.u32(moe.moeIntermediateSize),
+    "qwen2moe.expert_shared_feed_forward_length": gguf.u32(moe.sharedExpertIntermediateSize!),
+  };
+}
+
+/**
+ * The shape keys from the parsed config (a Gemma config leaves out what its class defaults give: head_dim 256 is no
+ * hidden / heads).
+ */
+function parsedShapeMetadata(arch: string, cfg: ModelConfig): Record<string, GgufTypedValue> {
+  return {
+    [`${arch}.rope.freq_base`]: gguf.f32(cfg.ropeTheta), [`${arch}.attention.key_length`]: gguf.u32(cfg.headDim),
+    [`${arch}.attention.value_length`]: gguf.u32(cfg.headDim), [`${arch}.rope.dimension_count`]: gguf.u32(cfg.headDim),
+    [`${arch}.attention.head_count_kv`]: gguf.u32(cfg.numKeyValueHeads), [`${arch}.attention.layer_norm_rms_epsilon`]: gguf.f32(cfg.rmsNormEps),
+    [`${arch}.context_length`]: gguf.u32(cfg.maxPositionEmbeddings), [`${arch}.vocab_size`]: gguf.u32(cfg.vocabSize),
+    [`${arch}.embedding_length`]: gguf.u32(cfg.hiddenSize), [`${arch}.block_count`]: gguf.u32(cfg.numHiddenLayers),
+    [`${arch}.feed_forward_length`]: gguf.u32(cfg.intermediateSize), [`${arch}.attention.head_count`]: gguf.u32(cfg.numAttentionHeads),
+  };
+}
+
+/**
  * HF config.json -> GGUF `general.*` and `<arch>.*` metadata, typed as llama.cpp expects.
  * llama3 rope scaling is not metadata in GGUF: write `llama3RopeFreqs(config)` as `rope_freqs.weight`.
  */
@@ -261,6 +314,7 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   const parsed = parseHfConfig(config);
   if (arch === "gemma2" || arch === "gemma3") checkGemmaExportable(arch === "gemma2" ? 2 : 3, parsed);
   if (arch === "smollm3") checkSmolLm3Exportable(parsed);
+  if (arch === "gemma") checkGemma1Exportable(parsed);
   if (parsed.ropeScaling?.type === "longrope" && arch !== "phi3") throw new ModelFormatError(`[gguf] ${archName} with longrope rope scaling has no GGUF form (llama.cpp reads longrope factors for phi3 only)`);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
   const heads = num("num_attention_heads")!;
@@ -306,15 +360,10 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
     md[`${arch}.attention.sliding_window`] = gguf.u32(cfg.slidingWindow!);
     md[`${arch}.attn_logit_softcapping`] = gguf.f32(cfg.attnSoftcap!);
     md[`${arch}.final_logit_softcapping`] = gguf.f32(cfg.finalSoftcap!);
-    Object.assign(md, {
-      [`${arch}.rope.freq_base`]: gguf.f32(cfg.ropeTheta), [`${arch}.attention.key_length`]: gguf.u32(cfg.headDim),
-      [`${arch}.attention.value_length`]: gguf.u32(cfg.headDim), [`${arch}.rope.dimension_count`]: gguf.u32(cfg.headDim),
-      [`${arch}.attention.head_count_kv`]: gguf.u32(cfg.numKeyValueHeads), [`${arch}.attention.layer_norm_rms_epsilon`]: gguf.f32(cfg.rmsNormEps),
-      [`${arch}.context_length`]: gguf.u32(cfg.maxPositionEmbeddings), [`${arch}.vocab_size`]: gguf.u32(cfg.vocabSize),
-      [`${arch}.embedding_length`]: gguf.u32(cfg.hiddenSize), [`${arch}.block_count`]: gguf.u32(cfg.numHiddenLayers),
-      [`${arch}.feed_forward_length`]: gguf.u32(cfg.intermediateSize), [`${arch}.attention.head_count`]: gguf.u32(cfg.numAttentionHeads),
-    });
+    Object.assign(md, parsedShapeMetadata(arch, cfg));
   }
+  if (arch === "gemma") Object.assign(md, parsedShapeMetadata(arch, parsed)); // (GemmaConfig's defaults filled in)
+  if (arch === "qwen2moe") Object.assign(md, qwen2MoeMetadata(parsed));
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (num(hf) !== undefined) md[`${arch}.${g}`] = gguf.f32(num(hf)!);
   if (arch === "gpt-oss") Object.assign(md, gptOssMetadata(parsed));
   return md;
@@ -455,6 +504,7 @@ export function ggufToHfConfig(
     else cfg.num_experts = experts;
     cfg.num_experts_per_tok = get("expert_used_count") ?? 2;
     if (get("expert_feed_forward_length") !== undefined) cfg.moe_intermediate_size = get("expert_feed_forward_length");
+    else if (arch === "qwen2moe") cfg.moe_intermediate_size = Math.floor((cfg.intermediate_size as number) / (cfg.num_experts_per_tok as number)); // llama.cpp's fallback
     const norm = metadata[`${arch}.expert_weights_norm`];
     cfg.norm_topk_prob = typeof norm === "boolean" ? norm : arch === "qwen3moe";
   }
@@ -491,6 +541,16 @@ export function ggufToHfConfig(
       query_pre_attn_scalar: gemmaAttnScalar(2, layers, hidden, heads, cfg.head_dim as number),
     });
   }
+  if (arch === "qwen2moe") {
+    // llama.cpp's qwen2moe: every layer sparse with a shared expert (its size feed_forward_length when not given),
+    // top-k weights as the softmax left them, q/k/v biases where the file has them
+    Object.assign(cfg, {
+      shared_expert_intermediate_size: get("expert_shared_feed_forward_length") ?? cfg.intermediate_size, decoder_sparse_step: 1,
+      mlp_only_layers: [], norm_topk_prob: false, qkv_bias: tensorNames === undefined || tensorNames.includes("blk.0.attn_q.bias"),
+    });
+  }
+  // llama.cpp's gemma: the token embedding is the output head
+  if (arch === "gemma") Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", tie_word_embeddings: true });
   if (arch === "gemma3") {
     const layers = cfg.num_hidden_layers as number;
     Object.assign(cfg, { hidden_activation: "gelu_pytorch_tanh", sliding_window_pattern: 6, rope_local_base_freq: 10000, query_pre_attn_scalar: gemmaAttnScalar(3, layers, hidden, heads, cfg.head_dim as number) });
