@@ -1,0 +1,146 @@
+// Image bytes (PNG or JPEG) to 8-bit RGB pixels, as vLLM loads an image (PIL, then convert("RGB") with a transparent
+// image composited over white: vLLM's rgba_to_rgb, HF's convert_to_rgb), and PIL's bilinear resize of such pixels.
+import jpeg from "jpeg-js";
+import { PNG } from "pngjs";
+import { KilnError } from "../util/errors.js";
+
+/** Bytes that are no image Kiln can decode (unknown format, or a corrupt PNG / JPEG). */
+export class ImageDecodeError extends KilnError {
+  override name = "ImageDecodeError";
+}
+
+/** 8-bit RGB pixels, row-major, interleaved: data[(y * width + x) * 3 + c]. */
+export interface RgbImage {
+  width: number;
+  height: number;
+  data: Uint8Array;
+}
+
+/** The largest image decoded, in megapixels (jpeg-js's own default bound, applied to PNG as well). */
+const MAX_MEGAPIXELS = 100;
+
+/** The container format of `bytes` from its signature, or null. */
+export function imageFormat(bytes: Uint8Array): "png" | "jpeg" | null {
+  if (bytes.length >= 8 && bytes[0] === 0x89 && bytes[1] === 0x50 && bytes[2] === 0x4e && bytes[3] === 0x47) return "png";
+  if (bytes.length >= 3 && bytes[0] === 0xff && bytes[1] === 0xd8 && bytes[2] === 0xff) return "jpeg";
+  return null;
+}
+
+/** Decodes PNG or JPEG bytes to RGB; transparent pixels are composited over white as PIL's alpha_composite does. */
+export function decodeImage(bytes: Uint8Array): RgbImage {
+  const format = imageFormat(bytes);
+  if (format === null) throw new ImageDecodeError("cannot identify the image: not a PNG or JPEG file (Kiln decodes PNG and JPEG)");
+  let rgba: { width: number; height: number; data: Uint8Array };
+  try {
+    if (format === "png") {
+      const png = PNG.sync.read(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+      rgba = { width: png.width, height: png.height, data: png.data };
+    } else {
+      rgba = jpeg.decode(bytes, { useTArray: true, formatAsRGBA: true, maxResolutionInMP: MAX_MEGAPIXELS });
+    }
+  } catch (e) {
+    throw new ImageDecodeError(`cannot decode the ${format.toUpperCase()} image: ${(e as Error).message}`);
+  }
+  if (rgba.width < 1 || rgba.height < 1) throw new ImageDecodeError(`the ${format.toUpperCase()} image is empty (${rgba.width}x${rgba.height})`);
+  if (rgba.width * rgba.height > MAX_MEGAPIXELS * 1e6)
+    throw new ImageDecodeError(`the image is ${rgba.width}x${rgba.height}, over ${MAX_MEGAPIXELS} megapixels`);
+  return rgbaToRgb(rgba.width, rgba.height, rgba.data);
+}
+
+/**
+ * RGBA over an opaque white background, as PIL's Image.alpha_composite computes it (integer math with 7 extra bits,
+ * divisions by 255 rounded), then the alpha dropped; opaque pixels pass unchanged.
+ */
+export function rgbaToRgb(width: number, height: number, rgba: Uint8Array): RgbImage {
+  const n = width * height;
+  const out = new Uint8Array(n * 3);
+  const P = 7;
+  for (let i = 0; i < n; i++) {
+    const a = rgba[4 * i + 3]!;
+    for (let c = 0; c < 3; c++) {
+      const src = rgba[4 * i + c]!;
+      if (a === 255) {
+        out[3 * i + c] = src;
+        continue;
+      }
+      // PIL: blend = dst.a * (255 - src.a); outa255 = src.a * 255 + blend; coef1 = src.a * 255 * 255 * 2^P / outa255
+      const outa255 = a * 255 + 255 * (255 - a);
+      const coef1 = Math.floor((a * 255 * 255 * (1 << P)) / outa255);
+      const coef2 = 255 * (1 << P) - coef1;
+      const tmp = src * coef1 + 255 * coef2 + (0x80 << P);
+      out[3 * i + c] = (((tmp >>> 8) + tmp) >>> 8) >>> P;
+    }
+  }
+  return { width, height, data: out };
+}
+
+/** PIL's fixed-point precision of resampling weights for 8-bit images. */
+const PRECISION_BITS = 32 - 8 - 2;
+
+/**
+ * PIL's per-output-pixel weights of a bilinear (triangle) filter from `inSize` to `outSize` pixels: the filter widens
+ * by the scale when shrinking (antialiasing), weights are normalised over the pixels inside the image and then
+ * rounded to PRECISION_BITS fixed point. Returns each output pixel's first input pixel and its integer weights.
+ */
+function bilinearCoefficients(inSize: number, outSize: number): { start: Int32Array; weights: Int32Array[] } {
+  const scale = inSize / outSize;
+  const filterScale = Math.max(scale, 1);
+  const support = filterScale; // the triangle's support is 1
+  const start = new Int32Array(outSize);
+  const weights: Int32Array[] = [];
+  for (let x = 0; x < outSize; x++) {
+    const center = (x + 0.5) * scale;
+    const lo = Math.max(0, Math.trunc(center - support + 0.5));
+    const hi = Math.min(inSize, Math.trunc(center + support + 0.5));
+    const w = new Float64Array(hi - lo);
+    let sum = 0;
+    for (let i = 0; i < w.length; i++) {
+      const d = Math.abs((i + lo - center + 0.5) / filterScale);
+      w[i] = d < 1 ? 1 - d : 0;
+      sum += w[i]!;
+    }
+    const fixed = new Int32Array(w.length);
+    for (let i = 0; i < w.length; i++) {
+      const k = sum !== 0 ? w[i]! / sum : w[i]!;
+      fixed[i] = Math.trunc(k < 0 ? -0.5 + k * (1 << PRECISION_BITS) : 0.5 + k * (1 << PRECISION_BITS));
+    }
+    start[x] = lo;
+    weights.push(fixed);
+  }
+  return { start, weights };
+}
+
+/** One separable pass of PIL's 8-bit resampling along x (horizontal) or y, rounding and clamping to 0..255. */
+function resamplePass(src: RgbImage, outSize: number, horizontal: boolean): RgbImage {
+  const inSize = horizontal ? src.width : src.height;
+  const { start, weights } = bilinearCoefficients(inSize, outSize);
+  const width = horizontal ? outSize : src.width;
+  const height = horizontal ? src.height : outSize;
+  const out = new Uint8Array(width * height * 3);
+  const half = 1 << (PRECISION_BITS - 1);
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      const o = horizontal ? x : y;
+      const w = weights[o]!;
+      const s = start[o]!;
+      for (let c = 0; c < 3; c++) {
+        let acc = half;
+        for (let i = 0; i < w.length; i++) {
+          const at = horizontal ? (y * src.width + s + i) * 3 + c : ((s + i) * src.width + x) * 3 + c;
+          acc += src.data[at]! * w[i]!;
+        }
+        const v = Math.floor(acc / (1 << PRECISION_BITS));
+        out[(y * width + x) * 3 + c] = v < 0 ? 0 : v > 255 ? 255 : v;
+      }
+    }
+  }
+  return { width, height, data: out };
+}
+
+/** PIL's Image.resize((width, height), BILINEAR) of an 8-bit RGB image: a horizontal pass, then a vertical one. */
+export function resizeBilinear(img: RgbImage, width: number, height: number): RgbImage {
+  let out = img;
+  if (width !== img.width) out = resamplePass(out, width, true);
+  if (height !== img.height) out = resamplePass(out, height, false);
+  return out;
+}

@@ -1,0 +1,82 @@
+// Image decoding and Gemma 3's image processor against pixels worked out by hand from PIL's bilinear resampling
+// (triangle filter, widened when shrinking, weights normalised over the image) and HF's rescale / normalise.
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import jpeg from "jpeg-js";
+import { PNG } from "pngjs";
+import { decodeImage, ImageDecodeError, resizeBilinear, type RgbImage } from "../../src/models/image-decode.js";
+import { expandGemma3ImageTokens, gemma3PixelValues, gemma3ProcessImage, GEMMA3_IMAGE_DEFAULTS } from "../../src/models/gemma3-image-processor.js";
+
+/** A PNG of the given RGBA pixels. */
+export function pngBytes(width: number, height: number, rgba: number[]): Uint8Array {
+  const png = new PNG({ width, height });
+  png.data.set(rgba);
+  return new Uint8Array(PNG.sync.write(png));
+}
+
+const gray = (w: number, h: number, v: number[]): RgbImage => ({ width: w, height: h, data: Uint8Array.from(v.flatMap((x) => [x, x, x])) });
+const channel0 = (img: RgbImage) => Array.from({ length: img.width * img.height }, (_, i) => img.data[3 * i]!);
+
+describe("image decoding and Gemma 3's image processor", () => {
+  it("upsamples as PIL's bilinear does (half-pixel centres, edges held)", () => {
+    // a 2x2 image to 4x4: output centres fall at 0.25, 0.75, 1.25, 1.75 input pixels; weights 1 | .75 .25 | .25 .75 | 1
+    const out = resizeBilinear(gray(2, 2, [0, 100, 200, 40]), 4, 4);
+    assert.deepEqual(channel0(out), [
+      0, 25, 75, 100,
+      50, 59, 76, 85, // .75 * row0 + .25 * row3 of the horizontal pass: 58.75 -> 59, 76.25 -> 76
+      150, 126, 79, 55,
+      200, 160, 80, 40,
+    ]);
+  });
+
+  it("downsamples with the filter widened by the scale (antialiased, not two-tap bilinear)", () => {
+    // 4 -> 2: support 2, centre 1.0 takes pixels 0,1,2 with weights .75,.75,.25 (/1.75); centre 3.0 pixels 1,2,3 .25,.75,.75
+    const out = resizeBilinear(gray(4, 1, [0, 100, 200, 40]), 2, 1);
+    assert.deepEqual(channel0(out), [Math.round((75 + 50) / 1.75), Math.round((25 + 150 + 30) / 1.75)]); // 71, 117
+  });
+
+  it("pixel_values: channel-first, x / 255 then (x - 0.5) / 0.5", () => {
+    const img: RgbImage = { width: 1, height: 1, data: Uint8Array.from([0, 255, 51]) };
+    const px = gemma3PixelValues(img, { imageSize: 2, ...GEMMA3_IMAGE_DEFAULTS });
+    assert.equal(px.length, 3 * 2 * 2);
+    for (let i = 0; i < 4; i++) {
+      assert.equal(px[i], -1);
+      assert.equal(px[4 + i], 1);
+      assert.ok(Math.abs(px[8 + i]! - (51 / 255 - 0.5) / 0.5) < 1e-6);
+    }
+  });
+
+  it("decodes PNG bytes; transparency goes over white as PIL's alpha_composite", () => {
+    const bytes = pngBytes(3, 1, [10, 20, 30, 255, 0, 0, 0, 0, 0, 0, 0, 128]);
+    const img = decodeImage(bytes);
+    assert.equal(img.width, 3);
+    assert.equal(img.height, 1);
+    // opaque: as is; transparent: white; a = 128 over white: 255 * 127 / 255 = 127 (PIL's fixed point agrees)
+    assert.deepEqual(Array.from(img.data), [10, 20, 30, 255, 255, 255, 127, 127, 127]);
+    const px = gemma3ProcessImage(bytes, { imageSize: 3, ...GEMMA3_IMAGE_DEFAULTS });
+    assert.ok(Math.abs(px[0]! - (10 / 255 - 0.5) / 0.5) < 1e-6);
+  });
+
+  it("decodes JPEG bytes", () => {
+    const w = 16, h = 8;
+    const data = Buffer.alloc(w * h * 4);
+    for (let i = 0; i < w * h; i++) data.set([200, 40, 90, 255], 4 * i);
+    const bytes = new Uint8Array(jpeg.encode({ width: w, height: h, data }, 100).data);
+    const img = decodeImage(bytes);
+    assert.deepEqual([img.width, img.height], [w, h]);
+    for (let i = 0; i < w * h; i++) for (const [c, want] of [200, 40, 90].entries()) assert.ok(Math.abs(img.data[3 * i + c]! - want) <= 3);
+  });
+
+  it("refuses bytes that are no PNG or JPEG, and corrupt ones, with ImageDecodeError", () => {
+    assert.throws(() => decodeImage(new TextEncoder().encode("GIF89a....")), (e: unknown) => e instanceof ImageDecodeError && /not a PNG or JPEG/.test(e.message));
+    const png = pngBytes(4, 4, new Array(64).fill(7));
+    assert.throws(() => decodeImage(png.subarray(0, 40)), (e: unknown) => e instanceof ImageDecodeError && /PNG/.test(e.message));
+    assert.throws(() => decodeImage(Uint8Array.from([0xff, 0xd8, 0xff, 0, 1, 2, 3])), ImageDecodeError);
+  });
+
+  it("expands each <start_of_image> into the full image sequence", () => {
+    const s = expandGemma3ImageTokens("A<start_of_image>B", 1, 3);
+    assert.equal(s, "A\n\n<start_of_image><image_soft_token><image_soft_token><image_soft_token><end_of_image>\n\nB");
+    assert.throws(() => expandGemma3ImageTokens("no image", 1, 3), RangeError);
+  });
+});
