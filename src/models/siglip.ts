@@ -1,0 +1,328 @@
+// Gemma 3's vision side: the SigLIP vision tower (HF SiglipVisionModel without a pooling head) and
+// Gemma3MultiModalProjector, which turn one image's pixel_values [3, S, S] into mm_tokens_per_image rows of the text
+// model's embeddings. Parameter names match HF checkpoints (vision_tower.vision_model.*, multi_modal_projector.*).
+import { Embedding, LayerNorm, Linear, Module, RMSNorm, newParameter, type LayerOptions } from "../nn/index.js";
+import { add, linear, matmul, noGrad, tensor, type Tensor, type TensorOptions } from "../tensor/index.js";
+import { KilnError } from "../util/errors.js";
+
+type Json = Record<string, unknown>;
+
+export class VisionConfigError extends KilnError {
+  override name = "VisionConfigError";
+}
+
+/** What Gemma3Config's vision_config and its own image fields give the vision side. */
+export interface Gemma3VisionConfig {
+  hiddenSize: number; // vision_config.hidden_size (1152)
+  intermediateSize: number; // 4304
+  numLayers: number; // 27
+  numHeads: number; // 16
+  imageSize: number; // 896
+  patchSize: number; // 14
+  layerNormEps: number; // 1e-6
+  /** Text model's hidden size: the projector's output. */
+  textHiddenSize: number;
+  /** Rows per image after pooling (256): a square number whose side divides the patch grid's. */
+  mmTokensPerImage: number;
+  /** Token ids: the soft image token each row replaces (262144), and the image's begin / end markers. */
+  imageTokenIndex: number;
+  boiTokenIndex: number;
+  eoiTokenIndex: number;
+}
+
+/** Gemma3Config's vision fields (HF's defaults where the config leaves them out). */
+export function parseGemma3VisionConfig(json: Json, textHiddenSize: number): Gemma3VisionConfig {
+  const v = (json.vision_config ?? {}) as Json;
+  if (typeof v !== "object" || Array.isArray(v)) throw new VisionConfigError("[config] Gemma3ForConditionalGeneration: vision_config must be an object");
+  const int = (o: Json, key: string, dflt: number): number => {
+    const x = o[key] ?? dflt;
+    if (typeof x !== "number" || !Number.isInteger(x) || x <= 0) throw new VisionConfigError(`[config] Gemma3ForConditionalGeneration: "${key}" must be a positive integer, got ${JSON.stringify(x)}`);
+    return x;
+  };
+  const act = v.hidden_act ?? "gelu_pytorch_tanh";
+  if (act !== "gelu_pytorch_tanh")
+    throw new VisionConfigError(`[config] Gemma3ForConditionalGeneration: vision hidden_act ${JSON.stringify(act)} is not supported (gelu_pytorch_tanh)`);
+  const cfg: Gemma3VisionConfig = {
+    hiddenSize: int(v, "hidden_size", 1152),
+    intermediateSize: int(v, "intermediate_size", 4304),
+    numLayers: int(v, "num_hidden_layers", 27),
+    numHeads: int(v, "num_attention_heads", 16),
+    imageSize: int(v, "image_size", 896),
+    patchSize: int(v, "patch_size", 14),
+    layerNormEps: typeof v.layer_norm_eps === "number" ? v.layer_norm_eps : 1e-6,
+    textHiddenSize,
+    mmTokensPerImage: int(json, "mm_tokens_per_image", 256),
+    imageTokenIndex: int(json, "image_token_index", 262_144),
+    boiTokenIndex: int(json, "boi_token_index", 255_999),
+    eoiTokenIndex: int(json, "eoi_token_index", 256_000),
+  };
+  const side = cfg.imageSize / cfg.patchSize;
+  const tokSide = Math.round(Math.sqrt(cfg.mmTokensPerImage));
+  if (!Number.isInteger(side) || tokSide * tokSide !== cfg.mmTokensPerImage || side % tokSide !== 0)
+    throw new VisionConfigError(
+      `[config] Gemma3ForConditionalGeneration: image_size ${cfg.imageSize} / patch_size ${cfg.patchSize} patches a side must pool evenly to ` +
+        `sqrt(mm_tokens_per_image ${cfg.mmTokensPerImage})`,
+    );
+  if (cfg.hiddenSize % cfg.numHeads !== 0) throw new VisionConfigError(`[config] vision hidden_size ${cfg.hiddenSize} is not a multiple of num_attention_heads ${cfg.numHeads}`);
+  return cfg;
+}
+
+class SiglipAttention extends Module {
+  readonly qProj: Linear;
+  readonly kProj: Linear;
+  readonly vProj: Linear;
+  readonly outProj: Linear;
+
+  constructor(private readonly cfg: Gemma3VisionConfig, options: LayerOptions) {
+    super();
+    const h = cfg.hiddenSize;
+    this.qProj = this.module("q_proj", new Linear(h, h, true, options));
+    this.kProj = this.module("k_proj", new Linear(h, h, true, options));
+    this.vProj = this.module("v_proj", new Linear(h, h, true, options));
+    this.outProj = this.module("out_proj", new Linear(h, h, true, options));
+  }
+
+  /** x [N, hidden] -> [N, hidden]: every patch attends to every patch (no mask), one head at a time. */
+  forward(x: Tensor): Tensor {
+    const { numHeads: H, hiddenSize } = this.cfg;
+    const D = hiddenSize / H;
+    const N = x.shape[0]!;
+    const [q, k, v] = [this.qProj, this.kProj, this.vProj].map((p) => p.forward(x).reshape(N, H, D));
+    const heads: Tensor[] = [];
+    for (let h = 0; h < H; h++) {
+      const [qh, kh, vh] = [q!, k!, v!].map((t) => t.select(1, h).contiguous()); // [N, D]
+      const kt = kh!.transpose(0, 1);
+      const raw = matmul(qh!, kt);
+      const scores = raw.mul(1 / Math.sqrt(D));
+      const probs = scores.softmax(-1);
+      heads.push(matmul(probs, vh!)); // [N, D]
+      for (const t of [qh!, kh!, vh!, kt, raw, scores, probs]) t.dispose();
+    }
+    for (const t of [q!, k!, v!]) t.dispose();
+    const joined = heads.length === 1 ? heads[0]! : stackHeads(heads, N, D); // [N, H * D]
+    if (joined !== heads[0]) for (const t of heads) t.dispose();
+    const out = this.outProj.forward(joined);
+    joined.dispose();
+    return out;
+  }
+}
+
+/** Per-head outputs [N, D] x H -> [N, H * D] (heads side by side in each row, as HF's transpose + reshape). */
+function stackHeads(heads: Tensor[], N: number, D: number): Tensor {
+  const H = heads.length;
+  const out = new Float32Array(N * H * D);
+  heads.forEach((t, h) => {
+    const d = t.dataSync() as Float32Array;
+    for (let n = 0; n < N; n++) out.set(d.subarray(n * D, (n + 1) * D), n * H * D + h * D);
+  });
+  return tensor(out, { shape: [N, H * D], device: heads[0]!.device });
+}
+
+class SiglipMLP extends Module {
+  readonly fc1: Linear;
+  readonly fc2: Linear;
+
+  constructor(cfg: Gemma3VisionConfig, options: LayerOptions) {
+    super();
+    this.fc1 = this.module("fc1", new Linear(cfg.hiddenSize, cfg.intermediateSize, true, options));
+    this.fc2 = this.module("fc2", new Linear(cfg.intermediateSize, cfg.hiddenSize, true, options));
+  }
+
+  forward(x: Tensor): Tensor {
+    const a = this.fc1.forward(x);
+    const g = a.gelu("tanh");
+    a.dispose();
+    const out = this.fc2.forward(g);
+    g.dispose();
+    return out;
+  }
+}
+
+class SiglipEncoderLayer extends Module {
+  readonly layerNorm1: LayerNorm;
+  readonly selfAttn: SiglipAttention;
+  readonly layerNorm2: LayerNorm;
+  readonly mlp: SiglipMLP;
+
+  constructor(cfg: Gemma3VisionConfig, options: LayerOptions) {
+    super();
+    this.layerNorm1 = this.module("layer_norm1", new LayerNorm(cfg.hiddenSize, cfg.layerNormEps, {}, options));
+    this.selfAttn = this.module("self_attn", new SiglipAttention(cfg, options));
+    this.layerNorm2 = this.module("layer_norm2", new LayerNorm(cfg.hiddenSize, cfg.layerNormEps, {}, options));
+    this.mlp = this.module("mlp", new SiglipMLP(cfg, options));
+  }
+
+  /** Pre-norm residual blocks: h + attn(ln1(h)), then h + mlp(ln2(h)). */
+  forward(h: Tensor): Tensor {
+    const n1 = this.layerNorm1.forward(h);
+    const a = this.selfAttn.forward(n1);
+    const h2 = add(h, a);
+    const n2 = this.layerNorm2.forward(h2);
+    const m = this.mlp.forward(n2);
+    const out = add(h2, m);
+    for (const t of [n1, a, h2, n2, m]) t.dispose();
+    return out;
+  }
+}
+
+/** Conv2d(3, hidden, kernel = stride = patch): weight [hidden, 3, patch, patch], bias [hidden]. */
+class PatchEmbedding extends Module {
+  weight: Tensor;
+  bias: Tensor;
+
+  constructor(hidden: number, patch: number, options: LayerOptions) {
+    super();
+    const zeros = (shape: number[]) => (o: TensorOptions) => tensor(new Float32Array(shape.reduce((a, b) => a * b, 1)), { ...o, shape });
+    this.weight = this.param("weight", newParameter([hidden, 3, patch, patch], options, zeros([hidden, 3, patch, patch])))!;
+    this.bias = this.param("bias", newParameter([hidden], { ...options, dtype: "float32" }, zeros([hidden])))!;
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "weight") this.weight = value;
+    else if (local === "bias") this.bias = value;
+  }
+
+  /** Patches [N, 3 * patch * patch] (each in (channel, row, column) order) -> [N, hidden]: the conv as a matmul. */
+  forward(patches: Tensor): Tensor {
+    const [h] = this.weight.shape as [number];
+    const w = this.weight.reshape(h, this.weight.numel / h);
+    const out = linear(patches, w, this.bias);
+    if (w !== this.weight) w.dispose();
+    return out;
+  }
+}
+
+class SiglipEmbeddings extends Module {
+  readonly patchEmbedding: PatchEmbedding;
+  readonly positionEmbedding: Embedding;
+
+  constructor(private readonly cfg: Gemma3VisionConfig, options: LayerOptions) {
+    super();
+    const side = cfg.imageSize / cfg.patchSize;
+    this.patchEmbedding = this.module("patch_embedding", new PatchEmbedding(cfg.hiddenSize, cfg.patchSize, { ...options, dtype: "float32" }));
+    this.positionEmbedding = this.module("position_embedding", new Embedding(side * side, cfg.hiddenSize, { ...options, dtype: "float32" }));
+  }
+
+  /** pixel_values [3, S, S] -> patch embeddings plus position embeddings [N, hidden], patches row-major. */
+  forward(pixels: Float32Array): Tensor {
+    const { patchSize: p, imageSize: S } = this.cfg;
+    const side = S / p;
+    const K = 3 * p * p;
+    // each patch's pixels in the conv weight's (channel, row, column) order
+    const patches = new Float32Array(side * side * K);
+    for (let py = 0; py < side; py++)
+      for (let px = 0; px < side; px++) {
+        const base = (py * side + px) * K;
+        for (let c = 0; c < 3; c++)
+          for (let ky = 0; ky < p; ky++) {
+            const src = c * S * S + (py * p + ky) * S + px * p;
+            patches.set(pixels.subarray(src, src + p), base + c * p * p + ky * p);
+          }
+      }
+    const x = tensor(patches, { shape: [side * side, K], device: this.positionEmbedding.weight.device });
+    const e = this.patchEmbedding.forward(x);
+    const out = add(e, this.positionEmbedding.weight);
+    x.dispose();
+    e.dispose();
+    return out;
+  }
+}
+
+/** HF SiglipVisionTransformer as Gemma 3 uses it: embeddings, encoder, post_layernorm (no pooling head). */
+export class SiglipVisionTransformer extends Module {
+  readonly embeddings: SiglipEmbeddings;
+  readonly layers: SiglipEncoderLayer[] = [];
+  readonly postLayernorm: LayerNorm;
+
+  constructor(cfg: Gemma3VisionConfig, options: LayerOptions = {}) {
+    super();
+    this.embeddings = this.module("embeddings", new SiglipEmbeddings(cfg, options));
+    const encoder = this.module("encoder", new Module());
+    const holder = encoder.addModule("layers", new Module());
+    for (let i = 0; i < cfg.numLayers; i++) this.layers.push(holder.addModule(String(i), new SiglipEncoderLayer(cfg, options)));
+    this.postLayernorm = this.module("post_layernorm", new LayerNorm(cfg.hiddenSize, cfg.layerNormEps, {}, options));
+  }
+
+  /** pixel_values [3, S, S] -> last_hidden_state [N patches, hidden]. */
+  forward(pixels: Float32Array): Tensor {
+    let h = this.embeddings.forward(pixels);
+    for (const layer of this.layers) {
+      const next = layer.forward(h);
+      h.dispose();
+      h = next;
+    }
+    const out = this.postLayernorm.forward(h);
+    h.dispose();
+    return out;
+  }
+}
+
+/**
+ * Gemma3MultiModalProjector: the patch grid average-pooled to sqrt(mm_tokens) a side, Gemma's (1 + w) RMSNorm
+ * (`mm_soft_emb_norm`), then `mm_input_projection_weight` [vision hidden, text hidden] (x @ W, no transpose).
+ */
+export class Gemma3MultiModalProjector extends Module {
+  projection: Tensor; // [vision hidden, text hidden]
+  readonly norm: RMSNorm;
+
+  constructor(private readonly cfg: Gemma3VisionConfig, options: LayerOptions = {}) {
+    super();
+    const { hiddenSize: vh, textHiddenSize: th } = cfg;
+    this.projection = this.param("mm_input_projection_weight", newParameter([vh, th], options, (o: TensorOptions) => tensor(new Float32Array(vh * th), { ...o, shape: [vh, th] })))!;
+    this.norm = this.module("mm_soft_emb_norm", new RMSNorm(vh, cfg.layerNormEps, options, 1));
+  }
+
+  protected override onParameterReplaced(local: string, value: Tensor): void {
+    if (local === "mm_input_projection_weight") this.projection = value;
+  }
+
+  /** Vision outputs [N patches, vision hidden] -> image embeddings [mm_tokens_per_image, text hidden]. */
+  forward(x: Tensor): Tensor {
+    const side = this.cfg.imageSize / this.cfg.patchSize;
+    const tokSide = Math.round(Math.sqrt(this.cfg.mmTokensPerImage));
+    const k = side / tokSide;
+    const vh = this.cfg.hiddenSize;
+    // patches (row, column) row-major: rows split into (token row, kernel row), columns likewise
+    const grid = x.reshape(tokSide, k, tokSide, k, vh);
+    const pooledGrid = grid.mean([1, 3]); // [tokSide, tokSide, vh]
+    const pooled = pooledGrid.reshape(tokSide * tokSide, vh);
+    const normed = this.norm.forward(pooled);
+    const w = this.projection.dtype === "float32" ? this.projection : this.projection.to("float32");
+    const out = matmul(normed, w);
+    for (const t of [grid, pooledGrid, pooled, normed]) if (t !== x) t.dispose();
+    if (w !== this.projection) w.dispose();
+    return out;
+  }
+}
+
+/** Gemma 3's vision side as one module: `vision_tower.vision_model.*` and `multi_modal_projector.*`. */
+export class Gemma3Vision extends Module {
+  readonly visionModel: SiglipVisionTransformer;
+  readonly projector: Gemma3MultiModalProjector;
+
+  constructor(readonly config: Gemma3VisionConfig, options: LayerOptions = {}) {
+    super();
+    const tower = this.module("vision_tower", new Module());
+    this.visionModel = tower.addModule("vision_model", new SiglipVisionTransformer(config, options));
+    this.projector = this.module("multi_modal_projector", new Gemma3MultiModalProjector(config, options));
+  }
+
+  /** One image's pixel_values [3, S, S] -> its embeddings [mm_tokens_per_image, text hidden] (float32, host). */
+  encode(pixels: Float32Array): Float32Array {
+    const S = this.config.imageSize;
+    if (pixels.length !== 3 * S * S) throw new VisionConfigError(`[vision] pixel_values must be [3, ${S}, ${S}], got ${pixels.length} values`);
+    return noGrad(() => {
+      const h = this.visionModel.forward(pixels);
+      const e = this.projector.forward(h);
+      const out = Float32Array.from(e.dataSync() as Float32Array);
+      h.dispose();
+      e.dispose();
+      return out;
+    });
+  }
+}
+
+/** The dtype a vision parameter loads as: the linear layers' matrices in the model dtype, everything else float32. */
+export function visionParamDtype(name: string, modelDtype: "float32" | "bfloat16"): "float32" | "bfloat16" {
+  return /(_proj|fc[12])\.weight$/.test(name) && !name.endsWith("mm_input_projection_weight") ? modelDtype : "float32";
+}
