@@ -89,6 +89,7 @@ export class AsyncLLM implements EngineClient {
       cacheSalt: options.cacheSalt ?? null,
       loraRequest: options.loraRequest ?? null,
       kvTransfer: options.kvTransfer ?? null,
+      ...(options.mmFeatures ? { mmFeatures: options.mmFeatures } : {}),
     });
     const stream: Stream = { queue: [], wake: null, done: false, error: null };
     this.streams.set(requestId, stream);

@@ -23,7 +23,7 @@ import { EngineInputError, EngineRequestIdError } from "./errors.js";
 import { KvCacheManager } from "./kv-cache-manager.js";
 import { LoraManager, type LoraConfig, type LoraRequest } from "./lora-manager.js";
 import { LoraError } from "../models/lora.js";
-import { isPoolingType, type FedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
+import { isPoolingType, type MultiModalFeature, type FedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 import { Request, finishReasonOf } from "./request.js";
 import { Rng } from "./rng.js";
 import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, type SamplingRow } from "./sampler.js";
@@ -226,6 +226,8 @@ export interface EngineRequestInput {
    * prompt, written into its blocks instead of computing them. Needs a runner that moves K/V.
    */
   kvTransfer?: { export?: boolean; import?: KvSnapshot | null } | null;
+  /** The prompt's images (the runner must serve an image-text model: ModelRunner.supportsImages). */
+  mmFeatures?: readonly MultiModalFeature[];
 }
 
 /** A user request: n > 1 fans out into n child Requests. */
@@ -437,6 +439,18 @@ export class EngineCore {
     return this.poolingTask === "classify" ? this.runner.classifier!.useSepToken : null;
   }
 
+  /** A request's images: a runner that reads them, each inside the prompt, in order and apart, the prompt not truncated. */
+  private checkMmFeatures(mm: readonly MultiModalFeature[], prompt: readonly number[], truncate: number | null): void {
+    if (this.runner.supportsImages !== true) throw new EngineInputError("multi_modal_data", "At most 0 image(s) may be provided in one prompt.");
+    if (truncate !== null && prompt.length > truncate) throw new EngineInputError("truncate_prompt_tokens", "a prompt with images cannot be truncated");
+    let end = 0;
+    for (const f of mm) {
+      if (!Number.isInteger(f.offset) || !Number.isInteger(f.length) || f.length < 1 || f.offset < end || f.offset + f.length > prompt.length)
+        throw new EngineInputError("multi_modal_data", `image positions [${f.offset}, ${f.offset + f.length}) are not inside the prompt after the previous image's`);
+      end = f.offset + f.length;
+    }
+  }
+
   /**
    * Validates and queues a request. Throws {@link EngineInputError} (naming the parameter) for bad input;
    * nothing is queued then and other requests are unaffected.
@@ -461,6 +475,8 @@ export class EngineCore {
     for (const t of prompt)
       if (!Number.isInteger(t) || t < 0 || t >= vocab)
         throw new EngineInputError("prompt_token_ids", `token id ${t} is out of vocabulary range [0, ${vocab})`);
+    const mm = input.mmFeatures ?? [];
+    if (mm.length > 0) this.checkMmFeatures(mm, prompt, params.truncatePromptTokens);
     if (params.truncatePromptTokens !== null && prompt.length > params.truncatePromptTokens)
       prompt = prompt.slice(prompt.length - params.truncatePromptTokens);
     const maxLen = this.args.maxModelLen;
@@ -521,6 +537,7 @@ export class EngineCore {
           lora,
           badWordsTokenIds,
           detokenizer: this.createDetokenizer?.(prompt, childParams) ?? null,
+          ...(mm.length > 0 ? { mmFeatures: mm } : {}),
         }),
       );
     }

@@ -184,6 +184,7 @@ async function main(): Promise<void> {
             arrivalTime: m.arrivalTime,
             loraRequest: m.loraRequest,
             kvTransfer: m.kvTransfer,
+            mmFeatures: m.mmFeatures,
           });
           seqOfRequest.set(m.requestId, m.seq);
           sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false });

@@ -6,6 +6,7 @@ import type { ReasoningParserName } from "./reasoning.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
 import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
 import type { KvSnapshot } from "./kv-transfer.js";
+import type { MultiModalFeature } from "./model-runner.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 import type { ServingArgs } from "./serving.js";
 import type { ResolvedEngineArgs } from "./engine-core.js";
@@ -34,6 +35,8 @@ export type ToWorker =
       arrivalTime: number;
       loraRequest: LoraRequest | null;
       kvTransfer: { export?: boolean; import?: KvSnapshot | null } | null;
+      /** The prompt's images (their pixels cloned into the worker). */
+      mmFeatures: readonly MultiModalFeature[];
     }
   /** Every stream of one abort call, so that aborting a many-input request is one message (and one worker turn). */
   | { type: "abort"; seqs: number[] }

@@ -1,7 +1,8 @@
 // Per-request block tables over the BlockPool, and the prefix-cache lookups (vLLM v1 core/kv_cache_manager.py).
 // Block hash chain: h_i = sha256(h_{i-1} || token ids of block i || extra keys), with the root parent a fixed
 // constant so hashes are stable across processes (the router can match them). Extra keys: the LoRA id on
-// every block, the cache salt on the first block only (it then propagates through the chain, as in vLLM).
+// every block, the cache salt on the first block only (it then propagates through the chain, as in vLLM), and the
+// content hash of each image whose placeholder positions the block holds.
 import { createHash } from "node:crypto";
 import { BlockPool, type BlockHash, type KvCacheBlock } from "./block-pool.js";
 import type { KvCacheEvent } from "./kv-events.js";
@@ -90,7 +91,7 @@ export class KvCacheManager {
     const hashes = request.blockHashes;
     for (let i = hashes.length; i < full; i++) {
       const parent = i === 0 ? ROOT_BLOCK_HASH : hashes[i - 1]!;
-      const extra = extraKeysOf(request, i);
+      const extra = extraKeysOf(request, i, bs);
       hashes.push(hashBlockTokens(parent, request.allTokenIds.slice(i * bs, (i + 1) * bs), extra));
     }
   }
@@ -178,8 +179,15 @@ export class KvCacheManager {
   }
 }
 
-function extraKeysOf(request: Pick<Request, "lora" | "cacheSalt">, blockIndex: number): string | null {
+/** What a block's hash reads of its request besides the token ids. */
+type HashedRequest = Pick<Request, "lora" | "cacheSalt"> & { mmFeatures?: Request["mmFeatures"] };
+
+function extraKeysOf(request: HashedRequest, blockIndex: number, blockSize: number): string | null {
   const parts: string[] = [];
+  // the images whose positions the block holds, by content (vLLM's mm_hash): the same placeholder tokens of two
+  // different images never share K/V
+  const from = blockIndex * blockSize, to = from + blockSize;
+  for (const f of request.mmFeatures ?? []) if (f.offset < to && f.offset + f.length > from) parts.push(`mm:${f.hash}`);
   // id, name and path (vLLM hashes the name): an id reused for another adapter, or an adapter reloaded in place
   // under a new id, never reads blocks another adapter's weights computed
   const lora = request.lora;
@@ -196,10 +204,10 @@ function extraKeysOf(request: Pick<Request, "lora" | "cacheSalt">, blockIndex: n
 export function chainBlockHashes(
   tokenIds: readonly number[],
   blockSize: number,
-  extra: Pick<Request, "lora" | "cacheSalt"> = { lora: null, cacheSalt: null },
+  extra: HashedRequest = { lora: null, cacheSalt: null },
 ): BlockHash[] {
   const out: BlockHash[] = [];
   for (let i = 0; (i + 1) * blockSize <= tokenIds.length; i++)
-    out.push(hashBlockTokens(i === 0 ? ROOT_BLOCK_HASH : out[i - 1]!, tokenIds.slice(i * blockSize, (i + 1) * blockSize), extraKeysOf(extra, i)));
+    out.push(hashBlockTokens(i === 0 ? ROOT_BLOCK_HASH : out[i - 1]!, tokenIds.slice(i * blockSize, (i + 1) * blockSize), extraKeysOf(extra, i, blockSize)));
   return out;
 }

@@ -7,7 +7,7 @@ import { EngineCore, type EngineArgs } from "./engine-core.js";
 import { EngineInputError } from "./errors.js";
 import { KilnError } from "../util/errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
-import type { ModelRunner } from "./model-runner.js";
+import type { ModelRunner, MultiModalFeature } from "./model-runner.js";
 import { generationConfigDefaults } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
@@ -39,7 +39,8 @@ export interface ScoringOutput {
 }
 
 /** A prompt as text (tokenized with special tokens) or as token ids. */
-export type PromptInput = string | { promptTokenIds: number[]; prompt?: string };
+/** A prompt's text, or its token ids (with its images' features for an image-text model: EngineRequestInput.mmFeatures). */
+export type PromptInput = string | { promptTokenIds: number[]; prompt?: string; mmFeatures?: readonly MultiModalFeature[] };
 
 /**
  * Either a model path with vLLM-named engine arguments, or pre-built parts (tests, custom runners); both take
@@ -136,7 +137,7 @@ export class LLM {
         const input =
           typeof p === "string"
             ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
-            : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds };
+            : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
         const sp = Array.isArray(params) ? params[i]! : params;
         const lora = Array.isArray(options.loraRequest) ? options.loraRequest[i] : options.loraRequest;
         this.engine.sampler.validateParams(sp);

@@ -5,6 +5,19 @@ import type { ClassifierConfig } from "../models/hf-config.js";
 import type { LoraSlots } from "../models/lora-slots.js";
 import type { KvLayout } from "./kv-transfer.js";
 
+/**
+ * One image of a request's prompt (vLLM's MultiModalFeatureSpec): its processed pixels and the run of prompt
+ * positions [offset, offset + length) whose input embeddings are the image's features (Gemma 3's `<image_soft_token>`s).
+ */
+export interface MultiModalFeature {
+  /** Content hash of the image (vLLM's mm_hash): keys its features in the encoder cache and its KV blocks in the prefix cache. */
+  hash: string;
+  offset: number;
+  length: number;
+  /** The model's processed input: Gemma 3's pixel_values [3, S, S]. */
+  pixelValues: Float32Array;
+}
+
 /** One request's share of a step. Positions of `tokenIds` are startPosition .. startPosition+tokenIds.length-1. */
 export interface ScheduledSequence {
   requestId: string;
@@ -27,6 +40,8 @@ export interface ScheduledSequence {
   needsPromptLogits: boolean;
   /** The LoRA slot its tokens use (runner.lora), -1 or absent for none. */
   loraSlot?: number;
+  /** The request's images (absent: none): the step's tokens inside one take their input embeddings from its features. */
+  mmFeatures?: readonly MultiModalFeature[];
 }
 
 export interface ScheduledBatch {
@@ -107,6 +122,8 @@ export interface ModelRunner {
   readonly vocabSize: number;
   /** The model's LoRA slots, when it serves adapters (EngineArgs.lora). */
   readonly lora?: LoraSlots | null;
+  /** Whether the model reads images (ScheduledSequence.mmFeatures): an image-text model. */
+  readonly supportsImages?: boolean;
   /** Whether execute() serves pooling batches (ScheduledBatch.pooling). */
   readonly supportsPooling?: boolean;
   /** A sequence classifier's head (the model is a *ForSequenceClassification), or null/absent. */

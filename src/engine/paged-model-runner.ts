@@ -10,7 +10,8 @@ import { CaptureError } from "../util/errors.js";
 import { weightTensors } from "../nn/quantized-linear.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
 import type { KvLayout } from "./kv-transfer.js";
-import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
+import type { Gemma3Vision } from "../models/siglip.js";
+import { fillFedTokens, type MultiModalFeature, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 
 /**
  * Weights up to this size move onto huge pages at start-up (Backend.moveToHugePages). Measured decode gains: SmolLM-135M
@@ -30,6 +31,9 @@ export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
  * (e4m3fn, e5m2; values stored unscaled, vLLM's default k_scale = v_scale = 1.0) quarter them.
  */
 export type KvCacheDtype = "float32" | "bfloat16" | "fp8_e4m3" | "fp8_e5m2";
+
+/** Images whose embeddings the encoder cache keeps (each mm_tokens_per_image x hidden floats: 2.6 MB for gemma-3-4b). */
+const ENCODER_CACHE_IMAGES = 64;
 
 /** The tensor dtype a KV cache of this type is allocated as. */
 const KV_TENSOR_DTYPE: Record<KvCacheDtype, DType> = {
@@ -134,6 +138,14 @@ export class PagedModelRunner implements ModelRunner {
   /** LoRA slots on the model's projections (enableLora), or null. */
   lora: LoraSlots | null = null;
   readonly supportsPooling = true;
+  /** Gemma 3's vision tower and projector (an image-text checkpoint), or null: the model reads text only. */
+  vision: Gemma3Vision | null = null;
+  /** Encoded images by content hash (vLLM's encoder cache), least recently used first. */
+  private readonly encoderCache = new Map<string, Float32Array>();
+
+  get supportsImages(): boolean {
+    return this.vision !== null;
+  }
   /**
    * Called with each eager step's flat inputs before its forward (tensor parallelism: rank 0 broadcasts them so that
    * every rank runs the same forward on its shard; see tensor-parallel.ts). Default none.
@@ -240,8 +252,10 @@ export class PagedModelRunner implements ModelRunner {
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     if (this.kvReleased || this.weightsReleased) throw new Error(`[runner] a step while the ${this.kvReleased ? "KV cache" : "weights"} are released (the engine is asleep)`);
+    // image rows take their embeddings from the vision tower: such steps run eagerly (the graphs embed token ids)
+    const imageRows = this.imageRows(batch);
     // pooling steps (prompts only, compute-bound) run eagerly: the graphs return logits, not hidden rows
-    const replay = batch.pooling === undefined ? (this.graphs?.launch(batch) ?? null) : null;
+    const replay = batch.pooling === undefined && imageRows === null ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
       const wait = (): RunnerOutput => {
         const { logits, tokenIds } = replay.wait();
@@ -255,7 +269,7 @@ export class PagedModelRunner implements ModelRunner {
     this.onStepInputs?.(inputs); // tensor parallelism: the other ranks run the same forward
 
     return noGrad(() => {
-      const hidden = this.forwardInputs(inputs);
+      const hidden = this.forwardInputs(inputs, imageRows);
       const pooling = batch.pooling;
       if (pooling !== undefined) {
         const h = hidden.dataSync() as Float32Array; // [T, H], final-normed
@@ -285,8 +299,52 @@ export class PagedModelRunner implements ModelRunner {
     });
   }
 
+  /**
+   * The batch rows inside an image and their embeddings (rows [R], values [R, hidden]), or null when the step holds
+   * none. Each image is encoded once (vision tower + projector) and kept by content hash in the encoder cache.
+   */
+  private imageRows(batch: ScheduledBatch): { rows: Int32Array; values: Float32Array } | null {
+    if (!batch.sequences.some((s) => s.mmFeatures !== undefined)) return null;
+    const rows: number[] = [];
+    const parts: Float32Array[] = [];
+    let at = 0;
+    for (const s of batch.sequences) {
+      const start = s.startPosition, end = start + s.tokenIds.length;
+      for (const f of s.mmFeatures ?? []) {
+        const lo = Math.max(start, f.offset), hi = Math.min(end, f.offset + f.length);
+        if (lo >= hi) continue;
+        const features = this.imageFeatures(f);
+        const H = features.length / f.length;
+        for (let p = lo; p < hi; p++) rows.push(at + p - start);
+        parts.push(features.subarray((lo - f.offset) * H, (hi - f.offset) * H));
+      }
+      at += s.tokenIds.length;
+    }
+    if (rows.length === 0) return null;
+    const values = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+    parts.reduce((o, p) => (values.set(p, o), o + p.length), 0);
+    return { rows: Int32Array.from(rows), values };
+  }
+
+  /** One image's embeddings [length, hidden]: from the encoder cache, or encoded now (and cached, oldest evicted). */
+  private imageFeatures(f: MultiModalFeature): Float32Array {
+    const cached = this.encoderCache.get(f.hash);
+    if (cached !== undefined) {
+      this.encoderCache.delete(f.hash); // most recently used last
+      this.encoderCache.set(f.hash, cached);
+      return cached;
+    }
+    if (this.vision === null) throw new Error("[runner] a step holds image tokens but the model has no vision tower");
+    const features = this.vision.encode(f.pixelValues);
+    if (features.length !== f.length * this.model.config.hiddenSize)
+      throw new Error(`[runner] the image encodes to ${features.length / this.model.config.hiddenSize} rows, its placeholder holds ${f.length}`);
+    this.encoderCache.set(f.hash, features);
+    while (this.encoderCache.size > ENCODER_CACHE_IMAGES) this.encoderCache.delete(this.encoderCache.keys().next().value!);
+    return features;
+  }
+
   /** Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this). */
-  forwardInputs(inputs: StepInputs): Tensor {
+  forwardInputs(inputs: StepInputs, imageRows: { rows: Int32Array; values: Float32Array } | null = null): Tensor {
     return noGrad(() => {
       const dev = this.model.device;
       const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
@@ -300,8 +358,13 @@ export class PagedModelRunner implements ModelRunner {
         ...(inputs.loraSlots === null ? {} : { loraSlots: t(inputs.loraSlots) }),
       };
       const idsT = t(inputs.ids);
-      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
+      const embeds = imageRows === null ? null : {
+        rows: t(imageRows.rows),
+        values: tensor(imageRows.values, { device: dev, shape: [imageRows.rows.length, imageRows.values.length / imageRows.rows.length] }),
+      };
+      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches }, embeds);
       idsT.dispose();
+      if (embeds !== null) for (const x of Object.values(embeds)) x.dispose();
       for (const x of Object.values(ctxTensors)) x.dispose();
       return hidden;
     });

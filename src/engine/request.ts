@@ -8,6 +8,7 @@ import { Rng } from "./rng.js";
 import type { LoraRequest } from "./lora-manager.js";
 import type { RequestGrammar } from "./structured-output.js";
 import type { KvSnapshot } from "./kv-transfer.js";
+import type { MultiModalFeature } from "./model-runner.js";
 
 export type RequestStatus =
   | "WAITING"
@@ -51,6 +52,8 @@ export interface RequestInit {
   /** bad_words already tokenized: each entry a token sequence. */
   badWordsTokenIds?: number[][];
   detokenizer?: IncrementalDetokenizerLike | null;
+  /** The prompt's images, in prompt order (their runs of positions do not overlap). */
+  mmFeatures?: readonly MultiModalFeature[];
 }
 
 export class Request {
@@ -70,6 +73,8 @@ export class Request {
   readonly cacheSalt: string | null;
   readonly lora: LoraRequest | null;
   readonly badWordsTokenIds: number[][];
+  /** The prompt's images (none for a text prompt). */
+  readonly mmFeatures: readonly MultiModalFeature[];
   /** Per-request generator when seeded; null = the engine's shared generator. */
   readonly generator: Rng | null;
 
@@ -132,6 +137,7 @@ export class Request {
     this.cacheSalt = init.cacheSalt ?? null;
     this.lora = init.lora ?? null;
     this.badWordsTokenIds = init.badWordsTokenIds ?? [];
+    this.mmFeatures = init.mmFeatures ?? [];
     this.generator = init.params.seed === null ? null : new Rng(init.params.seed);
     this.detokenizer = init.detokenizer ?? null;
     this.logprobs = init.params.logprobs === null ? null : [];

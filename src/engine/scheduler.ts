@@ -273,6 +273,7 @@ export class Scheduler {
       ...(numSpec > 0 ? { numSpecTokens: numSpec } : {}),
       needsPromptLogits: req.promptLogprobs !== null && start < req.numPromptTokens - 1,
       newBlockIds: newBlocks.getBlockIds(),
+      ...(req.mmFeatures.length > 0 ? { mmFeatures: req.mmFeatures } : {}),
     };
   }
 

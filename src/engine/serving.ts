@@ -29,6 +29,11 @@ import { startTensorParallel, type TpLeader } from "./tensor-parallel.js";
 export interface ServingArgs {
   model: string;
   /**
+   * vLLM's --limit-mm-per-prompt, parsed: the most items of each modality one prompt may carry (default 999 each, as
+   * vLLM). {"image": 0} serves an image-text checkpoint text-only, its vision tower left unread.
+   */
+  limitMmPerPrompt?: Record<string, number>;
+  /**
    * vLLM's --kv-events-config, parsed (kv-events.ts): the engine records its prefix-cache blocks stored and evicted
    * and the worker publishes each step's batch over NATS. Default none.
    */
@@ -169,7 +174,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true, enableSleepMode: true,
+  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -254,6 +259,9 @@ function checkKvCacheDtype(arg: ServingArgs["kvCacheDtype"]): void {
 }
 
 /** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32; fp8: e4m3). */
+/** vLLM's default --limit-mm-per-prompt for every modality. */
+export const DEFAULT_MM_LIMIT = 999;
+
 export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCacheDtype"]): KvCacheDtype {
   checkKvCacheDtype(arg);
   const want = arg ?? "auto";
@@ -444,10 +452,14 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
   const { numBlocks, maxModelLen, blockSize, kvCacheDtype } = sizeKvCache(loaded, args);
   prepareWeights(loaded, maxModelLen);
   const runner = new PagedModelRunner(loaded.model, { numBlocks, blockSize, dtype: kvCacheDtype });
+  if (loaded.vision !== undefined) {
+    if (tp !== null) throw new EngineInputError("tensor_parallel_size", "image inputs are not supported with tensor parallelism (serve with --limit-mm-per-prompt '{\"image\": 0}')");
+    runner.vision = loaded.vision;
+  }
   // sleep level 2 reads the checkpoint again on wake-up (random weights would come back other ones)
   if (args.enableSleepMode === true && args.loadFormat !== "dummy" && tp === null) {
     runner.weightLoader = () => {
-      const again = loadLocalModel(loaded.path, { ...loadOptions(args), deferTokenizerBuild: true });
+      const again = loadLocalModel(loaded.path, { ...loadOptions(args), deferTokenizerBuild: true, loadVision: false }); // (the vision tower stays)
       prepareWeights(again, maxModelLen);
       return again.model;
     };
@@ -571,8 +583,9 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
-function loadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides"> {
+function loadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision"> {
   return {
+    loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
     quantization: args.quantization,
     revision: args.revision,

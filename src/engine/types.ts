@@ -4,6 +4,7 @@ import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { StructuredOutputsParams } from "./structured-output.js";
 import type { KvSnapshot } from "./kv-transfer.js";
+import type { MultiModalFeature } from "./model-runner.js";
 import type { ResolvedEngineArgs } from "./engine-core.js";
 import type { PauseMode, SleepLevel, WakeTag, SleepStatus } from "./sleep-mode.js";
 
@@ -130,6 +131,8 @@ export interface GenerateOptions {
   loraRequest?: LoraRequest | null;
   /** P/D disaggregation: export the prompt's K/V when it finishes, or import a prefill engine's (kv-transfer.ts). */
   kvTransfer?: { export?: boolean; import?: KvSnapshot | null } | null;
+  /** The prompt's images (an image-text model): processed pixels and the prompt positions each one fills. */
+  mmFeatures?: readonly MultiModalFeature[];
 }
 
 /** What the server needs from an engine: implemented by AsyncLLM. */

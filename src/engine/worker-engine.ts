@@ -253,6 +253,7 @@ export class WorkerEngine implements EngineClient {
       arrivalTime: Date.now(),
       loraRequest: options.loraRequest ?? null,
       kvTransfer: options.kvTransfer ?? null,
+      mmFeatures: options.mmFeatures ?? [],
     });
     return this.iterate(stream);
   }

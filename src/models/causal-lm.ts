@@ -9,7 +9,7 @@ import {
   type ForwardContext, type LayerOptions, type TensorParallel,
 } from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
-import { add, crossEntropy, disposeQuantizedActivations, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
+import { add, crossEntropy, disposeQuantizedActivations, indexCopyInto, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
 import type { ModelConfig } from "./hf-config.js";
 
 /** What a family changes in the shared decoder. */
@@ -246,9 +246,21 @@ export class CausalLM extends Module {
     this.rotary.setContextLength(n);
   }
 
-  /** Token ids [T] (int32) with their context -> final hidden states [T, hidden]. */
-  forward(ids: Tensor, ctx: ForwardContext): Tensor {
+  /**
+   * Token ids [T] (int32) with their context -> final hidden states [T, hidden]. `embeds`: input embeddings that
+   * replace the token embeddings of some rows (an image's features at its placeholder tokens, unscaled, as HF's
+   * masked_scatter puts them): rows int32 [R], values float32 [R, hidden].
+   */
+  forward(ids: Tensor, ctx: ForwardContext, embeds?: { rows: Tensor; values: Tensor } | null): Tensor {
     let h = this.model.embedTokens.forward(ids);
+    if (embeds) {
+      if (h.dtype !== "float32") {
+        const f = h.to("float32");
+        h.dispose();
+        h = f;
+      }
+      indexCopyInto(h, 0, embeds.rows, embeds.values);
+    }
     for (const layer of this.model.layers) {
       const next = layer.forward(h, ctx);
       h.dispose();

@@ -15,10 +15,15 @@ export function detectContentFormat(template: string): "string" | "openai" {
   return CONTENT_LOOP.test(template) ? "openai" : "string";
 }
 
-/** A template's messages: content as given ("string"), or as OpenAI text parts ("openai"; null is no parts, as vLLM). */
+/**
+ * A template's messages: content as given ("string"), or as OpenAI content parts ("openai": the message's own parts,
+ * images as {type: "image"}, else one text part; null is no parts, as vLLM).
+ */
 export function messagesForTemplate(messages: ChatMessage[], format: "string" | "openai"): unknown[] {
-  if (format === "string") return messages;
-  return messages.map((m) => ({ ...m, content: m.content === null ? [] : [{ type: "text", text: m.content }] }));
+  return messages.map(({ contentParts, ...m }) => {
+    if (format === "string") return m;
+    return { ...m, content: contentParts ?? (m.content === null ? [] : [{ type: "text", text: m.content }]) };
+  });
 }
 
 /** What a server gives every chat render unless the request says otherwise. */

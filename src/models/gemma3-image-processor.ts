@@ -1,6 +1,7 @@
 // Gemma 3's image processor (HF Gemma3ImageProcessor with its defaults, pan-and-scan off): RGB pixels resized to
 // image_size x image_size (PIL bilinear), rescaled by 1/255 and normalised with mean 0.5 and std 0.5 per channel, as
 // channel-first float32 pixel_values [3, size, size]. And the prompt text one image stands for (processing_gemma3.py).
+import { createHash } from "node:crypto";
 import { decodeImage, resizeBilinear, type RgbImage } from "./image-decode.js";
 
 /** Gemma 3's processor settings (preprocessor_config.json's defaults). */
@@ -54,4 +55,52 @@ export function expandGemma3ImageTokens(prompt: string, numImages: number, mmTok
   if (parts.length - 1 !== numImages)
     throw new RangeError(`the prompt has ${parts.length - 1} ${GEMMA3_BOI} placeholder(s) for ${numImages} image(s)`);
   return parts.join(gemma3FullImageSequence(mmTokensPerImage));
+}
+
+/** One image of a prompt: the runs of positions its embeddings fill (the engine's MultiModalFeature). */
+export interface ImageFeatureSpec {
+  /** sha256 of the processed pixels and the processor settings (vLLM's mm_hash: equal images share it). */
+  hash: string;
+  offset: number;
+  length: number;
+  pixelValues: Float32Array;
+}
+
+/** What an image-text Gemma 3 model takes of each image: its processor's settings and the image token's id. */
+export interface Gemma3ImageInputSpec {
+  processor: Gemma3ImageProcessorConfig;
+  mmTokensPerImage: number;
+  imageTokenIndex: number;
+}
+
+/**
+ * A rendered chat prompt with one `<start_of_image>` per image: its token ids with each image expanded as
+ * Gemma3Processor does, and each image's processed pixels at the run of `<image_soft_token>` positions it fills.
+ * `encode` tokenizes without adding special tokens (the template wrote `<bos>`).
+ */
+export function gemma3ImagePrompt(
+  prompt: string, pixelValues: readonly Float32Array[], spec: Gemma3ImageInputSpec, encode: (text: string) => number[],
+): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
+  const promptText = expandGemma3ImageTokens(prompt, pixelValues.length, spec.mmTokensPerImage);
+  const ids = encode(promptText);
+  const features: ImageFeatureSpec[] = [];
+  for (let i = 0; i < ids.length; i++) {
+    if (ids[i] !== spec.imageTokenIndex) continue;
+    let j = i;
+    while (j < ids.length && ids[j] === spec.imageTokenIndex) j++;
+    const pixels = pixelValues[features.length];
+    if (pixels === undefined || j - i !== spec.mmTokensPerImage)
+      throw new RangeError(`the prompt's image token runs do not match its ${pixelValues.length} image(s) of ${spec.mmTokensPerImage} tokens (a prompt text may not contain ${GEMMA3_IMAGE_TOKEN})`);
+    features.push({ hash: imageHash(pixels, spec.processor), offset: i, length: j - i, pixelValues: pixels });
+    i = j - 1;
+  }
+  if (features.length !== pixelValues.length) throw new RangeError(`the prompt holds ${features.length} image token runs for ${pixelValues.length} image(s)`);
+  return { promptText, promptTokenIds: ids, features };
+}
+
+function imageHash(pixels: Float32Array, cfg: Gemma3ImageProcessorConfig): string {
+  const h = createHash("sha256");
+  h.update(JSON.stringify(cfg));
+  h.update(new Uint8Array(pixels.buffer, pixels.byteOffset, pixels.byteLength));
+  return h.digest("hex");
 }

@@ -15,6 +15,8 @@ import { FAMILIES, ModelLoadError } from "./loader.js";
 import { fuseGptOssExperts, gptOssGgufExpertTensors, isGptOssFusedExpertTensor } from "./gpt-oss-experts.js";
 import { inspectModelDir } from "./model-dir.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
+import { GEMMA3_BOI, GEMMA3_EOI, GEMMA3_IMAGE_TOKEN } from "./gemma3-image-processor.js";
+import { Gemma3Vision, parseGemma3VisionConfig } from "./siglip.js";
 
 type Json = Record<string, unknown>;
 
@@ -99,6 +101,13 @@ export interface InitModelOptions {
    * checkpoints), rounded as --quantization mxfp4 rounds; default false (the HF float layout).
    */
   mxfp4Experts?: boolean;
+  /**
+   * Gemma 3 (architecture Gemma3ForCausalLM) as an image-text checkpoint, Gemma3ForConditionalGeneration: the text
+   * config nested as text_config, this vision_config (HF's SigLIP defaults for what it leaves out) and
+   * mm_tokens_per_image, a random vision tower and projector, and the text weights under `language_model.`
+   * (transformers before 4.52) or `model.language_model.` ("new"). The tokenizer must hold Gemma 3's image tokens.
+   */
+  vision?: { visionConfig: Json; mmTokensPerImage: number; layout?: "old" | "new" };
 }
 
 /** Writes a random model directory; returns its config.json object. */
@@ -154,12 +163,46 @@ export function initModel(out: string, options: InitModelOptions): Json {
     if (options.mxfp4Experts === true)
       config.quantization_config = { quant_method: "mxfp4", modules_to_not_convert: ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"] };
   }
-  fs.writeFileSync(path.join(out, "config.json"), JSON.stringify(config, null, 2));
+  const written = options.vision === undefined ? config : imageTextCheckpoint(config, cfg, tokJson, options.vision, tensors, normal, std);
+  fs.writeFileSync(path.join(out, "config.json"), JSON.stringify(written, null, 2));
   writeSafetensors(path.join(out, "model.safetensors"), tensors, { format: "pt" });
   fs.copyFileSync(path.join(options.tokenizerDir, "tokenizer.json"), path.join(out, "tokenizer.json"));
   fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify(tokConfig, null, 2));
   fs.writeFileSync(path.join(out, "generation_config.json"), JSON.stringify({ eos_token_id: eosId ?? undefined, do_sample: false }, null, 2));
   return config;
+}
+
+/**
+ * Gemma3ForConditionalGeneration's config around the text config, with the text tensors renamed in place and the
+ * vision tower's and projector's random tensors added (LayerNorms at scale 1, the projector's (1 + w) norm at w = 0).
+ */
+function imageTextCheckpoint(
+  text: Json, cfg: ModelConfig, tokJson: Json, vision: NonNullable<InitModelOptions["vision"]>, tensors: SafetensorsLazyTensor[], normal: () => number, std: number,
+): Json {
+  if (cfg.architecture !== "Gemma3ForCausalLM") throw new ModelLoadError(`[init] an image-text checkpoint is written for Gemma 3 only, not ${cfg.architecture}`);
+  const ids = [GEMMA3_IMAGE_TOKEN, GEMMA3_BOI, GEMMA3_EOI].map((t) => tokenId(tokJson, t));
+  if (ids.some((id) => id === null)) throw new ModelLoadError(`[init] the tokenizer lacks Gemma 3's image tokens (${GEMMA3_BOI}, ${GEMMA3_IMAGE_TOKEN}, ${GEMMA3_EOI})`);
+  const outer: Json = {
+    architectures: ["Gemma3ForConditionalGeneration"], model_type: "gemma3", torch_dtype: text.torch_dtype, eos_token_id: text.eos_token_id,
+    mm_tokens_per_image: vision.mmTokensPerImage, image_token_index: ids[0], boi_token_index: ids[1], eoi_token_index: ids[2],
+    text_config: { ...text, architectures: undefined }, vision_config: { model_type: "siglip_vision_model", ...vision.visionConfig },
+  };
+  const newLayout = vision.layout === "new";
+  for (const t of tensors)
+    t.name = newLayout ? (t.name.startsWith("model.") ? `model.language_model.${t.name.slice(6)}` : t.name) : `language_model.${t.name}`;
+  const v = new Gemma3Vision(parseGemma3VisionConfig(outer, cfg.hiddenSize), { unallocatedParameters: true });
+  for (const [name, p] of v.namedParameters()) {
+    const n = p.numel;
+    const data = () => {
+      const x = new Float32Array(n);
+      if (/layer_?norm\d?\.weight$/.test(name)) x.fill(1);
+      else if (!name.endsWith("norm.weight")) for (let i = 0; i < n; i++) x[i] = normal() * std;
+      return x;
+    };
+    tensors.push({ name: (newLayout ? "model." : "") + name, dtype: "F32", shape: [...p.shape], data });
+  }
+  for (const [, p] of v.namedParameters()) p.dispose();
+  return outer;
 }
 
 /** Replaces the parts of each of the config's fused tensors (Phi-3's qkv_proj, gate_up_proj) with the fused tensor, in place. */

@@ -10,7 +10,7 @@ import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { fusedParts, hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
-import { inspectModelDir, type ModelWeights } from "./model-dir.js";
+import { inspectModelDir } from "./model-dir.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
@@ -30,6 +30,8 @@ import { fp8CheckpointFormat, fp8WeightLoader } from "./fp8-checkpoint.js";
 import { applyHfOverrides, loadFormatMismatch, type LoadFormat } from "./load-format.js";
 import { dummyParameter } from "./dummy-weights.js";
 import { gptOssExpertLoader, isMxfp4Checkpoint } from "./gpt-oss-experts.js";
+import { loadGemma3Vision } from "./gemma3-vision-weights.js";
+import type { Gemma3Vision } from "./siglip.js";
 
 export class ModelLoadError extends KilnError {
   override name = "ModelLoadError";
@@ -103,6 +105,8 @@ export interface LoadOptions {
    * from the full checkpoint tensor as it is read. Hugging Face safetensors directories only, without --quantization.
    */
   tp?: TensorParallel | null;
+  /** Read an image-text checkpoint's vision tower and projector (LoadedModel.vision); default true. */
+  loadVision?: boolean;
 }
 
 export interface LoadedModel {
@@ -115,6 +119,8 @@ export interface LoadedModel {
   /** The directory or GGUF file the weights came from. */
   path: string;
   dtype: DType;
+  /** An image-text checkpoint's vision tower and projector (Gemma3ForConditionalGeneration); absent: text only. */
+  vision?: Gemma3Vision;
 }
 
 /**
@@ -249,7 +255,8 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   if (fp8Format !== null && !dummy && (options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${dir} is an fp8 checkpoint: not supported with tensor parallelism`);
   if (fp8Format !== null && !dummy && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
-  const handle = dummy ? null : openCheckpoint(info.weights!, lm.textWeights !== null, config, dir);
+  const file = dummy ? null : readSafetensors(info.weights!.indexPath ?? info.weights!.files[0]!);
+  const handle = file === null ? null : textCheckpoint(file, lm.textWeights !== null, config, dir);
   try {
     // every parameter is assigned below (or the load fails), so none is allocated first
     const tp = options.tp ?? null;
@@ -281,15 +288,19 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
     }
     fp8?.finish(dir);
     const tokenizer = Tokenizer.fromDir(options.tokenizer ?? dir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: dir });
-    return { model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? experts?.scheme() ?? null };
+    // an image-text checkpoint's vision tower and projector (vLLM's --limit-mm-per-prompt '{"image": 0}' skips them)
+    const vision = lm.textWeights !== null && options.loadVision !== false ? loadGemma3Vision(file, rawConfig, config.hiddenSize, dtype, options.device, dir) : null;
+    return {
+      model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? experts?.scheme() ?? null,
+      ...(vision !== null ? { vision } : {}),
+    };
   } finally {
     handle?.close();
   }
 }
 
 /** The checkpoint's tensors under the text model's names (an image-text checkpoint's), Phi-3's fused ones split. */
-function openCheckpoint(weights: ModelWeights, imageText: boolean, config: ModelConfig, dir: string): SafetensorsHandle {
-  const file = readSafetensors(weights.format === "safetensors" ? (weights.indexPath ?? weights.files[0]!) : weights.files[0]!);
+function textCheckpoint(file: SafetensorsHandle, imageText: boolean, config: ModelConfig, dir: string): SafetensorsHandle {
   const text = imageText ? languageModelWeights(file, dir) : file;
   // Phi-3 stores q/k/v and gate/up fused: read as the separate projections
   return hasFusedProjections(text) ? splitFusedProjections(text, config, dir) : text;

