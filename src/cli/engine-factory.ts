@@ -101,6 +101,7 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
     enableChunkedPrefill: args.enableChunkedPrefill ?? undefined,
     longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
     ...(args.tensorParallelSize > 1 ? { tensorParallelSize: args.tensorParallelSize } : {}),
+    ...(args.limitMmPerPrompt !== null ? { limitMmPerPrompt: args.limitMmPerPrompt } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
 }

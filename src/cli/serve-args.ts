@@ -3,7 +3,7 @@
 // combinations across groups.
 import type { Command } from "commander";
 import { addChatOptions, parseChatArgs, type ChatArgs } from "./serve-chat-args.js";
-import { addCompatOptions, checkCompatArgs } from "./serve-compat-args.js";
+import { addCompatOptions, checkCompatArgs, parseMmLimits } from "./serve-compat-args.js";
 import { addEngineFlagOptions, parseEngineFlagArgs, type EngineFlagArgs } from "./serve-engine-args.js";
 import { addFeatureOptions, addStructuredOutputOptions, parseFeatureArgs, type FeatureArgs } from "./serve-feature-args.js";
 import { addFrontendOptions, parseFrontendArgs, type FrontendArgs } from "./serve-frontend-args.js";
@@ -19,6 +19,8 @@ export { expandMultiLetterShortFlags } from "./serve-compat-args.js";
 export { CliUsageError };
 
 export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs {
+  /** vLLM's --limit-mm-per-prompt, by modality, or null (vLLM's default: 999 each). */
+  limitMmPerPrompt: Record<string, number> | null;
   /** vLLM flags accepted with no effect in Kiln (or read another way), one line each: printed before the model loads. */
   warnings: string[];
 }
@@ -48,5 +50,6 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (frontend.loraModules.length > 0 && !engine.enableLora) throw new CliUsageError("--lora-modules needs --enable-lora");
   if (features.runner === "pooling" && engine.enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
   if (features.runner === "pooling" && features.speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
-  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat, warnings };
+  const limitMmPerPrompt = o.limitMmPerPrompt === undefined ? null : parseMmLimits(o.limitMmPerPrompt);
+  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat, limitMmPerPrompt, warnings };
 }

@@ -35,7 +35,7 @@ export function addCompatOptions(cmd: Command): Command {
     .option("--max-num-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
     .option("--max-long-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
     .option("--enable-expert-parallel", "accepted for vLLM compatibility: one rank holds every expert (mixture-of-experts models are not split)", false)
-    .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 0} (Kiln serves text only; more than 0 is said at start-up)');
+    .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 4} (images only: Gemma 3; default 999; {"image": 0} serves text only)');
 }
 
 /** Checks the flags' values; those accepted with no effect push a line to `warnings`. */
@@ -58,15 +58,15 @@ export function checkCompatArgs(o: Record<string, unknown>, warnings: string[]):
       warnings.push(`${flag}: no effect: prompts share each step's token budget with no cap on how many are partly computed (vLLM's V1 scheduler)`);
   if (o.enableExpertParallel === true)
     warnings.push("--enable-expert-parallel: no effect: one rank holds every expert (Kiln does not split mixture-of-experts models); replies are the same");
-  if (o.limitMmPerPrompt !== undefined && Object.values(parseMmLimits(o.limitMmPerPrompt)).some((n) => n > 0))
-    warnings.push("--limit-mm-per-prompt: Kiln serves text only: a request with image, audio or video parts gets a 400");
+  if (o.limitMmPerPrompt !== undefined && Object.entries(parseMmLimits(o.limitMmPerPrompt)).some(([k, n]) => k !== "image" && n > 0))
+    warnings.push("--limit-mm-per-prompt: Kiln takes images only (Gemma 3): a request with audio or video parts gets a 400");
 }
 
 /**
  * --limit-mm-per-prompt: vLLM's JSON ({"image": 2, "video": {"count": 1, ...}}) or its older image=2,video=1; the
  * count per modality.
  */
-function parseMmLimits(value: unknown): Record<string, number> {
+export function parseMmLimits(value: unknown): Record<string, number> {
   const flag = "--limit-mm-per-prompt";
   const s = String(value).trim();
   const raw: Record<string, unknown> = s.startsWith("{")

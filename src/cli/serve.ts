@@ -14,6 +14,9 @@ import type { KvTransferService } from "../server/kv-transfer.js";
 import type { ServerEngineOptions } from "../server/server.js";
 import { missingParserTokens } from "../server/tool-parsers.js";
 import { env } from "../util/env.js";
+import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
+import type { TokenizerLike } from "../models/tokenizer-types.js";
+import { DEFAULT_IMAGE_LIMIT } from "../server/image-inputs.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
   const progress = createProgress();
@@ -86,7 +89,15 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await kvTransfer?.close();
     await loaded.close();
   };
-  const app = server.bind(serverEngineOptions(args, loaded, names, loraModules, kvTransfer, harmony));
+  let imageInput: Gemma3ImageInputSpec | null;
+  try {
+    imageInput = await servedImageInput(args, loaded.tokenizer);
+  } catch (err) {
+    await closeAll();
+    throw err;
+  }
+  const imageLimit = args.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
+  const app = server.bind({ ...serverEngineOptions(args, loaded, names, loraModules, kvTransfer, harmony), imageInput: imageLimit > 0 ? imageInput : null, imageLimit });
   try {
     if (args.uds !== null) removeStaleSocket(args.uds);
     await app.listen(args.uds !== null ? { path: args.uds } : { host: args.host, port: args.port });
@@ -136,6 +147,14 @@ export function serverEngineOptions(
     kvTransfer,
     launchConfig: launchConfig(args),
   };
+}
+
+/** The served model's image input (an image-text Gemma 3 directory), or null: chat requests with images get a 400. */
+async function servedImageInput(args: ServeArgs, tokenizer: TokenizerLike): Promise<Gemma3ImageInputSpec | null> {
+  const { resolveModel } = await import("../models/hub.js");
+  const { gemma3ImageInputSpec } = await import("../models/gemma3-vision-weights.js");
+  const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
+  return resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer);
 }
 
 /**

@@ -8,7 +8,8 @@ import { tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
 import { UnsupportedError } from "../util/errors.js";
 import { dummyParameter } from "./dummy-weights.js";
 import type { SafetensorsHandle } from "./formats/safetensors.js";
-import { GEMMA3_IMAGE_DEFAULTS, type Gemma3ImageProcessorConfig } from "./gemma3-image-processor.js";
+import { GEMMA3_IMAGE_DEFAULTS, GEMMA3_IMAGE_TOKEN, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig } from "./gemma3-image-processor.js";
+import type { TokenizerLike } from "./tokenizer-types.js";
 import { Gemma3Vision, VisionConfigError, parseGemma3VisionConfig, visionParamDtype } from "./siglip.js";
 
 type Json = Record<string, unknown>;
@@ -75,4 +76,22 @@ export function readGemma3ImageProcessorConfig(dir: string, imageSize: number): 
   if (size !== undefined && (size.height !== imageSize || size.width !== imageSize))
     throw new VisionConfigError(`${file}: size ${JSON.stringify(size)} is not the vision tower's image_size ${imageSize}`);
   return { imageSize, imageMean: triple("image_mean", GEMMA3_IMAGE_DEFAULTS.imageMean), imageStd: triple("image_std", GEMMA3_IMAGE_DEFAULTS.imageStd) };
+}
+
+/**
+ * What a server needs to turn a request's images into an image-text Gemma 3 model's input (gemma3ImagePrompt), read
+ * from the model directory's config.json and preprocessor_config.json; null for any other model. The tokenizer must
+ * spell `<image_soft_token>` as the config's image_token_index.
+ */
+export function gemma3ImageInputSpec(dir: string, tokenizer: TokenizerLike): Gemma3ImageInputSpec | null {
+  const file = path.join(dir, "config.json");
+  if (!fs.existsSync(file)) return null;
+  const json = JSON.parse(fs.readFileSync(file, "utf8")) as Json;
+  if (!Array.isArray(json.architectures) || json.architectures[0] !== "Gemma3ForConditionalGeneration") return null;
+  const text = (json.text_config ?? {}) as Json;
+  const cfg = parseGemma3VisionConfig(json, typeof text.hidden_size === "number" ? text.hidden_size : 1);
+  const ids = tokenizer.encode(GEMMA3_IMAGE_TOKEN, { addSpecialTokens: false });
+  if (ids.length !== 1 || ids[0] !== cfg.imageTokenIndex)
+    throw new VisionConfigError(`${dir}: the tokenizer spells ${GEMMA3_IMAGE_TOKEN} as [${ids.join(", ")}], the config's image_token_index is ${cfg.imageTokenIndex}`);
+  return { processor: readGemma3ImageProcessorConfig(dir, cfg.imageSize), mmTokensPerImage: cfg.mmTokensPerImage, imageTokenIndex: cfg.imageTokenIndex };
 }

@@ -14,6 +14,8 @@ export interface EngineRequest {
   loraRequest?: LoraRequest | null;
   /** P/D disaggregation: export the prompt's K/V, or import a prefill's (server/kv-transfer.ts). */
   kvTransfer?: GenerateOptions["kvTransfer"];
+  /** The prompt's images (an image-text model). */
+  mmFeatures?: GenerateOptions["mmFeatures"];
 }
 
 /** Live engine request ids, so that shutdown can abort whatever is left after the drain timeout. */
@@ -43,6 +45,7 @@ export async function* streamEngineRequest(
     requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
     ...(req.loraRequest ? { loraRequest: req.loraRequest } : {}),
     ...(req.kvTransfer ? { kvTransfer: req.kvTransfer } : {}),
+    ...(req.mmFeatures ? { mmFeatures: req.mmFeatures } : {}),
   };
   // An engine may reject the request synchronously (EngineInputError): nothing to abort or count then.
   const outputs = engine.generate(prompt, req.params, options);

@@ -1,6 +1,6 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
 import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
-import type { ChatMessage } from "../models/tokenizer-types.js";
+import type { ChatContentPart, ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
   type Json,
@@ -51,6 +51,8 @@ export interface CommonRequest {
 
 export interface ChatRequest extends CommonRequest {
   messages: ChatMessage[];
+  /** The messages' image_url parts, in order (each message's contentParts place them). */
+  images: ImageRef[];
   addGenerationPrompt: boolean;
   continueFinalMessage: boolean;
   chatTemplate: string | undefined;
@@ -348,20 +350,41 @@ const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"t
 const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) requires --enable-auto-tool-choice and ' +
   '--tool-call-parser to be set; or use tool_choice "required", a named function, or "none"';
 
+/** An image_url content part: its URL (data:, http: or https:) and where it sits in the request, for errors. */
+export interface ImageRef {
+  url: string;
+  param: string;
+}
+
+/** The messages of an API that takes no images: an image part is a 400 naming it. */
 export function parseMessages(body: Json): ChatMessage[] {
+  const { messages, images } = parseMessagesWithImages(body);
+  if (images.length > 0) throw badRequest("image inputs are served by /v1/chat/completions only", images[0]!.param);
+  return messages;
+}
+
+/** The messages, and their image_url parts in order (each message's contentParts mark where they sit). */
+export function parseMessagesWithImages(body: Json): { messages: ChatMessage[]; images: ImageRef[] } {
   const raw = body.messages;
   if (!Array.isArray(raw) || raw.length === 0) throw badRequest("'messages' must be a non-empty list", "messages");
-  return raw.map((m, i) => {
+  const images: ImageRef[] = [];
+  const messages = raw.map((m, i) => {
     const param = `messages[${i}]`;
     if (typeof m !== "object" || m === null) throw badRequest(`'${param}' must be an object`, param);
     const msg = m as Json;
     if (typeof msg.role !== "string" || !msg.role) throw badRequest(`'${param}.role' must be a string`, `${param}.role`);
-    const out: ChatMessage = { role: msg.role, content: messageContent(msg.content, `${param}.content`) };
+    const content = messageContent(msg.content, `${param}.content`);
+    const out: ChatMessage = { role: msg.role, content: content.text };
+    if (content.images.length > 0) {
+      out.contentParts = content.parts;
+      images.push(...content.images);
+    }
     if (typeof msg.name === "string") out.name = msg.name;
     if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls.map(templateToolCall);
     if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
     return out;
   });
+  return { messages, images };
 }
 
 /**
@@ -382,19 +405,35 @@ function templateToolCall(call: unknown): unknown {
   return { ...(call as Json), function: { ...fn, arguments: args } };
 }
 
-/** String content, null, or a list of {type: "text", text} parts (joined with newlines, as vLLM does). */
-function messageContent(content: unknown, param: string): string | null {
-  if (content === undefined || content === null) return null;
-  if (typeof content === "string") return content;
+/**
+ * String content, null, or a list of content parts: {type: "text", text} (the texts joined with newlines, as vLLM
+ * does) and {type: "image_url", image_url: {url}} (an image, kept in the parts).
+ */
+function messageContent(content: unknown, param: string): { text: string | null; parts: ChatContentPart[]; images: ImageRef[] } {
+  if (content === undefined || content === null) return { text: null, parts: [], images: [] };
+  if (typeof content === "string") return { text: content, parts: [{ type: "text", text: content }], images: [] };
   if (!Array.isArray(content)) throw badRequest(`'${param}' must be a string or a list of content parts`, param);
-  const texts = content.map((part, j) => {
+  const parts: ChatContentPart[] = [];
+  const images: ImageRef[] = [];
+  content.forEach((part, j) => {
     const p = part as Json | null;
-    if (typeof p !== "object" || p === null) throw badRequest(`'${param}[${j}]' must be an object`, param);
-    if (p.type !== "text") throw badRequest(`content part type ${JSON.stringify(p.type)} is not supported (only "text")`, param);
-    if (typeof p.text !== "string") throw badRequest(`'${param}[${j}].text' must be a string`, param);
-    return p.text;
+    const at = `${param}[${j}]`;
+    if (typeof p !== "object" || p === null) throw badRequest(`'${at}' must be an object`, param);
+    if (p.type === "image_url") {
+      const u = p.image_url as Json | string | null | undefined;
+      // OpenAI's {"url": ..., "detail": ...} (vLLM also takes the URL as a string)
+      const url = typeof u === "string" ? u : typeof u === "object" && u !== null ? u.url : undefined;
+      if (typeof url !== "string" || url === "") throw badRequest(`'${at}.image_url.url' must be a non-empty string`, `${at}.image_url`);
+      parts.push({ type: "image" });
+      images.push({ url, param: `${at}.image_url` });
+      return;
+    }
+    if (p.type !== "text") throw badRequest(`content part type ${JSON.stringify(p.type)} is not supported (only "text" and "image_url")`, param);
+    if (typeof p.text !== "string") throw badRequest(`'${at}.text' must be a string`, param);
+    parts.push({ type: "text", text: p.text });
   });
-  return texts.join("\n");
+  const texts = parts.flatMap((p) => (p.type === "text" ? [p.text] : []));
+  return { text: texts.join("\n"), parts, images };
 }
 
 /**
@@ -422,7 +461,7 @@ export function requestChatTemplate(body: Record<string, unknown>, trusted: bool
 export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = false, trustChatTemplate = false } = {}): ChatRequest {
   const body = asJsonBody(raw);
   const chatTemplate = requestChatTemplate(body, trustChatTemplate);
-  const messages = parseMessages(body);
+  const { messages, images } = parseMessagesWithImages(body);
   const common = parseCommon(body, vocabSize);
   const wantLogprobs = optBool(body, "logprobs") ?? false;
   // -1: the whole vocabulary, as vLLM (then over the server's --max-logprobs unless that is -1 too)
@@ -453,6 +492,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
   return {
     ...common,
     messages,
+    images,
     addGenerationPrompt,
     continueFinalMessage,
     chatTemplate,

@@ -127,7 +127,9 @@ export function parseResponsesRequest(raw: unknown): ResponsesRequest {
 /** The chat request that serves `req` over `messages`; its errors name the Responses fields. */
 export function toChatRequest(req: ResponsesRequest, messages: WireMessage[], vocabSize: number, autoTools: boolean, trustChatTemplate: boolean): ChatRequest {
   try {
-    return parseChatRequest({ ...req.chatFields, messages }, vocabSize, { autoTools, trustChatTemplate });
+    const chat = parseChatRequest({ ...req.chatFields, messages }, vocabSize, { autoTools, trustChatTemplate });
+    if (chat.images.length > 0) throw badRequest("image inputs are served by /v1/chat/completions only", "input");
+    return chat;
   } catch (err) {
     const param = err instanceof ApiError ? err.param : null;
     const base = param?.match(/^[a-z_]+/)?.[0];

@@ -8,6 +8,8 @@ import Fastify, { LogController, type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
+import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
+import { DEFAULT_IMAGE_LIMIT } from "./image-inputs.js";
 import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
@@ -99,6 +101,13 @@ export interface ServerEngineOptions {
   kvTransfer?: KvTransferService | null;
   /** The launch arguments GET /server_info reports in dev mode (kiln serve's, without secrets). */
   launchConfig?: Record<string, unknown> | null;
+  /**
+   * An image-text model's image input (gemma3ImageInputSpec): chat requests may then carry image_url parts. Default
+   * none: such requests get a 400, as vLLM answers for a text-only model.
+   */
+  imageInput?: Gemma3ImageInputSpec | null;
+  /** vLLM's --limit-mm-per-prompt: the most images one prompt may carry. Default 999. */
+  imageLimit?: number;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -310,6 +319,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         launchConfig: engineOptions.launchConfig ?? null,
         inflight: new Set(),
         unstarted: new Set(),
+        imageInput: engineOptions.imageInput ?? null,
+        imageLimit: engineOptions.imageLimit ?? DEFAULT_IMAGE_LIMIT,
       };
       return app;
     },

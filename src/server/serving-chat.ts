@@ -2,6 +2,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
 import { badRequest } from "./errors.js";
+import { checkImageCount, imagePrompt, messagesWithPlaceholders } from "./image-inputs.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
@@ -147,8 +148,16 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const body = request.body as Json;
-  const promptText = ctx.harmony !== null ? harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort") : renderChatPrompt(ctx, req);
-  const promptTokenIds = truncatePrompt(ctx, req, ctx.tokenizer.encode(promptText, { addSpecialTokens: false }));
+  checkImageCount(req.images, ctx.imageInput, ctx.imageLimit);
+  if (req.images.length > 0 && req.beamSearch !== null) throw badRequest("beam search does not take images", "use_beam_search");
+  const rendered = ctx.harmony !== null
+    ? harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort")
+    : renderChatPrompt(ctx, req.images.length > 0 ? { ...req, messages: messagesWithPlaceholders(req.messages) } : req);
+  const encode = (text: string) => ctx.tokenizer.encode(text, { addSpecialTokens: false });
+  // images: the placeholders expanded (Gemma3Processor's full image sequence) and each image's positions found
+  const withImages = req.images.length > 0 ? await imagePrompt(rendered, req.images, ctx.imageInput!, encode) : null;
+  const promptText = withImages?.promptText ?? rendered;
+  const promptTokenIds = truncatePrompt(ctx, req, withImages?.promptTokenIds ?? encode(promptText));
   const sampled = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
   if (ctx.harmony !== null) checkHarmonyToolChoice(ctx, req);
@@ -176,7 +185,10 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
-    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null },
+    {
+      requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
+      kvTransfer: kvt?.option ?? null, ...(withImages !== null ? { mmFeatures: withImages.features } : {}),
+    },
     controller.signal);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:
   // a new reply after a message of --response-role, or any message the reply continues)

@@ -13,6 +13,7 @@ import type { InflightSet, UnstartedSet } from "./engine-stream.js";
 import type { ServerMetrics } from "./metrics.js";
 import type { CommonRequest } from "./protocol.js";
 import type { KvTransferService } from "./kv-transfer.js";
+import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
 
 export interface ServingContext {
   engine: EngineClient;
@@ -62,6 +63,10 @@ export interface ServingContext {
   launchConfig: Record<string, unknown> | null;
   inflight: InflightSet;
   unstarted: UnstartedSet;
+  /** An image-text model's image input (Gemma 3), or null: requests with images get vLLM's "At most 0 image(s)" 400. */
+  imageInput: Gemma3ImageInputSpec | null;
+  /** The most images one prompt may carry (vLLM --limit-mm-per-prompt; default 999). */
+  imageLimit: number;
 }
 
 /**

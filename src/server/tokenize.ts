@@ -16,6 +16,7 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     if (body.messages !== undefined) {
       // vLLM's TokenizeChatRequest has tools (rendered by the template) but no tool_choice
       const chat = parseChatRequest({ ...body, tool_choice: "none" }, ctx.tokenizer.vocabSize, { trustChatTemplate: ctx.trustRequestChatTemplate });
+      if (chat.images.length > 0) throw badRequest("/tokenize does not take images: send them to /v1/chat/completions", chat.images[0]!.param);
       // gpt-oss: the Harmony prompt the chat API would send
       const text = ctx.harmony !== null ? harmonyChatPrompt(chat, body.messages as unknown[], chatEffort(body, chat), "reasoning_effort") : ctx.tokenizer.applyChatTemplate(chat.messages, {
         addGenerationPrompt: chat.addGenerationPrompt,

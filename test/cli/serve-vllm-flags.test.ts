@@ -93,14 +93,16 @@ describe("vLLM serve flags", () => {
     assert.deepEqual(quiet.warnings, []);
     const loud = parse({
       swapSpace: "16", cpuOffloadGb: "4", maxSeqLenToCapture: "8192", maxNumPartialPrefills: "4", enableExpertParallel: true,
-      limitMmPerPrompt: "image=2,video=0",
+      limitMmPerPrompt: "image=2,video=1",
     });
+    assert.deepEqual(loud.limitMmPerPrompt, { image: 2, video: 1 }); // images are served (Gemma 3), the rest said at start-up
+    assert.deepEqual(parse({ limitMmPerPrompt: '{"image": 3}' }).warnings, []);
     assert.deepEqual(loud.warnings.map((w) => w.split(":")[0]), [
       "--swap-space", "--cpu-offload-gb", "--max-seq-len-to-capture", "--max-num-partial-prefills", "--enable-expert-parallel", "--limit-mm-per-prompt",
     ]);
     const sleepy = parse({ enableSleepMode: true }); // an engine flag now (engine/sleep-mode.ts), not a no-op
     assert.deepEqual([sleepy.enableSleepMode, sleepy.warnings, parse({}).enableSleepMode], [true, [], false]);
-    assert.match(loud.warnings.join("\n"), /--limit-mm-per-prompt: Kiln serves text only: a request with image, audio or video parts gets a 400/);
+    assert.match(loud.warnings.join("\n"), /--limit-mm-per-prompt: Kiln takes images only \(Gemma 3\): a request with audio or video parts gets a 400/);
     const bad: [Record<string, unknown>, RegExp][] = [
       [{ distributedExecutorBackend: "ray" }, /--distributed-executor-backend ray is not supported: Kiln's tensor-parallel ranks are processes it spawns \(mp\)/],
       [{ swapSpace: "-1" }, /--swap-space must be a number >= 0/],

@@ -1,0 +1,139 @@
+// Images through `POST /v1/chat/completions` on a real engine (a random tiny Gemma3ForConditionalGeneration), sent
+// by the official OpenAI client as vLLM takes them: image_url parts (data: URLs, and an http URL fetched), the
+// template's <start_of_image> expanded as Gemma3Processor expands it (checked against the prompt written out by hand),
+// replies that depend on the image, prefix-cache hits for the same image only, and vLLM's 400s naming the part.
+import assert from "node:assert/strict";
+import * as http from "node:http";
+import { after, before, describe, it } from "node:test";
+import type OpenAI from "openai";
+import { PNG } from "pngjs";
+import { AsyncLLM } from "../../src/engine/async-llm.js";
+import { createServingSetupSync } from "../../src/engine/serving.js";
+import { withChatTemplateDefaults } from "../../src/models/chat-content-format.js";
+import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
+import { createServer } from "../../src/server/index.js";
+import type { ServerEngineOptions } from "../../src/server/server.js";
+import { mulberry32 } from "../../src/util/random.js";
+import { tinyGemma3VisionDir } from "../helpers/tiny-model.js";
+import { MODEL } from "./helpers.js";
+import OpenAIClient from "openai";
+
+function png(seed: number, width = 24, height = 18): Buffer {
+  const u = mulberry32(seed);
+  const p = new PNG({ width, height });
+  for (let i = 0; i < width * height * 4; i++) p.data[i] = i % 4 === 3 ? 255 : Math.floor(u() * 256);
+  return PNG.sync.write(p);
+}
+const dataUrl = (b: Buffer) => `data:image/png;base64,${b.toString("base64")}`;
+
+describe("image inputs through the chat API", () => {
+  const dir = tinyGemma3VisionDir();
+  const setup = createServingSetupSync({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, blockSize: 4 });
+  const tokenizer = withChatTemplateDefaults(setup.loaded.tokenizer, { contentFormat: "auto", kwargs: null });
+  const llm = new AsyncLLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+  const servers: { close(): Promise<void> }[] = [];
+  let client: OpenAI, url: string, imageHost: string;
+  const [imgA, imgB] = [png(1), png(2)];
+
+  async function serve(options: Partial<ServerEngineOptions>): Promise<{ client: OpenAI; url: string }> {
+    const app = createServer({ engine: llm, tokenizer, servedModelNames: [MODEL], maxModelLen: 128, enablePromptTokensDetails: true, version: "0.1.0-test", ...options });
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    const addr = app.server.address() as { port: number };
+    servers.push({ close: async () => { const c = app.close(); app.server.closeAllConnections(); await c; } });
+    const u = `http://127.0.0.1:${addr.port}`;
+    return { client: new OpenAIClient({ baseURL: `${u}/v1`, apiKey: "unused", maxRetries: 0 }), url: u };
+  }
+
+  before(async () => {
+    ({ client, url } = await serve({ imageInput: gemma3ImageInputSpec(dir, setup.loaded.tokenizer), imageLimit: 2 }));
+    const files = http.createServer((req, res) => {
+      if (req.url === "/a.png") res.writeHead(200, { "content-type": "image/png" }).end(imgA);
+      else res.writeHead(404).end();
+    });
+    await new Promise<void>((r) => files.listen(0, "127.0.0.1", r));
+    imageHost = `http://127.0.0.1:${(files.address() as { port: number }).port}`;
+    servers.push({ close: () => new Promise((r) => { files.closeAllConnections(); files.close(() => r()); }) });
+  });
+  after(async () => {
+    for (const s of servers) await s.close();
+  });
+
+  const ask = (image: string, extra: Record<string, unknown> = {}) =>
+    client.chat.completions.create({
+      model: MODEL, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 3,
+      messages: [{ role: "user", content: [{ type: "text", text: "What is in this image?" }, { type: "image_url", image_url: { url: image } }] }],
+      ...extra,
+    } as never) as unknown as Promise<OpenAI.Chat.ChatCompletion & { prompt_token_ids?: number[]; usage: { prompt_tokens_details?: { cached_tokens: number } } }>;
+
+  it("expands the image as Gemma3Processor does and answers from the image", async () => {
+    const r = await ask(dataUrl(imgA), { return_token_ids: true });
+    // Gemma 3's template writes the parts in order; the processor puts "\n\n", the image's tokens and "\n\n" there
+    const image = `\n\n<start_of_image>${"<image_soft_token>".repeat(4)}<end_of_image>\n\n`;
+    const want = setup.loaded.tokenizer.encode(`<bos><start_of_turn>user\nWhat is in this image?${image}<end_of_turn>\n<start_of_turn>model\n`, { addSpecialTokens: false });
+    assert.deepEqual(r.prompt_token_ids, want);
+    assert.equal(r.usage.prompt_tokens, want.length);
+    assert.equal(r.choices[0]!.message.role, "assistant");
+    const other = await ask(dataUrl(imgB));
+    const top = (c: typeof r) => c.choices[0]!.logprobs!.content![0]!.top_logprobs.map((t) => t.logprob);
+    assert.notDeepEqual(top(other), top(r), "another image, another reply distribution");
+    // streamed: the same reply
+    const stream = await client.chat.completions.create({
+      model: MODEL, max_tokens: 4, temperature: 0, stream: true,
+      messages: [{ role: "user", content: [{ type: "text", text: "What is in this image?" }, { type: "image_url", image_url: { url: dataUrl(imgA) } }] }],
+    });
+    let text = "";
+    for await (const c of stream) text += c.choices[0]?.delta.content ?? "";
+    assert.equal(text, r.choices[0]!.message.content);
+  });
+
+  it("fetches an http image; the same image hits the prefix cache, another does not", async () => {
+    const a = await ask(dataUrl(imgA));
+    const fetched = await ask(`${imageHost}/a.png`);
+    assert.deepEqual(fetched.choices[0]!.logprobs, a.choices[0]!.logprobs);
+    const prompt = a.usage.prompt_tokens;
+    assert.equal(fetched.usage.prompt_tokens_details?.cached_tokens, Math.floor((prompt - 1) / 4) * 4); // all whole blocks
+    const b = await ask(dataUrl(png(3)));
+    // a new image: only the blocks before its first image token come from the cache
+    assert.ok((b.usage.prompt_tokens_details?.cached_tokens ?? 0) < Math.floor((prompt - 1) / 4) * 4 - 4);
+  });
+
+  async function post(body: unknown, base = url): Promise<{ status: number; error: { message: string; param: string | null; type: string } }> {
+    const res = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    return { status: res.status, error: ((await res.json()) as { error: { message: string; param: string | null; type: string } }).error };
+  }
+  const withImages = (...urls: string[]) => ({
+    model: MODEL, max_tokens: 2,
+    messages: [{ role: "user", content: [{ type: "text", text: "Look:" }, ...urls.map((u) => ({ type: "image_url", image_url: { url: u } }))] }],
+  });
+
+  it("answers bad images with vLLM's 400s, naming the part", async () => {
+    const cases: [unknown, RegExp, string][] = [
+      [withImages(dataUrl(imgA), dataUrl(imgA), dataUrl(imgA)), /^At most 2 image\(s\) may be provided in one prompt\. Set `--limit-mm-per-prompt` to increase this limit\.$/, "messages[0].content[3].image_url"],
+      [withImages("data:image/png,abc"), /Only base64 data URLs are supported/, "messages[0].content[1].image_url"],
+      [withImages("data:image/png;base64,@@@not base64@@@"), /base64 data is malformed/, "messages[0].content[1].image_url"],
+      [withImages(`data:image/png;base64,${Buffer.from("hello, not an image").toString("base64")}`), /not a PNG or JPEG/, "messages[0].content[1].image_url"],
+      [withImages(dataUrl(imgA.subarray(0, 60))), /cannot decode the PNG image/, "messages[0].content[1].image_url"],
+      [withImages("ftp://example.com/a.png"), /The URL must be either a HTTP, data or file URL\./, "messages[0].content[1].image_url"],
+      [withImages(`${imageHost}/missing.png`), /HTTP 404/, "messages[0].content[1].image_url"],
+      [{ ...withImages(dataUrl(imgA)), messages: [{ role: "user", content: [{ type: "image_url", image_url: {} }] }] }, /image_url\.url' must be a non-empty string/, "messages[0].content[0].image_url"],
+    ];
+    for (const [body, message, param] of cases) {
+      const r = await post(body);
+      assert.equal(r.status, 400, JSON.stringify(r.error));
+      assert.match(r.error.message, message);
+      assert.equal(r.error.param, param);
+      assert.equal(r.error.type, "invalid_request_error"); // (Kiln's type for every 400)
+    }
+  });
+
+  it("a text-only model (or --limit-mm-per-prompt image=0) takes no image", async () => {
+    const textOnly = await serve({ imageInput: null });
+    const r = await post(withImages(dataUrl(imgA)), textOnly.url);
+    assert.equal(r.status, 400);
+    assert.equal(r.error.message, "At most 0 image(s) may be provided in one prompt.");
+    assert.equal(r.error.param, "messages[0].content[1].image_url");
+    // and text still works there
+    const ok = await textOnly.client.chat.completions.create({ model: MODEL, max_tokens: 2, messages: [{ role: "user", content: "Hello" }] });
+    assert.equal(ok.choices.length, 1);
+  });
+});
