@@ -439,12 +439,19 @@ export class EngineCore {
     return this.poolingTask === "classify" ? this.runner.classifier!.useSepToken : null;
   }
 
-  /** A request's images: a runner that reads them, each inside the prompt, in order and apart, the prompt not truncated. */
+  /**
+   * A request's images: a runner that reads them, each inside the prompt, in order and apart, the prompt not truncated,
+   * and each no longer than a step's token budget (an image is computed in one step).
+   */
   private checkMmFeatures(mm: readonly MultiModalFeature[], prompt: readonly number[], truncate: number | null): void {
     if (this.runner.supportsImages !== true) throw new EngineInputError("multi_modal_data", "At most 0 image(s) may be provided in one prompt.");
     if (truncate !== null && prompt.length > truncate) throw new EngineInputError("truncate_prompt_tokens", "a prompt with images cannot be truncated");
+    const a = this.args;
+    const perStep = a.longPrefillTokenThreshold > 0 ? Math.min(a.maxNumBatchedTokens, a.longPrefillTokenThreshold) : a.maxNumBatchedTokens;
     let end = 0;
     for (const f of mm) {
+      if (f.length > perStep)
+        throw new EngineInputError("max_num_batched_tokens", `an image of ${f.length} tokens is computed in one step, which takes at most ${perStep} tokens`);
       if (!Number.isInteger(f.offset) || !Number.isInteger(f.length) || f.length < 1 || f.offset < end || f.offset + f.length > prompt.length)
         throw new EngineInputError("multi_modal_data", `image positions [${f.offset}, ${f.offset + f.length}) are not inside the prompt after the previous image's`);
       end = f.offset + f.length;

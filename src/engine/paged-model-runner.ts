@@ -32,6 +32,15 @@ export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
  */
 export type KvCacheDtype = "float32" | "bfloat16" | "fp8_e4m3" | "fp8_e5m2";
 
+/** A step's rows inside images: their embeddings [R, hidden] and what their bidirectional attention pass reads. */
+interface ImageRows {
+  rows: Int32Array; // [R] rows of the batch
+  values: Float32Array; // [R * hidden]
+  positions: Int32Array; // [R]
+  seqLens: Int32Array; // [R]: each row's image end
+  blockTables: Int32Array; // [R * width]: each row's sequence's block table
+}
+
 /** Images whose embeddings the encoder cache keeps (each mm_tokens_per_image x hidden floats: 2.6 MB for gemma-3-4b). */
 const ENCODER_CACHE_IMAGES = 64;
 
@@ -303,19 +312,27 @@ export class PagedModelRunner implements ModelRunner {
    * The batch rows inside an image and their embeddings (rows [R], values [R, hidden]), or null when the step holds
    * none. Each image is encoded once (vision tower + projector) and kept by content hash in the encoder cache.
    */
-  private imageRows(batch: ScheduledBatch): { rows: Int32Array; values: Float32Array } | null {
+  private imageRows(batch: ScheduledBatch): ImageRows | null {
     if (!batch.sequences.some((s) => s.mmFeatures !== undefined)) return null;
     const rows: number[] = [];
     const parts: Float32Array[] = [];
+    const positions: number[] = [], ends: number[] = [], tables: (readonly number[])[] = [];
     let at = 0;
     for (const s of batch.sequences) {
       const start = s.startPosition, end = start + s.tokenIds.length;
       for (const f of s.mmFeatures ?? []) {
         const lo = Math.max(start, f.offset), hi = Math.min(end, f.offset + f.length);
         if (lo >= hi) continue;
+        // the scheduler never splits an image between steps: its later tokens' K/V is written by this step
+        if (hi !== f.offset + f.length) throw new Error(`[runner] ${s.requestId}: a step ends inside an image (positions ${f.offset}..${f.offset + f.length})`);
         const features = this.imageFeatures(f);
         const H = features.length / f.length;
-        for (let p = lo; p < hi; p++) rows.push(at + p - start);
+        for (let p = lo; p < hi; p++) {
+          rows.push(at + p - start);
+          positions.push(p);
+          ends.push(hi);
+          tables.push(s.blockTable);
+        }
         parts.push(features.subarray((lo - f.offset) * H, (hi - f.offset) * H));
       }
       at += s.tokenIds.length;
@@ -323,7 +340,12 @@ export class PagedModelRunner implements ModelRunner {
     if (rows.length === 0) return null;
     const values = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
     parts.reduce((o, p) => (values.set(p, o), o + p.length), 0);
-    return { rows: Int32Array.from(rows), values };
+    const width = Math.max(1, ...tables.map((t) => t.length));
+    const blockTables = new Int32Array(rows.length * width);
+    tables.forEach((t, r) => blockTables.set(t, r * width));
+    return {
+      rows: Int32Array.from(rows), values, positions: Int32Array.from(positions), seqLens: Int32Array.from(ends), blockTables,
+    };
   }
 
   /** One image's embeddings [length, hidden]: from the encoder cache, or encoded now (and cached, oldest evicted). */
@@ -344,7 +366,7 @@ export class PagedModelRunner implements ModelRunner {
   }
 
   /** Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this). */
-  forwardInputs(inputs: StepInputs, imageRows: { rows: Int32Array; values: Float32Array } | null = null): Tensor {
+  forwardInputs(inputs: StepInputs, imageRows: ImageRows | null = null): Tensor {
     return noGrad(() => {
       const dev = this.model.device;
       const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
@@ -358,13 +380,21 @@ export class PagedModelRunner implements ModelRunner {
         ...(inputs.loraSlots === null ? {} : { loraSlots: t(inputs.loraSlots) }),
       };
       const idsT = t(inputs.ids);
+      const R = imageRows?.rows.length ?? 0;
       const embeds = imageRows === null ? null : {
         rows: t(imageRows.rows),
-        values: tensor(imageRows.values, { device: dev, shape: [imageRows.rows.length, imageRows.values.length / imageRows.rows.length] }),
+        values: tensor(imageRows.values, { device: dev, shape: [R, imageRows.values.length / R] }),
       };
-      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches }, embeds);
+      // Gemma 3's image tokens see their whole image (vLLM's mm-prefix attention for gemma3)
+      const mmPrefix = imageRows === null ? null : {
+        rows: embeds!.rows, positions: t(imageRows.positions), seqLens: t(imageRows.seqLens),
+        blockTables: t(imageRows.blockTables, [R, imageRows.blockTables.length / R]),
+        queryStart: t(Int32Array.from({ length: R + 1 }, (_, i) => i)), slotMapping: t(new Int32Array(R).fill(-1)),
+      };
+      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches, mmPrefix }, embeds);
       idsT.dispose();
-      if (embeds !== null) for (const x of Object.values(embeds)) x.dispose();
+      if (embeds !== null) embeds.values.dispose();
+      if (mmPrefix !== null) for (const x of Object.values(mmPrefix)) x.dispose();
       for (const x of Object.values(ctxTensors)) x.dispose();
       return hidden;
     });

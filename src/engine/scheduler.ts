@@ -127,7 +127,7 @@ export class Scheduler {
       }
       let numNew = req.numTokens + req.numOutputPlaceholders - req.numComputedTokens;
       if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
-      numNew = Math.min(numNew, budget);
+      numNew = keepImagesWhole(req, req.numComputedTokens, Math.min(numNew, budget));
       if (numNew <= 0) {
         i++;
         continue;
@@ -186,7 +186,8 @@ export class Scheduler {
         let numNew = req.numTokens - req.numComputedTokens - computed;
         if (!cfg.enableChunkedPrefill && numNew > budget) break;
         if (cfg.longPrefillTokenThreshold > 0) numNew = Math.min(numNew, cfg.longPrefillTokenThreshold);
-        numNew = Math.min(numNew, budget);
+        numNew = keepImagesWhole(req, req.numComputedTokens + computed, Math.min(numNew, budget));
+        if (numNew <= 0) break; // its next image needs a step of its own: wait for the budget
         const newBlocks = this.kv.allocateSlots(req, numNew, hit.blocks, computed);
         if (newBlocks === null) break; // head-of-line: wait for blocks rather than reorder
         this.waiting.splice(wIndex, 1);
@@ -483,4 +484,14 @@ export class Scheduler {
     }
     return done;
   }
+}
+
+/**
+ * `numNew` tokens of `req` from position `start`, cut before an image they would split (vLLM computes a prefix-LM
+ * model's image in one step: its tokens attend to each other both ways). 0: the image does not fit this step.
+ */
+function keepImagesWhole(req: Request, start: number, numNew: number): number {
+  const end = start + numNew;
+  for (const f of req.mmFeatures) if (f.offset < end && f.offset + f.length > end) return Math.max(0, f.offset - start);
+  return numNew;
 }

@@ -2,7 +2,7 @@
 // logit soft-capping (Gemma 2) and attention sinks (gpt-oss).
 // Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
 // (training: [batch, seq] with a causal mask, differentiable).
-import { causalAttention, pagedAttention, zeros, type QuantizedActivations, type Tensor } from "../tensor/index.js";
+import { causalAttention, indexCopyInto, pagedAttention, zeros, type QuantizedActivations, type Tensor } from "../tensor/index.js";
 import { Linear, newParameter, RMSNorm, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
 import { ColumnParallelLinear, divideForTp, RowParallelLinear, TensorParallelError, type TensorParallel } from "./parallel.js";
@@ -19,6 +19,19 @@ export interface PagedContext {
   kvCaches: { k: Tensor; v: Tensor }[]; // per layer, [numBlocks, blockSize, Hkv, D]
   /** Each token's LoRA slot, int32 [T] (-1: no adapter); absent when the model serves no adapters (Linear.withLora). */
   loraSlots?: Tensor | null;
+  /**
+   * Rows that also see later keys of their own image (Gemma 3's bidirectional attention among one image's tokens,
+   * vLLM's mm-prefix attention): each attends again as a one-token sequence whose context ends at its image's end
+   * (K/V written by the first pass; slotMapping -1 writes none), and that output replaces its row. Absent: none.
+   */
+  mmPrefix?: {
+    rows: Tensor; // int32 [R], rows of the batch
+    positions: Tensor; // int32 [R]
+    blockTables: Tensor; // int32 [R, maxBlocksPerSeq], each row's sequence's table
+    queryStart: Tensor; // int32 [R + 1] = 0 .. R
+    seqLens: Tensor; // int32 [R], each row's image end
+    slotMapping: Tensor; // int32 [R] of -1
+  } | null;
 }
 
 /** A dense [batch, seq] batch of token rows (training, scoring). */
@@ -27,6 +40,8 @@ export interface DenseContext {
   batch: number;
   seqLen: number;
   positions: Tensor; // int32 [batch * seqLen]
+  /** Spans [start, end) of each row whose tokens see each other whatever the order (one image's tokens, as HF's Gemma 3 masks them). */
+  bidirectionalSpans?: readonly (readonly [number, number])[];
 }
 
 export type ForwardContext = PagedContext | DenseContext;
@@ -142,12 +157,26 @@ export class Attention extends Module {
       // rotary fused with the KV write: the kernel rotates q and the new k rows itself
       const cache = ctx.kvCaches[this.layerIndex]!;
       [q, k] = [q0, k0];
+      // image rows' un-rotated q (taken before the kernel runs) for their second, bidirectional pass
+      const mm = ctx.mmPrefix ?? null;
+      const mmQkv = mm === null ? null : [q, k, v].map((t) => t.indexSelect(0, mm.rows));
       attn = pagedAttention({
         q, k, v, kCache: cache.k, vCache: cache.v,
         slotMapping: ctx.slotMapping, blockTables: ctx.blockTables, queryStart: ctx.queryStart, seqLens: ctx.seqLens,
         scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0, softcap: this.cfg.softcap ?? 0,
         rotary: this.rotary?.pagedArgs(ctx.positions) ?? null, sinks: this.sinks,
       });
+      if (mm !== null && mmQkv !== null) {
+        const [qi, ki, vi] = mmQkv as [Tensor, Tensor, Tensor];
+        const again = pagedAttention({
+          q: qi, k: ki, v: vi, kCache: cache.k, vCache: cache.v,
+          slotMapping: mm.slotMapping, blockTables: mm.blockTables, queryStart: mm.queryStart, seqLens: mm.seqLens,
+          scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0, softcap: this.cfg.softcap ?? 0,
+          rotary: this.rotary?.pagedArgs(mm.positions) ?? null, sinks: this.sinks,
+        });
+        indexCopyInto(attn, 0, mm.rows, again);
+        for (const t of [qi, ki, vi, again]) t.dispose();
+      }
     } else if (this.rotary === null) {
       [q, k] = [q0, k0]; // (a NoPE layer: attention over content alone)
       attn = this.denseAttention(q, k, v, ctx);
@@ -177,7 +206,7 @@ export class Attention extends Module {
       views.push(v4, th);
       return th;
     };
-    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap, this.sinks); // [B, H, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap, this.sinks, ctx.bidirectionalSpans); // [B, H, S, D]
     const ot = o.transpose(1, 2);
     const out = ot.reshape(B * S, H, D);
     for (const t of [...views, o, ot]) t.dispose();

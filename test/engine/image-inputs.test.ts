@@ -1,7 +1,8 @@
 // Image inputs through the engine (Gemma3ForConditionalGeneration): an image's features replace the input
-// embeddings at its <image_soft_token> positions, against a dense forward of the same model with the features put
-// there by hand; chunked prefill and step graphs give the same logits; the prefix cache keys image blocks by the
-// image's content hash (two images never share K/V, the same image hits).
+// embeddings at its <image_soft_token> positions and its tokens attend to each other both ways (HF's token_type_ids
+// mask, vLLM's mm-prefix attention), against a dense forward of the same model with the features put there and the
+// mask written by hand; chunked prefill (never splitting an image) and step graphs give the same logits; the prefix
+// cache keys image blocks by the image's content hash (two images never share K/V, the same image hits).
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { LLM, type PromptInput } from "../../src/engine/llm-engine.js";
@@ -56,19 +57,22 @@ describe("image inputs (Gemma 3)", () => {
     assert.equal(tok.decode(p.promptTokenIds.slice(f.offset - 1, f.offset + 5), { skipSpecialTokens: false }), "<start_of_image><image_soft_token><image_soft_token><image_soft_token><image_soft_token><end_of_image>");
   });
 
-  it("replaces the image tokens' input embeddings by the image's features (a dense forward as the reference)", () => {
+  it("replaces the image tokens' input embeddings by the image's features, attending both ways within the image (a dense forward as the reference)", () => {
     const p = prompt(imgA);
     const f = p.mmFeatures![0]!;
-    const want = noGrad(() => {
+    const dense = (spans: [number, number][]) => noGrad(() => {
       const T = p.promptTokenIds.length;
       const ids = tensor(Int32Array.from(p.promptTokenIds));
       const positions = tensor(Int32Array.from({ length: T }, (_, i) => i));
       const rows = tensor(Int32Array.from({ length: 4 }, (_, i) => f.offset + i));
       const values = tensor(loaded.vision!.encode(imgA), { shape: [4, loaded.config.hiddenSize] });
-      const h = loaded.model.forward(ids, { kind: "dense", batch: 1, seqLen: T, positions }, { rows, values });
+      const h = loaded.model.forward(ids, { kind: "dense", batch: 1, seqLen: T, positions, bidirectionalSpans: spans }, { rows, values });
       const logits = loaded.model.logits(h, Int32Array.of(T - 1));
       return logSoftmax(logits, -1).dataSync() as Float32Array;
     });
+    const want = dense([[f.offset, f.offset + 4]]);
+    const causal = dense([]);
+    assert.ok(want.some((x, i) => Math.abs(x - causal[i]!) > 1e-3), "the image's bidirectional mask changes the logits");
     const llm = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, enforceEager: true, enablePrefixCaching: false });
     const { lp } = firstLogprobs(llm, p);
     for (const [id, e] of lp) assert.ok(Math.abs(e.logprob - want[id]!) < 1e-4, `token ${id}: ${e.logprob} vs ${want[id]}`);
@@ -77,10 +81,13 @@ describe("image inputs (Gemma 3)", () => {
     assert.notDeepEqual([...plain.values()].map((e) => e.logprob), [...lp.values()].map((e) => e.logprob));
   });
 
-  it("chunked prefill (an image split across chunks) and step graphs give the same logits as one eager step", () => {
+  it("chunked prefill (a chunk boundary moved before the image, never inside) and step graphs give the same logits as one eager step", () => {
     const p = prompt(imgA);
+    const offset = p.mmFeatures[0]!.offset;
+    // a budget whose chunk boundaries fall inside the image (the runner refuses a step that splits one)
+    const budget = [5, 6, 7, 8, 9, 10, 11, 12, 13].find((b) => Math.floor(offset / b) !== Math.floor((offset + 3) / b))!;
     const eager = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, enforceEager: true, enablePrefixCaching: false });
-    const chunked = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, maxNumBatchedTokens: 8, enablePrefixCaching: false, maxCaptureTokens: 8 });
+    const chunked = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, maxNumBatchedTokens: budget, enablePrefixCaching: false, maxCaptureTokens: 8 });
     const a = firstLogprobs(eager, p).lp, b = firstLogprobs(chunked, p).lp;
     assert.deepEqual([...a.keys()], [...b.keys()]);
     for (const [id, e] of a) assert.ok(Math.abs(e.logprob - b.get(id)!.logprob) < 1e-4);
@@ -109,8 +116,10 @@ describe("image inputs (Gemma 3)", () => {
     for (const [id, e] of first.lp) assert.ok(Math.abs(e.logprob - again.lp.get(id)!.logprob) < 1e-4);
   });
 
-  it("refuses images for a runner that reads text only", () => {
+  it("refuses images for a runner that reads text only, and an image longer than a step", () => {
     const llm = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, enforceEager: true, limitMmPerPrompt: { image: 0 } });
     assert.throws(() => llm.generate([prompt(imgA)], { maxTokens: 1 }), /At most 0 image\(s\)/);
+    const small = new LLM({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, enforceEager: true, maxNumBatchedTokens: 3 });
+    assert.throws(() => small.generate([prompt(imgA)], { maxTokens: 1 }), /an image of 4 tokens is computed in one step, which takes at most 3 tokens/);
   });
 });

@@ -120,6 +120,7 @@ export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: 
  */
 export function causalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
+  bidirectionalSpans?: readonly (readonly [number, number])[],
 ): Tensor {
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
   const [B, Hq, S, D] = q.shape as [number, number, number, number];
@@ -156,6 +157,12 @@ export function causalAttention(
     const p = i + (Sk - S);
     for (let j = 0; j < Sk; j++) if (j > p || (window !== undefined && j <= p - window)) biasData[i * Sk + j] = -1e30;
   }
+  // key positions j in the same span as query position p see each other (HF's or_masks of the causal mask and Gemma 3's image spans)
+  for (const [a, b] of bidirectionalSpans ?? [])
+    for (let i = 0; i < S; i++) {
+      const p = i + (Sk - S);
+      if (p >= a && p < b) for (let j = a; j < b; j++) biasData[i * Sk + j] = 0;
+    }
   const mask = empty([S, Sk], { dtype: "float32", device: q.device });
   q.device.backend.write(mask.storage.buffer, 0, new Uint8Array(biasData.buffer));
   const masked = add(scores, mask);
