@@ -254,12 +254,10 @@ export class CausalLM extends Module {
   forward(ids: Tensor, ctx: ForwardContext, embeds?: { rows: Tensor; values: Tensor } | null): Tensor {
     let h = this.model.embedTokens.forward(ids);
     if (embeds) {
-      if (h.dtype !== "float32") {
-        const f = h.to("float32");
-        h.dispose();
-        h = f;
-      }
-      indexCopyInto(h, 0, embeds.rows, embeds.values);
+      // (in the embeddings' dtype: the rest of the prompt runs as a text prompt would)
+      const values = embeds.values.dtype === h.dtype ? embeds.values : embeds.values.to(h.dtype);
+      indexCopyInto(h, 0, embeds.rows, values);
+      if (values !== embeds.values) values.dispose();
     }
     for (const layer of this.model.layers) {
       const next = layer.forward(h, ctx);

