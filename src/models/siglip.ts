@@ -2,7 +2,7 @@
 // Gemma3MultiModalProjector, which turn one image's pixel_values [3, S, S] into mm_tokens_per_image rows of the text
 // model's embeddings. Parameter names match HF checkpoints (vision_tower.vision_model.*, multi_modal_projector.*).
 import { Embedding, LayerNorm, Linear, Module, RMSNorm, newParameter, type LayerOptions } from "../nn/index.js";
-import { add, linear, matmul, noGrad, tensor, type Tensor, type TensorOptions } from "../tensor/index.js";
+import { add, empty, linear, matmul, noGrad, pagedAttention, tensor, type Tensor, type TensorOptions } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
 
 type Json = Record<string, unknown>;
@@ -82,41 +82,44 @@ class SiglipAttention extends Module {
     this.outProj = this.module("out_proj", new Linear(h, h, true, options));
   }
 
-  /** x [N, hidden] -> [N, hidden]: every patch attends to every patch (no mask), one head at a time. */
+  /**
+   * x [N, hidden] -> [N, hidden]: every patch attends to every patch (no mask). Run by the fused paged-attention
+   * kernel (no [N, N] scores in memory; about twice as fast on cpu as matmul + softmax per head): the N patches' K/V
+   * fill a scratch cache, and each patch is a one-query sequence whose context is all N of them.
+   */
   forward(x: Tensor): Tensor {
     const { numHeads: H, hiddenSize } = this.cfg;
     const D = hiddenSize / H;
     const N = x.shape[0]!;
-    const [q, k, v] = [this.qProj, this.kProj, this.vProj].map((p) => p.forward(x).reshape(N, H, D));
-    const heads: Tensor[] = [];
-    for (let h = 0; h < H; h++) {
-      const [qh, kh, vh] = [q!, k!, v!].map((t) => t.select(1, h).contiguous()); // [N, D]
-      const kt = kh!.transpose(0, 1);
-      const raw = matmul(qh!, kt);
-      const scores = raw.mul(1 / Math.sqrt(D));
-      const probs = scores.softmax(-1);
-      heads.push(matmul(probs, vh!)); // [N, D]
-      for (const t of [qh!, kh!, vh!, kt, raw, scores, probs]) t.dispose();
-    }
-    for (const t of [q!, k!, v!]) t.dispose();
-    const joined = heads.length === 1 ? heads[0]! : stackHeads(heads, N, D); // [N, H * D]
-    if (joined !== heads[0]) for (const t of heads) t.dispose();
-    const out = this.outProj.forward(joined);
-    joined.dispose();
+    const [q, k, v] = [this.qProj, this.kProj, this.vProj].map((p) => {
+      const y = p.forward(x);
+      const r = y.reshape(N, H, D);
+      if (r !== y) y.dispose();
+      return r;
+    }) as [Tensor, Tensor, Tensor];
+    const blocks = Math.ceil(N / SCRATCH_BLOCK);
+    const cache = empty([2, blocks, SCRATCH_BLOCK, H, D], { device: x.device });
+    const [kCache, vCache] = [cache.select(0, 0), cache.select(0, 1)];
+    const table = new Int32Array(N * blocks);
+    for (let i = 0; i < N; i++) for (let b = 0; b < blocks; b++) table[i * blocks + b] = b;
+    const meta = {
+      slotMapping: tensor(Int32Array.from({ length: N }, (_, i) => i), { device: x.device }),
+      blockTables: tensor(table, { shape: [N, blocks], device: x.device }),
+      queryStart: tensor(Int32Array.from({ length: N + 1 }, (_, i) => i), { device: x.device }),
+      seqLens: tensor(new Int32Array(N).fill(N), { device: x.device }),
+    };
+    const attn = pagedAttention({ q, k, v, kCache, vCache, ...meta, scale: 1 / Math.sqrt(D) }); // [N, H, D]
+    for (const t of [q, k, v, kCache, vCache, cache, ...Object.values(meta)]) t.dispose();
+    const flat = attn.reshape(N, hiddenSize);
+    const out = this.outProj.forward(flat);
+    if (flat !== attn) flat.dispose();
+    attn.dispose();
     return out;
   }
 }
 
-/** Per-head outputs [N, D] x H -> [N, H * D] (heads side by side in each row, as HF's transpose + reshape). */
-function stackHeads(heads: Tensor[], N: number, D: number): Tensor {
-  const H = heads.length;
-  const out = new Float32Array(N * H * D);
-  heads.forEach((t, h) => {
-    const d = t.dataSync() as Float32Array;
-    for (let n = 0; n < N; n++) out.set(d.subarray(n * D, (n + 1) * D), n * H * D + h * D);
-  });
-  return tensor(out, { shape: [N, H * D], device: heads[0]!.device });
-}
+/** Block size of the attention's scratch K/V cache (64: measured faster than 16 for 4096 patches). */
+const SCRATCH_BLOCK = 64;
 
 class SiglipMLP extends Module {
   readonly fc1: Linear;
