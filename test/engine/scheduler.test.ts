@@ -1,6 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { add, makeEngine, prompt, runToCompletion } from "./helpers.js";
+import { add, makeEngine, prompt, runToCompletion, VOCAB } from "./helpers.js";
+import { EngineCore } from "../../src/engine/engine-core.js";
+import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
 
 const greedy = { temperature: 0, ignoreEos: true };
 type Entry = { requestId: string; numTokens: number; start: number };
@@ -85,4 +87,21 @@ test("scheduler: a tiny pool preempts the latest running request (fcfs) and reco
   add(alone, "B", prompt(2, 8), { ...greedy, maxTokens: 8 });
   assert.deepEqual(out.get("B")!.outputs[0]!.tokenIds, runToCompletion(alone).get("B")!.outputs[0]!.tokenIds);
   assert.equal(core.stats().numFreeBlocks, 6);
+});
+
+test("scheduler: a chunk never ends inside an image (its tokens attend to each other both ways): it ends before", () => {
+  class ImageRunner extends FakeModelRunner {
+    readonly supportsImages = true;
+  }
+  const runner = new ImageRunner(VOCAB);
+  const core = new EngineCore({ maxModelLen: 256, numGpuBlocks: 128, blockSize: 4, maxNumBatchedTokens: 8 }, runner, {});
+  const image = (offset: number) => ({ hash: `img${offset}`, offset, length: 4, pixelValues: new Float32Array(0) });
+  core.addRequest({ requestId: "A", promptTokenIds: prompt(1, 20), params: { ...greedy, maxTokens: 2 }, mmFeatures: [image(6), image(13)] });
+  runToCompletion(core);
+  assert.deepEqual(fmt(runner.log), [
+    "A:0+6", // 0..8 would split [6, 10): the waiting request's first chunk stops at 6
+    "A:6+7", // 6..14 would split [13, 17): the running request's chunk stops at 13
+    "A:13+7",
+    "A:20+1",
+  ]);
 });
