@@ -2,7 +2,7 @@
 // (fc.weight, layers.{i}.* for EAGLE-1; fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d for EAGLE-3).
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { EagleHead, parseEagleHeadConfig, type EagleMethod } from "../../src/models/eagle-head.js";
+import { EagleHead, type EagleMethod } from "../../src/models/eagle-head.js";
 import type { CausalLM } from "../../src/models/causal-lm.js";
 import { parseHfConfig } from "../../src/models/hf-config.js";
 import { writeSafetensors, type SafetensorsWriteTensor } from "../../src/models/formats/safetensors.js";
@@ -37,7 +37,11 @@ export function writeEagleHead(targetDir: string, name: string, o: EagleHeadOpti
     num_hidden_layers: 1,
     ...o.config,
   };
-  const head = new EagleHead(parseEagleHeadConfig(json, o.method, parseHfConfig(targetJson)), null as unknown as CausalLM, { unallocatedParameters: true, ownEmbed: false });
+  // (the names and shapes only: a head that does not fit its target is written as well)
+  const layer = parseHfConfig({ ...json, architectures: ["LlamaForCausalLM"] });
+  const num = (k: string, dflt: number) => (typeof json[k] === "number" ? (json[k] as number) : dflt);
+  const config = { method: o.method, layer, targetHiddenSize: num("target_hidden_size", layer.hiddenSize), draftVocabSize: num("draft_vocab_size", layer.vocabSize), auxLayers: [], normBeforeResidual: false };
+  const head = new EagleHead(config, null as unknown as CausalLM, { unallocatedParameters: true, ownEmbed: false });
   const normal = normals(o.seed ?? 3);
   const std = o.std ?? 0.2;
   const tensors: SafetensorsWriteTensor[] = head.namedParameters().map(([n, t]) => {
