@@ -10,7 +10,7 @@ import { CaptureError } from "../util/errors.js";
 import { weightTensors } from "../nn/quantized-linear.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
 import type { KvLayout } from "./kv-transfer.js";
-import { fillFedTokens, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
+import { fillFedTokens, type HiddenStatesRequest, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
 
 /**
  * Weights up to this size move onto huge pages at start-up (Backend.moveToHugePages). Measured decode gains: SmolLM-135M
@@ -32,7 +32,7 @@ export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
 export type KvCacheDtype = "float32" | "bfloat16" | "fp8_e4m3" | "fp8_e5m2";
 
 /** The tensor dtype a KV cache of this type is allocated as. */
-const KV_TENSOR_DTYPE: Record<KvCacheDtype, DType> = {
+export const KV_TENSOR_DTYPE: Record<KvCacheDtype, DType> = {
   float32: "float32",
   bfloat16: "bfloat16",
   fp8_e4m3: "float8_e4m3fn",
@@ -63,6 +63,21 @@ function poolChunks(h: Float32Array, seqs: ScheduledBatch["sequences"], pooling:
     }
     at += n;
   }
+  return out;
+}
+
+/** A step's hidden rows as the batch asked (ScheduledBatch.hiddenStates): [T, width], aux streams side by side per row. Disposes `aux`. */
+function hiddenRows(final: Tensor, want: HiddenStatesRequest, aux: Tensor[]): Float32Array {
+  if (want === "final") return final.dataSync() as Float32Array; // (a fresh copy, float32 whatever the dtype)
+  const parts = aux.map((t) => {
+    const v = t.dataSync() as Float32Array;
+    t.dispose();
+    return v;
+  });
+  const T = final.shape[0]!;
+  const H = final.shape[1]!;
+  const out = new Float32Array(T * H * parts.length);
+  for (let r = 0; r < T; r++) parts.forEach((p, i) => out.set(p.subarray(r * H, (r + 1) * H), (r * parts.length + i) * H));
   return out;
 }
 
@@ -240,8 +255,9 @@ export class PagedModelRunner implements ModelRunner {
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     if (this.kvReleased || this.weightsReleased) throw new Error(`[runner] a step while the ${this.kvReleased ? "KV cache" : "weights"} are released (the engine is asleep)`);
-    // pooling steps (prompts only, compute-bound) run eagerly: the graphs return logits, not hidden rows
-    const replay = batch.pooling === undefined ? (this.graphs?.launch(batch) ?? null) : null;
+    // pooling steps (prompts only, compute-bound) and steps that return hidden states run eagerly: the graphs
+    // return logits, not hidden rows
+    const replay = batch.pooling === undefined && batch.hiddenStates === undefined ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
       const wait = (): RunnerOutput => {
         const { logits, tokenIds } = replay.wait();
@@ -255,7 +271,9 @@ export class PagedModelRunner implements ModelRunner {
     this.onStepInputs?.(inputs); // tensor parallelism: the other ranks run the same forward
 
     return noGrad(() => {
-      const hidden = this.forwardInputs(inputs);
+      const aux = typeof batch.hiddenStates === "object" ? { layers: batch.hiddenStates.layers, out: [] as Tensor[] } : undefined;
+      const hidden = this.forwardInputs(inputs, aux);
+      const hiddenStates = batch.hiddenStates === undefined ? undefined : hiddenRows(hidden, batch.hiddenStates, aux?.out ?? []);
       const pooling = batch.pooling;
       if (pooling !== undefined) {
         const h = hidden.dataSync() as Float32Array; // [T, H], final-normed
@@ -279,14 +297,17 @@ export class PagedModelRunner implements ModelRunner {
             promptLogits.set(id, l.dataSync() as Float32Array);
             l.dispose();
           }
-          return { logits, promptLogits };
+          return { logits, promptLogits, ...(hiddenStates !== undefined ? { hiddenStates } : {}) };
         },
       };
     });
   }
 
-  /** Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this). */
-  forwardInputs(inputs: StepInputs): Tensor {
+  /**
+   * Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this); `aux` also
+   * keeps the residual streams entering its layers (CausalLM.forward).
+   */
+  forwardInputs(inputs: StepInputs, aux?: { layers: readonly number[]; out: Tensor[] }): Tensor {
     return noGrad(() => {
       const dev = this.model.device;
       const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
@@ -300,7 +321,7 @@ export class PagedModelRunner implements ModelRunner {
         ...(inputs.loraSlots === null ? {} : { loraSlots: t(inputs.loraSlots) }),
       };
       const idsT = t(inputs.ids);
-      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches });
+      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches }, aux);
       idsT.dispose();
       for (const x of Object.values(ctxTensors)) x.dispose();
       return hidden;
