@@ -15,7 +15,7 @@ export interface FeatureArgs {
   runner: "generate" | "pooling";
   /** vLLM --pooler-config (--override-pooler-config): pooling_type and normalize, or null for the model's default. */
   poolerConfig: { poolingType?: "LAST" | "MEAN" | "CLS"; normalize?: boolean } | null;
-  /** vLLM --speculative-config (n-gram drafts or a draft model), or null. */
+  /** vLLM --speculative-config (n-gram drafts, a draft model or an EAGLE head), or null. */
   speculativeConfig: SpeculativeConfig | null;
   /** vLLM --kv-events-config: prefix-cache block events published over NATS (engine_id defaults to the served URL); null = off. */
   kvEventsConfig: KvEventsConfig | null;
@@ -37,7 +37,7 @@ export type ServeReasoningParser = ReasoningParserName | "openai_gptoss";
 /** Declares the feature flags on `cmd` (the engine's on serve, generate and chat; the structured output ones on serve). */
 export function addFeatureOptions(cmd: Command): Command {
   return cmd
-    .option("--speculative-config <json>", 'speculative decoding as JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}, or a draft model: {"model": "path/to/small-model", "num_speculative_tokens": 3}')
+    .option("--speculative-config <json>", 'speculative decoding as JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}, a draft model: {"model": "path/to/small-model", "num_speculative_tokens": 3}, or an EAGLE head: {"method": "eagle3", "model": "path/to/head", "num_speculative_tokens": 3}')
     .option(
       "--kv-events-config <json>",
       'publish KV-cache events as JSON: {"enable_kv_cache_events": true, "publisher": "nats", "endpoint": "nats://127.0.0.1:4222", "topic": "kv-events"}',
@@ -115,7 +115,7 @@ function parseRunner(o: Record<string, unknown>): Pick<FeatureArgs, "runner" | "
   return { runner: "pooling", poolerConfig: out };
 }
 
-/** --speculative-config: vLLM's JSON (snake_case keys) for the n-gram method or a draft model. */
+/** --speculative-config: vLLM's JSON (snake_case keys) for the n-gram method, a draft model or an EAGLE head. */
 function parseSpeculativeConfig(value: unknown): SpeculativeConfig | null {
   if (value === undefined) return null;
   const c = jsonObjectFlag(value, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}');

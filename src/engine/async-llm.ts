@@ -1,7 +1,7 @@
 // Streaming engine client (vLLM's AsyncLLM): requests stream RequestOutputs while one loop drives
 // EngineCore.step(), yielding to the event loop between steps. EngineCore is a plain class so this loop can
 // later move to a worker thread with the same EngineClient surface.
-import type { DraftModelProposer } from "./draft-model.js";
+import type { Drafter } from "./speculative.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import { EngineCore, type EngineArgs, type ResolvedEngineArgs } from "./engine-core.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
@@ -26,8 +26,8 @@ export interface AsyncLLMOptions {
   engineArgs: EngineArgs;
   /** Engine-level logits processors (vLLM `logits_processors`): instances, or classes built with {vocabSize}. */
   logitsProcessors?: readonly LogitsProcessorInput[];
-  /** The draft model's proposer, for speculativeConfig's draft_model method (ServingSetup.draft). */
-  draft?: DraftModelProposer | null;
+  /** The drafter of speculativeConfig's draft_model, eagle and eagle3 methods (ServingSetup.draft). */
+  draft?: Drafter | null;
 }
 
 /**

@@ -12,24 +12,17 @@
 // running (finished, aborted or preempted) gives its blocks back at the next proposal; one the draft cache has no
 // room for gets no drafts.
 
+import { DraftKvBlocks, type DraftKvState } from "./draft-blocks.js";
 import type { ModelRunner, ScheduledSequence } from "./model-runner.js";
+import type { DraftRequest, Drafter } from "./speculative.js";
 
-/** One request to draft for: its tokens (prompt and output) and how many drafts it takes. */
-export interface DraftRequest {
-  requestId: string;
-  tokens: readonly number[];
-  k: number;
-}
+export type { DraftRequest } from "./speculative.js";
 
-interface DraftState {
-  blocks: number[];
-  /** Tokens of the request whose K/V the draft cache holds (positions 0 .. computed-1). */
-  computed: number;
-}
+/** (computed: tokens of the request whose K/V the draft cache holds) */
+type DraftState = DraftKvState;
 
-export class DraftModelProposer {
-  private readonly states = new Map<string, DraftState>();
-  private readonly free: number[];
+export class DraftModelProposer implements Drafter {
+  private readonly kv: DraftKvBlocks<DraftState>;
 
   /**
    * `runner`: the draft model over its own KV cache of `numBlocks` blocks of `blockSize` tokens (block 0, which
@@ -42,17 +35,17 @@ export class DraftModelProposer {
     numBlocks: number,
     private readonly maxTokensPerStep = 2048,
   ) {
-    this.free = Array.from({ length: numBlocks - 1 }, (_, i) => numBlocks - 1 - i);
+    this.kv = new DraftKvBlocks(blockSize, numBlocks);
   }
 
   /** Blocks the draft cache has left. */
   get numFreeBlocks(): number {
-    return this.free.length;
+    return this.kv.numFree;
   }
 
   /** Requests the draft cache holds K/V of. */
   get numTracked(): number {
-    return this.states.size;
+    return this.kv.states.size;
   }
 
   /**
@@ -60,18 +53,18 @@ export class DraftModelProposer {
    * every request still running; the others' blocks are given back first.
    */
   propose(requests: readonly DraftRequest[], running: ReadonlySet<string>): Map<string, number[]> {
-    for (const id of [...this.states.keys()]) if (!running.has(id)) this.release(id);
+    this.kv.keepOnly(running);
     const drafts = new Map<string, number[]>();
     const active: { r: DraftRequest; st: DraftState }[] = [];
     for (const r of requests) {
       drafts.set(r.requestId, []);
       if (r.k <= 0 || r.tokens.length === 0) continue;
-      const st = this.states.get(r.requestId) ?? { blocks: [], computed: 0 };
-      this.states.set(r.requestId, st);
+      const st = this.kv.states.get(r.requestId) ?? { blocks: [], computed: 0 };
+      this.kv.states.set(r.requestId, st);
       // (the last known token is fed again when the cache holds all of them: its logits give the first draft)
       st.computed = Math.min(st.computed, r.tokens.length - 1);
       // K/V at positions up to tokens + k - 2 (the last draft is not fed)
-      if (!this.grow(st, r.tokens.length + r.k - 1)) continue;
+      if (!this.kv.grow(st, r.tokens.length + r.k - 1)) continue;
       active.push({ r, st });
     }
     // catch up: the tokens each cache lacks, in chunks; the chunk reaching the last token gives draft 1
@@ -104,7 +97,7 @@ export class DraftModelProposer {
 
   /** Sleep mode (level 1 and up): frees the draft's KV cache; every request's drafting starts over after restoreKvCache(). */
   releaseKvCache(): void {
-    for (const id of [...this.states.keys()]) this.release(id);
+    this.kv.releaseAll();
     this.runner.releaseKvCache?.();
   }
 
@@ -114,32 +107,12 @@ export class DraftModelProposer {
 
   /** Gives back every block and frees the draft runner's memory (its KV cache, step graphs). */
   dispose(): void {
-    for (const id of [...this.states.keys()]) this.release(id);
+    this.kv.releaseAll();
     this.runner.dispose?.();
   }
 
-  private release(id: string): void {
-    const st = this.states.get(id);
-    if (st === undefined) return;
-    this.free.push(...st.blocks);
-    this.states.delete(id);
-  }
-
-  /** Blocks for `positions` positions; false (nothing taken) when the cache has too few left. */
-  private grow(st: DraftState, positions: number): boolean {
-    const need = Math.ceil(positions / this.blockSize) - st.blocks.length;
-    if (need <= 0) return true;
-    if (need > this.free.length) return false;
-    for (let i = 0; i < need; i++) st.blocks.push(this.free.pop()!);
-    return true;
-  }
-
   private sequence(requestId: string, st: DraftState, tokenIds: readonly number[], startPosition: number, needsLogits: boolean): ScheduledSequence {
-    const slotMapping = new Int32Array(tokenIds.length);
-    for (let j = 0; j < tokenIds.length; j++) {
-      const p = startPosition + j;
-      slotMapping[j] = st.blocks[Math.floor(p / this.blockSize)]! * this.blockSize + (p % this.blockSize);
-    }
+    const slotMapping = this.kv.slots(st, startPosition, tokenIds.length);
     return { requestId, tokenIds, startPosition, blockTable: st.blocks, slotMapping, needsLogits, needsPromptLogits: false };
   }
 

@@ -30,8 +30,7 @@ import { LOGPROBS_MODES, Sampler, type LogitsProcessorInput, type LogprobsMode, 
 import { normalizeSamplingParams } from "./sampling-params.js";
 import { Scheduler, type RequestUpdate, type SchedulerOutput, type SchedulingPolicy } from "./scheduler.js";
 import { stopHoldback } from "./stop-checker.js";
-import { proposeNgram, resolveSpeculativeConfig, type NgramSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
-import type { DraftModelProposer } from "./draft-model.js";
+import { isModelDraftMethod, proposeNgram, resolveSpeculativeConfig, type Drafter, type NgramSpeculativeConfig, type SpeculativeConfig } from "./speculative.js";
 import type { ClassifierConfig } from "../models/hf-config.js";
 import {
   harmonyEnd, hasTokenMarkers, REASONING_PARSERS, textMarkersRefusal, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName,
@@ -245,8 +244,8 @@ export interface EngineCoreOptions {
   createDetokenizer?: (promptTokenIds: readonly number[], params: SamplingParams) => IncrementalDetokenizerLike;
   /** Engine-level logits processors (vLLM `logits_processors`): instances, or classes built with {vocabSize}. */
   logitsProcessors?: readonly LogitsProcessorInput[];
-  /** The draft model's proposer, for speculativeConfig's "draft_model" method (serving.ts builds it). */
-  draft?: DraftModelProposer | null;
+  /** The drafter of speculativeConfig's "draft_model", "eagle" and "eagle3" methods (serving.ts builds it). */
+  draft?: Drafter | null;
 }
 
 export class EngineCore {
@@ -258,7 +257,7 @@ export class EngineCore {
   private readonly tokenizer: TokenizerLike | null;
   private readonly createDetokenizer: EngineCoreOptions["createDetokenizer"];
   private readonly eosTokenIds: number[];
-  private readonly draft: DraftModelProposer | null;
+  private readonly draft: Drafter | null;
   /** Structured output's grammar compiler (made on first use). */
   private grammars: StructuredOutputManager | null = null;
   /** Whole Harmony replies' grammar compiler (harmony-grammar.ts), made on first use. */
@@ -325,8 +324,9 @@ export class EngineCore {
     if (a.pooler?.classify === true && (runner.classify === undefined || (runner.classifier ?? null) === null))
       throw new Error("[engine] pooler.classify needs a classifier model (*ForSequenceClassification)");
     this.draft = options.draft ?? null;
-    if (a.speculativeConfig?.method === "draft_model" && this.draft === null)
-      throw new Error("[engine] speculativeConfig's draft_model method needs the draft model's proposer (EngineCoreOptions.draft)");
+    const method = a.speculativeConfig?.method;
+    if (method !== undefined && isModelDraftMethod(method) && this.draft === null)
+      throw new Error(`[engine] speculativeConfig's ${method} method needs its drafter (EngineCoreOptions.draft)`);
   }
 
   /**
@@ -744,6 +744,7 @@ export class EngineCore {
       batch.pooling = this.args.pooler.poolingType;
       batch.sampleOnDevice = false;
     }
+    if (this.draft?.hiddenStates !== undefined) batch.hiddenStates = this.draft.hiddenStates; // an EAGLE head reads them
     if (this.lora !== null) {
       // the step's adapters into device slots (behind the work already queued), and each sequence's slot
       const ids = new Set<number>();
@@ -788,6 +789,7 @@ export class EngineCore {
     const updates = this.scheduler.update(out, sampled, runnerOutput.promptLogits, Date.now(), deferText);
     this.exportKv(updates);
     this.numSteps++;
+    if (runnerOutput.hiddenStates !== undefined) this.observeHidden(out, runnerOutput.hiddenStates);
     if (this.args.speculativeConfig !== null) this.proposeDrafts(this.args.speculativeConfig);
     return updates;
   }
@@ -842,13 +844,29 @@ export class EngineCore {
       if (paused && decoding) req.specPause.skip--;
       if (decoding && !paused && room > 0 && this.speculable()) wanted.push({ req, room });
     }
-    const proposed = c.method === "draft_model"
-      ? this.draft!.propose(wanted.map(({ req, room }) => ({ requestId: req.requestId, tokens: req.allTokenIds, k: room })), new Set(this.scheduler.running.map((r) => r.requestId)))
+    // a drafter reading the served model's hidden states is fed every running request's (k = 0: none to draft)
+    const fed = this.draft?.hiddenStates !== undefined ? this.scheduler.running.filter((r) => !wanted.some((w) => w.req === r)).map((req) => ({ req, room: 0 })) : [];
+    const proposed = c.method !== "ngram"
+      ? this.draft!.propose([...wanted, ...fed].map(({ req, room }) => ({ requestId: req.requestId, tokens: req.allTokenIds, k: room })), new Set(this.scheduler.running.map((r) => r.requestId)))
       : null;
     for (const { req, room } of wanted) {
       const drafts = proposed !== null ? proposed.get(req.requestId) ?? [] : proposeNgram(req.allTokenIds, (c as NgramSpeculativeConfig).promptLookupMin, (c as NgramSpeculativeConfig).promptLookupMax, room);
       // structured output: only the drafts its grammar allows (vLLM's validate_tokens)
       req.specTokenIds = req.grammar === null || drafts.length === 0 ? drafts : drafts.slice(0, req.grammar.validPrefix(drafts));
+    }
+  }
+
+  /**
+   * Hands an EAGLE drafter the served model's hidden rows [numTokens, width] of a step: each running request's rows of
+   * the positions the step computed and kept (not those of rejected drafts).
+   */
+  private observeHidden(out: SchedulerOutput, rows: Float32Array): void {
+    const width = rows.length / Math.max(1, out.scheduled.reduce((n, s) => n + s.tokenIds.length, 0));
+    let at = 0;
+    for (const s of out.scheduled) {
+      const n = Math.min(s.tokenIds.length, s.request.numComputedTokens - s.startPosition);
+      if (!s.request.isFinished && n > 0) this.draft!.observe!(s.request.requestId, s.startPosition, rows.subarray(at * width, (at + n) * width), n);
+      at += s.tokenIds.length;
     }
   }
 

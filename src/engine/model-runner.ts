@@ -67,7 +67,15 @@ export interface ScheduledBatch {
    * hidden state (RunnerOutput.pooled).
    */
   pooling?: PoolingType;
+  /**
+   * Return the target model's hidden states of every token of the step (RunnerOutput.hiddenStates), for an EAGLE
+   * drafter: "final" the final normed ones, or the residual streams entering `layers` (vLLM's aux hidden state ids),
+   * concatenated per row in layer order. Absent: none (the step costs nothing more).
+   */
+  hiddenStates?: HiddenStatesRequest;
 }
+
+export type HiddenStatesRequest = "final" | { layers: readonly number[] };
 
 /** How a pooling engine reduces a prompt's final hidden states (vLLM's pooling_type). */
 export const POOLING_TYPES = ["LAST", "MEAN", "CLS"] as const;
@@ -108,6 +116,8 @@ export interface RunnerOutput {
    * (chunk with needsLogits), CLS the first token's (chunk at position 0), MEAN the sum of the chunk's rows.
    */
   pooled?: Map<string, Float32Array>;
+  /** With batch.hiddenStates: [numTokens, width] of every token of the batch, in batch order. */
+  hiddenStates?: Float32Array;
 }
 
 /** A step whose kernels are queued on the device: `wait()` blocks until its logits are on the host. */

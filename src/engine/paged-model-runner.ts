@@ -11,7 +11,10 @@ import { weightTensors } from "../nn/quantized-linear.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
 import type { KvLayout } from "./kv-transfer.js";
 import type { Gemma3Vision } from "../models/siglip.js";
-import { fillFedTokens, type MultiModalFeature, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput, type ScheduledBatch } from "./model-runner.js";
+import {
+  fillFedTokens, type HiddenStatesRequest, type MultiModalFeature, type ModelRunner, type PendingRunnerOutput, type PoolingType, type RunnerOutput,
+  type ScheduledBatch,
+} from "./model-runner.js";
 
 /**
  * Weights up to this size move onto huge pages at start-up (Backend.moveToHugePages). Measured decode gains: SmolLM-135M
@@ -45,7 +48,7 @@ interface ImageRows {
 const ENCODER_CACHE_IMAGES = 64;
 
 /** The tensor dtype a KV cache of this type is allocated as. */
-const KV_TENSOR_DTYPE: Record<KvCacheDtype, DType> = {
+export const KV_TENSOR_DTYPE: Record<KvCacheDtype, DType> = {
   float32: "float32",
   bfloat16: "bfloat16",
   fp8_e4m3: "float8_e4m3fn",
@@ -76,6 +79,21 @@ function poolChunks(h: Float32Array, seqs: ScheduledBatch["sequences"], pooling:
     }
     at += n;
   }
+  return out;
+}
+
+/** A step's hidden rows as the batch asked (ScheduledBatch.hiddenStates): [T, width], aux streams side by side per row. Disposes `aux`. */
+function hiddenRows(final: Tensor, want: HiddenStatesRequest, aux: Tensor[]): Float32Array {
+  if (want === "final") return final.dataSync() as Float32Array; // (a fresh copy, float32 whatever the dtype)
+  const parts = aux.map((t) => {
+    const v = t.dataSync() as Float32Array;
+    t.dispose();
+    return v;
+  });
+  const T = final.shape[0]!;
+  const H = final.shape[1]!;
+  const out = new Float32Array(T * H * parts.length);
+  for (let r = 0; r < T; r++) parts.forEach((p, i) => out.set(p.subarray(r * H, (r + 1) * H), (r * parts.length + i) * H));
   return out;
 }
 
@@ -263,8 +281,9 @@ export class PagedModelRunner implements ModelRunner {
     if (this.kvReleased || this.weightsReleased) throw new Error(`[runner] a step while the ${this.kvReleased ? "KV cache" : "weights"} are released (the engine is asleep)`);
     // image rows take their embeddings from the vision tower: such steps run eagerly (the graphs embed token ids)
     const imageRows = this.imageRows(batch);
-    // pooling steps (prompts only, compute-bound) run eagerly: the graphs return logits, not hidden rows
-    const replay = batch.pooling === undefined && imageRows === null ? (this.graphs?.launch(batch) ?? null) : null;
+    // pooling steps (prompts only, compute-bound) and steps that return hidden states run eagerly: the graphs
+    // return logits, not hidden rows
+    const replay = batch.pooling === undefined && batch.hiddenStates === undefined && imageRows === null ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
       const wait = (): RunnerOutput => {
         const { logits, tokenIds } = replay.wait();
@@ -278,7 +297,9 @@ export class PagedModelRunner implements ModelRunner {
     this.onStepInputs?.(inputs); // tensor parallelism: the other ranks run the same forward
 
     return noGrad(() => {
-      const hidden = this.forwardInputs(inputs, imageRows);
+      const aux = typeof batch.hiddenStates === "object" ? { layers: batch.hiddenStates.layers, out: [] as Tensor[] } : undefined;
+      const hidden = this.forwardInputs(inputs, aux, imageRows);
+      const hiddenStates = batch.hiddenStates === undefined ? undefined : hiddenRows(hidden, batch.hiddenStates, aux?.out ?? []);
       const pooling = batch.pooling;
       if (pooling !== undefined) {
         const h = hidden.dataSync() as Float32Array; // [T, H], final-normed
@@ -302,7 +323,7 @@ export class PagedModelRunner implements ModelRunner {
             promptLogits.set(id, l.dataSync() as Float32Array);
             l.dispose();
           }
-          return { logits, promptLogits };
+          return { logits, promptLogits, ...(hiddenStates !== undefined ? { hiddenStates } : {}) };
         },
       };
     });
@@ -365,8 +386,11 @@ export class PagedModelRunner implements ModelRunner {
     return features;
   }
 
-  /** Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this). */
-  forwardInputs(inputs: StepInputs, imageRows: ImageRows | null = null): Tensor {
+  /**
+   * Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this); `aux` also
+   * keeps the residual streams entering its layers (CausalLM.forward); `imageRows`: the step's rows inside images.
+   */
+  forwardInputs(inputs: StepInputs, aux?: { layers: readonly number[]; out: Tensor[] }, imageRows: ImageRows | null = null): Tensor {
     return noGrad(() => {
       const dev = this.model.device;
       const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
@@ -391,7 +415,7 @@ export class PagedModelRunner implements ModelRunner {
         blockTables: t(imageRows.blockTables, [R, imageRows.blockTables.length / R]),
         queryStart: t(Int32Array.from({ length: R + 1 }, (_, i) => i)), slotMapping: t(new Int32Array(R).fill(-1)),
       };
-      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches, mmPrefix }, embeds);
+      const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches, mmPrefix }, aux, embeds);
       idsT.dispose();
       if (embeds !== null) embeds.values.dispose();
       if (mmPrefix !== null) for (const x of Object.values(mmPrefix)) x.dispose();

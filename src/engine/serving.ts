@@ -8,15 +8,19 @@ import { EngineInputError } from "./errors.js";
 import type { EngineArgs, PoolerConfig } from "./engine-core.js";
 import { isPoolingType, type PoolingType } from "./model-runner.js";
 import { hasTokenMarkers, REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
-import { HUGE_PAGE_MAX_WEIGHT_BYTES, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
+import { HUGE_PAGE_MAX_WEIGHT_BYTES, KV_TENSOR_DTYPE, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { KvEventsConfig } from "./kv-events.js";
 import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
 import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
 import { weightTensors } from "../nn/quantized-linear.js";
-import { resolveSpeculativeConfig, type DraftModelSpeculativeConfig, type NgramSpeculativeConfig } from "./speculative.js";
+import {
+  resolveSpeculativeConfig, type DraftModelSpeculativeConfig, type Drafter, type EagleSpeculativeConfig, type NgramSpeculativeConfig,
+} from "./speculative.js";
 import { DraftModelProposer } from "./draft-model.js";
+import { EagleProposer } from "./eagle.js";
+import { loadEagleHead } from "../models/eagle-head.js";
 import { env } from "../util/env.js";
 import { camelCaseHint } from "../util/names.js";
 import { resolveModel } from "../models/hub.js";
@@ -68,7 +72,7 @@ export interface ServingArgs {
    * drafts verified in one step) or `{ model, numSpeculativeTokens }` (a draft model's greedy drafts; method
    * "draft_model"); either turns async scheduling off. Default none.
    */
-  speculativeConfig?: Partial<NgramSpeculativeConfig> | Partial<DraftModelSpeculativeConfig> | null;
+  speculativeConfig?: Partial<NgramSpeculativeConfig> | Partial<DraftModelSpeculativeConfig> | Partial<EagleSpeculativeConfig> | null;
   /** Largest decode batch captured as a step graph; default min(maxNumSeqs, 32). */
   maxCaptureSize?: number;
   /** Largest token count of the captured mixed (prefill) steps (vLLM's max_cudagraph_capture_size); default 512, 0 = none. */
@@ -148,8 +152,8 @@ export interface ServingSetup {
   kvTokens: number;
   /** The other tensor-parallel ranks (shut them down with the engine), or null. */
   tp: TpLeader | null;
-  /** The draft model's proposer (speculativeConfig's draft_model method), or null. */
-  draft: DraftModelProposer | null;
+  /** The drafter of speculativeConfig's draft_model, eagle and eagle3 methods, or null. */
+  draft: Drafter | null;
 }
 
 const DEFAULT_KV_CAP = 4 * 1024 ** 3;
@@ -404,6 +408,35 @@ function loadDraft<T extends LoadedModel | Promise<LoadedModel>>(load: () => T):
   }
 }
 
+/** The EAGLE head a speculative config names (method eagle or eagle3), or null. */
+function eagleConfig(args: ServingArgs): EagleSpeculativeConfig | null {
+  const c = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
+  return c?.method === "eagle" || c?.method === "eagle3" ? c : null;
+}
+
+/**
+ * The setup with an EAGLE head's proposer: the head (in the served model's dtype, sharing its embeddings) over its own
+ * KV cache of as many blocks as the served model's. Refuses a head that does not fit the served model.
+ */
+function withEagle(s: ServingSetup, c: EagleSpeculativeConfig, dir: string): ServingSetup {
+  const a = s.engineArgs;
+  const fail = (m: string): never => {
+    throw new EngineInputError("speculative_config", `EAGLE head ${dir}: ${m}`);
+  };
+  if (s.tp !== null) fail("EAGLE heads are not supported with tensor parallelism yet");
+  let proposer: EagleProposer | null = null;
+  try {
+    const head = loadEagleHead(dir, c.method, s.loaded.model, s.loaded.dtype);
+    if (head.config.layer.maxPositionEmbeddings < a.maxModelLen!)
+      fail(`it has ${head.config.layer.maxPositionEmbeddings} positions, fewer than max_model_len ${a.maxModelLen} (lower --max-model-len)`);
+    proposer = new EagleProposer(head, a.blockSize!, a.numGpuBlocks!, a.maxNumBatchedTokens!, KV_TENSOR_DTYPE[s.runner.kvCacheDtype]);
+  } catch (e) {
+    if (e instanceof EngineInputError) throw e;
+    fail((e as Error).message);
+  }
+  return { ...s, draft: proposer };
+}
+
 /** The setup with its draft model's proposer. */
 function withDraft(s: ServingSetup, draft: LoadedModel, args: ServingArgs): ServingSetup {
   const a = s.engineArgs;
@@ -564,6 +597,8 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
   const loaded = loadLocalModel(args.model, { ...loadOptions(args), onProgress: args.onProgress });
   const s = setup(loaded, args, mark);
   // (loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
+  const eagle = eagleConfig(args);
+  if (eagle !== null) return withEagle(s, eagle, eagle.model);
   const draftPath = draftModelPath(args);
   return draftPath === null ? s : withDraft(s, loadDraft(() => loadLocalModel(draftPath, draftLoadOptions(args))), args);
 }
@@ -578,8 +613,20 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
   const s = setup(loaded, args, mark);
+  const eagle = eagleConfig(args);
+  if (eagle !== null) return withEagle(s, eagle, await resolveEagleDir(eagle.model, args));
   const draftPath = draftModelPath(args);
   return draftPath === null ? s : withDraft(s, await loadDraft(() => loadModel(draftPath, draftLoadOptions(args))), args);
+}
+
+/** An EAGLE head's directory: a local one, or a hub id resolved through the local HF cache (or a download). */
+async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<string> {
+  if (fs.existsSync(idOrPath)) return idOrPath;
+  try {
+    return (await resolveModel(idOrPath, args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {})).path;
+  } catch (e) {
+    throw new EngineInputError("speculative_config", `EAGLE head: ${(e as Error).message}`);
+  }
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */

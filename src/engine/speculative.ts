@@ -22,9 +22,10 @@
 // drafts.
 
 import { camelCaseHint } from "../util/names.js";
+import type { HiddenStatesRequest } from "./model-runner.js";
 
-/** vLLM's SpeculativeConfig (camelCase): the n-gram method, or a draft model (draft-model.ts). */
-export type SpeculativeConfig = NgramSpeculativeConfig | DraftModelSpeculativeConfig;
+/** vLLM's SpeculativeConfig (camelCase): the n-gram method, a draft model (draft-model.ts) or an EAGLE head (eagle.ts). */
+export type SpeculativeConfig = NgramSpeculativeConfig | DraftModelSpeculativeConfig | EagleSpeculativeConfig;
 
 export interface NgramSpeculativeConfig {
   method: "ngram";
@@ -47,21 +48,61 @@ export interface DraftModelSpeculativeConfig {
   numSpeculativeTokens: number;
 }
 
+/**
+ * vLLM's "eagle" and "eagle3" methods: an EAGLE head (eagle-head.ts) that reads the served model's hidden states drafts
+ * k tokens greedily each step.
+ */
+export interface EagleSpeculativeConfig {
+  method: "eagle" | "eagle3";
+  /** The head's directory (config.json and safetensors). */
+  model: string;
+  numSpeculativeTokens: number;
+}
+
+/** The methods whose drafts come from a model (a Drafter). */
+export const isModelDraftMethod = (m: SpeculativeConfig["method"]): m is "draft_model" | "eagle" | "eagle3" => m !== "ngram";
+
+/** One request to draft for: its tokens (prompt and output) and how many drafts it takes (0: none, just keep up). */
+export interface DraftRequest {
+  requestId: string;
+  tokens: readonly number[];
+  k: number;
+}
+
+/** What proposes drafts with a model of its own (DraftModelProposer, EagleProposer); EngineCore calls it each step. */
+export interface Drafter {
+  /** Up to `k` drafts per request (by request id); `running`: every request still running (the others are forgotten). */
+  propose(requests: readonly DraftRequest[], running: ReadonlySet<string>): Map<string, number[]>;
+  /** The served model's hidden states it reads (ScheduledBatch.hiddenStates), absent for none. */
+  readonly hiddenStates?: HiddenStatesRequest;
+  /**
+   * With hiddenStates, after each step: the hidden rows [n, width] of one request's positions start .. start+n-1
+   * (those the step computed and kept). Every running request is then passed to propose(), with k = 0 when it drafts
+   * nothing, so that the drafter keeps up.
+   */
+  observe?(requestId: string, start: number, rows: Float32Array, n: number): void;
+  releaseKvCache(): void;
+  restoreKvCache(): void;
+  dispose(): void;
+}
+
 /** The keys a speculative config may hold, per method (camelCase). */
-const KEYS = { ngram: ["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"], draft_model: ["method", "model", "numSpeculativeTokens"] } as const;
+const MODEL_KEYS = ["method", "model", "numSpeculativeTokens"] as const;
+const KEYS = { ngram: ["method", "numSpeculativeTokens", "promptLookupMax", "promptLookupMin"], draft_model: MODEL_KEYS, eagle: MODEL_KEYS, eagle3: MODEL_KEYS } as const;
 
 /**
  * Checks and completes a speculative config (prompt_lookup_min defaults to 1, prompt_lookup_max to 5 here; a `model`
  * without a method is a draft model, as vLLM infers it).
  */
-export function resolveSpeculativeConfig(c: Partial<NgramSpeculativeConfig> | Partial<DraftModelSpeculativeConfig>): SpeculativeConfig {
+export function resolveSpeculativeConfig(c: Partial<NgramSpeculativeConfig> | Partial<DraftModelSpeculativeConfig> | Partial<EagleSpeculativeConfig>): SpeculativeConfig {
   const fail = (m: string): never => {
     throw new Error(`[engine] speculativeConfig: ${m}`);
   };
   if (typeof c !== "object" || c === null) fail("must be an object");
   const given = c as Record<string, unknown>;
   const method = given.method ?? (given.model !== undefined ? "draft_model" : undefined);
-  if (method !== "ngram" && method !== "draft_model") fail(`method ${JSON.stringify(given.method)} is not supported (Kiln has "ngram" and "draft_model")`);
+  if (typeof method !== "string" || !Object.hasOwn(KEYS, method))
+    fail(`method ${JSON.stringify(given.method)} is not supported (Kiln has ${Object.keys(KEYS).map((m) => JSON.stringify(m)).join(", ")})`);
   const keys: readonly string[] = KEYS[method as keyof typeof KEYS];
   const anyKey = (k: string): boolean => Object.values(KEYS).some((ks) => (ks as readonly string[]).includes(k));
   for (const k of Object.keys(c)) {
@@ -73,8 +114,9 @@ export function resolveSpeculativeConfig(c: Partial<NgramSpeculativeConfig> | Pa
     return v as number;
   };
   const k = int(given.numSpeculativeTokens, "numSpeculativeTokens", 1, 16);
-  if (method === "draft_model") {
-    if (typeof given.model !== "string" || given.model === "") fail(`model must name the draft model (a directory or GGUF file), got ${JSON.stringify(given.model)}`);
+  if (method === "draft_model" || method === "eagle" || method === "eagle3") {
+    const what = method === "draft_model" ? "the draft model (a directory or GGUF file)" : "the EAGLE head's directory";
+    if (typeof given.model !== "string" || given.model === "") fail(`model must name ${what}, got ${JSON.stringify(given.model)}`);
     return { method, model: given.model as string, numSpeculativeTokens: k };
   }
   const min = int(given.promptLookupMin ?? 1, "promptLookupMin", 1, 64);

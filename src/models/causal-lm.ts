@@ -24,7 +24,8 @@ export interface FamilySpec {
 
 export const DEFAULT_FAMILY: FamilySpec = { moeModuleName: "mlp", expertNames: ["gate_proj", "up_proj", "down_proj"] };
 
-class DecoderLayer extends Module {
+/** A decoder layer (exported for draft heads built from the same layers: eagle-head.ts). */
+export class DecoderLayer extends Module {
   readonly selfAttn: Attention;
   readonly mlp: GatedMLP | MoE;
   // the norms on the attention's input and output and the MLP's (ModelConfig.normPlacement says which exist)
@@ -35,8 +36,13 @@ class DecoderLayer extends Module {
   /** Granite's residual_multiplier on both branches, or null. */
   readonly residualScale: number | null;
 
-  /** `rotary`: null for a layer without positions in its attention (SmolLM3's NoPE layers). */
-  constructor(cfg: ModelConfig, i: number, rotary: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null) {
+  /**
+   * `rotary`: null for a layer without positions in its attention (SmolLM3's NoPE layers). `noInputNorm`: no
+   * input_layernorm (an EAGLE head's first layer, whose input is already a projection of normed states).
+   */
+  constructor(
+    cfg: ModelConfig, i: number, rotary: RotaryEmbedding | null, family: FamilySpec, options: LayerOptions, tp: TensorParallel | null, noInputNorm = false,
+  ) {
     super();
     this.selfAttn = this.module(
       "self_attn",
@@ -88,7 +94,7 @@ class DecoderLayer extends Module {
     }
     const norm = (name: string) => this.module(name, new RMSNorm(cfg.hiddenSize, cfg.rmsNormEps, options, cfg.normOffset));
     const p = cfg.normPlacement;
-    this.attnInNorm = p === "post" ? null : norm("input_layernorm");
+    this.attnInNorm = p === "post" || noInputNorm ? null : norm("input_layernorm");
     // HF's post_attention_layernorm is the MLP's input norm in Llama, the attention output's in Gemma 3 and OLMo 2
     const postAttention = norm("post_attention_layernorm");
     this.attnOutNorm = p === "pre" ? null : postAttention;
@@ -247,11 +253,13 @@ export class CausalLM extends Module {
   }
 
   /**
-   * Token ids [T] (int32) with their context -> final hidden states [T, hidden]. `embeds`: input embeddings that
-   * replace the token embeddings of some rows (an image's features at its placeholder tokens, unscaled, as HF's
-   * masked_scatter puts them): rows int32 [R], values float32 [R, hidden].
+   * Token ids [T] (int32) with their context -> final hidden states [T, hidden]. `aux`: also keeps the residual
+   * stream entering each of `aux.layers` (vLLM's aux hidden state ids: 0 = the embeddings), in layer order, into
+   * `aux.out` (EAGLE-3 heads read them). `embeds`: input embeddings that replace the token embeddings of some rows (an
+   * image's features at its placeholder tokens, unscaled, as HF's masked_scatter puts them): rows int32 [R], values
+   * float32 [R, hidden].
    */
-  forward(ids: Tensor, ctx: ForwardContext, embeds?: { rows: Tensor; values: Tensor } | null): Tensor {
+  forward(ids: Tensor, ctx: ForwardContext, aux?: { layers: readonly number[]; out: Tensor[] }, embeds?: { rows: Tensor; values: Tensor } | null): Tensor {
     let h = this.model.embedTokens.forward(ids);
     if (embeds) {
       // (in the embeddings' dtype: the rest of the prompt runs as a text prompt would)
@@ -259,11 +267,12 @@ export class CausalLM extends Module {
       indexCopyInto(h, 0, embeds.rows, values);
       if (values !== embeds.values) values.dispose();
     }
-    for (const layer of this.model.layers) {
+    this.model.layers.forEach((layer, i) => {
       const next = layer.forward(h, ctx);
-      h.dispose();
+      if (aux?.layers.includes(i) === true) aux.out.push(h);
+      else h.dispose();
       h = next;
-    }
+    });
     const out = this.model.norm.forward(h);
     h.dispose();
     return out;

@@ -48,6 +48,8 @@ export type ForwardContext = PagedContext | DenseContext;
 
 export interface AttentionConfig {
   hiddenSize: number;
+  /** Features q/k/v read (default hiddenSize; an EAGLE-3 head's attention reads [embedding, hidden]: 2 x hidden). */
+  inputSize?: number;
   numHeads: number;
   numKvHeads: number;
   headDim: number;
@@ -93,12 +95,13 @@ export class Attention extends Module {
   ) {
     super();
     const { hiddenSize, numHeads, numKvHeads, headDim } = cfg;
+    const inputSize = cfg.inputSize ?? hiddenSize;
     this.numHeads = tp === null ? numHeads : divideForTp("num_attention_heads", numHeads, tp.size);
     this.numKvHeads = tp === null ? numKvHeads : divideForTp("num_key_value_heads", numKvHeads, tp.size);
     if (tp !== null && cfg.qkNorm === "full")
       throw new TensorParallelError("q/k norms over whole projections (OLMo 2) are not supported with tensor parallelism");
     const column = (name: string, out: number): Linear =>
-      this.module(name, tp === null ? new Linear(hiddenSize, out, cfg.qkvBias, options) : new ColumnParallelLinear(hiddenSize, out, cfg.qkvBias, tp, options));
+      this.module(name, tp === null ? new Linear(inputSize, out, cfg.qkvBias, options) : new ColumnParallelLinear(inputSize, out, cfg.qkvBias, tp, options));
     this.qProj = column("q_proj", numHeads * headDim);
     this.kProj = column("k_proj", numKvHeads * headDim);
     this.vProj = column("v_proj", numKvHeads * headDim);

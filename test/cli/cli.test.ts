@@ -86,7 +86,7 @@ describe("kiln CLI", () => {
     assert.deepEqual(parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}' }, {}).speculativeConfig, {
       method: "ngram", numSpeculativeTokens: 3, promptLookupMax: 4, promptLookupMin: 1,
     });
-    assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "eagle", "num_speculative_tokens": 3}' }, {}), /--speculative-config: method "eagle" is not supported/);
+    assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "medusa", "num_speculative_tokens": 3}' }, {}), /--speculative-config: method "medusa" is not supported/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}' }, {}), /"model" does not apply to method "ngram"/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": "3"}' }, {}), /num_speculative_tokens must be an integer in \[1, 16\], got "3"/);
     assert.throws(() => parseServeArgs("m", { speculativeConfig: '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2}' }, {}), /prompt_lookup_max \(2\) must be >= prompt_lookup_min \(5\)/);

@@ -66,7 +66,7 @@ describe("image inputs (Gemma 3)", () => {
       const positions = tensor(Int32Array.from({ length: T }, (_, i) => i));
       const rows = tensor(Int32Array.from({ length: 4 }, (_, i) => f.offset + i));
       const values = tensor(loaded.vision!.encode(imgA), { shape: [4, loaded.config.hiddenSize] });
-      const h = loaded.model.forward(ids, { kind: "dense", batch: 1, seqLen: T, positions, bidirectionalSpans: spans }, { rows, values });
+      const h = loaded.model.forward(ids, { kind: "dense", batch: 1, seqLen: T, positions, bidirectionalSpans: spans }, undefined, { rows, values });
       const logits = loaded.model.logits(h, Int32Array.of(T - 1));
       return logSoftmax(logits, -1).dataSync() as Float32Array;
     });

@@ -43,7 +43,7 @@ describe("n-gram proposals", () => {
       promptLookupMax: 5,
       promptLookupMin: 1,
     });
-    assert.throws(() => resolveSpeculativeConfig({ method: "eagle" as "ngram", numSpeculativeTokens: 2 }), /not supported/);
+    assert.throws(() => resolveSpeculativeConfig({ method: "medusa" as "ngram", numSpeculativeTokens: 2 }), /not supported/);
     assert.throws(() => resolveSpeculativeConfig({ method: "ngram", numSpeculativeTokens: 0 }), /numSpeculativeTokens/);
     assert.throws(() => resolveSpeculativeConfig({ method: "ngram", num_speculative_tokens: 2 } as object), /unknown key "num_speculative_tokens".*numSpeculativeTokens/);
     assert.throws(() => resolveSpeculativeConfig({ method: "ngram", numSpeculativeTokens: 2, promptLookupMin: 4, promptLookupMax: 2 }), /promptLookupMax/);

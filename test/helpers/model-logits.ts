@@ -30,6 +30,16 @@ export function lastLogprobs(m: LoadedModel, ids: readonly number[]): Float32Arr
   });
 }
 
+/** Log-probabilities [T][vocab] at every position of a dense forward over `ids`. */
+export function allLogprobs(m: LoadedModel, ids: readonly number[]): Float32Array[] {
+  const V = m.config.vocabSize;
+  const all = noGrad(() => {
+    const h = m.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
+    return m.model.logits(h).logSoftmax(-1).dataSync() as Float32Array;
+  });
+  return ids.map((_, t) => all.slice(t * V, (t + 1) * V));
+}
+
 /** Greedy continuation by eager full recomputation: the whole sequence through the dense forward at every step (no KV cache). */
 export function recomputedGreedy(m: LoadedModel, ids: readonly number[], steps: number): number[] {
   const seq = [...ids];

@@ -14,11 +14,10 @@ import { readGguf, writeGguf, type GgufWriteTensor } from "../../src/models/form
 import { hfConfigToGgufMetadata } from "../../src/models/formats/gguf-mapping.js";
 import { ModelFormatError } from "../../src/models/formats/model-format-error.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, ModelLoadError, type LoadedModel } from "../../src/models/loader.js";
+import { loadLocalModel, ModelLoadError } from "../../src/models/loader.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import { arange, noGrad, tensor } from "../../src/tensor/index.js";
 import { hasLlamaCpp } from "../helpers/llama-cpp.js";
-import { bytesOfTensor, linears } from "../helpers/model-logits.js";
+import { allLogprobs, bytesOfTensor, linears } from "../helpers/model-logits.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
 
@@ -45,15 +44,7 @@ function ggufOf(name: keyof typeof dirs, type: "F32" | "BF16" = "F32"): string {
   return exported.get(key)!;
 }
 
-/** Log-probabilities [T][vocab] of Kiln's dense forward over `ids`. */
-function logprobs(m: LoadedModel, ids: number[]): Float32Array[] {
-  const V = m.config.vocabSize;
-  const all = noGrad(() => {
-    const h = m.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
-    return m.model.logits(h).logSoftmax(-1).dataSync() as Float32Array;
-  });
-  return ids.map((_, t) => all.slice(t * V, (t + 1) * V));
-}
+const logprobs = allLogprobs;
 const range = (rows: Float32Array[]) => Math.max(...rows.map((r) => r.reduce((a, b) => Math.max(a, b), -Infinity) - r.reduce((a, b) => Math.min(a, b), Infinity)));
 
 describe("gpt-oss GGUF", () => {

@@ -12,24 +12,16 @@ import { hfConfigToGgufMetadata } from "../../src/models/formats/gguf-mapping.js
 import { ModelFormatError } from "../../src/models/formats/model-format-error.js";
 import { ModelConfigError, parseHfConfig } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
-import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
-import { arange, noGrad, tensor } from "../../src/tensor/index.js";
+import { loadLocalModel } from "../../src/models/loader.js";
 import { hasLlamaCpp, llamaCppOracle } from "../helpers/llama-cpp.js";
+import { allLogprobs } from "../helpers/model-logits.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 
 const base = { architectures: ["SmolLM3ForCausalLM"], vocab_size: 100, hidden_size: 64, intermediate_size: 128, num_attention_heads: 4 };
 /** Four layers: layer 3 is the NoPE one. */
 const smol = () => tinyModelDir("SmolLM3ForCausalLM", { overrides: { num_hidden_layers: 4 } });
 
-/** Kiln's log-probabilities [T][vocab] from the dense forward over `ids`. */
-function logprobs(m: LoadedModel, ids: number[]): Float32Array[] {
-  const V = m.config.vocabSize;
-  const all = noGrad(() => {
-    const h = m.model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) });
-    return m.model.logits(h).logSoftmax(-1).dataSync() as Float32Array;
-  });
-  return ids.map((_, t) => all.slice(t * V, (t + 1) * V));
-}
+const logprobs = allLogprobs;
 const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0);
 
 describe("SmolLM3", () => {
