@@ -51,7 +51,8 @@ export async function freeBlocks(url: string): Promise<number> {
   return metricValue(text, "kiln:kv_cache_free_blocks")!;
 }
 
-export async function waitFor(cond: () => Promise<boolean> | boolean, timeoutMs = 3000): Promise<void> {
+/** Polls `cond` until it holds; the default timeout allows for a loaded 2-core machine (a passing wait ends early). */
+export async function waitFor(cond: () => Promise<boolean> | boolean, timeoutMs = 10_000): Promise<void> {
   const start = Date.now();
   while (!(await cond())) {
     if (Date.now() - start > timeoutMs) throw new Error("waitFor: timed out");
