@@ -14,6 +14,7 @@
 
 import { DraftKvBlocks, type DraftKvState } from "./draft-blocks.js";
 import type { ModelRunner, ScheduledSequence } from "./model-runner.js";
+import { argmax } from "./sampling-math.js";
 import type { DraftRequest, Drafter } from "./speculative.js";
 
 export type { DraftRequest } from "./speculative.js";
@@ -31,7 +32,7 @@ export class DraftModelProposer implements Drafter {
    */
   constructor(
     private readonly runner: ModelRunner & { dispose?(): void; releaseKvCache?(): void; restoreKvCache?(): void },
-    private readonly blockSize: number,
+    blockSize: number,
     numBlocks: number,
     private readonly maxTokensPerStep = 2048,
   ) {
@@ -119,17 +120,10 @@ export class DraftModelProposer implements Drafter {
   /** One draft forward: the greedy token of each sequence that needs logits, in order. */
   private run(sequences: ScheduledSequence[]): Int32Array {
     const numTokens = sequences.reduce((n, s) => n + s.tokenIds.length, 0);
-    const out = this.runner.execute({ sequences, blockSize: this.blockSize, numTokens, finishedRequestIds: [], sampleOnDevice: true });
+    const out = this.runner.execute({ sequences, blockSize: this.kv.blockSize, numTokens, finishedRequestIds: [], sampleOnDevice: true });
     if (out.tokenIds !== undefined) return out.tokenIds;
     // a runner that returns logits only: the argmax of each row
     const V = this.runner.vocabSize;
-    const rows = out.logits.length / V;
-    const ids = new Int32Array(rows);
-    for (let r = 0; r < rows; r++) {
-      let best = 0;
-      for (let v = 1; v < V; v++) if (out.logits[r * V + v]! > out.logits[r * V + best]!) best = v;
-      ids[r] = best;
-    }
-    return ids;
+    return Int32Array.from({ length: out.logits.length / V }, (_, r) => argmax(out.logits.subarray(r * V, (r + 1) * V)));
   }
 }

@@ -845,7 +845,8 @@ export class EngineCore {
       if (decoding && !paused && room > 0 && this.speculable()) wanted.push({ req, room });
     }
     // a drafter reading the served model's hidden states is fed every running request's (k = 0: none to draft)
-    const fed = this.draft?.hiddenStates !== undefined ? this.scheduler.running.filter((r) => !wanted.some((w) => w.req === r)).map((req) => ({ req, room: 0 })) : [];
+    const drafting = new Set(wanted.map((w) => w.req));
+    const fed = this.draft?.hiddenStates !== undefined ? this.scheduler.running.filter((r) => !drafting.has(r)).map((req) => ({ req, room: 0 })) : [];
     const proposed = c.method !== "ngram"
       ? this.draft!.propose([...wanted, ...fed].map(({ req, room }) => ({ requestId: req.requestId, tokens: req.allTokenIds, k: room })), new Set(this.scheduler.running.map((r) => r.requestId)))
       : null;

@@ -16,7 +16,7 @@ import { stepGraphCacheKey } from "./step-graph-cache.js";
 import { defaultDevice } from "../tensor/device.js";
 import { weightTensors } from "../nn/quantized-linear.js";
 import {
-  resolveSpeculativeConfig, type DraftModelSpeculativeConfig, type Drafter, type EagleSpeculativeConfig, type NgramSpeculativeConfig,
+  resolveSpeculativeConfig, type DraftModelSpeculativeConfig, type Drafter, type EagleSpeculativeConfig, type NgramSpeculativeConfig, type SpeculativeConfig,
 } from "./speculative.js";
 import { DraftModelProposer } from "./draft-model.js";
 import { EagleProposer } from "./eagle.js";
@@ -384,34 +384,19 @@ function prepareWeights(loaded: LoadedModel, maxModelLen: number): void {
   loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
 }
 
-/** The draft model a speculative config names, loaded as the served model's options say (null for none). */
-function draftModelPath(args: ServingArgs): string | null {
-  const c = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
-  return c?.method === "draft_model" ? c.model : null;
-}
-
 /** How a draft model is read: in the served model's dtype, its own tokenizer and config, nothing else overridden. */
 function draftLoadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "downloadDir" | "deferTokenizerBuild"> {
   return { dtype: args.dtype, downloadDir: args.downloadDir, deferTokenizerBuild: true };
 }
 
-/** Loads the draft model; a model that cannot be read is named as speculative_config's. */
-function loadDraft<T extends LoadedModel | Promise<LoadedModel>>(load: () => T): T {
-  const named = (e: unknown): never => {
-    throw new EngineInputError("speculative_config", `draft model: ${(e as Error).message}`);
-  };
-  try {
-    const got = load();
-    return (got instanceof Promise ? got.catch(named) : got) as T;
-  } catch (e) {
-    return named(e);
-  }
+/** A draft model that cannot be read, named as speculative_config's. */
+function draftLoadError(e: unknown): never {
+  throw new EngineInputError("speculative_config", `draft model: ${(e as Error).message}`);
 }
 
-/** The EAGLE head a speculative config names (method eagle or eagle3), or null. */
-function eagleConfig(args: ServingArgs): EagleSpeculativeConfig | null {
-  const c = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
-  return c?.method === "eagle" || c?.method === "eagle3" ? c : null;
+/** The speculative config, resolved (null without one). */
+function speculation(args: ServingArgs): SpeculativeConfig | null {
+  return args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
 }
 
 /**
@@ -531,7 +516,7 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
     args.onProgress?.(stage, 0);
     const decode = decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize);
     // speculated decodes are mixed steps with 1 + k sampled rows per request
-    const k = args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig).numSpeculativeTokens : 0;
+    const k = speculation(args)?.numSpeculativeTokens ?? 0;
     // and one stream's speculated decode gets a step of exactly 1 + k tokens (not padded to the next power of two)
     const mixed = mixedBuckets(maxNumBatchedTokens, args.maxCaptureTokens);
     if (k > 0 && mixed.length > 0 && 1 + k <= mixed[mixed.length - 1]! && !mixed.includes(1 + k)) mixed.push(1 + k);
@@ -597,10 +582,16 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
   const loaded = loadLocalModel(args.model, { ...loadOptions(args), onProgress: args.onProgress });
   const s = setup(loaded, args, mark);
   // (loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
-  const eagle = eagleConfig(args);
-  if (eagle !== null) return withEagle(s, eagle, eagle.model);
-  const draftPath = draftModelPath(args);
-  return draftPath === null ? s : withDraft(s, loadDraft(() => loadLocalModel(draftPath, draftLoadOptions(args))), args);
+  const spec = speculation(args);
+  if (spec?.method === "eagle" || spec?.method === "eagle3") return withEagle(s, spec, spec.model);
+  if (spec?.method !== "draft_model") return s;
+  let draft: LoadedModel;
+  try {
+    draft = loadLocalModel(spec.model, draftLoadOptions(args));
+  } catch (e) {
+    draftLoadError(e);
+  }
+  return withDraft(s, draft, args);
 }
 
 /**
@@ -613,10 +604,10 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
   const s = setup(loaded, args, mark);
-  const eagle = eagleConfig(args);
-  if (eagle !== null) return withEagle(s, eagle, await resolveEagleDir(eagle.model, args));
-  const draftPath = draftModelPath(args);
-  return draftPath === null ? s : withDraft(s, await loadDraft(() => loadModel(draftPath, draftLoadOptions(args))), args);
+  const spec = speculation(args);
+  if (spec?.method === "eagle" || spec?.method === "eagle3") return withEagle(s, spec, await resolveEagleDir(spec.model, args));
+  if (spec?.method !== "draft_model") return s;
+  return withDraft(s, await loadModel(spec.model, draftLoadOptions(args)).catch(draftLoadError), args);
 }
 
 /** An EAGLE head's directory: a local one, or a hub id resolved through the local HF cache (or a download). */
