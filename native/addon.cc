@@ -764,6 +764,9 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
     for (int64_t h = 0; h < p.Hq; ++h)
       if (!std::isfinite(p.sinks[h])) fail(env, op, "sinks must be finite");
   }
+  // optional full (non-causal) attention (arg 26); absent = causal
+  p.bidirectional = info.Length() > 26 && boolean(info, 26);
+  if (p.bidirectional && p.slidingWindow > 0) fail(env, op, "bidirectional attention takes no sliding window");
   if (T == 0) return {op, nullptr};
   Job job{op, [p] { gK->pagedAttention(p); }};
   job.prefetchReads = [p, numBlocks] { queueCachedKv(p, numBlocks); };

@@ -45,6 +45,9 @@ struct PagedAttentionArgs {
   const float* sinT;
   int64_t rotaryDim;
   bool neox;
+  // Every query row sees all of its sequence's keys (an encoder's full attention, e.g. a vision tower's patches as
+  // one sequence); slidingWindow must be 0. false: causal, row t of a sequence sees positions <= its own.
+  bool bidirectional;
 };
 
 /** Whether gemvGroup takes `a` (with others of the same a, K and bDtype). */

@@ -281,6 +281,7 @@ class Recorder {
         const id = this.push(
           {
             kind: "paged_attention", ...fields, scale: call.scale, slidingWindow: call.slidingWindow, softcap: call.softcap, dynamicTokens: dyn.includes(0), rotary,
+            bidirectional: call.bidirectional === true,
             sinks: call.sinks ? r(call.sinks) : null,
           },
           call.out.shape, "float32", dyn,

@@ -108,7 +108,7 @@ export function interpret(g: Graph, inputs: Tensor[], params: Tensor[], options:
           q, k: kk, v: vv, kCache: v(op.kCache), vCache: v(op.vCache), slotMapping: slots, blockTables: v(op.blockTables),
           queryStart: v(op.queryStart), seqLens: v(op.seqLens), scale: op.scale, slidingWindow: op.slidingWindow, softcap: op.softcap,
           rotary: op.rotary && pos ? { positions: pos, cos: v(op.rotary.cos), sin: v(op.rotary.sin), neox: op.rotary.neox } : null,
-          sinks: op.sinks === null ? null : v(op.sinks),
+          sinks: op.sinks === null ? null : v(op.sinks), bidirectional: op.bidirectional,
         });
         if (pos && pos !== v(op.rotary!.positions)) pos.dispose();
         if (rows === T) out = r;

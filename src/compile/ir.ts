@@ -38,7 +38,7 @@ export type Op =
       kind: "paged_attention";
       q: NodeId; k: NodeId; v: NodeId; kCache: NodeId; vCache: NodeId;
       slotMapping: NodeId; blockTables: NodeId; queryStart: NodeId; seqLens: NodeId;
-      scale: number; slidingWindow: number; softcap: number; dynamicTokens: boolean;
+      scale: number; slidingWindow: number; softcap: number; dynamicTokens: boolean; bidirectional: boolean;
       // fused rotary (q, k un-rotated; positions [T] bucketed like q), or null
       rotary: { positions: NodeId; cos: NodeId; sin: NodeId; neox: boolean } | null;
       // attention sinks [Hq] (gpt-oss), or null

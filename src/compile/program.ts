@@ -281,6 +281,7 @@ export class Program {
           slotMapping: head(view(op.slotMapping)), blockTables, queryStart: view(op.queryStart), seqLens: view(op.seqLens),
           out: head(view(n.id)), numSeqs: numelOf(view(op.seqLens).shape), numHeads: q.shape[1]!, numKvHeads: kCache.shape[2]!,
           headDim: q.shape[2]!, blockSize: kCache.shape[1]!, maxBlocksPerSeq: blockTables.shape[1]!, scale: op.scale, slidingWindow: op.slidingWindow, softcap: op.softcap,
+          bidirectional: op.bidirectional,
           ...(op.sinks !== null ? { sinks: view(op.sinks) } : {}),
           ...(op.rotary ? {
             rotary: {

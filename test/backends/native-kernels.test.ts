@@ -268,8 +268,9 @@ function runSuite(k: NativeKernels, isa: string): void {
     }
   });
 
-  // D = 40: the one-row kernel on every ISA; 64, 32 and 128: the blocked kernel (D a multiple of the vector width)
-  for (const D of [40, 64, 32, 128])
+  // D = 36: the one-row kernel on every ISA; the others the blocked kernel where D / vector width is one of its tile
+  // widths (2, 3, 4, 5, 6, 8, 10, 12, 16): 48, 80 and 96 on AVX-512 (3, 5, 6), 40 on AVX2 (5); else the one-row kernel
+  for (const D of [36, 40, 48, 64, 32, 80, 96, 128])
     for (const slidingWindow of [0, 9]) {
       test(`[${isa}] paged attention (GQA, mixed decode/prefill, D ${D}, window ${slidingWindow})`, () => {
         checkPagedAttention(k, D, slidingWindow, [1, 20, 5], [37, 20, 70]);
@@ -286,6 +287,20 @@ function runSuite(k: NativeKernels, isa: string): void {
     checkPagedAttention(k, 64, 0, [1], [150]);
     checkPagedAttention(k, 64, 0, [90], [90]);
     checkPagedAttention(k, 64, 50, [33, 1], [140, 66]);
+  });
+  // bidirectional (an encoder's full attention): every row of a sequence sees all its keys, its later tokens' too;
+  // whole prompts (a vision tower's patches), new tokens after cached ones, decode rows; blocked and one-row kernels
+  for (const D of [36, 64, 80])
+    test(`[${isa}] bidirectional paged attention (D ${D})`, () => {
+      checkPagedAttention(k, D, 0, [40], [40], "f32", 0, true);
+      checkPagedAttention(k, D, 0, [1, 20, 5], [37, 20, 70], "f32", 0, true);
+      checkPagedAttention(k, D, 0, [1, 20, 5], [37, 20, 70], "bf16", 0.3, true);
+      checkPagedAttention(k, D, 0, [1], [150], "f32", 0, true);
+    });
+  test(`[${isa}] bidirectional paged attention refuses a sliding window`, () => {
+    const D = 32, z = () => new Float32Array(D), i32 = (...xs: number[]) => Int32Array.from(xs);
+    assert.throws(() => k.pagedAttention(z(), z(), z(), new Float32Array(16 * D), new Float32Array(16 * D), i32(0), i32(0), i32(0, 1), i32(1), z(),
+      1, 1, 1, D, 16, 1, 1, 4, undefined, undefined, undefined, undefined, undefined, undefined, 0, undefined, true), /no sliding window/);
   });
   // bf16 caches: the keys of a GQA group are widened to f32 once per tile and scored by each of its rows
   for (const D of [40, 64, 128])
@@ -504,7 +519,9 @@ function checkMatmul(k: NativeKernels, M: number, N: number, K: number, bT: bool
 type CacheKind = "f32" | "bf16" | "fp8_e4m3" | "fp8_e5m2";
 const FP8_FORMAT = { fp8_e4m3: "e4m3fn", fp8_e5m2: "e5m2" } as const;
 
-function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], cacheKind: CacheKind = "f32", softcap = 0): void {
+function checkPagedAttention(
+  k: NativeKernels, D: number, slidingWindow: number, qlens: number[], lens: number[], cacheKind: CacheKind = "f32", softcap = 0, bidirectional = false,
+): void {
   const bf16Cache = cacheKind === "bf16";
   const fp8 = cacheKind === "fp8_e4m3" || cacheKind === "fp8_e5m2" ? FP8_FORMAT[cacheKind] : null;
   k.setNumThreads(2);
@@ -551,7 +568,8 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
   const want = new Float64Array(T * Hq * D);
   for (let s = 0; s < S; s++)
     for (let j = 0; j < qlens[s]!; j++) {
-      const t = queryStart[s]! + j, p = seqLens[s]! - qlens[s]! + j;
+      // the last position row j sees: its own (causal) or the sequence's last (bidirectional)
+      const t = queryStart[s]! + j, p = bidirectional ? seqLens[s]! - 1 : seqLens[s]! - qlens[s]! + j;
       const lo = slidingWindow ? Math.max(0, p - slidingWindow + 1) : 0;
       for (let h = 0; h < Hq; h++) {
         const kvh = Math.floor(h / (Hq / Hkv));
@@ -573,7 +591,8 @@ function checkPagedAttention(k: NativeKernels, D: number, slidingWindow: number,
   const [kC, vC] = bf16Cache ? [toBf16(kCache), toBf16(vCache)] : fp8 ? [toFp8(kCache), toFp8(vCache)] : [kCache, vCache];
   const fp8Format = fp8 === "e4m3fn" ? 1 : fp8 === "e5m2" ? 2 : undefined;
   k.pagedAttention(q, kNew, vNew, kC, vC, slotMapping, blockTables, queryStart, seqLens, out,
-    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow, undefined, undefined, undefined, undefined, undefined, fp8Format, softcap);
+    S, Hq, Hkv, D, blockSize, maxBlocksPerSeq, scale, slidingWindow, undefined, undefined, undefined, undefined, undefined, fp8Format, softcap,
+    undefined, bidirectional);
   const asF32 = (c: Float32Array | Uint16Array | Uint8Array) => (c instanceof Uint16Array ? fromBf16(c) : c instanceof Uint8Array ? fromFp8(c) : c);
   close(asF32(kC), kRef, () => 0, "kCache written");
   close(asF32(vC), vRef, () => 0, "vCache written");

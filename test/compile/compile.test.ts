@@ -76,6 +76,28 @@ describe("compile: compiled equals eager", () => {
   });
 });
 
+describe("compile: paged attention", () => {
+  it("keeps bidirectional attention (one sequence whose rows all see every key) in the program", () => {
+    const [T, H, D, BS] = [12, 2, 16, 4];
+    const i32 = (xs: number[]) => k.tensor(Int32Array.from(xs));
+    const args = [rand([T, H, D], 3), rand([T, H, D], 4), rand([T, H, D], 5)];
+    const meta = [i32(Array.from({ length: T }, (_, i) => i)), k.tensor(Int32Array.of(0, 1, 2), { shape: [1, 3] }), i32([0, T]), i32([T])];
+    const attend = (q: k.Tensor, kk: k.Tensor, vv: k.Tensor, kc: k.Tensor, vc: k.Tensor, slots: k.Tensor, tables: k.Tensor, qs: k.Tensor, lens: k.Tensor, bidirectional = true) =>
+      k.pagedAttention({ q, k: kk, v: vv, kCache: kc, vCache: vc, slotMapping: slots, blockTables: tables, queryStart: qs, seqLens: lens, scale: 0.25, bidirectional });
+    const caches = () => [k.zeros([3, BS, H, D]), k.zeros([3, BS, H, D])];
+    const f = compile((q, kk, vv, kc, vc, slots, tables, qs, lens) => attend(q, kk, vv, kc, vc, slots, tables, qs, lens));
+    const got = (f(...args, ...caches(), ...meta) as k.Tensor).dataSync() as Float32Array;
+    const [a, b, c] = args as [k.Tensor, k.Tensor, k.Tensor];
+    const [kc, vc] = caches() as [k.Tensor, k.Tensor];
+    const [slots, tables, qs, lens] = meta as [k.Tensor, k.Tensor, k.Tensor, k.Tensor];
+    assertClose(got, attend(a, b, c, kc, vc, slots, tables, qs, lens).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-6 });
+    // the first row sees later keys: causal attention gives another first row
+    const [kc2, vc2] = caches() as [k.Tensor, k.Tensor];
+    const causal = attend(a, b, c, kc2, vc2, slots, tables, qs, lens, false).dataSync() as Float32Array;
+    assert.ok(Math.abs(causal[0]! - got[0]!) > 1e-4, "the first row attended bidirectionally");
+  });
+});
+
 describe("compile: traced dtypes follow eager's promotion", () => {
   it("bool and int operands with scalars, where with a scalar, sums of 8-bit ints; bool subtraction raises", () => {
     const b = k.tensor([true, false, true]);

@@ -221,7 +221,10 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
   /** Paged attention of one random ragged batch on both back ends: output and both caches (float32, bfloat16 or fp8). */
   function pagedAttentionCase(
     rnd: Rng,
-    c: { Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType; softcap?: number; sinks?: boolean },
+    c: {
+      Hq: number; Hkv: number; D: number; blockSize: number; lens: number[]; newTok: number[]; window: number; cacheDtype: DType; softcap?: number; sinks?: boolean;
+      bidirectional?: boolean;
+    },
   ): void {
     const { Hq, Hkv, D, blockSize, lens, newTok, window, cacheDtype, softcap = 0 } = c;
     // gpt-oss's attention sinks: per-head logits around the scores' scale, some far above (rows then shrink toward 0)
@@ -248,29 +251,30 @@ describe("cpu vs reference parity", { skip: cpuAvailable ? false : 'back end "cp
         queryStart: k.tensor(Int32Array.from(qStart), { device: dev }),
         seqLens: k.tensor(Int32Array.from(lens), { device: dev }),
         scale: 1 / Math.sqrt(D), slidingWindow: window, softcap,
-        sinks: sinkValues && k.tensor(sinkValues, { device: dev }),
+        sinks: sinkValues && k.tensor(sinkValues, { device: dev }), bidirectional: c.bidirectional === true,
       });
       return { out, kc, vc };
     };
     const r = run("reference", q.ref, kn.ref, vn.ref);
     const cpu = run("cpu", q.cpu, kn.cpu, vn.cpu);
-    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} softcap ${softcap} sinks ${c.sinks === true} ${cacheDtype} cache`;
+    const tag = `seqs ${lens} new ${newTok} Hq ${Hq} Hkv ${Hkv} D ${D} bs ${blockSize} window ${window} softcap ${softcap} sinks ${c.sinks === true} bidirectional ${c.bidirectional === true} ${cacheDtype} cache`;
     assert.equal(cpu.kc.dtype, cacheDtype);
     check(`paged attention ${tag}`, r.out, cpu.out, TOL.accumulate);
     check(`k cache ${tag}`, r.kc, cpu.kc, { rtol: 0, atol: 0 });
     check(`v cache ${tag}`, r.vc, cpu.vc, { rtol: 0, atol: 0 });
   }
 
-  it("paged attention: random ragged batches, GQA, sliding windows, soft-capped scores, attention sinks", () => {
+  it("paged attention: random ragged batches, GQA, sliding windows, soft-capped scores, attention sinks, bidirectional", () => {
     const rnd = prng(707);
     for (let i = 0; i < TRIALS; i++) {
       const Hkv = int(rnd, 1, 2), blockSize = pick(rnd, [1, 2, 4]);
       const lens = Array.from({ length: int(rnd, 1, 3) }, () => int(rnd, 1, 6 * blockSize));
+      const window = rnd() < 0.5 ? 0 : int(rnd, 1, 6);
       pagedAttentionCase(rnd, {
-        Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16]), blockSize, lens,
-        newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window: rnd() < 0.5 ? 0 : int(rnd, 1, 6),
+        Hq: Hkv * int(rnd, 1, 3), Hkv, D: pick(rnd, [4, 8, 16, 20, 48]), blockSize, lens,
+        newTok: lens.map((l) => int(rnd, 1, Math.min(l, 5))), window,
         cacheDtype: pick(rnd, ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"] as DType[]), softcap: rnd() < 0.5 ? 0 : 0.2 + rnd(),
-        sinks: i % 2 === 1,
+        sinks: i % 2 === 1, bidirectional: window === 0 && i % 3 !== 0,
       });
     }
   });

@@ -688,7 +688,7 @@ export class CpuBackend implements Backend {
           call.numSeqs, call.numHeads, call.numKvHeads, call.headDim, call.blockSize, call.maxBlocksPerSeq,
           call.scale, call.slidingWindow,
           pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox, fp8Format || undefined, call.softcap,
-          sinks ?? undefined,
+          sinks ?? undefined, call.bidirectional === true,
         );
         return true;
       }

@@ -222,7 +222,7 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
       vSet(p.vCache.offset + slot * kvRow + i, vNew[t * kvRow + i]!);
     }
   }
-  // 2. attend: query j of sequence s sits at position seqLen - qlen + j
+  // 2. attend: query j of sequence s sits at position seqLen - qlen + j (and sees every key when bidirectional)
   const out = new Float64Array(numel(p.out.shape));
   const group = numHeads / numKvHeads;
   for (let s = 0; s < numSeqs; s++) {
@@ -230,7 +230,7 @@ export function pagedAttentionReference(p: PagedAttentionArgs): void {
     const qlen = qStart[s + 1]! - q0;
     const seqLen = seqLens[s]!;
     for (let j = 0; j < qlen; j++) {
-      const pos = seqLen - qlen + j;
+      const pos = p.bidirectional ? seqLen - 1 : seqLen - qlen + j;
       const lo = slidingWindow > 0 ? Math.max(0, pos - slidingWindow + 1) : 0;
       for (let h = 0; h < numHeads; h++) {
         const kvh = Math.floor(h / group);
