@@ -766,7 +766,6 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   }
   // optional full (non-causal) attention (arg 26); absent = causal
   p.bidirectional = info.Length() > 26 && boolean(info, 26);
-  if (p.bidirectional && p.slidingWindow > 0) fail(env, op, "bidirectional attention takes no sliding window");
   if (T == 0) return {op, nullptr};
   Job job{op, [p] { gK->pagedAttention(p); }};
   job.prefetchReads = [p, numBlocks] { queueCachedKv(p, numBlocks); };

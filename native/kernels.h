@@ -45,8 +45,9 @@ struct PagedAttentionArgs {
   const float* sinT;
   int64_t rotaryDim;
   bool neox;
-  // Every query row sees all of its sequence's keys (an encoder's full attention, e.g. a vision tower's patches as
-  // one sequence); slidingWindow must be 0. false: causal, row t of a sequence sees positions <= its own.
+  // Every query row of a sequence attends as its last position does: all its keys (an encoder's full attention, e.g.
+  // a vision tower's patches as one sequence), or the last slidingWindow of them. false: causal, row t of a sequence
+  // sees positions <= its own.
   bool bidirectional;
 };
 

@@ -168,7 +168,7 @@ export interface PagedAttentionArgs {
   sinks?: BufferView;
   /** Fused rotary: q and kNew are rotated at their positions before the cache write and the attention. */
   rotary?: PagedRotary;
-  /** Every query row sees all its sequence's keys (an encoder's full attention); slidingWindow is 0. Absent: causal. */
+  /** Every query row of a sequence attends as its last position does (all its keys, or the window's). Absent: causal. */
   bidirectional?: boolean;
 }
 

@@ -35,13 +35,17 @@ export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
  */
 export type KvCacheDtype = "float32" | "bfloat16" | "fp8_e4m3" | "fp8_e5m2";
 
-/** A step's rows inside images: their embeddings [R, hidden] and what their bidirectional attention pass reads. */
+/**
+ * A step's rows inside images: their embeddings [R, hidden] and what their bidirectional attention pass reads, each
+ * image's rows (consecutive) as one sequence that ends at the image's end.
+ */
 interface ImageRows {
   rows: Int32Array; // [R] rows of the batch
   values: Float32Array; // [R * hidden]
   positions: Int32Array; // [R]
-  seqLens: Int32Array; // [R]: each row's image end
-  blockTables: Int32Array; // [R * width]: each row's sequence's block table
+  queryStart: Int32Array; // [I + 1]: image i's rows are rows[queryStart[i] .. queryStart[i + 1])
+  seqLens: Int32Array; // [I]: each image's end
+  blockTables: Int32Array; // [I * width]: each image's sequence's block table
 }
 
 /** Images whose embeddings the encoder cache keeps (each mm_tokens_per_image x hidden floats: 2.6 MB for gemma-3-4b). */
@@ -337,7 +341,7 @@ export class PagedModelRunner implements ModelRunner {
     if (!batch.sequences.some((s) => s.mmFeatures !== undefined)) return null;
     const rows: number[] = [];
     const parts: Float32Array[] = [];
-    const positions: number[] = [], ends: number[] = [], tables: (readonly number[])[] = [];
+    const positions: number[] = [], starts = [0], ends: number[] = [], tables: (readonly number[])[] = [];
     let at = 0;
     for (const s of batch.sequences) {
       const start = s.startPosition, end = start + s.tokenIds.length;
@@ -351,9 +355,10 @@ export class PagedModelRunner implements ModelRunner {
         for (let p = lo; p < hi; p++) {
           rows.push(at + p - start);
           positions.push(p);
-          ends.push(hi);
-          tables.push(s.blockTable);
         }
+        starts.push(rows.length);
+        ends.push(hi);
+        tables.push(s.blockTable);
         parts.push(features.subarray((lo - f.offset) * H, (hi - f.offset) * H));
       }
       at += s.tokenIds.length;
@@ -362,10 +367,11 @@ export class PagedModelRunner implements ModelRunner {
     const values = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
     parts.reduce((o, p) => (values.set(p, o), o + p.length), 0);
     const width = Math.max(1, ...tables.map((t) => t.length));
-    const blockTables = new Int32Array(rows.length * width);
-    tables.forEach((t, r) => blockTables.set(t, r * width));
+    const blockTables = new Int32Array(tables.length * width);
+    tables.forEach((t, i) => blockTables.set(t, i * width));
     return {
-      rows: Int32Array.from(rows), values, positions: Int32Array.from(positions), seqLens: Int32Array.from(ends), blockTables,
+      rows: Int32Array.from(rows), values, positions: Int32Array.from(positions), queryStart: Int32Array.from(starts),
+      seqLens: Int32Array.from(ends), blockTables,
     };
   }
 
@@ -410,10 +416,11 @@ export class PagedModelRunner implements ModelRunner {
         values: tensor(imageRows.values, { device: dev, shape: [R, imageRows.values.length / R] }),
       };
       // Gemma 3's image tokens see their whole image (vLLM's mm-prefix attention for gemma3)
+      const images = imageRows === null ? 0 : imageRows.seqLens.length;
       const mmPrefix = imageRows === null ? null : {
         rows: embeds!.rows, positions: t(imageRows.positions), seqLens: t(imageRows.seqLens),
-        blockTables: t(imageRows.blockTables, [R, imageRows.blockTables.length / R]),
-        queryStart: t(Int32Array.from({ length: R + 1 }, (_, i) => i)), slotMapping: t(new Int32Array(R).fill(-1)),
+        blockTables: t(imageRows.blockTables, [images, imageRows.blockTables.length / images]),
+        queryStart: t(imageRows.queryStart), slotMapping: t(new Int32Array(R).fill(-1)),
       };
       const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches, mmPrefix }, aux, embeds);
       idsT.dispose();

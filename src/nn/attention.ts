@@ -21,15 +21,16 @@ export interface PagedContext {
   loraSlots?: Tensor | null;
   /**
    * Rows that also see later keys of their own image (Gemma 3's bidirectional attention among one image's tokens,
-   * vLLM's mm-prefix attention): each attends again as a one-token sequence whose context ends at its image's end
-   * (K/V written by the first pass; slotMapping -1 writes none), and that output replaces its row. Absent: none.
+   * vLLM's mm-prefix attention): each image's rows attend again, bidirectionally, as one sequence whose context
+   * ends at the image's end (every row as the image's last position would; K/V written by the first pass,
+   * slotMapping -1 writes none), and those outputs replace their rows. Absent: none.
    */
   mmPrefix?: {
-    rows: Tensor; // int32 [R], rows of the batch
+    rows: Tensor; // int32 [R], rows of the batch, each image's consecutive
     positions: Tensor; // int32 [R]
-    blockTables: Tensor; // int32 [R, maxBlocksPerSeq], each row's sequence's table
-    queryStart: Tensor; // int32 [R + 1] = 0 .. R
-    seqLens: Tensor; // int32 [R], each row's image end
+    blockTables: Tensor; // int32 [I, maxBlocksPerSeq], each image's sequence's table
+    queryStart: Tensor; // int32 [I + 1], each image's rows
+    seqLens: Tensor; // int32 [I], each image's end
     slotMapping: Tensor; // int32 [R] of -1
   } | null;
 }
@@ -175,7 +176,7 @@ export class Attention extends Module {
           q: qi, k: ki, v: vi, kCache: cache.k, vCache: cache.v,
           slotMapping: mm.slotMapping, blockTables: mm.blockTables, queryStart: mm.queryStart, seqLens: mm.seqLens,
           scale: this.cfg.scale ?? 1 / Math.sqrt(D), slidingWindow: this.cfg.slidingWindow ?? 0, softcap: this.cfg.softcap ?? 0,
-          rotary: this.rotary?.pagedArgs(mm.positions) ?? null, sinks: this.sinks,
+          rotary: this.rotary?.pagedArgs(mm.positions) ?? null, sinks: this.sinks, bidirectional: true,
         });
         indexCopyInto(attn, 0, mm.rows, again);
         for (const t of [qi, ki, vi, again]) t.dispose();

@@ -143,7 +143,7 @@ export interface NativeKernels extends NativeStream {
     softcap?: number,
     /** Attention sinks [Hq]: one logit per query head joined to the softmax denominator (absent: none). */
     sinks?: Float32Array,
-    /** Every query row sees all its sequence's keys (slidingWindow 0); absent / false: causal. */
+    /** Every query row of a sequence attends as its last position does (all its keys, or the window's); absent: causal. */
     bidirectional?: boolean,
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;

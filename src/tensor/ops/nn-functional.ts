@@ -205,7 +205,10 @@ export function pagedAttention(args: {
   softcap?: number | null;
   /** Attention sinks (gpt-oss): [Hq] logits, one per query head, joined to each softmax denominator; absent: none. */
   sinks?: Tensor | null;
-  /** Every query row sees all of its sequence's keys (an encoder's full attention; no sliding window). Absent: causal. */
+  /**
+   * Every query row of a sequence attends as its last position does: all the sequence's keys (an encoder's full
+   * attention), or the last slidingWindow of them. Absent: causal.
+   */
   bidirectional?: boolean;
 }): Tensor {
   const { q, k, v, kCache, vCache } = args;
@@ -217,7 +220,6 @@ export function pagedAttention(args: {
   const dev = sameDevice("paged_attention", q, k, v, kCache, vCache);
   const softcap = args.softcap ?? 0;
   if (!Number.isFinite(softcap) || softcap < 0) throw new OpError("paged_attention", `softcap must be a finite number >= 0, got ${softcap}`);
-  if (args.bidirectional && (args.slidingWindow ?? 0) > 0) throw new OpError("paged_attention", "bidirectional attention takes no sliding window");
   if (args.sinks && (args.sinks.numel !== Hq || args.sinks.device !== dev))
     throw new OpError("paged_attention", `sinks must be [${Hq}] (one per query head) on ${dev.name}, got [${args.sinks.shape.join(", ")}]`);
   const qc = f32Contiguous(q);
