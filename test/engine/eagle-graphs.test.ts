@@ -1,10 +1,12 @@
 // EAGLE at step-graph speed: the served model's step graphs return the hidden rows an EAGLE head reads (EAGLE-1's final
 // states, EAGLE-3's aux layers' residual streams) equal to the eager runner's, in mixed, speculated and decode steps;
 // a step asking for other rows than the graphs return runs eagerly; graphs captured without hidden rows return none.
-// The head's captured feed and draft steps give the eager head's tokens and output states.
+// The head's captured feed and draft steps give the eager head's tokens and output states. A second engine re-creates
+// the graphs with their hidden outputs from the compile cache.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { EagleHeadRunner, type HeadSequence } from "../../src/engine/eagle-runner.js";
+import { LLM } from "../../src/engine/llm-engine.js";
 import type { HiddenStatesRequest, ScheduledBatch, ScheduledSequence } from "../../src/engine/model-runner.js";
 import { PagedModelRunner } from "../../src/engine/paged-model-runner.js";
 import { loadEagleHead } from "../../src/models/eagle-head.js";
@@ -110,3 +112,19 @@ for (const method of ["eagle", "eagle3"] as const)
     eager.dispose();
     graphs.dispose();
   });
+
+test("a second engine re-creates the served model's graphs, hidden outputs included, from the compile cache's recordings", { timeout: 60_000 }, () => {
+  const head = writeEagleHead(target(), "graphs-cache-e3", { method: "eagle3", config: { eagle_aux_hidden_state_layer_ids: [0, 1, 2] } });
+  const prompts = [{ promptTokenIds: Array.from({ length: 40 }, (_, i) => (i * 13 + 1) % 250) }, { promptTokenIds: [5, 6, 7] }];
+  const params = { temperature: 0, maxTokens: 12, ignoreEos: true };
+  const runs = [0, 1].map(() => {
+    const llm = new LLM({ model: target(), maxModelLen: 128, maxNumBatchedTokens: 32, speculativeConfig: { method: "eagle3", model: head, numSpeculativeTokens: 2 } });
+    const out = llm.generate(prompts, params).map((o) => o.outputs[0]!.tokenIds);
+    const runner = llm.engine.runner as PagedModelRunner;
+    assert.equal(runner.graphs!.replays, llm.engine.numSteps);
+    return { out, replayed: runner.graphs!.info!.replayed };
+  });
+  assert.equal(runs[1]!.replayed, true);
+  assert.deepEqual(runs[1]!.out, runs[0]!.out);
+  assert.deepEqual(runs[0]!.out, new LLM({ model: target(), maxModelLen: 128, maxNumBatchedTokens: 32 }).generate(prompts, params).map((o) => o.outputs[0]!.tokenIds));
+});
