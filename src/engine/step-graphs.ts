@@ -105,7 +105,6 @@ export interface StepGraphOptions {
   lora?: boolean;
 }
 
-
 /** Device-sampled steps whose ids may be unread at once: the engine keeps two in flight, read in order. */
 const SAMPLED_SLOTS = 4;
 
