@@ -13,13 +13,20 @@
 // after each step (observe) and wait per request until fed; every running request is fed each step (prompt chunks
 // too), so they never pile up beyond a step's. A request whose first rows start past position 0 (a prefix-cache hit)
 // has the head's sequence start there: its positions are shifted by that base (rotary attention depends on position
-// differences only), and the head attends to what it has seen.
-import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
-import type { EagleHead } from "../models/eagle-head.js";
+// differences only), and the head attends to what it has seen. The head's forwards run in eagle-runner.ts (step graphs
+// where captured).
+import { noGrad } from "../tensor/index.js";
+import type { EagleHead, EagleHeadConfig } from "../models/eagle-head.js";
 import type { DType } from "../backends/dtype.js";
 import { DraftKvBlocks, type DraftKvState } from "./draft-blocks.js";
+import { EagleHeadRunner, type HeadCaptureOptions, type HeadOutput } from "./eagle-runner.js";
 import type { HiddenStatesRequest } from "./model-runner.js";
 import type { DraftRequest, Drafter } from "./speculative.js";
+
+/** The served model's hidden rows a head reads: EAGLE-1 the final (normed) states, EAGLE-3 its aux layers' residual streams. */
+export function eagleHiddenStates(config: EagleHeadConfig): HiddenStatesRequest {
+  return config.method === "eagle" ? "final" : { layers: config.auxLayers };
+}
 
 interface EagleState extends DraftKvState {
   /** Served-model position of the head's position 0 (where the first hidden rows came from). */
@@ -31,7 +38,7 @@ interface EagleState extends DraftKvState {
 }
 
 /** One sequence of a head forward: tokens at head positions start .., their hidden inputs, and whether its last row is read. */
-interface HeadSequence {
+interface HeadFeed {
   st: EagleState;
   ids: readonly number[];
   rows: readonly Float32Array[];
@@ -42,7 +49,8 @@ interface HeadSequence {
 export class EagleProposer implements Drafter {
   readonly hiddenStates: HiddenStatesRequest;
   private readonly kv: DraftKvBlocks<EagleState>;
-  private kvCaches: { k: Tensor; v: Tensor }[] = [];
+  /** The head's forwards over its own KV cache. */
+  readonly runner: EagleHeadRunner;
 
   /**
    * `head` over its own KV cache of `numBlocks` blocks of `blockSize` tokens in `kvDtype`; `maxTokensPerStep`: the
@@ -51,13 +59,18 @@ export class EagleProposer implements Drafter {
   constructor(
     readonly head: EagleHead,
     blockSize: number,
-    private readonly numBlocks: number,
+    numBlocks: number,
     private readonly maxTokensPerStep = 2048,
-    private readonly kvDtype: DType = "float32",
+    kvDtype: DType = "float32",
   ) {
     this.kv = new DraftKvBlocks(blockSize, numBlocks);
-    this.hiddenStates = head.config.method === "eagle" ? "final" : { layers: head.config.auxLayers };
-    this.allocate();
+    this.hiddenStates = eagleHiddenStates(head.config);
+    this.runner = new EagleHeadRunner(head, blockSize, numBlocks, kvDtype);
+  }
+
+  /** Captures the head's steps as step graphs (EagleHeadRunner.capture); false when they run eagerly. */
+  captureStepGraphs(maxModelLen: number, options: HeadCaptureOptions): boolean {
+    return this.runner.capture(maxModelLen, options);
   }
 
   get numFreeBlocks(): number {
@@ -131,7 +144,7 @@ export class EagleProposer implements Drafter {
           budget -= n;
           batch.push({ f, n });
         }
-        const seqs = batch.map(({ f, n }): HeadSequence => {
+        const seqs = batch.map(({ f, n }): HeadFeed => {
           const p0 = f.st.computed;
           const ids = Array.from({ length: n }, (_, j) => f.r.tokens[f.st.base + p0 + j + 1]!);
           return { st: f.st, ids, rows: f.st.pending.slice(0, n), start: p0, read: f.drafting && p0 + n === f.end };
@@ -163,93 +176,23 @@ export class EagleProposer implements Drafter {
     return drafts;
   }
 
-  /**
-   * One head forward over `seqs` (`target`: their rows are the served model's, which EAGLE-3 combines first); for each
-   * sequence with `read`, its last row's greedy token and output hidden state (by sequence index).
-   */
-  private run(seqs: readonly HeadSequence[], target: boolean): ({ token: number; hidden: Float32Array } | undefined)[] {
-    const dev = this.head.device;
-    const T = seqs.reduce((n, s) => n + s.ids.length, 0);
-    const width = seqs[0]!.rows[0]!.length;
-    const ids = new Int32Array(T), positions = new Int32Array(T), slots = new Int32Array(T), hidden = new Float32Array(T * width);
-    const queryStart = new Int32Array(seqs.length + 1), seqLens = new Int32Array(seqs.length);
-    const maxBlocks = Math.max(1, ...seqs.map((s) => s.st.blocks.length));
-    const tables = new Int32Array(seqs.length * maxBlocks);
-    const readRows: number[] = [];
-    let at = 0;
-    seqs.forEach((s, i) => {
-      const n = s.ids.length;
-      ids.set(s.ids, at);
-      for (let j = 0; j < n; j++) {
-        positions[at + j] = s.start + j;
-        hidden.set(s.rows[j]!, (at + j) * width);
-      }
-      slots.set(this.kv.slots(s.st, s.start, n), at);
-      queryStart[i] = at;
-      seqLens[i] = s.start + n;
-      tables.set(s.st.blocks, i * maxBlocks);
-      at += n;
-      if (s.read) readRows.push(at - 1);
-    });
-    queryStart[seqs.length] = at;
-    const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
-    const ctx = {
-      kind: "paged" as const, positions: t(positions), slotMapping: t(slots), blockTables: t(tables, [seqs.length, maxBlocks]),
-      queryStart: t(queryStart), seqLens: t(seqLens), kvCaches: this.kvCaches,
-    };
-    const idsT = t(ids);
-    const rowsT = tensor(hidden, { device: dev, shape: [T, width] });
-    const input = target ? this.head.combine(rowsT) : rowsT;
-    const outT = this.head.forward(idsT, input, ctx);
-    if (input !== rowsT) input.dispose();
-    for (const x of [idsT, rowsT, ctx.positions, ctx.slotMapping, ctx.blockTables, ctx.queryStart, ctx.seqLens]) x.dispose();
-    const result: ({ token: number; hidden: Float32Array } | undefined)[] = seqs.map(() => undefined);
-    if (readRows.length > 0) {
-      const idx = t(Int32Array.from(readRows));
-      const picked = outT.indexSelect(0, idx);
-      idx.dispose();
-      const tokens = this.head.greedy(picked);
-      const H = picked.shape[1]!;
-      const values = picked.dataSync() as Float32Array;
-      picked.dispose();
-      let k = 0;
-      seqs.forEach((s, i) => {
-        if (!s.read) return;
-        result[i] = { token: tokens[k]!, hidden: values.slice(k * H, (k + 1) * H) };
-        k++;
-      });
-    }
-    outT.dispose();
-    return result;
-  }
-
-  private allocate(): void {
-    const c = this.head.config.layer;
-    const shape = [this.numBlocks, this.kv.blockSize, c.numKeyValueHeads, c.headDim];
-    for (let i = 0; i < this.head.numLayers; i++)
-      this.kvCaches.push({ k: empty(shape, { device: this.head.device, dtype: this.kvDtype }), v: empty(shape, { device: this.head.device, dtype: this.kvDtype }) });
-  }
-
-  private freeCaches(): void {
-    for (const c of this.kvCaches) {
-      c.k.dispose();
-      c.v.dispose();
-    }
-    this.kvCaches = [];
+  /** One head forward over `seqs` (`target`: their rows are the served model's); each read sequence's output. */
+  private run(seqs: readonly HeadFeed[], target: boolean): (HeadOutput | undefined)[] {
+    return this.runner.run(seqs.map((s) => ({ ...s, blockTable: s.st.blocks, slots: this.kv.slots(s.st, s.start, s.ids.length) })), target);
   }
 
   /** Sleep mode: frees the head's KV cache; drafting starts over after restoreKvCache(). */
   releaseKvCache(): void {
     this.kv.releaseAll();
-    this.freeCaches();
+    this.runner.releaseKvCache();
   }
 
   restoreKvCache(): void {
-    if (this.kvCaches.length === 0) this.allocate();
+    this.runner.restoreKvCache();
   }
 
   dispose(): void {
     this.kv.releaseAll();
-    this.freeCaches();
+    this.runner.dispose();
   }
 }

@@ -9,6 +9,7 @@ import { empty, noGrad, tensor, type Tensor } from "../tensor/index.js";
 import { CaptureError } from "../util/errors.js";
 import { weightTensors } from "../nn/quantized-linear.js";
 import { StepGraphs, type CaptureProgress, type StepGraphOptions } from "./step-graphs.js";
+import { causalLmStep } from "./step-forward.js";
 import type { KvLayout } from "./kv-transfer.js";
 import type { Gemma3Vision } from "../models/siglip.js";
 import {
@@ -154,8 +155,15 @@ export function kvBytesPerBlock(model: CausalLM, blockSize: number, dtype: KvCac
   return 2 * c.numHiddenLayers * blockSize * model.numLocalKvHeads * c.headDim * DTYPE_BYTES[KV_TENSOR_DTYPE[dtype]];
 }
 
-/** captureStepGraphs' options. */
-export type CaptureArgs = Omit<StepGraphOptions, "onProgress"> & { onProgress?: (p: CaptureProgress) => void };
+/**
+ * captureStepGraphs' options. `hiddenStates`: the graphs also return the hidden rows an EAGLE drafter reads
+ * (ScheduledBatch.hiddenStates), so that its steps replay too; absent, they return none (and cost nothing more).
+ */
+export type CaptureArgs = Omit<StepGraphOptions, "onProgress"> & { onProgress?: (p: CaptureProgress) => void; hiddenStates?: HiddenStatesRequest };
+
+/** Whether two hidden-state requests ask for the same rows. */
+const sameHiddenStates = (a: HiddenStatesRequest | undefined, b: HiddenStatesRequest | undefined): boolean =>
+  typeof a === "object" && typeof b === "object" ? a.layers.length === b.layers.length && a.layers.every((l, i) => l === b.layers[i]) : a === b;
 
 export class PagedModelRunner implements ModelRunner {
   readonly vocabSize: number;
@@ -265,7 +273,7 @@ export class PagedModelRunner implements ModelRunner {
     this.captureArgs = { maxModelLen, options: { ...options, cache: undefined, onProgress: undefined } };
     const maxBlocks = Math.ceil(maxModelLen / this.spec.blockSize);
     try {
-      this.graphs = StepGraphs.capture(this.model, this.kvCaches, maxBlocks, { ...options, lora: this.lora !== null });
+      this.graphs = StepGraphs.capture(causalLmStep(this.model, options.hiddenStates), this.kvCaches, maxBlocks, { ...options, lora: this.lora !== null });
     } catch (e) {
       // an op with no capturable kernel (CaptureError): such a model runs eagerly, as vLLM falls back
       // when a model cannot be captured.
@@ -285,13 +293,14 @@ export class PagedModelRunner implements ModelRunner {
     if (this.kvReleased || this.weightsReleased) throw new Error(`[runner] a step while the ${this.kvReleased ? "KV cache" : "weights"} are released (the engine is asleep)`);
     // image rows take their embeddings from the vision tower: such steps run eagerly (the graphs embed token ids)
     const imageRows = this.imageRows(batch);
-    // pooling steps (prompts only, compute-bound) and steps that return hidden states run eagerly: the graphs
-    // return logits, not hidden rows
-    const replay = batch.pooling === undefined && batch.hiddenStates === undefined && imageRows === null ? (this.graphs?.launch(batch) ?? null) : null;
+    // pooling steps (prompts only, compute-bound) run eagerly, and so do steps asking for other hidden rows than the
+    // graphs return (captured with an EAGLE drafter's)
+    const hiddenOk = batch.hiddenStates === undefined || sameHiddenStates(batch.hiddenStates, this.captureArgs?.options.hiddenStates);
+    const replay = batch.pooling === undefined && hiddenOk && imageRows === null ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
       const wait = (): RunnerOutput => {
-        const { logits, tokenIds } = replay.wait();
-        return { logits, tokenIds, promptLogits: new Map() };
+        const { logits, tokenIds, hidden } = replay.wait();
+        return { logits, tokenIds, promptLogits: new Map(), ...(batch.hiddenStates !== undefined ? { hiddenStates: hidden } : {}) };
       };
       return { wait, deviceTokens: replay.deviceTokens };
     }

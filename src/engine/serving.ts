@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { loadLocalModel, loadModel, type DtypeArg, type LoadedModel, type LoadOptions } from "../models/loader.js";
 import { EngineInputError } from "./errors.js";
 import type { EngineArgs, PoolerConfig } from "./engine-core.js";
-import { isPoolingType, type PoolingType } from "./model-runner.js";
+import { isPoolingType, type HiddenStatesRequest, type PoolingType } from "./model-runner.js";
 import { hasTokenMarkers, REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
 import { HUGE_PAGE_MAX_WEIGHT_BYTES, KV_TENSOR_DTYPE, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { KvEventsConfig } from "./kv-events.js";
@@ -19,8 +19,8 @@ import {
   resolveSpeculativeConfig, type DraftModelSpeculativeConfig, type Drafter, type EagleSpeculativeConfig, type NgramSpeculativeConfig, type SpeculativeConfig,
 } from "./speculative.js";
 import { DraftModelProposer } from "./draft-model.js";
-import { EagleProposer } from "./eagle.js";
-import { loadEagleHead } from "../models/eagle-head.js";
+import { EagleProposer, eagleHiddenStates } from "./eagle.js";
+import { loadEagleHead, readEagleHeadConfig } from "../models/eagle-head.js";
 import { env } from "../util/env.js";
 import { camelCaseHint } from "../util/names.js";
 import { resolveModel } from "../models/hub.js";
@@ -399,15 +399,35 @@ function speculation(args: ServingArgs): SpeculativeConfig | null {
   return args.speculativeConfig ? resolveSpeculativeConfig(args.speculativeConfig) : null;
 }
 
+/** An EAGLE method's head directory and the served model's hidden rows it reads (read before the served model's capture). */
+interface EagleSpec {
+  config: EagleSpeculativeConfig;
+  dir: string;
+  hiddenStates: HiddenStatesRequest;
+}
+
+/** A head that cannot serve, named as speculative_config's. */
+function eagleError(dir: string, m: string): never {
+  throw new EngineInputError("speculative_config", `EAGLE head ${dir}: ${m}`);
+}
+
+/** Reads the head's config.json (refusing one that does not fit the served model): which hidden rows the served model's graphs return. */
+function eagleSpec(c: EagleSpeculativeConfig, dir: string, loaded: LoadedModel): EagleSpec {
+  try {
+    return { config: c, dir, hiddenStates: eagleHiddenStates(readEagleHeadConfig(dir, c.method, loaded.config)) };
+  } catch (e) {
+    return eagleError(dir, (e as Error).message);
+  }
+}
+
 /**
  * The setup with an EAGLE head's proposer: the head (in the served model's dtype, sharing its embeddings) over its own
- * KV cache of as many blocks as the served model's. Refuses a head that does not fit the served model.
+ * KV cache of as many blocks as the served model's, its steps captured as step graphs (unless enforceEager): the draft
+ * steps for the requests' batch sizes, the feed steps as mixed steps. Refuses a head that does not fit the served model.
  */
-function withEagle(s: ServingSetup, c: EagleSpeculativeConfig, dir: string): ServingSetup {
+function withEagle(s: ServingSetup, { config: c, dir }: EagleSpec, args: ServingArgs): ServingSetup {
   const a = s.engineArgs;
-  const fail = (m: string): never => {
-    throw new EngineInputError("speculative_config", `EAGLE head ${dir}: ${m}`);
-  };
+  const fail = (m: string): never => eagleError(dir, m);
   if (s.tp !== null) fail("EAGLE heads are not supported with tensor parallelism yet");
   let proposer: EagleProposer | null = null;
   try {
@@ -418,6 +438,13 @@ function withEagle(s: ServingSetup, c: EagleSpeculativeConfig, dir: string): Ser
   } catch (e) {
     if (e instanceof EngineInputError) throw e;
     fail((e as Error).message);
+  }
+  if (args.enforceEager !== true) {
+    args.onProgress?.("compiling the EAGLE head's step graphs", 0);
+    proposer!.captureStepGraphs(a.maxModelLen!, {
+      decodeBuckets: decodeBuckets(args.maxNumSeqs ?? 256, args.maxCaptureSize), mixedBuckets: mixedBuckets(a.maxNumBatchedTokens!, args.maxCaptureTokens), fuse: true,
+    });
+    args.onProgress?.("compiling the EAGLE head's step graphs", 1);
   }
   return { ...s, draft: proposer };
 }
@@ -458,7 +485,8 @@ function draftProposer(
   return new DraftModelProposer(runner, kv.blockSize, kv.numBlocks, maxTokensPerStep);
 }
 
-function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLeader | null = null): ServingSetup {
+/** `hiddenStates`: the hidden rows the served model's step graphs also return (for an EAGLE head), absent for none. */
+function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLeader | null = null, hiddenStates?: HiddenStatesRequest): ServingSetup {
   if (args.reasoningParser != null && hasTokenMarkers(args.reasoningParser)) {
     try {
       thinkMarkers(loaded.tokenizer, args.reasoningParser);
@@ -529,9 +557,11 @@ function setup(loaded: LoadedModel, args: ServingArgs, mark?: number, tp: TpLead
     const loraSlots = lora === null ? null : { maxLoras: lora.maxLoras, maxLoraRank: lora.maxLoraRank };
     // (random weights are allocated where a checkpoint's are mapped from its file: another layout to record)
     const dummy = args.loadFormat === "dummy" ? { dummyWeights: true } : {};
-    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora: loraSlots, ...dummy });
+    const hidden = hiddenStates === undefined ? {} : { hiddenStates };
+    const cache = stepGraphCache(loaded, mark, { ...buckets, numBlocks, blockSize, kvCacheDtype, maxModelLen, fuse: true, lora: loraSlots, ...dummy, ...hidden });
     runner.captureStepGraphs(maxModelLen, {
       ...buckets,
+      ...hidden,
       onProgress: (p) => args.onProgress?.(stage, p.done / p.total),
       fuse: true,
       ...(cache ? { cache } : {}),
@@ -580,10 +610,11 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
     );
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { ...loadOptions(args), onProgress: args.onProgress });
-  const s = setup(loaded, args, mark);
-  // (loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
   const spec = speculation(args);
-  if (spec?.method === "eagle" || spec?.method === "eagle3") return withEagle(s, spec, spec.model);
+  const eagle = spec?.method === "eagle" || spec?.method === "eagle3" ? eagleSpec(spec, spec.model, loaded) : null;
+  const s = setup(loaded, args, mark, null, eagle?.hiddenStates);
+  // (drafters are loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
+  if (eagle !== null) return withEagle(s, eagle, args);
   if (spec?.method !== "draft_model") return s;
   let draft: LoadedModel;
   try {
@@ -603,9 +634,10 @@ export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptio
   if ((args.tensorParallelSize ?? 1) > 1) return createTensorParallelSetup(args, args.tensorParallelSize!, load);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
-  const s = setup(loaded, args, mark);
   const spec = speculation(args);
-  if (spec?.method === "eagle" || spec?.method === "eagle3") return withEagle(s, spec, await resolveEagleDir(spec.model, args));
+  const eagle = spec?.method === "eagle" || spec?.method === "eagle3" ? eagleSpec(spec, await resolveEagleDir(spec.model, args), loaded) : null;
+  const s = setup(loaded, args, mark, null, eagle?.hiddenStates);
+  if (eagle !== null) return withEagle(s, eagle, args);
   if (spec?.method !== "draft_model") return s;
   return withDraft(s, await loadModel(spec.model, draftLoadOptions(args)).catch(draftLoadError), args);
 }

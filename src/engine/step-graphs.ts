@@ -4,10 +4,12 @@
 // tensors (token ids, positions, KV slots, query starts, sequence lengths, block tables, sampled rows) and its
 // logits; a step writes its metadata into them with stream-ordered copies, pads the batch up to the bucket
 // with dummy sequences that read and write only the null block 0, and launches the graph. Prompt logprobs
-// and batches above the largest buckets run eagerly.
+// and batches above the largest buckets run eagerly. What the graph computes is a StepForward (step-forward.ts):
+// the served model's forward (with the hidden rows an EAGLE drafter reads, when it needs them), or an EAGLE head's.
 import type { AsyncWrite, Backend, DeviceBuffer, ReplaySession, StepGraph } from "../backends/backend.js";
 import type { DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
+import type { Device } from "../tensor/device.js";
 import { compileCacheStats, resolveCodeName } from "../compile/cache.js";
 import { enableDeferAndFuse } from "../compile/defer.js";
 import { codeName } from "../compile/jit.js";
@@ -16,6 +18,7 @@ import { withEagerMode } from "../tensor/mode.js";
 import { Storage } from "../tensor/storage.js";
 import { noGrad, tensor, Tensor } from "../tensor/index.js";
 import { fillFedTokens, type DeviceTokens, type FedTokens, type ScheduledBatch } from "./model-runner.js";
+import type { StepForward, StepGraphInputs, StepOutputs } from "./step-forward.js";
 import { loadStepGraphRecordings, saveStepGraphRecordings, type BucketRecording } from "./step-graph-cache.js";
 
 /** Decode batch sizes captured by default: powers of two up to maxNumSeqs, at most `cap`. */
@@ -46,24 +49,21 @@ function powersOfTwo(from: number, top: number): number[] {
  * chunks and decodes together): `tokens` token slots and as many sequence slots, logits for up to `rows`
  * sampled rows picked by `rowIndex`. Unused token slots become one-token dummy sequences in the null block,
  * unused sequence slots are empty (no tokens, no context), so padding costs little and touches no real block.
+ * Outputs: logits, their argmax (int32, for batches sampled on the device), and the forward's hidden rows or null.
  */
-interface Bucket {
+interface Bucket extends StepGraphInputs, StepOutputs {
   kind: "decode" | "mixed";
   tokens: number;
   rows: number;
-  ids: Tensor;
-  positions: Tensor;
-  slots: Tensor;
-  queryStart: Tensor;
-  seqLens: Tensor;
-  tables: Tensor;
-  rowIndex: Tensor | null;
-  /** With LoRA, each token's slot (-1: none); else null. */
-  loraSlots: Tensor | null;
-  logits: Tensor;
-  /** argmax of each logits row (int32), for batches sampled on the device. */
-  argmax: Tensor;
   graph: StepGraph;
+}
+
+/** What a launch's wait() returns: the sampled rows' logits (or only their ids) and the forward's hidden rows. */
+export interface StepResult {
+  logits: Float32Array;
+  tokenIds?: Int32Array;
+  /** StepForward.hiddenRows: [batch tokens or sampled rows, width]. */
+  hidden?: Float32Array;
 }
 
 export interface CaptureProgress {
@@ -104,9 +104,6 @@ export interface StepGraphOptions {
   /** The model has LoRA slots: each bucket gets a per-token slot input (ScheduledSequence.loraSlot). */
   lora?: boolean;
 }
-
-/** A bucket's persistent inputs, by the names recordings give them. */
-type BucketInputs = Pick<Bucket, "ids" | "positions" | "slots" | "queryStart" | "seqLens" | "tables" | "rowIndex" | "loraSlots">;
 
 /** Device-sampled steps whose ids may be unread at once: the engine keeps two in flight, read in order. */
 const SAMPLED_SLOTS = 4;
@@ -162,12 +159,12 @@ export class StepGraphs {
   private readonly blockSize: number;
 
   private constructor(
-    private readonly model: CausalLM,
+    private readonly forward: StepForward,
     kvCaches: { k: Tensor; v: Tensor }[],
     readonly maxBlocksPerSeq: number,
     private readonly lora: boolean,
   ) {
-    this.vocabSize = model.config.vocabSize;
+    this.vocabSize = forward.vocabSize;
     const shape = kvCaches[0]!.k.shape; // [numBlocks, blockSize, kvHeads, headDim]
     this.numBlocks = shape[0]!;
     this.blockSize = shape[1]!;
@@ -178,17 +175,21 @@ export class StepGraphs {
    * its all-reduces are host calls between kernels, which a replayed graph would skip.
    */
   static supported(model: CausalLM): boolean {
-    if (model.tp !== null && model.tp.size > 1) return false;
-    const b = model.device.backend;
+    return (model.tp === null || model.tp.size <= 1) && StepGraphs.deviceCaptures(model.device);
+  }
+
+  /** Whether the device's back end can capture and replay step graphs. */
+  static deviceCaptures(device: Device): boolean {
+    const b = device.backend;
     return typeof b.beginCapture === "function" && typeof b.endCapture === "function" && typeof b.writeAsync === "function";
   }
 
   /**
-   * Captures one graph per bucket. `kvCaches` are the runner's paged caches (the graphs write into them).
+   * Captures `forward` once per bucket. `kvCaches` are the runner's paged caches (the graphs write into them).
    * Throws whatever the capture throws (CaptureError for an op that cannot be captured); nothing is kept then.
    */
-  static capture(model: CausalLM, kvCaches: { k: Tensor; v: Tensor }[], maxBlocksPerSeq: number, options: StepGraphOptions): StepGraphs {
-    const graphs = new StepGraphs(model, kvCaches, maxBlocksPerSeq, options.lora === true);
+  static capture(forward: StepForward, kvCaches: { k: Tensor; v: Tensor }[], maxBlocksPerSeq: number, options: StepGraphOptions): StepGraphs {
+    const graphs = new StepGraphs(forward, kvCaches, maxBlocksPerSeq, options.lora === true);
     const fuse = options.fuse === true;
     const decode = [...options.decodeBuckets];
     const mixed = [...(options.mixedBuckets ?? [])];
@@ -213,7 +214,7 @@ export class StepGraphs {
         replayed,
       };
     };
-    const backend = model.device.backend;
+    const backend = forward.device.backend;
     const cache = options.cache !== undefined && backend.replayCapture !== undefined && backend.takeRecording !== undefined ? options.cache : null;
     if (cache !== null && graphs.replay(cache, plan, options.onProgress)) {
       graphs.info = info(true);
@@ -262,7 +263,7 @@ export class StepGraphs {
 
   /** One bucket from its recording, or null (nothing kept) when it does not fit this process. */
   private replayBucket(rec: BucketRecording, session: ReplaySession): Bucket | null {
-    const dev = this.model.device;
+    const dev = this.forward.device;
     const inputs = this.inputs(rec.kind, rec.tokens, rec.rows);
     let replayed: ReturnType<NonNullable<Backend["replayCapture"]>> = null;
     try {
@@ -277,20 +278,21 @@ export class StepGraphs {
     };
     const logits = view("logits");
     const argmax = view("argmax");
-    if (replayed === null || logits === null || argmax === null) {
+    const hidden = view("hidden");
+    if (replayed === null || logits === null || argmax === null || (hidden === null) !== (this.forward.hiddenRows === null)) {
       replayed?.graph.dispose();
-      for (const t of [...Object.values(inputs), logits, argmax]) t?.dispose();
+      for (const t of [...Object.values(inputs), logits, argmax, hidden]) t?.dispose();
       return null;
     }
-    return { kind: rec.kind, tokens: rec.tokens, rows: rec.rows, ...inputs, logits, argmax, graph: replayed.graph };
+    return { kind: rec.kind, tokens: rec.tokens, rows: rec.rows, ...inputs, logits, argmax, hidden, graph: replayed.graph };
   }
 
   /**
    * A bucket's persistent inputs, holding capture-time metadata (the kernels' index checks read it): every token a
    * one-token sequence at position 0 in the null block 0.
    */
-  private inputs(kind: Bucket["kind"], tokens: number, rows: number): BucketInputs {
-    const dev = this.model.device;
+  private inputs(kind: Bucket["kind"], tokens: number, rows: number): StepGraphInputs {
+    const dev = this.forward.device;
     const i32 = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
     return {
       ids: i32(new Int32Array(tokens)),
@@ -301,6 +303,7 @@ export class StepGraphs {
       tables: i32(new Int32Array(tokens * this.maxBlocksPerSeq), [tokens, this.maxBlocksPerSeq]),
       rowIndex: kind === "mixed" ? i32(new Int32Array(rows)) : null,
       loraSlots: this.lora ? i32(new Int32Array(tokens).fill(-1)) : null,
+      rowInputs: this.forward.inputWidth > 0 ? tensor(new Float32Array(tokens * this.forward.inputWidth), { device: dev, shape: [tokens, this.forward.inputWidth] }) : null,
     };
   }
 
@@ -318,37 +321,30 @@ export class StepGraphs {
     recordings: BucketRecording[] | null,
     mark: number,
   ): Bucket {
-    const backend = this.model.device.backend;
+    const backend = this.forward.device.backend;
     const inputs = this.inputs(kind, tokens, rows);
-    const { ids, positions, slots, queryStart, seqLens, tables, rowIndex, loraSlots } = inputs;
-    let logits: Tensor | null = null;
-    let argmax: Tensor | null = null;
+    let out: StepOutputs | null = null;
     backend.beginCapture!({ record: recordings !== null });
     try {
-      const run = (): void => {
-        const hidden = this.model.forward(ids, { kind: "paged", positions, slotMapping: slots, blockTables: tables, queryStart, seqLens, kvCaches, loraSlots });
-        const picked = rowIndex === null ? hidden : hidden.indexSelect(0, rowIndex);
-        logits = this.model.logits(picked);
-        argmax = logits.argmax(-1);
-        if (picked !== hidden) picked.dispose();
-        hidden.dispose();
-      };
+      const run = (): void => void (out = this.forward.trace(inputs, kvCaches));
       noGrad(() => (fuse ? withEagerMode("defer-and-fuse", run) : run()));
       flushDeferred();
     } catch (e) {
       backend.abortCapture?.();
-      for (const t of [ids, positions, slots, queryStart, seqLens, tables, rowIndex, loraSlots, logits, argmax]) t?.dispose();
+      const o = out as StepOutputs | null;
+      for (const t of [...Object.values(inputs), o?.logits, o?.argmax, o?.hidden]) t?.dispose();
       throw e;
     }
     const graph: StepGraph = backend.endCapture!();
-    const out = { logits: logits! as Tensor, argmax: argmax! as Tensor };
+    const { logits, argmax, hidden } = out!;
     if (recordings !== null) {
-      const outputs = new Map(Object.entries(out).map(([k, t]) => [k, t.storage.buffer]));
+      const named = Object.entries({ logits, argmax, hidden }).filter((e): e is [string, Tensor] => e[1] !== null);
+      const outputs = new Map(named.map(([k, t]) => [k, t.storage.buffer]));
       const recording = backend.takeRecording?.(rootsOf(inputs), outputs, mark, codeName) ?? null;
-      const views = Object.fromEntries(Object.entries(out).map(([k, t]) => [k, { dtype: t.dtype, shape: [...t.shape], strides: [...t.strides], offset: t.offset }]));
+      const views = Object.fromEntries(named.map(([k, t]) => [k, { dtype: t.dtype, shape: [...t.shape], strides: [...t.strides], offset: t.offset }]));
       if (recording !== null) recordings.push({ kind, tokens, rows, recording, views });
     }
-    return { kind, tokens, rows: kind === "decode" ? tokens : rows, ...inputs, ...out, graph };
+    return { kind, tokens, rows: kind === "decode" ? tokens : rows, ...inputs, logits, argmax, hidden, graph };
   }
 
   /** The captured bucket that serves this batch, or null when it must run eagerly. */
@@ -371,13 +367,17 @@ export class StepGraphs {
 
   /**
    * Enqueues the step (metadata copies, then the replay); wait() returns the logits of the sampled rows, or
-   * with batch.sampleOnDevice only their argmax ids. Null (nothing enqueued) when no captured bucket fits:
+   * with batch.sampleOnDevice only their argmax ids, and the forward's hidden rows. `rowInputs`: each token's float
+   * row [numTokens, inputWidth] when the forward takes them. Null (nothing enqueued) when no captured bucket fits:
    * the caller runs the step eagerly.
    */
-  launch(batch: ScheduledBatch): { wait(): { logits: Float32Array; tokenIds?: Int32Array }; deviceTokens?: DeviceTokens } | null {
+  launch(batch: ScheduledBatch, rowInputs?: Float32Array): { wait(): StepResult; deviceTokens?: DeviceTokens } | null {
     const b = this.bucketFor(batch);
     if (b === null) return null;
-    const backend = this.model.device.backend;
+    const width = this.forward.inputWidth;
+    if ((rowInputs?.length ?? 0) !== batch.numTokens * width)
+      throw new RangeError(`[step graphs] ${rowInputs?.length ?? 0} row inputs for ${batch.numTokens} tokens of width ${width}`);
+    const backend = this.forward.device.backend;
     const fed = batch.fedTokens;
     // fed tokens still in this object's ring are copied on the device; any others are read here
     const from = fed?.from;
@@ -449,6 +449,8 @@ export class StepGraphs {
     put(b.tables, tables);
     if (b.rowIndex !== null) put(b.rowIndex, rowIndex);
     if (b.loraSlots !== null) put(b.loraSlots, loraSlots!);
+    // (rows of padding tokens keep earlier values: each is a sequence of its own, read by no real row)
+    if (b.rowInputs !== null) writes.push({ buffer: b.rowInputs.view_("step graph input").buffer, byteOffset: b.rowInputs.offset * 4, src: new Uint8Array(rowInputs!.buffer, rowInputs!.byteOffset, rowInputs!.byteLength) });
     if (backend.writeAsyncMany) backend.writeAsyncMany(writes);
     else for (const w of writes) backend.writeAsync!(w.buffer, w.byteOffset, w.src);
     if (fedOnDevice && fed !== undefined && fed.at.length > 0) {
@@ -459,11 +461,12 @@ export class StepGraphs {
     this.replays++;
     if (b.kind === "mixed") this.mixedReplays++;
     const V = b.logits.shape[1]!;
+    const hiddenOf = (): { hidden?: Float32Array } => (b.hidden === null ? {} : { hidden: firstRows(b.hidden, this.forward.hiddenRows === "tokens" ? batch.numTokens : row) });
     if (batch.sampleOnDevice === true) {
       this.deviceSampled++;
       const ring = this.sampledRing();
       if (ring === null) {
-        return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, row) }) };
+        return { wait: () => ({ logits: new Float32Array(0), tokenIds: (b.argmax.dataSync() as Int32Array).slice(0, row), ...hiddenOf() }) };
       }
       // the ids go to a ring slot behind the replay, so that the next launch (queued before they are read) can
       // neither overwrite them nor make reading them wait for it
@@ -472,15 +475,15 @@ export class StepGraphs {
       const v = b.argmax.view_("sampled ids");
       backend.copyAsync!(v.buffer, v.offset * 4, slot.buffer, 0, row * 4);
       const tokens = new SampledIds(backend, slot, backend.fence!(), row);
-      return { wait: () => ({ logits: new Float32Array(0), tokenIds: tokens.read() }), deviceTokens: tokens };
+      return { wait: () => ({ logits: new Float32Array(0), tokenIds: tokens.read(), ...hiddenOf() }), deviceTokens: tokens };
     }
-    return { wait: () => ({ logits: (b.logits.dataSync() as Float32Array).slice(0, row * V) }) };
+    return { wait: () => ({ logits: (b.logits.dataSync() as Float32Array).slice(0, row * V), ...hiddenOf() }) };
   }
 
   /** The ring of device-sampled ids, allocated on first use; null when the back end cannot copy and read behind a fence. */
   private sampledRing(): SampledSlot[] | null {
     if (this.sampled !== null) return this.sampled;
-    const backend = this.model.device.backend;
+    const backend = this.forward.device.backend;
     if (backend.copyAsync === undefined || backend.fence === undefined || backend.readAfter === undefined) return null;
     const rows = Math.max(...[...this.decode, ...this.mixed].map((b) => b.rows));
     this.sampled = Array.from({ length: SAMPLED_SLOTS }, () => ({ buffer: backend.allocate(rows * 4), owner: null }));
@@ -490,7 +493,7 @@ export class StepGraphs {
   /** Stream-ordered copies of the fed ids from their ring slot into the bucket's token ids, one per run of consecutive rows. */
   private copyFed(fed: FedTokens, ids: Tensor): void {
     const from = fed.from as SampledIds;
-    const backend = this.model.device.backend;
+    const backend = this.forward.device.backend;
     const v = ids.view_("step graph input");
     for (let k = 0; k < fed.at.length; ) {
       const row = fed.rows[k]!;
@@ -518,17 +521,25 @@ export class StepGraphs {
   dispose(): void {
     for (const b of [...this.decode, ...this.mixed]) {
       b.graph.dispose();
-      for (const t of [b.ids, b.positions, b.slots, b.queryStart, b.seqLens, b.tables, b.rowIndex, b.loraSlots, b.logits, b.argmax]) t?.dispose();
+      for (const t of [b.ids, b.positions, b.slots, b.queryStart, b.seqLens, b.tables, b.rowIndex, b.loraSlots, b.rowInputs, b.logits, b.argmax, b.hidden]) t?.dispose();
     }
     this.decode.length = 0;
     this.mixed.length = 0;
-    for (const slot of this.sampled ?? []) this.model.device.backend.free(slot.buffer);
+    for (const slot of this.sampled ?? []) this.forward.device.backend.free(slot.buffer);
     this.sampled = null;
   }
 }
 
+/** The first `n` rows of a float32 output [rows, width], read from the device (after the work queued on it). */
+function firstRows(t: Tensor, n: number): Float32Array {
+  const v = t.narrow(0, 0, n);
+  const out = v.dataSync() as Float32Array;
+  v.dispose();
+  return out;
+}
+
 /** The inputs' buffers by name, as recordings name their roots. */
-function rootsOf(inputs: BucketInputs): Map<string, DeviceBuffer> {
+function rootsOf(inputs: StepGraphInputs): Map<string, DeviceBuffer> {
   const roots = new Map<string, DeviceBuffer>();
   for (const [name, t] of Object.entries(inputs)) if (t !== null) roots.set(name, t.storage.buffer);
   return roots;

@@ -198,23 +198,30 @@ export class EagleHead extends Module {
     return h;
   }
 
+  /** Logits [rows, draft vocabulary] of the residual stream h [rows, H]. */
+  logits(h: Tensor): Tensor {
+    if (this.norm === null) return this.target.logits(h); // EAGLE-1: the target's LM head, on the un-normed stream
+    const n = this.norm.forward(h);
+    const logits = this.lmHead!.forward(n);
+    n.dispose();
+    return logits;
+  }
+
+  /** Draft-vocabulary token ids -> target token ids (EAGLE-3's d2t), in place. */
+  toTarget(ids: Int32Array): Int32Array {
+    const d2t = this.draftToTarget;
+    if (d2t !== null) for (let i = 0; i < ids.length; i++) ids[i] = ids[i]! + d2t[ids[i]!]!;
+    return ids;
+  }
+
   /** The greedy target token of each row of the residual stream h [rows, H]. */
   greedy(h: Tensor): Int32Array {
-    let logits: Tensor;
-    if (this.norm !== null) {
-      const n = this.norm.forward(h);
-      logits = this.lmHead!.forward(n);
-      n.dispose();
-    } else {
-      logits = this.target.logits(h); // EAGLE-1: the target's LM head, on the un-normed stream
-    }
+    const logits = this.logits(h);
     const am = logits.argmax(-1);
     logits.dispose();
     const ids = Int32Array.from(am.dataSync() as ArrayLike<number>);
     am.dispose();
-    const d2t = this.draftToTarget;
-    if (d2t !== null) for (let i = 0; i < ids.length; i++) ids[i] = ids[i]! + d2t[ids[i]!]!;
-    return ids;
+    return this.toTarget(ids);
   }
 }
 
@@ -224,11 +231,8 @@ function headName(name: string, method: EagleMethod): string {
   return method === "eagle3" && n.startsWith("layers.0.") ? `midlayer.${n.slice("layers.0.".length)}` : n;
 }
 
-/**
- * Loads the EAGLE head in `dir` (config.json and safetensors) for `target`, in the target's dtype. Throws
- * EagleHeadError when it does not fit the target or its checkpoint lacks tensors.
- */
-export function loadEagleHead(dir: string, method: EagleMethod, target: CausalLM, dtype: DType, device?: DeviceLike): EagleHead {
+/** The config.json of the EAGLE head in `dir`, checked against the target's config (EagleHeadError when it does not fit). */
+export function readEagleHeadConfig(dir: string, method: EagleMethod, target: ModelConfig): EagleHeadConfig {
   const configPath = path.join(dir, "config.json");
   if (!fs.existsSync(configPath)) throw new EagleHeadError(`${dir}: no config.json`);
   let json: Json;
@@ -237,7 +241,15 @@ export function loadEagleHead(dir: string, method: EagleMethod, target: CausalLM
   } catch (e) {
     throw new EagleHeadError(`${configPath}: ${(e as Error).message}`);
   }
-  const config = parseEagleHeadConfig(json, method, target.config);
+  return parseEagleHeadConfig(json, method, target);
+}
+
+/**
+ * Loads the EAGLE head in `dir` (config.json and safetensors) for `target`, in the target's dtype. Throws
+ * EagleHeadError when it does not fit the target or its checkpoint lacks tensors.
+ */
+export function loadEagleHead(dir: string, method: EagleMethod, target: CausalLM, dtype: DType, device?: DeviceLike): EagleHead {
+  const config = readEagleHeadConfig(dir, method, target.config);
   let h: SafetensorsHandle;
   try {
     h = readSafetensors(dir);

@@ -1,14 +1,16 @@
 // Speculative decoding with EAGLE heads (vLLM's speculative_config {"method": "eagle" | "eagle3", "model": <head>}):
 // greedy outputs are token for token those without speculation whatever the head (random heads, whose drafts mostly
-// fail), with step graphs and eagerly, over prompts longer than a step, concurrent requests and preemption; a head
-// built to agree with a served model gets its drafts accepted (the hidden states and positions line up); the
-// proposer's drafts equal a pure-TS computation of the head; configs that cannot draft are typed errors.
+// fail), with step graphs (the served model's steps and the head's replayed) and eagerly, over prompts longer than a
+// step, concurrent requests and preemption; a head built to agree with a served model gets its drafts accepted (the
+// hidden states and positions line up: EAGLE-1's final state, EAGLE-3's aux layers); the proposer's drafts equal a
+// pure-TS computation of the head, captured or not; configs that cannot draft are typed errors.
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, it } from "node:test";
 import { parseServeArgs } from "../../src/cli/serve-args.js";
 import { EagleProposer } from "../../src/engine/eagle.js";
+import { PagedModelRunner } from "../../src/engine/paged-model-runner.js";
 import { EngineInputError } from "../../src/engine/errors.js";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { resolveSpeculativeConfig, type DraftRequest, type Drafter } from "../../src/engine/speculative.js";
@@ -30,9 +32,9 @@ const greedy: Partial<SamplingParams> = { temperature: 0, maxTokens: 20, ignoreE
 
 const H = 64; // the tiny preset's hidden size
 
-/** The target with every attention's o_proj zero: its hidden state at p depends on token p alone (a Markov chain). */
-function markovTarget(): string {
-  const dir = tempPath("eagle-markov-target");
+/** The target with the weights `zero` names set to zero, written once under `name`. */
+function zeroedTarget(name: string, zero: (tensor: string) => boolean): string {
+  const dir = tempPath(name);
   if (fs.existsSync(path.join(dir, "model.safetensors"))) return dir;
   const src = target();
   fs.mkdirSync(dir, { recursive: true });
@@ -40,11 +42,33 @@ function markovTarget(): string {
   const h = readSafetensors(src);
   const tensors = h.tensors.map((t) => {
     const v = h.loadAsFloat32(t.name);
-    return { name: t.name, dtype: "F32" as const, shape: t.shape, data: t.name.endsWith("o_proj.weight") ? new Float32Array(v.length) : v };
+    return { name: t.name, dtype: "F32" as const, shape: t.shape, data: zero(t.name) ? new Float32Array(v.length) : v };
   });
   h.close();
   writeSafetensors(path.join(dir, "model.safetensors"), tensors);
   return dir;
+}
+
+/** The target with every attention's o_proj zero: its hidden state at p depends on token p alone (a Markov chain). */
+const markovTarget = () => zeroedTarget("eagle-markov-target", (n) => n.endsWith("o_proj.weight"));
+
+/** The target whose last layer adds nothing (o_proj, down_proj zero): the stream entering it is the final one. */
+const lastLayerIdle = () => zeroedTarget("eagle-idle-last-target", (n) => /^model\.layers\.2\.(self_attn\.o_proj|mlp\.down_proj)\.weight$/.test(n));
+
+/** Step graph replays and eager steps of the served model and of its EAGLE head. */
+function replays(llm: LLM): { served: number; head: number; headEager: number } {
+  const runner = llm.engine.runner;
+  assert.ok(runner instanceof PagedModelRunner);
+  const head = (llm.engine as unknown as { draft: EagleProposer }).draft.runner;
+  return { served: runner.graphs?.replays ?? 0, head: head.replays, headEager: head.eagerSteps };
+}
+
+/** Asserts that every step of the served model and of the head was replayed (graphs), or that none was (eager). */
+function assertReplayed(llm: LLM, enforceEager: boolean, what: string): void {
+  const r = replays(llm);
+  if (enforceEager) assert.deepEqual(r, { served: 0, head: 0, headEager: r.headEager }, what);
+  else assert.deepEqual(r, { served: llm.engine.numSteps, head: r.head, headEager: 0 }, `${what}: every step replayed`);
+  assert.ok(r.head + r.headEager > 5, `${what}: ${JSON.stringify(r)}`);
 }
 
 /** fc [H, 2H] passing one half of [embedding, hidden] through. */
@@ -74,7 +98,7 @@ function run(model: string, spec: { method: "eagle" | "eagle3"; model: string } 
     ...extra,
   });
   const out = llm.generate(prompts, params).map((o) => o.outputs[0]!.tokenIds);
-  return { out, stats: llm.engine.stats() };
+  return { out, stats: llm.engine.stats(), llm };
 }
 
 describe("EAGLE speculative decoding", () => {
@@ -88,9 +112,18 @@ describe("EAGLE speculative decoding", () => {
         const r = run(target(), spec, { enforceEager });
         assert.deepEqual(r.out, base, spec.method);
         assert.ok(r.stats.specDraftTokens! > 0, `${spec.method} drafted ${r.stats.specDraftTokens}`);
+        assertReplayed(r.llm, enforceEager, spec.method);
       }
     });
   }
+
+  it("head steps no captured bucket fits run eagerly, the others replay", { timeout: 60_000 }, () => {
+    // mixed buckets of 4 and 8 tokens: the head's feeds of prompt chunks run eagerly
+    const r = run(target(), { method: "eagle3", model: eagle3() }, { maxCaptureTokens: 8 });
+    assert.deepEqual(r.out, base);
+    const n = replays(r.llm);
+    assert.ok(n.head > 0 && n.headEager > 0, JSON.stringify(n));
+  });
 
   it("a head built to agree with the served model gets every draft accepted (tokens line up with positions)", { timeout: 60_000 }, () => {
     // served model: attention outputs zero, so its next token is a function of the current one, M(t). Head: fc passes
@@ -104,38 +137,63 @@ describe("EAGLE speculative decoding", () => {
     hw.close();
     const head = writeEagleHead(served, "agree", { method: "eagle", config: { num_hidden_layers: 3 }, weights });
     const plain = run(served, null, { enforceEager: true }).out;
-    const r = run(served, { method: "eagle", model: head });
-    assert.deepEqual(r.out, plain);
-    assert.ok(r.stats.specDraftTokens! > 30, `drafted ${r.stats.specDraftTokens}`);
-    assert.equal(r.stats.specAcceptedTokens, r.stats.specDraftTokens);
-  });
-
-  it("a head that passes the served model's hidden state through proposes the token that state sampled: the last one (hidden states line up)", { timeout: 60_000 }, () => {
-    // fc passes the hidden half, the layer adds nothing (o_proj, down_proj zero): the head's output at p is the served
-    // model's final hidden state at p, whose LM head argmax is token p + 1. Fed at N - 2, it proposes token N - 1 (the
-    // last one), not N - 2's (an off-by-one in the rows) nor anything else; its own state fed back gives it again.
-    const zeros = (n: number) => new Float32Array(n);
-    const head = writeEagleHead(target(), "identity", {
-      method: "eagle", weights: { "fc.weight": fcPassing("hidden"), "layers.0.self_attn.o_proj.weight": zeros(H * H), "layers.0.mlp.down_proj.weight": zeros(H * 128) },
-    });
-    const llm = new LLM({ model: target(), maxModelLen: 256, maxNumBatchedTokens: 64, speculativeConfig: { method: "eagle", model: head, numSpeculativeTokens: 3 } });
-    const seen = recordProposals(llm);
-    assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
-    let checked = 0;
-    for (const { requests, drafts } of seen)
-      for (const r of requests) {
-        const d = drafts.get(r.requestId)!;
-        if (r.k === 0) assert.deepEqual(d, []);
-        else if (d.length > 0) {
-          assert.deepEqual(d, Array(r.k).fill(r.tokens.at(-1)), `drafts after ${r.tokens.slice(-3).join(",")}`);
-          checked++;
-        }
-      }
-    assert.ok(checked >= 9, `checked ${checked} proposals`); // (rejected drafts pause drafting: few proposals)
+    for (const enforceEager of [false, true]) {
+      const r = run(served, { method: "eagle", model: head }, { enforceEager });
+      assert.deepEqual(r.out, plain);
+      assert.ok(r.stats.specDraftTokens! > 30, `drafted ${r.stats.specDraftTokens}`);
+      assert.equal(r.stats.specAcceptedTokens, r.stats.specDraftTokens);
+      assertReplayed(r.llm, enforceEager, `enforceEager ${enforceEager}`);
+    }
   });
 
   for (const method of ["eagle", "eagle3"] as const)
-    it(`the proposer's drafts equal a pure-TS ${method} head on the same hidden states, in chunks and a step later`, { timeout: 60_000 }, () => {
+    it(`a ${method} head that passes the served model's hidden state through proposes the token that state sampled: the last one (hidden states line up)`, { timeout: 60_000 }, () => {
+      // fc passes one hidden state through, the layer adds nothing (o_proj, down_proj zero): the head's output at p is
+      // the served model's state at p, whose LM head argmax is token p + 1. Fed at N - 2, it proposes token N - 1 (the
+      // last one), not N - 2's (an off-by-one in the rows) nor anything else; its own state fed back gives it again.
+      // EAGLE-1 reads the final state. EAGLE-3 reads the streams entering layers 0, 1, 2 and passes the third: the
+      // served model's last layer adds nothing, so that stream is the final one (the first two are not: a graph
+      // returning another layer's stream, or the streams in another order, proposes other tokens).
+      const zeros = (n: number) => new Float32Array(n);
+      const served = method === "eagle" ? target() : lastLayerIdle();
+      let head: string;
+      if (method === "eagle") {
+        head = writeEagleHead(served, "identity", {
+          method, weights: { "fc.weight": fcPassing("hidden"), "layers.0.self_attn.o_proj.weight": zeros(H * H), "layers.0.mlp.down_proj.weight": zeros(H * 128) },
+        });
+      } else {
+        const fc = new Float32Array(H * 3 * H);
+        for (let i = 0; i < H; i++) fc[i * 3 * H + 2 * H + i] = 1; // the stream entering layer 2
+        const hw = readSafetensors(served);
+        const lmHead = hw.loadAsFloat32("lm_head.weight");
+        hw.close();
+        head = writeEagleHead(served, "identity3", {
+          method, config: { eagle_aux_hidden_state_layer_ids: [0, 1, 2] },
+          weights: { "fc.weight": fc, "midlayer.self_attn.o_proj.weight": zeros(H * H), "midlayer.mlp.down_proj.weight": zeros(H * 128), "lm_head.weight": lmHead },
+        });
+      }
+      const plain = method === "eagle" ? base : run(served, null, { enforceEager: true }).out;
+      for (const enforceEager of [false, true]) {
+        const llm = new LLM({ model: served, maxModelLen: 256, maxNumBatchedTokens: 64, enforceEager, speculativeConfig: { method, model: head, numSpeculativeTokens: 3 } });
+        const seen = recordProposals(llm);
+        assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), plain);
+        let checked = 0;
+        for (const { requests, drafts } of seen)
+          for (const r of requests) {
+            const d = drafts.get(r.requestId)!;
+            if (r.k === 0) assert.deepEqual(d, []);
+            else if (d.length > 0) {
+              assert.deepEqual(d, Array(r.k).fill(r.tokens.at(-1)), `drafts after ${r.tokens.slice(-3).join(",")} (enforceEager ${enforceEager})`);
+              checked++;
+            }
+          }
+        assert.ok(checked >= 9, `checked ${checked} proposals`); // (rejected drafts pause drafting: few proposals)
+        assertReplayed(llm, enforceEager, `enforceEager ${enforceEager}`);
+      }
+    });
+
+  for (const [method, captured] of [["eagle", false], ["eagle3", false], ["eagle", true], ["eagle3", true]] as const)
+    it(`the proposer's drafts equal a pure-TS ${method} head on the same hidden states, in chunks and a step later (${captured ? "step graphs" : "eager"})`, { timeout: 60_000 }, () => {
       const loaded = loadLocalModel(target());
       const d2t = method === "eagle3" ? Array.from({ length: 300 }, (_, d) => (d % 3 === 0 ? 200 : 0)) : null;
       const dir = method === "eagle"
@@ -143,6 +201,7 @@ describe("EAGLE speculative decoding", () => {
         : writeEagleHead(target(), "ref-e3", { method, config: { draft_vocab_size: 300 }, d2t: d2t!, seed: 6, std: 0.3 });
       const head = loadEagleHead(dir, method as EagleMethod, loaded.model, "float32");
       const p = new EagleProposer(head, 4, 64, 8); // 4-token blocks, 8 positions a head forward: the catch-up goes in chunks
+      if (captured) assert.ok(p.captureStepGraphs(64, { decodeBuckets: [1, 2], mixedBuckets: [4, 8], fuse: true }));
       const width = head.targetRowSize;
       let seed = 1;
       const rnd = () => ((seed = (Math.imul(seed, 48271) + 11) >>> 0) / 2 ** 32) * 2 - 1;
@@ -170,6 +229,8 @@ describe("EAGLE speculative decoding", () => {
       assert.ok(p.numFreeBlocks < 63);
       p.propose([], new Set());
       assert.deepEqual([p.numTracked, p.numFreeBlocks], [0, 63]);
+      if (captured) assert.deepEqual([p.runner.replays > 5, p.runner.eagerSteps], [true, 0]);
+      else assert.deepEqual([p.runner.replays, p.runner.eagerSteps > 5], [0, true]);
       p.dispose();
     });
 
@@ -180,9 +241,13 @@ describe("EAGLE speculative decoding", () => {
     assert.deepEqual(spec.out, base);
     const llm = new LLM({ model: target(), maxModelLen: 256, maxNumBatchedTokens: 64, enableSleepMode: true, speculativeConfig: { method: "eagle3", model: eagle3(), numSpeculativeTokens: 3 } });
     assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
+    const before = replays(llm);
     llm.sleep(1);
     llm.wakeUp();
     assert.deepEqual(llm.generate(prompts, greedy).map((o) => o.outputs[0]!.tokenIds), base);
+    const after = replays(llm); // the head's graphs captured again with its KV cache
+    // (the served model's graphs are new ones, counting from 0)
+    assert.ok(after.served > 10 && after.head > before.head && after.headEager === 0, JSON.stringify({ before, after }));
   });
 
   it("configs: eagle and eagle3 methods; typed errors for heads that do not fit the served model", () => {
