@@ -40,6 +40,9 @@ export type ChatInputPart =
   | { type: "image_url"; image_url: string | { url: string; detail?: string } }
   | { type: "image"; image: Uint8Array | RgbImage };
 
+/** A chat message as LLM.chat takes it: its content a string, null, or content parts (OpenAI's, and offline images). */
+export type ChatInputMessage = Omit<ChatMessage, "content"> & { content: string | null | ChatInputPart[] };
+
 /** A message's content read: its text (text parts joined by newlines, as vLLM), its parts in order, its images. */
 export interface ChatContent {
   text: string | null;
@@ -89,6 +92,18 @@ export function readChatContent(content: unknown, param: string, { offline = fal
   });
   const texts = parts.flatMap((p) => (p.type === "text" ? [p.text] : []));
   return { text: texts.join("\n"), parts, images };
+}
+
+/** The messages as the template takes them, and their images in order (`param` names the message list in errors). */
+export function readChatMessages(messages: readonly ChatInputMessage[], param: string): { messages: ChatMessage[]; images: ChatImage[] } {
+  const images: ChatImage[] = [];
+  const out = messages.map((m, i): ChatMessage => {
+    if (!Array.isArray(m.content)) return m as ChatMessage;
+    const content = readChatContent(m.content, `${param}[${i}].content`, { offline: true });
+    images.push(...content.images);
+    return { ...m, content: content.text, ...(content.images.length > 0 ? { contentParts: content.parts } : {}) };
+  });
+  return { messages: out, images };
 }
 
 /** Refuses more images than the model takes (none for a text-only model), in vLLM's words. */
@@ -165,10 +180,10 @@ export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3Imag
 }
 
 /**
- * The messages as the template sees them with images: a "string" content format reads each message's content with
- * one `<start_of_image>` per image before its text, joined by newlines (vLLM's placeholders); an "openai" one its parts.
+ * The messages as a "string" content format renders them with images: one `<start_of_image>` per image before the
+ * text, joined by newlines (vLLM's placeholders); an "openai" one reads the parts.
  */
-export function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
+function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
   return messages.map((m) => {
     const n = m.contentParts?.filter((p) => p.type === "image").length ?? 0;
     return n === 0 ? m : { ...m, content: [...Array<string>(n).fill(GEMMA3_BOI), ...(m.content ? [m.content] : [])].join("\n") };
@@ -176,15 +191,17 @@ export function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[]
 }
 
 /**
- * The rendered prompt with its images' pixel_values: the placeholders expanded (Gemma3Processor's full image
- * sequence), the token ids and each image's feature positions. A template that wrote the wrong number of
- * placeholders is a ChatInputError naming `param` (the messages).
+ * A chat's prompt with its images' pixel_values: the messages rendered (`render`: the chat template) with each image's
+ * placeholder, expanded as Gemma3Processor expands it and encoded, with each image's feature positions. A template
+ * that wrote the wrong number of placeholders is a ChatInputError naming `param` (the messages).
  */
-export function expandImagePrompt(
-  promptText: string, pixels: readonly Float32Array[], spec: Gemma3ImageInputSpec, encode: (text: string) => number[], param: string,
+export function imageChatPrompt(
+  messages: ChatMessage[], pixels: readonly Float32Array[], spec: Gemma3ImageInputSpec,
+  { render, encode, param }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string },
 ): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
+  const rendered = render(messagesWithPlaceholders(messages));
   try {
-    return gemma3ImagePrompt(promptText, pixels, spec, encode);
+    return gemma3ImagePrompt(rendered, pixels, spec, encode);
   } catch (e) {
     if (e instanceof RangeError) throw new ChatInputError(param, `${e.message} (the chat template must write one ${GEMMA3_BOI} per image)`);
     throw e;

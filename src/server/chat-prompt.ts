@@ -3,7 +3,7 @@
 // gpt-oss's Harmony renderer) and, with images, what vLLM's chat path feeds the model: the count checked against
 // --limit-mm-per-prompt, each image loaded and processed, its placeholder expanded (models/chat-images.ts).
 import type { ImageFeatureSpec } from "../models/gemma3-image-processor.js";
-import { checkImageCount, expandImagePrompt, loadChatImages, messagesWithPlaceholders } from "../models/chat-images.js";
+import { checkImageCount, imageChatPrompt, loadChatImages } from "../models/chat-images.js";
 import { badRequest } from "./errors.js";
 import type { ChatRequest } from "./protocol.js";
 import type { ServingContext } from "./serving-context.js";
@@ -50,8 +50,7 @@ export async function chatPrompt(
     return { promptText, promptTokenIds: encode(promptText), mmFeatures: null };
   }
   const spec = ctx.imageInput!; // (checkImageCount refuses images without one)
-  const rendered = renderChatPrompt(ctx, { ...req, messages: messagesWithPlaceholders(req.messages) }, param);
   const pixels = await loadChatImages(req.images, spec.processor);
-  const p = expandImagePrompt(rendered, pixels, spec, encode, param);
+  const p = imageChatPrompt(req.messages, pixels, spec, { render: (messages) => renderChatPrompt(ctx, { ...req, messages }, param), encode, param });
   return { promptText: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
 }
