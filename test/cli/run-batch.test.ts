@@ -14,10 +14,7 @@ import type { EngineFactory } from "../../src/cli/engine-factory.js";
 import { main } from "../../src/cli/main.js";
 import { runBatch, type BatchRequestOutput } from "../../src/cli/run-batch.js";
 import { parseServeArgs } from "../../src/cli/serve-args.js";
-import { AsyncLLM } from "../../src/engine/async-llm.js";
-import { createServingSetupSync } from "../../src/engine/serving.js";
-import { dataUrl, gemma3TextThenImageIds, png } from "../helpers/image-fixture.js";
-import { tinyGemma3VisionDir } from "../helpers/tiny-model.js";
+import { dataUrl, gemma3TextThenImageIds, png, tinyVisionEngine } from "../helpers/image-fixture.js";
 import { FakeEngine, type FakeEngineOptions } from "../server/fake-engine.js";
 import { startTestServer, type TestServer } from "../server/helpers.js";
 
@@ -98,9 +95,7 @@ describe("kiln run-batch", () => {
   });
 
   it("serves an image-text model's chat lines with image_url parts, as kiln serve does", async () => {
-    const model = tinyGemma3VisionDir();
-    const setup = createServingSetupSync({ model, maxModelLen: 128, kvCacheMemory: 2 << 20, blockSize: 4 });
-    const engine = new AsyncLLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+    const { dir: model, setup, engine } = tinyVisionEngine();
     const real: EngineFactory = async () => ({ engine, tokenizer: setup.loaded.tokenizer, maxModelLen: 128, modelName: MODEL, close: async () => {} });
     const withImage = (url: string) => ({
       model: MODEL, max_tokens: 3, temperature: 0, return_token_ids: true,

@@ -3,8 +3,23 @@
 // server's expansion is checked against it rather than against itself).
 import * as http from "node:http";
 import { PNG } from "pngjs";
+import { AsyncLLM } from "../../src/engine/async-llm.js";
+import { createServingSetupSync } from "../../src/engine/serving.js";
+import { withChatTemplateDefaults } from "../../src/models/chat-content-format.js";
 import type { TokenizerLike } from "../../src/models/tokenizer-types.js";
 import { mulberry32 } from "../../src/util/random.js";
+import { tinyGemma3VisionDir } from "./tiny-model.js";
+
+/**
+ * A real engine over the random tiny Gemma 3 image-text model: its directory and serving set-up, an AsyncLLM over it,
+ * and the tokenizer a server gives it (content format "auto", as kiln serve's default).
+ */
+export function tinyVisionEngine(maxModelLen = 128) {
+  const dir = tinyGemma3VisionDir();
+  const setup = createServingSetupSync({ model: dir, maxModelLen, kvCacheMemory: 2 << 20, blockSize: 4 });
+  const engine = new AsyncLLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+  return { dir, setup, engine, tokenizer: withChatTemplateDefaults(setup.loaded.tokenizer, { contentFormat: "auto", kwargs: null }) };
+}
 
 /** An opaque random PNG. */
 export function png(seed: number, width = 24, height = 18): Buffer {

@@ -5,22 +5,15 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type OpenAI from "openai";
-import { AsyncLLM } from "../../src/engine/async-llm.js";
-import { createServingSetupSync } from "../../src/engine/serving.js";
-import { withChatTemplateDefaults } from "../../src/models/chat-content-format.js";
 import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
 import { createServer } from "../../src/server/index.js";
 import type { ServerEngineOptions } from "../../src/server/server.js";
-import { dataUrl, gemma3TextThenImageIds, png, serveFiles } from "../helpers/image-fixture.js";
-import { tinyGemma3VisionDir } from "../helpers/tiny-model.js";
+import { dataUrl, gemma3TextThenImageIds, png, serveFiles, tinyVisionEngine } from "../helpers/image-fixture.js";
 import { MODEL } from "./helpers.js";
 import OpenAIClient from "openai";
 
 describe("image inputs through the chat API", () => {
-  const dir = tinyGemma3VisionDir();
-  const setup = createServingSetupSync({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, blockSize: 4 });
-  const tokenizer = withChatTemplateDefaults(setup.loaded.tokenizer, { contentFormat: "auto", kwargs: null });
-  const llm = new AsyncLLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+  const { dir, setup, engine: llm, tokenizer } = tinyVisionEngine(128);
   const servers: { close(): Promise<void> }[] = [];
   let client: OpenAI, url: string, imageHost: string;
   const [imgA, imgB] = [png(1), png(2)];

@@ -7,23 +7,16 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAIClient from "openai";
-import { AsyncLLM } from "../../src/engine/async-llm.js";
-import { createServingSetupSync } from "../../src/engine/serving.js";
-import { withChatTemplateDefaults } from "../../src/models/chat-content-format.js";
 import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
 import { createServer } from "../../src/server/index.js";
 import type { ServerEngineOptions } from "../../src/server/server.js";
-import { dataUrl, gemma3TextThenImageIds, png, serveFiles } from "../helpers/image-fixture.js";
-import { tinyGemma3VisionDir } from "../helpers/tiny-model.js";
+import { dataUrl, gemma3TextThenImageIds, png, serveFiles, tinyVisionEngine } from "../helpers/image-fixture.js";
 import { MODEL } from "./helpers.js";
 
 type Json = Record<string, any>;
 
 describe("image inputs on /v1/responses, /v1/messages and /tokenize", () => {
-  const dir = tinyGemma3VisionDir();
-  const setup = createServingSetupSync({ model: dir, maxModelLen: 160, kvCacheMemory: 2 << 20, blockSize: 4 });
-  const tokenizer = withChatTemplateDefaults(setup.loaded.tokenizer, { contentFormat: "auto", kwargs: null });
-  const llm = new AsyncLLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+  const { dir, setup, engine: llm, tokenizer } = tinyVisionEngine(160);
   const closers: { close(): Promise<void> }[] = [];
   const [imgA, imgB] = [png(1), png(2)];
   const QUESTION = "What is in this image?";
