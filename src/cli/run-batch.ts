@@ -10,7 +10,7 @@ import { createServer, type Server } from "node:http";
 import type { EngineFactory } from "./engine-factory.js";
 import { createProgress } from "./progress.js";
 import { CliUsageError, type ServeArgs } from "./serve-args.js";
-import { serverEngineOptions, writesHarmony } from "./serve.js";
+import { servedImageOptions, serverEngineOptions, writesHarmony } from "./serve.js";
 import { KILN_VERSION } from "./version.js";
 
 export interface RunBatchOptions {
@@ -109,8 +109,9 @@ export async function runBatch(args: ServeArgs, opts: RunBatchOptions, factory: 
   try {
     const server = prepareServer({ version: KILN_VERSION });
     const names = args.servedModelName ?? [loaded.modelName];
-    // gpt-oss is read and written in Harmony format, as kiln serve serves it
-    const app = server.bind(serverEngineOptions(args, loaded, names, null, null, await writesHarmony(args)));
+    // gpt-oss is read and written in Harmony format, and an image-text model takes images, as kiln serve serves them
+    const images = await servedImageOptions(args, loaded.tokenizer);
+    const app = server.bind({ ...serverEngineOptions(args, loaded, names, null, null, await writesHarmony(args)), ...images });
     await app.ready();
     if (opts.enableMetrics) {
       metrics = createServer((req, res) => {

@@ -14,9 +14,8 @@ import type { KvTransferService } from "../server/kv-transfer.js";
 import type { ServerEngineOptions } from "../server/server.js";
 import { missingParserTokens } from "../server/tool-parsers.js";
 import { env } from "../util/env.js";
-import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
-import { DEFAULT_IMAGE_LIMIT } from "../server/image-inputs.js";
+import { DEFAULT_IMAGE_LIMIT } from "../models/chat-images.js";
 
 export async function runServe(args: ServeArgs, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
   const progress = createProgress();
@@ -89,15 +88,14 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     await kvTransfer?.close();
     await loaded.close();
   };
-  let imageInput: Gemma3ImageInputSpec | null;
+  let images: ServedImageOptions;
   try {
-    imageInput = await servedImageInput(args, loaded.tokenizer);
+    images = await servedImageOptions(args, loaded.tokenizer);
   } catch (err) {
     await closeAll();
     throw err;
   }
-  const imageLimit = args.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
-  const app = server.bind({ ...serverEngineOptions(args, loaded, names, loraModules, kvTransfer, harmony), imageInput: imageLimit > 0 ? imageInput : null, imageLimit });
+  const app = server.bind({ ...serverEngineOptions(args, loaded, names, loraModules, kvTransfer, harmony), ...images });
   try {
     if (args.uds !== null) removeStaleSocket(args.uds);
     await app.listen(args.uds !== null ? { path: args.uds } : { host: args.host, port: args.port });
@@ -149,12 +147,19 @@ export function serverEngineOptions(
   };
 }
 
-/** The served model's image input (an image-text Gemma 3 directory), or null: chat requests with images get a 400. */
-async function servedImageInput(args: ServeArgs, tokenizer: TokenizerLike): Promise<Gemma3ImageInputSpec | null> {
+export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit">>;
+
+/**
+ * The served model's image input (an image-text Gemma 3 directory; null for any other model, or with
+ * --limit-mm-per-prompt image 0: requests with images get a 400) and the images a prompt may hold (run-batch's too).
+ */
+export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLike): Promise<ServedImageOptions> {
+  const imageLimit = args.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
+  if (imageLimit === 0) return { imageInput: null, imageLimit };
   const { resolveModel } = await import("../models/hub.js");
   const { gemma3ImageInputSpec } = await import("../models/gemma3-vision-weights.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  return resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer);
+  return { imageInput: resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer), imageLimit };
 }
 
 /**

@@ -2,6 +2,11 @@
 // outputs in input order.
 import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
+import {
+  checkImageCount, DEFAULT_IMAGE_LIMIT, imageChatPrompt, loadChatImages, loadChatImagesSync, readChatMessages, type ChatImage, type ChatInputMessage,
+} from "../models/chat-images.js";
+import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
+import { gemma3ImageInputSpec } from "../models/gemma3-vision-weights.js";
 import { BeamSearchInstance, checkBeamSearchParams, type BeamSearchParams, type BeamSearchResult } from "./beam-search.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
 import { EngineInputError } from "./errors.js";
@@ -47,7 +52,10 @@ export type PromptInput = string | { promptTokenIds: number[]; prompt?: string; 
  * engine-level `logitsProcessors` (vLLM `logits_processors`): instances or classes (load module specifiers
  * with `await loadLogitsProcessors([...])`).
  */
-export type LLMOptions = (ServingArgs | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs }) & {
+export type LLMOptions = (
+  | ServingArgs
+  | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number> }
+) & {
   logitsProcessors?: readonly LogitsProcessorInput[];
 };
 
@@ -64,6 +72,10 @@ export class LLM {
   private readonly tokenizer: TokenizerLike | null;
   private nextId = 0;
   private readonly defaults: Partial<SamplingParams>;
+  /** An image-text model's image input (chat() takes images); null for a text-only model. */
+  private readonly imageInput: Gemma3ImageInputSpec | null;
+  /** The most images one chat may hold (--limit-mm-per-prompt's image count). */
+  private readonly imageLimit: number;
 
   constructor(options: LLMOptions) {
     if ("model" in options) {
@@ -74,10 +86,14 @@ export class LLM {
       this.tokenizer = s.loaded.tokenizer;
       this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
       this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors, draft: s.draft });
+      this.imageInput = s.loaded.vision !== undefined ? gemma3ImageInputSpec(s.loaded.path, s.loaded.tokenizer) : null;
+      this.imageLimit = options.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
       return;
     }
     this.tokenizer = options.tokenizer;
     this.defaults = {};
+    this.imageInput = options.imageInput ?? null;
+    this.imageLimit = options.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
     this.engine = new EngineCore(options.engineArgs, options.runner, {
       tokenizer: options.tokenizer,
       logitsProcessors: options.logitsProcessors,
@@ -272,21 +288,61 @@ export class LLM {
     return searches.map((s) => s.finish().map((r) => ({ ...r, text: this.tokenizer?.decode(r.tokenIds, { skipSpecialTokens: true }) ?? "" })));
   }
 
-  /** Chat: one conversation or a list of them, rendered with the tokenizer's chat template. */
+  /**
+   * Chat: one conversation or a list of them, rendered with the tokenizer's chat template (content format "auto" unless
+   * `chatOptions` says, as vLLM's LLM.chat). A message's content may be content parts, images among them as the
+   * server takes them (image_url parts: data: URLs; http(s) URLs need chatAsync), or an image's file bytes or RGB
+   * pixels ({type: "image", image}). A bad image throws a ChatInputError naming its part.
+   *
+   * @example
+   * const [out] = llm.chat([{ role: "user", content: [{ type: "text", text: "What is this?" }, { type: "image", image: pngBytes }] }]);
+   */
   chat(
-    messages: ChatMessage[] | ChatMessage[][],
+    messages: ChatInputMessage[] | ChatInputMessage[][],
     params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
     options: { loraRequest?: LoraRequest | null } = {},
   ): RequestOutput[] {
-    const tok = this.requireTokenizer();
-    const conversations = (messages.length > 0 && Array.isArray(messages[0]) ? messages : [messages]) as ChatMessage[][];
-    const prompts = conversations.map((conv) => {
-      const text = tok.applyChatTemplate(conv, { addGenerationPrompt: true, ...chatOptions });
-      // The template already carries BOS and friends.
-      return { prompt: text, promptTokenIds: tok.encode(text, { addSpecialTokens: false }) };
-    });
+    const chats = this.readChats(messages);
+    const prompts = chats.map((c) => this.chatPrompt(c, this.imageInput === null ? [] : loadChatImagesSync(c.images, this.imageInput.processor), chatOptions));
     return this.generate(prompts, params, options);
+  }
+
+  /** chat(), fetching http(s) images first (each within 5 s, as the server fetches them). */
+  async chatAsync(
+    messages: ChatInputMessage[] | ChatInputMessage[][],
+    params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
+    chatOptions: ChatTemplateOptions = {},
+    options: { loraRequest?: LoraRequest | null } = {},
+  ): Promise<RequestOutput[]> {
+    const prompts: PromptInput[] = [];
+    for (const c of this.readChats(messages))
+      prompts.push(this.chatPrompt(c, this.imageInput === null ? [] : await loadChatImages(c.images, this.imageInput.processor), chatOptions));
+    return this.generate(prompts, params, options);
+  }
+
+  /** Each conversation's template messages and images, the images counted against the model's limit. */
+  private readChats(messages: ChatInputMessage[] | ChatInputMessage[][]): { messages: ChatMessage[]; images: ChatImage[] }[] {
+    const batched = messages.length > 0 && Array.isArray(messages[0]);
+    const conversations = (batched ? messages : [messages]) as ChatInputMessage[][];
+    return conversations.map((conv, c) => {
+      const chat = readChatMessages(conv, batched ? `messages[${c}]` : "messages");
+      checkImageCount(chat.images, this.imageInput, this.imageLimit);
+      return chat;
+    });
+  }
+
+  /** A conversation's prompt: the template's text (the template already carries BOS), its images expanded. */
+  private chatPrompt(chat: { messages: ChatMessage[]; images: ChatImage[] }, pixels: Float32Array[], chatOptions: ChatTemplateOptions): PromptInput {
+    const tok = this.requireTokenizer();
+    const render = (messages: ChatMessage[]) => tok.applyChatTemplate(messages, { addGenerationPrompt: true, contentFormat: "auto", ...chatOptions });
+    const encode = (text: string) => tok.encode(text, { addSpecialTokens: false });
+    if (chat.images.length === 0) {
+      const text = render(chat.messages);
+      return { prompt: text, promptTokenIds: encode(text) };
+    }
+    const p = imageChatPrompt(chat.messages, pixels, this.imageInput!, { render, encode, param: "messages" });
+    return { prompt: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
   }
 
   private requireTokenizer(): TokenizerLike {

@@ -1,13 +1,34 @@
 // The text a request is routed by: what the worker will turn into its prompt, serialized so that a request whose
 // prompt extends another's (a conversation's next turn, a shared system prompt or few-shot block) gets a text that
 // extends the other's text. The router has no tokenizer or chat template: the text approximates the prompt, which is
-// all the approximate prefix tree needs.
+// all the approximate prefix tree needs. An image stands in it as a short hash of its bytes' source (a data: URL's or
+// Anthropic's base64 data, else its URL), so the same image and prompt go to the worker that has them cached and
+// another image diverges there.
+import { createHash } from "node:crypto";
 
 type Json = unknown;
 
 const isRecord = (v: Json): v is Record<string, Json> => typeof v === "object" && v !== null && !Array.isArray(v);
 
-/** A message's content: a string, or the text of its parts (other parts by their type, e.g. "[image_url]"). */
+/**
+ * Where an image part's bytes come from: chat's image_url (a URL, or {url}), Responses' input_image (image_url or
+ * file_id), Anthropic's image block (its source's data, url or file_id); undefined for any other part.
+ */
+function imageSource(part: Record<string, Json>): Json {
+  if (part.type === "image_url") return isRecord(part.image_url) ? part.image_url.url : part.image_url;
+  if (part.type === "input_image") return part.image_url ?? part.file_id;
+  if (part.type === "image" && isRecord(part.source)) return part.source.data ?? part.source.url ?? part.source.file_id;
+  return undefined;
+}
+
+/** An image's place in the text: "[image:<16 hex of sha256>]" of its source (a data: URL by its base64 data alone). */
+function imageText(source: Json): string {
+  const s = typeof source === "string" ? source : JSON.stringify(source ?? null);
+  const data = s.startsWith("data:") ? s.slice(s.indexOf(",") + 1) : s;
+  return `[image:${createHash("sha256").update(data).digest("hex").slice(0, 16)}]`;
+}
+
+/** A message's content: a string, or the text of its parts (images by their hash, other parts by their type). */
 function contentText(content: Json): string {
   if (typeof content === "string") return content;
   if (!Array.isArray(content)) return content == null ? "" : JSON.stringify(content);
@@ -16,6 +37,8 @@ function contentText(content: Json): string {
       if (typeof part === "string") return part;
       if (!isRecord(part)) return "";
       if (typeof part.text === "string") return part.text;
+      const image = imageSource(part);
+      if (image !== undefined) return imageText(image);
       return `[${typeof part.type === "string" ? part.type : "part"}]`;
     })
     .join("");
@@ -34,7 +57,7 @@ export function messagesText(messages: Json): string {
   return out;
 }
 
-/** An Anthropic content block's text: text, thinking, a tool call as its JSON, a tool result's content; others by type. */
+/** An Anthropic content block's text: text, thinking, a tool call as its JSON, a tool result's content, an image's hash; others by type. */
 function anthropicBlockText(block: Json): string {
   if (typeof block === "string") return block;
   if (!isRecord(block)) return "";
@@ -42,6 +65,8 @@ function anthropicBlockText(block: Json): string {
   if (block.type === "thinking" && typeof block.thinking === "string") return block.thinking;
   if (block.type === "tool_use") return JSON.stringify({ name: block.name, input: block.input });
   if (block.type === "tool_result") return typeof block.content === "string" ? block.content : anthropicContentText(block.content);
+  const image = imageSource(block);
+  if (image !== undefined) return imageText(image);
   return `[${typeof block.type === "string" ? block.type : "block"}]`;
 }
 

@@ -2,7 +2,9 @@
 // policy matches against the workers' KV-cache events. Chat requests go through the model's chat template as the
 // server renders them (serving-chat.ts: text parts joined by newlines, the generation prompt added unless the request
 // says not to, no special tokens added on encoding); a completion's prompt is encoded as the server encodes it (a
-// string with special tokens unless add_special_tokens is false; token ids as they are). Other requests: none.
+// string with special tokens unless add_special_tokens is false; token ids as they are). Other requests: none, and
+// none for a chat with images (the engine keys an image's blocks by the hash of its processed pixels, which the router
+// does not compute): those route by load.
 import { chainBlockHashes } from "../engine/kv-cache-manager.js";
 import { Tokenizer } from "../models/tokenizer.js";
 import type { ChatMessage, TokenizerLike } from "../models/tokenizer-types.js";

@@ -1,13 +1,13 @@
 // Anthropic's Messages API request (POST /v1/messages and /v1/messages/count_tokens, the wire shape vLLM's
 // vllm/entrypoints/anthropic takes), validated and turned into the chat completions request that serves it: system
 // becomes a system message, content blocks become chat messages (a tool_use block an assistant tool call, a
-// tool_result block a tool message), stop_sequences is stop, tools are function tools (input_schema their
+// tool_result block a tool message, an image block an image_url part), stop_sequences is stop, tools are function tools (input_schema their
 // parameters) and tool_choice auto / any / tool / none is "auto" / "required" / a named function / "none". Errors
 // leave in Anthropic's shape: {"type": "error", "error": {"type", "message"}}.
 import { ApiError, badRequest, toApiError } from "./errors.js";
 import { type Json, optBool, optInt, optNumber, optObject, optString, optStringArray } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
-import type { WireMessage } from "./responses-protocol.js";
+import type { WireMessage, WirePart } from "./responses-protocol.js";
 import { anthropicErrorBody, type AnthropicErrorBody } from "../util/anthropic-errors.js";
 
 export interface MessagesRequest {
@@ -17,6 +17,8 @@ export interface MessagesRequest {
   stopSequences: string[];
   /** The chat completions request that serves it (the chat API's wire shape, as parseChatRequest reads it). */
   chatBody: Json & { messages: WireMessage[] };
+  /** Where each image of the messages sits (`messages[i].content[j].source`), in order: the chat request's image params. */
+  imageParams: string[];
 }
 
 /**
@@ -28,7 +30,8 @@ export function parseMessagesRequest(raw: unknown, { count = false, prefill = tr
   const body = asJsonBody(raw);
   const model = optString(body, "model");
   if (model === undefined || model === "") throw badRequest("'model' is required", "model");
-  const messages = [...systemMessages(body), ...chatMessages(body.messages)];
+  const imageParams: string[] = [];
+  const messages = [...systemMessages(body), ...chatMessages(body.messages, imageParams)];
   const chatBody: Json & { messages: WireMessage[] } = { model, messages };
   const last = messages[messages.length - 1]!;
   if (prefill && last.role === "assistant" && last.tool_calls === undefined) {
@@ -40,7 +43,7 @@ export function parseMessagesRequest(raw: unknown, { count = false, prefill = tr
   if (tools !== undefined) chatBody.tools = tools;
   applyOutputConfig(body, chatBody); // (its effort may change the prompt: gpt-oss's Harmony system message)
   // counting renders the prompt only: the tools are in it whatever the choice, and "auto" needs no parser to count
-  if (count) return { model, stream: false, stopSequences: [], chatBody: { ...chatBody, ...(tools !== undefined ? { tool_choice: "none" } : {}) } };
+  if (count) return { model, stream: false, stopSequences: [], chatBody: { ...chatBody, ...(tools !== undefined ? { tool_choice: "none" } : {}) }, imageParams };
   Object.assign(chatBody, parseToolChoice(body.tool_choice));
 
   // max_tokens is required, as Anthropic and vLLM require it
@@ -59,7 +62,7 @@ export function parseMessagesRequest(raw: unknown, { count = false, prefill = tr
   chatBody.stream = stream;
   optObject(body, "metadata"); // metadata.user_id: an identifier, checked and otherwise unused (as vLLM)
   checkThinking(body.thinking);
-  return { model, stream, stopSequences, chatBody };
+  return { model, stream, stopSequences, chatBody, imageParams };
 }
 
 /**
@@ -103,19 +106,44 @@ function block(raw: unknown, at: string): Json {
 
 const unsupportedBlock = (type: unknown, at: string): ApiError =>
   badRequest(
-    type === "image" || type === "document"
-      ? `${String(type)} content is not supported: the served model reads text only`
-      : `content block type ${JSON.stringify(type)} is not supported here`,
+    type === "image"
+      ? "image blocks are taken in a user message's content only"
+      : type === "document"
+        ? "document content is not supported"
+        : `content block type ${JSON.stringify(type)} is not supported here`,
     `${at}.type`,
   );
 
 /**
+ * An image block's source as the chat API's image_url part, as vLLM maps it: base64 data as a data: URL of its
+ * media_type, a url as it is (a file_id source is refused: Kiln has no Files API).
+ */
+function imagePart(b: Json, at: string): WirePart {
+  const source = b.source as Json | null | undefined;
+  if (typeof source !== "object" || source === null || Array.isArray(source)) throw badRequest(`'${at}.source' must be an object`, `${at}.source`);
+  if (source.type === "base64") {
+    const mediaType = source.media_type;
+    if (typeof mediaType !== "string" || !mediaType.startsWith("image/"))
+      throw badRequest(`'${at}.source.media_type' must be an image media type (image/png, image/jpeg, ...)`, `${at}.source.media_type`);
+    if (typeof source.data !== "string" || source.data === "") throw badRequest(`'${at}.source.data' must be base64 image data`, `${at}.source.data`);
+    return { type: "image_url", image_url: { url: `data:${mediaType};base64,${source.data}` } };
+  }
+  if (source.type === "url") {
+    if (typeof source.url !== "string" || source.url === "") throw badRequest(`'${at}.source.url' must be a non-empty string`, `${at}.source.url`);
+    return { type: "image_url", image_url: { url: source.url } };
+  }
+  throw badRequest(`image source type ${JSON.stringify(source.type)} is not supported (only "base64" and "url")`, `${at}.source.type`);
+}
+
+/**
  * user and assistant messages as chat messages. A user message's tool_result blocks become tool messages (before its
  * text, as vLLM orders them); an assistant message's tool_use blocks become its tool calls, and its thinking blocks
- * are left out of the prompt (as a chat request's earlier reasoning is). Claude Code's non-standard "ctx" and "msg"
- * roles are read as user, as vLLM reads them; system messages went into the system prompt.
+ * are left out of the prompt (as a chat request's earlier reasoning is). A user message's image blocks make its
+ * content the chat API's parts (text and image_url, in order; each image's param pushed to `imageParams`). Claude
+ * Code's non-standard "ctx" and "msg" roles are read as user, as vLLM reads them; system messages went into the system
+ * prompt.
  */
-function chatMessages(raw: unknown): WireMessage[] {
+function chatMessages(raw: unknown, imageParams: string[]): WireMessage[] {
   if (!Array.isArray(raw) || raw.length === 0) throw badRequest("'messages' must be a non-empty list", "messages");
   const out: WireMessage[] = [];
   raw.forEach((m: unknown, i) => {
@@ -131,19 +159,27 @@ function chatMessages(raw: unknown): WireMessage[] {
       return;
     }
     if (!Array.isArray(content)) throw badRequest(`'${at}.content' must be a string or a list of content blocks`, `${at}.content`);
-    const texts: string[] = [];
+    const parts: WirePart[] = [];
     const calls: NonNullable<WireMessage["tool_calls"]> = [];
     content.forEach((raw: unknown, j) => {
       const bat = `${at}.content[${j}]`;
       const b = block(raw, bat);
-      if (b.type === "text") texts.push(textBlock(b, bat));
+      if (b.type === "text") parts.push({ type: "text", text: textBlock(b, bat) });
+      else if (role === "user" && b.type === "image") {
+        parts.push(imagePart(b, bat));
+        imageParams.push(`${bat}.source`);
+      }
       else if (role === "user" && b.type === "tool_result") out.push(toolResult(b, bat));
       else if (role === "assistant" && b.type === "tool_use") calls.push(toolUse(b, bat));
       else if (role !== "assistant" || (b.type !== "thinking" && b.type !== "redacted_thinking")) throw unsupportedBlock(b.type, bat);
     });
     // a user message of tool results only adds no user turn (as vLLM), nor does an assistant's thinking alone
-    if (texts.length === 0 && calls.length === 0) return;
-    const text = texts.join("\n"); // (text parts join with newlines on the chat path)
+    if (parts.length === 0 && calls.length === 0) return;
+    if (parts.some((p) => p.type === "image_url")) {
+      out.push({ role, content: parts });
+      return;
+    }
+    const text = parts.flatMap((p) => (p.type === "text" ? [p.text] : [])).join("\n"); // (text parts join with newlines on the chat path)
     out.push(calls.length > 0 ? { role, content: text === "" ? null : text, tool_calls: calls } : { role, content: text });
   });
   if (out.length === 0) throw badRequest("'messages' holds no user or assistant content", "messages");

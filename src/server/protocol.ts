@@ -1,6 +1,7 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
 import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
-import type { ChatContentPart, ChatMessage } from "../models/tokenizer-types.js";
+import { ChatInputError, readChatContent, type ChatContent, type ChatImage } from "../models/chat-images.js";
+import type { ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
   type Json,
@@ -52,7 +53,7 @@ export interface CommonRequest {
 export interface ChatRequest extends CommonRequest {
   messages: ChatMessage[];
   /** The messages' image_url parts, in order (each message's contentParts place them). */
-  images: ImageRef[];
+  images: ChatImage[];
   addGenerationPrompt: boolean;
   continueFinalMessage: boolean;
   chatTemplate: string | undefined;
@@ -350,24 +351,18 @@ const BAD_TOOL_CHOICE = `'tool_choice' must be "none", "auto", "required" or {"t
 const AUTO_TOOLS = '"auto" tool choice (the default when tools are given) requires --enable-auto-tool-choice and ' +
   '--tool-call-parser to be set; or use tool_choice "required", a named function, or "none"';
 
-/** An image_url content part: its URL (data:, http: or https:) and where it sits in the request, for errors. */
-export interface ImageRef {
-  url: string;
-  param: string;
-}
-
 /** The messages of an API that takes no images: an image part is a 400 naming it. */
 export function parseMessages(body: Json): ChatMessage[] {
   const { messages, images } = parseMessagesWithImages(body);
-  if (images.length > 0) throw badRequest("image inputs are served by /v1/chat/completions only", images[0]!.param);
+  if (images.length > 0) throw badRequest("this endpoint takes no images (the chat, Responses and Messages APIs do)", images[0]!.param);
   return messages;
 }
 
 /** The messages, and their image_url parts in order (each message's contentParts mark where they sit). */
-export function parseMessagesWithImages(body: Json): { messages: ChatMessage[]; images: ImageRef[] } {
+export function parseMessagesWithImages(body: Json): { messages: ChatMessage[]; images: ChatImage[] } {
   const raw = body.messages;
   if (!Array.isArray(raw) || raw.length === 0) throw badRequest("'messages' must be a non-empty list", "messages");
-  const images: ImageRef[] = [];
+  const images: ChatImage[] = [];
   const messages = raw.map((m, i) => {
     const param = `messages[${i}]`;
     if (typeof m !== "object" || m === null) throw badRequest(`'${param}' must be an object`, param);
@@ -405,35 +400,14 @@ function templateToolCall(call: unknown): unknown {
   return { ...(call as Json), function: { ...fn, arguments: args } };
 }
 
-/**
- * String content, null, or a list of content parts: {type: "text", text} (the texts joined with newlines, as vLLM
- * does) and {type: "image_url", image_url: {url}} (an image, kept in the parts).
- */
-function messageContent(content: unknown, param: string): { text: string | null; parts: ChatContentPart[]; images: ImageRef[] } {
-  if (content === undefined || content === null) return { text: null, parts: [], images: [] };
-  if (typeof content === "string") return { text: content, parts: [{ type: "text", text: content }], images: [] };
-  if (!Array.isArray(content)) throw badRequest(`'${param}' must be a string or a list of content parts`, param);
-  const parts: ChatContentPart[] = [];
-  const images: ImageRef[] = [];
-  content.forEach((part, j) => {
-    const p = part as Json | null;
-    const at = `${param}[${j}]`;
-    if (typeof p !== "object" || p === null) throw badRequest(`'${at}' must be an object`, param);
-    if (p.type === "image_url") {
-      const u = p.image_url as Json | string | null | undefined;
-      // OpenAI's {"url": ..., "detail": ...} (vLLM also takes the URL as a string)
-      const url = typeof u === "string" ? u : typeof u === "object" && u !== null ? u.url : undefined;
-      if (typeof url !== "string" || url === "") throw badRequest(`'${at}.image_url.url' must be a non-empty string`, `${at}.image_url`);
-      parts.push({ type: "image" });
-      images.push({ url, param: `${at}.image_url` });
-      return;
-    }
-    if (p.type !== "text") throw badRequest(`content part type ${JSON.stringify(p.type)} is not supported (only "text" and "image_url")`, param);
-    if (typeof p.text !== "string") throw badRequest(`'${at}.text' must be a string`, param);
-    parts.push({ type: "text", text: p.text });
-  });
-  const texts = parts.flatMap((p) => (p.type === "text" ? [p.text] : []));
-  return { text: texts.join("\n"), parts, images };
+/** A message's content (models/chat-images.ts reads it, as LLM.chat's); its errors as 400s naming the part. */
+function messageContent(content: unknown, param: string): ChatContent {
+  try {
+    return readChatContent(content, param);
+  } catch (e) {
+    if (e instanceof ChatInputError) throw badRequest(e.message, e.param);
+    throw e;
+  }
 }
 
 /**

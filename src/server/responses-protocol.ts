@@ -1,15 +1,18 @@
 // The Responses API's request (POST /v1/responses, OpenAI's wire shape as vLLM takes it), validated and turned into
 // the chat request that serves it: input items become chat messages (instructions a system message before them),
-// max_output_tokens is max_tokens, text.format is response_format, and function tools are chat tools. What Kiln does
-// not serve (built-in tools, files and images, ...) is a 400 naming the field, never ignored.
+// max_output_tokens is max_tokens, text.format is response_format, function tools are chat tools and input_image parts
+// are image_url parts. What Kiln does not serve (built-in tools, files, ...) is a 400 naming the field, never ignored.
 import { ApiError, badRequest } from "./errors.js";
 import { type Json, optBool, optInt, optObject, optString } from "./fields.js";
 import { asJsonBody, parseChatRequest, type ChatRequest } from "./protocol.js";
 
+/** A content part of a wire message: text, or an image (the chat API's image_url part). */
+export type WirePart = { type: "text"; text: string } | { type: "image_url"; image_url: { url: string } };
+
 /** A chat message in the chat API's wire shape (as parseMessages reads it). */
 export interface WireMessage {
   role: string;
-  content: string | null;
+  content: string | WirePart[] | null;
   tool_calls?: { id: string; type: "function"; function: { name: string; arguments: string } }[];
   tool_call_id?: string;
 }
@@ -25,6 +28,8 @@ export interface ResponsesRequest {
   instructions: string | null;
   /** The input items as chat messages, in order. */
   input: WireMessage[];
+  /** Where each image of `input` sits (`input[i].content[j].image_url`), in order: the chat request's image params. */
+  imageParams: string[];
   /** The request's fields that the response object repeats (tools, tool_choice, text, reasoning, metadata, ...). */
   echo: Json;
   /** The chat completions fields that serve the request, all but messages. */
@@ -118,7 +123,7 @@ export function parseResponsesRequest(raw: unknown): ResponsesRequest {
     store,
     previousResponseId: optString(body, "previous_response_id", { nonEmpty: true }) ?? null,
     instructions,
-    input: parseInput(body.input),
+    ...parseInput(body.input),
     echo,
     chatFields,
   };
@@ -128,7 +133,9 @@ export function parseResponsesRequest(raw: unknown): ResponsesRequest {
 export function toChatRequest(req: ResponsesRequest, messages: WireMessage[], vocabSize: number, autoTools: boolean, trustChatTemplate: boolean): ChatRequest {
   try {
     const chat = parseChatRequest({ ...req.chatFields, messages }, vocabSize, { autoTools, trustChatTemplate });
-    if (chat.images.length > 0) throw badRequest("image inputs are served by /v1/chat/completions only", "input");
+    // the images' errors name their input parts; an earlier turn's images (first) came with previous_response_id
+    const earlier = chat.images.length - req.imageParams.length;
+    chat.images = chat.images.map((img, k) => ({ ...img, param: k < earlier ? "previous_response_id" : req.imageParams[k - earlier]! }));
     return chat;
   } catch (err) {
     const param = err instanceof ApiError ? err.param : null;
@@ -168,26 +175,28 @@ function refuseUnservedFields(body: Json): void {
     );
 }
 
-function parseInput(input: unknown): WireMessage[] {
-  if (input === undefined || input === null) return [];
-  if (typeof input === "string") return [{ role: "user", content: input }];
+function parseInput(input: unknown): { input: WireMessage[]; imageParams: string[] } {
+  if (input === undefined || input === null) return { input: [], imageParams: [] };
+  if (typeof input === "string") return { input: [{ role: "user", content: input }], imageParams: [] };
   if (!Array.isArray(input)) throw badRequest("'input' must be a string or a list of input items", "input");
-  return itemsToMessages(input, "input");
+  const imageParams: string[] = [];
+  return { input: itemsToMessages(input, "input", imageParams), imageParams };
 }
 
 /**
  * Input items (or a stored response's output items) as chat messages: a message item is one message (the developer
  * role read as system), function_call items join the assistant message before them as its tool_calls, and a
- * function_call_output is a tool message. Reasoning items are left out of the prompt, as vLLM leaves them.
+ * function_call_output is a tool message. Reasoning items are left out of the prompt, as vLLM leaves them. Each
+ * input_image part's param is pushed to `imageParams`.
  */
-export function itemsToMessages(items: readonly unknown[], param: string): WireMessage[] {
+export function itemsToMessages(items: readonly unknown[], param: string, imageParams: string[] = []): WireMessage[] {
   const out: WireMessage[] = [];
   items.forEach((raw, i) => {
     const at = `${param}[${i}]`;
     if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw badRequest(`'${at}' must be an object`, at);
     const item = raw as Json;
     const type = item.type ?? "message";
-    if (type === "message") out.push(messageOf(item, at));
+    if (type === "message") out.push(messageOf(item, at, imageParams));
     else if (type === "function_call") {
       const call = {
         id: requiredString(item, "call_id", at),
@@ -211,29 +220,47 @@ export function itemsToMessages(items: readonly unknown[], param: string): WireM
 
 const ROLES = new Set(["user", "assistant", "system", "developer"]);
 
-function messageOf(item: Json, at: string): WireMessage {
+function messageOf(item: Json, at: string, imageParams: string[]): WireMessage {
   const role = item.role;
   if (typeof role !== "string" || !ROLES.has(role))
     throw badRequest(`'${at}.role' must be one of user, assistant, system or developer`, `${at}.role`);
-  return { role: role === "developer" ? "system" : role, content: partsText(item.content, `${at}.content`) };
+  return { role: role === "developer" ? "system" : role, content: partsContent(item.content, `${at}.content`, imageParams) };
+}
+
+/**
+ * A message's content: a string, or input_text / output_text / input_image parts; the chat API's text and image_url
+ * parts when it holds an image (vLLM's conversion; `detail` is accepted), else the texts joined with newlines.
+ */
+function partsContent(content: unknown, at: string, imageParams: string[]): string | WirePart[] {
+  if (!Array.isArray(content) || !content.some((p) => (p as Json | null)?.type === "input_image")) return partsText(content, at);
+  return content.map((part: unknown, j): WirePart => {
+    const pat = `${at}[${j}]`;
+    const p = contentPart(part, pat);
+    if (p.type !== "input_image") return { type: "text", text: partText(p, pat) };
+    if (p.file_id != null) throw badRequest("input_image file_id is not supported (Kiln has no Files API): send image_url", `${pat}.file_id`);
+    if (typeof p.image_url !== "string" || p.image_url === "") throw badRequest(`'${pat}.image_url' must be a data: or http(s) URL`, `${pat}.image_url`);
+    if (p.detail != null && typeof p.detail !== "string") throw badRequest(`'${pat}.detail' must be a string`, `${pat}.detail`);
+    imageParams.push(`${pat}.image_url`); // (detail low / high / auto: Gemma 3 reads every image at its one size)
+    return { type: "image_url", image_url: { url: p.image_url } };
+  });
 }
 
 /** A string, or a list of input_text / output_text parts (joined with newlines, as chat content parts are). */
 function partsText(content: unknown, at: string): string {
   if (typeof content === "string") return content;
   if (!Array.isArray(content)) throw badRequest(`'${at}' must be a string or a list of content parts`, at);
-  return content
-    .map((part: unknown, j) => {
-      const p = part as Json | null;
-      if (typeof p !== "object" || p === null) throw badRequest(`'${at}[${j}]' must be an object`, `${at}[${j}]`);
-      if (p.type !== "input_text" && p.type !== "output_text")
-        throw badRequest(
-          `content part type ${JSON.stringify(p.type)} is not supported (only input_text and output_text: no images, files or audio)`,
-          `${at}[${j}].type`,
-        );
-      return stringField(p, "text", `${at}[${j}]`);
-    })
-    .join("\n");
+  return content.map((part: unknown, j) => partText(contentPart(part, `${at}[${j}]`), `${at}[${j}]`)).join("\n");
+}
+
+function contentPart(part: unknown, at: string): Json {
+  if (typeof part !== "object" || part === null) throw badRequest(`'${at}' must be an object`, at);
+  return part as Json;
+}
+
+function partText(p: Json, at: string): string {
+  if (p.type !== "input_text" && p.type !== "output_text")
+    throw badRequest(`content part type ${JSON.stringify(p.type)} is not supported (only input_text, output_text and input_image: no files or audio)`, `${at}.type`);
+  return stringField(p, "text", at);
 }
 
 function stringField(o: Json, name: string, at: string): string {

@@ -9,7 +9,7 @@ import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
-import { DEFAULT_IMAGE_LIMIT } from "./image-inputs.js";
+import { DEFAULT_IMAGE_LIMIT } from "../models/chat-images.js";
 import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";

@@ -2,7 +2,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
 import { badRequest } from "./errors.js";
-import { checkImageCount, imagePrompt, messagesWithPlaceholders } from "./image-inputs.js";
+import { chatPrompt } from "./chat-prompt.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
@@ -126,21 +126,6 @@ const finishReasonOf = (req: ChatRequest, reply: Reply, reason: FinishReason | "
     ? "tool_calls"
     : (reason ?? "abort");
 
-/** The request's messages (and tools) through the chat template; a template that fails is a 400 naming `param`. */
-export function renderChatPrompt(ctx: ServingContext, req: ChatRequest, param = "messages"): string {
-  try {
-    return ctx.tokenizer.applyChatTemplate(req.messages, {
-      addGenerationPrompt: req.addGenerationPrompt,
-      continueFinalMessage: req.continueFinalMessage,
-      ...(req.tools ? { tools: req.tools } : {}),
-      ...(req.chatTemplate ?? ctx.chatTemplate ? { chatTemplate: req.chatTemplate ?? ctx.chatTemplate } : {}),
-      ...(req.chatTemplateKwargs ? { chatTemplateKwargs: req.chatTemplateKwargs } : {}),
-    });
-  } catch (err) {
-    throw badRequest(`Failed to apply the chat template: ${(err as Error).message}`, param);
-  }
-}
-
 /** Whether tool_choice "auto" is served: with a tool-call parser, and for gpt-oss always (vLLM's Harmony path). */
 export const servesAutoTools = (ctx: ServingContext): boolean => ctx.toolCallParser !== null || ctx.harmony !== null;
 
@@ -148,16 +133,10 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const body = request.body as Json;
-  checkImageCount(req.images, ctx.imageInput, ctx.imageLimit);
   if (req.images.length > 0 && req.beamSearch !== null) throw badRequest("beam search does not take images", "use_beam_search");
-  const rendered = ctx.harmony !== null
-    ? harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort")
-    : renderChatPrompt(ctx, req.images.length > 0 ? { ...req, messages: messagesWithPlaceholders(req.messages) } : req);
-  const encode = (text: string) => ctx.tokenizer.encode(text, { addSpecialTokens: false });
-  // images: the placeholders expanded (Gemma3Processor's full image sequence) and each image's positions found
-  const withImages = req.images.length > 0 ? await imagePrompt(rendered, req.images, ctx.imageInput!, encode) : null;
-  const promptText = withImages?.promptText ?? rendered;
-  const promptTokenIds = truncatePrompt(ctx, req, withImages?.promptTokenIds ?? encode(promptText));
+  const prompt = await chatPrompt(ctx, req, () => harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort"));
+  const { promptText } = prompt;
+  const promptTokenIds = truncatePrompt(ctx, req, prompt.promptTokenIds);
   const sampled = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
   if (ctx.harmony !== null) checkHarmonyToolChoice(ctx, req);
@@ -187,7 +166,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     {
       requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
-      kvTransfer: kvt?.option ?? null, ...(withImages !== null ? { mmFeatures: withImages.features } : {}),
+      kvTransfer: kvt?.option ?? null, ...(prompt.mmFeatures !== null ? { mmFeatures: prompt.mmFeatures } : {}),
     },
     controller.signal);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:

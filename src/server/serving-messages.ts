@@ -7,13 +7,14 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { FinishReason, RequestOutput } from "../engine/types.js";
 import { parseMessagesRequest, type MessagesRequest } from "./anthropic-protocol.js";
 import { messageObject, stopReasonOf, thinkingSignature, toolUseId, type ContentBlock, type MessageTurn } from "./messages-output.js";
-import { ApiError } from "./errors.js";
+import { ApiError, badRequest, toApiError } from "./errors.js";
+import { chatPrompt, type ChatPrompt } from "./chat-prompt.js";
 import type { Json } from "./fields.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { streamMessage } from "./messages-stream.js";
 import { parseChatRequest, type ChatRequest } from "./protocol.js";
 import { splitReasoning, thinkingMode } from "./reasoning-parsers.js";
-import { readReply, renderChatPrompt, servesAutoTools } from "./serving-chat.js";
+import { readReply, servesAutoTools } from "./serving-chat.js";
 import { chatEffort, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
 import { abortOnDisconnect, checkQueue, resolveModelAndLora, responseIds, samplingParamsFor, type ServingContext } from "./serving-context.js";
 import { refuseOnPoolingRunner } from "./serving-embeddings.js";
@@ -21,26 +22,36 @@ import { refuseOnPoolingRunner } from "./serving-embeddings.js";
 /** Registers POST /v1/messages and /v1/messages/count_tokens (their errors are Anthropic's objects: see server.ts). */
 export function registerMessagesRoutes(app: FastifyInstance, bound: () => ServingContext): void {
   app.post("/v1/messages", (request: FastifyRequest, reply: FastifyReply) => handleMessages(bound(), request, reply));
-  app.post("/v1/messages/count_tokens", async (request: FastifyRequest) => countTokens(bound(), request));
+  app.post("/v1/messages/count_tokens", (request: FastifyRequest) => countTokens(bound(), request));
+}
+
+/** The chat request that serves it; its images' errors name their blocks (`messages[i].content[j].source`). */
+function chatRequestOf(ctx: ServingContext, req: MessagesRequest): ChatRequest {
+  const chat = parseChatRequest(req.chatBody, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate });
+  chat.images = chat.images.map((img, k) => ({ ...img, param: req.imageParams[k]! }));
+  return chat;
 }
 
 /**
- * The request's prompt: the chat template's (gpt-oss: the Harmony prompt) over its messages and tools, as the chat
- * API renders the same chat request.
+ * The request's prompt, as the chat API renders the same chat request (gpt-oss: the Harmony prompt); Anthropic's
+ * error object has no param, so an image's error message names its block.
  */
-function renderPrompt(ctx: ServingContext, req: MessagesRequest, chat: ChatRequest): string {
-  return ctx.harmony !== null ? harmonyChatPrompt(chat, req.chatBody.messages, chatEffort(req.chatBody, chat), "output_config.effort") : renderChatPrompt(ctx, chat);
+async function messagesPrompt(ctx: ServingContext, req: MessagesRequest, chat: ChatRequest): Promise<ChatPrompt> {
+  try {
+    return await chatPrompt(ctx, chat, () => harmonyChatPrompt(chat, req.chatBody.messages, chatEffort(req.chatBody, chat), "output_config.effort"));
+  } catch (err) {
+    const e = toApiError(err);
+    if (e.param === null || !req.imageParams.includes(e.param)) throw err;
+    throw badRequest(`${e.param}: ${e.message}`, e.param);
+  }
 }
 
-const chatRequestOf = (ctx: ServingContext, req: MessagesRequest): ChatRequest =>
-  parseChatRequest(req.chatBody, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate });
-
-/** count_tokens: the prompt's length in tokens, as /v1/messages would send it (vLLM also reports it as context_management's). */
-function countTokens(ctx: ServingContext, request: FastifyRequest): Json {
+/** count_tokens: the prompt's length in tokens, as /v1/messages would send it, images expanded (vLLM also reports it as context_management's). */
+async function countTokens(ctx: ServingContext, request: FastifyRequest): Promise<Json> {
   refuseOnPoolingRunner(ctx, "Messages");
   const req = parseMessagesRequest(request.body, { count: true, prefill: ctx.harmony === null });
   resolveModelAndLora(ctx, req.model);
-  const n = ctx.tokenizer.encode(renderPrompt(ctx, req, chatRequestOf(ctx, req)), { addSpecialTokens: false }).length;
+  const n = (await messagesPrompt(ctx, req, chatRequestOf(ctx, req))).promptTokenIds.length;
   return { input_tokens: n, context_management: { original_input_tokens: n } };
 }
 
@@ -49,8 +60,7 @@ async function handleMessages(ctx: ServingContext, request: FastifyRequest, repl
   const req = parseMessagesRequest(request.body, { prefill: ctx.harmony === null });
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const chat = chatRequestOf(ctx, req);
-  const promptText = renderPrompt(ctx, req, chat);
-  const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
+  const { promptText, promptTokenIds, mmFeatures } = await messagesPrompt(ctx, req, chat);
   const sampled = samplingParamsFor(ctx, chat, promptTokenIds.length, "messages");
   const params = ctx.harmony !== null ? harmonyParams(ctx.harmony, sampled, chat) : sampled;
   const thinking = ctx.reasoningParser === null ? null : thinkingMode(ctx.reasoningParser, chat.chatTemplateKwargs, promptText);
@@ -61,7 +71,7 @@ async function handleMessages(ctx: ServingContext, request: FastifyRequest, repl
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
-    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: chat.priority, loraRequest: lora },
+    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: chat.priority, loraRequest: lora, ...(mmFeatures !== null ? { mmFeatures } : {}) },
     controller.signal);
   try {
     const outputs = await primeStream(stream);

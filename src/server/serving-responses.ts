@@ -12,7 +12,8 @@ import { reasoningKeepsSpecialTokens, thinkingMode } from "./reasoning-parsers.j
 import { harmonyOutputItems, outputItems, responseObject, statusOf, usageOf, type Turn } from "./responses-output.js";
 import { itemsToMessages, parseResponsesRequest, toChatRequest, type WireMessage } from "./responses-protocol.js";
 import { streamResponse } from "./responses-stream.js";
-import { chatLogprobs, renderChatPrompt, servesAutoTools, type ChatLogprob } from "./serving-chat.js";
+import { chatPrompt } from "./chat-prompt.js";
+import { chatLogprobs, servesAutoTools, type ChatLogprob } from "./serving-chat.js";
 import { harmonyChatPrompt, harmonyParams } from "./serving-chat-harmony.js";
 import type { ChatRequest } from "./protocol.js";
 import {
@@ -108,8 +109,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
   const messages = req.instructions === null ? conversation : [{ role: "system", content: req.instructions }, ...conversation];
   const chat = toChatRequest(req, messages, ctx.tokenizer.vocabSize, servesAutoTools(ctx), ctx.trustRequestChatTemplate);
   // gpt-oss: the instructions (the system message) become the Harmony developer message, reasoning.effort its system's
-  const promptText = ctx.harmony !== null ? harmonyResponsesPrompt(chat, messages) : renderChatPrompt(ctx, chat, "input");
-  const promptTokenIds = ctx.tokenizer.encode(promptText, { addSpecialTokens: false });
+  const { promptText, promptTokenIds, mmFeatures } = await chatPrompt(ctx, chat, () => harmonyResponsesPrompt(chat, messages), { param: "input" });
   // as vLLM: max_output_tokens is capped by the room the prompt leaves (a prompt that leaves none is a 400 below)
   const room = ctx.maxModelLen - promptTokenIds.length;
   if (chat.maxTokens !== undefined && room > 0) chat.maxTokens = Math.min(chat.maxTokens, room);
@@ -140,6 +140,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
       priority: chat.priority,
       ...(chat.cacheSalt ? { cacheSalt: chat.cacheSalt } : {}),
       loraRequest: lora,
+      ...(mmFeatures !== null ? { mmFeatures } : {}),
     },
     controller.signal,
   );

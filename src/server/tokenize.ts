@@ -1,10 +1,12 @@
-// POST /tokenize and POST /detokenize (vLLM's extra endpoints).
+// POST /tokenize and POST /detokenize (vLLM's extra endpoints). Chat messages are tokenized as the chat API feeds them
+// to the model, each image expanded to its placeholder tokens.
 import type { FastifyInstance } from "fastify";
 import { badRequest } from "./errors.js";
 import { optBool } from "./fields.js";
 import { asJsonBody, parseChatRequest } from "./protocol.js";
 import { resolveModel, type ServingContext } from "./serving-context.js";
 import { chatEffort, harmonyChatPrompt } from "./serving-chat-harmony.js";
+import { chatPrompt } from "./chat-prompt.js";
 
 /** `bound`: the serving context, once the engine is bound (prepareServer). */
 export function registerTokenizeRoutes(app: FastifyInstance, bound: () => ServingContext): void {
@@ -16,16 +18,9 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     if (body.messages !== undefined) {
       // vLLM's TokenizeChatRequest has tools (rendered by the template) but no tool_choice
       const chat = parseChatRequest({ ...body, tool_choice: "none" }, ctx.tokenizer.vocabSize, { trustChatTemplate: ctx.trustRequestChatTemplate });
-      if (chat.images.length > 0) throw badRequest("/tokenize does not take images: send them to /v1/chat/completions", chat.images[0]!.param);
-      // gpt-oss: the Harmony prompt the chat API would send
-      const text = ctx.harmony !== null ? harmonyChatPrompt(chat, body.messages as unknown[], chatEffort(body, chat), "reasoning_effort") : ctx.tokenizer.applyChatTemplate(chat.messages, {
-        addGenerationPrompt: chat.addGenerationPrompt,
-        continueFinalMessage: chat.continueFinalMessage,
-        ...(chat.tools ? { tools: chat.tools } : {}),
-        ...(chat.chatTemplate ?? ctx.chatTemplate ? { chatTemplate: chat.chatTemplate ?? ctx.chatTemplate } : {}),
-        ...(chat.chatTemplateKwargs ? { chatTemplateKwargs: chat.chatTemplateKwargs } : {}),
-      });
-      tokens = ctx.tokenizer.encode(text, { addSpecialTokens: optBool(body, "add_special_tokens") ?? false });
+      // the prompt the chat API would send (images expanded as the model sees them; gpt-oss: the Harmony prompt)
+      const harmony = () => harmonyChatPrompt(chat, body.messages as unknown[], chatEffort(body, chat), "reasoning_effort");
+      tokens = (await chatPrompt(ctx, chat, harmony, { addSpecialTokens: optBool(body, "add_special_tokens") ?? false })).promptTokenIds;
     } else if (typeof body.prompt === "string") {
       tokens = ctx.tokenizer.encode(body.prompt, { addSpecialTokens: optBool(body, "add_special_tokens") ?? true });
     } else {

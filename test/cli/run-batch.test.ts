@@ -2,7 +2,7 @@
 // a server over HTTP (the fake engine is deterministic in the prompt), lines come back in input order with their
 // custom_id, failures carry the server's error object and status, streamed and unsupported requests are refused as
 // vLLM refuses them, a malformed input line stops the command before any model loads, input and output may be http(s)
-// URLs, and --enable-metrics serves /metrics while the batch runs.
+// URLs, --enable-metrics serves /metrics while the batch runs, and an image-text model's chat lines take images.
 import assert from "node:assert/strict";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -14,6 +14,7 @@ import type { EngineFactory } from "../../src/cli/engine-factory.js";
 import { main } from "../../src/cli/main.js";
 import { runBatch, type BatchRequestOutput } from "../../src/cli/run-batch.js";
 import { parseServeArgs } from "../../src/cli/serve-args.js";
+import { dataUrl, gemma3TextThenImageIds, png, tinyVisionEngine } from "../helpers/image-fixture.js";
 import { FakeEngine, type FakeEngineOptions } from "../server/fake-engine.js";
 import { startTestServer, type TestServer } from "../server/helpers.js";
 
@@ -91,6 +92,25 @@ describe("kiln run-batch", () => {
     assert.equal(out[5]!.error, "Request must not be sent in stream mode");
     assert.equal(out[5]!.response.status_code, 400);
     assert.match(out[6]!.error as string, /^URL \/v1\/models was used\. Supported endpoints: \/v1\/chat\/completions, /);
+  });
+
+  it("serves an image-text model's chat lines with image_url parts, as kiln serve does", async () => {
+    const { dir: model, setup, engine } = tinyVisionEngine();
+    const real: EngineFactory = async () => ({ engine, tokenizer: setup.loaded.tokenizer, maxModelLen: 128, modelName: MODEL, close: async () => {} });
+    const withImage = (url: string) => ({
+      model: MODEL, max_tokens: 3, temperature: 0, return_token_ids: true,
+      messages: [{ role: "user", content: [{ type: "text", text: "What is in this image?" }, { type: "image_url", image_url: { url } }] }],
+    });
+    const input = join(dir, "images.jsonl"), output = join(dir, "images-out.jsonl");
+    writeFileSync(input, [line("img", "/v1/chat/completions", withImage(dataUrl(png(1)))), line("bad", "/v1/chat/completions", withImage("data:image/png;base64,@@@"))].join("\n"));
+    const code = await main(["node", "kiln", "run-batch", "-i", input, "-o", output, model, "--served-model-name", MODEL, "--chat-template-content-format", "openai"], { engineFactory: real });
+    assert.equal(code, 0);
+    const [ok, bad] = readFileSync(output, "utf8").trim().split("\n").map((l) => JSON.parse(l) as BatchRequestOutput);
+    assert.equal(ok!.error, null);
+    assert.deepEqual((ok!.response.body as any).prompt_token_ids, gemma3TextThenImageIds(setup.loaded.tokenizer, "What is in this image?", 4));
+    assert.equal((ok!.response.body as any).choices[0].message.role, "assistant");
+    assert.equal(bad!.response.status_code, 400);
+    assert.equal((bad!.error as any).error.param, "messages[0].content[1].image_url");
   });
 
   it("refuses a malformed line, naming it, before loading the model", async () => {

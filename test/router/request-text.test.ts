@@ -14,10 +14,23 @@ describe("routing text", () => {
     assert.equal(t2, "system\nBe brief.\nuser\nHi\nassistant\nHello!\nuser\nWhy?\n");
     assert.ok(t2.startsWith(routingText("/v1/chat/completions", { messages: turn1 })));
     const parts = { messages: [{ role: "user", content: [{ type: "text", text: "look: " }, { type: "image_url", image_url: { url: "x" } }] }] };
-    assert.equal(routingText("/v1/chat/completions", parts), "user\nlook: [image_url]\n");
+    assert.match(routingText("/v1/chat/completions", parts), /^user\nlook: \[image:[0-9a-f]{16}\]\n$/);
     const tools = { messages: [{ role: "assistant", content: null, tool_calls: [{ id: "1" }] }] };
     assert.equal(routingText("/v1/chat/completions", tools), 'assistant\n[{"id":"1"}]\n');
     assert.equal(routingText("/tokenize", { messages: turn1 }), "system\nBe brief.\nuser\nHi\n");
+  });
+
+  it("an image is the hash of its source: the same image gives the same text on every API, another image another", () => {
+    const b64 = Buffer.from("some image bytes").toString("base64");
+    const chat = (url: string) => routingText("/v1/chat/completions", { messages: [{ role: "user", content: [{ type: "text", text: "What is it?" }, { type: "image_url", image_url: { url } }] }] });
+    const a = chat(`data:image/png;base64,${b64}`);
+    assert.match(a, /^user\nWhat is it\?\[image:[0-9a-f]{16}\]\n$/);
+    assert.notEqual(chat(`data:image/png;base64,${Buffer.from("other bytes").toString("base64")}`), a);
+    assert.notEqual(chat("https://example.com/a.png"), a);
+    const responses = routingText("/v1/responses", { input: [{ role: "user", content: [{ type: "input_text", text: "What is it?" }, { type: "input_image", image_url: `data:image/png;base64,${b64}` }] }] });
+    const messages = routingText("/v1/messages", { messages: [{ role: "user", content: [{ type: "text", text: "What is it?" }, { type: "image", source: { type: "base64", media_type: "image/png", data: b64 } }] }] });
+    assert.equal(responses, a);
+    assert.equal(messages, a);
   });
 
   it("completions, embeddings, responses and the rest", () => {

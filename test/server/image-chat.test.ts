@@ -3,34 +3,17 @@
 // template's <start_of_image> expanded as Gemma3Processor expands it (checked against the prompt written out by hand),
 // replies that depend on the image, prefix-cache hits for the same image only, and vLLM's 400s naming the part.
 import assert from "node:assert/strict";
-import * as http from "node:http";
 import { after, before, describe, it } from "node:test";
 import type OpenAI from "openai";
-import { PNG } from "pngjs";
-import { AsyncLLM } from "../../src/engine/async-llm.js";
-import { createServingSetupSync } from "../../src/engine/serving.js";
-import { withChatTemplateDefaults } from "../../src/models/chat-content-format.js";
 import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
 import { createServer } from "../../src/server/index.js";
 import type { ServerEngineOptions } from "../../src/server/server.js";
-import { mulberry32 } from "../../src/util/random.js";
-import { tinyGemma3VisionDir } from "../helpers/tiny-model.js";
+import { dataUrl, gemma3TextThenImageIds, png, serveFiles, tinyVisionEngine } from "../helpers/image-fixture.js";
 import { MODEL } from "./helpers.js";
 import OpenAIClient from "openai";
 
-function png(seed: number, width = 24, height = 18): Buffer {
-  const u = mulberry32(seed);
-  const p = new PNG({ width, height });
-  for (let i = 0; i < width * height * 4; i++) p.data[i] = i % 4 === 3 ? 255 : Math.floor(u() * 256);
-  return PNG.sync.write(p);
-}
-const dataUrl = (b: Buffer) => `data:image/png;base64,${b.toString("base64")}`;
-
 describe("image inputs through the chat API", () => {
-  const dir = tinyGemma3VisionDir();
-  const setup = createServingSetupSync({ model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, blockSize: 4 });
-  const tokenizer = withChatTemplateDefaults(setup.loaded.tokenizer, { contentFormat: "auto", kwargs: null });
-  const llm = new AsyncLLM({ runner: setup.runner, tokenizer: setup.loaded.tokenizer, engineArgs: setup.engineArgs });
+  const { dir, setup, engine: llm, tokenizer } = tinyVisionEngine(128);
   const servers: { close(): Promise<void> }[] = [];
   let client: OpenAI, url: string, imageHost: string;
   const [imgA, imgB] = [png(1), png(2)];
@@ -46,13 +29,9 @@ describe("image inputs through the chat API", () => {
 
   before(async () => {
     ({ client, url } = await serve({ imageInput: gemma3ImageInputSpec(dir, setup.loaded.tokenizer), imageLimit: 2 }));
-    const files = http.createServer((req, res) => {
-      if (req.url === "/a.png") res.writeHead(200, { "content-type": "image/png" }).end(imgA);
-      else res.writeHead(404).end();
-    });
-    await new Promise<void>((r) => files.listen(0, "127.0.0.1", r));
-    imageHost = `http://127.0.0.1:${(files.address() as { port: number }).port}`;
-    servers.push({ close: () => new Promise((r) => { files.closeAllConnections(); files.close(() => r()); }) });
+    const files = await serveFiles({ "/a.png": imgA });
+    imageHost = files.url;
+    servers.push(files);
   });
   after(async () => {
     for (const s of servers) await s.close();
@@ -67,9 +46,7 @@ describe("image inputs through the chat API", () => {
 
   it("expands the image as Gemma3Processor does and answers from the image", async () => {
     const r = await ask(dataUrl(imgA), { return_token_ids: true });
-    // Gemma 3's template writes the parts in order; the processor puts "\n\n", the image's tokens and "\n\n" there
-    const image = `\n\n<start_of_image>${"<image_soft_token>".repeat(4)}<end_of_image>\n\n`;
-    const want = setup.loaded.tokenizer.encode(`<bos><start_of_turn>user\nWhat is in this image?${image}<end_of_turn>\n<start_of_turn>model\n`, { addSpecialTokens: false });
+    const want = gemma3TextThenImageIds(setup.loaded.tokenizer, "What is in this image?", 4);
     assert.deepEqual(r.prompt_token_ids, want);
     assert.equal(r.usage.prompt_tokens, want.length);
     assert.equal(r.choices[0]!.message.role, "assistant");

@@ -152,11 +152,12 @@ describe("/v1/responses refusals", () => {
     const cases: [Record<string, unknown>, number, string | null, RegExp][] = [
       [{ model: "nope", input: "x" }, 404, "model", /does not exist/],
       [{ input: "x", tools: [{ type: "web_search" }] }, 400, "tools[0].type", /not supported/],
+      // (a text-only model: vLLM's words)
       [
         { input: [{ role: "user", content: [{ type: "input_image", image_url: "http://x/y.png" }] }] },
         400,
-        "input[0].content[0].type",
-        /input_image/,
+        "input[0].content[0].image_url",
+        /^At most 0 image\(s\) may be provided in one prompt\.$/,
       ],
       [{ input: [{ role: "user", content: [{ type: "input_file", file_id: "f" }] }] }, 400, "input[0].content[0].type", /input_file/],
       [{ input: [{ type: "item_reference", id: "msg_1" }] }, 400, "input[0].type", /item_reference/],

@@ -1,0 +1,209 @@
+// A chat's images as an image-text model takes them, shared by the server's chat path and the offline LLM.chat (as
+// vLLM's chat_utils serves both): OpenAI content parts read into the template's messages and the images' sources,
+// the count checked against --limit-mm-per-prompt, each image loaded (a data: URL's base64, an http(s) URL fetched,
+// or bytes / decoded pixels given offline), decoded and processed, and the template's placeholders expanded. Every
+// failure is a ChatInputError naming the part (over HTTP, a 400 with that param).
+import { KilnError } from "../util/errors.js";
+import { ImageDecodeError, type RgbImage } from "./image-decode.js";
+import {
+  GEMMA3_BOI, gemma3ImagePrompt, gemma3PixelValues, gemma3ProcessImage, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
+} from "./gemma3-image-processor.js";
+import type { ChatContentPart, ChatMessage } from "./tokenizer-types.js";
+
+/** A chat input that cannot be served; `param` names it as the request spells it (`messages[0].content[1].image_url`). */
+export class ChatInputError extends KilnError {
+  override name = "ChatInputError";
+  constructor(
+    readonly param: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** vLLM's default --limit-mm-per-prompt of each modality. */
+export const DEFAULT_IMAGE_LIMIT = 999;
+/** vLLM's VLLM_IMAGE_FETCH_TIMEOUT (seconds) for an http(s) image. */
+const FETCH_TIMEOUT_MS = 5000;
+/** The largest image file read (bytes). */
+const MAX_IMAGE_BYTES = 64 << 20;
+
+/** One image of a chat: a URL (data:, http(s):), or (offline) file bytes or decoded pixels; `param` names its part. */
+export type ChatImage = { param: string } & ({ url: string } | { image: Uint8Array | RgbImage });
+
+/**
+ * A content part as LLM.chat takes it: OpenAI's text and image_url parts, and an image's file bytes (PNG, JPEG) or
+ * decoded RGB pixels, which a JSON request cannot carry.
+ */
+export type ChatInputPart =
+  | { type: "text"; text: string }
+  | { type: "image_url"; image_url: string | { url: string; detail?: string } }
+  | { type: "image"; image: Uint8Array | RgbImage };
+
+/** A chat message as LLM.chat takes it: its content a string, null, or content parts (OpenAI's, and offline images). */
+export type ChatInputMessage = Omit<ChatMessage, "content"> & { content: string | null | ChatInputPart[] };
+
+/** A message's content read: its text (text parts joined by newlines, as vLLM), its parts in order, its images. */
+export interface ChatContent {
+  text: string | null;
+  parts: ChatContentPart[];
+  images: ChatImage[];
+}
+
+type Json = Record<string, unknown>;
+
+const isRgbImage = (v: unknown): v is RgbImage => {
+  const o = v as Partial<RgbImage> | null;
+  return typeof o === "object" && o !== null && Number.isInteger(o.width) && Number.isInteger(o.height) &&
+    o.data instanceof Uint8Array && o.data.length === o.width! * o.height! * 3 && o.width! > 0 && o.height! > 0;
+};
+
+/**
+ * String content, null, or a list of content parts: {type: "text", text} and {type: "image_url", image_url: {url}}
+ * (the URL alone is taken too, as vLLM takes it); `offline` (LLM.chat) also {type: "image", image: bytes | pixels}.
+ */
+export function readChatContent(content: unknown, param: string, { offline = false } = {}): ChatContent {
+  if (content === undefined || content === null) return { text: null, parts: [], images: [] };
+  if (typeof content === "string") return { text: content, parts: [{ type: "text", text: content }], images: [] };
+  if (!Array.isArray(content)) throw new ChatInputError(param, `'${param}' must be a string or a list of content parts`);
+  const parts: ChatContentPart[] = [];
+  const images: ChatImage[] = [];
+  content.forEach((part, j) => {
+    const p = part as Json | null;
+    const at = `${param}[${j}]`;
+    if (typeof p !== "object" || p === null) throw new ChatInputError(param, `'${at}' must be an object`);
+    if (p.type === "image_url") {
+      const u = p.image_url as Json | string | null | undefined;
+      const url = typeof u === "string" ? u : typeof u === "object" && u !== null ? u.url : undefined;
+      if (typeof url !== "string" || url === "") throw new ChatInputError(`${at}.image_url`, `'${at}.image_url.url' must be a non-empty string`);
+      parts.push({ type: "image" });
+      images.push({ url, param: `${at}.image_url` });
+    } else if (offline && p.type === "image") {
+      if (!(p.image instanceof Uint8Array) && !isRgbImage(p.image))
+        throw new ChatInputError(`${at}.image`, `'${at}.image' must be image file bytes (a Uint8Array) or RGB pixels ({ width, height, data })`);
+      parts.push({ type: "image" });
+      images.push({ image: p.image, param: `${at}.image` });
+    } else if (p.type === "text") {
+      if (typeof p.text !== "string") throw new ChatInputError(param, `'${at}.text' must be a string`);
+      parts.push({ type: "text", text: p.text });
+    } else {
+      throw new ChatInputError(param, `content part type ${JSON.stringify(p.type)} is not supported (only "text"${offline ? ', "image_url" and "image"' : ' and "image_url"'})`);
+    }
+  });
+  const texts = parts.flatMap((p) => (p.type === "text" ? [p.text] : []));
+  return { text: texts.join("\n"), parts, images };
+}
+
+/** The messages as the template takes them, and their images in order (`param` names the message list in errors). */
+export function readChatMessages(messages: readonly ChatInputMessage[], param: string): { messages: ChatMessage[]; images: ChatImage[] } {
+  const images: ChatImage[] = [];
+  const out = messages.map((m, i): ChatMessage => {
+    if (!Array.isArray(m.content)) return m as ChatMessage;
+    const content = readChatContent(m.content, `${param}[${i}].content`, { offline: true });
+    images.push(...content.images);
+    return { ...m, content: content.text, ...(content.images.length > 0 ? { contentParts: content.parts } : {}) };
+  });
+  return { messages: out, images };
+}
+
+/** Refuses more images than the model takes (none for a text-only model), in vLLM's words. */
+export function checkImageCount(images: readonly ChatImage[], spec: Gemma3ImageInputSpec | null, limit: number): void {
+  const allowed = spec === null ? 0 : limit;
+  if (images.length <= allowed) return;
+  // vLLM adds the flag's hint where the model could take more
+  const hint = spec === null ? "" : " Set `--limit-mm-per-prompt` to increase this limit.";
+  throw new ChatInputError(images[allowed]!.param, `At most ${allowed} image(s) may be provided in one prompt.${hint}`);
+}
+
+/** A data: URL's bytes (base64 only, as vLLM's MediaConnector reads them). */
+function dataUrlBytes(url: string, param: string): Uint8Array {
+  const comma = url.indexOf(",");
+  if (comma < 0) throw new ChatInputError(param, "the data URL has no ',' before its data (expected data:<media type>;base64,<data>)");
+  const spec = url.slice("data:".length, comma);
+  if (!spec.split(";").slice(1).includes("base64")) throw new ChatInputError(param, "Only base64 data URLs are supported for now.");
+  const data = url.slice(comma + 1).replace(/\s+/g, "");
+  if (data.length === 0 || data.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(data))
+    throw new ChatInputError(param, "the data URL's base64 data is malformed");
+  return new Uint8Array(Buffer.from(data, "base64"));
+}
+
+/** An http(s) image's bytes. */
+async function fetchImage(url: string, param: string): Promise<Uint8Array> {
+  let res: Response;
+  try {
+    res = await fetch(url, { signal: AbortSignal.timeout(FETCH_TIMEOUT_MS), redirect: "follow" });
+  } catch (e) {
+    throw new ChatInputError(param, `cannot fetch the image at ${url}: ${(e as Error).message}`);
+  }
+  if (!res.ok) throw new ChatInputError(param, `cannot fetch the image at ${url}: HTTP ${res.status}`);
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  if (bytes.length > MAX_IMAGE_BYTES) throw new ChatInputError(param, `the image at ${url} is over ${MAX_IMAGE_BYTES >> 20} MiB`);
+  return bytes;
+}
+
+/** A URL's bytes where no fetch is needed (a data: URL); null for an http(s) URL; other schemes are refused. */
+function unfetchedBytes(url: string, param: string): Uint8Array | null {
+  const scheme = /^([a-zA-Z][a-zA-Z0-9+.-]*):/.exec(url)?.[1]?.toLowerCase();
+  if (scheme === "data") return dataUrlBytes(url, param);
+  if (scheme === "http" || scheme === "https") return null;
+  if (scheme === "file") throw new ChatInputError(param, "Cannot load local files without `--allowed-local-media-path`.");
+  throw new ChatInputError(param, "The URL must be either a HTTP, data or file URL.");
+}
+
+/** pixel_values of one image (PNG or JPEG bytes decoded, or pixels), as Gemma3ImageProcessor computes them. */
+function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string): Float32Array {
+  try {
+    return source instanceof Uint8Array ? gemma3ProcessImage(source, cfg) : gemma3PixelValues(source, cfg);
+  } catch (e) {
+    if (e instanceof ImageDecodeError) throw new ChatInputError(param, e.message);
+    throw e;
+  }
+}
+
+/** Each image's pixel_values, in order; http(s) images fetched. */
+export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig): Promise<Float32Array[]> {
+  const out: Float32Array[] = [];
+  for (const img of images) {
+    const source = "image" in img ? img.image : (unfetchedBytes(img.url, img.param) ?? (await fetchImage(img.url, img.param)));
+    out.push(pixelValues(source, cfg, img.param));
+  }
+  return out;
+}
+
+/** Each image's pixel_values, in order, without fetching: an http(s) image is refused (LLM.chatAsync fetches it). */
+export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig): Float32Array[] {
+  return images.map((img) => {
+    const source = "image" in img ? img.image : unfetchedBytes(img.url, img.param);
+    if (source === null) throw new ChatInputError(img.param, "an http(s) image is fetched by LLM.chatAsync (LLM.chat reads data: URLs, bytes and pixels)");
+    return pixelValues(source, cfg, img.param);
+  });
+}
+
+/**
+ * The messages as a "string" content format renders them with images: one `<start_of_image>` per image before the
+ * text, joined by newlines (vLLM's placeholders); an "openai" one reads the parts.
+ */
+function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
+  return messages.map((m) => {
+    const n = m.contentParts?.filter((p) => p.type === "image").length ?? 0;
+    return n === 0 ? m : { ...m, content: [...Array<string>(n).fill(GEMMA3_BOI), ...(m.content ? [m.content] : [])].join("\n") };
+  });
+}
+
+/**
+ * A chat's prompt with its images' pixel_values: the messages rendered (`render`: the chat template) with each image's
+ * placeholder, expanded as Gemma3Processor expands it and encoded, with each image's feature positions. A template
+ * that wrote the wrong number of placeholders is a ChatInputError naming `param` (the messages).
+ */
+export function imageChatPrompt(
+  messages: ChatMessage[], pixels: readonly Float32Array[], spec: Gemma3ImageInputSpec,
+  { render, encode, param }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string },
+): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
+  const rendered = render(messagesWithPlaceholders(messages));
+  try {
+    return gemma3ImagePrompt(rendered, pixels, spec, encode);
+  } catch (e) {
+    if (e instanceof RangeError) throw new ChatInputError(param, `${e.message} (the chat template must write one ${GEMMA3_BOI} per image)`);
+    throw e;
+  }
+}
