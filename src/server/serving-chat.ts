@@ -1,6 +1,7 @@
 // POST /v1/chat/completions: chat template -> engine -> chat.completion or chat.completion.chunk SSE.
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
+import type { ImageFeatureSpec } from "../models/gemma3-image-processor.js";
 import { badRequest } from "./errors.js";
 import { chatPrompt } from "./chat-prompt.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
@@ -129,6 +130,18 @@ const finishReasonOf = (req: ChatRequest, reply: Reply, reason: FinishReason | "
 /** Whether tool_choice "auto" is served: with a tool-call parser, and for gpt-oss always (vLLM's Harmony path). */
 export const servesAutoTools = (ctx: ServingContext): boolean => ctx.toolCallParser !== null || ctx.harmony !== null;
 
+/**
+ * The images of a prompt whose first `cut` tokens truncate_prompt_tokens dropped: those after the cut move with the
+ * text, those wholly before it go with it, and a cut through an image's tokens is a 400 (its features are whole).
+ */
+function truncatedImages(images: ImageFeatureSpec[], cut: number): ImageFeatureSpec[] {
+  if (cut === 0) return images;
+  const through = images.find((f) => f.offset < cut && f.offset + f.length > cut);
+  if (through !== undefined)
+    throw badRequest(`truncate_prompt_tokens cuts the prompt inside an image's ${through.length} tokens (positions ${through.offset}..${through.offset + through.length - 1}); keep more tokens or none of the image`, "truncate_prompt_tokens");
+  return images.filter((f) => f.offset >= cut).map((f) => ({ ...f, offset: f.offset - cut }));
+}
+
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
@@ -137,6 +150,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const prompt = await chatPrompt(ctx, req, () => harmonyChatPrompt(req, body.messages as unknown[], chatEffort(body, req), "reasoning_effort"));
   const { promptText } = prompt;
   const promptTokenIds = truncatePrompt(ctx, req, prompt.promptTokenIds);
+  const mmFeatures = prompt.mmFeatures === null ? null : truncatedImages(prompt.mmFeatures, prompt.promptTokenIds.length - promptTokenIds.length);
   const sampled = samplingParamsFor(ctx, req, promptTokenIds.length, "messages");
   if (reasoningKeepsSpecialTokens(ctx.reasoningParser)) sampled.skipSpecialTokens ??= false;
   if (ctx.harmony !== null) checkHarmonyToolChoice(ctx, req);
@@ -166,7 +180,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     {
       requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
-      kvTransfer: kvt?.option ?? null, ...(prompt.mmFeatures !== null ? { mmFeatures: prompt.mmFeatures } : {}),
+      kvTransfer: kvt?.option ?? null, ...(mmFeatures !== null ? { mmFeatures } : {}),
     },
     controller.signal);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:

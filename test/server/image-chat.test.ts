@@ -74,6 +74,26 @@ describe("image inputs through the chat API", () => {
     assert.ok((b.usage.prompt_tokens_details?.cached_tokens ?? 0) < Math.floor((prompt - 1) / 4) * 4 - 4);
   });
 
+  it("truncate_prompt_tokens moves the image with the text, drops an image it cuts away whole, refuses a cut inside it", async () => {
+    const full = gemma3TextThenImageIds(setup.loaded.tokenizer, "What is in this image?", 4);
+    const soft = setup.loaded.tokenizer.encode("<image_soft_token>", { addSpecialTokens: false })[0]!;
+    const first = full.indexOf(soft), last = full.lastIndexOf(soft); // the image's tokens: its 4 soft tokens and their markers
+    const top = (c: Awaited<ReturnType<typeof ask>>) => c.choices[0]!.logprobs!.content![0]!.top_logprobs.map((t) => t.logprob);
+    // kept from just before the image's start marker: the image still answers (another image, another reply)
+    const keep = full.length - (first - 2);
+    const [a, b] = [await ask(dataUrl(imgA), { truncate_prompt_tokens: keep, return_token_ids: true }), await ask(dataUrl(imgB), { truncate_prompt_tokens: keep })];
+    assert.deepEqual(a.prompt_token_ids, full.slice(full.length - keep));
+    assert.notDeepEqual(top(a), top(b));
+    // kept from after the image's end marker: no image left, so both images give the same reply
+    const tail = full.length - (last + 2);
+    const [c, d] = [await ask(dataUrl(imgA), { truncate_prompt_tokens: tail }), await ask(dataUrl(imgB), { truncate_prompt_tokens: tail })];
+    top(c).forEach((x, i) => assert.ok(Math.abs(x - top(d)[i]!) < 1e-5, `${x} vs ${top(d)[i]}`)); // (a cached prefix moves the last bits)
+    const r = await post({ ...withImages(dataUrl(imgA)), truncate_prompt_tokens: full.length - (first + 1) });
+    assert.equal(r.status, 400);
+    assert.equal(r.error.param, "truncate_prompt_tokens");
+    assert.match(r.error.message, /inside an image/);
+  });
+
   async function post(body: unknown, base = url): Promise<{ status: number; error: { message: string; param: string | null; type: string } }> {
     const res = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
     return { status: res.status, error: ((await res.json()) as { error: { message: string; param: string | null; type: string } }).error };
