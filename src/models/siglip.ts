@@ -332,14 +332,17 @@ export class Gemma3Vision extends Module {
   encode(pixels: Float32Array): Float32Array {
     const S = this.config.imageSize;
     if (pixels.length !== 3 * S * S) throw new VisionConfigError(`[vision] pixel_values must be [3, ${S}, ${S}], got ${pixels.length} values`);
-    return noGrad(() => {
+    // the tower's large intermediates (70 MB for an MLP's activations) reuse each other's memory
+    const backend = this.projector.projection.device.backend;
+    const run = <T>(fn: () => T): T => (backend.withMemoryPool ? backend.withMemoryPool(fn) : fn());
+    return run(() => noGrad(() => {
       const h = this.visionModel.forward(pixels);
       const e = this.projector.forward(h);
       const out = Float32Array.from(e.dataSync() as Float32Array);
       h.dispose();
       e.dispose();
       return out;
-    });
+    }));
   }
 }
 

@@ -166,6 +166,37 @@ forEachBackend((dev) => {
       p.dispose(); // idempotent, as for any disposed tensor
     });
 
+    it("withMemoryPool: a freed buffer's memory goes to the next allocation of its size, results unchanged; none after", () => {
+      if (!backend.withMemoryPool) return;
+      const start = backend.liveBuffers();
+      const x = k.arange(0, 4096, 1, { device: dev, dtype: "float32" });
+      const memoryOf = (t: Tensor) => (t.storage.buffer as { raw?: ArrayBuffer }).raw ?? t.storage.buffer.host;
+      const [sum, zeroSum, reused] = backend.withMemoryPool(() => {
+        const a = x.mul(2);
+        const first = memoryOf(a);
+        a.dispose();
+        const b = x.add(1); // a's size: a's memory, rewritten whole
+        const reusedByB = memoryOf(b) === first;
+        const total = (t: Tensor) => {
+          const s = t.sum();
+          const v = s.item();
+          s.dispose();
+          t.dispose();
+          return v;
+        };
+        const bSum = total(b);
+        const z = k.zeros([4096], { device: dev }); // b's memory again, filled with zeros
+        const zReused = memoryOf(z) === first;
+        return [bSum, total(z), reusedByB && zReused] as const;
+      });
+      assert.deepEqual([sum, zeroSum, reused], [(4095 * 4096) / 2 + 4096, 0, true]);
+      const c = x.mul(3);
+      const d = (c.dispose(), x.mul(3)); // outside the pool: fresh memory
+      assert.notEqual(memoryOf(c), memoryOf(d));
+      for (const t of [x, d]) t.dispose();
+      assert.equal(backend.liveBuffers(), start);
+    });
+
     it("`using` disposes at the end of the block", () => {
       const start = backend.liveBuffers();
       let escaped: Tensor;

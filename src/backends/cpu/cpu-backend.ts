@@ -264,6 +264,11 @@ export class CpuBackend implements Backend {
     }
     return moved;
   }
+  withMemoryPool<T>(fn: () => T): T {
+    // the stream runs jobs in order and host access waits for the jobs touching the memory (beforeHostAccess), so a
+    // new owner's uses follow the previous owner's, as in a capture
+    return this.memory.withPool(fn);
+  }
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
     if (this.stream.capturing) throw new CaptureError("write", "host writes cannot be captured: write step inputs before launch(), outside the capture (on cpu)");
     this.memory.write(buffer, byteOffset, src);

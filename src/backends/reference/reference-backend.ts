@@ -138,6 +138,17 @@ export class HostAllocator {
     this.pool = null;
   }
 
+  /** fn with a pool open (see Backend.withMemoryPool); inside an open one, fn alone. */
+  withPool<T>(fn: () => T): T {
+    if (this.pool) return fn();
+    this.openPool();
+    try {
+      return fn();
+    } finally {
+      this.closePool();
+    }
+  }
+
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
     new Uint8Array(hostOf(buffer), byteOffset, src.byteLength).set(src);
   }
