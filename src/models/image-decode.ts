@@ -1,10 +1,13 @@
-// Image bytes (PNG or JPEG) to 8-bit RGB pixels, as vLLM loads an image (PIL, then convert("RGB") with a transparent
-// image composited over white: vLLM's rgba_to_rgb, HF's convert_to_rgb), and PIL's bilinear resize of such pixels.
+// Image bytes (PNG, JPEG, WebP or GIF: the formats OpenAI's and Anthropic's APIs take) to 8-bit RGB pixels, as vLLM
+// loads an image (PIL, then convert("RGB") with a transparent image composited over white: vLLM's rgba_to_rgb, HF's
+// convert_to_rgb), and PIL's bilinear resize of such pixels. WebP is decoded by libwebp (compiled to wasm,
+// @cwasm/webp), GIF's first frame by omggif.
+import { createRequire } from "node:module";
 import jpeg from "jpeg-js";
 import { PNG } from "pngjs";
 import { KilnError } from "../util/errors.js";
 
-/** Bytes that are no image Kiln can decode (unknown format, or a corrupt PNG / JPEG). */
+/** Bytes that are no image Kiln can decode (unknown format, or a corrupt file). */
 export class ImageDecodeError extends KilnError {
   override name = "ImageDecodeError";
 }
@@ -19,31 +22,102 @@ export interface RgbImage {
 /** The largest image decoded, in megapixels (jpeg-js's own default bound, applied to PNG as well). */
 const MAX_MEGAPIXELS = 100;
 
+type ImageFormat = "png" | "jpeg" | "webp" | "gif";
+
 /** The container format of `bytes` from its signature, or null. */
-export function imageFormat(bytes: Uint8Array): "png" | "jpeg" | null {
-  if (bytes.length >= 8 && bytes[0] === 0x89 && bytes[1] === 0x50 && bytes[2] === 0x4e && bytes[3] === 0x47) return "png";
+export function imageFormat(bytes: Uint8Array): ImageFormat | null {
+  const ascii = (at: number, s: string) => bytes.length >= at + s.length && [...s].every((c, i) => bytes[at + i] === c.charCodeAt(0));
+  if (bytes.length >= 8 && bytes[0] === 0x89 && ascii(1, "PNG")) return "png";
   if (bytes.length >= 3 && bytes[0] === 0xff && bytes[1] === 0xd8 && bytes[2] === 0xff) return "jpeg";
+  if (ascii(0, "RIFF") && ascii(8, "WEBP")) return "webp";
+  if (ascii(0, "GIF87a") || ascii(0, "GIF89a")) return "gif";
   return null;
 }
 
-/** Decodes PNG or JPEG bytes to RGB; transparent pixels are composited over white as PIL's alpha_composite does. */
+type Rgba = { width: number; height: number; data: Uint8Array };
+const require = createRequire(import.meta.url);
+let webpDecoder: ((bytes: Uint8Array) => { width: number; height: number; data: Uint8ClampedArray }) | null = null;
+
+/**
+ * A WebP file's canvas size from its first chunk (VP8X: the canvas; VP8L: the lossless bitstream's header; VP8: the
+ * key frame's header), read before decoding so an oversized image is refused without decoding it.
+ */
+function webpSize(b: Uint8Array): { width: number; height: number } {
+  const chunk = String.fromCharCode(...b.subarray(12, 16));
+  const u24 = (at: number) => b[at]! | (b[at + 1]! << 8) | (b[at + 2]! << 16);
+  if (chunk === "VP8X" && b.length >= 30) return { width: u24(24) + 1, height: u24(27) + 1 };
+  if (chunk === "VP8L" && b.length >= 25) {
+    const bits = (b[21]! | (b[22]! << 8) | (b[23]! << 16) | (b[24]! << 24)) >>> 0;
+    return { width: (bits & 0x3fff) + 1, height: ((bits >>> 14) & 0x3fff) + 1 };
+  }
+  if (chunk === "VP8 " && b.length >= 30) return { width: (b[26]! | (b[27]! << 8)) & 0x3fff, height: (b[28]! | (b[29]! << 8)) & 0x3fff };
+  throw new Error(`unknown WebP chunk ${JSON.stringify(chunk)}`);
+}
+
+function decodeWebp(bytes: Uint8Array): Rgba {
+  // VP8X's flags byte: bit 1 marks an animation, which libwebp's still-image API does not decode
+  if (String.fromCharCode(...bytes.subarray(12, 16)) === "VP8X" && ((bytes[20] ?? 0) & 0x02) !== 0)
+    throw new ImageDecodeError("animated WebP images are not supported (send a still image)");
+  const { width, height } = webpSize(bytes);
+  checkSize(width, height);
+  webpDecoder ??= (require("@cwasm/webp") as { decode: typeof webpDecoder & object }).decode;
+  const img = webpDecoder(bytes); // throws on a corrupt or animated file (libwebp's simple API decodes stills)
+  return { width: img.width, height: img.height, data: new Uint8Array(img.data.buffer, img.data.byteOffset, img.data.byteLength) };
+}
+
+interface GifFrame {
+  x: number; y: number; width: number; height: number; palette_offset: number | null; transparent_index: number | null;
+}
+interface GifReader {
+  width: number; height: number; numFrames(): number; frameInfo(i: number): GifFrame; decodeAndBlitFrameRGBA(i: number, pixels: Uint8Array): void;
+}
+
+/**
+ * A GIF's first frame (what PIL's Image.open shows) as RGB through its palette, as PIL's P -> RGB conversion maps
+ * it: a transparent pixel takes its palette color (convert("RGB") ignores the transparency), and pixels outside the
+ * frame take the transparent index's color where there is one, else the background color's.
+ */
+function decodeGif(bytes: Uint8Array): Rgba {
+  const { GifReader } = require("omggif") as { GifReader: new (b: Uint8Array) => GifReader };
+  const reader = new GifReader(bytes);
+  checkSize(reader.width, reader.height);
+  if (reader.numFrames() < 1) throw new Error("the GIF has no frame");
+  const frame = reader.frameInfo(0);
+  if (frame.palette_offset === null) throw new Error("the GIF's first frame has no palette");
+  const fill = frame.transparent_index ?? bytes[11]!; // the logical screen's background color index
+  const at = frame.palette_offset + 3 * fill;
+  const data = new Uint8Array(reader.width * reader.height * 4);
+  for (let i = 0; i < data.length; i += 4) [data[i], data[i + 1], data[i + 2], data[i + 3]] = [bytes[at] ?? 0, bytes[at + 1] ?? 0, bytes[at + 2] ?? 0, 255];
+  reader.decodeAndBlitFrameRGBA(0, data); // (transparent pixels are skipped: they keep the fill)
+  return { width: reader.width, height: reader.height, data };
+}
+
+function checkSize(width: number, height: number): void {
+  if (width * height > MAX_MEGAPIXELS * 1e6) throw new ImageDecodeError(`the image is ${width}x${height}, over ${MAX_MEGAPIXELS} megapixels`);
+}
+
+/** Decodes PNG, JPEG, WebP or GIF bytes to RGB; transparent pixels are composited over white as PIL's alpha_composite does. */
 export function decodeImage(bytes: Uint8Array): RgbImage {
   const format = imageFormat(bytes);
-  if (format === null) throw new ImageDecodeError("cannot identify the image: not a PNG or JPEG file (Kiln decodes PNG and JPEG)");
-  let rgba: { width: number; height: number; data: Uint8Array };
+  if (format === null) throw new ImageDecodeError("cannot identify the image: not a PNG, JPEG, WebP or GIF file");
+  let rgba: Rgba;
   try {
     if (format === "png") {
       const png = PNG.sync.read(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));
       rgba = { width: png.width, height: png.height, data: png.data };
-    } else {
+    } else if (format === "jpeg") {
       rgba = jpeg.decode(bytes, { useTArray: true, formatAsRGBA: true, maxResolutionInMP: MAX_MEGAPIXELS });
+    } else if (format === "webp") {
+      rgba = decodeWebp(bytes);
+    } else {
+      rgba = decodeGif(bytes);
     }
   } catch (e) {
-    throw new ImageDecodeError(`cannot decode the ${format.toUpperCase()} image: ${(e as Error).message}`);
+    if (e instanceof ImageDecodeError) throw e;
+    throw new ImageDecodeError(`cannot decode the ${format === "webp" ? "WebP" : format.toUpperCase()} image: ${(e as Error).message}`);
   }
   if (rgba.width < 1 || rgba.height < 1) throw new ImageDecodeError(`the ${format.toUpperCase()} image is empty (${rgba.width}x${rgba.height})`);
-  if (rgba.width * rgba.height > MAX_MEGAPIXELS * 1e6)
-    throw new ImageDecodeError(`the image is ${rgba.width}x${rgba.height}, over ${MAX_MEGAPIXELS} megapixels`);
+  checkSize(rgba.width, rgba.height);
   return rgbaToRgb(rgba.width, rgba.height, rgba.data);
 }
 

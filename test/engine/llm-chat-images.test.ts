@@ -60,7 +60,7 @@ describe("LLM.chat with images", () => {
   it("throws a ChatInputError naming the bad part", async () => {
     const cases: [ChatInputMessage[], RegExp, string][] = [
       [turn({ type: "image_url", image_url: "data:image/png;base64,@@@" }), /base64 data is malformed/, "messages[0].content[1].image_url"],
-      [turn({ type: "image", image: new Uint8Array([1, 2, 3]) }), /not a PNG or JPEG/, "messages[0].content[1].image"],
+      [turn({ type: "image", image: new Uint8Array([1, 2, 3]) }), /not a PNG, JPEG, WebP or GIF/, "messages[0].content[1].image"],
       [turn({ type: "image", image: { width: 2, height: 2, data: new Uint8Array(3) } }), /RGB pixels/, "messages[0].content[1].image"],
       [turn({ type: "image_url", image_url: "ftp://x/y.png" }), /HTTP, data or file URL/, "messages[0].content[1].image_url"],
     ];

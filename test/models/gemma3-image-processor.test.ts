@@ -2,6 +2,8 @@
 // (triangle filter, widened when shrinking, weights normalised over the image) and HF's rescale / normalise.
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import jpeg from "jpeg-js";
 import { PNG } from "pngjs";
 import { decodeImage, ImageDecodeError, resizeBilinear, type RgbImage } from "../../src/models/image-decode.js";
@@ -68,8 +70,39 @@ describe("image decoding and Gemma 3's image processor", () => {
     for (let i = 0; i < w * h; i++) for (const [c, want] of [200, 40, 90].entries()) assert.ok(Math.abs(img.data[3 * i + c]! - want) <= 3);
   });
 
-  it("refuses bytes that are no PNG or JPEG, and corrupt ones, with ImageDecodeError", () => {
-    assert.throws(() => decodeImage(new TextEncoder().encode("GIF89a....")), (e: unknown) => e instanceof ImageDecodeError && /not a PNG or JPEG/.test(e.message));
+  // Files made by Debian's tools from one 24x18 pattern of 16 colors (pixel (x, y) = (x % 4, y % 4, (x + y) % 4) * 80):
+  // cwebp (-lossless; -q 80; -lossless -exact of the pattern with alpha 0 where (x + 2y) % 5 == 0), gif2webp, and
+  // ImageMagick's GIFs (plain; rgb(80, 80, 160) transparent; two frames, the second negated).
+  const fixture = (name: string) => new Uint8Array(readFileSync(fileURLToPath(new URL(`../../../test/fixtures/images/${name}`, import.meta.url))));
+  const pattern = (x: number, y: number) => [(x % 4) * 80, (y % 4) * 80, ((x + y) % 4) * 80];
+  const expectPixels = (name: string, want: (x: number, y: number) => number[]) => {
+    const img = decodeImage(fixture(name));
+    assert.deepEqual([img.width, img.height], [24, 18], name);
+    for (let y = 0; y < 18; y++) for (let x = 0; x < 24; x++) assert.deepEqual([...img.data.subarray(3 * (y * 24 + x), 3 * (y * 24 + x) + 3)], want(x, y), `${name} (${x}, ${y})`);
+  };
+
+  it("decodes WebP (lossless exactly, lossy as libwebp's dwebp does, alpha over white) and refuses animated WebP", () => {
+    expectPixels("lossless.webp", pattern);
+    expectPixels("alpha.webp", (x, y) => ((x + 2 * y) % 5 === 0 ? [255, 255, 255] : pattern(x, y)));
+    const dwebp = fixture("lossy.dwebp.ppm").subarray("P6\n24 18\n255\n".length);
+    expectPixels("lossy.webp", (x, y) => [...dwebp.subarray(3 * (y * 24 + x), 3 * (y * 24 + x) + 3)]);
+    assert.throws(() => decodeImage(fixture("animated.webp")), (e: unknown) => e instanceof ImageDecodeError && /animated WebP/.test(e.message));
+    assert.throws(() => decodeImage(fixture("lossless.webp").subarray(0, 60)), (e: unknown) => e instanceof ImageDecodeError && /cannot decode the WebP image/.test(e.message));
+    // a VP8X canvas of 16384 x 16384 is refused from its header, before any decoding
+    const big = Uint8Array.from([...new TextEncoder().encode("RIFF\0\0\0\0WEBPVP8X"), 10, 0, 0, 0, 0, 0, 0, 0, 0xff, 0x3f, 0, 0xff, 0x3f, 0]);
+    assert.throws(() => decodeImage(big), (e: unknown) => e instanceof ImageDecodeError && /16384x16384, over 100 megapixels/.test(e.message));
+  });
+
+  it("decodes a GIF's first frame through its palette (a transparent index shows its palette color, as PIL's convert(\"RGB\"))", () => {
+    expectPixels("pattern.gif", pattern);
+    // ImageMagick moved the transparent color to a palette entry of its own, written as black: PIL shows that entry
+    expectPixels("transparent.gif", (x, y) => (pattern(x, y).join() === "80,80,160" ? [0, 0, 0] : pattern(x, y)));
+    expectPixels("animated.gif", pattern);
+    assert.throws(() => decodeImage(fixture("pattern.gif").subarray(0, 30)), (e: unknown) => e instanceof ImageDecodeError && /cannot decode the GIF image/.test(e.message));
+  });
+
+  it("refuses bytes that are no PNG, JPEG, WebP or GIF, and corrupt ones, with ImageDecodeError", () => {
+    assert.throws(() => decodeImage(new TextEncoder().encode("BM........")), (e: unknown) => e instanceof ImageDecodeError && /not a PNG, JPEG, WebP or GIF/.test(e.message));
     const png = pngBytes(4, 4, new Array(64).fill(7));
     assert.throws(() => decodeImage(png.subarray(0, 40)), (e: unknown) => e instanceof ImageDecodeError && /PNG/.test(e.message));
     assert.throws(() => decodeImage(Uint8Array.from([0xff, 0xd8, 0xff, 0, 1, 2, 3])), ImageDecodeError);

@@ -4,6 +4,8 @@
 // replies that depend on the image, prefix-cache hits for the same image only, and vLLM's 400s naming the part.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
+import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import type OpenAI from "openai";
 import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
 import { createServer } from "../../src/server/index.js";
@@ -63,6 +65,22 @@ describe("image inputs through the chat API", () => {
     assert.equal(text, r.choices[0]!.message.content);
   });
 
+  it("takes WebP and GIF images (OpenAI's and Anthropic's other formats): the same pixels as a PNG, the same reply", async () => {
+    const fixture = (name: string) => readFileSync(fileURLToPath(new URL(`../../../test/fixtures/images/${name}`, import.meta.url)));
+    const media = (name: string, type: string) => `data:image/${type};base64,${fixture(name).toString("base64")}`;
+    const top = (r: Awaited<ReturnType<typeof ask>>) => r.choices[0]!.logprobs!.content!.map((t) => t.top_logprobs.map((x) => [x.token, x.logprob] as const));
+    const want = top(await ask(media("pattern.png", "png")));
+    for (const [name, type] of [["lossless.webp", "webp"], ["pattern.gif", "gif"]] as const) {
+      const r = await ask(media(name, type));
+      // the same pixels hash alike, so the PNG's blocks are reused (which moves logprobs in their last bits)
+      assert.equal(r.usage.prompt_tokens_details?.cached_tokens, Math.floor((r.usage.prompt_tokens - 1) / 4) * 4, name);
+      top(r).forEach((row, i) => row.forEach(([token, lp], j) => {
+        assert.equal(token, want[i]![j]![0], name);
+        assert.ok(Math.abs(lp - want[i]![j]![1]) < 1e-5, `${name}: ${lp} vs ${want[i]![j]![1]}`);
+      }));
+    }
+  });
+
   it("fetches an http image; the same image hits the prefix cache, another does not", async () => {
     const a = await ask(dataUrl(imgA));
     const fetched = await ask(`${imageHost}/a.png`);
@@ -108,7 +126,7 @@ describe("image inputs through the chat API", () => {
       [withImages(dataUrl(imgA), dataUrl(imgA), dataUrl(imgA)), /^At most 2 image\(s\) may be provided in one prompt\. Set `--limit-mm-per-prompt` to increase this limit\.$/, "messages[0].content[3].image_url"],
       [withImages("data:image/png,abc"), /Only base64 data URLs are supported/, "messages[0].content[1].image_url"],
       [withImages("data:image/png;base64,@@@not base64@@@"), /base64 data is malformed/, "messages[0].content[1].image_url"],
-      [withImages(`data:image/png;base64,${Buffer.from("hello, not an image").toString("base64")}`), /not a PNG or JPEG/, "messages[0].content[1].image_url"],
+      [withImages(`data:image/png;base64,${Buffer.from("hello, not an image").toString("base64")}`), /not a PNG, JPEG, WebP or GIF/, "messages[0].content[1].image_url"],
       [withImages(dataUrl(imgA.subarray(0, 60))), /cannot decode the PNG image/, "messages[0].content[1].image_url"],
       [withImages("ftp://example.com/a.png"), /The URL must be either a HTTP, data or file URL\./, "messages[0].content[1].image_url"],
       [withImages(`${imageHost}/missing.png`), /HTTP 404/, "messages[0].content[1].image_url"],

@@ -98,7 +98,7 @@ describe("image inputs on /v1/responses, /v1/messages and /tokenize", () => {
     it("refuses bad images with a 400 naming the input part", async () => {
       const cases: [unknown[], RegExp, string][] = [
         [input("data:image/png;base64,@@@"), /base64 data is malformed/, "input[0].content[1].image_url"],
-        [input(`data:image/png;base64,${Buffer.from("not an image").toString("base64")}`), /not a PNG or JPEG/, "input[0].content[1].image_url"],
+        [input(`data:image/png;base64,${Buffer.from("not an image").toString("base64")}`), /not a PNG, JPEG, WebP or GIF/, "input[0].content[1].image_url"],
         [input(`${imageHost}/missing.png`), /HTTP 404/, "input[0].content[1].image_url"],
         [[{ role: "user", content: [{ type: "input_image", file_id: "file-1" }] }], /file_id/, "input[0].content[0].file_id"],
         [[{ role: "user", content: [{ type: "input_image" }] }], /image_url/, "input[0].content[0].image_url"],
@@ -144,7 +144,7 @@ describe("image inputs on /v1/responses, /v1/messages and /tokenize", () => {
     it("refuses bad images with Anthropic's error object naming the block", async () => {
       const cases: [Json, RegExp][] = [
         [{ type: "base64", media_type: "image/png", data: "@@@@" }, /^messages\[0\]\.content\[1\]\.source: the data URL's base64 data is malformed$/],
-        [{ type: "base64", media_type: "image/png", data: Buffer.from("not an image").toString("base64") }, /^messages\[0\]\.content\[1\]\.source: .*not a PNG or JPEG/],
+        [{ type: "base64", media_type: "image/png", data: Buffer.from("not an image").toString("base64") }, /^messages\[0\]\.content\[1\]\.source: .*not a PNG, JPEG, WebP or GIF/],
         [{ type: "url", url: `${imageHost}/missing.png` }, /HTTP 404/],
         [{ type: "base64", data: "AAAA" }, /media_type/],
         [{ type: "file", file_id: "f" }, /image source type "file"/],
