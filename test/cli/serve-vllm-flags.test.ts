@@ -85,6 +85,12 @@ describe("vLLM serve flags", () => {
     assert.throws(() => parse({ kvCacheMemoryBytes: "lots" }), /--kv-cache-memory-bytes must be a byte count/);
   });
 
+  it("--num-gpu-blocks-override reaches the engine's arguments", () => {
+    assert.equal(servingArgsOf(parse({}), noProgress).numGpuBlocksOverride, undefined);
+    assert.equal(servingArgsOf(parse({ numGpuBlocksOverride: "64" }), noProgress).numGpuBlocksOverride, 64);
+    assert.throws(() => parse({ numGpuBlocksOverride: "1" }), /--num-gpu-blocks-override must be an integer >= 2/);
+  });
+
   it("flags with no counterpart: accepted, saying so where the value would have done something in vLLM, or refused", () => {
     const quiet = parse({
       swapSpace: "0", cpuOffloadGb: "0", disableCascadeAttn: true, disableLogStats: true, disableCustomAllReduce: true, distributedExecutorBackend: "mp",
