@@ -85,6 +85,20 @@ describe("vLLM serve flags", () => {
     assert.throws(() => parse({ kvCacheMemoryBytes: "lots" }), /--kv-cache-memory-bytes must be a byte count/);
   });
 
+  it("GPU-only engine flags: accepted with a warning when given; Python classes and other roles refused", () => {
+    const a = parse({ enableDbo: true, numLookaheadSlots: "3", cudagraphCaptureSizes: ["1", "2"], useTqdmOnLoad: false });
+    assert.deepEqual(a.warnings, [
+      "--enable-dbo: no effect: no dual-batch overlap: one CPU stream computes each step",
+      "--num-lookahead-slots: no effect: speculative decoding reserves its own slots",
+      "--cudagraph-capture-sizes: no effect: step graphs are captured for powers of two up to --max-cudagraph-capture-size",
+    ]);
+    assert.throws(() => parse({ workerCls: "my.Worker" }), /--worker-cls is not supported: it names a Python class/);
+    assert.throws(() => parse({ grpc: true }), /--grpc is not supported: Kiln serves HTTP only/);
+    const r = kiln("serve", "--headless");
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /--headless is not supported: multi-node data parallelism/);
+  });
+
   it("--num-gpu-blocks-override reaches the engine's arguments", () => {
     assert.equal(servingArgsOf(parse({}), noProgress).numGpuBlocksOverride, undefined);
     assert.equal(servingArgsOf(parse({ numGpuBlocksOverride: "64" }), noProgress).numGpuBlocksOverride, 64);
