@@ -1,7 +1,7 @@
 // vLLM `serve` flags a pasted command line carries: each is honoured (its value reaches ServeArgs and the engine's
 // arguments), accepted with a start-up warning where it cannot change a reply, or refused naming why.
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,6 +9,7 @@ import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { servingArgsOf, type EngineFactory } from "../../src/cli/engine-factory.js";
 import { main } from "../../src/cli/main.js";
+import { spawnServe } from "./serve-child.js";
 import { CliUsageError, expandMultiLetterShortFlags, parseServeArgs, type ServeArgs } from "../../src/cli/serve-args.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
@@ -222,26 +223,13 @@ describe("vLLM serve flags", () => {
 
   it("--log-error-stack: an error response's stack goes to stderr; without it, none", async () => {
     const serve = async (...flags: string[]): Promise<string> => {
-      const child = spawn(process.execPath, [`${root}/dist/test/cli/serve-fixture.js`, "serve", "--host", "127.0.0.1", "--port", "0", ...flags], {
-        stdio: ["ignore", "pipe", "pipe"],
-      });
-      let stdout = "";
-      let stderr = "";
-      child.stderr.on("data", (d) => (stderr += d));
-      const url = await new Promise<string>((resolve, reject) => {
-        child.stdout.on("data", (d) => {
-          stdout += d;
-          const m = /at (http:\/\/\S+)\/v1/.exec(stdout);
-          if (m) resolve(m[1]!);
-        });
-        child.on("exit", () => reject(new Error(`exited early: ${stderr}`)));
-      });
+      const { child, url, stderr } = await spawnServe(["--host", "127.0.0.1", "--port", "0", ...flags]);
       const exited = new Promise((resolve) => child.on("exit", resolve));
       const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
       assert.equal(res.status, 400);
       child.kill("SIGTERM");
       await exited;
-      return stderr;
+      return stderr();
     };
     assert.match(await serve("--log-error-stack"), /\[server\] POST \/v1\/completions: 400: .*\n\s+at /);
     assert.doesNotMatch(await serve(), /\[server\] POST/);
