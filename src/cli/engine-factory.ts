@@ -73,6 +73,7 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
     blockSize: args.blockSize ?? undefined,
     kvCacheMemory: args.kvCacheMemoryBytes ?? undefined,
     kvCacheDtype: args.kvCacheDtype,
+    ...(args.numGpuBlocksOverride !== null ? { numGpuBlocksOverride: args.numGpuBlocksOverride } : {}),
     gpuMemoryUtilization: args.kvCacheMemoryBytes === null ? Math.min(args.gpuMemoryUtilization, 0.25) : undefined,
     enablePrefixCaching: args.enablePrefixCaching ?? undefined,
     seed: args.seed,

@@ -22,8 +22,61 @@ export function expandMultiLetterShortFlags(words: string[]): string[] {
   });
 }
 
+/**
+ * vLLM engine flags for GPU kernels, clusters and caches Kiln does not have, which cannot change a reply: accepted,
+ * with a warning when given. `<v>`: the flag takes a value; otherwise it is a switch (warned when on).
+ */
+const NO_EFFECT_FLAGS: readonly (readonly [flag: string, why: string])[] = [
+  ["--max-parallel-loading-workers <v>", "the weights are read by one process"],
+  ["--all2all-backend <v>", "one rank holds every expert (no all-to-all)"],
+  ["--enable-dbo", "no dual-batch overlap: one CPU stream computes each step"],
+  ["--dbo-decode-token-threshold <v>", "no dual-batch overlap"],
+  ["--dbo-prefill-token-threshold <v>", "no dual-batch overlap"],
+  ["--disable-nccl-for-dp-synchronization", "no NCCL (one engine per server)"],
+  ["--enable-eplb", "no expert load balancing: one rank holds every expert"],
+  ["--eplb-config <v>", "no expert load balancing: one rank holds every expert"],
+  ["--expert-placement-strategy <v>", "one rank holds every expert"],
+  ["--ray-workers-use-nsight", "no Ray workers"],
+  ["--calculate-kv-scales", "fp8 KV caches store values unscaled (scale 1.0, vLLM's default)"],
+  ["--kv-sharing-fast-prefill", "no cross-layer KV sharing"],
+  ["--disable-hybrid-kv-cache-manager", "one KV cache manager serves every model"],
+  ["--prefix-caching-hash-algo <v>", "prefix blocks are hashed Kiln's way; hits are the same"],
+  ["--num-lookahead-slots <v>", "speculative decoding reserves its own slots"],
+  ["--mm-processor-cache-gb <v>", "images are processed per request"],
+  ["--mm-processor-cache-type <v>", "images are processed per request"],
+  ["--mm-shm-cache-max-object-size-mb <v>", "images are processed per request"],
+  ["--mm-encoder-tp-mode <v>", "the vision tower runs on one rank"],
+  ["--mm-encoder-attn-backend <v>", "the vision tower has one attention kernel"],
+  ["--skip-mm-profiling", "no memory profiling run at start-up"],
+  ["--disable-mm-preprocessor-cache", "images are processed per request"],
+  ["--fully-sharded-loras", "LoRA adapters are not split across ranks"],
+  ["--lora-extra-vocab-size <v>", "adapters add no vocabulary"],
+  ["--use-tqdm-on-load", "the load's progress is Kiln's own"],
+  ["--safetensors-load-strategy <v>", "safetensors files are memory-mapped"],
+  ["--pt-load-map-location <v>", "PyTorch checkpoints are not read"],
+  ["--aggregate-engine-logging", "one engine per server"],
+  ["--show-hidden-metrics-for-version <v>", "Kiln exports its current metrics only"],
+  ["--cudagraph-capture-sizes <v...>", "step graphs are captured for powers of two up to --max-cudagraph-capture-size"],
+  ["--cuda-graph-sizes <v...>", "step graphs are captured for powers of two up to --max-cudagraph-capture-size"],
+];
+
+/** vLLM flags naming Python classes or other processes' roles, which Kiln cannot take: refused, saying why. */
+const REFUSED_FLAGS: readonly (readonly [flag: string, why: string])[] = [
+  ["--worker-cls <v>", "it names a Python class"],
+  ["--worker-extension-cls <v>", "it names a Python class"],
+  ["--scheduler-cls <v>", "it names a Python class (Kiln's scheduler has --scheduling-policy)"],
+  ["--headless", "multi-node data parallelism: run one kiln serve per replica behind kiln router"],
+  ["--grpc", "Kiln serves HTTP only"],
+];
+
+/** commander's option key of a flag: --enable-dbo <v> -> enableDbo. */
+const optionKey = (flag: string): string => flag.split(" ")[0]!.slice(2).replace(/-([a-z0-9])/g, (_, c: string) => c.toUpperCase());
+const flagName = (flag: string): string => flag.split(" ")[0]!;
+
 /** Declares the flags on `cmd` (serve, generate and chat: they are vLLM engine arguments). */
 export function addCompatOptions(cmd: Command): Command {
+  for (const [flag, why] of NO_EFFECT_FLAGS) cmd.option(flag, `accepted for vLLM compatibility: ${why}`);
+  for (const [flag, why] of REFUSED_FLAGS) cmd.option(flag, `refused: ${why}`);
   return cmd
     .option("--swap-space <GiB>", "accepted for vLLM compatibility: the KV cache is in host memory already, and a preempted request is recomputed")
     .option("--cpu-offload-gb <GiB>", "accepted for vLLM compatibility: the weights are in host memory already (Kiln computes on the CPU)")
@@ -40,6 +93,12 @@ export function addCompatOptions(cmd: Command): Command {
 
 /** Checks the flags' values; those accepted with no effect push a line to `warnings`. */
 export function checkCompatArgs(o: Record<string, unknown>, warnings: string[]): void {
+  for (const [flag, why] of REFUSED_FLAGS)
+    if (o[optionKey(flag)] !== undefined) throw new CliUsageError(`${flagName(flag)} is not supported: ${why}`);
+  for (const [flag, why] of NO_EFFECT_FLAGS) {
+    const v = o[optionKey(flag)];
+    if (v !== undefined && v !== false) warnings.push(`${flagName(flag)}: no effect: ${why}`);
+  }
   if (o.swapSpace !== undefined && num(o.swapSpace, "--swap-space", 0) > 0)
     warnings.push("--swap-space: no effect: the KV cache is in host memory already, and a preempted request is recomputed (as vLLM V1 does)");
   if (o.cpuOffloadGb !== undefined && num(o.cpuOffloadGb, "--cpu-offload-gb", 0) > 0)

@@ -21,6 +21,8 @@ export interface EngineFlagArgs {
   kvCacheMemoryBytes: number | null; // overrides gpuMemoryUtilization when set
   kvCacheDtype: KvCacheDtypeArg; // auto = the model's dtype (bfloat16 models get a bfloat16 cache), else float32
   gpuMemoryUtilization: number; // fraction of device memory for weights + KV cache
+  /** vLLM --num-gpu-blocks-override: the KV cache's block count instead of the one sized from memory; null = sized. */
+  numGpuBlocksOverride: number | null;
   enablePrefixCaching: boolean | null; // null = engine default (on)
   seed: number;
   enforceEager: boolean;
@@ -59,6 +61,7 @@ export function addEngineFlagOptions(cmd: Command): Command {
     .option("--block-size <n>", "KV cache block size in tokens")
     .option("--kv-cache-memory <bytes>", "KV cache size in bytes (suffixes K, M, G, KiB, MiB, GiB); overrides --gpu-memory-utilization")
     .option("--kv-cache-memory-bytes <bytes>", "vLLM's name of --kv-cache-memory")
+    .option("--num-gpu-blocks-override <n>", "KV cache blocks (the null block included) instead of the count sized from memory (vLLM's, for testing preemption)")
     .addOption(new Option("--kv-cache-dtype <dtype>", "KV cache element type (auto: the model's dtype)").choices([...KV_CACHE_DTYPES]).default("auto"))
     .option("--gpu-memory-utilization <fraction>", "fraction of device memory for the model and KV cache", "0.9")
     .option("--enable-prefix-caching", "enable automatic prefix caching")
@@ -140,6 +143,7 @@ export function parseEngineFlagArgs(o: Record<string, unknown>, warnings: string
     kvCacheMemoryBytes: kvBytes === undefined ? null : parseBytes(String(kvBytes), kvFlag),
     kvCacheDtype: oneOf(String(o.kvCacheDtype ?? "auto"), "--kv-cache-dtype", KV_CACHE_DTYPES),
     gpuMemoryUtilization: gmu,
+    numGpuBlocksOverride: optInt(o.numGpuBlocksOverride, "--num-gpu-blocks-override", 2),
     enablePrefixCaching: (o.enablePrefixCaching as boolean | undefined) ?? null,
     seed: int(o.seed ?? "0", "--seed", 0),
     enforceEager: Boolean(o.enforceEager) || compilation.eager,

@@ -50,6 +50,10 @@ export interface FrontendArgs {
   disableAccessLog: boolean;
   /** vLLM --enable-server-load-tracking: GET /load counts the requests in flight on the engine's endpoints. */
   enableServerLoadTracking: boolean;
+  /** vLLM --enable-tokenizer-info-endpoint: GET /tokenizer_info is served. */
+  enableTokenizerInfoEndpoint: boolean;
+  /** vLLM --log-error-stack: every error response's stack goes to stderr (default: VLLM_SERVER_DEV_MODE=1). */
+  logErrorStack: boolean | null;
 }
 
 /** Declares the front-end flags on `cmd` (serve only). */
@@ -79,6 +83,9 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--disable-uvicorn-access-log", "no line per request in the HTTP server's log (--enable-log-requests or --uvicorn-log-level)", false)
     .option("--enable-force-include-usage", "streamed chat and completions end with a usage chunk even without stream_options.include_usage", false)
     .option("--enable-server-load-tracking", "GET /load reports the requests in flight on the generation, pooling, score and rerank endpoints", false)
+    .option("--enable-tokenizer-info-endpoint", "serve GET /tokenizer_info (tokenizer_config.json's settings and the chat template)", false)
+    .option("--log-error-stack", "write the stack of every error response to stderr (default: on with VLLM_SERVER_DEV_MODE=1)")
+    .option("--no-log-error-stack", "no stacks of error responses, even in dev mode")
     .option("--disable-fastapi-docs", "accepted for vLLM compatibility: Kiln serves no /docs, /redoc or /openapi.json anyway", false);
 }
 
@@ -197,6 +204,8 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     httpLogLevel: (level as UvicornLogLevel | undefined) ?? null,
     disableAccessLog: Boolean(o.disableUvicornAccessLog),
     enableServerLoadTracking: Boolean(o.enableServerLoadTracking),
+    enableTokenizerInfoEndpoint: Boolean(o.enableTokenizerInfoEndpoint),
+    logErrorStack: (o.logErrorStack as boolean | undefined) ?? null,
   };
 }
 

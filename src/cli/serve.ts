@@ -40,6 +40,8 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       allowRuntimeLoraUpdating: args.enableLora && env.allowRuntimeLoraUpdating,
       serverLoadTracking: args.enableServerLoadTracking,
       devMode: env.serverDevMode,
+      tokenizerInfoEndpoint: args.enableTokenizerInfoEndpoint,
+      logErrorStack: args.logErrorStack ?? env.serverDevMode,
     });
     await server.app.ready();
     return { server, serveUntilSignal };

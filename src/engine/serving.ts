@@ -58,6 +58,8 @@ export interface ServingArgs {
   kvCacheDtype?: "auto" | "fp8" | KvCacheDtype;
   /** Share of free host memory the KV cache may take when kvCacheMemory is not given (default 0.25 on cpu). */
   gpuMemoryUtilization?: number;
+  /** vLLM's num_gpu_blocks_override: the KV cache's block count (block 0, the null block, included) instead of the sized one. */
+  numGpuBlocksOverride?: number;
   enablePrefixCaching?: boolean;
   seed?: number;
   schedulingPolicy?: "fcfs" | "priority";
@@ -173,7 +175,7 @@ export const KV_CACHE_DTYPES = ["auto", "float32", "bfloat16", "fp8", "fp8_e4m3"
 /** ServingArgs' keys (the compiler keeps this list whole), and LLM's and WorkerEngine's own logitsProcessors. */
 const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   model: true, kvEventsConfig: true, dtype: true, quantization: true, maxModelLen: true, maxNumSeqs: true, maxNumBatchedTokens: true,
-  blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, enablePrefixCaching: true,
+  blockSize: true, kvCacheMemory: true, kvCacheDtype: true, gpuMemoryUtilization: true, numGpuBlocksOverride: true, enablePrefixCaching: true,
   seed: true, schedulingPolicy: true, logprobsMode: true, enforceEager: true, asyncScheduling: true, speculativeConfig: true, maxCaptureSize: true,
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
@@ -197,6 +199,7 @@ function checkServingArgs(args: ServingArgs): void {
   positiveInt(args.maxNumSeqs, "max_num_seqs");
   positiveInt(args.maxNumBatchedTokens, "max_num_batched_tokens");
   positiveInt(args.kvCacheMemory, "kv_cache_memory");
+  positiveInt(args.numGpuBlocksOverride, "num_gpu_blocks_override", 2);
   positiveInt(args.maxCaptureSize, "max_capture_size", 0);
   positiveInt(args.maxCaptureTokens, "max_capture_tokens", 0);
   positiveInt(args.maxLoras, "max_loras");
@@ -297,7 +300,13 @@ export function sizeKvCache(
   const maxNumSeqs = args.maxNumSeqs ?? 256;
   // never more than every sequence at full length needs (+1: block 0 is the engine's null block)
   const needed = maxNumSeqs * Math.ceil(maxModelLen / blockSize) + 1;
-  const numBlocks = Math.min(Math.floor(budget / perBlock), needed);
+  // vLLM's override replaces the sized count whatever the memory (it is there to test preemption)
+  const numBlocks = args.numGpuBlocksOverride ?? Math.min(Math.floor(budget / perBlock), needed);
+  if (args.numGpuBlocksOverride !== undefined && (numBlocks - 1) * blockSize < maxModelLen)
+    throw new EngineInputError(
+      "num_gpu_blocks_override",
+      `num_gpu_blocks_override ${numBlocks} (${(numBlocks - 1) * blockSize} tokens after the null block) cannot hold one sequence of max_model_len ${maxModelLen}`,
+    );
   if (numBlocks < 2 || (numBlocks - 1) * blockSize < maxModelLen) {
     throw new EngineInputError(
       "kv_cache_memory",

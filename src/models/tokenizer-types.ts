@@ -50,6 +50,8 @@ export interface TokenizerLike {
   idToRawToken?(id: number): string | undefined;
   isSpecial(id: number): boolean;
   applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string;
+  /** tokenizer_config.json as read (GET /tokenizer_info); tokenizers without one have none. */
+  tokenizerConfig?(): Record<string, unknown>;
   /** The vocabulary for structured output; tokenizers without it cannot serve structured output. */
   grammarVocab?(): GrammarVocab;
 }

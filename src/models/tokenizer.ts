@@ -248,6 +248,10 @@ export class Tokenizer implements TokenizerLike {
     return this.decoder().decode([id], { skip_special_tokens: false });
   }
 
+  tokenizerConfig(): Record<string, unknown> {
+    return structuredClone(this.config);
+  }
+
   /** The vocabulary spelling of a token (e.g. "Ġhello"), as in tokenizer.json. */
   idToRawToken(id: number): string | undefined {
     return this.decoder().id_to_token(id);

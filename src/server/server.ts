@@ -23,7 +23,7 @@ import { handleClassify } from "./serving-classify.js";
 import { handlePooling } from "./serving-pooling.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
 import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
-import { registerTokenizeRoutes } from "./tokenize.js";
+import { registerTokenizeRoutes, registerTokenizerInfoRoute } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
 import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
 import { registerDevRoutes } from "./dev-routes.js";
@@ -57,6 +57,10 @@ export interface ServerAppOptions {
   serverLoadTracking?: boolean;
   /** Serve POST /reset_prefix_cache and GET /server_info (vLLM's VLLM_SERVER_DEV_MODE=1). */
   devMode?: boolean;
+  /** Serve GET /tokenizer_info (vLLM's --enable-tokenizer-info-endpoint: it shows the chat template and tokenizer settings). */
+  tokenizerInfoEndpoint?: boolean;
+  /** Write the stack of every error answered to stderr, 4xx included (vLLM's --log-error-stack). */
+  logErrorStack?: boolean;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -197,6 +201,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   app.setErrorHandler(async (err, request, reply) => {
     const apiErr = toApiError(err);
     if (apiErr.status >= 500) request.log.error({ err }, "request failed");
+    if (options.logErrorStack === true) process.stderr.write(`[server] ${request.method} ${request.url}: ${apiErr.status}: ${(err as Error).stack ?? String(err)}\n`);
     // A body rejected before it was read (413, 415): a client still uploading would get EPIPE, not the error.
     // (a body already read to its end, as an injected request's, has nothing left to wait for)
     if (!request.raw.complete && !request.raw.readableEnded && !request.raw.destroyed) await discardBody(request.raw, 4 * bodyLimit, 10_000);
@@ -275,6 +280,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   app.post("/pooling", endpoints.pooling);
   registerInvocationsRoute(app, bound, endpoints); // POST /invocations: one of the above, by the body's shape
   registerTokenizeRoutes(app, bound);
+  if (options.tokenizerInfoEndpoint === true) registerTokenizerInfoRoute(app, bound);
   if (options.allowRuntimeLoraUpdating === true) registerLoraRoutes(app, bound);
   if (options.devMode === true) {
     registerDevRoutes(app, bound, {

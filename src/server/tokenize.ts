@@ -42,3 +42,29 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     return { prompt: ctx.tokenizer.decode(tokens as number[], { skipSpecialTokens: false }) };
   });
 }
+
+/**
+ * GET /tokenizer_info (vLLM --enable-tokenizer-info-endpoint): tokenizer_config.json's settings as HF's init_kwargs
+ * holds them (file paths dropped, AddedToken objects as their content), the tokenizer's class as transformers loads
+ * it (the fast one) and the served chat template.
+ */
+export function registerTokenizerInfoRoute(app: FastifyInstance, bound: () => ServingContext): void {
+  app.get("/tokenizer_info", async () => {
+    const ctx = bound();
+    const { vocab_file: _v, merges_file: _m, ...config } = ctx.tokenizer.tokenizerConfig?.() ?? {};
+    const info = addedTokensAsContent(config) as Record<string, unknown>;
+    const declared = typeof config.tokenizer_class === "string" ? config.tokenizer_class : "PreTrainedTokenizer";
+    info.tokenizer_class = declared.endsWith("Fast") ? declared : `${declared}Fast`;
+    const template = ctx.chatTemplate ?? (ctx.tokenizer as { chatTemplate?: string | null }).chatTemplate;
+    if (template) info.chat_template = template;
+    return info;
+  });
+}
+
+/** `value` with every {"content": ...} object (an AddedToken) as its content, as vLLM's _make_json_serializable. */
+function addedTokensAsContent(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(addedTokensAsContent);
+  if (typeof value !== "object" || value === null) return value;
+  if ("content" in value) return (value as { content: unknown }).content;
+  return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, addedTokensAsContent(v)]));
+}

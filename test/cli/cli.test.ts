@@ -1,6 +1,6 @@
 // The `kiln` command line: flag errors, and `serve` end to end (progress, banner, graceful SIGTERM drain).
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -10,6 +10,7 @@ import { generationDefaults, type EngineFactory } from "../../src/cli/engine-fac
 import { main } from "../../src/cli/main.js";
 import { CliUsageError, parseBytes, parseServeArgs, type ServeArgs } from "../../src/cli/serve-args.js";
 import { configValue } from "../../src/cli/train-commands.js";
+import { spawnServe } from "./serve-child.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
 const kiln = (...args: string[]) => spawnSync(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 10_000 });
@@ -285,22 +286,9 @@ describe("kiln CLI", () => {
   });
 
   it("serve starts, answers, and drains in-flight streams on SIGTERM", async () => {
-    const child = spawn(process.execPath, [`${root}/dist/test/cli/serve-fixture.js`, "serve", "--host", "127.0.0.1", "--port", "0", "--served-model-name", "m1"], {
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stderr.on("data", (d) => (stderr += d));
-    const url = await new Promise<string>((resolve, reject) => {
-      child.stdout.on("data", (d) => {
-        stdout += d;
-        const m = /Kiln serving m1 at (http:\/\/\S+)\/v1/.exec(stdout);
-        if (m) resolve(m[1]!);
-      });
-      child.on("exit", () => reject(new Error(`exited early: ${stderr}`)));
-    });
-    assert.match(stderr, /loading weights/);
-    assert.match(stderr, /warm-up/);
+    const { child, url, stderr } = await spawnServe(["--host", "127.0.0.1", "--port", "0", "--served-model-name", "m1"]);
+    assert.match(stderr(), /loading weights/);
+    assert.match(stderr(), /warm-up/);
     const res = await fetch(`${url}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -313,7 +301,7 @@ describe("kiln CLI", () => {
     assert.match(body, /"finish_reason":"length"/);
     assert.ok(body.trimEnd().endsWith("data: [DONE]"));
     assert.equal(await exited, 0);
-    assert.match(stderr, /draining 1 in-flight/);
+    assert.match(stderr(), /draining 1 in-flight/);
   });
 });
 

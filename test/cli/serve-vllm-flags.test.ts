@@ -9,6 +9,7 @@ import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { servingArgsOf, type EngineFactory } from "../../src/cli/engine-factory.js";
 import { main } from "../../src/cli/main.js";
+import { spawnServe } from "./serve-child.js";
 import { CliUsageError, expandMultiLetterShortFlags, parseServeArgs, type ServeArgs } from "../../src/cli/serve-args.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/cli -> package root
@@ -83,6 +84,26 @@ describe("vLLM serve flags", () => {
     assert.equal(parse({ kvCacheMemoryBytes: "2GiB" }).kvCacheMemoryBytes, 2 ** 31);
     assert.throws(() => parse({ kvCacheMemoryBytes: "1G", kvCacheMemory: "1G" }), /are one setting: give one/);
     assert.throws(() => parse({ kvCacheMemoryBytes: "lots" }), /--kv-cache-memory-bytes must be a byte count/);
+  });
+
+  it("GPU-only engine flags: accepted with a warning when given; Python classes and other roles refused", () => {
+    const a = parse({ enableDbo: true, numLookaheadSlots: "3", cudagraphCaptureSizes: ["1", "2"], useTqdmOnLoad: false });
+    assert.deepEqual(a.warnings, [
+      "--enable-dbo: no effect: no dual-batch overlap: one CPU stream computes each step",
+      "--num-lookahead-slots: no effect: speculative decoding reserves its own slots",
+      "--cudagraph-capture-sizes: no effect: step graphs are captured for powers of two up to --max-cudagraph-capture-size",
+    ]);
+    assert.throws(() => parse({ workerCls: "my.Worker" }), /--worker-cls is not supported: it names a Python class/);
+    assert.throws(() => parse({ grpc: true }), /--grpc is not supported: Kiln serves HTTP only/);
+    const r = kiln("serve", "--headless");
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /--headless is not supported: multi-node data parallelism/);
+  });
+
+  it("--num-gpu-blocks-override reaches the engine's arguments", () => {
+    assert.equal(servingArgsOf(parse({}), noProgress).numGpuBlocksOverride, undefined);
+    assert.equal(servingArgsOf(parse({ numGpuBlocksOverride: "64" }), noProgress).numGpuBlocksOverride, 64);
+    assert.throws(() => parse({ numGpuBlocksOverride: "1" }), /--num-gpu-blocks-override must be an integer >= 2/);
   });
 
   it("flags with no counterpart: accepted, saying so where the value would have done something in vLLM, or refused", () => {
@@ -198,5 +219,19 @@ describe("vLLM serve flags", () => {
     } finally {
       rmSync(tmp, { recursive: true });
     }
+  });
+
+  it("--log-error-stack: an error response's stack goes to stderr; without it, none", async () => {
+    const serve = async (...flags: string[]): Promise<string> => {
+      const { child, url, stderr } = await spawnServe(["--host", "127.0.0.1", "--port", "0", ...flags]);
+      const exited = new Promise((resolve) => child.on("exit", resolve));
+      const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+      assert.equal(res.status, 400);
+      child.kill("SIGTERM");
+      await exited;
+      return stderr();
+    };
+    assert.match(await serve("--log-error-stack"), /\[server\] POST \/v1\/completions: 400: .*\n\s+at /);
+    assert.doesNotMatch(await serve(), /\[server\] POST/);
   });
 });
