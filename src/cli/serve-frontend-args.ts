@@ -54,6 +54,10 @@ export interface FrontendArgs {
   enableTokenizerInfoEndpoint: boolean;
   /** vLLM --log-error-stack: every error response's stack goes to stderr (default: VLLM_SERVER_DEV_MODE=1). */
   logErrorStack: boolean | null;
+  /** vLLM --max-log-len: characters of a logged prompt or output, and ids of a logged token list (null: all). */
+  maxLogLen: number | null;
+  /** vLLM --enable-log-outputs: with --enable-log-requests, each finished choice is logged too. */
+  logOutputs: boolean;
 }
 
 /** Declares the front-end flags on `cmd` (serve only). */
@@ -65,7 +69,9 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--api-key <key>", "require this key in 'Authorization: Bearer' (env KILN_API_KEY)")
     .option("--served-model-name <names...>", "model name(s) used in the API (default: the model argument)")
     .addOption(new Option("--log-level <level>", "log level").choices(["debug", "info", "warning", "error", "critical"]).default("info"))
-    .option("--enable-log-requests", "log every request", false)
+    .option("--enable-log-requests", "log every request: the HTTP log, and a line per request reaching the engine (prompt, params, token ids)", false)
+    .option("--max-log-len <n>", "characters of a logged prompt or output, and ids of a logged token list (default: all)")
+    .option("--enable-log-outputs", "with --enable-log-requests, also log what each request generated", false)
     .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
@@ -206,6 +212,8 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     enableServerLoadTracking: Boolean(o.enableServerLoadTracking),
     enableTokenizerInfoEndpoint: Boolean(o.enableTokenizerInfoEndpoint),
     logErrorStack: (o.logErrorStack as boolean | undefined) ?? null,
+    maxLogLen: optInt(o.maxLogLen, "--max-log-len", 0),
+    logOutputs: Boolean(o.enableLogOutputs),
   };
 }
 

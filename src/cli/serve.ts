@@ -42,6 +42,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       devMode: env.serverDevMode,
       tokenizerInfoEndpoint: args.enableTokenizerInfoEndpoint,
       logErrorStack: args.logErrorStack ?? env.serverDevMode,
+      ...(args.logRequests ? { requestLog: { maxLen: args.maxLogLen, outputs: args.logOutputs } } : {}),
     });
     await server.app.ready();
     return { server, serveUntilSignal };

@@ -2,6 +2,7 @@
 import type { EngineClient, GenerateOptions, RequestOutput, SamplingParams } from "../engine/types.js";
 import type { LoraRequest } from "../engine/lora-manager.js";
 import type { ServerMetrics } from "./metrics.js";
+import type { RequestLog } from "./request-log.js";
 
 export interface EngineRequest {
   requestId: string;
@@ -38,8 +39,10 @@ export async function* streamEngineRequest(
   unstarted: UnstartedSet,
   req: EngineRequest,
   signal: AbortSignal,
+  log: RequestLog | null = null,
 ): AsyncGenerator<RequestOutput> {
   if (signal.aborted) return;
+  log?.received(req.requestId, req.prompt, req.promptTokenIds, req.params, req.loraRequest);
   const prompt = req.prompt === undefined ? { promptTokenIds: req.promptTokenIds } : { promptTokenIds: req.promptTokenIds, prompt: req.prompt };
   const options = {
     requestId: req.requestId, priority: req.priority, delta: true, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}),
@@ -53,6 +56,8 @@ export async function* streamEngineRequest(
   let finished = false;
   let queueSeconds: number | null = null;
   const choiceTokens: number[] = [];
+  // each choice's text and tokens so far, for the output log (delta outputs carry only what is new)
+  const logged = log?.logsOutputs ? new Map<number, { text: string; tokenIds: number[] }>() : null;
   const onAbort = (): void => engine.abort(req.requestId);
   inflight.add(req.requestId);
   unstarted.add(req.requestId);
@@ -62,7 +67,16 @@ export async function* streamEngineRequest(
       unstarted.delete(req.requestId);
       if (signal.aborted) break;
       tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0));
-      for (const o of out.outputs) choiceTokens[o.index] = (choiceTokens[o.index] ?? 0) + o.tokenIds.length;
+      for (const o of out.outputs) {
+        choiceTokens[o.index] = (choiceTokens[o.index] ?? 0) + o.tokenIds.length;
+        if (logged === null) continue;
+        const c = logged.get(o.index) ?? { text: "", tokenIds: [] };
+        c.text += o.text;
+        c.tokenIds.push(...o.tokenIds);
+        logged.set(o.index, c);
+        const n = req.params.n ?? 1;
+        if (o.finishReason !== null) log!.generated(req.requestId, o.index, n, c.text, c.tokenIds, o.finishReason);
+      }
       const m = out.metrics;
       if (queueSeconds === null && m?.firstScheduledTime != null) queueSeconds = (m.firstScheduledTime - m.arrivalTime) / 1000;
       if (out.finished) {

@@ -28,6 +28,7 @@ import type { KvTransferService } from "./kv-transfer.js";
 import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
 import { registerDevRoutes } from "./dev-routes.js";
 import { ServerLoad } from "./server-load.js";
+import { RequestLog, type RequestLogOptions } from "./request-log.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -61,6 +62,8 @@ export interface ServerAppOptions {
   tokenizerInfoEndpoint?: boolean;
   /** Write the stack of every error answered to stderr, 4xx included (vLLM's --log-error-stack). */
   logErrorStack?: boolean;
+  /** vLLM's request logger: a line per request reaching the engine and, with `outputs`, per finished choice. */
+  requestLog?: RequestLogOptions;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -325,6 +328,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         launchConfig: engineOptions.launchConfig ?? null,
         inflight: new Set(),
         unstarted: new Set(),
+        requestLog: options.requestLog ? new RequestLog(options.requestLog) : null,
         imageInput: engineOptions.imageInput ?? null,
         imageLimit: engineOptions.imageLimit ?? DEFAULT_IMAGE_LIMIT,
       };

@@ -182,7 +182,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
       requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
       kvTransfer: kvt?.option ?? null, ...(mmFeatures !== null ? { mmFeatures } : {}),
     },
-    controller.signal);
+    controller.signal, ctx.requestLog);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:
   // a new reply after a message of --response-role, or any message the reply continues)
   const last = req.messages[req.messages.length - 1]!;

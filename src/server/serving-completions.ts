@@ -133,7 +133,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
     streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
       requestId: `${engineId}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
       priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null,
-    }, controller.signal));
+    }, controller.signal, ctx.requestLog));
   const choices: Choice[] = [];
   for (let pi = 0; pi < prepared.length; pi++) {
     for (let s = 0; s < n; s++) {

@@ -13,10 +13,13 @@ import type { InflightSet, UnstartedSet } from "./engine-stream.js";
 import type { ServerMetrics } from "./metrics.js";
 import type { CommonRequest } from "./protocol.js";
 import type { KvTransferService } from "./kv-transfer.js";
+import type { RequestLog } from "./request-log.js";
 import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
 
 export interface ServingContext {
   engine: EngineClient;
+  /** vLLM's request logger (--enable-log-requests), or null. */
+  requestLog: RequestLog | null;
   tokenizer: TokenizerLike;
   metrics: ServerMetrics;
   servedModelNames: string[];

@@ -95,7 +95,7 @@ export async function poolTokenIds(
   controller.signal.addEventListener("abort", () => ctx.engine.abort(requestIds), { once: true });
   abortOnDisconnect(request, reply, controller);
   const streams = prompts.map((promptTokenIds, i) =>
-    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: requestIds[i]!, promptTokenIds, params: { maxTokens: 1 }, priority }, controller.signal),
+    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: requestIds[i]!, promptTokenIds, params: { maxTokens: 1 }, priority }, controller.signal, ctx.requestLog),
   );
   const vectors: (Float32Array | null)[] = prompts.map(() => null);
   try {

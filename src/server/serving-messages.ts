@@ -72,7 +72,7 @@ async function handleMessages(ctx: ServingContext, request: FastifyRequest, repl
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: chat.priority, loraRequest: lora, ...(mmFeatures !== null ? { mmFeatures } : {}) },
-    controller.signal);
+    controller.signal, ctx.requestLog);
   try {
     const outputs = await primeStream(stream);
     if (req.stream) {

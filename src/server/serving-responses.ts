@@ -143,6 +143,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
       ...(mmFeatures !== null ? { mmFeatures } : {}),
     },
     controller.signal,
+    ctx.requestLog,
   );
   if (req.background) return runInBackground(turn, conversation, stream, controller);
   try {

@@ -10,6 +10,8 @@ export interface ServeChild {
   url: string;
   /** The child's stderr so far. */
   stderr(): string;
+  /** The child's stdout so far. */
+  stdout(): string;
 }
 
 /** Spawns serve-fixture.js with `serve ...args` and waits until it listens; rejects if it exits first. */
@@ -26,5 +28,5 @@ export async function spawnServe(args: string[]): Promise<ServeChild> {
     });
     child.on("exit", () => reject(new Error(`exited early: ${stderr}`)));
   });
-  return { child, url, stderr: () => stderr };
+  return { child, url, stderr: () => stderr, stdout: () => stdout };
 }

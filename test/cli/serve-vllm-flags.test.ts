@@ -234,4 +234,32 @@ describe("vLLM serve flags", () => {
     assert.match(await serve("--log-error-stack"), /\[server\] POST \/v1\/completions: 400: .*\n\s+at /);
     assert.doesNotMatch(await serve(), /\[server\] POST/);
   });
+
+  it("--enable-log-requests logs each request's prompt, params and ids, --enable-log-outputs its reply, cut to --max-log-len", async () => {
+    const run = async (...flags: string[]) => {
+      const { child, url, stdout } = await spawnServe(["--host", "127.0.0.1", "--port", "0", ...flags]);
+      const exited = new Promise((resolve) => child.on("exit", resolve));
+      const res = await fetch(`${url}/v1/completions`, {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "kiln-default", prompt: "Hello there, world", max_tokens: 8, ignore_eos: true, return_token_ids: true }),
+      });
+      const body = (await res.json()) as { id: string; choices: { text: string; token_ids: number[]; prompt_token_ids: number[]; finish_reason: string }[] };
+      child.kill("SIGTERM");
+      await exited;
+      return { body, log: stdout() };
+    };
+    const { body, log } = await run("--enable-log-requests", "--enable-log-outputs", "--max-log-len", "5");
+    const received = /INFO Received request (\S+): prompt: "Hello", params: (\{.*\}), prompt_token_ids: \[([\d, ]*)\], lora_request: None\./.exec(log);
+    assert.ok(received, log);
+    assert.equal(received[1], `${body.id}-0`); // the engine request's id: the response's and the prompt's index
+    assert.equal(JSON.parse(received[2]!).maxTokens, 8);
+    const c = body.choices[0]!;
+    assert.deepEqual(received[3]!.split(", ").map(Number), c.prompt_token_ids.slice(0, 5));
+    assert.ok(log.includes(`INFO Generated response ${received[1]}: output: ${JSON.stringify(c.text.slice(0, 5))}, output_token_ids: [${c.token_ids.slice(0, 5).join(", ")}], finish_reason: length`), log);
+    // without --enable-log-outputs: the request only; without --enable-log-requests: neither
+    const quiet = await run("--enable-log-requests");
+    assert.match(quiet.log, /INFO Received request .*prompt: "Hello there, world"/);
+    assert.doesNotMatch(quiet.log, /Generated response/);
+    assert.doesNotMatch((await run("--enable-log-outputs")).log, /Received request|Generated response/);
+  });
 });
