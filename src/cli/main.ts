@@ -23,8 +23,12 @@ function num(value: unknown, flag: string, { min = 0, int = false } = {}): numbe
   return n;
 }
 
-/** parseServeArgs, saying each vLLM flag it accepted with no effect (before anything loads). */
-function serveArgs(model: string | undefined, opts: Record<string, unknown>): ServeArgs {
+/**
+ * parseServeArgs, saying each vLLM flag it accepted with no effect (before anything loads); a --tool-parser-plugin
+ * is imported first, so that --tool-call-parser may name its parsers.
+ */
+async function serveArgs(model: string | undefined, opts: Record<string, unknown>): Promise<ServeArgs> {
+  if (typeof opts.toolParserPlugin === "string") await (await import("./tool-parser-plugin.js")).loadToolParserPlugin(opts.toolParserPlugin);
   const args = parseServeArgs(model, opts);
   for (const w of args.warnings) process.stderr.write(`kiln: warning: ${w}\n`);
   return args;
@@ -60,7 +64,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       if (positional !== undefined && cmd.getOptionValueSource("model") === "cli" && positional !== flag)
         throw new CliUsageError(`the model is given twice: ${JSON.stringify(positional)} and --model ${JSON.stringify(flag)}`);
       const { runServe } = await import("./serve.js");
-      await runServe(serveArgs(positional ?? flag, opts), deps.engineFactory);
+      await runServe(await serveArgs(positional ?? flag, opts), deps.engineFactory);
     });
 
   // vllm run-batch: OpenAI's batch file format through the server's routes, in this process
@@ -79,7 +83,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       const flag = opts.model as string | undefined;
       if (positional !== undefined && flag !== undefined && positional !== flag)
         throw new CliUsageError(`the model is given twice: ${JSON.stringify(positional)} and --model ${JSON.stringify(flag)}`);
-      const args = serveArgs(positional ?? flag, opts);
+      const args = await serveArgs(positional ?? flag, opts);
       const { runBatch } = await import("./run-batch.js");
       await runBatch(args, {
         inputFile: opts.inputFile as string,
@@ -97,7 +101,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
     .option("--chat", "wrap the prompt in the chat template as a user message", false)
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = serveArgs(opts.model as string | undefined, opts);
+      const args = await serveArgs(opts.model as string | undefined, opts);
       const { runGenerate } = await import("./generate.js");
       await runGenerate(args, {
         prompt: opts.prompt as string,
@@ -115,7 +119,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
     .option("--system <text>", "system prompt")
     .option("--chat-template <file-or-template>", "chat template file or inline template")
     .action(async (opts: Record<string, unknown>) => {
-      const args = serveArgs(opts.model as string | undefined, opts);
+      const args = await serveArgs(opts.model as string | undefined, opts);
       const { runChat } = await import("./generate.js");
       await runChat(args, {
         maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),

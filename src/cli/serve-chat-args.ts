@@ -3,7 +3,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 import { CHAT_CONTENT_FORMATS, type ChatContentFormat } from "../models/chat-content-format.js";
-import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../server/tool-parsers.js";
+import { toolCallParserNames } from "../server/tool-parsers.js";
 import { jsonObjectFlag, oneOf } from "./serve-flag-values.js";
 import { CliUsageError } from "./usage-error.js";
 
@@ -18,7 +18,7 @@ export interface ChatArgs {
   /** vLLM --response-role: the chat reply's role when the request's add_generation_prompt is true. */
   responseRole: string;
   /** tool_choice "auto" parses tool calls out of the model's text with this parser (vLLM --tool-call-parser); null = refused. */
-  toolCallParser: ToolCallParserName | null;
+  toolCallParser: string | null;
 }
 
 /** Declares the chat flags on `cmd` (serve only: generate and chat declare their own --chat-template). */
@@ -34,14 +34,16 @@ export function addChatOptions(cmd: Command): Command {
     .option("--default-chat-template-kwargs <json>", 'template variables of every chat request, as JSON: {"enable_thinking": false} (a request\'s chat_template_kwargs win)')
     .option("--response-role <role>", "the chat reply's role when the request's add_generation_prompt is true", "assistant")
     .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
-    .addOption(new Option("--tool-call-parser <name>", "how tool calls are written in the model's text").choices([...TOOL_CALL_PARSERS]));
+    .option("--tool-call-parser <name>", `how tool calls are written in the model's text: ${toolCallParserNames().join(", ")}, or a --tool-parser-plugin's`)
+    .option("--tool-parser-plugin <file>", "a JavaScript module (ESM) whose `toolParsers` export (or default export) maps parser names to {streamable, extract} objects");
 }
 
 /** Validates the chat flags. */
 export function parseChatArgs(o: Record<string, unknown>): ChatArgs {
   const role = o.responseRole ?? "assistant";
   if (typeof role !== "string" || role.trim() === "") throw new CliUsageError(`--response-role must be a non-empty role name, got ${JSON.stringify(role)}`);
-  const parser = o.toolCallParser === undefined ? null : oneOf(o.toolCallParser, "--tool-call-parser", TOOL_CALL_PARSERS);
+  // (a --tool-parser-plugin module is imported before the flags are parsed: its names are among the choices)
+  const parser = o.toolCallParser === undefined ? null : oneOf(o.toolCallParser, "--tool-call-parser", toolCallParserNames());
   const enableAutoToolChoice = Boolean(o.enableAutoToolChoice);
   if (enableAutoToolChoice && parser === null) throw new CliUsageError("--enable-auto-tool-choice requires --tool-call-parser");
   return {

@@ -1,5 +1,5 @@
 // createServer(): the OpenAI-compatible HTTP front end over an EngineClient + TokenizerLike.
-import { toolCallParser, type ToolCallParserName } from "./tool-parsers.js";
+import { toolCallParser } from "./tool-parsers.js";
 import { harmonyTokens } from "./harmony-parse.js";
 import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
@@ -79,7 +79,8 @@ export interface ServerEngineOptions {
   /** Requests may carry their own chat_template (vLLM --trust-request-chat-template). Default false, as in vLLM. */
   trustRequestChatTemplate?: boolean;
   /** Serves tool_choice "auto" by parsing the reply with it (vLLM --enable-auto-tool-choice --tool-call-parser). */
-  toolCallParser?: ToolCallParserName;
+  /** A --tool-call-parser name: a built-in's or a registered plugin's (registerToolCallParser). */
+  toolCallParser?: string;
   /**
    * The model writes OpenAI's Harmony format (gpt-oss, config.json model_type "gpt_oss"): chat prompts are rendered
    * in it and replies read by channel; the tokenizer must hold its special tokens. Default false.

@@ -160,9 +160,34 @@ const llama4Pythonic: ToolCallParser = {
   },
 };
 
-/** The text parser of `name`; "openai" reads no text (Harmony replies are read by channel instead). */
-export function toolCallParser(name: ToolCallParserName): ToolCallParser {
-  switch (name) {
+/** Parsers registered by --tool-parser-plugin modules (vLLM's ToolParserManager.register_module), by name. */
+const pluginParsers = new Map<string, ToolCallParser>();
+
+/**
+ * Registers a tool-call parser under `name` (a plugin's; vLLM's ToolParserManager.register_module): served with
+ * --tool-call-parser name, in place of a built-in of that name. Throws TypeError for an object without
+ * streamable() and extract().
+ */
+export function registerToolCallParser(name: string, parser: ToolCallParser): void {
+  if (typeof name !== "string" || name.trim() === "") throw new TypeError(`a tool-call parser's name must be a non-empty string, got ${JSON.stringify(name)}`);
+  const p = parser as Partial<ToolCallParser> | null;
+  if (typeof p?.streamable !== "function" || typeof p.extract !== "function")
+    throw new TypeError(`tool-call parser ${JSON.stringify(name)} must have streamable(text, sent) and extract(text, tools) methods`);
+  pluginParsers.set(name, parser);
+}
+
+/** Every --tool-call-parser name served: the built-ins and the plugins' parsers. */
+export function toolCallParserNames(): string[] {
+  return [...new Set([...TOOL_CALL_PARSERS, ...pluginParsers.keys()])];
+}
+
+/** The text parser of `name` (a plugin's first); "openai" reads no text (Harmony replies are read by channel instead). */
+export function toolCallParser(name: string): ToolCallParser {
+  const plugin = pluginParsers.get(name);
+  if (plugin !== undefined) return plugin;
+  if (!(TOOL_CALL_PARSERS as readonly string[]).includes(name)) throw new Error(`unknown tool-call parser ${JSON.stringify(name)} (known: ${toolCallParserNames().join(", ")})`);
+  const builtin = name as ToolCallParserName;
+  switch (builtin) {
     case "openai":
       return { streamable: (text) => text.length, extract: () => null };
     case "hermes":
@@ -178,7 +203,7 @@ export function toolCallParser(name: ToolCallParserName): ToolCallParser {
     case "granite":
     case "phi4_mini_json":
     case "xlam":
-      return jsonListToolParsers[name];
+      return jsonListToolParsers[builtin];
     case "qwen3_coder":
       return qwen3Coder;
     case "functiongemma":
@@ -193,8 +218,9 @@ const PARSER_TOKENS: Partial<Record<ToolCallParserName, readonly string[]>> = {
 };
 
 /** The markers of parser `name` that `tokenizer` does not hold as single tokens (none: the parser can serve it). */
-export function missingParserTokens(name: ToolCallParserName, tokenizer: TokenizerLike): string[] {
-  return (PARSER_TOKENS[name] ?? []).filter((marker) => {
+export function missingParserTokens(name: string, tokenizer: TokenizerLike): string[] {
+  if (pluginParsers.has(name)) return [];
+  return (PARSER_TOKENS[name as ToolCallParserName] ?? []).filter((marker) => {
     const ids = tokenizer.encode(marker, { addSpecialTokens: false });
     return !(ids.length === 1 && tokenizer.idToToken(ids[0]!) === marker);
   });
