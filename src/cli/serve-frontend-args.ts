@@ -54,6 +54,8 @@ export interface FrontendArgs {
   enableTokenizerInfoEndpoint: boolean;
   /** vLLM --log-error-stack: every error response's stack goes to stderr (default: VLLM_SERVER_DEV_MODE=1). */
   logErrorStack: boolean | null;
+  /** vLLM --allow-credentials, --allowed-methods, --allowed-headers (CORS, with allowedOrigins). */
+  cors: { allowCredentials: boolean; allowedMethods: string[]; allowedHeaders: string[] };
   /** vLLM --max-log-len: characters of a logged prompt or output, and ids of a logged token list (null: all). */
   maxLogLen: number | null;
   /** vLLM --enable-log-outputs: with --enable-log-requests, each finished choice is logged too. */
@@ -75,6 +77,9 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
+    .option("--allow-credentials", "CORS: allow credentials (cookies, authorization) from the allowed origins", false)
+    .option("--allowed-methods <json>", "CORS allowed methods as a JSON list", '["*"]')
+    .option("--allowed-headers <json>", "CORS allowed request headers as a JSON list", '["*"]')
     .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting")
     .option("--lora-modules <specs...>", 'LoRA adapters to serve, each name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}')
     .option("--return-tokens-as-token-ids", 'logprobs name their tokens as "token_id:<id>" (chat and completions)', false)
@@ -142,8 +147,8 @@ function parseUds(value: unknown): string | null {
   return p;
 }
 
-/** --allowed-origins: a JSON list of strings. */
-function parseAllowedOrigins(value: unknown): string[] {
+/** --allowed-origins, --allowed-methods, --allowed-headers: a JSON list of strings (default ["*"]: any). */
+function parseJsonList(value: unknown, flag: string, example: string): string[] {
   if (value === undefined) return ["*"];
   let parsed: unknown;
   try {
@@ -152,7 +157,7 @@ function parseAllowedOrigins(value: unknown): string[] {
     parsed = undefined;
   }
   if (!Array.isArray(parsed) || !parsed.every((x) => typeof x === "string"))
-    throw new CliUsageError(`--allowed-origins must be a JSON list of strings such as '["http://localhost:3000"]', got ${String(value)}`);
+    throw new CliUsageError(`${flag} must be a JSON list of strings such as '${example}', got ${String(value)}`);
   return parsed;
 }
 
@@ -199,7 +204,12 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     logLevel: (o.logLevel as LogLevel | undefined) ?? "info",
     logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
     enablePromptTokensDetails: Boolean(o.enablePromptTokensDetails),
-    allowedOrigins: parseAllowedOrigins(o.allowedOrigins),
+    allowedOrigins: parseJsonList(o.allowedOrigins, "--allowed-origins", '["http://localhost:3000"]'),
+    cors: {
+      allowCredentials: Boolean(o.allowCredentials),
+      allowedMethods: parseJsonList(o.allowedMethods, "--allowed-methods", '["GET", "POST"]'),
+      allowedHeaders: parseJsonList(o.allowedHeaders, "--allowed-headers", '["authorization", "content-type"]'),
+    },
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
     loraModules: parseLoraModules(o.loraModules),
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),

@@ -29,6 +29,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
     const server = prepareServer({
       version: KILN_VERSION,
       allowedOrigins: args.allowedOrigins,
+      cors: args.cors,
       // the HTTP log (vLLM's uvicorn's): on with --enable-log-requests or --uvicorn-log-level
       logRequests: args.logRequests || args.httpLogLevel !== null,
       logLevel: pinoLevel(args.httpLogLevel ?? "info"),

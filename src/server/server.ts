@@ -35,6 +35,8 @@ export interface ServerAppOptions {
   apiKey?: string;
   /** CORS origins ("*" for any); no CORS headers when absent or empty. */
   allowedOrigins?: string[];
+  /** CORS as vLLM's (Starlette's CORSMiddleware) --allow-credentials, --allowed-methods, --allowed-headers ("*": any). */
+  cors?: { allowCredentials?: boolean; allowedMethods?: string[]; allowedHeaders?: string[] };
   logRequests?: boolean;
   version: string;
   /** Largest accepted request body in bytes (default 32 MiB); larger gets 413. */
@@ -198,7 +200,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     // on the raw response, so that hijacked (SSE) replies carry it too
     app.addHook("onRequest", async (request, reply) => void reply.raw.setHeader("x-request-id", request.id));
   }
-  installCors(app, options.allowedOrigins ?? []);
+  installCors(app, options.allowedOrigins ?? [], options.cors ?? {});
   if (options.apiKey) installAuth(app, options.apiKey);
   new ServerLoad(options.serverLoadTracking === true).install(app); // GET /load, and the count when tracking
 
@@ -399,20 +401,59 @@ function installAuth(app: FastifyInstance, apiKey: string): void {
   });
 }
 
-function installCors(app: FastifyInstance, origins: string[]): void {
+/** Starlette's: methods "*" stands for, and request headers a preflight may always ask for. */
+const ALL_METHODS = ["DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"];
+const SAFELISTED_HEADERS = ["accept", "accept-language", "content-language", "content-type"];
+
+/**
+ * CORS as vLLM serves it (Starlette's CORSMiddleware over --allowed-origins, --allow-credentials, --allowed-methods,
+ * --allowed-headers; max age 600): a preflight (OPTIONS with Access-Control-Request-Method) is answered here, 200
+ * "OK", or 400 "Disallowed CORS origin, method, headers" naming what the lists refuse; other requests from an allowed
+ * origin carry Access-Control-Allow-Origin ("*" for any origin, the request's own where credentials need it).
+ */
+function installCors(app: FastifyInstance, origins: string[], cors: NonNullable<ServerAppOptions["cors"]>): void {
   if (origins.length === 0) return;
-  const any = origins.includes("*");
+  const anyOrigin = origins.includes("*");
+  const credentials = cors.allowCredentials === true;
+  const methodList = cors.allowedMethods ?? ["*"];
+  const methods = methodList.includes("*") ? ALL_METHODS : methodList.map((m) => m.toUpperCase());
+  const headerList = cors.allowedHeaders ?? ["*"];
+  const anyHeader = headerList.includes("*");
+  const headers = [...new Set([...SAFELISTED_HEADERS, ...headerList.map((h) => h.toLowerCase())])].sort();
+  const explicitOrigin = !anyOrigin || credentials; // a preflight names the origin back (Vary: Origin)
+  const allowed = (origin: string) => anyOrigin || origins.includes(origin);
   app.addHook("onRequest", async (request, reply) => {
     const origin = request.headers.origin;
-    if (!origin || (!any && !origins.includes(origin))) return;
-    // Set on the raw response so that hijacked (SSE) replies carry them too.
-    reply.raw.setHeader("access-control-allow-origin", any ? "*" : origin);
-    if (!any) reply.raw.setHeader("vary", "Origin");
-    if (request.method === "OPTIONS") {
-      reply.raw.setHeader("access-control-allow-methods", "GET, POST, OPTIONS");
-      reply.raw.setHeader("access-control-allow-headers", request.headers["access-control-request-headers"] ?? "*");
-      reply.raw.setHeader("access-control-max-age", "600");
-      return reply.code(204).send();
+    if (!origin) return;
+    // set on the raw response so that hijacked (SSE) replies carry them too
+    const set = (name: string, value: string) => reply.raw.setHeader(name, value);
+    const requestedMethod = request.headers["access-control-request-method"];
+    if (request.method === "OPTIONS" && typeof requestedMethod === "string") {
+      const failures: string[] = [];
+      if (explicitOrigin) set("vary", "Origin");
+      else set("access-control-allow-origin", "*");
+      set("access-control-allow-methods", methods.join(", "));
+      set("access-control-max-age", "600");
+      if (!anyHeader) set("access-control-allow-headers", headers.join(", "));
+      if (credentials) set("access-control-allow-credentials", "true");
+      if (allowed(origin)) {
+        if (explicitOrigin) set("access-control-allow-origin", origin);
+      } else failures.push("origin");
+      if (!methods.includes(requestedMethod)) failures.push("method");
+      const requestedHeaders = request.headers["access-control-request-headers"];
+      if (typeof requestedHeaders === "string") {
+        if (anyHeader) set("access-control-allow-headers", requestedHeaders);
+        else if (requestedHeaders.split(",").some((h) => !headers.includes(h.trim().toLowerCase()))) failures.push("headers");
+      }
+      if (failures.length > 0) return reply.code(400).type("text/plain; charset=utf-8").send(`Disallowed CORS ${failures.join(", ")}`);
+      return reply.code(200).type("text/plain; charset=utf-8").send("OK");
+    }
+    if (credentials) set("access-control-allow-credentials", "true");
+    // (a request with cookies gets its own origin back, not "*")
+    if (anyOrigin && request.headers.cookie === undefined) set("access-control-allow-origin", "*");
+    else if (allowed(origin)) {
+      set("access-control-allow-origin", origin);
+      set("vary", "Origin");
     }
   });
 }

@@ -57,6 +57,13 @@ describe("vLLM serve flags", () => {
     assert.throws(() => parse({ tokenizerMode: "mistral" }), /--tokenizer-mode mistral is not supported/);
   });
 
+  it("CORS: --allow-credentials, --allowed-methods and --allowed-headers (JSON lists, default any) reach the server's options", () => {
+    assert.deepEqual(parse({}).cors, { allowCredentials: false, allowedMethods: ["*"], allowedHeaders: ["*"] });
+    const a = parse({ allowCredentials: true, allowedMethods: '["GET", "POST"]', allowedHeaders: '["authorization"]' });
+    assert.deepEqual(a.cors, { allowCredentials: true, allowedMethods: ["GET", "POST"], allowedHeaders: ["authorization"] });
+    assert.throws(() => parse({ allowedMethods: "GET,POST" }), /--allowed-methods must be a JSON list of strings/);
+  });
+
   it("--disable-sliding-window reaches the engine", () => {
     assert.equal(servingArgsOf(parse({}), noProgress).disableSlidingWindow, undefined);
     assert.equal(servingArgsOf(parse({ disableSlidingWindow: true }), noProgress).disableSlidingWindow, true);

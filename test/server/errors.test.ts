@@ -222,11 +222,45 @@ describe("auth and CORS", () => {
       method: "OPTIONS",
       headers: { origin: "http://ok.example", "access-control-request-method": "POST", "access-control-request-headers": "authorization" },
     });
-    assert.equal(pre.status, 204);
+    // Starlette's CORSMiddleware (vLLM's): 200 "OK", the origin named back, any method and the requested headers
+    assert.equal(pre.status, 200);
+    assert.equal(await pre.text(), "OK");
     assert.equal(pre.headers.get("access-control-allow-origin"), "http://ok.example");
+    assert.equal(pre.headers.get("access-control-allow-methods"), "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+    assert.equal(pre.headers.get("access-control-allow-headers"), "authorization");
+    assert.equal(pre.headers.get("access-control-allow-credentials"), null);
     const other = await fetch(`${s.url}/health`, { headers: { origin: "http://evil.example" } });
     assert.equal(other.headers.get("access-control-allow-origin"), null);
     const ok = await fetch(`${s.url}/health`, { headers: { origin: "http://ok.example" } });
     assert.equal(ok.headers.get("access-control-allow-origin"), "http://ok.example");
+    const evil = await fetch(`${s.url}/v1/models`, { method: "OPTIONS", headers: { origin: "http://evil.example", "access-control-request-method": "GET" } });
+    assert.deepEqual([evil.status, await evil.text()], [400, "Disallowed CORS origin"]);
+  });
+
+  it("--allow-credentials, --allowed-methods and --allowed-headers as Starlette's CORSMiddleware takes them", async () => {
+    const c = await startTestServer({ allowedOrigins: ["*"], cors: { allowCredentials: true, allowedMethods: ["GET", "POST"], allowedHeaders: ["Authorization"] } });
+    try {
+      const preflight = (method: string, headers?: string) =>
+        fetch(`${c.url}/v1/chat/completions`, {
+          method: "OPTIONS",
+          headers: { origin: "http://app.example", "access-control-request-method": method, ...(headers ? { "access-control-request-headers": headers } : {}) },
+        });
+      const pre = await preflight("POST", "Authorization, Content-Type");
+      assert.deepEqual([pre.status, await pre.text()], [200, "OK"]);
+      // credentials: the origin named back (never "*"), and the listed headers with the safelisted ones
+      assert.equal(pre.headers.get("access-control-allow-origin"), "http://app.example");
+      assert.equal(pre.headers.get("access-control-allow-credentials"), "true");
+      assert.equal(pre.headers.get("access-control-allow-methods"), "GET, POST");
+      assert.equal(pre.headers.get("access-control-allow-headers"), "accept, accept-language, authorization, content-language, content-type");
+      const put = await preflight("PUT", "X-Custom");
+      assert.deepEqual([put.status, await put.text()], [400, "Disallowed CORS method, headers"]);
+      const simple = await fetch(`${c.url}/health`, { headers: { origin: "http://app.example" } });
+      assert.equal(simple.headers.get("access-control-allow-origin"), "*");
+      assert.equal(simple.headers.get("access-control-allow-credentials"), "true");
+      const cookie = await fetch(`${c.url}/health`, { headers: { origin: "http://app.example", cookie: "a=b" } });
+      assert.equal(cookie.headers.get("access-control-allow-origin"), "http://app.example");
+    } finally {
+      await c.close();
+    }
   });
 });
