@@ -1,11 +1,12 @@
 // `kiln serve`'s HTTP front-end flags, vLLM's FrontendArgs (vllm/entrypoints/openai/cli_args.py): where it listens,
 // TLS, root path, API key, CORS, the served names and LoRA adapters, request id headers, logprobs' token form, server
 // load tracking, and uvicorn's log flags mapped onto fastify's log. (The chat flags are serve-chat-args.ts'.)
-import { readFileSync } from "node:fs";
+import { readFileSync, realpathSync, statSync } from "node:fs";
 import { createSecureContext } from "node:tls";
 import { Option, type Command } from "commander";
 import { int, jsonObjectFlag, optInt } from "./serve-flag-values.js";
 import { CliUsageError } from "./usage-error.js";
+import type { MediaAccess } from "../models/chat-images.js";
 
 /** vLLM's --uvicorn-log-level values. */
 export const UVICORN_LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"] as const;
@@ -54,6 +55,8 @@ export interface FrontendArgs {
   enableTokenizerInfoEndpoint: boolean;
   /** vLLM --log-error-stack: every error response's stack goes to stderr (default: VLLM_SERVER_DEV_MODE=1). */
   logErrorStack: boolean | null;
+  /** vLLM --allowed-local-media-path (resolved) and --allowed-media-domains: where image URLs may point. */
+  mediaAccess: MediaAccess;
   /** vLLM --allow-credentials, --allowed-methods, --allowed-headers (CORS, with allowedOrigins). */
   cors: { allowCredentials: boolean; allowedMethods: string[]; allowedHeaders: string[] };
   /** vLLM --max-log-len: characters of a logged prompt or output, and ids of a logged token list (null: all). */
@@ -77,6 +80,8 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
+    .option("--allowed-local-media-path <dir>", "image file: URLs may name files under this directory (trusted clients only: they read the server's files)")
+    .option("--allowed-media-domains <hosts...>", "image http(s) URLs only from these hosts (default: any)")
     .option("--allow-credentials", "CORS: allow credentials (cookies, authorization) from the allowed origins", false)
     .option("--allowed-methods <json>", "CORS allowed methods as a JSON list", '["*"]')
     .option("--allowed-headers <json>", "CORS allowed request headers as a JSON list", '["*"]')
@@ -147,6 +152,19 @@ function parseUds(value: unknown): string | null {
   return p;
 }
 
+/** --allowed-local-media-path: an existing directory, links resolved (file URLs are checked against its real path). */
+function parseLocalMediaPath(value: unknown): string | null {
+  if (value === undefined) return null;
+  let real: string;
+  try {
+    real = realpathSync(String(value));
+  } catch {
+    throw new CliUsageError(`--allowed-local-media-path ${String(value)} does not exist`);
+  }
+  if (!statSync(real).isDirectory()) throw new CliUsageError(`--allowed-local-media-path ${String(value)} is not a directory`);
+  return real;
+}
+
 /** --allowed-origins, --allowed-methods, --allowed-headers: a JSON list of strings (default ["*"]: any). */
 function parseJsonList(value: unknown, flag: string, example: string): string[] {
   if (value === undefined) return ["*"];
@@ -205,6 +223,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
     enablePromptTokensDetails: Boolean(o.enablePromptTokensDetails),
     allowedOrigins: parseJsonList(o.allowedOrigins, "--allowed-origins", '["http://localhost:3000"]'),
+    mediaAccess: { localPath: parseLocalMediaPath(o.allowedLocalMediaPath), domains: (o.allowedMediaDomains as string[] | undefined) ?? null },
     cors: {
       allowCredentials: Boolean(o.allowCredentials),
       allowedMethods: parseJsonList(o.allowedMethods, "--allowed-methods", '["GET", "POST"]'),

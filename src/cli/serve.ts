@@ -151,7 +151,7 @@ export function serverEngineOptions(
   };
 }
 
-export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit">>;
+export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit" | "mediaAccess">>;
 
 /**
  * The served model's image input (an image-text Gemma 3 directory; null for any other model, or with
@@ -159,11 +159,12 @@ export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput"
  */
 export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLike): Promise<ServedImageOptions> {
   const imageLimit = args.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
-  if (imageLimit === 0) return { imageInput: null, imageLimit };
+  const mediaAccess = args.mediaAccess;
+  if (imageLimit === 0) return { imageInput: null, imageLimit, mediaAccess };
   const { resolveModel } = await import("../models/hub.js");
   const { gemma3ImageInputSpec } = await import("../models/gemma3-vision-weights.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  return { imageInput: resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer), imageLimit };
+  return { imageInput: resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer), imageLimit, mediaAccess };
 }
 
 /**

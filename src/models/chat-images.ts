@@ -3,6 +3,9 @@
 // the count checked against --limit-mm-per-prompt, each image loaded (a data: URL's base64, an http(s) URL fetched,
 // or bytes / decoded pixels given offline), decoded and processed, and the template's placeholders expanded. Every
 // failure is a ChatInputError naming the part (over HTTP, a 400 with that param).
+import { readFileSync, realpathSync, statSync } from "node:fs";
+import { sep } from "node:path";
+import { fileURLToPath } from "node:url";
 import { KilnError } from "../util/errors.js";
 import { ImageDecodeError, type RgbImage } from "./image-decode.js";
 import {
@@ -127,26 +130,71 @@ function dataUrlBytes(url: string, param: string): Uint8Array {
   return new Uint8Array(Buffer.from(data, "base64"));
 }
 
-/** An http(s) image's bytes. */
-async function fetchImage(url: string, param: string): Promise<Uint8Array> {
+/**
+ * Where images may come from besides data: URLs and pixels (vLLM's --allowed-local-media-path and
+ * --allowed-media-domains): file: URLs under `localPath` (a resolved directory; null: none), http(s) URLs of the hosts
+ * in `domains` (null: any).
+ */
+export interface MediaAccess {
+  localPath: string | null;
+  domains: readonly string[] | null;
+}
+export const DEFAULT_MEDIA_ACCESS: MediaAccess = { localPath: null, domains: null };
+
+/** Refuses an http(s) URL whose host is not among the allowed domains (vLLM's words). */
+function checkDomain(url: string, param: string, access: MediaAccess): void {
+  if (access.domains === null) return;
+  const host = new URL(url).hostname;
+  if (!access.domains.includes(host))
+    throw new ChatInputError(param, `The URL must be from one of the allowed domains: [${access.domains.map((d) => `'${d}'`).join(", ")}]. Input URL domain: ${host}`);
+}
+
+/** A file: URL's bytes, when the file lies under --allowed-local-media-path (links resolved first). */
+function localFileBytes(url: string, param: string, access: MediaAccess): Uint8Array {
+  if (access.localPath === null) throw new ChatInputError(param, "Cannot load local files without `--allowed-local-media-path`.");
+  let file: string;
+  try {
+    file = fileURLToPath(url);
+  } catch (e) {
+    throw new ChatInputError(param, `the file URL ${url} is not a local path: ${(e as Error).message}`);
+  }
+  let real: string;
+  try {
+    real = realpathSync(file);
+  } catch {
+    throw new ChatInputError(param, `cannot read the image file ${file}: no such file`);
+  }
+  if (!real.startsWith(access.localPath + sep))
+    throw new ChatInputError(param, `The file path ${file} must be a subpath of \`--allowed-local-media-path\` ${access.localPath}.`);
+  const size = statSync(real).size;
+  if (size > MAX_IMAGE_BYTES) throw new ChatInputError(param, `the image file ${file} is over ${MAX_IMAGE_BYTES >> 20} MiB`);
+  return new Uint8Array(readFileSync(real));
+}
+
+/** An http(s) image's bytes (a redirect must stay within the allowed domains too). */
+async function fetchImage(url: string, param: string, access: MediaAccess): Promise<Uint8Array> {
   let res: Response;
   try {
     res = await fetch(url, { signal: AbortSignal.timeout(FETCH_TIMEOUT_MS), redirect: "follow" });
   } catch (e) {
     throw new ChatInputError(param, `cannot fetch the image at ${url}: ${(e as Error).message}`);
   }
+  if (res.redirected) checkDomain(res.url, param, access);
   if (!res.ok) throw new ChatInputError(param, `cannot fetch the image at ${url}: HTTP ${res.status}`);
   const bytes = new Uint8Array(await res.arrayBuffer());
   if (bytes.length > MAX_IMAGE_BYTES) throw new ChatInputError(param, `the image at ${url} is over ${MAX_IMAGE_BYTES >> 20} MiB`);
   return bytes;
 }
 
-/** A URL's bytes where no fetch is needed (a data: URL); null for an http(s) URL; other schemes are refused. */
-function unfetchedBytes(url: string, param: string): Uint8Array | null {
+/** A URL's bytes where no fetch is needed (data: and allowed file: URLs); null for an allowed http(s) URL; else refused. */
+function unfetchedBytes(url: string, param: string, access: MediaAccess): Uint8Array | null {
   const scheme = /^([a-zA-Z][a-zA-Z0-9+.-]*):/.exec(url)?.[1]?.toLowerCase();
   if (scheme === "data") return dataUrlBytes(url, param);
-  if (scheme === "http" || scheme === "https") return null;
-  if (scheme === "file") throw new ChatInputError(param, "Cannot load local files without `--allowed-local-media-path`.");
+  if (scheme === "http" || scheme === "https") {
+    checkDomain(url, param, access);
+    return null;
+  }
+  if (scheme === "file") return localFileBytes(url, param, access);
   throw new ChatInputError(param, "The URL must be either a HTTP, data or file URL.");
 }
 
@@ -161,19 +209,19 @@ function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorCon
 }
 
 /** Each image's pixel_values, in order; http(s) images fetched. */
-export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig): Promise<Float32Array[]> {
+export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Promise<Float32Array[]> {
   const out: Float32Array[] = [];
   for (const img of images) {
-    const source = "image" in img ? img.image : (unfetchedBytes(img.url, img.param) ?? (await fetchImage(img.url, img.param)));
+    const source = "image" in img ? img.image : (unfetchedBytes(img.url, img.param, access) ?? (await fetchImage(img.url, img.param, access)));
     out.push(pixelValues(source, cfg, img.param));
   }
   return out;
 }
 
 /** Each image's pixel_values, in order, without fetching: an http(s) image is refused (LLM.chatAsync fetches it). */
-export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig): Float32Array[] {
+export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Float32Array[] {
   return images.map((img) => {
-    const source = "image" in img ? img.image : unfetchedBytes(img.url, img.param);
+    const source = "image" in img ? img.image : unfetchedBytes(img.url, img.param, access);
     if (source === null) throw new ChatInputError(img.param, "an http(s) image is fetched by LLM.chatAsync (LLM.chat reads data: URLs, bytes and pixels)");
     return pixelValues(source, cfg, img.param);
   });

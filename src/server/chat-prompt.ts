@@ -50,7 +50,7 @@ export async function chatPrompt(
     return { promptText, promptTokenIds: encode(promptText), mmFeatures: null };
   }
   const spec = ctx.imageInput!; // (checkImageCount refuses images without one)
-  const pixels = await loadChatImages(req.images, spec.processor);
+  const pixels = await loadChatImages(req.images, spec.processor, ctx.mediaAccess);
   const p = imageChatPrompt(req.messages, pixels, spec, { render: (messages) => renderChatPrompt(ctx, { ...req, messages }, param), encode, param });
   return { promptText: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
 }

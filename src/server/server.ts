@@ -9,7 +9,7 @@ import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
-import { DEFAULT_IMAGE_LIMIT } from "../models/chat-images.js";
+import { DEFAULT_IMAGE_LIMIT, DEFAULT_MEDIA_ACCESS, type MediaAccess } from "../models/chat-images.js";
 import { ApiError, toApiError } from "./errors.js";
 import { ServerMetrics } from "./metrics.js";
 import { handleChat } from "./serving-chat.js";
@@ -118,6 +118,8 @@ export interface ServerEngineOptions {
   imageInput?: Gemma3ImageInputSpec | null;
   /** vLLM's --limit-mm-per-prompt: the most images one prompt may carry. Default 999. */
   imageLimit?: number;
+  /** file: URLs under a directory, http(s) only from some hosts (vLLM's --allowed-local-media-path, --allowed-media-domains). */
+  mediaAccess?: MediaAccess;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -334,6 +336,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         requestLog: options.requestLog ? new RequestLog(options.requestLog) : null,
         imageInput: engineOptions.imageInput ?? null,
         imageLimit: engineOptions.imageLimit ?? DEFAULT_IMAGE_LIMIT,
+        mediaAccess: engineOptions.mediaAccess ?? DEFAULT_MEDIA_ACCESS,
       };
       return app;
     },

@@ -14,6 +14,7 @@ import type { ServerMetrics } from "./metrics.js";
 import type { CommonRequest } from "./protocol.js";
 import type { KvTransferService } from "./kv-transfer.js";
 import type { RequestLog } from "./request-log.js";
+import type { MediaAccess } from "../models/chat-images.js";
 import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
 
 export interface ServingContext {
@@ -70,6 +71,8 @@ export interface ServingContext {
   imageInput: Gemma3ImageInputSpec | null;
   /** The most images one prompt may carry (vLLM --limit-mm-per-prompt; default 999). */
   imageLimit: number;
+  /** Where image URLs may point besides data: (vLLM's --allowed-local-media-path, --allowed-media-domains). */
+  mediaAccess: MediaAccess;
 }
 
 /**

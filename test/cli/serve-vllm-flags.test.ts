@@ -64,6 +64,14 @@ describe("vLLM serve flags", () => {
     assert.throws(() => parse({ allowedMethods: "GET,POST" }), /--allowed-methods must be a JSON list of strings/);
   });
 
+  it("--allowed-local-media-path (an existing directory, resolved) and --allowed-media-domains reach the server's options", () => {
+    assert.deepEqual(parse({}).mediaAccess, { localPath: null, domains: null });
+    const a = parse({ allowedLocalMediaPath: `${root}/test/../test`, allowedMediaDomains: ["upload.wikimedia.org"] });
+    assert.deepEqual(a.mediaAccess, { localPath: `${root}/test`.replace(/\/+$/, "").replace(/\/\//g, "/"), domains: ["upload.wikimedia.org"] });
+    assert.throws(() => parse({ allowedLocalMediaPath: "/no/such/dir" }), /--allowed-local-media-path \/no\/such\/dir does not exist/);
+    assert.throws(() => parse({ allowedLocalMediaPath: `${root}/package.json` }), /is not a directory/);
+  });
+
   it("--disable-sliding-window reaches the engine", () => {
     assert.equal(servingArgsOf(parse({}), noProgress).disableSlidingWindow, undefined);
     assert.equal(servingArgsOf(parse({ disableSlidingWindow: true }), noProgress).disableSlidingWindow, true);

@@ -4,8 +4,10 @@
 // replies that depend on the image, prefix-cache hits for the same image only, and vLLM's 400s naming the part.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { readFileSync } from "node:fs";
-import { fileURLToPath } from "node:url";
+import { mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import type OpenAI from "openai";
 import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
 import { createServer } from "../../src/server/index.js";
@@ -110,6 +112,43 @@ describe("image inputs through the chat API", () => {
     assert.equal(r.status, 400);
     assert.equal(r.error.param, "truncate_prompt_tokens");
     assert.match(r.error.message, /inside an image/);
+  });
+
+  it("--allowed-local-media-path serves file: URLs under its directory only; --allowed-media-domains limits http(s) hosts", async () => {
+    const root = realpathSync(mkdtempSync(join(tmpdir(), "kiln-media-")));
+    const outside = realpathSync(mkdtempSync(join(tmpdir(), "kiln-outside-")));
+    try {
+      mkdirSync(join(root, "sub"));
+      writeFileSync(join(root, "sub", "a.png"), imgA);
+      writeFileSync(join(outside, "b.png"), imgB);
+      symlinkSync(join(outside, "b.png"), join(root, "link.png"));
+      const s = await serve({ imageInput: gemma3ImageInputSpec(dir, setup.loaded.tokenizer), mediaAccess: { localPath: root, domains: ["127.0.0.1"] } });
+      const top = (r: Awaited<ReturnType<typeof ask>>) => r.choices[0]!.logprobs!.content!.map((t) => t.top_logprobs.map((x) => x.token));
+      const want = top(await ask(dataUrl(imgA)));
+      const fromFile = await s.client.chat.completions.create({
+        model: MODEL, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 3,
+        messages: [{ role: "user", content: [{ type: "text", text: "What is in this image?" }, { type: "image_url", image_url: { url: pathToFileURL(join(root, "sub", "a.png")).href } }] }],
+      });
+      assert.deepEqual(fromFile.choices[0]!.logprobs!.content!.map((t) => t.top_logprobs.map((x) => x.token)), want);
+      assert.ok((await fetch(`${s.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(withImages(`${imageHost}/a.png`)) })).ok);
+      const refused: [string, RegExp][] = [
+        [pathToFileURL(join(outside, "b.png")).href, /must be a subpath of `--allowed-local-media-path`/],
+        [pathToFileURL(join(root, "link.png")).href, /must be a subpath of `--allowed-local-media-path`/], // a link out of it
+        [pathToFileURL(join(root, "missing.png")).href, /no such file/],
+        [imageHost.replace("127.0.0.1", "localhost") + "/a.png", /The URL must be from one of the allowed domains: \['127\.0\.0\.1'\]\. Input URL domain: localhost/],
+      ];
+      for (const [u, message] of refused) {
+        const r = await post(withImages(u), s.url);
+        assert.equal(r.status, 400, u);
+        assert.match(r.error.message, message);
+        assert.equal(r.error.param, "messages[0].content[1].image_url");
+      }
+      // without the flag a file URL is refused, in vLLM's words
+      assert.match((await post(withImages(pathToFileURL(join(root, "sub", "a.png")).href))).error.message, /Cannot load local files without `--allowed-local-media-path`/);
+    } finally {
+      rmSync(root, { recursive: true });
+      rmSync(outside, { recursive: true });
+    }
   });
 
   async function post(body: unknown, base = url): Promise<{ status: number; error: { message: string; param: string | null; type: string } }> {
