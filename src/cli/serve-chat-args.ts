@@ -15,6 +15,8 @@ export interface ChatArgs {
   defaultChatTemplateKwargs: Record<string, unknown> | null;
   /** vLLM --trust-request-chat-template: requests may carry their own chat_template (else a 400). */
   trustRequestChatTemplate: boolean;
+  /** vLLM --exclude-tools-when-tool-choice-none: tool_choice "none" renders the chat template without the request's tools. */
+  excludeToolsWhenToolChoiceNone: boolean;
   /** vLLM --response-role: the chat reply's role when the request's add_generation_prompt is true. */
   responseRole: string;
   /** tool_choice "auto" parses tool calls out of the model's text with this parser (vLLM --tool-call-parser); null = refused. */
@@ -33,6 +35,7 @@ export function addChatOptions(cmd: Command): Command {
     .option("--trust-request-chat-template", "let requests bring their own chat_template (Jinja the server runs); without it they get a 400, as in vLLM", false)
     .option("--default-chat-template-kwargs <json>", 'template variables of every chat request, as JSON: {"enable_thinking": false} (a request\'s chat_template_kwargs win)')
     .option("--response-role <role>", "the chat reply's role when the request's add_generation_prompt is true", "assistant")
+    .option("--exclude-tools-when-tool-choice-none", "a request with tool_choice \"none\" renders the chat template without its tools", false)
     .option("--enable-auto-tool-choice", "serve tool_choice \"auto\" by parsing tool calls out of the model's text (needs --tool-call-parser)", false)
     .option("--tool-call-parser <name>", `how tool calls are written in the model's text: ${toolCallParserNames().join(", ")}, or a --tool-parser-plugin's`)
     .option("--tool-parser-plugin <file>", "a JavaScript module (ESM) whose `toolParsers` export (or default export) maps parser names to {streamable, extract} objects");
@@ -52,6 +55,7 @@ export function parseChatArgs(o: Record<string, unknown>): ChatArgs {
     defaultChatTemplateKwargs:
       o.defaultChatTemplateKwargs === undefined ? null : jsonObjectFlag(o.defaultChatTemplateKwargs, "--default-chat-template-kwargs", '{"enable_thinking": false}'),
     trustRequestChatTemplate: Boolean(o.trustRequestChatTemplate),
+    excludeToolsWhenToolChoiceNone: Boolean(o.excludeToolsWhenToolChoiceNone),
     responseRole: role,
     toolCallParser: enableAutoToolChoice ? parser : null,
   };

@@ -136,6 +136,7 @@ export function serverEngineOptions(
     ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
     trustRequestChatTemplate: args.trustRequestChatTemplate,
+    excludeToolsWhenToolChoiceNone: args.excludeToolsWhenToolChoiceNone,
     ...(args.toolCallParser !== null ? { toolCallParser: args.toolCallParser } : {}),
     harmony,
     disableAnyWhitespace: args.disableAnyWhitespace,

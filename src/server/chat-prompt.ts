@@ -22,7 +22,7 @@ export function renderChatPrompt(ctx: ServingContext, req: ChatRequest, param = 
     return ctx.tokenizer.applyChatTemplate(req.messages, {
       addGenerationPrompt: req.addGenerationPrompt,
       continueFinalMessage: req.continueFinalMessage,
-      ...(req.tools ? { tools: req.tools } : {}),
+      ...(req.tools && !(ctx.excludeToolsWhenToolChoiceNone && req.toolChoice.kind === "none") ? { tools: req.tools } : {}),
       ...(req.chatTemplate ?? ctx.chatTemplate ? { chatTemplate: req.chatTemplate ?? ctx.chatTemplate } : {}),
       ...(req.chatTemplateKwargs ? { chatTemplateKwargs: req.chatTemplateKwargs } : {}),
     });

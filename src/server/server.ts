@@ -80,6 +80,8 @@ export interface ServerEngineOptions {
   chatTemplate?: string;
   /** Requests may carry their own chat_template (vLLM --trust-request-chat-template). Default false, as in vLLM. */
   trustRequestChatTemplate?: boolean;
+  /** vLLM --exclude-tools-when-tool-choice-none: a request with tool_choice "none" renders its template without its tools. */
+  excludeToolsWhenToolChoiceNone?: boolean;
   /** Serves tool_choice "auto" by parsing the reply with it (vLLM --enable-auto-tool-choice --tool-call-parser). */
   /** A --tool-call-parser name: a built-in's or a registered plugin's (registerToolCallParser). */
   toolCallParser?: string;
@@ -314,6 +316,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         generationDefaults: engineOptions.generationDefaults ?? {},
         chatTemplate: engineOptions.chatTemplate,
         trustRequestChatTemplate: engineOptions.trustRequestChatTemplate ?? false,
+        excludeToolsWhenToolChoiceNone: engineOptions.excludeToolsWhenToolChoiceNone ?? false,
         toolCallParser: engineOptions.toolCallParser === undefined ? null : toolCallParser(engineOptions.toolCallParser),
         disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
         enablePromptTokensDetails: engineOptions.enablePromptTokensDetails ?? false,

@@ -30,6 +30,8 @@ export interface ServingContext {
   chatTemplate: string | undefined;
   /** A request may bring its own chat template (vLLM --trust-request-chat-template); else such requests get a 400. */
   trustRequestChatTemplate: boolean;
+  /** vLLM --exclude-tools-when-tool-choice-none: tool_choice "none" renders the template without the tools. */
+  excludeToolsWhenToolChoiceNone: boolean;
   /** tool_choice "auto" is served with it; null: refused (as vLLM without --enable-auto-tool-choice). */
   toolCallParser: ToolCallParser | null;
   /** Splits replies into reasoning and content (vLLM --reasoning-parser); null: replies are all content. */

@@ -43,6 +43,8 @@ export class FakeTokenizer implements TokenizerLike {
   applyChatTemplate(messages: ChatMessage[], options: ChatTemplateOptions = {}): string {
     if (options.chatTemplate === "broken") throw new Error("template syntax error");
     let text = messages.map((m) => `${m.role}: ${m.content ?? ""}\n`).join("");
+    // the template "tools" writes the tools' names first (as a real template lists the tools it is given)
+    if (options.chatTemplate === "tools" && options.tools?.length) text = `tools: ${options.tools.map((t) => JSON.stringify(t)).join(" ")}\n${text}`;
     if (options.continueFinalMessage) text = text.slice(0, -1);
     if (options.addGenerationPrompt ?? true) text += "assistant:";
     return text;
