@@ -7,6 +7,7 @@ import { Option, type Command } from "commander";
 import { int, jsonObjectFlag, optInt } from "./serve-flag-values.js";
 import { CliUsageError } from "./usage-error.js";
 import type { MediaAccess } from "../models/chat-images.js";
+import type { TlsOptions } from "../server/server.js";
 
 /** vLLM's --uvicorn-log-level values. */
 export const UVICORN_LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"] as const;
@@ -42,7 +43,7 @@ export interface FrontendArgs {
   /** vLLM --enable-request-id-headers: every response carries X-Request-Id. */
   enableRequestIdHeaders: boolean;
   /** The PEM key and certificate read from --ssl-keyfile / --ssl-certfile: HTTPS; null serves HTTP. */
-  tls: { key: string; cert: string } | null;
+  tls: TlsOptions | null;
   /** vLLM --root-path: the path prefix a proxy serves Kiln under ("/api"), or null. */
   rootPath: string | null;
   /** vLLM --uvicorn-log-level: the HTTP server log's level; null when not given (the log is on with it or --enable-log-requests). */
@@ -91,6 +92,8 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--enable-request-id-headers", "every response carries X-Request-Id: the request's own, else a generated one", false)
     .option("--ssl-keyfile <file>", "PEM private key for HTTPS (default: read from --ssl-certfile)")
     .option("--ssl-certfile <file>", "PEM certificate (chain) for HTTPS: Kiln serves HTTPS with it")
+    .option("--ssl-ca-certs <file>", "PEM certificates of the CAs whose client certificates are accepted (with --ssl-cert-reqs)")
+    .option("--ssl-cert-reqs <n>", "client certificates, as Python's ssl: 0 none asked (default), 1 optional (verified when sent), 2 required")
     .option("--root-path <path>", "path prefix a proxy serves Kiln under: /prefix/v1/... is served as /v1/... (both answer)")
     .addOption(
       new Option("--uvicorn-log-level <level>", "level of the HTTP server's log (fastify's, as vLLM's uvicorn's; giving it turns the log on)")
@@ -118,12 +121,16 @@ function readPem(file: string, flag: string): string {
  * --ssl-keyfile / --ssl-certfile, read and checked (the key must match the certificate) before the model loads. The
  * key defaults to the certificate file, as Python's load_cert_chain reads a PEM holding both.
  */
-function parseTls(keyfile: unknown, certfile: unknown): FrontendArgs["tls"] {
+function parseTls(keyfile: unknown, certfile: unknown, caCerts: unknown, certReqs: unknown): FrontendArgs["tls"] {
+  const reqs = certReqs === undefined ? 0 : int(certReqs, "--ssl-cert-reqs", 0);
+  if (reqs > 2) throw new CliUsageError(`--ssl-cert-reqs must be 0 (none), 1 (optional) or 2 (required), got ${reqs}`);
   if (certfile === undefined) {
     // uvicorn would quietly serve plain HTTP: say so instead
     if (keyfile !== undefined) throw new CliUsageError("--ssl-keyfile needs --ssl-certfile (HTTPS needs a certificate)");
+    if (caCerts !== undefined || reqs > 0) throw new CliUsageError("--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile (client certificates are a part of HTTPS)");
     return null;
   }
+  if (reqs > 0 && caCerts === undefined) throw new CliUsageError(`--ssl-cert-reqs ${reqs} needs --ssl-ca-certs (the CAs client certificates are verified against)`);
   const cert = readPem(String(certfile), "--ssl-certfile");
   const key = keyfile === undefined ? cert : readPem(String(keyfile), "--ssl-keyfile");
   try {
@@ -132,7 +139,14 @@ function parseTls(keyfile: unknown, certfile: unknown): FrontendArgs["tls"] {
     const flags = keyfile === undefined ? "--ssl-certfile (no --ssl-keyfile: the key is read from it)" : "--ssl-keyfile / --ssl-certfile";
     throw new CliUsageError(`${flags}: not a usable PEM key and certificate: ${(e as Error).message}`);
   }
-  return { key, cert };
+  if (caCerts === undefined) return { key, cert };
+  const ca = readPem(String(caCerts), "--ssl-ca-certs");
+  try {
+    createSecureContext({ ca });
+  } catch (e) {
+    throw new CliUsageError(`--ssl-ca-certs: not usable PEM certificates: ${(e as Error).message}`);
+  }
+  return { key, cert, ca, clientCerts: reqs === 2 ? "required" : reqs === 1 ? "optional" : "none" };
 }
 
 /** --root-path: "/" followed by path segments; trailing slashes dropped, "/" alone is no prefix. */
@@ -234,7 +248,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),
     enableForceIncludeUsage: Boolean(o.enableForceIncludeUsage),
     enableRequestIdHeaders: Boolean(o.enableRequestIdHeaders),
-    tls: parseTls(o.sslKeyfile, o.sslCertfile),
+    tls: parseTls(o.sslKeyfile, o.sslCertfile, o.sslCaCerts, o.sslCertReqs),
     rootPath: parseRootPath(o.rootPath),
     httpLogLevel: (level as UvicornLogLevel | undefined) ?? null,
     disableAccessLog: Boolean(o.disableUvicornAccessLog),

@@ -4,6 +4,7 @@ import { harmonyTokens } from "./harmony-parse.js";
 import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
+import type { TLSSocket } from "node:tls";
 import Fastify, { LogController, type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
@@ -50,7 +51,7 @@ export interface ServerAppOptions {
   /** Every response carries X-Request-Id: the request's own, else the generated id (vLLM's --enable-request-id-headers). */
   requestIdHeaders?: boolean;
   /** HTTPS with this PEM key and certificate (vLLM's --ssl-keyfile / --ssl-certfile); HTTP when absent. */
-  https?: { key: string; cert: string };
+  https?: TlsOptions;
   /**
    * The prefix a proxy serves the API under ("/api"): a path under it is served as the path without it, and paths
    * without it still answer (vLLM's --root-path, FastAPI's root_path as Starlette routes it).
@@ -66,6 +67,18 @@ export interface ServerAppOptions {
   logErrorStack?: boolean;
   /** vLLM's request logger: a line per request reaching the engine and, with `outputs`, per finished choice. */
   requestLog?: RequestLogOptions;
+}
+
+/**
+ * HTTPS: a PEM key and certificate (vLLM's --ssl-keyfile / --ssl-certfile), and client certificates verified against
+ * `ca` (--ssl-ca-certs) as --ssl-cert-reqs asks: "required" refuses a connection without a valid one, "optional"
+ * asks for one and refuses a request whose certificate does not verify (403), "none" (default) asks for none.
+ */
+export interface TlsOptions {
+  key: string;
+  cert: string;
+  ca?: string;
+  clientCerts?: "none" | "optional" | "required";
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -180,7 +193,19 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     ...(options.rootPath !== undefined ? { rewriteUrl: (req: IncomingMessage) => withoutRootPath(req.url ?? "/", options.rootPath!) } : {}),
   };
   // an HTTPS server has the same API: only fastify's server type parameter differs
-  const app = (options.https !== undefined ? Fastify({ ...fastifyOptions, https: options.https }) : Fastify(fastifyOptions)) as unknown as FastifyInstance;
+  const tls = options.https;
+  const clientCerts = tls?.clientCerts ?? "none";
+  const https = tls === undefined ? undefined
+    : { key: tls.key, cert: tls.cert, ...(tls.ca !== undefined ? { ca: tls.ca } : {}), requestCert: clientCerts !== "none", rejectUnauthorized: clientCerts === "required" };
+  const app = (https !== undefined ? Fastify({ ...fastifyOptions, https }) : Fastify(fastifyOptions)) as unknown as FastifyInstance;
+  if (clientCerts === "optional") {
+    // a certificate sent must verify (Python's CERT_OPTIONAL); the handshake let it through to say why here
+    app.addHook("onRequest", async (request, reply) => {
+      const socket = request.raw.socket as TLSSocket;
+      if (socket.authorized || Object.keys(socket.getPeerCertificate?.() ?? {}).length === 0) return;
+      return reply.code(403).send(new ApiError(403, `the client certificate does not verify: ${String(socket.authorizationError)}`, null, "authentication_error", "invalid_client_certificate").toBody());
+    });
+  }
   let ctx: ServingContext | null = null;
   const bound = (): ServingContext => {
     if (ctx === null) throw new Error("[server] a request arrived before the engine was bound: bind() before listen()");
