@@ -50,6 +50,8 @@ export interface FrontendArgs {
   httpLogLevel: UvicornLogLevel | null;
   /** vLLM --disable-uvicorn-access-log: the HTTP server log has no line per request. */
   disableAccessLog: boolean;
+  /** vLLM --disable-access-log-for-endpoints: paths whose requests get no line in the HTTP log. */
+  accessLogExcludedPaths: string[];
   /** vLLM --enable-server-load-tracking: GET /load counts the requests in flight on the engine's endpoints. */
   enableServerLoadTracking: boolean;
   /** vLLM --enable-tokenizer-info-endpoint: GET /tokenizer_info is served. */
@@ -81,6 +83,7 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
+    .option("--disable-access-log-for-endpoints <paths>", "comma-separated paths whose requests get no line in the HTTP log (\"/health,/metrics\")")
     .option("--allowed-local-media-path <dir>", "image file: URLs may name files under this directory (trusted clients only: they read the server's files)")
     .option("--allowed-media-domains <hosts...>", "image http(s) URLs only from these hosts (default: any)")
     .option("--allow-credentials", "CORS: allow credentials (cookies, authorization) from the allowed origins", false)
@@ -164,6 +167,15 @@ function parseUds(value: unknown): string | null {
   const p = String(value);
   if (p.trim() === "") throw new CliUsageError("--uds must be a socket path such as /tmp/kiln.sock");
   return p;
+}
+
+/** --disable-access-log-for-endpoints: comma-separated paths, each starting with "/". */
+function parseExcludedPaths(value: unknown): string[] {
+  if (value === undefined) return [];
+  const paths = String(value).split(",").map((p) => p.trim()).filter((p) => p !== "");
+  const bad = paths.find((p) => !p.startsWith("/"));
+  if (bad !== undefined) throw new CliUsageError(`--disable-access-log-for-endpoints takes paths such as "/health,/metrics", got ${JSON.stringify(bad)}`);
+  return paths;
 }
 
 /** --allowed-local-media-path: an existing directory, links resolved (file URLs are checked against its real path). */
@@ -252,6 +264,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     rootPath: parseRootPath(o.rootPath),
     httpLogLevel: (level as UvicornLogLevel | undefined) ?? null,
     disableAccessLog: Boolean(o.disableUvicornAccessLog),
+    accessLogExcludedPaths: parseExcludedPaths(o.disableAccessLogForEndpoints),
     enableServerLoadTracking: Boolean(o.enableServerLoadTracking),
     enableTokenizerInfoEndpoint: Boolean(o.enableTokenizerInfoEndpoint),
     logErrorStack: (o.logErrorStack as boolean | undefined) ?? null,

@@ -34,6 +34,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       logRequests: args.logRequests || args.httpLogLevel !== null,
       logLevel: pinoLevel(args.httpLogLevel ?? "info"),
       disableRequestLogging: args.disableAccessLog,
+      accessLogExcludedPaths: args.accessLogExcludedPaths,
       requestIdHeaders: args.enableRequestIdHeaders,
       ...(args.tls !== null ? { https: args.tls } : {}),
       ...(args.rootPath !== null ? { rootPath: args.rootPath } : {}),

@@ -48,6 +48,8 @@ export interface ServerAppOptions {
   logLevel?: "fatal" | "error" | "warn" | "info" | "debug" | "trace";
   /** No line per request in the log (vLLM's --disable-uvicorn-access-log). */
   disableRequestLogging?: boolean;
+  /** Paths whose requests get no line in the log (vLLM's --disable-access-log-for-endpoints: "/health", "/metrics"). */
+  accessLogExcludedPaths?: readonly string[];
   /** Every response carries X-Request-Id: the request's own, else the generated id (vLLM's --enable-request-id-headers). */
   requestIdHeaders?: boolean;
   /** HTTPS with this PEM key and certificate (vLLM's --ssl-keyfile / --ssl-certfile); HTTP when absent. */
@@ -184,7 +186,9 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   const fastifyOptions = {
     logger: options.logRequests ? { level: options.logLevel ?? "info" } : false,
     // (fastify 5.12 deprecates its top-level disableRequestLogging: the log controller carries it)
-    ...(options.disableRequestLogging === true ? { logController: new LogController({ disableRequestLogging: true }) } : {}),
+    ...(options.disableRequestLogging === true || options.accessLogExcludedPaths?.length
+      ? { logController: new LogController({ disableRequestLogging: requestLogOff(options.disableRequestLogging === true, options.accessLogExcludedPaths ?? []) }) }
+      : {}),
     bodyLimit,
     return503OnClosing: true,
     // request.id (vLLM's request id): the client's X-Request-Id, else a random hex; chat and completion ids carry it
@@ -430,6 +434,13 @@ function installAuth(app: FastifyInstance, apiKey: string): void {
       return reply.code(401).send(err.toBody());
     }
   });
+}
+
+/** Whether a request's log lines are left out: all of them, or those of the excluded paths (the query ignored). */
+function requestLogOff(all: boolean, paths: readonly string[]): boolean | ((req: { url?: string }) => boolean) {
+  if (all) return true;
+  const excluded = new Set(paths);
+  return (req) => excluded.has((req.url ?? "/").split("?")[0]!);
 }
 
 /** Starlette's: methods "*" stands for, and request headers a preflight may always ask for. */

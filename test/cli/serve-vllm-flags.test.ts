@@ -250,6 +250,18 @@ describe("vLLM serve flags", () => {
     assert.doesNotMatch(await serve(), /\[server\] POST/);
   });
 
+  it("--disable-access-log-for-endpoints leaves those paths' requests out of the HTTP log", async () => {
+    const { child, url, stdout } = await spawnServe(["--host", "127.0.0.1", "--port", "0", "--enable-log-requests", "--disable-access-log-for-endpoints", "/health,/metrics"]);
+    const exited = new Promise((resolve) => child.on("exit", resolve));
+    for (const path of ["/health", "/metrics?x=1", "/v1/models"]) assert.equal((await fetch(`${url}${path}`)).status, 200, path);
+    child.kill("SIGTERM");
+    await exited;
+    const urls = stdout().split("\n").flatMap((l) => /"url":"([^"]+)"/.exec(l)?.[1] ?? []);
+    assert.ok(urls.includes("/v1/models"), stdout());
+    assert.ok(!urls.some((u) => u.startsWith("/health") || u.startsWith("/metrics")), stdout());
+    assert.throws(() => parse({ disableAccessLogForEndpoints: "health" }), /takes paths such as "\/health,\/metrics", got "health"/);
+  });
+
   it("--enable-log-requests logs each request's prompt, params and ids, --enable-log-outputs its reply, cut to --max-log-len", async () => {
     const run = async (...flags: string[]) => {
       const { child, url, stdout } = await spawnServe(["--host", "127.0.0.1", "--port", "0", ...flags]);
