@@ -87,6 +87,7 @@ export function addCompatOptions(cmd: Command): Command {
     .option("--distributed-executor-backend <backend>", "how tensor-parallel ranks run: mp (processes, Kiln's) or uni (one rank); ray is refused")
     .option("--max-num-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
     .option("--max-long-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
+    .option("--api-server-count <n>", "API server processes: 1 (Kiln's one process; for more, run several kiln serve behind kiln router)")
     .option("--enable-expert-parallel", "accepted for vLLM compatibility: one rank holds every expert (mixture-of-experts models are not split)", false)
     .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 4} (images only: Gemma 3; default 999; {"image": 0} serves text only)');
 }
@@ -115,6 +116,8 @@ export function checkCompatArgs(o: Record<string, unknown>, warnings: string[]):
   for (const [key, flag] of [["maxNumPartialPrefills", "--max-num-partial-prefills"], ["maxLongPartialPrefills", "--max-long-partial-prefills"]] as const)
     if (o[key] !== undefined && int(o[key], flag, 1) > 1)
       warnings.push(`${flag}: no effect: prompts share each step's token budget with no cap on how many are partly computed (vLLM's V1 scheduler)`);
+  if (o.apiServerCount !== undefined && int(o.apiServerCount, "--api-server-count", 1) > 1)
+    throw new CliUsageError("--api-server-count above 1 is not supported: one kiln serve runs one API server; run several behind kiln router");
   if (o.enableExpertParallel === true)
     warnings.push("--enable-expert-parallel: no effect: one rank holds every expert (Kiln does not split mixture-of-experts models); replies are the same");
   if (o.limitMmPerPrompt !== undefined && Object.entries(parseMmLimits(o.limitMmPerPrompt)).some(([k, n]) => k !== "image" && n > 0))

@@ -250,6 +250,12 @@ describe("vLLM serve flags", () => {
     assert.doesNotMatch(await serve(), /\[server\] POST/);
   });
 
+  it("--api-server-count 1 is Kiln's one API server; more are refused, pointing at kiln router", () => {
+    assert.deepEqual(parse({ apiServerCount: "1" }).warnings, []);
+    assert.throws(() => parse({ apiServerCount: "4" }), /--api-server-count above 1 is not supported: .*kiln router/);
+    assert.throws(() => parse({ apiServerCount: "0" }), /--api-server-count must be an integer >= 1/);
+  });
+
   it("--disable-access-log-for-endpoints leaves those paths' requests out of the HTTP log", async () => {
     const { child, url, stdout } = await spawnServe(["--host", "127.0.0.1", "--port", "0", "--enable-log-requests", "--disable-access-log-for-endpoints", "/health,/metrics"]);
     const exited = new Promise((resolve) => child.on("exit", resolve));
