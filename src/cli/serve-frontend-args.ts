@@ -66,6 +66,8 @@ export interface FrontendArgs {
   maxLogLen: number | null;
   /** vLLM --enable-log-outputs: with --enable-log-requests, each finished choice is logged too. */
   logOutputs: boolean;
+  /** vLLM --enable-log-deltas (default true): streamed outputs are logged delta by delta too. */
+  logDeltas: boolean;
 }
 
 /** Declares the front-end flags on `cmd` (serve only). */
@@ -80,6 +82,8 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--enable-log-requests", "log every request: the HTTP log, and a line per request reaching the engine (prompt, params, token ids)", false)
     .option("--max-log-len <n>", "characters of a logged prompt or output, and ids of a logged token list (default: all)")
     .option("--enable-log-outputs", "with --enable-log-requests, also log what each request generated", false)
+    .option("--enable-log-deltas", "with --enable-log-outputs, a streamed reply is logged delta by delta, then whole (the default)")
+    .option("--no-enable-log-deltas", "with --enable-log-outputs, a streamed reply is logged whole only")
     .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
@@ -270,6 +274,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     logErrorStack: (o.logErrorStack as boolean | undefined) ?? null,
     maxLogLen: optInt(o.maxLogLen, "--max-log-len", 0),
     logOutputs: Boolean(o.enableLogOutputs),
+    logDeltas: o.enableLogDeltas !== false,
   };
 }
 

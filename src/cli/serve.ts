@@ -44,7 +44,7 @@ export async function runServe(args: ServeArgs, factory: EngineFactory, out: Nod
       devMode: env.serverDevMode,
       tokenizerInfoEndpoint: args.enableTokenizerInfoEndpoint,
       logErrorStack: args.logErrorStack ?? env.serverDevMode,
-      ...(args.logRequests ? { requestLog: { maxLen: args.maxLogLen, outputs: args.logOutputs } } : {}),
+      ...(args.logRequests ? { requestLog: { maxLen: args.maxLogLen, outputs: args.logOutputs, deltas: args.logDeltas } } : {}),
     });
     await server.app.ready();
     return { server, serveUntilSignal };

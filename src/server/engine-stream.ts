@@ -17,6 +17,8 @@ export interface EngineRequest {
   kvTransfer?: GenerateOptions["kvTransfer"];
   /** The prompt's images (an image-text model). */
   mmFeatures?: GenerateOptions["mmFeatures"];
+  /** The client reads the reply streamed (how the request log logs its outputs). */
+  stream?: boolean;
 }
 
 /** Live engine request ids, so that shutdown can abort whatever is left after the drain timeout. */
@@ -75,7 +77,9 @@ export async function* streamEngineRequest(
         c.tokenIds.push(...o.tokenIds);
         logged.set(o.index, c);
         const n = req.params.n ?? 1;
-        if (o.finishReason !== null) log!.generated(req.requestId, o.index, n, c.text, c.tokenIds, o.finishReason);
+        const streamed = req.stream === true;
+        if (streamed && log!.logsDeltas && (o.text !== "" || o.tokenIds.length > 0)) log!.generated(req.requestId, o.index, n, o.text, o.tokenIds, o.finishReason, "delta");
+        if (o.finishReason !== null) log!.generated(req.requestId, o.index, n, c.text, c.tokenIds, o.finishReason, streamed ? "complete" : null);
       }
       const m = out.metrics;
       if (queueSeconds === null && m?.firstScheduledTime != null) queueSeconds = (m.firstScheduledTime - m.arrivalTime) / 1000;

@@ -9,6 +9,8 @@ export interface RequestLogOptions {
   maxLen: number | null;
   /** vLLM --enable-log-outputs: also log what each request generated. */
   outputs: boolean;
+  /** vLLM --enable-log-deltas (default on): a streamed request's outputs are logged delta by delta, then whole. */
+  deltas?: boolean;
   /** Where lines go (default: stdout, as vLLM's logger). */
   write?: (line: string) => void;
 }
@@ -24,6 +26,10 @@ export class RequestLog {
     return this.options.outputs;
   }
 
+  get logsDeltas(): boolean {
+    return this.options.outputs && this.options.deltas !== false;
+  }
+
   private cut<T extends string | readonly number[]>(x: T): T {
     const n = this.options.maxLen;
     return (n === null ? x : x.slice(0, n)) as T;
@@ -37,8 +43,13 @@ export class RequestLog {
     );
   }
 
-  generated(requestId: string, index: number, choices: number, text: string, tokenIds: readonly number[], finishReason: string | null): void {
-    const which = choices > 1 ? ` (choice ${index})` : "";
+  /**
+   * One choice's output: a finished request's whole (`stream` null), or a streamed one's delta or, when it finished,
+   * its whole text with finish_reason streaming_complete (as vLLM logs them).
+   */
+  generated(requestId: string, index: number, choices: number, text: string, tokenIds: readonly number[], finishReason: string | null, stream: "delta" | "complete" | null = null): void {
+    const which = (choices > 1 ? ` (choice ${index})` : "") + (stream === null ? "" : ` (streaming ${stream})`);
+    if (stream === "complete") finishReason = "streaming_complete";
     this.write(
       `INFO Generated response ${requestId}${which}: output: ${JSON.stringify(this.cut(text))}, ` +
         `output_token_ids: [${this.cut(tokenIds).join(", ")}], finish_reason: ${finishReason ?? "None"}`,

@@ -180,7 +180,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     {
       requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
-      kvTransfer: kvt?.option ?? null, ...(mmFeatures !== null ? { mmFeatures } : {}),
+      kvTransfer: kvt?.option ?? null, ...(mmFeatures !== null ? { mmFeatures } : {}), stream: req.stream,
     },
     controller.signal, ctx.requestLog);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:

@@ -141,6 +141,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
       ...(chat.cacheSalt ? { cacheSalt: chat.cacheSalt } : {}),
       loraRequest: lora,
       ...(mmFeatures !== null ? { mmFeatures } : {}),
+      stream: req.stream,
     },
     controller.signal,
     ctx.requestLog,

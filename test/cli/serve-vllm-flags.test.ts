@@ -272,14 +272,16 @@ describe("vLLM serve flags", () => {
     const run = async (...flags: string[]) => {
       const { child, url, stdout } = await spawnServe(["--host", "127.0.0.1", "--port", "0", ...flags]);
       const exited = new Promise((resolve) => child.on("exit", resolve));
-      const res = await fetch(`${url}/v1/completions`, {
-        method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: "kiln-default", prompt: "Hello there, world", max_tokens: 8, ignore_eos: true, return_token_ids: true }),
-      });
-      const body = (await res.json()) as { id: string; choices: { text: string; token_ids: number[]; prompt_token_ids: number[]; finish_reason: string }[] };
+      const complete = (stream: boolean) =>
+        fetch(`${url}/v1/completions`, {
+          method: "POST", headers: { "content-type": "application/json" },
+          body: JSON.stringify({ model: "kiln-default", prompt: "Hello there, world", max_tokens: 8, ignore_eos: true, return_token_ids: true, stream }),
+        });
+      const body = (await (await complete(false)).json()) as { id: string; choices: { text: string; token_ids: number[]; prompt_token_ids: number[]; finish_reason: string }[] };
+      const streamed = await (await complete(true)).text();
       child.kill("SIGTERM");
       await exited;
-      return { body, log: stdout() };
+      return { body, streamed, log: stdout() };
     };
     const { body, log } = await run("--enable-log-requests", "--enable-log-outputs", "--max-log-len", "5");
     const received = /INFO Received request (\S+): prompt: "Hello", params: (\{.*\}), prompt_token_ids: \[([\d, ]*)\], lora_request: None\./.exec(log);
@@ -289,6 +291,16 @@ describe("vLLM serve flags", () => {
     const c = body.choices[0]!;
     assert.deepEqual(received[3]!.split(", ").map(Number), c.prompt_token_ids.slice(0, 5));
     assert.ok(log.includes(`INFO Generated response ${received[1]}: output: ${JSON.stringify(c.text.slice(0, 5))}, output_token_ids: [${c.token_ids.slice(0, 5).join(", ")}], finish_reason: length`), log);
+    // streamed: each delta, then the whole reply (vLLM's "streaming delta" / "streaming complete" lines)
+    const full = await run("--enable-log-requests", "--enable-log-outputs");
+    const text = full.streamed.split("\n").filter((l) => l.startsWith("data: {")).map((l) => (JSON.parse(l.slice(6)) as { choices: { text: string }[] }).choices[0]!.text).join("");
+    const deltas = [...full.log.matchAll(/Generated response \S+ \(streaming delta\): output: ("(?:[^"\\]|\\.)*")/g)].map((m) => JSON.parse(m[1]!) as string);
+    assert.equal(deltas.join(""), text);
+    assert.ok(deltas.length > 1, full.log);
+    assert.ok(full.log.includes(`(streaming complete): output: ${JSON.stringify(text)}`) && /finish_reason: streaming_complete/.test(full.log), full.log);
+    const noDeltas = await run("--enable-log-requests", "--enable-log-outputs", "--no-enable-log-deltas");
+    assert.doesNotMatch(noDeltas.log, /streaming delta/);
+    assert.match(noDeltas.log, /\(streaming complete\)/);
     // without --enable-log-outputs: the request only; without --enable-log-requests: neither
     const quiet = await run("--enable-log-requests");
     assert.match(quiet.log, /INFO Received request .*prompt: "Hello there, world"/);
