@@ -58,6 +58,9 @@ const NO_EFFECT_FLAGS: readonly (readonly [flag: string, why: string])[] = [
   ["--show-hidden-metrics-for-version <v>", "Kiln exports its current metrics only"],
   ["--cudagraph-capture-sizes <v...>", "step graphs are captured for powers of two up to --max-cudagraph-capture-size"],
   ["--cuda-graph-sizes <v...>", "step graphs are captured for powers of two up to --max-cudagraph-capture-size"],
+  ["--enable-offline-docs", "Kiln serves no API docs pages"],
+  ["--h11-max-incomplete-event-size <v>", "Node's HTTP server takes up to 16 KiB of request headers"],
+  ["--h11-max-header-count <v>", "Node's HTTP server takes up to 2000 request headers"],
 ];
 
 /** vLLM flags naming Python classes or other processes' roles, which Kiln cannot take: refused, saying why. */

@@ -250,6 +250,13 @@ describe("vLLM serve flags", () => {
     assert.doesNotMatch(await serve(), /\[server\] POST/);
   });
 
+  it("--enable-offline-docs and the h11 limits are accepted, saying what applies instead", () => {
+    const w = parse({ enableOfflineDocs: true, h11MaxIncompleteEventSize: "65536", h11MaxHeaderCount: "128" }).warnings.join("\n");
+    assert.match(w, /--enable-offline-docs: no effect: Kiln serves no API docs pages/);
+    assert.match(w, /--h11-max-incomplete-event-size: no effect: Node's HTTP server takes up to 16 KiB/);
+    assert.match(w, /--h11-max-header-count: no effect: Node's HTTP server takes up to 2000/);
+  });
+
   it("--api-server-count 1 is Kiln's one API server; more are refused, pointing at kiln router", () => {
     assert.deepEqual(parse({ apiServerCount: "1" }).warnings, []);
     assert.throws(() => parse({ apiServerCount: "4" }), /--api-server-count above 1 is not supported: .*kiln router/);
