@@ -230,7 +230,8 @@ describe("/v1/messages streams that end early", () => {
   let s: TestServer;
   let anthropic: Anthropic;
   before(async () => {
-    s = await startTestServer({}, { stepDelayMs: 5 });
+    // (no random EOS: a reply that ended within 3 deltas would leave nothing to abort)
+    s = await startTestServer({}, { stepDelayMs: 5, eosProbability: 0 });
     anthropic = new Anthropic({ baseURL: s.url, apiKey: "unused", maxRetries: 0 });
   });
   after(() => s.close());
