@@ -42,16 +42,15 @@ const time = (f: () => Tensor): number => {
 };
 const best = { attn: Infinity, mlp: Infinity, gemm: Infinity };
 const backend = x.device.backend;
-const rounds_ = (pooled: boolean) => () => {
+const measure = (): void => {
   for (let r = 0; r < rounds; r++) {
     best.attn = Math.min(best.attn, time(() => layer.selfAttn.forward(x)));
     best.mlp = Math.min(best.mlp, time(() => layer.mlp.forward(x)));
     best.gemm = Math.min(best.gemm, time(() => linear(x, w1)));
   }
-  return pooled;
 };
 // as Gemma3Vision.encode runs the tower: intermediates reuse freed memory (Backend.withMemoryPool)
-noGrad(() => (backend.withMemoryPool ? backend.withMemoryPool(rounds_(true)) : rounds_(false)()));
+noGrad(() => (backend.withMemoryPool ? backend.withMemoryPool(measure) : measure()));
 const gf = (flops: number, s: number) => (flops / s / 1e9).toFixed(1);
 const attnFlops = 4 * 2 * N * Hd * Hd + 2 * 2 * N * N * Dp * H;
 const mlpFlops = 2 * 2 * N * Hd * I;

@@ -87,7 +87,8 @@ function decodeGif(bytes: Uint8Array): Rgba {
   const fill = frame.transparent_index ?? bytes[11]!; // the logical screen's background color index
   const at = frame.palette_offset + 3 * fill;
   const data = new Uint8Array(reader.width * reader.height * 4);
-  for (let i = 0; i < data.length; i += 4) [data[i], data[i + 1], data[i + 2], data[i + 3]] = [bytes[at] ?? 0, bytes[at + 1] ?? 0, bytes[at + 2] ?? 0, 255];
+  data.set([bytes[at] ?? 0, bytes[at + 1] ?? 0, bytes[at + 2] ?? 0, 255]);
+  for (let n = 4; n < data.length; n *= 2) data.copyWithin(n, 0, Math.min(n, data.length - n)); // the pixel, doubled
   reader.decodeAndBlitFrameRGBA(0, data); // (transparent pixels are skipped: they keep the fill)
   return { width: reader.width, height: reader.height, data };
 }
