@@ -6,16 +6,9 @@ import { ApiError, badRequest } from "./errors.js";
 import { type Json, optBool, optInt, optObject, optString } from "./fields.js";
 import { asJsonBody, parseChatRequest, type ChatRequest } from "./protocol.js";
 
-/** A content part of a wire message: text, or an image (the chat API's image_url part). */
-export type WirePart = { type: "text"; text: string } | { type: "image_url"; image_url: { url: string } };
+import type { WireMessage, WirePart } from "../models/anthropic-messages.js";
 
-/** A chat message in the chat API's wire shape (as parseMessages reads it). */
-export interface WireMessage {
-  role: string;
-  content: string | WirePart[] | null;
-  tool_calls?: { id: string; type: "function"; function: { name: string; arguments: string } }[];
-  tool_call_id?: string;
-}
+export type { WireMessage, WirePart };
 
 export interface ResponsesRequest {
   model: string | undefined;
