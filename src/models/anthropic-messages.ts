@@ -21,7 +21,7 @@ export interface WireMessage {
 }
 
 /** The chat request fields a Messages request's prompt comes from (the chat API's wire names). */
-export interface MessagesChatFields {
+export type MessagesChatFields = {
   messages: WireMessage[];
   /** Set (false, true) when a final assistant message is continued (Anthropic's prefill). */
   add_generation_prompt?: boolean;
@@ -29,7 +29,7 @@ export interface MessagesChatFields {
   chat_template_kwargs?: Json;
   tools?: Json[];
   response_format?: Json;
-}
+};
 
 const invalid = (message: string, param: string): ChatInputError => new ChatInputError(param, message);
 

@@ -1,7 +1,8 @@
 // How a chat template sees a message's content (vLLM's --chat-template-content-format): "string" renders it as text,
 // "openai" as a list of OpenAI content parts ([{type: "text", text}]) for templates that loop over them, and "auto"
 // picks "openai" for a template with such a loop, else "string" (vLLM's _detect_content_format, over the source).
-// Also the wrapper that gives a tokenizer's every chat render a server's defaults (--default-chat-template-kwargs).
+// Also an earlier turn's tool call as templates read it, and the wrapper that gives a tokenizer's every chat render a
+// server's defaults (--default-chat-template-kwargs).
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "./tokenizer-types.js";
 
 export const CHAT_CONTENT_FORMATS = ["auto", "string", "openai"] as const;
@@ -24,6 +25,24 @@ export function messagesForTemplate(messages: ChatMessage[], format: "string" | 
     if (format === "string") return m;
     return { ...m, content: contentParts ?? (m.content === null ? [] : [{ type: "text", text: m.content }]) };
   });
+}
+
+/**
+ * An earlier turn's tool call as chat templates read it: its arguments as an object, parsed from the wire's JSON
+ * text (empty: {}), as vLLM's _postprocess_messages does, so that `arguments | tojson` is not encoded twice.
+ */
+export function templateToolCall(call: unknown): unknown {
+  const fn = (call as Record<string, unknown> | null)?.function as Record<string, unknown> | null | undefined;
+  if (typeof fn !== "object" || fn === null || typeof fn.arguments !== "string") return call;
+  let args: unknown = {};
+  if (fn.arguments.trim() !== "") {
+    try {
+      args = JSON.parse(fn.arguments);
+    } catch {
+      return call; // not JSON: the template gets the text
+    }
+  }
+  return { ...(call as Record<string, unknown>), function: { ...fn, arguments: args } };
 }
 
 /** What a server gives every chat render unless the request says otherwise. */

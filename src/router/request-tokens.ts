@@ -1,94 +1,141 @@
 // The prompt a worker will compute for a request, as token ids, and its chain block hashes: what the precise prefix
 // policy matches against the workers' KV-cache events. Chat requests go through the model's chat template as the
-// server renders them (serving-chat.ts: text parts joined by newlines, the generation prompt added unless the request
-// says not to, no special tokens added on encoding); a completion's prompt is encoded as the server encodes it (a
-// string with special tokens unless add_special_tokens is false; token ids as they are). Other requests: none, and
-// none for a chat with images (the engine keys an image's blocks by the hash of its processed pixels, which the router
-// does not compute): those route by load.
+// server renders them (serving-chat.ts: content read by models/chat-images.ts, text parts joined by newlines, content
+// format "auto" as `kiln serve`'s default, earlier tool calls' arguments as objects, the generation prompt added unless
+// the request says not to, no special tokens added on encoding); an Anthropic Messages request becomes those chat
+// fields first (models/anthropic-messages.ts, as the server converts it). A completion's prompt is encoded as the
+// server encodes it (a string with special tokens unless add_special_tokens is false; token ids as they are).
+// Images: an image-text model's (its directory has the processor's config) data: URLs are decoded and processed as the
+// worker processes them, their placeholders expanded into the same token ids, and each block holding an image's
+// positions keyed by the processed image's hash, as the engine keys it. Remote (http, file) images are not fetched:
+// such a chat, and any other request, has no known prompt and routes by load.
 import { chainBlockHashes } from "../engine/kv-cache-manager.js";
+import { messagesChatFields } from "../models/anthropic-messages.js";
+import { templateToolCall, withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
+import { imageChatPrompt, loadChatImagesSync, readChatContent, type ChatImage } from "../models/chat-images.js";
+import type { Gemma3ImageInputSpec, ImageFeatureSpec } from "../models/gemma3-image-processor.js";
+import { gemma3ImageInputSpec } from "../models/gemma3-vision-weights.js";
 import { Tokenizer } from "../models/tokenizer.js";
-import type { ChatMessage, TokenizerLike } from "../models/tokenizer-types.js";
+import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 
 type Json = unknown;
 const isRecord = (v: Json): v is Record<string, Json> => typeof v === "object" && v !== null && !Array.isArray(v);
 
-/** A message's content as the server reads it: a string, null, or text parts joined by newlines; undefined otherwise. */
-function contentOf(content: Json): string | null | undefined {
-  if (content === null || content === undefined || typeof content === "string") return content ?? null;
-  if (!Array.isArray(content)) return undefined;
-  const texts: string[] = [];
-  for (const p of content) {
-    if (!isRecord(p) || p.type !== "text" || typeof p.text !== "string") return undefined;
-    texts.push(p.text);
-  }
-  return texts.join("\n");
+/** A request's prompt as the engine takes it: its token ids and its images' positions and content hashes. */
+export interface RequestPrompt {
+  tokenIds: number[];
+  images: readonly ImageFeatureSpec[];
+}
+
+export interface RequestTokenizerOptions {
+  /** The workers' --chat-template text, when they were given one (else the tokenizer's). */
+  chatTemplate?: string | null;
+  /** The workers' --chat-template-content-format (`kiln serve`'s default: "auto"). */
+  contentFormat?: ChatContentFormat;
+  /** An image-text model's image input (models/gemma3-vision-weights.ts); null: chats with images route by load. */
+  imageInput?: Gemma3ImageInputSpec | null;
 }
 
 export class RequestTokenizer {
-  /** `chatTemplate`: the workers' --chat-template text, when they were given one (else the tokenizer's). */
-  constructor(
-    readonly tokenizer: TokenizerLike,
-    readonly chatTemplate: string | null = null,
-  ) {}
+  readonly tokenizer: TokenizerLike;
+  readonly chatTemplate: string | null;
+  readonly imageInput: Gemma3ImageInputSpec | null;
 
-  /** The tokenizer of a model directory (its tokenizer.json and chat template), as `kiln serve` loads it. */
+  constructor(tokenizer: TokenizerLike, { chatTemplate = null, contentFormat = "auto", imageInput = null }: RequestTokenizerOptions = {}) {
+    this.tokenizer = withChatTemplateDefaults(tokenizer, { contentFormat, kwargs: null });
+    this.chatTemplate = chatTemplate;
+    this.imageInput = imageInput;
+  }
+
+  /**
+   * The tokenizer of a model directory (its tokenizer.json and chat template), as `kiln serve` loads it, and the
+   * image input of an image-text model's directory (config.json, preprocessor_config.json).
+   */
   static fromDir(dir: string, chatTemplate: string | null = null): RequestTokenizer {
-    return new RequestTokenizer(Tokenizer.fromDir(dir), chatTemplate);
+    const tokenizer = Tokenizer.fromDir(dir);
+    return new RequestTokenizer(tokenizer, { chatTemplate, imageInput: gemma3ImageInputSpec(dir, tokenizer) });
   }
 
   /** The prompt's token ids for a parsed body on `route`, or null when the router cannot tell them. */
   promptTokenIds(route: string, body: Json): number[] | null {
+    return this.prompt(route, body)?.tokenIds ?? null;
+  }
+
+  /** The prompt (token ids and images) the worker will compute for a parsed body on `route`, or null when unknown. */
+  prompt(route: string, body: Json): RequestPrompt | null {
     if (!isRecord(body)) return null;
-    if (route === "/v1/chat/completions") return this.chatTokenIds(body);
+    if (route === "/v1/chat/completions") return this.chatPrompt(body);
+    if (route === "/v1/messages") return this.messagesPrompt(body);
     if (route === "/v1/completions") {
       const p = body.prompt;
-      if (typeof p === "string") return this.tokenizer.encode(p, { addSpecialTokens: body.add_special_tokens !== false });
-      if (Array.isArray(p) && p.length > 0 && p.every((x) => Number.isInteger(x))) return p as number[];
-      if (Array.isArray(p) && p.length === 1) return this.promptTokenIds(route, { ...body, prompt: p[0] });
+      if (typeof p === "string") return { tokenIds: this.tokenizer.encode(p, { addSpecialTokens: body.add_special_tokens !== false }), images: [] };
+      if (Array.isArray(p) && p.length > 0 && p.every((x) => Number.isInteger(x))) return { tokenIds: p as number[], images: [] };
+      if (Array.isArray(p) && p.length === 1) return this.prompt(route, { ...body, prompt: p[0] });
     }
     return null;
   }
 
-  private chatTokenIds(body: Record<string, Json>): number[] | null {
-    if (!Array.isArray(body.messages)) return null;
-    const messages: ChatMessage[] = [];
-    for (const m of body.messages) {
-      if (!isRecord(m) || typeof m.role !== "string") return null;
-      const content = contentOf(m.content);
-      if (content === undefined) return null; // images and the like: not a prompt the router can render
-      const msg: ChatMessage = { role: m.role, content };
-      if (typeof m.name === "string") msg.name = m.name;
-      if (Array.isArray(m.tool_calls)) msg.tool_calls = m.tool_calls;
-      if (typeof m.tool_call_id === "string") msg.tool_call_id = m.tool_call_id;
-      messages.push(msg);
-    }
+  /** A Messages request as the chat request the server serves it with (its fields only: no chat_template, no salt). */
+  private messagesPrompt(body: Record<string, Json>): RequestPrompt | null {
     try {
-      const text = this.tokenizer.applyChatTemplate(messages, {
-        addGenerationPrompt: body.add_generation_prompt !== false,
-        continueFinalMessage: body.continue_final_message === true,
-        ...(typeof body.chat_template === "string" ? { chatTemplate: body.chat_template } : this.chatTemplate !== null ? { chatTemplate: this.chatTemplate } : {}),
-        ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
-        ...(isRecord(body.chat_template_kwargs) ? { chatTemplateKwargs: body.chat_template_kwargs } : {}),
-      });
-      return this.tokenizer.encode(text, { addSpecialTokens: false });
+      return this.chatPrompt(messagesChatFields(body).chat);
     } catch {
       return null; // the worker will answer 400: any worker will do
     }
   }
 
+  private chatPrompt(body: Record<string, Json>): RequestPrompt | null {
+    if (!Array.isArray(body.messages)) return null;
+    const messages: ChatMessage[] = [];
+    const images: ChatImage[] = [];
+    try {
+      body.messages.forEach((m: Json, i) => {
+        if (!isRecord(m) || typeof m.role !== "string") throw new TypeError("not a message");
+        const content = readChatContent(m.content, `messages[${i}].content`);
+        const msg: ChatMessage = { role: m.role, content: content.text };
+        if (content.images.length > 0) {
+          msg.contentParts = content.parts;
+          images.push(...content.images);
+        }
+        if (typeof m.name === "string") msg.name = m.name;
+        if (Array.isArray(m.tool_calls)) msg.tool_calls = m.tool_calls.map(templateToolCall);
+        if (typeof m.tool_call_id === "string") msg.tool_call_id = m.tool_call_id;
+        messages.push(msg);
+      });
+      const options: ChatTemplateOptions = {
+        addGenerationPrompt: body.add_generation_prompt !== false,
+        continueFinalMessage: body.continue_final_message === true,
+        ...(typeof body.chat_template === "string" ? { chatTemplate: body.chat_template } : this.chatTemplate !== null ? { chatTemplate: this.chatTemplate } : {}),
+        ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
+        ...(isRecord(body.chat_template_kwargs) ? { chatTemplateKwargs: body.chat_template_kwargs } : {}),
+      };
+      const render = (msgs: ChatMessage[]): string => this.tokenizer.applyChatTemplate(msgs, options);
+      const encode = (text: string): number[] => this.tokenizer.encode(text, { addSpecialTokens: false });
+      if (images.length === 0) return { tokenIds: encode(render(messages)), images: [] };
+      if (this.imageInput === null) return null; // a text-only model (or the router lacks its config): the worker decides
+      // data: URLs only: an http(s) image is not fetched (nor a file: one read) here, so the chat goes by load
+      const pixels = loadChatImagesSync(images, this.imageInput.processor);
+      const p = imageChatPrompt(messages, pixels, this.imageInput, { render, encode, param: "messages" });
+      return { tokenIds: p.promptTokenIds, images: p.features };
+    } catch {
+      return null; // not a chat the router can render (the worker may answer 400): any worker will do
+    }
+  }
+
   /**
-   * A lazy `blockSize -> chain hashes` of the request's prompt: tokenized on the first call, hashed once per block
-   * size asked; [] when the prompt is not known. The cache salt enters the first block as the engine's does.
+   * A lazy `blockSize -> chain hashes` of the request's prompt: tokenized (its images processed) on the first call,
+   * hashed once per block size asked; [] when the prompt is not known. The cache salt enters the first block as the
+   * engine's does (a Messages request has none: the server's chat request carries none over).
    */
   blockHashes(route: string, body: Json): (blockSize: number) => readonly string[] {
-    let ids: number[] | null | undefined;
-    const salt = isRecord(body) && typeof body.cache_salt === "string" ? body.cache_salt : null;
+    let prompt: RequestPrompt | null | undefined;
+    const salt = route !== "/v1/messages" && isRecord(body) && typeof body.cache_salt === "string" ? body.cache_salt : null;
     const memo = new Map<number, string[]>();
     return (blockSize) => {
-      ids ??= this.promptTokenIds(route, body);
-      if (ids === null) return [];
+      prompt ??= this.prompt(route, body);
+      if (prompt === null) return [];
       let h = memo.get(blockSize);
-      if (h === undefined) memo.set(blockSize, (h = chainBlockHashes(ids, blockSize, { lora: null, cacheSalt: salt })));
+      if (h === undefined) memo.set(blockSize, (h = chainBlockHashes(prompt.tokenIds, blockSize, { lora: null, cacheSalt: salt, mmFeatures: prompt.images })));
       return h;
     };
   }

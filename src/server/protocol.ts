@@ -1,6 +1,7 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
 import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
 import { ChatInputError, readChatContent, type ChatContent, type ChatImage } from "../models/chat-images.js";
+import { templateToolCall } from "../models/chat-content-format.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
@@ -380,24 +381,6 @@ export function parseMessagesWithImages(body: Json): { messages: ChatMessage[]; 
     return out;
   });
   return { messages, images };
-}
-
-/**
- * An earlier turn's tool call as chat templates read it: its arguments as an object, parsed from the wire's JSON
- * text (empty: {}), as vLLM's _postprocess_messages does, so that `arguments | tojson` is not encoded twice.
- */
-function templateToolCall(call: unknown): unknown {
-  const fn = (call as Json | null)?.function as Json | null | undefined;
-  if (typeof fn !== "object" || fn === null || typeof fn.arguments !== "string") return call;
-  let args: unknown = {};
-  if (fn.arguments.trim() !== "") {
-    try {
-      args = JSON.parse(fn.arguments);
-    } catch {
-      return call; // not JSON: the template gets the text
-    }
-  }
-  return { ...(call as Json), function: { ...fn, arguments: args } };
 }
 
 /** A message's content (models/chat-images.ts reads it, as LLM.chat's); its errors as 400s naming the part. */

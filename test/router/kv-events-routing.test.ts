@@ -124,7 +124,7 @@ describe("request tokenization and hashing", () => {
     assert.equal(rt.promptTokenIds("/v1/chat/completions", { messages: [{ role: "user", content: [{ type: "image_url", image_url: {} }] }] }), null);
     // the workers' --chat-template (given to the router too), and a request's own chat_template, as the server uses them
     const plain = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
-    const own = new RequestTokenizer(tok, plain);
+    const own = new RequestTokenizer(tok, { chatTemplate: plain });
     const simple = [{ role: "user", content: "Hi there" }];
     assert.deepEqual(own.promptTokenIds("/v1/chat/completions", { messages: simple }), tok.encode("[user] Hi there\n", { addSpecialTokens: false }));
     assert.deepEqual(rt.promptTokenIds("/v1/chat/completions", { messages: simple, chat_template: plain }), tok.encode("[user] Hi there\n", { addSpecialTokens: false }));
