@@ -51,7 +51,7 @@ export function registerRouterCommand(program: Command): void {
     .option("--precise-prefix-cache-scorer-weight <w>", "weighted: weight of the precise prefix-cache scorer (held prompt blocks per worker, from KV events; needs --kv-events-endpoint and --tokenizer)", String(D.precisePrefixCacheScorerWeight))
     .option("--kv-events-endpoint <url>", "nats://host:port where the workers publish KV-cache events (kiln serve --kv-events-config); feeds precise_prefix")
     .option("--kv-events-topic <subject>", "the NATS subject of those events (the workers' topic)", D.kvEventsTopic)
-    .option("--tokenizer <dir>", "the model's tokenizer directory (tokenizer.json, chat template): requests are tokenized and hashed as the workers do")
+    .option("--tokenizer <dir>", "the model's directory (tokenizer.json, chat template; an image-text model's config.json and preprocessor_config.json for image chats): requests are tokenized and hashed as the workers do")
     .option("--chat-template <file-or-text>", "the workers' --chat-template, when they were given one (precise routing renders chat requests with it)")
     .option("--health-check-interval-secs <s>", "seconds between health checks of every worker", String(D.healthCheckIntervalMs / 1000))
     .option("--health-check-timeout-secs <s>", "a health check not answered by then fails", String(D.healthCheckTimeoutMs / 1000))

@@ -67,7 +67,10 @@ export interface RouterConfig {
   kvEventsEndpoint: string | null;
   /** The subject (vLLM's topic) of those events. */
   kvEventsTopic: string;
-  /** The model's tokenizer directory (tokenizer.json, chat template): requests are tokenized and hashed as the workers do. */
+  /**
+   * The model's directory (tokenizer.json, chat template; an image-text model's config.json and
+   * preprocessor_config.json for image chats): requests are tokenized and hashed as the workers do.
+   */
   tokenizer: string | null;
   /** The workers' --chat-template text when they were started with one (the router renders chat requests with it). */
   chatTemplate: string | null;
