@@ -11,6 +11,7 @@ import { ImageDecodeError, type RgbImage } from "./image-decode.js";
 import {
   GEMMA3_BOI, gemma3ImagePrompt, gemma3PixelValues, gemma3ProcessImage, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
 } from "./gemma3-image-processor.js";
+import { templateToolCall } from "./chat-content-format.js";
 import type { ChatContentPart, ChatMessage } from "./tokenizer-types.js";
 
 /** A chat input that cannot be served; `param` names it as the request spells it (`messages[0].content[1].image_url`). */
@@ -107,6 +108,32 @@ export function readChatMessages(messages: readonly ChatInputMessage[], param: s
     return { ...m, content: content.text, ...(content.images.length > 0 ? { contentParts: content.parts } : {}) };
   });
   return { messages: out, images };
+}
+
+/**
+ * A request's messages in the chat API's wire shape as the template takes them, and their image_url parts in order
+ * (each message's contentParts mark where they sit); earlier tool calls' arguments as objects (templateToolCall).
+ */
+export function readWireMessages(raw: unknown): { messages: ChatMessage[]; images: ChatImage[] } {
+  if (!Array.isArray(raw) || raw.length === 0) throw new ChatInputError("messages", "'messages' must be a non-empty list");
+  const images: ChatImage[] = [];
+  const messages = raw.map((m: unknown, i) => {
+    const param = `messages[${i}]`;
+    if (typeof m !== "object" || m === null) throw new ChatInputError(param, `'${param}' must be an object`);
+    const msg = m as Json;
+    if (typeof msg.role !== "string" || !msg.role) throw new ChatInputError(`${param}.role`, `'${param}.role' must be a string`);
+    const content = readChatContent(msg.content, `${param}.content`);
+    const out: ChatMessage = { role: msg.role, content: content.text };
+    if (content.images.length > 0) {
+      out.contentParts = content.parts;
+      images.push(...content.images);
+    }
+    if (typeof msg.name === "string") out.name = msg.name;
+    if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls.map(templateToolCall);
+    if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
+    return out;
+  });
+  return { messages, images };
 }
 
 /** Refuses more images than the model takes (none for a text-only model), in vLLM's words. */

@@ -11,8 +11,8 @@
 // such a chat, and any other request, has no known prompt and routes by load.
 import { chainBlockHashes } from "../engine/kv-cache-manager.js";
 import { messagesChatFields } from "../models/anthropic-messages.js";
-import { templateToolCall, withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
-import { imageChatPrompt, loadChatImagesSync, readChatContent, type ChatImage } from "../models/chat-images.js";
+import { withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
+import { imageChatPrompt, loadChatImagesSync, readWireMessages } from "../models/chat-images.js";
 import type { Gemma3ImageInputSpec, ImageFeatureSpec } from "../models/gemma3-image-processor.js";
 import { gemma3ImageInputSpec } from "../models/gemma3-vision-weights.js";
 import { Tokenizer } from "../models/tokenizer.js";
@@ -85,23 +85,8 @@ export class RequestTokenizer {
   }
 
   private chatPrompt(body: Record<string, Json>): RequestPrompt | null {
-    if (!Array.isArray(body.messages)) return null;
-    const messages: ChatMessage[] = [];
-    const images: ChatImage[] = [];
     try {
-      body.messages.forEach((m: Json, i) => {
-        if (!isRecord(m) || typeof m.role !== "string") throw new TypeError("not a message");
-        const content = readChatContent(m.content, `messages[${i}].content`);
-        const msg: ChatMessage = { role: m.role, content: content.text };
-        if (content.images.length > 0) {
-          msg.contentParts = content.parts;
-          images.push(...content.images);
-        }
-        if (typeof m.name === "string") msg.name = m.name;
-        if (Array.isArray(m.tool_calls)) msg.tool_calls = m.tool_calls.map(templateToolCall);
-        if (typeof m.tool_call_id === "string") msg.tool_call_id = m.tool_call_id;
-        messages.push(msg);
-      });
+      const { messages, images } = readWireMessages(body.messages);
       const options: ChatTemplateOptions = {
         addGenerationPrompt: body.add_generation_prompt !== false,
         continueFinalMessage: body.continue_final_message === true,

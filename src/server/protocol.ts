@@ -1,7 +1,6 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
 import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
-import { ChatInputError, readChatContent, type ChatContent, type ChatImage } from "../models/chat-images.js";
-import { templateToolCall } from "../models/chat-content-format.js";
+import { ChatInputError, readWireMessages, type ChatImage } from "../models/chat-images.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
@@ -359,39 +358,16 @@ export function parseMessages(body: Json): ChatMessage[] {
   return messages;
 }
 
-/** The messages, and their image_url parts in order (each message's contentParts mark where they sit). */
+/** The messages, and their image_url parts in order (models/chat-images.ts reads them); its errors as 400s naming the field. */
 export function parseMessagesWithImages(body: Json): { messages: ChatMessage[]; images: ChatImage[] } {
-  const raw = body.messages;
-  if (!Array.isArray(raw) || raw.length === 0) throw badRequest("'messages' must be a non-empty list", "messages");
-  const images: ChatImage[] = [];
-  const messages = raw.map((m, i) => {
-    const param = `messages[${i}]`;
-    if (typeof m !== "object" || m === null) throw badRequest(`'${param}' must be an object`, param);
-    const msg = m as Json;
-    if (typeof msg.role !== "string" || !msg.role) throw badRequest(`'${param}.role' must be a string`, `${param}.role`);
-    const content = messageContent(msg.content, `${param}.content`);
-    const out: ChatMessage = { role: msg.role, content: content.text };
-    if (content.images.length > 0) {
-      out.contentParts = content.parts;
-      images.push(...content.images);
-    }
-    if (typeof msg.name === "string") out.name = msg.name;
-    if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls.map(templateToolCall);
-    if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
-    return out;
-  });
-  return { messages, images };
-}
-
-/** A message's content (models/chat-images.ts reads it, as LLM.chat's); its errors as 400s naming the part. */
-function messageContent(content: unknown, param: string): ChatContent {
   try {
-    return readChatContent(content, param);
+    return readWireMessages(body.messages);
   } catch (e) {
     if (e instanceof ChatInputError) throw badRequest(e.message, e.param);
     throw e;
   }
 }
+
 
 /**
  * A request's own chat template (`chat_template`, or `chat_template_kwargs.chat_template`), refused with vLLM's 400
