@@ -1,16 +1,13 @@
-// Reads an image-text Gemma 3 checkpoint's vision side (Gemma3Vision) and its image processor's settings:
-// `vision_tower.vision_model.*` and `multi_modal_projector.*` (transformers before 4.52) or the same under `model.`
-// (after), and preprocessor_config.json.
-import * as fs from "node:fs";
-import * as path from "node:path";
+// Reads an image-text Gemma 3 checkpoint's vision side (Gemma3Vision): `vision_tower.vision_model.*` and
+// `multi_modal_projector.*` (transformers before 4.52) or the same under `model.` (after). Its image processor's
+// settings (preprocessor_config.json) and image input are gemma3-vision-config.ts's, re-exported here.
 import type { DType } from "../backends/dtype.js";
 import { tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
-import { UnsupportedError } from "../util/errors.js";
 import { dummyParameter } from "./dummy-weights.js";
 import type { SafetensorsHandle } from "./formats/safetensors.js";
-import { GEMMA3_IMAGE_DEFAULTS, GEMMA3_IMAGE_TOKEN, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig } from "./gemma3-image-processor.js";
-import type { TokenizerLike } from "./tokenizer-types.js";
 import { Gemma3Vision, VisionConfigError, parseGemma3VisionConfig, visionParamDtype } from "./siglip.js";
+
+export { gemma3ImageInputSpec, readGemma3ImageProcessorConfig } from "./gemma3-vision-config.js";
 
 type Json = Record<string, unknown>;
 
@@ -54,44 +51,4 @@ function asDtype(t: Tensor, dtype: DType): Tensor {
   const cast = t.to(dtype);
   t.dispose();
   return cast;
-}
-
-/**
- * Gemma3ImageProcessor's settings: preprocessor_config.json's image_mean, image_std and size where the directory has
- * one, else HF's defaults at vision_config.image_size. Pan-and-scan (do_pan_and_scan true) is refused: Kiln sends
- * each image whole, as vLLM does by default.
- */
-export function readGemma3ImageProcessorConfig(dir: string, imageSize: number): Gemma3ImageProcessorConfig {
-  const file = path.join(dir, "preprocessor_config.json");
-  const json = fs.existsSync(file) ? (JSON.parse(fs.readFileSync(file, "utf8")) as Json) : {};
-  if (json.do_pan_and_scan === true) throw new UnsupportedError("image_processor", `${file}: do_pan_and_scan is not supported (images are processed whole)`);
-  const triple = (key: string, dflt: readonly [number, number, number]): [number, number, number] => {
-    const v = json[key];
-    if (v === undefined || v === null) return [...dflt];
-    if (!Array.isArray(v) || v.length !== 3 || !v.every((x) => typeof x === "number" && Number.isFinite(x)))
-      throw new VisionConfigError(`${file}: ${key} must be three numbers, got ${JSON.stringify(v)}`);
-    return v as [number, number, number];
-  };
-  const size = json.size as { height?: unknown; width?: unknown } | undefined;
-  if (size !== undefined && (size.height !== imageSize || size.width !== imageSize))
-    throw new VisionConfigError(`${file}: size ${JSON.stringify(size)} is not the vision tower's image_size ${imageSize}`);
-  return { imageSize, imageMean: triple("image_mean", GEMMA3_IMAGE_DEFAULTS.imageMean), imageStd: triple("image_std", GEMMA3_IMAGE_DEFAULTS.imageStd) };
-}
-
-/**
- * What a server needs to turn a request's images into an image-text Gemma 3 model's input (gemma3ImagePrompt), read
- * from the model directory's config.json and preprocessor_config.json; null for any other model. The tokenizer must
- * spell `<image_soft_token>` as the config's image_token_index.
- */
-export function gemma3ImageInputSpec(dir: string, tokenizer: TokenizerLike): Gemma3ImageInputSpec | null {
-  const file = path.join(dir, "config.json");
-  if (!fs.existsSync(file)) return null;
-  const json = JSON.parse(fs.readFileSync(file, "utf8")) as Json;
-  if (!Array.isArray(json.architectures) || json.architectures[0] !== "Gemma3ForConditionalGeneration") return null;
-  const text = (json.text_config ?? {}) as Json;
-  const cfg = parseGemma3VisionConfig(json, typeof text.hidden_size === "number" ? text.hidden_size : 1);
-  const ids = tokenizer.encode(GEMMA3_IMAGE_TOKEN, { addSpecialTokens: false });
-  if (ids.length !== 1 || ids[0] !== cfg.imageTokenIndex)
-    throw new VisionConfigError(`${dir}: the tokenizer spells ${GEMMA3_IMAGE_TOKEN} as [${ids.join(", ")}], the config's image_token_index is ${cfg.imageTokenIndex}`);
-  return { processor: readGemma3ImageProcessorConfig(dir, cfg.imageSize), mmTokensPerImage: cfg.mmTokensPerImage, imageTokenIndex: cfg.imageTokenIndex };
 }

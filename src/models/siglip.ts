@@ -3,69 +3,9 @@
 // model's embeddings. Parameter names match HF checkpoints (vision_tower.vision_model.*, multi_modal_projector.*).
 import { Embedding, LayerNorm, Linear, Module, RMSNorm, newParameter, type LayerOptions } from "../nn/index.js";
 import { add, cat, empty, linear, matmul, noGrad, pagedAttention, tensor, zeros, type Tensor, type TensorOptions } from "../tensor/index.js";
-import { KilnError } from "../util/errors.js";
+import { VisionConfigError, type Gemma3VisionConfig } from "./gemma3-vision-config.js";
 
-type Json = Record<string, unknown>;
-
-export class VisionConfigError extends KilnError {
-  override name = "VisionConfigError";
-}
-
-/** What Gemma3Config's vision_config and its own image fields give the vision side. */
-export interface Gemma3VisionConfig {
-  hiddenSize: number; // vision_config.hidden_size (1152)
-  intermediateSize: number; // 4304
-  numLayers: number; // 27
-  numHeads: number; // 16
-  imageSize: number; // 896
-  patchSize: number; // 14
-  layerNormEps: number; // 1e-6
-  /** Text model's hidden size: the projector's output. */
-  textHiddenSize: number;
-  /** Rows per image after pooling (256): a square number whose side divides the patch grid's. */
-  mmTokensPerImage: number;
-  /** Token ids: the soft image token each row replaces (262144), and the image's begin / end markers. */
-  imageTokenIndex: number;
-  boiTokenIndex: number;
-  eoiTokenIndex: number;
-}
-
-/** Gemma3Config's vision fields (HF's defaults where the config leaves them out). */
-export function parseGemma3VisionConfig(json: Json, textHiddenSize: number): Gemma3VisionConfig {
-  const v = (json.vision_config ?? {}) as Json;
-  if (typeof v !== "object" || Array.isArray(v)) throw new VisionConfigError("[config] Gemma3ForConditionalGeneration: vision_config must be an object");
-  const int = (o: Json, key: string, dflt: number): number => {
-    const x = o[key] ?? dflt;
-    if (typeof x !== "number" || !Number.isInteger(x) || x <= 0) throw new VisionConfigError(`[config] Gemma3ForConditionalGeneration: "${key}" must be a positive integer, got ${JSON.stringify(x)}`);
-    return x;
-  };
-  const act = v.hidden_act ?? "gelu_pytorch_tanh";
-  if (act !== "gelu_pytorch_tanh")
-    throw new VisionConfigError(`[config] Gemma3ForConditionalGeneration: vision hidden_act ${JSON.stringify(act)} is not supported (gelu_pytorch_tanh)`);
-  const cfg: Gemma3VisionConfig = {
-    hiddenSize: int(v, "hidden_size", 1152),
-    intermediateSize: int(v, "intermediate_size", 4304),
-    numLayers: int(v, "num_hidden_layers", 27),
-    numHeads: int(v, "num_attention_heads", 16),
-    imageSize: int(v, "image_size", 896),
-    patchSize: int(v, "patch_size", 14),
-    layerNormEps: typeof v.layer_norm_eps === "number" ? v.layer_norm_eps : 1e-6,
-    textHiddenSize,
-    mmTokensPerImage: int(json, "mm_tokens_per_image", 256),
-    imageTokenIndex: int(json, "image_token_index", 262_144),
-    boiTokenIndex: int(json, "boi_token_index", 255_999),
-    eoiTokenIndex: int(json, "eoi_token_index", 256_000),
-  };
-  const side = cfg.imageSize / cfg.patchSize;
-  const tokSide = Math.round(Math.sqrt(cfg.mmTokensPerImage));
-  if (!Number.isInteger(side) || tokSide * tokSide !== cfg.mmTokensPerImage || side % tokSide !== 0)
-    throw new VisionConfigError(
-      `[config] Gemma3ForConditionalGeneration: image_size ${cfg.imageSize} / patch_size ${cfg.patchSize} patches a side must pool evenly to ` +
-        `sqrt(mm_tokens_per_image ${cfg.mmTokensPerImage})`,
-    );
-  if (cfg.hiddenSize % cfg.numHeads !== 0) throw new VisionConfigError(`[config] vision hidden_size ${cfg.hiddenSize} is not a multiple of num_attention_heads ${cfg.numHeads}`);
-  return cfg;
-}
+export { VisionConfigError, parseGemma3VisionConfig, type Gemma3VisionConfig } from "./gemma3-vision-config.js";
 
 class SiglipAttention extends Module {
   readonly qProj: Linear;

@@ -14,7 +14,7 @@ import { messagesChatFields } from "../models/anthropic-messages.js";
 import { withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
 import { imageChatPrompt, loadChatImagesSync, readWireMessages } from "../models/chat-images.js";
 import type { Gemma3ImageInputSpec, ImageFeatureSpec } from "../models/gemma3-image-processor.js";
-import { gemma3ImageInputSpec } from "../models/gemma3-vision-weights.js";
+import { gemma3ImageInputSpec } from "../models/gemma3-vision-config.js";
 import { Tokenizer } from "../models/tokenizer.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 
