@@ -180,7 +180,7 @@ export class KvCacheManager {
 }
 
 /** What a block's hash reads of its request besides the token ids. */
-type HashedRequest = Pick<Request, "lora" | "cacheSalt"> & { mmFeatures?: Request["mmFeatures"] };
+type HashedRequest = Pick<Request, "lora" | "cacheSalt"> & { mmFeatures?: readonly Pick<Request["mmFeatures"][number], "hash" | "offset" | "length">[] };
 
 function extraKeysOf(request: HashedRequest, blockIndex: number, blockSize: number): string | null {
   const parts: string[] = [];

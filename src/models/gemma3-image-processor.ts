@@ -91,14 +91,15 @@ export function gemma3ImagePrompt(
     const pixels = pixelValues[features.length];
     if (pixels === undefined || j - i !== spec.mmTokensPerImage)
       throw new RangeError(`the prompt's image token runs do not match its ${pixelValues.length} image(s) of ${spec.mmTokensPerImage} tokens (a prompt text may not contain ${GEMMA3_IMAGE_TOKEN})`);
-    features.push({ hash: imageHash(pixels, spec.processor), offset: i, length: j - i, pixelValues: pixels });
+    features.push({ hash: gemma3ImageHash(pixels, spec.processor), offset: i, length: j - i, pixelValues: pixels });
     i = j - 1;
   }
   if (features.length !== pixelValues.length) throw new RangeError(`the prompt holds ${features.length} image token runs for ${pixelValues.length} image(s)`);
   return { promptText, promptTokenIds: ids, features };
 }
 
-function imageHash(pixels: Float32Array, cfg: Gemma3ImageProcessorConfig): string {
+/** An image's content hash (vLLM's mm_hash): sha256 of the processor settings and the processed pixels. */
+export function gemma3ImageHash(pixels: Float32Array, cfg: Gemma3ImageProcessorConfig): string {
   const h = createHash("sha256");
   h.update(JSON.stringify(cfg));
   h.update(new Uint8Array(pixels.buffer, pixels.byteOffset, pixels.byteLength));

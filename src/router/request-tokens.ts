@@ -9,22 +9,27 @@
 // worker processes them, their placeholders expanded into the same token ids, and each block holding an image's
 // positions keyed by the processed image's hash, as the engine keys it. Remote (http, file) images are not fetched:
 // such a chat, and any other request, has no known prompt and routes by load.
+import { createHash } from "node:crypto";
 import { chainBlockHashes } from "../engine/kv-cache-manager.js";
 import { messagesChatFields } from "../models/anthropic-messages.js";
 import { withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
-import { imageChatPrompt, loadChatImagesSync, readWireMessages } from "../models/chat-images.js";
-import type { Gemma3ImageInputSpec, ImageFeatureSpec } from "../models/gemma3-image-processor.js";
+import { imageChatPrompt, loadChatImagesSync, readWireMessages, type ChatImage } from "../models/chat-images.js";
+import { gemma3ImageHash, type Gemma3ImageInputSpec, type ImageFeatureSpec } from "../models/gemma3-image-processor.js";
 import { gemma3ImageInputSpec } from "../models/gemma3-vision-config.js";
 import { Tokenizer } from "../models/tokenizer.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 
 type Json = unknown;
+
+/** Processed images' hashes kept (by their URL's digest: 64 hex digits and a hash each). */
+const IMAGE_HASH_CACHE_SIZE = 1024;
+const NO_PIXELS = new Float32Array(0);
 const isRecord = (v: Json): v is Record<string, Json> => typeof v === "object" && v !== null && !Array.isArray(v);
 
-/** A request's prompt as the engine takes it: its token ids and its images' positions and content hashes. */
+/** A request's prompt as the engine hashes it: its token ids, and each image's run of positions and content hash. */
 export interface RequestPrompt {
   tokenIds: number[];
-  images: readonly ImageFeatureSpec[];
+  images: readonly Pick<ImageFeatureSpec, "hash" | "offset" | "length">[];
 }
 
 export interface RequestTokenizerOptions {
@@ -40,6 +45,8 @@ export class RequestTokenizer {
   readonly tokenizer: TokenizerLike;
   readonly chatTemplate: string | null;
   readonly imageInput: Gemma3ImageInputSpec | null;
+  /** sha256 of an image's data: URL -> its processed content hash, least recently used first. */
+  private readonly imageHashes = new Map<string, string>();
 
   constructor(tokenizer: TokenizerLike, { chatTemplate = null, contentFormat = "auto", imageInput = null }: RequestTokenizerOptions = {}) {
     this.tokenizer = withChatTemplateDefaults(tokenizer, { contentFormat, kwargs: null });
@@ -98,13 +105,35 @@ export class RequestTokenizer {
       const encode = (text: string): number[] => this.tokenizer.encode(text, { addSpecialTokens: false });
       if (images.length === 0) return { tokenIds: encode(render(messages)), images: [] };
       if (this.imageInput === null) return null; // a text-only model (or the router lacks its config): the worker decides
-      // data: URLs only: an http(s) image is not fetched (nor a file: one read) here, so the chat goes by load
-      const pixels = loadChatImagesSync(images, this.imageInput.processor);
-      const p = imageChatPrompt(messages, pixels, this.imageInput, { render, encode, param: "messages" });
-      return { tokenIds: p.promptTokenIds, images: p.features };
+      const hashes = images.map((image) => this.imageHash(image));
+      // the prompt's image positions (the pixels are not needed for those: each feature takes its image's hash)
+      const p = imageChatPrompt(messages, hashes.map(() => NO_PIXELS), this.imageInput, { render, encode, param: "messages" });
+      return { tokenIds: p.promptTokenIds, images: p.features.map((f, i) => ({ hash: hashes[i]!, offset: f.offset, length: f.length })) };
     } catch {
       return null; // not a chat the router can render (the worker may answer 400): any worker will do
     }
+  }
+
+  /**
+   * A chat image's content hash as the engine keys its blocks: decoded and processed as the worker does, once per
+   * data: URL (a conversation sends its images again with each turn). An http(s) image is not fetched (nor a file:
+   * one read) here: it throws, and the chat goes by load.
+   */
+  private imageHash(image: ChatImage): string {
+    const processor = this.imageInput!.processor;
+    const key = "url" in image ? createHash("sha256").update(image.url).digest("hex") : null;
+    const known = key === null ? undefined : this.imageHashes.get(key);
+    if (known !== undefined) {
+      this.imageHashes.delete(key!); // (most recently used last)
+      this.imageHashes.set(key!, known);
+      return known;
+    }
+    const hash = gemma3ImageHash(loadChatImagesSync([image], processor)[0]!, processor);
+    if (key !== null) {
+      this.imageHashes.set(key, hash);
+      if (this.imageHashes.size > IMAGE_HASH_CACHE_SIZE) this.imageHashes.delete(this.imageHashes.keys().next().value!);
+    }
+    return hash;
   }
 
   /**
