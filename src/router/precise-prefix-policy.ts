@@ -1,7 +1,8 @@
 // precise_prefix (llm-d's precise prefix-cache scorer): the workers' own KV-cache events (kv-block-index.ts) say which
 // prefix-cache blocks each holds; a request's prompt is tokenized and hashed as the engine hashes it, and each worker
 // scores the number of leading blocks it holds. The most blocks win (ties: the least loaded); when no worker holds
-// the first block, or the prompt is unknown (no tokenizer, an endpoint without a prompt), the least loaded worker.
+// the first block, or the prompt is unknown (no tokenizer, an endpoint without a prompt, a remote image), the least
+// loaded worker. Image chats and Anthropic's Messages are hashed as the worker hashes them (request-tokens.ts).
 // Nothing is recorded on routing: the index changes only when a worker says its cache did.
 import type { KvBlockIndex } from "./kv-block-index.js";
 import { leastLoaded, type BlockHashesOf, type RoutingDecision, type RoutingPolicy, type WorkerView } from "./routing-types.js";

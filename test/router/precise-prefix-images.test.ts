@@ -103,6 +103,11 @@ describe("precise_prefix for image chats and Messages requests", { timeout: 120_
     assert.ok(hits[0]!.hits > 0 && hits[0]!.hits < hits[0]!.blocks, JSON.stringify(hits));
     assert.equal(policy.select([w(A, 0), w(B, 3)], "", other).url, A);
     assert.equal(policy.select([w(A, 3), w(B, 0)], "", other).url, B);
+    // the conversation's next turn sends the image again: the first turn's blocks lead it
+    const first = chat(dataUrl(imgA));
+    const turn2 = { ...first, messages: [...first.messages, { role: "assistant", content: "Noise." }, { role: "user", content: "Which colours?" }] };
+    const next = policy.select([w(A, 0), w(B, 3)], "", rt.blockHashes(route, turn2));
+    assert.ok(next.url === B && next.reason === "cache_hit" && next.matchRate < 1, JSON.stringify(next));
     // image A's pixels in another PNG file (uncompressed): keyed by the processed image, not the file
     const reencoded = PNG.sync.write(PNG.sync.read(imgA), { deflateLevel: 0 });
     assert.notDeepEqual(reencoded, imgA);
