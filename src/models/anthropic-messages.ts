@@ -5,20 +5,10 @@
 // tool_result block a tool message, an image block an image_url part), tools are function tools (input_schema their
 // parameters), output_config's format the json_schema response_format and its effort the template's reasoning_effort.
 // What cannot be served is a ChatInputError naming the field (the server's 400).
-import { ChatInputError } from "./chat-images.js";
+import { ChatInputError, type WireMessage, type WirePart } from "./chat-images.js";
 
 type Json = Record<string, unknown>;
 
-/** A content part of a wire message: text, or an image (the chat API's image_url part). */
-export type WirePart = { type: "text"; text: string } | { type: "image_url"; image_url: { url: string } };
-
-/** A chat message in the chat API's wire shape (as the server's parseMessages reads it). */
-export interface WireMessage {
-  role: string;
-  content: string | WirePart[] | null;
-  tool_calls?: { id: string; type: "function"; function: { name: string; arguments: string } }[];
-  tool_call_id?: string;
-}
 
 /** The chat request fields a Messages request's prompt comes from (the chat API's wire names). */
 export type MessagesChatFields = {

@@ -1,5 +1,6 @@
-// A chat's images as an image-text model takes them, shared by the server's chat path and the offline LLM.chat (as
-// vLLM's chat_utils serves both): OpenAI content parts read into the template's messages and the images' sources,
+// A chat's images as an image-text model takes them, shared by the server's chat path, the offline LLM.chat (as
+// vLLM's chat_utils serves both) and the router's precise prefix routing: the chat API's wire messages and OpenAI
+// content parts read into the template's messages and the images' sources,
 // the count checked against --limit-mm-per-prompt, each image loaded (a data: URL's base64, an http(s) URL fetched,
 // or bytes / decoded pixels given offline), decoded and processed, and the template's placeholders expanded. Every
 // failure is a ChatInputError naming the part (over HTTP, a 400 with that param).
@@ -46,6 +47,17 @@ export type ChatInputPart =
 
 /** A chat message as LLM.chat takes it: its content a string, null, or content parts (OpenAI's, and offline images). */
 export type ChatInputMessage = Omit<ChatMessage, "content"> & { content: string | null | ChatInputPart[] };
+
+/** A content part of a wire message: text, or an image (the chat API's image_url part). */
+export type WirePart = { type: "text"; text: string } | { type: "image_url"; image_url: { url: string } };
+
+/** A chat message in the chat API's wire shape (as readWireMessages reads it). */
+export interface WireMessage {
+  role: string;
+  content: string | WirePart[] | null;
+  tool_calls?: { id: string; type: "function"; function: { name: string; arguments: string } }[];
+  tool_call_id?: string;
+}
 
 /** A message's content read: its text (text parts joined by newlines, as vLLM), its parts in order, its images. */
 export interface ChatContent {

@@ -6,8 +6,8 @@
 import { badRequest, toApiError } from "./errors.js";
 import { type Json, optBool, optInt, optNumber, optObject, optString, optStringArray } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
-import { ChatInputError } from "../models/chat-images.js";
-import { contentBlock, messagesChatFields, type MessagesChatFields, type WireMessage } from "../models/anthropic-messages.js";
+import { ChatInputError, type WireMessage } from "../models/chat-images.js";
+import { contentBlock, messagesChatFields, type MessagesChatFields } from "../models/anthropic-messages.js";
 import { anthropicErrorBody, type AnthropicErrorBody } from "../util/anthropic-errors.js";
 
 export interface MessagesRequest {

@@ -6,7 +6,7 @@ import { ApiError, badRequest } from "./errors.js";
 import { type Json, optBool, optInt, optObject, optString } from "./fields.js";
 import { asJsonBody, parseChatRequest, type ChatRequest } from "./protocol.js";
 
-import type { WireMessage, WirePart } from "../models/anthropic-messages.js";
+import type { WireMessage, WirePart } from "../models/chat-images.js";
 
 export type { WireMessage, WirePart };
 
