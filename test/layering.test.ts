@@ -69,6 +69,25 @@ it("lower layers never import higher ones; siblings of one rank never import eac
   assert.deepEqual(violations, [], `layering violations:\n  ${violations.join("\n  ")}`);
 });
 
+it("the router's imports reach no tensor runtime, device back end or layers (`kiln router` runs without them)", () => {
+  const seen = new Set<string>();
+  const heavy: string[] = [];
+  const visit = (file: string, via: string): void => {
+    if (seen.has(file)) return;
+    seen.add(file);
+    const text = readFileSync(file, "utf8").replace(/^\s*import type\s[^;]*;/gm, "").replace(/^\s*export type\s[^;]*;/gm, "");
+    for (const spec of importsOf(text)) {
+      if (!spec.startsWith(".")) continue;
+      const target = resolve(dirname(file), spec.replace(/\.js$/, ".ts"));
+      if (["tensor", "backends", "nn", "compile"].includes(layerOf(target) ?? "")) heavy.push(`${relative(root, target)} <- ${via} <- ${relative(root, file)}`);
+      else visit(target, relative(root, file));
+    }
+  };
+  visit(join(src, "router", "index.ts"), "");
+  assert.ok(seen.size > 10);
+  assert.deepEqual(heavy, []);
+});
+
 it("the import scanner sees every import form", () => {
   const text = [
     `import { a } from "./a.js";`,
