@@ -3,6 +3,7 @@
 // TTFT / TPOT / ITL / E2EL statistics as a table and JSON (vLLM's result keys).
 import { writeFileSync } from "node:fs";
 import { mulberry32 } from "../util/random.js";
+import { sseData } from "./openai-client.js";
 
 export interface BenchServeArgs {
   baseUrl: string; // e.g. http://127.0.0.1:8000
@@ -91,31 +92,20 @@ async function sendRequest(args: BenchServeArgs, model: string, req: BenchReques
       }),
     });
     if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
-    const decoder = new TextDecoder();
-    let buffer = "";
     let chunks = 0;
-    for await (const bytes of res.body as unknown as AsyncIterable<Uint8Array>) {
-      buffer += decoder.decode(bytes, { stream: true });
-      let cut: number;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const event = buffer.slice(0, cut).trim();
-        buffer = buffer.slice(cut + 2);
-        if (!event.startsWith("data:")) continue;
-        const data = event.slice(5).trim();
-        if (data === "[DONE]") continue;
-        const msg = JSON.parse(data) as { choices?: { text?: string }[]; usage?: { completion_tokens: number } | null; error?: { message: string } };
-        if (msg.error) throw new Error(msg.error.message);
-        const now = performance.now();
-        // Any chunk with a choice carries tokens, even when their text is empty (a partial UTF-8 character, or an
-        // id the tokenizer cannot decode); only the final usage chunk has none. As vLLM's benchmark client.
-        if (msg.choices && msg.choices.length > 0) {
-          if (chunks === 0) result.ttft = (now - start) / 1000;
-          else result.itl.push((now - last) / 1000);
-          chunks++;
-          last = now;
-        }
-        if (msg.usage) result.outputTokens = msg.usage.completion_tokens;
+    for await (const data of sseData(res.body as unknown as AsyncIterable<Uint8Array>)) {
+      const msg = JSON.parse(data) as { choices?: { text?: string }[]; usage?: { completion_tokens: number } | null; error?: { message: string } };
+      if (msg.error) throw new Error(msg.error.message);
+      const now = performance.now();
+      // Any chunk with a choice carries tokens, even when their text is empty (a partial UTF-8 character, or an
+      // id the tokenizer cannot decode); only the final usage chunk has none. As vLLM's benchmark client.
+      if (msg.choices && msg.choices.length > 0) {
+        if (chunks === 0) result.ttft = (now - start) / 1000;
+        else result.itl.push((now - last) / 1000);
+        chunks++;
+        last = now;
       }
+      if (msg.usage) result.outputTokens = msg.usage.completion_tokens;
     }
     result.latency = (performance.now() - start) / 1000;
     result.success = true;

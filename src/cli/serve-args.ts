@@ -26,8 +26,8 @@ export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, Front
 }
 
 /** Declares the engine-shaping flags on `cmd` (serve, and generate/chat, which run the engine without a server). */
-export function addEngineOptions(cmd: Command): Command {
-  return addCompatOptions(addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd))));
+export function addEngineOptions(cmd: Command, o: { quantizationShort?: boolean } = {}): Command {
+  return addCompatOptions(addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd, o))));
 }
 
 /** Declares every serve flag on `cmd`. */
