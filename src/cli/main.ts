@@ -189,6 +189,11 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       await runClientComplete(clientArgs(opts, cmd, COMPLETE_CLIENT_FLAGS));
     });
 
+  program.command("collect-env").description("print the machine, install and environment facts a bug report needs (as `vllm collect-env`)")
+    .action(async () => {
+      (await import("./collect-env.js")).runCollectEnv();
+    });
+
   const bench = program.command("bench").description("benchmarks");
   bench.command("serve").description("benchmark a running server (as `vllm bench serve`)")
     .option("--base-url <url>", "server URL", "http://127.0.0.1:8000")
