@@ -1,6 +1,6 @@
 // The `kiln` command line: serve | generate | chat | bench serve, plus hooks for train / init-model / convert.
 import { Command, CommanderError, Option } from "commander";
-import type { BenchServeArgs } from "./bench-serve.js";
+import { addBenchServeOptions, parseBenchServeArgs } from "./bench-serve-args.js";
 import type { EngineFactory } from "./engine-factory.js";
 import type { ClientArgs } from "./openai-client.js";
 import { extraCommands } from "./extra-commands.js";
@@ -195,53 +195,9 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
     });
 
   const bench = program.command("bench").description("benchmarks");
-  bench.command("serve").description("benchmark a running server (as `vllm bench serve`)")
-    .option("--base-url <url>", "server URL", "http://127.0.0.1:8000")
-    .option("--model <name>", "model name (default: the server's first model)")
-    .option("--dataset-name <name>", "random | prefix-repetition", "random")
-    .option("--random-input-len <n>", "input tokens per request", "1024")
-    .option("--random-output-len <n>", "output tokens per request", "128")
-    .option("--random-prefix-len <n>", "shared prefix tokens before each random input", "0")
-    .option("--prefix-repetition-prefix-len <n>", "prefix tokens", "256")
-    .option("--prefix-repetition-suffix-len <n>", "suffix tokens", "256")
-    .option("--prefix-repetition-num-prefixes <n>", "distinct prefixes", "10")
-    .option("--prefix-repetition-output-len <n>", "output tokens per request", "128")
-    .option("--num-prompts <n>", "number of requests", "1000")
-    .option("--request-rate <r>", "requests per second (Poisson arrivals) or inf", "inf")
-    .option("--max-concurrency <n>", "maximum concurrent requests")
-    .option("--ignore-eos", "ask the server to ignore EOS", false)
-    .option("--seed <n>", "random seed", "0")
-    .option("--api-key <key>", "API key (env KILN_API_KEY)")
-    .option("--metric-percentiles <list>", "comma-separated percentiles", "99")
-    .option("--save-result", "write the JSON result to a file", false)
-    .option("--result-filename <file>", "JSON result file name")
-    .action(async (o: Record<string, string | boolean | undefined>) => {
-      const dataset = o.datasetName as string;
-      if (dataset !== "random" && dataset !== "prefix-repetition") throw new CliUsageError(`--dataset-name must be random or prefix-repetition, got ${dataset}`);
-      const i = (flag: string, key: string, min = 0) => num(o[key], flag, { min, int: true });
-      const args: BenchServeArgs = {
-        baseUrl: String(o.baseUrl).replace(/\/+$/, "").replace(/\/v1$/, ""),
-        model: (o.model as string | undefined) ?? null,
-        datasetName: dataset,
-        randomInputLen: i("--random-input-len", "randomInputLen", 1),
-        randomOutputLen: i("--random-output-len", "randomOutputLen", 1),
-        randomPrefixLen: i("--random-prefix-len", "randomPrefixLen"),
-        prefixRepetitionPrefixLen: i("--prefix-repetition-prefix-len", "prefixRepetitionPrefixLen"),
-        prefixRepetitionSuffixLen: i("--prefix-repetition-suffix-len", "prefixRepetitionSuffixLen"),
-        prefixRepetitionNumPrefixes: i("--prefix-repetition-num-prefixes", "prefixRepetitionNumPrefixes", 1),
-        prefixRepetitionOutputLen: i("--prefix-repetition-output-len", "prefixRepetitionOutputLen", 1),
-        numPrompts: i("--num-prompts", "numPrompts", 1),
-        requestRate: o.requestRate === "inf" ? Infinity : num(o.requestRate, "--request-rate"),
-        maxConcurrency: o.maxConcurrency === undefined ? null : i("--max-concurrency", "maxConcurrency", 1),
-        ignoreEos: Boolean(o.ignoreEos),
-        seed: i("--seed", "seed"),
-        apiKey: (o.apiKey as string | undefined) ?? process.env.KILN_API_KEY ?? null,
-        percentiles: String(o.metricPercentiles).split(",").map((p) => num(p.trim(), "--metric-percentiles")),
-        saveResult: Boolean(o.saveResult),
-        resultFilename: (o.resultFilename as string | undefined) ?? null,
-        quiet: false,
-      };
-      if (args.requestRate === 0) throw new CliUsageError("--request-rate must be > 0 or inf");
+  addBenchServeOptions(bench.command("serve").description("benchmark a running server (as `vllm bench serve`)"))
+    .action(async (o: Record<string, unknown>) => {
+      const args = parseBenchServeArgs(o);
       const { runBenchServe } = await import("./bench-serve.js");
       const result = await runBenchServe(args);
       if (result.completed === 0) throw new Error("every request failed");
