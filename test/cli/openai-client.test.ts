@@ -175,4 +175,14 @@ describe("kiln chat --url against kiln serve", () => {
     const text = (await client.completions.create({ model, prompt: "The jury", max_tokens: 9 })).choices[0]!.text;
     assert.equal(r.stdout, `Using model: ${model}\n${text}\n`);
   });
+
+  it("kiln bench serve takes vLLM's command line (openai-chat backend, --host/--port, --goodput)", async () => {
+    const port = new URL(serve.url).port;
+    const r = await kiln(["bench", "serve", "--backend", "openai-chat", "--host", "127.0.0.1", "--port", port, "--dataset-name", "random",
+      "--random-input-len", "8", "--random-output-len", "4", "--num-prompts", "3", "--ignore-eos", "--goodput", "e2el:600000", "--disable-tqdm"]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /^Successful requests: +3$/m);
+    assert.match(r.stdout, /^Total generated tokens: +12$/m);
+    assert.match(r.stdout, /^Request goodput \(req\/s\): +\d/m);
+  });
 });
