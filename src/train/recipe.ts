@@ -20,6 +20,7 @@ import { AdamW, SGD, type Optimizer } from "./optim.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { TrainConfigError, type TrainConfig } from "./train-config.js";
+import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
 
 export interface RecipeHooks {
   log?: (line: string) => void;
@@ -124,7 +125,8 @@ function initWeights(model: CausalLM, seed: number, layers: number): void {
   }
 }
 
-function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unknown>, tok: ByteLevelBpe, dtype: string): void {
+/** Writes config.json, the weights and (`tok`: the recipe's own tokenizer) the tokenizer and generation files. */
+function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unknown>, tok: ByteLevelBpe | null, dtype: string): void {
   fs.mkdirSync(dir, { recursive: true });
   const tensors: SafetensorsWriteTensor[] = model.namedParameters().map(([name, p]) => {
     const f = (p.dtype === "float32" ? p : p.to("float32")).dataSync() as Float32Array;
@@ -134,6 +136,7 @@ function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unkn
   });
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfig, null, 2) + "\n");
   writeSafetensors(path.join(dir, "model.safetensors"), tensors, { format: "pt" });
+  if (tok === null) return; // (a fine-tuned model's are its directory's: exportInitialModelFiles)
   saveTokenizer(dir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE, modelMaxLength: Number(hfConfig.max_position_embeddings) });
   const eos = [tok.tokenToId("<|im_end|>"), tok.tokenToId("<|endoftext|>")].filter((x): x is number => x !== undefined);
   fs.writeFileSync(
@@ -207,6 +210,8 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
   const dump = cfg.job.dump_folder;
+  // fine-tuning: the model, its shape and tokenizer from a Hugging Face directory (before any data loads)
+  const init = cfg.checkpoint.initial_load_path !== null ? loadInitialModel(cfg) : null;
   const pretrained = cfg.model.tokenizer_path ? pretrainedTokenizer(cfg) : null;
   fs.mkdirSync(dump, { recursive: true });
   // data parallel: rank 0 trains the tokenizer and writes the token cache; the others wait, then read them
@@ -215,9 +220,14 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   // 1. data and tokenizer
   const docs = chatFormat(loadDataset(cfg.training.dataset), cfg.training.chat_format_fraction, cfg.job.seed);
   log(`[data] ${docs.length} documents, ${docs.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
-  let tok: ByteLevelBpe;
+  let tok: ByteLevelBpe | null = null;
   const tokDir = path.join(dump, "tokenizer");
-  if (pretrained) {
+  if (init !== null) {
+    // (the ChatML rewrite needs ChatML's tokens in the model's vocabulary)
+    const missing = cfg.training.chat_format_fraction > 0 ? ["<|im_start|>", "<|im_end|>"].filter((t) => init.tokenizer.tokenToId(t) === undefined) : [];
+    if (missing.length > 0)
+      throw new TrainConfigError(`[training] chat_format_fraction ${cfg.training.chat_format_fraction}: the tokenizer of ${init.dir} has no ${missing.join(" or ")} (set it to 0)`);
+  } else if (pretrained) {
     tok = pretrained;
   } else if (fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
     tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(path.join(tokDir, "tokenizer.json"), "utf8")));
@@ -226,33 +236,41 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     saveTokenizer(tokDir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE });
     log(`[tokenizer] trained byte-level BPE, vocab ${tok.vocabSize}`);
   }
-  const eosId = tok.tokenToId("<|endoftext|>") ?? 0;
+  const eosId = init !== null ? documentSeparator(init.tokenizer, init.dir) : tok!.tokenToId("<|endoftext|>") ?? 0;
   const data = buildDatasets({
     docs,
-    tokenizer: tok,
+    tokenizer: init?.tokenizer ?? tok!,
     eosId,
     valFraction: cfg.validation.enable ? cfg.validation.fraction : 0,
     seed: cfg.job.seed,
     cachePath: path.join(dump, "tokens.bin"),
-    tokenizerKey: JSON.stringify(tok.json.model),
+    tokenizerKey: init?.tokenizerKey ?? JSON.stringify(tok!.json.model),
   });
   log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens`);
   if (rank === 0 && worldSize > 1) barrier();
 
   // 2. model
-  const vocabSize = cfg.model.vocab_size ?? tok.vocabSize;
-  const hfConfig = recipeHfConfig(cfg, vocabSize, tok.tokenToId("<|im_end|>") ?? eosId);
-  const paramDtype = cfg.training.mixed_precision_param;
-  // unallocated: initWeights installs every parameter (no default init drawn and thrown away)
-  const model = new CausalLM(parseHfConfig(hfConfig), { dtype: paramDtype, unallocatedParameters: true });
-  initWeights(model, cfg.job.seed, cfg.model.n_layers);
+  let model: CausalLM;
+  let hfConfig: Record<string, unknown>;
+  if (init !== null) {
+    model = init.model;
+    hfConfig = init.hfConfig;
+  } else {
+    const vocabSize = cfg.model.vocab_size ?? tok!.vocabSize;
+    hfConfig = recipeHfConfig(cfg, vocabSize, tok!.tokenToId("<|im_end|>") ?? eosId);
+    // unallocated: initWeights installs every parameter (no default init drawn and thrown away)
+    model = new CausalLM(parseHfConfig(hfConfig), { dtype: cfg.training.mixed_precision_param, unallocatedParameters: true });
+    initWeights(model, cfg.job.seed, cfg.model.n_layers);
+  }
   model.train();
   const numParams = model.numParameters();
   const B = cfg.training.local_batch_size;
   const S = cfg.training.seq_len;
   const fpt = flopsPerToken(model, S);
   const peak = hooks.peakFlops ?? 117e9;
-  log(`[model] llama ${numParams} parameters (dim ${cfg.model.dim}, ${cfg.model.n_layers} layers, vocab ${vocabSize}), ${(fpt / 1e6).toFixed(1)} MFLOP/token; ${defaultDevice().backend.describe()}`);
+  const c = model.config;
+  const from = init !== null ? ` from ${init.dir}` : "";
+  log(`[model] ${c.architecture} ${numParams} parameters${from} (dim ${c.hiddenSize}, ${c.numHiddenLayers} layers, vocab ${c.vocabSize}), ${(fpt / 1e6).toFixed(1)} MFLOP/token; ${defaultDevice().backend.describe()}`);
 
   // 3. optimizer, schedule, loop
   const o = cfg.optimizer;
@@ -351,7 +369,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const exportDir = path.join(dump, "hf");
   model.eval();
   ddp?.close();
-  if (rank === 0) exportModel(exportDir, model, hfConfig, tok, cfg.checkpoint.export_dtype);
+  if (rank === 0) exportModel(exportDir, model, init !== null ? exportInitialModelFiles(init, exportDir, cfg.checkpoint.export_dtype) : hfConfig, init !== null ? null : tok!, cfg.checkpoint.export_dtype);
   const finalLoss = (last as StepMetrics | null)?.loss ?? [...earlier].reverse().find((e) => e.loss !== undefined)?.loss ?? NaN;
   const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
   log(`[export] Hugging Face model directory: ${exportDir}`);

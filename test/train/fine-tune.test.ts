@@ -1,0 +1,135 @@
+// `kiln train` from a Hugging Face directory (TorchTitan's [checkpoint] initial_load_path, initial_load_in_hf):
+// the first step's loss is the pretrained model's own on that batch (computed here from a fresh load), the export
+// keeps the directory's config and tokenizer, and serves.
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { LLM } from "../../src/engine/llm-engine.js";
+import { readSafetensors } from "../../src/models/formats/safetensors.js";
+import { loadLocalModel } from "../../src/models/loader.js";
+import { noGrad } from "../../src/tensor/index.js";
+import { buildDatasets, DataLoader } from "../../src/train/data-loader.js";
+import { runRecipe } from "../../src/train/recipe.js";
+import { parseTrainConfig } from "../../src/train/train-config.js";
+import { gemma3TokenizerDir, tinyModelDir } from "../helpers/tiny-model.js";
+
+const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/train -> package root
+const KILN_DEFAULT = path.join(root, "models", "kiln-default");
+
+function toml(dump: string, from: string, data: string, extra = ""): string {
+  return `
+[job]
+dump_folder = "${dump}"
+seed = 5
+[checkpoint]
+initial_load_path = "${from}"
+initial_load_in_hf = true
+[optimizer]
+lr = 1e-4
+[lr_scheduler]
+warmup_steps = 1
+[training]
+local_batch_size = 2
+seq_len = 32
+steps = 3
+dataset = "${data}"
+${extra}
+[validation]
+enable = false
+`;
+}
+
+function corpus(dir: string): string {
+  const data = path.join(dir, "data");
+  fs.mkdirSync(data);
+  fs.writeFileSync(path.join(data, "a.txt"), "The river ran past the old mill, and the miller watched the water turn the wheel. ".repeat(60));
+  return data;
+}
+
+test("fine-tunes kiln-default from its Hugging Face directory and exports a model that serves", { timeout: 120_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-finetune-"));
+  try {
+    const data = corpus(dir);
+    const cfg = parseTrainConfig(toml(path.join(dir, "run"), KILN_DEFAULT, data));
+    const losses: number[] = [];
+    const logs: string[] = [];
+    const r = await runRecipe(cfg, { log: (l) => logs.push(l), onStep: (m) => losses.push(m.loss), resume: false });
+    assert.equal(losses.length, 3);
+    assert.ok(logs.some((l) => l.includes(`LlamaForCausalLM 4458752 parameters from ${KILN_DEFAULT}`)), logs.join("\n"));
+
+    // the first batch's loss under the pretrained weights, from a load of its own (random init would give ~ln 4096 = 8.3)
+    const base = loadLocalModel(KILN_DEFAULT, { dtype: "float32" });
+    const text = fs.readFileSync(path.join(data, "a.txt"), "utf8");
+    const ds = buildDatasets({ docs: [text], tokenizer: base.tokenizer, eosId: base.tokenizer.tokenToId("<|endoftext|>")!, valFraction: 0, seed: 5 });
+    const batch = new DataLoader(ds.train, { batchSize: 2, seqLen: 32, seed: 5 }).next();
+    const expected = noGrad(() => base.model.loss(batch.inputs, batch.targets, 2, 32).item());
+    assert.ok(expected < 6, `pretrained loss ${expected}`);
+    assert.ok(Math.abs(losses[0]! - expected) < 1e-4, `first step ${losses[0]} vs ${expected}`);
+
+    // the export: the directory's config and tokenizer, its parameters trained (names and shapes kept)
+    const out = r.exportDir;
+    assert.deepEqual(JSON.parse(fs.readFileSync(path.join(out, "config.json"), "utf8")), { ...JSON.parse(fs.readFileSync(path.join(KILN_DEFAULT, "config.json"), "utf8")), torch_dtype: "float32" });
+    for (const f of ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+      assert.deepEqual(fs.readFileSync(path.join(out, f)), fs.readFileSync(path.join(KILN_DEFAULT, f)), f);
+    const before = readSafetensors(path.join(KILN_DEFAULT, "model.safetensors"));
+    const after = readSafetensors(path.join(out, "model.safetensors"));
+    assert.deepEqual(after.tensors.map((t) => `${t.name}:${t.shape.join("x")}`).sort(), before.tensors.map((t) => `${t.name}:${t.shape.join("x")}`).sort());
+    const name = "model.layers.0.mlp.down_proj.weight";
+    const a = after.loadAsFloat32(name);
+    const b = before.loadAsFloat32(name);
+    let changed = 0;
+    for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) changed++;
+    assert.ok(changed > a.length / 2, `${changed} of ${a.length} weights changed`);
+    before.close();
+    after.close();
+    // trained on this text: the first batch's loss went down
+    const tuned = loadLocalModel(out, { dtype: "float32" });
+    const lower = noGrad(() => tuned.model.loss(batch.inputs, batch.targets, 2, 32).item());
+    assert.ok(lower < expected, `${lower} after ${expected}`);
+    const llm = new LLM({ model: out, maxModelLen: 64 });
+    const [o] = llm.generate(["The river"], { maxTokens: 4, temperature: 0 });
+    assert.equal(o!.outputs[0]!.tokenIds.length, 4);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("fine-tunes another family with its own tokenizer (Gemma 3, no ChatML): documents end with its EOS", { timeout: 120_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-finetune-"));
+  try {
+    const data = corpus(dir);
+    const from = tinyModelDir("Gemma3ForCausalLM", { tokenizerDir: gemma3TokenizerDir() });
+    const r = await runRecipe(parseTrainConfig(toml(path.join(dir, "run"), from, data)), { log: () => undefined, resume: false });
+    assert.ok(Number.isFinite(r.finalLoss));
+    assert.equal(JSON.parse(fs.readFileSync(path.join(r.exportDir, "config.json"), "utf8")).architectures[0], "Gemma3ForCausalLM");
+    // the packed tokens end each document with <end_of_turn> (its EOS: the vocabulary has no <|endoftext|>)
+    const tokens = fs.readFileSync(path.join(dir, "run", "tokens.bin"));
+    const eos = JSON.parse(fs.readFileSync(path.join(from, "tokenizer.json"), "utf8")).added_tokens.find((t: { content: string }) => t.content === "<end_of_turn>").id as number;
+    assert.equal(tokens.readInt32LE(tokens.length - 4), eos);
+    // the ChatML rewrite needs ChatML's tokens
+    await assert.rejects(
+      runRecipe(parseTrainConfig(toml(path.join(dir, "run2"), from, data, "chat_format_fraction = 0.5")), { log: () => undefined, resume: false }),
+      /chat_format_fraction 0.5: the tokenizer of .* has no <\|im_start\|> or <\|im_end\|> \(set it to 0\)/,
+    );
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("initial_load_path: refused settings and directories, named", async () => {
+  const t = (extra: string, load = "initial_load_in_hf = true") =>
+    `[checkpoint]\ninitial_load_path = "${KILN_DEFAULT}"\n${load}\n${extra}\n[training]\nseq_len = 32\n`;
+  assert.throws(() => parseTrainConfig(t("", "")), /set initial_load_in_hf = true/);
+  assert.throws(() => parseTrainConfig(t("initial_load_model_only = false")), /initial_load_model_only = false: a Hugging Face directory holds the model only/);
+  assert.throws(() => parseTrainConfig(`${t("")}[model]\ndim = 64\nflavor = "tiny"\n`), /\[model\] dim, flavor: the model's shape and tokenizer come from \[checkpoint\] initial_load_path/);
+  assert.doesNotThrow(() => parseTrainConfig(`${t("")}[model]\nname = "llama"\n`));
+  const run = (from: string, extra = "") => runRecipe(parseTrainConfig(`[checkpoint]\ninitial_load_path = "${from}"\ninitial_load_in_hf = true\n[training]\nseq_len = ${extra || 32}\n`), { log: () => undefined, resume: false });
+  await Promise.all([
+    assert.rejects(run("/nonexistent/model"), /initial_load_path \/nonexistent\/model: no such directory/),
+    assert.rejects(run(path.join(KILN_DEFAULT, "model.safetensors")), /a Hugging Face model directory is needed/),
+    assert.rejects(run(KILN_DEFAULT, "4096"), /seq_len 4096 > its max_position_embeddings 512/),
+  ]);
+});
