@@ -7,6 +7,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { spawnSync } from "node:child_process";
+import { torchtitanArgs } from "../../src/cli/train-commands.js";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { readSafetensors } from "../../src/models/formats/safetensors.js";
 import { loadLocalModel } from "../../src/models/loader.js";
@@ -132,4 +134,25 @@ test("initial_load_path: refused settings and directories, named", async () => {
     assert.rejects(run(path.join(KILN_DEFAULT, "model.safetensors")), /a Hugging Face model directory is needed/),
     assert.rejects(run(KILN_DEFAULT, "4096"), /seq_len 4096 > its max_position_embeddings 512/),
   ]);
+});
+
+test("kiln train takes TorchTitan's command line: --job.config_file and --section.key overrides", () => {
+  assert.deepEqual(torchtitanArgs(["--job.config_file", "a.toml", "--training.steps", "10", "--checkpoint.enable", "--optimizer.lr=0.5"]), {
+    configFile: "a.toml", overrides: { "training.steps": "10", "checkpoint.enable": "true", "optimizer.lr": "0.5" },
+  });
+  assert.throws(() => torchtitanArgs(["--bogus"]), /unknown argument "--bogus"/);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-finetune-"));
+  try {
+    const data = corpus(dir);
+    const file = path.join(dir, "recipe.toml");
+    fs.writeFileSync(file, toml(path.join(dir, "run"), "/nonexistent", data));
+    // the override replaces the file's initial_load_path and step count
+    const r = spawnSync(`${root}/bin/kiln`, ["train", "--job.config_file", file, "--training.steps", "1", `--checkpoint.initial_load_path=${KILN_DEFAULT}`, "--no-resume"], { encoding: "utf8", timeout: 60_000 });
+    assert.equal(r.status, 0, r.stderr);
+    const result = JSON.parse(r.stdout.trim().split("\n").at(-1)!) as { export_dir: string; params: number };
+    assert.equal(result.params, 4458752);
+    assert.ok(fs.existsSync(path.join(result.export_dir, "model.safetensors")));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
