@@ -21,6 +21,7 @@ import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { TrainConfigError, type TrainConfig } from "./train-config.js";
 import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
+import { attachLoraAdapters, exportLoraAdapter, type TrainedLora } from "./lora-train.js";
 
 export interface RecipeHooks {
   log?: (line: string) => void;
@@ -252,9 +253,11 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   // 2. model
   let model: CausalLM;
   let hfConfig: Record<string, unknown>;
+  let lora: TrainedLora | null = null;
   if (init !== null) {
     model = init.model;
     hfConfig = init.hfConfig;
+    if (cfg.lora.enable) lora = attachLoraAdapters(model, cfg);
   } else {
     const vocabSize = cfg.model.vocab_size ?? tok!.vocabSize;
     hfConfig = recipeHfConfig(cfg, vocabSize, tok!.tokenToId("<|im_end|>") ?? eosId);
@@ -271,16 +274,23 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const c = model.config;
   const from = init !== null ? ` from ${init.dir}` : "";
   log(`[model] ${c.architecture} ${numParams} parameters${from} (dim ${c.hiddenSize}, ${c.numHiddenLayers} layers, vocab ${c.vocabSize}), ${(fpt / 1e6).toFixed(1)} MFLOP/token; ${defaultDevice().backend.describe()}`);
+  if (lora !== null) {
+    const n = lora.named.reduce((s, [, t]) => s + t.numel, 0);
+    log(`[lora] rank ${cfg.lora.rank} adapters on ${lora.modules.length} projections (${cfg.lora.target_modules.join(", ")}): ${n} trainable parameters, the model's frozen`);
+  }
+  // what the optimizer updates and the checkpoints hold: the adapters alone under LoRA
+  const trained = lora !== null ? lora.named : model.namedParameters();
 
   // 3. optimizer, schedule, loop
   const o = cfg.optimizer;
   const optimizer: Optimizer =
     o.name === "AdamW"
-      ? new AdamW(model.parameters(), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
-      : new SGD(model.parameters(), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
+      ? new AdamW(trained.map(([, t]) => t), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
+      : new SGD(trained.map(([, t]) => t), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
   const schedule = new LrSchedule({ lr: o.lr, warmupSteps: cfg.lr_scheduler.warmup_steps, totalSteps: cfg.training.steps, decayType: cfg.lr_scheduler.decay_type, lrMin: cfg.lr_scheduler.lr_min });
   // each rank reads its own batch of every step's worldSize consecutive ones: the global batch is B x worldSize
   const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
+  if (lora !== null && worldSize > 1) throw new TrainConfigError("[lora] enable = true trains in one process: data-parallel LoRA (kiln run --nproc-per-node N) is not supported yet");
   const ddp = worldSize > 1 ? new DistributedDataParallel(model) : null;
   const dataParallel: DataParallelHooks | undefined = ddp === null ? undefined : {
     noSync: (fn) => ddp.noSync(fn),
@@ -327,8 +337,8 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   let tokSum = 0;
   let msSum = 0;
   const trainable = {
-    parameters: () => model.parameters(),
-    namedParameters: () => model.namedParameters(),
+    parameters: () => trained.map(([, t]) => t),
+    namedParameters: () => trained,
     loss: (inputs: Int32Array, targets: Int32Array): Tensor => model.loss(inputs, targets, B, S),
   };
   await train({
@@ -366,13 +376,14 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     },
   });
   drawCurve();
-  const exportDir = path.join(dump, "hf");
+  const exportDir = path.join(dump, lora !== null ? "lora" : "hf");
   model.eval();
   ddp?.close();
-  if (rank === 0) exportModel(exportDir, model, init !== null ? exportInitialModelFiles(init, exportDir, cfg.checkpoint.export_dtype) : hfConfig, init !== null ? null : tok!, cfg.checkpoint.export_dtype);
+  if (rank === 0 && lora !== null) exportLoraAdapter(exportDir, lora, cfg, init!.dir);
+  else if (rank === 0) exportModel(exportDir, model, init !== null ? exportInitialModelFiles(init, exportDir, cfg.checkpoint.export_dtype) : hfConfig, init !== null ? null : tok!, cfg.checkpoint.export_dtype);
   const finalLoss = (last as StepMetrics | null)?.loss ?? [...earlier].reverse().find((e) => e.loss !== undefined)?.loss ?? NaN;
   const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
-  log(`[export] Hugging Face model directory: ${exportDir}`);
+  log(lora !== null ? `[export] PEFT LoRA adapter directory: ${exportDir} (kiln serve ${init!.dir} --enable-lora --lora-modules NAME=${exportDir})` : `[export] Hugging Face model directory: ${exportDir}`);
   return {
     exportDir,
     finalLoss,

@@ -93,6 +93,16 @@ export interface ValidationConfig {
   fraction: number;
 }
 
+/** LoRA fine-tuning (Kiln's section, in PEFT's LoraConfig terms): adapters trained on a frozen initial_load_path model. */
+export interface LoraTrainConfig {
+  enable: boolean;
+  rank: number;
+  alpha: number;
+  /** The projections adapted (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj). */
+  target_modules: string[];
+  use_rslora: boolean;
+}
+
 export interface TrainConfig {
   job: JobConfig;
   model: ModelConfig;
@@ -102,6 +112,7 @@ export interface TrainConfig {
   checkpoint: CheckpointConfig;
   metrics: MetricsConfig;
   validation: ValidationConfig;
+  lora: LoraTrainConfig;
 }
 
 /** Llama flavors sized for CPU training (explicit dims in [model] override them). */
@@ -205,6 +216,13 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     steps: int(10, 1),
     fraction: float(0.05, 0),
   },
+  lora: {
+    enable: bool(false),
+    rank: { ...int(8, 1), aliases: ["r"] },
+    alpha: { ...float(16, 0), aliases: ["lora_alpha"] },
+    target_modules: { type: { kind: "strings" }, def: ["q_proj", "v_proj"] },
+    use_rslora: bool(false),
+  },
 };
 
 // ---------------------------------------------------------------- parsing
@@ -267,6 +285,8 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
       throw new TrainConfigError(`${source}: [job] seed = ${cfg.job.seed} and [training] seed = ${tseed} disagree`);
     cfg.job.seed = tseed;
   }
+  if (cfg.lora.enable && cfg.checkpoint.initial_load_path === null)
+    throw new TrainConfigError(`${source}: [lora] enable = true adapts a pretrained model: set [checkpoint] initial_load_path (and initial_load_in_hf = true)`);
   if (cfg.checkpoint.initial_load_path !== null) checkInitialLoad(cfg, raw, source);
   else {
     resolveModel(cfg, source);

@@ -16,6 +16,7 @@ import { noGrad } from "../../src/tensor/index.js";
 import { buildDatasets, DataLoader } from "../../src/train/data-loader.js";
 import { runRecipe } from "../../src/train/recipe.js";
 import { parseTrainConfig } from "../../src/train/train-config.js";
+import { mergeLoraIntoModel } from "../helpers/lora-adapter.js";
 import { gemma3TokenizerDir, tinyModelDir } from "../helpers/tiny-model.js";
 
 const root = fileURLToPath(new URL("../../..", import.meta.url)); // dist/test/train -> package root
@@ -152,6 +153,55 @@ test("kiln train takes TorchTitan's command line: --job.config_file and --sectio
     const result = JSON.parse(r.stdout.trim().split("\n").at(-1)!) as { export_dir: string; params: number };
     assert.equal(result.params, 4458752);
     assert.ok(fs.existsSync(path.join(result.export_dir, "model.safetensors")));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("[lora] trains PEFT adapters on the frozen model; served with --enable-lora they equal the adapter merged into the weights", { timeout: 120_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-finetune-"));
+  try {
+    const data = corpus(dir);
+    const lora = `[lora]\nenable = true\nrank = 4\nalpha = 8\ntarget_modules = ["q_proj", "v_proj", "down_proj"]\n`;
+    const cfg = parseTrainConfig(toml(path.join(dir, "run"), KILN_DEFAULT, data).replace("lr = 1e-4", "lr = 1e-2") + lora);
+    const losses: number[] = [];
+    const r = await runRecipe(cfg, { log: () => undefined, onStep: (m) => losses.push(m.loss), resume: false });
+    assert.equal(r.exportDir, path.join(dir, "run", "lora"));
+    const config = JSON.parse(fs.readFileSync(path.join(r.exportDir, "adapter_config.json"), "utf8")) as Record<string, unknown>;
+    assert.deepEqual([config.peft_type, config.r, config.lora_alpha, config.target_modules], ["LORA", 4, 8, ["q_proj", "v_proj", "down_proj"]]);
+    const weights = readSafetensors(path.join(r.exportDir, "adapter_model.safetensors"));
+    // 4 layers x 3 projections, A [4, in] and B [out, 4]; B left zero would mean nothing was trained
+    assert.equal(weights.tensors.length, 24);
+    assert.deepEqual(weights.get("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight")!.shape, [4, 768]);
+    assert.ok(weights.loadAsFloat32("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight").some((v) => v !== 0));
+    weights.close();
+
+    // B starts at zero: the first step's loss is the model's own; the merged weights fit the text better
+    const base = loadLocalModel(KILN_DEFAULT, { dtype: "float32" });
+    const text = fs.readFileSync(path.join(data, "a.txt"), "utf8");
+    const ds = buildDatasets({ docs: [text], tokenizer: base.tokenizer, eosId: base.tokenizer.tokenToId("<|endoftext|>")!, valFraction: 0, seed: 5 });
+    const batch = new DataLoader(ds.train, { batchSize: 2, seqLen: 32, seed: 5 }).next();
+    const before = noGrad(() => base.model.loss(batch.inputs, batch.targets, 2, 32).item());
+    assert.ok(Math.abs(losses[0]! - before) < 1e-4, `first step ${losses[0]} vs ${before}`);
+    const merged = mergeLoraIntoModel(KILN_DEFAULT, r.exportDir, path.join(dir, "merged"));
+    for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(KILN_DEFAULT, f), path.join(merged, f));
+    const after = noGrad(() => loadLocalModel(merged, { dtype: "float32" }).model.loss(batch.inputs, batch.targets, 2, 32).item());
+    assert.ok(after < before, `${after} after ${before}`);
+
+    // served: the adapter through --enable-lora gives the merged model's greedy tokens and logprobs
+    const params = { temperature: 0, maxTokens: 6, logprobs: 1, ignoreEos: true };
+    const prompt = [{ promptTokenIds: base.tokenizer.encode("The river ran past") }];
+    const viaMerge = new LLM({ model: merged, maxModelLen: 64, enforceEager: true }).generate(prompt, params)[0]!.outputs[0]!;
+    const viaLora = new LLM({ model: KILN_DEFAULT, maxModelLen: 64, enforceEager: true, enableLora: true, maxLoraRank: 8 })
+      .generate(prompt, params, { loraRequest: { name: "river", id: 1, path: r.exportDir } })[0]!.outputs[0]!;
+    assert.deepEqual(viaLora.tokenIds, viaMerge.tokenIds);
+    viaLora.logprobs!.forEach((l, i) => assert.ok(Math.abs(l.get(viaLora.tokenIds[i]!)!.logprob - viaMerge.logprobs![i]!.get(viaMerge.tokenIds[i]!)!.logprob) < 2e-3));
+
+    assert.throws(() => parseTrainConfig(`${lora}[training]\nseq_len = 32\n`), /\[lora\] enable = true adapts a pretrained model: set \[checkpoint\] initial_load_path/);
+    await assert.rejects(
+      runRecipe(parseTrainConfig(toml(path.join(dir, "run2"), KILN_DEFAULT, data) + `[lora]\nenable = true\ntarget_modules = ["qkv_proj"]\n`), { log: () => undefined, resume: false }),
+      /\[lora\] target_modules qkv_proj: LoRA goes on q_proj, k_proj/,
+    );
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
