@@ -7,9 +7,9 @@ import { readFileSync, realpathSync, statSync } from "node:fs";
 import { sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { KilnError } from "../util/errors.js";
-import { ImageDecodeError, type RgbImage } from "./image-decode.js";
+import { decodeImage, ImageDecodeError, type RgbImage } from "./image-decode.js";
 import {
-  GEMMA3_BOI, gemma3ImagePrompt, gemma3PixelValues, gemma3ProcessImage, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
+  GEMMA3_BOI, gemma3ImagePrompt, gemma3ImageWithCrops, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
 } from "./gemma3-image-processor.js";
 import type { ChatContentPart, ChatMessage } from "./tokenizer-types.js";
 
@@ -198,19 +198,22 @@ function unfetchedBytes(url: string, param: string, access: MediaAccess): Uint8A
   throw new ChatInputError(param, "The URL must be either a HTTP, data or file URL.");
 }
 
-/** pixel_values of one image (PNG or JPEG bytes decoded, or pixels), as Gemma3ImageProcessor computes them. */
-function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string): Float32Array {
+/**
+ * pixel_values of one image (PNG or JPEG bytes decoded, or pixels) and of its pan-and-scan crops after it, as
+ * Gemma3ImageProcessor computes them.
+ */
+function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string): Float32Array[] {
   try {
-    return source instanceof Uint8Array ? gemma3ProcessImage(source, cfg) : gemma3PixelValues(source, cfg);
+    return gemma3ImageWithCrops(source instanceof Uint8Array ? decodeImage(source) : source, cfg);
   } catch (e) {
     if (e instanceof ImageDecodeError) throw new ChatInputError(param, e.message);
     throw e;
   }
 }
 
-/** Each image's pixel_values, in order; http(s) images fetched. */
-export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Promise<Float32Array[]> {
-  const out: Float32Array[] = [];
+/** Each image's pixel_values (then its crops'), in order; http(s) images fetched. */
+export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Promise<Float32Array[][]> {
+  const out: Float32Array[][] = [];
   for (const img of images) {
     const source = "image" in img ? img.image : (unfetchedBytes(img.url, img.param, access) ?? (await fetchImage(img.url, img.param, access)));
     out.push(pixelValues(source, cfg, img.param));
@@ -218,8 +221,8 @@ export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3Im
   return out;
 }
 
-/** Each image's pixel_values, in order, without fetching: an http(s) image is refused (LLM.chatAsync fetches it). */
-export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Float32Array[] {
+/** Each image's pixel_values (then its crops'), in order, without fetching: an http(s) image is refused (LLM.chatAsync fetches it). */
+export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Float32Array[][] {
   return images.map((img) => {
     const source = "image" in img ? img.image : unfetchedBytes(img.url, img.param, access);
     if (source === null) throw new ChatInputError(img.param, "an http(s) image is fetched by LLM.chatAsync (LLM.chat reads data: URLs, bytes and pixels)");
@@ -244,7 +247,7 @@ function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
  * that wrote the wrong number of placeholders is a ChatInputError naming `param` (the messages).
  */
 export function imageChatPrompt(
-  messages: ChatMessage[], pixels: readonly Float32Array[], spec: Gemma3ImageInputSpec,
+  messages: ChatMessage[], pixels: readonly (readonly Float32Array[])[], spec: Gemma3ImageInputSpec,
   { render, encode, param }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string },
 ): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
   const rendered = render(messagesWithPlaceholders(messages));
