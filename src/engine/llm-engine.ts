@@ -55,7 +55,7 @@ export type PromptInput = string | { promptTokenIds: number[]; prompt?: string; 
  */
 export type LLMOptions = (
   | ServingArgs
-  | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number>; mmProcessorKwargs?: Record<string, unknown> | null }
+  | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number>; mmProcessorKwargs?: Record<string, unknown> | null; interleaveMmStrings?: boolean }
 ) & {
   logitsProcessors?: readonly LogitsProcessorInput[];
 };
@@ -86,8 +86,11 @@ export class LLM {
   private readonly imageInput: Gemma3ImageInputSpec | null;
   /** The most images one chat may hold (--limit-mm-per-prompt's image count). */
   private readonly imageLimit: number;
+  /** Whether a "string" content format writes a message's images in their place (--interleave-mm-strings). */
+  private readonly interleaveMmStrings: boolean;
 
   constructor(options: LLMOptions) {
+    this.interleaveMmStrings = options.interleaveMmStrings ?? false;
     if ("model" in options) {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
       // (KV-cache events are published by the serving engine's worker thread: recorded here, nothing would take them)
@@ -368,7 +371,7 @@ export class LLM {
       const text = render(chat.messages);
       return { prompt: text, promptTokenIds: encode(text) };
     }
-    const p = imageChatPrompt(chat.messages, pixels, spec!, { render, encode, param: "messages" });
+    const p = imageChatPrompt(chat.messages, pixels, spec!, { render, encode, param: "messages", interleave: this.interleaveMmStrings });
     return { prompt: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
   }
 

@@ -43,6 +43,8 @@ export interface ServingArgs {
    * pan-and-scan keys, e.g. {"do_pan_and_scan": true}); an unknown key or a wrong type is an EngineInputError.
    */
   mmProcessorKwargs?: Record<string, unknown> | null;
+  /** vLLM's --interleave-mm-strings: a "string" chat content format writes a message's images in their place (LLM.chat). */
+  interleaveMmStrings?: boolean;
   /**
    * vLLM's --kv-events-config, parsed (kv-events.ts): the engine records its prefix-cache blocks stored and evicted
    * and the worker publishes each step's batch over NATS. Default none.
@@ -186,7 +188,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true, mmProcessorKwargs: true,
+  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true, mmProcessorKwargs: true, interleaveMmStrings: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 

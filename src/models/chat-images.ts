@@ -133,11 +133,13 @@ function dataUrlBytes(url: string, param: string): Uint8Array {
 /**
  * Where images may come from besides data: URLs and pixels (vLLM's --allowed-local-media-path and
  * --allowed-media-domains): file: URLs under `localPath` (a resolved directory; null: none), http(s) URLs of the hosts
- * in `domains` (null: any).
+ * in `domains` (null: any); and how they are read (--media-io-kwargs' image.rgba_background_color: the colour under a
+ * transparent image, default white).
  */
 export interface MediaAccess {
   localPath: string | null;
   domains: readonly string[] | null;
+  rgbaBackground?: readonly [number, number, number];
 }
 export const DEFAULT_MEDIA_ACCESS: MediaAccess = { localPath: null, domains: null };
 
@@ -202,9 +204,9 @@ function unfetchedBytes(url: string, param: string, access: MediaAccess): Uint8A
  * pixel_values of one image (PNG or JPEG bytes decoded, or pixels) and of its pan-and-scan crops after it, as
  * Gemma3ImageProcessor computes them.
  */
-function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string): Float32Array[] {
+function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string, access: MediaAccess): Float32Array[] {
   try {
-    return gemma3ImageWithCrops(source instanceof Uint8Array ? decodeImage(source) : source, cfg);
+    return gemma3ImageWithCrops(source instanceof Uint8Array ? decodeImage(source, access.rgbaBackground) : source, cfg);
   } catch (e) {
     if (e instanceof ImageDecodeError) throw new ChatInputError(param, e.message);
     throw e;
@@ -216,7 +218,7 @@ export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3Im
   const out: Float32Array[][] = [];
   for (const img of images) {
     const source = "image" in img ? img.image : (unfetchedBytes(img.url, img.param, access) ?? (await fetchImage(img.url, img.param, access)));
-    out.push(pixelValues(source, cfg, img.param));
+    out.push(pixelValues(source, cfg, img.param, access));
   }
   return out;
 }
@@ -226,18 +228,21 @@ export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3Imag
   return images.map((img) => {
     const source = "image" in img ? img.image : unfetchedBytes(img.url, img.param, access);
     if (source === null) throw new ChatInputError(img.param, "an http(s) image is fetched by LLM.chatAsync (LLM.chat reads data: URLs, bytes and pixels)");
-    return pixelValues(source, cfg, img.param);
+    return pixelValues(source, cfg, img.param, access);
   });
 }
 
 /**
  * The messages as a "string" content format renders them with images: one `<start_of_image>` per image before the
- * text, joined by newlines (vLLM's placeholders); an "openai" one reads the parts.
+ * text, joined by newlines (vLLM's placeholders), or with `interleave` (--interleave-mm-strings) each part in its
+ * place, joined by newlines; an "openai" one reads the parts.
  */
-function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
+function messagesWithPlaceholders(messages: ChatMessage[], interleave: boolean): ChatMessage[] {
   return messages.map((m) => {
     const n = m.contentParts?.filter((p) => p.type === "image").length ?? 0;
-    return n === 0 ? m : { ...m, content: [...Array<string>(n).fill(GEMMA3_BOI), ...(m.content ? [m.content] : [])].join("\n") };
+    if (n === 0) return m;
+    if (interleave) return { ...m, content: m.contentParts!.map((p) => (p.type === "image" ? GEMMA3_BOI : p.text)).join("\n") };
+    return { ...m, content: [...Array<string>(n).fill(GEMMA3_BOI), ...(m.content ? [m.content] : [])].join("\n") };
   });
 }
 
@@ -248,9 +253,9 @@ function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
  */
 export function imageChatPrompt(
   messages: ChatMessage[], pixels: readonly (readonly Float32Array[])[], spec: Gemma3ImageInputSpec,
-  { render, encode, param }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string },
+  { render, encode, param, interleave = false }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string; interleave?: boolean },
 ): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
-  const rendered = render(messagesWithPlaceholders(messages));
+  const rendered = render(messagesWithPlaceholders(messages, interleave));
   try {
     return gemma3ImagePrompt(rendered, pixels, spec, encode);
   } catch (e) {

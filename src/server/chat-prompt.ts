@@ -53,6 +53,8 @@ export async function chatPrompt(
   // (checkImageCount refuses images without an image input; the request's kwargs were checked on parsing)
   const spec = withMmProcessorKwargs(ctx.imageInput!, req.mmProcessorKwargs);
   const pixels = await loadChatImages(req.images, spec.processor, ctx.mediaAccess);
-  const p = imageChatPrompt(req.messages, pixels, spec, { render: (messages) => renderChatPrompt(ctx, { ...req, messages }, param), encode, param });
+  const p = imageChatPrompt(req.messages, pixels, spec, {
+    render: (messages) => renderChatPrompt(ctx, { ...req, messages }, param), encode, param, interleave: ctx.interleaveMmStrings,
+  });
   return { promptText: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
 }
