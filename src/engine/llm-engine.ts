@@ -6,7 +6,7 @@ import {
   checkImageCount, DEFAULT_IMAGE_LIMIT, imageChatPrompt, loadChatImages, loadChatImagesSync, readChatMessages, type ChatImage, type ChatInputMessage,
 } from "../models/chat-images.js";
 import { withMmProcessorKwargs, type Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
-import { MmProcessorKwargsError } from "../models/gemma3-pan-and-scan.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
 import { gemma3ImageInputSpec } from "../models/gemma3-vision-weights.js";
 import { BeamSearchInstance, checkBeamSearchParams, type BeamSearchParams, type BeamSearchResult } from "./beam-search.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
@@ -70,6 +70,23 @@ export interface ChatCallOptions {
 }
 
 /**
+ * An image input with mm_processor_kwargs over its processor's settings; a bad key or value is an EngineInputError,
+ * a text-only model's (null) too.
+ */
+function imageInputWith(spec: Gemma3ImageInputSpec | null, kwargs: Record<string, unknown> | null | undefined): Gemma3ImageInputSpec | null {
+  try {
+    if (spec === null) {
+      applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, kwargs);
+      return null;
+    }
+    return withMmProcessorKwargs(spec, kwargs);
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw new EngineInputError("mm_processor_kwargs", e.message);
+    throw e;
+  }
+}
+
+/**
  * Offline batched generation.
  *
  * @example
@@ -100,14 +117,13 @@ export class LLM {
       this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
       this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors, draft: s.draft });
       const spec = s.loaded.vision !== undefined ? gemma3ImageInputSpec(s.loaded.path, s.loaded.tokenizer) : null;
-      this.imageInput = spec === null ? null : withMmProcessorKwargs(spec, options.mmProcessorKwargs);
+      this.imageInput = imageInputWith(spec, options.mmProcessorKwargs);
       this.imageLimit = options.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
       return;
     }
     this.tokenizer = options.tokenizer;
     this.defaults = {};
-    this.imageInput = options.imageInput ?? null;
-    this.imageInput = this.imageSpec(options.mmProcessorKwargs);
+    this.imageInput = imageInputWith(options.imageInput ?? null, options.mmProcessorKwargs);
     this.imageLimit = options.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
     this.engine = new EngineCore(options.engineArgs, options.runner, {
       tokenizer: options.tokenizer,
@@ -319,7 +335,7 @@ export class LLM {
     options: ChatCallOptions = {},
   ): RequestOutput[] {
     const chats = this.readChats(messages);
-    const spec = this.imageSpec(options.mmProcessorKwargs);
+    const spec = imageInputWith(this.imageInput, options.mmProcessorKwargs);
     const prompts = chats.map((c) => this.chatPrompt(c, spec, spec === null ? [] : loadChatImagesSync(c.images, spec.processor), chatOptions));
     return this.generate(prompts, params, options);
   }
@@ -331,7 +347,7 @@ export class LLM {
     chatOptions: ChatTemplateOptions = {},
     options: ChatCallOptions = {},
   ): Promise<RequestOutput[]> {
-    const spec = this.imageSpec(options.mmProcessorKwargs);
+    const spec = imageInputWith(this.imageInput, options.mmProcessorKwargs);
     const prompts: PromptInput[] = [];
     for (const c of this.readChats(messages))
       prompts.push(this.chatPrompt(c, spec, spec === null ? [] : await loadChatImages(c.images, spec.processor), chatOptions));
@@ -347,17 +363,6 @@ export class LLM {
       checkImageCount(chat.images, this.imageInput, this.imageLimit);
       return chat;
     });
-  }
-
-  /** The image input with one call's mm_processor_kwargs over the LLM's (a bad key or value: an EngineInputError). */
-  private imageSpec(kwargs: Record<string, unknown> | null | undefined): Gemma3ImageInputSpec | null {
-    if (this.imageInput === null) return null;
-    try {
-      return withMmProcessorKwargs(this.imageInput, kwargs);
-    } catch (e) {
-      if (e instanceof MmProcessorKwargsError) throw new EngineInputError("mm_processor_kwargs", e.message);
-      throw e;
-    }
   }
 
   /** A conversation's prompt: the template's text (the template already carries BOS), its images (then crops) expanded. */
