@@ -2,8 +2,10 @@
 // 4 tokens per image): a request's mm_processor_kwargs (vLLM's field) turns it on or off over the server's
 // --mm-processor-kwargs; the prompt is Gemma3Processor's, written out by hand (the original image, then "Here is the
 // original image ... and here are some crops to help you see better ..." with each crop's tokens); bad kwargs are 400s.
+// And --interleave-mm-strings: with the "string" content format, an image stays between the texts around it.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
+import { withChatTemplateDefaults } from "../../src/models/chat-content-format.js";
 import { withMmProcessorKwargs } from "../../src/models/gemma3-image-processor.js";
 import { gemma3ImageInputSpec } from "../../src/models/gemma3-vision-weights.js";
 import { createServer } from "../../src/server/index.js";
@@ -83,6 +85,18 @@ describe("Gemma 3 pan-and-scan through the chat API", () => {
     // a ratio threshold above the image's 3: no crops
     const high = await ask(panUrl, { mm_processor_kwargs: { pan_and_scan_min_ratio_to_activate: 3.5 } });
     assert.deepEqual(high.body.prompt_token_ids, off.body.prompt_token_ids);
+  });
+
+  it("--interleave-mm-strings: a string content format writes the image where the parts put it (vLLM: images first)", async () => {
+    const stringFormat = withChatTemplateDefaults(setup.loaded.tokenizer, { contentFormat: "string", kwargs: null });
+    const seq = `\n\n<start_of_image>${"<image_soft_token>".repeat(4)}<end_of_image>\n\n`;
+    const ids = (body: string) => setup.loaded.tokenizer.encode(`<bos><start_of_turn>user\n${body}<end_of_turn>\n<start_of_turn>model\n`, { addSpecialTokens: false });
+    const messages = [{ role: "user", content: [{ type: "text", text: "Before" }, { type: "image_url", image_url: { url: dataUrl(wide) } }, { type: "text", text: "After" }] }];
+    for (const [interleaveMmStrings, body] of [[true, `Before\n${seq}\nAfter`], [false, `${seq}\nBefore\nAfter`]] as const) {
+      const base = await serve({ imageInput: spec, tokenizer: stringFormat, interleaveMmStrings });
+      const r = await ask(base, { messages });
+      assert.deepEqual(r.body.prompt_token_ids, ids(body), `interleave ${interleaveMmStrings}`);
+    }
   });
 
   it("an unknown key, a wrong type or a non-object mm_processor_kwargs is a 400 in OpenAI's error object", async () => {
