@@ -13,7 +13,7 @@ import type { ServerEngineOptions } from "../../src/server/server.js";
 import { dataUrl, gemma3TextThenImageIds, png, tinyVisionEngine } from "../helpers/image-fixture.js";
 import { MODEL } from "./helpers.js";
 
-type Reply = { status: number; body: { prompt_token_ids?: number[]; usage?: { prompt_tokens: number }; choices?: { logprobs: { content: { top_logprobs: { logprob: number }[] }[] } }[]; error?: { message: string; param: string | null; type: string } } };
+type Reply = { status: number; body: { prompt_token_ids?: number[]; usage?: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } }; choices?: { logprobs: { content: { top_logprobs: { logprob: number }[] }[] } }[]; error?: { message: string; param: string | null; type: string } } };
 
 describe("Gemma 3 pan-and-scan through the chat API", () => {
   const { dir, setup, engine: llm, tokenizer } = tinyVisionEngine(128);
@@ -25,7 +25,7 @@ describe("Gemma 3 pan-and-scan through the chat API", () => {
   let plainUrl: string, panUrl: string;
 
   async function serve(options: Partial<ServerEngineOptions>): Promise<string> {
-    const app = createServer({ engine: llm, tokenizer, servedModelNames: [MODEL], maxModelLen: 128, version: "0.1.0-test", ...options });
+    const app = createServer({ engine: llm, tokenizer, servedModelNames: [MODEL], maxModelLen: 128, version: "0.1.0-test", enablePromptTokensDetails: true, ...options });
     await app.listen({ port: 0, host: "127.0.0.1" });
     servers.push({ close: async () => { const c = app.close(); app.server.closeAllConnections(); await c; } });
     return `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
@@ -75,6 +75,18 @@ describe("Gemma 3 pan-and-scan through the chat API", () => {
     // max 2 crops: round(3) capped at 2 (30x20 each)
     const two = await ask(plainUrl, { mm_processor_kwargs: { do_pan_and_scan: true, pan_and_scan_min_crop_size: 8, pan_and_scan_max_num_crops: 2 } });
     assert.deepEqual(two.body.prompt_token_ids, panAndScanIds(2));
+  });
+
+  it("the settings are part of the prefix cache's key: the same crops under other settings share no image blocks", async () => {
+    const kwargs = (ratio: number) => ({ mm_processor_kwargs: { do_pan_and_scan: true, pan_and_scan_min_crop_size: 8, pan_and_scan_min_ratio_to_activate: ratio } });
+    const first = await ask(plainUrl, kwargs(1.5));
+    const again = await ask(plainUrl, kwargs(1.5));
+    const other = await ask(plainUrl, kwargs(2)); // (ratio 3 reaches both: the same 3 crops, the same token ids)
+    assert.deepEqual(other.body.prompt_token_ids, first.body.prompt_token_ids);
+    const n = first.body.usage!.prompt_tokens, firstImage = first.body.prompt_token_ids!.indexOf(spec.imageTokenIndex);
+    // blocks of 4 tokens: a hit covers every full block but the last token's; a miss stops at the block holding the first image token
+    assert.equal(again.body.usage!.prompt_tokens_details!.cached_tokens, Math.floor((n - 1) / 4) * 4);
+    assert.equal(other.body.usage!.prompt_tokens_details!.cached_tokens, Math.floor(firstImage / 4) * 4);
   });
 
   it("the server's --mm-processor-kwargs is the default; a request's overrides it", async () => {
