@@ -113,7 +113,7 @@ export function withMmProcessorKwargs(spec: Gemma3ImageInputSpec, kwargs: unknow
 export function gemma3ImagePrompt(
   prompt: string, images: readonly (readonly Float32Array[])[], spec: Gemma3ImageInputSpec, encode: (text: string) => number[],
 ): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
-  const promptText = expandGemma3ImageTokens(prompt, images.map((crops) => crops.length - 1), spec.mmTokensPerImage);
+  const promptText = expandGemma3ImageTokens(prompt, images.map((withCrops) => withCrops.length - 1), spec.mmTokensPerImage);
   const pixelValues = images.flat();
   const ids = encode(promptText);
   const features: ImageFeatureSpec[] = [];
