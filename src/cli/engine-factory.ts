@@ -103,6 +103,8 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
     longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
     ...(args.tensorParallelSize > 1 ? { tensorParallelSize: args.tensorParallelSize } : {}),
     ...(args.limitMmPerPrompt !== null ? { limitMmPerPrompt: args.limitMmPerPrompt } : {}),
+    ...(args.mmProcessorKwargs !== null ? { mmProcessorKwargs: args.mmProcessorKwargs } : {}),
+    ...(args.interleaveMmStrings ? { interleaveMmStrings: true } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
 }

@@ -8,6 +8,7 @@ import { addEngineFlagOptions, parseEngineFlagArgs, type EngineFlagArgs } from "
 import { addFeatureOptions, addStructuredOutputOptions, parseFeatureArgs, type FeatureArgs } from "./serve-feature-args.js";
 import { addFrontendOptions, parseFrontendArgs, type FrontendArgs } from "./serve-frontend-args.js";
 import { addModelOptions, parseModelArgs, type ModelArgs } from "./serve-model-args.js";
+import { addMmOptions, parseMmArgs, type MmArgs } from "./serve-mm-args.js";
 import { CliUsageError } from "./usage-error.js";
 
 export type { Dtype } from "./serve-model-args.js";
@@ -18,7 +19,7 @@ export { parseBytes } from "./serve-flag-values.js";
 export { expandMultiLetterShortFlags } from "./serve-compat-args.js";
 export { CliUsageError };
 
-export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs {
+export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs, Omit<MmArgs, "rgbaBackground"> {
   /** vLLM's --limit-mm-per-prompt, by modality, or null (vLLM's default: 999 each). */
   limitMmPerPrompt: Record<string, number> | null;
   /** vLLM flags accepted with no effect in Kiln (or read another way), one line each: printed before the model loads. */
@@ -27,7 +28,7 @@ export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, Front
 
 /** Declares the engine-shaping flags on `cmd` (serve, and generate/chat, which run the engine without a server). */
 export function addEngineOptions(cmd: Command, o: { quantizationShort?: boolean } = {}): Command {
-  return addCompatOptions(addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd, o))));
+  return addMmOptions(addCompatOptions(addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd, o)))));
 }
 
 /** Declares every serve flag on `cmd`. */
@@ -44,6 +45,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   const chat = parseChatArgs(o);
   const features = parseFeatureArgs(o, { ...frontend, tensorParallelSize: engine.tensorParallelSize });
   checkCompatArgs(o, warnings);
+  const { rgbaBackground, ...mm } = parseMmArgs(o, warnings);
   // across groups
   if (features.speculativeConfig !== null && engine.asyncScheduling === true)
     throw new CliUsageError("--async-scheduling cannot be combined with --speculative-config");
@@ -51,5 +53,7 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (features.runner === "pooling" && engine.enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
   if (features.runner === "pooling" && features.speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
   const limitMmPerPrompt = o.limitMmPerPrompt === undefined ? null : parseMmLimits(o.limitMmPerPrompt);
-  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat, limitMmPerPrompt, warnings };
+  // (the image loader's background is part of how images are read: with where they may come from)
+  const mediaAccess = { ...frontend.mediaAccess, ...(rgbaBackground !== null ? { rgbaBackground } : {}) };
+  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat, ...mm, mediaAccess, limitMmPerPrompt, warnings };
 }

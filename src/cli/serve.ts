@@ -153,20 +153,24 @@ export function serverEngineOptions(
   };
 }
 
-export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit" | "mediaAccess">>;
+export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit" | "mediaAccess" | "interleaveMmStrings">>;
 
 /**
- * The served model's image input (an image-text Gemma 3 directory; null for any other model, or with
- * --limit-mm-per-prompt image 0: requests with images get a 400) and the images a prompt may hold (run-batch's too).
+ * The served model's image input (an image-text Gemma 3 directory, its processor under --mm-processor-kwargs; null for
+ * any other model, or with --limit-mm-per-prompt image 0: requests with images get a 400) and the images a prompt may
+ * hold (run-batch's too).
  */
 export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLike): Promise<ServedImageOptions> {
   const imageLimit = args.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
-  const mediaAccess = args.mediaAccess;
-  if (imageLimit === 0) return { imageInput: null, imageLimit, mediaAccess };
+  const { mediaAccess, interleaveMmStrings } = args;
+  if (imageLimit === 0) return { imageInput: null, imageLimit, mediaAccess, interleaveMmStrings };
   const { resolveModel } = await import("../models/hub.js");
   const { gemma3ImageInputSpec } = await import("../models/gemma3-vision-weights.js");
+  const { withMmProcessorKwargs } = await import("../models/gemma3-image-processor.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  return { imageInput: resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer), imageLimit, mediaAccess };
+  const spec = resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer);
+  // (--mm-processor-kwargs was checked when the flags were parsed)
+  return { imageInput: spec === null ? null : withMmProcessorKwargs(spec, args.mmProcessorKwargs), imageLimit, mediaAccess, interleaveMmStrings };
 }
 
 /**

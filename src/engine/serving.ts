@@ -26,6 +26,7 @@ import { camelCaseHint } from "../util/names.js";
 import { resolveModel } from "../models/hub.js";
 import { checkTensorParallelConfig } from "../models/causal-lm.js";
 import { languageModelConfig, parseHfConfig } from "../models/hf-config.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
 import { applyHfOverrides, isLoadFormat, LOAD_FORMATS, type LoadFormat } from "../models/load-format.js";
 import { startTensorParallel, type TpLeader } from "./tensor-parallel.js";
 
@@ -37,6 +38,13 @@ export interface ServingArgs {
    * vLLM). {"image": 0} serves an image-text checkpoint text-only, its vision tower left unread.
    */
   limitMmPerPrompt?: Record<string, number>;
+  /**
+   * vLLM's --mm-processor-kwargs: the image processor's settings over preprocessor_config.json's (Gemma 3: the
+   * pan-and-scan keys, e.g. {"do_pan_and_scan": true}); an unknown key or a wrong type is an EngineInputError.
+   */
+  mmProcessorKwargs?: Record<string, unknown> | null;
+  /** vLLM's --interleave-mm-strings: a "string" chat content format writes a message's images in their place (LLM.chat). */
+  interleaveMmStrings?: boolean;
   /**
    * vLLM's --kv-events-config, parsed (kv-events.ts): the engine records its prefix-cache blocks stored and evicted
    * and the worker publishes each step's batch over NATS. Default none.
@@ -180,7 +188,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
+  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true, mmProcessorKwargs: true, interleaveMmStrings: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -195,6 +203,12 @@ function checkServingArgs(args: ServingArgs): void {
     if (value !== undefined && (!Number.isInteger(value) || value < min))
       throw new EngineInputError(name, `${name} must be an integer >= ${min}, got ${value}`);
   };
+  try {
+    applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, args.mmProcessorKwargs);
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw new EngineInputError("mm_processor_kwargs", e.message);
+    throw e;
+  }
   positiveInt(args.maxModelLen, "max_model_len");
   positiveInt(args.maxNumSeqs, "max_num_seqs");
   positiveInt(args.maxNumBatchedTokens, "max_num_batched_tokens");

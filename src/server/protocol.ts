@@ -1,6 +1,7 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
 import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
 import { ChatInputError, readChatContent, type ChatContent, type ChatImage } from "../models/chat-images.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
@@ -58,6 +59,8 @@ export interface ChatRequest extends CommonRequest {
   continueFinalMessage: boolean;
   chatTemplate: string | undefined;
   chatTemplateKwargs: Record<string, unknown> | undefined;
+  /** vLLM's mm_processor_kwargs: the image processor's settings over the server's (checked: Gemma 3's pan-and-scan keys). */
+  mmProcessorKwargs?: Record<string, unknown>;
   tools: unknown[] | undefined;
   /** none: a text reply; required or named: the reply is tool calls (its text constrained to their JSON). */
   toolChoice: ToolChoice;
@@ -461,6 +464,13 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     common.params.structuredOutputs = { json: toolSchema, ...(disableAnyWhitespace !== undefined ? { disableAnyWhitespace } : {}) };
   }
   const chatTemplateKwargs = optObject(body, "chat_template_kwargs");
+  const mmProcessorKwargs = optObject(body, "mm_processor_kwargs");
+  try {
+    applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, mmProcessorKwargs);
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw badRequest(e.message, "mm_processor_kwargs");
+    throw e;
+  }
   const topLp = wantLogprobs ? (topLogprobs ?? 0) : null;
   if (topLp !== null) common.params.logprobs = topLp;
   return {
@@ -471,6 +481,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     continueFinalMessage,
     chatTemplate,
     chatTemplateKwargs,
+    ...(mmProcessorKwargs !== undefined ? { mmProcessorKwargs } : {}),
     tools,
     toolChoice,
     topLogprobs: topLp,

@@ -137,6 +137,8 @@ export interface ServerEngineOptions {
   imageLimit?: number;
   /** file: URLs under a directory, http(s) only from some hosts (vLLM's --allowed-local-media-path, --allowed-media-domains). */
   mediaAccess?: MediaAccess;
+  /** vLLM's --interleave-mm-strings: a "string" content format writes a message's images in their place. Default false. */
+  interleaveMmStrings?: boolean;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -369,6 +371,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         imageInput: engineOptions.imageInput ?? null,
         imageLimit: engineOptions.imageLimit ?? DEFAULT_IMAGE_LIMIT,
         mediaAccess: engineOptions.mediaAccess ?? DEFAULT_MEDIA_ACCESS,
+        interleaveMmStrings: engineOptions.interleaveMmStrings ?? false,
       };
       return app;
     },

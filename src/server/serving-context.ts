@@ -75,6 +75,8 @@ export interface ServingContext {
   imageLimit: number;
   /** Where image URLs may point besides data: (vLLM's --allowed-local-media-path, --allowed-media-domains). */
   mediaAccess: MediaAccess;
+  /** Whether a "string" content format writes a message's images where its parts put them (--interleave-mm-strings). */
+  interleaveMmStrings: boolean;
 }
 
 /**
