@@ -7,6 +7,7 @@ import { addCompatOptions, checkCompatArgs, parseMmLimits } from "./serve-compat
 import { addEngineFlagOptions, parseEngineFlagArgs, type EngineFlagArgs } from "./serve-engine-args.js";
 import { addFeatureOptions, addStructuredOutputOptions, parseFeatureArgs, type FeatureArgs } from "./serve-feature-args.js";
 import { addFrontendOptions, parseFrontendArgs, type FrontendArgs } from "./serve-frontend-args.js";
+import { addLoadOptions, parseLoadArgs, type LoadArgs } from "./serve-load-args.js";
 import { addModelOptions, parseModelArgs, type ModelArgs } from "./serve-model-args.js";
 import { CliUsageError } from "./usage-error.js";
 
@@ -18,7 +19,7 @@ export { parseBytes } from "./serve-flag-values.js";
 export { expandMultiLetterShortFlags } from "./serve-compat-args.js";
 export { CliUsageError };
 
-export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs {
+export interface ServeArgs extends ModelArgs, LoadArgs, EngineFlagArgs, FeatureArgs, FrontendArgs, ChatArgs {
   /** vLLM's --limit-mm-per-prompt, by modality, or null (vLLM's default: 999 each). */
   limitMmPerPrompt: Record<string, number> | null;
   /** vLLM flags accepted with no effect in Kiln (or read another way), one line each: printed before the model loads. */
@@ -27,7 +28,7 @@ export interface ServeArgs extends ModelArgs, EngineFlagArgs, FeatureArgs, Front
 
 /** Declares the engine-shaping flags on `cmd` (serve, and generate/chat, which run the engine without a server). */
 export function addEngineOptions(cmd: Command): Command {
-  return addCompatOptions(addFeatureOptions(addEngineFlagOptions(addModelOptions(cmd))));
+  return addCompatOptions(addFeatureOptions(addEngineFlagOptions(addLoadOptions(addModelOptions(cmd)))));
 }
 
 /** Declares every serve flag on `cmd`. */
@@ -39,8 +40,9 @@ export function addServeOptions(cmd: Command): Command {
 export function parseServeArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): ServeArgs {
   const warnings: string[] = [];
   const modelArgs = parseModelArgs(model, o, warnings);
+  const load = parseLoadArgs(modelArgs.model, o, warnings);
   const engine = parseEngineFlagArgs(o, warnings);
-  const frontend = parseFrontendArgs(model, o, env);
+  const frontend = parseFrontendArgs(model, o, env, warnings);
   const chat = parseChatArgs(o);
   const features = parseFeatureArgs(o, { ...frontend, tensorParallelSize: engine.tensorParallelSize });
   checkCompatArgs(o, warnings);
@@ -51,5 +53,5 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (features.runner === "pooling" && engine.enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
   if (features.runner === "pooling" && features.speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
   const limitMmPerPrompt = o.limitMmPerPrompt === undefined ? null : parseMmLimits(o.limitMmPerPrompt);
-  return { ...modelArgs, ...engine, ...features, ...frontend, ...chat, limitMmPerPrompt, warnings };
+  return { ...modelArgs, ...load, ...engine, ...features, ...frontend, ...chat, limitMmPerPrompt, warnings };
 }

@@ -148,6 +148,7 @@ export function serverEngineOptions(
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
     forceIncludeUsage: args.enableForceIncludeUsage,
+    logitsProcessorPattern: args.logitsProcessorPattern,
     kvTransfer,
     launchConfig: launchConfig(args),
   };
@@ -177,7 +178,7 @@ export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLi
 export async function writesHarmony(args: ServeArgs): Promise<boolean> {
   const { resolveModel } = await import("../models/hub.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  const config = path.join(resolved.path, "config.json");
+  const config = path.join(args.hfConfigPath ?? resolved.path, "config.json");
   const ggufIsGptOss = async (file: string): Promise<boolean> => {
     const { readGguf } = await import("../models/formats/gguf.js");
     const g = readGguf(file);

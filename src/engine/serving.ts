@@ -89,6 +89,12 @@ export interface ServingArgs {
   loadFormat?: LoadFormat;
   /** vLLM's --hf-overrides: config.json keys over the model's before it is built (models/load-format.ts applyHfOverrides). */
   hfOverrides?: Record<string, unknown> | null;
+  /** vLLM's --hf-config-path: a directory whose config.json is read instead of the model's. Default: the model's. */
+  hfConfigPath?: string;
+  /** vLLM's --ignore-patterns: glob patterns of weight files in the model directory not read (models/model-dir.ts). */
+  ignorePatterns?: string[];
+  /** vLLM's --hf-token: the token a hub id is downloaded with. Default: HF_TOKEN's. */
+  hfToken?: string;
   /**
    * vLLM's --disable-sliding-window: a model with a sliding window serves at most that many tokens (max_model_len is
    * capped to it), where full attention and the window's attend to the same tokens.
@@ -180,7 +186,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
+  hfConfigPath: true, ignorePatterns: true, hfToken: true, disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -218,6 +224,7 @@ function checkServingArgs(args: ServingArgs): void {
     if (args.speculativeConfig) refuse("speculative_config", "speculative decoding");
     if (args.runner === "pooling") refuse("runner", "the pooling runner");
     if (args.enableSleepMode === true) refuse("enable_sleep_mode", "sleep mode");
+    if (args.hfConfigPath !== undefined) refuse("hf_config_path", "hf_config_path");
   }
   if (args.loadFormat !== undefined && !isLoadFormat(args.loadFormat))
     throw new EngineInputError("load_format", `load_format must be one of ${LOAD_FORMATS.join(", ")}, got ${JSON.stringify(args.loadFormat)}`);
@@ -662,8 +669,13 @@ async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<str
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
-function loadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision"> {
+function loadOptions(
+  args: ServingArgs,
+): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision" | "hfConfigPath" | "ignorePatterns" | "hfToken"> {
   return {
+    hfConfigPath: args.hfConfigPath,
+    ignorePatterns: args.ignorePatterns,
+    hfToken: args.hfToken,
     loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
     quantization: args.quantization,

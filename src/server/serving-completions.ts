@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
-import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
+import { asJsonBody, parseCompletionRequest, refuseRequestLogitsProcessors, type CompletionRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
 import { IncrementalDetokenizer } from "../engine/detokenizer.js";
 import { badRequest } from "./errors.js";
@@ -100,6 +100,7 @@ interface Choice {
 }
 
 export async function handleCompletion(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  refuseRequestLogitsProcessors(asJsonBody(request.body), ctx.logitsProcessorPattern);
   const req = forceUsage(ctx, parseCompletionRequest(request.body, ctx.tokenizer.vocabSize));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
