@@ -149,6 +149,7 @@ export function serverEngineOptions(
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
     forceIncludeUsage: args.enableForceIncludeUsage,
     logitsProcessorPattern: args.logitsProcessorPattern,
+    skipTokenizerInit: args.skipTokenizerInit,
     kvTransfer,
     launchConfig: launchConfig(args),
   };

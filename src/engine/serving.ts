@@ -95,6 +95,8 @@ export interface ServingArgs {
   ignorePatterns?: string[];
   /** vLLM's --hf-token: the token a hub id is downloaded with. Default: HF_TOKEN's. */
   hfToken?: string;
+  /** vLLM's --skip-tokenizer-init: no tokenizer is read (models/absent-tokenizer.ts); prompts are token ids. Default false. */
+  skipTokenizerInit?: boolean;
   /**
    * vLLM's --disable-sliding-window: a model with a sliding window serves at most that many tokens (max_model_len is
    * capped to it), where full attention and the window's attend to the same tokens.
@@ -186,7 +188,7 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  hfConfigPath: true, ignorePatterns: true, hfToken: true, disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
+  hfConfigPath: true, ignorePatterns: true, hfToken: true, skipTokenizerInit: true, disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -671,11 +673,12 @@ async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<str
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
 function loadOptions(
   args: ServingArgs,
-): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision" | "hfConfigPath" | "ignorePatterns" | "hfToken"> {
+): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision" | "hfConfigPath" | "ignorePatterns" | "hfToken" | "skipTokenizer"> {
   return {
     hfConfigPath: args.hfConfigPath,
     ignorePatterns: args.ignorePatterns,
     hfToken: args.hfToken,
+    skipTokenizer: args.skipTokenizerInit,
     loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
     quantization: args.quantization,

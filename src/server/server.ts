@@ -129,6 +129,11 @@ export interface ServerEngineOptions {
   returnTokensAsTokenIds?: boolean;
   /** Streams end with a usage chunk even when the request did not ask (vLLM --enable-force-include-usage). */
   forceIncludeUsage?: boolean;
+  /**
+   * vLLM --skip-tokenizer-init: the tokenizer is an AbsentTokenizer; completions take token-id prompts only, with no
+   * stop strings, bad words or structured output (each a 400), and their choices' text is empty. Default false.
+   */
+  skipTokenizerInit?: boolean;
   /** vLLM --logits-processor-pattern, named in the 400 a request listing logits_processors gets; default null (none allowed). */
   logitsProcessorPattern?: string | null;
   /** P/D disaggregation (vLLM --kv-transfer-config): the started side channel; requests may then carry kv_transfer_params. */
@@ -372,6 +377,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         forceIncludeUsage: engineOptions.forceIncludeUsage ?? false,
         logitsProcessorPattern: engineOptions.logitsProcessorPattern ?? null,
+        skipTokenizerInit: engineOptions.skipTokenizerInit ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         harmony,
         kvTransfer: engineOptions.kvTransfer ?? null,

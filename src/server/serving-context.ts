@@ -65,6 +65,8 @@ export interface ServingContext {
   forceIncludeUsage: boolean;
   /** vLLM --logits-processor-pattern (a request's logits_processors get a 400 naming it), or null. */
   logitsProcessorPattern: string | null;
+  /** vLLM --skip-tokenizer-init: no tokenizer; completions take token ids only (refuseWithoutTokenizer). */
+  skipTokenizerInit: boolean;
   /** P/D disaggregation's side channel (--kv-transfer-config), or null. */
   kvTransfer: KvTransferService | null;
   /** The launch arguments /server_info reports (kiln serve's, secrets left out), or null. */

@@ -170,3 +170,54 @@ describe("model flags accepted or refused", () => {
     assert.throws(() => parse({ enablePerRequestMetrics: true }), /--enable-per-request-metrics is not supported/);
   });
 });
+
+describe("--skip-tokenizer-init", () => {
+  it("a model without tokenizer.json is served: token-id prompts get token ids and empty text; text, chat and stop strings get 400s", { timeout: 90_000 }, async () => {
+    const model = tinyModelDir("LlamaForCausalLM");
+    const dir = join(tmp, "no-tokenizer");
+    mkdirSync(dir);
+    for (const f of ["config.json", "model.safetensors"]) copyFileSync(join(model, f), join(dir, f));
+    const server = await startKiln(["--skip-tokenizer-init", "--max-model-len", "64"], dir);
+    try {
+      const post = async (path: string, body: Record<string, unknown>) => {
+        const r = await fetch(`${server.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: dir, ...body }) });
+        return { status: r.status, body: (await r.json()) as Record<string, unknown> };
+      };
+      const ok = await post("/v1/completions", { prompt: [5, 6, 7], max_tokens: 4, ignore_eos: true, temperature: 0, return_token_ids: true });
+      assert.equal(ok.status, 200, JSON.stringify(ok.body));
+      const choice = (ok.body.choices as { text: string; token_ids: number[]; prompt_token_ids: number[] }[])[0]!;
+      assert.equal(choice.text, "");
+      assert.equal(choice.token_ids.length, 4);
+      assert.deepEqual(choice.prompt_token_ids, [5, 6, 7]);
+      const batch = await post("/v1/completions", { prompt: [[5, 6], [7]], max_tokens: 2, ignore_eos: true, logprobs: 1 });
+      assert.equal(batch.status, 200, JSON.stringify(batch.body));
+      // logprobs are served too (with no vocabulary to spell their tokens)
+      const tokens = (batch.body.choices as { logprobs: { tokens: string[] } }[])[0]!.logprobs.tokens;
+      assert.equal(tokens.length, 2);
+      const streamed = await fetch(`${server.url}/v1/completions`, {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: dir, prompt: [5, 6, 7], max_tokens: 3, ignore_eos: true, stream: true, return_token_ids: true }),
+      });
+      const chunks = (await streamed.text()).split("\n").filter((l) => l.startsWith("data: {")).map((l) => JSON.parse(l.slice(6)) as { choices: { text: string; token_ids?: number[] }[] });
+      assert.equal(chunks.flatMap((c) => c.choices[0]?.token_ids ?? []).length, 3);
+      assert.equal(chunks.map((c) => c.choices[0]?.text ?? "").join(""), "");
+      const errorOf = (r: { body: Record<string, unknown> }) => r.body.error as { message: string; param: string | null };
+      const text = await post("/v1/completions", { prompt: "Hello", max_tokens: 2 });
+      assert.equal(text.status, 400);
+      assert.match(errorOf(text).message, /prompt must be token ids .*--skip-tokenizer-init/);
+      const stop = await post("/v1/completions", { prompt: [5], max_tokens: 2, stop: ["x"] });
+      assert.equal(stop.status, 400);
+      assert.match(errorOf(stop).message, /stop strings are not supported: .*use stop_token_ids/);
+      const chat = await post("/v1/chat/completions", { messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
+      assert.equal(chat.status, 400, JSON.stringify(chat.body));
+      assert.match(errorOf(chat).message, /needs the tokenizer, and the server was started with --skip-tokenizer-init/);
+    } finally {
+      assert.equal(await server.stop(), 0);
+    }
+  });
+
+  it("the flag reaches the engine's arguments", () => {
+    assert.equal(servingArgsOf(parse({ skipTokenizerInit: true }), noProgress).skipTokenizerInit, true);
+    assert.equal(servingArgsOf(parse({}), noProgress).skipTokenizerInit, undefined);
+  });
+});
