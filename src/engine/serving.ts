@@ -226,7 +226,6 @@ function checkServingArgs(args: ServingArgs): void {
     if (args.speculativeConfig) refuse("speculative_config", "speculative decoding");
     if (args.runner === "pooling") refuse("runner", "the pooling runner");
     if (args.enableSleepMode === true) refuse("enable_sleep_mode", "sleep mode");
-    if (args.hfConfigPath !== undefined) refuse("hf_config_path", "hf_config_path");
   }
   if (args.loadFormat !== undefined && !isLoadFormat(args.loadFormat))
     throw new EngineInputError("load_format", `load_format must be one of ${LOAD_FORMATS.join(", ")}, got ${JSON.stringify(args.loadFormat)}`);
@@ -699,7 +698,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
   const resolved = await resolveModel(args.model, { revision: args.revision, ...(args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {}) });
   if (resolved.kind !== "dir" || !fs.existsSync(path.join(resolved.path, "config.json")))
     throw new EngineInputError("tensor_parallel_size", `${args.model}: tensor parallelism serves Hugging Face safetensors directories (not GGUF files)`);
-  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
+  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(args.hfConfigPath ?? resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
   const config = parseHfConfig(languageModelConfig(raw).config);
   try {
     checkTensorParallelConfig(config, size);
@@ -707,8 +706,9 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
     throw new EngineInputError("tensor_parallel_size", (e as Error).message.replace("[tensor_parallel] ", ""));
   }
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 0);
-  const { dtype, tokenizer, loadFormat, hfOverrides } = loadOptions(args);
-  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined }, size);
+  const { dtype, tokenizer, loadFormat, hfOverrides, hfConfigPath, ignorePatterns, skipTokenizer } = loadOptions(args);
+  const readAs = { hfConfigPath, ignorePatterns: ignorePatterns === undefined ? undefined : [...ignorePatterns], skipTokenizer };
+  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined, ...readAs }, size);
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 1);
   try {
     const loaded = await loadModel(resolved.path, {
@@ -716,6 +716,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
       tokenizer,
       loadFormat,
       hfOverrides,
+      ...readAs,
       onProgress: args.onProgress,
       deferTokenizerBuild: load.deferTokenizerBuild,
       tp: tp.tp,
