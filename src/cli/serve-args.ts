@@ -52,6 +52,13 @@ export function parseServeArgs(model: string | undefined, o: Record<string, unkn
   if (frontend.loraModules.length > 0 && !engine.enableLora) throw new CliUsageError("--lora-modules needs --enable-lora");
   if (features.runner === "pooling" && engine.enableLora) throw new CliUsageError("--enable-lora needs the generate runner");
   if (features.runner === "pooling" && features.speculativeConfig !== null) throw new CliUsageError("--speculative-config needs the generate runner");
+  // what reads the vocabulary cannot run without a tokenizer (vLLM fails on them too)
+  if (load.skipTokenizerInit) {
+    const needs = [
+      [chat.toolCallParser !== null, "--tool-call-parser"], [features.reasoningParser !== null, "--reasoning-parser"], [chat.chatTemplate !== null, "--chat-template"],
+    ] as const;
+    for (const [given, flag] of needs) if (given) throw new CliUsageError(`${flag} reads the tokenizer: it cannot be combined with --skip-tokenizer-init`);
+  }
   const limitMmPerPrompt = o.limitMmPerPrompt === undefined ? null : parseMmLimits(o.limitMmPerPrompt);
   return { ...modelArgs, ...load, ...engine, ...features, ...frontend, ...chat, limitMmPerPrompt, warnings };
 }

@@ -201,6 +201,8 @@ export async function writesHarmony(args: ServeArgs): Promise<boolean> {
     throw new CliUsageError("--reasoning-parser openai_gptoss reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
   if (!harmony && args.toolCallParser === "openai")
     throw new CliUsageError("--tool-call-parser openai reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
+  if (harmony && args.skipTokenizerInit)
+    throw new CliUsageError("gpt-oss's Harmony format is read through its tokenizer's special tokens: it cannot be served with --skip-tokenizer-init");
   if (harmony && args.toolCallParser !== null && args.toolCallParser !== "openai")
     throw new CliUsageError(`gpt-oss writes its tool calls in Harmony format: serve it with --tool-call-parser openai, not ${args.toolCallParser}`);
   return harmony;

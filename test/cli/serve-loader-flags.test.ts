@@ -219,5 +219,7 @@ describe("--skip-tokenizer-init", () => {
   it("the flag reaches the engine's arguments", () => {
     assert.equal(servingArgsOf(parse({ skipTokenizerInit: true }), noProgress).skipTokenizerInit, true);
     assert.equal(servingArgsOf(parse({}), noProgress).skipTokenizerInit, undefined);
+    assert.throws(() => parse({ skipTokenizerInit: true, reasoningParser: "qwen3" }), /--reasoning-parser reads the tokenizer: it cannot be combined with --skip-tokenizer-init/);
+    assert.throws(() => parse({ skipTokenizerInit: true, enableAutoToolChoice: true, toolCallParser: "hermes" }), /--tool-call-parser reads the tokenizer/);
   });
 });
