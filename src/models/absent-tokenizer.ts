@@ -44,23 +44,23 @@ export class AbsentTokenizer extends Tokenizer {
 
   override buildDecoder(): void {}
 
-  override encode(): number[] {
+  override encode(_text: string): number[] {
     throw new NoTokenizerError("a text prompt");
   }
 
-  override encodePair(): number[] {
+  override encodePair(_text: string, _pair: string): number[] {
     throw new NoTokenizerError("a text pair");
   }
 
-  override decode(): string {
+  override decode(_ids: readonly number[]): string {
     return "";
   }
 
-  override idToToken(): string | undefined {
+  override idToToken(_id: number): string | undefined {
     return undefined;
   }
 
-  override idToRawToken(): string | undefined {
+  override idToRawToken(_id: number): string | undefined {
     return undefined;
   }
 
@@ -72,11 +72,11 @@ export class AbsentTokenizer extends Tokenizer {
     throw new NoTokenizerError("structured output");
   }
 
-  override tokenToId(): number | undefined {
+  override tokenToId(_token: string): number | undefined {
     return undefined;
   }
 
-  override isSpecial(): boolean {
+  override isSpecial(_id: number): boolean {
     return false;
   }
 
