@@ -148,6 +148,8 @@ export function serverEngineOptions(
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
     forceIncludeUsage: args.enableForceIncludeUsage,
+    logitsProcessorPattern: args.logitsProcessorPattern,
+    skipTokenizerInit: args.skipTokenizerInit,
     kvTransfer,
     launchConfig: launchConfig(args),
   };
@@ -181,7 +183,7 @@ export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLi
 export async function writesHarmony(args: ServeArgs): Promise<boolean> {
   const { resolveModel } = await import("../models/hub.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  const config = path.join(resolved.path, "config.json");
+  const config = path.join(args.hfConfigPath ?? resolved.path, "config.json");
   const ggufIsGptOss = async (file: string): Promise<boolean> => {
     const { readGguf } = await import("../models/formats/gguf.js");
     const g = readGguf(file);
@@ -203,6 +205,8 @@ export async function writesHarmony(args: ServeArgs): Promise<boolean> {
     throw new CliUsageError("--reasoning-parser openai_gptoss reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
   if (!harmony && args.toolCallParser === "openai")
     throw new CliUsageError("--tool-call-parser openai reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
+  if (harmony && args.skipTokenizerInit)
+    throw new CliUsageError("gpt-oss's Harmony format is read through its tokenizer's special tokens: it cannot be served with --skip-tokenizer-init");
   if (harmony && args.toolCallParser !== null && args.toolCallParser !== "openai")
     throw new CliUsageError(`gpt-oss writes its tool calls in Harmony format: serve it with --tool-call-parser openai, not ${args.toolCallParser}`);
   return harmony;

@@ -97,6 +97,14 @@ export interface ServingArgs {
   loadFormat?: LoadFormat;
   /** vLLM's --hf-overrides: config.json keys over the model's before it is built (models/load-format.ts applyHfOverrides). */
   hfOverrides?: Record<string, unknown> | null;
+  /** vLLM's --hf-config-path: a directory whose config.json is read instead of the model's. Default: the model's. */
+  hfConfigPath?: string;
+  /** vLLM's --ignore-patterns: glob patterns of weight files in the model directory not read (models/model-dir.ts). */
+  ignorePatterns?: string[];
+  /** vLLM's --hf-token: the token a hub id is downloaded with. Default: HF_TOKEN's. */
+  hfToken?: string;
+  /** vLLM's --skip-tokenizer-init: no tokenizer is read (models/absent-tokenizer.ts); prompts are token ids. Default false. */
+  skipTokenizerInit?: boolean;
   /**
    * vLLM's --disable-sliding-window: a model with a sliding window serves at most that many tokens (max_model_len is
    * capped to it), where full attention and the window's attend to the same tokens.
@@ -188,7 +196,8 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true, mmProcessorKwargs: true, interleaveMmStrings: true,
+  hfConfigPath: true, ignorePatterns: true, hfToken: true, skipTokenizerInit: true, disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
+  mmProcessorKwargs: true, interleaveMmStrings: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -676,8 +685,14 @@ async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<str
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
-function loadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision"> {
+function loadOptions(
+  args: ServingArgs,
+): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision" | "hfConfigPath" | "ignorePatterns" | "hfToken" | "skipTokenizer"> {
   return {
+    hfConfigPath: args.hfConfigPath,
+    ignorePatterns: args.ignorePatterns,
+    hfToken: args.hfToken,
+    skipTokenizer: args.skipTokenizerInit,
     loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
     quantization: args.quantization,
@@ -698,7 +713,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
   const resolved = await resolveModel(args.model, { revision: args.revision, ...(args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {}) });
   if (resolved.kind !== "dir" || !fs.existsSync(path.join(resolved.path, "config.json")))
     throw new EngineInputError("tensor_parallel_size", `${args.model}: tensor parallelism serves Hugging Face safetensors directories (not GGUF files)`);
-  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
+  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(args.hfConfigPath ?? resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
   const config = parseHfConfig(languageModelConfig(raw).config);
   try {
     checkTensorParallelConfig(config, size);
@@ -706,8 +721,9 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
     throw new EngineInputError("tensor_parallel_size", (e as Error).message.replace("[tensor_parallel] ", ""));
   }
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 0);
-  const { dtype, tokenizer, loadFormat, hfOverrides } = loadOptions(args);
-  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined }, size);
+  const { dtype, tokenizer, loadFormat, hfOverrides, hfConfigPath, ignorePatterns, skipTokenizer } = loadOptions(args);
+  const readAs = { hfConfigPath, ignorePatterns: ignorePatterns === undefined ? undefined : [...ignorePatterns], skipTokenizer };
+  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined, ...readAs }, size);
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 1);
   try {
     const loaded = await loadModel(resolved.path, {
@@ -715,6 +731,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
       tokenizer,
       loadFormat,
       hfOverrides,
+      ...readAs,
       onProgress: args.onProgress,
       deferTokenizerBuild: load.deferTokenizerBuild,
       tp: tp.tp,

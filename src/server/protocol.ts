@@ -172,6 +172,29 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   };
 }
 
+/**
+ * A request's `logits_processors` (vLLM's extra argument: qualified names, or {"qualname": ...}): refused with a 400
+ * as vLLM refuses them, naming the server's --logits-processor-pattern; Kiln, as vLLM V1, runs no per-request ones
+ * (the engine-level --logits-processors apply to every request).
+ */
+export function refuseRequestLogitsProcessors(body: Json, pattern: string | null): void {
+  const lps = body.logits_processors;
+  if (lps === undefined || lps === null || (Array.isArray(lps) && lps.length === 0)) return;
+  if (pattern === null)
+    throw badRequest("The `logits_processors` argument is not supported by this server: it was started without --logits-processor-pattern", "logits_processors");
+  if (!Array.isArray(lps)) throw badRequest("'logits_processors' must be a list of qualified names (or {\"qualname\": ...} objects)", "logits_processors");
+  const allowed = new RegExp(`^(?:${pattern})`); // Python's re.match: anchored at the start
+  for (const lp of lps) {
+    const name: unknown = typeof lp === "object" && lp !== null ? (lp as { qualname?: unknown }).qualname : lp;
+    if (typeof name !== "string") throw badRequest("'logits_processors' must be a list of qualified names (or {\"qualname\": ...} objects)", "logits_processors");
+    if (!allowed.test(name)) throw badRequest(`Logits processor '${name}' is not allowed by this server's --logits-processor-pattern ${JSON.stringify(pattern)}`, "logits_processors");
+  }
+  throw badRequest(
+    `Per-request logits processors are not supported (as in vLLM V1), though ${JSON.stringify(pattern)} (--logits-processor-pattern) allows them: start the server with --logits-processors instead`,
+    "logits_processors",
+  );
+}
+
 /** use_beam_search and length_penalty, as vLLM takes them; what beam search does not serve is refused. */
 function parseBeamSearch(body: Json, stream: boolean, params: Partial<SamplingParams>): CommonRequest["beamSearch"] {
   const on = optBool(body, "use_beam_search") ?? false;

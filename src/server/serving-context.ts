@@ -63,6 +63,10 @@ export interface ServingContext {
   returnTokensAsTokenIds: boolean;
   /** Streams end with a usage chunk even without stream_options.include_usage (vLLM --enable-force-include-usage). */
   forceIncludeUsage: boolean;
+  /** vLLM --logits-processor-pattern (a request's logits_processors get a 400 naming it), or null. */
+  logitsProcessorPattern: string | null;
+  /** vLLM --skip-tokenizer-init: no tokenizer; completions take token ids only (refuseWithoutTokenizer). */
+  skipTokenizerInit: boolean;
   /** P/D disaggregation's side channel (--kv-transfer-config), or null. */
   kvTransfer: KvTransferService | null;
   /** The launch arguments /server_info reports (kiln serve's, secrets left out), or null. */
