@@ -47,7 +47,7 @@ export const createEngineFromArgs: EngineFactory = async (args, progress, whileL
   progress(`KV cache (${loaded.kvCacheDtype}): ${loaded.numBlocks - 1} blocks of ${loaded.blockSize} tokens = ${loaded.kvTokens} tokens`, 1);
   progress("warm-up", 0);
   // (ids the model has: a --tokenizer larger than the model's vocabulary may encode the word past it)
-  const hello = loaded.tokenizer.encode("Hello").filter((id) => id < loaded.vocabSize);
+  const hello = args.skipTokenizerInit ? [] : loaded.tokenizer.encode("Hello").filter((id) => id < loaded.vocabSize);
   const warmup = loaded.engine.generate({ promptTokenIds: hello.length > 0 ? hello : [0] }, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" });
   for await (const _ of warmup) void _;
   progress("warm-up", 1);
@@ -86,6 +86,10 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
     asyncScheduling: args.asyncScheduling ?? undefined,
     loadFormat: args.loadFormat,
     ...(args.hfOverrides !== null ? { hfOverrides: args.hfOverrides } : {}),
+    ...(args.hfConfigPath !== null ? { hfConfigPath: args.hfConfigPath } : {}),
+    ...(args.hfToken !== null ? { hfToken: args.hfToken } : {}),
+    ignorePatterns: args.ignorePatterns,
+    ...(args.skipTokenizerInit ? { skipTokenizerInit: true } : {}),
     ...(args.revision !== null ? { revision: args.revision } : {}),
     ...(args.downloadDir !== null ? { downloadDir: args.downloadDir } : {}),
     ...(args.disableSlidingWindow ? { disableSlidingWindow: true } : {}),
@@ -103,6 +107,8 @@ export function servingArgsOf(args: ServeArgs, progress: ProgressFn): ServingArg
     longPrefillTokenThreshold: args.longPrefillTokenThreshold ?? undefined,
     ...(args.tensorParallelSize > 1 ? { tensorParallelSize: args.tensorParallelSize } : {}),
     ...(args.limitMmPerPrompt !== null ? { limitMmPerPrompt: args.limitMmPerPrompt } : {}),
+    ...(args.mmProcessorKwargs !== null ? { mmProcessorKwargs: args.mmProcessorKwargs } : {}),
+    ...(args.interleaveMmStrings ? { interleaveMmStrings: true } : {}),
     onProgress: (stage, f) => progress(stage, f),
   };
 }

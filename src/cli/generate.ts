@@ -60,12 +60,28 @@ export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: 
 }
 
 export async function runChat(
-  args: ServeArgs, o: Omit<GenerateOptions, "prompt" | "chat" | "stream"> & { system: string | null }, factory: EngineFactory,
+  args: ServeArgs, o: Omit<GenerateOptions, "prompt" | "chat" | "stream"> & { system: string | null; quick?: string | null }, factory: EngineFactory,
 ): Promise<void> {
   const loaded = await loadEngine(args, factory);
+  const history: ChatMessage[] = o.system ? [{ role: "system", content: o.system }] : [];
+  const reply = async (message: string): Promise<void> => {
+    history.push({ role: "user", content: message });
+    const prompt = loaded.tokenizer.applyChatTemplate(history, {
+      addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
+    });
+    const text = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
+    process.stdout.write("\n");
+    history.push({ role: "assistant", content: text });
+  };
+  if (o.quick != null) {
+    try {
+      return await reply(o.quick);
+    } finally {
+      await loaded.close();
+    }
+  }
   const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: Boolean(process.stdin.isTTY) });
   rl.on("SIGINT", () => rl.close()); // Ctrl-C at the prompt quits, as Ctrl-D (end of input) does
-  const history: ChatMessage[] = o.system ? [{ role: "system", content: o.system }] : [];
   process.stdout.write("Kiln chat: type a message; /reset clears the history, /exit (or Ctrl-D) quits.\n");
   rl.setPrompt("> ");
   try {
@@ -75,15 +91,7 @@ export async function runChat(
       const input = line.trim();
       if (input === "/exit" || input === "/quit") break;
       if (input === "/reset") history.length = o.system ? 1 : 0;
-      else if (input) {
-        history.push({ role: "user", content: input });
-        const prompt = loaded.tokenizer.applyChatTemplate(history, {
-          addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
-        });
-        const reply = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
-        process.stdout.write("\n");
-        history.push({ role: "assistant", content: reply });
-      }
+      else if (input) await reply(input);
       rl.prompt();
     }
     process.stdout.write("\n");

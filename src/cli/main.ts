@@ -1,7 +1,8 @@
 // The `kiln` command line: serve | generate | chat | bench serve, plus hooks for train / init-model / convert.
-import { Command, CommanderError } from "commander";
-import type { BenchServeArgs } from "./bench-serve.js";
+import { Command, CommanderError, Option } from "commander";
+import { addBenchServeOptions, parseBenchServeArgs } from "./bench-serve-args.js";
 import type { EngineFactory } from "./engine-factory.js";
+import type { ClientArgs } from "./openai-client.js";
 import { extraCommands } from "./extra-commands.js";
 import { addEngineOptions, addServeOptions, CliUsageError, expandMultiLetterShortFlags, parseServeArgs, type ServeArgs } from "./serve-args.js";
 import { KILN_VERSION } from "./version.js";
@@ -39,6 +40,36 @@ function addSamplingOptions(cmd: Command): Command {
     .option("--max-tokens <n>", "maximum tokens to generate", "256")
     .option("--temperature <t>", "sampling temperature (0 = greedy)", "0.7")
     .option("--top-p <p>", "nucleus sampling probability", "1"); // --seed comes with the engine options
+}
+
+/** The flags `kiln chat --url` takes (the rest load a model here). */
+const CHAT_CLIENT_FLAGS = ["url", "modelName", "apiKey", "system", "systemPrompt", "quick", "stats", "maxTokens", "temperature", "topP", "seed"];
+const COMPLETE_CLIENT_FLAGS = ["url", "modelName", "apiKey", "quick", "stats", "maxTokens"];
+
+/** A client command's arguments: sampling fields only where the command line set them (else the server's defaults). */
+function clientArgs(opts: Record<string, unknown>, cmd: Command, allowed: readonly string[]): ClientArgs {
+  const given = cmd.options.map((o) => o.attributeName()).filter((name) => cmd.getOptionValueSource(name) === "cli");
+  const stray = given.filter((name) => !allowed.includes(name));
+  if (stray.length > 0) {
+    const flags = stray.map((name) => cmd.options.find((o) => o.attributeName() === name)!.long).join(", ");
+    throw new CliUsageError(`${flags} configure${stray.length === 1 ? "s" : ""} a model loaded here: with --url the server's model answers`);
+  }
+  const sampling: Record<string, number> = {};
+  const set = (name: string, field: string, rule: Parameters<typeof num>[2]): void => {
+    if (given.includes(name)) sampling[field] = num(opts[name], `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`, rule);
+  };
+  set("maxTokens", "max_tokens", { min: 1, int: true });
+  set("temperature", "temperature", {});
+  set("topP", "top_p", {});
+  set("seed", "seed", { int: true });
+  return {
+    url: (opts.url as string | undefined) ?? "http://localhost:8000/v1",
+    modelName: (opts.modelName as string | undefined) ?? null,
+    apiKey: (opts.apiKey as string | undefined) ?? process.env.OPENAI_API_KEY ?? null,
+    quick: (opts.quick as string | undefined) ?? null,
+    stats: opts.stats === true,
+    sampling,
+  };
 }
 
 export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory }): Command {
@@ -114,11 +145,26 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       }, deps.engineFactory);
     });
 
-  addSamplingOptions(addEngineOptions(program.command("chat").description("interactive chat in the terminal")))
+  addSamplingOptions(addEngineOptions(program.command("chat").description("interactive chat in the terminal: a model loaded here, or a running server's with --url (as `vllm chat`)"), { quantizationShort: false }))
     .option("--model <dir>", "model directory or GGUF file (default: the built-in model)")
     .option("--system <text>", "system prompt")
+    .option("--system-prompt <text>", "vLLM's name of --system")
     .option("--chat-template <file-or-template>", "chat template file or inline template")
-    .action(async (opts: Record<string, unknown>) => {
+    .option("-q, --quick <message>", "send this one message, print the reply, then exit")
+    .addOption(new Option("--url <url>", "talk to the OpenAI-compatible server at this base URL instead of loading a model (`vllm chat`; --model-name, --api-key and the sampling flags then apply, no engine flag)"))
+    .option("--model-name <name>", "with --url: the served model to ask (default: the server's first)")
+    .option("--api-key <key>", "with --url: the server's API key (default: OPENAI_API_KEY)")
+    .option("--stats", "with --url: print time to first token and tokens/s after each reply", false)
+    .action(async (opts: Record<string, unknown>, cmd: Command) => {
+      if (opts.system !== undefined && opts.systemPrompt !== undefined && opts.system !== opts.systemPrompt)
+        throw new CliUsageError("the system prompt is given twice: --system and --system-prompt differ");
+      const system = ((opts.systemPrompt ?? opts.system) as string | undefined) ?? null;
+      const quick = (opts.quick as string | undefined) ?? null;
+      if (opts.url !== undefined || opts.modelName !== undefined || opts.apiKey !== undefined) {
+        const { runClientChat } = await import("./openai-client.js");
+        return runClientChat({ ...clientArgs(opts, cmd, CHAT_CLIENT_FLAGS), systemPrompt: system });
+      }
+      if (opts.stats === true) throw new CliUsageError("--stats times a server's replies: give its --url");
       const args = await serveArgs(opts.model as string | undefined, opts);
       const { runChat } = await import("./generate.js");
       await runChat(args, {
@@ -126,58 +172,32 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
         temperature: num(opts.temperature, "--temperature"),
         topP: num(opts.topP, "--top-p"),
         seed: num(opts.seed, "--seed", { int: true }),
-        system: (opts.system as string | undefined) ?? null,
+        system,
+        quick,
       }, deps.engineFactory);
     });
 
+  program.command("complete").description("complete prompts with a running server's /v1/completions (as `vllm complete`)")
+    .option("--url <url>", "the OpenAI-compatible server's base URL", "http://localhost:8000/v1")
+    .option("--model-name <name>", "the served model to ask (default: the server's first)")
+    .option("--api-key <key>", "the server's API key (default: OPENAI_API_KEY)")
+    .option("--max-tokens <n>", "maximum tokens to generate per completion (default: the server's)")
+    .option("-q, --quick <prompt>", "complete this one prompt, print it, then exit")
+    .option("--stats", "print time to first token and tokens/s after each completion", false)
+    .action(async (opts: Record<string, unknown>, cmd: Command) => {
+      const { runClientComplete } = await import("./openai-client.js");
+      await runClientComplete(clientArgs(opts, cmd, COMPLETE_CLIENT_FLAGS));
+    });
+
+  program.command("collect-env").description("print the machine, install and environment facts a bug report needs (as `vllm collect-env`)")
+    .action(async () => {
+      (await import("./collect-env.js")).runCollectEnv();
+    });
+
   const bench = program.command("bench").description("benchmarks");
-  bench.command("serve").description("benchmark a running server (as `vllm bench serve`)")
-    .option("--base-url <url>", "server URL", "http://127.0.0.1:8000")
-    .option("--model <name>", "model name (default: the server's first model)")
-    .option("--dataset-name <name>", "random | prefix-repetition", "random")
-    .option("--random-input-len <n>", "input tokens per request", "1024")
-    .option("--random-output-len <n>", "output tokens per request", "128")
-    .option("--random-prefix-len <n>", "shared prefix tokens before each random input", "0")
-    .option("--prefix-repetition-prefix-len <n>", "prefix tokens", "256")
-    .option("--prefix-repetition-suffix-len <n>", "suffix tokens", "256")
-    .option("--prefix-repetition-num-prefixes <n>", "distinct prefixes", "10")
-    .option("--prefix-repetition-output-len <n>", "output tokens per request", "128")
-    .option("--num-prompts <n>", "number of requests", "1000")
-    .option("--request-rate <r>", "requests per second (Poisson arrivals) or inf", "inf")
-    .option("--max-concurrency <n>", "maximum concurrent requests")
-    .option("--ignore-eos", "ask the server to ignore EOS", false)
-    .option("--seed <n>", "random seed", "0")
-    .option("--api-key <key>", "API key (env KILN_API_KEY)")
-    .option("--metric-percentiles <list>", "comma-separated percentiles", "99")
-    .option("--save-result", "write the JSON result to a file", false)
-    .option("--result-filename <file>", "JSON result file name")
-    .action(async (o: Record<string, string | boolean | undefined>) => {
-      const dataset = o.datasetName as string;
-      if (dataset !== "random" && dataset !== "prefix-repetition") throw new CliUsageError(`--dataset-name must be random or prefix-repetition, got ${dataset}`);
-      const i = (flag: string, key: string, min = 0) => num(o[key], flag, { min, int: true });
-      const args: BenchServeArgs = {
-        baseUrl: String(o.baseUrl).replace(/\/+$/, "").replace(/\/v1$/, ""),
-        model: (o.model as string | undefined) ?? null,
-        datasetName: dataset,
-        randomInputLen: i("--random-input-len", "randomInputLen", 1),
-        randomOutputLen: i("--random-output-len", "randomOutputLen", 1),
-        randomPrefixLen: i("--random-prefix-len", "randomPrefixLen"),
-        prefixRepetitionPrefixLen: i("--prefix-repetition-prefix-len", "prefixRepetitionPrefixLen"),
-        prefixRepetitionSuffixLen: i("--prefix-repetition-suffix-len", "prefixRepetitionSuffixLen"),
-        prefixRepetitionNumPrefixes: i("--prefix-repetition-num-prefixes", "prefixRepetitionNumPrefixes", 1),
-        prefixRepetitionOutputLen: i("--prefix-repetition-output-len", "prefixRepetitionOutputLen", 1),
-        numPrompts: i("--num-prompts", "numPrompts", 1),
-        requestRate: o.requestRate === "inf" ? Infinity : num(o.requestRate, "--request-rate"),
-        maxConcurrency: o.maxConcurrency === undefined ? null : i("--max-concurrency", "maxConcurrency", 1),
-        ignoreEos: Boolean(o.ignoreEos),
-        seed: i("--seed", "seed"),
-        apiKey: (o.apiKey as string | undefined) ?? process.env.KILN_API_KEY ?? null,
-        percentiles: String(o.metricPercentiles).split(",").map((p) => num(p.trim(), "--metric-percentiles")),
-        saveResult: Boolean(o.saveResult),
-        resultFilename: (o.resultFilename as string | undefined) ?? null,
-        quiet: false,
-      };
-      if (args.requestRate === 0) throw new CliUsageError("--request-rate must be > 0 or inf");
+  addBenchServeOptions(bench.command("serve").description("benchmark a running server (as `vllm bench serve`)"))
+    .action(async (o: Record<string, unknown>) => {
+      const args = parseBenchServeArgs(o);
       const { runBenchServe } = await import("./bench-serve.js");
       const result = await runBenchServe(args);
       if (result.completed === 0) throw new Error("every request failed");

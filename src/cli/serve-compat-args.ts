@@ -70,6 +70,10 @@ const REFUSED_FLAGS: readonly (readonly [flag: string, why: string])[] = [
   ["--scheduler-cls <v>", "it names a Python class (Kiln's scheduler has --scheduling-policy)"],
   ["--headless", "multi-node data parallelism: run one kiln serve per replica behind kiln router"],
   ["--grpc", "Kiln serves HTTP only"],
+  ["--middleware <v>", "it names a Python ASGI middleware"],
+  ["--tool-server <v>", "Kiln runs no built-in (demo) or MCP tool servers for the Responses API: tools are the client's"],
+  ["--tokens-only", "Kiln has no Tokens In<>Out endpoint to serve alone; /v1/completions takes token-id prompts and return_token_ids"],
+  ["--enable-per-request-metrics", "replies carry no per-request timing; the /metrics histograms (vllm:time_to_first_token_seconds, ...) have it"],
 ];
 
 /** commander's option key of a flag: --enable-dbo <v> -> enableDbo. */

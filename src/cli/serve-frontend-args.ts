@@ -101,6 +101,9 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--ssl-certfile <file>", "PEM certificate (chain) for HTTPS: Kiln serves HTTPS with it")
     .option("--ssl-ca-certs <file>", "PEM certificates of the CAs whose client certificates are accepted (with --ssl-cert-reqs)")
     .option("--ssl-cert-reqs <n>", "client certificates, as Python's ssl: 0 none asked (default), 1 optional (verified when sent), 2 required")
+    .option("--ssl-ciphers <list>", "HTTPS cipher suites of TLS 1.2 and below, OpenSSL's form: ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305")
+    .option("--enable-ssl-refresh", "re-read --ssl-keyfile, --ssl-certfile and --ssl-ca-certs when they change (new connections get the new ones)", false)
+    .option("--log-config-file <file>", "vLLM's logging config (JSON, Python's dictConfig): the vllm and uvicorn loggers' levels are used (env VLLM_LOGGING_CONFIG_PATH)")
     .option("--root-path <path>", "path prefix a proxy serves Kiln under: /prefix/v1/... is served as /v1/... (both answer)")
     .addOption(
       new Option("--uvicorn-log-level <level>", "level of the HTTP server's log (fastify's, as vLLM's uvicorn's; giving it turns the log on)")
@@ -128,7 +131,28 @@ function readPem(file: string, flag: string): string {
  * --ssl-keyfile / --ssl-certfile, read and checked (the key must match the certificate) before the model loads. The
  * key defaults to the certificate file, as Python's load_cert_chain reads a PEM holding both.
  */
-function parseTls(keyfile: unknown, certfile: unknown, caCerts: unknown, certReqs: unknown): FrontendArgs["tls"] {
+function parseTls(o: Record<string, unknown>): FrontendArgs["tls"] {
+  const tls = parsePems(o.sslKeyfile, o.sslCertfile, o.sslCaCerts, o.sslCertReqs);
+  if (tls === null) {
+    if (o.sslCiphers !== undefined || o.enableSslRefresh === true) throw new CliUsageError("--ssl-ciphers and --enable-ssl-refresh need --ssl-certfile (they are HTTPS settings)");
+    return null;
+  }
+  if (o.sslCiphers !== undefined) {
+    const ciphers = String(o.sslCiphers);
+    try {
+      createSecureContext({ ciphers });
+    } catch (e) {
+      throw new CliUsageError(`--ssl-ciphers ${JSON.stringify(ciphers)}: no cipher suite OpenSSL knows: ${(e as Error).message}`);
+    }
+    tls.ciphers = ciphers;
+  }
+  if (o.enableSslRefresh === true)
+    tls.refreshFrom = { keyfile: String(o.sslKeyfile ?? o.sslCertfile), certfile: String(o.sslCertfile), ...(o.sslCaCerts !== undefined ? { caCerts: String(o.sslCaCerts) } : {}) };
+  return tls;
+}
+
+/** The PEM files of --ssl-keyfile, --ssl-certfile and --ssl-ca-certs, with --ssl-cert-reqs. */
+function parsePems(keyfile: unknown, certfile: unknown, caCerts: unknown, certReqs: unknown): FrontendArgs["tls"] {
   const reqs = certReqs === undefined ? 0 : int(certReqs, "--ssl-cert-reqs", 0);
   if (reqs > 2) throw new CliUsageError(`--ssl-cert-reqs must be 0 (none), 1 (optional) or 2 (required), got ${reqs}`);
   if (certfile === undefined) {
@@ -154,6 +178,39 @@ function parseTls(keyfile: unknown, certfile: unknown, caCerts: unknown, certReq
     throw new CliUsageError(`--ssl-ca-certs: not usable PEM certificates: ${(e as Error).message}`);
   }
   return { key, cert, ca, clientCerts: reqs === 2 ? "required" : reqs === 1 ? "optional" : "none" };
+}
+
+/** Python logging's level names (and numbers), as Kiln's --log-level names them. */
+const PY_LEVELS: Record<string, LogLevel> = { DEBUG: "debug", INFO: "info", WARNING: "warning", WARN: "warning", ERROR: "error", CRITICAL: "critical", FATAL: "critical" };
+const PY_LEVEL_NUMBERS: [number, LogLevel][] = [[50, "critical"], [40, "error"], [30, "warning"], [20, "info"], [0, "debug"]];
+
+/**
+ * --log-config-file (else VLLM_LOGGING_CONFIG_PATH): vLLM's logging config, a JSON dictConfig. Its "vllm" logger's
+ * level (else the root's) is the log level, and its "uvicorn" logger's (or "uvicorn.access"'s) the HTTP log's;
+ * handlers and formatters are Python's and are not used (said).
+ */
+function parseLogConfig(file: unknown, warnings: string[]): { logLevel: LogLevel | null; httpLogLevel: UvicornLogLevel | null } {
+  if (file === undefined || file === "") return { logLevel: null, httpLogLevel: null };
+  const flag = "--log-config-file";
+  let text: string;
+  try {
+    text = readFileSync(String(file), "utf8");
+  } catch (e) {
+    throw new CliUsageError(`${flag} ${JSON.stringify(file)} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+  const c = jsonObjectFlag(text, `${flag} ${String(file)}`, '{"version": 1, "loggers": {"vllm": {"level": "DEBUG"}}}');
+  const level = (logger: unknown, where: string): LogLevel | null => {
+    if (typeof logger !== "object" || logger === null) return null;
+    const l = (logger as { level?: unknown }).level;
+    if (l === undefined) return null;
+    const named = typeof l === "string" ? PY_LEVELS[l.toUpperCase()] : typeof l === "number" ? PY_LEVEL_NUMBERS.find(([n]) => l >= n)?.[1] : undefined;
+    if (named === undefined) throw new CliUsageError(`${flag}: ${where}'s level must be a Python logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL), got ${JSON.stringify(l)}`);
+    return named;
+  };
+  const loggers = (typeof c.loggers === "object" && c.loggers !== null ? c.loggers : {}) as Record<string, unknown>;
+  const http = level(loggers.uvicorn, "loggers.uvicorn") ?? level(loggers["uvicorn.access"], "loggers.uvicorn.access");
+  if (c.handlers !== undefined || c.formatters !== undefined) warnings.push(`${flag}: only the loggers' levels are used (handlers and formatters are Python's)`);
+  return { logLevel: level(loggers.vllm, "loggers.vllm") ?? level(c.root, "root"), httpLogLevel: http };
 }
 
 /** --root-path: "/" followed by path segments; trailing slashes dropped, "/" alone is no prefix. */
@@ -236,8 +293,9 @@ function parseLoraModules(value: unknown): LoraModuleArg[] {
  * Validates commander's raw values of the front-end flags. `model` is the model as given (undefined: the built-in
  * one, served as "kiln-default"); `env` gives KILN_API_KEY.
  */
-export function parseFrontendArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv): FrontendArgs {
-  const level = o.uvicornLogLevel;
+export function parseFrontendArgs(model: string | undefined, o: Record<string, unknown>, env: NodeJS.ProcessEnv, warnings: string[] = []): FrontendArgs {
+  const logConfig = parseLogConfig(o.logConfigFile ?? env.VLLM_LOGGING_CONFIG_PATH, warnings);
+  const level = o.uvicornLogLevel ?? logConfig.httpLogLevel ?? undefined;
   if (level !== undefined && !(UVICORN_LOG_LEVELS as readonly unknown[]).includes(level))
     throw new CliUsageError(`--uvicorn-log-level must be one of ${UVICORN_LOG_LEVELS.join(", ")}, got ${JSON.stringify(level)}`);
   const port = int(o.port ?? "8000", "--port", 0);
@@ -249,7 +307,8 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     apiKey: (o.apiKey as string | undefined) ?? env.KILN_API_KEY ?? null,
     // the built-in model is served as "kiln-default" (vLLM serves a model under the name it was given)
     servedModelName: (o.servedModelName as string[] | undefined) ?? (model === undefined ? ["kiln-default"] : null),
-    logLevel: (o.logLevel as LogLevel | undefined) ?? "info",
+    // a log config's level stands over --log-level's default (vLLM's dictConfig replaces its default config)
+    logLevel: logConfig.logLevel ?? (o.logLevel as LogLevel | undefined) ?? "info",
     logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
     enablePromptTokensDetails: Boolean(o.enablePromptTokensDetails),
     allowedOrigins: parseJsonList(o.allowedOrigins, "--allowed-origins", '["http://localhost:3000"]'),
@@ -264,7 +323,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),
     enableForceIncludeUsage: Boolean(o.enableForceIncludeUsage),
     enableRequestIdHeaders: Boolean(o.enableRequestIdHeaders),
-    tls: parseTls(o.sslKeyfile, o.sslCertfile, o.sslCaCerts, o.sslCertReqs),
+    tls: parseTls(o),
     rootPath: parseRootPath(o.rootPath),
     httpLogLevel: (level as UvicornLogLevel | undefined) ?? null,
     disableAccessLog: Boolean(o.disableUvicornAccessLog),

@@ -62,11 +62,11 @@ const GENERATION_OVERRIDE_KEYS: Record<string, { ok: (v: number) => boolean; rul
   max_new_tokens: { ok: (v) => Number.isInteger(v) && v >= 1, rule: "an integer >= 1" },
 };
 
-/** Declares the model flags on `cmd` (serve, generate and chat). */
-export function addModelOptions(cmd: Command): Command {
+/** Declares the model flags on `cmd` (serve, generate and chat; chat's -q is vLLM's --quick, not --quantization). */
+export function addModelOptions(cmd: Command, { quantizationShort = true }: { quantizationShort?: boolean } = {}): Command {
   return cmd
     .addOption(new Option("--dtype <dtype>", "weight and activation dtype").choices([...DTYPES]).default("auto"))
-    .option("-q, --quantization <method>", `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
+    .option(`${quantizationShort ? "-q, " : ""}--quantization <method>`, `weight quantization (${QUANTIZATION_METHODS.join(", ")})`)
     .option("--tokenizer <dir>", "directory of the tokenizer (tokenizer.json, tokenizer_config.json, chat template) when not the model's")
     .option("--generation-config <src>", "'auto' (model's generation_config.json), 'vllm' (none) or a directory", "auto")
     .option(

@@ -148,25 +148,31 @@ export function serverEngineOptions(
     responseRole: args.responseRole,
     returnTokensAsTokenIds: args.returnTokensAsTokenIds,
     forceIncludeUsage: args.enableForceIncludeUsage,
+    logitsProcessorPattern: args.logitsProcessorPattern,
+    skipTokenizerInit: args.skipTokenizerInit,
     kvTransfer,
     launchConfig: launchConfig(args),
   };
 }
 
-export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit" | "mediaAccess">>;
+export type ServedImageOptions = Required<Pick<ServerEngineOptions, "imageInput" | "imageLimit" | "mediaAccess" | "interleaveMmStrings">>;
 
 /**
- * The served model's image input (an image-text Gemma 3 directory; null for any other model, or with
- * --limit-mm-per-prompt image 0: requests with images get a 400) and the images a prompt may hold (run-batch's too).
+ * The served model's image input (an image-text Gemma 3 directory, its processor under --mm-processor-kwargs; null for
+ * any other model, or with --limit-mm-per-prompt image 0: requests with images get a 400) and the images a prompt may
+ * hold (run-batch's too).
  */
 export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLike): Promise<ServedImageOptions> {
   const imageLimit = args.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
-  const mediaAccess = args.mediaAccess;
-  if (imageLimit === 0) return { imageInput: null, imageLimit, mediaAccess };
+  const { mediaAccess, interleaveMmStrings } = args;
+  if (imageLimit === 0) return { imageInput: null, imageLimit, mediaAccess, interleaveMmStrings };
   const { resolveModel } = await import("../models/hub.js");
   const { gemma3ImageInputSpec } = await import("../models/gemma3-vision-weights.js");
+  const { withMmProcessorKwargs } = await import("../models/gemma3-image-processor.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  return { imageInput: resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer), imageLimit, mediaAccess };
+  const spec = resolved.kind === "gguf" ? null : gemma3ImageInputSpec(resolved.path, tokenizer);
+  // (--mm-processor-kwargs was checked when the flags were parsed)
+  return { imageInput: spec === null ? null : withMmProcessorKwargs(spec, args.mmProcessorKwargs), imageLimit, mediaAccess, interleaveMmStrings };
 }
 
 /**
@@ -177,7 +183,7 @@ export async function servedImageOptions(args: ServeArgs, tokenizer: TokenizerLi
 export async function writesHarmony(args: ServeArgs): Promise<boolean> {
   const { resolveModel } = await import("../models/hub.js");
   const resolved = await resolveModel(args.model, { ...(args.revision !== null ? { revision: args.revision } : {}), ...(args.downloadDir !== null ? { cacheDir: args.downloadDir } : {}) });
-  const config = path.join(resolved.path, "config.json");
+  const config = path.join(args.hfConfigPath ?? resolved.path, "config.json");
   const ggufIsGptOss = async (file: string): Promise<boolean> => {
     const { readGguf } = await import("../models/formats/gguf.js");
     const g = readGguf(file);
@@ -199,6 +205,8 @@ export async function writesHarmony(args: ServeArgs): Promise<boolean> {
     throw new CliUsageError("--reasoning-parser openai_gptoss reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
   if (!harmony && args.toolCallParser === "openai")
     throw new CliUsageError("--tool-call-parser openai reads gpt-oss's Harmony format: the model is not gpt-oss (config.json model_type gpt_oss, or a gpt-oss GGUF)");
+  if (harmony && args.skipTokenizerInit)
+    throw new CliUsageError("gpt-oss's Harmony format is read through its tokenizer's special tokens: it cannot be served with --skip-tokenizer-init");
   if (harmony && args.toolCallParser !== null && args.toolCallParser !== "openai")
     throw new CliUsageError(`gpt-oss writes its tool calls in Harmony format: serve it with --tool-call-parser openai, not ${args.toolCallParser}`);
   return harmony;

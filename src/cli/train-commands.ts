@@ -43,20 +43,45 @@ export function configValue(key: string, text: string): unknown {
   }
 }
 
+/**
+ * TorchTitan's command line (`--job.config_file FILE --training.steps 10 --checkpoint.enable`): the recipe file
+ * and section.key overrides among the arguments commander did not know; a bare flag sets true.
+ */
+export function torchtitanArgs(args: readonly string[]): { configFile: string | null; overrides: Record<string, string> } {
+  let configFile: string | null = null;
+  const overrides: Record<string, string> = {};
+  for (let i = 0; i < args.length; i++) {
+    const m = /^--([a-z_]+\.[a-z_0-9]+)(?:=(.*))?$/.exec(args[i]!);
+    if (!m) throw new CliUsageError(`unknown argument ${JSON.stringify(args[i])} (recipe values: --section.key value, or --set section.key=value)`);
+    let value = m[2];
+    if (value === undefined) value = i + 1 < args.length && !args[i + 1]!.startsWith("--") ? args[++i]! : "true";
+    if (m[1] === "job.config_file") configFile = value;
+    else overrides[m[1]!] = value;
+  }
+  return { configFile, overrides };
+}
+
 export function registerTrainCommands(program: Command): void {
   program
     .command("train")
     .description("train a model from a TorchTitan-style TOML recipe and export a Hugging Face directory")
-    .requiredOption("--config <file>", "recipe TOML file (sections job, model, optimizer, lr_scheduler, training, checkpoint, metrics, validation)")
-    .option("--set <key=value...>", "override recipe values, e.g. --set training.steps=20", [])
+    .option("--config <file>", "recipe TOML file (sections job, model, optimizer, lr_scheduler, training, checkpoint, metrics, validation); TorchTitan's --job.config_file too")
+    .option("--set <key=value...>", "override recipe values, e.g. --set training.steps=20 (or TorchTitan's --training.steps 20)", [])
     .option("--no-resume", "start from scratch even if checkpoints exist")
-    .action(async (opts: { config: string; set: string[]; resume: boolean }) => {
+    .allowUnknownOption()
+    .allowExcessArguments()
+    .action(async (opts: { config?: string; set: string[]; resume: boolean }, cmd: Command) => {
+      const titan = torchtitanArgs(cmd.args);
+      if (opts.config !== undefined && titan.configFile !== null && opts.config !== titan.configFile)
+        throw new CliUsageError(`the recipe is given twice: --config ${opts.config} and --job.config_file ${titan.configFile}`);
+      const configFile = opts.config ?? titan.configFile;
+      if (configFile === null) throw new CliUsageError("a recipe is needed: --config FILE (or TorchTitan's --job.config_file FILE)");
       const [{ default: cliProgress }, { loadTrainConfig }, { runRecipe }] = await Promise.all([
         import("cli-progress"),
         import("../train/train-config.js"),
         import("../train/recipe.js"),
       ]);
-      const cfg = loadTrainConfig(opts.config, parseOverrides(opts.set));
+      const cfg = loadTrainConfig(configFile, { ...titan.overrides, ...parseOverrides(opts.set) });
       const tty = process.stderr.isTTY;
       const bar = tty ? new cliProgress.SingleBar({ format: "train [{bar}] {value}/{total} steps | loss {loss} | {tps} tok/s | ETA {eta_formatted}", stream: process.stderr }, cliProgress.Presets.shades_classic) : null;
       let started = false;

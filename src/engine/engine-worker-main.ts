@@ -258,7 +258,9 @@ async function main(): Promise<void> {
     vocabSize: runner.vocabSize,
     maxLogprobs: resolved.maxLogprobs,
     engineArgs: resolved,
-    tokenizer: tokenizerSource(loaded.path, args.model, args.tokenizer),
+    tokenizer: args.skipTokenizerInit === true
+      ? { kind: "none", vocabSize: loaded.tokenizer.vocabSize, eosTokenIds: [...loaded.tokenizer.eosTokenIds], bosTokenId: loaded.tokenizer.bosTokenId }
+      : tokenizerSource(loaded.path, args.model, args.tokenizer),
     generationConfig: loaded.generationConfig,
     stats: stats(),
   });

@@ -99,7 +99,11 @@ export interface WireOutput {
 
 /** Where the caller's thread loads its own tokenizer from (the worker loads the model). */
 /** `generationConfigDir`: where its generation_config.json (EOS ids) is read when not `dir` (vLLM's --tokenizer). */
-export type TokenizerSource = { kind: "dir"; dir: string; generationConfigDir?: string } | { kind: "gguf"; file: string };
+export type TokenizerSource =
+  | { kind: "dir"; dir: string; generationConfigDir?: string }
+  | { kind: "gguf"; file: string }
+  /** --skip-tokenizer-init: an AbsentTokenizer of the worker's (vocabulary size, EOS and BOS ids). */
+  | { kind: "none"; vocabSize: number; eosTokenIds: number[]; bosTokenId: number | null };
 
 /** Worker -> main. */
 export type FromWorker =

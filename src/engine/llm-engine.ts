@@ -5,7 +5,8 @@ import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/
 import {
   checkImageCount, DEFAULT_IMAGE_LIMIT, imageChatPrompt, loadChatImages, loadChatImagesSync, readChatMessages, type ChatImage, type ChatInputMessage,
 } from "../models/chat-images.js";
-import type { Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
+import { withMmProcessorKwargs, type Gemma3ImageInputSpec } from "../models/gemma3-image-processor.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
 import { gemma3ImageInputSpec } from "../models/gemma3-vision-weights.js";
 import { BeamSearchInstance, checkBeamSearchParams, type BeamSearchParams, type BeamSearchResult } from "./beam-search.js";
 import { EngineCore, type EngineArgs } from "./engine-core.js";
@@ -54,10 +55,36 @@ export type PromptInput = string | { promptTokenIds: number[]; prompt?: string; 
  */
 export type LLMOptions = (
   | ServingArgs
-  | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number> }
+  | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number>; mmProcessorKwargs?: Record<string, unknown> | null; interleaveMmStrings?: boolean }
 ) & {
   logitsProcessors?: readonly LogitsProcessorInput[];
 };
+
+/**
+ * One chat() call's options besides sampling: a LoRA adapter, and mm_processor_kwargs over the LLM's (vLLM's
+ * LLM.chat mm_processor_kwargs; Gemma 3: the pan-and-scan keys).
+ */
+export interface ChatCallOptions {
+  loraRequest?: LoraRequest | null;
+  mmProcessorKwargs?: Record<string, unknown> | null;
+}
+
+/**
+ * An image input with mm_processor_kwargs over its processor's settings; a bad key or value is an EngineInputError,
+ * a text-only model's (null) too.
+ */
+function imageInputWith(spec: Gemma3ImageInputSpec | null, kwargs: Record<string, unknown> | null | undefined): Gemma3ImageInputSpec | null {
+  try {
+    if (spec === null) {
+      applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, kwargs);
+      return null;
+    }
+    return withMmProcessorKwargs(spec, kwargs);
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw new EngineInputError("mm_processor_kwargs", e.message);
+    throw e;
+  }
+}
 
 /**
  * Offline batched generation.
@@ -76,8 +103,11 @@ export class LLM {
   private readonly imageInput: Gemma3ImageInputSpec | null;
   /** The most images one chat may hold (--limit-mm-per-prompt's image count). */
   private readonly imageLimit: number;
+  /** Whether a "string" content format writes a message's images in their place (--interleave-mm-strings). */
+  private readonly interleaveMmStrings: boolean;
 
   constructor(options: LLMOptions) {
+    this.interleaveMmStrings = options.interleaveMmStrings ?? false;
     if ("model" in options) {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
       // (KV-cache events are published by the serving engine's worker thread: recorded here, nothing would take them)
@@ -86,13 +116,14 @@ export class LLM {
       this.tokenizer = s.loaded.tokenizer;
       this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
       this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors, draft: s.draft });
-      this.imageInput = s.loaded.vision !== undefined ? gemma3ImageInputSpec(s.loaded.path, s.loaded.tokenizer) : null;
+      const spec = s.loaded.vision !== undefined ? gemma3ImageInputSpec(s.loaded.path, s.loaded.tokenizer) : null;
+      this.imageInput = imageInputWith(spec, options.mmProcessorKwargs);
       this.imageLimit = options.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
       return;
     }
     this.tokenizer = options.tokenizer;
     this.defaults = {};
-    this.imageInput = options.imageInput ?? null;
+    this.imageInput = imageInputWith(options.imageInput ?? null, options.mmProcessorKwargs);
     this.imageLimit = options.limitMmPerPrompt?.image ?? DEFAULT_IMAGE_LIMIT;
     this.engine = new EngineCore(options.engineArgs, options.runner, {
       tokenizer: options.tokenizer,
@@ -301,10 +332,11 @@ export class LLM {
     messages: ChatInputMessage[] | ChatInputMessage[][],
     params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
-    options: { loraRequest?: LoraRequest | null } = {},
+    options: ChatCallOptions = {},
   ): RequestOutput[] {
     const chats = this.readChats(messages);
-    const prompts = chats.map((c) => this.chatPrompt(c, this.imageInput === null ? [] : loadChatImagesSync(c.images, this.imageInput.processor), chatOptions));
+    const spec = imageInputWith(this.imageInput, options.mmProcessorKwargs);
+    const prompts = chats.map((c) => this.chatPrompt(c, spec, spec === null ? [] : loadChatImagesSync(c.images, spec.processor), chatOptions));
     return this.generate(prompts, params, options);
   }
 
@@ -313,11 +345,12 @@ export class LLM {
     messages: ChatInputMessage[] | ChatInputMessage[][],
     params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
-    options: { loraRequest?: LoraRequest | null } = {},
+    options: ChatCallOptions = {},
   ): Promise<RequestOutput[]> {
+    const spec = imageInputWith(this.imageInput, options.mmProcessorKwargs);
     const prompts: PromptInput[] = [];
     for (const c of this.readChats(messages))
-      prompts.push(this.chatPrompt(c, this.imageInput === null ? [] : await loadChatImages(c.images, this.imageInput.processor), chatOptions));
+      prompts.push(this.chatPrompt(c, spec, spec === null ? [] : await loadChatImages(c.images, spec.processor), chatOptions));
     return this.generate(prompts, params, options);
   }
 
@@ -332,8 +365,10 @@ export class LLM {
     });
   }
 
-  /** A conversation's prompt: the template's text (the template already carries BOS), its images expanded. */
-  private chatPrompt(chat: { messages: ChatMessage[]; images: ChatImage[] }, pixels: Float32Array[], chatOptions: ChatTemplateOptions): PromptInput {
+  /** A conversation's prompt: the template's text (the template already carries BOS), its images (then crops) expanded. */
+  private chatPrompt(
+    chat: { messages: ChatMessage[]; images: ChatImage[] }, spec: Gemma3ImageInputSpec | null, pixels: Float32Array[][], chatOptions: ChatTemplateOptions,
+  ): PromptInput {
     const tok = this.requireTokenizer();
     const render = (messages: ChatMessage[]) => tok.applyChatTemplate(messages, { addGenerationPrompt: true, contentFormat: "auto", ...chatOptions });
     const encode = (text: string) => tok.encode(text, { addSpecialTokens: false });
@@ -341,7 +376,7 @@ export class LLM {
       const text = render(chat.messages);
       return { prompt: text, promptTokenIds: encode(text) };
     }
-    const p = imageChatPrompt(chat.messages, pixels, this.imageInput!, { render, encode, param: "messages" });
+    const p = imageChatPrompt(chat.messages, pixels, spec!, { render, encode, param: "messages", interleave: this.interleaveMmStrings });
     return { prompt: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
   }
 

@@ -26,6 +26,7 @@ import { camelCaseHint } from "../util/names.js";
 import { resolveModel } from "../models/hub.js";
 import { checkTensorParallelConfig } from "../models/causal-lm.js";
 import { languageModelConfig, parseHfConfig } from "../models/hf-config.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
 import { applyHfOverrides, isLoadFormat, LOAD_FORMATS, type LoadFormat } from "../models/load-format.js";
 import { startTensorParallel, type TpLeader } from "./tensor-parallel.js";
 
@@ -37,6 +38,13 @@ export interface ServingArgs {
    * vLLM). {"image": 0} serves an image-text checkpoint text-only, its vision tower left unread.
    */
   limitMmPerPrompt?: Record<string, number>;
+  /**
+   * vLLM's --mm-processor-kwargs: the image processor's settings over preprocessor_config.json's (Gemma 3: the
+   * pan-and-scan keys, e.g. {"do_pan_and_scan": true}); an unknown key or a wrong type is an EngineInputError.
+   */
+  mmProcessorKwargs?: Record<string, unknown> | null;
+  /** vLLM's --interleave-mm-strings: a "string" chat content format writes a message's images in their place (LLM.chat). */
+  interleaveMmStrings?: boolean;
   /**
    * vLLM's --kv-events-config, parsed (kv-events.ts): the engine records its prefix-cache blocks stored and evicted
    * and the worker publishes each step's batch over NATS. Default none.
@@ -89,6 +97,14 @@ export interface ServingArgs {
   loadFormat?: LoadFormat;
   /** vLLM's --hf-overrides: config.json keys over the model's before it is built (models/load-format.ts applyHfOverrides). */
   hfOverrides?: Record<string, unknown> | null;
+  /** vLLM's --hf-config-path: a directory whose config.json is read instead of the model's. Default: the model's. */
+  hfConfigPath?: string;
+  /** vLLM's --ignore-patterns: glob patterns of weight files in the model directory not read (models/model-dir.ts). */
+  ignorePatterns?: string[];
+  /** vLLM's --hf-token: the token a hub id is downloaded with. Default: HF_TOKEN's. */
+  hfToken?: string;
+  /** vLLM's --skip-tokenizer-init: no tokenizer is read (models/absent-tokenizer.ts); prompts are token ids. Default false. */
+  skipTokenizerInit?: boolean;
   /**
    * vLLM's --disable-sliding-window: a model with a sliding window serves at most that many tokens (max_model_len is
    * capped to it), where full attention and the window's attend to the same tokens.
@@ -180,7 +196,8 @@ const SERVING_ARG_KEYS: Record<keyof ServingArgs | "logitsProcessors", true> = {
   maxCaptureTokens: true, revision: true, onProgress: true, logitsProcessors: true, enableLora: true, maxLoras: true,
   maxLoraRank: true, maxCpuLoras: true, runner: true, poolerConfig: true, reasoningParser: true, tokenizer: true, maxLogprobs: true,
   enableChunkedPrefill: true, longPrefillTokenThreshold: true, tensorParallelSize: true, downloadDir: true, loadFormat: true, hfOverrides: true,
-  disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
+  hfConfigPath: true, ignorePatterns: true, hfToken: true, skipTokenizerInit: true, disableSlidingWindow: true, enableSleepMode: true, limitMmPerPrompt: true,
+  mmProcessorKwargs: true, interleaveMmStrings: true,
 };
 const isServingArg = (k: string): boolean => Object.hasOwn(SERVING_ARG_KEYS, k);
 
@@ -195,6 +212,12 @@ function checkServingArgs(args: ServingArgs): void {
     if (value !== undefined && (!Number.isInteger(value) || value < min))
       throw new EngineInputError(name, `${name} must be an integer >= ${min}, got ${value}`);
   };
+  try {
+    applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, args.mmProcessorKwargs);
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw new EngineInputError("mm_processor_kwargs", e.message);
+    throw e;
+  }
   positiveInt(args.maxModelLen, "max_model_len");
   positiveInt(args.maxNumSeqs, "max_num_seqs");
   positiveInt(args.maxNumBatchedTokens, "max_num_batched_tokens");
@@ -662,8 +685,14 @@ async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<str
 }
 
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
-function loadOptions(args: ServingArgs): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision"> {
+function loadOptions(
+  args: ServingArgs,
+): Pick<LoadOptions, "dtype" | "quantization" | "revision" | "downloadDir" | "tokenizer" | "loadFormat" | "hfOverrides" | "loadVision" | "hfConfigPath" | "ignorePatterns" | "hfToken" | "skipTokenizer"> {
   return {
+    hfConfigPath: args.hfConfigPath,
+    ignorePatterns: args.ignorePatterns,
+    hfToken: args.hfToken,
+    skipTokenizer: args.skipTokenizerInit,
     loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
     quantization: args.quantization,
@@ -684,7 +713,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
   const resolved = await resolveModel(args.model, { revision: args.revision, ...(args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {}) });
   if (resolved.kind !== "dir" || !fs.existsSync(path.join(resolved.path, "config.json")))
     throw new EngineInputError("tensor_parallel_size", `${args.model}: tensor parallelism serves Hugging Face safetensors directories (not GGUF files)`);
-  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
+  const raw = applyHfOverrides(JSON.parse(fs.readFileSync(path.join(args.hfConfigPath ?? resolved.path, "config.json"), "utf8")) as Record<string, unknown>, args.hfOverrides);
   const config = parseHfConfig(languageModelConfig(raw).config);
   try {
     checkTensorParallelConfig(config, size);
@@ -692,8 +721,9 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
     throw new EngineInputError("tensor_parallel_size", (e as Error).message.replace("[tensor_parallel] ", ""));
   }
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 0);
-  const { dtype, tokenizer, loadFormat, hfOverrides } = loadOptions(args);
-  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined }, size);
+  const { dtype, tokenizer, loadFormat, hfOverrides, hfConfigPath, ignorePatterns, skipTokenizer } = loadOptions(args);
+  const readAs = { hfConfigPath, ignorePatterns: ignorePatterns === undefined ? undefined : [...ignorePatterns], skipTokenizer };
+  const tp = await startTensorParallel({ model: resolved.path, dtype, tokenizer, loadFormat, hfOverrides: hfOverrides ?? undefined, ...readAs }, size);
   args.onProgress?.(`starting ${size - 1} tensor-parallel rank(s)`, 1);
   try {
     const loaded = await loadModel(resolved.path, {
@@ -701,6 +731,7 @@ async function createTensorParallelSetup(args: ServingArgs, size: number, load: 
       tokenizer,
       loadFormat,
       hfOverrides,
+      ...readAs,
       onProgress: args.onProgress,
       deferTokenizerBuild: load.deferTokenizerBuild,
       tp: tp.tp,

@@ -44,6 +44,10 @@ export interface TpRankArgs {
   /** How rank 0 reads the model (models/load-format.ts): every rank must build the same one. */
   loadFormat?: LoadFormat;
   hfOverrides?: Record<string, unknown>;
+  /** --hf-config-path, --ignore-patterns and --skip-tokenizer-init, as rank 0 reads the model. */
+  hfConfigPath?: string;
+  ignorePatterns?: string[];
+  skipTokenizer?: boolean;
   rank: number;
   worldSize: number;
   initMethod: string;

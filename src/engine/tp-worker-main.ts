@@ -21,6 +21,9 @@ async function main(): Promise<void> {
     tokenizer: args.tokenizer,
     loadFormat: args.loadFormat,
     hfOverrides: args.hfOverrides,
+    hfConfigPath: args.hfConfigPath,
+    ignorePatterns: args.ignorePatterns,
+    skipTokenizer: args.skipTokenizer,
     deferTokenizerBuild: true,
     tp,
     onNote: () => undefined, // rank 0 reports how the weights loaded

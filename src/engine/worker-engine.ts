@@ -137,7 +137,7 @@ export class WorkerEngine implements EngineClient {
     const genDir = servingArgs.tokenizer !== undefined && fs.statSync(servingArgs.model, { throwIfNoEntry: false })?.isDirectory() ? path.resolve(servingArgs.model) : dir;
     const tokenizing = importTokenizerModules().then((modules) => {
       let early: EarlyTokenizer | null = null;
-      if (fs.existsSync(path.join(dir, "tokenizer.json"))) {
+      if (servingArgs.skipTokenizerInit !== true && fs.existsSync(path.join(dir, "tokenizer.json"))) {
         try {
           early = { dir, genDir, tokenizer: modules.Tokenizer.fromDir(dir, { generationConfigDir: genDir }) };
         } catch {
@@ -510,21 +510,24 @@ function takePrespawned(): Worker | null {
 
 interface TokenizerModules {
   Tokenizer: typeof Tokenizer;
+  AbsentTokenizer: typeof import("../models/absent-tokenizer.js").AbsentTokenizer;
   parseGenerationConfig: typeof import("../models/tokenizer.js").parseGenerationConfig;
   readGguf: typeof import("../models/formats/gguf.js").readGguf;
   ggufToTokenizerJson: typeof import("../models/formats/gguf-tokenizer.js").ggufToTokenizerJson;
 }
 
 async function importTokenizerModules(): Promise<TokenizerModules> {
-  const [{ Tokenizer, parseGenerationConfig }, { readGguf }, { ggufToTokenizerJson }] = await Promise.all([
+  const [{ Tokenizer, parseGenerationConfig }, { readGguf }, { ggufToTokenizerJson }, { AbsentTokenizer }] = await Promise.all([
     import("../models/tokenizer.js"),
     import("../models/formats/gguf.js"),
     import("../models/formats/gguf-tokenizer.js"),
+    import("../models/absent-tokenizer.js"),
   ]);
-  return { Tokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson };
+  return { Tokenizer, AbsentTokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson };
 }
 
-function loadTokenizer(src: TokenizerSource, { Tokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson }: TokenizerModules): Tokenizer {
+function loadTokenizer(src: TokenizerSource, { Tokenizer, AbsentTokenizer, parseGenerationConfig, readGguf, ggufToTokenizerJson }: TokenizerModules): Tokenizer {
+  if (src.kind === "none") return AbsentTokenizer.of(src);
   if (src.kind === "dir") return Tokenizer.fromDir(src.dir, { generationConfigDir: src.generationConfigDir });
   const g = readGguf(src.file);
   try {

@@ -8,9 +8,9 @@ import { readFileSync, realpathSync, statSync } from "node:fs";
 import { sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { KilnError } from "../util/errors.js";
-import { ImageDecodeError, type RgbImage } from "./image-decode.js";
+import { decodeImage, ImageDecodeError, type RgbImage } from "./image-decode.js";
 import {
-  GEMMA3_BOI, gemma3ImagePrompt, gemma3PixelValues, gemma3ProcessImage, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
+  GEMMA3_BOI, gemma3ImagePrompt, gemma3ImageWithCrops, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
 } from "./gemma3-image-processor.js";
 import { templateToolCall } from "./chat-content-format.js";
 import type { ChatContentPart, ChatMessage } from "./tokenizer-types.js";
@@ -172,11 +172,13 @@ function dataUrlBytes(url: string, param: string): Uint8Array {
 /**
  * Where images may come from besides data: URLs and pixels (vLLM's --allowed-local-media-path and
  * --allowed-media-domains): file: URLs under `localPath` (a resolved directory; null: none), http(s) URLs of the hosts
- * in `domains` (null: any).
+ * in `domains` (null: any); and how they are read (--media-io-kwargs' image.rgba_background_color: the colour under a
+ * transparent image, default white).
  */
 export interface MediaAccess {
   localPath: string | null;
   domains: readonly string[] | null;
+  rgbaBackground?: readonly [number, number, number];
 }
 export const DEFAULT_MEDIA_ACCESS: MediaAccess = { localPath: null, domains: null };
 
@@ -237,43 +239,49 @@ function unfetchedBytes(url: string, param: string, access: MediaAccess): Uint8A
   throw new ChatInputError(param, "The URL must be either a HTTP, data or file URL.");
 }
 
-/** pixel_values of one image (PNG or JPEG bytes decoded, or pixels), as Gemma3ImageProcessor computes them. */
-function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string): Float32Array {
+/**
+ * pixel_values of one image (PNG or JPEG bytes decoded, or pixels) and of its pan-and-scan crops after it, as
+ * Gemma3ImageProcessor computes them.
+ */
+function pixelValues(source: Uint8Array | RgbImage, cfg: Gemma3ImageProcessorConfig, param: string, access: MediaAccess): Float32Array[] {
   try {
-    return source instanceof Uint8Array ? gemma3ProcessImage(source, cfg) : gemma3PixelValues(source, cfg);
+    return gemma3ImageWithCrops(source instanceof Uint8Array ? decodeImage(source, access.rgbaBackground) : source, cfg);
   } catch (e) {
     if (e instanceof ImageDecodeError) throw new ChatInputError(param, e.message);
     throw e;
   }
 }
 
-/** Each image's pixel_values, in order; http(s) images fetched. */
-export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Promise<Float32Array[]> {
-  const out: Float32Array[] = [];
+/** Each image's pixel_values (then its crops'), in order; http(s) images fetched. */
+export async function loadChatImages(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Promise<Float32Array[][]> {
+  const out: Float32Array[][] = [];
   for (const img of images) {
     const source = "image" in img ? img.image : (unfetchedBytes(img.url, img.param, access) ?? (await fetchImage(img.url, img.param, access)));
-    out.push(pixelValues(source, cfg, img.param));
+    out.push(pixelValues(source, cfg, img.param, access));
   }
   return out;
 }
 
-/** Each image's pixel_values, in order, without fetching: an http(s) image is refused (LLM.chatAsync fetches it). */
-export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Float32Array[] {
+/** Each image's pixel_values (then its crops'), in order, without fetching: an http(s) image is refused (LLM.chatAsync fetches it). */
+export function loadChatImagesSync(images: readonly ChatImage[], cfg: Gemma3ImageProcessorConfig, access = DEFAULT_MEDIA_ACCESS): Float32Array[][] {
   return images.map((img) => {
     const source = "image" in img ? img.image : unfetchedBytes(img.url, img.param, access);
     if (source === null) throw new ChatInputError(img.param, "an http(s) image is fetched by LLM.chatAsync (LLM.chat reads data: URLs, bytes and pixels)");
-    return pixelValues(source, cfg, img.param);
+    return pixelValues(source, cfg, img.param, access);
   });
 }
 
 /**
  * The messages as a "string" content format renders them with images: one `<start_of_image>` per image before the
- * text, joined by newlines (vLLM's placeholders); an "openai" one reads the parts.
+ * text, joined by newlines (vLLM's placeholders), or with `interleave` (--interleave-mm-strings) each part in its
+ * place, joined by newlines; an "openai" one reads the parts.
  */
-function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
+function messagesWithPlaceholders(messages: ChatMessage[], interleave: boolean): ChatMessage[] {
   return messages.map((m) => {
     const n = m.contentParts?.filter((p) => p.type === "image").length ?? 0;
-    return n === 0 ? m : { ...m, content: [...Array<string>(n).fill(GEMMA3_BOI), ...(m.content ? [m.content] : [])].join("\n") };
+    if (n === 0) return m;
+    if (interleave) return { ...m, content: m.contentParts!.map((p) => (p.type === "image" ? GEMMA3_BOI : p.text)).join("\n") };
+    return { ...m, content: [...Array<string>(n).fill(GEMMA3_BOI), ...(m.content ? [m.content] : [])].join("\n") };
   });
 }
 
@@ -283,10 +291,10 @@ function messagesWithPlaceholders(messages: ChatMessage[]): ChatMessage[] {
  * that wrote the wrong number of placeholders is a ChatInputError naming `param` (the messages).
  */
 export function imageChatPrompt(
-  messages: ChatMessage[], pixels: readonly Float32Array[], spec: Gemma3ImageInputSpec,
-  { render, encode, param }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string },
+  messages: ChatMessage[], pixels: readonly (readonly Float32Array[])[], spec: Gemma3ImageInputSpec,
+  { render, encode, param, interleave = false }: { render: (messages: ChatMessage[]) => string; encode: (text: string) => number[]; param: string; interleave?: boolean },
 ): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
-  const rendered = render(messagesWithPlaceholders(messages));
+  const rendered = render(messagesWithPlaceholders(messages, interleave));
   try {
     return gemma3ImagePrompt(rendered, pixels, spec, encode);
   } catch (e) {

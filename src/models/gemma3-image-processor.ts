@@ -1,8 +1,10 @@
-// Gemma 3's image processor (HF Gemma3ImageProcessor with its defaults, pan-and-scan off): RGB pixels resized to
-// image_size x image_size (PIL bilinear), rescaled by 1/255 and normalised with mean 0.5 and std 0.5 per channel, as
-// channel-first float32 pixel_values [3, size, size]. And the prompt text one image stands for (processing_gemma3.py).
+// Gemma 3's image processor (HF Gemma3ImageProcessor): RGB pixels resized to image_size x image_size (PIL bilinear),
+// rescaled by 1/255 and normalised with mean 0.5 and std 0.5 per channel, as channel-first float32 pixel_values
+// [3, size, size]; with pan-and-scan, the image's crops likewise after it. And the prompt text one image stands for
+// (processing_gemma3.py).
 import { createHash } from "node:crypto";
 import { decodeImage, resizeBilinear, type RgbImage } from "./image-decode.js";
+import { applyMmProcessorKwargs, cropImage, PAN_AND_SCAN_DEFAULTS, panAndScanCrops, type PanAndScanConfig } from "./gemma3-pan-and-scan.js";
 
 /** Gemma 3's processor settings (preprocessor_config.json's defaults). */
 export interface Gemma3ImageProcessorConfig {
@@ -11,9 +13,11 @@ export interface Gemma3ImageProcessorConfig {
   /** Per-channel mean and std of the normalisation (0.5 each: pixels end in [-1, 1]). */
   imageMean: readonly [number, number, number];
   imageStd: readonly [number, number, number];
+  /** Pan-and-scan (off by default; preprocessor_config.json, --mm-processor-kwargs, a request's mm_processor_kwargs). */
+  panAndScan: PanAndScanConfig;
 }
 
-export const GEMMA3_IMAGE_DEFAULTS = { imageMean: [0.5, 0.5, 0.5], imageStd: [0.5, 0.5, 0.5] } as const;
+export const GEMMA3_IMAGE_DEFAULTS = { imageMean: [0.5, 0.5, 0.5], imageStd: [0.5, 0.5, 0.5], panAndScan: PAN_AND_SCAN_DEFAULTS } as const;
 
 /** pixel_values [3, size, size] (channel-first, float32) of an RGB image, as Gemma3ImageProcessor computes them. */
 export function gemma3PixelValues(img: RgbImage, cfg: Gemma3ImageProcessorConfig): Float32Array {
@@ -36,6 +40,11 @@ export function gemma3ProcessImage(bytes: Uint8Array, cfg: Gemma3ImageProcessorC
   return gemma3PixelValues(decodeImage(bytes), cfg);
 }
 
+/** An image's pixel_values and then its pan-and-scan crops' (none with pan-and-scan off): what its prompt text holds. */
+export function gemma3ImageWithCrops(img: RgbImage, cfg: Gemma3ImageProcessorConfig): Float32Array[] {
+  return [img, ...panAndScanCrops(img.width, img.height, cfg.panAndScan).map((box) => cropImage(img, box))].map((im) => gemma3PixelValues(im, cfg));
+}
+
 /** Gemma 3's image tokens (tokenizer_config.json's boi_token, image_token, eoi_token). */
 export const GEMMA3_BOI = "<start_of_image>";
 export const GEMMA3_IMAGE_TOKEN = "<image_soft_token>";
@@ -49,17 +58,30 @@ export function gemma3FullImageSequence(mmTokensPerImage: number): string {
   return `\n\n${GEMMA3_BOI}${GEMMA3_IMAGE_TOKEN.repeat(mmTokensPerImage)}${GEMMA3_EOI}\n\n`;
 }
 
-/** The prompt with each `<start_of_image>` expanded to the full image sequence; throws when the count is not `numImages`. */
-export function expandGemma3ImageTokens(prompt: string, numImages: number, mmTokensPerImage: number): string {
-  const parts = prompt.split(GEMMA3_BOI);
-  if (parts.length - 1 !== numImages)
-    throw new RangeError(`the prompt has ${parts.length - 1} ${GEMMA3_BOI} placeholder(s) for ${numImages} image(s)`);
-  return parts.join(gemma3FullImageSequence(mmTokensPerImage));
+/**
+ * What Gemma3Processor puts in the text for an image with `numCrops` pan-and-scan crops: the full image sequence, or
+ * with crops "Here is the original image {seq} and here are some crops to help you see better {seq} {seq}...".
+ */
+export function gemma3ImageText(numCrops: number, mmTokensPerImage: number): string {
+  const seq = gemma3FullImageSequence(mmTokensPerImage);
+  if (numCrops === 0) return seq;
+  return `Here is the original image ${seq} and here are some crops to help you see better ${Array<string>(numCrops).fill(seq).join(" ")}`;
 }
 
-/** One image of a prompt: the runs of positions its embeddings fill (the engine's MultiModalFeature). */
+/**
+ * The prompt with each `<start_of_image>` expanded to its image's text (`numCrops[i]`: image i's crops); throws when
+ * the placeholders are not one per image.
+ */
+export function expandGemma3ImageTokens(prompt: string, numCrops: readonly number[], mmTokensPerImage: number): string {
+  const parts = prompt.split(GEMMA3_BOI);
+  if (parts.length - 1 !== numCrops.length)
+    throw new RangeError(`the prompt has ${parts.length - 1} ${GEMMA3_BOI} placeholder(s) for ${numCrops.length} image(s)`);
+  return parts.map((part, i) => (i === 0 ? part : gemma3ImageText(numCrops[i - 1]!, mmTokensPerImage) + part)).join("");
+}
+
+/** One image (or one crop of it) of a prompt: the run of positions its embeddings fill (the engine's MultiModalFeature). */
 export interface ImageFeatureSpec {
-  /** sha256 of the processed pixels and the processor settings (vLLM's mm_hash: equal images share it). */
+  /** sha256 of the processed pixels and the processor settings, pan-and-scan's included (vLLM's mm_hash). */
   hash: string;
   offset: number;
   length: number;
@@ -74,14 +96,25 @@ export interface Gemma3ImageInputSpec {
 }
 
 /**
+ * `spec` with processor kwargs applied (vLLM's mm_processor_kwargs: --mm-processor-kwargs over preprocessor_config.json,
+ * a request's over both); throws MmProcessorKwargsError for a key or value Gemma 3 does not take.
+ */
+export function withMmProcessorKwargs(spec: Gemma3ImageInputSpec, kwargs: unknown): Gemma3ImageInputSpec {
+  if (kwargs === undefined || kwargs === null) return spec;
+  return { ...spec, processor: { ...spec.processor, panAndScan: applyMmProcessorKwargs(spec.processor.panAndScan, kwargs) } };
+}
+
+/**
  * A rendered chat prompt with one `<start_of_image>` per image: its token ids with each image expanded as
- * Gemma3Processor does, and each image's processed pixels at the run of `<image_soft_token>` positions it fills.
- * `encode` tokenizes without adding special tokens (the template wrote `<bos>`).
+ * Gemma3Processor does, and each image's processed pixels (`images[i]`: image i's, then its crops') at the runs of
+ * `<image_soft_token>` positions they fill, one feature per run. `encode` tokenizes without adding special tokens
+ * (the template wrote `<bos>`).
  */
 export function gemma3ImagePrompt(
-  prompt: string, pixelValues: readonly Float32Array[], spec: Gemma3ImageInputSpec, encode: (text: string) => number[],
+  prompt: string, images: readonly (readonly Float32Array[])[], spec: Gemma3ImageInputSpec, encode: (text: string) => number[],
 ): { promptText: string; promptTokenIds: number[]; features: ImageFeatureSpec[] } {
-  const promptText = expandGemma3ImageTokens(prompt, pixelValues.length, spec.mmTokensPerImage);
+  const promptText = expandGemma3ImageTokens(prompt, images.map((withCrops) => withCrops.length - 1), spec.mmTokensPerImage);
+  const pixelValues = images.flat();
   const ids = encode(promptText);
   const features: ImageFeatureSpec[] = [];
   for (let i = 0; i < ids.length; i++) {
@@ -90,11 +123,11 @@ export function gemma3ImagePrompt(
     while (j < ids.length && ids[j] === spec.imageTokenIndex) j++;
     const pixels = pixelValues[features.length];
     if (pixels === undefined || j - i !== spec.mmTokensPerImage)
-      throw new RangeError(`the prompt's image token runs do not match its ${pixelValues.length} image(s) of ${spec.mmTokensPerImage} tokens (a prompt text may not contain ${GEMMA3_IMAGE_TOKEN})`);
+      throw new RangeError(`the prompt's image token runs do not match its ${images.length} image(s) of ${spec.mmTokensPerImage} tokens each (a prompt text may not contain ${GEMMA3_IMAGE_TOKEN})`);
     features.push({ hash: gemma3ImageHash(pixels, spec.processor), offset: i, length: j - i, pixelValues: pixels });
     i = j - 1;
   }
-  if (features.length !== pixelValues.length) throw new RangeError(`the prompt holds ${features.length} image token runs for ${pixelValues.length} image(s)`);
+  if (features.length !== pixelValues.length) throw new RangeError(`the prompt holds ${features.length} image token runs for ${pixelValues.length} image(s) and crops`);
   return { promptText, promptTokenIds: ids, features };
 }
 

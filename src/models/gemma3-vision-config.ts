@@ -3,8 +3,9 @@
 // image token), read from the model directory without loading the runtime (the router reads them too).
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { KilnError, UnsupportedError } from "../util/errors.js";
+import { KilnError } from "../util/errors.js";
 import { GEMMA3_IMAGE_DEFAULTS, GEMMA3_IMAGE_TOKEN, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig } from "./gemma3-image-processor.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS, PAN_AND_SCAN_KEYS, type PanAndScanConfig } from "./gemma3-pan-and-scan.js";
 import type { TokenizerLike } from "./tokenizer-types.js";
 
 type Json = Record<string, unknown>;
@@ -70,14 +71,20 @@ export function parseGemma3VisionConfig(json: Json, textHiddenSize: number): Gem
 }
 
 /**
- * Gemma3ImageProcessor's settings: preprocessor_config.json's image_mean, image_std and size where the directory has
- * one, else HF's defaults at vision_config.image_size. Pan-and-scan (do_pan_and_scan true) is refused: Kiln sends
- * each image whole, as vLLM does by default.
+ * Gemma3ImageProcessor's settings: preprocessor_config.json's image_mean, image_std, size and pan-and-scan keys
+ * (do_pan_and_scan, pan_and_scan_*; null: Gemma3Processor's defaults) where the directory has one, else HF's defaults
+ * at vision_config.image_size.
  */
 export function readGemma3ImageProcessorConfig(dir: string, imageSize: number): Gemma3ImageProcessorConfig {
   const file = path.join(dir, "preprocessor_config.json");
   const json = fs.existsSync(file) ? (JSON.parse(fs.readFileSync(file, "utf8")) as Json) : {};
-  if (json.do_pan_and_scan === true) throw new UnsupportedError("image_processor", `${file}: do_pan_and_scan is not supported (images are processed whole)`);
+  let panAndScan: PanAndScanConfig;
+  try {
+    panAndScan = applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, Object.fromEntries(Object.entries(json).filter(([k]) => PAN_AND_SCAN_KEYS.includes(k))));
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw new VisionConfigError(`${file}: ${e.message.replace(/^mm_processor_kwargs: /, "")}`);
+    throw e;
+  }
   const triple = (key: string, dflt: readonly [number, number, number]): [number, number, number] => {
     const v = json[key];
     if (v === undefined || v === null) return [...dflt];
@@ -88,7 +95,7 @@ export function readGemma3ImageProcessorConfig(dir: string, imageSize: number): 
   const size = json.size as { height?: unknown; width?: unknown } | undefined;
   if (size !== undefined && (size.height !== imageSize || size.width !== imageSize))
     throw new VisionConfigError(`${file}: size ${JSON.stringify(size)} is not the vision tower's image_size ${imageSize}`);
-  return { imageSize, imageMean: triple("image_mean", GEMMA3_IMAGE_DEFAULTS.imageMean), imageStd: triple("image_std", GEMMA3_IMAGE_DEFAULTS.imageStd) };
+  return { imageSize, imageMean: triple("image_mean", GEMMA3_IMAGE_DEFAULTS.imageMean), imageStd: triple("image_std", GEMMA3_IMAGE_DEFAULTS.imageStd), panAndScan };
 }
 
 /**

@@ -19,6 +19,9 @@ export interface RgbImage {
   data: Uint8Array;
 }
 
+/** The background a transparent image is composited over by default. */
+const WHITE = [255, 255, 255] as const;
+
 /** The largest image decoded, in megapixels (jpeg-js's own default bound, applied to PNG as well). */
 const MAX_MEGAPIXELS = 100;
 
@@ -97,8 +100,11 @@ function checkSize(width: number, height: number): void {
   if (width * height > MAX_MEGAPIXELS * 1e6) throw new ImageDecodeError(`the image is ${width}x${height}, over ${MAX_MEGAPIXELS} megapixels`);
 }
 
-/** Decodes PNG, JPEG, WebP or GIF bytes to RGB; transparent pixels are composited over white as PIL's alpha_composite does. */
-export function decodeImage(bytes: Uint8Array): RgbImage {
+/**
+ * Decodes PNG, JPEG, WebP or GIF bytes to RGB; transparent pixels are composited over `background` (white, vLLM's
+ * default rgba_background_color) as PIL's alpha_composite does.
+ */
+export function decodeImage(bytes: Uint8Array, background: readonly [number, number, number] = WHITE): RgbImage {
   const format = imageFormat(bytes);
   if (format === null) throw new ImageDecodeError("cannot identify the image: not a PNG, JPEG, WebP or GIF file");
   let rgba: Rgba;
@@ -119,14 +125,14 @@ export function decodeImage(bytes: Uint8Array): RgbImage {
   }
   if (rgba.width < 1 || rgba.height < 1) throw new ImageDecodeError(`the ${format.toUpperCase()} image is empty (${rgba.width}x${rgba.height})`);
   checkSize(rgba.width, rgba.height);
-  return rgbaToRgb(rgba.width, rgba.height, rgba.data);
+  return rgbaToRgb(rgba.width, rgba.height, rgba.data, background);
 }
 
 /**
- * RGBA over an opaque white background, as PIL's Image.alpha_composite computes it (integer math with 7 extra bits,
- * divisions by 255 rounded), then the alpha dropped; opaque pixels pass unchanged.
+ * RGBA over an opaque background (white unless given), as PIL's Image.alpha_composite computes it (integer math with
+ * 7 extra bits, divisions by 255 rounded), then the alpha dropped; opaque pixels pass unchanged.
  */
-export function rgbaToRgb(width: number, height: number, rgba: Uint8Array): RgbImage {
+export function rgbaToRgb(width: number, height: number, rgba: Uint8Array, background: readonly [number, number, number] = WHITE): RgbImage {
   const n = width * height;
   const out = new Uint8Array(n * 3);
   const P = 7;
@@ -142,7 +148,7 @@ export function rgbaToRgb(width: number, height: number, rgba: Uint8Array): RgbI
       const outa255 = a * 255 + 255 * (255 - a);
       const coef1 = Math.floor((a * 255 * 255 * (1 << P)) / outa255);
       const coef2 = 255 * (1 << P) - coef1;
-      const tmp = src * coef1 + 255 * coef2 + (0x80 << P);
+      const tmp = src * coef1 + background[c]! * coef2 + (0x80 << P);
       out[3 * i + c] = (((tmp >>> 8) + tmp) >>> 8) >>> P;
     }
   }

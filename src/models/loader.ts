@@ -11,6 +11,7 @@ import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { fusedParts, hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
 import { inspectModelDir } from "./model-dir.js";
+import { AbsentTokenizer, absentTokenizerOf } from "./absent-tokenizer.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
 import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
@@ -73,6 +74,17 @@ export interface LoadOptions {
   loadFormat?: LoadFormat;
   /** vLLM's --hf-overrides: config.json keys over the model's (applyHfOverrides), before the model is built. */
   hfOverrides?: Record<string, unknown> | null;
+  /** vLLM's --hf-config-path: a directory whose config.json is read instead of the model's (HF directories only). */
+  hfConfigPath?: string;
+  /** vLLM's --ignore-patterns: glob patterns of weight files in the model directory not read (model-dir.ts). */
+  ignorePatterns?: readonly string[];
+  /** vLLM's --hf-token: the token a hub id is downloaded with; default HF_TOKEN's. */
+  hfToken?: string;
+  /**
+   * vLLM's --skip-tokenizer-init: no tokenizer.json is read; the model's tokenizer is an AbsentTokenizer of its
+   * config's vocabulary size and EOS ids (prompts are token ids, outputs have no text). Default false.
+   */
+  skipTokenizer?: boolean;
   /**
    * vLLM's --quantization: weight-only int8 (per channel), int4 or mxfp4 (groups of 32) or fp8 (e4m3, per
    * channel) for the decoder's linear layers, quantized on load; embeddings, norms and lm_head keep the model dtype.
@@ -199,7 +211,11 @@ function tensorFromSafetensors(h: SafetensorsHandle, name: string, want: DType, 
 export async function loadModel(idOrPath: string, options: LoadOptions = {}): Promise<LoadedModel> {
   resolveQuantization(options.quantization); // fail before reading weights
   checkTpLoad(options);
-  const resolved = await resolveModel(idOrPath, { revision: options.revision, ...(options.downloadDir !== undefined ? { cacheDir: options.downloadDir } : {}) });
+  const resolved = await resolveModel(idOrPath, {
+    revision: options.revision,
+    ...(options.downloadDir !== undefined ? { cacheDir: options.downloadDir } : {}),
+    ...(options.hfToken !== undefined ? { token: options.hfToken } : {}),
+  });
   return applyQuantization(resolved.kind === "gguf" ? loadGguf(resolved.path, options) : loadHfDir(resolved.path, options), options);
 }
 
@@ -227,17 +243,18 @@ function readJson(file: string): Record<string, unknown> {
 }
 
 function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
-  const info = inspectModelDir(dir);
+  const info = inspectModelDir(dir, { ignorePatterns: options.ignorePatterns });
   const format = options.loadFormat ?? "auto";
-  if (!info.configPath) throw new ModelLoadError(`${dir}: no config.json`);
+  const configPath = options.hfConfigPath !== undefined ? path.join(options.hfConfigPath, "config.json") : info.configPath;
+  if (!configPath) throw new ModelLoadError(`${dir}: no config.json`);
   if (!info.weights && format !== "dummy") throw new ModelLoadError(`${dir}: no model.safetensors (or shards) found`);
   const mismatch = info.weights ? loadFormatMismatch(format, info.weights.format) : null;
   if (mismatch !== null) throw new ModelLoadError(`${dir}: ${mismatch}`);
   if (info.weights?.format === "gguf") return loadGguf(info.weights.files[0]!, options, dir);
   // before reading any weights: a model without its tokenizer fails fast
-  if (options.tokenizer === undefined ? !info.tokenizerJsonPath : !fs.existsSync(path.join(options.tokenizer, "tokenizer.json")))
+  if (options.skipTokenizer !== true && (options.tokenizer === undefined ? !info.tokenizerJsonPath : !fs.existsSync(path.join(options.tokenizer, "tokenizer.json"))))
     throw new ModelLoadError(`${options.tokenizer ?? dir}: no tokenizer.json`);
-  const rawConfig = applyHfOverrides(readJson(info.configPath), options.hfOverrides);
+  const rawConfig = applyHfOverrides(readJson(configPath), options.hfOverrides);
   const lm = languageModelConfig(rawConfig);
   const config = parseHfConfig(lm.config);
   const dtype = resolveDtype(options.dtype ?? "auto", config);
@@ -287,11 +304,14 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
       experts?.finish(dir);
     }
     fp8?.finish(dir);
-    const tokenizer = Tokenizer.fromDir(options.tokenizer ?? dir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: dir });
+    const generationConfig = loadGenerationConfig(dir);
+    const tokenizer = options.skipTokenizer === true
+      ? absentTokenizerOf(rawConfig, generationConfig?.raw ?? null)
+      : Tokenizer.fromDir(options.tokenizer ?? dir, { deferBuild: options.deferTokenizerBuild, generationConfigDir: dir });
     // an image-text checkpoint's vision tower and projector (vLLM's --limit-mm-per-prompt '{"image": 0}' skips them)
     const vision = lm.textWeights !== null && options.loadVision !== false ? loadGemma3Vision(file, rawConfig, config.hiddenSize, dtype, options.device, dir) : null;
     return {
-      model, config, tokenizer, generationConfig: loadGenerationConfig(dir), path: dir, dtype, quantization: fp8?.scheme() ?? experts?.scheme() ?? null,
+      model, config, tokenizer, generationConfig, path: dir, dtype, quantization: fp8?.scheme() ?? experts?.scheme() ?? null,
       ...(vision !== null ? { vision } : {}),
     };
   } finally {
@@ -355,6 +375,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
   const mismatch = loadFormatMismatch(options.loadFormat ?? "auto", "gguf");
   if (mismatch !== null) throw new ModelLoadError(`${file}: ${mismatch}`);
   if ((options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${file}: GGUF models are not supported with tensor parallelism (serve a safetensors directory)`);
+  if (options.hfConfigPath !== undefined) throw new ModelLoadError(`${file}: a GGUF model's config is its metadata's (--hf-config-path serves Hugging Face directories; --hf-overrides changes a GGUF's)`);
   const g: GgufFile = readGguf(file);
   try {
     const hfConfig = applyHfOverrides(ggufToHfConfig(g.metadata, g.tensors.map((t) => t.name), (name) => g.loadAsFloat32(name)), options.hfOverrides);
@@ -450,6 +471,8 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
         deferBuild: options.deferTokenizerBuild,
       });
     }
+    // --skip-tokenizer-init: the file's vocabulary is not served (its EOS ids still stop generation)
+    if (options.skipTokenizer === true) tokenizer = AbsentTokenizer.of({ vocabSize: config.vocabSize, eosTokenIds: tokenizer.eosTokenIds, bosTokenId: null });
     return { model, config, tokenizer, generationConfig, path: file, dtype, quantization: direct.scheme() };
   } finally {
     g.close();

@@ -20,11 +20,36 @@ export interface ModelDirInfo {
   specialTokensMapPath: string | null;
 }
 
+export interface InspectOptions {
+  /**
+   * vLLM's --ignore-patterns: weight files (.safetensors, .gguf) whose names match one of these globs (fnmatch's:
+   * `*` any run of characters, `?` one, `[abc]` one of a set; `**` as `*`) are not listed.
+   */
+  ignorePatterns?: readonly string[];
+}
+
+/** A glob as a whole-name RegExp, as Python's fnmatch reads it (`*` matches "/" too). */
+export function globToRegExp(glob: string): RegExp {
+  let re = "";
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i]!;
+    const close = c === "[" ? glob.indexOf("]", i + 2) : -1;
+    if (c === "*") re += ".*";
+    else if (c === "?") re += ".";
+    else if (close > 0) {
+      const set = glob.slice(i + 1, close).replace(/\\/g, "\\\\");
+      re += set.startsWith("!") ? `[^${set.slice(1)}]` : `[${set}]`;
+      i = close;
+    } else re += c.replace(/[.+^${}()|[\]\\]/g, "\\$&");
+  }
+  return new RegExp(`^${re}$`, "s");
+}
+
 /**
  * Lists what a model directory holds. A path to a .gguf file is treated as a directory with just it.
  * @example const info = inspectModelDir("/models/Qwen3-0.6B"); // info.weights?.format === "safetensors"
  */
-export function inspectModelDir(p: string): ModelDirInfo {
+export function inspectModelDir(p: string, options: InspectOptions = {}): ModelDirInfo {
   const stat = fs.statSync(p, { throwIfNoEntry: false });
   if (!stat) throw new ModelFormatError(`[model-dir] ${p}: no such file or directory`, p);
   if (stat.isFile()) {
@@ -35,7 +60,9 @@ export function inspectModelDir(p: string): ModelDirInfo {
     };
   }
   const dir = path.resolve(p);
-  const names = new Set(fs.readdirSync(dir));
+  const ignored = (options.ignorePatterns ?? []).map(globToRegExp);
+  const isIgnored = (n: string): boolean => (n.endsWith(".safetensors") || n.endsWith(".gguf")) && ignored.some((re) => re.test(n));
+  const names = new Set(fs.readdirSync(dir).filter((n) => !isIgnored(n)));
   const has = (n: string) => (names.has(n) ? path.join(dir, n) : null);
   let weights: ModelWeights | null = null;
   const index = has("model.safetensors.index.json");
@@ -49,6 +76,8 @@ export function inspectModelDir(p: string): ModelDirInfo {
       throw new ModelFormatError(`[model] ${index} is not valid JSON: ${(e as Error).message}`);
     }
     const map = parsed.weight_map ?? {};
+    const left = Object.values(map).find(isIgnored);
+    if (left !== undefined) throw new ModelFormatError(`[model] ${index} names ${left}, which --ignore-patterns leaves out: its tensors would be missing`);
     weights = { format: "safetensors", files: [...new Set(Object.values(map))].sort().map((f) => path.join(dir, f)), indexPath: index };
   } else if (names.has("model.safetensors")) weights = { format: "safetensors", files: [path.join(dir, "model.safetensors")], indexPath: null };
   else if (safetensors.length) weights = { format: "safetensors", files: safetensors.map((f) => path.join(dir, f)), indexPath: null };

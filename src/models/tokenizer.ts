@@ -114,7 +114,7 @@ export class Tokenizer implements TokenizerLike {
   private readonly config: Json;
   private compiled = new Map<string, Template>();
 
-  private constructor(tokenizerJson: Json, config: Json, options: TokenizerOptions) {
+  protected constructor(tokenizerJson: Json, config: Json, options: TokenizerOptions) {
     this.tokenizerJson = tokenizerJson;
     this.config = config;
     if (options.deferBuild !== true) this.build(true);

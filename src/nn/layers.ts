@@ -46,11 +46,20 @@ export interface LinearLoraSlots {
  * torch.nn.Linear: y = x W^T + b, W [out, in]. A new layer is initialised as torch's, its parameters require grad.
  * @example const l = new Linear(3, 2, true); l.forward(ones([4, 3])).sum().backward(); l.weight.grad // [2, 3]
  */
+/** A low-rank adapter being trained on a Linear (LoRA fine-tuning): forward adds scaling * B (A x). */
+export interface LinearAdapter {
+  a: Tensor; // [rank, inFeatures]
+  b: Tensor; // [outFeatures, rank]
+  scaling: number;
+}
+
 export class Linear extends Module {
   weight: Tensor; // [outFeatures, inFeatures]
   bias: Tensor | null; // [outFeatures]
   /** LoRA slots (models/lora-slots.ts), or null when the model serves no adapters. */
   lora: LinearLoraSlots | null = null;
+  /** The adapter a LoRA fine-tune trains (src/train/lora-train.ts), or null; not a parameter of the module. */
+  adapter: LinearAdapter | null = null;
 
   constructor(
     readonly inFeatures: number,
@@ -73,7 +82,18 @@ export class Linear extends Module {
 
   /** x [..., in] -> [..., out]. `xq`: x's rows already quantized (RMSNorm.forwardFor), read by a quantized weight. */
   forward(x: Tensor, xq?: QuantizedActivations | null): Tensor {
-    return linear(x, this.weight, this.bias, xq);
+    const out = linear(x, this.weight, this.bias, xq);
+    if (this.adapter === null) return out;
+    const { a, b, scaling } = this.adapter;
+    const ax = linear(x, a, null);
+    const bax = linear(ax, b, null);
+    ax.dispose();
+    const delta = bax.mul(scaling);
+    bax.dispose();
+    const sum = out.add(delta);
+    out.dispose();
+    delta.dispose();
+    return sum;
   }
 
   /** forward(x, xq) plus each row's LoRA delta (withLora). */

@@ -14,14 +14,16 @@ import { chainBlockHashes } from "../engine/kv-cache-manager.js";
 import { messagesChatFields } from "../models/anthropic-messages.js";
 import { withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
 import { imageChatPrompt, loadChatImagesSync, readWireMessages, type ChatImage } from "../models/chat-images.js";
-import { gemma3ImageHash, type Gemma3ImageInputSpec, type ImageFeatureSpec } from "../models/gemma3-image-processor.js";
+import {
+  gemma3ImageHash, withMmProcessorKwargs, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
+} from "../models/gemma3-image-processor.js";
 import { gemma3ImageInputSpec } from "../models/gemma3-vision-config.js";
 import { Tokenizer } from "../models/tokenizer.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 
 type Json = unknown;
 
-/** Processed images' hashes kept (by their URL's digest: 64 hex digits and a hash each). */
+/** Processed images' hashes kept (by their URL's digest: 64 hex digits and a hash per image or crop each). */
 const IMAGE_HASH_CACHE_SIZE = 1024;
 const NO_PIXELS = new Float32Array(0);
 const isRecord = (v: Json): v is Record<string, Json> => typeof v === "object" && v !== null && !Array.isArray(v);
@@ -45,8 +47,8 @@ export class RequestTokenizer {
   readonly tokenizer: TokenizerLike;
   readonly chatTemplate: string | null;
   readonly imageInput: Gemma3ImageInputSpec | null;
-  /** sha256 of an image's data: URL -> its processed content hash, least recently used first. */
-  private readonly imageHashes = new Map<string, string>();
+  /** sha256 of a data: URL and the processor's settings -> the image's (and its crops') hashes, least recently used first. */
+  private readonly processed = new Map<string, string[]>();
 
   constructor(tokenizer: TokenizerLike, { chatTemplate = null, contentFormat = "auto", imageInput = null }: RequestTokenizerOptions = {}) {
     this.tokenizer = withChatTemplateDefaults(tokenizer, { contentFormat, kwargs: null });
@@ -105,35 +107,37 @@ export class RequestTokenizer {
       const encode = (text: string): number[] => this.tokenizer.encode(text, { addSpecialTokens: false });
       if (images.length === 0) return { tokenIds: encode(render(messages)), images: [] };
       if (this.imageInput === null) return null; // a text-only model (or the router lacks its config): the worker decides
-      const hashes = images.map((image) => this.imageHash(image));
-      // the prompt's image positions (the pixels are not needed for those: each feature takes its image's hash)
-      const p = imageChatPrompt(messages, hashes.map(() => NO_PIXELS), this.imageInput, { render, encode, param: "messages" });
-      return { tokenIds: p.promptTokenIds, images: p.features.map((f, i) => ({ hash: hashes[i]!, offset: f.offset, length: f.length })) };
+      // the request's mm_processor_kwargs over the model's settings, as the server applies them (a bad one: a 400 there)
+      const spec = withMmProcessorKwargs(this.imageInput, body.mm_processor_kwargs);
+      const hashes = images.map((image) => this.imageHashes(image, spec.processor));
+      // the prompt's image positions (the pixels are not needed for those: each run takes its image's or crop's hash)
+      const p = imageChatPrompt(messages, hashes.map((crops) => crops.map(() => NO_PIXELS)), spec, { render, encode, param: "messages" });
+      const flat = hashes.flat();
+      return { tokenIds: p.promptTokenIds, images: p.features.map((f, i) => ({ hash: flat[i]!, offset: f.offset, length: f.length })) };
     } catch {
       return null; // not a chat the router can render (the worker may answer 400): any worker will do
     }
   }
 
   /**
-   * A chat image's content hash as the engine keys its blocks: decoded and processed as the worker does, once per
-   * data: URL (a conversation sends its images again with each turn). An http(s) image is not fetched (nor a file:
-   * one read) here: it throws, and the chat goes by load.
+   * A chat image's content hashes as the engine keys its blocks (the image's, then each pan-and-scan crop's): decoded
+   * and processed as the worker does, once per data: URL and settings (a conversation sends its images again with
+   * each turn). An http(s) image is not fetched (nor a file: one read) here: it throws, and the chat goes by load.
    */
-  private imageHash(image: ChatImage): string {
-    const processor = this.imageInput!.processor;
-    const key = "url" in image ? createHash("sha256").update(image.url).digest("hex") : null;
-    const known = key === null ? undefined : this.imageHashes.get(key);
+  private imageHashes(image: ChatImage, processor: Gemma3ImageProcessorConfig): string[] {
+    const key = "url" in image ? createHash("sha256").update(JSON.stringify(processor)).update("\u0000").update(image.url).digest("hex") : null;
+    const known = key === null ? undefined : this.processed.get(key);
     if (known !== undefined) {
-      this.imageHashes.delete(key!); // (most recently used last)
-      this.imageHashes.set(key!, known);
+      this.processed.delete(key!); // (most recently used last)
+      this.processed.set(key!, known);
       return known;
     }
-    const hash = gemma3ImageHash(loadChatImagesSync([image], processor)[0]!, processor);
+    const hashes = loadChatImagesSync([image], processor)[0]!.map((pixels) => gemma3ImageHash(pixels, processor));
     if (key !== null) {
-      this.imageHashes.set(key, hash);
-      if (this.imageHashes.size > IMAGE_HASH_CACHE_SIZE) this.imageHashes.delete(this.imageHashes.keys().next().value!);
+      this.processed.set(key, hashes);
+      if (this.processed.size > IMAGE_HASH_CACHE_SIZE) this.processed.delete(this.processed.keys().next().value!);
     }
-    return hash;
+    return hashes;
   }
 
   /**

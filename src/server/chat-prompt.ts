@@ -1,8 +1,9 @@
 // The chat path's prompt, one for every endpoint that serves a chat (chat completions, the Responses API, Anthropic's
 // Messages API and its count_tokens, /tokenize; run-batch through them): the messages through the chat template (or
 // gpt-oss's Harmony renderer) and, with images, what vLLM's chat path feeds the model: the count checked against
-// --limit-mm-per-prompt, each image loaded and processed, its placeholder expanded (models/chat-images.ts).
-import type { ImageFeatureSpec } from "../models/gemma3-image-processor.js";
+// --limit-mm-per-prompt, each image loaded and processed (the request's mm_processor_kwargs over the server's), its
+// placeholder expanded (models/chat-images.ts).
+import { withMmProcessorKwargs, type ImageFeatureSpec } from "../models/gemma3-image-processor.js";
 import { checkImageCount, imageChatPrompt, loadChatImages } from "../models/chat-images.js";
 import { badRequest } from "./errors.js";
 import type { ChatRequest } from "./protocol.js";
@@ -49,8 +50,11 @@ export async function chatPrompt(
     const promptText = renderChatPrompt(ctx, req, param);
     return { promptText, promptTokenIds: encode(promptText), mmFeatures: null };
   }
-  const spec = ctx.imageInput!; // (checkImageCount refuses images without one)
+  // (checkImageCount refuses images without an image input; the request's kwargs were checked on parsing)
+  const spec = withMmProcessorKwargs(ctx.imageInput!, req.mmProcessorKwargs);
   const pixels = await loadChatImages(req.images, spec.processor, ctx.mediaAccess);
-  const p = imageChatPrompt(req.messages, pixels, spec, { render: (messages) => renderChatPrompt(ctx, { ...req, messages }, param), encode, param });
+  const p = imageChatPrompt(req.messages, pixels, spec, {
+    render: (messages) => renderChatPrompt(ctx, { ...req, messages }, param), encode, param, interleave: ctx.interleaveMmStrings,
+  });
   return { promptText: p.promptText, promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
 }

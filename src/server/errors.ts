@@ -48,7 +48,8 @@ export function toApiError(err: unknown): ApiError {
   const e = err as { name?: unknown; statusCode?: unknown; code?: unknown; message?: unknown; param?: unknown } | null;
   const message = typeof e?.message === "string" && e.message ? e.message : "Internal server error";
   if (typeof e?.param === "string") return new ApiError(400, message, e.param);
-  if (e?.name === "EngineInputError" || e?.name === "ValueError") return new ApiError(400, message, null);
+  // (NoTokenizerError: text asked of a model served with --skip-tokenizer-init)
+  if (e?.name === "EngineInputError" || e?.name === "ValueError" || e?.name === "NoTokenizerError") return new ApiError(400, message, null);
   // (by name: it crosses from the engine worker as a plain Error carrying it)
   if (e?.name === "EngineSleepingError") return new ApiError(503, message.replace(/^\[engine\] /, ""), null, "service_unavailable_error", "engine_sleeping");
   const status = typeof e?.statusCode === "number" ? e.statusCode : 500;

@@ -1,6 +1,7 @@
 // Wire protocol: OpenAI/vLLM request bodies (snake_case) validated and mapped to SamplingParams (camelCase).
 import type { SamplingParams, StructuredOutputsParams } from "../engine/types.js";
 import { ChatInputError, readWireMessages, type ChatImage } from "../models/chat-images.js";
+import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import { badRequest } from "./errors.js";
 import {
@@ -58,6 +59,8 @@ export interface ChatRequest extends CommonRequest {
   continueFinalMessage: boolean;
   chatTemplate: string | undefined;
   chatTemplateKwargs: Record<string, unknown> | undefined;
+  /** vLLM's mm_processor_kwargs: the image processor's settings over the server's (checked: Gemma 3's pan-and-scan keys). */
+  mmProcessorKwargs?: Record<string, unknown>;
   tools: unknown[] | undefined;
   /** none: a text reply; required or named: the reply is tool calls (its text constrained to their JSON). */
   toolChoice: ToolChoice;
@@ -167,6 +170,29 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
     truncatePromptTokens: truncate,
     returnTokenIds: optBool(body, "return_token_ids") ?? false,
   };
+}
+
+/**
+ * A request's `logits_processors` (vLLM's extra argument: qualified names, or {"qualname": ...}): refused with a 400
+ * as vLLM refuses them, naming the server's --logits-processor-pattern; Kiln, as vLLM V1, runs no per-request ones
+ * (the engine-level --logits-processors apply to every request).
+ */
+export function refuseRequestLogitsProcessors(body: Json, pattern: string | null): void {
+  const lps = body.logits_processors;
+  if (lps === undefined || lps === null || (Array.isArray(lps) && lps.length === 0)) return;
+  if (pattern === null)
+    throw badRequest("The `logits_processors` argument is not supported by this server: it was started without --logits-processor-pattern", "logits_processors");
+  if (!Array.isArray(lps)) throw badRequest("'logits_processors' must be a list of qualified names (or {\"qualname\": ...} objects)", "logits_processors");
+  const allowed = new RegExp(`^(?:${pattern})`); // Python's re.match: anchored at the start
+  for (const lp of lps) {
+    const name: unknown = typeof lp === "object" && lp !== null ? (lp as { qualname?: unknown }).qualname : lp;
+    if (typeof name !== "string") throw badRequest("'logits_processors' must be a list of qualified names (or {\"qualname\": ...} objects)", "logits_processors");
+    if (!allowed.test(name)) throw badRequest(`Logits processor '${name}' is not allowed by this server's --logits-processor-pattern ${JSON.stringify(pattern)}`, "logits_processors");
+  }
+  throw badRequest(
+    `Per-request logits processors are not supported (as in vLLM V1), though ${JSON.stringify(pattern)} (--logits-processor-pattern) allows them: start the server with --logits-processors instead`,
+    "logits_processors",
+  );
 }
 
 /** use_beam_search and length_penalty, as vLLM takes them; what beam search does not serve is refused. */
@@ -420,6 +446,13 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     common.params.structuredOutputs = { json: toolSchema, ...(disableAnyWhitespace !== undefined ? { disableAnyWhitespace } : {}) };
   }
   const chatTemplateKwargs = optObject(body, "chat_template_kwargs");
+  const mmProcessorKwargs = optObject(body, "mm_processor_kwargs");
+  try {
+    applyMmProcessorKwargs(PAN_AND_SCAN_DEFAULTS, mmProcessorKwargs);
+  } catch (e) {
+    if (e instanceof MmProcessorKwargsError) throw badRequest(e.message, "mm_processor_kwargs");
+    throw e;
+  }
   const topLp = wantLogprobs ? (topLogprobs ?? 0) : null;
   if (topLp !== null) common.params.logprobs = topLp;
   return {
@@ -430,6 +463,7 @@ export function parseChatRequest(raw: unknown, vocabSize: number, { autoTools = 
     continueFinalMessage,
     chatTemplate,
     chatTemplateKwargs,
+    ...(mmProcessorKwargs !== undefined ? { mmProcessorKwargs } : {}),
     tools,
     toolChoice,
     topLogprobs: topLp,

@@ -4,7 +4,7 @@ import { harmonyTokens } from "./harmony-parse.js";
 import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
-import type { TLSSocket } from "node:tls";
+import type { Server as TlsServer, TLSSocket } from "node:tls";
 import Fastify, { LogController, type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
@@ -30,6 +30,7 @@ import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from
 import { registerDevRoutes } from "./dev-routes.js";
 import { ServerLoad } from "./server-load.js";
 import { RequestLog, type RequestLogOptions } from "./request-log.js";
+import { watchTlsFiles, type TlsFiles } from "./tls-refresh.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -81,6 +82,10 @@ export interface TlsOptions {
   cert: string;
   ca?: string;
   clientCerts?: "none" | "optional" | "required";
+  /** vLLM --ssl-ciphers: the cipher suites of TLS 1.2 and below (OpenSSL's list form); default Node's. */
+  ciphers?: string;
+  /** vLLM --enable-ssl-refresh: the files to re-read when they change (tls-refresh.ts); absent: read once. */
+  refreshFrom?: TlsFiles;
 }
 
 /** What it serves, bound once the engine is ready. */
@@ -124,6 +129,13 @@ export interface ServerEngineOptions {
   returnTokensAsTokenIds?: boolean;
   /** Streams end with a usage chunk even when the request did not ask (vLLM --enable-force-include-usage). */
   forceIncludeUsage?: boolean;
+  /**
+   * vLLM --skip-tokenizer-init: the tokenizer is an AbsentTokenizer; completions take token-id prompts only, with no
+   * stop strings, bad words or structured output (each a 400), and their choices' text is empty. Default false.
+   */
+  skipTokenizerInit?: boolean;
+  /** vLLM --logits-processor-pattern, named in the 400 a request listing logits_processors gets; default null (none allowed). */
+  logitsProcessorPattern?: string | null;
   /** P/D disaggregation (vLLM --kv-transfer-config): the started side channel; requests may then carry kv_transfer_params. */
   kvTransfer?: KvTransferService | null;
   /** The launch arguments GET /server_info reports in dev mode (kiln serve's, without secrets). */
@@ -137,6 +149,8 @@ export interface ServerEngineOptions {
   imageLimit?: number;
   /** file: URLs under a directory, http(s) only from some hosts (vLLM's --allowed-local-media-path, --allowed-media-domains). */
   mediaAccess?: MediaAccess;
+  /** vLLM's --interleave-mm-strings: a "string" content format writes a message's images in their place. Default false. */
+  interleaveMmStrings?: boolean;
 }
 
 export type ServerOptions = ServerAppOptions & ServerEngineOptions;
@@ -199,9 +213,14 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
   // an HTTPS server has the same API: only fastify's server type parameter differs
   const tls = options.https;
   const clientCerts = tls?.clientCerts ?? "none";
+  const fixedTls = tls?.ciphers !== undefined ? { ciphers: tls.ciphers } : {};
   const https = tls === undefined ? undefined
-    : { key: tls.key, cert: tls.cert, ...(tls.ca !== undefined ? { ca: tls.ca } : {}), requestCert: clientCerts !== "none", rejectUnauthorized: clientCerts === "required" };
+    : { key: tls.key, cert: tls.cert, ...(tls.ca !== undefined ? { ca: tls.ca } : {}), ...fixedTls, requestCert: clientCerts !== "none", rejectUnauthorized: clientCerts === "required" };
   const app = (https !== undefined ? Fastify({ ...fastifyOptions, https }) : Fastify(fastifyOptions)) as unknown as FastifyInstance;
+  if (tls?.refreshFrom !== undefined) {
+    const stop = watchTlsFiles(app.server as unknown as TlsServer, tls.refreshFrom, fixedTls, (l) => process.stderr.write(`${l}\n`));
+    app.addHook("onClose", async () => stop());
+  }
   if (clientCerts === "optional") {
     // a certificate sent must verify (Python's CERT_OPTIONAL); the handshake let it through to say why here
     app.addHook("onRequest", async (request, reply) => {
@@ -359,6 +378,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         responseRole: engineOptions.responseRole ?? "assistant",
         returnTokensAsTokenIds: engineOptions.returnTokensAsTokenIds ?? false,
         forceIncludeUsage: engineOptions.forceIncludeUsage ?? false,
+        logitsProcessorPattern: engineOptions.logitsProcessorPattern ?? null,
+        skipTokenizerInit: engineOptions.skipTokenizerInit ?? false,
         reasoningParser: engineOptions.engine.reasoningParser ?? null, // one setting: the engine's gates its grammars
         harmony,
         kvTransfer: engineOptions.kvTransfer ?? null,
@@ -369,6 +390,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         imageInput: engineOptions.imageInput ?? null,
         imageLimit: engineOptions.imageLimit ?? DEFAULT_IMAGE_LIMIT,
         mediaAccess: engineOptions.mediaAccess ?? DEFAULT_MEDIA_ACCESS,
+        interleaveMmStrings: engineOptions.interleaveMmStrings ?? false,
       };
       return app;
     },

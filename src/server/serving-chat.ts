@@ -6,7 +6,7 @@ import { badRequest } from "./errors.js";
 import { chatPrompt } from "./chat-prompt.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
-import { parseChatRequest, type ChatRequest } from "./protocol.js";
+import { asJsonBody, parseChatRequest, refuseRequestLogitsProcessors, type ChatRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
@@ -143,6 +143,7 @@ function truncatedImages(images: ImageFeatureSpec[], cut: number): ImageFeatureS
 }
 
 export async function handleChat(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  refuseRequestLogitsProcessors(asJsonBody(request.body), ctx.logitsProcessorPattern);
   const req = forceUsage(ctx, parseChatRequest(request.body, ctx.tokenizer.vocabSize, { autoTools: servesAutoTools(ctx), trustChatTemplate: ctx.trustRequestChatTemplate }));
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   const body = request.body as Json;

@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import type { CompletionOutput, FinishReason, RequestOutput, TokenLogprobs } from "../engine/types.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
-import { parseCompletionRequest, type CompletionRequest } from "./protocol.js";
+import { asJsonBody, parseCompletionRequest, refuseRequestLogitsProcessors, type CompletionRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
 import { IncrementalDetokenizer } from "../engine/detokenizer.js";
 import { badRequest } from "./errors.js";
@@ -86,6 +86,18 @@ function promptTextOffsets(ctx: ServingContext, p: Prepared): number[] {
   return starts.map((start) => Math.min(text.length, start + shift));
 }
 
+/**
+ * --skip-tokenizer-init: what needs the vocabulary is refused, as vLLM refuses it (prompts must be token ids; nothing
+ * is detokenized, so no stop strings, bad words or grammars); stop_token_ids and the EOS ids still stop.
+ */
+function refuseWithoutTokenizer(req: CompletionRequest): void {
+  const why = "the server was started with --skip-tokenizer-init (no tokenizer)";
+  if (req.prompts.some((p) => "text" in p)) throw badRequest(`prompt must be token ids (a list of integers, or a list of such lists): ${why}`, "prompt");
+  if ((req.params.stop?.length ?? 0) > 0) throw badRequest(`stop strings are not supported: ${why}, so no text is detokenized; use stop_token_ids`, "stop");
+  if ((req.params.badWords?.length ?? 0) > 0) throw badRequest(`bad_words are not supported: ${why}`, "bad_words");
+  if (req.params.structuredOutputs != null) throw badRequest(`structured output is not supported: ${why}`, "structured_outputs");
+}
+
 interface Choice {
   text: string;
   numTokens: number;
@@ -100,7 +112,9 @@ interface Choice {
 }
 
 export async function handleCompletion(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  refuseRequestLogitsProcessors(asJsonBody(request.body), ctx.logitsProcessorPattern);
   const req = forceUsage(ctx, parseCompletionRequest(request.body, ctx.tokenizer.vocabSize));
+  if (ctx.skipTokenizerInit) refuseWithoutTokenizer(req);
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
   const prepared: Prepared[] = req.prompts.map((p) =>

@@ -63,6 +63,10 @@ export interface ServingContext {
   returnTokensAsTokenIds: boolean;
   /** Streams end with a usage chunk even without stream_options.include_usage (vLLM --enable-force-include-usage). */
   forceIncludeUsage: boolean;
+  /** vLLM --logits-processor-pattern (a request's logits_processors get a 400 naming it), or null. */
+  logitsProcessorPattern: string | null;
+  /** vLLM --skip-tokenizer-init: no tokenizer; completions take token ids only (refuseWithoutTokenizer). */
+  skipTokenizerInit: boolean;
   /** P/D disaggregation's side channel (--kv-transfer-config), or null. */
   kvTransfer: KvTransferService | null;
   /** The launch arguments /server_info reports (kiln serve's, secrets left out), or null. */
@@ -75,6 +79,8 @@ export interface ServingContext {
   imageLimit: number;
   /** Where image URLs may point besides data: (vLLM's --allowed-local-media-path, --allowed-media-domains). */
   mediaAccess: MediaAccess;
+  /** Whether a "string" content format writes a message's images where its parts put them (--interleave-mm-strings). */
+  interleaveMmStrings: boolean;
 }
 
 /**

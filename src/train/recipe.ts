@@ -20,6 +20,8 @@ import { AdamW, SGD, type Optimizer } from "./optim.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { TrainConfigError, type TrainConfig } from "./train-config.js";
+import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
+import { attachLoraAdapters, exportLoraAdapter, type TrainedLora } from "./lora-train.js";
 
 export interface RecipeHooks {
   log?: (line: string) => void;
@@ -124,7 +126,8 @@ function initWeights(model: CausalLM, seed: number, layers: number): void {
   }
 }
 
-function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unknown>, tok: ByteLevelBpe, dtype: string): void {
+/** Writes config.json, the weights and (`tok`: the recipe's own tokenizer) the tokenizer and generation files. */
+function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unknown>, tok: ByteLevelBpe | null, dtype: string): void {
   fs.mkdirSync(dir, { recursive: true });
   const tensors: SafetensorsWriteTensor[] = model.namedParameters().map(([name, p]) => {
     const f = (p.dtype === "float32" ? p : p.to("float32")).dataSync() as Float32Array;
@@ -134,6 +137,7 @@ function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unkn
   });
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfig, null, 2) + "\n");
   writeSafetensors(path.join(dir, "model.safetensors"), tensors, { format: "pt" });
+  if (tok === null) return; // (a fine-tuned model's are its directory's: exportInitialModelFiles)
   saveTokenizer(dir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE, modelMaxLength: Number(hfConfig.max_position_embeddings) });
   const eos = [tok.tokenToId("<|im_end|>"), tok.tokenToId("<|endoftext|>")].filter((x): x is number => x !== undefined);
   fs.writeFileSync(
@@ -207,6 +211,8 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
   const dump = cfg.job.dump_folder;
+  // fine-tuning: the model, its shape and tokenizer from a Hugging Face directory (before any data loads)
+  const init = cfg.checkpoint.initial_load_path !== null ? loadInitialModel(cfg) : null;
   const pretrained = cfg.model.tokenizer_path ? pretrainedTokenizer(cfg) : null;
   fs.mkdirSync(dump, { recursive: true });
   // data parallel: rank 0 trains the tokenizer and writes the token cache; the others wait, then read them
@@ -215,9 +221,14 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   // 1. data and tokenizer
   const docs = chatFormat(loadDataset(cfg.training.dataset), cfg.training.chat_format_fraction, cfg.job.seed);
   log(`[data] ${docs.length} documents, ${docs.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
-  let tok: ByteLevelBpe;
+  let tok: ByteLevelBpe | null = null;
   const tokDir = path.join(dump, "tokenizer");
-  if (pretrained) {
+  if (init !== null) {
+    // (the ChatML rewrite needs ChatML's tokens in the model's vocabulary)
+    const missing = cfg.training.chat_format_fraction > 0 ? ["<|im_start|>", "<|im_end|>"].filter((t) => init.tokenizer.tokenToId(t) === undefined) : [];
+    if (missing.length > 0)
+      throw new TrainConfigError(`[training] chat_format_fraction ${cfg.training.chat_format_fraction}: the tokenizer of ${init.dir} has no ${missing.join(" or ")} (set it to 0)`);
+  } else if (pretrained) {
     tok = pretrained;
   } else if (fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
     tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(path.join(tokDir, "tokenizer.json"), "utf8")));
@@ -226,43 +237,60 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     saveTokenizer(tokDir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE });
     log(`[tokenizer] trained byte-level BPE, vocab ${tok.vocabSize}`);
   }
-  const eosId = tok.tokenToId("<|endoftext|>") ?? 0;
+  const eosId = init !== null ? documentSeparator(init.tokenizer, init.dir) : tok!.tokenToId("<|endoftext|>") ?? 0;
   const data = buildDatasets({
     docs,
-    tokenizer: tok,
+    tokenizer: init?.tokenizer ?? tok!,
     eosId,
     valFraction: cfg.validation.enable ? cfg.validation.fraction : 0,
     seed: cfg.job.seed,
     cachePath: path.join(dump, "tokens.bin"),
-    tokenizerKey: JSON.stringify(tok.json.model),
+    tokenizerKey: init?.tokenizerKey ?? JSON.stringify(tok!.json.model),
   });
   log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens`);
   if (rank === 0 && worldSize > 1) barrier();
 
   // 2. model
-  const vocabSize = cfg.model.vocab_size ?? tok.vocabSize;
-  const hfConfig = recipeHfConfig(cfg, vocabSize, tok.tokenToId("<|im_end|>") ?? eosId);
-  const paramDtype = cfg.training.mixed_precision_param;
-  // unallocated: initWeights installs every parameter (no default init drawn and thrown away)
-  const model = new CausalLM(parseHfConfig(hfConfig), { dtype: paramDtype, unallocatedParameters: true });
-  initWeights(model, cfg.job.seed, cfg.model.n_layers);
+  let model: CausalLM;
+  let hfConfig: Record<string, unknown>;
+  let lora: TrainedLora | null = null;
+  if (init !== null) {
+    model = init.model;
+    hfConfig = init.hfConfig;
+    if (cfg.lora.enable) lora = attachLoraAdapters(model, cfg);
+  } else {
+    const vocabSize = cfg.model.vocab_size ?? tok!.vocabSize;
+    hfConfig = recipeHfConfig(cfg, vocabSize, tok!.tokenToId("<|im_end|>") ?? eosId);
+    // unallocated: initWeights installs every parameter (no default init drawn and thrown away)
+    model = new CausalLM(parseHfConfig(hfConfig), { dtype: cfg.training.mixed_precision_param, unallocatedParameters: true });
+    initWeights(model, cfg.job.seed, cfg.model.n_layers);
+  }
   model.train();
   const numParams = model.numParameters();
   const B = cfg.training.local_batch_size;
   const S = cfg.training.seq_len;
   const fpt = flopsPerToken(model, S);
   const peak = hooks.peakFlops ?? 117e9;
-  log(`[model] llama ${numParams} parameters (dim ${cfg.model.dim}, ${cfg.model.n_layers} layers, vocab ${vocabSize}), ${(fpt / 1e6).toFixed(1)} MFLOP/token; ${defaultDevice().backend.describe()}`);
+  const c = model.config;
+  const from = init !== null ? ` from ${init.dir}` : "";
+  log(`[model] ${c.architecture} ${numParams} parameters${from} (dim ${c.hiddenSize}, ${c.numHiddenLayers} layers, vocab ${c.vocabSize}), ${(fpt / 1e6).toFixed(1)} MFLOP/token; ${defaultDevice().backend.describe()}`);
+  if (lora !== null) {
+    const n = lora.named.reduce((s, [, t]) => s + t.numel, 0);
+    log(`[lora] rank ${cfg.lora.rank} adapters on ${lora.modules.length} projections (${cfg.lora.target_modules.join(", ")}): ${n} trainable parameters, the model's frozen`);
+  }
+  // what the optimizer updates and the checkpoints hold: the adapters alone under LoRA
+  const trained = lora !== null ? lora.named : model.namedParameters();
 
   // 3. optimizer, schedule, loop
   const o = cfg.optimizer;
   const optimizer: Optimizer =
     o.name === "AdamW"
-      ? new AdamW(model.parameters(), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
-      : new SGD(model.parameters(), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
+      ? new AdamW(trained.map(([, t]) => t), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
+      : new SGD(trained.map(([, t]) => t), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
   const schedule = new LrSchedule({ lr: o.lr, warmupSteps: cfg.lr_scheduler.warmup_steps, totalSteps: cfg.training.steps, decayType: cfg.lr_scheduler.decay_type, lrMin: cfg.lr_scheduler.lr_min });
   // each rank reads its own batch of every step's worldSize consecutive ones: the global batch is B x worldSize
   const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
+  if (lora !== null && worldSize > 1) throw new TrainConfigError("[lora] enable = true trains in one process: data-parallel LoRA (kiln run --nproc-per-node N) is not supported yet");
   const ddp = worldSize > 1 ? new DistributedDataParallel(model) : null;
   const dataParallel: DataParallelHooks | undefined = ddp === null ? undefined : {
     noSync: (fn) => ddp.noSync(fn),
@@ -309,8 +337,8 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   let tokSum = 0;
   let msSum = 0;
   const trainable = {
-    parameters: () => model.parameters(),
-    namedParameters: () => model.namedParameters(),
+    parameters: () => trained.map(([, t]) => t),
+    namedParameters: () => trained,
     loss: (inputs: Int32Array, targets: Int32Array): Tensor => model.loss(inputs, targets, B, S),
   };
   await train({
@@ -348,13 +376,14 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     },
   });
   drawCurve();
-  const exportDir = path.join(dump, "hf");
+  const exportDir = path.join(dump, lora !== null ? "lora" : "hf");
   model.eval();
   ddp?.close();
-  if (rank === 0) exportModel(exportDir, model, hfConfig, tok, cfg.checkpoint.export_dtype);
+  if (rank === 0 && lora !== null) exportLoraAdapter(exportDir, lora, cfg, init!.dir);
+  else if (rank === 0) exportModel(exportDir, model, init !== null ? exportInitialModelFiles(init, exportDir, cfg.checkpoint.export_dtype) : hfConfig, init !== null ? null : tok!, cfg.checkpoint.export_dtype);
   const finalLoss = (last as StepMetrics | null)?.loss ?? [...earlier].reverse().find((e) => e.loss !== undefined)?.loss ?? NaN;
   const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
-  log(`[export] Hugging Face model directory: ${exportDir}`);
+  log(lora !== null ? `[export] PEFT LoRA adapter directory: ${exportDir} (kiln serve ${init!.dir} --enable-lora --lora-modules NAME=${exportDir})` : `[export] Hugging Face model directory: ${exportDir}`);
   return {
     exportDir,
     finalLoss,

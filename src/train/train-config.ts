@@ -70,6 +70,12 @@ export interface CheckpointConfig {
   interval: number;
   keep_latest_k: number;
   export_dtype: "float32" | "bfloat16" | "float16";
+  /** TorchTitan's: a Hugging Face model directory to start from (fine-tuning) instead of random weights; the model's shape and tokenizer are its own. */
+  initial_load_path: string | null;
+  /** TorchTitan's: initial_load_path is in Hugging Face format (the only one Kiln reads: must be true with a path). */
+  initial_load_in_hf: boolean;
+  /** TorchTitan's: load the model only, not the optimizer or step (a Hugging Face directory holds only the model). */
+  initial_load_model_only: boolean;
 }
 
 export interface MetricsConfig {
@@ -87,6 +93,16 @@ export interface ValidationConfig {
   fraction: number;
 }
 
+/** LoRA fine-tuning (Kiln's section, in PEFT's LoraConfig terms): adapters trained on a frozen initial_load_path model. */
+export interface LoraTrainConfig {
+  enable: boolean;
+  rank: number;
+  alpha: number;
+  /** The projections adapted (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj). */
+  target_modules: string[];
+  use_rslora: boolean;
+}
+
 export interface TrainConfig {
   job: JobConfig;
   model: ModelConfig;
@@ -96,6 +112,7 @@ export interface TrainConfig {
   checkpoint: CheckpointConfig;
   metrics: MetricsConfig;
   validation: ValidationConfig;
+  lora: LoraTrainConfig;
 }
 
 /** Llama flavors sized for CPU training (explicit dims in [model] override them). */
@@ -184,6 +201,9 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     interval: int(500, 1),
     keep_latest_k: int(0, 0),
     export_dtype: oneOf(["float32", "bfloat16", "float16"], "float32"),
+    initial_load_path: str(null, true),
+    initial_load_in_hf: bool(false),
+    initial_load_model_only: bool(true),
   },
   metrics: {
     log_freq: int(10, 1),
@@ -195,6 +215,13 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     freq: int(100, 1),
     steps: int(10, 1),
     fraction: float(0.05, 0),
+  },
+  lora: {
+    enable: bool(false),
+    rank: { ...int(8, 1), aliases: ["r"] },
+    alpha: { ...float(16, 0), aliases: ["lora_alpha"] },
+    target_modules: { type: { kind: "strings" }, def: ["q_proj", "v_proj"] },
+    use_rslora: bool(false),
   },
 };
 
@@ -258,8 +285,14 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
       throw new TrainConfigError(`${source}: [job] seed = ${cfg.job.seed} and [training] seed = ${tseed} disagree`);
     cfg.job.seed = tseed;
   }
-  resolveModel(cfg, source);
-  crossCheck(cfg, source);
+  if (cfg.lora.enable && cfg.checkpoint.initial_load_path === null)
+    throw new TrainConfigError(`${source}: [lora] enable = true adapts a pretrained model: set [checkpoint] initial_load_path (and initial_load_in_hf = true)`);
+  if (cfg.checkpoint.initial_load_path !== null) checkInitialLoad(cfg, raw, source);
+  else {
+    resolveModel(cfg, source);
+    checkModel(cfg, source);
+  }
+  checkTraining(cfg, source);
   return cfg;
 }
 
@@ -333,6 +366,22 @@ function coerce(where: string, v: unknown, f: Field, source: string): unknown {
   }
 }
 
+/**
+ * A recipe starting from a Hugging Face directory: the model's shape and tokenizer are the directory's, so [model]
+ * may name the architecture only; the checkpoint must be read as Hugging Face's, model only.
+ */
+function checkInitialLoad(cfg: TrainConfig, raw: Record<string, unknown>, source: string): void {
+  const err = (msg: string): never => {
+    throw new TrainConfigError(`${source}: ${msg}`);
+  };
+  const c = cfg.checkpoint;
+  if (!c.initial_load_in_hf)
+    err(`[checkpoint] initial_load_path is read as a Hugging Face directory only: set initial_load_in_hf = true (a Kiln checkpoint folder resumes through [checkpoint] folder)`);
+  if (!c.initial_load_model_only) err(`[checkpoint] initial_load_model_only = false: a Hugging Face directory holds the model only (no optimizer or step)`);
+  const set = Object.keys((raw.model as Record<string, unknown> | undefined) ?? {}).filter((k) => k !== "name" && k !== "architecture");
+  if (set.length > 0) err(`[model] ${set.join(", ")}: the model's shape and tokenizer come from [checkpoint] initial_load_path ${c.initial_load_path} (remove them)`);
+}
+
 /** Fills model dims from the flavor, derives ffn_dim (Llama's 2/3 * 4 * dim rounded up to 64) and max_seq_len. */
 function resolveModel(cfg: TrainConfig, source: string): void {
   const m = cfg.model;
@@ -355,7 +404,8 @@ function resolveModel(cfg: TrainConfig, source: string): void {
   if (m.max_seq_len === null) m.max_seq_len = Math.max(cfg.training.seq_len, 2048);
 }
 
-function crossCheck(cfg: TrainConfig, source: string): void {
+/** The recipe's own model shape (not one read from initial_load_path). */
+function checkModel(cfg: TrainConfig, source: string): void {
   const m = cfg.model;
   const err = (msg: string): never => {
     throw new TrainConfigError(`${source}: ${msg}`);
@@ -366,6 +416,13 @@ function crossCheck(cfg: TrainConfig, source: string): void {
   if (cfg.training.seq_len > m.max_seq_len) err(`[training] seq_len ${cfg.training.seq_len} > [model] max_seq_len ${m.max_seq_len}`);
   if (m.vocab_size !== null && m.tokenizer_path === null && m.vocab_size < m.tokenizer_vocab_size)
     err(`[model] vocab_size ${m.vocab_size} < tokenizer_vocab_size ${m.tokenizer_vocab_size}`);
+}
+
+/** The optimizer, schedule, validation and export settings, whatever the model. */
+function checkTraining(cfg: TrainConfig, source: string): void {
+  const err = (msg: string): never => {
+    throw new TrainConfigError(`${source}: ${msg}`);
+  };
   if (cfg.optimizer.beta1 >= 1 || cfg.optimizer.beta2 >= 1) err(`[optimizer] beta1 and beta2 must be < 1`);
   if (cfg.lr_scheduler.lr_min > cfg.optimizer.lr)
     err(`[lr_scheduler] lr_min ${cfg.lr_scheduler.lr_min} > [optimizer] lr ${cfg.optimizer.lr}`);

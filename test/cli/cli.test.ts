@@ -41,6 +41,16 @@ describe("kiln CLI", () => {
     assert.equal(r.stdout.split("> ").length - 1, 5, r.stdout);
   });
 
+  it("chat --quick (-q, vLLM's) answers one message and exits; --quantization keeps its long name there", () => {
+    const r = spawnSync(`${root}/bin/kiln`, ["chat", "-q", "hello", "--max-tokens", "3", "--temperature", "0"], { encoding: "utf8", timeout: 60_000, input: "never read\n" });
+    assert.equal(r.status, 0, r.stderr);
+    assert.doesNotMatch(r.stdout, /> |Kiln chat/); // no prompt: the piped line is not read
+    assert.equal(r.stdout.split("\n").length, 2, r.stdout); // the reply, then its newline
+    const bad = kiln("chat", "--quantization", "bogus", "-q", "x");
+    assert.equal(bad.status, 2);
+    assert.match(bad.stderr, /quantization/);
+  });
+
   it("takes --tensor-parallel-size N >= 1 (tensor-parallel serving: test/engine/tensor-parallel.test.ts)", () => {
     assert.equal(parseServeArgs("m", { tensorParallelSize: "2" }, {}).tensorParallelSize, 2);
     assert.throws(() => parseServeArgs("m", { tensorParallelSize: "0" }, {}), /--tensor-parallel-size must be an integer >= 1/);

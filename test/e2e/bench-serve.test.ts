@@ -2,7 +2,7 @@
 // smollm-135m preset with a small trained tokenizer): most sampled ids decode to "", yet each is a token.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { runBenchServe } from "../../src/cli/bench-serve.js";
+import { benchServeDefaults, runBenchServe } from "../../src/cli/bench-serve.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 import { startKiln, type KilnServer } from "./kiln-process.js";
 
@@ -17,10 +17,8 @@ after(async () => {
 describe("kiln bench serve against kiln serve (e2e)", () => {
   it("times every streamed token, including those whose text is empty", async () => {
     const r = await runBenchServe({
-      baseUrl: server.url, model: null, datasetName: "random", randomInputLen: 24, randomOutputLen: 16, randomPrefixLen: 0,
-      prefixRepetitionPrefixLen: 0, prefixRepetitionSuffixLen: 0, prefixRepetitionNumPrefixes: 1, prefixRepetitionOutputLen: 1,
-      numPrompts: 12, requestRate: Infinity, maxConcurrency: 4, ignoreEos: true, seed: 0, apiKey: null, percentiles: [1, 99],
-      saveResult: false, resultFilename: null, quiet: true,
+      ...benchServeDefaults(), baseUrl: server.url, randomInputLen: 24, randomOutputLen: 16,
+      numPrompts: 12, maxConcurrency: 4, ignoreEos: true, percentiles: [1, 99], percentileMetrics: ["ttft", "tpot", "itl", "e2el"], quiet: true,
     });
     assert.equal(r.model_id, server.model);
     assert.equal(r.completed, 12);

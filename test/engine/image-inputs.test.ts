@@ -32,7 +32,7 @@ describe("image inputs (Gemma 3)", () => {
     { contentFormat: "openai" },
   );
   const prompt = (pixels: Float32Array): { promptTokenIds: number[]; mmFeatures: MultiModalFeature[] } => {
-    const p = gemma3ImagePrompt(text, [pixels], spec, (s) => tok.encode(s, { addSpecialTokens: false }));
+    const p = gemma3ImagePrompt(text, [[pixels]], spec, (s) => tok.encode(s, { addSpecialTokens: false }));
     return { promptTokenIds: p.promptTokenIds, mmFeatures: p.features };
   };
   const [imgA, imgB] = [randomPixels(1), randomPixels(2)];

@@ -4,6 +4,9 @@
 // stops the ranks.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import type { ServingArgs } from "../../src/engine/serving.js";
@@ -99,6 +102,35 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
       }
     } finally {
       await engine.close();
+    }
+  });
+
+  it("hf_config_path and skip_tokenizer_init reach every rank: a model without tokenizer.json, read with another config", { timeout: 60_000 }, async () => {
+    // a rank reading the model's own config (two layers) would not agree with rank 0's one-layer random model, and a
+    // rank looking for tokenizer.json would not start
+    const model = tinyModelDir("LlamaForCausalLM");
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-tp-notok-"));
+    const cfg = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-tp-cfg-"));
+    try {
+      fs.copyFileSync(path.join(model, "config.json"), path.join(dir, "config.json"));
+      const config = JSON.parse(fs.readFileSync(path.join(model, "config.json"), "utf8")) as Record<string, unknown>;
+      fs.writeFileSync(path.join(cfg, "config.json"), JSON.stringify({ ...config, num_hidden_layers: 1 }));
+      const args: ServingArgs = { model: dir, maxModelLen: 64, kvCacheMemory: 2 * 1024 ** 2, loadFormat: "dummy", hfConfigPath: cfg, skipTokenizerInit: true };
+      const prompts = [[5, 6, 7], [9, 3]];
+      const ref = new LLM({ ...args, enforceEager: true }).generate(prompts.map((promptTokenIds) => ({ promptTokenIds })), PARAMS);
+      const engine = await WorkerEngine.create({ ...args, tensorParallelSize: 2 });
+      try {
+        for (const [i, promptTokenIds] of prompts.entries()) {
+          const out = await final(engine.generate({ promptTokenIds }, PARAMS, { requestId: `s${i}` }));
+          assert.deepEqual(out.outputs[0]!.tokenIds, ref[i]!.outputs[0]!.tokenIds, `prompt ${i}`);
+          assert.equal(out.outputs[0]!.text, "");
+        }
+      } finally {
+        await engine.close();
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+      fs.rmSync(cfg, { recursive: true, force: true });
     }
   });
 

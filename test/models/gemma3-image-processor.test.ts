@@ -109,9 +109,9 @@ describe("image decoding and Gemma 3's image processor", () => {
   });
 
   it("expands each <start_of_image> into the full image sequence", () => {
-    const s = expandGemma3ImageTokens("A<start_of_image>B", 1, 3);
+    const s = expandGemma3ImageTokens("A<start_of_image>B", [0], 3);
     assert.equal(s, "A\n\n<start_of_image><image_soft_token><image_soft_token><image_soft_token><end_of_image>\n\nB");
-    assert.throws(() => expandGemma3ImageTokens("no image", 1, 3), RangeError);
+    assert.throws(() => expandGemma3ImageTokens("no image", [0], 3), RangeError);
   });
 
   it("with Gemma 3's own tokenizer and template: the prompt Gemma3Processor gives (ids of its vocabulary)", () => {
@@ -119,7 +119,7 @@ describe("image decoding and Gemma 3's image processor", () => {
     const text = tok.applyChatTemplate([{ role: "user", content: null, contentParts: [{ type: "text", text: "What is this?" }, { type: "image" }] }], { contentFormat: "openai" });
     assert.equal(text, "<bos><start_of_turn>user\nWhat is this?<start_of_image><end_of_turn>\n<start_of_turn>model\n");
     const px = new Float32Array(3 * 4 * 4);
-    const p = gemma3ImagePrompt(text, [px], { processor: { imageSize: 4, ...GEMMA3_IMAGE_DEFAULTS }, mmTokensPerImage: 256, imageTokenIndex: 262144 }, (s) => tok.encode(s, { addSpecialTokens: false }));
+    const p = gemma3ImagePrompt(text, [[px]], { processor: { imageSize: 4, ...GEMMA3_IMAGE_DEFAULTS }, mmTokensPerImage: 256, imageTokenIndex: 262144 }, (s) => tok.encode(s, { addSpecialTokens: false }));
     // <bos> <start_of_turn> user \n | the text | \n\n (108) <start_of_image> (255999), 256 x <image_soft_token> (262144),
     // <end_of_image> (256000), \n\n (108) | <end_of_turn> (106) \n (107) <start_of_turn> (105) model (4368) \n (107)
     const words = tok.encode("What is this?", { addSpecialTokens: false });
