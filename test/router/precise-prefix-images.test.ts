@@ -39,6 +39,8 @@ const messages = (image: Buffer) => ({
   system: "You describe pictures for a museum catalogue, briefly.",
   messages: [{ role: "user", content: [{ type: "text", text: "What is shown here?" }, { type: "image", source: { type: "base64", media_type: "image/png", data: image.toString("base64") } }] }],
 });
+// 60x20 with pan-and-scan on (the request's mm_processor_kwargs): the image and 3 crops, each keyed by its own hash
+const panAndScan = { ...chat(dataUrl(png(5, 60, 20))), mm_processor_kwargs: { do_pan_and_scan: true, pan_and_scan_min_crop_size: 8 } };
 const textMessages = {
   model: MODEL, max_tokens: 2, temperature: 0,
   system: [{ type: "text", text: "You answer questions about rivers in one sentence." }],
@@ -74,6 +76,7 @@ describe("precise_prefix for image chats and Messages requests", { timeout: 120_
     events.set("chatC", await served("/v1/chat/completions", chat(dataUrl(imgC))));
     events.set("messagesA", await served("/v1/messages", messages(imgA)));
     events.set("textMessages", await served("/v1/messages", textMessages));
+    events.set("panAndScan", await served("/v1/chat/completions", panAndScan));
   });
   after(async () => {
     const c = app.close();
@@ -84,7 +87,7 @@ describe("precise_prefix for image chats and Messages requests", { timeout: 120_
   /** B holds what the worker stored for image A's chat and the Messages requests; A what it stored for image C's chat. */
   const index = (): KvBlockIndex => {
     const ix = new KvBlockIndex();
-    ix.applyBatch({ ts: 0, events: [...events.get("chatA")!, ...events.get("messagesA")!, ...events.get("textMessages")!], data_parallel_rank: null, engine_id: B, seq: 0 });
+    ix.applyBatch({ ts: 0, events: ["chatA", "messagesA", "textMessages", "panAndScan"].flatMap((k) => events.get(k)!), data_parallel_rank: null, engine_id: B, seq: 0 });
     ix.applyBatch({ ts: 0, events: events.get("chatC")!, data_parallel_rank: null, engine_id: A, seq: 0 });
     return ix;
   };
@@ -108,6 +111,10 @@ describe("precise_prefix for image chats and Messages requests", { timeout: 120_
     const turn2 = { ...first, messages: [...first.messages, { role: "assistant", content: "Noise." }, { role: "user", content: "Which colours?" }] };
     const next = policy.select([w(A, 0), w(B, 3)], "", rt.blockHashes(route, turn2));
     assert.ok(next.url === B && next.reason === "cache_hit" && next.matchRate < 1, JSON.stringify(next));
+    // pan-and-scan: the crops' blocks too; without the kwargs the same image is another prompt
+    assert.deepEqual(policy.select([w(A, 0), w(B, 3)], "", rt.blockHashes(route, panAndScan)), { url: B, reason: "cache_hit", matchRate: 1 });
+    const { mm_processor_kwargs: _, ...whole } = panAndScan;
+    assert.ok(policy.select([w(A, 0), w(B, 3)], "", rt.blockHashes(route, whole)).matchRate < 1);
     // image A's pixels in another PNG file (uncompressed): keyed by the processed image, not the file
     const reencoded = PNG.sync.write(PNG.sync.read(imgA), { deflateLevel: 0 });
     assert.notDeepEqual(reencoded, imgA);
