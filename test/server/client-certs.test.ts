@@ -2,19 +2,11 @@
 // CERT_REQUIRED): a client certificate signed by the given CA is accepted; "required" refuses a connection without
 // one and one from another issuer, "optional" serves a client without one and refuses (403) one that does not verify.
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
 import { request } from "node:https";
 import { describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { parseServeArgs } from "../../src/cli/serve-args.js";
-import { createServer } from "../../src/server/index.js";
-import type { TlsOptions } from "../../src/server/server.js";
-import { FakeEngine } from "./fake-engine.js";
-import { MODEL } from "./helpers.js";
+import { fixture, pem, SERVER, withTlsServer } from "./tls-server.js";
 
-const fixture = (name: string) => fileURLToPath(new URL(`../../../test/fixtures/${name}`, import.meta.url));
-const pem = (name: string) => readFileSync(fixture(name), "utf8");
-const SERVER = { key: pem("tls-key.pem"), cert: pem("tls-cert.pem") };
 const CLIENT = { key: pem("mtls-client-key.pem"), cert: pem("mtls-client-cert.pem") };
 const ROGUE = { key: pem("mtls-rogue-client.pem"), cert: pem("mtls-rogue-client.pem") };
 
@@ -30,22 +22,10 @@ function health(port: number, client: { key: string; cert: string } | null): Pro
   });
 }
 
-async function withServer(tls: TlsOptions, fn: (port: number) => Promise<void>): Promise<void> {
-  const engine = new FakeEngine();
-  const app = createServer({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: engine.maxModelLen, version: "0.1.0-test", https: tls });
-  await app.listen({ port: 0, host: "127.0.0.1" });
-  try {
-    await fn((app.server.address() as { port: number }).port);
-  } finally {
-    const c = app.close();
-    app.server.closeAllConnections();
-    await c;
-  }
-}
 
 describe("client certificates (--ssl-ca-certs, --ssl-cert-reqs)", () => {
   it("required: a certificate from the CA gets in; none, or another issuer's, is refused at the handshake", async () => {
-    await withServer({ ...SERVER, ca: pem("mtls-ca.pem"), clientCerts: "required" }, async (port) => {
+    await withTlsServer({ ...SERVER, ca: pem("mtls-ca.pem"), clientCerts: "required" }, async (port) => {
       assert.equal(await health(port, CLIENT), 200);
       assert.ok((await health(port, null)) instanceof Error, "no certificate: refused");
       assert.ok((await health(port, ROGUE)) instanceof Error, "a certificate the CA did not sign: refused");
@@ -53,7 +33,7 @@ describe("client certificates (--ssl-ca-certs, --ssl-cert-reqs)", () => {
   });
 
   it("optional: a client without a certificate is served, one whose certificate does not verify gets a 403", async () => {
-    await withServer({ ...SERVER, ca: pem("mtls-ca.pem"), clientCerts: "optional" }, async (port) => {
+    await withTlsServer({ ...SERVER, ca: pem("mtls-ca.pem"), clientCerts: "optional" }, async (port) => {
       assert.equal(await health(port, null), 200);
       assert.equal(await health(port, CLIENT), 200);
       assert.equal(await health(port, ROGUE), 403);

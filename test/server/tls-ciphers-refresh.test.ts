@@ -2,21 +2,15 @@
 // only a suite outside the server's list fails the handshake; replacing the key and certificate files serves the new
 // certificate to the next connection, without a restart.
 import assert from "node:assert/strict";
-import { copyFileSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
 import { request } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { parseServeArgs } from "../../src/cli/serve-args.js";
-import { createServer } from "../../src/server/index.js";
-import type { TlsOptions } from "../../src/server/server.js";
-import { FakeEngine } from "./fake-engine.js";
-import { MODEL, waitFor } from "./helpers.js";
+import { fixture, SERVER, withTlsServer } from "./tls-server.js";
+import { waitFor } from "./helpers.js";
 
-const fixture = (name: string) => fileURLToPath(new URL(`../../../test/fixtures/${name}`, import.meta.url));
-const pem = (name: string) => readFileSync(fixture(name), "utf8");
-const SERVER = { key: pem("tls-key.pem"), cert: pem("tls-cert.pem") };
 
 /** GET /health over TLS 1.2 with `ciphers` offered: the status and the server certificate's fingerprint, or the error. */
 function health(port: number, ciphers?: string): Promise<{ status: number; fingerprint: string } | Error> {
@@ -34,29 +28,17 @@ function health(port: number, ciphers?: string): Promise<{ status: number; finge
   });
 }
 
-async function withServer(tls: TlsOptions, fn: (port: number) => Promise<void>): Promise<void> {
-  const engine = new FakeEngine();
-  const app = createServer({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: engine.maxModelLen, version: "0.1.0-test", https: tls });
-  await app.listen({ port: 0, host: "127.0.0.1" });
-  try {
-    await fn((app.server.address() as { port: number }).port);
-  } finally {
-    const c = app.close();
-    app.server.closeAllConnections();
-    await c;
-  }
-}
 
 describe("--ssl-ciphers", () => {
   it("a client offering only a suite outside the list fails the handshake; one in the list gets in", async () => {
-    await withServer({ ...SERVER, ciphers: "ECDHE-ECDSA-AES256-GCM-SHA384" }, async (port) => {
+    await withTlsServer({ ...SERVER, ciphers: "ECDHE-ECDSA-AES256-GCM-SHA384" }, async (port) => {
       const inList = await health(port, "ECDHE-ECDSA-AES256-GCM-SHA384");
       assert.ok(!(inList instanceof Error), String(inList));
       assert.equal(inList.status, 200);
       assert.ok((await health(port, "ECDHE-ECDSA-AES128-GCM-SHA256")) instanceof Error, "a suite outside --ssl-ciphers: refused");
     });
     // without the flag the same client gets in (Node's default list holds the suite)
-    await withServer(SERVER, async (port) => assert.equal(((await health(port, "ECDHE-ECDSA-AES128-GCM-SHA256")) as { status: number }).status, 200));
+    await withTlsServer(SERVER, async (port) => assert.equal(((await health(port, "ECDHE-ECDSA-AES128-GCM-SHA256")) as { status: number }).status, 200));
   });
 
   it("the flag: needs --ssl-certfile; a list OpenSSL knows nothing of is a usage error", () => {
@@ -76,7 +58,7 @@ describe("--enable-ssl-refresh", () => {
       copyFileSync(fixture("tls-cert.pem"), certfile);
       const args = parseServeArgs("m", { sslKeyfile: keyfile, sslCertfile: certfile, enableSslRefresh: true }, {});
       assert.deepEqual(args.tls?.refreshFrom, { keyfile, certfile });
-      await withServer(args.tls!, async (port) => {
+      await withTlsServer(args.tls!, async (port) => {
         const before = await health(port);
         assert.ok(!(before instanceof Error), String(before));
         // the rogue pair's file holds its key and certificate both
@@ -100,7 +82,7 @@ describe("--enable-ssl-refresh", () => {
       const [keyfile, certfile] = [join(dir, "key.pem"), join(dir, "cert.pem")];
       copyFileSync(fixture("tls-key.pem"), keyfile);
       copyFileSync(fixture("tls-cert.pem"), certfile);
-      await withServer(parseServeArgs("m", { sslKeyfile: keyfile, sslCertfile: certfile }, {}).tls!, async (port) => {
+      await withTlsServer(parseServeArgs("m", { sslKeyfile: keyfile, sslCertfile: certfile }, {}).tls!, async (port) => {
         const before = (await health(port)) as { fingerprint: string };
         copyFileSync(fixture("mtls-rogue-client.pem"), keyfile);
         copyFileSync(fixture("mtls-rogue-client.pem"), certfile);
