@@ -16,8 +16,25 @@ export class DataLoaderError extends KilnError {
 
 /** What the data pipeline needs from a tokenizer (ByteLevelBpe and HF wrappers satisfy it). */
 export interface TextEncoderLike {
-  encode(text: string): number[];
+  encode(text: string, options?: { addSpecialTokens?: boolean }): number[];
 }
+
+/** A part of a document and whether its tokens are trained on as targets (a chat's assistant turns) or not (prompts). */
+export interface DocumentSegment {
+  text: string;
+  train: boolean;
+}
+
+/** Plain text (every token a target), or segments (chat fine-tuning: only the `train` segments' tokens are). */
+export type TrainingDocument = string | readonly DocumentSegment[];
+
+/** The target cross-entropy skips (torch's ignore_index). */
+export const MASKED_TARGET = -100;
+
+// In a token stream, a token that is never a target is stored as -(id + 1) (ids are >= 0): the stream and its cache
+// keep one int32 per token, and the loader reads the id back for the inputs and MASKED_TARGET for the targets.
+const masked = (id: number): number => -id - 1;
+const idOf = (v: number): number => (v >= 0 ? v : -v - 1);
 
 // ---------------------------------------------------------------- RNG
 
@@ -83,7 +100,7 @@ export function shuffleInPlace(arr: Int32Array | number[], rng: Rng): void {
  * Deterministic held-out split by document: a seeded permutation picks round(fraction * n) docs
  * (at least one when fraction > 0 and n >= 2) for validation; both lists keep corpus order.
  */
-export function splitDocuments(docs: string[], valFraction: number, seed = 0): { train: string[]; val: string[] } {
+export function splitDocuments<T extends TrainingDocument>(docs: T[], valFraction: number, seed = 0): { train: T[]; val: T[] } {
   if (!(valFraction >= 0 && valFraction < 1)) throw new DataLoaderError(`validation fraction ${valFraction} not in [0, 1)`);
   const n = docs.length;
   let nVal = Math.round(valFraction * n);
@@ -92,27 +109,30 @@ export function splitDocuments(docs: string[], valFraction: number, seed = 0): {
   shuffleInPlace(order, new Rng(seed ^ 0x5eed));
   const isVal = new Uint8Array(n);
   for (let i = 0; i < nVal; i++) isVal[order[i]!] = 1;
-  const train: string[] = [];
-  const val: string[] = [];
+  const train: T[] = [];
+  const val: T[] = [];
   docs.forEach((d, i) => (isVal[i] ? val : train).push(d));
   return { train, val };
 }
 
 /** One token stream: doc0 tokens, EOS, doc1 tokens, EOS, ... */
-export function tokenizeDocuments(docs: string[], tok: TextEncoderLike, eosId: number): Int32Array {
+/**
+ * Documents as one token stream, an EOS after each. A segmented document's segments are encoded one by one (no
+ * special tokens added: a chat template writes its own), the untrained ones' tokens and its closing EOS stored masked.
+ */
+export function tokenizeDocuments(docs: readonly TrainingDocument[], tok: TextEncoderLike, eosId: number): Int32Array {
   const parts: number[][] = [];
   let total = 0;
   for (const d of docs) {
-    const ids = tok.encode(d);
+    const ids = typeof d === "string" ? [...tok.encode(d), eosId] : [...d.flatMap((seg) => tok.encode(seg.text, { addSpecialTokens: false }).map((id) => (seg.train ? id : masked(id)))), masked(eosId)];
     parts.push(ids);
-    total += ids.length + 1;
+    total += ids.length;
   }
   const out = new Int32Array(total);
   let o = 0;
   for (const ids of parts) {
     out.set(ids, o);
     o += ids.length;
-    out[o++] = eosId;
   }
   return out;
 }
@@ -127,7 +147,7 @@ export interface TokenDatasets {
 }
 
 export interface BuildDatasetsOptions {
-  docs: string[];
+  docs: TrainingDocument[];
   tokenizer: TextEncoderLike;
   eosId: number;
   valFraction: number;
@@ -168,7 +188,7 @@ function cacheKey(opts: BuildDatasetsOptions): string {
   const h = createHash("sha256");
   h.update(`${CACHE_MAGIC}|${opts.tokenizerKey ?? ""}|${opts.eosId}|${opts.valFraction}|${opts.seed ?? 0}|${opts.docs.length}|`);
   for (const d of opts.docs) {
-    h.update(d);
+    h.update(typeof d === "string" ? d : JSON.stringify(d));
     h.update("\u0000");
   }
   return h.digest("hex");
@@ -309,8 +329,12 @@ export class DataLoader {
     const first = this.cursor + this.rank * this.batchSize;
     for (let b = 0; b < this.batchSize; b++) {
       const start = this.order[first + b]! * seqLen;
-      inputs.set(this.tokens.subarray(start, start + seqLen), b * seqLen);
-      targets.set(this.tokens.subarray(start + 1, start + seqLen + 1), b * seqLen);
+      for (let t = 0; t < seqLen; t++) {
+        const x = this.tokens[start + t]!;
+        const y = this.tokens[start + t + 1]!;
+        inputs[b * seqLen + t] = idOf(x);
+        targets[b * seqLen + t] = y >= 0 ? y : MASKED_TARGET;
+      }
     }
     this.cursor += perStep;
     return { inputs, targets };

@@ -14,7 +14,8 @@ import { DistributedDataParallel } from "../nn/index.js";
 import { env } from "../util/env.js";
 import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
 import { loadCorpus } from "./corpus.js";
-import { buildDatasets, DataLoader } from "./data-loader.js";
+import { buildDatasets, DataLoader, type TrainingDocument } from "./data-loader.js";
+import { readJsonlDataset, type ChatRenderer } from "./chat-sft.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
 import { AdamW, SGD, type Optimizer } from "./optim.js";
 import { LrSchedule } from "./lr-schedule.js";
@@ -51,10 +52,16 @@ const SPECIAL_CHAT_TEMPLATE =
   "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-/** "brown", "nlp-corpus", a path, or several joined with "+". */
-function loadDataset(dataset: string): string[] {
-  return dataset.split("+").flatMap((part) =>
-    part === "brown" ? loadCorpus({ source: "brown", granularity: "paragraph" }) : part === "nlp-corpus" ? loadCorpus({ source: part }) : loadCorpus({ source: "files", paths: [part] }),
+/**
+ * "brown", "nlp-corpus", a path (text files; a .jsonl file of conversations or texts: chat-sft.ts), or several
+ * joined with "+". `renderer`: the chat template conversations are rendered with (null: none, they are refused).
+ */
+function loadDataset(dataset: string, renderer: ChatRenderer | null): TrainingDocument[] {
+  return dataset.split("+").flatMap((part): TrainingDocument[] =>
+    part === "brown" ? loadCorpus({ source: "brown", granularity: "paragraph" })
+      : part === "nlp-corpus" ? loadCorpus({ source: part })
+      : part.endsWith(".jsonl") ? readJsonlDataset(part, renderer)
+      : loadCorpus({ source: "files", paths: [part] }),
   );
 }
 
@@ -62,13 +69,13 @@ function loadDataset(dataset: string): string[] {
  * Rewrites a deterministic share of documents as one ChatML exchange, so the model learns the chat format:
  * the user turn asks to continue the opening sentence(s), the assistant turn is the continuation.
  */
-export function chatFormat(docs: string[], fraction: number, seed: number): string[] {
+export function chatFormat<T extends TrainingDocument>(docs: T[], fraction: number, seed: number): (T | string)[] {
   if (fraction <= 0) return docs;
   let state = seed >>> 0 || 1;
   const rand = () => ((state = (Math.imul(state, 1664525) + 1013904223) >>> 0) / 4294967296);
   const prompts = ["Continue the text:", "Please continue:", "Write what comes next:", "Go on:"];
   return docs.map((doc) => {
-    if (rand() >= fraction) return doc;
+    if (typeof doc !== "string" || rand() >= fraction) return doc; // (a conversation from a dataset keeps its own form)
     const sentences = doc.match(/[^.!?]+[.!?]+["')]*\s*/g);
     if (!sentences || sentences.length < 2) return doc;
     const cut = Math.max(1, Math.min(sentences.length - 1, 1 + Math.floor(rand() * 2)));
@@ -219,8 +226,10 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   if (rank > 0) barrier();
 
   // 1. data and tokenizer
-  const docs = chatFormat(loadDataset(cfg.training.dataset), cfg.training.chat_format_fraction, cfg.job.seed);
-  log(`[data] ${docs.length} documents, ${docs.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
+  const docs = chatFormat(loadDataset(cfg.training.dataset, init?.tokenizer ?? null), cfg.training.chat_format_fraction, cfg.job.seed);
+  const texts = docs.map((d) => (typeof d === "string" ? d : d.map((seg) => seg.text).join("")));
+  const chats = docs.length - docs.filter((d) => typeof d === "string").length;
+  log(`[data] ${docs.length} documents${chats > 0 ? ` (${chats} conversations: loss on the assistant turns)` : ""}, ${texts.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
   let tok: ByteLevelBpe | null = null;
   const tokDir = path.join(dump, "tokenizer");
   if (init !== null) {
@@ -233,7 +242,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   } else if (fs.existsSync(path.join(tokDir, "tokenizer.json"))) {
     tok = ByteLevelBpe.fromJson(JSON.parse(fs.readFileSync(path.join(tokDir, "tokenizer.json"), "utf8")));
   } else {
-    tok = trainBpeTokenizer(docs, { vocabSize: cfg.model.tokenizer_vocab_size, specialTokens: cfg.model.tokenizer_special_tokens, minFrequency: cfg.model.tokenizer_min_frequency });
+    tok = trainBpeTokenizer(texts, { vocabSize: cfg.model.tokenizer_vocab_size, specialTokens: cfg.model.tokenizer_special_tokens, minFrequency: cfg.model.tokenizer_min_frequency });
     saveTokenizer(tokDir, tok, { eosToken: "<|im_end|>", padToken: "<|endoftext|>", bosToken: null, chatTemplate: SPECIAL_CHAT_TEMPLATE });
     log(`[tokenizer] trained byte-level BPE, vocab ${tok.vocabSize}`);
   }
