@@ -9,7 +9,8 @@ import type { CausalLM } from "../models/causal-lm.js";
 import { writeSafetensors } from "../models/formats/safetensors.js";
 import { LORA_TARGET_MODULES } from "../models/lora.js";
 import { Linear } from "../nn/layers.js";
-import { manualSeed, rand, zeros, type Tensor } from "../tensor/index.js";
+import { Module } from "../nn/module.js";
+import { manualSeed, matmul, noGrad, rand, zeros, type Tensor } from "../tensor/index.js";
 import { TrainConfigError, type TrainConfig } from "./train-config.js";
 
 /** The adapters being trained, by PEFT tensor name (base_model.model.<module>.lora_A.weight / lora_B.weight). */
@@ -17,6 +18,16 @@ export interface TrainedLora {
   named: [string, Tensor][];
   scaling: number;
   modules: string[];
+  /** The adapters as one module's parameters (what DistributedDataParallel wraps in a data-parallel run). */
+  module: Module;
+}
+
+/** The adapter tensors registered as parameters of one module (the model's own modules do not hold them). */
+class AdapterSet extends Module {
+  constructor(tensors: readonly Tensor[]) {
+    super();
+    tensors.forEach((t, i) => this.param(`adapter${i}`, t));
+  }
 }
 
 /** Freezes `model` and puts an adapter on each projection [lora] target_modules names; returns the adapters. */
@@ -42,7 +53,7 @@ export function attachLoraAdapters(model: CausalLM, cfg: TrainConfig): TrainedLo
     modules.push(name);
   }
   if (modules.length === 0) throw new TrainConfigError(`[lora] target_modules ${l.target_modules.join(", ")}: the model has none of them`);
-  return { named, scaling, modules };
+  return { named, scaling, modules, module: new AdapterSet(named.map(([, t]) => t)) };
 }
 
 function asDtype(t: Tensor, dtype: Tensor["dtype"]): Tensor {
@@ -50,6 +61,24 @@ function asDtype(t: Tensor, dtype: Tensor["dtype"]): Tensor {
   const cast = t.to(dtype);
   t.dispose();
   return cast;
+}
+
+/**
+ * Merges every adapter into its projection's weight, W + scaling * B A (PEFT's merge_and_unload: computed in float32,
+ * cast to the weight's dtype), and takes the adapters off: the model then computes what it did with them.
+ */
+export function mergeAdapters(model: CausalLM): void {
+  noGrad(() => {
+    const f32 = (t: Tensor): Tensor => (t.dtype === "float32" ? t : t.to("float32"));
+    for (const [name, m] of model.namedModules()) {
+      if (!(m instanceof Linear) || m.adapter === null) continue;
+      const { a, b, scaling } = m.adapter;
+      const delta = matmul(f32(b), f32(a)).mul(scaling);
+      const w = f32(m.weight).add(delta);
+      model.setParameter(`${name}.weight`, w.dtype === m.weight.dtype ? w : w.to(m.weight.dtype));
+      m.adapter = null;
+    }
+  });
 }
 
 /** Writes the adapters as a PEFT LoRA directory for the model at `baseDir`. */

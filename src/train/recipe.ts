@@ -22,7 +22,7 @@ import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { TrainConfigError, type TrainConfig } from "./train-config.js";
 import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
-import { attachLoraAdapters, exportLoraAdapter, type TrainedLora } from "./lora-train.js";
+import { attachLoraAdapters, exportLoraAdapter, mergeAdapters, type TrainedLora } from "./lora-train.js";
 
 export interface RecipeHooks {
   log?: (line: string) => void;
@@ -299,8 +299,8 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const schedule = new LrSchedule({ lr: o.lr, warmupSteps: cfg.lr_scheduler.warmup_steps, totalSteps: cfg.training.steps, decayType: cfg.lr_scheduler.decay_type, lrMin: cfg.lr_scheduler.lr_min });
   // each rank reads its own batch of every step's worldSize consecutive ones: the global batch is B x worldSize
   const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
-  if (lora !== null && worldSize > 1) throw new TrainConfigError("[lora] enable = true trains in one process: data-parallel LoRA (kiln run --nproc-per-node N) is not supported yet");
-  const ddp = worldSize > 1 ? new DistributedDataParallel(model) : null;
+  // (under LoRA the adapters alone train: their gradients are what the ranks average)
+  const ddp = worldSize > 1 ? new DistributedDataParallel(lora?.module ?? model) : null;
   const dataParallel: DataParallelHooks | undefined = ddp === null ? undefined : {
     noSync: (fn) => ddp.noSync(fn),
     averageAcrossRanks: (x) => {
@@ -386,13 +386,20 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   });
   drawCurve();
   const exportDir = path.join(dump, lora !== null ? "lora" : "hf");
+  const mergedDir = lora !== null && cfg.lora.export_merged ? path.join(dump, "hf") : null;
   model.eval();
   ddp?.close();
-  if (rank === 0 && lora !== null) exportLoraAdapter(exportDir, lora, cfg, init!.dir);
-  else if (rank === 0) exportModel(exportDir, model, init !== null ? exportInitialModelFiles(init, exportDir, cfg.checkpoint.export_dtype) : hfConfig, init !== null ? null : tok!, cfg.checkpoint.export_dtype);
+  if (rank === 0 && lora !== null) {
+    exportLoraAdapter(exportDir, lora, cfg, init!.dir);
+    if (mergedDir !== null) {
+      mergeAdapters(model);
+      exportModel(mergedDir, model, exportInitialModelFiles(init!, mergedDir, cfg.checkpoint.export_dtype), null, cfg.checkpoint.export_dtype);
+    }
+  } else if (rank === 0) exportModel(exportDir, model, init !== null ? exportInitialModelFiles(init, exportDir, cfg.checkpoint.export_dtype) : hfConfig, init !== null ? null : tok!, cfg.checkpoint.export_dtype);
   const finalLoss = (last as StepMetrics | null)?.loss ?? [...earlier].reverse().find((e) => e.loss !== undefined)?.loss ?? NaN;
   const tps = msSum > 0 ? tokSum / (msSum / 1000) : 0;
   log(lora !== null ? `[export] PEFT LoRA adapter directory: ${exportDir} (kiln serve ${init!.dir} --enable-lora --lora-modules NAME=${exportDir})` : `[export] Hugging Face model directory: ${exportDir}`);
+  if (mergedDir !== null) log(`[export] the model with the adapters merged: ${mergedDir}`);
   return {
     exportDir,
     finalLoss,

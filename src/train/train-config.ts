@@ -101,6 +101,8 @@ export interface LoraTrainConfig {
   /** The projections adapted (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj). */
   target_modules: string[];
   use_rslora: boolean;
+  /** Also export the model with the adapters merged into its weights (PEFT's merge_and_unload), beside the adapter. */
+  export_merged: boolean;
 }
 
 export interface TrainConfig {
@@ -222,6 +224,7 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     alpha: { ...float(16, 0), aliases: ["lora_alpha"] },
     target_modules: { type: { kind: "strings" }, def: ["q_proj", "v_proj"] },
     use_rslora: bool(false),
+    export_merged: bool(false),
   },
 };
 

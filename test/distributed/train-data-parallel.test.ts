@@ -96,4 +96,65 @@ describe("kiln train under kiln run", { skip: skipWithoutGloo, timeout: 120_000 
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });
+
+  it("LoRA: 2 ranks x batch 2 train the same adapters as 1 process x batch 4 (the adapters' gradients averaged)", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-dist-lora-"));
+    try {
+      const corpus = path.join(dir, "corpus.txt");
+      fs.writeFileSync(corpus, loadCorpus({ source: "brown", granularity: "paragraph", maxDocs: 60 }).join("\n\n"));
+      const base = path.join(path.dirname(kiln), "..", "models", "kiln-default");
+      const lora = (dump: string, batch: number) => `
+[job]
+dump_folder = "${dump}"
+seed = 3
+[checkpoint]
+initial_load_path = "${base}"
+initial_load_in_hf = true
+[lora]
+enable = true
+rank = 4
+target_modules = ["q_proj", "v_proj"]
+[optimizer]
+lr = 1e-2
+weight_decay = 0.0
+[lr_scheduler]
+warmup_steps = 1
+[training]
+local_batch_size = ${batch}
+seq_len = 32
+steps = ${STEPS}
+dataset = "${corpus}"
+[metrics]
+log_freq = 1
+[validation]
+enable = false
+`;
+      fs.writeFileSync(path.join(dir, "dp.toml"), lora(path.join(dir, "dp"), 2));
+      fs.writeFileSync(path.join(dir, "single.toml"), lora(path.join(dir, "single"), 4));
+      const env = { ...process.env, KILN_NUM_THREADS: "1" };
+      const dp = spawnSync(process.execPath, [kiln, "run", "--nproc-per-node", "2", "kiln", "train", "--config", path.join(dir, "dp.toml"), "--no-resume"], { encoding: "utf8", env, timeout: 100_000 });
+      assert.equal(dp.status, 0, dp.stderr);
+      const single = spawnSync(process.execPath, [kiln, "train", "--config", path.join(dir, "single.toml"), "--no-resume"], { encoding: "utf8", env, timeout: 100_000 });
+      assert.equal(single.status, 0, single.stderr);
+      const dpLosses = stepLosses(dp.stdout);
+      const singleLosses = stepLosses(single.stdout);
+      assert.equal(dpLosses.length, STEPS, dp.stdout);
+      dpLosses.forEach((l, i) => assert.ok(Math.abs(l - singleLosses[i]!) <= 2e-4, `step ${i + 1}: ${l} vs ${singleLosses[i]}`));
+      const a = readSafetensors(path.join(dir, "dp", "lora", "adapter_model.safetensors"));
+      const b = readSafetensors(path.join(dir, "single", "lora", "adapter_model.safetensors"));
+      assert.equal(a.tensors.length, 16);
+      for (const t of a.tensors) {
+        const x = a.loadAsFloat32(t.name);
+        const y = b.loadAsFloat32(t.name);
+        const worst = x.reduce((m, v, i) => Math.max(m, Math.abs(v - y[i]!)), 0);
+        assert.ok(worst <= 1e-4, `${t.name}: max |diff| ${worst}`);
+      }
+      // trained: B moved off zero
+      assert.ok(a.loadAsFloat32("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight").some((v) => v !== 0));
+      a.close();
+      b.close();
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });

@@ -162,7 +162,7 @@ test("[lora] trains PEFT adapters on the frozen model; served with --enable-lora
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-finetune-"));
   try {
     const data = corpus(dir);
-    const lora = `[lora]\nenable = true\nrank = 4\nalpha = 8\ntarget_modules = ["q_proj", "v_proj", "down_proj"]\n`;
+    const lora = `[lora]\nenable = true\nrank = 4\nalpha = 8\ntarget_modules = ["q_proj", "v_proj", "down_proj"]\nexport_merged = true\n`;
     const cfg = parseTrainConfig(toml(path.join(dir, "run"), KILN_DEFAULT, data).replace("lr = 1e-4", "lr = 1e-2") + lora);
     const losses: number[] = [];
     const r = await runRecipe(cfg, { log: () => undefined, onStep: (m) => losses.push(m.loss), resume: false });
@@ -187,6 +187,18 @@ test("[lora] trains PEFT adapters on the frozen model; served with --enable-lora
     for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(KILN_DEFAULT, f), path.join(merged, f));
     const after = noGrad(() => loadLocalModel(merged, { dtype: "float32" }).model.loss(batch.inputs, batch.targets, 2, 32).item());
     assert.ok(after < before, `${after} after ${before}`);
+    // export_merged: the recipe's own merge (float32) equals the helper's (float64), with the model's tokenizer beside it
+    const ours = readSafetensors(path.join(dir, "run", "hf", "model.safetensors"));
+    const theirs = readSafetensors(path.join(merged, "model.safetensors"));
+    for (const t of theirs.tensors) {
+      const x = ours.loadAsFloat32(t.name), y = theirs.loadAsFloat32(t.name);
+      let worst = 0;
+      for (let i = 0; i < y.length; i++) worst = Math.max(worst, Math.abs(x[i]! - y[i]!));
+      assert.ok(worst < 1e-5, `${t.name}: ${worst}`);
+    }
+    ours.close();
+    theirs.close();
+    assert.ok(fs.existsSync(path.join(dir, "run", "hf", "tokenizer.json")));
 
     // served: the adapter through --enable-lora gives the merged model's greedy tokens and logprobs
     const params = { temperature: 0, maxTokens: 6, logprobs: 1, ignoreEos: true };
