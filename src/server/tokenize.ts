@@ -37,6 +37,7 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     const body = asJsonBody(request.body);
     resolveModel(ctx, typeof body.model === "string" ? body.model : undefined);
     const tokens = body.tokens;
+    if (ctx.skipTokenizerInit) throw badRequest("detokenizing needs the tokenizer, and the server was started with --skip-tokenizer-init", "tokens");
     if (!Array.isArray(tokens) || !tokens.every((t) => Number.isInteger(t))) throw badRequest("'tokens' must be a list of integers", "tokens");
     for (const t of tokens as number[]) if (t < 0 || t >= ctx.tokenizer.vocabSize) throw badRequest(`Token id ${t} is out of vocabulary`, "tokens");
     return { prompt: ctx.tokenizer.decode(tokens as number[], { skipSpecialTokens: false }) };

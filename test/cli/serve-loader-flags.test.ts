@@ -211,6 +211,9 @@ describe("--skip-tokenizer-init", () => {
       const chat = await post("/v1/chat/completions", { messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
       assert.equal(chat.status, 400, JSON.stringify(chat.body));
       assert.match(errorOf(chat).message, /needs the tokenizer, and the server was started with --skip-tokenizer-init/);
+      const detok = await post("/detokenize", { tokens: [5, 6] });
+      assert.equal(detok.status, 400, JSON.stringify(detok.body));
+      assert.match(errorOf(detok).message, /detokenizing needs the tokenizer, and the server was started with --skip-tokenizer-init/);
     } finally {
       assert.equal(await server.stop(), 0);
     }
