@@ -11,6 +11,9 @@ import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
 import { DEFAULT_ROUTER_CONFIG, MAX_TIMER_MS, resolveRouterConfig, RouterConfigError, type PrefillUrl, type RouterConfig } from "../router/router-config.js";
 import { POLICY_NAMES } from "../router/routing-types.js";
+import { CHAT_CONTENT_FORMATS, type ChatContentFormat } from "../models/chat-content-format.js";
+import { jsonObjectFlag } from "./serve-flag-values.js";
+import { parseMmArgs } from "./serve-mm-args.js";
 import { CliUsageError } from "./usage-error.js";
 
 const D = DEFAULT_ROUTER_CONFIG;
@@ -53,6 +56,11 @@ export function registerRouterCommand(program: Command): void {
     .option("--kv-events-topic <subject>", "the NATS subject of those events (the workers' topic)", D.kvEventsTopic)
     .option("--tokenizer <dir>", "the model's directory (tokenizer.json, chat template; an image-text model's config.json and preprocessor_config.json for image chats): requests are tokenized and hashed as the workers do")
     .option("--chat-template <file-or-text>", "the workers' --chat-template, when they were given one (precise routing renders chat requests with it)")
+    .addOption(new Option("--chat-template-content-format <format>", "the workers' --chat-template-content-format (precise routing renders chats as they do)").choices([...CHAT_CONTENT_FORMATS]))
+    .option("--default-chat-template-kwargs <json>", "the workers' --default-chat-template-kwargs")
+    .option("--mm-processor-kwargs <json>", "the workers' --mm-processor-kwargs (image chats are processed and hashed as they process them)")
+    .option("--media-io-kwargs <json>", "the workers' --media-io-kwargs")
+    .option("--interleave-mm-strings", "the workers were started with --interleave-mm-strings", false)
     .option("--health-check-interval-secs <s>", "seconds between health checks of every worker", String(D.healthCheckIntervalMs / 1000))
     .option("--health-check-timeout-secs <s>", "a health check not answered by then fails", String(D.healthCheckTimeoutMs / 1000))
     .option("--health-failure-threshold <n>", "failed checks in a row before a worker is marked down", String(D.healthFailureThreshold))
@@ -79,6 +87,18 @@ function number(value: unknown, flag: string, { min = 0, max = Infinity, int = f
     throw new CliUsageError(`${flag} must be ${int ? "an integer" : "a number"} ${range}, got ${JSON.stringify(value)}`);
   }
   return n;
+}
+
+/** The workers' prompt-shaping flags, read as `kiln serve` reads them. */
+function workerPromptArgs(o: Record<string, unknown>): RouterConfig["workerPrompt"] {
+  const mm = parseMmArgs(o, []);
+  return {
+    ...(o.chatTemplateContentFormat !== undefined ? { contentFormat: o.chatTemplateContentFormat as ChatContentFormat } : {}),
+    ...(o.defaultChatTemplateKwargs !== undefined ? { defaultChatTemplateKwargs: jsonObjectFlag(o.defaultChatTemplateKwargs, "--default-chat-template-kwargs", '{"enable_thinking": false}') } : {}),
+    ...(mm.mmProcessorKwargs !== null ? { mmProcessorKwargs: mm.mmProcessorKwargs } : {}),
+    ...(mm.rgbaBackground !== null ? { rgbaBackground: mm.rgbaBackground } : {}),
+    ...(mm.interleaveMmStrings ? { interleaveMmStrings: true } : {}),
+  };
 }
 
 /** --chat-template as `kiln serve` reads it: a file's text, or the template itself. */
@@ -193,6 +213,7 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     kvEventsTopic: String(o.kvEventsTopic),
     tokenizer: (o.tokenizer as string | undefined) ?? null,
     chatTemplate: chatTemplateArg(o.chatTemplate),
+    workerPrompt: workerPromptArgs(o),
     healthCheckIntervalMs: secs("healthCheckIntervalSecs", "--health-check-interval-secs"),
     healthCheckTimeoutMs: secs("healthCheckTimeoutSecs", "--health-check-timeout-secs"),
     healthFailureThreshold: number(o.healthFailureThreshold, "--health-failure-threshold", { min: 1, int: true }),

@@ -13,7 +13,7 @@ import { createHash } from "node:crypto";
 import { chainBlockHashes } from "../engine/kv-cache-manager.js";
 import { messagesChatFields } from "../models/anthropic-messages.js";
 import { withChatTemplateDefaults, type ChatContentFormat } from "../models/chat-content-format.js";
-import { imageChatPrompt, loadChatImagesSync, readWireMessages, type ChatImage } from "../models/chat-images.js";
+import { DEFAULT_MEDIA_ACCESS, imageChatPrompt, loadChatImagesSync, readWireMessages, type ChatImage, type MediaAccess } from "../models/chat-images.js";
 import {
   gemma3ImageHash, withMmProcessorKwargs, type Gemma3ImageInputSpec, type Gemma3ImageProcessorConfig, type ImageFeatureSpec,
 } from "../models/gemma3-image-processor.js";
@@ -34,11 +34,23 @@ export interface RequestPrompt {
   images: readonly Pick<ImageFeatureSpec, "hash" | "offset" | "length">[];
 }
 
-export interface RequestTokenizerOptions {
-  /** The workers' --chat-template text, when they were given one (else the tokenizer's). */
+/** How the workers were started, where it changes the prompts they compute (their `kiln serve` flags). */
+export interface WorkerPromptSettings {
+  /** --chat-template text, when they were given one (else the tokenizer's). */
   chatTemplate?: string | null;
-  /** The workers' --chat-template-content-format (`kiln serve`'s default: "auto"). */
+  /** --chat-template-content-format (`kiln serve`'s default: "auto"). */
   contentFormat?: ChatContentFormat;
+  /** --default-chat-template-kwargs (a request's chat_template_kwargs win), or null. */
+  defaultChatTemplateKwargs?: Record<string, unknown> | null;
+  /** --mm-processor-kwargs (a request's mm_processor_kwargs win), or null. */
+  mmProcessorKwargs?: Record<string, unknown> | null;
+  /** --interleave-mm-strings. */
+  interleaveMmStrings?: boolean;
+  /** --media-io-kwargs' image.rgba_background_color (what a transparent image's pixels, and so its hash, are over), or null: white. */
+  rgbaBackground?: readonly [number, number, number] | null;
+}
+
+export interface RequestTokenizerOptions extends WorkerPromptSettings {
   /** An image-text model's image input (models/gemma3-vision-weights.ts); null: chats with images route by load. */
   imageInput?: Gemma3ImageInputSpec | null;
 }
@@ -49,20 +61,25 @@ export class RequestTokenizer {
   readonly imageInput: Gemma3ImageInputSpec | null;
   /** sha256 of a data: URL and the processor's settings -> the image's (and its crops') hashes, least recently used first. */
   private readonly processed = new Map<string, string[]>();
+  private readonly interleave: boolean;
+  private readonly media: MediaAccess;
 
-  constructor(tokenizer: TokenizerLike, { chatTemplate = null, contentFormat = "auto", imageInput = null }: RequestTokenizerOptions = {}) {
-    this.tokenizer = withChatTemplateDefaults(tokenizer, { contentFormat, kwargs: null });
-    this.chatTemplate = chatTemplate;
-    this.imageInput = imageInput;
+  constructor(tokenizer: TokenizerLike, o: RequestTokenizerOptions = {}) {
+    this.tokenizer = withChatTemplateDefaults(tokenizer, { contentFormat: o.contentFormat ?? "auto", kwargs: o.defaultChatTemplateKwargs ?? null });
+    this.chatTemplate = o.chatTemplate ?? null;
+    // the workers' --mm-processor-kwargs over the model's preprocessor_config.json, as the server applies them
+    this.imageInput = o.imageInput == null ? null : withMmProcessorKwargs(o.imageInput, o.mmProcessorKwargs ?? null);
+    this.interleave = o.interleaveMmStrings === true;
+    this.media = o.rgbaBackground == null ? DEFAULT_MEDIA_ACCESS : { ...DEFAULT_MEDIA_ACCESS, rgbaBackground: o.rgbaBackground };
   }
 
   /**
    * The tokenizer of a model directory (its tokenizer.json and chat template), as `kiln serve` loads it, and the
    * image input of an image-text model's directory (config.json, preprocessor_config.json).
    */
-  static fromDir(dir: string, chatTemplate: string | null = null): RequestTokenizer {
+  static fromDir(dir: string, workers: WorkerPromptSettings = {}): RequestTokenizer {
     const tokenizer = Tokenizer.fromDir(dir);
-    return new RequestTokenizer(tokenizer, { chatTemplate, imageInput: gemma3ImageInputSpec(dir, tokenizer) });
+    return new RequestTokenizer(tokenizer, { ...workers, imageInput: gemma3ImageInputSpec(dir, tokenizer) });
   }
 
   /** The prompt's token ids for a parsed body on `route`, or null when the router cannot tell them. */
@@ -111,7 +128,7 @@ export class RequestTokenizer {
       const spec = withMmProcessorKwargs(this.imageInput, body.mm_processor_kwargs);
       const hashes = images.map((image) => this.imageHashes(image, spec.processor));
       // the prompt's image positions (the pixels are not needed for those: each run takes its image's or crop's hash)
-      const p = imageChatPrompt(messages, hashes.map((crops) => crops.map(() => NO_PIXELS)), spec, { render, encode, param: "messages" });
+      const p = imageChatPrompt(messages, hashes.map((crops) => crops.map(() => NO_PIXELS)), spec, { render, encode, param: "messages", interleave: this.interleave });
       const flat = hashes.flat();
       return { tokenIds: p.promptTokenIds, images: p.features.map((f, i) => ({ hash: flat[i]!, offset: f.offset, length: f.length })) };
     } catch {
@@ -125,14 +142,14 @@ export class RequestTokenizer {
    * each turn). An http(s) image is not fetched (nor a file: one read) here: it throws, and the chat goes by load.
    */
   private imageHashes(image: ChatImage, processor: Gemma3ImageProcessorConfig): string[] {
-    const key = "url" in image ? createHash("sha256").update(JSON.stringify(processor)).update("\u0000").update(image.url).digest("hex") : null;
+    const key = "url" in image ? createHash("sha256").update(JSON.stringify(processor)).update("\u0000").update(image.url).digest("hex") : null; // (one background per router)
     const known = key === null ? undefined : this.processed.get(key);
     if (known !== undefined) {
       this.processed.delete(key!); // (most recently used last)
       this.processed.set(key!, known);
       return known;
     }
-    const hashes = loadChatImagesSync([image], processor)[0]!.map((pixels) => gemma3ImageHash(pixels, processor));
+    const hashes = loadChatImagesSync([image], processor, this.media)[0]!.map((pixels) => gemma3ImageHash(pixels, processor));
     if (key !== null) {
       this.processed.set(key, hashes);
       if (this.processed.size > IMAGE_HASH_CACHE_SIZE) this.processed.delete(this.processed.keys().next().value!);

@@ -1,5 +1,6 @@
 // The router's one typed config (vllm-router's flags and defaults, in milliseconds where it says seconds), and the
 // check of its invariants at construction. `kiln router` parses its flags into it (src/cli/router-args.ts).
+import type { WorkerPromptSettings } from "./request-tokens.js";
 import { KilnError } from "../util/errors.js";
 import { POLICY_NAMES, type PolicyName } from "./routing-types.js";
 import { normalizeWorkerUrl } from "./worker-pool.js";
@@ -74,6 +75,8 @@ export interface RouterConfig {
   tokenizer: string | null;
   /** The workers' --chat-template text when they were started with one (the router renders chat requests with it). */
   chatTemplate: string | null;
+  /** The workers' other flags that change their prompts (content format, template kwargs, image processing): {} = kiln serve's defaults. */
+  workerPrompt: Omit<WorkerPromptSettings, "chatTemplate">;
   healthCheckIntervalMs: number;
   healthCheckTimeoutMs: number;
   healthFailureThreshold: number;
@@ -124,6 +127,7 @@ export const DEFAULT_ROUTER_CONFIG: Omit<RouterConfig, "workerUrls"> = {
   kvEventsTopic: "kv-events",
   tokenizer: null,
   chatTemplate: null,
+  workerPrompt: {},
   healthCheckIntervalMs: 60_000,
   healthCheckTimeoutMs: 5_000,
   healthFailureThreshold: 3,

@@ -83,7 +83,7 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     if (LOG_RANK[level] >= LOG_RANK[config.logLevel]) write(`[router] ${level.toUpperCase()} ${line}`);
   };
   const kvIndex = config.kvEventsEndpoint === null ? null : new KvBlockIndex();
-  const tokens = config.tokenizer === null ? null : RequestTokenizer.fromDir(config.tokenizer, config.chatTemplate);
+  const tokens = config.tokenizer === null ? null : RequestTokenizer.fromDir(config.tokenizer, { ...config.workerPrompt, chatTemplate: config.chatTemplate });
   const group = (role: WorkerRole, urls: readonly string[], policyName: PolicyName): WorkerGroup => {
     const policy = createPolicy(policyName, { ...config, kvBlockIndex: kvIndex, ...(deps.random ? { random: deps.random } : {}) });
     const named = role === "regular" ? "worker" : `${role} worker`;

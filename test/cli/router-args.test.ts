@@ -59,7 +59,7 @@ describe("kiln router flags", () => {
       maxPayloadSize: 1024, maxInflightPerWorker: 4, logLevel: "debug",
       prefixCacheScorerWeight: 5, queueScorerWeight: 1, kvCacheUtilizationScorerWeight: 0,
       precisePrefixCacheScorerWeight: 2, kvEventsEndpoint: "nats://10.0.0.5:4222", kvEventsTopic: "kv.fleet", tokenizer: "/models/m",
-      chatTemplate: "{{ messages[0].content }}",
+      chatTemplate: "{{ messages[0].content }}", workerPrompt: {},
       corsAllowedOrigins: ["https://a.example", "https://b.example"],
     });
     assert.equal(parse("--worker-urls", "http://a:1", "--max-retries", "3", "--disable-retries").maxRetries, 0);
@@ -149,5 +149,16 @@ describe("kiln router flags", () => {
     const bad = kiln("router", "--worker-urls", "http://127.0.0.1:1", "--cache-threshold", "2");
     assert.equal(bad.status, 2);
     assert.match(bad.stderr, /kiln: error: --cache-threshold must be a number in \[0, 1\]/);
+  });
+
+  it("the workers' prompt flags, read as kiln serve reads them (precise routing renders and hashes prompts with them)", () => {
+    assert.deepEqual(parse("--worker-urls", "http://127.0.0.1:8001").workerPrompt, {});
+    const c = parse("--worker-urls", "http://127.0.0.1:8001", "--chat-template-content-format", "string", "--default-chat-template-kwargs", '{"a": 1}',
+      "--mm-processor-kwargs", '{"do_pan_and_scan": true}', "--media-io-kwargs", '{"image": {"rgba_background_color": [0, 0, 0]}}', "--interleave-mm-strings");
+    assert.deepEqual(c.workerPrompt, {
+      contentFormat: "string", defaultChatTemplateKwargs: { a: 1 }, mmProcessorKwargs: { do_pan_and_scan: true }, rgbaBackground: [0, 0, 0], interleaveMmStrings: true,
+    });
+    assert.throws(() => parse("--worker-urls", "http://127.0.0.1:8001", "--mm-processor-kwargs", '{"bogus": 1}'), /--mm-processor-kwargs: .*bogus/);
+    assert.throws(() => parse("--worker-urls", "http://127.0.0.1:8001", "--default-chat-template-kwargs", "[1]"), /--default-chat-template-kwargs must be a JSON object/);
   });
 });
