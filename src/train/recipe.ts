@@ -153,6 +153,17 @@ function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unkn
   );
 }
 
+/**
+ * TorchTitan's [parallelism] data-parallel degrees against the ranks `kiln run` started: each rank holds a whole
+ * replica (DDP), so replicate x shard must be the world size (-1 in shard: what the replicas leave).
+ */
+function checkDataParallelDegrees(cfg: TrainConfig, worldSize: number): void {
+  const { data_parallel_replicate_degree: r, data_parallel_shard_degree: s } = cfg.parallelism;
+  const total = s === -1 ? worldSize : r * s;
+  if (total !== worldSize || worldSize % r !== 0)
+    throw new TrainConfigError(`[parallelism] data_parallel_replicate_degree ${r} x data_parallel_shard_degree ${s} does not cover the ${worldSize} rank(s) this run has (kiln run --nproc-per-node N)`);
+}
+
 /** Runs the whole recipe. */
 /**
  * The tokenizer at [model] tokenizer_path, or a TrainConfigError before any data loads. The recipe encodes with
@@ -217,6 +228,9 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
 async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: number, worldSize: number): Promise<RecipeResult> {
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
+  checkDataParallelDegrees(cfg, worldSize);
+  for (const w of cfg.warnings) log(`[config] ${w}`);
+  if (cfg.job.print_args) log(`[config] ${JSON.stringify({ ...cfg, warnings: undefined })}`);
   const dump = cfg.job.dump_folder;
   // fine-tuning: the model, its shape and tokenizer from a Hugging Face directory (before any data loads)
   const init = cfg.checkpoint.initial_load_path !== null ? loadInitialModel(cfg) : null;
@@ -296,7 +310,11 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     o.name === "AdamW"
       ? new AdamW(trained.map(([, t]) => t), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
       : new SGD(trained.map(([, t]) => t), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
-  const schedule = new LrSchedule({ lr: o.lr, warmupSteps: cfg.lr_scheduler.warmup_steps, totalSteps: cfg.training.steps, decayType: cfg.lr_scheduler.decay_type, lrMin: cfg.lr_scheduler.lr_min });
+  const ls = cfg.lr_scheduler;
+  const schedule = new LrSchedule({
+    lr: o.lr, warmupSteps: ls.warmup_steps, totalSteps: cfg.training.steps, decayType: ls.decay_type, lrMin: ls.lr_min,
+    ...(ls.decay_ratio !== null ? { decayRatio: ls.decay_ratio } : {}),
+  });
   // each rank reads its own batch of every step's worldSize consecutive ones: the global batch is B x worldSize
   const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
   // (under LoRA the adapters alone train: their gradients are what the ranks average)

@@ -13,10 +13,14 @@ export interface JobConfig {
   dump_folder: string;
   description: string;
   seed: number;
+  /** TorchTitan's: log the whole config at the start. */
+  print_args: boolean;
+  use_for_integration_test: boolean;
 }
 
 export interface ModelConfig {
-  name: "llama";
+  /** The Llama architecture (TorchTitan's "llama3" names it too). */
+  name: "llama" | "llama3";
   flavor: string | null;
   dim: number;
   n_layers: number;
@@ -33,6 +37,8 @@ export interface ModelConfig {
   tokenizer_vocab_size: number;
   tokenizer_min_frequency: number;
   tokenizer_special_tokens: string[];
+  /** TorchTitan's model converters (float8, mx): none is supported (a TrainConfigError names them). */
+  converters: string[];
 }
 
 export interface OptimizerConfig {
@@ -47,8 +53,28 @@ export interface OptimizerConfig {
 
 export interface LrSchedulerConfig {
   warmup_steps: number;
-  decay_type: "linear" | "cosine";
+  decay_type: "linear" | "cosine" | "sqrt";
+  /** The floor the decay ends at (TorchTitan's min_lr_factor x lr when that is given). */
   lr_min: number;
+  /** TorchTitan's: the fraction of the steps spent decaying, after a stable phase (warmup-stable-decay); null: all after warmup. */
+  decay_ratio: number | null;
+  /** TorchTitan's: lr_min as a fraction of [optimizer] lr (null: lr_min as given). */
+  min_lr_factor: number | null;
+}
+
+/**
+ * TorchTitan's [parallelism]: Kiln trains data-parallel over `kiln run`'s ranks (DistributedDataParallel, each rank a
+ * whole replica), so the degrees must describe that: replicate x shard = the world (-1: the rest), the others 1.
+ */
+export interface ParallelismConfig {
+  data_parallel_replicate_degree: number;
+  data_parallel_shard_degree: number;
+  tensor_parallel_degree: number;
+  pipeline_parallel_degree: number;
+  context_parallel_degree: number;
+  expert_parallel_degree: number;
+  fsdp_reshard_after_forward: "default" | "never" | "always";
+  enable_async_tensor_parallel: boolean;
 }
 
 export interface TrainingConfig {
@@ -70,6 +96,8 @@ export interface CheckpointConfig {
   interval: number;
   keep_latest_k: number;
   export_dtype: "float32" | "bfloat16" | "float16";
+  last_save_model_only: boolean;
+  async_mode: "disabled" | "async" | "async_with_pinned_mem";
   /** TorchTitan's: a Hugging Face model directory to start from (fine-tuning) instead of random weights; the model's shape and tokenizer are its own. */
   initial_load_path: string | null;
   /** TorchTitan's: initial_load_path is in Hugging Face format (the only one Kiln reads: must be true with a path). */
@@ -80,13 +108,18 @@ export interface CheckpointConfig {
 
 export interface MetricsConfig {
   log_freq: number;
-  enable_tensorboard: boolean; // accepted for TorchTitan compatibility, ignored
+  enable_tensorboard: boolean; // accepted for TorchTitan compatibility, ignored (a warning says so)
+  save_tb_folder: string;
+  enable_wandb: boolean;
+  disable_color_printing: boolean;
   /** SVG loss curve, relative to dump_folder unless absolute; "" disables. */
   loss_curve: string;
 }
 
 export interface ValidationConfig {
   enable: boolean;
+  /** TorchTitan's validation dataset: Kiln validates on a held-out fraction of the training data (a warning says so). */
+  dataset: string | null;
   freq: number;
   steps: number;
   /** Fraction of documents held out for validation. */
@@ -105,6 +138,9 @@ export interface LoraTrainConfig {
   export_merged: boolean;
 }
 
+/** TorchTitan sections Kiln reads only to say what it does not do (profiling, activation checkpointing, compile, float8). */
+type Accepted = Record<string, unknown>;
+
 export interface TrainConfig {
   job: JobConfig;
   model: ModelConfig;
@@ -115,6 +151,14 @@ export interface TrainConfig {
   metrics: MetricsConfig;
   validation: ValidationConfig;
   lora: LoraTrainConfig;
+  parallelism: ParallelismConfig;
+  profiling: Accepted;
+  activation_checkpoint: Accepted;
+  compile: Accepted;
+  float8: Accepted;
+  comm: Accepted;
+  /** What the recipe accepted without acting on it (TorchTitan settings for GPUs): one line each, logged at the start. */
+  warnings: string[];
 }
 
 /** Llama flavors sized for CPU training (explicit dims in [model] override them). */
@@ -149,14 +193,16 @@ const bool = (def: boolean): Field => ({ type: { kind: "bool" }, def });
 const str = (def: unknown, nullable = false): Field => ({ type: { kind: "string" }, def, nullable });
 const oneOf = (values: readonly string[], def: string): Field => ({ type: { kind: "enum", values }, def });
 
-const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
+const SCHEMA: Record<Exclude<keyof TrainConfig, "warnings">, Record<string, Field>> = {
   job: {
     dump_folder: str("./outputs"),
     description: str(""),
     seed: int(0, 0),
+    print_args: bool(false),
+    use_for_integration_test: bool(false),
   },
   model: {
-    name: { ...oneOf(["llama"], "llama"), aliases: ["architecture"] },
+    name: { ...oneOf(["llama", "llama3"], "llama"), aliases: ["architecture"] },
     flavor: str(null, true),
     dim: { ...int(null, 1, true), aliases: ["hidden_size"] },
     n_layers: { ...int(null, 1, true), aliases: ["num_hidden_layers"] },
@@ -167,7 +213,8 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     norm_eps: { ...float(1e-5, 0), aliases: ["rms_norm_eps"] },
     rope_theta: float(10000, 0),
     max_seq_len: { ...int(null, 1, true), aliases: ["max_position_embeddings"] },
-    tokenizer_path: str(null, true),
+    tokenizer_path: { ...str(null, true), aliases: ["hf_assets_path"] },
+    converters: { type: { kind: "strings" }, def: [] },
     tokenizer_vocab_size: int(4096, 257),
     tokenizer_min_frequency: int(2, 0),
     tokenizer_special_tokens: { type: { kind: "strings" }, def: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] },
@@ -183,8 +230,10 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
   },
   lr_scheduler: {
     warmup_steps: int(100, 0),
-    decay_type: oneOf(["linear", "cosine"], "cosine"),
+    decay_type: oneOf(["linear", "cosine", "sqrt"], "cosine"),
     lr_min: float(0, 0),
+    decay_ratio: { type: { kind: "float", min: 0 }, def: null, nullable: true },
+    min_lr_factor: { type: { kind: "float", min: 0 }, def: null, nullable: true },
   },
   training: {
     local_batch_size: { ...int(8, 1), aliases: ["batch_size"] },
@@ -198,7 +247,9 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     seed: int(null, 0, true), // TorchTitan keeps the seed here; moved to job.seed
   },
   checkpoint: {
-    enable: bool(false),
+    enable: { ...bool(false), aliases: ["enable_checkpoint"] },
+    last_save_model_only: bool(false),
+    async_mode: oneOf(["disabled", "async", "async_with_pinned_mem"], "disabled"),
     folder: str("checkpoint"),
     interval: int(500, 1),
     keep_latest_k: int(0, 0),
@@ -210,10 +261,14 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
   metrics: {
     log_freq: int(10, 1),
     enable_tensorboard: bool(false),
+    save_tb_folder: str("tb"),
+    enable_wandb: bool(false),
+    disable_color_printing: bool(false),
     loss_curve: { ...str("loss_curve.svg"), aliases: ["save_loss_curve"] },
   },
   validation: {
-    enable: bool(true),
+    enable: { ...bool(true), aliases: ["enabled"] },
+    dataset: str(null, true),
     freq: int(100, 1),
     steps: int(10, 1),
     fraction: float(0.05, 0),
@@ -225,6 +280,41 @@ const SCHEMA: Record<keyof TrainConfig, Record<string, Field>> = {
     target_modules: { type: { kind: "strings" }, def: ["q_proj", "v_proj"] },
     use_rslora: bool(false),
     export_merged: bool(false),
+  },
+  parallelism: {
+    data_parallel_replicate_degree: int(1, 1),
+    data_parallel_shard_degree: int(-1, -1),
+    tensor_parallel_degree: int(1, 1),
+    pipeline_parallel_degree: int(1, 1),
+    context_parallel_degree: int(1, 1),
+    expert_parallel_degree: int(1, 1),
+    fsdp_reshard_after_forward: oneOf(["default", "never", "always"], "default"),
+    enable_async_tensor_parallel: bool(false),
+  },
+  profiling: {
+    enable_profiling: bool(false),
+    save_traces_folder: str("profile_traces"),
+    profile_freq: int(10, 1),
+    enable_memory_snapshot: bool(false),
+    save_memory_snapshot_folder: str("memory_snapshot"),
+  },
+  activation_checkpoint: {
+    mode: oneOf(["none", "selective", "full"], "selective"),
+    selective_ac_option: str("2"),
+  },
+  compile: {
+    enable: bool(false),
+    components: { type: { kind: "strings" }, def: ["model", "loss"] },
+  },
+  float8: {
+    enable_fsdp_float8_all_gather: bool(false),
+    precompute_float8_dynamic_scale_for_fsdp: bool(false),
+    filter_fqns: { type: { kind: "strings" }, def: [] },
+  },
+  comm: {
+    init_timeout_seconds: int(300, 1),
+    train_timeout_seconds: int(100, 1),
+    trace_buf_size: int(20000, 0),
   },
 };
 
@@ -280,6 +370,7 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
     out[section] = validateSection(section, table as Record<string, unknown>, fields, source);
   }
   const cfg = out as unknown as TrainConfig & { training: { seed?: number | null } };
+  cfg.warnings = [];
   // TorchTitan's [training] seed: accept it, keep one seed in [job].
   const tseed = cfg.training.seed;
   delete cfg.training.seed;
@@ -288,6 +379,7 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
       throw new TrainConfigError(`${source}: [job] seed = ${cfg.job.seed} and [training] seed = ${tseed} disagree`);
     cfg.job.seed = tseed;
   }
+  checkTorchTitan(cfg, raw, source);
   if (cfg.lora.enable && cfg.checkpoint.initial_load_path === null)
     throw new TrainConfigError(`${source}: [lora] enable = true adapts a pretrained model: set [checkpoint] initial_load_path (and initial_load_in_hf = true)`);
   if (cfg.checkpoint.initial_load_path !== null) checkInitialLoad(cfg, raw, source);
@@ -405,6 +497,46 @@ function resolveModel(cfg: TrainConfig, source: string): void {
   if (m.n_kv_heads === null) m.n_kv_heads = m.n_heads;
   if (m.ffn_dim === null) m.ffn_dim = Math.ceil((2 * 4 * m.dim) / 3 / 64) * 64;
   if (m.max_seq_len === null) m.max_seq_len = Math.max(cfg.training.seq_len, 2048);
+}
+
+/** Datasets TorchTitan downloads from the Hugging Face hub, which this machine cannot reach. */
+const HUB_DATASETS = /^c4(_test|_validation)?$/;
+
+/**
+ * TorchTitan's settings: the ones Kiln has are read (min_lr_factor, decay_ratio, the degrees of data parallelism),
+ * the ones it cannot honour refused, and GPU-side ones it has no use for accepted with a line in cfg.warnings.
+ */
+function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source: string): void {
+  const err = (msg: string): never => {
+    throw new TrainConfigError(`${source}: ${msg}`);
+  };
+  const given = (section: string): Record<string, unknown> => (raw[section] as Record<string, unknown> | undefined) ?? {};
+  const l = cfg.lr_scheduler;
+  if (l.min_lr_factor !== null) {
+    if (l.min_lr_factor > 1) err(`[lr_scheduler] min_lr_factor must be in [0, 1], got ${l.min_lr_factor}`);
+    const lrMin = cfg.optimizer.lr * l.min_lr_factor;
+    if ("lr_min" in given("lr_scheduler") && Math.abs(l.lr_min - lrMin) > 1e-12) err(`[lr_scheduler] lr_min ${l.lr_min} and min_lr_factor ${l.min_lr_factor} (x lr = ${lrMin}) disagree`);
+    l.lr_min = lrMin;
+  }
+  if (l.decay_ratio !== null && l.decay_ratio > 1) err(`[lr_scheduler] decay_ratio must be in [0, 1], got ${l.decay_ratio}`);
+  if (cfg.model.converters.length > 0) err(`[model] converters ${cfg.model.converters.join(", ")}: not supported (Kiln trains in float32 or bfloat16: [training] mixed_precision_param)`);
+  const p = cfg.parallelism;
+  for (const k of ["tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"] as const)
+    if (p[k] !== 1) err(`[parallelism] ${k} ${p[k]}: Kiln trains data-parallel only (kiln run --nproc-per-node N: each rank a whole replica)`);
+  if (p.data_parallel_shard_degree === 0) err("[parallelism] data_parallel_shard_degree must be -1 (the rest of the ranks) or >= 1");
+  const hub = cfg.training.dataset.split("+").find((d) => HUB_DATASETS.test(d));
+  if (hub !== undefined) err(`[training] dataset ${hub} is downloaded from the Hugging Face hub, which Kiln cannot reach: use brown, nlp-corpus, a text file or directory, or a .jsonl file`);
+  const w = cfg.warnings;
+  const pr = cfg.profiling;
+  if (pr.enable_profiling === true || pr.enable_memory_snapshot === true) w.push("[profiling]: not supported, no traces or memory snapshots are written");
+  const ac = given("activation_checkpoint");
+  if ("mode" in ac && cfg.activation_checkpoint.mode !== "none") w.push(`[activation_checkpoint] mode ${String(cfg.activation_checkpoint.mode)}: no effect, every activation is kept for the backward pass`);
+  if (cfg.compile.enable === true) w.push("[compile] enable: no effect, training runs eagerly");
+  if (cfg.float8.enable_fsdp_float8_all_gather === true || cfg.float8.precompute_float8_dynamic_scale_for_fsdp === true) w.push("[float8]: no effect (no float8 training)");
+  if (cfg.metrics.enable_tensorboard || cfg.metrics.enable_wandb) w.push("[metrics] enable_tensorboard / enable_wandb: not written; the loss curve is drawn to [metrics] loss_curve");
+  if (cfg.checkpoint.async_mode !== "disabled") w.push(`[checkpoint] async_mode ${cfg.checkpoint.async_mode}: checkpoints are saved synchronously`);
+  if (cfg.validation.dataset !== null) w.push(`[validation] dataset ${cfg.validation.dataset}: validation uses a held-out [validation] fraction of the training data`);
+  if (Object.keys(given("comm")).length > 0) w.push("[comm]: the collectives' timeout is KILN_DIST_TIMEOUT's (the section is not read)");
 }
 
 /** The recipe's own model shape (not one read from initial_load_path). */
