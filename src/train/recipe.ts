@@ -164,6 +164,19 @@ function checkDataParallelDegrees(cfg: TrainConfig, worldSize: number): void {
     throw new TrainConfigError(`[parallelism] data_parallel_replicate_degree ${r} x data_parallel_shard_degree ${s} does not cover the ${worldSize} rank(s) this run has (kiln run --nproc-per-node N)`);
 }
 
+/** The gradient accumulation steps: [training] global_batch_size's, where given, for this run's ranks. */
+function accumulationSteps(cfg: TrainConfig, worldSize: number): number {
+  const t = cfg.training;
+  if (t.global_batch_size === -1) return t.gradient_accumulation_steps;
+  const perStep = t.local_batch_size * worldSize;
+  if (t.global_batch_size % perStep !== 0)
+    throw new TrainConfigError(`[training] global_batch_size ${t.global_batch_size} is not a multiple of local_batch_size ${t.local_batch_size} x ${worldSize} rank(s)`);
+  const steps = t.global_batch_size / perStep;
+  if (t.gradient_accumulation_steps !== 1 && t.gradient_accumulation_steps !== steps)
+    throw new TrainConfigError(`[training] gradient_accumulation_steps ${t.gradient_accumulation_steps} and global_batch_size ${t.global_batch_size} (${steps} steps of ${perStep}) disagree`);
+  return steps;
+}
+
 /** Runs the whole recipe. */
 /**
  * The tokenizer at [model] tokenizer_path, or a TrainConfigError before any data loads. The recipe encodes with
@@ -229,6 +242,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
   checkDataParallelDegrees(cfg, worldSize);
+  const accumulation = accumulationSteps(cfg, worldSize);
   for (const w of cfg.warnings) log(`[config] ${w}`);
   if (cfg.job.print_args) log(`[config] ${JSON.stringify({ ...cfg, warnings: undefined })}`);
   const dump = cfg.job.dump_folder;
@@ -374,7 +388,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     schedule,
     dataLoader: loader,
     steps: cfg.training.steps,
-    gradAccumulationSteps: cfg.training.gradient_accumulation_steps,
+    gradAccumulationSteps: accumulation,
     dataParallel,
     maxNorm: cfg.training.max_norm,
     checkpoint: cfg.checkpoint.enable

@@ -83,6 +83,13 @@ export interface TrainingConfig {
   steps: number;
   max_norm: number;
   gradient_accumulation_steps: number;
+  /**
+   * TorchTitan's: local_batch_size x data-parallel ranks x gradient accumulation steps; -1 = whatever those make. Given,
+   * it sets the accumulation steps for the run's ranks (checked where the ranks are known).
+   */
+  global_batch_size: number;
+  /** TorchTitan's: a local path to read the dataset from (Kiln's formats: text files or directories, .jsonl). */
+  dataset_path: string | null;
   /** "brown", "nlp-corpus", or a path to a text file or directory. */
   dataset: string;
   mixed_precision_param: "bfloat16" | "float32";
@@ -241,6 +248,14 @@ const SCHEMA: Record<Exclude<keyof TrainConfig, "warnings">, Record<string, Fiel
     steps: int(1000, 1),
     max_norm: float(1.0, 0),
     gradient_accumulation_steps: int(1, 1),
+    global_batch_size: int(-1, -1),
+    dataset_path: str(null, true),
+    // TorchTitan's, with nothing to change here (Kiln's CPU training is deterministic for a seed, reduces in float32 and
+    // keeps everything in memory)
+    gc_freq: int(50, 1),
+    deterministic: bool(false),
+    mixed_precision_reduce: oneOf(["float32"], "float32"),
+    enable_cpu_offload: bool(false),
     dataset: str("brown"),
     mixed_precision_param: oneOf(["bfloat16", "float32"], "float32"),
     chat_format_fraction: float(0, 0),
@@ -524,6 +539,9 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   for (const k of ["tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"] as const)
     if (p[k] !== 1) err(`[parallelism] ${k} ${p[k]}: Kiln trains data-parallel only (kiln run --nproc-per-node N: each rank a whole replica)`);
   if (p.data_parallel_shard_degree === 0) err("[parallelism] data_parallel_shard_degree must be -1 (the rest of the ranks) or >= 1");
+  // dataset_path: where TorchTitan reads a named dataset from; Kiln reads that path in its own formats
+  if (cfg.training.dataset_path !== null) cfg.training.dataset = cfg.training.dataset_path;
+  if (cfg.training.global_batch_size === 0) err("[training] global_batch_size must be -1 or >= 1");
   const hub = cfg.training.dataset.split("+").find((d) => HUB_DATASETS.test(d));
   if (hub !== undefined) err(`[training] dataset ${hub} is downloaded from the Hugging Face hub, which Kiln cannot reach: use brown, nlp-corpus, a text file or directory, or a .jsonl file`);
   const w = cfg.warnings;

@@ -32,6 +32,10 @@ test("refused: tensor/pipeline parallel degrees, float8 converters, degrees that
   assert.throws(() => parseTrainConfig(`${base}[lr_scheduler]\nlr_min = 1e-4\nmin_lr_factor = 0.5\n`), /lr_min 0.0001 and min_lr_factor 0.5 .* disagree/);
   await assert.rejects(runRecipe(parseTrainConfig(`${base}[parallelism]\ndata_parallel_replicate_degree = 2\n`), { log: () => undefined }),
     /data_parallel_replicate_degree 2 x data_parallel_shard_degree -1 does not cover the 1 rank/);
+  await assert.rejects(runRecipe(parseTrainConfig(base.replace("seq_len = 32", "seq_len = 32\nlocal_batch_size = 4\nglobal_batch_size = 6")), { log: () => undefined }),
+    /global_batch_size 6 is not a multiple of local_batch_size 4 x 1 rank/);
+  // dataset_path: the local copy TorchTitan would read a named dataset from, read in Kiln's formats
+  assert.equal(parseTrainConfig(base.replace("seq_len = 32", 'seq_len = 32\ndataset = "c4_test"\ndataset_path = "/data/c4.jsonl"')).training.dataset, "/data/c4.jsonl");
 });
 
 test("decay_ratio and min_lr_factor: warmup, a stable phase, then a linear decay to lr x min_lr_factor", { timeout: 60_000 }, async () => {
@@ -58,6 +62,7 @@ decay_type = "linear"
 min_lr_factor = 0.1
 [training]
 local_batch_size = 2
+global_batch_size = 4
 seq_len = 16
 steps = 6
 dataset = "${corpus}"
@@ -65,7 +70,10 @@ dataset = "${corpus}"
 enabled = false
 `);
     const lrs: number[] = [];
-    await runRecipe(cfg, { log: () => undefined, onStep: (m) => lrs.push(m.lr), resume: false });
+    const tokens: number[] = [];
+    await runRecipe(cfg, { log: () => undefined, onStep: (m) => (lrs.push(m.lr), tokens.push(m.tokens)), resume: false });
+    // global_batch_size 4 of local batches of 2: two micro-batches of 2 x 16 tokens per step
+    assert.deepEqual(tokens, Array(6).fill(64));
     // by hand: W = 1, D = round(6 x 0.5) = 3, S = 6 - 1 - 3 = 2; warmup lr (s+1)/(W+1), decay from p = (s+1-W-S)/D
     const lr = 1e-3, min = 1e-4;
     const want = [lr / 2, lr, lr, min + (lr - min) * (2 / 3), min + (lr - min) * (1 / 3), min];
