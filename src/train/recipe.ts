@@ -15,6 +15,7 @@ import { env } from "../util/env.js";
 import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
 import { loadCorpus } from "./corpus.js";
 import { buildDatasets, DataLoader, type TrainingDocument } from "./data-loader.js";
+import { stepDirName } from "./checkpoint.js";
 import { readJsonlDataset, type ChatRenderer } from "./chat-sft.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
 import { AdamW, SGD, type Optimizer } from "./optim.js";
@@ -162,6 +163,14 @@ function checkDataParallelDegrees(cfg: TrainConfig, worldSize: number): void {
   const total = s === -1 ? worldSize : r * s;
   if (total !== worldSize || worldSize % r !== 0)
     throw new TrainConfigError(`[parallelism] data_parallel_replicate_degree ${r} x data_parallel_shard_degree ${s} does not cover the ${worldSize} rank(s) this run has (kiln run --nproc-per-node N)`);
+}
+
+/** What the run resumes from: the newest checkpoint, none (--no-resume), or [checkpoint] load_step's (which must exist). */
+function resumeFrom(cfg: TrainConfig, dump: string, resume: boolean): boolean | string {
+  if (!resume || cfg.checkpoint.load_step === -1) return resume;
+  const dir = path.join(dump, cfg.checkpoint.folder, stepDirName(cfg.checkpoint.load_step));
+  if (!fs.existsSync(path.join(dir, "state.json"))) throw new TrainConfigError(`[checkpoint] load_step ${cfg.checkpoint.load_step}: no checkpoint at ${dir}`);
+  return dir;
 }
 
 /** The gradient accumulation steps: [training] global_batch_size's, where given, for this run's ranks. */
@@ -392,7 +401,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     dataParallel,
     maxNorm: cfg.training.max_norm,
     checkpoint: cfg.checkpoint.enable
-      ? { dir: path.join(dump, cfg.checkpoint.folder), interval: cfg.checkpoint.interval, keepLatest: cfg.checkpoint.keep_latest_k, resume: hooks.resume ?? true, atEnd: true }
+      ? { dir: path.join(dump, cfg.checkpoint.folder), interval: cfg.checkpoint.interval, keepLatest: cfg.checkpoint.keep_latest_k, resume: resumeFrom(cfg, dump, hooks.resume ?? true), atEnd: true }
       : undefined,
     onStep: (m) => {
       if (last === null) curve.push(...earlier.filter((e) => e.step < m.step));

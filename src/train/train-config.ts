@@ -105,6 +105,10 @@ export interface CheckpointConfig {
   export_dtype: "float32" | "bfloat16" | "float16";
   last_save_model_only: boolean;
   async_mode: "disabled" | "async" | "async_with_pinned_mem";
+  /** TorchTitan's: resume from this step's checkpoint (-1: the newest). */
+  load_step: number;
+  /** TorchTitan's: the last save in Hugging Face format (Kiln always exports one). */
+  last_save_in_hf: boolean;
   /** TorchTitan's: a Hugging Face model directory to start from (fine-tuning) instead of random weights; the model's shape and tokenizer are its own. */
   initial_load_path: string | null;
   /** TorchTitan's: initial_load_path is in Hugging Face format (the only one Kiln reads: must be true with a path). */
@@ -265,6 +269,8 @@ const SCHEMA: Record<Exclude<keyof TrainConfig, "warnings">, Record<string, Fiel
     enable: { ...bool(false), aliases: ["enable_checkpoint"] },
     last_save_model_only: bool(false),
     async_mode: oneOf(["disabled", "async", "async_with_pinned_mem"], "disabled"),
+    load_step: int(-1, -1),
+    last_save_in_hf: bool(false),
     folder: str("checkpoint"),
     interval: int(500, 1),
     keep_latest_k: int(0, 0),

@@ -82,3 +82,45 @@ enabled = false
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("[checkpoint] load_step resumes from that step's checkpoint: the run from step 2 repeats steps 3-4 exactly", { timeout: 60_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-titan-"));
+  try {
+    const corpus = path.join(dir, "corpus.txt");
+    fs.writeFileSync(corpus, loadCorpus({ source: "brown", granularity: "paragraph", maxDocs: 40 }).join("\n\n"));
+    const toml = (loadStep: number) => `
+[job]
+dump_folder = "${path.join(dir, "run")}"
+[model]
+dim = 32
+n_layers = 1
+n_heads = 2
+ffn_dim = 64
+tokenizer_vocab_size = 300
+[training]
+local_batch_size = 2
+seq_len = 16
+steps = 4
+dataset = "${corpus}"
+[checkpoint]
+enable_checkpoint = true
+interval = 2
+load_step = ${loadStep}
+[validation]
+enabled = false
+`;
+    const run = async (loadStep: number, resume: boolean) => {
+      const losses = new Map<number, number>();
+      await runRecipe(parseTrainConfig(toml(loadStep)), { log: () => undefined, onStep: (m) => losses.set(m.step, m.loss), resume });
+      return losses;
+    };
+    const whole = await run(-1, false);
+    assert.deepEqual([...whole.keys()], [1, 2, 3, 4]);
+    const resumed = await run(2, true);
+    assert.deepEqual([...resumed.keys()], [3, 4]);
+    for (const s of [3, 4]) assert.equal(resumed.get(s), whole.get(s));
+    await assert.rejects(run(3, true), /\[checkpoint\] load_step 3: no checkpoint at .*step-00000003/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
