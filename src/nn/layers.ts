@@ -42,10 +42,6 @@ export interface LinearLoraSlots {
   scales: Tensor; // [slots]
 }
 
-/**
- * torch.nn.Linear: y = x W^T + b, W [out, in]. A new layer is initialised as torch's, its parameters require grad.
- * @example const l = new Linear(3, 2, true); l.forward(ones([4, 3])).sum().backward(); l.weight.grad // [2, 3]
- */
 /** A low-rank adapter being trained on a Linear (LoRA fine-tuning): forward adds scaling * B (A x). */
 export interface LinearAdapter {
   a: Tensor; // [rank, inFeatures]
@@ -53,6 +49,10 @@ export interface LinearAdapter {
   scaling: number;
 }
 
+/**
+ * torch.nn.Linear: y = x W^T + b, W [out, in]. A new layer is initialised as torch's, its parameters require grad.
+ * @example const l = new Linear(3, 2, true); l.forward(ones([4, 3])).sum().backward(); l.weight.grad // [2, 3]
+ */
 export class Linear extends Module {
   weight: Tensor; // [outFeatures, inFeatures]
   bias: Tensor | null; // [outFeatures]
