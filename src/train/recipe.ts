@@ -14,7 +14,7 @@ import { DistributedDataParallel } from "../nn/index.js";
 import { env } from "../util/env.js";
 import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
 import { loadCorpus } from "./corpus.js";
-import { buildDatasets, DataLoader, type TrainingDocument } from "./data-loader.js";
+import { buildDatasets, DataLoader, tokenizeDocuments, type TrainingDocument } from "./data-loader.js";
 import { stepDirName } from "./checkpoint.js";
 import { readJsonlDataset, type ChatRenderer } from "./chat-sft.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
@@ -284,16 +284,19 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     log(`[tokenizer] trained byte-level BPE, vocab ${tok.vocabSize}`);
   }
   const eosId = init !== null ? documentSeparator(init.tokenizer, init.dir) : tok!.tokenToId("<|endoftext|>") ?? 0;
+  // [validation] dataset: validate on that data (TorchTitan's); else on a held-out fraction of the training documents
+  const valDataset = cfg.validation.enable ? cfg.validation.dataset : null;
   const data = buildDatasets({
     docs,
     tokenizer: init?.tokenizer ?? tok!,
     eosId,
-    valFraction: cfg.validation.enable ? cfg.validation.fraction : 0,
+    valFraction: cfg.validation.enable && valDataset === null ? cfg.validation.fraction : 0,
     seed: cfg.job.seed,
     cachePath: path.join(dump, "tokens.bin"),
     tokenizerKey: init?.tokenizerKey ?? JSON.stringify(tok!.json.model),
   });
-  log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens`);
+  if (valDataset !== null) data.val = tokenizeDocuments(loadDataset(valDataset, init?.tokenizer ?? null), init?.tokenizer ?? tok!, eosId);
+  log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens${valDataset !== null ? ` (from ${valDataset})` : ""}`);
   if (rank === 0 && worldSize > 1) barrier();
 
   // 2. model

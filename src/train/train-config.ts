@@ -129,7 +129,7 @@ export interface MetricsConfig {
 
 export interface ValidationConfig {
   enable: boolean;
-  /** TorchTitan's validation dataset: Kiln validates on a held-out fraction of the training data (a warning says so). */
+  /** TorchTitan's: the data validated on (as [training] dataset); null: a held-out [validation] fraction of the training documents. */
   dataset: string | null;
   freq: number;
   steps: number;
@@ -559,7 +559,9 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   if (cfg.float8.enable_fsdp_float8_all_gather === true || cfg.float8.precompute_float8_dynamic_scale_for_fsdp === true) w.push("[float8]: no effect (no float8 training)");
   if (cfg.metrics.enable_tensorboard || cfg.metrics.enable_wandb) w.push("[metrics] enable_tensorboard / enable_wandb: not written; the loss curve is drawn to [metrics] loss_curve");
   if (cfg.checkpoint.async_mode !== "disabled") w.push(`[checkpoint] async_mode ${cfg.checkpoint.async_mode}: checkpoints are saved synchronously`);
-  if (cfg.validation.dataset !== null) w.push(`[validation] dataset ${cfg.validation.dataset}: validation uses a held-out [validation] fraction of the training data`);
+  const val = cfg.validation.dataset;
+  if (cfg.validation.enable && val !== null && val.split("+").some((d) => HUB_DATASETS.test(d)))
+    err(`[validation] dataset ${val} is downloaded from the Hugging Face hub, which Kiln cannot reach: use a text file or directory or a .jsonl file (or leave it out to hold out [validation] fraction of the training data)`);
   if (Object.keys(given("comm")).length > 0) w.push("[comm]: the collectives' timeout is KILN_DIST_TIMEOUT's (the section is not read)");
 }
 

@@ -22,7 +22,9 @@ test("TorchTitan's debug_model.toml parses; c4_test is refused with what to use 
   assert.equal(cfg.validation.enable, false); // enabled
   assert.deepEqual([cfg.lr_scheduler.decay_type, cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.lr_min], ["linear", 0.8, 0]);
   assert.ok(cfg.warnings.some((w) => w.startsWith("[activation_checkpoint] mode selective: no effect")), cfg.warnings.join("\n"));
-  assert.ok(cfg.warnings.some((w) => w.startsWith("[validation] dataset c4_validation")));
+  // (validation is off in the recipe: its hub dataset is not read; turned on, it is refused)
+  assert.equal(cfg.validation.dataset, "c4_validation");
+  assert.throws(() => loadTrainConfig(fixture, { "training.dataset": "brown", "model.hf_assets_path": null, "validation.enabled": true }), /\[validation\] dataset c4_validation is downloaded from the Hugging Face hub/);
 });
 
 test("refused: tensor/pipeline parallel degrees, float8 converters, degrees that do not cover the ranks", async () => {
@@ -120,6 +122,55 @@ enabled = false
     assert.deepEqual([...resumed.keys()], [3, 4]);
     for (const s of [3, 4]) assert.equal(resumed.get(s), whole.get(s));
     await assert.rejects(run(3, true), /\[checkpoint\] load_step 3: no checkpoint at .*step-00000003/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("[validation] dataset: validated on that data, every training document trained on", { timeout: 60_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-titan-"));
+  try {
+    const paragraphs = loadCorpus({ source: "brown", granularity: "paragraph", maxDocs: 60 });
+    const train = path.join(dir, "train");
+    fs.mkdirSync(train);
+    for (let f = 0; f < 20; f++) fs.writeFileSync(path.join(train, `doc-${f}.txt`), paragraphs.slice(f * 2, f * 2 + 2).join("\n\n"));
+    const val = path.join(dir, "val.txt");
+    fs.writeFileSync(val, paragraphs.slice(40).join("\n\n"));
+    const run = async (validation: string) => {
+      const logs: string[] = [];
+      const cfg = parseTrainConfig(`
+[job]
+dump_folder = "${path.join(dir, "run")}"
+[model]
+dim = 32
+n_layers = 1
+n_heads = 2
+ffn_dim = 64
+tokenizer_vocab_size = 300
+[training]
+local_batch_size = 2
+seq_len = 16
+steps = 2
+dataset = "${train}"
+[validation]
+freq = 2
+steps = 2
+fraction = 0.1
+${validation}
+`);
+      const r = await runRecipe(cfg, { log: (l) => logs.push(l), resume: false });
+      const line = logs.find((l) => l.includes("validation tokens"))!;
+      const [trainTokens, valTokens] = [...line.matchAll(/(\d+) (?:training|validation) tokens/g)].map((m) => Number(m[1]));
+      return { trainTokens: trainTokens!, valTokens: valTokens!, line, valLoss: r.valLoss };
+    };
+    const own = await run(`enabled = true\ndataset = "${val}"`);
+    const heldOut = await run("enabled = true");
+    const none = await run("enabled = false");
+    assert.ok(own.valTokens > 100 && own.line.endsWith(`(from ${val})`), own.line);
+    assert.ok(own.valLoss !== null && Number.isFinite(own.valLoss), String(own.valLoss));
+    // with its own data, no training document is held out: as many training tokens as without validation
+    assert.equal(own.trainTokens, none.trainTokens);
+    assert.ok(heldOut.trainTokens < none.trainTokens && heldOut.valTokens > 0, heldOut.line);
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
