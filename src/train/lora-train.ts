@@ -44,8 +44,8 @@ export function attachLoraAdapters(model: CausalLM, cfg: TrainConfig): TrainedLo
     if (!(m instanceof Linear) || !l.target_modules.includes(name.slice(name.lastIndexOf(".") + 1))) continue;
     const bound = 1 / Math.sqrt(m.inFeatures);
     // (in the weights' dtype: the products take one dtype)
-    const a = asDtype(rand([l.rank, m.inFeatures], { low: -bound, high: bound }), m.weight.dtype);
-    const b = asDtype(zeros([m.outFeatures, l.rank]), m.weight.dtype);
+    const a = rand([l.rank, m.inFeatures], { low: -bound, high: bound, dtype: m.weight.dtype });
+    const b = zeros([m.outFeatures, l.rank], { dtype: m.weight.dtype });
     a.requiresGrad = true;
     b.requiresGrad = true;
     m.adapter = { a, b, scaling };
@@ -54,13 +54,6 @@ export function attachLoraAdapters(model: CausalLM, cfg: TrainConfig): TrainedLo
   }
   if (modules.length === 0) throw new TrainConfigError(`[lora] target_modules ${l.target_modules.join(", ")}: the model has none of them`);
   return { named, scaling, modules, module: new AdapterSet(named.map(([, t]) => t)) };
-}
-
-function asDtype(t: Tensor, dtype: Tensor["dtype"]): Tensor {
-  if (t.dtype === dtype) return t;
-  const cast = t.to(dtype);
-  t.dispose();
-  return cast;
 }
 
 /**
