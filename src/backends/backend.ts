@@ -286,6 +286,10 @@ export interface Backend {
   /** Buffers allocated and not yet freed (leak tests). */
   liveBuffers(): number;
   liveBytes(): number;
+  /** The most bytes live at once since the back end was made or resetPeakBytes() (torch.cuda.max_memory_allocated). */
+  peakBytes(): number;
+  /** Starts a new peak from the bytes live now (torch.cuda.reset_peak_memory_stats). */
+  resetPeakBytes(): void;
 
   // ---- optional: step graphs (capture once, replay per step); back ends without them omit these ----
 

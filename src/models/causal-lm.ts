@@ -6,10 +6,12 @@
 // match Hugging Face's.
 import {
   Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, TensorParallelError, divideForTp,
-  type ForwardContext, type LayerOptions, type TensorParallel,
+  type DenseContext, type ForwardContext, type LayerOptions, type TensorParallel,
 } from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
-import { add, crossEntropy, disposeQuantizedActivations, indexCopyInto, linear, tensor, type Tensor, type DeviceLike } from "../tensor/index.js";
+import {
+  add, checkpoint, crossEntropy, disposeQuantizedActivations, indexCopyInto, isGradEnabled, linear, tensor, Tensor, type DeviceLike,
+} from "../tensor/index.js";
 import type { ModelConfig } from "./hf-config.js";
 
 /** What a family changes in the shared decoder. */
@@ -176,6 +178,20 @@ class DecoderBody extends Module {
   }
 }
 
+/**
+ * layer.forward(h, ctx) as a checkpointed region. The context's tensors (positions, ...) enter as region inputs, so
+ * the recomputation in backward finds them alive after the caller disposed its handles; the trainable tensors are the
+ * layer's parameters and the LoRA adapters being trained on its projections.
+ */
+function checkpointedLayer(layer: DecoderLayer, h: Tensor, ctx: DenseContext): Tensor {
+  const keys = Object.keys(ctx).filter((k) => ctx[k as keyof DenseContext] instanceof Tensor) as (keyof DenseContext)[];
+  const trainable = [...layer.parameters()];
+  for (const [, m] of layer.namedModules()) if (m instanceof Linear && m.adapter !== null) trainable.push(m.adapter.a, m.adapter.b);
+  const region = (x: Tensor, ...tensors: Tensor[]): Tensor =>
+    layer.forward(x, { ...ctx, ...Object.fromEntries(keys.map((k, i) => [k, tensors[i]])) } as DenseContext);
+  return checkpoint(region, [h, ...keys.map((k) => ctx[k] as Tensor)], { parameters: trainable });
+}
+
 export interface CausalLMOptions {
   /** Dtype of the large matrices (projections, embeddings); norms stay float32. */
   dtype?: DType;
@@ -212,6 +228,12 @@ export class CausalLM extends Module {
   readonly rotaryLocal: RotaryEmbedding | null;
   /** This rank's place in a tensor-parallel group, or null (CausalLMOptions.tp). */
   readonly tp: TensorParallel | null;
+  /**
+   * Activation checkpointing for training (TorchTitan's [activation_checkpoint]): the decoder layers it returns true
+   * for keep no activations for backward in a dense forward that records autograd history; they are recomputed
+   * (tensor/checkpoint.ts). Null (the default): every activation is kept.
+   */
+  activationCheckpointing: ((layer: number) => boolean) | null = null;
 
   constructor(
     readonly config: ModelConfig,
@@ -267,8 +289,9 @@ export class CausalLM extends Module {
       indexCopyInto(h, 0, embeds.rows, values);
       if (values !== embeds.values) values.dispose();
     }
+    const recompute = this.activationCheckpointing !== null && ctx.kind === "dense" && isGradEnabled() ? this.activationCheckpointing : null;
     this.model.layers.forEach((layer, i) => {
-      const next = layer.forward(h, ctx);
+      const next = recompute?.(i) === true ? checkpointedLayer(layer, h, ctx as DenseContext) : layer.forward(h, ctx);
       if (aux?.layers.includes(i) === true) aux.out.push(h);
       else h.dispose();
       h = next;

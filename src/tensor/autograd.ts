@@ -28,8 +28,17 @@ export function registerBackward(op: string, rule: BackwardRule): void {
   rules[op] = rule;
 }
 
+/**
+ * What backward() calls on a tensor's gradFn: the vector-Jacobian product, one gradient per input, and the release of
+ * what the node saved. AutogradNode is the node of one recorded op; checkpoint.ts's node recomputes a region instead.
+ */
+export interface BackwardNode extends GradNode {
+  backward(g: Tensor): (Tensor | null)[];
+  release(): void;
+}
+
 /** The autograd node on a tensor's gradFn. */
-export class AutogradNode implements GradNode {
+export class AutogradNode implements BackwardNode {
   private saved: (Tensor | null)[] | null;
   private savedOutput: Tensor | null;
   private readonly savedVersions: number[];
@@ -183,7 +192,7 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
       const g = pending.get(t);
       if (!g) continue;
       pending.delete(t);
-      const node = t.gradFn as AutogradNode | null;
+      const node = t.gradFn as BackwardNode | null;
       if (node === null || t.retainsGrad) {
         // a leaf's gradient nobody else holds becomes its .grad as is (saves a copy per parameter)
         const exclusive = node === null && g !== grad && refs.get(g) === 1;

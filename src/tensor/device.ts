@@ -51,3 +51,25 @@ export function resolveDevice(d: DeviceLike): Device {
   if (d === undefined) return defaultDevice();
   return typeof d === "string" ? device(d) : d;
 }
+
+/** Bytes of tensor memory live on the device now (torch.cuda.memory_allocated). */
+export function memoryAllocated(d?: DeviceLike): number {
+  return resolveDevice(d).backend.liveBytes();
+}
+
+/**
+ * The most tensor bytes live at once on the device since it was first used or resetPeakMemoryStats() (torch.cuda's
+ * max_memory_allocated).
+ * @example
+ *   resetPeakMemoryStats();
+ *   model.loss(inputs, targets, B, S).backward();
+ *   console.log(`peak ${maxMemoryAllocated() / 2 ** 20} MiB during the step`);
+ */
+export function maxMemoryAllocated(d?: DeviceLike): number {
+  return resolveDevice(d).backend.peakBytes();
+}
+
+/** Starts the peak maxMemoryAllocated() reports from the bytes live now (torch.cuda.reset_peak_memory_stats). */
+export function resetPeakMemoryStats(d?: DeviceLike): void {
+  resolveDevice(d).backend.resetPeakBytes();
+}

@@ -1,7 +1,7 @@
 // The tensor runtime's public surface (import * as kiln from "kiln/tensor").
 export { Tensor, tensor, empty, unallocated, zeros, ones, full, zerosLike, onesLike, fullLike, arange, fromBytes, mapFromFile, numel, contiguousStrides } from "./tensor.js";
 export type { Shape, Scalar, TensorOrScalar, TensorOptions, GradNode } from "./tensor.js";
-export { device, defaultDevice, setDefaultDevice, Device, type DeviceLike } from "./device.js";
+export { device, defaultDevice, setDefaultDevice, Device, memoryAllocated, maxMemoryAllocated, resetPeakMemoryStats, type DeviceLike } from "./device.js";
 export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.js";
 export { noGrad, isGradEnabled, setGradEnabled, registerPostBackwardHook } from "./grad-mode.js";
 export { backward, enableAutograd, registerBackward, sumToShape, AutogradNode, type BackwardRule, type BackwardContext } from "./autograd.js";
@@ -21,3 +21,4 @@ export { loraApply } from "./ops/lora.js";
 export { moe, type MoeExpert, type MoeProjection } from "./ops/moe.js";
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";
+export { checkpoint, type CheckpointOptions } from "./checkpoint.js";

@@ -21,7 +21,7 @@ import { renderLossCurveSvg } from "./loss-curve.js";
 import { AdamW, SGD, type Optimizer } from "./optim.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
-import { TrainConfigError, type TrainConfig } from "./train-config.js";
+import { activationCheckpointLayers, TrainConfigError, type TrainConfig } from "./train-config.js";
 import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
 import { attachLoraAdapters, exportLoraAdapter, mergeAdapters, type TrainedLora } from "./lora-train.js";
 
@@ -315,6 +315,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     initWeights(model, cfg.job.seed, cfg.model.n_layers);
   }
   model.train();
+  model.activationCheckpointing = activationCheckpointLayers(cfg);
   const numParams = model.numParameters();
   const B = cfg.training.local_batch_size;
   const S = cfg.training.seq_len;
@@ -326,6 +327,11 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   if (lora !== null) {
     const n = lora.named.reduce((s, [, t]) => s + t.numel, 0);
     log(`[lora] rank ${cfg.lora.rank} adapters on ${lora.modules.length} projections (${cfg.lora.target_modules.join(", ")}): ${n} trainable parameters, the model's frozen`);
+  }
+  const recomputed = model.activationCheckpointing;
+  if (recomputed !== null) {
+    const layers = Array.from({ length: c.numHiddenLayers }, (_, i) => i).filter(recomputed);
+    log(`[activation_checkpoint] ${cfg.activation_checkpoint.mode}: ${layers.length} of ${c.numHiddenLayers} layers recompute their activations in backward (${layers.join(", ")})`);
   }
   // what the optimizer updates and the checkpoints hold: the adapters alone under LoRA
   const trained = lora !== null ? lora.named : model.namedParameters();
@@ -421,7 +427,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
       if (m.step % cfg.metrics.log_freq === 0 || valLoss !== undefined) {
         log(
           `step ${String(m.step).padStart(5)}  loss ${m.loss.toFixed(4)}  grad_norm ${m.gradNorm.toFixed(3)}  lr ${m.lr.toExponential(2)}  ` +
-            `tok/s ${m.tokensPerSecond.toFixed(0)}  mfu ${(mfu * 100).toFixed(1)}%` + (valLoss !== undefined ? `  val_loss ${valLoss.toFixed(4)} (ppl ${Math.exp(valLoss).toFixed(1)})` : ""),
+            `tok/s ${m.tokensPerSecond.toFixed(0)}  mfu ${(mfu * 100).toFixed(1)}%  memory ${(m.peakMemoryBytes / 2 ** 30).toFixed(2)}GiB` + (valLoss !== undefined ? `  val_loss ${valLoss.toFixed(4)} (ppl ${Math.exp(valLoss).toFixed(1)})` : ""),
         );
         drawCurve();
       }

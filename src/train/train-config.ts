@@ -164,7 +164,7 @@ export interface TrainConfig {
   lora: LoraTrainConfig;
   parallelism: ParallelismConfig;
   profiling: Accepted;
-  activation_checkpoint: Accepted;
+  activation_checkpoint: { mode: "none" | "selective" | "full"; selective_ac_option: string };
   compile: Accepted;
   float8: Accepted;
   comm: Accepted;
@@ -553,8 +553,7 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   const w = cfg.warnings;
   const pr = cfg.profiling;
   if (pr.enable_profiling === true || pr.enable_memory_snapshot === true) w.push("[profiling]: not supported, no traces or memory snapshots are written");
-  const ac = given("activation_checkpoint");
-  if ("mode" in ac && cfg.activation_checkpoint.mode !== "none") w.push(`[activation_checkpoint] mode ${String(cfg.activation_checkpoint.mode)}: no effect, every activation is kept for the backward pass`);
+  checkActivationCheckpoint(cfg, Object.keys(given("activation_checkpoint")).length > 0, err);
   if (cfg.compile.enable === true) w.push("[compile] enable: no effect, training runs eagerly");
   if (cfg.float8.enable_fsdp_float8_all_gather === true || cfg.float8.precompute_float8_dynamic_scale_for_fsdp === true) w.push("[float8]: no effect (no float8 training)");
   if (cfg.metrics.enable_tensorboard || cfg.metrics.enable_wandb) w.push("[metrics] enable_tensorboard / enable_wandb: not written; the loss curve is drawn to [metrics] loss_curve");
@@ -563,6 +562,34 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   if (cfg.validation.enable && val !== null && val.split("+").some((d) => HUB_DATASETS.test(d)))
     err(`[validation] dataset ${val} is downloaded from the Hugging Face hub, which Kiln cannot reach: use a text file or directory or a .jsonl file (or leave it out to hold out [validation] fraction of the training data)`);
   if (Object.keys(given("comm")).length > 0) w.push("[comm]: the collectives' timeout is KILN_DIST_TIMEOUT's (the section is not read)");
+}
+
+/**
+ * [activation_checkpoint] as TorchTitan reads it: mode "full" checkpoints every decoder layer, "selective" with
+ * selective_ac_option N (digits) every Nth (layers N-1, 2N-1, ...: TorchTitan counts its wrapped blocks from 1; N = 0
+ * every layer). Its op-level policy ("op": keep matmul outputs, recompute the rest) has no counterpart here: whole layers
+ * are checkpointed instead, with a warning. A config without the section keeps every activation (TorchTitan's default,
+ * selective every 2nd layer, trades time for memory a small run does not need).
+ */
+function checkActivationCheckpoint(cfg: TrainConfig, given: boolean, err: (msg: string) => never): void {
+  const ac = cfg.activation_checkpoint;
+  if (!given) ac.mode = "none";
+  const option = String(ac.selective_ac_option);
+  if (ac.mode === "selective" && option !== "op" && !/^\d+$/.test(option))
+    err(`[activation_checkpoint] selective_ac_option must be "op" or a layer frequency (a non-negative integer), got ${JSON.stringify(ac.selective_ac_option)}`);
+  if (ac.mode === "selective" && option === "op")
+    cfg.warnings.push("[activation_checkpoint] selective_ac_option op: no op-level policy in Kiln, every layer is checkpointed whole (as mode full)");
+}
+
+/**
+ * Which decoder layers recompute their activations in backward under the config's [activation_checkpoint] (for
+ * CausalLM.activationCheckpointing), or null when every activation is kept.
+ */
+export function activationCheckpointLayers(cfg: TrainConfig): ((layer: number) => boolean) | null {
+  const { mode, selective_ac_option: option } = cfg.activation_checkpoint;
+  if (mode === "none") return null;
+  const every = mode === "full" || String(option) === "op" ? 1 : Number(option);
+  return every <= 1 ? () => true : (layer) => (layer + 1) % every === 0;
 }
 
 /** The recipe's own model shape (not one read from initial_load_path). */

@@ -1,7 +1,7 @@
 // The model-agnostic training loop (TorchTitan's train step): per step, gradAccumulationSteps
 // micro-batches of forward + backward, global-norm clipping, the scheduled lr, one optimizer update,
 // metrics, and periodic checkpoints that resume to the identical loss trajectory.
-import { defaultGenerator, type Generator, type Tensor } from "../tensor/index.js";
+import { defaultGenerator, maxMemoryAllocated, resetPeakMemoryStats, type Generator, type Tensor } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
 import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint } from "./checkpoint.js";
 import { clipGradNorm } from "./grad-clip.js";
@@ -40,6 +40,8 @@ export interface StepMetrics {
   tokens: number;
   tokensPerSecond: number;
   elapsedMs: number;
+  /** The most tensor bytes live at once on the parameters' device during the step (TorchTitan's logged memory). */
+  peakMemoryBytes: number;
 }
 
 export interface CheckpointOptions {
@@ -135,8 +137,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   };
 
   const history: StepMetrics[] = [];
+  const device = params[0]?.device;
   while (step < o.steps) {
     const t0 = performance.now();
+    resetPeakMemoryStats(device);
     let lossSum = 0;
     let tokens = 0;
     const dp = o.dataParallel;
@@ -163,7 +167,9 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     step++;
     const elapsedMs = performance.now() - t0;
     const stepLoss = dp !== undefined ? dp.averageAcrossRanks(lossSum / accum) : lossSum / accum;
-    const metrics: StepMetrics = { step, loss: stepLoss, gradNorm, lr, tokens, tokensPerSecond: (tokens * 1000) / Math.max(elapsedMs, 1e-3), elapsedMs };
+    const metrics: StepMetrics = { step, loss: stepLoss, gradNorm, lr, tokens, tokensPerSecond: (tokens * 1000) / Math.max(elapsedMs, 1e-3), elapsedMs,
+      peakMemoryBytes: maxMemoryAllocated(device),
+    };
     history.push(metrics);
     await o.onStep?.(metrics);
     if (ck && (dp?.isWriter ?? true) && ((ck.interval > 0 && step % ck.interval === 0) || (ck.atEnd && step === o.steps))) save();

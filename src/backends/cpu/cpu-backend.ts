@@ -414,6 +414,12 @@ export class CpuBackend implements Backend {
   liveBytes(): number {
     return this.memory.liveBytes();
   }
+  peakBytes(): number {
+    return this.memory.peakBytes();
+  }
+  resetPeakBytes(): void {
+    this.memory.resetPeakBytes();
+  }
 
   /** Whether submitRaw() can enqueue generated code (the addon has streamCallFn). */
   get takesRawCalls(): boolean {

@@ -27,6 +27,7 @@ const MAX_FINDABLE = 1 << 16;
 export class HostAllocator {
   private live = 0;
   private bytes = 0;
+  private peak = 0;
   private pool: PrivatePool | null = null;
   /** Every host memory this allocator creates or adopts gets the next number (its allocation order). */
   private nextNumber = 0;
@@ -41,6 +42,7 @@ export class HostAllocator {
   allocate(byteLength: number): DeviceBuffer {
     this.live++;
     this.bytes += byteLength;
+    if (this.bytes > this.peak) this.peak = this.bytes;
     const pool = this.pool;
     if (!pool) return this.wrap(this.numbered(new ArrayBuffer(byteLength)));
     const memory = pool.free.get(byteLength)?.pop() ?? this.numbered(new ArrayBuffer(byteLength));
@@ -53,6 +55,7 @@ export class HostAllocator {
   adopt(memory: ArrayBuffer): DeviceBuffer {
     this.live++;
     this.bytes += memory.byteLength;
+    if (this.bytes > this.peak) this.peak = this.bytes;
     return this.wrap(this.numbered(memory));
   }
 
@@ -164,6 +167,16 @@ export class HostAllocator {
   liveBytes(): number {
     return this.bytes;
   }
+
+  /** The most bytes live at once since creation or the last resetPeakBytes(). */
+  peakBytes(): number {
+    return this.peak;
+  }
+
+  /** Starts a new peak from the bytes live now. */
+  resetPeakBytes(): void {
+    this.peak = this.bytes;
+  }
 }
 
 export class ReferenceBackend implements Backend {
@@ -196,5 +209,11 @@ export class ReferenceBackend implements Backend {
   }
   liveBytes(): number {
     return this.memory.liveBytes();
+  }
+  peakBytes(): number {
+    return this.memory.peakBytes();
+  }
+  resetPeakBytes(): void {
+    this.memory.resetPeakBytes();
   }
 }

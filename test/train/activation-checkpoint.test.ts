@@ -1,0 +1,81 @@
+// TorchTitan's [activation_checkpoint] in `kiln train`: which layers each mode checkpoints (TorchTitan's counting), and
+// a run that checkpoints every layer trains to the same losses as one that keeps every activation while its steps'
+// peak memory is lower.
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { runRecipe } from "../../src/train/recipe.js";
+import { activationCheckpointLayers, loadTrainConfig, parseTrainConfig } from "../../src/train/train-config.js";
+import { loadCorpus } from "../../src/train/corpus.js";
+
+const fixture = fileURLToPath(new URL("../../../test/fixtures/torchtitan/debug_model.toml", import.meta.url));
+const layersOf = (toml: string, n: number, overrides: Record<string, unknown> = {}) => {
+  const policy = activationCheckpointLayers(parseTrainConfig(toml, overrides));
+  return policy === null ? null : Array.from({ length: n }, (_, i) => i).filter(policy);
+};
+
+test("modes: full is every layer, selective N every Nth counted from 1 (TorchTitan's), op every layer with a warning, none or no section nothing", () => {
+  // debug_model.toml: mode = "selective", selective_ac_option = '2' over its 6 layers
+  const titan = loadTrainConfig(fixture, { "training.dataset": "brown", "model.hf_assets_path": null });
+  assert.deepEqual(Array.from({ length: 6 }, (_, i) => i).filter(activationCheckpointLayers(titan)!), [1, 3, 5]);
+  assert.ok(!titan.warnings.some((w) => w.startsWith("[activation_checkpoint]")), titan.warnings.join("\n"));
+  const base = '[model]\nflavor = "tiny"\n';
+  assert.deepEqual(layersOf(`${base}[activation_checkpoint]\nmode = "full"\n`, 4), [0, 1, 2, 3]);
+  assert.deepEqual(layersOf(`${base}[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "3"\n`, 7), [2, 5]);
+  assert.deepEqual(layersOf(`${base}[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "0"\n`, 3), [0, 1, 2]);
+  assert.deepEqual(layersOf(base, 4, { "activation_checkpoint.mode": "full" }), [0, 1, 2, 3]); // --activation_checkpoint.mode full
+  assert.equal(layersOf(`${base}[activation_checkpoint]\nmode = "none"\n`, 4), null);
+  assert.equal(layersOf(base, 4), null);
+  const op = parseTrainConfig(`${base}[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n`);
+  assert.deepEqual(Array.from({ length: 3 }, (_, i) => i).filter(activationCheckpointLayers(op)!), [0, 1, 2]);
+  assert.ok(op.warnings.some((w) => w.startsWith("[activation_checkpoint] selective_ac_option op: no op-level policy")), op.warnings.join("\n"));
+  assert.throws(() => parseTrainConfig(`${base}[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "every"\n`),
+    /selective_ac_option must be "op" or a layer frequency \(a non-negative integer\), got "every"/);
+  assert.throws(() => parseTrainConfig(`${base}[activation_checkpoint]\nmode = "memory_budget"\n`), /mode/);
+});
+
+test("mode full trains to the same losses as none, with a lower peak of memory per step", { timeout: 120_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-ac-"));
+  try {
+    const corpus = path.join(dir, "corpus.txt");
+    fs.writeFileSync(corpus, loadCorpus({ source: "brown", granularity: "paragraph", maxDocs: 60 }).join("\n\n"));
+    const run = async (mode: string) => {
+      const cfg = parseTrainConfig(`
+[job]
+dump_folder = "${path.join(dir, mode)}"
+[model]
+dim = 64
+n_layers = 4
+n_heads = 2
+ffn_dim = 128
+tokenizer_vocab_size = 300
+[training]
+local_batch_size = 4
+seq_len = 64
+steps = 3
+dataset = "${corpus}"
+[validation]
+enabled = false
+[activation_checkpoint]
+mode = "${mode}"
+`);
+      const losses: number[] = [];
+      const peaks: number[] = [];
+      const logs: string[] = [];
+      await runRecipe(cfg, { log: (s) => logs.push(s), onStep: (m) => (losses.push(m.loss), peaks.push(m.peakMemoryBytes)), resume: false });
+      return { losses, peak: Math.max(...peaks), logs };
+    };
+    const none = await run("none");
+    const full = await run("full");
+    assert.equal(none.losses.length, 3);
+    full.losses.forEach((l, i) => assert.ok(Math.abs(l - none.losses[i]!) <= 1e-5 * Math.abs(none.losses[i]!), `step ${i + 1}: ${l} vs ${none.losses[i]}`));
+    assert.ok(full.peak < none.peak, `peak ${full.peak} bytes with every layer checkpointed vs ${none.peak} without`);
+    assert.ok(full.logs.some((s) => s.includes("[activation_checkpoint] full: 4 of 4 layers recompute")), full.logs.join("\n"));
+    assert.ok(!none.logs.some((s) => s.includes("[activation_checkpoint]")));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
