@@ -79,3 +79,46 @@ mode = "${mode}"
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("LoRA fine-tuning with every layer checkpointed trains the adapters to the same losses", { timeout: 120_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-ac-lora-"));
+  try {
+    const data = path.join(dir, "data.txt");
+    fs.writeFileSync(data, "The river ran past the old mill, and the miller watched the water turn the wheel. ".repeat(60));
+    const kilnDefault = fileURLToPath(new URL("../../../models/kiln-default", import.meta.url));
+    const run = async (mode: string) => {
+      const cfg = parseTrainConfig(`
+[job]
+dump_folder = "${path.join(dir, mode)}"
+[checkpoint]
+initial_load_path = "${kilnDefault}"
+initial_load_in_hf = true
+[optimizer]
+lr = 1e-2
+[training]
+local_batch_size = 2
+seq_len = 32
+steps = 3
+dataset = "${data}"
+[validation]
+enable = false
+[lora]
+enable = true
+rank = 4
+target_modules = ["q_proj", "v_proj", "down_proj"]
+[activation_checkpoint]
+mode = "${mode}"
+`);
+      const losses: number[] = [];
+      await runRecipe(cfg, { log: () => undefined, onStep: (m) => losses.push(m.loss), resume: false });
+      return losses;
+    };
+    const none = await run("none");
+    const full = await run("full");
+    // the adapters' updates move the loss (so equal losses mean the checkpointed layers gave them the same gradients)
+    assert.ok(none[1] !== none[0] && none[2] !== none[1], `losses ${none.join(", ")}`);
+    full.forEach((l, i) => assert.ok(Math.abs(l - none[i]!) <= 1e-5 * Math.abs(none[i]!), `step ${i + 1}: ${l} vs ${none[i]}`));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
