@@ -583,8 +583,6 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   const ac = given("activation_checkpoint");
   if ("mode" in ac && cfg.activation_checkpoint.mode !== "none") w.push(`[activation_checkpoint] mode ${String(cfg.activation_checkpoint.mode)}: no effect, every activation is kept for the backward pass`);
   if (cfg.compile.enable === true) w.push("[compile] enable: no effect, training runs eagerly");
-  if (cfg.model.attn_type !== "sdpa" || cfg.model.use_flex_attn)
-    w.push(`[model] ${cfg.model.use_flex_attn ? "use_flex_attn" : `attn_type ${cfg.model.attn_type}`}: the kernel changes nothing here (one dense attention runs either mask; attn_mask_type picks it)`);
   if (cfg.float8.enable_fsdp_float8_all_gather === true || cfg.float8.precompute_float8_dynamic_scale_for_fsdp === true) w.push("[float8]: no effect (no float8 training)");
   if (cfg.metrics.enable_tensorboard || cfg.metrics.enable_wandb) w.push("[metrics] enable_tensorboard / enable_wandb: not written; the loss curve is drawn to [metrics] loss_curve");
   if (cfg.checkpoint.async_mode !== "disabled") w.push(`[checkpoint] async_mode ${cfg.checkpoint.async_mode}: checkpoints are saved synchronously`);
@@ -592,6 +590,8 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   if (cfg.validation.enable && val !== null && val.split("+").some((d) => HUB_DATASETS.test(d)))
     err(`[validation] dataset ${val} is downloaded from the Hugging Face hub, which Kiln cannot reach: use a text file or directory or a .jsonl file (or leave it out to hold out [validation] fraction of the training data)`);
   if (Object.keys(given("comm")).length > 0) w.push("[comm]: the collectives' timeout is KILN_DIST_TIMEOUT's (the section is not read)");
+  if (cfg.model.attn_type !== "sdpa" || cfg.model.use_flex_attn)
+    w.push(`[model] ${cfg.model.use_flex_attn ? "use_flex_attn" : `attn_type ${cfg.model.attn_type}`}: the kernel changes nothing here (one dense attention runs either mask; attn_mask_type picks it)`);
 }
 
 /** The recipe's own model shape (not one read from initial_load_path). */
