@@ -5,7 +5,7 @@
 // experts with a clamped SwiGLU; its fused expert tensors are split on load: gpt-oss-experts.ts). Parameter names
 // match Hugging Face's.
 import {
-  Attention, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, TensorParallelError, divideForTp,
+  Attention, documentIds, documentPositions, Embedding, GatedMLP, Linear, MoE, Module, RMSNorm, RotaryEmbedding, TensorParallelError, divideForTp,
   type DenseContext, type ForwardContext, type LayerOptions, type TensorParallel,
 } from "../nn/index.js";
 import type { DType } from "../backends/dtype.js";
@@ -324,14 +324,19 @@ export class CausalLM extends Module {
     return out;
   }
 
-  /** Mean next-token cross-entropy for a dense batch: inputs/targets [batch * seqLen]. Differentiable. */
-  loss(inputs: Int32Array, targets: Int32Array, batch: number, seqLen: number): Tensor {
+  /**
+   * Mean next-token cross-entropy for a dense batch: inputs/targets [batch * seqLen]. Differentiable.
+   * `documentSeparator`: a token id ending each packed document (EOS) for TorchTitan's block_causal mask: a token
+   * attends only within its own document (the separator belongs to the one it ends), positions restarting at 0 with
+   * each document (nn/documents.ts). null: plain causal over the whole row.
+   */
+  loss(inputs: Int32Array, targets: Int32Array, batch: number, seqLen: number, documentSeparator: number | null = null): Tensor {
     const dev = this.device;
     const ids = tensor(inputs, { device: dev });
-    const pos = new Int32Array(batch * seqLen);
-    for (let b = 0; b < batch; b++) for (let s = 0; s < seqLen; s++) pos[b * seqLen + s] = s;
-    const positions = tensor(pos, { device: dev });
-    const hidden = this.forward(ids, { kind: "dense", batch, seqLen, positions });
+    const documents = documentSeparator === null ? null : documentIds(inputs, batch, seqLen, documentSeparator);
+    // (without documents, each row is one: positions 0..seqLen-1)
+    const positions = tensor(documentPositions(documents ?? new Int32Array(batch * seqLen), batch, seqLen), { device: dev });
+    const hidden = this.forward(ids, { kind: "dense", batch, seqLen, positions, documents });
     const logits = this.logits(hidden);
     const tgt = tensor(targets, { device: dev });
     const loss = crossEntropy(logits, tgt);

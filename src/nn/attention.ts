@@ -1,7 +1,7 @@
 // Multi-head attention with GQA/MQA, optional q/k RMSNorm (Qwen3), qkv bias (Qwen2), sliding windows, attention
 // logit soft-capping (Gemma 2) and attention sinks (gpt-oss).
 // Two paths over one set of weights: paged (serving, ragged batches over the paged KV cache) and dense
-// (training: [batch, seq] with a causal mask, differentiable).
+// (training: [batch, seq] with a causal or block-causal mask, differentiable).
 import { causalAttention, indexCopyInto, pagedAttention, zeros, type QuantizedActivations, type Tensor } from "../tensor/index.js";
 import { Linear, newParameter, RMSNorm, type LayerOptions } from "./layers.js";
 import { Module } from "./module.js";
@@ -43,6 +43,11 @@ export interface DenseContext {
   positions: Tensor; // int32 [batch * seqLen]
   /** Spans [start, end) of each row whose tokens see each other whatever the order (one image's tokens, as HF's Gemma 3 masks them). */
   bidirectionalSpans?: readonly (readonly [number, number])[];
+  /**
+   * Packed documents (TorchTitan's block_causal mask): each token's document index, int32 [batch * seqLen] row-major
+   * (nn/documents.ts's documentIds); a query sees only earlier keys of its own document. Absent: one document per row.
+   */
+  documents?: Int32Array | null;
 }
 
 export type ForwardContext = PagedContext | DenseContext;
@@ -210,7 +215,7 @@ export class Attention extends Module {
       views.push(v4, th);
       return th;
     };
-    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap, this.sinks, ctx.bidirectionalSpans); // [B, H, S, D]
+    const o = causalAttention(toHeads(q, H), toHeads(k, Hkv), toHeads(v, Hkv), this.cfg.scale, this.cfg.slidingWindow ?? undefined, this.cfg.softcap, this.sinks, ctx.bidirectionalSpans, ctx.documents); // [B, H, S, D]
     const ot = o.transpose(1, 2);
     const out = ot.reshape(B * S, H, D);
     for (const t of [...views, o, ot]) t.dispose();

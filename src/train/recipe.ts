@@ -298,6 +298,15 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   if (valDataset !== null) data.val = tokenizeDocuments(loadDataset(valDataset, init?.tokenizer ?? null), init?.tokenizer ?? tok!, eosId);
   log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens${valDataset !== null ? ` (from ${valDataset})` : ""}`);
   if (rank === 0 && worldSize > 1) barrier();
+  const separator = cfg.model.attn_mask_type === "block_causal" ? eosId : null;
+  if (separator !== null) {
+    // documents end at the separator, so one inside a document (a chat template's own EOS) splits it there
+    let n = 0;
+    for (const t of data.train) if (t === separator || t === -separator - 1) n++;
+    const inside = n - data.trainDocs;
+    log(`[model] attn_mask_type block_causal: tokens attend within their own document (ended by token ${separator}), positions restart per document` +
+      (inside > 0 ? `; warning: token ${separator} also occurs ${inside} time(s) inside documents, which it splits` : ""));
+  }
 
   // 2. model
   let model: CausalLM;
@@ -369,7 +378,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     for (let i = 0; i < n; i++) {
       const b = vl.next();
       total += noGrad(() => {
-        const l = model.loss(b.inputs, b.targets, B, S);
+        const l = model.loss(b.inputs, b.targets, B, S, separator);
         const v = l.item();
         l.dispose();
         return v;
@@ -398,7 +407,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const trainable = {
     parameters: () => trained.map(([, t]) => t),
     namedParameters: () => trained,
-    loss: (inputs: Int32Array, targets: Int32Array): Tensor => model.loss(inputs, targets, B, S),
+    loss: (inputs: Int32Array, targets: Int32Array): Tensor => model.loss(inputs, targets, B, S, separator),
   };
   await train({
     model: trainable,

@@ -39,7 +39,20 @@ export interface ModelConfig {
   tokenizer_special_tokens: string[];
   /** TorchTitan's model converters (float8, mx): none is supported (a TrainConfigError names them). */
   converters: string[];
+  /**
+   * TorchTitan's attention mask over packed documents: "causal" (a token sees every earlier token of its row) or
+   * "block_causal" (only those of its own document; documents end at the EOS separator, which belongs to the one it ends).
+   */
+  attn_mask_type: AttnMaskType;
+  /** TorchTitan's attention kernel ("sdpa", "flex", "varlen"; varlen needs block_causal): Kiln's one dense path runs either mask. */
+  attn_type: "sdpa" | "flex" | "varlen";
+  /** TorchTitan's earlier switch to FlexAttention (no effect here, as attn_type). */
+  use_flex_attn: boolean;
 }
+
+/** The attention masks [model] attn_mask_type takes. */
+export const ATTN_MASK_TYPES = ["causal", "block_causal"] as const;
+export type AttnMaskType = (typeof ATTN_MASK_TYPES)[number];
 
 export interface OptimizerConfig {
   name: "AdamW" | "SGD";
@@ -175,6 +188,9 @@ export interface TrainConfig {
 /** Llama flavors sized for CPU training (explicit dims in [model] override them). */
 export const LLAMA_FLAVORS: Record<string, Partial<ModelConfig>> = {
   debugmodel: { dim: 256, n_layers: 6, n_heads: 16, n_kv_heads: 16 }, // TorchTitan's debugmodel
+  // TorchTitan's debugmodel with FlexAttention / varlen attention over packed documents
+  debugmodel_flex_attn: { dim: 256, n_layers: 6, n_heads: 16, n_kv_heads: 16, attn_mask_type: "block_causal" },
+  debugmodel_varlen_attn: { dim: 256, n_layers: 6, n_heads: 16, n_kv_heads: 16, attn_mask_type: "block_causal" },
   tiny: { dim: 128, n_layers: 4, n_heads: 4, n_kv_heads: 2 },
   small: { dim: 384, n_layers: 6, n_heads: 6, n_kv_heads: 2 },
   medium: { dim: 512, n_layers: 8, n_heads: 8, n_kv_heads: 4 },
@@ -226,6 +242,9 @@ const SCHEMA: Record<Exclude<keyof TrainConfig, "warnings">, Record<string, Fiel
     max_seq_len: { ...int(null, 1, true), aliases: ["max_position_embeddings"] },
     tokenizer_path: { ...str(null, true), aliases: ["hf_assets_path"] },
     converters: { type: { kind: "strings" }, def: [] },
+    attn_mask_type: oneOf(ATTN_MASK_TYPES, "causal"),
+    attn_type: oneOf(["sdpa", "flex", "varlen"], "sdpa"),
+    use_flex_attn: bool(false),
     tokenizer_vocab_size: int(4096, 257),
     tokenizer_min_frequency: int(2, 0),
     tokenizer_special_tokens: { type: { kind: "strings" }, def: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] },
@@ -405,9 +424,12 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
     throw new TrainConfigError(`${source}: [lora] enable = true adapts a pretrained model: set [checkpoint] initial_load_path (and initial_load_in_hf = true)`);
   if (cfg.checkpoint.initial_load_path !== null) checkInitialLoad(cfg, raw, source);
   else {
-    resolveModel(cfg, source);
+    resolveModel(cfg, raw, source);
     checkModel(cfg, source);
   }
+  const m = cfg.model;
+  if (m.attn_type === "varlen" && m.attn_mask_type !== "block_causal")
+    throw new TrainConfigError(`${source}: [model] attn_type varlen runs packed documents apart: it needs attn_mask_type = "block_causal" (as TorchTitan's)`);
   checkTraining(cfg, source);
   return cfg;
 }
@@ -482,9 +504,12 @@ function coerce(where: string, v: unknown, f: Field, source: string): unknown {
   }
 }
 
+/** The [model] keys a recipe starting from a Hugging Face directory may set: the architecture and the attention mask. */
+const INITIAL_LOAD_MODEL_KEYS = new Set(["name", "architecture", "attn_mask_type", "attn_type", "use_flex_attn"]);
+
 /**
  * A recipe starting from a Hugging Face directory: the model's shape and tokenizer are the directory's, so [model]
- * may name the architecture only; the checkpoint must be read as Hugging Face's, model only.
+ * may name the architecture (and the attention mask) only; the checkpoint must be read as Hugging Face's, model only.
  */
 function checkInitialLoad(cfg: TrainConfig, raw: Record<string, unknown>, source: string): void {
   const err = (msg: string): never => {
@@ -494,20 +519,22 @@ function checkInitialLoad(cfg: TrainConfig, raw: Record<string, unknown>, source
   if (!c.initial_load_in_hf)
     err(`[checkpoint] initial_load_path is read as a Hugging Face directory only: set initial_load_in_hf = true (a Kiln checkpoint folder resumes through [checkpoint] folder)`);
   if (!c.initial_load_model_only) err(`[checkpoint] initial_load_model_only = false: a Hugging Face directory holds the model only (no optimizer or step)`);
-  const set = Object.keys((raw.model as Record<string, unknown> | undefined) ?? {}).filter((k) => k !== "name" && k !== "architecture");
+  const set = Object.keys((raw.model as Record<string, unknown> | undefined) ?? {}).filter((k) => !INITIAL_LOAD_MODEL_KEYS.has(k));
   if (set.length > 0) err(`[model] ${set.join(", ")}: the model's shape and tokenizer come from [checkpoint] initial_load_path ${c.initial_load_path} (remove them)`);
 }
 
 /** Fills model dims from the flavor, derives ffn_dim (Llama's 2/3 * 4 * dim rounded up to 64) and max_seq_len. */
-function resolveModel(cfg: TrainConfig, source: string): void {
+function resolveModel(cfg: TrainConfig, raw: Record<string, unknown>, source: string): void {
   const m = cfg.model;
   if (m.flavor !== null) {
     const fl = LLAMA_FLAVORS[m.flavor];
     if (!fl)
       throw new TrainConfigError(`${source}: unknown [model] flavor "${m.flavor}" (known: ${Object.keys(LLAMA_FLAVORS).join(", ")})`);
+    const given = (raw.model as Record<string, unknown> | undefined) ?? {};
     for (const [k, v] of Object.entries(fl)) {
       const rec = m as unknown as Record<string, unknown>;
-      if (rec[k] === null) rec[k] = v;
+      // (the mask has a default of its own: the flavor's applies unless [model] names one)
+      if (rec[k] === null || (k === "attn_mask_type" && !(k in given))) rec[k] = v;
     }
   }
   const missing = (["dim", "n_layers", "n_heads"] as const).filter((k) => m[k] === null);
@@ -562,6 +589,8 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
   if (cfg.validation.enable && val !== null && val.split("+").some((d) => HUB_DATASETS.test(d)))
     err(`[validation] dataset ${val} is downloaded from the Hugging Face hub, which Kiln cannot reach: use a text file or directory or a .jsonl file (or leave it out to hold out [validation] fraction of the training data)`);
   if (Object.keys(given("comm")).length > 0) w.push("[comm]: the collectives' timeout is KILN_DIST_TIMEOUT's (the section is not read)");
+  if (cfg.model.attn_type !== "sdpa" || cfg.model.use_flex_attn)
+    w.push(`[model] ${cfg.model.use_flex_attn ? "use_flex_attn" : `attn_type ${cfg.model.attn_type}`}: the kernel changes nothing here (one dense attention runs either mask; attn_mask_type picks it)`);
 }
 
 /**

@@ -41,4 +41,16 @@ test("forward + backward of CausalLM.loss keeps the live buffer count flat", () 
   const fwdStart = be.liveBuffers();
   for (let i = 0; i < 5; i++) noGrad(() => m.loss(inp, tgt, 2, 16).dispose());
   assert.equal(be.liveBuffers(), fwdStart, "no-grad forward leaked buffers");
+  // packed documents (block_causal, token 0 ends each): the per-row masks are freed too
+  const packedStart = be.liveBuffers();
+  for (let i = 0; i < 3; i++) {
+    const l = m.loss(inp, tgt, 2, 16, 0);
+    l.backward();
+    for (const p of m.parameters()) {
+      p.grad?.dispose();
+      p.grad = null;
+    }
+    l.dispose();
+  }
+  assert.equal(be.liveBuffers(), packedStart, "block_causal steps leaked buffers");
 });

@@ -110,6 +110,53 @@ export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: 
   return out;
 }
 
+/** What {@link attentionBias} masks beyond causality. */
+export interface AttentionMaskOptions {
+  /** Sliding window: query position p sees keys j with p - window < j <= p. */
+  window?: number;
+  /** Spans [start, end) whose tokens see each other whatever the order (Gemma 3's image tokens). */
+  bidirectionalSpans?: readonly (readonly [number, number])[];
+  /**
+   * Each token's document index, int32 [batch * S] row-major (S === Sk): a query sees only keys of its own document
+   * (TorchTitan's block_causal). The bias is then per row, [batch, S, Sk].
+   */
+  documents?: Int32Array | null;
+  batch?: number;
+}
+
+/**
+ * The additive attention mask (0: visible, -1e30: hidden) of S queries aligned to the end of Sk keys: query i (at
+ * key position p = i + Sk - S) sees keys j <= p, narrowed by a window and by documents, widened by bidirectional
+ * spans. -1e30 is finite (debug mode stays quiet) and still gives exactly zero probability after the max-subtracted
+ * exp. Returns [S, Sk], or [batch, S, Sk] with documents.
+ * @example
+ *   attentionBias(3, 3, { documents: Int32Array.of(0, 0, 1), batch: 1 }); // row 2 sees key 2 only
+ */
+export function attentionBias(S: number, Sk: number, o: AttentionMaskOptions = {}): Float32Array {
+  const docs = o.documents ?? null;
+  const rows = docs === null ? 1 : o.batch ?? 1;
+  if (docs !== null && (Sk !== S || docs.length !== rows * S))
+    throw new OpError("attention", `documents must hold batch x seq = ${rows} x ${S} ids for ${S} queries over ${Sk} keys, got ${docs.length}`);
+  const bias = new Float32Array(rows * S * Sk);
+  for (let b = 0; b < rows; b++) {
+    const out = bias.subarray(b * S * Sk, (b + 1) * S * Sk);
+    for (let i = 0; i < S; i++) {
+      const p = i + (Sk - S);
+      for (let j = 0; j < Sk; j++) {
+        const hidden = j > p || (o.window !== undefined && j <= p - o.window) || (docs !== null && docs[b * S + j] !== docs[b * S + i]);
+        if (hidden) out[i * Sk + j] = -1e30;
+      }
+    }
+    // key positions j in the same span as query position p see each other (HF's or_masks of the causal mask and Gemma 3's image spans)
+    for (const [a, e] of o.bidirectionalSpans ?? [])
+      for (let i = 0; i < S; i++) {
+        const p = i + (Sk - S);
+        if (p >= a && p < e) for (let j = a; j < e; j++) out[i * Sk + j] = 0;
+      }
+  }
+  return bias;
+}
+
 /**
  * Reference causal attention (scaled_dot_product_attention with is_causal), built from ops so autograd
  * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D]. With `window`,
@@ -117,10 +164,12 @@ export function rotaryEmbedding(x: Tensor, positions: Tensor, cos: Tensor, sin: 
  * position p sees keys j with p - window < j <= p). With `softcap` (Gemma 2's attn_logit_softcapping), the scaled
  * scores s become softcap * tanh(s / softcap) before the mask, as HF and llama.cpp. With `sinks` ([Hq], gpt-oss), each
  * head's logit joins the softmax as one more column whose probability is dropped (HF's eager_attention_forward).
+ * With `documents` (each token's document index per row, see {@link attentionBias}), a query sees only keys of its own
+ * document (TorchTitan's block_causal mask over packed documents).
  */
 export function causalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
-  bidirectionalSpans?: readonly (readonly [number, number])[],
+  bidirectionalSpans?: readonly (readonly [number, number])[], documents?: Int32Array | null,
 ): Tensor {
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
   const [B, Hq, S, D] = q.shape as [number, number, number, number];
@@ -149,21 +198,9 @@ export function causalAttention(
     for (const t of [scores, u, th]) t.dispose();
     scores = capped;
   }
-  // causal mask as an additive bias (a native row-broadcast add; its backward passes the gradient through):
-  // query i (aligned to the end of the keys) sees keys j <= i + (Sk - S). -1e30 is finite (debug mode stays
-  // quiet) and still gives exactly zero probability after the max-subtracted exp.
-  const biasData = new Float32Array(S * Sk);
-  for (let i = 0; i < S; i++) {
-    const p = i + (Sk - S);
-    for (let j = 0; j < Sk; j++) if (j > p || (window !== undefined && j <= p - window)) biasData[i * Sk + j] = -1e30;
-  }
-  // key positions j in the same span as query position p see each other (HF's or_masks of the causal mask and Gemma 3's image spans)
-  for (const [a, b] of bidirectionalSpans ?? [])
-    for (let i = 0; i < S; i++) {
-      const p = i + (Sk - S);
-      if (p >= a && p < b) for (let j = a; j < b; j++) biasData[i * Sk + j] = 0;
-    }
-  const mask = empty([S, Sk], { dtype: "float32", device: q.device });
+  // the mask as an additive bias, [S, Sk] or per row [B, 1, S, Sk] (a native broadcast add; its backward passes the gradient through)
+  const biasData = attentionBias(S, Sk, { window, bidirectionalSpans, documents, batch: B });
+  const mask = empty(documents != null ? [B, 1, S, Sk] : [S, Sk], { dtype: "float32", device: q.device });
   q.device.backend.write(mask.storage.buffer, 0, new Uint8Array(biasData.buffer));
   const masked = add(scores, mask);
   let probs: Tensor;
