@@ -32,6 +32,8 @@ export interface FrontendArgs {
   logRequests: boolean;
   /** vLLM --enable-prompt-tokens-details: usage reports prompt_tokens_details.cached_tokens (prefix-cache hits). */
   enablePromptTokensDetails: boolean;
+  /** vLLM --enable-prompt-embeds: /v1/completions takes prompt_embeds (base64 torch.save tensors). */
+  enablePromptEmbeds: boolean;
   allowedOrigins: string[];
   maxWaitingRequests: number | null;
   /** vLLM --lora-modules: adapters served under their names from the start. */
@@ -85,6 +87,7 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--enable-log-deltas", "with --enable-log-outputs, a streamed reply is logged delta by delta, then whole (the default)")
     .option("--no-enable-log-deltas", "with --enable-log-outputs, a streamed reply is logged whole only")
     .option("--enable-prompt-tokens-details", "report usage.prompt_tokens_details.cached_tokens (prompt tokens read from the prefix cache)", false)
+    .option("--enable-prompt-embeds", "take prompt_embeds in /v1/completions (base64-encoded torch.save tensors [seq, hidden]); only for trusted users, as vLLM warns", false)
     .option("--disable-log-requests", "do not log requests (the default; kept for vLLM compatibility)", false)
     .option("--allowed-origins <json>", "CORS allowed origins as a JSON list", '["*"]')
     .option("--disable-access-log-for-endpoints <paths>", "comma-separated paths whose requests get no line in the HTTP log (\"/health,/metrics\")")
@@ -311,6 +314,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
     logLevel: logConfig.logLevel ?? (o.logLevel as LogLevel | undefined) ?? "info",
     logRequests: Boolean(o.enableLogRequests) && !o.disableLogRequests,
     enablePromptTokensDetails: Boolean(o.enablePromptTokensDetails),
+    enablePromptEmbeds: Boolean(o.enablePromptEmbeds),
     allowedOrigins: parseJsonList(o.allowedOrigins, "--allowed-origins", '["http://localhost:3000"]'),
     mediaAccess: { localPath: parseLocalMediaPath(o.allowedLocalMediaPath), domains: (o.allowedMediaDomains as string[] | undefined) ?? null },
     cors: {

@@ -142,6 +142,7 @@ export function serverEngineOptions(
     harmony,
     disableAnyWhitespace: args.disableAnyWhitespace,
     enablePromptTokensDetails: args.enablePromptTokensDetails,
+    enablePromptEmbeds: args.enablePromptEmbeds,
     loraModules,
     runner: args.runner,
     maxLogprobs: args.maxLogprobs,

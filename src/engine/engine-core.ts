@@ -444,13 +444,20 @@ export class EngineCore {
    * and each no longer than a step's token budget (an image is computed in one step).
    */
   private checkMmFeatures(mm: readonly MultiModalFeature[], prompt: readonly number[], truncate: number | null): void {
-    if (this.runner.supportsImages !== true) throw new EngineInputError("multi_modal_data", "At most 0 image(s) may be provided in one prompt.");
+    if (mm.some((f) => f.inputEmbeds === undefined) && this.runner.supportsImages !== true)
+      throw new EngineInputError("multi_modal_data", "At most 0 image(s) may be provided in one prompt.");
     if (truncate !== null && prompt.length > truncate) throw new EngineInputError("truncate_prompt_tokens", "a prompt with images cannot be truncated");
     const a = this.args;
     const perStep = a.longPrefillTokenThreshold > 0 ? Math.min(a.maxNumBatchedTokens, a.longPrefillTokenThreshold) : a.maxNumBatchedTokens;
+    const width = this.runner.inputEmbedsWidth ?? null;
     let end = 0;
     for (const f of mm) {
-      if (f.length > perStep)
+      if (f.inputEmbeds !== undefined) {
+        if (width === null) throw new EngineInputError("prompt_embeds", "this engine does not take prompt embeddings (its tensor-parallel ranks are fed token ids)");
+        if (a.speculativeConfig !== null) throw new EngineInputError("prompt_embeds", "prompt embeddings cannot be used with speculative decoding (drafts read the prompt's token ids)");
+        if (f.inputEmbeds.length !== f.length * width)
+          throw new EngineInputError("prompt_embeds", `prompt embeddings must be [${f.length}, ${width}] (the model's hidden size), got ${f.inputEmbeds.length} values`);
+      } else if (f.length > perStep)
         throw new EngineInputError("max_num_batched_tokens", `an image of ${f.length} tokens is computed in one step, which takes at most ${perStep} tokens`);
       if (!Number.isInteger(f.offset) || !Number.isInteger(f.length) || f.length < 1 || f.offset < end || f.offset + f.length > prompt.length)
         throw new EngineInputError("multi_modal_data", `image positions [${f.offset}, ${f.offset + f.length}) are not inside the prompt after the previous image's`);
@@ -543,7 +550,8 @@ export class EngineCore {
           cacheSalt: input.cacheSalt ?? null,
           lora,
           badWordsTokenIds,
-          detokenizer: this.createDetokenizer?.(prompt, childParams) ?? null,
+          // (a prompt given as embeddings has no text to continue from: its placeholder ids are not decoded)
+          detokenizer: this.createDetokenizer?.(mm.some((f) => f.inputEmbeds !== undefined) ? [] : prompt, childParams) ?? null,
           ...(mm.length > 0 ? { mmFeatures: mm } : {}),
         }),
       );

@@ -14,6 +14,7 @@ import { EngineInputError } from "./errors.js";
 import { KilnError } from "../util/errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner, MultiModalFeature } from "./model-runner.js";
+import { promptEmbedsInput } from "./prompt-embeds.js";
 import { generationConfigDefaults } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
@@ -44,9 +45,15 @@ export interface ScoringOutput {
   score: number;
 }
 
-/** A prompt as text (tokenized with special tokens) or as token ids. */
-/** A prompt's text, or its token ids (with its images' features for an image-text model: EngineRequestInput.mmFeatures). */
-export type PromptInput = string | { promptTokenIds: number[]; prompt?: string; mmFeatures?: readonly MultiModalFeature[] };
+/**
+ * A prompt's text, or its token ids (with its images' features for an image-text model: EngineRequestInput.mmFeatures),
+ * or its input embeddings (vLLM's EmbedsPrompt: `promptEmbeds` [seq * hidden] float32, the rows the model's embedding
+ * layer would give; `LLM.generate([{ promptEmbeds }])`).
+ */
+export type PromptInput =
+  | string
+  | { promptTokenIds: number[]; prompt?: string; mmFeatures?: readonly MultiModalFeature[] }
+  | { promptEmbeds: Float32Array; hiddenSize: number };
 
 /**
  * Either a model path with vLLM-named engine arguments, or pre-built parts (tests, custom runners); both take
@@ -184,7 +191,9 @@ export class LLM {
         const input =
           typeof p === "string"
             ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
-            : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
+            : "promptEmbeds" in p
+              ? { prompt: null, ...promptEmbedsInput(p.promptEmbeds, p.hiddenSize) }
+              : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
         const sp = Array.isArray(params) ? params[i]! : params;
         const lora = Array.isArray(options.loraRequest) ? options.loraRequest[i] : options.loraRequest;
         this.engine.sampler.validateParams(sp);
@@ -307,7 +316,12 @@ export class LLM {
     checkBeamSearchParams(params);
     if (this.engine.args.pooler !== null) throw new Error("[LLM.beamSearch] this LLM pools (runner: \"pooling\")");
     const eos = this.tokenizer?.eosTokenIds ?? this.engine.args.eosTokenIds;
-    const searches = prompts.map((p) => new BeamSearchInstance(typeof p === "string" ? this.requireTokenizer().encode(p) : p.promptTokenIds, params, eos));
+    const idsOf = (p: PromptInput): number[] => {
+      if (typeof p === "string") return this.requireTokenizer().encode(p);
+      if ("promptEmbeds" in p) throw new EngineInputError("prompt_embeds", "beam search is not supported with prompt embeddings");
+      return p.promptTokenIds;
+    };
+    const searches = prompts.map((p) => new BeamSearchInstance(idsOf(p), params, eos));
     for (let t = 0; t < params.maxTokens; t++) {
       const live = searches.filter((s) => s.beams.length > 0);
       if (live.length === 0) break;
@@ -385,3 +399,4 @@ export class LLM {
     return this.tokenizer;
   }
 }
+

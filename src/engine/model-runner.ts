@@ -14,8 +14,13 @@ export interface MultiModalFeature {
   hash: string;
   offset: number;
   length: number;
-  /** The model's processed input: Gemma 3's pixel_values [3, S, S]. */
+  /** The model's processed input: Gemma 3's pixel_values [3, S, S] (empty for prompt embeddings). */
   pixelValues: Float32Array;
+  /**
+   * Prompt embeddings (vLLM's prompt_embeds) [length, hidden]: the positions' input embeddings as given, in place of
+   * the token embeddings (placeholder ids there). No encoder, causal attention, split across steps as text is.
+   */
+  inputEmbeds?: Float32Array;
 }
 
 /** One request's share of a step. Positions of `tokenIds` are startPosition .. startPosition+tokenIds.length-1. */
@@ -134,6 +139,8 @@ export interface ModelRunner {
   readonly lora?: LoraSlots | null;
   /** Whether the model reads images (ScheduledSequence.mmFeatures): an image-text model. */
   readonly supportsImages?: boolean;
+  /** The width prompt embeddings must have (MultiModalFeature.inputEmbeds: the hidden size), or null/absent: not taken. */
+  readonly inputEmbedsWidth?: number | null;
   /** Whether execute() serves pooling batches (ScheduledBatch.pooling). */
   readonly supportsPooling?: boolean;
   /** A sequence classifier's head (the model is a *ForSequenceClassification), or null/absent. */

@@ -185,6 +185,10 @@ export class PagedModelRunner implements ModelRunner {
   get supportsImages(): boolean {
     return this.vision !== null;
   }
+  /** Prompt embeddings are taken by a single-rank runner (tensor-parallel ranks are fed token ids only). */
+  get inputEmbedsWidth(): number | null {
+    return this.model.tp === null ? this.model.config.hiddenSize : null;
+  }
   /**
    * Called with each eager step's flat inputs before its forward (tensor parallelism: rank 0 broadcasts them so that
    * every rank runs the same forward on its shard; see tensor-parallel.ts). Default none.
@@ -291,12 +295,14 @@ export class PagedModelRunner implements ModelRunner {
    */
   dispatch(batch: ScheduledBatch): PendingRunnerOutput {
     if (this.kvReleased || this.weightsReleased) throw new Error(`[runner] a step while the ${this.kvReleased ? "KV cache" : "weights"} are released (the engine is asleep)`);
-    // image rows take their embeddings from the vision tower: such steps run eagerly (the graphs embed token ids)
+    // image rows take their embeddings from the vision tower, prompt-embedding rows from the request: such steps run
+    // eagerly (the graphs embed token ids)
     const imageRows = this.imageRows(batch);
+    const embedRows = this.promptEmbedRows(batch);
     // pooling steps (prompts only, compute-bound) run eagerly, and so do steps asking for other hidden rows than the
     // graphs return (captured with an EAGLE drafter's)
     const hiddenOk = batch.hiddenStates === undefined || sameHiddenStates(batch.hiddenStates, this.captureArgs?.options.hiddenStates);
-    const replay = batch.pooling === undefined && hiddenOk && imageRows === null ? (this.graphs?.launch(batch) ?? null) : null;
+    const replay = batch.pooling === undefined && hiddenOk && imageRows === null && embedRows === null ? (this.graphs?.launch(batch) ?? null) : null;
     if (replay !== null) {
       const wait = (): RunnerOutput => {
         const { logits, tokenIds, hidden } = replay.wait();
@@ -311,7 +317,7 @@ export class PagedModelRunner implements ModelRunner {
 
     return noGrad(() => {
       const aux = typeof batch.hiddenStates === "object" ? { layers: batch.hiddenStates.layers, out: [] as Tensor[] } : undefined;
-      const hidden = this.forwardInputs(inputs, aux, imageRows);
+      const hidden = this.forwardInputs(inputs, aux, imageRows, embedRows);
       const hiddenStates = batch.hiddenStates === undefined ? undefined : hiddenRows(hidden, batch.hiddenStates, aux?.out ?? []);
       const pooling = batch.pooling;
       if (pooling !== undefined) {
@@ -356,7 +362,7 @@ export class PagedModelRunner implements ModelRunner {
       const start = s.startPosition, end = start + s.tokenIds.length;
       for (const f of s.mmFeatures ?? []) {
         const lo = Math.max(start, f.offset), hi = Math.min(end, f.offset + f.length);
-        if (lo >= hi) continue;
+        if (lo >= hi || f.inputEmbeds !== undefined) continue;
         // the scheduler never splits an image between steps: its later tokens' K/V is written by this step
         if (hi !== f.offset + f.length) throw new Error(`[runner] ${s.requestId}: a step ends inside an image (positions ${f.offset}..${f.offset + f.length})`);
         const features = this.imageFeatures(f);
@@ -384,6 +390,28 @@ export class PagedModelRunner implements ModelRunner {
     };
   }
 
+  /** The batch rows inside prompt embeddings and their values (rows [R], values [R * hidden]), or null when none. */
+  private promptEmbedRows(batch: ScheduledBatch): { rows: Int32Array; values: Float32Array } | null {
+    const rows: number[] = [];
+    const parts: Float32Array[] = [];
+    let at = 0;
+    for (const s of batch.sequences) {
+      const start = s.startPosition, end = start + s.tokenIds.length;
+      for (const f of s.mmFeatures ?? []) {
+        const lo = Math.max(start, f.offset), hi = Math.min(end, f.offset + f.length);
+        if (lo >= hi || f.inputEmbeds === undefined) continue;
+        const H = f.inputEmbeds.length / f.length;
+        for (let p = lo; p < hi; p++) rows.push(at + p - start);
+        parts.push(f.inputEmbeds.subarray((lo - f.offset) * H, (hi - f.offset) * H));
+      }
+      at += s.tokenIds.length;
+    }
+    if (rows.length === 0) return null;
+    const values = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+    parts.reduce((o, p) => (values.set(p, o), o + p.length), 0);
+    return { rows: Int32Array.from(rows), values };
+  }
+
   /** One image's embeddings [length, hidden]: from the encoder cache, or encoded now (and cached, oldest evicted). */
   private imageFeatures(f: MultiModalFeature): Float32Array {
     const cached = this.encoderCache.get(f.hash);
@@ -405,7 +433,10 @@ export class PagedModelRunner implements ModelRunner {
    * Final hidden states [T, hidden] of one step's flat inputs (every tensor-parallel rank runs this); `aux` also
    * keeps the residual streams entering its layers (CausalLM.forward); `imageRows`: the step's rows inside images.
    */
-  forwardInputs(inputs: StepInputs, aux?: { layers: readonly number[]; out: Tensor[] }, imageRows: ImageRows | null = null): Tensor {
+  forwardInputs(
+    inputs: StepInputs, aux?: { layers: readonly number[]; out: Tensor[] }, imageRows: ImageRows | null = null,
+    embedRows: { rows: Int32Array; values: Float32Array } | null = null,
+  ): Tensor {
     return noGrad(() => {
       const dev = this.model.device;
       const t = (a: Int32Array, shape?: number[]) => tensor(a, { device: dev, shape });
@@ -419,21 +450,23 @@ export class PagedModelRunner implements ModelRunner {
         ...(inputs.loraSlots === null ? {} : { loraSlots: t(inputs.loraSlots) }),
       };
       const idsT = t(inputs.ids);
-      const R = imageRows?.rows.length ?? 0;
-      const embeds = imageRows === null ? null : {
-        rows: t(imageRows.rows),
-        values: tensor(imageRows.values, { device: dev, shape: [R, imageRows.values.length / R] }),
-      };
+      // rows whose input embeddings are given: images' features, then prompt embeddings
+      const given = [imageRows, embedRows].filter((g) => g !== null);
+      const R = given.reduce((n, g) => n + g.rows.length, 0);
+      const rowsOf = new Int32Array(R);
+      const valuesOf = new Float32Array(R * this.model.config.hiddenSize);
+      given.reduce(([r, v], g) => (rowsOf.set(g.rows, r), valuesOf.set(g.values, v), [r + g.rows.length, v + g.values.length]), [0, 0]);
+      const embeds = R === 0 ? null : { rows: t(rowsOf), values: tensor(valuesOf, { device: dev, shape: [R, this.model.config.hiddenSize] }) };
       // Gemma 3's image tokens see their whole image (vLLM's mm-prefix attention for gemma3)
       const images = imageRows === null ? 0 : imageRows.seqLens.length;
       const mmPrefix = imageRows === null ? null : {
-        rows: embeds!.rows, positions: t(imageRows.positions), seqLens: t(imageRows.seqLens),
+        rows: t(imageRows.rows), positions: t(imageRows.positions), seqLens: t(imageRows.seqLens),
         blockTables: t(imageRows.blockTables, [images, imageRows.blockTables.length / images]),
-        queryStart: t(imageRows.queryStart), slotMapping: t(new Int32Array(R).fill(-1)),
+        queryStart: t(imageRows.queryStart), slotMapping: t(new Int32Array(imageRows.rows.length).fill(-1)),
       };
       const hidden = this.model.forward(idsT, { kind: "paged", ...ctxTensors, kvCaches: this.kvCaches, mmPrefix }, aux, embeds);
       idsT.dispose();
-      if (embeds !== null) embeds.values.dispose();
+      if (embeds !== null) for (const x of Object.values(embeds)) x.dispose();
       if (mmPrefix !== null) for (const x of Object.values(mmPrefix)) x.dispose();
       for (const x of Object.values(ctxTensors)) x.dispose();
       return hidden;

@@ -35,6 +35,8 @@ export interface SamplingRow extends ProcessorRequestSource {
   eosTokenIds: readonly number[];
   /** Structured output: masks the tokens its grammar does not allow next. */
   grammar?: { applyMask(logits: Float32Array): void } | null;
+  /** Prompt runs given as embeddings (MultiModalFeature.inputEmbeds): their placeholder ids are no prompt tokens. */
+  mmFeatures?: readonly { offset: number; length: number; inputEmbeds?: Float32Array }[];
 }
 
 /** vLLM's --logprobs-mode values that Kiln serves (raw_logits and processed_logits are not). */
@@ -290,7 +292,8 @@ export class Sampler {
     const { seen, counts } = this;
     const out = row.outputTokenIds;
     if (p.repetitionPenalty !== 1) {
-      for (const t of row.promptTokenIds) seen[t] = 1;
+      const prompt = promptTokensForPenalties(row);
+      for (const t of prompt) seen[t] = 1;
       for (const t of out) seen[t] = 1;
       const rp = p.repetitionPenalty;
       const apply = (t: number): void => {
@@ -299,7 +302,7 @@ export class Sampler {
         const x = l[t]!;
         l[t] = x > 0 ? x / rp : x * rp;
       };
-      for (const t of row.promptTokenIds) apply(t);
+      for (const t of prompt) apply(t);
       for (const t of out) apply(t);
     }
     if (p.frequencyPenalty !== 0 || p.presencePenalty !== 0) {
@@ -314,3 +317,10 @@ export class Sampler {
   }
 }
 
+
+/** The row's prompt token ids that the repetition penalty counts: all but the placeholders of prompt embeddings. */
+function promptTokensForPenalties(row: SamplingRow): readonly number[] {
+  const embedded = row.mmFeatures?.filter((f) => f.inputEmbeds !== undefined) ?? [];
+  if (embedded.length === 0) return row.promptTokenIds;
+  return row.promptTokenIds.filter((_, i) => !embedded.some((f) => i >= f.offset && i < f.offset + f.length));
+}

@@ -492,6 +492,6 @@ export class Scheduler {
  */
 function keepImagesWhole(req: Request, start: number, numNew: number): number {
   const end = start + numNew;
-  for (const f of req.mmFeatures) if (f.offset < end && f.offset + f.length > end) return Math.max(0, f.offset - start);
+  for (const f of req.mmFeatures) if (f.inputEmbeds === undefined && f.offset < end && f.offset + f.length > end) return Math.max(0, f.offset - start);
   return numNew;
 }

@@ -45,6 +45,7 @@ export function serverConfig(ctx: ServingContext, app: Json): Json {
       response_role: ctx.responseRole,
       return_tokens_as_token_ids: ctx.returnTokensAsTokenIds,
       enable_prompt_tokens_details: ctx.enablePromptTokensDetails,
+      enable_prompt_embeds: ctx.enablePromptEmbeds,
       disable_any_whitespace: ctx.disableAnyWhitespace,
       reasoning_parser: ctx.reasoningParser,
       enable_auto_tool_choice: ctx.toolCallParser !== null || ctx.harmony !== null,

@@ -80,6 +80,8 @@ export interface CompletionRequest extends CommonRequest {
    */
   echoOnly: boolean;
   prompts: PromptInput[];
+  /** vLLM's prompt_embeds: base64-encoded torch.save tensors, each a prompt of its own (before `prompts`' in the choices). */
+  promptEmbeds: string[];
   logprobs: number | null;
   addSpecialTokens: boolean;
 }
@@ -498,7 +500,13 @@ export function parsePrompts(body: Json, vocabSize: number, field = "prompt"): P
 
 export function parseCompletionRequest(raw: unknown, vocabSize: number): CompletionRequest {
   const body = asJsonBody(raw);
-  const prompts = parsePrompts(body, vocabSize);
+  const embeds = body.prompt_embeds ?? null;
+  const promptEmbeds = embeds === null ? [] : typeof embeds === "string" ? [embeds] : embeds;
+  if (!Array.isArray(promptEmbeds) || !promptEmbeds.every((e) => typeof e === "string" && e.length > 0))
+    throw badRequest("'prompt_embeds' must be a base64 string or a list of them", "prompt_embeds");
+  // with prompt_embeds the prompt may be left out (vLLM's: embeddings first, then any prompts)
+  const noPrompt = body.prompt === undefined || body.prompt === null || (Array.isArray(body.prompt) && body.prompt.length === 0);
+  const prompts = promptEmbeds.length > 0 && noPrompt ? [] : parsePrompts(body, vocabSize);
   if (body.suffix !== undefined && body.suffix !== null) throw badRequest("'suffix' is not currently supported", "suffix");
   const common = parseCommon(body, vocabSize, { allowEchoOnly: true });
   const echoOnly = common.maxTokens === 0;
@@ -509,5 +517,8 @@ export function parseCompletionRequest(raw: unknown, vocabSize: number): Complet
   if (common.echo && logprobs !== null && common.params.promptLogprobs === undefined) common.params.promptLogprobs = logprobs;
   // an explicit null max_tokens is vLLM's None (the room left, capped by the generation config), not the default 16
   const nullMax = body.max_tokens === null || body.max_completion_tokens === null;
-  return { ...common, echoOnly, maxTokensDefault: nullMax ? undefined : COMPLETIONS_MAX_TOKENS, prompts, logprobs, addSpecialTokens: optBool(body, "add_special_tokens") ?? true };
+  return {
+    ...common, echoOnly, maxTokensDefault: nullMax ? undefined : COMPLETIONS_MAX_TOKENS, prompts, promptEmbeds: promptEmbeds as string[], logprobs,
+    addSpecialTokens: optBool(body, "add_special_tokens") ?? true,
+  };
 }

@@ -114,6 +114,8 @@ export interface ServerEngineOptions {
   disableAnyWhitespace?: boolean;
   /** usage.prompt_tokens_details.cached_tokens in chat and completions replies (vLLM --enable-prompt-tokens-details). */
   enablePromptTokensDetails?: boolean;
+  /** /v1/completions takes prompt_embeds (vLLM --enable-prompt-embeds); default false. */
+  enablePromptEmbeds?: boolean;
   /**
    * LoRA adapters served under their own names (vLLM --lora-modules; the engine has read them), or null/absent when
    * LoRA is not enabled; an empty list serves none at start but lets /v1/load_lora_adapter add some.
@@ -368,6 +370,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         toolCallParser: engineOptions.toolCallParser === undefined ? null : toolCallParser(engineOptions.toolCallParser),
         disableAnyWhitespace: engineOptions.disableAnyWhitespace ?? false,
         enablePromptTokensDetails: engineOptions.enablePromptTokensDetails ?? false,
+        enablePromptEmbeds: engineOptions.enablePromptEmbeds ?? false,
         loraModules: engineOptions.loraModules == null ? null : new Map(engineOptions.loraModules.map((m) => [m.request.name, m])),
         lastLoraId: Math.max(0, ...(engineOptions.loraModules ?? []).map((m) => m.request.id)),
         // a pooling engine says what it pools (a classifier pools whatever the runner flag said)

@@ -9,6 +9,8 @@ import { IncrementalDetokenizer } from "../engine/detokenizer.js";
 import { badRequest } from "./errors.js";
 import type { Json } from "./fields.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
+import type { MultiModalFeature } from "../engine/model-runner.js";
+import { readPromptEmbeds } from "./prompt-embeds.js";
 import {
   abortOnDisconnect, checkQueue, forceUsage, clampLogprob, logprobToken, nowSeconds, promptLogprobsJson, resolveModelAndLora, responseIds,
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
@@ -64,6 +66,8 @@ interface Prepared {
   fromText: boolean;
   /** Where each prompt token starts in promptText (echo with logprobs), computed once for its choices. */
   echoOffsets?: number[];
+  /** A prompt given as embeddings (prompt_embeds): its placeholder ids' feature. */
+  embeds?: MultiModalFeature;
 }
 
 /**
@@ -117,11 +121,11 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   if (ctx.skipTokenizerInit) refuseWithoutTokenizer(req);
   const { model, lora } = resolveModelAndLora(ctx, req.model);
   // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
-  const prepared: Prepared[] = req.prompts.map((p) =>
+  const prepared: Prepared[] = [...embeddedPrompts(ctx, req), ...req.prompts.map((p): Prepared =>
     "text" in p
       ? { promptText: p.text, fromText: true, promptTokenIds: truncatePrompt(ctx, req, ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens })) }
       : { promptTokenIds: truncatePrompt(ctx, req, p.tokenIds), fromText: false, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
-  );
+  )];
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));
   const { id, engineId } = responseIds(request, "cmpl");
   // a decode's K/V is fetched before the queue check, which must run in the tick its engine requests start
@@ -145,7 +149,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   abortOnDisconnect(request, reply, controller);
   const streams = prepared.map((p, i) =>
     streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
-      requestId: `${engineId}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!,
+      requestId: `${engineId}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!, ...(p.embeds ? { mmFeatures: [p.embeds] } : {}),
       priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null, stream: req.stream,
     }, controller.signal, ctx.requestLog));
   const choices: Choice[] = [];
@@ -165,6 +169,22 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   } finally {
     controller.abort();
   }
+}
+
+/**
+ * The request's prompt_embeds as prompts (vLLM's order: before any text or token prompts). Refused without
+ * --enable-prompt-embeds, and with what needs the prompt's tokens (echo, prompt logprobs, beam search).
+ */
+function embeddedPrompts(ctx: ServingContext, req: CompletionRequest): Prepared[] {
+  if (req.promptEmbeds.length === 0) return [];
+  if (!ctx.enablePromptEmbeds) throw badRequest("You must set `--enable-prompt-embeds` to input `prompt_embeds`.", "prompt_embeds");
+  if (req.echo) throw badRequest("echo is not supported with prompt_embeds (the prompt has no tokens to repeat)", "echo");
+  if (req.params.promptLogprobs != null) throw badRequest("prompt_logprobs is not supported with prompt_embeds", "prompt_logprobs");
+  if (req.beamSearch !== null) throw badRequest("beam search is not supported with prompt_embeds", "use_beam_search");
+  return req.promptEmbeds.map((b64) => {
+    const e = readPromptEmbeds(b64, (seq) => truncatePrompt(ctx, req, new Array<number>(seq).fill(0)).length);
+    return { promptTokenIds: e.promptTokenIds, promptText: "", fromText: false, embeds: e.feature };
+  });
 }
 
 interface Info {
@@ -225,7 +245,8 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
 function tokenIdFields(req: CompletionRequest, info: Info, index: number, tokenIds: readonly number[]) {
   if (!req.returnTokenIds) return {};
   const c = info.choices[index]!;
-  const prompt = c.sentPromptIds ? {} : { prompt_token_ids: info.prepared[Math.floor(index / info.n)]!.promptTokenIds };
+  const p = info.prepared[Math.floor(index / info.n)]!;
+  const prompt = c.sentPromptIds ? {} : { prompt_token_ids: p.embeds ? null : p.promptTokenIds };
   c.sentPromptIds = true;
   return { ...prompt, token_ids: [...tokenIds] };
 }

@@ -42,6 +42,8 @@ export interface ServingContext {
   disableAnyWhitespace: boolean;
   /** Whether usage reports the prompt tokens read from the prefix cache (vLLM --enable-prompt-tokens-details). */
   enablePromptTokensDetails: boolean;
+  /** Whether /v1/completions takes prompt_embeds (vLLM --enable-prompt-embeds). */
+  enablePromptEmbeds: boolean;
   /**
    * LoRA adapters served as models of their own (--lora-modules, /v1/load_lora_adapter), by name; null when LoRA
    * is not enabled.

@@ -97,3 +97,17 @@ test("deflated entries are read too", () => {
   const t = readTorchSavedTensor(Buffer.concat([...parts, dirBytes, eocd]));
   assert.deepEqual([...t.data], [...src.data]);
 });
+
+test("the tests' torch.save writer (test/helpers/torch-save.ts) pickles as Python does, and its files read back", async () => {
+  const { tensorPickle, torchSaveFloat32 } = await import("../helpers/torch-save.js");
+  // data.pkl of the Python-written fixture: stored, so its bytes sit between the local header and the next entry
+  const bytes = fixture("f32-2x3.pt");
+  const name = Buffer.from("archive/data.pkl");
+  const at = bytes.indexOf(name) + name.length;
+  const size = bytes.readUInt32LE(bytes.indexOf(name) - 30 + 18);
+  assert.deepEqual(tensorPickle([2, 3]), bytes.subarray(at, at + size));
+  const values = Float32Array.from({ length: 24 }, (_, i) => Math.sin(i));
+  const t = readTorchSavedTensor(torchSaveFloat32(values, [2, 3, 4]));
+  assert.deepEqual(t.shape, [2, 3, 4]);
+  assert.deepEqual([...t.data], [...values]);
+});
