@@ -139,6 +139,40 @@ export class Module {
     return { missingKeys, unexpectedKeys };
   }
 
+  /** (name, module) of the direct submodules, in registration order (torch's named_children). */
+  namedChildren(): [string, Module][] {
+    return [...this.children];
+  }
+
+  /** This module and every submodule, depth first (torch's modules()). */
+  modules(): Module[] {
+    return this.namedModules().map(([, m]) => m);
+  }
+
+  /**
+   * Calls fn on every submodule, children before parents, then on this one (torch's apply, e.g. a custom init).
+   * @example model.apply((m) => { if (m instanceof Linear) noGrad(() => m.weight.fill_(0)); });
+   */
+  apply(fn: (m: Module) => void): this {
+    for (const [, m] of this.children) m.apply(fn);
+    fn(this);
+    return this;
+  }
+
+  /** Drops every parameter's gradient (torch's zero_grad(set_to_none=True)). */
+  zeroGrad(): void {
+    for (const t of this.parameters()) {
+      t.grad?.dispose();
+      t.grad = null;
+    }
+  }
+
+  /** Sets requiresGrad on every floating parameter (torch's requires_grad_: false freezes the module). */
+  requiresGrad_(on = true): this {
+    for (const t of this.parameters()) if (isFloating(t.dtype)) t.requiresGrad = on;
+    return this;
+  }
+
   train(on = true): this {
     for (const [, m] of this.namedModules()) m.training = on;
     return this;
