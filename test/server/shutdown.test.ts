@@ -13,7 +13,7 @@ describe("graceful shutdown", () => {
     const app = createServer({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: engine.maxModelLen, version: "0.1.0-test" });
     // a handler that takes a while before anything reaches the engine (as a first structured-output compile does)
     app.get("/slow", async () => {
-      await new Promise((r) => setTimeout(r, 400));
+      await new Promise((r) => setTimeout(r, 1500));
       return { ok: true };
     });
     await app.listen({ port: 0, host: "127.0.0.1" });
@@ -23,7 +23,8 @@ describe("graceful shutdown", () => {
       async (r) => ({ status: r.status, body: (await r.json()) as unknown }),
       (e: Error) => ({ status: 0, body: e.message }),
     );
-    await new Promise((r) => setTimeout(r, 100)); // the request is in its handler, not in the engine
+    // the request is in its handler, not in the engine (polled: a loaded machine may take a while to deliver it)
+    for (let t = 0; t < 300 && app.kilnActive() === 0; t++) await new Promise((r) => setTimeout(r, 5));
     assert.equal(app.kilnInflight(), 0);
     assert.equal(app.kilnActive(), 1);
     process.emit("SIGUSR2", "SIGUSR2");
