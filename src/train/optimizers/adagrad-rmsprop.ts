@@ -64,7 +64,7 @@ export class RMSprop extends Optimizer {
   readonly alpha: number;
   readonly eps: number;
   readonly weightDecay: number;
-  readonly momentum: number;
+  momentum: number;
   readonly centered: boolean;
 
   constructor(params: readonly Tensor[], options: RMSpropOptions = {}) {

@@ -18,7 +18,7 @@ export interface AdamVariantOptions extends BaseOptimizerOptions {
 
 /** The hyper-parameters every variant shares, checked as torch checks them. */
 abstract class AdamVariant extends Optimizer {
-  readonly beta1: number;
+  beta1: number;
   readonly beta2: number;
   readonly eps: number;
   readonly weightDecay: number;

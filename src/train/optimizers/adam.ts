@@ -18,7 +18,7 @@ export interface AdamOptions extends BaseOptimizerOptions {
  * @example const opt = new Adam(model.parameters(), { lr: 1e-3, amsgrad: true }); loss.backward(); opt.step(); opt.zeroGrad();
  */
 export class Adam extends Optimizer {
-  readonly beta1: number;
+  beta1: number;
   readonly beta2: number;
   readonly eps: number;
   readonly weightDecay: number;

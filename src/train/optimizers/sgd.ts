@@ -13,7 +13,7 @@ export interface SGDOptions extends BaseOptimizerOptions {
 
 /** @example const opt = new SGD(model.parameters(), { lr: 0.1, momentum: 0.9, nesterov: true }); */
 export class SGD extends Optimizer {
-  readonly momentum: number;
+  momentum: number;
   readonly dampening: number;
   readonly nesterov: boolean;
   readonly weightDecay: number;
