@@ -18,7 +18,7 @@ import { buildDatasets, DataLoader, tokenizeDocuments, type TrainingDocument } f
 import { stepDirName } from "./checkpoint.js";
 import { readJsonlDataset, type ChatRenderer } from "./chat-sft.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
-import { AdamW, SGD, type Optimizer } from "./optim.js";
+import { buildOptimizer } from "./optimizer-config.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { activationCheckpointLayers, TrainConfigError, type TrainConfig } from "./train-config.js";
@@ -338,10 +338,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
 
   // 3. optimizer, schedule, loop
   const o = cfg.optimizer;
-  const optimizer: Optimizer =
-    o.name === "AdamW"
-      ? new AdamW(trained.map(([, t]) => t), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
-      : new SGD(trained.map(([, t]) => t), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
+  const optimizer = buildOptimizer(o, trained.map(([, t]) => t));
   const ls = cfg.lr_scheduler;
   const schedule = new LrSchedule({
     lr: o.lr, warmupSteps: ls.warmup_steps, totalSteps: cfg.training.steps, decayType: ls.decay_type, lrMin: ls.lr_min,

@@ -199,7 +199,7 @@ describe("stateDict -> a new optimizer -> loadStateDict continues bit-for-bit", 
     const adam = new Adam([p], { amsgrad: true });
     p.grad = k.tensor(GRADS[0]!);
     adam.step();
-    assert.throws(() => new AdamW([p]).loadStateDict(adam.stateDict()), (e: unknown) => e instanceof OptimizerError && /\[adamw\] cannot load a adam state/.test(e.message));
+    assert.throws(() => new AdamW([p]).loadStateDict(adam.stateDict()), (e: unknown) => e instanceof OptimizerError && /\[adamw\] cannot load a state saved by adam/.test(e.message));
     assert.throws(() => new Adam([p]).loadStateDict(adam.stateDict()), /holds buffers exp_avg, exp_avg_sq, max_exp_avg_sq, this optimizer's hyper-parameters use exp_avg, exp_avg_sq/);
   });
 });

@@ -88,7 +88,7 @@ export abstract class Optimizer {
   /** Restores a stateDict() (copies the buffers); the state must be this algorithm's with these hyper-parameters' buffers. */
   loadStateDict(sd: OptimizerStateDict): void {
     const k = this.kind;
-    if (sd.kind !== k) throw new OptimizerError(`[${k}] cannot load a ${sd.kind} state`);
+    if (sd.kind !== k) throw new OptimizerError(`[${k}] cannot load a state saved by ${sd.kind}`);
     if (sd.states.length !== this.params.length) throw new OptimizerError(`[${k}] state has ${sd.states.length} params, optimizer has ${this.params.length}`);
     const want = Object.keys(this.newBuffers(0)).sort();
     this.lr = sd.lr;
