@@ -197,7 +197,9 @@ export class PolynomialLR extends LRScheduler {
 
 /**
  * schedulers[i] runs from milestones[i - 1] (0 for the first), counting its own epochs from 0 there (torch's
- * SequentialLR steps the next scheduler with epoch 0 at a milestone).
+ * SequentialLR steps the next scheduler with epoch 0 at a milestone, where its closed form restarts from the base lr).
+ * The schedulers are read through lrAt: their own counters do not move. A milestone at 0 starts with the second
+ * scheduler at epoch 0 (torch before its fix for milestone 0 started every SequentialLR with the first).
  * @example new SequentialLR(opt, [new LinearLR(opt, { startFactor: 0.1, totalIters: 5 }), new CosineAnnealingLR(opt, { tMax: 95 })], [5])
  */
 export class SequentialLR extends LRScheduler {
