@@ -1,7 +1,7 @@
 // `kiln train --config FILE.toml`: the TorchTitan-style recipe. Loads text, trains (or loads) a byte-level BPE
-// tokenizer, packs the corpus, builds a Llama-architecture model, trains it with [optimizer]'s optimizer (AdamW by default) + warmup/decay, logs
-// loss / grad norm / tokens/s / MFU, validates, checkpoints and resumes, draws the loss curve, and exports a
-// Hugging Face model directory that `kiln serve` loads.
+// tokenizer, packs the corpus, builds a Llama-architecture model, trains it with [optimizer]'s optimizer (AdamW by
+// default) + warmup/decay, logs loss / grad norm / tokens/s / MFU, validates, checkpoints and resumes, draws the loss
+// curve, and exports a Hugging Face model directory that `kiln serve` loads.
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { CausalLM } from "../models/causal-lm.js";
