@@ -3,8 +3,12 @@
 // test: several steps on a small vector with given gradients; exact resume through stateDict(); torch's checks.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
 import * as k from "../../src/tensor/index.js";
 import { Adagrad, Adam, Adamax, AdamW, NAdam, OptimizerError, RAdam, RMSprop, SGD, type Optimizer } from "../../src/train/optim.js";
+import { loadCheckpoint, saveCheckpoint } from "../../src/train/checkpoint.js";
 
 const X0 = [1, -2, 0.5, 3, -0.25];
 // gradients of mixed sign and size, one step each (given, not computed from the params)
@@ -194,6 +198,43 @@ describe("stateDict -> a new optimizer -> loadStateDict continues bit-for-bit", 
       assert.deepEqual(q.toList(), whole);
     });
   }
+  test("through a checkpoint directory (saveCheckpoint / loadCheckpoint), every optimizer resumes bit-for-bit", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-optimizers-"));
+    try {
+      for (const c of CASES) {
+        const whole = runKiln(c.make).at(-1)!;
+        const p = param(X0);
+        const opt = c.make(p);
+        for (const g of GRADS.slice(0, 4)) {
+          p.grad = k.tensor(g);
+          opt.step();
+        }
+        const saved = saveCheckpoint(dir, { step: 4, params: [["p", p]], optimizer: opt.stateDict() });
+        const q = param(X0);
+        const loaded = loadCheckpoint(saved, [["p", q]]);
+        const opt2 = c.make(q);
+        opt2.loadStateDict(loaded.optimizer);
+        for (const g of GRADS.slice(4)) {
+          q.grad = k.tensor(g);
+          opt2.step();
+        }
+        assert.deepEqual(q.toList(), whole, c.name);
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  test("bfloat16 params: the new optimizers keep float32 master weights too", () => {
+    const p = k.tensor([1, -1], { dtype: "bfloat16", requiresGrad: true });
+    const opt = new NAdam([p], { lr: 1e-3 });
+    for (let i = 0; i < 5; i++) {
+      p.grad = k.tensor([1, -1], { dtype: "bfloat16" });
+      opt.step();
+    }
+    const master = opt.stateDict().states[0]!.buffers.master!;
+    assert.ok(master[0]! < 0.999 && master[0]! > 0.98 && master[1]! > -0.999, `master ${master.join(", ")}`);
+    assert.equal(p.dtype, "bfloat16");
+  });
   test("a state of another algorithm or other buffers (amsgrad) is refused", () => {
     const p = param(X0);
     const adam = new Adam([p], { amsgrad: true });
