@@ -159,6 +159,8 @@ const CASES: Case[] = [
   { name: "Adagrad (defaults)", make: (p) => new Adagrad([p]), ref: () => adagradRef({ lr: 1e-2, lrDecay: 0, wd: 0, init: 0, eps: 1e-10 }) },
   { name: "Adagrad lr_decay, weight decay, initial accumulator", make: (p) => new Adagrad([p], { lr: 0.1, lrDecay: 0.05, weightDecay: 0.1, initialAccumulatorValue: 0.5, eps: 1e-6 }), ref: () => adagradRef({ lr: 0.1, lrDecay: 0.05, wd: 0.1, init: 0.5, eps: 1e-6 }) },
   { name: "Adamax", make: (p) => new Adamax([p], { weightDecay: 0.1 }), ref: () => adamaxRef({ lr: 2e-3, b1: 0.9, b2: 0.999, eps: 1e-8, wd: 0.1 }) },
+  { name: "Adamax, an eps that counts", make: (p) => new Adamax([p], { lr: 0.05, betas: [0.8, 0.9], eps: 0.5 }), ref: () => adamaxRef({ lr: 0.05, b1: 0.8, b2: 0.9, eps: 0.5, wd: 0 }) },
+  { name: "RMSprop, an eps that counts", make: (p) => new RMSprop([p], { eps: 0.3 }), ref: () => rmspropRef({ lr: 1e-2, alpha: 0.99, eps: 0.3, wd: 0, momentum: 0, centered: false }) },
   { name: "NAdam (defaults)", make: (p) => new NAdam([p]), ref: () => nadamRef({ lr: 2e-3, b1: 0.9, b2: 0.999, eps: 1e-8, wd: 0, psi: 4e-3, decoupled: false }) },
   { name: "NAdam L2 weight decay, momentum_decay", make: (p) => new NAdam([p], { lr: 0.05, weightDecay: 0.1, momentumDecay: 0.5 }), ref: () => nadamRef({ ...adam, wd: 0.1, psi: 0.5, decoupled: false }) },
   { name: "NAdam decoupled weight decay", make: (p) => new NAdam([p], { lr: 0.05, weightDecay: 0.1, decoupledWeightDecay: true }), ref: () => nadamRef({ ...adam, wd: 0.1, psi: 4e-3, decoupled: true }) },
