@@ -144,6 +144,14 @@ describe("state and errors", () => {
     }
     assert.deepEqual(rest, whole.slice(4));
     assert.throws(() => new StepLR(sgd(), { stepSize: 1 }).loadStateDict(saved), /\[StepLR\] cannot load a SequentialLR state/);
+    // the optimizer's state keeps the base lr (torch's initial_lr): a scheduler built after loading it starts from there
+    const opt = sgd(1);
+    const exp = new ExponentialLR(opt, 0.5);
+    exp.step();
+    const fresh = sgd(1);
+    fresh.loadStateDict(opt.stateDict());
+    assert.equal(fresh.lr, 0.5);
+    assert.equal(new ExponentialLR(fresh, 0.5).baseLr, 1);
   });
   test("torch's argument checks", () => {
     assert.throws(() => new LinearLR(sgd(), { startFactor: 0 }), (e: unknown) => e instanceof LrSchedulerError && /\[LinearLR\] startFactor must be in \(0, 1\], got 0/.test(e.message));

@@ -22,6 +22,8 @@ export type OptimizerKind = "adamw" | "adam" | "sgd" | "rmsprop" | "adagrad" | "
 export interface OptimizerStateDict {
   kind: OptimizerKind;
   lr: number;
+  /** The lr the first lr scheduler started from (torch keeps "initial_lr" in the param group it saves). */
+  initialLr?: number;
   /** One entry per param, in parameter order; null for params that never had a gradient. */
   states: (ParamState | null)[];
 }
@@ -82,7 +84,8 @@ export abstract class Optimizer {
   }
 
   stateDict(): OptimizerStateDict {
-    return { kind: this.kind, lr: this.lr, states: this.states.map((s) => (s ? { step: s.step, buffers: { ...s.buffers } } : null)) };
+    const initial = this.initialLr !== undefined ? { initialLr: this.initialLr } : {};
+    return { kind: this.kind, lr: this.lr, ...initial, states: this.states.map((s) => (s ? { step: s.step, buffers: { ...s.buffers } } : null)) };
   }
 
   /** Restores a stateDict() (copies the buffers); the state must be this algorithm's with these hyper-parameters' buffers. */
@@ -92,6 +95,7 @@ export abstract class Optimizer {
     if (sd.states.length !== this.params.length) throw new OptimizerError(`[${k}] state has ${sd.states.length} params, optimizer has ${this.params.length}`);
     const want = Object.keys(this.newBuffers(0)).sort();
     this.lr = sd.lr;
+    if (sd.initialLr !== undefined) this.initialLr = sd.initialLr;
     this.states = sd.states.map((s, i) => {
       if (!s) return null;
       const p = this.params[i]!;
