@@ -4,37 +4,10 @@
 // the recipe's for SGD (momentum 0.9, weight_decay 0.1), torch's own for the optimizers TorchTitan does not offer.
 import type { Tensor } from "../tensor/index.js";
 import { Adagrad, Adam, Adamax, AdamW, NAdam, RAdam, RMSprop, SGD, type Optimizer } from "./optim.js";
+import type { OptimizerConfig } from "./train-config.js";
 
 export const OPTIMIZER_NAMES = ["AdamW", "Adam", "SGD", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax"] as const;
 export type OptimizerName = (typeof OPTIMIZER_NAMES)[number];
-
-export interface OptimizerConfig {
-  name: OptimizerName;
-  lr: number;
-  eps: number;
-  beta1: number;
-  beta2: number;
-  weight_decay: number;
-  /** SGD, RMSprop. */
-  momentum: number;
-  /** SGD. */
-  dampening: number;
-  nesterov: boolean;
-  /** Adam, AdamW. */
-  amsgrad: boolean;
-  /** RMSprop: the squared-gradient average's smoothing constant, and whether to normalize by the variance. */
-  alpha: number;
-  centered: boolean;
-  /** Adagrad. */
-  lr_decay: number;
-  initial_accumulator_value: number;
-  /** NAdam. */
-  momentum_decay: number;
-  /** NAdam, RAdam: AdamW-style decay instead of the L2 penalty. */
-  decoupled_weight_decay: boolean;
-  /** TorchTitan's (for-loop, foreach, fused): accepted; Kiln's optimizers update in one loop over float32 arrays. */
-  implementation: "for-loop" | "foreach" | "fused";
-}
 
 type HyperParameter = Exclude<keyof OptimizerConfig, "name" | "lr" | "implementation">;
 

@@ -4,7 +4,7 @@
 import { readFileSync } from "node:fs";
 import { parse as parseToml } from "smol-toml";
 import { KilnError } from "../util/errors.js";
-import { OPTIMIZER_NAMES, resolveOptimizerConfig, type OptimizerConfig } from "./optimizer-config.js";
+import { OPTIMIZER_NAMES, resolveOptimizerConfig, type OptimizerName } from "./optimizer-config.js";
 
 export class TrainConfigError extends KilnError {
   override name = "TrainConfigError";
@@ -42,7 +42,33 @@ export interface ModelConfig {
   converters: string[];
 }
 
-export type { OptimizerConfig } from "./optimizer-config.js";
+export interface OptimizerConfig {
+  /** torch.optim's name; optimizer-config.ts says which of the keys below each reads. */
+  name: OptimizerName;
+  lr: number;
+  eps: number;
+  beta1: number;
+  beta2: number;
+  weight_decay: number;
+  momentum: number;
+  /** SGD. */
+  dampening: number;
+  nesterov: boolean;
+  /** Adam, AdamW. */
+  amsgrad: boolean;
+  /** RMSprop: the squared-gradient average's smoothing constant, and whether to normalize by the variance. */
+  alpha: number;
+  centered: boolean;
+  /** Adagrad. */
+  lr_decay: number;
+  initial_accumulator_value: number;
+  /** NAdam. */
+  momentum_decay: number;
+  /** NAdam, RAdam: AdamW-style decay instead of the L2 penalty. */
+  decoupled_weight_decay: boolean;
+  /** TorchTitan's (for-loop, foreach, fused): accepted; Kiln's optimizers update in one loop over float32 arrays. */
+  implementation: "for-loop" | "foreach" | "fused";
+}
 
 export interface LrSchedulerConfig {
   warmup_steps: number;
