@@ -66,7 +66,7 @@ export function saveCheckpoint(root: string, state: CheckpointState): string {
   const json = {
     format: "kiln-checkpoint-v1",
     step: state.step,
-    optimizer: { kind: state.optimizer.kind, lr: state.optimizer.lr, states: optStates },
+    optimizer: { kind: state.optimizer.kind, lr: state.optimizer.lr, initialLr: state.optimizer.initialLr ?? null, states: optStates },
     dataLoader: state.dataLoader ?? null,
     rng: state.rng ?? null,
     extra: state.extra ?? null,
@@ -91,7 +91,7 @@ export function loadCheckpoint(dir: string, params: [string, Tensor][]): LoadedC
   if (!fs.existsSync(statePath)) throw new CheckpointError(`[checkpoint] ${dir} has no state.json`);
   const json = JSON.parse(fs.readFileSync(statePath, "utf8")) as {
     step: number;
-    optimizer: { kind: OptimizerStateDict["kind"]; lr: number; states: ({ step: number; buffers: string[] } | null)[] };
+    optimizer: { kind: OptimizerStateDict["kind"]; lr: number; initialLr?: number | null; states: ({ step: number; buffers: string[] } | null)[] };
     dataLoader: unknown;
     rng: unknown;
     extra: unknown;
@@ -119,7 +119,9 @@ export function loadCheckpoint(dir: string, params: [string, Tensor][]): LoadedC
       for (const b of s.buffers) buffers[b] = opt.loadAsFloat32(`${i}.${b}`);
       return { step: s.step, buffers };
     });
-    return { step: json.step, optimizer: { kind: json.optimizer.kind, lr: json.optimizer.lr, states }, dataLoader: json.dataLoader, rng: json.rng, extra: json.extra };
+    const { kind, lr, initialLr } = json.optimizer;
+    const optimizer: OptimizerStateDict = { kind, lr, ...(typeof initialLr === "number" ? { initialLr } : {}), states };
+    return { step: json.step, optimizer, dataLoader: json.dataLoader, rng: json.rng, extra: json.extra };
   } finally {
     opt.close();
   }

@@ -8,6 +8,13 @@
 // with D = decayRatio ? round(totalSteps * decayRatio) : totalSteps - W, and S = totalSteps - W - D.
 import { KilnError } from "../util/errors.js";
 
+/** What the trainer reads each step: the lr of the update after `step` completed steps (LrSchedule, lr-schedulers.ts). */
+export interface StepwiseLr {
+  lrAt(step: number): number;
+  /** Sets the optimizer's other scheduled hyper-parameters for that step (OneCycleLR's momentum). */
+  applyAt?(step: number): void;
+}
+
 export type DecayType = "linear" | "cosine" | "sqrt";
 
 export interface LrScheduleOptions {

@@ -1,7 +1,7 @@
 // `kiln train --config FILE.toml`: the TorchTitan-style recipe. Loads text, trains (or loads) a byte-level BPE
-// tokenizer, packs the corpus, builds a Llama-architecture model, trains it with AdamW + warmup/decay, logs
-// loss / grad norm / tokens/s / MFU, validates, checkpoints and resumes, draws the loss curve, and exports a
-// Hugging Face model directory that `kiln serve` loads.
+// tokenizer, packs the corpus, builds a Llama-architecture model, trains it with [optimizer]'s optimizer (AdamW by
+// default) + warmup/decay, logs loss / grad norm / tokens/s / MFU, validates, checkpoints and resumes, draws the loss
+// curve, and exports a Hugging Face model directory that `kiln serve` loads.
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { CausalLM } from "../models/causal-lm.js";
@@ -18,7 +18,7 @@ import { buildDatasets, DataLoader, tokenizeDocuments, type TrainingDocument } f
 import { stepDirName } from "./checkpoint.js";
 import { readJsonlDataset, type ChatRenderer } from "./chat-sft.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
-import { AdamW, SGD, type Optimizer } from "./optim.js";
+import { buildOptimizer } from "./optimizer-config.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
 import { activationCheckpointLayers, TrainConfigError, type TrainConfig } from "./train-config.js";
@@ -347,10 +347,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
 
   // 3. optimizer, schedule, loop
   const o = cfg.optimizer;
-  const optimizer: Optimizer =
-    o.name === "AdamW"
-      ? new AdamW(trained.map(([, t]) => t), { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weight_decay })
-      : new SGD(trained.map(([, t]) => t), { lr: o.lr, momentum: o.momentum, weightDecay: o.weight_decay });
+  const optimizer = buildOptimizer(o, trained.map(([, t]) => t));
   const ls = cfg.lr_scheduler;
   const schedule = new LrSchedule({
     lr: o.lr, warmupSteps: ls.warmup_steps, totalSteps: cfg.training.steps, decayType: ls.decay_type, lrMin: ls.lr_min,

@@ -4,6 +4,7 @@
 import { readFileSync } from "node:fs";
 import { parse as parseToml } from "smol-toml";
 import { KilnError } from "../util/errors.js";
+import { OPTIMIZER_NAMES, resolveOptimizerConfig, type OptimizerName } from "./optimizer-config.js";
 
 export class TrainConfigError extends KilnError {
   override name = "TrainConfigError";
@@ -55,13 +56,31 @@ export const ATTN_MASK_TYPES = ["causal", "block_causal"] as const;
 export type AttnMaskType = (typeof ATTN_MASK_TYPES)[number];
 
 export interface OptimizerConfig {
-  name: "AdamW" | "SGD";
+  /** torch.optim's name; optimizer-config.ts says which of the keys below each reads. */
+  name: OptimizerName;
   lr: number;
   eps: number;
   beta1: number;
   beta2: number;
   weight_decay: number;
   momentum: number;
+  /** SGD. */
+  dampening: number;
+  nesterov: boolean;
+  /** Adam, AdamW. */
+  amsgrad: boolean;
+  /** RMSprop: the squared-gradient average's smoothing constant, and whether to normalize by the variance. */
+  alpha: number;
+  centered: boolean;
+  /** Adagrad. */
+  lr_decay: number;
+  initial_accumulator_value: number;
+  /** NAdam. */
+  momentum_decay: number;
+  /** NAdam, RAdam: AdamW-style decay instead of the L2 penalty. */
+  decoupled_weight_decay: boolean;
+  /** TorchTitan's (for-loop, foreach, fused): accepted; Kiln's optimizers update in one loop over float32 arrays. */
+  implementation: "for-loop" | "foreach" | "fused";
 }
 
 export interface LrSchedulerConfig {
@@ -250,13 +269,24 @@ const SCHEMA: Record<Exclude<keyof TrainConfig, "warnings">, Record<string, Fiel
     tokenizer_special_tokens: { type: { kind: "strings" }, def: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] },
   },
   optimizer: {
-    name: oneOf(["AdamW", "SGD"], "AdamW"),
+    // (the defaults are AdamW's; optimizer-config.ts fills the named optimizer's and refuses keys it does not read)
+    name: oneOf(OPTIMIZER_NAMES, "AdamW"),
     lr: float(8e-4, 0),
     eps: float(1e-8, 0),
     beta1: float(0.9, 0),
     beta2: float(0.95, 0),
     weight_decay: float(0.1, 0),
     momentum: float(0.9, 0),
+    dampening: float(0),
+    nesterov: bool(false),
+    amsgrad: bool(false),
+    alpha: float(0.99, 0),
+    centered: bool(false),
+    lr_decay: float(0, 0),
+    initial_accumulator_value: float(0, 0),
+    momentum_decay: float(4e-3, 0),
+    decoupled_weight_decay: bool(false),
+    implementation: oneOf(["for-loop", "foreach", "fused"], "fused"),
   },
   lr_scheduler: {
     warmup_steps: int(100, 0),
@@ -420,6 +450,9 @@ function validate(raw: Record<string, unknown>, source: string): TrainConfig {
     cfg.job.seed = tseed;
   }
   checkTorchTitan(cfg, raw, source);
+  resolveOptimizerConfig(cfg.optimizer, Object.keys((raw.optimizer as object | undefined) ?? {}), (msg) => {
+    throw new TrainConfigError(`${source}: ${msg}`);
+  }, (msg) => cfg.warnings.push(msg));
   if (cfg.lora.enable && cfg.checkpoint.initial_load_path === null)
     throw new TrainConfigError(`${source}: [lora] enable = true adapts a pretrained model: set [checkpoint] initial_load_path (and initial_load_in_hf = true)`);
   if (cfg.checkpoint.initial_load_path !== null) checkInitialLoad(cfg, raw, source);

@@ -5,7 +5,7 @@ import { defaultGenerator, maxMemoryAllocated, resetPeakMemoryStats, type Genera
 import { KilnError } from "../util/errors.js";
 import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint } from "./checkpoint.js";
 import { clipGradNorm } from "./grad-clip.js";
-import type { LrSchedule } from "./lr-schedule.js";
+import type { StepwiseLr } from "./lr-schedule.js";
 import type { Optimizer } from "./optim.js";
 
 /** What the loop needs from a model: its params and a scalar loss for a batch. */
@@ -58,8 +58,8 @@ export interface CheckpointOptions {
 export interface TrainOptions {
   model: TrainableModel;
   optimizer: Optimizer;
-  /** lr per step; without it the optimizer's lr stays as set. */
-  schedule?: LrSchedule | ((step: number) => number);
+  /** lr per step (an LrSchedule or a torch-style scheduler of lr-schedulers.ts); without it the optimizer's lr stays as set. */
+  schedule?: StepwiseLr | ((step: number) => number);
   dataLoader: BatchSource;
   /** Total optimizer steps of the run (a resumed run continues up to it). */
   steps: number;
@@ -162,6 +162,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const gradNorm = clipGradNorm(params, o.maxNorm ? o.maxNorm : Infinity);
     const lr = o.schedule === undefined ? o.optimizer.lr : typeof o.schedule === "function" ? o.schedule(step) : o.schedule.lrAt(step);
     o.optimizer.lr = lr;
+    if (typeof o.schedule === "object") o.schedule.applyAt?.(step);
     o.optimizer.step();
     o.optimizer.zeroGrad();
     step++;

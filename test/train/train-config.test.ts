@@ -112,7 +112,7 @@ test("type, range and consistency errors", () => {
   const base = `[model]\nflavor = "tiny"\n`;
   assert.throws(() => parseTrainConfig(base + `[training]\nsteps = "ten"\n`), /\[training\] steps: expected an integer, got "ten"/);
   assert.throws(() => parseTrainConfig(base + `[training]\nsteps = 0\n`), /expected an integer >= 1/);
-  assert.throws(() => parseTrainConfig(base + `[optimizer]\nname = "Adam"\n`), /one of "AdamW", "SGD"/);
+  assert.throws(() => parseTrainConfig(base + `[optimizer]\nname = "Adan"\n`), /one of "AdamW", "Adam", "SGD"/);
   assert.throws(() => parseTrainConfig(`[model]\ndim = 100\nn_layers = 1\nn_heads = 3\n`), /not divisible/);
   assert.throws(() => parseTrainConfig(base + `[training]\nbatch_size = 2\nlocal_batch_size = 4\n`), /sets local_batch_size twice/);
   assert.throws(() => parseTrainConfig(base + `[training\n`), /invalid TOML/);
