@@ -1,5 +1,5 @@
 export { Module, StateDictError, type IncompatibleKeys } from "./module.js";
-export { Linear, Embedding, RMSNorm, LayerNorm, newParameter, type LayerOptions, type LinearLoraSlots } from "./layers.js";
+export { Linear, Embedding, RMSNorm, LayerNorm, Dropout, newParameter, type LayerOptions, type LinearLoraSlots } from "./layers.js";
 export { RotaryEmbedding, rotaryInvFreq, type RotaryConfig, type RopeScaling } from "./rotary.js";
 export { Attention, type AttentionConfig, type ForwardContext, type PagedContext, type DenseContext } from "./attention.js";
 export { GatedMLP, MoE, type MoeOptions } from "./mlp.js";
