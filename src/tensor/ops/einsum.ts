@@ -72,12 +72,15 @@ export function einsum(equation: string, ...args: Tensor[] | [Tensor[]]): Tensor
   }
 }
 
-/** The size of each label; a size-1 dim broadcasts against the others (as torch). */
+/** The size of each label; a size-1 dim broadcasts against the others (as torch), a repeated label's dims are equal. */
 function labelSizes(inputs: Labelled[]): Map<string, number> {
   const sizes = new Map<string, number>();
   inputs.forEach(({ t, labels }, i) =>
     labels.forEach((l, d) => {
       const n = t.shape[d]!;
+      const first = labels.indexOf(l);
+      if (first !== d && t.shape[first] !== n)
+        throw new OpError(op, `subscript ${l} is repeated for operand ${i} but the sizes don't match, ${t.shape[first]} != ${n}`);
       const seen = sizes.get(l);
       if (seen === undefined || seen === 1) sizes.set(l, n);
       else if (n !== 1 && n !== seen) {
@@ -108,9 +111,7 @@ function takeDiagonals(x: Labelled, own: (t: Tensor) => Tensor): Labelled {
   for (;;) {
     const j = labels.findIndex((l, k) => labels.indexOf(l) !== k);
     if (j < 0) return { t, labels };
-    const i = labels.indexOf(labels[j]!);
-    if (t.shape[i] !== t.shape[j])
-      throw new OpError(op, `subscript ${labels[i]} is repeated for an operand but the sizes don't match, ${t.shape[i]} != ${t.shape[j]}`);
+    const i = labels.indexOf(labels[j]!); // of equal sizes (labelSizes checked)
     t = own(diagonal(t, 0, i, j));
     labels = [...labels.filter((_, k) => k !== i && k !== j), labels[i]!];
   }
