@@ -154,7 +154,8 @@ export function allclose(a: Tensor, b: Tensor, rtol = 1e-5, atol = 1e-8, equalNa
       return false;
     }
     if (x === y) continue;
-    if (!(Math.abs(x - y) <= atol + rtol * Math.abs(y))) return false;
+    // an infinity is close only to itself (inf <= rtol * inf would pass it against -inf)
+    if (!Number.isFinite(x) || !Number.isFinite(y) || !(Math.abs(x - y) <= atol + rtol * Math.abs(y))) return false;
   }
   return true;
 }
