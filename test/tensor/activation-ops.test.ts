@@ -140,4 +140,4 @@ forEachBackend((dev) => {
         return [x, x.grad, out, loss];
       });
   });
-});
+}, { modes: true });

@@ -198,4 +198,4 @@ forEachBackend((dev) => {
         return [x, y, u, x.grad, y.grad, u.grad, out, loss];
       });
   });
-});
+}, { modes: true });

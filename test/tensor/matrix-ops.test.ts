@@ -248,4 +248,4 @@ forEachBackend((dev) => {
         return [...xs, ...xs.map((x) => x.grad), out, loss];
       });
   });
-});
+}, { modes: true });

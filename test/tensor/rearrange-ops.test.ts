@@ -153,4 +153,4 @@ forEachBackend((dev) => {
         return [x, x.grad, out, loss];
       });
   });
-});
+}, { modes: true });

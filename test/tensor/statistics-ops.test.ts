@@ -162,4 +162,4 @@ forEachBackend((dev) => {
       return [x, k.isnan(x), k.isinf(x), k.isfinite(x), k.norm(x, 0)];
     });
   });
-});
+}, { modes: true });

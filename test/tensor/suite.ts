@@ -85,12 +85,16 @@ export const prng = mulberry32;
 
 /**
  * Asserts that `run` frees every buffer it allocates but the tensors it returns (which are then disposed): the
- * back end's liveBuffers() is back at its start.
+ * back end's liveBuffers() is back at its start. A first, unmeasured run warms defer-and-fuse (its programs and
+ * arena stay allocated), and pending deferred work is flushed before each count.
  */
 export function assertNoLeaks(device: string, name: string, run: () => (Tensor | null)[]): void {
   const backend = deviceOf(device).backend;
+  for (const t of run()) t?.dispose();
+  flushDeferred();
   const start = backend.liveBuffers();
   for (const t of run()) t?.dispose();
+  flushDeferred();
   assert.equal(backend.liveBuffers(), start, `${name}: ${backend.liveBuffers() - start} buffers leaked`);
 }
 
