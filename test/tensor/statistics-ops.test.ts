@@ -104,6 +104,12 @@ forEachBackend((dev) => {
       gradcheck("norm inf", [{ shape: [2, 4], kind: "distinct" }], (a) => k.norm(a.add(0.05), Infinity, -1), 4, dev);
       gradcheck("amax", [{ shape: [2, 3, 2], kind: "distinct" }], (a) => k.amax(a, [0, 2]), 5, dev);
       gradcheck("amin", [{ shape: [3, 2], kind: "distinct" }], (a) => k.amin(a, 0, true), 6, dev);
+      for (const p of [2, 3, 1.5]) {
+        const z = k.tensor([[0, 0], [3, -4]], { device: dev, requiresGrad: true });
+        k.norm(z, p, 1).sum().backward();
+        const n = (3 ** p + 4 ** p) ** (1 / p);
+        assertClose(z.grad!, [0, 0, (3 / n) ** (p - 1), -((4 / n) ** (p - 1))], { rtol: 1e-5, msg: `a zero norm's gradient is 0 (p=${p})` });
+      }
       const x = k.tensor([1, 3, 3, 2], { device: dev, requiresGrad: true });
       k.amax(x).backward();
       assert.deepEqual(x.grad!.toList(), [0, 0.5, 0.5, 0]);

@@ -4,7 +4,7 @@ import { isFloating } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { noGrad } from "../grad-mode.js";
 import { full, numel, Tensor } from "../tensor.js";
-import { abs, logicalNot, logicalOr, ne, pow, sqrt, square, sub } from "./elementwise.js";
+import { abs, logicalNot, logicalOr, ne, pow, sqrt, square, sub, where } from "./elementwise.js";
 import { amax, amin, mean, sum } from "./reduce.js";
 import { broadcastShapes, normDim } from "./shape.js";
 
@@ -85,7 +85,7 @@ export function norm(x: Tensor, p: number | "fro" = 2, dim?: number | readonly n
   if (order === 2) {
     const sq = square(x);
     const s = sum(sq, dl, keepdim);
-    const out = sqrt(s);
+    const out = rootAwayFromZero(s, sqrt);
     sq.dispose();
     s.dispose();
     return out;
@@ -98,11 +98,24 @@ export function norm(x: Tensor, p: number | "fro" = 2, dim?: number | readonly n
   else {
     const powered = pow(a, order);
     const s = sum(powered, dl, keepdim);
-    out = pow(s, 1 / order);
+    out = rootAwayFromZero(s, (v) => pow(v, 1 / order));
     powered.dispose();
     s.dispose();
   }
   a.dispose();
+  return out;
+}
+
+/**
+ * root(s), with a zero gradient where s is 0 (torch's norm backward masks a zero norm there; the root's own
+ * derivative is infinite at 0 and would give 0 * inf = NaN): the root reads 1 there, and where() takes 0.
+ */
+function rootAwayFromZero(s: Tensor, root: (v: Tensor) => Tensor): Tensor {
+  const zero = s.eq(0);
+  const safe = where(zero, 1, s);
+  const r = root(safe);
+  const out = where(zero, 0, r);
+  for (const t of [zero, safe, r]) t.dispose();
   return out;
 }
 
