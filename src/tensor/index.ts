@@ -23,7 +23,7 @@ export { tril, triu, diagonal, diag, trace, outer, addmm, baddbmm, type ScaleOpt
 export { einsum } from "./ops/einsum.js";
 export { flip, roll, repeat, tile, repeatInterleave, pad, type PadMode } from "./ops/rearrange.js";
 export { variance, variance as var, std, varMean, stdMean, norm, isnan, isinf, isfinite, allclose, type VarOptions } from "./ops/statistics.js";
-export { lerp, softplus, logSigmoid, hardtanh, clampMin, clampMax, leakyRelu, elu, dropout } from "./ops/activations.js";
+export { lerp, log1p, softplus, logSigmoid, hardtanh, clampMin, clampMax, leakyRelu, elu, dropout } from "./ops/activations.js";
 export {
   mseLoss, l1Loss, smoothL1Loss, huberLoss, nllLoss, binaryCrossEntropy, binaryCrossEntropyWithLogits, klDiv,
   type LossReduction, type LossOptions, type NllLossOptions, type BceOptions,

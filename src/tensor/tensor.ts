@@ -484,6 +484,9 @@ export class Tensor {
   lerp(end: Tensor, weight: TensorOrScalar): Tensor {
     return ac.lerp(this, end, weight);
   }
+  log1p(): Tensor {
+    return ac.log1p(this);
+  }
   clampMin(min: number): Tensor {
     return ac.clampMin(this, min);
   }

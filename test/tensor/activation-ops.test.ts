@@ -26,11 +26,19 @@ forEachBackend((dev) => {
       assertClose(a.lerp(b, w), av.map((x, e) => x + wv[Math.floor(e / 3)]! * (bv[e % 3]! - x)), { atol: 1e-6 });
       assert.deepEqual(k.lerp(t([0, 10]), t([10, 20]), 0.5).toList(), [5, 15]);
     });
-    it("softplus (beta, threshold) and logSigmoid, stable for large |x|", () => {
-      const xs = [-100, -30, -5, -1, -1e-3, 0, 0.5, 3, 19.9, 20.1, 50, 1000];
-      assertClose(k.softplus(t(xs)), xs.map((x) => softplusRef(x)), { rtol: 1e-6, atol: 1e-7 });
-      assertClose(k.softplus(t(xs), 2, 5), xs.map((x) => softplusRef(x, 2, 5)), { rtol: 1e-6, atol: 1e-7 });
-      assertClose(k.logSigmoid(t(xs)), xs.map((x) => -softplusRef(-x, 1, Infinity)), { rtol: 1e-6, atol: 1e-7 });
+    it("log1p keeps the precision of tiny x; log1p(-1) = -inf, log1p(inf) = inf, below -1 NaN", () => {
+      const xs = [1e-10, -3e-8, 1e-5, -0.5, 0, 2, 1e30, -1, Infinity, -2];
+      assertClose(k.log1p(t(xs)), xs.map(Math.log1p), { rtol: 1e-6, atol: 0 });
+      assertClose(k.log1p(k.tensor(Int32Array.of(0, 1), { device: dev })), [0, Math.LN2], { rtol: 1e-6 });
+    });
+    it("softplus (beta, threshold) and logSigmoid, stable and precise for large |x|", () => {
+      const xs = [-80, -30, -5, -1, -1e-3, 0, 0.5, 3, 19.9, 20.1, 50, 1000];
+      // relative precision down to float32's smallest normal numbers (exp(-160) underflows to 0, as in torch)
+      const tiny = { rtol: 1e-5, atol: 1e-37 };
+      assertClose(k.softplus(t(xs)), xs.map((x) => softplusRef(x)), tiny);
+      assertClose(k.softplus(t(xs), 2, 5), xs.map((x) => softplusRef(x, 2, 5)), tiny);
+      assertClose(k.logSigmoid(t(xs)), xs.map((x) => -softplusRef(-x, 1, Infinity)), tiny);
+      assertClose(k.logSigmoid(t([-1e4])), [-1e4]);
     });
     it("hardtanh, leakyRelu, elu, clampMin, clampMax", () => {
       const xs = [-3, -1, -0.5, 0, 0.5, 1, 2, 100];
@@ -47,6 +55,7 @@ forEachBackend((dev) => {
     });
     it("gradients (at kinks as torch: leakyRelu slope at 0, elu alpha at 0, softplus 1/2 at 0)", () => {
       gradcheck("lerp", [{ shape: [2, 3] }, { shape: [3] }, { shape: [2, 1] }], (a, b, w) => k.lerp(a, b, w), 1, dev);
+      gradcheck("log1p", [{ shape: [2, 5], kind: "positive" }], (a) => k.log1p(a.sub(0.4)), 7, dev);
       gradcheck("softplus", [{ shape: [2, 5] }], (a) => k.softplus(a.mul(4), 1.5, 3), 2, dev);
       gradcheck("logSigmoid", [{ shape: [8] }], (a) => k.logSigmoid(a.mul(10)), 3, dev);
       gradcheck("hardtanh", [{ shape: [10], kind: "distinct" }], (a) => k.hardtanh(a, -0.22, 0.33), 4, dev);
@@ -121,6 +130,7 @@ forEachBackend((dev) => {
     const cases: [string, (x: Tensor) => Tensor][] = [
       ["lerp", (x) => k.lerp(x, x, 0.3)],
       ["lerp tensor weight", (x) => k.lerp(x, x, x)],
+      ["log1p", (x) => k.log1p(x)],
       ["softplus", (x) => k.softplus(x, 2)],
       ["logSigmoid", (x) => k.logSigmoid(x)],
       ["hardtanh", (x) => k.hardtanh(x)],

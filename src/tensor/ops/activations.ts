@@ -1,9 +1,10 @@
-// Activations and elementwise extras composed of differentiable ops: lerp, softplus, logSigmoid, hardtanh,
+// Activations and elementwise extras composed of differentiable ops: lerp, log1p, softplus, logSigmoid, hardtanh,
 // leakyRelu, elu, clampMin / clampMax, and dropout.
+import { isFloating } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
-import { noGrad } from "../grad-mode.js";
+import { noGrad, recordOp } from "../grad-mode.js";
 import { Tensor, type TensorOrScalar } from "../tensor.js";
-import { add, clamp, exp, gt, log, mul, sub, where } from "./elementwise.js";
+import { add, clamp, div, eq, exp, gt, log, mul, sub, where } from "./elementwise.js";
 import { rand, type Generator } from "./random.js";
 
 /**
@@ -20,24 +21,53 @@ export function lerp(a: Tensor, b: Tensor, weight: TensorOrScalar): Tensor {
 }
 
 /**
- * torch.nn.functional.softplus: log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold. Computed
- * as m + log(exp(bx - m) + exp(-m)) with m = max(bx, 0) held constant, so neither exp overflows and the gradient
- * is sigmoid(beta * x) everywhere.
+ * torch.log1p: log(1 + x), accurate where 1 + x rounds (|x| small): Goldberg's x * log(u) / (u - 1) with u = 1 + x,
+ * or x itself where u rounds to 1. One autograd op (its backward 1 / (1 + x): backward/elementwise.ts).
+ * @example log1p(tensor([1e-10])).item() // 1e-10 (log(1 + 1e-10) is 0 in float32)
+ */
+export function log1p(x: Tensor): Tensor {
+  const out = noGrad(() => {
+    const xf = isFloating(x.dtype) ? x : x.to("float32");
+    const u = add(xf, 1);
+    const d = sub(u, 1);
+    const l = log(u);
+    const ratio = div(xf, d);
+    const scaled = mul(l, ratio);
+    const rounded = eq(d, 0);
+    const small = where(rounded, xf, scaled);
+    // x = inf: inf / inf is NaN in the ratio; log1p(inf) = inf
+    const infinite = eq(xf, Infinity);
+    const r = where(infinite, xf, small);
+    for (const t of [u, d, l, ratio, scaled, rounded, small, infinite]) t.dispose();
+    if (xf !== x) xf.dispose();
+    return r;
+  });
+  recordOp("log1p", [x], out);
+  return out;
+}
+
+/**
+ * torch.nn.functional.softplus: log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold. Computed as
+ * log1p(exp(bx)) for bx <= 0 and bx + log1p(exp(-bx)) above: no exp overflows (each branch reads bx clamped to its
+ * side, so the unused one stays finite and its zero gradient never meets inf), tiny results keep their precision,
+ * and the gradient is sigmoid(beta * x) everywhere (1/2 at 0).
  */
 export function softplus(x: Tensor, beta = 1, threshold = 20): Tensor {
   const bx = mul(x, beta);
-  const m = noGrad(() => clamp(bx, 0));
-  const shifted = sub(bx, m);
-  const e1 = exp(shifted);
-  const negM = m.neg();
-  const e2 = exp(negM);
-  const s = add(e1, e2);
-  const l = log(s);
-  const lse = add(l, m);
+  const positive = gt(bx, 0);
+  const lo = clamp(bx, undefined, 0);
+  const eLo = exp(lo);
+  const below = log1p(eLo);
+  const hi = clamp(bx, 0);
+  const negHi = hi.neg();
+  const eHi = exp(negHi);
+  const tail = log1p(eHi);
+  const above = add(hi, tail);
+  const lse = where(positive, above, below);
   const soft = beta === 1 ? lse : lse.div(beta);
   const linear = gt(bx, threshold);
   const out = where(linear, x, soft);
-  for (const t of new Set([bx, m, shifted, e1, negM, e2, s, l, lse, soft, linear])) t.dispose();
+  for (const t of new Set([bx, positive, lo, eLo, below, hi, negHi, eHi, tail, above, lse, soft, linear])) t.dispose();
   return out;
 }
 
