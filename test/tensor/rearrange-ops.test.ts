@@ -39,6 +39,7 @@ forEachBackend((dev) => {
       assertClose(k.flip(x, [0, -1]), gatherRef(v, shape, shape, ([a, b, c]) => [1 - a!, b!, 3 - c!]), { shape });
       assertClose(x.flip(1), gatherRef(v, shape, shape, ([a, b, c]) => [a!, 2 - b!, c!]));
       assertClose(k.flip(x, []), v);
+      assert.deepEqual([...k.flip(k.zeros([0, 3], { device: dev }), [0, 1]).shape], [0, 3]);
       assert.throws(() => k.flip(x, [0, -3]), named("flip", "repeated"));
       assert.throws(() => k.flip(x, [3]), named("flip", "out of range"));
     });

@@ -96,6 +96,7 @@ forEachBackend((dev) => {
       assertClose(k.amax(x, [0, 2]), groups(v, shape, [0, 2]).map((g) => Math.max(...g)), { shape: [3] });
       assertClose(x.amin(-1, true), groups(v, shape, [2]).map((g) => Math.min(...g)), { shape: [2, 3, 1] });
       assertClose(x.amax(), [Math.max(...v)], { shape: [] });
+      assertClose(k.amin(x, []), [Math.min(...v)], { shape: [], msg: "dim [] reduces every dim, as torch" });
     });
     it("gradients (ties in amax share the gradient evenly)", () => {
       gradcheck("norm 2", [{ shape: [2, 3], kind: "awayFromZero" }], (a) => k.norm(a, 2, 1), 1, dev);

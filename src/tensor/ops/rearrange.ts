@@ -32,7 +32,7 @@ function chain<T>(x: Tensor, steps: readonly T[], f: (cur: Tensor, step: T) => T
  */
 export function flip(x: Tensor, dims: number | readonly number[]): Tensor {
   const ds = dimList("flip", dims, x.ndim);
-  if (x.ndim === 0) return x.clone();
+  if (x.numel === 0) return x.clone(); // nothing to move (index_select would read rows that are not there)
   return chain(x, ds, (cur, d) => {
     const n = cur.shape[d]!;
     const index = tensor(Int32Array.from({ length: n }, (_, i) => n - 1 - i), { device: x.device });
