@@ -1,7 +1,7 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding, RMSNorm and LayerNorm.
 import { isFloating, type DType } from "../backends/dtype.js";
 import {
-  embedding, full, layerNorm, linear, loraApply, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated,
+  dropout, embedding, full, type Generator, layerNorm, linear, loraApply, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated,
   type DeviceLike, type QuantizedActivations, type Tensor, type TensorOptions,
 } from "../tensor/index.js";
 import { OpError } from "../util/errors.js";
@@ -237,5 +237,25 @@ export class RMSNorm extends Module {
     } finally {
       scale.dispose();
     }
+  }
+}
+
+/**
+ * torch.nn.Dropout: dropout(x, p) while training (each element zeroed with probability p, the rest scaled by
+ * 1 / (1 - p)); the identity (an alias of x) after eval(). No parameters.
+ * @example const drop = new Dropout(0.1); drop.forward(x); drop.eval().forward(x) // x
+ */
+export class Dropout extends Module {
+  constructor(
+    readonly p = 0.5,
+    /** The masks' random stream (default: the global generator, which manualSeed() seeds). */
+    readonly generator?: Generator,
+  ) {
+    super();
+    if (!(p >= 0 && p <= 1)) throw new OpError("dropout", `dropout probability has to be between 0 and 1, but got ${p}`);
+  }
+
+  forward(x: Tensor): Tensor {
+    return dropout(x, this.p, this.training, this.generator);
   }
 }

@@ -8,7 +8,7 @@ export { backward, enableAutograd, registerBackward, sumToShape, AutogradNode, t
 export type { BackwardOptions } from "./grad-mode.js";
 export { kernelsDispatched, flushDeferred, setDeferHook, type DeferHook } from "./dispatch.js";
 export * from "./ops/elementwise.js";
-export { sum, prod, max, min, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";
+export { sum, prod, max, min, amax, amin, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";
 export { matmul, bmm, linear, quantizedShadowOf, takesQuantizedActivations, type QuantizedActivations } from "./ops/linalg.js";
 export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, split, chunk } from "./ops/indexing.js";
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
@@ -19,6 +19,15 @@ export {
 export { crossEntropy, type CrossEntropyOptions } from "./ops/cross-entropy.js";
 export { loraApply } from "./ops/lora.js";
 export { moe, type MoeExpert, type MoeProjection } from "./ops/moe.js";
+export { tril, triu, diagonal, diag, trace, outer, addmm, baddbmm, type ScaleOptions } from "./ops/matrix.js";
+export { einsum } from "./ops/einsum.js";
+export { flip, roll, repeat, tile, repeatInterleave, pad, type PadMode } from "./ops/rearrange.js";
+export { variance, variance as var, std, varMean, stdMean, norm, isnan, isinf, isfinite, allclose, type VarOptions } from "./ops/statistics.js";
+export { lerp, log1p, softplus, logSigmoid, hardtanh, clampMin, clampMax, leakyRelu, elu, dropout } from "./ops/activations.js";
+export {
+  mseLoss, l1Loss, smoothL1Loss, huberLoss, nllLoss, binaryCrossEntropy, binaryCrossEntropyWithLogits, klDiv,
+  type LossReduction, type LossOptions, type NllLossOptions, type BceOptions,
+} from "./ops/losses.js";
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";
 export { checkpoint, type CheckpointOptions } from "./checkpoint.js";

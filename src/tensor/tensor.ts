@@ -14,6 +14,10 @@ import * as sh from "./ops/shape.js";
 import * as rd from "./ops/reduce.js";
 import * as la from "./ops/linalg.js";
 import * as ix from "./ops/indexing.js";
+import * as mx from "./ops/matrix.js";
+import * as ra from "./ops/rearrange.js";
+import * as st from "./ops/statistics.js";
+import * as ac from "./ops/activations.js";
 
 export type Shape = readonly number[];
 export type Scalar = number | boolean;
@@ -410,6 +414,84 @@ export class Tensor {
   }
   gather(dim: number, index: Tensor): Tensor {
     return ix.gather(this, dim, index);
+  }
+  tril(diagonal = 0): Tensor {
+    return mx.tril(this, diagonal);
+  }
+  triu(diagonal = 0): Tensor {
+    return mx.triu(this, diagonal);
+  }
+  diagonal(offset = 0, dim1 = 0, dim2 = 1): Tensor {
+    return mx.diagonal(this, offset, dim1, dim2);
+  }
+  diag(diagonal = 0): Tensor {
+    return mx.diag(this, diagonal);
+  }
+  trace(): Tensor {
+    return mx.trace(this);
+  }
+  outer(o: Tensor): Tensor {
+    return mx.outer(this, o);
+  }
+  addmm(a: Tensor, b: Tensor, options?: mx.ScaleOptions): Tensor {
+    return mx.addmm(this, a, b, options);
+  }
+
+  // ---- rearranging (ops/rearrange.ts) ----
+  flip(...dims: number[] | [readonly number[]]): Tensor {
+    return ra.flip(this, sizesArg(dims));
+  }
+  roll(shifts: number | readonly number[], dims?: number | readonly number[]): Tensor {
+    return ra.roll(this, shifts, dims);
+  }
+  repeat(...sizes: number[] | [readonly number[]]): Tensor {
+    return ra.repeat(this, ...sizesArg(sizes));
+  }
+  tile(...dims: number[] | [readonly number[]]): Tensor {
+    return ra.tile(this, sizesArg(dims));
+  }
+  repeatInterleave(repeats: number, dim?: number): Tensor {
+    return ra.repeatInterleave(this, repeats, dim);
+  }
+
+  // ---- statistics and value tests (ops/statistics.ts) ----
+  var(dim?: number | readonly number[], options?: st.VarOptions): Tensor {
+    return st.variance(this, dim, options);
+  }
+  std(dim?: number | readonly number[], options?: st.VarOptions): Tensor {
+    return st.std(this, dim, options);
+  }
+  norm(p: number | "fro" = 2, dim?: number | readonly number[], keepdim = false): Tensor {
+    return st.norm(this, p, dim, keepdim);
+  }
+  amax(dim?: number | number[], keepdim = false): Tensor {
+    return rd.amax(this, dim, keepdim);
+  }
+  amin(dim?: number | number[], keepdim = false): Tensor {
+    return rd.amin(this, dim, keepdim);
+  }
+  isnan(): Tensor {
+    return st.isnan(this);
+  }
+  isinf(): Tensor {
+    return st.isinf(this);
+  }
+  isfinite(): Tensor {
+    return st.isfinite(this);
+  }
+
+  // ---- elementwise extras (ops/activations.ts) ----
+  lerp(end: Tensor, weight: TensorOrScalar): Tensor {
+    return ac.lerp(this, end, weight);
+  }
+  log1p(): Tensor {
+    return ac.log1p(this);
+  }
+  clampMin(min: number): Tensor {
+    return ac.clampMin(this, min);
+  }
+  clampMax(max: number): Tensor {
+    return ac.clampMax(this, max);
   }
 }
 

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { isBackendAvailable } from "../../src/backends/registry.js";
 import { jitUnavailableReason } from "../../src/compile/index.js"; // installs the defer-and-fuse hook
-import { flushDeferred, setEagerMode, type Tensor } from "../../src/tensor/index.js";
+import { device as deviceOf, flushDeferred, setEagerMode, type Tensor } from "../../src/tensor/index.js";
 import { mulberry32 } from "../../src/util/random.js";
 
 /** Back-end names the suites run on, in order; unavailable ones are reported as skipped. */
@@ -82,3 +82,24 @@ export function assertClose(actual: Tensor | ArrayLike<number>, expected: ArrayL
 
 /** mulberry32: a tiny seeded PRNG so property tests are reproducible. */
 export const prng = mulberry32;
+
+/**
+ * Asserts that `run` frees every buffer it allocates but the tensors it returns (which are then disposed): the
+ * back end's liveBuffers() is back at its start. A first, unmeasured run warms defer-and-fuse (its programs and
+ * arena stay allocated), and pending deferred work is flushed before each count.
+ */
+export function assertNoLeaks(device: string, name: string, run: () => (Tensor | null)[]): void {
+  const backend = deviceOf(device).backend;
+  for (const t of run()) t?.dispose();
+  flushDeferred();
+  const start = backend.liveBuffers();
+  for (const t of run()) t?.dispose();
+  flushDeferred();
+  assert.equal(backend.liveBuffers(), start, `${name}: ${backend.liveBuffers() - start} buffers leaked`);
+}
+
+/** n seeded uniform numbers in [lo, hi). */
+export function randomValues(n: number, seed: number, lo = -1.5, hi = 1.5): Float32Array {
+  const r = prng(seed);
+  return Float32Array.from({ length: n }, () => lo + (hi - lo) * r());
+}

@@ -224,6 +224,13 @@ const composed: RuleTable = {
     },
   },
   abs: unaryRule("inputs", (x) => ew.unary("sign", x)),
+  // log1p (a composite of ops computed under noGrad, activations.ts): 1 / (1 + x)
+  log1p: unaryRule("inputs", (x) => {
+    const u = ew.add(x, 1);
+    const r = ew.reciprocal(u);
+    u.dispose();
+    return r;
+  }),
   square: unaryRule("inputs", (x) => ew.mul(x, 2)),
   sin: unaryRule("inputs", (x) => ew.cos(x)),
   cos: unaryRule("inputs", (x) => {

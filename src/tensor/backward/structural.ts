@@ -85,6 +85,8 @@ const reductions: RuleTable = {
   },
   max: { saves: "both", grad: (g, c) => [extremumGrad(g, c)] },
   min: { saves: "both", grad: (g, c) => [extremumGrad(g, c)] },
+  amax: { saves: "both", grad: (g, c) => [extremumGrad(g, c)] },
+  amin: { saves: "both", grad: (g, c) => [extremumGrad(g, c)] },
   // dx = y * (g - sum(g * y))
   softmax: {
     saves: "output",

@@ -49,6 +49,10 @@ export const sum = (t: Tensor, dim?: number | number[], keepdim = false): Tensor
 export const prod = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("prod", t, dim, keepdim, "prod");
 export const max = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("max", t, dim, keepdim, "max");
 export const min = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("min", t, dim, keepdim, "min");
+/** torch.amax / amin: the extremum over dims (all when omitted or []); the gradient is shared evenly among ties. */
+export const amax = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("max", t, allIfEmpty(dim), keepdim, "amax");
+export const amin = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("min", t, allIfEmpty(dim), keepdim, "amin");
+const allIfEmpty = (dim?: number | number[]) => (Array.isArray(dim) && dim.length === 0 ? undefined : dim);
 export const argmax = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmax", t, dim, keepdim, "argmax");
 export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmin", t, dim, keepdim, "argmin");
 
