@@ -39,8 +39,6 @@ export interface ModelArgs {
  * safetensors files (from local disk, the same tensors) and are read as "safetensors".
  */
 const REFUSED_LOAD_FORMATS: Record<string, string> = {
-  pt: "PyTorch .bin checkpoints are not read: convert the checkpoint to safetensors",
-  npcache: "PyTorch .bin checkpoints are not read: convert the checkpoint to safetensors",
   bitsandbytes: "bitsandbytes checkpoints are not read: serve the unquantized checkpoint with --quantization int8 or int4",
   tensorizer: "tensorizer files are not read: serve the safetensors checkpoint",
   sharded_state: "per-rank sharded state files are not read: serve the safetensors checkpoint (with --tensor-parallel-size)",
@@ -135,6 +133,10 @@ function parseLoadFormat(value: unknown, warnings: string[]): LoadFormat {
   if (SAFETENSORS_READERS.includes(f)) {
     warnings.push(`--load-format ${f}: read as safetensors (Kiln's reader maps the same tensors from local files)`);
     return "safetensors";
+  }
+  if (f === "npcache") {
+    warnings.push("--load-format npcache: read as pt (the .bin checkpoint is memory-mapped in place; no numpy cache is written)");
+    return "pt";
   }
   const why = REFUSED_LOAD_FORMATS[f];
   if (why !== undefined) throw new CliUsageError(`--load-format ${f} is not supported: ${why}`);

@@ -4,7 +4,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { f32ToBf16 } from "./formats/dtype-convert.js";
 import { mulberry32 } from "../util/random.js";
-import { readSafetensors, writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
+import { writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
 import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK, phi3RopeFactorTensors } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
@@ -13,7 +13,7 @@ import { parseHfConfig, type Architecture, type ModelConfig } from "./hf-config.
 import { fusedParts } from "./fused-weights.js";
 import { FAMILIES, ModelLoadError } from "./loader.js";
 import { fuseGptOssExperts, gptOssGgufExpertTensors, isGptOssFusedExpertTensor } from "./gpt-oss-experts.js";
-import { inspectModelDir } from "./model-dir.js";
+import { inspectModelDir, openCheckpoint } from "./model-dir.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
 import { GEMMA3_BOI, GEMMA3_EOI, GEMMA3_IMAGE_TOKEN } from "./gemma3-image-processor.js";
 import { Gemma3Vision, parseGemma3VisionConfig } from "./siglip.js";
@@ -269,8 +269,8 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const tokCfg = fs.existsSync(tokCfgPath) ? (JSON.parse(fs.readFileSync(tokCfgPath, "utf8")) as Json) : {};
   const metadata = { ...hfConfigToGgufMetadata(config), ...tokenizerJsonToGgufMetadata(tokJson, tokCfg) };
   const weights = inspectModelDir(dir).weights; // one file or shards with their index, as the loader reads them
-  if (weights?.format !== "safetensors") throw new ModelLoadError(`[convert] ${dir} has no safetensors weights`);
-  const st = readSafetensors(weights.indexPath ?? weights.files[0]!);
+  if (weights === null || weights.format === "gguf") throw new ModelLoadError(`[convert] ${dir} has no safetensors or PyTorch weights`);
+  const st = openCheckpoint(weights);
   const permutes = ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM"].includes(cfg.architecture);
   const family = ggufFamilyOf(cfg.architecture);
   const load = (name: string, rows: number): Float32Array => {

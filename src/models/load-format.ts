@@ -2,10 +2,11 @@
 // takes the weights (or none: random "dummy" weights of the config's shapes), and config.json keys the caller
 // overrides before the model is built.
 /**
- * vLLM's --load-format values Kiln reads: "auto" (a directory's safetensors, or a GGUF file), "safetensors" and
- * "gguf" (that format, or an error naming what the path holds), "dummy" (random weights, no tensor read).
+ * vLLM's --load-format values Kiln reads: "auto" (a directory's safetensors, else its PyTorch .bin checkpoint, or a
+ * GGUF file), "safetensors", "pt" and "gguf" (that format, or an error naming what the path holds), "dummy" (random
+ * weights, no tensor read).
  */
-export const LOAD_FORMATS = ["auto", "safetensors", "gguf", "dummy"] as const;
+export const LOAD_FORMATS = ["auto", "safetensors", "pt", "gguf", "dummy"] as const;
 export type LoadFormat = (typeof LOAD_FORMATS)[number];
 
 export const isLoadFormat = (x: unknown): x is LoadFormat => (LOAD_FORMATS as readonly unknown[]).includes(x);
@@ -14,8 +15,8 @@ export const isLoadFormat = (x: unknown): x is LoadFormat => (LOAD_FORMATS as re
  * Why `format` cannot read weights stored as `found`, or null when it can: "auto" reads either, "dummy" reads none
  * but needs a Hugging Face directory's config.json.
  */
-export function loadFormatMismatch(format: LoadFormat, found: "safetensors" | "gguf"): string | null {
-  if (format === "auto" || format === found || (format === "dummy" && found === "safetensors")) return null;
+export function loadFormatMismatch(format: LoadFormat, found: "safetensors" | "pt" | "gguf"): string | null {
+  if (format === "auto" || format === found || (format === "dummy" && found !== "gguf")) return null;
   if (format === "dummy") return 'load_format "dummy" needs a Hugging Face model directory (config.json), not a GGUF file';
   return `load_format "${format}" was asked, but the model's weights are ${found}`;
 }

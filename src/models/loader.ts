@@ -10,10 +10,10 @@ import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { fusedParts, hasFusedProjections, splitFusedProjections } from "./fused-weights.js";
-import { inspectModelDir } from "./model-dir.js";
+import { inspectModelDir, openCheckpoint, type ModelWeights } from "./model-dir.js";
 import { AbsentTokenizer, absentTokenizerOf } from "./absent-tokenizer.js";
 import { ModelNotFoundError, resolveModel } from "./hub.js";
-import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
+import type { SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufFamilyOf, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, hfToGgufTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
@@ -272,7 +272,7 @@ function loadHfDir(dir: string, options: LoadOptions): LoadedModel {
   if (fp8Format !== null && !dummy && (options.tp?.size ?? 1) > 1) throw new TensorParallelError(`${dir} is an fp8 checkpoint: not supported with tensor parallelism`);
   if (fp8Format !== null && !dummy && requested !== null && requested !== "fp8")
     throw new UnsupportedError("load", `${dir} is an fp8 checkpoint: --quantization ${requested} cannot re-quantize it (omit --quantization, or pass fp8)`);
-  const file = dummy ? null : readSafetensors(info.weights!.indexPath ?? info.weights!.files[0]!);
+  const file = dummy ? null : openCheckpoint(info.weights as Extract<ModelWeights, { indexPath: string | null }>);
   const handle = file === null ? null : textCheckpoint(file, lm.textWeights !== null, config, dir);
   try {
     // every parameter is assigned below (or the load fails), so none is allocated first

@@ -5,6 +5,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { readSafetensors } from "./formats/safetensors.js";
+import { readTorchCheckpoint } from "./formats/torch-checkpoint.js";
 
 /** An adapter that cannot be loaded: missing, malformed, unsupported, or not made for this model. */
 export class LoraError extends Error {
@@ -83,17 +84,14 @@ export function readLoraAdapter(name: string, dir: string, options: { maxRank: n
   if (config.fan_in_fan_out === true) throw new LoraError(`${where}: fan_in_fan_out adapters (GPT-2 Conv1D layers) are not supported`);
   const scaling = config.use_rslora === true ? alpha / Math.sqrt(rank) : alpha / rank;
 
+  // PEFT's safetensors, else its PyTorch file (save_pretrained(safe_serialization=False)), as vLLM reads either
   const weightsPath = path.join(dir, WEIGHTS_FILE);
-  if (!fs.existsSync(weightsPath)) {
-    const bin = fs.existsSync(path.join(dir, "adapter_model.bin"));
-    throw new LoraError(
-      bin ? `${where}: adapter_model.bin (a pickled PyTorch file) cannot be read; save the adapter as ${WEIGHTS_FILE} (safe_serialization)` : `${where}: no ${WEIGHTS_FILE} found`,
-      bin ? "invalid" : "not_found",
-    );
-  }
+  const binPath = path.join(dir, "adapter_model.bin");
+  const bin = !fs.existsSync(weightsPath) && fs.existsSync(binPath);
+  if (!fs.existsSync(weightsPath) && !bin) throw new LoraError(`${where}: no ${WEIGHTS_FILE} (or adapter_model.bin) found`, "not_found");
   const handle = (() => {
     try {
-      return readSafetensors(weightsPath);
+      return bin ? readTorchCheckpoint(binPath) : readSafetensors(weightsPath);
     } catch (e) {
       throw new LoraError(`${where}: ${(e as Error).message}`);
     }

@@ -3,9 +3,11 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ModelFormatError } from "./formats/model-format-error.js";
+import { readSafetensors, type SafetensorsHandle } from "./formats/safetensors.js";
+import { readTorchCheckpoint } from "./formats/torch-checkpoint.js";
 
 export type ModelWeights =
-  | { format: "safetensors"; files: string[]; indexPath: string | null }
+  | { format: "safetensors" | "pt"; files: string[]; indexPath: string | null }
   | { format: "gguf"; files: string[] };
 
 export interface ModelDirInfo {
@@ -69,19 +71,20 @@ export function inspectModelDir(p: string, options: InspectOptions = {}): ModelD
   const safetensors = [...names].filter((n) => n.endsWith(".safetensors")).sort();
   const ggufs = [...names].filter((n) => n.endsWith(".gguf")).sort();
   if (index) {
-    let parsed: { weight_map?: Record<string, string> };
-    try {
-      parsed = JSON.parse(fs.readFileSync(index, "utf8")) as { weight_map?: Record<string, string> };
-    } catch (e) {
-      throw new ModelFormatError(`[model] ${index} is not valid JSON: ${(e as Error).message}`);
-    }
-    const map = parsed.weight_map ?? {};
+    const map = (readJsonFile(index) as { weight_map?: Record<string, string> }).weight_map ?? {};
     const left = Object.values(map).find(isIgnored);
     if (left !== undefined) throw new ModelFormatError(`[model] ${index} names ${left}, which --ignore-patterns leaves out: its tensors would be missing`);
     weights = { format: "safetensors", files: [...new Set(Object.values(map))].sort().map((f) => path.join(dir, f)), indexPath: index };
   } else if (names.has("model.safetensors")) weights = { format: "safetensors", files: [path.join(dir, "model.safetensors")], indexPath: null };
   else if (safetensors.length) weights = { format: "safetensors", files: safetensors.map((f) => path.join(dir, f)), indexPath: null };
   else if (ggufs.length) weights = { format: "gguf", files: ggufs.map((f) => path.join(dir, f)) };
+  // PyTorch checkpoints, read only when no safetensors are there (as vLLM prefers safetensors)
+  else if (names.has("pytorch_model.bin.index.json")) {
+    const index = path.join(dir, "pytorch_model.bin.index.json");
+    const map = (readJsonFile(index) as { weight_map?: Record<string, string> }).weight_map ?? {};
+    weights = { format: "pt", files: [...new Set(Object.values(map))].sort().map((f) => path.join(dir, f)), indexPath: index };
+  }
+  else if (names.has("pytorch_model.bin")) weights = { format: "pt", files: [path.join(dir, "pytorch_model.bin")], indexPath: null };
   return {
     dir,
     configPath: has("config.json"),
@@ -92,4 +95,18 @@ export function inspectModelDir(p: string, options: InspectOptions = {}): ModelD
     chatTemplatePath: has("chat_template.jinja") ?? has("chat_template.json"),
     specialTokensMapPath: has("special_tokens_map.json"),
   };
+}
+
+/** The weights of a safetensors or PyTorch directory, opened behind the safetensors handle's interface. */
+export function openCheckpoint(weights: Extract<ModelWeights, { indexPath: string | null }>): SafetensorsHandle {
+  const p = weights.indexPath ?? weights.files[0]!;
+  return weights.format === "pt" ? readTorchCheckpoint(p) : readSafetensors(p);
+}
+
+function readJsonFile(file: string): unknown {
+  try {
+    return JSON.parse(fs.readFileSync(file, "utf8"));
+  } catch (e) {
+    throw new ModelFormatError(`[model] ${file} is not valid JSON: ${(e as Error).message}`);
+  }
 }

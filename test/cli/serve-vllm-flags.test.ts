@@ -18,15 +18,18 @@ const parse = (o: Record<string, unknown>, model = "org/hub-model"): ServeArgs =
 const noProgress = () => undefined;
 
 describe("vLLM serve flags", () => {
-  it("--load-format: auto, safetensors, gguf and dummy reach the engine; fastsafetensors reads safetensors; others are refused", () => {
+  it("--load-format: auto, safetensors, pt, gguf and dummy reach the engine; fastsafetensors reads safetensors; others are refused", () => {
     assert.equal(parse({}).loadFormat, "auto");
     assert.equal(servingArgsOf(parse({ loadFormat: "dummy" }), noProgress).loadFormat, "dummy");
     const fast = parse({ loadFormat: "fastsafetensors" });
     assert.equal(fast.loadFormat, "safetensors");
     assert.match(fast.warnings.join("\n"), /--load-format fastsafetensors: read as safetensors/);
-    assert.throws(() => parse({ loadFormat: "pt" }), /--load-format pt is not supported: PyTorch .bin checkpoints are not read/);
+    assert.equal(parse({ loadFormat: "pt" }).loadFormat, "pt");
+    const npcache = parse({ loadFormat: "npcache" });
+    assert.equal(npcache.loadFormat, "pt");
+    assert.match(npcache.warnings.join("\n"), /--load-format npcache: read as pt/);
     assert.throws(() => parse({ loadFormat: "bitsandbytes" }), /--load-format bitsandbytes is not supported: .* --quantization int8/);
-    assert.throws(() => parse({ loadFormat: "parquet" }), /--load-format must be one of auto, safetensors, gguf, dummy, got "parquet"/);
+    assert.throws(() => parse({ loadFormat: "parquet" }), /--load-format must be one of auto, safetensors, pt, gguf, dummy, got "parquet"/);
   });
 
   it("--hf-overrides, with --rope-scaling and --rope-theta over it, reach the engine as one object", () => {

@@ -7,7 +7,7 @@ import { LLM } from "../../src/engine/llm-engine.js";
 import { Rng } from "../../src/engine/rng.js";
 import { Sampler, type SamplingRow } from "../../src/engine/sampler.js";
 import { normalizeSamplingParams } from "../../src/engine/sampling-params.js";
-import { noGrad, tensor } from "../../src/tensor/index.js";
+import { embeddingRows } from "../helpers/model-logits.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
 const IDS = Array.from({ length: 45 }, (_, i) => 7 + ((i * 29 + 3) % 180));
@@ -17,15 +17,7 @@ describe("LLM.generate with promptEmbeds", () => {
   const llm = new LLM({ model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 128, maxNumBatchedTokens: 16 });
   const model = (llm.engine.runner as unknown as { model: import("../../src/models/causal-lm.js").CausalLM }).model;
   const hidden = model.config.hiddenSize;
-  const embeds = (ids: number[]): Float32Array =>
-    noGrad(() => {
-      const t = tensor(Int32Array.from(ids), { device: model.device });
-      const e = model.model.embedTokens.forward(t);
-      const v = Float32Array.from(e.dataSync() as Float32Array);
-      t.dispose();
-      e.dispose();
-      return v;
-    });
+  const embeds = (ids: number[]): Float32Array => embeddingRows(model, ids);
   const greedy = { temperature: 0, maxTokens: 8, ignoreEos: true, logprobs: 1 };
 
   it("the embedding rows of token ids generate the ids' tokens and logprobs, prefilled over several steps", () => {

@@ -1,6 +1,7 @@
 // Shared by the weight-format tests: last-position logits of a dense forward, small array measures, a tensor's
-// bytes and seeded normal samples.
+// bytes and seeded normal samples; and a model's embedding rows (the prompt-embeddings tests).
 import { LLM } from "../../src/engine/llm-engine.js";
+import type { CausalLM } from "../../src/models/causal-lm.js";
 import type { LoadedModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
 import { arange, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
@@ -71,4 +72,16 @@ export function bytesOfTensor(t: Tensor): Uint8Array {
 export function seededRandn(n: number, seed: number, std = 1): Float32Array {
   const u = mulberry32(seed);
   return Float32Array.from({ length: n }, () => std * Math.sqrt(-2 * Math.log(Math.max(u(), 1e-12))) * Math.cos(2 * Math.PI * u()));
+}
+
+/** The model's input embeddings of `ids` (its embedding layer's output rows), [ids.length * hidden] float32. */
+export function embeddingRows(model: CausalLM, ids: readonly number[]): Float32Array {
+  return noGrad(() => {
+    const t = tensor(Int32Array.from(ids), { device: model.device });
+    const e = model.model.embedTokens.forward(t);
+    const v = Float32Array.from(e.dataSync() as Float32Array);
+    t.dispose();
+    e.dispose();
+    return v;
+  });
 }

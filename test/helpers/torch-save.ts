@@ -1,7 +1,7 @@
 // torch.save's bytes for one contiguous float32 tensor, as the Python script in test/fixtures/torch-save writes them
 // (data.pkl at pickle protocol 2 calling torch._utils._rebuild_tensor_v2, the storage as a persistent id; a stored zip).
 // test/models/torch-saved-tensor.test.ts checks its data.pkl against that script's, byte for byte.
-import { crc32 } from "node:zlib";
+import { crc32, deflateRawSync } from "node:zlib";
 
 const utf8 = (s: string) => Buffer.from(s, "utf8");
 
@@ -43,27 +43,31 @@ export function tensorPickle(shape: readonly number[]): Buffer {
   ]);
 }
 
-/** A stored (uncompressed) zip of the entries, in order. */
-function zip(entries: [string, Buffer][]): Buffer {
+/** A zip of the entries, in order: stored, but the names in `deflated` deflated. */
+export function zip(entries: [string, Buffer][], deflated: ReadonlySet<string> = new Set()): Buffer {
   const parts: Buffer[] = [], dir: Buffer[] = [];
   let offset = 0;
-  for (const [name, data] of entries) {
+  for (const [name, raw] of entries) {
     const n = utf8(name);
-    const crc = crc32(data);
+    const crc = crc32(raw);
+    const method = deflated.has(name) ? 8 : 0;
+    const data = method === 8 ? deflateRawSync(raw) : raw;
     const local = Buffer.alloc(30);
     local.writeUInt32LE(0x04034b50, 0);
     local.writeUInt16LE(20, 4);
+    local.writeUInt16LE(method, 8);
     local.writeUInt32LE(crc, 14);
     local.writeUInt32LE(data.length, 18);
-    local.writeUInt32LE(data.length, 22);
+    local.writeUInt32LE(raw.length, 22);
     local.writeUInt16LE(n.length, 26);
     const central = Buffer.alloc(46);
     central.writeUInt32LE(0x02014b50, 0);
     central.writeUInt16LE(20, 4);
     central.writeUInt16LE(20, 6);
+    central.writeUInt16LE(method, 10);
     central.writeUInt32LE(crc, 16);
     central.writeUInt32LE(data.length, 20);
-    central.writeUInt32LE(data.length, 24);
+    central.writeUInt32LE(raw.length, 24);
     central.writeUInt16LE(n.length, 28);
     central.writeUInt32LE(offset, 42);
     parts.push(local, n, data);

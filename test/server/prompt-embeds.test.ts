@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { createServingSetupSync } from "../../src/engine/serving.js";
-import { noGrad, tensor } from "../../src/tensor/index.js";
+import { embeddingRows } from "../helpers/model-logits.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 import { torchSaveFloat32 } from "../helpers/torch-save.js";
 import { assertErrorBody, postRaw, startKiln, type KilnServer } from "../e2e/kiln-process.js";
@@ -33,15 +33,7 @@ describe("completions with prompt_embeds", () => {
     const setup = createServingSetupSync({ model: dir, maxModelLen: 128, kvCacheMemory: 4 << 20 });
     const model = setup.runner.model;
     hidden = model.config.hiddenSize;
-    valuesOf = (ids) =>
-      noGrad(() => {
-        const t = tensor(Int32Array.from(ids), { device: model.device });
-        const e = model.model.embedTokens.forward(t);
-        const v = Float32Array.from(e.dataSync() as Float32Array);
-        t.dispose();
-        e.dispose();
-        return v;
-      });
+    valuesOf = (ids) => embeddingRows(model, ids);
     server = await startKiln(["--enable-prompt-embeds", "--enable-prompt-tokens-details", "--max-model-len", "128"], dir);
   });
   after(() => server?.stop());
