@@ -5,8 +5,8 @@
 // instead of reading out of bounds.
 import { inflateRawSync } from "node:zlib";
 import { bf16BitsToF32, f16BitsToF32 } from "../backends/dtype.js";
-import { isTensorRef, TorchFileError, unpickleTorch } from "./formats/torch-pickle.js";
-import { readZipDirectory, ZipFormatError } from "./formats/zip-directory.js";
+import { isTensorRef, TorchFileError, unpickleTorch } from "../util/torch-pickle.js";
+import { readZipDirectory, ZipFormatError } from "../util/zip-directory.js";
 
 export { TorchFileError };
 

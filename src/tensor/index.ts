@@ -31,3 +31,4 @@ export {
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";
 export { checkpoint, type CheckpointOptions } from "./checkpoint.js";
+export { save, load } from "./serialization.js";

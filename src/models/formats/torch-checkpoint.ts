@@ -6,8 +6,8 @@
 // storage and are read twice.
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { isTensorRef, TorchFileError, unpickleTorch, type PickleValue } from "./torch-pickle.js";
-import { readZipDirectory, ZipFormatError } from "./zip-directory.js";
+import { isTensorRef, TorchFileError, unpickleTorch, type PickleValue } from "../../util/torch-pickle.js";
+import { readZipDirectory, ZipFormatError } from "../../util/zip-directory.js";
 import {
   ModelFormatError, SAFETENSORS_DTYPE_SIZE, toFloat32, type SafetensorsDtype, type SafetensorsHandle, type SafetensorsTensorInfo,
 } from "./safetensors.js";

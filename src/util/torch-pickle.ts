@@ -3,7 +3,7 @@
 // persistent id ("storage", torch.FloatStorage, key, location, numel)), parameters, and the OrderedDict of a state
 // dict, and refuses every other global by name. Tensors come out as references into their storages (storage key,
 // dtype, offset, size, stride); the caller reads <archive>/data/<key>.
-import { KilnError } from "../../util/errors.js";
+import { KilnError } from "./errors.js";
 
 export class TorchFileError extends KilnError {
   override name = "TorchFileError";
@@ -12,9 +12,9 @@ export class TorchFileError extends KilnError {
 /** torch's storage classes by their pickled names, as safetensors dtype names. */
 const STORAGE_DTYPES: Record<string, TorchStorageDtype> = {
   FloatStorage: "F32", HalfStorage: "F16", BFloat16Storage: "BF16", DoubleStorage: "F64", LongStorage: "I64", IntStorage: "I32",
-  ShortStorage: "I16", CharStorage: "I8", ByteStorage: "U8", BoolStorage: "BOOL",
+  ShortStorage: "I16", CharStorage: "I8", ByteStorage: "U8", BoolStorage: "BOOL", Float8_e4m3fnStorage: "F8_E4M3", Float8_e5m2Storage: "F8_E5M2",
 };
-export type TorchStorageDtype = "F32" | "F16" | "BF16" | "F64" | "I64" | "I32" | "I16" | "I8" | "U8" | "BOOL";
+export type TorchStorageDtype = "F32" | "F16" | "BF16" | "F64" | "I64" | "I32" | "I16" | "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2";
 
 export type PickleValue = null | boolean | number | bigint | string | PickleValue[] | PickleGlobal | StorageRef | TensorRef | Map<PickleValue, PickleValue>;
 
