@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import * as k from "../../src/tensor/index.js";
 import type { Tensor } from "../../src/tensor/index.js";
+import { mulberry32 } from "../../src/util/random.js";
 
 const H = 1e-2;
 const ATOL = 3e-3;
@@ -15,17 +16,8 @@ const RTOL = 2e-2;
 /** At most this many elements per input are probed numerically (all of them are checked for shape). */
 const MAX_PROBES = 48;
 
-/** Deterministic uniform numbers (mulberry32) so failures reproduce. */
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Deterministic uniform numbers so failures reproduce. */
+const rng = mulberry32;
 
 export interface Input {
   shape: number[];
