@@ -64,7 +64,7 @@ export class Linear extends Module {
   constructor(
     readonly inFeatures: number,
     readonly outFeatures: number,
-    bias = false,
+    bias = true, // torch's nn.Linear default
     options: LayerOptions = {},
   ) {
     super();

@@ -19,16 +19,17 @@ describe("nn containers", () => {
     const x = k.randn([5, 3]);
     const want = b.forward(a.forward(x).relu()).toList();
     assert.deepEqual(seq.forward(x).toList(), want);
-    const named = new Sequential({ fc1: new Linear(3, 4, true), act: new GELU("tanh"), fc2: new Linear(4, 2) });
+    const named = new Sequential({ fc1: new Linear(3, 4, true), act: new GELU("tanh"), fc2: new Linear(4, 2, false) });
     assert.deepEqual([...named.stateDict().keys()], ["fc1.weight", "fc1.bias", "fc2.weight"]);
+    assert.deepEqual([...new Linear(2, 3).stateDict().keys()], ["weight", "bias"], "a bias by default, as torch's nn.Linear");
     assert.throws(() => seq.at(3), (e) => e instanceof ContainerError && /index 3 is out of range for 3 modules/.test(e.message));
     assert.throws(() => new Sequential(3 as unknown as Linear), /entry 0 is not a module with forward\(x\)/);
   });
 
   it("ModuleList and ModuleDict give torch's names (layers.0.weight, heads.cls.weight)", () => {
     class Net extends Module {
-      readonly layers = this.addModule("layers", new ModuleList([new Linear(2, 2), new Linear(2, 2)]));
-      readonly heads = this.addModule("heads", new ModuleDict({ cls: new Linear(2, 3), reg: new Linear(2, 1, true) }));
+      readonly layers = this.addModule("layers", new ModuleList([new Linear(2, 2, false), new Linear(2, 2, false)]));
+      readonly heads = this.addModule("heads", new ModuleDict({ cls: new Linear(2, 3, false), reg: new Linear(2, 1, true) }));
     }
     const net = new Net();
     assert.deepEqual([...net.stateDict().keys()], ["layers.0.weight", "layers.1.weight", "heads.cls.weight", "heads.reg.weight", "heads.reg.bias"]);
