@@ -1,7 +1,7 @@
 // torch.nn's containers: Sequential (modules applied in order), ModuleList and ModuleDict (modules held under index or
 // key names, so their parameters are named "0.weight", "layers.1.bias", "heads.cls.weight" as torch names them), and
 // the parameter-free activation modules a Sequential is built from.
-import { Tensor, gelu, logSoftmax, relu, sigmoid, silu, softmax, tanh } from "../tensor/index.js";
+import { checkpoint, Tensor, gelu, logSoftmax, relu, sigmoid, silu, softmax, tanh } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
 import { Module } from "./module.js";
 
@@ -18,6 +18,17 @@ function index(i: number, length: number, what: string): number {
   const k = i < 0 ? i + length : i;
   if (!Number.isInteger(i) || k < 0 || k >= length) throw new ContainerError(`[${what}] index ${i} is out of range for ${length} modules`);
   return k;
+}
+
+/** x through the modules in order, each intermediate output disposed once the next is computed. */
+function chain(modules: readonly TensorModule[], x: Tensor): Tensor {
+  let h = x;
+  for (const m of modules) {
+    const next = m.forward(h);
+    if (h !== x && next !== h) h.dispose();
+    h = next;
+  }
+  return h;
 }
 
 /**
@@ -56,13 +67,7 @@ export class Sequential extends Module {
 
   /** x through every module in order; intermediate outputs are disposed (the last is returned). */
   forward(x: Tensor): Tensor {
-    let h = x;
-    for (const m of this.list) {
-      const next = m.forward(h);
-      if (h !== x && next !== h) h.dispose();
-      h = next;
-    }
-    return h;
+    return chain(this.list, x);
   }
 }
 
@@ -186,4 +191,26 @@ export class Flatten extends Activation {
   forward(x: Tensor): Tensor {
     return x.flatten(this.startDim, this.endDim);
   }
+}
+
+/**
+ * torch.utils.checkpoint.checkpoint_sequential: runs the modules in `segments` consecutive runs, each but the last
+ * checkpointed (tensor/checkpoint.ts: its activations recomputed in backward), for a Sequential's gradients with the
+ * activations of one segment kept at a time.
+ * @example const out = checkpointSequential(model, 4, x); out.sum().backward();
+ */
+export function checkpointSequential(modules: Sequential | readonly TensorModule[], segments: number, input: Tensor): Tensor {
+  const list = [...modules];
+  if (!Number.isInteger(segments) || segments < 1 || segments > Math.max(1, list.length))
+    throw new ContainerError(`[checkpointSequential] segments must be an integer in [1, ${list.length}], got ${segments}`);
+  const size = Math.ceil(list.length / segments);
+  let h = input;
+  for (let s = 0; s * size < list.length; s++) {
+    const part = list.slice(s * size, (s + 1) * size);
+    const last = (s + 1) * size >= list.length;
+    const next = last ? chain(part, h) : checkpoint((x) => chain(part, x), [h], { parameters: part.flatMap((m) => m.parameters()) });
+    if (h !== input && next !== h) h.dispose();
+    h = next;
+  }
+  return h;
 }

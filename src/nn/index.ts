@@ -1,6 +1,6 @@
 export { Module, StateDictError, type IncompatibleKeys } from "./module.js";
 export {
-  Sequential, ModuleList, ModuleDict, ContainerError, ReLU, Tanh, Sigmoid, SiLU, GELU, Softmax, LogSoftmax, Identity, Flatten, type TensorModule,
+  Sequential, ModuleList, ModuleDict, ContainerError, checkpointSequential, ReLU, Tanh, Sigmoid, SiLU, GELU, Softmax, LogSoftmax, Identity, Flatten, type TensorModule,
 } from "./containers.js";
 export { type Dataset, TensorDataset, DataLoader, DataError, defaultCollate, type DataLoaderOptions } from "./data.js";
 export { MSELoss, L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss } from "./losses.js";
