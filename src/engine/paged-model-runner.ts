@@ -453,10 +453,16 @@ export class PagedModelRunner implements ModelRunner {
       // rows whose input embeddings are given: images' features, then prompt embeddings
       const given = [imageRows, embedRows].filter((g) => g !== null);
       const R = given.reduce((n, g) => n + g.rows.length, 0);
+      const H = this.model.config.hiddenSize;
       const rowsOf = new Int32Array(R);
-      const valuesOf = new Float32Array(R * this.model.config.hiddenSize);
-      given.reduce(([r, v], g) => (rowsOf.set(g.rows, r), valuesOf.set(g.values, v), [r + g.rows.length, v + g.values.length]), [0, 0]);
-      const embeds = R === 0 ? null : { rows: t(rowsOf), values: tensor(valuesOf, { device: dev, shape: [R, this.model.config.hiddenSize] }) };
+      const valuesOf = new Float32Array(R * H);
+      let at = 0;
+      for (const g of given) {
+        rowsOf.set(g.rows, at);
+        valuesOf.set(g.values, at * H);
+        at += g.rows.length;
+      }
+      const embeds = R === 0 ? null : { rows: t(rowsOf), values: tensor(valuesOf, { device: dev, shape: [R, H] }) };
       // Gemma 3's image tokens see their whole image (vLLM's mm-prefix attention for gemma3)
       const images = imageRows === null ? 0 : imageRows.seqLens.length;
       const mmPrefix = imageRows === null ? null : {

@@ -3,9 +3,9 @@
 // rebuilds and state dicts, never arbitrary code). Views are gathered on load; every index a view reaches is checked.
 import * as fs from "node:fs";
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
-import { isTensorRef, TorchFileError, unpickleTorch, type PickleValue, type TensorRef } from "../util/torch-pickle.js";
+import { gatherView, readTorchArchive } from "../util/torch-archive.js";
+import { isTensorRef, TorchFileError, type PickleValue } from "../util/torch-pickle.js";
 import { torchSaveBytes, type TorchTensorBytes } from "../util/torch-save-format.js";
-import { readZipDirectory, ZipFormatError } from "../util/zip-directory.js";
 import { resolveDevice, type DeviceLike } from "./device.js";
 import { contiguous } from "./ops/shape.js";
 import { fromBytes, Tensor } from "./tensor.js";
@@ -46,65 +46,32 @@ export function save(value: Tensor | ReadonlyMap<string, Tensor> | Readonly<Reco
   fs.writeFileSync(file, torchSaveBytes(state));
 }
 
-/** A tensor reference's elements gathered row-major from its storage's bytes (every index checked). */
-function gather(ref: TensorRef, storage: Uint8Array, where: string): { dtype: DType; bytes: Uint8Array } {
-  const dtype = DTYPE_OF[ref.storage.dtype];
-  if (dtype === undefined) throw new TorchFileError(`${where}: ${ref.storage.dtype} tensors are not read`);
-  const size = DTYPE_BYTES[dtype];
-  const { size: shape, stride, offset } = ref;
-  if (shape.length !== stride.length || shape.some((s) => s < 0) || stride.some((s) => s < 0) || offset < 0)
-    throw new TorchFileError(`${where}: size [${shape.join(", ")}] and stride [${stride.join(", ")}] do not describe a view`);
-  const numel = shape.reduce((a, b) => a * b, 1);
-  const storageNumel = Math.min(ref.storage.numel, Math.floor(storage.length / size));
-  const last = offset + shape.reduce((s, n, d) => s + (n > 0 ? (n - 1) * stride[d]! : 0), 0);
-  if (numel > 0 && last >= storageNumel) throw new TorchFileError(`${where}: the view reaches element ${last} of a storage of ${storageNumel}`);
-  const out = new Uint8Array(numel * size);
-  const index = new Array<number>(shape.length).fill(0);
-  for (let e = 0; e < numel; e++) {
-    let k = offset;
-    for (let d = 0; d < index.length; d++) k += index[d]! * stride[d]!;
-    out.set(storage.subarray(k * size, (k + 1) * size), e * size);
-    for (let d = index.length - 1; d >= 0; d--) {
-      if (++index[d]! < shape[d]!) break;
-      index[d] = 0;
-    }
-  }
-  return { dtype, bytes: out };
-}
-
 /**
  * torch.load(weights_only=True): a tensor, or a state dict as a Map of name -> tensor, from a torch.save file (torch's
  * or kiln.save's). Anything else in the file (optimizer states, arbitrary objects) is refused.
  * @example const state = kiln.load("model.pt") as Map<string, Tensor>; model.loadStateDict(state);
  */
 export function load(file: string, options: { device?: DeviceLike } = {}): Tensor | Map<string, Tensor> {
-  const bytes = fs.readFileSync(file);
-  if (bytes[0] === 0x80) throw new TorchFileError(`${file}: the legacy (pre-1.6, non-zip) torch.save format is not read`);
-  let entries;
+  let archive;
   try {
-    entries = readZipDirectory((at, n) => bytes.subarray(at, at + n), bytes.length);
+    archive = readTorchArchive(fs.readFileSync(file));
   } catch (e) {
-    if (e instanceof ZipFormatError) throw new TorchFileError(`${file}: not a torch.save file: ${e.message}`);
+    if (e instanceof TorchFileError) throw new TorchFileError(`${file}: ${e.message}`);
     throw e;
   }
-  const pkl = [...entries.keys()].find((n) => n === "data.pkl" || n.endsWith("/data.pkl"));
-  if (pkl === undefined) throw new TorchFileError(`${file}: not a torch.save file (no data.pkl)`);
-  const prefix = pkl.slice(0, pkl.length - "data.pkl".length);
-  const read = (name: string): Uint8Array => {
-    const e = entries.get(name);
-    if (e === undefined) throw new TorchFileError(`${file}: ${name} is missing from the archive`);
-    if (e.method !== 0) throw new TorchFileError(`${file}: ${name} is compressed (torch.save stores its entries)`);
-    return bytes.subarray(e.offset, e.offset + e.size);
-  };
-  const order = entries.get(`${prefix}byteorder`);
-  if (order !== undefined && new TextDecoder().decode(read(`${prefix}byteorder`)).trim() !== "little") throw new TorchFileError(`${file}: big-endian files are not read`);
   const device = resolveDevice(options.device);
   const toTensor = (v: PickleValue, where: string): Tensor => {
     if (!isTensorRef(v)) throw new TorchFileError(`${where}: holds something other than a tensor`);
-    const { dtype, bytes: data } = gather(v, read(`${prefix}data/${v.storage.key}`), where);
-    return fromBytes(data, dtype, v.size, { device });
+    const dtype = DTYPE_OF[v.storage.dtype];
+    if (dtype === undefined) throw new TorchFileError(`${where}: ${v.storage.dtype} tensors are not read`);
+    try {
+      return fromBytes(gatherView(v, archive.storage(v.storage.key), DTYPE_BYTES[dtype]), dtype, v.size, { device });
+    } catch (e) {
+      if (e instanceof TorchFileError) throw new TorchFileError(`${where}: ${e.message}`);
+      throw e;
+    }
   };
-  const value = unpickleTorch(read(pkl));
+  const value = archive.value;
   if (!(value instanceof Map)) return toTensor(value, file);
   const state = new Map<string, Tensor>();
   try {
