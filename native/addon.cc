@@ -772,6 +772,81 @@ Job PagedAttention(const Napi::CallbackInfo& info) {
   return job;
 }
 
+// The shape, mask and scale arguments shared by flashAttention and flashAttentionBackward, from argument `at` on:
+// docs (Int32Array [B * S] or null), spans (Int32Array of [a, e) pairs, copied into `spans`), B, Hq, Hkv, S, Sk, D,
+// scale, softcap, window.
+FlashAttentionArgs flashArgs(const Napi::CallbackInfo& info, size_t at, const char* op, std::vector<int32_t>& spans) {
+  Napi::Env env = info.Env();
+  FlashAttentionArgs p{};
+  p.B = integer(info, at + 2, op, "B");
+  p.Hq = integer(info, at + 3, op, "Hq", 1);
+  p.Hkv = integer(info, at + 4, op, "Hkv", 1);
+  p.S = integer(info, at + 5, op, "S");
+  p.Sk = integer(info, at + 6, op, "Sk");
+  p.D = integer(info, at + 7, op, "D", 1);
+  p.scale = static_cast<float>(number(info, at + 8, op, "scale"));
+  const double cap = number(info, at + 9, op, "softcap");
+  if (!(cap >= 0) || !std::isfinite(cap)) fail(env, op, "softcap must be a finite number >= 0");
+  p.softcap = static_cast<float>(cap);
+  p.window = integer(info, at + 10, op, "window");
+  if (p.Hq % p.Hkv != 0) fail(env, op, "Hq must be a multiple of Hkv");
+  if (p.Sk < p.S) fail(env, op, "Sk must be >= S (queries are the last S positions)");
+  if (!info[at].IsNull() && !info[at].IsUndefined()) {
+    if (p.Sk != p.S) fail(env, op, "documents need S == Sk");
+    p.docs = array<int32_t>(info, at, p.B * p.S, op, "docs");
+  }
+  const Napi::Int32Array sp = info[at + 1].As<Napi::Int32Array>();
+  const int32_t* given = array<int32_t>(info, at + 1, 0, op, "spans");
+  const int64_t n = static_cast<int64_t>(sp.ElementLength());
+  if (n % 2 != 0) fail(env, op, "spans must hold [start, end) pairs");
+  spans.assign(given, given + n);
+  for (int64_t i = 0; i < n; i += 2)
+    if (spans[i] < 0 || spans[i] > spans[i + 1] || spans[i + 1] > p.Sk) fail(env, op, "a span lies outside [0, Sk]");
+  p.nSpans = n / 2;
+  return p;
+}
+
+// flashAttention(q, k, v, out, lse, docs, spans, B, Hq, Hkv, S, Sk, D, scale, softcap, window): KernelTable::flashAttention.
+Job FlashAttention(const Napi::CallbackInfo& info) {
+  const char* op = "flashAttention";
+  std::vector<int32_t> spans;
+  FlashAttentionArgs p = flashArgs(info, 5, op, spans);
+  const int64_t qn = p.B * p.Hq * p.S * p.D, kn = p.B * p.Hkv * p.Sk * p.D;
+  p.q = array<float>(info, 0, qn, op, "q");
+  p.k = array<float>(info, 1, kn, op, "k");
+  p.v = array<float>(info, 2, kn, op, "v");
+  p.out = array<float>(info, 3, qn, op, "out");
+  p.lse = array<float>(info, 4, p.B * p.Hq * p.S, op, "lse");
+  if (qn == 0) return {op, nullptr};
+  return {op, [p, spans]() mutable {
+            p.spans = spans.data();
+            gK->flashAttention(p);
+          }};
+}
+
+// flashAttentionBackward(q, k, v, o, dout, lse, dq, dk, dv, docs, spans, B, Hq, Hkv, S, Sk, D, scale, softcap,
+// window): KernelTable::flashAttentionBackward (dq, dk, dv overwritten).
+Job FlashAttentionBackward(const Napi::CallbackInfo& info) {
+  const char* op = "flashAttentionBackward";
+  std::vector<int32_t> spans;
+  FlashAttentionArgs p = flashArgs(info, 9, op, spans);
+  const int64_t qn = p.B * p.Hq * p.S * p.D, kn = p.B * p.Hkv * p.Sk * p.D;
+  p.q = array<float>(info, 0, qn, op, "q");
+  p.k = array<float>(info, 1, kn, op, "k");
+  p.v = array<float>(info, 2, kn, op, "v");
+  p.o = array<float>(info, 3, qn, op, "o");
+  p.dout = array<float>(info, 4, qn, op, "dout");
+  p.lse = array<float>(info, 5, p.B * p.Hq * p.S, op, "lse");
+  p.dq = array<float>(info, 6, qn, op, "dq");
+  p.dk = array<float>(info, 7, kn, op, "dk");
+  p.dv = array<float>(info, 8, kn, op, "dv");
+  if (qn == 0 && kn == 0) return {op, nullptr};
+  return {op, [p, spans]() mutable {
+            p.spans = spans.data();
+            gK->flashAttentionBackward(p);
+          }};
+}
+
 Job Embedding(const Napi::CallbackInfo& info) {
   const char* op = "embedding";
   const int64_t dtype = integer(info, 1, op, "tableDtype"), numIds = integer(info, 4, op, "numIds"),
@@ -1279,6 +1354,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"argmax", RunNow<Argmax>, Submit<Argmax>},
       {"rotary", RunNow<Rotary>, Submit<Rotary>},
       {"pagedAttention", RunNow<PagedAttention>, Submit<PagedAttention>},
+      {"flashAttention", RunNow<FlashAttention>, Submit<FlashAttention>},
+      {"flashAttentionBackward", RunNow<FlashAttentionBackward>, Submit<FlashAttentionBackward>},
       {"embedding", RunNow<Embedding>, Submit<Embedding>},
       {"loraApply", RunNow<LoraApply>, Submit<LoraApply>},
       {"moe", RunNow<Moe>, Submit<Moe>},

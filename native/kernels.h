@@ -51,6 +51,33 @@ struct PagedAttentionArgs {
   bool bidirectional;
 };
 
+// Dense attention of training and whole-sequence forwards without the [S, Sk] scores (flash-attention-impl.inc):
+// q [B, Hq, S, D], k and v [B, Hkv, Sk, D] (GQA: query head h reads KV head h / (Hq / Hkv)), all contiguous f32,
+// Sk >= S with the queries aligned to the last S keys: query i (position i + Sk - S) sees keys j <= its position,
+// narrowed by a sliding window (p - window < j) and by documents (docs[b * S + j] == docs[b * S + i]; S == Sk), widened
+// by bidirectional spans [a, e) (a position in a span sees all of it). Scores are scale * q.k, soft-capped when
+// softcap > 0. The forward writes out [B, Hq, S, D] and each row's log-sum-exp lse [B, Hq, S]; the backward reads
+// q, k, v, o (= out), dout and lse and writes dq, dk, dv (overwritten, not accumulated).
+struct FlashAttentionArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t B, Hq, Hkv, S, Sk, D;
+  float scale;
+  float softcap;          // 0: none
+  int64_t window;         // 0: none
+  const int32_t* docs;    // [B * S] or nullptr
+  const int32_t* spans;   // nSpans pairs [a, e)
+  int64_t nSpans;
+  float* out;             // forward
+  float* lse;             // forward: written; backward: read
+  const float* o;         // backward
+  const float* dout;
+  float* dq;
+  float* dk;
+  float* dv;
+};
+
 /** Whether gemvGroup takes `a` (with others of the same a, K and bDtype). */
 inline bool gemvGroupable(const MatmulArgs& a) {
   return a.M == 1 && a.batch == 1 && a.bTransposed && !a.aTransposed && a.K > 0;
@@ -73,6 +100,8 @@ struct KernelTable {
   void (*rotary)(const float* x, const int32_t* pos, const float* cos, const float* sin, float* out,
                  int64_t T, int64_t H, int64_t D, int64_t rotaryDim, bool neox);
   void (*pagedAttention)(const PagedAttentionArgs&);
+  void (*flashAttention)(const FlashAttentionArgs&);
+  void (*flashAttentionBackward)(const FlashAttentionArgs&);
   void (*embedding)(const void* table, int dtype, const int32_t* ids, float* out, int64_t numIds,
                     int64_t dim);
   // Multi-LoRA (BGMV): out[t] = base[t] + scales[s] * B_s^T (A_s x[t]), s = slots[t]; a slot outside [0, S) adds

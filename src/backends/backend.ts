@@ -121,6 +121,12 @@ export type KernelCall =
     }
   // ragged paged attention; see PagedAttentionArgs
   | ({ op: "paged_attention" } & PagedAttentionArgs)
+  // dense attention without materialized scores (FlashAttentionShape): out [B, Hq, S, D] and each row's log-sum-exp
+  // lse [B, Hq, S]; the backward reads q, k, v, o (the forward's out), dout and lse and overwrites dq, dk, dv
+  | ({ op: "flash_attention"; out: BufferView; lse: BufferView } & FlashAttentionShape)
+  | ({
+      op: "flash_attention_backward"; o: BufferView; dout: BufferView; lse: BufferView; dq: BufferView; dk: BufferView; dv: BufferView;
+    } & FlashAttentionShape)
   // multi-LoRA (punica's BGMV shrink + expand): out[t] = base[t] + scales[q] * b[q]^T (a[q] x[t]) with q = slots[t]; a
   // slot outside [0, s) (-1: no adapter) adds nothing. base/out [t, n], x [t, k], a [s, r, k], b [s, r, n] (each
   // slot's lora_B transposed), scales [s], slots int32 [t]; all contiguous
@@ -133,6 +139,31 @@ export type KernelCall =
   | ({ op: "moe" } & MoeArgs)
   // random fill from a counter-based generator: reproducible per (seed, offset)
   | { op: "random"; dist: "uniform" | "normal"; out: BufferView; seed: number; counter: number; a: number; b: number };
+
+/**
+ * Dense attention's operands (native/kernels.h FlashAttentionArgs): q [batch, heads, seq, headDim], k and v
+ * [batch, kvHeads, keys, headDim], contiguous f32, keys >= seq with the queries the last seq positions. Query i
+ * (position i + keys - seq) sees keys j <= its position, narrowed by `window` (0: none; p - window < j) and by `docs`
+ * (int32 [batch * seq], keys === seq: a query sees keys of its own document), widened by bidirectional `spans` [a, e)
+ * (a position inside one sees all of it). Scores are scale * q.k, soft-capped (softcap * tanh(s / softcap)) when
+ * softcap > 0. The same mask as ops/nn-functional.ts attentionBias.
+ */
+export interface FlashAttentionShape {
+  q: BufferView;
+  k: BufferView;
+  v: BufferView;
+  docs: BufferView | null;
+  spans: readonly (readonly [number, number])[];
+  batch: number;
+  heads: number;
+  kvHeads: number;
+  seq: number;
+  keys: number;
+  headDim: number;
+  scale: number;
+  softcap: number;
+  window: number;
+}
 
 /**
  * Ragged paged attention. Writes kNew/vNew into the paged cache at slotMapping, then attends causally; with

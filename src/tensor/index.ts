@@ -13,9 +13,10 @@ export { matmul, bmm, linear, quantizedShadowOf, takesQuantizedActivations, type
 export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, split, chunk } from "./ops/indexing.js";
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
 export {
-  rmsNorm, layerNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, attentionBias, pagedAttention, siluMul,
-  type AttentionMaskOptions, type PagedRotaryArgs,
+  rmsNorm, layerNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, composedCausalAttention, attentionBias, pagedAttention,
+  siluMul, type AttentionMaskOptions, type PagedRotaryArgs,
 } from "./ops/nn-functional.js";
+export { flashAttention, type FlashAttentionOptions } from "./ops/flash-attention.js";
 export { crossEntropy, type CrossEntropyOptions } from "./ops/cross-entropy.js";
 export { loraApply } from "./ops/lora.js";
 export { moe, type MoeExpert, type MoeProjection } from "./ops/moe.js";

@@ -38,7 +38,7 @@ const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32"
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
 
 /** KernelCall fields a kernel writes; every other BufferView field is read. */
-const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache"]);
+const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache", "lse", "dq", "dk", "dv"]);
 const QUANTIZE_WRITES = new Set(["data", "scales", "rowSums"]);
 function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[] } {
   const reads: BufferView[] = [];
@@ -701,6 +701,23 @@ export class CpuBackend implements Backend {
           pos ?? undefined, cos ?? undefined, sin ?? undefined, rot?.rotaryDim, rot?.neox, fp8Format || undefined, call.softcap,
           sinks ?? undefined, call.bidirectional === true,
         );
+        return true;
+      }
+      case "flash_attention":
+      case "flash_attention_backward": {
+        const docs = call.docs === null ? null : i32(call.docs);
+        if (call.docs !== null && docs === null) return false;
+        const spans = Int32Array.from(call.spans.flat());
+        const dims = [call.batch, call.heads, call.kvHeads, call.seq, call.keys, call.headDim, call.scale, call.softcap, call.window] as const;
+        if (call.op === "flash_attention") {
+          const [q, kk, v, out, lse] = [call.q, call.k, call.v, call.out, call.lse].map(f32);
+          if (!q || !kk || !v || !out || !lse) return false;
+          k.flashAttention(q, kk, v, out, lse, docs, spans, ...dims);
+        } else {
+          const [q, kk, v, o, dout, lse, dq, dk, dv] = [call.q, call.k, call.v, call.o, call.dout, call.lse, call.dq, call.dk, call.dv].map(f32);
+          if (!q || !kk || !v || !o || !dout || !lse || !dq || !dk || !dv) return false;
+          k.flashAttentionBackward(q, kk, v, o, dout, lse, dq, dk, dv, docs, spans, ...dims);
+        }
         return true;
       }
       case "lora_apply": {

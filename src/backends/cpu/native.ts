@@ -148,6 +148,20 @@ export interface NativeKernels extends NativeStream {
   ): void;
   embedding(table: Float32Array | Uint16Array, tableDtype: 0 | 1, ids: Int32Array, out: Float32Array, numIds: number, dim: number): void;
   /**
+   * Dense attention without the scores (backend.ts FlashAttentionShape): out [B,Hq,S,D] and each row's log-sum-exp
+   * lse [B,Hq,S]. docs int32 [B*S] or null; spans flattened [a, e) pairs; window 0 / softcap 0: none.
+   */
+  flashAttention(
+    q: Float32Array, k: Float32Array, v: Float32Array, out: Float32Array, lse: Float32Array, docs: Int32Array | null, spans: Int32Array,
+    B: number, Hq: number, Hkv: number, S: number, Sk: number, D: number, scale: number, softcap: number, window: number,
+  ): void;
+  /** flashAttention's gradients: dq, dk, dv overwritten from q, k, v, o (its out), dout and lse. */
+  flashAttentionBackward(
+    q: Float32Array, k: Float32Array, v: Float32Array, o: Float32Array, dout: Float32Array, lse: Float32Array,
+    dq: Float32Array, dk: Float32Array, dv: Float32Array, docs: Int32Array | null, spans: Int32Array,
+    B: number, Hq: number, Hkv: number, S: number, Sk: number, D: number, scale: number, softcap: number, window: number,
+  ): void;
+  /**
    * Multi-LoRA (BGMV): out[t] = base[t] + scales[s] * B_s^T (A_s x[t]) with s = slots[t]; a slot outside [0, S)
    * (-1: no adapter) adds nothing (out may be base). base/out [T,N], x [T,K], a [S,R,K], b [S,R,N] (each slot's lora_B
    * transposed), scales [S]. Slots are read when the kernel runs and never trusted (a step-graph replay may change them).
@@ -219,7 +233,7 @@ export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
   | "siluMul" | "rmsNorm"
   | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
-  | "f16ToF32" | "f32ToF16" | "loraApply" | "moe" | "sortRows";
+  | "flashAttention" | "flashAttentionBackward" | "f16ToF32" | "f32ToF16" | "loraApply" | "moe" | "sortRows";
 
 /**
  * Enqueue variants of the kernels on this thread's in-order native stream. Arguments are validated (and

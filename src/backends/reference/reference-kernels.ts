@@ -4,6 +4,7 @@ import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRow
 import { f32ToFp8Bits } from "../dtype.js";
 import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
+import { flashAttentionBackwardReference, flashAttentionReference } from "./flash-attention-reference.js";
 import { moeReference } from "./moe-reference.js";
 
 function erf(x: number): number {
@@ -460,6 +461,10 @@ export function runReference(call: KernelCall): void {
     }
     case "paged_attention":
       return pagedAttentionReference(call);
+    case "flash_attention":
+      return flashAttentionReference(call);
+    case "flash_attention_backward":
+      return flashAttentionBackwardReference(call);
     case "lora_apply":
       return loraApplyReference(call);
     case "moe":

@@ -1,6 +1,7 @@
-// Backward formulas of the fused nn ops: rms_norm (closed form, one host pass), rotary (the inverse
-// rotation) and the fused cross-entropy (softmax - onehot).
+// Backward formulas of the fused nn ops: rms_norm (closed form, one host pass), flash attention (its backward
+// kernel), rotary (the inverse rotation) and the fused cross-entropy (softmax - onehot).
 import * as ew from "../ops/elementwise.js";
+import { flashAttentionBackward, type FlashAttentionOptions } from "../ops/flash-attention.js";
 import { rotaryEmbedding } from "../ops/nn-functional.js";
 import { softmax } from "../ops/reduce.js";
 import { tensor, Tensor } from "../tensor.js";
@@ -42,6 +43,20 @@ export const nnRules: RuleTable = {
         dx ? tensor(dx, { shape: x.shape, device: x.device }) : null,
         dw ? tensor(Float32Array.from(dw), { shape: w.shape, device: w.device }) : null,
       ];
+    },
+  },
+  // FlashAttention-2's backward: the probabilities recomputed tile by tile from the saved log-sum-exp
+  flash_attention: {
+    saves: "both",
+    grad: (g, c) => {
+      const [q, k, v] = c.inputs as Tensor[];
+      const { lse, docs, options } = c.attrs as { lse: Tensor; docs: Tensor | null; options: FlashAttentionOptions };
+      const grads = flashAttentionBackward(g, q!, k!, v!, c.output!, lse, docs, options);
+      return grads.map((t, i) => {
+        if (c.needsGrad[i]) return t;
+        t.dispose();
+        return null;
+      });
     },
   },
   // rotation by -theta: the same kernel with sin negated (pass-through dims stay identity)

@@ -3,8 +3,9 @@
 import { isFloating } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { recordOp } from "../grad-mode.js";
+import { isGradEnabled, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
+import { flashAttention, flashAttentionRefusal } from "./flash-attention.js";
 import { contiguous } from "./shape.js";
 import { matmul, type QuantizedActivations } from "./linalg.js";
 import { softmax } from "./reduce.js";
@@ -157,6 +158,18 @@ export function attentionBias(S: number, Sk: number, o: AttentionMaskOptions = {
   return bias;
 }
 
+/** Scores of at least this many elements (64 MiB in f32) are not materialized even without autograd. */
+const FLASH_MIN_SCORES = 1 << 24;
+
+/**
+ * Whether causalAttention takes the flash kernels: whenever autograd records it (training: the composed form keeps
+ * several [B, H, S, Sk] tensors alive until backward), and for large scores. Small inference-only attention keeps the
+ * composed form, which compile()'s dispatch capture and the eager modes take apart op by op.
+ */
+function prefersFlash(q: Tensor, k: Tensor, v: Tensor, scores: number): boolean {
+  return (isGradEnabled() && (q.requiresGrad || k.requiresGrad || v.requiresGrad)) || scores >= FLASH_MIN_SCORES;
+}
+
 /**
  * Reference causal attention (scaled_dot_product_attention with is_causal), built from ops so autograd
  * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D]. With `window`,
@@ -165,9 +178,30 @@ export function attentionBias(S: number, Sk: number, o: AttentionMaskOptions = {
  * scores s become softcap * tanh(s / softcap) before the mask, as HF and llama.cpp. With `sinks` ([Hq], gpt-oss), each
  * head's logit joins the softmax as one more column whose probability is dropped (HF's eager_attention_forward).
  * With `documents` (each token's document index per row, see {@link attentionBias}), a query sees only keys of its own
- * document (TorchTitan's block_causal mask over packed documents).
+ * document (TorchTitan's block_causal mask over packed documents). Without sinks, attention autograd records (training)
+ * or with large scores runs the flash kernels (ops/flash-attention.ts: the scores never materialized); otherwise the
+ * ops are composed ({@link composedCausalAttention}).
  */
 export function causalAttention(
+  q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
+  bidirectionalSpans?: readonly (readonly [number, number])[], documents?: Int32Array | null,
+): Tensor {
+  if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
+  const [B, Hq, S, D] = q.shape as [number, number, number, number];
+  const Hkv = k.shape[1]!;
+  if (Hq % Hkv !== 0) throw new OpError("attention", `query heads ${Hq} not a multiple of kv heads ${Hkv}`);
+  const Sk = k.shape[2]!;
+  const s = scale ?? 1 / Math.sqrt(D);
+  const fused = { scale: s, window, softcap, bidirectionalSpans, documents };
+  if (!sinks && prefersFlash(q, k, v, B * Hq * S * Sk) && flashAttentionRefusal(q, k, v, fused) === null) return flashAttention(q, k, v, fused);
+  return composedCausalAttention(q, k, v, s, window, softcap, sinks, bidirectionalSpans, documents);
+}
+
+/**
+ * causalAttention composed of ops (matmul, the additive mask, softmax, matmul), every intermediate materialized: the
+ * form small inference-only attention and attention with sinks take, and the flash kernels' independent twin in tests.
+ */
+export function composedCausalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
   bidirectionalSpans?: readonly (readonly [number, number])[], documents?: Int32Array | null,
 ): Tensor {
