@@ -54,7 +54,7 @@ function describe(v: unknown): string {
 
 /** What one region keeps between its forward and its recomputations: op outputs by (op, call index). */
 export class SacRegion {
-  private readonly saved = new Map<string, { value: Tensor; reads: string }>();
+  private readonly saved = new Map<string, { value: Tensor; version: number; reads: string }>();
   private readonly counts = new Map<SacOp, number>();
   private recomputing = false;
 
@@ -76,13 +76,15 @@ export class SacRegion {
       const decision: unknown = this.policy(op, index);
       if (decision !== "save" && decision !== "recompute") throw new CheckpointPolicyError(op, index, decision);
       const out = compute();
-      if (decision === "save") this.saved.set(key, { value: out.detach(), reads });
+      if (decision === "save") this.saved.set(key, { value: out.detach(), version: out.storage.version, reads });
       return out;
     }
     const kept = this.saved.get(key);
     if (kept === undefined) return compute();
     if (kept.reads !== reads)
       throw new OpError("checkpoint", `the recomputation's ${op} call ${index} reads ${reads} where the forward's read ${kept.reads}; the region must run the same ops each time`);
+    if (kept.value.storage.version !== kept.version)
+      throw new OpError("checkpoint", `the saved output of ${op} call ${index} was modified by an in-place operation after the forward computed it (storage version ${kept.value.storage.version}, saved at ${kept.version}); clone() it before modifying it`);
     return kept.value.detach();
   }
 

@@ -190,5 +190,12 @@ forEachBackend((dev) => {
     // tanh(mm 0) stays: the region's own temporary, which it drops when the policy throws; the output kept for mm 0 is freed
     assert.equal(backend.liveBuffers(), before + 1);
     assert.throws(() => k.checkpoint((a) => region(a, Ws), [x], { parameters: Ws, policy: "op" as unknown as k.SacPolicy }), /\[checkpoint\] policy must be a function/);
+    // a saved output written in place in the forward would be handed back modified: refused, naming the op call
+    const y = k.checkpoint((a) => a.matmul(Ws[0]!).mul_(2).tanh(), [x], { parameters: Ws, policy: k.opSacPolicy });
+    assert.throws(() => y.sum().backward(), /\[checkpoint\] the saved output of mm call 0 was modified by an in-place operation/);
+    // a region that runs other ops in its recomputation than in its forward is refused at the first saved call it misses
+    let calls = 0;
+    const z = k.checkpoint((a) => (calls++ === 0 ? a : a.narrow(0, 0, 2)).matmul(Ws[0]!).tanh(), [x], { parameters: Ws, policy: k.opSacPolicy });
+    assert.throws(() => z.sum().backward(), /\[checkpoint\] the recomputation's mm call 0 reads float32\[2, 8\], float32\[8, 8\] where the forward's read float32\[4, 8\], float32\[8, 8\]/);
   });
 });
