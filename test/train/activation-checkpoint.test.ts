@@ -80,7 +80,6 @@ ${option !== "" ? `selective_ac_option = "${option}"` : ""}
     op.losses.forEach((l, i) => assert.ok(Math.abs(l - none.losses[i]!) <= 1e-6 * Math.abs(none.losses[i]!), `op step ${i + 1}: ${l} vs ${none.losses[i]}`));
     assert.ok(full.peak < none.peak, `peak ${full.peak} bytes with every layer checkpointed vs ${none.peak} without`);
     assert.ok(full.peak < op.peak && op.peak < none.peak, `peak ${op.peak} bytes under the op policy, ${full.peak} whole layers checkpointed, ${none.peak} none`);
-    console.log(`peaks per step: none ${none.peak}, op ${op.peak}, full ${full.peak}; losses none ${none.losses.join(", ")} op ${op.losses.join(", ")}`);
     assert.ok(full.logs.some((s) => s.includes("[activation_checkpoint] full: 4 of 4 layers recompute")), full.logs.join("\n"));
     assert.ok(op.logs.some((s) => s.includes("[activation_checkpoint] selective (op): 4 of 4 layers recompute their activations in backward but for the outputs")), op.logs.join("\n"));
     assert.ok(!none.logs.some((s) => s.includes("[activation_checkpoint]")));
