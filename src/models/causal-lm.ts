@@ -11,6 +11,7 @@ import {
 import type { DType } from "../backends/dtype.js";
 import {
   add, checkpoint, crossEntropy, disposeQuantizedActivations, indexCopyInto, isGradEnabled, linear, tensor, Tensor, type DeviceLike,
+  type SacPolicy,
 } from "../tensor/index.js";
 import type { ModelConfig } from "./hf-config.js";
 
@@ -181,15 +182,16 @@ class DecoderBody extends Module {
 /**
  * layer.forward(h, ctx) as a checkpointed region. The context's tensors (positions, ...) enter as region inputs, so
  * the recomputation in backward finds them alive after the caller disposed its handles; the trainable tensors are the
- * layer's parameters and the LoRA adapters being trained on its projections.
+ * layer's parameters and the LoRA adapters being trained on its projections. `policy`: the op-level policy (outputs of
+ * the ops it saves are kept, not recomputed), or null to recompute the whole layer.
  */
-function checkpointedLayer(layer: DecoderLayer, h: Tensor, ctx: DenseContext): Tensor {
+function checkpointedLayer(layer: DecoderLayer, h: Tensor, ctx: DenseContext, policy: SacPolicy | null): Tensor {
   const keys = Object.keys(ctx).filter((k) => ctx[k as keyof DenseContext] instanceof Tensor) as (keyof DenseContext)[];
   const trainable = [...layer.parameters()];
   for (const [, m] of layer.namedModules()) if (m instanceof Linear && m.adapter !== null) trainable.push(m.adapter.a, m.adapter.b);
   const region = (x: Tensor, ...tensors: Tensor[]): Tensor =>
     layer.forward(x, { ...ctx, ...Object.fromEntries(keys.map((k, i) => [k, tensors[i]])) } as DenseContext);
-  return checkpoint(region, [h, ...keys.map((k) => ctx[k] as Tensor)], { parameters: trainable });
+  return checkpoint(region, [h, ...keys.map((k) => ctx[k] as Tensor)], { parameters: trainable, ...(policy !== null ? { policy } : {}) });
 }
 
 export interface CausalLMOptions {
@@ -234,6 +236,11 @@ export class CausalLM extends Module {
    * (tensor/checkpoint.ts). Null (the default): every activation is kept.
    */
   activationCheckpointing: ((layer: number) => boolean) | null = null;
+  /**
+   * The op-level policy of those layers (TorchTitan's selective_ac_option "op": opSacPolicy keeps matmul and attention
+   * outputs, recomputes the rest), or null (the default) to recompute each checkpointed layer whole.
+   */
+  activationCheckpointPolicy: SacPolicy | null = null;
 
   constructor(
     readonly config: ModelConfig,
@@ -291,7 +298,7 @@ export class CausalLM extends Module {
     }
     const recompute = this.activationCheckpointing !== null && ctx.kind === "dense" && isGradEnabled() ? this.activationCheckpointing : null;
     this.model.layers.forEach((layer, i) => {
-      const next = recompute?.(i) === true ? checkpointedLayer(layer, h, ctx as DenseContext) : layer.forward(h, ctx);
+      const next = recompute?.(i) === true ? checkpointedLayer(layer, h, ctx as DenseContext, this.activationCheckpointPolicy) : layer.forward(h, ctx);
       if (aux?.layers.includes(i) === true) aux.out.push(h);
       else h.dispose();
       h = next;

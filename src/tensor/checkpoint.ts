@@ -3,11 +3,14 @@
 // the region's output, the node recomputes the region with history on (from the saved inputs, replaying the default
 // generator's draws), runs backward through that recomputation, and hands the inputs' gradients on. Parameters used
 // inside the region get their gradients during that inner backward, as torch's reentrant checkpoint gives them.
+// With a policy (selective-checkpoint.ts), the outputs of the ops it picks are kept from the forward and handed back
+// in the recomputation instead of being computed again (torch's selective checkpointing, TorchTitan's op SAC).
 import { isFloating } from "../backends/dtype.js";
 import { OpError } from "../util/errors.js";
 import { backward, type BackwardNode } from "./autograd.js";
 import { isGradEnabled, noGrad, setGradEnabled } from "./grad-mode.js";
 import { defaultGenerator } from "./ops/random.js";
+import { inSacPass, runSacPass, SacRegion, type SacPolicy } from "./selective-checkpoint.js";
 import { Tensor } from "./tensor.js";
 
 export interface CheckpointOptions {
@@ -18,6 +21,12 @@ export interface CheckpointOptions {
   parameters?: readonly Tensor[];
   /** Replay the default generator's draws in the recomputation (torch's preserve_rng_state; default true). */
   preserveRngState?: boolean;
+  /**
+   * Op-level selective checkpointing (torch's context_fn = create_selective_checkpoint_contexts(policy)): the ops the
+   * policy saves keep their outputs from the forward and are not recomputed in backward (e.g. opSacPolicy,
+   * TorchTitan's). Without it every op of the region is recomputed.
+   */
+  policy?: SacPolicy;
 }
 
 type Region = (...inputs: Tensor[]) => Tensor;
@@ -43,6 +52,7 @@ class CheckpointNode implements BackwardNode {
     private readonly fn: Region,
     readonly inputs: Tensor[],
     private readonly rngState: { seed: number; counter: number } | null,
+    private readonly sac: SacRegion | null,
   ) {
     this.saved = inputs.map((t) => t.detach());
     this.versions = this.saved.map((t) => t.storage.version);
@@ -62,7 +72,8 @@ class CheckpointNode implements BackwardNode {
     if (this.rngState) defaultGenerator.setState(this.rngState);
     let out: Tensor;
     try {
-      out = withGrad(() => this.fn(...leaves));
+      const sac = this.sac;
+      out = withGrad(() => (sac === null ? this.fn(...leaves) : runSacPass(sac, true, () => this.fn(...leaves))));
     } finally {
       defaultGenerator.setState(now);
     }
@@ -82,6 +93,7 @@ class CheckpointNode implements BackwardNode {
   release(): void {
     for (const t of this.saved ?? []) t.dispose();
     this.saved = null;
+    this.sac?.release();
   }
 }
 
@@ -91,23 +103,35 @@ class CheckpointNode implements BackwardNode {
  * forward of the region per backward. Without grad mode, or when neither an input nor `options.parameters` requires
  * grad, it is a plain call. fn must return one floating tensor that is not one of its inputs, compute it from the
  * inputs and parameters only (no random draws from a generator other than the default one), and not change its
- * inputs in place.
+ * inputs in place. A checkpoint inside a region run with a policy is a plain call (its ops belong to that region).
  * @example
  *   // a transformer block whose activations are recomputed in backward
  *   const h2 = checkpoint((x) => block.forward(x, ctx), [h], { parameters: block.parameters() });
+ *   // the same, keeping the outputs of the projections TorchTitan's op-level policy saves
+ *   const h3 = checkpoint((x) => block.forward(x, ctx), [h], { parameters: block.parameters(), policy: opSacPolicy });
  */
 export function checkpoint(fn: Region, inputs: readonly Tensor[], options: CheckpointOptions = {}): Tensor {
   const needsGrad = inputs.some((t) => t.requiresGrad) || (options.parameters ?? []).some((t) => t.requiresGrad);
-  if (!isGradEnabled() || !needsGrad) return fn(...inputs);
+  const policy = options.policy;
+  if (policy !== undefined && typeof policy !== "function")
+    throw new OpError("checkpoint", `policy must be a function (op, callIndex) => "save" | "recompute", got ${typeof policy}`);
+  if (!isGradEnabled() || !needsGrad || inSacPass()) return fn(...inputs);
   const rngState = options.preserveRngState === false ? null : defaultGenerator.getState();
-  const out = noGrad(() => fn(...inputs));
-  if (!(out instanceof Tensor)) throw new OpError("checkpoint", `the checkpointed function must return a Tensor, got ${typeof out}`);
-  if (inputs.includes(out)) {
-    throw new OpError("checkpoint", "the checkpointed function returned one of its inputs; there is nothing to recompute");
+  const sac = policy === undefined ? null : new SacRegion(policy);
+  let out: Tensor;
+  try {
+    out = noGrad(() => (sac === null ? fn(...inputs) : runSacPass(sac, false, () => fn(...inputs))));
+    if (!(out instanceof Tensor)) throw new OpError("checkpoint", `the checkpointed function must return a Tensor, got ${typeof out}`);
+    if (inputs.includes(out)) {
+      throw new OpError("checkpoint", "the checkpointed function returned one of its inputs; there is nothing to recompute");
+    }
+    if (!isFloating(out.dtype))
+      throw new OpError("checkpoint", `the checkpointed function's output must be floating point, got ${out.dtype}`);
+  } catch (e) {
+    sac?.release();
+    throw e;
   }
-  if (!isFloating(out.dtype))
-    throw new OpError("checkpoint", `the checkpointed function's output must be floating point, got ${out.dtype}`);
-  out.gradFn = new CheckpointNode(fn, [...inputs], rngState);
+  out.gradFn = new CheckpointNode(fn, [...inputs], rngState, sac);
   out.requiresGrad = true;
   return out;
 }

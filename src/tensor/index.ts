@@ -32,4 +32,5 @@ export {
 export { Generator, defaultGenerator, manualSeed, rand, randn, multinomial } from "./ops/random.js";
 export type { DType } from "../backends/dtype.js";
 export { checkpoint, type CheckpointOptions } from "./checkpoint.js";
+export { opSacPolicy, CheckpointPolicyError, type SacOp, type SacDecision, type SacPolicy } from "./selective-checkpoint.js";
 export { save, load } from "./serialization.js";

@@ -8,7 +8,7 @@ import { CausalLM } from "../models/causal-lm.js";
 import { parseHfConfig } from "../models/hf-config.js";
 import { writeSafetensors, type SafetensorsWriteTensor } from "../models/formats/safetensors.js";
 import { f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
-import { defaultDevice, manualSeed, noGrad, ones, randn, tensor, type Tensor } from "../tensor/index.js";
+import { defaultDevice, manualSeed, noGrad, ones, opSacPolicy, randn, tensor, type Tensor } from "../tensor/index.js";
 import { allReduce, barrier, destroyProcessGroup, getRank, getWorldSize, initProcessGroup, isInitialized } from "../distributed/index.js";
 import { DistributedDataParallel } from "../nn/index.js";
 import { env } from "../util/env.js";
@@ -21,7 +21,7 @@ import { renderLossCurveSvg } from "./loss-curve.js";
 import { buildOptimizer } from "./optimizer-config.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
-import { activationCheckpointLayers, TrainConfigError, type TrainConfig } from "./train-config.js";
+import { activationCheckpointLayers, opLevelActivationCheckpoint, TrainConfigError, type TrainConfig } from "./train-config.js";
 import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
 import { attachLoraAdapters, exportLoraAdapter, mergeAdapters, type TrainedLora } from "./lora-train.js";
 
@@ -325,6 +325,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   }
   model.train();
   model.activationCheckpointing = activationCheckpointLayers(cfg);
+  model.activationCheckpointPolicy = opLevelActivationCheckpoint(cfg) ? opSacPolicy : null;
   const numParams = model.numParameters();
   const B = cfg.training.local_batch_size;
   const S = cfg.training.seq_len;
@@ -340,7 +341,11 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   const recomputed = model.activationCheckpointing;
   if (recomputed !== null) {
     const layers = Array.from({ length: c.numHiddenLayers }, (_, i) => i).filter(recomputed);
-    log(`[activation_checkpoint] ${cfg.activation_checkpoint.mode}: ${layers.length} of ${c.numHiddenLayers} layers recompute their activations in backward (${layers.join(", ")})`);
+    const what = model.activationCheckpointPolicy !== null
+      ? "recompute their activations in backward but for the outputs TorchTitan's op policy saves (every other matmul, attention)"
+      : "recompute their activations in backward";
+    const mode = model.activationCheckpointPolicy !== null ? "selective (op)" : cfg.activation_checkpoint.mode;
+    log(`[activation_checkpoint] ${mode}: ${layers.length} of ${c.numHiddenLayers} layers ${what} (${layers.join(", ")})`);
   }
   // what the optimizer updates and the checkpoints hold: the adapters alone under LoRA
   const trained = lora !== null ? lora.named : model.namedParameters();

@@ -629,9 +629,9 @@ function checkTorchTitan(cfg: TrainConfig, raw: Record<string, unknown>, source:
 /**
  * [activation_checkpoint] as TorchTitan reads it: mode "full" checkpoints every decoder layer, "selective" with
  * selective_ac_option N (digits) every Nth (layers N-1, 2N-1, ...: TorchTitan counts its wrapped blocks from 1; N = 0
- * every layer). Its op-level policy ("op": keep matmul outputs, recompute the rest) has no counterpart here: whole layers
- * are checkpointed instead, with a warning. A config without the section keeps every activation (TorchTitan's default,
- * selective every 2nd layer, trades time for memory a small run does not need).
+ * every layer), "op" every layer under TorchTitan's op-level policy (matmul and attention outputs kept, the rest
+ * recomputed: tensor/selective-checkpoint.ts). A config without the section keeps every activation (TorchTitan's
+ * default, selective every 2nd layer, trades time for memory a small run does not need).
  */
 function checkActivationCheckpoint(cfg: TrainConfig, given: boolean, err: (msg: string) => never): void {
   const ac = cfg.activation_checkpoint;
@@ -639,8 +639,6 @@ function checkActivationCheckpoint(cfg: TrainConfig, given: boolean, err: (msg: 
   const option = String(ac.selective_ac_option);
   if (ac.mode === "selective" && option !== "op" && !/^\d+$/.test(option))
     err(`[activation_checkpoint] selective_ac_option must be "op" or a layer frequency (a non-negative integer), got ${JSON.stringify(ac.selective_ac_option)}`);
-  if (ac.mode === "selective" && option === "op")
-    cfg.warnings.push("[activation_checkpoint] selective_ac_option op: no op-level policy in Kiln, every layer is checkpointed whole (as mode full)");
 }
 
 /**
@@ -652,6 +650,15 @@ export function activationCheckpointLayers(cfg: TrainConfig): ((layer: number) =
   if (mode === "none") return null;
   const every = mode === "full" || String(option) === "op" ? 1 : Number(option);
   return every <= 1 ? () => true : (layer) => (layer + 1) % every === 0;
+}
+
+/**
+ * Whether the checkpointed layers run under TorchTitan's op-level policy (mode "selective", selective_ac_option "op":
+ * CausalLM.activationCheckpointPolicy = opSacPolicy) rather than being recomputed whole.
+ */
+export function opLevelActivationCheckpoint(cfg: TrainConfig): boolean {
+  const { mode, selective_ac_option: option } = cfg.activation_checkpoint;
+  return mode === "selective" && String(option) === "op";
 }
 
 /** The recipe's own model shape (not one read from initial_load_path). */

@@ -4,6 +4,7 @@ import { quantDataBytes, quantKMultiple, quantScaleCount, quantScaleDtype } from
 import { OpError, UnsupportedError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
+import { sacSite, type SacOp } from "../selective-checkpoint.js";
 import { empty, numel, Tensor } from "../tensor.js";
 import { broadcastShapes, contiguous } from "./shape.js";
 import { add } from "./elementwise.js";
@@ -73,19 +74,31 @@ function batchedMatmul(op: string, a: Tensor, b: Tensor, bTransposed: boolean): 
 
 /** torch.matmul: 1-d operands are promoted and squeezed back; batch dims broadcast. */
 export function matmul(a: Tensor, b: Tensor): Tensor {
+  return matmulAt("mm", a, b);
+}
+
+/**
+ * matmul(a, b) as the selective-checkpoint site `site` (selective-checkpoint.ts), or as none (null): causalAttention
+ * names its output product "attention" and keeps its score product out of the policy, as torch's attention op does.
+ */
+export function matmulAt(site: SacOp | null, a: Tensor, b: Tensor): Tensor {
   if (a.ndim === 0 || b.ndim === 0) throw new OpError("matmul", "both arguments must be at least 1-d");
-  const a2 = a.ndim === 1 ? a.unsqueeze(0) : a;
-  const b2 = b.ndim === 1 ? b.unsqueeze(1) : b;
-  let out = batchedMatmul("matmul", a2, b2, false);
-  if (a2 !== a) a2.dispose();
-  if (b2 !== b) b2.dispose();
-  const squeezeOut = (dim: number) => {
-    const s = out.squeeze(dim);
-    out.dispose();
-    out = s;
+  const product = () => {
+    const a2 = a.ndim === 1 ? a.unsqueeze(0) : a;
+    const b2 = b.ndim === 1 ? b.unsqueeze(1) : b;
+    let out = batchedMatmul("matmul", a2, b2, false);
+    if (a2 !== a) a2.dispose();
+    if (b2 !== b) b2.dispose();
+    const squeezeOut = (dim: number) => {
+      const s = out.squeeze(dim);
+      out.dispose();
+      out = s;
+    };
+    if (a.ndim === 1) squeezeOut(-2);
+    if (b.ndim === 1) squeezeOut(-1);
+    return out;
   };
-  if (a.ndim === 1) squeezeOut(-2);
-  if (b.ndim === 1) squeezeOut(-1);
+  const out = site === null ? product() : sacSite(site, [a, b], product);
   recordOp("matmul", [a, b], out);
   return out;
 }
@@ -107,11 +120,14 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null, xq?: Qua
   const inF = weight.shape[1]!;
   if (x.shape[x.ndim - 1] !== inF) throw new OpError("linear", `input features ${x.shape[x.ndim - 1]} != weight in_features ${inF}`);
   const lead = x.shape.slice(0, -1);
-  const x2 = x.reshape(numel(lead), inF);
-  const y2 = batchedMatmul("linear", x2, weight, true);
-  x2.dispose();
-  const y = y2.view(...lead, weight.shape[0]!);
-  y2.dispose();
+  const y = sacSite("mm", [x, weight], () => {
+    const x2 = x.reshape(numel(lead), inF);
+    const y2 = batchedMatmul("linear", x2, weight, true);
+    x2.dispose();
+    const y = y2.view(...lead, weight.shape[0]!);
+    y2.dispose();
+    return y;
+  });
   recordOp("linear", [x, weight], y);
   if (!bias) return y;
   const out = add(y, bias);

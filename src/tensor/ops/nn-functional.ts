@@ -7,7 +7,7 @@ import { isGradEnabled, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
 import { flashAttention, flashAttentionRefusal } from "./flash-attention.js";
 import { contiguous } from "./shape.js";
-import { matmul, type QuantizedActivations } from "./linalg.js";
+import { matmulAt, type QuantizedActivations } from "./linalg.js";
 import { softmax } from "./reduce.js";
 import { cat } from "./indexing.js";
 import { add, mul, silu } from "./elementwise.js";
@@ -223,7 +223,7 @@ export function composedCausalAttention(
   const kr = rep(k);
   const vr = rep(v);
   const kt = kr.transpose(-2, -1);
-  const raw = matmul(q, kt);
+  const raw = matmulAt(null, q, kt);
   let scores = raw.mul(s);
   if (softcap != null && softcap > 0) {
     const u = scores.div(softcap);
@@ -248,7 +248,8 @@ export function composedCausalAttention(
     for (const t of [col, joined, all]) t.dispose();
     if (kept !== probs) kept.dispose();
   } else probs = softmax(masked, -1);
-  const out = matmul(probs, vr);
+  // the output product is the op-level checkpoint policy's "attention" (torch's scaled_dot_product_attention)
+  const out = matmulAt("attention", probs, vr);
   for (const t of [kt, raw, scores, mask, masked, probs]) t.dispose();
   if (kr !== k) kr.dispose();
   if (vr !== v) vr.dispose();
