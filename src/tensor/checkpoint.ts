@@ -8,7 +8,7 @@
 import { isFloating } from "../backends/dtype.js";
 import { OpError } from "../util/errors.js";
 import { backward, type BackwardNode } from "./autograd.js";
-import { isGradEnabled, noGrad, setGradEnabled } from "./grad-mode.js";
+import { asCheckpointRegion, isGradEnabled, noGrad, setGradEnabled } from "./grad-mode.js";
 import { defaultGenerator } from "./ops/random.js";
 import { inSacPass, runSacPass, SacRegion, type SacPolicy } from "./selective-checkpoint.js";
 import { Tensor } from "./tensor.js";
@@ -73,7 +73,7 @@ class CheckpointNode implements BackwardNode {
     let out: Tensor;
     try {
       const sac = this.sac;
-      out = withGrad(() => (sac === null ? this.fn(...leaves) : runSacPass(sac, true, () => this.fn(...leaves))));
+      out = withGrad(() => asCheckpointRegion(() => (sac === null ? this.fn(...leaves) : runSacPass(sac, true, () => this.fn(...leaves)))));
     } finally {
       defaultGenerator.setState(now);
     }
@@ -120,7 +120,7 @@ export function checkpoint(fn: Region, inputs: readonly Tensor[], options: Check
   const sac = policy === undefined ? null : new SacRegion(policy);
   let out: Tensor;
   try {
-    out = noGrad(() => (sac === null ? fn(...inputs) : runSacPass(sac, false, () => fn(...inputs))));
+    out = noGrad(() => asCheckpointRegion(() => (sac === null ? fn(...inputs) : runSacPass(sac, false, () => fn(...inputs)))));
     if (!(out instanceof Tensor)) throw new OpError("checkpoint", `the checkpointed function must return a Tensor, got ${typeof out}`);
     if (inputs.includes(out)) {
       throw new OpError("checkpoint", "the checkpointed function returned one of its inputs; there is nothing to recompute");

@@ -23,6 +23,26 @@ export function setGradEnabled(on: boolean): void {
   enabled = on;
 }
 
+let checkpointDepth = 0;
+
+/**
+ * Whether a checkpointed region (checkpoint.ts) is running, its forward without history or its recomputation with
+ * it: ops that pick an implementation by grad mode (causalAttention) pick the same one in both passes.
+ */
+export function inCheckpointRegion(): boolean {
+  return checkpointDepth > 0;
+}
+
+/** Runs fn as (part of) a checkpointed region's pass. */
+export function asCheckpointRegion<T>(fn: () => T): T {
+  checkpointDepth++;
+  try {
+    return fn();
+  } finally {
+    checkpointDepth--;
+  }
+}
+
 /** What an op saves for its backward: its name, inputs, and op-specific attributes. */
 export interface OpRecord {
   op: string;

@@ -5,15 +5,17 @@
 // recomputation (with the kept tensor as its output), so gradients reach its inputs as without the policy.
 //
 // Ops take part through sacSite(): the matrix products of linear() and matmul() ("mm", torch's aten.mm / bmm) and
-// causalAttention's output product ("attention", scaled_dot_product_attention). checkpoint.ts opens a run around each
+// attention ("attention", scaled_dot_product_attention: the flash kernel's output and log-sum-exp, or the composed
+// form's output product). checkpoint.ts opens a run around each
 // pass over the region (the forward, then each recomputation); sites count their calls per op within that run.
 import { OpError } from "../util/errors.js";
 import type { Tensor } from "./tensor.js";
 
 /**
  * The ops a policy decides on. "mm": the product of every linear() and matmul() (torch's aten.mm, the projections);
- * "attention": causalAttention's output (torch's scaled_dot_product_attention; Kiln's reference attention still
- * recomputes its scores and softmax, which its backward needs, and skips only the output product).
+ * "attention": causalAttention's output (torch's scaled_dot_product_attention): the flash kernel's whole forward (what
+ * training runs), or the composed form's output product (its scores and softmax, which its backward needs, are
+ * recomputed).
  */
 export type SacOp = "mm" | "attention";
 
@@ -54,7 +56,7 @@ function describe(v: unknown): string {
 
 /** What one region keeps between its forward and its recomputations: op outputs by (op, call index). */
 export class SacRegion {
-  private readonly saved = new Map<string, { value: Tensor; version: number; reads: string }>();
+  private readonly saved = new Map<string, { values: Tensor[]; versions: number[]; reads: string }>();
   private readonly counts = new Map<SacOp, number>();
   private recomputing = false;
 
@@ -66,7 +68,7 @@ export class SacRegion {
     this.counts.clear();
   }
 
-  site(op: SacOp, inputs: readonly Tensor[], compute: () => Tensor): Tensor {
+  site(op: SacOp, inputs: readonly Tensor[], compute: () => Tensor[]): Tensor[] {
     const index = this.counts.get(op) ?? 0;
     this.counts.set(op, index + 1);
     const key = `${op}#${index}`;
@@ -75,22 +77,24 @@ export class SacRegion {
     if (!this.recomputing) {
       const decision: unknown = this.policy(op, index);
       if (decision !== "save" && decision !== "recompute") throw new CheckpointPolicyError(op, index, decision);
-      const out = compute();
-      if (decision === "save") this.saved.set(key, { value: out.detach(), version: out.storage.version, reads });
-      return out;
+      const outs = compute();
+      if (decision === "save") this.saved.set(key, { values: outs.map((t) => t.detach()), versions: outs.map((t) => t.storage.version), reads });
+      return outs;
     }
     const kept = this.saved.get(key);
     if (kept === undefined) return compute();
     if (kept.reads !== reads)
       throw new OpError("checkpoint", `the recomputation's ${op} call ${index} reads ${reads} where the forward's read ${kept.reads}; the region must run the same ops each time`);
-    if (kept.value.storage.version !== kept.version)
-      throw new OpError("checkpoint", `the saved output of ${op} call ${index} was modified by an in-place operation after the forward computed it (storage version ${kept.value.storage.version}, saved at ${kept.version}); clone() it before modifying it`);
-    return kept.value.detach();
+    kept.values.forEach((value, i) => {
+      if (value.storage.version !== kept.versions[i])
+        throw new OpError("checkpoint", `the saved output of ${op} call ${index} was modified by an in-place operation after the forward computed it (storage version ${value.storage.version}, saved at ${kept.versions[i]}); clone() it before modifying it`);
+    });
+    return kept.values.map((value) => value.detach());
   }
 
   /** Frees the kept outputs (the region's node is done with them). */
   release(): void {
-    for (const { value } of this.saved.values()) value.dispose();
+    for (const { values } of this.saved.values()) for (const value of values) value.dispose();
     this.saved.clear();
   }
 }
@@ -120,5 +124,10 @@ export function inSacPass(): boolean {
  * records its autograd node on the result either way. `inputs`: the tensors the op reads (checked on reuse).
  */
 export function sacSite(op: SacOp, inputs: readonly Tensor[], compute: () => Tensor): Tensor {
+  return active === null ? compute() : active.site(op, inputs, () => [compute()])[0]!;
+}
+
+/** sacSite for an op with several outputs (flash attention's output and log-sum-exp), kept or recomputed together. */
+export function sacSites(op: SacOp, inputs: readonly Tensor[], compute: () => Tensor[]): Tensor[] {
   return active === null ? compute() : active.site(op, inputs, compute);
 }

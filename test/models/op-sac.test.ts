@@ -1,7 +1,7 @@
 // CausalLM under TorchTitan's op-level selective activation checkpointing (activationCheckpointPolicy = opSacPolicy):
 // every parameter's gradient equals the one without checkpointing, each layer's recomputation skips the 4 projections
-// the policy saves (q, v, o and up: mm calls 0, 2, 4, 6 of q k v o gate up down) and its attention output product, and
-// training steps leak no buffers.
+// the policy saves (mm calls 0, 2, 4, 6 of its 7) and its attention (the flash kernel's forward), and training steps
+// leak no buffers.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { CausalLM } from "../../src/models/causal-lm.js";
@@ -25,13 +25,13 @@ function tinyModel(): CausalLM {
   return m;
 }
 
-/** Matmul kernels launched during fn on the default device. */
+/** Products launched during fn on the default device: matmul kernels and flash attention forwards. */
 function matmulKernels(fn: () => void): number {
   const backend = defaultDevice().backend;
   let n = 0;
   const run = backend.run.bind(backend);
   backend.run = (call: KernelCall, options) => {
-    if (call.op === "matmul") n++;
+    if (call.op === "matmul" || call.op === "flash_attention") n++;
     run(call, options);
   };
   try {
@@ -69,9 +69,9 @@ test("op SAC on a CausalLM: the plain gradients, 5 fewer products recomputed per
     const want = none.grads[i]![1];
     g.forEach((v, j) => assert.ok(Math.abs(v - want[j]!) <= 1e-6, `${name}[${j}]: ${v} vs ${want[j]}`));
   }
-  // whole layers recompute their 7 projections and attention's 2 products; op SAC skips q, v, o, up and attention's output
-  assert.equal(full.products - none.products, LAYERS * 9);
-  assert.equal(op.products - none.products, LAYERS * 4);
+  // whole layers recompute their 7 projections and their attention; op SAC skips 4 projections and the attention
+  assert.equal(full.products - none.products, LAYERS * 8);
+  assert.equal(op.products - none.products, LAYERS * 3);
   const be = defaultDevice().backend;
   const start = be.liveBuffers();
   for (let i = 0; i < 3; i++) step("op");

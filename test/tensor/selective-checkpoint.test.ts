@@ -117,7 +117,7 @@ forEachBackend((dev) => {
     assertClose(gx, x.grad!.toList(), { rtol: 1e-6, atol: 1e-6 });
   });
 
-  it("a block of linears and causal attention: same gradients, and op SAC skips the saved linears and the attention output product", () => {
+  it("a block of linears and causal attention: same gradients, and op SAC skips the saved linears and the attention", () => {
     const [S, D, H] = [8, 16, 2];
     const block = (x: Tensor, Ws: Tensor[]): Tensor => {
       const heads = (t: Tensor) => t.view(1, S, H, D / H).transpose(1, 2); // [1, H, S, D/H]
@@ -131,16 +131,18 @@ forEachBackend((dev) => {
       const Ws = [0, 1, 2, 3].map((i) => ft(randomData(D * D, 30 + i, 1 / Math.sqrt(D)), [D, D], true));
       const y = mode === "plain" ? block(x, Ws) : k.checkpoint((a) => block(a, Ws), [x], { parameters: Ws, ...(mode === "op" ? { policy: k.opSacPolicy } : {}) });
       const backward = countKernels(() => y.square().sum().backward());
-      return { matmuls: backward.get("matmul") ?? 0, grads: [x, ...Ws].map((t) => t.grad!.toList()) };
+      return { matmuls: backward.get("matmul") ?? 0, attention: backward.get("flash_attention") ?? 0, grads: [x, ...Ws].map((t) => t.grad!.toList()) };
     };
     const plain = run("plain");
     const full = run("full");
     const op = run("op");
     for (const r of [full, op]) r.grads.forEach((g, i) => assertClose(g, plain.grads[i]!, { rtol: 1e-5, atol: 1e-6, msg: `grad ${i}` }));
-    // the forward's products: 4 linears and attention's 2 (scores, output); full recomputes all 6
-    assert.equal(full.matmuls - plain.matmuls, 6);
-    // op: linears 1 (k) and 3 (o) and the attention's score product (its softmax's backward needs the probabilities)
-    assert.equal(op.matmuls - plain.matmuls, 3);
+    // the forward's products: 4 linears and the attention (training attention is the flash kernel); full recomputes all
+    assert.equal(full.matmuls - plain.matmuls, 4);
+    assert.equal(full.attention - plain.attention, 1);
+    // op: linears 1 (k) and 3 (o); the attention's output and log-sum-exp come back from the forward
+    assert.equal(op.matmuls - plain.matmuls, 2);
+    assert.equal(op.attention - plain.attention, 0);
   });
 
   it("buffers come back after backward, and a second backward with retainGraph reuses the saved outputs", () => {

@@ -6,6 +6,7 @@ import type { FlashAttentionShape } from "../../backends/backend.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
+import { sacSites } from "../selective-checkpoint.js";
 import { empty, tensor, Tensor } from "../tensor.js";
 import { contiguous } from "./shape.js";
 
@@ -64,11 +65,15 @@ export function flashAttention(q: Tensor, k: Tensor, v: Tensor, o: FlashAttentio
   const [qc, kc, vc] = [q, k, v].map((t) => contiguous(t));
   const docs = o.documents != null ? tensor(o.documents, { device: dev }) : null;
   const [B, H, S, D] = q.shape as [number, number, number, number];
-  const out = empty([B, H, S, D], { dtype: "float32", device: dev });
-  const lse = empty([B, H, S], { dtype: "float32", device: dev });
-  const { docsView, ...dims } = shapeOf(q, k, o, docs);
-  const view = (t: Tensor) => t.view_("flash_attention");
-  runKernel("flash_attention", dev, { op: "flash_attention", q: view(qc!), k: view(kc!), v: view(vc!), docs: docsView, ...dims, out: view(out), lse: view(lse) }, [out]);
+  // the op-level checkpoint policy's "attention": under it a recomputation gets the forward's out and lse back
+  const [out, lse] = sacSites("attention", [q, k, v], () => {
+    const out = empty([B, H, S, D], { dtype: "float32", device: dev });
+    const lse = empty([B, H, S], { dtype: "float32", device: dev });
+    const { docsView, ...dims } = shapeOf(q, k, o, docs);
+    const view = (t: Tensor) => t.view_("flash_attention");
+    runKernel("flash_attention", dev, { op: "flash_attention", q: view(qc!), k: view(kc!), v: view(vc!), docs: docsView, ...dims, out: view(out), lse: view(lse) }, [out]);
+    return [out, lse];
+  }) as [Tensor, Tensor];
   recordOp("flash_attention", [q, k, v], out, { lse, docs, options: o });
   lse.dispose();
   docs?.dispose();

@@ -3,7 +3,7 @@
 import { isFloating } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
-import { isGradEnabled, recordOp } from "../grad-mode.js";
+import { inCheckpointRegion, isGradEnabled, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
 import { flashAttention, flashAttentionRefusal } from "./flash-attention.js";
 import { contiguous } from "./shape.js";
@@ -163,11 +163,14 @@ const FLASH_MIN_SCORES = 1 << 24;
 
 /**
  * Whether causalAttention takes the flash kernels: whenever autograd records it (training: the composed form keeps
- * several [B, H, S, Sk] tensors alive until backward), and for large scores. Small inference-only attention keeps the
- * composed form, which compile()'s dispatch capture and the eager modes take apart op by op.
+ * several [B, H, S, Sk] tensors alive until backward), in both passes of a checkpointed region (its forward runs
+ * without history, its recomputation with it: one implementation for both), and for large scores. Small
+ * inference-only attention keeps the composed form, which compile()'s dispatch capture and the eager modes take apart
+ * op by op.
  */
 function prefersFlash(q: Tensor, k: Tensor, v: Tensor, scores: number): boolean {
-  return (isGradEnabled() && (q.requiresGrad || k.requiresGrad || v.requiresGrad)) || scores >= FLASH_MIN_SCORES;
+  if (inCheckpointRegion() || scores >= FLASH_MIN_SCORES) return true;
+  return isGradEnabled() && (q.requiresGrad || k.requiresGrad || v.requiresGrad);
 }
 
 /**
