@@ -7,10 +7,13 @@ import { inCheckpointRegion, isGradEnabled, recordOp } from "../grad-mode.js";
 import { empty, numel, Tensor } from "../tensor.js";
 import { flashAttention, flashAttentionRefusal } from "./flash-attention.js";
 import { contiguous } from "./shape.js";
-import { matmulAt, type QuantizedActivations } from "./linalg.js";
+import { matmul, matmulAt, type QuantizedActivations } from "./linalg.js";
 import { softmax } from "./reduce.js";
 import { cat } from "./indexing.js";
-import { add, mul, silu } from "./elementwise.js";
+import { add, mul, silu, where } from "./elementwise.js";
+import { dropout } from "./activations.js";
+import { repeatInterleave } from "./rearrange.js";
+import type { Generator } from "./random.js";
 
 function f32Contiguous(t: Tensor): Tensor {
   return contiguous(t.dtype === "float32" ? t : t.to("float32"));
@@ -257,6 +260,121 @@ export function composedCausalAttention(
   if (kr !== k) kr.dispose();
   if (vr !== v) vr.dispose();
   return out;
+}
+
+/** torch.nn.functional.scaled_dot_product_attention's keyword arguments. */
+export interface SdpaOptions {
+  /**
+   * bool (true: attend) or a floating-point bias added to the scores, broadcastable to [..., L, S]. Not with isCausal.
+   */
+  attnMask?: Tensor | null;
+  /** Dropout on the attention weights (applied whenever > 0, as torch's functional form). */
+  dropoutP?: number;
+  /** Query i sees keys j <= i (torch's top-left aligned tril of ones(L, S)). */
+  isCausal?: boolean;
+  /** Default 1 / sqrt(E). */
+  scale?: number;
+  /** Query heads (dim -3) may be a multiple of the key/value heads: head h reads kv head h / (Hq / Hkv). */
+  enableGqa?: boolean;
+  /** Generator of the dropout draws (default: the global one). */
+  generator?: Generator;
+}
+
+/**
+ * torch.nn.functional.scaled_dot_product_attention: softmax(q k^T * scale + mask) v over query [..., L, E], key
+ * [..., S, E], value [..., S, Ev] (batch dims broadcast), with torch's is_causal (top-left aligned), bool or additive
+ * attn_mask, dropout_p and enable_gqa; fully masked rows give NaN, as torch's math backend does. Without a mask or
+ * dropout, 4-d float32 attention that autograd records (or with large scores) runs the flash kernels.
+ * @example
+ *   const o = scaledDotProductAttention(q, k, v, { isCausal: true }); // q, k, v [B, H, L, E]
+ */
+export function scaledDotProductAttention(query: Tensor, key: Tensor, value: Tensor, o: SdpaOptions = {}): Tensor {
+  const op = "scaled_dot_product_attention";
+  if (query.ndim < 2 || key.ndim < 2 || value.ndim < 2) throw new OpError(op, "query, key and value must have at least 2 dims ([..., seq, features])");
+  const [L, E] = query.shape.slice(-2) as [number, number];
+  const [S, Ek] = key.shape.slice(-2) as [number, number];
+  if (Ek !== E) throw new OpError(op, `query's last dim ${E} and key's ${Ek} differ`);
+  if (value.shape[value.ndim - 2] !== S) throw new OpError(op, `key has ${S} positions, value ${value.shape[value.ndim - 2]}`);
+  const Ev = value.shape[value.ndim - 1]!;
+  if (o.isCausal && o.attnMask) throw new OpError(op, "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True");
+  const p = o.dropoutP ?? 0;
+  if (!(p >= 0 && p <= 1)) throw new OpError(op, `dropout_p must be in [0, 1], got ${p}`);
+  const scale = o.scale ?? 1 / Math.sqrt(E);
+  let k = key;
+  let v = value;
+  const Hq = query.ndim >= 3 ? query.shape[query.ndim - 3]! : 1;
+  const Hkv = key.ndim >= 3 ? key.shape[key.ndim - 3]! : 1;
+  if (query.ndim >= 3 && key.ndim >= 3 && Hq !== Hkv) {
+    if (!o.enableGqa) throw new OpError(op, `query has ${Hq} heads and key ${Hkv} (dim -3): pass enableGqa to repeat the key/value heads`);
+    if (Hq % Hkv !== 0 || value.shape[value.ndim - 3] !== Hkv) throw new OpError(op, `query heads ${Hq} must be a multiple of the key/value heads ${Hkv}`);
+    if (query.ndim === 4 && key.ndim === 4 && value.ndim === 4 && !o.attnMask && p === 0 && Ev === E && (!o.isCausal || L === S)) {
+      // the flash kernels read GQA heads in place
+      const flash = sdpaFlash(query, key, value, scale, o.isCausal ?? false);
+      if (flash) return flash;
+    }
+    k = repeatInterleave(key, Hq / Hkv, key.ndim - 3);
+    v = repeatInterleave(value, Hq / Hkv, value.ndim - 3);
+  }
+  try {
+    if (query.ndim === 4 && k.ndim === 4 && v.ndim === 4 && !o.attnMask && p === 0 && Ev === E && (!o.isCausal || L === S)) {
+      const flash = sdpaFlash(query, k, v, scale, o.isCausal ?? false);
+      if (flash) return flash;
+    }
+    const kt = k.transpose(-2, -1);
+    const raw = matmul(query, kt);
+    let scores = raw.mul(scale);
+    for (const t of [kt, raw]) t.dispose();
+    const bias = o.isCausal ? causalBias(L, S, query) : o.attnMask ? maskBias(o.attnMask, query) : null;
+    if (bias) {
+      const masked = add(scores, bias);
+      for (const t of [scores, bias]) t.dispose();
+      scores = masked;
+    }
+    let weights = softmax(scores, -1);
+    scores.dispose();
+    if (p > 0) {
+      const dropped = dropout(weights, p, true, o.generator);
+      weights.dispose();
+      weights = dropped;
+    }
+    const out = matmul(weights, v);
+    weights.dispose();
+    return out;
+  } finally {
+    if (k !== key) k.dispose();
+    if (v !== value) v.dispose();
+  }
+}
+
+/** The flash kernels for unmasked 4-d attention, when causalAttention's rule picks them (null: compose). */
+function sdpaFlash(q: Tensor, k: Tensor, v: Tensor, scale: number, causal: boolean): Tensor | null {
+  const [B, H, L] = q.shape as [number, number, number];
+  const S = k.shape[2]!;
+  // not causal: every query inside one span over all the keys
+  const fused = { scale, bidirectionalSpans: causal ? [] : [[0, S] as const] };
+  if (!prefersFlash(q, k, v, B * H * L * S) || flashAttentionRefusal(q, k, v, fused) !== null) return null;
+  return flashAttention(q, k, v, fused);
+}
+
+/** torch's is_causal bias: 0 where j <= i, -inf above (top-left aligned), [L, S]. */
+function causalBias(L: number, S: number, like: Tensor): Tensor {
+  const data = new Float32Array(L * S);
+  for (let i = 0; i < L; i++) for (let j = i + 1; j < S; j++) data[i * S + j] = -Infinity;
+  return tensorFrom(data, [L, S], like);
+}
+
+/** A bool mask as a 0 / -inf bias; a float mask as itself (a copy the caller may dispose). */
+function maskBias(mask: Tensor, like: Tensor): Tensor {
+  if (mask.dtype === "bool") return where(mask, 0, -Infinity);
+  if (!isFloating(mask.dtype)) throw new OpError("scaled_dot_product_attention", `attn_mask must be bool or floating point, got ${mask.dtype}`);
+  if (mask.device !== like.device) throw new OpError("scaled_dot_product_attention", `attn_mask is on ${mask.device.name}, query on ${like.device.name}`);
+  return mask.expand(mask.shape);
+}
+
+function tensorFrom(data: Float32Array, shape: number[], like: Tensor): Tensor {
+  const t = empty(shape, { dtype: "float32", device: like.device });
+  like.device.backend.write(t.storage.buffer, 0, new Uint8Array(data.buffer));
+  return t;
 }
 
 /** Rotary applied inside paged attention: positions int32 [T], cos/sin [maxPos, rotaryDim/2] (as rotaryEmbedding). */
