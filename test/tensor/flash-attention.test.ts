@@ -133,3 +133,34 @@ test("training attention holds O(S) memory per head: no [S, S] scores alive thro
   assert.ok(flash < scoresBytes / 4, `flash attention peaked at ${flash} bytes`);
   assert.ok(composed >= 2 * scoresBytes, `the composed form peaked at ${composed} bytes (expected several score tensors)`);
 });
+
+test("bfloat16 training attention runs the flash kernels in float32 between casts: bf16 output and gradients", () => {
+  const backend = k.device("cpu").backend;
+  const kernels: string[] = [];
+  const run = backend.run.bind(backend);
+  backend.run = (call, options) => {
+    kernels.push(call.op);
+    run(call, options);
+  };
+  const mk = (seed: number, heads: number) => randn([1, heads, 24, 16], seed, "cpu").to("bfloat16").requiresGrad_();
+  const w = randn([1, 4, 24, 16], 4, "cpu");
+  const gradsOf = (form: "routed" | "composed") => {
+    const [q, kk, v] = [mk(1, 4), mk(2, 2), mk(3, 2)];
+    const out = form === "routed" ? k.causalAttention(q, kk, v) : k.composedCausalAttention(q, kk, v);
+    // as torch's attention, the input's dtype (the composed form's softmax promotes to float32)
+    if (form === "routed") assert.equal(out.dtype, "bfloat16");
+    out.to("float32").mul(w).sum().backward();
+    for (const t of [q, kk, v]) assert.equal(t.grad!.dtype, "bfloat16");
+    return { out: out.to("float32").dataSync() as Float32Array, grads: [q, kk, v].map((t) => t.grad!.to("float32").dataSync() as Float32Array) };
+  };
+  try {
+    const routed = gradsOf("routed");
+    assert.ok(kernels.includes("flash_attention") && kernels.includes("flash_attention_backward"), "the flash kernels ran");
+    const composed = gradsOf("composed");
+    // bf16 rounding of the composed form's intermediates (scores, probabilities) bounds the agreement
+    assertClose(routed.out, composed.out, 3e-2, "output");
+    ["dq", "dk", "dv"].forEach((name, i) => assertClose(routed.grads[i]!, composed.grads[i]!, 6e-2, name));
+  } finally {
+    delete (backend as { run?: unknown }).run;
+  }
+});

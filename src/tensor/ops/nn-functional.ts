@@ -199,7 +199,23 @@ export function causalAttention(
   const Sk = k.shape[2]!;
   const s = scale ?? 1 / Math.sqrt(D);
   const fused = { scale: s, window, softcap, bidirectionalSpans, documents };
-  if (!sinks && prefersFlash(q, k, v, B * Hq * S * Sk) && flashAttentionRefusal(q, k, v, fused) === null) return flashAttention(q, k, v, fused);
+  if (!sinks && prefersFlash(q, k, v, B * Hq * S * Sk)) {
+    if (flashAttentionRefusal(q, k, v, fused) === null) return flashAttention(q, k, v, fused);
+    // bfloat16 / float16 training: the kernels run in float32 between two differentiable casts
+    if (q.dtype !== "float32" && isFloating(q.dtype) && k.dtype === q.dtype && v.dtype === q.dtype) {
+      const [qf, kf, vf] = [q, k, v].map((t) => t.to("float32")) as [Tensor, Tensor, Tensor];
+      try {
+        if (flashAttentionRefusal(qf, kf, vf, fused) === null) {
+          const o = flashAttention(qf, kf, vf, fused);
+          const back = o.to(q.dtype);
+          o.dispose();
+          return back;
+        }
+      } finally {
+        for (const t of [qf, kf, vf]) t.dispose();
+      }
+    }
+  }
   return composedCausalAttention(q, k, v, s, window, softcap, sinks, bidirectionalSpans, documents);
 }
 
