@@ -14,7 +14,7 @@ export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, spl
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
 export {
   rmsNorm, layerNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, composedCausalAttention, attentionBias, pagedAttention,
-  siluMul, scaledDotProductAttention, type SdpaOptions, type AttentionMaskOptions, type PagedRotaryArgs,
+  siluMul, scaledDotProductAttention, enableFlashSdp, flashSdpEnabled, type SdpaOptions, type AttentionMaskOptions, type PagedRotaryArgs,
 } from "./ops/nn-functional.js";
 export { flashAttention, type FlashAttentionOptions } from "./ops/flash-attention.js";
 export { crossEntropy, type CrossEntropyOptions } from "./ops/cross-entropy.js";

@@ -164,6 +164,21 @@ export function attentionBias(S: number, Sk: number, o: AttentionMaskOptions = {
 /** Scores of at least this many elements (64 MiB in f32) are not materialized even without autograd. */
 const FLASH_MIN_SCORES = 1 << 24;
 
+let flashSdp = true;
+
+/**
+ * torch.backends.cuda.enable_flash_sdp: false makes causalAttention and scaledDotProductAttention always compose
+ * their ops (for comparisons; training then holds the [B, H, S, Sk] scores). Default true.
+ */
+export function enableFlashSdp(enabled: boolean): void {
+  flashSdp = enabled;
+}
+
+/** torch.backends.cuda.flash_sdp_enabled. */
+export function flashSdpEnabled(): boolean {
+  return flashSdp;
+}
+
 /**
  * Whether causalAttention takes the flash kernels: whenever autograd records it (training: the composed form keeps
  * several [B, H, S, Sk] tensors alive until backward), in both passes of a checkpointed region (its forward runs
@@ -172,6 +187,7 @@ const FLASH_MIN_SCORES = 1 << 24;
  * op by op.
  */
 function prefersFlash(q: Tensor, k: Tensor, v: Tensor, scores: number): boolean {
+  if (!flashSdp) return false;
   if (inCheckpointRegion() || scores >= FLASH_MIN_SCORES) return true;
   return isGradEnabled() && (q.requiresGrad || k.requiresGrad || v.requiresGrad);
 }
