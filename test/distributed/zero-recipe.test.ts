@@ -58,11 +58,11 @@ interface Rank0 {
   worldSize: number;
 }
 
-async function kilnTrain(config: string, resume: boolean): Promise<Rank0> {
-  const run = await runRanks("recipe-worker", 2, [config, resume ? "resume" : "fresh"]);
+async function kilnTrain(config: string, resume: boolean, nproc = 2): Promise<Rank0> {
+  const run = await runRanks("recipe-worker", nproc, [config, resume ? "resume" : "fresh"]);
   assert.equal(run.exitCode, 0, run.log.join("\n"));
   const r0 = run.results[0] as unknown as Rank0;
-  assert.ok(r0 !== null && run.results[1] !== null, run.log.join("\n"));
+  assert.ok(run.results.every((r) => r !== null), run.log.join("\n"));
   cleanup(run);
   return r0;
 }
@@ -110,6 +110,26 @@ describe("kiln train with data_parallel_shard_degree = 2 (ZeRO-1)", { skip: skip
       fs.rmSync(path.join(dir, "shard", "checkpoint", "step-00000004"), { recursive: true });
       const resumed = await kilnTrain(shardToml, true);
       assertLosses(resumed.losses, shard.losses.slice(2), "resumed from step 2");
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("4 ranks as 2 replicas x 2 shards take the losses of 4 plain DDP replicas", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-zero-hybrid-"));
+    try {
+      const corpus = path.join(dir, "corpus.txt");
+      fs.writeFileSync(corpus, loadCorpus({ source: "brown", granularity: "paragraph", maxDocs: 80 }).join("\n\n"));
+      const config = (name: string, parallelism: string): string => {
+        const file = path.join(dir, `${name}.toml`);
+        fs.writeFileSync(file, toml(path.join(dir, name), corpus, parallelism).replace("enable = true\ninterval = 2", "enable = false"));
+        return file;
+      };
+      const hybrid = await kilnTrain(config("hybrid", "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2"), false, 4);
+      const ddp = await kilnTrain(config("ddp", "data_parallel_replicate_degree = 4"), false, 4);
+      assert.equal(hybrid.worldSize, 4);
+      assert.match(hybrid.logs.join("\n"), /^\[parallelism\] optimizer state sharded over 2 ranks, 2 replicas of it \(ZeRO-1/m);
+      assertLosses(hybrid.losses, ddp.losses, "2 x 2 vs 4 replicas");
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
