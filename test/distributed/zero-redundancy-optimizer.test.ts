@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 import { manualSeed, noGrad, tensor } from "../../src/tensor/index.js";
 import { Adam } from "../../src/train/optim.js";
-import { partitionParameters } from "../../src/train/zero-redundancy-optimizer.js";
+import { partitionParameters, ZeroRedundancyOptimizer } from "../../src/train/zero-redundancy-optimizer.js";
 import { batch, batchData, TinyNet } from "./fixtures/ddp-model.js";
 import { ADAM_LR, fromJson, type StateJson } from "./fixtures/zero-state.js";
 import { cleanup, runRanks, skipWithoutGloo } from "./run-ranks.js";
@@ -55,6 +55,15 @@ describe("partitionParameters (torch's sorted-greedy partition)", () => {
     assert.deepEqual(partitionParameters([5, 5, 5, 5], 2), [[0, 2], [1, 3]]);
     assert.deepEqual(partitionParameters([10, 6, 5, 4, 1], 3), [[0], [1, 4], [2, 3]]);
     assert.deepEqual(partitionParameters([3], 2), [[0], []]);
+  });
+});
+
+describe("ZeroRedundancyOptimizer misuse in one process", () => {
+  it("needs distinct parameters (OptimizerError) and an initialized process group (DistributedError)", () => {
+    const model = new TinyNet();
+    const ps = model.parameters();
+    assert.throws(() => new ZeroRedundancyOptimizer([...ps, ps[0]!], Adam, {}), (e: Error) => e.name === "OptimizerError" && /appears more than once/.test(e.message));
+    assert.throws(() => new ZeroRedundancyOptimizer(ps, Adam, {}), (e: Error) => e.name === "DistributedError");
   });
 });
 
