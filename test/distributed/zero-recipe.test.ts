@@ -12,7 +12,21 @@ import { loadCorpus } from "../../src/train/corpus.js";
 import { cleanup, runRanks, skipWithoutGloo } from "./run-ranks.js";
 
 const STEPS = 4;
-const SHARDED = /^\[parallelism\] optimizer state sharded over 2 ranks \(ZeRO-1: parameters and gradients replicated\)$/m;
+const SHARDED = /^\[parallelism\] optimizer state sharded over 2 ranks \(ZeRO-1: parameters and gradients replicated\); rank 0 keeps the state of (\d+) of (\d+) parameters \((\d+) of (\d+) elements\)$/m;
+
+/**
+ * Rank 0's part of the state by the sharding line: [params, of params, elements, of elements]. By hand: the model's 11
+ * parameters hold 19936 elements (embedding 300 x 32 = 9600; q, k, v, o 1024 each; gate, up, down 2048 each; three
+ * norms of 32); torch's greedy partition over 2 ranks gives rank 0 the embedding, then, once rank 1 holds the six
+ * matrices (10240 elements), the three norms: 4 parameters, 9696 elements (over 4 ranks it would keep the embedding alone).
+ */
+const RANK0_OF_2 = [4, 11, 9696, 19936];
+
+function rank0Part(logs: string[], line: RegExp): number[] {
+  const m = logs.join("\n").match(line);
+  assert.ok(m !== null, logs.join("\n"));
+  return m.slice(1, 5).map(Number);
+}
 
 function toml(dump: string, corpus: string, parallelism: string): string {
   return `
@@ -87,7 +101,7 @@ describe("kiln train with data_parallel_shard_degree = 2 (ZeRO-1)", { skip: skip
       const shard = await kilnTrain(shardToml, false);
       const ddp = await kilnTrain(config("ddp", "data_parallel_replicate_degree = 2"), false);
       assert.equal(shard.worldSize, 2);
-      assert.match(shard.logs.join("\n"), SHARDED);
+      assert.deepEqual(rank0Part(shard.logs, SHARDED), RANK0_OF_2);
       assert.doesNotMatch(ddp.logs.join("\n"), /optimizer state sharded/);
       assertLosses(shard.losses, ddp.losses, "sharded vs DDP");
 
@@ -128,7 +142,9 @@ describe("kiln train with data_parallel_shard_degree = 2 (ZeRO-1)", { skip: skip
       const hybrid = await kilnTrain(config("hybrid", "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2"), false, 4);
       const ddp = await kilnTrain(config("ddp", "data_parallel_replicate_degree = 4"), false, 4);
       assert.equal(hybrid.worldSize, 4);
-      assert.match(hybrid.logs.join("\n"), /^\[parallelism\] optimizer state sharded over 2 ranks, 2 replicas of it \(ZeRO-1/m);
+      // each replica splits the state in two (not in four over all the ranks)
+      const part = rank0Part(hybrid.logs, /^\[parallelism\] optimizer state sharded over 2 ranks, 2 replicas of it \(ZeRO-1: parameters and gradients replicated\); rank 0 keeps the state of (\d+) of (\d+) parameters \((\d+) of (\d+) elements\)$/m);
+      assert.deepEqual(part, RANK0_OF_2);
       assertLosses(hybrid.losses, ddp.losses, "2 x 2 vs 4 replicas");
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
