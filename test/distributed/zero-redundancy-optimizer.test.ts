@@ -3,10 +3,13 @@
 // partition, by hand below); the state consolidated on rank 0 equals the single-process optimizer's, a new
 // optimizer loading it continues identically, and a single-process Adam loading it continues as the reference.
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { manualSeed, noGrad, tensor } from "../../src/tensor/index.js";
+import { destroyProcessGroup, initProcessGroup } from "../../src/distributed/index.js";
+import { OneCycleLR } from "../../src/train/lr-schedulers.js";
 import { Adam } from "../../src/train/optim.js";
 import { partitionParameters, ZeroRedundancyOptimizer } from "../../src/train/zero-redundancy-optimizer.js";
 import { batch, batchData, TinyNet } from "./fixtures/ddp-model.js";
@@ -64,6 +67,38 @@ describe("ZeroRedundancyOptimizer misuse in one process", () => {
     const ps = model.parameters();
     assert.throws(() => new ZeroRedundancyOptimizer([...ps, ps[0]!], Adam, {}), (e: Error) => e.name === "OptimizerError" && /appears more than once/.test(e.message));
     assert.throws(() => new ZeroRedundancyOptimizer(ps, Adam, {}), (e: Error) => e.name === "DistributedError");
+  });
+});
+
+describe("ZeroRedundancyOptimizer in a world of 1", { skip: skipWithoutGloo }, () => {
+  it("is the plain optimizer, and torch's lr schedulers drive it (OneCycleLR cycles the inner Adam's beta1)", () => {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-zero-world1-"));
+    initProcessGroup({ backend: "gloo", initMethod: `file://${join(dir, "store")}`, rank: 0, worldSize: 1 });
+    try {
+      const trained = (zero: boolean): { params: number[][]; beta1: number } => {
+        manualSeed(100);
+        const model = new TinyNet();
+        const opt = zero ? new ZeroRedundancyOptimizer(model.parameters(), Adam, { lr: ADAM_LR }) : new Adam(model.parameters(), { lr: ADAM_LR });
+        const sched = new OneCycleLR(opt, { maxLr: 0.05, totalSteps: 4 });
+        for (let step = 0; step < 3; step++) {
+          const { x, y } = batch([batchData(step, 0, 0)]);
+          model.loss(x, y).backward();
+          opt.step();
+          opt.zeroGrad();
+          sched.step();
+        }
+        const adam = (opt instanceof ZeroRedundancyOptimizer ? opt.localOptimizer : opt) as Adam;
+        return { params: model.parameters().map((p) => p.toList() as number[]), beta1: adam.beta1 };
+      };
+      const plain = trained(false);
+      const zero = trained(true);
+      assert.notEqual(plain.beta1, 0.9, "OneCycleLR moved beta1");
+      assert.equal(zero.beta1, plain.beta1);
+      assert.deepEqual(zero.params, plain.params);
+    } finally {
+      destroyProcessGroup();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
