@@ -6,7 +6,12 @@
 // reads by step index (`train({ schedule: new StepLR(opt, { stepSize: 2 }) })`: lrAt(n) is the lr of step n + 1).
 import { KilnError } from "../util/errors.js";
 import type { StepwiseLr } from "./lr-schedule.js";
-import type { Optimizer } from "./optim.js";
+import type { SteppableOptimizer } from "./optim.js";
+
+/** Where an optimizer's hyper-parameters live: a wrapper's (ZeroRedundancyOptimizer's) inner optimizer, or itself. */
+function hyperParameters(optimizer: SteppableOptimizer): object {
+  return "localOptimizer" in optimizer ? (optimizer.localOptimizer as object) : optimizer;
+}
 
 export class LrSchedulerError extends KilnError {
   override name = "LrSchedulerError";
@@ -26,7 +31,7 @@ export abstract class LRScheduler implements StepwiseLr {
   lastEpoch = -1;
   private lastLr = NaN;
 
-  constructor(readonly optimizer: Optimizer) {
+  constructor(readonly optimizer: SteppableOptimizer) {
     this.baseLr = optimizer.initialLr ??= optimizer.lr;
   }
 
@@ -74,7 +79,7 @@ export abstract class LRScheduler implements StepwiseLr {
 
 /** lr = base * lrLambda(epoch). @example new LambdaLR(opt, (e) => 0.95 ** e) */
 export class LambdaLR extends LRScheduler {
-  constructor(optimizer: Optimizer, readonly lrLambda: (epoch: number) => number) {
+  constructor(optimizer: SteppableOptimizer, readonly lrLambda: (epoch: number) => number) {
     super(optimizer);
     this.initialStep();
   }
@@ -87,7 +92,7 @@ export class LambdaLR extends LRScheduler {
 export class StepLR extends LRScheduler {
   readonly stepSize: number;
   readonly gamma: number;
-  constructor(optimizer: Optimizer, o: { stepSize: number; gamma?: number }) {
+  constructor(optimizer: SteppableOptimizer, o: { stepSize: number; gamma?: number }) {
     super(optimizer);
     if (!Number.isInteger(o.stepSize) || o.stepSize < 1) this.fail(`stepSize must be a positive integer, got ${o.stepSize}`);
     this.stepSize = o.stepSize;
@@ -103,7 +108,7 @@ export class StepLR extends LRScheduler {
 export class MultiStepLR extends LRScheduler {
   readonly milestones: number[];
   readonly gamma: number;
-  constructor(optimizer: Optimizer, o: { milestones: number[]; gamma?: number }) {
+  constructor(optimizer: SteppableOptimizer, o: { milestones: number[]; gamma?: number }) {
     super(optimizer);
     this.milestones = [...o.milestones].sort((a, b) => a - b);
     this.gamma = o.gamma ?? 0.1;
@@ -116,7 +121,7 @@ export class MultiStepLR extends LRScheduler {
 
 /** lr = base * gamma^epoch. */
 export class ExponentialLR extends LRScheduler {
-  constructor(optimizer: Optimizer, readonly gamma: number) {
+  constructor(optimizer: SteppableOptimizer, readonly gamma: number) {
     super(optimizer);
     this.initialStep();
   }
@@ -132,7 +137,7 @@ export class ExponentialLR extends LRScheduler {
 export class CosineAnnealingLR extends LRScheduler {
   readonly tMax: number;
   readonly etaMin: number;
-  constructor(optimizer: Optimizer, o: { tMax: number; etaMin?: number }) {
+  constructor(optimizer: SteppableOptimizer, o: { tMax: number; etaMin?: number }) {
     super(optimizer);
     if (!(o.tMax > 0)) this.fail(`tMax must be > 0, got ${o.tMax}`);
     this.tMax = o.tMax;
@@ -149,7 +154,7 @@ export class LinearLR extends LRScheduler {
   readonly startFactor: number;
   readonly endFactor: number;
   readonly totalIters: number;
-  constructor(optimizer: Optimizer, o: { startFactor?: number; endFactor?: number; totalIters?: number } = {}) {
+  constructor(optimizer: SteppableOptimizer, o: { startFactor?: number; endFactor?: number; totalIters?: number } = {}) {
     super(optimizer);
     this.startFactor = o.startFactor ?? 1 / 3;
     this.endFactor = o.endFactor ?? 1;
@@ -168,7 +173,7 @@ export class LinearLR extends LRScheduler {
 export class ConstantLR extends LRScheduler {
   readonly factor: number;
   readonly totalIters: number;
-  constructor(optimizer: Optimizer, o: { factor?: number; totalIters?: number } = {}) {
+  constructor(optimizer: SteppableOptimizer, o: { factor?: number; totalIters?: number } = {}) {
     super(optimizer);
     this.factor = o.factor ?? 1 / 3;
     this.totalIters = o.totalIters ?? 5;
@@ -184,7 +189,7 @@ export class ConstantLR extends LRScheduler {
 export class PolynomialLR extends LRScheduler {
   readonly totalIters: number;
   readonly power: number;
-  constructor(optimizer: Optimizer, o: { totalIters?: number; power?: number } = {}) {
+  constructor(optimizer: SteppableOptimizer, o: { totalIters?: number; power?: number } = {}) {
     super(optimizer);
     this.totalIters = o.totalIters ?? 5;
     this.power = o.power ?? 1;
@@ -203,7 +208,7 @@ export class PolynomialLR extends LRScheduler {
  * @example new SequentialLR(opt, [new LinearLR(opt, { startFactor: 0.1, totalIters: 5 }), new CosineAnnealingLR(opt, { tMax: 95 })], [5])
  */
 export class SequentialLR extends LRScheduler {
-  constructor(optimizer: Optimizer, readonly schedulers: readonly LRScheduler[], readonly milestones: readonly number[]) {
+  constructor(optimizer: SteppableOptimizer, readonly schedulers: readonly LRScheduler[], readonly milestones: readonly number[]) {
     super(optimizer);
     if (schedulers.length === 0) this.fail("needs at least one scheduler");
     if (milestones.length !== schedulers.length - 1) this.fail(`expects ${schedulers.length - 1} milestones for ${schedulers.length} schedulers, got ${milestones.length}`);
@@ -263,7 +268,7 @@ export class OneCycleLR extends LRScheduler {
   private readonly phases: Phase[];
   private readonly momentumKey: "beta1" | "momentum" | null;
 
-  constructor(optimizer: Optimizer, o: OneCycleLROptions) {
+  constructor(optimizer: SteppableOptimizer, o: OneCycleLROptions) {
     const divFactor = o.divFactor ?? 25;
     optimizer.initialLr = o.maxLr / divFactor; // torch overwrites the group's initial_lr
     super(optimizer);
@@ -295,7 +300,7 @@ export class OneCycleLR extends LRScheduler {
           { endStep: T - 1, lr: [o.maxLr, min], momentum: [lo, hi] },
         ];
     this.cycleMomentum = o.cycleMomentum ?? true;
-    const has = (key: string) => key in optimizer;
+    const has = (key: string) => key in hyperParameters(optimizer);
     this.momentumKey = !this.cycleMomentum ? null : has("beta1") ? "beta1" : has("momentum") ? "momentum" : null;
     if (this.cycleMomentum && this.momentumKey === null) this.fail("the optimizer has no momentum or beta1 to cycle: pass cycleMomentum: false");
     this.initialStep();
@@ -311,7 +316,7 @@ export class OneCycleLR extends LRScheduler {
   }
 
   override applyAt(epoch: number): void {
-    if (this.momentumKey !== null) (this.optimizer as unknown as Record<string, number>)[this.momentumKey] = this.momentumAt(epoch);
+    if (this.momentumKey !== null) (hyperParameters(this.optimizer) as Record<string, number>)[this.momentumKey] = this.momentumAt(epoch);
   }
 
   private at(epoch: number, what: "lr" | "momentum"): number {
@@ -337,7 +342,7 @@ export class CosineAnnealingWarmRestarts extends LRScheduler {
   readonly t0: number;
   readonly tMult: number;
   readonly etaMin: number;
-  constructor(optimizer: Optimizer, o: { t0: number; tMult?: number; etaMin?: number }) {
+  constructor(optimizer: SteppableOptimizer, o: { t0: number; tMult?: number; etaMin?: number }) {
     super(optimizer);
     if (!Number.isInteger(o.t0) || o.t0 <= 0) this.fail(`t0 must be a positive integer, got ${o.t0}`);
     this.t0 = o.t0;

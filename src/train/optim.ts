@@ -6,7 +6,7 @@
 //   SGD                           optimizers/sgd.ts
 // The lr schedulers (torch.optim.lr_scheduler) are in lr-schedulers.ts.
 export { Optimizer, OptimizerError } from "./optimizers/optimizer.js";
-export type { BaseOptimizerOptions, OptimizerKind, OptimizerStateDict, ParamState } from "./optimizers/optimizer.js";
+export type { BaseOptimizerOptions, OptimizerKind, OptimizerStateDict, ParamState, SteppableOptimizer } from "./optimizers/optimizer.js";
 export { Adam, AdamW } from "./optimizers/adam.js";
 export type { AdamOptions, AdamWOptions } from "./optimizers/adam.js";
 export { Adamax, NAdam, RAdam } from "./optimizers/adam-variants.js";

@@ -9,7 +9,7 @@ import { parseHfConfig } from "../models/hf-config.js";
 import { writeSafetensors, type SafetensorsWriteTensor } from "../models/formats/safetensors.js";
 import { f32ToBf16, f32ToF16 } from "../models/formats/dtype-convert.js";
 import { defaultDevice, manualSeed, noGrad, ones, opSacPolicy, randn, tensor, type Tensor } from "../tensor/index.js";
-import { allReduce, barrier, destroyProcessGroup, getRank, getWorldSize, initProcessGroup, isInitialized } from "../distributed/index.js";
+import { allReduce, barrier, destroyProcessGroup, getRank, getWorldSize, initProcessGroup, isInitialized, newGroup, type ProcessGroup } from "../distributed/index.js";
 import { DistributedDataParallel } from "../nn/index.js";
 import { env } from "../util/env.js";
 import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
@@ -21,6 +21,7 @@ import { renderLossCurveSvg } from "./loss-curve.js";
 import { buildOptimizer } from "./optimizer-config.js";
 import { LrSchedule } from "./lr-schedule.js";
 import { train, type DataParallelHooks, type StepMetrics } from "./trainer.js";
+import { ZeroRedundancyOptimizer } from "./zero-redundancy-optimizer.js";
 import { activationCheckpointLayers, opLevelActivationCheckpoint, TrainConfigError, type TrainConfig } from "./train-config.js";
 import { documentSeparator, exportInitialModelFiles, loadInitialModel } from "./initial-load.js";
 import { attachLoraAdapters, exportLoraAdapter, mergeAdapters, type TrainedLora } from "./lora-train.js";
@@ -155,14 +156,27 @@ function exportModel(dir: string, model: CausalLM, hfConfig: Record<string, unkn
 }
 
 /**
- * TorchTitan's [parallelism] data-parallel degrees against the ranks `kiln run` started: each rank holds a whole
- * replica (DDP), so replicate x shard must be the world size (-1 in shard: what the replicas leave).
+ * TorchTitan's [parallelism] data-parallel degrees against the ranks `kiln run` started: replicate x shard must be the
+ * world size (-1 in shard: what the replicas leave). Returns them resolved. Every rank holds the whole model and
+ * gradients are averaged over the world (DDP); shard > 1 splits the optimizer state over each run of `shard`
+ * consecutive ranks (ZeRO-1: ZeroRedundancyOptimizer), the replicas each holding a whole copy of it.
  */
-function checkDataParallelDegrees(cfg: TrainConfig, worldSize: number): void {
+function checkDataParallelDegrees(cfg: TrainConfig, worldSize: number): { replicate: number; shard: number } {
   const { data_parallel_replicate_degree: r, data_parallel_shard_degree: s } = cfg.parallelism;
   const total = s === -1 ? worldSize : r * s;
   if (total !== worldSize || worldSize % r !== 0)
     throw new TrainConfigError(`[parallelism] data_parallel_replicate_degree ${r} x data_parallel_shard_degree ${s} does not cover the ${worldSize} rank(s) this run has (kiln run --nproc-per-node N)`);
+  return { replicate: r, shard: worldSize / r };
+}
+
+/**
+ * The group this rank shares its optimizer state with: its run of `shard` consecutive ranks (TorchTitan's mesh puts
+ * dp_shard innermost); every rank creates every group, in the same order, as torch's new_group asks. Undefined: the world.
+ */
+function shardGroup(replicate: number, shard: number, rank: number): ProcessGroup | undefined {
+  if (replicate === 1) return undefined;
+  const groups = Array.from({ length: replicate }, (_, k) => newGroup(Array.from({ length: shard }, (_, i) => k * shard + i)));
+  return groups[Math.floor(rank / shard)];
 }
 
 /** What the run resumes from: the newest checkpoint, none (--no-resume), or [checkpoint] load_step's (which must exist). */
@@ -250,7 +264,7 @@ export async function runRecipe(cfg: TrainConfig, hooks: RecipeHooks = {}): Prom
 async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: number, worldSize: number): Promise<RecipeResult> {
   const log = hooks.log ?? ((l: string) => console.log(l));
   const t0 = performance.now();
-  checkDataParallelDegrees(cfg, worldSize);
+  const degrees = checkDataParallelDegrees(cfg, worldSize);
   const accumulation = accumulationSteps(cfg, worldSize);
   for (const w of cfg.warnings) log(`[config] ${w}`);
   if (cfg.job.print_args) log(`[config] ${JSON.stringify({ ...cfg, warnings: undefined })}`);
@@ -352,7 +366,17 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
 
   // 3. optimizer, schedule, loop
   const o = cfg.optimizer;
-  const optimizer = buildOptimizer(o, trained.map(([, t]) => t));
+  const trainedParams = trained.map(([, t]) => t);
+  let optimizer: ReturnType<typeof buildOptimizer> | ZeroRedundancyOptimizer;
+  if (degrees.shard > 1) {
+    const group = shardGroup(degrees.replicate, degrees.shard, rank);
+    optimizer = new ZeroRedundancyOptimizer(trainedParams, (ps) => buildOptimizer(o, ps), undefined, { group });
+    const replicas = degrees.replicate > 1 ? `, ${degrees.replicate} replicas of it` : "";
+    const mine = optimizer.localOptimizer.params;
+    const elements = (ps: readonly Tensor[]): number => ps.reduce((n, p) => n + p.numel, 0);
+    log(`[parallelism] optimizer state sharded over ${degrees.shard} ranks${replicas} (ZeRO-1: parameters and gradients replicated); ` +
+      `rank 0 keeps the state of ${mine.length} of ${trainedParams.length} parameters (${elements(mine)} of ${elements(trainedParams)} elements)`);
+  } else optimizer = buildOptimizer(o, trainedParams);
   const ls = cfg.lr_scheduler;
   const schedule = new LrSchedule({
     lr: o.lr, warmupSteps: ls.warmup_steps, totalSteps: cfg.training.steps, decayType: ls.decay_type, lrMin: ls.lr_min,

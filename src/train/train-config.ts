@@ -95,8 +95,9 @@ export interface LrSchedulerConfig {
 }
 
 /**
- * TorchTitan's [parallelism]: Kiln trains data-parallel over `kiln run`'s ranks (DistributedDataParallel, each rank a
- * whole replica), so the degrees must describe that: replicate x shard = the world (-1: the rest), the others 1.
+ * TorchTitan's [parallelism]: Kiln trains data-parallel over `kiln run`'s ranks (DistributedDataParallel, each rank
+ * the whole model), so the degrees must describe that: replicate x shard = the world (-1: the rest), the others 1.
+ * shard > 1 splits the optimizer state over each run of shard ranks (ZeRO-1: recipe.ts, zero-redundancy-optimizer.ts).
  */
 export interface ParallelismConfig {
   data_parallel_replicate_degree: number;

@@ -6,7 +6,7 @@ import { KilnError } from "../util/errors.js";
 import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint } from "./checkpoint.js";
 import { clipGradNorm } from "./grad-clip.js";
 import type { StepwiseLr } from "./lr-schedule.js";
-import type { Optimizer } from "./optim.js";
+import type { SteppableOptimizer } from "./optim.js";
 
 /** What the loop needs from a model: its params and a scalar loss for a batch. */
 export interface TrainableModel {
@@ -57,7 +57,8 @@ export interface CheckpointOptions {
 
 export interface TrainOptions {
   model: TrainableModel;
-  optimizer: Optimizer;
+  /** An optimizer, or a ZeroRedundancyOptimizer (its state consolidated on every rank before each checkpoint). */
+  optimizer: SteppableOptimizer;
   /** lr per step (an LrSchedule or a torch-style scheduler of lr-schedulers.ts); without it the optimizer's lr stays as set. */
   schedule?: StepwiseLr | ((step: number) => number);
   dataLoader: BatchSource;
@@ -173,7 +174,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     };
     history.push(metrics);
     await o.onStep?.(metrics);
-    if (ck && (dp?.isWriter ?? true) && ((ck.interval > 0 && step % ck.interval === 0) || (ck.atEnd && step === o.steps))) save();
+    if (ck && ((ck.interval > 0 && step % ck.interval === 0) || (ck.atEnd && step === o.steps))) {
+      o.optimizer.consolidateStateDict?.(0); // (every rank: a sharded optimizer's state meets on the writer)
+      if (dp?.isWriter ?? true) save();
+    }
   }
   return { history, startStep, finalStep: step };
 }

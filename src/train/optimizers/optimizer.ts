@@ -37,7 +37,24 @@ export interface BaseOptimizerOptions {
   masterWeights?: boolean | "auto";
 }
 
-export abstract class Optimizer {
+/**
+ * What the training loop drives: an Optimizer, or a wrapper of one that shards it across ranks
+ * (ZeroRedundancyOptimizer, whose stateDict() needs the collective consolidateStateDict() on every rank first).
+ */
+export interface SteppableOptimizer {
+  /** Every parameter it updates (the loop clips their gradients). */
+  readonly params: readonly Tensor[];
+  lr: number;
+  initialLr: number | undefined;
+  step(): void;
+  zeroGrad(): void;
+  stateDict(): OptimizerStateDict;
+  loadStateDict(sd: OptimizerStateDict): void;
+  /** Gathers the whole state on group rank `to` (a collective); the loop calls it on every rank before a checkpoint. */
+  consolidateStateDict?(to?: number): void;
+}
+
+export abstract class Optimizer implements SteppableOptimizer {
   /** Learning rate of the next step (the trainer or an lr scheduler sets it before each step). */
   lr: number;
   /** The lr the first lr scheduler attached to this optimizer started from (torch's param_group["initial_lr"]). */
