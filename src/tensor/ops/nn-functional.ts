@@ -192,6 +192,15 @@ function prefersFlash(q: Tensor, k: Tensor, v: Tensor, scores: number): boolean 
   return isGradEnabled() && (q.requiresGrad || k.requiresGrad || v.requiresGrad);
 }
 
+/** q [B, Hq, S, D] and k/v [B, Hkv, Sk, D]'s sizes, Hq a multiple of Hkv. */
+function attentionShape(q: Tensor, k: Tensor, v: Tensor): { B: number; Hq: number; Hkv: number; S: number; Sk: number; D: number } {
+  if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
+  const [B, Hq, S, D] = q.shape as [number, number, number, number];
+  const Hkv = k.shape[1]!;
+  if (Hq % Hkv !== 0) throw new OpError("attention", `query heads ${Hq} not a multiple of kv heads ${Hkv}`);
+  return { B, Hq, Hkv, S, Sk: k.shape[2]!, D };
+}
+
 /**
  * Reference causal attention (scaled_dot_product_attention with is_causal), built from ops so autograd
  * covers it. q [B, Hq, S, D], k/v [B, Hkv, S, D] (GQA repeats kv heads). Returns [B, Hq, S, D]. With `window`,
@@ -208,11 +217,7 @@ export function causalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
   bidirectionalSpans?: readonly (readonly [number, number])[], documents?: Int32Array | null,
 ): Tensor {
-  if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
-  const [B, Hq, S, D] = q.shape as [number, number, number, number];
-  const Hkv = k.shape[1]!;
-  if (Hq % Hkv !== 0) throw new OpError("attention", `query heads ${Hq} not a multiple of kv heads ${Hkv}`);
-  const Sk = k.shape[2]!;
+  const { B, Hq, S, Sk, D } = attentionShape(q, k, v);
   const s = scale ?? 1 / Math.sqrt(D);
   const fused = { scale: s, window, softcap, bidirectionalSpans, documents };
   if (!sinks && prefersFlash(q, k, v, B * Hq * S * Sk)) {
@@ -243,11 +248,7 @@ export function composedCausalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
   bidirectionalSpans?: readonly (readonly [number, number])[], documents?: Int32Array | null,
 ): Tensor {
-  if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new OpError("attention", "q, k, v must be [batch, heads, seq, head_dim]");
-  const [B, Hq, S, D] = q.shape as [number, number, number, number];
-  const Hkv = k.shape[1]!;
-  if (Hq % Hkv !== 0) throw new OpError("attention", `query heads ${Hq} not a multiple of kv heads ${Hkv}`);
-  const Sk = k.shape[2]!;
+  const { B, Hq, Hkv, S, Sk, D } = attentionShape(q, k, v);
   const s = scale ?? 1 / Math.sqrt(D);
   const rep = (t: Tensor) => {
     if (Hkv === Hq) return t;
