@@ -52,7 +52,7 @@ function isOptimizerClass<O>(f: OptimizerClass<O> | ((params: readonly Tensor[])
 }
 
 /** Per-param state metadata sent ahead of its float32 buffers (consolidation). */
-type StateMeta = { index: number; step: number; buffers: string[] } | { index: number; step: null };
+type StateMeta = { index: number; step: number; buffers: string[]; lengths: number[] } | { index: number; step: null };
 
 export class ZeroRedundancyOptimizer<O = unknown> implements SteppableOptimizer {
   /** Every parameter, in the caller's order (global indices). */
@@ -191,11 +191,14 @@ export class ZeroRedundancyOptimizer<O = unknown> implements SteppableOptimizer 
     }
   }
 
-  /** Sends this rank's states to group rank `to`: a JSON header (its length first), then the buffers in one float32 message. */
+  /**
+   * Sends this rank's states to group rank `to`: a JSON header (its length first; each state's buffer names and
+   * lengths), then the buffers in one float32 message.
+   */
   private sendShard(local: OptimizerStateDict, to: number): void {
     const meta: StateMeta[] = this.owned.map((g, k) => {
       const s = local.states[k];
-      return s ? { index: g, step: s.step, buffers: Object.keys(s.buffers) } : { index: g, step: null };
+      return s ? { index: g, step: s.step, buffers: Object.keys(s.buffers), lengths: Object.values(s.buffers).map((b) => b.length) } : { index: g, step: null };
     });
     const header = new TextEncoder().encode(JSON.stringify(meta));
     const padded = new Uint8Array(Math.ceil(header.byteLength / 4) * 4).fill(32); // (spaces: JSON.parse ignores them)
@@ -229,17 +232,16 @@ export class ZeroRedundancyOptimizer<O = unknown> implements SteppableOptimizer 
     };
     const length = new Int32Array(recvInto(zeros([1], { dtype: "int32" })).buffer)[0]!;
     const meta = JSON.parse(new TextDecoder().decode(recvInto(zeros([length / 4], { dtype: "int32" })))) as StateMeta[];
-    const total = meta.reduce((n, m) => n + (m.step === null ? 0 : m.buffers.length * this.params[m.index]!.numel), 0);
+    const total = meta.reduce((n, m) => n + (m.step === null ? 0 : m.lengths.reduce((a, b) => a + b, 0)), 0);
     const flat = total > 0 ? new Float32Array(recvInto(zeros([total])).buffer) : new Float32Array(0);
     let offset = 0;
     return meta.map((m): [number, ParamState | null] => {
       if (m.step === null) return [m.index, null];
-      const n = this.params[m.index]!.numel;
       const buffers: Record<string, Float32Array> = {};
-      for (const name of m.buffers) {
-        buffers[name] = flat.slice(offset, offset + n);
-        offset += n;
-      }
+      m.buffers.forEach((name, b) => {
+        buffers[name] = flat.slice(offset, offset + m.lengths[b]!);
+        offset += m.lengths[b]!;
+      });
       return [m.index, { step: m.step, buffers }];
     });
   }
