@@ -803,10 +803,17 @@ FlashAttentionArgs flashArgs(const Napi::CallbackInfo& info, size_t at, const ch
   for (int64_t i = 0; i < n; i += 2)
     if (spans[i] < 0 || spans[i] > spans[i + 1] || spans[i + 1] > p.Sk) fail(env, op, "a span lies outside [0, Sk]");
   p.nSpans = n / 2;
+  // optional sinks [Hq] (arg at + 11)
+  if (info.Length() > at + 11 && !info[at + 11].IsUndefined() && !info[at + 11].IsNull()) {
+    p.sinks = array<float>(info, at + 11, p.Hq, op, "sinks");
+    for (int64_t h = 0; h < p.Hq; ++h)
+      if (!std::isfinite(p.sinks[h])) fail(env, op, "sinks must be finite");
+  }
   return p;
 }
 
-// flashAttention(q, k, v, out, lse, docs, spans, B, Hq, Hkv, S, Sk, D, scale, softcap, window): KernelTable::flashAttention.
+// flashAttention(q, k, v, out, lse, docs, spans, B, Hq, Hkv, S, Sk, D, scale, softcap, window[, sinks]):
+// KernelTable::flashAttention.
 Job FlashAttention(const Napi::CallbackInfo& info) {
   const char* op = "flashAttention";
   std::vector<int32_t> spans;
@@ -825,7 +832,7 @@ Job FlashAttention(const Napi::CallbackInfo& info) {
 }
 
 // flashAttentionBackward(q, k, v, o, dout, lse, dq, dk, dv, docs, spans, B, Hq, Hkv, S, Sk, D, scale, softcap,
-// window): KernelTable::flashAttentionBackward (dq, dk, dv overwritten).
+// window[, sinks, dsinks]): KernelTable::flashAttentionBackward (dq, dk, dv and dsinks overwritten).
 Job FlashAttentionBackward(const Napi::CallbackInfo& info) {
   const char* op = "flashAttentionBackward";
   std::vector<int32_t> spans;
@@ -840,6 +847,7 @@ Job FlashAttentionBackward(const Napi::CallbackInfo& info) {
   p.dq = array<float>(info, 6, qn, op, "dq");
   p.dk = array<float>(info, 7, kn, op, "dk");
   p.dv = array<float>(info, 8, kn, op, "dv");
+  if (p.sinks) p.dsinks = array<float>(info, 21, p.Hq, op, "dsinks");
   if (qn == 0 && kn == 0) return {op, nullptr};
   return {op, [p, spans]() mutable {
             p.spans = spans.data();

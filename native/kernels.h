@@ -76,6 +76,10 @@ struct FlashAttentionArgs {
   float* dq;
   float* dk;
   float* dv;
+  // Attention sinks (gpt-oss): one logit per query head [Hq] joined to every row's softmax denominator (its value row
+  // zero); nullptr = none. The backward then writes their gradient to dsinks [Hq].
+  const float* sinks;
+  float* dsinks;
 };
 
 /** Whether gemvGroup takes `a` (with others of the same a, K and bDtype). */

@@ -126,6 +126,8 @@ export type KernelCall =
   | ({ op: "flash_attention"; out: BufferView; lse: BufferView } & FlashAttentionShape)
   | ({
       op: "flash_attention_backward"; o: BufferView; dout: BufferView; lse: BufferView; dq: BufferView; dk: BufferView; dv: BufferView;
+      /** The sinks' gradient [heads] (written when `sinks` is given). */
+      dsinks: BufferView | null;
     } & FlashAttentionShape)
   // multi-LoRA (punica's BGMV shrink + expand): out[t] = base[t] + scales[q] * b[q]^T (a[q] x[t]) with q = slots[t]; a
   // slot outside [0, s) (-1: no adapter) adds nothing. base/out [t, n], x [t, k], a [s, r, k], b [s, r, n] (each
@@ -163,6 +165,8 @@ export interface FlashAttentionShape {
   scale: number;
   softcap: number;
   window: number;
+  /** Attention sinks (gpt-oss): one f32 logit per query head [heads] joined to each row's softmax; null: none. */
+  sinks: BufferView | null;
 }
 
 /**

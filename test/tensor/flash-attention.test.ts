@@ -23,6 +23,7 @@ interface Case {
   softcap?: number;
   spans?: [number, number][];
   docs?: number[][];
+  sinks?: number[];
 }
 
 const CASES: Case[] = [
@@ -37,6 +38,7 @@ const CASES: Case[] = [
     docs: [[...Array(10).fill(0), ...Array(19).fill(1), ...Array(7).fill(2)], [...Array(3).fill(4), ...Array(33).fill(5)]],
   },
   { name: "document ids out of order", B: 1, Hq: 1, Hkv: 1, S: 20, D: 16, docs: [[...Array(8).fill(1), ...Array(6).fill(0), ...Array(6).fill(1)]] },
+  { name: "attention sinks (gpt-oss) with a window, GQA", B: 2, Hq: 4, Hkv: 2, S: 26, D: 16, window: 7, sinks: [0.5, -1.25, 2.5, 0] },
 ];
 
 function randn(shape: number[], seed: number, device: string): Tensor {
@@ -56,11 +58,13 @@ function run(c: Case, device: string, form: "flash" | "composed"): { out: Float3
   const w = randn([c.B, c.Hq, c.S, c.D], 4, device);
   const scale = 1 / Math.sqrt(c.D);
   const documents = c.docs ? Int32Array.from(c.docs.flat()) : null;
+  const sinks = c.sinks ? k.tensor(c.sinks, { device }).requiresGrad_() : null;
   const out = form === "flash"
-    ? k.flashAttention(q, kk, v, { scale, window: c.window, softcap: c.softcap, bidirectionalSpans: c.spans, documents })
-    : k.composedCausalAttention(q, kk, v, scale, c.window, c.softcap, null, c.spans, documents);
+    ? k.flashAttention(q, kk, v, { scale, window: c.window, softcap: c.softcap, bidirectionalSpans: c.spans, documents, sinks })
+    : k.composedCausalAttention(q, kk, v, scale, c.window, c.softcap, sinks, c.spans, documents);
   out.mul(w).sum().backward();
-  return { out: out.dataSync() as Float32Array, grads: [q, kk, v].map((t) => t.grad!.dataSync() as Float32Array) };
+  const leaves = sinks ? [q, kk, v, sinks] : [q, kk, v];
+  return { out: out.dataSync() as Float32Array, grads: leaves.map((t) => t.grad!.dataSync() as Float32Array) };
 }
 
 function assertClose(actual: Float32Array, expected: Float32Array, tol: number, what: string): void {
@@ -76,7 +80,8 @@ forEachBackend((device) => {
       const flash = run(c, device, "flash");
       const composed = run(c, device, "composed");
       assertClose(flash.out, composed.out, 2e-5, "output");
-      ["dq", "dk", "dv"].forEach((name, i) => assertClose(flash.grads[i]!, composed.grads[i]!, 5e-5, name));
+      ["dq", "dk", "dv", "dsinks"].slice(0, flash.grads.length).forEach((name, i) => assertClose(flash.grads[i]!, composed.grads[i]!, 5e-5, name));
+      assert.equal(flash.grads.length, composed.grads.length);
     });
 
   test("causalAttention takes the flash kernels when autograd records it, and gives the composed result", () => {
@@ -87,9 +92,9 @@ forEachBackend((device) => {
     assert.equal(routed.gradFn?.op, "flash_attention");
     const composed = k.composedCausalAttention(q, kk, v);
     assertClose(routed.dataSync() as Float32Array, composed.dataSync() as Float32Array, 2e-5, "output");
-    // with sinks (gpt-oss) the composed form runs
-    const sinks = k.tensor([0.5, -0.25], { device });
-    assert.notEqual(k.causalAttention(q, kk, v, undefined, undefined, null, sinks).gradFn?.op, "flash_attention");
+    // with sinks (gpt-oss) too
+    const sinks = k.tensor([0.5, -0.25], { device }).requiresGrad_();
+    assert.equal(k.causalAttention(q, kk, v, undefined, undefined, null, sinks).gradFn?.op, "flash_attention");
   });
 
   test("refusals name the operand", () => {
@@ -108,7 +113,7 @@ test("the native kernels equal the float64 reference kernels (forward and backwa
     const native = run(c, "cpu", "flash");
     const reference = run(c, "reference", "flash");
     assertClose(native.out, reference.out, 1e-5, `${c.name}: output`);
-    ["dq", "dk", "dv"].forEach((name, i) => assertClose(native.grads[i]!, reference.grads[i]!, 2e-5, `${c.name}: ${name}`));
+    ["dq", "dk", "dv", "dsinks"].slice(0, native.grads.length).forEach((name, i) => assertClose(native.grads[i]!, reference.grads[i]!, 2e-5, `${c.name}: ${name}`));
   }
 });
 

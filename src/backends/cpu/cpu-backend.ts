@@ -38,7 +38,7 @@ const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32"
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
 
 /** KernelCall fields a kernel writes; every other BufferView field is read. */
-const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache", "lse", "dq", "dk", "dv"]);
+const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache", "lse", "dq", "dk", "dv", "dsinks"]);
 const QUANTIZE_WRITES = new Set(["data", "scales", "rowSums"]);
 function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[] } {
   const reads: BufferView[] = [];
@@ -709,14 +709,17 @@ export class CpuBackend implements Backend {
         if (call.docs !== null && docs === null) return false;
         const spans = Int32Array.from(call.spans.flat());
         const dims = [call.batch, call.heads, call.kvHeads, call.seq, call.keys, call.headDim, call.scale, call.softcap, call.window] as const;
+        const sinks = call.sinks === null ? null : f32(call.sinks);
+        if (call.sinks !== null && sinks === null) return false;
         if (call.op === "flash_attention") {
           const [q, kk, v, out, lse] = [call.q, call.k, call.v, call.out, call.lse].map(f32);
           if (!q || !kk || !v || !out || !lse) return false;
-          k.flashAttention(q, kk, v, out, lse, docs, spans, ...dims);
+          k.flashAttention(q, kk, v, out, lse, docs, spans, ...dims, sinks);
         } else {
           const [q, kk, v, o, dout, lse, dq, dk, dv] = [call.q, call.k, call.v, call.o, call.dout, call.lse, call.dq, call.dk, call.dv].map(f32);
-          if (!q || !kk || !v || !o || !dout || !lse || !dq || !dk || !dv) return false;
-          k.flashAttentionBackward(q, kk, v, o, dout, lse, dq, dk, dv, docs, spans, ...dims);
+          const dsinks = call.dsinks === null ? null : f32(call.dsinks);
+          if (!q || !kk || !v || !o || !dout || !lse || !dq || !dk || !dv || (call.dsinks !== null && !dsinks)) return false;
+          k.flashAttentionBackward(q, kk, v, o, dout, lse, dq, dk, dv, docs, spans, ...dims, sinks, dsinks);
         }
         return true;
       }

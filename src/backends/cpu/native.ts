@@ -154,12 +154,14 @@ export interface NativeKernels extends NativeStream {
   flashAttention(
     q: Float32Array, k: Float32Array, v: Float32Array, out: Float32Array, lse: Float32Array, docs: Int32Array | null, spans: Int32Array,
     B: number, Hq: number, Hkv: number, S: number, Sk: number, D: number, scale: number, softcap: number, window: number,
+    sinks?: Float32Array | null,
   ): void;
-  /** flashAttention's gradients: dq, dk, dv overwritten from q, k, v, o (its out), dout and lse. */
+  /** flashAttention's gradients: dq, dk, dv (and dsinks with sinks) overwritten from q, k, v, o (its out), dout and lse. */
   flashAttentionBackward(
     q: Float32Array, k: Float32Array, v: Float32Array, o: Float32Array, dout: Float32Array, lse: Float32Array,
     dq: Float32Array, dk: Float32Array, dv: Float32Array, docs: Int32Array | null, spans: Int32Array,
     B: number, Hq: number, Hkv: number, S: number, Sk: number, D: number, scale: number, softcap: number, window: number,
+    sinks?: Float32Array | null, dsinks?: Float32Array | null,
   ): void;
   /**
    * Multi-LoRA (BGMV): out[t] = base[t] + scales[s] * B_s^T (A_s x[t]) with s = slots[t]; a slot outside [0, S)

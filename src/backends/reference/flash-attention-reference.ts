@@ -22,10 +22,11 @@ function visible(p: FlashAttentionShape, docs: Float64Array | null, b: number, i
  */
 function forEachRow(
   p: FlashAttentionShape, q: Float64Array, k: Float64Array,
-  fn: (bh: number, kvBase: number, i: number, probs: Float64Array, gate: Float64Array, lse: number) => void,
+  fn: (bh: number, kvBase: number, i: number, probs: Float64Array, gate: Float64Array, lse: number, h: number) => void,
 ): void {
   const { batch: B, heads: H, kvHeads: Hkv, seq: S, keys: Sk, headDim: D } = p;
   const docs = p.docs === null ? null : readF64(p.docs);
+  const sinks = p.sinks === null ? null : readF64(p.sinks);
   const probs = new Float64Array(Sk);
   const gate = new Float64Array(Sk);
   for (let b = 0; b < B; b++)
@@ -51,10 +52,13 @@ function forEachRow(
           probs[j] = s;
           max = Math.max(max, s);
         }
-        let sum = 0;
+        // a sink is one more column of the softmax whose value row is zero
+        const sink = sinks === null ? null : sinks[h]!;
+        if (sink !== null) max = Math.max(max, sink);
+        let sum = sink === null ? 0 : Math.exp(sink - max);
         for (let j = 0; j < Sk; j++) sum += probs[j] === -Infinity ? 0 : Math.exp(probs[j]! - max);
         for (let j = 0; j < Sk; j++) probs[j] = probs[j] === -Infinity ? 0 : Math.exp(probs[j]! - max) / sum;
-        fn(bh, kvBase, i, probs, gate, max + Math.log(sum));
+        fn(bh, kvBase, i, probs, gate, max + Math.log(sum), h);
       }
     }
 }
@@ -77,7 +81,10 @@ export function flashAttentionReference(p: Forward): void {
   writeDense(p.lse, lse);
 }
 
-/** dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)) times the cap's derivative and the scale; dQ = dS K, dK = dS^T Q. */
+/**
+ * dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)) times the cap's derivative and the scale; dQ = dS K, dK = dS^T Q;
+ * a sink's gradient -sum over its head's rows of P(sink) rowsum(dP P).
+ */
 export function flashAttentionBackwardReference(p: Backward): void {
   const { seq: S, keys: Sk, headDim: D } = p;
   const q = readF64(p.q);
@@ -88,7 +95,9 @@ export function flashAttentionBackwardReference(p: Backward): void {
   const dk = new Float64Array(k.length);
   const dv = new Float64Array(v.length);
   const dp = new Float64Array(Sk);
-  forEachRow(p, q, k, (bh, kvBase, i, probs, gate) => {
+  const sinks = p.sinks === null ? null : readF64(p.sinks);
+  const dsinks = new Float64Array(p.heads);
+  forEachRow(p, q, k, (bh, kvBase, i, probs, gate, lse, h) => {
     const row = (bh * S + i) * D;
     let rowDot = 0;
     for (let j = 0; j < Sk; j++) {
@@ -97,6 +106,8 @@ export function flashAttentionBackwardReference(p: Backward): void {
       dp[j] = s;
       rowDot += probs[j]! * s;
     }
+    // the sink's probability times (its value row's dP, 0, minus rowDot)
+    if (sinks !== null) dsinks[h] -= Math.exp(sinks[h]! - lse) * rowDot;
     for (let j = 0; j < Sk; j++) {
       const pj = probs[j]!;
       if (pj === 0) continue;
@@ -111,4 +122,5 @@ export function flashAttentionBackwardReference(p: Backward): void {
   writeDense(p.dq, dq);
   writeDense(p.dk, dk);
   writeDense(p.dv, dv);
+  if (p.dsinks !== null) writeDense(p.dsinks, dsinks);
 }

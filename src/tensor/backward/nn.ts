@@ -49,11 +49,11 @@ export const nnRules: RuleTable = {
   flash_attention: {
     saves: "both",
     grad: (g, c) => {
-      const [q, k, v] = c.inputs as Tensor[];
+      const [q, k, v, sinks] = c.inputs as (Tensor | null)[];
       const { lse, docs, options } = c.attrs as { lse: Tensor; docs: Tensor | null; options: FlashAttentionOptions };
-      const grads = flashAttentionBackward(g, q!, k!, v!, c.output!, lse, docs, options);
+      const grads = flashAttentionBackward(g, q!, k!, v!, c.output!, lse, docs, options, sinks ?? null);
       return grads.map((t, i) => {
-        if (c.needsGrad[i]) return t;
+        if (t === null || c.needsGrad[i]) return t;
         t.dispose();
         return null;
       });

@@ -20,14 +20,19 @@ export interface FlashAttentionOptions {
   bidirectionalSpans?: readonly (readonly [number, number])[];
   /** Each token's document index, int32 [batch * seq] (keys === seq). */
   documents?: Int32Array | null;
+  /** Attention sinks (gpt-oss): float32 [Hq], one logit per query head joined to each row's softmax; differentiable. */
+  sinks?: Tensor | null;
 }
 
 /** The kernel's shape fields; `views` are the contiguous f32 operands (q, k, v). */
-function shapeOf(q: Tensor, k: Tensor, o: FlashAttentionOptions, docs: Tensor | null): Omit<FlashAttentionShape, "q" | "k" | "v" | "docs"> & { docsView: FlashAttentionShape["docs"] } {
+function shapeOf(
+  q: Tensor, k: Tensor, o: FlashAttentionOptions, docs: Tensor | null, sinks: Tensor | null,
+): Omit<FlashAttentionShape, "q" | "k" | "v" | "docs"> & { docsView: FlashAttentionShape["docs"] } {
   const [B, H, S, D] = q.shape as [number, number, number, number];
   return {
     batch: B, heads: H, kvHeads: k.shape[1]!, seq: S, keys: k.shape[2]!, headDim: D, scale: o.scale, softcap: o.softcap ?? 0,
     window: o.window ?? 0, spans: o.bidirectionalSpans ?? [], docsView: docs === null ? null : docs.view_("flash_attention"),
+    sinks: sinks === null ? null : sinks.view_("flash_attention"),
   };
 }
 
@@ -48,13 +53,14 @@ export function flashAttentionRefusal(q: Tensor, k: Tensor, v: Tensor, o: FlashA
   if (o.softcap != null && !(Number.isFinite(o.softcap) && o.softcap >= 0)) return `softcap must be a finite number >= 0, got ${o.softcap}`;
   for (const [a, e] of o.bidirectionalSpans ?? [])
     if (!(Number.isInteger(a) && Number.isInteger(e) && a >= 0 && a <= e && e <= Sk)) return `span [${a}, ${e}) outside [0, ${Sk}]`;
+  if (o.sinks != null && (o.sinks.dtype !== "float32" || o.sinks.numel !== Hq || o.sinks.device !== q.device))
+    return `sinks must be float32 [${Hq}] on ${q.device.name}, got ${o.sinks.dtype} [${o.sinks.shape.join(", ")}]`;
   return null;
 }
 
 /**
  * causalAttention (scaled_dot_product_attention with is_causal and the masks described there) computed tile by tile
- * with an online softmax: [B, Hq, S, D], differentiable in q, k and v. No attention sinks (causalAttention composes
- * those).
+ * with an online softmax: [B, Hq, S, D], differentiable in q, k, v (and sinks).
  * @example
  *   const o = flashAttention(q, k, v, { scale: 1 / Math.sqrt(64) }); // q [1, 8, 512, 64], k/v [1, 2, 512, 64]
  */
@@ -63,44 +69,49 @@ export function flashAttention(q: Tensor, k: Tensor, v: Tensor, o: FlashAttentio
   if (why !== null) throw new OpError("flash_attention", why);
   const dev = sameDevice("flash_attention", q, k, v);
   const [qc, kc, vc] = [q, k, v].map((t) => contiguous(t));
+  const sinks = o.sinks != null ? contiguous(o.sinks) : null;
   const docs = o.documents != null ? tensor(o.documents, { device: dev }) : null;
   const [B, H, S, D] = q.shape as [number, number, number, number];
   // the op-level checkpoint policy's "attention": under it a recomputation gets the forward's out and lse back
   const [out, lse] = sacSites("attention", [q, k, v], () => {
     const out = empty([B, H, S, D], { dtype: "float32", device: dev });
     const lse = empty([B, H, S], { dtype: "float32", device: dev });
-    const { docsView, ...dims } = shapeOf(q, k, o, docs);
+    const { docsView, ...dims } = shapeOf(q, k, o, docs, sinks);
     const view = (t: Tensor) => t.view_("flash_attention");
     runKernel("flash_attention", dev, { op: "flash_attention", q: view(qc!), k: view(kc!), v: view(vc!), docs: docsView, ...dims, out: view(out), lse: view(lse) }, [out]);
     return [out, lse];
   }) as [Tensor, Tensor];
-  recordOp("flash_attention", [q, k, v], out, { lse, docs, options: o });
+  recordOp("flash_attention", [q, k, v, o.sinks ?? null], out, { lse, docs, options: o });
   lse.dispose();
   docs?.dispose();
+  if (sinks !== null && sinks !== o.sinks) sinks.dispose();
   for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c!.dispose();
   return out;
 }
 
 /**
- * flashAttention's gradients from its saved operands: dq, dk, dv for the output gradient g. `lse` and `docs` are the
- * tensors the forward recorded.
+ * flashAttention's gradients from its saved operands: dq, dk, dv (and the sinks', or null) for the output gradient
+ * g. `lse` and `docs` are the tensors the forward recorded; `sinks` its saved sinks.
  */
 export function flashAttentionBackward(
-  g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, docs: Tensor | null, o: FlashAttentionOptions,
-): [Tensor, Tensor, Tensor] {
+  g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, docs: Tensor | null, o: FlashAttentionOptions, sinks: Tensor | null = null,
+): [Tensor, Tensor, Tensor, Tensor | null] {
   const dev = sameDevice("flash_attention_backward", g, q, k, v, out, lse);
   const c = [q, k, v, out, g].map((t) => contiguous(t.dtype === "float32" ? t : t.to("float32")));
   const dq = empty(q.shape, { dtype: "float32", device: dev });
   const dk = empty(k.shape, { dtype: "float32", device: dev });
   const dv = empty(v.shape, { dtype: "float32", device: dev });
-  const { docsView, ...dims } = shapeOf(q, k, o, docs);
+  const sc = sinks === null ? null : contiguous(sinks);
+  const dsinks = sc === null ? null : empty(sc.shape, { dtype: "float32", device: dev });
+  const { docsView, ...dims } = shapeOf(q, k, o, docs, sc);
   const view = (t: Tensor) => t.view_("flash_attention_backward");
   runKernel("flash_attention_backward", dev, {
     op: "flash_attention_backward", q: view(c[0]!), k: view(c[1]!), v: view(c[2]!), o: view(c[3]!), dout: view(c[4]!), lse: view(lse),
-    docs: docsView, ...dims, dq: view(dq), dk: view(dk), dv: view(dv),
+    docs: docsView, ...dims, dq: view(dq), dk: view(dk), dv: view(dv), dsinks: dsinks === null ? null : view(dsinks),
   }, [dq, dk, dv]);
   [q, k, v, out, g].forEach((t, i) => {
     if (c[i] !== t) c[i]!.dispose();
   });
-  return [dq, dk, dv];
+  if (sc !== null && sc !== sinks) sc.dispose();
+  return [dq, dk, dv, dsinks];
 }

@@ -209,9 +209,9 @@ function attentionShape(q: Tensor, k: Tensor, v: Tensor): { B: number; Hq: numbe
  * scores s become softcap * tanh(s / softcap) before the mask, as HF and llama.cpp. With `sinks` ([Hq], gpt-oss), each
  * head's logit joins the softmax as one more column whose probability is dropped (HF's eager_attention_forward).
  * With `documents` (each token's document index per row, see {@link attentionBias}), a query sees only keys of its own
- * document (TorchTitan's block_causal mask over packed documents). Without sinks, attention autograd records (training)
- * or with large scores runs the flash kernels (ops/flash-attention.ts: the scores never materialized); otherwise the
- * ops are composed ({@link composedCausalAttention}).
+ * document (TorchTitan's block_causal mask over packed documents). Attention autograd records (training) or with large
+ * scores runs the flash kernels (ops/flash-attention.ts: the scores never materialized); otherwise the ops are
+ * composed ({@link composedCausalAttention}).
  */
 export function causalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
@@ -219,8 +219,8 @@ export function causalAttention(
 ): Tensor {
   const { B, Hq, S, Sk, D } = attentionShape(q, k, v);
   const s = scale ?? 1 / Math.sqrt(D);
-  const fused = { scale: s, window, softcap, bidirectionalSpans, documents };
-  if (!sinks && prefersFlash(q, k, v, B * Hq * S * Sk)) {
+  const fused = { scale: s, window, softcap, bidirectionalSpans, documents, sinks };
+  if (prefersFlash(q, k, v, B * Hq * S * Sk)) {
     if (flashAttentionRefusal(q, k, v, fused) === null) return flashAttention(q, k, v, fused);
     // bfloat16 / float16 training: the kernels run in float32 between two differentiable casts
     if (q.dtype !== "float32" && isFloating(q.dtype) && k.dtype === q.dtype && v.dtype === q.dtype) {
@@ -242,7 +242,7 @@ export function causalAttention(
 
 /**
  * causalAttention composed of ops (matmul, the additive mask, softmax, matmul), every intermediate materialized: the
- * form small inference-only attention and attention with sinks take, and the flash kernels' independent twin in tests.
+ * form small inference-only attention takes, and the flash kernels' independent twin in tests.
  */
 export function composedCausalAttention(
   q: Tensor, k: Tensor, v: Tensor, scale?: number, window?: number, softcap?: number | null, sinks?: Tensor | null,
