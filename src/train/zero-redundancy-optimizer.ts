@@ -96,11 +96,6 @@ export class ZeroRedundancyOptimizer<O = unknown> implements SteppableOptimizer 
     this.localOptimizer.initialLr = v;
   }
 
-  /** The group rank that owns params[index]. */
-  ownerOf(index: number): number {
-    return this.partition.findIndex((p) => p.includes(index));
-  }
-
   /** Updates this rank's parameters, then broadcasts every rank's so all replicas hold the new values. */
   step(): void {
     this.consolidated = null;

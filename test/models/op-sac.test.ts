@@ -6,7 +6,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { CausalLM } from "../../src/models/causal-lm.js";
 import { parseHfConfig } from "../../src/models/hf-config.js";
-import type { KernelCall } from "../../src/backends/backend.js";
+import { countKernels } from "../helpers/kernel-counts.js";
 import { defaultDevice, ones, opSacPolicy, randn } from "../../src/tensor/index.js";
 
 const LAYERS = 2;
@@ -27,19 +27,8 @@ function tinyModel(): CausalLM {
 
 /** Products launched during fn on the default device: matmul kernels and flash attention forwards. */
 function matmulKernels(fn: () => void): number {
-  const backend = defaultDevice().backend;
-  let n = 0;
-  const run = backend.run.bind(backend);
-  backend.run = (call: KernelCall, options) => {
-    if (call.op === "matmul" || call.op === "flash_attention") n++;
-    run(call, options);
-  };
-  try {
-    fn();
-  } finally {
-    delete (backend as { run?: unknown }).run;
-  }
-  return n;
+  const counts = countKernels(defaultDevice().name, fn);
+  return (counts.get("matmul") ?? 0) + (counts.get("flash_attention") ?? 0);
 }
 
 test("op SAC on a CausalLM: the plain gradients, 5 fewer products recomputed per layer than whole-layer checkpointing, no leak", () => {

@@ -6,7 +6,7 @@ import { it } from "node:test";
 import assert from "node:assert/strict";
 import * as k from "../../src/tensor/index.js";
 import type { Tensor } from "../../src/tensor/index.js";
-import type { KernelCall } from "../../src/backends/backend.js";
+import { countKernels as countDeviceKernels } from "../helpers/kernel-counts.js";
 import { assertClose, forEachBackend, prng } from "./suite.js";
 
 type Mode = "plain" | "full" | "op";
@@ -20,22 +20,7 @@ forEachBackend((dev) => {
   };
 
   /** Runs fn counting the kernels launched on this device by kind ("matmul", "unary:tanh", ...). */
-  const countKernels = (fn: () => void): Map<string, number> => {
-    const backend = k.device(dev).backend;
-    const counts = new Map<string, number>();
-    const run = backend.run.bind(backend);
-    backend.run = (call: KernelCall, options) => {
-      const kind = call.op === "unary" || call.op === "binary" ? `${call.op}:${call.fn}` : call.op;
-      counts.set(kind, (counts.get(kind) ?? 0) + 1);
-      run(call, options);
-    };
-    try {
-      fn();
-    } finally {
-      delete (backend as { run?: unknown }).run;
-    }
-    return counts;
-  };
+  const countKernels = (fn: () => void): Map<string, number> => countDeviceKernels(dev, fn);
 
   /** a + tanh(tanh(tanh(a @ W0) @ W1) @ W2): three matrix products (mm calls 0, 1, 2) between elementwise ops. */
   const region = (a: Tensor, Ws: Tensor[]): Tensor => {

@@ -4,7 +4,7 @@ import { isFloating } from "../../backends/dtype.js";
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { inCheckpointRegion, isGradEnabled, recordOp } from "../grad-mode.js";
-import { empty, numel, Tensor } from "../tensor.js";
+import { empty, numel, tensor, Tensor } from "../tensor.js";
 import { flashAttention, flashAttentionRefusal } from "./flash-attention.js";
 import { contiguous } from "./shape.js";
 import { matmul, matmulAt, type QuantizedActivations } from "./linalg.js";
@@ -333,26 +333,19 @@ export function scaledDotProductAttention(query: Tensor, key: Tensor, value: Ten
   const p = o.dropoutP ?? 0;
   if (!(p >= 0 && p <= 1)) throw new OpError(op, `dropout_p must be in [0, 1], got ${p}`);
   const scale = o.scale ?? 1 / Math.sqrt(E);
-  let k = key;
-  let v = value;
   const Hq = query.ndim >= 3 ? query.shape[query.ndim - 3]! : 1;
   const Hkv = key.ndim >= 3 ? key.shape[key.ndim - 3]! : 1;
-  if (query.ndim >= 3 && key.ndim >= 3 && Hq !== Hkv) {
-    if (!o.enableGqa) throw new OpError(op, `query has ${Hq} heads and key ${Hkv} (dim -3): pass enableGqa to repeat the key/value heads`);
-    if (Hq % Hkv !== 0 || value.shape[value.ndim - 3] !== Hkv) throw new OpError(op, `query heads ${Hq} must be a multiple of the key/value heads ${Hkv}`);
-    if (query.ndim === 4 && key.ndim === 4 && value.ndim === 4 && !o.attnMask && p === 0 && Ev === E && (!o.isCausal || L === S)) {
-      // the flash kernels read GQA heads in place
-      const flash = sdpaFlash(query, key, value, scale, o.isCausal ?? false);
-      if (flash) return flash;
-    }
-    k = repeatInterleave(key, Hq / Hkv, key.ndim - 3);
-    v = repeatInterleave(value, Hq / Hkv, value.ndim - 3);
+  const gqa = query.ndim >= 3 && key.ndim >= 3 && Hq !== Hkv;
+  if (gqa && !o.enableGqa) throw new OpError(op, `query has ${Hq} heads and key ${Hkv} (dim -3): pass enableGqa to repeat the key/value heads`);
+  if (gqa && (Hq % Hkv !== 0 || value.shape[value.ndim - 3] !== Hkv)) throw new OpError(op, `query heads ${Hq} must be a multiple of the key/value heads ${Hkv}`);
+  if (query.ndim === 4 && key.ndim === 4 && value.ndim === 4 && !o.attnMask && p === 0 && Ev === E && (!o.isCausal || L === S)) {
+    // the flash kernels read GQA heads in place
+    const flash = sdpaFlash(query, key, value, scale, o.isCausal ?? false);
+    if (flash) return flash;
   }
+  const k = gqa ? repeatInterleave(key, Hq / Hkv, key.ndim - 3) : key;
+  const v = gqa ? repeatInterleave(value, Hq / Hkv, value.ndim - 3) : value;
   try {
-    if (query.ndim === 4 && k.ndim === 4 && v.ndim === 4 && !o.attnMask && p === 0 && Ev === E && (!o.isCausal || L === S)) {
-      const flash = sdpaFlash(query, k, v, scale, o.isCausal ?? false);
-      if (flash) return flash;
-    }
     const kt = k.transpose(-2, -1);
     const raw = matmul(query, kt);
     let scores = raw.mul(scale);
@@ -393,7 +386,7 @@ function sdpaFlash(q: Tensor, k: Tensor, v: Tensor, scale: number, causal: boole
 function causalBias(L: number, S: number, like: Tensor): Tensor {
   const data = new Float32Array(L * S);
   for (let i = 0; i < L; i++) for (let j = i + 1; j < S; j++) data[i * S + j] = -Infinity;
-  return tensorFrom(data, [L, S], like);
+  return tensor(data, { shape: [L, S], device: like.device });
 }
 
 /** A bool mask as a 0 / -inf bias; a float mask as itself (a copy the caller may dispose). */
@@ -402,12 +395,6 @@ function maskBias(mask: Tensor, like: Tensor): Tensor {
   if (!isFloating(mask.dtype)) throw new OpError("scaled_dot_product_attention", `attn_mask must be bool or floating point, got ${mask.dtype}`);
   if (mask.device !== like.device) throw new OpError("scaled_dot_product_attention", `attn_mask is on ${mask.device.name}, query on ${like.device.name}`);
   return mask.expand(mask.shape);
-}
-
-function tensorFrom(data: Float32Array, shape: number[], like: Tensor): Tensor {
-  const t = empty(shape, { dtype: "float32", device: like.device });
-  like.device.backend.write(t.storage.buffer, 0, new Uint8Array(data.buffer));
-  return t;
 }
 
 /** Rotary applied inside paged attention: positions int32 [T], cos/sin [maxPos, rotaryDim/2] (as rotaryEmbedding). */
