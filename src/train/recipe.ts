@@ -375,7 +375,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     const mine = optimizer.localOptimizer.params;
     const elements = (ps: readonly Tensor[]): number => ps.reduce((n, p) => n + p.numel, 0);
     log(`[parallelism] optimizer state sharded over ${degrees.shard} ranks${replicas} (ZeRO-1: parameters and gradients replicated); ` +
-      `rank 0 keeps the state of ${mine.length} of ${trainedParams.length} parameters (${elements(mine)} of ${elements(trainedParams)} elements)`);
+      `rank ${rank} keeps the state of ${mine.length} of ${trainedParams.length} parameters (${elements(mine)} of ${elements(trainedParams)} elements)`);
   } else optimizer = buildOptimizer(o, trainedParams);
   const ls = cfg.lr_scheduler;
   const schedule = new LrSchedule({
