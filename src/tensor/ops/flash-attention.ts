@@ -68,24 +68,25 @@ export function flashAttention(q: Tensor, k: Tensor, v: Tensor, o: FlashAttentio
   const why = flashAttentionRefusal(q, k, v, o);
   if (why !== null) throw new OpError("flash_attention", why);
   const dev = sameDevice("flash_attention", q, k, v);
-  const [qc, kc, vc] = [q, k, v].map((t) => contiguous(t));
-  const sinks = o.sinks != null ? contiguous(o.sinks) : null;
   const docs = o.documents != null ? tensor(o.documents, { device: dev }) : null;
   const [B, H, S, D] = q.shape as [number, number, number, number];
   // the op-level checkpoint policy's "attention": under it a recomputation gets the forward's out and lse back
+  // (without contiguous copies of its operands)
   const [out, lse] = sacSites("attention", [q, k, v], () => {
+    const [qc, kc, vc] = [q, k, v].map((t) => contiguous(t)) as [Tensor, Tensor, Tensor];
+    const sinks = o.sinks != null ? contiguous(o.sinks) : null;
     const out = empty([B, H, S, D], { dtype: "float32", device: dev });
     const lse = empty([B, H, S], { dtype: "float32", device: dev });
     const { docsView, ...dims } = shapeOf(q, k, o, docs, sinks);
     const view = (t: Tensor) => t.view_("flash_attention");
-    runKernel("flash_attention", dev, { op: "flash_attention", q: view(qc!), k: view(kc!), v: view(vc!), docs: docsView, ...dims, out: view(out), lse: view(lse) }, [out]);
+    runKernel("flash_attention", dev, { op: "flash_attention", q: view(qc), k: view(kc), v: view(vc), docs: docsView, ...dims, out: view(out), lse: view(lse) }, [out]);
+    if (sinks !== null && sinks !== o.sinks) sinks.dispose();
+    for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c.dispose();
     return [out, lse];
   }) as [Tensor, Tensor];
   recordOp("flash_attention", [q, k, v, o.sinks ?? null], out, { lse, docs, options: o });
   lse.dispose();
   docs?.dispose();
-  if (sinks !== null && sinks !== o.sinks) sinks.dispose();
-  for (const [c, t] of [[qc, q], [kc, k], [vc, v]] as const) if (c !== t) c!.dispose();
   return out;
 }
 
