@@ -25,8 +25,9 @@ import {
  */
 export const HUGE_PAGE_MAX_WEIGHT_BYTES = 4 * 2 ** 30;
 /**
- * A KV cache up to this size gets huge pages. Its pages fault in while serving (the first write into each 2 MiB), so
- * a large one would put those compaction stalls into decode steps.
+ * A KV cache up to this size gets huge pages, faulted in at start-up: left to fault in while serving (the first write
+ * into each 2 MiB, which zero-fills it and can wait on memory compaction), they stalled decode steps whenever a
+ * request took blocks no earlier one had used (the free block queue hands out the least recently used).
  */
 export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
 
@@ -245,7 +246,7 @@ export class PagedModelRunner implements ModelRunner {
     const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device, dtype: KV_TENSOR_DTYPE[spec.dtype ?? "float32"] });
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
     // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
-    model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true, maxBytes: HUGE_PAGE_MAX_KV_BYTES });
+    model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true, maxBytes: HUGE_PAGE_MAX_KV_BYTES, populate: true });
     all.dispose(); // the views keep the storage
   }
 

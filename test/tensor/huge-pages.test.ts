@@ -61,6 +61,26 @@ describe("moveToHugePages", () => {
     assert.ok(t.dataSync().every((v) => v === 0));
   });
 
+  it("populate: the new pages fault in at the move, so writing every page after it faults none", () => {
+    // minor page faults while every 4 KiB page of a moved 64 MiB buffer is written (a host view: no kernel runs)
+    const faultsWriting = (populate: boolean): number => {
+      const t = zeros([(64 << 20) / 4], { device: "cpu" });
+      assert.equal(cpu.moveToHugePages!([t.storage.buffer], { discard: true, populate }), 64 << 20);
+      const bytes = new Uint8Array(t.storage.buffer.host!);
+      const before = process.resourceUsage().minorPageFault;
+      for (let at = 0; at < bytes.length; at += 4096) bytes[at] = 7;
+      const faults = process.resourceUsage().minorPageFault - before;
+      assert.equal(new Uint8Array(t.dataSync().buffer)[4096], 7, "the writes went to the tensor's memory");
+      t.dispose();
+      return faults;
+    };
+    const lazy = faultsWriting(false);
+    const populated = faultsWriting(true);
+    // unpopulated: one fault per 2 MiB page (32) with huge pages, per 4 KiB page (16384) without
+    assert.ok(lazy >= 24, `${lazy} faults writing a moved buffer that was not populated`);
+    assert.ok(populated < 8, `${populated} faults writing a populated buffer`);
+  });
+
   it("with transparent huge pages on, the moved bytes are backed by huge pages", (ctx) => {
     const mode = thpMode();
     const before = anonHugeBytes();
