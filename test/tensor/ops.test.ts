@@ -370,6 +370,35 @@ forEachBackend((dev) => {
       assert.deepEqual(values(rows.argmax(-1, true)), [33, 20]);
       assert.ok(Number.isNaN(rows.max(1).toList()[0]!), "max of the NaN row is NaN");
     });
+    it("argmax over logits-sized rows (the kernel splits a lone long row between the threads)", () => {
+      // torch's rule, computed here: the first NaN, else the first index of the largest value
+      const expected = (r: Float32Array): number => {
+        let at = 0;
+        for (let i = 0; i < r.length; i++) {
+          if (Number.isNaN(r[i]!)) return i;
+          if (r[i]! > r[at]!) at = i;
+        }
+        return at;
+      };
+      const n = 49152 + 37; // not a multiple of the vector width or of the split
+      const base = (): Float32Array => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37) * 3);
+      const cases: [string, (r: Float32Array) => void][] = [
+        ["the largest in the second half", (r) => void (r[40000] = 9)],
+        ["a tie across the halves: the first wins", (r) => void ((r[30000] = 9), (r[100] = 9))],
+        ["a tie in one vector's lanes and the tail", (r) => void ((r[n - 3] = 9), (r[n - 40] = 9))],
+        ["a NaN in the second half after the largest", (r) => void ((r[10] = 9), (r[30001] = NaN))],
+        ["NaNs in both halves", (r) => void ((r[30001] = NaN), (r[20000] = NaN))],
+        ["a NaN in the last elements only", (r) => void (r[n - 1] = NaN)],
+        ["every value -inf", (r) => r.fill(-Infinity)],
+        ["-inf but one -1e30 late", (r) => void (r.fill(-Infinity), (r[45000] = -1e30))],
+      ];
+      for (const [name, edit] of cases) {
+        const r = base();
+        edit(r);
+        assert.equal(ft([...r], [n]).argmax().item(), expected(r), name);
+        assert.deepEqual(values(ft([...r, ...base()], [2, n]).argmax(1)), [expected(r), expected(base())], `${name} (two rows)`);
+      }
+    });
     it("max / min propagate NaN, as torch", () => {
       assert.ok(Number.isNaN(t([1, NaN, 3]).max().item()), "max propagates NaN");
       assert.ok(Number.isNaN(t([1, NaN, 3]).min().item()), "min propagates NaN");
