@@ -1197,7 +1197,22 @@ void dropHugeRef(HugeChunk* c) {
   delete c;
 }
 
-// allocHugeMemory(byteLength) -> ArrayBuffer of zeros on huge pages where the kernel grants them. Its bytes count as
+// Faults [p, p + bytes) in now, writable, without writing it (MADV_POPULATE_WRITE, Linux 5.14+; elsewhere the pages
+// fault in at first touch). On this project's VMs, first writes into fresh anonymous memory cost ~12 us per 4 KiB
+// page (512 MiB in 1.6 s) and 0.3-1.0 s per 512 MiB of huge pages, against 84 ms and 28-37 ms populated this way (a
+// C loop writing one byte per 4 KiB page against one madvise over the range, fresh mappings of each kind).
+void populate(uint8_t* p, size_t bytes) {
+#if defined(__linux__)
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, absent from older headers
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(4095);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes + 4095) & ~uintptr_t(4095);
+  madvise(reinterpret_cast<void*>(lo), hi - lo, kPopulateWrite);  // a refusal (old kernel) leaves lazy faults
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// allocHugeMemory(byteLength) -> ArrayBuffer of zeros on huge pages where the kernel grants them, faulted in. Its bytes count as
 // V8 external memory (GC pressure), as those of an ordinary ArrayBuffer do.
 Napi::Value AllocHugeMemory(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -1230,6 +1245,7 @@ Napi::Value AllocHugeMemory(const Napi::CallbackInfo& info) {
     }
   }
   if (!chunk) throw Napi::Error::New(env, std::string("[allocHugeMemory] ") + strerror(err));
+  populate(chunk->base + at, padded);
   struct Hint {
     HugeChunk* chunk;
     int64_t bytes;

@@ -403,10 +403,10 @@ export interface Backend {
    * graphs (they point at the memory they were captured with). Returns the bytes moved; small buffers stay.
    * `discard`: the bytes are not needed (a fresh KV cache): the buffers get zeroed memory and nothing is copied.
    * `maxBytes`: move nothing when the buffers to move total more (faulting in huge pages can stall on memory
-   * compaction: seconds for GiBs). `populate`: fault the new pages in now (the first write into each 2 MiB page
-   * zero-fills it, and can wait on compaction, which would otherwise fall in a later step).
+   * compaction: seconds for GiBs). The new pages are faulted in by the move where the OS can (a first write into
+   * each would otherwise zero-fill it inside a later step).
    */
-  moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean; maxBytes?: number; populate?: boolean }): number;
+  moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean; maxBytes?: number }): number;
   /**
    * Runs fn with a private memory pool open (as a capture's): memory freed from buffers fn allocates is handed out
    * again to its later allocations of the same size instead of fresh memory, whose first touch costs page faults

@@ -106,11 +106,6 @@ const NATIVE_STRIDED_MIN = 512;
 // fast periods.
 const HUGE_PAGE_MIN_BYTES = 64 << 10;
 const hugeMemory = new WeakSet<ArrayBuffer>();
-/** Writes a zero into every 4 KiB page of fresh (zero) memory: its pages fault in here, huge ones 2 MiB at a time. */
-function faultIn(memory: ArrayBuffer): void {
-  const bytes = new Uint8Array(memory);
-  for (let at = 0; at < bytes.length; at += 4096) bytes[at] = 0;
-}
 
 /** Shape or strides for the native strided kernels, or null when a stride is negative / rank > 8. */
 function dims(xs: readonly number[]): Int32Array | null {
@@ -244,7 +239,7 @@ export class CpuBackend implements Backend {
   mapFile(path: string, byteOffset: number, byteLength: number): DeviceBuffer {
     return this.memory.adopt(this.native.mapFile(path, byteOffset, byteLength));
   }
-  moveToHugePages(buffers: Iterable<DeviceBuffer>, options: { discard?: boolean; maxBytes?: number; populate?: boolean } = {}): number {
+  moveToHugePages(buffers: Iterable<DeviceBuffer>, options: { discard?: boolean; maxBytes?: number } = {}): number {
     const alloc = this.native.allocHugeMemory;
     if (alloc === undefined) return 0;
     if (this.stream.capturing) throw new CaptureError("move_to_huge_pages", "memory cannot move during a capture (on cpu)");
@@ -262,7 +257,6 @@ export class CpuBackend implements Backend {
         break; // out of address space or memory: the rest stays on ordinary pages
       }
       if (options.discard !== true) new Uint8Array(memory).set(new Uint8Array(b.raw));
-      else if (options.populate === true) faultIn(memory);
       this.memory.renumber(b.raw, memory);
       b.rehome(memory);
       hugeMemory.add(memory);

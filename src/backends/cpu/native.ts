@@ -50,7 +50,10 @@ export interface NativeKernels extends NativeStream {
   getNumThreads(): number;
   /** The file's bytes [byteOffset, byteOffset + byteLength) as an ArrayBuffer over a private copy-on-write map. */
   mapFile(path: string, byteOffset: number, byteLength: number): ArrayBuffer;
-  /** Zeroed memory carved from 2 MiB-aligned chunks advised for transparent huge pages (older addons lack it). */
+  /**
+   * Zeroed memory carved from 2 MiB-aligned chunks advised for transparent huge pages, faulted in where the kernel
+   * can (MADV_POPULATE_WRITE) (older addons lack it).
+   */
   allocHugeMemory?(byteLength: number): ArrayBuffer;
   /**
    * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
