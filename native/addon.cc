@@ -1212,6 +1212,14 @@ void populate(uint8_t* p, size_t bytes) {
 #endif
 }
 
+// populate(arrayBuffer): faults its pages in now (populate above), for memory every step will write (a KV cache).
+Napi::Value Populate(const Napi::CallbackInfo& info) {
+  if (info.Length() < 1 || !info[0].IsArrayBuffer()) throw Napi::TypeError::New(info.Env(), "[populate] expected an ArrayBuffer");
+  Napi::ArrayBuffer b = info[0].As<Napi::ArrayBuffer>();
+  if (b.ByteLength() > 0) populate(static_cast<uint8_t*>(b.Data()), b.ByteLength());
+  return info.Env().Undefined();
+}
+
 // allocHugeMemory(byteLength) -> ArrayBuffer of zeros on huge pages where the kernel grants them, faulted in. Its bytes count as
 // V8 external memory (GC pressure), as those of an ordinary ArrayBuffer do.
 Napi::Value AllocHugeMemory(const Napi::CallbackInfo& info) {
@@ -1359,6 +1367,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads, "getNumThreads"));
   exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
   exports.Set("allocHugeMemory", Napi::Function::New(env, AllocHugeMemory, "allocHugeMemory"));
+  exports.Set("populate", Napi::Function::New(env, Populate, "populate"));
   struct Entry {
     const char* name;
     Napi::Function::Callback now, submit;

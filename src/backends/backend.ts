@@ -408,6 +408,12 @@ export interface Backend {
    */
   moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean; maxBytes?: number }): number;
   /**
+   * Faults these buffers' pages in now, keeping their bytes: for memory later steps write into piece by piece (a KV
+   * cache), whose first write into each page would otherwise fault inside a step (~12 us per 4 KiB page on this
+   * project's VMs). Memory moved to huge pages was faulted in by the move.
+   */
+  populate?(buffers: Iterable<DeviceBuffer>): void;
+  /**
    * Runs fn with a private memory pool open (as a capture's): memory freed from buffers fn allocates is handed out
    * again to its later allocations of the same size instead of fresh memory, whose first touch costs page faults
    * (~10 us per 4 KiB page on a VM: 200 ms for 70 MB). For eager work over large tensors (a vision tower). Inside a

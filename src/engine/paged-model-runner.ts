@@ -25,9 +25,10 @@ import {
  */
 export const HUGE_PAGE_MAX_WEIGHT_BYTES = 4 * 2 ** 30;
 /**
- * A KV cache up to this size gets huge pages, faulted in at start-up: left to fault in while serving (the first write
- * into each 2 MiB, which zero-fills it and can wait on memory compaction), they stalled decode steps whenever a
- * request took blocks no earlier one had used (the free block queue hands out the least recently used).
+ * A KV cache up to this size gets huge pages. Every KV cache is faulted in at start-up (Backend.populate): left to
+ * fault in while serving, its pages stalled the steps whose requests took blocks no earlier one had used (the free
+ * block queue hands out the least recently used) by the first write into each page (~12 us per 4 KiB page, more for a
+ * 2 MiB one, which can wait on memory compaction).
  */
 export const HUGE_PAGE_MAX_KV_BYTES = 2 ** 30;
 
@@ -247,6 +248,7 @@ export class PagedModelRunner implements ModelRunner {
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
     // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
     model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true, maxBytes: HUGE_PAGE_MAX_KV_BYTES });
+    model.device.backend.populate?.([all.storage.buffer]);
     all.dispose(); // the views keep the storage
   }
 

@@ -78,6 +78,25 @@ describe("moveToHugePages", () => {
     assert.equal(new Uint8Array(t.dataSync().buffer)[4096], 7, "the writes went to the tensor's memory");
   });
 
+  it("populate: a buffer's pages fault in at the call, keeping its bytes (ordinary pages)", () => {
+    const faultsWriting = (bytes: Uint8Array): number => {
+      const before = process.resourceUsage().minorPageFault;
+      for (let at = 0; at < bytes.length; at += 4096) bytes[at] = 7;
+      return process.resourceUsage().minorPageFault - before;
+    };
+    const fresh = cpu.allocate(32 << 20);
+    const control = cpu.allocate(32 << 20);
+    cpu.write(fresh, 5 * 4096 + 1, Uint8Array.of(42)); // one page written before: its byte stays
+    cpu.populate!([fresh]);
+    const populated = faultsWriting(new Uint8Array(fresh.host!));
+    const lazy = faultsWriting(new Uint8Array(control.host!));
+    assert.ok(lazy >= 12, `${lazy} faults writing fresh memory`);
+    assert.ok(populated < 4, `${populated} faults writing populated memory`);
+    assert.equal(cpu.read(fresh, 5 * 4096 + 1, 1)[0], 42);
+    cpu.free(fresh);
+    cpu.free(control);
+  });
+
   it("with transparent huge pages on, the moved bytes are backed by huge pages", (ctx) => {
     const mode = thpMode();
     const before = anonHugeBytes();

@@ -264,6 +264,11 @@ export class CpuBackend implements Backend {
     }
     return moved;
   }
+  populate(buffers: Iterable<DeviceBuffer>): void {
+    const populate = this.native.populate;
+    if (populate === undefined) return;
+    for (const b of buffers) if (b instanceof CpuBuffer && !b.freed) populate.call(this.native, b.raw);
+  }
   withMemoryPool<T>(fn: () => T): T {
     // the stream runs jobs in order and host access waits for the jobs touching the memory (beforeHostAccess), so a
     // new owner's uses follow the previous owner's, as in a capture

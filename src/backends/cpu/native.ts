@@ -55,6 +55,8 @@ export interface NativeKernels extends NativeStream {
    * can (MADV_POPULATE_WRITE) (older addons lack it).
    */
   allocHugeMemory?(byteLength: number): ArrayBuffer;
+  /** Faults the memory's pages in now, without writing it (MADV_POPULATE_WRITE where the kernel has it; older addons lack it). */
+  populate?(memory: ArrayBuffer): void;
   /**
    * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
    * linear weight gradient g^T @ x with no transposed copy). bTransposed: B is [N,K] (nn.Linear weight,
