@@ -61,40 +61,40 @@ describe("moveToHugePages", () => {
     assert.ok(t.dataSync().every((v) => v === 0));
   });
 
+  // Minor page faults of the whole process (other threads' faults count too: the bounds leave room for them) while
+  // every 4 KiB page of `bytes` is written through a host view (no kernel runs).
+  const faultsWriting = (bytes: Uint8Array): number => {
+    const before = process.resourceUsage().minorPageFault;
+    for (let at = 0; at < bytes.length; at += 4096) bytes[at] = 7;
+    return process.resourceUsage().minorPageFault - before;
+  };
+
   it("the moved pages are faulted in by the move: writing every page after it faults none", () => {
-    // minor page faults while every 4 KiB page of 64 MiB is written through a host view (no kernel runs)
-    const faultsWriting = (bytes: Uint8Array): number => {
-      const before = process.resourceUsage().minorPageFault;
-      for (let at = 0; at < bytes.length; at += 4096) bytes[at] = 7;
-      return process.resourceUsage().minorPageFault - before;
-    };
-    // fresh ordinary memory: one fault per 4 KiB page (16384), or per 2 MiB (32) under THP "always"
-    const fresh = faultsWriting(new Uint8Array(64 << 20));
-    assert.ok(fresh >= 24, `${fresh} faults writing fresh memory`);
-    const t = zeros([(64 << 20) / 4], { device: "cpu" });
-    assert.equal(cpu.moveToHugePages!([t.storage.buffer], { discard: true }), 64 << 20);
+    // fresh ordinary memory: one fault per 4 KiB page (65536), or per 2 MiB (128) under THP "always"
+    const fresh = faultsWriting(new Uint8Array(256 << 20));
+    assert.ok(fresh >= 100, `${fresh} faults writing fresh memory`);
+    const t = zeros([(256 << 20) / 4], { device: "cpu" });
+    assert.equal(cpu.moveToHugePages!([t.storage.buffer], { discard: true }), 256 << 20);
+    // unpopulated huge pages would fault 128 times (one per 2 MiB), ordinary ones 65536
     const moved = faultsWriting(new Uint8Array(t.storage.buffer.host!));
-    assert.ok(moved < 8, `${moved} faults writing moved memory`);
+    assert.ok(moved < 48, `${moved} faults writing moved memory`);
     assert.equal(new Uint8Array(t.dataSync().buffer)[4096], 7, "the writes went to the tensor's memory");
+    t.dispose();
   });
 
-  it("populate: a buffer's pages fault in at the call, keeping its bytes (ordinary pages)", () => {
-    const faultsWriting = (bytes: Uint8Array): number => {
-      const before = process.resourceUsage().minorPageFault;
-      for (let at = 0; at < bytes.length; at += 4096) bytes[at] = 7;
-      return process.resourceUsage().minorPageFault - before;
-    };
+  it("populate: a buffer's pages fault in at the call, keeping its bytes (ordinary pages)", (ctx) => {
     const fresh = cpu.allocate(32 << 20);
     const control = cpu.allocate(32 << 20);
     cpu.write(fresh, 5 * 4096 + 1, Uint8Array.of(42)); // one page written before: its byte stays
     cpu.populate!([fresh]);
     const populated = faultsWriting(new Uint8Array(fresh.host!));
     const lazy = faultsWriting(new Uint8Array(control.host!));
-    assert.ok(lazy >= 12, `${lazy} faults writing fresh memory`);
-    assert.ok(populated < 4, `${populated} faults writing populated memory`);
+    cpu.free(control);
     assert.equal(cpu.read(fresh, 5 * 4096 + 1, 1)[0], 42);
     cpu.free(fresh);
-    cpu.free(control);
+    // under THP "always" fresh memory faults once per 2 MiB (16 here): too few to tell from the noise
+    if (lazy < 2048) return ctx.skip(`fresh memory faulted ${lazy} times (huge pages): populate's effect is not measurable here`);
+    assert.ok(populated < 256, `${populated} faults writing populated memory (fresh memory: ${lazy})`);
   });
 
   it("with transparent huge pages on, the moved bytes are backed by huge pages", (ctx) => {
