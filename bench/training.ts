@@ -5,7 +5,7 @@
 // 2 x 2048 ran this 24 GiB machine out of memory: several 512 MiB score tensors per layer kept for backward). Prints
 // tokens/s, the flash/composed ratio measured in the same run, model FLOPs utilization (TorchTitan's FLOPs per token
 // over this run's measured FMA peak of every thread) and each step's peak tensor memory.
-// Usage: npm run bench:train [-- --steps 3] [--skip-large]
+// Usage: npm run bench:train [-- --steps 3] [--skip-large] [--shapes 8x512,2x2048 (flash only, these shapes)]
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import { CausalLM } from "../src/models/causal-lm.js";
 import { parseHfConfig } from "../src/models/hf-config.js";
@@ -82,6 +82,12 @@ function run(batch: number, seq: number, flash: boolean): Result {
 
 const fmt = (x: Result) => `${x.tokensPerSecond.toFixed(0)} tok/s, MFU ${(100 * x.mfu).toFixed(1)}%, peak ${x.peakMiB.toFixed(0)} MiB`;
 console.log(`debug-model training (dim 256, 6 layers, 16 heads, vocab ${VOCAB}, f32, AdamW), ${threads} threads, FMA peak ${(peak / 1e9).toFixed(0)} GFLOP/s; best of ${STEPS} steps after a warm-up`);
+const shapes = option("--shapes", "");
+if (shapes !== "") {
+  for (const [batch, seq] of shapes.split(",").map((s) => s.split("x").map(Number) as [number, number])) console.log(`${batch} x ${seq}: flash ${fmt(run(batch, seq, true))}`);
+  console.log(`max RSS ${(process.resourceUsage().maxRSS / 2 ** 10).toFixed(0)} MiB`);
+  process.exit(0);
+}
 for (const [batch, seq] of [[8, 512], [4, 1024]] as const) {
   const flash = run(batch, seq, true);
   const composed = run(batch, seq, false);
