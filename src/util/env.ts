@@ -28,7 +28,7 @@ export const env = {
   get numThreads(): number | undefined {
     return int("KILN_NUM_THREADS");
   },
-  /** Bytes of freed host memory the caching allocator keeps for reuse (0 disables it; default 1 GiB). */
+  /** Bytes of freed host memory the caching allocator keeps for reuse (0 disables it; default an eighth of the machine's memory). */
   get hostCacheBytes(): number | undefined {
     return int("KILN_HOST_CACHE_BYTES");
   },

@@ -196,6 +196,27 @@ test("a host write into reused memory a queued kernel still reads lands after th
   for (const t of [...work, y, w]) t.dispose();
 });
 
+test("a kernel output taking memory a queued kernel still reads (not zeroed) is written after that kernel", { skip }, async () => {
+  const be = cpu();
+  await be.synchronize();
+  k.emptyCache("cpu");
+  const n = 6 * 1024 + 7;
+  const data = Float32Array.from({ length: n }, (_, i) => (i % 31) - 15);
+  const x = k.tensor(data, { device: "cpu" });
+  const w = k.tensor(data.map((v) => v + 100), { device: "cpu" });
+  await be.synchronize();
+  const work = busy();
+  const y = k.mul(x, 2);
+  const mem = raw(x);
+  x.dispose();
+  assert.ok(be.native.streamPending() > 0);
+  const z = k.add(w, 1); // an elementwise output: handed x's memory as it is, the add enqueued behind y's read
+  assert.equal(raw(z), mem);
+  assert.deepEqual(y.dataSync(), data.map((v) => 2 * v));
+  assert.deepEqual(z.dataSync(), data.map((v) => v + 101));
+  for (const t of [...work, y, z, w]) t.dispose();
+});
+
 test("memory a step graph points into is never handed out again, even once its tensors are freed", { skip }, async () => {
   const be = cpu();
   await be.synchronize();

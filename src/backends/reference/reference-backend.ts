@@ -2,6 +2,7 @@
 import type { AllocateOptions, Backend, DeviceBuffer, KernelCall } from "../backend.js";
 import { HostBuffer, hostOf } from "./host-memory.js";
 import { runReference } from "./reference-kernels.js";
+import { totalmem } from "node:os";
 import { env } from "../../util/env.js";
 
 /**
@@ -24,8 +25,12 @@ interface PrivatePool {
  */
 const MAX_FINDABLE = 1 << 16;
 
-/** Default cap of the freed-memory cache (KILN_HOST_CACHE_BYTES overrides it; 0 disables the cache). */
-const DEFAULT_CACHE_BYTES = 2 ** 30;
+/**
+ * Default cap of the freed-memory cache (KILN_HOST_CACHE_BYTES overrides it; 0 disables the cache): an eighth of the
+ * machine's memory. The debug-model training step at the recipe's 8 x 2048 tokens re-allocates all of its ~7 GiB per
+ * step from the cache under a 2.9 GiB cap (24 GiB machine); under 1 GiB it missed 1.8 GiB a step.
+ */
+const defaultCacheBytes = (): number => Math.floor(totalmem() / 8);
 
 /** A buffer type over host memory: `raw` is the memory without waiting on any stream. */
 export type HostWrapped = DeviceBuffer & { freed: boolean; readonly raw: ArrayBuffer };
@@ -42,7 +47,7 @@ export interface HostAllocatorOptions {
   zeroLater?: (memory: ArrayBuffer) => boolean;
   /** Whether freed memory may be handed out again (not when a step graph's jobs point into it). */
   reusable?: (memory: ArrayBuffer) => boolean;
-  /** Bytes the freed-memory cache holds at most (default KILN_HOST_CACHE_BYTES, else 1 GiB; 0: no cache). */
+  /** Bytes the freed-memory cache holds at most (default KILN_HOST_CACHE_BYTES, else an eighth of memory; 0: no cache). */
   cacheBytes?: number;
 }
 
@@ -87,7 +92,7 @@ export class HostAllocator {
     this.inUse = options.inUse ?? (() => false);
     this.reusable = options.reusable ?? (() => true);
     this.zeroLater = options.zeroLater ?? (() => false);
-    this.cacheCap = Math.max(0, options.cacheBytes ?? env.hostCacheBytes ?? DEFAULT_CACHE_BYTES);
+    this.cacheCap = Math.max(0, options.cacheBytes ?? env.hostCacheBytes ?? defaultCacheBytes());
   }
 
   allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer {
@@ -104,26 +109,27 @@ export class HostAllocator {
   }
 
   /**
-   * Cached memory of this size, numbered as a new allocation, or undefined. Unless `uninitialized` it is zeroed:
-   * the most recently freed that no queued job uses is zeroed now; if queued jobs use them all, the most recent is
-   * zeroed behind those jobs (zeroLater). Memory queued jobs use is safe to hand out: whatever its next owner
-   * enqueues runs after them on the in-order stream, and host access (CpuBuffer.host) waits for them.
+   * Cached memory of this size, numbered as a new allocation, or undefined: the most recently freed that no queued
+   * job uses, zeroed now unless `uninitialized`; if queued jobs use them all, the most recent, zeroed behind those
+   * jobs (zeroLater). Memory queued jobs use is safe to hand out: whatever its next owner enqueues runs after them
+   * on the in-order stream, and host access (CpuBuffer.host) waits for them; it is only the second choice because
+   * a host kernel writing it would have to wait.
    */
   private fromCache(byteLength: number, uninitialized: boolean): ArrayBuffer | undefined {
     const list = this.cache.get(byteLength);
     if (list === undefined) return undefined;
     let i = list.length - 1;
-    if (!uninitialized) while (i >= 0 && this.inUse(list[i]!)) i--;
-    const later = i < 0;
-    if (later) i = list.length - 1;
+    while (i >= 0 && this.inUse(list[i]!)) i--;
+    const busy = i < 0;
+    if (busy) i = list.length - 1;
     const memory = list[i]!;
-    if (later && !this.zeroLater(memory)) return undefined;
+    if (busy && !uninitialized && !this.zeroLater(memory)) return undefined;
     if (i === list.length - 1) list.pop();
     else list.splice(i, 1);
     if (list.length === 0) this.cache.delete(byteLength);
     this.cacheOrder.delete(memory);
     this.cached -= byteLength;
-    if (!uninitialized && !later) new Uint8Array(memory).fill(0);
+    if (!uninitialized && !busy) new Uint8Array(memory).fill(0);
     return this.numbered(memory);
   }
 
