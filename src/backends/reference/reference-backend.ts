@@ -60,7 +60,8 @@ export interface HostAllocatorOptions {
  * Invariants: cached memory is owned by no buffer, counted in `cached` and not in `bytes`, unnumbered (it gets
  * the next allocation number when handed out, so numbering follows allocation order with or without the cache),
  * and `reusable` (never memory a step graph points into); it is handed out zeroed unless the caller opted out,
- * and zeroed only when no queued job uses it (else a fresh or other cached memory is taken).
+ * by the host only when no queued job uses it, else by a fill ordered behind those jobs (zeroLater). While a
+ * private pool is open nothing enters the cache.
  */
 export class HostAllocator {
   private live = 0;
