@@ -5,11 +5,11 @@
 // 2 x 2048 ran this 24 GiB machine out of memory: several 512 MiB score tensors per layer kept for backward). Prints
 // tokens/s, the flash/composed ratio measured in the same run, model FLOPs utilization (TorchTitan's FLOPs per token
 // over this run's measured FMA peak of every thread) and each step's peak tensor memory.
-// Usage: npm run bench:train [-- --steps 3] [--skip-large]
+// Usage: npm run bench:train [-- --steps 3] [--skip-large] [--shapes 8x512,2x2048 (flash only, these shapes)]
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
 import { CausalLM } from "../src/models/causal-lm.js";
 import { parseHfConfig } from "../src/models/hf-config.js";
-import { enableFlashSdp, maxMemoryAllocated, ones, randn, resetPeakMemoryStats, type Tensor } from "../src/tensor/index.js";
+import { enableFlashSdp, maxMemoryAllocated, maxMemoryReserved, ones, randn, resetPeakMemoryStats, type Tensor } from "../src/tensor/index.js";
 import { AdamW } from "../src/train/optimizers/adam.js";
 import { flopsPerToken } from "../src/train/recipe.js";
 import { mulberry32 } from "../src/util/random.js";
@@ -43,6 +43,8 @@ interface Result {
   tokensPerSecond: number;
   mfu: number;
   peakMiB: number;
+  /** The host allocator's peak live + cached bytes. */
+  reservedMiB: number;
   loss: number;
 }
 
@@ -55,6 +57,7 @@ function run(batch: number, seq: number, flash: boolean): Result {
   const ids = () => Int32Array.from({ length: batch * seq }, () => Math.floor(r() * VOCAB));
   let best = Infinity;
   let peakBytes = 0;
+  let reservedBytes = 0;
   let loss = 0;
   for (let s = 0; s <= STEPS; s++) {
     const [inp, tgt] = [ids(), ids()];
@@ -69,10 +72,11 @@ function run(batch: number, seq: number, flash: boolean): Result {
     const dt = (performance.now() - t0) / 1000;
     if (s > 0) best = Math.min(best, dt);
     peakBytes = Math.max(peakBytes, maxMemoryAllocated());
+    reservedBytes = Math.max(reservedBytes, maxMemoryReserved());
   }
   enableFlashSdp(true);
   const tps = (batch * seq) / best;
-  const result = { tokensPerSecond: tps, mfu: (tps * flopsPerToken(m, seq)) / peak, peakMiB: peakBytes / 2 ** 20, loss };
+  const result = { tokensPerSecond: tps, mfu: (tps * flopsPerToken(m, seq)) / peak, peakMiB: peakBytes / 2 ** 20, reservedMiB: reservedBytes / 2 ** 20, loss };
   for (const p of m.parameters()) p.dispose();
   opt.zeroGrad();
   // freed buffers' memory goes back when their ArrayBuffers are collected
@@ -80,8 +84,14 @@ function run(batch: number, seq: number, flash: boolean): Result {
   return result;
 }
 
-const fmt = (x: Result) => `${x.tokensPerSecond.toFixed(0)} tok/s, MFU ${(100 * x.mfu).toFixed(1)}%, peak ${x.peakMiB.toFixed(0)} MiB`;
+const fmt = (x: Result) => `${x.tokensPerSecond.toFixed(0)} tok/s, MFU ${(100 * x.mfu).toFixed(1)}%, peak ${x.peakMiB.toFixed(0)} MiB (reserved ${x.reservedMiB.toFixed(0)})`;
 console.log(`debug-model training (dim 256, 6 layers, 16 heads, vocab ${VOCAB}, f32, AdamW), ${threads} threads, FMA peak ${(peak / 1e9).toFixed(0)} GFLOP/s; best of ${STEPS} steps after a warm-up`);
+const shapes = option("--shapes", "");
+if (shapes !== "") {
+  for (const [batch, seq] of shapes.split(",").map((s) => s.split("x").map(Number) as [number, number])) console.log(`${batch} x ${seq}: flash ${fmt(run(batch, seq, true))}`);
+  console.log(`max RSS ${(process.resourceUsage().maxRSS / 2 ** 10).toFixed(0)} MiB`);
+  process.exit(0);
+}
 for (const [batch, seq] of [[8, 512], [4, 1024]] as const) {
   const flash = run(batch, seq, true);
   const composed = run(batch, seq, false);

@@ -10,6 +10,15 @@ export interface DeviceBuffer {
   readonly host?: ArrayBuffer;
 }
 
+/** Backend.allocate()'s options. */
+export interface AllocateOptions {
+  /**
+   * The caller writes every byte before anything reads them (a kernel's whole output): memory a caching
+   * allocator hands out again need not be zeroed.
+   */
+  uninitialized?: boolean;
+}
+
 /** A strided window on a buffer: what a kernel reads or writes. Offsets and strides are in elements. */
 export interface BufferView {
   readonly buffer: DeviceBuffer;
@@ -305,7 +314,8 @@ export interface Backend {
   readonly name: string;
   /** Human-readable description (ISA, threads) for logs and benchmarks. */
   describe(): string;
-  allocate(byteLength: number): DeviceBuffer;
+  /** New memory reads as zeros unless `options.uninitialized` (the caller writes every byte first). */
+  allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer;
   free(buffer: DeviceBuffer): void;
   /** Copies host bytes into the buffer at byteOffset. */
   write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void;
@@ -325,6 +335,12 @@ export interface Backend {
   peakBytes(): number;
   /** Starts a new peak from the bytes live now (torch.cuda.reset_peak_memory_stats). */
   resetPeakBytes(): void;
+  /** Live bytes plus freed memory a caching allocator holds for reuse (torch.cuda.memory_reserved); absent: no cache. */
+  reservedBytes?(): number;
+  /** The most reserved bytes at once since the back end was made or resetPeakBytes() (torch.cuda.max_memory_reserved). */
+  peakReservedBytes?(): number;
+  /** Drops the caching allocator's freed memory (torch.cuda.empty_cache). */
+  emptyCache?(): void;
 
   // ---- optional: step graphs (capture once, replay per step); back ends without them omit these ----
 

@@ -69,6 +69,34 @@ export function maxMemoryAllocated(d?: DeviceLike): number {
   return resolveDevice(d).backend.peakBytes();
 }
 
+/**
+ * Bytes the device's allocator holds: live tensor memory plus freed memory it keeps for reuse (torch.cuda's
+ * memory_reserved). Equals memoryAllocated() on a back end without a caching allocator.
+ * @example
+ *   console.log(`${memoryAllocated() / 2 ** 20} MiB in tensors, ${memoryReserved() / 2 ** 20} MiB reserved`);
+ */
+export function memoryReserved(d?: DeviceLike): number {
+  const b = resolveDevice(d).backend;
+  return b.reservedBytes?.() ?? b.liveBytes();
+}
+
+/** The most bytes reserved at once since the device was first used or resetPeakMemoryStats() (torch.cuda.max_memory_reserved). */
+export function maxMemoryReserved(d?: DeviceLike): number {
+  const b = resolveDevice(d).backend;
+  return b.peakReservedBytes?.() ?? b.peakBytes();
+}
+
+/**
+ * Drops the freed memory the device's allocator keeps for reuse (torch.cuda.empty_cache): memoryReserved() falls
+ * to memoryAllocated(); the host memory goes back to the system once collected.
+ * @example
+ *   model.dispose();
+ *   emptyCache();
+ */
+export function emptyCache(d?: DeviceLike): void {
+  resolveDevice(d).backend.emptyCache?.();
+}
+
 /** Starts the peak maxMemoryAllocated() reports from the bytes live now (torch.cuda.reset_peak_memory_stats). */
 export function resetPeakMemoryStats(d?: DeviceLike): void {
   resolveDevice(d).backend.resetPeakBytes();

@@ -4,6 +4,8 @@ import type { DeviceBuffer } from "../backends/backend.js";
 import type { Device } from "./device.js";
 import { deferFree } from "./dispatch.js";
 
+const OVERWRITTEN = { uninitialized: true } as const;
+
 export class Storage {
   private refs = 0;
   private freed = false;
@@ -39,9 +41,10 @@ export class Storage {
     }
   }
 
-  static allocate(device: Device, byteLength: number): Storage {
+  /** `overwritten`: the caller's kernel writes every byte before anything reads them (memory need not be zeroed). */
+  static allocate(device: Device, byteLength: number, overwritten = false): Storage {
     // zero-size tensors still get a (1-byte) buffer so every tensor has storage
-    return new Storage(device, device.backend.allocate(Math.max(byteLength, 1)));
+    return new Storage(device, device.backend.allocate(Math.max(byteLength, 1), overwritten ? OVERWRITTEN : undefined));
   }
 }
 

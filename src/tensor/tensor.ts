@@ -514,12 +514,24 @@ export interface TensorOptions {
 
 /** Allocates an uninitialised contiguous tensor. */
 export function empty(shape: Shape, options: TensorOptions = {}): Tensor {
+  return allocateContiguous(shape, options, false);
+}
+
+/**
+ * empty() for a kernel output the kernel writes whole before anything reads it (elementwise ops, copies, matmul
+ * with K > 0): memory the host allocator hands out again is not zeroed first. Only at call sites that hold to that.
+ */
+export function emptyOutput(shape: Shape, options: TensorOptions = {}): Tensor {
+  return allocateContiguous(shape, options, true);
+}
+
+function allocateContiguous(shape: Shape, options: TensorOptions, overwritten: boolean): Tensor {
   for (const d of shape) {
     if (!Number.isInteger(d) || d < 0) throw new OpError("empty", `invalid shape [${shape.join(", ")}]`);
   }
   const dev = resolveDevice(options.device);
   const dtype = options.dtype ?? "float32";
-  const t = new Tensor(Storage.allocate(dev, numel(shape) * DTYPE_BYTES[dtype]), dtype, [...shape], contiguousStrides(shape), 0);
+  const t = new Tensor(Storage.allocate(dev, numel(shape) * DTYPE_BYTES[dtype], overwritten), dtype, [...shape], contiguousStrides(shape), 0);
   if (options.requiresGrad) {
     checkGradDtype(dtype);
     t.requiresGrad = true;

@@ -28,6 +28,10 @@ export const env = {
   get numThreads(): number | undefined {
     return int("KILN_NUM_THREADS");
   },
+  /** Bytes of freed host memory the caching allocator keeps for reuse (0 disables it; default an eighth of the machine's memory). */
+  get hostCacheBytes(): number | undefined {
+    return int("KILN_HOST_CACHE_BYTES");
+  },
   /** Compile cache directory. */
   get cacheDir(): string {
     return str("KILN_CACHE_DIR") ?? join(homedir(), ".cache", "kiln");

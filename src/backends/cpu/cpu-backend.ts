@@ -4,6 +4,7 @@
 // reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
 // the enqueued kernels for replay; while capturing, every kernel must take a native path.
 import type {
+  AllocateOptions,
   AsyncWrite, Backend, BinaryOp, BufferView, CaptureRecording, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, ReplaySession, RunOptions,
   StepGraph, UnaryOp,
 } from "../backend.js";
@@ -106,6 +107,8 @@ const NATIVE_STRIDED_MIN = 512;
 // fast periods.
 const HUGE_PAGE_MIN_BYTES = 64 << 10;
 const hugeMemory = new WeakSet<ArrayBuffer>();
+/** The source of zeroOnStream's broadcast copies (8 zero bytes, never written). */
+const ZERO_ELEMENT = new Uint8Array(8);
 
 /** Shape or strides for the native strided kernels, or null when a stride is negative / rank > 8. */
 function dims(xs: readonly number[]): Int32Array | null {
@@ -212,6 +215,8 @@ export class CpuBackend implements Backend {
   /** The open capture's recorder (beginCapture({ record: true })), and the last recorded capture's calls. */
   private recorder: CaptureRecorder | null = null;
   private recording: RawRecording | null = null;
+  /** Memory a step graph's jobs point into (captured, replayed or aborted): the allocator never reuses it. */
+  private readonly graphMemory = new WeakSet<ArrayBuffer>();
 
   constructor() {
     const native = tryLoadNativeKernels();
@@ -219,7 +224,16 @@ export class CpuBackend implements Backend {
     this.native = native;
     this.stream = new CpuStream(native);
     const stream = this.stream;
-    this.memory = new HostAllocator((m) => new CpuBuffer(m, stream));
+    const graphMemory = this.graphMemory;
+    this.memory = new HostAllocator({
+      wrap: (m) => new CpuBuffer(m, stream),
+      // a queued job still using freed memory runs before whatever the stream enqueues for its next owner, and
+      // CpuBuffer.host waits for it; only the allocator's own zero-fill (a host write) must not touch it
+      inUse: (m) => stream.isTouched(m),
+      zeroLater: (m) => this.zeroOnStream(m),
+      // a step graph's replays write its memory for as long as the graph lives: never handed out again
+      reusable: (m) => !graphMemory.has(m) && !hugeMemory.has(m),
+    });
     // Which quant schemes this addon's kernels take, probed now with synchronous calls on scratch arrays: a
     // probe through the stream launcher would enqueue a job writing arrays nobody keeps alive.
     for (const scheme of QUANT_SCHEMES) if (nativeTakesScheme(native, scheme)) this.quantSchemes.add(scheme);
@@ -230,8 +244,8 @@ export class CpuBackend implements Backend {
   describe(): string {
     return `cpu (native ${this.native.isa}, ${this.native.getNumThreads()} threads)`;
   }
-  allocate(byteLength: number): DeviceBuffer {
-    return this.memory.allocate(byteLength);
+  allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer {
+    return this.memory.allocate(byteLength, options);
   }
   free(buffer: DeviceBuffer): void {
     this.memory.free(buffer);
@@ -322,6 +336,17 @@ export class CpuBackend implements Backend {
     this.stream.trackRaw([copy.buffer], later.map((w) => w.raw));
   }
 
+  /** Enqueues a zero fill of memory (behind the queued jobs that use it), as run()'s fills: a broadcast byte copy. */
+  private zeroOnStream(memory: ArrayBuffer): boolean {
+    if (this.stream.capturing) return false;
+    const n = memory.byteLength;
+    const eb = copyElemBytes(0, n);
+    if (n / eb > 0x7fffffff) return false;
+    this.native.stream.copyStrided(ZERO_ELEMENT, new Uint8Array(memory), Int32Array.of(n / eb), Int32Array.of(0), Int32Array.of(1), eb);
+    this.stream.trackRaw([], [memory]); // ZERO_ELEMENT lives as long as the module
+    return true;
+  }
+
   copyAsync(src: DeviceBuffer, srcOffset: number, dst: DeviceBuffer, dstOffset: number, byteLength: number): void {
     if (this.stream.capturing) throw new CaptureError("copy_async", "step inputs are copied before launch(), outside the capture (on cpu)");
     const from = rawOf(src);
@@ -368,6 +393,7 @@ export class CpuBackend implements Backend {
   endCapture(): StepGraph {
     this.memory.closePool();
     const captured = this.stream.endCapture();
+    for (const m of captured.pins.all) this.graphMemory.add(m);
     this.recording = this.recorder?.finish(captured.pins) ?? null;
     this.recorder = null;
     return new CpuStepGraph(this.native, this.stream, captured);
@@ -375,7 +401,10 @@ export class CpuBackend implements Backend {
   abortCapture(): void {
     this.memory.closePool();
     this.recorder = null;
-    if (this.stream.capturing) this.native.streamReleaseGraph(this.stream.endCapture().handle);
+    if (!this.stream.capturing) return;
+    const aborted = this.stream.endCapture();
+    for (const m of aborted.pins.all) this.graphMemory.add(m); // released below, but kept out of the cache all the same
+    this.native.streamReleaseGraph(aborted.handle);
   }
   takeRecording(
     roots: ReadonlyMap<string, DeviceBuffer>,
@@ -407,6 +436,7 @@ export class CpuBackend implements Backend {
       if (replayed === null) this.native.streamReleaseGraph(this.stream.endCapture().handle);
     }
     if (replayed === null) return null;
+    for (const m of replayed.all) this.graphMemory.add(m);
     this.stream.trackRaw(replayed.all, replayed.written);
     return { graph: new CpuStepGraph(this.native, this.stream, this.stream.endCapture()), outputs: replayed.outputs };
   }
@@ -424,6 +454,15 @@ export class CpuBackend implements Backend {
   }
   resetPeakBytes(): void {
     this.memory.resetPeakBytes();
+  }
+  reservedBytes(): number {
+    return this.memory.reservedBytes();
+  }
+  peakReservedBytes(): number {
+    return this.memory.peakReservedBytes();
+  }
+  emptyCache(): void {
+    this.memory.emptyCache();
   }
 
   /** Whether submitRaw() can enqueue generated code (the addon has streamCallFn). */

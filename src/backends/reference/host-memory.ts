@@ -16,6 +16,10 @@ import {
 export class HostBuffer implements DeviceBuffer {
   freed = false;
   constructor(readonly host: ArrayBuffer) {}
+  /** The memory (as `host`: nothing queues work on reference memory). */
+  get raw(): ArrayBuffer {
+    return this.host;
+  }
   get byteLength(): number {
     return this.host.byteLength;
   }

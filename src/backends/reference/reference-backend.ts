@@ -1,7 +1,9 @@
 // The reference back end: host memory and the float64 TS kernels. Synchronous, so its stream is trivially in order.
-import type { Backend, DeviceBuffer, KernelCall } from "../backend.js";
+import type { AllocateOptions, Backend, DeviceBuffer, KernelCall } from "../backend.js";
 import { HostBuffer, hostOf } from "./host-memory.js";
 import { runReference } from "./reference-kernels.js";
+import { totalmem } from "node:os";
+import { env } from "../../util/env.js";
 
 /**
  * Buffers below this size are not recycled: no memory to gain, and 1-byte allocations are host-memory probes
@@ -23,12 +25,62 @@ interface PrivatePool {
  */
 const MAX_FINDABLE = 1 << 16;
 
-/** Host allocation bookkeeping shared by host back ends. */
+/**
+ * Default cap of the freed-memory cache (KILN_HOST_CACHE_BYTES overrides it; 0 disables the cache): an eighth of the
+ * machine's memory. The debug-model training step at the recipe's 8 x 2048 tokens re-allocates all of its ~7 GiB per
+ * step from the cache under a 2.9 GiB cap (24 GiB machine); under 1 GiB it missed 1.8 GiB a step.
+ */
+const defaultCacheBytes = (): number => Math.floor(totalmem() / 8);
+
+/** A buffer type over host memory: `raw` is the memory without waiting on any stream. */
+export type HostWrapped = DeviceBuffer & { freed: boolean; readonly raw: ArrayBuffer };
+
+export interface HostAllocatorOptions {
+  /** Hands out the back end's buffer type over the memory (the cpu stream's guard). */
+  wrap?: (memory: ArrayBuffer) => HostWrapped;
+  /** Whether queued work (a pending cpu stream job) still reads or writes the memory: the host must not zero it now. */
+  inUse?: (memory: ArrayBuffer) => boolean;
+  /**
+   * Zeroes memory that queued jobs use, ordered behind them (a fill enqueued on the cpu stream); false when it
+   * cannot (then the cache hands out other memory). Absent: such memory is not handed out zeroed.
+   */
+  zeroLater?: (memory: ArrayBuffer) => boolean;
+  /** Whether freed memory may be handed out again (not when a step graph's jobs point into it). */
+  reusable?: (memory: ArrayBuffer) => boolean;
+  /** Bytes the freed-memory cache holds at most (default KILN_HOST_CACHE_BYTES, else an eighth of memory; 0: no cache). */
+  cacheBytes?: number;
+}
+
+/**
+ * Host allocation bookkeeping shared by host back ends, with a caching allocator (PyTorch's CUDA caching
+ * allocator, on host memory): freed memory is kept by exact byte size and handed out again by allocate(), which
+ * saves the kernel's page faults and zero-filling of fresh pages. Exact sizes, because a buffer's byteLength is
+ * its memory's (views, rehome, recordings rely on it).
+ *
+ * Invariants: cached memory is owned by no buffer, counted in `cached` and not in `bytes`, unnumbered (it gets
+ * the next allocation number when handed out, so numbering follows allocation order with or without the cache),
+ * and `reusable` (never memory a step graph points into); it is handed out zeroed unless the caller opted out,
+ * by the host only when no queued job uses it, else by a fill ordered behind those jobs (zeroLater). While a
+ * private pool is open nothing enters the cache.
+ */
 export class HostAllocator {
   private live = 0;
   private bytes = 0;
   private peak = 0;
   private pool: PrivatePool | null = null;
+  private readonly wrap: (memory: ArrayBuffer) => HostWrapped;
+  private readonly inUse: (memory: ArrayBuffer) => boolean;
+  private readonly reusable: (memory: ArrayBuffer) => boolean;
+  private readonly zeroLater: (memory: ArrayBuffer) => boolean;
+  private readonly cacheCap: number;
+  /** Freed memory by byte size, least recently freed first. */
+  private readonly cache = new Map<number, ArrayBuffer[]>();
+  /** Every cached memory, least recently freed first (Map iteration order), for eviction. */
+  private readonly cacheOrder = new Set<ArrayBuffer>();
+  private cached = 0;
+  private reservedPeak = 0;
+  /** Memory adopted from elsewhere (mapped files): never cached. */
+  private readonly adopted = new WeakSet<ArrayBuffer>();
   /** Every host memory this allocator creates or adopts gets the next number (its allocation order). */
   private nextNumber = 0;
   private readonly numberOf = new WeakMap<ArrayBuffer, number>();
@@ -36,19 +88,96 @@ export class HostAllocator {
   private readonly byNumber = new Map<number, WeakRef<ArrayBuffer>>();
   private findable = false;
 
-  /** `wrap` lets a back end hand out its own buffer type over the ArrayBuffer (the cpu stream's guard). */
-  constructor(private readonly wrap: (memory: ArrayBuffer) => DeviceBuffer & { freed: boolean } = (m) => new HostBuffer(m)) {}
+  constructor(options: HostAllocatorOptions = {}) {
+    this.wrap = options.wrap ?? ((m) => new HostBuffer(m));
+    this.inUse = options.inUse ?? (() => false);
+    this.reusable = options.reusable ?? (() => true);
+    this.zeroLater = options.zeroLater ?? (() => false);
+    this.cacheCap = Math.max(0, options.cacheBytes ?? env.hostCacheBytes ?? defaultCacheBytes());
+  }
 
-  allocate(byteLength: number): DeviceBuffer {
+  allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer {
     this.live++;
     this.bytes += byteLength;
     if (this.bytes > this.peak) this.peak = this.bytes;
     const pool = this.pool;
-    if (!pool) return this.wrap(this.numbered(new ArrayBuffer(byteLength)));
-    const memory = pool.free.get(byteLength)?.pop() ?? this.numbered(new ArrayBuffer(byteLength));
+    // a pool's memory is not zeroed: replays rewrite it anyway, and nothing ran on it during the capture
+    const memory = pool?.free.get(byteLength)?.pop() ?? this.fromCache(byteLength, options?.uninitialized === true) ?? this.numbered(new ArrayBuffer(byteLength));
+    if (this.bytes + this.cached > this.reservedPeak) this.reservedPeak = this.bytes + this.cached;
     const buffer = this.wrap(memory); // a fresh wrapper: a stale handle to the previous owner stays freed
-    pool.owned.set(buffer, memory);
+    if (pool) pool.owned.set(buffer, memory);
     return buffer;
+  }
+
+  /**
+   * Cached memory of this size, numbered as a new allocation, or undefined: the most recently freed that no queued
+   * job uses, zeroed now unless `uninitialized`; if queued jobs use them all, the most recent, zeroed behind those
+   * jobs (zeroLater). Memory queued jobs use is safe to hand out: whatever its next owner enqueues runs after them
+   * on the in-order stream, and host access (CpuBuffer.host) waits for them; it is only the second choice because
+   * a host kernel writing it would have to wait.
+   */
+  private fromCache(byteLength: number, uninitialized: boolean): ArrayBuffer | undefined {
+    const list = this.cache.get(byteLength);
+    if (list === undefined) return undefined;
+    let i = list.length - 1;
+    while (i >= 0 && this.inUse(list[i]!)) i--;
+    const busy = i < 0;
+    if (busy) i = list.length - 1;
+    const memory = list[i]!;
+    if (busy && !uninitialized && !this.zeroLater(memory)) return undefined;
+    if (i === list.length - 1) list.pop();
+    else list.splice(i, 1);
+    if (list.length === 0) this.cache.delete(byteLength);
+    this.cacheOrder.delete(memory);
+    this.cached -= byteLength;
+    if (!uninitialized && !busy) new Uint8Array(memory).fill(0);
+    return this.numbered(memory);
+  }
+
+  /** Keeps freed memory for reuse, evicting the least recently freed past the cap. */
+  private toCache(memory: ArrayBuffer): void {
+    const n = memory.byteLength;
+    if (n < POOL_MIN_BYTES || n > this.cacheCap || this.adopted.has(memory) || !this.reusable(memory)) return;
+    this.unnumber(memory);
+    const list = this.cache.get(n);
+    if (list) list.push(memory);
+    else this.cache.set(n, [memory]);
+    this.cacheOrder.add(memory);
+    this.cached += n;
+    while (this.cached > this.cacheCap) this.evictOldest();
+  }
+
+  private evictOldest(): void {
+    const memory = this.cacheOrder.values().next().value as ArrayBuffer;
+    this.cacheOrder.delete(memory);
+    const n = memory.byteLength;
+    const list = this.cache.get(n)!;
+    // the least recently freed overall is the least recently freed of its size: the list's first
+    list.shift();
+    if (list.length === 0) this.cache.delete(n);
+    this.cached -= n;
+  }
+
+  /** Drops the cached memory (torch.cuda.empty_cache); it goes back to the system when collected. */
+  emptyCache(): void {
+    this.cache.clear();
+    this.cacheOrder.clear();
+    this.cached = 0;
+  }
+
+  /** Bytes of freed memory held for reuse. */
+  cachedBytes(): number {
+    return this.cached;
+  }
+
+  /** Live plus cached bytes (torch.cuda.memory_reserved). */
+  reservedBytes(): number {
+    return this.bytes + this.cached;
+  }
+
+  /** The most reserved bytes at once since creation or the last resetPeakBytes() (torch.cuda.max_memory_reserved). */
+  peakReservedBytes(): number {
+    return this.reservedPeak;
   }
 
   /** Takes host memory someone else allocated (a memory-mapped file) as a buffer, counted like allocate()'s. */
@@ -56,10 +185,13 @@ export class HostAllocator {
     this.live++;
     this.bytes += memory.byteLength;
     if (this.bytes > this.peak) this.peak = this.bytes;
+    if (this.bytes + this.cached > this.reservedPeak) this.reservedPeak = this.bytes + this.cached;
+    this.adopted.add(memory);
     return this.wrap(this.numbered(memory));
   }
 
   private numbered(memory: ArrayBuffer): ArrayBuffer {
+    this.unnumber(memory); // memory from the cache: its old number named the previous owner
     const n = this.nextNumber++;
     this.numberOf.set(memory, n); // every allocator memory has a number: a recording never mistakes it for a private array
     if (!this.findable) return memory;
@@ -87,6 +219,14 @@ export class HostAllocator {
     for (const [k, ref] of this.byNumber) if (ref.deref() === undefined) this.byNumber.delete(k);
   }
 
+  /** Forgets memory's number (it enters the cache: memoryOfNumber must not find it for a replay). */
+  private unnumber(memory: ArrayBuffer): void {
+    const n = this.numberOf.get(memory);
+    if (n === undefined) return;
+    this.numberOf.delete(memory);
+    if (this.byNumber.get(n)?.deref() === memory) this.byNumber.delete(n);
+  }
+
   /** `memory` replaces `old` (a buffer's memory moved, see CpuBackend.moveToHugePages): it takes old's number. */
   renumber(old: ArrayBuffer, memory: ArrayBuffer): void {
     const n = this.numberOf.get(old);
@@ -109,14 +249,19 @@ export class HostAllocator {
   }
 
   free(buffer: DeviceBuffer): void {
-    const b = buffer as DeviceBuffer & { freed: boolean };
+    const b = buffer as HostWrapped;
     if (b.freed) return;
     b.freed = true;
     this.live--;
     this.bytes -= b.byteLength;
     const pool = this.pool;
-    const memory = pool?.owned.get(b);
-    if (!pool || memory === undefined) return;
+    // while a pool is open (a capture) memory from before it may be a captured job's: it is not cached
+    if (!pool) {
+      if (b.raw instanceof ArrayBuffer) this.toCache(b.raw);
+      return;
+    }
+    const memory = pool.owned.get(b);
+    if (memory === undefined) return;
     pool.owned.delete(b);
     if (memory.byteLength < POOL_MIN_BYTES) return;
     const list = pool.free.get(memory.byteLength);
@@ -173,9 +318,10 @@ export class HostAllocator {
     return this.peak;
   }
 
-  /** Starts a new peak from the bytes live now. */
+  /** Starts a new peak from the bytes live now (and the reserved peak from the bytes reserved now). */
   resetPeakBytes(): void {
     this.peak = this.bytes;
+    this.reservedPeak = this.bytes + this.cached;
   }
 }
 
@@ -186,8 +332,8 @@ export class ReferenceBackend implements Backend {
   describe(): string {
     return "reference (pure TypeScript, float64 math)";
   }
-  allocate(byteLength: number): DeviceBuffer {
-    return this.memory.allocate(byteLength);
+  allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer {
+    return this.memory.allocate(byteLength, options);
   }
   free(buffer: DeviceBuffer): void {
     this.memory.free(buffer);
@@ -215,5 +361,14 @@ export class ReferenceBackend implements Backend {
   }
   resetPeakBytes(): void {
     this.memory.resetPeakBytes();
+  }
+  reservedBytes(): number {
+    return this.memory.reservedBytes();
+  }
+  peakReservedBytes(): number {
+    return this.memory.peakReservedBytes();
+  }
+  emptyCache(): void {
+    this.memory.emptyCache();
   }
 }

@@ -4,7 +4,7 @@ import { binaryResultDtype, binaryScalarDtype, isFloating, promoteTypes, unaryRe
 import { OpError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { isGradEnabled, noGrad, recordOp } from "../grad-mode.js";
-import { empty, full, Tensor, type TensorOrScalar } from "../tensor.js";
+import { emptyOutput, full, Tensor, type TensorOrScalar } from "../tensor.js";
 import { broadcastShapes, broadcastView } from "./shape.js";
 
 /** A scalar operand as a 0-d tensor next to `like`, in binaryScalarDtype (torch's opmath: float32 for 16-bit floats). */
@@ -27,7 +27,7 @@ export function binary(op: BinaryOp, a: TensorOrScalar, b: TensorOrScalar): Tens
   // torch's promotion (dtype.ts, shared with compile()'s tracer): a 0-d tensor or a scalar raises only the category
   const dtype = binaryResultDtype(op, a instanceof Tensor ? ta : (a as number | boolean), b instanceof Tensor ? tb : (b as number | boolean));
   const shape = broadcastShapes(op, ta.shape, tb.shape);
-  const out = empty(shape, { dtype, device: dev });
+  const out = emptyOutput(shape, { dtype, device: dev }); // the kernel writes every element
   const va = broadcastView(ta, shape, op);
   const vb = broadcastView(tb, shape, op);
   runKernel(op, dev, { op: "binary", fn: op, a: va.view_(op), b: vb.view_(op), out: out.view_(op) }, [out]);
@@ -74,7 +74,7 @@ function checkBoolSub(a: TensorOrScalar, b: TensorOrScalar): void {
 export function unary(op: UnaryOp, x: Tensor, recordName: string = op): Tensor {
   if (op === "neg" && x.dtype === "bool")
     throw new OpError("neg", "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
-  const out = empty(x.shape, { dtype: unaryResultDtype(op, x.dtype), device: x.device });
+  const out = emptyOutput(x.shape, { dtype: unaryResultDtype(op, x.dtype), device: x.device }); // written whole
   runKernel(op, x.device, { op: "unary", fn: op, x: x.view_(op), out: out.view_(op) }, [out]);
   recordOp(recordName, [x], out);
   return out;
@@ -139,7 +139,7 @@ export function where(cond: Tensor, a: TensorOrScalar, b: TensorOrScalar): Tenso
   const tb = b instanceof Tensor ? b : full([], Number(b), { dtype, device: cond.device });
   const dev = sameDevice("where", cond, ta, tb);
   const shape = broadcastShapes("where", broadcastShapes("where", cond.shape, ta.shape), tb.shape);
-  const out = empty(shape, { dtype, device: dev });
+  const out = emptyOutput(shape, { dtype, device: dev }); // the kernel writes every element
   const vc = broadcastView(cond, shape, "where");
   const va = broadcastView(ta, shape, "where");
   const vb = broadcastView(tb, shape, "where");

@@ -5,7 +5,7 @@ import { OpError, UnsupportedError } from "../../util/errors.js";
 import { runKernel, sameDevice } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
 import { sacSite, type SacOp } from "../selective-checkpoint.js";
-import { empty, numel, Tensor } from "../tensor.js";
+import { empty, emptyOutput, numel, Tensor } from "../tensor.js";
 import { broadcastShapes, contiguous } from "./shape.js";
 import { add } from "./elementwise.js";
 
@@ -26,7 +26,8 @@ function batchedMatmul(op: string, a: Tensor, b: Tensor, bTransposed: boolean): 
     throw new OpError(op, `batch dimensions of [${a.shape.join(", ")}] and [${b.shape.join(", ")}] cannot be broadcast ([${batchA.join(", ")}] vs [${batchB.join(", ")}])`);
   }
   const nb = numel(batch);
-  const out = empty([...batch, M, N], { dtype: "float32", device: dev });
+  // every path below writes all of out, but with K = 0 only a zeroed out is the right (empty-sum) result
+  const out = (K > 0 ? emptyOutput : empty)([...batch, M, N], { dtype: "float32", device: dev });
   if (a.ndim === 2 && b.ndim === 2 && a.dtype === "float32" && !a.isContiguous && a.strides[0] === 1 && a.strides[1] === M) {
     // a is the transpose of a dense [K, M] matrix (x.T @ y, as in a weight gradient): no transposed copy
     const cb2 = contiguous(b.dtype === "float32" || b.dtype === "bfloat16" ? b : b.to("float32"));

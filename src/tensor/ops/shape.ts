@@ -4,7 +4,7 @@ import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import type { Device } from "../device.js";
 import { flushDeferred, runKernel } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
-import { contiguousStrides, empty, makeView, numel, Tensor, type Shape } from "../tensor.js";
+import { contiguousStrides, empty, emptyOutput, makeView, numel, Tensor, type Shape } from "../tensor.js";
 
 export function normDim(dim: number, ndim: number, op: string): number {
   if (!Number.isInteger(dim)) throw new OpError(op, `dimension ${dim} must be an integer`);
@@ -207,7 +207,7 @@ function copyTo(t: Tensor, dtype: DType, device: Device): Tensor {
     out.dispose();
     return cast;
   }
-  const out = empty(t.shape, { dtype, device });
+  const out = emptyOutput(t.shape, { dtype, device }); // the copy writes every element
   runKernel("copy", device, { op: "copy", x: t.view_("copy"), out: out.view_("copy") }, [out]);
   return out;
 }
