@@ -543,6 +543,7 @@ export class PagedModelRunner implements ModelRunner {
     }
     this.kvCaches.length = 0;
     this.kvReleased = true;
+    this.model.device.backend.emptyCache?.(); // sleep gives the memory back: none of it stays in the allocator's cache
   }
 
   restoreKvCache(): void {
@@ -568,6 +569,7 @@ export class PagedModelRunner implements ModelRunner {
     const model = this.model;
     for (const t of new Set([...weightTensors(model), ...model.namedParameters().map(([, p]) => p)])) t.dispose();
     this.weightsReleased = true;
+    model.device.backend.emptyCache?.();
   }
 
   reloadWeights(): void {

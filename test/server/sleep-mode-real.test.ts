@@ -41,6 +41,7 @@ describe("sleep mode on the paged runner", () => {
     await llm.sleep(1, "abort");
     const asleep = backend.liveBytes();
     assert.ok(live - asleep >= kvBytes, `freed ${live - asleep} bytes, the cache holds ${kvBytes}`);
+    assert.equal(backend.reservedBytes!(), asleep, "nothing freed stays cached");
     assert.equal(runner.graphs, null);
     await llm.wakeUp(null);
     assert.ok(backend.liveBytes() - asleep >= kvBytes, "the cache is allocated again");
@@ -70,6 +71,8 @@ describe("sleep mode on the paged runner", () => {
     assert.deepEqual(llm.stats().sleep, { isSleeping: true, level: 2, sleepingTags: ["weights", "kv_cache"] });
     const freed = live - backend.liveBytes();
     assert.ok(freed >= runner.bytesPerBlock * runner.spec.numBlocks + weightBytes * 0.9, `freed ${freed} bytes (weights ${weightBytes})`);
+    // and none of it stays in the host allocator's cache of freed memory: the process gives it back
+    assert.equal(backend.reservedBytes!(), backend.liveBytes(), "reserved = live bytes while asleep");
     await llm.wakeUp(["weights"]);
     assert.notEqual(runner.model, oldModel, "a model read anew");
     assert.equal(runner.graphs, null, "no capture before the KV cache is back");
