@@ -88,6 +88,35 @@ describe("gradcheck: reductions and normalisations", () => {
     gradcheck("rms_norm", [{ shape: [3, 8] }, { shape: [8] }], (x, w) => k.rmsNorm(x, w, 1e-5));
     gradcheck("rms_norm 3-d transposed", [{ shape: [8, 2, 3] }, { shape: [8] }], (x, w) => k.rmsNorm(x.permute(1, 2, 0), w, 1e-5));
   });
+  test("rms_norm's gradients equal its closed form computed in float64 (tightly: the finite differences allow 2%)", () => {
+    const [rows, n, eps] = [37, 48, 1e-5];
+    const xs = Float32Array.from({ length: rows * n }, (_, i) => Math.sin(i * 0.37) * 1.3 + 0.1);
+    const ws = Float32Array.from({ length: n }, (_, i) => 0.5 + Math.cos(i * 0.7));
+    const gs = Float32Array.from({ length: rows * n }, (_, i) => Math.cos(i * 0.11));
+    // dx = r g w - x r^3 mean(g w x), dw = sum over rows of g x r, r = (mean(x^2) + eps)^-1/2
+    const dx = new Float64Array(rows * n);
+    const dw = new Float64Array(n);
+    for (let r = 0; r < rows; r++) {
+      let ss = 0;
+      let dot = 0;
+      for (let i = 0; i < n; i++) {
+        ss += xs[r * n + i]! ** 2;
+        dot += gs[r * n + i]! * ws[i]! * xs[r * n + i]!;
+      }
+      const inv = 1 / Math.sqrt(ss / n + eps);
+      for (let i = 0; i < n; i++) {
+        dx[r * n + i] = inv * gs[r * n + i]! * ws[i]! - (xs[r * n + i]! * inv ** 3 * dot) / n;
+        dw[i] += gs[r * n + i]! * xs[r * n + i]! * inv;
+      }
+    }
+    const x = k.tensor(xs, { shape: [rows, n], requiresGrad: true });
+    const w = k.tensor(ws, { requiresGrad: true });
+    k.rmsNorm(x, w, eps).backward(k.tensor(gs, { shape: [rows, n] }));
+    const close = (got: Float32Array, want: Float64Array, what: string) =>
+      got.forEach((v, i) => assert.ok(Math.abs(v - want[i]!) <= 1e-5 + 1e-5 * Math.abs(want[i]!), `${what}[${i}] ${v} vs ${want[i]}`));
+    close(x.grad!.dataSync() as Float32Array, dx, "dx");
+    close(w.grad!.dataSync() as Float32Array, dw, "dw");
+  });
 });
 
 describe("gradcheck: linear algebra", () => {

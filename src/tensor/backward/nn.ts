@@ -1,9 +1,10 @@
-// Backward formulas of the fused nn ops: rms_norm (closed form, one host pass), flash attention (its backward
+// Backward formulas of the fused nn ops: rms_norm (closed form in device ops), flash attention (its backward
 // kernel), rotary (the inverse rotation) and the fused cross-entropy (softmax - onehot).
 import * as ew from "../ops/elementwise.js";
 import { flashAttentionBackward, type FlashAttentionOptions } from "../ops/flash-attention.js";
 import { rotaryEmbedding } from "../ops/nn-functional.js";
-import { softmax } from "../ops/reduce.js";
+import { scatter } from "../ops/indexing.js";
+import { mean, softmax, sum } from "../ops/reduce.js";
 import { tensor, Tensor } from "../tensor.js";
 import type { RuleTable } from "./types.js";
 
@@ -12,37 +13,31 @@ export const nnRules: RuleTable = {
   // dx = r * g*w - x * r^3 * mean(g*w*x);  dw = sum_rows g * x * r
   rms_norm: {
     saves: "inputs",
+    // device ops in float32 (no host pass, so the backward stays queued on the device's stream)
     grad: (g, c) => {
       const x = c.inputs[0]!;
       const w = c.inputs[1]!;
       const eps = c.attrs.eps as number;
       const n = x.shape[x.ndim - 1]!;
-      const xs = x.dataSync() as Float32Array;
-      const ws = w.dataSync() as Float32Array;
-      const gs = g.dataSync() as Float32Array;
-      const rows = xs.length / n;
-      const dx = c.needsGrad[0] ? new Float32Array(xs.length) : null;
-      const dw = c.needsGrad[1] ? new Float64Array(n) : null;
-      for (let r = 0; r < rows; r++) {
-        const o = r * n;
-        let ss = 0;
-        let dot = 0;
-        for (let i = 0; i < n; i++) {
-          const xi = xs[o + i]!;
-          ss += xi * xi;
-          dot += gs[o + i]! * ws[i]! * xi;
-        }
-        const inv = 1 / Math.sqrt(ss / n + eps);
-        if (dx) {
-          const k = (inv * inv * inv * dot) / n;
-          for (let i = 0; i < n; i++) dx[o + i] = inv * gs[o + i]! * ws[i]! - xs[o + i]! * k;
-        }
-        if (dw) for (let i = 0; i < n; i++) dw[i] += gs[o + i]! * xs[o + i]! * inv;
+      const temps: Tensor[] = [];
+      const tmp = <T extends Tensor>(t: T): T => (temps.push(t), t);
+      const rowsOf = (t: Tensor): Tensor => tmp((t.dtype === "float32" ? t : tmp(t.to("float32"))).reshape(-1, n));
+      const xs = rowsOf(x);
+      const gs = rowsOf(g);
+      const ws = w.dtype === "float32" ? w : tmp(w.to("float32"));
+      const r = tmp(ew.rsqrt(tmp(ew.add(tmp(mean(tmp(ew.square(xs)), -1, true)), eps)))); // [rows, 1]
+      let dx: Tensor | null = null;
+      if (c.needsGrad[0]) {
+        const gw = tmp(ew.mul(gs, ws));
+        const dot = tmp(sum(tmp(ew.mul(gw, xs)), -1, true));
+        const k = tmp(ew.mul(tmp(ew.mul(tmp(ew.square(r)), r)), tmp(ew.div(dot, n)))); // r^3 * mean(g*w*x)
+        const rows = tmp(ew.sub(tmp(ew.mul(gw, r)), tmp(ew.mul(xs, k))));
+        dx = rows.reshape(x.shape);
+        if (dx === rows) temps.pop();
       }
-      return [
-        dx ? tensor(dx, { shape: x.shape, device: x.device }) : null,
-        dw ? tensor(Float32Array.from(dw), { shape: w.shape, device: w.device }) : null,
-      ];
+      const dw = c.needsGrad[1] ? sum(tmp(ew.mul(tmp(ew.mul(gs, xs)), r)), 0) : null;
+      for (const t of new Set(temps)) if (t !== x && t !== g && t !== w && t !== dx) t.dispose();
+      return [dx, dw];
     },
   },
   // FlashAttention-2's backward: the probabilities recomputed tile by tile from the saved log-sum-exp
@@ -79,30 +74,28 @@ export const nnRules: RuleTable = {
  */
 nnRules.cross_entropy = {
   saves: "inputs",
+  // device ops (no host pass over the [N, V] probabilities): scale * softmax, then -(1 - eps) * scale scattered in at
+  // each row's target and eps / V * scale taken off every element
   grad: (g, c) => {
     const logits = c.inputs[0]!;
     const { targets, ignoreIndex, count, reduction, labelSmoothing } = c.attrs as {
       targets: Int32Array; ignoreIndex: number; count: number; reduction: "mean" | "sum" | "none"; labelSmoothing: number;
     };
     const [N, V] = logits.shape as [number, number];
-    const x = logits.to("float32"); // a bf16 / f16 loss is computed in float32 too
-    const p = softmax(x, -1);
-    const probs = Float32Array.from(p.dataSync() as Float32Array);
-    p.dispose();
-    if (x !== logits) x.dispose();
-    const upstream = g.dataSync() as Float32Array;
-    const uniform = labelSmoothing / V;
-    for (let i = 0; i < N; i++) {
-      const o = i * V;
-      const t = targets[i]!;
-      if (t === ignoreIndex) {
-        probs.fill(0, o, o + V);
-        continue;
-      }
-      const scale = reduction === "none" ? upstream[i]! : reduction === "sum" ? upstream[0]! : upstream[0]! / count;
-      probs[o + t] = probs[o + t]! - (1 - labelSmoothing);
-      for (let j = 0; j < V; j++) probs[o + j] = (probs[o + j]! - uniform) * scale;
-    }
-    return [tensor(probs, { shape: logits.shape, device: logits.device })];
+    const device = logits.device;
+    const temps: Tensor[] = [];
+    const tmp = <T extends Tensor>(t: T): T => (temps.push(t), t);
+    const x = logits.dtype === "float32" ? logits : tmp(logits.to("float32")); // a bf16 / f16 loss is computed in float32 too
+    const up = g.dtype === "float32" ? g : tmp(g.to("float32"));
+    const keep = tmp(tensor(Float32Array.from(targets, (t) => (t === ignoreIndex ? 0 : 1)), { shape: [N, 1], device }));
+    // each row's scale: the upstream gradient's share of the row (0 on ignored rows)
+    const scale = tmp(reduction === "none" ? ew.mul(tmp(up.reshape(N, 1)), keep) : ew.mul(keep, reduction === "sum" ? up : tmp(ew.div(up, Math.max(count, 1))))); // (count 0: every row ignored, keep all 0)
+    const at = tmp(tensor(Int32Array.from(targets, (t) => (t === ignoreIndex ? 0 : t)), { shape: [N, 1], dtype: "int32", device }));
+    // in place where it can: at most two [N, V] tensors live at once (the probabilities and the gradient)
+    const scaled = tmp(softmax(x, -1)).mul_(scale);
+    const grad = scatter(scaled, 1, at, tmp(ew.mul(scale, -(1 - labelSmoothing))), true);
+    if (labelSmoothing > 0) grad.sub_(tmp(ew.mul(scale, labelSmoothing / V)));
+    for (const t of new Set(temps)) if (t !== logits && t !== g) t.dispose();
+    return [grad];
   },
 };
