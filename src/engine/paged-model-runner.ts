@@ -247,8 +247,9 @@ export class PagedModelRunner implements ModelRunner {
     const all = empty([2 * c.numHiddenLayers, ...shape], { device: model.device, dtype: KV_TENSOR_DTYPE[spec.dtype ?? "float32"] });
     for (let i = 0; i < c.numHiddenLayers; i++) this.kvCaches.push({ k: all.select(0, 2 * i), v: all.select(0, 2 * i + 1) });
     // every step reads the cache of every sequence it runs: on huge pages (see Backend.moveToHugePages) where the OS grants them
-    model.device.backend.moveToHugePages?.([all.storage.buffer], { discard: true, maxBytes: HUGE_PAGE_MAX_KV_BYTES });
-    model.device.backend.populate?.([all.storage.buffer]);
+    // and faulted in now, by the move or else by populate (Backend.populate)
+    const backend = model.device.backend;
+    if (!backend.moveToHugePages?.([all.storage.buffer], { discard: true, maxBytes: HUGE_PAGE_MAX_KV_BYTES })) backend.populate?.([all.storage.buffer]);
     all.dispose(); // the views keep the storage
   }
 

@@ -159,7 +159,6 @@ function unaryRule(saves: "inputs" | "output", dfn: (v: Tensor) => Tensor): Back
   };
 }
 
-
 /** 1 - v^2 and v * (1 - v) style helpers that dispose their temporaries. */
 function oneMinus(v: Tensor): Tensor {
   return ew.sub(1, v);
@@ -228,10 +227,6 @@ const composed: RuleTable = {
   sign: { saves: "none", grad: () => [null] },
 };
 
-// tanh, sigmoid and silu as device ops too: their host pass (one loop over g and v) waited for the stream and ran on
-// one thread; debug-model training at 8 x 512 (silu in every MLP; bench:train, alternating runs) took 3571-3653 tok/s
-// against 2093-2097 with it, the same losses to 1e-6 over five AdamW steps
-const unary: RuleTable = composed;
 
 /** where(cond, a, b): inputs are [null, a, b] and attrs.cond the (bool) condition. */
 const selection: RuleTable = {
@@ -244,7 +239,10 @@ const selection: RuleTable = {
   },
 };
 
-export const elementwiseRules: RuleTable = { ...binary, ...unary, ...selection };
+// tanh, sigmoid and silu take their composed rules too: a host pass (one loop over g and v) waited for the stream and
+// ran on one thread; debug-model training at 8 x 512 (silu in every MLP; bench:train, alternating runs) took
+// 3571-3653 tok/s against 2093-2097 with it, the same losses to 1e-6 over five AdamW steps
+export const elementwiseRules: RuleTable = { ...binary, ...composed, ...selection };
 
 // ---- host-evaluated derivatives (no erf kernel in the primitive set) ----
 

@@ -33,7 +33,6 @@ export const nnRules: RuleTable = {
         const k = tmp(ew.mul(tmp(ew.mul(tmp(ew.square(r)), r)), tmp(ew.div(dot, n)))); // r^3 * mean(g*w*x)
         const rows = tmp(ew.sub(tmp(ew.mul(gw, r)), tmp(ew.mul(xs, k))));
         dx = rows.reshape(x.shape);
-        if (dx === rows) temps.pop();
       }
       const dw = c.needsGrad[1] ? sum(tmp(ew.mul(tmp(ew.mul(gs, xs)), r)), 0) : null;
       for (const t of new Set(temps)) if (t !== x && t !== g && t !== w && t !== dx) t.dispose();
@@ -88,8 +87,9 @@ nnRules.cross_entropy = {
     const x = logits.dtype === "float32" ? logits : tmp(logits.to("float32")); // a bf16 / f16 loss is computed in float32 too
     const up = g.dtype === "float32" ? g : tmp(g.to("float32"));
     const keep = tmp(tensor(Float32Array.from(targets, (t) => (t === ignoreIndex ? 0 : 1)), { shape: [N, 1], device }));
-    // each row's scale: the upstream gradient's share of the row (0 on ignored rows)
-    const scale = tmp(reduction === "none" ? ew.mul(tmp(up.reshape(N, 1)), keep) : ew.mul(keep, reduction === "sum" ? up : tmp(ew.div(up, Math.max(count, 1))))); // (count 0: every row ignored, keep all 0)
+    // each row's scale: the upstream gradient's share of the row (0 on ignored rows; with count 0 every row is)
+    const share = reduction === "none" ? tmp(up.reshape(N, 1)) : reduction === "sum" ? up : tmp(ew.div(up, Math.max(count, 1)));
+    const scale = tmp(ew.mul(keep, share));
     const at = tmp(tensor(Int32Array.from(targets, (t) => (t === ignoreIndex ? 0 : t)), { shape: [N, 1], dtype: "int32", device }));
     // in place where it can: at most two [N, V] tensors live at once (the probabilities and the gradient)
     const scaled = tmp(softmax(x, -1)).mul_(scale);
