@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -607,6 +608,27 @@ Job RmsNormQuant(const Napi::CallbackInfo& info) {
           }};
 }
 
+// addRmsNorm(x, residual, weight, sum, out, rows, n, eps[, xq, xs]): sum = x + residual, out = rmsNorm(sum) (vLLM's
+// fused_add_rms_norm: a decoder layer's residual add and the next norm in one job); with xq and xs, out's rows are
+// also quantized for quant matmul, as rmsNormQuant does
+Job AddRmsNorm(const Napi::CallbackInfo& info) {
+  const char* op = "addRmsNorm";
+  const int64_t rows = integer(info, 5, op, "rows"), n = integer(info, 6, op, "n");
+  const float eps = static_cast<float>(number(info, 7, op, "eps"));
+  const float* x = array<float>(info, 0, rows * n, op, "x");
+  const float* r = array<float>(info, 1, rows * n, op, "residual");
+  const float* w = array<float>(info, 2, n, op, "weight");
+  float* sum = array<float>(info, 3, rows * n, op, "sum");
+  float* out = array<float>(info, 4, rows * n, op, "out");
+  if (info.Length() <= 8 || info[8].IsUndefined()) return {op, [=] { gK->addRmsNorm(x, r, w, sum, out, rows, n, eps); }};
+  int8_t* xq = array<int8_t>(info, 8, rows * n, op, "xq");
+  float* xs = array<float>(info, 9, rows, op, "xs");
+  return {op, [=] {
+            gK->addRmsNorm(x, r, w, sum, out, rows, n, eps);
+            gQ->quantizeRows(out, rows, n, xq, xs);
+          }};
+}
+
 Job Softmax(const Napi::CallbackInfo& info) {
   const char* op = "softmax";
   const int64_t rows = integer(info, 2, op, "rows"), n = integer(info, 3, op, "n");
@@ -871,6 +893,32 @@ Job Embedding(const Napi::CallbackInfo& info) {
   float* out = array<float>(info, 3, numIds * dim, op, "out");
   const int dt = static_cast<int>(dtype);
   return {op, [=] { gK->embedding(table, dt, ids, out, numIds, dim); }};
+}
+
+// quantEmbedding(w, scales, ids, out, numIds, N, K, scheme): out [numIds, K] = rows ids of an [N, K] quantized weight
+// (quantMatmul's layouts), dequantized (QuantTable::dequantRows): an embedding table kept in its GGUF blocks. The ids
+// are checked here (a RangeError, as embedding's); a replay whose ids changed since the capture writes zeros for any
+// outside [0, N) rather than read out of range.
+Job QuantEmbedding(const Napi::CallbackInfo& info) {
+  const char* op = "quantEmbedding";
+  const int64_t numIds = integer(info, 4, op, "numIds"), N = integer(info, 5, op, "N"), K = integer(info, 6, op, "K");
+  const int64_t scheme = integer(info, 7, op, "scheme");
+  checkQuantScheme(info, op, scheme, K);
+  const uint8_t* w = array<uint8_t>(info, 0, quantDataBytes(scheme, N, K), op, "w");
+  const void* scales = quantScalesArg(info, 1, op, scheme, N, K);
+  const int32_t* ids = array<int32_t>(info, 2, numIds, op, "ids");
+  for (int64_t i = 0; i < numIds; ++i)
+    if (ids[i] < 0 || ids[i] >= N)
+      throw Napi::RangeError::New(info.Env(), "id " + std::to_string(ids[i]) + " out of range [0, " +
+                                                  std::to_string(N) + ")");
+  float* out = array<float>(info, 3, numIds * K, op, "out");
+  const int sc = static_cast<int>(scheme);
+  return {op, [=] {
+            for (int64_t i = 0; i < numIds; ++i) {
+              if (ids[i] >= 0 && ids[i] < N) gQ->dequantRows(sc, w, scales, ids + i, 1, N, K, out + i * K);
+              else std::fill(out + i * K, out + (i + 1) * K, 0.0f);
+            }
+          }};
 }
 
 // loraApply(base, x, a, b, scales, slots, out, T, N, K, R, S): multi-LoRA (KernelTable::loraApply). The kernel skips a
@@ -1382,6 +1430,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"siluMulQuant", RunNow<SiluMulQuant>, Submit<SiluMulQuant>},
       {"rmsNorm", RunNow<RmsNorm>, Submit<RmsNorm>},
       {"rmsNormQuant", RunNow<RmsNormQuant>, Submit<RmsNormQuant>},
+      {"addRmsNorm", RunNow<AddRmsNorm>, Submit<AddRmsNorm>},
+      {"quantEmbedding", RunNow<QuantEmbedding>, Submit<QuantEmbedding>},
       {"softmax", RunNow<Softmax>, Submit<Softmax>},
       {"reduce", RunNow<Reduce>, Submit<Reduce>},
       {"argmax", RunNow<Argmax>, Submit<Argmax>},

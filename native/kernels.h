@@ -98,6 +98,10 @@ struct KernelTable {
   void (*binary)(int op, const float* a, const float* b, float* out, int64_t n, int64_t bn);
   void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);
   void (*rmsNorm)(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
+  // vLLM's fused_add_rms_norm: sum = x + r (rounded to f32, as a separate add), out = rmsNorm(sum); [rows, n] each,
+  // bit for bit the separate kernels' results
+  void (*addRmsNorm)(const float* x, const float* r, const float* w, float* sum, float* out, int64_t rows, int64_t n,
+                     float eps);
   void (*softmax)(const float* x, float* out, int64_t rows, int64_t n, bool log);
   void (*reduce)(int op, const float* x, float* out, int64_t rows, int64_t n);
   void (*argmax)(const float* x, int32_t* out, int64_t rows, int64_t n);

@@ -77,6 +77,20 @@ export type KernelCall =
   | { op: "silu_mul"; gate: BufferView; up: BufferView; out: BufferView; rows: number; n: number; xq?: QuantizedRowsView }
   // with xq, also writes out's rows quantized for quant_matmul (rms_norm fused with the next matmuls' quantization)
   | { op: "rms_norm"; x: BufferView; weight: BufferView; out: BufferView; rows: number; n: number; eps: number; xq?: QuantizedRowsView }
+  // vLLM's fused_add_rms_norm: sum = x + residual (rounded to the sum's float32, as the add alone), out = rms_norm(sum)
+  // over contiguous [rows, n]; with xq, out's rows quantized as rms_norm's are
+  | {
+      op: "add_rms_norm";
+      x: BufferView;
+      residual: BufferView;
+      weight: BufferView;
+      sum: BufferView;
+      out: BufferView;
+      rows: number;
+      n: number;
+      eps: number;
+      xq?: QuantizedRowsView;
+    }
   // out[b] = (aTransposed ? a[b]^T : a[b]) @ (bTransposed ? b[b]^T : b[b]); a [batch, M, K] or [batch, K, M],
   // b [batch, K, N] or [batch, N, K]; contiguous rows
   | {
@@ -108,6 +122,9 @@ export type KernelCall =
   // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)
   | { op: "quantize_weight"; scheme: QuantScheme; w: BufferView; data: BufferView; scales: BufferView; rowSums: BufferView | null; n: number; k: number }
   // out[i, :] = table[ids[i], :], table [rows, dim] contiguous
+  // out[i, :] = the f32 values of row ids[i] of a quantized [n, k] weight in quant_matmul's layout (a quantized
+  // embedding table: GGUF's token embedding kept in its blocks), out [numIds, k] contiguous
+  | { op: "quant_gather_rows"; scheme: QuantScheme; w: BufferView; scales: BufferView; ids: BufferView; out: BufferView; numIds: number; n: number; k: number }
   | { op: "gather_rows"; table: BufferView; ids: BufferView; out: BufferView; numIds: number; dim: number; rows: number }
   // torch.gather / scatter along the last dim of contiguous [rows, n] (index [rows, m])
   | { op: "gather"; x: BufferView; index: BufferView; out: BufferView; rows: number; n: number; m: number }

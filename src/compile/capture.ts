@@ -185,6 +185,17 @@ class Recorder {
         this.write(call.out, this.reshape(prod, call.out.shape), op);
         return;
       }
+      case "add_rms_norm": {
+        // as the unfused pair: the add's node (written to sum) then rms_norm over it; xq is left out as for rms_norm
+        const shape = [call.rows, call.n];
+        const x = this.reshape(this.read({ ...call.x, shape, strides: [call.n, 1] }, op), shape);
+        const r = this.reshape(this.read({ ...call.residual, shape, strides: [call.n, 1] }, op), shape);
+        const sum = this.push({ kind: "binary", fn: "add", a: x, b: r }, shape, "float32", this.union([x, r], 2));
+        this.write(call.sum, this.reshape(sum, call.sum.shape), op);
+        const weight = this.read(call.weight, op);
+        this.write(call.out, this.reshape(this.push({ kind: "rms_norm", x: sum, weight, eps: call.eps }, shape, "float32", this.dyn(sum)), call.out.shape), op);
+        return;
+      }
       case "where": {
         const cond = this.read(call.cond, op);
         const a = this.read(call.a, op);

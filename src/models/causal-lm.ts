@@ -134,6 +134,34 @@ export class DecoderLayer extends Module {
     m.dispose();
     return out;
   }
+
+  /** Whether forwardFused() can run this layer: norms before attention and the MLP only (Llama's), no residual scale. */
+  get fusesResidualAdds(): boolean {
+    return this.attnInNorm !== null && this.attnOutNorm === null && this.mlpInNorm !== null && this.mlpOutNorm === null && this.residualScale === null;
+  }
+
+  /**
+   * forward() with each residual add fused into the norm after it (vLLM's fused_add_rms_norm; inference only, when
+   * fusesResidualAdds): the layer's input is h + pending (pending: the previous layer's MLP output, not yet added;
+   * null: h alone), and its own MLP output comes back unadded, for the next layer's input norm (or the final norm) to
+   * add. Returns the input (h + pending, made here, or h itself), the residual stream after attention and the MLP's
+   * output; the same values as forward(), bit for bit.
+   */
+  forwardFused(h: Tensor, pending: Tensor | null, ctx: ForwardContext): { input: Tensor; residual: Tensor; branch: Tensor } {
+    const inNorm = this.attnInNorm!;
+    const projections = this.selfAttn.inputProjections;
+    const n1 = pending === null ? { sum: h, ...inNorm.forwardFor(h, projections) } : inNorm.addForwardFor(h, pending, projections);
+    const a = this.selfAttn.forward(n1.out, ctx, n1.xq);
+    n1.out.dispose();
+    if (n1.xq) disposeQuantizedActivations(n1.xq);
+    const gated = this.mlp instanceof GatedMLP ? this.mlp : null;
+    const n2 = this.mlpInNorm!.addForwardFor(n1.sum, a, gated?.inputProjections ?? []);
+    a.dispose();
+    const m = gated ? gated.forward(n2.out, n2.xq, ctx.kind === "paged" ? ctx.loraSlots : null) : this.mlp.forward(n2.out);
+    n2.out.dispose();
+    if (n2.xq) disposeQuantizedActivations(n2.xq);
+    return { input: n1.sum, residual: n2.sum, branch: m };
+  }
 }
 
 /** x * s, disposing x. */
@@ -297,6 +325,7 @@ export class CausalLM extends Module {
       if (values !== embeds.values) values.dispose();
     }
     const recompute = this.activationCheckpointing !== null && ctx.kind === "dense" && isGradEnabled() ? this.activationCheckpointing : null;
+    if (!isGradEnabled() && this.model.layers.every((l) => l.fusesResidualAdds)) return this.forwardFused(h, ctx, aux);
     this.model.layers.forEach((layer, i) => {
       const next = recompute?.(i) === true ? checkpointedLayer(layer, h, ctx as DenseContext, this.activationCheckpointPolicy) : layer.forward(h, ctx);
       if (aux?.layers.includes(i) === true) aux.out.push(h);
@@ -306,6 +335,29 @@ export class CausalLM extends Module {
     const out = this.model.norm.forward(h);
     h.dispose();
     return out;
+  }
+
+  /** forward()'s layers and final norm, each residual add fused into the norm after it (DecoderLayer.forwardFused). */
+  private forwardFused(embedded: Tensor, ctx: ForwardContext, aux?: { layers: readonly number[]; out: Tensor[] }): Tensor {
+    let h = embedded;
+    let pending: Tensor | null = null;
+    for (const [i, layer] of this.model.layers.entries()) {
+      const r = layer.forwardFused(h, pending, ctx);
+      pending?.dispose();
+      if (r.input !== h) h.dispose();
+      if (aux?.layers.includes(i) === true) aux.out.push(r.input);
+      else r.input.dispose();
+      h = r.residual;
+      pending = r.branch;
+    }
+    if (pending === null) {
+      const out = this.model.norm.forward(h);
+      h.dispose();
+      return out;
+    }
+    const last = this.model.norm.addForwardFor(h, pending, []);
+    for (const t of [h, pending, last.sum]) t.dispose();
+    return last.out;
   }
 
   /** A classifier's logits [rows, num_labels] for final hidden states [rows, hidden] (its pooled rows). */

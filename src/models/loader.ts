@@ -17,7 +17,7 @@ import type { SafetensorsHandle } from "./formats/safetensors.js";
 import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufFamilyOf, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, hfToGgufTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
-import { defaultQuantFilter, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
+import { defaultQuantFilter, installQuantizedEmbedding, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
 import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
 import { Linear } from "../nn/layers.js";
 import { narrowToShard, shardedParameters, TensorParallelError, type TensorParallel } from "../nn/parallel.js";
@@ -417,7 +417,9 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
       if (want !== null && want.join() !== info.shape.join() && unit(want) !== unit(info.shape))
         throw new ModelLoadError(`${file}: tensor ${info.name} is [${info.shape.join(", ")}], the model's config says [${want.join(", ")}] (for ${hfName})`);
       const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : fused ? fused.map(([n]) => n) : [hfName];
-      if (direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g, fused?.map(([, r]) => r))) {
+      // the token embedding in its own blocks, when they load quantized (a tied LM head then reads them too)
+      const taken = hfName === "model.embed_tokens.weight" ? direct.embedding(info, model, paramDtype(hfName, dtype), g) : direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g, fused?.map(([, r]) => r));
+      if (taken) {
         names.forEach((n) => loaded.add(n));
         options.onProgress?.("loading weights", (i + 1) / g.tensors.length);
         return;
@@ -536,6 +538,17 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
         installQuantizedWeight(model, name, layer, quantized(type, unpermute(raw.subarray(at, at + rows * rowBytes), rows), rows, k));
         return at + rows * rowBytes;
       }, 0);
+      return true;
+    },
+    /**
+     * Keeps the token embedding `info` in its blocks (installQuantizedEmbedding) if it can: a float32 model (a bf16
+     * table rounds its rows) and a direct type; false otherwise.
+     */
+    embedding(info: Info, model: CausalLM, dtype: DType, g: GgufFile): boolean {
+      const type = dtype === "float32" ? directType(info) : null;
+      if (!type) return false;
+      const [n, k] = info.shape as [number, number];
+      installQuantizedEmbedding(model, "model.embed_tokens", model.model.embedTokens, quantized(type, g.load(info.name), n, k));
       return true;
     },
     /** Gives a tied embedding's float table a quantized copy of its own blocks for the LM head. */

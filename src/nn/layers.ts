@@ -1,9 +1,10 @@
 // Basic layers: Linear ([out, in] weights, as nn.Linear), Embedding, RMSNorm and LayerNorm.
 import { isFloating, type DType } from "../backends/dtype.js";
 import {
-  dropout, embedding, full, type Generator, layerNorm, linear, loraApply, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, takesQuantizedActivations, unallocated,
+  dropout, embedding, full, type Generator, layerNorm, linear, loraApply, quantizedEmbedding, quantizedShadowOf, rand, randn, rmsNorm, rmsNormQuantized, addRmsNorm, takesQuantizedActivations, unallocated,
   type DeviceLike, type QuantizedActivations, type Tensor, type TensorOptions,
 } from "../tensor/index.js";
+import type { QuantizedWeight } from "../tensor/ops/linalg.js";
 import { OpError } from "../util/errors.js";
 import { Module } from "./module.js";
 
@@ -124,6 +125,8 @@ export class Linear extends Module {
 /** torch.nn.Embedding: rows of weight [numEmbeddings, dim] (initialised N(0, 1), requiring grad) looked up by id. */
 export class Embedding extends Module {
   weight: Tensor; // [numEmbeddings, dim]
+  /** The table the lookups read when it is kept quantized (readQuantized), else null: the weight itself. */
+  private quantizedTable: QuantizedWeight | null = null;
 
   /**
    * `scale`: each looked-up row is multiplied by it, or null; `roundScale`: the scale first rounded to the weights'
@@ -141,11 +144,23 @@ export class Embedding extends Module {
   }
 
   protected override onParameterReplaced(local: string, value: Tensor): void {
-    if (local === "weight") this.weight = value;
+    if (local !== "weight") return;
+    this.weight = value;
+    this.quantizedTable = null;
+  }
+
+  /**
+   * Looks rows up in `q` (a quantized [numEmbeddings, dim] table, quantized_embedding) from now on, until the weight is
+   * replaced: the weight itself is then a placeholder (installQuantizedEmbedding). Inference only.
+   */
+  readQuantized(q: QuantizedWeight): void {
+    if (q.outFeatures !== this.numEmbeddings || q.inFeatures !== this.dim)
+      throw new RangeError(`[embedding] quantized table is [${q.outFeatures}, ${q.inFeatures}], the embedding is [${this.numEmbeddings}, ${this.dim}]`);
+    this.quantizedTable = q;
   }
 
   forward(ids: Tensor): Tensor {
-    const rows = embedding(ids, this.weight);
+    const rows = this.quantizedTable ? quantizedEmbedding(ids, this.quantizedTable) : embedding(ids, this.weight);
     if (this.scale === null) return rows;
     const out = rows.mul(this.roundScale && this.weight.dtype === "bfloat16" ? bf16Round(this.scale) : this.scale);
     rows.dispose();
@@ -226,6 +241,20 @@ export class RMSNorm extends Module {
   forwardFor(x: Tensor, consumers: readonly Linear[]): { out: Tensor; xq: QuantizedActivations | null } {
     if (!consumers.some((c) => c.takesQuantizedActivations())) return { out: this.forward(x), xq: null };
     return this.withScale((w) => rmsNormQuantized(x, w, this.eps));
+  }
+
+  /**
+   * x + residual and this norm of the sum in one kernel (vLLM's fused_add_rms_norm), the normed rows also quantized
+   * for quantized consumers as forwardFor quantizes them. Inference only. Inputs addRmsNorm() does not take (other
+   * than float32, or of two shapes) run as add() then forwardFor(). The caller disposes sum, out and xq.
+   */
+  addForwardFor(x: Tensor, residual: Tensor, consumers: readonly Linear[]): { sum: Tensor; out: Tensor; xq: QuantizedActivations | null } {
+    if (x.dtype !== "float32" || residual.dtype !== "float32" || x.shape.join() !== residual.shape.join()) {
+      const sum = x.add(residual);
+      return { sum, ...this.forwardFor(sum, consumers) };
+    }
+    const quantize = consumers.some((c) => c.takesQuantizedActivations());
+    return this.withScale((w) => addRmsNorm(x, residual, w, this.eps, quantize));
   }
 
   /** f of the scale: the weight, or offset + weight made per call (a [dim] add; training sees the weight's gradient). */

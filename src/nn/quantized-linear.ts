@@ -3,7 +3,7 @@
 import type { QuantScheme } from "../backends/backend.js";
 import { empty, type Tensor } from "../tensor/index.js";
 import { canQuantize, quantizedLinear, quantizedShadowOf, quantizeWeight, setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
-import { Linear } from "./layers.js";
+import { type Embedding, Linear } from "./layers.js";
 import type { Module } from "./module.js";
 
 export interface QuantizeOptions {
@@ -92,6 +92,19 @@ export function installQuantizedWeight(model: Module, name: string, layer: Linea
   // code that calls linear(x, layer.weight) itself (CausalLM.logits with an untied lm_head) reads q too
   setQuantizedShadow(param, q);
   layer.forward = (x, xq) => quantizedLinear(x, q, layer.bias, xq);
+}
+
+/**
+ * Keeps an embedding table quantized (a GGUF token embedding in its own blocks, as llama.cpp reads it): lookups
+ * dequantize the rows they read (Embedding.readQuantized), and the parameter `name`.weight becomes a zero-stride
+ * placeholder of the table's shape whose quantized shadow is `q`, so that a tied LM head's linear() reads the same
+ * blocks. Inference only.
+ */
+export function installQuantizedEmbedding(model: Module, name: string, emb: Embedding, q: QuantizedWeight): void {
+  const param = empty([1, 1], { dtype: "float32", device: q.data.device }).expand(emb.numEmbeddings, emb.dim);
+  model.setParameter(`${name}.weight`, param);
+  setQuantizedShadow(param, q);
+  emb.readQuantized(q);
 }
 
 /**

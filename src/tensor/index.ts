@@ -9,11 +9,11 @@ export type { BackwardOptions } from "./grad-mode.js";
 export { kernelsDispatched, flushDeferred, setDeferHook, type DeferHook } from "./dispatch.js";
 export * from "./ops/elementwise.js";
 export { sum, prod, max, min, amax, amin, argmax, argmin, mean, softmax, logSoftmax, logsumexp, cumsum, sort, topk } from "./ops/reduce.js";
-export { matmul, bmm, linear, quantizedShadowOf, takesQuantizedActivations, type QuantizedActivations } from "./ops/linalg.js";
+export { matmul, bmm, linear, quantizedEmbedding, quantizedShadowOf, takesQuantizedActivations, type QuantizedActivations } from "./ops/linalg.js";
 export { indexSelect, embedding, gather, scatter, indexCopyInto, cat, stack, split, chunk } from "./ops/indexing.js";
 export { view, reshape, permute, transpose, narrow, slice, select, expand, squeeze, unsqueeze, flatten, contiguous, clone, broadcastShapes } from "./ops/shape.js";
 export {
-  rmsNorm, layerNorm, rmsNormQuantized, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, composedCausalAttention, attentionBias, pagedAttention,
+  rmsNorm, layerNorm, rmsNormQuantized, addRmsNorm, siluMulQuantized, disposeQuantizedActivations, rotaryEmbedding, causalAttention, composedCausalAttention, attentionBias, pagedAttention,
   siluMul, scaledDotProductAttention, enableFlashSdp, flashSdpEnabled, type SdpaOptions, type AttentionMaskOptions, type PagedRotaryArgs,
 } from "./ops/nn-functional.js";
 export { flashAttention, type FlashAttentionOptions } from "./ops/flash-attention.js";

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { Linear, RMSNorm } from "../../src/nn/layers.js";
-import { tensor } from "../../src/tensor/index.js";
+import { isGradEnabled, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
@@ -58,5 +58,47 @@ test("quantized model forward: fused norm + activation quantization == unfused, 
     assert.ok(fused.every(Number.isFinite));
     const diff = fused.findIndex((v, i) => v !== unfused[i]);
     assert.equal(diff, -1, `${quantization}: hidden state ${diff} differs (${fused[diff]} vs ${unfused[diff]})`);
+  }
+});
+
+// The residual adds fused into the norms after them (vLLM's fused_add_rms_norm): inference (no grad) runs each
+// decoder layer's two adds as add_rms_norm kernels (the first layer's input has none to add; the final norm adds the
+// last MLP output), and its hidden states and aux residual streams equal the unfused forward's (grad enabled), bit
+// for bit, with float32 weights and quantized ones.
+test("inference forward: residual adds fused into the next norms == separate adds, bit for bit", () => {
+  const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05 });
+  for (const quantization of [null, ...(skip ? [] : (["int8", "int4"] as const))]) {
+    const { model } = loadLocalModel(dir, { quantization });
+    const [batch, seqLen] = [2, 5];
+    const ids = tensor(Int32Array.from({ length: batch * seqLen }, (_, i) => (i * 7 + 3) % 50));
+    const positions = tensor(Int32Array.from({ length: batch * seqLen }, (_, i) => i % seqLen));
+    const layers = model.namedModules().filter(([name]) => /layers\.\d+$/.test(name)).length;
+    const aux = { layers: [0, 1], out: [] as Tensor[] };
+    const run = (): { hidden: number[]; aux: number[][]; fusedAdds: number } => {
+      const backend = model.device.backend;
+      const backendRun = backend.run;
+      let fusedAdds = 0;
+      backend.run = (call, options) => {
+        if (call.op === "add_rms_norm") fusedAdds++;
+        return backendRun.call(backend, call, options);
+      };
+      aux.out = [];
+      try {
+        const hidden = Array.from(model.forward(ids, { kind: "dense", batch, seqLen, positions }, aux).dataSync() as Float32Array);
+        return { hidden, aux: aux.out.map((t) => Array.from(t.dataSync() as Float32Array)), fusedAdds };
+      } finally {
+        backend.run = backendRun;
+      }
+    };
+    assert.ok(isGradEnabled()); // (the default: forward keeps the separate adds)
+    const unfused = run();
+    const fused = noGrad(run);
+    assert.equal(unfused.fusedAdds, 0);
+    assert.equal(fused.fusedAdds, 2 * layers, `${quantization}: add_rms_norm kernels`);
+    assert.ok(fused.hidden.every(Number.isFinite));
+    const diff = fused.hidden.findIndex((v, i) => v !== unfused.hidden[i]);
+    assert.equal(diff, -1, `${quantization}: hidden state ${diff} differs (${fused.hidden[diff]} vs ${unfused.hidden[diff]})`);
+    assert.equal(fused.aux.length, 2);
+    assert.deepEqual(fused.aux, unfused.aux, `${quantization}: the residual streams entering layers 0 and 1`);
   }
 });

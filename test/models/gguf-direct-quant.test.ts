@@ -177,6 +177,38 @@ test("Q8_0 GGUF export loads as int8_g32 without dequantizing", { skip: skipQ8, 
 
 const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 
+// The token embedding stays in its GGUF blocks too (as llama.cpp keeps it): no float table is allocated, the lookups
+// dequantize the rows they read, bit for bit the rows of the dequantized table (gguf-quant.ts's dequantizer, the
+// loader's float path), and a tied LM head reads the same blocks.
+for (const [type, scheme] of [["Q8_0", "int8_g32"], ["Q4_0", "int4"]] as const) {
+  for (const tied of [true, false]) {
+    test(`${type} GGUF: the token embedding stays quantized (${scheme}, ${tied ? "tied" : "untied"} LM head); lookups == the dequantized table's rows`, { skip: skipQ8, timeout: 60_000 }, () => {
+      const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: { tie_word_embeddings: tied } });
+      const file = tempPath(`llama-${type}-${tied ? "tied" : "untied"}-embed.gguf`);
+      exportGguf(dir, file, type);
+      const direct = loadLocalModel(file);
+      const floats = loadLocalModel(file, { ggufKeepQuantized: false });
+      const w = direct.model.model.embedTokens.weight;
+      assert.ok(w.strides.every((s) => s === 0), `the embedding parameter is a placeholder (strides ${w.strides.join(", ")})`);
+      const q = quantizedShadowOf(w);
+      assert.equal(q?.scheme, scheme);
+      const [vocab, hidden] = w.shape as [number, number];
+      assert.equal(bytesOfTensor(q!.data).length, scheme === "int4" ? (vocab * hidden) / 2 : vocab * hidden, "the table's codes");
+      const ids = tensor(Int32Array.from([...IDS, vocab - 1, 0]));
+      const got = noGrad(() => direct.model.model.embedTokens.forward(ids).dataSync() as Float32Array);
+      const want = noGrad(() => floats.model.model.embedTokens.forward(ids).dataSync() as Float32Array);
+      assert.equal(got.length, want.length);
+      const diff = got.findIndex((v, i) => !Object.is(v, want[i]));
+      assert.equal(diff, -1, `element ${diff}: ${got[diff]} vs ${want[diff]}`);
+      // the LM head: tied, it reads the embedding's blocks; untied, its own output.weight
+      assert.equal(direct.model.lmHead === null, tied);
+      const a = lastLogits(direct, IDS);
+      const b = lastLogits(floats, IDS);
+      assert.ok(maxAbsDiff(a, b) <= 0.03 * maxAbs(b), `max logit error ${maxAbsDiff(a, b)} vs range ${maxAbs(b)}`);
+    });
+  }
+}
+
 test("Q4_0 GGUF export loads as int4 without dequantizing: same bits as --quantization int4", { skip, timeout: 60_000 }, () => {
   const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: { tie_word_embeddings: true } });
   const file = tempPath("llama-q4_0.gguf");

@@ -113,6 +113,46 @@ forEachBackend((device) => {
 });
 
 forEachBackend((device) => {
+  it("addRmsNorm: sum = x + residual and rms_norm(sum), bit for bit add() then rmsNorm(), and quantized as rmsNormQuantized", () => {
+    const rand = prng(11);
+    const [rows, n] = [4, 100];
+    const x = k.tensor(randn(rand, rows * n).map((v) => v * 3), { device, shape: [rows, n] });
+    const r = k.tensor(randn(rand, rows * n).map((v) => v * 7), { device, shape: [rows, n] });
+    const w = k.tensor(randn(rand, n), { device });
+    const sum = k.add(x, r);
+    const plain = k.rmsNorm(sum, w, 1e-5);
+    const fused = k.addRmsNorm(x, r, w, 1e-5, false);
+    assertSame(fused.sum, sum, "sum");
+    assertSame(fused.out, plain, "normalised rows");
+    assert.equal(fused.xq, null);
+    const quantized = k.addRmsNorm(x, r, w, 1e-5, true);
+    const want = k.rmsNormQuantized(sum, w, 1e-5);
+    assertSame(quantized.out, plain, "normalised rows (quantized variant)");
+    assert.deepEqual(Array.from(quantized.xq!.data.dataSync() as Int8Array), Array.from(want.xq.data.dataSync() as Int8Array), "int8 rows");
+    assertSame(quantized.xq!.scales, want.xq.scales, "row scales");
+  });
+
+  it("addRmsNorm by hand: [1, 2] + [2, 2] = [3, 4], normed by sqrt((9 + 16) / 2)", () => {
+    const f = k.addRmsNorm(
+      k.tensor(Float32Array.of(1, 2), { device, shape: [1, 2] }), k.tensor(Float32Array.of(2, 2), { device, shape: [1, 2] }),
+      k.tensor(Float32Array.of(1, 0.5), { device }), 0, false,
+    );
+    assert.deepEqual(values(f.sum), [3, 4]);
+    const inv = 1 / Math.sqrt(12.5);
+    const got = values(f.out);
+    assert.ok(Math.abs(got[0]! - 3 * inv) < 1e-6 && Math.abs(got[1]! - 4 * inv * 0.5) < 1e-6, `got ${got.join(", ")}`);
+  });
+
+  it("addRmsNorm refuses operands of two shapes or not float32", () => {
+    const a = k.tensor(new Float32Array(6), { device, shape: [2, 3] });
+    const w = k.tensor(new Float32Array(3), { device });
+    assert.throws(() => k.addRmsNorm(a, k.tensor(new Float32Array(3), { device, shape: [1, 3] }), w, 1e-6, false), /add_rms_norm.*differ/);
+    assert.throws(() => k.addRmsNorm(a, a.to("bfloat16"), w, 1e-6, false), /add_rms_norm.*float32/);
+    assert.throws(() => k.addRmsNorm(a, a, k.tensor(new Float32Array(4), { device }), 1e-6, false), /add_rms_norm.*weight/);
+  });
+});
+
+forEachBackend((device) => {
   it("siluMulQuantized writes silu(gate) * up and its rows quantized as quant_matmul quantizes them", () => {
     const rand = prng(5);
     const [rows, n] = [3, 170];

@@ -19,7 +19,7 @@ import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterR
 import { tryLoadNativeKernels, nativeLoadError, type MoeProjectionArrays, type NativeKernels, type StreamKernelName } from "./native.js";
 import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
 import {
-  nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantMatmulRef, quantScaleBytes, quantScaleCount, quantScaleDtype, quantizeWeightsRef,
+  dequantizeRef, nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantMatmulRef, quantScaleBytes, quantScaleCount, quantScaleDtype, quantizeWeightsRef,
 } from "./quant-reference.js";
 
 /** One raw call of generated code: bufs[i] = buffers[i] memory + byteOffsets[i]; reads/writes name what it touches. */
@@ -39,7 +39,7 @@ const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32"
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
 
 /** KernelCall fields a kernel writes; every other BufferView field is read. */
-const WRITTEN_FIELDS = new Set(["out", "values", "indices", "kCache", "vCache", "lse", "dq", "dk", "dv", "dsinks"]);
+const WRITTEN_FIELDS = new Set(["out", "sum", "values", "indices", "kCache", "vCache", "lse", "dq", "dk", "dv", "dsinks"]);
 const QUANTIZE_WRITES = new Set(["data", "scales", "rowSums"]);
 function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[] } {
   const reads: BufferView[] = [];
@@ -52,7 +52,7 @@ function operands(call: KernelCall): { reads: BufferView[]; writes: BufferView[]
   }
   // nested operands: paged attention's fused rotary (read), quantized activation rows (written by rms_norm, read by quant_matmul)
   if (call.op === "paged_attention" && call.rotary) reads.push(call.rotary.positions, call.rotary.cos, call.rotary.sin);
-  if ((call.op === "rms_norm" || call.op === "silu_mul") && call.xq) writes.push(call.xq.data, call.xq.scales);
+  if ((call.op === "rms_norm" || call.op === "add_rms_norm" || call.op === "silu_mul") && call.xq) writes.push(call.xq.data, call.xq.scales);
   if (call.op === "quant_matmul" && call.xq) reads.push(call.xq.data, call.xq.scales);
   // the experts' weights (moe)
   if (call.op === "moe")
@@ -183,7 +183,7 @@ function quantizedRows(v: QuantizedRowsView, rows: number, n: number): { data: I
 }
 
 /** Host (TS reference) path of the quantized ops, for layouts the native kernels do not take. */
-function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" }>): void {
+function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize_weight" | "quant_gather_rows" }>): void {
   const hostF32 = (v: BufferView, len: number) => new Float32Array(v.buffer.host!, v.offset * 4, len);
   const hostBytes = (v: BufferView, len: number, bytes: number) => new Uint8Array(v.buffer.host!, v.offset * bytes, len * bytes);
   const scaleBytes = quantScaleBytes(call.scheme);
@@ -198,6 +198,14 @@ function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize
   const data = hostBytes(call.w, quantDataBytes(call.scheme, call.n, call.k), 1).slice();
   const sb = hostBytes(call.scales, ns, scaleBytes).slice();
   const scales = newScales(call.scheme, ns, sb.buffer);
+  if (call.op === "quant_gather_rows") {
+    const ids = new Int32Array(call.ids.buffer.host!, call.ids.offset * 4, call.numIds);
+    for (const id of ids) if (id < 0 || id >= call.n) throw new RangeError(`id ${id} out of range [0, ${call.n})`);
+    const table = dequantizeRef(call.scheme, { data, scales, rowSums: new Int32Array(0) }, call.n, call.k);
+    const out = hostF32(call.out, call.numIds * call.k);
+    ids.forEach((id, i) => out.set(table.subarray(id * call.k, (id + 1) * call.k), i * call.k));
+    return;
+  }
   const rowSums = call.rowSums ? new Int32Array(hostBytes(call.rowSums, call.n, 4).slice().buffer) : new Int32Array(0);
   const pre = call.xq
     ? { xq: new Int8Array(hostBytes(call.xq.data, call.m * call.k, 1).slice().buffer), xs: hostF32(call.xq.scales, call.m).slice() }
@@ -497,7 +505,7 @@ export class CpuBackend implements Backend {
     }
     if (capturing) throw new CaptureError(call.op, `no native kernel for ${describeOperands(call)}; it would run on the host, which cannot be captured (on cpu)`);
     // host kernels reach memory through CpuBuffer.host, which waits for pending work on that buffer
-    if (call.op === "quant_matmul" || call.op === "quantize_weight") return runQuantHost(call);
+    if (call.op === "quant_matmul" || call.op === "quantize_weight" || call.op === "quant_gather_rows") return runQuantHost(call);
     if (!runHostFast(call)) runReference(call);
   }
 
@@ -642,6 +650,22 @@ export class CpuBackend implements Backend {
         k.rmsNorm(x, w, out, call.rows, call.n, call.eps);
         return true;
       }
+      case "add_rms_norm": {
+        const x = f32(call.x);
+        const r = f32(call.residual);
+        const w = f32(call.weight);
+        const sum = f32(call.sum);
+        const out = f32(call.out);
+        if (!x || !r || !w || !sum || !out) return false;
+        if (call.xq) {
+          const xq = quantizedRows(call.xq, call.rows, call.n);
+          if (!xq) return false;
+          k.addRmsNorm(x, r, w, sum, out, call.rows, call.n, call.eps, xq.data, xq.scales);
+          return true;
+        }
+        k.addRmsNorm(x, r, w, sum, out, call.rows, call.n, call.eps);
+        return true;
+      }
       case "silu_mul": {
         const gate = f32(call.gate);
         const up = f32(call.up);
@@ -683,6 +707,15 @@ export class CpuBackend implements Backend {
         // q4_k has no native quantizer (its weights are GGUF blocks): the TS encoder runs on the host
         if (!q || !w || call.k % quantKMultiple(call.scheme) !== 0 || call.scheme === "q4_k" || !this.quantSchemes.has(call.scheme)) return false;
         k.quantizeWeights(w, call.n, call.k, nativeQuantCode(call.scheme), q.data, q.scales, q.rowSums);
+        return true;
+      }
+      case "quant_gather_rows": {
+        const q = quantArrays(call.scheme, call.w, call.scales, null, call.n, call.k);
+        const ids = i32(call.ids);
+        const out = f32(call.out);
+        if (!q || !ids || !out || call.k % quantKMultiple(call.scheme) !== 0 || !this.quantSchemes.has(call.scheme)) return false;
+        this.stream.awaitWrites([call.ids]); // the kernel checks the ids as it is made
+        k.quantEmbedding(q.data, q.scales, ids, out, call.numIds, call.n, call.k, nativeQuantCode(call.scheme));
         return true;
       }
       case "gather_rows": {

@@ -118,6 +118,22 @@ export interface NativeKernels extends NativeStream {
   rmsNormQuant(
     x: Float32Array, weight: Float32Array, out: Float32Array, rows: number, n: number, eps: number, xq: Int8Array, xs: Float32Array,
   ): void;
+  /**
+   * sum = x + residual, out = rmsNorm(sum) (one job; bit for bit the separate kernels), then with xq and xs out's rows
+   * quantized as rmsNormQuant does.
+   */
+  addRmsNorm(
+    x: Float32Array, residual: Float32Array, weight: Float32Array, sum: Float32Array, out: Float32Array, rows: number, n: number, eps: number,
+    xq?: Int8Array, xs?: Float32Array,
+  ): void;
+  /**
+   * out [numIds, k] = rows ids of an [n, k] quantized weight (quantMatmul's layouts and scheme codes), dequantized
+   * exactly as the products read them; ids out of [0, n) throw a RangeError.
+   */
+  quantEmbedding(
+    w: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array, ids: Int32Array, out: Float32Array, numIds: number, n: number, k: number,
+    scheme: number,
+  ): void;
   softmax(x: Float32Array, out: Float32Array, rows: number, n: number, log: boolean): void;
   /** See {@link ReduceOp}. */
   reduce(op: number, x: Float32Array, out: Float32Array, rows: number, n: number): void;
@@ -239,7 +255,7 @@ export interface DecodeTuning {
 export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
   | "siluMul" | "rmsNorm"
-  | "rmsNormQuant" | "siluMulQuant"  | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "rmsNormQuant" | "siluMulQuant" | "addRmsNorm" | "quantEmbedding" | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "flashAttention" | "flashAttentionBackward" | "f16ToF32" | "f32ToF16" | "loraApply" | "moe" | "sortRows";
 
 /**

@@ -385,6 +385,25 @@ export function runReference(call: KernelCall): void {
       if (call.xq) quantizeRowsReference(readF64(call.out), rows, n, call.xq);
       return;
     }
+    case "add_rms_norm": {
+      // the sum rounded to float32 first, as the separate add writes it
+      const x = readF64(call.x);
+      const r = readF64(call.residual);
+      for (let i = 0; i < x.length; i++) x[i] = Math.fround(x[i]! + r[i]!);
+      writeDense(call.sum, x);
+      const w = readF64(call.weight);
+      const { rows, n, eps } = call;
+      for (let row = 0; row < rows; row++) {
+        const o = row * n;
+        let ss = 0;
+        for (let i = 0; i < n; i++) ss += x[o + i]! * x[o + i]!;
+        const inv = 1 / Math.sqrt(ss / n + eps);
+        for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
+      }
+      writeDense(call.out, x);
+      if (call.xq) quantizeRowsReference(readF64(call.out), rows, n, call.xq);
+      return;
+    }
     case "matmul": {
       const { batch, m, n, k, bTransposed, strideA, strideB, strideOut } = call;
       const aTransposed = call.aTransposed ?? false;

@@ -192,6 +192,27 @@ export function takesQuantizedActivations(scheme: QuantScheme): boolean {
 }
 
 /**
+ * embedding(ids, W) with a quantized table W [numEmbeddings, dim] (ids int32 of any shape -> [...ids, dim] f32): each
+ * row dequantized exactly as the quantized products read it (a GGUF token embedding kept in its blocks, as llama.cpp
+ * keeps it). Inference only.
+ */
+export function quantizedEmbedding(ids: Tensor, weight: QuantizedWeight): Tensor {
+  const op = "quantized_embedding";
+  if (ids.dtype !== "int32") throw new OpError(op, `ids must be int32, got ${ids.dtype}`);
+  const dev = sameDevice(op, ids, weight.data);
+  const { outFeatures: n, inFeatures: k } = weight;
+  const flat = contiguous(ids);
+  const out = empty([...ids.shape, k], { dtype: "float32", device: dev });
+  if (flat.numel > 0)
+    runKernel(op, dev, {
+      op: "quant_gather_rows", scheme: weight.scheme, w: weight.data.view_(op), scales: weight.scales.view_(op), ids: flat.view_(op),
+      out: out.view_(op), numIds: flat.numel, n, k,
+    }, [out]);
+  if (flat !== ids) flat.dispose();
+  return out;
+}
+
+/**
  * linear(x, W, b) with a quantized W: x [..., in] f32 (activations are quantized per row inside the kernel, or
  * read from `xq`, x's rows already quantized: the same bits).
  */

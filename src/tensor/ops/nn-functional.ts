@@ -55,6 +55,35 @@ export function rmsNormQuantized(x: Tensor, weight: Tensor, eps: number): { out:
 }
 
 /**
+ * vLLM's fused_add_rms_norm: sum = x + residual and out = rmsNorm(sum, weight, eps) in one kernel, bit for bit
+ * add() then rmsNorm() (a decoder layer's residual add and the next norm). With `quantize`, also out's rows
+ * quantized as rmsNormQuantized quantizes them. x and residual: float32, one shape. Inference only (no autograd).
+ */
+export function addRmsNorm(
+  x: Tensor, residual: Tensor, weight: Tensor, eps: number, quantize: boolean,
+): { sum: Tensor; out: Tensor; xq: QuantizedActivations | null } {
+  const op = "add_rms_norm";
+  const n = x.shape[x.ndim - 1]!;
+  if (x.dtype !== "float32" || residual.dtype !== "float32") throw new OpError(op, `x and residual must be float32, got ${x.dtype} and ${residual.dtype}`);
+  if (x.shape.join() !== residual.shape.join()) throw new OpError(op, `x [${x.shape.join(", ")}] and residual [${residual.shape.join(", ")}] differ`);
+  if (weight.ndim !== 1 || weight.shape[0] !== n) throw new OpError(op, `weight [${weight.shape.join(", ")}] does not match last dim ${n}`);
+  const dev = sameDevice(op, x, residual, weight);
+  const rows = numel(x.shape) / n;
+  const xc = contiguous(x);
+  const rc = contiguous(residual);
+  const wc = f32Contiguous(weight);
+  const sum = empty(x.shape, { dtype: "float32", device: dev });
+  const out = empty(x.shape, { dtype: "float32", device: dev });
+  const xq = quantize ? { data: empty([rows, n], { dtype: "int8", device: dev }), scales: empty([rows], { dtype: "float32", device: dev }) } : null;
+  const v = (t: Tensor) => t.view_(op);
+  const call = { op, x: v(xc), residual: v(rc), weight: v(wc), sum: v(sum), out: v(out), rows, n, eps } as const;
+  if (xq) runKernel(op, dev, { ...call, xq: { data: v(xq.data), scales: v(xq.scales) } }, [sum, out, xq.data, xq.scales]);
+  else runKernel(op, dev, call, [sum, out]);
+  for (const [c, t] of [[xc, x], [rc, residual], [wc, weight]] as const) if (c !== t) c.dispose();
+  return { sum, out, xq };
+}
+
+/**
  * siluMul(gate, up) (contiguous [..., n]) and its rows quantized for the quantized down projection that reads it
  * (silu·mul fused with that projection's activation quantization). Inference only (no autograd).
  */
