@@ -18,7 +18,7 @@ import { readGguf, type GgufFile } from "./formats/gguf.js";
 import { ggufArchPermutesQK, ggufFamilyOf, ggufNormShift, ggufToHfConfig, ggufToHfTensorName, hfToGgufTensorName, unpermuteQK } from "./formats/gguf-mapping.js";
 import { ggufToTokenizerJson } from "./formats/gguf-tokenizer.js";
 import { defaultQuantFilter, installQuantizedEmbedding, installQuantizedWeight, quantizeLinears, quantizeTiedHead } from "../nn/quantized-linear.js";
-import { setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
+import { quantizeWeight, setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
 import { Linear } from "../nn/layers.js";
 import { narrowToShard, shardedParameters, TensorParallelError, type TensorParallel } from "../nn/parallel.js";
 import { fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
@@ -418,7 +418,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
         throw new ModelLoadError(`${file}: tensor ${info.name} is [${info.shape.join(", ")}], the model's config says [${want.join(", ")}] (for ${hfName})`);
       const names = experts ? Array.from({ length: experts }, (_, e) => hfName.replace("{expert}", String(e))) : fused ? fused.map(([n]) => n) : [hfName];
       // the token embedding in its own blocks, when they load quantized (a tied LM head then reads them too)
-      const taken = hfName === "model.embed_tokens.weight" ? direct.embedding(info, model, paramDtype(hfName, dtype), g) : direct.take(info, names, (raw, rowsEach) => unpermute(raw, rowsEach), g, fused?.map(([, r]) => r));
+      const taken = hfName === "model.embed_tokens.weight" ? direct.embedding(info, model, paramDtype(hfName, dtype), g) : direct.take(info, names, unpermute, g, fused?.map(([, r]) => r));
       if (taken) {
         names.forEach((n) => loaded.add(n));
         options.onProgress?.("loading weights", (i + 1) / g.tensors.length);
@@ -486,6 +486,9 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
  * q4_k, MXFP4 -> mxfp4; bits moved, never dequantized). Tensors it declines load as floats: other types, in_features % 64 != 0 (the
  * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
  */
+/** GGUF block types no kernel takes as they are, loaded requantized to int8_g32 (directQuantLoader's requantizes). */
+const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q5_K", "Q6_K"]);
+
 function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const dev = resolveDevice(options.device);
   const native = dev.backend.name === "cpu" ? tryLoadNativeKernels() : null; // quant_matmul is cpu-only
@@ -494,6 +497,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const linears = new Map<string, [string, Linear]>();
   for (const [name, m] of model.namedModules()) if (m instanceof Linear) linears.set(name ? `${name}.weight` : "weight", [name, m]);
   const declined = new Map<string, string[]>(); // reason -> GGUF tensor names
+  const requantized = new Map<string, string[]>(); // the same, for tensors requantized to int8_g32
   const counts = new Map<QuantScheme, number>();
   type Info = { type: string; shape: number[]; name: string };
   const quantized = (type: GgufDirectType, raw: Uint8Array, n: number, k: number): QuantizedWeight => {
@@ -522,13 +526,42 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
     if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);
     return type;
   };
+  /**
+   * Whether `info` is a block type no kernel takes as it is (Q6_K, Q5_K, Q5_0, ...: llama.cpp's Q4_K_M files hold
+   * some) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
+   * element within half a step of its group of 32 (amax / 127) of the file's value. Noted per type.
+   */
+  const requantizes = (info: Info): boolean => {
+    if (!enabled || info.shape.length < 2 || info.type in GGUF_DIRECT_SCHEME || !REQUANTIZED_GGUF_TYPES.has(info.type)) return false;
+    if (!fitsDirectKernel("Q8_0", info.shape.at(-1)!) || !nativeTakesScheme(native!, "int8_g32")) return false;
+    const why = `${info.type} (no ${info.type} kernel) requantized to int8_g32`;
+    requantized.set(why, [...(requantized.get(why) ?? []), info.name]);
+    return true;
+  };
   return {
-    /** Loads `info` (one matrix, or stacked experts) into the Linear layers `names` if it can; false otherwise. */
-    take(info: Info, names: string[], unpermute: (raw: Uint8Array, rows: number) => Uint8Array, g: GgufFile, partRows?: number[]): boolean {
+    /**
+     * Loads `info` (one matrix, or stacked experts) into the Linear layers `names` if it can (its blocks as they are,
+     * or another block type requantized to int8_g32); false otherwise.
+     */
+    take(info: Info, names: string[], unpermute: <T extends Float32Array | Uint8Array>(d: T, rows: number) => T, g: GgufFile, partRows?: number[]): boolean {
       const layers = names.map((n) => linears.get(n));
-      const type = layers.some((l) => l === undefined) ? null : directType(info);
-      if (!type) return false;
+      if (layers.some((l) => l === undefined)) return false;
+      const type = directType(info);
       const [n, k] = info.shape.slice(-2) as [number, number];
+      if (!type) {
+        if (!requantizes(info)) return false;
+        const floats = g.loadAsFloat32(info.name);
+        layers.reduce((at, l, e) => {
+          const [name, layer] = l!;
+          const rows = partRows?.[e] ?? n;
+          const w = tensor(unpermute(floats.subarray(at, at + rows * k), rows), { shape: [rows, k], device: dev });
+          installQuantizedWeight(model, name, layer, quantizeWeight(w, "int8_g32"));
+          w.dispose();
+          counts.set("int8_g32", (counts.get("int8_g32") ?? 0) + 1);
+          return at + rows * k;
+        }, 0);
+        return true;
+      }
       const raw = g.load(info.name);
       const rowBytes = ggufDirectRowBytes(type, k);
       // stacked experts: n rows each; a fused matrix (partRows): its parts' rows in turn
@@ -551,10 +584,16 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       installQuantizedEmbedding(model, "model.embed_tokens", model.model.embedTokens, quantized(type, g.load(info.name), n, k));
       return true;
     },
-    /** Gives a tied embedding's float table a quantized copy of its own blocks for the LM head. */
+    /**
+     * Gives a tied embedding's float table a quantized copy of its own blocks for the LM head (another block type's
+     * values requantized to int8_g32).
+     */
     tiedHead(info: Info, embedding: Tensor, g: GgufFile): void {
       const type = directType(info);
-      if (!type) return;
+      if (!type) {
+        if (requantizes(info)) setQuantizedShadow(embedding, quantizeWeight(embedding, "int8_g32"));
+        return;
+      }
       const [n, k] = info.shape as [number, number];
       setQuantizedShadow(embedding, quantized(type, g.load(info.name), n, k));
     },
@@ -562,6 +601,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       const note = options.onNote ?? ((m: string) => console.warn(m));
       for (const [why, names] of declined)
         note(`[load] ${file}: ${names.length} tensor(s) ${why}; dequantized to float: ${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""}`);
+      for (const [why, names] of requantized) note(`[load] ${file}: ${names.length} tensor(s) ${why}: ${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""}`);
     },
     /** The scheme most tensors were loaded in (null: none quantized). */
     scheme: (): QuantScheme | null => [...counts].sort((a, b) => b[1] - a[1])[0]?.[0] ?? null,
