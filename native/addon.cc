@@ -921,6 +921,29 @@ Job QuantEmbedding(const Napi::CallbackInfo& info) {
           }};
 }
 
+// indexAddRows(out, ids, src, numIds, dim): out[ids[i], :] += src[i, :] (index_add_ along dim 0 of a [rows, dim] f32
+// table, rows = out's length / dim: an embedding's gradient), ids in order. The ids are checked here; a replay whose
+// ids changed since the capture skips any outside [0, rows).
+Job IndexAddRows(const Napi::CallbackInfo& info) {
+  const char* op = "indexAddRows";
+  const int64_t numIds = integer(info, 3, op, "numIds"), dim = integer(info, 4, op, "dim");
+  float* out = array<float>(info, 0, 0, op, "out");
+  const int64_t rows = dim == 0 ? 0 : static_cast<int64_t>(info[0].As<Napi::TypedArray>().ElementLength()) / dim;
+  const int32_t* ids = array<int32_t>(info, 1, numIds, op, "ids");
+  const float* src = array<float>(info, 2, numIds * dim, op, "src");
+  for (int64_t i = 0; i < numIds; ++i)
+    if (ids[i] < 0 || ids[i] >= rows)
+      throw Napi::RangeError::New(info.Env(), "index " + std::to_string(ids[i]) + " out of range for " + std::to_string(rows) + " rows");
+  return {op, [=] {
+            for (int64_t i = 0; i < numIds; ++i) {
+              if (ids[i] < 0 || ids[i] >= rows) continue;
+              float* o = out + ids[i] * dim;
+              const float* s = src + i * dim;
+              for (int64_t d = 0; d < dim; ++d) o[d] += s[d];
+            }
+          }};
+}
+
 // loraApply(base, x, a, b, scales, slots, out, T, N, K, R, S): multi-LoRA (KernelTable::loraApply). The kernel skips a
 // slot outside [0, S) when it runs, so a replay whose slots changed since the capture still reads nothing out of range.
 Job LoraApply(const Napi::CallbackInfo& info) {
@@ -1432,6 +1455,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"rmsNormQuant", RunNow<RmsNormQuant>, Submit<RmsNormQuant>},
       {"addRmsNorm", RunNow<AddRmsNorm>, Submit<AddRmsNorm>},
       {"quantEmbedding", RunNow<QuantEmbedding>, Submit<QuantEmbedding>},
+      {"indexAddRows", RunNow<IndexAddRows>, Submit<IndexAddRows>},
       {"softmax", RunNow<Softmax>, Submit<Softmax>},
       {"reduce", RunNow<Reduce>, Submit<Reduce>},
       {"argmax", RunNow<Argmax>, Submit<Argmax>},

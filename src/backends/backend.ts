@@ -131,6 +131,9 @@ export type KernelCall =
   | { op: "scatter"; out: BufferView; index: BufferView; src: BufferView; rows: number; n: number; m: number; accumulate: boolean }
   // out[ids[i], :] = src[i, :] on a contiguous [rows, dim] destination (index_copy_ along dim 0)
   | { op: "index_copy_rows"; out: BufferView; ids: BufferView; src: BufferView; numIds: number; dim: number; rows: number }
+  // out[ids[i], :] += src[i, :] in place on a contiguous float32 [rows, dim] (index_add_ along dim 0: an embedding's
+  // gradient); ids in order, so repeated ids add up as they would one by one
+  | { op: "index_add_rows"; out: BufferView; ids: BufferView; src: BufferView; numIds: number; dim: number; rows: number }
   // rotary embedding on [T, H, D] with cos/sin tables [maxPos, rotaryDim/2]
   | {
       op: "rotary";

@@ -718,6 +718,15 @@ export class CpuBackend implements Backend {
         k.quantEmbedding(q.data, q.scales, ids, out, call.numIds, call.n, call.k, nativeQuantCode(call.scheme));
         return true;
       }
+      case "index_add_rows": {
+        const ids = i32(call.ids);
+        const src = f32(call.src);
+        const out = f32(call.out);
+        if (!ids || !src || !out || out.length !== call.rows * call.dim) return false;
+        this.stream.awaitWrites([call.ids]); // the kernel checks the ids as it is made
+        k.indexAddRows(out, ids, src, call.numIds, call.dim);
+        return true;
+      }
       case "gather_rows": {
         const ids = i32(call.ids);
         const out = f32(call.out);

@@ -134,6 +134,8 @@ export interface NativeKernels extends NativeStream {
     w: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array, ids: Int32Array, out: Float32Array, numIds: number, n: number, k: number,
     scheme: number,
   ): void;
+  /** out[ids[i], :] += src[i, :] over [rows, dim] (rows = out.length / dim), ids in order; ids out of range throw a RangeError. */
+  indexAddRows(out: Float32Array, ids: Int32Array, src: Float32Array, numIds: number, dim: number): void;
   softmax(x: Float32Array, out: Float32Array, rows: number, n: number, log: boolean): void;
   /** See {@link ReduceOp}. */
   reduce(op: number, x: Float32Array, out: Float32Array, rows: number, n: number): void;
@@ -255,7 +257,7 @@ export interface DecodeTuning {
 export type StreamKernelName =
   | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
   | "siluMul" | "rmsNorm"
-  | "rmsNormQuant" | "siluMulQuant" | "addRmsNorm" | "quantEmbedding" | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
+  | "rmsNormQuant" | "siluMulQuant" | "addRmsNorm" | "quantEmbedding" | "indexAddRows" | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "flashAttention" | "flashAttentionBackward" | "f16ToF32" | "f32ToF16" | "loraApply" | "moe" | "sortRows";
 
 /**

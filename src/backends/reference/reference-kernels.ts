@@ -473,6 +473,18 @@ export function runReference(call: KernelCall): void {
       }
       return;
     }
+    case "index_add_rows": {
+      const ids = readF64(call.ids);
+      const src = readF64(call.src);
+      const out = readF64(call.out);
+      for (let i = 0; i < call.numIds; i++) {
+        const row = ids[i]!;
+        if (row < 0 || row >= call.rows) throw new RangeError(`index ${row} out of range for ${call.rows} rows`);
+        // rounded to float32 after each add, as the kernel adds
+        for (let d = 0; d < call.dim; d++) out[row * call.dim + d] = Math.fround(out[row * call.dim + d]! + src[i * call.dim + d]!);
+      }
+      return writeDense(call.out, out);
+    }
     case "rotary": {
       const x = readF64(call.x);
       rotateRows(x, readF64(call.positions), readF64(call.cos), readF64(call.sin), call.heads, call.headDim, call.rotaryDim, call.neox);

@@ -201,7 +201,7 @@ const linalg: RuleTable = {
 };
 
 const indexing: RuleTable = {
-  // grad rows scatter-added into a zero table: one host pass, O(numIds * rowSize + table)
+  // grad rows added into a zero table (along dim 0 in float32 by a device kernel; else one host pass)
   index_select: {
     saves: "none",
     grad: (g, c) => [indexSelectGrad(g, c.attrs.dim as number, c.attrs.index as Tensor, c.attrs.inputShape as Shape)],
@@ -275,6 +275,12 @@ function scatterGrad(g: Tensor, c: BackwardContext, accumulate: boolean): (Tenso
 }
 
 function indexSelectGrad(g: Tensor, dim: number, index: Tensor, inputShape: Shape): Tensor {
+  if (dim === 0 && g.dtype === "float32") {
+    // on the device: a zero table, the rows added in (an embedding's gradient: no host pass over the table)
+    const acc = zeros(inputShape, { dtype: "float32", device: g.device });
+    ix.indexAddRowsInto(acc, index, g);
+    return acc;
+  }
   const ids = (index.dtype === "int32" ? index.dataSync() : index.to("int32").dataSync()) as Int32Array;
   // rows along `dim` first: g [numIds, rest] -> grad [inputShape[dim], rest]
   const toFront = [dim, ...inputShape.map((_, i) => i).filter((i) => i !== dim)];

@@ -175,6 +175,25 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
   return res;
 }
 
+/**
+ * index_add_ along dim 0 of a contiguous float32 table t [rows, ...] (in place): t[index[i]] += src[i], in index
+ * order, on the device (an embedding's gradient: index_select's backward). src [index.numel, ...] float32. No
+ * autograd.
+ */
+export function indexAddRowsInto(t: Tensor, index: Tensor, src: Tensor): void {
+  const op = "index_add_";
+  if (t.dtype !== "float32" || src.dtype !== "float32") throw new OpError(op, `self and source must be float32, got ${t.dtype} and ${src.dtype}`);
+  if (!t.isContiguous || t.ndim < 1) throw new OpError(op, "self must be a contiguous table");
+  const idx = asIndex(op, index);
+  const dim = numel(t.shape) / Math.max(t.shape[0]!, 1);
+  if (idx.ndim !== 1 || src.numel !== idx.numel * dim) throw new OpError(op, `source [${src.shape.join(", ")}] does not hold ${idx.numel} rows of ${dim}`);
+  const dev = sameDevice(op, t, idx, src);
+  const s = contiguous(src);
+  if (idx.numel > 0) runKernel(op, dev, { op: "index_add_rows", out: t.view_(op), ids: idx.view_(op), src: s.view_(op), numIds: idx.numel, dim, rows: t.shape[0]! }, [t]);
+  if (s !== src) s.dispose();
+  if (idx !== index) idx.dispose();
+}
+
 /** index_copy_ along dim: t[..., index[i], ...] = src[..., i, ...], writing through views of t; src has t's dtype. */
 export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor): void {
   const d = normDim(dim, t.ndim, "index_copy_");
