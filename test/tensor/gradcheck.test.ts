@@ -88,6 +88,40 @@ describe("gradcheck: reductions and normalisations", () => {
     gradcheck("rms_norm", [{ shape: [3, 8] }, { shape: [8] }], (x, w) => k.rmsNorm(x, w, 1e-5));
     gradcheck("rms_norm 3-d transposed", [{ shape: [8, 2, 3] }, { shape: [8] }], (x, w) => k.rmsNorm(x.permute(1, 2, 0), w, 1e-5));
   });
+  test("gelu's and gelu_tanh's gradients equal their closed forms in float64 (tightly), 0 and both tails included", () => {
+    const xs = [-9, -5, -3, -1.5, -0.5, -1e-3, -1e-30, 0, 1e-20, 1e-3, 0.25, 0.5, 1, 2, 4, 9];
+    const g = xs.map((_, i) => 1 + 0.1 * i);
+    // erf by its Maclaurin series (|x| < 3) and its asymptotic expansion (|x| >= 3), in float64
+    const erf = (z: number): number => {
+      const a = Math.abs(z);
+      if (a >= 3) {
+        let sum = 1, term = 1;
+        for (let n = 1; n < 8; n++) sum += (term *= -(2 * n - 1) / (2 * a * a));
+        return Math.sign(z) * (1 - (Math.exp(-a * a) / (a * Math.sqrt(Math.PI))) * sum);
+      }
+      let sum = 0, term = z;
+      for (let n = 0; n < 80; n++) {
+        sum += term / (2 * n + 1);
+        term *= (-z * z) / (n + 1);
+      }
+      return (2 / Math.sqrt(Math.PI)) * sum;
+    };
+    const exact = (x: number) => 0.5 * (1 + erf(x / Math.SQRT2)) + (x * Math.exp(-0.5 * x * x)) / Math.sqrt(2 * Math.PI);
+    const tanhForm = (x: number) => {
+      const kk = Math.sqrt(2 / Math.PI);
+      const t = Math.tanh(kk * (x + 0.044715 * x ** 3));
+      return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kk * (1 + 3 * 0.044715 * x * x);
+    };
+    for (const [approximate, d] of [["none", exact], ["tanh", tanhForm]] as const) {
+      const x = k.tensor(Float32Array.from(xs), { requiresGrad: true });
+      x.gelu(approximate).backward(k.tensor(Float32Array.from(g)));
+      const got = x.grad!.toList() as number[];
+      xs.forEach((v, i) => {
+        const want = g[i]! * d(Math.fround(v));
+        assert.ok(Number.isFinite(got[i]!) && Math.abs(got[i]! - want) <= 2e-6 * Math.max(1, Math.abs(want)), `gelu ${approximate} at ${v}: ${got[i]} vs ${want}`);
+      });
+    }
+  });
   test("rms_norm's gradients equal its closed form computed in float64 (tightly: the finite differences allow 2%)", () => {
     const [rows, n, eps] = [37, 48, 1e-5];
     const xs = Float32Array.from({ length: rows * n }, (_, i) => Math.sin(i * 0.37) * 1.3 + 0.1);
