@@ -518,6 +518,26 @@ Job BinaryStrided(const Napi::CallbackInfo& info) {
           }};
 }
 
+// compareStrided(op, a, aStrides, b, bStrides, out: Uint8Array, shape): f32 operands, out contiguous bytes 0/1.
+Job CompareStrided(const Napi::CallbackInfo& info) {
+  const char* op = "compareStrided";
+  const int64_t opc = integer(info, 0, op, "op");
+  if (opc > 5) fail(info.Env(), op, "unknown comparison code " + std::to_string(opc));
+  Dims shape = dims(info, 6, op, "shape");
+  Dims as = dims(info, 2, op, "aStrides", shape.rank), bs = dims(info, 4, op, "bStrides", shape.rank);
+  Dims os = contiguousStrides(shape);
+  const float* a = array<float>(info, 1, spanOfStrided(shape, as), op, "a");
+  const float* b = array<float>(info, 3, spanOfStrided(shape, bs), op, "b");
+  uint8_t* out = array<uint8_t>(info, 5, numelOf(shape), op, "out");
+  if (numelOf(shape) == 0) return {op, nullptr};
+  Dims* ops[3] = {&as, &bs, &os};
+  coalesce(shape, ops, 3);
+  return {op, [=] {  // copies: the kernel takes non-const stride arrays and the job may be replayed
+            Dims sa = as, sb = bs;
+            gK->compareStrided(static_cast<int>(opc), a, sa.v, b, sb.v, out, shape.rank, shape.v);
+          }};
+}
+
 // whereStrided(cond: Uint8Array, condStrides, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
 Job WhereStrided(const Napi::CallbackInfo& info) {
   const char* op = "whereStrided";
@@ -1478,6 +1498,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"copyStrided", RunNow<CopyStrided>, Submit<CopyStrided>},
       {"copyPieces", RunNow<CopyPieces>, Submit<CopyPieces>},
       {"binaryStrided", RunNow<BinaryStrided>, Submit<BinaryStrided>},
+      {"compareStrided", RunNow<CompareStrided>, Submit<CompareStrided>},
       {"whereStrided", RunNow<WhereStrided>, Submit<WhereStrided>},
   };
   Napi::Object stream = Napi::Object::New(env);

@@ -126,6 +126,10 @@ struct KernelTable {
                       int64_t* dstStrides, int elemBytes);
   void (*binaryStrided)(int op, const float* a, int64_t* aStrides, const float* b, int64_t* bStrides,
                         float* out, int rank, const int64_t* shape);
+  // out = a op b as bytes 0/1 (op: 0 ==, 1 !=, 2 <, 3 <=, 4 >, 5 >=; IEEE: NaN compares false but !=), strided as
+  // binaryStrided
+  void (*compareStrided)(int op, const float* a, int64_t* aStrides, const float* b, int64_t* bStrides, uint8_t* out,
+                         int rank, const int64_t* shape);
   void (*whereStrided)(const uint8_t* cond, int64_t* condStrides, const float* a, int64_t* aStrides,
                        const float* b, int64_t* bStrides, float* out, int rank, const int64_t* shape);
   double (*memoryReadBandwidth)(const void* const* ranges, const int64_t* bytes, int n, int iterations, int threads);

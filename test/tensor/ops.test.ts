@@ -204,6 +204,34 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t([NaN]).ne(t([NaN]))), [1]);
     });
 
+    it("comparisons of large, broadcast and transposed float32 operands (the native kernel's sizes), NaN and -0 included", () => {
+      const [R, C] = [64, 300];
+      const special = [NaN, -0, 0, Infinity, -Infinity];
+      const av = Float32Array.from({ length: R * C }, (_, i) => (i % 37 === 0 ? special[(i / 37) % 5]! : Math.round(Math.sin(i * 0.7) * 4) / 2));
+      const bv = Float32Array.from({ length: C * R }, (_, i) => (i % 41 === 0 ? special[(i / 41) % 5]! : Math.round(Math.cos(i * 0.3) * 4) / 2));
+      const row = Float32Array.from({ length: C }, (_, j) => Math.round(Math.sin(j) * 4) / 2);
+      const a = t(av).reshape([R, C]);
+      const bT = t(bv).reshape([C, R]).transpose(0, 1); // strided
+      const r = t(row); // broadcast over rows
+      const fns = {
+        eq: (x: number, y: number) => x === y, ne: (x: number, y: number) => x !== y, lt: (x: number, y: number) => x < y,
+        le: (x: number, y: number) => x <= y, gt: (x: number, y: number) => x > y, ge: (x: number, y: number) => x >= y,
+      } as const;
+      for (const [op, f] of Object.entries(fns)) {
+        const call = (x: Tensor, y: Tensor | number) => (x[op as keyof typeof fns] as (o: Tensor | number) => Tensor).call(x, y);
+        const got = values(call(a, bT));
+        const gotRow = values(call(a, r));
+        const gotScalar = values(call(a, 0.5));
+        for (let i = 0; i < R; i++)
+          for (let j = 0; j < C; j++) {
+            const x = av[i * C + j]!;
+            if (got[i * C + j] !== Number(f(x, bv[j * R + i]!))) assert.fail(`${op} [${i}, ${j}]: ${x} vs ${bv[j * R + i]}`);
+            if (gotRow[i * C + j] !== Number(f(x, row[j]!))) assert.fail(`${op} row [${i}, ${j}]`);
+            if (gotScalar[i * C + j] !== Number(f(x, 0.5))) assert.fail(`${op} scalar [${i}, ${j}]`);
+          }
+      }
+    });
+
     it("where and maskedFill broadcast", () => {
       const cond = t([[true], [false]]);
       const a = t([[1, 2, 3]]);

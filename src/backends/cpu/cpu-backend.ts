@@ -71,6 +71,7 @@ const UNARY_CODES: Partial<Record<UnaryOp, number>> = {
 };
 const BINARY_CODES: Partial<Record<BinaryOp, number>> = { add: 0, sub: 1, mul: 2, div: 3, maximum: 4, minimum: 5, pow: 6 };
 const REDUCE_CODES = { sum: 0, max: 1, min: 2 } as const;
+const COMPARE_CODES: Partial<Record<BinaryOp, number>> = { eq: 0, ne: 1, lt: 2, le: 3, gt: 4, ge: 5 };
 
 function f32(v: BufferView): Float32Array | null {
   if (v.dtype !== "float32" || !isContiguous(v.shape, v.strides)) return null;
@@ -532,6 +533,20 @@ export class CpuBackend implements Backend {
         return true;
       }
       case "binary": {
+        const cmp = COMPARE_CODES[call.fn];
+        if (cmp !== undefined) {
+          // float32 operands, bool bytes out
+          if (call.out.dtype !== "bool" || !isContiguous(call.out.shape, call.out.strides)) return false;
+          if (this.preferHost(numel(call.out.shape), blocking, [call.a, call.b, call.out])) return false;
+          const shape = dims(call.out.shape);
+          const as = dims(call.a.strides);
+          const bs = dims(call.b.strides);
+          const af = f32From(call.a);
+          const bf = f32From(call.b);
+          if (!shape || !as || !bs || !af || !bf) return false;
+          k.compareStrided(cmp, af, as, bf, bs, new Uint8Array(rawOf(call.out.buffer), call.out.offset, numel(call.out.shape)), shape);
+          return true;
+        }
         const code = BINARY_CODES[call.fn];
         const out = f32(call.out);
         if (code === undefined || !out) return false;

@@ -103,6 +103,8 @@ export interface NativeKernels extends NativeStream {
     op: number, a: Float32Array, aStrides: Int32Array, b: Float32Array, bStrides: Int32Array, out: Float32Array,
     shape: Int32Array,
   ): void;
+  /** out = a op b as bytes 0/1 (op: 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge; NaN compares false but ne), strided as binaryStrided. */
+  compareStrided(op: number, a: Float32Array, aStrides: Int32Array, b: Float32Array, bStrides: Int32Array, out: Uint8Array, shape: Int32Array): void;
   /** out = cond ? a : b over [shape] (cond bytes nonzero = true), out contiguous, strided inputs as binaryStrided. */
   whereStrided(
     cond: Uint8Array, condStrides: Int32Array, a: Float32Array, aStrides: Int32Array, b: Float32Array,
@@ -255,7 +257,7 @@ export interface DecodeTuning {
 
 /** Kernels with a stream variant: `k.stream.<name>(...)` takes the same arguments as `k.<name>(...)`. */
 export type StreamKernelName =
-  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "whereStrided"
+  | "matmul" | "quantMatmul" | "quantizeWeights" | "unary" | "binary" | "copyStrided" | "copyPieces" | "binaryStrided" | "compareStrided" | "whereStrided"
   | "siluMul" | "rmsNorm"
   | "rmsNormQuant" | "siluMulQuant" | "addRmsNorm" | "quantEmbedding" | "indexAddRows" | "softmax" | "reduce" | "argmax" | "rotary" | "pagedAttention" | "embedding" | "f32ToBf16" | "bf16ToF32"
   | "flashAttention" | "flashAttentionBackward" | "f16ToF32" | "f32ToF16" | "loraApply" | "moe" | "sortRows";

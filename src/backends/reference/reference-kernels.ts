@@ -170,6 +170,17 @@ function rotateRows(x: Float64Array, pos: Float64Array, cos: Float64Array, sin: 
   }
 }
 
+/** rms_norm of each row of x [rows, n] in place (in float64): x * (mean(x^2) + eps)^-1/2 * w. */
+function rmsNormRows(x: Float64Array, w: Float64Array, rows: number, n: number, eps: number): void {
+  for (let r = 0; r < rows; r++) {
+    const o = r * n;
+    let ss = 0;
+    for (let i = 0; i < n; i++) ss += x[o + i]! * x[o + i]!;
+    const inv = 1 / Math.sqrt(ss / n + eps);
+    for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
+  }
+}
+
 /** quant_matmul's activation quantization of float32 rows x [rows, n] into xq (see QuantizedRowsView). */
 function quantizeRowsReference(x: Float64Array, rows: number, n: number, xq: QuantizedRowsView): void {
   const setQ = setter(xq.data.buffer, xq.data.dtype);
@@ -372,17 +383,9 @@ export function runReference(call: KernelCall): void {
     }
     case "rms_norm": {
       const x = readF64(call.x);
-      const w = readF64(call.weight);
-      const { rows, n, eps } = call;
-      for (let r = 0; r < rows; r++) {
-        const o = r * n;
-        let ss = 0;
-        for (let i = 0; i < n; i++) ss += x[o + i]! * x[o + i]!;
-        const inv = 1 / Math.sqrt(ss / n + eps);
-        for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
-      }
+      rmsNormRows(x, readF64(call.weight), call.rows, call.n, call.eps);
       writeDense(call.out, x);
-      if (call.xq) quantizeRowsReference(readF64(call.out), rows, n, call.xq);
+      if (call.xq) quantizeRowsReference(readF64(call.out), call.rows, call.n, call.xq);
       return;
     }
     case "add_rms_norm": {
@@ -391,17 +394,9 @@ export function runReference(call: KernelCall): void {
       const r = readF64(call.residual);
       for (let i = 0; i < x.length; i++) x[i] = Math.fround(x[i]! + r[i]!);
       writeDense(call.sum, x);
-      const w = readF64(call.weight);
-      const { rows, n, eps } = call;
-      for (let row = 0; row < rows; row++) {
-        const o = row * n;
-        let ss = 0;
-        for (let i = 0; i < n; i++) ss += x[o + i]! * x[o + i]!;
-        const inv = 1 / Math.sqrt(ss / n + eps);
-        for (let i = 0; i < n; i++) x[o + i] = x[o + i]! * inv * w[i]!;
-      }
+      rmsNormRows(x, readF64(call.weight), call.rows, call.n, call.eps);
       writeDense(call.out, x);
-      if (call.xq) quantizeRowsReference(readF64(call.out), rows, n, call.xq);
+      if (call.xq) quantizeRowsReference(readF64(call.out), call.rows, call.n, call.xq);
       return;
     }
     case "matmul": {
