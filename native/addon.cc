@@ -498,44 +498,35 @@ Job CopyStrided(const Napi::CallbackInfo& info) {
           }};
 }
 
-// binaryStrided(op, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
-Job BinaryStrided(const Napi::CallbackInfo& info) {
-  const char* op = "binaryStrided";
+// binaryStrided and compareStrided(op, a, aStrides, b, bStrides, out, shape): f32 operands read through strides, out
+// a contiguous array of Out (f32; compareStrided's bytes 0/1), run by `kernel` (a KernelTable field) with op codes up
+// to maxCode.
+template <class Out>
+using StridedPairKernel = void (*KernelTable::*)(int, const float*, int64_t*, const float*, int64_t*, Out*, int, const int64_t*);
+template <class Out>
+Job stridedPairJob(const Napi::CallbackInfo& info, const char* op, int64_t maxCode, StridedPairKernel<Out> kernel) {
   const int64_t opc = integer(info, 0, op, "op");
-  if (opc > 6) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
+  if (opc > maxCode) fail(info.Env(), op, "unknown op code " + std::to_string(opc));
   Dims shape = dims(info, 6, op, "shape");
   Dims as = dims(info, 2, op, "aStrides", shape.rank), bs = dims(info, 4, op, "bStrides", shape.rank);
   Dims os = contiguousStrides(shape);
   const float* a = array<float>(info, 1, spanOfStrided(shape, as), op, "a");
   const float* b = array<float>(info, 3, spanOfStrided(shape, bs), op, "b");
-  float* out = array<float>(info, 5, numelOf(shape), op, "out");
+  Out* out = array<Out>(info, 5, numelOf(shape), op, "out");
   if (numelOf(shape) == 0) return {op, nullptr};
   Dims* ops[3] = {&as, &bs, &os};
   coalesce(shape, ops, 3);
+  const int code = static_cast<int>(opc);
   return {op, [=] {  // copies: the kernel takes non-const stride arrays and the job may be replayed
             Dims sa = as, sb = bs;
-            gK->binaryStrided(static_cast<int>(opc), a, sa.v, b, sb.v, out, shape.rank, shape.v);
+            (gK->*kernel)(code, a, sa.v, b, sb.v, out, shape.rank, shape.v);
           }};
 }
-
-// compareStrided(op, a, aStrides, b, bStrides, out: Uint8Array, shape): f32 operands, out contiguous bytes 0/1.
+Job BinaryStrided(const Napi::CallbackInfo& info) {
+  return stridedPairJob<float>(info, "binaryStrided", 6, &KernelTable::binaryStrided);
+}
 Job CompareStrided(const Napi::CallbackInfo& info) {
-  const char* op = "compareStrided";
-  const int64_t opc = integer(info, 0, op, "op");
-  if (opc > 5) fail(info.Env(), op, "unknown comparison code " + std::to_string(opc));
-  Dims shape = dims(info, 6, op, "shape");
-  Dims as = dims(info, 2, op, "aStrides", shape.rank), bs = dims(info, 4, op, "bStrides", shape.rank);
-  Dims os = contiguousStrides(shape);
-  const float* a = array<float>(info, 1, spanOfStrided(shape, as), op, "a");
-  const float* b = array<float>(info, 3, spanOfStrided(shape, bs), op, "b");
-  uint8_t* out = array<uint8_t>(info, 5, numelOf(shape), op, "out");
-  if (numelOf(shape) == 0) return {op, nullptr};
-  Dims* ops[3] = {&as, &bs, &os};
-  coalesce(shape, ops, 3);
-  return {op, [=] {  // copies: the kernel takes non-const stride arrays and the job may be replayed
-            Dims sa = as, sb = bs;
-            gK->compareStrided(static_cast<int>(opc), a, sa.v, b, sb.v, out, shape.rank, shape.v);
-          }};
+  return stridedPairJob<uint8_t>(info, "compareStrided", 5, &KernelTable::compareStrided);
 }
 
 // whereStrided(cond: Uint8Array, condStrides, a, aStrides, b, bStrides, out, shape): f32, out contiguous.
@@ -916,7 +907,7 @@ Job Embedding(const Napi::CallbackInfo& info) {
 }
 
 // quantEmbedding(w, scales, ids, out, numIds, N, K, scheme): out [numIds, K] = rows ids of an [N, K] quantized weight
-// (quantMatmul's layouts), dequantized (QuantTable::dequantRows): an embedding table kept in its GGUF blocks. The ids
+// (quantMatmul's layouts), dequantized (QuantTable::dequantRow): an embedding table kept in its GGUF blocks. The ids
 // are checked here (a RangeError, as embedding's); a replay whose ids changed since the capture writes zeros for any
 // outside [0, N) rather than read out of range.
 Job QuantEmbedding(const Napi::CallbackInfo& info) {
@@ -935,7 +926,7 @@ Job QuantEmbedding(const Napi::CallbackInfo& info) {
   const int sc = static_cast<int>(scheme);
   return {op, [=] {
             for (int64_t i = 0; i < numIds; ++i) {
-              if (ids[i] >= 0 && ids[i] < N) gQ->dequantRows(sc, w, scales, ids + i, 1, N, K, out + i * K);
+              if (ids[i] >= 0 && ids[i] < N) gQ->dequantRow(sc, w, scales, ids[i], K, out + i * K);
               else std::fill(out + i * K, out + (i + 1) * K, 0.0f);
             }
           }};

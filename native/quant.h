@@ -49,11 +49,10 @@ struct QuantTable {
   void (*quantize)(int scheme, const float* w, int64_t N, int64_t K, void* data, void* scales, int32_t* rowSums);
   // Per-row symmetric int8 quantization of activations, as quant matmul does it: xs[m] = amax/127, xq = round(x / xs).
   void (*quantizeRows)(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs);
-  // out [numIds, K] = rows ids[i] of an [N, K] weight in `scheme`'s layout, dequantized (a quantized embedding's
-  // lookup): each element exactly the f32 value the products read (w = q * scale, q4_k's d * sc * q - dmin * m).
-  // ids must lie in [0, N) (the caller checks them).
-  void (*dequantRows)(int scheme, const void* w, const void* scales, const int32_t* ids, int64_t numIds, int64_t N,
-                      int64_t K, float* out);
+  // out [K] = row `row` of a weight of K columns in `scheme`'s layout, dequantized (a quantized embedding's lookup):
+  // each element exactly the f32 value the products read (w = q * scale, q4_k's d * sc * q - dmin * m). The caller
+  // checks that the row exists.
+  void (*dequantRow)(int scheme, const void* w, const void* scales, int64_t row, int64_t K, float* out);
   // Measured vpdpbusd (u8 x s8 -> s32) peak of `threads` pool threads in GOP/s (2 ops per product); 0 without VNNI.
   double (*dotPeak)(int64_t iterations, int threads);
   // Whether large-M int8 and int8 group-32 products run on AMX tiles (amx.h amxReady: the CPU has AMX, the OS

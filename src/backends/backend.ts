@@ -122,10 +122,10 @@ export type KernelCall =
   // quantizes a contiguous f32 [n, k] weight into the quant_matmul layout of `scheme` (rowSums for int8 only)
   | { op: "quantize_weight"; scheme: QuantScheme; w: BufferView; data: BufferView; scales: BufferView; rowSums: BufferView | null; n: number; k: number }
   // out[i, :] = table[ids[i], :], table [rows, dim] contiguous
+  | { op: "gather_rows"; table: BufferView; ids: BufferView; out: BufferView; numIds: number; dim: number; rows: number }
   // out[i, :] = the f32 values of row ids[i] of a quantized [n, k] weight in quant_matmul's layout (a quantized
   // embedding table: GGUF's token embedding kept in its blocks), out [numIds, k] contiguous
   | { op: "quant_gather_rows"; scheme: QuantScheme; w: BufferView; scales: BufferView; ids: BufferView; out: BufferView; numIds: number; n: number; k: number }
-  | { op: "gather_rows"; table: BufferView; ids: BufferView; out: BufferView; numIds: number; dim: number; rows: number }
   // torch.gather / scatter along the last dim of contiguous [rows, n] (index [rows, m])
   | { op: "gather"; x: BufferView; index: BufferView; out: BufferView; rows: number; n: number; m: number }
   | { op: "scatter"; out: BufferView; index: BufferView; src: BufferView; rows: number; n: number; m: number; accumulate: boolean }

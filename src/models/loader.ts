@@ -481,14 +481,15 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
   }
 }
 
-/**
- * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
- * q4_k, MXFP4 -> mxfp4; bits moved, never dequantized). Tensors it declines load as floats: other types, in_features % 64 != 0 (the
- * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
- */
 /** GGUF block types no kernel takes as they are, loaded requantized to int8_g32 (directQuantLoader's requantizes). */
 const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q5_K", "Q6_K"]);
 
+/**
+ * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
+ * q4_k, MXFP4 -> mxfp4; bits moved, never dequantized), the token embedding among them; matrices of the
+ * REQUANTIZED_GGUF_TYPES requantized to int8_g32. Tensors it declines load as floats: other types, in_features % 64 != 0 (the
+ * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
+ */
 function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const dev = resolveDevice(options.device);
   const native = dev.backend.name === "cpu" ? tryLoadNativeKernels() : null; // quant_matmul is cpu-only
@@ -529,10 +530,11 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
   /**
    * Whether `info` is a block type no kernel takes as it is (Q6_K, Q5_K, Q5_0, ...: llama.cpp's Q4_K_M files hold
    * some) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
-   * element within half a step of its group of 32 (amax / 127) of the file's value. Noted per type.
+   * element within about half a step (its group of 32's amax / 127, rounded to f16) of the file's value. When true,
+   * the tensor is recorded for finish()'s note.
    */
   const requantizes = (info: Info): boolean => {
-    if (!enabled || info.shape.length < 2 || info.type in GGUF_DIRECT_SCHEME || !REQUANTIZED_GGUF_TYPES.has(info.type)) return false;
+    if (!enabled || info.shape.length < 2 || !REQUANTIZED_GGUF_TYPES.has(info.type)) return false;
     if (!fitsDirectKernel("Q8_0", info.shape.at(-1)!) || !nativeTakesScheme(native!, "int8_g32")) return false;
     const why = `${info.type} (no ${info.type} kernel) requantized to int8_g32`;
     requantized.set(why, [...(requantized.get(why) ?? []), info.name]);

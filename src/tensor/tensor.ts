@@ -652,7 +652,7 @@ function writeValues(t: Tensor, values: ArrayLike<number> | TypedData): void {
 }
 
 export function full(shape: Shape, value: number, options: TensorOptions = {}): Tensor {
-  const t = empty(shape, options);
+  const t = allocateContiguous(shape, options, true); // the fill writes every element: no zeroing first
   t.device.backend.run({ op: "fill", out: t.view_("full"), value });
   return t;
 }

@@ -4,7 +4,6 @@
 // reads wait for the pending work on the buffers they touch. Step graphs (beginCapture/endCapture) record
 // the enqueued kernels for replay; while capturing, every kernel must take a native path.
 import type {
-  AllocateOptions,
   AsyncWrite, Backend, BinaryOp, BufferView, CaptureRecording, DeviceBuffer, KernelCall, QuantizedRowsView, QuantScheme, ReplaySession, RunOptions,
   StepGraph, UnaryOp,
 } from "../backend.js";
@@ -13,7 +12,7 @@ import { BackendUnavailableError, CaptureError } from "../../util/errors.js";
 import { env } from "../../util/env.js";
 import { DTYPE_BYTES, type DType } from "../dtype.js";
 import { isContiguous, numel } from "../reference/host-memory.js";
-import { HostAllocator } from "../reference/reference-backend.js";
+import { HostAllocator, HostMemoryBackend } from "../reference/reference-backend.js";
 import { runReference } from "../reference/reference-kernels.js";
 import { binaryStrided, copyStrided, fillStrided, gatherRows, isDirect, scatterRows, unaryStrided, whereStrided } from "./strided.js";
 import { tryLoadNativeKernels, nativeLoadError, type MoeProjectionArrays, type NativeKernels, type StreamKernelName } from "./native.js";
@@ -138,6 +137,16 @@ function f32From(v: BufferView): Float32Array | null {
   return new Float32Array(host, v.offset * 4, Math.max(0, (host.byteLength >>> 2) - v.offset));
 }
 
+/** Two float32 operands of an output of `shape` for binaryStrided / compareStrided, or null when a kernel cannot take them. */
+function stridedPair(a: BufferView, b: BufferView, shape: readonly number[]) {
+  const dimsOut = dims(shape);
+  const as = dims(a.strides);
+  const bs = dims(b.strides);
+  const af = f32From(a);
+  const bf = f32From(b);
+  return dimsOut && as && bs && af && bf ? { shape: dimsOut, as, bs, a: af, b: bf } : null;
+}
+
 /**
  * For a broadcast operand b (same shape as out, stride 0 on broadcast dims) returns how many trailing
  * elements repeat (bn, so out[i] = a[i] op b[i % bn]) and the dense source, or null if b is not of that form.
@@ -157,9 +166,9 @@ function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null 
 
 /**
  * Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32, q4_k meta bytes, e8m0
- * bytes for mxfp4) and rowSums (int8 only; else empty).
+ * bytes for mxfp4) and rowSums (int8's, unless `readsRowSums` is false; else empty).
  */
-function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, rowSums: BufferView | null, n: number, k: number) {
+function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, rowSums: BufferView | null, n: number, k: number, readsRowSums = scheme === "int8") {
   if (data.dtype !== "int8" && data.dtype !== "uint8") return null;
   const raw = rawOf(data.buffer);
   const bytes = new Uint8Array(raw, data.offset, quantDataBytes(scheme, n, k));
@@ -169,7 +178,7 @@ function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, 
   if (want === "float32") sc = f32Span(scales, ns);
   else if (scales.dtype === want) sc = want === "uint8" ? new Uint8Array(rawOf(scales.buffer), scales.offset, ns) : new Uint16Array(rawOf(scales.buffer), scales.offset * 2, ns);
   let rs = new Int32Array(0);
-  if (scheme === "int8") {
+  if (readsRowSums) {
     if (!rowSums || rowSums.dtype !== "int32") return null;
     rs = new Int32Array(rawOf(rowSums.buffer), rowSums.offset * 4, n);
   }
@@ -215,12 +224,12 @@ function runQuantHost(call: Extract<KernelCall, { op: "quant_matmul" | "quantize
   hostF32(call.out, call.m * call.n).set(out);
 }
 
-export class CpuBackend implements Backend {
+export class CpuBackend extends HostMemoryBackend implements Backend {
   readonly name = "cpu";
   readonly native: NativeKernels;
   private readonly stream: CpuStream;
   private readonly quantSchemes = new Set<QuantScheme>();
-  private readonly memory: HostAllocator;
+  protected readonly memory: HostAllocator;
   /** The open capture's recorder (beginCapture({ record: true })), and the last recorded capture's calls. */
   private recorder: CaptureRecorder | null = null;
   private recording: RawRecording | null = null;
@@ -228,6 +237,7 @@ export class CpuBackend implements Backend {
   private readonly graphMemory = new WeakSet<ArrayBuffer>();
 
   constructor() {
+    super();
     const native = tryLoadNativeKernels();
     if (!native) throw new BackendUnavailableError("cpu", `native kernels did not load (${nativeLoadError()}); run \`npm run build\`, or use device "reference"`);
     this.native = native;
@@ -252,12 +262,6 @@ export class CpuBackend implements Backend {
 
   describe(): string {
     return `cpu (native ${this.native.isa}, ${this.native.getNumThreads()} threads)`;
-  }
-  allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer {
-    return this.memory.allocate(byteLength, options);
-  }
-  free(buffer: DeviceBuffer): void {
-    this.memory.free(buffer);
   }
   mapFile(path: string, byteOffset: number, byteLength: number): DeviceBuffer {
     return this.memory.adopt(this.native.mapFile(path, byteOffset, byteLength));
@@ -452,27 +456,6 @@ export class CpuBackend implements Backend {
   allocationMark(): number {
     return this.memory.mark();
   }
-  liveBuffers(): number {
-    return this.memory.liveBuffers();
-  }
-  liveBytes(): number {
-    return this.memory.liveBytes();
-  }
-  peakBytes(): number {
-    return this.memory.peakBytes();
-  }
-  resetPeakBytes(): void {
-    this.memory.resetPeakBytes();
-  }
-  reservedBytes(): number {
-    return this.memory.reservedBytes();
-  }
-  peakReservedBytes(): number {
-    return this.memory.peakReservedBytes();
-  }
-  emptyCache(): void {
-    this.memory.emptyCache();
-  }
 
   /** Whether submitRaw() can enqueue generated code (the addon has streamCallFn). */
   get takesRawCalls(): boolean {
@@ -538,13 +521,9 @@ export class CpuBackend implements Backend {
           // float32 operands, bool bytes out
           if (call.out.dtype !== "bool" || !isContiguous(call.out.shape, call.out.strides)) return false;
           if (this.preferHost(numel(call.out.shape), blocking, [call.a, call.b, call.out])) return false;
-          const shape = dims(call.out.shape);
-          const as = dims(call.a.strides);
-          const bs = dims(call.b.strides);
-          const af = f32From(call.a);
-          const bf = f32From(call.b);
-          if (!shape || !as || !bs || !af || !bf) return false;
-          k.compareStrided(cmp, af, as, bf, bs, new Uint8Array(rawOf(call.out.buffer), call.out.offset, numel(call.out.shape)), shape);
+          const p = stridedPair(call.a, call.b, call.out.shape);
+          if (!p) return false;
+          k.compareStrided(cmp, p.a, p.as, p.b, p.bs, new Uint8Array(rawOf(call.out.buffer), call.out.offset, numel(call.out.shape)), p.shape);
           return true;
         }
         const code = BINARY_CODES[call.fn];
@@ -558,13 +537,9 @@ export class CpuBackend implements Backend {
         }
         // general broadcasting / strided operands (scalar - x, column broadcasts, transposed inputs)
         if (this.preferHost(out.length, blocking, [call.a, call.b, call.out])) return false;
-        const shape = dims(call.out.shape);
-        const as = dims(call.a.strides);
-        const bs = dims(call.b.strides);
-        const af = f32From(call.a);
-        const bf = f32From(call.b);
-        if (!shape || !as || !bs || !af || !bf) return false;
-        k.binaryStrided(code, af, as, bf, bs, out, shape);
+        const p = stridedPair(call.a, call.b, call.out.shape);
+        if (!p) return false;
+        k.binaryStrided(code, p.a, p.as, p.b, p.bs, out, p.shape);
         return true;
       }
       case "where": {
@@ -671,14 +646,9 @@ export class CpuBackend implements Backend {
         const w = f32(call.weight);
         const sum = f32(call.sum);
         const out = f32(call.out);
-        if (!x || !r || !w || !sum || !out) return false;
-        if (call.xq) {
-          const xq = quantizedRows(call.xq, call.rows, call.n);
-          if (!xq) return false;
-          k.addRmsNorm(x, r, w, sum, out, call.rows, call.n, call.eps, xq.data, xq.scales);
-          return true;
-        }
-        k.addRmsNorm(x, r, w, sum, out, call.rows, call.n, call.eps);
+        const xq = call.xq ? quantizedRows(call.xq, call.rows, call.n) : null;
+        if (!x || !r || !w || !sum || !out || (call.xq && !xq)) return false;
+        k.addRmsNorm(x, r, w, sum, out, call.rows, call.n, call.eps, xq?.data, xq?.scales);
         return true;
       }
       case "silu_mul": {
@@ -725,7 +695,7 @@ export class CpuBackend implements Backend {
         return true;
       }
       case "quant_gather_rows": {
-        const q = quantArrays(call.scheme, call.w, call.scales, null, call.n, call.k);
+        const q = quantArrays(call.scheme, call.w, call.scales, null, call.n, call.k, false); // int8's row sums serve products only
         const ids = i32(call.ids);
         const out = f32(call.out);
         if (!q || !ids || !out || call.k % quantKMultiple(call.scheme) !== 0 || !this.quantSchemes.has(call.scheme)) return false;

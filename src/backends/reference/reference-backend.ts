@@ -325,30 +325,18 @@ export class HostAllocator {
   }
 }
 
-export class ReferenceBackend implements Backend {
-  readonly name: string = "reference";
-  protected readonly memory = new HostAllocator();
+/**
+ * The Backend methods of a back end over host memory that its HostAllocator answers: allocation and the
+ * torch.cuda-style memory statistics (cpu and reference share them).
+ */
+export abstract class HostMemoryBackend {
+  protected abstract readonly memory: HostAllocator;
 
-  describe(): string {
-    return "reference (pure TypeScript, float64 math)";
-  }
   allocate(byteLength: number, options?: AllocateOptions): DeviceBuffer {
     return this.memory.allocate(byteLength, options);
   }
   free(buffer: DeviceBuffer): void {
     this.memory.free(buffer);
-  }
-  write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
-    this.memory.write(buffer, byteOffset, src);
-  }
-  read(buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array {
-    return this.memory.read(buffer, byteOffset, byteLength);
-  }
-  run(call: KernelCall): void {
-    runReference(call);
-  }
-  synchronize(): Promise<void> {
-    return Promise.resolve();
   }
   liveBuffers(): number {
     return this.memory.liveBuffers();
@@ -370,5 +358,26 @@ export class ReferenceBackend implements Backend {
   }
   emptyCache(): void {
     this.memory.emptyCache();
+  }
+}
+
+export class ReferenceBackend extends HostMemoryBackend implements Backend {
+  readonly name: string = "reference";
+  protected readonly memory = new HostAllocator();
+
+  describe(): string {
+    return "reference (pure TypeScript, float64 math)";
+  }
+  write(buffer: DeviceBuffer, byteOffset: number, src: Uint8Array): void {
+    this.memory.write(buffer, byteOffset, src);
+  }
+  read(buffer: DeviceBuffer, byteOffset: number, byteLength: number): Uint8Array {
+    return this.memory.read(buffer, byteOffset, byteLength);
+  }
+  run(call: KernelCall): void {
+    runReference(call);
+  }
+  synchronize(): Promise<void> {
+    return Promise.resolve();
   }
 }

@@ -193,24 +193,19 @@ const composed: RuleTable = {
     for (const t of [s, r, xr, onePlus]) t.dispose();
     return d;
   }),
-  // gelu'(x) = Phi(x) + x phi(x), Phi(x) = gelu(x) / x, phi(x) = exp(-x^2 / 2) / sqrt(2 pi); Phi's x moved off 0 to
-  // 1e-30 (where gelu(x) / x is 1/2 to float32's precision) by elementwise kernels, a comparison being a host pass
+  // gelu'(x) = Phi(x) + x phi(x), Phi(x) = gelu(x) / x (1/2 at x = 0), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
   gelu: unaryRule("inputs", (x) => {
-    const ax = ew.abs(x);
-    const big = ew.mul(ax, 1e30);
-    const nonzero = ew.minimum(big, 1); // 1 for |x| >= 1e-30, 0 at 0
-    const zero = oneMinus(nonzero);
-    const shift = ew.mul(zero, 1e-30);
-    const xs = ew.add(x, shift);
-    const y = ew.gelu(xs);
-    const cdf = ew.div(y, xs);
+    const y = ew.gelu(x);
+    const ratio = ew.div(y, x);
+    const zero = ew.eq(x, 0);
+    const cdf = ew.where(zero, 0.5, ratio);
     const x2 = ew.mul(x, x);
     const e = ew.mul(x2, -0.5);
     const ex = ew.exp(e);
     const xe = ew.mul(x, ex);
     const pdfTerm = ew.mul(xe, 1 / Math.sqrt(2 * Math.PI));
     const d = ew.add(cdf, pdfTerm);
-    for (const t of [ax, big, nonzero, zero, shift, xs, y, cdf, x2, e, ex, xe, pdfTerm]) t.dispose();
+    for (const t of [y, ratio, zero, cdf, x2, e, ex, xe, pdfTerm]) t.dispose();
     return d;
   }),
   // gelu_tanh'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2, t = tanh(k x (1 + c x^2)), k = sqrt(2 / pi), c = 0.044715
