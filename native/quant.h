@@ -13,6 +13,11 @@
 //         q in [0, 15]; scales = meta uint8 [N][K/256][20]: f16 d, f16 dmin, u8 sc[8], u8 m[8] (6-bit sub-block
 //         scales and mins, unpacked from Q4_K's 12 bytes). Element i of super-block b, sub-block j = (i % 256) / 32:
 //         w = d * sc[j] * q - dmin * m[j]. ~4.6 bits per weight. K must be a multiple of 256.
+//   q6_k (GGUF Q6_K super-blocks of 256, kept as they are): data uint8 [N][K/256][192] = each super-block's ql[128]
+//         and qh[64] as GGUF stores them (in half h = elements 128h..128h+127: ql byte 64h + p holds element 128h + p
+//         in its low nibble and 128h + 64 + p in its high one, qh byte 32h + l bits 2t..2t+1 the top bits of element
+//         128h + 32t + l), codes q in [0, 63]; scales = meta uint8 [N][K/256][18]: f16 d, int8 sc[16] (one per
+//         sub-block of 16). w = d * sc[e / 16] * (q - 32). 6.56 bits per weight. K must be a multiple of 256.
 //   mxfp4 (OCP Microscaling MXFP4; kernels in quant-mxfp4.inc): data uint8 [N][K/2] in int4's nibble order (chunk
 //         c of 64: byte j holds element 64c+j low, 64c+32+j high), each nibble an E2M1 code (bit 3 sign, bits 2..1
 //         exponent, bit 0 mantissa: 0, 0.5, 1, 1.5, 2, 3, 4, 6); scales uint8 [N][K/32], E8M0 (2^(e-127)), one per
@@ -22,12 +27,12 @@
 
 namespace kiln {
 
-enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5 };
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6 };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
   const void* w;           // see the layouts above
-  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32), q4_k's meta bytes or e8m0 [N][K/32] (mxfp4)
+  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32), q4_k's / q6_k's meta bytes or e8m0 [N][K/32] (mxfp4)
   const int32_t* rowSums;  // int8 only: [N]
   float* out;              // [M, N]
   int64_t M, N, K;
@@ -65,15 +70,17 @@ inline bool quantGroupable(const QuantMatmulArgs& a) {
   return a.M == 1 && a.scheme != kQuantFp8;
 }
 
-// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, a byte each otherwise.
+// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, 6-bit for q6_k, a byte each otherwise.
 inline int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
+  if (scheme == kQuantQ6K) return N * K / 256 * 192;
   return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
 }
-// Scale bytes of an [N, K] weight in `scheme`'s layout (above): e8m0 bytes per 32 (mxfp4), q4_k's 20 meta bytes per
+// Scale bytes of an [N, K] weight in `scheme`'s layout (above): e8m0 bytes per 32 (mxfp4), q6_k's 18 and q4_k's 20 meta bytes per
 // 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8). int8's row sums are 4 bytes per row more.
 inline int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
   if (scheme == kQuantMxfp4) return N * K / 32;
   if (scheme == kQuantQ4K) return N * K / 256 * 20;
+  if (scheme == kQuantQ6K) return N * K / 256 * 18;
   if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return N * K / 32 * 2;
   return N * 4;
 }

@@ -98,7 +98,7 @@ function runSuite(k: NativeKernels, isa: string): void {
 
   test(`[${isa}] q4_k argument checks`, () => {
     const x = new Float32Array(320);
-    assert.throws(() => k.quantMatmul(x, new Uint8Array(160), new Uint8Array(25), new Int32Array(0), new Float32Array(1), 1, 1, 320, 4), /q4_k needs K to be a multiple of 256/);
+    assert.throws(() => k.quantMatmul(x, new Uint8Array(160), new Uint8Array(25), new Int32Array(0), new Float32Array(1), 1, 1, 320, 4), /q4_k and q6_k need K to be a multiple of 256/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(128), new Uint8Array(19), new Int32Array(0), new Float32Array(1), 1, 1, 256, 4), /scales/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(128), new Uint16Array(10), new Int32Array(0), new Float32Array(1), 1, 1, 256, 4), /scales must be/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(128), new Uint8Array(20), new Int32Array(0), new Float32Array(1), 1, 1, 256, 99 as never), /scheme must be/);

@@ -20,6 +20,7 @@ import { CpuBuffer, CpuStepGraph, CpuStream, rawOf } from "./stream.js";
 import {
   dequantizeRef, nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantMatmulRef, quantScaleBytes, quantScaleCount, quantScaleDtype, quantizeWeightsRef,
 } from "./quant-reference.js";
+import { isSuperBlockScheme } from "../quant-layout.js";
 
 /** One raw call of generated code: bufs[i] = buffers[i] memory + byteOffsets[i]; reads/writes name what it touches. */
 export interface RawStreamCall {
@@ -32,7 +33,7 @@ export interface RawStreamCall {
   writes: readonly DeviceBuffer[];
 }
 
-const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "q4_k", "mxfp4"];
+const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "q4_k", "mxfp4", "q6_k"];
 
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
@@ -165,7 +166,7 @@ function broadcastRow(b: BufferView): { data: Float32Array; bn: number } | null 
 }
 
 /**
- * Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32, q4_k meta bytes, e8m0
+ * Typed views of a quantized weight's data, scales (f16 bits per group for int4/int8_g32, q4_k / q6_k meta bytes, e8m0
  * bytes for mxfp4) and rowSums (int8's, unless `readsRowSums` is false; else empty).
  */
 function quantArrays(scheme: QuantScheme, data: BufferView, scales: BufferView, rowSums: BufferView | null, n: number, k: number, readsRowSums = scheme === "int8") {
@@ -689,8 +690,8 @@ export class CpuBackend extends HostMemoryBackend implements Backend {
       case "quantize_weight": {
         const q = quantArrays(call.scheme, call.data, call.scales, call.rowSums, call.n, call.k);
         const w = f32Span(call.w, call.n * call.k);
-        // q4_k has no native quantizer (its weights are GGUF blocks): the TS encoder runs on the host
-        if (!q || !w || call.k % quantKMultiple(call.scheme) !== 0 || call.scheme === "q4_k" || !this.quantSchemes.has(call.scheme)) return false;
+        // q4_k and q6_k have no native quantizer (their weights are GGUF blocks): the TS encoders run on the host
+        if (!q || !w || call.k % quantKMultiple(call.scheme) !== 0 || isSuperBlockScheme(call.scheme) || !this.quantSchemes.has(call.scheme)) return false;
         k.quantizeWeights(w, call.n, call.k, nativeQuantCode(call.scheme), q.data, q.scales, q.rowSums);
         return true;
       }

@@ -4,6 +4,7 @@
 import type { QuantScheme } from "../backend.js";
 import type { NativeKernels } from "./native.js";
 import { dequantizeQ4kRef, q4kMatmulRef, quantizeQ4kRef } from "./q4k-reference.js";
+import { dequantizeQ6kRef, q6kMatmulRef, quantizeQ6kRef } from "./q6k-reference.js";
 import { quantizeActivationsRef, roundHalfEven } from "../quant-activations.js";
 export { quantizeActivationsRef, roundHalfEven };
 import { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype } from "../quant-layout.js";
@@ -11,7 +12,7 @@ import { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantSc
 export { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype };
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5 | 6> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5, q6_k: 6 };
 
 /** QUANT_SCHEME_CODE as native.ts types the scheme argument. */
 export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
@@ -178,6 +179,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
     return { data, scales, rowSums };
   }
   if (scheme === "q4_k") return { ...quantizeQ4kRef(w, n, k), rowSums };
+  if (scheme === "q6_k") return { ...quantizeQ6kRef(w, n, k), rowSums };
   if (scheme === "int4") {
     if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
     const scales = new Uint16Array((n * k) / 32);
@@ -246,6 +248,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
 /** The f32 [n, k] weight a quantized one stands for. */
 export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number, k: number): Float32Array {
   if (scheme === "q4_k") return dequantizeQ4kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k);
+  if (scheme === "q6_k") return dequantizeQ6kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k);
   const out = new Float32Array(n * k);
   for (let r = 0; r < n; r++) {
     for (let i = 0; i < k; i++) {
@@ -280,6 +283,7 @@ export function quantMatmulRef(
   pre?: { xq: Int8Array; xs: Float32Array },
 ): Float32Array {
   if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k); // quantizes x itself: the same bits as `pre`
+  if (scheme === "q6_k") return q6kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k);
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {
     const w = dequantizeRef(scheme, { ...q, scales: new Float32Array(n).fill(1) }, n, k);

@@ -3,8 +3,9 @@
 
 import { floatToE2m1, mxfp4Exponent, MXFP4_DOUBLED } from "../../backends/cpu/quant-reference.js";
 import { quantizeQ4kRef } from "../../backends/cpu/q4k-reference.js";
+import { quantizeQ6kRef } from "../../backends/cpu/q6k-reference.js";
 import { f16BitsToF32, f32ToF16Bits, bf16BytesToF32, f16BytesToF32 } from "./dtype-convert.js";
-import { q4kToQ4_K } from "./gguf-repack.js";
+import { q4kToQ4_K, q6kToQ6_K } from "./gguf-repack.js";
 
 /** ggml_type ids as stored in GGUF tensor infos. */
 export const GgmlType = {
@@ -268,4 +269,14 @@ export function quantizeQ4_K(x: ArrayLike<number>): Uint8Array {
   if (x.length % 256 !== 0) throw new RangeError(`Q4_K needs a multiple of 256 elements, got ${x.length}`);
   const blocks = x.length / 256; // blocks are independent: quantize as [blocks, 256]
   return q4kToQ4_K(quantizeQ4kRef(x, blocks, 256), blocks, 256);
+}
+
+/**
+ * Q6_K super-blocks of 256: a per-sub-block absmax fit (backends/cpu/q6k-reference.ts's quantizeQ6kRef, the same
+ * bits Kiln's q6_k kernel runs), not llama.cpp's make_qx_quants search; llama.cpp reads it like any Q6_K.
+ */
+export function quantizeQ6_K(x: ArrayLike<number>): Uint8Array {
+  if (x.length % 256 !== 0) throw new RangeError(`Q6_K needs a multiple of 256 elements, got ${x.length}`);
+  const blocks = x.length / 256;
+  return q6kToQ6_K(quantizeQ6kRef(x, blocks, 256), blocks, 256);
 }

@@ -13,7 +13,9 @@
 //        six-bit mins, packed as ggml's get_scale_min_k4 reads them), u8 qs[128] (byte l of 32-byte chunk c holds
 //        element 64c + l in its low nibble, 64c + 32 + l in its high one: int4's order already).
 //   Kiln q4_k row: qs of every super-block as they are [K/2], meta [K/256][20] = d, dmin, sc[8], m[8] unpacked.
-import { Q4K_BLOCK, Q4K_META_BYTES, quantKMultiple } from "../../backends/quant-layout.js";
+//   Q6_K super-block (210 bytes, 256 elements): u8 ql[128], u8 qh[64], int8 scales[16], f16 d.
+//   Kiln q6_k row: ql and qh of every super-block as they are [K/256][192], meta [K/256][18] = d, scales[16].
+import { Q4K_BLOCK, Q4K_META_BYTES, Q6K_BLOCK, Q6K_CODE_BYTES, Q6K_META_BYTES, quantKMultiple } from "../../backends/quant-layout.js";
 
 /** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
 export interface Int4Arrays {
@@ -193,25 +195,73 @@ export function q4kToQ4_K(q: Q4kArrays, n: number, k: number): Uint8Array {
   return out;
 }
 
-/** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
-export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", MXFP4: "mxfp4" } as const;
-export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
-
-/** Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17; Q4_K: 144 per 256). */
-export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
-  return type === "Q4_K" ? (k / 256) * Q4K_BYTES : (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
+/** Kiln q6_k weight [n, k]: data [n, k/256 * 192] bytes (ql, qh), meta [n, k/256 * 18] bytes (d, sc[16]). */
+export interface Q6kArrays {
+  data: Uint8Array;
+  scales: Uint8Array;
 }
 
-/** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k: 256). */
+const Q6K_BYTES = 210;
+
+/** Q6_K bytes of an [n, k] tensor (k % 256 == 0, as GGUF guarantees) -> Kiln q6_k data and meta. */
+export function q6_KToQ6k(src: Uint8Array, n: number, k: number): Q6kArrays {
+  if (k % Q6K_BLOCK !== 0) throw new RangeError(`[q6_KToQ6k] q6_k needs k % 256 == 0, got ${k}`);
+  const blocks = (n * k) / Q6K_BLOCK;
+  if (src.byteLength !== blocks * Q6K_BYTES) throw new RangeError(`[q6_KToQ6k] ${src.byteLength} bytes are not Q6_K [${n}, ${k}]`);
+  const data = new Uint8Array(blocks * Q6K_CODE_BYTES);
+  const scales = new Uint8Array(blocks * Q6K_META_BYTES);
+  for (let b = 0; b < blocks; b++) {
+    const o = b * Q6K_BYTES;
+    const m = b * Q6K_META_BYTES;
+    data.set(src.subarray(o, o + Q6K_CODE_BYTES), b * Q6K_CODE_BYTES);
+    scales[m] = src[o + 208]!; // d
+    scales[m + 1] = src[o + 209]!;
+    scales.set(src.subarray(o + 192, o + 208), m + 2);
+  }
+  return { data, scales };
+}
+
+/** Kiln q6_k data and meta of an [n, k] weight -> Q6_K bytes (the inverse of q6_KToQ6k). */
+export function q6kToQ6_K(q: Q6kArrays, n: number, k: number): Uint8Array {
+  if (k % Q6K_BLOCK !== 0) throw new RangeError(`[q6kToQ6_K] q6_k needs k % 256 == 0, got ${k}`);
+  const blocks = (n * k) / Q6K_BLOCK;
+  const out = new Uint8Array(blocks * Q6K_BYTES);
+  for (let b = 0; b < blocks; b++) {
+    const o = b * Q6K_BYTES;
+    const m = b * Q6K_META_BYTES;
+    out.set(q.data.subarray(b * Q6K_CODE_BYTES, (b + 1) * Q6K_CODE_BYTES), o);
+    out.set(q.scales.subarray(m + 2, m + Q6K_META_BYTES), o + 192);
+    out[o + 208] = q.scales[m]!;
+    out[o + 209] = q.scales[m + 1]!;
+  }
+  return out;
+}
+
+/** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q6_K: "q6_k", MXFP4: "mxfp4" } as const;
+export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
+
+/**
+ * Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17; per 256 Q4_K:
+ * 144, Q6_K: 210).
+ */
+export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
+  if (type === "Q4_K" || type === "Q6_K") return (k / 256) * (type === "Q4_K" ? Q4K_BYTES : Q6K_BYTES);
+  return (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
+}
+
+/** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k and q6_k: 256). */
 export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
   return k % quantKMultiple(GGUF_DIRECT_SCHEME[type]) === 0;
 }
 
 /**
  * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / q4_k / mxfp4 data is [n, k/2]);
- * scales are f16 bits (Uint16Array) [n, k/32], q4_k's meta bytes [n, k/256*20], or mxfp4's E8M0 bytes [n, k/32].
+ * scales are f16 bits (Uint16Array) [n, k/32], q4_k's meta bytes [n, k/256*20], q6_k's [n, k/256*18], or mxfp4's
+ * E8M0 bytes [n, k/32]. q6_k's data is [n, k/256*192].
  */
-export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays | Q4kArrays {
+export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays | Q4kArrays | Q6kArrays {
   if (type === "MXFP4") return mxfp4ToKiln(src, n, k);
+  if (type === "Q6_K") return q6_KToQ6k(src, n, k);
   return type === "Q4_0" ? q4_0ToInt4(src, n, k) : type === "Q8_0" ? q8_0ToInt8G32(src, n, k) : q4_KToQ4k(src, n, k);
 }

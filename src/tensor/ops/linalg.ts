@@ -143,7 +143,8 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null, xq?: Qua
  * int8 data int8 [out, in] + f32 scales [out] + int32 rowSums [out]; int4 data uint8 [out, in/2] + f16 scales
  * [out, in/32] (groups of 32, in % 64 == 0); fp8 data uint8 (e4m3fn codes) [out, in] + f32 scales [out]; mxfp4
  * data uint8 [out, in/2] (E2M1 codes) + e8m0 uint8 scales [out, in/32] (in % 64 == 0); q4_k data uint8 [out, in/2]
- * + meta uint8 [out, in/256*20] (GGUF Q4_K super-blocks, in % 256 == 0).
+ * + meta uint8 [out, in/256*20] (GGUF Q4_K super-blocks, in % 256 == 0); q6_k data uint8 [out, in/256*192] + meta
+ * uint8 [out, in/256*18] (GGUF Q6_K super-blocks, in % 256 == 0).
  */
 export interface QuantizedWeight {
   readonly scheme: QuantScheme;
@@ -154,7 +155,7 @@ export interface QuantizedWeight {
   readonly rowSums: Tensor | null;
 }
 
-/** Whether `scheme` can hold an [out, in] weight (int4, int8_g32 and mxfp4 pack 64-element chunks, q4_k 256). */
+/** Whether `scheme` can hold an [out, in] weight (int4, int8_g32 and mxfp4 pack 64-element chunks, q4_k and q6_k 256). */
 export function canQuantize(scheme: QuantScheme, inFeatures: number): boolean {
   return inFeatures % quantKMultiple(scheme) === 0;
 }
