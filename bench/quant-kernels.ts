@@ -1,5 +1,5 @@
 // Quantized matmul bench (native/quant-impl.inc, quant-tiles.inc, quant-q4k.inc, quant-q6k.inc, quant-mxfp4.inc):
-// int8 / int4 / int8_g32 (Q8_0) / q4_k (Q4_K) / q6_k (Q6_K) / mxfp4 weights x f32 activations on SmolLM-135M's
+// int8 / int4 / int8_g32 (Q8_0) / q4_k (Q4_K) / q5_k (Q5_K) / q6_k (Q6_K) / mxfp4 weights x f32 activations on SmolLM-135M's
 // layer shapes and two of Llama-3.2-1B's (q4_k and q6_k take in_features % 256 == 0 only: SmolLM's down and the 1B
 // ones), for M = 1 (decode GEMV),
 // 8 / 32 (batched decode) and 128 / 512 (prefill). GOP/s = 2 * M * N * K / time, against this run's measured vpdpbusd
@@ -7,7 +7,7 @@
 // (shapes that fit the L2/L3 stay there across calls and read faster than DRAM; this VM's L3 holds even the 28 MB LM
 // head, so %BW above 100 means cache-resident, not a bad probe). A busy neighbour core shows
 // as a lower peak measured after the rows (reported); compare runs whose peaks agree.
-// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,q4_k,q6_k,mxfp4,fp8] [--ms=1,8,32,128,512]
+// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,q4_k,q5_k,q6_k,mxfp4,fp8] [--ms=1,8,32,128,512]
 //        (KILN_NATIVE_ISA=scalar to bench the portable path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
 import { quantizeQ4kRef } from "../src/backends/cpu/q4k-reference.js";
@@ -50,7 +50,7 @@ for (const t of threadsList) {
       let scales = newScales(scheme, quantScaleCount(scheme, s.N, s.K));
       const rs = new Int32Array(s.N);
       const code = nativeQuantCode(scheme);
-      if (scheme === "q4_k") ({ data, scales } = quantizeQ4kRef(w, s.N, s.K)); // no native q4_k / q6_k quantizer
+      if (scheme === "q4_k" || scheme === "q5_k") ({ data, scales } = quantizeQ4kRef(w, s.N, s.K, scheme === "q4_k" ? 4 : 5)); // no native k-quant quantizer
       else if (scheme === "q6_k") ({ data, scales } = quantizeQ6kRef(w, s.N, s.K));
       else k.quantizeWeights(w, s.N, s.K, code, data, scales, rs);
       const bytes = data.byteLength + scales.byteLength + (scheme === "int8" ? rs.byteLength : 0);

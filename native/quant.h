@@ -13,6 +13,10 @@
 //         q in [0, 15]; scales = meta uint8 [N][K/256][20]: f16 d, f16 dmin, u8 sc[8], u8 m[8] (6-bit sub-block
 //         scales and mins, unpacked from Q4_K's 12 bytes). Element i of super-block b, sub-block j = (i % 256) / 32:
 //         w = d * sc[j] * q - dmin * m[j]. ~4.6 bits per weight. K must be a multiple of 256.
+//   q5_k (GGUF Q5_K super-blocks of 256, repacked without dequantizing): data uint8 [N][K/256][160] = each
+//         super-block's qs[128] (q4_k's nibble order) and then its qh[32] (bit 2c of qh[l] is the fifth bit of
+//         element 64c + l, bit 2c + 1 that of 64c + 32 + l), codes q in [0, 31]; scales = q4_k's meta bytes
+//         [N][K/256][20]. w = d * sc[j] * q - dmin * m[j]. ~5.6 bits per weight. K must be a multiple of 256.
 //   q6_k (GGUF Q6_K super-blocks of 256, kept as they are): data uint8 [N][K/256][192] = each super-block's ql[128]
 //         and qh[64] as GGUF stores them (in half h = elements 128h..128h+127: ql byte 64h + p holds element 128h + p
 //         in its low nibble and 128h + 64 + p in its high one, qh byte 32h + l bits 2t..2t+1 the top bits of element
@@ -27,7 +31,7 @@
 
 namespace kiln {
 
-enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6 };
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6, kQuantQ5K = 7 };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
@@ -70,16 +74,17 @@ inline bool quantGroupable(const QuantMatmulArgs& a) {
   return a.M == 1 && a.scheme != kQuantFp8;
 }
 
-// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, 6-bit for q6_k, a byte each otherwise.
+// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, 5- and 6-bit for q5_k and q6_k, a byte each otherwise.
 inline int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
   if (scheme == kQuantQ6K) return N * K / 256 * 192;
+  if (scheme == kQuantQ5K) return N * K / 256 * 160;
   return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
 }
-// Scale bytes of an [N, K] weight in `scheme`'s layout (above): e8m0 bytes per 32 (mxfp4), q6_k's 18 and q4_k's 20 meta bytes per
+// Scale bytes of an [N, K] weight in `scheme`'s layout (above): e8m0 bytes per 32 (mxfp4), q6_k's 18 and q4_k's / q5_k's 20 meta bytes per
 // 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8). int8's row sums are 4 bytes per row more.
 inline int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
   if (scheme == kQuantMxfp4) return N * K / 32;
-  if (scheme == kQuantQ4K) return N * K / 256 * 20;
+  if (scheme == kQuantQ4K || scheme == kQuantQ5K) return N * K / 256 * 20;
   if (scheme == kQuantQ6K) return N * K / 256 * 18;
   if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return N * K / 32 * 2;
   return N * 4;

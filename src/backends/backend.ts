@@ -44,9 +44,10 @@ export type BinaryOp =
 /** Weight-only quantization schemes of quant_matmul (vLLM's --quantization names map onto these). */
 // int8_g32: group-32 int8 with f16 scales (GGUF Q8_0's blocks, loaded without dequantizing); not an on-load option.
 // q4_k: GGUF Q4_K super-blocks of 256 (6-bit sub-block scales and mins, 4-bit codes), also loaded as they are.
+// q5_k: GGUF Q5_K super-blocks of 256 (q4_k's with 5-bit codes), loaded as they are.
 // q6_k: GGUF Q6_K super-blocks of 256 (int8 scales per sub-block of 16, 6-bit codes), loaded as they are.
 // mxfp4: OCP MXFP4, E2M1 codes with an E8M0 scale per group of 32 (also GGUF MXFP4's blocks).
-export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k" | "mxfp4" | "q6_k";
+export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k" | "mxfp4" | "q6_k" | "q5_k";
 
 /**
  * Activation rows quantized as quant_matmul quantizes x: per row, scales[r] = amax/127 (f32) and
@@ -113,7 +114,7 @@ export type KernelCall =
   // weight-only quantized linear: out [m, n] = x [m, k] @ dequant(w)^T, layouts per scheme in native/quant.h
   // (int8: w int8 [n, k], scales f32 [n], rowSums int32 [n]; int4: w uint8 [n, k/2], scales f16 [n, k/32];
   // fp8: w e4m3fn bytes [n, k], scales f32 [n]; q4_k: w uint8 [n, k/2], scales = meta uint8 [n, k/256*20];
-  // q6_k: w uint8 [n, k/256*192], scales = meta uint8 [n, k/256*18]; mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
+  // q5_k: w uint8 [n, k/256*160], scales as q4_k's; q6_k: w uint8 [n, k/256*192], scales = meta uint8 [n, k/256*18]; mxfp4: w uint8 [n, k/2], scales e8m0 uint8 [n, k/32]).
   // x and out contiguous f32. xq: x already quantized (the int8-activation schemes read it instead of quantizing
   // x; fp8 multiplies f32 x and ignores it).
   | {

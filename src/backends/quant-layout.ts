@@ -12,7 +12,7 @@ export const Q6K_META_BYTES = 18;
 
 /** Schemes of GGUF k-quant super-blocks of 256 (meta bytes per super-block). */
 export function isSuperBlockScheme(scheme: QuantScheme): boolean {
-  return scheme === "q4_k" || scheme === "q6_k";
+  return scheme === "q4_k" || scheme === "q5_k" || scheme === "q6_k";
 }
 
 /** Schemes with one scale per group of 32 weights. */
@@ -33,13 +33,14 @@ export function quantKMultiple(scheme: QuantScheme): number {
 /** Bytes of quantized data for an [n, k] weight (4-bit codes for int4, q4_k and mxfp4, 6-bit for q6_k). */
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
   if (scheme === "q6_k") return (n * k * Q6K_CODE_BYTES) / Q6K_BLOCK;
+  if (scheme === "q5_k") return (n * k * 160) / Q4K_BLOCK; // q4_k's nibbles and 32 bytes of fifth bits per super-block
   return scheme === "int4" || scheme === "q4_k" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
 }
 
 /** Scale count for an [n, k] weight (per row, per group of 32 for int4 / int8_g32 / mxfp4, meta bytes for q4_k / q6_k). */
 export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
   if (scheme === "q6_k") return (n * k * Q6K_META_BYTES) / Q6K_BLOCK;
-  return scheme === "q4_k" ? (n * k * Q4K_META_BYTES) / Q4K_BLOCK : isGroupScheme(scheme) ? (n * k) / 32 : n;
+  return scheme === "q4_k" || scheme === "q5_k" ? (n * k * Q4K_META_BYTES) / Q4K_BLOCK : isGroupScheme(scheme) ? (n * k) / 32 : n;
 }
 
 /** Bytes per scale element: 4 (f32), 2 (f16 bits) or 1 (q4_k / q6_k meta, mxfp4 e8m0). */

@@ -256,9 +256,9 @@ function tokenId(tok: Json, content: string): number | null {
  * Q/K rows are permuted for llama-arch as convert_hf_to_gguf does. `type` applies to every matrix (token_embd
  * too); 1-d tensors stay F32, and so do matrices whose rows are not whole 32-element blocks. Q4_0 rounds as
  * llama.cpp's quantize_row_q4_0_ref, which is also what `--quantization int4` computes, so a Q4_0 export holds
- * exactly the int4 weights Kiln runs; likewise MXFP4 and `--quantization mxfp4`. Q4_K and Q6_K need rows of whole
- * 256-element super-blocks: other matrices fall back to Q4_0 and Q8_0 (as llama.cpp's quantizer falls back to a
- * 32-block type). gpt-oss's fused experts are split into llama.cpp's gate / up / down stacks; MXFP4 experts stay MXFP4 (the
+ * exactly the int4 weights Kiln runs; likewise MXFP4 and `--quantization mxfp4`. Q4_K, Q5_K and Q6_K need rows of
+ * whole 256-element super-blocks: other matrices fall back to Q4_0 (Q4_K) and Q8_0 (as llama.cpp's quantizer falls
+ * back to a 32-block type). gpt-oss's fused experts are split into llama.cpp's gate / up / down stacks; MXFP4 experts stay MXFP4 (the
  * checkpoint's own codes) whatever `type` is. Tensors are read and encoded one at a time.
  */
 export function exportGguf(dir: string, outFile: string, type: GgufExportType = "F32"): void {
@@ -285,7 +285,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const typeFor = (shape: readonly number[]): GgufExportType => {
     if (shape.length === 1 || (blocked && shape.at(-1)! % 32 !== 0)) return "F32";
     if (shape.at(-1)! % 256 === 0) return type;
-    return type === "Q4_K" ? "Q4_0" : type === "Q6_K" ? "Q8_0" : type;
+    return type === "Q4_K" ? "Q4_0" : type === "Q5_K" || type === "Q6_K" ? "Q8_0" : type;
   };
   // (BF16 of a bfloat16 checkpoint is lossless: its values come back through f32 unchanged)
   const stacked = new Map<string, { shape: number[]; parts: string[] }>();

@@ -482,11 +482,11 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 }
 
 /** GGUF block types no kernel takes as they are, loaded requantized to int8_g32 (directQuantLoader's requantizes). */
-const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q5_K"]);
+const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K"]);
 
 /**
  * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
- * q4_k, Q6_K -> q6_k, MXFP4 -> mxfp4; bits moved, never dequantized), the token embedding among them; matrices of the
+ * q4_k, Q5_K -> q5_k, Q6_K -> q6_k, MXFP4 -> mxfp4; bits moved, never dequantized), the token embedding among them; matrices of the
  * REQUANTIZED_GGUF_TYPES requantized to int8_g32. Tensors it declines load as floats: other types, in_features % 64 != 0 (the
  * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
  */
@@ -528,7 +528,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
     return type;
   };
   /**
-   * Whether `info` is a block type no kernel takes as it is (Q5_K, Q5_0, ...: llama.cpp's Q5_K_M files hold
+   * Whether `info` is a block type no kernel takes as it is (Q5_0, Q4_1, Q2_K, ...: llama.cpp's Q2_K files hold
    * some) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
    * element within about half a step (its group of 32's amax / 127, rounded to f16) of the file's value. When true,
    * the tensor is recorded for finish()'s note.

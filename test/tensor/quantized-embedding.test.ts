@@ -11,7 +11,7 @@ import { bytesOfTensor, seededRandn } from "../helpers/model-logits.js";
 
 const skip = tryLoadNativeKernels() ? false : "native addon not built";
 
-const SCHEMES: QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "mxfp4", "q4_k", "q6_k"];
+const SCHEMES: QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "mxfp4", "q4_k", "q6_k", "q5_k"];
 
 for (const scheme of SCHEMES) {
   test(`quantizedEmbedding (${scheme}): rows ids of the table, as the dequantizer gives them, in the ids' shape`, { skip }, () => {

@@ -12,7 +12,7 @@ import { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantSc
 export { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype };
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5 | 6> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5, q6_k: 6 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5, q6_k: 6, q5_k: 7 };
 
 /** QUANT_SCHEME_CODE as native.ts types the scheme argument. */
 export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
@@ -178,7 +178,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
     }
     return { data, scales, rowSums };
   }
-  if (scheme === "q4_k") return { ...quantizeQ4kRef(w, n, k), rowSums };
+  if (scheme === "q4_k" || scheme === "q5_k") return { ...quantizeQ4kRef(w, n, k, scheme === "q4_k" ? 4 : 5), rowSums };
   if (scheme === "q6_k") return { ...quantizeQ6kRef(w, n, k), rowSums };
   if (scheme === "int4") {
     if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
@@ -247,7 +247,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
 
 /** The f32 [n, k] weight a quantized one stands for. */
 export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number, k: number): Float32Array {
-  if (scheme === "q4_k") return dequantizeQ4kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k);
+  if (scheme === "q4_k" || scheme === "q5_k") return dequantizeQ4kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k, scheme === "q4_k" ? 4 : 5);
   if (scheme === "q6_k") return dequantizeQ6kRef({ data: q.data, scales: q.scales as Uint8Array }, n, k);
   const out = new Float32Array(n * k);
   for (let r = 0; r < n; r++) {
@@ -282,7 +282,8 @@ export function quantMatmulRef(
   /** x already quantized (quantizeActivationsRef's result): used instead of quantizing x */
   pre?: { xq: Int8Array; xs: Float32Array },
 ): Float32Array {
-  if (scheme === "q4_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k); // quantizes x itself: the same bits as `pre`
+  // (the k-quants quantize x themselves: the same bits as `pre`)
+  if (scheme === "q4_k" || scheme === "q5_k") return q4kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k, scheme === "q4_k" ? 4 : 5);
   if (scheme === "q6_k") return q6kMatmulRef(x, { data: q.data, scales: q.scales as Uint8Array }, m, n, k);
   const out = new Float32Array(m * n);
   if (scheme === "fp8") {

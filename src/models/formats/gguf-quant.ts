@@ -5,7 +5,7 @@ import { floatToE2m1, mxfp4Exponent, MXFP4_DOUBLED } from "../../backends/cpu/qu
 import { quantizeQ4kRef } from "../../backends/cpu/q4k-reference.js";
 import { quantizeQ6kRef } from "../../backends/cpu/q6k-reference.js";
 import { f16BitsToF32, f32ToF16Bits, bf16BytesToF32, f16BytesToF32 } from "./dtype-convert.js";
-import { q4kToQ4_K, q6kToQ6_K } from "./gguf-repack.js";
+import { q4kToQ4_K, q5kToQ5_K, q6kToQ6_K } from "./gguf-repack.js";
 
 /** ggml_type ids as stored in GGUF tensor infos. */
 export const GgmlType = {
@@ -269,6 +269,16 @@ export function quantizeQ4_K(x: ArrayLike<number>): Uint8Array {
   if (x.length % 256 !== 0) throw new RangeError(`Q4_K needs a multiple of 256 elements, got ${x.length}`);
   const blocks = x.length / 256; // blocks are independent: quantize as [blocks, 256]
   return q4kToQ4_K(quantizeQ4kRef(x, blocks, 256), blocks, 256);
+}
+
+/**
+ * Q5_K super-blocks of 256: quantizeQ4_K's fit with 5-bit codes (q4k-reference.ts's quantizeQ4kRef, bits 5: the same
+ * bits Kiln's q5_k kernel runs), not llama.cpp's make_qkx2 search; llama.cpp reads it like any Q5_K.
+ */
+export function quantizeQ5_K(x: ArrayLike<number>): Uint8Array {
+  if (x.length % 256 !== 0) throw new RangeError(`Q5_K needs a multiple of 256 elements, got ${x.length}`);
+  const blocks = x.length / 256;
+  return q5kToQ5_K(quantizeQ4kRef(x, blocks, 256, 5), blocks, 256);
 }
 
 /**

@@ -13,6 +13,9 @@
 //        six-bit mins, packed as ggml's get_scale_min_k4 reads them), u8 qs[128] (byte l of 32-byte chunk c holds
 //        element 64c + l in its low nibble, 64c + 32 + l in its high one: int4's order already).
 //   Kiln q4_k row: qs of every super-block as they are [K/2], meta [K/256][20] = d, dmin, sc[8], m[8] unpacked.
+//   Q5_K super-block (176 bytes, 256 elements): f16 d, f16 dmin, u8 scales[12] (as Q4_K's), u8 qh[32] (bit 2c of
+//        qh[l] is the fifth bit of element 64c + l, bit 2c + 1 that of 64c + 32 + l), u8 qs[128] (as Q4_K's).
+//   Kiln q5_k row: per super-block qs[128] then qh[32] [K/256][160], meta as q4_k's.
 //   Q6_K super-block (210 bytes, 256 elements): u8 ql[128], u8 qh[64], int8 scales[16], f16 d.
 //   Kiln q6_k row: ql and qh of every super-block as they are [K/256][192], meta [K/256][18] = d, scales[16].
 import { Q4K_BLOCK, Q4K_META_BYTES, Q6K_BLOCK, Q6K_CODE_BYTES, Q6K_META_BYTES, quantKMultiple } from "../../backends/quant-layout.js";
@@ -150,15 +153,21 @@ export interface Q4kArrays {
 
 const Q4K_BYTES = 144;
 
-/** Q4_K bytes of an [n, k] tensor (k % 256 == 0, as GGUF guarantees) -> Kiln q4_k data and meta. */
-export function q4_KToQ4k(src: Uint8Array, n: number, k: number): Q4kArrays {
-  if (k % Q4K_BLOCK !== 0) throw new RangeError(`[q4_KToQ4k] q4_k needs k % 256 == 0, got ${k}`);
+const Q5K_BYTES = 176;
+
+/**
+ * Q4_K (bits 4) or Q5_K (bits 5) bytes of an [n, k] tensor (k % 256 == 0, as GGUF guarantees) -> Kiln q4_k / q5_k
+ * data and meta: d, dmin and the 12 packed scale bytes unpacked (ggml's get_scale_min_k4), codes moved as they are.
+ */
+function kToKiln(src: Uint8Array, n: number, k: number, bits: 4 | 5, op: string): Q4kArrays {
+  if (k % Q4K_BLOCK !== 0) throw new RangeError(`[${op}] q${bits}_k needs k % 256 == 0, got ${k}`);
   const blocks = (n * k) / Q4K_BLOCK;
-  if (src.byteLength !== blocks * Q4K_BYTES) throw new RangeError(`[q4_KToQ4k] ${src.byteLength} bytes are not Q4_K [${n}, ${k}]`);
-  const data = new Uint8Array(blocks * 128);
+  const [srcBytes, codeBytes] = bits === 4 ? [Q4K_BYTES, 128] : [Q5K_BYTES, 160];
+  if (src.byteLength !== blocks * srcBytes) throw new RangeError(`[${op}] ${src.byteLength} bytes are not Q${bits}_K [${n}, ${k}]`);
+  const data = new Uint8Array(blocks * codeBytes);
   const scales = new Uint8Array(blocks * Q4K_META_BYTES);
   for (let b = 0; b < blocks; b++) {
-    const o = b * Q4K_BYTES;
+    const o = b * srcBytes;
     const m = b * Q4K_META_BYTES;
     scales.set(src.subarray(o, o + 4), m); // d, dmin
     const p = o + 4; // scales[12]
@@ -168,18 +177,23 @@ export function q4_KToQ4k(src: Uint8Array, n: number, k: number): Q4kArrays {
       scales[m + 8 + j] = (src[p + j + 8]! & 15) | ((src[p + j]! >> 6) << 4);
       scales[m + 16 + j] = (src[p + j + 8]! >> 4) | ((src[p + j + 4]! >> 6) << 4);
     }
-    data.set(src.subarray(o + 16, o + Q4K_BYTES), b * 128);
+    if (bits === 4) data.set(src.subarray(o + 16, o + Q4K_BYTES), b * 128);
+    else {
+      data.set(src.subarray(o + 48, o + Q5K_BYTES), b * 160); // qs
+      data.set(src.subarray(o + 16, o + 48), b * 160 + 128); // qh
+    }
   }
   return { data, scales };
 }
 
-/** Kiln q4_k data and meta of an [n, k] weight -> Q4_K bytes (the inverse of q4_KToQ4k; sc, m must be < 64). */
-export function q4kToQ4_K(q: Q4kArrays, n: number, k: number): Uint8Array {
-  if (k % Q4K_BLOCK !== 0) throw new RangeError(`[q4kToQ4_K] q4_k needs k % 256 == 0, got ${k}`);
+/** The inverse of kToKiln (sc, m must be < 64). */
+function kilnToK(q: Q4kArrays, n: number, k: number, bits: 4 | 5, op: string): Uint8Array {
+  if (k % Q4K_BLOCK !== 0) throw new RangeError(`[${op}] q${bits}_k needs k % 256 == 0, got ${k}`);
   const blocks = (n * k) / Q4K_BLOCK;
-  const out = new Uint8Array(blocks * Q4K_BYTES);
+  const [outBytes, codeBytes] = bits === 4 ? [Q4K_BYTES, 128] : [Q5K_BYTES, 160];
+  const out = new Uint8Array(blocks * outBytes);
   for (let b = 0; b < blocks; b++) {
-    const o = b * Q4K_BYTES;
+    const o = b * outBytes;
     const m = b * Q4K_META_BYTES;
     out.set(q.scales.subarray(m, m + 4), o);
     const p = o + 4;
@@ -190,9 +204,34 @@ export function q4kToQ4_K(q: Q4kArrays, n: number, k: number): Uint8Array {
       out[p + j + 4] = q.scales[m + 12 + j]! | ((mHi >> 4) << 6);
       out[p + j + 8] = (scHi & 15) | ((mHi & 15) << 4);
     }
-    out.set(q.data.subarray(b * 128, b * 128 + 128), o + 16);
+    const c = b * codeBytes;
+    if (bits === 4) out.set(q.data.subarray(c, c + 128), o + 16);
+    else {
+      out.set(q.data.subarray(c + 128, c + 160), o + 16); // qh
+      out.set(q.data.subarray(c, c + 128), o + 48); // qs
+    }
   }
   return out;
+}
+
+/** Q4_K bytes of an [n, k] tensor (k % 256 == 0, as GGUF guarantees) -> Kiln q4_k data and meta. */
+export function q4_KToQ4k(src: Uint8Array, n: number, k: number): Q4kArrays {
+  return kToKiln(src, n, k, 4, "q4_KToQ4k");
+}
+
+/** Kiln q4_k data and meta of an [n, k] weight -> Q4_K bytes (the inverse of q4_KToQ4k; sc, m must be < 64). */
+export function q4kToQ4_K(q: Q4kArrays, n: number, k: number): Uint8Array {
+  return kilnToK(q, n, k, 4, "q4kToQ4_K");
+}
+
+/** Q5_K bytes of an [n, k] tensor -> Kiln q5_k data [n, k/256*160] and meta (q4_k's). */
+export function q5_KToQ5k(src: Uint8Array, n: number, k: number): Q4kArrays {
+  return kToKiln(src, n, k, 5, "q5_KToQ5k");
+}
+
+/** Kiln q5_k data and meta of an [n, k] weight -> Q5_K bytes (the inverse of q5_KToQ5k). */
+export function q5kToQ5_K(q: Q4kArrays, n: number, k: number): Uint8Array {
+  return kilnToK(q, n, k, 5, "q5kToQ5_K");
 }
 
 /** Kiln q6_k weight [n, k]: data [n, k/256 * 192] bytes (ql, qh), meta [n, k/256 * 18] bytes (d, sc[16]). */
@@ -238,15 +277,15 @@ export function q6kToQ6_K(q: Q6kArrays, n: number, k: number): Uint8Array {
 }
 
 /** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
-export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q6_K: "q6_k", MXFP4: "mxfp4" } as const;
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", MXFP4: "mxfp4" } as const;
 export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
 
 /**
  * Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17; per 256 Q4_K:
- * 144, Q6_K: 210).
+ * 144, Q5_K: 176, Q6_K: 210).
  */
 export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
-  if (type === "Q4_K" || type === "Q6_K") return (k / 256) * (type === "Q4_K" ? Q4K_BYTES : Q6K_BYTES);
+  if (type === "Q4_K" || type === "Q5_K" || type === "Q6_K") return (k / 256) * { Q4_K: Q4K_BYTES, Q5_K: Q5K_BYTES, Q6_K: Q6K_BYTES }[type];
   return (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
 }
 
@@ -257,11 +296,12 @@ export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
 
 /**
  * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / q4_k / mxfp4 data is [n, k/2]);
- * scales are f16 bits (Uint16Array) [n, k/32], q4_k's meta bytes [n, k/256*20], q6_k's [n, k/256*18], or mxfp4's
- * E8M0 bytes [n, k/32]. q6_k's data is [n, k/256*192].
+ * scales are f16 bits (Uint16Array) [n, k/32], q4_k's / q5_k's meta bytes [n, k/256*20], q6_k's [n, k/256*18], or
+ * mxfp4's E8M0 bytes [n, k/32]. q5_k's data is [n, k/256*160], q6_k's [n, k/256*192].
  */
 export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays | Q4kArrays | Q6kArrays {
   if (type === "MXFP4") return mxfp4ToKiln(src, n, k);
   if (type === "Q6_K") return q6_KToQ6k(src, n, k);
+  if (type === "Q5_K") return q5_KToQ5k(src, n, k);
   return type === "Q4_0" ? q4_0ToInt4(src, n, k) : type === "Q8_0" ? q8_0ToInt8G32(src, n, k) : q4_KToQ4k(src, n, k);
 }

@@ -7,7 +7,7 @@
 import * as fs from "node:fs";
 import { formatError, ModelFormatError } from "./model-format-error.js";
 import { f32ToBf16, f32ToF16, bytesOf } from "./dtype-convert.js";
-import { DEQUANTIZABLE, dequantize, GGML_BLOCK_LAYOUT, GgmlType, ggmlTypeName, quantizeMxfp4, quantizeQ4_0, quantizeQ4_K, quantizeQ6_K, quantizeQ8_0, type GgmlTypeName } from "./gguf-quant.js";
+import { DEQUANTIZABLE, dequantize, GGML_BLOCK_LAYOUT, GgmlType, ggmlTypeName, quantizeMxfp4, quantizeQ4_0, quantizeQ4_K, quantizeQ5_K, quantizeQ6_K, quantizeQ8_0, type GgmlTypeName } from "./gguf-quant.js";
 
 export { ModelFormatError } from "./model-format-error.js";
 
@@ -316,7 +316,7 @@ export interface GgufWriteTensor {
   name: string;
   /** Row-major (HF) shape; written as ggml dims reversed. */
   shape: readonly number[];
-  /** Storage type. With `data` (or `load`), F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K/MXFP4 are encoded here. */
+  /** Storage type. With `data` (or `load`), F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K/MXFP4 are encoded here. */
   type: GgmlTypeName;
   /** f32 values to convert / quantize. */
   data?: Float32Array;
@@ -355,6 +355,7 @@ function encodeTensor(t: GgufWriteTensor, file: string): Uint8Array {
       case "Q4_0": bytes = quantizeQ4_0(data); break;
       case "MXFP4": bytes = quantizeMxfp4(data); break;
       case "Q4_K": bytes = quantizeQ4_K(data); break;
+      case "Q5_K": bytes = quantizeQ5_K(data); break;
       case "Q6_K": bytes = quantizeQ6_K(data); break;
       default: throw formatError("gguf", file, `cannot encode ${t.type} from f32 (pass raw bytes)`, t.name);
     }
