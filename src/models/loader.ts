@@ -5,7 +5,7 @@ import * as path from "node:path";
 import type { DType } from "../backends/dtype.js";
 import type { QuantScheme } from "../backends/backend.js";
 import { KilnError, UnsupportedError } from "../util/errors.js";
-import { fromBytes, mapFromFile, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
+import { fromBytes, fromBytesFilled, mapFromFile, tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
 import { resolveDevice } from "../tensor/device.js";
 import { CausalLM, DEFAULT_FAMILY, type FamilySpec } from "./causal-lm.js";
 import { languageModelConfig, parseHfConfig, type ModelConfig } from "./hf-config.js";
@@ -24,7 +24,9 @@ import { narrowToShard, shardedParameters, TensorParallelError, type TensorParal
 import { fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
 import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
-import { isSuperBlockScheme, quantKMultiple } from "../backends/quant-layout.js";
+import { isSuperBlockScheme, quantDataBytes, quantKMultiple, quantScaleCount, quantScaleDtype } from "../backends/quant-layout.js";
+import { GgmlType } from "./formats/gguf-quant.js";
+import { env } from "../util/env.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
 import { resolveQuantization } from "./quantization-args.js";
 import { fp8CheckpointFormat, fp8WeightLoader } from "./fp8-checkpoint.js";
@@ -501,8 +503,24 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const requantized = new Map<string, string[]>(); // the same, for tensors requantized to int8_g32
   const counts = new Map<QuantScheme, number>();
   type Info = { type: string; shape: number[]; name: string };
+  /** A tensor's bytes for the repack: mapped from the file (no read into a copy; KILN_NO_MMAP=1 reads them). */
+  const rawBytes = (g: GgufFile, name: string): Uint8Array => {
+    const t = g.get(name);
+    if (!t || env.noMmap || t.byteLength === 0) return g.load(name);
+    return new Uint8Array(native!.mapFile(g.path, t.byteOffset, t.byteLength));
+  };
   const quantized = (type: GgufDirectType, raw: Uint8Array, n: number, k: number): QuantizedWeight => {
     const scheme = GGUF_DIRECT_SCHEME[type];
+    if (native!.ggufRepack) {
+      // the native repack writes the weight's memory in place: one pass, no staging arrays
+      const [data, scales] = fromBytesFilled(
+        [{ dtype: "uint8", shape: [n, quantDataBytes(scheme, n, k) / n] }, { dtype: quantScaleDtype(scheme), shape: [n, quantScaleCount(scheme, n, k) / n] }],
+        ([d, s]) => native!.ggufRepack!(GgmlType[type], raw, n, k, d!, s!),
+        { device: dev },
+      );
+      counts.set(scheme, (counts.get(scheme) ?? 0) + 1);
+      return { scheme, outFeatures: n, inFeatures: k, data: data!, scales: scales!, rowSums: null };
+    }
     const q = repackGgufBlocks(type, raw, n, k);
     const data = fromBytes(q.data, "uint8", [n, q.data.length / n], { device: dev });
     const scales =
@@ -564,7 +582,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
         }, 0);
         return true;
       }
-      const raw = g.load(info.name);
+      const raw = rawBytes(g, info.name);
       const rowBytes = ggufDirectRowBytes(type, k);
       // stacked experts: n rows each; a fused matrix (partRows): its parts' rows in turn
       layers.reduce((at, l, e) => {
@@ -583,7 +601,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       const type = dtype === "float32" ? directType(info) : null;
       if (!type) return false;
       const [n, k] = info.shape as [number, number];
-      installQuantizedEmbedding(model, "model.embed_tokens", model.model.embedTokens, quantized(type, g.load(info.name), n, k));
+      installQuantizedEmbedding(model, "model.embed_tokens", model.model.embedTokens, quantized(type, rawBytes(g, info.name), n, k));
       return true;
     },
     /**
@@ -597,7 +615,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
         return;
       }
       const [n, k] = info.shape as [number, number];
-      setQuantizedShadow(embedding, quantized(type, g.load(info.name), n, k));
+      setQuantizedShadow(embedding, quantized(type, rawBytes(g, info.name), n, k));
     },
     finish(file: string): void {
       const note = options.onNote ?? ((m: string) => console.warn(m));

@@ -1,5 +1,5 @@
 // The tensor runtime's public surface (import * as kiln from "kiln/tensor").
-export { Tensor, tensor, empty, unallocated, zeros, ones, full, zerosLike, onesLike, fullLike, arange, fromBytes, mapFromFile, numel, contiguousStrides } from "./tensor.js";
+export { Tensor, tensor, empty, unallocated, zeros, ones, full, zerosLike, onesLike, fullLike, arange, fromBytes, fromBytesFilled, mapFromFile, numel, contiguousStrides } from "./tensor.js";
 export type { Shape, Scalar, TensorOrScalar, TensorOptions, GradNode } from "./tensor.js";
 export { device, defaultDevice, setDefaultDevice, Device, memoryAllocated, maxMemoryAllocated, memoryReserved, maxMemoryReserved, emptyCache, resetPeakMemoryStats, type DeviceLike } from "./device.js";
 export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.js";

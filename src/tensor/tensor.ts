@@ -702,6 +702,24 @@ export function fromBytes(bytes: Uint8Array, dtype: DType, shape: Shape, options
 }
 
 /**
+ * New tensors of the given dtypes and shapes whose bytes `fill` writes at once (each tensor's bytes, in order): in
+ * place on host back ends, so the memory is written once with no staging copy (a loader repacking GGUF blocks
+ * straight into the weights); elsewhere into staging arrays then written to the device. `fill` must write every byte.
+ */
+export function fromBytesFilled(parts: { dtype: DType; shape: Shape }[], fill: (bytes: Uint8Array[]) => void, options: TensorOptions = {}): Tensor[] {
+  const ts = parts.map((p) => emptyOutput(p.shape, { ...options, dtype: p.dtype }));
+  const lengths = ts.map((t) => t.numel * DTYPE_BYTES[t.dtype]);
+  const hosts = ts.map((t) => t.storage.buffer.host);
+  if (hosts.every((h) => h !== undefined)) fill(hosts.map((h, i) => new Uint8Array(h!, 0, lengths[i]!)));
+  else {
+    const staged = lengths.map((n) => new Uint8Array(n));
+    fill(staged);
+    ts.forEach((t, i) => t.device.backend.write(t.storage.buffer, 0, staged[i]!));
+  }
+  return ts;
+}
+
+/**
  * A tensor over a file's raw little-endian bytes at byteOffset, memory-mapped in place (no read, no copy;
  * copy-on-write) on back ends that map files. Null when the device cannot map, KILN_NO_MMAP=1, or the offset
  * is not a multiple of the element size: the caller reads the bytes instead.

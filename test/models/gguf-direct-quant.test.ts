@@ -7,7 +7,7 @@ import { test } from "node:test";
 import { dequantizeRef, nativeQuantCode, nativeTakesScheme, quantizeWeightsRef } from "../../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { dequantize, quantizeQ4_0, quantizeQ8_0 } from "../../src/models/formats/gguf-quant.js";
-import { int4ToQ4_0, int8G32ToQ8_0, q4_0ToInt4, q8_0ToInt8G32 } from "../../src/models/formats/gguf-repack.js";
+import { GGUF_DIRECT_SCHEME, int4ToQ4_0, int8G32ToQ8_0, q4_0ToInt4, q8_0ToInt8G32, repackGgufBlocks, type GgufDirectType } from "../../src/models/formats/gguf-repack.js";
 import { readGguf } from "../../src/models/formats/gguf.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 import { exportGguf } from "../../src/models/init-model.js";
@@ -59,6 +59,26 @@ function repackByElement(src: Uint8Array, n: number, k: number): { data: Uint8Ar
   return { data, scales };
 }
 
+
+test("the native repack (the loader's) moves the bits the TS repack does, for every direct type; bad arguments are typed errors", { skip }, () => {
+  assert.ok(native!.ggufRepack, "this addon has ggufRepack");
+  const bytes = { Q4_0: [32, 18], Q8_0: [32, 34], MXFP4: [32, 17], Q4_K: [256, 144], Q5_K: [256, 176], Q6_K: [256, 210] } as const;
+  for (const type of Object.keys(GGUF_DIRECT_SCHEME) as GgufDirectType[]) {
+    const [elems, blockBytes] = bytes[type];
+    // several pool chunks (4096 blocks each) and a partial one
+    const [n, k] = [elems === 32 ? 1100 : 150, 512];
+    const src = randomBlocks((n * k) / elems, blockBytes, 40 + blockBytes);
+    const want = repackGgufBlocks(type, src, n, k);
+    const got = repackGgufBlocks(type, src, n, k, native);
+    assert.deepEqual(got.data, want.data, `${type} data`);
+    assert.deepEqual(got.scales, want.scales, `${type} scales`);
+  }
+  const out = new Uint8Array(1 << 16);
+  assert.throws(() => native!.ggufRepack!(3, new Uint8Array(40), 1, 64, out, out), /type must be a ggml type id/);
+  assert.throws(() => native!.ggufRepack!(12, new Uint8Array(144), 1, 128, out, out), /K must be a multiple of 256, got 128/);
+  assert.throws(() => native!.ggufRepack!(8, new Uint8Array(60), 1, 64, out, out), /src has 60 elements, needs 68/);
+  assert.throws(() => native!.ggufRepack!(8, new Uint8Array(68), 1, 64, new Uint8Array(63), out), /data has 63 elements, needs 64/);
+});
 
 test("Q4_0 -> int4 repack: matches an element-wise repack, dequantizes bit-exactly, inverts", () => {
   const n = 5, k = 192;

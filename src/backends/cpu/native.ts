@@ -58,6 +58,11 @@ export interface NativeKernels extends NativeStream {
   /** Faults the memory's pages in now, without writing it (MADV_POPULATE_WRITE where the kernel has it; older addons lack it). */
   populate?(memory: ArrayBuffer): void;
   /**
+   * GGUF blocks of ggml type `type` (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) of an [N, K] tensor -> quantMatmul's data
+   * and scale bytes, as formats/gguf-repack.ts's repackGgufBlocks computes them (older addons lack it).
+   */
+  ggufRepack?(type: number, src: Uint8Array, N: number, K: number, data: Uint8Array, scales: Uint8Array): void;
+  /**
    * out[b] = a[b] @ B[b]. a: [M,K] row-major f32, or [K,M] when aTransposed (out = a^T @ B, e.g. the
    * linear weight gradient g^T @ x with no transposed copy). bTransposed: B is [N,K] (nn.Linear weight,
    * out = a @ B^T), else [K,N]. bDtype 0 = f32, 1 = bf16 (see bf16DotMinM). Strides in elements per batch item (0 = broadcast).
