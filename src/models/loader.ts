@@ -484,7 +484,7 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 }
 
 /** GGUF block types no kernel takes as they are, loaded requantized to int8_g32 (directQuantLoader's requantizes). */
-const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K"]);
+const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]);
 
 /**
  * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
@@ -546,8 +546,8 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
     return type;
   };
   /**
-   * Whether `info` is a block type no kernel takes as it is (Q5_0, Q4_1, Q2_K, ...: llama.cpp's Q2_K files hold
-   * some) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
+   * Whether `info` is a block type no kernel takes as it is (Q5_0, Q4_1, Q2_K, Q3_K, IQ4_XS, ...: llama.cpp's Q3_K_M
+   * and IQ4_XS files are mostly these) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
    * element within about half a step (its group of 32's amax / 127, rounded to f16) of the file's value. When true,
    * the tensor is recorded for finish()'s note.
    */

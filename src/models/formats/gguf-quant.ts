@@ -41,8 +41,11 @@ const f16 = (b: Uint8Array, o: number) => f16BitsToF32(b[o]! | (b[o + 1]! << 8))
 
 /** The types loadAsFloat32 can dequantize. */
 export const DEQUANTIZABLE: ReadonlySet<GgmlTypeName> = new Set<GgmlTypeName>([
-  "F32", "F16", "BF16", "F64", "I8", "I16", "I32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4",
+  "F32", "F16", "BF16", "F64", "I8", "I16", "I32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
 ]);
+
+/** The 16 values of an IQ4_NL / IQ4_XS code (ggml's kvalues_iq4nl: a non-linear 4-bit grid). */
+const IQ4_VALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /** Dequantizes `numel` elements of `type` from raw bytes; returns null for unsupported types. */
 export function dequantize(type: GgmlTypeName, src: Uint8Array, numel: number): Float32Array | null {
@@ -129,6 +132,56 @@ export function dequantize(type: GgmlTypeName, src: Uint8Array, numel: number): 
               const ml = dmin * (sc >> 4);
               for (let l = 0; l < 16; l++) y[yi++] = dl * ((src[q + half * 16 + l]! >> shift) & 3) - ml;
             }
+          }
+        }
+      }
+      return y;
+    case "Q3_K":
+      // block: u8 hmask[32], u8 qs[64] (2-bit), u8 scales[12] (16 six-bit scales, offset 32), f16 d. Element
+      // 128n + 32j + l (sub-block 8n + 2j + l / 16): d * (scale - 32) * (((qs[32n + l] >> 2j) & 3) - 4 unless bit
+      // 4n + j of hmask[l] is set)
+      for (let i = 0; i < nb; i++) {
+        const o = i * ts;
+        const d = f16(src, o + 108);
+        const sc = o + 96;
+        const scale = (is: number): number => {
+          const lo = is < 8 ? src[sc + (is % 8)]! & 15 : src[sc + (is % 8)]! >> 4;
+          const hi = (src[sc + 8 + (is % 4)]! >> (2 * Math.floor(is / 4))) & 3;
+          return (lo | (hi << 4)) - 32;
+        };
+        for (let n = 0; n < 2; n++)
+          for (let j = 0; j < 4; j++)
+            for (let l = 0; l < 32; l++) {
+              const q = ((src[o + 32 + 32 * n + l]! >> (2 * j)) & 3) - (src[o + l]! & (1 << (4 * n + j)) ? 0 : 4);
+              y[i * 256 + 128 * n + 32 * j + l] = d * scale(8 * n + 2 * j + (l >> 4)) * q;
+            }
+      }
+      return y;
+    case "IQ4_NL":
+      // block: f16 d, u8 qs[16]; element j < 16 is IQ4_VALUES[qs[j] & 15], else IQ4_VALUES[qs[j - 16] >> 4], times d
+      for (let i = 0; i < nb; i++) {
+        const o = i * ts;
+        const d = f16(src, o);
+        for (let j = 0; j < 16; j++) {
+          y[i * 32 + j] = d * IQ4_VALUES[src[o + 2 + j]! & 15]!;
+          y[i * 32 + 16 + j] = d * IQ4_VALUES[src[o + 2 + j]! >> 4]!;
+        }
+      }
+      return y;
+    case "IQ4_XS":
+      // block: f16 d, u16 scales_h, u8 scales_l[4], u8 qs[128]; sub-block b of 32: scale ls = (4 bits of scales_l,
+      // 2 of scales_h) - 32, its 16 qs bytes in IQ4_NL's order
+      for (let i = 0; i < nb; i++) {
+        const o = i * ts;
+        const d = f16(src, o);
+        const scalesH = src[o + 2]! | (src[o + 3]! << 8);
+        for (let b = 0; b < 8; b++) {
+          const ls = ((src[o + 4 + (b >> 1)]! >> (4 * (b & 1))) & 15) | (((scalesH >> (2 * b)) & 3) << 4);
+          const dl = d * (ls - 32);
+          const q = o + 8 + 16 * b;
+          for (let j = 0; j < 16; j++) {
+            y[i * 256 + 32 * b + j] = dl * IQ4_VALUES[src[q + j]! & 15]!;
+            y[i * 256 + 32 * b + 16 + j] = dl * IQ4_VALUES[src[q + j]! >> 4]!;
           }
         }
       }
