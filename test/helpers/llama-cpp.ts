@@ -1,5 +1,9 @@
 // Whether the outside oracle node-llama-cpp (an optional dependency) is installed: tests against it skip otherwise.
+import assert from "node:assert/strict";
 import { createRequire } from "node:module";
+import type { TestContext } from "node:test";
+import { loadLocalModel, type LoadedModel } from "../../src/models/loader.js";
+import { lastLogits } from "./model-logits.js";
 import { tensor } from "../../src/tensor/index.js";
 import { Tensor } from "../../src/tensor/tensor.js";
 
@@ -112,4 +116,38 @@ export function withFloat16Gelu<T>(f: () => T): T {
   } finally {
     Tensor.prototype.gelu = original;
   }
+}
+
+/**
+ * Kiln's model `direct`, loaded from the GGUF `file` with its blocks kept, against llama.cpp on that file: the
+ * next-token log-probabilities after `ids` within `tolerance` of the f32 log-probability range of llama.cpp's and of
+ * the file loaded dequantized to f32 (llama.cpp rounds activations per 256 (Q8_K) or per block, Kiln per row: a few
+ * % of the range on these random weights; a misplaced code bit, scale or min is off by the whole range); and `steps`
+ * greedy tokens: following llama.cpp's, Kiln's argmax agrees at all but at most one step, and where it does not,
+ * llama.cpp's pick is within a near-tie (2% of the range) of it. Reports the figures as a diagnostic.
+ */
+export async function expectLlamaCppAgreement(
+  t: TestContext, label: string, file: string, direct: LoadedModel, ids: readonly number[],
+  /** tolerance: against both (default 0.06); vsLlamaCpp: a tighter one against llama.cpp alone */
+  options: { steps?: number; tolerance?: number; vsLlamaCpp?: number } = {},
+): Promise<void> {
+  const steps = options.steps ?? 8;
+  const tolerance = options.tolerance ?? 0.06;
+  const { probs, greedy: lcTokens } = await llamaCppOracle(file, ids, steps);
+  const ours = logSoftmax(lastLogits(direct, [...ids]));
+  const { dLc, dFloat, scale, compared } = logprobGaps(probs, ours, logSoftmax(lastLogits(loadLocalModel(file, { ggufKeepQuantized: false }), [...ids])));
+  assert.ok(dLc < (options.vsLlamaCpp ?? tolerance) * scale, `${label}: vs llama.cpp ${dLc} (range ${scale})`);
+  assert.ok(dFloat < tolerance * scale, `${label}: vs dequantized ${dFloat} (range ${scale})`);
+  let agree = 0;
+  const seq = [...ids];
+  for (const tok of lcTokens) {
+    const l = lastLogits(direct, seq);
+    const best = l.reduce((b, x, i) => (x > l[b]! ? i : b), 0);
+    if (best === tok) agree++;
+    else assert.ok(l[best]! - l[tok]! < 0.02 * scale, `${label} step ${seq.length - ids.length}: Kiln ${best} vs llama.cpp ${tok}, gap ${l[best]! - l[tok]!}`);
+    seq.push(tok);
+  }
+  t.diagnostic(`${label}: max |logprob diff| vs llama.cpp ${dLc.toExponential(2)} over ${compared} tokens, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)}); greedy ${agree}/${lcTokens.length} identical`);
+  assert.equal(lcTokens.length, steps);
+  assert.ok(agree >= lcTokens.length - 1, `${label}: greedy agreement ${agree}/${lcTokens.length}`);
 }
