@@ -6,6 +6,7 @@ import { f32ToBf16 } from "./formats/dtype-convert.js";
 import { mulberry32 } from "../util/random.js";
 import { writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
+import type { GgmlTypeName } from "./formats/gguf-quant.js";
 import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK, phi3RopeFactorTensors } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
 import { CausalLM } from "./causal-lm.js";
@@ -258,9 +259,22 @@ function tokenId(tok: Json, content: string): number | null {
  * llama.cpp's quantize_row_q4_0_ref, which is also what `--quantization int4` computes, so a Q4_0 export holds
  * exactly the int4 weights Kiln runs; likewise MXFP4 and `--quantization mxfp4`. Q4_K, Q5_K and Q6_K need rows of
  * whole 256-element super-blocks: other matrices fall back to Q4_0 (Q4_K) and Q8_0 (as llama.cpp's quantizer falls
- * back to a 32-block type). gpt-oss's fused experts are split into llama.cpp's gate / up / down stacks; MXFP4 experts stay MXFP4 (the
+ * back to a 32-block type). Q4_K_M mixes them as llama.cpp's Q4_K_M recipe does in the main: Q4_K, with output.weight
+ * and the attn_v / ffn_down of the layers its use_more_bits picks (the first and last eighth, every third between) at
+ * Q6_K; llama.cpp's further special cases (GQA, MoE and vocabulary-size rules) are not copied. gpt-oss's fused experts are split into llama.cpp's gate / up / down stacks; MXFP4 experts stay MXFP4 (the
  * checkpoint's own codes) whatever `type` is. Tensors are read and encoded one at a time.
  */
+/** The type of tensor `name` in a Q4_K_M export (see exportGguf). */
+function q4kMType(name: string, layers: number): "Q4_K" | "Q6_K" {
+  if (name === "output.weight") return "Q6_K";
+  const m = /^blk\.(\d+)\.(attn_v|ffn_down)(_exps)?\.weight$/.exec(name);
+  if (!m) return "Q4_K";
+  // llama.cpp's use_more_bits(i, n)
+  const i = Number(m[1]);
+  const more = i < layers / 8 || i >= (7 * layers) / 8 || (i - Math.floor(layers / 8)) % 3 === 2;
+  return more ? "Q6_K" : "Q4_K";
+}
+
 export function exportGguf(dir: string, outFile: string, type: GgufExportType = "F32"): void {
   const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Json;
   const cfg = parseHfConfig(config);
@@ -282,10 +296,11 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   };
   // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them; so do rows of partial blocks
   const blocked = type.startsWith("Q") || type === "MXFP4";
-  const typeFor = (shape: readonly number[]): GgufExportType => {
+  const typeFor = (shape: readonly number[], ggufName = ""): GgmlTypeName => {
     if (shape.length === 1 || (blocked && shape.at(-1)! % 32 !== 0)) return "F32";
-    if (shape.at(-1)! % 256 === 0) return type;
-    return type === "Q4_K" ? "Q4_0" : type === "Q5_K" || type === "Q6_K" ? "Q8_0" : type;
+    const t = type === "Q4_K_M" ? q4kMType(ggufName, cfg.numHiddenLayers) : type;
+    if (shape.at(-1)! % 256 === 0) return t;
+    return t === "Q4_K" ? "Q4_0" : t === "Q5_K" || t === "Q6_K" ? "Q8_0" : t;
   };
   // (BF16 of a bfloat16 checkpoint is lossless: its values come back through f32 unchanged)
   const stacked = new Map<string, { shape: number[]; parts: string[] }>();
@@ -303,14 +318,14 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
         continue;
       }
       // (the shared-expert gate stays F32, as llama.cpp's converter keeps it)
-      const type = m.name.endsWith("ffn_gate_inp_shexp.weight") ? "F32" : typeFor(info.shape);
+      const type = m.name.endsWith("ffn_gate_inp_shexp.weight") ? "F32" : typeFor(info.shape, m.name);
       tensors.push({ name: m.name, shape: info.shape, type, load: () => load(info.name, info.shape[0]!) });
     }
     for (const { name, values } of phi3RopeFactorTensors(config)) tensors.push({ name, shape: [values.length], type: "F32", load: () => values });
     // llama.cpp's qwen2moe always reads an output head: a tied one is written as the embedding's copy
     if (cfg.architecture === "Qwen2MoeForCausalLM" && cfg.tieWordEmbeddings) {
       const embed = st.tensors.find((t) => t.name === "model.embed_tokens.weight")!;
-      tensors.push({ name: "output.weight", shape: embed.shape, type: typeFor(embed.shape), load: () => load(embed.name, embed.shape[0]!) });
+      tensors.push({ name: "output.weight", shape: embed.shape, type: typeFor(embed.shape, "output.weight"), load: () => load(embed.name, embed.shape[0]!) });
     }
     if (gptOss) tensors.push(...gptOssGgufExpertTensors(st, cfg, typeFor));
     for (const [name, s] of stacked) {
@@ -320,7 +335,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
         s.parts.forEach((p, e) => out.set(load(p, s.shape[0]!), e * per));
         return out;
       };
-      tensors.push({ name, shape: [s.parts.length, ...s.shape], type: typeFor(s.shape), load: all });
+      tensors.push({ name, shape: [s.parts.length, ...s.shape], type: typeFor(s.shape, name), load: all });
     }
     writeGguf(outFile, metadata, tensors);
   } finally {
