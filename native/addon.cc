@@ -192,17 +192,17 @@ Job Matmul(const Napi::CallbackInfo& info) {
 
 // A scheme code quant.h knows, and K whole 64-element chunks for the group schemes.
 void checkQuantScheme(const Napi::CallbackInfo& info, const char* op, int64_t scheme, int64_t K) {
-  if (scheme < 0 || scheme > 7)
+  if (scheme < 0 || scheme >= kQuantSchemes)
     fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32), 4 (q4_k), 5 (mxfp4), 6 (q6_k) or 7 (q5_k)");
   const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32 || scheme == kQuantMxfp4;
   if (grouped && K % 64 != 0) fail(info.Env(), op, "int4, int8 group-32 and mxfp4 need K to be a multiple of 64");
-  if ((scheme == kQuantQ4K || scheme == kQuantQ5K || scheme == kQuantQ6K) && K % 256 != 0)
+  if (quantSuperBlocks(scheme) && K % 256 != 0)
     fail(info.Env(), op, "q4_k, q5_k and q6_k need K to be a multiple of 256");
 }
 // The scales argument, typed as its layout stores it.
 void* quantScalesArg(const Napi::CallbackInfo& info, size_t i, const char* op, int64_t scheme, int64_t N, int64_t K) {
   const int64_t bytes = quantScalesBytes(scheme, N, K);
-  if (scheme == kQuantMxfp4 || scheme == kQuantQ4K || scheme == kQuantQ5K || scheme == kQuantQ6K) return array<uint8_t>(info, i, bytes, op, "scales");
+  if (quantByteScales(scheme)) return array<uint8_t>(info, i, bytes, op, "scales");
   if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return array<uint16_t>(info, i, bytes / 2, op, "scales");
   return array<float>(info, i, bytes / 4, op, "scales");
 }
@@ -347,7 +347,7 @@ namespace {
 Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const char* op = "quantizeWeights";
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
-  if (scheme == kQuantQ4K || scheme == kQuantQ5K || scheme == kQuantQ6K)
+  if (quantSuperBlocks(scheme))
     fail(info.Env(), op, "q4_k, q5_k and q6_k have no native quantizer (their weights are GGUF Q4_K / Q5_K / Q6_K blocks)");
   checkQuantScheme(info, op, scheme, K);
   const float* w = array<float>(info, 0, N * K, op, "w");
@@ -1009,7 +1009,7 @@ Job Moe(const Napi::CallbackInfo& info) {
     const int64_t N = down ? H : I, Kd = down ? I : H;
     MoeProjection& pr = a.proj[p];
     const int kind = kinds[p];
-    if (kind < 0 || kind > 2 + kQuantQ5K) fail(env, op, name + ": kind must be 0 (f32), 1 (bf16) or 2 + a quant scheme");
+    if (kind < 0 || kind >= 2 + kQuantSchemes) fail(env, op, name + ": kind must be 0 (f32), 1 (bf16) or 2 + a quant scheme");
     if (kind == 0) {
       pr.w = arrayOf<float>(env, parts.Get(0u), N * Kd, op, name + ".w");
     } else if (kind == 1) {
@@ -1021,7 +1021,7 @@ Job Moe(const Napi::CallbackInfo& info) {
       pr.w = arrayOf<uint8_t>(env, parts.Get(0u), quantDataBytes(scheme, N, Kd), op, name + ".w");
       const int64_t sb = quantScalesBytes(scheme, N, Kd);
       Napi::Value sv = parts.Get(1u);
-      if (scheme == kQuantMxfp4 || scheme == kQuantQ4K || scheme == kQuantQ5K || scheme == kQuantQ6K) pr.scales = arrayOf<uint8_t>(env, sv, sb, op, name + ".scales");
+      if (quantByteScales(scheme)) pr.scales = arrayOf<uint8_t>(env, sv, sb, op, name + ".scales");
       else if (scheme == kQuantInt4 || scheme == kQuantInt8G32) pr.scales = arrayOf<uint16_t>(env, sv, sb / 2, op, name + ".scales");
       else pr.scales = arrayOf<float>(env, sv, sb / 4, op, name + ".scales");
       if (scheme == kQuantInt8) pr.rowSums = arrayOf<int32_t>(env, parts.Get(2u), N, op, name + ".rowSums");

@@ -31,7 +31,8 @@
 
 namespace kiln {
 
-enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6, kQuantQ5K = 7 };
+enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6, kQuantQ5K = 7,
+                   kQuantSchemes = 8 /* codes are 0 .. kQuantSchemes - 1 */ };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
@@ -68,6 +69,13 @@ struct QuantTable {
   // enables it and KILN_AMX is not 0), else on the VNNI tiles.
   bool (*amx)();
 };
+
+// The k-quants (GGUF super-blocks of 256: q4_k, q5_k, q6_k): K a multiple of 256, no native quantizer.
+inline bool quantSuperBlocks(int64_t scheme) {
+  return scheme == kQuantQ4K || scheme == kQuantQ5K || scheme == kQuantQ6K;
+}
+// Schemes whose scales are bytes (the k-quants' meta, mxfp4's e8m0) rather than f16 or f32.
+inline bool quantByteScales(int64_t scheme) { return scheme == kQuantMxfp4 || quantSuperBlocks(scheme); }
 
 /** Whether matmulGroup takes `a` (with others of the same x, K and scheme). */
 inline bool quantGroupable(const QuantMatmulArgs& a) {

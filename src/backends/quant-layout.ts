@@ -7,6 +7,8 @@ export const Q4K_BLOCK = 256;
 export const Q4K_META_BYTES = 20;
 /** GGUF Q6_K super-block size, its code bytes (ql[128], qh[64]) and the meta bytes Kiln keeps (f16 d, int8 sc[16]). */
 export const Q6K_BLOCK = 256;
+/** Code bytes per super-block of q5_k: Q4_K's 128 nibble bytes, then 32 bytes of fifth bits. */
+export const Q5K_CODE_BYTES = 160;
 export const Q6K_CODE_BYTES = 192;
 export const Q6K_META_BYTES = 18;
 
@@ -33,7 +35,7 @@ export function quantKMultiple(scheme: QuantScheme): number {
 /** Bytes of quantized data for an [n, k] weight (4-bit codes for int4, q4_k and mxfp4, 6-bit for q6_k). */
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
   if (scheme === "q6_k") return (n * k * Q6K_CODE_BYTES) / Q6K_BLOCK;
-  if (scheme === "q5_k") return (n * k * 160) / Q4K_BLOCK; // q4_k's nibbles and 32 bytes of fifth bits per super-block
+  if (scheme === "q5_k") return (n * k * Q5K_CODE_BYTES) / Q4K_BLOCK;
   return scheme === "int4" || scheme === "q4_k" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
 }
 

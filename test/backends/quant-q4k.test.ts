@@ -101,7 +101,7 @@ function runSuite(k: NativeKernels, isa: string): void {
     const x = new Float32Array(320);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(160), new Uint8Array(25), new Int32Array(0), new Float32Array(1), 1, 1, 320, 4), /q4_k, q5_k and q6_k need K to be a multiple of 256/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(200), new Uint8Array(25), new Int32Array(0), new Float32Array(1), 1, 1, 320, 7), /q4_k, q5_k and q6_k need K to be a multiple of 256/);
-    assert.throws(() => k.quantMatmul(x, new Uint8Array(159), new Uint8Array(20), new Int32Array(0), new Float32Array(1), 1, 1, 256, 7), /w/);
+    assert.throws(() => k.quantMatmul(x, new Uint8Array(159), new Uint8Array(20), new Int32Array(0), new Float32Array(1), 1, 1, 256, 7), /w has 159 elements, needs 160/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(128), new Uint8Array(19), new Int32Array(0), new Float32Array(1), 1, 1, 256, 4), /scales/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(128), new Uint16Array(10), new Int32Array(0), new Float32Array(1), 1, 1, 256, 4), /scales must be/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(128), new Uint8Array(20), new Int32Array(0), new Float32Array(1), 1, 1, 256, 99 as never), /scheme must be/);

@@ -109,7 +109,7 @@ function runSuite(k: NativeKernels, isa: string): void {
   test(`[${isa}] q6_k argument checks`, () => {
     const x = new Float32Array(320);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(240), new Uint8Array(23), new Int32Array(0), new Float32Array(1), 1, 1, 320, 6), /q4_k, q5_k and q6_k need K to be a multiple of 256/);
-    assert.throws(() => k.quantMatmul(x, new Uint8Array(191), new Uint8Array(18), new Int32Array(0), new Float32Array(1), 1, 1, 256, 6), /w/);
+    assert.throws(() => k.quantMatmul(x, new Uint8Array(191), new Uint8Array(18), new Int32Array(0), new Float32Array(1), 1, 1, 256, 6), /w has 191 elements, needs 192/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(192), new Uint8Array(17), new Int32Array(0), new Float32Array(1), 1, 1, 256, 6), /scales/);
     assert.throws(() => k.quantMatmul(x, new Uint8Array(192), new Uint16Array(9), new Int32Array(0), new Float32Array(1), 1, 1, 256, 6), /scales must be/);
     assert.throws(() => k.quantizeWeights(new Float32Array(256), 1, 256, 6, new Uint8Array(192), new Uint8Array(18), new Int32Array(0)), /no native quantizer/);

@@ -4,7 +4,9 @@ import { LLM } from "../../src/engine/llm-engine.js";
 import type { CausalLM } from "../../src/models/causal-lm.js";
 import type { LoadedModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
-import { arange, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import assert from "node:assert/strict";
+import { arange, linear, noGrad, tensor, type Tensor } from "../../src/tensor/index.js";
+import { quantizedLinear, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { DTYPE_BYTES } from "../../src/backends/dtype.js";
 import { mulberry32 } from "../../src/util/random.js";
 
@@ -83,5 +85,31 @@ export function embeddingRows(model: CausalLM, ids: readonly number[]): Float32A
     t.dispose();
     e.dispose();
     return v;
+  });
+}
+
+/**
+ * quantizedLinear(x [m, k], qw) against the f32 linear on the weight qw stands for (wdq [n, k], from an independent
+ * dequantizer): x is rounded per row to int8 (|x - xq * xs| <= amax / 254), so each output is within amax / 254 *
+ * sum |wdq row| of it, plus f32 rounding; and against the kernel's TS reference `ref` [m, n] (the same integer dot
+ * products, summed in f32 vs f64).
+ */
+export function expectWithinActivationRounding(qw: QuantizedWeight, x: Float32Array, wdq: Float32Array, ref: Float32Array, m: number, where = ""): void {
+  const [n, k] = [qw.outFeatures, qw.inFeatures];
+  noGrad(() => {
+    const xt = tensor(x, { shape: [m, k] });
+    const got = quantizedLinear(xt, qw).dataSync() as Float32Array;
+    const want = linear(xt, tensor(wdq, { shape: [n, k] })).dataSync() as Float32Array;
+    for (let r = 0; r < m; r++) {
+      let amax = 0;
+      for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(x[r * k + i]!));
+      for (let c = 0; c < n; c++) {
+        let wAbs = 0;
+        for (let i = 0; i < k; i++) wAbs += Math.abs(wdq[c * k + i]!);
+        const bound = (amax / 254) * wAbs * 1.001 + 1e-4 * Math.abs(want[r * n + c]!) + 1e-4;
+        assert.ok(Math.abs(got[r * n + c]! - want[r * n + c]!) <= bound, `${where}[${r},${c}] ${got[r * n + c]} vs ${want[r * n + c]} (bound ${bound})`);
+        assert.ok(Math.abs(got[r * n + c]! - ref[r * n + c]!) <= 1e-4 * (Math.abs(ref[r * n + c]!) + 1), `${where}[${r},${c}] ${got[r * n + c]} vs reference ${ref[r * n + c]}`);
+      }
+    }
   });
 }

@@ -14,12 +14,12 @@ import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { Linear } from "../../src/nn/layers.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
-import { fromBytes, linear, noGrad, tensor } from "../../src/tensor/index.js";
-import { quantizedLinear, quantizedShadowOf, quantizeWeight, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
+import { fromBytes, tensor } from "../../src/tensor/index.js";
+import { quantizedShadowOf, quantizeWeight, type QuantizedWeight } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { expectLlamaCppAgreement, hasLlamaCpp } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
-import { bytesOfTensor, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
+import { bytesOfTensor, expectWithinActivationRounding, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = !native ? "native addon not built" : nativeTakesScheme(native, "q4_k") ? false : "native addon lacks q4_k";
@@ -98,23 +98,7 @@ test("quant_matmul on repacked Q4_K == f32 matmul on the dequantized weight (wit
     data: fromBytes(q.data, "uint8", [n, k / 2]), scales: fromBytes(q.scales, "uint8", [n, (k / 256) * 20]),
   };
   const x = seededRandn(m * k, 9);
-  noGrad(() => {
-    const xt = tensor(x, { shape: [m, k] });
-    const got = quantizedLinear(xt, qw).dataSync() as Float32Array;
-    const want = linear(xt, tensor(wdq, { shape: [n, k] })).dataSync() as Float32Array;
-    const ref = q4kMatmulRef(x, q, m, n, k);
-    for (let r = 0; r < m; r++) {
-      let amax = 0;
-      for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(x[r * k + i]!));
-      for (let c = 0; c < n; c++) {
-        let wAbs = 0;
-        for (let i = 0; i < k; i++) wAbs += Math.abs(wdq[c * k + i]!);
-        const bound = (amax / 254) * wAbs * 1.001 + 1e-4 * Math.abs(want[r * n + c]!) + 1e-4;
-        assert.ok(Math.abs(got[r * n + c]! - want[r * n + c]!) <= bound, `[${r},${c}] ${got[r * n + c]} vs ${want[r * n + c]} (bound ${bound})`);
-        assert.ok(Math.abs(got[r * n + c]! - ref[r * n + c]!) <= 1e-4 * (Math.abs(ref[r * n + c]!) + 1), `[${r},${c}] ${got[r * n + c]} vs reference ${ref[r * n + c]}`);
-      }
-    }
-  });
+  expectWithinActivationRounding(qw, x, wdq, q4kMatmulRef(x, q, m, n, k), m);
 });
 
 test("quantizeWeight(w, 'q4_k') runs the TS encoder (no native quantizer) and rejects in_features % 256 != 0", { skip }, () => {

@@ -7,7 +7,7 @@
 import { floatToHalf, halfToFloat, quantizeActivationsRef } from "./quant-reference.js";
 
 /** Elements per super-block, and meta bytes per super-block. */
-import { Q4K_BLOCK, Q4K_META_BYTES } from "../quant-layout.js";
+import { Q4K_BLOCK, Q4K_META_BYTES, Q5K_CODE_BYTES } from "../quant-layout.js";
 
 export { Q4K_BLOCK, Q4K_META_BYTES };
 
@@ -20,7 +20,7 @@ export interface Q4kArrays {
 /** Code width: 4 (q4_k) or 5 (q5_k). */
 export type KBits = 4 | 5;
 /** Code bytes per super-block. */
-export const kCodeBytes = (bits: KBits): number => (bits === 4 ? 128 : 160);
+export const kCodeBytes = (bits: KBits): number => (bits === 4 ? Q4K_BLOCK / 2 : Q5K_CODE_BYTES);
 
 function checkK(op: string, k: number, bits: KBits): void {
   if (k % Q4K_BLOCK !== 0) throw new RangeError(`[${op}] q${bits}_k needs in_features % 256 == 0, got ${k}`);

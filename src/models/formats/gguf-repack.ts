@@ -18,9 +18,7 @@
 //   Kiln q5_k row: per super-block qs[128] then qh[32] [K/256][160], meta as q4_k's.
 //   Q6_K super-block (210 bytes, 256 elements): u8 ql[128], u8 qh[64], int8 scales[16], f16 d.
 //   Kiln q6_k row: ql and qh of every super-block as they are [K/256][192], meta [K/256][18] = d, scales[16].
-import { Q4K_BLOCK, Q4K_META_BYTES, Q6K_BLOCK, Q6K_CODE_BYTES, Q6K_META_BYTES, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount } from "../../backends/quant-layout.js";
-import type { NativeKernels } from "../../backends/cpu/native.js";
-import { GgmlType } from "./gguf-quant.js";
+import { Q4K_BLOCK, Q4K_META_BYTES, Q6K_BLOCK, Q6K_CODE_BYTES, Q6K_META_BYTES, quantKMultiple } from "../../backends/quant-layout.js";
 
 /** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
 export interface Int4Arrays {
@@ -299,20 +297,10 @@ export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
 /**
  * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / q4_k / mxfp4 data is [n, k/2]);
  * scales are f16 bits (Uint16Array) [n, k/32], q4_k's / q5_k's meta bytes [n, k/256*20], q6_k's [n, k/256*18], or
- * mxfp4's E8M0 bytes [n, k/32]. q5_k's data is [n, k/256*160], q6_k's [n, k/256*192].
+ * mxfp4's E8M0 bytes [n, k/32]. q5_k's data is [n, k/256*160], q6_k's [n, k/256*192]. The TS twin of the native
+ * ggufRepack, which the loader runs (in place, into the weights' memory).
  */
-export function repackGgufBlocks(
-  type: GgufDirectType, src: Uint8Array, n: number, k: number,
-  /** the native addon: its ggufRepack moves the same bits (a loader's hot loop; the TS below otherwise) */
-  native?: NativeKernels | null,
-): Int4Arrays | Int8G32Arrays | Mxfp4Arrays | Q4kArrays | Q6kArrays {
-  if (native?.ggufRepack && fitsDirectKernel(type, k)) {
-    const scheme = GGUF_DIRECT_SCHEME[type];
-    const data = new Uint8Array(quantDataBytes(scheme, n, k));
-    const scaleBytes = new Uint8Array(quantScaleCount(scheme, n, k) * quantScaleBytes(scheme));
-    native.ggufRepack(GgmlType[type], src, n, k, data, scaleBytes);
-    return { data, scales: quantScaleBytes(scheme) === 2 ? new Uint16Array(scaleBytes.buffer) : scaleBytes } as Int4Arrays | Q4kArrays;
-  }
+export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: number, k: number): Int4Arrays | Int8G32Arrays | Mxfp4Arrays | Q4kArrays | Q6kArrays {
   if (type === "MXFP4") return mxfp4ToKiln(src, n, k);
   if (type === "Q6_K") return q6_KToQ6k(src, n, k);
   if (type === "Q5_K") return q5_KToQ5k(src, n, k);
