@@ -3,7 +3,7 @@ import * as ew from "../ops/elementwise.js";
 import * as ix from "../ops/indexing.js";
 import * as la from "../ops/linalg.js";
 import * as rd from "../ops/reduce.js";
-import { tensor, zeros, numel, Tensor, type Shape } from "../tensor.js";
+import { zeros, Tensor, type Shape } from "../tensor.js";
 import type { BackwardContext, RuleTable } from "./types.js";
 
 /** g of a keepdim=false reduction reshaped to the keepdim shape, so it broadcasts against the input. */
@@ -201,7 +201,7 @@ const linalg: RuleTable = {
 };
 
 const indexing: RuleTable = {
-  // grad rows added into a zero table (along dim 0 in float32 by a device kernel; else one host pass)
+  // grad rows added into a zero table by a device kernel (indexSelectGrad)
   index_select: {
     saves: "none",
     grad: (g, c) => [indexSelectGrad(g, c.attrs.dim as number, c.attrs.index as Tensor, c.attrs.inputShape as Shape)],
@@ -275,39 +275,28 @@ function scatterGrad(g: Tensor, c: BackwardContext, accumulate: boolean): (Tenso
 }
 
 function indexSelectGrad(g: Tensor, dim: number, index: Tensor, inputShape: Shape): Tensor {
-  if (dim === 0 && g.dtype === "float32") {
-    // on the device: a zero table, the rows added in (an embedding's gradient: no host pass over the table)
-    const acc = zeros(inputShape, { dtype: "float32", device: g.device });
-    ix.indexAddRowsInto(acc, index, g);
-    return acc;
-  }
-  const ids = (index.dtype === "int32" ? index.dataSync() : index.to("int32").dataSync()) as Int32Array;
-  // rows along `dim` first: g [numIds, rest] -> grad [inputShape[dim], rest]
-  const toFront = [dim, ...inputShape.map((_, i) => i).filter((i) => i !== dim)];
-  const moved = dim === 0 ? g : g.permute(...toFront);
-  const src = moved.dataSync() as Float32Array;
-  if (moved !== g) moved.dispose();
-  const rows = inputShape[dim]!;
-  const rest = numel(inputShape) / Math.max(rows, 1);
-  const acc = new Float32Array(rows * rest);
-  for (let i = 0; i < ids.length; i++) {
-    const r = ids[i]!;
-    const o = r * rest;
-    const s = i * rest;
-    for (let j = 0; j < rest; j++) acc[o + j] += src[s + j]!;
-  }
-  const firstShape = [rows, ...inputShape.filter((_, i) => i !== dim)];
+  // On the device, along any dim and in any dtype: g's rows along `dim` brought to the front (g [.., numIds, ..] ->
+  // [numIds, rest]), added in float32 into a zero table [inputShape[dim], rest] in index order (index_add_rows: an
+  // embedding's gradient makes no host pass over the table), moved back into place, in g's dtype.
+  const others = inputShape.map((_, i) => i).filter((i) => i !== dim);
+  const moved = dim === 0 ? g : g.permute(dim, ...others);
+  const src = moved.dtype === "float32" ? moved : moved.to("float32");
+  if (moved !== g && moved !== src) moved.dispose();
+  const acc = zeros([inputShape[dim]!, ...others.map((i) => inputShape[i]!)], { dtype: "float32", device: g.device });
+  ix.indexAddRowsInto(acc, index, src);
+  if (src !== g) src.dispose();
+  let out = acc;
   if (dim !== 0) {
-    // firstShape keeps the other dims in order; move `dim` back into place
-    const t = tensor(acc, { shape: firstShape, device: g.device });
-    const order = Array.from({ length: inputShape.length }, (_, i) => (i === dim ? 0 : i < dim ? i + 1 : i));
-    const p = t.permute(...order);
-    const out = p.contiguous();
+    // acc's dims are [dim, ...others]: dim i of the input is acc's dim 0 (i == dim) or its place among the others
+    const p = acc.permute(...inputShape.map((_, i) => (i === dim ? 0 : i < dim ? i + 1 : i)));
+    out = p.contiguous();
     if (p !== out) p.dispose();
-    t.dispose();
-    return out;
+    acc.dispose();
   }
-  return tensor(acc, { shape: inputShape, device: g.device });
+  if (out.dtype === g.dtype) return out;
+  const cast = out.to(g.dtype);
+  out.dispose();
+  return cast;
 }
 
 export const structuralRules: RuleTable = { ...views, ...reductions, ...linalg, ...indexing };
