@@ -288,10 +288,10 @@ function checkKvCacheDtype(arg: ServingArgs["kvCacheDtype"]): void {
     throw new EngineInputError("kv_cache_dtype", `kv_cache_dtype must be one of ${KV_CACHE_DTYPES.join(", ")}, got ${JSON.stringify(want)}`);
 }
 
-/** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32; fp8: e4m3). */
 /** vLLM's default --limit-mm-per-prompt for every modality. */
 export const DEFAULT_MM_LIMIT = 999;
 
+/** The KV cache's element type for --kv-cache-dtype (auto: bfloat16 for a bfloat16 model, else float32; fp8: e4m3). */
 export function resolveKvCacheDtype(loaded: LoadedModel, arg: ServingArgs["kvCacheDtype"]): KvCacheDtype {
   checkKvCacheDtype(arg);
   const want = arg ?? "auto";
