@@ -193,9 +193,9 @@ Job Matmul(const Napi::CallbackInfo& info) {
 // A scheme code quant.h knows, and K whole 64-element chunks for the group schemes.
 void checkQuantScheme(const Napi::CallbackInfo& info, const char* op, int64_t scheme, int64_t K) {
   if (scheme < 0 || scheme >= kQuantSchemes)
-    fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32), 4 (q4_k), 5 (mxfp4), 6 (q6_k) or 7 (q5_k)");
-  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32 || scheme == kQuantMxfp4;
-  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4, int8 group-32 and mxfp4 need K to be a multiple of 64");
+    fail(info.Env(), op, "scheme must be 0 (int8), 1 (int4), 2 (fp8), 3 (int8 group-32), 4 (q4_k), 5 (mxfp4), 6 (q6_k), 7 (q5_k) or 8 (iq4_nl)");
+  const bool grouped = scheme == kQuantInt4 || scheme == kQuantInt8G32 || scheme == kQuantMxfp4 || scheme == kQuantIq4Nl;
+  if (grouped && K % 64 != 0) fail(info.Env(), op, "int4, int8 group-32, mxfp4 and iq4_nl need K to be a multiple of 64");
   if (quantSuperBlocks(scheme) && K % 256 != 0)
     fail(info.Env(), op, "q4_k, q5_k and q6_k need K to be a multiple of 256");
 }
@@ -203,7 +203,7 @@ void checkQuantScheme(const Napi::CallbackInfo& info, const char* op, int64_t sc
 void* quantScalesArg(const Napi::CallbackInfo& info, size_t i, const char* op, int64_t scheme, int64_t N, int64_t K) {
   const int64_t bytes = quantScalesBytes(scheme, N, K);
   if (quantByteScales(scheme)) return array<uint8_t>(info, i, bytes, op, "scales");
-  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return array<uint16_t>(info, i, bytes / 2, op, "scales");
+  if (quantHalfScales(scheme)) return array<uint16_t>(info, i, bytes / 2, op, "scales");
   return array<float>(info, i, bytes / 4, op, "scales");
 }
 
@@ -347,8 +347,8 @@ namespace {
 Job QuantizeWeights(const Napi::CallbackInfo& info) {
   const char* op = "quantizeWeights";
   const int64_t N = integer(info, 1, op, "N"), K = integer(info, 2, op, "K"), scheme = integer(info, 3, op, "scheme");
-  if (quantSuperBlocks(scheme))
-    fail(info.Env(), op, "q4_k, q5_k and q6_k have no native quantizer (their weights are GGUF Q4_K / Q5_K / Q6_K blocks)");
+  if (quantSuperBlocks(scheme) || scheme == kQuantIq4Nl)
+    fail(info.Env(), op, "q4_k, q5_k, q6_k and iq4_nl have no native quantizer (their weights are GGUF blocks)");
   checkQuantScheme(info, op, scheme, K);
   const float* w = array<float>(info, 0, N * K, op, "w");
   uint8_t* data = array<uint8_t>(info, 4, quantDataBytes(scheme, N, K), op, "data");
@@ -1022,7 +1022,7 @@ Job Moe(const Napi::CallbackInfo& info) {
       const int64_t sb = quantScalesBytes(scheme, N, Kd);
       Napi::Value sv = parts.Get(1u);
       if (quantByteScales(scheme)) pr.scales = arrayOf<uint8_t>(env, sv, sb, op, name + ".scales");
-      else if (scheme == kQuantInt4 || scheme == kQuantInt8G32) pr.scales = arrayOf<uint16_t>(env, sv, sb / 2, op, name + ".scales");
+      else if (quantHalfScales(scheme)) pr.scales = arrayOf<uint16_t>(env, sv, sb / 2, op, name + ".scales");
       else pr.scales = arrayOf<float>(env, sv, sb / 4, op, name + ".scales");
       if (scheme == kQuantInt8) pr.rowSums = arrayOf<int32_t>(env, parts.Get(2u), N, op, name + ".rowSums");
     }
@@ -1306,15 +1306,15 @@ void populate(uint8_t* p, size_t bytes) {
 #endif
 }
 
-// ggufRepack(type, src, N, K, data, scales): GGUF blocks of type (a ggml type id: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)
+// ggufRepack(type, src, N, K, data, scales): GGUF blocks of type (a ggml type id: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4)
 // of an [N, K] tensor -> quant.h's data and scale bytes (gguf-repack.h). Synchronous.
 Napi::Value GgufRepack(const Napi::CallbackInfo& info) {
   const char* op = "ggufRepack";
   const int64_t type = integer(info, 0, op, "type"), N = integer(info, 2, op, "N"), K = integer(info, 3, op, "K");
-  if (ggufBlockBytes(type) == 0) fail(info.Env(), op, "type must be a ggml type id of Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or MXFP4");
+  if (ggufBlockBytes(type) == 0) fail(info.Env(), op, "type must be a ggml type id of Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL or MXFP4");
   const int64_t elems = ggufBlockElems(type);
   // the 32-element 4-bit types pair their blocks into 64-element chunks: whole chunks per row
-  const int64_t multiple = type == kGgufQ4_0 || type == kGgufMxfp4 || type == kGgufQ8_0 ? 64 : elems;
+  const int64_t multiple = elems == 32 ? 64 : elems;
   if (K % multiple != 0)
     throw Napi::RangeError::New(info.Env(), "[ggufRepack] K must be a multiple of " + std::to_string(multiple) + ", got " + std::to_string(K));
   const int64_t blocks = N * K / elems;

@@ -10,12 +10,12 @@
 namespace kiln {
 
 // GGUF (ggml) type ids this repacks.
-enum GgufBlockType { kGgufQ4_0 = 2, kGgufQ8_0 = 8, kGgufQ4_K = 12, kGgufQ5_K = 13, kGgufQ6_K = 14, kGgufMxfp4 = 39 };
+enum GgufBlockType { kGgufQ4_0 = 2, kGgufQ8_0 = 8, kGgufQ4_K = 12, kGgufQ5_K = 13, kGgufQ6_K = 14, kGgufIq4Nl = 20, kGgufMxfp4 = 39 };
 
 // Source bytes per block and elements per block of a type this repacks (0 for others).
 inline int64_t ggufBlockBytes(int64_t type) {
   switch (type) {
-    case kGgufQ4_0: return 18;
+    case kGgufQ4_0: case kGgufIq4Nl: return 18;
     case kGgufQ8_0: return 34;
     case kGgufMxfp4: return 17;
     case kGgufQ4_K: return 144;
@@ -29,7 +29,7 @@ inline int64_t ggufBlockElems(int64_t type) { return type == kGgufQ4_K || type =
 inline int64_t ggufDataBytes(int64_t type) {
   switch (type) {
     case kGgufQ8_0: return 32;
-    case kGgufQ4_0: case kGgufMxfp4: return 16;
+    case kGgufQ4_0: case kGgufIq4Nl: case kGgufMxfp4: return 16;
     case kGgufQ4_K: return 128;
     case kGgufQ5_K: return 160;
     case kGgufQ6_K: return 192;
@@ -38,7 +38,7 @@ inline int64_t ggufDataBytes(int64_t type) {
 }
 inline int64_t ggufScaleBytes(int64_t type) {
   switch (type) {
-    case kGgufQ8_0: case kGgufQ4_0: return 2;
+    case kGgufQ8_0: case kGgufQ4_0: case kGgufIq4Nl: return 2;
     case kGgufMxfp4: return 1;
     case kGgufQ4_K: case kGgufQ5_K: return 20;
     case kGgufQ6_K: return 18;
@@ -46,7 +46,7 @@ inline int64_t ggufScaleBytes(int64_t type) {
   }
 }
 
-// Two consecutive 4-bit blocks' qs (16 bytes each, Q4_0 / MXFP4 order: element j < 16 low nibble of qs[j], else high
+// Two consecutive 4-bit blocks' qs (16 bytes each, Q4_0 / IQ4_NL / MXFP4 order: element j < 16 low nibble of qs[j], else high
 // of qs[j - 16]) -> one 64-element chunk of 32 bytes (byte j: element j low, 32 + j high).
 inline void chunkFromBlocks(const uint8_t* a, const uint8_t* b, uint8_t* o) {
   for (int j = 0; j < 16; ++j) {
@@ -75,6 +75,7 @@ inline void ggufRepackBlocks(int64_t type, const uint8_t* src, int64_t b0, int64
     switch (type) {
       case kGgufQ8_0: memcpy(c, s, 2), memcpy(d, s + 2, 32); break;
       case kGgufQ4_0:
+      case kGgufIq4Nl:  // the same block: f16 d, then 16 bytes of codes (indices into kvalues_iq4nl)
         memcpy(c, s, 2);
         if (b % 2 == 1) chunkFromBlocks(s - 18 + 2, s + 2, data + (b - 1) * 16);
         break;

@@ -26,18 +26,21 @@
 //         c of 64: byte j holds element 64c+j low, 64c+32+j high), each nibble an E2M1 code (bit 3 sign, bits 2..1
 //         exponent, bit 0 mantissa: 0, 0.5, 1, 1.5, 2, 3, 4, 6); scales uint8 [N][K/32], E8M0 (2^(e-127)), one per
 //         group of 32: w = e2m1 * 2^(e-127), 4.25 bits per weight. K must be a multiple of 64.
+//   iq4_nl (GGUF IQ4_NL blocks; kernels: quant-mxfp4.inc's, on another value table): data as mxfp4's, each nibble
+//         an index into ggml's 16 non-linear int8 values (kvalues_iq4nl, -127 .. 113); scales f16 [N][K/32], as
+//         int4's: w = value * scale, 4.5 bits per weight. K must be a multiple of 64.
 #pragma once
 #include <cstdint>
 
 namespace kiln {
 
 enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6, kQuantQ5K = 7,
-                   kQuantSchemes = 8 /* codes are 0 .. kQuantSchemes - 1 */ };
+                   kQuantIq4Nl = 8, kQuantSchemes = 9 /* codes are 0 .. kQuantSchemes - 1 */ };
 
 struct QuantMatmulArgs {
   const float* x;          // [M, K] f32
   const void* w;           // see the layouts above
-  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32), q4_k's / q6_k's meta bytes or e8m0 [N][K/32] (mxfp4)
+  const void* scales;      // f32 [N] (int8, fp8), f16 [N][K/32] (int4, int8 group-32, iq4_nl), q4_k's / q6_k's meta bytes or e8m0 [N][K/32] (mxfp4)
   const int32_t* rowSums;  // int8 only: [N]
   float* out;              // [M, N]
   int64_t M, N, K;
@@ -77,24 +80,30 @@ inline bool quantSuperBlocks(int64_t scheme) {
 // Schemes whose scales are bytes (the k-quants' meta, mxfp4's e8m0) rather than f16 or f32.
 inline bool quantByteScales(int64_t scheme) { return scheme == kQuantMxfp4 || quantSuperBlocks(scheme); }
 
+// Schemes whose scales are f16, one per group of 32.
+inline bool quantHalfScales(int64_t scheme) {
+  return scheme == kQuantInt4 || scheme == kQuantInt8G32 || scheme == kQuantIq4Nl;
+}
+
 /** Whether matmulGroup takes `a` (with others of the same x, K and scheme). */
 inline bool quantGroupable(const QuantMatmulArgs& a) {
   return a.M == 1 && a.scheme != kQuantFp8;
 }
 
-// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k and mxfp4, 5- and 6-bit for q5_k and q6_k, a byte each otherwise.
+// Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k, mxfp4 and iq4_nl, 5- and 6-bit for q5_k and q6_k, a byte each
+// otherwise.
 inline int64_t quantDataBytes(int64_t scheme, int64_t N, int64_t K) {
   if (scheme == kQuantQ6K) return N * K / 256 * 192;
   if (scheme == kQuantQ5K) return N * K / 256 * 160;
-  return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 ? N * K / 2 : N * K;
+  return scheme == kQuantInt4 || scheme == kQuantQ4K || scheme == kQuantMxfp4 || scheme == kQuantIq4Nl ? N * K / 2 : N * K;
 }
 // Scale bytes of an [N, K] weight in `scheme`'s layout (above): e8m0 bytes per 32 (mxfp4), q6_k's 18 and q4_k's / q5_k's 20 meta bytes per
-// 256, f16 per 32 (int4, int8 group-32) or f32 per row (int8, fp8). int8's row sums are 4 bytes per row more.
+// 256, f16 per 32 (int4, int8 group-32, iq4_nl) or f32 per row (int8, fp8). int8's row sums are 4 bytes per row more.
 inline int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
   if (scheme == kQuantMxfp4) return N * K / 32;
   if (scheme == kQuantQ4K || scheme == kQuantQ5K) return N * K / 256 * 20;
   if (scheme == kQuantQ6K) return N * K / 256 * 18;
-  if (scheme == kQuantInt4 || scheme == kQuantInt8G32) return N * K / 32 * 2;
+  if (quantHalfScales(scheme)) return N * K / 32 * 2;
   return N * 4;
 }
 

@@ -47,7 +47,8 @@ export type BinaryOp =
 // q5_k: GGUF Q5_K super-blocks of 256 (q4_k's with 5-bit codes), loaded as they are.
 // q6_k: GGUF Q6_K super-blocks of 256 (int8 scales per sub-block of 16, 6-bit codes), loaded as they are.
 // mxfp4: OCP MXFP4, E2M1 codes with an E8M0 scale per group of 32 (also GGUF MXFP4's blocks).
-export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k" | "mxfp4" | "q6_k" | "q5_k";
+// iq4_nl: GGUF IQ4_NL blocks (4-bit indices into ggml's 16 non-linear levels, an f16 scale per 32), loaded as they are.
+export type QuantScheme = "int8" | "int4" | "fp8" | "int8_g32" | "q4_k" | "mxfp4" | "q6_k" | "q5_k" | "iq4_nl";
 
 /**
  * Activation rows quantized as quant_matmul quantizes x: per row, scales[r] = amax/127 (f32) and

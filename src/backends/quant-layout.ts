@@ -19,10 +19,10 @@ export function isSuperBlockScheme(scheme: QuantScheme): boolean {
 
 /** Schemes with one scale per group of 32 weights. */
 export function isGroupScheme(scheme: QuantScheme): boolean {
-  return scheme === "int4" || scheme === "int8_g32" || scheme === "mxfp4";
+  return scheme === "int4" || scheme === "int8_g32" || scheme === "mxfp4" || scheme === "iq4_nl";
 }
 
-/** The dtype of a scheme's scales: f32 per row (int8, fp8), f16 per group (int4, int8_g32), bytes (q4_k / q6_k meta, mxfp4 e8m0). */
+/** The dtype of a scheme's scales: f32 per row (int8, fp8), f16 per group (int4, int8_g32, iq4_nl), bytes (q4_k / q6_k meta, mxfp4 e8m0). */
 export function quantScaleDtype(scheme: QuantScheme): "float32" | "float16" | "uint8" {
   return scheme === "mxfp4" || isSuperBlockScheme(scheme) ? "uint8" : isGroupScheme(scheme) ? "float16" : "float32";
 }
@@ -32,14 +32,14 @@ export function quantKMultiple(scheme: QuantScheme): number {
   return isSuperBlockScheme(scheme) ? Q4K_BLOCK : isGroupScheme(scheme) ? 64 : 1;
 }
 
-/** Bytes of quantized data for an [n, k] weight (4-bit codes for int4, q4_k and mxfp4, 6-bit for q6_k). */
+/** Bytes of quantized data for an [n, k] weight (4-bit codes for int4, q4_k, mxfp4 and iq4_nl, 6-bit for q6_k). */
 export function quantDataBytes(scheme: QuantScheme, n: number, k: number): number {
   if (scheme === "q6_k") return (n * k * Q6K_CODE_BYTES) / Q6K_BLOCK;
   if (scheme === "q5_k") return (n * k * Q5K_CODE_BYTES) / Q4K_BLOCK;
-  return scheme === "int4" || scheme === "q4_k" || scheme === "mxfp4" ? (n * k) / 2 : n * k;
+  return scheme === "int4" || scheme === "q4_k" || scheme === "mxfp4" || scheme === "iq4_nl" ? (n * k) / 2 : n * k;
 }
 
-/** Scale count for an [n, k] weight (per row, per group of 32 for int4 / int8_g32 / mxfp4, meta bytes for q4_k / q6_k). */
+/** Scale count for an [n, k] weight (per row, per group of 32 for int4 / int8_g32 / mxfp4 / iq4_nl, meta bytes for q4_k / q6_k). */
 export function quantScaleCount(scheme: QuantScheme, n: number, k: number): number {
   if (scheme === "q6_k") return (n * k * Q6K_META_BYTES) / Q6K_BLOCK;
   return scheme === "q4_k" || scheme === "q5_k" ? (n * k * Q4K_META_BYTES) / Q4K_BLOCK : isGroupScheme(scheme) ? (n * k) / 32 : n;

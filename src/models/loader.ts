@@ -484,11 +484,11 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 }
 
 /** GGUF block types no kernel takes as they are, loaded requantized to int8_g32 (directQuantLoader's requantizes). */
-const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]);
+const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_XS"]);
 
 /**
  * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
- * q4_k, Q5_K -> q5_k, Q6_K -> q6_k, MXFP4 -> mxfp4; bits moved, never dequantized), the token embedding among them; matrices of the
+ * q4_k, Q5_K -> q5_k, Q6_K -> q6_k, IQ4_NL -> iq4_nl, MXFP4 -> mxfp4; bits moved, never dequantized), the token embedding among them; matrices of the
  * REQUANTIZED_GGUF_TYPES requantized to int8_g32. Tensors it declines load as floats: other types, in_features % 64 != 0 (the
  * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
  */

@@ -24,6 +24,7 @@ function randn(n: number, scale = 1): Float32Array {
 }
 
 function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, n: number, kk: number) {
+  if (scheme === "iq4_nl") return quantizeWeightsRef(scheme, w, n, kk); // no native quantizer: GGUF IQ4_NL blocks
   const data = new Uint8Array(quantDataBytes(scheme, n, kk));
   const scales = newQuantScales(scheme, n, kk);
   const rowSums = new Int32Array(scheme === "int8" ? n : 0);
@@ -66,7 +67,7 @@ function runSuite(k: NativeKernels, isa: string): void {
   }
 
   for (const threads of [1, 2]) {
-    for (const scheme of ["int8", "int4", "fp8", "int8_g32", "mxfp4"] as const) {
+    for (const scheme of ["int8", "int4", "fp8", "int8_g32", "mxfp4", "iq4_nl"] as const) {
       test(`[${isa}] ${scheme} quantMatmul, M = 1..130, ${threads} thread(s)`, { skip: skipScheme(scheme) }, () => {
         k.setNumThreads(threads);
         // VNNI batched tiles (native/quant-tiles.inc): rows of x in blocks of 16 (a last block of <= 4 / <= 8 rows
@@ -120,14 +121,14 @@ function runSuite(k: NativeKernels, isa: string): void {
     const zen5 = { quantAhead: 2048, gemvAhead: 1024, prefetchIntoL1: true, handOverMinBytes: 4 << 20 };
     assert.ok([zen4, zen5].some((d) => JSON.stringify(d) === JSON.stringify(initial)), JSON.stringify(initial));
     k.setNumThreads(2);
-    // M = 1 products on the stream tiles (int8, int4, int8 group-32, mxfp4; f32 and bf16 weights), split between two
+    // M = 1 products on the stream tiles (int8, int4, int8 group-32, mxfp4, iq4_nl; f32 and bf16 weights), split between two
     // threads: a prefetch only moves lines and the split only moves rows between the threads, so every setting gives
     // the same bits, including distances past the weights' end (prefetches of any address never fault)
     const n = 301, kk = 576;
     const w = randn(n * kk, 0.05), x = randn(kk);
     const wbf = new Uint16Array(n * kk);
     for (let i = 0; i < wbf.length; i++) wbf[i] = new Uint32Array(Float32Array.of(w[i]!).buffer)[0]! >>> 16;
-    const products = (["int8", "int4", "int8_g32", "mxfp4"] as const).filter((s) => nativeTakesScheme(k, s)).map((scheme) => {
+    const products = (["int8", "int4", "int8_g32", "mxfp4", "iq4_nl"] as const).filter((s) => nativeTakesScheme(k, s)).map((scheme) => {
       const q = nativeQuantize(k, scheme, w, n, kk);
       return () => {
         const out = new Float32Array(n);

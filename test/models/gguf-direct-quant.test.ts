@@ -63,7 +63,7 @@ function repackByElement(src: Uint8Array, n: number, k: number): { data: Uint8Ar
 
 test("the native repack (the loader's) moves the bits the TS repack does, for every direct type; bad arguments are typed errors", { skip }, () => {
   assert.ok(native!.ggufRepack, "this addon has ggufRepack");
-  const bytes = { Q4_0: [32, 18], Q8_0: [32, 34], MXFP4: [32, 17], Q4_K: [256, 144], Q5_K: [256, 176], Q6_K: [256, 210] } as const;
+  const bytes = { Q4_0: [32, 18], IQ4_NL: [32, 18], Q8_0: [32, 34], MXFP4: [32, 17], Q4_K: [256, 144], Q5_K: [256, 176], Q6_K: [256, 210] } as const;
   for (const type of Object.keys(GGUF_DIRECT_SCHEME) as GgufDirectType[]) {
     const [elems, blockBytes] = bytes[type];
     // several pool chunks (4096 blocks each) and a partial one
@@ -98,6 +98,36 @@ test("Q4_0 -> int4 repack: matches an element-wise repack, dequantizes bit-exact
     assert.deepEqual(int4ToQ4_0(q, n, k), src);
   }
   assert.throws(() => q4_0ToInt4(new Uint8Array(18 * 3), 1, 96), /k % 64 == 0/);
+});
+
+test("IQ4_NL -> iq4_nl repack: dequantizes bit-exactly as gguf-quant decodes the file; the kernel matches the f32 matmul on it", { skip }, () => {
+  const n = 40, k = 320, m = 3;
+  const src = randomBlocks((n * k) / 32, 18, 31);
+  const q = repackGgufBlocks("IQ4_NL", src, n, k) as { data: Uint8Array; scales: Uint16Array };
+  const viaKiln = dequantizeRef("iq4_nl", { ...q, rowSums: new Int32Array(0) }, n, k);
+  const want = dequantize("IQ4_NL", src, n * k)!; // gguf-quant's own table and element order
+  assert.ok(viaKiln.every((v, i) => v === want[i]), "dequantized iq4_nl != dequantized IQ4_NL");
+  assert.throws(() => repackGgufBlocks("IQ4_NL", new Uint8Array(18 * 3), 1, 96), /k % 64 == 0/);
+  // the native kernel (small M and the tiles) on the repacked bits against f32 on the dequantized weight
+  for (const rows of [1, m, 9]) {
+    const xr = seededRandn(rows * k, 33 + rows);
+    const out = new Float32Array(rows * n);
+    native!.quantMatmul(xr, q.data, q.scales, new Int32Array(0), out, rows, n, k, nativeQuantCode("iq4_nl"));
+    for (let r = 0; r < rows; r++) {
+      let amax = 0;
+      for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(xr[r * k + i]!));
+      for (let c = 0; c < n; c++) {
+        let exact = 0, wAbs = 0;
+        for (let i = 0; i < k; i++) {
+          exact += xr[r * k + i]! * want[c * k + i]!;
+          wAbs += Math.abs(want[c * k + i]!);
+        }
+        // x rounded to int8 per row: each element off by at most amax / 254
+        const bound = (amax / 254) * wAbs * 1.001 + 1e-3 * Math.abs(exact) + 1e-6;
+        assert.ok(Math.abs(out[r * n + c]! - exact) <= bound, `M=${rows} [${r},${c}]: ${out[r * n + c]} vs ${exact} (bound ${bound})`);
+      }
+    }
+  }
 });
 
 test("quant_matmul on repacked Q4_0 == f32 matmul on the dequantized weight (within activation rounding)", { skip }, () => {

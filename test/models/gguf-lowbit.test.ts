@@ -1,5 +1,5 @@
-// GGUF Q3_K, IQ4_NL and IQ4_XS (llama.cpp's Q3_K_M / IQ4_XS files) dequantize as ggml does and load requantized
-// to int8_g32. Oracles: each block type decoded here a second way (Q3_K's scales through ggml's 32-bit kmask
+// GGUF Q3_K, IQ4_NL and IQ4_XS (llama.cpp's Q3_K_M / IQ4_XS files) dequantize as ggml does; Q3_K and IQ4_XS load
+// requantized to int8_g32, IQ4_NL as it is (the iq4_nl kernels). Oracles: each block type decoded here a second way (Q3_K's scales through ggml's 32-bit kmask
 // arithmetic, element positions from the block structs' field order), and llama.cpp running the same file.
 import assert from "node:assert/strict";
 import { test } from "node:test";
@@ -10,6 +10,8 @@ import { readGguf, writeGguf, type GgufWriteTensor } from "../../src/models/form
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
+import type { Embedding } from "../../src/nn/layers.js";
+import { quantizedShadowOf } from "../../src/tensor/ops/linalg.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp, llamaCppOracle, logprobGaps, logSoftmax } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
@@ -87,7 +89,7 @@ const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 // every matrix has in_features % 256 == 0 (hidden 256, intermediate 512)
 const SHAPES = { hidden_size: 256, intermediate_size: 512, num_attention_heads: 8, num_key_value_heads: 4, tie_word_embeddings: false };
 
-test("a GGUF of Q3_K / IQ4_XS / IQ4_NL matrices loads requantized to int8_g32, noted, and agrees with llama.cpp on it (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 120_000 }, async (t) => {
+test("a GGUF of Q3_K / IQ4_XS matrices loads requantized to int8_g32, noted, IQ4_NL as it is, and agrees with llama.cpp on it (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 120_000 }, async (t) => {
   const q8 = tempPath("lowbit-q8.gguf");
   exportGguf(tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: SHAPES }), q8, "Q8_0");
   const g = readGguf(q8);
@@ -96,6 +98,7 @@ test("a GGUF of Q3_K / IQ4_XS / IQ4_NL matrices loads requantized to int8_g32, n
     "output.weight": ["Q3_K", 110, 256, 108, 4e-4],
     "blk.0.ffn_down.weight": ["IQ4_XS", 136, 256, 0, 2e-5],
     "blk.1.attn_q.weight": ["IQ4_NL", 18, 32, 0, 5e-4],
+    "token_embd.weight": ["IQ4_NL", 18, 32, 0, 5e-4], // looked up through the iq4_nl rows' dequantization
     "blk.1.ffn_up.weight": ["Q3_K", 110, 256, 108, 4e-4],
   };
   const tensors: GgufWriteTensor[] = g.tensors.map((ti, i) => {
@@ -110,11 +113,13 @@ test("a GGUF of Q3_K / IQ4_XS / IQ4_NL matrices loads requantized to int8_g32, n
 
   const notes: string[] = [];
   const direct = loadLocalModel(file, { onNote: (m) => notes.push(m) });
-  for (const type of ["Q3_K", "IQ4_XS", "IQ4_NL"]) assert.ok(notes.some((m) => m.includes(`${type} (no ${type} kernel) requantized to int8_g32`)), notes.join("\n"));
-  for (const name of ["lm_head", "model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj"]) {
+  for (const type of ["Q3_K", "IQ4_XS"]) assert.ok(notes.some((m) => m.includes(`${type} (no ${type} kernel) requantized to int8_g32`)), notes.join("\n"));
+  assert.ok(!notes.some((m) => m.includes("IQ4_NL")), notes.join("\n"));
+  for (const [name, scheme] of [["lm_head", "int8_g32"], ["model.layers.0.mlp.down_proj", "int8_g32"], ["model.layers.1.self_attn.q_proj", "iq4_nl"]]) {
     const layer = direct.model.namedModules().find(([n]) => n === name)![1] as Parameters<typeof quantizedWeightOf>[0];
-    assert.equal(quantizedWeightOf(layer)?.scheme, "int8_g32", name);
+    assert.equal(quantizedWeightOf(layer)?.scheme, scheme, name);
   }
+  assert.equal(quantizedShadowOf((direct.model as unknown as { model: { embedTokens: Embedding } }).model.embedTokens.weight)?.scheme, "iq4_nl", "the token embedding");
   const floats = loadLocalModel(file, { ggufKeepQuantized: false });
   const a = lastLogits(direct, IDS);
   const b = lastLogits(floats, IDS);

@@ -141,7 +141,7 @@ function expected(p: Problem, held: Held, act: MoeActivation, biases: boolean, i
   return out;
 }
 
-const TOL: Record<WeightKind, number> = { float32: 2e-5, bfloat16: 1e-2, int8: 3e-2, int4: 3e-2, fp8: 3e-2, int8_g32: 3e-2, q4_k: 3e-2, mxfp4: 3e-2, q6_k: 3e-2, q5_k: 3e-2 };
+const TOL: Record<WeightKind, number> = { float32: 2e-5, bfloat16: 1e-2, int8: 3e-2, int4: 3e-2, fp8: 3e-2, int8_g32: 3e-2, q4_k: 3e-2, mxfp4: 3e-2, q6_k: 3e-2, q5_k: 3e-2, iq4_nl: 3e-2 };
 
 function check(got: number[], want: Float64Array, kind: WeightKind, what: string): void {
   const scale = want.reduce((a, v) => Math.max(a, Math.abs(v)), 0);

@@ -33,7 +33,7 @@ export interface RawStreamCall {
   writes: readonly DeviceBuffer[];
 }
 
-const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "q4_k", "mxfp4", "q6_k", "q5_k"];
+const QUANT_SCHEMES: readonly QuantScheme[] = ["int8", "int4", "fp8", "int8_g32", "q4_k", "mxfp4", "q6_k", "q5_k", "iq4_nl"];
 
 /** The kernels as run now (k) or enqueued (k.stream): same arguments. */
 type Launcher = { [K in StreamKernelName]: (...args: Parameters<NativeKernels[K]>) => unknown };
@@ -690,8 +690,8 @@ export class CpuBackend extends HostMemoryBackend implements Backend {
       case "quantize_weight": {
         const q = quantArrays(call.scheme, call.data, call.scales, call.rowSums, call.n, call.k);
         const w = f32Span(call.w, call.n * call.k);
-        // the k-quants have no native quantizer (their weights are GGUF blocks): the TS encoders run on the host
-        if (!q || !w || call.k % quantKMultiple(call.scheme) !== 0 || isSuperBlockScheme(call.scheme) || !this.quantSchemes.has(call.scheme)) return false;
+        // the k-quants and iq4_nl have no native quantizer (their weights are GGUF blocks): the TS encoders run on the host
+        if (!q || !w || call.k % quantKMultiple(call.scheme) !== 0 || isSuperBlockScheme(call.scheme) || call.scheme === "iq4_nl" || !this.quantSchemes.has(call.scheme)) return false;
         k.quantizeWeights(w, call.n, call.k, nativeQuantCode(call.scheme), q.data, q.scales, q.rowSums);
         return true;
       }

@@ -74,18 +74,18 @@ export interface NativeKernels extends NativeStream {
   ): void;
   /**
    * out [M,N] = x [M,K] @ dequant(W)^T for a weight-only quantized W (scheme 0 int8, 1 int4, 2 fp8, 3 int8
-   * group-32, 4 q4_k, 5 mxfp4, 6 q6_k, 7 q5_k; layouts in native/quant.h). x rows are quantized to int8 on the fly (per-row scale)
+   * group-32, 4 q4_k, 5 mxfp4, 6 q6_k, 7 q5_k, 8 iq4_nl; layouts in native/quant.h). x rows are quantized to int8 on the fly (per-row scale)
    * and dotted with VNNI when available. rowSums is read for int8 only (pass an empty Int32Array otherwise); scales
-   * are f16 bits for int4 / int8 group-32, meta bytes for q4_k / q5_k / q6_k, e8m0 bytes for mxfp4. xq [M,K] / xs [M] (optional):
+   * are f16 bits for int4 / int8 group-32 / iq4_nl, meta bytes for q4_k / q5_k / q6_k, e8m0 bytes for mxfp4. xq [M,K] / xs [M] (optional):
    * x already quantized (as rmsNormQuant writes it), read instead of quantizing x; fp8 ignores them.
    */
   quantMatmul(
     x: Float32Array, w: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array, rowSums: Int32Array, out: Float32Array,
-    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7, xq?: Int8Array, xs?: Float32Array,
+    M: number, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8, xq?: Int8Array, xs?: Float32Array,
   ): void;
   /** Quantizes f32 W [N,K] into data/scales(/rowSums for int8) in the layout of quantMatmul's scheme (not the k-quants). */
   quantizeWeights(
-    w: Float32Array, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7, data: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array,
+    w: Float32Array, N: number, K: number, scheme: 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8, data: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array,
     rowSums: Int32Array,
   ): void;
   /** See {@link UnaryOp} for op codes. */

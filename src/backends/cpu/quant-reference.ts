@@ -12,7 +12,7 @@ import { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantSc
 export { isGroupScheme, quantDataBytes, quantKMultiple, quantScaleBytes, quantScaleCount, quantScaleDtype };
 
 /** Native scheme codes of quantMatmul / quantizeWeights. */
-export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5, q6_k: 6, q5_k: 7 };
+export const QUANT_SCHEME_CODE: Record<QuantScheme, 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8> = { int8: 0, int4: 1, fp8: 2, int8_g32: 3, q4_k: 4, mxfp4: 5, q6_k: 6, q5_k: 7, iq4_nl: 8 };
 
 /** QUANT_SCHEME_CODE as native.ts types the scheme argument. */
 export function nativeQuantCode(scheme: QuantScheme): Parameters<NativeKernels["quantMatmul"]>[8] {
@@ -123,6 +123,37 @@ function floatToFp8(x: number): number {
   return sign | best;
 }
 
+// ---- IQ4_NL (GGUF): 4-bit indices into 16 non-linear int8 levels, f16 scales per 32, int4's nibble order
+
+/** ggml's kvalues_iq4nl: the value of each IQ4_NL code (w = value * scale). */
+export const IQ4_NL_VALUES: Int8Array = Int8Array.from([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]);
+
+/**
+ * IQ4_NL codes of f32 w [n, k]: per group of 32, the scale d = (the largest-magnitude element) / -127 (so it lands on
+ * the -127 level) and each element the nearest level of x / d (ties to the lower code). A plain encoder for tests and
+ * exports, not llama.cpp's (which searches scales for the least weighted error).
+ */
+function quantizeIq4NlRef(w: Float32Array, n: number, k: number): { data: Uint8Array; scales: Uint16Array } {
+  if (k % 64 !== 0) throw new RangeError(`[quantize] iq4_nl needs in_features % 64 == 0, got ${k}`);
+  const data = new Uint8Array((n * k) / 2);
+  const scales = new Uint16Array((n * k) / 32);
+  for (let g = 0; g < (n * k) / 32; g++) {
+    let mx = 0;
+    for (let i = 0; i < 32; i++) if (Math.abs(w[g * 32 + i]!) > Math.abs(mx)) mx = w[g * 32 + i]!;
+    const bits = floatToHalf(Math.fround(mx / -127));
+    scales[g] = bits;
+    const d = halfToFloat(bits);
+    const base = (g >> 1) * 32; // the group's chunk; odd groups take the high nibbles
+    for (let i = 0; i < 32; i++) {
+      const x = d !== 0 ? w[g * 32 + i]! / d : 0;
+      let best = 0;
+      for (let c = 1; c < 16; c++) if (Math.abs(x - IQ4_NL_VALUES[c]!) < Math.abs(x - IQ4_NL_VALUES[best]!)) best = c;
+      data[base + i]! |= best << (g & 1 ? 4 : 0);
+    }
+  }
+  return { data, scales };
+}
+
 // ---- MXFP4 (OCP Microscaling): E2M1 codes, bit 3 sign, bits 2..1 exponent, bit 0 mantissa; E8M0 scales
 
 /** Doubled E2M1 value of each code (integers; llama.cpp's kvalues_mxfp4): value = MXFP4_DOUBLED[code] / 2. */
@@ -180,6 +211,7 @@ export function quantizeWeightsRef(scheme: QuantScheme, w: Float32Array, n: numb
   }
   if (scheme === "q4_k" || scheme === "q5_k") return { ...quantizeQ4kRef(w, n, k, scheme === "q4_k" ? 4 : 5), rowSums };
   if (scheme === "q6_k") return { ...quantizeQ6kRef(w, n, k), rowSums };
+  if (scheme === "iq4_nl") return { ...quantizeIq4NlRef(w, n, k), rowSums };
   if (scheme === "int4") {
     if (k % 64 !== 0) throw new RangeError(`[quantize] int4 needs in_features % 64 == 0, got ${k}`);
     const scales = new Uint16Array((n * k) / 32);
@@ -259,6 +291,9 @@ export function dequantizeRef(scheme: QuantScheme, q: QuantizedArrays, n: number
       else if (scheme === "mxfp4") {
         const byte = q.data[(r * k) / 2 + Math.floor(i / 64) * 32 + (i % 32)]!;
         v = (MXFP4_DOUBLED[i % 64 < 32 ? byte & 15 : byte >> 4]! / 2) * e8m0ToFloat(q.scales[(r * k + i) >> 5]!);
+      } else if (scheme === "iq4_nl") {
+        const byte = q.data[(r * k) / 2 + Math.floor(i / 64) * 32 + (i % 32)]!;
+        v = IQ4_NL_VALUES[i % 64 < 32 ? byte & 15 : byte >> 4]! * halfToFloat(q.scales[(r * k + i) >> 5]!);
       } else {
         const c = Math.floor(i / 64);
         const j = i % 64;
@@ -306,7 +341,7 @@ export function quantMatmulRef(
       }
     return out;
   }
-  const w = dequantizeRef(scheme, q, n, k); // q * d per element (int4, int8_g32, mxfp4); group sums stay exact in f64
+  const w = dequantizeRef(scheme, q, n, k); // q * d per element (int4, int8_g32, mxfp4, iq4_nl); group sums stay exact in f64
   for (let r = 0; r < m; r++)
     for (let c = 0; c < n; c++) {
       let s = 0;

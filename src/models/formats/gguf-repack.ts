@@ -99,6 +99,16 @@ export function q4_0ToInt4(src: Uint8Array, n: number, k: number): Int4Arrays {
   return { data, scales };
 }
 
+/**
+ * IQ4_NL bytes of an [n, k] tensor (k % 64 == 0) -> Kiln iq4_nl data and scales: the block is Q4_0's (f16 d, 16
+ * bytes of codes in its nibble order, each code an index into IQ4_NL_VALUES), so the repack is q4_0ToInt4's.
+ */
+export function iq4_nlToKiln(src: Uint8Array, n: number, k: number): Int4Arrays {
+  if (!fitsGroupKernels(k)) throw new RangeError(`[iq4_nlToKiln] iq4_nl needs k % 64 == 0, got ${k}`);
+  if (src.byteLength !== (n * k * 18) / 32) throw new RangeError(`[iq4_nlToKiln] ${src.byteLength} bytes are not IQ4_NL [${n}, ${k}]`);
+  return q4_0ToInt4(src, n, k);
+}
+
 /** Kiln int4 data and scales of an [n, k] weight -> Q4_0 bytes (the inverse of q4_0ToInt4). */
 export function int4ToQ4_0(q: Int4Arrays, n: number, k: number): Uint8Array {
   if (!fitsGroupKernels(k)) throw new RangeError(`[int4ToQ4_0] int4 needs k % 64 == 0, got ${k}`);
@@ -277,16 +287,16 @@ export function q6kToQ6_K(q: Q6kArrays, n: number, k: number): Uint8Array {
 }
 
 /** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
-export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", MXFP4: "mxfp4" } as const;
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", IQ4_NL: "iq4_nl", MXFP4: "mxfp4" } as const;
 export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
 
 /**
- * Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0: 18, Q8_0: 34, MXFP4: 17; per 256 Q4_K:
+ * Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0 and IQ4_NL: 18, Q8_0: 34, MXFP4: 17; per 256 Q4_K:
  * 144, Q5_K: 176, Q6_K: 210).
  */
 export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
   if (type === "Q4_K" || type === "Q5_K" || type === "Q6_K") return (k / 256) * { Q4_K: Q4K_BYTES, Q5_K: Q5K_BYTES, Q6_K: Q6K_BYTES }[type];
-  return (k / 32) * { Q4_0: 18, Q8_0: 34, MXFP4: 17 }[type];
+  return (k / 32) * { Q4_0: 18, IQ4_NL: 18, Q8_0: 34, MXFP4: 17 }[type];
 }
 
 /** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k and q6_k: 256). */
@@ -295,8 +305,8 @@ export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
 }
 
 /**
- * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / q4_k / mxfp4 data is [n, k/2]);
- * scales are f16 bits (Uint16Array) [n, k/32], q4_k's / q5_k's meta bytes [n, k/256*20], q6_k's [n, k/256*18], or
+ * GGUF blocks of an [n, k] tensor -> the data and scales of its Kiln scheme (int4 / iq4_nl / q4_k / mxfp4 data is
+ * [n, k/2]); scales are f16 bits (Uint16Array) [n, k/32], q4_k's / q5_k's meta bytes [n, k/256*20], q6_k's [n, k/256*18], or
  * mxfp4's E8M0 bytes [n, k/32]. q5_k's data is [n, k/256*160], q6_k's [n, k/256*192]. The TS twin of the native
  * ggufRepack, which the loader runs (in place, into the weights' memory).
  */
@@ -304,5 +314,6 @@ export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: numbe
   if (type === "MXFP4") return mxfp4ToKiln(src, n, k);
   if (type === "Q6_K") return q6_KToQ6k(src, n, k);
   if (type === "Q5_K") return q5_KToQ5k(src, n, k);
+  if (type === "IQ4_NL") return iq4_nlToKiln(src, n, k);
   return type === "Q4_0" ? q4_0ToInt4(src, n, k) : type === "Q8_0" ? q8_0ToInt8G32(src, n, k) : q4_KToQ4k(src, n, k);
 }
