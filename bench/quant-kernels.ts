@@ -7,12 +7,12 @@
 // (shapes that fit the L2/L3 stay there across calls and read faster than DRAM; this VM's L3 holds even the 28 MB LM
 // head, so %BW above 100 means cache-resident, not a bad probe). A busy neighbour core shows
 // as a lower peak measured after the rows (reported); compare runs whose peaks agree.
-// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,q4_k,q5_k,q6_k,mxfp4,fp8] [--ms=1,8,32,128,512]
+// Usage: node dist/bench/quant-kernels.js [--threads=1,2] [--schemes=int8,int4,int8_g32,q4_k,q5_k,q6_k,mxfp4,iq4_nl,fp8] [--ms=1,8,32,128,512]
 //        (KILN_NATIVE_ISA=scalar to bench the portable path)
 import { loadNativeKernels, type NativeKernels } from "../src/backends/cpu/native.js";
 import { quantizeQ4kRef } from "../src/backends/cpu/q4k-reference.js";
 import { quantizeQ6kRef } from "../src/backends/cpu/q6k-reference.js";
-import { nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantScaleCount } from "../src/backends/cpu/quant-reference.js";
+import { nativeQuantCode, nativeTakesScheme, newScales, quantDataBytes, quantKMultiple, quantScaleCount, quantizeWeightsRef } from "../src/backends/cpu/quant-reference.js";
 import type { QuantScheme } from "../src/backends/backend.js";
 import { bandwidthProbe, timeIt } from "./timing.js";
 
@@ -52,6 +52,7 @@ for (const t of threadsList) {
       const code = nativeQuantCode(scheme);
       if (scheme === "q4_k" || scheme === "q5_k") ({ data, scales } = quantizeQ4kRef(w, s.N, s.K, scheme === "q4_k" ? 4 : 5)); // no native k-quant quantizer
       else if (scheme === "q6_k") ({ data, scales } = quantizeQ6kRef(w, s.N, s.K));
+      else if (scheme === "iq4_nl") ({ data, scales } = quantizeWeightsRef(scheme, w, s.N, s.K)); // GGUF blocks: no native quantizer
       else k.quantizeWeights(w, s.N, s.K, code, data, scales, rs);
       const bytes = data.byteLength + scales.byteLength + (scheme === "int8" ? rs.byteLength : 0);
       const cells = ms.map((m) => {

@@ -1306,12 +1306,13 @@ void populate(uint8_t* p, size_t bytes) {
 #endif
 }
 
-// ggufRepack(type, src, N, K, data, scales): GGUF blocks of type (a ggml type id: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4)
+// ggufRepack(type, src, N, K, data, scales): GGUF blocks of type (a ggml type id: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+// IQ4_XS, MXFP4)
 // of an [N, K] tensor -> quant.h's data and scale bytes (gguf-repack.h). Synchronous.
 Napi::Value GgufRepack(const Napi::CallbackInfo& info) {
   const char* op = "ggufRepack";
   const int64_t type = integer(info, 0, op, "type"), N = integer(info, 2, op, "N"), K = integer(info, 3, op, "K");
-  if (ggufBlockBytes(type) == 0) fail(info.Env(), op, "type must be a ggml type id of Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL or MXFP4");
+  if (ggufBlockBytes(type) == 0) fail(info.Env(), op, "type must be a ggml type id of Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS or MXFP4");
   const int64_t elems = ggufBlockElems(type);
   // the 32-element 4-bit types pair their blocks into 64-element chunks: whole chunks per row
   const int64_t multiple = elems == 32 ? 64 : elems;

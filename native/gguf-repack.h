@@ -5,12 +5,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "half.h"
 #include "thread-pool.h"
 
 namespace kiln {
 
 // GGUF (ggml) type ids this repacks.
-enum GgufBlockType { kGgufQ4_0 = 2, kGgufQ8_0 = 8, kGgufQ4_K = 12, kGgufQ5_K = 13, kGgufQ6_K = 14, kGgufIq4Nl = 20, kGgufMxfp4 = 39 };
+enum GgufBlockType { kGgufQ4_0 = 2, kGgufQ8_0 = 8, kGgufQ4_K = 12, kGgufQ5_K = 13, kGgufQ6_K = 14, kGgufIq4Nl = 20, kGgufIq4Xs = 23, kGgufMxfp4 = 39 };
 
 // Source bytes per block and elements per block of a type this repacks (0 for others).
 inline int64_t ggufBlockBytes(int64_t type) {
@@ -21,16 +22,19 @@ inline int64_t ggufBlockBytes(int64_t type) {
     case kGgufQ4_K: return 144;
     case kGgufQ5_K: return 176;
     case kGgufQ6_K: return 210;
+    case kGgufIq4Xs: return 136;
     default: return 0;
   }
 }
-inline int64_t ggufBlockElems(int64_t type) { return type == kGgufQ4_K || type == kGgufQ5_K || type == kGgufQ6_K ? 256 : 32; }
+inline int64_t ggufBlockElems(int64_t type) {
+  return type == kGgufQ4_K || type == kGgufQ5_K || type == kGgufQ6_K || type == kGgufIq4Xs ? 256 : 32;
+}
 // Destination data and scale bytes per source block.
 inline int64_t ggufDataBytes(int64_t type) {
   switch (type) {
     case kGgufQ8_0: return 32;
     case kGgufQ4_0: case kGgufIq4Nl: case kGgufMxfp4: return 16;
-    case kGgufQ4_K: return 128;
+    case kGgufQ4_K: case kGgufIq4Xs: return 128;
     case kGgufQ5_K: return 160;
     case kGgufQ6_K: return 192;
     default: return 0;
@@ -42,6 +46,7 @@ inline int64_t ggufScaleBytes(int64_t type) {
     case kGgufMxfp4: return 1;
     case kGgufQ4_K: case kGgufQ5_K: return 20;
     case kGgufQ6_K: return 18;
+    case kGgufIq4Xs: return 16;  // eight f16 scales
     default: return 0;
   }
 }
@@ -86,6 +91,19 @@ inline void ggufRepackBlocks(int64_t type, const uint8_t* src, int64_t b0, int64
       case kGgufQ4_K: memcpy(c, s, 4), unpackScaleMins(s + 4, c + 4), memcpy(d, s + 16, 128); break;
       case kGgufQ5_K: memcpy(c, s, 4), unpackScaleMins(s + 4, c + 4), memcpy(d, s + 48, 128), memcpy(d + 128, s + 16, 32); break;
       case kGgufQ6_K: memcpy(c, s + 208, 2), memcpy(c + 2, s + 192, 16), memcpy(d, s, 192); break;
+      case kGgufIq4Xs: {
+        // iq4_nl (IQ4_NL's layout): sub-block j of 32 takes the scale d * (ls_j - 32), ls_j 6 bits (4 of scales_l,
+        // 2 of scales_h), exact in f32 and rounded to f16 (within 2^-11 relative); its 16 code bytes are IQ4_NL's
+        const float dsuper = halfToFloat(static_cast<uint16_t>(s[0] | (s[1] << 8)));
+        const int scalesH = s[2] | (s[3] << 8);
+        for (int j = 0; j < 8; ++j) {
+          const int ls = ((s[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scalesH >> (2 * j)) & 3) << 4);
+          const uint16_t h = floatToHalf(dsuper * static_cast<float>(ls - 32));
+          c[2 * j] = static_cast<uint8_t>(h & 255), c[2 * j + 1] = static_cast<uint8_t>(h >> 8);
+        }
+        for (int p = 0; p < 4; ++p) chunkFromBlocks(s + 8 + 32 * p, s + 8 + 32 * p + 16, d + 32 * p);
+        break;
+      }
       default: break;
     }
   }

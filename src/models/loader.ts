@@ -484,11 +484,12 @@ function loadGguf(file: string, options: LoadOptions, tokenizerDir?: string): Lo
 }
 
 /** GGUF block types no kernel takes as they are, loaded requantized to int8_g32 (directQuantLoader's requantizes). */
-const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_XS"]);
+const REQUANTIZED_GGUF_TYPES: ReadonlySet<string> = new Set(["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K"]);
 
 /**
  * GGUF tensors whose quantized blocks Kiln's kernels take as they are (Q4_0 -> int4, Q8_0 -> int8_g32, Q4_K ->
- * q4_k, Q5_K -> q5_k, Q6_K -> q6_k, IQ4_NL -> iq4_nl, MXFP4 -> mxfp4; bits moved, never dequantized), the token embedding among them; matrices of the
+ * q4_k, Q5_K -> q5_k, Q6_K -> q6_k, IQ4_NL -> iq4_nl, MXFP4 -> mxfp4; bits moved, never dequantized; IQ4_XS -> iq4_nl
+ * with each 32's scale rounded to f16, noted), the token embedding among them; matrices of the
  * REQUANTIZED_GGUF_TYPES requantized to int8_g32. Tensors it declines load as floats: other types, in_features % 64 != 0 (the
  * kernels take 64-element chunks), a native addon without the scheme, non-cpu devices.
  */
@@ -543,11 +544,15 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       return decline(`${type} with in_features % ${multiple} != 0 (the kernels take ${multiple}-element chunks)`);
     }
     if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);
+    if (type === "IQ4_XS") {
+      const why = "IQ4_XS (no IQ4_XS kernel) run as iq4_nl, each 32 weights' scale d * (ls - 32) rounded to f16 (within 2^-11 relative)";
+      if (!requantized.get(why)?.includes(info.name)) requantized.set(why, [...(requantized.get(why) ?? []), info.name]);
+    }
     return type;
   };
   /**
-   * Whether `info` is a block type no kernel takes as it is (Q5_0, Q4_1, Q2_K, Q3_K, IQ4_XS, ...: llama.cpp's Q3_K_M
-   * and IQ4_XS files are mostly these) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
+   * Whether `info` is a block type no kernel takes as it is (Q5_0, Q4_1, Q2_K, Q3_K, ...: llama.cpp's Q3_K_M files are
+   * mostly these) and loads requantized to int8_g32 instead of as floats: ~1.06 bytes per weight where f32 takes 4, each
    * element within about half a step (its group of 32's amax / 127, rounded to f16) of the file's value. When true,
    * the tensor is recorded for finish()'s note.
    */

@@ -63,7 +63,7 @@ function repackByElement(src: Uint8Array, n: number, k: number): { data: Uint8Ar
 
 test("the native repack (the loader's) moves the bits the TS repack does, for every direct type; bad arguments are typed errors", { skip }, () => {
   assert.ok(native!.ggufRepack, "this addon has ggufRepack");
-  const bytes = { Q4_0: [32, 18], IQ4_NL: [32, 18], Q8_0: [32, 34], MXFP4: [32, 17], Q4_K: [256, 144], Q5_K: [256, 176], Q6_K: [256, 210] } as const;
+  const bytes = { Q4_0: [32, 18], IQ4_NL: [32, 18], Q8_0: [32, 34], MXFP4: [32, 17], Q4_K: [256, 144], Q5_K: [256, 176], Q6_K: [256, 210], IQ4_XS: [256, 136] } as const;
   for (const type of Object.keys(GGUF_DIRECT_SCHEME) as GgufDirectType[]) {
     const [elems, blockBytes] = bytes[type];
     // several pool chunks (4096 blocks each) and a partial one

@@ -1,10 +1,11 @@
-// GGUF Q3_K, IQ4_NL and IQ4_XS (llama.cpp's Q3_K_M / IQ4_XS files) dequantize as ggml does; Q3_K and IQ4_XS load
-// requantized to int8_g32, IQ4_NL as it is (the iq4_nl kernels). Oracles: each block type decoded here a second way (Q3_K's scales through ggml's 32-bit kmask
+// GGUF Q3_K, IQ4_NL and IQ4_XS (llama.cpp's Q3_K_M / IQ4_XS files) dequantize as ggml does; Q3_K loads requantized
+// to int8_g32, IQ4_NL as it is and IQ4_XS as iq4_nl (the iq4_nl kernels; its scales rounded to f16). Oracles: each block type decoded here a second way (Q3_K's scales through ggml's 32-bit kmask
 // arithmetic, element positions from the block structs' field order), and llama.cpp running the same file.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
-import { floatToHalf, halfToFloat, nativeTakesScheme } from "../../src/backends/cpu/quant-reference.js";
+import { dequantizeRef, floatToHalf, halfToFloat, nativeTakesScheme } from "../../src/backends/cpu/quant-reference.js";
+import { iq4_xsToIq4Nl } from "../../src/models/formats/gguf-repack.js";
 import { dequantize } from "../../src/models/formats/gguf-quant.js";
 import { readGguf, writeGguf, type GgufWriteTensor } from "../../src/models/formats/gguf.js";
 import { exportGguf } from "../../src/models/init-model.js";
@@ -85,11 +86,27 @@ test("Q3_K, IQ4_NL and IQ4_XS dequantize as ggml's definitions (decoded a second
   }
 });
 
+test("IQ4_XS -> iq4_nl: the codes moved as they are, each 32's scale d * (ls - 32) within 2^-11 relative of ggml's", () => {
+  const blocks = 12;
+  const src = randomBlocks(blocks, 136, 0, 2e-5, 61);
+  const q = iq4_xsToIq4Nl(src, 3, 1024);
+  const got = dequantizeRef("iq4_nl", { ...q, rowSums: new Int32Array(0) }, 3, 1024);
+  const want = dequantize("IQ4_XS", src, blocks * 256)!;
+  let exact = 0;
+  for (let i = 0; i < want.length; i++) {
+    assert.ok(Math.abs(got[i]! - want[i]!) <= Math.abs(want[i]!) * 2 ** -11, `element ${i}: ${got[i]} vs ${want[i]}`);
+    if (got[i] === want[i]) exact++;
+  }
+  // most scales need more than f16's 11 bits (a wrong sub-block order or scale bit would be off by far more)
+  assert.ok(exact < want.length, "every element exact: the rounding is not exercised");
+  assert.throws(() => iq4_xsToIq4Nl(new Uint8Array(136), 1, 128), /k % 256 == 0/);
+});
+
 const IDS = [5, 77, 140, 31, 260, 9, 402, 18];
 // every matrix has in_features % 256 == 0 (hidden 256, intermediate 512)
 const SHAPES = { hidden_size: 256, intermediate_size: 512, num_attention_heads: 8, num_key_value_heads: 4, tie_word_embeddings: false };
 
-test("a GGUF of Q3_K / IQ4_XS matrices loads requantized to int8_g32, noted, IQ4_NL as it is, and agrees with llama.cpp on it (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 120_000 }, async (t) => {
+test("a GGUF of Q3_K matrices loads requantized to int8_g32, IQ4_NL as it is, IQ4_XS as iq4_nl, noted, and agrees with llama.cpp on it (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 120_000 }, async (t) => {
   const q8 = tempPath("lowbit-q8.gguf");
   exportGguf(tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: SHAPES }), q8, "Q8_0");
   const g = readGguf(q8);
@@ -113,9 +130,10 @@ test("a GGUF of Q3_K / IQ4_XS matrices loads requantized to int8_g32, noted, IQ4
 
   const notes: string[] = [];
   const direct = loadLocalModel(file, { onNote: (m) => notes.push(m) });
-  for (const type of ["Q3_K", "IQ4_XS"]) assert.ok(notes.some((m) => m.includes(`${type} (no ${type} kernel) requantized to int8_g32`)), notes.join("\n"));
+  assert.ok(notes.some((m) => m.includes("Q3_K (no Q3_K kernel) requantized to int8_g32")), notes.join("\n"));
+  assert.ok(notes.some((m) => m.includes("1 tensor(s) IQ4_XS (no IQ4_XS kernel) run as iq4_nl, each 32 weights' scale d * (ls - 32) rounded to f16")), notes.join("\n"));
   assert.ok(!notes.some((m) => m.includes("IQ4_NL")), notes.join("\n"));
-  for (const [name, scheme] of [["lm_head", "int8_g32"], ["model.layers.0.mlp.down_proj", "int8_g32"], ["model.layers.1.self_attn.q_proj", "iq4_nl"]]) {
+  for (const [name, scheme] of [["lm_head", "int8_g32"], ["model.layers.0.mlp.down_proj", "iq4_nl"], ["model.layers.1.self_attn.q_proj", "iq4_nl"]]) {
     const layer = direct.model.namedModules().find(([n]) => n === name)![1] as Parameters<typeof quantizedWeightOf>[0];
     assert.equal(quantizedWeightOf(layer)?.scheme, scheme, name);
   }

@@ -19,6 +19,7 @@
 //   Q6_K super-block (210 bytes, 256 elements): u8 ql[128], u8 qh[64], int8 scales[16], f16 d.
 //   Kiln q6_k row: ql and qh of every super-block as they are [K/256][192], meta [K/256][18] = d, scales[16].
 import { Q4K_BLOCK, Q4K_META_BYTES, Q6K_BLOCK, Q6K_CODE_BYTES, Q6K_META_BYTES, quantKMultiple } from "../../backends/quant-layout.js";
+import { floatToHalf, halfToFloat } from "../../backends/cpu/quant-reference.js";
 
 /** Kiln int4 weight [n, k]: data [n, k/2] bytes, scales [n, k/32] f16 bits. */
 export interface Int4Arrays {
@@ -107,6 +108,30 @@ export function iq4_nlToKiln(src: Uint8Array, n: number, k: number): Int4Arrays 
   if (!fitsGroupKernels(k)) throw new RangeError(`[iq4_nlToKiln] iq4_nl needs k % 64 == 0, got ${k}`);
   if (src.byteLength !== (n * k * 18) / 32) throw new RangeError(`[iq4_nlToKiln] ${src.byteLength} bytes are not IQ4_NL [${n}, ${k}]`);
   return q4_0ToInt4(src, n, k);
+}
+
+/**
+ * IQ4_XS bytes of an [n, k] tensor (k % 256 == 0) -> Kiln iq4_nl data and scales. A super-block of 256 (136 bytes:
+ * f16 d, u16 scales_h, u8 scales_l[4], qs[128]) holds 8 sub-blocks of 32 with IQ4_NL's codes; sub-block j's scale is
+ * d * (ls_j - 32), ls_j 6 bits (the low 4 from scales_l, the high 2 from scales_h), exact in f32 and rounded to f16
+ * here (within 2^-11 relative): iq4_nl keeps an f16 scale per 32.
+ */
+export function iq4_xsToIq4Nl(src: Uint8Array, n: number, k: number): Int4Arrays {
+  if (k % 256 !== 0) throw new RangeError(`[iq4_xsToIq4Nl] IQ4_XS needs k % 256 == 0, got ${k}`);
+  if (src.byteLength !== (n * k * 136) / 256) throw new RangeError(`[iq4_xsToIq4Nl] ${src.byteLength} bytes are not IQ4_XS [${n}, ${k}]`);
+  const data = new Uint8Array((n * k) / 2);
+  const scales = new Uint16Array((n * k) / 32);
+  for (let b = 0; b < (n * k) / 256; b++) {
+    const o = b * 136;
+    const d = halfToFloat(src[o]! | (src[o + 1]! << 8));
+    const scalesH = src[o + 2]! | (src[o + 3]! << 8);
+    for (let j = 0; j < 8; j++) {
+      const ls = ((src[o + 4 + (j >> 1)]! >> (4 * (j & 1))) & 15) | (((scalesH >> (2 * j)) & 3) << 4);
+      scales[b * 8 + j] = floatToHalf(Math.fround(d * (ls - 32)));
+    }
+    for (let p = 0; p < 4; p++) chunkFromBlocks(src, o + 8 + 32 * p, o + 8 + 32 * p + 16, data, b * 128 + 32 * p);
+  }
+  return { data, scales };
 }
 
 /** Kiln int4 data and scales of an [n, k] weight -> Q4_0 bytes (the inverse of q4_0ToInt4). */
@@ -287,21 +312,21 @@ export function q6kToQ6_K(q: Q6kArrays, n: number, k: number): Uint8Array {
 }
 
 /** The GGUF block types Kiln's kernels run as they are, and the quant_matmul scheme each becomes. */
-export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", IQ4_NL: "iq4_nl", MXFP4: "mxfp4" } as const;
+export const GGUF_DIRECT_SCHEME = { Q4_0: "int4", Q8_0: "int8_g32", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", IQ4_NL: "iq4_nl", IQ4_XS: "iq4_nl", MXFP4: "mxfp4" } as const;
 export type GgufDirectType = keyof typeof GGUF_DIRECT_SCHEME;
 
 /**
  * Bytes per row of an [n, k] tensor of a direct type (per 32 elements Q4_0 and IQ4_NL: 18, Q8_0: 34, MXFP4: 17; per 256 Q4_K:
- * 144, Q5_K: 176, Q6_K: 210).
+ * 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136).
  */
 export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
-  if (type === "Q4_K" || type === "Q5_K" || type === "Q6_K") return (k / 256) * { Q4_K: Q4K_BYTES, Q5_K: Q5K_BYTES, Q6_K: Q6K_BYTES }[type];
+  if (type === "Q4_K" || type === "Q5_K" || type === "Q6_K" || type === "IQ4_XS") return (k / 256) * { Q4_K: Q4K_BYTES, Q5_K: Q5K_BYTES, Q6_K: Q6K_BYTES, IQ4_XS: 136 }[type];
   return (k / 32) * { Q4_0: 18, IQ4_NL: 18, Q8_0: 34, MXFP4: 17 }[type];
 }
 
 /** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k and q6_k: 256). */
 export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
-  return k % quantKMultiple(GGUF_DIRECT_SCHEME[type]) === 0;
+  return k % (type === "IQ4_XS" ? 256 : quantKMultiple(GGUF_DIRECT_SCHEME[type])) === 0; // IQ4_XS: whole super-blocks
 }
 
 /**
@@ -315,5 +340,6 @@ export function repackGgufBlocks(type: GgufDirectType, src: Uint8Array, n: numbe
   if (type === "Q6_K") return q6_KToQ6k(src, n, k);
   if (type === "Q5_K") return q5_KToQ5k(src, n, k);
   if (type === "IQ4_NL") return iq4_nlToKiln(src, n, k);
+  if (type === "IQ4_XS") return iq4_xsToIq4Nl(src, n, k);
   return type === "Q4_0" ? q4_0ToInt4(src, n, k) : type === "Q8_0" ? q8_0ToInt8G32(src, n, k) : q4_KToQ4k(src, n, k);
 }
