@@ -21,10 +21,10 @@ import { defaultQuantFilter, installQuantizedEmbedding, installQuantizedWeight, 
 import { quantizeWeight, setQuantizedShadow, type QuantizedWeight } from "../tensor/ops/linalg.js";
 import { Linear } from "../nn/layers.js";
 import { narrowToShard, shardedParameters, TensorParallelError, type TensorParallel } from "../nn/parallel.js";
-import { fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
+import { directKMultiple, fitsDirectKernel, GGUF_DIRECT_SCHEME, ggufDirectRowBytes, repackGgufBlocks, type GgufDirectType } from "./formats/gguf-repack.js";
 import { tryLoadNativeKernels } from "../backends/cpu/native.js";
 import { nativeTakesScheme } from "../backends/cpu/quant-reference.js";
-import { isSuperBlockScheme, quantDataBytes, quantKMultiple, quantScaleCount, quantScaleDtype } from "../backends/quant-layout.js";
+import { isSuperBlockScheme, quantDataBytes, quantScaleCount, quantScaleDtype } from "../backends/quant-layout.js";
 import { GgmlType } from "./formats/gguf-quant.js";
 import { env } from "../util/env.js";
 import { loadGenerationConfig, parseGenerationConfig, Tokenizer, type GenerationConfig } from "./tokenizer.js";
@@ -540,7 +540,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       return null;
     };
     if (!fitsDirectKernel(type, info.shape.at(-1)!)) {
-      const multiple = quantKMultiple(GGUF_DIRECT_SCHEME[type]);
+      const multiple = directKMultiple(type);
       return decline(`${type} with in_features % ${multiple} != 0 (the kernels take ${multiple}-element chunks)`);
     }
     if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);

@@ -324,9 +324,14 @@ export function ggufDirectRowBytes(type: GgufDirectType, k: number): number {
   return (k / 32) * { Q4_0: 18, IQ4_NL: 18, Q8_0: 34, MXFP4: 17 }[type];
 }
 
+/** What in_features of `type` must be a multiple of: its kernel's chunk (64 or 256), or IQ4_XS's super-block (256). */
+export function directKMultiple(type: GgufDirectType): number {
+  return type === "IQ4_XS" ? 256 : quantKMultiple(GGUF_DIRECT_SCHEME[type]);
+}
+
 /** Whether rows of k elements of `type` fit its kernel (group kernels: 64-element chunks; q4_k and q6_k: 256). */
 export function fitsDirectKernel(type: GgufDirectType, k: number): boolean {
-  return k % (type === "IQ4_XS" ? 256 : quantKMultiple(GGUF_DIRECT_SCHEME[type])) === 0; // IQ4_XS: whole super-blocks
+  return k % directKMultiple(type) === 0;
 }
 
 /**
