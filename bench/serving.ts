@@ -14,8 +14,9 @@
 // --formats q4_k adds a Q4_K export, likewise one file for both (Kiln's q4_k kernel); matrices whose in_features is
 // not a multiple of 256 (most of SmolLM's: 576) are written as Q4_0 and run as int4. --formats q5_k / q6_k: a Q5_K /
 // Q6_K export (Kiln's q5_k / q6_k kernel), with those matrices written as Q8_0 (int8_g32); q4_k_m: llama.cpp's
-// Q4_K_M mix (Q4_K, Q6_K output and some attn_v / ffn_down: exportGguf), the most common GGUF layout.
-// Usage: npm run bench [-- --model smollm|1b] [--models smollm,1b] [--formats f32,bf16,int8,int4,q4_k,q4_k_m,q5_k,q6_k,mxfp4] [--conc 8,32]
+// Q4_K_M mix (Q4_K, Q6_K output and some attn_v / ffn_down: exportGguf), the most common GGUF layout. --formats
+// iq4_nl: an IQ4_NL export (Kiln's iq4_nl kernel; Kiln's own encoder, not llama.cpp's scale search).
+// Usage: npm run bench [-- --model smollm|1b] [--models smollm,1b] [--formats f32,bf16,int8,int4,q4_k,q4_k_m,q5_k,q6_k,iq4_nl,mxfp4] [--conc 8,32]
 //                      [--decode 32] [--prefill 512] [--rounds 5] [--no-llama-cpp] [--no-accuracy] [--threads 2]
 import * as os from "node:os";
 import * as path from "node:path";
@@ -36,9 +37,9 @@ function option(name: string, fallback: string): string {
 const flag = (name: string) => process.argv.includes(name);
 const PREFILL_LEN = Number(option("--prefill", "512")); // one prompt of this many tokens (small for smoke runs)
 
-type Format = "f32" | "bf16" | "int8" | "int4" | "q4_k" | "q4_k_m" | "q5_k" | "q6_k" | "mxfp4";
+type Format = "f32" | "bf16" | "int8" | "int4" | "q4_k" | "q4_k_m" | "q5_k" | "q6_k" | "iq4_nl" | "mxfp4";
 const GGUF_PAIR: Record<Format, GgufExportType> = {
-  f32: "F32", bf16: "BF16", int8: "Q8_0", int4: "Q4_0", q4_k: "Q4_K", q4_k_m: "Q4_K_M", q5_k: "Q5_K", q6_k: "Q6_K", mxfp4: "MXFP4",
+  f32: "F32", bf16: "BF16", int8: "Q8_0", int4: "Q4_0", q4_k: "Q4_K", q4_k_m: "Q4_K_M", q5_k: "Q5_K", q6_k: "Q6_K", iq4_nl: "IQ4_NL", mxfp4: "MXFP4",
 };
 
 function prompts(n: number, len: number, seed: number): number[][] {
@@ -283,7 +284,7 @@ async function main(): Promise<void> {
   for (const key of models) {
     const preset = BENCH_MODELS[key] ?? key;
     const lines: string[] = [];
-    const quantized = (f: Format) => f === "int8" || f === "int4" || f === "q4_k" || f === "q4_k_m" || f === "q5_k" || f === "q6_k" || f === "mxfp4";
+    const quantized = (f: Format) => f === "int8" || f === "int4" || f === "q4_k" || f === "q4_k_m" || f === "q5_k" || f === "q6_k" || f === "iq4_nl" || f === "mxfp4";
     const withAccuracy = !flag("--no-accuracy") && formats.some(quantized);
     let reference: F32Reference | null = null;
     const engineOptions = { maxModelLen: 1024, maxNumSeqs: 128, enablePrefixCaching: false, kvCacheMemory: 512 * 2 ** 20 };
@@ -295,7 +296,7 @@ async function main(): Promise<void> {
       if (withAccuracy && !reference && quantized(format)) reference = f32Reference(new LLM({ model: benchModelDir("float32", preset), ...engineOptions }));
       // int4 / q4_k / q6_k / mxfp4 / int8: the Q4_0 / Q4_K / Q6_K / MXFP4 / Q8_0 GGUF llama.cpp reads (linears and
       // the tied head stay quantized, as loaded)
-      const sameFile = format === "int4" || format === "q4_k" || format === "q4_k_m" || format === "q5_k" || format === "q6_k" || format === "mxfp4" || (format === "int8" && nativeTakesScheme(native, "int8_g32"));
+      const sameFile = format === "int4" || format === "q4_k" || format === "q4_k_m" || format === "q5_k" || format === "q6_k" || format === "iq4_nl" || format === "mxfp4" || (format === "int8" && nativeTakesScheme(native, "int8_g32"));
       const model = sameFile ? benchGguf(benchModelDir("float32", preset), GGUF_PAIR[format]) : dir;
       const setup = createServingSetupSync({
         model, quantization: format === "int8" && !sameFile ? format : null, maxModelLen: 1024, maxNumSeqs: maxC,

@@ -295,7 +295,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
     return permuteQK(data, rows, cfg.numAttentionHeads, name.includes("k_proj") ? cfg.numKeyValueHeads : undefined);
   };
   // 1-d tensors (norms, biases) stay F32 as llama.cpp's converter keeps them; so do rows of partial blocks
-  const blocked = type.startsWith("Q") || type === "MXFP4";
+  const blocked = type.startsWith("Q") || type === "MXFP4" || type === "IQ4_NL";
   const typeFor = (shape: readonly number[], ggufName = ""): GgmlTypeName => {
     if (shape.length === 1 || (blocked && shape.at(-1)! % 32 !== 0)) return "F32";
     const t = type === "Q4_K_M" ? q4kMType(ggufName, cfg.numHiddenLayers) : type;

@@ -18,5 +18,5 @@ export const PRESETS: Record<string, Json> = {
 };
 
 /** GGUF tensor types exportGguf writes (`kiln convert --outtype`). */
-export const GGUF_EXPORT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q4_K_M", "Q5_K", "Q6_K", "MXFP4"] as const;
+export const GGUF_EXPORT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q4_K_M", "Q5_K", "Q6_K", "IQ4_NL", "MXFP4"] as const;
 export type GgufExportType = (typeof GGUF_EXPORT_TYPES)[number];

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
-import { dequantizeRef, floatToHalf, halfToFloat, nativeTakesScheme } from "../../src/backends/cpu/quant-reference.js";
+import { dequantizeRef, floatToHalf, halfToFloat, nativeTakesScheme, quantizeWeightsRef } from "../../src/backends/cpu/quant-reference.js";
 import { iq4_xsToIq4Nl } from "../../src/models/formats/gguf-repack.js";
 import { dequantize } from "../../src/models/formats/gguf-quant.js";
 import { readGguf, writeGguf, type GgufWriteTensor } from "../../src/models/formats/gguf.js";
@@ -147,4 +147,35 @@ test("a GGUF of Q3_K matrices loads requantized to int8_g32, IQ4_NL as it is, IQ
   // a misdecoded block type (the head's above all) would be off by the whole range
   assert.ok(dLc < 0.06 * scale, `vs llama.cpp ${dLc} (range ${scale})`);
   t.diagnostic(`Q3_K/IQ4_XS/IQ4_NL: max |logprob diff| requantized vs llama.cpp ${dLc.toExponential(2)} over ${compared} tokens, vs dequantized f32 ${dFloat.toExponential(2)} (range ${scale.toFixed(1)})`);
+});
+
+test("an IQ4_NL export loads into the iq4_nl kernels, its blocks Kiln's encoder's, and agrees with llama.cpp on it (outside oracle)", { skip: skip || (hasLlamaCpp ? false : "node-llama-cpp not installed"), timeout: 120_000 }, async (t) => {
+  const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05, overrides: SHAPES });
+  const file = tempPath("export-iq4nl.gguf");
+  exportGguf(dir, file, "IQ4_NL");
+  const g = readGguf(file);
+  assert.equal(g.get("blk.0.ffn_down.weight")!.type, "IQ4_NL");
+  const raw = g.load("blk.0.ffn_down.weight").slice();
+  g.close();
+  const notes: string[] = [];
+  const direct = loadLocalModel(file, { onNote: (m) => notes.push(m) });
+  assert.deepEqual(notes, []);
+  const down = direct.model.namedModules().find(([n]) => n === "model.layers.0.mlp.down_proj")![1] as Parameters<typeof quantizedWeightOf>[0];
+  const q = quantizedWeightOf(down)!;
+  assert.equal(q.scheme, "iq4_nl");
+  // the file's blocks are the encoder's: its dequantized values are what Kiln's iq4_nl encoder makes of the f32 weight
+  const f32 = loadLocalModel(dir).model.namedModules().find(([n]) => n === "model.layers.0.mlp.down_proj")![1] as unknown as { weight: { dataSync(): Float32Array; shape: number[] } };
+  const [n, k] = f32.weight.shape as [number, number];
+  const enc = quantizeWeightsRef("iq4_nl", f32.weight.dataSync(), n, k);
+  const want = dequantizeRef("iq4_nl", enc, n, k);
+  const got = dequantize("IQ4_NL", raw, n * k)!;
+  assert.ok(got.every((v, i) => v === want[i]), "the export's values differ from the iq4_nl encoder's");
+  const floats = loadLocalModel(file, { ggufKeepQuantized: false });
+  const a = lastLogits(direct, IDS);
+  const b = lastLogits(floats, IDS);
+  assert.ok(maxAbsDiff(a, b) <= 0.06 * maxAbs(b), `iq4_nl vs dequantized: ${maxAbsDiff(a, b)} vs range ${maxAbs(b)}`);
+  const { probs } = await llamaCppOracle(file, IDS, 0);
+  const { dLc, scale, compared } = logprobGaps(probs, logSoftmax(a), logSoftmax(b));
+  assert.ok(dLc < 0.06 * scale, `vs llama.cpp ${dLc} (range ${scale})`);
+  t.diagnostic(`IQ4_NL export: max |logprob diff| vs llama.cpp ${dLc.toExponential(2)} over ${compared} tokens (range ${scale.toFixed(1)})`);
 });

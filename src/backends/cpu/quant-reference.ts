@@ -137,21 +137,28 @@ function quantizeIq4NlRef(w: Float32Array, n: number, k: number): { data: Uint8A
   if (k % 64 !== 0) throw new RangeError(`[quantize] iq4_nl needs in_features % 64 == 0, got ${k}`);
   const data = new Uint8Array((n * k) / 2);
   const scales = new Uint16Array((n * k) / 32);
+  const codes = new Uint8Array(32);
   for (let g = 0; g < (n * k) / 32; g++) {
-    let mx = 0;
-    for (let i = 0; i < 32; i++) if (Math.abs(w[g * 32 + i]!) > Math.abs(mx)) mx = w[g * 32 + i]!;
-    const bits = floatToHalf(Math.fround(mx / -127));
-    scales[g] = bits;
-    const d = halfToFloat(bits);
+    scales[g] = iq4NlGroup(w, g * 32, codes);
     const base = (g >> 1) * 32; // the group's chunk; odd groups take the high nibbles
-    for (let i = 0; i < 32; i++) {
-      const x = d !== 0 ? w[g * 32 + i]! / d : 0;
-      let best = 0;
-      for (let c = 1; c < 16; c++) if (Math.abs(x - IQ4_NL_VALUES[c]!) < Math.abs(x - IQ4_NL_VALUES[best]!)) best = c;
-      data[base + i]! |= best << (g & 1 ? 4 : 0);
-    }
+    for (let i = 0; i < 32; i++) data[base + i]! |= codes[i]! << (g & 1 ? 4 : 0);
   }
   return { data, scales };
+}
+
+/** One IQ4_NL group of x[at .. at + 32) (quantizeIq4NlRef's rule): its codes into `codes`; returns the scale's f16 bits. */
+export function iq4NlGroup(x: ArrayLike<number>, at: number, codes: Uint8Array): number {
+  let mx = 0;
+  for (let i = 0; i < 32; i++) if (Math.abs(x[at + i]!) > Math.abs(mx)) mx = x[at + i]!;
+  const bits = floatToHalf(Math.fround(mx / -127));
+  const d = halfToFloat(bits);
+  for (let i = 0; i < 32; i++) {
+    const v = d !== 0 ? x[at + i]! / d : 0;
+    let best = 0;
+    for (let c = 1; c < 16; c++) if (Math.abs(v - IQ4_NL_VALUES[c]!) < Math.abs(v - IQ4_NL_VALUES[best]!)) best = c;
+    codes[i] = best;
+  }
+  return bits;
 }
 
 // ---- MXFP4 (OCP Microscaling): E2M1 codes, bit 3 sign, bits 2..1 exponent, bit 0 mantissa; E8M0 scales

@@ -1,7 +1,7 @@
 // ggml tensor types, their block layouts, and reference (de)quantization following ggml-quants.c.
 // A row of ne0 elements is ne0/blockSize blocks of typeSize bytes each. All fields little-endian.
 
-import { floatToE2m1, mxfp4Exponent, MXFP4_DOUBLED } from "../../backends/cpu/quant-reference.js";
+import { floatToE2m1, iq4NlGroup, mxfp4Exponent, MXFP4_DOUBLED } from "../../backends/cpu/quant-reference.js";
 import { quantizeQ4kRef } from "../../backends/cpu/q4k-reference.js";
 import { quantizeQ6kRef } from "../../backends/cpu/q6k-reference.js";
 import { f16BitsToF32, f32ToF16Bits, bf16BytesToF32, f16BytesToF32 } from "./dtype-convert.js";
@@ -290,6 +290,24 @@ export function quantizeQ4_0(x: ArrayLike<number>): Uint8Array {
     out[i * 18 + 1] = h >> 8;
     const q = (v: number) => Math.min(15, Math.trunc(Math.fround(Math.fround(v * id) + 8.5)));
     for (let j = 0; j < 16; j++) out[i * 18 + 2 + j] = q(x[i * 32 + j]!) | (q(x[i * 32 + j + 16]!) << 4);
+  }
+  return out;
+}
+
+/**
+ * IQ4_NL blocks (f16 d, u8 qs[16]) of x, rounded as Kiln's iq4_nl encoder (quant-reference.ts iq4NlGroup: d = the
+ * signed value of max magnitude / -127, each element the nearest of the 16 levels), not llama.cpp's scale search;
+ * llama.cpp reads it like any IQ4_NL.
+ */
+export function quantizeIq4_NL(x: ArrayLike<number>): Uint8Array {
+  if (x.length % 32 !== 0) throw new RangeError(`IQ4_NL needs a multiple of 32 elements, got ${x.length}`);
+  const out = new Uint8Array((x.length / 32) * 18);
+  const codes = new Uint8Array(32);
+  for (let i = 0; i < x.length / 32; i++) {
+    const h = iq4NlGroup(x, i * 32, codes);
+    out[i * 18] = h & 0xff;
+    out[i * 18 + 1] = h >> 8;
+    for (let j = 0; j < 16; j++) out[i * 18 + 2 + j] = codes[j]! | (codes[j + 16]! << 4);
   }
   return out;
 }

@@ -7,7 +7,7 @@
 import * as fs from "node:fs";
 import { formatError, ModelFormatError } from "./model-format-error.js";
 import { f32ToBf16, f32ToF16, bytesOf } from "./dtype-convert.js";
-import { DEQUANTIZABLE, dequantize, GGML_BLOCK_LAYOUT, GgmlType, ggmlTypeName, quantizeMxfp4, quantizeQ4_0, quantizeQ4_K, quantizeQ5_K, quantizeQ6_K, quantizeQ8_0, type GgmlTypeName } from "./gguf-quant.js";
+import { DEQUANTIZABLE, dequantize, GGML_BLOCK_LAYOUT, GgmlType, ggmlTypeName, quantizeIq4_NL, quantizeMxfp4, quantizeQ4_0, quantizeQ4_K, quantizeQ5_K, quantizeQ6_K, quantizeQ8_0, type GgmlTypeName } from "./gguf-quant.js";
 
 export { ModelFormatError } from "./model-format-error.js";
 
@@ -354,6 +354,7 @@ function encodeTensor(t: GgufWriteTensor, file: string): Uint8Array {
       case "Q8_0": bytes = quantizeQ8_0(data); break;
       case "Q4_0": bytes = quantizeQ4_0(data); break;
       case "MXFP4": bytes = quantizeMxfp4(data); break;
+      case "IQ4_NL": bytes = quantizeIq4_NL(data); break;
       case "Q4_K": bytes = quantizeQ4_K(data); break;
       case "Q5_K": bytes = quantizeQ5_K(data); break;
       case "Q6_K": bytes = quantizeQ6_K(data); break;
