@@ -4,7 +4,7 @@
 // the f32 matmul on the dequantized weight, and llama.cpp on the same file.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { dequantizeRef, nativeQuantCode, nativeTakesScheme, quantizeWeightsRef } from "../../src/backends/cpu/quant-reference.js";
+import { dequantizeRef, nativeQuantCode, nativeTakesScheme, quantMatmulRef, quantizeWeightsRef } from "../../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { dequantize, GgmlType, quantizeQ4_0, quantizeQ8_0 } from "../../src/models/formats/gguf-quant.js";
 import { quantDataBytes, quantScaleBytes, quantScaleCount } from "../../src/backends/quant-layout.js";
@@ -19,7 +19,7 @@ import { quantizedShadowOf, quantizeWeight, quantizedLinear, type QuantizedWeigh
 import { mulberry32 } from "../../src/util/random.js";
 import { hasLlamaCpp, llamaCppOracle, logprobGaps, logSoftmax } from "../helpers/llama-cpp.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
-import { bytesOfTensor, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
+import { bytesOfTensor, expectWithinActivationRounding, lastLogits, linears, maxAbs, maxAbsDiff, seededRandn } from "../helpers/model-logits.js";
 
 const native = tryLoadNativeKernels();
 const skip = native ? false : "native addon not built";
@@ -109,24 +109,13 @@ test("IQ4_NL -> iq4_nl repack: dequantizes bit-exactly as gguf-quant decodes the
   assert.ok(viaKiln.every((v, i) => v === want[i]), "dequantized iq4_nl != dequantized IQ4_NL");
   assert.throws(() => repackGgufBlocks("IQ4_NL", new Uint8Array(18 * 3), 1, 96), /k % 64 == 0/);
   // the native kernel (small M and the tiles) on the repacked bits against f32 on the dequantized weight
+  const qw: QuantizedWeight = {
+    scheme: "iq4_nl", outFeatures: n, inFeatures: k, rowSums: null,
+    data: fromBytes(q.data, "uint8", [n, k / 2]), scales: fromBytes(new Uint8Array(q.scales.buffer), "float16", [n, k / 32]),
+  };
   for (const rows of [1, m, 9]) {
-    const xr = seededRandn(rows * k, 33 + rows);
-    const out = new Float32Array(rows * n);
-    native!.quantMatmul(xr, q.data, q.scales, new Int32Array(0), out, rows, n, k, nativeQuantCode("iq4_nl"));
-    for (let r = 0; r < rows; r++) {
-      let amax = 0;
-      for (let i = 0; i < k; i++) amax = Math.max(amax, Math.abs(xr[r * k + i]!));
-      for (let c = 0; c < n; c++) {
-        let exact = 0, wAbs = 0;
-        for (let i = 0; i < k; i++) {
-          exact += xr[r * k + i]! * want[c * k + i]!;
-          wAbs += Math.abs(want[c * k + i]!);
-        }
-        // x rounded to int8 per row: each element off by at most amax / 254
-        const bound = (amax / 254) * wAbs * 1.001 + 1e-3 * Math.abs(exact) + 1e-6;
-        assert.ok(Math.abs(out[r * n + c]! - exact) <= bound, `M=${rows} [${r},${c}]: ${out[r * n + c]} vs ${exact} (bound ${bound})`);
-      }
-    }
+    const x = seededRandn(rows * k, 33 + rows);
+    expectWithinActivationRounding(qw, x, want, quantMatmulRef("iq4_nl", x, { ...q, rowSums: new Int32Array(0) }, rows, n, k), rows, `M=${rows} `);
   }
 });
 
