@@ -501,7 +501,12 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const linears = new Map<string, [string, Linear]>();
   for (const [name, m] of model.namedModules()) if (m instanceof Linear) linears.set(name ? `${name}.weight` : "weight", [name, m]);
   const declined = new Map<string, string[]>(); // reason -> GGUF tensor names
-  const requantized = new Map<string, string[]>(); // the same, for tensors requantized to int8_g32
+  // the same, for tensors whose values change on load (requantized to int8_g32, or IQ4_XS's scales rounded to f16)
+  const converted = new Map<string, string[]>();
+  const convert = (why: string, name: string) => {
+    const names = converted.get(why) ?? [];
+    if (!names.includes(name)) converted.set(why, [...names, name]); // a tied table is looked at twice
+  };
   const counts = new Map<QuantScheme, number>();
   type Info = { type: string; shape: number[]; name: string };
   /** A tensor's bytes for the repack: mapped from the file (no read into a copy; KILN_NO_MMAP=1 reads them). */
@@ -545,8 +550,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
     }
     if (!nativeTakesScheme(native!, GGUF_DIRECT_SCHEME[type])) return decline(`${type} (this native addon lacks the ${GGUF_DIRECT_SCHEME[type]} kernel)`);
     if (type === "IQ4_XS") {
-      const why = "IQ4_XS (no IQ4_XS kernel) run as iq4_nl, each 32 weights' scale d * (ls - 32) rounded to f16 (within 2^-11 relative)";
-      if (!requantized.get(why)?.includes(info.name)) requantized.set(why, [...(requantized.get(why) ?? []), info.name]);
+      convert("IQ4_XS (no IQ4_XS kernel) run as iq4_nl, each 32 weights' scale d * (ls - 32) rounded to f16 (within 2^-11 relative)", info.name);
     }
     return type;
   };
@@ -559,8 +563,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
   const requantizes = (info: Info): boolean => {
     if (!enabled || info.shape.length < 2 || !REQUANTIZED_GGUF_TYPES.has(info.type)) return false;
     if (!fitsDirectKernel("Q8_0", info.shape.at(-1)!) || !nativeTakesScheme(native!, "int8_g32")) return false;
-    const why = `${info.type} (no ${info.type} kernel) requantized to int8_g32`;
-    requantized.set(why, [...(requantized.get(why) ?? []), info.name]);
+    convert(`${info.type} (no ${info.type} kernel) requantized to int8_g32`, info.name);
     return true;
   };
   return {
@@ -626,7 +629,7 @@ function directQuantLoader(model: CausalLM, options: LoadOptions) {
       const note = options.onNote ?? ((m: string) => console.warn(m));
       for (const [why, names] of declined)
         note(`[load] ${file}: ${names.length} tensor(s) ${why}; dequantized to float: ${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""}`);
-      for (const [why, names] of requantized) note(`[load] ${file}: ${names.length} tensor(s) ${why}: ${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""}`);
+      for (const [why, names] of converted) note(`[load] ${file}: ${names.length} tensor(s) ${why}: ${names.slice(0, 4).join(", ")}${names.length > 4 ? ", ..." : ""}`);
     },
     /** The scheme most tensors were loaded in (null: none quantized). */
     scheme: (): QuantScheme | null => [...counts].sort((a, b) => b[1] - a[1])[0]?.[0] ?? null,
