@@ -36,6 +36,8 @@ export interface FrontendArgs {
   enablePromptEmbeds: boolean;
   allowedOrigins: string[];
   maxWaitingRequests: number | null;
+  /** vLLM --stream-interval: a streamed reply's tokens per chunk (the first and the last aside). */
+  streamInterval: number;
   /** vLLM --lora-modules: adapters served under their names from the start. */
   loraModules: LoraModuleArg[];
   /** vLLM --return-tokens-as-token-ids: logprobs name tokens as "token_id:<id>" (a request's return_tokens_as_token_ids overrides). */
@@ -97,6 +99,7 @@ export function addFrontendOptions(cmd: Command): Command {
     .option("--allowed-methods <json>", "CORS allowed methods as a JSON list", '["*"]')
     .option("--allowed-headers <json>", "CORS allowed request headers as a JSON list", '["*"]')
     .option("--max-waiting-requests <n>", "reject new requests with 503 once this many are waiting")
+    .option("--stream-interval <n>", "tokens per chunk of a streamed reply (the first token and the end go at once); above 1 saves host work per token", "1")
     .option("--lora-modules <specs...>", 'LoRA adapters to serve, each name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}')
     .option("--return-tokens-as-token-ids", 'logprobs name their tokens as "token_id:<id>" (chat and completions)', false)
     .option("--enable-request-id-headers", "every response carries X-Request-Id: the request's own, else a generated one", false)
@@ -323,6 +326,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
       allowedHeaders: parseJsonList(o.allowedHeaders, "--allowed-headers", '["authorization", "content-type"]'),
     },
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
+    streamInterval: int(o.streamInterval, "--stream-interval", 1),
     loraModules: parseLoraModules(o.loraModules),
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),
     enableForceIncludeUsage: Boolean(o.enableForceIncludeUsage),

@@ -134,6 +134,7 @@ export function serverEngineOptions(
     servedModelNames: names,
     maxModelLen: loaded.maxModelLen,
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
+    streamInterval: args.streamInterval,
     ...(loaded.generationDefaults ? { generationDefaults: loaded.generationDefaults } : {}),
     ...(args.chatTemplate !== null ? { chatTemplate: args.chatTemplate } : {}),
     trustRequestChatTemplate: args.trustRequestChatTemplate,

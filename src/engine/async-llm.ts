@@ -10,8 +10,12 @@ import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { PauseMode, SleepLevel, WakeTag } from "./sleep-mode.js";
 import type { EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams } from "./types.js";
+import { EngineInputError } from "./errors.js";
+import { epochNow, OutputPacer } from "./output-pacing.js";
 
 interface Stream {
+  /** Which steps' outputs it gets (null: every step's). */
+  pacer: OutputPacer | null;
   queue: RequestOutput[];
   wake: (() => void) | null;
   done: boolean;
@@ -79,6 +83,9 @@ export class AsyncLLM implements EngineClient {
     options: GenerateOptions,
   ): AsyncIterable<RequestOutput> {
     const { requestId } = options;
+    const streamInterval = options.streamInterval ?? 1;
+    if (!Number.isInteger(streamInterval) || streamInterval < 1) throw new EngineInputError("stream_interval", `must be an integer >= 1, got ${streamInterval}`);
+    const pacer = new OutputPacer(streamInterval, options.finalOnly ?? false);
     this.engine.sampler.validateParams(params);
     this.engine.addRequest({
       requestId,
@@ -91,7 +98,7 @@ export class AsyncLLM implements EngineClient {
       kvTransfer: options.kvTransfer ?? null,
       ...(options.mmFeatures ? { mmFeatures: options.mmFeatures } : {}),
     });
-    const stream: Stream = { queue: [], wake: null, done: false, error: null };
+    const stream: Stream = { pacer: pacer.paced ? pacer : null, queue: [], wake: null, done: false, error: null };
     this.streams.set(requestId, stream);
     this.startLoop();
     return this.iterate(requestId, stream, options.delta ?? false);
@@ -120,6 +127,11 @@ export class AsyncLLM implements EngineClient {
   private deliver(out: RequestOutput): void {
     const s = this.streams.get(out.requestId);
     if (s === undefined || s.done) return;
+    if (s.pacer !== null) {
+      const tokenSteps = s.pacer.offer(out, epochNow());
+      if (tokenSteps === null) return; // held back: outputs are cumulative, the next one delivered carries it
+      out = { ...out, tokenSteps };
+    }
     s.queue.push(out);
     if (out.finished) s.done = true;
     s.wake?.();

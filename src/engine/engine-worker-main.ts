@@ -21,7 +21,8 @@ import {
   type WorkerReply,
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
-import type { EngineStats, RequestOutput } from "./types.js";
+import type { EngineStats, RequestOutput, TokenStep } from "./types.js";
+import { epochNow, OutputPacer } from "./output-pacing.js";
 import type { SleepLevel } from "./sleep-mode.js";
 
 /** What was already sent of one request, to turn EngineCore's cumulative outputs into deltas. */
@@ -32,6 +33,8 @@ interface Sent {
   chars: number[];
   promptLogprobs: number;
   promptSent: boolean;
+  /** Which steps' outputs go out (null: every step's). */
+  pacer: OutputPacer | null;
 }
 
 const port: MessagePort = (() => {
@@ -52,7 +55,7 @@ function tokenizerSource(loadedPath: string, model: string, tokenizer: string | 
   return { kind: "gguf", file: loadedPath };
 }
 
-function toWire(out: RequestOutput, sent: Sent): WireOutput {
+function toWire(out: RequestOutput, sent: Sent, tokenSteps: TokenStep[] | null): WireOutput {
   const w: WireOutput = {
     seq: sent.seq,
     finished: out.finished,
@@ -77,6 +80,7 @@ function toWire(out: RequestOutput, sent: Sent): WireOutput {
   };
   if (out.pooled != null) w.pooled = out.pooled;
   if (out.kvSnapshot !== undefined) w.kvSnapshot = out.kvSnapshot;
+  if (tokenSteps !== null) w.tokenSteps = tokenSteps;
   if (!sent.promptSent) {
     w.promptTokenIds = out.promptTokenIds;
     sent.promptSent = true;
@@ -116,6 +120,7 @@ async function main(): Promise<void> {
   let pendingSyncs: number[] = [];
   let pendingReplies: WorkerReply[] = [];
   let scheduled = false;
+  let lastStats = ""; // the stats of the last update sent (JSON)
   /** A "wait" sleep: the call to answer once the requests running have finished. */
   let sleepAfterDrain: { id: number; level: SleepLevel } | null = null;
   const reply = (id: number, run: () => boolean | void): void => {
@@ -132,7 +137,9 @@ async function main(): Promise<void> {
       const seq = seqOfRequest.get(out.requestId);
       const sent = seq === undefined ? undefined : sentBySeq.get(seq);
       if (sent === undefined) continue;
-      pendingOutputs.push(toWire(out, sent));
+      // a paced request's held-back steps go out with a later output (outputs are cumulative)
+      const steps = sent.pacer === null ? null : sent.pacer.offer(out, epochNow());
+      if (sent.pacer === null || steps !== null) pendingOutputs.push(toWire(out, sent, steps));
       if (out.finished) {
         sentBySeq.delete(sent.seq);
         seqOfRequest.delete(out.requestId);
@@ -157,7 +164,12 @@ async function main(): Promise<void> {
       port.close();
       return;
     }
-    post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, replies: pendingReplies, stats: stats() });
+    // an update with nothing in it but unchanged stats is not sent: each one wakes the caller's thread
+    const snapshot = stats();
+    const key = JSON.stringify(snapshot);
+    const empty = pendingOutputs.length === 0 && pendingErrors.length === 0 && pendingSyncs.length === 0 && pendingReplies.length === 0;
+    if (!empty || key !== lastStats) post({ type: "update", outputs: pendingOutputs, errors: pendingErrors, syncIds: pendingSyncs, replies: pendingReplies, stats: snapshot });
+    lastStats = key;
     pendingOutputs = [];
     pendingErrors = [];
     pendingSyncs = [];
@@ -175,6 +187,7 @@ async function main(): Promise<void> {
       case "add": {
         try {
           core.sampler.validateParams(m.params);
+          const pacer = new OutputPacer(m.streamInterval, m.finalOnly);
           core.addRequest({
             requestId: m.requestId,
             promptTokenIds: m.promptTokenIds,
@@ -187,7 +200,7 @@ async function main(): Promise<void> {
             mmFeatures: m.mmFeatures,
           });
           seqOfRequest.set(m.requestId, m.seq);
-          sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false });
+          sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false, pacer: pacer.paced ? pacer : null });
         } catch (err) {
           pendingErrors.push({ seq: m.seq, error: toWireError(err) });
         }

@@ -4,7 +4,7 @@
 import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { KvCacheDtype } from "./paged-model-runner.js";
-import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs } from "./types.js";
+import type { EngineStats, FinishReason, RequestMetrics, SamplingParams, TokenLogprobs, TokenStep } from "./types.js";
 import type { KvSnapshot } from "./kv-transfer.js";
 import type { MultiModalFeature } from "./model-runner.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
@@ -37,6 +37,9 @@ export type ToWorker =
       kvTransfer: { export?: boolean; import?: KvSnapshot | null } | null;
       /** The prompt's images (their pixels cloned into the worker). */
       mmFeatures: readonly MultiModalFeature[];
+      /** GenerateOptions.streamInterval and finalOnly: which steps' outputs the worker sends (output-pacing.ts). */
+      streamInterval: number;
+      finalOnly: boolean;
     }
   /** Every stream of one abort call, so that aborting a many-input request is one message (and one worker turn). */
   | { type: "abort"; seqs: number[] }
@@ -95,6 +98,8 @@ export interface WireOutput {
   pooled?: Float32Array;
   /** P/D disaggregation: the prompt's K/V, with the finished update of a request that exported it. */
   kvSnapshot?: KvSnapshot;
+  /** RequestOutput.tokenSteps: the steps held back since the last update of a paced request. */
+  tokenSteps?: TokenStep[];
 }
 
 /** Where the caller's thread loads its own tokenizer from (the worker loads the model). */

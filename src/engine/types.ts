@@ -88,6 +88,18 @@ export interface RequestOutput {
   pooled?: Float32Array | null;
   /** P/D disaggregation: the prompt's K/V, on the final output of a request that asked to export it (kv-transfer.ts). */
   kvSnapshot?: KvSnapshot;
+  /**
+   * The engine steps whose tokens this output is the first to carry, when steps were held back (a streamInterval
+   * above 1, or finalOnly; see output-pacing.ts): when each made its tokens and how many, for per-token metrics.
+   * Absent: the output carries one step's tokens, made as it was delivered.
+   */
+  tokenSteps?: TokenStep[];
+}
+
+/** One engine step's new tokens for a request: when it produced them (ms since the epoch) and how many. */
+export interface TokenStep {
+  time: number;
+  tokens: number;
 }
 
 export interface RequestMetrics {
@@ -133,6 +145,16 @@ export interface GenerateOptions {
   kvTransfer?: { export?: boolean; import?: KvSnapshot | null } | null;
   /** The prompt's images (an image-text model): processed pixels and the prompt positions each one fills. */
   mmFeatures?: readonly MultiModalFeature[];
+  /**
+   * Deliver an output every this many new tokens (and the first and the finished one): vLLM's --stream-interval.
+   * Default 1: every step's.
+   */
+  streamInterval?: number;
+  /**
+   * Only the finished output matters (vLLM's RequestOutputKind.FINAL_ONLY, its server's choice for non-streaming
+   * requests). Kiln still delivers the first output and, every FINAL_ONLY_FLUSH_MS, a partial one (output-pacing.ts).
+   */
+  finalOnly?: boolean;
 }
 
 /** What the server needs from an engine: implemented by AsyncLLM. */

@@ -211,6 +211,8 @@ export class WorkerEngine implements EngineClient {
           "logitsProcessors) and steer it per request with extraArgs (`vllm_xargs` over HTTP), or use the " +
           "in-process engine (KILN_ENGINE_IN_PROCESS=1) or the offline LLM",
       );
+    const streamInterval = options.streamInterval ?? 1;
+    if (!Number.isInteger(streamInterval) || streamInterval < 1) throw new EngineInputError("stream_interval", `must be an integer >= 1, got ${streamInterval}`);
     const p = normalizeSamplingParams(params, { maxLogprobs: this.maxLogprobs, vocabSize: this.vocabSize });
     const ids = prompt.promptTokenIds;
     if (!Array.isArray(ids) || ids.length === 0) throw new EngineInputError("prompt", "the prompt is empty");
@@ -254,6 +256,8 @@ export class WorkerEngine implements EngineClient {
       loraRequest: options.loraRequest ?? null,
       kvTransfer: options.kvTransfer ?? null,
       mmFeatures: options.mmFeatures ?? [],
+      streamInterval,
+      finalOnly: options.finalOnly ?? false,
     });
     return this.iterate(stream);
   }
@@ -432,6 +436,7 @@ export class WorkerEngine implements EngineClient {
       metrics: w.metrics,
       ...(w.pooled !== undefined ? { pooled: w.pooled } : {}),
       ...(w.kvSnapshot !== undefined ? { kvSnapshot: w.kvSnapshot } : {}),
+      ...(w.tokenSteps !== undefined ? { tokenSteps: w.tokenSteps } : {}),
     });
     if (w.finished) this.end(s, null);
     else this.wake(s);

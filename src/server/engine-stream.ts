@@ -17,8 +17,13 @@ export interface EngineRequest {
   kvTransfer?: GenerateOptions["kvTransfer"];
   /** The prompt's images (an image-text model). */
   mmFeatures?: GenerateOptions["mmFeatures"];
-  /** The client reads the reply streamed (how the request log logs its outputs). */
+  /**
+   * The client reads the reply streamed (how the request log logs its outputs). false: only the finished output
+   * matters (GenerateOptions.finalOnly, as vLLM's server asks FINAL_ONLY for non-streaming requests).
+   */
   stream?: boolean;
+  /** A streamed reply's tokens per chunk (vLLM's --stream-interval; default 1). */
+  streamInterval?: number;
 }
 
 /** Live engine request ids, so that shutdown can abort whatever is left after the drain timeout. */
@@ -51,6 +56,8 @@ export async function* streamEngineRequest(
     ...(req.loraRequest ? { loraRequest: req.loraRequest } : {}),
     ...(req.kvTransfer ? { kvTransfer: req.kvTransfer } : {}),
     ...(req.mmFeatures ? { mmFeatures: req.mmFeatures } : {}),
+    ...(req.stream === false ? { finalOnly: true } : {}),
+    ...(req.stream === true && req.streamInterval !== undefined && req.streamInterval > 1 ? { streamInterval: req.streamInterval } : {}),
   };
   // An engine may reject the request synchronously (EngineInputError): nothing to abort or count then.
   const outputs = engine.generate(prompt, req.params, options);
@@ -68,7 +75,7 @@ export async function* streamEngineRequest(
     for await (const out of outputs) {
       unstarted.delete(req.requestId);
       if (signal.aborted) break;
-      tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0));
+      tracker.onTokens(out.outputs.reduce((sum, o) => sum + o.tokenIds.length, 0), out.tokenSteps);
       for (const o of out.outputs) {
         choiceTokens[o.index] = (choiceTokens[o.index] ?? 0) + o.tokenIds.length;
         if (logged === null) continue;

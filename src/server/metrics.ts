@@ -2,7 +2,8 @@
 // Gauges are read from engine.stats() at scrape time; latencies are measured here, around each request's stream.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { KvTransferService } from "./kv-transfer.js";
-import type { EngineClient, FinishReason, RequestMetrics } from "../engine/types.js";
+import type { EngineClient, FinishReason, RequestMetrics, TokenStep } from "../engine/types.js";
+import { epochNow } from "../engine/output-pacing.js";
 import { sleepStateGauge } from "../engine/sleep-mode.js";
 
 // Bucket edges as in vLLM's v1 metrics loggers (seconds).
@@ -193,27 +194,34 @@ export class ServerMetrics {
   }
 }
 
-/** Per-request latency bookkeeping (TTFT from server arrival, ITL between token-bearing outputs). */
+/**
+ * Per-request latency bookkeeping (TTFT from server arrival, ITL between token-bearing engine steps: the steps an
+ * output carries when the engine held some back, RequestOutput.tokenSteps, else the output's arrival).
+ */
 export class RequestTracker {
-  private readonly start = performance.now();
+  private readonly start = epochNow();
   private lastTokenAt: number | null = null;
   private done = false;
 
   constructor(private readonly metrics: ServerMetrics) {}
 
-  onTokens(n: number): void {
+  onTokens(n: number, steps?: readonly TokenStep[]): void {
     if (n <= 0) return;
-    const now = performance.now();
-    const first = this.lastTokenAt === null ? (now - this.start) / 1000 : null;
-    const gap = this.lastTokenAt !== null ? (now - this.lastTokenAt) / 1000 : null;
+    if (steps === undefined || steps.length === 0) return this.step(n, epochNow());
+    for (const s of steps) this.step(s.tokens, s.time);
+  }
+
+  private step(n: number, at: number): void {
+    const first = this.lastTokenAt === null ? Math.max(0, at - this.start) / 1000 : null;
+    const gap = this.lastTokenAt !== null ? Math.max(0, at - this.lastTokenAt) / 1000 : null;
     this.metrics.recordTokens(n, gap, first);
-    this.lastTokenAt = now;
+    this.lastTokenAt = at;
   }
 
   /** stats: the request's token counts and engine times, when it ran to a finish the engine reported. */
   finish(reason: FinishReason | "error", queueSeconds: number | null = null, stats: FinishedRequestStats | null = null): void {
     if (this.done) return;
     this.done = true;
-    this.metrics.recordFinish(reason, (performance.now() - this.start) / 1000, queueSeconds, stats);
+    this.metrics.recordFinish(reason, (epochNow() - this.start) / 1000, queueSeconds, stats);
   }
 }

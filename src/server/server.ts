@@ -96,6 +96,8 @@ export interface ServerEngineOptions {
   maxModelLen: number;
   /** 503 once the engine's waiting queue holds this many requests. */
   maxWaitingRequests?: number;
+  /** vLLM's --stream-interval: a streamed reply's tokens per chunk (the first and the last chunk aside). Default 1. */
+  streamInterval?: number;
   generationDefaults?: Partial<SamplingParams>;
   chatTemplate?: string;
   /** Requests may carry their own chat_template (vLLM --trust-request-chat-template). Default false, as in vLLM. */
@@ -363,6 +365,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         servedModelNames: engineOptions.servedModelNames,
         maxModelLen: engineOptions.maxModelLen,
         maxWaitingRequests: engineOptions.maxWaitingRequests,
+        streamInterval: engineOptions.streamInterval ?? 1,
         generationDefaults: engineOptions.generationDefaults ?? {},
         chatTemplate: engineOptions.chatTemplate,
         trustRequestChatTemplate: engineOptions.trustRequestChatTemplate ?? false,

@@ -181,7 +181,7 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
     {
       requestId: engineId, promptTokenIds, prompt: promptText, params, priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora,
-      kvTransfer: kvt?.option ?? null, ...(mmFeatures !== null ? { mmFeatures } : {}), stream: req.stream,
+      kvTransfer: kvt?.option ?? null, ...(mmFeatures !== null ? { mmFeatures } : {}), stream: req.stream, streamInterval: ctx.streamInterval,
     },
     controller.signal, ctx.requestLog);
   // echo: the final message's content goes before the reply when the reply takes that message's role (vLLM's rule:

@@ -150,7 +150,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   const streams = prepared.map((p, i) =>
     streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, {
       requestId: `${engineId}-${i}`, promptTokenIds: p.promptTokenIds, prompt: p.promptText, params: params[i]!, ...(p.embeds ? { mmFeatures: [p.embeds] } : {}),
-      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null, stream: req.stream,
+      priority: req.priority, ...(req.cacheSalt ? { cacheSalt: req.cacheSalt } : {}), loraRequest: lora, kvTransfer: kvt?.option ?? null, stream: req.stream, streamInterval: ctx.streamInterval,
     }, controller.signal, ctx.requestLog));
   const choices: Choice[] = [];
   for (let pi = 0; pi < prepared.length; pi++) {

@@ -26,6 +26,8 @@ export interface ServingContext {
   servedModelNames: string[];
   maxModelLen: number;
   maxWaitingRequests: number | undefined;
+  /** A streamed reply's tokens per chunk (vLLM's --stream-interval). */
+  streamInterval: number;
   generationDefaults: Partial<SamplingParams>;
   chatTemplate: string | undefined;
   /** A request may bring its own chat template (vLLM --trust-request-chat-template); else such requests get a 400. */

@@ -71,7 +71,7 @@ async function handleMessages(ctx: ServingContext, request: FastifyRequest, repl
   const controller = new AbortController();
   abortOnDisconnect(request, reply, controller);
   const stream = streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted,
-    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: chat.priority, loraRequest: lora, ...(mmFeatures !== null ? { mmFeatures } : {}), stream: req.stream },
+    { requestId: engineId, promptTokenIds, prompt: promptText, params, priority: chat.priority, loraRequest: lora, ...(mmFeatures !== null ? { mmFeatures } : {}), stream: req.stream, streamInterval: ctx.streamInterval },
     controller.signal, ctx.requestLog);
   try {
     const outputs = await primeStream(stream);

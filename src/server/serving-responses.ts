@@ -142,6 +142,7 @@ export async function handleResponses(ctx: ServingContext, request: FastifyReque
       loraRequest: lora,
       ...(mmFeatures !== null ? { mmFeatures } : {}),
       stream: req.stream,
+      streamInterval: ctx.streamInterval,
     },
     controller.signal,
     ctx.requestLog,

@@ -1,7 +1,7 @@
 // vLLM's `serve` flags whose effect shows over HTTP, through one real `kiln serve` started with all of them (part from
 // a --config YAML file): HTTPS (--ssl-keyfile/--ssl-certfile), --root-path, --enable-request-id-headers,
 // --response-role, --return-tokens-as-token-ids, --max-logprobs, --tokenizer, --override-generation-config,
-// --enable-server-load-tracking; and VLLM_SERVER_DEV_MODE=1's endpoints.
+// --enable-server-load-tracking, --stream-interval; and VLLM_SERVER_DEV_MODE=1's endpoints.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { X509Certificate } from "node:crypto";
@@ -102,6 +102,7 @@ describe("kiln serve: vLLM serve flags (e2e, HTTPS)", () => {
       "override_generation_config: {max_new_tokens: 3}",
       "long_prefill_token_threshold: 8",
       "trust_remote_code: yes",
+      "stream_interval: 4",
       "",
     ].join("\n"));
     server = await startKiln([
@@ -231,6 +232,28 @@ describe("kiln serve: vLLM serve flags (e2e, HTTPS)", () => {
     assert.ok(!text.body.vllm_config.includes("PRIVATE KEY"));
     const reset = await call("/reset_prefix_cache", {});
     assert.equal(reset.status, 200);
+  });
+
+  it("--stream-interval 4 (from --config): a streamed completion comes 4 tokens a chunk after the first; metrics count every token", async () => {
+    const metric = async (name: string): Promise<number> => {
+      const line = (await call("/metrics")).text.split("\n").find((l) => l.startsWith(`${name}{`));
+      assert.ok(line, `${name} missing`);
+      return Number(line.slice(line.lastIndexOf(" ") + 1));
+    };
+    const body = { max_tokens: 10, logprobs: 1, return_tokens_as_token_ids: true };
+    const streamed = await complete({ ...body, stream: true });
+    assert.equal(streamed.status, 200);
+    const chunks = streamed.text.split("\n\n").filter((e) => e.startsWith("data: {")).map((e) => JSON.parse(e.slice(6)));
+    const perChunk = chunks.map((c) => (c.choices[0]?.logprobs?.tokens ?? []) as string[]).filter((t) => t.length > 0);
+    assert.deepEqual(perChunk.map((t) => t.length), [1, 4, 4, 1]);
+    // the same greedy reply unstreamed (the engine sends its final output only, and token timings for the metrics)
+    const [tokens0, itl0, ttft0] = [await metric("vllm:generation_tokens_total"), await metric("vllm:inter_token_latency_seconds_count"), await metric("vllm:time_to_first_token_seconds_count")];
+    const whole = await complete(body);
+    assert.deepEqual(whole.body.choices[0].logprobs.tokens, perChunk.flat());
+    assert.equal(whole.body.choices[0].text, chunks.map((c) => c.choices[0]?.text ?? "").join(""));
+    assert.equal(await metric("vllm:generation_tokens_total"), tokens0 + 10);
+    assert.equal(await metric("vllm:inter_token_latency_seconds_count"), itl0 + 9, "one inter-token latency per token after the first");
+    assert.equal(await metric("vllm:time_to_first_token_seconds_count"), ttft0 + 1);
   });
 
   it("--no-enable-chunked-prefill with a step budget below max_model_len stops the start-up, naming both", () => {

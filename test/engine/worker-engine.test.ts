@@ -190,6 +190,42 @@ test("WorkerEngine: invalid input is an EngineInputError naming the param", { ti
   assert.equal(outs.at(-1)!.finished, true);
 });
 
+test("WorkerEngine: streamInterval and finalOnly hold steps back; outputs and token steps still add up", { timeout: 60_000 }, async () => {
+  const ids = engine.tokenizer.encode(PROMPTS[1]!);
+  const params = { temperature: 0, maxTokens: 22, ignoreEos: true, logprobs: 1 };
+  const every = await collect(engine.generate({ promptTokenIds: ids }, params, { requestId: "p1", delta: true }));
+  const want = every.flatMap((o) => o.outputs[0]!.tokenIds);
+  assert.equal(want.length, 22);
+  assert.ok(every.every((o) => o.tokenSteps === undefined), "unpaced outputs carry no token steps");
+  const check = (outs: RequestOutput[]): number[] => {
+    assert.deepEqual(outs.flatMap((o) => o.outputs[0]!.tokenIds), want);
+    assert.equal(outs.map((o) => o.outputs[0]!.text).join(""), every.map((o) => o.outputs[0]!.text).join(""));
+    assert.equal(outs.flatMap((o) => o.outputs[0]!.logprobs ?? []).length, 22);
+    const times: number[] = [];
+    for (const o of outs) {
+      const steps = o.tokenSteps ?? [];
+      assert.equal(steps.reduce((a, st) => a + st.tokens, 0), o.outputs[0]!.tokenIds.length, "an output's steps hold its tokens");
+      for (const st of steps) times.push(st.time);
+    }
+    assert.deepEqual(times, [...times].sort((a, b) => a - b), "steps in order");
+    assert.ok(times.every((t) => Math.abs(t - Date.now()) < 60_000), "step times are wall-clock ms");
+    return outs.map((o) => o.outputs[0]!.tokenIds.length).filter((n) => n > 0);
+  };
+  // every 4 tokens: the first token at once, then 4 at a time, the rest with the finished output
+  const four = await collect(engine.generate({ promptTokenIds: ids }, params, { requestId: "p4", delta: true, streamInterval: 4 }));
+  assert.deepEqual(check(four), [1, 4, 4, 4, 4, 4, 1]);
+  // final only (cumulative outputs): the first token, a partial output per FINAL_ONLY_FLUSH_MS, then the finished one
+  const t0 = Date.now();
+  const final = await collect(engine.generate({ promptTokenIds: ids }, params, { requestId: "pf", finalOnly: true }));
+  const ms = Date.now() - t0;
+  assert.deepEqual(final.at(-1)!.outputs[0]!.tokenIds, want);
+  assert.ok(final.length >= 2 && final.length <= 3 + ms / 250, `${final.length} outputs in ${ms} ms`);
+  const deltas = final.map((o, i) => ({ ...o, outputs: [{ ...o.outputs[0]!, tokenIds: o.outputs[0]!.tokenIds.slice(i === 0 ? 0 : final[i - 1]!.outputs[0]!.tokenIds.length), text: o.outputs[0]!.text.slice(i === 0 ? 0 : final[i - 1]!.outputs[0]!.text.length), logprobs: o.outputs[0]!.logprobs!.slice(i === 0 ? 0 : final[i - 1]!.outputs[0]!.logprobs!.length) }] }));
+  assert.equal(check(deltas)[0], 1, "the first token goes at once");
+  const isInputError = (e: unknown) => e instanceof EngineInputError && e.param === "stream_interval";
+  for (const bad of [0, 2.5]) assert.throws(() => engine.generate({ promptTokenIds: ids }, params, { requestId: "pbad", streamInterval: bad }), isInputError);
+});
+
 test("WorkerEngine: the caller's event loop stays responsive during a long generation", { timeout: 120_000 }, async (t) => {
   const ids = engine.tokenizer.encode(PROMPTS[2]!);
   let last = performance.now();

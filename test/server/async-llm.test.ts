@@ -13,9 +13,10 @@ describe("server over AsyncLLM", () => {
   let app: FastifyInstance;
   let url: string;
   let client: OpenAI;
+  let engine: AsyncLLM;
   before(async () => {
     const tokenizer = new FakeTokenizer();
-    const engine = new AsyncLLM({ runner: new FakeModelRunner(tokenizer.vocabSize), tokenizer, engineArgs: { maxModelLen: 128, numGpuBlocks: 256 } });
+    engine = new AsyncLLM({ runner: new FakeModelRunner(tokenizer.vocabSize), tokenizer, engineArgs: { maxModelLen: 128, numGpuBlocks: 256 } });
     app = createServer({ engine, tokenizer, servedModelNames: ["real"], maxModelLen: 128, version: "t" });
     await app.listen({ port: 0, host: "127.0.0.1" });
     url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
@@ -56,6 +57,22 @@ describe("server over AsyncLLM", () => {
       // APIUserAbortError, depending on timing
     }
     await waitFor(async () => (await freeBlocks(url)) === start);
+  });
+
+  it("streamInterval and finalOnly pace AsyncLLM's outputs as the worker's (output-pacing.ts)", async () => {
+    const run = async (options: { streamInterval?: number; finalOnly?: boolean }, id: string) => {
+      const counts: number[] = [];
+      let steps = 0;
+      for await (const o of engine.generate({ promptTokenIds: [3, 4, 5] }, { maxTokens: 9, ignoreEos: true }, { requestId: id, delta: true, ...options })) {
+        counts.push(o.outputs[0]!.tokenIds.length);
+        steps += (o.tokenSteps ?? []).reduce((a, st) => a + st.tokens, 0);
+      }
+      return { counts: counts.filter((n) => n > 0), steps };
+    };
+    assert.deepEqual(await run({}, "a1"), { counts: [1, 1, 1, 1, 1, 1, 1, 1, 1], steps: 0 });
+    assert.deepEqual(await run({ streamInterval: 3 }, "a3"), { counts: [1, 3, 3, 2], steps: 9 });
+    const final = await run({ finalOnly: true }, "af"); // the first token, then the rest (9 fake steps take far less than 250 ms)
+    assert.deepEqual(final, { counts: [1, 8], steps: 9 });
   });
 
   it("engine input errors become 400s naming the param", async () => {
