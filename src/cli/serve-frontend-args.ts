@@ -326,7 +326,7 @@ export function parseFrontendArgs(model: string | undefined, o: Record<string, u
       allowedHeaders: parseJsonList(o.allowedHeaders, "--allowed-headers", '["authorization", "content-type"]'),
     },
     maxWaitingRequests: optInt(o.maxWaitingRequests, "--max-waiting-requests", 1),
-    streamInterval: int(o.streamInterval, "--stream-interval", 1),
+    streamInterval: optInt(o.streamInterval, "--stream-interval", 1) ?? 1,
     loraModules: parseLoraModules(o.loraModules),
     returnTokensAsTokenIds: Boolean(o.returnTokensAsTokenIds),
     enableForceIncludeUsage: Boolean(o.enableForceIncludeUsage),
