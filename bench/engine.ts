@@ -3,9 +3,11 @@
 // by default: decode-heavy (~32 prompt tokens, 128 output tokens) and prefill-heavy (~128 prompt, 64 output).
 // Reports output tokens/s (generated tokens / wall time, prefill included, as vLLM's `bench throughput`)
 // and the 32-vs-1 ratio: how much continuous batching buys. `--engines llm,worker` also runs each
-// concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it).
+// concurrency through WorkerEngine (the engine in a worker thread, as `kiln serve` uses it) with an output per step
+// (a streamed reply's), and `worker-final` with final-only outputs (GenerateOptions.finalOnly: a non-streaming
+// reply's); each worker row prints its ratio to the in-process LLM's row of the same shape and concurrency.
 // The model and tokenizer are written once under <tmpdir>/kiln-bench-models and reused.
-// Usage: npm run bench:engine [-- --dtype float32|bfloat16] [--engines llm,worker] [--concurrency 1,8,32]
+// Usage: npm run bench:engine [-- --dtype float32|bfloat16] [--engines llm,worker,worker-final] [--concurrency 1,8,32]
 //        [--shapes 32x128,128x64]   (prompt tokens x output tokens)  [--enforce-eager]  (no step graphs)
 import * as os from "node:os";
 import * as path from "node:path";
@@ -70,17 +72,17 @@ function row(engine: string, prompts: number[][], t0: number, outputTokens: numb
   };
 }
 
-async function runWorker(engine: WorkerEngine, prompts: number[][], tag: string): Promise<Row> {
+async function runWorker(engine: WorkerEngine, prompts: number[][], tag: string, finalOnly: boolean): Promise<Row> {
   const t0 = performance.now();
   const counts = await Promise.all(
     prompts.map(async (promptTokenIds, i) => {
       let n = 0;
-      for await (const out of engine.generate({ promptTokenIds }, params(), { requestId: `${tag}-${i}`, delta: true }))
+      for await (const out of engine.generate({ promptTokenIds }, params(), { requestId: `${tag}-${i}`, delta: true, finalOnly }))
         n += out.outputs[0]!.tokenIds.length;
       return n;
     }),
   );
-  return row("WorkerEngine", prompts, t0, counts.reduce((a, b) => a + b, 0));
+  return row(finalOnly ? "WorkerEngine final" : "WorkerEngine", prompts, t0, counts.reduce((a, b) => a + b, 0));
 }
 
 async function main(): Promise<void> {
@@ -108,13 +110,15 @@ async function main(): Promise<void> {
       for (const c of concurrencies) rows.push(runInProcess(llm, randomPrompts(c, c)));
     }
   }
-  if (engines.includes("worker")) {
+  const modes = [engines.includes("worker") ? [false] : [], engines.includes("worker-final") ? [true] : []].flat();
+  if (modes.length > 0) {
     const engine = await WorkerEngine.create(args);
     try {
-      await runWorker(engine, randomPrompts(2, 99), "warm");
+      await runWorker(engine, randomPrompts(2, 99), "warm", false);
       for (const [p, o] of shapes) {
         [PROMPT_LEN, OUTPUT_LEN] = [p, o];
-        for (const c of concurrencies) rows.push(await runWorker(engine, randomPrompts(c, c), `${p}x${o}c${c}`));
+        // both delivery modes back to back per concurrency, so that they see the same moment of a noisy machine
+        for (const c of concurrencies) for (const final of modes) rows.push(await runWorker(engine, randomPrompts(c, c), `${p}x${o}c${c}${final ? "f" : ""}`, final));
       }
     } finally {
       await engine.close();
@@ -146,6 +150,11 @@ async function main(): Promise<void> {
         ((r.promptTokens + r.outputTokens) / r.seconds).toFixed(1).padStart(11),
       ].join(" "),
     );
+  }
+  for (const r of rows.filter((x) => x.engine !== "LLM (in-process)")) {
+    const ref = rows.find((x) => x.engine === "LLM (in-process)" && x.shape === r.shape && x.concurrency === r.concurrency);
+    if (ref !== undefined)
+      console.log(`${r.shape} ${r.engine} at ${r.concurrency}: output tok/s ${(r.outputTokens / r.seconds / (ref.outputTokens / ref.seconds)).toFixed(2)}x the in-process LLM's`);
   }
   for (const key of new Set(rows.map((r) => `${r.shape} ${r.engine}`))) {
     const mine = rows.filter((r) => `${r.shape} ${r.engine}` === key);
