@@ -61,6 +61,37 @@ const NO_EFFECT_FLAGS: readonly (readonly [flag: string, why: string])[] = [
   ["--enable-offline-docs", "Kiln serves no API docs pages"],
   ["--h11-max-incomplete-event-size <v>", "Node's HTTP server takes up to 16 KiB of request headers"],
   ["--h11-max-header-count <v>", "Node's HTTP server takes up to 2000 request headers"],
+  ["--attention-backend <v>", "attention runs in Kiln's one CPU kernel (paged, with an online softmax)"],
+  ["--attention-config <v>", "attention runs in Kiln's one CPU kernel (paged, with an online softmax)"],
+  ["--allow-deprecated-quantization", "no quantization method Kiln takes is deprecated"],
+  ["--kv-cache-metrics", "Kiln exports no KV-cache residency metrics"],
+  ["--kv-cache-metrics-sample <v>", "Kiln exports no KV-cache residency metrics"],
+  ["--cudagraph-metrics", "step graphs export no metrics of their own"],
+  ["--enable-layerwise-nvtx-tracing", "no NVTX ranges (no CUDA)"],
+  ["--enable-mfu-metrics", "Kiln exports no MFU metrics (npm run bench reports rooflines)"],
+  ["--enable-logging-iteration-details", "Kiln logs no per-step details"],
+  ["--enable-mm-processor-stats", "images are processed per request; no processor statistics"],
+  ["--mamba-cache-dtype <v>", "no state-space (Mamba) models are served"],
+  ["--mamba-ssm-cache-dtype <v>", "no state-space (Mamba) models are served"],
+  ["--mamba-block-size <v>", "no state-space (Mamba) models are served"],
+  ["--mamba-cache-mode <v>", "no state-space (Mamba) models are served"],
+  ["--ubatch-size <v>", "no dual-batch overlap"],
+  ["--dcp-kv-cache-interleave-size <v>", "no context parallelism"],
+  ["--cp-kv-cache-interleave-size <v>", "no context parallelism"],
+  ["--video-pruning-rate <v>", "no video inputs (images only)"],
+  ["--specialize-active-lora", "LoRA steps run the same kernels whatever adapters are active"],
+  ["--kv-offloading-size <v>", "the KV cache is in host memory already (size it with --kv-cache-memory)"],
+  ["--kv-offloading-backend <v>", "the KV cache is in host memory already (size it with --kv-cache-memory)"],
+  ["--profiler-config <v>", "no torch profiler (profile Kiln's JS side with node --cpu-prof)"],
+  // with --data-parallel-size 1, one engine per server: vLLM's external load balancing starts servers this way
+  ["--data-parallel-rank <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-start-rank <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-size-local <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-address <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-rpc-port <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-backend <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-hybrid-lb", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
+  ["--data-parallel-external-lb", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
 ];
 
 /** vLLM flags naming Python classes or other processes' roles, which Kiln cannot take: refused, saying why. */
@@ -74,6 +105,18 @@ const REFUSED_FLAGS: readonly (readonly [flag: string, why: string])[] = [
   ["--tool-server <v>", "Kiln runs no built-in (demo) or MCP tool servers for the Responses API: tools are the client's"],
   ["--tokens-only", "Kiln has no Tokens In<>Out endpoint to serve alone; /v1/completions takes token-id prompts and return_token_ids"],
   ["--enable-per-request-metrics", "replies carry no per-request timing; the /metrics histograms (vllm:time_to_first_token_seconds, ...) have it"],
+  ["--otlp-traces-endpoint <v>", "Kiln exports no OpenTelemetry traces; the /metrics histograms hold the request timings"],
+  ["--collect-detailed-traces <v...>", "Kiln exports no OpenTelemetry traces; the /metrics histograms hold the request timings"],
+  ["--model-weights <v>", "the weights are read from the model argument's files"],
+  ["--enable-return-routed-experts", "replies carry no mixture-of-experts routing"],
+  ["--enable-mm-embeds", "images come as pixels (image_url parts); precomputed image embeddings are not taken"],
+  ["--mm-encoder-only", "the vision tower runs beside the language model, not alone"],
+  ["--io-processor-plugin <v>", "it names a Python plugin"],
+  ["--reasoning-parser-plugin <v>", "it names a Python plugin (--reasoning-parser takes Kiln's built-in parsers)"],
+  ["--default-mm-loras <v>", "a request names its LoRA adapter as its model; none is picked by modality"],
+  ["--enable-tower-connector-lora", "LoRA adapters apply to the language model only"],
+  ["--ec-transfer-config <v>", "no encoder-cache transfer: images are encoded by the server that serves them"],
+  ["--weight-transfer-config <v>", "no weight transfer between trainer and server"],
 ];
 
 /** commander's option key of a flag: --enable-dbo <v> -> enableDbo. */
@@ -96,6 +139,8 @@ export function addCompatOptions(cmd: Command): Command {
     .option("--max-long-partial-prefills <n>", "accepted for vLLM compatibility: prompts share each step's token budget, as in vLLM's V1 scheduler")
     .option("--api-server-count <n>", "API server processes: 1 (Kiln's one process; for more, run several kiln serve behind kiln router)")
     .option("--enable-expert-parallel", "accepted for vLLM compatibility: one rank holds every expert (mixture-of-experts models are not split)", false)
+    .option("--prefill-context-parallel-size <n>", "context-parallel ranks for prefill (only 1: no context parallelism)")
+    .option("--decode-context-parallel-size <n>", "context-parallel ranks for decode (only 1: no context parallelism)")
     .option("--limit-mm-per-prompt <json>", 'multimodal items per prompt, as JSON: {"image": 4} (images only: Gemma 3; default 999; {"image": 0} serves text only)');
 }
 
@@ -125,6 +170,9 @@ export function checkCompatArgs(o: Record<string, unknown>, warnings: string[]):
       warnings.push(`${flag}: no effect: prompts share each step's token budget with no cap on how many are partly computed (vLLM's V1 scheduler)`);
   if (o.apiServerCount !== undefined && int(o.apiServerCount, "--api-server-count", 1) > 1)
     throw new CliUsageError("--api-server-count above 1 is not supported: one kiln serve runs one API server; run several behind kiln router");
+  for (const [key, flag] of [["prefillContextParallelSize", "--prefill-context-parallel-size"], ["decodeContextParallelSize", "--decode-context-parallel-size"]] as const)
+    if (o[key] !== undefined && int(o[key], flag, 1) > 1)
+      throw new CliUsageError(`${flag} above 1 is not supported: Kiln has no context parallelism (--tensor-parallel-size splits a model)`);
   if (o.enableExpertParallel === true)
     warnings.push("--enable-expert-parallel: no effect: one rank holds every expert (Kiln does not split mixture-of-experts models); replies are the same");
   if (o.limitMmPerPrompt !== undefined && Object.entries(parseMmLimits(o.limitMmPerPrompt)).some(([k, n]) => k !== "image" && n > 0))

@@ -78,6 +78,7 @@ export function addEngineFlagOptions(cmd: Command): Command {
       'step graphs as vLLM\'s compilation settings: -O0 (or {"level": 0}, {"cudagraph_mode": "NONE"}) runs eagerly as --enforce-eager, ' +
         "-O1 to -O3 keep them; max_cudagraph_capture_size caps them (other keys tune nothing here: said at start-up)",
     )
+    .option("--optimization-level <n>", "vLLM's optimization level, 0 to 3: 0 runs eagerly as --enforce-eager (no step graphs), 1 to 3 keep the step graphs")
     .option("--max-cudagraph-capture-size <n>", "the largest step captured as a step graph, in tokens (default: 32 decoding sequences, 512 tokens)")
     .option("--async-scheduling", "schedule the next step while the current one computes (the default)")
     .option("--no-async-scheduling", "schedule each step after the previous one has finished")
@@ -128,6 +129,8 @@ export function parseEngineFlagArgs(o: Record<string, unknown>, warnings: string
     );
   const blockSize = optInt(o.blockSize, "--block-size", 1);
   const compilation = parseCompilationConfig(o.compilationConfig, warnings);
+  const optimizationLevel = optInt(o.optimizationLevel, "--optimization-level", 0);
+  if (optimizationLevel !== null && optimizationLevel > 3) throw new CliUsageError(`--optimization-level must be 0 to 3, got ${optimizationLevel}`);
   const captureFlag = optInt(o.maxCudagraphCaptureSize, "--max-cudagraph-capture-size", 1);
   if (o.kvCacheMemory !== undefined && o.kvCacheMemoryBytes !== undefined)
     throw new CliUsageError("--kv-cache-memory and --kv-cache-memory-bytes are one setting: give one");
@@ -146,7 +149,8 @@ export function parseEngineFlagArgs(o: Record<string, unknown>, warnings: string
     numGpuBlocksOverride: optInt(o.numGpuBlocksOverride, "--num-gpu-blocks-override", 2),
     enablePrefixCaching: (o.enablePrefixCaching as boolean | undefined) ?? null,
     seed: int(o.seed ?? "0", "--seed", 0),
-    enforceEager: Boolean(o.enforceEager) || compilation.eager,
+    // vLLM's O0 compiles nothing and captures no graphs: Kiln's eager mode; levels 1-3 tune GPU compilation only
+    enforceEager: Boolean(o.enforceEager) || compilation.eager || optimizationLevel === 0,
     enableSleepMode: Boolean(o.enableSleepMode),
     maxCaptureSize: captureFlag ?? compilation.maxCaptureSize,
     asyncScheduling: (o.asyncScheduling as boolean | undefined) ?? null,

@@ -260,6 +260,29 @@ describe("vLLM serve flags", () => {
     assert.match(w, /--h11-max-header-count: no effect: Node's HTTP server takes up to 2000/);
   });
 
+  it("newer vLLM engine flags: accepted with a warning, refused naming why, or (--optimization-level 0) eager", () => {
+    const a = parse({ attentionBackend: "FLASH_ATTN", kvCacheMetrics: true, mambaCacheDtype: "auto", dataParallelRank: "0", dataParallelExternalLb: true, kvOffloadingSize: "8", prefillContextParallelSize: "1" });
+    assert.deepEqual(a.warnings, [
+      "--attention-backend: no effect: attention runs in Kiln's one CPU kernel (paged, with an online softmax)",
+      "--kv-cache-metrics: no effect: Kiln exports no KV-cache residency metrics",
+      "--mamba-cache-dtype: no effect: no state-space (Mamba) models are served",
+      "--kv-offloading-size: no effect: the KV cache is in host memory already (size it with --kv-cache-memory)",
+      "--data-parallel-rank: no effect: one engine per server (--data-parallel-size 1); replicas run behind kiln router",
+      "--data-parallel-external-lb: no effect: one engine per server (--data-parallel-size 1); replicas run behind kiln router",
+    ]);
+    assert.throws(() => parse({ otlpTracesEndpoint: "http://collector:4317" }), /--otlp-traces-endpoint is not supported: Kiln exports no OpenTelemetry traces/);
+    assert.throws(() => parse({ reasoningParserPlugin: "my_parser.py" }), /--reasoning-parser-plugin is not supported: it names a Python plugin/);
+    assert.throws(() => parse({ enableMmEmbeds: true }), /--enable-mm-embeds is not supported/);
+    assert.throws(() => parse({ decodeContextParallelSize: "2" }), /--decode-context-parallel-size above 1 is not supported: Kiln has no context parallelism/);
+    assert.deepEqual(["0", "1", "3"].map((v) => parse({ optimizationLevel: v }).enforceEager), [true, false, false]);
+    assert.equal(parse({}).enforceEager, false);
+    assert.throws(() => parse({ optimizationLevel: "4" }), /--optimization-level must be 0 to 3, got 4/);
+    // on the command line too: the flag is declared, and a refusal exits 2 before the model loads
+    const r = kiln("serve", "--collect-detailed-traces", "all");
+    assert.equal(r.status, 2);
+    assert.match(r.stderr, /--collect-detailed-traces is not supported/);
+  });
+
   it("--api-server-count 1 is Kiln's one API server; more are refused, pointing at kiln router", () => {
     assert.deepEqual(parse({ apiServerCount: "1" }).warnings, []);
     assert.throws(() => parse({ apiServerCount: "4" }), /--api-server-count above 1 is not supported: .*kiln router/);
