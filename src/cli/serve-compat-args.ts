@@ -83,6 +83,7 @@ const NO_EFFECT_FLAGS: readonly (readonly [flag: string, why: string])[] = [
   ["--kv-offloading-size <v>", "the KV cache is in host memory already (size it with --kv-cache-memory)"],
   ["--kv-offloading-backend <v>", "the KV cache is in host memory already (size it with --kv-cache-memory)"],
   ["--profiler-config <v>", "no torch profiler (profile Kiln's JS side with node --cpu-prof)"],
+  ["--disable-frontend-multiprocessing", "the API server and the engine share one process already (the engine in a worker thread)"],
   // with --data-parallel-size 1, one engine per server: vLLM's external load balancing starts servers this way
   ["--data-parallel-rank <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],
   ["--data-parallel-start-rank <v>", "one engine per server (--data-parallel-size 1); replicas run behind kiln router"],

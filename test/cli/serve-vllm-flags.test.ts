@@ -270,6 +270,7 @@ describe("vLLM serve flags", () => {
       "--data-parallel-rank: no effect: one engine per server (--data-parallel-size 1); replicas run behind kiln router",
       "--data-parallel-external-lb: no effect: one engine per server (--data-parallel-size 1); replicas run behind kiln router",
     ]);
+    assert.deepEqual(parse({ disableFrontendMultiprocessing: true }).warnings, ["--disable-frontend-multiprocessing: no effect: the API server and the engine share one process already (the engine in a worker thread)"]);
     assert.throws(() => parse({ otlpTracesEndpoint: "http://collector:4317" }), /--otlp-traces-endpoint is not supported: Kiln exports no OpenTelemetry traces/);
     assert.throws(() => parse({ reasoningParserPlugin: "my_parser.py" }), /--reasoning-parser-plugin is not supported: it names a Python plugin/);
     assert.throws(() => parse({ enableMmEmbeds: true }), /--enable-mm-embeds is not supported/);
