@@ -50,6 +50,8 @@ export class ServerMetrics {
   private readonly prefillTime: Histogram<"model_name">;
   private readonly decodeTime: Histogram<"model_name">;
   private readonly inferenceTime: Histogram<"model_name">;
+  /** The per-token series bound to this server's labels (recordTokens runs per token). */
+  private perToken: { tokens: { inc(n: number): void }; ttft: { observe(v: number): void }; itl: { observe(v: number): void } } | null = null;
 
   /** maxModelLen bounds the token-count histograms' buckets, as vLLM's max_model_len does. */
   /** @param kvTransfer P/D disaggregation's side channel (--kv-transfer-config), whose counters are exported too. */
@@ -164,9 +166,11 @@ export class ServerMetrics {
   }
 
   /** @internal */ recordTokens(n: number, sinceLastS: number | null, firstS: number | null): void {
-    if (n > 0) this.generationTokens.inc(this.labels, n);
-    if (firstS !== null) this.ttft.observe(this.labels, firstS);
-    if (sinceLastS !== null) this.itl.observe(this.labels, sinceLastS);
+    // the per-token series through their label-bound children (no label hashing per token)
+    this.perToken ??= { tokens: this.generationTokens.labels(this.labels), ttft: this.ttft.labels(this.labels), itl: this.itl.labels(this.labels) };
+    if (n > 0) this.perToken.tokens.inc(n);
+    if (firstS !== null) this.perToken.ttft.observe(firstS);
+    if (sinceLastS !== null) this.perToken.itl.observe(sinceLastS);
   }
 
   /** @internal */ recordFinish(reason: FinishReason | "error", e2eS: number, queueS: number | null, stats: FinishedRequestStats | null): void {
