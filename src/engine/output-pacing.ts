@@ -2,9 +2,10 @@
 // tokens (vLLM's --stream-interval), or only when finished (vLLM's RequestOutputKind.FINAL_ONLY, which its server
 // uses for non-streaming requests). Skipped steps cost nothing: outputs are cumulative, so the next one delivered
 // carries their tokens and text. Behind a worker thread each delivery is a message and a wake-up of the caller's
-// thread, which on a small machine takes CPU time from the step itself: a single non-streaming request on the
-// SmolLM-135M-shaped Q8_0 model decoded at 250-300 tok/s through `kiln serve` with an output per step and 325-333
-// tok/s final-only, level with the offline LLM's 330 (2-vCPU VM, 6 requests of 256 tokens per setting).
+// thread, which on a small machine takes CPU time from the step itself: one non-streaming request on the
+// SmolLM-135M-shaped Q8_0 model decoded at 277-285 tok/s through `kiln serve` final-only against 230-272 with an
+// output per step (2-vCPU VM, three alternating server starts of 6 requests of 256 tokens); the server's main thread
+// went from ~225 to ~39 us of CPU per token.
 import type { RequestOutput, TokenStep } from "./types.js";
 
 /**
