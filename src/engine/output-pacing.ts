@@ -15,8 +15,10 @@ import type { RequestOutput, TokenStep } from "./types.js";
  */
 export const FINAL_ONLY_FLUSH_MS = 250;
 
+/** This thread's clock origin (ms since the epoch), read once (Node's getter takes ~0.17 us a call, now() ~0.08). */
+const ORIGIN = performance.timeOrigin;
 /** Milliseconds since the epoch with a high-resolution clock's precision, comparable between threads. */
-export const epochNow = (): number => performance.timeOrigin + performance.now();
+export const epochNow = (): number => ORIGIN + performance.now();
 
 /** One request's pacing. */
 export class OutputPacer {
