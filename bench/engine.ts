@@ -110,7 +110,7 @@ async function main(): Promise<void> {
       for (const c of concurrencies) rows.push(runInProcess(llm, randomPrompts(c, c)));
     }
   }
-  const modes = [engines.includes("worker") ? [false] : [], engines.includes("worker-final") ? [true] : []].flat();
+  const modes = [false, true].filter((final) => engines.includes(final ? "worker-final" : "worker"));
   if (modes.length > 0) {
     const engine = await WorkerEngine.create(args);
     try {

@@ -10,8 +10,7 @@ import type { LoraRequest } from "./lora-manager.js";
 import type { ReasoningParserName } from "./reasoning.js";
 import type { PauseMode, SleepLevel, WakeTag } from "./sleep-mode.js";
 import type { EngineClient, EngineStats, GenerateOptions, RequestOutput, SamplingParams } from "./types.js";
-import { EngineInputError } from "./errors.js";
-import { epochNow, OutputPacer } from "./output-pacing.js";
+import { epochNow, outputPacer, type OutputPacer } from "./output-pacing.js";
 
 interface Stream {
   /** Which steps' outputs it gets (null: every step's). */
@@ -83,9 +82,7 @@ export class AsyncLLM implements EngineClient {
     options: GenerateOptions,
   ): AsyncIterable<RequestOutput> {
     const { requestId } = options;
-    const streamInterval = options.streamInterval ?? 1;
-    if (!Number.isInteger(streamInterval) || streamInterval < 1) throw new EngineInputError("stream_interval", `must be an integer >= 1, got ${streamInterval}`);
-    const pacer = new OutputPacer(streamInterval, options.finalOnly ?? false);
+    const pacer = outputPacer(options);
     this.engine.sampler.validateParams(params);
     this.engine.addRequest({
       requestId,
@@ -98,7 +95,7 @@ export class AsyncLLM implements EngineClient {
       kvTransfer: options.kvTransfer ?? null,
       ...(options.mmFeatures ? { mmFeatures: options.mmFeatures } : {}),
     });
-    const stream: Stream = { pacer: pacer.paced ? pacer : null, queue: [], wake: null, done: false, error: null };
+    const stream: Stream = { pacer, queue: [], wake: null, done: false, error: null };
     this.streams.set(requestId, stream);
     this.startLoop();
     return this.iterate(requestId, stream, options.delta ?? false);

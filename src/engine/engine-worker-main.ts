@@ -22,7 +22,7 @@ import {
   type WorkerServingArgs,
 } from "./engine-worker-protocol.js";
 import type { EngineStats, RequestOutput, TokenStep } from "./types.js";
-import { epochNow, OutputPacer } from "./output-pacing.js";
+import { epochNow, outputPacer, type OutputPacer } from "./output-pacing.js";
 import type { SleepLevel } from "./sleep-mode.js";
 
 /** What was already sent of one request, to turn EngineCore's cumulative outputs into deltas. */
@@ -187,7 +187,7 @@ async function main(): Promise<void> {
       case "add": {
         try {
           core.sampler.validateParams(m.params);
-          const pacer = new OutputPacer(m.streamInterval, m.finalOnly);
+          const pacer = outputPacer(m);
           core.addRequest({
             requestId: m.requestId,
             promptTokenIds: m.promptTokenIds,
@@ -200,7 +200,7 @@ async function main(): Promise<void> {
             mmFeatures: m.mmFeatures,
           });
           seqOfRequest.set(m.requestId, m.seq);
-          sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false, pacer: pacer.paced ? pacer : null });
+          sentBySeq.set(m.seq, { seq: m.seq, requestId: m.requestId, tokens: [], chars: [], promptLogprobs: 0, promptSent: false, pacer });
         } catch (err) {
           pendingErrors.push({ seq: m.seq, error: toWireError(err) });
         }

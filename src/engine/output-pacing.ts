@@ -6,6 +6,7 @@
 // SmolLM-135M-shaped Q8_0 model decoded at 277-285 tok/s through `kiln serve` final-only against 230-272 with an
 // output per step (2-vCPU VM, three alternating server starts of 6 requests of 256 tokens); the server's main thread
 // went from ~225 to ~39 us of CPU per token.
+import { EngineInputError } from "./errors.js";
 import type { RequestOutput, TokenStep } from "./types.js";
 
 /**
@@ -69,4 +70,15 @@ export class OutputPacer {
     this.lastDelivery = now;
     return steps;
   }
+}
+
+/**
+ * The pacer of a request's GenerateOptions (streamInterval default 1, finalOnly default false), or null when every
+ * step's output is delivered. An interval that is not an integer >= 1 is an EngineInputError naming stream_interval.
+ */
+export function outputPacer(options: { streamInterval?: number; finalOnly?: boolean }): OutputPacer | null {
+  const interval = options.streamInterval ?? 1;
+  if (!Number.isInteger(interval) || interval < 1) throw new EngineInputError("stream_interval", `must be an integer >= 1, got ${interval}`);
+  const pacer = new OutputPacer(interval, options.finalOnly ?? false);
+  return pacer.paced ? pacer : null;
 }

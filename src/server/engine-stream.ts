@@ -57,7 +57,7 @@ export async function* streamEngineRequest(
     ...(req.kvTransfer ? { kvTransfer: req.kvTransfer } : {}),
     ...(req.mmFeatures ? { mmFeatures: req.mmFeatures } : {}),
     ...(req.stream === false ? { finalOnly: true } : {}),
-    ...(req.stream === true && req.streamInterval !== undefined && req.streamInterval > 1 ? { streamInterval: req.streamInterval } : {}),
+    ...(req.stream === true && req.streamInterval !== undefined ? { streamInterval: req.streamInterval } : {}),
   };
   // An engine may reject the request synchronously (EngineInputError): nothing to abort or count then.
   const outputs = engine.generate(prompt, req.params, options);

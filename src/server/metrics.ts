@@ -50,8 +50,8 @@ export class ServerMetrics {
   private readonly prefillTime: Histogram<"model_name">;
   private readonly decodeTime: Histogram<"model_name">;
   private readonly inferenceTime: Histogram<"model_name">;
-  /** The per-token series bound to this server's labels (recordTokens runs per token). */
-  private perToken: { tokens: { inc(n: number): void }; ttft: { observe(v: number): void }; itl: { observe(v: number): void } } | null = null;
+  /** The per-token series bound to this server's labels (recordTokens runs per token: no label hashing there). */
+  private readonly perToken: { tokens: { inc(n: number): void }; ttft: { observe(v: number): void }; itl: { observe(v: number): void } };
 
   /** maxModelLen bounds the token-count histograms' buckets, as vLLM's max_model_len does. */
   /** @param kvTransfer P/D disaggregation's side channel (--kv-transfer-config), whose counters are exported too. */
@@ -145,6 +145,7 @@ export class ServerMetrics {
     const histogram = (name: string, help: string, buckets: number[]) => new Histogram({ name, help, buckets, labelNames, registers });
     this.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS);
     this.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS);
+    this.perToken = { tokens: this.generationTokens.labels(labels), ttft: this.ttft.labels(labels), itl: this.itl.labels(labels) };
     this.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS);
     this.queueTime = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS);
     this.inferenceTime = histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS);
@@ -166,8 +167,6 @@ export class ServerMetrics {
   }
 
   /** @internal */ recordTokens(n: number, sinceLastS: number | null, firstS: number | null): void {
-    // the per-token series through their label-bound children (no label hashing per token)
-    this.perToken ??= { tokens: this.generationTokens.labels(this.labels), ttft: this.ttft.labels(this.labels), itl: this.itl.labels(this.labels) };
     if (n > 0) this.perToken.tokens.inc(n);
     if (firstS !== null) this.perToken.ttft.observe(firstS);
     if (sinceLastS !== null) this.perToken.itl.observe(sinceLastS);
