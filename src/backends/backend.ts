@@ -441,9 +441,10 @@ export interface Backend {
    * allocation number: for memory each step reads in full (weights, KV caches). Call it before capturing step
    * graphs (they point at the memory they were captured with). Returns the bytes moved; small buffers stay.
    * `discard`: the bytes are not needed (a fresh KV cache): the buffers get zeroed memory and nothing is copied.
-   * `maxBytes`: move nothing when the buffers to move total more (faulting in huge pages can stall on memory
-   * compaction: seconds for GiBs). The new pages are faulted in by the move where the OS can (a first write into
-   * each would otherwise zero-fill it inside a later step).
+   * `maxBytes`: move at most this many bytes, buffers in the order given, each whole; one that would go past it
+   * stays, and later smaller ones may still move (faulting in huge pages can stall on memory compaction: seconds for
+   * GiBs). The new pages are faulted in by the move where the OS can (a first write into each would otherwise
+   * zero-fill it inside a later step).
    */
   moveToHugePages?(buffers: Iterable<DeviceBuffer>, options?: { discard?: boolean; maxBytes?: number }): number;
   /**

@@ -1,6 +1,7 @@
 // The real ModelRunner: turns a scheduled batch into one ragged forward pass over the paged KV cache.
 // Builds the flat metadata (token ids, positions, slot mapping, query starts, sequence lengths, block tables),
 // runs the model once for all scheduled tokens, and computes logits only for the rows that are sampled.
+import * as os from "node:os";
 import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import type { CausalLM } from "../models/causal-lm.js";
 import type { ClassifierConfig } from "../models/hf-config.js";
@@ -18,12 +19,18 @@ import {
 } from "./model-runner.js";
 
 /**
- * Weights up to this size move onto huge pages at start-up (Backend.moveToHugePages). Measured decode gains: SmolLM-135M
- * int8 step 4-9% faster; the 1B model's bf16 decode 18.1 -> 21.3 tok/s best, 69% -> 91% of the roofline in runs that
- * saw this VM's fast memory regime. The cost is start-up time, mostly memory compaction while faulting the pages in:
- * 257 MiB of bf16 weights 0.09-0.66 s, 2357 MiB 5.1 s.
+ * How many bytes of weights move onto huge pages at start-up (Backend.moveToHugePages; in load order, the rest stays
+ * on ordinary pages): half the machine's memory, a bound on what the move holds beside the old copies until those are
+ * collected. Every decode step reads every weight, and a stream over 4 KiB pages restarts the hardware prefetchers and
+ * misses the TLB at each page. Measured decode gains: SmolLM-135M int8 step 4-9% faster; the 1B model's bf16 decode
+ * 18.1 -> 21.3 tok/s best, 69% -> 91% of the roofline in runs that saw this VM's fast memory regime; its f32 decode
+ * (4.6 GiB, over the former 4 GiB cap) 6.4-6.8 -> 12.5-12.7 tok/s (LLM.generate, 16 tokens after 16, 3 runs each).
+ * The cost is start-up time, mostly faulting in memory the VM's host had not backed yet: 257 MiB of bf16 weights
+ * 0.09-0.66 s, 2357 MiB 5.1 s, the 1B f32 model's 4.6 GiB 8.3 s (setup 1.6 -> 9.9 s).
  */
-export const HUGE_PAGE_MAX_WEIGHT_BYTES = 4 * 2 ** 30;
+export function hugePageWeightBudget(): number {
+  return Math.floor(os.totalmem() / 2);
+}
 /**
  * A KV cache up to this size gets huge pages. Every KV cache is faulted in at start-up (Backend.populate): left to
  * fault in while serving, its pages stalled the steps whose requests took blocks no earlier one had used (the free

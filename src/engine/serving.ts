@@ -8,7 +8,7 @@ import { EngineInputError } from "./errors.js";
 import type { EngineArgs, PoolerConfig } from "./engine-core.js";
 import { isPoolingType, type HiddenStatesRequest, type PoolingType } from "./model-runner.js";
 import { hasTokenMarkers, REASONING_PARSERS, thinkMarkers, type ReasoningParserName } from "./reasoning.js";
-import { HUGE_PAGE_MAX_WEIGHT_BYTES, KV_TENSOR_DTYPE, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
+import { hugePageWeightBudget, KV_TENSOR_DTYPE, PagedModelRunner, kvBytesPerBlock, type KvCacheDtype } from "./paged-model-runner.js";
 import type { KvEventsConfig } from "./kv-events.js";
 import type { LogprobsMode } from "./sampler.js";
 import { decodeBuckets, mixedBuckets } from "./step-graphs.js";
@@ -413,7 +413,7 @@ function prepareWeights(loaded: LoadedModel, maxModelLen: number): void {
   loaded.model.setContextLength(maxModelLen); // longrope's factor set (before any step graph reads the tables)
   // every decode step reads every weight: keep them on huge pages (after sizing the KV cache from free memory, which
   // the copies' old memory would lower until collected; before any step graph points at them)
-  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: HUGE_PAGE_MAX_WEIGHT_BYTES });
+  loaded.model.device.backend.moveToHugePages?.(weightTensors(loaded.model).map((t) => t.storage.buffer), { maxBytes: hugePageWeightBudget() });
 }
 
 /** How a draft model is read: in the served model's dtype, its own tokenizer and config, nothing else overridden. */

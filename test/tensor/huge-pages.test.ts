@@ -46,13 +46,18 @@ describe("moveToHugePages", () => {
     assert.equal(w.dataSync()[1], (values[1] as number) * 2);
   });
 
-  it("maxBytes: buffers totalling more stay where they are", () => {
+  it("maxBytes: buffers move in order while the bytes moved stay within it; one past it stays, a later smaller one moves", () => {
     const a = zeros([128, 256], { device: "cpu" }).add(2);
-    const b = zeros([128, 256], { device: "cpu" }).add(3);
-    const bufs = [a.storage.buffer, b.storage.buffer];
-    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: 2 * 128 * 256 * 4 - 1 }), 0);
-    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: 2 * 128 * 256 * 4 }), 2 * 128 * 256 * 4);
-    assert.ok(a.dataSync().every((v) => v === 2) && b.dataSync().every((v) => v === 3));
+    const b = zeros([256, 256], { device: "cpu" }).add(3);
+    const c = zeros([64, 256], { device: "cpu" }).add(4);
+    const bufs = [a.storage.buffer, b.storage.buffer, c.storage.buffer];
+    const [sa, sb, sc] = [128 * 256 * 4, 256 * 256 * 4, 64 * 256 * 4];
+    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: sc - 1 }), 0, "none fits");
+    // a fits, b would pass the budget, c still fits beside a
+    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: sa + sc + 1 }), sa + sc);
+    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: sb - 1 }), 0, "a and c moved already; b is over the budget");
+    assert.equal(cpu.moveToHugePages!(bufs, { maxBytes: sb }), sb);
+    assert.ok(a.dataSync().every((v) => v === 2) && b.dataSync().every((v) => v === 3) && c.dataSync().every((v) => v === 4));
   });
 
   it("discard: the buffer gets zeroed memory and its old bytes are not copied", () => {

@@ -274,10 +274,12 @@ export class CpuBackend extends HostMemoryBackend implements Backend {
     const todo = [...new Set(buffers)].filter(
       (b): b is CpuBuffer => b instanceof CpuBuffer && !b.freed && b.byteLength >= HUGE_PAGE_MIN_BYTES && !hugeMemory.has(b.raw),
     );
-    if (todo.reduce((n, b) => n + b.byteLength, 0) > (options.maxBytes ?? Infinity)) return 0;
+    const maxBytes = options.maxBytes ?? Infinity;
+    if (!todo.some((b) => b.byteLength <= maxBytes)) return 0;
     this.stream.drain();
     let moved = 0;
     for (const b of todo) {
+      if (moved + b.byteLength > maxBytes) continue; // past the budget: stays on ordinary pages
       let memory: ArrayBuffer;
       try {
         memory = alloc.call(this.native, b.byteLength);
