@@ -107,20 +107,25 @@ export const FP8_E4M3: Float32Array = (() => {
   }
   return t;
 })();
-function floatToFp8(x: number): number {
+/**
+ * The nearest float8 e4m3fn code for |x| <= 448 (larger magnitudes take 448), a tie going to the even code; NaN and
+ * zeros give code 0. A binary search over the 127 increasing magnitudes (codes 1..126), as native/quant-impl.inc.
+ */
+export function floatToFp8(x: number): number {
   const sign = x < 0 ? 0x80 : 0;
   const a = Math.abs(x);
-  let best = 0;
-  let bestErr = a;
-  for (let c = 1; c < 127; c++) {
-    const err = Math.abs(FP8_E4M3[c]! - a);
-    if (err < bestErr || (err === bestErr && (c & 1) === 0)) {
-      best = c;
-      bestErr = err;
-    }
-    if (FP8_E4M3[c]! > a) break;
+  if (!(a > 0)) return sign;
+  if (a >= FP8_E4M3[126]!) return sign | 126;
+  let lo = 1;
+  let hi = 126; // the first code whose magnitude is >= a
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (FP8_E4M3[mid]! >= a) hi = mid;
+    else lo = mid + 1;
   }
-  return sign | best;
+  const above = FP8_E4M3[hi]! - a;
+  const below = a - FP8_E4M3[hi - 1]!;
+  return sign | (below < above || (below === above && ((hi - 1) & 1) === 0) ? hi - 1 : hi);
 }
 
 // ---- IQ4_NL (GGUF): 4-bit indices into 16 non-linear int8 levels, f16 scales per 32, int4's nibble order
