@@ -55,7 +55,7 @@ struct QuantTable {
   const char* name;
   void (*matmul)(const QuantMatmulArgs&);
   // Several M = 1 products of one x (vLLM's merged q/k/v and gate/up projections, without merging the weights):
-  // as[0..n) share x, xq, xs, K and scheme (any but fp8), each computed exactly as matmul(as[i]),
+  // as[0..n) share x, xq, xs, K and scheme, each computed exactly as matmul(as[i]),
   // in one parallel job whose threads split the rows of all n weights together (quantGroupable() says which).
   void (*matmulGroup)(const QuantMatmulArgs* as, int n);
   // Quantizes an f32 [N, K] weight into data/scales(/rowSums for int8) in the layout of `scheme`.
@@ -87,7 +87,7 @@ inline bool quantHalfScales(int64_t scheme) {
 
 /** Whether matmulGroup takes `a` (with others of the same x, K and scheme). */
 inline bool quantGroupable(const QuantMatmulArgs& a) {
-  return a.M == 1 && a.scheme != kQuantFp8;
+  return a.M == 1;
 }
 
 // Weight bytes of an [N, K] weight: 4-bit codes for int4, q4_k, mxfp4 and iq4_nl, 5- and 6-bit for q5_k and q6_k, a byte each

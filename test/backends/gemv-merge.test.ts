@@ -21,13 +21,13 @@ const rand = (n: number): Float32Array =>
 const ROWS = [72, 13, 19];
 const K = 256; // q4_k's super-block; also two int4 chunk pairs (int4 also runs at K = 320: a tail chunk)
 
-type Scheme = 0 | 1 | 3 | 4 | 5; // int8, int4, int8 group-32, q4_k, mxfp4
+type Scheme = 0 | 1 | 2 | 3 | 4 | 5; // int8, int4, fp8, int8 group-32, q4_k, mxfp4
 /** One quantized weight [n, K] in the scheme's layout (the native quantizer's; q4_k: the reference encoder's). */
 function quantWeight(scheme: Scheme, n: number, K = 256) {
   const w = rand(n * K);
   if (scheme === 4) return { ...quantizeQ4kRef(w, n, K), rowSums: new Int32Array(0) };
   const data = new Uint8Array(scheme === 1 || scheme === 5 ? (n * K) / 2 : n * K);
-  const scales = scheme === 0 ? new Float32Array(n) : scheme === 5 ? new Uint8Array((n * K) / 32) : new Uint16Array((n * K) / 32);
+  const scales = scheme === 0 || scheme === 2 ? new Float32Array(n) : scheme === 5 ? new Uint8Array((n * K) / 32) : new Uint16Array((n * K) / 32);
   const rowSums = new Int32Array(scheme === 0 ? n : 0);
   native!.quantizeWeights(w, n, K, scheme, data, scales, rowSums);
   return { data, scales, rowSums };
@@ -40,7 +40,7 @@ const bf16 = (x: Float32Array) => {
 };
 
 for (const threads of [1, 2]) {
-  const cases: [Scheme, boolean, number][] = [[0, true, K], [1, true, K], [1, true, 320], [3, true, K], [4, true, K], [5, true, K], [3, false, K], [4, false, K]];
+  const cases: [Scheme, boolean, number][] = [[0, true, K], [1, true, K], [1, true, 320], [3, true, K], [4, true, K], [5, true, K], [3, false, K], [4, false, K], [2, false, K], [2, false, 216]]; // fp8: f32 x (K = 216: 3 lines, a 16-code step and 8 codes left)
   for (const [scheme, preQuantized, K] of cases) {
     const how = preQuantized ? "x quantized by rmsNormQuant" : "x quantized by the kernel";
     test(`quant scheme ${scheme}, K = ${K}, ${how}: q/k/v GEMVs of one x run as one job, outputs equal the eager kernels' (${threads} thread(s))`, { skip }, () => {
