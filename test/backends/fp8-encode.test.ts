@@ -4,6 +4,7 @@
 // neighbours and points just either side of them, and a dense sweep of [0, 460].
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { FP8_E4M3, floatToFp8 } from "../../src/backends/cpu/quant-reference.js";
 
 /** Nearest of codes 0..126 by exhaustive scan, ties to the even code; sign bit from x. */
@@ -18,8 +19,9 @@ function bruteForce(x: number): number {
   return (x < 0 ? 0x80 : 0) | best;
 }
 
-test("floatToFp8 is the nearest e4m3fn code with ties to even: codes, midpoints, their neighbours and a sweep", () => {
-  const points: number[] = [0, -0, 1e-30, 448, 449, 1e6, Infinity];
+/** Every code's value, the midpoints between neighbours and points 2^-20 either side, and the ends, with both signs. */
+function edgePoints(): number[] {
+  const points: number[] = [0, 1e-30, 448, 449, 1e6, Infinity];
   for (let c = 0; c <= 126; c++) {
     const v = FP8_E4M3[c]!;
     points.push(v);
@@ -28,6 +30,11 @@ test("floatToFp8 is the nearest e4m3fn code with ties to even: codes, midpoints,
       points.push(mid, Math.fround(mid * (1 + 2 ** -20)), Math.fround(mid * (1 - 2 ** -20)));
     }
   }
+  return points.flatMap((p) => [p, -p]);
+}
+
+test("floatToFp8 is the nearest e4m3fn code with ties to even: codes, midpoints, their neighbours and a sweep", () => {
+  const points = [-0, ...edgePoints()];
   for (let i = 0; i <= 200_000; i++) points.push(Math.fround((460 * i) / 200_000), Math.fround(2 ** (-12 + (12 * i) / 200_000)));
   for (const p of points)
     for (const x of [p, -p]) {
@@ -40,4 +47,14 @@ test("floatToFp8 is the nearest e4m3fn code with ties to even: codes, midpoints,
   assert.equal(floatToFp8(-1.1875), 0xba);
   assert.equal(floatToFp8(NaN), 0);
   assert.equal(floatToFp8(500), 126);
+});
+
+const native = tryLoadNativeKernels();
+test("the native fp8 quantizer gives the same codes at the edge points (a row whose largest magnitude is 448: scale 1)", { skip: !native && "native kernels not built" }, () => {
+  const row = Float32Array.from(edgePoints().filter((p) => Math.abs(p) <= 448));
+  const data = new Uint8Array(row.length);
+  const scales = new Float32Array(1);
+  native!.quantizeWeights(row, 1, row.length, 2, data, scales, new Int32Array(0));
+  assert.equal(scales[0], 1);
+  for (let i = 0; i < row.length; i++) assert.equal(data[i], floatToFp8(row[i]!), `x = ${row[i]}`);
 });

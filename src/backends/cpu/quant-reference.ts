@@ -107,25 +107,30 @@ export const FP8_E4M3: Float32Array = (() => {
   }
   return t;
 })();
+const F32_BITS = new Uint32Array(1);
+const F32_VIEW = new Float32Array(F32_BITS.buffer);
 /**
  * The nearest float8 e4m3fn code for |x| <= 448 (larger magnitudes take 448), a tie going to the even code; NaN and
- * zeros give code 0. A binary search over the 127 increasing magnitudes (codes 1..126), as native/quant-impl.inc.
+ * zeros give code 0. x is taken as a float32 (Math.fround). From its bits, as native/quant-impl.inc: the mantissa
+ * rounded to 3 bits, to nearest even (a carry moves up the exponent), or x * 2^9 so rounded to an integer below e4m3's
+ * smallest normal 2^-6.
  */
 export function floatToFp8(x: number): number {
   const sign = x < 0 ? 0x80 : 0;
-  const a = Math.abs(x);
+  F32_VIEW[0] = Math.abs(x);
+  const a = F32_VIEW[0]!;
   if (!(a > 0)) return sign;
-  if (a >= FP8_E4M3[126]!) return sign | 126;
-  let lo = 1;
-  let hi = 126; // the first code whose magnitude is >= a
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (FP8_E4M3[mid]! >= a) hi = mid;
-    else lo = mid + 1;
+  if (a < 2 ** -6) return sign | roundHalfEven(a * 512);
+  const u = F32_BITS[0]!;
+  let e = (u >>> 23) - 127 + 7;
+  let m = (u >>> 20) & 7;
+  const rest = u & 0xfffff;
+  if (rest > 0x80000 || (rest === 0x80000 && (m & 1) === 1)) m++;
+  if (m === 8) {
+    m = 0;
+    e++;
   }
-  const above = FP8_E4M3[hi]! - a;
-  const below = a - FP8_E4M3[hi - 1]!;
-  return sign | (below < above || (below === above && ((hi - 1) & 1) === 0) ? hi - 1 : hi);
+  return sign | (e > 15 ? 126 : Math.min(126, (e << 3) | m));
 }
 
 // ---- IQ4_NL (GGUF): 4-bit indices into 16 non-linear int8 levels, f16 scales per 32, int4's nibble order
