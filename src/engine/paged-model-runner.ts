@@ -20,16 +20,17 @@ import {
 
 /**
  * How many bytes of weights move onto huge pages at start-up (Backend.moveToHugePages; in load order, the rest stays
- * on ordinary pages): half the machine's memory, a bound on what the move holds beside the old copies until those are
- * collected. Every decode step reads every weight, and a stream over 4 KiB pages restarts the hardware prefetchers and
- * misses the TLB at each page. Measured decode gains: SmolLM-135M int8 step 4-9% faster; the 1B model's bf16 decode
- * 18.1 -> 21.3 tok/s best, 69% -> 91% of the roofline in runs that saw this VM's fast memory regime; its f32 decode
- * (4.6 GiB, over the former 4 GiB cap) 6.4-6.8 -> 12.5-12.7 tok/s (LLM.generate, 16 tokens after 16, 3 runs each).
- * The cost is start-up time, mostly faulting in memory the VM's host had not backed yet: 257 MiB of bf16 weights
- * 0.09-0.66 s, 2357 MiB 5.1 s, the 1B f32 model's 4.6 GiB 8.3 s (setup 1.6 -> 9.9 s).
+ * on ordinary pages): half the machine's memory, or of a container's limit, a bound on what the move holds beside the
+ * old copies until those are collected. Every decode step reads every weight, and a stream over 4 KiB pages restarts
+ * the hardware prefetchers and misses the TLB at each page. Measured decode gains: SmolLM-135M int8 step 4-9% faster;
+ * the 1B model's bf16 decode 18.1 -> 21.3 tok/s best, 69% -> 91% of the roofline in runs that saw this VM's fast
+ * memory regime; its f32 decode (4.6 GiB, over the former 4 GiB cap) 6.4-6.8 -> 12.5-12.7 tok/s (LLM.generate, 16
+ * tokens after 16, 3 runs each). The cost is start-up time, mostly faulting in memory the VM's host had not backed
+ * yet: 257 MiB of bf16 weights 0.09-0.66 s, 2357 MiB 5.1 s, the 1B f32 model's 4.6 GiB 8.3 s (setup 1.6 -> 9.9 s).
  */
 export function hugePageWeightBudget(): number {
-  return Math.floor(os.totalmem() / 2);
+  const limit = process.constrainedMemory?.(); // a container's memory limit (undefined or 0: none known)
+  return Math.floor(Math.min(os.totalmem(), limit !== undefined && limit > 0 ? limit : Infinity) / 2);
 }
 /**
  * A KV cache up to this size gets huge pages. Every KV cache is faulted in at start-up (Backend.populate): left to
