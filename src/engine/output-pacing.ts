@@ -77,8 +77,13 @@ export class OutputPacer {
  * step's output is delivered. An interval that is not an integer >= 1 is an EngineInputError naming stream_interval.
  */
 export function outputPacer(options: { streamInterval?: number; finalOnly?: boolean }): OutputPacer | null {
+  const pacer = new OutputPacer(streamIntervalOf(options), options.finalOnly ?? false);
+  return pacer.paced ? pacer : null;
+}
+
+/** A request's stream interval (default 1); one not an integer >= 1 is an EngineInputError (stream_interval). */
+export function streamIntervalOf(options: { streamInterval?: number }): number {
   const interval = options.streamInterval ?? 1;
   if (!Number.isInteger(interval) || interval < 1) throw new EngineInputError("stream_interval", `must be an integer >= 1, got ${interval}`);
-  const pacer = new OutputPacer(interval, options.finalOnly ?? false);
-  return pacer.paced ? pacer : null;
+  return interval;
 }

@@ -7,7 +7,7 @@ import * as path from "node:path";
 import { Worker } from "node:worker_threads";
 import type { GenerationConfig, Tokenizer } from "../models/tokenizer.js";
 import { EngineInputError, EngineRequestIdError } from "./errors.js";
-import { outputPacer } from "./output-pacing.js";
+import { streamIntervalOf } from "./output-pacing.js";
 import {
   fromWireError,
   type FromWorker,
@@ -212,7 +212,7 @@ export class WorkerEngine implements EngineClient {
           "logitsProcessors) and steer it per request with extraArgs (`vllm_xargs` over HTTP), or use the " +
           "in-process engine (KILN_ENGINE_IN_PROCESS=1) or the offline LLM",
       );
-    outputPacer(options); // checked here too, so that a bad stream_interval throws from generate() itself
+    const streamInterval = streamIntervalOf(options); // checked here, so that a bad one throws from generate() itself
     const p = normalizeSamplingParams(params, { maxLogprobs: this.maxLogprobs, vocabSize: this.vocabSize });
     const ids = prompt.promptTokenIds;
     if (!Array.isArray(ids) || ids.length === 0) throw new EngineInputError("prompt", "the prompt is empty");
@@ -256,7 +256,7 @@ export class WorkerEngine implements EngineClient {
       loraRequest: options.loraRequest ?? null,
       kvTransfer: options.kvTransfer ?? null,
       mmFeatures: options.mmFeatures ?? [],
-      streamInterval: options.streamInterval ?? 1,
+      streamInterval,
       finalOnly: options.finalOnly ?? false,
     });
     return this.iterate(stream);
