@@ -226,7 +226,7 @@ Job QuantMatmul(const Napi::CallbackInfo& info) {
     a.xs = array<float>(info, 10, M, op, "xs");
   }
   if (M == 0 || N == 0) return {op, nullptr};
-  Job job{op, [a] { gQ->matmul(a); }, nullptr};
+  Job job{op, [a] { runQuantMatmul(*gQ, *gK, a); }, nullptr};
   if (quantGroupable(a)) job.gemv = std::make_shared<const GemvLaunch>(GemvLaunch{true, {}, a});
   return job;
 }
@@ -1475,6 +1475,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("isa", Napi::String::New(env, gK->name));
   exports.Set("quantIsa", Napi::String::New(env, gQ->name));
   exports.Set("bf16DotMinM", Napi::Number::New(env, static_cast<double>(gK->bf16DotMinM)));
+  exports.Set("fp8DotMinM", Napi::Number::New(env, static_cast<double>(gK->fp8DotMinM)));
   exports.Set("features", Napi::Function::New(env, FeaturesFn, "features"));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads, "setNumThreads"));
   exports.Set("decodeTuning", Napi::Function::New(env, DecodeTuningFn, "decodeTuning"));

@@ -56,7 +56,7 @@ void addBias(const MoeProjection& p, float* y, int64_t M, int64_t N) {
 void project(const MoeProjection& p, const float* x, float* out, int64_t M, int64_t N, int64_t K, const KernelTable& kt,
              const QuantTable& qt) {
   if (p.kind == 2)
-    qt.matmul(quantArgs(p, x, out, M, N, K));
+    runQuantMatmul(qt, kt, quantArgs(p, x, out, M, N, K));
   else
     kt.matmul(floatArgs(p, x, out, M, N, K));
   addBias(p, out, M, N);

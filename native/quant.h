@@ -32,6 +32,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels.h"
+
 namespace kiln {
 
 enum QuantScheme { kQuantInt8 = 0, kQuantInt4 = 1, kQuantFp8 = 2, kQuantInt8G32 = 3, kQuantQ4K = 4, kQuantMxfp4 = 5, kQuantQ6K = 6, kQuantQ5K = 7,
@@ -105,6 +107,14 @@ inline int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
   if (scheme == kQuantQ6K) return N * K / 256 * 18;
   if (quantHalfScales(scheme)) return N * K / 32 * 2;
   return N * 4;
+}
+
+// A quantized product on `qt`, or, for fp8 at M >= kt.fp8DotMinM, on kt's vdpbf16ps tiles (KernelTable::gemmFp8: x
+// rounded to bf16, as bf16 weights' products of that many rows are).
+inline void runQuantMatmul(const QuantTable& qt, const KernelTable& kt, const QuantMatmulArgs& a) {
+  if (a.scheme == kQuantFp8 && kt.gemmFp8 && kt.fp8DotMinM > 0 && a.M >= kt.fp8DotMinM)
+    return kt.gemmFp8(a.x, static_cast<const uint8_t*>(a.w), static_cast<const float*>(a.scales), a.out, a.M, a.N, a.K);
+  qt.matmul(a);
 }
 
 extern const QuantTable kQuantScalar;

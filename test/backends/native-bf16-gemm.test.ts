@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { mulberry32 } from "../../src/util/random.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/backends/dtype.js";
+import { FP8_E4M3 } from "../../src/backends/cpu/quant-reference.js";
 import { runIsaChildren } from "../helpers/isa-children.js";
 
 const k = tryLoadNativeKernels();
@@ -120,4 +121,90 @@ test("bf16 GEMM: batched calls with a shared W and padded output strides; aTrans
   const outT = new Float32Array(c.M * c.N).fill(NaN);
   k!.matmul(xT, wRaw, outT, c.M, c.N, c.K, true, 1, 1, 0, 0, 0, true);
   compare({ out: outT, x: x0, w }, c, (v) => v, true, "aTransposed");
+});
+
+// fp8 weights (quantMatmul scheme 2: e4m3fn codes [N,K], f32 row scales) at M >= fp8DotMinM take the same tiles, the
+// codes read as their bf16 values while W's panels are packed and each output column times its row's scale.
+const fp8MinM = k?.fp8DotMinM ?? 0;
+const fp8Skip = skip || (fp8MinM <= 0 ? "no fp8 route to the vdpbf16ps tiles in this addon" : false);
+
+/** Random fp8 codes (every code but the two NaNs, 0x7f and 0xff) and scales; w holds code value * scale. */
+function fp8Weights(N: number, K: number): { codes: Uint8Array; scales: Float32Array; w: Float32Array } {
+  const codes = new Uint8Array(N * K), scales = new Float32Array(N), w = new Float32Array(N * K);
+  for (let n = 0; n < N; n++) scales[n] = 2 ** (4 * rand() - 2) * (rand() < 0.5 ? 1 : 1.37);
+  for (let i = 0; i < N * K; i++) {
+    let c = Math.floor(rand() * 256);
+    if ((c & 0x7f) === 0x7f) c = 0;
+    codes[i] = c;
+  }
+  return { codes, scales, w };
+}
+
+/** out[m,n] against sum_k round(x[m,k]) * value(code[n,k]), times scale[n], in float64 (tolerances as compare's). */
+function compareFp8(out: Float32Array, x: Float32Array, codes: Uint8Array, scales: Float32Array, { M, N, K }: Case,
+                    round: (v: number) => number, tight: boolean, what: string): void {
+  for (let m = 0; m < M; m++)
+    for (let n = 0; n < N; n++) {
+      let dot = 0, abs = 0, sq = 0;
+      for (let kk = 0; kk < K; kk++) {
+        const p = round(x[m * K + kk]!) * FP8_E4M3[codes[n * K + kk]!]! * scales[n]!;
+        dot += p;
+        abs += Math.abs(p);
+        sq += p * p;
+      }
+      const tol = tight ? 2 ** -20 * Math.sqrt(sq / K) * K : 2 ** -8 * abs;
+      const got = out[m * N + n]!;
+      if (!(Math.abs(got - dot) <= tol + 1e-30))
+        assert.fail(`${what} M=${M} N=${N} K=${K} at [${m},${n}]: got ${got}, want ${dot} (|err| ${Math.abs(got - dot)} > ${tol})`);
+    }
+}
+
+for (const threads of [1, 2]) {
+  test(`fp8 quantMatmul at M >= fp8DotMinM: bf16-rounded x (tight), f32 (loose), ${threads} thread(s)`, { skip: fp8Skip }, () => {
+    k!.setNumThreads(threads);
+    const cases: Case[] = [
+      ...[0, 1, 13, 40].map((dm) => ({ M: fp8MinM + dm, N: 33, K: 63 })),
+      { M: fp8MinM, N: 1, K: 1 },
+      { M: 45, N: 95, K: 577 },
+      { M: 130, N: 200, K: 1537 },
+      { M: 513, N: 70, K: 96 },
+      { M: 64, N: 48, K: 576 },
+    ];
+    for (const c of cases) {
+      const { codes, scales } = fp8Weights(c.N, c.K);
+      const x = randArray(c.M * c.K);
+      const out = new Float32Array(c.M * c.N).fill(NaN);
+      k!.quantMatmul(x, codes, scales, new Int32Array(0), out, c.M, c.N, c.K, 2);
+      compareFp8(out, x, codes, scales, c, bf16, true, "fp8 vs bf16-rounded x");
+      compareFp8(out, x, codes, scales, c, (v) => v, false, "fp8 vs exact f32");
+    }
+  });
+}
+
+test("fp8 quantMatmul on the vdpbf16ps tiles: every code's value exactly; below fp8DotMinM x stays f32", { skip: fp8Skip }, () => {
+  k!.setNumThreads(2);
+  // row m of x is one-hot at column m, so out[m, n] is code[n, m]'s value times scale[n]: one product term, exact.
+  // Row 0 of W holds the 256 codes in order, row 1 the same reversed (the other half of a 32-row panel).
+  const M = 256, N = 2, K = 256;
+  const codes = new Uint8Array(N * K);
+  for (let c = 0; c < 256; c++) codes[c] = (c & 0x7f) === 0x7f ? 0 : c;
+  for (let c = 0; c < 256; c++) codes[K + c] = codes[255 - c]!;
+  const scales = Float32Array.of(1, 0.5);
+  const x = new Float32Array(M * K);
+  for (let m = 0; m < M; m++) x[m * K + m] = 1;
+  const out = new Float32Array(M * N).fill(NaN);
+  k!.quantMatmul(x, codes, scales, new Int32Array(0), out, M, N, K, 2);
+  for (let m = 0; m < M; m++)
+    for (let n = 0; n < N; n++)
+    { // (a sum that starts at +0 keeps -0's term as +0: compared with ===)
+      const got = out[m * N + n]!, want = FP8_E4M3[codes[n * K + m]!]! * scales[n]!;
+      assert.ok(got === want, `code 0x${codes[n * K + m]!.toString(16)} (row ${n}): ${got} vs ${want}`);
+    }
+  // just below the threshold: unrounded x (a value bf16 would round: 1 + 2^-12)
+  const c = { M: fp8MinM - 1, N: 9, K: 70 };
+  const w = fp8Weights(c.N, c.K);
+  const xs = randArray(c.M * c.K).map((v) => v * (1 + 2 ** -12));
+  const o = new Float32Array(c.M * c.N).fill(NaN);
+  k!.quantMatmul(xs, w.codes, w.scales, new Int32Array(0), o, c.M, c.N, c.K, 2);
+  compareFp8(o, xs, w.codes, w.scales, c, (v) => v, true, "fp8 below the threshold");
 });

@@ -42,6 +42,12 @@ export interface NativeKernels extends NativeStream {
    */
   bf16DotMinM?: number;
   /**
+   * fp8 quantMatmul products (scheme 2) with M >= this round x to bf16 and run on the vdpbf16ps tiles, the e4m3 codes
+   * read as their exact bf16 values and each output column times its row scale; smaller M multiply unrounded x in f32.
+   * 0 (every ISA but avx512-bf16): always f32. Absent in an addon built before it.
+   */
+  fp8DotMinM?: number;
+  /**
    * amx: large-M int8 / int8 group-32 products and (avx512-bf16 table) bf16 GEMMs run on the CPU's AMX tiles; KILN_AMX=0
    * turns it off (older addons lack the field).
    */
