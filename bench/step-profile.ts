@@ -5,7 +5,7 @@
 // (host work included) and of whole replays timed kernel by kernel on this thread (the sum of medians still
 // undercounts those: measured 3.49 vs 3.78 ms for int8). bf16 reads the bf16 safetensors; int8, int4 and mxfp4 the
 // Q8_0, Q4_0 and MXFP4 GGUF exports.
-// Usage: npm run bench:profile [-- --model smollm|1b] [--format bf16|int8|int4|mxfp4] [--reps 20] [--batch 1]
+// Usage: npm run bench:profile [-- --model smollm|1b] [--format bf16|int8|int8-row|fp8|int4|mxfp4] [--reps 20] [--batch 1]
 //   [--position 60] [--list]
 import { nativeTakesScheme } from "../src/backends/cpu/quant-reference.js";
 import { tryLoadNativeKernels } from "../src/backends/cpu/native.js";
@@ -24,10 +24,12 @@ if (preset === undefined)
   throw new Error(`--model must be one of ${Object.keys(BENCH_MODELS).join(", ")}, got ${modelKey}`);
 const format = option("--format", "bf16");
 // the bench's GGUF exports (one file for Kiln and llama.cpp): int8 -> Q8_0, int4 -> Q4_0, mxfp4 -> MXFP4
-// int8-row: the f32 weights quantized on load to per-channel int8 (--quantization int8, one scale per row)
+// int8-row: the f32 weights quantized on load to per-channel int8 (--quantization int8, one scale per row); fp8: to
+// e4m3 with a scale per row (--quantization fp8)
 const GGUF = { int8: "Q8_0", int4: "Q4_0", mxfp4: "MXFP4" } as const;
-if (format !== "bf16" && format !== "int8-row" && !Object.hasOwn(GGUF, format))
-  throw new Error(`--format must be bf16, int8, int8-row, int4 or mxfp4, got ${format}`);
+const onLoad = format === "int8-row" ? "int8" : format === "fp8" ? "fp8" : null; // --quantization of the f32 weights
+if (format !== "bf16" && onLoad === null && !Object.hasOwn(GGUF, format))
+  throw new Error(`--format must be bf16, int8, int8-row, fp8, int4 or mxfp4, got ${format}`);
 const reps = Number(option("--reps", "20"));
 const n = Number(option("--batch", "1"));
 const position = Number(option("--position", "60")); // the decoded token's position (its context: 0 .. position)
@@ -37,14 +39,14 @@ const native = tryLoadNativeKernels();
 if (!native) throw new Error("bench/step-profile needs the native addon (npm run build)");
 const model =
   format === "bf16" ? benchModelDir("bfloat16", preset)
-  : format === "int8-row" ? benchModelDir("float32", preset)
+  : onLoad !== null ? benchModelDir("float32", preset)
   : format !== "int8" || nativeTakesScheme(native, "int8_g32") ? benchGguf(benchModelDir("float32", preset), GGUF[format as keyof typeof GGUF])
   : benchModelDir("float32", preset);
 const setup = createServingSetupSync({
   model,
-  quantization: format.startsWith("int8") && !model.endsWith(".gguf") ? "int8" : null,
+  quantization: onLoad ?? (format === "int8" && !model.endsWith(".gguf") ? "int8" : null),
   maxModelLen: 256,
-  kvCacheMemory: 64 << 20,
+  kvCacheMemory: (64 << 20) * Math.ceil((4 * n + 2) / 64), // 64 MiB holds 64+ blocks of either model: 4 per sequence here
   maxNumSeqs: n,
 });
 const runner = setup.runner;
