@@ -71,8 +71,9 @@ function compare(r: Result, { M, N, K }: Case, round: (v: number) => number, tig
 }
 
 const shapes: Case[] = [
-  // around the threshold, odd and small N / K (K = 1: one half-padded pair), tails of the 32-column panels
-  ...[0, 1, 7, 14, 40].map((dm) => ({ M: minM + dm, N: 33, K: 63 })),
+  // around the threshold, odd and small N / K (K = 1: one half-padded pair), tails of the 32-column panels; on the
+  // vdpbf16ps tiles (minM 24) panels of 12 (M = 24), 13 (25, 38, 64), 10 (29) and 11 (31) rows, 14 at M = 513 below
+  ...[0, 1, 5, 7, 14, 40].map((dm) => ({ M: minM + dm, N: 33, K: 63 })),
   { M: minM, N: 1, K: 1 },
   { M: minM + 3, N: 17, K: 3 },
   { M: 45, N: 95, K: 577 },
@@ -163,7 +164,7 @@ for (const threads of [1, 2]) {
   test(`fp8 quantMatmul at M >= fp8DotMinM: bf16-rounded x (tight), f32 (loose), ${threads} thread(s)`, { skip: fp8Skip }, () => {
     k!.setNumThreads(threads);
     const cases: Case[] = [
-      ...[0, 1, 13, 40].map((dm) => ({ M: fp8MinM + dm, N: 33, K: 63 })),
+      ...[0, 1, 5, 8, 13, 40].map((dm) => ({ M: fp8MinM + dm, N: 33, K: 63 })),
       { M: fp8MinM, N: 1, K: 1 },
       { M: 45, N: 95, K: 577 },
       { M: 130, N: 200, K: 1537 },
