@@ -83,7 +83,8 @@ export interface NativeKernels extends NativeStream {
    * group-32, 4 q4_k, 5 mxfp4, 6 q6_k, 7 q5_k, 8 iq4_nl; layouts in native/quant.h). x rows are quantized to int8 on the fly (per-row scale)
    * and dotted with VNNI when available. rowSums is read for int8 only (pass an empty Int32Array otherwise); scales
    * are f16 bits for int4 / int8 group-32 / iq4_nl, meta bytes for q4_k / q5_k / q6_k, e8m0 bytes for mxfp4. xq [M,K] / xs [M] (optional):
-   * x already quantized (as rmsNormQuant writes it), read instead of quantizing x; fp8 ignores them.
+   * x already quantized (as rmsNormQuant writes it), read instead of quantizing x; fp8 ignores them (its x stays f32,
+   * rounded to bf16 at M >= fp8DotMinM).
    */
   quantMatmul(
     x: Float32Array, w: Uint8Array, scales: Float32Array | Uint16Array | Uint8Array, rowSums: Int32Array, out: Float32Array,
