@@ -138,7 +138,8 @@ struct KernelTable {
   // vdpbf16ps or AMX tiles (see gemm-bf16-impl.inc; 24, or 8 where AMX runs); 0: every bf16 product is exact f32.
   int64_t bf16DotMinM;
   // fp8 e4m3fn weights (quant.h's layout: codes [N,K], f32 scales [N]) at M >= fp8DotMinM: out = bf16(a) @ W^T * scales
-  // on the vdpbf16ps tiles (gemm-bf16-impl.inc); runQuantMatmul (quant.h) routes them here. 0 / nullptr: none.
+  // on the vdpbf16ps tiles (gemm-bf16-impl.inc); runQuantMatmul (quant.h) routes them here. fp8DotMinM 0 (and gemmFp8
+  // nullptr): none.
   void (*gemmFp8)(const float* a, const uint8_t* w, const float* scales, float* out, int64_t M, int64_t N, int64_t K);
   int64_t fp8DotMinM;
 };

@@ -112,7 +112,7 @@ inline int64_t quantScalesBytes(int64_t scheme, int64_t N, int64_t K) {
 // A quantized product on `qt`, or, for fp8 at M >= kt.fp8DotMinM, on kt's vdpbf16ps tiles (KernelTable::gemmFp8: x
 // rounded to bf16, as bf16 weights' products of that many rows are).
 inline void runQuantMatmul(const QuantTable& qt, const KernelTable& kt, const QuantMatmulArgs& a) {
-  if (a.scheme == kQuantFp8 && kt.gemmFp8 && kt.fp8DotMinM > 0 && a.M >= kt.fp8DotMinM)
+  if (a.scheme == kQuantFp8 && kt.fp8DotMinM > 0 && a.M >= kt.fp8DotMinM)
     return kt.gemmFp8(a.x, static_cast<const uint8_t*>(a.w), static_cast<const float*>(a.scales), a.out, a.M, a.N, a.K);
   qt.matmul(a);
 }

@@ -129,16 +129,16 @@ test("bf16 GEMM: batched calls with a shared W and padded output strides; aTrans
 const fp8MinM = k?.fp8DotMinM ?? 0;
 const fp8Skip = skip || (fp8MinM <= 0 ? "no fp8 route to the vdpbf16ps tiles in this addon" : false);
 
-/** Random fp8 codes (every code but the two NaNs, 0x7f and 0xff) and scales; w holds code value * scale. */
-function fp8Weights(N: number, K: number): { codes: Uint8Array; scales: Float32Array; w: Float32Array } {
-  const codes = new Uint8Array(N * K), scales = new Float32Array(N), w = new Float32Array(N * K);
+/** Random fp8 codes (every code but the two NaNs, 0x7f and 0xff) and row scales. */
+function fp8Weights(N: number, K: number): { codes: Uint8Array; scales: Float32Array } {
+  const codes = new Uint8Array(N * K), scales = new Float32Array(N);
   for (let n = 0; n < N; n++) scales[n] = 2 ** (4 * rand() - 2) * (rand() < 0.5 ? 1 : 1.37);
   for (let i = 0; i < N * K; i++) {
     let c = Math.floor(rand() * 256);
     if ((c & 0x7f) === 0x7f) c = 0;
     codes[i] = c;
   }
-  return { codes, scales, w };
+  return { codes, scales };
 }
 
 /** out[m,n] against sum_k round(x[m,k]) * value(code[n,k]), times scale[n], in float64 (tolerances as compare's). */
