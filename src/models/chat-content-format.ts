@@ -17,12 +17,13 @@ export function detectContentFormat(template: string): "string" | "openai" {
 }
 
 /**
- * A template's messages: content as given ("string"), or as OpenAI content parts ("openai": the message's own parts,
+ * A template's messages: content as text ("string": null is "", the join of no text parts, as vLLM, so that a
+ * template's `+` takes an assistant tool-call turn), or as OpenAI content parts ("openai": the message's own parts,
  * images as {type: "image"}, else one text part; null is no parts, as vLLM).
  */
 export function messagesForTemplate(messages: ChatMessage[], format: "string" | "openai"): unknown[] {
   return messages.map(({ contentParts, ...m }) => {
-    if (format === "string") return m;
+    if (format === "string") return m.content === null ? { ...m, content: "" } : m;
     return { ...m, content: contentParts ?? (m.content === null ? [] : [{ type: "text", text: m.content }]) };
   });
 }

@@ -28,6 +28,17 @@ test("content reaches the template as a string or as OpenAI text parts", () => {
   assert.equal(render(STRING, "auto"), "g|user:hi;assistant:;");
 });
 
+test("a string content format gives null content as \"\" (vLLM), so a template's `+` renders a tool-call turn or a content-less message", () => {
+  const tok = Tokenizer.fromDir(testTokenizerDir());
+  // ChatML as many models write it (kiln-default's own): content joined with `+`, which fails on null
+  const CONCAT = "{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] + ';' }}{% endfor %}";
+  const call = { id: "c1", type: "function", function: { name: "f", arguments: "{}" } };
+  const messages = [{ role: "user", content: null }, { role: "assistant", content: null, tool_calls: [call] }, { role: "tool", content: "3" }];
+  const render = (contentFormat: "string" | "auto") => tok.applyChatTemplate(messages, { chatTemplate: CONCAT, addGenerationPrompt: false, contentFormat });
+  assert.equal(render("string"), "<user>;<assistant>;<tool>3;");
+  assert.equal(render("auto"), "<user>;<assistant>;<tool>3;");
+});
+
 test("default chat template kwargs go under each request's own; the rest of the tokenizer is its own", () => {
   const tok = Tokenizer.fromDir(testTokenizerDir());
   const served = withChatTemplateDefaults(tok, { contentFormat: "auto", kwargs: { greeting: "default", other: 1 } });
