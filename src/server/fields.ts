@@ -85,7 +85,8 @@ export function optLogitBias(body: Json, vocabSize: number): Record<number, numb
   if (!obj) return undefined;
   const out: Record<number, number> = {};
   for (const [key, value] of Object.entries(obj)) {
-    const id = Number(key);
+    // an integer's decimal digits, as Python's int() reads them (Number() reads "" and " " as 0, "0x10" as 16)
+    const id = /^\s*[+-]?\d+\s*$/.test(key) ? Number(key) : NaN;
     if (!Number.isInteger(id) || id < 0 || id >= vocabSize) throw badRequest(`'logit_bias' has an invalid token id ${JSON.stringify(key)}`, "logit_bias");
     if (typeof value !== "number" || !Number.isFinite(value) || value < -100 || value > 100) {
       throw badRequest(`'logit_bias' values must be numbers in [-100, 100]`, "logit_bias");

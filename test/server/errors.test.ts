@@ -44,6 +44,8 @@ describe("errors", () => {
     ["empty stop string", { stop: ["x", ""] }, "stop"],
     ["presence_penalty", { presence_penalty: 3 }, "presence_penalty"],
     ["logit_bias", { logit_bias: { "99999": 1 } }, "logit_bias"],
+    ["logit_bias empty key (not token 0)", { logit_bias: { "": 1 } }, "logit_bias"],
+    ["logit_bias hex key", { logit_bias: { "0x10": 1 } }, "logit_bias"],
     ["top_logprobs without logprobs", { top_logprobs: 2 }, "top_logprobs"],
     ["top_logprobs range", { logprobs: true, top_logprobs: 50 }, "top_logprobs"],
     ["top_logprobs below -1", { logprobs: true, top_logprobs: -2 }, "top_logprobs"],
