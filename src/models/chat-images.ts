@@ -75,8 +75,9 @@ const isRgbImage = (v: unknown): v is RgbImage => {
 };
 
 /**
- * String content, null, or a list of content parts: {type: "text", text} and {type: "image_url", image_url: {url}}
- * (the URL alone is taken too, as vLLM takes it); `offline` (LLM.chat) also {type: "image", image: bytes | pixels}.
+ * String content, null, or a list of content parts: {type: "text", text}, {type: "refusal", refusal} (read as text)
+ * and {type: "image_url", image_url: {url}} (the URL alone is taken too, as vLLM takes it); `offline` (LLM.chat) also
+ * {type: "image", image: bytes | pixels}.
  */
 export function readChatContent(content: unknown, param: string, { offline = false } = {}): ChatContent {
   if (content === undefined || content === null) return { text: null, parts: [], images: [] };
@@ -99,11 +100,13 @@ export function readChatContent(content: unknown, param: string, { offline = fal
         throw new ChatInputError(`${at}.image`, `'${at}.image' must be image file bytes (a Uint8Array) or RGB pixels ({ width, height, data })`);
       parts.push({ type: "image" });
       images.push({ image: p.image, param: `${at}.image` });
-    } else if (p.type === "text") {
-      if (typeof p.text !== "string") throw new ChatInputError(param, `'${at}.text' must be a string`);
-      parts.push({ type: "text", text: p.text });
+    } else if (p.type === "text" || p.type === "refusal") {
+      // an assistant turn's refusal part (OpenAI's) reaches the template as text, as vLLM reads it
+      const text = p.type === "text" ? p.text : p.refusal;
+      if (typeof text !== "string") throw new ChatInputError(param, `'${at}.${p.type}' must be a string`);
+      parts.push({ type: "text", text });
     } else {
-      throw new ChatInputError(param, `content part type ${JSON.stringify(p.type)} is not supported (only "text"${offline ? ', "image_url" and "image"' : ' and "image_url"'})`);
+      throw new ChatInputError(param, `content part type ${JSON.stringify(p.type)} is not supported (only "text", "refusal"${offline ? ', "image_url" and "image"' : ' and "image_url"'})`);
     }
   });
   const texts = parts.flatMap((p) => (p.type === "text" ? [p.text] : []));

@@ -43,6 +43,16 @@ describe("OpenAI API", () => {
     } as never);
     assert.equal(r.usage!.completion_tokens, 3);
     assert.equal(r.choices[0]!.finish_reason, "length");
+    // an assistant turn's refusal part (OpenAI's type) is its text to the template, as vLLM reads it
+    const withRefusal = await s.client.chat.completions.create({
+      model: MODEL, max_tokens: 1,
+      messages: [{ role: "user", content: "hi" }, { role: "assistant", content: [{ type: "refusal", refusal: "I can't" }] }, { role: "user", content: "why" }],
+    });
+    const asText = await fetch(`${s.url}/tokenize`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hi" }, { role: "assistant", content: "I can't" }, { role: "user", content: "why" }] }),
+    });
+    assert.equal(withRefusal.usage!.prompt_tokens, ((await asText.json()) as { count: number }).count);
   });
 
   it("chat streaming with include_usage", async () => {
