@@ -39,6 +39,16 @@ test("a string content format gives null content as \"\" (vLLM), so a template's
   assert.equal(render("auto"), "<user>;<assistant>;<tool>3;");
 });
 
+test("an empty tool_calls list reaches the template as none (vLLM drops it), so a reply fed back is a plain turn", () => {
+  const tok = Tokenizer.fromDir(testTokenizerDir());
+  // Llama 3.1's test: a message with the key is a tool-call turn, and it takes exactly one call
+  const LLAMA = "{% for m in messages %}{% if 'tool_calls' in m %}{% if m.tool_calls | length != 1 %}{{ raise_exception('one call only') }}" +
+    "{% endif %}call;{% else %}{{ m.content }};{% endif %}{% endfor %}";
+  const call = { id: "c1", type: "function", function: { name: "f", arguments: {} } };
+  const messages = [{ role: "assistant", content: "hi", tool_calls: [] }, { role: "assistant", content: null, tool_calls: [call] }];
+  assert.equal(tok.applyChatTemplate(messages, { chatTemplate: LLAMA, addGenerationPrompt: false }), "hi;call;");
+});
+
 test("default chat template kwargs go under each request's own; the rest of the tokenizer is its own", () => {
   const tok = Tokenizer.fromDir(testTokenizerDir());
   const served = withChatTemplateDefaults(tok, { contentFormat: "auto", kwargs: { greeting: "default", other: 1 } });
