@@ -206,7 +206,8 @@ function parseBeamSearch(body: Json, stream: boolean, params: Partial<SamplingPa
     throw badRequest(`use_beam_search cannot be combined with ${what}`, param);
   };
   if (stream) refuse("stream", "stream");
-  if (params.logprobs != null || params.promptLogprobs != null) refuse("logprobs", "logprobs");
+  // (read from the body: the sample logprobs are set after this, a number on completions, a boolean on chat)
+  if ((body.logprobs != null && body.logprobs !== false) || params.promptLogprobs != null) refuse("logprobs", "logprobs");
   if (body.echo === true) refuse("echo", "echo");
   return { lengthPenalty };
 }

@@ -62,6 +62,7 @@ describe("errors", () => {
     ["vllm_xargs value", { vllm_xargs: { a: { b: 1 } } }, "vllm_xargs"],
     ["vllm_xargs nested list", { vllm_xargs: { a: [[1]] } }, "vllm_xargs"],
     ["prompt_logprobs with stream", { prompt_logprobs: 1, stream: true }, "prompt_logprobs"],
+    ["logprobs with beam search (it returns none)", { use_beam_search: true, logprobs: true, top_logprobs: 1 }, "logprobs"],
   ];
   for (const [name, extra, param] of badFields) {
     it(`400 for bad ${name}`, async () => assertError(await post(chat(), { model: MODEL, messages: msgs, ...extra }), 400, param));
@@ -74,6 +75,7 @@ describe("errors", () => {
     assertError(await post(completions(), { model: MODEL, prompt: [1, "a"] }), 400, "prompt");
     assertError(await post(completions(), { model: MODEL, prompt: [100000] }), 400, "prompt");
     assertError(await post(completions(), { model: MODEL, prompt: "x", logprobs: 99 }), 400, "logprobs");
+    assertError(await post(completions(), { model: MODEL, prompt: "x", logprobs: 0, use_beam_search: true }), 400, "logprobs");
     const vocabLogprobs = await post(completions(), { model: MODEL, prompt: "x", logprobs: -1 });
     assertError(vocabLogprobs, 400, "logprobs");
     assert.match(vocabLogprobs.json.error.message, /logprobs of \d+, which is greater than max allowed: 20/, "-1 reads as the vocabulary size");
