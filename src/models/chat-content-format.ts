@@ -19,14 +19,17 @@ export function detectContentFormat(template: string): "string" | "openai" {
 /**
  * A template's messages: content as text ("string": null is "", the join of no text parts, as vLLM, so that a
  * template's `+` takes an assistant tool-call turn), or as OpenAI content parts ("openai": the message's own parts,
- * images as {type: "image"}, else one text part; null is no parts, as vLLM). An empty tool_calls list is dropped, as
- * vLLM's _postprocess_messages drops it, so that a template testing `'tool_calls' in message` (Llama 3.1's) takes a
- * reply without calls (`"tool_calls": []`, as chat replies carry it) as a plain turn.
+ * images as {type: "image"}, else one text part; null is no parts, as vLLM; a tool message's text stays a string, as
+ * vLLM normalizes it). An empty tool_calls list is dropped, as vLLM's _postprocess_messages drops it, so that a
+ * template testing `'tool_calls' in message` (Llama 3.1's) takes a reply without calls (`"tool_calls": []`, as chat
+ * replies carry it) as a plain turn.
  */
 export function messagesForTemplate(messages: ChatMessage[], format: "string" | "openai"): unknown[] {
   return messages.map(({ contentParts, tool_calls, ...rest }) => {
     const m = tool_calls === undefined || tool_calls.length === 0 ? rest : { ...rest, tool_calls };
     if (format === "string") return m.content === null ? { ...m, content: "" } : m;
+    // a tool result of text alone stays text, as vLLM gives it (templates print a tool message's content whole)
+    if (m.role === "tool" && (contentParts ?? []).every((p) => p.type === "text")) return { ...m, content: m.content ?? "" };
     return { ...m, content: contentParts ?? (m.content === null ? [] : [{ type: "text", text: m.content }]) };
   });
 }

@@ -49,6 +49,13 @@ test("an empty tool_calls list reaches the template as none (vLLM drops it), so 
   assert.equal(tok.applyChatTemplate(messages, { chatTemplate: LLAMA, addGenerationPrompt: false }), "hi;call;");
 });
 
+test("an openai content format gives a tool message's text as a string (vLLM), other roles' as parts", () => {
+  const tok = Tokenizer.fromDir(testTokenizerDir());
+  const TOOL = "{% for m in messages %}{{ m.role }}:{% if m.content is string %}S={{ m.content }}{% else %}{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endif %};{% endfor %}";
+  const messages = [{ role: "user", content: "hi" }, { role: "tool", content: "42" }, { role: "tool", content: null }];
+  assert.equal(tok.applyChatTemplate(messages, { chatTemplate: TOOL, addGenerationPrompt: false, contentFormat: "openai" }), "user:hi;tool:S=42;tool:S=;");
+});
+
 test("default chat template kwargs go under each request's own; the rest of the tokenizer is its own", () => {
   const tok = Tokenizer.fromDir(testTokenizerDir());
   const served = withChatTemplateDefaults(tok, { contentFormat: "auto", kwargs: { greeting: "default", other: 1 } });
