@@ -146,6 +146,8 @@ export function readWireMessages(raw: unknown): { messages: ChatMessage[]; image
     if (typeof msg.name === "string") out.name = msg.name;
     if (Array.isArray(msg.tool_calls)) out.tool_calls = msg.tool_calls.map(templateToolCall);
     if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
+    // an earlier reply's reasoning, for templates that write it back within a turn of tool calls (vLLM passes it)
+    if (msg.role === "assistant" && typeof msg.reasoning === "string") out.reasoning = out.reasoning_content = msg.reasoning;
     return out;
   });
   return { messages, images };

@@ -12,6 +12,9 @@ export interface ChatMessage {
   name?: string;
   tool_calls?: unknown[];
   tool_call_id?: string;
+  /** An assistant turn's reasoning, under vLLM's name and the one templates read (Qwen3's reasoning_content). */
+  reasoning?: string;
+  reasoning_content?: string;
 }
 
 export interface ChatTemplateOptions {

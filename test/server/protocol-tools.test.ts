@@ -26,6 +26,15 @@ describe("chat protocol: tools", () => {
     assert.equal(req.messages[2]!.tool_call_id, "c1");
   });
 
+  it("passes an earlier reply's reasoning to the template as reasoning and reasoning_content (vLLM's), for assistant turns only", () => {
+    const req = parseChatRequest(
+      { messages: [{ role: "user", content: "q", reasoning: "x" }, { role: "assistant", content: "a", reasoning: "because" }, { role: "user", content: "more" }] },
+      100,
+    );
+    assert.deepEqual([req.messages[1]!.reasoning, req.messages[1]!.reasoning_content], ["because", "because"]);
+    assert.equal("reasoning" in req.messages[0]!, false);
+  });
+
   it("keeps special tokens in the reply's text with tools and any tool_choice but none (vLLM's adjust_request), unless the request says", () => {
     const msgs = [{ role: "user", content: "weather?" }];
     const skip = (extra: object) => parseChatRequest({ messages: msgs, tools: [tool], ...extra }, 100, { autoTools: true }).params.skipSpecialTokens;
