@@ -5,7 +5,7 @@ import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { Server as TlsServer, TLSSocket } from "node:tls";
-import Fastify, { LogController, type FastifyInstance } from "fastify";
+import Fastify, { errorCodes, LogController, type FastifyInstance } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -270,6 +270,14 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     // the Messages API's routes answer with Anthropic's error object (anthropic-protocol.ts)
     const body = isMessagesPath(request.url.split("?")[0]!) ? anthropicError(apiErr).body : apiErr.toBody();
     return reply.code(apiErr.status).send(body);
+  });
+  // A body sent without a content type, or as an application/*+json type, is read as JSON, as vLLM's FastAPI reads it
+  // (Python's requests.post(url, data=json.dumps(body)) sends none); other types stay a 415.
+  const parseJson = app.getDefaultJsonParser("error", "error");
+  app.addContentTypeParser("*", { parseAs: "string" }, (request, body, done) => {
+    const type = request.headers["content-type"];
+    if (type === undefined || /^application\/[^;\s]+\+json\s*(;|$)/i.test(type)) parseJson(request, body as string, done);
+    else done(new errorCodes.FST_ERR_CTP_INVALID_MEDIA_TYPE(), undefined);
   });
   // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
   const methodsByPath = new Map<string, Set<string>>();

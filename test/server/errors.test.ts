@@ -148,6 +148,19 @@ describe("errors", () => {
     assertError(await post(chat(), "[1,2]"), 400);
   });
 
+  it("reads a body sent without a content type, or as application/*+json, as JSON (vLLM's FastAPI); 415 for other types", async () => {
+    const body = JSON.stringify({ model: MODEL, prompt: "hi", max_tokens: 2 });
+    // (fetch sends bytes with no content-type header)
+    const untyped = await fetch(completions(), { method: "POST", body: new TextEncoder().encode(body) });
+    assert.equal(untyped.status, 200, await untyped.clone().text());
+    assert.equal(((await untyped.json()) as any).object, "text_completion");
+    const typed = await post(completions(), body, { "content-type": "application/vnd.api+json; charset=utf-8" });
+    assert.equal(typed.status, 200, typed.text);
+    const form = await post(completions(), "a=1", { "content-type": "application/x-www-form-urlencoded" });
+    assertError(form, 415);
+    assert.equal(form.json.error.code, "unsupported_media_type");
+  });
+
   it("404 for an unknown model and an unknown route", async () => {
     await assert.rejects(s.client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] }), OpenAI.NotFoundError);
     const r = await post(completions(), { model: "nope", prompt: "x" });
