@@ -140,7 +140,7 @@ function parseCommon(body: Json, vocabSize: number, { allowEchoOnly = false } = 
   set("presencePenalty", optNumber(body, "presence_penalty", { min: -2, max: 2 }));
   set("frequencyPenalty", optNumber(body, "frequency_penalty", { min: -2, max: 2 }));
   set("repetitionPenalty", optNumber(body, "repetition_penalty", { min: 0, minExclusive: true }));
-  set("seed", optInt(body, "seed"));
+  set("seed", optSeed(body));
   set("stop", optStop(body));
   set("stopTokenIds", stopTokenIds);
   set("ignoreEos", optBool(body, "ignore_eos"));
@@ -195,6 +195,18 @@ export function refuseRequestLogitsProcessors(body: Json, pattern: string | null
     `Per-request logits processors are not supported (as in vLLM V1), though ${JSON.stringify(pattern)} (--logits-processor-pattern) allows them: start the server with --logits-processors instead`,
     "logits_processors",
   );
+}
+
+/** The largest prime below 2^52: a seed past the engine's safe integers is folded by it (leaving room for n's seed + i). */
+const SAFE_SEED_PRIME = 4503599627370449n;
+
+/**
+ * `seed`, a 64-bit integer as vLLM takes it (int64's max, 2^63 - 1, reads as 2^63 in a JSON number). One past 2^53
+ * (a random 64-bit seed) is folded into the engine's safe integers, the same way every time, so it still reproduces.
+ */
+function optSeed(body: Json): number | undefined {
+  const seed = optInt(body, "seed", { min: -(2 ** 63), max: 2 ** 63 });
+  return seed === undefined || Number.isSafeInteger(seed) ? seed : Number(BigInt(seed) % SAFE_SEED_PRIME);
 }
 
 /** use_beam_search and length_penalty, as vLLM takes them; what beam search does not serve is refused. */
