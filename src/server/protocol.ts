@@ -197,16 +197,17 @@ export function refuseRequestLogitsProcessors(body: Json, pattern: string | null
   );
 }
 
-/** The largest prime below 2^52: a seed past the engine's safe integers is folded by it (leaving room for n's seed + i). */
+/** The largest prime below 2^52: a seed of 2^52 or more is folded by it. */
 const SAFE_SEED_PRIME = 4503599627370449n;
 
 /**
- * `seed`, a 64-bit integer as vLLM takes it (int64's max, 2^63 - 1, reads as 2^63 in a JSON number). One past 2^53
- * (a random 64-bit seed) is folded into the engine's safe integers, the same way every time, so it still reproduces.
+ * `seed`, a 64-bit integer as vLLM takes it (int64's max, 2^63 - 1, reads as 2^63 in a JSON number). One of 2^52 or
+ * more (a random 64-bit seed) is folded below 2^52, the same way every time, so it still reproduces and the seeds
+ * of its n samples (seed + i, the engine's) stay distinct safe integers.
  */
 function optSeed(body: Json): number | undefined {
   const seed = optInt(body, "seed", { min: -(2 ** 63), max: 2 ** 63 });
-  return seed === undefined || Number.isSafeInteger(seed) ? seed : Number(BigInt(seed) % SAFE_SEED_PRIME);
+  return seed === undefined || Math.abs(seed) < 2 ** 52 ? seed : Number(BigInt(seed) % SAFE_SEED_PRIME);
 }
 
 /** use_beam_search and length_penalty, as vLLM takes them; what beam search does not serve is refused. */

@@ -139,6 +139,10 @@ describe("OpenAI API", () => {
       assert.doesNotThrow(() => normalizeSamplingParams(s.engine.lastParams!), "the engine takes the seed the server sends");
       assert.equal((await raw(seed)).body.choices[0].text, x.body.choices[0].text);
     }
+    // n samples take seed + i (the engine's): next to 2^53 those would round to one another
+    await raw("9007199254740991");
+    const near = s.engine.lastParams!.seed!;
+    assert.equal(new Set([0, 1, 2].map((i) => near + i)).size, 3);
     const over = await raw("18446744073709551615");
     assert.deepEqual([over.status, over.body.error.param], [400, "seed"]);
   });
