@@ -207,15 +207,17 @@ export class LLM {
         });
         ids.push(requestId);
       });
+      const final = new Map<string, RequestOutput>();
+      while (this.engine.hasUnfinishedRequests()) {
+        for (const out of this.engine.step()) if (out.finished) final.set(out.requestId, out);
+      }
+      return ids.map((id) => final.get(id)!);
     } catch (e) {
+      // a failed step (a logits processor that throws) leaves its requests scheduled but never sampled: left in the
+      // engine they would stall every later call
       this.engine.abortRequest(ids);
       throw e;
     }
-    const final = new Map<string, RequestOutput>();
-    while (this.engine.hasUnfinishedRequests()) {
-      for (const out of this.engine.step()) if (out.finished) final.set(out.requestId, out);
-    }
-    return ids.map((id) => final.get(id)!);
   }
 
   /**
