@@ -46,12 +46,13 @@ export interface ScoringOutput {
 }
 
 /**
- * A prompt's text, or its token ids (with its images' features for an image-text model: EngineRequestInput.mmFeatures),
- * or its input embeddings (vLLM's EmbedsPrompt: `promptEmbeds` [seq * hidden] float32, the rows the model's embedding
- * layer would give; `LLM.generate([{ promptEmbeds }])`).
+ * A prompt's text (a string, or vLLM's TextPrompt `{ prompt }`), or its token ids (with its images' features for an
+ * image-text model: EngineRequestInput.mmFeatures), or its input embeddings (vLLM's EmbedsPrompt: `promptEmbeds`
+ * [seq * hidden] float32, the rows the model's embedding layer would give; `LLM.generate([{ promptEmbeds }])`).
  */
 export type PromptInput =
   | string
+  | { prompt: string; promptTokenIds?: undefined }
   | { promptTokenIds: number[]; prompt?: string; mmFeatures?: readonly MultiModalFeature[] }
   | { promptEmbeds: Float32Array; hiddenSize: number };
 
@@ -160,18 +161,32 @@ export class LLM {
   }
 
   /**
-   * Generates for every prompt. `params` is one set for all prompts or one per prompt (default:
+   * Generates for every prompt (one prompt, not in a list, is a list of one: vLLM's generate("text")). `params` is one
+   * set for all prompts or one per prompt (default:
    * getDefaultSamplingParams()). `options.loraRequest` serves them with a LoRA adapter (one for all or one per
    * prompt; vLLM's lora_request; the LLM needs enableLora). Throws an EngineInputError for an invalid prompt or parameter before running
    * anything.
    */
   generate(
-    prompts: PromptInput[],
+    prompts: PromptInput | PromptInput[],
     params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     options: { priority?: number[]; loraRequest?: LoraRequest | (LoraRequest | null)[] | null } = {},
   ): RequestOutput[] {
     if (this.engine.args.pooler !== null) throw new Error("[LLM.generate] this LLM pools (runner: \"pooling\"): use embed()");
-    return this.run(prompts, params, options);
+    return this.run(Array.isArray(prompts) ? prompts : [prompts], params, options);
+  }
+
+  /** A prompt as the engine takes it: text is tokenized here; anything but a PromptInput is an EngineInputError. */
+  private engineInput(p: PromptInput): { prompt: string | null; promptTokenIds: number[]; mmFeatures?: readonly MultiModalFeature[] } {
+    if (typeof p === "string") return { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) };
+    if (typeof p !== "object" || p === null)
+      throw new EngineInputError("prompt", `must be a string or an object with prompt, promptTokenIds or promptEmbeds, got ${p === null ? "null" : typeof p}`);
+    if ("promptEmbeds" in p) return { prompt: null, ...promptEmbedsInput(p.promptEmbeds, p.hiddenSize) };
+    if (p.promptTokenIds === undefined) {
+      if (typeof p.prompt !== "string") throw new EngineInputError("prompt", "an object prompt needs prompt (text), promptTokenIds or promptEmbeds");
+      return { prompt: p.prompt, promptTokenIds: this.requireTokenizer().encode(p.prompt) };
+    }
+    return { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
   }
 
   /** Adds every prompt, steps until all finish, and returns their final outputs in input order. */
@@ -188,12 +203,7 @@ export class LLM {
     try {
       prompts.forEach((p, i) => {
         const requestId = String(this.nextId++);
-        const input =
-          typeof p === "string"
-            ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
-            : "promptEmbeds" in p
-              ? { prompt: null, ...promptEmbedsInput(p.promptEmbeds, p.hiddenSize) }
-              : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
+        const input = this.engineInput(p);
         const sp = Array.isArray(params) ? params[i]! : params;
         const lora = Array.isArray(options.loraRequest) ? options.loraRequest[i] : options.loraRequest;
         this.engine.sampler.validateParams(sp);
@@ -319,9 +329,8 @@ export class LLM {
     if (this.engine.args.pooler !== null) throw new Error("[LLM.beamSearch] this LLM pools (runner: \"pooling\")");
     const eos = this.tokenizer?.eosTokenIds ?? this.engine.args.eosTokenIds;
     const idsOf = (p: PromptInput): number[] => {
-      if (typeof p === "string") return this.requireTokenizer().encode(p);
-      if ("promptEmbeds" in p) throw new EngineInputError("prompt_embeds", "beam search is not supported with prompt embeddings");
-      return p.promptTokenIds;
+      if (typeof p === "object" && p !== null && "promptEmbeds" in p) throw new EngineInputError("prompt_embeds", "beam search is not supported with prompt embeddings");
+      return this.engineInput(p).promptTokenIds;
     };
     const searches = prompts.map((p) => new BeamSearchInstance(idsOf(p), params, eos));
     for (let t = 0; t < params.maxTokens; t++) {

@@ -1,6 +1,7 @@
 // The offline LLM API's behaviour on bad input and failures, against a fresh LLM's results.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { EngineInputError } from "../../src/engine/errors.js";
 import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { prompt, tokenizer, VOCAB } from "./helpers.js";
@@ -25,4 +26,20 @@ test("LLM.generate: a logits processor that throws fails its call, and the next 
   assert.equal(llm.engine.stats().numFreeBlocks, llm.engine.stats().numTotalBlocks);
   const got = llm.generate([{ promptTokenIds: prompt(1, 6) }, "hello"], GREEDY).map((o) => o.outputs[0]!.tokenIds);
   assert.deepEqual(got, want);
+});
+
+test("LLM.generate takes vLLM's prompt forms: a TextPrompt {prompt}, one prompt outside a list; other values are EngineInputErrors", () => {
+  const llm = newLLM();
+  const ids = tokenizer.encode("hello world");
+  const [want] = llm.generate([{ promptTokenIds: ids }], GREEDY);
+  const [text] = llm.generate([{ prompt: "hello world" }], GREEDY);
+  assert.deepEqual(text!.promptTokenIds, ids);
+  assert.equal(text!.prompt, "hello world");
+  assert.deepEqual(text!.outputs[0]!.tokenIds, want!.outputs[0]!.tokenIds);
+  const single = llm.generate("hello world", GREEDY);
+  assert.equal(single.length, 1);
+  assert.deepEqual(single[0]!.outputs[0]!.tokenIds, want!.outputs[0]!.tokenIds);
+  for (const bad of [null, 5, {}, { prompt: 7 }] as unknown[])
+    assert.throws(() => llm.generate(["hi", bad] as never, GREEDY), (e: unknown) => e instanceof EngineInputError && e.param === "prompt", JSON.stringify(bad));
+  assert.equal(llm.engine.hasUnfinishedRequests(), false);
 });
