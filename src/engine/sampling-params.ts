@@ -52,6 +52,7 @@ export function defaultSamplingParams(): SamplingParams {
     includeStopStrInOutput: false,
     skipSpecialTokens: true,
     spacesBetweenSpecialTokens: true,
+    detokenize: true,
     truncatePromptTokens: null,
     logitsProcessors: [],
     extraArgs: null,
@@ -140,6 +141,8 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     "stop",
     "cannot contain an empty string",
   );
+  // stop strings are searched in the text, which detokenize false does not make (vLLM refuses them too)
+  need(p.detokenize !== false || p.stop.length === 0, "stop", "stop strings are only supported when detokenize is true");
   need(
     p.stopTokenIds.every(tokenOk),
     "stop_token_ids",
@@ -172,7 +175,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   );
   if (p.extraArgs !== null) p.extraArgs = copyExtraArgs(p.extraArgs);
   p.structuredOutputs = normalizeStructuredOutputs(p.structuredOutputs);
-  for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens"] as const) {
+  for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens", "detokenize"] as const) {
     need(
       typeof p[k] === "boolean",
       k.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()),

@@ -43,3 +43,19 @@ test("LLM.generate takes vLLM's prompt forms: a TextPrompt {prompt}, one prompt 
     assert.throws(() => llm.generate(["hi", bad] as never, GREEDY), (e: unknown) => e instanceof EngineInputError && e.param === "prompt", JSON.stringify(bad));
   assert.equal(llm.engine.hasUnfinishedRequests(), false);
 });
+
+test("SamplingParams.detokenize false (vLLM's): the same token ids and finish, no text; stop strings are refused", () => {
+  const llm = newLLM();
+  const p = { promptTokenIds: prompt(3, 6) };
+  const [withText] = llm.generate([p], { ...GREEDY, stopTokenIds: [] });
+  const ids = withText!.outputs[0]!.tokenIds;
+  assert.notEqual(withText!.outputs[0]!.text, "");
+  const [noText] = llm.generate([p], { ...GREEDY, detokenize: false, stopTokenIds: [ids[4]!] });
+  const out = noText!.outputs[0]!;
+  assert.deepEqual(out.tokenIds, ids.slice(0, ids.indexOf(ids[4]!) + 1));
+  assert.equal(out.text, "");
+  assert.equal(out.finishReason, "stop");
+  assert.equal(out.stopReason, ids[4]);
+  assert.throws(() => llm.generate([p], { detokenize: false, stop: ["a"] }), (e: unknown) => e instanceof EngineInputError && e.param === "stop");
+  assert.throws(() => llm.generate([p], { detokenize: "no" as never }), (e: unknown) => e instanceof EngineInputError && e.param === "detokenize");
+});
