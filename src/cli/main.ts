@@ -244,7 +244,9 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
 /** Runs the CLI; resolves with the process exit code. */
 export async function main(argv: string[] = process.argv, deps?: CliDeps): Promise<number> {
   const program = buildProgram(deps);
-  program.exitOverride();
+  // every command throws its parse errors here (a subcommand made before this call does not inherit it)
+  const withSubcommands = (c: Command): Command[] => [c, ...c.commands.flatMap(withSubcommands)];
+  for (const c of withSubcommands(program)) c.exitOverride();
   try {
     // vLLM's -tp / -pp / -dp (commander's short flags are one letter) in the engine commands' words
     const [node = "node", script = "kiln", command, ...rest] = argv;
@@ -252,7 +254,9 @@ export async function main(argv: string[] = process.argv, deps?: CliDeps): Promi
     await program.parseAsync(engineCommand ? [node, script, command, ...expandMultiLetterShortFlags(rest)] : argv);
     return 0;
   } catch (err) {
-    if (err instanceof CommanderError) return err.exitCode; // commander already printed the message
+    // commander already printed the message; a command line it refuses (unknown flag or command, missing or invalid
+    // value) exits 2 as Kiln's own usage errors do (and argparse's, vLLM's)
+    if (err instanceof CommanderError) return err.exitCode === 0 || err.code === "commander.help" ? err.exitCode : 2;
     process.stderr.write(`kiln: error: ${(err as Error).message}\n`);
     return err instanceof CliUsageError ? 2 : 1;
   }

@@ -22,6 +22,14 @@ describe("kiln CLI", () => {
     assert.match(r.stderr, /--bogus-flag/);
   });
 
+  it("a command line it cannot parse exits 2, as a bad flag value does (argparse's usage status)", () => {
+    for (const args of [["serve", "--bogus-flag"], ["bogus-command"], ["serve", "--max-model-len"], ["generate", "--dtype", "int3", "--prompt", "x"], ["collect-env", "extra"], ["generate", "--prompt", "x", "--max-tokens", "abc"]]) {
+      const r = kiln(...args);
+      assert.equal(r.status, 2, `${args.join(" ")}: ${r.stderr}`);
+    }
+    assert.equal(kiln("--help").status, 0);
+  });
+
   it("serve takes the model as vLLM does: positional or --model, not both different", () => {
     const r = kiln("serve", "--model", "/nonexistent/model-dir");
     assert.notEqual(r.status, 0);
