@@ -97,6 +97,8 @@ test("engine arguments a user gets wrong are typed errors naming them, before an
     [{ gpuMemoryUtilization: 2 }, "gpu_memory_utilization", /in \(0, 1\]/],
     [{ blockSize: 3 }, "block_size", /power of two/],
     [{ kvCacheMemory: -1 }, "kv_cache_memory", /integer >= 1/],
+    [{ seed: "x" }, "seed", /seed must be an integer, got "x"/],
+    [{ seed: 1.5 }, "seed", /seed must be an integer, got 1.5/],
   ];
   for (const [extra, param, message] of cases) {
     assert.throws(
