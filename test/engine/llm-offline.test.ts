@@ -59,3 +59,21 @@ test("SamplingParams.detokenize false (vLLM's): the same token ids and finish, n
   assert.throws(() => llm.generate([p], { detokenize: false, stop: ["a"] }), (e: unknown) => e instanceof EngineInputError && e.param === "stop");
   assert.throws(() => llm.generate([p], { detokenize: "no" as never }), (e: unknown) => e instanceof EngineInputError && e.param === "detokenize");
 });
+
+test("a sampling parameter given as a string is refused naming it, the string quoted (not shown as a valid number)", () => {
+  const llm = newLLM();
+  const cases: [Record<string, unknown>, string, string][] = [
+    [{ temperature: "0" }, "temperature", 'got "0"'],
+    [{ topP: "0.5" }, "top_p", 'got "0.5"'],
+    [{ n: "2" }, "n", 'got "2"'],
+    [{ maxTokens: "16" }, "max_tokens", 'got "16"'],
+    [{ logitBias: { 5: "1" } }, "logit_bias", 'got "1"'],
+  ];
+  for (const [params, param, got] of cases)
+    assert.throws(
+      () => llm.generate("hi", params as never),
+      (e: unknown) => e instanceof EngineInputError && e.param === param && e.message.endsWith(got),
+      JSON.stringify(params),
+    );
+  assert.equal(llm.engine.hasUnfinishedRequests(), false);
+});
