@@ -348,14 +348,15 @@ export class LLM {
    * Chat: one conversation or a list of them, rendered with the tokenizer's chat template (content format "auto" unless
    * `chatOptions` says, as vLLM's LLM.chat). A message's content may be content parts, images among them as the
    * server takes them (image_url parts: data: URLs; http(s) URLs need chatAsync), or an image's file bytes or RGB
-   * pixels ({type: "image", image}). A bad image throws a ChatInputError naming its part.
+   * pixels ({type: "image", image}). A bad image throws a ChatInputError naming its part. `params` is one set for all
+   * conversations or one per conversation (as vLLM's list of SamplingParams).
    *
    * @example
    * const [out] = llm.chat([{ role: "user", content: [{ type: "text", text: "What is this?" }, { type: "image", image: pngBytes }] }]);
    */
   chat(
     messages: ChatInputMessage[] | ChatInputMessage[][],
-    params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
+    params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
     options: ChatCallOptions = {},
   ): RequestOutput[] {
@@ -368,7 +369,7 @@ export class LLM {
   /** chat(), fetching http(s) images first (each within 5 s, as the server fetches them). */
   async chatAsync(
     messages: ChatInputMessage[] | ChatInputMessage[][],
-    params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
+    params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
     options: ChatCallOptions = {},
   ): Promise<RequestOutput[]> {

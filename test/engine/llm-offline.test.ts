@@ -77,3 +77,12 @@ test("a sampling parameter given as a string is refused naming it, the string qu
     );
   assert.equal(llm.engine.hasUnfinishedRequests(), false);
 });
+
+test("LLM.chat takes one SamplingParams per conversation, as vLLM's list", () => {
+  const llm = newLLM();
+  const chat = [{ role: "user", content: "hi" }];
+  const outs = llm.chat([chat, chat], [{ ...GREEDY, maxTokens: 2 }, { ...GREEDY, maxTokens: 5 }]);
+  const [whole] = llm.chat(chat, { ...GREEDY, maxTokens: 5 });
+  assert.deepEqual(outs.map((o) => o.outputs[0]!.tokenIds), [whole!.outputs[0]!.tokenIds.slice(0, 2), whole!.outputs[0]!.tokenIds]);
+  assert.throws(() => llm.chat([chat, chat], [GREEDY]), /1 SamplingParams for 2 prompts/);
+});
