@@ -1,6 +1,7 @@
 // `kiln generate` (one completion) and `kiln chat` (interactive REPL with history), straight on the engine.
 import { randomUUID } from "node:crypto";
 import { createInterface } from "node:readline/promises";
+import { EngineInputError } from "../engine/errors.js";
 import type { SamplingParams } from "../engine/types.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import type { EngineFactory, LoadedEngine } from "./engine-factory.js";
@@ -73,6 +74,16 @@ export async function runChat(
     process.stdout.write("\n");
     history.push({ role: "assistant", content: text });
   };
+  // A message the engine refuses (too long for the model with the history) is said and dropped: the session goes on.
+  const replyOrRefuse = async (message: string): Promise<void> => {
+    try {
+      await reply(message);
+    } catch (e) {
+      if (!(e instanceof EngineInputError)) throw e;
+      history.pop();
+      process.stderr.write(`kiln: error: ${e.message}\n`);
+    }
+  };
   if (o.quick != null) {
     try {
       return await reply(o.quick);
@@ -91,7 +102,7 @@ export async function runChat(
       const input = line.trim();
       if (input === "/exit" || input === "/quit") break;
       if (input === "/reset") history.length = o.system ? 1 : 0;
-      else if (input) await reply(input);
+      else if (input) await replyOrRefuse(input);
       rl.prompt();
     }
     process.stdout.write("\n");

@@ -49,6 +49,19 @@ describe("kiln CLI", () => {
     assert.equal(r.stdout.split("> ").length - 1, 5, r.stdout);
   });
 
+  it("chat says why it refuses a message too long for the model, drops it and answers the next one", () => {
+    const long = "word ".repeat(60);
+    const r = spawnSync(`${root}/bin/kiln`, ["chat", "--max-model-len", "64", "--max-tokens", "2", "--temperature", "0"], {
+      encoding: "utf8", timeout: 60_000, input: `hi\n${long}\nhello\n`,
+    });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stderr, /kiln: error: \[engine\] invalid prompt: the prompt \(length \d+\) is longer than the maximum model length of 64/);
+    const replies = r.stdout.split("> ").slice(1, -1); // after each prompt, up to the next one
+    assert.equal(replies.length, 3, r.stdout);
+    assert.equal(replies[1], "", "nothing was answered to the refused message");
+    assert.ok(replies[0]!.trim() !== "" && replies[2]!.trim() !== "", r.stdout);
+  });
+
   it("chat --quick (-q, vLLM's) answers one message and exits; --quantization keeps its long name there", () => {
     const r = spawnSync(`${root}/bin/kiln`, ["chat", "-q", "hello", "--max-tokens", "3", "--temperature", "0"], { encoding: "utf8", timeout: 60_000, input: "never read\n" });
     assert.equal(r.status, 0, r.stderr);
