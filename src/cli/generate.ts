@@ -10,9 +10,10 @@ import type { ServeArgs } from "./serve-args.js";
 
 export interface GenerateOptions {
   prompt: string;
-  maxTokens: number | null;
-  temperature: number;
-  topP: number;
+  /** Unset: the generation config's (LoadedEngine.generationDefaults), else CLI_SAMPLING_DEFAULTS'. */
+  maxTokens?: number;
+  temperature?: number;
+  topP?: number;
   seed: number | null;
   stream: boolean;
   chat: boolean;
@@ -41,8 +42,14 @@ async function complete(
   return text;
 }
 
-function paramsOf(o: Pick<GenerateOptions, "maxTokens" | "temperature" | "topP" | "seed">): Partial<SamplingParams> {
-  return { temperature: o.temperature, topP: o.topP, ...(o.maxTokens !== null ? { maxTokens: o.maxTokens } : {}), ...(o.seed !== null ? { seed: o.seed } : {}) };
+/** What generate and chat sample with when neither their flags nor the model's generation config say. */
+export const CLI_SAMPLING_DEFAULTS = { maxTokens: 256, temperature: 0.7, topP: 1 } as const;
+
+/** The flags given over the model's generation config (as `kiln serve` applies it) over CLI_SAMPLING_DEFAULTS. */
+function paramsOf(loaded: LoadedEngine, o: Pick<GenerateOptions, "maxTokens" | "temperature" | "topP" | "seed">): Partial<SamplingParams> {
+  const flags = { maxTokens: o.maxTokens, temperature: o.temperature, topP: o.topP, seed: o.seed ?? undefined };
+  const given = Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined));
+  return { ...CLI_SAMPLING_DEFAULTS, ...loaded.generationDefaults, ...given };
 }
 
 export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
@@ -53,7 +60,7 @@ export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: 
           addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
         })
       : o.prompt;
-    const text = await complete(loaded, prompt, paramsOf(o), o.stream ? (s) => out.write(s) : null, o.chat);
+    const text = await complete(loaded, prompt, paramsOf(loaded, o), o.stream ? (s) => out.write(s) : null, o.chat);
     out.write(o.stream ? "\n" : `${text}\n`);
   } finally {
     await loaded.close();
@@ -70,7 +77,7 @@ export async function runChat(
     const prompt = loaded.tokenizer.applyChatTemplate(history, {
       addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
     });
-    const text = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
+    const text = await complete(loaded, prompt, paramsOf(loaded, o), (s) => process.stdout.write(s), true);
     process.stdout.write("\n");
     history.push({ role: "assistant", content: text });
   };

@@ -247,6 +247,32 @@ describe("kiln CLI", () => {
     }
   });
 
+  it("generate samples with the model's generation config under the flags given, over its own defaults", async () => {
+    const run = async (generationDefaults: Record<string, number> | undefined, ...argv: string[]): Promise<Record<string, unknown>> => {
+      let params: Record<string, unknown> = {};
+      const factory: EngineFactory = async () => ({
+        engine: {
+          async *generate(_prompt: unknown, p: Record<string, unknown>) {
+            params = p;
+            yield { outputs: [{ text: "" }], finished: true };
+          },
+        } as never,
+        tokenizer: { encode: () => [1] } as never,
+        maxModelLen: 64,
+        modelName: "m",
+        ...(generationDefaults ? { generationDefaults } : {}),
+        close: async () => {},
+      });
+      // (the reply is empty: generate prints one empty line among the test runner's output)
+      assert.equal(await main(["node", "kiln", "generate", "--prompt", "x", ...argv], { engineFactory: factory }), 0);
+      return params;
+    };
+    const model = { temperature: 0.2, topK: 5, repetitionPenalty: 1.3, maxTokens: 9 };
+    assert.deepEqual(await run(model, "--seed", "3"), { temperature: 0.2, topP: 1, topK: 5, repetitionPenalty: 1.3, maxTokens: 9, seed: 3 });
+    assert.deepEqual(await run(model, "--temperature", "0", "--max-tokens", "4"), { temperature: 0, topP: 1, topK: 5, repetitionPenalty: 1.3, maxTokens: 4, seed: 0 });
+    assert.deepEqual(await run(undefined), { temperature: 0.7, topP: 1, maxTokens: 256, seed: 0 });
+  });
+
   it("--config: a YAML file of flags (snake or kebab case) under the command line's, as vLLM reads it", async () => {
     const tmp = mkdtempSync(join(tmpdir(), "kiln-cli-config-"));
     const serve = async (...argv: string[]): Promise<ServeArgs> => {
