@@ -1,5 +1,7 @@
 // The offline API (vLLM's `LLM`): add every prompt, run engine steps until all finish, return the final
 // outputs in input order.
+import { existsSync, statSync } from "node:fs";
+import { join } from "node:path";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import {
@@ -15,7 +17,7 @@ import { KilnError } from "../util/errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner, MultiModalFeature } from "./model-runner.js";
 import { promptEmbedsInput } from "./prompt-embeds.js";
-import { generationConfigDefaults } from "./sampling-params.js";
+import { generationDefaults } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
@@ -62,11 +64,33 @@ export type PromptInput =
  * with `await loadLogitsProcessors([...])`).
  */
 export type LLMOptions = (
-  | ServingArgs
+  | (ServingArgs & GenerationConfigArgs)
   | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number>; mmProcessorKwargs?: Record<string, unknown> | null; interleaveMmStrings?: boolean }
 ) & {
   logitsProcessors?: readonly LogitsProcessorInput[];
 };
+
+/**
+ * vLLM's generation_config and override_generation_config engine arguments: where generate() and chat() take their
+ * default sampling params ("auto": the model's generation_config.json, "vllm": none, or a directory's), and keys
+ * over them (generation_config.json's names: {"temperature": 0.5, "max_new_tokens": 64}; null unsets one).
+ */
+export interface GenerationConfigArgs {
+  generationConfig?: string;
+  overrideGenerationConfig?: Record<string, unknown>;
+}
+
+/** The generation config arguments, checked; a bad one is an EngineInputError before anything loads. */
+function checkGenerationConfigArgs(a: GenerationConfigArgs): { mode: string; override: Record<string, unknown> } {
+  const mode = a.generationConfig ?? "auto";
+  const isDir = typeof mode === "string" && existsSync(mode) && statSync(mode).isDirectory();
+  if (mode !== "auto" && mode !== "vllm" && !(isDir && existsSync(join(mode, "generation_config.json"))))
+    throw new EngineInputError("generation_config", `must be 'auto', 'vllm' or a directory holding generation_config.json, got ${JSON.stringify(mode)}`);
+  const override = a.overrideGenerationConfig ?? {};
+  if (typeof override !== "object" || override === null || Array.isArray(override))
+    throw new EngineInputError("override_generation_config", "must be an object of generation_config.json keys");
+  return { mode, override };
+}
 
 /**
  * One chat() call's options besides sampling: a LoRA adapter, and mm_processor_kwargs over the LLM's (vLLM's
@@ -120,9 +144,11 @@ export class LLM {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
       // (KV-cache events are published by the serving engine's worker thread: recorded here, nothing would take them)
       if (options.kvEventsConfig != null) throw new EngineInputError("kv_events_config", "KV-cache events are published by `kiln serve` (its engine worker), not by LLM");
-      const s = createServingSetupSync(options);
+      const { generationConfig, overrideGenerationConfig, ...servingArgs } = options;
+      const gen = checkGenerationConfigArgs({ generationConfig, overrideGenerationConfig });
+      const s = createServingSetupSync(servingArgs);
       this.tokenizer = s.loaded.tokenizer;
-      this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
+      this.defaults = generationDefaults(gen.mode, s.loaded.generationConfig, gen.override) ?? {};
       this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors, draft: s.draft });
       const spec = s.loaded.vision !== undefined ? gemma3ImageInputSpec(s.loaded.path, s.loaded.tokenizer) : null;
       this.imageInput = imageInputWith(spec, options.mmProcessorKwargs);
@@ -141,7 +167,8 @@ export class LLM {
 
   /**
    * The sampling params generate() and chat() use when given none (vLLM's get_default_sampling_params): the
-   * model's generation_config.json defaults over SamplingParams' own, for a model loaded from a path.
+   * model's generation_config.json defaults (or generationConfig's, with overrideGenerationConfig over them) over
+   * SamplingParams' own, for a model loaded from a path.
    */
   getDefaultSamplingParams(): Partial<SamplingParams> {
     return { ...this.defaults };

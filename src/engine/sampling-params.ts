@@ -1,7 +1,7 @@
 // vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
 import { EngineInputError } from "./errors.js";
 import { camelCaseHint } from "../util/names.js";
-import type { GenerationConfig } from "../models/tokenizer.js";
+import { loadGenerationConfig, parseGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
 import { checkStructuredOutputSpec, structuredOutputSpec } from "./structured-output.js";
 import type { ExtraArgs, SamplingParams, StructuredOutputsParams } from "./types.js";
 
@@ -25,6 +25,19 @@ export function generationConfigDefaults(gen: GenerationConfig | null): Partial<
   if (gen.repetitionPenalty !== undefined) out.repetitionPenalty = gen.repetitionPenalty;
   if (gen.maxNewTokens !== undefined) out.maxTokens = gen.maxNewTokens;
   return Object.keys(out).length ? out : undefined;
+}
+
+/**
+ * vLLM's --generation-config: "auto" applies the model's generation_config.json sampling defaults, "vllm" ignores
+ * them, and a directory applies its own generation_config.json's; --override-generation-config's keys go over any
+ * of them (a null unsets one), as vLLM's get_diff_sampling_param merges them.
+ */
+export function generationDefaults(
+  mode: string, modelGen: GenerationConfig | null, override: Record<string, unknown> = {},
+): Partial<SamplingParams> | undefined {
+  const base = mode === "vllm" ? null : mode === "auto" ? modelGen : loadGenerationConfig(mode);
+  if (Object.keys(override).length === 0) return generationConfigDefaults(base);
+  return generationConfigDefaults(parseGenerationConfig({ ...(base?.raw ?? {}), ...override }));
 }
 
 /** vLLM's SamplingParams defaults (max_tokens=16 as in vLLM's Python class; the server passes its own). */
