@@ -58,6 +58,9 @@ forEachBackend((dev) => {
       assert.deepEqual(values(e), [1, 1, 1, 2, 2, 2]);
       assert.deepEqual(values(k.tensor([1, 2], { device: dev }).expand(2, -1)), [1, 2, 1, 2]);
       assert.deepEqual([...k.tensor([1, 2], { device: dev }).expand(3, 1, 2).shape], [3, 1, 2]);
+      // a negative or fractional size is refused by expand itself (it made a view of shape [-2] that failed later)
+      for (const bad of [[-2], [1.5], [2, -3]])
+        assert.throws(() => k.tensor([1], { device: dev }).expand(...bad), /\[expand\] cannot expand \[1\] to .*non-negative integers/);
       for (const v of [tr, n, e, r.slice(0, 1, 8, 3)]) assert.ok(v.storage !== undefined);
       assert.equal(r.slice(0, 1, 8, 3).storage, r.storage);
     });

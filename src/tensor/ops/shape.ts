@@ -140,6 +140,8 @@ export function expand(t: Tensor, shape: number[]): Tensor {
   for (let i = 0; i < shape.length; i++) {
     const src = i - lead;
     const want = shape[i]!;
+    if (!Number.isInteger(want) || want < -1)
+      throw new OpError("expand", `cannot expand [${t.shape.join(", ")}] to [${shape.join(", ")}]: sizes must be non-negative integers (or -1 to keep a dim)`);
     if (src < 0) {
       if (want < 0) throw new OpError("expand", "-1 not allowed for new leading dims");
       out.push(want);
