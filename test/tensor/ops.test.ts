@@ -373,6 +373,13 @@ forEachBackend((dev) => {
       assert.throws(() => c.mean([1, 2]), /\[mean\] could not infer output dtype.*Got: int32/); // as torch: integers are cast first
       assert.equal(t(5).sum().item(), 5);
     });
+    it("dim = [] reduces every dim, as torch's sum(dim=[]) / mean(dim=[]) (it was the identity)", () => {
+      assertClose(x().sum([]), [21], { shape: [] });
+      assertClose(x().sum([], true), [21], { shape: [1, 1] });
+      assertClose(x().mean([]), [3.5], { shape: [] });
+      assertClose(x().mean([], true), [3.5], { shape: [1, 1] });
+      assertClose(k.amax(x(), []), [6], { shape: [] });
+    });
     it("max / min / argmax / argmin (first index on ties)", () => {
       assertClose(x().max(), [6], { shape: [] });
       assertClose(x().max(0), [4, 5, 6]);
