@@ -86,7 +86,9 @@ export class Tensor {
     return this.disposed;
   }
   size(dim?: number): number | Shape {
-    return dim === undefined ? this.shape : this.shape[sh.normDim(dim, this.ndim, "size")]!;
+    if (dim === undefined) return this.shape;
+    if (this.ndim === 0) throw new OpError("size", `dimension specified as ${dim} but tensor has no dimensions`);
+    return this.shape[sh.normDim(dim, this.ndim, "size")]!;
   }
   /** True when the elements are laid out densely in row-major order. */
   get isContiguous(): boolean {

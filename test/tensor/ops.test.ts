@@ -380,6 +380,34 @@ forEachBackend((dev) => {
       assertClose(x().mean([], true), [3.5], { shape: [1, 1] });
       assertClose(k.amax(x(), []), [6], { shape: [] });
     });
+    it("a 0-d tensor takes dim 0 or -1 (torch wraps its dims as a 1-d tensor's); ops needing a dim to index refuse it", () => {
+      const s = () => t(3);
+      for (const dim of [0, -1]) {
+        assertClose(s().sum(dim), [3], { shape: [] });
+        assertClose(s().mean(dim), [3], { shape: [] }); // was NaN for dim 0: the count read a missing size
+        assertClose(s().mean(dim, true), [3], { shape: [] });
+        assertClose(s().amax(dim), [3], { shape: [] });
+        assertClose(s().softmax(dim), [1], { shape: [] });
+        assertClose(s().squeeze(dim), [3], { shape: [] });
+        assertClose(s().transpose(dim, 0), [3], { shape: [] });
+        assertClose(s().flip(dim), [3], { shape: [] });
+        assertClose(k.roll(s(), 1, dim), [3], { shape: [] });
+        assertClose(s().gather(dim, t(0, { dtype: "int32" })), [3], { shape: [] });
+        assertClose(s().indexSelect(dim, t([0], { dtype: "int32" })), [3], { shape: [] });
+        assertClose(k.scatter(s(), dim, t(0, { dtype: "int32" }), t(7), true), [10], { shape: [] });
+      }
+      for (const dim of [1, -2]) assert.throws(() => s().sum(dim), /\[sum\] dimension -?\d out of range for a 0-d tensor/);
+      const g = k.tensor(3, { device: dev, requiresGrad: true });
+      g.mean(-1).mul(g.gather(0, t(0, { dtype: "int32" }))).backward(); // d/dg g^2 = 2g
+      assertClose(g.grad!, [6], { shape: [] });
+      assert.throws(() => s().select(0, 0), /\[select\] select\(\) cannot be applied to a 0-dim tensor/);
+      assert.throws(() => s().slice(0, 0, 1), /\[slice\] slice\(\) cannot be applied to a 0-dim tensor/);
+      assert.throws(() => s().narrow(-1, 0, 1), /\[narrow\] narrow\(\) cannot be applied to a 0-dim tensor/);
+      assert.throws(() => k.split(s(), 1), /\[split\] split expects at least a 1-dimensional tensor/);
+      assert.throws(() => k.chunk(s(), 1), /\[chunk\] chunk expects at least a 1-dimensional tensor/);
+      assert.throws(() => s().size(0), /\[size\] dimension specified as 0 but tensor has no dimensions/);
+      assert.throws(() => s().gather(0, t(1, { dtype: "int32" })), /index 1 out of range/);
+    });
     it("max / min / argmax / argmin (first index on ties)", () => {
       assertClose(x().max(), [6], { shape: [] });
       assertClose(x().max(0), [4, 5, 6]);

@@ -63,7 +63,7 @@ export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => redu
 export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tensor {
   meanDtype(t.dtype); // throws for an integer or bool t
   const dims = reducedDims(t, dim, "mean");
-  const count = numel(dims.map((d) => t.shape[d]!));
+  const count = numel(dims.map((d) => t.shape[d] ?? 1)); // a 0-d t's dim 0 holds its one element
   const src = t.to("float32");
   const s = sum(src, dims, keepdim);
   const m = s.div(count);

@@ -6,11 +6,18 @@ import { flushDeferred, runKernel } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
 import { contiguousStrides, empty, emptyOutput, makeView, numel, Tensor, type Shape } from "../tensor.js";
 
+/** dim in [0, ndim) (negative counts from the end); as torch, a 0-d tensor takes dim 0 or -1, as if it were 1-d. */
 export function normDim(dim: number, ndim: number, op: string): number {
   if (!Number.isInteger(dim)) throw new OpError(op, `dimension ${dim} must be an integer`);
-  const d = dim < 0 ? dim + ndim : dim;
-  if (d < 0 || d >= Math.max(ndim, 1)) throw new OpError(op, `dimension ${dim} out of range for a ${ndim}-d tensor`);
+  const n = Math.max(ndim, 1);
+  const d = dim < 0 ? dim + n : dim;
+  if (d < 0 || d >= n) throw new OpError(op, `dimension ${dim} out of range for a ${ndim}-d tensor`);
   return d;
+}
+
+/** torch's "select() cannot be applied to a 0-dim tensor." for ops that need a dim to index into. */
+function checkHasDims(t: Tensor, op: string): void {
+  if (t.ndim === 0) throw new OpError(op, `${op}() cannot be applied to a 0-dim tensor`);
 }
 
 function inferShape(op: string, shape: number[], total: number): number[] {
@@ -90,12 +97,14 @@ export function transpose(t: Tensor, d0: number, d1: number): Tensor {
   const dims = Array.from({ length: t.ndim }, (_, i) => i);
   const a = normDim(d0, t.ndim, "transpose");
   const b = normDim(d1, t.ndim, "transpose");
+  if (t.ndim === 0) return permute(t, []); // torch: a 0-d tensor's transpose(0, -1) is a view of itself
   dims[a] = b;
   dims[b] = a;
   return permute(t, dims);
 }
 
 export function narrow(t: Tensor, dim: number, start: number, length: number): Tensor {
+  checkHasDims(t, "narrow");
   const d = normDim(dim, t.ndim, "narrow");
   t.view_("narrow");
   if (start < 0) start += t.shape[d]!;
@@ -105,6 +114,7 @@ export function narrow(t: Tensor, dim: number, start: number, length: number): T
 }
 
 export function slice(t: Tensor, dim: number, start = 0, end?: number, step = 1): Tensor {
+  checkHasDims(t, "slice");
   const d = normDim(dim, t.ndim, "slice");
   const size = t.shape[d]!;
   if (step <= 0) throw new OpError("slice", "step must be positive");
@@ -121,6 +131,7 @@ export function slice(t: Tensor, dim: number, start = 0, end?: number, step = 1)
 }
 
 export function select(t: Tensor, dim: number, index: number): Tensor {
+  checkHasDims(t, "select");
   const d = normDim(dim, t.ndim, "select");
   t.view_("select");
   const size = t.shape[d]!;
