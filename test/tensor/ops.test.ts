@@ -164,6 +164,11 @@ forEachBackend((dev) => {
       assertClose(k.floor(r), [-3, -2, -1, 0, 1, 2, 2, -3]);
       assertClose(k.ceil(r), [-2, -1, -0, 1, 2, 3, 3, -2]);
       assertClose(k.sign(t([-3, 0, 2])), [-1, 0, 1]);
+      // torch's sign is (0 < x) - (x < 0): NaN gives 0 (the eager kernel gave NaN, defer-and-fuse's generated C 0)
+      assert.deepEqual(values(k.sign(t([NaN, -0, -Infinity, Infinity]))), [0, 0, -1, 1]);
+      const na = k.tensor([NaN, -2], { device: dev, requiresGrad: true });
+      na.abs().sum().backward(); // abs' gradient is sign(x): 0 at NaN, as torch's sgn
+      assert.deepEqual(values(na.grad!), [0, -1]);
       // integer inputs: math ops give float32, sign-preserving ops keep the int dtype
       const i = t(new Int32Array([-3, 4]));
       assert.equal(i.exp().dtype, "float32");
