@@ -359,6 +359,14 @@ describe("autograd engine", () => {
     assert.throws(() => k.zeros([2]).expand(2, 2).fill_(1), /more than one element/);
     assert.throws(() => k.tensor(Int32Array.of(1, 2), { requiresGrad: true }), /only tensors of floating point dtype can require gradients/);
     assert.throws(() => k.tensor(Int32Array.of(1, 2)).requiresGrad_(), /floating point/);
+    // only leaves change the flag (torch): switching a computed tensor off silently cut its inputs' gradients
+    const leaf = k.tensor([1, 2], { requiresGrad: true });
+    const computed = leaf.mul(3);
+    assert.throws(() => computed.requiresGrad_(false), /\[requires_grad_\] you can only change requires_grad flags of leaf variables/);
+    assert.equal(computed.requiresGrad_(true).requiresGrad, true);
+    computed.sum().backward();
+    assert.deepEqual(leaf.grad!.toList(), [3, 3]);
+    assert.equal(leaf.requiresGrad_(false).requiresGrad, false);
   });
   test("a value saved for backward and then written in place makes backward throw (version counter)", () => {
     const w = k.tensor([1, 2], { requiresGrad: true });
