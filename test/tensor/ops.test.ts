@@ -622,6 +622,16 @@ forEachBackend((dev) => {
       assert.deepEqual(k.chunk(r, 3).map(values), [[0, 1, 2], [3, 4, 5], [6]]);
       assert.deepEqual(k.chunk(t([[1, 2, 3, 4]]), 2, 1).map((c) => [...c.shape]), [[1, 2], [1, 2]]);
       assert.throws(() => k.split(r, [2, 2]), /sum/);
+      // torch's legacy rule: a 1-d empty tensor (tensor([]), a cat loop's start) is skipped next to tensors of any shape
+      const none = k.tensor([], { device: dev });
+      assertClose(k.cat([none, a, none, b]), [1, 2, 3, 4, 5, 6], { shape: [3, 2] });
+      assertClose(k.cat([a, none], 1), [1, 2, 3, 4], { shape: [2, 2] });
+      assert.equal(k.cat([t([[1, 2]], { dtype: "int32" }), none]).dtype, "float32", "the skipped tensor still takes part in the dtype");
+      assert.deepEqual([...k.cat([none, none]).shape], [0]);
+      assert.throws(() => k.cat([a, k.zeros([0, 3], { device: dev })]), /shapes \[2, 2\] and \[0, 3\] differ outside dim 0/);
+      const ga = k.tensor([[1, 2]], { device: dev, requiresGrad: true });
+      k.cat([none, ga, ga]).mul(t([[1, 2], [3, 4]])).sum().backward();
+      assertClose(ga.grad!, [4, 6], { shape: [1, 2] });
     });
   });
 

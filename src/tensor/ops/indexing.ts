@@ -232,13 +232,16 @@ export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor
   if (idx !== index) idx.dispose();
 }
 
-export function cat(tensors: Tensor[], dim = 0): Tensor {
-  if (tensors.length === 0) throw new OpError("cat", "expects a non-empty list");
-  const first = tensors[0]!;
-  const scalarAt = tensors.findIndex((t) => t.ndim === 0);
+export function cat(inputs: Tensor[], dim = 0): Tensor {
+  if (inputs.length === 0) throw new OpError("cat", "expects a non-empty list");
+  const scalarAt = inputs.findIndex((t) => t.ndim === 0);
   if (scalarAt >= 0) throw new OpError("cat", `zero-dimensional tensor (at position ${scalarAt}) cannot be concatenated`);
+  // torch's legacy rule: a 1-d empty tensor (tensor([]), the usual start of a cat loop) is skipped whatever the others' shape
+  const nonEmpty = inputs.filter((t) => !(t.ndim === 1 && t.numel === 0));
+  const tensors = nonEmpty.length > 0 ? nonEmpty : inputs;
+  const first = tensors[0]!;
   const d = normDim(dim, first.ndim, "cat");
-  const dev = sameDevice("cat", ...tensors);
+  const dev = sameDevice("cat", ...inputs);
   for (const t of tensors) {
     if (t.ndim !== first.ndim || t.shape.some((s, i) => i !== d && s !== first.shape[i]))
       throw new OpError("cat", `shapes [${first.shape.join(", ")}] and [${t.shape.join(", ")}] differ outside dim ${d}`);
@@ -246,7 +249,7 @@ export function cat(tensors: Tensor[], dim = 0): Tensor {
   const shape = [...first.shape];
   shape[d] = tensors.reduce((s, t) => s + t.shape[d]!, 0);
   // torch.result_type of all the inputs (cat([int32, float32]) is float32); copy_ converts each part
-  const dtype = tensors.reduce<DType>((acc, t) => promoteTypes(acc, t.dtype), first.dtype);
+  const dtype = inputs.reduce<DType>((acc, t) => promoteTypes(acc, t.dtype), first.dtype);
   const out = empty(shape, { dtype, device: dev });
   let at = 0;
   for (const t of tensors) {
