@@ -380,6 +380,27 @@ describe("autograd engine", () => {
     y2.sum().backward();
     assert.deepEqual(w.grad!.toList(), [3, 4]);
   });
+  test("indices and conditions a backward reads are version-checked too (they gave the gradient of the new values)", () => {
+    const modified: [string, (w: k.Tensor) => { y: k.Tensor; write: () => void }][] = [
+      ["index_select", (w) => { const i = k.tensor(Int32Array.of(0)); return { y: w.indexSelect(0, i), write: () => i.fill_(2) }; }],
+      ["gather", (w) => { const i = k.tensor(Int32Array.of(0), { shape: [1] }); return { y: w.gather(0, i), write: () => i.fill_(2) }; }],
+      ["where", (w) => { const c = k.tensor([true, false, false]); return { y: k.where(c, w, 0), write: () => c.fill_(1) }; }],
+      ["where", (w) => { const m = k.tensor([true, false, false]); return { y: w.maskedFill(m, 0), write: () => m.select(0, 0).fill_(0) }; }],
+    ];
+    for (const [op, make] of modified) {
+      const w = k.tensor([1, 2, 3], { requiresGrad: true });
+      const { y, write } = make(w);
+      write();
+      assert.throws(() => y.sum().backward(), new RegExp(`\\[${op}\\] one of the tensors needed for gradient computation has been modified by an in-place operation`), op);
+      assert.equal(w.grad, null, `${op}: no gradient from the modified index`);
+    }
+    const w = k.tensor([1, 2, 3], { requiresGrad: true });
+    const i = k.tensor(Int32Array.of(0));
+    const y = w.indexSelect(0, i);
+    k.noGrad(() => i.clone().fill_(2)); // a clone's writes leave the saved index alone
+    y.sum().backward();
+    assert.deepEqual(w.grad!.toList(), [1, 0, 0]);
+  });
   test("second backward through a freed graph fails; retainGraph allows it", () => {
     const a = k.tensor([1, 2], { requiresGrad: true });
     const y = a.exp().sum();
