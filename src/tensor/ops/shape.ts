@@ -36,6 +36,8 @@ function inferShape(op: string, shape: number[], total: number): number[] {
 
 /** Strides for viewing t with a new shape without copying, or null when impossible (torch's computeStride). */
 function viewStrides(t: Tensor, newShape: number[]): number[] | null {
+  // no elements: any shape is a view (torch keeps the strides for the same shape, else takes contiguous ones)
+  if (t.numel === 0) return newShape.join() === t.shape.join() ? [...t.strides] : contiguousStrides(newShape);
   if (t.isContiguous) return contiguousStrides(newShape);
   // Merge chunks of old dims that are contiguous with each other, then split them into new dims.
   const oldShape = t.shape;
@@ -201,6 +203,7 @@ export function flatten(t: Tensor, startDim = 0, endDim = -1): Tensor {
   if (t.ndim === 0) return reshape(t, [1]);
   const s = normDim(startDim, t.ndim, "flatten");
   const e = normDim(endDim, t.ndim, "flatten");
+  if (s > e) throw new OpError("flatten", `flatten() has invalid args: start_dim (${startDim}) cannot come after end_dim (${endDim})`);
   const shape = [...t.shape.slice(0, s), numel(t.shape.slice(s, e + 1)), ...t.shape.slice(e + 1)];
   return reshape(t, shape);
 }
