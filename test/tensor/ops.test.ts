@@ -622,6 +622,11 @@ forEachBackend((dev) => {
       assert.deepEqual(k.chunk(r, 3).map(values), [[0, 1, 2], [3, 4, 5], [6]]);
       assert.deepEqual(k.chunk(t([[1, 2, 3, 4]]), 2, 1).map((c) => [...c.shape]), [[1, 2], [1, 2]]);
       assert.throws(() => k.split(r, [2, 2]), /sum/);
+      // an empty dim splits / chunks into one empty piece, as torch's (chunk threw, split returned no piece)
+      const nothing = k.zeros([0, 2], { device: dev });
+      for (const pieces of [k.split(nothing, 3), k.split(nothing, 0), k.chunk(nothing, 4)]) assert.deepEqual(pieces.map((p) => [...p.shape]), [[0, 2]]);
+      assert.deepEqual(k.chunk(nothing, 2, 1).map((p) => [...p.shape]), [[0, 1], [0, 1]]);
+      assert.throws(() => k.split(r, 0), /\[split\] split size must be a positive integer, got 0/);
       // torch's legacy rule: a 1-d empty tensor (tensor([]), a cat loop's start) is skipped next to tensors of any shape
       const none = k.tensor([], { device: dev });
       assertClose(k.cat([none, a, none, b]), [1, 2, 3, 4, 5, 6], { shape: [3, 2] });

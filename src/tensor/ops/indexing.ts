@@ -289,8 +289,11 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
     if (sizeOrSizes.reduce((a, b) => a + b, 0) !== total) throw new OpError("split", `sizes do not sum to ${total}`);
     sizes.push(...sizeOrSizes);
   } else {
-    if (!Number.isInteger(sizeOrSizes) || sizeOrSizes <= 0) throw new OpError("split", `split size must be a positive integer, got ${sizeOrSizes}`);
+    // torch: a size of 0 only splits an empty dim; an empty dim splits into one empty piece
+    if (!Number.isInteger(sizeOrSizes) || sizeOrSizes < 0 || (sizeOrSizes === 0 && total > 0))
+      throw new OpError("split", `split size must be a positive integer, got ${sizeOrSizes}`);
     for (let at = 0; at < total; at += sizeOrSizes) sizes.push(Math.min(sizeOrSizes, total - at));
+    if (total === 0) sizes.push(0);
   }
   const out: Tensor[] = [];
   let at = 0;
