@@ -327,6 +327,7 @@ export class Sym {
   // ---- views ----
   reshape(...shape: number[]): Sym {
     const total = this.numel;
+    if (shape.filter((d) => d === -1).length > 1) throw new OpError("reshape", "only one dimension can be -1"); // as eager
     const known = shape.filter((d) => d !== -1).reduce((p, d) => p * d, 1);
     const s = shape.map((d) => (d === -1 ? total / known : d));
     if (numelOf(s) !== total) throw new OpError("reshape", `shape [${shape.join(", ")}] is invalid for ${total} elements`);
@@ -348,6 +349,7 @@ export class Sym {
   }
   unsqueeze(dim: number): Sym {
     const d = dim < 0 ? dim + this.ndim + 1 : dim;
+    if (!Number.isInteger(d) || d < 0 || d > this.ndim) throw new OpError("unsqueeze", `dimension ${dim} out of range`); // as eager
     return this.reshape(...this.shape.slice(0, d), 1, ...this.shape.slice(d));
   }
   permute(...dims: number[]): Sym {

@@ -90,6 +90,15 @@ describe("compile: result shapes equal eager's", () => {
     assertClose(mT, x.mT.mul(1).dataSync() as Float32Array, { shape: [2, 4, 3] });
   });
 
+  it("a traced unsqueeze out of range or a reshape with two -1 throws eager's error (unsqueeze(5) of a 2-d x gave [.., 1])", () => {
+    const x = rand([2, 3], 24);
+    for (const capture of ["symbolic", "auto"] as const) {
+      assert.throws(() => compile((a: any) => a.unsqueeze(5).mul(1), { capture })(x), /\[unsqueeze\] dimension 5 out of range/, capture);
+      assert.throws(() => compile((a: any) => a.reshape(-1, -1).mul(1), { capture })(x), /\[reshape\] only one dimension can be -1/, capture);
+    }
+    assert.deepEqual([...(compile((a: any) => a.unsqueeze(-1).mul(1), { capture: "symbolic" })(x) as k.Tensor).shape], [2, 3, 1]);
+  });
+
   it("matmul with a 1-d operand returns eager's squeezed shape (dispatch capture returned [1, N])", () => {
     const v = rand([3], 22);
     const m = rand([3, 2], 23);
