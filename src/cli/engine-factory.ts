@@ -7,12 +7,14 @@ import type { TokenizerLike } from "../models/tokenizer-types.js";
 import type { ServeArgs } from "./serve-args.js";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import type { ServingArgs } from "../engine/serving.js";
-import { generationConfigDefaults } from "../engine/sampling-params.js";
+import { generationDefaults } from "../engine/sampling-params.js";
 import { WorkerEngine } from "../engine/worker-engine.js";
 import { env } from "../util/env.js";
 import type { DtypeArg } from "../models/loader.js";
 import { resolveQuantization } from "../models/quantization-args.js";
-import { loadGenerationConfig, parseGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
+import type { GenerationConfig } from "../models/tokenizer.js";
+
+export { generationDefaults }; // (tests and the serve fixture take it from here)
 
 
 /** Reports start-up stages ("loading weights", "sizing KV cache", "warm-up") and optional progress in [0, 1]. */
@@ -162,15 +164,3 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
   };
 }
 
-/**
- * vLLM's --generation-config: "auto" applies the model's generation_config.json sampling defaults, "vllm" ignores
- * them, and a directory applies its own generation_config.json's; --override-generation-config's keys go over any
- * of them (a null unsets one), as vLLM's get_diff_sampling_param merges them.
- */
-export function generationDefaults(
-  mode: string, modelGen: GenerationConfig | null, override: Record<string, unknown> = {},
-): Partial<SamplingParams> | undefined {
-  const base = mode === "vllm" ? null : mode === "auto" ? modelGen : loadGenerationConfig(mode);
-  if (Object.keys(override).length === 0) return generationConfigDefaults(base);
-  return generationConfigDefaults(parseGenerationConfig({ ...(base?.raw ?? {}), ...override }));
-}

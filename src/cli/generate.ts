@@ -1,6 +1,7 @@
 // `kiln generate` (one completion) and `kiln chat` (interactive REPL with history), straight on the engine.
 import { randomUUID } from "node:crypto";
 import { createInterface } from "node:readline/promises";
+import { EngineInputError } from "../engine/errors.js";
 import type { SamplingParams } from "../engine/types.js";
 import type { ChatMessage } from "../models/tokenizer-types.js";
 import type { EngineFactory, LoadedEngine } from "./engine-factory.js";
@@ -9,9 +10,10 @@ import type { ServeArgs } from "./serve-args.js";
 
 export interface GenerateOptions {
   prompt: string;
-  maxTokens: number | null;
-  temperature: number;
-  topP: number;
+  /** Unset: the generation config's (LoadedEngine.generationDefaults), else CLI_SAMPLING_DEFAULTS'. */
+  maxTokens?: number;
+  temperature?: number;
+  topP?: number;
   seed: number | null;
   stream: boolean;
   chat: boolean;
@@ -40,8 +42,14 @@ async function complete(
   return text;
 }
 
-function paramsOf(o: Pick<GenerateOptions, "maxTokens" | "temperature" | "topP" | "seed">): Partial<SamplingParams> {
-  return { temperature: o.temperature, topP: o.topP, ...(o.maxTokens !== null ? { maxTokens: o.maxTokens } : {}), ...(o.seed !== null ? { seed: o.seed } : {}) };
+/** What generate and chat sample with when neither their flags nor the model's generation config say. */
+export const CLI_SAMPLING_DEFAULTS = { maxTokens: 256, temperature: 0.7, topP: 1 } as const;
+
+/** The flags given over the model's generation config (as `kiln serve` applies it) over CLI_SAMPLING_DEFAULTS. */
+function paramsOf(loaded: LoadedEngine, o: Pick<GenerateOptions, "maxTokens" | "temperature" | "topP" | "seed">): Partial<SamplingParams> {
+  const flags = { maxTokens: o.maxTokens, temperature: o.temperature, topP: o.topP, seed: o.seed ?? undefined };
+  const given = Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined));
+  return { ...CLI_SAMPLING_DEFAULTS, ...loaded.generationDefaults, ...given };
 }
 
 export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: EngineFactory, out: NodeJS.WritableStream = process.stdout): Promise<void> {
@@ -52,7 +60,7 @@ export async function runGenerate(args: ServeArgs, o: GenerateOptions, factory: 
           addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
         })
       : o.prompt;
-    const text = await complete(loaded, prompt, paramsOf(o), o.stream ? (s) => out.write(s) : null, o.chat);
+    const text = await complete(loaded, prompt, paramsOf(loaded, o), o.stream ? (s) => out.write(s) : null, o.chat);
     out.write(o.stream ? "\n" : `${text}\n`);
   } finally {
     await loaded.close();
@@ -69,9 +77,19 @@ export async function runChat(
     const prompt = loaded.tokenizer.applyChatTemplate(history, {
       addGenerationPrompt: true, ...(args.chatTemplate ? { chatTemplate: args.chatTemplate } : {}),
     });
-    const text = await complete(loaded, prompt, paramsOf(o), (s) => process.stdout.write(s), true);
+    const text = await complete(loaded, prompt, paramsOf(loaded, o), (s) => process.stdout.write(s), true);
     process.stdout.write("\n");
     history.push({ role: "assistant", content: text });
+  };
+  // A message the engine refuses (too long for the model with the history) is said and dropped: the session goes on.
+  const replyOrRefuse = async (message: string): Promise<void> => {
+    try {
+      await reply(message);
+    } catch (e) {
+      if (!(e instanceof EngineInputError)) throw e;
+      history.pop();
+      process.stderr.write(`kiln: error: ${e.message}\n`);
+    }
   };
   if (o.quick != null) {
     try {
@@ -91,7 +109,7 @@ export async function runChat(
       const input = line.trim();
       if (input === "/exit" || input === "/quit") break;
       if (input === "/reset") history.length = o.system ? 1 : 0;
-      else if (input) await reply(input);
+      else if (input) await replyOrRefuse(input);
       rl.prompt();
     }
     process.stdout.write("\n");

@@ -37,9 +37,19 @@ async function serveArgs(model: string | undefined, opts: Record<string, unknown
 
 function addSamplingOptions(cmd: Command): Command {
   return cmd
-    .option("--max-tokens <n>", "maximum tokens to generate", "256")
-    .option("--temperature <t>", "sampling temperature (0 = greedy)", "0.7")
-    .option("--top-p <p>", "nucleus sampling probability", "1"); // --seed comes with the engine options
+    // unset, the model's generation_config.json (--generation-config) decides, else generate.ts's CLI_SAMPLING_DEFAULTS
+    .option("--max-tokens <n>", "maximum tokens to generate (default: the generation config's max_new_tokens, else 256)")
+    .option("--temperature <t>", "sampling temperature, 0 = greedy (default: the generation config's, else 0.7)")
+    .option("--top-p <p>", "nucleus sampling probability (default: the generation config's, else 1)"); // --seed comes with the engine options
+}
+
+/** generate's and chat's sampling flags where the command line gives them. */
+function samplingFlags(opts: Record<string, unknown>): { maxTokens?: number; temperature?: number; topP?: number } {
+  return {
+    ...(opts.maxTokens !== undefined ? { maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }) } : {}),
+    ...(opts.temperature !== undefined ? { temperature: num(opts.temperature, "--temperature") } : {}),
+    ...(opts.topP !== undefined ? { topP: num(opts.topP, "--top-p") } : {}),
+  };
 }
 
 /** The flags `kiln chat --url` takes (the rest load a model here). */
@@ -136,9 +146,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       const { runGenerate } = await import("./generate.js");
       await runGenerate(args, {
         prompt: opts.prompt as string,
-        maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
-        temperature: num(opts.temperature, "--temperature"),
-        topP: num(opts.topP, "--top-p"),
+        ...samplingFlags(opts),
         seed: num(opts.seed, "--seed", { int: true }),
         stream: Boolean(opts.stream),
         chat: Boolean(opts.chat),
@@ -168,9 +176,7 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
       const args = await serveArgs(opts.model as string | undefined, opts);
       const { runChat } = await import("./generate.js");
       await runChat(args, {
-        maxTokens: num(opts.maxTokens, "--max-tokens", { min: 1, int: true }),
-        temperature: num(opts.temperature, "--temperature"),
-        topP: num(opts.topP, "--top-p"),
+        ...samplingFlags(opts),
         seed: num(opts.seed, "--seed", { int: true }),
         system,
         quick,
@@ -244,7 +250,9 @@ export function buildProgram(deps: CliDeps = { engineFactory: lazyEngineFactory 
 /** Runs the CLI; resolves with the process exit code. */
 export async function main(argv: string[] = process.argv, deps?: CliDeps): Promise<number> {
   const program = buildProgram(deps);
-  program.exitOverride();
+  // every command throws its parse errors here (a subcommand made before this call does not inherit it)
+  const withSubcommands = (c: Command): Command[] => [c, ...c.commands.flatMap(withSubcommands)];
+  for (const c of withSubcommands(program)) c.exitOverride();
   try {
     // vLLM's -tp / -pp / -dp (commander's short flags are one letter) in the engine commands' words
     const [node = "node", script = "kiln", command, ...rest] = argv;
@@ -252,7 +260,9 @@ export async function main(argv: string[] = process.argv, deps?: CliDeps): Promi
     await program.parseAsync(engineCommand ? [node, script, command, ...expandMultiLetterShortFlags(rest)] : argv);
     return 0;
   } catch (err) {
-    if (err instanceof CommanderError) return err.exitCode; // commander already printed the message
+    // commander already printed the message; a command line it refuses (unknown flag or command, missing or invalid
+    // value) exits 2 as Kiln's own usage errors do (and argparse's, vLLM's)
+    if (err instanceof CommanderError) return err.exitCode === 0 || err.code === "commander.help" ? err.exitCode : 2;
     process.stderr.write(`kiln: error: ${(err as Error).message}\n`);
     return err instanceof CliUsageError ? 2 : 1;
   }

@@ -379,7 +379,8 @@ export function captureDispatch(
     const list: unknown[] = Array.isArray(res) ? res : [res];
     for (const o of list) if (!(o instanceof Tensor)) throw new OpError("compile", "the compiled function must return tensors");
     outs = list as Tensor[];
-    outIds = outs.map((o) => rec.read(o.view_("compile"), "compile"));
+    // read() may hand back a node that differs from the view by leading 1s ([1, N] for matmul's squeezed [N]): outputs keep the view's shape
+    outIds = outs.map((o) => rec.reshape(rec.read(o.view_("compile"), "compile"), o.shape));
   } finally {
     rec.closed = true;
     for (const restore of shadowed) restore();

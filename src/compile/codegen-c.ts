@@ -32,7 +32,8 @@ static inline float k_exp(float x) {
   int32_t bits = ((int32_t)n + 127) << 23;
   float scale; memcpy(&scale, &bits, 4);
   float out = y * scale;
-  return x > 88.7228391f ? INFINITY : (x < -103.972084f ? 0.0f : out);
+  // the eager kernel's range (native expFast): inf above the clamp, 0 below it (not the clamp's exp, ~FLT_MIN)
+  return x > 88.3762626647949f ? INFINITY : (x < -87.3365447504f ? 0.0f : out);
 }
 static inline float k_tanh(float x) {
   float big = 1.0f - 2.0f / (k_exp(2.0f * x) + 1.0f);

@@ -40,7 +40,7 @@ export function evalUnary(fn: UnaryOp, x: number): number {
     case "floor": return Math.floor(x);
     case "ceil": return Math.ceil(x);
     case "round": { const r = Math.round(x); return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r; }
-    case "sign": return Math.sign(x);
+    case "sign": return Number(x > 0) - Number(x < 0); // as the eager kernel: NaN gives 0
     case "logical_not": return x === 0 ? 1 : 0;
   }
 }

@@ -281,7 +281,11 @@ export class Sym {
     if (this.dynAxes.includes(this.ndim - 1)) throw new UnsupportedError(op, "cannot reduce over a dynamic (bucketed) dim");
   }
   private reduce(fn: ReduceFn, dim: number | undefined, keepdim: boolean): Sym {
-    if (dim === undefined && this.ndim !== 1) return this.reshape(this.numel).reduce(fn, 0, keepdim);
+    if (dim === undefined && this.ndim !== 1) {
+      // over every dim; keepdim keeps each as 1 (eager's [1, 1] for a 2-d x, not the flattened [1])
+      const r = this.reshape(this.numel).reduce(fn, 0, keepdim);
+      return keepdim ? r.reshape(...this.shape.map(() => 1)) : r;
+    }
     this.lastDim(fn, dim);
     const shape = keepdim ? [...this.shape.slice(0, -1), 1] : this.shape.slice(0, -1);
     // as eager: mean keeps a float dtype (bf16 rounds once) and refuses integers; sum widens bool / 8-bit ints
@@ -323,6 +327,7 @@ export class Sym {
   // ---- views ----
   reshape(...shape: number[]): Sym {
     const total = this.numel;
+    if (shape.filter((d) => d === -1).length > 1) throw new OpError("reshape", "only one dimension can be -1"); // as eager
     const known = shape.filter((d) => d !== -1).reduce((p, d) => p * d, 1);
     const s = shape.map((d) => (d === -1 ? total / known : d));
     if (numelOf(s) !== total) throw new OpError("reshape", `shape [${shape.join(", ")}] is invalid for ${total} elements`);
@@ -344,6 +349,7 @@ export class Sym {
   }
   unsqueeze(dim: number): Sym {
     const d = dim < 0 ? dim + this.ndim + 1 : dim;
+    if (!Number.isInteger(d) || d < 0 || d > this.ndim) throw new OpError("unsqueeze", `dimension ${dim} out of range`); // as eager
     return this.reshape(...this.shape.slice(0, d), 1, ...this.shape.slice(d));
   }
   permute(...dims: number[]): Sym {
@@ -359,7 +365,12 @@ export class Sym {
     [dims[a], dims[b]] = [dims[b]!, dims[a]!];
     return this.permute(...dims);
   }
+  /** torch's Tensor.T, as eager's: the dims reversed (a 3-d x's T is [c, b, a], not its last two swapped: that is mT). */
   get T(): Sym {
+    return this.permute(...this.shape.map((_, i) => this.ndim - 1 - i));
+  }
+  /** torch's Tensor.mT: the last two dims swapped. */
+  get mT(): Sym {
     return this.transpose(-2, -1);
   }
 }

@@ -551,7 +551,8 @@ export class EngineCore {
           lora,
           badWordsTokenIds,
           // (a prompt given as embeddings has no text to continue from: its placeholder ids are not decoded)
-          detokenizer: this.createDetokenizer?.(mm.some((f) => f.inputEmbeds !== undefined) ? [] : prompt, childParams) ?? null,
+          // (detokenize false: token ids only, as vLLM's)
+          detokenizer: childParams.detokenize ? (this.createDetokenizer?.(mm.some((f) => f.inputEmbeds !== undefined) ? [] : prompt, childParams) ?? null) : null,
           ...(mm.length > 0 ? { mmFeatures: mm } : {}),
         }),
       );

@@ -1,5 +1,7 @@
 // The offline API (vLLM's `LLM`): add every prompt, run engine steps until all finish, return the final
 // outputs in input order.
+import { existsSync, statSync } from "node:fs";
+import { join } from "node:path";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import {
@@ -15,7 +17,7 @@ import { KilnError } from "../util/errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner, MultiModalFeature } from "./model-runner.js";
 import { promptEmbedsInput } from "./prompt-embeds.js";
-import { generationConfigDefaults } from "./sampling-params.js";
+import { generationDefaults } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
@@ -46,12 +48,13 @@ export interface ScoringOutput {
 }
 
 /**
- * A prompt's text, or its token ids (with its images' features for an image-text model: EngineRequestInput.mmFeatures),
- * or its input embeddings (vLLM's EmbedsPrompt: `promptEmbeds` [seq * hidden] float32, the rows the model's embedding
- * layer would give; `LLM.generate([{ promptEmbeds }])`).
+ * A prompt's text (a string, or vLLM's TextPrompt `{ prompt }`), or its token ids (with its images' features for an
+ * image-text model: EngineRequestInput.mmFeatures), or its input embeddings (vLLM's EmbedsPrompt: `promptEmbeds`
+ * [seq * hidden] float32, the rows the model's embedding layer would give; `LLM.generate([{ promptEmbeds }])`).
  */
 export type PromptInput =
   | string
+  | { prompt: string; promptTokenIds?: undefined }
   | { promptTokenIds: number[]; prompt?: string; mmFeatures?: readonly MultiModalFeature[] }
   | { promptEmbeds: Float32Array; hiddenSize: number };
 
@@ -61,11 +64,33 @@ export type PromptInput =
  * with `await loadLogitsProcessors([...])`).
  */
 export type LLMOptions = (
-  | ServingArgs
+  | (ServingArgs & GenerationConfigArgs)
   | { runner: ModelRunner; tokenizer: TokenizerLike | null; engineArgs: EngineArgs; imageInput?: Gemma3ImageInputSpec | null; limitMmPerPrompt?: Record<string, number>; mmProcessorKwargs?: Record<string, unknown> | null; interleaveMmStrings?: boolean }
 ) & {
   logitsProcessors?: readonly LogitsProcessorInput[];
 };
+
+/**
+ * vLLM's generation_config and override_generation_config engine arguments: where generate() and chat() take their
+ * default sampling params ("auto": the model's generation_config.json, "vllm": none, or a directory's), and keys
+ * over them (generation_config.json's names: {"temperature": 0.5, "max_new_tokens": 64}; null unsets one).
+ */
+export interface GenerationConfigArgs {
+  generationConfig?: string;
+  overrideGenerationConfig?: Record<string, unknown>;
+}
+
+/** The generation config arguments, checked; a bad one is an EngineInputError before anything loads. */
+function checkGenerationConfigArgs(a: GenerationConfigArgs): { mode: string; override: Record<string, unknown> } {
+  const mode = a.generationConfig ?? "auto";
+  const isDir = typeof mode === "string" && existsSync(mode) && statSync(mode).isDirectory();
+  if (mode !== "auto" && mode !== "vllm" && !(isDir && existsSync(join(mode, "generation_config.json"))))
+    throw new EngineInputError("generation_config", `must be 'auto', 'vllm' or a directory holding generation_config.json, got ${JSON.stringify(mode)}`);
+  const override = a.overrideGenerationConfig ?? {};
+  if (typeof override !== "object" || override === null || Array.isArray(override))
+    throw new EngineInputError("override_generation_config", "must be an object of generation_config.json keys");
+  return { mode, override };
+}
 
 /**
  * One chat() call's options besides sampling: a LoRA adapter, and mm_processor_kwargs over the LLM's (vLLM's
@@ -119,9 +144,11 @@ export class LLM {
       // new LLM({ model: "path/to/dir", maxModelLen: 512 }): load and size the KV cache like vLLM
       // (KV-cache events are published by the serving engine's worker thread: recorded here, nothing would take them)
       if (options.kvEventsConfig != null) throw new EngineInputError("kv_events_config", "KV-cache events are published by `kiln serve` (its engine worker), not by LLM");
-      const s = createServingSetupSync(options);
+      const { generationConfig, overrideGenerationConfig, ...servingArgs } = options;
+      const gen = checkGenerationConfigArgs({ generationConfig, overrideGenerationConfig });
+      const s = createServingSetupSync(servingArgs);
       this.tokenizer = s.loaded.tokenizer;
-      this.defaults = generationConfigDefaults(s.loaded.generationConfig) ?? {};
+      this.defaults = generationDefaults(gen.mode, s.loaded.generationConfig, gen.override) ?? {};
       this.engine = new EngineCore(s.engineArgs, s.runner, { tokenizer: s.loaded.tokenizer, logitsProcessors: options.logitsProcessors, draft: s.draft });
       const spec = s.loaded.vision !== undefined ? gemma3ImageInputSpec(s.loaded.path, s.loaded.tokenizer) : null;
       this.imageInput = imageInputWith(spec, options.mmProcessorKwargs);
@@ -140,7 +167,8 @@ export class LLM {
 
   /**
    * The sampling params generate() and chat() use when given none (vLLM's get_default_sampling_params): the
-   * model's generation_config.json defaults over SamplingParams' own, for a model loaded from a path.
+   * model's generation_config.json defaults (or generationConfig's, with overrideGenerationConfig over them) over
+   * SamplingParams' own, for a model loaded from a path.
    */
   getDefaultSamplingParams(): Partial<SamplingParams> {
     return { ...this.defaults };
@@ -160,18 +188,32 @@ export class LLM {
   }
 
   /**
-   * Generates for every prompt. `params` is one set for all prompts or one per prompt (default:
+   * Generates for every prompt (one prompt, not in a list, is a list of one: vLLM's generate("text")). `params` is one
+   * set for all prompts or one per prompt (default:
    * getDefaultSamplingParams()). `options.loraRequest` serves them with a LoRA adapter (one for all or one per
    * prompt; vLLM's lora_request; the LLM needs enableLora). Throws an EngineInputError for an invalid prompt or parameter before running
    * anything.
    */
   generate(
-    prompts: PromptInput[],
+    prompts: PromptInput | PromptInput[],
     params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     options: { priority?: number[]; loraRequest?: LoraRequest | (LoraRequest | null)[] | null } = {},
   ): RequestOutput[] {
     if (this.engine.args.pooler !== null) throw new Error("[LLM.generate] this LLM pools (runner: \"pooling\"): use embed()");
-    return this.run(prompts, params, options);
+    return this.run(Array.isArray(prompts) ? prompts : [prompts], params, options);
+  }
+
+  /** A prompt as the engine takes it: text is tokenized here; anything but a PromptInput is an EngineInputError. */
+  private engineInput(p: PromptInput): { prompt: string | null; promptTokenIds: number[]; mmFeatures?: readonly MultiModalFeature[] } {
+    if (typeof p === "string") return { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) };
+    if (typeof p !== "object" || p === null)
+      throw new EngineInputError("prompt", `must be a string or an object with prompt, promptTokenIds or promptEmbeds, got ${p === null ? "null" : typeof p}`);
+    if ("promptEmbeds" in p) return { prompt: null, ...promptEmbedsInput(p.promptEmbeds, p.hiddenSize) };
+    if (p.promptTokenIds === undefined) {
+      if (typeof p.prompt !== "string") throw new EngineInputError("prompt", "an object prompt needs prompt (text), promptTokenIds or promptEmbeds");
+      return { prompt: p.prompt, promptTokenIds: this.requireTokenizer().encode(p.prompt) };
+    }
+    return { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
   }
 
   /** Adds every prompt, steps until all finish, and returns their final outputs in input order. */
@@ -188,12 +230,7 @@ export class LLM {
     try {
       prompts.forEach((p, i) => {
         const requestId = String(this.nextId++);
-        const input =
-          typeof p === "string"
-            ? { prompt: p, promptTokenIds: this.requireTokenizer().encode(p) }
-            : "promptEmbeds" in p
-              ? { prompt: null, ...promptEmbedsInput(p.promptEmbeds, p.hiddenSize) }
-              : { prompt: p.prompt ?? null, promptTokenIds: p.promptTokenIds, ...(p.mmFeatures ? { mmFeatures: p.mmFeatures } : {}) };
+        const input = this.engineInput(p);
         const sp = Array.isArray(params) ? params[i]! : params;
         const lora = Array.isArray(options.loraRequest) ? options.loraRequest[i] : options.loraRequest;
         this.engine.sampler.validateParams(sp);
@@ -207,15 +244,17 @@ export class LLM {
         });
         ids.push(requestId);
       });
+      const final = new Map<string, RequestOutput>();
+      while (this.engine.hasUnfinishedRequests()) {
+        for (const out of this.engine.step()) if (out.finished) final.set(out.requestId, out);
+      }
+      return ids.map((id) => final.get(id)!);
     } catch (e) {
+      // a failed step (a logits processor that throws) leaves its requests scheduled but never sampled: left in the
+      // engine they would stall every later call
       this.engine.abortRequest(ids);
       throw e;
     }
-    const final = new Map<string, RequestOutput>();
-    while (this.engine.hasUnfinishedRequests()) {
-      for (const out of this.engine.step()) if (out.finished) final.set(out.requestId, out);
-    }
-    return ids.map((id) => final.get(id)!);
   }
 
   /**
@@ -317,9 +356,8 @@ export class LLM {
     if (this.engine.args.pooler !== null) throw new Error("[LLM.beamSearch] this LLM pools (runner: \"pooling\")");
     const eos = this.tokenizer?.eosTokenIds ?? this.engine.args.eosTokenIds;
     const idsOf = (p: PromptInput): number[] => {
-      if (typeof p === "string") return this.requireTokenizer().encode(p);
-      if ("promptEmbeds" in p) throw new EngineInputError("prompt_embeds", "beam search is not supported with prompt embeddings");
-      return p.promptTokenIds;
+      if (typeof p === "object" && p !== null && "promptEmbeds" in p) throw new EngineInputError("prompt_embeds", "beam search is not supported with prompt embeddings");
+      return this.engineInput(p).promptTokenIds;
     };
     const searches = prompts.map((p) => new BeamSearchInstance(idsOf(p), params, eos));
     for (let t = 0; t < params.maxTokens; t++) {
@@ -337,14 +375,15 @@ export class LLM {
    * Chat: one conversation or a list of them, rendered with the tokenizer's chat template (content format "auto" unless
    * `chatOptions` says, as vLLM's LLM.chat). A message's content may be content parts, images among them as the
    * server takes them (image_url parts: data: URLs; http(s) URLs need chatAsync), or an image's file bytes or RGB
-   * pixels ({type: "image", image}). A bad image throws a ChatInputError naming its part.
+   * pixels ({type: "image", image}). A bad image throws a ChatInputError naming its part. `params` is one set for all
+   * conversations or one per conversation (as vLLM's list of SamplingParams).
    *
    * @example
    * const [out] = llm.chat([{ role: "user", content: [{ type: "text", text: "What is this?" }, { type: "image", image: pngBytes }] }]);
    */
   chat(
     messages: ChatInputMessage[] | ChatInputMessage[][],
-    params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
+    params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
     options: ChatCallOptions = {},
   ): RequestOutput[] {
@@ -357,7 +396,7 @@ export class LLM {
   /** chat(), fetching http(s) images first (each within 5 s, as the server fetches them). */
   async chatAsync(
     messages: ChatInputMessage[] | ChatInputMessage[][],
-    params: Partial<SamplingParams> = this.getDefaultSamplingParams(),
+    params: Partial<SamplingParams> | Partial<SamplingParams>[] = this.getDefaultSamplingParams(),
     chatOptions: ChatTemplateOptions = {},
     options: ChatCallOptions = {},
   ): Promise<RequestOutput[]> {

@@ -1,7 +1,7 @@
 // vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
 import { EngineInputError } from "./errors.js";
 import { camelCaseHint } from "../util/names.js";
-import type { GenerationConfig } from "../models/tokenizer.js";
+import { loadGenerationConfig, parseGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
 import { checkStructuredOutputSpec, structuredOutputSpec } from "./structured-output.js";
 import type { ExtraArgs, SamplingParams, StructuredOutputsParams } from "./types.js";
 
@@ -25,6 +25,19 @@ export function generationConfigDefaults(gen: GenerationConfig | null): Partial<
   if (gen.repetitionPenalty !== undefined) out.repetitionPenalty = gen.repetitionPenalty;
   if (gen.maxNewTokens !== undefined) out.maxTokens = gen.maxNewTokens;
   return Object.keys(out).length ? out : undefined;
+}
+
+/**
+ * vLLM's --generation-config: "auto" applies the model's generation_config.json sampling defaults, "vllm" ignores
+ * them, and a directory applies its own generation_config.json's; --override-generation-config's keys go over any
+ * of them (a null unsets one), as vLLM's get_diff_sampling_param merges them.
+ */
+export function generationDefaults(
+  mode: string, modelGen: GenerationConfig | null, override: Record<string, unknown> = {},
+): Partial<SamplingParams> | undefined {
+  const base = mode === "vllm" ? null : mode === "auto" ? modelGen : loadGenerationConfig(mode);
+  if (Object.keys(override).length === 0) return generationConfigDefaults(base);
+  return generationConfigDefaults(parseGenerationConfig({ ...(base?.raw ?? {}), ...override }));
 }
 
 /** vLLM's SamplingParams defaults (max_tokens=16 as in vLLM's Python class; the server passes its own). */
@@ -52,6 +65,7 @@ export function defaultSamplingParams(): SamplingParams {
     includeStopStrInOutput: false,
     skipSpecialTokens: true,
     spacesBetweenSpecialTokens: true,
+    detokenize: true,
     truncatePromptTokens: null,
     logitsProcessors: [],
     extraArgs: null,
@@ -68,6 +82,8 @@ export interface NormalizeOptions {
 
 const isInt = (x: unknown): x is number => typeof x === "number" && Number.isInteger(x);
 const isNum = (x: unknown): x is number => typeof x === "number" && Number.isFinite(x);
+/** A refused value as the message shows it: a string quoted, so "0.5" does not read as the valid number 0.5. */
+const shown = (x: unknown): string => (typeof x === "string" ? JSON.stringify(x) : String(x));
 
 function need(cond: boolean, param: string, message: string): void {
   if (!cond) throw new EngineInputError(param, message);
@@ -95,34 +111,34 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   const vocab = options.vocabSize;
   const tokenOk = (t: unknown): boolean => isInt(t) && t >= 0 && (vocab === undefined || t < vocab);
 
-  need(isInt(p.n) && p.n >= 1, "n", `must be an integer >= 1, got ${p.n}`);
+  need(isInt(p.n) && p.n >= 1, "n", `must be an integer >= 1, got ${shown(p.n)}`);
   need(
     isNum(p.presencePenalty) && p.presencePenalty >= -2 && p.presencePenalty <= 2,
     "presence_penalty",
-    `must be in [-2, 2], got ${p.presencePenalty}`,
+    `must be in [-2, 2], got ${shown(p.presencePenalty)}`,
   );
   need(
     isNum(p.frequencyPenalty) && p.frequencyPenalty >= -2 && p.frequencyPenalty <= 2,
     "frequency_penalty",
-    `must be in [-2, 2], got ${p.frequencyPenalty}`,
+    `must be in [-2, 2], got ${shown(p.frequencyPenalty)}`,
   );
-  need(isNum(p.repetitionPenalty) && p.repetitionPenalty > 0, "repetition_penalty", `must be > 0, got ${p.repetitionPenalty}`);
-  need(isNum(p.temperature) && p.temperature >= 0, "temperature", `must be a finite number >= 0, got ${p.temperature}`);
-  need(isNum(p.topP) && p.topP > 0 && p.topP <= 1, "top_p", `must be in (0, 1], got ${p.topP}`);
-  need(isInt(p.topK) && (p.topK === -1 || p.topK >= 0), "top_k", `must be 0 or -1 (disable), or at least 1, got ${p.topK}`);
+  need(isNum(p.repetitionPenalty) && p.repetitionPenalty > 0, "repetition_penalty", `must be > 0, got ${shown(p.repetitionPenalty)}`);
+  need(isNum(p.temperature) && p.temperature >= 0, "temperature", `must be a finite number >= 0, got ${shown(p.temperature)}`);
+  need(isNum(p.topP) && p.topP > 0 && p.topP <= 1, "top_p", `must be in (0, 1], got ${shown(p.topP)}`);
+  need(isInt(p.topK) && (p.topK === -1 || p.topK >= 0), "top_k", `must be 0 or -1 (disable), or at least 1, got ${shown(p.topK)}`);
   if (p.topK === -1) p.topK = 0; // vLLM normalizes -1 to 0 (disabled)
-  need(isNum(p.minP) && p.minP >= 0 && p.minP <= 1, "min_p", `must be in [0, 1], got ${p.minP}`);
-  need(p.seed === null || (isInt(p.seed) && Number.isSafeInteger(p.seed)), "seed", `must be an integer or null, got ${p.seed}`);
-  need(p.maxTokens === null || (isInt(p.maxTokens) && p.maxTokens >= 1), "max_tokens", `must be an integer >= 1, got ${p.maxTokens}`);
-  need(isInt(p.minTokens) && p.minTokens >= 0, "min_tokens", `must be an integer >= 0, got ${p.minTokens}`);
-  need(p.maxTokens === null || p.minTokens <= p.maxTokens, "min_tokens", `must be <= max_tokens=${p.maxTokens}, got ${p.minTokens}`);
-  need(p.logprobs === null || (isInt(p.logprobs) && p.logprobs >= 0), "logprobs", `must be an integer >= 0, got ${p.logprobs}`);
+  need(isNum(p.minP) && p.minP >= 0 && p.minP <= 1, "min_p", `must be in [0, 1], got ${shown(p.minP)}`);
+  need(p.seed === null || (isInt(p.seed) && Number.isSafeInteger(p.seed)), "seed", `must be an integer or null, got ${shown(p.seed)}`);
+  need(p.maxTokens === null || (isInt(p.maxTokens) && p.maxTokens >= 1), "max_tokens", `must be an integer >= 1, got ${shown(p.maxTokens)}`);
+  need(isInt(p.minTokens) && p.minTokens >= 0, "min_tokens", `must be an integer >= 0, got ${shown(p.minTokens)}`);
+  need(p.maxTokens === null || p.minTokens <= p.maxTokens, "min_tokens", `must be <= max_tokens=${p.maxTokens}, got ${shown(p.minTokens)}`);
+  need(p.logprobs === null || (isInt(p.logprobs) && p.logprobs >= 0), "logprobs", `must be an integer >= 0, got ${shown(p.logprobs)}`);
   // vLLM's text (SamplingParams._validate_logprobs)
   need(p.logprobs === null || p.logprobs <= maxLogprobs, "logprobs", `Requested sample logprobs of ${p.logprobs}, which is greater than max allowed: ${maxLogprobs}`);
   need(
     p.promptLogprobs === null || (isInt(p.promptLogprobs) && p.promptLogprobs >= 0),
     "prompt_logprobs",
-    `must be an integer >= 0, got ${p.promptLogprobs}`,
+    `must be an integer >= 0, got ${shown(p.promptLogprobs)}`,
   );
   need(
     p.promptLogprobs === null || p.promptLogprobs <= maxLogprobs,
@@ -132,7 +148,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   need(
     p.truncatePromptTokens === null || (isInt(p.truncatePromptTokens) && p.truncatePromptTokens >= 1),
     "truncate_prompt_tokens",
-    `must be an integer >= 1, got ${p.truncatePromptTokens}`,
+    `must be an integer >= 1, got ${shown(p.truncatePromptTokens)}`,
   );
   need(Array.isArray(p.stop) && p.stop.every((s) => typeof s === "string"), "stop", "must be a string or a list of strings");
   need(
@@ -140,6 +156,8 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     "stop",
     "cannot contain an empty string",
   );
+  // stop strings are searched in the text, which detokenize false does not make (vLLM refuses them too)
+  need(p.detokenize !== false || p.stop.length === 0, "stop", "stop strings are only supported when detokenize is true");
   need(
     p.stopTokenIds.every(tokenOk),
     "stop_token_ids",
@@ -149,7 +167,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
     need(typeof p.logitBias === "object", "logit_bias", "must be a map of token id -> bias");
     for (const [k, v] of Object.entries(p.logitBias)) {
       need(tokenOk(Number(k)), "logit_bias", `token id ${k} is out of vocabulary range`);
-      need(isNum(v), "logit_bias", `bias for token ${k} must be a finite number, got ${v}`);
+      need(isNum(v), "logit_bias", `bias for token ${k} must be a finite number, got ${shown(v)}`);
     }
   }
   if (p.allowedTokenIds !== null) {
@@ -172,7 +190,7 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   );
   if (p.extraArgs !== null) p.extraArgs = copyExtraArgs(p.extraArgs);
   p.structuredOutputs = normalizeStructuredOutputs(p.structuredOutputs);
-  for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens"] as const) {
+  for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens", "detokenize"] as const) {
     need(
       typeof p[k] === "boolean",
       k.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()),

@@ -46,6 +46,7 @@ export interface SamplingParams {
   includeStopStrInOutput: boolean;
   skipSpecialTokens: boolean;
   spacesBetweenSpecialTokens: boolean;
+  detokenize: boolean; // false: outputs carry token ids and no text (stop strings need text)
   truncatePromptTokens: number | null;
   logitsProcessors: RequestLogitsProcessor[]; // in-process engines only
   extraArgs: ExtraArgs | null;

@@ -56,12 +56,17 @@ export class AutogradNode implements BackwardNode {
     const saves = rule?.saves ?? "none";
     this.saved = saves === "inputs" || saves === "both" ? inputs.map((t) => (t ? sh.detach(t) : null)) : null;
     this.savedOutput = saves === "output" || saves === "both" ? sh.detach(output) : null;
-    this.savedVersions = [...(this.saved ?? []), this.savedOutput].map((t) => t?.storage.version ?? 0);
+    this.savedVersions = this.savedValues().map((t) => t?.storage.version ?? 0);
+  }
+
+  /** What backward reads: saved inputs, the saved output, and the attrs' tensors (indices, where's condition). */
+  private savedValues(): (Tensor | null)[] {
+    return [...(this.saved ?? []), this.savedOutput, ...Object.values(this.attrs).filter((v): v is Tensor => v instanceof Tensor)];
   }
 
   /** Throws when a saved value was written in place after it was saved (torch's version-counter check). */
   private checkVersions(): void {
-    [...(this.saved ?? []), this.savedOutput].forEach((t, i) => {
+    this.savedValues().forEach((t, i) => {
       if (t === null || t.storage.version === this.savedVersions[i]) return;
       throw new OpError(this.op, "one of the tensors needed for gradient computation has been modified by an in-place operation " +
         `(storage version ${t.storage.version}, saved at ${this.savedVersions[i]}); clone() it before modifying it`);

@@ -86,7 +86,9 @@ export class Tensor {
     return this.disposed;
   }
   size(dim?: number): number | Shape {
-    return dim === undefined ? this.shape : this.shape[sh.normDim(dim, this.ndim, "size")]!;
+    if (dim === undefined) return this.shape;
+    if (this.ndim === 0) throw new OpError("size", `dimension specified as ${dim} but tensor has no dimensions`);
+    return this.shape[sh.normDim(dim, this.ndim, "size")]!;
   }
   /** True when the elements are laid out densely in row-major order. */
   get isContiguous(): boolean {
@@ -241,6 +243,10 @@ export class Tensor {
   /** Marks a leaf as requiring grad (in place), as torch's requires_grad_(). */
   requiresGrad_(on = true): this {
     if (on) checkGradDtype(this.dtype);
+    // as torch: turning it off on a computed tensor would silently cut the gradient of everything computed from it
+    if (!on && this.gradFn !== null)
+      throw new OpError("requires_grad_", "you can only change requires_grad flags of leaf variables. If you want to use a computed variable " +
+        "in a subgraph that doesn't require differentiation use var_no_grad = var.detach()");
     this.requiresGrad = on;
     return this;
   }

@@ -22,6 +22,14 @@ describe("kiln CLI", () => {
     assert.match(r.stderr, /--bogus-flag/);
   });
 
+  it("a command line it cannot parse exits 2, as a bad flag value does (argparse's usage status)", () => {
+    for (const args of [["serve", "--bogus-flag"], ["bogus-command"], ["serve", "--max-model-len"], ["generate", "--dtype", "int3", "--prompt", "x"], ["collect-env", "extra"], ["generate", "--prompt", "x", "--max-tokens", "abc"]]) {
+      const r = kiln(...args);
+      assert.equal(r.status, 2, `${args.join(" ")}: ${r.stderr}`);
+    }
+    assert.equal(kiln("--help").status, 0);
+  });
+
   it("serve takes the model as vLLM does: positional or --model, not both different", () => {
     const r = kiln("serve", "--model", "/nonexistent/model-dir");
     assert.notEqual(r.status, 0);
@@ -39,6 +47,19 @@ describe("kiln CLI", () => {
     assert.equal(r.status, 0, r.stderr);
     // one prompt per line read, and the last one when the input ended
     assert.equal(r.stdout.split("> ").length - 1, 5, r.stdout);
+  });
+
+  it("chat says why it refuses a message too long for the model, drops it and answers the next one", () => {
+    const long = "word ".repeat(60);
+    const r = spawnSync(`${root}/bin/kiln`, ["chat", "--max-model-len", "64", "--max-tokens", "2", "--temperature", "0"], {
+      encoding: "utf8", timeout: 60_000, input: `hi\n${long}\nhello\n`,
+    });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stderr, /kiln: error: \[engine\] invalid prompt: the prompt \(length \d+\) is longer than the maximum model length of 64/);
+    const replies = r.stdout.split("> ").slice(1, -1); // after each prompt, up to the next one
+    assert.equal(replies.length, 3, r.stdout);
+    assert.equal(replies[1], "", "nothing was answered to the refused message");
+    assert.ok(replies[0]!.trim() !== "" && replies[2]!.trim() !== "", r.stdout);
   });
 
   it("chat --quick (-q, vLLM's) answers one message and exits; --quantization keeps its long name there", () => {
@@ -224,6 +245,32 @@ describe("kiln CLI", () => {
     } finally {
       rmSync(tmp, { recursive: true });
     }
+  });
+
+  it("generate samples with the model's generation config under the flags given, over its own defaults", async () => {
+    const run = async (generationDefaults: Record<string, number> | undefined, ...argv: string[]): Promise<Record<string, unknown>> => {
+      let params: Record<string, unknown> = {};
+      const factory: EngineFactory = async () => ({
+        engine: {
+          async *generate(_prompt: unknown, p: Record<string, unknown>) {
+            params = p;
+            yield { outputs: [{ text: "" }], finished: true };
+          },
+        } as never,
+        tokenizer: { encode: () => [1] } as never,
+        maxModelLen: 64,
+        modelName: "m",
+        ...(generationDefaults ? { generationDefaults } : {}),
+        close: async () => {},
+      });
+      // (the reply is empty: generate prints one empty line among the test runner's output)
+      assert.equal(await main(["node", "kiln", "generate", "--prompt", "x", ...argv], { engineFactory: factory }), 0);
+      return params;
+    };
+    const model = { temperature: 0.2, topK: 5, repetitionPenalty: 1.3, maxTokens: 9 };
+    assert.deepEqual(await run(model, "--seed", "3"), { temperature: 0.2, topP: 1, topK: 5, repetitionPenalty: 1.3, maxTokens: 9, seed: 3 });
+    assert.deepEqual(await run(model, "--temperature", "0", "--max-tokens", "4"), { temperature: 0, topP: 1, topK: 5, repetitionPenalty: 1.3, maxTokens: 4, seed: 0 });
+    assert.deepEqual(await run(undefined), { temperature: 0.7, topP: 1, maxTokens: 256, seed: 0 });
   });
 
   it("--config: a YAML file of flags (snake or kebab case) under the command line's, as vLLM reads it", async () => {

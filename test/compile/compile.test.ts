@@ -76,6 +76,40 @@ describe("compile: compiled equals eager", () => {
   });
 });
 
+describe("compile: result shapes equal eager's", () => {
+  it("T of a 3-d tensor reverses every dim (mT swaps the last two); sum / mean over all dims with keepdim keep each dim", () => {
+    const x = rand([2, 3, 4], 21);
+    const fn = (a: any) => [a.T.mul(1), a.sum(undefined, true), a.mean(undefined, true), a.max()];
+    const want = [x.T.mul(1), x.sum(undefined, true), x.mean(undefined, true), x.max()];
+    for (const capture of ["symbolic", "dispatch"] as const) {
+      const got = compile(fn, { capture })(x) as k.Tensor[];
+      assert.deepEqual(got.map((t) => [...t.shape]), [[4, 3, 2], [1, 1, 1], [1, 1, 1], []], capture);
+      got.forEach((t, i) => assertClose(t, want[i]!.dataSync() as Float32Array, { shape: [...want[i]!.shape], rtol: 1e-5, atol: 1e-5, msg: capture }));
+    }
+    const mT = compile((a: any) => a.mT.mul(1), { capture: "symbolic" })(x) as k.Tensor;
+    assertClose(mT, x.mT.mul(1).dataSync() as Float32Array, { shape: [2, 4, 3] });
+  });
+
+  it("a traced unsqueeze out of range or a reshape with two -1 throws eager's error (unsqueeze(5) of a 2-d x gave [.., 1])", () => {
+    const x = rand([2, 3], 24);
+    for (const capture of ["symbolic", "auto"] as const) {
+      assert.throws(() => compile((a: any) => a.unsqueeze(5).mul(1), { capture })(x), /\[unsqueeze\] dimension 5 out of range/, capture);
+      assert.throws(() => compile((a: any) => a.reshape(-1, -1).mul(1), { capture })(x), /\[reshape\] only one dimension can be -1/, capture);
+    }
+    assert.deepEqual([...(compile((a: any) => a.unsqueeze(-1).mul(1), { capture: "symbolic" })(x) as k.Tensor).shape], [2, 3, 1]);
+  });
+
+  it("matmul with a 1-d operand returns eager's squeezed shape (dispatch capture returned [1, N])", () => {
+    const v = rand([3], 22);
+    const m = rand([3, 2], 23);
+    for (const capture of ["auto", "dispatch"] as const) {
+      const got = compile((a: any, b: any) => a.matmul(b), { capture })(v, m) as k.Tensor;
+      assert.deepEqual([...got.shape], [2], capture);
+      assertClose(got, v.matmul(m).dataSync() as Float32Array, { rtol: 1e-5, atol: 1e-6 });
+    }
+  });
+});
+
 describe("compile: paged attention", () => {
   it("keeps bidirectional attention (one sequence whose rows all see every key) in the program", () => {
     const [T, H, D, BS] = [12, 2, 16, 4];

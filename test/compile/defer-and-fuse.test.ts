@@ -45,6 +45,14 @@ describe("defer-and-fuse eager mode", { skip: hasJit ? false : `no JIT: ${jitUna
     assert.equal(r.deferredKernels, 1);
   });
 
+  it("exp at the ends of float32's range gives strict's 0 and inf (the generated C gave ~1.2e-38 below -87.34)", () => {
+    const edges = k.tensor([-1e30, -103.9, -100, -88.8, -87.4, -87.3, 0, 88.3, 88.5, 88.8, 1e30, NaN]);
+    const r = both(() => edges.exp());
+    assert.deepEqual(r.deferred.slice(0, 5), [0, 0, 0, 0, 0]);
+    assert.deepEqual(r.deferred.slice(8, 11), [Infinity, Infinity, Infinity]);
+    assertClose(r.deferred, r.strict, { rtol: 1e-6, atol: 0 });
+  });
+
   it("silu(g) * u and a residual add", () => {
     const r = both(() => x.silu().mul(y).add(x));
     assertClose(r.deferred, r.strict, RTOL);

@@ -97,6 +97,8 @@ test("engine arguments a user gets wrong are typed errors naming them, before an
     [{ gpuMemoryUtilization: 2 }, "gpu_memory_utilization", /in \(0, 1\]/],
     [{ blockSize: 3 }, "block_size", /power of two/],
     [{ kvCacheMemory: -1 }, "kv_cache_memory", /integer >= 1/],
+    [{ seed: "x" }, "seed", /seed must be an integer, got "x"/],
+    [{ seed: 1.5 }, "seed", /seed must be an integer, got 1.5/],
   ];
   for (const [extra, param, message] of cases) {
     assert.throws(
@@ -120,5 +122,17 @@ test("LLM.generate without params uses the model's generation_config.json defaul
   assert.deepEqual(a!.outputs[0]!.tokenIds, b!.outputs[0]!.tokenIds, "greedy, as the file says");
   const [c] = llm.generate(["Once upon a time"], { ignoreEos: true }); // explicit params: SamplingParams' own defaults (16 tokens)
   assert.equal(c!.outputs[0]!.tokenIds.length, 16);
+  // vLLM's generation_config / override_generation_config engine arguments
+  const args = { model: dir, maxModelLen: 128, kvCacheMemory: 2 << 20, enforceEager: true };
+  assert.deepEqual(new LLM({ ...args, generationConfig: "vllm" }).getDefaultSamplingParams(), {});
+  const over = new LLM({ ...args, overrideGenerationConfig: { max_new_tokens: 3, top_k: 7 } });
+  assert.deepEqual(over.getDefaultSamplingParams(), { temperature: 0, topK: 7, maxTokens: 3 });
+  assert.deepEqual(over.generate(["Once upon a time"])[0]!.outputs[0]!.tokenIds, a!.outputs[0]!.tokenIds.slice(0, 3));
+  const other = mkdtempSync(join(tmpdir(), "kiln-gen-"));
+  writeFileSync(join(other, "generation_config.json"), JSON.stringify({ temperature: 0.3 }));
+  assert.deepEqual(new LLM({ ...args, generationConfig: other }).getDefaultSamplingParams(), { temperature: 0.3 });
+  for (const bad of [{ generationConfig: "/nonexistent" }, { generationConfig: tmpdir() }, { overrideGenerationConfig: "x" }])
+    assert.throws(() => new LLM({ ...args, ...bad } as never), (e: unknown) => e instanceof EngineInputError && /generation_config/.test(e.param), JSON.stringify(bad));
   rmSync(dir, { recursive: true });
+  rmSync(other, { recursive: true });
 });

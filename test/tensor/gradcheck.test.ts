@@ -359,6 +359,14 @@ describe("autograd engine", () => {
     assert.throws(() => k.zeros([2]).expand(2, 2).fill_(1), /more than one element/);
     assert.throws(() => k.tensor(Int32Array.of(1, 2), { requiresGrad: true }), /only tensors of floating point dtype can require gradients/);
     assert.throws(() => k.tensor(Int32Array.of(1, 2)).requiresGrad_(), /floating point/);
+    // only leaves change the flag (torch): switching a computed tensor off silently cut its inputs' gradients
+    const leaf = k.tensor([1, 2], { requiresGrad: true });
+    const computed = leaf.mul(3);
+    assert.throws(() => computed.requiresGrad_(false), /\[requires_grad_\] you can only change requires_grad flags of leaf variables/);
+    assert.equal(computed.requiresGrad_(true).requiresGrad, true);
+    computed.sum().backward();
+    assert.deepEqual(leaf.grad!.toList(), [3, 3]);
+    assert.equal(leaf.requiresGrad_(false).requiresGrad, false);
   });
   test("a value saved for backward and then written in place makes backward throw (version counter)", () => {
     const w = k.tensor([1, 2], { requiresGrad: true });
@@ -371,6 +379,27 @@ describe("autograd engine", () => {
     k.noGrad(() => x2.clone().mul_(10)); // a clone's writes leave the saved value alone
     y2.sum().backward();
     assert.deepEqual(w.grad!.toList(), [3, 4]);
+  });
+  test("indices and conditions a backward reads are version-checked too (they gave the gradient of the new values)", () => {
+    const modified: [string, (w: k.Tensor) => { y: k.Tensor; write: () => void }][] = [
+      ["index_select", (w) => { const i = k.tensor(Int32Array.of(0)); return { y: w.indexSelect(0, i), write: () => i.fill_(2) }; }],
+      ["gather", (w) => { const i = k.tensor(Int32Array.of(0), { shape: [1] }); return { y: w.gather(0, i), write: () => i.fill_(2) }; }],
+      ["where", (w) => { const c = k.tensor([true, false, false]); return { y: k.where(c, w, 0), write: () => c.fill_(1) }; }],
+      ["where", (w) => { const m = k.tensor([true, false, false]); return { y: w.maskedFill(m, 0), write: () => m.select(0, 0).fill_(0) }; }],
+    ];
+    for (const [op, make] of modified) {
+      const w = k.tensor([1, 2, 3], { requiresGrad: true });
+      const { y, write } = make(w);
+      write();
+      assert.throws(() => y.sum().backward(), new RegExp(`\\[${op}\\] one of the tensors needed for gradient computation has been modified by an in-place operation`), op);
+      assert.equal(w.grad, null, `${op}: no gradient from the modified index`);
+    }
+    const w = k.tensor([1, 2, 3], { requiresGrad: true });
+    const i = k.tensor(Int32Array.of(0));
+    const y = w.indexSelect(0, i);
+    k.noGrad(() => i.clone().fill_(2)); // a clone's writes leave the saved index alone
+    y.sum().backward();
+    assert.deepEqual(w.grad!.toList(), [1, 0, 0]);
   });
   test("second backward through a freed graph fails; retainGraph allows it", () => {
     const a = k.tensor([1, 2], { requiresGrad: true });

@@ -164,6 +164,11 @@ forEachBackend((dev) => {
       assertClose(k.floor(r), [-3, -2, -1, 0, 1, 2, 2, -3]);
       assertClose(k.ceil(r), [-2, -1, -0, 1, 2, 3, 3, -2]);
       assertClose(k.sign(t([-3, 0, 2])), [-1, 0, 1]);
+      // torch's sign is (0 < x) - (x < 0): NaN gives 0 (the eager kernel gave NaN, defer-and-fuse's generated C 0)
+      assert.deepEqual(values(k.sign(t([NaN, -0, -Infinity, Infinity]))), [0, 0, -1, 1]);
+      const na = k.tensor([NaN, -2], { device: dev, requiresGrad: true });
+      na.abs().sum().backward(); // abs' gradient is sign(x): 0 at NaN, as torch's sgn
+      assert.deepEqual(values(na.grad!), [0, -1]);
       // integer inputs: math ops give float32, sign-preserving ops keep the int dtype
       const i = t(new Int32Array([-3, 4]));
       assert.equal(i.exp().dtype, "float32");
@@ -372,6 +377,41 @@ forEachBackend((dev) => {
       assertClose(c.to("float32").mean([1, 2]), [5.5, 17.5]);
       assert.throws(() => c.mean([1, 2]), /\[mean\] could not infer output dtype.*Got: int32/); // as torch: integers are cast first
       assert.equal(t(5).sum().item(), 5);
+    });
+    it("dim = [] reduces every dim, as torch's sum(dim=[]) / mean(dim=[]) (it was the identity)", () => {
+      assertClose(x().sum([]), [21], { shape: [] });
+      assertClose(x().sum([], true), [21], { shape: [1, 1] });
+      assertClose(x().mean([]), [3.5], { shape: [] });
+      assertClose(x().mean([], true), [3.5], { shape: [1, 1] });
+      assertClose(k.amax(x(), []), [6], { shape: [] });
+    });
+    it("a 0-d tensor takes dim 0 or -1 (torch wraps its dims as a 1-d tensor's); ops needing a dim to index refuse it", () => {
+      const s = () => t(3);
+      for (const dim of [0, -1]) {
+        assertClose(s().sum(dim), [3], { shape: [] });
+        assertClose(s().mean(dim), [3], { shape: [] }); // was NaN for dim 0: the count read a missing size
+        assertClose(s().mean(dim, true), [3], { shape: [] });
+        assertClose(s().amax(dim), [3], { shape: [] });
+        assertClose(s().softmax(dim), [1], { shape: [] });
+        assertClose(s().squeeze(dim), [3], { shape: [] });
+        assertClose(s().transpose(dim, 0), [3], { shape: [] });
+        assertClose(s().flip(dim), [3], { shape: [] });
+        assertClose(k.roll(s(), 1, dim), [3], { shape: [] });
+        assertClose(s().gather(dim, t(0, { dtype: "int32" })), [3], { shape: [] });
+        assertClose(s().indexSelect(dim, t([0], { dtype: "int32" })), [3], { shape: [] });
+        assertClose(k.scatter(s(), dim, t(0, { dtype: "int32" }), t(7), true), [10], { shape: [] });
+      }
+      for (const dim of [1, -2]) assert.throws(() => s().sum(dim), /\[sum\] dimension -?\d out of range for a 0-d tensor/);
+      const g = k.tensor(3, { device: dev, requiresGrad: true });
+      g.mean(-1).mul(g.gather(0, t(0, { dtype: "int32" }))).backward(); // d/dg g^2 = 2g
+      assertClose(g.grad!, [6], { shape: [] });
+      assert.throws(() => s().select(0, 0), /\[select\] select\(\) cannot be applied to a 0-dim tensor/);
+      assert.throws(() => s().slice(0, 0, 1), /\[slice\] slice\(\) cannot be applied to a 0-dim tensor/);
+      assert.throws(() => s().narrow(-1, 0, 1), /\[narrow\] narrow\(\) cannot be applied to a 0-dim tensor/);
+      assert.throws(() => k.split(s(), 1), /\[split\] split expects at least a 1-dimensional tensor/);
+      assert.throws(() => k.chunk(s(), 1), /\[chunk\] chunk expects at least a 1-dimensional tensor/);
+      assert.throws(() => s().size(0), /\[size\] dimension specified as 0 but tensor has no dimensions/);
+      assert.throws(() => s().gather(0, t(1, { dtype: "int32" })), /index 1 out of range/);
     });
     it("max / min / argmax / argmin (first index on ties)", () => {
       assertClose(x().max(), [6], { shape: [] });
@@ -582,6 +622,21 @@ forEachBackend((dev) => {
       assert.deepEqual(k.chunk(r, 3).map(values), [[0, 1, 2], [3, 4, 5], [6]]);
       assert.deepEqual(k.chunk(t([[1, 2, 3, 4]]), 2, 1).map((c) => [...c.shape]), [[1, 2], [1, 2]]);
       assert.throws(() => k.split(r, [2, 2]), /sum/);
+      // an empty dim splits / chunks into one empty piece, as torch's (chunk threw, split returned no piece)
+      const nothing = k.zeros([0, 2], { device: dev });
+      for (const pieces of [k.split(nothing, 3), k.split(nothing, 0), k.chunk(nothing, 4)]) assert.deepEqual(pieces.map((p) => [...p.shape]), [[0, 2]]);
+      assert.deepEqual(k.chunk(nothing, 2, 1).map((p) => [...p.shape]), [[0, 1], [0, 1]]);
+      assert.throws(() => k.split(r, 0), /\[split\] split size must be a positive integer, got 0/);
+      // torch's legacy rule: a 1-d empty tensor (tensor([]), a cat loop's start) is skipped next to tensors of any shape
+      const none = k.tensor([], { device: dev });
+      assertClose(k.cat([none, a, none, b]), [1, 2, 3, 4, 5, 6], { shape: [3, 2] });
+      assertClose(k.cat([a, none], 1), [1, 2, 3, 4], { shape: [2, 2] });
+      assert.equal(k.cat([t([[1, 2]], { dtype: "int32" }), none]).dtype, "float32", "the skipped tensor still takes part in the dtype");
+      assert.deepEqual([...k.cat([none, none]).shape], [0]);
+      assert.throws(() => k.cat([a, k.zeros([0, 3], { device: dev })]), /shapes \[2, 2\] and \[0, 3\] differ outside dim 0/);
+      const ga = k.tensor([[1, 2]], { device: dev, requiresGrad: true });
+      k.cat([none, ga, ga]).mul(t([[1, 2], [3, 4]])).sum().backward();
+      assertClose(ga.grad!, [4, 6], { shape: [1, 2] });
     });
   });
 

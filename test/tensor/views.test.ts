@@ -58,8 +58,24 @@ forEachBackend((dev) => {
       assert.deepEqual(values(e), [1, 1, 1, 2, 2, 2]);
       assert.deepEqual(values(k.tensor([1, 2], { device: dev }).expand(2, -1)), [1, 2, 1, 2]);
       assert.deepEqual([...k.tensor([1, 2], { device: dev }).expand(3, 1, 2).shape], [3, 1, 2]);
+      // a negative or fractional size is refused by expand itself (it made a view of shape [-2] that failed later)
+      for (const bad of [[-2], [1.5], [2, -3]])
+        assert.throws(() => k.tensor([1], { device: dev }).expand(...bad), /\[expand\] cannot expand \[1\] to .*non-negative integers/);
       for (const v of [tr, n, e, r.slice(0, 1, 8, 3)]) assert.ok(v.storage !== undefined);
       assert.equal(r.slice(0, 1, 8, 3).storage, r.storage);
+    });
+
+    it("an empty tensor views as any shape of 0 elements; flatten refuses start_dim after end_dim (torch's rules)", () => {
+      const e = k.zeros([0, 3], { device: dev }).T; // non-contiguous strides, no elements
+      for (const shape of [[3, 0], [0], [0, 5, 2]]) {
+        const v = e.view(shape);
+        assert.deepEqual([...v.shape], shape);
+        assert.equal(v.storage, e.storage, `[${shape.join(", ")}] is a view`);
+      }
+      assert.throws(() => e.view(1), /\[view\] shape \[1\] is invalid for 0 elements/);
+      assert.throws(() => grid(2, 3, 4).flatten(2, 1), /\[flatten\] flatten\(\) has invalid args: start_dim \(2\) cannot come after end_dim \(1\)/);
+      assert.throws(() => grid(2, 3, 4).flatten(-1, 0), /start_dim \(-1\) cannot come after end_dim \(0\)/);
+      assert.deepEqual([...grid(2, 3, 4).flatten(1, 1).shape], [2, 3, 4]);
     });
 
     it("contiguous returns itself when contiguous, a copy otherwise", () => {

@@ -66,7 +66,7 @@ export const UNARY: Record<UnaryOp, (x: number) => number> = {
     const r = Math.round(x);
     return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
   },
-  sign: Math.sign,
+  sign: (x) => Number(x > 0) - Number(x < 0), // torch's (0 < x) - (x < 0): NaN and -0 give 0, as the generated C
   logical_not: (x) => (x ? 0 : 1),
 };
 

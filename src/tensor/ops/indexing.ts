@@ -46,6 +46,10 @@ export function indexSelect(t: Tensor, dim: number, index: Tensor): Tensor {
 function indexSelectAs(op: string, t: Tensor, dim: number, index: Tensor): Tensor {
   const d = normDim(dim, t.ndim, op);
   if (index.ndim > 1) throw new OpError(op, "index must be 0-d or 1-d");
+  if (t.ndim === 0) {
+    if (index.numel !== 1) throw new OpError(op, `index_select(): Index to scalar can have only 1 value, got ${index.numel} value(s)`);
+    return asVectors([t, index], ([t1, i1]) => indexSelectAs(op, t1!, 0, i1!));
+  }
   const dev = sameDevice(op, t, index);
   const idx = asIndex(op, index);
   const src = dimFirst(t, d);
@@ -67,6 +71,18 @@ function indexSelectAs(op: string, t: Tensor, dim: number, index: Tensor): Tenso
   const picked = op === "index_select" ? toDtype(outFirst, t.dtype) : outFirst; // torch's index_select keeps bf16 (exact)
   const out = d === 0 ? picked : backFromLast(picked, 0, d);
   recordOp("index_select", [t, null], out, { dim: d, index, inputShape: t.shape });
+  return out;
+}
+
+/**
+ * f of 0-d tensors viewed as 1-element vectors, its result viewed as 0-d again: torch indexes a 0-d tensor along
+ * dim 0 (or -1) so, and the kernels here need a dim to index along.
+ */
+function asVectors(ts: Tensor[], f: (vectors: Tensor[]) => Tensor): Tensor {
+  const vs = ts.map((t) => t.reshape(1));
+  const r = f(vs);
+  const out = r.reshape([]);
+  for (const v of new Set([...vs, r])) if (!ts.includes(v) && v !== out) v.dispose();
   return out;
 }
 
@@ -95,6 +111,7 @@ export function embedding(ids: Tensor, weight: Tensor): Tensor {
 export function gather(t: Tensor, dim: number, index: Tensor): Tensor {
   const d = normDim(dim, t.ndim, "gather");
   if (index.ndim !== t.ndim) throw new OpError("gather", "index must have the same rank as the input");
+  if (t.ndim === 0) return asVectors([t, index], ([t1, i1]) => gather(t1!, 0, i1!));
   const last = t.ndim - 1;
   const tt = d === last ? t : t.transpose(d, last);
   const it = d === last ? index : index.transpose(d, last);
@@ -139,6 +156,7 @@ export function scatter(t: Tensor, dim: number, index: Tensor, src: Tensor, accu
   const last = t.ndim - 1;
   if (index.ndim !== t.ndim || src.ndim !== t.ndim) throw new OpError(op, "index and src must have the input's rank");
   if (src.dtype !== t.dtype) throw new OpError(op, `Expected self.dtype to be equal to src.dtype (self ${t.dtype}, src ${src.dtype})`);
+  if (t.ndim === 0) return asVectors([t, index, src], ([t1, i1, s1]) => scatter(t1!, 0, i1!, s1!, accumulate));
   const moved = d === last ? t : t.transpose(d, last);
   const base = moved.clone();
   const it = d === last ? index : index.transpose(d, last);
@@ -214,13 +232,16 @@ export function indexCopyInto(t: Tensor, dim: number, index: Tensor, src: Tensor
   if (idx !== index) idx.dispose();
 }
 
-export function cat(tensors: Tensor[], dim = 0): Tensor {
-  if (tensors.length === 0) throw new OpError("cat", "expects a non-empty list");
-  const first = tensors[0]!;
-  const scalarAt = tensors.findIndex((t) => t.ndim === 0);
+export function cat(inputs: Tensor[], dim = 0): Tensor {
+  if (inputs.length === 0) throw new OpError("cat", "expects a non-empty list");
+  const scalarAt = inputs.findIndex((t) => t.ndim === 0);
   if (scalarAt >= 0) throw new OpError("cat", `zero-dimensional tensor (at position ${scalarAt}) cannot be concatenated`);
+  // torch's legacy rule: a 1-d empty tensor (tensor([]), the usual start of a cat loop) is skipped whatever the others' shape
+  const nonEmpty = inputs.filter((t) => !(t.ndim === 1 && t.numel === 0));
+  const tensors = nonEmpty.length > 0 ? nonEmpty : inputs;
+  const first = tensors[0]!;
   const d = normDim(dim, first.ndim, "cat");
-  const dev = sameDevice("cat", ...tensors);
+  const dev = sameDevice("cat", ...inputs);
   for (const t of tensors) {
     if (t.ndim !== first.ndim || t.shape.some((s, i) => i !== d && s !== first.shape[i]))
       throw new OpError("cat", `shapes [${first.shape.join(", ")}] and [${t.shape.join(", ")}] differ outside dim ${d}`);
@@ -228,7 +249,7 @@ export function cat(tensors: Tensor[], dim = 0): Tensor {
   const shape = [...first.shape];
   shape[d] = tensors.reduce((s, t) => s + t.shape[d]!, 0);
   // torch.result_type of all the inputs (cat([int32, float32]) is float32); copy_ converts each part
-  const dtype = tensors.reduce<DType>((acc, t) => promoteTypes(acc, t.dtype), first.dtype);
+  const dtype = inputs.reduce<DType>((acc, t) => promoteTypes(acc, t.dtype), first.dtype);
   const out = empty(shape, { dtype, device: dev });
   let at = 0;
   for (const t of tensors) {
@@ -258,6 +279,7 @@ export function stack(tensors: Tensor[], dim = 0): Tensor {
 
 /** Splits into chunks of `size` (number) or the given sizes (array) along dim; results are views. */
 export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tensor[] {
+  if (t.ndim === 0) throw new OpError("split", "split expects at least a 1-dimensional tensor");
   const d = normDim(dim, t.ndim, "split");
   const total = t.shape[d]!;
   const sizes: number[] = [];
@@ -267,8 +289,11 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
     if (sizeOrSizes.reduce((a, b) => a + b, 0) !== total) throw new OpError("split", `sizes do not sum to ${total}`);
     sizes.push(...sizeOrSizes);
   } else {
-    if (!Number.isInteger(sizeOrSizes) || sizeOrSizes <= 0) throw new OpError("split", `split size must be a positive integer, got ${sizeOrSizes}`);
+    // torch: a size of 0 only splits an empty dim; an empty dim splits into one empty piece
+    if (!Number.isInteger(sizeOrSizes) || sizeOrSizes < 0 || (sizeOrSizes === 0 && total > 0))
+      throw new OpError("split", `split size must be a positive integer, got ${sizeOrSizes}`);
     for (let at = 0; at < total; at += sizeOrSizes) sizes.push(Math.min(sizeOrSizes, total - at));
+    if (total === 0) sizes.push(0);
   }
   const out: Tensor[] = [];
   let at = 0;
@@ -281,6 +306,7 @@ export function split(t: Tensor, sizeOrSizes: number | number[], dim = 0): Tenso
 
 export function chunk(t: Tensor, chunks: number, dim = 0): Tensor[] {
   if (!Number.isInteger(chunks) || chunks <= 0) throw new OpError("chunk", `expects \`chunks\` to be an integer greater than 0, got ${chunks}`);
+  if (t.ndim === 0) throw new OpError("chunk", "chunk expects at least a 1-dimensional tensor");
   const d = normDim(dim, t.ndim, "chunk");
   return split(t, Math.ceil(t.shape[d]! / chunks), d);
 }

@@ -34,7 +34,7 @@ export function flip(x: Tensor, dims: number | readonly number[]): Tensor {
   const ds = dimList("flip", dims, x.ndim);
   if (x.numel === 0) return x.clone(); // nothing to move (index_select would read rows that are not there)
   return chain(x, ds, (cur, d) => {
-    const n = cur.shape[d]!;
+    const n = cur.shape[d] ?? 1; // a 0-d x flips along its dim 0 (or -1) as a 1-element vector
     const index = tensor(Int32Array.from({ length: n }, (_, i) => n - 1 - i), { device: x.device });
     const out = indexSelect(cur, d, index);
     index.dispose();
@@ -62,7 +62,7 @@ export function roll(x: Tensor, shifts: number | readonly number[], dims?: numbe
   const ds = (typeof dims === "number" ? [dims] : [...dims]).map((d) => normDim(d, x.ndim, op));
   if (ds.length !== ss.length) throw new OpError(op, `shifts and dimensions must align. shifts: ${ss.length}, dims: ${ds.length}`);
   return chain(x, ds.map((d, i) => [d, ss[i]!] as const), (cur, [d, s]) => {
-    const n = cur.shape[d]!;
+    const n = cur.shape[d] ?? 1; // a 0-d x rolls along its dim 0 (or -1) as a 1-element vector
     const k = n === 0 ? 0 : ((s % n) + n) % n;
     if (k === 0) return cur.clone();
     const tail = cur.narrow(d, n - k, k);

@@ -9,8 +9,9 @@ import { empty, numel, Tensor } from "../tensor.js";
 import { contiguous, normDim, permute } from "./shape.js";
 import { abs, add, log, sub, where } from "./elementwise.js";
 
+/** The dims a reduction reduces, sorted: every dim when dim is omitted or [] (torch's sum(dim=[]) reduces them all). */
 function reducedDims(t: Tensor, dim: number | number[] | undefined, op: string): number[] {
-  if (dim === undefined) return t.shape.map((_, i) => i);
+  if (dim === undefined || (Array.isArray(dim) && dim.length === 0)) return t.shape.map((_, i) => i);
   const dims = (Array.isArray(dim) ? dim : [dim]).map((d) => normDim(d, t.ndim, op));
   const repeated = dims.find((d, i) => dims.indexOf(d) !== i);
   if (repeated !== undefined) throw new OpError(op, `dim ${repeated} appears multiple times in the list of dims`);
@@ -50,9 +51,8 @@ export const prod = (t: Tensor, dim?: number | number[], keepdim = false): Tenso
 export const max = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("max", t, dim, keepdim, "max");
 export const min = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("min", t, dim, keepdim, "min");
 /** torch.amax / amin: the extremum over dims (all when omitted or []); the gradient is shared evenly among ties. */
-export const amax = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("max", t, allIfEmpty(dim), keepdim, "amax");
-export const amin = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("min", t, allIfEmpty(dim), keepdim, "amin");
-const allIfEmpty = (dim?: number | number[]) => (Array.isArray(dim) && dim.length === 0 ? undefined : dim);
+export const amax = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("max", t, dim, keepdim, "amax");
+export const amin = (t: Tensor, dim?: number | number[], keepdim = false): Tensor => reduce("min", t, dim, keepdim, "amin");
 export const argmax = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmax", t, dim, keepdim, "argmax");
 export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => reduce("argmin", t, dim, keepdim, "argmin");
 
@@ -63,7 +63,7 @@ export const argmin = (t: Tensor, dim?: number, keepdim = false): Tensor => redu
 export function mean(t: Tensor, dim?: number | number[], keepdim = false): Tensor {
   meanDtype(t.dtype); // throws for an integer or bool t
   const dims = reducedDims(t, dim, "mean");
-  const count = numel(dims.map((d) => t.shape[d]!));
+  const count = numel(dims.map((d) => t.shape[d] ?? 1)); // a 0-d t's dim 0 holds its one element
   const src = t.to("float32");
   const s = sum(src, dims, keepdim);
   const m = s.div(count);

@@ -6,11 +6,18 @@ import { flushDeferred, runKernel } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
 import { contiguousStrides, empty, emptyOutput, makeView, numel, Tensor, type Shape } from "../tensor.js";
 
+/** dim in [0, ndim) (negative counts from the end); as torch, a 0-d tensor takes dim 0 or -1, as if it were 1-d. */
 export function normDim(dim: number, ndim: number, op: string): number {
   if (!Number.isInteger(dim)) throw new OpError(op, `dimension ${dim} must be an integer`);
-  const d = dim < 0 ? dim + ndim : dim;
-  if (d < 0 || d >= Math.max(ndim, 1)) throw new OpError(op, `dimension ${dim} out of range for a ${ndim}-d tensor`);
+  const n = Math.max(ndim, 1);
+  const d = dim < 0 ? dim + n : dim;
+  if (d < 0 || d >= n) throw new OpError(op, `dimension ${dim} out of range for a ${ndim}-d tensor`);
   return d;
+}
+
+/** torch's "select() cannot be applied to a 0-dim tensor." for ops that need a dim to index into. */
+function checkHasDims(t: Tensor, op: string): void {
+  if (t.ndim === 0) throw new OpError(op, `${op}() cannot be applied to a 0-dim tensor`);
 }
 
 function inferShape(op: string, shape: number[], total: number): number[] {
@@ -29,6 +36,8 @@ function inferShape(op: string, shape: number[], total: number): number[] {
 
 /** Strides for viewing t with a new shape without copying, or null when impossible (torch's computeStride). */
 function viewStrides(t: Tensor, newShape: number[]): number[] | null {
+  // no elements: any shape is a view (torch keeps the strides for the same shape, else takes contiguous ones)
+  if (t.numel === 0) return newShape.join() === t.shape.join() ? [...t.strides] : contiguousStrides(newShape);
   if (t.isContiguous) return contiguousStrides(newShape);
   // Merge chunks of old dims that are contiguous with each other, then split them into new dims.
   const oldShape = t.shape;
@@ -90,12 +99,14 @@ export function transpose(t: Tensor, d0: number, d1: number): Tensor {
   const dims = Array.from({ length: t.ndim }, (_, i) => i);
   const a = normDim(d0, t.ndim, "transpose");
   const b = normDim(d1, t.ndim, "transpose");
+  if (t.ndim === 0) return permute(t, []); // torch: a 0-d tensor's transpose(0, -1) is a view of itself
   dims[a] = b;
   dims[b] = a;
   return permute(t, dims);
 }
 
 export function narrow(t: Tensor, dim: number, start: number, length: number): Tensor {
+  checkHasDims(t, "narrow");
   const d = normDim(dim, t.ndim, "narrow");
   t.view_("narrow");
   if (start < 0) start += t.shape[d]!;
@@ -105,6 +116,7 @@ export function narrow(t: Tensor, dim: number, start: number, length: number): T
 }
 
 export function slice(t: Tensor, dim: number, start = 0, end?: number, step = 1): Tensor {
+  checkHasDims(t, "slice");
   const d = normDim(dim, t.ndim, "slice");
   const size = t.shape[d]!;
   if (step <= 0) throw new OpError("slice", "step must be positive");
@@ -121,6 +133,7 @@ export function slice(t: Tensor, dim: number, start = 0, end?: number, step = 1)
 }
 
 export function select(t: Tensor, dim: number, index: number): Tensor {
+  checkHasDims(t, "select");
   const d = normDim(dim, t.ndim, "select");
   t.view_("select");
   const size = t.shape[d]!;
@@ -140,6 +153,8 @@ export function expand(t: Tensor, shape: number[]): Tensor {
   for (let i = 0; i < shape.length; i++) {
     const src = i - lead;
     const want = shape[i]!;
+    if (!Number.isInteger(want) || want < -1)
+      throw new OpError("expand", `cannot expand [${t.shape.join(", ")}] to [${shape.join(", ")}]: sizes must be non-negative integers (or -1 to keep a dim)`);
     if (src < 0) {
       if (want < 0) throw new OpError("expand", "-1 not allowed for new leading dims");
       out.push(want);
@@ -188,6 +203,7 @@ export function flatten(t: Tensor, startDim = 0, endDim = -1): Tensor {
   if (t.ndim === 0) return reshape(t, [1]);
   const s = normDim(startDim, t.ndim, "flatten");
   const e = normDim(endDim, t.ndim, "flatten");
+  if (s > e) throw new OpError("flatten", `flatten() has invalid args: start_dim (${startDim}) cannot come after end_dim (${endDim})`);
   const shape = [...t.shape.slice(0, s), numel(t.shape.slice(s, e + 1)), ...t.shape.slice(e + 1)];
   return reshape(t, shape);
 }
