@@ -16,7 +16,7 @@ import {
   samplingParamsFor, SseWriter, tokenText, truncatePrompt, usageJson, type ServingContext,
 } from "./serving-context.js";
 
-/** OpenAI legacy logprobs: parallel lists plus character offsets into the choice text. */
+/** OpenAI legacy logprobs: parallel lists plus character (code point) offsets into the choice text. */
 interface CompletionLogprobs {
   tokens: string[];
   token_logprobs: (number | null)[];
@@ -25,6 +25,19 @@ interface CompletionLogprobs {
 }
 
 const emptyLogprobs = (): CompletionLogprobs => ({ tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] });
+
+/** Characters as OpenAI and vLLM (Python's len) count them in text_offset: code points, not UTF-16 units. */
+function charCount(s: string): number {
+  let n = s.length;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c >= 0xd800 && c < 0xdc00 && i + 1 < s.length && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      n--;
+      i++;
+    }
+  }
+  return n;
+}
 
 /**
  * Appends entries for `ids` (with per-token logprob maps, null for a prompt's first token) to `into`. `asIds`
@@ -42,7 +55,7 @@ function appendLogprobs(
     into.tokens.push(token);
     if (starts !== undefined) offset = starts[i]!;
     into.text_offset.push(offset);
-    offset += asIds ? tokenText(ctx, id, lp).length : token.length;
+    offset += charCount(asIds ? tokenText(ctx, id, lp) : token);
     if (!lp) {
       into.token_logprobs.push(null);
       into.top_logprobs.push(null);
@@ -80,14 +93,18 @@ function promptTextOffsets(ctx: ServingContext, p: Prepared): number[] {
   const detokenizer = new IncrementalDetokenizer(ctx.tokenizer, [], { skipSpecialTokens: p.fromText });
   const starts: number[] = [];
   let decoded = "";
+  let chars = 0;
   for (const id of p.promptTokenIds) {
-    starts.push(decoded.length);
-    decoded += detokenizer.push([id]);
+    starts.push(chars);
+    const piece = detokenizer.push([id]);
+    decoded += piece;
+    chars += charCount(piece);
   }
   decoded += detokenizer.finish();
   const text = p.promptText;
-  const shift = decoded.length < text.length && text.endsWith(decoded) ? text.length - decoded.length : 0;
-  return starts.map((start) => Math.min(text.length, start + shift));
+  const textChars = charCount(text);
+  const shift = decoded.length < text.length && text.endsWith(decoded) ? textChars - charCount(decoded) : 0;
+  return starts.map((start) => Math.min(textChars, start + shift));
 }
 
 /**
@@ -220,7 +237,7 @@ function applyOutput(ctx: ServingContext, req: CompletionRequest, info: Info, pr
         p.echoOffsets ??= promptTextOffsets(ctx, p);
         appendLogprobs(ctx, lp, p.promptTokenIds, out.promptLogprobs ?? [], req.logprobs, 0, info.asIds, p.echoOffsets);
       }
-      c.offset = p.promptText.length; // the generated tokens follow the whole echoed text
+      c.offset = charCount(p.promptText); // the generated tokens follow the whole echoed text
     }
   }
   if (out.promptLogprobs && info.promptLogprobs[promptIndex] === null) info.promptLogprobs[promptIndex] = out.promptLogprobs;

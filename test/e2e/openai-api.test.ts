@@ -257,6 +257,12 @@ describe("kiln serve + openai client (e2e)", () => {
     // The same scores whatever the sampling settings (raw logprobs) and whether or not a completion follows.
     const hot = await complete("The river ran to the sea", { max_tokens: 2, echo: true, logprobs: 1, temperature: 1.5, top_k: 2, seed: 1 });
     for (let i = 1; i < ids.length; i++) assert.ok(Math.abs(hot.choices[0]!.logprobs!.token_logprobs![i]! - lp.token_logprobs![i]!) < 1e-5);
+    // text_offset counts characters (code points, Python's len, as vLLM does), not UTF-16 units: "😀" is one.
+    const wide = "😀 日本 river";
+    const w = (await complete(wide, { max_tokens: 0, echo: true, logprobs: 0 })).choices[0]!;
+    const last = w.logprobs!.tokens!.at(-1)!;
+    assert.ok(wide.endsWith(last) && /^[ -~]+$/.test(last), last);
+    assert.equal(w.logprobs!.text_offset!.at(-1)! + [...last].length, [...wide].length, JSON.stringify(w.logprobs!.text_offset));
     const bad = await postRaw(server.url, "/v1/completions", { model: server.model, prompt: "x", max_tokens: 0 });
     assert.equal(bad.status, 400, "max_tokens 0 needs echo");
     const chat = await postRaw(server.url, "/v1/chat/completions", { model: server.model, messages: USER, max_tokens: 1, prompt_logprobs: 0 });
