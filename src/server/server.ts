@@ -209,6 +209,8 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       : {}),
     bodyLimit,
     return503OnClosing: true,
+    // "/v1/models/" is "/v1/models", as vLLM (Starlette) redirects one to the other
+    routerOptions: { ignoreTrailingSlash: true },
     // request.id (vLLM's request id): the client's X-Request-Id, else a random hex; chat and completion ids carry it
     requestIdHeader: "x-request-id",
     genReqId: () => randomBytes(16).toString("hex"),

@@ -21,6 +21,18 @@ describe("OpenAI API", () => {
     assert.equal(m.max_model_len, 256);
   });
 
+  it("a path with a trailing slash is the path without it (vLLM's Starlette redirects it there)", async () => {
+    const models = await fetch(`${s.url}/v1/models/`);
+    assert.equal(models.status, 200);
+    assert.deepEqual(((await models.json()) as { data: { id: string }[] }).data.map((m) => m.id), [MODEL, "alias"]);
+    const body = JSON.stringify({ model: MODEL, prompt: "hi", max_tokens: 2, temperature: 0 });
+    const [slash, plain] = await Promise.all(["/v1/completions/", "/v1/completions"].map((p) => fetch(`${s.url}${p}`, { method: "POST", headers: { "content-type": "application/json" }, body })));
+    assert.equal(slash!.status, 200);
+    const text = async (r: Response) => ((await r.json()) as { choices: { text: string }[] }).choices[0]!.text;
+    assert.equal(await text(slash!), await text(plain!));
+    assert.equal((await fetch(`${s.url}/v1/no-such-route/`)).status, 404);
+  });
+
   it("chat completion, non-streaming", async () => {
     const r = await s.client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hello" }], max_tokens: 8, seed: 1 });
     assert.match(r.id, /^chatcmpl-/);
