@@ -404,7 +404,7 @@ export class Scheduler {
     if (req.metrics.firstTokenTime === null) req.metrics.firstTokenTime = now;
     req.metrics.lastTokenTime = now;
     if (tok.logprobs !== null && req.logprobs !== null) {
-      req.logprobs.push(this.toTokenLogprobs(tok.logprobs));
+      req.logprobs.push(this.toTokenLogprobs(tok.logprobs, req.params.detokenize));
       req.cumulativeLogprob += tok.logprobs.logprobs[0]!;
     }
     const tokenStopped = checkTokenStop(req, tok.tokenId, this.config.maxModelLen);
@@ -444,15 +444,15 @@ export class Scheduler {
       if (target >= req.numPromptTokens) break;
       if (target < req.promptLogprobs.length) continue;
       const entry = computeLogprobs(rows.subarray(j * V, (j + 1) * V), req.promptTokenIds[target]!, n);
-      req.promptLogprobs.push(this.toTokenLogprobs(entry));
+      req.promptLogprobs.push(this.toTokenLogprobs(entry, req.params.detokenize));
     }
   }
 
-  private toTokenLogprobs(e: LogprobsEntry): TokenLogprobs {
+  private toTokenLogprobs(e: LogprobsEntry, detokenize: boolean): TokenLogprobs {
     const m: TokenLogprobs = new Map();
     for (let k = 0; k < e.tokenIds.length; k++) {
       const id = e.tokenIds[k]!;
-      if (!m.has(id)) m.set(id, { logprob: e.logprobs[k]!, rank: e.ranks[k]!, decodedToken: this.decodeToken(id) });
+      if (!m.has(id)) m.set(id, { logprob: e.logprobs[k]!, rank: e.ranks[k]!, decodedToken: detokenize ? this.decodeToken(id) : null });
     }
     return m;
   }

@@ -58,7 +58,7 @@ export interface SamplingParams {
 export interface Logprob {
   logprob: number;
   rank: number; // 1 = most likely
-  decodedToken: string;
+  decodedToken: string | null; // null when the request's detokenize is false (vLLM's None)
 }
 export type TokenLogprobs = Map<number, Logprob>;
 

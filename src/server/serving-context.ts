@@ -217,7 +217,7 @@ export function samplingParamsFor(ctx: ServingContext, req: CommonRequest, promp
 /** Token text for logprobs: the engine's decoded token, else the tokenizer's. */
 export function tokenText(ctx: ServingContext, id: number, lp: TokenLogprobs | null | undefined): string {
   const own = lp?.get(id)?.decodedToken;
-  if (own !== undefined) return own;
+  if (own != null) return own;
   return ctx.tokenizer.decode([id], { skipSpecialTokens: false });
 }
 

@@ -56,6 +56,13 @@ test("SamplingParams.detokenize false (vLLM's): the same token ids and finish, n
   assert.equal(out.text, "");
   assert.equal(out.finishReason, "stop");
   assert.equal(out.stopReason, ids[4]);
+  // logprob entries name no decoded token either (vLLM's decoded_token None); with text they do
+  const decoded = (detokenize: boolean) => {
+    const [r] = llm.generate([p], { ...GREEDY, maxTokens: 3, logprobs: 2, promptLogprobs: 1, detokenize });
+    return [...r!.outputs[0]!.logprobs!, ...r!.promptLogprobs!.slice(1)].flatMap((m) => [...m!.values()].map((l) => l.decodedToken));
+  };
+  assert.ok(decoded(false).length >= 3 + 5 && decoded(false).every((t) => t === null));
+  assert.ok(decoded(true).every((t) => typeof t === "string"));
   assert.throws(() => llm.generate([p], { detokenize: false, stop: ["a"] }), (e: unknown) => e instanceof EngineInputError && e.param === "stop");
   assert.throws(() => llm.generate([p], { detokenize: "no" as never }), (e: unknown) => e instanceof EngineInputError && e.param === "detokenize");
 });
