@@ -25,7 +25,7 @@ export type MemoryTag = Exclude<WakeTag, "scheduling">;
 /** A generation request that reached an engine asleep (or falling asleep): the server answers 503. */
 export class EngineSleepingError extends KilnError {
   override name = "EngineSleepingError";
-  constructor(message = "The engine is sleeping (POST /wake_up to wake it); it serves no requests until then") {
+  constructor(message = "The engine is sleeping (wake it with wakeUp(), or POST /wake_up on a server); it serves no requests until then") {
     super(`[engine] ${message}`);
   }
 }

@@ -160,7 +160,7 @@ describe("sleep mode over HTTP (VLLM_SERVER_DEV_MODE=1, --enable-sleep-mode)", (
     const refused = await complete();
     assert.equal(refused.status, 503);
     assert.deepEqual(await refused.json(), {
-      error: { message: "The engine is sleeping (POST /wake_up to wake it); it serves no requests until then", type: "service_unavailable_error", param: null, code: "engine_sleeping" },
+      error: { message: "The engine is sleeping (wake it with wakeUp(), or POST /wake_up on a server); it serves no requests until then", type: "service_unavailable_error", param: null, code: "engine_sleeping" },
     });
     const chat = await fetch(`${url}/v1/chat/completions`, {
       method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "real", messages: [{ role: "user", content: "hi" }] }),
