@@ -171,8 +171,8 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
   if (!root.requiresGrad) throw new OpError("backward", "the tensor does not require grad and has no gradFn");
   if (grad === undefined && root.numel !== 1)
     throw new OpError("backward", `grad can be implied only for one-element outputs, got [${root.shape.join(", ")}]`);
-  // torch's validate_outputs: the grad has the output's shape, or one the output broadcasts to (then summed back)
-  if (grad && !broadcastsTo(root.shape, grad.shape))
+  // torch.autograd.backward's _make_grads: the grad has exactly the output's shape (no broadcasting at the root)
+  if (grad && (grad.shape.length !== root.shape.length || grad.shape.some((d, i) => d !== root.shape[i])))
     throw new OpError("backward", `Mismatch in shape: grad has a shape of [${grad.shape.join(", ")}] and the output has a shape of [${root.shape.join(", ")}]`);
   const order = topologicalOrder(root);
   noGrad(() => {
@@ -189,9 +189,8 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
         if (t !== grad) t.dispose();
       }
     };
-    const seedShaped = sumToShape(seed, root.shape);
-    retain(seedShaped);
-    pending.set(root, seedShaped);
+    retain(seed);
+    pending.set(root, seed);
     for (let i = order.length - 1; i >= 0; i--) {
       const t = order[i]!;
       const g = pending.get(t);
@@ -233,14 +232,7 @@ function runBackward(root: Tensor, grad: Tensor | undefined, options: BackwardOp
       }
       release(g);
     }
-    if (seedShaped !== seed && seed !== grad) seed.dispose();
   });
-}
-
-/** Whether `shape` broadcasts to exactly `target` (numpy rules, one way). */
-function broadcastsTo(shape: Shape, target: Shape): boolean {
-  const lead = target.length - shape.length;
-  return lead >= 0 && shape.every((s, i) => s === target[lead + i] || s === 1);
 }
 
 setGradRecorder(record);

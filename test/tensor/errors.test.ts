@@ -68,10 +68,14 @@ forEachBackend((dev) => {
       assert.throws(() => k.cat([t(1), t(2)]), opError(OpError, "cat", /zero-dimensional tensor \(at position 0\) cannot be concatenated/));
       assert.throws(() => k.topk(z(3), 1.5), opError(OpError, "topk"));
     });
-    it("backward's grad must have the output's shape (or one it broadcasts to)", () => {
+    it("backward's grad must have exactly the output's shape, as torch.autograd.backward checks", () => {
       const a = k.ones([2, 2], { device: dev, requiresGrad: true });
       assert.throws(() => a.mul(2).backward(k.ones([4], { device: dev })), opError(OpError, "backward", /grad has a shape of \[4\] and the output has a shape of \[2, 2\]/));
-      a.mul(2).backward(k.ones([3, 2, 2], { device: dev })); // broadcasts: summed back, as torch's reduce_grad
+      // one the output would broadcast to is refused too (torch's "Mismatch in shape"), not summed back
+      assert.throws(() => a.mul(2).backward(k.ones([3, 2, 2], { device: dev })), opError(OpError, "backward", /Mismatch in shape: grad has a shape of \[3, 2, 2\]/));
+      assert.throws(() => a.mul(2).backward(k.ones([1, 2], { device: dev })), opError(OpError, "backward", /Mismatch in shape/));
+      assert.equal(a.grad, null, "a refused backward leaves no gradient");
+      a.mul(2).backward(k.full([2, 2], 3, { device: dev }));
       assert.deepEqual(a.grad!.toList(), [6, 6, 6, 6]);
     });
     it("cross_entropy targets of another shape than the logits must be class indices; scatter's src must cover index and may be larger in any dim", () => {
