@@ -690,6 +690,9 @@ export function arange(start: number, end?: number, step = 1, options: TensorOpt
     start = 0;
   }
   if (step === 0) throw new OpError("arange", "step must be non-zero");
+  // torch's range checks: a finite range whose direction agrees with the step (arange(5, 0) is an error, not empty)
+  if (!Number.isFinite(start) || !Number.isFinite(end) || !Number.isFinite(step)) throw new OpError("arange", `unsupported range: ${start} -> ${end} (step ${step})`);
+  if ((step > 0 && end < start) || (step < 0 && end > start)) throw new OpError("arange", `upper bound and larger bound inconsistent with step sign: ${start} -> ${end}, step ${step}`);
   const n = Math.max(0, Math.ceil((end - start) / step));
   const integral = Number.isInteger(start) && Number.isInteger(end) && Number.isInteger(step);
   const dtype = options.dtype ?? (integral ? "int32" : "float32");

@@ -42,6 +42,11 @@ forEachBackend((dev) => {
       assert.deepEqual(values(r), [0, 1, 2, 3, 4]);
       assert.deepEqual(values(k.arange(1, 2, 0.25, { device: dev })), [1, 1.25, 1.5, 1.75]);
       assert.deepEqual(values(k.arange(5, 0, -2, { device: dev })), [5, 3, 1]);
+      assert.deepEqual(values(k.arange(3, 3, 1, { device: dev })), []);
+      // torch refuses a range that runs against its step, and an infinite one, rather than returning it empty
+      assert.throws(() => k.arange(0, 5, -1, { device: dev }), /\[arange\] upper bound and larger bound inconsistent with step sign/);
+      assert.throws(() => k.arange(5, 0, 1, { device: dev }), /inconsistent with step sign/);
+      assert.throws(() => k.arange(0, Infinity, 1, { device: dev }), /\[arange\] unsupported range/);
       // any fractional argument makes the result float32, the end included (torch: arange(2.5) is [0., 1., 2.])
       for (const r2 of [k.arange(2.5, undefined, 1, { device: dev }), k.arange(0, 2.5, 1, { device: dev }), k.arange(0, 1.5, 1, { device: dev })])
         assert.equal(r2.dtype, "float32");
