@@ -155,7 +155,8 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
   const ctx: ProxyContext = { pool, policy, metrics, config, agents, log };
   const pdContexts: PdContexts | null = prefill === null ? null : { prefill: { ...ctx, ...prefill }, decode: ctx };
 
-  const app = Fastify({ logger: false, bodyLimit: config.maxPayloadSize, return503OnClosing: true }) as unknown as FastifyInstance;
+  // "/v1/models/" is "/v1/models", as the workers (vLLM's Starlette, `kiln serve`) serve it
+  const app = Fastify({ logger: false, bodyLimit: config.maxPayloadSize, return503OnClosing: true, routerOptions: { ignoreTrailingSlash: true } }) as unknown as FastifyInstance;
   // bodies are forwarded byte for byte; JSON is parsed here only to read the routing text
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, body, done) => done(null, body));
@@ -199,7 +200,9 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     });
     const body = (request.body as Buffer | undefined) ?? null;
     const hashesOf = tokens === null || kvIndex === null || parsed === undefined ? null : tokens.blockHashes(route, parsed);
-    const req: ProxyRequest = { route, method: request.method, url: request.url, headers: request.headers, body, text, tryNextOn404, hashesOf, lookup };
+    // the route's own path (a trailing slash dropped: vLLM would answer it with a redirect) and the client's query
+    const url = request.url.replace(/^([^?]*?)\/+(?=\?|$)/, "$1");
+    const req: ProxyRequest = { route, method: request.method, url, headers: request.headers, body, text, tryNextOn404, hashesOf, lookup };
     if (pdContexts !== null && PD_ROUTES.has(route) && body !== null && isJsonObject(parsed)) await proxyDisaggregated(pdContexts, { ...req, body }, parsed, reply.raw);
     else await proxyRequest(ctx, req, reply.raw);
   };

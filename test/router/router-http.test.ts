@@ -64,6 +64,17 @@ describe("router over HTTP (fake workers)", () => {
     assert.equal(w0!.seen.at(-1)!.headers["x-request-id"], "abc");
   });
 
+  it("a route with a trailing slash is the route (as the workers serve it): forwarded without the slash, query kept", async () => {
+    const [w0] = await fleet(1);
+    const { url } = await router([w0!.url]);
+    const r = await post(`${url}/v1/completions/?trace=1`, { prompt: "hi" });
+    assert.equal(r.status, 200);
+    assert.equal((r.json() as { path: string }).path, "/v1/completions?trace=1");
+    const models = await fetch(`${url}/v1/models/`);
+    assert.equal(models.status, 200);
+    assert.deepEqual(((await models.json()) as { data: { id: string }[] }).data.map((m) => m.id), ["tiny"]);
+  });
+
   it("cache_aware: requests sharing a long prefix stick to one worker, a new prefix goes to the other", async () => {
     const ws = await fleet(2);
     const { url } = await router(ws.map((w) => w.url));
