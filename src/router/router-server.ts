@@ -168,8 +168,21 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     metrics.error(request.routeOptions.url ?? request.url, e.code ?? "error");
     return reply.code(e.status).send(errorBodyFor(e, request.url));
   });
+  // a known path asked with another method gets 405 and Allow, as the workers (vLLM's Starlette) answer; others 404
+  const methodsByPath = new Map<string, Set<string>>();
+  app.addHook("onRoute", (route) => {
+    const methods = methodsByPath.get(route.url) ?? new Set<string>();
+    for (const m of Array.isArray(route.method) ? route.method : [route.method]) if (m !== "HEAD" && m !== "OPTIONS") methods.add(m);
+    methodsByPath.set(route.url, methods);
+  });
   app.setNotFoundHandler((request, reply) => {
-    void reply.code(404).send(errorBodyFor(new RouterError(404, `Route ${request.method} ${request.url.split("?")[0]} not found`), request.url));
+    const path = request.url.split("?")[0]!;
+    const allowed = [...(methodsByPath.get(path.replace(/(.)\/+$/, "$1")) ?? [])];
+    if (allowed.length > 0) {
+      const err = new RouterError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, "method_not_allowed");
+      return void reply.code(405).header("allow", allowed.join(", ")).send(errorBodyFor(err, request.url));
+    }
+    void reply.code(404).send(errorBodyFor(new RouterError(404, `Route ${request.method} ${path} not found`), request.url));
   });
 
   /** The parsed JSON body of a request that must have one (400 with OpenAI's error object otherwise). */

@@ -75,6 +75,25 @@ describe("router over HTTP (fake workers)", () => {
     assert.deepEqual(((await models.json()) as { data: { id: string }[] }).data.map((m) => m.id), ["tiny"]);
   });
 
+  it("a known route asked with another method is 405 with Allow (as the workers answer), an unknown one 404", async () => {
+    const [w0] = await fleet(1);
+    const { url } = await router([w0!.url]);
+    const get = await fetch(`${url}/v1/chat/completions`);
+    assert.equal(get.status, 405);
+    assert.equal(get.headers.get("allow"), "POST");
+    assertError(await get.json(), "invalid_request_error", "method_not_allowed");
+    const post405 = await post(`${url}/v1/models`, {});
+    assert.equal(post405.status, 405);
+    assert.equal(post405.headers.get("allow"), "GET");
+    const messages = await fetch(`${url}/v1/messages`);
+    assert.equal(messages.status, 405);
+    assert.equal(((await messages.json()) as { type: string; error: { type: string } }).error.type, "invalid_request_error"); // Anthropic's shape there
+    const unknown = await fetch(`${url}/v1/nothing`);
+    assert.equal(unknown.status, 404);
+    assertError(await unknown.json(), "not_found_error", null);
+    assert.equal(w0!.seen.length, 0);
+  });
+
   it("cache_aware: requests sharing a long prefix stick to one worker, a new prefix goes to the other", async () => {
     const ws = await fleet(2);
     const { url } = await router(ws.map((w) => w.url));
