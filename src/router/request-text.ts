@@ -106,6 +106,15 @@ function responsesText(body: Record<string, Json>): string {
  * @example routingText("/v1/completions", { prompt: "Once upon" }) // "Once upon"
  */
 export function routingText(path: string, body: Json): string {
+  try {
+    return bodyText(path, body);
+  } catch (e) {
+    if (e instanceof RangeError) return ""; // nested past the stack (a malformed body): routed by load, the worker judges it
+    throw e;
+  }
+}
+
+function bodyText(path: string, body: Json): string {
   if (!isRecord(body)) return "";
   if (path === "/v1/messages") return anthropicMessagesText(body);
   // counting computes no K/V: balanced by load, and no worker recorded as holding the prompt

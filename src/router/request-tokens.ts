@@ -93,10 +93,10 @@ export class RequestTokenizer {
     if (route === "/v1/chat/completions") return this.chatPrompt(body);
     if (route === "/v1/messages") return this.messagesPrompt(body);
     if (route === "/v1/completions") {
-      const p = body.prompt;
+      // a batch of one prompt is that prompt (one level only: a body nested deeper is the worker's 400)
+      const p = Array.isArray(body.prompt) && body.prompt.length === 1 && typeof body.prompt[0] !== "number" ? (body.prompt[0] as Json) : body.prompt;
       if (typeof p === "string") return { tokenIds: this.tokenizer.encode(p, { addSpecialTokens: body.add_special_tokens !== false }), images: [] };
       if (Array.isArray(p) && p.length > 0 && p.every((x) => Number.isInteger(x))) return { tokenIds: p as number[], images: [] };
-      if (Array.isArray(p) && p.length === 1) return this.prompt(route, { ...body, prompt: p[0] });
     }
     return null;
   }

@@ -114,6 +114,13 @@ describe("request tokenization and hashing", () => {
     assert.deepEqual(rt.promptTokenIds("/v1/completions", { prompt: text, add_special_tokens: false }), tok.encode(text, { addSpecialTokens: false }));
     assert.deepEqual(rt.promptTokenIds("/v1/completions", { prompt: [5, 6, 7] }), [5, 6, 7]);
     assert.equal(rt.promptTokenIds("/v1/completions", { prompt: ["a", "b"] }), null);
+    // a batch of one is that prompt; nested deeper it is no prompt (the worker's 400), not a stack overflow
+    assert.deepEqual(rt.promptTokenIds("/v1/completions", { prompt: [[5, 6, 7]] }), [5, 6, 7]);
+    assert.deepEqual(rt.promptTokenIds("/v1/completions", { prompt: [text] }), tok.encode(text, { addSpecialTokens: true }));
+    assert.deepEqual(rt.promptTokenIds("/v1/completions", { prompt: [5] }), [5]);
+    const deep = JSON.parse(`${"[".repeat(20_000)}${"]".repeat(20_000)}`) as unknown;
+    assert.equal(rt.promptTokenIds("/v1/completions", { prompt: deep }), null);
+    assert.equal(rt.promptTokenIds("/v1/completions", { prompt: [[[5, 6]]] }), null);
     assert.equal(rt.promptTokenIds("/v1/embeddings", { input: text }), null);
   });
 

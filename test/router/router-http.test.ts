@@ -94,6 +94,17 @@ describe("router over HTTP (fake workers)", () => {
     assert.equal(w0!.seen.length, 0);
   });
 
+  it("a body nested past the stack is routed by load and judged by the worker, not the router's 500", async () => {
+    const [w0] = await fleet(1);
+    const { url } = await router([w0!.url]);
+    const deep = `{"prompt":${"[".repeat(20_000)}${"]".repeat(20_000)}}`;
+    const r = await post(`${url}/v1/completions`, deep);
+    assert.equal(r.status, 200);
+    assert.equal((r.json() as { body: string }).body, deep);
+    const chat = `{"messages":[{"role":"user","content":${'{"a":'.repeat(10_000)}1${"}".repeat(10_000)}}]}`;
+    assert.equal((await post(`${url}/v1/chat/completions`, chat)).status, 200);
+  });
+
   it("cache_aware: requests sharing a long prefix stick to one worker, a new prefix goes to the other", async () => {
     const ws = await fleet(2);
     const { url } = await router(ws.map((w) => w.url));
