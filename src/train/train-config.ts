@@ -685,6 +685,7 @@ function checkTraining(cfg: TrainConfig, source: string): void {
   if (cfg.lr_scheduler.lr_min > cfg.optimizer.lr)
     err(`[lr_scheduler] lr_min ${cfg.lr_scheduler.lr_min} > [optimizer] lr ${cfg.optimizer.lr}`);
   if (cfg.validation.fraction >= 1) err(`[validation] fraction must be < 1`);
+  if (cfg.training.chat_format_fraction > 1) err(`[training] chat_format_fraction must be in [0, 1], got ${cfg.training.chat_format_fraction}`);
   if (cfg.training.mixed_precision_param === "bfloat16" && cfg.checkpoint.export_dtype === "float16")
     err(`[checkpoint] export_dtype float16 from bfloat16 params loses range; export float32 or bfloat16`);
 }

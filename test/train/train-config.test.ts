@@ -116,6 +116,8 @@ test("type, range and consistency errors", () => {
   assert.throws(() => parseTrainConfig(`[model]\ndim = 100\nn_layers = 1\nn_heads = 3\n`), /not divisible/);
   assert.throws(() => parseTrainConfig(base + `[training]\nbatch_size = 2\nlocal_batch_size = 4\n`), /sets local_batch_size twice/);
   assert.throws(() => parseTrainConfig(base + `[training\n`), /invalid TOML/);
+  assert.throws(() => parseTrainConfig(base + `[training]\nchat_format_fraction = 1.5\n`), /chat_format_fraction must be in \[0, 1\], got 1.5/);
+  assert.equal(parseTrainConfig(base + `[training]\nchat_format_fraction = 1\n`).training.chat_format_fraction, 1);
   assert.equal(parseTrainConfig(base + `[optimizer]\nname = "sgd"\n`).optimizer.name, "SGD");
 });
 
