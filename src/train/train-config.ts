@@ -422,7 +422,13 @@ export function parseTrainConfig(text: string, overrides: Record<string, unknown
     const table = (raw[section] ??= {}) as Record<string, unknown>;
     if (typeof table !== "object" || table === null || Array.isArray(table))
       throw new TrainConfigError(`${source}: [${section}] is not a table`);
-    table[path.slice(dot + 1)] = value;
+    const key = path.slice(dot + 1);
+    // the override replaces the file's value under any of its names (--checkpoint.enable over enable_checkpoint)
+    const fields = (SCHEMA as Record<string, Record<string, Field>>)[section] ?? {};
+    const canonical = (k: string) => (k in fields ? k : Object.keys(fields).find((n) => fields[n]!.aliases?.includes(k)));
+    const name = canonical(key);
+    if (name !== undefined) for (const k of Object.keys(table)) if (k !== key && canonical(k) === name) delete table[k];
+    table[key] = value;
   }
   return validate(raw, source);
 }

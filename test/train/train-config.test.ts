@@ -130,5 +130,11 @@ test("CLI-style overrides and loading from a file", () => {
   assert.equal(c.optimizer.lr, 1e-3);
   assert.equal(c.checkpoint.enable, false);
   assert.throws(() => loadTrainConfig(path, { "training.stepz": 1 }), /unknown key "stepz"/);
+  // an override under one name replaces the file's value under another (TorchTitan's --checkpoint.enable over its
+  // recipes' enable_checkpoint = false); both names in the file stay an error
+  const titan = `[model]\nflavor = "tiny"\n[checkpoint]\nenable_checkpoint = false\n`;
+  assert.equal(parseTrainConfig(titan, { "checkpoint.enable": "true" }).checkpoint.enable, true);
+  assert.equal(parseTrainConfig(titan, { "checkpoint.enable_checkpoint": "true" }).checkpoint.enable, true);
+  assert.throws(() => parseTrainConfig(titan + `enable = true\n`), /sets enable twice/);
   assert.throws(() => loadTrainConfig(join(dir, "missing.toml")), /cannot read config/);
 });
