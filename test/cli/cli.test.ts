@@ -30,6 +30,14 @@ describe("kiln CLI", () => {
     assert.equal(kiln("--help").status, 0);
   });
 
+  it("--dtype takes vLLM's aliases: float is float32, half is float16", () => {
+    const float = kiln("generate", "--dtype", "float", "--prompt", "x", "--max-tokens", "1");
+    assert.equal(float.status, 0, float.stderr);
+    const half = kiln("generate", "--dtype", "half", "--prompt", "x", "--max-tokens", "1");
+    assert.equal(half.status, 1, half.stderr);
+    assert.match(half.stderr, /--dtype float16 is not supported on cpu/);
+  });
+
   it("serve takes the model as vLLM does: positional or --model, not both different", () => {
     const r = kiln("serve", "--model", "/nonexistent/model-dir");
     assert.notEqual(r.status, 0);
