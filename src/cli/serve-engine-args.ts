@@ -4,7 +4,7 @@
 import { Option, type Command } from "commander";
 import type { KvCacheDtype } from "../engine/paged-model-runner.js";
 import { LOGPROBS_MODES, type LogprobsMode } from "../engine/sampler.js";
-import { int, jsonObjectFlag, oneOf, optInt, parseBytes } from "./serve-flag-values.js";
+import { humanInt, int, jsonObjectFlag, oneOf, optInt, parseBytes } from "./serve-flag-values.js";
 import { CliUsageError } from "./usage-error.js";
 
 export type KvCacheDtypeArg = "auto" | "fp8" | KvCacheDtype;
@@ -55,7 +55,7 @@ export interface EngineFlagArgs {
 /** Declares the engine flags on `cmd` (serve, generate and chat). */
 export function addEngineFlagOptions(cmd: Command): Command {
   return cmd
-    .option("--max-model-len <n>", "model context length (default: from the model config)")
+    .option("--max-model-len <n>", "model context length: 2048, 1k (1000) or 1K (1024) (default: from the model config)")
     .option("--max-num-seqs <n>", "maximum number of sequences per iteration")
     .option("--max-num-batched-tokens <n>", "maximum number of batched tokens per iteration")
     .option("--block-size <n>", "KV cache block size in tokens")
@@ -120,7 +120,7 @@ export function parseEngineFlagArgs(o: Record<string, unknown>, warnings: string
     throw new CliUsageError(`--max-cpu-loras (${maxCpuLoras}) must be >= --max-loras (${maxLoras ?? 1})`);
 
   const enableChunkedPrefill = (o.enableChunkedPrefill as boolean | undefined) ?? null;
-  const maxModelLen = optInt(o.maxModelLen, "--max-model-len", 1);
+  const maxModelLen = humanInt(o.maxModelLen, "--max-model-len", 1);
   const maxNumBatchedTokens = optInt(o.maxNumBatchedTokens, "--max-num-batched-tokens", 1);
   // without chunked prefill a prompt is computed in one step (vLLM's SchedulerConfig check)
   if (enableChunkedPrefill === false && maxModelLen !== null && maxNumBatchedTokens !== null && maxNumBatchedTokens < maxModelLen)

@@ -14,6 +14,22 @@ export function int(value: unknown, flag: string, min: number): number {
 /** int(), or null when the flag was not given. */
 export const optInt = (value: unknown, flag: string, min: number): number | null => (value === undefined ? null : int(value, flag, min));
 
+/**
+ * vLLM's human_readable_int (--max-model-len): an integer, or a number with a suffix, k/m/g/t decimal (25.6k = 25600)
+ * or K/M/G/T binary (1K = 1024, whole numbers only).
+ */
+export function humanInt(value: unknown, flag: string, min: number): number | null {
+  if (value === undefined) return null;
+  const m = typeof value === "string" ? /^(\d+(?:\.\d+)?)([kmgtKMGT])$/.exec(value.trim()) : null;
+  if (!m) return int(value, flag, min);
+  const [, digits, suffix] = m as unknown as [string, string, string];
+  const binary = suffix === suffix.toUpperCase();
+  if (binary && digits.includes(".")) throw new CliUsageError(`${flag}: decimals are not allowed with binary suffixes like ${suffix}; did you mean ${digits}${suffix.toLowerCase()}?`);
+  const n = Math.floor(Number(digits) * (binary ? 1024 : 1000) ** ("kmgt".indexOf(suffix.toLowerCase()) + 1));
+  if (n < min) throw new CliUsageError(`${flag} must be an integer >= ${min}, got ${JSON.stringify(value)}`);
+  return n;
+}
+
 /** A finite number >= min (vLLM's float flags: --swap-space, --cpu-offload-gb). */
 export function num(value: unknown, flag: string, min: number): number {
   const n = Number(value);

@@ -8,8 +8,9 @@ import { DEFAULT_MODEL_DIR } from "./default-model.js";
 import { jsonObjectFlag, num, oneOf } from "./serve-flag-values.js";
 import { CliUsageError } from "./usage-error.js";
 
-export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
-const DTYPES: readonly Dtype[] = ["auto", "float32", "bfloat16", "float16"];
+// vLLM's --dtype choices: "half" is float16 and "float" float32
+export type Dtype = "auto" | "float32" | "float" | "bfloat16" | "float16" | "half";
+const DTYPES: readonly Dtype[] = ["auto", "half", "float16", "bfloat16", "float", "float32"];
 
 export const QUANTIZATION_METHODS = ["fp8", "int8", "int4", "mxfp4", "gguf", "awq", "gptq"] as const;
 

@@ -76,12 +76,21 @@ export function registerTrainCommands(program: Command): void {
         throw new CliUsageError(`the recipe is given twice: --config ${opts.config} and --job.config_file ${titan.configFile}`);
       const configFile = opts.config ?? titan.configFile;
       if (configFile === null) throw new CliUsageError("a recipe is needed: --config FILE (or TorchTitan's --job.config_file FILE)");
-      const [{ default: cliProgress }, { loadTrainConfig }, { runRecipe }] = await Promise.all([
+      const [{ default: cliProgress }, { loadTrainConfig, TrainConfigError }, { runRecipe }] = await Promise.all([
         import("cli-progress"),
         import("../train/train-config.js"),
         import("../train/recipe.js"),
       ]);
-      const cfg = loadTrainConfig(configFile, { ...titan.overrides, ...parseOverrides(opts.set) });
+      // a recipe the run cannot take (a bad value, unknown key, missing file) is the command line's error: exit 2
+      const usage: (e: unknown) => never = (e) => {
+        throw e instanceof TrainConfigError ? new CliUsageError(e.message) : e;
+      };
+      let cfg: ReturnType<typeof loadTrainConfig>;
+      try {
+        cfg = loadTrainConfig(configFile, { ...titan.overrides, ...parseOverrides(opts.set) });
+      } catch (e) {
+        usage(e);
+      }
       const tty = process.stderr.isTTY;
       const bar = tty ? new cliProgress.SingleBar({ format: "train [{bar}] {value}/{total} steps | loss {loss} | {tps} tok/s | ETA {eta_formatted}", stream: process.stderr }, cliProgress.Presets.shades_classic) : null;
       let started = false;
@@ -97,7 +106,7 @@ export function registerTrainCommands(program: Command): void {
           }
           bar.update(m.step, { loss: m.loss.toFixed(3), tps: m.tokensPerSecond.toFixed(0) });
         },
-      });
+      }).catch(usage);
       bar?.stop();
       if (result.rank !== 0) return; // data parallel (kiln run): rank 0 reports for the job
       console.log(

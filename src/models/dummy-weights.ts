@@ -3,6 +3,7 @@
 // tensor-parallel ranks cut their shards out of the same full tensors.
 import type { DType } from "../backends/dtype.js";
 import { tensor, type DeviceLike, type Tensor } from "../tensor/index.js";
+import { KilnError } from "../util/errors.js";
 import { mulberry32 } from "../util/random.js";
 
 /** The standard deviation of the random matrices and biases (init-model's default). */
@@ -21,7 +22,13 @@ function nameSeed(name: string): number {
  */
 export function dummyParameter(name: string, shape: readonly number[], dtype: DType, normOffset: number, device?: DeviceLike): Tensor {
   const n = shape.reduce((a, b) => a * b, 1);
-  const v = new Float32Array(n);
+  let v: Float32Array;
+  try {
+    v = new Float32Array(n);
+  } catch (e) {
+    if (!(e instanceof RangeError)) throw e;
+    throw new KilnError(`[load] load_format "dummy": parameter "${name}" of shape [${shape.join(", ")}] (${n} float32s) cannot be allocated: ${e.message}`);
+  }
   if (name.endsWith("norm.weight")) v.fill(1 - normOffset);
   else {
     const u = mulberry32(nameSeed(name));

@@ -61,7 +61,7 @@ export function parseGenerationConfig(raw: Json): GenerationConfig {
 export function loadGenerationConfig(dir: string): GenerationConfig | null {
   const p = path.join(dir, "generation_config.json");
   if (!fs.existsSync(p)) return null;
-  return parseGenerationConfig(JSON.parse(fs.readFileSync(p, "utf8")) as Json);
+  return parseGenerationConfig(readJson(p));
 }
 
 function readJson(p: string): Json {

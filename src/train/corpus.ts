@@ -180,6 +180,7 @@ function loadFiles(paths: string[], gran: "document" | "paragraph"): string[] {
     } else files.push(p);
   };
   for (const p of paths) walk(p);
+  if (files.length === 0) throw new CorpusError(`corpus path ${paths.join(", ")} holds no text files (${[...TEXT_EXT].filter(Boolean).join(", ")} or no extension)`);
   const docs: string[] = [];
   for (const f of files) {
     const text = readFileSync(f, "utf8").replace(/\r\n/g, "\n");

@@ -49,7 +49,8 @@ export class LrSchedule {
     this.lrMin = o.lrMin ?? 0;
     if (this.lrMin > this.lr) throw new KilnError(`[lr_schedule] lrMin ${this.lrMin} exceeds lr ${this.lr}`);
     this.decayType = o.decayType ?? "linear";
-    let warmup = o.warmupSteps;
+    // as TorchTitan: a warmup longer than the run is cut to the run (it warms up over every step)
+    let warmup = Math.min(o.warmupSteps, o.totalSteps);
     let decay: number;
     if (o.decayRatio !== undefined) {
       decay = Math.round(o.totalSteps * o.decayRatio);

@@ -58,13 +58,13 @@ const SPECIAL_CHAT_TEMPLATE =
  * "brown", "nlp-corpus", a path (text files; a .jsonl file of conversations or texts: chat-sft.ts), or several
  * joined with "+". `renderer`: the chat template conversations are rendered with (null: none, they are refused).
  */
-function loadDataset(dataset: string, renderer: ChatRenderer | null): TrainingDocument[] {
-  return dataset.split("+").flatMap((part): TrainingDocument[] =>
-    part === "brown" ? loadCorpus({ source: "brown", granularity: "paragraph" })
-      : part === "nlp-corpus" ? loadCorpus({ source: part })
-      : part.endsWith(".jsonl") ? readJsonlDataset(part, renderer)
-      : loadCorpus({ source: "files", paths: [part] }),
-  );
+function loadDataset(dataset: string, renderer: ChatRenderer | null, key: string): TrainingDocument[] {
+  return dataset.split("+").flatMap((part): TrainingDocument[] => {
+    if (part === "brown") return loadCorpus({ source: "brown", granularity: "paragraph" });
+    if (part === "nlp-corpus") return loadCorpus({ source: part });
+    if (!fs.existsSync(part)) throw new TrainConfigError(`${key} ${part} does not exist (brown, nlp-corpus, a text file or directory, or a .jsonl file)`);
+    return part.endsWith(".jsonl") ? readJsonlDataset(part, renderer) : loadCorpus({ source: "files", paths: [part] });
+  });
 }
 
 /**
@@ -277,7 +277,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
   if (rank > 0) barrier();
 
   // 1. data and tokenizer
-  const docs = chatFormat(loadDataset(cfg.training.dataset, init?.tokenizer ?? null), cfg.training.chat_format_fraction, cfg.job.seed);
+  const docs = chatFormat(loadDataset(cfg.training.dataset, init?.tokenizer ?? null, "[training] dataset"), cfg.training.chat_format_fraction, cfg.job.seed);
   const texts = docs.map((d) => (typeof d === "string" ? d : d.map((seg) => seg.text).join("")));
   const chats = docs.length - docs.filter((d) => typeof d === "string").length;
   log(`[data] ${docs.length} documents${chats > 0 ? ` (${chats} conversations: loss on the assistant turns)` : ""}, ${texts.reduce((s, d) => s + d.length, 0)} characters from ${cfg.training.dataset}`);
@@ -309,7 +309,7 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     cachePath: path.join(dump, "tokens.bin"),
     tokenizerKey: init?.tokenizerKey ?? JSON.stringify(tok!.json.model),
   });
-  if (valDataset !== null) data.val = tokenizeDocuments(loadDataset(valDataset, init?.tokenizer ?? null), init?.tokenizer ?? tok!, eosId);
+  if (valDataset !== null) data.val = tokenizeDocuments(loadDataset(valDataset, init?.tokenizer ?? null, "[validation] dataset"), init?.tokenizer ?? tok!, eosId);
   log(`[data] ${data.train.length} training tokens, ${data.val.length} validation tokens${valDataset !== null ? ` (from ${valDataset})` : ""}`);
   if (rank === 0 && worldSize > 1) barrier();
   const separator = cfg.model.attn_mask_type === "block_causal" ? eosId : null;

@@ -422,7 +422,13 @@ export function parseTrainConfig(text: string, overrides: Record<string, unknown
     const table = (raw[section] ??= {}) as Record<string, unknown>;
     if (typeof table !== "object" || table === null || Array.isArray(table))
       throw new TrainConfigError(`${source}: [${section}] is not a table`);
-    table[path.slice(dot + 1)] = value;
+    const key = path.slice(dot + 1);
+    // the override replaces the file's value under any of its names (--checkpoint.enable over enable_checkpoint)
+    const fields = (SCHEMA as Record<string, Record<string, Field>>)[section] ?? {};
+    const canonical = (k: string) => (k in fields ? k : Object.keys(fields).find((n) => fields[n]!.aliases?.includes(k)));
+    const name = canonical(key);
+    if (name !== undefined) for (const k of Object.keys(table)) if (k !== key && canonical(k) === name) delete table[k];
+    table[key] = value;
   }
   return validate(raw, source);
 }
@@ -685,6 +691,7 @@ function checkTraining(cfg: TrainConfig, source: string): void {
   if (cfg.lr_scheduler.lr_min > cfg.optimizer.lr)
     err(`[lr_scheduler] lr_min ${cfg.lr_scheduler.lr_min} > [optimizer] lr ${cfg.optimizer.lr}`);
   if (cfg.validation.fraction >= 1) err(`[validation] fraction must be < 1`);
+  if (cfg.training.chat_format_fraction > 1) err(`[training] chat_format_fraction must be in [0, 1], got ${cfg.training.chat_format_fraction}`);
   if (cfg.training.mixed_precision_param === "bfloat16" && cfg.checkpoint.export_dtype === "float16")
     err(`[checkpoint] export_dtype float16 from bfloat16 params loses range; export float32 or bfloat16`);
 }

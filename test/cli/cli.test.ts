@@ -30,6 +30,25 @@ describe("kiln CLI", () => {
     assert.equal(kiln("--help").status, 0);
   });
 
+  it("--dtype takes vLLM's aliases: float is float32, half is float16", () => {
+    const float = kiln("generate", "--dtype", "float", "--prompt", "x", "--max-tokens", "1");
+    assert.equal(float.status, 0, float.stderr);
+    const half = kiln("generate", "--dtype", "half", "--prompt", "x", "--max-tokens", "1");
+    assert.equal(half.status, 1, half.stderr);
+    assert.match(half.stderr, /--dtype float16 is not supported on cpu/);
+  });
+
+  it("--max-model-len takes vLLM's human-readable integers: k/m decimal, K/M binary", () => {
+    const len = (v: string) => parseServeArgs("m", { maxModelLen: v }, {}).maxModelLen;
+    assert.equal(len("2048"), 2048);
+    assert.equal(len("1k"), 1000);
+    assert.equal(len("25.6k"), 25600);
+    assert.equal(len("1K"), 1024);
+    assert.equal(len("2M"), 2 * 1024 * 1024);
+    assert.throws(() => len("1.5K"), /--max-model-len: decimals are not allowed with binary suffixes like K/);
+    assert.throws(() => len("1x"), /--max-model-len must be an integer >= 1, got "1x"/);
+  });
+
   it("serve takes the model as vLLM does: positional or --model, not both different", () => {
     const r = kiln("serve", "--model", "/nonexistent/model-dir");
     assert.notEqual(r.status, 0);

@@ -2,7 +2,7 @@
 // config's shapes with no tensor read, config.json keys overridden before the model is built, the sliding window
 // capping max_model_len, and load formats that do not match the files refused by name.
 import assert from "node:assert/strict";
-import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -12,6 +12,7 @@ import { createServingSetupSync } from "../../src/engine/serving.js";
 import { exportGguf } from "../../src/models/init-model.js";
 import { applyHfOverrides } from "../../src/models/load-format.js";
 import { loadLocalModel, ModelLoadError } from "../../src/models/loader.js";
+import { KilnError } from "../../src/util/errors.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
 const base = { maxModelLen: 64, kvCacheMemory: 1 << 20, enforceEager: true };
@@ -23,6 +24,20 @@ function withoutWeights(dir: string): string {
   writeFileSync(join(out, "model.safetensors"), "not a safetensors file");
   return out;
 }
+
+test("load_format dummy: a config too large to allocate is a KilnError naming the parameter and its shape", () => {
+  const dir = withoutWeights(tinyModelDir("LlamaForCausalLM"));
+  try {
+    const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+    writeFileSync(join(dir, "config.json"), JSON.stringify({ ...config, vocab_size: 1e11 }));
+    assert.throws(
+      () => loadLocalModel(dir, { loadFormat: "dummy", onNote: () => undefined }),
+      (e: Error) => e instanceof KilnError && /"model\.embed_tokens\.weight" of shape \[100000000000, 64\].*cannot be allocated/.test(e.message),
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
 
 test("load_format dummy: random weights of the config's shapes, no tensor read, the same on every load", { timeout: 120_000 }, () => {
   const dir = withoutWeights(tinyModelDir("LlamaForCausalLM"));

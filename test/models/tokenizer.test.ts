@@ -195,6 +195,8 @@ test("generation_config.json and fromDir extras", () => {
     assert.deepEqual(tok.eosTokenIds, [151645, 151643]);
     assert.equal(tok.applyChatTemplate([{ role: "user", content: "x" }]), "[user]x");
     assert.equal(loadGenerationConfig(os.tmpdir() + "/definitely-missing-dir"), null);
+    fs.writeFileSync(path.join(tmp, "generation_config.json"), "{x");
+    assert.throws(() => loadGenerationConfig(tmp), (e: Error) => e instanceof TokenizerError && e.message.includes(path.join(tmp, "generation_config.json")));
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }

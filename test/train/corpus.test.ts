@@ -48,4 +48,8 @@ test("loadCorpus nlp-corpus and files", () => {
   assert.deepEqual(loadCorpus({ source: "files", paths: [dir], granularity: "paragraph" }), ["first doc", "second para", "third"]);
   assert.deepEqual(corpusStats(["ab", "é"]), { docs: 2, chars: 3, bytes: 4 });
   assert.throws(() => loadCorpus({ source: "files", paths: [join(dir, "missing")] }), /does not exist/);
+  // a directory with nothing to read is named, not left to fail later as "0 tokens give 0 windows"
+  mkdirSync(join(dir, "empty"));
+  writeFileSync(join(dir, "empty", "data.jsonl"), "{}\n");
+  assert.throws(() => loadCorpus({ source: "files", paths: [join(dir, "empty")] }), /empty holds no text files \(\.txt, \.md, \.text or no extension\)/);
 });

@@ -129,6 +129,10 @@ describe("LrSchedule (TorchTitan linear_warmup_stable_decay)", () => {
     close(w.lrAt(9), 1);
     close(w.lrAt(10), 0.9);
     close(w.lrAt(19), 0);
+    // TorchTitan clamps warmup_steps to the run's steps: warmup 20 over 2 steps warms up over those 2
+    const short = new LrSchedule({ lr: 1, warmupSteps: 20, totalSteps: 2 });
+    close(short.lrAt(0), 1 / 3);
+    close(short.lrAt(1), 2 / 3);
     const sq = new LrSchedule({ lr: 1, warmupSteps: 0, totalSteps: 4, decayType: "sqrt" });
     close(sq.lrAt(0), 1 - Math.sqrt(0.25));
   });

@@ -116,6 +116,8 @@ test("type, range and consistency errors", () => {
   assert.throws(() => parseTrainConfig(`[model]\ndim = 100\nn_layers = 1\nn_heads = 3\n`), /not divisible/);
   assert.throws(() => parseTrainConfig(base + `[training]\nbatch_size = 2\nlocal_batch_size = 4\n`), /sets local_batch_size twice/);
   assert.throws(() => parseTrainConfig(base + `[training\n`), /invalid TOML/);
+  assert.throws(() => parseTrainConfig(base + `[training]\nchat_format_fraction = 1.5\n`), /chat_format_fraction must be in \[0, 1\], got 1.5/);
+  assert.equal(parseTrainConfig(base + `[training]\nchat_format_fraction = 1\n`).training.chat_format_fraction, 1);
   assert.equal(parseTrainConfig(base + `[optimizer]\nname = "sgd"\n`).optimizer.name, "SGD");
 });
 
@@ -128,5 +130,11 @@ test("CLI-style overrides and loading from a file", () => {
   assert.equal(c.optimizer.lr, 1e-3);
   assert.equal(c.checkpoint.enable, false);
   assert.throws(() => loadTrainConfig(path, { "training.stepz": 1 }), /unknown key "stepz"/);
+  // an override under one name replaces the file's value under another (TorchTitan's --checkpoint.enable over its
+  // recipes' enable_checkpoint = false); both names in the file stay an error
+  const titan = `[model]\nflavor = "tiny"\n[checkpoint]\nenable_checkpoint = false\n`;
+  assert.equal(parseTrainConfig(titan, { "checkpoint.enable": "true" }).checkpoint.enable, true);
+  assert.equal(parseTrainConfig(titan, { "checkpoint.enable_checkpoint": "true" }).checkpoint.enable, true);
+  assert.throws(() => parseTrainConfig(titan + `enable = true\n`), /sets enable twice/);
   assert.throws(() => loadTrainConfig(join(dir, "missing.toml")), /cannot read config/);
 });
