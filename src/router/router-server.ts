@@ -242,7 +242,7 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     const answers = await Promise.all(healthy.map(async (w) => {
       try {
         const res = await fetch(`${w.url}/v1/models`, { headers, signal: AbortSignal.timeout(config.healthCheckTimeoutMs) });
-        return { status: res.status, body: (await res.json()) as { data?: { id: string }[] } };
+        return { status: res.status, body: (await res.json()) as { data?: unknown } | null };
       } catch (e) {
         log("warning", `worker ${w.url} /v1/models failed: ${describeFetchError(e)}`);
         return null;
@@ -255,7 +255,15 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
       throw noWorker("no worker answered /v1/models");
     }
     const seen = new Map<string, unknown>();
-    for (const a of ok) for (const m of a!.body.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
+    // a worker's list that is not one (a proxy's page, a broken worker) adds nothing rather than failing the listing
+    for (const a of ok) {
+      const data = a!.body?.data;
+      if (!Array.isArray(data)) continue;
+      for (const m of data as unknown[]) {
+        const id = (m as { id?: unknown } | null)?.id;
+        if (typeof id === "string" && !seen.has(id)) seen.set(id, m);
+      }
+    }
     return { object: "list", data: [...seen.values()] };
   });
 

@@ -325,6 +325,14 @@ describe("router over HTTP (fake workers)", () => {
     const models = (await (await fetch(`${url}/v1/models`)).json()) as { object: string; data: { id: string }[] };
     assert.equal(models.object, "list");
     assert.deepEqual(models.data.map((m) => m.id).sort(), ["other", "tiny"]);
+    // a worker answering 200 with something that is not a model list adds nothing (it was a 500: data.forEach on an object)
+    for (const broken of ['{"object":"list","data":{}}', "null", '{"data":[null,{"id":7},{"id":"x"}]}']) {
+      w1!.handler = (req, res) => (req.url === "/v1/models" ? (res.end(broken), true) : false);
+      const got = await fetch(`${url}/v1/models`);
+      assert.equal(got.status, 200, broken);
+      const ids = ((await got.json()) as { data: { id: string }[] }).data.map((m) => m.id).sort();
+      assert.deepEqual(ids, broken.includes('"x"') ? ["tiny", "x"] : ["tiny"]);
+    }
     w0!.handler = answer(404, '{"error":{"message":"no such response"}}');
     w1!.handler = (req, res) => (req.method === "GET" ? (res.end('{"id":"resp_1","status":"completed"}'), true) : false);
     const got = await fetch(`${url}/v1/responses/resp_1`);
