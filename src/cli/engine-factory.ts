@@ -14,8 +14,6 @@ import type { DtypeArg } from "../models/loader.js";
 import { resolveQuantization } from "../models/quantization-args.js";
 import type { GenerationConfig } from "../models/tokenizer.js";
 
-export { generationDefaults }; // (tests and the serve fixture take it from here)
-
 
 /** Reports start-up stages ("loading weights", "sizing KV cache", "warm-up") and optional progress in [0, 1]. */
 export type ProgressFn = (stage: string, fraction?: number) => void;

@@ -3,6 +3,7 @@
 // defaults.
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
+import { GENERATION_OVERRIDE_KEYS, generationConfigSourceError, generationOverrideError } from "../engine/sampling-params.js";
 import { LOAD_FORMATS, type LoadFormat } from "../models/load-format.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 import { jsonObjectFlag, num, oneOf } from "./serve-flag-values.js";
@@ -51,16 +52,6 @@ const SAFETENSORS_READERS = ["fastsafetensors", "runai_streamer"];
 /** vLLM's --tokenizer-mode values and what Kiln does with each: one tokenizer, tokenizer.json (HF's fast one). */
 const TOKENIZER_MODES = ["auto", "hf", "slow", "mistral", "custom"] as const;
 
-/** The generation_config.json keys vLLM reads as sampling defaults (get_diff_sampling_param), each value's rule. */
-const GENERATION_OVERRIDE_KEYS: Record<string, { ok: (v: number) => boolean; rule: string }> = {
-  temperature: { ok: (v) => v >= 0, rule: "a number >= 0" },
-  top_p: { ok: (v) => v > 0 && v <= 1, rule: "a number in (0, 1]" },
-  top_k: { ok: (v) => Number.isInteger(v) && v >= -1, rule: "an integer >= -1" },
-  min_p: { ok: (v) => v >= 0 && v <= 1, rule: "a number in [0, 1]" },
-  repetition_penalty: { ok: (v) => v > 0, rule: "a number > 0" },
-  max_new_tokens: { ok: (v) => Number.isInteger(v) && v >= 1, rule: "an integer >= 1" },
-};
-
 /** Declares the model flags on `cmd` (serve, generate and chat; chat's -q is vLLM's --quick, not --quantization). */
 export function addModelOptions(cmd: Command, { quantizationShort = true }: { quantizationShort?: boolean } = {}): Command {
   return cmd
@@ -108,12 +99,8 @@ export function parseModelArgs(model: string | undefined, o: Record<string, unkn
   }
   checkTokenizerMode(o.tokenizerMode, warnings);
   const generationConfig = String(o.generationConfig ?? "auto");
-  if (generationConfig !== "auto" && generationConfig !== "vllm") {
-    if (!(existsSync(generationConfig) && statSync(generationConfig).isDirectory()))
-      throw new CliUsageError(`--generation-config must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(generationConfig)}`);
-    if (!existsSync(`${generationConfig}/generation_config.json`))
-      throw new CliUsageError(`--generation-config ${JSON.stringify(generationConfig)}: the directory has no generation_config.json`);
-  }
+  const sourceError = generationConfigSourceError(generationConfig);
+  if (sourceError !== null) throw new CliUsageError(`--generation-config ${sourceError}`);
   return {
     model: modelPath,
     dtype: oneOf(o.dtype ?? "auto", "--dtype", DTYPES),
@@ -200,12 +187,7 @@ function parseTokenizer(value: unknown): string | null {
 function parseGenerationOverride(value: unknown): Record<string, number | null> {
   if (value === undefined) return {};
   const c = jsonObjectFlag(value, "--override-generation-config", '{"temperature": 0.5, "max_new_tokens": 512}');
-  for (const [k, v] of Object.entries(c)) {
-    const key = GENERATION_OVERRIDE_KEYS[k];
-    if (key === undefined)
-      throw new CliUsageError(`--override-generation-config: ${JSON.stringify(k)} is not a sampling default (${Object.keys(GENERATION_OVERRIDE_KEYS).join(", ")})`);
-    if (v !== null && !(typeof v === "number" && Number.isFinite(v) && key.ok(v)))
-      throw new CliUsageError(`--override-generation-config: ${k} must be ${key.rule} or null, got ${JSON.stringify(v)}`);
-  }
+  const why = generationOverrideError(c);
+  if (why !== null) throw new CliUsageError(`--override-generation-config: ${why}`);
   return c as Record<string, number | null>;
 }

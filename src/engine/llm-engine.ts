@@ -1,7 +1,5 @@
 // The offline API (vLLM's `LLM`): add every prompt, run engine steps until all finish, return the final
 // outputs in input order.
-import { existsSync, statSync } from "node:fs";
-import { join } from "node:path";
 import type { LoraRequest } from "./lora-manager.js";
 import type { ChatMessage, ChatTemplateOptions, TokenizerLike } from "../models/tokenizer-types.js";
 import {
@@ -17,7 +15,7 @@ import { KilnError } from "../util/errors.js";
 import type { LogitsProcessorInput } from "./logits-processors.js";
 import type { ModelRunner, MultiModalFeature } from "./model-runner.js";
 import { promptEmbedsInput } from "./prompt-embeds.js";
-import { generationDefaults } from "./sampling-params.js";
+import { generationConfigSourceError, generationDefaults, generationOverrideError } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
 import type { RequestOutput, SamplingParams } from "./types.js";
@@ -83,12 +81,13 @@ export interface GenerationConfigArgs {
 /** The generation config arguments, checked; a bad one is an EngineInputError before anything loads. */
 function checkGenerationConfigArgs(a: GenerationConfigArgs): { mode: string; override: Record<string, unknown> } {
   const mode = a.generationConfig ?? "auto";
-  const isDir = typeof mode === "string" && existsSync(mode) && statSync(mode).isDirectory();
-  if (mode !== "auto" && mode !== "vllm" && !(isDir && existsSync(join(mode, "generation_config.json"))))
-    throw new EngineInputError("generation_config", `must be 'auto', 'vllm' or a directory holding generation_config.json, got ${JSON.stringify(mode)}`);
+  const sourceError = typeof mode === "string" ? generationConfigSourceError(mode) : `must be a string, got ${typeof mode}`;
+  if (sourceError !== null) throw new EngineInputError("generation_config", sourceError);
   const override = a.overrideGenerationConfig ?? {};
   if (typeof override !== "object" || override === null || Array.isArray(override))
     throw new EngineInputError("override_generation_config", "must be an object of generation_config.json keys");
+  const overrideError = generationOverrideError(override);
+  if (overrideError !== null) throw new EngineInputError("override_generation_config", overrideError);
   return { mode, override };
 }
 

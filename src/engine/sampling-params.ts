@@ -1,4 +1,6 @@
 // vLLM SamplingParams defaults and validation (vllm/sampling_params.py `_verify_args`), one typed error per parameter.
+import { existsSync, statSync } from "node:fs";
+import { join } from "node:path";
 import { EngineInputError } from "./errors.js";
 import { camelCaseHint } from "../util/names.js";
 import { loadGenerationConfig, parseGenerationConfig, type GenerationConfig } from "../models/tokenizer.js";
@@ -25,6 +27,34 @@ export function generationConfigDefaults(gen: GenerationConfig | null): Partial<
   if (gen.repetitionPenalty !== undefined) out.repetitionPenalty = gen.repetitionPenalty;
   if (gen.maxNewTokens !== undefined) out.maxTokens = gen.maxNewTokens;
   return Object.keys(out).length ? out : undefined;
+}
+
+/** The generation_config.json keys vLLM reads as sampling defaults (get_diff_sampling_param), each value's rule. */
+export const GENERATION_OVERRIDE_KEYS: Readonly<Record<string, { ok: (v: number) => boolean; rule: string }>> = {
+  temperature: { ok: (v) => v >= 0, rule: "a number >= 0" },
+  top_p: { ok: (v) => v > 0 && v <= 1, rule: "a number in (0, 1]" },
+  top_k: { ok: (v) => Number.isInteger(v) && v >= -1, rule: "an integer >= -1" },
+  min_p: { ok: (v) => v >= 0 && v <= 1, rule: "a number in [0, 1]" },
+  repetition_penalty: { ok: (v) => v > 0, rule: "a number > 0" },
+  max_new_tokens: { ok: (v) => Number.isInteger(v) && v >= 1, rule: "an integer >= 1" },
+};
+
+/** Why `mode` is no generation config source ('auto', 'vllm' or a directory holding generation_config.json), or null. */
+export function generationConfigSourceError(mode: string): string | null {
+  if (mode === "auto" || mode === "vllm") return null;
+  if (!(existsSync(mode) && statSync(mode).isDirectory())) return `must be 'auto', 'vllm' or an existing directory, got ${JSON.stringify(mode)}`;
+  if (!existsSync(join(mode, "generation_config.json"))) return `${JSON.stringify(mode)}: the directory has no generation_config.json`;
+  return null;
+}
+
+/** Why `override` is no generation config override (GENERATION_OVERRIDE_KEYS, each a valid value or null), or null. */
+export function generationOverrideError(override: Record<string, unknown>): string | null {
+  for (const [k, v] of Object.entries(override)) {
+    const key = GENERATION_OVERRIDE_KEYS[k];
+    if (key === undefined) return `${JSON.stringify(k)} is not a sampling default (${Object.keys(GENERATION_OVERRIDE_KEYS).join(", ")})`;
+    if (v !== null && !(typeof v === "number" && Number.isFinite(v) && key.ok(v))) return `${k} must be ${key.rule} or null, got ${JSON.stringify(v)}`;
+  }
+  return null;
 }
 
 /**

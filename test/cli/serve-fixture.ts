@@ -1,6 +1,7 @@
 // A `kiln` process whose engine factory builds the fake engine: lets tests run `serve` end to end.
 import { main } from "../../src/cli/main.js";
-import { generationDefaults, type EngineFactory } from "../../src/cli/engine-factory.js";
+import type { EngineFactory } from "../../src/cli/engine-factory.js";
+import { generationDefaults } from "../../src/engine/sampling-params.js";
 import { FakeEngine } from "../server/fake-engine.js";
 
 const factory: EngineFactory = async (args, progress) => {

@@ -131,7 +131,7 @@ test("LLM.generate without params uses the model's generation_config.json defaul
   const other = mkdtempSync(join(tmpdir(), "kiln-gen-"));
   writeFileSync(join(other, "generation_config.json"), JSON.stringify({ temperature: 0.3 }));
   assert.deepEqual(new LLM({ ...args, generationConfig: other }).getDefaultSamplingParams(), { temperature: 0.3 });
-  for (const bad of [{ generationConfig: "/nonexistent" }, { generationConfig: tmpdir() }, { overrideGenerationConfig: "x" }])
+  for (const bad of [{ generationConfig: "/nonexistent" }, { generationConfig: tmpdir() }, { overrideGenerationConfig: "x" }, { overrideGenerationConfig: { foo: 1 } }, { overrideGenerationConfig: { temperature: -1 } }])
     assert.throws(() => new LLM({ ...args, ...bad } as never), (e: unknown) => e instanceof EngineInputError && /generation_config/.test(e.param), JSON.stringify(bad));
   rmSync(dir, { recursive: true });
   rmSync(other, { recursive: true });
