@@ -76,6 +76,9 @@ export interface RouterDeps {
  * const router = createRouter({ workerUrls: ["http://127.0.0.1:8001", "http://127.0.0.1:8002"], port: 30000 });
  * console.log(await router.listen()); // http://127.0.0.1:30000
  */
+/** A URL whose path loses its trailing slashes ("/v1/models/?a=1" is "/v1/models?a=1"; "/" and the query stay). */
+const withoutTrailingSlash = (url: string): string => url.replace(/^([^?]*?[^/?])\/+(?=\?|$)/, "$1");
+
 export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = {}): Router {
   const config = resolveRouterConfig(options);
   const write = deps.log ?? ((line: string) => process.stderr.write(`${line}\n`));
@@ -177,7 +180,7 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
   });
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split("?")[0]!;
-    const allowed = [...(methodsByPath.get(path.replace(/(.)\/+$/, "$1")) ?? [])];
+    const allowed = [...(methodsByPath.get(withoutTrailingSlash(path)) ?? [])];
     if (allowed.length > 0) {
       const err = new RouterError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, "method_not_allowed");
       return void reply.code(405).header("allow", allowed.join(", ")).send(errorBodyFor(err, request.url));
@@ -214,7 +217,7 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     const body = (request.body as Buffer | undefined) ?? null;
     const hashesOf = tokens === null || kvIndex === null || parsed === undefined ? null : tokens.blockHashes(route, parsed);
     // the route's own path (a trailing slash dropped: vLLM would answer it with a redirect) and the client's query
-    const url = request.url.replace(/^([^?]*?)\/+(?=\?|$)/, "$1");
+    const url = withoutTrailingSlash(request.url);
     const req: ProxyRequest = { route, method: request.method, url, headers: request.headers, body, text, tryNextOn404, hashesOf, lookup };
     if (pdContexts !== null && PD_ROUTES.has(route) && body !== null && isJsonObject(parsed)) await proxyDisaggregated(pdContexts, { ...req, body }, parsed, reply.raw);
     else await proxyRequest(ctx, req, reply.raw);
