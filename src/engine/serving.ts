@@ -315,10 +315,15 @@ export function sizeKvCache(
   const blockSize = args.blockSize ?? 16;
   if (!Number.isInteger(blockSize) || blockSize <= 0 || blockSize > 1024) throw new EngineInputError("block_size", `block_size must be an integer in [1, 1024], got ${blockSize}`);
   const maxModelLen = args.maxModelLen ?? derivedMaxModelLen(loaded, args);
-  if (maxModelLen > loaded.config.maxPositionEmbeddings)
-    throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`);
-  if (maxModelLen > derivedMaxModelLen(loaded, args))
-    throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds the model's sliding window ${loaded.config.slidingWindow}, which disable_sliding_window caps it to`);
+  const derived = derivedMaxModelLen(loaded, args);
+  if (maxModelLen > derived) {
+    const what = derived < loaded.config.maxPositionEmbeddings
+      ? `the model's sliding window ${loaded.config.slidingWindow}, which disable_sliding_window caps it to`
+      : `the model's max_position_embeddings ${loaded.config.maxPositionEmbeddings}`;
+    if (!env.allowLongMaxModelLen)
+      throw new EngineInputError("max_model_len", `max_model_len ${maxModelLen} exceeds ${what} (set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to allow it, with extreme caution)`);
+    process.stderr.write(`warning: max_model_len ${maxModelLen} exceeds ${what}; allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN: positions past it were never trained and may give garbage\n`);
+  }
   const kvCacheDtype = resolveKvCacheDtype(loaded, args.kvCacheDtype);
   const perBlock = kvBytesPerBlock(loaded.model, blockSize, kvCacheDtype);
   const budget = args.kvCacheMemory ?? defaultKvBudget(args.gpuMemoryUtilization ?? 0.25);
@@ -506,7 +511,7 @@ function draftProposer(
   if (draft.config.classifier !== null) fail("it is a classifier, not a language model");
   if (draft.config.vocabSize !== loaded.config.vocabSize)
     fail(`its vocabulary has ${draft.config.vocabSize} tokens, the served model's ${loaded.config.vocabSize}: a draft model must share the served model's tokenizer`);
-  if (draft.config.maxPositionEmbeddings < kv.maxModelLen)
+  if (draft.config.maxPositionEmbeddings < kv.maxModelLen && !env.allowLongMaxModelLen)
     fail(`it has ${draft.config.maxPositionEmbeddings} positions, fewer than max_model_len ${kv.maxModelLen} (lower --max-model-len)`);
   prepareWeights(draft, kv.maxModelLen);
   const runner = new PagedModelRunner(draft.model, { numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype: kv.kvCacheDtype });

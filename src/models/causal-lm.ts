@@ -303,10 +303,12 @@ export class CausalLM extends Module {
 
   /**
    * The longest sequence this model will be asked to serve (the engine's max_model_len): Phi-3's longrope picks its
-   * factor set from it, as vLLM does. Call before step graphs are captured; a no-op for other rotary scalings.
+   * factor set from it, as vLLM does; past max_position_embeddings the tables are extended. Call before step graphs
+   * are captured; otherwise a no-op.
    */
   setContextLength(n: number): void {
     this.rotary.setContextLength(n);
+    this.rotaryLocal?.setContextLength(n);
   }
 
   /**

@@ -110,7 +110,9 @@ export function rotaryInvFreq(cfg: RotaryConfig): { invFreq: Float64Array; atten
 
 /** cos/sin [positions, rotaryDim/2] of a rotary config, with its attention factor applied. */
 function rotaryTables(config: RotaryConfig): { cos: Float32Array; sin: Float32Array; positions: number; half: number } {
-  const { invFreq, attentionFactor, tablePositions } = rotaryInvFreq(config);
+  const { invFreq, attentionFactor, tablePositions: own } = rotaryInvFreq(config);
+  // a context longer than the model's positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN) continues the same rotation
+  const tablePositions = Math.max(own, config.contextLength ?? 0);
   const half = invFreq.length;
   const cos = new Float32Array(tablePositions * half);
   const sin = new Float32Array(tablePositions * half);
@@ -125,9 +127,9 @@ function rotaryTables(config: RotaryConfig): { cos: Float32Array; sin: Float32Ar
 
 /** Precomputed cos/sin tables and the rotation itself. */
 export class RotaryEmbedding {
-  readonly cos: Tensor; // [positions, rotaryDim/2]
-  readonly sin: Tensor;
-  readonly maxPositions: number;
+  cos: Tensor; // [positions, rotaryDim/2]
+  sin: Tensor;
+  maxPositions: number;
 
   constructor(
     public config: RotaryConfig,
@@ -142,12 +144,24 @@ export class RotaryEmbedding {
 
   /**
    * Serve sequences of at most `n` tokens: longrope's tables switch factor sets when the original context is crossed
-   * (rewritten in place, so kernels and graphs holding them see the new values); other scalings are unchanged.
+   * (rewritten in place, so kernels and graphs holding them see the new values); tables shorter than `n` (a context
+   * past max_position_embeddings, which the engine allows only with VLLM_ALLOW_LONG_MAX_MODEL_LEN) are replaced by
+   * longer ones, so call this before anything holds them; otherwise a no-op.
    */
   setContextLength(n: number): void {
-    if (this.config.scaling?.type !== "longrope" || n === (this.config.contextLength ?? this.config.maxPositions)) return;
+    const longrope = this.config.scaling?.type === "longrope";
+    if (n <= this.maxPositions && (!longrope || n === (this.config.contextLength ?? this.config.maxPositions))) return;
     this.config = { ...this.config, contextLength: n };
     const { cos, sin, positions, half } = rotaryTables(this.config);
+    if (positions !== this.maxPositions) {
+      const device = this.cos.device;
+      this.cos.dispose();
+      this.sin.dispose();
+      this.maxPositions = positions;
+      this.cos = tensor(cos, { shape: [positions, half], device });
+      this.sin = tensor(sin, { shape: [positions, half], device });
+      return;
+    }
     noGrad(() => {
       for (const [t, v] of [[this.cos, cos], [this.sin, sin]] as const) {
         const src = tensor(v, { shape: [positions, half], device: t.device });

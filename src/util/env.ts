@@ -62,6 +62,14 @@ export const env = {
     return v === "1" || v === "true";
   },
   /**
+   * vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN ("1" or "true"): --max-model-len may exceed the model's
+   * max_position_embeddings (the rotary tables are extended; the model never saw such positions).
+   */
+  get allowLongMaxModelLen(): boolean {
+    const v = str("VLLM_ALLOW_LONG_MAX_MODEL_LEN")?.trim().toLowerCase();
+    return v === "1" || v === "true";
+  },
+  /**
    * vLLM's VLLM_SERVER_DEV_MODE (an integer, non-zero = on, as vLLM reads it): `kiln serve` adds the development
    * endpoints POST /reset_prefix_cache and GET /server_info.
    */

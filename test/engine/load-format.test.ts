@@ -101,3 +101,25 @@ test("disable_sliding_window caps max_model_len to the model's window", { timeou
   // a model without a window is not capped
   assert.equal(createServingSetupSync({ ...args, model: tinyModelDir("LlamaForCausalLM"), disableSlidingWindow: true }).engineArgs.maxModelLen, 512);
 });
+
+test("VLLM_ALLOW_LONG_MAX_MODEL_LEN: max_model_len past max_position_embeddings is refused without it, served with it as by a model with that many positions", { timeout: 60_000 }, () => {
+  const dir = tinyModelDir("LlamaForCausalLM");
+  const args = { model: dir, kvCacheMemory: 1 << 20, enforceEager: true, maxModelLen: 96 };
+  const prompt = { promptTokenIds: Array.from({ length: 70 }, (_, i) => 3 + ((i * 37) % 200)) };
+  const greedy = (llm: LLM) => llm.generate([prompt], { temperature: 0, maxTokens: 8, ignoreEos: true })[0]!.outputs[0]!.tokenIds;
+  const saved = process.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN;
+  try {
+    delete process.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN;
+    assert.throws(
+      () => createServingSetupSync({ ...args, hfOverrides: { max_position_embeddings: 48 } }),
+      (e: unknown) => e instanceof EngineInputError && /max_model_len 96 exceeds the model's max_position_embeddings 48 \(set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1/.test((e as Error).message),
+    );
+    const reference = greedy(new LLM({ ...args, hfOverrides: { max_position_embeddings: 96 } }));
+    process.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN = "true";
+    const long = new LLM({ ...args, hfOverrides: { max_position_embeddings: 48 } });
+    assert.deepEqual(greedy(long), reference, "positions 48..77 rotate as in a model with 96 positions");
+  } finally {
+    if (saved === undefined) delete process.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN;
+    else process.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN = saved;
+  }
+});
