@@ -98,7 +98,7 @@ export class BeamSearchInstance {
 
 /**
  * Beam search over a streaming engine (the server's use_beam_search): rounds of one-token requests, one per live
- * beam, run concurrently.
+ * beam, run concurrently. An aborted `signal` stops it before its next round (rejecting with the signal's reason).
  */
 export async function beamSearch(
   engine: EngineClient,
@@ -107,10 +107,12 @@ export async function beamSearch(
   eosTokenIds: readonly number[],
   requestId: string,
   loraRequest: LoraRequest | null = null,
+  signal?: AbortSignal,
 ): Promise<BeamSearchResult[]> {
   checkBeamSearchParams(p);
   const s = new BeamSearchInstance(prompt, p, eosTokenIds);
   for (let t = 0; t < p.maxTokens && s.beams.length > 0; t++) {
+    signal?.throwIfAborted();
     const candidates = await Promise.all(
       s.beams.map(async (beam, i) => {
         let lps: TokenLogprobs | null = null;

@@ -165,7 +165,9 @@ export async function handleChat(ctx: ServingContext, request: FastifyRequest, r
   if (kvt !== null && req.beamSearch !== null) throw badRequest("beam search does not move K/V between servers", "kv_transfer_params");
   checkQueue(ctx);
   if (req.beamSearch !== null) {
-    const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora);
+    const disconnect = new AbortController();
+    abortOnDisconnect(request, reply, disconnect);
+    const { beams, usage } = await runBeamSearch(ctx, [promptTokenIds], [params], req.beamSearch.lengthPenalty, lora, disconnect.signal);
     const choices = beams[0]!.map((b, index) => {
       const { reasoning, content } = ctx.harmony !== null ? harmonyMessage(ctx, req, b.tokenIds, null, null) : reasoningOf(req, thinking, b.text);
       const message = { role, content, refusal: null, tool_calls: [], ...reasoningFields(ctx, reasoning) };

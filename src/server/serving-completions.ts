@@ -150,7 +150,9 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   if (kvt !== null && req.beamSearch !== null) throw badRequest("beam search does not move K/V between servers", "kv_transfer_params");
   checkQueue(ctx, prepared.length); // one engine request per prompt
   if (req.beamSearch !== null) {
-    const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora);
+    const disconnect = new AbortController();
+    abortOnDisconnect(request, reply, disconnect);
+    const { beams, usage } = await runBeamSearch(ctx, prepared.map((p) => p.promptTokenIds), params, req.beamSearch.lengthPenalty, lora, disconnect.signal);
     const choices = beams.flatMap((found, i) =>
       found.map((b, j) => ({
         index: i * found.length + j, text: b.text, logprobs: null, finish_reason: beamFinishReason(b), stop_reason: null,

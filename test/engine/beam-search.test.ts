@@ -4,6 +4,8 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
+import { beamSearch } from "../../src/engine/beam-search.js";
+import type { EngineClient, RequestOutput } from "../../src/engine/types.js";
 
 const V = 6;
 const EOS = 0;
@@ -54,5 +56,21 @@ describe("beam search", () => {
     const flat = llm().beamSearch([prompt], { beamWidth: 2, maxTokens: 4, lengthPenalty: 0 })[0]!;
     assert.deepEqual(flat.map((b) => b.tokenIds), [[2, 3, EOS], [1, 4, 4, 4]]);
     assert.throws(() => llm().beamSearch([prompt], { beamWidth: 0, maxTokens: 4 }), /beam width must be an integer >= 1/);
+  });
+
+  it("the streaming search stops before its next round once its signal is aborted, rejecting with the signal's reason", async () => {
+    const stop = new AbortController();
+    let requests = 0;
+    const engine = {
+      async *generate() {
+        requests++;
+        if (requests === 3) stop.abort(new Error("the client left"));
+        yield { outputs: [{ logprobs: [new Map([[4, { logprob: -0.1 }], [1, { logprob: -1 }]])] }] } as unknown as RequestOutput;
+      },
+      abort() {},
+    } as unknown as EngineClient;
+    const search = beamSearch(engine, [5], { beamWidth: 2, maxTokens: 50, ignoreEos: true }, [EOS], "beam", null, stop.signal);
+    await assert.rejects(search, /the client left/);
+    assert.equal(requests, 3, "round 1 (one beam) and round 2 (two beams), then no more");
   });
 });
