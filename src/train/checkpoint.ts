@@ -42,12 +42,33 @@ export function stepDirName(step: number): string {
   return `step-${String(step).padStart(8, "0")}`;
 }
 
-/** Writes a checkpoint for `state.step` under root; returns its directory. */
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM"; // someone else's process
+  }
+}
+
+/** Removes the folders of saves killed mid-write (step-N.tmp-PID of a process no longer running) under root. */
+function removeAbandonedSaves(root: string): void {
+  for (const name of fs.readdirSync(root)) {
+    const m = /^step-\d+\.tmp-(\d+)$/.exec(name);
+    if (m !== null && !processAlive(Number(m[1]))) fs.rmSync(path.join(root, name), { recursive: true, force: true });
+  }
+}
+
+/**
+ * Writes a checkpoint for `state.step` under root (into a temporary folder renamed when whole, so a save killed midway
+ * never looks like a checkpoint; the next save removes such leftovers); returns its directory.
+ */
 export function saveCheckpoint(root: string, state: CheckpointState): string {
   const dir = path.join(root, stepDirName(state.step));
   const tmp = `${dir}.tmp-${process.pid}`;
   fs.rmSync(tmp, { recursive: true, force: true });
   fs.mkdirSync(tmp, { recursive: true });
+  removeAbandonedSaves(root);
   writeSafetensors(
     path.join(tmp, "model.safetensors"),
     state.params.map(([name, t]) => {

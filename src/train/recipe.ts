@@ -13,8 +13,8 @@ import { allReduce, barrier, destroyProcessGroup, getRank, getWorldSize, initPro
 import { DistributedDataParallel } from "../nn/index.js";
 import { env } from "../util/env.js";
 import { ByteLevelBpe, saveTokenizer, trainBpeTokenizer } from "./bpe-trainer.js";
-import { loadCorpus } from "./corpus.js";
-import { buildDatasets, DataLoader, tokenizeDocuments, type TrainingDocument } from "./data-loader.js";
+import { CorpusError, loadCorpus } from "./corpus.js";
+import { buildDatasets, DataLoader, DataLoaderError, tokenizeDocuments, type TrainingDocument } from "./data-loader.js";
 import { stepDirName } from "./checkpoint.js";
 import { readJsonlDataset, type ChatRenderer } from "./chat-sft.js";
 import { renderLossCurveSvg } from "./loss-curve.js";
@@ -63,7 +63,13 @@ function loadDataset(dataset: string, renderer: ChatRenderer | null, key: string
     if (part === "brown") return loadCorpus({ source: "brown", granularity: "paragraph" });
     if (part === "nlp-corpus") return loadCorpus({ source: part });
     if (!fs.existsSync(part)) throw new TrainConfigError(`${key} ${part} does not exist (brown, nlp-corpus, a text file or directory, or a .jsonl file)`);
-    return part.endsWith(".jsonl") ? readJsonlDataset(part, renderer) : loadCorpus({ source: "files", paths: [part] });
+    try {
+      return part.endsWith(".jsonl") ? readJsonlDataset(part, renderer) : loadCorpus({ source: "files", paths: [part] });
+    } catch (e) {
+      // a directory without text files is the recipe's error, as a missing path is
+      if (e instanceof CorpusError) throw new TrainConfigError(`${key} ${part}: ${e.message}`);
+      throw e;
+    }
   });
 }
 
@@ -383,7 +389,14 @@ async function runRecipeOnRank(cfg: TrainConfig, hooks: RecipeHooks, rank: numbe
     ...(ls.decay_ratio !== null ? { decayRatio: ls.decay_ratio } : {}),
   });
   // each rank reads its own batch of every step's worldSize consecutive ones: the global batch is B x worldSize
-  const loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
+  let loader: DataLoader;
+  try {
+    loader = new DataLoader(data.train, { batchSize: B, seqLen: S, seed: cfg.job.seed, rank, worldSize });
+  } catch (e) {
+    // too little text for one step is the recipe's error (its dataset, batch or seq_len)
+    if (e instanceof DataLoaderError) throw new TrainConfigError(`[training] dataset ${cfg.training.dataset}: ${e.message}`);
+    throw e;
+  }
   // (under LoRA the adapters alone train: their gradients are what the ranks average)
   const ddp = worldSize > 1 ? new DistributedDataParallel(lora?.module ?? model) : null;
   const dataParallel: DataParallelHooks | undefined = ddp === null ? undefined : {

@@ -3,6 +3,7 @@
 // test: several steps on a small vector with given gradients; exact resume through stateDict(); torch's checks.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -222,6 +223,21 @@ describe("stateDict -> a new optimizer -> loadStateDict continues bit-for-bit", 
         }
         assert.deepEqual(q.toList(), whole, c.name);
       }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  test("a save removes the folders of saves killed mid-write (their process gone), not a running one's", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-ckpt-tmp-"));
+    try {
+      const dead = spawnSync(process.execPath, ["-e", ""]).pid!; // exited and reaped
+      const killed = path.join(dir, `step-00000002.tmp-${dead}`);
+      const running = path.join(dir, `step-00000003.tmp-${process.ppid}`);
+      for (const d of [killed, running]) fs.mkdirSync(d);
+      fs.writeFileSync(path.join(killed, "model.safetensors"), "half");
+      const p = param(X0);
+      saveCheckpoint(dir, { step: 4, params: [["p", p]], optimizer: new SGD([p], { lr: 0.1 }).stateDict() });
+      assert.deepEqual(fs.readdirSync(dir).sort(), ["step-00000003.tmp-" + process.ppid, "step-00000004"]);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
