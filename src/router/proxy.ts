@@ -228,9 +228,13 @@ export function streamBack(
   Object.assign(headers, extraHeaders);
   raw.writeHead(response.statusCode ?? 502, response.statusMessage, headers);
   raw.flushHeaders();
+  // which side failed first: a client that left has destroyed raw before its failure reaches the worker's answer
+  let workerFailed = false;
+  response.once("error", () => (workerFailed = !raw.destroyed));
   pipeline(response, raw, (err) => {
     release();
-    if (err === undefined || err === null) metrics.workerAnswered(worker.url);
-    else if (!raw.destroyed) raw.destroy(); // the worker died mid-response: the client sees the stream cut
+    if (err === undefined || err === null) return metrics.workerAnswered(worker.url);
+    if (!raw.destroyed) raw.destroy(); // the worker died mid-response: the client sees the stream cut
+    if (workerFailed) metrics.workerBrokeOff(worker.url);
   });
 }

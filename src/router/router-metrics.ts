@@ -14,6 +14,7 @@ export class RouterMetrics {
   private readonly errors: Counter<"route" | "error_type">;
   private readonly retries: Counter;
   private readonly processed: Counter<"worker">;
+  private readonly brokenOff: Counter<"worker">;
   private readonly decisions: Counter<"policy" | "worker">;
   private readonly reasons: Counter<"policy" | "reason">;
   private readonly cacheHits: Counter;
@@ -38,6 +39,10 @@ export class RouterMetrics {
     });
     this.retries = new Counter({ name: "vllm_router_retries_total", help: "Requests sent again to another worker.", registers });
     this.processed = new Counter({ name: "vllm_router_processed_requests_total", help: "Requests a worker answered, per worker.", labelNames: ["worker"] as const, registers });
+    this.brokenOff = new Counter({
+      name: "kiln_router_worker_broken_responses_total", help: "Answers a worker broke off midway (the client's response cut, no error the router could send), per worker.",
+      labelNames: ["worker"] as const, registers,
+    });
     this.decisions = new Counter({
       name: "vllm_router_policy_decisions_total", help: "Workers chosen by the routing policy.", labelNames: ["policy", "worker"] as const, registers,
     });
@@ -112,6 +117,10 @@ export class RouterMetrics {
 
   workerAnswered(worker: string): void {
     this.processed.inc({ worker });
+  }
+
+  workerBrokeOff(worker: string): void {
+    this.brokenOff.inc({ worker });
   }
 
   observe(route: string, seconds: number): void {

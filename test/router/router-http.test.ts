@@ -283,6 +283,24 @@ describe("router over HTTP (fake workers)", () => {
     await sawClose;
     await new Promise((resolve) => setTimeout(resolve, 20));
     assert.equal(r.pool.get(w0!.url)!.inFlight, 0);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    assert.equal(sample(metrics, "kiln_router_worker_broken_responses_total", `worker="${w0!.url}"`), undefined, "the client left: not the worker's failure");
+  });
+
+  it("a worker that dies mid-answer cuts the client's stream and counts as a broken response, not an answered one", async () => {
+    const [w0] = await fleet(1);
+    w0!.handler = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write("data: 1\n\n");
+      setTimeout(() => res.destroy(), 20);
+      return true;
+    };
+    const { url } = await router([w0!.url]);
+    const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: '{"prompt":"x","stream":true}' });
+    await assert.rejects(res.text());
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    assert.equal(sample(metrics, "kiln_router_worker_broken_responses_total", `worker="${w0!.url}"`), 1);
+    assert.equal(sample(metrics, "vllm_router_processed_requests_total", `worker="${w0!.url}"`), undefined);
   });
 
   it("load comes from the workers' /metrics too: power_of_two and cache_aware avoid a worker reporting a long queue", async () => {
