@@ -35,6 +35,21 @@ static inline float k_exp(float x) {
   // the eager kernel's range (native expFast): inf above the clamp, 0 below it (not the clamp's exp, ~FLT_MIN)
   return x > 88.3762626647949f ? INFINITY : (x < -87.3365447504f ? 0.0f : out);
 }
+/* the exp op over float32's whole range (native expFull): finite to ln(FLT_MAX), subnormal to ~-103.97 */
+static inline float k_expf(float x) {
+  float c = x > 88.72283935546875f ? 88.72283935546875f : (x < -104.0f ? -104.0f : x);
+  float n = floorf(c * 1.44269504088896341f + 0.5f);
+  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  int32_t n1 = ((int32_t)n) >> 1, n2 = (int32_t)n - n1;
+  int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2; memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
+  float out = (y * s1) * s2;
+  return x != x ? x : (x > 88.72283935546875f ? INFINITY : (x < -104.0f ? 0.0f : out));
+}
 static inline float k_tanh(float x) {
   float big = 1.0f - 2.0f / (k_exp(2.0f * x) + 1.0f);
   float x2 = x * x;
@@ -71,7 +86,7 @@ function unaryExpr(fn: string, x: string, t: DType): string {
   }
   switch (fn) {
     case "neg": return `-${x}`;
-    case "exp": return `k_exp(${x})`;
+    case "exp": return `k_expf(${x})`;
     case "log": return `logf(${x})`;
     case "sqrt": return `sqrtf(${x})`;
     case "rsqrt": return `1.0f / sqrtf(${x})`;
