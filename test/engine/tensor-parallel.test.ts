@@ -193,9 +193,11 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
 
     // killed while the engine idles: the engine fails at once (generate throws), naming the rank
     const b = await WorkerEngine.create(args);
+    assert.equal(b.deadError(), null);
     const [victim] = childPids().filter(alive);
     process.kill(victim!, "SIGKILL");
     await new Promise((r) => setTimeout(r, 300));
+    assert.match(String(b.deadError()), /rank 1 \(pid \d+\) exited \(SIGKILL\)/, "the engine reports itself dead (the server's /health: 503)");
     await assert.rejects(async () => final(b.generate({ promptTokenIds: [5, 6, 7] }, params, { requestId: "y" })), /rank 1 \(pid \d+\) exited \(SIGKILL\)/);
     await b.close();
 
