@@ -63,18 +63,22 @@ export async function launch(opts: LaunchOptions): Promise<LaunchResult> {
   let failed: { rank: number; code: number; how: string } | null = null;
   let killTimer: NodeJS.Timeout | null = null;
 
-  const stopOthers = (): void => {
-    for (const [i, c] of children.entries()) if (!exited.has(i)) c.kill("SIGTERM");
+  /** Sends sig to the ranks still running, and SIGKILL to those still running stopGraceSeconds after the first call. */
+  const stopRanks = (sig: NodeJS.Signals): void => {
+    for (const [i, c] of children.entries()) if (!exited.has(i)) c.kill(sig);
+    if (killTimer !== null) return;
     killTimer = setTimeout(() => {
       for (const [i, c] of children.entries()) if (!exited.has(i)) c.kill("SIGKILL");
     }, opts.stopGraceSeconds * 1000);
     killTimer.unref();
   };
-  // Ctrl-C / SIGTERM to the launcher: passed to every rank; the ranks' exits are then not failures of their own
+  const stopOthers = (): void => stopRanks("SIGTERM");
+  // Ctrl-C / SIGTERM to the launcher: passed to every rank (a rank that outlives it by the grace period is killed, as
+  // torchrun's); the ranks' exits are then not failures of their own
   let interrupted: NodeJS.Signals | null = null;
   const onSignal = (sig: NodeJS.Signals): void => {
     interrupted ??= sig;
-    for (const [i, c] of children.entries()) if (!exited.has(i)) c.kill(sig);
+    stopRanks(sig);
   };
   process.on("SIGINT", onSignal).on("SIGTERM", onSignal);
 
@@ -155,7 +159,7 @@ export function registerRunCommand(program: Command): void {
     .option("--node-rank <n>", "this node's rank", "0")
     .option("--master-addr <addr>", "address of rank 0's node (hosts the rendezvous store)", "127.0.0.1")
     .option("--master-port <port>", "port of the rendezvous store (default: a free port on one node, 29500 on several)")
-    .option("--stop-grace <seconds>", "seconds between SIGTERM and SIGKILL when stopping the ranks after a failure", "5")
+    .option("--stop-grace <seconds>", "seconds between SIGTERM (or Ctrl-C's SIGINT) and SIGKILL when stopping the ranks after a failure or an interrupt", "5")
     .argument("<script>", "the Node script to run (or `kiln` for this CLI, e.g. kiln run --nproc-per-node 2 kiln train --config r.toml)")
     .argument("[args...]", "arguments of the script")
     .passThroughOptions()

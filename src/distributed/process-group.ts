@@ -243,9 +243,10 @@ export function getRank(group?: ProcessGroup): number {
   return (group ?? worldGroup("get_rank")).rank;
 }
 
-/** torch.distributed.get_world_size: the number of ranks in group (default the world). */
+/** torch.distributed.get_world_size: the number of ranks in group (default the world), -1 when not a member. */
 export function getWorldSize(group?: ProcessGroup): number {
-  return (group ?? worldGroup("get_world_size")).size;
+  const g = group ?? worldGroup("get_world_size");
+  return g.isMember ? g.size : -1;
 }
 
 /**

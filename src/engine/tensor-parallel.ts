@@ -257,6 +257,16 @@ export async function startTensorParallel(args: Omit<TpRankArgs, "rank" | "world
           }),
       ),
     );
+    // a rank enters the (blocking) rendezvous only when told: until then it notices rank 0 dying (its IPC channel
+    // closes) and exits, where blocked in the store's connect loop it would outlive rank 0 by the 7-day timeout
+    await Promise.all(
+      ranks.map(
+        ({ rank, child }) =>
+          new Promise<void>((resolve, reject) =>
+            child.send({ type: "join" }, (e) => (e ? reject(new TensorParallelRankError(`[tensor_parallel] rank ${rank} went away during start-up: ${e.message}`)) : resolve())),
+          ),
+      ),
+    );
   } catch (e) {
     kill();
     throw e;

@@ -9,11 +9,29 @@ import { followSteps, joinTensorParallel, receiveKvSpec, type TpRankArgs } from 
 
 const args = JSON.parse(process.argv[2] ?? "{}") as TpRankArgs;
 const tell = (m: { type: string; message?: string }): void => {
-  if (process.connected) process.send?.(m);
+  // a send racing rank 0's exit fails with EPIPE: ignored (an unhandled 'error' event would crash with a stack trace)
+  if (process.connected) process.send?.(m, undefined, undefined, () => undefined);
 };
+// rank 0 is gone (killed, or stopped during start-up): nothing is left to serve. Seen while this rank's event loop
+// runs (before the rendezvous, while loading); blocked in a collective, the closed connections end it instead.
+process.on("disconnect", () => process.exit(1));
+
+/** Resolves on rank 0's "join": it is about to host the rendezvous (joining earlier could wait out the whole timeout). */
+function joinMessage(): Promise<void> {
+  return new Promise((resolve) => {
+    const onMessage = (m: { type?: string }): void => {
+      if (m.type !== "join") return;
+      process.off("message", onMessage);
+      resolve();
+    };
+    process.on("message", onMessage);
+  });
+}
 
 async function main(): Promise<void> {
+  const join = joinMessage();
   tell({ type: "hello" });
+  await join;
   const tp = joinTensorParallel(args);
   const loaded = await loadModel(args.model, {
     dtype: args.dtype as DtypeArg | undefined,

@@ -194,6 +194,11 @@ export interface EngineClient {
   isSleeping?(): boolean;
   /** The engine's resolved arguments (block size, pool size, scheduling, ...), as /server_info reports them. */
   readonly engineArgs?: Readonly<ResolvedEngineArgs>;
+  /**
+   * The error that ended the engine for good (vLLM's dead_error: its worker, or a tensor-parallel rank, died), or null
+   * while it serves; /health then answers 503. Absent: an engine that cannot die apart from its server.
+   */
+  deadError?(): Error | null;
   stats(): EngineStats;
   readonly maxModelLen: number;
   /** The engine's reasoning parser (vLLM's --reasoning-parser): its structured output starts after </think>. */

@@ -300,6 +300,11 @@ export class WorkerEngine implements EngineClient {
     if (seqs.length > 0) this.send({ type: "abort", seqs });
   }
 
+  /** The error that failed the engine (its worker or a tensor-parallel rank died), or null while it serves. */
+  deadError(): Error | null {
+    return this.fatal;
+  }
+
   /** The stats snapshot the worker pushed after its last step (synchronous, as the server's metrics need). */
   stats(): EngineStats {
     return { ...this.snapshot };

@@ -117,7 +117,8 @@ export class DistributedDataParallel<M extends Module = Module> extends Module {
 
   /** Averages the gradients across the group now (what the post-backward hook does); a missing grad counts as zeros. */
   syncGradients(): void {
-    if (getWorldSize(this.group) > 1) {
+    // (-1 on a rank outside the group: the all-reduce refuses it, naming the group)
+    if (getWorldSize(this.group) !== 1) {
       noGrad(() => {
         for (const p of this.trained) if (p.grad === null) p.grad = zerosLike(p);
       });

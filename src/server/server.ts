@@ -301,7 +301,9 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     void reply.code(404).send(err.toBody());
   });
 
-  app.get("/health", async (_req, reply) => reply.code(200).send());
+  // 503 once the engine has died, as vLLM's (EngineDeadError): every request would fail, and an orchestrator's probe
+  // should restart the server
+  app.get("/health", async (_req, reply) => reply.code((ctx?.engine.deadError?.() ?? null) === null ? 200 : 503).send());
   app.get("/ping", async (_req, reply) => reply.code(200).send());
   app.get("/version", async () => ({ version: options.version }));
   app.get("/metrics", async (_req, reply) => {

@@ -63,6 +63,7 @@ function checkRun(run: RanksRun, world: number): void {
       assert.deepEqual(res.subgroup_sum, [3]);
     } else {
       assert.equal(res.subgroup_rank, -1);
+      assert.equal(res.subgroup_size, -1, "torch's get_world_size(group) on a non-member is -1");
       assert.match(String(res.subgroup_error), /^DistributedError: \[all_reduce\] rank 2 is not a member of the group \[0, 1\]/);
     }
   }

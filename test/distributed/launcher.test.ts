@@ -100,4 +100,21 @@ describe("kiln run launcher", { timeout: 60_000 }, () => {
     for (const r of [0, 1]) assert.equal(alive((JSON.parse(readFileSync(join(out, `rank${r}.json`), "utf8")) as { pid: number }).pid), false);
     rmSync(out, { recursive: true, force: true });
   });
+
+  it("Ctrl-C: ranks that ignore SIGINT are killed after --stop-grace, as torchrun's (the launcher used to wait forever)", async () => {
+    const out = mkdtempSync(join(tmpdir(), "kiln-dist-deaf-"));
+    const child = spawn(process.execPath, [kiln, "run", "--nproc-per-node", "2", "--stop-grace", "0.5", fixture("launch-worker"), out, "deaf"], { stdio: ["ignore", "ignore", "pipe"] });
+    let stderr = "";
+    child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+    const deadline = Date.now() + 20_000;
+    while (![0, 1].every((r) => existsSync(join(out, `rank${r}.json`))) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, 300)); // the ranks' SIGINT handlers are installed right after their files
+    child.kill("SIGINT");
+    const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+    assert.equal(await exited, 130, `the launcher did not exit after Ctrl-C: ${stderr}`);
+    clearTimeout(timer);
+    for (const r of [0, 1]) assert.equal(alive((JSON.parse(readFileSync(join(out, `rank${r}.json`), "utf8")) as { pid: number }).pid), false);
+    rmSync(out, { recursive: true, force: true });
+  });
 });

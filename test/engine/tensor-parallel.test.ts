@@ -3,10 +3,11 @@
 // models the split cannot divide are refused naming the field; a rank that dies fails the engine naming it; close()
 // stops the ranks.
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, fork } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
+import { fileURLToPath } from "node:url";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import type { ServingArgs } from "../../src/engine/serving.js";
@@ -158,6 +159,25 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
     assert.deepEqual(childPids().filter(alive), [], "no rank was spawned");
   });
 
+  it("a spawned rank whose rank 0 goes away during start-up exits (no orphan waiting in the rendezvous)", { timeout: 30_000 }, async () => {
+    // as after Ctrl-C or SIGKILL of `kiln serve` while it starts: rank 0 gone before it hosts the rendezvous. The rank
+    // used to block in the store's connect loop for the 7-day timeout, its parent gone
+    const script = path.join(path.dirname(fileURLToPath(import.meta.url)), "../../src/engine/tp-worker-main.js");
+    const rankArgs = { model: tinyModelDir("LlamaForCausalLM"), rank: 1, worldSize: 2, initMethod: "tcp://127.0.0.1:1" };
+    const child = fork(script, [JSON.stringify(rankArgs)], { stdio: ["ignore", "ignore", "ignore", "ipc"], execArgv: [] });
+    try {
+      await new Promise<void>((resolve) => child.on("message", (m: { type?: string }) => m.type === "hello" && resolve()));
+      const exited = new Promise<boolean>((resolve) => {
+        child.once("exit", () => resolve(true));
+        setTimeout(() => resolve(false), 5000).unref();
+      });
+      child.disconnect(); // what rank 0's exit does to the rank's IPC channel
+      assert.equal(await exited, true, "the rank still runs 5 s after rank 0 went away");
+    } finally {
+      child.kill("SIGKILL");
+    }
+  });
+
   it("a rank that dies fails the engine naming it; close() stops the ranks", { timeout: 60_000 }, async () => {
     const model = tinyModelDir("LlamaForCausalLM");
     const args: ServingArgs = { model, maxModelLen: 64, kvCacheMemory: 2 ** 20, tensorParallelSize: 2 };
@@ -173,9 +193,11 @@ describe("tensor-parallel serving (2 ranks)", { skip: skipWithoutGloo }, () => {
 
     // killed while the engine idles: the engine fails at once (generate throws), naming the rank
     const b = await WorkerEngine.create(args);
+    assert.equal(b.deadError(), null);
     const [victim] = childPids().filter(alive);
     process.kill(victim!, "SIGKILL");
     await new Promise((r) => setTimeout(r, 300));
+    assert.match(String(b.deadError()), /rank 1 \(pid \d+\) exited \(SIGKILL\)/, "the engine reports itself dead (the server's /health: 503)");
     await assert.rejects(async () => final(b.generate({ promptTokenIds: [5, 6, 7] }, params, { requestId: "y" })), /rank 1 \(pid \d+\) exited \(SIGKILL\)/);
     await b.close();
 

@@ -217,6 +217,19 @@ describe("errors", () => {
   });
 });
 
+describe("a dead engine", () => {
+  it("/health answers 503 once the engine has died, as vLLM's on EngineDeadError", async () => {
+    const s = await startTestServer();
+    try {
+      assert.equal((await fetch(`${s.url}/health`)).status, 200);
+      Object.assign(s.engine, { deadError: () => new Error("[tensor_parallel] rank 1 (pid 1) exited (SIGKILL)") });
+      assert.equal((await fetch(`${s.url}/health`)).status, 503);
+    } finally {
+      await s.close();
+    }
+  });
+});
+
 describe("auth and CORS", () => {
   let s: TestServer;
   before(async () => {
