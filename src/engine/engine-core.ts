@@ -968,6 +968,7 @@ export class EngineCore {
             specDrafts: this.scheduler.specStats.drafts,
             specDraftTokens: this.scheduler.specStats.draftTokens,
             specAcceptedTokens: this.scheduler.specStats.acceptedTokens,
+            specAcceptedPerPosition: Array.from({ length: this.args.speculativeConfig.numSpeculativeTokens }, (_, j) => this.scheduler.specStats.acceptedPerPosition[j] ?? 0),
           }
         : {}),
     };

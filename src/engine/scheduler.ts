@@ -67,8 +67,11 @@ export class Scheduler {
   readonly running: Request[] = [];
   readonly requests = new Map<string, Request>();
   numPreemptions = 0;
-  /** Speculative decoding: draft runs verified, and their tokens verified and accepted (vLLM's spec_decode counters). */
-  readonly specStats = { drafts: 0, draftTokens: 0, acceptedTokens: 0 };
+  /**
+   * Speculative decoding: draft runs verified, their tokens verified and accepted, and the drafts accepted at each
+   * position (0: a run's first draft) (vLLM's spec_decode counters).
+   */
+  readonly specStats = { drafts: 0, draftTokens: 0, acceptedTokens: 0, acceptedPerPosition: [] as number[] };
   private finishedSinceLastStep: string[] = [];
   /** Sampled tokens whose text update() left for flushText() (see update's deferText). */
   private pendingText: { req: Request; tokenId: number; dropText: boolean; finished: boolean }[] = [];
@@ -370,6 +373,7 @@ export class Scheduler {
     this.specStats.drafts++;
     this.specStats.draftTokens += drafts.length;
     this.specStats.acceptedTokens += accepted;
+    for (let j = 0; j < accepted; j++) this.specStats.acceptedPerPosition[j] = (this.specStats.acceptedPerPosition[j] ?? 0) + 1;
     // a run of wrong drafts costs a wider step for one token: back off before drafting for this request again
     const pause = req.specPause;
     if (accepted > 0) pause.next = 1;

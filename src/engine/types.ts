@@ -125,6 +125,8 @@ export interface EngineStats {
   specDrafts?: number;
   specDraftTokens?: number;
   specAcceptedTokens?: number;
+  /** Accepted drafts by position in their run, 0 .. num_speculative_tokens - 1 (vLLM's ..._per_pos counter). */
+  specAcceptedPerPosition?: number[];
   /** LoRA (absent without it): max_loras, and the adapters of running and of waiting requests, by name. */
   lora?: { maxLoras: number; running: string[]; waiting: string[] };
   /** KV-cache events (absent without --kv-events-config): batches published, and batches and events dropped. */

@@ -7,10 +7,16 @@ import type { AsyncWrite } from "../backends/backend.js";
 import { Linear } from "../nn/index.js";
 import { tensor, type Tensor } from "../tensor/index.js";
 import type { CausalLM } from "./causal-lm.js";
-import { LoraError, type LoraAdapter } from "./lora.js";
+import { LoraError, type LoraAdapter, type LoraModuleWeights } from "./lora.js";
 
 /** Module names that take LoRA: the attention projections and the dense (not MoE) MLP's. */
 const ADAPTABLE = /^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$/;
+
+/** Fused modules an adapter may name (Phi-3's checkpoints', fused-weights.ts) and their parts, in row order. */
+const FUSED_PARTS: Record<string, string[]> = {
+  "self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+  "mlp.gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"],
+};
 
 export class LoraSlots {
   /** The adaptable projections by module name. */
@@ -44,14 +50,44 @@ export class LoraSlots {
 
   /** Throws LoraError when `adapter` does not fit this model (unknown modules, other shapes, rank over the slots'). */
   check(adapter: LoraAdapter): void {
+    this.fit(adapter);
+  }
+
+  /**
+   * The adapter's A and B per adaptable projection, checked against the model. A fused module (Phi-3's qkv_proj,
+   * gate_up_proj, which Kiln holds as its parts) gives each part the same A and its run of B's rows: B A's rows split
+   * as the fused weight's are, so each part's W + scaling * B A is the fused one's rows.
+   */
+  private fit(adapter: LoraAdapter): Map<string, LoraModuleWeights> {
     const where = `LoRA adapter "${adapter.name}" (${adapter.path})`;
     if (adapter.rank > this.maxRank) throw new LoraError(`${where}: LoRA rank ${adapter.rank} is greater than max_lora_rank ${this.maxRank}`);
-    for (const [name, w] of adapter.modules) {
-      const layer = this.layers.get(name);
-      if (layer === undefined) throw new LoraError(`${where}: the model has no adaptable module "${name}"`);
+    const out = new Map<string, LoraModuleWeights>();
+    const put = (name: string, w: LoraModuleWeights, layer: Linear): void => {
       if (w.inFeatures !== layer.inFeatures || w.outFeatures !== layer.outFeatures)
         throw new LoraError(`${where}: module "${name}" is [${w.outFeatures}, ${w.inFeatures}] in the adapter, [${layer.outFeatures}, ${layer.inFeatures}] in the model`);
+      if (out.has(name)) throw new LoraError(`${where}: module "${name}" is adapted twice (on its own and within a fused module)`);
+      out.set(name, w);
+    };
+    for (const [name, w] of adapter.modules) {
+      const m = /^(.+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)$/.exec(name);
+      const parts = m === null ? [name] : FUSED_PARTS[m[2]!]!.map((p) => m[1]! + p);
+      const layers = parts.map((p) => this.layers.get(p));
+      if (layers.some((l) => l === undefined)) throw new LoraError(`${where}: the model has no adaptable module "${name}"`);
+      if (m === null) {
+        put(name, w, layers[0]!);
+        continue;
+      }
+      const rows = layers.reduce((n, l) => n + l!.outFeatures, 0);
+      if (w.inFeatures !== layers[0]!.inFeatures || w.outFeatures !== rows)
+        throw new LoraError(`${where}: module "${name}" is [${w.outFeatures}, ${w.inFeatures}] in the adapter, [${rows}, ${layers[0]!.inFeatures}] in the model`);
+      let row = 0;
+      parts.forEach((p, i) => {
+        const n = layers[i]!.outFeatures;
+        put(p, { a: w.a, b: w.b.subarray(row * adapter.rank, (row + n) * adapter.rank), inFeatures: w.inFeatures, outFeatures: n }, layers[i]!);
+        row += n;
+      });
     }
+    return out;
   }
 
   /**
@@ -60,7 +96,7 @@ export class LoraSlots {
    */
   load(slot: number, adapter: LoraAdapter | null): void {
     if (!Number.isInteger(slot) || slot < 0 || slot >= this.maxLoras) throw new RangeError(`[lora] slot ${slot} outside 0..${this.maxLoras - 1}`);
-    if (adapter !== null) this.check(adapter);
+    const modules = adapter === null ? null : this.fit(adapter);
     const R = this.maxRank;
     const writes: AsyncWrite[] = [];
     const put = (t: Tensor, at: number, values: Float32Array): void => {
@@ -69,7 +105,7 @@ export class LoraSlots {
     for (const [name, layer] of this.layers) {
       const lora = layer.lora!;
       const K = layer.inFeatures, N = layer.outFeatures;
-      const w = adapter?.modules.get(name);
+      const w = modules?.get(name);
       const a = new Float32Array(R * K);
       const bt = new Float32Array(R * N);
       if (w !== undefined) {

@@ -1,7 +1,8 @@
 // LoRA adapters in PEFT's on-disk format (adapter_config.json + adapter_model.safetensors), as vLLM serves them:
 // W x + scaling * B (A x) on the projections they name, scaling = lora_alpha / r (lora_alpha / sqrt(r) with
-// use_rslora). Kiln applies them to the attention and dense MLP projections (q/k/v/o, gate/up/down), the modules
-// vLLM's Llama-family models take LoRA on; anything else an adapter holds is refused rather than dropped.
+// use_rslora). Kiln applies them to the attention and dense MLP projections (q/k/v/o, gate/up/down, or Phi-3's fused
+// qkv_proj and gate_up_proj), the modules vLLM's Llama-family models take LoRA on; anything else an adapter holds is
+// refused rather than dropped.
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { readSafetensors } from "./formats/safetensors.js";
@@ -21,6 +22,9 @@ export class LoraError extends Error {
 
 /** The projections an adapter may target (the last part of the module name). */
 export const LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const;
+
+/** Fused projections as checkpoints that store them so (Phi-3) name them: served adapters may target them too (LoraSlots). */
+export const LORA_FUSED_MODULES = ["qkv_proj", "gate_up_proj"] as const;
 
 /** One adapted projection: A [rank, in] and B [out, rank], row-major float32 as stored. */
 export interface LoraModuleWeights {
@@ -107,8 +111,8 @@ export function readLoraAdapter(name: string, dir: string, options: { maxRank: n
       }
       const module = m[1]!;
       const last = module.slice(module.lastIndexOf(".") + 1);
-      if (!(LORA_TARGET_MODULES as readonly string[]).includes(last))
-        throw new LoraError(`${where}: module "${module}" is not supported for LoRA (supported: ${LORA_TARGET_MODULES.join(", ")})`);
+      const supported: readonly string[] = [...LORA_TARGET_MODULES, ...LORA_FUSED_MODULES];
+      if (!supported.includes(last)) throw new LoraError(`${where}: module "${module}" is not supported for LoRA (supported: ${supported.join(", ")})`);
       const e = parts.get(module) ?? {};
       if (m[2] === "A") e.a = t.name;
       else e.b = t.name;

@@ -88,6 +88,18 @@ export class ServerMetrics {
       counterFromStats("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", () => engine.stats().specDrafts ?? 0);
       counterFromStats("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", () => engine.stats().specDraftTokens ?? 0);
       counterFromStats("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", () => engine.stats().specAcceptedTokens ?? 0);
+      // one series per draft position, each growing by its own increase since the previous scrape
+      const lastPerPosition: number[] = [];
+      new Counter({
+        name: "vllm:spec_decode_num_accepted_tokens_per_pos_total", help: "Accepted tokens per draft position.",
+        labelNames: ["model_name", "position"] as const, registers,
+        collect() {
+          (engine.stats().specAcceptedPerPosition ?? []).forEach((now, pos) => {
+            this.inc({ ...labels, position: String(pos) }, Math.max(0, now - (lastPerPosition[pos] ?? 0)));
+            lastPerPosition[pos] = Math.max(lastPerPosition[pos] ?? 0, now);
+          });
+        },
+      });
     }
 
     if (engine.stats().kvEvents !== undefined) {

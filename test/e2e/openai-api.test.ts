@@ -524,6 +524,10 @@ describe("kiln serve --speculative-config (e2e)", () => {
     const drafted = await spec.metric("vllm:spec_decode_num_draft_tokens_total");
     const accepted = await spec.metric("vllm:spec_decode_num_accepted_tokens_total");
     assert.ok(drafted > 0 && accepted >= 0 && accepted <= drafted, `${accepted} of ${drafted}`);
+    // vLLM's per-position counter: one series per draft position, adding up to the accepted tokens
+    const perPosition = await Promise.all([0, 1, 2].map((p) => spec.metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", `position="${p}"`)));
+    assert.equal(perPosition.reduce((a, b) => a + b, 0), accepted);
+    assert.ok(perPosition[0]! >= perPosition[1]! && perPosition[1]! >= perPosition[2]!, JSON.stringify(perPosition));
   });
 });
 

@@ -42,10 +42,16 @@ describe("draft-model speculative decoding", () => {
       assert.deepEqual(self.out, base);
       assert.ok(self.stats.specDraftTokens! > 20, `drafted ${self.stats.specDraftTokens}`);
       assert.equal(self.stats.specAcceptedTokens, self.stats.specDraftTokens); // the same model drafts what it samples
+      // per draft position (vLLM's ..._per_pos): every run's first draft is kept, and the positions add up
+      const perPosition = self.stats.specAcceptedPerPosition!;
+      assert.equal(perPosition.length, 3);
+      assert.equal(perPosition[0], self.stats.specDrafts);
+      assert.equal(perPosition.reduce((a, b) => a + b, 0), self.stats.specAcceptedTokens);
       const diff = run({ model: other() }, { enforceEager });
       assert.deepEqual(diff.out, base);
       assert.ok(diff.stats.specDraftTokens! > 0);
       assert.ok(diff.stats.specAcceptedTokens! < diff.stats.specDraftTokens!, "another model's drafts fail somewhere");
+      assert.equal(diff.stats.specAcceptedPerPosition!.reduce((a, b) => a + b, 0), diff.stats.specAcceptedTokens);
     });
   }
 

@@ -99,6 +99,17 @@ describe("LoRA adapters", () => {
     assert.throws(() => llm.generate(prompts, greedy, { loraRequest: [loraA] }), /got 1 LoRA requests for 2 prompts/);
   });
 
+  it("an adapter on Phi-3's fused qkv_proj and gate_up_proj (as PEFT names them) matches the merged weights", () => {
+    const phi3 = tinyModelDir("Phi3ForCausalLM");
+    const modules = [0, 1].flatMap((i) => ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"].map((m) => `model.layers.${i}.${m}`));
+    const adapter = writeLoraAdapter(phi3, tempPath("lora-phi3"), { rank: 4, alpha: 8, modules, seed: 13 });
+    // merged into the checkpoint's fused weights: the loader then splits W + scaling * B A as it splits W
+    const want = summary(new LLM({ model: mergeLoraIntoModel(phi3, adapter, tempPath("merged-phi3")), ...llmArgs, enforceEager: true }).generate(prompts, greedy));
+    const llm = new LLM({ model: phi3, ...llmArgs, enforceEager: true, enableLora: true, maxLoraRank: 4 });
+    assert.notDeepEqual(summary(llm.generate(prompts, greedy))[0]!.lps, want[0]!.lps);
+    assertSame(summary(llm.generate(prompts, greedy, { loraRequest: { name: "phi3", id: 1, path: adapter } })), want, "phi3 fused");
+  });
+
   it("refuses what it cannot serve with typed errors, before anything is queued", () => {
     const plain = new LLM({ model: base, ...llmArgs, enforceEager: true });
     assert.throws(() => plain.generate(prompts, greedy, { loraRequest: loraA }), (e: unknown) => e instanceof EngineInputError && e.param === "lora_request" && /not enabled/.test(e.message));
