@@ -6,6 +6,7 @@ import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tokenizer, TokenizerError, loadGenerationConfig } from "../../src/models/tokenizer.js";
 import { IncrementalDetokenizer } from "../../src/models/detokenizer.js";
+import { IncrementalDetokenizer as EngineDetokenizer } from "../../src/engine/detokenizer.js";
 import { ggufToTokenizerJson, tokenizerJsonToGgufMetadata } from "../../src/models/formats/gguf-tokenizer.js";
 import { readGguf, writeGguf } from "../../src/models/formats/gguf.js";
 import type { ChatMessage } from "../../src/models/tokenizer-types.js";
@@ -131,6 +132,23 @@ test("incremental detokenizer == full decode, token by token, on emoji/CJK", () 
   for (const id of gen) g += dp.push([id]);
   g += dp.finish();
   assert.equal(g, " 世界");
+});
+
+test("decode spells the tokens' bytes, without clean_up_tokenization_spaces unless asked (Llama 3's config sets it)", () => {
+  const tok = load("llama3");
+  const ids = ["x", "Ġ", ".", "y", "Ġ,", "Ġ", "'s", "Ġ!"].map((t) => tok.tokenToId(t)!);
+  // what tokenizers' decode and vLLM's detokenizer give: the bytes, spaces before punctuation kept
+  assert.equal(tok.decode(ids), "x .y , 's !");
+  // transformers' decode (vLLM's /detokenize) cleans up where tokenizer_config.json says so
+  assert.equal(tok.cleanUpTokenizationSpaces, true);
+  assert.equal(load("qwen3").cleanUpTokenizationSpaces, false);
+  assert.equal(tok.decode(ids, { cleanUpTokenizationSpaces: true }), "x.y,'s!");
+  // the engine's streamed text loses nothing when a cleaned-up window would have been shorter than its prefix
+  const d = new EngineDetokenizer(tok, []);
+  let streamed = "";
+  for (const id of ids) streamed += d.push([id]);
+  streamed += d.finish();
+  assert.equal(streamed, "x .y , 's !");
 });
 
 test("GGUF tokenizer round trip (tokenizer.json -> gguf metadata -> tokenizer) encodes identically", () => {
