@@ -7,6 +7,7 @@ import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import type { ChatMessage, ChatTemplateOptions, DecodeOptions, GrammarVocab, TokenizerLike } from "./tokenizer-types.js";
 import { detectContentFormat, messagesForTemplate } from "./chat-content-format.js";
+import { usePythonStrip } from "./jinja-strings.js";
 
 export class TokenizerError extends Error {
   constructor(message: string) {
@@ -318,6 +319,7 @@ export class Tokenizer implements TokenizerLike {
     if (!source && options.tools?.length && this.namedTemplates.has("tool_use")) source = this.namedTemplates.get("tool_use");
     source ??= this.chatTemplate ?? undefined;
     if (!source) throw new TokenizerError("[chat_template] this tokenizer has no chat template; pass one with chatTemplate");
+    usePythonStrip(); // Python's str.strip(chars), which templates use and the library lacks
     let template = this.compiled.get(source);
     if (!template) {
       try {

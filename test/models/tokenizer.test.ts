@@ -92,6 +92,15 @@ test("gemma3: SentencePiece-style BPE with byte fallback, chat template", () => 
   );
 });
 
+test("templates' str.strip / lstrip / rstrip take Python's chars argument (Qwen3's lstrip('\\n') keeps a reply's indent)", () => {
+  const tok = load("qwen3");
+  const turn: ChatMessage[] = [{ role: "user", content: "q" }, { role: "assistant", content: "\n  x = 1", reasoning_content: "\n plan \n" }];
+  assert.equal(tok.applyChatTemplate(turn, { addGenerationPrompt: false }), "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n plan \n</think>\n\n  x = 1<|im_end|>\n");
+  const render = (t: string) => tok.applyChatTemplate([], { chatTemplate: t });
+  assert.equal(render("{{ 'xxaxx'.strip('x') }}|{{ 'xxaxx'.lstrip('x') }}|{{ 'xxaxx'.rstrip('x') }}|{{ 'abcba'.strip('ab') }}"), "a|axx|xxa|c");
+  assert.equal(render("[{{ ' \\t a \\n'.strip() }}][{{ '  a '.lstrip(none) }}][{{ '\u00a0a\u3000'.strip() }}]"), "[a][a ][a]");
+});
+
 test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
   const tok = load("qwen3");
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
