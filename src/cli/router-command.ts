@@ -6,7 +6,6 @@
 // policy), and vllm-router's Kubernetes service discovery (--service-discovery --selector key=value, or with P/D
 // --prefill-selector and --decode-selector). Flags are parsed into the router's one typed RouterConfig; a bad value is
 // a usage error.
-import { existsSync, readFileSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 // the config modules only: fastify and the proxy load when the command runs, not with every `kiln` command
 import { DEFAULT_ROUTER_CONFIG, MAX_TIMER_MS, resolveRouterConfig, RouterConfigError, type PrefillUrl, type RouterConfig } from "../router/router-config.js";
@@ -14,6 +13,7 @@ import { POLICY_NAMES } from "../router/routing-types.js";
 import { CHAT_CONTENT_FORMATS, type ChatContentFormat } from "../models/chat-content-format.js";
 import { jsonObjectFlag } from "./serve-flag-values.js";
 import { parseMmArgs } from "./serve-mm-args.js";
+import { parseChatTemplate } from "./serve-chat-args.js";
 import { CliUsageError } from "./usage-error.js";
 
 const D = DEFAULT_ROUTER_CONFIG;
@@ -99,14 +99,6 @@ function workerPromptArgs(o: Record<string, unknown>): RouterConfig["workerPromp
     ...(mm.rgbaBackground !== null ? { rgbaBackground: mm.rgbaBackground } : {}),
     ...(mm.interleaveMmStrings ? { interleaveMmStrings: true } : {}),
   };
-}
-
-/** --chat-template as `kiln serve` reads it: a file's text, or the template itself. */
-function chatTemplateArg(value: unknown): string | null {
-  if (typeof value !== "string") return null;
-  if (existsSync(value) && statSync(value).isFile()) return readFileSync(value, "utf8");
-  if (/[{}\n]/.test(value)) return value;
-  throw new CliUsageError(`--chat-template ${JSON.stringify(value)} looks like a file path, but it cannot be opened`);
 }
 
 /** A list flag's values, commas splitting too (--worker-urls a,b). */
@@ -212,7 +204,7 @@ export function parseRouterArgs(o: Record<string, unknown>): RouterConfig {
     kvEventsEndpoint: (o.kvEventsEndpoint as string | undefined) ?? null,
     kvEventsTopic: String(o.kvEventsTopic),
     tokenizer: (o.tokenizer as string | undefined) ?? null,
-    chatTemplate: chatTemplateArg(o.chatTemplate),
+    chatTemplate: parseChatTemplate(o.chatTemplate), // as `kiln serve` reads it
     workerPrompt: workerPromptArgs(o),
     healthCheckIntervalMs: secs("healthCheckIntervalSecs", "--health-check-interval-secs"),
     healthCheckTimeoutMs: secs("healthCheckTimeoutSecs", "--health-check-timeout-secs"),

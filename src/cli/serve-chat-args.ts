@@ -61,10 +61,31 @@ export function parseChatArgs(o: Record<string, unknown>): ChatArgs {
   };
 }
 
-/** vLLM's rule: a file's contents; else the text itself when it looks like a template ({, } or a newline in it). */
-function parseChatTemplate(t: unknown): string | null {
+/**
+ * vLLM's rule: a file's contents; else the text itself when it looks like a template ({, } or a newline in it), its
+ * backslash escapes decoded as vLLM decodes them (Python's unicode_escape: a typed `\n` is a newline).
+ */
+export function parseChatTemplate(t: unknown): string | null {
   if (typeof t !== "string") return null;
   if (existsSync(t) && statSync(t).isFile()) return readFileSync(t, "utf8");
-  if (/[{}\n]/.test(t)) return t;
+  if (/[{}\n]/.test(t)) return decodeUnicodeEscapes(t);
   throw new CliUsageError(`--chat-template ${JSON.stringify(t)} looks like a file path, but it cannot be opened`);
+}
+
+const SIMPLE_ESCAPES: Record<string, string> = { "\n": "", "\\": "\\", "'": "'", '"': '"', a: "\x07", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t", v: "\v" };
+
+/** Python's codecs.decode(text, "unicode_escape") for the escapes it knows (others stay as written); \N{...} is not read. */
+function decodeUnicodeEscapes(text: string): string {
+  return text.replace(/\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{1,3}|[\s\S])/g, (escape, body: string) => {
+    const simple = SIMPLE_ESCAPES[body];
+    if (simple !== undefined) return simple;
+    if (/^[0-7]/.test(body)) return String.fromCodePoint(parseInt(body, 8));
+    if (body.length > 1) {
+      const code = parseInt(body.slice(1), 16);
+      if (code > 0x10ffff) throw new CliUsageError(`--chat-template: ${escape} is not a character`);
+      return String.fromCodePoint(code);
+    }
+    if (body === "x" || body === "u" || body === "U") throw new CliUsageError(`--chat-template: a truncated \\${body} escape`);
+    return escape;
+  });
 }

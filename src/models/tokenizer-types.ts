@@ -39,12 +39,21 @@ export interface GrammarVocab {
   prependSpace: boolean;
 }
 
+export interface DecodeOptions {
+  skipSpecialTokens?: boolean;
+  spacesBetweenSpecialTokens?: boolean;
+  /** Remove spaces before punctuation and contractions (" ." -> ".", " 's" -> "'s"), as transformers' decode; default false. */
+  cleanUpTokenizationSpaces?: boolean;
+}
+
 export interface TokenizerLike {
   readonly vocabSize: number;
   readonly eosTokenIds: number[];
   readonly bosTokenId: number | null;
   encode(text: string, options?: { addSpecialTokens?: boolean }): number[];
-  decode(ids: readonly number[], options?: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean }): string;
+  decode(ids: readonly number[], options?: DecodeOptions): string;
+  /** tokenizer_config.json's clean_up_tokenization_spaces: transformers' `decode` (vLLM's /detokenize) cleans up with it. */
+  readonly cleanUpTokenizationSpaces?: boolean;
   /** A text pair's ids as HF's tokenizer(text, text_pair) gives them (cross-encoders); tokenizers without it cannot. */
   encodePair?(text: string, pair: string, options?: { addSpecialTokens?: boolean }): number[];
   /** The token's text as the model's vocabulary spells it, decoded to a string (used for logprobs). */

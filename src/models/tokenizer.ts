@@ -5,8 +5,9 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
-import type { ChatMessage, ChatTemplateOptions, GrammarVocab, TokenizerLike } from "./tokenizer-types.js";
+import type { ChatMessage, ChatTemplateOptions, DecodeOptions, GrammarVocab, TokenizerLike } from "./tokenizer-types.js";
 import { detectContentFormat, messagesForTemplate } from "./chat-content-format.js";
+import { usePythonStrip } from "./jinja-strings.js";
 
 export class TokenizerError extends Error {
   constructor(message: string) {
@@ -107,6 +108,8 @@ export class Tokenizer implements TokenizerLike {
   readonly bosToken: string | null;
   readonly eosToken: string | null;
   readonly chatTemplate: string | null;
+  /** tokenizer_config.json's clean_up_tokenization_spaces (transformers' default false): what `decode` of transformers does. */
+  readonly cleanUpTokenizationSpaces: boolean;
   /** The HF tokenizer; `encodes` is false for a deferred one built without its BPE merges (only encode reads them). */
   private built: { hf: HfTokenizer; encodes: boolean; vocabSize: number; specialIds: Set<number> } | null = null;
   private readonly tokenizerJson: Json;
@@ -121,6 +124,7 @@ export class Tokenizer implements TokenizerLike {
 
     this.bosToken = tokenContent(config.bos_token);
     this.eosToken = tokenContent(config.eos_token);
+    this.cleanUpTokenizationSpaces = config.clean_up_tokenization_spaces === true;
     this.bosTokenId = this.bosToken !== null ? (this.tokenIdForSetup(this.bosToken) ?? null) : null;
     const eos = new Set<number>();
     const eosId = this.eosToken !== null ? this.tokenIdForSetup(this.eosToken) : undefined;
@@ -238,14 +242,20 @@ export class Tokenizer implements TokenizerLike {
     return joins.length === 0 ? [...a, ...b] : joins[0]!(a, b);
   }
 
-  decode(ids: readonly number[], options: { skipSpecialTokens?: boolean; spacesBetweenSpecialTokens?: boolean } = {}): string {
+  /**
+   * The text the ids spell, as tokenizers' `Tokenizer.decode` and vLLM's detokenizer give it: no
+   * clean_up_tokenization_spaces unless asked (`cleanUpTokenizationSpaces`: transformers' `decode` cleanup).
+   */
+  decode(ids: readonly number[], options: DecodeOptions = {}): string {
     if (ids.length === 0) return "";
-    return this.decoder().decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false });
+    const clean = options.cleanUpTokenizationSpaces ?? false;
+    return this.decoder().decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: clean });
   }
 
+  /** The token alone decoded as transformers' decode([id]) gives it (vLLM's logprob tokens): the config's cleanup applies. */
   idToToken(id: number): string | undefined {
     if (this.decoder().id_to_token(id) === undefined) return undefined;
-    return this.decoder().decode([id], { skip_special_tokens: false });
+    return this.decode([id], { cleanUpTokenizationSpaces: this.cleanUpTokenizationSpaces });
   }
 
   tokenizerConfig(): Record<string, unknown> {
@@ -309,6 +319,7 @@ export class Tokenizer implements TokenizerLike {
     if (!source && options.tools?.length && this.namedTemplates.has("tool_use")) source = this.namedTemplates.get("tool_use");
     source ??= this.chatTemplate ?? undefined;
     if (!source) throw new TokenizerError("[chat_template] this tokenizer has no chat template; pass one with chatTemplate");
+    usePythonStrip(); // Python's str.strip(chars), which templates use and the library lacks
     let template = this.compiled.get(source);
     if (!template) {
       try {

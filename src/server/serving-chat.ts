@@ -9,6 +9,7 @@ import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { asJsonBody, parseChatRequest, refuseRequestLogitsProcessors, type ChatRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
 import type { Json } from "./fields.js";
+import { PyDict, pyJsonDecode, pyJsonDumps, type PyValue } from "./python-json.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import { reasoningKeepsSpecialTokens, ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import { chatEffort, checkHarmonyToolChoice, HarmonyChatStream, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
@@ -100,18 +101,22 @@ function readCalls(ctx: ServingContext, req: ChatRequest, text: string): Reply {
       return found === null ? asText : { content: found.content, toolCalls: found.calls.map((c) => call(c.name, c.arguments, c.id)) };
     }
     case "required": {
-      let list: unknown;
+      // read as pydantic reads the list, each call's parameters written back as vLLM's json.dumps writes them
+      let list: PyValue;
       try {
-        list = JSON.parse(text);
+        const read = pyJsonDecode(text, text.search(/\S|$/));
+        if (text.slice(read.end).trim() !== "") return asText;
+        list = read.value;
       } catch {
         return asText;
       }
       if (!Array.isArray(list)) return asText;
       const calls: ToolCall[] = [];
       for (const c of list) {
-        const o = c as { name?: unknown; parameters?: unknown } | null;
-        if (typeof o !== "object" || o === null || typeof o.name !== "string") return asText;
-        calls.push(call(o.name, JSON.stringify(o.parameters ?? {})));
+        if (!(c instanceof PyDict)) return asText;
+        const name = c.get("name");
+        if (typeof name !== "string") return asText;
+        calls.push(call(name, pyJsonDumps(c.get("parameters") ?? new PyDict())));
       }
       return { content: "", toolCalls: calls };
     }

@@ -40,7 +40,9 @@ export function registerTokenizeRoutes(app: FastifyInstance, bound: () => Servin
     if (ctx.skipTokenizerInit) throw badRequest("detokenizing needs the tokenizer, and the server was started with --skip-tokenizer-init", "tokens");
     if (!Array.isArray(tokens) || !tokens.every((t) => Number.isInteger(t))) throw badRequest("'tokens' must be a list of integers", "tokens");
     for (const t of tokens as number[]) if (t < 0 || t >= ctx.tokenizer.vocabSize) throw badRequest(`Token id ${t} is out of vocabulary`, "tokens");
-    return { prompt: ctx.tokenizer.decode(tokens as number[], { skipSpecialTokens: false }) };
+    // vLLM decodes with transformers' tokenizer.decode: tokenizer_config's clean_up_tokenization_spaces applies
+    const cleanUpTokenizationSpaces = ctx.tokenizer.cleanUpTokenizationSpaces ?? false;
+    return { prompt: ctx.tokenizer.decode(tokens as number[], { skipSpecialTokens: false, cleanUpTokenizationSpaces }) };
   });
 }
 

@@ -181,6 +181,12 @@ describe("kiln CLI", () => {
     writeFileSync(join(tmp, "t.jinja"), "{{ messages[0].content }}");
     assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "t.jinja") }, {}).chatTemplate, "{{ messages[0].content }}");
     assert.equal(parseServeArgs("m", { chatTemplate: "{{ 'x' }}" }, {}).chatTemplate, "{{ 'x' }}");
+    // an inline template's escapes are read as vLLM reads them (Python's unicode_escape); a file's text is as written
+    const inline = String.raw`{% for m in messages %}{{ m.content }}\n\t\x41\u00e9\'\q{% endfor %}`;
+    assert.equal(parseServeArgs("m", { chatTemplate: inline }, {}).chatTemplate, "{% for m in messages %}{{ m.content }}\n\tAé'\\q{% endfor %}");
+    writeFileSync(join(tmp, "escaped.jinja"), inline);
+    assert.equal(parseServeArgs("m", { chatTemplate: join(tmp, "escaped.jinja") }, {}).chatTemplate, inline);
+    assert.throws(() => parseServeArgs("m", { chatTemplate: String.raw`{{ x }}\x4` }, {}), /--chat-template: a truncated \\x escape/);
     assert.throws(() => parseServeArgs("m", { chatTemplate: join(tmp, "missing.jinja") }, {}), /looks like a file path, but it cannot be opened/);
     assert.throws(() => parseServeArgs("m", { generationConfig: tmp }, {}), /has no generation_config.json/);
     writeFileSync(join(tmp, "generation_config.json"), '{"temperature": 0.1, "max_new_tokens": 7}');

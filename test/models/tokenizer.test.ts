@@ -6,6 +6,7 @@ import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tokenizer, TokenizerError, loadGenerationConfig } from "../../src/models/tokenizer.js";
 import { IncrementalDetokenizer } from "../../src/models/detokenizer.js";
+import { IncrementalDetokenizer as EngineDetokenizer } from "../../src/engine/detokenizer.js";
 import { ggufToTokenizerJson, tokenizerJsonToGgufMetadata } from "../../src/models/formats/gguf-tokenizer.js";
 import { readGguf, writeGguf } from "../../src/models/formats/gguf.js";
 import type { ChatMessage } from "../../src/models/tokenizer-types.js";
@@ -91,6 +92,15 @@ test("gemma3: SentencePiece-style BPE with byte fallback, chat template", () => 
   );
 });
 
+test("templates' str.strip / lstrip / rstrip take Python's chars argument (Qwen3's lstrip('\\n') keeps a reply's indent)", () => {
+  const tok = load("qwen3");
+  const turn: ChatMessage[] = [{ role: "user", content: "q" }, { role: "assistant", content: "\n  x = 1", reasoning_content: "\n plan \n" }];
+  assert.equal(tok.applyChatTemplate(turn, { addGenerationPrompt: false }), "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n plan \n</think>\n\n  x = 1<|im_end|>\n");
+  const render = (t: string) => tok.applyChatTemplate([], { chatTemplate: t });
+  assert.equal(render("{{ 'xxaxx'.strip('x') }}|{{ 'xxaxx'.lstrip('x') }}|{{ 'xxaxx'.rstrip('x') }}|{{ 'abcba'.strip('ab') }}"), "a|axx|xxa|c");
+  assert.equal(render("[{{ ' \\t a \\n'.strip() }}][{{ '  a '.lstrip(none) }}][{{ '\u00a0a\u3000'.strip() }}]"), "[a][a ][a]");
+});
+
 test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
   const tok = load("qwen3");
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
@@ -131,6 +141,23 @@ test("incremental detokenizer == full decode, token by token, on emoji/CJK", () 
   for (const id of gen) g += dp.push([id]);
   g += dp.finish();
   assert.equal(g, " 世界");
+});
+
+test("decode spells the tokens' bytes, without clean_up_tokenization_spaces unless asked (Llama 3's config sets it)", () => {
+  const tok = load("llama3");
+  const ids = ["x", "Ġ", ".", "y", "Ġ,", "Ġ", "'s", "Ġ!"].map((t) => tok.tokenToId(t)!);
+  // what tokenizers' decode and vLLM's detokenizer give: the bytes, spaces before punctuation kept
+  assert.equal(tok.decode(ids), "x .y , 's !");
+  // transformers' decode (vLLM's /detokenize) cleans up where tokenizer_config.json says so
+  assert.equal(tok.cleanUpTokenizationSpaces, true);
+  assert.equal(load("qwen3").cleanUpTokenizationSpaces, false);
+  assert.equal(tok.decode(ids, { cleanUpTokenizationSpaces: true }), "x.y,'s!");
+  // the engine's streamed text loses nothing when a cleaned-up window would have been shorter than its prefix
+  const d = new EngineDetokenizer(tok, []);
+  let streamed = "";
+  for (const id of ids) streamed += d.push([id]);
+  streamed += d.finish();
+  assert.equal(streamed, "x .y , 's !");
 });
 
 test("GGUF tokenizer round trip (tokenizer.json -> gguf metadata -> tokenizer) encodes identically", () => {

@@ -3,6 +3,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { parseChatRequest } from "../../src/server/protocol.js";
+import { readReply } from "../../src/server/serving-chat.js";
+import type { ServingContext } from "../../src/server/serving-context.js";
 
 describe("chat protocol: tools", () => {
   const tool = { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } } };
@@ -55,5 +57,16 @@ describe("chat protocol: tools", () => {
     assert.deepEqual(req.toolChoice, { kind: "required" });
     const named = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: { type: "function", function: { name: "get_weather" } } }, 100);
     assert.deepEqual(named.params.structuredOutputs, { json: tool.function.parameters });
+  });
+
+  it('reads a "required" reply\'s list into calls whose arguments are written as vLLM\'s json.dumps writes them', () => {
+    const req = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: "required" }, 100);
+    const ctx = { toolCallParser: null } as unknown as ServingContext;
+    const reply = readReply(ctx, req, ' [{"name": "get_weather", "parameters": {"city":"Zürich","days":2,"t":1.0,"u":[1,2]}}, {"name": "get_weather"}]\n');
+    assert.equal(reply.content, "");
+    assert.deepEqual(reply.toolCalls!.map((c) => c.function.arguments), ['{"city": "Zürich", "days": 2, "t": 1.0, "u": [1, 2]}', "{}"]);
+    for (const bad of ['[{"name": "get_weather", "parameters": {}}] x', '{"name": "get_weather"}', "[1]", '[{"parameters": {}}]']) {
+      assert.deepEqual(readReply(ctx, req, bad), { content: bad, toolCalls: null }, bad);
+    }
   });
 });
