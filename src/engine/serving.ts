@@ -647,9 +647,12 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
       "tensor_parallel_size",
       "the synchronous LLM runs one rank: serve tensor-parallel with `kiln serve --tensor-parallel-size N` or WorkerEngine.create",
     );
+  const spec = speculation(args);
+  // (a drafter that is not there is refused before the served model loads and compiles, as vLLM reads its config first)
+  if ((spec?.method === "draft_model" || spec?.method === "eagle" || spec?.method === "eagle3") && !fs.existsSync(spec.model))
+    throw new EngineInputError("speculative_config", `${spec.method === "draft_model" ? "draft model" : "EAGLE head"}: ${spec.model} does not exist`);
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = loadLocalModel(args.model, { ...loadOptions(args), onProgress: args.onProgress });
-  const spec = speculation(args);
   const eagle = spec?.method === "eagle" || spec?.method === "eagle3" ? eagleSpec(spec, spec.model, loaded) : null;
   const s = setup(loaded, args, mark, null, eagle?.hiddenStates);
   // (drafters are loaded after the served model's step graphs are captured: their recordings place its buffers relative to `mark`)
@@ -671,21 +674,29 @@ export function createServingSetupSync(args: ServingArgs): ServingSetup {
 export async function createServingSetup(args: ServingArgs, load: Pick<LoadOptions, "deferTokenizerBuild"> = {}): Promise<ServingSetup> {
   checkServingArgs(args);
   if ((args.tensorParallelSize ?? 1) > 1) return createTensorParallelSetup(args, args.tensorParallelSize!, load);
+  const spec = speculation(args);
+  // (a drafter that cannot be found is refused before the served model loads and compiles, as vLLM reads its config first)
+  const eagleDir = spec?.method === "eagle" || spec?.method === "eagle3" ? await resolveEagleDir(spec.model, args) : null;
+  const draftPath = spec?.method === "draft_model" ? (await resolveModel(spec.model, cacheDirOption(args)).catch(draftLoadError)).path : null;
   const mark = defaultDevice().backend.allocationMark?.(); // step-graph recordings name weights relative to it
   const loaded = await loadModel(args.model, { ...loadOptions(args), onProgress: args.onProgress, deferTokenizerBuild: load.deferTokenizerBuild });
-  const spec = speculation(args);
-  const eagle = spec?.method === "eagle" || spec?.method === "eagle3" ? eagleSpec(spec, await resolveEagleDir(spec.model, args), loaded) : null;
+  const eagle = eagleDir !== null ? eagleSpec(spec as EagleSpeculativeConfig, eagleDir, loaded) : null;
   const s = setup(loaded, args, mark, null, eagle?.hiddenStates);
   if (eagle !== null) return withEagle(s, eagle, args);
-  if (spec?.method !== "draft_model") return s;
-  return withDraft(s, await loadModel(spec.model, draftLoadOptions(args)).catch(draftLoadError), args);
+  if (draftPath === null) return s;
+  return withDraft(s, await loadModel(draftPath, draftLoadOptions(args)).catch(draftLoadError), args);
+}
+
+/** --download-dir as the hub cache for resolveModel. */
+function cacheDirOption(args: ServingArgs): { cacheDir?: string } {
+  return args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {};
 }
 
 /** An EAGLE head's directory: a local one, or a hub id resolved through the local HF cache (or a download). */
 async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<string> {
   if (fs.existsSync(idOrPath)) return idOrPath;
   try {
-    return (await resolveModel(idOrPath, args.downloadDir !== undefined ? { cacheDir: args.downloadDir } : {})).path;
+    return (await resolveModel(idOrPath, cacheDirOption(args))).path;
   } catch (e) {
     throw new EngineInputError("speculative_config", `EAGLE head: ${(e as Error).message}`);
   }

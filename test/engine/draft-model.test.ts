@@ -10,6 +10,7 @@ import { DraftModelProposer } from "../../src/engine/draft-model.js";
 import { EngineInputError } from "../../src/engine/errors.js";
 import { LLM } from "../../src/engine/llm-engine.js";
 import type { ModelRunner, RunnerOutput, ScheduledBatch } from "../../src/engine/model-runner.js";
+import { createServingSetup, createServingSetupSync, type ServingArgs } from "../../src/engine/serving.js";
 import { resolveSpeculativeConfig } from "../../src/engine/speculative.js";
 import type { SamplingParams } from "../../src/engine/types.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
@@ -134,5 +135,15 @@ describe("draft-model speculative decoding", () => {
       () => new LLM({ model: target(), maxModelLen: 256, speculativeConfig: { model: "/nonexistent/draft", numSpeculativeTokens: 2 } }),
       (e: unknown) => e instanceof EngineInputError && e.param === "speculative_config" && /draft model: .*\/nonexistent\/draft/.test(e.message),
     );
+  });
+
+  it("a drafter that is not there is refused before the served model is read (the served one missing too: the drafter is named)", async () => {
+    const missing = (method: string, re: RegExp) => (e: unknown) => e instanceof EngineInputError && e.param === "speculative_config" && re.test(e.message) && !/\/nonexistent\/served/.test(e.message) || assert.fail(`${method}: ${(e as Error).message}`);
+    for (const method of ["draft_model", "eagle"]) {
+      const args = { model: "/nonexistent/served", speculativeConfig: { method, model: "/nonexistent/drafter", numSpeculativeTokens: 2 } } as ServingArgs;
+      const re = method === "eagle" ? /EAGLE head: .*\/nonexistent\/drafter/ : /draft model: .*\/nonexistent\/drafter/;
+      assert.throws(() => createServingSetupSync(args), missing(method, re));
+      await assert.rejects(createServingSetup(args), missing(method, re));
+    }
   });
 });
