@@ -5,6 +5,8 @@ import type { ImageFeatureSpec } from "../models/gemma3-image-processor.js";
 import { badRequest } from "./errors.js";
 import { chatPrompt } from "./chat-prompt.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
+import { pyJsonLoads } from "./json-list-tool-parsers.js";
+import { PyDict, pyJsonDumps } from "./python-json.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { asJsonBody, parseChatRequest, refuseRequestLogitsProcessors, type ChatRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
@@ -100,18 +102,14 @@ function readCalls(ctx: ServingContext, req: ChatRequest, text: string): Reply {
       return found === null ? asText : { content: found.content, toolCalls: found.calls.map((c) => call(c.name, c.arguments, c.id)) };
     }
     case "required": {
-      let list: unknown;
-      try {
-        list = JSON.parse(text);
-      } catch {
-        return asText;
-      }
+      // read as Python's json and written back by json.dumps(ensure_ascii=False), as vLLM does: {"city": "Oslo"}
+      const list = pyJsonLoads(text);
       if (!Array.isArray(list)) return asText;
       const calls: ToolCall[] = [];
       for (const c of list) {
-        const o = c as { name?: unknown; parameters?: unknown } | null;
-        if (typeof o !== "object" || o === null || typeof o.name !== "string") return asText;
-        calls.push(call(o.name, JSON.stringify(o.parameters ?? {})));
+        const name = c instanceof PyDict ? c.get("name") : undefined;
+        if (!(c instanceof PyDict) || typeof name !== "string") return asText;
+        calls.push(call(name, pyJsonDumps(c.get("parameters") ?? new PyDict())));
       }
       return { content: "", toolCalls: calls };
     }

@@ -3,6 +3,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { parseChatRequest } from "../../src/server/protocol.js";
+import { readReply } from "../../src/server/serving-chat.js";
+import type { ServingContext } from "../../src/server/serving-context.js";
 
 describe("chat protocol: tools", () => {
   const tool = { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } } };
@@ -55,5 +57,16 @@ describe("chat protocol: tools", () => {
     assert.deepEqual(req.toolChoice, { kind: "required" });
     const named = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: { type: "function", function: { name: "get_weather" } } }, 100);
     assert.deepEqual(named.params.structuredOutputs, { json: tool.function.parameters });
+  });
+
+  it('reads a "required" reply\'s calls with their arguments as vLLM writes them (json.dumps, ensure_ascii=False)', () => {
+    const req = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: "required" }, 100);
+    const reply = readReply({} as ServingContext, req, '[{"name":"get_weather","parameters":{"city":"Zürich","days":[1,2.0],"x":{}}},{"name": "get_weather", "parameters": {}}]');
+    assert.equal(reply.content, "");
+    assert.deepEqual(reply.toolCalls!.map((c) => [c.function.name, c.function.arguments]), [
+      ["get_weather", '{"city": "Zürich", "days": [1, 2.0], "x": {}}'],
+      ["get_weather", "{}"],
+    ]);
+    assert.deepEqual(readReply({} as ServingContext, req, '[{"name": "get_weather", "parameters": {"ci'), { content: '[{"name": "get_weather", "parameters": {"ci', toolCalls: null });
   });
 });
