@@ -12,6 +12,7 @@
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
 import type { ReasoningEnd } from "./reasoning.js";
+import { respellNonAsciiClasses } from "./xgrammar-classes.js";
 import {
   XgrammarError,
   XgrammarInstance,
@@ -175,7 +176,7 @@ export function jsonSchemaEbnf(schema: unknown, anyWhitespace: boolean): string 
     return checker.call((b) => {
       const g = b.Grammar.FromJSONSchema(toJson(schema, "json"), anyWhitespace, undefined, undefined, true, undefined, false);
       try {
-        return g.ToString();
+        return respellNonAsciiClasses(g.ToString()) ?? fail(NON_ASCII_CLASS);
       } finally {
         g.delete();
       }
@@ -191,15 +192,28 @@ function grammarOf(b: XgBinding, spec: StructuredOutputSpec): XgGrammar {
   switch (spec.kind) {
     case "json":
     case "json_object":
-      return b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false);
+      return byCharacter(b, b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false));
     case "regex":
-      return b.Grammar.FromStructuralTag(regexTag(spec.source));
+      return byCharacter(b, b.Grammar.FromStructuralTag(regexTag(spec.source)));
     case "choice":
     case "grammar":
       return b.Grammar.FromEBNF(spec.source, "root");
     case "structural_tag":
       return b.Grammar.FromStructuralTag(spec.source);
   }
+}
+
+/**
+ * A converted grammar (a regex's, a JSON schema's) whose character classes with non-ASCII members are respelled so
+ * that this xgrammar build matches them by character, not by byte (xgrammar-classes.ts). Throws EngineInputError.
+ */
+function byCharacter(b: XgBinding, g: XgGrammar): XgGrammar {
+  const text = g.ToString();
+  const spelled = respellNonAsciiClasses(text);
+  if (spelled === text) return g;
+  g.delete();
+  if (spelled === null) fail(NON_ASCII_CLASS);
+  return b.Grammar.FromEBNF(spelled, "root");
 }
 
 /** JSON-schema string formats xgrammar enforces (vLLM's list). */

@@ -156,4 +156,40 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
     assert.equal(g.isTerminated, true);
     g.dispose();
   });
+
+  it("classes xgrammar writes with non-ASCII members (a regex's . and \\s, json-pointer) match whole characters, not bytes", () => {
+    const eos = tok.tokenToId("<|im_end|>")!;
+    const mgr = new StructuredOutputManager(tok.grammarVocab(), 151936, [eos]);
+    // whether the grammar takes these tokens and may then end (its stop token allowed)
+    const ends = (so: object, ids: number[]): boolean => {
+      const g = mgr.matcher(structuredOutputSpec(so)!);
+      try {
+        if (!ids.every((id) => g.accept(id))) return false;
+        const row = new Float32Array(151936);
+        g.applyMask(row);
+        return row[eos] === 0;
+      } finally {
+        g.dispose();
+      }
+    };
+    const text = (t: string): number[] => tok.encode(t, { addSpecialTokens: false });
+    const leadByte = tok.tokenToId("\u00c3")!; // byte-level spelling of 0xC3, the first byte of "é" (C3 A9)
+    const nbspByte = tok.tokenToId("\u0142")!; // byte-level spelling of 0xA0, the second byte of U+00A0 (C2 A0)
+    assert.deepEqual([tok.decode([leadByte]), tok.decode(text("é")).length], ["\ufffd", 1]);
+    const cases: [object, number[], boolean][] = [
+      [{ regex: "." }, text("é"), true],
+      [{ regex: "." }, text("😀"), true],
+      [{ regex: "." }, [leadByte], false], // half a character
+      [{ regex: ".{2}" }, text("é"), false], // one character, two bytes
+      [{ regex: "a.b" }, [...text("a"), leadByte, ...text("b")], false],
+      [{ regex: "[\\s\\S]" }, text("ü"), true],
+      [{ regex: "\\s" }, text("\u00a0"), true], // \s holds U+00A0 (xgrammar's, as JS's)
+      [{ regex: "\\s" }, [nbspByte], false],
+      [{ json: { type: "string", pattern: "^.$" } }, text('"é"'), true],
+      [{ json: { type: "string", pattern: "^.$" } }, [...text('"'), leadByte, ...text('"')], false],
+      [{ json: { type: "string", format: "json-pointer" } }, text('"/é"'), true],
+      [{ json: { type: "string", format: "json-pointer" } }, [...text('"/'), leadByte, ...text('"')], false],
+    ];
+    for (const [so, ids, expected] of cases) assert.equal(ends(so, ids), expected, `${JSON.stringify(so)} on ${JSON.stringify(tok.decode(ids))}`);
+  });
 });
