@@ -7,6 +7,7 @@ import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { EngineInputError } from "../../src/engine/errors.js";
 import { StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
+import { XgrammarError, XgrammarInstance } from "../../src/engine/xgrammar.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
@@ -101,6 +102,13 @@ describe("structured output", () => {
     // so a stream of them cannot exhaust it (700 used to)
     for (let i = 0; i < 30; i++)
       assert.throws(() => checkStructuredOutputSpec(structuredOutputSpec({ structuralTag: { type: "structural_tag", format: { type: "x" } } })!), EngineInputError);
+    // so does a grammar deep enough to exhaust the native stack inside the wasm call (V8's RangeError there): a
+    // deeply nested regex checked from a deep server stack was a 500
+    const x = new XgrammarInstance();
+    assert.throws(() => x.call(() => {
+      throw new RangeError("Maximum call stack size exceeded");
+    }), (e: unknown) => e instanceof XgrammarError && /Maximum call stack size exceeded/.test(e.message));
+    assert.equal(x.broken, true);
     checkStructuredOutputSpec(structuredOutputSpec({ regex: "ok[0-9]" })!);
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
     // spelled out as alternatives, non-ASCII text is fine
