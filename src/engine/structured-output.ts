@@ -11,6 +11,7 @@
 // aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
+import { grammarIsLikelyLark, larkToEbnf } from "./lark-grammar.js";
 import type { ReasoningEnd } from "./reasoning.js";
 import { respellNonAsciiClasses } from "./xgrammar-classes.js";
 import {
@@ -121,9 +122,16 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
         fail("choice must be a non-empty list of non-empty strings");
       return { kind: "choice", source: choiceGrammar(c), anyWhitespace };
     }
-    case "grammar":
-      if (typeof p.grammar !== "string" || p.grammar.trim().length === 0) fail("grammar must be a non-empty EBNF string");
-      return { kind: "grammar", source: p.grammar, anyWhitespace };
+    case "grammar": {
+      const g = p.grammar;
+      if (typeof g !== "string" || g.trim().length === 0) fail("grammar must be a non-empty EBNF string");
+      if (!grammarIsLikelyLark(g)) return { kind: "grammar", source: g, anyWhitespace };
+      try {
+        return { kind: "grammar", source: larkToEbnf(g), anyWhitespace }; // as vLLM takes a Lark grammar
+      } catch (e) {
+        return fail(`the grammar is not valid: Failed to convert the grammar from Lark to EBNF: ${(e as Error).message}`);
+      }
+    }
     case "structuralTag": {
       const t = p.structuralTag!;
       const text = typeof t === "string" ? t : toJson(t, "structuralTag");

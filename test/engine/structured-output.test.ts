@@ -54,6 +54,20 @@ describe("structured output", () => {
     }
   });
 
+  it("a Lark grammar (no ::= rule) is converted to EBNF as vLLM converts it", () => {
+    // vLLM's sample_sql_lark (tests/v1/entrypoints/conftest.py), with a 'quoted' literal and comments
+    const sql = `
+start: select_statement  // the root
+select_statement: "SELECT " column " from " table " where " condition
+column: "col_1" | "col_2"
+table: 'table_1'
+    | "table_2"   # an alternative on its own line
+condition: column "=" number
+number: "1" | "2"`;
+    for (const seed of [1, 2, 3]) assert.match(generate({ grammar: sql }, { seed })[0]!.text, /^SELECT col_[12] from table_[12] where col_[12]=[12]$/);
+    assert.throws(() => generate({ grammar: 'start: "a" NUMBER\n%import common.NUMBER' }), /Failed to convert the grammar from Lark to EBNF: Referenced rules are not defined: NUMBER/);
+  });
+
   it("json_object is a JSON object, not any JSON value", () => {
     const [o] = generate({ jsonObject: true, disableAnyWhitespace: true }, { maxTokens: 200, temperature: 0.7 });
     assert.ok(o!.text.startsWith("{"), o!.text);
