@@ -61,7 +61,7 @@ export function addStructuredOutputOptions(cmd: Command): Command {
         ...SERVE_REASONING_PARSERS,
       ]),
     )
-    .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool}')
+    .option("--structured-outputs-config <json>", 'structured output settings as JSON: {"backend": "xgrammar"|"auto", "disable_any_whitespace": bool} (disable_fallback, disable_additional_properties: accepted, no effect)')
     .addOption(new Option("--guided-decoding-backend <name>", "structured output backend (older vLLM flag)").choices(["auto", "xgrammar"]));
 }
 
@@ -171,12 +171,14 @@ function parseStructuredOutputsConfig(config: unknown, backend: unknown): boolea
   if (!backendOk(backend)) throw new CliUsageError(`--guided-decoding-backend must be auto or xgrammar, got ${JSON.stringify(backend)}`);
   if (config === undefined) return false;
   const o = jsonObjectFlag(config, "--structured-outputs-config", '{"backend": "xgrammar"}');
+  // disable_fallback (there is no other backend to fall back to) and disable_additional_properties (guidance's) change
+  // nothing here, as the request-level fields
+  const keys = ["backend", "disable_any_whitespace", "disable_fallback", "disable_additional_properties"];
   for (const k of Object.keys(o))
-    if (k !== "backend" && k !== "disable_any_whitespace")
-      throw new CliUsageError(`--structured-outputs-config: ${JSON.stringify(k)} is not supported (backend, disable_any_whitespace)`);
+    if (!keys.includes(k)) throw new CliUsageError(`--structured-outputs-config: ${JSON.stringify(k)} is not supported (${keys.join(", ")})`);
   if (!backendOk(o.backend)) throw new CliUsageError(`--structured-outputs-config: backend must be auto or xgrammar (Kiln's), got ${JSON.stringify(o.backend)}`);
-  if (o.disable_any_whitespace !== undefined && typeof o.disable_any_whitespace !== "boolean")
-    throw new CliUsageError("--structured-outputs-config: disable_any_whitespace must be a boolean");
+  for (const k of keys.slice(1))
+    if (o[k] !== undefined && typeof o[k] !== "boolean") throw new CliUsageError(`--structured-outputs-config: ${k} must be a boolean`);
   return o.disable_any_whitespace === true;
 }
 

@@ -11,7 +11,9 @@
 // aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
+import { grammarIsLikelyLark, larkToEbnf } from "./lark-grammar.js";
 import type { ReasoningEnd } from "./reasoning.js";
+import { respellNonAsciiClasses } from "./xgrammar-classes.js";
 import {
   XgrammarError,
   XgrammarInstance,
@@ -120,9 +122,16 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
         fail("choice must be a non-empty list of non-empty strings");
       return { kind: "choice", source: choiceGrammar(c), anyWhitespace };
     }
-    case "grammar":
-      if (typeof p.grammar !== "string" || p.grammar.trim().length === 0) fail("grammar must be a non-empty EBNF string");
-      return { kind: "grammar", source: p.grammar, anyWhitespace };
+    case "grammar": {
+      const g = p.grammar;
+      if (typeof g !== "string" || g.trim().length === 0) fail("grammar must be a non-empty EBNF string");
+      if (!grammarIsLikelyLark(g)) return { kind: "grammar", source: g, anyWhitespace };
+      try {
+        return { kind: "grammar", source: larkToEbnf(g), anyWhitespace }; // as vLLM takes a Lark grammar
+      } catch (e) {
+        return fail(`the grammar is not valid: Failed to convert the grammar from Lark to EBNF: ${(e as Error).message}`);
+      }
+    }
     case "structuralTag": {
       const t = p.structuralTag!;
       const text = typeof t === "string" ? t : toJson(t, "structuralTag");
@@ -175,7 +184,7 @@ export function jsonSchemaEbnf(schema: unknown, anyWhitespace: boolean): string 
     return checker.call((b) => {
       const g = b.Grammar.FromJSONSchema(toJson(schema, "json"), anyWhitespace, undefined, undefined, true, undefined, false);
       try {
-        return g.ToString();
+        return respellNonAsciiClasses(g.ToString()) ?? fail(NON_ASCII_CLASS);
       } finally {
         g.delete();
       }
@@ -191,15 +200,28 @@ function grammarOf(b: XgBinding, spec: StructuredOutputSpec): XgGrammar {
   switch (spec.kind) {
     case "json":
     case "json_object":
-      return b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false);
+      return byCharacter(b, b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false));
     case "regex":
-      return b.Grammar.FromStructuralTag(regexTag(spec.source));
+      return byCharacter(b, b.Grammar.FromStructuralTag(regexTag(spec.source)));
     case "choice":
     case "grammar":
       return b.Grammar.FromEBNF(spec.source, "root");
     case "structural_tag":
       return b.Grammar.FromStructuralTag(spec.source);
   }
+}
+
+/**
+ * A converted grammar (a regex's, a JSON schema's) whose character classes with non-ASCII members are respelled so
+ * that this xgrammar build matches them by character, not by byte (xgrammar-classes.ts). Throws EngineInputError.
+ */
+function byCharacter(b: XgBinding, g: XgGrammar): XgGrammar {
+  const text = g.ToString();
+  const spelled = respellNonAsciiClasses(text);
+  if (spelled === text) return g;
+  g.delete();
+  if (spelled === null) fail(NON_ASCII_CLASS);
+  return b.Grammar.FromEBNF(spelled, "root");
 }
 
 /** JSON-schema string formats xgrammar enforces (vLLM's list). */

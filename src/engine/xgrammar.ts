@@ -142,8 +142,8 @@ export class XgrammarInstance {
   }
 
   /**
-   * Runs `f` on the binding; an abort or a C++ exception becomes an XgrammarError with xgrammar's message and
-   * breaks the instance.
+   * Runs `f` on the binding; an abort, a C++ exception or a stack overflow becomes an XgrammarError with xgrammar's
+   * message and breaks the instance.
    */
   call<T>(f: (b: XgBinding) => T): T {
     if (this.broken) throw new Error("[xgrammar] this instance failed earlier and cannot be used");
@@ -155,7 +155,8 @@ export class XgrammarInstance {
         this.broken = true;
         throw new XgrammarError(this.exceptionMessage(e) ?? "xgrammar refused it");
       }
-      if (!(e instanceof Wasm.RuntimeError)) throw e;
+      // a deep grammar can exhaust the native stack inside the wasm call (V8 throws a RangeError there)
+      if (!(e instanceof Wasm.RuntimeError) && !(e instanceof RangeError)) throw e;
       this.broken = true;
       const fatal = this.stderr.find((l) => l.includes("[FATAL]")) ?? this.stderr.join("\n");
       throw new XgrammarError(fatal.replace(/^.*\[FATAL\][^:]*:\d+: */, "").replace(/^Check failed: \(.*?\) is false: */, "") || String(e));

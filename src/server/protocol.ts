@@ -275,6 +275,9 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
   put("regex", optString(body, "guided_regex"), "guided_regex");
   put("choice", optStringArray(body, "guided_choice"), "guided_choice");
   put("grammar", optString(body, "guided_grammar"), "guided_grammar");
+  // vLLM's older name of structured_outputs.whitespace_pattern, refused as it is
+  if (optString(body, "guided_whitespace_pattern") !== undefined)
+    throw badRequest("'guided_whitespace_pattern' is not supported by the xgrammar backend", "guided_whitespace_pattern");
   const backend = optString(body, "guided_decoding_backend");
   if (backend !== undefined && !["xgrammar", "auto"].includes(backend))
     throw badRequest(`'guided_decoding_backend' ${JSON.stringify(backend)} is not available: Kiln's backend is xgrammar`, "guided_decoding_backend");

@@ -5,11 +5,12 @@ import type { ImageFeatureSpec } from "../models/gemma3-image-processor.js";
 import { badRequest } from "./errors.js";
 import { chatPrompt } from "./chat-prompt.js";
 import { primeStream, streamEngineRequest } from "./engine-stream.js";
+import { pyJsonLoads } from "./json-list-tool-parsers.js";
+import { PyDict, pyJsonDumps } from "./python-json.js";
 import { beamFinishReason, runBeamSearch } from "./serving-beam.js";
 import { asJsonBody, parseChatRequest, refuseRequestLogitsProcessors, type ChatRequest } from "./protocol.js";
 import type { KvSnapshot } from "../engine/kv-transfer.js";
 import type { Json } from "./fields.js";
-import { PyDict, pyJsonDecode, pyJsonDumps, type PyValue } from "./python-json.js";
 import { kvTransferField, planKvTransfer, type KvTransferPlan } from "./kv-transfer.js";
 import { reasoningKeepsSpecialTokens, ReasoningStream, splitReasoning, thinkingMode, type ThinkingMode } from "./reasoning-parsers.js";
 import { chatEffort, checkHarmonyToolChoice, HarmonyChatStream, harmonyChatPrompt, harmonyMessage, harmonyParams } from "./serving-chat-harmony.js";
@@ -101,21 +102,13 @@ function readCalls(ctx: ServingContext, req: ChatRequest, text: string): Reply {
       return found === null ? asText : { content: found.content, toolCalls: found.calls.map((c) => call(c.name, c.arguments, c.id)) };
     }
     case "required": {
-      // read as pydantic reads the list, each call's parameters written back as vLLM's json.dumps writes them
-      let list: PyValue;
-      try {
-        const read = pyJsonDecode(text, text.search(/\S|$/));
-        if (text.slice(read.end).trim() !== "") return asText;
-        list = read.value;
-      } catch {
-        return asText;
-      }
+      // read as Python's json and written back by json.dumps(ensure_ascii=False), as vLLM does: {"city": "Oslo"}
+      const list = pyJsonLoads(text);
       if (!Array.isArray(list)) return asText;
       const calls: ToolCall[] = [];
       for (const c of list) {
-        if (!(c instanceof PyDict)) return asText;
-        const name = c.get("name");
-        if (typeof name !== "string") return asText;
+        const name = c instanceof PyDict ? c.get("name") : undefined;
+        if (!(c instanceof PyDict) || typeof name !== "string") return asText;
         calls.push(call(name, pyJsonDumps(c.get("parameters") ?? new PyDict())));
       }
       return { content: "", toolCalls: calls };

@@ -132,6 +132,9 @@ describe("kiln CLI", () => {
     assert.equal(parseServeArgs("m", { reasoningParser: "granite" }, {}).reasoningParser, "granite");
     assert.equal(parseServeArgs("m", { structuredOutputsConfig: '{"backend": "xgrammar", "disable_any_whitespace": true}' }, {}).disableAnyWhitespace, true);
     assert.equal(parseServeArgs("m", { guidedDecodingBackend: "xgrammar" }, {}).disableAnyWhitespace, false);
+    // vLLM's other StructuredOutputsConfig switches are taken (no fallback backend; additional properties are guidance's)
+    assert.equal(parseServeArgs("m", { structuredOutputsConfig: '{"backend": "xgrammar", "disable_fallback": true, "disable_additional_properties": false}' }, {}).disableAnyWhitespace, false);
+    assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: '{"disable_fallback": "yes"}' }, {}), /disable_fallback must be a boolean/);
     assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: '{"backend": "outlines"}' }, {}), /backend must be auto or xgrammar/);
     assert.throws(() => parseServeArgs("m", { structuredOutputsConfig: "xgrammar" }, {}), /must be a JSON object/);
     assert.throws(() => parseServeArgs("m", { guidedDecodingBackend: "guidance" }, {}), /--guided-decoding-backend/);

@@ -7,6 +7,7 @@ import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { EngineInputError } from "../../src/engine/errors.js";
 import { StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
+import { XgrammarError, XgrammarInstance } from "../../src/engine/xgrammar.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
@@ -51,6 +52,20 @@ describe("structured output", () => {
       const [g] = generate({ grammar: 'root ::= ("yes" | "no") " " [0-9] [0-9]?' }, { seed });
       assert.match(g!.text, /^(yes|no) [0-9][0-9]?$/);
     }
+  });
+
+  it("a Lark grammar (no ::= rule) is converted to EBNF as vLLM converts it", () => {
+    // vLLM's sample_sql_lark (tests/v1/entrypoints/conftest.py), with a 'quoted' literal and comments
+    const sql = `
+start: select_statement  // the root
+select_statement: "SELECT " column " from " table " where " condition
+column: "col_1" | "col_2"
+table: 'table_1'
+    | "table_2"   # an alternative on its own line
+condition: column "=" number
+number: "1" | "2"`;
+    for (const seed of [1, 2, 3]) assert.match(generate({ grammar: sql }, { seed })[0]!.text, /^SELECT col_[12] from table_[12] where col_[12]=[12]$/);
+    assert.throws(() => generate({ grammar: 'start: "a" NUMBER\n%import common.NUMBER' }), /Failed to convert the grammar from Lark to EBNF: Referenced rules are not defined: NUMBER/);
   });
 
   it("json_object is a JSON object, not any JSON value", () => {
@@ -101,6 +116,13 @@ describe("structured output", () => {
     // so a stream of them cannot exhaust it (700 used to)
     for (let i = 0; i < 30; i++)
       assert.throws(() => checkStructuredOutputSpec(structuredOutputSpec({ structuralTag: { type: "structural_tag", format: { type: "x" } } })!), EngineInputError);
+    // so does a grammar deep enough to exhaust the native stack inside the wasm call (V8's RangeError there): a
+    // deeply nested regex checked from a deep server stack was a 500
+    const x = new XgrammarInstance();
+    assert.throws(() => x.call(() => {
+      throw new RangeError("Maximum call stack size exceeded");
+    }), (e: unknown) => e instanceof XgrammarError && /Maximum call stack size exceeded/.test(e.message));
+    assert.equal(x.broken, true);
     checkStructuredOutputSpec(structuredOutputSpec({ regex: "ok[0-9]" })!);
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
     // spelled out as alternatives, non-ASCII text is fine
@@ -155,5 +177,41 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
     assert.equal(g.accept(eos), true);
     assert.equal(g.isTerminated, true);
     g.dispose();
+  });
+
+  it("classes xgrammar writes with non-ASCII members (a regex's . and \\s, json-pointer) match whole characters, not bytes", () => {
+    const eos = tok.tokenToId("<|im_end|>")!;
+    const mgr = new StructuredOutputManager(tok.grammarVocab(), 151936, [eos]);
+    // whether the grammar takes these tokens and may then end (its stop token allowed)
+    const ends = (so: object, ids: number[]): boolean => {
+      const g = mgr.matcher(structuredOutputSpec(so)!);
+      try {
+        if (!ids.every((id) => g.accept(id))) return false;
+        const row = new Float32Array(151936);
+        g.applyMask(row);
+        return row[eos] === 0;
+      } finally {
+        g.dispose();
+      }
+    };
+    const text = (t: string): number[] => tok.encode(t, { addSpecialTokens: false });
+    const leadByte = tok.tokenToId("\u00c3")!; // byte-level spelling of 0xC3, the first byte of "é" (C3 A9)
+    const nbspByte = tok.tokenToId("\u0142")!; // byte-level spelling of 0xA0, the second byte of U+00A0 (C2 A0)
+    assert.deepEqual([tok.decode([leadByte]), tok.decode(text("é")).length], ["\ufffd", 1]);
+    const cases: [object, number[], boolean][] = [
+      [{ regex: "." }, text("é"), true],
+      [{ regex: "." }, text("😀"), true],
+      [{ regex: "." }, [leadByte], false], // half a character
+      [{ regex: ".{2}" }, text("é"), false], // one character, two bytes
+      [{ regex: "a.b" }, [...text("a"), leadByte, ...text("b")], false],
+      [{ regex: "[\\s\\S]" }, text("ü"), true],
+      [{ regex: "\\s" }, text("\u00a0"), true], // \s holds U+00A0 (xgrammar's, as JS's)
+      [{ regex: "\\s" }, [nbspByte], false],
+      [{ json: { type: "string", pattern: "^.$" } }, text('"é"'), true],
+      [{ json: { type: "string", pattern: "^.$" } }, [...text('"'), leadByte, ...text('"')], false],
+      [{ json: { type: "string", format: "json-pointer" } }, text('"/é"'), true],
+      [{ json: { type: "string", format: "json-pointer" } }, [...text('"/'), leadByte, ...text('"')], false],
+    ];
+    for (const [so, ids, expected] of cases) assert.equal(ends(so, ids), expected, `${JSON.stringify(so)} on ${JSON.stringify(tok.decode(ids))}`);
   });
 });

@@ -97,6 +97,7 @@ describe("errors", () => {
       [chat(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: [] } } }, "response_format", /JSON schema object/],
       [chat(), { response_format: { type: "json_schema", json_schema: { schema: {} } } }, "response_format", /name' must be a non-empty string/],
       [chat(), { structured_outputs: { regex: "a", whitespace_pattern: " " } }, "structured_outputs", /not supported by the xgrammar backend/],
+      [completions(), { guided_json: { type: "object" }, guided_whitespace_pattern: " " }, "guided_whitespace_pattern", /not supported by the xgrammar backend/],
       [chat(), { response_format: { type: "bogus" } }, "response_format", /must be one of/],
       [completions(), { response_format: { type: "structural_tag" } }, "response_format", /needs 'format'/],
       [chat(), { structured_outputs: { regexp: "a" } }, "structured_outputs", /not supported/],

@@ -59,14 +59,16 @@ describe("chat protocol: tools", () => {
     assert.deepEqual(named.params.structuredOutputs, { json: tool.function.parameters });
   });
 
-  it('reads a "required" reply\'s list into calls whose arguments are written as vLLM\'s json.dumps writes them', () => {
+  it('reads a "required" reply\'s calls with their arguments as vLLM writes them (json.dumps, ensure_ascii=False)', () => {
     const req = parseChatRequest({ messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: "required" }, 100);
-    const ctx = { toolCallParser: null } as unknown as ServingContext;
-    const reply = readReply(ctx, req, ' [{"name": "get_weather", "parameters": {"city":"Zürich","days":2,"t":1.0,"u":[1,2]}}, {"name": "get_weather"}]\n');
+    const reply = readReply({} as ServingContext, req, '[{"name":"get_weather","parameters":{"city":"Zürich","days":[1,2.0],"x":{}}},{"name": "get_weather", "parameters": {}}]');
     assert.equal(reply.content, "");
-    assert.deepEqual(reply.toolCalls!.map((c) => c.function.arguments), ['{"city": "Zürich", "days": 2, "t": 1.0, "u": [1, 2]}', "{}"]);
-    for (const bad of ['[{"name": "get_weather", "parameters": {}}] x', '{"name": "get_weather"}', "[1]", '[{"parameters": {}}]']) {
-      assert.deepEqual(readReply(ctx, req, bad), { content: bad, toolCalls: null }, bad);
-    }
+    assert.deepEqual(reply.toolCalls!.map((c) => [c.function.name, c.function.arguments]), [
+      ["get_weather", '{"city": "Zürich", "days": [1, 2.0], "x": {}}'],
+      ["get_weather", "{}"],
+    ]);
+    assert.deepEqual(readReply({} as ServingContext, req, '[{"name": "get_weather", "parameters": {"ci'), { content: '[{"name": "get_weather", "parameters": {"ci', toolCalls: null });
+    for (const bad of ['[{"name": "get_weather", "parameters": {}}] x', '{"name": "get_weather"}', "[1]", '[{"parameters": {}}]'])
+      assert.deepEqual(readReply({} as ServingContext, req, bad), { content: bad, toolCalls: null }, bad);
   });
 });
