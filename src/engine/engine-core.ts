@@ -616,9 +616,12 @@ export class EngineCore {
     }
   }
 
-  /** The grammar compiler over the tokenizer's vocabulary, made on the first structured-output request. */
+  /**
+   * The grammar compiler over the tokenizer's vocabulary, made on the first structured-output request, and again
+   * after xgrammar aborted inside it (a wasm instance that failed cannot be used again).
+   */
   private structuredOutputManager(): StructuredOutputManager {
-    if (this.grammars !== null) return this.grammars;
+    if (this.grammars !== null && !this.grammars.instance.broken) return this.grammars;
     const vocab = this.tokenizer?.grammarVocab?.();
     if (vocab === undefined) throw new EngineInputError("structured_outputs", "structured output needs the model's tokenizer");
     this.grammars = new StructuredOutputManager(vocab, this.runner.vocabSize, this.eosTokenIds);
@@ -627,7 +630,7 @@ export class EngineCore {
 
   /** The compiler of whole Harmony replies' grammars: the vocabulary with Harmony's header tokens spelled. */
   private harmonyReplyManager(): StructuredOutputManager {
-    if (this.replyGrammars !== null) return this.replyGrammars;
+    if (this.replyGrammars !== null && !this.replyGrammars.instance.broken) return this.replyGrammars;
     const vocab = this.tokenizer?.grammarVocab?.();
     const reply = vocab === undefined ? null : harmonyReplyVocab(this.tokenizer!, vocab, this.eosTokenIds);
     if (reply === null) throw new EngineInputError("structured_outputs", "a Harmony reply grammar needs a Harmony (gpt-oss) tokenizer");

@@ -42,6 +42,14 @@ describe("structured output", () => {
     assert.ok(texts.size >= 3, "the mask leaves the model its choice among valid outputs");
   });
 
+  it("a grammar compiler xgrammar aborted inside is replaced for later requests (its wasm instance cannot be used again)", () => {
+    generate({ regex: "[a-z]{3}" }); // the engine's compiler exists
+    const grammars = (llm.engine as unknown as { grammars: { instance: { broken: boolean } } }).grammars;
+    grammars.instance.broken = true; // as an abort inside a compile leaves it
+    const [o] = generate({ regex: "[0-9]{4}" });
+    assert.match(o!.text, /^[0-9]{4}$/);
+  });
+
   it("a regex, a choice and an EBNF grammar", () => {
     for (const seed of [5, 6, 7]) {
       const [r] = generate({ regex: "[A-Z][a-z]{2,6} [0-9]{3}" }, { seed });
