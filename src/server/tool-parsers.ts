@@ -77,8 +77,9 @@ const hermes: ToolCallParser = {
       }
       if (!(call instanceof PyDict)) return null;
       const name = call.get("name");
-      if (typeof name !== "string") return null;
-      calls.push({ name, arguments: pyJsonDumps(call.get("arguments") ?? new PyDict()) });
+      // (vLLM indexes call["arguments"]: a call without them leaves the reply text; null is written "null")
+      if (typeof name !== "string" || !call.has("arguments")) return null;
+      calls.push({ name, arguments: pyJsonDumps(call.get("arguments")!) });
       at = end < 0 ? -1 : text.indexOf(START, end + END.length);
     }
     const content = text.slice(0, first);

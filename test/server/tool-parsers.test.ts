@@ -32,6 +32,9 @@ describe("hermes tool-call parser", () => {
     assert.equal(hermes.extract("no calls here"), null);
     assert.equal(hermes.extract('<tool_call>{"name": "f", "arguments": {"x": </tool_call>'), null);
     assert.equal(hermes.extract('<tool_call>{"arguments": {}}</tool_call>'), null);
+    // vLLM reads call["arguments"]: without them the reply is text; null is json.dumps(None)
+    assert.equal(hermes.extract('<tool_call>{"name": "f"}</tool_call>'), null);
+    assert.deepEqual(hermes.extract('<tool_call>{"name": "f", "arguments": null}</tool_call>'), { content: null, calls: [{ name: "f", arguments: "null" }] });
   });
 
   it("measures a trailing prefix of the start marker (what streaming holds back)", () => {
