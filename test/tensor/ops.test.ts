@@ -212,6 +212,13 @@ forEachBackend((dev) => {
       assert.equal(k.logicalNot(p).dtype, "bool");
       assert.deepEqual(values(t([NaN]).eq(t([NaN]))), [0]);
       assert.deepEqual(values(t([NaN]).ne(t([NaN]))), [1]);
+      // NaN is nonzero, so true (torch: bool(nan), logical_not(nan) False); it read as false before
+      const n = t([NaN, 0, -0, 2]);
+      assert.deepEqual(values(n.to("bool")), [1, 0, 0, 1]);
+      assert.deepEqual(values(t([NaN, 0], { dtype: "bool" })), [1, 0]);
+      assert.deepEqual(values(k.logicalNot(n)), [0, 1, 1, 0]);
+      assert.deepEqual(values(k.logicalAnd(n, t([1, 1, 1, NaN]))), [1, 0, 0, 1]);
+      assert.deepEqual(values(k.logicalOr(n, t([0, 0, 0, 0]))), [1, 0, 0, 1]);
     });
 
     it("comparisons of large, broadcast and transposed float32 operands (the native kernel's sizes), NaN and -0 included", () => {

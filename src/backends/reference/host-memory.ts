@@ -113,7 +113,7 @@ export function setter(buffer: DeviceBuffer, dtype: DType): Setter {
     }
     case "bool": {
       const a = raw as Uint8Array;
-      return (i, v) => (a[i] = v ? 1 : 0);
+      return (i, v) => (a[i] = v !== 0 ? 1 : 0); // NaN is true, as torch's bool(nan)
     }
     case "int32": {
       const a = raw as Int32Array;

@@ -67,7 +67,7 @@ export const UNARY: Record<UnaryOp, (x: number) => number> = {
     return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
   },
   sign: (x) => Number(x > 0) - Number(x < 0), // torch's (0 < x) - (x < 0): NaN and -0 give 0, as the generated C
-  logical_not: (x) => (x ? 0 : 1),
+  logical_not: (x) => (x === 0 ? 1 : 0), // NaN is true, as any nonzero (torch)
 };
 
 export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
@@ -85,8 +85,8 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   le: (a, b) => (a <= b ? 1 : 0),
   gt: (a, b) => (a > b ? 1 : 0),
   ge: (a, b) => (a >= b ? 1 : 0),
-  logical_and: (a, b) => (a && b ? 1 : 0),
-  logical_or: (a, b) => (a || b ? 1 : 0),
+  logical_and: (a, b) => (a !== 0 && b !== 0 ? 1 : 0),
+  logical_or: (a, b) => (a !== 0 || b !== 0 ? 1 : 0),
 };
 
 function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): number {
