@@ -300,6 +300,9 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t([true, false]).to("float32")), [1, 0]);
       assert.deepEqual(values(t(new Int32Array([300, -1])).to("uint8")), [44, 255], "wraps like torch");
       assert.deepEqual(values(t(new Int32Array([200])).to("int8")), [-56]);
+      // NaN and infinities cast to 0 in every integer dtype (int64 threw the RangeError of BigInt(NaN))
+      const odd = t([NaN, Infinity, -Infinity, 3.5]);
+      for (const dtype of ["int32", "int64"] as const) assert.deepEqual(values(odd.to(dtype)), [0, 0, 0, 3], dtype);
     });
 
     it("round trips through every dtype for small integers", () => {
