@@ -95,6 +95,9 @@ forEachBackend((dev) => {
       assertClose(t([1, 5, -3]).maximum(t([2, 4, -4])), [2, 5, -3]);
       assertClose(t([1, 5, -3]).minimum(t([2, 4, -4])), [1, 4, -4]);
       assertClose(k.remainder(t([7, -7, 7, -7, 5.5]), t([3, 3, -3, -3, 2])), [1, 2, -2, -1, 1.5]);
+      // torch: fmod(a, b), plus b where the signs differ; an infinite divisor gave NaN for every a
+      assert.deepEqual(values(k.remainder(t([5, -5, 5, -5, 1, Infinity]), t([Infinity, Infinity, -Infinity, -Infinity, 0, 2]))),
+        [5, Infinity, -Infinity, -5, NaN, NaN]);
       const nan = t([NaN, 1]).maximum(t([0, NaN]));
       assert.ok(values(nan).every(Number.isNaN), "maximum propagates NaN");
     });

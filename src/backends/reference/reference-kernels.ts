@@ -78,7 +78,11 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   pow: Math.pow,
   maximum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.max(a, b)),
   minimum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.min(a, b)),
-  remainder: (a, b) => a - Math.floor(a / b) * b, // Python/torch semantics: sign of divisor
+  remainder: (a, b) => {
+    // torch's fmod(a, b), moved to the divisor's sign: exact, and a finite a over an infinite b stays finite (5 % inf = 5)
+    const r = a % b;
+    return r !== 0 && r < 0 !== b < 0 ? r + b : r;
+  },
   eq: (a, b) => (a === b ? 1 : 0),
   ne: (a, b) => (a !== b ? 1 : 0),
   lt: (a, b) => (a < b ? 1 : 0),
