@@ -92,6 +92,8 @@ forEachBackend((dev) => {
 
     it("pow / maximum / minimum / remainder (sign of the divisor)", () => {
       assertClose(t([2, 3, 4]).pow(t([3, 0.5, -1])), [8, Math.sqrt(3), 0.25]);
+      // C's (and torch's) pow, not JS's: 1 to any power and -1 to an infinite one are 1 (the reference back end gave NaN)
+      assert.deepEqual(values(t([1, 1, -1, -1, NaN, -8]).pow(t([NaN, Infinity, Infinity, -Infinity, 0, 1 / 3]))), [1, 1, 1, 1, 1, NaN]);
       assertClose(t([1, 5, -3]).maximum(t([2, 4, -4])), [2, 5, -3]);
       assertClose(t([1, 5, -3]).minimum(t([2, 4, -4])), [1, 4, -4]);
       assertClose(k.remainder(t([7, -7, 7, -7, 5.5]), t([3, 3, -3, -3, 2])), [1, 2, -2, -1, 1.5]);

@@ -75,7 +75,7 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   sub: (a, b) => a - b,
   mul: (a, b) => a * b,
   div: (a, b) => a / b,
-  pow: Math.pow,
+  pow: (a, b) => (a === 1 || (a === -1 && Math.abs(b) === Infinity) ? 1 : Math.pow(a, b)), // C's pow: 1^NaN = (-1)^inf = 1 (JS: NaN)
   maximum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.max(a, b)),
   minimum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.min(a, b)),
   remainder: (a, b) => {
