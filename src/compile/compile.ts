@@ -118,7 +118,7 @@ export function compile(fn: (...args: any[]) => TraceResult, options: CompileOpt
       }
       return s;
     });
-    const key = args.map((a, i) => (a instanceof Tensor ? `${a.dtype}[${shapes[i]!.join(",")}]@${a.device.name}` : `scalar:${a}`)).join(" ");
+    const key = args.map((a, i) => (a instanceof Tensor ? `${a.dtype}[${shapes[i]!.join(",")}]@${a.device.name}` : `scalar:${Object.is(a, -0) ? "-0" : a}`)).join(" ");
     return { key, shapes, actual };
   };
 
