@@ -185,6 +185,12 @@ describe("compile: buckets and guards", () => {
     assert.deepEqual((d(one, -0) as k.Tensor).toList(), [-Infinity, Infinity]);
     assert.deepEqual((compile((a: any) => a.div(-0).exp())(one) as k.Tensor).toList(), [0, Infinity]);
   });
+
+  it("refuses a dynamic dim that its argument does not have", () => {
+    const f = (dynamic: { argIndex: number; dim: number; max: number }) => compile((a: any) => a.mul(2), { dynamic });
+    assert.throws(() => f({ argIndex: 0, dim: 2, max: 8 })(rand([3, 2], 1)), /\[compile\] dynamic dim 2 is out of range for argument 0 of rank 2/);
+    assert.throws(() => f({ argIndex: 1, dim: 0, max: 8 })(rand([3, 2], 1)), /\[compile\] dynamic dim 0 names argument 1, which is not a tensor/);
+  });
 });
 
 describe("compile: disk cache", { skip: hasJit ? false : "no C compiler / kiln_jit" }, () => {
