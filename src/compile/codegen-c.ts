@@ -138,6 +138,7 @@ function literal(v: number, t: DType): string {
   if (isFloat(t)) {
     if (Number.isNaN(v)) return "NAN";
     if (!Number.isFinite(v)) return v > 0 ? "INFINITY" : "-INFINITY";
+    if (Object.is(v, -0)) return "-0.0f"; // toPrecision drops the sign: x / -0 is -inf
     return `${Math.fround(v).toPrecision(9)}f`;
   }
   return `(${CTYPE[t]})${Math.trunc(v)}`;

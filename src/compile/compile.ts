@@ -107,6 +107,12 @@ export function compile(fn: (...args: any[]) => TraceResult, options: CompileOpt
 
   const signature = (args: CompileArg[]): { key: string; shapes: (number[] | null)[]; actual: number | null } => {
     let actual: number | null = null;
+    for (const d of dyn) {
+      const a = args[d.argIndex];
+      if (!(a instanceof Tensor)) throw new OpError("compile", `dynamic dim ${d.dim} names argument ${d.argIndex}, which is not a tensor`);
+      if (!Number.isInteger(d.dim) || d.dim < 0 || d.dim >= a.ndim)
+        throw new OpError("compile", `dynamic dim ${d.dim} is out of range for argument ${d.argIndex} of rank ${a.ndim}`);
+    }
     const shapes = args.map((a, i) => {
       if (!(a instanceof Tensor)) return null;
       const s = [...a.shape];
@@ -118,7 +124,7 @@ export function compile(fn: (...args: any[]) => TraceResult, options: CompileOpt
       }
       return s;
     });
-    const key = args.map((a, i) => (a instanceof Tensor ? `${a.dtype}[${shapes[i]!.join(",")}]@${a.device.name}` : `scalar:${a}`)).join(" ");
+    const key = args.map((a, i) => (a instanceof Tensor ? `${a.dtype}[${shapes[i]!.join(",")}]@${a.device.name}` : `scalar:${Object.is(a, -0) ? "-0" : a}`)).join(" ");
     return { key, shapes, actual };
   };
 

@@ -175,7 +175,9 @@ export function compact(g: Graph, keep: (n: Node) => boolean): Graph {
 
 /** A stable text form: the part of the cache key that identifies the computation. */
 export function serialize(g: Graph): string {
-  const lines = g.nodes.map((n) => `%${n.id} = ${JSON.stringify(n.op)} : ${n.dtype}[${n.shape.join(",")}]`);
+  // JSON writes -0 as 0 and NaN / Infinity as null: spell them out so such consts never share a key
+  const exact = (_: string, v: unknown) => (Object.is(v, -0) ? "-0" : typeof v === "number" && !Number.isFinite(v) ? String(v) : v);
+  const lines = g.nodes.map((n) => `%${n.id} = ${JSON.stringify(n.op, exact)} : ${n.dtype}[${n.shape.join(",")}]`);
   lines.push(`return ${g.outputs.map((o) => `%${o}`).join(", ")}`);
   return lines.join("\n");
 }

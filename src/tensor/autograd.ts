@@ -28,6 +28,11 @@ export function registerBackward(op: string, rule: BackwardRule): void {
   rules[op] = rule;
 }
 
+/** Whether an op name has a backward formula (a built-in op's, or one registered before). */
+export function hasBackward(op: string): boolean {
+  return Object.hasOwn(rules, op);
+}
+
 /**
  * What backward() calls on a tensor's gradFn: the vector-Jacobian product, one gradient per input, and the release of
  * what the node saved. AutogradNode is the node of one recorded op; checkpoint.ts's node recomputes a region instead.

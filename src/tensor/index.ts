@@ -4,7 +4,7 @@ export type { Shape, Scalar, TensorOrScalar, TensorOptions, GradNode } from "./t
 export { device, defaultDevice, setDefaultDevice, Device, memoryAllocated, maxMemoryAllocated, memoryReserved, maxMemoryReserved, emptyCache, resetPeakMemoryStats, type DeviceLike } from "./device.js";
 export { eagerMode, setEagerMode, withEagerMode, type EagerMode } from "./mode.js";
 export { noGrad, isGradEnabled, setGradEnabled, registerPostBackwardHook } from "./grad-mode.js";
-export { backward, enableAutograd, registerBackward, sumToShape, AutogradNode, type BackwardRule, type BackwardContext } from "./autograd.js";
+export { backward, enableAutograd, registerBackward, hasBackward, sumToShape, AutogradNode, type BackwardRule, type BackwardContext } from "./autograd.js";
 export type { BackwardOptions } from "./grad-mode.js";
 export { kernelsDispatched, flushDeferred, setDeferHook, type DeferHook } from "./dispatch.js";
 export * from "./ops/elementwise.js";

@@ -651,7 +651,9 @@ function writeValues(t: Tensor, values: ArrayLike<number> | TypedData): void {
   const isInt = t.dtype === "int32" || t.dtype === "int8" || t.dtype === "uint8" || t.dtype === "bool";
   const stagingDtype: DType = isInt ? "int32" : "float32";
   const staging = empty(t.shape, { dtype: stagingDtype, device: t.device });
-  const arr = isInt ? Int32Array.from(values as ArrayLike<number>) : Float32Array.from(values as ArrayLike<number>);
+  // bool: any nonzero value is true, NaN included (through int32 it would have become 0)
+  const arr = t.dtype === "bool" ? Int32Array.from(values as ArrayLike<number>, (v) => (v !== 0 ? 1 : 0))
+    : isInt ? Int32Array.from(values as ArrayLike<number>) : Float32Array.from(values as ArrayLike<number>);
   backend.write(staging.storage.buffer, 0, new Uint8Array(arr.buffer));
   backend.run({ op: "copy", x: staging.view_("tensor"), out: t.view_("tensor") });
   staging.dispose();

@@ -178,6 +178,18 @@ describe("compile: buckets and guards", () => {
     assert.equal(f.stats.compiles, 1);
     assertClose(f(x, 3) as k.Tensor, x.mul(3).dataSync() as Float32Array);
     assert.equal(f.stats.recompiles, 1);
+    // -0 is its own scalar (x / -0 is -inf; it reused 0's program) and a -0 literal keeps its sign in generated C
+    const d = compile((a: any, s) => a.div(s));
+    const one = k.tensor([1, -2]);
+    assert.deepEqual((d(one, 0) as k.Tensor).toList(), [Infinity, -Infinity]);
+    assert.deepEqual((d(one, -0) as k.Tensor).toList(), [-Infinity, Infinity]);
+    assert.deepEqual((compile((a: any) => a.div(-0).exp())(one) as k.Tensor).toList(), [0, Infinity]);
+  });
+
+  it("refuses a dynamic dim that its argument does not have", () => {
+    const f = (dynamic: { argIndex: number; dim: number; max: number }) => compile((a: any) => a.mul(2), { dynamic });
+    assert.throws(() => f({ argIndex: 0, dim: 2, max: 8 })(rand([3, 2], 1)), /\[compile\] dynamic dim 2 is out of range for argument 0 of rank 2/);
+    assert.throws(() => f({ argIndex: 1, dim: 0, max: 8 })(rand([3, 2], 1)), /\[compile\] dynamic dim 0 names argument 1, which is not a tensor/);
   });
 });
 

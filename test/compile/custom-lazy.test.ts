@@ -50,6 +50,38 @@ describe("custom ops", () => {
     assertClose(f(x) as k.Tensor, expected, { rtol: 1e-5, atol: 1e-5 });
     if (hasJit) assert.equal(f.lastInfo!.opaqueKernels, 2);
   });
+
+  it("read an integer input as float32 inside compiled graphs too, as eagerly (it read the int32 bits)", () => {
+    const ints = k.tensor(Int32Array.of(-2, 0, 3));
+    const f = compile((a: Sym) => scaledAdd(a, a));
+    assert.deepEqual(scaledAdd(ints, ints).toList(), [-6, 0, 9]);
+    assert.deepEqual((f(ints) as k.Tensor).toList(), [-6, 0, 9]);
+  });
+
+  it("autograd: a backward formula is used; without one backward() throws instead of dropping the gradient", () => {
+    const cube = defineOp({
+      name: "test_cube",
+      shape: ([s]) => s!,
+      kernels: { reference: ([x], out) => x!.forEach((v, i) => (out[i] = v * v * v)) },
+      backward: { saves: "inputs", grad: (g, ctx) => [g.mul(ctx.inputs[0]!.square().mul(3))] },
+    });
+    const x = k.tensor([1, -2, 0.5], { requiresGrad: true });
+    cube(x).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [3, 12, 0.75]);
+    const y = k.tensor([1, 2], { requiresGrad: true });
+    const out = scaledAdd(y, y).add(y); // d/dy = 3 through scaledAdd, which has no formula: it read 1 (scaledAdd's share lost)
+    assert.equal(out.requiresGrad, true);
+    assert.throws(() => out.sum().backward(), /\[test_scaled_add\] has no backward formula/);
+    assert.equal(k.noGrad(() => scaledAdd(y, y)).requiresGrad, false);
+  });
+
+  it("refuses a built-in op's name, whose gradient it would have replaced", () => {
+    const def = { shape: ([s]: number[][]) => s!, kernels: { reference: ([x]: Float32Array[], out: Float32Array) => out.set(x!) } };
+    assert.throws(() => defineOp({ name: "mul", ...def, backward: { saves: "none", grad: (g) => [g.mul(1000)] } }), /\[defineOp\] "mul" is the name of a built-in op/);
+    const x = k.tensor([1, 2], { requiresGrad: true });
+    x.mul(3).sum().backward();
+    assert.deepEqual(x.grad!.toList(), [3, 3]);
+  });
 });
 
 describe("defer-and-fuse scope", () => {

@@ -57,6 +57,15 @@ describe("defer-and-fuse eager mode", { skip: hasJit ? false : `no JIT: ${jitUna
       });
   });
 
+  it("fills of -0, NaN and infinities are distinct programs (-0 reused 0's, inf reused NaN's: x / inf gave NaN)", () => {
+    const num = k.tensor([1, -2]);
+    for (const [v, want] of [[0, [Infinity, -Infinity]], [-0, [-Infinity, Infinity]], [NaN, [NaN, NaN]], [Infinity, [0, -0]]] as const) {
+      const r = both(() => num.div(k.zeros([2]).fill_(v)));
+      assert.deepEqual(r.deferred, want, `fill ${v}`);
+      assert.deepEqual(r.deferred, r.strict, `fill ${v}`);
+    }
+  });
+
   it("silu(g) * u and a residual add", () => {
     const r = both(() => x.silu().mul(y).add(x));
     assertClose(r.deferred, r.strict, RTOL);

@@ -92,9 +92,14 @@ forEachBackend((dev) => {
 
     it("pow / maximum / minimum / remainder (sign of the divisor)", () => {
       assertClose(t([2, 3, 4]).pow(t([3, 0.5, -1])), [8, Math.sqrt(3), 0.25]);
+      // C's (and torch's) pow, not JS's: 1 to any power and -1 to an infinite one are 1 (the reference back end gave NaN)
+      assert.deepEqual(values(t([1, 1, -1, -1, NaN, -8]).pow(t([NaN, Infinity, Infinity, -Infinity, 0, 1 / 3]))), [1, 1, 1, 1, 1, NaN]);
       assertClose(t([1, 5, -3]).maximum(t([2, 4, -4])), [2, 5, -3]);
       assertClose(t([1, 5, -3]).minimum(t([2, 4, -4])), [1, 4, -4]);
       assertClose(k.remainder(t([7, -7, 7, -7, 5.5]), t([3, 3, -3, -3, 2])), [1, 2, -2, -1, 1.5]);
+      // torch: fmod(a, b), plus b where the signs differ; an infinite divisor gave NaN for every a
+      assert.deepEqual(values(k.remainder(t([5, -5, 5, -5, 1, Infinity]), t([Infinity, Infinity, -Infinity, -Infinity, 0, 2]))),
+        [5, Infinity, -Infinity, -5, NaN, NaN]);
       const nan = t([NaN, 1]).maximum(t([0, NaN]));
       assert.ok(values(nan).every(Number.isNaN), "maximum propagates NaN");
     });
@@ -212,6 +217,13 @@ forEachBackend((dev) => {
       assert.equal(k.logicalNot(p).dtype, "bool");
       assert.deepEqual(values(t([NaN]).eq(t([NaN]))), [0]);
       assert.deepEqual(values(t([NaN]).ne(t([NaN]))), [1]);
+      // NaN is nonzero, so true (torch: bool(nan), logical_not(nan) False); it read as false before
+      const n = t([NaN, 0, -0, 2]);
+      assert.deepEqual(values(n.to("bool")), [1, 0, 0, 1]);
+      assert.deepEqual(values(t([NaN, 0], { dtype: "bool" })), [1, 0]);
+      assert.deepEqual(values(k.logicalNot(n)), [0, 1, 1, 0]);
+      assert.deepEqual(values(k.logicalAnd(n, t([1, 1, 1, NaN]))), [1, 0, 0, 1]);
+      assert.deepEqual(values(k.logicalOr(n, t([0, 0, 0, 0]))), [1, 0, 0, 1]);
     });
 
     it("comparisons of large, broadcast and transposed float32 operands (the native kernel's sizes), NaN and -0 included", () => {
@@ -293,6 +305,9 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t([true, false]).to("float32")), [1, 0]);
       assert.deepEqual(values(t(new Int32Array([300, -1])).to("uint8")), [44, 255], "wraps like torch");
       assert.deepEqual(values(t(new Int32Array([200])).to("int8")), [-56]);
+      // NaN and infinities cast to 0 in every integer dtype (int64 threw the RangeError of BigInt(NaN))
+      const odd = t([NaN, Infinity, -Infinity, 3.5]);
+      for (const dtype of ["int32", "int64"] as const) assert.deepEqual(values(odd.to(dtype)), [0, 0, 0, 3], dtype);
     });
 
     it("round trips through every dtype for small integers", () => {

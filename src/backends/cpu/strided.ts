@@ -36,7 +36,7 @@ function dense(v: BufferView): { data: Direct; idx: Int32Array | null; start: nu
 }
 
 function convert(d: DType): (x: number) => number {
-  if (d === "bool") return (x) => (x ? 1 : 0);
+  if (d === "bool") return (x) => (x !== 0 ? 1 : 0); // NaN is true, as torch
   if (d === "float32") return (x) => x;
   return Math.trunc;
 }

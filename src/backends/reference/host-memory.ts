@@ -109,11 +109,11 @@ export function setter(buffer: DeviceBuffer, dtype: DType): Setter {
     }
     case "int64": {
       const a = raw as BigInt64Array;
-      return (i, v) => (a[i] = BigInt(Math.trunc(v)));
+      return (i, v) => (a[i] = Number.isFinite(v) ? BigInt(Math.trunc(v)) : 0n); // NaN / inf: 0, as tensor() and int32 casts give
     }
     case "bool": {
       const a = raw as Uint8Array;
-      return (i, v) => (a[i] = v ? 1 : 0);
+      return (i, v) => (a[i] = v !== 0 ? 1 : 0); // NaN is true, as torch's bool(nan)
     }
     case "int32": {
       const a = raw as Int32Array;

@@ -67,7 +67,7 @@ export const UNARY: Record<UnaryOp, (x: number) => number> = {
     return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
   },
   sign: (x) => Number(x > 0) - Number(x < 0), // torch's (0 < x) - (x < 0): NaN and -0 give 0, as the generated C
-  logical_not: (x) => (x ? 0 : 1),
+  logical_not: (x) => (x === 0 ? 1 : 0), // NaN is true, as any nonzero (torch)
 };
 
 export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
@@ -75,18 +75,22 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   sub: (a, b) => a - b,
   mul: (a, b) => a * b,
   div: (a, b) => a / b,
-  pow: Math.pow,
+  pow: (a, b) => (a === 1 || (a === -1 && Math.abs(b) === Infinity) ? 1 : Math.pow(a, b)), // C's pow: 1^NaN = (-1)^inf = 1 (JS: NaN)
   maximum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.max(a, b)),
   minimum: (a, b) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.min(a, b)),
-  remainder: (a, b) => a - Math.floor(a / b) * b, // Python/torch semantics: sign of divisor
+  remainder: (a, b) => {
+    // torch's fmod(a, b), moved to the divisor's sign: exact, and a finite a over an infinite b stays finite (5 % inf = 5)
+    const r = a % b;
+    return r !== 0 && r < 0 !== b < 0 ? r + b : r;
+  },
   eq: (a, b) => (a === b ? 1 : 0),
   ne: (a, b) => (a !== b ? 1 : 0),
   lt: (a, b) => (a < b ? 1 : 0),
   le: (a, b) => (a <= b ? 1 : 0),
   gt: (a, b) => (a > b ? 1 : 0),
   ge: (a, b) => (a >= b ? 1 : 0),
-  logical_and: (a, b) => (a && b ? 1 : 0),
-  logical_or: (a, b) => (a || b ? 1 : 0),
+  logical_and: (a, b) => (a !== 0 && b !== 0 ? 1 : 0),
+  logical_or: (a, b) => (a !== 0 || b !== 0 ? 1 : 0),
 };
 
 function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): number {
