@@ -702,6 +702,18 @@ async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<str
   }
 }
 
+/**
+ * vLLM's quantization "gguf" names a GGUF model's own block types, which Kiln keeps without it (as `kiln serve
+ * --quantization gguf` does); for any other model it is an EngineInputError.
+ */
+function quantizationOption(args: ServingArgs): string | null | undefined {
+  if (args.quantization !== "gguf") return args.quantization;
+  const m = args.model;
+  const gguf = m.endsWith(".gguf") || (fs.existsSync(m) && fs.statSync(m).isDirectory() && fs.readdirSync(m).some((f) => f.endsWith(".gguf")));
+  if (!gguf) throw new EngineInputError("quantization", `quantization "gguf" needs a GGUF model (a .gguf file), got ${JSON.stringify(m)}`);
+  return null;
+}
+
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
 function loadOptions(
   args: ServingArgs,
@@ -713,7 +725,7 @@ function loadOptions(
     skipTokenizer: args.skipTokenizerInit,
     loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
-    quantization: args.quantization,
+    quantization: quantizationOption(args),
     revision: args.revision,
     downloadDir: args.downloadDir,
     tokenizer: args.tokenizer,

@@ -7,7 +7,7 @@ import { mulberry32 } from "../util/random.js";
 import { writeSafetensors, type SafetensorsLazyTensor } from "./formats/safetensors.js";
 import { writeGguf, type GgufWriteTensor } from "./formats/gguf.js";
 import type { GgmlTypeName } from "./formats/gguf-quant.js";
-import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, permuteQK, phi3RopeFactorTensors } from "./formats/gguf-mapping.js";
+import { ggufFamilyOf, ggufNormShift, hfConfigToGgufMetadata, hfToGgufTensorName, llama3RopeFreqTensors, permuteQK, phi3RopeFactorTensors } from "./formats/gguf-mapping.js";
 import { tokenizerJsonToGgufMetadata } from "./formats/gguf-tokenizer.js";
 import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture, type ModelConfig } from "./hf-config.js";
@@ -321,7 +321,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
       const type = m.name.endsWith("ffn_gate_inp_shexp.weight") ? "F32" : typeFor(info.shape, m.name);
       tensors.push({ name: m.name, shape: info.shape, type, load: () => load(info.name, info.shape[0]!) });
     }
-    for (const { name, values } of phi3RopeFactorTensors(config)) tensors.push({ name, shape: [values.length], type: "F32", load: () => values });
+    for (const { name, values } of [...phi3RopeFactorTensors(config), ...llama3RopeFreqTensors(config)]) tensors.push({ name, shape: [values.length], type: "F32", load: () => values });
     // llama.cpp's qwen2moe always reads an output head: a tied one is written as the embedding's copy
     if (cfg.architecture === "Qwen2MoeForCausalLM" && cfg.tieWordEmbeddings) {
       const embed = st.tensors.find((t) => t.name === "model.embed_tokens.weight")!;

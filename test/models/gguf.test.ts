@@ -178,6 +178,7 @@ const str = (s: string) => [...new Uint8Array(new BigUint64Array([BigInt(s.lengt
 const hostileCases: [string, () => string, RegExp][] = [
   ["bad magic", () => hostile("magic.gguf", (w) => { w([0x47, 0x47, 0x4a, 0x46]); w(3n, 4); w(0n); w(0n); }), /bad magic/],
   ["unsupported version", () => hostile("ver.gguf", (w) => { w(magic); w(1n, 4); w(0n); w(0n); }), /version 1/],
+  ["big-endian file", () => hostile("be.gguf", (w) => { w(magic); w([0, 0, 0, 3]); w(0n); w(0n); }), /big-endian/],
   ["huge tensor count", () => hostile("tc.gguf", (w) => { w(magic); w(3n, 4); w(1n << 60n); w(0n); }), /tensor count/],
   ["huge kv count", () => hostile("kc.gguf", (w) => { w(magic); w(3n, 4); w(0n); w(1n << 40n); }), /kv count/],
   ["huge string length", () => hostile("sl.gguf", (w) => { w(magic); w(3n, 4); w(0n); w(1n); w(1n << 62n); w(new Array(32).fill(0x61)); }), /length \d+ exceeds/],

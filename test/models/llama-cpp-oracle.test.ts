@@ -4,10 +4,15 @@
 // for logits of scale ~10 (std 0.2 weights). We assert < 1e-3 * logit scale (the issue's bound).
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { exportGguf } from "../../src/models/init-model.js";
 import { loadLocalModel } from "../../src/models/loader.js";
 import { arange, noGrad, tensor } from "../../src/tensor/index.js";
-import { hasLlamaCpp, withFloat16Gelu } from "../helpers/llama-cpp.js";
+import { readGguf } from "../../src/models/formats/gguf.js";
+import { llama3RopeFreqs } from "../../src/models/formats/gguf-mapping.js";
+import { hasLlamaCpp, llamaCppOracle, logprobGaps, logSoftmax, withFloat16Gelu } from "../helpers/llama-cpp.js";
+import { lastLogits } from "../helpers/model-logits.js";
 import { tempPath, tinyModelDir } from "../helpers/tiny-model.js";
 import type { Architecture } from "../../src/models/hf-config.js";
 
@@ -72,4 +77,35 @@ test("last-position logits match llama.cpp on the same weights", { skip: hasLlam
       }
     });
   }
+});
+
+test("llama3 rope scaling travels as rope_freqs.weight: exported, read back, and as llama.cpp runs it", { timeout: 120_000 }, async (t) => {
+  // original context 16: the scaled (low) frequencies already turn within the prompt's 20 positions
+  const rs = { rope_type: "llama3", factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 16 };
+  const dir = tinyModelDir("LlamaForCausalLM", { overrides: { rope_scaling: rs } });
+  const file = tempPath("llama3-rope.gguf");
+  exportGguf(dir, file, "F32");
+  const config = JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+  const g = readGguf(file);
+  try {
+    assert.deepEqual(g.loadAsFloat32("rope_freqs.weight"), llama3RopeFreqs(config), "convert_hf_to_gguf's divisors");
+  } finally {
+    g.close();
+  }
+  const hf = loadLocalModel(dir);
+  const ids = Array.from({ length: 20 }, (_, i) => (i * 37 + 11) % 500);
+  const want = logSoftmax(lastLogits(hf, ids));
+  const back = logSoftmax(lastLogits(loadLocalModel(file), ids));
+  const plain = logSoftmax(lastLogits(loadLocalModel(dir, { hfOverrides: { rope_scaling: null } }), ids));
+  const gap = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0);
+  assert.ok(gap(plain, want) > 1e-2, "the scaling matters at these positions");
+  assert.ok(gap(back, want) < 1e-5, `the GGUF loads with the directory's rotary frequencies: ${gap(back, want)}`);
+  if (hasLlamaCpp) {
+    const { probs } = await llamaCppOracle(file, ids);
+    const { dLc } = logprobGaps(probs, want, want);
+    t.diagnostic(`llama3 rope: max |logprob diff| vs llama.cpp ${dLc.toExponential(2)}`);
+    assert.ok(dLc < 1e-4, `llama.cpp on the export: ${dLc}`);
+  }
+  // llama.cpp's other architectures refuse a file holding rope_freqs: such a config has no GGUF form
+  assert.throws(() => exportGguf(tinyModelDir("Qwen3ForCausalLM", { overrides: { rope_scaling: rs } }), tempPath("qwen3-llama3-rope.gguf")), /Qwen3ForCausalLM with llama3 rope scaling has no GGUF form/);
 });

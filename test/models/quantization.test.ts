@@ -12,6 +12,7 @@ import { Tokenizer } from "../../src/models/tokenizer.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { Linear } from "../../src/nn/layers.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
+import { exportGguf } from "../../src/models/init-model.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
 
 const skip = tryLoadNativeKernels() ? false : "native addon not built";
@@ -80,4 +81,13 @@ test("kiln generate --quantization int8 prints what LLM({quantization: int8}) ge
   const { stdout } = await promisify(execFile)(`${root}/bin/kiln`, args, { encoding: "utf8", timeout: 50_000 });
   const [ref] = new LLM({ model: dir, maxModelLen: 256, quantization: "int8" }).generate([PROMPTS[0]!], { temperature: 0, maxTokens: 12 });
   assert.equal(stdout, `${ref!.outputs[0]!.text}\n`);
+});
+
+test("LLM({ quantization: \"gguf\" }) serves a GGUF file in its own blocks, as kiln serve --quantization gguf does; another model is refused", { skip }, () => {
+  const dir = tinyModelDir("LlamaForCausalLM", { std: 0.05 });
+  const file = path.join(path.dirname(dir), "quantization-gguf-q8.gguf");
+  exportGguf(dir, file, "Q8_0");
+  const run = (quantization?: string) => new LLM({ model: file, maxModelLen: 128, quantization }).generate([PROMPTS[0]!], { temperature: 0, maxTokens: 8 })[0]!.outputs[0]!.tokenIds;
+  assert.deepEqual(run("gguf"), run());
+  assert.throws(() => new LLM({ model: dir, maxModelLen: 128, quantization: "gguf" }), (e: Error) => e.name === "EngineInputError" && /"gguf" needs a GGUF model/.test(e.message));
 });

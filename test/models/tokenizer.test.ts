@@ -272,6 +272,9 @@ test("GGUF pre-tokenizer names: GPT-2's split is written as llama.cpp's gpt-2; n
     assert.throws(() => ggufToTokenizerJson({ ...base, "tokenizer.ggml.pre": pre }), new RegExp(`unsupported tokenizer.ggml.pre "${pre}"`));
   }
   assert.throws(() => tokenizerJsonToGgufMetadata({ ...readJson(path.join(dir, "tokenizer.json")), pre_tokenizer: { type: "Whitespace" } }), /cannot name/);
+  // a byte-level BPE without its merges would encode every word byte by byte: refused, as llama.cpp refuses it
+  const { "tokenizer.ggml.merges": _, ...noMerges } = base;
+  assert.throws(() => ggufToTokenizerJson({ ...noMerges, "tokenizer.ggml.pre": "gpt-2" }), (e: Error) => e.name === "ModelFormatError" && /"tokenizer.ggml.merges" is missing/.test(e.message));
 });
 
 test("a corrupt model.safetensors.index.json is a ModelFormatError naming the file", async () => {

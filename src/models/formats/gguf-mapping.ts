@@ -75,6 +75,11 @@ export function ggufFamilyOf(architecture: string): GgufFamily {
 /** Phi-3's longrope factor sets, which llama.cpp reads as tensors (one divisor per rotary frequency). */
 export const GGUF_ROPE_FACTORS = { long: "rope_factors_long.weight", short: "rope_factors_short.weight" } as const;
 
+/** llama3 rope scaling as llama.cpp's converter writes it: one divisor per rotary frequency (llama3RopeFreqs). */
+export const GGUF_ROPE_FREQS = "rope_freqs.weight";
+/** The GGUF architectures whose llama.cpp graphs read GGUF_ROPE_FREQS (others refuse a file that has it). */
+const ROPE_FREQS_ARCHS: ReadonlySet<string> = new Set(["llama", "granite"]);
+
 /**
  * What llama.cpp's converter adds to a norm weight (Gemma's (1 + w) norms are stored as 1 + w), so a reader
  * subtracts it.
@@ -316,6 +321,8 @@ export function hfConfigToGgufMetadata(config: Record<string, unknown>): Record<
   if (arch === "smollm3") checkSmolLm3Exportable(parsed);
   if (arch === "gemma") checkGemma1Exportable(parsed);
   if (parsed.ropeScaling?.type === "longrope" && arch !== "phi3") throw new ModelFormatError(`[gguf] ${archName} with longrope rope scaling has no GGUF form (llama.cpp reads longrope factors for phi3 only)`);
+  if (parsed.ropeScaling?.type === "llama3" && !ROPE_FREQS_ARCHS.has(arch)) throw new ModelFormatError(`[gguf] ${archName} with llama3 rope scaling has no GGUF form (llama.cpp reads ${GGUF_ROPE_FREQS} for ${[...ROPE_FREQS_ARCHS].join(" and ")} only)`);
+  if (parsed.ropeScaling?.type === "dynamic") throw new ModelFormatError(`[gguf] ${archName} with dynamic rope scaling has no GGUF form (llama.cpp has no dynamic NTK rope)`);
   const num = (k: string) => (typeof config[k] === "number" ? (config[k] as number) : undefined);
   const heads = num("num_attention_heads")!;
   const hidden = num("hidden_size")!;
@@ -452,6 +459,11 @@ function phi3Metadata(cfg: ModelConfig): Record<string, GgufTypedValue> {
   return md;
 }
 
+/** llama3 rope scaling's GGUF_ROPE_FREQS tensor for a GGUF export (none without it). */
+export function llama3RopeFreqTensors(config: Record<string, unknown>): { name: string; values: Float32Array }[] {
+  return parseHfConfig(config).ropeScaling?.type === "llama3" ? [{ name: GGUF_ROPE_FREQS, values: llama3RopeFreqs(config) }] : [];
+}
+
 /** Phi-3's longrope factor tensors for a GGUF export (none without longrope). */
 export function phi3RopeFactorTensors(config: Record<string, unknown>): { name: string; values: Float32Array }[] {
   const rs = parseHfConfig(config).ropeScaling;
@@ -516,6 +528,13 @@ export function ggufToHfConfig(
     cfg.rope_scaling = rs;
   }
   if (get("attention.sliding_window") !== undefined) cfg.sliding_window = get("attention.sliding_window");
+  if (ROPE_FREQS_ARCHS.has(arch) && tensorNames?.includes(GGUF_ROPE_FREQS) && vector !== undefined) {
+    // llama.cpp divides each rotary frequency by its rope_freqs entry: longrope's one-set form with no cos/sin scale
+    if (cfg.rope_scaling !== undefined) throw new ModelFormatError(`[gguf] ${arch} GGUF with both ${GGUF_ROPE_FREQS} and rope.scaling.type ${String(scalingType)}: only one is read`);
+    const divisors = [...vector(GGUF_ROPE_FREQS)];
+    const orig = cfg.max_position_embeddings;
+    cfg.rope_scaling = { rope_type: "longrope", short_factor: divisors, long_factor: divisors, original_max_position_embeddings: orig, short_mscale: 1, long_mscale: 1 };
+  }
   if (arch === "granite") for (const [hf, g] of GRANITE_SCALES) if (get(g) !== undefined) cfg[hf] = get(g);
   if (arch === "gpt-oss") gptOssHfConfig(cfg, get, need);
   if (arch === "phi3") {

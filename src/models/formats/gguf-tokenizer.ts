@@ -102,7 +102,8 @@ export function ggufToTokenizerJson(md: Readonly<Record<string, GgufValue>>): To
       throw new ModelFormatError(`[gguf] unsupported tokenizer.ggml.pre ${JSON.stringify(pre)} (supported: gpt-2, llama-bpe, llama3, ` +
         "qwen2, deepseek-r1-qwen, gpt-4o); its text would be split differently from llama.cpp");
     }
-    const merges = md["tokenizer.ggml.merges"] === undefined ? [] : strArray(md, "tokenizer.ggml.merges").map((m) => {
+    // (required, as llama.cpp requires it: without merges a BPE splits every word into single bytes)
+    const merges = strArray(md, "tokenizer.ggml.merges").map((m) => {
       const sp = m.indexOf(" ", 1);
       return sp < 0 ? [m, ""] : [m.slice(0, sp), m.slice(sp + 1)];
     });

@@ -188,6 +188,8 @@ function parseGguf(fd: number, file: string): GgufFile {
   const magic = c.u32("magic");
   if (magic !== MAGIC) c.fail(`bad magic 0x${magic.toString(16).padStart(8, "0")} (expected "GGUF")`);
   const version = c.u32("version");
+  // a big-endian file (s390x's) reads its version byte-swapped here: 3 as 0x03000000
+  if ((version & 0xffff) === 0 && version !== 0) c.fail(`GGUF version 0x${version.toString(16)} is a byte-swapped ${version >>> 24}: a big-endian file (only little-endian GGUF is read)`);
   if (version !== 2 && version !== 3) c.fail(`unsupported GGUF version ${version} (only 2 and 3)`);
   const tensorCount = c.boundedCount("tensor count", 8 + 4 + 4 + 8); // name length, n_dims, type, offset
   const kvCount = c.boundedCount("metadata kv count", 8 + 4 + 1);
