@@ -1,13 +1,16 @@
 // Registry of user ops from defineOp(): how to run one on host buffers (compiled C entry, a TS
 // function, or the TS reference) and in eager mode. compile()'s executor and interpreter look ops up here.
-import type { DType } from "../backends/dtype.js";
+import { DTYPE_BYTES, type DType } from "../backends/dtype.js";
 import { OpError } from "../util/errors.js";
 import * as k from "../tensor/index.js";
 import type { Tensor } from "../tensor/index.js";
 import { cacheKey, getLibrary } from "./cache.js";
-import { jitUnavailableReason } from "./jit.js";
+import { jitUnavailableReason, type JitLibrary } from "./jit.js";
 
-/** Host kernel: inputs and output as dense Float32Arrays (or the op's dtype), with the input shapes. */
+/**
+ * Host kernel: inputs and output as dense Float32Arrays, with the input shapes. For an op of another dtype, the
+ * values written to `out` are converted to it afterwards (as `.to(dtype)` would).
+ */
 export type HostKernel = (inputs: Float32Array[], out: Float32Array, inputShapes: number[][]) => void;
 
 export interface CustomOpDef {
@@ -50,14 +53,28 @@ export class CustomOpEntry {
     const numel = (s: readonly number[]) => s.reduce((p, d) => p * d, 1);
     if (typeof cpu === "string" && jitUnavailableReason() === null) {
       const key = cacheKey(`custom:${this.def.name}\n${cpu}`, "cpu");
-      const { lib } = getLibrary(key, cpu);
+      let entry: ReturnType<JitLibrary["entry"]>;
+      try {
+        entry = getLibrary(key, cpu).lib.entry(this.entryName);
+      } catch (e) {
+        throw new OpError(this.def.name, `its C kernel (entry ${this.entryName}) cannot be built or found: ${(e as Error).message}`);
+      }
       const bufs = [...inputs, out].map((o) => new Uint8Array(o.host, o.byteOffset));
-      lib.entry(this.entryName)(bufs, BigInt64Array.from([...inputs, out].map((o) => BigInt(numel(o.shape)))));
+      entry(bufs, BigInt64Array.from([...inputs, out].map((o) => BigInt(numel(o.shape)))));
       return;
     }
     const fn = typeof cpu === "function" ? cpu : this.def.kernels.reference;
     const f32 = (o: HostOperand) => new Float32Array(o.host, o.byteOffset, numel(o.shape));
-    fn(inputs.map(f32), f32(out), inputs.map((i) => [...i.shape]));
+    const dtype = this.def.dtype ?? "float32";
+    if (dtype === "float32") return fn(inputs.map(f32), f32(out), inputs.map((i) => [...i.shape]));
+    // another dtype: the kernel writes float32 values, converted into the output's bytes
+    const values = new Float32Array(numel(out.shape));
+    fn(inputs.map(f32), values, inputs.map((i) => [...i.shape]));
+    const converted = k.tensor(values).to(dtype);
+    k.flushDeferred();
+    const bytes = numel(out.shape) * DTYPE_BYTES[dtype];
+    new Uint8Array(out.host, out.byteOffset, bytes).set(new Uint8Array(converted.storage.buffer.host!, converted.offset * DTYPE_BYTES[dtype], bytes));
+    converted.dispose();
   }
 
   /** Eager execution on tensors (inputs made dense float32 first). */

@@ -7,6 +7,7 @@ import { describe, it } from "node:test";
 import * as k from "../../src/tensor/index.js";
 import { compile, compiledLaunches, defineOp, jitUnavailableReason, withDeferAndFuse, type Sym } from "../../src/compile/index.js";
 import { assertClose } from "../tensor/suite.js";
+import { OpError } from "../../src/util/errors.js";
 
 process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-custom-test-"));
 const hasJit = jitUnavailableReason() === null;
@@ -73,6 +74,18 @@ describe("custom ops", () => {
     assert.equal(out.requiresGrad, true);
     assert.throws(() => out.sum().backward(), /\[test_scaled_add\] has no backward formula/);
     assert.equal(k.noGrad(() => scaledAdd(y, y)).requiresGrad, false);
+  });
+
+  it("an op of another dtype gets its TS kernel's float32 values converted; a C kernel that does not build is an OpError naming the op", () => {
+    const halve = defineOp({ name: "test_halve_i32", dtype: "int32", shape: ([s]) => s!, kernels: { cpu: ([x], out) => x!.forEach((v, i) => (out[i] = v / 2)), reference: () => assert.fail("cpu runs") } });
+    const h = halve(k.tensor([3, -5, 8]));
+    assert.equal(h.dtype, "int32");
+    assert.deepEqual(h.toList(), [1, -2, 4]); // truncated toward zero, as .to("int32")
+    if (!hasJit) return;
+    const broken = defineOp({ name: "test_broken_c", shape: ([s]) => s!, kernels: { cpu: "void test_broken_c(void** b, const int64_t* n) { syntax error }", reference: () => undefined } });
+    assert.throws(() => broken(k.tensor([1])), (e: unknown) => e instanceof OpError && /\[test_broken_c\] its C kernel \(entry test_broken_c\) cannot be built or found: C compile failed/.test((e as Error).message));
+    const misnamed = defineOp({ name: "test_misnamed_c", shape: ([s]) => s!, kernels: { cpu: "#include <stdint.h>\nvoid other(void** b, const int64_t* n) {}", reference: () => undefined } });
+    assert.throws(() => misnamed(k.tensor([1])), (e: unknown) => e instanceof OpError && /\[test_misnamed_c\] its C kernel \(entry test_misnamed_c\) cannot be built or found/.test((e as Error).message));
   });
 
   it("refuses a built-in op's name, whose gradient it would have replaced", () => {
