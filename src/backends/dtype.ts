@@ -27,6 +27,11 @@ export const DTYPES: readonly DType[] = [
   "bool",
 ];
 
+/** Whether `x` names one of DTYPES (float64 and the complex types are not among them). */
+export function isDType(x: unknown): x is DType {
+  return typeof x === "string" && (DTYPES as readonly string[]).includes(x);
+}
+
 export const DTYPE_BYTES: Record<DType, number> = {
   float32: 4,
   float16: 2,

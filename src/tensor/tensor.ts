@@ -1,6 +1,6 @@
 // Tensor: dtype, shape, strides, offset and a shared device storage. Views share storage (PyTorch semantics).
 import type { BufferView } from "../backends/backend.js";
-import { DTYPE_BYTES, isFloating, type DType } from "../backends/dtype.js";
+import { DTYPE_BYTES, DTYPES, isDType, isFloating, type DType } from "../backends/dtype.js";
 import { DisposedTensorError, OpError } from "../util/errors.js";
 import { env } from "../util/env.js";
 import { resolveDevice, type Device, type DeviceLike } from "./device.js";
@@ -537,12 +537,18 @@ function allocateContiguous(shape: Shape, options: TensorOptions, overwritten: b
   }
   const dev = resolveDevice(options.device);
   const dtype = options.dtype ?? "float32";
+  checkDType(dtype);
   const t = new Tensor(Storage.allocate(dev, numel(shape) * DTYPE_BYTES[dtype], overwritten), dtype, [...shape], contiguousStrides(shape), 0);
   if (options.requiresGrad) {
     checkGradDtype(dtype);
     t.requiresGrad = true;
   }
   return t;
+}
+
+/** A dtype given from plain JS (or a cast) that Kiln has no storage for, named with the ones it has. */
+export function checkDType(dtype: unknown): asserts dtype is DType {
+  if (!isDType(dtype)) throw new OpError("dtype", `${JSON.stringify(dtype)} is not a dtype Kiln stores (${DTYPES.join(", ")})`);
 }
 
 /** Only floating-point tensors can require gradients (torch's rule). */

@@ -36,6 +36,12 @@ forEachBackend((dev) => {
       assert.throws(() => k.where(t([true, false]), k.zeros([3], { device: dev }), 0), opError(OpError, "where"));
       assert.throws(() => k.zeros([3], { device: dev }).expand(2, 4), opError(OpError, "expand"));
     });
+    it("a dtype Kiln does not store (float64 from plain JS, a cast to it) names the ones it has", () => {
+      const float64 = "float64" as k.DType;
+      assert.throws(() => t([1, 2], { dtype: float64 }), opError(OpError, "dtype", /"float64" is not a dtype Kiln stores \(float32, .*bool\)/));
+      assert.throws(() => k.zeros([2], { device: dev, dtype: float64 }), opError(OpError, "dtype"));
+      assert.throws(() => t([1]).to(float64), opError(OpError, "dtype"));
+    });
     it("invalid views and dims", () => {
       assert.throws(() => k.zeros([2, 3], { device: dev }).view(4), opError(OpError, "view", /invalid for 6 elements/));
       assert.throws(() => k.zeros([2, 3], { device: dev }).T.view(6), opError(OpError, "view", /reshape/));

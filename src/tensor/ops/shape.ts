@@ -4,7 +4,7 @@ import { IndexOutOfRangeError, OpError } from "../../util/errors.js";
 import type { Device } from "../device.js";
 import { flushDeferred, runKernel } from "../dispatch.js";
 import { recordOp } from "../grad-mode.js";
-import { contiguousStrides, empty, emptyOutput, makeView, numel, Tensor, type Shape } from "../tensor.js";
+import { checkDType, contiguousStrides, empty, emptyOutput, makeView, numel, Tensor, type Shape } from "../tensor.js";
 
 /** dim in [0, ndim) (negative counts from the end); as torch, a 0-d tensor takes dim 0 or -1, as if it were 1-d. */
 export function normDim(dim: number, ndim: number, op: string): number {
@@ -252,6 +252,7 @@ export function to(t: Tensor, dtypeOrDevice: DType | Device, dtype?: DType): Ten
     dev = dtypeOrDevice;
     if (dtype) dt = dtype;
   }
+  checkDType(dt);
   if (dev === t.device && dt === t.dtype) return t;
   const out = copyTo(t, dt, dev);
   recordOp("cast", [t], out, { dtype: t.dtype });
