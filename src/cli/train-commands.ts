@@ -1,6 +1,7 @@
 // `kiln train`, `kiln init-model` and `kiln convert`: the training and model-file commands.
 import * as fs from "node:fs";
 import * as os from "node:os";
+import * as path from "node:path";
 import type { Command } from "commander";
 import { GGUF_EXPORT_TYPES, PRESETS, type GgufExportType } from "../models/model-presets.js";
 import { SUPPORTED_ARCHITECTURES, type Architecture } from "../models/hf-config.js";
@@ -161,6 +162,11 @@ export function registerTrainCommands(program: Command): void {
     .action(async (dir: string, opts: { out: string; outtype: string }) => {
       const t = opts.outtype.toUpperCase() as GgufExportType;
       if (!GGUF_EXPORT_TYPES.includes(t)) throw new CliUsageError(`--outtype must be one of ${GGUF_EXPORT_TYPES.join(", ")}`);
+      // (the directory is the command line's: a missing one or a file is a usage error, not a bare ENOENT)
+      const st = fs.statSync(dir, { throwIfNoEntry: false });
+      if (st === undefined) throw new CliUsageError(`model directory ${dir} does not exist`);
+      if (!st.isDirectory()) throw new CliUsageError(`${dir} is not a Hugging Face model directory${dir.endsWith(".gguf") ? " (it is already a GGUF file)" : ""}`);
+      if (!fs.existsSync(path.join(dir, "config.json"))) throw new CliUsageError(`${dir} has no config.json: not a Hugging Face model directory`);
       const { exportGguf } = await import("../models/init-model.js");
       exportGguf(dir, opts.out, t);
       console.log(`wrote ${opts.out}`);

@@ -31,6 +31,21 @@ describe("kiln CLI", () => {
     assert.equal(kiln("--help").status, 0);
   });
 
+  it("kiln convert names a model directory that is missing, a file or without config.json (exit 2, not a bare ENOENT)", () => {
+    const gguf = join(tmpdir(), `kiln-convert-${process.pid}.gguf`);
+    writeFileSync(gguf, "GGUF");
+    try {
+      for (const [dir, why] of [["/nonexistent/model", /model directory \/nonexistent\/model does not exist/], [gguf, /is not a Hugging Face model directory \(it is already a GGUF file\)/], [tmpdir(), /has no config\.json/]] as const) {
+        const r = kiln("convert", dir, "--out", join(tmpdir(), "never.gguf"));
+        assert.equal(r.status, 2, r.stderr);
+        assert.match(r.stderr, why);
+        assert.doesNotMatch(r.stderr, /ENOENT|ENOTDIR/);
+      }
+    } finally {
+      rmSync(gguf);
+    }
+  });
+
   it("--dtype takes vLLM's aliases: float is float32, half is float16", () => {
     const float = kiln("generate", "--dtype", "float", "--prompt", "x", "--max-tokens", "1");
     assert.equal(float.status, 0, float.stderr);
