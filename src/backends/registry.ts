@@ -38,7 +38,9 @@ export function isBackendAvailable(name: string): boolean {
   try {
     getBackend(name);
     return true;
-  } catch {
-    return false;
+  } catch (e) {
+    // (a setting it cannot take, as a misspelled KILN_NATIVE_ISA, is the user's to fix, not a reason to fall back)
+    if (e instanceof BackendUnavailableError) return false;
+    throw e;
   }
 }

@@ -3,7 +3,7 @@
 // metrics, and periodic checkpoints that resume to the identical loss trajectory.
 import { defaultGenerator, maxMemoryAllocated, resetPeakMemoryStats, type Generator, type Tensor } from "../tensor/index.js";
 import { KilnError } from "../util/errors.js";
-import { latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint } from "./checkpoint.js";
+import { CheckpointError, latestCheckpoint, loadCheckpoint, pruneCheckpoints, saveCheckpoint } from "./checkpoint.js";
 import { clipGradNorm } from "./grad-clip.js";
 import type { StepwiseLr } from "./lr-schedule.js";
 import type { SteppableOptimizer } from "./optim.js";
@@ -120,7 +120,16 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if (dir) {
       const loaded = loadCheckpoint(dir, namedParams(o.model));
       o.optimizer.loadStateDict(loaded.optimizer);
-      if (loaded.dataLoader !== null && o.dataLoader.restore) o.dataLoader.restore(loaded.dataLoader as never);
+      if (loaded.dataLoader !== null && o.dataLoader.restore) {
+        try {
+          o.dataLoader.restore(loaded.dataLoader as never);
+        } catch (e) {
+          throw new CheckpointError(
+            `[checkpoint] ${dir}: its data loader position does not fit this run (${(e as Error).message}): ` +
+              "resume with the seq_len, local batch size and number of ranks it was saved with, or start again without resuming",
+          );
+        }
+      }
       if (loaded.rng) gen.setState(loaded.rng as { seed: number; counter: number });
       step = loaded.step;
     }

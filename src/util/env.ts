@@ -44,6 +44,10 @@ export const env = {
   get cacheMaxMb(): number {
     return int("KILN_CACHE_MAX_MB") ?? 1024;
   },
+  /** Forces the native kernels' instruction set (avx512-bf16, avx512, avx2, scalar; read by the addon itself at load). */
+  get nativeIsa(): string | undefined {
+    return str("KILN_NATIVE_ISA");
+  },
   /** Prints a line for every compile() recompile (guard failure or new bucket). */
   get logRecompiles(): boolean {
     return str("KILN_LOG_RECOMPILES") === "1";

@@ -271,7 +271,7 @@ describe("EAGLE speculative decoding", () => {
     // a 2-layer served model has no default aux layers (2, L/2, L-3)
     refused("eagle3", writeEagleHead(target(), "default-aux", { method: "eagle3" }), /the default 2, L\/2, L-3/, tinyModelDir("LlamaForCausalLM"));
     refused("eagle3", writeEagleHead(target(), "no-d2t", { method: "eagle3", config: { draft_vocab_size: 100 } }), /needs d2t/);
-    refused("eagle", tempPath("no-such-head"), /EAGLE head .*no-such-head: .*no config.json/);
+    refused("eagle", tempPath("no-such-head"), /EAGLE head: .*no-such-head does not exist/);
     const noFc = writeEagleHead(target(), "no-fc", { method: "eagle" });
     const h = readSafetensors(noFc);
     const kept = h.tensors.filter((t) => t.name !== "fc.weight").map((t) => ({ name: t.name, dtype: "F32" as const, shape: t.shape, data: h.loadAsFloat32(t.name) }));

@@ -1,5 +1,6 @@
 // Typed errors that name the op: shapes, indices, debug-mode non-finite checks, unknown back ends.
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import { describe, it } from "node:test";
 import * as k from "../../src/tensor/index.js";
 import { getBackend } from "../../src/backends/registry.js";
@@ -194,6 +195,17 @@ forEachBackend((dev) => {
 });
 
 describe("back-end registry", () => {
+  it("a misspelled KILN_NATIVE_ISA is refused naming the values (the addon took it for the scalar path)", () => {
+    const script = `import(${JSON.stringify(new URL("../../src/tensor/index.js", import.meta.url).href)}).then((k) => console.log(k.tensor([1, 2]).add(1).toList()))`;
+    const run = (isa: string) => spawnSync(process.execPath, ["--input-type=module", "-e", script], { env: { ...process.env, KILN_NATIVE_ISA: isa }, encoding: "utf8" });
+    const bad = run("AVX2");
+    assert.notEqual(bad.status, 0);
+    assert.match(bad.stderr, /KILN_NATIVE_ISA=AVX2 is not one of avx512-bf16, avx512, avx2, scalar/);
+    const good = run("scalar");
+    assert.equal(good.status, 0, good.stderr);
+    assert.match(good.stdout, /\[ 2, 3 \]/);
+  });
+
   it("an unknown back end raises BackendUnavailableError naming it", () => {
     assert.throws(() => getBackend("tpu-nope"), (e: unknown) => e instanceof BackendUnavailableError && e.backend === "tpu-nope" && /known: reference, cpu/.test(e.message));
     assert.throws(() => k.device("tpu-nope"), BackendUnavailableError);

@@ -11,6 +11,7 @@ import type { Tensor } from "../../src/tensor/index.js";
 import { AdamW } from "../../src/train/optim.js";
 import { LrSchedule } from "../../src/train/lr-schedule.js";
 import { train, type BatchSource, type StepMetrics, type TrainableModel } from "../../src/train/trainer.js";
+import { CheckpointError } from "../../src/train/checkpoint.js";
 import type { DataLoader } from "../../src/train/data-loader.js";
 
 // the project's DataLoader plugs into the loop as a batch source (compile-time check)
@@ -69,7 +70,7 @@ class Windows implements BatchSource {
 
 const STEPS = 40;
 
-async function run(opts: { seed?: number; steps?: number; checkpointDir?: string; resume?: string; accum?: number } = {}): Promise<StepMetrics[]> {
+async function run(opts: { seed?: number; steps?: number; checkpointDir?: string; resume?: string; accum?: number; dataLoader?: Windows } = {}): Promise<StepMetrics[]> {
   const model = new BigramLm(opts.seed ?? 7);
   const optimizer = new AdamW(model.parameters(), { lr: 0.05, weightDecay: 0.01 });
   const schedule = new LrSchedule({ lr: 0.05, warmupSteps: 5, totalSteps: STEPS, decayType: "cosine", lrMin: 0.005 });
@@ -77,7 +78,7 @@ async function run(opts: { seed?: number; steps?: number; checkpointDir?: string
     model,
     optimizer,
     schedule,
-    dataLoader: new Windows(4, 16),
+    dataLoader: opts.dataLoader ?? new Windows(4, 16),
     steps: opts.steps ?? STEPS,
     gradAccumulationSteps: opts.accum ?? 1,
     maxNorm: 1,
@@ -117,6 +118,22 @@ describe("train()", () => {
       assert.equal(resumed[0]!.step, 21);
       assert.deepEqual(resumed.map((m) => m.loss), full.slice(20).map((m) => m.loss));
       assert.deepEqual(resumed.map((m) => m.lr), full.slice(20).map((m) => m.lr));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("a checkpoint whose data loader position does not fit the run is a CheckpointError saying how to resume", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kiln-train-"));
+    try {
+      await run({ steps: 10, checkpointDir: dir });
+      const other = new (class extends Windows {
+        override restore(): void {
+          throw new Error("state is for 16 windows, seqLen 16, batch 4; this loader has 8, 16, 8");
+        }
+      })(4, 16);
+      await assert.rejects(run({ checkpointDir: dir, resume: join(dir, "step-00000010"), dataLoader: other }), (e: unknown) =>
+        e instanceof CheckpointError && /step-00000010: its data loader position does not fit this run \(state is for 16 windows.*\): resume with the seq_len, local batch size and number of ranks/.test((e as Error).message));
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -18,8 +18,11 @@ import { createRequire } from "node:module";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { env } from "../../util/env.js";
+import { KilnError } from "../../util/errors.js";
 
-export type NativeIsa = "avx512-bf16" | "avx512" | "avx2" | "scalar";
+export const NATIVE_ISAS = ["avx512-bf16", "avx512", "avx2", "scalar"] as const;
+export type NativeIsa = (typeof NATIVE_ISAS)[number];
 
 /** Op codes of `unary`. */
 export const UnaryOp = {
@@ -362,6 +365,10 @@ export function loadNativeKernels(): NativeKernels {
   const root = packageRoot();
   const path = join(root, "build", "Release", "kiln_native.node");
   if (!existsSync(path)) throw (lastError = new NativeUnavailableError("addon not built", path));
+  // (the addon reads it, and would take a misspelled value for "scalar": the slowest path, silently)
+  const isa = env.nativeIsa;
+  if (isa !== undefined && !(NATIVE_ISAS as readonly string[]).includes(isa))
+    throw new KilnError(`KILN_NATIVE_ISA=${isa} is not one of ${NATIVE_ISAS.join(", ")}`);
   const require = createRequire(join(root, "package.json"));
   try {
     cached = require(path) as NativeKernels;
