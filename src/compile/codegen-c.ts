@@ -19,35 +19,30 @@ export function renderable(dtype: DType): boolean {
 const PRELUDE = `#include <stdint.h>
 #include <math.h>
 #include <string.h>
-/* exp with Cephes' range reduction and polynomial (~1 ulp): straight-line float code that gcc vectorises,
-   unlike libm's expf. Overflow gives +inf, underflow 0, NaN propagates. */
+/* Cephes' exp (~1 ulp) as straight-line float code that gcc vectorises, unlike libm's expf: e^c for c = n ln2 + r
+   (|r| <= ln2/2) is this polynomial in r times 2^n. */
+static inline float k_exp_poly(float c, float n) {
+  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  return p * r * r + r + 1.0f;
+}
+static inline float k_pow2i(int32_t n) { int32_t bits = (n + 127) << 23; float s; memcpy(&s, &bits, 4); return s; }
+/* the hot kernels' exp (native expFast): inf above 88.38, 0 below -87.34 (not the clamp's exp, ~FLT_MIN) */
 static inline float k_exp(float x) {
   float c = x > 88.3762626647949f ? 88.3762626647949f : (x < -87.3365447504f ? -87.3365447504f : x);
   float n = floorf(c * 1.44269504088896341f + 0.5f);
-  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23;
-  float scale; memcpy(&scale, &bits, 4);
-  float out = y * scale;
-  // the eager kernel's range (native expFast): inf above the clamp, 0 below it (not the clamp's exp, ~FLT_MIN)
+  float out = k_exp_poly(c, n) * k_pow2i((int32_t)n);
   return x > 88.3762626647949f ? INFINITY : (x < -87.3365447504f ? 0.0f : out);
 }
-/* the exp op over float32's whole range (native expFull): finite to ln(FLT_MAX), subnormal to ~-103.97 */
+/* the exp op over float32's whole range (native expFull): finite to ln(FLT_MAX), subnormal to ~-103.97; 2^n is
+   applied in two halves, neither of which leaves the normal range */
 static inline float k_expf(float x) {
   float c = x > 88.72283935546875f ? 88.72283935546875f : (x < -104.0f ? -104.0f : x);
   float n = floorf(c * 1.44269504088896341f + 0.5f);
-  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t n1 = ((int32_t)n) >> 1, n2 = (int32_t)n - n1;
-  int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  float s1, s2; memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
-  float out = (y * s1) * s2;
+  int32_t n1 = ((int32_t)n) >> 1;
+  float out = (k_exp_poly(c, n) * k_pow2i(n1)) * k_pow2i((int32_t)n - n1);
   return x != x ? x : (x > 88.72283935546875f ? INFINITY : (x < -104.0f ? 0.0f : out));
 }
 static inline float k_tanh(float x) {
