@@ -124,7 +124,7 @@ export class DecoderLayer extends Module {
       if (n2.xq) disposeQuantizedActivations(n2.xq);
     } else {
       const n2 = this.mlpInNorm?.forward(h2) ?? h2;
-      m = this.mlp.forward(n2);
+      m = this.mlp.forward(n2, ctx.kind === "paged" ? ctx.loraSlots : null);
       if (n2 !== h2) n2.dispose();
     }
     if (this.mlpOutNorm !== null) m = normed(this.mlpOutNorm, m);
@@ -157,7 +157,8 @@ export class DecoderLayer extends Module {
     const gated = this.mlp instanceof GatedMLP ? this.mlp : null;
     const n2 = this.mlpInNorm!.addForwardFor(n1.sum, a, gated?.inputProjections ?? []);
     a.dispose();
-    const m = gated ? gated.forward(n2.out, n2.xq, ctx.kind === "paged" ? ctx.loraSlots : null) : this.mlp.forward(n2.out);
+    const slots = ctx.kind === "paged" ? ctx.loraSlots : null;
+    const m = this.mlp instanceof GatedMLP ? this.mlp.forward(n2.out, n2.xq, slots) : this.mlp.forward(n2.out, slots);
     n2.out.dispose();
     if (n2.xq) disposeQuantizedActivations(n2.xq);
     return { input: n1.sum, residual: n2.sum, branch: m };

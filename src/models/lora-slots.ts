@@ -10,7 +10,7 @@ import type { CausalLM } from "./causal-lm.js";
 import { LoraError, type LoraAdapter, type LoraModuleWeights } from "./lora.js";
 
 /** Module names that take LoRA: the attention projections and the dense (not MoE) MLP's. */
-const ADAPTABLE = /^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$/;
+const ADAPTABLE = /^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(shared_expert\.)?(gate|up|down)_proj)$/;
 
 /** Fused modules an adapter may name (Phi-3's checkpoints', fused-weights.ts) and their parts, in row order. */
 const FUSED_PARTS: Record<string, string[]> = {

@@ -147,15 +147,16 @@ export class MoE extends Module {
   /**
    * x [T, hidden] -> [T, hidden]. The router's top-k stays on the device: one moe kernel runs each expert on the
    * tokens that chose it and sums their weighted outputs, with no host read (so step graphs capture it).
+   * `loraSlots`: each row's LoRA slot, for adapters on the shared expert's projections (PagedContext.loraSlots).
    */
-  forward(x: Tensor): Tensor {
+  forward(x: Tensor, loraSlots: Tensor | null = null): Tensor {
     const { values, indices } = this.route(x);
     const routed = moe(x, indices, values, this.expertWeights(), this.activation);
     values.dispose();
     indices.dispose();
     if (this.sharedExpert === null || this.sharedExpertGate === null) return routed;
     // routed + sigmoid(x · g) * shared(x): the gate [T, 1] scales each token's shared-expert row
-    const s = this.sharedExpert.forward(x);
+    const s = this.sharedExpert.forward(x, null, loraSlots);
     const logit = this.sharedExpertGate.forward(x);
     const g = logit.sigmoid();
     const gated = s.mul(g);

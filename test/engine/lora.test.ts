@@ -110,6 +110,18 @@ describe("LoRA adapters", () => {
     assertSame(summary(llm.generate(prompts, greedy, { loraRequest: { name: "phi3", id: 1, path: adapter } })), want, "phi3 fused");
   });
 
+  it("an adapter on Qwen2-MoE's shared expert (as vLLM adapts it) matches the merged weights, eager and with step graphs", () => {
+    const moe = tinyModelDir("Qwen2MoeForCausalLM");
+    const modules = [0, 1].flatMap((i) => ["self_attn.q_proj", "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj"].map((m) => `model.layers.${i}.${m}`));
+    const adapter = writeLoraAdapter(moe, tempPath("lora-moe"), { rank: 4, alpha: 8, modules, seed: 17 });
+    const want = summary(new LLM({ model: mergeLoraIntoModel(moe, adapter, tempPath("merged-moe")), ...llmArgs, enforceEager: true }).generate(prompts, greedy));
+    for (const enforceEager of [true, false]) {
+      const llm = new LLM({ model: moe, ...llmArgs, enforceEager, enableLora: true, maxLoraRank: 4 });
+      assert.notDeepEqual(summary(llm.generate(prompts, greedy))[0]!.lps, want[0]!.lps);
+      assertSame(summary(llm.generate(prompts, greedy, { loraRequest: { name: "moe", id: 1, path: adapter } })), want, `shared expert (${enforceEager ? "eager" : "step graphs"})`);
+    }
+  });
+
   it("refuses what it cannot serve with typed errors, before anything is queued", () => {
     const plain = new LLM({ model: base, ...llmArgs, enforceEager: true });
     assert.throws(() => plain.generate(prompts, greedy, { loraRequest: loraA }), (e: unknown) => e instanceof EngineInputError && e.param === "lora_request" && /not enabled/.test(e.message));
