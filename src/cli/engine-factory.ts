@@ -145,8 +145,14 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
   const exports = await loadLogitsProcessors(specs); // before the model, as the worker does
   const { loaded, runner, engineArgs, kvTokens, tp, draft } = await createServingSetup(servingArgs);
   const logitsProcessors = instantiateLogitsProcessors(exports, { vocabSize: runner.vocabSize }, specs);
+  const engine = new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs, logitsProcessors, draft });
+  // a tensor-parallel rank that dies while the engine idles fails it now (as the worker engine's), not at the next request
+  tp?.onFailure((err) => {
+    engine.fail(err);
+    void tp.shutdown(0, false); // the surviving ranks, if any
+  });
   return {
-    engine: new AsyncLLM({ runner, tokenizer: loaded.tokenizer, engineArgs, logitsProcessors, draft }),
+    engine,
     tokenizer: loaded.tokenizer,
     generationConfig: loaded.generationConfig,
     numBlocks: engineArgs.numGpuBlocks,

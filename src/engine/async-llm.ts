@@ -43,6 +43,7 @@ export class AsyncLLM implements EngineClient {
   readonly engine: EngineCore;
   private readonly streams = new Map<string, Stream>();
   private looping = false;
+  private fatal: Error | null = null;
 
   constructor(options: AsyncLLMOptions) {
     this.engine = new EngineCore(options.engineArgs, options.runner, {
@@ -81,6 +82,7 @@ export class AsyncLLM implements EngineClient {
     params: Partial<SamplingParams>,
     options: GenerateOptions,
   ): AsyncIterable<RequestOutput> {
+    if (this.fatal !== null) throw this.fatal;
     const { requestId } = options;
     const pacer = outputPacer(options);
     this.engine.sampler.validateParams(params);
@@ -146,15 +148,30 @@ export class AsyncLLM implements EngineClient {
         }
       } catch (err) {
         // A failed step takes every stream down with it (the engine state is not trustworthy anymore).
-        for (const s of this.streams.values()) {
-          s.error = err;
-          s.done = true;
-          s.wake?.();
-        }
+        this.fail(err as Error);
       } finally {
         this.looping = false;
       }
     })();
+  }
+
+  /** The error that failed the engine (a step threw, or fail() was called), or null while it serves. */
+  deadError(): Error | null {
+    return this.fatal;
+  }
+
+  /**
+   * Fails the engine, as the worker engine fails on its worker's fatal message: every stream ends with `err`, later
+   * requests are refused with it, and deadError() reports it (the server's /health answers 503). For a failure seen
+   * outside the step loop, such as a tensor-parallel rank dying while the engine idles.
+   */
+  fail(err: Error): void {
+    this.fatal ??= err;
+    for (const s of this.streams.values()) {
+      s.error = err;
+      s.done = true;
+      s.wake?.();
+    }
   }
 
   /** Aborts requests: their blocks are freed now and their streams end with finishReason "abort". */

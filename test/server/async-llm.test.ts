@@ -84,3 +84,33 @@ describe("server over AsyncLLM", () => {
     assert.equal(body.error.param, "seed"); // an integer to the server, out of range for the engine
   });
 });
+
+describe("server over AsyncLLM whose step fails", () => {
+  it("the failed step ends its streams with the error, /health answers 503 and later requests are refused, as the worker engine's", async () => {
+    const tokenizer = new FakeTokenizer();
+    const runner = new FakeModelRunner(tokenizer.vocabSize, {
+      override: (context) => {
+        if (context[0] === 5 && context.length > 4) throw new Error("the step failed");
+      },
+    });
+    const engine = new AsyncLLM({ runner, tokenizer, engineArgs: { maxModelLen: 128, numGpuBlocks: 64 } });
+    const app = createServer({ engine, tokenizer, servedModelNames: ["real"], maxModelLen: 128, version: "t" });
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+    const complete = (prompt: number[]) =>
+      fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "real", prompt, max_tokens: 4, ignore_eos: true }) });
+    try {
+      assert.equal((await fetch(`${url}/health`)).status, 200);
+      assert.equal((await complete([6, 7])).status, 200);
+      const failed = await complete([5, 6, 7]);
+      assert.equal(failed.status, 500);
+      assert.match(await failed.text(), /the step failed/);
+      assert.equal((await fetch(`${url}/health`)).status, 503);
+      assert.equal(engine.deadError()?.message, "the step failed");
+      const later = await complete([6, 7]);
+      assert.equal(later.status, 500, "the engine state is not trusted after a failed step");
+    } finally {
+      await app.close();
+    }
+  });
+});
