@@ -27,11 +27,6 @@ export const DTYPES: readonly DType[] = [
   "bool",
 ];
 
-/** Whether `x` names one of DTYPES (float64 and the complex types are not among them). */
-export function isDType(x: unknown): x is DType {
-  return typeof x === "string" && (DTYPES as readonly string[]).includes(x);
-}
-
 export const DTYPE_BYTES: Record<DType, number> = {
   float32: 4,
   float16: 2,
@@ -44,6 +39,11 @@ export const DTYPE_BYTES: Record<DType, number> = {
   int64: 8,
   bool: 1,
 };
+
+/** Whether `x` names one of DTYPES (float64 and the complex types are not among them); one property lookup. */
+export function isDType(x: unknown): x is DType {
+  return typeof x === "string" && Object.hasOwn(DTYPE_BYTES, x);
+}
 
 export function isFloating(d: DType): boolean {
   return d === "float32" || d === "float16" || d === "bfloat16" || d === "float8_e4m3fn" || d === "float8_e5m2";
