@@ -1,9 +1,10 @@
 // `kiln serve` flags that say which model is served and how it is read (vLLM's ModelConfig and LoadConfig): the
 // model path and hub revision, dtype, quantization, load format, config overrides, tokenizer and the generation
 // defaults.
-import { existsSync, readdirSync, statSync } from "node:fs";
+import { existsSync, statSync } from "node:fs";
 import { Option, type Command } from "commander";
 import { GENERATION_OVERRIDE_KEYS, generationConfigSourceError, generationOverrideError } from "../engine/sampling-params.js";
+import { isGgufModel } from "../models/hub.js";
 import { LOAD_FORMATS, type LoadFormat } from "../models/load-format.js";
 import { DEFAULT_MODEL_DIR } from "./default-model.js";
 import { jsonObjectFlag, num, oneOf } from "./serve-flag-values.js";
@@ -169,10 +170,6 @@ function checkTokenizerMode(value: unknown, warnings: string[]): void {
 }
 
 /** A .gguf file, or a directory holding one. */
-function isGgufModel(m: string): boolean {
-  return m.endsWith(".gguf") || (existsSync(m) && statSync(m).isDirectory() && readdirSync(m).some((f) => f.endsWith(".gguf")));
-}
-
 /** --tokenizer: a local directory holding tokenizer.json (a hub id is not looked up). */
 function parseTokenizer(value: unknown): string | null {
   if (value === undefined) return null;

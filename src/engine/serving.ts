@@ -23,7 +23,7 @@ import { EagleProposer, eagleHiddenStates } from "./eagle.js";
 import { loadEagleHead, readEagleHeadConfig } from "../models/eagle-head.js";
 import { env } from "../util/env.js";
 import { camelCaseHint } from "../util/names.js";
-import { resolveModel } from "../models/hub.js";
+import { isGgufModel, resolveModel } from "../models/hub.js";
 import { checkTensorParallelConfig } from "../models/causal-lm.js";
 import { languageModelConfig, parseHfConfig } from "../models/hf-config.js";
 import { applyMmProcessorKwargs, MmProcessorKwargsError, PAN_AND_SCAN_DEFAULTS } from "../models/gemma3-pan-and-scan.js";
@@ -244,6 +244,9 @@ function checkServingArgs(args: ServingArgs): void {
     if (args.runner === "pooling") refuse("runner", "the pooling runner");
     if (args.enableSleepMode === true) refuse("enable_sleep_mode", "sleep mode");
   }
+  // vLLM's quantization "gguf" names a GGUF model's own block types, which Kiln keeps without it
+  if (args.quantization === "gguf" && !isGgufModel(args.model))
+    throw new EngineInputError("quantization", `quantization "gguf" needs a GGUF model (a .gguf file), got ${JSON.stringify(args.model)}`);
   if (args.loadFormat !== undefined && !isLoadFormat(args.loadFormat))
     throw new EngineInputError("load_format", `load_format must be one of ${LOAD_FORMATS.join(", ")}, got ${JSON.stringify(args.loadFormat)}`);
   const o = args.hfOverrides;
@@ -702,18 +705,6 @@ async function resolveEagleDir(idOrPath: string, args: ServingArgs): Promise<str
   }
 }
 
-/**
- * vLLM's quantization "gguf" names a GGUF model's own block types, which Kiln keeps without it (as `kiln serve
- * --quantization gguf` does); for any other model it is an EngineInputError.
- */
-function quantizationOption(args: ServingArgs): string | null | undefined {
-  if (args.quantization !== "gguf") return args.quantization;
-  const m = args.model;
-  const gguf = m.endsWith(".gguf") || (fs.existsSync(m) && fs.statSync(m).isDirectory() && fs.readdirSync(m).some((f) => f.endsWith(".gguf")));
-  if (!gguf) throw new EngineInputError("quantization", `quantization "gguf" needs a GGUF model (a .gguf file), got ${JSON.stringify(m)}`);
-  return null;
-}
-
 /** How the model is read (shared by every rank: the spawned tensor-parallel ones get it serialized). */
 function loadOptions(
   args: ServingArgs,
@@ -725,7 +716,7 @@ function loadOptions(
     skipTokenizer: args.skipTokenizerInit,
     loadVision: (args.limitMmPerPrompt?.image ?? DEFAULT_MM_LIMIT) > 0,
     dtype: args.dtype,
-    quantization: quantizationOption(args),
+    quantization: args.quantization === "gguf" ? null : args.quantization, // a GGUF model's own block types (checkServingArgs)
     revision: args.revision,
     downloadDir: args.downloadDir,
     tokenizer: args.tokenizer,

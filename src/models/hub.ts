@@ -60,6 +60,11 @@ function usable(dir: string): boolean {
   return names.includes("config.json") || names.some((n) => n.endsWith(".gguf"));
 }
 
+/** Whether `m` names a GGUF model: a .gguf file, or a directory holding one (vLLM's quantization "gguf" needs one). */
+export function isGgufModel(m: string): boolean {
+  return m.endsWith(".gguf") || (fs.existsSync(m) && fs.statSync(m).isDirectory() && fs.readdirSync(m).some((f) => f.endsWith(".gguf")));
+}
+
 /**
  * @example
  *   const m = await resolveModel("Qwen/Qwen3-0.6B");        // from ~/.cache/huggingface/hub
