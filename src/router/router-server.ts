@@ -21,6 +21,7 @@ import type { PolicyName, RoutingPolicy, WorkerOrigin, WorkerRole } from "./rout
 import { routingText } from "./request-text.js";
 import { RequestTokenizer } from "./request-tokens.js";
 import { describeFetchError, normalizeWorkerUrl, WorkerPool } from "./worker-pool.js";
+import { routeMethods, withoutTrailingSlash } from "../util/route-methods.js";
 
 /** OpenAI (and vLLM) endpoints, and Anthropic's Messages, proxied to one worker, routed by their request body's text. */
 export const PROXIED_POST_ROUTES = [
@@ -76,9 +77,6 @@ export interface RouterDeps {
  * const router = createRouter({ workerUrls: ["http://127.0.0.1:8001", "http://127.0.0.1:8002"], port: 30000 });
  * console.log(await router.listen()); // http://127.0.0.1:30000
  */
-/** A URL whose path loses its trailing slashes ("/v1/models/?a=1" is "/v1/models?a=1"; "/" and the query stay). */
-const withoutTrailingSlash = (url: string): string => url.replace(/^([^?]*?[^/?])\/+(?=\?|$)/, "$1");
-
 export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = {}): Router {
   const config = resolveRouterConfig(options);
   const write = deps.log ?? ((line: string) => process.stderr.write(`${line}\n`));
@@ -172,15 +170,10 @@ export function createRouter(options: Partial<RouterConfig>, deps: RouterDeps = 
     return reply.code(e.status).send(errorBodyFor(e, request.url));
   });
   // a known path asked with another method gets 405 and Allow, as the workers (vLLM's Starlette) answer; others 404
-  const methodsByPath = new Map<string, Set<string>>();
-  app.addHook("onRoute", (route) => {
-    const methods = methodsByPath.get(route.url) ?? new Set<string>();
-    for (const m of Array.isArray(route.method) ? route.method : [route.method]) if (m !== "HEAD" && m !== "OPTIONS") methods.add(m);
-    methodsByPath.set(route.url, methods);
-  });
+  const methodsOf = routeMethods(app);
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split("?")[0]!;
-    const allowed = [...(methodsByPath.get(withoutTrailingSlash(path)) ?? [])];
+    const allowed = methodsOf(path);
     if (allowed.length > 0) {
       const err = new RouterError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, "method_not_allowed");
       return void reply.code(405).header("allow", allowed.join(", ")).send(errorBodyFor(err, request.url));

@@ -31,6 +31,7 @@ import { registerDevRoutes } from "./dev-routes.js";
 import { ServerLoad } from "./server-load.js";
 import { RequestLog, type RequestLogOptions } from "./request-log.js";
 import { watchTlsFiles, type TlsFiles } from "./tls-refresh.js";
+import { routeMethods } from "../util/route-methods.js";
 
 /** What the HTTP front end needs before the engine exists. */
 export interface ServerAppOptions {
@@ -282,15 +283,10 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     else done(new errorCodes.FST_ERR_CTP_INVALID_MEDIA_TYPE(), undefined);
   });
   // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
-  const methodsByPath = new Map<string, Set<string>>();
-  app.addHook("onRoute", (route) => {
-    const methods = methodsByPath.get(route.url) ?? new Set<string>();
-    for (const m of Array.isArray(route.method) ? route.method : [route.method]) methods.add(m);
-    methodsByPath.set(route.url, methods);
-  });
+  const methodsOf = routeMethods(app);
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split("?")[0]!;
-    const allowed = [...(methodsByPath.get(path) ?? [])].filter((m) => m !== "HEAD" && m !== "OPTIONS");
+    const allowed = methodsOf(path);
     if (allowed.length > 0 && !allowed.includes(request.method)) {
       const err = new ApiError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, null,
         "invalid_request_error", "method_not_allowed");

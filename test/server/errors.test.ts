@@ -173,7 +173,7 @@ describe("errors", () => {
   });
 
   it("405 with Allow for a known route asked with another method", async () => {
-    for (const [method, path, allow] of [["GET", "/v1/chat/completions", "POST"], ["DELETE", "/v1/models", "GET"], ["PUT", "/tokenize", "POST"]]) {
+    for (const [method, path, allow] of [["GET", "/v1/chat/completions", "POST"], ["DELETE", "/v1/models", "GET"], ["PUT", "/tokenize", "POST"], ["GET", "/v1/completions/", "POST"]]) {
       const r = await fetch(`${s.url}${path}`, { method });
       assert.equal(r.status, 405, `${method} ${path}`);
       assert.equal(r.headers.get("allow"), allow);
