@@ -9,7 +9,7 @@ import { tensor, type Tensor } from "../tensor/index.js";
 import type { CausalLM } from "./causal-lm.js";
 import { LoraError, type LoraAdapter, type LoraModuleWeights } from "./lora.js";
 
-/** Module names that take LoRA: the attention projections and the dense (not MoE) MLP's. */
+/** Module names that take LoRA: the attention projections and the dense MLP's (Qwen2-MoE's shared expert too; not routed experts). */
 const ADAPTABLE = /^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(shared_expert\.)?(gate|up|down)_proj)$/;
 
 /** Fused modules an adapter may name (Phi-3's checkpoints', fused-weights.ts) and their parts, in row order. */
