@@ -69,11 +69,12 @@ export class LoraSlots {
       out.set(name, w);
     };
     for (const [name, w] of adapter.modules) {
-      const m = /^(.+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)$/.exec(name);
-      const parts = m === null ? [name] : FUSED_PARTS[m[2]!]!.map((p) => m[1]! + p);
+      const fused = Object.keys(FUSED_PARTS).find((f) => name.endsWith(`.${f}`));
+      const prefix = fused === undefined ? "" : name.slice(0, name.length - fused.length);
+      const parts = fused === undefined ? [name] : FUSED_PARTS[fused]!.map((p) => prefix + p);
       const layers = parts.map((p) => this.layers.get(p));
       if (layers.some((l) => l === undefined)) throw new LoraError(`${where}: the model has no adaptable module "${name}"`);
-      if (m === null) {
+      if (fused === undefined) {
         put(name, w, layers[0]!);
         continue;
       }
