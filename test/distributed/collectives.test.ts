@@ -2,7 +2,8 @@
 // from the ranks' inputs (collectiveInput), for each reduce op and dtype, with 2 and 3 ranks, env:// and file://.
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { createServer } from "node:net";
+import { networkInterfaces, tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { collectiveInput, REDUCE_CASES } from "./fixtures/collective-inputs.js";
@@ -69,6 +70,17 @@ function checkRun(run: RanksRun, world: number): void {
   }
 }
 
+const noIpv6Loopback = Object.values(networkInterfaces()).flat().some((a) => a?.address === "::1") ? false : "no IPv6 loopback (::1) here";
+
+async function freePortOn(host: string): Promise<number> {
+  return new Promise((resolve) => {
+    const srv = createServer().listen(0, host, () => {
+      const port = (srv.address() as { port: number }).port;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
 describe("collectives across processes", { skip: skipWithoutGloo, timeout: 60_000 }, () => {
   it("2 ranks, env:// rendezvous (TCP store on rank 0)", async () => {
     const run = await runRanks("collectives-worker", 2);
@@ -78,6 +90,20 @@ describe("collectives across processes", { skip: skipWithoutGloo, timeout: 60_00
 
   it("3 ranks, env:// (subgroup [0, 1] with a non-member)", async () => {
     const run = await runRanks("collectives-worker", 3);
+    checkRun(run, 3);
+    cleanup(run);
+  });
+
+  // torch's TCPStore and gloo take IPv6: the store, its clients and gloo's pairs all on ::1
+  it("2 ranks over IPv6 loopback, env:// with MASTER_ADDR=::1", { skip: noIpv6Loopback }, async () => {
+    const run = await runRanks("collectives-worker", 2, [], { masterAddr: "::1" });
+    checkRun(run, 2);
+    cleanup(run);
+  });
+
+  it("3 ranks over IPv6 loopback, tcp://[::1]:port", { skip: noIpv6Loopback }, async () => {
+    const port = await freePortOn("::1");
+    const run = await runRanks("collectives-worker", 3, [`tcp://[::1]:${port}`], { masterAddr: "::1", masterPort: port });
     checkRun(run, 3);
     cleanup(run);
   });
