@@ -17,8 +17,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "tcp-store.h"
 
@@ -207,8 +209,23 @@ Napi::Value Connect(const Napi::CallbackInfo& info) {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
+/** torch's BAND / BOR / BXOR: c = a op b elementwise (integer elements). */
+template <typename T, typename Op>
+void bitwise(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; i++) out[i] = Op()(x[i], y[i]);
+}
+
 template <typename T>
 ReduceFn reduceFn(int op) {
+  if (op >= 4 && !std::is_integral_v<T>) throw std::invalid_argument("bitwise reductions take integer elements");
+  if constexpr (std::is_integral_v<T>) {
+    if (op == 4) return &bitwise<T, std::bit_and<T>>;
+    if (op == 5) return &bitwise<T, std::bit_or<T>>;
+    if (op == 6) return &bitwise<T, std::bit_xor<T>>;
+  }
   switch (op) {
     case 0: return &gloo::sum<T>;
     case 1: return &gloo::product<T>;
@@ -226,7 +243,8 @@ void allreduceTyped(GroupHandle* g, uint8_t* p, size_t bytes, int op) {
   gloo::allreduce(opts);
 }
 
-// allreduce(group, data, dtype (0 f32, 1 i32, 2 i64, 3 f64), op (0 sum, 1 product, 2 min, 3 max)): in place
+// allreduce(group, data, dtype (0 f32, 1 i32, 2 i64, 3 f64), op (0 sum, 1 product, 2 min, 3 max, 4 band, 5 bor,
+// 6 bxor: integer dtypes only)): in place
 Napi::Value Allreduce(const Napi::CallbackInfo& info) {
   auto* g = unwrap<GroupHandle>(info[0], "group");
   auto [p, n] = bytesOf(info[1]);

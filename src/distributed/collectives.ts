@@ -2,7 +2,7 @@
  * Collectives on host tensors, in place and blocking like torch.distributed's (async_op=False). Ranks are global
  * ranks (torch's src/dst), groups default to the world. Reductions run in gloo on float32, int32 and int64;
  * bfloat16/float16 are reduced in float32 and rounded back (gloo has no bf16 math); "avg" divides a float sum by
- * the group size. Non-reducing collectives (broadcast, all_gather, send/recv) move raw bytes of any dtype.
+ * the group size; band/bor/bxor take integers only. Non-reducing collectives (broadcast, all_gather, send/recv) move raw bytes of any dtype.
  *
  * @example
  * const t = tensor([getRank() + 1, 10]);      // rank 0: [1, 10], rank 1: [2, 10]
@@ -17,10 +17,13 @@ import { DistributedError } from "./errors.js";
 import { NativeReduce, type NativeElement } from "./gloo-native.js";
 import { resolveGroup, type ProcessGroup } from "./process-group.js";
 
-export type ReduceOpName = "sum" | "avg" | "product" | "min" | "max";
-/** torch.distributed.ReduceOp's names. */
-export const ReduceOp = { SUM: "sum", AVG: "avg", PRODUCT: "product", MIN: "min", MAX: "max" } as const satisfies Record<string, ReduceOpName>;
-const REDUCE_OPS: readonly ReduceOpName[] = ["sum", "avg", "product", "min", "max"];
+export type ReduceOpName = "sum" | "avg" | "product" | "min" | "max" | "band" | "bor" | "bxor";
+/** torch.distributed.ReduceOp's names (BAND, BOR, BXOR: integer tensors only). */
+export const ReduceOp = {
+  SUM: "sum", AVG: "avg", PRODUCT: "product", MIN: "min", MAX: "max", BAND: "band", BOR: "bor", BXOR: "bxor",
+} as const satisfies Record<string, ReduceOpName>;
+const REDUCE_OPS: readonly ReduceOpName[] = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"];
+const BITWISE_OPS: readonly ReduceOpName[] = ["band", "bor", "bxor"];
 
 /** Op codes exchanged by the consistency check (index = code). */
 const OPS = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier"] as const;
@@ -75,6 +78,8 @@ function nativeElement(dtype: DType): NativeElement | null {
 
 function checkReduce(op: string, reduce: ReduceOpName, dtype: DType): void {
   if (!REDUCE_OPS.includes(reduce)) throw new DistributedError(op, `unknown reduce op "${String(reduce)}" (${REDUCE_OPS.join(", ")})`);
+  if (BITWISE_OPS.includes(reduce) && dtype !== "int32" && dtype !== "int64")
+    throw new UnsupportedError(op, `${reduce} needs an integer tensor (int32, int64), got ${dtype}`);
   const viaF32 = dtype === "bfloat16" || dtype === "float16";
   if (nativeElement(dtype) === null && !viaF32) throw new UnsupportedError(op, `${dtype} reductions are not supported (float32, bfloat16, float16, int32, int64)`);
   if (reduce === "avg" && (dtype === "int32" || dtype === "int64"))

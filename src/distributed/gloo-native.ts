@@ -13,8 +13,8 @@ import { GlooUnavailableError } from "./errors.js";
 /** An opaque native handle (a store or a connected group). */
 export type NativeHandle = { readonly __native: unique symbol };
 
-/** Reduction codes of `allreduce`; element codes: 0 f32, 1 i32, 2 i64, 3 f64. */
-export const NativeReduce = { sum: 0, product: 1, min: 2, max: 3 } as const;
+/** Reduction codes of `allreduce` (band, bor, bxor: integer elements only); element codes: 0 f32, 1 i32, 2 i64, 3 f64. */
+export const NativeReduce = { sum: 0, product: 1, min: 2, max: 3, band: 4, bor: 5, bxor: 6 } as const;
 export type NativeElement = 0 | 1 | 2 | 3;
 
 export interface GlooNative {

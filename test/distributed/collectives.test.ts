@@ -53,6 +53,13 @@ function checkRun(run: RanksRun, world: number): void {
     const prev = (rank + world - 1) % world;
     assert.equal(res.recv_from, prev);
     assert.deepEqual(res.send_recv, collectiveInput(prev));
+    const words = Array.from({ length: world }, (_, r) => [12 | r, 1 << r, 255 ^ (3 * r), -1 - r]);
+    const fold = (f: (a: number, b: number) => number): number[] => words.reduce((acc, w) => acc.map((a, i) => f(a, w[i]!)));
+    for (const dtype of ["int32", "int64"]) {
+      assert.deepEqual(res[`bitwise/${dtype}/band`], fold((a, b) => a & b), `band ${dtype}`);
+      assert.deepEqual(res[`bitwise/${dtype}/bor`], fold((a, b) => a | b), `bor ${dtype}`);
+      assert.deepEqual(res[`bitwise/${dtype}/bxor`], fold((a, b) => a ^ b), `bxor ${dtype}`);
+    }
     // nobody leaves the barrier before the late rank entered it
     const lastArrived = (run.results[world - 1]!.barrier as { arrived: number }).arrived;
     const { arrived, left } = res.barrier as { arrived: number; left: number };

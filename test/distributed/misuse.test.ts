@@ -75,6 +75,13 @@ describe("process group misuse in one process", () => {
       throwsTyped(() => dist.send(t, 0, undefined, -1), DistributedError, /^\[send\] tag must be an integer/);
       throwsTyped(() => dist.newGroup([0, 3]), DistributedError, /^\[new_group\] rank 3 is out of range for a world of 1 ranks/);
       throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 }), DistributedError, /already initialized/);
+      // bitwise ops take integer tensors only, as torch's
+      throwsTyped(() => dist.allReduce(t, dist.ReduceOp.BAND), UnsupportedError, /^\[all_reduce\] band needs an integer tensor \(int32, int64\), got float32/);
+      throwsTyped(() => dist.allReduce(zeros([2], { dtype: "bfloat16" }), "bxor"), UnsupportedError, /^\[all_reduce\] bxor needs an integer tensor/);
+      throwsTyped(() => dist.reduceScatterTensor(zeros([2]), zeros([2]), "bor"), UnsupportedError, /^\[reduce_scatter_tensor\] bor needs an integer tensor/);
+      const ints = tensor([6, 3], { dtype: "int64" });
+      dist.allReduce(ints, dist.ReduceOp.BXOR);
+      assert.deepEqual(ints.toList(), [6, 3]);
       throwsTyped(() => dist.newGroup([0], { timeoutMs: 0 }), DistributedError, /^\[new_group\] timeoutMs must be a number of milliseconds in \[1, 2\^40\], got 0/);
       const g = dist.newGroup([0]);
       dist.destroyProcessGroup(g);
