@@ -15,11 +15,13 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "tcp-store.h"
@@ -70,6 +72,27 @@ struct GroupHandle {
   throw err;
 }
 
+struct CodedFailure {
+  std::string code, message;
+};
+
+/** KILN_DIST_TIMEOUT for a missing peer, KILN_DIST_BACKEND for any other failure. */
+CodedFailure classify(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const StoreTimeout& e) {
+    return {"KILN_DIST_TIMEOUT", e.what()};
+  } catch (const gloo::IoException& e) {
+    std::string what = e.what();
+    bool timedOut = what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
+    return {timedOut ? "KILN_DIST_TIMEOUT" : "KILN_DIST_BACKEND", what};
+  } catch (const std::exception& e) {
+    return {"KILN_DIST_BACKEND", e.what()};
+  } catch (...) {
+    return {"KILN_DIST_BACKEND", "unknown failure"};
+  }
+}
+
 /** Runs fn, translating C++ failures into coded JS errors. */
 template <typename F>
 auto guarded(Napi::Env env, F&& fn) -> decltype(fn()) {
@@ -77,14 +100,9 @@ auto guarded(Napi::Env env, F&& fn) -> decltype(fn()) {
     return fn();
   } catch (const Napi::Error&) {
     throw;
-  } catch (const StoreTimeout& e) {
-    throwCoded(env, "KILN_DIST_TIMEOUT", e.what());
-  } catch (const gloo::IoException& e) {
-    std::string what = e.what();
-    bool timedOut = what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
-    throwCoded(env, timedOut ? "KILN_DIST_TIMEOUT" : "KILN_DIST_BACKEND", what);
-  } catch (const std::exception& e) {
-    throwCoded(env, "KILN_DIST_BACKEND", e.what());
+  } catch (...) {
+    CodedFailure f = classify(std::current_exception());
+    throwCoded(env, f.code, f.message);
   }
 }
 
@@ -336,6 +354,142 @@ Napi::Value Recv(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// ---- isend / irecv (torch's Work) ----
+
+/**
+ * The shared state of one isend/irecv: posted at once on the calling thread, then waited for by its own thread so that
+ * the JS thread goes on until wait(). It owns its bytes (a send's are copied in, a received message is copied out at
+ * wait) and a reference to the context, so it outlives the JS buffer and destroy() of the group.
+ */
+struct P2pState {
+  std::shared_ptr<gloo::Context> context;
+  ms timeout{30000};
+  int peer = 0;
+  uint64_t slot = 0;
+  /** The consistency check's (dtype, byte length) header: sent ahead of the data, or received and compared with expected. */
+  std::vector<char> header, expected;
+  std::vector<char> data;
+  bool matched = true;  // a recv whose header differed from expected took the message into a scratch buffer instead
+  std::unique_ptr<gloo::transport::UnboundBuffer> headerBuf, dataBuf;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;  // set before done
+};
+
+struct WorkHandle {
+  std::shared_ptr<P2pState> state;
+  std::thread waiter;
+  ~WorkHandle() {
+    if (waiter.joinable()) waiter.detach();  // a pending op ends by its timeout; the thread holds the state
+  }
+};
+
+/** The waiter of an irecv: with a header, the data is received only when the header is the one expected. */
+void receive(P2pState& s) {
+  if (!s.header.empty()) {
+    s.headerBuf->waitRecv(s.timeout);
+    if (s.header != s.expected) {
+      double sent[2];
+      std::memcpy(sent, s.header.data(), sizeof(sent));
+      s.matched = false;
+      s.data.assign(static_cast<size_t>(sent[1]), 0);  // taken off the wire so that the sender and the pair go on
+    }
+    s.dataBuf = s.context->createUnboundBuffer(s.data.data(), s.data.size());
+    s.dataBuf->recv(s.peer, s.slot);
+  }
+  s.dataBuf->waitRecv(s.timeout);
+}
+
+// isend(group, header | null, bytes, dst, tag) / irecv(group, expectedHeader | null, byteLength, src, tag) -> work
+Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
+  Napi::Env env = info.Env();
+  auto* g = unwrap<GroupHandle>(info[0], "group");
+  auto s = std::make_shared<P2pState>();
+  s->context = g->context;
+  s->timeout = g->timeout;
+  s->peer = info[3].As<Napi::Number>().Int32Value();
+  s->slot = p2pSlot(info[4].As<Napi::Number>().Uint32Value());
+  if (!info[1].IsNull()) {
+    auto [h, hn] = bytesOf(info[1]);
+    (isSend ? s->header : s->expected).assign(h, h + hn);
+    if (!isSend) s->header.assign(hn, 0);
+  }
+  if (isSend) {
+    auto [p, n] = bytesOf(info[2]);
+    s->data.assign(p, p + n);
+  } else {
+    s->data.assign(static_cast<size_t>(info[2].As<Napi::Number>().Int64Value()), 0);
+  }
+  auto* w = new WorkHandle();
+  w->state = s;
+  try {
+    guarded(env, [&] {
+      if (!s->header.empty()) s->headerBuf = s->context->createUnboundBuffer(s->header.data(), s->header.size());
+      if (isSend) {
+        s->dataBuf = s->context->createUnboundBuffer(s->data.data(), s->data.size());
+        if (s->headerBuf) s->headerBuf->send(s->peer, s->slot);
+        s->dataBuf->send(s->peer, s->slot);
+      } else if (s->headerBuf) {
+        s->headerBuf->recv(s->peer, s->slot);
+      } else {
+        s->dataBuf = s->context->createUnboundBuffer(s->data.data(), s->data.size());
+        s->dataBuf->recv(s->peer, s->slot);
+      }
+    });
+  } catch (...) {
+    delete w;
+    throw;
+  }
+  w->waiter = std::thread([s, isSend] {
+    try {
+      if (isSend) {
+        if (s->headerBuf) s->headerBuf->waitSend(s->timeout);
+        s->dataBuf->waitSend(s->timeout);
+      } else {
+        receive(*s);
+      }
+    } catch (...) {
+      s->error = std::current_exception();
+    }
+    s->done = true;
+  });
+  return Napi::External<WorkHandle>::New(env, w, [](Napi::Env, WorkHandle* p) { delete p; });
+}
+
+Napi::Value Isend(const Napi::CallbackInfo& info) { return StartP2p(info, true); }
+Napi::Value Irecv(const Napi::CallbackInfo& info) { return StartP2p(info, false); }
+
+WorkHandle* unwrapWork(const Napi::Value& v) {
+  if (!v.IsExternal()) throw Napi::TypeError::New(v.Env(), "expected a work handle");
+  return v.As<Napi::External<WorkHandle>>().Data();
+}
+
+// workDone(work) -> whether the op has ended (completed or failed): torch's Work.is_completed
+Napi::Value WorkDone(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), unwrapWork(info[0])->state->done.load());
+}
+
+// workWait(work, out | null) -> the received header (irecv with one) or undefined. Blocks until the op ends, rethrows
+// its failure; an irecv whose header matched copies the message into out.
+Napi::Value WorkWait(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto* w = unwrapWork(info[0]);
+  if (w->waiter.joinable()) w->waiter.join();
+  P2pState& s = *w->state;
+  if (s.error) {
+    CodedFailure f = classify(s.error);
+    throwCoded(env, f.code, f.message);
+  }
+  if (!info[1].IsNull() && s.matched) {
+    auto [p, n] = bytesOf(info[1]);
+    if (n != s.data.size()) throw Napi::RangeError::New(env, "workWait output must hold the received bytes");
+    if (n > 0) std::memcpy(p, s.data.data(), n);
+  }
+  if (s.expected.empty()) return env.Undefined();
+  auto out = Napi::Uint8Array::New(env, s.header.size());
+  std::memcpy(out.Data(), s.header.data(), s.header.size());
+  return out;
+}
+
 // destroy(handle): frees a group's pairs or a store (a store server stops serving) now, not at GC
 Napi::Value Destroy(const Napi::CallbackInfo& info) {
   if (!info[0].IsExternal()) return info.Env().Undefined();
@@ -368,6 +522,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("barrier", Napi::Function::New(env, Barrier));
   exports.Set("send", Napi::Function::New(env, Send));
   exports.Set("recv", Napi::Function::New(env, Recv));
+  exports.Set("isend", Napi::Function::New(env, Isend));
+  exports.Set("irecv", Napi::Function::New(env, Irecv));
+  exports.Set("workDone", Napi::Function::New(env, WorkDone));
+  exports.Set("workWait", Napi::Function::New(env, WorkWait));
   exports.Set("destroy", Napi::Function::New(env, Destroy));
   return exports;
 }

@@ -1,8 +1,9 @@
 /**
- * Collectives on host tensors, in place and blocking like torch.distributed's (async_op=False). Ranks are global
- * ranks (torch's src/dst), groups default to the world. Reductions run in gloo on float32, int32 and int64;
- * bfloat16/float16 are reduced in float32 and rounded back (gloo has no bf16 math); "avg" divides a float sum by
- * the group size; band/bor/bxor take integers only. Non-reducing collectives (broadcast, all_gather, send/recv) move raw bytes of any dtype.
+ * Collectives on host tensors, in place and blocking like torch.distributed's (async_op=False; with asyncOp they
+ * return a completed Work); isend/irecv return at once. Ranks are global ranks (torch's src/dst), groups default to
+ * the world. Reductions run in gloo on float32, int32 and int64; bfloat16/float16 are reduced in float32 and rounded
+ * back (gloo has no bf16 math); "avg" divides a float sum by the group size; band/bor/bxor take integers only.
+ * Non-reducing collectives (broadcast, all_gather, send/recv) move raw bytes of any dtype.
  *
  * @example
  * const t = tensor([getRank() + 1, 10]);      // rank 0: [1, 10], rank 1: [2, 10]
@@ -15,7 +16,8 @@ import { fromBytes, noGrad, flushDeferred, type Tensor } from "../tensor/index.j
 import { UnsupportedError } from "../util/errors.js";
 import { DistributedError } from "./errors.js";
 import { NativeReduce, type NativeElement } from "./gloo-native.js";
-import { resolveGroup, type ProcessGroup } from "./process-group.js";
+import { callNative, resolveGroup, type ProcessGroup } from "./process-group.js";
+import { ranResult, Work, type AsyncResult } from "./work.js";
 
 export type ReduceOpName = "sum" | "avg" | "product" | "min" | "max" | "band" | "bor" | "bxor";
 /** torch.distributed.ReduceOp's names (BAND, BOR, BXOR: integer tensors only). */
@@ -135,31 +137,34 @@ function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, numel: 
 // ---- collectives ----
 
 /** torch.distributed.all_reduce: t = op over every rank's t, in place. */
-export function allReduce(t: Tensor, op: ReduceOpName = "sum", group?: ProcessGroup): void {
+export function allReduce<A extends boolean = false>(t: Tensor, op: ReduceOpName = "sum", group?: ProcessGroup, asyncOp?: A): AsyncResult<A> {
   const name = "all_reduce";
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkReduce(name, op, t.dtype);
-  if (g.size === 1) return;
-  agree(g, name, t.dtype, t.numel, REDUCE_OPS.indexOf(op));
-  if (t.numel > 0) reduceInPlace(name, g, t, op);
+  if (g.size > 1) {
+    agree(g, name, t.dtype, t.numel, REDUCE_OPS.indexOf(op));
+    if (t.numel > 0) reduceInPlace(name, g, t, op);
+  }
+  return ranResult(asyncOp);
 }
 
 /** torch.distributed.broadcast: every rank's t = rank src's t (src is a global rank). */
-export function broadcast(t: Tensor, src: number, group?: ProcessGroup): void {
+export function broadcast<A extends boolean = false>(t: Tensor, src: number, group?: ProcessGroup, asyncOp?: A): AsyncResult<A> {
   const name = "broadcast";
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   const root = g.groupRankOf(name, src, "src");
-  if (g.size === 1) return;
+  if (g.size === 1) return ranResult(asyncOp);
   agree(g, name, t.dtype, t.numel, src);
-  if (t.numel === 0) return;
+  if (t.numel === 0) return ranResult(asyncOp);
   const host = hostBytes(t);
   try {
     g.call(name, (native, h) => native.broadcast(h, host.bytes, root));
   } finally {
     host.finish(root !== g.rank);
   }
+  return ranResult(asyncOp);
 }
 
 function checkParts(op: string, parts: readonly Tensor[], like: Tensor, g: ProcessGroup, what: string): void {
@@ -173,21 +178,25 @@ function checkParts(op: string, parts: readonly Tensor[], like: Tensor, g: Proce
 }
 
 /** torch.distributed.all_gather: outList[r] = rank r's t (outList has one tensor of t's shape and dtype per rank). */
-export function allGather(outList: readonly Tensor[], t: Tensor, group?: ProcessGroup): void {
+export function allGather<A extends boolean = false>(outList: readonly Tensor[], t: Tensor, group?: ProcessGroup, asyncOp?: A): AsyncResult<A> {
   const name = "all_gather";
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkParts(name, outList, t, g, "outList");
   const bytes = readBytes(t);
-  if (g.size === 1) return writeBytes(outList[0]!, bytes);
+  if (g.size === 1) {
+    writeBytes(outList[0]!, bytes);
+    return ranResult(asyncOp);
+  }
   agree(g, name, t.dtype, t.numel, 0);
   const out = new Uint8Array(bytes.byteLength * g.size);
   if (bytes.byteLength > 0) g.call(name, (native, h) => native.allgather(h, bytes, out));
   outList.forEach((p, r) => writeBytes(p, out.subarray(r * bytes.byteLength, (r + 1) * bytes.byteLength)));
+  return ranResult(asyncOp);
 }
 
 /** torch.distributed.all_gather_into_tensor: out (size x t.numel elements, e.g. [size * n] or [size, n]) = the ranks' t in rank order. */
-export function allGatherIntoTensor(out: Tensor, t: Tensor, group?: ProcessGroup): void {
+export function allGatherIntoTensor<A extends boolean = false>(out: Tensor, t: Tensor, group?: ProcessGroup, asyncOp?: A): AsyncResult<A> {
   const name = "all_gather_into_tensor";
   const g = resolveGroup(name, group);
   checkTensor(name, t);
@@ -196,7 +205,10 @@ export function allGatherIntoTensor(out: Tensor, t: Tensor, group?: ProcessGroup
   if (out.numel !== t.numel * g.size)
     throw new DistributedError(name, `output has ${out.numel} elements; a group of ${g.size} ranks gathering ${t.numel} needs ${t.numel * g.size}`);
   const bytes = readBytes(t);
-  if (g.size === 1) return writeBytes(out, bytes);
+  if (g.size === 1) {
+    writeBytes(out, bytes);
+    return ranResult(asyncOp);
+  }
   agree(g, name, t.dtype, t.numel, 0);
   const all = hostBytes(out); // gathered straight into out's memory when it is contiguous
   try {
@@ -204,6 +216,7 @@ export function allGatherIntoTensor(out: Tensor, t: Tensor, group?: ProcessGroup
   } finally {
     all.finish(true);
   }
+  return ranResult(asyncOp);
 }
 
 /** Reduces the concatenation of every rank's inputs and keeps this rank's chunk (an all-reduce: 2x the bytes of a ring reduce-scatter). */
@@ -217,22 +230,30 @@ function reduceScatterBytes(name: CollectiveName, g: ProcessGroup, out: Tensor, 
 }
 
 /** torch.distributed.reduce_scatter: out = op over ranks of inputList[this rank]. */
-export function reduceScatter(out: Tensor, inputList: readonly Tensor[], op: ReduceOpName = "sum", group?: ProcessGroup): void {
+export function reduceScatter<A extends boolean = false>(
+  out: Tensor, inputList: readonly Tensor[], op: ReduceOpName = "sum", group?: ProcessGroup, asyncOp?: A,
+): AsyncResult<A> {
   const name = "reduce_scatter";
   const g = resolveGroup(name, group);
   checkTensor(name, out, "output");
   checkParts(name, inputList, out, g, "inputList");
   checkReduce(name, op, out.dtype);
-  if (g.size === 1) return writeBytes(out, readBytes(inputList[0]!));
+  if (g.size === 1) {
+    writeBytes(out, readBytes(inputList[0]!));
+    return ranResult(asyncOp);
+  }
   agree(g, name, out.dtype, out.numel, REDUCE_OPS.indexOf(op));
   const n = out.numel * DTYPE_BYTES[out.dtype];
   const concat = new Uint8Array(n * g.size);
   inputList.forEach((t, r) => concat.set(readBytes(t), r * n));
   if (n > 0) reduceScatterBytes(name, g, out, concat, op);
+  return ranResult(asyncOp);
 }
 
 /** torch.distributed.reduce_scatter_tensor: input holds size x out.numel elements; out = op over ranks of this rank's chunk. */
-export function reduceScatterTensor(out: Tensor, input: Tensor, op: ReduceOpName = "sum", group?: ProcessGroup): void {
+export function reduceScatterTensor<A extends boolean = false>(
+  out: Tensor, input: Tensor, op: ReduceOpName = "sum", group?: ProcessGroup, asyncOp?: A,
+): AsyncResult<A> {
   const name = "reduce_scatter_tensor";
   const g = resolveGroup(name, group);
   checkTensor(name, out, "output");
@@ -241,18 +262,24 @@ export function reduceScatterTensor(out: Tensor, input: Tensor, op: ReduceOpName
   if (input.numel !== out.numel * g.size)
     throw new DistributedError(name, `input has ${input.numel} elements; a group of ${g.size} ranks scattering ${out.numel} each needs ${out.numel * g.size}`);
   checkReduce(name, op, out.dtype);
-  if (g.size === 1) return writeBytes(out, readBytes(input));
+  if (g.size === 1) {
+    writeBytes(out, readBytes(input));
+    return ranResult(asyncOp);
+  }
   agree(g, name, out.dtype, out.numel, REDUCE_OPS.indexOf(op));
   if (out.numel > 0) reduceScatterBytes(name, g, out, readBytes(input), op);
+  return ranResult(asyncOp);
 }
 
 /** torch.distributed.barrier: returns when every rank of the group has entered it. */
-export function barrier(group?: ProcessGroup): void {
+export function barrier<A extends boolean = false>(group?: ProcessGroup, asyncOp?: A): AsyncResult<A> {
   const name = "barrier";
   const g = resolveGroup(name, group);
-  if (g.size === 1) return;
-  agree(g, name, null, 0, 0);
-  g.call(name, (native, h) => native.barrier(h));
+  if (g.size > 1) {
+    agree(g, name, null, 0, 0);
+    g.call(name, (native, h) => native.barrier(h));
+  }
+  return ranResult(asyncOp);
 }
 
 function peer(op: string, g: ProcessGroup, globalRank: number, role: string): number {
@@ -308,14 +335,11 @@ export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): num
   if (g.consistencyChecks) {
     const header = new Float64Array(2);
     g.call(name, (native, h) => native.recv(h, new Uint8Array(header.buffer), from, tag));
-    const [dtypeIndex, byteLength] = [header[0]!, header[1]!];
-    const sentDtype = DTYPES[dtypeIndex] ?? `dtype #${dtypeIndex}`;
-    const mine = t.numel * DTYPE_BYTES[t.dtype];
-    if (sentDtype !== t.dtype || byteLength !== mine) {
-      const drop = new Uint8Array(byteLength); // take the message off the wire so that the sender and the pair go on
+    const refused = refusal(header, t, src, tag);
+    if (refused !== null) {
+      const drop = new Uint8Array(header[1]!); // take the message off the wire so that the sender and the pair go on
       g.call(name, (native, h) => native.recv(h, drop, from, tag));
-      const sentNumel = DTYPES[dtypeIndex] === undefined ? "?" : String(byteLength / DTYPE_BYTES[DTYPES[dtypeIndex]]);
-      throw new DistributedError(name, `rank ${src} sent ${sentDtype} x ${sentNumel} (tag ${tag}) but this rank receives into ${t.dtype} x ${t.numel}`);
+      throw new DistributedError(name, refused);
     }
   }
   const host = hostBytes(t);
@@ -325,4 +349,61 @@ export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): num
     host.finish(true);
   }
   return src;
+}
+
+/** Why a message with this header cannot be received into t, or null when its dtype and size are t's. */
+function refusal(header: Float64Array, t: Tensor, src: number, tag: number): string | null {
+  const [dtypeIndex, byteLength] = [header[0]!, header[1]!];
+  const sentDtype = DTYPES[dtypeIndex] ?? `dtype #${dtypeIndex}`;
+  if (sentDtype === t.dtype && byteLength === t.numel * DTYPE_BYTES[t.dtype]) return null;
+  const sentNumel = DTYPES[dtypeIndex] === undefined ? "?" : String(byteLength / DTYPE_BYTES[DTYPES[dtypeIndex]]);
+  return `rank ${src} sent ${sentDtype} x ${sentNumel} (tag ${tag}) but this rank receives into ${t.dtype} x ${t.numel}`;
+}
+
+/**
+ * torch.distributed.isend: posts the send of (a copy of) t to rank dst and returns at once; the Work's wait() blocks
+ * until dst has received it. Matches recv and irecv as send does.
+ */
+export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Work {
+  const name = "isend";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkTag(name, tag);
+  const to = peer(name, g, dst, "dst");
+  const bytes = readBytes(t);
+  const header = g.consistencyChecks ? messageHeader(t.dtype, bytes.byteLength) : null;
+  const work = g.call(name, (native, h) => native.isend(h, header, bytes, to, tag));
+  const native = g.native!;
+  return new Work(
+    () => native.workDone(work),
+    () => callNative(name, g.timeoutMs, () => native.workWait(work, null)),
+  );
+}
+
+/**
+ * torch.distributed.irecv: posts the receive of a message from rank src into t and returns at once; t holds the
+ * message once the Work's wait() has returned or isCompleted() is true. A message of another dtype or size (with
+ * consistencyChecks) is dropped and wait() throws the DistributedError that recv would.
+ */
+export function irecv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): Work {
+  const name = "irecv";
+  const g = resolveGroup(name, group);
+  checkTensor(name, t);
+  checkTag(name, tag);
+  const from = peer(name, g, src, "src");
+  const byteLength = t.numel * DTYPE_BYTES[t.dtype];
+  const expected = g.consistencyChecks ? messageHeader(t.dtype, byteLength) : null;
+  const work = g.call(name, (native, h) => native.irecv(h, expected, byteLength, from, tag));
+  const native = g.native!;
+  return new Work(
+    () => native.workDone(work),
+    () => {
+      const message = new Uint8Array(byteLength);
+      const header = callNative(name, g.timeoutMs, () => native.workWait(work, message));
+      const refused = header === undefined ? null : refusal(new Float64Array(header.slice().buffer), t, src, tag);
+      if (refused !== null) throw new DistributedError(name, refused);
+      checkTensor(name, t);
+      writeBytes(t, message);
+    },
+  );
 }

@@ -13,6 +13,9 @@ import { GlooUnavailableError } from "./errors.js";
 /** An opaque native handle (a store or a connected group). */
 export type NativeHandle = { readonly __native: unique symbol };
 
+/** An isend/irecv in flight (torch's Work), waited for by its own native thread. */
+export type NativeWork = { readonly __work: unique symbol };
+
 /** Reduction codes of `allreduce` (band, bor, bxor: integer elements only); element codes: 0 f32, 1 i32, 2 i64, 3 f64. */
 export const NativeReduce = { sum: 0, product: 1, min: 2, max: 3, band: 4, bor: 5, bxor: 6 } as const;
 export type NativeElement = 0 | 1 | 2 | 3;
@@ -33,6 +36,14 @@ export interface GlooNative {
   barrier(group: NativeHandle): void;
   send(group: NativeHandle, data: Uint8Array, dst: number, tag: number): void;
   recv(group: NativeHandle, data: Uint8Array, src: number, tag: number): void;
+  /** Posts a send of a copy of data (after header, when given) and returns at once. */
+  isend(group: NativeHandle, header: Uint8Array | null, data: Uint8Array, dst: number, tag: number): NativeWork;
+  /** Posts a receive of byteLength bytes; with expectedHeader, a message whose header differs is taken into scratch. */
+  irecv(group: NativeHandle, expectedHeader: Uint8Array | null, byteLength: number, src: number, tag: number): NativeWork;
+  /** Whether the op has ended (done or failed). */
+  workDone(work: NativeWork): boolean;
+  /** Blocks until the op ends and throws its failure; copies a received message whose header matched into out; returns the received header. */
+  workWait(work: NativeWork, out: Uint8Array | null): Uint8Array | undefined;
   destroy(handle: NativeHandle, isGroup: boolean): void;
 }
 

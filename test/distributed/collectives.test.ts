@@ -60,6 +60,10 @@ function checkRun(run: RanksRun, world: number): void {
       assert.deepEqual(res[`bitwise/${dtype}/bor`], fold((a, b) => a | b), `bor ${dtype}`);
       assert.deepEqual(res[`bitwise/${dtype}/bxor`], fold((a, b) => a ^ b), `bxor ${dtype}`);
     }
+    const prevRank = (rank + world - 1) % world;
+    assert.deepEqual(res.isend_irecv, { waits: [true, true], completed: [true, true], values: collectiveInput(prevRank) });
+    assert.deepEqual(res.irecv_send, [prevRank, 2 * prevRank]);
+    assert.deepEqual(res.all_reduce_async, { isWork: true, completed: true, wait: true, values: [(world * (world + 1)) / 2] });
     // nobody leaves the barrier before the late rank entered it
     const lastArrived = (run.results[world - 1]!.barrier as { arrived: number }).arrived;
     const { arrived, left } = res.barrier as { arrived: number; left: number };

@@ -82,6 +82,12 @@ describe("process group misuse in one process", () => {
       const ints = tensor([6, 3], { dtype: "int64" });
       dist.allReduce(ints, dist.ReduceOp.BXOR);
       assert.deepEqual(ints.toList(), [6, 3]);
+      // isend / irecv check their peer as send / recv do; asyncOp returns a completed Work
+      throwsTyped(() => dist.isend(t, 0), DistributedError, /^\[isend\] dst rank 0 is this rank/);
+      throwsTyped(() => dist.irecv(t, 1), DistributedError, /^\[irecv\] src rank 1 is out of range/);
+      const work = dist.allReduce(t, "sum", undefined, true);
+      assert.ok(work instanceof dist.Work);
+      assert.deepEqual([work.isCompleted(), work.wait(), dist.barrier(undefined, true).wait()], [true, true, true]);
       throwsTyped(() => dist.newGroup([0], { timeoutMs: 0 }), DistributedError, /^\[new_group\] timeoutMs must be a number of milliseconds in \[1, 2\^40\], got 0/);
       const g = dist.newGroup([0]);
       dist.destroyProcessGroup(g);
@@ -133,8 +139,12 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
         assert.equal(res.recv_dtype, "DistributedError: [recv] rank 0 sent int32 x 2 (tag 0) but this rank receives into float32 x 2");
         assert.deepEqual(res.recv_untouched, [7, 7]);
         assert.deepEqual(res.recv_after_values, [4, 5]);
+        assert.equal(res.irecv_longer, "DistributedError: [irecv] rank 0 sent float32 x 3 (tag 0) but this rank receives into float32 x 2");
+        assert.deepEqual(res.irecv_untouched, [7, 7]);
+        assert.equal(res.irecv_after, null);
+        assert.deepEqual(res.irecv_after_values, [8, 9]);
       } else {
-        for (const key of ["recv_longer", "recv_shorter", "recv_dtype", "recv_after"]) assert.equal(res[key], null, `${key} on the sender`);
+        for (const key of ["recv_longer", "recv_shorter", "recv_dtype", "recv_after", "irecv_longer", "irecv_after"]) assert.equal(res[key], null, `${key} on the sender`);
       }
     }
     const r1 = run.results[1]!;
