@@ -24,16 +24,19 @@ export type ReduceOpName = "sum" | "avg" | "product" | "min" | "max" | "band" | 
 export const ReduceOp = {
   SUM: "sum", AVG: "avg", PRODUCT: "product", MIN: "min", MAX: "max", BAND: "band", BOR: "bor", BXOR: "bxor",
 } as const satisfies Record<string, ReduceOpName>;
-const REDUCE_OPS: readonly ReduceOpName[] = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"];
+export const REDUCE_OPS: readonly ReduceOpName[] = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"];
 const BITWISE_OPS: readonly ReduceOpName[] = ["band", "bor", "bxor"];
 
 /** Op codes exchanged by the consistency check (index = code). */
-const OPS = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier"] as const;
-type CollectiveName = (typeof OPS)[number];
+const OPS = [
+  "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier",
+  "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
+] as const;
+export type CollectiveName = (typeof OPS)[number];
 
 // ---- host bytes of a tensor ----
 
-function checkTensor(op: string, t: Tensor, what = "tensor"): void {
+export function checkTensor(op: string, t: Tensor, what = "tensor"): void {
   t.view_(op); // disposed check
   if (t.storage.buffer.host === undefined)
     throw new UnsupportedError(op, `${what} on ${t.device.name}: the gloo back end takes host (cpu) tensors`);
@@ -44,7 +47,7 @@ function checkTensor(op: string, t: Tensor, what = "tensor"): void {
  * copy), else a contiguous staging copy. finish(true) makes writes into bytes visible in t (bumping its version like
  * any in-place op, or copying the staging tensor back through t's strides); every use ends with finish.
  */
-function hostBytes(t: Tensor): { bytes: Uint8Array; finish(written: boolean): void } {
+export function hostBytes(t: Tensor): { bytes: Uint8Array; finish(written: boolean): void } {
   flushDeferred();
   const c = t.isContiguous ? t : noGrad(() => t.contiguous());
   const size = DTYPE_BYTES[c.dtype];
@@ -60,7 +63,7 @@ function hostBytes(t: Tensor): { bytes: Uint8Array; finish(written: boolean): vo
 }
 
 /** A copy of t's elements in row-major order. */
-function readBytes(t: Tensor): Uint8Array {
+export function readBytes(t: Tensor): Uint8Array {
   const h = hostBytes(t);
   const copy = h.bytes.slice();
   h.finish(false);
@@ -68,7 +71,7 @@ function readBytes(t: Tensor): Uint8Array {
 }
 
 /** Writes row-major bytes into t in place (any strides). */
-function writeBytes(t: Tensor, bytes: Uint8Array): void {
+export function writeBytes(t: Tensor, bytes: Uint8Array): void {
   const h = hostBytes(t);
   h.bytes.set(bytes);
   h.finish(true);
@@ -78,7 +81,7 @@ function nativeElement(dtype: DType): NativeElement | null {
   return dtype === "float32" ? 0 : dtype === "int32" ? 1 : dtype === "int64" ? 2 : null;
 }
 
-function checkReduce(op: string, reduce: ReduceOpName, dtype: DType): void {
+export function checkReduce(op: string, reduce: ReduceOpName, dtype: DType): void {
   if (!REDUCE_OPS.includes(reduce)) throw new DistributedError(op, `unknown reduce op "${String(reduce)}" (${REDUCE_OPS.join(", ")})`);
   if (BITWISE_OPS.includes(reduce) && dtype !== "int32" && dtype !== "int64")
     throw new UnsupportedError(op, `${reduce} needs an integer tensor (int32, int64), got ${dtype}`);
@@ -89,7 +92,7 @@ function checkReduce(op: string, reduce: ReduceOpName, dtype: DType): void {
 }
 
 /** Reduces t across g in place (t already checked). bf16/f16 travel as float32. */
-function reduceInPlace(op: string, g: ProcessGroup, t: Tensor, reduce: ReduceOpName): void {
+export function reduceInPlace(op: string, g: ProcessGroup, t: Tensor, reduce: ReduceOpName): void {
   if (t.dtype === "bfloat16" || t.dtype === "float16") {
     const f = noGrad(() => t.to("float32"));
     reduceInPlace(op, g, f, reduce);
@@ -117,7 +120,7 @@ function reduceInPlace(op: string, g: ProcessGroup, t: Tensor, reduce: ReduceOpN
  * With consistencyChecks, every rank shares (op, dtype, numel, arg) and all raise the same DistributedError when
  * they differ: a mismatched collective would otherwise exchange garbage or wait for the timeout.
  */
-function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, numel: number, arg: number): void {
+export function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, numel: number, arg: number): void {
   if (!g.consistencyChecks) return;
   const mine = new Int32Array([OPS.indexOf(op), dtype === null ? -1 : DTYPES.indexOf(dtype), numel, arg]);
   const all = new Int32Array(mine.length * g.size);
@@ -125,7 +128,13 @@ function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, numel: 
   const describe = (r: number): string => {
     const [o, d, n, a] = all.subarray(r * 4, r * 4 + 4);
     const name = OPS[o!] ?? "?";
-    const arg = name === "broadcast" ? `, src ${a}` : name === "all_reduce" || name.startsWith("reduce") ? `, ${REDUCE_OPS[a!] ?? a}` : "";
+    const reduceOp = REDUCE_OPS[a! % REDUCE_OPS.length] ?? a;
+    const arg =
+      name === "broadcast" || name === "scatter" ? `, src ${a}`
+      : name === "gather" ? `, dst ${a}`
+      : name === "reduce" ? `, ${reduceOp}, dst ${Math.floor(a! / REDUCE_OPS.length)}`
+      : name === "all_reduce" || name.startsWith("reduce_scatter") ? `, ${reduceOp}`
+      : "";
     return `${name}(${d! >= 0 ? `${DTYPES[d!]} x ${n}` : ""}${arg})`;
   };
   for (let r = 0; r < g.size; r++) {
@@ -167,7 +176,7 @@ export function broadcast<A extends boolean = false>(t: Tensor, src: number, gro
   return ranResult(asyncOp);
 }
 
-function checkParts(op: string, parts: readonly Tensor[], like: Tensor, g: ProcessGroup, what: string): void {
+export function checkParts(op: string, parts: readonly Tensor[], like: Tensor, g: ProcessGroup, what: string): void {
   if (parts.length !== g.size) throw new DistributedError(op, `${what} has ${parts.length} tensors for a group of ${g.size} ranks`);
   parts.forEach((p, i) => {
     checkTensor(op, p, `${what}[${i}]`);
@@ -183,16 +192,19 @@ export function allGather<A extends boolean = false>(outList: readonly Tensor[],
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkParts(name, outList, t, g, "outList");
-  const bytes = readBytes(t);
-  if (g.size === 1) {
-    writeBytes(outList[0]!, bytes);
-    return ranResult(asyncOp);
-  }
-  agree(g, name, t.dtype, t.numel, 0);
+  const out = gatherBytes(name, g, t, readBytes(t));
+  const n = out.byteLength / g.size;
+  outList.forEach((p, r) => writeBytes(p, out.subarray(r * n, (r + 1) * n)));
+  return ranResult(asyncOp);
+}
+
+/** Every rank's bytes (of like's dtype and numel, checked across ranks) in group-rank order: all_gather's exchange. */
+export function gatherBytes(name: CollectiveName, g: ProcessGroup, like: Tensor, bytes: Uint8Array, arg = 0): Uint8Array {
+  if (g.size === 1) return bytes;
+  agree(g, name, like.dtype, like.numel, arg);
   const out = new Uint8Array(bytes.byteLength * g.size);
   if (bytes.byteLength > 0) g.call(name, (native, h) => native.allgather(h, bytes, out));
-  outList.forEach((p, r) => writeBytes(p, out.subarray(r * bytes.byteLength, (r + 1) * bytes.byteLength)));
-  return ranResult(asyncOp);
+  return out;
 }
 
 /** torch.distributed.all_gather_into_tensor: out (size x t.numel elements, e.g. [size * n] or [size, n]) = the ranks' t in rank order. */
@@ -282,7 +294,7 @@ export function barrier<A extends boolean = false>(group?: ProcessGroup, asyncOp
   return ranResult(asyncOp);
 }
 
-function peer(op: string, g: ProcessGroup, globalRank: number, role: string): number {
+export function peer(op: string, g: ProcessGroup, globalRank: number, role: string): number {
   const r = g.groupRankOf(op, globalRank, role);
   if (r === g.rank) throw new DistributedError(op, `${role} rank ${globalRank} is this rank: a rank cannot ${op} to itself`);
   return r;

@@ -7,6 +7,7 @@ export {
   allReduce, broadcast, allGather, allGatherIntoTensor, reduceScatter, reduceScatterTensor, barrier, send, recv, isend, irecv,
   ReduceOp, type ReduceOpName,
 } from "./collectives.js";
+export { reduce, gather, scatter, allToAll, allToAllSingle } from "./rooted-collectives.js";
 export { Work, type AsyncResult } from "./work.js";
 export { DistributedError, DistributedTimeoutError, DistributedBackendError, GlooUnavailableError } from "./errors.js";
 export { glooUnavailableReason } from "./gloo-native.js";

@@ -53,6 +53,16 @@ function checkRun(run: RanksRun, world: number): void {
     const prev = (rank + world - 1) % world;
     assert.equal(res.recv_from, prev);
     assert.deepEqual(res.send_recv, collectiveInput(prev));
+    const inputs = Array.from({ length: world }, (_, j) => collectiveInput(j));
+    assert.deepEqual(res.reduce, rank === world - 1 ? [0, 1, 2, 3, 4].map((i) => expectedReduce("sum", world, i)) : collectiveInput(rank), "reduce: only dst changes");
+    assert.deepEqual(res.gather, rank === 0 ? inputs : null);
+    assert.deepEqual(res.scatter, collectiveInput(rank).map((v) => 10 * v));
+    // rank j sent this rank (j + rank + 1) elements 100 j + 10 rank + k
+    assert.deepEqual(res.all_to_all, inputs.map((_, j) => Array.from({ length: j + rank + 1 }, (_, k) => 100 * j + 10 * rank + k)));
+    assert.deepEqual(res.all_to_all_single, inputs.flatMap((_, j) => [10 * j + rank, 10 * j + rank + 0.5]));
+    // rank j's rows for this rank start at row 1 + 2 + ... + rank = rank (rank + 1) / 2 of its input
+    const first = (rank * (rank + 1)) / 2;
+    assert.deepEqual(res.all_to_all_single_uneven, inputs.flatMap((_, j) => Array.from({ length: rank + 1 }, (_, k) => 1000 * j + first + k)));
     const words = Array.from({ length: world }, (_, r) => [12 | r, 1 << r, 255 ^ (3 * r), -1 - r]);
     const fold = (f: (a: number, b: number) => number): number[] => words.reduce((acc, w) => acc.map((a, i) => f(a, w[i]!)));
     for (const dtype of ["int32", "int64"]) {
