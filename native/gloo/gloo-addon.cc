@@ -17,9 +17,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -60,9 +63,21 @@ struct StoreHandle {
   TcpStoreClient* tcp = nullptr;  // the same object as store when it is a tcp store
 };
 
+/**
+ * The order of a group's receives from each (src, tag). A checked receive posts its header at once and its data only
+ * once the header has arrived (on its own slot), so data receives are posted in the receives' order through tickets:
+ * otherwise two pending irecvs from one rank could take each other's messages.
+ */
+struct RecvOrder {
+  std::mutex mu;
+  std::condition_variable turn;
+  std::map<std::pair<int, uint32_t>, std::pair<uint64_t, uint64_t>> tickets;  // (src, tag) -> (issued, data posted)
+};
+
 struct GroupHandle {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::Context> context;
+  std::shared_ptr<RecvOrder> order = std::make_shared<RecvOrder>();
   ms timeout{30000};
 };
 
@@ -324,37 +339,12 @@ Napi::Value Barrier(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// Point-to-point slots live above every collective's slot prefix (gloo's Slot::build puts a prefix byte in the top bits).
-uint64_t p2pSlot(uint32_t tag) { return (uint64_t{0xF0} << 56) | tag; }
+// ---- isend / irecv (torch's Work); send / recv are these waited for ----
 
-// send(group, bytes, dst, tag) / recv(group, bytes, src, tag): blocking until done or the group's timeout
-Napi::Value Send(const Napi::CallbackInfo& info) {
-  auto* g = unwrap<GroupHandle>(info[0], "group");
-  auto [p, n] = bytesOf(info[1]);
-  int dst = info[2].As<Napi::Number>().Int32Value();
-  uint32_t tag = info[3].As<Napi::Number>().Uint32Value();
-  guarded(info.Env(), [&] {
-    auto buf = g->context->createUnboundBuffer(p, n);
-    buf->send(dst, p2pSlot(tag));
-    buf->waitSend(g->timeout);
-  });
-  return info.Env().Undefined();
-}
-
-Napi::Value Recv(const Napi::CallbackInfo& info) {
-  auto* g = unwrap<GroupHandle>(info[0], "group");
-  auto [p, n] = bytesOf(info[1]);
-  int src = info[2].As<Napi::Number>().Int32Value();
-  uint32_t tag = info[3].As<Napi::Number>().Uint32Value();
-  guarded(info.Env(), [&] {
-    auto buf = g->context->createUnboundBuffer(p, n);
-    buf->recv(src, p2pSlot(tag));
-    buf->waitRecv(g->timeout);
-  });
-  return info.Env().Undefined();
-}
-
-// ---- isend / irecv (torch's Work) ----
+// Point-to-point slots live above every collective's slot prefix (gloo's Slot::build puts a prefix byte in the top
+// bits): a message's checked header and its data travel on two slots of the tag.
+uint64_t headerSlot(uint32_t tag) { return (uint64_t{0xF0} << 56) | tag; }
+uint64_t dataSlot(uint32_t tag) { return (uint64_t{0xF1} << 56) | tag; }
 
 /**
  * The shared state of one isend/irecv: posted at once on the calling thread, then waited for by its own thread so that
@@ -363,9 +353,11 @@ Napi::Value Recv(const Napi::CallbackInfo& info) {
  */
 struct P2pState {
   std::shared_ptr<gloo::Context> context;
+  std::shared_ptr<RecvOrder> order;
   ms timeout{30000};
   int peer = 0;
-  uint64_t slot = 0;
+  uint32_t tag = 0;
+  uint64_t ticket = 0;  // a checked receive's place among the receives from (peer, tag)
   /** The consistency check's (dtype, byte length) header: sent ahead of the data, or received and compared with expected. */
   std::vector<char> header, expected;
   std::vector<char> data;
@@ -383,7 +375,10 @@ struct WorkHandle {
   }
 };
 
-/** The waiter of an irecv: with a header, the data is received only when the header is the one expected. */
+/**
+ * The waiter of an irecv: with a header, the data is received (into scratch when the header is not the one expected:
+ * taken off the wire so that the sender and the pair go on) once every earlier receive from (peer, tag) has posted its own.
+ */
 void receive(P2pState& s) {
   if (!s.header.empty()) {
     s.headerBuf->waitRecv(s.timeout);
@@ -391,10 +386,17 @@ void receive(P2pState& s) {
       double sent[2];
       std::memcpy(sent, s.header.data(), sizeof(sent));
       s.matched = false;
-      s.data.assign(static_cast<size_t>(sent[1]), 0);  // taken off the wire so that the sender and the pair go on
+      s.data.assign(static_cast<size_t>(sent[1]), 0);
     }
+    RecvOrder& order = *s.order;
+    std::unique_lock<std::mutex> lock(order.mu);
+    auto& [issued, posted] = order.tickets[{s.peer, s.tag}];
+    if (!order.turn.wait_for(lock, s.timeout, [&] { return posted == s.ticket; }))
+      throw gloo::IoException("Timed out waiting for an earlier receive from rank " + std::to_string(s.peer));
     s.dataBuf = s.context->createUnboundBuffer(s.data.data(), s.data.size());
-    s.dataBuf->recv(s.peer, s.slot);
+    s.dataBuf->recv(s.peer, dataSlot(s.tag));
+    posted++;
+    order.turn.notify_all();
   }
   s.dataBuf->waitRecv(s.timeout);
 }
@@ -405,9 +407,10 @@ Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
   auto* g = unwrap<GroupHandle>(info[0], "group");
   auto s = std::make_shared<P2pState>();
   s->context = g->context;
+  s->order = g->order;
   s->timeout = g->timeout;
   s->peer = info[3].As<Napi::Number>().Int32Value();
-  s->slot = p2pSlot(info[4].As<Napi::Number>().Uint32Value());
+  s->tag = info[4].As<Napi::Number>().Uint32Value();
   if (!info[1].IsNull()) {
     auto [h, hn] = bytesOf(info[1]);
     (isSend ? s->header : s->expected).assign(h, h + hn);
@@ -426,13 +429,15 @@ Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
       if (!s->header.empty()) s->headerBuf = s->context->createUnboundBuffer(s->header.data(), s->header.size());
       if (isSend) {
         s->dataBuf = s->context->createUnboundBuffer(s->data.data(), s->data.size());
-        if (s->headerBuf) s->headerBuf->send(s->peer, s->slot);
-        s->dataBuf->send(s->peer, s->slot);
+        if (s->headerBuf) s->headerBuf->send(s->peer, headerSlot(s->tag));
+        s->dataBuf->send(s->peer, dataSlot(s->tag));
       } else if (s->headerBuf) {
-        s->headerBuf->recv(s->peer, s->slot);
+        std::lock_guard<std::mutex> lock(s->order->mu);
+        s->ticket = s->order->tickets[{s->peer, s->tag}].first++;
+        s->headerBuf->recv(s->peer, headerSlot(s->tag));
       } else {
         s->dataBuf = s->context->createUnboundBuffer(s->data.data(), s->data.size());
-        s->dataBuf->recv(s->peer, s->slot);
+        s->dataBuf->recv(s->peer, dataSlot(s->tag));
       }
     });
   } catch (...) {
@@ -520,8 +525,6 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("broadcast", Napi::Function::New(env, Broadcast));
   exports.Set("allgather", Napi::Function::New(env, Allgather));
   exports.Set("barrier", Napi::Function::New(env, Barrier));
-  exports.Set("send", Napi::Function::New(env, Send));
-  exports.Set("recv", Napi::Function::New(env, Recv));
   exports.Set("isend", Napi::Function::New(env, Isend));
   exports.Set("irecv", Napi::Function::New(env, Irecv));
   exports.Set("workDone", Napi::Function::New(env, WorkDone));

@@ -15,7 +15,7 @@ import { DTYPE_BYTES, DTYPES, type DType } from "../backends/dtype.js";
 import { fromBytes, noGrad, flushDeferred, type Tensor } from "../tensor/index.js";
 import { UnsupportedError } from "../util/errors.js";
 import { DistributedError } from "./errors.js";
-import { NativeReduce, type NativeElement } from "./gloo-native.js";
+import { NativeReduce, type NativeElement, type NativeWork } from "./gloo-native.js";
 import { callNative, resolveGroup, type ProcessGroup } from "./process-group.js";
 import { ranResult, Work, type AsyncResult } from "./work.js";
 
@@ -306,30 +306,7 @@ function checkTag(op: string, tag: number): void {
 
 /** torch.distributed.send: blocks until rank dst (global) has received t (matched by tag). */
 export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): void {
-  const name = "send";
-  const g = resolveGroup(name, group);
-  checkTensor(name, t);
-  checkTag(name, tag);
-  const to = peer(name, g, dst, "dst");
-  const host = hostBytes(t);
-  try {
-    if (g.consistencyChecks) {
-      const header = messageHeader(t.dtype, host.bytes.byteLength);
-      g.call(name, (native, h) => native.send(h, header, to, tag));
-    }
-    g.call(name, (native, h) => native.send(h, host.bytes, to, tag));
-  } finally {
-    host.finish(false);
-  }
-}
-
-/**
- * With consistencyChecks a send is preceded by a header (dtype, byte length) on the same tag, so that recv can refuse
- * a message of another size: gloo itself aborts the receiving process on a longer message and silently fills only
- * the front of a shorter one.
- */
-function messageHeader(dtype: DType, byteLength: number): Uint8Array {
-  return new Uint8Array(new Float64Array([DTYPES.indexOf(dtype), byteLength]).buffer);
+  startSend("send", t, dst, group, tag).wait();
 }
 
 /**
@@ -339,28 +316,34 @@ function messageHeader(dtype: DType, byteLength: number): Uint8Array {
  * process on a longer message and fills only the front of t from a shorter one.
  */
 export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): number {
-  const name = "recv";
-  const g = resolveGroup(name, group);
-  checkTensor(name, t);
-  checkTag(name, tag);
-  const from = peer(name, g, src, "src");
-  if (g.consistencyChecks) {
-    const header = new Float64Array(2);
-    g.call(name, (native, h) => native.recv(h, new Uint8Array(header.buffer), from, tag));
-    const refused = refusal(header, t, src, tag);
-    if (refused !== null) {
-      const drop = new Uint8Array(header[1]!); // take the message off the wire so that the sender and the pair go on
-      g.call(name, (native, h) => native.recv(h, drop, from, tag));
-      throw new DistributedError(name, refused);
-    }
-  }
-  const host = hostBytes(t);
-  try {
-    g.call(name, (native, h) => native.recv(h, host.bytes, from, tag));
-  } finally {
-    host.finish(true);
-  }
+  startRecv("recv", t, src, group, tag).wait();
   return src;
+}
+
+/**
+ * torch.distributed.isend: posts the send of (a copy of) t to rank dst and returns at once; the Work's wait() blocks
+ * until dst has received it. Matches recv and irecv as send does.
+ */
+export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Work {
+  return startSend("isend", t, dst, group, tag);
+}
+
+/**
+ * torch.distributed.irecv: posts the receive of a message from rank src into t and returns at once; t holds the
+ * message once the Work's wait() has returned or isCompleted() is true. Receives from one rank and tag take its
+ * messages in the order they were posted; a message of another dtype or size is refused as recv refuses it.
+ */
+export function irecv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): Work {
+  return startRecv("irecv", t, src, group, tag);
+}
+
+/**
+ * With consistencyChecks a message is preceded by a header (dtype, byte length) on the same tag, so that the receiver
+ * can refuse a message of another size: gloo itself aborts the receiving process on a longer message and silently
+ * fills only the front of a shorter one.
+ */
+function messageHeader(dtype: DType, byteLength: number): Uint8Array {
+  return new Uint8Array(new Float64Array([DTYPES.indexOf(dtype), byteLength]).buffer);
 }
 
 /** Why a message with this header cannot be received into t, or null when its dtype and size are t's. */
@@ -372,19 +355,20 @@ function refusal(header: Float64Array, t: Tensor, src: number, tag: number): str
   return `rank ${src} sent ${sentDtype} x ${sentNumel} (tag ${tag}) but this rank receives into ${t.dtype} x ${t.numel}`;
 }
 
-/**
- * torch.distributed.isend: posts the send of (a copy of) t to rank dst and returns at once; the Work's wait() blocks
- * until dst has received it. Matches recv and irecv as send does.
- */
-export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Work {
-  const name = "isend";
+/** Posts the send of a copy of t (taken by the native side, which waits for the send on its own thread). */
+function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | undefined, tag: number): Work {
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkTag(name, tag);
   const to = peer(name, g, dst, "dst");
-  const bytes = readBytes(t);
-  const header = g.consistencyChecks ? messageHeader(t.dtype, bytes.byteLength) : null;
-  const work = g.call(name, (native, h) => native.isend(h, header, bytes, to, tag));
+  const host = hostBytes(t);
+  const header = g.consistencyChecks ? messageHeader(t.dtype, host.bytes.byteLength) : null;
+  let work: NativeWork;
+  try {
+    work = g.call(name, (native, h) => native.isend(h, header, host.bytes, to, tag));
+  } finally {
+    host.finish(false);
+  }
   const native = g.native!;
   return new Work(
     () => native.workDone(work),
@@ -392,13 +376,8 @@ export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Wo
   );
 }
 
-/**
- * torch.distributed.irecv: posts the receive of a message from rank src into t and returns at once; t holds the
- * message once the Work's wait() has returned or isCompleted() is true. A message of another dtype or size (with
- * consistencyChecks) is dropped and wait() throws the DistributedError that recv would.
- */
-export function irecv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): Work {
-  const name = "irecv";
+/** Posts the receive of a message into t, written into t when the Work is waited for (or found completed). */
+function startRecv(name: string, t: Tensor, src: number, group: ProcessGroup | undefined, tag: number): Work {
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkTag(name, tag);
@@ -410,12 +389,18 @@ export function irecv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): Wo
   return new Work(
     () => native.workDone(work),
     () => {
-      const message = new Uint8Array(byteLength);
-      const header = callNative(name, g.timeoutMs, () => native.workWait(work, message));
-      const refused = header === undefined ? null : refusal(new Float64Array(header.slice().buffer), t, src, tag);
-      if (refused !== null) throw new DistributedError(name, refused);
       checkTensor(name, t);
-      writeBytes(t, message);
+      const host = hostBytes(t); // the native side copies the message in only when its header matched
+      let refused: string | null = null;
+      let written = false;
+      try {
+        const header = callNative(name, g.timeoutMs, () => native.workWait(work, host.bytes));
+        refused = header === undefined ? null : refusal(new Float64Array(header.slice().buffer), t, src, tag);
+        written = refused === null;
+      } finally {
+        host.finish(written);
+      }
+      if (refused !== null) throw new DistributedError(name, refused);
     },
   );
 }

@@ -34,11 +34,12 @@ export interface GlooNative {
   /** out holds size x in bytes, rank order. */
   allgather(group: NativeHandle, input: Uint8Array, out: Uint8Array): void;
   barrier(group: NativeHandle): void;
-  send(group: NativeHandle, data: Uint8Array, dst: number, tag: number): void;
-  recv(group: NativeHandle, data: Uint8Array, src: number, tag: number): void;
-  /** Posts a send of a copy of data (after header, when given) and returns at once. */
+  /** Posts a send of a copy of data (after header, when given) and returns at once; send is this waited for. */
   isend(group: NativeHandle, header: Uint8Array | null, data: Uint8Array, dst: number, tag: number): NativeWork;
-  /** Posts a receive of byteLength bytes; with expectedHeader, a message whose header differs is taken into scratch. */
+  /**
+   * Posts a receive of byteLength bytes (recv is this waited for); with expectedHeader, a message whose header differs
+   * is taken into scratch. Receives from one (src, tag) take its messages in the order they were posted.
+   */
   irecv(group: NativeHandle, expectedHeader: Uint8Array | null, byteLength: number, src: number, tag: number): NativeWork;
   /** Whether the op has ended (done or failed). */
   workDone(work: NativeWork): boolean;

@@ -73,6 +73,7 @@ function checkRun(run: RanksRun, world: number): void {
     const prevRank = (rank + world - 1) % world;
     assert.deepEqual(res.isend_irecv, { waits: [true, true], completed: [true, true], values: collectiveInput(prevRank) });
     assert.deepEqual(res.irecv_send, [prevRank, 2 * prevRank]);
+    assert.deepEqual(res.irecv_order, [2, 3, 1].map((n, k) => Array.from({ length: n }, (_, i) => 100 * prevRank + 10 * k + i)));
     assert.deepEqual(res.all_reduce_async, { isWork: true, completed: true, wait: true, values: [(world * (world + 1)) / 2] });
     // nobody leaves the barrier before the late rank entered it
     const lastArrived = (run.results[world - 1]!.barrier as { arrived: number }).arrived;
