@@ -401,7 +401,8 @@ void receive(P2pState& s) {
   s.dataBuf->waitRecv(s.timeout);
 }
 
-// isend(group, header | null, bytes, dst, tag) / irecv(group, expectedHeader | null, byteLength, src, tag) -> work
+// isend(group, header | null, bytes, dst, tag, blocking) / irecv(group, expectedHeader | null, byteLength, src, tag,
+// blocking) -> work; blocking (send / recv) waits on this thread before returning the (ended) work
 Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
   Napi::Env env = info.Env();
   auto* g = unwrap<GroupHandle>(info[0], "group");
@@ -444,7 +445,7 @@ Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
     delete w;
     throw;
   }
-  w->waiter = std::thread([s, isSend] {
+  auto finish = [s, isSend] {
     try {
       if (isSend) {
         if (s->headerBuf) s->headerBuf->waitSend(s->timeout);
@@ -456,7 +457,9 @@ Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
       s->error = std::current_exception();
     }
     s->done = true;
-  });
+  };
+  if (info[5].ToBoolean()) finish();  // send / recv: waited for here, no thread
+  else w->waiter = std::thread(finish);
   return Napi::External<WorkHandle>::New(env, w, [](Napi::Env, WorkHandle* p) { delete p; });
 }
 

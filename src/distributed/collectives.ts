@@ -306,7 +306,7 @@ function checkTag(op: string, tag: number): void {
 
 /** torch.distributed.send: blocks until rank dst (global) has received t (matched by tag). */
 export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): void {
-  startSend("send", t, dst, group, tag).wait();
+  startSend("send", t, dst, group, tag, true).wait();
 }
 
 /**
@@ -316,7 +316,7 @@ export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): voi
  * process on a longer message and fills only the front of t from a shorter one.
  */
 export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): number {
-  startRecv("recv", t, src, group, tag).wait();
+  startRecv("recv", t, src, group, tag, true).wait();
   return src;
 }
 
@@ -325,7 +325,7 @@ export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): num
  * until dst has received it. Matches recv and irecv as send does.
  */
 export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Work {
-  return startSend("isend", t, dst, group, tag);
+  return startSend("isend", t, dst, group, tag, false);
 }
 
 /**
@@ -334,7 +334,7 @@ export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Wo
  * messages in the order they were posted; a message of another dtype or size is refused as recv refuses it.
  */
 export function irecv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): Work {
-  return startRecv("irecv", t, src, group, tag);
+  return startRecv("irecv", t, src, group, tag, false);
 }
 
 /**
@@ -355,8 +355,8 @@ function refusal(header: Float64Array, t: Tensor, src: number, tag: number): str
   return `rank ${src} sent ${sentDtype} x ${sentNumel} (tag ${tag}) but this rank receives into ${t.dtype} x ${t.numel}`;
 }
 
-/** Posts the send of a copy of t (taken by the native side, which waits for the send on its own thread). */
-function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | undefined, tag: number): Work {
+/** Posts the send of a copy of t (taken by the native side, which waits for the send on its own thread unless blocking). */
+function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | undefined, tag: number, blocking: boolean): Work {
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkTag(name, tag);
@@ -365,7 +365,7 @@ function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | u
   const header = g.consistencyChecks ? messageHeader(t.dtype, host.bytes.byteLength) : null;
   let work: NativeWork;
   try {
-    work = g.call(name, (native, h) => native.isend(h, header, host.bytes, to, tag));
+    work = g.call(name, (native, h) => native.isend(h, header, host.bytes, to, tag, blocking));
   } finally {
     host.finish(false);
   }
@@ -377,14 +377,14 @@ function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | u
 }
 
 /** Posts the receive of a message into t, written into t when the Work is waited for (or found completed). */
-function startRecv(name: string, t: Tensor, src: number, group: ProcessGroup | undefined, tag: number): Work {
+function startRecv(name: string, t: Tensor, src: number, group: ProcessGroup | undefined, tag: number, blocking: boolean): Work {
   const g = resolveGroup(name, group);
   checkTensor(name, t);
   checkTag(name, tag);
   const from = peer(name, g, src, "src");
   const byteLength = t.numel * DTYPE_BYTES[t.dtype];
   const expected = g.consistencyChecks ? messageHeader(t.dtype, byteLength) : null;
-  const work = g.call(name, (native, h) => native.irecv(h, expected, byteLength, from, tag));
+  const work = g.call(name, (native, h) => native.irecv(h, expected, byteLength, from, tag, blocking));
   const native = g.native!;
   return new Work(
     () => native.workDone(work),

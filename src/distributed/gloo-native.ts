@@ -34,13 +34,13 @@ export interface GlooNative {
   /** out holds size x in bytes, rank order. */
   allgather(group: NativeHandle, input: Uint8Array, out: Uint8Array): void;
   barrier(group: NativeHandle): void;
-  /** Posts a send of a copy of data (after header, when given) and returns at once; send is this waited for. */
-  isend(group: NativeHandle, header: Uint8Array | null, data: Uint8Array, dst: number, tag: number): NativeWork;
+  /** Posts a send of a copy of data (after header, when given) and returns at once, or when done if blocking (send). */
+  isend(group: NativeHandle, header: Uint8Array | null, data: Uint8Array, dst: number, tag: number, blocking: boolean): NativeWork;
   /**
-   * Posts a receive of byteLength bytes (recv is this waited for); with expectedHeader, a message whose header differs
+   * Posts a receive of byteLength bytes (blocking, for recv: returns when done); with expectedHeader, a message whose header differs
    * is taken into scratch. Receives from one (src, tag) take its messages in the order they were posted.
    */
-  irecv(group: NativeHandle, expectedHeader: Uint8Array | null, byteLength: number, src: number, tag: number): NativeWork;
+  irecv(group: NativeHandle, expectedHeader: Uint8Array | null, byteLength: number, src: number, tag: number, blocking: boolean): NativeWork;
   /** Whether the op has ended (done or failed). */
   workDone(work: NativeWork): boolean;
   /** Blocks until the op ends and throws its failure; copies a received message whose header matched into out; returns the received header. */
