@@ -1,7 +1,8 @@
 // kiln_gloo: Node-API glue over gloo (the library torch.distributed's CPU back end uses). Built only where
-// libgloo-dev's headers exist (binding.gyp). Every call is blocking (torch's async_op=False) and ends by the
-// group's timeout: a missing peer raises an Error whose code is KILN_DIST_TIMEOUT, any other transport failure
-// KILN_DIST_BACKEND. Buffers are typed arrays used in place; non-reducing collectives move raw bytes.
+// libgloo-dev's headers exist (binding.gyp). Every call is blocking (torch's async_op=False) but isend / irecv, whose
+// works end when waited for; all end by the group's timeout: a missing peer raises an Error whose code is
+// KILN_DIST_TIMEOUT, any other transport failure KILN_DIST_BACKEND. Collectives use typed arrays in place and move raw
+// bytes unless they reduce; point-to-point messages are copied.
 #include <napi.h>
 
 #include <gloo/allgather.h>

@@ -1,8 +1,8 @@
 /**
  * Loader and typed interface of the kiln_gloo addon (native/gloo/*.cc): gloo's collectives over a tcp transport and
  * the rendezvous stores. Built by `node-gyp rebuild` only where libgloo-dev is installed; otherwise loading throws
- * {@link GlooUnavailableError}. Every call blocks the calling thread until done or the group's timeout; failures
- * are Errors whose `code` is KILN_DIST_TIMEOUT or KILN_DIST_BACKEND.
+ * {@link GlooUnavailableError}. Every call but isend/irecv (ended by workWait) blocks the calling thread until done
+ * or the group's timeout; failures are Errors whose `code` is KILN_DIST_TIMEOUT or KILN_DIST_BACKEND.
  */
 import { createRequire } from "node:module";
 import { existsSync } from "node:fs";
