@@ -1,7 +1,8 @@
 // kiln_gloo: Node-API glue over gloo (the library torch.distributed's CPU back end uses). Built only where
-// libgloo-dev's headers exist (binding.gyp). Every call is blocking (torch's async_op=False) and ends by the
-// group's timeout: a missing peer raises an Error whose code is KILN_DIST_TIMEOUT, any other transport failure
-// KILN_DIST_BACKEND. Buffers are typed arrays used in place; non-reducing collectives move raw bytes.
+// libgloo-dev's headers exist (binding.gyp). Every call is blocking (torch's async_op=False) but isend / irecv, whose
+// works end when waited for; all end by the group's timeout: a missing peer raises an Error whose code is
+// KILN_DIST_TIMEOUT, any other transport failure KILN_DIST_BACKEND. Collectives use typed arrays in place and move raw
+// bytes unless they reduce; point-to-point messages are copied.
 #include <napi.h>
 
 #include <gloo/allgather.h>
@@ -15,10 +16,17 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <type_traits>
 
 #include "tcp-store.h"
 
@@ -56,9 +64,21 @@ struct StoreHandle {
   TcpStoreClient* tcp = nullptr;  // the same object as store when it is a tcp store
 };
 
+/**
+ * The order of a group's receives from each (src, tag). A checked receive posts its header at once and its data only
+ * once the header has arrived (on its own slot), so data receives are posted in the receives' order through tickets:
+ * otherwise two pending irecvs from one rank could take each other's messages.
+ */
+struct RecvOrder {
+  std::mutex mu;
+  std::condition_variable turn;
+  std::map<std::pair<int, uint32_t>, std::pair<uint64_t, uint64_t>> tickets;  // (src, tag) -> (issued, data posted)
+};
+
 struct GroupHandle {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::Context> context;
+  std::shared_ptr<RecvOrder> order = std::make_shared<RecvOrder>();
   ms timeout{30000};
 };
 
@@ -68,6 +88,27 @@ struct GroupHandle {
   throw err;
 }
 
+struct CodedFailure {
+  std::string code, message;
+};
+
+/** KILN_DIST_TIMEOUT for a missing peer, KILN_DIST_BACKEND for any other failure. */
+CodedFailure classify(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const StoreTimeout& e) {
+    return {"KILN_DIST_TIMEOUT", e.what()};
+  } catch (const gloo::IoException& e) {
+    std::string what = e.what();
+    bool timedOut = what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
+    return {timedOut ? "KILN_DIST_TIMEOUT" : "KILN_DIST_BACKEND", what};
+  } catch (const std::exception& e) {
+    return {"KILN_DIST_BACKEND", e.what()};
+  } catch (...) {
+    return {"KILN_DIST_BACKEND", "unknown failure"};
+  }
+}
+
 /** Runs fn, translating C++ failures into coded JS errors. */
 template <typename F>
 auto guarded(Napi::Env env, F&& fn) -> decltype(fn()) {
@@ -75,14 +116,9 @@ auto guarded(Napi::Env env, F&& fn) -> decltype(fn()) {
     return fn();
   } catch (const Napi::Error&) {
     throw;
-  } catch (const StoreTimeout& e) {
-    throwCoded(env, "KILN_DIST_TIMEOUT", e.what());
-  } catch (const gloo::IoException& e) {
-    std::string what = e.what();
-    bool timedOut = what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
-    throwCoded(env, timedOut ? "KILN_DIST_TIMEOUT" : "KILN_DIST_BACKEND", what);
-  } catch (const std::exception& e) {
-    throwCoded(env, "KILN_DIST_BACKEND", e.what());
+  } catch (...) {
+    CodedFailure f = classify(std::current_exception());
+    throwCoded(env, f.code, f.message);
   }
 }
 
@@ -207,8 +243,23 @@ Napi::Value Connect(const Napi::CallbackInfo& info) {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
+/** torch's BAND / BOR / BXOR: c = a op b elementwise (integer elements). */
+template <typename T, typename Op>
+void bitwise(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; i++) out[i] = Op()(x[i], y[i]);
+}
+
 template <typename T>
 ReduceFn reduceFn(int op) {
+  if (op >= 4 && !std::is_integral_v<T>) throw std::invalid_argument("bitwise reductions take integer elements");
+  if constexpr (std::is_integral_v<T>) {
+    if (op == 4) return &bitwise<T, std::bit_and<T>>;
+    if (op == 5) return &bitwise<T, std::bit_or<T>>;
+    if (op == 6) return &bitwise<T, std::bit_xor<T>>;
+  }
   switch (op) {
     case 0: return &gloo::sum<T>;
     case 1: return &gloo::product<T>;
@@ -226,7 +277,8 @@ void allreduceTyped(GroupHandle* g, uint8_t* p, size_t bytes, int op) {
   gloo::allreduce(opts);
 }
 
-// allreduce(group, data, dtype (0 f32, 1 i32, 2 i64, 3 f64), op (0 sum, 1 product, 2 min, 3 max)): in place
+// allreduce(group, data, dtype (0 f32, 1 i32, 2 i64, 3 f64), op (0 sum, 1 product, 2 min, 3 max, 4 band, 5 bor,
+// 6 bxor: integer dtypes only)): in place
 Napi::Value Allreduce(const Napi::CallbackInfo& info) {
   auto* g = unwrap<GroupHandle>(info[0], "group");
   auto [p, n] = bytesOf(info[1]);
@@ -288,34 +340,163 @@ Napi::Value Barrier(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// Point-to-point slots live above every collective's slot prefix (gloo's Slot::build puts a prefix byte in the top bits).
-uint64_t p2pSlot(uint32_t tag) { return (uint64_t{0xF0} << 56) | tag; }
+// ---- isend / irecv (torch's Work); send / recv are these waited for ----
 
-// send(group, bytes, dst, tag) / recv(group, bytes, src, tag): blocking until done or the group's timeout
-Napi::Value Send(const Napi::CallbackInfo& info) {
-  auto* g = unwrap<GroupHandle>(info[0], "group");
-  auto [p, n] = bytesOf(info[1]);
-  int dst = info[2].As<Napi::Number>().Int32Value();
-  uint32_t tag = info[3].As<Napi::Number>().Uint32Value();
-  guarded(info.Env(), [&] {
-    auto buf = g->context->createUnboundBuffer(p, n);
-    buf->send(dst, p2pSlot(tag));
-    buf->waitSend(g->timeout);
-  });
-  return info.Env().Undefined();
+// Point-to-point slots live above every collective's slot prefix (gloo's Slot::build puts a prefix byte in the top
+// bits): a message's checked header and its data travel on two slots of the tag.
+uint64_t headerSlot(uint32_t tag) { return (uint64_t{0xF0} << 56) | tag; }
+uint64_t dataSlot(uint32_t tag) { return (uint64_t{0xF1} << 56) | tag; }
+
+/**
+ * The shared state of one isend/irecv: posted at once on the calling thread, then waited for by its own thread so that
+ * the JS thread goes on until wait(). It owns its bytes (a send's are copied in, a received message is copied out at
+ * wait) and a reference to the context, so it outlives the JS buffer and destroy() of the group.
+ */
+struct P2pState {
+  std::shared_ptr<gloo::Context> context;
+  std::shared_ptr<RecvOrder> order;
+  ms timeout{30000};
+  int peer = 0;
+  uint32_t tag = 0;
+  uint64_t ticket = 0;  // a checked receive's place among the receives from (peer, tag)
+  /** The consistency check's (dtype, byte length) header: sent ahead of the data, or received and compared with expected. */
+  std::vector<char> header, expected;
+  std::vector<char> data;
+  bool matched = true;  // a recv whose header differed from expected took the message into a scratch buffer instead
+  std::unique_ptr<gloo::transport::UnboundBuffer> headerBuf, dataBuf;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;  // set before done
+};
+
+struct WorkHandle {
+  std::shared_ptr<P2pState> state;
+  std::thread waiter;
+  ~WorkHandle() {
+    if (waiter.joinable()) waiter.detach();  // a pending op ends by its timeout; the thread holds the state
+  }
+};
+
+/**
+ * The waiter of an irecv: with a header, the data is received (into scratch when the header is not the one expected:
+ * taken off the wire so that the sender and the pair go on) once every earlier receive from (peer, tag) has posted its own.
+ */
+void receive(P2pState& s) {
+  if (!s.header.empty()) {
+    s.headerBuf->waitRecv(s.timeout);
+    if (s.header != s.expected) {
+      double sent[2];
+      std::memcpy(sent, s.header.data(), sizeof(sent));
+      s.matched = false;
+      s.data.assign(static_cast<size_t>(sent[1]), 0);
+    }
+    RecvOrder& order = *s.order;
+    std::unique_lock<std::mutex> lock(order.mu);
+    auto& [issued, posted] = order.tickets[{s.peer, s.tag}];
+    if (!order.turn.wait_for(lock, s.timeout, [&] { return posted == s.ticket; }))
+      throw gloo::IoException("Timed out waiting for an earlier receive from rank " + std::to_string(s.peer));
+    s.dataBuf = s.context->createUnboundBuffer(s.data.data(), s.data.size());
+    s.dataBuf->recv(s.peer, dataSlot(s.tag));
+    posted++;
+    order.turn.notify_all();
+  }
+  s.dataBuf->waitRecv(s.timeout);
 }
 
-Napi::Value Recv(const Napi::CallbackInfo& info) {
+// isend(group, header | null, bytes, dst, tag, blocking) / irecv(group, expectedHeader | null, byteLength, src, tag,
+// blocking) -> work; blocking (send / recv) waits on this thread before returning the (ended) work
+Napi::Value StartP2p(const Napi::CallbackInfo& info, bool isSend) {
+  Napi::Env env = info.Env();
   auto* g = unwrap<GroupHandle>(info[0], "group");
-  auto [p, n] = bytesOf(info[1]);
-  int src = info[2].As<Napi::Number>().Int32Value();
-  uint32_t tag = info[3].As<Napi::Number>().Uint32Value();
-  guarded(info.Env(), [&] {
-    auto buf = g->context->createUnboundBuffer(p, n);
-    buf->recv(src, p2pSlot(tag));
-    buf->waitRecv(g->timeout);
-  });
-  return info.Env().Undefined();
+  auto s = std::make_shared<P2pState>();
+  s->context = g->context;
+  s->order = g->order;
+  s->timeout = g->timeout;
+  s->peer = info[3].As<Napi::Number>().Int32Value();
+  s->tag = info[4].As<Napi::Number>().Uint32Value();
+  if (!info[1].IsNull()) {
+    auto [h, hn] = bytesOf(info[1]);
+    (isSend ? s->header : s->expected).assign(h, h + hn);
+    if (!isSend) s->header.assign(hn, 0);
+  }
+  if (isSend) {
+    auto [p, n] = bytesOf(info[2]);
+    s->data.assign(p, p + n);
+  } else {
+    s->data.assign(static_cast<size_t>(info[2].As<Napi::Number>().Int64Value()), 0);
+  }
+  auto* w = new WorkHandle();
+  w->state = s;
+  try {
+    guarded(env, [&] {
+      if (!s->header.empty()) s->headerBuf = s->context->createUnboundBuffer(s->header.data(), s->header.size());
+      if (isSend) {
+        s->dataBuf = s->context->createUnboundBuffer(s->data.data(), s->data.size());
+        if (s->headerBuf) s->headerBuf->send(s->peer, headerSlot(s->tag));
+        s->dataBuf->send(s->peer, dataSlot(s->tag));
+      } else if (s->headerBuf) {
+        std::lock_guard<std::mutex> lock(s->order->mu);
+        s->ticket = s->order->tickets[{s->peer, s->tag}].first++;
+        s->headerBuf->recv(s->peer, headerSlot(s->tag));
+      } else {
+        s->dataBuf = s->context->createUnboundBuffer(s->data.data(), s->data.size());
+        s->dataBuf->recv(s->peer, dataSlot(s->tag));
+      }
+    });
+  } catch (...) {
+    delete w;
+    throw;
+  }
+  auto finish = [s, isSend] {
+    try {
+      if (isSend) {
+        if (s->headerBuf) s->headerBuf->waitSend(s->timeout);
+        s->dataBuf->waitSend(s->timeout);
+      } else {
+        receive(*s);
+      }
+    } catch (...) {
+      s->error = std::current_exception();
+    }
+    s->done = true;
+  };
+  if (info[5].ToBoolean()) finish();  // send / recv: waited for here, no thread
+  else w->waiter = std::thread(finish);
+  return Napi::External<WorkHandle>::New(env, w, [](Napi::Env, WorkHandle* p) { delete p; });
+}
+
+Napi::Value Isend(const Napi::CallbackInfo& info) { return StartP2p(info, true); }
+Napi::Value Irecv(const Napi::CallbackInfo& info) { return StartP2p(info, false); }
+
+WorkHandle* unwrapWork(const Napi::Value& v) {
+  if (!v.IsExternal()) throw Napi::TypeError::New(v.Env(), "expected a work handle");
+  return v.As<Napi::External<WorkHandle>>().Data();
+}
+
+// workDone(work) -> whether the op has ended (completed or failed): torch's Work.is_completed
+Napi::Value WorkDone(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), unwrapWork(info[0])->state->done.load());
+}
+
+// workWait(work, out | null) -> the received header (irecv with one) or undefined. Blocks until the op ends, rethrows
+// its failure; an irecv whose header matched copies the message into out.
+Napi::Value WorkWait(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto* w = unwrapWork(info[0]);
+  if (w->waiter.joinable()) w->waiter.join();
+  P2pState& s = *w->state;
+  if (s.error) {
+    CodedFailure f = classify(s.error);
+    throwCoded(env, f.code, f.message);
+  }
+  if (!info[1].IsNull() && s.matched) {
+    auto [p, n] = bytesOf(info[1]);
+    if (n != s.data.size()) throw Napi::RangeError::New(env, "workWait output must hold the received bytes");
+    if (n > 0) std::memcpy(p, s.data.data(), n);
+  }
+  if (s.expected.empty()) return env.Undefined();
+  auto out = Napi::Uint8Array::New(env, s.header.size());
+  std::memcpy(out.Data(), s.header.data(), s.header.size());
+  return out;
 }
 
 // destroy(handle): frees a group's pairs or a store (a store server stops serving) now, not at GC
@@ -348,8 +529,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("broadcast", Napi::Function::New(env, Broadcast));
   exports.Set("allgather", Napi::Function::New(env, Allgather));
   exports.Set("barrier", Napi::Function::New(env, Barrier));
-  exports.Set("send", Napi::Function::New(env, Send));
-  exports.Set("recv", Napi::Function::New(env, Recv));
+  exports.Set("isend", Napi::Function::New(env, Isend));
+  exports.Set("irecv", Napi::Function::New(env, Irecv));
+  exports.Set("workDone", Napi::Function::New(env, WorkDone));
+  exports.Set("workWait", Napi::Function::New(env, WorkWait));
   exports.Set("destroy", Napi::Function::New(env, Destroy));
   return exports;
 }

@@ -78,7 +78,7 @@ bool isLoopback(const std::string& host) {
 
 addrinfo* resolve(const std::string& host, int port, bool passive) {
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;  // IPv4 and IPv6 (torch's TCPStore takes either)
   hints.ai_socktype = SOCK_STREAM;
   if (passive) hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
@@ -88,35 +88,45 @@ addrinfo* resolve(const std::string& host, int port, bool passive) {
   return res;
 }
 
+/** host:port, with an IPv6 host in brackets ([::1]:29500). */
+std::string hostPort(const std::string& host, int port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+/** A listening socket on a, or -1 (errno set). An IPv6 wildcard also takes IPv4 (dual stack, as torch's TCPStore). */
+int listenOn(const addrinfo* a) {
+  int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1, zero = 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 128) == 0) return fd;
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  return -1;
+}
+
 }  // namespace
 
 // ---- server ----
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port) {
+  // A loopback host binds its first address that works; any other binds every interface, IPv6's first (dual stack).
   addrinfo* res = resolve(host, port, true);
-  listenFd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listenFd_ < 0) {
-    freeaddrinfo(res);
-    throw sysError("store server socket");
-  }
-  int one = 1;
-  setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(listenFd_, res->ai_addr, res->ai_addrlen) != 0) {
-    auto err = sysError("store server cannot bind " + host + ":" + std::to_string(port));
-    freeaddrinfo(res);
-    ::close(listenFd_);
-    throw err;
+  for (int family : {AF_INET6, AF_INET}) {
+    for (addrinfo* a = res; a != nullptr && listenFd_ < 0; a = a->ai_next)
+      if (isLoopback(host) || a->ai_family == family) listenFd_ = listenOn(a);
+    if (listenFd_ >= 0) break;
   }
   freeaddrinfo(res);
-  if (::listen(listenFd_, 128) != 0) {
-    auto err = sysError("store server listen");
-    ::close(listenFd_);
-    throw err;
-  }
-  sockaddr_in addr{};
+  if (listenFd_ < 0) throw sysError("store server cannot listen on " + hostPort(host, port));
+  sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  port_ = ntohs(addr.sin_port);
+  port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   acceptThread_ = std::thread([this] { acceptLoop(); });
 }
 
@@ -194,7 +204,7 @@ void TcpStoreServer::serve(int fd) {
 // ---- client ----
 
 TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : where_(host + ":" + std::to_string(port)), timeout_(timeout) {
+    : where_(hostPort(host, port)), timeout_(timeout) {
   auto deadline = Clock::now() + timeout;
   auto pause = std::chrono::milliseconds(10);
   std::string lastError;
@@ -274,12 +284,13 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
 }
 
 std::string TcpStoreClient::localAddress() const {
-  sockaddr_in addr{};
+  sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
-  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "127.0.0.1";
-  char text[INET_ADDRSTRLEN] = {0};
-  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
-  return text;
+  char text[NI_MAXHOST] = {0};
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0)
+    return "127.0.0.1";
+  return text;  // IPv4 or IPv6 (with %scope for a link-local one): gloo's device resolves either
 }
 
 }  // namespace kiln::dist

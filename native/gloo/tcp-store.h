@@ -25,7 +25,8 @@ struct StoreTimeout : std::runtime_error {
 
 class TcpStoreServer {
  public:
-  /** Listens on host:port (port 0 picks a free one, see port()); loopback hosts bind loopback only, others all interfaces. */
+  /** Listens on host:port (port 0 picks a free one, see port()); loopback hosts bind loopback only, others all
+   *  interfaces (IPv6 and IPv4 on one dual-stack socket, IPv4 alone without IPv6). */
   TcpStoreServer(const std::string& host, int port);
   ~TcpStoreServer();
   int port() const { return port_; }

@@ -1,8 +1,8 @@
 /**
  * Loader and typed interface of the kiln_gloo addon (native/gloo/*.cc): gloo's collectives over a tcp transport and
  * the rendezvous stores. Built by `node-gyp rebuild` only where libgloo-dev is installed; otherwise loading throws
- * {@link GlooUnavailableError}. Every call blocks the calling thread until done or the group's timeout; failures
- * are Errors whose `code` is KILN_DIST_TIMEOUT or KILN_DIST_BACKEND.
+ * {@link GlooUnavailableError}. Every call but isend/irecv (ended by workWait) blocks the calling thread until done
+ * or the group's timeout; failures are Errors whose `code` is KILN_DIST_TIMEOUT or KILN_DIST_BACKEND.
  */
 import { createRequire } from "node:module";
 import { existsSync } from "node:fs";
@@ -13,8 +13,11 @@ import { GlooUnavailableError } from "./errors.js";
 /** An opaque native handle (a store or a connected group). */
 export type NativeHandle = { readonly __native: unique symbol };
 
-/** Reduction codes of `allreduce`; element codes: 0 f32, 1 i32, 2 i64, 3 f64. */
-export const NativeReduce = { sum: 0, product: 1, min: 2, max: 3 } as const;
+/** An isend/irecv in flight (torch's Work), waited for by its own native thread. */
+export type NativeWork = { readonly __work: unique symbol };
+
+/** Reduction codes of `allreduce` (band, bor, bxor: integer elements only); element codes: 0 f32, 1 i32, 2 i64, 3 f64. */
+export const NativeReduce = { sum: 0, product: 1, min: 2, max: 3, band: 4, bor: 5, bxor: 6 } as const;
 export type NativeElement = 0 | 1 | 2 | 3;
 
 export interface GlooNative {
@@ -31,8 +34,17 @@ export interface GlooNative {
   /** out holds size x in bytes, rank order. */
   allgather(group: NativeHandle, input: Uint8Array, out: Uint8Array): void;
   barrier(group: NativeHandle): void;
-  send(group: NativeHandle, data: Uint8Array, dst: number, tag: number): void;
-  recv(group: NativeHandle, data: Uint8Array, src: number, tag: number): void;
+  /** Posts a send of a copy of data (after header, when given) and returns at once, or when done if blocking (send). */
+  isend(group: NativeHandle, header: Uint8Array | null, data: Uint8Array, dst: number, tag: number, blocking: boolean): NativeWork;
+  /**
+   * Posts a receive of byteLength bytes (blocking, for recv: returns when done); with expectedHeader, a message whose header differs
+   * is taken into scratch. Receives from one (src, tag) take its messages in the order they were posted.
+   */
+  irecv(group: NativeHandle, expectedHeader: Uint8Array | null, byteLength: number, src: number, tag: number, blocking: boolean): NativeWork;
+  /** Whether the op has ended (done or failed). */
+  workDone(work: NativeWork): boolean;
+  /** Blocks until the op ends and throws its failure; copies a received message whose header matched into out; returns the received header. */
+  workWait(work: NativeWork, out: Uint8Array | null): Uint8Array | undefined;
   destroy(handle: NativeHandle, isGroup: boolean): void;
 }
 

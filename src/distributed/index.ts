@@ -4,8 +4,10 @@ export {
   type InitProcessGroupOptions, type DistributedBackend,
 } from "./process-group.js";
 export {
-  allReduce, broadcast, allGather, allGatherIntoTensor, reduceScatter, reduceScatterTensor, barrier, send, recv, ReduceOp,
-  type ReduceOpName,
+  allReduce, broadcast, allGather, allGatherIntoTensor, reduceScatter, reduceScatterTensor, barrier, send, recv, isend, irecv,
+  ReduceOp, type ReduceOpName,
 } from "./collectives.js";
+export { reduce, gather, scatter, allToAll, allToAllSingle } from "./rooted-collectives.js";
+export { Work, type AsyncResult } from "./work.js";
 export { DistributedError, DistributedTimeoutError, DistributedBackendError, GlooUnavailableError } from "./errors.js";
 export { glooUnavailableReason } from "./gloo-native.js";

@@ -2,7 +2,8 @@
 // from the ranks' inputs (collectiveInput), for each reduce op and dtype, with 2 and 3 ranks, env:// and file://.
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { createServer } from "node:net";
+import { networkInterfaces, tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { collectiveInput, REDUCE_CASES } from "./fixtures/collective-inputs.js";
@@ -52,6 +53,28 @@ function checkRun(run: RanksRun, world: number): void {
     const prev = (rank + world - 1) % world;
     assert.equal(res.recv_from, prev);
     assert.deepEqual(res.send_recv, collectiveInput(prev));
+    const inputs = Array.from({ length: world }, (_, j) => collectiveInput(j));
+    assert.deepEqual(res.reduce, rank === world - 1 ? [0, 1, 2, 3, 4].map((i) => expectedReduce("sum", world, i)) : collectiveInput(rank), "reduce: only dst changes");
+    assert.deepEqual(res.gather, rank === 0 ? inputs : null);
+    assert.deepEqual(res.scatter, collectiveInput(rank).map((v) => 10 * v));
+    // rank j sent this rank (j + rank + 1) elements 100 j + 10 rank + k
+    assert.deepEqual(res.all_to_all, inputs.map((_, j) => Array.from({ length: j + rank + 1 }, (_, k) => 100 * j + 10 * rank + k)));
+    assert.deepEqual(res.all_to_all_single, inputs.flatMap((_, j) => [10 * j + rank, 10 * j + rank + 0.5]));
+    // rank j's rows for this rank start at row 1 + 2 + ... + rank = rank (rank + 1) / 2 of its input
+    const first = (rank * (rank + 1)) / 2;
+    assert.deepEqual(res.all_to_all_single_uneven, inputs.flatMap((_, j) => Array.from({ length: rank + 1 }, (_, k) => 1000 * j + first + k)));
+    const words = Array.from({ length: world }, (_, r) => [12 | r, 1 << r, 255 ^ (3 * r), -1 - r]);
+    const fold = (f: (a: number, b: number) => number): number[] => words.reduce((acc, w) => acc.map((a, i) => f(a, w[i]!)));
+    for (const dtype of ["int32", "int64"]) {
+      assert.deepEqual(res[`bitwise/${dtype}/band`], fold((a, b) => a & b), `band ${dtype}`);
+      assert.deepEqual(res[`bitwise/${dtype}/bor`], fold((a, b) => a | b), `bor ${dtype}`);
+      assert.deepEqual(res[`bitwise/${dtype}/bxor`], fold((a, b) => a ^ b), `bxor ${dtype}`);
+    }
+    const prevRank = (rank + world - 1) % world;
+    assert.deepEqual(res.isend_irecv, { waits: [true, true], completed: [true, true], values: collectiveInput(prevRank) });
+    assert.deepEqual(res.irecv_send, [prevRank, 2 * prevRank]);
+    assert.deepEqual(res.irecv_order, [2, 3, 1].map((n, k) => Array.from({ length: n }, (_, i) => 100 * prevRank + 10 * k + i)));
+    assert.deepEqual(res.all_reduce_async, { isWork: true, completed: true, wait: true, values: [(world * (world + 1)) / 2] });
     // nobody leaves the barrier before the late rank entered it
     const lastArrived = (run.results[world - 1]!.barrier as { arrived: number }).arrived;
     const { arrived, left } = res.barrier as { arrived: number; left: number };
@@ -69,6 +92,17 @@ function checkRun(run: RanksRun, world: number): void {
   }
 }
 
+const noIpv6Loopback = Object.values(networkInterfaces()).flat().some((a) => a?.address === "::1") ? false : "no IPv6 loopback (::1) here";
+
+async function freePortOn(host: string): Promise<number> {
+  return new Promise((resolve) => {
+    const srv = createServer().listen(0, host, () => {
+      const port = (srv.address() as { port: number }).port;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
 describe("collectives across processes", { skip: skipWithoutGloo, timeout: 60_000 }, () => {
   it("2 ranks, env:// rendezvous (TCP store on rank 0)", async () => {
     const run = await runRanks("collectives-worker", 2);
@@ -78,6 +112,20 @@ describe("collectives across processes", { skip: skipWithoutGloo, timeout: 60_00
 
   it("3 ranks, env:// (subgroup [0, 1] with a non-member)", async () => {
     const run = await runRanks("collectives-worker", 3);
+    checkRun(run, 3);
+    cleanup(run);
+  });
+
+  // torch's TCPStore and gloo take IPv6: the store, its clients and gloo's pairs all on ::1
+  it("2 ranks over IPv6 loopback, env:// with MASTER_ADDR=::1", { skip: noIpv6Loopback }, async () => {
+    const run = await runRanks("collectives-worker", 2, [], { masterAddr: "::1" });
+    checkRun(run, 2);
+    cleanup(run);
+  });
+
+  it("3 ranks over IPv6 loopback, tcp://[::1]:port", { skip: noIpv6Loopback }, async () => {
+    const port = await freePortOn("::1");
+    const run = await runRanks("collectives-worker", 3, [`tcp://[::1]:${port}`], { masterAddr: "::1", masterPort: port });
     checkRun(run, 3);
     cleanup(run);
   });

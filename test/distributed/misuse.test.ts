@@ -75,6 +75,36 @@ describe("process group misuse in one process", () => {
       throwsTyped(() => dist.send(t, 0, undefined, -1), DistributedError, /^\[send\] tag must be an integer/);
       throwsTyped(() => dist.newGroup([0, 3]), DistributedError, /^\[new_group\] rank 3 is out of range for a world of 1 ranks/);
       throwsTyped(() => dist.initProcessGroup({ initMethod: "tcp://127.0.0.1:1", rank: 0, worldSize: 1 }), DistributedError, /already initialized/);
+      // bitwise ops take integer tensors only, as torch's
+      throwsTyped(() => dist.allReduce(t, dist.ReduceOp.BAND), UnsupportedError, /^\[all_reduce\] band needs an integer tensor \(int32, int64\), got float32/);
+      throwsTyped(() => dist.allReduce(zeros([2], { dtype: "bfloat16" }), "bxor"), UnsupportedError, /^\[all_reduce\] bxor needs an integer tensor/);
+      throwsTyped(() => dist.reduceScatterTensor(zeros([2]), zeros([2]), "bor"), UnsupportedError, /^\[reduce_scatter_tensor\] bor needs an integer tensor/);
+      const ints = tensor([6, 3], { dtype: "int64" });
+      dist.allReduce(ints, dist.ReduceOp.BXOR);
+      assert.deepEqual(ints.toList(), [6, 3]);
+      // reduce / gather / scatter / all_to_all: wrong ranks, lists, sizes and dtypes
+      throwsTyped(() => dist.reduce(t, 1), DistributedError, /^\[reduce\] dst rank 1 is out of range for a world of 1 ranks/);
+      throwsTyped(() => dist.reduce(t, 0, "bor"), UnsupportedError, /^\[reduce\] bor needs an integer tensor/);
+      throwsTyped(() => dist.gather(t, null, 0), DistributedError, /^\[gather\] gatherList must be given on the destination rank/);
+      throwsTyped(() => dist.gather(t, [zeros([3])], 0), DistributedError, /^\[gather\] gatherList\[0\] has shape \[3\] but the tensor has \[2\]/);
+      throwsTyped(() => dist.scatter(t, [], 0), DistributedError, /^\[scatter\] scatterList must be given on the source rank/);
+      throwsTyped(() => dist.scatter(t, [t], 2), DistributedError, /^\[scatter\] src rank 2 is out of range/);
+      throwsTyped(() => dist.allToAll([zeros([2])], [t, t]), DistributedError, /^\[all_to_all\] inputList has 2 tensors for a group of 1 ranks/);
+      throwsTyped(() => dist.allToAllSingle(zeros([3]), t), DistributedError, /^\[all_to_all_single\] rank 0 sends 2 elements to rank 0, which expects 3/);
+      throwsTyped(() => dist.allToAllSingle(zeros([2]), t, [1]), DistributedError, /^\[all_to_all_single\] output split sizes \[1\] add up to 1, but it has 2 rows/);
+      throwsTyped(() => dist.allToAllSingle(zeros([2, 2]), zeros([2, 3])), DistributedError, /^\[all_to_all_single\] output rows \[2\] differ from the input's \[3\]/);
+      dist.reduce(ints, 0, dist.ReduceOp.BOR);
+      const scattered = zeros([2]);
+      dist.scatter(scattered, [tensor([5, 6])], 0);
+      const a2a = [zeros([2])];
+      dist.allToAll(a2a, [tensor([7, 8])]);
+      assert.deepEqual([ints.toList(), scattered.toList(), a2a[0]!.toList()], [[6, 3], [5, 6], [7, 8]]);
+      // isend / irecv check their peer as send / recv do; asyncOp returns a completed Work
+      throwsTyped(() => dist.isend(t, 0), DistributedError, /^\[isend\] dst rank 0 is this rank/);
+      throwsTyped(() => dist.irecv(t, 1), DistributedError, /^\[irecv\] src rank 1 is out of range/);
+      const work = dist.allReduce(t, "sum", undefined, true);
+      assert.ok(work instanceof dist.Work);
+      assert.deepEqual([work.isCompleted(), work.wait(), dist.barrier(undefined, true).wait()], [true, true, true]);
       throwsTyped(() => dist.newGroup([0], { timeoutMs: 0 }), DistributedError, /^\[new_group\] timeoutMs must be a number of milliseconds in \[1, 2\^40\], got 0/);
       const g = dist.newGroup([0]);
       dist.destroyProcessGroup(g);
@@ -119,6 +149,13 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
       assert.match(String(res.numel_mismatch), /^DistributedError: \[all_reduce\] ranks disagree: .*float32 x [45].*float32 x [45]/);
       assert.match(String(res.op_mismatch), rank === 0 ? /^DistributedError: \[all_reduce\] ranks disagree: .* called all_reduce.* called broadcast/ : /^DistributedError: \[broadcast\] ranks disagree: .* called broadcast.* called all_reduce/);
       assert.match(String(res.src_mismatch), /^DistributedError: \[broadcast\] ranks disagree/);
+      assert.equal(res.all_to_all_mismatch, "DistributedError: [all_to_all_single] rank 0 sends 1 elements to rank 1, which expects 2");
+      assert.equal(res.reduce_dst_mismatch, rank === 0
+        ? "DistributedError: [reduce] ranks disagree: group rank 0 called reduce(float32 x 2, max, dst 0) but group rank 1 called reduce(float32 x 2, max, dst 1)"
+        : "DistributedError: [reduce] ranks disagree: group rank 1 called reduce(float32 x 2, max, dst 1) but group rank 0 called reduce(float32 x 2, max, dst 0)");
+      assert.equal(res.gather_list, rank === 0
+        ? "DistributedError: [gather] gatherList must be given on the destination rank"
+        : "DistributedError: [gather] gatherList must not be given on a rank other than the destination");
       assert.deepEqual(res.after_mismatch, [2, 25]);
       if (rank === 1) {
         assert.equal(res.recv_longer, "DistributedError: [recv] rank 0 sent float32 x 3 (tag 0) but this rank receives into float32 x 2");
@@ -126,8 +163,12 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
         assert.equal(res.recv_dtype, "DistributedError: [recv] rank 0 sent int32 x 2 (tag 0) but this rank receives into float32 x 2");
         assert.deepEqual(res.recv_untouched, [7, 7]);
         assert.deepEqual(res.recv_after_values, [4, 5]);
+        assert.equal(res.irecv_longer, "DistributedError: [irecv] rank 0 sent float32 x 3 (tag 0) but this rank receives into float32 x 2");
+        assert.deepEqual(res.irecv_untouched, [7, 7]);
+        assert.equal(res.irecv_after, null);
+        assert.deepEqual(res.irecv_after_values, [8, 9]);
       } else {
-        for (const key of ["recv_longer", "recv_shorter", "recv_dtype", "recv_after"]) assert.equal(res[key], null, `${key} on the sender`);
+        for (const key of ["recv_longer", "recv_shorter", "recv_dtype", "recv_after", "irecv_longer", "irecv_after"]) assert.equal(res[key], null, `${key} on the sender`);
       }
     }
     const r1 = run.results[1]!;

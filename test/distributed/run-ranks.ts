@@ -21,12 +21,14 @@ export interface RanksRun extends LaunchResult {
   outDir: string;
 }
 
-/** Launches nproc ranks of fixtures/<name>.js with args [outDir, ...args] on 127.0.0.1. */
-export async function runRanks(name: string, nproc: number, args: string[] = [], opts: { stopGraceSeconds?: number } = {}): Promise<RanksRun> {
+/** Launches nproc ranks of fixtures/<name>.js with args [outDir, ...args] on masterAddr (127.0.0.1). */
+export async function runRanks(
+  name: string, nproc: number, args: string[] = [], opts: { stopGraceSeconds?: number; masterAddr?: string; masterPort?: number } = {},
+): Promise<RanksRun> {
   const outDir = mkdtempSync(join(tmpdir(), `kiln-dist-${name}-`));
   const log: string[] = [];
   const result = await launch({
-    nprocPerNode: nproc, nnodes: 1, nodeRank: 0, masterAddr: "127.0.0.1", masterPort: null,
+    nprocPerNode: nproc, nnodes: 1, nodeRank: 0, masterAddr: opts.masterAddr ?? "127.0.0.1", masterPort: opts.masterPort ?? null,
     script: fixture(name), args: [outDir, ...args], stopGraceSeconds: opts.stopGraceSeconds ?? 2, log: (l) => log.push(l),
   });
   const results = Array.from({ length: nproc }, (_, r) => {
