@@ -8,7 +8,8 @@
 // Checking: the spec is checked on its own (a grammar built without a tokenizer) when the params are
 // normalized, so a bad schema or regex is a typed EngineInputError naming `structured_outputs`, raised before
 // the request is queued. Each check runs on a shared instance of the wasm module, replaced when a bad grammar
-// aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
+// aborts it. The engine compiles checked specs against the tokenizer on its grammar thread (grammar-thread.ts runs a
+// StructuredOutputManager there), beside its steps.
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
 import { grammarIsLikelyLark, larkToEbnf } from "./lark-grammar.js";
@@ -303,29 +304,107 @@ export function applyBitmask(logits: Float32Array, mask: Int32Array): void {
   }
 }
 
+/**
+ * A grammar matcher as RequestGrammar drives it: one on this thread (LocalMatcher) or one on the grammar thread
+ * (grammar-thread.ts, which compiles off the engine's step loop).
+ */
+export interface GrammarMatcher {
+  /** Whether its grammar is compiled (a request waits until then, as vLLM's WAITING_FOR_FSM). */
+  readonly ready: boolean;
+  /** xgrammar's message when the grammar did not compile (the request cannot run), else null. */
+  readonly failure: string | null;
+  /** Advances past a token; false (and unchanged) when the grammar refuses it. */
+  acceptToken(tokenId: number): boolean;
+  /** Takes back the last `n` accepted tokens. */
+  rollback(n: number): void;
+  /** Whether a stop token was accepted (the output is complete). */
+  isTerminated(): boolean;
+  /** Starts computing the next mask ahead of nextTokenBitmask (while a step runs on the device). */
+  prefetch(): void;
+  /** The next-token bitmask (bit set = allowed), one bit per token id, 32 per word. */
+  nextTokenBitmask(): Int32Array;
+  dispose(): void;
+}
+
+/** A matcher on this thread's wasm instance; a prefetched mask is kept until the matcher moves. */
+class LocalMatcher implements GrammarMatcher {
+  readonly ready = true;
+  readonly failure = null;
+  private prefetched: Int32Array | null = null;
+
+  constructor(
+    private readonly matcher: XgGrammarMatcher,
+    private readonly owner: StructuredOutputManager,
+  ) {}
+
+  acceptToken(tokenId: number): boolean {
+    this.prefetched = null;
+    return this.matcher.AcceptToken(tokenId, false);
+  }
+
+  rollback(n: number): void {
+    this.prefetched = null;
+    this.matcher.Rollback(n);
+  }
+
+  isTerminated(): boolean {
+    return this.matcher.IsTerminated();
+  }
+
+  prefetch(): void {
+    this.prefetched ??= this.bitmask();
+  }
+
+  nextTokenBitmask(): Int32Array {
+    const m = this.prefetched ?? this.bitmask();
+    this.prefetched = null;
+    return m;
+  }
+
+  /** The matcher's next-token bitmask, copied out of the wasm heap. */
+  private bitmask(): Int32Array {
+    const vec = this.matcher.GetNextTokenBitmask(this.owner.vocabSize);
+    try {
+      return this.owner.instance.binding.vecIntToView(vec).slice();
+    } finally {
+      vec.delete();
+    }
+  }
+
+  dispose(): void {
+    this.matcher.delete();
+  }
+}
+
 /** One request's position in its grammar. */
 export class RequestGrammar {
   /** Set when a token the grammar refused was accepted anyway (the mask was not applied): no more masking. */
   private failed = false;
-  /** Tokens accepted so far, and a mask computed ahead of its step (prefetchMask) with the count it was made at. */
-  private accepted = 0;
-  private prefetched: { mask: Int32Array; at: number } | null = null;
   /** Whether the grammar is live: false while a reasoning model still thinks (nothing masked, nothing advanced). */
   private live: boolean;
   /** While it thinks: the latest tokens, as many as the gate's end needs to see. */
   private recent: number[] = [];
 
   constructor(
-    private readonly matcher: XgGrammarMatcher,
-    private readonly owner: StructuredOutputManager,
+    private readonly matcher: GrammarMatcher,
     private readonly gate: ReasoningGate | null = null,
   ) {
     this.live = gate === null || gate.ended;
   }
 
+  /** Whether the grammar is compiled: the request is not scheduled before. */
+  get ready(): boolean {
+    return this.matcher.ready;
+  }
+
+  /** Why the grammar did not compile, or null. */
+  get failure(): string | null {
+    return this.matcher.failure;
+  }
+
   /** Whether there is a mask to apply: the grammar is live, was followed so far, and is not complete. */
   private get masking(): boolean {
-    return this.live && !this.failed && !this.matcher.IsTerminated();
+    return this.live && !this.failed && !this.matcher.isTerminated();
   }
 
   /**
@@ -333,16 +412,12 @@ export class RequestGrammar {
    * during the forward pass); applyMask then uses it if no token was accepted since.
    */
   prefetchMask(): void {
-    if (!this.masking) return;
-    this.prefetched = { mask: this.bitmask(), at: this.accepted };
+    if (this.masking) this.matcher.prefetch();
   }
 
   /** Sets every token the grammar does not allow next to -Infinity. `logits` is one row of vocabSize values. */
   applyMask(logits: Float32Array): void {
-    if (!this.masking) return;
-    const p = this.prefetched;
-    this.prefetched = null;
-    applyBitmask(logits, p !== null && p.at === this.accepted ? p.mask : this.bitmask());
+    if (this.masking) applyBitmask(logits, this.matcher.nextTokenBitmask());
   }
 
   /** Speculative decoding: how many of `drafts` the grammar allows in a row from here (vLLM's validate_tokens). */
@@ -363,7 +438,7 @@ export class RequestGrammar {
     return this.tentatively((step) =>
       drafts.map((t) => {
         if (!step(t)) throw new Error(`[structured output] draft token ${t} is not allowed by the grammar`);
-        return this.masking ? this.bitmask() : null;
+        return this.masking ? this.matcher.nextTokenBitmask() : null;
       }),
     );
   }
@@ -381,15 +456,15 @@ export class RequestGrammar {
         this.live = this.sees(t);
         return true;
       }
-      if (this.failed || this.matcher.IsTerminated()) return true;
-      if (!this.matcher.AcceptToken(t, false)) return false;
+      if (this.failed || this.matcher.isTerminated()) return true;
+      if (!this.matcher.acceptToken(t)) return false;
       advanced++;
       return true;
     };
     try {
       return f(step);
     } finally {
-      if (advanced > 0) this.matcher.Rollback(advanced);
+      if (advanced > 0) this.matcher.rollback(advanced);
       this.live = live;
       this.recent = recent;
     }
@@ -403,39 +478,28 @@ export class RequestGrammar {
     return end.endedIn(this.recent);
   }
 
-  /** The matcher's next-token bitmask (bit set = allowed), copied out of the wasm heap. */
-  private bitmask(): Int32Array {
-    const vec = this.matcher.GetNextTokenBitmask(this.owner.vocabSize);
-    try {
-      return this.owner.instance.binding.vecIntToView(vec).slice();
-    } finally {
-      vec.delete();
-    }
-  }
-
   /**
    * Advances past a sampled token; false when the grammar refused it (masking stops for this request then). While
    * the reasoning goes on, a </think> makes the grammar live from the next token (vLLM's should_advance).
    */
   accept(tokenId: number): boolean {
-    this.accepted++;
     if (!this.live) {
       this.live = this.sees(tokenId);
       return true;
     }
-    if (this.failed || this.matcher.IsTerminated()) return true;
-    const ok = this.matcher.AcceptToken(tokenId, false);
+    if (this.failed || this.matcher.isTerminated()) return true;
+    const ok = this.matcher.acceptToken(tokenId);
     if (!ok) this.failed = true;
     return ok;
   }
 
   /** Whether the constrained output is complete (never while the reasoning goes on). */
   get isTerminated(): boolean {
-    return this.live && this.matcher.IsTerminated();
+    return this.live && this.matcher.isTerminated();
   }
 
   dispose(): void {
-    this.matcher.delete();
+    this.matcher.dispose();
   }
 }
 
@@ -473,11 +537,15 @@ export class StructuredOutputManager {
     });
   }
 
-  /** A matcher for a checked spec (see checkStructuredOutputSpec), idle until the reasoning ends when gated. */
+  /** A request's grammar for a checked spec (see checkStructuredOutputSpec), idle until the reasoning ends when gated. */
   matcher(spec: StructuredOutputSpec, gate: ReasoningGate | null = null): RequestGrammar {
+    return new RequestGrammar(this.compileMatcher(spec), gate);
+  }
+
+  /** A matcher at the start of a checked spec's grammar (compiled now, or taken from the cache). */
+  compileMatcher(spec: StructuredOutputSpec): GrammarMatcher {
     const compiled = this.compile(spec);
-    const m = this.instance.call((b) => new b.GrammarMatcher(compiled, undefined, false, -1));
-    return new RequestGrammar(m, this, gate);
+    return new LocalMatcher(this.instance.call((b) => new b.GrammarMatcher(compiled, undefined, false, -1)), this);
   }
 
   private compile(spec: StructuredOutputSpec): XgCompiledGrammar {

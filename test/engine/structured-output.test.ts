@@ -6,7 +6,8 @@ import * as path from "node:path";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { EngineInputError } from "../../src/engine/errors.js";
-import { StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
+import { GrammarThread } from "../../src/engine/grammar-thread.js";
+import { RequestGrammar, StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
 import { XgrammarError, XgrammarInstance } from "../../src/engine/xgrammar.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
@@ -42,12 +43,72 @@ describe("structured output", () => {
     assert.ok(texts.size >= 3, "the mask leaves the model its choice among valid outputs");
   });
 
-  it("a grammar compiler xgrammar aborted inside is replaced for later requests (its wasm instance cannot be used again)", () => {
-    generate({ regex: "[a-z]{3}" }); // the engine's compiler exists
-    const grammars = (llm.engine as unknown as { grammars: { instance: { broken: boolean } } }).grammars;
-    grammars.instance.broken = true; // as an abort inside a compile leaves it
-    const [o] = generate({ regex: "[0-9]{4}" });
-    assert.match(o!.text, /^[0-9]{4}$/);
+  it("a grammar compiles off the step loop: other requests decode while a request waits for its grammar (vLLM's WAITING_FOR_FSM)", () => {
+    const engine = llm.engine;
+    const prompt = [5, 6, 7, 8];
+    engine.addRequest({ requestId: "plain", promptTokenIds: prompt, params: { temperature: 0, maxTokens: 400, ignoreEos: true } });
+    engine.step(); // its prefill
+    // 40 tools' parameter schemas, as tool_choice "required" builds them: a compile of hundreds of ms
+    const tools = Array.from({ length: 40 }, (_, i) => ({
+      type: "object",
+      properties: { name: { enum: [`fn${i}`] }, parameters: { type: "object", properties: { [`city${i}`]: { type: "string", maxLength: 8 }, days: { type: "integer", minimum: 1, maximum: 14 } }, required: [`city${i}`] } },
+      required: ["name", "parameters"],
+    }));
+    const schema = { type: "array", minItems: 1, maxItems: 1, items: { anyOf: tools } };
+    engine.addRequest({ requestId: "tools", promptTokenIds: prompt, params: { temperature: 1, seed: 3, maxTokens: 200, structuredOutputs: { json: schema, disableAnyWhitespace: true } } });
+    const scheduler = engine.scheduler;
+    let stepsWhileCompiling = 0;
+    let text: string | null = null;
+    while (text === null) {
+      const outs = engine.step();
+      // a step that gave the running request a token and left the other waiting (its grammar not compiled yet)
+      if (scheduler.waiting.some((r) => r.parentId === "tools") && outs.some((o) => o.requestId === "plain")) stepsWhileCompiling++;
+      const done = outs.find((o) => o.requestId === "tools" && o.finished);
+      if (done !== undefined) {
+        assert.equal(done.outputs[0]!.finishReason, "stop");
+        text = done.outputs[0]!.text;
+      }
+    }
+    engine.abortRequest(["plain"]);
+    assert.ok(stepsWhileCompiling > 0, "the running request got tokens while the other's grammar compiled");
+    const calls = JSON.parse(text) as { name: string; parameters: Record<string, unknown> }[];
+    assert.equal(calls.length, 1);
+    const i = Number(calls[0]!.name.slice(2));
+    assert.equal(typeof calls[0]!.parameters[`city${i}`], "string");
+  });
+
+  it("a grammar the grammar thread cannot compile fails its request alone; the thread replaces its broken wasm instance", () => {
+    const tok = Tokenizer.fromDir(tinyModelDir("LlamaForCausalLM"));
+    const thread = new GrammarThread(tok.grammarVocab(), tok.vocabSize, tok.eosTokenIds);
+    // unchecked (checkStructuredOutputSpec refuses it): xgrammar throws inside the compile
+    const [bad] = thread.matchers({ kind: "structural_tag", source: JSON.stringify({ type: "structural_tag", format: { type: "nope" } }), anyWhitespace: true }, 1);
+    const [good] = thread.matchers(structuredOutputSpec({ regex: "[0-9]{4}" })!, 1);
+    while (thread.isCompiling) thread.waitForReply(50);
+    assert.equal(thread.poll(), true);
+    assert.match(bad!.failure!, /Format type not recognized: nope/);
+    assert.equal(bad!.ready, false);
+    assert.equal(good!.ready, true);
+    const g = new RequestGrammar(good!);
+    for (const ch of "2024") assert.equal(g.accept(tok.encode(ch, { addSpecialTokens: false }).at(-1)!), true);
+    const row = new Float32Array(tok.vocabSize);
+    g.applyMask(row);
+    assert.deepEqual([...row.keys()].filter((t) => row[t] === 0), [...tok.eosTokenIds]);
+    g.dispose();
+    // in the engine: the request is aborted, the others run
+    const engine = llm.engine as unknown as { grammars: unknown };
+    const real = engine.grammars;
+    engine.grammars = {
+      matchers: (_: unknown, n: number) => Array.from({ length: n }, () => ({ ready: false, failure: "no", dispose: () => {} })),
+      poll: () => true,
+      isCompiling: false,
+    };
+    try {
+      const [failed, plain] = llm.generate(["The river", "Once"], [{ structuredOutputs: { regex: "x" }, maxTokens: 4 }, { maxTokens: 4, ignoreEos: true }]);
+      assert.deepEqual([failed!.outputs[0]!.finishReason, failed!.outputs[0]!.text], ["abort", ""]);
+      assert.equal(plain!.outputs[0]!.tokenIds.length, 4);
+    } finally {
+      engine.grammars = real;
+    }
   });
 
   it("a regex, a choice and an EBNF grammar", () => {
