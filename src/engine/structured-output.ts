@@ -159,6 +159,8 @@ let checker: XgrammarInstance | null = null;
  * message. Throws EngineInputError.
  */
 export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
+  if (spec.kind === "json" || spec.kind === "structural_tag") checkDepth(JSON.parse(spec.source) as unknown, spec.kind);
+  if (spec.kind === "regex") checkGroupDepth(spec.source);
   if (spec.kind === "json") {
     const schema = JSON.parse(spec.source) as unknown;
     // vLLM's has_xgrammar_unsupported_json_features: keywords xgrammar would silently not enforce
@@ -180,6 +182,7 @@ export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
  * "json_schema" format takes any whitespace, this one `anyWhitespace` as asked. Throws EngineInputError.
  */
 export function jsonSchemaEbnf(schema: unknown, anyWhitespace: boolean): string {
+  checkDepth(schema, "json");
   if (checker === null || checker.broken) checker = new XgrammarInstance();
   try {
     return checker.call((b) => {
@@ -223,6 +226,69 @@ function byCharacter(b: XgBinding, g: XgGrammar): XgGrammar {
   g.delete();
   if (spelled === null) fail(NON_ASCII_CLASS);
   return b.Grammar.FromEBNF(spelled, "root");
+}
+
+/**
+ * How deep the xgrammar build Kiln uses can convert: its wasm stack is small, and a JSON schema nested past ~60 levels
+ * or a regex with ~500 nested groups overflows it ("memory access out of bounds", or a call that never returns).
+ */
+const MAX_JSON_DEPTH = 40;
+const MAX_GROUP_DEPTH = 128;
+
+/**
+ * Refuses a JSON schema (or structural tag) nested more than MAX_JSON_DEPTH objects and arrays deep, counted through
+ * its local $refs (a $ref back into its own path, a recursive schema, adds nothing), or holding a pattern whose groups
+ * nest deeper than MAX_GROUP_DEPTH. Throws EngineInputError.
+ */
+function checkDepth(root: unknown, kind: "json" | "structural_tag"): void {
+  const onPath = new Set<object>();
+  const known = new Map<object, number>(); // each node once: $refs may reach one by many paths
+  const depth = (x: unknown): number => {
+    if (typeof x !== "object" || x === null || onPath.has(x) || onPath.size > MAX_JSON_DEPTH) return 0;
+    const seen = known.get(x);
+    if (seen !== undefined) return seen;
+    onPath.add(x);
+    let d = 0;
+    for (const v of Object.values(x)) d = Math.max(d, depth(v));
+    const ref = (x as { $ref?: unknown }).$ref;
+    if (typeof ref === "string") d = Math.max(d, depth(localRef(root, ref)));
+    const pattern = (x as { pattern?: unknown }).pattern;
+    if (typeof pattern === "string") checkGroupDepth(pattern);
+    onPath.delete(x);
+    known.set(x, d + 1);
+    return d + 1;
+  };
+  if (depth(root) > MAX_JSON_DEPTH)
+    fail(
+      `the ${kind === "json" ? "JSON schema" : "structural tag"} nests objects and arrays more than ${MAX_JSON_DEPTH} levels deep (counted through its $refs); ` +
+        `the xgrammar build Kiln uses (@mlc-ai/web-xgrammar 0.1.27, a small wasm stack) takes at most ${MAX_JSON_DEPTH}`,
+    );
+}
+
+/** The value a local $ref ("#", "#/$defs/a", with JSON pointer's ~1 and ~0) points at in `root`, or undefined. */
+function localRef(root: unknown, ref: string): unknown {
+  if (!ref.startsWith("#")) return undefined;
+  let x = root;
+  for (const part of ref.slice(1).split("/").slice(1)) {
+    if (typeof x !== "object" || x === null) return undefined;
+    x = (x as Record<string, unknown>)[part.replace(/~1/g, "/").replace(/~0/g, "~")];
+  }
+  return x;
+}
+
+/** Refuses a regex whose groups nest deeper than MAX_GROUP_DEPTH. Throws EngineInputError. */
+function checkGroupDepth(pattern: string): void {
+  let depth = 0;
+  let inClass = false;
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i];
+    if (c === "\\") i++;
+    else if (inClass) inClass = c !== "]";
+    else if (c === "[") inClass = true;
+    else if (c === ")") depth--;
+    else if (c === "(" && ++depth > MAX_GROUP_DEPTH)
+      fail(`the regex nests groups more than ${MAX_GROUP_DEPTH} deep; the xgrammar build Kiln uses (@mlc-ai/web-xgrammar 0.1.27, a small wasm stack) takes at most ${MAX_GROUP_DEPTH}`);
+  }
 }
 
 /** JSON-schema string formats xgrammar enforces (vLLM's list). */

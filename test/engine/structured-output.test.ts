@@ -16,6 +16,13 @@ const llm = new LLM({ model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 512 
 const generate = (so: object, extra: object = {}, prompt = "The river") =>
   llm.generate([prompt], { temperature: 1, seed: 11, maxTokens: 96, structuredOutputs: so, ...extra })[0]!.outputs;
 
+/** `depth` levels of `wrap` around an integer schema. */
+const nested = (depth: number, wrap: (inner: object) => object): object => {
+  let s: object = { type: "integer", minimum: 0, maximum: 9 };
+  for (let i = 0; i < depth; i++) s = wrap(s);
+  return s;
+};
+
 const PERSON = {
   type: "object",
   properties: {
@@ -171,6 +178,13 @@ number: "1" | "2"`;
       [{ json: { type: "object", properties: { a: { type: "array", uniqueItems: true } } } }, /features not supported/],
       [{ json: { type: "string", format: "nope" } }, /features not supported/],
       [{ json: (() => { const o: Record<string, unknown> = { type: "object" }; o.self = o; return o; })() }, /cannot be written as JSON/],
+      // past what xgrammar's small wasm stack converts ("memory access out of bounds"; a regex of 1000 groups never returned)
+      [{ json: nested(60, (s) => ({ type: "object", properties: { a: s }, required: ["a"] })) }, /JSON schema nests objects and arrays more than 40 levels deep.*at most 40/],
+      [{ json: nested(70, (s) => ({ type: "array", items: s })) }, /more than 40 levels deep/],
+      [{ json: { $defs: Object.fromEntries(Array.from({ length: 50 }, (_, i) => [`d${i}`, { type: "object", properties: { x: i === 49 ? { type: "string" } : { $ref: `#/$defs/d${i + 1}` } } }])), $ref: "#/$defs/d0" } }, /through its \$refs/],
+      [{ structuralTag: { type: "structural_tag", format: { type: "json_schema", json_schema: nested(70, (s) => ({ type: "array", items: s })) } } }, /structural tag nests objects and arrays more than 40/],
+      [{ regex: "(".repeat(500) + "a" + ")".repeat(500) }, /regex nests groups more than 128 deep/],
+      [{ json: { type: "string", pattern: "(".repeat(500) + "a" + ")".repeat(500) } }, /regex nests groups more than 128 deep/],
     ];
     for (const [so, message] of bad) {
       assert.throws(() => llm.generate(["x"], { structuredOutputs: so }), (e: unknown) => {
@@ -193,6 +207,11 @@ number: "1" | "2"`;
     }), (e: unknown) => e instanceof XgrammarError && /Maximum call stack size exceeded/.test(e.message));
     assert.equal(x.broken, true);
     checkStructuredOutputSpec(structuredOutputSpec({ regex: "ok[0-9]" })!);
+    // at the limits, and recursive schemas (a $ref back into their own path adds no depth)
+    assert.match(generate({ json: nested(39, (s) => ({ type: "array", items: s, minItems: 1, maxItems: 1 })), disableAnyWhitespace: true }, { maxTokens: 120 })[0]!.text, /^\[{39}\d+\]{39}$/);
+    assert.match(generate({ regex: "(".repeat(128) + "[a-c]" + ")".repeat(128) })[0]!.text, /^[a-c]$/);
+    const tree = { $defs: { node: { type: "object", properties: { v: { type: "integer" }, kids: { type: "array", items: { $ref: "#/$defs/node" }, maxItems: 1 } }, required: ["v"] } }, $ref: "#/$defs/node" };
+    checkStructuredOutputSpec(structuredOutputSpec({ json: tree })!);
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
     // spelled out as alternatives, non-ASCII text is fine
     assert.match(generate({ regex: "(ä|ö|ü){2}-(α|β)" })[0]!.text, /^[äöü]{2}-[αβ]$/);
