@@ -204,28 +204,30 @@ function grammarOf(b: XgBinding, spec: StructuredOutputSpec): XgGrammar {
   switch (spec.kind) {
     case "json":
     case "json_object":
-      return byCharacter(b, b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false));
+      return byCharacter(b, b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false), "root");
     case "regex":
-      return byCharacter(b, b.Grammar.FromStructuralTag(regexTag(spec.source)));
+      return byCharacter(b, b.Grammar.FromStructuralTag(regexTag(spec.source)), null);
     case "choice":
     case "grammar":
       return b.Grammar.FromEBNF(spec.source, "root");
     case "structural_tag":
-      return b.Grammar.FromStructuralTag(spec.source);
+      return byCharacter(b, b.Grammar.FromStructuralTag(spec.source), null);
   }
 }
 
 /**
- * A converted grammar (a regex's, a JSON schema's) whose character classes with non-ASCII members are respelled so
- * that this xgrammar build matches them by character, not by byte (xgrammar-classes.ts). Throws EngineInputError.
+ * A converted grammar (a regex's, a JSON schema's, a structural tag's) whose character classes with non-ASCII members
+ * are respelled so that this xgrammar build matches them by character, not by byte (xgrammar-classes.ts). `root` names
+ * its root rule; null: its last rule (a structural tag's root comes after the grammars it holds, which may have taken
+ * the name "root": it is then "root_1", "root_2"...). Throws EngineInputError.
  */
-function byCharacter(b: XgBinding, g: XgGrammar): XgGrammar {
+function byCharacter(b: XgBinding, g: XgGrammar, root: string | null): XgGrammar {
   const text = g.ToString();
   const spelled = respellNonAsciiClasses(text);
   if (spelled === text) return g;
   g.delete();
   if (spelled === null) fail(NON_ASCII_CLASS);
-  return b.Grammar.FromEBNF(spelled, "root");
+  return b.Grammar.FromEBNF(spelled, root ?? [...text.matchAll(/^([A-Za-z_][\w-]*) ::=/gm)].at(-1)![1]!);
 }
 
 /**

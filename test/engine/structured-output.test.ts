@@ -283,6 +283,8 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
       }
     };
     const text = (t: string): number[] => tok.encode(t, { addSpecialTokens: false });
+    // free text with <f>...</f> blocks whose content is `content`
+    const tagged = (content: object) => ({ type: "structural_tag", format: { type: "triggered_tags", triggers: ["<f"], tags: [{ type: "tag", begin: "<f>", content, end: "</f>" }] } });
     const leadByte = tok.tokenToId("\u00c3")!; // byte-level spelling of 0xC3, the first byte of "é" (C3 A9)
     const nbspByte = tok.tokenToId("\u0142")!; // byte-level spelling of 0xA0, the second byte of U+00A0 (C2 A0)
     assert.deepEqual([tok.decode([leadByte]), tok.decode(text("é")).length], ["\ufffd", 1]);
@@ -299,6 +301,18 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
       [{ json: { type: "string", pattern: "^.$" } }, [...text('"'), leadByte, ...text('"')], false],
       [{ json: { type: "string", format: "json-pointer" } }, text('"/é"'), true],
       [{ json: { type: "string", format: "json-pointer" } }, [...text('"/'), leadByte, ...text('"')], false],
+      // a structural tag's regex and JSON schema content (its root is then "root_1" or later: the grammars it holds took "root")
+      [{ structuralTag: { type: "structural_tag", format: { type: "regex", pattern: "." } } }, text("é"), true],
+      [{ structuralTag: { type: "structural_tag", format: { type: "regex", pattern: "." } } }, [leadByte], false],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, text("A: ñé"), true],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, text("A: ab"), true],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, text("A:x"), false],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, [...text("A: a"), leadByte], false],
+      [{ structuralTag: tagged({ type: "json_schema", json_schema: { type: "object", properties: { p: { type: "string", pattern: "^.$" } }, required: ["p"] } }) }, text('say <f>{"p": "é"}</f> ok'), true],
+      [{ structuralTag: tagged({ type: "json_schema", json_schema: { type: "object", properties: { p: { type: "string", pattern: "^.$" } }, required: ["p"] } }) }, [...text('<f>{"p": "'), leadByte, ...text('"}</f>')], false],
+      [{ structuralTag: tagged({ type: "regex", pattern: "[a-z]." }) }, text("hi <f>aé</f> and <f>b!</f>"), true],
+      [{ structuralTag: tagged({ type: "regex", pattern: "[a-z]." }) }, text("hi <f>abc</f>"), false],
+      [{ structuralTag: tagged({ type: "regex", pattern: "[a-z]." }) }, [...text("hi <f>a"), leadByte, ...text("</f>")], false],
     ];
     for (const [so, ids, expected] of cases) assert.equal(ends(so, ids), expected, `${JSON.stringify(so)} on ${JSON.stringify(tok.decode(ids))}`);
   });
