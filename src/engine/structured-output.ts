@@ -160,7 +160,7 @@ let checker: XgrammarInstance | null = null;
  */
 export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
   if (spec.kind === "json" || spec.kind === "structural_tag") checkDepth(JSON.parse(spec.source) as unknown, spec.kind);
-  if (spec.kind === "regex") checkGroupDepth(spec.source);
+  if (spec.kind === "regex" || spec.kind === "grammar") checkGroupDepth(spec.source, spec.kind === "regex" ? "regex" : "ebnf");
   if (spec.kind === "json") {
     const schema = JSON.parse(spec.source) as unknown;
     // vLLM's has_xgrammar_unsupported_json_features: keywords xgrammar would silently not enforce
@@ -231,8 +231,9 @@ function byCharacter(b: XgBinding, g: XgGrammar, root: string | null): XgGrammar
 }
 
 /**
- * How deep the xgrammar build Kiln uses can convert: its wasm stack is small, and a JSON schema nested past ~60 levels
- * or a regex with ~500 nested groups overflows it ("memory access out of bounds", or a call that never returns).
+ * How deep the xgrammar build Kiln uses can convert: its wasm stack is small, and a JSON schema nested past ~60 levels,
+ * a regex with ~500 nested groups or a grammar with ~300 overflows it ("memory access out of bounds", "table index is out
+ * of bounds", or a call that never returns).
  */
 const MAX_JSON_DEPTH = 40;
 const MAX_GROUP_DEPTH = 128;
@@ -278,18 +279,25 @@ function localRef(root: unknown, ref: string): unknown {
   return x;
 }
 
-/** Refuses a regex whose groups nest deeper than MAX_GROUP_DEPTH. Throws EngineInputError. */
-function checkGroupDepth(pattern: string): void {
+/**
+ * Refuses a regex (or an xgrammar EBNF text, whose string literals are skipped) whose groups nest deeper than
+ * MAX_GROUP_DEPTH. Throws EngineInputError.
+ */
+function checkGroupDepth(text: string, syntax: "regex" | "ebnf" = "regex"): void {
   let depth = 0;
   let inClass = false;
-  for (let i = 0; i < pattern.length; i++) {
-    const c = pattern[i];
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
     if (c === "\\") i++;
     else if (inClass) inClass = c !== "]";
     else if (c === "[") inClass = true;
+    else if (syntax === "ebnf" && (c === '"' || c === "'")) for (i++; i < text.length && text[i] !== c; i++) i += text[i] === "\\" ? 1 : 0;
     else if (c === ")") depth--;
     else if (c === "(" && ++depth > MAX_GROUP_DEPTH)
-      fail(`the regex nests groups more than ${MAX_GROUP_DEPTH} deep; the xgrammar build Kiln uses (@mlc-ai/web-xgrammar 0.1.27, a small wasm stack) takes at most ${MAX_GROUP_DEPTH}`);
+      fail(
+        `the ${syntax === "regex" ? "regex" : "grammar"} nests groups more than ${MAX_GROUP_DEPTH} deep; ` +
+          `the xgrammar build Kiln uses (@mlc-ai/web-xgrammar 0.1.27, a small wasm stack) takes at most ${MAX_GROUP_DEPTH}`,
+      );
   }
 }
 

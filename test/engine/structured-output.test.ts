@@ -185,6 +185,7 @@ number: "1" | "2"`;
       [{ structuralTag: { type: "structural_tag", format: { type: "json_schema", json_schema: nested(70, (s) => ({ type: "array", items: s })) } } }, /structural tag nests objects and arrays more than 40/],
       [{ regex: "(".repeat(500) + "a" + ")".repeat(500) }, /regex nests groups more than 128 deep/],
       [{ json: { type: "string", pattern: "(".repeat(500) + "a" + ")".repeat(500) } }, /regex nests groups more than 128 deep/],
+      [{ grammar: `root ::= ${"(".repeat(300)}"a"${")".repeat(300)}` }, /grammar nests groups more than 128 deep/],
     ];
     for (const [so, message] of bad) {
       assert.throws(() => llm.generate(["x"], { structuredOutputs: so }), (e: unknown) => {
@@ -210,6 +211,7 @@ number: "1" | "2"`;
     // at the limits, and recursive schemas (a $ref back into their own path adds no depth)
     assert.match(generate({ json: nested(39, (s) => ({ type: "array", items: s, minItems: 1, maxItems: 1 })), disableAnyWhitespace: true }, { maxTokens: 120 })[0]!.text, /^\[{39}\d+\]{39}$/);
     assert.match(generate({ regex: "(".repeat(128) + "[a-c]" + ")".repeat(128) })[0]!.text, /^[a-c]$/);
+    assert.match(generate({ grammar: `root ::= ${"(".repeat(128)}"(" [a-c]${")".repeat(128)}` })[0]!.text, /^\([a-c]$/);
     const tree = { $defs: { node: { type: "object", properties: { v: { type: "integer" }, kids: { type: "array", items: { $ref: "#/$defs/node" }, maxItems: 1 } }, required: ["v"] } }, $ref: "#/$defs/node" };
     checkStructuredOutputSpec(structuredOutputSpec({ json: tree })!);
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
