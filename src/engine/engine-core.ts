@@ -36,7 +36,8 @@ import {
   harmonyEnd, hasTokenMarkers, REASONING_PARSERS, textMarkersRefusal, thinkEnd, thinkMarkers, type ReasoningEnd, type ReasoningParserName,
 } from "./reasoning.js";
 import { harmonyReplyVocab } from "./harmony-grammar.js";
-import { StructuredOutputManager, applyBitmask, structuredOutputSpec } from "./structured-output.js";
+import { GrammarThread } from "./grammar-thread.js";
+import { RequestGrammar, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { KvCacheEvent } from "./kv-events.js";
 import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
 import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
@@ -136,6 +137,9 @@ function deviceSampled(ids: Int32Array): { tokenId: number; logprobs: null }[] {
   for (let i = 0; i < ids.length; i++) out[i] = { tokenId: ids[i]!, logprobs: null };
   return out;
 }
+
+/** How long an idle step waits for a grammar being compiled before it returns (ms). */
+const GRAMMAR_WAIT_MS = 5;
 
 /** Structured output: the masks of a dispatched step's sampled rows, computed while the device runs it. */
 function prefetchGrammarMasks(out: SchedulerOutput): void {
@@ -258,10 +262,10 @@ export class EngineCore {
   private readonly createDetokenizer: EngineCoreOptions["createDetokenizer"];
   private readonly eosTokenIds: number[];
   private readonly draft: Drafter | null;
-  /** Structured output's grammar compiler (made on first use). */
-  private grammars: StructuredOutputManager | null = null;
-  /** Whole Harmony replies' grammar compiler (harmony-grammar.ts), made on first use. */
-  private replyGrammars: StructuredOutputManager | null = null;
+  /** Structured output's grammar thread (made on first use). */
+  private grammars: GrammarThread | null = null;
+  /** Whole Harmony replies' grammar thread (harmony-grammar.ts), made on first use. */
+  private replyGrammars: GrammarThread | null = null;
   /**
    * Where the reasoning ends, with a reasoning parser or a Harmony tokenizer (gpt-oss, whose replies open with
    * headers and an analysis channel): grammars wait for it.
@@ -518,7 +522,7 @@ export class EngineCore {
     const spec = structuredOutputSpec(params.structuredOutputs); // checked by normalizeSamplingParams
     const refusal = spec === null || this.args.reasoningParser === null ? null : textMarkersRefusal(this.args.reasoningParser);
     if (refusal !== null) throw new EngineInputError("structured_outputs", refusal);
-    const grammars = spec === null ? null : spec.harmonyReply === true ? this.harmonyReplyManager() : this.structuredOutputManager();
+    const grammars = spec === null ? null : spec.harmonyReply === true ? this.harmonyReplyThread() : this.grammarThread();
     const lora = input.loraRequest ?? null;
     const kvt = input.kvTransfer ?? null;
     if (kvt !== null) this.checkKvTransfer(kvt, params.n, lora?.name ?? null);
@@ -560,15 +564,12 @@ export class EngineCore {
     for (const c of parent.children) c.kvImport = kvt?.import ?? null;
     parent.children[0]!.kvExport = kvt?.export === true;
     if (grammars !== null) {
-      try {
-        // a whole reply's grammar encodes the analysis itself: live from the first token
-        const end = spec!.harmonyReply === true ? null : this.reasoningEnd();
-        const gate = end === null ? null : { end, ended: end.endedIn(prompt) };
-        for (const c of parent.children) c.grammar = grammars.matcher(spec!, gate);
-      } catch (e) {
-        for (const c of parent.children) c.grammar?.dispose();
-        throw e;
-      }
+      // a whole reply's grammar encodes the analysis itself: live from the first token
+      const end = spec!.harmonyReply === true ? null : this.reasoningEnd();
+      const gate = end === null ? null : { end, ended: end.endedIn(prompt) };
+      // compiled on the grammar thread while other requests run: these wait for it (Request.grammar.ready)
+      const matchers = grammars.matchers(spec!, parent.children.length);
+      for (const [i, c] of parent.children.entries()) c.grammar = new RequestGrammar(matchers[i]!, gate);
     }
     if (lora !== null) this.lora!.acquire(lora);
     this.parents.set(id, parent);
@@ -616,26 +617,43 @@ export class EngineCore {
     }
   }
 
-  /**
-   * The grammar compiler over the tokenizer's vocabulary, made on the first structured-output request, and again
-   * after xgrammar aborted inside it (a wasm instance that failed cannot be used again).
-   */
-  private structuredOutputManager(): StructuredOutputManager {
-    if (this.grammars !== null && !this.grammars.instance.broken) return this.grammars;
+  /** The grammar thread over the tokenizer's vocabulary, started by the first structured-output request. */
+  private grammarThread(): GrammarThread {
+    if (this.grammars !== null) return this.grammars;
     const vocab = this.tokenizer?.grammarVocab?.();
     if (vocab === undefined) throw new EngineInputError("structured_outputs", "structured output needs the model's tokenizer");
-    this.grammars = new StructuredOutputManager(vocab, this.runner.vocabSize, this.eosTokenIds);
+    this.grammars = new GrammarThread(vocab, this.runner.vocabSize, this.eosTokenIds);
     return this.grammars;
   }
 
-  /** The compiler of whole Harmony replies' grammars: the vocabulary with Harmony's header tokens spelled. */
-  private harmonyReplyManager(): StructuredOutputManager {
-    if (this.replyGrammars !== null && !this.replyGrammars.instance.broken) return this.replyGrammars;
+  /** The grammar thread of whole Harmony replies: the vocabulary with Harmony's header tokens spelled. */
+  private harmonyReplyThread(): GrammarThread {
+    if (this.replyGrammars !== null) return this.replyGrammars;
     const vocab = this.tokenizer?.grammarVocab?.();
     const reply = vocab === undefined ? null : harmonyReplyVocab(this.tokenizer!, vocab, this.eosTokenIds);
     if (reply === null) throw new EngineInputError("structured_outputs", "a Harmony reply grammar needs a Harmony (gpt-oss) tokenizer");
-    this.replyGrammars = new StructuredOutputManager(reply.vocab, this.runner.vocabSize, reply.stopTokenIds);
+    this.replyGrammars = new GrammarThread(reply.vocab, this.runner.vocabSize, reply.stopTokenIds);
     return this.replyGrammars;
+  }
+
+  /**
+   * Reads the grammar threads' replies (compiled grammars make their requests schedulable); a request whose grammar
+   * did not compile is aborted (its final output is returned).
+   */
+  private pollGrammars(): RequestOutput[] {
+    let failed = false;
+    for (const t of [this.grammars, this.replyGrammars]) if (t?.poll() === true) failed = true;
+    if (!failed) return [];
+    const ids = new Set<string>();
+    for (const r of this.scheduler.waiting) if (r.grammar?.failure != null) ids.add(r.parentId);
+    return this.abortRequest(ids);
+  }
+
+  /** Nothing to schedule: while grammars compile, waits a little for one (rather than spin through steps). */
+  private idle(): RequestOutput[] {
+    const t = [this.grammars, this.replyGrammars].find((g) => g?.isCompiling === true);
+    t?.waitForReply(GRAMMAR_WAIT_MS);
+    return [];
   }
 
   private tokenizeBadWords(words: string[] | null): number[][] {
@@ -681,16 +699,22 @@ export class EngineCore {
   /** One engine iteration. Returns an output for every user request that got tokens or finished (final_only: finished). */
   step(): RequestOutput[] {
     if (this.sleepState.schedulingPaused) return [];
+    const failed = this.pollGrammars();
+    const outs = this.stepOnce();
+    return failed.length === 0 ? outs : [...failed, ...outs];
+  }
+
+  private stepOnce(): RequestOutput[] {
     if (!this.asyncScheduling) {
       const schedulerOutput = this.schedule();
-      if (schedulerOutput.scheduled.length === 0) return [];
+      if (schedulerOutput.scheduled.length === 0) return this.idle();
       return this.finishStep(schedulerOutput, this.runner.execute(this.toBatch(schedulerOutput)));
     }
     let current = this.inflight;
     this.inflight = null;
     if (current === null) {
       const out = this.schedule();
-      if (out.scheduled.length === 0) return [];
+      if (out.scheduled.length === 0) return this.idle();
       current = { out, pending: this.dispatch(out) };
       prefetchGrammarMasks(out);
     }

@@ -172,11 +172,12 @@ export class Scheduler {
 
     // 2. Waiting requests, unless this step had to preempt (the pool is full: admitting more would thrash).
     if (preempted.length === 0) {
-      const skipped = new Set<Request>(); // waiting for a LoRA slot (vLLM skips them and keeps their place)
+      // waiting for a LoRA slot or for their grammar to compile (vLLM skips them and keeps their place)
+      const skipped = new Set<Request>();
       while (this.waiting.length > skipped.size && budget > 0 && this.running.length < cfg.maxNumSeqs) {
         const wIndex = this.pickWaiting(skipped);
         const req = this.waiting[wIndex]!;
-        if (!loraFits(req)) {
+        if (!loraFits(req) || req.grammar?.ready === false) {
           skipped.add(req);
           continue;
         }

@@ -8,7 +8,8 @@
 // Checking: the spec is checked on its own (a grammar built without a tokenizer) when the params are
 // normalized, so a bad schema or regex is a typed EngineInputError naming `structured_outputs`, raised before
 // the request is queued. Each check runs on a shared instance of the wasm module, replaced when a bad grammar
-// aborts it. The engine compiles checked specs against the tokenizer on its own instance (StructuredOutputManager).
+// aborts it. The engine compiles checked specs against the tokenizer on its grammar thread (grammar-thread.ts runs a
+// StructuredOutputManager there), beside its steps.
 import type { GrammarVocab } from "../models/tokenizer-types.js";
 import { EngineInputError } from "./errors.js";
 import { grammarIsLikelyLark, larkToEbnf } from "./lark-grammar.js";
@@ -158,6 +159,8 @@ let checker: XgrammarInstance | null = null;
  * message. Throws EngineInputError.
  */
 export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
+  if (spec.kind === "json" || spec.kind === "structural_tag") checkDepth(JSON.parse(spec.source) as unknown, spec.kind);
+  if (spec.kind === "regex" || spec.kind === "grammar") checkGroupDepth(spec.source, spec.kind === "regex" ? "regex" : "ebnf");
   if (spec.kind === "json") {
     const schema = JSON.parse(spec.source) as unknown;
     // vLLM's has_xgrammar_unsupported_json_features: keywords xgrammar would silently not enforce
@@ -179,6 +182,7 @@ export function checkStructuredOutputSpec(spec: StructuredOutputSpec): void {
  * "json_schema" format takes any whitespace, this one `anyWhitespace` as asked. Throws EngineInputError.
  */
 export function jsonSchemaEbnf(schema: unknown, anyWhitespace: boolean): string {
+  checkDepth(schema, "json");
   if (checker === null || checker.broken) checker = new XgrammarInstance();
   try {
     return checker.call((b) => {
@@ -200,28 +204,101 @@ function grammarOf(b: XgBinding, spec: StructuredOutputSpec): XgGrammar {
   switch (spec.kind) {
     case "json":
     case "json_object":
-      return byCharacter(b, b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false));
+      return byCharacter(b, b.Grammar.FromJSONSchema(spec.kind === "json" ? spec.source : JSON_OBJECT_SCHEMA, spec.anyWhitespace, undefined, undefined, true, undefined, false), "root");
     case "regex":
-      return byCharacter(b, b.Grammar.FromStructuralTag(regexTag(spec.source)));
+      return byCharacter(b, b.Grammar.FromStructuralTag(regexTag(spec.source)), null);
     case "choice":
     case "grammar":
       return b.Grammar.FromEBNF(spec.source, "root");
     case "structural_tag":
-      return b.Grammar.FromStructuralTag(spec.source);
+      return byCharacter(b, b.Grammar.FromStructuralTag(spec.source), null);
   }
 }
 
 /**
- * A converted grammar (a regex's, a JSON schema's) whose character classes with non-ASCII members are respelled so
- * that this xgrammar build matches them by character, not by byte (xgrammar-classes.ts). Throws EngineInputError.
+ * A converted grammar (a regex's, a JSON schema's, a structural tag's) whose character classes with non-ASCII members
+ * are respelled so that this xgrammar build matches them by character, not by byte (xgrammar-classes.ts). `root` names
+ * its root rule; null: its last rule (a structural tag's root comes after the grammars it holds, which may have taken
+ * the name "root": it is then "root_1", "root_2"...). Throws EngineInputError.
  */
-function byCharacter(b: XgBinding, g: XgGrammar): XgGrammar {
+function byCharacter(b: XgBinding, g: XgGrammar, root: string | null): XgGrammar {
   const text = g.ToString();
   const spelled = respellNonAsciiClasses(text);
   if (spelled === text) return g;
   g.delete();
   if (spelled === null) fail(NON_ASCII_CLASS);
-  return b.Grammar.FromEBNF(spelled, "root");
+  return b.Grammar.FromEBNF(spelled, root ?? [...text.matchAll(/^([A-Za-z_][\w-]*) ::=/gm)].at(-1)![1]!);
+}
+
+/**
+ * How deep the xgrammar build Kiln uses can convert: its wasm stack is small, and a JSON schema nested past ~60 levels,
+ * a regex with ~500 nested groups or a grammar with ~300 overflows it ("memory access out of bounds", "table index is out
+ * of bounds", or a call that never returns).
+ */
+const MAX_JSON_DEPTH = 40;
+const MAX_GROUP_DEPTH = 128;
+
+/**
+ * Refuses a JSON schema (or structural tag) nested more than MAX_JSON_DEPTH objects and arrays deep, counted through
+ * its local $refs (a $ref back into its own path, a recursive schema, adds nothing), or holding a pattern whose groups
+ * nest deeper than MAX_GROUP_DEPTH. Throws EngineInputError.
+ */
+function checkDepth(root: unknown, kind: "json" | "structural_tag"): void {
+  const onPath = new Set<object>();
+  const known = new Map<object, number>(); // each node once: $refs may reach one by many paths
+  const depth = (x: unknown): number => {
+    if (typeof x !== "object" || x === null || onPath.has(x) || onPath.size > MAX_JSON_DEPTH) return 0;
+    const seen = known.get(x);
+    if (seen !== undefined) return seen;
+    onPath.add(x);
+    let d = 0;
+    for (const v of Object.values(x)) d = Math.max(d, depth(v));
+    const ref = (x as { $ref?: unknown }).$ref;
+    if (typeof ref === "string") d = Math.max(d, depth(localRef(root, ref)));
+    const pattern = (x as { pattern?: unknown }).pattern;
+    if (typeof pattern === "string") checkGroupDepth(pattern);
+    onPath.delete(x);
+    known.set(x, d + 1);
+    return d + 1;
+  };
+  if (depth(root) > MAX_JSON_DEPTH)
+    fail(
+      `the ${kind === "json" ? "JSON schema" : "structural tag"} nests objects and arrays more than ${MAX_JSON_DEPTH} levels deep (counted through its $refs); ` +
+        `the xgrammar build Kiln uses (@mlc-ai/web-xgrammar 0.1.27, a small wasm stack) takes at most ${MAX_JSON_DEPTH}`,
+    );
+}
+
+/** The value a local $ref ("#", "#/$defs/a", with JSON pointer's ~1 and ~0) points at in `root`, or undefined. */
+function localRef(root: unknown, ref: string): unknown {
+  if (!ref.startsWith("#")) return undefined;
+  let x = root;
+  for (const part of ref.slice(1).split("/").slice(1)) {
+    if (typeof x !== "object" || x === null) return undefined;
+    x = (x as Record<string, unknown>)[part.replace(/~1/g, "/").replace(/~0/g, "~")];
+  }
+  return x;
+}
+
+/**
+ * Refuses a regex (or an xgrammar EBNF text, whose string literals are skipped) whose groups nest deeper than
+ * MAX_GROUP_DEPTH. Throws EngineInputError.
+ */
+function checkGroupDepth(text: string, syntax: "regex" | "ebnf" = "regex"): void {
+  let depth = 0;
+  let inClass = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === "\\") i++;
+    else if (inClass) inClass = c !== "]";
+    else if (c === "[") inClass = true;
+    else if (syntax === "ebnf" && (c === '"' || c === "'")) for (i++; i < text.length && text[i] !== c; i++) i += text[i] === "\\" ? 1 : 0;
+    else if (c === ")") depth--;
+    else if (c === "(" && ++depth > MAX_GROUP_DEPTH)
+      fail(
+        `the ${syntax === "regex" ? "regex" : "grammar"} nests groups more than ${MAX_GROUP_DEPTH} deep; ` +
+          `the xgrammar build Kiln uses (@mlc-ai/web-xgrammar 0.1.27, a small wasm stack) takes at most ${MAX_GROUP_DEPTH}`,
+      );
+  }
 }
 
 /** JSON-schema string formats xgrammar enforces (vLLM's list). */
@@ -303,29 +380,107 @@ export function applyBitmask(logits: Float32Array, mask: Int32Array): void {
   }
 }
 
+/**
+ * A grammar matcher as RequestGrammar drives it: one on this thread (LocalMatcher) or one on the grammar thread
+ * (grammar-thread.ts, which compiles off the engine's step loop).
+ */
+export interface GrammarMatcher {
+  /** Whether its grammar is compiled (a request waits until then, as vLLM's WAITING_FOR_FSM). */
+  readonly ready: boolean;
+  /** xgrammar's message when the grammar did not compile (the request cannot run), else null. */
+  readonly failure: string | null;
+  /** Advances past a token; false (and unchanged) when the grammar refuses it. */
+  acceptToken(tokenId: number): boolean;
+  /** Takes back the last `n` accepted tokens. */
+  rollback(n: number): void;
+  /** Whether a stop token was accepted (the output is complete). */
+  isTerminated(): boolean;
+  /** Starts computing the next mask ahead of nextTokenBitmask (while a step runs on the device). */
+  prefetch(): void;
+  /** The next-token bitmask (bit set = allowed), one bit per token id, 32 per word. */
+  nextTokenBitmask(): Int32Array;
+  dispose(): void;
+}
+
+/** A matcher on this thread's wasm instance; a prefetched mask is kept until the matcher moves. */
+class LocalMatcher implements GrammarMatcher {
+  readonly ready = true;
+  readonly failure = null;
+  private prefetched: Int32Array | null = null;
+
+  constructor(
+    private readonly matcher: XgGrammarMatcher,
+    private readonly owner: StructuredOutputManager,
+  ) {}
+
+  acceptToken(tokenId: number): boolean {
+    this.prefetched = null;
+    return this.matcher.AcceptToken(tokenId, false);
+  }
+
+  rollback(n: number): void {
+    this.prefetched = null;
+    this.matcher.Rollback(n);
+  }
+
+  isTerminated(): boolean {
+    return this.matcher.IsTerminated();
+  }
+
+  prefetch(): void {
+    this.prefetched ??= this.bitmask();
+  }
+
+  nextTokenBitmask(): Int32Array {
+    const m = this.prefetched ?? this.bitmask();
+    this.prefetched = null;
+    return m;
+  }
+
+  /** The matcher's next-token bitmask, copied out of the wasm heap. */
+  private bitmask(): Int32Array {
+    const vec = this.matcher.GetNextTokenBitmask(this.owner.vocabSize);
+    try {
+      return this.owner.instance.binding.vecIntToView(vec).slice();
+    } finally {
+      vec.delete();
+    }
+  }
+
+  dispose(): void {
+    this.matcher.delete();
+  }
+}
+
 /** One request's position in its grammar. */
 export class RequestGrammar {
   /** Set when a token the grammar refused was accepted anyway (the mask was not applied): no more masking. */
   private failed = false;
-  /** Tokens accepted so far, and a mask computed ahead of its step (prefetchMask) with the count it was made at. */
-  private accepted = 0;
-  private prefetched: { mask: Int32Array; at: number } | null = null;
   /** Whether the grammar is live: false while a reasoning model still thinks (nothing masked, nothing advanced). */
   private live: boolean;
   /** While it thinks: the latest tokens, as many as the gate's end needs to see. */
   private recent: number[] = [];
 
   constructor(
-    private readonly matcher: XgGrammarMatcher,
-    private readonly owner: StructuredOutputManager,
+    private readonly matcher: GrammarMatcher,
     private readonly gate: ReasoningGate | null = null,
   ) {
     this.live = gate === null || gate.ended;
   }
 
+  /** Whether the grammar is compiled: the request is not scheduled before. */
+  get ready(): boolean {
+    return this.matcher.ready;
+  }
+
+  /** Why the grammar did not compile, or null. */
+  get failure(): string | null {
+    return this.matcher.failure;
+  }
+
   /** Whether there is a mask to apply: the grammar is live, was followed so far, and is not complete. */
   private get masking(): boolean {
-    return this.live && !this.failed && !this.matcher.IsTerminated();
+    return this.live && !this.failed && !this.matcher.isTerminated();
   }
 
   /**
@@ -333,16 +488,12 @@ export class RequestGrammar {
    * during the forward pass); applyMask then uses it if no token was accepted since.
    */
   prefetchMask(): void {
-    if (!this.masking) return;
-    this.prefetched = { mask: this.bitmask(), at: this.accepted };
+    if (this.masking) this.matcher.prefetch();
   }
 
   /** Sets every token the grammar does not allow next to -Infinity. `logits` is one row of vocabSize values. */
   applyMask(logits: Float32Array): void {
-    if (!this.masking) return;
-    const p = this.prefetched;
-    this.prefetched = null;
-    applyBitmask(logits, p !== null && p.at === this.accepted ? p.mask : this.bitmask());
+    if (this.masking) applyBitmask(logits, this.matcher.nextTokenBitmask());
   }
 
   /** Speculative decoding: how many of `drafts` the grammar allows in a row from here (vLLM's validate_tokens). */
@@ -363,7 +514,7 @@ export class RequestGrammar {
     return this.tentatively((step) =>
       drafts.map((t) => {
         if (!step(t)) throw new Error(`[structured output] draft token ${t} is not allowed by the grammar`);
-        return this.masking ? this.bitmask() : null;
+        return this.masking ? this.matcher.nextTokenBitmask() : null;
       }),
     );
   }
@@ -381,15 +532,15 @@ export class RequestGrammar {
         this.live = this.sees(t);
         return true;
       }
-      if (this.failed || this.matcher.IsTerminated()) return true;
-      if (!this.matcher.AcceptToken(t, false)) return false;
+      if (this.failed || this.matcher.isTerminated()) return true;
+      if (!this.matcher.acceptToken(t)) return false;
       advanced++;
       return true;
     };
     try {
       return f(step);
     } finally {
-      if (advanced > 0) this.matcher.Rollback(advanced);
+      if (advanced > 0) this.matcher.rollback(advanced);
       this.live = live;
       this.recent = recent;
     }
@@ -403,39 +554,28 @@ export class RequestGrammar {
     return end.endedIn(this.recent);
   }
 
-  /** The matcher's next-token bitmask (bit set = allowed), copied out of the wasm heap. */
-  private bitmask(): Int32Array {
-    const vec = this.matcher.GetNextTokenBitmask(this.owner.vocabSize);
-    try {
-      return this.owner.instance.binding.vecIntToView(vec).slice();
-    } finally {
-      vec.delete();
-    }
-  }
-
   /**
    * Advances past a sampled token; false when the grammar refused it (masking stops for this request then). While
    * the reasoning goes on, a </think> makes the grammar live from the next token (vLLM's should_advance).
    */
   accept(tokenId: number): boolean {
-    this.accepted++;
     if (!this.live) {
       this.live = this.sees(tokenId);
       return true;
     }
-    if (this.failed || this.matcher.IsTerminated()) return true;
-    const ok = this.matcher.AcceptToken(tokenId, false);
+    if (this.failed || this.matcher.isTerminated()) return true;
+    const ok = this.matcher.acceptToken(tokenId);
     if (!ok) this.failed = true;
     return ok;
   }
 
   /** Whether the constrained output is complete (never while the reasoning goes on). */
   get isTerminated(): boolean {
-    return this.live && this.matcher.IsTerminated();
+    return this.live && this.matcher.isTerminated();
   }
 
   dispose(): void {
-    this.matcher.delete();
+    this.matcher.dispose();
   }
 }
 
@@ -473,11 +613,15 @@ export class StructuredOutputManager {
     });
   }
 
-  /** A matcher for a checked spec (see checkStructuredOutputSpec), idle until the reasoning ends when gated. */
+  /** A request's grammar for a checked spec (see checkStructuredOutputSpec), idle until the reasoning ends when gated. */
   matcher(spec: StructuredOutputSpec, gate: ReasoningGate | null = null): RequestGrammar {
+    return new RequestGrammar(this.compileMatcher(spec), gate);
+  }
+
+  /** A matcher at the start of a checked spec's grammar (compiled now, or taken from the cache). */
+  compileMatcher(spec: StructuredOutputSpec): GrammarMatcher {
     const compiled = this.compile(spec);
-    const m = this.instance.call((b) => new b.GrammarMatcher(compiled, undefined, false, -1));
-    return new RequestGrammar(m, this, gate);
+    return new LocalMatcher(this.instance.call((b) => new b.GrammarMatcher(compiled, undefined, false, -1)), this);
   }
 
   private compile(spec: StructuredOutputSpec): XgCompiledGrammar {

@@ -6,7 +6,8 @@ import * as path from "node:path";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
 import { EngineInputError } from "../../src/engine/errors.js";
-import { StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
+import { GrammarThread } from "../../src/engine/grammar-thread.js";
+import { RequestGrammar, StructuredOutputManager, checkStructuredOutputSpec, structuredOutputSpec } from "../../src/engine/structured-output.js";
 import { XgrammarError, XgrammarInstance } from "../../src/engine/xgrammar.js";
 import { Tokenizer } from "../../src/models/tokenizer.js";
 import { tinyModelDir } from "../helpers/tiny-model.js";
@@ -14,6 +15,13 @@ import { tinyModelDir } from "../helpers/tiny-model.js";
 const llm = new LLM({ model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 512 });
 const generate = (so: object, extra: object = {}, prompt = "The river") =>
   llm.generate([prompt], { temperature: 1, seed: 11, maxTokens: 96, structuredOutputs: so, ...extra })[0]!.outputs;
+
+/** `depth` levels of `wrap` around an integer schema. */
+const nested = (depth: number, wrap: (inner: object) => object): object => {
+  let s: object = { type: "integer", minimum: 0, maximum: 9 };
+  for (let i = 0; i < depth; i++) s = wrap(s);
+  return s;
+};
 
 const PERSON = {
   type: "object",
@@ -42,12 +50,72 @@ describe("structured output", () => {
     assert.ok(texts.size >= 3, "the mask leaves the model its choice among valid outputs");
   });
 
-  it("a grammar compiler xgrammar aborted inside is replaced for later requests (its wasm instance cannot be used again)", () => {
-    generate({ regex: "[a-z]{3}" }); // the engine's compiler exists
-    const grammars = (llm.engine as unknown as { grammars: { instance: { broken: boolean } } }).grammars;
-    grammars.instance.broken = true; // as an abort inside a compile leaves it
-    const [o] = generate({ regex: "[0-9]{4}" });
-    assert.match(o!.text, /^[0-9]{4}$/);
+  it("a grammar compiles off the step loop: other requests decode while a request waits for its grammar (vLLM's WAITING_FOR_FSM)", () => {
+    const engine = llm.engine;
+    const prompt = [5, 6, 7, 8];
+    engine.addRequest({ requestId: "plain", promptTokenIds: prompt, params: { temperature: 0, maxTokens: 400, ignoreEos: true } });
+    engine.step(); // its prefill
+    // 40 tools' parameter schemas, as tool_choice "required" builds them: a compile of hundreds of ms
+    const tools = Array.from({ length: 40 }, (_, i) => ({
+      type: "object",
+      properties: { name: { enum: [`fn${i}`] }, parameters: { type: "object", properties: { [`city${i}`]: { type: "string", maxLength: 8 }, days: { type: "integer", minimum: 1, maximum: 14 } }, required: [`city${i}`] } },
+      required: ["name", "parameters"],
+    }));
+    const schema = { type: "array", minItems: 1, maxItems: 1, items: { anyOf: tools } };
+    engine.addRequest({ requestId: "tools", promptTokenIds: prompt, params: { temperature: 1, seed: 3, maxTokens: 200, structuredOutputs: { json: schema, disableAnyWhitespace: true } } });
+    const scheduler = engine.scheduler;
+    let stepsWhileCompiling = 0;
+    let text: string | null = null;
+    while (text === null) {
+      const outs = engine.step();
+      // a step that gave the running request a token and left the other waiting (its grammar not compiled yet)
+      if (scheduler.waiting.some((r) => r.parentId === "tools") && outs.some((o) => o.requestId === "plain")) stepsWhileCompiling++;
+      const done = outs.find((o) => o.requestId === "tools" && o.finished);
+      if (done !== undefined) {
+        assert.equal(done.outputs[0]!.finishReason, "stop");
+        text = done.outputs[0]!.text;
+      }
+    }
+    engine.abortRequest(["plain"]);
+    assert.ok(stepsWhileCompiling > 0, "the running request got tokens while the other's grammar compiled");
+    const calls = JSON.parse(text) as { name: string; parameters: Record<string, unknown> }[];
+    assert.equal(calls.length, 1);
+    const i = Number(calls[0]!.name.slice(2));
+    assert.equal(typeof calls[0]!.parameters[`city${i}`], "string");
+  });
+
+  it("a grammar the grammar thread cannot compile fails its request alone; the thread replaces its broken wasm instance", () => {
+    const tok = Tokenizer.fromDir(tinyModelDir("LlamaForCausalLM"));
+    const thread = new GrammarThread(tok.grammarVocab(), tok.vocabSize, tok.eosTokenIds);
+    // unchecked (checkStructuredOutputSpec refuses it): xgrammar throws inside the compile
+    const [bad] = thread.matchers({ kind: "structural_tag", source: JSON.stringify({ type: "structural_tag", format: { type: "nope" } }), anyWhitespace: true }, 1);
+    const [good] = thread.matchers(structuredOutputSpec({ regex: "[0-9]{4}" })!, 1);
+    while (thread.isCompiling) thread.waitForReply(50);
+    assert.equal(thread.poll(), true);
+    assert.match(bad!.failure!, /Format type not recognized: nope/);
+    assert.equal(bad!.ready, false);
+    assert.equal(good!.ready, true);
+    const g = new RequestGrammar(good!);
+    for (const ch of "2024") assert.equal(g.accept(tok.encode(ch, { addSpecialTokens: false }).at(-1)!), true);
+    const row = new Float32Array(tok.vocabSize);
+    g.applyMask(row);
+    assert.deepEqual([...row.keys()].filter((t) => row[t] === 0), [...tok.eosTokenIds]);
+    g.dispose();
+    // in the engine: the request is aborted, the others run
+    const engine = llm.engine as unknown as { grammars: unknown };
+    const real = engine.grammars;
+    engine.grammars = {
+      matchers: (_: unknown, n: number) => Array.from({ length: n }, () => ({ ready: false, failure: "no", dispose: () => {} })),
+      poll: () => true,
+      isCompiling: false,
+    };
+    try {
+      const [failed, plain] = llm.generate(["The river", "Once"], [{ structuredOutputs: { regex: "x" }, maxTokens: 4 }, { maxTokens: 4, ignoreEos: true }]);
+      assert.deepEqual([failed!.outputs[0]!.finishReason, failed!.outputs[0]!.text], ["abort", ""]);
+      assert.equal(plain!.outputs[0]!.tokenIds.length, 4);
+    } finally {
+      engine.grammars = real;
+    }
   });
 
   it("a regex, a choice and an EBNF grammar", () => {
@@ -110,6 +178,14 @@ number: "1" | "2"`;
       [{ json: { type: "object", properties: { a: { type: "array", uniqueItems: true } } } }, /features not supported/],
       [{ json: { type: "string", format: "nope" } }, /features not supported/],
       [{ json: (() => { const o: Record<string, unknown> = { type: "object" }; o.self = o; return o; })() }, /cannot be written as JSON/],
+      // past what xgrammar's small wasm stack converts ("memory access out of bounds"; a regex of 1000 groups never returned)
+      [{ json: nested(60, (s) => ({ type: "object", properties: { a: s }, required: ["a"] })) }, /JSON schema nests objects and arrays more than 40 levels deep.*at most 40/],
+      [{ json: nested(70, (s) => ({ type: "array", items: s })) }, /more than 40 levels deep/],
+      [{ json: { $defs: Object.fromEntries(Array.from({ length: 50 }, (_, i) => [`d${i}`, { type: "object", properties: { x: i === 49 ? { type: "string" } : { $ref: `#/$defs/d${i + 1}` } } }])), $ref: "#/$defs/d0" } }, /through its \$refs/],
+      [{ structuralTag: { type: "structural_tag", format: { type: "json_schema", json_schema: nested(70, (s) => ({ type: "array", items: s })) } } }, /structural tag nests objects and arrays more than 40/],
+      [{ regex: "(".repeat(500) + "a" + ")".repeat(500) }, /regex nests groups more than 128 deep/],
+      [{ json: { type: "string", pattern: "(".repeat(500) + "a" + ")".repeat(500) } }, /regex nests groups more than 128 deep/],
+      [{ grammar: `root ::= ${"(".repeat(300)}"a"${")".repeat(300)}` }, /grammar nests groups more than 128 deep/],
     ];
     for (const [so, message] of bad) {
       assert.throws(() => llm.generate(["x"], { structuredOutputs: so }), (e: unknown) => {
@@ -132,6 +208,12 @@ number: "1" | "2"`;
     }), (e: unknown) => e instanceof XgrammarError && /Maximum call stack size exceeded/.test(e.message));
     assert.equal(x.broken, true);
     checkStructuredOutputSpec(structuredOutputSpec({ regex: "ok[0-9]" })!);
+    // at the limits, and recursive schemas (a $ref back into their own path adds no depth)
+    assert.match(generate({ json: nested(39, (s) => ({ type: "array", items: s, minItems: 1, maxItems: 1 })), disableAnyWhitespace: true }, { maxTokens: 120 })[0]!.text, /^\[{39}\d+\]{39}$/);
+    assert.match(generate({ regex: "(".repeat(128) + "[a-c]" + ")".repeat(128) })[0]!.text, /^[a-c]$/);
+    assert.match(generate({ grammar: `root ::= ${"(".repeat(128)}"(" [a-c]${")".repeat(128)}` })[0]!.text, /^\([a-c]$/);
+    const tree = { $defs: { node: { type: "object", properties: { v: { type: "integer" }, kids: { type: "array", items: { $ref: "#/$defs/node" }, maxItems: 1 } }, required: ["v"] } }, $ref: "#/$defs/node" };
+    checkStructuredOutputSpec(structuredOutputSpec({ json: tree })!);
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
     // spelled out as alternatives, non-ASCII text is fine
     assert.match(generate({ regex: "(ä|ö|ü){2}-(α|β)" })[0]!.text, /^[äöü]{2}-[αβ]$/);
@@ -203,6 +285,8 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
       }
     };
     const text = (t: string): number[] => tok.encode(t, { addSpecialTokens: false });
+    // free text with <f>...</f> blocks whose content is `content`
+    const tagged = (content: object) => ({ type: "structural_tag", format: { type: "triggered_tags", triggers: ["<f"], tags: [{ type: "tag", begin: "<f>", content, end: "</f>" }] } });
     const leadByte = tok.tokenToId("\u00c3")!; // byte-level spelling of 0xC3, the first byte of "é" (C3 A9)
     const nbspByte = tok.tokenToId("\u0142")!; // byte-level spelling of 0xA0, the second byte of U+00A0 (C2 A0)
     assert.deepEqual([tok.decode([leadByte]), tok.decode(text("é")).length], ["\ufffd", 1]);
@@ -219,6 +303,18 @@ describe("structured output over a real tokenizer's vocabulary (Qwen3, byte-leve
       [{ json: { type: "string", pattern: "^.$" } }, [...text('"'), leadByte, ...text('"')], false],
       [{ json: { type: "string", format: "json-pointer" } }, text('"/é"'), true],
       [{ json: { type: "string", format: "json-pointer" } }, [...text('"/'), leadByte, ...text('"')], false],
+      // a structural tag's regex and JSON schema content (its root is then "root_1" or later: the grammars it holds took "root")
+      [{ structuralTag: { type: "structural_tag", format: { type: "regex", pattern: "." } } }, text("é"), true],
+      [{ structuralTag: { type: "structural_tag", format: { type: "regex", pattern: "." } } }, [leadByte], false],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, text("A: ñé"), true],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, text("A: ab"), true],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, text("A:x"), false],
+      [{ structuralTag: { type: "structural_tag", format: { type: "sequence", elements: [{ type: "const_string", value: "A:" }, { type: "regex", pattern: "\\s.{2}" }] } } }, [...text("A: a"), leadByte], false],
+      [{ structuralTag: tagged({ type: "json_schema", json_schema: { type: "object", properties: { p: { type: "string", pattern: "^.$" } }, required: ["p"] } }) }, text('say <f>{"p": "é"}</f> ok'), true],
+      [{ structuralTag: tagged({ type: "json_schema", json_schema: { type: "object", properties: { p: { type: "string", pattern: "^.$" } }, required: ["p"] } }) }, [...text('<f>{"p": "'), leadByte, ...text('"}</f>')], false],
+      [{ structuralTag: tagged({ type: "regex", pattern: "[a-z]." }) }, text("hi <f>aé</f> and <f>b!</f>"), true],
+      [{ structuralTag: tagged({ type: "regex", pattern: "[a-z]." }) }, text("hi <f>abc</f>"), false],
+      [{ structuralTag: tagged({ type: "regex", pattern: "[a-z]." }) }, [...text("hi <f>a"), leadByte, ...text("</f>")], false],
     ];
     for (const [so, ids, expected] of cases) assert.equal(ends(so, ids), expected, `${JSON.stringify(so)} on ${JSON.stringify(tok.decode(ids))}`);
   });
