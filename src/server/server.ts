@@ -5,7 +5,7 @@ import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { Server as TlsServer, TLSSocket } from "node:tls";
-import Fastify, { errorCodes, LogController, type FastifyInstance } from "fastify";
+import Fastify, { errorCodes, LogController, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -299,8 +299,10 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
 
   // 503 once the engine has died, as vLLM's (EngineDeadError): every request would fail, and an orchestrator's probe
   // should restart the server
-  app.get("/health", async (_req, reply) => reply.code((ctx?.engine.deadError?.() ?? null) === null ? 200 : 503).send());
-  app.get("/ping", async (_req, reply) => reply.code(200).send());
+  const health = async (_req: FastifyRequest, reply: FastifyReply) => reply.code((ctx?.engine.deadError?.() ?? null) === null ? 200 : 503).send();
+  app.get("/health", health);
+  // SageMaker's probe: vLLM answers it on GET and POST with /health's status
+  app.route({ method: ["GET", "POST"], url: "/ping", handler: health });
   app.get("/version", async () => ({ version: options.version }));
   app.get("/metrics", async (_req, reply) => {
     const { metrics } = bound();
