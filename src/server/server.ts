@@ -23,7 +23,7 @@ import { handleRerank, handleScore } from "./serving-score.js";
 import { handleClassify } from "./serving-classify.js";
 import { handlePooling } from "./serving-pooling.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
-import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
+import { loraModelCards, modelPermission, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes, registerTokenizerInfoRoute } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
 import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
@@ -94,6 +94,8 @@ export interface ServerEngineOptions {
   engine: EngineClient;
   tokenizer: TokenizerLike;
   servedModelNames: string[];
+  /** The model as `kiln serve` was given it (a path or hub id): /v1/models' `root`. Default: the first served name. */
+  modelPath?: string;
   maxModelLen: number;
   /** 503 once the engine's waiting queue holds this many requests. */
   maxWaitingRequests?: number;
@@ -319,10 +321,10 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         object: "model",
         created,
         owned_by: "kiln",
-        root: servedModelNames[0],
+        root: ctx.modelPath,
         parent: null,
         max_model_len: maxModelLen,
-        permission: [],
+        permission: [modelPermission(created)],
       })), ...loraModelCards(ctx, created)],
     };
   });
@@ -373,6 +375,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         tokenizer: engineOptions.tokenizer,
         metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null),
         servedModelNames: engineOptions.servedModelNames,
+        modelPath: engineOptions.modelPath ?? engineOptions.servedModelNames[0]!,
         maxModelLen: engineOptions.maxModelLen,
         maxWaitingRequests: engineOptions.maxWaitingRequests,
         streamInterval: engineOptions.streamInterval ?? 1,
