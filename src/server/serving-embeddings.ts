@@ -110,6 +110,15 @@ export async function poolTokenIds(
 }
 
 /**
+ * vLLM's use_activation (and its older names, activation and softmax) on a classifier's requests: false asks for the
+ * head's raw logits, which the engine does not return (it pools the activated outputs), so it is a 400, not ignored.
+ */
+export function refuseRawLogits(body: Record<string, unknown>): void {
+  for (const field of ["use_activation", "activation", "softmax"])
+    if (optBool(body, field) === false) throw badRequest(`'${field}: false' (the head's raw logits) is not supported: the server returns the activated outputs`, field);
+}
+
+/**
  * Pools the `input` prompts of a pooling request (its truncate_prompt_tokens, add_special_tokens and priority fields
  * read here): the response id, each prompt's pooled vector in input order, and the prompt tokens read.
  */

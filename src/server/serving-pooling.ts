@@ -21,7 +21,7 @@ export async function handlePooling(ctx: ServingContext, request: FastifyRequest
     throw badRequest(`Task ${task} is not supported by this server: it pools for ${ctx.poolingTask} (per-token tasks and plugins are not served)`, "task");
   const format = optString(body, "encoding_format") ?? "float";
   if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
-  for (const field of ["dimensions", "use_activation", "normalize"])
+  for (const field of ["dimensions", "use_activation", "activation", "softmax", "normalize"])
     if (body[field] !== undefined && body[field] !== null) throw badRequest(`'${field}' per request is not supported: the server's --pooler-config sets pooling`, field);
   const { prompts, chat } = poolingPrompts(ctx, body);
   const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "pooling", idPrefix: "pool" });

@@ -9,7 +9,7 @@ import { badRequest } from "./errors.js";
 import { optBool, optInt, optString, type Json } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import { nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolingTokenIds, poolTokenIds } from "./serving-embeddings.js";
+import { poolingTokenIds, poolTokenIds, refuseRawLogits } from "./serving-embeddings.js";
 
 /** A field that is one text or a list of texts (vLLM's `str | list[str]`). */
 function texts(body: Json, field: string, { single = false } = {}): string[] {
@@ -66,6 +66,7 @@ async function scoreTexts(
   const priority = optInt(body, "priority") ?? 0;
   const options = { truncate, addSpecialTokens: true, operation: fields.operation };
   if (ctx.poolingTask === "classify") {
+    refuseRawLogits(body);
     const pairOptions = { useSepToken: ctx.useSepToken, addSpecialTokens: true };
     const pairs = scorePairs(first.length, second.length);
     const prompts = pairs.map(([i, j]) => ({ tokenIds: crossEncoderPromptIds(ctx.tokenizer, first[i]!, second[j]!, pairOptions) }));

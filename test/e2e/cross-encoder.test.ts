@@ -137,6 +137,14 @@ describe("cross-encoder scoring (*ForSequenceClassification, num_labels 1)", () 
       }
       const top = await ok<RerankBody>("/v1/rerank", { query, documents: docs, top_n: 2, return_documents: false });
       assert.deepEqual(top.results.map((x) => [x.index, Object.keys(x).sort()]), byHand.slice(0, 2).map((x) => [x.index, ["index", "relevance_score"]]));
+      // use_activation false (vLLM: the raw logit, not its sigmoid) is refused rather than ignored; true is the default
+      for (const [path, req] of [["/rerank", { query, documents: docs }], ["/score", { text_1: query, text_2: docs }]] as const) {
+        const refused = await postRaw(server.url, path, { model: server.model, ...req, use_activation: false });
+        assert.equal(refused.status, 400, path);
+        assert.equal((refused.body as { error: { param: string } }).error.param, "use_activation", path);
+      }
+      const activated = await ok<RerankBody>("/rerank", { query, documents: docs, use_activation: true });
+      assert.deepEqual(activated.results.map((x) => x.index), byHand.map((x) => x.index));
     });
   });
 
