@@ -151,6 +151,9 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
     throw badRequest(`Model "${model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`, "dimensions");
   if (body.normalize !== undefined && body.normalize !== null)
     throw badRequest("'normalize' per request is not supported: the server's --pooler-config sets it", "normalize");
+  // (vLLM's newer name for normalize: false leaves the embeddings unnormalized)
+  if (optBool(body, "use_activation") === false)
+    throw badRequest("'use_activation: false' per request is not supported: the server's --pooler-config sets normalization", "use_activation");
   const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "embedding generation", idPrefix: "embd" });
   return {
     id,

@@ -79,6 +79,11 @@ describe("kiln serve --runner pooling (e2e)", () => {
     });
     assert.deepEqual(await embed({ input: inputs[0], truncate_prompt_tokens: -1 }), Array.from(want[0]!));
     assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", normalize: false })).status, 400);
+    // vLLM's newer name for it: false (unnormalized) is refused, not ignored; true is the default
+    const raw = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", use_activation: false });
+    assert.equal(raw.status, 400);
+    assertErrorBody(raw.body, { type: "invalid_request_error", param: "use_activation" });
+    assert.deepEqual(await embed({ input: inputs[0], use_activation: true }), Array.from(want[0]!));
     assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", embed_dtype: "int4" })).status, 400);
   });
 
