@@ -53,22 +53,30 @@ export function refuseOnPoolingRunner(ctx: ServingContext, api: string): void {
   if (ctx.poolingTask !== null) throw badRequest(`The model does not support ${api} API`);
 }
 
+/** A pooling request's truncation_side (vLLM's): which end truncate_prompt_tokens cuts, "left" (the default) or "right". */
+export function optTruncationSide(body: Record<string, unknown>): "left" | "right" {
+  const side = optString(body, "truncation_side") ?? "left";
+  if (side !== "left" && side !== "right") throw badRequest(`'truncation_side' must be "left" or "right", got ${JSON.stringify(side)}`, "truncation_side");
+  return side;
+}
+
 /**
- * Each prompt's token ids for a pooling request: cut to truncate_prompt_tokens (its last tokens; -1: max_model_len),
- * then checked non-empty and within max_model_len (a 400 naming `field`; `operation` words it as vLLM does).
+ * Each prompt's token ids for a pooling request: cut to truncate_prompt_tokens (-1: max_model_len; its last tokens, or
+ * with `side` "right" its first), then checked non-empty and within max_model_len (a 400 naming `field`; `operation`
+ * words it as vLLM does).
  */
 export function poolingTokenIds(
   ctx: ServingContext,
   prompts: PromptInput[],
-  options: { truncate: number | undefined; addSpecialTokens: boolean; field: string; operation: string },
+  options: { truncate: number | undefined; side: "left" | "right"; addSpecialTokens: boolean; field: string; operation: string },
 ): number[][] {
-  const { truncate, addSpecialTokens, field, operation } = options;
+  const { truncate, side, addSpecialTokens, field, operation } = options;
   if (truncate !== undefined && truncate > ctx.maxModelLen)
     throw badRequest(`truncate_prompt_tokens value (${truncate}) is greater than max_model_len (${ctx.maxModelLen}). Please, select a smaller truncation size.`, "truncate_prompt_tokens");
   const keep = truncate === -1 ? ctx.maxModelLen : truncate;
   return prompts.map((p) => {
     const all = "text" in p ? ctx.tokenizer.encode(p.text, { addSpecialTokens }) : p.tokenIds;
-    const ids = keep !== undefined && all.length > keep ? all.slice(all.length - keep) : all;
+    const ids = keep === undefined || all.length <= keep ? all : side === "left" ? all.slice(all.length - keep) : all.slice(0, keep);
     if (ids.length === 0) throw badRequest(`'${field}' must not be empty`, field);
     if (ids.length > ctx.maxModelLen)
       throw badRequest(
@@ -129,7 +137,7 @@ export async function poolInputs(
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
   const addSpecialTokens = optBool(body, "add_special_tokens") ?? o.addSpecialTokens;
   const priority = optInt(body, "priority") ?? 0;
-  const ids = poolingTokenIds(ctx, prompts, { truncate, addSpecialTokens, field: "input", operation: o.operation });
+  const ids = poolingTokenIds(ctx, prompts, { truncate, side: optTruncationSide(body), addSpecialTokens, field: "input", operation: o.operation });
   const id = randomId(o.idPrefix);
   const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
   return { id, vectors, promptTokens: ids.reduce((n, t) => n + t.length, 0) };

@@ -9,7 +9,7 @@ import { badRequest } from "./errors.js";
 import { optBool, optInt, optString, type Json } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import { nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolingTokenIds, poolTokenIds, refuseRawLogits } from "./serving-embeddings.js";
+import { optTruncationSide, poolingTokenIds, poolTokenIds, refuseRawLogits } from "./serving-embeddings.js";
 
 /** A field that is one text or a list of texts (vLLM's `str | list[str]`). */
 function texts(body: Json, field: string, { single = false } = {}): string[] {
@@ -64,7 +64,7 @@ async function scoreTexts(
   if (why !== null) throw badRequest(why, first.length === 0 ? fields.first : fields.second);
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
   const priority = optInt(body, "priority") ?? 0;
-  const options = { truncate, addSpecialTokens: true, operation: fields.operation };
+  const options = { truncate, side: optTruncationSide(body), addSpecialTokens: true, operation: fields.operation };
   if (ctx.poolingTask === "classify") {
     refuseRawLogits(body);
     const pairOptions = { useSepToken: ctx.useSepToken, addSpecialTokens: true };

@@ -121,6 +121,9 @@ describe("cross-encoder scoring (*ForSequenceClassification, num_labels 1)", () 
       const r = await ok<ScoreBody>("/v1/score", { text_1: query, text_2: docs[2], truncate_prompt_tokens: 4 });
       assertNear(r.data[0]!.score, expectedScore(dir, pairIds(query, docs[2]!).slice(-4)), "truncated");
       assert.equal(r.usage.prompt_tokens, 4);
+      // vLLM's truncation_side "right" keeps the first tokens instead
+      const right = await ok<ScoreBody>("/v1/score", { text_1: query, text_2: docs[2], truncate_prompt_tokens: 4, truncation_side: "right" });
+      assertNear(right.data[0]!.score, expectedScore(dir, pairIds(query, docs[2]!).slice(0, 4)), "truncated on the right");
     });
 
     it("/rerank, /v1/rerank and /v2/rerank: documents by cross-encoder score, best first; top_n and return_documents", async () => {

@@ -84,6 +84,13 @@ describe("kiln serve --runner pooling (e2e)", () => {
     assert.equal(raw.status, 400);
     assertErrorBody(raw.body, { type: "invalid_request_error", param: "use_activation" });
     assert.deepEqual(await embed({ input: inputs[0], use_activation: true }), Array.from(want[0]!));
+    // truncation_side (vLLM's): "right" keeps the first truncate_prompt_tokens tokens, "left" (the default) the last
+    const ids = (tok.body as { tokens: number[] }).tokens;
+    assert.ok(ids.length > 3);
+    assert.deepEqual(await embed({ input: ids, truncate_prompt_tokens: 3, truncation_side: "right" }), await embed({ input: ids.slice(0, 3) }));
+    assert.deepEqual(await embed({ input: ids, truncate_prompt_tokens: 3 }), await embed({ input: ids.slice(-3) }));
+    const side = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", truncation_side: "middle" });
+    assertErrorBody(side.body, { type: "invalid_request_error", param: "truncation_side" });
     assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", embed_dtype: "int4" })).status, 400);
   });
 
