@@ -22,6 +22,21 @@ function halfBack(h: Uint16Array, kind: "f16" | "bf16"): Float32Array {
   return kind === "f16" ? f16BytesToF32(bytes) : bf16BytesToF32(bytes);
 }
 
+/**
+ * How a pooling response writes each vector (vLLM's encoding_format, embed_dtype and endianness, shared by
+ * /v1/embeddings and /pooling): floats rounded to the dtype, or base64 of its little-endian bytes.
+ */
+export function vectorEncoder(body: Record<string, unknown>): (v: Float32Array) => number[] | string {
+  const format = optString(body, "encoding_format") ?? "float";
+  if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
+  const dtype = optString(body, "embed_dtype") ?? "float32";
+  if (!Object.hasOwn(EMBED_DTYPES, dtype)) throw badRequest(`'embed_dtype' must be one of ${Object.keys(EMBED_DTYPES).join(", ")}, got ${JSON.stringify(dtype)}`, "embed_dtype");
+  const endianness = optString(body, "endianness") ?? "native";
+  if (endianness !== "native" && endianness !== "little") throw badRequest(`'endianness' must be "native" or "little" (this server is little-endian), got ${JSON.stringify(endianness)}`, "endianness");
+  const codec = EMBED_DTYPES[dtype]!;
+  return format === "float" ? (v) => codec.floats(v) : (v) => Buffer.from(codec.bytes(v)).toString("base64");
+}
+
 /** The text a messages-style embedding request embeds (the chat template, without a generation prompt by default). */
 function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
   const messages = parseMessages(body);
@@ -148,12 +163,7 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const { prompts, chat } = poolingPrompts(ctx, body); // (vLLM's EmbeddingChatRequest takes messages)
-  const format = optString(body, "encoding_format") ?? "float";
-  if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
-  const dtype = optString(body, "embed_dtype") ?? "float32";
-  if (!Object.hasOwn(EMBED_DTYPES, dtype)) throw badRequest(`'embed_dtype' must be one of ${Object.keys(EMBED_DTYPES).join(", ")}, got ${JSON.stringify(dtype)}`, "embed_dtype");
-  const endianness = optString(body, "endianness") ?? "native";
-  if (endianness !== "native" && endianness !== "little") throw badRequest(`'endianness' must be "native" or "little" (this server is little-endian), got ${JSON.stringify(endianness)}`, "endianness");
+  const encode = vectorEncoder(body);
   const dimensions = optInt(body, "dimensions", { min: 1 });
   if (dimensions !== undefined)
     throw badRequest(`Model "${model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`, "dimensions");
@@ -168,10 +178,7 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
     object: "list",
     created: nowSeconds(),
     model,
-    data: vectors.map((v, index) => {
-      const embedding = format === "float" ? EMBED_DTYPES[dtype]!.floats(v) : Buffer.from(EMBED_DTYPES[dtype]!.bytes(v)).toString("base64");
-      return { object: "embedding", index, embedding };
-    }),
+    data: vectors.map((v, index) => ({ object: "embedding", index, embedding: encode(v) })),
     usage: { prompt_tokens: promptTokens, total_tokens: promptTokens, completion_tokens: 0, prompt_tokens_details: null },
   };
 }
