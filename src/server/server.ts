@@ -284,19 +284,21 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     if (type === undefined || /^application\/[^;\s]+\+json\s*(;|$)/i.test(type)) parseJson(request, body as string, done);
     else done(new errorCodes.FST_ERR_CTP_INVALID_MEDIA_TYPE(), undefined);
   });
-  // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
+  // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404 (under
+  // /v1/messages, Anthropic's error object, as its routes' other errors).
   const methodsOf = routeMethods(app);
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split("?")[0]!;
+    const body = (err: ApiError) => (isMessagesPath(path) ? anthropicError(err).body : err.toBody());
     const allowed = methodsOf(path);
     if (allowed.length > 0 && !allowed.includes(request.method)) {
       const err = new ApiError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, null,
         "invalid_request_error", "method_not_allowed");
-      void reply.code(405).header("allow", allowed.join(", ")).send(err.toBody());
+      void reply.code(405).header("allow", allowed.join(", ")).send(body(err));
       return;
     }
     const err = new ApiError(404, `Route ${request.method} ${path} not found`, null, "not_found_error");
-    void reply.code(404).send(err.toBody());
+    void reply.code(404).send(body(err));
   });
 
   // 503 once the engine has died, as vLLM's (EngineDeadError): every request would fail, and an orchestrator's probe
