@@ -132,6 +132,7 @@ export function serverEngineOptions(
     // --chat-template-content-format and --default-chat-template-kwargs reach every chat render (chat, responses, /tokenize)
     tokenizer: withChatTemplateDefaults(loaded.tokenizer, { contentFormat: args.chatTemplateContentFormat, kwargs: args.defaultChatTemplateKwargs }),
     servedModelNames: names,
+    modelPath: args.model,
     maxModelLen: loaded.maxModelLen,
     ...(args.maxWaitingRequests !== null ? { maxWaitingRequests: args.maxWaitingRequests } : {}),
     streamInterval: args.streamInterval,

@@ -4,7 +4,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { badRequest } from "./errors.js";
 import type { ServingContext } from "./serving-context.js";
-import { servesScoring } from "./serving-score.js";
+import { SCORE_FIELD_PAIRS, servesScoring } from "./serving-score.js";
 
 /** A route's handler, as server.ts registers it (the model checks included). */
 export type Endpoint = (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
@@ -29,7 +29,7 @@ const INVOCATION_TYPES: readonly InvocationType[] = [
   { name: "CompletionRequest", endpoint: "completion", needs: [["prompt"]], serves: generates },
   { name: "EmbeddingRequest", endpoint: "embedding", needs: [["input"], ["messages"]], serves: (ctx) => ctx.poolingTask === "embed" },
   { name: "ClassificationRequest", endpoint: "classify", needs: [["input"], ["messages"]], serves: (ctx) => ctx.poolingTask === "classify" },
-  { name: "ScoreRequest", endpoint: "score", needs: [["text_1", "text_2"]], serves: servesScoring },
+  { name: "ScoreRequest", endpoint: "score", needs: SCORE_FIELD_PAIRS, serves: servesScoring },
   { name: "RerankRequest", endpoint: "rerank", needs: [["query", "documents"]], serves: servesScoring },
   { name: "PoolingRequest", endpoint: "pooling", needs: [["input"], ["messages"]], serves: (ctx) => ctx.poolingTask !== null },
 ];

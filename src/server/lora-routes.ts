@@ -5,7 +5,7 @@
 import type { FastifyInstance } from "fastify";
 import { EngineInputError } from "../engine/errors.js";
 import { ApiError, badRequest } from "./errors.js";
-import type { LoraModule, ServingContext } from "./serving-context.js";
+import { randomId, type LoraModule, type ServingContext } from "./serving-context.js";
 
 /** /v1/models entries of the served adapters. */
 export function loraModelCards(ctx: ServingContext, created: number): object[] {
@@ -17,8 +17,16 @@ export function loraModelCards(ctx: ServingContext, created: number): object[] {
     root: m.request.path,
     parent: m.baseModelName,
     max_model_len: null,
-    permission: [],
+    permission: [modelPermission(created)],
   }));
+}
+
+/** vLLM's ModelPermission with its defaults: every model card lists one. */
+export function modelPermission(created: number): object {
+  return {
+    id: randomId("modelperm"), object: "model_permission", created, allow_create_engine: false, allow_sampling: true, allow_logprobs: true,
+    allow_search_indices: false, allow_view: true, allow_fine_tuning: false, organization: "*", group: null, is_blocking: false,
+  };
 }
 
 export function registerLoraRoutes(app: FastifyInstance, bound: () => ServingContext): void {

@@ -5,7 +5,7 @@ import type { HarmonyServing } from "./serving-chat-harmony.js";
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { Server as TlsServer, TLSSocket } from "node:tls";
-import Fastify, { errorCodes, LogController, type FastifyInstance } from "fastify";
+import Fastify, { errorCodes, LogController, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { EngineClient, SamplingParams } from "../engine/types.js";
 import { MAX_LOGPROBS } from "./protocol.js";
 import type { TokenizerLike } from "../models/tokenizer-types.js";
@@ -23,7 +23,7 @@ import { handleRerank, handleScore } from "./serving-score.js";
 import { handleClassify } from "./serving-classify.js";
 import { handlePooling } from "./serving-pooling.js";
 import type { LoraModule, ServingContext } from "./serving-context.js";
-import { loraModelCards, registerLoraRoutes } from "./lora-routes.js";
+import { loraModelCards, modelPermission, registerLoraRoutes } from "./lora-routes.js";
 import { registerTokenizeRoutes, registerTokenizerInfoRoute } from "./tokenize.js";
 import type { KvTransferService } from "./kv-transfer.js";
 import { registerInvocationsRoute, type Endpoint, type InvocationEndpoint } from "./invocations.js";
@@ -94,6 +94,8 @@ export interface ServerEngineOptions {
   engine: EngineClient;
   tokenizer: TokenizerLike;
   servedModelNames: string[];
+  /** The model as `kiln serve` was given it (a path or hub id): /v1/models' `root`. Default: the first served name. */
+  modelPath?: string;
   maxModelLen: number;
   /** 503 once the engine's waiting queue holds this many requests. */
   maxWaitingRequests?: number;
@@ -282,25 +284,29 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
     if (type === undefined || /^application\/[^;\s]+\+json\s*(;|$)/i.test(type)) parseJson(request, body as string, done);
     else done(new errorCodes.FST_ERR_CTP_INVALID_MEDIA_TYPE(), undefined);
   });
-  // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404.
+  // A known path asked with another method gets 405 and Allow, as vLLM's Starlette router answers; others 404 (under
+  // /v1/messages, Anthropic's error object, as its routes' other errors).
   const methodsOf = routeMethods(app);
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split("?")[0]!;
+    const body = (err: ApiError) => (isMessagesPath(path) ? anthropicError(err).body : err.toBody());
     const allowed = methodsOf(path);
     if (allowed.length > 0 && !allowed.includes(request.method)) {
       const err = new ApiError(405, `Method ${request.method} not allowed for ${path} (allowed: ${allowed.join(", ")})`, null,
         "invalid_request_error", "method_not_allowed");
-      void reply.code(405).header("allow", allowed.join(", ")).send(err.toBody());
+      void reply.code(405).header("allow", allowed.join(", ")).send(body(err));
       return;
     }
     const err = new ApiError(404, `Route ${request.method} ${path} not found`, null, "not_found_error");
-    void reply.code(404).send(err.toBody());
+    void reply.code(404).send(body(err));
   });
 
   // 503 once the engine has died, as vLLM's (EngineDeadError): every request would fail, and an orchestrator's probe
   // should restart the server
-  app.get("/health", async (_req, reply) => reply.code((ctx?.engine.deadError?.() ?? null) === null ? 200 : 503).send());
-  app.get("/ping", async (_req, reply) => reply.code(200).send());
+  const health = async (_req: FastifyRequest, reply: FastifyReply) => reply.code((ctx?.engine.deadError?.() ?? null) === null ? 200 : 503).send();
+  app.get("/health", health);
+  // SageMaker's probe: vLLM answers it on GET and POST with /health's status
+  app.route({ method: ["GET", "POST"], url: "/ping", handler: health });
   app.get("/version", async () => ({ version: options.version }));
   app.get("/metrics", async (_req, reply) => {
     const { metrics } = bound();
@@ -317,10 +323,10 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         object: "model",
         created,
         owned_by: "kiln",
-        root: servedModelNames[0],
+        root: ctx.modelPath,
         parent: null,
         max_model_len: maxModelLen,
-        permission: [],
+        permission: [modelPermission(created)],
       })), ...loraModelCards(ctx, created)],
     };
   });
@@ -371,6 +377,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
         tokenizer: engineOptions.tokenizer,
         metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null),
         servedModelNames: engineOptions.servedModelNames,
+        modelPath: engineOptions.modelPath ?? engineOptions.servedModelNames[0]!,
         maxModelLen: engineOptions.maxModelLen,
         maxWaitingRequests: engineOptions.maxWaitingRequests,
         streamInterval: engineOptions.streamInterval ?? 1,

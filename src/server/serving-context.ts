@@ -24,6 +24,8 @@ export interface ServingContext {
   tokenizer: TokenizerLike;
   metrics: ServerMetrics;
   servedModelNames: string[];
+  /** The model as the server was given it (vLLM's `root` of /v1/models' cards). */
+  modelPath: string;
   maxModelLen: number;
   maxWaitingRequests: number | undefined;
   /** A streamed reply's tokens per chunk (vLLM's --stream-interval). */

@@ -22,6 +22,21 @@ function halfBack(h: Uint16Array, kind: "f16" | "bf16"): Float32Array {
   return kind === "f16" ? f16BytesToF32(bytes) : bf16BytesToF32(bytes);
 }
 
+/**
+ * How a pooling response writes each vector (vLLM's encoding_format, embed_dtype and endianness, shared by
+ * /v1/embeddings and /pooling): floats rounded to the dtype, or base64 of its little-endian bytes.
+ */
+export function vectorEncoder(body: Record<string, unknown>): (v: Float32Array) => number[] | string {
+  const format = optString(body, "encoding_format") ?? "float";
+  if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
+  const dtype = optString(body, "embed_dtype") ?? "float32";
+  if (!Object.hasOwn(EMBED_DTYPES, dtype)) throw badRequest(`'embed_dtype' must be one of ${Object.keys(EMBED_DTYPES).join(", ")}, got ${JSON.stringify(dtype)}`, "embed_dtype");
+  const endianness = optString(body, "endianness") ?? "native";
+  if (endianness !== "native" && endianness !== "little") throw badRequest(`'endianness' must be "native" or "little" (this server is little-endian), got ${JSON.stringify(endianness)}`, "endianness");
+  const codec = EMBED_DTYPES[dtype]!;
+  return format === "float" ? (v) => codec.floats(v) : (v) => Buffer.from(codec.bytes(v)).toString("base64");
+}
+
 /** The text a messages-style embedding request embeds (the chat template, without a generation prompt by default). */
 function renderChat(ctx: ServingContext, body: Record<string, unknown>): string {
   const messages = parseMessages(body);
@@ -53,22 +68,30 @@ export function refuseOnPoolingRunner(ctx: ServingContext, api: string): void {
   if (ctx.poolingTask !== null) throw badRequest(`The model does not support ${api} API`);
 }
 
+/** A pooling request's truncation_side (vLLM's): which end truncate_prompt_tokens cuts, "left" (the default) or "right". */
+export function optTruncationSide(body: Record<string, unknown>): "left" | "right" {
+  const side = optString(body, "truncation_side") ?? "left";
+  if (side !== "left" && side !== "right") throw badRequest(`'truncation_side' must be "left" or "right", got ${JSON.stringify(side)}`, "truncation_side");
+  return side;
+}
+
 /**
- * Each prompt's token ids for a pooling request: cut to truncate_prompt_tokens (its last tokens; -1: max_model_len),
- * then checked non-empty and within max_model_len (a 400 naming `field`; `operation` words it as vLLM does).
+ * Each prompt's token ids for a pooling request: cut to truncate_prompt_tokens (-1: max_model_len; its last tokens, or
+ * with `side` "right" its first), then checked non-empty and within max_model_len (a 400 naming `field`; `operation`
+ * words it as vLLM does).
  */
 export function poolingTokenIds(
   ctx: ServingContext,
   prompts: PromptInput[],
-  options: { truncate: number | undefined; addSpecialTokens: boolean; field: string; operation: string },
+  options: { truncate: number | undefined; side: "left" | "right"; addSpecialTokens: boolean; field: string; operation: string },
 ): number[][] {
-  const { truncate, addSpecialTokens, field, operation } = options;
+  const { truncate, side, addSpecialTokens, field, operation } = options;
   if (truncate !== undefined && truncate > ctx.maxModelLen)
     throw badRequest(`truncate_prompt_tokens value (${truncate}) is greater than max_model_len (${ctx.maxModelLen}). Please, select a smaller truncation size.`, "truncate_prompt_tokens");
   const keep = truncate === -1 ? ctx.maxModelLen : truncate;
   return prompts.map((p) => {
     const all = "text" in p ? ctx.tokenizer.encode(p.text, { addSpecialTokens }) : p.tokenIds;
-    const ids = keep !== undefined && all.length > keep ? all.slice(all.length - keep) : all;
+    const ids = keep === undefined || all.length <= keep ? all : side === "left" ? all.slice(all.length - keep) : all.slice(0, keep);
     if (ids.length === 0) throw badRequest(`'${field}' must not be empty`, field);
     if (ids.length > ctx.maxModelLen)
       throw badRequest(
@@ -110,6 +133,15 @@ export async function poolTokenIds(
 }
 
 /**
+ * vLLM's use_activation (and its older names, activation and softmax) on a classifier's requests: false asks for the
+ * head's raw logits, which the engine does not return (it pools the activated outputs), so it is a 400, not ignored.
+ */
+export function refuseRawLogits(body: Record<string, unknown>): void {
+  for (const field of ["use_activation", "activation", "softmax"])
+    if (optBool(body, field) === false) throw badRequest(`'${field}: false' (the head's raw logits) is not supported: the server returns the activated outputs`, field);
+}
+
+/**
  * Pools the `input` prompts of a pooling request (its truncate_prompt_tokens, add_special_tokens and priority fields
  * read here): the response id, each prompt's pooled vector in input order, and the prompt tokens read.
  */
@@ -120,7 +152,7 @@ export async function poolInputs(
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
   const addSpecialTokens = optBool(body, "add_special_tokens") ?? o.addSpecialTokens;
   const priority = optInt(body, "priority") ?? 0;
-  const ids = poolingTokenIds(ctx, prompts, { truncate, addSpecialTokens, field: "input", operation: o.operation });
+  const ids = poolingTokenIds(ctx, prompts, { truncate, side: optTruncationSide(body), addSpecialTokens, field: "input", operation: o.operation });
   const id = randomId(o.idPrefix);
   const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
   return { id, vectors, promptTokens: ids.reduce((n, t) => n + t.length, 0) };
@@ -131,27 +163,22 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const { prompts, chat } = poolingPrompts(ctx, body); // (vLLM's EmbeddingChatRequest takes messages)
-  const format = optString(body, "encoding_format") ?? "float";
-  if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
-  const dtype = optString(body, "embed_dtype") ?? "float32";
-  if (!Object.hasOwn(EMBED_DTYPES, dtype)) throw badRequest(`'embed_dtype' must be one of ${Object.keys(EMBED_DTYPES).join(", ")}, got ${JSON.stringify(dtype)}`, "embed_dtype");
-  const endianness = optString(body, "endianness") ?? "native";
-  if (endianness !== "native" && endianness !== "little") throw badRequest(`'endianness' must be "native" or "little" (this server is little-endian), got ${JSON.stringify(endianness)}`, "endianness");
+  const encode = vectorEncoder(body);
   const dimensions = optInt(body, "dimensions", { min: 1 });
   if (dimensions !== undefined)
     throw badRequest(`Model "${model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`, "dimensions");
   if (body.normalize !== undefined && body.normalize !== null)
     throw badRequest("'normalize' per request is not supported: the server's --pooler-config sets it", "normalize");
+  // (vLLM's newer name for normalize: false leaves the embeddings unnormalized)
+  if (optBool(body, "use_activation") === false)
+    throw badRequest("'use_activation: false' per request is not supported: the server's --pooler-config sets normalization", "use_activation");
   const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "embedding generation", idPrefix: "embd" });
   return {
     id,
     object: "list",
     created: nowSeconds(),
     model,
-    data: vectors.map((v, index) => {
-      const embedding = format === "float" ? EMBED_DTYPES[dtype]!.floats(v) : Buffer.from(EMBED_DTYPES[dtype]!.bytes(v)).toString("base64");
-      return { object: "embedding", index, embedding };
-    }),
+    data: vectors.map((v, index) => ({ object: "embedding", index, embedding: encode(v) })),
     usage: { prompt_tokens: promptTokens, total_tokens: promptTokens, completion_tokens: 0, prompt_tokens_details: null },
   };
 }

@@ -7,7 +7,7 @@ import { badRequest } from "./errors.js";
 import { optString } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import { nowSeconds, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolingPrompts, poolInputs } from "./serving-embeddings.js";
+import { poolingPrompts, poolInputs, vectorEncoder } from "./serving-embeddings.js";
 
 const KNOWN_TASKS = ["embed", "classify", "score", "token_embed", "token_classify", "plugin"];
 
@@ -19,9 +19,8 @@ export async function handlePooling(ctx: ServingContext, request: FastifyRequest
   if (!KNOWN_TASKS.includes(task)) throw badRequest(`'task' must be one of ${KNOWN_TASKS.join(", ")}, got ${JSON.stringify(task)}`, "task");
   if (task !== ctx.poolingTask)
     throw badRequest(`Task ${task} is not supported by this server: it pools for ${ctx.poolingTask} (per-token tasks and plugins are not served)`, "task");
-  const format = optString(body, "encoding_format") ?? "float";
-  if (format !== "float" && format !== "base64") throw badRequest(`'encoding_format' must be "float" or "base64", got ${JSON.stringify(format)}`, "encoding_format");
-  for (const field of ["dimensions", "use_activation", "normalize"])
+  const encode = vectorEncoder(body);
+  for (const field of ["dimensions", "use_activation", "activation", "softmax", "normalize"])
     if (body[field] !== undefined && body[field] !== null) throw badRequest(`'${field}' per request is not supported: the server's --pooler-config sets pooling`, field);
   const { prompts, chat } = poolingPrompts(ctx, body);
   const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "pooling", idPrefix: "pool" });
@@ -30,12 +29,8 @@ export async function handlePooling(ctx: ServingContext, request: FastifyRequest
     object: "list",
     created: nowSeconds(),
     model,
-    data: vectors.map((v, index) => ({
-      index,
-      object: "pooling",
-      // base64: the little-endian float32 bytes, as /v1/embeddings encodes them
-      data: format === "float" ? Array.from(v) : Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64"),
-    })),
+    // (encoded as /v1/embeddings encodes its vectors: embed_dtype, base64 of little-endian bytes)
+    data: vectors.map((v, index) => ({ index, object: "pooling", data: encode(v) })),
     usage: { prompt_tokens: promptTokens, total_tokens: promptTokens, completion_tokens: 0, prompt_tokens_details: null },
   };
 }

@@ -9,7 +9,7 @@ import { badRequest } from "./errors.js";
 import { optBool, optInt, optString, type Json } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import { nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolingTokenIds, poolTokenIds } from "./serving-embeddings.js";
+import { optTruncationSide, poolingTokenIds, poolTokenIds, refuseRawLogits } from "./serving-embeddings.js";
 
 /** A field that is one text or a list of texts (vLLM's `str | list[str]`). */
 function texts(body: Json, field: string, { single = false } = {}): string[] {
@@ -64,8 +64,9 @@ async function scoreTexts(
   if (why !== null) throw badRequest(why, first.length === 0 ? fields.first : fields.second);
   const truncate = optInt(body, "truncate_prompt_tokens", { min: -1 });
   const priority = optInt(body, "priority") ?? 0;
-  const options = { truncate, addSpecialTokens: true, operation: fields.operation };
+  const options = { truncate, side: optTruncationSide(body), addSpecialTokens: true, operation: fields.operation };
   if (ctx.poolingTask === "classify") {
+    refuseRawLogits(body);
     const pairOptions = { useSepToken: ctx.useSepToken, addSpecialTokens: true };
     const pairs = scorePairs(first.length, second.length);
     const prompts = pairs.map(([i, j]) => ({ tokenIds: crossEncoderPromptIds(ctx.tokenizer, first[i]!, second[j]!, pairOptions) }));
@@ -90,14 +91,27 @@ async function scoreTexts(
   return { pairs, promptTokens };
 }
 
-/** vLLM's ScoreRequest: text_1 and text_2, each a string or a list of strings; one score per text_2. */
+/**
+ * The field pairs vLLM's ScoreRequest takes for its two sides, in the order its union tries them (queries/documents,
+ * queries/items and data_1/data_2 are the newer names of text_1/text_2).
+ */
+export const SCORE_FIELD_PAIRS = [["queries", "documents"], ["queries", "items"], ["data_1", "data_2"], ["text_1", "text_2"]] as const;
+
+/** The pair of fields `body` gives its texts in: the first it has both of, else the first it has one of (text_1/text_2 when none). */
+function scoreFields(body: Json): readonly [string, string] {
+  const given = (pair: readonly string[], n: number) => pair.filter((f) => body[f] != null).length >= n;
+  return SCORE_FIELD_PAIRS.find((p) => given(p, 2)) ?? SCORE_FIELD_PAIRS.find((p) => given(p, 1)) ?? SCORE_FIELD_PAIRS[3];
+}
+
+/** vLLM's ScoreRequest: text_1 and text_2 (or their newer names), each a string or a list of strings; one score per second text. */
 export async function handleScore(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   checkScoringModel(ctx, "Score");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
   const id = randomId("score");
-  const fields = { first: "text_1", second: "text_2", operation: "score" };
-  const { pairs, promptTokens } = await scoreTexts(ctx, request, reply, body, id, texts(body, "text_1"), texts(body, "text_2"), fields);
+  const [first, second] = scoreFields(body);
+  const fields = { first, second, operation: "score" };
+  const { pairs, promptTokens } = await scoreTexts(ctx, request, reply, body, id, texts(body, first), texts(body, second), fields);
   return {
     id,
     object: "list",

@@ -84,6 +84,14 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       assert.equal(pooled.status, 200, JSON.stringify(pooled.body));
       assert.deepEqual((pooled.body as { data: { object: string; data: number[] }[] }).data.map((d) => [d.object, d.data]), body.data.map((d) => ["pooling", d.probs]));
       assert.equal((await postRaw(server.url, "/pooling", { model: server.model, input: "x", task: "embed" })).status, 400);
+      // vLLM's use_activation false (older names: activation, softmax) asks for the raw logits: refused, never ignored
+      for (const [path, field] of [["/classify", "use_activation"], ["/v1/classify", "activation"], ["/classify", "softmax"], ["/pooling", "softmax"]] as const) {
+        const refused = await postRaw(server.url, path, { model: server.model, input: TEXTS[0], [field]: false });
+        assert.equal(refused.status, 400, `${path} ${field}`);
+        assertErrorBody(refused.body, { type: "invalid_request_error", param: field, message: new RegExp(field) });
+      }
+      const activated = await postRaw(server.url, "/classify", { model: server.model, input: TEXTS[0], use_activation: true }); // the default
+      assert.deepEqual((activated.body as typeof body).data[0]!.probs, body.data[0]!.probs);
       for (const [path, req] of [
         ["/v1/embeddings", { model: server.model, input: "x" }],
         ["/v1/chat/completions", { model: server.model, messages: [{ role: "user", content: "x" }] }],

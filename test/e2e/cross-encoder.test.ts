@@ -121,6 +121,9 @@ describe("cross-encoder scoring (*ForSequenceClassification, num_labels 1)", () 
       const r = await ok<ScoreBody>("/v1/score", { text_1: query, text_2: docs[2], truncate_prompt_tokens: 4 });
       assertNear(r.data[0]!.score, expectedScore(dir, pairIds(query, docs[2]!).slice(-4)), "truncated");
       assert.equal(r.usage.prompt_tokens, 4);
+      // vLLM's truncation_side "right" keeps the first tokens instead
+      const right = await ok<ScoreBody>("/v1/score", { text_1: query, text_2: docs[2], truncate_prompt_tokens: 4, truncation_side: "right" });
+      assertNear(right.data[0]!.score, expectedScore(dir, pairIds(query, docs[2]!).slice(0, 4)), "truncated on the right");
     });
 
     it("/rerank, /v1/rerank and /v2/rerank: documents by cross-encoder score, best first; top_n and return_documents", async () => {
@@ -137,6 +140,14 @@ describe("cross-encoder scoring (*ForSequenceClassification, num_labels 1)", () 
       }
       const top = await ok<RerankBody>("/v1/rerank", { query, documents: docs, top_n: 2, return_documents: false });
       assert.deepEqual(top.results.map((x) => [x.index, Object.keys(x).sort()]), byHand.slice(0, 2).map((x) => [x.index, ["index", "relevance_score"]]));
+      // use_activation false (vLLM: the raw logit, not its sigmoid) is refused rather than ignored; true is the default
+      for (const [path, req] of [["/rerank", { query, documents: docs }], ["/score", { text_1: query, text_2: docs }]] as const) {
+        const refused = await postRaw(server.url, path, { model: server.model, ...req, use_activation: false });
+        assert.equal(refused.status, 400, path);
+        assert.equal((refused.body as { error: { param: string } }).error.param, "use_activation", path);
+      }
+      const activated = await ok<RerankBody>("/rerank", { query, documents: docs, use_activation: true });
+      assert.deepEqual(activated.results.map((x) => x.index), byHand.map((x) => x.index));
     });
   });
 

@@ -51,7 +51,16 @@ describe("kiln serve --runner pooling (e2e)", () => {
     const b64 = await postRaw(server.url, "/pooling", { model: server.model, input: inputs[0], task: "embed", encoding_format: "base64" });
     const bytes = Buffer.from((b64.body as { data: { data: string }[] }).data[0]!.data, "base64");
     assertClose(Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4)), want[0]!, "pooling base64");
-    for (const [extra, param] of [[{ task: "classify" }, "task"], [{ task: "token_embed" }, "task"], [{ task: "nope" }, "task"], [{ dimensions: 8 }, "dimensions"]] as const) {
+    // embed_dtype (vLLM's EncodingRequestMixin, as on /v1/embeddings): bfloat16's little-endian halves, the top of each float32
+    const bf16 = await postRaw(server.url, "/pooling", { model: server.model, input: inputs[0], encoding_format: "base64", embed_dtype: "bfloat16" });
+    const halves = Buffer.from((bf16.body as { data: { data: string }[] }).data[0]!.data, "base64");
+    assert.equal(halves.length, want[0]!.length * 2);
+    Array.from(want[0]!).forEach((x, i) => {
+      const v = new Float32Array(new Uint32Array([halves.readUInt16LE(2 * i) << 16]).buffer)[0]!;
+      assert.ok(Math.abs(v - x) <= Math.abs(x) * 2 ** -8, `bf16 ${i}: ${v} vs ${x}`);
+    });
+    for (const [extra, param] of [[{ task: "classify" }, "task"], [{ task: "token_embed" }, "task"], [{ task: "nope" }, "task"], [{ dimensions: 8 }, "dimensions"],
+      [{ embed_dtype: "int4" }, "embed_dtype"], [{ endianness: "middle" }, "endianness"]] as const) {
       const bad = await postRaw(server.url, "/pooling", { model: server.model, input: "x", ...extra });
       assert.equal(bad.status, 400);
       assertErrorBody(bad.body, { type: "invalid_request_error", param });
@@ -79,6 +88,18 @@ describe("kiln serve --runner pooling (e2e)", () => {
     });
     assert.deepEqual(await embed({ input: inputs[0], truncate_prompt_tokens: -1 }), Array.from(want[0]!));
     assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", normalize: false })).status, 400);
+    // vLLM's newer name for it: false (unnormalized) is refused, not ignored; true is the default
+    const raw = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", use_activation: false });
+    assert.equal(raw.status, 400);
+    assertErrorBody(raw.body, { type: "invalid_request_error", param: "use_activation" });
+    assert.deepEqual(await embed({ input: inputs[0], use_activation: true }), Array.from(want[0]!));
+    // truncation_side (vLLM's): "right" keeps the first truncate_prompt_tokens tokens, "left" (the default) the last
+    const ids = (tok.body as { tokens: number[] }).tokens;
+    assert.ok(ids.length > 3);
+    assert.deepEqual(await embed({ input: ids, truncate_prompt_tokens: 3, truncation_side: "right" }), await embed({ input: ids.slice(0, 3) }));
+    assert.deepEqual(await embed({ input: ids, truncate_prompt_tokens: 3 }), await embed({ input: ids.slice(-3) }));
+    const side = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", truncation_side: "middle" });
+    assertErrorBody(side.body, { type: "invalid_request_error", param: "truncation_side" });
     assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", embed_dtype: "int4" })).status, 400);
   });
 

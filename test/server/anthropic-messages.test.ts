@@ -218,6 +218,11 @@ describe("/v1/messages through the Anthropic SDK over the fake engine", () => {
     assert.deepEqual([malformed.status, malformed.body.type, malformed.body.error.type], [400, "error", "invalid_request_error"]);
     const count = await post({ model: MODEL, messages: [{ role: "user", content: [{ type: "image" }] }] }, "/v1/messages/count_tokens");
     assert.deepEqual([count.status, count.body.error.type], [400, "invalid_request_error"]);
+    // a route Kiln does not serve under /v1/messages (the Batches API), or a wrong method: Anthropic's objects too
+    const batches = await post({ requests: [] }, "/v1/messages/batches");
+    assert.deepEqual([batches.status, batches.body.type, batches.body.error.type], [404, "error", "not_found_error"]);
+    const get = await fetch(`${s.url}/v1/messages`);
+    assert.deepEqual([get.status, ((await get.json()) as typeof batches.body).error.type], [405, "invalid_request_error"]);
     // the SDK reads them as its typed errors
     await assert.rejects(
       anthropic.messages.create({ model: "no-such-model", max_tokens: 5, messages: [{ role: "user", content: "hi" }] }),

@@ -219,12 +219,15 @@ describe("errors", () => {
 });
 
 describe("a dead engine", () => {
-  it("/health answers 503 once the engine has died, as vLLM's on EngineDeadError", async () => {
+  it("/health and SageMaker's /ping (GET and POST) answer 503 once the engine has died, as vLLM's on EngineDeadError", async () => {
     const s = await startTestServer();
+    const probes = () => Promise.all([
+      fetch(`${s.url}/health`), fetch(`${s.url}/ping`), fetch(`${s.url}/ping`, { method: "POST" }),
+    ].map(async (r) => (await r).status));
     try {
-      assert.equal((await fetch(`${s.url}/health`)).status, 200);
+      assert.deepEqual(await probes(), [200, 200, 200]);
       Object.assign(s.engine, { deadError: () => new Error("[tensor_parallel] rank 1 (pid 1) exited (SIGKILL)") });
-      assert.equal((await fetch(`${s.url}/health`)).status, 503);
+      assert.deepEqual(await probes(), [503, 503, 503]);
     } finally {
       await s.close();
     }

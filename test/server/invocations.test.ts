@@ -133,6 +133,17 @@ describe("POST /invocations on pooling models", () => {
     assert.equal(score.status, 200);
     assert.deepEqual(score.body.data.map((d: any) => d.object), ["score", "score"]);
     assert.ok(Math.abs(score.body.data[1].score - 1) < 1e-6, "a text scores 1 against itself");
+    // vLLM's newer names for the two sides score the same, on /score and through /invocations
+    for (const [first, second] of [["queries", "documents"], ["queries", "items"], ["data_1", "data_2"]]) {
+      for (const path of ["/score", "/v1/score", "/invocations"]) {
+        const renamed = await post(embed, path, { model: MODEL, [first]: "a river", [second]: ["the sea", "a river"] });
+        assert.equal(renamed.status, 200, `${path} ${first}/${second}: ${JSON.stringify(renamed.body)}`);
+        assert.deepEqual(renamed.body.data, score.body.data, `${path} ${first}/${second}`);
+      }
+    }
+    const half = await post(embed, "/score", { model: MODEL, queries: "a river" });
+    assert.equal(half.status, 400);
+    assert.equal(half.body.error.param, "documents");
 
     const rerank = await post(embed, "/invocations", { model: MODEL, query: "a river", documents: ["the sea", "a river"] });
     assert.equal(rerank.status, 200);

@@ -19,6 +19,27 @@ describe("OpenAI API", () => {
     const m = page.data[0] as unknown as Record<string, unknown>;
     assert.equal(m.object, "model");
     assert.equal(m.max_model_len, 256);
+    // vLLM's ModelCard: root is the model as served (here none was given: the first name), one default ModelPermission
+    assert.equal(m.root, MODEL);
+    assert.equal(m.parent, null);
+    const [perm, ...more] = m.permission as Record<string, unknown>[];
+    assert.equal(more.length, 0);
+    assert.match(perm!.id as string, /^modelperm-[0-9a-f]{32}$/);
+    assert.deepEqual({ ...perm, id: undefined, created: undefined }, {
+      id: undefined, object: "model_permission", created: undefined, allow_create_engine: false, allow_sampling: true,
+      allow_logprobs: true, allow_search_indices: false, allow_view: true, allow_fine_tuning: false, organization: "*",
+      group: null, is_blocking: false,
+    });
+  });
+
+  it("/v1/models' root is the model path when the server was given one under another name", async () => {
+    const t = await startTestServer({ modelPath: "/models/llama-3-8b" });
+    try {
+      const cards = (await t.client.models.list()).data as unknown as { id: string; root: string }[];
+      assert.deepEqual(cards.map((c) => [c.id, c.root]), [[MODEL, "/models/llama-3-8b"], ["alias", "/models/llama-3-8b"]]);
+    } finally {
+      await t.close();
+    }
   });
 
   it("a path with a trailing slash is the path without it (vLLM's Starlette redirects it there)", async () => {
