@@ -40,7 +40,7 @@ import { GrammarThread } from "./grammar-thread.js";
 import { RequestGrammar, applyBitmask, structuredOutputSpec } from "./structured-output.js";
 import type { KvCacheEvent } from "./kv-events.js";
 import { layoutMismatch, type KvSnapshot } from "./kv-transfer.js";
-import type { CompletionOutput, EngineStats, RequestOutput, SamplingParams } from "./types.js";
+import type { CompletionOutput, EngineStats, PoolingOverrides, RequestOutput, SamplingParams } from "./types.js";
 import { EngineSleepingError, SleepState, WAKE_TAGS, type MemoryTag, type SleepLevel, type SleepStatus, type WakeTag } from "./sleep-mode.js";
 
 /** Engine arguments, vLLM's names in camelCase. */
@@ -447,6 +447,16 @@ export class EngineCore {
    * A request's images: a runner that reads them, each inside the prompt, in order and apart, the prompt not truncated,
    * and each no longer than a step's token budget (an image is computed in one step).
    */
+  /** A request's PoolingParams fit the engine's task (vLLM's PoolingParams.verify): activation classifies, normalize embeds. */
+  private checkPoolingOverrides(o: PoolingOverrides): void {
+    const c = this.args.pooler;
+    if (c === null) throw new EngineInputError("pooling", "pooling parameters apply to a pooling runner only");
+    const classify = c.classify === true;
+    const wrong: keyof PoolingOverrides = classify ? "normalize" : "activation";
+    if (o[wrong] != null)
+      throw new EngineInputError(`pooling.${wrong}`, `task ${classify ? "classify" : "embed"} does not take ${wrong} (${classify ? "activation" : "normalize"} only)`);
+  }
+
   private checkMmFeatures(mm: readonly MultiModalFeature[], prompt: readonly number[], truncate: number | null): void {
     if (mm.some((f) => f.inputEmbeds === undefined) && this.runner.supportsImages !== true)
       throw new EngineInputError("multi_modal_data", "At most 0 image(s) may be provided in one prompt.");
@@ -501,6 +511,7 @@ export class EngineCore {
     if (prompt.length > maxLen)
       throw new EngineInputError("prompt", `the prompt (length ${prompt.length}) is longer than the maximum model length of ${maxLen}`);
     if (this.args.pooler !== null && params.n !== 1) throw new EngineInputError("n", `a pooling engine returns one vector per prompt, got n = ${params.n}`);
+    if (params.pooling !== null) this.checkPoolingOverrides(params.pooling);
     // a pooling request only reads its prompt
     const maxTokens = this.args.pooler !== null ? 1 : Math.max(1, Math.min(params.maxTokens ?? maxLen, maxLen - prompt.length));
     // Every request must be able to finish alone, or preemption would livelock: its K/V (all tokens but the
@@ -845,9 +856,10 @@ export class EngineCore {
       const v = req.pooledState;
       if (v === null) throw new Error(`[engine] no pooled state for ${req.requestId}`);
       if (c.poolingType === "MEAN") for (let i = 0; i < v.length; i++) v[i] = v[i]! / req.numPromptTokens;
+      const own = req.params.pooling;
       if (c.classify === true) {
-        req.pooledOutput = classScores(this.runner.classify!(v), this.runner.classifier!, c.activation ?? true);
-      } else if (c.normalize) {
+        req.pooledOutput = classScores(this.runner.classify!(v), this.runner.classifier!, own?.activation ?? c.activation ?? true);
+      } else if (own?.normalize ?? c.normalize) {
         let ss = 0;
         for (let i = 0; i < v.length; i++) ss += v[i]! * v[i]!;
         const inv = 1 / Math.max(Math.sqrt(ss), 1e-12); // torch.nn.functional.normalize's eps

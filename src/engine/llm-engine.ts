@@ -18,7 +18,7 @@ import { promptEmbedsInput } from "./prompt-embeds.js";
 import { generationConfigSourceError, generationDefaults, generationOverrideError } from "./sampling-params.js";
 import { cosineSimilarity, crossEncoderLabelsError, crossEncoderPromptIds, scorePairingError, scorePairs } from "./scoring.js";
 import { createServingSetupSync, type ServingArgs } from "./serving.js";
-import type { RequestOutput, SamplingParams } from "./types.js";
+import type { PoolingOverrides, RequestOutput, SamplingParams } from "./types.js";
 import type { SleepLevel, WakeTag } from "./sleep-mode.js";
 
 /** One prompt's embedding (vLLM's EmbeddingRequestOutput, its outputs.embedding as `embedding`). */
@@ -115,6 +115,15 @@ function imageInputWith(spec: Gemma3ImageInputSpec | null, kwargs: Record<string
     if (e instanceof MmProcessorKwargsError) throw new EngineInputError("mm_processor_kwargs", e.message);
     throw e;
   }
+}
+
+/**
+ * Options of LLM.embed / classify / score: truncatePromptTokens keeps each prompt's last tokens; pooling is vLLM's
+ * PoolingParams (normalize false: embeddings without L2 normalization; activation false: a classifier's raw logits).
+ */
+export interface PoolingOptions {
+  truncatePromptTokens?: number;
+  pooling?: PoolingOverrides;
 }
 
 /**
@@ -265,7 +274,7 @@ export class LLM {
    * const llm = new LLM({ model: "models/kiln-default", runner: "pooling" });
    * const [e] = llm.embed(["The city"]); // e.embedding: Float32Array of hidden_size values
    */
-  embed(prompts: PromptInput[], options: { truncatePromptTokens?: number } = {}): EmbeddingOutput[] {
+  embed(prompts: PromptInput[], options: PoolingOptions = {}): EmbeddingOutput[] {
     if (this.engine.poolingTask !== "embed") throw new Error(`[LLM.embed] this LLM ${this.engine.poolingTask === "classify" ? "classifies: use classify()" : 'generates: make it with runner: "pooling" to embed'}`);
     return this.embedOrClassify(prompts, options).map((out) => ({
       requestId: out.requestId,
@@ -276,8 +285,12 @@ export class LLM {
   }
 
   /** The pooling engine's outputs for the prompts (their `pooled`: embeddings or class scores). */
-  private embedOrClassify(prompts: PromptInput[], options: { truncatePromptTokens?: number }): RequestOutput[] {
-    const params = { maxTokens: 1, ...(options.truncatePromptTokens !== undefined ? { truncatePromptTokens: options.truncatePromptTokens } : {}) };
+  private embedOrClassify(prompts: PromptInput[], options: PoolingOptions): RequestOutput[] {
+    const params = {
+      maxTokens: 1,
+      ...(options.truncatePromptTokens !== undefined ? { truncatePromptTokens: options.truncatePromptTokens } : {}),
+      ...(options.pooling !== undefined ? { pooling: options.pooling } : {}),
+    };
     return this.run(prompts, params, {});
   }
 
@@ -291,7 +304,7 @@ export class LLM {
    * const llm = new LLM({ model: "path/to/Qwen3ForSequenceClassification-dir" });
    * const [c] = llm.classify(["What a lovely day"]); // c.label: "positive", c.probs: Float32Array of num_labels
    */
-  classify(prompts: PromptInput[], options: { truncatePromptTokens?: number } = {}): ClassificationOutput[] {
+  classify(prompts: PromptInput[], options: PoolingOptions = {}): ClassificationOutput[] {
     const labels = this.engine.classLabels;
     if (labels === null) throw new Error("[LLM.classify] this LLM is not a classifier (a *ForSequenceClassification model)");
     return this.embedOrClassify(prompts, options).map((out) => {
@@ -312,7 +325,7 @@ export class LLM {
    * const llm = new LLM({ model: "models/kiln-default", runner: "pooling" });
    * const [paris, berlin] = llm.score("The capital of France", ["Paris", "Berlin"]); // paris.score: in [-1, 1]
    */
-  score(text1: PromptInput | PromptInput[], text2: PromptInput | PromptInput[], options: { truncatePromptTokens?: number } = {}): ScoringOutput[] {
+  score(text1: PromptInput | PromptInput[], text2: PromptInput | PromptInput[], options: PoolingOptions = {}): ScoringOutput[] {
     if (this.engine.args.pooler === null) throw new Error('[LLM.score] this LLM generates: make it with runner: "pooling" to score');
     const first = Array.isArray(text1) ? text1 : [text1];
     const second = Array.isArray(text2) ? text2 : [text2];
@@ -328,7 +341,7 @@ export class LLM {
   }
 
   /** LLM.score on a classifier: each pair's prompt classified, its one score (vLLM: num_labels 1 only, texts only). */
-  private crossEncode(first: PromptInput[], second: PromptInput[], options: { truncatePromptTokens?: number }): ScoringOutput[] {
+  private crossEncode(first: PromptInput[], second: PromptInput[], options: PoolingOptions): ScoringOutput[] {
     const why = crossEncoderLabelsError(this.engine.classLabels!.length);
     if (why !== null) throw new KilnError(`[LLM.score] Score API is ${why}`);
     const text = (p: PromptInput, param: string): string => {

@@ -100,6 +100,7 @@ export function defaultSamplingParams(): SamplingParams {
     logitsProcessors: [],
     extraArgs: null,
     structuredOutputs: null,
+    pooling: null,
   };
 }
 
@@ -220,6 +221,14 @@ export function normalizeSamplingParams(partial: Partial<SamplingParams> = {}, o
   );
   if (p.extraArgs !== null) p.extraArgs = copyExtraArgs(p.extraArgs);
   p.structuredOutputs = normalizeStructuredOutputs(p.structuredOutputs);
+  if (p.pooling !== null) {
+    need(typeof p.pooling === "object" && !Array.isArray(p.pooling), "pooling", "must be an object {normalize?, activation?}");
+    for (const [k, v] of Object.entries(p.pooling)) {
+      need(k === "normalize" || k === "activation", "pooling", `has no field ${JSON.stringify(k)} (normalize, activation)`);
+      need(v === undefined || v === null || typeof v === "boolean", `pooling.${k}`, "must be a boolean");
+    }
+    p.pooling = { ...p.pooling };
+  }
   for (const k of ["ignoreEos", "includeStopStrInOutput", "skipSpecialTokens", "spacesBetweenSpecialTokens", "detokenize"] as const) {
     need(
       typeof p[k] === "boolean",

@@ -52,6 +52,18 @@ export interface SamplingParams {
   extraArgs: ExtraArgs | null;
   /** Constrains the output to a JSON schema, JSON, a regex, a choice or a grammar (vLLM structured_outputs). */
   structuredOutputs: StructuredOutputsParams | null;
+  /**
+   * A pooling engine's per-request PoolingParams (vLLM's): `activation` false takes a classifier's raw logits (no
+   * softmax / sigmoid), `normalize` false an embedding without L2 normalization. Absent fields (or null): the
+   * engine's pooler config. Refused by a generating engine.
+   */
+  pooling: PoolingOverrides | null;
+}
+
+/** vLLM's PoolingParams fields a request may set (SamplingParams.pooling). */
+export interface PoolingOverrides {
+  normalize?: boolean;
+  activation?: boolean;
 }
 
 /** One entry of a logprobs list: token id -> {logprob, rank, decoded token}. */

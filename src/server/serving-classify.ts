@@ -6,14 +6,13 @@ import { badRequest } from "./errors.js";
 import { optString } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import { nowSeconds, resolveModel, type ServingContext } from "./serving-context.js";
-import { poolingPrompts, poolInputs, refuseRawLogits } from "./serving-embeddings.js";
+import { poolingPrompts, poolInputs } from "./serving-embeddings.js";
 
 export async function handleClassify(ctx: ServingContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const labels = ctx.classLabels;
   if (ctx.poolingTask !== "classify" || labels === null) throw badRequest("The model does not support Classification API");
   const body = asJsonBody(request.body);
   const model = resolveModel(ctx, optString(body, "model"));
-  refuseRawLogits(body);
   const { prompts, chat } = poolingPrompts(ctx, body); // (vLLM's ClassificationChatRequest takes messages)
   const { id, vectors: scores, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "classification", idPrefix: "classify" });
   return {

@@ -8,6 +8,7 @@ import { asJsonBody, parseMessages, parsePrompts, requestChatTemplate, type Prom
 import { badRequest } from "./errors.js";
 import { optBool, optInt, optObject, optString } from "./fields.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
+import type { PoolingOverrides } from "../engine/types.js";
 import { abortOnDisconnect, checkQueue, nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
 
 /** vLLM's embed_dtype: the precision of the returned values (floats rounded to it, or its little-endian bytes). */
@@ -108,6 +109,7 @@ export function poolingTokenIds(
  */
 export async function poolTokenIds(
   ctx: ServingContext, request: FastifyRequest, reply: FastifyReply, id: string, prompts: number[][], priority: number,
+  pooling: PoolingOverrides | null = null,
 ): Promise<Float32Array[]> {
   checkQueue(ctx, prompts.length);
   const requestIds = prompts.map((_, i) => `${id}-${i}`);
@@ -118,7 +120,7 @@ export async function poolTokenIds(
   controller.signal.addEventListener("abort", () => ctx.engine.abort(requestIds), { once: true });
   abortOnDisconnect(request, reply, controller);
   const streams = prompts.map((promptTokenIds, i) =>
-    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: requestIds[i]!, promptTokenIds, params: { maxTokens: 1 }, priority }, controller.signal, ctx.requestLog),
+    streamEngineRequest(ctx.engine, ctx.metrics, ctx.inflight, ctx.unstarted, { requestId: requestIds[i]!, promptTokenIds, params: { maxTokens: 1, pooling }, priority }, controller.signal, ctx.requestLog),
   );
   const vectors: (Float32Array | null)[] = prompts.map(() => null);
   try {
@@ -133,12 +135,25 @@ export async function poolTokenIds(
 }
 
 /**
- * vLLM's use_activation (and its older names, activation and softmax) on a classifier's requests: false asks for the
- * head's raw logits, which the engine does not return (it pools the activated outputs), so it is a 400, not ignored.
+ * A pooling request's PoolingParams (vLLM's): on a classifier, use_activation (older names: activation, softmax)
+ * false takes the head's raw logits; on an embedding model, normalize (newer name: use_activation) false takes the
+ * pooled state without L2 normalization. null: the server's --pooler-config for every field.
  */
-export function refuseRawLogits(body: Record<string, unknown>): void {
-  for (const field of ["use_activation", "activation", "softmax"])
-    if (optBool(body, field) === false) throw badRequest(`'${field}: false' (the head's raw logits) is not supported: the server returns the activated outputs`, field);
+export function poolingOverrides(ctx: ServingContext, body: Record<string, unknown>): PoolingOverrides | null {
+  const first = (fields: string[]): boolean | undefined => {
+    for (const f of fields) {
+      const v = optBool(body, f);
+      if (v !== undefined) return v;
+    }
+    return undefined;
+  };
+  if (ctx.poolingTask === "classify") {
+    if (body.normalize != null) throw badRequest("'normalize' applies to embedding models; a classifier takes use_activation", "normalize");
+    const activation = first(["use_activation", "activation", "softmax"]);
+    return activation === undefined ? null : { activation };
+  }
+  const normalize = first(["normalize", "use_activation"]);
+  return normalize === undefined ? null : { normalize };
 }
 
 /**
@@ -154,7 +169,7 @@ export async function poolInputs(
   const priority = optInt(body, "priority") ?? 0;
   const ids = poolingTokenIds(ctx, prompts, { truncate, side: optTruncationSide(body), addSpecialTokens, field: "input", operation: o.operation });
   const id = randomId(o.idPrefix);
-  const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority);
+  const vectors = await poolTokenIds(ctx, request, reply, id, ids, priority, poolingOverrides(ctx, body));
   return { id, vectors, promptTokens: ids.reduce((n, t) => n + t.length, 0) };
 }
 
@@ -167,11 +182,6 @@ export async function handleEmbeddings(ctx: ServingContext, request: FastifyRequ
   const dimensions = optInt(body, "dimensions", { min: 1 });
   if (dimensions !== undefined)
     throw badRequest(`Model "${model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`, "dimensions");
-  if (body.normalize !== undefined && body.normalize !== null)
-    throw badRequest("'normalize' per request is not supported: the server's --pooler-config sets it", "normalize");
-  // (vLLM's newer name for normalize: false leaves the embeddings unnormalized)
-  if (optBool(body, "use_activation") === false)
-    throw badRequest("'use_activation: false' per request is not supported: the server's --pooler-config sets normalization", "use_activation");
   const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "embedding generation", idPrefix: "embd" });
   return {
     id,

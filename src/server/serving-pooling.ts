@@ -20,8 +20,7 @@ export async function handlePooling(ctx: ServingContext, request: FastifyRequest
   if (task !== ctx.poolingTask)
     throw badRequest(`Task ${task} is not supported by this server: it pools for ${ctx.poolingTask} (per-token tasks and plugins are not served)`, "task");
   const encode = vectorEncoder(body);
-  for (const field of ["dimensions", "use_activation", "activation", "softmax", "normalize"])
-    if (body[field] !== undefined && body[field] !== null) throw badRequest(`'${field}' per request is not supported: the server's --pooler-config sets pooling`, field);
+  if (body.dimensions !== undefined && body.dimensions !== null) throw badRequest("'dimensions' per request is not supported: the server's --pooler-config sets pooling", "dimensions");
   const { prompts, chat } = poolingPrompts(ctx, body);
   const { id, vectors, promptTokens } = await poolInputs(ctx, request, reply, body, prompts, { addSpecialTokens: !chat, operation: "pooling", idPrefix: "pool" });
   return {

@@ -9,7 +9,7 @@ import { badRequest } from "./errors.js";
 import { optBool, optInt, optString, type Json } from "./fields.js";
 import { asJsonBody } from "./protocol.js";
 import { nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
-import { optTruncationSide, poolingTokenIds, poolTokenIds, refuseRawLogits } from "./serving-embeddings.js";
+import { optTruncationSide, poolingOverrides, poolingTokenIds, poolTokenIds } from "./serving-embeddings.js";
 
 /** A field that is one text or a list of texts (vLLM's `str | list[str]`). */
 function texts(body: Json, field: string, { single = false } = {}): string[] {
@@ -66,12 +66,11 @@ async function scoreTexts(
   const priority = optInt(body, "priority") ?? 0;
   const options = { truncate, side: optTruncationSide(body), addSpecialTokens: true, operation: fields.operation };
   if (ctx.poolingTask === "classify") {
-    refuseRawLogits(body);
     const pairOptions = { useSepToken: ctx.useSepToken, addSpecialTokens: true };
     const pairs = scorePairs(first.length, second.length);
     const prompts = pairs.map(([i, j]) => ({ tokenIds: crossEncoderPromptIds(ctx.tokenizer, first[i]!, second[j]!, pairOptions) }));
     const ids = poolingTokenIds(ctx, prompts, { ...options, field: fields.second });
-    const scores = await poolTokenIds(ctx, request, reply, id, ids, priority);
+    const scores = await poolTokenIds(ctx, request, reply, id, ids, priority, poolingOverrides(ctx, body));
     return {
       pairs: pairs.map(([i, j], k) => ({ first: i, second: j, score: scores[k]![0]! })),
       promptTokens: ids.reduce((n, t) => n + t.length, 0),

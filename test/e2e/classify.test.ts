@@ -16,8 +16,8 @@ const dir = tinyModelDir("Qwen3ForCausalLM", {
 });
 const TEXTS = ["The river ran past the mill.", "What a dreadful, dreary day", "Fine."];
 
-/** softmax(W h_last) in float64, h_last from the dense forward of the whole prompt. */
-function expected(ids: number[]): number[] {
+/** W h_last (the head's raw logits) in float64, h_last from the dense forward of the whole prompt. */
+function expectedLogits(ids: number[]): number[] {
   const { model } = loadLocalModel(dir);
   const H = model.config.hiddenSize;
   const h = noGrad(() => model.forward(tensor(Int32Array.from(ids)), { kind: "dense", batch: 1, seqLen: ids.length, positions: arange(ids.length) }).dataSync() as Float32Array);
@@ -28,6 +28,12 @@ function expected(ids: number[]): number[] {
     for (let i = 0; i < H; i++) s += w[c * H + i]! * last[i]!;
     return s;
   });
+  return logits;
+}
+
+/** softmax(W h_last). */
+function expected(ids: number[]): number[] {
+  const logits = expectedLogits(ids);
   const m = Math.max(...logits);
   const e = logits.map((x) => Math.exp(x - m));
   const z = e.reduce((a, b) => a + b, 0);
@@ -52,6 +58,14 @@ describe("sequence classification (*ForSequenceClassification)", () => {
     assert.throws(() => llm.embed(["x"]), /classifies: use classify\(\)/);
     assert.throws(() => llm.score("a", "b"), /Score API is only enabled for num_labels == 1; this classifier has 3/);
     assert.throws(() => llm.generate(["x"]), /pools/);
+    // vLLM's PoolingParams(use_activation=False): the raw logits, the best label unchanged
+    const raw = llm.classify(TEXTS, { pooling: { activation: false } });
+    raw.forEach((o, i) => {
+      const want = expectedLogits(tok.encode(TEXTS[i]!));
+      close(o.probs, want, `raw ${TEXTS[i]!}`);
+      assert.equal(o.label, outs[i]!.label);
+    });
+    assert.throws(() => llm.classify(["x"], { pooling: { normalize: false } }), /task classify does not take normalize/);
   });
 
   describe("kiln serve (e2e)", () => {
@@ -84,12 +98,17 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       assert.equal(pooled.status, 200, JSON.stringify(pooled.body));
       assert.deepEqual((pooled.body as { data: { object: string; data: number[] }[] }).data.map((d) => [d.object, d.data]), body.data.map((d) => ["pooling", d.probs]));
       assert.equal((await postRaw(server.url, "/pooling", { model: server.model, input: "x", task: "embed" })).status, 400);
-      // vLLM's use_activation false (older names: activation, softmax) asks for the raw logits: refused, never ignored
+      // vLLM's use_activation false (older names: activation, softmax): the head's raw logits
+      const logits = expectedLogits(tok.encode(TEXTS[0]!));
       for (const [path, field] of [["/classify", "use_activation"], ["/v1/classify", "activation"], ["/classify", "softmax"], ["/pooling", "softmax"]] as const) {
-        const refused = await postRaw(server.url, path, { model: server.model, input: TEXTS[0], [field]: false });
-        assert.equal(refused.status, 400, `${path} ${field}`);
-        assertErrorBody(refused.body, { type: "invalid_request_error", param: field, message: new RegExp(field) });
+        const raw = await postRaw(server.url, path, { model: server.model, input: TEXTS[0], [field]: false });
+        assert.equal(raw.status, 200, `${path} ${field}: ${JSON.stringify(raw.body)}`);
+        const d = (raw.body as { data: { probs?: number[]; data?: number[] }[] }).data[0]!;
+        close(d.probs ?? d.data!, logits, `${path} ${field}`);
       }
+      const refused = await postRaw(server.url, "/classify", { model: server.model, input: TEXTS[0], normalize: false });
+      assert.equal(refused.status, 400);
+      assertErrorBody(refused.body, { type: "invalid_request_error", param: "normalize" });
       const activated = await postRaw(server.url, "/classify", { model: server.model, input: TEXTS[0], use_activation: true }); // the default
       assert.deepEqual((activated.body as typeof body).data[0]!.probs, body.data[0]!.probs);
       for (const [path, req] of [

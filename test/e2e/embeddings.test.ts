@@ -87,11 +87,14 @@ describe("kiln serve --runner pooling (e2e)", () => {
       assert.ok(Math.abs(v - want[0]![i]!) <= Math.abs(want[0]![i]!) * 2 ** -10 + 1e-7, `half ${i}: ${v} vs ${want[0]![i]}`);
     });
     assert.deepEqual(await embed({ input: inputs[0], truncate_prompt_tokens: -1 }), Array.from(want[0]!));
-    assert.equal((await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", normalize: false })).status, 400);
-    // vLLM's newer name for it: false (unnormalized) is refused, not ignored; true is the default
-    const raw = await postRaw(server.url, "/v1/embeddings", { model: server.model, input: "x", use_activation: false });
-    assert.equal(raw.status, 400);
-    assertErrorBody(raw.body, { type: "invalid_request_error", param: "use_activation" });
+    // normalize false (vLLM's newer name: use_activation false): the pooled state without L2 normalization, a
+    // multiple of the normalized embedding; true is the default
+    for (const field of ["normalize", "use_activation"]) {
+      const raw = (await embed({ input: inputs[0], [field]: false })) as number[];
+      const norm = Math.hypot(...raw);
+      assert.ok(Math.abs(norm - 1) > 1e-3, `${field}: norm ${norm}`);
+      raw.forEach((v, i) => assert.ok(Math.abs(v / norm - want[0]![i]!) < 1e-5, `${field} ${i}: ${v / norm} vs ${want[0]![i]}`));
+    }
     assert.deepEqual(await embed({ input: inputs[0], use_activation: true }), Array.from(want[0]!));
     // truncation_side (vLLM's): "right" keeps the first truncate_prompt_tokens tokens, "left" (the default) the last
     const ids = (tok.body as { tokens: number[] }).tokens;
