@@ -115,6 +115,17 @@ test("strftime_now is Python's strftime (Llama 3.x's date line): %A, %B, glibc's
   assert.equal(load("qwen3").applyChatTemplate([], { chatTemplate: "{{ range }}", chatTemplateKwargs: { range: 3 } }), "3");
 });
 
+test("templates print values as Python's Jinja2: True / False / None, repr of lists, dicts and tuples, str() for ~, |string, |join", () => {
+  assert.equal(renderOn("{{ true }}|{{ false }}|{{ none }}|{{ True }}|{{ 1 == 1 }}|{{ 'hello'.startswith(('x', 'he')) }}"), "True|False|None|True|True|True");
+  assert.equal(renderOn("{{ [1, 'a'] }}|{{ {'a': 1} }}|{{ (1, 2) }}|{{ [] }}|{{ {} }}"), "[1, 'a']|{'a': 1}|(1, 2)|[]|{}");
+  assert.equal(renderOn(String.raw`{{ ["it's", 'x"y', 'a\\b\n', none, true, 1.5, {'k': [2]}] }}`), String.raw`["it's", 'x"y', 'a\\b\n', None, True, 1.5, {'k': [2]}]`);
+  assert.equal(renderOn("{{ 2 / 1 }}|{{ 0.1 + 0.2 }}|{{ 10000000000000000.0 }}|{{ 0.00001 }}"), "2.0|0.30000000000000004|1e+16|1e-05");
+  assert.equal(renderOn("{{ 'a' ~ none ~ true ~ [1] ~ no_such_name }}|{{ true | string }}|{{ [1, 'a'] | string }}|{{ [1, none, 'x'] | join(',') }}"), "aNoneTrue[1]|True|[1, 'a']|1,None,x");
+  // a statement's null result writes nothing; an expression's None prints
+  assert.equal(renderOn("{% set x = none %}{# c #}{% macro m(a) %}[{{ a }}]{% endmacro %}{{ m(x) }}{{ m(false) }}"), "[None][False]");
+  assert.equal(renderOn("{% set ns = namespace(a=1) %}{{ ns }}|{{ messages[0] }}", [{ role: "user", content: "hi" }]), "<Namespace {'a': 1}>|{'role': 'user', 'content': 'hi'}");
+});
+
 test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
   const tok = load("qwen3");
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
