@@ -1,12 +1,12 @@
 // Chat templates rendered with Python's Jinja2 semantics where @huggingface/jinja follows JavaScript's, as
 // transformers (and so vLLM) renders them: `{{ true }}` prints True, `{{ none }}` None, a list or dict its repr;
-// `~`, |string and |join take str() of any value; `1 < x < 3` is a chain; the globals are Jinja2's and
-// transformers' (strftime_now as Python's strftime). The library exports its Interpreter but not its value classes:
-// those are reached through values an Environment converts, and the methods replaced once per process.
+// `~`, |string and |join take str() of any value; `"%s-%d" % (a, b)` formats; `1 < x < 3` is a chain; the globals are
+// Jinja2's and transformers' (strftime_now as Python's strftime). The library exports its Interpreter but not its
+// value classes: those are reached through values an Environment converts, and the methods replaced once per process.
 import { Environment, Interpreter, parse, tokenize, type Template } from "@huggingface/jinja";
 import { items, pyStr, type PyValue } from "./jinja-repr.js";
-import { pyStrftime } from "./jinja-format.js";
-import { usePythonStrip } from "./jinja-strings.js";
+import { percentFormat, pyStrftime } from "./jinja-format.js";
+import { usePythonStrMethods } from "./jinja-strings.js";
 
 /** A parsed chat template. */
 export type TemplateProgram = Template["parsed"];
@@ -85,7 +85,7 @@ const SILENT = new Set(["Set", "Macro", "Comment"]);
 
 let valuesInstalled = false;
 
-/** Gives the Jinja runtime Python's printing, `~`, chained comparisons, |string and |join. */
+/** Gives the Jinja runtime Python's printing, `~`, `%` on strings, chained comparisons, |string and |join. */
 function usePythonValues(): void {
   if (valuesInstalled) return;
   valuesInstalled = true;
@@ -109,8 +109,13 @@ function usePythonValues(): void {
   };
   interpreter.evaluateBinaryExpression = function (this: Internals, node, scope) {
     if (chains.has(node)) return evaluateChain.call(this, node, scope);
-    if (node.operator.value !== "~") return evaluateBinaryExpression.call(this, node, scope);
-    return new Str(pyStr(this.evaluate(node.left, scope)) + pyStr(this.evaluate(node.right, scope)));
+    const op = node.operator.value;
+    if (op !== "~" && op !== "%") return evaluateBinaryExpression.call(this, node, scope);
+    const left = this.evaluate(node.left, scope);
+    const right = this.evaluate(node.right, scope);
+    if (op === "~") return new Str(pyStr(left) + pyStr(right));
+    if (left.type === "StringValue") return new Str(percentFormat(left.value as string, right));
+    return evaluateBinaryExpression.call(this, { ...node, left: carry(left), right: carry(right) }, scope);
   };
   /** Python's `a < b < c`: each operand evaluated once, the comparisons and-ed, False at the first that fails. */
   function evaluateChain(this: Internals, node: Binary, scope: Environment): PyValue {
@@ -176,7 +181,7 @@ const GLOBALS: Record<string, unknown> = {
 /** Renders a compiled template with `vars` over the globals (a variable of the same name hides a global). */
 export function renderTemplate(program: TemplateProgram, vars: Record<string, unknown>): string {
   usePythonValues();
-  usePythonStrip();
+  usePythonStrMethods();
   const globals = new Environment();
   for (const [name, value] of Object.entries(GLOBALS)) globals.set(name, value);
   const env = new Environment(globals);

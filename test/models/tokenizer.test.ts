@@ -131,6 +131,19 @@ test("templates' comparisons chain as Python's (1 < x < 3); parenthesized ones s
   assert.equal(renderOn("{% set x = 1 %}{{ (x == 1) != (x == 2) }}|{{ (x == 1) == true }}|{{ 0 <= (x) < 10 }}"), "True|True|True");
 });
 
+test("templates format strings as Python: `%` with a tuple, a dict or one value; str.format, find and count", () => {
+  assert.equal(renderOn(`{{ "%s-%d" % ('a', 3) }}|{{ "%05.2f|%r|%%" % (3.14159, 'q') }}|{{ "%(a)s=%(b)03d" % {'a': 'x', 'b': 7} }}|{{ "%s" % none }}`), "a-3|03.14|'q'|%|x=007|None");
+  assert.equal(renderOn(`{{ "%-4s|%+d|%x|%e|%g|%g" % ('ab', 3, 255, 12345.678, 0.0001, 123456789) }}`), "ab  |+3|ff|1.234568e+04|0.0001|1.23457e+08");
+  assert.throws(() => renderOn(`{{ "%s %s" % 'a' }}`), (e: unknown) => e instanceof TokenizerError && /not enough arguments for format string/.test(e.message));
+  assert.throws(() => renderOn(`{{ "%s" % ('a', 'b') }}`), (e: unknown) => e instanceof TokenizerError && /not all arguments converted/.test(e.message));
+  assert.equal(renderOn("{{ 'hello'.find('l') }}|{{ 'hello'.find('z') }}|{{ 'héllo wörld'.find('w') }}|{{ 'abcabc'.find('c', 3) }}|{{ 'aaaa'.count('aa') }}|{{ 'hello'.count('l', 3) }}"), "2|-1|6|5|2|1");
+  assert.equal(
+    renderOn("{{ '{} and {}'.format(1, 'b') }}|{{ '{0}{1}{0}-{name!r}'.format('a', 'b', name='x') }}|{{ '{:>5}|{:<3}|{:^5}|{:05.1f}|{:,}|{:#x}'.format('ab', 'c', 'm', 3.14159, 1234567, 255) }}|{{ '{{}}{}'.format(true) }}"),
+    "1 and b|aba-'x'|   ab|c  |  m  |003.1|1,234,567|0xff|{}True",
+  );
+  assert.throws(() => renderOn("{{ '{2}'.format(1) }}"), (e: unknown) => e instanceof TokenizerError && /Replacement index 2 out of range/.test(e.message));
+});
+
 test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
   const tok = load("qwen3");
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
