@@ -243,12 +243,15 @@ export class Tokenizer implements TokenizerLike {
 
   /**
    * The text the ids spell, as tokenizers' `Tokenizer.decode` and vLLM's detokenizer give it: no
-   * clean_up_tokenization_spaces unless asked (`cleanUpTokenizationSpaces`: transformers' `decode` cleanup).
+   * clean_up_tokenization_spaces unless asked (`cleanUpTokenizationSpaces`: transformers' `decode` cleanup), and ids
+   * past the vocabulary (a model's padded embedding rows) skipped, where the JS library spells them as the unk token.
    */
   decode(ids: readonly number[], options: DecodeOptions = {}): string {
-    if (ids.length === 0) return "";
+    const vocab = this.decoder();
+    const known = ids.filter((id) => vocab.id_to_token(id) !== undefined);
+    if (known.length === 0) return "";
     const clean = options.cleanUpTokenizationSpaces ?? false;
-    return this.decoder().decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: clean });
+    return vocab.decode(known, { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: clean });
   }
 
   /** The token alone decoded as transformers' decode([id]) gives it (vLLM's logprob tokens): the config's cleanup applies. */

@@ -86,6 +86,13 @@ test("gemma3: SentencePiece-style BPE with byte fallback, chat template", () => 
   const v = vocabOf("gemma3");
   assert.deepEqual(tok.encode("Hello world"), [2, v["Hello"], v["▁world"]]);
   for (const t of TEXTS) assert.equal(tok.decode(tok.encode(t), { skipSpecialTokens: true }), t);
+  // ids past the tokenizer (Gemma 3's embedding has 262208 rows for 262145 tokens) spell nothing, as HF's decode
+  // skips ids it does not know, special tokens kept or not
+  const hi = tok.encode("Hi there", { addSpecialTokens: false });
+  for (const skipSpecialTokens of [false, true]) {
+    assert.equal(tok.decode([2, ...hi, 262200, ...hi], { skipSpecialTokens }), `${skipSpecialTokens ? "" : "<bos>"}Hi thereHi there`);
+    assert.equal(tok.decode([262200], { skipSpecialTokens }), "");
+  }
   assert.equal(
     tok.applyChatTemplate(MESSAGES),
     "<bos><start_of_turn>user\nYou are helpful.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n" +
