@@ -330,6 +330,10 @@ export class Tokenizer implements TokenizerLike {
       }
       this.compiled.set(source, template);
     }
+    // transformers renders with render(messages=..., **kwargs): a kwarg named messages is a TypeError (vLLM's 400)
+    if (options.chatTemplateKwargs !== undefined && Object.hasOwn(options.chatTemplateKwargs, "messages")) {
+      throw new TokenizerError("[chat_template] render() got multiple values for keyword argument 'messages' (chat_template_kwargs.messages)");
+    }
     const asked = options.contentFormat ?? "string";
     const format = asked === "auto" ? detectContentFormat(source) : asked;
     const specials: Json = {};

@@ -156,6 +156,11 @@ test("chat template errors are TokenizerErrors; raise_exception surfaces the mes
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{% if %}" }), TokenizerError);
   assert.equal(tok.applyChatTemplate([], { chatTemplate: "{{ bos_token }}|{{ eos_token }}|{{ foo }}", chatTemplateKwargs: { foo: "bar" } }), "|<|im_end|>|bar");
+  // a kwarg cannot replace the conversation: transformers' render(messages=..., **kwargs) refuses it (vLLM: a 400)
+  assert.throws(
+    () => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ messages | length }}", chatTemplateKwargs: { messages: [] } }),
+    (e: unknown) => e instanceof TokenizerError && /multiple values for keyword argument 'messages'/.test(e.message),
+  );
 });
 
 test("incremental detokenizer == full decode, token by token, on emoji/CJK", () => {
