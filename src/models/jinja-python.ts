@@ -1,0 +1,190 @@
+// Chat templates rendered with Python's Jinja2 semantics where @huggingface/jinja follows JavaScript's, as
+// transformers (and so vLLM) renders them: `{{ true }}` prints True, `{{ none }}` None, a list or dict its repr;
+// `~`, |string and |join take str() of any value; `"%s-%d" % (a, b)` formats; `1 < x < 3` is a chain; the globals are
+// Jinja2's and transformers' (strftime_now as Python's strftime). The library exports its Interpreter but not its
+// value classes: those are reached through values an Environment converts, and the methods replaced once per process.
+import { Environment, Interpreter, parse, tokenize, type Template } from "@huggingface/jinja";
+import { items, pyStr, type PyValue } from "./jinja-repr.js";
+import { percentFormat, pyStrftime } from "./jinja-format.js";
+import { usePythonStrMethods } from "./jinja-strings.js";
+
+/** A parsed chat template. */
+export type TemplateProgram = Template["parsed"];
+/** A token of the library's lexer (its lexer module's types do not resolve under NodeNext). */
+interface Token {
+  type: string;
+  value: string;
+}
+type ValueClass = new (value?: unknown) => PyValue;
+interface Node {
+  type: string;
+  [field: string]: unknown;
+}
+interface Binary extends Node {
+  operator: Token;
+  left: Node;
+  right: Node;
+}
+/** The Interpreter's methods replaced here (private in the library's types). */
+interface Internals {
+  evaluate(node: Node | undefined, env: Environment): PyValue;
+  evaluateBinaryExpression(node: Binary, env: Environment): PyValue;
+  evaluateBlock(statements: Node[], env: Environment): PyValue;
+  applyFilter(operand: PyValue, filter: Node, env: Environment): PyValue;
+}
+
+const COMPARISONS = new Set(["==", "!=", "<", ">", "<=", ">=", "in", "not in"]);
+const isComparison = (n: unknown): n is Binary =>
+  (n as Node | null)?.type === "BinaryExpression" && COMPARISONS.has((n as Binary).operator.value);
+
+/** Comparisons that continue a Python chain (`a < b < c`): the library's tree reads them as `(a < b) < c`. */
+const chains = new WeakSet<Node>();
+
+/** Whether `tokens` close no parenthesis they did not open and leave none open. */
+function balanced(tokens: Token[]): boolean {
+  let depth = 0;
+  for (const t of tokens) {
+    depth += t.type === "OpenParen" ? 1 : t.type === "CloseParen" ? -1 : 0;
+    if (depth < 0) return false;
+  }
+  return depth === 0;
+}
+
+/**
+ * Marks the chained comparisons under `node`: a comparison whose left side is a comparison that no parenthesis closes
+ * before its operator (the tokens between the two operators are balanced), so `(a == b) != (c == d)` stays a
+ * comparison of bools. A `not in` (a token the parser makes, absent from `position`) never continues a chain.
+ */
+function markChains(node: unknown, position: Map<Token, number>, tokens: Token[]): void {
+  if (Array.isArray(node)) for (const x of node) markChains(x, position, tokens);
+  else if (node instanceof Map) for (const [k, x] of node) [k, x].forEach((y) => markChains(y, position, tokens));
+  else if (typeof node === "object" && node !== null && typeof (node as Node).type === "string") {
+    if (isComparison(node) && isComparison(node.left)) {
+      const from = position.get(node.left.operator);
+      const to = position.get(node.operator);
+      if (from !== undefined && to !== undefined && balanced(tokens.slice(from + 1, to))) chains.add(node);
+    }
+    for (const x of Object.values(node)) markChains(x, position, tokens);
+  }
+}
+
+/** Parses a chat template with transformers' trim_blocks and lstrip_blocks, marking its chained comparisons. */
+export function compileTemplate(source: string): TemplateProgram {
+  const tokens = tokenize(source, { lstrip_blocks: true, trim_blocks: true }) as Token[];
+  const program = parse(tokens as Parameters<typeof parse>[0]);
+  markChains(program, new Map(tokens.map((t, i) => [t, i])), tokens);
+  return program;
+}
+
+/** A node that evaluates to a value already evaluated (so that an operand is evaluated once). */
+const CARRIED = "PyCarriedValue";
+const carry = (value: PyValue): Node => ({ type: CARRIED, value });
+
+/** Statements whose null result writes nothing ({% set %}, {% macro %}, comments); an expression's None prints. */
+const SILENT = new Set(["Set", "Macro", "Comment"]);
+
+let valuesInstalled = false;
+
+/** Gives the Jinja runtime Python's printing, `~`, `%` on strings, chained comparisons, |string and |join. */
+function usePythonValues(): void {
+  if (valuesInstalled) return;
+  valuesInstalled = true;
+  const env = new Environment();
+  const sample = (name: string, v: unknown) => env.set(name, v) as unknown as PyValue;
+  const classOf = (v: PyValue) => v.constructor as ValueClass;
+  const interpreter = Interpreter.prototype as unknown as Internals;
+  const namespace = env.lookupVariable("namespace") as unknown as { value: (args: PyValue[], env: Environment) => PyValue };
+  const tuple = interpreter.evaluate.call(new Interpreter(env), parse(tokenize("{{ (1, 2) }}")).body[0] as unknown as Node, env);
+  const Str = classOf(sample("s", ""));
+  const List = classOf(sample("l", []));
+  for (const printed of [List, ...[sample("b", true), sample("n", null), sample("f", 1.5), sample("d", {}), namespace.value([], env), tuple].map(classOf)]) {
+    (printed.prototype as { toString(): string }).toString = function (this: PyValue) {
+      return pyStr(this);
+    };
+  }
+
+  const { evaluate, evaluateBinaryExpression, applyFilter } = interpreter;
+  interpreter.evaluate = function (this: Internals, node, scope) {
+    return node?.type === CARRIED ? (node.value as PyValue) : evaluate.call(this, node, scope);
+  };
+  interpreter.evaluateBinaryExpression = function (this: Internals, node, scope) {
+    if (chains.has(node)) return evaluateChain.call(this, node, scope);
+    const op = node.operator.value;
+    if (op !== "~" && op !== "%") return evaluateBinaryExpression.call(this, node, scope);
+    const left = this.evaluate(node.left, scope);
+    const right = this.evaluate(node.right, scope);
+    if (op === "~") return new Str(pyStr(left) + pyStr(right));
+    if (left.type === "StringValue") return new Str(percentFormat(left.value as string, right));
+    return evaluateBinaryExpression.call(this, { ...node, left: carry(left), right: carry(right) }, scope);
+  };
+  /** Python's `a < b < c`: each operand evaluated once, the comparisons and-ed, False at the first that fails. */
+  function evaluateChain(this: Internals, node: Binary, scope: Environment): PyValue {
+    const operators: Token[] = [];
+    const operands: Node[] = [];
+    let first = node;
+    for (; chains.has(first); first = first.left as Binary) {
+      operators.unshift(first.operator);
+      operands.unshift(first.right);
+    }
+    operators.unshift(first.operator);
+    operands.unshift(first.left, first.right);
+    let left = this.evaluate(operands[0], scope);
+    let result = left;
+    for (const [i, operator] of operators.entries()) {
+      const right = this.evaluate(operands[i + 1], scope);
+      result = evaluateBinaryExpression.call(this, { type: "BinaryExpression", operator, left: carry(left), right: carry(right) }, scope);
+      if (result.value !== true) return result;
+      left = right;
+    }
+    return result;
+  }
+  interpreter.evaluateBlock = function (this: Internals, statements, scope) {
+    let out = "";
+    for (const statement of statements) {
+      const v = this.evaluate(statement, scope);
+      if (v.type !== "UndefinedValue" && !(v.type === "NullValue" && SILENT.has(statement.type))) out += pyStr(v);
+    }
+    return new Str(out);
+  };
+  interpreter.applyFilter = function (this: Internals, operand, filter, scope) {
+    const name = filter.type === "Identifier" ? filter.value : (filter.callee as Node | undefined)?.value;
+    if (name === "string") return new Str(pyStr(operand));
+    const list = operand.type === "ArrayValue" || operand.type === "TupleValue";
+    return applyFilter.call(this, name === "join" && list ? new List(items(operand).map((x) => new Str(pyStr(x)))) : operand, filter, scope);
+  };
+}
+
+/** Python's range(stop) / range(start, stop[, step]). */
+function range(start: number, stop?: number, step = 1): number[] {
+  if (stop === undefined) [start, stop] = [0, start];
+  if (step === 0) throw new Error("range() arg 3 must not be zero");
+  const out: number[] = [];
+  for (let i = start; step > 0 ? i < stop : i > stop; i += step) out.push(i);
+  return out;
+}
+
+/** Jinja2's literals and range, with transformers' raise_exception and strftime_now. */
+const GLOBALS: Record<string, unknown> = {
+  true: true,
+  false: false,
+  none: null,
+  True: true,
+  False: false,
+  None: null,
+  range,
+  raise_exception: (message: unknown) => {
+    throw new Error(String(message));
+  },
+  strftime_now: (format: string) => pyStrftime(new Date(), format),
+};
+
+/** Renders a compiled template with `vars` over the globals (a variable of the same name hides a global). */
+export function renderTemplate(program: TemplateProgram, vars: Record<string, unknown>): string {
+  usePythonValues();
+  usePythonStrMethods();
+  const globals = new Environment();
+  for (const [name, value] of Object.entries(GLOBALS)) globals.set(name, value);
+  const env = new Environment(globals);
+  for (const [name, value] of Object.entries(vars)) env.set(name, value);
+  return (new Interpreter(env).run(program) as unknown as PyValue).value as string;
+}
