@@ -56,11 +56,15 @@ static inline float k_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710
 static inline float k_gelu_tanh(float x) { return 0.5f * x * (1.0f + k_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
 static inline float k_remf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
 static inline int64_t k_remi(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+/* float -> integer as torch on x86 (cvttss2si) without C's undefined behaviour: NaN and out of range give the minimum */
+static inline int32_t k_f2i32(float x) { return (x >= -2147483648.0f && x < 2147483648.0f) ? (int32_t)x : INT32_MIN; }
+static inline int64_t k_f2i64(float x) { return (x >= -9223372036854775808.0f && x < 9223372036854775808.0f) ? (int64_t)x : INT64_MIN; }
 `;
 
 function conv(v: string, from: DType, to: DType): string {
   if (from === to) return v;
   if (to === "bool") return `(uint8_t)(${v} != 0)`;
+  if (isFloat(from) && !isFloat(to)) return `(${CTYPE[to]})${to === "int64" ? "k_f2i64" : "k_f2i32"}(${v})`;
   return `(${CTYPE[to]})(${v})`;
 }
 

@@ -108,6 +108,7 @@ const rows: Row[] = [
   // ---- casts ----
   { name: "f32 -> int32 / bf16 / bool", fn: (x) => [x.to("int32"), x.to("bfloat16"), x.to("bool")], args: () => [f32([-2.7, 0, 0.1, 3.9])], want: ["int32", "bfloat16", "bool"] },
   { name: "bf16 -> f32 -> * 0.1", fn: (x) => x.to("float32").mul(0.1), args: () => [bf16([0.1, 3, -7])], want: "float32" },
+  { name: "f32 -> int32 / int64 / int8 of NaN, inf, out of range (torch x86: the minimum)", lazyC: true, fn: (x) => [x.to("int32"), x.to("int64"), x.to("int8")], args: () => [f32([NaN, Infinity, -Infinity, 3e9, -3e9, -2.5])], want: ["int32", "int64", "int8"] },
   { name: "int32 -> bool, bool -> f32", lazyC: true, fn: (x, c) => [x.to("bool"), c.to("float32")], args: () => [i32([0, 2, -1]), bool(MASK)], want: ["bool", "float32"] },
   // ---- unary math ----
   { name: "int32 neg / abs / relu / square keep int32", fn: (x) => [x.neg(), x.abs(), x.relu(), x.square()], args: () => [i32([1, -2, 3])], want: ["int32", "int32", "int32", "int32"] },

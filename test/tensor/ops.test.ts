@@ -305,9 +305,13 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t([true, false]).to("float32")), [1, 0]);
       assert.deepEqual(values(t(new Int32Array([300, -1])).to("uint8")), [44, 255], "wraps like torch");
       assert.deepEqual(values(t(new Int32Array([200])).to("int8")), [-56]);
-      // NaN and infinities cast to 0 in every integer dtype (int64 threw the RangeError of BigInt(NaN))
-      const odd = t([NaN, Infinity, -Infinity, 3.5]);
-      for (const dtype of ["int32", "int64"] as const) assert.deepEqual(values(odd.to(dtype)), [0, 0, 0, 3], dtype);
+      // NaN, infinities and out-of-range values give the type's minimum, as torch on x86 (cvttss2si); eager gave 0
+      // (and 3e9 wrapped to -1294967296) where compiled code gave -2^31
+      const odd = t([NaN, Infinity, -Infinity, 3e9, -3e9, 3.5]);
+      assert.deepEqual(values(odd.to("int32")), [-(2 ** 31), -(2 ** 31), -(2 ** 31), -(2 ** 31), -(2 ** 31), 3]);
+      assert.deepEqual(values(odd.to("int64")), [-(2 ** 63), -(2 ** 63), -(2 ** 63), 3e9, -3e9, 3]);
+      assert.deepEqual(values(t([NaN, 1e19, -2.5], { dtype: "bfloat16" }).to("int64")), [-(2 ** 63), -(2 ** 63), -2]);
+      assert.deepEqual(values(odd.to("int8")), [0, 0, 0, 0, 0, 3], "the int32 result's low byte");
     });
 
     it("round trips through every dtype for small integers", () => {

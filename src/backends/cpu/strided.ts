@@ -6,6 +6,7 @@ import type { BinaryOp, BufferView, UnaryOp } from "../backend.js";
 import type { DType } from "../dtype.js";
 import { hostOf, isContiguous, numel, offsets } from "../reference/host-memory.js";
 import { BINARY, UNARY } from "../reference/reference-kernels.js";
+import { floatToInt } from "../int-math.js";
 
 type Direct = Float32Array | Int32Array | Uint8Array | Int8Array;
 
@@ -35,19 +36,21 @@ function dense(v: BufferView): { data: Direct; idx: Int32Array | null; start: nu
   return { data, idx: offsets(v), start: 0 };
 }
 
-function convert(d: DType): (x: number) => number {
+/** Conversion of a `from` value stored as `d` (a float32 cast to an integer as floatToInt; integers wrap). */
+function convert(d: DType, from: DType = d): (x: number) => number {
   if (d === "bool") return (x) => (x !== 0 ? 1 : 0); // NaN is true, as torch
   if (d === "float32") return (x) => x;
+  if (from === "float32") return (x) => floatToInt(x, d);
   return Math.trunc;
 }
 
-/** Strided copy between direct dtypes (cast float<->int truncates toward zero, as torch). */
+/** Strided copy between direct dtypes (cast float->int truncates toward zero, as torch; NaN gives the minimum). */
 export function copyStrided(x: BufferView, out: BufferView): boolean {
   if (!isDirect(x.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
   const src = dense(x);
   const dst = dense(out);
-  const cv = x.dtype === out.dtype || (out.dtype === "float32" && x.dtype !== "float32") ? null : convert(out.dtype);
+  const cv = x.dtype === out.dtype || (out.dtype === "float32" && x.dtype !== "float32") ? null : convert(out.dtype, x.dtype);
   const s = src.data;
   const o = dst.data;
   const si = src.idx;

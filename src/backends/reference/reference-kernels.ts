@@ -1,7 +1,8 @@
 // The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
 // Native kernels are tested against these (STYLE.md 9).
 import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
-import { f32ToFp8Bits } from "../dtype.js";
+import { f32ToFp8Bits, isFloating, type DType } from "../dtype.js";
+import { floatToInt } from "../int-math.js";
 import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
 import { flashAttentionBackwardReference, flashAttentionReference } from "./flash-attention-reference.js";
@@ -92,6 +93,12 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   logical_and: (a, b) => (a !== 0 && b !== 0 ? 1 : 0),
   logical_or: (a, b) => (a !== 0 || b !== 0 ? 1 : 0),
 };
+
+/** The values of a copy from `from` into `to`: a float cast to an integer dtype as floatToInt (NaN gives the minimum). */
+function castValues(x: Float64Array, from: DType, to: DType): Float64Array {
+  if (isFloating(from) && !isFloating(to) && to !== "bool") for (let i = 0; i < x.length; i++) x[i] = floatToInt(x[i]!, to);
+  return x;
+}
 
 function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): number {
   switch (fn) {
@@ -333,7 +340,7 @@ export function runReference(call: KernelCall): void {
       return writeDense(call.out, a);
     }
     case "copy":
-      return writeDense(call.out, readF64(call.x));
+      return writeDense(call.out, castValues(readF64(call.x), call.x.dtype, call.out.dtype));
     case "fill": {
       const set = setter(call.out.buffer, call.out.dtype);
       return forEachIndex(call.out, (s) => set(s, call.value));

@@ -2,6 +2,7 @@
 // (x + 0 on integers, x + (-0), x - 0, x * 1, x / 1) forward their operand when that changes
 // neither shape nor dtype. Runs before DCE, which removes what was bypassed.
 import { bf16BitsToF32, f16BitsToF32, f32ToBf16Bits, f32ToF16Bits, isFloating } from "../../backends/dtype.js";
+import { floatToInt } from "../../backends/int-math.js";
 import { mapOperands, type Graph, type Node, type NodeId } from "../ir.js";
 import { evalBinary, evalUnary } from "../scalar-math.js";
 
@@ -29,8 +30,10 @@ export function foldConstants(g: Graph): Graph {
     const sameAs = (id: NodeId) => nodes[id]!.dtype === n.dtype && nodes[id]!.shape.join() === n.shape.join();
     let folded: number | undefined;
     if (op.kind === "unary" && c(op.x) !== undefined) folded = evalUnary(op.fn, c(op.x)!);
-    else if (op.kind === "cast" && c(op.x) !== undefined) folded = c(op.x)!;
-    else if (op.kind === "binary" && c(op.a) !== undefined && c(op.b) !== undefined) folded = evalBinary(op.fn, c(op.a)!, c(op.b)!);
+    else if (op.kind === "cast" && c(op.x) !== undefined) {
+      const from = nodes[op.x]!.dtype;
+      folded = isFloating(from) && !isFloating(n.dtype) && n.dtype !== "bool" ? floatToInt(c(op.x)!, n.dtype) : c(op.x)!;
+    } else if (op.kind === "binary" && c(op.a) !== undefined && c(op.b) !== undefined) folded = evalBinary(op.fn, c(op.a)!, c(op.b)!);
     else if (op.kind === "where" && c(op.cond) !== undefined && c(op.a) !== undefined && c(op.b) !== undefined) folded = c(op.cond)! ? c(op.a)! : c(op.b)!;
     if (folded !== undefined && n.shape.length === 0) {
       nodes.push({ ...n, op: { kind: "const", value: castValue(folded, n.dtype) } });
