@@ -112,6 +112,7 @@ const rows: Row[] = [
   { name: "int32 -> bool, bool -> f32", lazyC: true, fn: (x, c) => [x.to("bool"), c.to("float32")], args: () => [i32([0, 2, -1]), bool(MASK)], want: ["bool", "float32"] },
   // ---- unary math ----
   { name: "int32 neg / abs / relu / square keep int32", fn: (x) => [x.neg(), x.abs(), x.relu(), x.square()], args: () => [i32([1, -2, 3])], want: ["int32", "int32", "int32", "int32"] },
+  { name: "int32 square / mul / pow wrap modulo 2^32", lazyC: true, fn: (x, y) => [x.square(), x.mul(x), x.pow(3), x.pow(y)], args: () => [i32([2147483647, 65536, 46341, -3]), i32([40, 31, 20, -1])], want: ["int32", "int32", "int32", "int32"] },
   { name: "int32 exp / sqrt -> f32", fn: (x) => [x.exp(), x.sqrt()], args: () => [i32([1, 4, 9])], want: ["float32", "float32"], approx: true },
   { name: "f32 exp / tanh / sigmoid / silu", fn: (x) => [x.exp(), x.tanh(), x.sigmoid(), x.silu()], args: () => [f32([0.5, -1.25, 3])], want: ["float32", "float32", "float32", "float32"], approx: true },
   { name: "bf16 exp / silu / neg", fn: (x) => [x.exp(), x.silu(), x.neg()], args: () => [bf16([0.5, -1.25, 3])], want: ["bfloat16", "bfloat16", "bfloat16"] },

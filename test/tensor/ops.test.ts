@@ -314,6 +314,19 @@ forEachBackend((dev) => {
       assert.deepEqual(values(odd.to("int8")), [0, 0, 0, 0, 0, 3], "the int32 result's low byte");
     });
 
+    it("int32 mul / square / pow wrap modulo 2^32 as torch's (float64 products rounded past 2^53)", () => {
+      const x = t(Int32Array.of(2147483647, 65536, 46341, -3, 1291));
+      // (2^31 - 1)^2 = 2^62 - 2^32 + 1 is 1 modulo 2^32; float64 rounded it to 2^62 - 2^32, stored as 0
+      const squares = [1, 0, -2147479015, 9, 1666681];
+      assert.deepEqual(values(x.square()), squares);
+      assert.deepEqual(values(x.mul(x)), squares);
+      // ATen's powi, modulo 2^32 (Python: ((v + 2**31) % 2**32) - 2**31)
+      assert.deepEqual(values(x.pow(3)), [2147483647, 0, -1932785795, -27, -2143282125]);
+      assert.deepEqual(values(t(Int32Array.of(3, 2, 7, -2, 2, -1, 1)).pow(t(Int32Array.of(40, 31, 20, 31, -1, -3, -5)))),
+        [689956897, -(2 ** 31), -1199696159, -(2 ** 31), 0, -1, 1]);
+      assert.deepEqual(values(t([3], { dtype: "int64" }).pow(40)), [Number(BigInt.asIntN(64, 3n ** 40n))], "int64 wraps modulo 2^64");
+    });
+
     it("round trips through every dtype for small integers", () => {
       const dtypes: DType[] = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int32", "int64", "bool"];
       const src = [0, 1, 2, 3, 4];

@@ -5,7 +5,7 @@
 import type { BinaryOp, BufferView, UnaryOp } from "../backend.js";
 import type { DType } from "../dtype.js";
 import { hostOf, isContiguous, numel, offsets } from "../reference/host-memory.js";
-import { BINARY, UNARY } from "../reference/reference-kernels.js";
+import { binaryKernel, unaryKernel } from "../reference/reference-kernels.js";
 import { floatToInt } from "../int-math.js";
 
 type Direct = Float32Array | Int32Array | Uint8Array | Int8Array;
@@ -106,7 +106,7 @@ export function binaryStrided(fn: BinaryOp, a: BufferView, b: BufferView, out: B
     const bi = B.idx;
     const as = A.start;
     const bs = B.start;
-    const f = fn === "add" ? (x: number, y: number) => x + y : fn === "sub" ? (x: number, y: number) => x - y : fn === "mul" ? (x: number, y: number) => x * y : fn === "div" ? (x: number, y: number) => x / y : BINARY[fn];
+    const f = fn === "add" ? (x: number, y: number) => x + y : fn === "sub" ? (x: number, y: number) => x - y : fn === "mul" ? (x: number, y: number) => x * y : fn === "div" ? (x: number, y: number) => x / y : binaryKernel(fn, "float32");
     if (ai && bi) for (let i = 0; i < n; i++) o[i] = f(ad[ai[i]!]!, bd[bi[i]!]!);
     else if (ai) for (let i = 0; i < n; i++) o[i] = f(ad[ai[i]!]!, bd[bs + i]!);
     else if (bi) for (let i = 0; i < n; i++) o[i] = f(ad[as + i]!, bd[bi[i]!]!);
@@ -116,7 +116,7 @@ export function binaryStrided(fn: BinaryOp, a: BufferView, b: BufferView, out: B
   const av = fetch(a, n);
   const bv = fetch(b, n);
   const r = new Float64Array(n);
-  const f = BINARY[fn];
+  const f = binaryKernel(fn, out.dtype);
   for (let i = 0; i < n; i++) r[i] = f(av[i]!, bv[i]!);
   store(out, r, n);
   return true;
@@ -159,7 +159,7 @@ export function unaryStrided(fn: UnaryOp, x: BufferView, out: BufferView): boole
   if (!isDirect(x.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
   const xv = fetch(x, n);
-  const f = UNARY[fn];
+  const f = unaryKernel(fn, out.dtype);
   const r = new Float64Array(n);
   for (let i = 0; i < n; i++) r[i] = f(xv[i]!);
   store(out, r, n);

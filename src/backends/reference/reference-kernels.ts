@@ -2,7 +2,7 @@
 // Native kernels are tested against these (STYLE.md 9).
 import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
 import { f32ToFp8Bits, isFloating, type DType } from "../dtype.js";
-import { floatToInt } from "../int-math.js";
+import { floatToInt, integerBinary, wrapsInInt32 } from "../int-math.js";
 import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
 import { flashAttentionBackwardReference, flashAttentionReference } from "./flash-attention-reference.js";
@@ -93,6 +93,18 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   logical_and: (a, b) => (a !== 0 && b !== 0 ? 1 : 0),
   logical_or: (a, b) => (a !== 0 || b !== 0 ? 1 : 0),
 };
+
+/**
+ * UNARY / BINARY for a result dtype: integer square, mul and pow wrap as torch's (int-math.ts) where the float64
+ * formulas would round past 2^53 (46341 ** 2 fits float64; 2147483647 ** 2 does not).
+ */
+export function unaryKernel(fn: UnaryOp, out: DType): (x: number) => number {
+  return fn === "square" && wrapsInInt32(out) ? (x) => Math.imul(x, x) : UNARY[fn];
+}
+
+export function binaryKernel(fn: BinaryOp, out: DType): (a: number, b: number) => number {
+  return integerBinary(fn, out) ?? BINARY[fn];
+}
 
 /** The values of a copy from `from` into `to`: a float cast to an integer dtype as floatToInt (NaN gives the minimum). */
 function castValues(x: Float64Array, from: DType, to: DType): Float64Array {
@@ -311,7 +323,7 @@ function loraApplyReference(call: Extract<KernelCall, { op: "lora_apply" }>): vo
 export function runReference(call: KernelCall): void {
   switch (call.op) {
     case "unary": {
-      const f = UNARY[call.fn];
+      const f = unaryKernel(call.fn, call.out.dtype);
       const x = readF64(call.x);
       for (let i = 0; i < x.length; i++) x[i] = f(x[i]!);
       return writeDense(call.out, x);
@@ -326,7 +338,7 @@ export function runReference(call: KernelCall): void {
       return;
     }
     case "binary": {
-      const f = BINARY[call.fn];
+      const f = binaryKernel(call.fn, call.out.dtype);
       const a = readF64(call.a);
       const b = readF64(call.b);
       for (let i = 0; i < a.length; i++) a[i] = f(a[i]!, b[i]!);
