@@ -12,6 +12,7 @@ import { describe, it } from "node:test";
 import * as k from "../../src/tensor/index.js";
 import type { DType, Tensor } from "../../src/tensor/index.js";
 import { compile, jitUnavailableReason, where, withDeferAndFuse, type Sym } from "../../src/compile/index.js";
+import { foldConstants } from "../../src/compile/passes/const-fold.js";
 
 process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-compile-dtypes-"));
 const hasJit = jitUnavailableReason() === null;
@@ -282,6 +283,21 @@ describe("compile: hand-checked values on the compiled path", () => {
     assert.equal(f.lastInfo!.jit, true);
     assert.deepEqual(s!.toList(), [1, 0]);
     assert.ok(Object.is(z!.toList()[0], 0));
+  });
+
+  it("constant folding computes as the kernels: C's pow (1 ** NaN is 1), int32 mul / pow wrap, NaN cast to int32 is -2^31", () => {
+    const c = (id: number, value: number, dtype: DType) => ({ id, op: { kind: "const" as const, value }, shape: [], dtype });
+    const bin = (id: number, fn: "pow" | "mul", a: number, b: number, dtype: DType) => ({ id, op: { kind: "binary" as const, fn, a, b }, shape: [], dtype });
+    const g = foldConstants({
+      nodes: [
+        c(0, 1, "float32"), c(1, NaN, "float32"), bin(2, "pow", 0, 1, "float32"),
+        c(3, 2147483647, "int32"), bin(4, "mul", 3, 3, "int32"), bin(5, "pow", 3, 3, "int32"),
+        { id: 6, op: { kind: "cast", x: 1 }, shape: [], dtype: "int32" },
+      ],
+      outputs: [2, 4, 5, 6], numInputs: 0, numParams: 0,
+    });
+    // JS's 1 ** NaN is NaN; (2^31 - 1)^2 rounded in float64 stored 0; the NaN cast gave NaN, rendered as "(int32_t)NaN"
+    assert.deepEqual([2, 4, 5, 6].map((id) => g.nodes[id]!.op), [1, 1, 2147483647, -(2 ** 31)].map((value) => ({ kind: "const", value })));
   });
 
   it("autograd: compiled and lazy functions refuse inputs that require grad (no backward is recorded); noGrad runs them", () => {
