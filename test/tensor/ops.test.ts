@@ -325,6 +325,8 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t(Int32Array.of(3, 2, 7, -2, 2, -1, 1)).pow(t(Int32Array.of(40, 31, 20, 31, -1, -3, -5)))),
         [689956897, -(2 ** 31), -1199696159, -(2 ** 31), 0, -1, 1]);
       assert.deepEqual(values(t([3], { dtype: "int64" }).pow(40)), [Number(BigInt.asIntN(64, 3n ** 40n))], "int64 wraps modulo 2^64");
+      // prod too: torch's int product is exact modulo 2^32 ((2^31 - 1)^2 * 3 = 3; float64 gave 0)
+      assert.deepEqual(values(k.prod(t(Int32Array.of(2147483647, 2147483647, 3)), 0)), [3]);
     });
 
     it("round trips through every dtype for small integers", () => {

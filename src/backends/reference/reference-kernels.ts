@@ -112,7 +112,8 @@ function castValues(x: Float64Array, from: DType, to: DType): Float64Array {
   return x;
 }
 
-function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): number {
+/** One row's reduction; `mul` is prod's product (binaryKernel's: an int32 product wraps). */
+function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number, mul: (a: number, b: number) => number): number {
   switch (fn) {
     case "sum": {
       let s = 0;
@@ -121,7 +122,7 @@ function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): num
     }
     case "prod": {
       let s = 1;
-      for (let i = 0; i < n; i++) s *= x[start + i]!;
+      for (let i = 0; i < n; i++) s = mul(s, x[start + i]!);
       return s;
     }
     case "max":
@@ -360,7 +361,8 @@ export function runReference(call: KernelCall): void {
     case "reduce": {
       const x = readF64(call.x);
       const out = new Float64Array(call.rows);
-      for (let r = 0; r < call.rows; r++) out[r] = reduceRow(call.fn, x, r * call.n, call.n);
+      const mul = binaryKernel("mul", call.out.dtype);
+      for (let r = 0; r < call.rows; r++) out[r] = reduceRow(call.fn, x, r * call.n, call.n, mul);
       return writeDense(call.out, out);
     }
     case "softmax": {
