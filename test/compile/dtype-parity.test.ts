@@ -114,6 +114,7 @@ const rows: Row[] = [
   // ---- unary math ----
   { name: "int32 neg / abs / relu / square keep int32", fn: (x) => [x.neg(), x.abs(), x.relu(), x.square()], args: () => [i32([1, -2, 3])], want: ["int32", "int32", "int32", "int32"] },
   { name: "int32 square / mul / pow wrap modulo 2^32", lazyC: true, fn: (x, y) => [x.square(), x.mul(x), x.pow(3), x.pow(y)], args: () => [i32([2147483647, 65536, 46341, -3]), i32([40, 31, 20, -1])], want: ["int32", "int32", "int32", "int32"] },
+  { name: "int32 past 2^24 with f32: cast to float32 first", fn: (x, y) => [x.add(y), x.eq(y), x.sqrt()], args: () => [i32([16777217, 2147483647, 3]), f32([0.5, 2147483648, 1])], want: ["float32", "bool", "float32"] },
   { name: "int32 exp / sqrt -> f32", fn: (x) => [x.exp(), x.sqrt()], args: () => [i32([1, 4, 9])], want: ["float32", "float32"], approx: true },
   { name: "f32 exp / tanh / sigmoid / silu", fn: (x) => [x.exp(), x.tanh(), x.sigmoid(), x.silu()], args: () => [f32([0.5, -1.25, 3])], want: ["float32", "float32", "float32", "float32"], approx: true },
   { name: "bf16 exp / silu / neg", fn: (x) => [x.exp(), x.silu(), x.neg()], args: () => [bf16([0.5, -1.25, 3])], want: ["bfloat16", "bfloat16", "bfloat16"] },

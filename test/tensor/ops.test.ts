@@ -121,6 +121,16 @@ forEachBackend((dev) => {
       assert.equal(t(new Int8Array([1])).add(t(new Uint8Array([1]))).dtype, "int32");
     });
 
+    it("an int32 operand of a float32 op is cast to float32 first, as torch's (and compiled code's) common dtype", () => {
+      // 16777217 is not a float32: torch computes 16777216 + 0.5 = 16777216.5 -> 16777216 (eager gave 16777218),
+      // compares 16777216 == 16777216 (eager: false) and takes sqrt / exp of 2^31, not of 2147483647
+      const i = t(Int32Array.of(16777217, 2147483647));
+      assert.deepEqual(values(i.add(t([0.5, 0]))), [16777216, 2 ** 31]);
+      assert.deepEqual(values(i.eq(t([16777216, 2 ** 31]))), [1, 1]);
+      assert.deepEqual(values(i.mul(1.5)), [25165824, 3 * 2 ** 30]);
+      assert.deepEqual(values(i.sqrt()), [4096, Math.fround(Math.sqrt(2 ** 31))]);
+    });
+
     it("bool tensors with scalars promote as torch (int32 is Kiln's default int); bool subtraction raises", () => {
       const b = t([true, false, true]);
       for (const [name, r, dtype, want] of [

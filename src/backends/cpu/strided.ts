@@ -5,7 +5,7 @@
 import type { BinaryOp, BufferView, UnaryOp } from "../backend.js";
 import type { DType } from "../dtype.js";
 import { hostOf, isContiguous, numel, offsets } from "../reference/host-memory.js";
-import { binaryKernel, unaryKernel } from "../reference/reference-kernels.js";
+import { binaryComputeDtype, binaryKernel, operandValues, unaryKernel } from "../reference/reference-kernels.js";
 import { floatToInt } from "../int-math.js";
 
 type Direct = Float32Array | Int32Array | Uint8Array | Int8Array;
@@ -94,7 +94,8 @@ function store(out: BufferView, values: Float64Array | Float32Array, n: number):
 export function binaryStrided(fn: BinaryOp, a: BufferView, b: BufferView, out: BufferView): boolean {
   if (!isDirect(a.dtype) || !isDirect(b.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
-  if (out.dtype === "float32" && isContiguous(out.shape, out.strides)) {
+  // (an int32 operand of a float32 op is rounded to float32 first: below, through operandValues)
+  if (out.dtype === "float32" && a.dtype !== "int32" && b.dtype !== "int32" && isContiguous(out.shape, out.strides)) {
     // common training case: write straight into the output, reading both sides through offset tables
     const o = new Float32Array(hostOf(out.buffer), out.offset * 4, n);
     const A = dense(a);
@@ -113,8 +114,9 @@ export function binaryStrided(fn: BinaryOp, a: BufferView, b: BufferView, out: B
     else for (let i = 0; i < n; i++) o[i] = f(ad[as + i]!, bd[bs + i]!);
     return true;
   }
-  const av = fetch(a, n);
-  const bv = fetch(b, n);
+  const ct = binaryComputeDtype(fn, a.dtype, b.dtype, out.dtype);
+  const av = operandValues(fetch(a, n), a.dtype, ct);
+  const bv = operandValues(fetch(b, n), b.dtype, ct);
   const r = new Float64Array(n);
   const f = binaryKernel(fn, out.dtype);
   for (let i = 0; i < n; i++) r[i] = f(av[i]!, bv[i]!);
@@ -158,7 +160,7 @@ export function scatterRows(out: BufferView, index: BufferView, src: BufferView,
 export function unaryStrided(fn: UnaryOp, x: BufferView, out: BufferView): boolean {
   if (!isDirect(x.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
-  const xv = fetch(x, n);
+  const xv = operandValues(fetch(x, n), x.dtype, out.dtype);
   const f = unaryKernel(fn, out.dtype);
   const r = new Float64Array(n);
   for (let i = 0; i < n; i++) r[i] = f(xv[i]!);

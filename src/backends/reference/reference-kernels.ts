@@ -1,7 +1,7 @@
 // The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
 // Native kernels are tested against these (STYLE.md 9).
 import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
-import { f32ToFp8Bits, isFloating, type DType } from "../dtype.js";
+import { f32ToFp8Bits, isComparison, isFloating, promoteTypes, type DType } from "../dtype.js";
 import { floatToInt, integerBinary, wrapsInInt32 } from "../int-math.js";
 import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
@@ -104,6 +104,20 @@ export function unaryKernel(fn: UnaryOp, out: DType): (x: number) => number {
 
 export function binaryKernel(fn: BinaryOp, out: DType): (a: number, b: number) => number {
   return integerBinary(fn, out) ?? BINARY[fn];
+}
+
+/** The dtype binary `fn` computes in: a comparison in its operands' promoted dtype, the rest in the result's. */
+export function binaryComputeDtype(fn: BinaryOp, a: DType, b: DType, out: DType): DType {
+  return isComparison(fn) ? promoteTypes(a, b) : out;
+}
+
+/**
+ * Operand values of dtype `from` as an op computing in `computeIn` reads them: torch casts operands to that dtype, so
+ * an int32 / int64 operand of a float32 op is rounded to float32 first (16777217 + 0.5 is 16777216, sin(2147483647)
+ * is sin(2^31)), as the generated C converts it. A new array where values change, else `x`.
+ */
+export function operandValues<T extends ArrayLike<number>>(x: T, from: DType, computeIn: DType): T | Float64Array {
+  return computeIn === "float32" && (from === "int32" || from === "int64") ? Float64Array.from(x, Math.fround) : x;
 }
 
 /** The values of a copy from `from` into `to`: a float cast to an integer dtype as floatToInt (NaN gives the minimum). */
@@ -325,7 +339,7 @@ export function runReference(call: KernelCall): void {
   switch (call.op) {
     case "unary": {
       const f = unaryKernel(call.fn, call.out.dtype);
-      const x = readF64(call.x);
+      const x = operandValues(readF64(call.x), call.x.dtype, call.out.dtype);
       for (let i = 0; i < x.length; i++) x[i] = f(x[i]!);
       return writeDense(call.out, x);
     }
@@ -340,8 +354,9 @@ export function runReference(call: KernelCall): void {
     }
     case "binary": {
       const f = binaryKernel(call.fn, call.out.dtype);
-      const a = readF64(call.a);
-      const b = readF64(call.b);
+      const ct = binaryComputeDtype(call.fn, call.a.dtype, call.b.dtype, call.out.dtype);
+      const a = operandValues(readF64(call.a), call.a.dtype, ct);
+      const b = operandValues(readF64(call.b), call.b.dtype, ct);
       for (let i = 0; i < a.length; i++) a[i] = f(a[i]!, b[i]!);
       return writeDense(call.out, a);
     }
