@@ -56,12 +56,30 @@ static inline float k_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710
 static inline float k_gelu_tanh(float x) { return 0.5f * x * (1.0f + k_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
 static inline float k_remf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
 static inline int64_t k_remi(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+/* float -> integer as torch on x86 (cvttss2si) without C's undefined behaviour: NaN and out of range give the minimum */
+static inline int32_t k_f2i32(float x) { return (x >= -2147483648.0f && x < 2147483648.0f) ? (int32_t)x : INT32_MIN; }
+static inline int64_t k_f2i64(float x) { return (x >= -9223372036854775808.0f && x < 9223372036854775808.0f) ? (int64_t)x : INT64_MIN; }
+/* ATen's powi, wrapping modulo 2^64 (and so modulo 2^32 once narrowed): a negative exponent gives 0 but for 1 and -1 */
+static inline int64_t k_powi(int64_t a, int64_t b) {
+  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+  uint64_t r = 1, x = (uint64_t)a;
+  for (uint64_t e = (uint64_t)b; e; e >>= 1) { if (e & 1) r *= x; x *= x; }
+  return (int64_t)r;
+}
 `;
 
 function conv(v: string, from: DType, to: DType): string {
   if (from === to) return v;
   if (to === "bool") return `(uint8_t)(${v} != 0)`;
+  if (isFloat(from) && !isFloat(to)) return `(${CTYPE[to]})${to === "int64" ? "k_f2i64" : "k_f2i32"}(${v})`;
   return `(${CTYPE[to]})(${v})`;
+}
+
+/** `a op b` in int32 / int64 arithmetic that wraps (through unsigned: signed overflow is undefined in C). */
+function wrapping(op: "+" | "-" | "*", a: string, b: string, t: DType): string {
+  if (t !== "int32" && t !== "int64") return `${a} ${op} ${b}`; // 8-bit operands compute in int, narrowed by conv
+  const u = t === "int32" ? "uint32_t" : "uint64_t";
+  return `(${CTYPE[t]})((${u})${a} ${op} (${u})${b})`;
 }
 
 function isFloat(d: DType): boolean {
@@ -71,9 +89,9 @@ function isFloat(d: DType): boolean {
 function unaryExpr(fn: string, x: string, t: DType): string {
   if (!isFloat(t)) {
     switch (fn) {
-      case "neg": return `-${x}`;
-      case "abs": return `(${x} < 0 ? -${x} : ${x})`;
-      case "square": return `${x} * ${x}`;
+      case "neg": return wrapping("-", "0", x, t);
+      case "abs": return `(${x} < 0 ? ${wrapping("-", "0", x, t)} : ${x})`;
+      case "square": return wrapping("*", x, x, t);
       case "relu": return `(${x} > 0 ? ${x} : 0)`;
       case "sign": return `((${x} > 0) - (${x} < 0))`;
       case "logical_not": return `(${x} == 0)`;
@@ -108,11 +126,11 @@ function unaryExpr(fn: string, x: string, t: DType): string {
 function binaryExpr(fn: string, a: string, b: string, t: DType): string {
   const f = isFloat(t);
   switch (fn) {
-    case "add": return `${a} + ${b}`;
-    case "sub": return `${a} - ${b}`;
-    case "mul": return `${a} * ${b}`;
+    case "add": return f ? `${a} + ${b}` : wrapping("+", a, b, t);
+    case "sub": return f ? `${a} - ${b}` : wrapping("-", a, b, t);
+    case "mul": return f ? `${a} * ${b}` : wrapping("*", a, b, t);
     case "div": return `${a} / ${b}`;
-    case "pow": return f ? `powf(${a}, ${b})` : `(${CTYPE[t]})pow(${a}, ${b})`;
+    case "pow": return f ? `powf(${a}, ${b})` : `(${CTYPE[t]})k_powi(${a}, ${b})`;
     // NaN propagates from either side, as torch and the eager kernels (a NaN `a` is picked by a != a)
     case "maximum": return `((${a} != ${a} || ${a} > ${b}) ? ${a} : ${b})`;
     case "minimum": return `((${a} != ${a} || ${a} < ${b}) ? ${a} : ${b})`;

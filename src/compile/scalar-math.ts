@@ -1,6 +1,7 @@
 // Scalar semantics of the elementwise ops, shared by constant folding (the C renderer has its own
 // spelling of the same formulas, in codegen-c.ts).
-import type { BinaryOp, UnaryOp } from "./ir.js";
+import type { BinaryOp, DType, UnaryOp } from "./ir.js";
+import { integerBinary, wrapsInInt32 } from "../backends/int-math.js";
 
 function erf(x: number): number {
   // Abramowitz-Stegun 7.1.26 is too coarse for folding; use a series/continued-fraction split.
@@ -19,7 +20,8 @@ function erf(x: number): number {
   return Math.sign(x) * (1 - Math.exp(-t * t) / Math.sqrt(Math.PI) / (t + cf));
 }
 
-export function evalUnary(fn: UnaryOp, x: number): number {
+/** fn(x) computed as the kernels compute it for a result of `dtype` (integer square wraps). */
+export function evalUnary(fn: UnaryOp, x: number, dtype: DType): number {
   switch (fn) {
     case "neg": return -x;
     case "exp": return Math.exp(x);
@@ -35,7 +37,7 @@ export function evalUnary(fn: UnaryOp, x: number): number {
     case "reciprocal": return 1 / x;
     case "sin": return Math.sin(x);
     case "cos": return Math.cos(x);
-    case "square": return x * x;
+    case "square": return wrapsInInt32(dtype) ? Math.imul(x, x) : x * x;
     case "relu": return Math.max(0, x);
     case "floor": return Math.floor(x);
     case "ceil": return Math.ceil(x);
@@ -45,13 +47,16 @@ export function evalUnary(fn: UnaryOp, x: number): number {
   }
 }
 
-export function evalBinary(fn: BinaryOp, a: number, b: number): number {
+/** fn(a, b) computed as the kernels compute it for a result of `dtype` (integer mul and pow wrap: int-math.ts). */
+export function evalBinary(fn: BinaryOp, a: number, b: number, dtype: DType): number {
+  const int = integerBinary(fn, dtype);
+  if (int) return int(a, b);
   switch (fn) {
     case "add": return a + b;
     case "sub": return a - b;
     case "mul": return a * b;
     case "div": return a / b;
-    case "pow": return a ** b;
+    case "pow": return a === 1 || (a === -1 && Math.abs(b) === Infinity) ? 1 : a ** b; // C's pow: 1 ** NaN is 1 (JS: NaN)
     case "maximum": return Math.max(a, b);
     case "minimum": return Math.min(a, b);
     case "remainder": { const r = a % b; return r !== 0 && r < 0 !== b < 0 ? r + b : r; }

@@ -74,31 +74,6 @@ export function fp8WeightLoader(handle: SafetensorsHandle, model: Module, format
   const dequantized: string[] = [];
   let quantized = 0;
 
-  const scaleOf = (name: string, n: number, k: number): Float32Array => {
-    const scaleName = [`${name}_scale`, `${name}_scale_inv`].find((s) => handle.has(s));
-    if (scaleName === undefined) throw new ModelLoadError(`${name} is F8_E4M3 but the checkpoint has no ${name}_scale (or _scale_inv)`);
-    const s = handle.loadAsFloat32(scaleName);
-    if (format.blockSize !== null) {
-      const [bn, bk] = format.blockSize;
-      const want = Math.ceil(n / bn) * Math.ceil(k / bk);
-      if (s.length !== want) throw new ModelLoadError(`${scaleName} has ${s.length} scales; blocks of [${bn}, ${bk}] over [${n}, ${k}] need ${want}`);
-      return s;
-    }
-    if (s.length === 1) return new Float32Array(n).fill(s[0]!);
-    if (s.length === n) return s;
-    throw new ModelLoadError(`${scaleName} has ${s.length} scales; [${n}, ${k}] takes 1 (per tensor) or ${n} (per channel)`);
-  };
-
-  /** f32 weights from codes and per-row or per-block scales. */
-  const dequantize = (codes: Uint8Array, scales: Float32Array, n: number, k: number): Float32Array => {
-    const w = fp8BytesToF32(codes, "e4m3fn");
-    const [bn, bk] = format.blockSize ?? [1, k];
-    const cols = Math.ceil(k / bk);
-    for (let r = 0; r < n; r++)
-      for (let c = 0; c < k; c++) w[r * k + c]! *= scales[Math.floor(r / bn) * cols + Math.floor(c / bk)]!;
-    return w;
-  };
-
   return {
     take(name: string): boolean {
       const info = handle.get(name);
@@ -108,9 +83,9 @@ export function fp8WeightLoader(handle: SafetensorsHandle, model: Module, format
       const [n, k] = [layer.outFeatures, layer.inFeatures];
       if (info.shape.length !== 2 || info.shape[0] !== n || info.shape[1] !== k)
         throw new ModelLoadError(`${name} is [${info.shape.join(", ")}], the model's layer is [${n}, ${k}]`);
-      const scales = scaleOf(name, n, k);
+      const scales = fp8Scales(handle, name, n, k, format);
       if (!direct) {
-        const w = dequantize(handle.load(name), scales, n, k);
+        const w = dequantizeFp8(handle.load(name), scales, n, k, format);
         const f = tensor(w, { shape: [n, k], device: dev });
         model.setParameter(name, dtype === "float32" ? f : castAndFree(f, dtype));
         dequantized.push(name);
@@ -131,6 +106,49 @@ export function fp8WeightLoader(handle: SafetensorsHandle, model: Module, format
     /** "fp8" once any weight runs the fp8 kernel. */
     scheme: (): "fp8" | null => (quantized > 0 ? "fp8" : null),
   };
+}
+
+/** The scales of F8_E4M3 weight `name` [n, k]: one per block, or one per row (a per-tensor scale repeated). */
+function fp8Scales(handle: SafetensorsHandle, name: string, n: number, k: number, format: Fp8CheckpointFormat): Float32Array {
+  const scaleName = [`${name}_scale`, `${name}_scale_inv`].find((s) => handle.has(s));
+  if (scaleName === undefined) throw new ModelLoadError(`${name} is F8_E4M3 but the checkpoint has no ${name}_scale (or _scale_inv)`);
+  const s = handle.loadAsFloat32(scaleName);
+  if (format.blockSize !== null) {
+    const [bn, bk] = format.blockSize;
+    const want = Math.ceil(n / bn) * Math.ceil(k / bk);
+    if (s.length !== want) throw new ModelLoadError(`${scaleName} has ${s.length} scales; blocks of [${bn}, ${bk}] over [${n}, ${k}] need ${want}`);
+    return s;
+  }
+  if (s.length === 1) return new Float32Array(n).fill(s[0]!);
+  if (s.length === n) return s;
+  throw new ModelLoadError(`${scaleName} has ${s.length} scales; [${n}, ${k}] takes 1 (per tensor) or ${n} (per channel)`);
+}
+
+/** f32 weights from codes and per-row or per-block scales. */
+function dequantizeFp8(codes: Uint8Array, scales: Float32Array, n: number, k: number, format: Fp8CheckpointFormat): Float32Array {
+  const w = fp8BytesToF32(codes, "e4m3fn");
+  const [bn, bk] = format.blockSize ?? [1, k];
+  const cols = Math.ceil(k / bk);
+  for (let r = 0; r < n; r++)
+    for (let c = 0; c < k; c++) w[r * k + c]! *= scales[Math.floor(r / bn) * cols + Math.floor(c / bk)]!;
+  return w;
+}
+
+/**
+ * An FP8 checkpoint's tensor as f32: an F8_E4M3 [n, k] weight dequantized (code * its scale), as llama.cpp's
+ * convert_hf_to_gguf reads one; any other tensor as stored.
+ */
+export function loadFp8CheckpointTensor(handle: SafetensorsHandle, name: string, format: Fp8CheckpointFormat): Float32Array {
+  const info = handle.get(name);
+  if (info?.dtype !== "F8_E4M3") return handle.loadAsFloat32(name);
+  if (info.shape.length !== 2) throw new ModelLoadError(`${name} is F8_E4M3 [${info.shape.join(", ")}]; fp8 weights are [out, in]`);
+  const [n, k] = info.shape as [number, number];
+  return dequantizeFp8(handle.load(name), fp8Scales(handle, name, n, k, format), n, k, format);
+}
+
+/** An FP8 checkpoint's scale tensors (weight scales, folded into their weights; activation scales, unused). */
+export function isFp8ScaleTensor(name: string): boolean {
+  return /\.(weight_scale|weight_scale_inv|input_scale)$/.test(name);
 }
 
 function castAndFree(f: Tensor, dtype: DType): Tensor {

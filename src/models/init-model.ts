@@ -13,8 +13,9 @@ import { CausalLM } from "./causal-lm.js";
 import { parseHfConfig, type Architecture, type ModelConfig } from "./hf-config.js";
 import { fusedParts } from "./fused-weights.js";
 import { FAMILIES, ModelLoadError } from "./loader.js";
-import { fuseGptOssExperts, gptOssGgufExpertTensors, isGptOssFusedExpertTensor } from "./gpt-oss-experts.js";
+import { fuseGptOssExperts, gptOssGgufExpertTensors, isGptOssFusedExpertTensor, isMxfp4Checkpoint } from "./gpt-oss-experts.js";
 import { inspectModelDir, openCheckpoint } from "./model-dir.js";
+import { fp8CheckpointFormat, isFp8ScaleTensor, loadFp8CheckpointTensor } from "./fp8-checkpoint.js";
 import { PRESETS, type GgufExportType } from "./model-presets.js";
 import { GEMMA3_BOI, GEMMA3_EOI, GEMMA3_IMAGE_TOKEN } from "./gemma3-image-processor.js";
 import { Gemma3Vision, parseGemma3VisionConfig } from "./siglip.js";
@@ -285,10 +286,12 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
   const weights = inspectModelDir(dir).weights; // one file or shards with their index, as the loader reads them
   if (weights === null || weights.format === "gguf") throw new ModelLoadError(`[convert] ${dir} has no safetensors or PyTorch weights`);
   const st = openCheckpoint(weights);
+  // an FP8 checkpoint's weights are dequantized (code * scale) and its scale tensors dropped, as llama.cpp's converter does
+  const fp8 = isMxfp4Checkpoint(config) ? null : fp8CheckpointFormat(config);
   const permutes = ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM"].includes(cfg.architecture);
   const family = ggufFamilyOf(cfg.architecture);
   const load = (name: string, rows: number): Float32Array => {
-    const data = st.loadAsFloat32(name);
+    const data = fp8 ? loadFp8CheckpointTensor(st, name, fp8) : st.loadAsFloat32(name);
     const shift = ggufNormShift(family, name);
     if (shift !== 0) return data.map((x) => x + shift);
     if (!permutes || !/self_attn\.(q|k)_proj\.weight$/.test(name)) return data;
@@ -309,6 +312,7 @@ export function exportGguf(dir: string, outFile: string, type: GgufExportType = 
     const gptOss = cfg.architecture === "GptOssForCausalLM";
     for (const info of st.tensors) {
       if (gptOss && isGptOssFusedExpertTensor(info.name)) continue; // below, split and stacked as llama.cpp's gpt-oss reads them
+      if (fp8 && isFp8ScaleTensor(info.name)) continue;
       const m = hfToGgufTensorName(info.name, family);
       if (!m) throw new ModelLoadError(`${dir}: tensor ${info.name} has no GGUF name`);
       if (m.expert !== undefined) {

@@ -12,6 +12,7 @@ import { describe, it } from "node:test";
 import * as k from "../../src/tensor/index.js";
 import type { DType, Tensor } from "../../src/tensor/index.js";
 import { compile, jitUnavailableReason, where, withDeferAndFuse, type Sym } from "../../src/compile/index.js";
+import { foldConstants } from "../../src/compile/passes/const-fold.js";
 
 process.env.KILN_CACHE_DIR = mkdtempSync(join(tmpdir(), "kiln-compile-dtypes-"));
 const hasJit = jitUnavailableReason() === null;
@@ -108,9 +109,12 @@ const rows: Row[] = [
   // ---- casts ----
   { name: "f32 -> int32 / bf16 / bool", fn: (x) => [x.to("int32"), x.to("bfloat16"), x.to("bool")], args: () => [f32([-2.7, 0, 0.1, 3.9])], want: ["int32", "bfloat16", "bool"] },
   { name: "bf16 -> f32 -> * 0.1", fn: (x) => x.to("float32").mul(0.1), args: () => [bf16([0.1, 3, -7])], want: "float32" },
+  { name: "f32 -> int32 / int64 / int8 of NaN, inf, out of range (torch x86: the minimum)", lazyC: true, fn: (x) => [x.to("int32"), x.to("int64"), x.to("int8")], args: () => [f32([NaN, Infinity, -Infinity, 3e9, -3e9, -2.5])], want: ["int32", "int64", "int8"] },
   { name: "int32 -> bool, bool -> f32", lazyC: true, fn: (x, c) => [x.to("bool"), c.to("float32")], args: () => [i32([0, 2, -1]), bool(MASK)], want: ["bool", "float32"] },
   // ---- unary math ----
   { name: "int32 neg / abs / relu / square keep int32", fn: (x) => [x.neg(), x.abs(), x.relu(), x.square()], args: () => [i32([1, -2, 3])], want: ["int32", "int32", "int32", "int32"] },
+  { name: "int32 square / mul / pow wrap modulo 2^32", lazyC: true, fn: (x, y) => [x.square(), x.mul(x), x.pow(3), x.pow(y)], args: () => [i32([2147483647, 65536, 46341, -3]), i32([40, 31, 20, -1])], want: ["int32", "int32", "int32", "int32"] },
+  { name: "int32 past 2^24 with f32: cast to float32 first", fn: (x, y) => [x.add(y), x.eq(y), x.sqrt()], args: () => [i32([16777217, 2147483647, 3]), f32([0.5, 2147483648, 1])], want: ["float32", "bool", "float32"] },
   { name: "int32 exp / sqrt -> f32", fn: (x) => [x.exp(), x.sqrt()], args: () => [i32([1, 4, 9])], want: ["float32", "float32"], approx: true },
   { name: "f32 exp / tanh / sigmoid / silu", fn: (x) => [x.exp(), x.tanh(), x.sigmoid(), x.silu()], args: () => [f32([0.5, -1.25, 3])], want: ["float32", "float32", "float32", "float32"], approx: true },
   { name: "bf16 exp / silu / neg", fn: (x) => [x.exp(), x.silu(), x.neg()], args: () => [bf16([0.5, -1.25, 3])], want: ["bfloat16", "bfloat16", "bfloat16"] },
@@ -280,6 +284,21 @@ describe("compile: hand-checked values on the compiled path", () => {
     assert.equal(f.lastInfo!.jit, true);
     assert.deepEqual(s!.toList(), [1, 0]);
     assert.ok(Object.is(z!.toList()[0], 0));
+  });
+
+  it("constant folding computes as the kernels: C's pow (1 ** NaN is 1), int32 mul / pow wrap, NaN cast to int32 is -2^31", () => {
+    const c = (id: number, value: number, dtype: DType) => ({ id, op: { kind: "const" as const, value }, shape: [], dtype });
+    const bin = (id: number, fn: "pow" | "mul", a: number, b: number, dtype: DType) => ({ id, op: { kind: "binary" as const, fn, a, b }, shape: [], dtype });
+    const g = foldConstants({
+      nodes: [
+        c(0, 1, "float32"), c(1, NaN, "float32"), bin(2, "pow", 0, 1, "float32"),
+        c(3, 2147483647, "int32"), bin(4, "mul", 3, 3, "int32"), bin(5, "pow", 3, 3, "int32"),
+        { id: 6, op: { kind: "cast", x: 1 }, shape: [], dtype: "int32" },
+      ],
+      outputs: [2, 4, 5, 6], numInputs: 0, numParams: 0,
+    });
+    // JS's 1 ** NaN is NaN; (2^31 - 1)^2 rounded in float64 stored 0; the NaN cast gave NaN, rendered as "(int32_t)NaN"
+    assert.deepEqual([2, 4, 5, 6].map((id) => g.nodes[id]!.op), [1, 1, 2147483647, -(2 ** 31)].map((value) => ({ kind: "const", value })));
   });
 
   it("autograd: compiled and lazy functions refuse inputs that require grad (no backward is recorded); noGrad runs them", () => {

@@ -10,6 +10,8 @@ import { f32ToF8e4m3Bits, f8e4m3BitsToF32 } from "../../src/backends/dtype.js";
 import { tryLoadNativeKernels } from "../../src/backends/cpu/native.js";
 import { readSafetensors, writeSafetensors, type SafetensorsWriteTensor } from "../../src/models/formats/safetensors.js";
 import { loadLocalModel } from "../../src/models/loader.js";
+import { exportGguf } from "../../src/models/init-model.js";
+import { readGguf } from "../../src/models/formats/gguf.js";
 import { quantizedWeightOf } from "../../src/nn/quantized-linear.js";
 import { noGrad, tensor } from "../../src/tensor/index.js";
 import { UnsupportedError } from "../../src/util/errors.js";
@@ -121,6 +123,22 @@ describe("fp8 checkpoints", { skip }, () => {
     assert.equal(got.fp8Layers, 0);
     assert.ok(notes.some((n) => /block-scaled fp8/.test(n)), notes.join("\n"));
     assert.ok(maxAbsDiff(got.values, want.values) <= 1e-5 * Math.max(...want.values.map(Math.abs)));
+  });
+
+  it("kiln convert dequantizes fp8 weights (code * scale) and drops the scales, as convert_hf_to_gguf: the GGUF equals the dequantized model's", () => {
+    // it failed with "tensor ...weight_scale has no GGUF name"
+    for (const [granularity, qc] of [["tensor", { quant_method: "fp8" }], ["block", { quant_method: "fp8", weight_block_size: [32, 32] }]] as const) {
+      const { fp8, ref } = writeFp8Pair(src(), `convert-${granularity}`, granularity, qc);
+      const [got, want] = [fp8, ref].map((dir) => {
+        const file = path.join(dir, "model.gguf");
+        exportGguf(dir, file, "F32");
+        return readGguf(file);
+      });
+      assert.deepEqual(got!.tensors.map((t) => [t.name, t.type, t.shape]), want!.tensors.map((t) => [t.name, t.type, t.shape]), granularity);
+      for (const t of want!.tensors) assert.deepEqual(got!.loadAsFloat32(t.name), want!.loadAsFloat32(t.name), `${granularity} ${t.name}`);
+      got!.close();
+      want!.close();
+    }
   });
 
   it("typed errors: another quantization method, re-quantizing, a missing scale", () => {

@@ -188,6 +188,8 @@ const hostileCases: [string, () => string, RegExp][] = [
   ["tensor data past EOF", () => hostile("eof.gguf", (w) => { w(magic); w(3n, 4); w(1n); w(0n); w(str("w")); w(1n, 4); w(1024n); w(0n, 4); w(0n); w(new Array(64).fill(0)); }), /"w".*past the end/],
   ["too many dims", () => hostile("dims.gguf", (w) => { w(magic); w(3n, 4); w(1n); w(0n); w(str("w")); w(9n, 4); w(new Array(64).fill(0)); }), /n_dims 9/],
   ["dims product overflows", () => hostile("prod.gguf", (w) => { w(magic); w(3n, 4); w(1n); w(0n); w(str("w")); w(2n, 4); w(1n << 40n); w(1n << 40n); w(0n, 4); w(0n); w(new Array(64).fill(0)); }), /overflows/],
+  // a 0-d Q8_0 tensor was read as 34/32 bytes (the row check skipped 0-d tensors); ggml's reader refuses it too
+  ["0-d quantized tensor", () => hostile("q0d.gguf", (w) => { w(magic); w(3n, 4); w(1n); w(0n); w(str("s")); w(0n, 4); w(8n, 4); w(0n); w(new Array(64).fill(0)); }), /"s".*row length 1 is not a multiple of the Q8_0 block size 32/],
   ["unaligned tensor offset", () => hostile("align.gguf", (w) => { w(magic); w(3n, 4); w(1n); w(0n); w(str("w")); w(1n, 4); w(1n); w(0n, 4); w(3n); w(new Array(64).fill(0)); }), /alignment/],
 ];
 for (const [label, make, re] of hostileCases) {

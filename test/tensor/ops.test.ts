@@ -121,6 +121,16 @@ forEachBackend((dev) => {
       assert.equal(t(new Int8Array([1])).add(t(new Uint8Array([1]))).dtype, "int32");
     });
 
+    it("an int32 operand of a float32 op is cast to float32 first, as torch's (and compiled code's) common dtype", () => {
+      // 16777217 is not a float32: torch computes 16777216 + 0.5 = 16777216.5 -> 16777216 (eager gave 16777218),
+      // compares 16777216 == 16777216 (eager: false) and takes sqrt / exp of 2^31, not of 2147483647
+      const i = t(Int32Array.of(16777217, 2147483647));
+      assert.deepEqual(values(i.add(t([0.5, 0]))), [16777216, 2 ** 31]);
+      assert.deepEqual(values(i.eq(t([16777216, 2 ** 31]))), [1, 1]);
+      assert.deepEqual(values(i.mul(1.5)), [25165824, 3 * 2 ** 30]);
+      assert.deepEqual(values(i.sqrt()), [4096, Math.fround(Math.sqrt(2 ** 31))]);
+    });
+
     it("bool tensors with scalars promote as torch (int32 is Kiln's default int); bool subtraction raises", () => {
       const b = t([true, false, true]);
       for (const [name, r, dtype, want] of [
@@ -305,9 +315,28 @@ forEachBackend((dev) => {
       assert.deepEqual(values(t([true, false]).to("float32")), [1, 0]);
       assert.deepEqual(values(t(new Int32Array([300, -1])).to("uint8")), [44, 255], "wraps like torch");
       assert.deepEqual(values(t(new Int32Array([200])).to("int8")), [-56]);
-      // NaN and infinities cast to 0 in every integer dtype (int64 threw the RangeError of BigInt(NaN))
-      const odd = t([NaN, Infinity, -Infinity, 3.5]);
-      for (const dtype of ["int32", "int64"] as const) assert.deepEqual(values(odd.to(dtype)), [0, 0, 0, 3], dtype);
+      // NaN, infinities and out-of-range values give the type's minimum, as torch on x86 (cvttss2si); eager gave 0
+      // (and 3e9 wrapped to -1294967296) where compiled code gave -2^31
+      const odd = t([NaN, Infinity, -Infinity, 3e9, -3e9, 3.5]);
+      assert.deepEqual(values(odd.to("int32")), [-(2 ** 31), -(2 ** 31), -(2 ** 31), -(2 ** 31), -(2 ** 31), 3]);
+      assert.deepEqual(values(odd.to("int64")), [-(2 ** 63), -(2 ** 63), -(2 ** 63), 3e9, -3e9, 3]);
+      assert.deepEqual(values(t([NaN, 1e19, -2.5], { dtype: "bfloat16" }).to("int64")), [-(2 ** 63), -(2 ** 63), -2]);
+      assert.deepEqual(values(odd.to("int8")), [0, 0, 0, 0, 0, 3], "the int32 result's low byte");
+    });
+
+    it("int32 mul / square / pow wrap modulo 2^32 as torch's (float64 products rounded past 2^53)", () => {
+      const x = t(Int32Array.of(2147483647, 65536, 46341, -3, 1291));
+      // (2^31 - 1)^2 = 2^62 - 2^32 + 1 is 1 modulo 2^32; float64 rounded it to 2^62 - 2^32, stored as 0
+      const squares = [1, 0, -2147479015, 9, 1666681];
+      assert.deepEqual(values(x.square()), squares);
+      assert.deepEqual(values(x.mul(x)), squares);
+      // ATen's powi, modulo 2^32 (Python: ((v + 2**31) % 2**32) - 2**31)
+      assert.deepEqual(values(x.pow(3)), [2147483647, 0, -1932785795, -27, -2143282125]);
+      assert.deepEqual(values(t(Int32Array.of(3, 2, 7, -2, 2, -1, 1)).pow(t(Int32Array.of(40, 31, 20, 31, -1, -3, -5)))),
+        [689956897, -(2 ** 31), -1199696159, -(2 ** 31), 0, -1, 1]);
+      assert.deepEqual(values(t([3], { dtype: "int64" }).pow(40)), [Number(BigInt.asIntN(64, 3n ** 40n))], "int64 wraps modulo 2^64");
+      // prod too: torch's int product is exact modulo 2^32 ((2^31 - 1)^2 * 3 = 3; float64 gave 0)
+      assert.deepEqual(values(k.prod(t(Int32Array.of(2147483647, 2147483647, 3)), 0)), [3]);
     });
 
     it("round trips through every dtype for small integers", () => {

@@ -5,7 +5,8 @@
 import type { BinaryOp, BufferView, UnaryOp } from "../backend.js";
 import type { DType } from "../dtype.js";
 import { hostOf, isContiguous, numel, offsets } from "../reference/host-memory.js";
-import { BINARY, UNARY } from "../reference/reference-kernels.js";
+import { binaryComputeDtype, binaryKernel, operandValues, unaryKernel } from "../reference/reference-kernels.js";
+import { floatToInt } from "../int-math.js";
 
 type Direct = Float32Array | Int32Array | Uint8Array | Int8Array;
 
@@ -35,19 +36,21 @@ function dense(v: BufferView): { data: Direct; idx: Int32Array | null; start: nu
   return { data, idx: offsets(v), start: 0 };
 }
 
-function convert(d: DType): (x: number) => number {
+/** Conversion of a `from` value stored as `d` (a float32 cast to an integer as floatToInt; integers wrap). */
+function convert(d: DType, from: DType = d): (x: number) => number {
   if (d === "bool") return (x) => (x !== 0 ? 1 : 0); // NaN is true, as torch
   if (d === "float32") return (x) => x;
+  if (from === "float32") return (x) => floatToInt(x, d);
   return Math.trunc;
 }
 
-/** Strided copy between direct dtypes (cast float<->int truncates toward zero, as torch). */
+/** Strided copy between direct dtypes (cast float->int truncates toward zero, as torch; NaN gives the minimum). */
 export function copyStrided(x: BufferView, out: BufferView): boolean {
   if (!isDirect(x.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
   const src = dense(x);
   const dst = dense(out);
-  const cv = x.dtype === out.dtype || (out.dtype === "float32" && x.dtype !== "float32") ? null : convert(out.dtype);
+  const cv = x.dtype === out.dtype || (out.dtype === "float32" && x.dtype !== "float32") ? null : convert(out.dtype, x.dtype);
   const s = src.data;
   const o = dst.data;
   const si = src.idx;
@@ -91,7 +94,8 @@ function store(out: BufferView, values: Float64Array | Float32Array, n: number):
 export function binaryStrided(fn: BinaryOp, a: BufferView, b: BufferView, out: BufferView): boolean {
   if (!isDirect(a.dtype) || !isDirect(b.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
-  if (out.dtype === "float32" && isContiguous(out.shape, out.strides)) {
+  // (an int32 operand of a float32 op is rounded to float32 first: below, through operandValues)
+  if (out.dtype === "float32" && a.dtype !== "int32" && b.dtype !== "int32" && isContiguous(out.shape, out.strides)) {
     // common training case: write straight into the output, reading both sides through offset tables
     const o = new Float32Array(hostOf(out.buffer), out.offset * 4, n);
     const A = dense(a);
@@ -103,17 +107,18 @@ export function binaryStrided(fn: BinaryOp, a: BufferView, b: BufferView, out: B
     const bi = B.idx;
     const as = A.start;
     const bs = B.start;
-    const f = fn === "add" ? (x: number, y: number) => x + y : fn === "sub" ? (x: number, y: number) => x - y : fn === "mul" ? (x: number, y: number) => x * y : fn === "div" ? (x: number, y: number) => x / y : BINARY[fn];
+    const f = fn === "add" ? (x: number, y: number) => x + y : fn === "sub" ? (x: number, y: number) => x - y : fn === "mul" ? (x: number, y: number) => x * y : fn === "div" ? (x: number, y: number) => x / y : binaryKernel(fn, "float32");
     if (ai && bi) for (let i = 0; i < n; i++) o[i] = f(ad[ai[i]!]!, bd[bi[i]!]!);
     else if (ai) for (let i = 0; i < n; i++) o[i] = f(ad[ai[i]!]!, bd[bs + i]!);
     else if (bi) for (let i = 0; i < n; i++) o[i] = f(ad[as + i]!, bd[bi[i]!]!);
     else for (let i = 0; i < n; i++) o[i] = f(ad[as + i]!, bd[bs + i]!);
     return true;
   }
-  const av = fetch(a, n);
-  const bv = fetch(b, n);
+  const ct = binaryComputeDtype(fn, a.dtype, b.dtype, out.dtype);
+  const av = operandValues(fetch(a, n), a.dtype, ct);
+  const bv = operandValues(fetch(b, n), b.dtype, ct);
   const r = new Float64Array(n);
-  const f = BINARY[fn];
+  const f = binaryKernel(fn, out.dtype);
   for (let i = 0; i < n; i++) r[i] = f(av[i]!, bv[i]!);
   store(out, r, n);
   return true;
@@ -155,8 +160,8 @@ export function scatterRows(out: BufferView, index: BufferView, src: BufferView,
 export function unaryStrided(fn: UnaryOp, x: BufferView, out: BufferView): boolean {
   if (!isDirect(x.dtype) || !isDirect(out.dtype)) return false;
   const n = numel(out.shape);
-  const xv = fetch(x, n);
-  const f = UNARY[fn];
+  const xv = operandValues(fetch(x, n), x.dtype, out.dtype);
+  const f = unaryKernel(fn, out.dtype);
   const r = new Float64Array(n);
   for (let i = 0; i < n; i++) r[i] = f(xv[i]!);
   store(out, r, n);

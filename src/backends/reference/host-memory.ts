@@ -109,7 +109,7 @@ export function setter(buffer: DeviceBuffer, dtype: DType): Setter {
     }
     case "int64": {
       const a = raw as BigInt64Array;
-      return (i, v) => (a[i] = Number.isFinite(v) ? BigInt(Math.trunc(v)) : 0n); // NaN / inf: 0, as tensor() and int32 casts give
+      return (i, v) => (a[i] = Number.isFinite(v) ? BigInt(Math.trunc(v)) : 0n); // NaN / inf: 0, as tensor() gives (a cast maps them first: castValues)
     }
     case "bool": {
       const a = raw as Uint8Array;

@@ -1,7 +1,8 @@
 // The pure-TypeScript reference of every primitive kernel: slow, readable, computed in float64.
 // Native kernels are tested against these (STYLE.md 9).
 import type { BinaryOp, BufferView, KernelCall, PagedAttentionArgs, QuantizedRowsView, ReduceOp, UnaryOp } from "../backend.js";
-import { f32ToFp8Bits } from "../dtype.js";
+import { f32ToFp8Bits, isComparison, isFloating, promoteTypes, type DType } from "../dtype.js";
+import { floatToInt, integerBinary, wrapsInInt32 } from "../int-math.js";
 import { forEachIndex, getter, numel, rawArray, readF64, setter, writeDense } from "./host-memory.js";
 import { quantizeActivationsRef } from "../quant-activations.js";
 import { flashAttentionBackwardReference, flashAttentionReference } from "./flash-attention-reference.js";
@@ -93,7 +94,40 @@ export const BINARY: Record<BinaryOp, (a: number, b: number) => number> = {
   logical_or: (a, b) => (a !== 0 || b !== 0 ? 1 : 0),
 };
 
-function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): number {
+/**
+ * UNARY / BINARY for a result dtype: integer square, mul and pow wrap as torch's (int-math.ts) where the float64
+ * formulas would round past 2^53 (46341 ** 2 fits float64; 2147483647 ** 2 does not).
+ */
+export function unaryKernel(fn: UnaryOp, out: DType): (x: number) => number {
+  return fn === "square" && wrapsInInt32(out) ? (x) => Math.imul(x, x) : UNARY[fn];
+}
+
+export function binaryKernel(fn: BinaryOp, out: DType): (a: number, b: number) => number {
+  return integerBinary(fn, out) ?? BINARY[fn];
+}
+
+/** The dtype binary `fn` computes in: a comparison in its operands' promoted dtype, the rest in the result's. */
+export function binaryComputeDtype(fn: BinaryOp, a: DType, b: DType, out: DType): DType {
+  return isComparison(fn) ? promoteTypes(a, b) : out;
+}
+
+/**
+ * Operand values of dtype `from` as an op computing in `computeIn` reads them: torch casts operands to that dtype, so
+ * an int32 / int64 operand of a float32 op is rounded to float32 first (16777217 + 0.5 is 16777216, sin(2147483647)
+ * is sin(2^31)), as the generated C converts it. A new array where values change, else `x`.
+ */
+export function operandValues<T extends ArrayLike<number>>(x: T, from: DType, computeIn: DType): T | Float64Array {
+  return computeIn === "float32" && (from === "int32" || from === "int64") ? Float64Array.from(x, Math.fround) : x;
+}
+
+/** The values of a copy from `from` into `to`: a float cast to an integer dtype as floatToInt (NaN gives the minimum). */
+function castValues(x: Float64Array, from: DType, to: DType): Float64Array {
+  if (isFloating(from) && !isFloating(to) && to !== "bool") for (let i = 0; i < x.length; i++) x[i] = floatToInt(x[i]!, to);
+  return x;
+}
+
+/** One row's reduction; `mul` is prod's product (binaryKernel's: an int32 product wraps). */
+function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number, mul: (a: number, b: number) => number): number {
   switch (fn) {
     case "sum": {
       let s = 0;
@@ -102,7 +136,7 @@ function reduceRow(fn: ReduceOp, x: Float64Array, start: number, n: number): num
     }
     case "prod": {
       let s = 1;
-      for (let i = 0; i < n; i++) s *= x[start + i]!;
+      for (let i = 0; i < n; i++) s = mul(s, x[start + i]!);
       return s;
     }
     case "max":
@@ -304,8 +338,8 @@ function loraApplyReference(call: Extract<KernelCall, { op: "lora_apply" }>): vo
 export function runReference(call: KernelCall): void {
   switch (call.op) {
     case "unary": {
-      const f = UNARY[call.fn];
-      const x = readF64(call.x);
+      const f = unaryKernel(call.fn, call.out.dtype);
+      const x = operandValues(readF64(call.x), call.x.dtype, call.out.dtype);
       for (let i = 0; i < x.length; i++) x[i] = f(x[i]!);
       return writeDense(call.out, x);
     }
@@ -319,9 +353,10 @@ export function runReference(call: KernelCall): void {
       return;
     }
     case "binary": {
-      const f = BINARY[call.fn];
-      const a = readF64(call.a);
-      const b = readF64(call.b);
+      const f = binaryKernel(call.fn, call.out.dtype);
+      const ct = binaryComputeDtype(call.fn, call.a.dtype, call.b.dtype, call.out.dtype);
+      const a = operandValues(readF64(call.a), call.a.dtype, ct);
+      const b = operandValues(readF64(call.b), call.b.dtype, ct);
       for (let i = 0; i < a.length; i++) a[i] = f(a[i]!, b[i]!);
       return writeDense(call.out, a);
     }
@@ -333,7 +368,7 @@ export function runReference(call: KernelCall): void {
       return writeDense(call.out, a);
     }
     case "copy":
-      return writeDense(call.out, readF64(call.x));
+      return writeDense(call.out, castValues(readF64(call.x), call.x.dtype, call.out.dtype));
     case "fill": {
       const set = setter(call.out.buffer, call.out.dtype);
       return forEachIndex(call.out, (s) => set(s, call.value));
@@ -341,7 +376,8 @@ export function runReference(call: KernelCall): void {
     case "reduce": {
       const x = readF64(call.x);
       const out = new Float64Array(call.rows);
-      for (let r = 0; r < call.rows; r++) out[r] = reduceRow(call.fn, x, r * call.n, call.n);
+      const mul = binaryKernel("mul", call.out.dtype);
+      for (let r = 0; r < call.rows; r++) out[r] = reduceRow(call.fn, x, r * call.n, call.n, mul);
       return writeDense(call.out, out);
     }
     case "softmax": {

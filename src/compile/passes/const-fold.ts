@@ -1,7 +1,8 @@
 // Constant folding: elementwise ops over scalar constants become constants, and identities
 // (x + 0 on integers, x + (-0), x - 0, x * 1, x / 1) forward their operand when that changes
 // neither shape nor dtype. Runs before DCE, which removes what was bypassed.
-import { bf16BitsToF32, f16BitsToF32, f32ToBf16Bits, f32ToF16Bits, isFloating } from "../../backends/dtype.js";
+import { bf16BitsToF32, f16BitsToF32, f32ToBf16Bits, f32ToF16Bits, isFloating, type DType } from "../../backends/dtype.js";
+import { floatToInt } from "../../backends/int-math.js";
 import { mapOperands, type Graph, type Node, type NodeId } from "../ir.js";
 import { evalBinary, evalUnary } from "../scalar-math.js";
 
@@ -10,12 +11,16 @@ function constValue(n: Node): number | undefined {
   return n.op.kind === "const" ? castValue(n.op.value, n.dtype) : undefined;
 }
 
-function castValue(v: number, dtype: string): number {
+/** An integer or float result stored as `dtype`: integers wrap to its width, as the kernels' stores. */
+function castValue(v: number, dtype: DType): number {
   if (dtype === "bool") return v !== 0 ? 1 : 0;
   if (dtype === "float32") return Math.fround(v);
   if (dtype === "bfloat16") return bf16BitsToF32(f32ToBf16Bits(v));
   if (dtype === "float16") return f16BitsToF32(f32ToF16Bits(v));
-  return Math.trunc(v);
+  if (dtype === "int32") return Int32Array.of(v)[0]!;
+  if (dtype === "int8") return Int8Array.of(v)[0]!;
+  if (dtype === "uint8") return Uint8Array.of(v)[0]!;
+  return Number.isFinite(v) ? Number(BigInt.asIntN(64, BigInt(Math.trunc(v)))) : 0;
 }
 
 export function foldConstants(g: Graph): Graph {
@@ -28,9 +33,11 @@ export function foldConstants(g: Graph): Graph {
     const c = (id: NodeId) => constValue(nodes[id]!);
     const sameAs = (id: NodeId) => nodes[id]!.dtype === n.dtype && nodes[id]!.shape.join() === n.shape.join();
     let folded: number | undefined;
-    if (op.kind === "unary" && c(op.x) !== undefined) folded = evalUnary(op.fn, c(op.x)!);
-    else if (op.kind === "cast" && c(op.x) !== undefined) folded = c(op.x)!;
-    else if (op.kind === "binary" && c(op.a) !== undefined && c(op.b) !== undefined) folded = evalBinary(op.fn, c(op.a)!, c(op.b)!);
+    if (op.kind === "unary" && c(op.x) !== undefined) folded = evalUnary(op.fn, c(op.x)!, n.dtype);
+    else if (op.kind === "cast" && c(op.x) !== undefined) {
+      const from = nodes[op.x]!.dtype;
+      folded = isFloating(from) && !isFloating(n.dtype) && n.dtype !== "bool" ? floatToInt(c(op.x)!, n.dtype) : c(op.x)!;
+    } else if (op.kind === "binary" && c(op.a) !== undefined && c(op.b) !== undefined) folded = evalBinary(op.fn, c(op.a)!, c(op.b)!, n.dtype);
     else if (op.kind === "where" && c(op.cond) !== undefined && c(op.a) !== undefined && c(op.b) !== undefined) folded = c(op.cond)! ? c(op.a)! : c(op.b)!;
     if (folded !== undefined && n.shape.length === 0) {
       nodes.push({ ...n, op: { kind: "const", value: castValue(folded, n.dtype) } });

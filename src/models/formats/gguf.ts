@@ -243,7 +243,9 @@ function parseGguf(fd: number, file: string): GgufFile {
     const type = ggmlTypeName(typeId);
     if (type === undefined) bad(`unknown ggml type ${typeId}`);
     const [bs, ts] = GGML_BLOCK_LAYOUT[type!];
-    if (nDims > 0 && dims[0]! % bs !== 0) bad(`row length ${dims[0]} is not a multiple of the ${type} block size ${bs}`);
+    // a 0-d tensor is one row of one element (ggml's ne[0] = 1), so only unblocked types hold it, as the writer checks
+    const rowLength = nDims > 0 ? dims[0]! : 1;
+    if (rowLength % bs !== 0) bad(`row length ${rowLength} is not a multiple of the ${type} block size ${bs}`);
     const byteLength = (numel / bs) * ts;
     const rel = c.u64(`offset of ${name}`);
     if (rel % BigInt(alignment) !== 0n) bad(`offset ${rel} is not a multiple of the alignment ${alignment}`);
