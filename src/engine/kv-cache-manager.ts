@@ -99,7 +99,7 @@ export class KvCacheManager {
   /**
    * The longest run of cached full blocks that prefixes the request (never all of it: the last known token
    * is always recomputed so the step yields logits). Requests asking for prompt logprobs skip the cache.
-   * Counts the query and hit, in tokens, into `prefixCacheStats`.
+   * Counts nothing: the scheduler records the lookup it admits (recordPrefixCacheStats).
    */
   getComputedBlocks(request: Request): { blocks: KvBlocks; numComputedTokens: number } {
     if (!this.enablePrefixCaching || request.params.promptLogprobs !== null) return { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
@@ -111,9 +111,18 @@ export class KvCacheManager {
       if (b === null) break;
       hit.push(b);
     }
-    this.prefixCacheStats.queries += request.numTokens;
-    this.prefixCacheStats.hits += hit.length * this.blockSize;
     return { blocks: new KvBlocks(hit), numComputedTokens: hit.length * this.blockSize };
+  }
+
+  /**
+   * Counts an admitted request's lookup, in tokens, into `prefixCacheStats`, as vLLM records it: once, at admission
+   * (a request waiting for blocks is looked up again each step), and for new requests only (a preempted request
+   * reading back its own blocks goes to vLLM's preempted_* stats, not vllm:prefix_cache_queries/hits).
+   */
+  recordPrefixCacheStats(request: Request, numHits: number): void {
+    if (!this.enablePrefixCaching || request.params.promptLogprobs !== null || request.numPreemptions > 0) return;
+    this.prefixCacheStats.queries += request.numTokens;
+    this.prefixCacheStats.hits += numHits;
   }
 
   /**

@@ -89,6 +89,23 @@ test("scheduler: a tiny pool preempts the latest running request (fcfs) and reco
   assert.equal(core.stats().numFreeBlocks, 6);
 });
 
+test("scheduler: prefix-cache stats count each new request once, at admission, as vLLM's (not lookups while it waits, nor a preempted one's)", () => {
+  // 6 usable blocks of 4: A, B and C (A's prompt and 2 more) run until B and C are preempted (then read back their
+  // own cached blocks); D waits for blocks from the first step to the last.
+  const { core, runner } = makeEngine({ numGpuBlocks: 7 });
+  add(core, "A", prompt(1, 8), { ...greedy, maxTokens: 8 });
+  add(core, "B", prompt(2, 8), { ...greedy, maxTokens: 8 });
+  add(core, "C", [...prompt(1, 8), 7, 7], { ...greedy, maxTokens: 2 });
+  add(core, "D", prompt(3, 12), { ...greedy, maxTokens: 1 });
+  runToCompletion(core);
+  const log = fmt(runner.log);
+  assert.deepEqual([log[0], log.at(-4), log.at(-1)], ["A:0+8 B:0+8 C:8+2", "B:8+5", "C:8+3 D:0+12"]);
+  assert.equal(core.stats().numPreemptions, 2);
+  // each request's prompt queried once; the hits are C's 2 blocks of A's prompt
+  assert.equal(core.stats().prefixCacheQueries, 8 + 8 + 10 + 12);
+  assert.equal(core.stats().prefixCacheHits, 8);
+});
+
 test("scheduler: a chunk never ends inside an image (its tokens attend to each other both ways): it ends before", () => {
   class ImageRunner extends FakeModelRunner {
     readonly supportsImages = true;
