@@ -164,12 +164,20 @@ export class KvCacheManager {
     return new KvBlocks(fresh);
   }
 
-  /** Releases the request's blocks, tail first, so its last blocks are evicted before its prefix. */
+  /**
+   * Releases the request's blocks, tail first, so its last blocks are evicted before its prefix. Full blocks entered
+   * in the prefix cache past its computed tokens (a request preempted in the schedule() that allocated them, before
+   * any step wrote their K/V) leave the cache first: a later hit would read K/V nobody computed.
+   */
   free(request: Request): void {
     const blocks = this.reqBlocks.get(request.requestId);
+    const numCached = this.numCachedBlocks.get(request.requestId) ?? 0;
     this.reqBlocks.delete(request.requestId);
     this.numCachedBlocks.delete(request.requestId);
-    if (blocks !== undefined) this.pool.freeBlocks([...blocks].reverse());
+    if (blocks === undefined) return;
+    const numComputedBlocks = Math.floor(request.numComputedTokens / this.blockSize);
+    if (numCached > numComputedBlocks) this.pool.uncacheBlocks(blocks.slice(numComputedBlocks, numCached));
+    this.pool.freeBlocks([...blocks].reverse());
   }
 
   /** The request's block table (block ids in sequence order); [] when it holds none. */

@@ -106,6 +106,30 @@ test("scheduler: prefix-cache stats count each new request once, at admission, a
   assert.equal(core.stats().prefixCacheHits, 8);
 });
 
+test("scheduler: a victim preempted after this step allocated its chunk leaves those blocks out of the prefix cache (their K/V was never written)", () => {
+  // 16 usable blocks of 2. V (priority 1) prefills 4 tokens a step; W (priority 0) joins, and at its first decode
+  // the pool is short: V, scheduled first this step with blocks for 16..19, is the victim. Admitted again, V must
+  // compute 16..19 rather than hit the blocks that step never wrote.
+  const args = { blockSize: 2, numGpuBlocks: 17, maxModelLen: 32, maxNumBatchedTokens: 12, longPrefillTokenThreshold: 4, schedulingPolicy: "priority" as const };
+  const V = prompt(1, 20), W = prompt(2, 12);
+  const pv = { ...greedy, maxTokens: 5 }, pw = { ...greedy, maxTokens: 2 };
+  const alone = (id: string, p: number[], params: typeof greedy & { maxTokens: number }) => {
+    const { core } = makeEngine({ ...args, numGpuBlocks: 64 });
+    add(core, id, p, params);
+    return runToCompletion(core).get(id)!.outputs[0]!.tokenIds;
+  };
+  const { core, runner } = makeEngine(args);
+  add(core, "V", V, pv, 1);
+  core.step();
+  add(core, "W", W, pw, 0);
+  const out = runToCompletion(core);
+  assert.deepEqual(fmt(runner.log).slice(3, 6), ["V:12+4 W:8+4", "W:12+1", "V:16+4"]);
+  assert.equal(core.stats().numPreemptions, 1);
+  assert.deepEqual(out.get("V")!.outputs[0]!.tokenIds, alone("V", V, pv));
+  assert.deepEqual(out.get("W")!.outputs[0]!.tokenIds, alone("W", W, pw));
+  assert.equal(core.stats().numFreeBlocks, 16);
+});
+
 test("scheduler: a chunk never ends inside an image (its tokens attend to each other both ways): it ends before", () => {
   class ImageRunner extends FakeModelRunner {
     readonly supportsImages = true;
