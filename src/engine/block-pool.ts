@@ -155,6 +155,20 @@ export class BlockPool {
     return h;
   }
 
+  /** Drops the blocks' hashes from the prefix cache (their K/V was never written): one BlockRemoved for them. */
+  uncacheBlocks(blocks: readonly KvCacheBlock[]): void {
+    const removed: BlockHash[] = [];
+    for (const b of blocks) {
+      const h = b.blockHash;
+      if (h === null) continue;
+      b.blockHash = null;
+      if (this.cached.get(h) !== b) continue;
+      this.cached.delete(h);
+      removed.push(h);
+    }
+    if (this.events !== null && removed.length > 0) this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: KV_MEDIUM });
+  }
+
   /** Takes a reference on prefix-cache hits; a free cached block leaves the free queue (revived). */
   touch(blocks: readonly KvCacheBlock[]): void {
     for (const b of blocks) {

@@ -498,6 +498,11 @@ export class EngineCore {
       throw new EngineInputError("priority", `Got priority ${priority} but Priority scheduling is not enabled.`);
     const vocab = this.runner.vocabSize;
     const params = normalizeSamplingParams(input.params ?? {}, { maxLogprobs: this.args.maxLogprobs, vocabSize: vocab });
+    // its samples' ids (`${i}_${id}` for n > 1, as vLLM's) key the block tables: none may be a live sample's
+    for (let i = 0; i < params.n; i++) {
+      const live = this.scheduler.requests.get(params.n === 1 ? id : `${i}_${id}`);
+      if (live !== undefined) throw new EngineRequestIdError(id, `is already in use (${JSON.stringify(live.requestId)} is sample ${live.index} of request ${JSON.stringify(live.parentId)})`);
+    }
     let prompt = input.promptTokenIds;
     if (!Array.isArray(prompt) || prompt.length === 0) throw new EngineInputError("prompt", "the prompt is empty");
     for (const t of prompt)

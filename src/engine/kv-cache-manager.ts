@@ -99,7 +99,7 @@ export class KvCacheManager {
   /**
    * The longest run of cached full blocks that prefixes the request (never all of it: the last known token
    * is always recomputed so the step yields logits). Requests asking for prompt logprobs skip the cache.
-   * Counts the query and hit, in tokens, into `prefixCacheStats`.
+   * Counts nothing: the scheduler records the lookup it admits (recordPrefixCacheStats).
    */
   getComputedBlocks(request: Request): { blocks: KvBlocks; numComputedTokens: number } {
     if (!this.enablePrefixCaching || request.params.promptLogprobs !== null) return { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
@@ -111,9 +111,18 @@ export class KvCacheManager {
       if (b === null) break;
       hit.push(b);
     }
-    this.prefixCacheStats.queries += request.numTokens;
-    this.prefixCacheStats.hits += hit.length * this.blockSize;
     return { blocks: new KvBlocks(hit), numComputedTokens: hit.length * this.blockSize };
+  }
+
+  /**
+   * Counts an admitted request's lookup, in tokens, into `prefixCacheStats`, as vLLM records it: once, at admission
+   * (a request waiting for blocks is looked up again each step), and for new requests only (a preempted request
+   * reading back its own blocks goes to vLLM's preempted_* stats, not vllm:prefix_cache_queries/hits).
+   */
+  recordPrefixCacheStats(request: Request, numHits: number): void {
+    if (!this.enablePrefixCaching || request.params.promptLogprobs !== null || request.numPreemptions > 0) return;
+    this.prefixCacheStats.queries += request.numTokens;
+    this.prefixCacheStats.hits += numHits;
   }
 
   /**
@@ -155,12 +164,20 @@ export class KvCacheManager {
     return new KvBlocks(fresh);
   }
 
-  /** Releases the request's blocks, tail first, so its last blocks are evicted before its prefix. */
+  /**
+   * Releases the request's blocks, tail first, so its last blocks are evicted before its prefix. Full blocks entered
+   * in the prefix cache past its computed tokens (a request preempted in the schedule() that allocated them, before
+   * any step wrote their K/V) leave the cache first: a later hit would read K/V nobody computed.
+   */
   free(request: Request): void {
     const blocks = this.reqBlocks.get(request.requestId);
+    const numCached = this.numCachedBlocks.get(request.requestId) ?? 0;
     this.reqBlocks.delete(request.requestId);
     this.numCachedBlocks.delete(request.requestId);
-    if (blocks !== undefined) this.pool.freeBlocks([...blocks].reverse());
+    if (blocks === undefined) return;
+    const numComputedBlocks = Math.floor(request.numComputedTokens / this.blockSize);
+    if (numCached > numComputedBlocks) this.pool.uncacheBlocks(blocks.slice(numComputedBlocks, numCached));
+    this.pool.freeBlocks([...blocks].reverse());
   }
 
   /** The request's block table (block ids in sequence order); [] when it holds none. */

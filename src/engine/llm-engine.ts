@@ -234,6 +234,8 @@ export class LLM {
       throw new Error(`[LLM.generate] got ${params.length} SamplingParams for ${prompts.length} prompts`);
     if (Array.isArray(options.loraRequest) && options.loraRequest.length !== prompts.length)
       throw new Error(`[LLM.generate] got ${options.loraRequest.length} LoRA requests for ${prompts.length} prompts`);
+    if (options.priority !== undefined && options.priority.length !== prompts.length)
+      throw new Error(`[LLM.generate] got ${options.priority.length} priorities for ${prompts.length} prompts`);
     const ids: string[] = [];
     try {
       prompts.forEach((p, i) => {

@@ -181,7 +181,8 @@ export class Scheduler {
           skipped.add(req);
           continue;
         }
-        const hit = req.numComputedTokens === 0 ? this.kv.getComputedBlocks(req) : { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
+        const lookup = req.numComputedTokens === 0;
+        const hit = lookup ? this.kv.getComputedBlocks(req) : { blocks: KvBlocks.EMPTY, numComputedTokens: 0 };
         // K/V from a prefill engine covers what the prefix cache does not (never the last token: it gives the logits)
         let computed = hit.numComputedTokens;
         const snapshot = req.numComputedTokens === 0 && req.promptLogprobs === null ? req.kvImport : null;
@@ -194,6 +195,7 @@ export class Scheduler {
         if (numNew <= 0) break; // its next image needs a step of its own: wait for the budget
         const newBlocks = this.kv.allocateSlots(req, numNew, hit.blocks, computed);
         if (newBlocks === null) break; // head-of-line: wait for blocks rather than reorder
+        if (lookup) this.kv.recordPrefixCacheStats(req, hit.numComputedTokens);
         this.waiting.splice(wIndex, 1);
         this.running.push(req);
         req.status = "RUNNING";

@@ -231,6 +231,8 @@ function checkServingArgs(args: ServingArgs): void {
   positiveInt(args.maxLogprobs, "max_logprobs", -1);
   positiveInt(args.longPrefillTokenThreshold, "long_prefill_token_threshold", 0);
   positiveInt(args.tensorParallelSize, "tensor_parallel_size");
+  if (args.schedulingPolicy !== undefined && args.schedulingPolicy !== "fcfs" && args.schedulingPolicy !== "priority")
+    throw new EngineInputError("scheduling_policy", `scheduling_policy must be "fcfs" or "priority", got ${JSON.stringify(args.schedulingPolicy)}`);
   // (the generator of unseeded requests: a non-integer seed was folded into another one silently)
   if (args.seed !== undefined && !Number.isSafeInteger(args.seed)) throw new EngineInputError("seed", `seed must be an integer, got ${JSON.stringify(args.seed)}`);
   if ((args.tensorParallelSize ?? 1) > 1) {

@@ -69,9 +69,10 @@ export class ServerMetrics {
     gauge("kiln:kv_cache_free_blocks", "Free blocks in the KV cache pool.", () => engine.stats().numFreeBlocks);
     gauge("kiln:kv_cache_total_blocks", "Total blocks in the KV cache pool.", () => engine.stats().numTotalBlocks);
 
-    // Cumulative engine counters: each scrape adds the growth since the previous scrape.
+    // Cumulative engine counters: each scrape adds the growth since the previous scrape, from the server's start (a
+    // fresh server's are 0, as vLLM's: kiln serve's warm-up request before it is not counted).
     const counterFromStats = (name: string, help: string, read: () => number): void => {
-      let last = 0;
+      let last = read();
       new Counter({
         name, help, labelNames, registers,
         collect() {
@@ -89,7 +90,7 @@ export class ServerMetrics {
       counterFromStats("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", () => engine.stats().specDraftTokens ?? 0);
       counterFromStats("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", () => engine.stats().specAcceptedTokens ?? 0);
       // one series per draft position, each growing by its own increase since the previous scrape
-      const lastPerPosition: number[] = [];
+      const lastPerPosition: number[] = [...(engine.stats().specAcceptedPerPosition ?? [])];
       new Counter({
         name: "vllm:spec_decode_num_accepted_tokens_per_pos_total", help: "Accepted tokens per draft position.",
         labelNames: ["model_name", "position"] as const, registers,

@@ -93,7 +93,10 @@ test("kv cache manager: hash chain, prefix hits never cover the last token, evic
   kv.free(b);
   assert.deepEqual(kv.pool.freeQueue.blockIds(), [5, 6, 7, 8, 3, 4, 2, 1]);
   assert.equal(kv.numFreeBlocks, 8);
-  assert.deepEqual(kv.prefixCacheStats, { queries: 10 + 10 + 8 + 10, hits: 8 + 4 });
+  // lookups count nothing: the scheduler records the one it admits
+  assert.deepEqual(kv.prefixCacheStats, { queries: 0, hits: 0 });
+  kv.recordPrefixCacheStats(b, hitB.numComputedTokens);
+  assert.deepEqual(kv.prefixCacheStats, { queries: 10, hits: 8 });
 });
 
 test("kv cache manager: allocation fails cleanly when the pool is short; caching off hashes nothing", () => {

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AsyncLLM } from "../../src/engine/async-llm.js";
-import { EngineInputError } from "../../src/engine/errors.js";
+import { EngineInputError, EngineRequestIdError } from "../../src/engine/errors.js";
 import { FakeModelRunner } from "../../src/engine/fake-model-runner.js";
 import { LLM } from "../../src/engine/llm-engine.js";
 import type { EngineArgs } from "../../src/engine/engine-core.js";
@@ -163,6 +163,31 @@ test("engine: n=2 children share the prompt's blocks and give distinct seeded sa
   );
   assert.notDeepEqual(out.outputs[0]!.tokenIds, out.outputs[1]!.tokenIds);
   assert.equal(core.stats().numFreeBlocks, core.stats().numTotalBlocks);
+});
+
+test("engine: a request id that is a live sample's id (\"0_r\" beside r with n=2) is refused, not run on that sample's blocks", () => {
+  const greedy = { temperature: 0, maxTokens: 6, ignoreEos: true };
+  const alone = (id: string, p: number[], params: Partial<SamplingParams>) => {
+    const { core } = makeEngine();
+    add(core, id, p, params);
+    return runToCompletion(core).get(id)!.outputs.map((c) => c.tokenIds);
+  };
+  for (const [first, second] of [
+    [["r", prompt(3, 9), { ...greedy, n: 2 }], ["0_r", prompt(4, 7), greedy]],
+    [["0_r", prompt(4, 7), greedy], ["r", prompt(3, 9), { ...greedy, n: 2 }]],
+  ] as const) {
+    const { core } = makeEngine();
+    add(core, first[0], first[1], first[2]);
+    core.step();
+    assert.throws(
+      () => add(core, second[0], second[1], second[2]),
+      (e: unknown) => e instanceof EngineRequestIdError && e.requestId === second[0] && /is already in use \("0_r" is sample 0 of request "(0_)?r"\)/.test(e.message),
+    );
+    assert.deepEqual(runToCompletion(core).get(first[0])!.outputs.map((c) => c.tokenIds), alone(first[0], first[1], first[2]));
+    assert.equal(core.stats().numFreeBlocks, core.stats().numTotalBlocks);
+    add(core, second[0], second[1], second[2]); // free again once the other has finished
+    assert.deepEqual(runToCompletion(core).get(second[0])!.outputs.map((c) => c.tokenIds), alone(second[0], second[1], second[2]));
+  }
 });
 
 test("engine: prompt logprobs cover every prompt token after the first", () => {

@@ -99,6 +99,7 @@ test("engine arguments a user gets wrong are typed errors naming them, before an
     [{ kvCacheMemory: -1 }, "kv_cache_memory", /integer >= 1/],
     [{ seed: "x" }, "seed", /seed must be an integer, got "x"/],
     [{ seed: 1.5 }, "seed", /seed must be an integer, got 1.5/],
+    [{ schedulingPolicy: "lifo" }, "scheduling_policy", /scheduling_policy must be "fcfs" or "priority", got "lifo"/],
   ];
   for (const [extra, param, message] of cases) {
     assert.throws(

@@ -85,6 +85,14 @@ test("a sampling parameter given as a string is refused naming it, the string qu
   assert.equal(llm.engine.hasUnfinishedRequests(), false);
 });
 
+test("LLM.generate takes one priority per prompt, as vLLM's list (a list of another length is refused, not read as 0s)", () => {
+  const llm = new LLM({ runner: new FakeModelRunner(VOCAB), tokenizer, engineArgs: { ...engineArgs, schedulingPolicy: "priority" } });
+  const prompts = [{ promptTokenIds: prompt(1, 6) }, { promptTokenIds: prompt(2, 6) }];
+  assert.equal(llm.generate(prompts, GREEDY, { priority: [1, 0] }).length, 2);
+  assert.throws(() => llm.generate(prompts, GREEDY, { priority: [1] }), /got 1 priorities for 2 prompts/);
+  assert.equal(llm.engine.hasUnfinishedRequests(), false);
+});
+
 test("LLM.chat takes one SamplingParams per conversation, as vLLM's list", () => {
   const llm = newLLM();
   const chat = [{ role: "user", content: "hi" }];

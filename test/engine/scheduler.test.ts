@@ -89,6 +89,47 @@ test("scheduler: a tiny pool preempts the latest running request (fcfs) and reco
   assert.equal(core.stats().numFreeBlocks, 6);
 });
 
+test("scheduler: prefix-cache stats count each new request once, at admission, as vLLM's (not lookups while it waits, nor a preempted one's)", () => {
+  // 6 usable blocks of 4: A, B and C (A's prompt and 2 more) run until B and C are preempted (then read back their
+  // own cached blocks); D waits for blocks from the first step to the last.
+  const { core, runner } = makeEngine({ numGpuBlocks: 7 });
+  add(core, "A", prompt(1, 8), { ...greedy, maxTokens: 8 });
+  add(core, "B", prompt(2, 8), { ...greedy, maxTokens: 8 });
+  add(core, "C", [...prompt(1, 8), 7, 7], { ...greedy, maxTokens: 2 });
+  add(core, "D", prompt(3, 12), { ...greedy, maxTokens: 1 });
+  runToCompletion(core);
+  const log = fmt(runner.log);
+  assert.deepEqual([log[0], log.at(-4), log.at(-1)], ["A:0+8 B:0+8 C:8+2", "B:8+5", "C:8+3 D:0+12"]);
+  assert.equal(core.stats().numPreemptions, 2);
+  // each request's prompt queried once; the hits are C's 2 blocks of A's prompt
+  assert.equal(core.stats().prefixCacheQueries, 8 + 8 + 10 + 12);
+  assert.equal(core.stats().prefixCacheHits, 8);
+});
+
+test("scheduler: a victim preempted after this step allocated its chunk leaves those blocks out of the prefix cache (their K/V was never written)", () => {
+  // 16 usable blocks of 2. V (priority 1) prefills 4 tokens a step; W (priority 0) joins, and at its first decode
+  // the pool is short: V, scheduled first this step with blocks for 16..19, is the victim. Admitted again, V must
+  // compute 16..19 rather than hit the blocks that step never wrote.
+  const args = { blockSize: 2, numGpuBlocks: 17, maxModelLen: 32, maxNumBatchedTokens: 12, longPrefillTokenThreshold: 4, schedulingPolicy: "priority" as const };
+  const V = prompt(1, 20), W = prompt(2, 12);
+  const pv = { ...greedy, maxTokens: 5 }, pw = { ...greedy, maxTokens: 2 };
+  const alone = (id: string, p: number[], params: typeof greedy & { maxTokens: number }) => {
+    const { core } = makeEngine({ ...args, numGpuBlocks: 64 });
+    add(core, id, p, params);
+    return runToCompletion(core).get(id)!.outputs[0]!.tokenIds;
+  };
+  const { core, runner } = makeEngine(args);
+  add(core, "V", V, pv, 1);
+  core.step();
+  add(core, "W", W, pw, 0);
+  const out = runToCompletion(core);
+  assert.deepEqual(fmt(runner.log).slice(3, 6), ["V:12+4 W:8+4", "W:12+1", "V:16+4"]);
+  assert.equal(core.stats().numPreemptions, 1);
+  assert.deepEqual(out.get("V")!.outputs[0]!.tokenIds, alone("V", V, pv));
+  assert.deepEqual(out.get("W")!.outputs[0]!.tokenIds, alone("W", W, pw));
+  assert.equal(core.stats().numFreeBlocks, 16);
+});
+
 test("scheduler: a chunk never ends inside an image (its tokens attend to each other both ways): it ends before", () => {
   class ImageRunner extends FakeModelRunner {
     readonly supportsImages = true;

@@ -429,3 +429,19 @@ test("prepareServer: made ready before the engine exists, then bound and served 
   assert.equal((models.json() as { data: { max_model_len: number }[] }).data[0]!.max_model_len, engine.maxModelLen);
   await app.close();
 });
+
+test("metrics: a fresh server's engine counters are 0, as vLLM's (kiln serve's warm-up request, run before bind, is not counted)", async () => {
+  const server = prepareServer({ version: "0.1.0-test" });
+  const engine = new FakeEngine();
+  const warmup = { promptTokenIds: engine.tokenizer.encode("Hello") };
+  for await (const _ of engine.generate(warmup, { maxTokens: 2, temperature: 0 }, { requestId: "kiln-warmup" })) void _;
+  assert.equal(engine.stats().prefixCacheQueries, warmup.promptTokenIds.length);
+  const app = server.bind({ engine, tokenizer: engine.tokenizer, servedModelNames: [MODEL], maxModelLen: engine.maxModelLen });
+  const scrape = async () => (await app.inject({ method: "GET", url: "/metrics" })).body;
+  assert.equal(metricValue(await scrape(), "vllm:prefix_cache_queries_total"), 0);
+  const prompt = [5, 6, 7, 8, 9];
+  const r = await app.inject({ method: "POST", url: "/v1/completions", payload: { model: MODEL, prompt, max_tokens: 2 } });
+  assert.equal(r.statusCode, 200, r.body);
+  assert.equal(metricValue(await scrape(), "vllm:prefix_cache_queries_total"), prompt.length, "the server's requests are");
+  await app.close();
+});
