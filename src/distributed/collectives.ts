@@ -31,6 +31,7 @@ const BITWISE_OPS: readonly ReduceOpName[] = ["band", "bor", "bxor"];
 const OPS = [
   "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier",
   "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
+  "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
 ] as const;
 export type CollectiveName = (typeof OPS)[number];
 
@@ -130,12 +131,13 @@ export function agree(g: ProcessGroup, op: CollectiveName, dtype: DType | null, 
     const name = OPS[o!] ?? "?";
     const reduceOp = REDUCE_OPS[a! % REDUCE_OPS.length] ?? a;
     const arg =
-      name === "broadcast" || name === "scatter" ? `, src ${a}`
-      : name === "gather" ? `, dst ${a}`
-      : name === "reduce" ? `, ${reduceOp}, dst ${Math.floor(a! / REDUCE_OPS.length)}`
-      : name === "all_reduce" || name.startsWith("reduce_scatter") ? `, ${reduceOp}`
+      name === "broadcast" || name === "scatter" || name === "broadcast_object_list" || name === "scatter_object_list" ? `src ${a}`
+      : name === "gather" || name === "gather_object" ? `dst ${a}`
+      : name === "reduce" ? `${reduceOp}, dst ${Math.floor(a! / REDUCE_OPS.length)}`
+      : name === "all_reduce" || name.startsWith("reduce_scatter") ? `${reduceOp}`
       : "";
-    return `${name}(${d! >= 0 ? `${DTYPES[d!]} x ${n}` : ""}${arg})`;
+    const what = d! >= 0 ? `${DTYPES[d!]} x ${n}` : name === "broadcast_object_list" ? `${n} objects` : "";
+    return `${name}(${[what, arg].filter((p) => p !== "").join(", ")})`;
   };
   for (let r = 0; r < g.size; r++) {
     if (all.subarray(r * 4, r * 4 + 4).every((v, i) => v === mine[i])) continue;
@@ -300,12 +302,17 @@ export function peer(op: string, g: ProcessGroup, globalRank: number, role: stri
   return r;
 }
 
+/** The tag of monitoredBarrier's messages, kept from users so that they never match a user's send or recv. */
+export const MONITORED_BARRIER_TAG = 0xffffffff;
+
 function checkTag(op: string, tag: number): void {
-  if (!Number.isInteger(tag) || tag < 0 || tag > 0xffffffff) throw new DistributedError(op, `tag must be an integer in [0, 2^32), got ${tag}`);
+  if (!Number.isInteger(tag) || tag < 0 || tag >= MONITORED_BARRIER_TAG)
+    throw new DistributedError(op, `tag must be an integer in [0, 2^32 - 1), got ${tag} (2^32 - 1 is monitored_barrier's)`);
 }
 
 /** torch.distributed.send: blocks until rank dst (global) has received t (matched by tag). */
 export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): void {
+  checkTag("send", tag);
   startSend("send", t, dst, group, tag, true).wait();
 }
 
@@ -316,6 +323,7 @@ export function send(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): voi
  * process on a longer message and fills only the front of t from a shorter one.
  */
 export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): number {
+  checkTag("recv", tag);
   startRecv("recv", t, src, group, tag, true).wait();
   return src;
 }
@@ -325,6 +333,7 @@ export function recv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): num
  * until dst has received it. Matches recv and irecv as send does.
  */
 export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Work {
+  checkTag("isend", tag);
   return startSend("isend", t, dst, group, tag, false);
 }
 
@@ -334,6 +343,7 @@ export function isend(t: Tensor, dst: number, group?: ProcessGroup, tag = 0): Wo
  * messages in the order they were posted; a message of another dtype or size is refused as recv refuses it.
  */
 export function irecv(t: Tensor, src: number, group?: ProcessGroup, tag = 0): Work {
+  checkTag("irecv", tag);
   return startRecv("irecv", t, src, group, tag, false);
 }
 
@@ -355,11 +365,10 @@ function refusal(header: Float64Array, t: Tensor, src: number, tag: number): str
   return `rank ${src} sent ${sentDtype} x ${sentNumel} (tag ${tag}) but this rank receives into ${t.dtype} x ${t.numel}`;
 }
 
-/** Posts the send of a copy of t (taken by the native side, which waits for the send on its own thread unless blocking). */
-function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | undefined, tag: number, blocking: boolean): Work {
+/** @internal (tag checked by the caller) Posts the send of a copy of t (taken by the native side, which waits for the send on its own thread unless blocking). */
+export function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | undefined, tag: number, blocking: boolean): Work {
   const g = resolveGroup(name, group);
   checkTensor(name, t);
-  checkTag(name, tag);
   const to = peer(name, g, dst, "dst");
   const host = hostBytes(t);
   const header = g.consistencyChecks ? messageHeader(t.dtype, host.bytes.byteLength) : null;
@@ -373,14 +382,14 @@ function startSend(name: string, t: Tensor, dst: number, group: ProcessGroup | u
   return new Work(
     () => native.workDone(work),
     () => callNative(name, g.timeoutMs, () => native.workWait(work, null)),
+    name,
   );
 }
 
-/** Posts the receive of a message into t, written into t when the Work is waited for (or found completed). */
-function startRecv(name: string, t: Tensor, src: number, group: ProcessGroup | undefined, tag: number, blocking: boolean): Work {
+/** @internal (tag checked by the caller) Posts the receive of a message into t, written into t when the Work is waited for (or found completed). */
+export function startRecv(name: string, t: Tensor, src: number, group: ProcessGroup | undefined, tag: number, blocking: boolean): Work {
   const g = resolveGroup(name, group);
   checkTensor(name, t);
-  checkTag(name, tag);
   const from = peer(name, g, src, "src");
   const byteLength = t.numel * DTYPE_BYTES[t.dtype];
   const expected = g.consistencyChecks ? messageHeader(t.dtype, byteLength) : null;
@@ -402,5 +411,6 @@ function startRecv(name: string, t: Tensor, src: number, group: ProcessGroup | u
       }
       if (refused !== null) throw new DistributedError(name, refused);
     },
+    name,
   );
 }

@@ -249,6 +249,23 @@ export function getWorldSize(group?: ProcessGroup): number {
   return g.isMember ? g.size : -1;
 }
 
+/** torch.distributed.get_backend: the back end of group (default the world): "gloo"; a non-member's group is refused, as torch's. */
+export function getBackend(group?: ProcessGroup): DistributedBackend {
+  const op = "get_backend";
+  const world = worldGroup(op);
+  const g = group ?? world;
+  if (g.isDestroyed) throw new DistributedError(op, `the group [${g.ranks.join(", ")}] was destroyed`);
+  if (!g.isMember) throw new DistributedError(op, `invalid process group: rank ${world.rank} is not a member of the group [${g.ranks.join(", ")}]`);
+  return "gloo";
+}
+
+/** torch.distributed.get_process_group_ranks: the global ranks of group's members, in group-rank order (a copy). */
+export function getProcessGroupRanks(group: ProcessGroup): number[] {
+  worldGroup("get_process_group_ranks");
+  if (!(group instanceof ProcessGroup)) throw new DistributedError("get_process_group_ranks", `expected a ProcessGroup, got ${String(group)}`);
+  return [...group.ranks];
+}
+
 /**
  * torch.distributed.new_group: every rank of the world must call it, in the same order, with the same ranks
  * (default: all). Members connect among themselves; the others get a non-member group (getRank(g) === -1).

@@ -1,3 +1,5 @@
+import { DistributedError, DistributedTimeoutError } from "./errors.js";
+
 /**
  * torch.distributed's Work: what isend / irecv return, and collectives called with asyncOp (torch's async_op=True).
  * A point-to-point Work is in flight until wait(); a collective's has already completed when it is returned (the
@@ -7,6 +9,7 @@
  * const w = isend(t, next);   // returns at once: a ring of isend + recv does not deadlock
  * recv(got, prev);
  * w.wait();                   // true; throws the op's failure (DistributedError, DistributedTimeoutError)
+ * irecv(u, prev).wait(500);    // or DistributedTimeoutError after 500 ms; the receive stays posted (wait again)
  */
 export class Work {
   /** Set once the op has ended: its failure, or undefined. */
@@ -16,6 +19,8 @@ export class Work {
   constructor(
     private readonly poll: () => boolean,
     private readonly finish: () => void,
+    /** The op named by a wait(timeoutMs) that expires. */
+    private readonly op = "wait",
   ) {}
 
   /** @internal */
@@ -29,8 +34,21 @@ export class Work {
     return this.outcome !== null;
   }
 
-  /** torch's wait: blocks until the op has ended and returns true, or throws its failure (every call). */
-  wait(): true {
+  /**
+   * torch's wait: blocks until the op has ended and returns true, or throws its failure (every call). With timeoutMs
+   * (torch's wait(timeout)) it polls isCompleted() and throws DistributedTimeoutError once timeoutMs have passed; the
+   * op stays in flight, so the group stays usable and a later wait() can still complete it.
+   */
+  wait(timeoutMs?: number): true {
+    if (timeoutMs !== undefined && !(typeof timeoutMs === "number" && timeoutMs >= 0 && timeoutMs <= 2 ** 40))
+      throw new DistributedError(this.op, `wait's timeoutMs must be a number of milliseconds in [0, 2^40], got ${String(timeoutMs)}`);
+    if (timeoutMs !== undefined) {
+      const deadline = Date.now() + timeoutMs;
+      while (!this.isCompleted()) {
+        if (Date.now() >= deadline) throw new DistributedTimeoutError(this.op, `wait timed out after ${timeoutMs} ms (the op is still in flight)`);
+        sleepMs(1);
+      }
+    }
     if (this.outcome === null) this.settle();
     if (this.outcome!.error !== undefined) throw this.outcome!.error;
     return true;
@@ -44,6 +62,13 @@ export class Work {
       this.outcome = { error };
     }
   }
+}
+
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+
+/** @internal Blocks the calling thread for ms milliseconds (polling loops: Work.wait(timeoutMs), monitoredBarrier). */
+export function sleepMs(ms: number): void {
+  Atomics.wait(sleeper, 0, 0, ms);
 }
 
 /** What a collective returns: a completed Work when called with asyncOp true, else nothing. */

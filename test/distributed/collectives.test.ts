@@ -80,6 +80,28 @@ function checkRun(run: RanksRun, world: number): void {
     const { arrived, left } = res.barrier as { arrived: number; left: number };
     assert.ok(left >= lastArrived - 2, `rank ${rank} left the barrier at ${left}, before the last rank arrived at ${lastArrived}`);
     if (rank !== world - 1) assert.ok(left - arrived >= 250, `rank ${rank} waited only ${left - arrived} ms in the barrier`);
+    // torch.distributed's helpers
+    assert.deepEqual(res.backend, ["gloo", rank < 2 ? "gloo" : null]);
+    assert.deepEqual(res.group_ranks, [Array.from({ length: world }, (_, r) => r), [0, 1]]);
+    assert.equal(res.backend_non_member, rank < 2 ? null : "DistributedError: [get_backend] invalid process group: rank 2 is not a member of the group [0, 1]");
+    assert.deepEqual(res.all_gather_object, Array.from({ length: world }, (_, r) => ({
+      rank: r, big: `1${"0".repeat(20 + r)}`, tags: [[`r${r}`, ["x".repeat(r)]]], fill: new Array(r + 1).fill(r),
+    })));
+    assert.deepEqual(res.broadcast_object_list, [{ lr: 0.001 }, "text", [1, 2, world - 1]]);
+    assert.deepEqual(res.gather_object, rank === 0 ? Array.from({ length: world }, (_, r) => `hello from ${r}${"!".repeat(r)}`) : null);
+    assert.deepEqual(res.scatter_object_list, [{ to: rank, payload: "y".repeat(rank) }]);
+    assert.deepEqual(res.sub_all_gather_object, rank < 2 ? [[0], [1]] : undefined);
+    assert.equal(res.object_refused, rank === 1
+      ? "DistributedError: [all_gather_object] obj.f is a function, which cannot be sent (objects travel as structured clones)"
+      : "DistributedError: [all_gather_object] rank 1's object cannot be serialized (see its error)");
+    if (rank === 0) {
+      assert.match(String(res.wait_timeout), /^DistributedTimeoutError: \[irecv\] wait timed out after 150 ms/);
+      assert.ok((res.wait_timeout_ms as number) >= 150 && (res.wait_timeout_ms as number) < 2000, `wait(150) took ${String(res.wait_timeout_ms)} ms`);
+      assert.deepEqual(res.wait_after_timeout, [true, [4, 2]]);
+    }
+    const mbLast = (run.results[world - 1]!.monitored_barrier as { arrived: number }).arrived;
+    const mb = res.monitored_barrier as { arrived: number; left: number };
+    assert.ok(mb.left >= mbLast - 2, `rank ${rank} left the monitored barrier at ${mb.left}, before the last rank arrived at ${mbLast}`);
     if (rank < 2) {
       assert.equal(res.subgroup_rank, rank);
       assert.equal(res.subgroup_size, 2);

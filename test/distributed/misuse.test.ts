@@ -33,6 +33,9 @@ describe("process group misuse in one process", () => {
     throwsTyped(() => dist.barrier(), DistributedError, /^\[barrier\] .*not initialized/);
     throwsTyped(() => dist.getRank(), DistributedError, /^\[get_rank\] .*not initialized/);
     throwsTyped(() => dist.newGroup([0]), DistributedError, /^\[new_group\] .*not initialized/);
+    throwsTyped(() => dist.getBackend(), DistributedError, /^\[get_backend\] .*not initialized/);
+    throwsTyped(() => dist.allGatherObject([null], 1), DistributedError, /^\[all_gather_object\] .*not initialized/);
+    throwsTyped(() => dist.monitoredBarrier(), DistributedError, /^\[monitored_barrier\] .*not initialized/);
   });
 
   it("bad init arguments", () => {
@@ -106,8 +109,37 @@ describe("process group misuse in one process", () => {
       assert.ok(work instanceof dist.Work);
       assert.deepEqual([work.isCompleted(), work.wait(), dist.barrier(undefined, true).wait()], [true, true, true]);
       throwsTyped(() => dist.newGroup([0], { timeoutMs: 0 }), DistributedError, /^\[new_group\] timeoutMs must be a number of milliseconds in \[1, 2\^40\], got 0/);
+      // torch.distributed's helpers in a world of one
+      assert.deepEqual([dist.getBackend(), dist.getProcessGroupRanks(dist.newGroup())], ["gloo", [0]]);
+      dist.monitoredBarrier(undefined, 100, true);
+      throwsTyped(() => dist.monitoredBarrier(undefined, -1), DistributedError, /^\[monitored_barrier\] timeoutMs must be a number of milliseconds in \[0, 2\^40\], got -1/);
+      throwsTyped(() => work.wait(NaN), DistributedError, /^\[wait\] wait's timeoutMs must be a number of milliseconds/);
+      assert.equal(work.wait(0), true);
+      // the last tag is monitoredBarrier's
+      throwsTyped(() => dist.send(t, 0, undefined, 2 ** 32 - 1), DistributedError, /^\[send\] tag must be an integer in \[0, 2\^32 - 1\), got 4294967295 \(2\^32 - 1 is monitored_barrier's\)/);
+      const objs: unknown[] = [null];
+      dist.allGatherObject(objs, { a: [1, new Date(0)] });
+      assert.deepEqual(objs, [{ a: [1, new Date(0)] }]);
+      const listed: unknown[] = [1, "two"];
+      dist.broadcastObjectList(listed, 0);
+      assert.deepEqual(listed, [1, "two"]);
+      const gatheredObj: unknown[] = [null];
+      dist.gatherObject(new Map([[1, 2]]), gatheredObj, 0);
+      assert.deepEqual(gatheredObj, [new Map([[1, 2]])]);
+      const scatteredObj: unknown[] = [null];
+      dist.scatterObjectList(scatteredObj, ["mine"], 0);
+      assert.deepEqual(scatteredObj, ["mine"]);
+      throwsTyped(() => dist.allGatherObject([], 1), DistributedError, /^\[all_gather_object\] objectList must be an array of 1 entries \(one per rank of the group\), got 0 entries/);
+      throwsTyped(() => dist.allGatherObject([null], { t }), DistributedError, /^\[all_gather_object\] obj.t is a Tensor instance, which would arrive as a plain object: send plain data/);
+      throwsTyped(() => dist.allGatherObject([null], [Symbol("s")]), DistributedError, /^\[all_gather_object\] obj\[0\] is a symbol, which cannot be sent/);
+      throwsTyped(() => dist.broadcastObjectList([new (class Point {})()], 0), DistributedError, /^\[broadcast_object_list\] objectList\[0\] is a Point instance/);
+      throwsTyped(() => dist.broadcastObjectList([1], 1), DistributedError, /^\[broadcast_object_list\] src rank 1 is out of range for a world of 1 ranks/);
+      throwsTyped(() => dist.gatherObject(1, null, 0), DistributedError, /^\[gather_object\] objectGatherList must be an array of 1 entries/);
+      throwsTyped(() => dist.scatterObjectList([], ["x"], 0), DistributedError, /^\[scatter_object_list\] scatterObjectOutputList must be a non-empty array/);
+      throwsTyped(() => dist.scatterObjectList([null], ["x", "y"], 0), DistributedError, /^\[scatter_object_list\] scatterObjectInputList must be an array of 1 entries/);
       const g = dist.newGroup([0]);
       dist.destroyProcessGroup(g);
+      throwsTyped(() => dist.getBackend(g), DistributedError, /^\[get_backend\] the group \[0\] was destroyed/);
       throwsTyped(() => dist.allReduce(t, "sum", g), DistributedError, /^\[all_reduce\] the group \[0\] was destroyed/);
     } finally {
       dist.destroyProcessGroup();
@@ -156,6 +188,12 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
       assert.equal(res.gather_list, rank === 0
         ? "DistributedError: [gather] gatherList must be given on the destination rank"
         : "DistributedError: [gather] gatherList must not be given on a rank other than the destination");
+      assert.equal(res.object_list_mismatch, rank === 0
+        ? "DistributedError: [broadcast_object_list] ranks disagree: group rank 0 called broadcast_object_list(2 objects, src 0) but group rank 1 called broadcast_object_list(3 objects, src 0)"
+        : "DistributedError: [broadcast_object_list] ranks disagree: group rank 1 called broadcast_object_list(3 objects, src 0) but group rank 0 called broadcast_object_list(2 objects, src 0)");
+      assert.equal(res.object_src_refused, rank === 0
+        ? "DistributedError: [broadcast_object_list] objectList[1] is a function, which cannot be sent (objects travel as structured clones)"
+        : "DistributedError: [broadcast_object_list] rank 0's object cannot be serialized (see its error)");
       assert.deepEqual(res.after_mismatch, [2, 25]);
       if (rank === 1) {
         assert.equal(res.recv_longer, "DistributedError: [recv] rank 0 sent float32 x 3 (tag 0) but this rank receives into float32 x 2");
@@ -174,6 +212,19 @@ describe("rendezvous and collective timeouts", { skip: skipWithoutGloo, timeout:
     const r1 = run.results[1]!;
     assert.match(String(r1.timeout), /^DistributedTimeoutError: \[all_reduce\] timed out after 1500 ms/);
     assert.ok((r1.timeout_ms as number) >= 1400 && (r1.timeout_ms as number) < 6000, `timed out after ${String(r1.timeout_ms)} ms`);
+    cleanup(run);
+  });
+
+  it("monitoredBarrier: rank 0 names the ranks that did not arrive in time (3 processes)", async () => {
+    const run = await runRanks("monitored-barrier-worker", 3);
+    assert.equal(run.exitCode, 0, run.log.join("\n"));
+    const [r0, ...late] = run.results;
+    assert.equal(r0!.wait_all_false, "DistributedTimeoutError: [monitored_barrier] Rank 1 failed to pass monitoredBarrier in 200 ms");
+    assert.equal(r0!.wait_all_true, "DistributedTimeoutError: [monitored_barrier] Ranks 1, 2 failed to pass monitoredBarrier in 200 ms");
+    for (const key of ["wait_all_false_ms", "wait_all_true_ms"]) assert.ok((r0![key] as number) >= 200 && (r0![key] as number) < 2000, `${key}: ${String(r0![key])}`);
+    for (const [i, res] of late.entries())
+      for (const key of ["wait_all_false", "wait_all_true"])
+        assert.match(String(res![key]), new RegExp(`^DistributedTimeoutError: \\[monitored_barrier\\] rank ${i + 1} reached the barrier but rank 0 did not release it .*timed out after 700 ms`));
     cleanup(run);
   });
 
