@@ -235,7 +235,7 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
   const out: StructuredOutputsParams = {};
   const put = <K extends keyof StructuredOutputsParams>(key: K, value: StructuredOutputsParams[K] | undefined, param: string): void => {
     if (value === undefined || value === null) return;
-    if (out[key] !== undefined) throw badRequest(`structured output '${String(key)}' is given twice`, param);
+    if (out[key] !== undefined) throw badRequest(`structured output '${WIRE_NAME[key]}' is given twice`, param);
     out[key] = value;
   };
   const format = optObject(body, "response_format");
@@ -297,6 +297,7 @@ const STRUCTURED_OUTPUTS_FIELDS: Record<string, keyof StructuredOutputsParams> =
   disable_additional_properties: "disableAdditionalProperties",
   disable_fallback: "disableFallback",
 };
+const WIRE_NAME = Object.fromEntries(Object.entries(STRUCTURED_OUTPUTS_FIELDS).map(([wire, key]) => [key, wire])) as Record<string, string>;
 
 /**
  * A structural_tag response_format as xgrammar reads it: {"type": "structural_tag", "format": ...}, or vLLM's

@@ -167,6 +167,13 @@ number: "1" | "2"`;
       [{ choice: [] }, /non-empty list/],
       [{ regex: "a", choice: ["b"] }, /only use one kind/],
       [{ regexp: "a" }, /unknown field "regexp"/],
+      // fields are named as on the wire (structured_outputs' snake_case), as the server's user sent them
+      [{ regex: "a", jsonObject: true }, /multiple are specified: regex, json_object$/],
+      [{ json: { type: "object" }, disableAnyWhitespace: "yes" }, /: disable_any_whitespace must be a boolean$/],
+      [{ disableAnyWhitespace: 1 }, /: disable_any_whitespace must be a boolean$/],
+      [{ regex: "a", disableFallback: "no" }, /: disable_fallback must be a boolean$/],
+      [{ jsonObject: "yes" }, /: json_object must be a boolean$/],
+      [{ structuralTag: "{" }, /: structural_tag is not valid JSON/],
       // xgrammar throws C++ exceptions for these (the message is read from the wasm heap)
       [{ structuralTag: { type: "structural_tag", format: { type: "nope" } } }, /Format type not recognized: nope/],
       [{ structuralTag: { type: "structural_tag", format: { type: "triggered_tags", triggers: ["<g"], tags: [{ type: "tag", begin: "<f>", content: { type: "any_text" }, end: "</f>" }] } } }, /does not match any trigger/],

@@ -102,6 +102,8 @@ describe("errors", () => {
       [completions(), { response_format: { type: "structural_tag" } }, "response_format", /needs 'format'/],
       [chat(), { structured_outputs: { regexp: "a" } }, "structured_outputs", /not supported/],
       [chat(), { guided_regex: "a", structured_outputs: { regex: "b" } }, "guided_regex", /given twice/],
+      // a refusal names the wire (snake_case) field the user sent
+      [chat(), { response_format: { type: "json_object" }, structured_outputs: { json_object: true } }, "structured_outputs", /'json_object' is given twice/],
       [chat(), { guided_regex: "a", guided_decoding_backend: "outlines" }, "guided_decoding_backend", /xgrammar/],
       [chat(), { tools: [tool] }, "tool_choice", /"auto" tool choice/],
       [chat(), { tools: [tool], tool_choice: "auto" }, "tool_choice", /"auto" tool choice/],
