@@ -246,6 +246,7 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
       const js = optObject(format, "json_schema");
       if (js === undefined) throw badRequest("'response_format.json_schema' must be given for type 'json_schema'", "response_format");
       if (typeof js.name !== "string" || js.name.length === 0) throw badRequest("'response_format.json_schema.name' must be a non-empty string", "response_format");
+      if (js.strict != null && typeof js.strict !== "boolean") throw badRequest("'response_format.json_schema.strict' must be a boolean", "response_format");
       const schema = js.schema ?? js.json_schema;
       if (typeof schema !== "object" || schema === null || Array.isArray(schema))
         throw badRequest("'response_format.json_schema.schema' must be a JSON schema object", "response_format");

@@ -96,6 +96,8 @@ describe("errors", () => {
       [chat(), { response_format: { type: "json_schema" } }, "response_format", /must be given/],
       [chat(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: [] } } }, "response_format", /JSON schema object/],
       [chat(), { response_format: { type: "json_schema", json_schema: { schema: {} } } }, "response_format", /name' must be a non-empty string/],
+      [chat(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: {}, strict: "yes" } } }, "response_format", /'response_format.json_schema.strict' must be a boolean/],
+      [completions(), { response_format: { type: "json_schema", json_schema: { name: "x", schema: {}, strict: 1 } } }, "response_format", /strict' must be a boolean/],
       [chat(), { structured_outputs: { regex: "a", whitespace_pattern: " " } }, "structured_outputs", /not supported by the xgrammar backend/],
       [completions(), { guided_json: { type: "object" }, guided_whitespace_pattern: " " }, "guided_whitespace_pattern", /not supported by the xgrammar backend/],
       [chat(), { response_format: { type: "bogus" } }, "response_format", /must be one of/],
