@@ -161,6 +161,7 @@ async function inProcessEngine(servingArgs: ServingArgs, specs: string[]): Promi
     kvCacheDtype: runner.kvCacheDtype,
     vocabSize: runner.vocabSize,
     close: async () => {
+      await engine.close(); // its grammar threads
       await tp?.shutdown(); // the other tensor-parallel ranks, if any
       runner.dispose();
       draft?.dispose();

@@ -174,6 +174,16 @@ export class AsyncLLM implements EngineClient {
     }
   }
 
+  /**
+   * vLLM's AsyncLLM.shutdown: every stream ends with an error, later requests are refused, the running requests are
+   * aborted and the engine's grammar threads stopped (EngineCore.close). The caller still owns the runner.
+   */
+  async close(): Promise<void> {
+    this.fail(new Error("[engine] the engine was closed"));
+    this.engine.abortRequest([...this.streams.keys()]);
+    await this.engine.close();
+  }
+
   /** Aborts requests: their blocks are freed now and their streams end with finishReason "abort". */
   abort(requestIds: string | readonly string[]): void {
     for (const out of this.engine.abortRequest(typeof requestIds === "string" ? [requestIds] : requestIds)) this.deliver(out);

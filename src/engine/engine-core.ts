@@ -642,6 +642,17 @@ export class EngineCore {
     return this.grammars;
   }
 
+  /**
+   * Stops the grammar threads structured-output requests started (vLLM's EngineCore.shutdown stops its compile pool):
+   * each would otherwise live as long as the process. A structured-output request still running fails at its next
+   * grammar call; a later one starts a new thread.
+   */
+  async close(): Promise<void> {
+    const threads = [this.grammars, this.replyGrammars];
+    this.grammars = this.replyGrammars = null;
+    await Promise.all(threads.map((t) => t?.close()));
+  }
+
   /** The grammar thread of whole Harmony replies: the vocabulary with Harmony's header tokens spelled. */
   private harmonyReplyThread(): GrammarThread {
     if (this.replyGrammars !== null) return this.replyGrammars;

@@ -245,7 +245,7 @@ async function main(): Promise<void> {
         reply(m.id, () => core.wakeUp(m.tags));
         break;
       case "close":
-        void (tp?.shutdown() ?? Promise.resolve()).then(() => post({ type: "closed" }));
+        void Promise.all([core.close(), tp?.shutdown()]).then(() => post({ type: "closed" }));
         return;
     }
     kick();

@@ -56,6 +56,8 @@ export class GrammarThread {
   private readonly compiling = new Map<number, RemoteMatcher[]>();
   /** Set by poll() when a compile failed since the last poll. */
   private failedSincePoll = false;
+  /** Whether close() has stopped the thread. */
+  closed = false;
 
   /**
    * @param vocab the tokenizer's vocabulary.
@@ -103,6 +105,7 @@ export class GrammarThread {
 
   /** Posts a call; returns its number (for take). */
   send(msg: GrammarCall): number {
+    if (this.closed && msg.op !== "dispose") throw new Error("[structured output] the grammar thread is closed");
     const call = msg.op === "dispose" ? 0 : ++this.lastCall;
     this.worker.postMessage({ ...msg, call } satisfies ToGrammarThread);
     return call;
@@ -120,9 +123,18 @@ export class GrammarThread {
       }
       const seen = Atomics.load(this.signal, 0);
       if (this.readOne()) continue;
+      if (this.closed) throw new Error("[structured output] the grammar thread is closed");
       if (Date.now() > deadline) throw new Error(`[structured output] the grammar thread has not answered in ${CALL_TIMEOUT_MS / 1000} s`);
       Atomics.wait(this.signal, 0, seen, 1000);
     }
+  }
+
+  /** Stops the thread (its compiled grammars and matchers go with it); resolves once it has exited. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.replies.close();
+    await this.worker.terminate();
   }
 
   /** Forgets a call's reply (read or not). */

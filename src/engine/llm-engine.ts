@@ -182,6 +182,11 @@ export class LLM {
     return { ...this.defaults };
   }
 
+  /** Stops the grammar threads the LLM's structured-output requests started (EngineCore.close); it can still generate. */
+  close(): Promise<void> {
+    return this.engine.close();
+  }
+
   /**
    * vLLM's LLM.sleep: level 1 frees the KV cache, level 2 the weights too (read again by wakeUp); between generate()
    * calls no request is running. Needs enableSleepMode.

@@ -62,6 +62,12 @@ const KEYS = [
   "json", "regex", "choice", "grammar", "jsonObject", "structuralTag", "disableAnyWhitespace", "disableAdditionalProperties", "disableFallback", "harmonyReply",
 ] as const;
 const PARAM = "structured_outputs";
+/** Each field's name in a refusal: vLLM's wire (snake_case) name, as the server takes it; harmonyReply has none. */
+const WIRE: Record<(typeof KEYS)[number], string> = {
+  json: "json", regex: "regex", choice: "choice", grammar: "grammar", jsonObject: "json_object", structuralTag: "structural_tag",
+  disableAnyWhitespace: "disable_any_whitespace", disableAdditionalProperties: "disable_additional_properties",
+  disableFallback: "disable_fallback", harmonyReply: "harmonyReply",
+};
 
 function fail(message: string): never {
   throw new EngineInputError(PARAM, message);
@@ -88,11 +94,11 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
   for (const k of Object.keys(p)) if (!(KEYS as readonly string[]).includes(k)) fail(`unknown field ${JSON.stringify(k)} (expected one of ${KEYS.join(", ")})`);
   const set = (["json", "regex", "choice", "grammar", "jsonObject", "structuralTag"] as const).filter((k) => p[k] !== undefined && p[k] !== null && p[k] !== false);
   // vLLM's message for more than one
-  if (set.length > 1) fail(`You can only use one kind of structured outputs constraint but multiple are specified: ${set.join(", ")}`);
-  if (set.length === 0) return null;
-  if (p.harmonyReply === true && set[0] !== "structuralTag") fail("harmonyReply needs a structuralTag");
+  if (set.length > 1) fail(`You can only use one kind of structured outputs constraint but multiple are specified: ${set.map((k) => WIRE[k]).join(", ")}`);
   for (const k of ["disableAnyWhitespace", "disableAdditionalProperties", "disableFallback", "harmonyReply"] as const)
-    if (p[k] !== undefined && typeof p[k] !== "boolean") fail(`${k} must be a boolean`);
+    if (p[k] !== undefined && typeof p[k] !== "boolean") fail(`${WIRE[k]} must be a boolean`);
+  if (set.length === 0) return null;
+  if (p.harmonyReply === true && set[0] !== "structuralTag") fail("harmonyReply needs a structural_tag");
   const dw = p.disableAnyWhitespace ?? false;
   const anyWhitespace = !dw;
   const kind = set[0]!;
@@ -112,7 +118,7 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
       return { kind: "json", source: text, anyWhitespace };
     }
     case "jsonObject":
-      if (p.jsonObject !== true) fail("jsonObject must be a boolean");
+      if (p.jsonObject !== true) fail("json_object must be a boolean");
       return { kind: "json_object", source: "", anyWhitespace };
     case "regex":
       if (typeof p.regex !== "string" || p.regex.length === 0) fail("regex must be a non-empty string");
@@ -135,11 +141,11 @@ export function structuredOutputSpec(p: StructuredOutputsParams | null | undefin
     }
     case "structuralTag": {
       const t = p.structuralTag!;
-      const text = typeof t === "string" ? t : toJson(t, "structuralTag");
+      const text = typeof t === "string" ? t : toJson(t, "structural_tag");
       try {
         JSON.parse(text);
       } catch (e) {
-        fail(`structuralTag is not valid JSON: ${(e as Error).message}`);
+        fail(`structural_tag is not valid JSON: ${(e as Error).message}`);
       }
       return { kind: "structural_tag", source: text, anyWhitespace, ...(p.harmonyReply === true ? { harmonyReply: true } : {}) };
     }

@@ -235,7 +235,7 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
   const out: StructuredOutputsParams = {};
   const put = <K extends keyof StructuredOutputsParams>(key: K, value: StructuredOutputsParams[K] | undefined, param: string): void => {
     if (value === undefined || value === null) return;
-    if (out[key] !== undefined) throw badRequest(`structured output '${String(key)}' is given twice`, param);
+    if (out[key] !== undefined) throw badRequest(`structured output '${WIRE_NAME[key]}' is given twice`, param);
     out[key] = value;
   };
   const format = optObject(body, "response_format");
@@ -246,6 +246,7 @@ function parseStructuredOutputs(body: Json): StructuredOutputsParams | undefined
       const js = optObject(format, "json_schema");
       if (js === undefined) throw badRequest("'response_format.json_schema' must be given for type 'json_schema'", "response_format");
       if (typeof js.name !== "string" || js.name.length === 0) throw badRequest("'response_format.json_schema.name' must be a non-empty string", "response_format");
+      if (js.strict != null && typeof js.strict !== "boolean") throw badRequest("'response_format.json_schema.strict' must be a boolean", "response_format");
       const schema = js.schema ?? js.json_schema;
       if (typeof schema !== "object" || schema === null || Array.isArray(schema))
         throw badRequest("'response_format.json_schema.schema' must be a JSON schema object", "response_format");
@@ -297,6 +298,7 @@ const STRUCTURED_OUTPUTS_FIELDS: Record<string, keyof StructuredOutputsParams> =
   disable_additional_properties: "disableAdditionalProperties",
   disable_fallback: "disableFallback",
 };
+const WIRE_NAME = Object.fromEntries(Object.entries(STRUCTURED_OUTPUTS_FIELDS).map(([wire, key]) => [key, wire])) as Record<string, string>;
 
 /**
  * A structural_tag response_format as xgrammar reads it: {"type": "structural_tag", "format": ...}, or vLLM's

@@ -335,6 +335,7 @@ function parseText(raw: unknown): { echo: Json; responseFormat: Json | undefined
       const schema = format.schema;
       if (typeof schema !== "object" || schema === null || Array.isArray(schema))
         throw badRequest("'text.format.schema' must be a JSON schema object", "text.format.schema");
+      if (format.strict != null && typeof format.strict !== "boolean") throw badRequest("'text.format.strict' must be a boolean", "text.format.strict");
       return {
         echo,
         responseFormat: { type: "json_schema", json_schema: { name, schema, ...(format.strict != null ? { strict: format.strict } : {}) } },

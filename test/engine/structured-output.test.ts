@@ -2,6 +2,7 @@
 // independent reading of its constraint (JSON.parse and the schema's fields, a JS RegExp, the choice list), bad
 // specs are typed errors before anything is queued, and a constrained row leaves the other rows of a batch alone.
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, it } from "node:test";
 import { LLM } from "../../src/engine/llm-engine.js";
@@ -167,6 +168,13 @@ number: "1" | "2"`;
       [{ choice: [] }, /non-empty list/],
       [{ regex: "a", choice: ["b"] }, /only use one kind/],
       [{ regexp: "a" }, /unknown field "regexp"/],
+      // fields are named as on the wire (structured_outputs' snake_case), as the server's user sent them
+      [{ regex: "a", jsonObject: true }, /multiple are specified: regex, json_object$/],
+      [{ json: { type: "object" }, disableAnyWhitespace: "yes" }, /: disable_any_whitespace must be a boolean$/],
+      [{ disableAnyWhitespace: 1 }, /: disable_any_whitespace must be a boolean$/],
+      [{ regex: "a", disableFallback: "no" }, /: disable_fallback must be a boolean$/],
+      [{ jsonObject: "yes" }, /: json_object must be a boolean$/],
+      [{ structuralTag: "{" }, /: structural_tag is not valid JSON/],
       // xgrammar throws C++ exceptions for these (the message is read from the wasm heap)
       [{ structuralTag: { type: "structural_tag", format: { type: "nope" } } }, /Format type not recognized: nope/],
       [{ structuralTag: { type: "structural_tag", format: { type: "triggered_tags", triggers: ["<g"], tags: [{ type: "tag", begin: "<f>", content: { type: "any_text" }, end: "</f>" }] } } }, /does not match any trigger/],
@@ -217,6 +225,20 @@ number: "1" | "2"`;
     assert.match(generate({ regex: "ok[0-9]" })[0]!.text, /^ok[0-9]$/);
     // spelled out as alternatives, non-ASCII text is fine
     assert.match(generate({ regex: "(ä|ö|ü){2}-(α|β)" })[0]!.text, /^[äöü]{2}-[αβ]$/);
+  });
+
+  it("close() stops the engine's grammar thread (the OS thread exits); a later request starts a new one", async () => {
+    const osThreads = (): number => fs.readdirSync("/proc/self/task").length;
+    const engines = [0, 1, 2].map(() => new LLM({ model: tinyModelDir("LlamaForCausalLM"), maxModelLen: 128 }));
+    const before = osThreads();
+    for (const e of engines) assert.match(e.generate(["x"], { maxTokens: 4, structuredOutputs: { regex: "ab" } })[0]!.outputs[0]!.text, /^ab$/);
+    assert.equal(osThreads(), before + 3, "one grammar thread per engine");
+    await Promise.all(engines.map((e) => e.close()));
+    assert.equal(osThreads(), before);
+    assert.match(engines[0]!.generate(["x"], { maxTokens: 4, structuredOutputs: { choice: ["yes"] } })[0]!.outputs[0]!.text, /^yes$/);
+    assert.equal(osThreads(), before + 1);
+    await engines[0]!.close();
+    assert.equal(osThreads(), before);
   });
 
   it("a complete output ends on its stop token even when min_tokens is not reached", () => {

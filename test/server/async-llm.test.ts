@@ -114,3 +114,17 @@ describe("server over AsyncLLM whose step fails", () => {
     }
   });
 });
+
+describe("AsyncLLM.close", () => {
+  it("ends the running streams with an error, frees their blocks and refuses later requests", async () => {
+    const tokenizer = new FakeTokenizer();
+    const engine = new AsyncLLM({ runner: new FakeModelRunner(tokenizer.vocabSize), tokenizer, engineArgs: { maxModelLen: 128, numGpuBlocks: 64 } });
+    const stream = engine.generate({ promptTokenIds: [5, 6, 7] }, { maxTokens: 100, ignoreEos: true }, { requestId: "r" })[Symbol.asyncIterator]();
+    await stream.next();
+    await engine.close();
+    await assert.rejects(stream.next(), /the engine was closed/);
+    assert.equal(engine.engine.hasUnfinishedRequests(), false);
+    assert.equal(engine.stats().kvCacheUsage, 0);
+    assert.throws(() => engine.generate({ promptTokenIds: [5] }, { maxTokens: 2 }, { requestId: "s" }), /the engine was closed/);
+  });
+});

@@ -173,6 +173,7 @@ describe("/v1/responses refusals", () => {
       [{ input: "x", reasoning: { summary: "auto" } }, 400, "reasoning.summary", /summar/],
       [{ input: "x", text: { format: { type: "xml" } } }, 400, "text.format.type", /text\.format/],
       [{ input: "x", text: { format: { type: "json_schema", schema: {} } } }, 400, "text.format.name", /name/],
+      [{ input: "x", text: { format: { type: "json_schema", name: "x", schema: {}, strict: "yes" } } }, 400, "text.format.strict", /'text\.format\.strict' must be a boolean/],
       [{ input: "x", tool_choice: { type: "web_search_preview" } }, 400, "tool_choice", /tool_choice/],
       [{ input: "x", tool_choice: "required" }, 400, "tool_choice", /tools/],
       [{ input: "x", tools, tool_choice: "auto" }, 400, "tool_choice", /enable-auto-tool-choice/],
