@@ -70,9 +70,10 @@ describe("dev mode over AsyncLLM", () => {
     assert.equal(get.status, 405);
   });
 
-  it("the dev routes need the API key like the others", async () => {
-    assert.equal((await fetch(`${url}/reset_prefix_cache`, { method: "POST" })).status, 401);
-    assert.equal((await fetch(`${url}/server_info`)).status, 401);
+  it("the dev routes, not under /v1, need no API key (vLLM's AuthenticationMiddleware checks /v1 only)", async () => {
+    assert.equal((await fetch(`${url}/reset_prefix_cache`, { method: "POST" })).status, 200);
+    assert.equal((await fetch(`${url}/server_info`)).status, 200);
+    assert.equal((await fetch(`${url}/v1/models`)).status, 401);
   });
 
   it("GET /server_info: the configuration as JSON text (default) or as an object; no secrets", async () => {
