@@ -373,7 +373,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       ctx = {
         engine: engineOptions.engine,
         tokenizer: engineOptions.tokenizer,
-        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null),
+        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null, engineOptions.launchConfig ?? null),
         servedModelNames: engineOptions.servedModelNames,
         modelPath: engineOptions.modelPath ?? engineOptions.servedModelNames[0]!,
         maxModelLen: engineOptions.maxModelLen,
