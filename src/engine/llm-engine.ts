@@ -235,12 +235,13 @@ export class LLM {
     params: Partial<SamplingParams> | Partial<SamplingParams>[],
     options: { priority?: number[]; loraRequest?: LoraRequest | (LoraRequest | null)[] | null },
   ): RequestOutput[] {
-    if (Array.isArray(params) && params.length !== prompts.length)
-      throw new Error(`[LLM.generate] got ${params.length} SamplingParams for ${prompts.length} prompts`);
-    if (Array.isArray(options.loraRequest) && options.loraRequest.length !== prompts.length)
-      throw new Error(`[LLM.generate] got ${options.loraRequest.length} LoRA requests for ${prompts.length} prompts`);
-    if (options.priority !== undefined && options.priority.length !== prompts.length)
-      throw new Error(`[LLM.generate] got ${options.priority.length} priorities for ${prompts.length} prompts`);
+    // a list is one per prompt (vLLM: "The lengths of prompts and sampling_params must be the same.")
+    const perPrompt = (param: string, list: readonly unknown[], what: string): void => {
+      if (list.length !== prompts.length) throw new EngineInputError(param, `got ${list.length} ${what} for ${prompts.length} prompts; give one per prompt, or one for all`);
+    };
+    if (Array.isArray(params)) perPrompt("sampling_params", params, "SamplingParams");
+    if (Array.isArray(options.loraRequest)) perPrompt("lora_request", options.loraRequest, "LoRA requests");
+    if (options.priority !== undefined) perPrompt("priority", options.priority, "priorities");
     const ids: string[] = [];
     try {
       prompts.forEach((p, i) => {

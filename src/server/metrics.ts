@@ -3,6 +3,7 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { KvTransferService } from "./kv-transfer.js";
 import type { EngineClient, FinishReason, RequestMetrics, TokenStep } from "../engine/types.js";
+import type { ResolvedEngineArgs } from "../engine/engine-core.js";
 import { epochNow } from "../engine/output-pacing.js";
 import { sleepStateGauge } from "../engine/sleep-mode.js";
 
@@ -32,6 +33,38 @@ export interface FinishedRequestStats {
   times: RequestMetrics | null;
 }
 
+/**
+ * vLLM's CacheConfig fields that its vllm:cache_config_info labels name (metrics_info(): each field as Python's str()
+ * writes it), and the engine index; an info metric, always 1.
+ */
+const CACHE_CONFIG_LABELS = [
+  "block_size", "gpu_memory_utilization", "cache_dtype", "is_attention_free", "num_gpu_blocks_override", "sliding_window",
+  "enable_prefix_caching", "prefix_caching_hash_algo", "mamba_block_size", "mamba_cache_dtype", "mamba_ssm_cache_dtype",
+  "mamba_cache_mode", "num_gpu_blocks", "num_cpu_blocks", "kv_sharing_fast_prefill", "kv_cache_memory_bytes",
+  "kv_offloading_size", "kv_offloading_backend", "engine",
+] as const;
+
+/** A value as Python's str() writes it: True, None, 0.9, and 1.0 for a float that is whole. */
+function pyStr(v: unknown, float = false): string {
+  if (v === null || v === undefined) return "None";
+  if (typeof v === "boolean") return v ? "True" : "False";
+  return float && typeof v === "number" && Number.isInteger(v) ? v.toFixed(1) : String(v);
+}
+
+/** The labels of vllm:cache_config_info: the engine's pool, and kiln serve's cache flags (vLLM's defaults without them). */
+function cacheConfigInfo(args: Readonly<ResolvedEngineArgs>, launch: Record<string, unknown>): Record<(typeof CACHE_CONFIG_LABELS)[number], string> {
+  return {
+    block_size: pyStr(args.blockSize), gpu_memory_utilization: pyStr(launch.gpuMemoryUtilization ?? 0.9, true),
+    cache_dtype: pyStr(launch.kvCacheDtype ?? "auto"), is_attention_free: "False",
+    num_gpu_blocks_override: pyStr(launch.numGpuBlocksOverride), sliding_window: "None",
+    enable_prefix_caching: pyStr(args.enablePrefixCaching), prefix_caching_hash_algo: "sha256", // kv-cache-manager.ts hashes so
+    mamba_block_size: "None", mamba_cache_dtype: "auto", mamba_ssm_cache_dtype: "auto", mamba_cache_mode: "none",
+    num_gpu_blocks: pyStr(args.numGpuBlocks), num_cpu_blocks: "None", kv_sharing_fast_prefill: "False",
+    kv_cache_memory_bytes: pyStr(launch.kvCacheMemoryBytes), kv_offloading_size: "None", kv_offloading_backend: "native",
+    engine: "0",
+  };
+}
+
 export class ServerMetrics {
   readonly registry = new Registry();
   private readonly labels: { model_name: string };
@@ -55,8 +88,16 @@ export class ServerMetrics {
 
   /** maxModelLen bounds the token-count histograms' buckets, as vLLM's max_model_len does. */
   /** @param kvTransfer P/D disaggregation's side channel (--kv-transfer-config), whose counters are exported too. */
-  constructor(engine: EngineClient, modelName: string, maxModelLen: number, kvTransfer: Pick<KvTransferService, "counts" | "holding"> | null = null) {
+  /** @param launchConfig kiln serve's arguments (its cache flags label vllm:cache_config_info), or null: their defaults. */
+  constructor(
+    engine: EngineClient, modelName: string, maxModelLen: number, kvTransfer: Pick<KvTransferService, "counts" | "holding"> | null = null,
+    launchConfig: Record<string, unknown> | null = null,
+  ) {
     const registers = [this.registry];
+    if (engine.engineArgs !== undefined) {
+      const info = new Gauge({ name: "vllm:cache_config_info", help: "Information of the LLMEngine CacheConfig", labelNames: CACHE_CONFIG_LABELS, registers });
+      info.set(cacheConfigInfo(engine.engineArgs, launchConfig ?? {}), 1);
+    }
     const labelNames = ["model_name"] as const;
     this.labels = { model_name: modelName };
     const labels = this.labels;

@@ -169,8 +169,6 @@ export interface PreparedServer {
   bind(options: ServerEngineOptions): FastifyInstance;
 }
 
-/** Routes that stay open when an API key is set (as in vLLM). */
-const OPEN_ROUTES = new Set(["/health", "/metrics", "/version", "/ping", "/load"]);
 export const DEFAULT_BODY_LIMIT = 32 * 1024 * 1024;
 
 declare module "fastify" {
@@ -375,7 +373,7 @@ export function prepareServer(options: ServerAppOptions): PreparedServer {
       ctx = {
         engine: engineOptions.engine,
         tokenizer: engineOptions.tokenizer,
-        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null),
+        metrics: new ServerMetrics(engineOptions.engine, engineOptions.servedModelNames[0]!, engineOptions.maxModelLen, engineOptions.kvTransfer ?? null, engineOptions.launchConfig ?? null),
         servedModelNames: engineOptions.servedModelNames,
         modelPath: engineOptions.modelPath ?? engineOptions.servedModelNames[0]!,
         maxModelLen: engineOptions.maxModelLen,
@@ -457,7 +455,11 @@ function discardBody(raw: IncomingMessage, maxBytes: number, timeoutMs: number):
   });
 }
 
-/** The key as `Authorization: Bearer <key>`, or as Anthropic's clients send it, `x-api-key: <key>`. */
+/**
+ * The key as `Authorization: Bearer <key>` (the scheme in any case), or as Anthropic's clients send it, `x-api-key:
+ * <key>`. As vLLM's AuthenticationMiddleware, only paths under /v1 need it (/health, /metrics, /tokenize, /score,
+ * /invocations... stay open), and no preflight does.
+ */
 function installAuth(app: FastifyInstance, apiKey: string): void {
   const expected = Buffer.from(apiKey);
   const matches = (value: string | undefined): boolean => {
@@ -466,9 +468,9 @@ function installAuth(app: FastifyInstance, apiKey: string): void {
   };
   app.addHook("onRequest", async (request, reply) => {
     const path = request.url.split("?")[0]!;
-    if (request.method === "OPTIONS" || OPEN_ROUTES.has(path)) return;
+    if (request.method === "OPTIONS" || !path.startsWith("/v1")) return;
     const auth = request.headers.authorization;
-    const bearer = auth?.startsWith("Bearer ") ? auth.slice(7) : undefined;
+    const bearer = auth?.slice(0, 7).toLowerCase() === "bearer " ? auth.slice(7) : undefined;
     const xApiKey = request.headers["x-api-key"];
     if (!matches(bearer) && !matches(typeof xApiKey === "string" ? xApiKey : undefined)) {
       const err = new ApiError(401, "Invalid or missing API key (send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>').", null,

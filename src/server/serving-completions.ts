@@ -140,7 +140,7 @@ export async function handleCompletion(ctx: ServingContext, request: FastifyRequ
   // echo repeats the prompt as given; its tokens (and their logprobs) are those left by truncate_prompt_tokens
   const prepared: Prepared[] = [...embeddedPrompts(ctx, req), ...req.prompts.map((p): Prepared =>
     "text" in p
-      ? { promptText: p.text, fromText: true, promptTokenIds: truncatePrompt(ctx, req, ctx.tokenizer.encode(p.text, { addSpecialTokens: req.addSpecialTokens })) }
+      ? { promptText: p.text, fromText: true, promptTokenIds: truncatePrompt(ctx, req, { text: p.text, addSpecialTokens: req.addSpecialTokens }) }
       : { promptTokenIds: truncatePrompt(ctx, req, p.tokenIds), fromText: false, promptText: ctx.tokenizer.decode(p.tokenIds, { skipSpecialTokens: false }) },
   )];
   const params = prepared.map((p) => samplingParamsFor(ctx, req, p.promptTokenIds.length, "prompt"));

@@ -166,12 +166,18 @@ export function checkQueue(ctx: ServingContext, count = 1): void {
 
 /**
  * The prompt the engine reads under truncate_prompt_tokens: its last N tokens, cut before the length checks (as
- * vLLM's renderer cuts it), so that a prompt longer than the context is served. N may be at most max_model_len less
- * the requested max_tokens (a 400 otherwise); -1 is that most.
+ * vLLM's renderer cuts it), so that a prompt longer than the context is served; a text prompt is encoded and cut as
+ * `encodeTruncated` cuts it (the tokenizer's BOS stays). N may be at most max_model_len less the requested max_tokens
+ * (a 400 otherwise); -1 is that most.
  */
-export function truncatePrompt(ctx: ServingContext, req: CommonRequest, ids: number[]): number[] {
+export function truncatePrompt(
+  ctx: ServingContext, req: CommonRequest, prompt: number[] | { text: string; addSpecialTokens: boolean },
+): number[] {
   const keep = req.truncatePromptTokens;
-  if (keep === undefined) return ids;
+  const cut = (n: number | undefined): number[] => Array.isArray(prompt)
+    ? (n === undefined ? prompt : cutTokens(prompt, n, "left"))
+    : encodeTruncated(ctx.tokenizer, prompt.text, prompt.addSpecialTokens, n, "left");
+  if (keep === undefined) return cut(undefined);
   const maxInput = ctx.maxModelLen - (req.maxTokens ?? req.maxTokensDefault ?? 0);
   if (keep > maxInput)
     throw badRequest(
@@ -179,7 +185,32 @@ export function truncatePrompt(ctx: ServingContext, req: CommonRequest, ids: num
       "truncate_prompt_tokens");
   const n = keep === -1 ? maxInput : keep;
   if (n < 1) throw badRequest(`truncate_prompt_tokens ${keep} leaves no prompt`, "truncate_prompt_tokens");
-  return ids.length > n ? ids.slice(ids.length - n) : ids;
+  return cut(n);
+}
+
+/** The first `keep` ids (side "right") or the last (side "left"), as HF's truncation_side names them. */
+export function cutTokens(ids: number[], keep: number, side: "left" | "right"): number[] {
+  if (ids.length <= keep) return ids;
+  return side === "left" ? ids.slice(ids.length - keep) : ids.slice(0, keep);
+}
+
+/**
+ * A text's ids as HF's `tokenizer(text, add_special_tokens, truncation=True, max_length=keep)` gives them (vLLM's
+ * renderer encodes text prompts so): the special tokens the tokenizer adds (a BOS, Bert's [CLS] and [SEP]) stay, and
+ * only the text's own tokens are cut to make `keep` in all. undefined: no cut.
+ */
+export function encodeTruncated(
+  tokenizer: TokenizerLike, text: string, addSpecialTokens: boolean, keep: number | undefined, side: "left" | "right",
+): number[] {
+  const all = tokenizer.encode(text, { addSpecialTokens });
+  if (keep === undefined || all.length <= keep) return all;
+  const body = addSpecialTokens ? tokenizer.encode(text, { addSpecialTokens: false }) : all;
+  // where the text's tokens sit among the added ones (usually after a BOS)
+  let start = -1;
+  for (let s = 0; s + body.length <= all.length && start < 0; s++) if (body.every((t, i) => all[s + i] === t)) start = s;
+  if (start < 0) return cutTokens(all, keep, side);
+  const added = all.length - body.length;
+  return [...all.slice(0, start), ...cutTokens(body, Math.max(0, keep - added), side), ...all.slice(start + body.length)];
 }
 
 /**

@@ -9,7 +9,7 @@ import { badRequest } from "./errors.js";
 import { optBool, optInt, optObject, optString } from "./fields.js";
 import { mergeStreams, primeStream, streamEngineRequest } from "./engine-stream.js";
 import type { PoolingOverrides } from "../engine/types.js";
-import { abortOnDisconnect, checkQueue, nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
+import { abortOnDisconnect, checkQueue, cutTokens, encodeTruncated, nowSeconds, randomId, resolveModel, type ServingContext } from "./serving-context.js";
 
 /** vLLM's embed_dtype: the precision of the returned values (floats rounded to it, or its little-endian bytes). */
 const EMBED_DTYPES: Record<string, { floats(v: Float32Array): number[]; bytes(v: Float32Array): Uint8Array }> = {
@@ -78,7 +78,7 @@ export function optTruncationSide(body: Record<string, unknown>): "left" | "righ
 
 /**
  * Each prompt's token ids for a pooling request: cut to truncate_prompt_tokens (-1: max_model_len; its last tokens, or
- * with `side` "right" its first), then checked non-empty and within max_model_len (a 400 naming `field`; `operation`
+ * with `side` "right" its first; a text's added special tokens stay, as HF's truncation keeps them), then checked non-empty and within max_model_len (a 400 naming `field`; `operation`
  * words it as vLLM does).
  */
 export function poolingTokenIds(
@@ -91,8 +91,9 @@ export function poolingTokenIds(
     throw badRequest(`truncate_prompt_tokens value (${truncate}) is greater than max_model_len (${ctx.maxModelLen}). Please, select a smaller truncation size.`, "truncate_prompt_tokens");
   const keep = truncate === -1 ? ctx.maxModelLen : truncate;
   return prompts.map((p) => {
-    const all = "text" in p ? ctx.tokenizer.encode(p.text, { addSpecialTokens }) : p.tokenIds;
-    const ids = keep === undefined || all.length <= keep ? all : side === "left" ? all.slice(all.length - keep) : all.slice(0, keep);
+    const ids = "text" in p
+      ? encodeTruncated(ctx.tokenizer, p.text, addSpecialTokens, keep, side)
+      : keep === undefined ? p.tokenIds : cutTokens(p.tokenIds, keep, side);
     if (ids.length === 0) throw badRequest(`'${field}' must not be empty`, field);
     if (ids.length > ctx.maxModelLen)
       throw badRequest(

@@ -89,7 +89,8 @@ test("LLM.generate takes one priority per prompt, as vLLM's list (a list of anot
   const llm = new LLM({ runner: new FakeModelRunner(VOCAB), tokenizer, engineArgs: { ...engineArgs, schedulingPolicy: "priority" } });
   const prompts = [{ promptTokenIds: prompt(1, 6) }, { promptTokenIds: prompt(2, 6) }];
   assert.equal(llm.generate(prompts, GREEDY, { priority: [1, 0] }).length, 2);
-  assert.throws(() => llm.generate(prompts, GREEDY, { priority: [1] }), /got 1 priorities for 2 prompts/);
+  assert.throws(() => llm.generate(prompts, GREEDY, { priority: [1] }), (e) => e instanceof EngineInputError && e.param === "priority" && /got 1 priorities for 2 prompts/.test(e.message));
+  assert.throws(() => llm.generate(prompts, [GREEDY]), (e) => e instanceof EngineInputError && e.param === "sampling_params");
   assert.equal(llm.engine.hasUnfinishedRequests(), false);
 });
 
@@ -99,5 +100,5 @@ test("LLM.chat takes one SamplingParams per conversation, as vLLM's list", () =>
   const outs = llm.chat([chat, chat], [{ ...GREEDY, maxTokens: 2 }, { ...GREEDY, maxTokens: 5 }]);
   const [whole] = llm.chat(chat, { ...GREEDY, maxTokens: 5 });
   assert.deepEqual(outs.map((o) => o.outputs[0]!.tokenIds), [whole!.outputs[0]!.tokenIds.slice(0, 2), whole!.outputs[0]!.tokenIds]);
-  assert.throws(() => llm.chat([chat, chat], [GREEDY]), /1 SamplingParams for 2 prompts/);
+  assert.throws(() => llm.chat([chat, chat], [GREEDY]), (e) => e instanceof EngineInputError && e.param === "sampling_params" && /1 SamplingParams for 2 prompts/.test(e.message));
 });

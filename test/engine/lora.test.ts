@@ -96,7 +96,7 @@ describe("LoRA adapters", () => {
     llm.generate(long, greedy, { loraRequest: loraA });
     llm.generate(prompts, greedy, { loraRequest: loraB }); // a leaves the host cache (max_cpu_loras 1)
     assertSame(summary(llm.generate(long, greedy, { loraRequest: { name: "b-again", id: loraA.id, path: adapterB } })), want, "id 1 reused for b");
-    assert.throws(() => llm.generate(prompts, greedy, { loraRequest: [loraA] }), /got 1 LoRA requests for 2 prompts/);
+    assert.throws(() => llm.generate(prompts, greedy, { loraRequest: [loraA] }), (e) => e instanceof EngineInputError && e.param === "lora_request" && /got 1 LoRA requests for 2 prompts/.test(e.message));
   });
 
   it("an adapter on Phi-3's fused qkv_proj and gate_up_proj (as PEFT names them) matches the merged weights", () => {

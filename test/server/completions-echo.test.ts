@@ -95,8 +95,9 @@ describe("completions: echo with logprobs and return_token_ids", () => {
     }
     const [cut] = await complete({ prompt: "abcdef", echo: true, truncate_prompt_tokens: 3, max_tokens: 0 });
     assert.equal(cut!.text, "abcdef");
-    assert.deepEqual(cut!.prompt_token_ids, s.engine.tokenizer.encode("def", { addSpecialTokens: false }));
-    assert.deepEqual(cut!.logprobs!.text_offset, [3, 4, 5]);
+    // cut as HF's truncation cuts a text: the tokenizer's BOS stays, then the text's last 2 tokens
+    assert.deepEqual(cut!.prompt_token_ids, [s.engine.tokenizer.bosTokenId, ...s.engine.tokenizer.encode("ef", { addSpecialTokens: false })]);
+    assert.deepEqual(cut!.logprobs!.text_offset, [4, 4, 5]);
     checkOffsets(cut!);
   });
 

@@ -70,9 +70,23 @@ describe("dev mode over AsyncLLM", () => {
     assert.equal(get.status, 405);
   });
 
-  it("the dev routes need the API key like the others", async () => {
-    assert.equal((await fetch(`${url}/reset_prefix_cache`, { method: "POST" })).status, 401);
-    assert.equal((await fetch(`${url}/server_info`)).status, 401);
+  it("/metrics has vLLM's vllm:cache_config_info: the cache config as labels (Python's str of each), value 1", async () => {
+    const text = await (await fetch(`${url}/metrics`)).text();
+    const line = text.split("\n").find((l) => l.startsWith("vllm:cache_config_info{"));
+    assert.ok(line !== undefined, "vllm:cache_config_info is exported");
+    assert.ok(line.endsWith("} 1"), line);
+    const labels = Object.fromEntries([...line.matchAll(/(\w+)="([^"]*)"/g)].map((m) => [m[1], m[2]]));
+    // the engine's blockSize 16 and numGpuBlocks 64; the cache flags kiln serve was not given, at vLLM's defaults
+    assert.deepEqual(
+      [labels.block_size, labels.num_gpu_blocks, labels.enable_prefix_caching, labels.cache_dtype, labels.gpu_memory_utilization, labels.num_gpu_blocks_override, labels.engine],
+      ["16", "64", "True", "auto", "0.9", "None", "0"],
+    );
+  });
+
+  it("the dev routes, not under /v1, need no API key (vLLM's AuthenticationMiddleware checks /v1 only)", async () => {
+    assert.equal((await fetch(`${url}/reset_prefix_cache`, { method: "POST" })).status, 200);
+    assert.equal((await fetch(`${url}/server_info`)).status, 200);
+    assert.equal((await fetch(`${url}/v1/models`)).status, 401);
   });
 
   it("GET /server_info: the configuration as JSON text (default) or as an object; no secrets", async () => {

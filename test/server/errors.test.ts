@@ -245,14 +245,19 @@ describe("auth and CORS", () => {
   });
   after(() => s.close());
 
-  it("401 without or with a wrong key; open routes stay open", async () => {
+  it("401 without or with a wrong key under /v1; other routes stay open, as vLLM's AuthenticationMiddleware leaves them", async () => {
     const bad = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: "wrong", maxRetries: 0 });
     await assert.rejects(bad.models.list(), OpenAI.AuthenticationError);
     const none = await fetch(`${s.url}/v1/models`);
     assert.equal(none.status, 401);
     assert.equal(((await none.json()) as any).error.code, "invalid_api_key");
     assert.equal((await s.client.models.list()).data.length, 2);
-    for (const path of ["/health", "/metrics", "/version"]) assert.equal((await fetch(`${s.url}${path}`)).status, 200, path);
+    for (const path of ["/health", "/metrics", "/version", "/ping", "/load"]) assert.equal((await fetch(`${s.url}${path}`)).status, 200, path);
+    const open = await fetch(`${s.url}/tokenize`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi" }) });
+    assert.equal(open.status, 200, "/tokenize is not under /v1");
+    assert.equal((await fetch(`${s.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" })).status, 401);
+    // the scheme in any case, as vLLM compares it
+    assert.equal((await fetch(`${s.url}/v1/models`, { headers: { authorization: "bearer sekret" } })).status, 200);
   });
 
   it("CORS headers for allowed origins and preflight", async () => {

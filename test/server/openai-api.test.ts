@@ -3,6 +3,9 @@ import assert from "node:assert/strict";
 import { after, before, describe, it, test } from "node:test";
 import { normalizeSamplingParams } from "../../src/engine/sampling-params.js";
 import { prepareServer } from "../../src/server/index.js";
+import type { PromptInput } from "../../src/server/protocol.js";
+import type { ServingContext } from "../../src/server/serving-context.js";
+import { poolingTokenIds } from "../../src/server/serving-embeddings.js";
 import { FakeEngine } from "./fake-engine.js";
 import { MODEL, metricValue, startTestServer, type TestServer } from "./helpers.js";
 
@@ -222,6 +225,12 @@ describe("OpenAI API", () => {
     } as never);
     assert.equal(long.usage!.prompt_tokens, 100);
     assert.equal((long.choices[0] as any).prompt_logprobs.length, 100, "the engine read 100 prompt tokens");
+    // a text prompt is cut as HF's tokenizer(text, truncation=True, max_length=100) cuts it (vLLM's renderer): the
+    // tokenizer's BOS stays, then the text's last 99 tokens
+    const kept = await s.client.completions.create({
+      model: MODEL, prompt: "ab".repeat(150), max_tokens: 1, truncate_prompt_tokens: 100, return_token_ids: true,
+    } as never);
+    assert.deepEqual((kept.choices[0] as any).prompt_token_ids, [s.engine.tokenizer.bosTokenId, ...s.engine.tokenizer.encode("b" + "ab".repeat(49), { addSpecialTokens: false })]);
     const chat = await s.client.chat.completions.create({
       model: MODEL, messages: [{ role: "user", content: "b".repeat(300) }], max_tokens: 2, truncate_prompt_tokens: 50,
     } as never);
@@ -234,6 +243,18 @@ describe("OpenAI API", () => {
     const tooMany = await post({ model: MODEL, prompt: "c", max_tokens: 6, truncate_prompt_tokens: 251 });
     assert.equal(tooMany.status, 400);
     assert.equal(((await tooMany.json()) as any).error.param, "truncate_prompt_tokens");
+  });
+
+  it("pooling requests cut a text input as HF's truncation does: the tokenizer's BOS stays, on either side", () => {
+    const tok = s.engine.tokenizer;
+    const ctx = { tokenizer: tok, maxModelLen: 64 } as unknown as ServingContext;
+    const cut = (side: "left" | "right", prompt: PromptInput) =>
+      poolingTokenIds(ctx, [prompt], { truncate: 4, side, addSpecialTokens: true, field: "input", operation: "embedding generation" })[0];
+    const text = (t: string) => tok.encode(t, { addSpecialTokens: false });
+    assert.deepEqual(cut("left", { text: "abcdefg" }), [tok.bosTokenId, ...text("efg")]);
+    assert.deepEqual(cut("right", { text: "abcdefg" }), [tok.bosTokenId, ...text("abc")]);
+    // token ids are cut as given
+    assert.deepEqual(cut("left", { tokenIds: tok.encode("abcdefg") }), text("defg"));
   });
 
   it("chat echo puts the final message's content before the reply when the reply takes its role (vLLM), streamed or not", async () => {
