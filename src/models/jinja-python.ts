@@ -68,10 +68,71 @@ function markChains(node: unknown, position: Map<Token, number>, tokens: Token[]
   }
 }
 
+/** Words after which `(` opens an expression, not a call's arguments. */
+const KEYWORDS = new Set(["and", "or", "not", "in", "is", "if", "elif", "else", "for", "return"]);
+/** Stands for nothing after the comma of a one-element tuple `(x,)`, which the library's parser refuses. */
+const LONE = "__kiln_one_element_tuple__";
+
+/**
+ * Jinja2's literals that the library's lexer splits: `1e-5` / `2.5E3` (floats: it reads `1`, `e`, `-`, `5`) and the
+ * one-element tuple `(x,)`, whose trailing comma gets a placeholder element that dropTupleMarks removes.
+ */
+function pythonLiterals(tokens: Token[]): Token[] {
+  const out: Token[] = [];
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i]!;
+    const [next, sign, power] = [tokens[i + 1], tokens[i + 2], tokens[i + 3]];
+    if (t.type === "NumericLiteral" && next?.type === "Identifier" && /^\d+(\.\d+)?$/.test(t.value.replace(/^[-+]/, ""))) {
+      const mantissa = t.value.includes(".") ? t.value : `${t.value}.0`; // the parser reads a literal with a "." as a float
+      if (/^[eE]\d+$/.test(next.value)) {
+        out.push({ type: t.type, value: `${mantissa}e${next.value.slice(1)}` });
+        i += 1;
+        continue;
+      }
+      if (/^[eE]$/.test(next.value) && sign?.type === "AdditiveBinaryOperator" && power?.type === "NumericLiteral" && /^\d+$/.test(power.value)) {
+        out.push({ type: t.type, value: `${mantissa}e${sign.value}${power.value}` });
+        i += 3;
+        continue;
+      }
+    }
+    out.push(t);
+    if (t.type === "Comma" && next?.type === "CloseParen" && !isCallParen(tokens, i)) out.push({ type: "Identifier", value: LONE });
+  }
+  return out;
+}
+
+/** Whether the parenthesis that the `)` after tokens[comma] closes holds a call's arguments. */
+function isCallParen(tokens: Token[], comma: number): boolean {
+  let depth = 0;
+  for (let i = comma; i >= 0; i--) {
+    const type = tokens[i]!.type;
+    depth += type === "CloseParen" ? 1 : type === "OpenParen" ? -1 : 0;
+    if (depth < 0) {
+      const before = tokens[i - 1];
+      if (before === undefined) return false;
+      if (before.type === "Identifier") return !KEYWORDS.has(before.value);
+      return before.type === "CloseParen" || before.type === "CloseSquareBracket" || before.type === "StringLiteral";
+    }
+  }
+  return false;
+}
+
+/** Removes the placeholder element of one-element tuples (pythonLiterals). */
+function dropTupleMarks(node: unknown): void {
+  if (Array.isArray(node)) node.forEach(dropTupleMarks);
+  else if (node instanceof Map) for (const [k, x] of node) [k, x].forEach(dropTupleMarks);
+  else if (typeof node === "object" && node !== null && typeof (node as Node).type === "string") {
+    const n = node as Node;
+    if (n.type === "TupleLiteral" && Array.isArray(n.value) && (n.value.at(-1) as Node | undefined)?.value === LONE) n.value.pop();
+    Object.values(n).forEach(dropTupleMarks);
+  }
+}
+
 /** Parses a chat template with transformers' trim_blocks and lstrip_blocks, marking its chained comparisons. */
 export function compileTemplate(source: string): TemplateProgram {
-  const tokens = tokenize(source, { lstrip_blocks: true, trim_blocks: true }) as Token[];
+  const tokens = pythonLiterals(tokenize(source, { lstrip_blocks: true, trim_blocks: true }) as Token[]);
   const program = parse(tokens as Parameters<typeof parse>[0]);
+  dropTupleMarks(program);
   markChains(program, new Map(tokens.map((t, i) => [t, i])), tokens);
   return program;
 }

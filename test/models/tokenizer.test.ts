@@ -133,6 +133,13 @@ test("templates print values as Python's Jinja2: True / False / None, repr of li
   assert.equal(renderOn("{% set ns = namespace(a=1) %}{{ ns }}|{{ messages[0] }}", [{ role: "user", content: "hi" }]), "<Namespace {'a': 1}>|{'role': 'user', 'content': 'hi'}");
 });
 
+test("templates parse Jinja2's float exponents (1e-5, 2.5E3) and one-element tuples (x,), as Python's Jinja2", () => {
+  assert.equal(renderOn("{{ 1e-5 }}|{{ -1e-5 }}|{{ 2.5E3 }}|{{ 1e+2 }}|{{ 3e0 * 2 }}"), "1e-05|-1e-05|2500.0|100.0|6.0");
+  assert.equal(renderOn("{{ (1,) }}|{{ ('a',) | length }}|{{ [(1,), (2, 3,)] }}|{{ 'x'.startswith(('x',)) }}|{{ range(3,) | list }}"), "(1,)|1|[(1,), (2, 3)]|True|[0, 1, 2]");
+  // `e` stays a name where it is one
+  assert.equal(renderOn("{% set e = 3 %}{% set x = 1 %}{{ [1, e - 1] }}|{{ x in (1,) }}"), "[1, 2]|True");
+});
+
 test("templates' comparisons chain as Python's (1 < x < 3); parenthesized ones stay bools (Mistral's alternation check)", () => {
   assert.equal(renderOn("{% set x = 2 %}{{ 1 < x < 3 }}|{{ 1 < x + 3 < 3 }}|{{ 1 == 1 == 1 }}|{{ 1 < 2 > 3 }}|{{ 'a' in 'abc' in 'xabcx' }}"), "True|False|True|False|True");
   assert.equal(renderOn("{% set x = 1 %}{{ (x == 1) != (x == 2) }}|{{ (x == 1) == true }}|{{ 0 <= (x) < 10 }}"), "True|True|True");
