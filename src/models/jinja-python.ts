@@ -7,6 +7,7 @@ import { Environment, Interpreter, parse, tokenize, type Template } from "@huggi
 import { items, pyStr, type PyValue } from "./jinja-repr.js";
 import { percentFormat, pyStrftime } from "./jinja-format.js";
 import { usePythonStrMethods } from "./jinja-strings.js";
+import { PYTHON_FILTERS, STRING_FILTERS, type FilterContext } from "./jinja-filters.js";
 
 /** A parsed chat template. */
 export type TemplateProgram = Template["parsed"];
@@ -31,6 +32,7 @@ interface Internals {
   evaluateBinaryExpression(node: Binary, env: Environment): PyValue;
   evaluateBlock(statements: Node[], env: Environment): PyValue;
   applyFilter(operand: PyValue, filter: Node, env: Environment): PyValue;
+  evaluateArguments(args: Node[], env: Environment): [PyValue[], Map<string, PyValue>];
 }
 
 const COMPARISONS = new Set(["==", "!=", "<", ">", "<=", ">=", "in", "not in"]);
@@ -158,6 +160,7 @@ function usePythonValues(): void {
   const tuple = interpreter.evaluate.call(new Interpreter(env), parse(tokenize("{{ (1, 2) }}")).body[0] as unknown as Node, env);
   const Str = classOf(sample("s", ""));
   const List = classOf(sample("l", []));
+  const [Int, Float, Undefined] = [sample("int", 1), sample("float", 1.5), env.lookupVariable("no_such_name") as unknown as PyValue].map(classOf);
   for (const printed of [List, ...[sample("b", true), sample("n", null), sample("f", 1.5), sample("d", {}), namespace.value([], env), tuple].map(classOf)]) {
     (printed.prototype as { toString(): string }).toString = function (this: PyValue) {
       return pyStr(this);
@@ -207,13 +210,55 @@ function usePythonValues(): void {
     }
     return new Str(out);
   };
+  /** The runtime's values and operations for jinja-filters.ts, in `scope`. */
+  const contextOf = (interp: Internals, scope: Environment): FilterContext => ({
+    str: (s) => new Str(s),
+    int: (n) => new Int(n),
+    float: (x) => new Float(x),
+    list: (xs) => new List(xs),
+    undefined: () => new Undefined(),
+    truthy: (v) => (v as unknown as { __bool__(): PyValue }).__bool__().value === true,
+    filter: (value, name, args, kwargs) => {
+      const callee = { type: "Identifier", value: name };
+      const keywords = [...kwargs].map(([key, v]) => ({ type: "KeywordArgumentExpression", key: { type: "Identifier", value: key }, value: carry(v) }));
+      const node = args.length + kwargs.size === 0 ? callee : { type: "CallExpression", callee, args: [...args.map(carry), ...keywords] };
+      return interp.applyFilter(value, node, scope);
+    },
+    test: (value, name, args) => {
+      const operator = TEST_OPERATORS.get(name);
+      if (operator !== undefined) {
+        const node = { type: "BinaryExpression", operator: { type: "ComparisonBinaryOperator", value: operator }, left: carry(value), right: carry(args[0]!) };
+        return interp.evaluateBinaryExpression(node, scope).value === true;
+      }
+      const test = (scope as unknown as { tests: Map<string, (...v: PyValue[]) => boolean> }).tests.get(name);
+      if (test === undefined) throw new Error(`No test named '${name}'`);
+      return test(value, ...args);
+    },
+  });
   interpreter.applyFilter = function (this: Internals, operand, filter, scope) {
     const name = filter.type === "Identifier" ? filter.value : (filter.callee as Node | undefined)?.value;
     if (name === "string") return new Str(pyStr(operand));
+    const own = typeof name === "string" ? (PYTHON_FILTERS.get(name) ?? (operand.type === "StringValue" ? STRING_FILTERS.get(name) : undefined)) : undefined;
+    if (own !== undefined) {
+      const [args, kwargs] = filter.type === "CallExpression" ? this.evaluateArguments(filter.args as Node[], scope) : [[], new Map<string, PyValue>()];
+      const out = own(operand, args, kwargs, contextOf(this, scope));
+      if (out !== undefined) return out;
+    }
     const list = operand.type === "ArrayValue" || operand.type === "TupleValue";
     return applyFilter.call(this, name === "join" && list ? new List(items(operand).map((x) => new Str(pyStr(x)))) : operand, filter, scope);
   };
 }
+
+/** Jinja2's comparison tests (`x is gt 2`, select('gt', 2)) as their operators. */
+const TEST_OPERATORS = new Map([
+  ...["eq", "equalto", "=="].map((t) => [t, "=="] as const),
+  ...["ne", "!="].map((t) => [t, "!="] as const),
+  ...["lt", "lessthan", "<"].map((t) => [t, "<"] as const),
+  ...["le", "<="].map((t) => [t, "<="] as const),
+  ...["gt", "greaterthan", ">"].map((t) => [t, ">"] as const),
+  ...["ge", ">="].map((t) => [t, ">="] as const),
+  ["in", "in"] as const,
+]);
 
 /** Python's range(stop) / range(start, stop[, step]). */
 function range(start: number, stop?: number, step = 1): number[] {
