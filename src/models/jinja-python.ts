@@ -174,13 +174,26 @@ function usePythonValues(): void {
   interpreter.evaluateBinaryExpression = function (this: Internals, node, scope) {
     if (chains.has(node)) return evaluateChain.call(this, node, scope);
     const op = node.operator.value;
-    if (op !== "~" && op !== "%") return evaluateBinaryExpression.call(this, node, scope);
+    if (op !== "~" && op !== "%" && op !== "*") return evaluateBinaryExpression.call(this, node, scope);
     const left = this.evaluate(node.left, scope);
     const right = this.evaluate(node.right, scope);
     if (op === "~") return new Str(pyStr(left) + pyStr(right));
-    if (left.type === "StringValue") return new Str(percentFormat(left.value as string, right));
+    if (op === "*") {
+      const repeated = repeat(left, right) ?? repeat(right, left);
+      if (repeated !== undefined) return repeated;
+    }
+    if (op === "%" && left.type === "StringValue") return new Str(percentFormat(left.value as string, right));
     return evaluateBinaryExpression.call(this, { ...node, left: carry(left), right: carry(right) }, scope);
   };
+  /** Python's `seq * n`: a str, list or tuple repeated n times (none for n <= 0); undefined for other operands. */
+  function repeat(seq: PyValue, n: PyValue): PyValue | undefined {
+    if (n.type !== "IntegerValue" && n.type !== "BooleanValue") return undefined;
+    const times = Math.max(0, Number(n.value));
+    if (seq.type === "StringValue") return new Str((seq.value as string).repeat(times));
+    if (seq.type !== "ArrayValue" && seq.type !== "TupleValue") return undefined;
+    const out = Array.from({ length: times }, () => items(seq)).flat();
+    return seq.type === "TupleValue" ? new (classOf(seq))(out) : new List(out);
+  }
   /** Python's `a < b < c`: each operand evaluated once, the comparisons and-ed, False at the first that fails. */
   function evaluateChain(this: Internals, node: Binary, scope: Environment): PyValue {
     const operators: Token[] = [];

@@ -153,6 +153,10 @@ test("templates' filters are Jinja2's: tojson as json.dumps, map('filter'), sele
   assert.equal(renderOn("{{ 'abc' | first }}|{{ 'abc' | last }}|{{ 'abc' | list }}|{{ (1, 2) | list }}|{{ {'a': 1} | list }}|{{ [1, 2] | last }}"), "a|c|['a', 'b', 'c']|[1, 2]|['a']|2");
 });
 
+test("templates repeat strings, lists and tuples with `*` as Python (the '=' * 20 rules some templates draw)", () => {
+  assert.equal(renderOn("{{ 'ab' * 3 }}|{{ [1, 2] * 2 }}|{{ 3 * 'x' }}|{{ (1,) * 3 }}|{{ '-' * 0 }}|{{ [0] * -1 }}|{{ 2 * 3 }}|{{ 2.5 * 2 }}|{{ 'a%s' * 2 }}"), "ababab|[1, 2, 1, 2]|xxx|(1, 1, 1)||[]|6|5.0|a%sa%s");
+});
+
 test("templates' comparisons chain as Python's (1 < x < 3); parenthesized ones stay bools (Mistral's alternation check)", () => {
   assert.equal(renderOn("{% set x = 2 %}{{ 1 < x < 3 }}|{{ 1 < x + 3 < 3 }}|{{ 1 == 1 == 1 }}|{{ 1 < 2 > 3 }}|{{ 'a' in 'abc' in 'xabcx' }}"), "True|False|True|False|True");
   assert.equal(renderOn("{% set x = 1 %}{{ (x == 1) != (x == 2) }}|{{ (x == 1) == true }}|{{ 0 <= (x) < 10 }}"), "True|True|True");
