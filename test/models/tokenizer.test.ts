@@ -157,6 +157,21 @@ test("templates repeat strings, lists and tuples with `*` as Python (the '=' * 2
   assert.equal(renderOn("{{ 'ab' * 3 }}|{{ [1, 2] * 2 }}|{{ 3 * 'x' }}|{{ (1,) * 3 }}|{{ '-' * 0 }}|{{ [0] * -1 }}|{{ 2 * 3 }}|{{ 2.5 * 2 }}|{{ 'a%s' * 2 }}"), "ababab|[1, 2, 1, 2]|xxx|(1, 1, 1)||[]|6|5.0|a%sa%s");
 });
 
+test("templates' str methods join, isdigit / isalpha / isspace / isupper / islower, rsplit, splitlines, removeprefix / removesuffix are Python's", () => {
+  assert.equal(renderOn("{{ ','.join(['a', 'b']) }}|{{ '-'.join('abc') }}|{{ ', '.join(('x',)) }}|{{ ''.join([]) }}"), "a,b|a-b-c|x|");
+  assert.throws(() => renderOn("{{ ','.join([1]) }}"), (e: unknown) => e instanceof TokenizerError && /sequence item 0: expected str instance/.test(e.message));
+  assert.equal(
+    renderOn("{{ '12'.isdigit() }}|{{ 'ab'.isalpha() }}|{{ ' \\n'.isspace() }}|{{ 'AB'.isupper() }}|{{ 'ab'.islower() }}|{{ ''.isdigit() }}|{{ 'a1'.isalpha() }}|{{ 'A1'.isupper() }}|{{ '1'.isupper() }}|{{ ''.isspace() }}"),
+    "True|True|True|True|True|False|False|True|False|False",
+  );
+  assert.equal(
+    renderOn("{{ 'a,b,c'.rsplit(',', 1) }}|{{ ' a b  c '.rsplit() }}|{{ ' a b c '.rsplit(none, 1) }}|{{ 'a,b'.rsplit(',', maxsplit=0) }}|{{ ''.rsplit() }}|{{ ''.rsplit(',') }}"),
+    "['a,b', 'c']|['a', 'b', 'c']|[' a b', 'c']|['a,b']|[]|['']",
+  );
+  assert.equal(renderOn("{{ 'a\\nb\\r\\nc\\n'.splitlines() }}|{{ 'a\\n\\nb'.splitlines() }}|{{ 'a\\nb'.splitlines(true) }}|{{ ''.splitlines() }}"), "['a', 'b', 'c']|['a', '', 'b']|['a\\n', 'b']|[]");
+  assert.equal(renderOn("{{ 'foobar'.removeprefix('foo') }}|{{ 'foobar'.removesuffix('bar') }}|{{ 'foobar'.removeprefix('x') }}|{{ 'foo'.removesuffix('') }}"), "bar|foo|foobar|foo");
+});
+
 test("templates' comparisons chain as Python's (1 < x < 3); parenthesized ones stay bools (Mistral's alternation check)", () => {
   assert.equal(renderOn("{% set x = 2 %}{{ 1 < x < 3 }}|{{ 1 < x + 3 < 3 }}|{{ 1 == 1 == 1 }}|{{ 1 < 2 > 3 }}|{{ 'a' in 'abc' in 'xabcx' }}"), "True|False|True|False|True");
   assert.equal(renderOn("{% set x = 1 %}{{ (x == 1) != (x == 2) }}|{{ (x == 1) == true }}|{{ 0 <= (x) < 10 }}"), "True|True|True");
