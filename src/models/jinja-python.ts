@@ -7,6 +7,7 @@ import { Environment, Interpreter, parse, tokenize, type Template } from "@huggi
 import { items, pyStr, type PyValue } from "./jinja-repr.js";
 import { percentFormat, pyStrftime } from "./jinja-format.js";
 import { usePythonStrMethods } from "./jinja-strings.js";
+import { PYTHON_FILTERS, STRING_FILTERS, type FilterContext } from "./jinja-filters.js";
 
 /** A parsed chat template. */
 export type TemplateProgram = Template["parsed"];
@@ -31,6 +32,7 @@ interface Internals {
   evaluateBinaryExpression(node: Binary, env: Environment): PyValue;
   evaluateBlock(statements: Node[], env: Environment): PyValue;
   applyFilter(operand: PyValue, filter: Node, env: Environment): PyValue;
+  evaluateArguments(args: Node[], env: Environment): [PyValue[], Map<string, PyValue>];
 }
 
 const COMPARISONS = new Set(["==", "!=", "<", ">", "<=", ">=", "in", "not in"]);
@@ -68,10 +70,71 @@ function markChains(node: unknown, position: Map<Token, number>, tokens: Token[]
   }
 }
 
+/** Words after which `(` opens an expression, not a call's arguments. */
+const KEYWORDS = new Set(["and", "or", "not", "in", "is", "if", "elif", "else", "for", "return"]);
+/** Stands for nothing after the comma of a one-element tuple `(x,)`, which the library's parser refuses. */
+const LONE = "__kiln_one_element_tuple__";
+
+/**
+ * Jinja2's literals that the library's lexer splits: `1e-5` / `2.5E3` (floats: it reads `1`, `e`, `-`, `5`) and the
+ * one-element tuple `(x,)`, whose trailing comma gets a placeholder element that dropTupleMarks removes.
+ */
+function pythonLiterals(tokens: Token[]): Token[] {
+  const out: Token[] = [];
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i]!;
+    const [next, sign, power] = [tokens[i + 1], tokens[i + 2], tokens[i + 3]];
+    if (t.type === "NumericLiteral" && next?.type === "Identifier" && /^\d+(\.\d+)?$/.test(t.value.replace(/^[-+]/, ""))) {
+      const mantissa = t.value.includes(".") ? t.value : `${t.value}.0`; // the parser reads a literal with a "." as a float
+      if (/^[eE]\d+$/.test(next.value)) {
+        out.push({ type: t.type, value: `${mantissa}e${next.value.slice(1)}` });
+        i += 1;
+        continue;
+      }
+      if (/^[eE]$/.test(next.value) && sign?.type === "AdditiveBinaryOperator" && power?.type === "NumericLiteral" && /^\d+$/.test(power.value)) {
+        out.push({ type: t.type, value: `${mantissa}e${sign.value}${power.value}` });
+        i += 3;
+        continue;
+      }
+    }
+    out.push(t);
+    if (t.type === "Comma" && next?.type === "CloseParen" && !isCallParen(tokens, i)) out.push({ type: "Identifier", value: LONE });
+  }
+  return out;
+}
+
+/** Whether the parenthesis that the `)` after tokens[comma] closes holds a call's arguments. */
+function isCallParen(tokens: Token[], comma: number): boolean {
+  let depth = 0;
+  for (let i = comma; i >= 0; i--) {
+    const type = tokens[i]!.type;
+    depth += type === "CloseParen" ? 1 : type === "OpenParen" ? -1 : 0;
+    if (depth < 0) {
+      const before = tokens[i - 1];
+      if (before === undefined) return false;
+      if (before.type === "Identifier") return !KEYWORDS.has(before.value);
+      return before.type === "CloseParen" || before.type === "CloseSquareBracket" || before.type === "StringLiteral";
+    }
+  }
+  return false;
+}
+
+/** Removes the placeholder element of one-element tuples (pythonLiterals). */
+function dropTupleMarks(node: unknown): void {
+  if (Array.isArray(node)) node.forEach(dropTupleMarks);
+  else if (node instanceof Map) for (const [k, x] of node) [k, x].forEach(dropTupleMarks);
+  else if (typeof node === "object" && node !== null && typeof (node as Node).type === "string") {
+    const n = node as Node;
+    if (n.type === "TupleLiteral" && Array.isArray(n.value) && (n.value.at(-1) as Node | undefined)?.value === LONE) n.value.pop();
+    Object.values(n).forEach(dropTupleMarks);
+  }
+}
+
 /** Parses a chat template with transformers' trim_blocks and lstrip_blocks, marking its chained comparisons. */
 export function compileTemplate(source: string): TemplateProgram {
-  const tokens = tokenize(source, { lstrip_blocks: true, trim_blocks: true }) as Token[];
+  const tokens = pythonLiterals(tokenize(source, { lstrip_blocks: true, trim_blocks: true }) as Token[]);
   const program = parse(tokens as Parameters<typeof parse>[0]);
+  dropTupleMarks(program);
   markChains(program, new Map(tokens.map((t, i) => [t, i])), tokens);
   return program;
 }
@@ -97,6 +160,7 @@ function usePythonValues(): void {
   const tuple = interpreter.evaluate.call(new Interpreter(env), parse(tokenize("{{ (1, 2) }}")).body[0] as unknown as Node, env);
   const Str = classOf(sample("s", ""));
   const List = classOf(sample("l", []));
+  const [Int, Float, Undefined] = [sample("int", 1), sample("float", 1.5), env.lookupVariable("no_such_name") as unknown as PyValue].map(classOf);
   for (const printed of [List, ...[sample("b", true), sample("n", null), sample("f", 1.5), sample("d", {}), namespace.value([], env), tuple].map(classOf)]) {
     (printed.prototype as { toString(): string }).toString = function (this: PyValue) {
       return pyStr(this);
@@ -110,13 +174,26 @@ function usePythonValues(): void {
   interpreter.evaluateBinaryExpression = function (this: Internals, node, scope) {
     if (chains.has(node)) return evaluateChain.call(this, node, scope);
     const op = node.operator.value;
-    if (op !== "~" && op !== "%") return evaluateBinaryExpression.call(this, node, scope);
+    if (op !== "~" && op !== "%" && op !== "*") return evaluateBinaryExpression.call(this, node, scope);
     const left = this.evaluate(node.left, scope);
     const right = this.evaluate(node.right, scope);
     if (op === "~") return new Str(pyStr(left) + pyStr(right));
-    if (left.type === "StringValue") return new Str(percentFormat(left.value as string, right));
+    if (op === "*") {
+      const repeated = repeat(left, right) ?? repeat(right, left);
+      if (repeated !== undefined) return repeated;
+    }
+    if (op === "%" && left.type === "StringValue") return new Str(percentFormat(left.value as string, right));
     return evaluateBinaryExpression.call(this, { ...node, left: carry(left), right: carry(right) }, scope);
   };
+  /** Python's `seq * n`: a str, list or tuple repeated n times (none for n <= 0); undefined for other operands. */
+  function repeat(seq: PyValue, n: PyValue): PyValue | undefined {
+    if (n.type !== "IntegerValue" && n.type !== "BooleanValue") return undefined;
+    const times = Math.max(0, Number(n.value));
+    if (seq.type === "StringValue") return new Str((seq.value as string).repeat(times));
+    if (seq.type !== "ArrayValue" && seq.type !== "TupleValue") return undefined;
+    const out = Array.from({ length: times }, () => items(seq)).flat();
+    return seq.type === "TupleValue" ? new (classOf(seq))(out) : new List(out);
+  }
   /** Python's `a < b < c`: each operand evaluated once, the comparisons and-ed, False at the first that fails. */
   function evaluateChain(this: Internals, node: Binary, scope: Environment): PyValue {
     const operators: Token[] = [];
@@ -146,13 +223,55 @@ function usePythonValues(): void {
     }
     return new Str(out);
   };
+  /** The runtime's values and operations for jinja-filters.ts, in `scope`. */
+  const contextOf = (interp: Internals, scope: Environment): FilterContext => ({
+    str: (s) => new Str(s),
+    int: (n) => new Int(n),
+    float: (x) => new Float(x),
+    list: (xs) => new List(xs),
+    undefined: () => new Undefined(),
+    truthy: (v) => (v as unknown as { __bool__(): PyValue }).__bool__().value === true,
+    filter: (value, name, args, kwargs) => {
+      const callee = { type: "Identifier", value: name };
+      const keywords = [...kwargs].map(([key, v]) => ({ type: "KeywordArgumentExpression", key: { type: "Identifier", value: key }, value: carry(v) }));
+      const node = args.length + kwargs.size === 0 ? callee : { type: "CallExpression", callee, args: [...args.map(carry), ...keywords] };
+      return interp.applyFilter(value, node, scope);
+    },
+    test: (value, name, args) => {
+      const operator = TEST_OPERATORS.get(name);
+      if (operator !== undefined) {
+        const node = { type: "BinaryExpression", operator: { type: "ComparisonBinaryOperator", value: operator }, left: carry(value), right: carry(args[0]!) };
+        return interp.evaluateBinaryExpression(node, scope).value === true;
+      }
+      const test = (scope as unknown as { tests: Map<string, (...v: PyValue[]) => boolean> }).tests.get(name);
+      if (test === undefined) throw new Error(`No test named '${name}'`);
+      return test(value, ...args);
+    },
+  });
   interpreter.applyFilter = function (this: Internals, operand, filter, scope) {
     const name = filter.type === "Identifier" ? filter.value : (filter.callee as Node | undefined)?.value;
     if (name === "string") return new Str(pyStr(operand));
+    const own = typeof name === "string" ? (PYTHON_FILTERS.get(name) ?? (operand.type === "StringValue" ? STRING_FILTERS.get(name) : undefined)) : undefined;
+    if (own !== undefined) {
+      const [args, kwargs] = filter.type === "CallExpression" ? this.evaluateArguments(filter.args as Node[], scope) : [[], new Map<string, PyValue>()];
+      const out = own(operand, args, kwargs, contextOf(this, scope));
+      if (out !== undefined) return out;
+    }
     const list = operand.type === "ArrayValue" || operand.type === "TupleValue";
     return applyFilter.call(this, name === "join" && list ? new List(items(operand).map((x) => new Str(pyStr(x)))) : operand, filter, scope);
   };
 }
+
+/** Jinja2's comparison tests (`x is gt 2`, select('gt', 2)) as their operators. */
+const TEST_OPERATORS = new Map([
+  ...["eq", "equalto", "=="].map((t) => [t, "=="] as const),
+  ...["ne", "!="].map((t) => [t, "!="] as const),
+  ...["lt", "lessthan", "<"].map((t) => [t, "<"] as const),
+  ...["le", "<="].map((t) => [t, "<="] as const),
+  ...["gt", "greaterthan", ">"].map((t) => [t, ">"] as const),
+  ...["ge", ">="].map((t) => [t, ">="] as const),
+  ["in", "in"] as const,
+]);
 
 /** Python's range(stop) / range(start, stop[, step]). */
 function range(start: number, stop?: number, step = 1): number[] {

@@ -73,3 +73,55 @@ export function pyStr(v: PyValue): string {
   return v.type === "UndefinedValue" ? "" : pyRepr(v);
 }
 
+
+/** json.dumps's options as transformers' tojson filter passes them (ensure_ascii off by default). */
+export interface JsonOptions {
+  /** null: one line; a number of spaces or a string: one item a line, indented (0 or "": newlines only). */
+  indent: number | string | null;
+  ensureAscii: boolean;
+  sortKeys: boolean;
+  /** [item, key] separators; null: json.dumps's default (", " or "," with an indent, and ": "). */
+  separators: [string, string] | null;
+}
+
+/** Python's json.dumps of a template value: floats as repr (1.0, 1e-05, NaN, Infinity), tuples as arrays. */
+export function pyJson(v: PyValue, options: JsonOptions, depth = 0): string {
+  const { indent, ensureAscii, sortKeys } = options;
+  const [itemSep, keySep] = options.separators ?? [indent === null ? ", " : ",", ": "];
+  const text = (s: string) => {
+    const quoted = JSON.stringify(s);
+    return ensureAscii ? quoted.replace(/[\x7f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`) : quoted;
+  };
+  const block = (open: string, parts: string[], close: string) => {
+    if (indent === null || parts.length === 0) return open + parts.join(itemSep) + close;
+    const unit = typeof indent === "number" ? " ".repeat(indent) : indent;
+    const inner = "\n" + unit.repeat(depth + 1);
+    return open + inner + parts.join(itemSep + inner) + "\n" + unit.repeat(depth) + close;
+  };
+  switch (v.type) {
+    case "NullValue":
+    case "UndefinedValue":
+      return "null";
+    case "BooleanValue":
+      return v.value ? "true" : "false";
+    case "IntegerValue":
+      return String(v.value);
+    case "FloatValue": {
+      const x = v.value as number;
+      return Number.isNaN(x) ? "NaN" : !Number.isFinite(x) ? (x > 0 ? "Infinity" : "-Infinity") : pyFloat(x);
+    }
+    case "StringValue":
+      return text(v.value as string);
+    case "ArrayValue":
+    case "TupleValue":
+      return block("[", items(v).map((x) => pyJson(x, options, depth + 1)), "]");
+    case "ObjectValue":
+    case "KeywordArgumentsValue": {
+      const pairs = entries(v);
+      if (sortKeys) pairs.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)); // Python's sorted() order, not localeCompare's
+      return block("{", pairs.map(([k, x]) => `${text(k)}${keySep}${pyJson(x, options, depth + 1)}`), "}");
+    }
+    default:
+      throw new Error(`Object of type ${v.type.replace(/Value$/, "")} is not JSON serializable`);
+  }
+}

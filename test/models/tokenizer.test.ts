@@ -133,6 +133,45 @@ test("templates print values as Python's Jinja2: True / False / None, repr of li
   assert.equal(renderOn("{% set ns = namespace(a=1) %}{{ ns }}|{{ messages[0] }}", [{ role: "user", content: "hi" }]), "<Namespace {'a': 1}>|{'role': 'user', 'content': 'hi'}");
 });
 
+test("templates parse Jinja2's float exponents (1e-5, 2.5E3) and one-element tuples (x,), as Python's Jinja2", () => {
+  assert.equal(renderOn("{{ 1e-5 }}|{{ -1e-5 }}|{{ 2.5E3 }}|{{ 1e+2 }}|{{ 3e0 * 2 }}"), "1e-05|-1e-05|2500.0|100.0|6.0");
+  assert.equal(renderOn("{{ (1,) }}|{{ ('a',) | length }}|{{ [(1,), (2, 3,)] }}|{{ 'x'.startswith(('x',)) }}|{{ range(3,) | list }}"), "(1,)|1|[(1,), (2, 3)]|True|[0, 1, 2]");
+  // `e` stays a name where it is one
+  assert.equal(renderOn("{% set e = 3 %}{% set x = 1 %}{{ [1, e - 1] }}|{{ x in (1,) }}"), "[1, 2]|True");
+});
+
+test("templates' filters are Jinja2's: tojson as json.dumps, map('filter'), select / reject, sum, max / min, round, list, first / last", () => {
+  assert.equal(renderOn("{{ 1.0 | tojson }}|{{ (1, 2) | tojson }}|{{ [1.0, (1, 2.5), {'b': 1e-5, 'a': none}] | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}"), '1.0|[1, 2]|[1.0, [1, 2.5], {"b": 1e-05, "a": null}]|"\\u00e9"');
+  assert.equal(renderOn("{{ {'b': 1, 'a': [1]} | tojson(indent=2, sort_keys=true) }}"), '{\n  "a": [\n    1\n  ],\n  "b": 1\n}');
+  assert.equal(renderOn("{{ ['a', 'b'] | map('upper') | list }}|{{ ['a', 'b'] | map('replace', 'a', 'z') | join }}|{{ [{'a': 1}] | map(attribute='a') | list }}"), "['A', 'B']|zb|[1]");
+  assert.equal(renderOn("{{ [1, 2, 3, 4] | select('odd') | list }}|{{ [1, 2, 3, 4] | reject('odd') | list }}|{{ [1, 2, 3, 4] | select('gt', 2) | list }}|{{ [0, 1, '', 'x', none] | select | list }}|{{ [1, 2, 3] | reject('in', [1, 2]) | list }}"), "[1, 3]|[2, 4]|[3, 4]|[1, 'x']|[3]");
+  assert.equal(renderOn("{{ [1, 2, 3] | sum }}|{{ [1, 2, 3] | sum(start=10) }}|{{ [{'x': {'y': 1}}, {'x': {'y': 2.5}}] | sum(attribute='x.y') }}|{{ [[1], [2]] | sum(start=[]) }}"), "6|16|3.5|[1, 2]");
+  assert.equal(renderOn("{{ [3, 1, 2] | max }}|{{ [3, 1, 2] | min }}|{{ ['b', 'A', 'c'] | max }}|{{ ['b', 'C'] | max(case_sensitive=true) }}|{{ [{'n': 'b'}, {'n': 'C'}] | max(attribute='n') }}|{{ [] | min }}"), "3|1|c|b|{'n': 'C'}|");
+  // Python's round: ties to even on the exact binary value; ceil / floor give floats; an int stays an int
+  assert.equal(renderOn("{{ 2.567 | round }}|{{ 2.567 | round(2) }}|{{ 2.561 | round(1, 'floor') }}|{{ 2.521 | round(1, 'ceil') }}|{{ 2.5 | round }}|{{ 3.5 | round }}"), "3.0|2.57|2.5|2.6|2.0|4.0");
+  assert.equal(renderOn("{{ 2.675 | round(2) }}|{{ 0.125 | round(2) }}|{{ 0.375 | round(2) }}|{{ 3 | round }}|{{ 3 | round(method='floor') }}|{{ 1250 | round(-2) }}"), "2.67|0.12|0.38|3|3.0|1200");
+  assert.equal(renderOn("{{ 'abc' | first }}|{{ 'abc' | last }}|{{ 'abc' | list }}|{{ (1, 2) | list }}|{{ {'a': 1} | list }}|{{ [1, 2] | last }}"), "a|c|['a', 'b', 'c']|[1, 2]|['a']|2");
+});
+
+test("templates repeat strings, lists and tuples with `*` as Python (the '=' * 20 rules some templates draw)", () => {
+  assert.equal(renderOn("{{ 'ab' * 3 }}|{{ [1, 2] * 2 }}|{{ 3 * 'x' }}|{{ (1,) * 3 }}|{{ '-' * 0 }}|{{ [0] * -1 }}|{{ 2 * 3 }}|{{ 2.5 * 2 }}|{{ 'a%s' * 2 }}"), "ababab|[1, 2, 1, 2]|xxx|(1, 1, 1)||[]|6|5.0|a%sa%s");
+});
+
+test("templates' str methods join, isdigit / isalpha / isspace / isupper / islower, rsplit, splitlines, removeprefix / removesuffix are Python's", () => {
+  assert.equal(renderOn("{{ ','.join(['a', 'b']) }}|{{ '-'.join('abc') }}|{{ ', '.join(('x',)) }}|{{ ''.join([]) }}"), "a,b|a-b-c|x|");
+  assert.throws(() => renderOn("{{ ','.join([1]) }}"), (e: unknown) => e instanceof TokenizerError && /sequence item 0: expected str instance/.test(e.message));
+  assert.equal(
+    renderOn("{{ '12'.isdigit() }}|{{ 'ab'.isalpha() }}|{{ ' \\n'.isspace() }}|{{ 'AB'.isupper() }}|{{ 'ab'.islower() }}|{{ ''.isdigit() }}|{{ 'a1'.isalpha() }}|{{ 'A1'.isupper() }}|{{ '1'.isupper() }}|{{ ''.isspace() }}"),
+    "True|True|True|True|True|False|False|True|False|False",
+  );
+  assert.equal(
+    renderOn("{{ 'a,b,c'.rsplit(',', 1) }}|{{ ' a b  c '.rsplit() }}|{{ ' a b c '.rsplit(none, 1) }}|{{ 'a,b'.rsplit(',', maxsplit=0) }}|{{ ''.rsplit() }}|{{ ''.rsplit(',') }}"),
+    "['a,b', 'c']|['a', 'b', 'c']|[' a b', 'c']|['a,b']|[]|['']",
+  );
+  assert.equal(renderOn("{{ 'a\\nb\\r\\nc\\n'.splitlines() }}|{{ 'a\\n\\nb'.splitlines() }}|{{ 'a\\nb'.splitlines(true) }}|{{ ''.splitlines() }}"), "['a', 'b', 'c']|['a', '', 'b']|['a\\n', 'b']|[]");
+  assert.equal(renderOn("{{ 'foobar'.removeprefix('foo') }}|{{ 'foobar'.removesuffix('bar') }}|{{ 'foobar'.removeprefix('x') }}|{{ 'foo'.removesuffix('') }}"), "bar|foo|foobar|foo");
+});
+
 test("templates' comparisons chain as Python's (1 < x < 3); parenthesized ones stay bools (Mistral's alternation check)", () => {
   assert.equal(renderOn("{% set x = 2 %}{{ 1 < x < 3 }}|{{ 1 < x + 3 < 3 }}|{{ 1 == 1 == 1 }}|{{ 1 < 2 > 3 }}|{{ 'a' in 'abc' in 'xabcx' }}"), "True|False|True|False|True");
   assert.equal(renderOn("{% set x = 1 %}{{ (x == 1) != (x == 2) }}|{{ (x == 1) == true }}|{{ 0 <= (x) < 10 }}"), "True|True|True");
