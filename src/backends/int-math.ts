@@ -46,7 +46,6 @@ export function powInt64(a: number, b: number): number {
   return Number(result);
 }
 
-
 /**
  * The integer form of mul / pow for a result dtype, or undefined where the float64 formula is exact: int32 and 8-bit
  * results wrap (Math.imul; 2147483647 * 2147483647 rounds in float64), int64 pow wraps modulo 2^64.

@@ -443,10 +443,6 @@ export class EngineCore {
     return this.poolingTask === "classify" ? this.runner.classifier!.useSepToken : null;
   }
 
-  /**
-   * A request's images: a runner that reads them, each inside the prompt, in order and apart, the prompt not truncated,
-   * and each no longer than a step's token budget (an image is computed in one step).
-   */
   /** A request's PoolingParams fit the engine's task (vLLM's PoolingParams.verify): activation classifies, normalize embeds. */
   private checkPoolingOverrides(o: PoolingOverrides): void {
     const c = this.args.pooler;
@@ -457,6 +453,10 @@ export class EngineCore {
       throw new EngineInputError(`pooling.${wrong}`, `task ${classify ? "classify" : "embed"} does not take ${wrong} (${classify ? "activation" : "normalize"} only)`);
   }
 
+  /**
+   * A request's images: a runner that reads them, each inside the prompt, in order and apart, the prompt not truncated,
+   * and each no longer than a step's token budget (an image is computed in one step).
+   */
   private checkMmFeatures(mm: readonly MultiModalFeature[], prompt: readonly number[], truncate: number | null): void {
     if (mm.some((f) => f.inputEmbeds === undefined) && this.runner.supportsImages !== true)
       throw new EngineInputError("multi_modal_data", "At most 0 image(s) may be provided in one prompt.");
