@@ -50,7 +50,7 @@
         {
           "target_name": "kiln_kernels_avx2",
           "type": "static_library",
-          "sources": ["native/kernels-avx2.cc"],
+          "sources": ["native/kernels-avx2.cc", "native/quant-avx2.cc"],
           "cflags_cc": ["-mavx2", "-mfma", "-mf16c"]
         },
         {

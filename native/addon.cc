@@ -74,10 +74,12 @@ const KernelTable* chooseKernels() {
 
 const KernelTable* gK = chooseKernels();
 
-// Quantized kernels: VNNI path with the AVX-512 table (when the CPU has VNNI), else portable loops.
+// Quantized kernels: VNNI path with the AVX-512 table (when the CPU has VNNI), the AVX2 path with any other
+// vector table (an AVX-512 CPU without VNNI has AVX2), else portable loops.
 const QuantTable* chooseQuant() {
 #if defined(__x86_64__)
   if ((gK == &kAvx512Kernels || gK == &kAvx512Bf16Kernels) && kFeatures.avx512vnni) return &kQuantAvx512;
+  if (gK != &kScalarKernels && kFeatures.avx2 && kFeatures.fma) return &kQuantAvx2;  // every AVX2 CPU has F16C
 #endif
   return &kQuantScalar;
 }

@@ -1,5 +1,6 @@
 // Weight-only quantized matmul kernels (out = x @ W^T with W quantized, x f32), one table per ISA:
-// quant-impl.inc compiled by quant-scalar.cc (portable loops) and quant-avx512.cc (AVX-512 BW + VNNI).
+// quant-impl.inc compiled by quant-scalar.cc (portable loops), quant-avx2.cc (AVX2 + FMA + F16C) and quant-avx512.cc
+// (AVX-512 BW + VNNI).
 // addon.cc picks the table at run time. Layouts (W is nn.Linear's [N, K]):
 //   int8: data int8 [N][K], scales f32 [N] (w = q * scale), rowSums int32 [N] = sum_k q[n][k].
 //   int4: data uint8 [N][K/2]; each 64-element chunk c of a row is 32 bytes, byte j holding
@@ -120,6 +121,7 @@ inline void runQuantMatmul(const QuantTable& qt, const KernelTable& kt, const Qu
 extern const QuantTable kQuantScalar;
 #if defined(__x86_64__)
 extern const QuantTable kQuantAvx512;
+extern const QuantTable kQuantAvx2;
 #endif
 
 }  // namespace kiln

@@ -1,7 +1,7 @@
 // Quantized matmul kernels (native/quant-impl.inc) vs the TS reference (src/backends/cpu/quant-reference.ts).
 // Bound: the kernel rounds each activation row to xq * xs with |x - xq*xs| <= xs/2, so against the dequantized
 // weight Wdq its error is at most (xs/2) * sum_k |Wdq[n,k]| (+ f32 rounding). The parent runs the suite per ISA
-// (scalar loops, AVX-512 VNNI) in child processes with KILN_NATIVE_ISA set.
+// (scalar loops, AVX2, AVX-512 VNNI) in child processes with KILN_NATIVE_ISA set.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { QuantScheme } from "../../src/backends/backend.js";
@@ -34,14 +34,16 @@ function nativeQuantize(k: NativeKernels, scheme: QuantScheme, w: Float32Array, 
 
 if (!childIsa) {
   test("quantized kernels: every supported ISA", { skip: k ? false : "native addon not built", timeout: 120_000 }, () => {
-    runIsaChildren(import.meta.url, supportedIsas(k!, { avx2: false, bf16: false, amxOff: true }), "KILN_QUANT_TEST_CHILD");
+    runIsaChildren(import.meta.url, supportedIsas(k!, { bf16: false, amxOff: true }), "KILN_QUANT_TEST_CHILD");
   });
 } else {
   runSuite(k!, childIsa);
 }
 
 function runSuite(k: NativeKernels, isa: string): void {
-  test(`[${isa}] quant table`, () => assert.equal(k.quantIsa, isa.startsWith("avx512") && k.features().avx512vnni ? "avx512-vnni" : "scalar"));
+  // VNNI with the AVX-512 tables; vpmaddubsw (AVX2) with any other vector table, an AVX-512 CPU without VNNI included
+  test(`[${isa}] quant table`, () =>
+    assert.equal(k.quantIsa, isa.startsWith("avx512") && k.features().avx512vnni ? "avx512-vnni" : isa === "scalar" ? "scalar" : "avx2"));
   test(`[${isa}] AMX is off when KILN_AMX=0`, { skip: process.env.KILN_AMX === "0" ? false : "AMX not turned off here" }, () =>
     assert.equal(k.features().amx ?? false, false));
 
@@ -111,6 +113,33 @@ function runSuite(k: NativeKernels, isa: string): void {
         }
       });
     }
+  }
+
+  // Codes at both ends of int8: -128 (which llama.cpp's and Kiln's quantizers never write, but a GGUF Q8_0 file may
+  // hold) has no positive counterpart, so a kernel that flips a weight's sign (AVX2's vpsignb) must not flip it; x
+  // with a maximal element in every group puts activation codes at +-127. Each output is an integer dot product
+  // times scales: checked against the reference's exact sums.
+  for (const scheme of ["int8", "int8_g32"] as const) {
+    test(`[${isa}] ${scheme} weights holding codes -128 and 127`, { skip: skipScheme(scheme) }, () => {
+      const n = 13, kk = 320;
+      const codes = new Int8Array(n * kk);
+      for (let i = 0; i < codes.length; i++) codes[i] = i % 3 === 0 ? -128 : i % 3 === 1 ? 127 : Math.floor(rand() * 256) - 128;
+      const scales = newQuantScales(scheme, n, kk);
+      if (scales instanceof Float32Array) scales.fill(0.01);
+      else scales.fill(0x211f); // f16 ~0.01
+      const rowSums = new Int32Array(scheme === "int8" ? n : 0);
+      for (let r = 0; r < rowSums.length; r++) for (let i = 0; i < kk; i++) rowSums[r]! += codes[r * kk + i]!;
+      const q = { data: new Uint8Array(codes.buffer), scales, rowSums };
+      for (const m of [1, 2, 3, 5, 8, 33]) {
+        const x = randn(m * kk);
+        for (let r = 0; r < m; r++) for (let g = 0; g < kk; g += 32) x[r * kk + g + (g % 7)] = (g % 64 ? -1 : 1) * 8; // |x| max: code +-127
+        const out = new Float32Array(m * n);
+        k.quantMatmul(x, q.data, q.scales, q.rowSums, out, m, n, kk, nativeQuantCode(scheme));
+        const ref = quantMatmulRef(scheme, x, q, m, n, kk);
+        for (let i = 0; i < m * n; i++)
+          assert.ok(Math.abs(out[i]! - ref[i]!) <= 1e-5 * Math.max(1, Math.abs(ref[i]!)), `${scheme} M=${m} [${i}]: ${out[i]} vs ${ref[i]}`);
+      }
+    });
   }
 
   test(`[${isa}] the decode tuning changes no result, and is checked`, { skip: k.decodeTuning ? false : "older addon" }, () => {
