@@ -2,7 +2,7 @@
 // f32 matmul on the dequantized weight. Bound against the dequantized weight Wdq: x is rounded per row to xq * xs
 // with |x - xq*xs| <= xs/2, so |out - x @ Wdq^T| <= (xs/2) * sum_k |Wdq[n,k]| (+ f32 rounding). Against the
 // reference (same integers, f32 vs f64 sums of d * S - dmin * Mn per super-block) the gap is f32 rounding of the
-// two terms' magnitudes. The parent runs the suite per ISA (scalar loops, AVX-512 VNNI) in child processes.
+// two terms' magnitudes. The parent runs the suite per ISA (scalar loops, AVX2, AVX-512 VNNI) in child processes.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { tryLoadNativeKernels, type NativeKernels } from "../../src/backends/cpu/native.js";
