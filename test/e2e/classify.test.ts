@@ -42,6 +42,11 @@ function expected(ids: number[]): number[] {
 
 const close = (got: ArrayLike<number>, want: number[], what: string) =>
   want.forEach((p, i) => assert.ok(Math.abs(got[i]! - p) < 1e-5, `${what}: class ${i} ${got[i]} vs ${p}`));
+/** Two of Kiln's own answers for one prompt: equal but for float32 rounding. */
+const closeTo = (got: number[], want: number[], what: string) => {
+  assert.equal(got.length, want.length, what);
+  want.forEach((p, i) => assert.ok(Math.abs(got[i]! - p) <= 1e-6, `${what}: class ${i} ${got[i]} vs ${p}`));
+};
 
 describe("sequence classification (*ForSequenceClassification)", () => {
   it("LLM.classify: the head's softmax over the last token's state, the best label named", () => {
@@ -92,11 +97,15 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       });
       assert.equal(body.usage.prompt_tokens, TEXTS.reduce((n, t) => n + tok.encode(t).length, 0));
       const one = await postRaw(server.url, "/v1/classify", { model: server.model, input: TEXTS[0] });
-      assert.deepEqual((one.body as typeof body).data[0]!.probs, body.data[0]!.probs);
+      // one prompt alone against the same prompt in a batch of three: products of other row counts, which the AVX2 and
+      // portable builds sum in other orders (a request's numbers may depend on its batch, as in vLLM)
+      closeTo((one.body as typeof body).data[0]!.probs, body.data[0]!.probs, "/v1/classify");
       // vLLM's /pooling on a classifier: the same probabilities, raw
       const pooled = await postRaw(server.url, "/pooling", { model: server.model, input: TEXTS });
       assert.equal(pooled.status, 200, JSON.stringify(pooled.body));
-      assert.deepEqual((pooled.body as { data: { object: string; data: number[] }[] }).data.map((d) => [d.object, d.data]), body.data.map((d) => ["pooling", d.probs]));
+      const pooledData = (pooled.body as { data: { object: string; data: number[] }[] }).data;
+      assert.deepEqual(pooledData.map((d) => d.object), ["pooling", "pooling", "pooling"]);
+      pooledData.forEach((d, i) => closeTo(d.data, body.data[i]!.probs, `/pooling ${i}`)); // the prompts now hit the prefix cache
       assert.equal((await postRaw(server.url, "/pooling", { model: server.model, input: "x", task: "embed" })).status, 400);
       // vLLM's use_activation false (older names: activation, softmax): the head's raw logits
       const logits = expectedLogits(tok.encode(TEXTS[0]!));
@@ -110,7 +119,7 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       assert.equal(refused.status, 400);
       assertErrorBody(refused.body, { type: "invalid_request_error", param: "normalize" });
       const activated = await postRaw(server.url, "/classify", { model: server.model, input: TEXTS[0], use_activation: true }); // the default
-      assert.deepEqual((activated.body as typeof body).data[0]!.probs, body.data[0]!.probs);
+      closeTo((activated.body as typeof body).data[0]!.probs, body.data[0]!.probs, "use_activation true");
       for (const [path, req] of [
         ["/v1/embeddings", { model: server.model, input: "x" }],
         ["/v1/chat/completions", { model: server.model, messages: [{ role: "user", content: "x" }] }],
@@ -140,7 +149,7 @@ describe("sequence classification (*ForSequenceClassification)", () => {
       const rendered = tok.applyChatTemplate(messages, { addGenerationPrompt: false });
       const viaInput = await postRaw(server.url, "/classify", { model: server.model, input: rendered, add_special_tokens: false });
       assert.equal(viaChat.status, 200, JSON.stringify(viaChat.body));
-      assert.deepEqual((viaChat.body as typeof body).data[0]!.probs, (viaInput.body as typeof body).data[0]!.probs);
+      closeTo((viaChat.body as typeof body).data[0]!.probs, (viaInput.body as typeof body).data[0]!.probs, "messages");
       close((viaChat.body as typeof body).data[0]!.probs, expected(tok.encode(rendered, { addSpecialTokens: false })), "chat");
     });
   });
