@@ -76,11 +76,11 @@ function runSuite(k: NativeKernels, isa: string): void {
         // reads 16 / 8 bytes of k per row and step), 12 (int8) or 6 / 12 (groups) weight rows per tile, then 4s and
         // 1s; K = 1536 / 2050 with M >= 64 takes several passes over x. N = 67, 29, 13 leave partial tiles. Where AMX
         // runs (quant-amx.inc), int8 at M >= 16 and int8 group-32 at M >= 128 with K % 64 == 0 take it: odd numbers of
-        // 16-row blocks of x and of weight blocks (N = 67, 29), partial last blocks (M = 33, 130). AVX2 mxfp4 / iq4_nl
-        // at M > 4 slice K into panels of 3072 / 2048 (quant-mxfp4.inc kMxfp4PanelBytes): K = 3200 takes two.
-        const sliced: [number, number][] = scheme === "mxfp4" || scheme === "iq4_nl" ? [[5, 3200]] : [];
+        // 16-row blocks of x and of weight blocks (N = 67, 29), partial last blocks (M = 33, 130). AVX2's group-32
+        // schemes at M > 4 slice K into panels of 3072 (unsigned codes: int4, mxfp4) or 2048 elements (signed: int8
+        // group-32, iq4_nl; quant-panel.inc kCodesPanelBytes): K = 3200 takes two.
         const shapes: [number, number][] = isGroupScheme(scheme)
-          ? [[33, 64], [8, 128], [67, 576], [13, 320], [29, 1536], ...sliced]
+          ? [[33, 64], [8, 128], [67, 576], [13, 320], [29, 1536], [5, 3200]]
           : [[33, 17], [8, 100], [67, 576], [13, 129], [5, 1000], [29, 2050], [29, 128]];
         const ms = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 64, 65, 70, 128, 130];
         for (const [n, kk] of shapes) {
