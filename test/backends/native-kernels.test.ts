@@ -229,6 +229,11 @@ function runSuite(k: NativeKernels, isa: string): void {
     long[517] = 9; long[519] = 9; long[900] = 9;
     k.argmax(long, am, 1, 1000);
     assert.equal(am[0], 517);
+    // tied in lanes of different vectors (an earlier index in a later lane group, as AVX2's 4 chains of 8 hold 40 and 70)
+    const tied = long.slice();
+    tied[70] = 11; tied[40] = 11;
+    k.argmax(tied, am, 1, 1000);
+    assert.equal(am[0], 40);
     long[3] = Number.NaN;
     k.argmax(long, am, 1, 1000);
     assert.equal(am[0], 3, "a NaN counts as the largest value, as in torch (and the reference kernel): the first NaN wins");
