@@ -118,6 +118,11 @@ void poolPrefetchHint(const void* p, int64_t bytes);
 // so that the next product would start from L2, did not pay (a scratch build switched at run time; SmolLM-135M decode
 // steps, position 40, execute() in alternating blocks of 15: Q8_0 1.019x over 30 blocks, bf16 1.002x over 20, where
 // identical builds read 0.984-1.024x).
+// Spreading the whole queue over the span's tiles instead (at least 8 lines per tile), so that none of attention's
+// K/V waits for it at longer contexts, did not pay either (session 53, the Zen 5 VM, vCPUs apart; a scratch build
+// switched at run time, SmolLM-135M Q8_0 decode steps, 20 alternating blocks of 15 execute()): 0.998x the time at
+// position 40, 0.992x at 60 and 1.052x (1.026-1.064) at 200, where the split attention's other thread reads half the
+// K/V that the caller pulled into its own cache; 16 lines per tile 1.005-1.012x.
 constexpr int kSideLinesPerTile = 8;
 struct SideLines {
   static constexpr int kRanges = 32;
@@ -252,6 +257,14 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // - A tensor-parallel chain of the same bytes (each thread its half of a layer's heads and MLP rows, o and down split
 //   by columns, partial sums added by the caller: two jobs per layer instead of four products) took 0.92-0.95x the
 //   standard chain's time (best and median of 20, 4 rounds); each thread then read ~37 GB/s.
+// Session 53, the same VM (apart, round trips ~450 ns): products under 640 KiB (SmolLM-135M's q/k/v and o) run on the
+// caller alone, the worker meanwhile reading its half of the next larger product (gate/up, down) into its cache
+// (hinted from the job after each larger product, up to 1 MiB, as prefetches or as loads of a byte per line), took
+// 1.14-1.16x the time of the pair jobs (a scratch build switched at run time, SmolLM-135M Q8_0 decode steps at
+// position 32, 20 alternating blocks of 15 execute()). Kernel by kernel, the step's 30 q/k/v products took 488 us
+// against 320-331 us as pairs (the caller alone read ~36 GB/s, the pair ~54) and o 257-260 against 187-193, while
+// gate/up, its worker half mostly cached, took 619-634 us against 715-762: one thread's stream through a few hundred
+// KiB is itself short of a core's share of the bandwidth.
 // Session 25, the same VM (apart, round trips 390-430 ns), scratch labs and in-process A/B blocks:
 // - Keeping a fixed part of the weights in the last-level cache (kernels-impl.inc memoryReadBandwidth: a 136 MiB
 //   model reads partly from it) did not pay: reading 143 MiB pass after pass on two threads, each thread's first
