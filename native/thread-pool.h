@@ -264,7 +264,9 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // position 32, 20 alternating blocks of 15 execute()). Kernel by kernel, the step's 30 q/k/v products took 488 us
 // against 320-331 us as pairs (the caller alone read ~36 GB/s, the pair ~54) and o 257-260 against 187-193, while
 // gate/up, its worker half mostly cached, took 619-634 us against 715-762: one thread's stream through a few hundred
-// KiB is itself short of a core's share of the bandwidth.
+// KiB is itself short of a core's share of the bandwidth. Nor did the worker start on its hint (its half of the next
+// product) the moment its share of a product was done, rather than when the caller's serial job after it published
+// the hint, resuming there: 1.009x (0.994-1.036; position 32, 30 blocks).
 // Session 25, the same VM (apart, round trips 390-430 ns), scratch labs and in-process A/B blocks:
 // - Keeping a fixed part of the weights in the last-level cache (kernels-impl.inc memoryReadBandwidth: a 136 MiB
 //   model reads partly from it) did not pay: reading 143 MiB pass after pass on two threads, each thread's first
