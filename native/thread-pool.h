@@ -121,8 +121,9 @@ void poolPrefetchHint(const void* p, int64_t bytes);
 // Spreading the whole queue over the span's tiles instead (at least 8 lines per tile), so that none of attention's
 // K/V waits for it at longer contexts, did not pay either (session 53, the Zen 5 VM, vCPUs apart; a scratch build
 // switched at run time, SmolLM-135M Q8_0 decode steps, 20 alternating blocks of 15 execute()): 0.998x the time at
-// position 40, 0.992x at 60 and 1.052x (1.026-1.064) at 200, where the split attention's other thread reads half the
-// K/V that the caller pulled into its own cache; 16 lines per tile 1.005-1.012x.
+// position 40, 0.992x at 60 and 1.052x (1.026-1.064) at 200 (where attention splits its keys between the threads, so
+// the other thread, presumably, reads part of what the caller pulled into its own cache); 16 lines per tile
+// 1.005-1.012x.
 constexpr int kSideLinesPerTile = 8;
 struct SideLines {
   static constexpr int kRanges = 32;
@@ -262,11 +263,11 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // (hinted from the job after each larger product, up to 1 MiB, as prefetches or as loads of a byte per line), took
 // 1.14-1.16x the time of the pair jobs (a scratch build switched at run time, SmolLM-135M Q8_0 decode steps at
 // position 32, 20 alternating blocks of 15 execute()). Kernel by kernel, the step's 30 q/k/v products took 488 us
-// against 320-331 us as pairs (the caller alone read ~36 GB/s, the pair ~54) and o 257-260 against 187-193, while
-// gate/up, its worker half mostly cached, took 619-634 us against 715-762: one thread's stream through a few hundred
-// KiB is itself short of a core's share of the bandwidth. Nor did the worker start on its hint (its half of the next
-// product) the moment its share of a product was done, rather than when the caller's serial job after it published
-// the hint, resuming there: 1.009x (0.994-1.036; position 32, 30 blocks).
+// against 320-331 us as pairs (the caller alone read ~36 GB/s, the pair ~54; one thread's probe read 31-44 GB/s that
+// session) and o 257-260 against 187-193, while gate/up, its worker half hinted, took 619-634 us against 715-762:
+// 96-128 us saved on gate/up, ~230 lost on the products one thread ran. Nor did the worker start on its hint (its half
+// of the next product) the moment its share of a product was done, rather than when the caller's serial job after it
+// published the hint, resuming there: 1.009x (0.994-1.036; position 32, 30 blocks).
 // Session 25, the same VM (apart, round trips 390-430 ns), scratch labs and in-process A/B blocks:
 // - Keeping a fixed part of the weights in the last-level cache (kernels-impl.inc memoryReadBandwidth: a 136 MiB
 //   model reads partly from it) did not pay: reading 143 MiB pass after pass on two threads, each thread's first
