@@ -268,6 +268,12 @@ inline int64_t spanTiles(const RowSpan& sp, Tile&& tile) {
 // 96-128 us saved on gate/up, ~230 lost on the products one thread ran. Nor did the worker start on its hint (its half
 // of the next product) the moment its share of a product was done, rather than when the caller's serial job after it
 // published the hint, resuming there: 1.009x (0.994-1.036; position 32, 30 blocks).
+// Session 54, the same VM: pinning the pool's threads (pthread_setaffinity_np: the caller to the first CPU, the worker
+// to the second, applied at each thread's next job; a scratch build switched at run time) changed nothing. SmolLM-135M
+// Q8_0 decode steps at position 32, 16-20 alternating blocks of 15 execute(), medians of the blocks' ratios:
+// 0.986-1.009x the unpinned time in 9 runs with the vCPUs apart, 0.982-1.002x in 6 close; LLM.generate, 10-16
+// alternating blocks of 64 tokens: 0.988-1.044x apart (8 runs), 0.995-1.023x close (4). A thread moved between the
+// two CCDs' caches is not a cost worth pinning.
 // Session 25, the same VM (apart, round trips 390-430 ns), scratch labs and in-process A/B blocks:
 // - Keeping a fixed part of the weights in the last-level cache (kernels-impl.inc memoryReadBandwidth: a 136 MiB
 //   model reads partly from it) did not pay: reading 143 MiB pass after pass on two threads, each thread's first
